@@ -1,0 +1,29 @@
+"""Random projections of per-example gradients (the JL step of TRAK, Park et al. 2023).
+
+Public API::
+
+    from trakcli.projectors import make_projector, Projector
+    proj = make_projector(kind="rademacher", implementation="basic",
+                          grad_dim=9610, proj_dim=256, seed=0)
+    feats = proj.project(grads, model_id=0)     # [n, grad_dim] or dict -> [n, proj_dim] float32
+    back = proj.unproject(feats, model_id=0)    # [n, proj_dim] -> [n, grad_dim], the adjoint
+
+The matrix is a pure function of ``proj.spec()`` and ``model_id``; the
+implementation only decides how the product is computed. No I/O here.
+"""
+
+from trakcli.projectors.base import GEN_ROWS, Projector
+from trakcli.projectors.dense import BasicProjector, BasicSingleBlockProjector, NoopProjector
+from trakcli.projectors.factory import IMPLEMENTATIONS, KINDS, OPTIONS, make_projector
+
+__all__ = [
+    "GEN_ROWS",
+    "IMPLEMENTATIONS",
+    "KINDS",
+    "OPTIONS",
+    "BasicProjector",
+    "BasicSingleBlockProjector",
+    "NoopProjector",
+    "Projector",
+    "make_projector",
+]

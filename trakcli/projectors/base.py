@@ -1,0 +1,316 @@
+"""Shared machinery of the projectors: the base class, input handling, seeds, the block cache.
+
+A projector maps per-example gradients ``g`` (``[n, grad_dim]``) to features
+``φ = P g`` (``[n, proj_dim]``) with a random Johnson-Lindenstrauss matrix ``P``
+of shape ``[proj_dim, grad_dim]`` (design.md, "Math"). In code we hold the
+transpose ``Pᵀ`` (``[grad_dim, proj_dim]``) and compute ``g @ Pᵀ``.
+
+The matrix is cut into fixed *generation blocks* of :data:`GEN_ROWS` rows of
+``Pᵀ`` (gradient coordinates). Block ``b`` of model ``model_id`` is generated
+from a seed derived from ``(seed, model_id, b)`` only, so any implementation,
+whatever its memory blocking, chunking or batch size, sees the same matrix.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from trakcli.errors import ProjectorError
+
+#: Rows of ``Pᵀ`` (gradient coordinates) per generation block. Part of the
+#: matrix definition: changing it changes every matrix, so it is in ``spec()``.
+GEN_ROWS = 1024
+
+_MASK64 = (1 << 64) - 1
+
+Grads = torch.Tensor | Mapping[str, torch.Tensor]
+
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def splitmix64(x: int) -> int:
+    """One step of the SplitMix64 mixer (Steele, Lea, Flood 2014) on a Python int.
+
+    Args:
+        x: any integer; taken modulo 2**64.
+
+    Returns:
+        A well-mixed 64-bit unsigned integer.
+    """
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def derive_seed(*values: int) -> int:
+    """Hash a tuple of non-negative integers into a seed for ``torch.Generator``.
+
+    Args:
+        *values: e.g. ``(tag, seed, model_id, block)``.
+
+    Returns:
+        An integer in ``[0, 2**63)``.
+    """
+    h = 0x6A09E667F3BCC909
+    for v in values:
+        h = splitmix64(h ^ (int(v) & _MASK64))
+    return h >> 1
+
+
+def check_int(name: str, value: Any, minimum: int, hint: str) -> int:
+    """Return ``value`` as an int, or raise :class:`ProjectorError` naming the problem.
+
+    Args:
+        name: option name shown in the message (e.g. ``"proj_dim"``).
+        value: the user's value.
+        minimum: smallest allowed value.
+        hint: how to fix it, appended to the message.
+
+    Raises:
+        ProjectorError: ``value`` is not an integer (bools are rejected) or is below ``minimum``.
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        # Accept integral floats from YAML like 2048.0? No: say so, it is likely a typo.
+        raise ProjectorError(
+            f"projector {name} must be an integer >= {minimum}, got {value!r} "
+            f"({type(value).__name__}); {hint}"
+        )
+    if value < minimum:
+        raise ProjectorError(f"projector {name} must be >= {minimum}, got {value}; {hint}")
+    return int(value)
+
+
+class BlockCache:
+    """A least-recently-used cache of generated matrix blocks, bounded in bytes.
+
+    Args:
+        max_bytes: total size the cached tensors may take; 0 disables caching.
+    """
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = int(max_bytes)
+        self._items: OrderedDict[Any, Any] = OrderedDict()
+        self._bytes = 0
+
+    @staticmethod
+    def _size(item: Any) -> int:
+        if isinstance(item, torch.Tensor):
+            return item.numel() * item.element_size()
+        return sum(BlockCache._size(t) for t in item)
+
+    def get(self, key: Any) -> Any | None:
+        item = self._items.get(key)
+        if item is not None:
+            self._items.move_to_end(key)
+        return item
+
+    def put(self, key: Any, item: Any) -> None:
+        size = self._size(item)
+        if size > self.max_bytes:
+            return
+        old = self._items.pop(key, None)
+        if old is not None:
+            self._bytes -= self._size(old)
+        while self._items and self._bytes + size > self.max_bytes:
+            _, evicted = self._items.popitem(last=False)
+            self._bytes -= self._size(evicted)
+        self._items[key] = item
+        self._bytes += size
+
+    def clear(self) -> None:
+        self._items.clear()
+        self._bytes = 0
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes currently held."""
+        return self._bytes
+
+
+def as_float_dtype(t: torch.Tensor, what: str) -> None:
+    """Raise :class:`ProjectorError` unless ``t`` has a supported floating dtype."""
+    if t.dtype not in _FLOAT_DTYPES:
+        raise ProjectorError(
+            f"{what} has dtype {t.dtype}; projectors accept float16, bfloat16, float32 or "
+            f"float64 tensors: convert it with .float()"
+        )
+
+
+def grad_items(grads: Grads, grad_dim: int) -> tuple[int, list[tuple[str, torch.Tensor]]]:
+    """Validate a gradient batch and return it as named ``[n, numel]`` 2-D views.
+
+    Args:
+        grads: a tensor ``[n, grad_dim]``, or a mapping of parameter name to a
+            per-example gradient ``[n, *param_shape]``; flattened and
+            concatenated in mapping order they form ``[n, grad_dim]``.
+        grad_dim: the projector's ``grad_dim``.
+
+    Returns:
+        ``(n, items)`` with ``items`` a list of ``(name, tensor [n, numel])``.
+
+    Raises:
+        ProjectorError: wrong type, dtype, number of dimensions, inconsistent
+            batch sizes, or sizes that do not add up to ``grad_dim``.
+    """
+    if isinstance(grads, torch.Tensor):
+        if grads.dim() != 2:
+            raise ProjectorError(
+                f"gradients must have shape [n, grad_dim] = [n, {grad_dim}], got shape "
+                f"{tuple(grads.shape)}; flatten per-example gradients with .reshape(n, -1)"
+            )
+        as_float_dtype(grads, "the gradient tensor")
+        if grads.shape[1] != grad_dim:
+            raise ProjectorError(
+                f"gradients have {grads.shape[1]} columns but the projector was made for "
+                f"grad_dim={grad_dim}; make the projector with the model's grad_dim"
+            )
+        return grads.shape[0], [("", grads)]
+    if not isinstance(grads, Mapping):
+        raise ProjectorError(
+            f"gradients must be a torch.Tensor [n, grad_dim] or a dict of per-parameter "
+            f"tensors, got {type(grads).__name__}"
+        )
+    if not grads:
+        raise ProjectorError("the gradient dict is empty; select at least one parameter")
+    n = None
+    items = []
+    total = 0
+    for name, t in grads.items():
+        if not isinstance(t, torch.Tensor):
+            raise ProjectorError(
+                f"gradient of parameter {name!r} is a {type(t).__name__}, not a torch.Tensor"
+            )
+        if t.dim() < 1:
+            raise ProjectorError(
+                f"gradient of parameter {name!r} is a scalar; per-example gradients have "
+                f"shape [n, *param_shape]"
+            )
+        as_float_dtype(t, f"the gradient of parameter {name!r}")
+        if n is None:
+            n = t.shape[0]
+        elif t.shape[0] != n:
+            raise ProjectorError(
+                f"gradient of parameter {name!r} has batch size {t.shape[0]}, the first one "
+                f"has {n}; every per-parameter gradient needs the same leading dimension n"
+            )
+        flat = t.reshape(n, -1)
+        total += flat.shape[1]
+        items.append((str(name), flat))
+    if total != grad_dim:
+        raise ProjectorError(
+            f"the per-parameter gradients hold {total} entries per example but the projector "
+            f"was made for grad_dim={grad_dim}; make the projector with the model's grad_dim "
+            f"(sum of the selected parameters' numel)"
+        )
+    return int(n), items
+
+
+def flatten_grads(grads: Grads, grad_dim: int) -> torch.Tensor:
+    """Return ``grads`` as one ``[n, grad_dim]`` tensor (concatenating a dict in its order)."""
+    n, items = grad_items(grads, grad_dim)
+    if len(items) == 1:
+        return items[0][1]
+    dtypes = {t.dtype for _, t in items}
+    dtype = dtypes.pop() if len(dtypes) == 1 else torch.float32
+    return torch.cat([t.to(dtype) for _, t in items], dim=1)
+
+
+def check_model_id(model_id: Any) -> int:
+    """Validate ``model_id`` (an int >= 0) and return it."""
+    return check_int("model_id", model_id, 0, "pass the checkpoint index 0, 1, ...")
+
+
+class Projector:
+    """Base class: a linear map ``P`` of shape ``[proj_dim, grad_dim]`` and its adjoint.
+
+    Subclasses implement :meth:`_project` and :meth:`_unproject` on validated input.
+
+    Attributes:
+        grad_dim: number of gradient coordinates (columns of ``P``).
+        proj_dim: number of features (rows of ``P``).
+        implementation: how the product is computed (``"single_block"``,
+            ``"basic"``, ``"chunked"``, ``"cuda"``, ``"noop"``); not part of
+            :meth:`spec` because it never changes the matrix.
+    """
+
+    implementation: str = "base"
+
+    def __init__(self, grad_dim: int, proj_dim: int, dtype: torch.dtype = torch.float32):
+        self.grad_dim = int(grad_dim)
+        self.proj_dim = int(proj_dim)
+        self.dtype = dtype
+
+    def spec(self) -> dict[str, Any]:
+        """Everything that fixes the matrix, as a plain JSON-able dict.
+
+        Two projectors with equal specs compute the same matrix for every ``model_id``.
+        """
+        raise NotImplementedError
+
+    def project(self, grads: Grads, model_id: int = 0) -> torch.Tensor:
+        """Project per-example gradients: ``φ = g Pᵀ`` (TRAK, Park et al. 2023, eq. 6).
+
+        Args:
+            grads: ``[n, grad_dim]`` tensor, or a dict of per-parameter gradients
+                ``[n, *param_shape]`` (flattened and concatenated in dict order);
+                float16, bfloat16, float32 or float64, any device.
+            model_id: index of the checkpoint; each ``model_id`` has its own
+                independent matrix.
+
+        Returns:
+            ``[n, proj_dim]`` features, float32 (float64 if the projector's
+            ``dtype`` is float64), on the gradients' device.
+
+        Raises:
+            ProjectorError: the gradients do not fit ``grad_dim`` or have an
+                unsupported type/dtype, or ``model_id`` is not an int >= 0.
+        """
+        model_id = check_model_id(model_id)
+        return self._project(grads, model_id)
+
+    def unproject(self, z: torch.Tensor, model_id: int = 0) -> torch.Tensor:
+        """Apply the adjoint: ``z P`` (i.e. ``Pᵀ`` applied to each row of ``z``).
+
+        Exactly the transpose of :meth:`project`: ``<P g, z> = <g, Pᵀ z>``.
+
+        Args:
+            z: ``[n, proj_dim]`` tensor, any float dtype, any device.
+            model_id: index of the checkpoint (same matrix as :meth:`project`).
+
+        Returns:
+            ``[n, grad_dim]`` tensor, float32 (float64 for a float64 projector),
+            on ``z``'s device.
+
+        Raises:
+            ProjectorError: ``z`` is not ``[n, proj_dim]`` or has an unsupported dtype.
+        """
+        model_id = check_model_id(model_id)
+        if not isinstance(z, torch.Tensor) or z.dim() != 2 or z.shape[1] != self.proj_dim:
+            shape = tuple(z.shape) if isinstance(z, torch.Tensor) else type(z).__name__
+            raise ProjectorError(
+                f"unproject expects a tensor of shape [n, proj_dim] = [n, {self.proj_dim}], "
+                f"got {shape}"
+            )
+        as_float_dtype(z, "the tensor passed to unproject")
+        return self._unproject(z, model_id)
+
+    def _project(self, grads: Grads, model_id: int) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _unproject(self, z: torch.Tensor, model_id: int) -> torch.Tensor:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        spec = ", ".join(f"{k}={v!r}" for k, v in self.spec().items())
+        return f"{type(self).__name__}({spec}, implementation={self.implementation!r})"
+
+
+def scale_for(proj_dim: int) -> float:
+    """Entry scale ``1/√proj_dim`` so that ``E‖Pg‖² = ‖g‖²`` for ±1 or N(0, 1) entries."""
+    return 1.0 / math.sqrt(proj_dim)

@@ -1,0 +1,127 @@
+"""CPU/GPU implementations over a matrix kind: ``noop``, ``single_block`` and ``basic``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from trakcli.projectors.base import Grads, Projector, flatten_grads, grad_items
+
+
+class NoopProjector(Projector):
+    """The identity: features are the flattened gradients (``proj_dim == grad_dim``).
+
+    Useful for tiny models and for checking the rest of the pipeline without
+    projection error.
+    """
+
+    implementation = "noop"
+
+    def __init__(self, grad_dim: int, dtype: torch.dtype = torch.float32):
+        super().__init__(grad_dim, grad_dim, dtype)
+
+    def spec(self) -> dict[str, Any]:
+        return {
+            "kind": "noop",
+            "grad_dim": self.grad_dim,
+            "proj_dim": self.proj_dim,
+            "seed": 0,
+            "dtype": str(self.dtype).removeprefix("torch."),
+        }
+
+    def _project(self, grads: Grads, model_id: int) -> torch.Tensor:
+        g = flatten_grads(grads, self.grad_dim)
+        return g.to(self.dtype, copy=True)
+
+    def _unproject(self, z: torch.Tensor, model_id: int) -> torch.Tensor:
+        return z.to(self.dtype, copy=True)
+
+
+class _MatrixProjector(Projector):
+    """A projector computing products with a matrix object from :mod:`.matrices`."""
+
+    def __init__(self, matrix):
+        super().__init__(matrix.grad_dim, matrix.proj_dim, matrix.dtype)
+        self.matrix = matrix
+
+    def spec(self) -> dict[str, Any]:
+        return self.matrix.spec()
+
+
+class BasicSingleBlockProjector(_MatrixProjector):
+    """Materializes the whole ``Pᵀ`` ``[grad_dim, proj_dim]`` and multiplies once.
+
+    The reference implementation: simplest and fastest for small models, but it
+    holds ``grad_dim·proj_dim`` floats (of the last ``model_id`` and device used).
+
+    Args:
+        matrix: a matrix kind from :mod:`trakcli.projectors.matrices`.
+    """
+
+    implementation = "single_block"
+
+    def __init__(self, matrix):
+        super().__init__(matrix)
+        self._full: tuple[int, str, torch.Tensor] | None = None
+
+    def full(self, model_id: int, device: torch.device) -> torch.Tensor:
+        """``Pᵀ`` of ``model_id``: ``[grad_dim, proj_dim]`` in the accumulation dtype on ``device``."""
+        if self._full is not None and self._full[:2] == (model_id, str(device)):
+            return self._full[2]
+        self._full = None  # free the old one before making the new one
+        pt = self.matrix.rows(model_id, 0, self.grad_dim, device)
+        self._full = (model_id, str(device), pt)
+        return pt
+
+    def _project(self, grads: Grads, model_id: int) -> torch.Tensor:
+        g = flatten_grads(grads, self.grad_dim)
+        return g.to(self.dtype) @ self.full(model_id, g.device)
+
+    def _unproject(self, z: torch.Tensor, model_id: int) -> torch.Tensor:
+        return z.to(self.dtype) @ self.full(model_id, z.device).T
+
+
+class BasicProjector(_MatrixProjector):
+    """Block-wise projection with bounded memory; same matrix as :class:`BasicSingleBlockProjector`.
+
+    Walks the gradient columns in steps of ``block_size`` (and parameter by
+    parameter for a dict, so the concatenated gradient is never built) and
+    accumulates ``g[:, block] @ Pᵀ[block]`` in the accumulation dtype. Matrix
+    blocks come from the matrix's LRU cache (``cache_bytes``), so a model whose
+    matrix fits the budget generates its random numbers once, not per batch.
+
+    Memory: the cache budget, plus ``n × block_size`` for the converted input
+    slice, plus one generation block (``GEN_ROWS × proj_dim``).
+
+    Args:
+        matrix: a matrix kind from :mod:`trakcli.projectors.matrices`.
+        block_size: gradient columns processed per step.
+    """
+
+    implementation = "basic"
+
+    def __init__(self, matrix, block_size: int):
+        super().__init__(matrix)
+        self.block_size = block_size
+
+    def _project(self, grads: Grads, model_id: int) -> torch.Tensor:
+        n, items = grad_items(grads, self.grad_dim)
+        device = items[0][1].device
+        out = torch.zeros(n, self.proj_dim, dtype=self.dtype, device=device)
+        offset = 0
+        for _, t in items:
+            width = t.shape[1]
+            for a in range(0, width, self.block_size):
+                b = min(width, a + self.block_size)
+                self.matrix.project_into(out, t[:, a:b], offset + a, model_id)
+            offset += width
+        return out
+
+    def _unproject(self, z: torch.Tensor, model_id: int) -> torch.Tensor:
+        z = z.to(self.dtype)
+        out = torch.empty(z.shape[0], self.grad_dim, dtype=self.dtype, device=z.device)
+        for a in range(0, self.grad_dim, self.block_size):
+            b = min(self.grad_dim, a + self.block_size)
+            out[:, a:b] = self.matrix.unproject_range(z, a, b, model_id)
+        return out
