@@ -1,0 +1,99 @@
+"""Shared pieces of the CLI: error handling, config loading, rich progress on stderr."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any, Callable, Iterator, Optional
+
+import typer
+import yaml
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from trakcli.config import Config, load_config
+from trakcli.errors import TrakError
+from trakcli.progress import Reporter, Task
+
+err_console = Console(stderr=True)
+
+# Annotated parameter types shared by the commands
+ConfigArg = Annotated[Path, typer.Argument(help="YAML config file (see configs/).", show_default=False)]
+OverridesArg = Annotated[
+    Optional[list[str]],
+    typer.Argument(help="key=value overrides, e.g. projector.proj_dim=512 data.batch_size=64.", show_default=False),
+]
+PrintConfigOpt = Annotated[bool, typer.Option("--print-config", help="Print the resolved config (YAML) and exit.")]
+OverwriteOpt = Annotated[bool, typer.Option("--overwrite", help="Discard what the store holds for this run and start over.")]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or messages on stderr.")]
+
+
+def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn a TrakError into a red message on stderr and its exit code (TRAK_DEBUG=1: traceback)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except TrakError as e:
+            if os.environ.get("TRAK_DEBUG"):
+                raise
+            first, _, rest = str(e).partition("\n")
+            err_console.print(f"[bold red]error:[/] [red]{escape(first)}[/]", highlight=False, soft_wrap=True)
+            if rest:
+                err_console.print(escape(rest), highlight=False, soft_wrap=True)
+            raise typer.Exit(e.exit_code) from None
+        except KeyboardInterrupt:
+            err_console.print("[yellow]interrupted; rerun the same command to resume[/]")
+            raise typer.Exit(130) from None
+
+    return wrapper
+
+
+def load(config: Path, overrides: list[str] | None, print_config: bool) -> Config:
+    """Load and validate the config; with ``--print-config`` print it to stdout and exit 0."""
+    cfg = load_config(config, overrides or [])
+    if print_config:
+        sys.stdout.write(yaml.safe_dump(cfg.resolved(), sort_keys=False))
+        raise typer.Exit(0)
+    return cfg
+
+
+class _RichTask(Task):
+    def __init__(self, progress: Progress, task_id: Any):
+        self.progress, self.task_id = progress, task_id
+
+    def advance(self, n: int = 1) -> None:
+        self.progress.advance(self.task_id, n)
+
+
+class RichReporter(Reporter):
+    """Progress bars and messages on stderr; silent with ``quiet``."""
+
+    def __init__(self, quiet: bool = False):
+        self.quiet = quiet
+
+    @contextmanager
+    def task(self, description: str, total: int) -> Iterator[Task]:
+        if self.quiet or not err_console.is_terminal:
+            yield Task()
+            return
+        progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            console=err_console,
+            transient=True,
+        )
+        with progress:
+            yield _RichTask(progress, progress.add_task(description, total=total))
+
+    def info(self, message: str) -> None:
+        if not self.quiet:
+            err_console.print(escape(message), highlight=False)

@@ -1,0 +1,35 @@
+"""`trak featurize CONFIG`: project per-example train gradients of every checkpoint into the store."""
+
+from __future__ import annotations
+
+from trakcli.cli.common import (
+    ConfigArg, OverridesArg, OverwriteOpt, PrintConfigOpt, QuietOpt, RichReporter, err_console, handle_errors, load,
+)
+
+
+@handle_errors
+def featurize(
+    config: ConfigArg,
+    overrides: OverridesArg = None,
+    print_config: PrintConfigOpt = False,
+    overwrite: OverwriteOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Compute train features (projected gradients) for every checkpoint; resumes where it stopped."""
+    from trakcli import pipeline
+
+    cfg = load(config, overrides, print_config)
+    res = pipeline.featurize(cfg, overwrite=overwrite, reporter=RichReporter(quiet))
+    if quiet:
+        return
+    if res.chunks_computed == 0:
+        err_console.print(
+            f"[green]nothing to do:[/] {res.store} already holds features of all {res.n_models} checkpoints "
+            f"({res.n_train} train rows, proj_dim {res.proj_dim})"
+        )
+    else:
+        err_console.print(
+            f"[green]featurized[/] {res.n_models} checkpoints x {res.n_train} train rows "
+            f"(grad_dim {res.grad_dim} -> proj_dim {res.proj_dim}); computed {res.chunks_computed}/"
+            f"{res.chunks_total} chunks -> {res.store}"
+        )

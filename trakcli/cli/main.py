@@ -1,0 +1,45 @@
+"""The ``trak`` command: one typer app, one module per command."""
+
+from __future__ import annotations
+
+import typer
+
+from trakcli import __version__
+from trakcli.cli import featurize as _featurize
+from trakcli.cli import optimize as _optimize
+from trakcli.cli import score as _score
+
+app = typer.Typer(
+    name="trak",
+    help="Gradient-based data attribution (TRAK): which training examples drove a prediction.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"trakcli {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Show the version and exit."),
+) -> None:
+    """trakcli: optimize -> featurize -> score, driven by YAML configs (see configs/)."""
+
+
+app.command("optimize")(_optimize.optimize)
+app.command("featurize")(_featurize.featurize)
+app.command("score")(_score.score)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,373 @@
+"""The YAML config of every trakcli command, validated by pydantic.
+
+A config is a YAML mapping (see ``configs/*.yaml``) plus optional
+``key=value`` overrides given after the config path on the command line::
+
+    trak featurize run.yaml projector.proj_dim=512 data.batch_size=64
+
+Override values are parsed as YAML (``512`` is an int, ``[a, b]`` a list).
+Every problem (unknown keys, with a did-you-mean; wrong types; missing
+files) is collected and raised at once as one :class:`~trakcli.errors.ConfigError`
+whose lines each start with the dotted key concerned.
+
+Relative paths in the config are relative to the current working directory.
+"""
+
+from __future__ import annotations
+
+import difflib
+import glob
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from trakcli.errors import ConfigError
+
+BUILTIN_DATASETS = ("digits",)
+
+
+class _Strict(BaseModel):
+    """Base of config sections: unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelConfig(_Strict):
+    """Which model to build."""
+
+    entrypoint: str = Field(
+        "mlp",
+        description='A built-in model name ("mlp"), "path/to/file.py:function" or '
+        '"package.module:function"; called with `kwargs` it returns a torch.nn.Module.',
+    )
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the entrypoint.")
+
+
+class DatasetConfig(_Strict):
+    """One dataset: a built-in one, or a tensor file with named keys."""
+
+    builtin: Literal["digits"] | None = Field(
+        None, description='A bundled dataset: "digits" (scikit-learn handwritten digits).'
+    )
+    split: Literal["train", "target"] | None = Field(
+        None, description="Which split of the built-in dataset (train: 1437 rows, target: 360 rows)."
+    )
+    path: Path | None = Field(None, description="A .pt file holding a dict of tensors, or an .npz file.")
+    inputs: str | None = Field(None, description="Key of the inputs tensor in `path`, shape [n, ...].")
+    labels: str | None = Field(None, description="Key of the integer class labels in `path`, shape [n].")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "DatasetConfig":
+        if self.builtin is not None:
+            if self.path is not None:
+                raise ValueError("give either `builtin` or `path`, not both")
+            if self.split is None:
+                raise ValueError('a built-in dataset needs `split` ("train" or "target")')
+        else:
+            missing = [k for k in ("path", "inputs", "labels") if getattr(self, k) is None]
+            if missing:
+                raise ValueError(
+                    f"a file dataset needs {', '.join(missing)} (or use `builtin: digits`)"
+                )
+        return self
+
+
+class DataConfig(_Strict):
+    """Training and target data."""
+
+    train: DatasetConfig = Field(description="The training set whose examples get scores.")
+    target: DatasetConfig | None = Field(None, description="The examples whose predictions are explained.")
+    batch_size: PositiveInt = Field(128, description="Examples per gradient batch.")
+
+
+class ProjectorConfig(BaseModel):
+    """The random projection; the mapping is passed to ``make_projector``.
+
+    Keys beyond those listed are kind-specific options (``block_size``,
+    ``max_chunk_size``, ``s`` ...) validated by the projector itself.
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    kind: str = Field("rademacher", description="noop, rademacher, normal, sjlt.")
+    implementation: str = Field("auto", description="auto, single_block, basic, chunked, cuda.")
+    proj_dim: PositiveInt = Field(2048, description="Output dimension of the projection.")
+    seed: int = Field(0, description="Seed of the random matrix (per model_id matrices derive from it).")
+
+    def options(self) -> dict[str, Any]:
+        """All keys, as the keyword arguments of ``make_projector``."""
+        return self.model_dump()
+
+
+class StoreConfig(_Strict):
+    """Where and how features and scores are written."""
+
+    path: Path = Field(description="The Zarr store directory, e.g. out/attrib.zarr.")
+    chunk_rows: PositiveInt = Field(
+        512, description="Rows per chunk of features/scores; the unit of resume (done flags)."
+    )
+
+
+class ScoreConfig(_Strict):
+    """Kernel and scoring options."""
+
+    experiment: str = Field("default", description="Name of this set of targets in the store.")
+    lambda_reg: float | None = Field(
+        None,
+        ge=0,
+        description="Absolute ridge added to each checkpoint's Φᵀ Φ. Unset: lambda_rel · trace(Φᵀ Φ)/proj_dim.",
+    )
+    lambda_rel: float = Field(
+        0.1,
+        gt=0,
+        description="Ridge relative to the mean eigenvalue trace(Φᵀ Φ)/proj_dim, used when lambda_reg is unset.",
+    )
+    top_k: PositiveInt = Field(5, description="Proponents and opponents shown per target.")
+    show_targets: int = Field(3, ge=0, description="How many targets the summary table shows.")
+
+
+class OptimizeConfig(_Strict):
+    """A plain training recipe for `trak optimize` (N independently seeded models)."""
+
+    n_models: PositiveInt = Field(10, description="How many models (checkpoints) to train.")
+    epochs: PositiveInt = Field(30, description="Passes over the training set.")
+    batch_size: PositiveInt = Field(64, description="Minibatch size.")
+    optimizer: Literal["sgd", "adam", "adamw"] = Field("sgd", description="torch.optim optimizer.")
+    lr: float = Field(0.05, gt=0, description="Learning rate.")
+    momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum (ignored by adam).")
+    weight_decay: float = Field(5e-4, ge=0, description="L2 weight decay.")
+    seed: int = Field(0, description="Model i is initialized and shuffled with seed + i.")
+    out_dir: Path = Field(description="Directory for the checkpoints model_000.pt, model_001.pt, ...")
+
+
+class Config(_Strict):
+    """A whole trakcli run."""
+
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    checkpoints: str | list[str] = Field(
+        description="A glob or a list of .pt / .safetensors state dicts; model_id = index in sorted order."
+    )
+    data: DataConfig
+    task: Literal["classification"] = Field(
+        "classification", description="Model output function: the classification margin."
+    )
+    grad_wrt: list[str] | None = Field(
+        None, description="fnmatch patterns of parameter names to differentiate (unset: all)."
+    )
+    projector: ProjectorConfig = Field(default_factory=ProjectorConfig)
+    store: StoreConfig
+    score: ScoreConfig = Field(default_factory=ScoreConfig)
+    optimize: OptimizeConfig | None = None
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda if available, else cpu.")
+
+    @field_validator("store", mode="before")
+    @classmethod
+    def _store_path(cls, v: Any) -> Any:
+        return {"path": v} if isinstance(v, (str, Path)) else v
+
+    @field_validator("grad_wrt", mode="before")
+    @classmethod
+    def _one_pattern(cls, v: Any) -> Any:
+        return [v] if isinstance(v, str) else v
+
+    def resolved(self) -> dict[str, Any]:
+        """The config as plain JSON-able data (what `--print-config` shows and the store records)."""
+        return self.model_dump(mode="json")
+
+
+# ----------------------------------------------------------------------------
+# loading
+
+
+def parse_overrides(overrides: list[str] | tuple[str, ...]) -> tuple[dict[str, Any], list[str]]:
+    """Turn ``["a.b=1", "c=[x, y]"]`` into a nested dict; values are parsed as YAML.
+
+    Returns:
+        (nested dict, list of problems).
+    """
+    out: dict[str, Any] = {}
+    problems: list[str] = []
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            problems.append(f"override {item!r}: expected key=value, e.g. projector.proj_dim=512")
+            continue
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError as e:
+            problems.append(f"{key}: cannot parse value {raw!r} as YAML ({e.__class__.__name__})")
+            continue
+        node = out
+        parts = key.split(".")
+        for p in parts[:-1]:
+            nxt = node.setdefault(p, {})
+            if not isinstance(nxt, dict):
+                nxt = node[p] = {}
+            node = nxt
+        node[parts[-1]] = value
+    return out, problems
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for k, v in extra.items():
+        if isinstance(v, dict) and isinstance(merged.get(k), dict):
+            merged[k] = _merge(merged[k], v)
+        elif isinstance(v, dict) and isinstance(merged.get(k), (str, Path)) and k == "store":
+            merged[k] = _merge({"path": merged[k]}, v)
+        else:
+            merged[k] = v
+    return merged
+
+
+def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The pydantic model class that owns the field at ``loc`` (for did-you-mean)."""
+    model: Any = Config
+    for part in loc:
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return None
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return None
+        ann = field.annotation
+        args = getattr(ann, "__args__", None)
+        candidates = [a for a in (args or (ann,)) if isinstance(a, type) and issubclass(a, BaseModel)]
+        model = candidates[0] if candidates else None
+    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
+
+
+def _format_errors(err: ValidationError) -> list[str]:
+    problems = []
+    for e in err.errors():
+        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p in ("function-after",)))
+        # pydantic adds union branch names ("str", "list[str]") to the location: drop them
+        loc = tuple(p for p in loc if not (isinstance(p, str) and ("[" in p or p in ("str", "int", "float"))))
+        key = ".".join(str(p) for p in loc) or "(top level)"
+        if e["type"] == "extra_forbidden":
+            owner = _model_at(loc[:-1])
+            hint = ""
+            if owner is not None:
+                close = difflib.get_close_matches(str(loc[-1]), list(owner.model_fields), n=1)
+                if close:
+                    prefix = ".".join(str(p) for p in loc[:-1])
+                    hint = f"; did you mean {prefix + '.' if prefix else ''}{close[0]}?"
+                else:
+                    hint = f"; known keys: {', '.join(owner.model_fields)}"
+            problems.append(f"{key}: unknown key{hint}")
+        elif e["type"] == "missing":
+            problems.append(f"{key}: required key is missing")
+        else:
+            msg = e["msg"].removeprefix("Value error, ")
+            problems.append(f"{key}: {msg} (got {e.get('input')!r})")
+    # a union failure is reported once per branch: keep each line once
+    return list(dict.fromkeys(problems))
+
+
+def load_config(
+    source: str | Path | dict[str, Any],
+    overrides: list[str] | tuple[str, ...] = (),
+) -> Config:
+    """Read, override and validate a config.
+
+    Args:
+        source: path of a YAML file, or an already-parsed mapping.
+        overrides: ``key=value`` strings applied on top (values parsed as YAML).
+
+    Returns:
+        The validated :class:`Config`.
+
+    Raises:
+        ConfigError: listing every problem found, each with its dotted key.
+    """
+    label = None
+    if isinstance(source, dict):
+        raw: Any = source
+    else:
+        path = Path(source)
+        label = str(source)
+        if not path.is_file():
+            raise ConfigError(
+                f"config file {str(path)!r} does not exist; pass the path of a YAML file such as configs/digits.yaml"
+            )
+        try:
+            raw = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path} is not valid YAML: {e}", source=label) from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"the config must be a YAML mapping, got {type(raw).__name__}", source=label)
+    extra, problems = parse_overrides(list(overrides))
+    merged = _merge(raw, extra)
+    try:
+        cfg = Config.model_validate(merged)
+    except ValidationError as e:
+        raise ConfigError(problems + _format_errors(e), source=label) from None
+    if problems:
+        raise ConfigError(problems, source=label)
+    return cfg
+
+
+def resolve_checkpoints(cfg: Config) -> list[Path]:
+    """The checkpoint files of ``cfg`` in model_id order (sorted paths; a list keeps its order).
+
+    Raises:
+        ConfigError: if the glob matches nothing or a listed file is missing.
+    """
+    spec = cfg.checkpoints
+    if isinstance(spec, str):
+        matches = sorted(glob.glob(spec))
+        if not matches and Path(spec).is_file():
+            matches = [spec]
+        if not matches:
+            raise ConfigError(
+                f"checkpoints: no file matches {spec!r}; train some with `trak optimize CONFIG` "
+                "or point the glob at your .pt / .safetensors files"
+            )
+        return [Path(m) for m in matches]
+    missing = [p for p in spec if not Path(p).is_file()]
+    if missing:
+        raise ConfigError([f"checkpoints: file {p!r} does not exist" for p in missing])
+    if not spec:
+        raise ConfigError("checkpoints: the list is empty; give at least one checkpoint file")
+    return [Path(p) for p in spec]
+
+
+def check_files(cfg: Config, *, need_checkpoints: bool = True, need_target: bool = False) -> None:
+    """Check that every file the config names exists; report all missing ones at once.
+
+    Raises:
+        ConfigError: one line per missing file or glob matching nothing.
+    """
+    problems: list[str] = []
+    if need_checkpoints:
+        try:
+            resolve_checkpoints(cfg)
+        except ConfigError as e:
+            problems += e.problems
+    for name in ("train", "target"):
+        ds = getattr(cfg.data, name)
+        if ds is None:
+            if name == "target" and need_target:
+                problems.append("data.target: required to score; give a builtin split or a file")
+            continue
+        if ds.path is not None and not ds.path.is_file():
+            problems.append(f"data.{name}.path: file {str(ds.path)!r} does not exist")
+    ep = cfg.model.entrypoint
+    if ":" in ep:
+        file_part = ep.rsplit(":", 1)[0]
+        if file_part.endswith(".py") and not Path(file_part).is_file():
+            problems.append(f"model.entrypoint: file {file_part!r} does not exist")
+    if problems:
+        raise ConfigError(problems)

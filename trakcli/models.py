@@ -1,0 +1,181 @@
+"""Build models and load checkpoints.
+
+``model.entrypoint`` is a built-in name (``mlp``), ``"path/to/file.py:function"``
+or ``"package.module:function"``; the function is called with
+``model.kwargs`` and returns a ``torch.nn.Module``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from trakcli.errors import CheckpointError, ModelError
+
+
+def make_mlp(in_dim: int = 64, hidden_dim: int = 128, num_classes: int = 10, depth: int = 2) -> nn.Module:
+    """A ReLU multilayer perceptron, the built-in ``mlp`` (defaults fit the digits data).
+
+    Args:
+        in_dim: input features (inputs ``[n, in_dim]`` or ``[n, ...]`` flattened to it).
+        hidden_dim: width of each hidden layer.
+        num_classes: number of logits.
+        depth: number of hidden layers (>= 1).
+
+    Returns:
+        ``nn.Sequential`` mapping ``[n, in_dim]`` float32 to logits ``[n, num_classes]``.
+    """
+    if depth < 1:
+        raise ModelError(f"mlp: depth must be >= 1, got {depth}; set model.kwargs.depth")
+    layers: list[nn.Module] = [nn.Flatten()]
+    width = in_dim
+    for _ in range(depth):
+        layers += [nn.Linear(width, hidden_dim), nn.ReLU()]
+        width = hidden_dim
+    layers.append(nn.Linear(width, num_classes))
+    return nn.Sequential(*layers)
+
+
+BUILTIN_MODELS: dict[str, Callable[..., nn.Module]] = {"mlp": make_mlp}
+
+
+def _load_function(entrypoint: str) -> Callable[..., Any]:
+    if entrypoint in BUILTIN_MODELS:
+        return BUILTIN_MODELS[entrypoint]
+    if ":" not in entrypoint:
+        close = difflib.get_close_matches(entrypoint, list(BUILTIN_MODELS), n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ModelError(
+            f"model.entrypoint {entrypoint!r} is not a built-in model ({', '.join(BUILTIN_MODELS)}); "
+            f'{hint}use a built-in name, "path/to/file.py:function" or "package.module:function"'
+        )
+    target, func_name = entrypoint.rsplit(":", 1)
+    if target.endswith(".py"):
+        path = Path(target)
+        if not path.is_file():
+            raise ModelError(f"model.entrypoint: file {target!r} does not exist")
+        mod_name = f"_trakcli_user_{hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:10]}"
+        spec = importlib.util.spec_from_file_location(mod_name, path)
+        if spec is None or spec.loader is None:
+            raise ModelError(f"model.entrypoint: cannot import {target!r} as a Python file")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[mod_name] = module
+        try:
+            spec.loader.exec_module(module)
+        except Exception as e:
+            raise ModelError(f"model.entrypoint: importing {target!r} failed: {e.__class__.__name__}: {e}") from e
+    else:
+        try:
+            module = importlib.import_module(target)
+        except ImportError as e:
+            raise ModelError(
+                f"model.entrypoint: cannot import module {target!r} ({e}); is it installed or on PYTHONPATH?"
+            ) from None
+    fn = getattr(module, func_name, None)
+    if not callable(fn):
+        names = [n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n))]
+        close = difflib.get_close_matches(func_name, names, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ModelError(f"model.entrypoint: {target!r} has no function {func_name!r}{hint}")
+    return fn
+
+
+def build_model(entrypoint: str = "mlp", **kwargs: Any) -> nn.Module:
+    """Build the model named by ``entrypoint`` with ``kwargs``.
+
+    Raises:
+        ModelError: unknown name, unimportable file/module, missing function,
+            a failing call, or a return value that is not an ``nn.Module``.
+    """
+    fn = _load_function(entrypoint)
+    try:
+        model = fn(**kwargs)
+    except ModelError:
+        raise
+    except TypeError as e:
+        raise ModelError(f"model.entrypoint {entrypoint!r} rejected model.kwargs {kwargs}: {e}") from None
+    if not isinstance(model, nn.Module):
+        raise ModelError(
+            f"model.entrypoint {entrypoint!r} returned a {type(model).__name__}, not a torch.nn.Module"
+        )
+    return model
+
+
+def file_sha256(path: str | Path) -> str:
+    """Hex sha256 of a file's bytes, read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """Read a ``.pt``/``.pth`` (``torch.load(weights_only=True)``) or ``.safetensors`` state dict.
+
+    A ``.pt`` holding ``{"state_dict": ...}`` or ``{"model": ...}`` is unwrapped.
+
+    Raises:
+        CheckpointError: unreadable file, unknown suffix, or not a dict of tensors.
+    """
+    path = Path(path)
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            sd: Any = load_file(str(path), device="cpu")
+        elif suffix in (".pt", ".pth", ".bin"):
+            sd = torch.load(path, map_location="cpu", weights_only=True)
+        else:
+            raise CheckpointError(f"checkpoint {path} has suffix {suffix!r}; use .pt, .pth or .safetensors")
+    except CheckpointError:
+        raise
+    except Exception as e:
+        raise CheckpointError(f"cannot read checkpoint {path}: {e.__class__.__name__}: {e}") from None
+    if isinstance(sd, dict):
+        for key in ("state_dict", "model", "model_state_dict"):
+            if key in sd and isinstance(sd[key], dict):
+                sd = sd[key]
+                break
+    if not isinstance(sd, dict) or not all(torch.is_tensor(v) for v in sd.values()):
+        raise CheckpointError(f"checkpoint {path} is not a state dict (a dict of tensors)")
+    return sd
+
+
+def load_checkpoint(model: nn.Module, path: str | Path) -> None:
+    """Load a state dict into ``model`` in place, checking keys and shapes first.
+
+    Raises:
+        CheckpointError: naming the first missing, unexpected and shape-mismatched keys.
+    """
+    sd = read_state_dict(path)
+    own = model.state_dict()
+    missing = [k for k in own if k not in sd]
+    unexpected = [k for k in sd if k not in own]
+    shapes = [
+        f"{k}: checkpoint {list(sd[k].shape)} vs model {list(own[k].shape)}"
+        for k in own
+        if k in sd and sd[k].shape != own[k].shape
+    ]
+    if missing or unexpected or shapes:
+        parts = []
+        if shapes:
+            parts.append("shape mismatch " + "; ".join(shapes[:3]) + (" ..." if len(shapes) > 3 else ""))
+        if missing:
+            parts.append(f"missing keys {missing[:5]}" + (" ..." if len(missing) > 5 else ""))
+        if unexpected:
+            parts.append(f"unexpected keys {unexpected[:5]}" + (" ..." if len(unexpected) > 5 else ""))
+        raise CheckpointError(
+            f"checkpoint {path} does not fit the model: {', '.join(parts)}; "
+            "check model.entrypoint and model.kwargs against how the checkpoint was trained"
+        )
+    model.load_state_dict(sd, strict=True)

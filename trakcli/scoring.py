@@ -1,0 +1,135 @@
+"""The TRAK kernel and scores: pure tensor math, no I/O.
+
+Per checkpoint m of M (Park et al. 2023, TRAK, Eq. 17 / Algorithm 1):
+
+    A_m = (Φ_mᵀ Φ_m + λ_m I)⁻¹                       [proj_dim, proj_dim]
+    τ(t, i) = [(1/M) Σ_m φ_m(t)ᵀ A_m φ_m(z_i)] · [(1/M) Σ_m Q_m(z_i)]
+
+``Φ_m`` is the ``[n_train, proj_dim]`` matrix of projected train gradients and
+``Q_m(z_i) = 1 − p_y`` the out-to-loss term. ``A_m`` is never formed: the
+Gram matrix is accumulated in float64 and factored by Cholesky, and ``A_m φ``
+is a triangular solve. The ridge ``λ_m`` defaults to
+``lambda_rel · trace(Φ_mᵀ Φ_m) / proj_dim`` (a fraction of the mean
+eigenvalue), which keeps the kernel well-posed when ``proj_dim >= n_train``,
+where the unregularized Gram matrix is singular (MadryLab's default λ = 0).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+
+from trakcli.errors import TrakError
+
+
+def gram_matrix(feature_chunks: Iterable[torch.Tensor]) -> torch.Tensor:
+    """Σ Φ_cᵀ Φ_c over row chunks, accumulated in float64.
+
+    Args:
+        feature_chunks: tensors ``[rows, proj_dim]`` (any float dtype).
+
+    Returns:
+        ``[proj_dim, proj_dim]`` float64 Gram matrix ``Φᵀ Φ``.
+    """
+    gram: torch.Tensor | None = None
+    for chunk in feature_chunks:
+        c = chunk.to(torch.float64)
+        g = c.T @ c
+        gram = g if gram is None else gram + g
+    if gram is None:
+        raise TrakError("no train features to build the kernel from; run `trak featurize` first")
+    return gram
+
+
+def resolve_lambda(gram: torch.Tensor, lambda_reg: float | None, lambda_rel: float) -> float:
+    """The ridge λ: ``lambda_reg`` if given, else ``lambda_rel · trace(gram) / proj_dim``.
+
+    Returns:
+        λ >= 0 as a Python float (in units of squared feature norm).
+    """
+    if lambda_reg is not None:
+        return float(lambda_reg)
+    return float(lambda_rel * torch.trace(gram).item() / gram.shape[0])
+
+
+def kernel_factor(gram: torch.Tensor, lam: float) -> torch.Tensor:
+    """Lower Cholesky factor ``L`` of ``gram + λ I`` (float64), so ``A = (L Lᵀ)⁻¹``.
+
+    Raises:
+        TrakError: if ``gram + λ I`` is not positive definite (e.g. λ = 0 with
+            ``proj_dim >= n_train``), suggesting a ridge.
+    """
+    p = gram.shape[0]
+    mat = gram.to(torch.float64) + lam * torch.eye(p, dtype=torch.float64, device=gram.device)
+    factor, info = torch.linalg.cholesky_ex(mat)
+    if int(info) != 0:
+        raise TrakError(
+            f"the kernel Φᵀ Φ + λ I with λ = {lam:g} is not positive definite (proj_dim {p}); "
+            "set score.lambda_reg > 0 or leave it unset to use the default relative ridge (score.lambda_rel)"
+        )
+    return factor
+
+
+def target_weights(factor: torch.Tensor, target_features: torch.Tensor) -> torch.Tensor:
+    """``φ(t)ᵀ A`` for each target: a Cholesky solve, float64.
+
+    Args:
+        factor: ``[proj_dim, proj_dim]`` float64 lower Cholesky factor from :func:`kernel_factor`.
+        target_features: ``[n_target, proj_dim]``.
+
+    Returns:
+        ``[n_target, proj_dim]`` float64 rows ``(A φ(t))ᵀ`` (A is symmetric).
+    """
+    rhs = target_features.to(torch.float64).T  # [proj_dim, n_target]
+    return torch.cholesky_solve(rhs, factor).T
+
+
+def score_block(
+    weights: list[torch.Tensor],
+    train_features: list[torch.Tensor],
+    out_to_loss: list[torch.Tensor],
+) -> torch.Tensor:
+    """Ensembled TRAK scores of all targets against a block of train rows.
+
+    Args:
+        weights: per checkpoint, ``[n_target, proj_dim]`` float64 from :func:`target_weights`.
+        train_features: per checkpoint, ``[rows, proj_dim]`` features of the block.
+        out_to_loss: per checkpoint, ``[rows]`` out-to-loss terms of the block.
+
+    Returns:
+        ``[n_target, rows]`` float32: ``[(1/M) Σ_m W_m Φ_mᵀ] ⊙ [(1/M) Σ_m Q_m]``.
+    """
+    m = len(weights)
+    if not (m == len(train_features) == len(out_to_loss)) or m == 0:
+        raise ValueError("weights, train_features and out_to_loss need one entry per checkpoint")
+    acc = sum(w @ f.to(torch.float64).T for w, f in zip(weights, train_features)) / m
+    q = sum(o.to(torch.float64) for o in out_to_loss) / m
+    return (acc * q.unsqueeze(0)).to(torch.float32)
+
+
+def trak_scores(
+    train_features: list[torch.Tensor],
+    out_to_loss: list[torch.Tensor],
+    target_features: list[torch.Tensor],
+    lambda_reg: float | None = None,
+    lambda_rel: float = 0.1,
+) -> torch.Tensor:
+    """TRAK scores of in-memory features (the formula above, one call).
+
+    Args:
+        train_features: per checkpoint ``[n_train, proj_dim]``.
+        out_to_loss: per checkpoint ``[n_train]``.
+        target_features: per checkpoint ``[n_target, proj_dim]``.
+        lambda_reg: absolute ridge; ``None`` uses ``lambda_rel``.
+        lambda_rel: relative ridge (fraction of trace(ΦᵀΦ)/proj_dim).
+
+    Returns:
+        ``[n_target, n_train]`` float32 scores.
+    """
+    weights = []
+    for phi, phi_t in zip(train_features, target_features):
+        gram = gram_matrix([phi])
+        lam = resolve_lambda(gram, lambda_reg, lambda_rel)
+        weights.append(target_weights(kernel_factor(gram, lam), phi_t))
+    return score_block(weights, train_features, out_to_loss)
