@@ -12,7 +12,10 @@ from trakcli.errors import ProjectorError
 from trakcli.projectors import GEN_ROWS, make_projector
 
 DENSE_KINDS = ["rademacher", "normal"]
-CPU_IMPLS = ["single_block", "basic"]
+CPU_IMPLS = ["single_block", "basic", "chunked"]
+# (kind, options): every kind, sjlt with one and with several nonzeros per column
+KINDS = [("rademacher", {}), ("normal", {}), ("sjlt", {"s": 1}), ("sjlt", {"s": 3})]
+KIND_IDS = ["rademacher", "normal", "sjlt1", "sjlt3"]
 
 
 def dense_matrix(proj, model_id=0):
@@ -30,25 +33,28 @@ def make(kind="rademacher", impl="basic", grad_dim=2500, proj_dim=64, seed=0, **
 # -- promise 2: every CPU implementation of one spec computes the same matrix -----------------
 
 
-@pytest.mark.parametrize("kind", DENSE_KINDS)
-def test_single_block_and_basic_same_matrix(kind):
-    grad_dim = 2 * GEN_ROWS + 300  # two full generation blocks and a partial one
-    ref = make(kind, "single_block", grad_dim=grad_dim)
+@pytest.mark.parametrize("kind, opts", KINDS, ids=KIND_IDS)
+def test_single_block_basic_and_chunked_same_matrix(kind, opts):
+    grad_dim = 2 * GEN_ROWS + 300  # two full cache blocks and a partial one
+    ref = make(kind, "single_block", grad_dim=grad_dim, **opts)
     p_ref = dense_matrix(ref)
-    for block_size in (1, 37, GEN_ROWS, 5000):
-        p = make(kind, "basic", grad_dim=grad_dim, block_size=block_size)
+    others = [make(kind, "basic", grad_dim=grad_dim, block_size=b, **opts) for b in (1, 37, GEN_ROWS, 5000)]
+    others += [make(kind, "chunked", grad_dim=grad_dim, max_chunk_size=c, **opts) for c in (1, 500, 4096)]
+    others += [make(kind, "basic", grad_dim=grad_dim, cache_bytes=0, **opts)]
+    for p in others:
         assert p.spec() == ref.spec()
-        assert torch.equal(dense_matrix(p), p_ref)
-    # project reads the same matrix as unproject: project(I) = Pᵀ exactly
-    basic = make(kind, "basic", grad_dim=grad_dim, block_size=333)
-    assert torch.equal(basic.project(torch.eye(grad_dim)).double(), p_ref.T)
+        assert torch.equal(dense_matrix(p), p_ref), p
+    # project reads the same matrix as unproject: project(I) = Pᵀ (exact for one nonzero per sum)
+    for p in (ref, others[2], others[-2]):
+        torch.testing.assert_close(p.project(torch.eye(grad_dim)).double(), p_ref.T, rtol=1e-6, atol=0)
 
 
-@pytest.mark.parametrize("kind", DENSE_KINDS)
+@pytest.mark.parametrize("kind, opts", KINDS, ids=KIND_IDS)
 @pytest.mark.parametrize("impl", CPU_IMPLS)
-def test_project_matches_dense_reference(kind, impl):
-    proj = make(kind, impl, grad_dim=3000, proj_dim=48, block_size=700)
-    P = dense_matrix(make(kind, "single_block", grad_dim=3000, proj_dim=48))
+def test_project_matches_dense_reference(kind, opts, impl):
+    size = {"basic": {"block_size": 700}, "chunked": {"max_chunk_size": 700}}.get(impl, {})
+    proj = make(kind, impl, grad_dim=3000, proj_dim=48, **size, **opts)
+    P = dense_matrix(make(kind, "single_block", grad_dim=3000, proj_dim=48, **opts))
     g = torch.randn(7, 3000, generator=torch.Generator().manual_seed(1))
     expect = g.double() @ P.T
     got = proj.project(g)
@@ -60,17 +66,19 @@ def test_project_matches_dense_reference(kind, impl):
 
 def test_prefix_property_matrix_does_not_depend_on_grad_dim_padding():
     # rows of Pᵀ are generated per fixed block, so a longer grad_dim extends the matrix
-    small = dense_matrix(make(grad_dim=1500, impl="single_block"))
-    big = dense_matrix(make(grad_dim=4000, impl="basic", block_size=999))
-    assert torch.equal(big[:, :1500], small)
+    for kind, opts in KINDS:
+        small = dense_matrix(make(kind, grad_dim=1500, impl="single_block", **opts))
+        big = dense_matrix(make(kind, grad_dim=4000, impl="basic", block_size=999, **opts))
+        assert torch.equal(big[:, :1500], small)
 
 
 # -- promise 1: pure function of spec and model_id --------------------------------------------
 
 
+@pytest.mark.parametrize("kind, opts", [KINDS[0], KINDS[3]], ids=["rademacher", "sjlt3"])
 @pytest.mark.parametrize("impl", CPU_IMPLS)
-def test_rows_independent_of_batch_size_and_composition(impl):
-    proj = make("rademacher", impl, grad_dim=3000, proj_dim=64, block_size=1000)
+def test_rows_independent_of_batch_size_and_composition(kind, opts, impl):
+    proj = make(kind, impl, grad_dim=3000, proj_dim=64, block_size=1000, max_chunk_size=999, **opts)
     g = torch.randn(33, 3000, generator=torch.Generator().manual_seed(3))
     full = proj.project(g, model_id=2)
     # equal up to float32 rounding: BLAS may sum in another order for another batch size
@@ -101,18 +109,19 @@ def test_dict_input_equals_concatenated_tensor():
     gen = torch.Generator().manual_seed(6)
     grads = {k: torch.randn(6, *s, generator=gen) for k, s in shapes.items()}
     flat = torch.cat([v.reshape(6, -1) for v in grads.values()], dim=1)
-    for impl in CPU_IMPLS:
-        proj = make("normal", impl, grad_dim=grad_dim, proj_dim=32, block_size=100)
-        torch.testing.assert_close(proj.project(grads), proj.project(flat), rtol=1e-5, atol=1e-6)
+    for kind, opts in KINDS:
+        for impl in CPU_IMPLS:
+            proj = make(kind, impl, grad_dim=grad_dim, proj_dim=32, block_size=100, max_chunk_size=77, **opts)
+            torch.testing.assert_close(proj.project(grads), proj.project(flat), rtol=1e-5, atol=1e-5)
 
 
 # -- promise 4: adjoint and JL --------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", DENSE_KINDS)
+@pytest.mark.parametrize("kind, opts", KINDS, ids=KIND_IDS)
 @pytest.mark.parametrize("impl", CPU_IMPLS)
-def test_unproject_is_exact_adjoint(kind, impl):
-    proj = make(kind, impl, grad_dim=2600, proj_dim=40, dtype="float64", block_size=900)
+def test_unproject_is_exact_adjoint(kind, opts, impl):
+    proj = make(kind, impl, grad_dim=2600, proj_dim=40, dtype="float64", block_size=900, max_chunk_size=800, **opts)
     gen = torch.Generator().manual_seed(7)
     g = torch.randn(3, 2600, generator=gen, dtype=torch.float64)
     z = torch.randn(3, 40, generator=gen, dtype=torch.float64)
@@ -121,10 +130,10 @@ def test_unproject_is_exact_adjoint(kind, impl):
     torch.testing.assert_close(lhs, rhs, rtol=1e-12, atol=1e-10)
 
 
-@pytest.mark.parametrize("kind", DENSE_KINDS)
-def test_jl_preserves_norms_distances_and_inner_products(kind):
+@pytest.mark.parametrize("kind, opts", KINDS, ids=KIND_IDS)
+def test_jl_preserves_norms_distances_and_inner_products(kind, opts):
     proj_dim, grad_dim, n = 1024, 4096, 24
-    proj = make(kind, "basic", grad_dim=grad_dim, proj_dim=proj_dim, seed=11)
+    proj = make(kind, "basic", grad_dim=grad_dim, proj_dim=proj_dim, seed=11, **opts)
     g = torch.randn(n, grad_dim, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
     f = proj.project(g).double()
     ratio = f.norm(dim=1) ** 2 / g.norm(dim=1) ** 2
@@ -155,10 +164,10 @@ def test_entries_have_the_documented_distribution():
 # -- promise: independent matrices per model_id and seed -----------------------------------------
 
 
-@pytest.mark.parametrize("kind", DENSE_KINDS)
-def test_model_ids_and_seeds_give_independent_matrices(kind):
-    proj = make(kind, "basic", grad_dim=3000, proj_dim=64, seed=0)
-    other_seed = make(kind, "basic", grad_dim=3000, proj_dim=64, seed=1)
+@pytest.mark.parametrize("kind, opts", KINDS, ids=KIND_IDS)
+def test_model_ids_and_seeds_give_independent_matrices(kind, opts):
+    proj = make(kind, "basic", grad_dim=3000, proj_dim=64, seed=0, **opts)
+    other_seed = make(kind, "basic", grad_dim=3000, proj_dim=64, seed=1, **opts)
     mats = [dense_matrix(proj, 0), dense_matrix(proj, 1), dense_matrix(proj, 7), dense_matrix(other_seed, 0)]
     flat = torch.stack([m.flatten() for m in mats])
     corr = torch.corrcoef(flat)
@@ -170,6 +179,21 @@ def test_model_ids_and_seeds_give_independent_matrices(kind):
         rows = slice(b * GEN_ROWS, min(3000, (b + 1) * GEN_ROWS))
         assert not torch.equal(mats[0][:, rows], mats[1][:, rows])
         assert not torch.equal(mats[0][:, rows], mats[3][:, rows])
+
+
+def test_sjlt_columns_have_s_distinct_nonzeros_in_their_buckets():
+    k, s_ = 50, 4
+    P = dense_matrix(make("sjlt", "single_block", grad_dim=3000, proj_dim=k, s=s_))
+    nz = P != 0
+    assert torch.equal(nz.sum(dim=0), torch.full((3000,), s_))
+    assert torch.equal(P[nz].abs(), torch.full((3000 * s_,), 0.5, dtype=torch.float64))
+    bounds = [i * k // s_ for i in range(s_ + 1)]
+    for i in range(s_):
+        assert torch.equal(nz[bounds[i] : bounds[i + 1]].sum(dim=0), torch.ones(3000, dtype=torch.int64))
+    # features used roughly uniformly, signs fair
+    load = nz.sum(dim=1).double()
+    assert load.min() > 0.6 * load.mean() and load.max() < 1.4 * load.mean()
+    assert abs((P > 0).sum().item() / nz.sum().item() - 0.5) < 0.03
 
 
 def test_generation_blocks_are_not_repeated_within_a_matrix():
@@ -184,8 +208,9 @@ def test_generation_blocks_are_not_repeated_within_a_matrix():
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
 @pytest.mark.parametrize("impl", CPU_IMPLS)
-def test_accepts_float_dtypes_and_returns_float32(dtype, impl):
-    proj = make("rademacher", impl, grad_dim=1200, proj_dim=32)
+@pytest.mark.parametrize("kind", ["rademacher", "sjlt"])
+def test_accepts_float_dtypes_and_returns_float32(dtype, impl, kind):
+    proj = make(kind, impl, grad_dim=1200, proj_dim=32, max_chunk_size=500)
     g = torch.randn(4, 1200, generator=torch.Generator().manual_seed(9)).to(dtype)
     out = proj.project(g)
     assert out.dtype == torch.float32 and out.shape == (4, 32)
@@ -222,6 +247,8 @@ def test_auto_picks_basic_and_logs(caplog):
         proj = make(impl="auto")
     assert proj.implementation == "basic"
     assert "picked 'basic'" in caplog.text
+    if not torch.cuda.is_available():
+        assert "skipped 'cuda': no CUDA GPU" in caplog.text
 
 
 # -- user errors ---------------------------------------------------------------------------------
@@ -244,6 +271,9 @@ def test_auto_picks_basic_and_logs(caplog):
         ({"block_size": 0}, "block_size must be >= 1"),
         ({"dtype": "float16"}, "dtype must be one of float32, float64"),
         ({"cache_bytes": -1}, "cache_bytes must be >= 0"),
+        ({"cache_bytes": "lots"}, "cache_bytes must be an integer"),
+        ({"max_chunk_size": 0}, "max_chunk_size must be >= 1"),
+        ({"implementation": "triton"}, "unknown projector implementation 'triton'"),
     ],
 )
 def test_bad_options_raise_projector_error(kwargs, message):
@@ -271,3 +301,74 @@ def test_bad_inputs_raise_projector_error():
         proj.unproject(torch.randn(2, 15))
     with pytest.raises(ProjectorError, match="torch.Tensor"):
         proj.project([[1.0] * 100])
+
+
+# -- generator, cache, chunking, cuda availability ---------------------------------------------
+
+
+def test_philox_matches_random123_known_answers():
+    from trakcli.projectors.philox import philox4x32
+
+    def run(c, k):
+        out = philox4x32(*(torch.tensor(x, dtype=torch.int64) for x in c), *k)
+        return [int(x) for x in out]
+
+    assert run((0, 0, 0, 0), (0, 0)) == [0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8]
+    m = 0xFFFFFFFF
+    assert run((m, m, m, m), (m, m)) == [0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD]
+    pi = ((0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344), (0xA4093822, 0x299F31D0))
+    assert run(*pi) == [0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1]
+
+
+def test_block_cache_keeps_a_prefix_of_a_too_large_matrix_and_evicts_other_models():
+    from trakcli.projectors.base import BlockCache
+
+    cache = BlockCache(max_bytes=3 * 400)
+    blk = lambda: torch.zeros(100)  # noqa: E731 - 400 bytes
+    for b in range(5):  # model 0 has 5 blocks, only 3 fit
+        cache.put((0, b, "cpu"), blk())
+    assert [cache.get((0, b, "cpu")) is not None for b in range(5)] == [True] * 3 + [False] * 2
+    cache.put((1, 0, "cpu"), blk())  # another model evicts model 0's least recently used block
+    assert cache.get((1, 0, "cpu")) is not None and cache.nbytes == 1200
+    assert sum(cache.get((0, b, "cpu")) is not None for b in range(5)) == 2
+
+
+def test_cache_auto_caches_small_matrices_only(caplog):
+    small = make(grad_dim=5000, proj_dim=64)
+    assert small.matrix.cache.max_bytes > 0
+    with caplog.at_level(logging.INFO, logger="trakcli.projectors"):
+        big = make(grad_dim=10**9, proj_dim=4096)  # 16 TB: never cached
+    assert big.matrix.cache.max_bytes == 0
+    assert "regenerated for every batch" in caplog.text
+    assert make(grad_dim=5000, cache_bytes=0).matrix.cache.max_bytes == 0
+
+
+def test_chunks_respect_max_chunk_size_and_cover_the_vector_in_order():
+    shapes = {"a": (3, 5), "b": (40,), "c": (2,), "d": (7, 9)}
+    grad_dim = 15 + 40 + 2 + 63
+    gen = torch.Generator().manual_seed(12)
+    grads = {k: torch.randn(2, *v, generator=gen) for k, v in shapes.items()}
+    flat = torch.cat([v.reshape(2, -1) for v in grads.values()], dim=1)
+    proj = make("rademacher", "chunked", grad_dim=grad_dim, proj_dim=8, max_chunk_size=16)
+    chunks = list(proj.chunks(grads))
+    assert all(c.shape[1] <= 16 for _, c in chunks)
+    assert [s for s, _ in chunks] == list(range(0, grad_dim, 16))
+    torch.testing.assert_close(torch.cat([c for _, c in chunks], dim=1), flat)
+
+
+def test_cuda_without_gpu_is_a_clear_error():
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is present")
+    with pytest.raises(ProjectorError, match="no CUDA GPU.*Use implementation: basic"):
+        make(impl="cuda")
+    with pytest.raises(ProjectorError, match="dense kinds"):
+        make("sjlt", impl="cuda")
+
+
+def test_s_only_for_sjlt_and_bounded():
+    with pytest.raises(ProjectorError, match="only applies to kind 'sjlt'"):
+        make("rademacher", s=2)
+    with pytest.raises(ProjectorError, match="s=65 is larger than proj_dim=64"):
+        make("sjlt", s=65)
+    with pytest.raises(ProjectorError, match="s must be >= 1"):
+        make("sjlt", s=0)

@@ -8,13 +8,16 @@ Public API::
     feats = proj.project(grads, model_id=0)     # [n, grad_dim] or dict -> [n, proj_dim] float32
     back = proj.unproject(feats, model_id=0)    # [n, proj_dim] -> [n, grad_dim], the adjoint
 
-The matrix is a pure function of ``proj.spec()`` and ``model_id``; the
+The matrix is a pure function of ``proj.spec()`` and ``model_id`` (every entry
+is drawn from Philox4x32-10 with its coordinates as the counter); the
 implementation only decides how the product is computed. No I/O here.
 """
 
-from trakcli.projectors.base import GEN_ROWS, Projector
+from trakcli.projectors.base import Projector
+from trakcli.projectors.chunked import ChunkedProjector
 from trakcli.projectors.dense import BasicProjector, BasicSingleBlockProjector, NoopProjector
 from trakcli.projectors.factory import IMPLEMENTATIONS, KINDS, OPTIONS, make_projector
+from trakcli.projectors.matrices import GEN_ROWS, DenseMatrix, SJLTMatrix
 
 __all__ = [
     "GEN_ROWS",
@@ -23,7 +26,10 @@ __all__ = [
     "OPTIONS",
     "BasicProjector",
     "BasicSingleBlockProjector",
+    "ChunkedProjector",
+    "DenseMatrix",
     "NoopProjector",
     "Projector",
+    "SJLTMatrix",
     "make_projector",
 ]

@@ -5,10 +5,9 @@ A projector maps per-example gradients ``g`` (``[n, grad_dim]``) to features
 of shape ``[proj_dim, grad_dim]`` (design.md, "Math"). In code we hold the
 transpose ``Pᵀ`` (``[grad_dim, proj_dim]``) and compute ``g @ Pᵀ``.
 
-The matrix is cut into fixed *generation blocks* of :data:`GEN_ROWS` rows of
-``Pᵀ`` (gradient coordinates). Block ``b`` of model ``model_id`` is generated
-from a seed derived from ``(seed, model_id, b)`` only, so any implementation,
-whatever its memory blocking, chunking or batch size, sees the same matrix.
+Every entry of ``Pᵀ`` is a function of its coordinates, ``model_id`` and the
+spec only (:mod:`trakcli.projectors.philox`), so any implementation, whatever
+its memory blocking, chunking or batch size, sees the same matrix.
 """
 
 from __future__ import annotations
@@ -21,10 +20,6 @@ from typing import Any
 import torch
 
 from trakcli.errors import ProjectorError
-
-#: Rows of ``Pᵀ`` (gradient coordinates) per generation block. Part of the
-#: matrix definition: changing it changes every matrix, so it is in ``spec()``.
-GEN_ROWS = 1024
 
 _MASK64 = (1 << 64) - 1
 
@@ -87,7 +82,14 @@ def check_int(name: str, value: Any, minimum: int, hint: str) -> int:
 
 
 class BlockCache:
-    """A least-recently-used cache of generated matrix blocks, bounded in bytes.
+    """A cache of generated matrix blocks, bounded in bytes.
+
+    Keys are ``(model_id, block, device)``. A full cache makes room by evicting
+    blocks of *other* matrices (``(model_id, device)`` pairs, least recently
+    used first) but never blocks of the matrix being stored: when one matrix is
+    larger than the budget, its first blocks stay cached and the rest are
+    regenerated, so a cyclic scan over the matrix (one per batch) still hits
+    ``budget / matrix size`` of the time instead of never, as LRU would.
 
     Args:
         max_bytes: total size the cached tensors may take; 0 disables caching.
@@ -95,33 +97,32 @@ class BlockCache:
 
     def __init__(self, max_bytes: int):
         self.max_bytes = int(max_bytes)
-        self._items: OrderedDict[Any, Any] = OrderedDict()
+        self._items: OrderedDict[Any, torch.Tensor] = OrderedDict()
         self._bytes = 0
 
     @staticmethod
-    def _size(item: Any) -> int:
-        if isinstance(item, torch.Tensor):
-            return item.numel() * item.element_size()
-        return sum(BlockCache._size(t) for t in item)
+    def _size(t: torch.Tensor) -> int:
+        return t.numel() * t.element_size()
 
-    def get(self, key: Any) -> Any | None:
+    def get(self, key: Any) -> torch.Tensor | None:
         item = self._items.get(key)
         if item is not None:
             self._items.move_to_end(key)
         return item
 
-    def put(self, key: Any, item: Any) -> None:
+    def put(self, key: Any, item: torch.Tensor) -> None:
         size = self._size(item)
-        if size > self.max_bytes:
+        if size > self.max_bytes or key in self._items:
             return
-        old = self._items.pop(key, None)
-        if old is not None:
-            self._bytes -= self._size(old)
-        while self._items and self._bytes + size > self.max_bytes:
-            _, evicted = self._items.popitem(last=False)
-            self._bytes -= self._size(evicted)
-        self._items[key] = item
-        self._bytes += size
+        if self._bytes + size > self.max_bytes:
+            owner = (key[0], key[-1])
+            for other in [k for k in self._items if (k[0], k[-1]) != owner]:
+                self._bytes -= self._size(self._items.pop(other))
+                if self._bytes + size <= self.max_bytes:
+                    break
+        if self._bytes + size <= self.max_bytes:
+            self._items[key] = item
+            self._bytes += size
 
     def clear(self) -> None:
         self._items.clear()

@@ -50,10 +50,11 @@ class _MatrixProjector(Projector):
 
 
 class BasicSingleBlockProjector(_MatrixProjector):
-    """Materializes the whole ``Pᵀ`` ``[grad_dim, proj_dim]`` and multiplies once.
+    """Generates the whole matrix at once and multiplies in one step.
 
     The reference implementation: simplest and fastest for small models, but it
-    holds ``grad_dim·proj_dim`` floats (of the last ``model_id`` and device used).
+    holds all of ``Pᵀ`` (``grad_dim × proj_dim`` floats for a dense kind,
+    ``s × grad_dim`` indices for sjlt) of the last ``model_id`` and device used.
 
     Args:
         matrix: a matrix kind from :mod:`trakcli.projectors.matrices`.
@@ -66,33 +67,35 @@ class BasicSingleBlockProjector(_MatrixProjector):
         self._full: tuple[int, str, torch.Tensor] | None = None
 
     def full(self, model_id: int, device: torch.device) -> torch.Tensor:
-        """``Pᵀ`` of ``model_id``: ``[grad_dim, proj_dim]`` in the accumulation dtype on ``device``."""
+        """The matrix of ``model_id`` on ``device`` in the matrix's full form (kept until the next)."""
         if self._full is not None and self._full[:2] == (model_id, str(device)):
             return self._full[2]
         self._full = None  # free the old one before making the new one
-        pt = self.matrix.rows(model_id, 0, self.grad_dim, device)
-        self._full = (model_id, str(device), pt)
-        return pt
+        full = self.matrix.full(model_id, device)
+        self._full = (model_id, str(device), full)
+        return full
 
     def _project(self, grads: Grads, model_id: int) -> torch.Tensor:
         g = flatten_grads(grads, self.grad_dim)
-        return g.to(self.dtype) @ self.full(model_id, g.device)
+        return self.matrix.project_full(self.full(model_id, g.device), g)
 
     def _unproject(self, z: torch.Tensor, model_id: int) -> torch.Tensor:
-        return z.to(self.dtype) @ self.full(model_id, z.device).T
+        return self.matrix.unproject_full(self.full(model_id, z.device), z)
 
 
 class BasicProjector(_MatrixProjector):
     """Block-wise projection with bounded memory; same matrix as :class:`BasicSingleBlockProjector`.
 
-    Walks the gradient columns in steps of ``block_size`` (and parameter by
+    Walks the gradient columns in steps of ``block_size`` (parameter by
     parameter for a dict, so the concatenated gradient is never built) and
-    accumulates ``g[:, block] @ Pᵀ[block]`` in the accumulation dtype. Matrix
-    blocks come from the matrix's LRU cache (``cache_bytes``), so a model whose
-    matrix fits the budget generates its random numbers once, not per batch.
+    accumulates ``g[:, block] @ Pᵀ[block]``. Matrix blocks (1024 rows of ``Pᵀ``)
+    come from the matrix's cache (``cache_bytes``), so a model whose matrix fits
+    the budget generates its random numbers once, not for every batch
+    (MadryLab's BasicProjector regenerates them per batch, which dominates its
+    CPU time).
 
     Memory: the cache budget, plus ``n × block_size`` for the converted input
-    slice, plus one generation block (``GEN_ROWS × proj_dim``).
+    slice, plus one generated block (``1024 × proj_dim``).
 
     Args:
         matrix: a matrix kind from :mod:`trakcli.projectors.matrices`.
@@ -107,16 +110,15 @@ class BasicProjector(_MatrixProjector):
 
     def _project(self, grads: Grads, model_id: int) -> torch.Tensor:
         n, items = grad_items(grads, self.grad_dim)
-        device = items[0][1].device
-        out = torch.zeros(n, self.proj_dim, dtype=self.dtype, device=device)
+        acc = self.matrix.accumulator(n, items[0][1].device)
         offset = 0
         for _, t in items:
             width = t.shape[1]
             for a in range(0, width, self.block_size):
                 b = min(width, a + self.block_size)
-                self.matrix.project_into(out, t[:, a:b], offset + a, model_id)
+                self.matrix.add_into(acc, t[:, a:b], offset + a, model_id)
             offset += width
-        return out
+        return self.matrix.finish(acc)
 
     def _unproject(self, z: torch.Tensor, model_id: int) -> torch.Tensor:
         z = z.to(self.dtype)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import logging
+import os
 from typing import Any
 
 import torch
@@ -11,24 +13,45 @@ import torch
 from trakcli.errors import ProjectorError
 from trakcli.projectors.base import Projector, check_int
 from trakcli.projectors.dense import BasicProjector, BasicSingleBlockProjector, NoopProjector
-from trakcli.projectors.matrices import DenseMatrix
+from trakcli.projectors.chunked import ChunkedProjector
+from trakcli.projectors.matrices import DenseMatrix, SJLTMatrix
 
 logger = logging.getLogger("trakcli.projectors")
 
-KINDS = ("noop", "rademacher", "normal")
-IMPLEMENTATIONS = ("auto", "single_block", "basic")
+KINDS = ("noop", "rademacher", "normal", "sjlt")
+DENSE_KINDS = ("rademacher", "normal")
+IMPLEMENTATIONS = ("auto", "single_block", "basic", "chunked", "cuda")
 
-#: Options each accepts (beyond kind, implementation, grad_dim, proj_dim, seed).
+#: Options ``make_projector`` accepts beyond kind, implementation, grad_dim, proj_dim, seed.
 OPTIONS = {
     "dtype": "accumulation dtype: float32 (default) or float64",
+    "s": "sjlt: nonzeros per gradient coordinate, 1 <= s <= proj_dim (default 1)",
     "block_size": "basic: gradient columns processed per step (default 65536)",
-    "cache_bytes": "basic: byte budget for caching generated matrix blocks (default 4 GiB)",
+    "max_chunk_size": "chunked: most gradient entries per chunk (default 262144)",
+    "cache_bytes": (
+        "basic/chunked: byte budget for caching generated matrix blocks; 'auto' (default) caches "
+        "the whole matrix of a model when it fits min(4 GiB, RAM/4), else nothing; 0 disables"
+    ),
 }
 
 DEFAULT_BLOCK_SIZE = 65536
-DEFAULT_CACHE_BYTES = 4 * 2**30
+DEFAULT_MAX_CHUNK_SIZE = 2**18
+AUTO_CACHE_LIMIT = 4 * 2**30
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def _total_ram() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not on Linux/macOS
+        return 4 * AUTO_CACHE_LIMIT
+
+
+def auto_cache_bytes(matrix_bytes: int) -> int:
+    """The ``cache_bytes: auto`` rule: the whole matrix if it fits min(4 GiB, RAM/4), else 0."""
+    budget = min(AUTO_CACHE_LIMIT, _total_ram() // 4)
+    return budget if matrix_bytes <= budget else 0
 
 
 def _did_you_mean(value: str, choices: tuple[str, ...] | list[str]) -> str:
@@ -69,25 +92,34 @@ def make_projector(
     """Build a projector from the ``projector:`` config mapping.
 
     Args:
-        kind: the matrix: ``noop``, ``rademacher`` (±1/√proj_dim) or ``normal``
-            (N(0, 1/proj_dim)). Dense kinds satisfy E‖Pg‖² = ‖g‖²
-            (Johnson & Lindenstrauss 1984; Achlioptas 2003).
-        implementation: how products are computed: ``single_block`` (whole
-            matrix in memory), ``basic`` (block-wise, bounded memory) or
-            ``auto`` (the best available; logs its choice on the
-            ``trakcli.projectors`` logger). Never changes the matrix.
-        grad_dim: gradient coordinates, > 0 (from the model).
-        proj_dim: features, > 0. For ``noop`` it may be omitted and must
-            otherwise equal ``grad_dim``.
-        seed: base seed, an int >= 0. Each ``model_id`` derives its own matrix from it.
-        **options: see :data:`OPTIONS` (``dtype``, ``block_size``, ``cache_bytes``).
+        kind: the matrix: ``noop`` (identity), ``rademacher`` (±1/√proj_dim),
+            ``normal`` (N(0, 1/proj_dim)) or ``sjlt`` (sparse JL /
+            CountSketch, ``s`` entries ±1/√s per column). All satisfy
+            E‖Pg‖² = ‖g‖² (Johnson & Lindenstrauss 1984; Achlioptas 2003;
+            Kane & Nelson 2014).
+        implementation: how products are computed, never what they are:
+            ``single_block`` (whole matrix at once), ``basic`` (block-wise,
+            bounded memory, cached), ``chunked`` (per-parameter chunks of at
+            most ``max_chunk_size`` entries), ``cuda`` (fused Triton kernel,
+            dense kinds, needs a CUDA GPU and ``pip install trakcli[cuda]``) or
+            ``auto`` (the best available; logs its choice and why the others
+            were skipped on the ``trakcli.projectors`` logger).
+        grad_dim: gradient coordinates, an int > 0 (from the model).
+        proj_dim: features, an int > 0. For ``noop`` it may be omitted and
+            must otherwise equal ``grad_dim``.
+        seed: base seed, an int >= 0. Each ``model_id`` derives its own
+            independent matrix from it.
+        **options: see :data:`OPTIONS`: ``dtype``, ``s``, ``block_size``,
+            ``max_chunk_size``, ``cache_bytes``.
 
     Returns:
-        A :class:`~trakcli.projectors.base.Projector`.
+        A :class:`~trakcli.projectors.base.Projector`; its ``spec()`` fixes the
+        matrix, its ``implementation`` attribute names the implementation used.
 
     Raises:
         ProjectorError: unknown kind, implementation or option (with a
-            suggestion), non-integer or non-positive dims, bad option values.
+            suggestion), non-integer or non-positive dims, bad option values,
+            or ``cuda`` asked for where it cannot run.
     """
     kind = _choice("kind", kind, KINDS)
     implementation = _choice("implementation", implementation, IMPLEMENTATIONS)
@@ -104,10 +136,21 @@ def make_projector(
     block_size = check_int(
         "block_size", options.get("block_size", DEFAULT_BLOCK_SIZE), 1, "e.g. block_size: 65536"
     )
-    cache_bytes = check_int(
-        "cache_bytes", options.get("cache_bytes", DEFAULT_CACHE_BYTES), 0,
-        "0 disables the cache; e.g. cache_bytes: 4294967296 for 4 GiB",
+    max_chunk_size = check_int(
+        "max_chunk_size", options.get("max_chunk_size", DEFAULT_MAX_CHUNK_SIZE), 1,
+        "e.g. max_chunk_size: 262144",
     )
+    cache_bytes = options.get("cache_bytes", "auto")
+    if cache_bytes != "auto":
+        cache_bytes = check_int(
+            "cache_bytes", cache_bytes, 0,
+            "use 'auto', 0 to disable the cache, or a byte count such as 4294967296 (4 GiB)",
+        )
+    if "s" in options and kind != "sjlt":
+        raise ProjectorError(
+            f"projector option s={options['s']!r} only applies to kind 'sjlt', not {kind!r}; "
+            f"remove it or set kind: sjlt"
+        )
 
     if kind == "noop":
         if proj_dim is not None and proj_dim != grad_dim:
@@ -116,20 +159,82 @@ def make_projector(
                 f"grad_dim={grad_dim}, got proj_dim={proj_dim!r}; set proj_dim: {grad_dim} or "
                 f"choose kind 'rademacher'"
             )
-        if implementation not in ("auto", "basic", "single_block"):
-            raise ProjectorError(f"kind 'noop' has no implementation {implementation!r}; use auto")
+        if implementation == "cuda":
+            raise ProjectorError("kind 'noop' has no cuda implementation; use implementation: auto")
         return NoopProjector(grad_dim, dtype)
 
     if proj_dim is None:
         raise ProjectorError(f"projector kind {kind!r} needs proj_dim, e.g. proj_dim: 2048")
     proj_dim = check_int("proj_dim", proj_dim, 1, "e.g. proj_dim: 2048")
 
+    if kind == "sjlt":
+        s = check_int("s", options.get("s", 1), 1, "e.g. s: 1 (CountSketch) or s: 4")
+        if s > proj_dim:
+            raise ProjectorError(
+                f"projector option s={s} is larger than proj_dim={proj_dim}; sjlt puts s nonzeros "
+                f"in distinct features, so use s <= proj_dim"
+            )
+        matrix_bytes = s * grad_dim * 8
+    else:
+        matrix_bytes = grad_dim * proj_dim * (4 if dtype == torch.float32 else 8)
+
     if implementation == "auto":
-        implementation = "basic"
-        logger.info(
-            "projector implementation 'auto' picked 'basic' for kind %r "
-            "(block-wise, cached up to %d bytes)", kind, cache_bytes,
-        )
+        implementation = _pick_auto(kind)
+    if implementation == "cuda":
+        reason = _cuda_unavailable(kind)
+        if reason:
+            raise ProjectorError(
+                f"projector implementation 'cuda' cannot run here: {reason}. Use implementation: "
+                f"basic or chunked (same matrix, so features stay comparable) or auto"
+            )
+
+    if cache_bytes == "auto":
+        cache_bytes = auto_cache_bytes(matrix_bytes)
+        if implementation in ("basic", "chunked"):
+            if cache_bytes:
+                logger.info("projector caches its matrix (%.2f GiB)", matrix_bytes / 2**30)
+            else:
+                logger.info(
+                    "projector matrix (%.2f GiB) exceeds the cache budget min(4 GiB, RAM/4): blocks "
+                    "are regenerated for every batch (set cache_bytes to cache part of it)",
+                    matrix_bytes / 2**30,
+                )
+
+    def matrix(cache: int):
+        if kind == "sjlt":
+            return SJLTMatrix(grad_dim, proj_dim, seed, dtype, cache, s=s)
+        return DenseMatrix(kind, grad_dim, proj_dim, seed, dtype, cache)
+
     if implementation == "single_block":
-        return BasicSingleBlockProjector(DenseMatrix(kind, grad_dim, proj_dim, seed, dtype, 0))
-    return BasicProjector(DenseMatrix(kind, grad_dim, proj_dim, seed, dtype, cache_bytes), block_size)
+        return BasicSingleBlockProjector(matrix(0))
+    if implementation == "chunked":
+        return ChunkedProjector(matrix(cache_bytes), max_chunk_size)
+    if implementation == "cuda":
+        from trakcli.projectors.cuda import CudaProjector
+
+        return CudaProjector(matrix(0))
+    return BasicProjector(matrix(cache_bytes), block_size)
+
+
+def _cuda_unavailable(kind: str) -> str | None:
+    """Why the cuda implementation cannot run for ``kind`` here, or None if it can."""
+    if kind not in DENSE_KINDS:
+        return f"it implements the dense kinds {', '.join(DENSE_KINDS)}, not {kind!r}"
+    if not torch.cuda.is_available():
+        return "no CUDA GPU (torch.cuda.is_available() is False)"
+    if importlib.util.find_spec("triton") is None:
+        return "triton is not installed (pip install 'trakcli[cuda]')"
+    return None
+
+
+def _pick_auto(kind: str) -> str:
+    reason = _cuda_unavailable(kind)
+    if reason is None:
+        logger.info("projector implementation 'auto' picked 'cuda' for kind %r", kind)
+        return "cuda"
+    logger.info(
+        "projector implementation 'auto' picked 'basic' for kind %r (block-wise, cached); "
+        "skipped 'cuda': %s; 'single_block' and 'chunked' are never picked automatically "
+        "(same matrix, choose them for tiny models or for memory)", kind, reason,
+    )
+    return "basic"

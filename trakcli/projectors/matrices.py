@@ -1,18 +1,22 @@
 """The random matrices (projector *kinds*), independent of how a product with them is computed.
 
-A matrix object knows how to produce any range of rows of ``Pᵀ``
-(``[grad_dim, proj_dim]``) for a given ``model_id`` and how to multiply a slice
-of the gradient by it. Implementations (``single_block``, ``basic``,
-``chunked``, ``cuda``) only decide the traversal, so they agree on the matrix
-by construction.
+A matrix object can produce any range of rows of ``Pᵀ`` (``[grad_dim, proj_dim]``)
+for a given ``model_id``, and multiply a slice of the gradient by it.
+Implementations (``single_block``, ``basic``, ``chunked``, ``cuda``) only
+decide the traversal, so they agree on the matrix by construction.
+
+Every entry is drawn from Philox4x32-10 (:mod:`.philox`) with a counter made of
+its own coordinates and a key made of ``(kind, seed, model_id)``, so an entry
+never depends on which block, chunk, batch, device or process asks for it.
 
 Kinds:
-    * ``rademacher``: entries ±1/√proj_dim, independent fair signs.
-    * ``normal``: entries N(0, 1/proj_dim).
-    * ``sjlt``: sparse JL / CountSketch (see :class:`SJLTMatrix`).
+    * ``rademacher``: entries ±1/√proj_dim, independent fair signs
+      (Achlioptas 2003, "Database-friendly random projections").
+    * ``normal``: entries N(0, 1/proj_dim) (Johnson & Lindenstrauss 1984).
+    * ``sjlt``: sparse JL / CountSketch with ``s`` nonzeros ±1/√s per column
+      (Charikar, Chen, Farach-Colton 2002; Kane & Nelson 2014, block construction).
 
-Both dense kinds satisfy E‖Pg‖² = ‖g‖² (Achlioptas 2003, "Database-friendly
-random projections"; Johnson & Lindenstrauss 1984).
+All three satisfy E‖Pg‖² = ‖g‖².
 """
 
 from __future__ import annotations
@@ -22,10 +26,20 @@ from typing import Any
 
 import torch
 
-from trakcli.projectors.base import GEN_ROWS, BlockCache, derive_seed, scale_for
+from trakcli.projectors.base import BlockCache, scale_for
+from trakcli.projectors.philox import M32, box_muller, matrix_key, philox4x32, uniform_from_bits
 
-# Tags mixed into the seed so that kinds never share random streams.
-_TAGS = {"rademacher": 0x5241, "normal": 0x4E4F, "sjlt": 0x534A}
+#: Rows of ``Pᵀ`` per cached block. Only a caching granularity: the matrix does not depend on it.
+GEN_ROWS = 1024
+
+GENERATOR = "philox4x32-10"
+
+# Mixed into the key so that kinds never share random streams.
+TAGS = {"rademacher": 0x5241, "normal": 0x4E4F, "sjlt": 0x534A}
+
+#: Columns of one rademacher Philox call (128 bits) and of one normal call (4 words).
+RADEMACHER_GROUP = 128
+NORMAL_GROUP = 4
 
 # byte value -> its 8 bits as ±1 (bit i, least significant first, gives column i).
 _SIGN_LUT = torch.tensor(
@@ -33,47 +47,31 @@ _SIGN_LUT = torch.tensor(
 )
 
 
-class DenseMatrix:
-    """A dense random matrix ``P`` ``[proj_dim, grad_dim]`` generated block by block.
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
-    Block ``b`` holds rows ``[b·GEN_ROWS, (b+1)·GEN_ROWS)`` of ``Pᵀ`` and is drawn
-    from a ``torch.Generator`` (Mersenne Twister) seeded with
-    ``derive_seed(tag(kind), seed, model_id, b)``; nothing else influences it.
 
-    * rademacher: ``GEN_ROWS·proj_dim/64`` random int64 words, each byte's
-      bits expanded to 8 signs through a lookup table (64 signs per RNG draw,
-      about 5x faster than ``torch.randint(0, 2)``).
-    * normal: ``torch.randn`` of the block.
+def _rows_counter(start: int, stop: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    rows = torch.arange(start, stop, dtype=torch.int64, device=device)
+    return rows & M32, rows >> 32
 
-    Entries are float32 values; ``dtype`` only sets the accumulation precision.
 
-    Args:
-        kind: ``"rademacher"`` or ``"normal"``.
-        grad_dim: gradient coordinates (columns of ``P``).
-        proj_dim: features (rows of ``P``).
-        seed: base seed, an int >= 0.
-        dtype: accumulation dtype, float32 or float64.
-        cache_bytes: byte budget of the LRU cache of generated blocks (0: none).
-    """
+def _to_int32(x: torch.Tensor) -> torch.Tensor:
+    """uint32 values in an int64 tensor -> the same bits as int32 (no overflow in the cast)."""
+    return (x - ((x >> 31) << 32)).to(torch.int32)
 
-    generator = "torch"
 
-    def __init__(
-        self,
-        kind: str,
-        grad_dim: int,
-        proj_dim: int,
-        seed: int,
-        dtype: torch.dtype = torch.float32,
-        cache_bytes: int = 0,
-    ):
-        self.kind = kind
+class _Matrix:
+    """Common parts: dims, key, LRU cache of generated blocks."""
+
+    kind = ""
+
+    def __init__(self, grad_dim, proj_dim, seed, dtype=torch.float32, cache_bytes=0):
         self.grad_dim = grad_dim
         self.proj_dim = proj_dim
         self.seed = seed
         self.dtype = dtype
         self.scale = scale_for(proj_dim)
-        self.n_blocks = math.ceil(grad_dim / GEN_ROWS)
         self.cache = BlockCache(cache_bytes)
 
     def spec(self) -> dict[str, Any]:
@@ -82,49 +80,29 @@ class DenseMatrix:
             "grad_dim": self.grad_dim,
             "proj_dim": self.proj_dim,
             "seed": self.seed,
-            "dtype": str(self.dtype).removeprefix("torch."),
-            "generator": self.generator,
-            "gen_rows": GEN_ROWS,
+            "dtype": _dtype_name(self.dtype),
+            "generator": GENERATOR,
         }
 
-    # -- generation ---------------------------------------------------------------------------
+    def key(self, model_id: int) -> tuple[int, int]:
+        """Philox key of this matrix for ``model_id``."""
+        return matrix_key(TAGS[self.kind], self.seed, model_id)
 
-    def generate_block(self, model_id: int, b: int) -> torch.Tensor:
-        """Rows ``[b·GEN_ROWS, (b+1)·GEN_ROWS)`` of ``Pᵀ`` (not cut at grad_dim), CPU float32.
+    def generate(self, model_id: int, start: int, stop: int, device: torch.device):
+        raise NotImplementedError
 
-        Returns:
-            ``[GEN_ROWS, proj_dim]`` float32 tensor on the CPU.
-        """
-        g = torch.Generator(device="cpu")
-        g.manual_seed(derive_seed(_TAGS[self.kind], self.seed, model_id, b))
-        if self.kind == "rademacher":
-            n_words = GEN_ROWS * self.proj_dim // 64  # GEN_ROWS is a multiple of 64
-            words = torch.randint(
-                -(2**63), 2**63 - 1, (n_words,), generator=g, dtype=torch.int64
-            )
-            lut = _SIGN_LUT * self.scale
-            signs = lut.index_select(0, words.view(torch.uint8).to(torch.int32))
-            return signs.view(GEN_ROWS, self.proj_dim)
-        out = torch.randn(GEN_ROWS, self.proj_dim, generator=g, dtype=torch.float32)
-        return out.mul_(self.scale)
-
-    def block(self, model_id: int, b: int, device: torch.device) -> torch.Tensor:
-        """Block ``b`` of ``Pᵀ`` in the accumulation dtype on ``device``, cut at ``grad_dim``.
-
-        Served from the cache when present; stored in it when the budget allows.
-        """
+    def block(self, model_id: int, b: int, device: torch.device):
+        """Rows ``[b·GEN_ROWS, min((b+1)·GEN_ROWS, grad_dim))`` of ``Pᵀ``, from the cache if there."""
         key = (model_id, b, str(device))
         blk = self.cache.get(key)
         if blk is None:
-            blk = self.generate_block(model_id, b)
-            stop = min(GEN_ROWS, self.grad_dim - b * GEN_ROWS)
-            if stop < GEN_ROWS:
-                blk = blk[:stop]
-            blk = blk.to(device=device, dtype=self.dtype).contiguous()
+            start = b * GEN_ROWS
+            blk = self.generate(model_id, start, min(start + GEN_ROWS, self.grad_dim), device)
             self.cache.put(key, blk)
         return blk
 
-    def _pieces(self, start: int, stop: int):
+    @staticmethod
+    def pieces(start: int, stop: int):
         """Yield ``(b, lo, hi, offset)``: rows ``[lo, hi)`` of block ``b`` are rows
         ``[offset, offset + hi - lo)`` of the range ``[start, stop)``."""
         b = start // GEN_ROWS
@@ -135,33 +113,218 @@ class DenseMatrix:
             yield b, lo, hi, base + lo - start
             b += 1
 
-    # -- products -----------------------------------------------------------------------------
+
+class DenseMatrix(_Matrix):
+    """A dense random matrix ``P`` ``[proj_dim, grad_dim]`` (kinds ``rademacher``, ``normal``).
+
+    Entry ``Pᵀ[r, c]`` comes from the Philox call with counter
+    ``(c // G, r mod 2**32, r >> 32, 0)``:
+
+    * rademacher (``G = 128``): bit ``c mod 32`` of word ``(c mod 128) // 32``
+      gives the sign (1 → +, 0 → −), times 1/√proj_dim;
+    * normal (``G = 4``): the four words become two uniform pairs
+      ``u = ((w >> 8) + 0.5)·2⁻²⁴`` and Box-Muller gives
+      ``(r₁cos θ₁, r₁sin θ₁, r₂cos θ₂, r₂sin θ₂)`` for columns ``4j … 4j+3``,
+      times 1/√proj_dim.
+
+    Entries are float32; ``dtype`` only sets the accumulation precision.
+
+    Args:
+        kind: ``"rademacher"`` or ``"normal"``.
+        grad_dim: gradient coordinates (columns of ``P``).
+        proj_dim: features (rows of ``P``).
+        seed: base seed, an int >= 0.
+        dtype: accumulation dtype, float32 or float64.
+        cache_bytes: byte budget of the LRU cache of generated blocks (0: none).
+    """
+
+    def __init__(self, kind, grad_dim, proj_dim, seed, dtype=torch.float32, cache_bytes=0):
+        super().__init__(grad_dim, proj_dim, seed, dtype, cache_bytes)
+        self.kind = kind
+
+    def generate(self, model_id: int, start: int, stop: int, device: torch.device) -> torch.Tensor:
+        """Rows ``[start, stop)`` of ``Pᵀ``: ``[stop - start, proj_dim]`` in the accumulation dtype."""
+        k0, k1 = self.key(model_id)
+        lo, hi = _rows_counter(start, stop, device)
+        group = RADEMACHER_GROUP if self.kind == "rademacher" else NORMAL_GROUP
+        n_groups = -(-self.proj_dim // group)
+        cols = torch.arange(n_groups, dtype=torch.int64, device=device)[None, :]
+        zero = torch.zeros((), dtype=torch.int64, device=device)
+        w = philox4x32(cols, lo[:, None], hi[:, None], zero, k0, k1)  # 4 x [L, n_groups]
+        if self.kind == "rademacher":
+            words = _to_int32(torch.stack(w, dim=-1))  # [L, n_groups, 4]
+            lut = (_SIGN_LUT * self.scale).to(device)
+            signs = lut.index_select(0, words.view(torch.uint8).flatten().to(torch.int64))
+            out = signs.view(stop - start, n_groups * group)
+        else:
+            a, b = box_muller(uniform_from_bits(w[0]), uniform_from_bits(w[1]))
+            c, d = box_muller(uniform_from_bits(w[2]), uniform_from_bits(w[3]))
+            out = torch.stack([a, b, c, d], dim=-1).view(stop - start, n_groups * group)
+            out.mul_(self.scale)
+        return out[:, : self.proj_dim].to(self.dtype).contiguous()
 
     def rows(self, model_id: int, start: int, stop: int, device: torch.device) -> torch.Tensor:
-        """Rows ``[start, stop)`` of ``Pᵀ``: ``[stop - start, proj_dim]`` in the accumulation dtype."""
-        parts = [self.block(model_id, b, device)[lo:hi] for b, lo, hi, _ in self._pieces(start, stop)]
+        """Rows ``[start, stop)`` of ``Pᵀ``: ``[stop - start, proj_dim]`` (through the cache)."""
+        parts = [self.block(model_id, b, device)[lo:hi] for b, lo, hi, _ in self.pieces(start, stop)]
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
 
-    def project_into(self, out: torch.Tensor, g: torch.Tensor, start: int, model_id: int) -> None:
-        """``out += g @ Pᵀ[start:start + g.shape[1]]``.
+    def accumulator(self, n: int, device: torch.device) -> torch.Tensor:
+        """A zero ``[n, proj_dim]`` accumulator for :meth:`add_into`."""
+        return torch.zeros(n, self.proj_dim, dtype=self.dtype, device=device)
+
+    def add_into(self, acc: torch.Tensor, g: torch.Tensor, start: int, model_id: int) -> None:
+        """``acc += g @ Pᵀ[start:start + L]``.
 
         Args:
-            out: ``[n, proj_dim]`` accumulator in the accumulation dtype.
+            acc: ``[n, proj_dim]`` accumulator from :meth:`accumulator`.
             g: ``[n, L]`` gradient columns ``[start, start + L)``, any float dtype.
             start: first gradient coordinate of ``g``.
             model_id: checkpoint index.
         """
         g = g.to(self.dtype)
-        for b, lo, hi, off in self._pieces(start, start + g.shape[1]):
-            out.addmm_(g[:, off : off + hi - lo], self.block(model_id, b, out.device)[lo:hi])
+        for b, lo, hi, off in self.pieces(start, start + g.shape[1]):
+            acc.addmm_(g[:, off : off + hi - lo], self.block(model_id, b, acc.device)[lo:hi])
+
+    def finish(self, acc: torch.Tensor) -> torch.Tensor:
+        """The features held by an accumulator (the accumulator itself for a dense matrix)."""
+        return acc
+
+    def full(self, model_id: int, device: torch.device) -> torch.Tensor:
+        """All of ``Pᵀ``, ``[grad_dim, proj_dim]``, generated at once (not cached)."""
+        return self.generate(model_id, 0, self.grad_dim, device)
+
+    def project_full(self, full: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        """``g @ Pᵀ`` with ``full`` from :meth:`full`: ``[n, grad_dim] -> [n, proj_dim]``."""
+        return g.to(self.dtype) @ full
+
+    def unproject_full(self, full: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """``z @ P`` with ``full`` from :meth:`full`: ``[n, proj_dim] -> [n, grad_dim]``."""
+        return z.to(self.dtype) @ full.T
 
     def unproject_range(self, z: torch.Tensor, start: int, stop: int, model_id: int) -> torch.Tensor:
-        """``z @ Pᵀ[start:stop]ᵀ``: ``[n, stop - start]`` in the accumulation dtype.
-
-        Args:
-            z: ``[n, proj_dim]`` already in the accumulation dtype.
-        """
+        """``z @ Pᵀ[start:stop]ᵀ``: ``[n, stop - start]``; ``z`` ``[n, proj_dim]`` in the accumulation dtype."""
         out = torch.empty(z.shape[0], stop - start, dtype=self.dtype, device=z.device)
-        for b, lo, hi, off in self._pieces(start, stop):
+        for b, lo, hi, off in self.pieces(start, stop):
             out[:, off : off + hi - lo] = z @ self.block(model_id, b, z.device)[lo:hi].T
+        return out
+
+
+class SJLTMatrix(_Matrix):
+    """Sparse JL transform / CountSketch: each gradient coordinate goes to ``s`` features.
+
+    The features are cut into ``s`` contiguous buckets ``[⌊i·k/s⌋, ⌊(i+1)·k/s⌋)``
+    (``k = proj_dim``); coordinate ``r`` adds ``±g_r/√s`` to one feature of each
+    bucket (the block construction of Kane & Nelson 2014, so the ``s`` features
+    are distinct). For hash ``i`` the Philox call with counter
+    ``(i, r mod 2**32, r >> 32, 0)`` gives words ``w0, w1``: the feature is
+    ``⌊i·k/s⌋ + ((w0 >> 1)·width_i >> 31)`` and the sign is + if ``w1`` is odd.
+    E‖Pg‖² = ‖g‖²; nothing of size ``grad_dim × proj_dim`` is ever stored, a
+    product costs ``O(n · grad_dim · s)`` whatever ``proj_dim``.
+
+    Internally the signs are folded into the index: coordinate ``r`` goes to
+    column ``feature + k·[sign < 0]`` of a ``[n, 2k]`` accumulator, so a product
+    is ``s`` ``index_add_`` calls with no multiplication, and the result is the
+    difference of the two halves times 1/√s.
+
+    Args:
+        grad_dim, proj_dim, seed, dtype, cache_bytes: as :class:`DenseMatrix`.
+        s: nonzeros per column, ``1 <= s <= proj_dim``.
+    """
+
+    kind = "sjlt"
+
+    def __init__(self, grad_dim, proj_dim, seed, dtype=torch.float32, cache_bytes=0, s=1):
+        super().__init__(grad_dim, proj_dim, seed, dtype, cache_bytes)
+        self.s = s
+
+    def spec(self) -> dict[str, Any]:
+        return {**super().spec(), "s": self.s}
+
+    def generate(self, model_id: int, start: int, stop: int, device: torch.device) -> torch.Tensor:
+        """``[s, stop - start]`` int64 columns of the ``2·proj_dim`` accumulator (sign folded in)."""
+        k, s = self.proj_dim, self.s
+        k0, k1 = self.key(model_id)
+        lo, hi = _rows_counter(start, stop, device)
+        i = torch.arange(s, dtype=torch.int64, device=device)[:, None]
+        zero = torch.zeros((), dtype=torch.int64, device=device)
+        w0, w1, _, _ = philox4x32(i, lo[None, :], hi[None, :], zero, k0, k1)  # [s, L]
+        bucket_lo = (i * k) // s
+        width = ((i + 1) * k) // s - bucket_lo
+        feature = bucket_lo + (((w0 >> 1) * width) >> 31)
+        return feature + k * (1 - (w1 & 1))
+
+    def signed_index(self, model_id: int, start: int, stop: int, device: torch.device) -> torch.Tensor:
+        """Columns ``[s, stop - start]`` of the ``[n, 2·proj_dim]`` accumulator (through the cache)."""
+        parts = [self.block(model_id, b, device)[:, lo:hi] for b, lo, hi, _ in self.pieces(start, stop)]
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+    def entries(self, model_id: int, start: int, stop: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(feature [s, L] int64, value [s, L] float32)``: the nonzeros of ``Pᵀ[start:stop]``."""
+        idx = self.signed_index(model_id, start, stop, device)
+        k = self.proj_dim
+        value = torch.where(idx < k, 1.0, -1.0).to(torch.float32) / math.sqrt(self.s)
+        return idx % k, value
+
+    def rows(self, model_id: int, start: int, stop: int, device: torch.device) -> torch.Tensor:
+        """Dense rows ``[start, stop)`` of ``Pᵀ`` (for tests and small models only)."""
+        feature, value = self.entries(model_id, start, stop, device)
+        out = torch.zeros(stop - start, self.proj_dim, dtype=self.dtype, device=device)
+        r = torch.arange(stop - start, device=device).expand(self.s, -1)
+        out.index_put_((r.flatten(), feature.flatten()), value.flatten().to(self.dtype), accumulate=True)
+        return out
+
+    def accumulator(self, n: int, device: torch.device) -> torch.Tensor:
+        """A zero ``[n, 2·proj_dim]`` accumulator for :meth:`add_into`."""
+        return torch.zeros(n, 2 * self.proj_dim, dtype=self.dtype, device=device)
+
+    def add_into(self, acc: torch.Tensor, g: torch.Tensor, start: int, model_id: int) -> None:
+        """``acc[:, idx] += g`` for the signed indices of gradient columns ``[start, start + L)``."""
+        g = g.to(self.dtype)
+        for b, lo, hi, off in self.pieces(start, start + g.shape[1]):
+            idx = self.block(model_id, b, acc.device)
+            src = g[:, off : off + hi - lo]
+            for i in range(self.s):
+                acc.index_add_(1, idx[i, lo:hi], src)
+
+    def finish(self, acc: torch.Tensor) -> torch.Tensor:
+        """``[n, 2k]`` accumulator -> ``[n, k]`` features: (positive − negative half) / √s."""
+        k = self.proj_dim
+        out = acc[:, :k] - acc[:, k:]
+        if self.s > 1:
+            out.mul_(1.0 / math.sqrt(self.s))
+        return out
+
+    def full(self, model_id: int, device: torch.device) -> torch.Tensor:
+        """Signed indices of all of ``Pᵀ``, ``[s, grad_dim]`` int64, generated at once."""
+        return self.generate(model_id, 0, self.grad_dim, device)
+
+    def project_full(self, full: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        """``g @ Pᵀ`` with ``full`` from :meth:`full`: ``[n, grad_dim] -> [n, proj_dim]``."""
+        g = g.to(self.dtype)
+        acc = self.accumulator(g.shape[0], g.device)
+        for i in range(self.s):
+            acc.index_add_(1, full[i], g)
+        return self.finish(acc)
+
+    def unproject_full(self, full: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """``z @ P`` with ``full`` from :meth:`full`: ``[n, proj_dim] -> [n, grad_dim]``."""
+        z = z.to(self.dtype)
+        z2 = torch.cat([z, -z], dim=1)
+        out = z2.index_select(1, full[0])
+        for i in range(1, self.s):
+            out += z2.index_select(1, full[i])
+        if self.s > 1:
+            out.mul_(1.0 / math.sqrt(self.s))
+        return out
+
+    def unproject_range(self, z: torch.Tensor, start: int, stop: int, model_id: int) -> torch.Tensor:
+        """``z @ Pᵀ[start:stop]ᵀ``: ``[n, stop - start]``; ``z`` ``[n, proj_dim]`` in the accumulation dtype."""
+        z2 = torch.cat([z, -z], dim=1)  # [n, 2k]: signed columns
+        out = torch.zeros(z.shape[0], stop - start, dtype=self.dtype, device=z.device)
+        for b, lo, hi, off in self.pieces(start, stop):
+            idx = self.block(model_id, b, z.device)
+            for i in range(self.s):
+                out[:, off : off + hi - lo] += z2.index_select(1, idx[i, lo:hi])
+        if self.s > 1:
+            out.mul_(1.0 / math.sqrt(self.s))
         return out

@@ -1,0 +1,78 @@
+"""``ChunkedProjector``: project per-parameter gradients chunk by chunk, never building ``[n, grad_dim]``."""
+
+from __future__ import annotations
+
+import torch
+
+from trakcli.projectors.base import Grads, grad_items
+from trakcli.projectors.dense import _MatrixProjector
+
+
+class ChunkedProjector(_MatrixProjector):
+    """Splits the parameter vector into chunks of at most ``max_chunk_size`` entries.
+
+    The per-parameter gradients (a dict, in its order; a plain ``[n, grad_dim]``
+    tensor is one parameter) are packed into consecutive chunks: small
+    parameters are concatenated together, a parameter larger than
+    ``max_chunk_size`` is split across chunks. Each chunk ``[n, ≤max_chunk_size]``
+    is projected with the rows of ``Pᵀ`` of its global coordinates and the
+    results are summed, so this computes the same matrix as ``basic`` and
+    ``single_block`` for any kind (dense or sjlt), and the full ``[n, grad_dim]``
+    gradient never exists.
+
+    Peak memory beyond the input: one chunk (``n × max_chunk_size``), one
+    generated matrix block (``1024 × proj_dim``), the accumulator, and the
+    matrix cache (``cache_bytes``) — independent of ``grad_dim``.
+
+    Args:
+        matrix: a matrix kind from :mod:`trakcli.projectors.matrices`.
+        max_chunk_size: most gradient entries per chunk.
+    """
+
+    implementation = "chunked"
+
+    def __init__(self, matrix, max_chunk_size: int):
+        super().__init__(matrix)
+        self.max_chunk_size = max_chunk_size
+
+    def chunks(self, grads: Grads):
+        """Yield ``(start, chunk)``: ``chunk`` is ``[n, L]`` with ``L <= max_chunk_size``,
+        the gradient entries ``[start, start + L)`` of the concatenated parameter vector."""
+        n, items = grad_items(grads, self.grad_dim)
+        pending: list[torch.Tensor] = []
+        width = 0
+        start = 0
+        for _, t in items:
+            pos = 0
+            while pos < t.shape[1]:
+                take = min(self.max_chunk_size - width, t.shape[1] - pos)
+                pending.append(t[:, pos : pos + take])
+                width += take
+                pos += take
+                if width == self.max_chunk_size:
+                    yield start, self._join(pending)
+                    start += width
+                    pending, width = [], 0
+        if pending:
+            yield start, self._join(pending)
+
+    def _join(self, parts: list[torch.Tensor]) -> torch.Tensor:
+        if len(parts) == 1:
+            return parts[0]
+        return torch.cat([p.to(self.dtype) for p in parts], dim=1)
+
+    def _project(self, grads: Grads, model_id: int) -> torch.Tensor:
+        acc = None
+        for start, chunk in self.chunks(grads):
+            if acc is None:
+                acc = self.matrix.accumulator(chunk.shape[0], chunk.device)
+            self.matrix.add_into(acc, chunk, start, model_id)
+        return self.matrix.finish(acc)
+
+    def _unproject(self, z: torch.Tensor, model_id: int) -> torch.Tensor:
+        z = z.to(self.dtype)
+        out = torch.empty(z.shape[0], self.grad_dim, dtype=self.dtype, device=z.device)
+        for a in range(0, self.grad_dim, self.max_chunk_size):
+            b = min(self.grad_dim, a + self.max_chunk_size)
+            out[:, a:b] = self.matrix.unproject_range(z, a, b, model_id)
+        return out
