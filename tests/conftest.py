@@ -1,0 +1,69 @@
+"""Shared fixtures: a tiny seeded model, its data and checkpoints, and a config writer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from torch import nn
+
+MODEL_FILE = '''
+import torch
+from torch import nn
+
+def make_model(in_dim=6, hidden=8, num_classes=3):
+    return nn.Sequential(nn.Linear(in_dim, hidden), nn.Tanh(), nn.Linear(hidden, num_classes))
+'''
+
+
+def tiny_model(in_dim: int = 6, hidden: int = 8, num_classes: int = 3, seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(in_dim, hidden), nn.Tanh(), nn.Linear(hidden, num_classes))
+
+
+@pytest.fixture
+def user_project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A user's own project in a fresh working directory: model file, 2 checkpoints, data, config.
+
+    Layout (relative to the cwd, like the issue's example)::
+
+        my_model.py                     make_model(in_dim=6, hidden=8, num_classes=3)
+        ckpts/model_0.pt, model_1.pt    state dicts of two seeded models
+        ckpts/data.pt                   x_train [40, 6], y_train [40], x_target [7, 6], y_target [7]
+        run.yaml
+    """
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my_model.py").write_text(MODEL_FILE)
+    (tmp_path / "ckpts").mkdir()
+    for i in range(2):
+        torch.save(tiny_model(seed=i).state_dict(), tmp_path / "ckpts" / f"model_{i}.pt")
+    g = torch.Generator().manual_seed(0)
+    data = {
+        "x_train": torch.randn(40, 6, generator=g),
+        "y_train": torch.randint(0, 3, (40,), generator=g),
+        "x_target": torch.randn(7, 6, generator=g),
+        "y_target": torch.randint(0, 3, (7,), generator=g),
+    }
+    torch.save(data, tmp_path / "ckpts" / "data.pt")
+    write_config(
+        tmp_path / "run.yaml",
+        {
+            "model": {"entrypoint": "my_model.py:make_model"},
+            "checkpoints": "ckpts/model_*.pt",
+            "data": {
+                "train": {"path": "ckpts/data.pt", "inputs": "x_train", "labels": "y_train"},
+                "target": {"path": "ckpts/data.pt", "inputs": "x_target", "labels": "y_target"},
+                "batch_size": 8,
+            },
+            "projector": {"kind": "rademacher", "proj_dim": 16, "seed": 0},
+            "store": {"path": "out/attrib.zarr", "chunk_rows": 16},
+        },
+    )
+    return tmp_path
+
+
+def write_config(path: Path, cfg: dict) -> Path:
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path

@@ -1,0 +1,107 @@
+from pathlib import Path
+
+import pytest
+
+from trakcli.config import check_files, load_config, parse_overrides, resolve_checkpoints
+from trakcli.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+BASE = {
+    "checkpoints": "ckpts/*.pt",
+    "data": {"train": {"builtin": "digits", "split": "train"}},
+    "store": "out/s.zarr",
+}
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_validates(path):
+    cfg = load_config(path)
+    assert cfg.store.path.suffix == ".zarr"
+
+
+def test_overrides_are_parsed_as_yaml_and_nested():
+    extra, problems = parse_overrides(["projector.proj_dim=512", "grad_wrt=[a, b]", "score.lambda_reg=3e-4"])
+    assert problems == []
+    assert extra == {"projector": {"proj_dim": 512}, "grad_wrt": ["a", "b"], "score": {"lambda_reg": "3e-4"}}
+
+
+def test_override_applies_and_scientific_string_is_coerced():
+    cfg = load_config(BASE, ["projector.proj_dim=512", "score.lambda_reg=3e-4", "store.chunk_rows=64"])
+    assert cfg.projector.proj_dim == 512
+    assert cfg.score.lambda_reg == pytest.approx(3e-4)
+    assert cfg.store.path == Path("out/s.zarr") and cfg.store.chunk_rows == 64
+
+
+def test_all_problems_reported_at_once_with_dotted_keys_and_did_you_mean():
+    with pytest.raises(ConfigError) as e:
+        load_config(BASE, ["projectr.proj_dim=3", "data.batch_size=many", "score.lambda_rell=1", "badoverride"])
+    msg = str(e.value)
+    assert "override 'badoverride': expected key=value" in msg
+    assert "projectr: unknown key; did you mean projector?" in msg
+    assert "data.batch_size:" in msg and "integer" in msg
+    assert "score.lambda_rell: unknown key; did you mean score.lambda_rel?" in msg
+    assert len(e.value.problems) == 4
+
+
+def test_missing_required_keys_and_bad_dataset():
+    with pytest.raises(ConfigError) as e:
+        load_config({"data": {"train": {"builtin": "digits"}}})
+    msg = str(e.value)
+    assert "checkpoints: required key is missing" in msg
+    assert "store: required key is missing" in msg
+    assert "split" in msg
+
+
+def test_proj_dim_must_be_positive_integer():
+    for bad in ("0", "-3", "2.5", "abc"):
+        with pytest.raises(ConfigError, match="projector.proj_dim"):
+            load_config(BASE, [f"projector.proj_dim={bad}"])
+
+
+def test_yaml_boolean_trap_is_a_type_error():
+    # PyYAML reads `no` as False: a string key must not silently accept it
+    with pytest.raises(ConfigError, match="score.experiment"):
+        load_config(BASE, ["score.experiment=no"])
+
+
+def test_missing_files_all_reported(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(
+        {
+            "model": {"entrypoint": "nope.py:make"},
+            "checkpoints": "ckpts/*.pt",
+            "data": {"train": {"path": "d.pt", "inputs": "x", "labels": "y"}},
+            "store": "s.zarr",
+        }
+    )
+    with pytest.raises(ConfigError) as e:
+        check_files(cfg, need_target=True)
+    msg = str(e.value)
+    assert "checkpoints: no file matches 'ckpts/*.pt'" in msg
+    assert "data.train.path: file 'd.pt' does not exist" in msg
+    assert "data.target: required to score" in msg
+    assert "model.entrypoint: file 'nope.py' does not exist" in msg
+
+
+def test_checkpoint_glob_sorted_and_list_keeps_order(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for n in ("b.pt", "a.pt", "c.pt"):
+        (tmp_path / n).write_bytes(b"x")
+    cfg = load_config({**BASE, "checkpoints": "*.pt"})
+    assert [p.name for p in resolve_checkpoints(cfg)] == ["a.pt", "b.pt", "c.pt"]
+    cfg = load_config({**BASE, "checkpoints": ["c.pt", "a.pt"]})
+    assert [p.name for p in resolve_checkpoints(cfg)] == ["c.pt", "a.pt"]
+
+
+def test_config_file_errors(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+    lst = tmp_path / "list.yaml"
+    lst.write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match="must be a YAML mapping"):
+        load_config(lst)
