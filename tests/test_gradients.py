@@ -77,8 +77,8 @@ def test_margin_is_log_odds():
 
 def test_labels_out_of_range_and_wrong_input_shape_are_data_errors():
     pg = PerExampleGradients(tiny_model())
-    with pytest.raises(DataError, match=r"3 classes but batch rows \[1\] have labels \[5\]"):
-        pg(torch.randn(2, 6), torch.tensor([0, 5]))
+    with pytest.raises(DataError, match=r"3 classes but examples \[11\] have labels \[5\]"):
+        pg(torch.randn(2, 6), torch.tensor([0, 5]), row_offset=10)
     with pytest.raises(DataError, match=r"cannot take inputs of shape \[4\]"):
         pg(torch.randn(2, 4), torch.tensor([0, 1]))
 

@@ -31,8 +31,11 @@ class ConfigError(TrakError):
         self.problems = [problems] if isinstance(problems, str) else list(problems)
         where = f" in {source}" if source else ""
         n = len(self.problems)
-        head = f"{n} problem{'s' if n != 1 else ''} with the config{where}:"
-        super().__init__(head + "\n" + "\n".join(f"  - {p}" for p in self.problems))
+        if n == 1:
+            super().__init__(f"config{where}: {self.problems[0]}")
+        else:
+            head = f"{n} problems with the config{where}:"
+            super().__init__(head + "\n" + "\n".join(f"  - {p}" for p in self.problems))
 
 
 class UsageError(TrakError):

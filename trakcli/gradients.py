@@ -106,12 +106,15 @@ class PerExampleGradients:
         const.update({n: b.detach() for n, b in self.model.named_buffers()})
         return params, const
 
-    def __call__(self, inputs: torch.Tensor, labels: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    def __call__(
+        self, inputs: torch.Tensor, labels: torch.Tensor, row_offset: int = 0
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """Per-example gradients of the margin and the out-to-loss terms of a batch.
 
         Args:
             inputs: ``[n, ...]`` model inputs on the model's device.
             labels: ``[n]`` int64 class indices.
+            row_offset: dataset index of the batch's first row (for error messages).
 
         Returns:
             ``(grads, out_to_loss)``: ``grads[name]`` is ``[n, *param.shape]``
@@ -128,11 +131,11 @@ class PerExampleGradients:
             margin, q = classification_margin(logits.reshape(-1), y)
             return margin, q.detach()
 
-        self._check_batch(inputs, labels, params, const)
+        self._check_batch(inputs, labels, params, const, row_offset)
         grads, q = vmap(grad(f, has_aux=True), in_dims=(None, 0, 0))(params, inputs, labels)
         return grads, q.to(torch.float32)
 
-    def _check_batch(self, inputs, labels, params, const) -> None:
+    def _check_batch(self, inputs, labels, params, const, row_offset: int) -> None:
         """One plain forward pass to turn shape errors into clear messages."""
         try:
             with torch.no_grad():
@@ -149,9 +152,9 @@ class PerExampleGradients:
         n_classes = logits.shape[1]
         bad = (labels < 0) | (labels >= n_classes)
         if bad.any():
-            rows = torch.nonzero(bad).flatten()[:5].tolist()
+            rows = (torch.nonzero(bad).flatten()[:5] + row_offset).tolist()
             raise DataError(
-                f"labels out of range: the model has {n_classes} classes but batch rows {rows} have labels "
+                f"labels out of range: the model has {n_classes} classes but examples {rows} have labels "
                 f"{labels[bad][:5].tolist()}; labels must be in [0, {n_classes - 1}]"
             )
 

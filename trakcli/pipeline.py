@@ -96,7 +96,7 @@ def _featurize_rows(
             feats = np.empty((hi - lo, proj_dim), dtype=np.float32)
             q_all = np.empty(hi - lo, dtype=np.float32)
             for off, x, y in data.batches(lo, hi, s.cfg.data.batch_size):
-                g, q = s.grads(x.to(s.device), y.to(s.device))
+                g, q = s.grads(x.to(s.device), y.to(s.device), row_offset=off)
                 check_finite(g, off)
                 phi = s.projector.project(g, model_id=model_id)
                 feats[off - lo : off - lo + len(y)] = phi.detach().cpu().numpy()

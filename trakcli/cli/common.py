@@ -19,7 +19,7 @@ from trakcli.config import Config, load_config
 from trakcli.errors import TrakError
 from trakcli.progress import Reporter, Task
 
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, soft_wrap=True)
 
 # Annotated parameter types shared by the commands
 ConfigArg = Annotated[Path, typer.Argument(help="YAML config file (see configs/).", show_default=False)]

@@ -16,9 +16,8 @@ def featurize(
     quiet: QuietOpt = False,
 ) -> None:
     """Compute train features (projected gradients) for every checkpoint; resumes where it stopped."""
-    from trakcli import pipeline
-
     cfg = load(config, overrides, print_config)
+    from trakcli import pipeline  # imported after the config is valid: torch import is slow
     res = pipeline.featurize(cfg, overwrite=overwrite, reporter=RichReporter(quiet))
     if quiet:
         return

@@ -16,9 +16,8 @@ def optimize(
     quiet: QuietOpt = False,
 ) -> None:
     """Train optimize.n_models models with the config's recipe; write optimize.out_dir/model_NNN.pt."""
-    from trakcli import pipeline
-
     cfg = load(config, overrides, print_config)
+    from trakcli import pipeline  # imported after the config is valid: torch import is slow
     paths = pipeline.optimize(cfg, overwrite=overwrite, reporter=RichReporter(quiet))
     if not quiet:
         err_console.print(f"[green]{len(paths)} checkpoints in {cfg.optimize.out_dir}[/]")  # type: ignore[union-attr]

@@ -62,10 +62,9 @@ def score(
     quiet: QuietOpt = False,
 ) -> None:
     """Score every target against every train example; writes [n_target, n_train] scores to the store."""
-    from trakcli import pipeline
-
     _check_out(out)
     cfg = load(config, overrides, print_config)
+    from trakcli import pipeline  # imported after the config is valid: torch import is slow
     res = pipeline.score(cfg, overwrite=overwrite, reporter=RichReporter(quiet))
     if out is not None:
         export_matrix(res.scores, out)
