@@ -179,9 +179,11 @@ def make_projector(
         matrix_bytes = grad_dim * proj_dim * (4 if dtype == torch.float32 else 8)
 
     if implementation == "auto":
-        implementation = _pick_auto(kind)
+        implementation = _pick_auto(kind, dtype)
     if implementation == "cuda":
         reason = _cuda_unavailable(kind)
+        if reason is None and dtype != torch.float32:
+            reason = f"it accumulates in float32, not {_dtype_name(dtype)}"
         if reason:
             raise ProjectorError(
                 f"projector implementation 'cuda' cannot run here: {reason}. Use implementation: "
@@ -227,8 +229,14 @@ def _cuda_unavailable(kind: str) -> str | None:
     return None
 
 
-def _pick_auto(kind: str) -> str:
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _pick_auto(kind: str, dtype: torch.dtype) -> str:
     reason = _cuda_unavailable(kind)
+    if reason is None and dtype != torch.float32:
+        reason = f"it accumulates in float32, not {_dtype_name(dtype)}"
     if reason is None:
         logger.info("projector implementation 'auto' picked 'cuda' for kind %r", kind)
         return "cuda"
