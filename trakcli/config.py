@@ -169,6 +169,9 @@ class Config(_Strict):
     score: ScoreConfig = Field(default_factory=ScoreConfig)
     optimize: OptimizeConfig | None = None
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda if available, else cpu.")
+    num_threads: PositiveInt | None = Field(
+        None, description="torch intra-op CPU threads (unset: torch's default, one per core)."
+    )
 
     @field_validator("store", mode="before")
     @classmethod

@@ -51,8 +51,14 @@ class _Setup:
     identity: dict[str, Any]
 
 
+def _apply_threads(cfg: Config) -> None:
+    if cfg.num_threads is not None:
+        torch.set_num_threads(cfg.num_threads)
+
+
 def _setup(cfg: Config, *, need_target: bool = False) -> _Setup:
     check_files(cfg, need_checkpoints=True, need_target=need_target)
+    _apply_threads(cfg)
     checkpoints = resolve_checkpoints(cfg)
     device = resolve_device(cfg.device)
     train = load_dataset(cfg.data.train, key="data.train")
@@ -303,6 +309,7 @@ def optimize(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_
     if oc is None:
         raise ConfigError("optimize: section missing; add optimize: {n_models: 10, out_dir: ckpts, ...}")
     check_files(cfg, need_checkpoints=False)
+    _apply_threads(cfg)
     train = load_dataset(cfg.data.train, key="data.train")
     device = resolve_device(cfg.device)
     try:

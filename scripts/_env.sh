@@ -1,0 +1,19 @@
+# Sourced by quickstart.sh and test.sh: create .venv (once) and install trakcli into it.
+# Reinstalls only when pyproject.toml changes. PYTHON picks the interpreter (default python3, >= 3.11).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+VENV="${TRAK_VENV:-.venv}"
+EXTRAS="${1:-}"
+if [ ! -x "$VENV/bin/python" ]; then
+    echo "creating virtual environment $VENV" >&2
+    "${PYTHON:-python3}" -m venv "$VENV"
+fi
+stamp="$VENV/.trakcli-installed-${EXTRAS:-base}"
+want="$(sha256sum pyproject.toml | cut -c1-16)"
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+    echo "installing trakcli${EXTRAS:+[$EXTRAS]} into $VENV (torch==2.13.0 CPU build)" >&2
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e ".${EXTRAS:+[$EXTRAS]}"
+    echo "$want" > "$stamp"
+fi
+export PATH="$ROOT/$VENV/bin:$PATH"

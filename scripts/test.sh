@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Set up .venv with the test extras and run the test suite. Extra arguments go to pytest.
+set -euo pipefail
+source "$(dirname "$0")/_env.sh" "test"
+set +e
+python -m pytest "$@"
+code=$?
+set -e
+if [ "$code" -eq 5 ]; then
+    echo "pytest collected no tests: treated as a failure" >&2
+    exit 1
+fi
+exit "$code"
