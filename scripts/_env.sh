@@ -13,7 +13,7 @@ stamp="$VENV/.trakcli-installed-${EXTRAS:-base}"
 want="$(sha256sum pyproject.toml | cut -c1-16)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     echo "installing trakcli${EXTRAS:+[$EXTRAS]} into $VENV (torch==2.13.0 CPU build)" >&2
-    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -e ".${EXTRAS:+[$EXTRAS]}"
+    "$VENV/bin/python" -m pip install -qq --disable-pip-version-check -e ".${EXTRAS:+[$EXTRAS]}"
     echo "$want" > "$stamp"
 fi
 export PATH="$ROOT/$VENV/bin:$PATH"
