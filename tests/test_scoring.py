@@ -30,7 +30,7 @@ def make(m=3, n=50, n_t=6, p=12, seed=0):
 def test_scores_match_float64_closed_form(lambda_reg):
     train, q, target = make()
     got = trak_scores(train, q, target, lambda_reg=lambda_reg, lambda_rel=0.1)
-    lambdas = [resolve_lambda(gram_matrix([t]), lambda_reg, 0.1) for t in train]
+    lambdas = [resolve_lambda(gram_matrix([t]), len(t), lambda_reg, 0.1) for t in train]
     ref = closed_form(train, q, target, lambdas)
     assert got.dtype == torch.float32 and got.shape == (6, 50)
     np.testing.assert_allclose(got.numpy(), ref, rtol=1e-5, atol=1e-6)
@@ -39,13 +39,13 @@ def test_scores_match_float64_closed_form(lambda_reg):
 def test_default_ridge_relative_to_trace_and_sound_when_proj_dim_exceeds_n_train():
     train, q, target = make(m=2, n=10, p=32)
     gram = gram_matrix([train[0]])
-    lam = resolve_lambda(gram, None, 0.1)
-    assert lam == pytest.approx(0.1 * float(torch.trace(gram)) / 32)
+    lam = resolve_lambda(gram, 10, None, 0.1)
+    assert lam == pytest.approx(0.1 * float((train[0].double() ** 2).sum(1).mean()))
     with pytest.raises(TrakError, match="not positive definite"):
         kernel_factor(gram, 0.0)  # rank 10 < 32: singular without a ridge
     scores = trak_scores(train, q, target)
     assert torch.isfinite(scores).all()
-    ref = closed_form(train, q, target, [resolve_lambda(gram_matrix([t]), None, 0.1) for t in train])
+    ref = closed_form(train, q, target, [resolve_lambda(gram_matrix([t]), len(t), None, 1.0) for t in train])
     np.testing.assert_allclose(scores.numpy(), ref, rtol=1e-4, atol=1e-6)
 
 

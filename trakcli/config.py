@@ -125,12 +125,13 @@ class ScoreConfig(_Strict):
     lambda_reg: float | None = Field(
         None,
         ge=0,
-        description="Absolute ridge added to each checkpoint's Φᵀ Φ. Unset: lambda_rel · trace(Φᵀ Φ)/proj_dim.",
+        description="Absolute ridge added to each checkpoint's Φᵀ Φ. Unset: lambda_rel · trace(Φᵀ Φ)/n_train.",
     )
     lambda_rel: float = Field(
-        0.1,
+        1.0,
         gt=0,
-        description="Ridge relative to the mean eigenvalue trace(Φᵀ Φ)/proj_dim, used when lambda_reg is unset.",
+        description="Ridge as a multiple of the mean squared train-feature norm trace(Φᵀ Φ)/n_train "
+        "(independent of proj_dim), used when lambda_reg is unset.",
     )
     top_k: PositiveInt = Field(5, description="Proponents and opponents shown per target.")
     show_targets: int = Field(3, ge=0, description="How many targets the summary table shows.")

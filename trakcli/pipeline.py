@@ -250,7 +250,7 @@ def score(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_REP
             factor_np = store.read_kernel(model_id, lam_key)
             if factor_np is None:
                 gram = gram_matrix(torch.from_numpy(c) for _, _, c in rows.iter_chunks("features"))
-                lam = resolve_lambda(gram, cfg.score.lambda_reg, cfg.score.lambda_rel)
+                lam = resolve_lambda(gram, rows.n_rows, cfg.score.lambda_reg, cfg.score.lambda_rel)
                 factor = kernel_factor(gram, lam)
                 store.write_kernel(model_id, factor.numpy(), lam_key, lam)
             else:
