@@ -18,6 +18,15 @@ KINDS = [("rademacher", {}), ("normal", {}), ("sjlt", {"s": 1}), ("sjlt", {"s": 
 KIND_IDS = ["rademacher", "normal", "sjlt1", "sjlt3"]
 
 
+@pytest.fixture(autouse=True)
+def small_cache_blocks(monkeypatch):
+    """Cache blocks of GEN_ROWS rows at these small sizes, so multi-block paths are exercised."""
+    from trakcli.projectors import matrices
+
+    monkeypatch.setattr(matrices, "BLOCK_ENTRIES", 1)
+    monkeypatch.setattr(matrices, "COUNTERS_PER_STEP", 1000)
+
+
 def dense_matrix(proj, model_id=0):
     """P as [proj_dim, grad_dim] float64, read off the adjoint applied to the identity."""
     eye = torch.eye(proj.proj_dim)

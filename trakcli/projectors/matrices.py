@@ -22,6 +22,7 @@ All three satisfy E‖Pg‖² = ‖g‖².
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
@@ -29,8 +30,14 @@ import torch
 from trakcli.projectors.base import BlockCache, scale_for
 from trakcli.projectors.philox import M32, box_muller, matrix_key, philox4x32, uniform_from_bits
 
-#: Rows of ``Pᵀ`` per cached block. Only a caching granularity: the matrix does not depend on it.
+#: Cached blocks hold a multiple of GEN_ROWS rows of ``Pᵀ`` and about BLOCK_ENTRIES entries
+#: (64 MB of float32): big enough for efficient matmuls, small enough to bound memory.
+#: Only a caching granularity: the matrix does not depend on it.
 GEN_ROWS = 1024
+BLOCK_ENTRIES = 2**24
+#: Philox counters generated per step, so temporaries stay in cache and below torch's
+#: intra-op parallel grain (many small ops are cheaper single-threaded than synchronized).
+COUNTERS_PER_STEP = 2**15
 
 GENERATOR = "philox4x32-10"
 
@@ -56,6 +63,31 @@ def _rows_counter(start: int, stop: int, device: torch.device) -> tuple[torch.Te
     return rows & M32, rows >> 32
 
 
+def run_steps(fn, start: int, stop: int, step: int, device) -> None:
+    """Call ``fn(a, b)`` for consecutive ranges ``[a, b)`` of ``[start, stop)``, in parallel on a CPU.
+
+    Generation is hundreds of small elementwise ops per step. With torch's
+    intra-op threads each op synchronizes the pool, which costs more than the
+    op (and collapses when the cores are shared with other processes), so on a
+    CPU the steps run single-threaded in a pool of ``torch.get_num_threads()``
+    Python threads instead (torch ops release the GIL). The result does not
+    depend on the order: steps write disjoint rows.
+    """
+    ranges = [(a, min(stop, a + step)) for a in range(start, stop, step)]
+    threads = torch.get_num_threads()
+    if torch.device(device).type != "cpu" or threads == 1 or len(ranges) == 1:
+        for a, b in ranges:
+            fn(a, b)
+        return
+    torch.set_num_threads(1)
+    try:
+        with ThreadPoolExecutor(max_workers=threads) as pool:
+            for f in [pool.submit(fn, a, b) for a, b in ranges]:
+                f.result()
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _to_int32(x: torch.Tensor) -> torch.Tensor:
     """uint32 values in an int64 tensor -> the same bits as int32 (no overflow in the cast)."""
     return (x - ((x >> 31) << 32)).to(torch.int32)
@@ -73,6 +105,10 @@ class _Matrix:
         self.dtype = dtype
         self.scale = scale_for(proj_dim)
         self.cache = BlockCache(cache_bytes)
+        self.block_rows = self._block_rows()
+
+    def _block_rows(self) -> int:
+        return max(GEN_ROWS, BLOCK_ENTRIES // self.proj_dim // GEN_ROWS * GEN_ROWS)
 
     def spec(self) -> dict[str, Any]:
         return {
@@ -92,24 +128,24 @@ class _Matrix:
         raise NotImplementedError
 
     def block(self, model_id: int, b: int, device: torch.device):
-        """Rows ``[b·GEN_ROWS, min((b+1)·GEN_ROWS, grad_dim))`` of ``Pᵀ``, from the cache if there."""
+        """Rows ``[b·block_rows, min((b+1)·block_rows, grad_dim))`` of ``Pᵀ``, from the cache if there."""
         key = (model_id, b, str(device))
         blk = self.cache.get(key)
         if blk is None:
-            start = b * GEN_ROWS
-            blk = self.generate(model_id, start, min(start + GEN_ROWS, self.grad_dim), device)
+            start = b * self.block_rows
+            blk = self.generate(model_id, start, min(start + self.block_rows, self.grad_dim), device)
             self.cache.put(key, blk)
         return blk
 
-    @staticmethod
-    def pieces(start: int, stop: int):
+    def pieces(self, start: int, stop: int):
         """Yield ``(b, lo, hi, offset)``: rows ``[lo, hi)`` of block ``b`` are rows
         ``[offset, offset + hi - lo)`` of the range ``[start, stop)``."""
-        b = start // GEN_ROWS
-        while b * GEN_ROWS < stop:
-            base = b * GEN_ROWS
+        size = self.block_rows
+        b = start // size
+        while b * size < stop:
+            base = b * size
             lo = max(start, base) - base
-            hi = min(stop, base + GEN_ROWS) - base
+            hi = min(stop, base + size) - base
             yield b, lo, hi, base + lo - start
             b += 1
 
@@ -144,24 +180,31 @@ class DenseMatrix(_Matrix):
 
     def generate(self, model_id: int, start: int, stop: int, device: torch.device) -> torch.Tensor:
         """Rows ``[start, stop)`` of ``Pᵀ``: ``[stop - start, proj_dim]`` in the accumulation dtype."""
-        k0, k1 = self.key(model_id)
-        lo, hi = _rows_counter(start, stop, device)
         group = RADEMACHER_GROUP if self.kind == "rademacher" else NORMAL_GROUP
         n_groups = -(-self.proj_dim // group)
+        out = torch.empty(stop - start, self.proj_dim, dtype=self.dtype, device=device)
+        step = max(1, COUNTERS_PER_STEP // n_groups)
+        k0, k1 = self.key(model_id)
         cols = torch.arange(n_groups, dtype=torch.int64, device=device)[None, :]
         zero = torch.zeros((), dtype=torch.int64, device=device)
-        w = philox4x32(cols, lo[:, None], hi[:, None], zero, k0, k1)  # 4 x [L, n_groups]
-        if self.kind == "rademacher":
-            words = _to_int32(torch.stack(w, dim=-1))  # [L, n_groups, 4]
-            lut = (_SIGN_LUT * self.scale).to(device)
-            signs = lut.index_select(0, words.view(torch.uint8).flatten().to(torch.int64))
-            out = signs.view(stop - start, n_groups * group)
-        else:
-            a, b = box_muller(uniform_from_bits(w[0]), uniform_from_bits(w[1]))
-            c, d = box_muller(uniform_from_bits(w[2]), uniform_from_bits(w[3]))
-            out = torch.stack([a, b, c, d], dim=-1).view(stop - start, n_groups * group)
-            out.mul_(self.scale)
-        return out[:, : self.proj_dim].to(self.dtype).contiguous()
+        lut = (_SIGN_LUT * self.scale).to(device)
+
+        def fill(a: int, b: int) -> None:
+            lo, hi = _rows_counter(a, b, device)
+            w = philox4x32(cols, lo[:, None], hi[:, None], zero, k0, k1)  # 4 x [rows, n_groups]
+            if self.kind == "rademacher":
+                words = _to_int32(torch.stack(w, dim=-1))  # [rows, n_groups, 4]
+                signs = lut.index_select(0, words.view(torch.uint8).flatten().to(torch.int64))
+                vals = signs.view(b - a, n_groups * group)
+            else:
+                x0, x1 = box_muller(uniform_from_bits(w[0]), uniform_from_bits(w[1]))
+                x2, x3 = box_muller(uniform_from_bits(w[2]), uniform_from_bits(w[3]))
+                vals = torch.stack([x0, x1, x2, x3], dim=-1).view(b - a, n_groups * group)
+                vals.mul_(self.scale)
+            out[a - start : b - start] = vals[:, : self.proj_dim]
+
+        run_steps(fill, start, stop, step, device)
+        return out
 
     def rows(self, model_id: int, start: int, stop: int, device: torch.device) -> torch.Tensor:
         """Rows ``[start, stop)`` of ``Pᵀ``: ``[stop - start, proj_dim]`` (through the cache)."""
@@ -234,24 +277,34 @@ class SJLTMatrix(_Matrix):
     kind = "sjlt"
 
     def __init__(self, grad_dim, proj_dim, seed, dtype=torch.float32, cache_bytes=0, s=1):
-        super().__init__(grad_dim, proj_dim, seed, dtype, cache_bytes)
         self.s = s
+        super().__init__(grad_dim, proj_dim, seed, dtype, cache_bytes)
 
     def spec(self) -> dict[str, Any]:
         return {**super().spec(), "s": self.s}
+
+    def _block_rows(self) -> int:
+        return max(GEN_ROWS, BLOCK_ENTRIES // max(1, self.s) // GEN_ROWS * GEN_ROWS)
 
     def generate(self, model_id: int, start: int, stop: int, device: torch.device) -> torch.Tensor:
         """``[s, stop - start]`` int64 columns of the ``2·proj_dim`` accumulator (sign folded in)."""
         k, s = self.proj_dim, self.s
         k0, k1 = self.key(model_id)
-        lo, hi = _rows_counter(start, stop, device)
+        out = torch.empty(s, stop - start, dtype=torch.int64, device=device)
         i = torch.arange(s, dtype=torch.int64, device=device)[:, None]
         zero = torch.zeros((), dtype=torch.int64, device=device)
-        w0, w1, _, _ = philox4x32(i, lo[None, :], hi[None, :], zero, k0, k1)  # [s, L]
         bucket_lo = (i * k) // s
         width = ((i + 1) * k) // s - bucket_lo
-        feature = bucket_lo + (((w0 >> 1) * width) >> 31)
-        return feature + k * (1 - (w1 & 1))
+        step = max(1, COUNTERS_PER_STEP // s)
+
+        def fill(a: int, b: int) -> None:
+            lo, hi = _rows_counter(a, b, device)
+            w0, w1, _, _ = philox4x32(i, lo[None, :], hi[None, :], zero, k0, k1)  # [s, rows]
+            feature = bucket_lo + (((w0 >> 1) * width) >> 31)
+            out[:, a - start : b - start] = feature + k * (1 - (w1 & 1))
+
+        run_steps(fill, start, stop, step, device)
+        return out
 
     def signed_index(self, model_id: int, start: int, stop: int, device: torch.device) -> torch.Tensor:
         """Columns ``[s, stop - start]`` of the ``[n, 2·proj_dim]`` accumulator (through the cache)."""
