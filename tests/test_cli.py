@@ -190,3 +190,15 @@ def test_optimize_writes_checkpoints_that_featurize_consumes(user_project):
 def test_optimize_without_section_is_a_config_error(user_project):
     res = trak("optimize", "run.yaml")
     assert res.exit_code == 1 and "optimize: section missing" in res.stderr
+
+
+@pytest.mark.parametrize("kind", ["rademacher", "sjlt"])
+def test_nonfinite_inputs_are_reported_by_example_index(user_project, kind):
+    data = torch.load("ckpts/data.pt")
+    data["x_train"][21, 2] = float("inf")
+    torch.save(data, "ckpts/data.pt")
+    res = trak("featurize", "run.yaml", f"projector.kind={kind}")
+    assert res.exit_code == 1
+    assert "non-finite gradients for examples [21]" in res.stderr
+    root = zarr.open_group("out/attrib.zarr", mode="r")
+    assert np.asarray(root["train/0/done"][:]).tolist() == [1, 0, 0]  # chunk 0 kept

@@ -163,17 +163,23 @@ class PerExampleGradients:
         return torch.cat([grads[n].reshape(grads[n].shape[0], -1) for n in self.param_names], dim=1)
 
 
-def check_finite(grads: dict[str, torch.Tensor], row_offset: int) -> None:
-    """Raise if any example's gradient has NaN or inf entries.
+def check_finite(rows: torch.Tensor, row_offset: int) -> None:
+    """Raise if any example's row has NaN or inf entries.
+
+    Called on the projected features ``[n, proj_dim]`` rather than on the
+    ``[n, grad_dim]`` gradients: a non-finite gradient entry meets nonzero
+    matrix entries and makes its features non-finite, and the check then costs
+    O(proj_dim) instead of O(grad_dim) per example.
+
+    Args:
+        rows: ``[n, ...]`` per-example values (features or gradients).
+        row_offset: dataset index of the first row.
 
     Raises:
         GradientError: naming the (global) indices of the offending examples.
     """
-    bad = None
-    for g in grads.values():
-        b = ~torch.isfinite(g.reshape(g.shape[0], -1)).all(dim=1)
-        bad = b if bad is None else (bad | b)
-    if bad is not None and bad.any():
+    bad = ~torch.isfinite(rows.reshape(rows.shape[0], -1)).all(dim=1)
+    if bad.any():
         rows = (torch.nonzero(bad).flatten() + row_offset).tolist()
         raise GradientError(
             f"non-finite gradients for examples {rows[:10]}{' ...' if len(rows) > 10 else ''}; "

@@ -103,8 +103,8 @@ def _featurize_rows(
             q_all = np.empty(hi - lo, dtype=np.float32)
             for off, x, y in data.batches(lo, hi, s.cfg.data.batch_size):
                 g, q = s.grads(x.to(s.device), y.to(s.device), row_offset=off)
-                check_finite(g, off)
                 phi = s.projector.project(g, model_id=model_id)
+                check_finite(phi, off)
                 feats[off - lo : off - lo + len(y)] = phi.detach().cpu().numpy()
                 q_all[off - lo : off - lo + len(y)] = q.detach().cpu().numpy()
                 task.advance(len(y))
