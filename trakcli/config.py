@@ -116,6 +116,12 @@ class StoreConfig(_Strict):
     chunk_rows: PositiveInt = Field(
         512, description="Rows per chunk of features/scores; the unit of resume (done flags)."
     )
+    dtype: Literal["float32", "float16"] = Field(
+        "float32", description="Storage dtype of features (float16 halves the disk; compute stays float32)."
+    )
+    compressor: Literal["zstd", "blosc", "none"] = Field(
+        "zstd", description="Compression codec of every array (each chunk also carries a CRC32C checksum)."
+    )
 
 
 class ScoreConfig(_Strict):
@@ -137,18 +143,80 @@ class ScoreConfig(_Strict):
     show_targets: int = Field(3, ge=0, description="How many targets the summary table shows.")
 
 
+class ProjectionConfig(_Strict):
+    """``optimize.projection``: run the optimizer in a random subspace (:mod:`trakcli.optim`).
+
+    The gradient is projected with a projector of :mod:`trakcli.projectors`,
+    the optimizer's state lives in the projected space, and the update is
+    mapped back with the adjoint (GaLore, Zhao et al. 2024, with random JL
+    matrices as in Flora, Hao et al. 2024; ``global``: intrinsic dimension,
+    Li et al. 2018).
+    """
+
+    mode: Literal["per_matrix", "global"] = Field(
+        "per_matrix",
+        description="per_matrix: each parameter of >= 2 dims gets its own rank-`rank` projection of its "
+        "smaller side (1-D parameters are not projected); global: the whole parameter vector "
+        "through one projection of `proj_dim`.",
+    )
+    kind: Literal["noop", "rademacher", "normal", "sjlt"] = Field(
+        "rademacher", description="Projector kind (noop: no projection, the plain inner optimizer)."
+    )
+    implementation: Literal["auto", "single_block", "basic", "chunked"] = Field(
+        "auto", description="Projector implementation (never changes the matrix)."
+    )
+    rank: PositiveInt | None = Field(
+        None, description="per_matrix: projected size of each matrix's smaller side (default 8)."
+    )
+    proj_dim: PositiveInt | None = Field(None, description="global: dimension of the subspace (required).")
+    seed: int = Field(0, ge=0, description="Base seed; every matrix and refresh derives its own.")
+    update_gap: int = Field(
+        0, ge=0, description="Draw a new projection every this many steps (0: one fixed projection)."
+    )
+    on_refresh: Literal["keep", "reset", "transfer"] = Field(
+        "transfer",
+        description="What happens to the inner optimizer's state at a new projection: keep it as is, "
+        "reset it, or transfer first moments into the new subspace (never growing their norm).",
+    )
+    scale: float = Field(1.0, gt=0, description="Multiplies every unprojected update (GaLore's alpha).")
+
+    @model_validator(mode="after")
+    def _dims(self) -> "ProjectionConfig":
+        if self.mode == "global":
+            if self.kind != "noop" and self.proj_dim is None:
+                raise ValueError("mode global needs proj_dim, e.g. proj_dim: 1000")
+            if self.rank is not None:
+                raise ValueError("rank applies to mode per_matrix; mode global takes proj_dim")
+        else:
+            if self.proj_dim is not None:
+                raise ValueError("proj_dim applies to mode global; mode per_matrix takes rank")
+            if self.rank is None:
+                self.rank = 8
+        return self
+
+
 class OptimizeConfig(_Strict):
     """A plain training recipe for `trak optimize` (N independently seeded models)."""
 
     n_models: PositiveInt = Field(10, description="How many models (checkpoints) to train.")
     epochs: PositiveInt = Field(30, description="Passes over the training set.")
     batch_size: PositiveInt = Field(64, description="Minibatch size.")
-    optimizer: Literal["sgd", "adam", "adamw"] = Field("sgd", description="torch.optim optimizer.")
+    optimizer: Literal["sgd", "adam", "adamw"] = Field(
+        "sgd", description="torch.optim optimizer (the inner optimizer when `projection` is set)."
+    )
     lr: float = Field(0.05, gt=0, description="Learning rate.")
     momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum (ignored by adam).")
-    weight_decay: float = Field(5e-4, ge=0, description="L2 weight decay.")
+    weight_decay: float = Field(
+        5e-4, ge=0, description="Weight decay (with `projection`: decoupled, in the full parameter space)."
+    )
     seed: int = Field(0, description="Model i is initialized and shuffled with seed + i.")
     out_dir: Path = Field(description="Directory for the checkpoints model_000.pt, model_001.pt, ...")
+    projection: ProjectionConfig | None = Field(
+        None, description="Run the optimizer in a random subspace (trakcli.optim.ProjectedOptimizer); unset: plain."
+    )
+    metrics: Path | None = Field(
+        None, description="Write per-model metrics (seed, loss, accuracy, optimizer state size) to this JSON file."
+    )
 
 
 class Config(_Strict):

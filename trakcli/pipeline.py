@@ -3,38 +3,60 @@
 The CLI is a thin layer over these; they take a validated
 :class:`~trakcli.config.Config`, raise :class:`~trakcli.errors.TrakError` on
 bad input, and report progress through a :class:`~trakcli.progress.Reporter`.
+Under ``torchrun`` each process computes the row chunks of its rank
+(chunk index ≡ rank mod world_size); rank 0 creates the store, holds its
+lock and writes its attributes.
 """
 
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 import torch
 
-from trakcli import __version__
 from trakcli.config import Config, check_files, resolve_checkpoints
 from trakcli.data import TensorDataset, load_dataset
-from trakcli.errors import ConfigError, StoreError, StoreMismatchError
+from trakcli.distributed import Dist, init_from_env
+from trakcli.errors import ConfigError, GradientError, StoreError, StoreMismatchError
 from trakcli.gradients import PerExampleGradients, check_finite
 from trakcli.models import build_model, file_sha256, load_checkpoint
 from trakcli.progress import NULL_REPORTER, Reporter
 from trakcli.projectors import make_projector
-from trakcli.scoring import gram_matrix, kernel_factor, resolve_lambda, score_block, target_weights
-from trakcli.store import ChunkedRows, Store, diff_keys, jsonable
+from trakcli.scoring import gram_matrix, kernel_factor, resolve_lambda, target_weights
+from trakcli.store import ChunkedRows, Store, StoreLock, diff_keys, jsonable
 from trakcli.training import train_classifier
 
 
-def resolve_device(name: str) -> torch.device:
-    """``auto`` -> cuda if available else cpu; ``cuda`` without a GPU is a ConfigError."""
+def _event(message: str) -> None:
+    """Append a line to ``$TRAK_EVENT_LOG`` (how the kill-and-resume tests count work)."""
+    path = os.environ.get("TRAK_EVENT_LOG")
+    if path:
+        with open(path, "a") as f:
+            f.write(message + "\n")
+
+
+def resolve_device(name: str, dist: Dist | None = None) -> torch.device:
+    """``auto`` -> cuda if available else cpu; ``cuda`` without a GPU is a ConfigError.
+
+    Under torchrun each process takes the GPU of its ``LOCAL_RANK``.
+    """
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device: 'cuda' was asked for but no CUDA GPU is available; use device=cpu or auto")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError("device: 'cuda' was asked for but no CUDA GPU is available; use device=cpu or auto")
+        return torch.device("cuda", dist.local_rank if dist else 0)
     return torch.device(name)
+
+
+def _apply_threads(cfg: Config) -> None:
+    if cfg.num_threads is not None:
+        torch.set_num_threads(cfg.num_threads)
 
 
 @dataclass
@@ -43,24 +65,22 @@ class _Setup:
 
     cfg: Config
     checkpoints: list[Path]
+    shas: list[str]
     train: TensorDataset
     model: torch.nn.Module
     grads: PerExampleGradients
     projector: Any
     device: torch.device
     identity: dict[str, Any]
-
-
-def _apply_threads(cfg: Config) -> None:
-    if cfg.num_threads is not None:
-        torch.set_num_threads(cfg.num_threads)
+    dist: Dist
 
 
 def _setup(cfg: Config, *, need_target: bool = False) -> _Setup:
     check_files(cfg, need_checkpoints=True, need_target=need_target)
     _apply_threads(cfg)
     checkpoints = resolve_checkpoints(cfg)
-    device = resolve_device(cfg.device)
+    dist = init_from_env()
+    device = resolve_device(cfg.device, dist)
     train = load_dataset(cfg.data.train, key="data.train")
     model = build_model(cfg.model.entrypoint, **cfg.model.kwargs)
     grads = PerExampleGradients(model, cfg.grad_wrt, cfg.task)
@@ -68,13 +88,36 @@ def _setup(cfg: Config, *, need_target: bool = False) -> _Setup:
     identity = {
         "model": cfg.model.model_dump(mode="json"),
         "task": cfg.task,
+        "output_function": "margin: logit_y - logsumexp_{j!=y} logit_j; out_to_loss 1 - p_y",
         "grad_wrt": cfg.grad_wrt,
         "grad_dim": grads.grad_dim,
+        "param_names": grads.param_names,
         "projector": projector.spec(),
         "train_data": train.fingerprint(),
-        "chunk_rows": cfg.store.chunk_rows,
+        "storage": {
+            "chunk_rows": cfg.store.chunk_rows,
+            "dtype": cfg.store.dtype,
+            "compressor": cfg.store.compressor,
+        },
     }
-    return _Setup(cfg, checkpoints, train, model, grads, projector, device, identity)
+    shas = [file_sha256(c) for c in checkpoints]
+    return _Setup(cfg, checkpoints, shas, train, model, grads, projector, device, identity, dist)
+
+
+@contextmanager
+def _locked(path: Path, dist: Dist, reporter: Reporter) -> Iterator[None]:
+    """Hold ``<store>.lock`` (rank 0) for the duration of a run."""
+    lock = StoreLock.for_store(Path(path)) if dist.is_main else None
+    if lock is not None:
+        Store.prepare_parent(Path(path))
+        note = lock.acquire()
+        if note:
+            reporter.info(note)
+    try:
+        yield
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 def _featurize_rows(
@@ -82,37 +125,52 @@ def _featurize_rows(
     data: TensorDataset,
     rows: ChunkedRows,
     model_id: int,
-    checkpoint: Path,
     *,
     with_out_to_loss: bool,
+    skip_nonfinite: bool,
     reporter: Reporter,
     label: str,
-) -> int:
-    """Compute and write the pending chunks of one checkpoint; returns how many were computed."""
-    pending = rows.pending()
+) -> tuple[int, list[int]]:
+    """Compute and write this rank's pending chunks of one checkpoint.
+
+    Returns:
+        (chunks computed, indices of examples skipped as non-finite).
+    """
+    pending = rows.pending(s.dist.rank, s.dist.world_size)
     if not pending:
-        return 0
-    load_checkpoint(s.model, checkpoint)
+        return 0, []
+    load_checkpoint(s.model, s.checkpoints[model_id])
     s.model.to(s.device)
     proj_dim = s.projector.proj_dim
+    skipped: list[int] = []
     n_rows = sum(rows.rows(c)[1] - rows.rows(c)[0] for c in pending)
     with reporter.task(f"{label} model {model_id}", n_rows) as task:
         for chunk in pending:
+            _event(f"start {label} {model_id} {chunk}")
             lo, hi = rows.rows(chunk)
             feats = np.empty((hi - lo, proj_dim), dtype=np.float32)
             q_all = np.empty(hi - lo, dtype=np.float32)
+            bad_all = np.zeros(hi - lo, dtype=np.uint8)
             for off, x, y in data.batches(lo, hi, s.cfg.data.batch_size):
                 g, q = s.grads(x.to(s.device), y.to(s.device), row_offset=off)
                 phi = s.projector.project(g, model_id=model_id)
-                check_finite(phi, off)
+                if skip_nonfinite:
+                    bad = ~(torch.isfinite(phi).all(dim=1) & torch.isfinite(q))
+                    if bad.any():
+                        phi[bad], q[bad] = 0.0, 0.0
+                        bad_all[off - lo : off - lo + len(y)] = bad.cpu().numpy()
+                        skipped += (torch.nonzero(bad).flatten() + off).tolist()
+                else:
+                    check_finite(phi, off)
                 feats[off - lo : off - lo + len(y)] = phi.detach().cpu().numpy()
                 q_all[off - lo : off - lo + len(y)] = q.detach().cpu().numpy()
                 task.advance(len(y))
             if with_out_to_loss:
-                rows.write(chunk, features=feats, out_to_loss=q_all)
+                rows.write(chunk, features=feats, out_to_loss=q_all, nonfinite=bad_all)
             else:
                 rows.write(chunk, features=feats)
-    return len(pending)
+            _event(f"done {label} {model_id} {chunk}")
+    return len(pending), skipped
 
 
 @dataclass
@@ -122,8 +180,10 @@ class FeaturizeResult:
     Attributes:
         store: the store path.
         n_models: checkpoints featurized.
-        chunks_computed: row chunks computed in this run.
+        chunks_computed: row chunks computed in this run (by this process).
         chunks_total: row chunks over all checkpoints.
+        skipped: per model_id, example indices skipped as non-finite in this run.
+        repaired: chunks whose checksum failed and that were recomputed (``verify``).
     """
 
     store: Path
@@ -133,97 +193,166 @@ class FeaturizeResult:
     grad_dim: int
     proj_dim: int
     n_train: int
+    skipped: dict[int, list[int]] = field(default_factory=dict)
+    repaired: int = 0
 
 
-def featurize(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_REPORTER) -> FeaturizeResult:
+def featurize(
+    cfg: Config,
+    *,
+    overwrite: bool = False,
+    skip_nonfinite: bool = False,
+    verify: bool = False,
+    reporter: Reporter = NULL_REPORTER,
+) -> FeaturizeResult:
     """Project the per-example gradients of every training example for every checkpoint.
 
-    Writes ``train/<model_id>/{features, out_to_loss, done}`` chunk by chunk;
-    a rerun recomputes only chunks not done (a finished store is a no-op).
+    Writes ``train/<model_id>/{features, out_to_loss, nonfinite, done}`` chunk
+    by chunk; a rerun recomputes only chunks not done (a finished store is a
+    no-op), whatever the batch size.
+
+    Args:
+        cfg: the validated config.
+        overwrite: delete the store and start over.
+        skip_nonfinite: record examples whose gradients are not finite in
+            ``nonfinite`` and store zero features for them (no influence on
+            the kernel, zero scores) instead of stopping.
+        verify: read every done chunk and recompute those failing their checksum.
 
     Raises:
         ConfigError, DataError, ModelError, CheckpointError, ProjectorError,
-        GradientError, StoreError, StoreMismatchError (see their docs).
+        GradientError (non-finite gradients, with the example indices),
+        StoreError (unwritable path, store in use, write failure),
+        StoreMismatchError (store made with other settings).
     """
     s = _setup(cfg)
-    store = Store.create_or_check(cfg.store.path, s.identity, cfg.resolved(), overwrite=overwrite)
-    computed = total = 0
-    for model_id, ckpt in enumerate(s.checkpoints):
-        rows = store.train(model_id, str(ckpt), file_sha256(ckpt))
-        total += rows.n_chunks
-        computed += _featurize_rows(
-            s, s.train, rows, model_id, ckpt, with_out_to_loss=True, reporter=reporter, label="featurize"
-        )
+    path = Path(cfg.store.path)
+    computed = total = repaired = 0
+    skipped: dict[int, list[int]] = {}
+    with _locked(path, s.dist, reporter):
+        if s.dist.is_main:
+            store = Store.create_or_check(path, s.identity, cfg.resolved(), overwrite=overwrite)
+            for model_id, ckpt in enumerate(s.checkpoints):
+                store.train(model_id, str(ckpt), s.shas[model_id])
+        s.dist.barrier()
+        if not s.dist.is_main:
+            store = Store.create_or_check(path, s.identity, cfg.resolved(), create=False)
+        for model_id, ckpt in enumerate(s.checkpoints):
+            rows = store.train(model_id, str(ckpt), s.shas[model_id], create=s.dist.is_main)
+            if verify:
+                bad = [c for c in rows.verify() if c % s.dist.world_size == s.dist.rank]
+                repaired += len(bad)
+                if bad:
+                    reporter.info(f"model {model_id}: chunks {bad} failed their checksum and are recomputed")
+            total += rows.n_chunks
+            n, skip = _featurize_rows(
+                s, s.train, rows, model_id, with_out_to_loss=True, skip_nonfinite=skip_nonfinite,
+                reporter=reporter, label="featurize",
+            )
+            computed += n
+            if skip:
+                skipped[model_id] = skip
+        s.dist.barrier()
     return FeaturizeResult(
-        Path(cfg.store.path), len(s.checkpoints), computed, total, s.grads.grad_dim, s.projector.proj_dim, len(s.train)
+        path, len(s.checkpoints), computed, total, s.grads.grad_dim, s.projector.proj_dim, len(s.train),
+        skipped, repaired,
     )
 
 
 @dataclass
 class ScoreResult:
-    """Scores of one experiment.
+    """Scores of one experiment, in the store.
 
     Attributes:
-        scores: ``[n_target, n_train]`` float32 TRAK scores.
+        store: the store path; experiment: the experiment name.
+        n_target, n_train: the score matrix shape.
         lambdas: the ridge λ_m used per checkpoint.
         train_labels, target_labels: ``[n_train]``, ``[n_target]`` int64 labels (for display).
+        chunks_computed: target and score chunks computed in this run.
     """
 
-    scores: np.ndarray
+    store: Path
+    experiment: str
+    n_target: int
+    n_train: int
     lambdas: list[float]
     train_labels: np.ndarray
     target_labels: np.ndarray
-    experiment: str
-    store: Path
     chunks_computed: int = 0
     notes: list[str] = field(default_factory=list)
 
+    def head(self, n: int) -> np.ndarray:
+        """The first ``n`` target rows of the scores, ``[n, n_train]`` float32."""
+        return self._array()[: min(n, self.n_target)]
 
-def _open_for_scoring(s: _Setup) -> Store:
-    path = Path(s.cfg.store.path)
-    if not (path / "zarr.json").exists():
-        raise StoreError(f"no train features at {path}; run `trak featurize CONFIG` first")
-    store = Store.open_existing(path)
+    def _array(self) -> Any:
+        return Store.open_existing(self.store, mode="r").array(f"scores/{self.experiment}/scores")
+
+    @property
+    def scores(self) -> np.ndarray:
+        """All scores ``[n_target, n_train]`` float32, read into memory."""
+        return np.asarray(self._array()[:])
+
+
+def _check_train_complete(s: _Setup, store: Store) -> list[ChunkedRows]:
     if store.identity != jsonable(s.identity):
         lines = diff_keys(store.identity, s.identity)
         raise StoreMismatchError(
-            f"the train features in {path} were made with different settings:\n  "
+            f"the train features in {store.path} were made with different settings:\n  "
             + "\n  ".join(lines)
             + "\nscore with the config that featurized the store, or rerun `trak featurize CONFIG --overwrite`"
         )
-    return store
-
-
-def score(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_REPORTER) -> ScoreResult:
-    """Featurize the targets, finalize each checkpoint's kernel and write the ensembled scores.
-
-    Formula: design.md "Math" / :mod:`trakcli.scoring` (Park et al. 2023, Eq. 17).
-
-    Args:
-        cfg: config; ``data.target`` is required.
-        overwrite: recompute the experiment's target features and scores.
-
-    Returns:
-        :class:`ScoreResult` with the ``[n_target, n_train]`` float32 scores.
-
-    Raises:
-        StoreError: no train features yet, or incomplete ones (run featurize).
-        StoreMismatchError: train features made with other settings or checkpoints.
-    """
-    s = _setup(cfg, need_target=True)
-    store = _open_for_scoring(s)
-    exp = cfg.score.experiment
-    train_rows: list[ChunkedRows] = []
+    have = store.model_ids()
+    missing = [m for m in range(len(s.checkpoints)) if m not in have]
+    if missing:
+        raise StoreError(
+            f"the store has no train features for model_ids {missing} (the config lists {len(s.checkpoints)} "
+            f"checkpoints, the store has model_ids {have}); run `trak featurize CONFIG` first"
+        )
+    rows_all = []
     for model_id, ckpt in enumerate(s.checkpoints):
-        rows = store.train(model_id, str(ckpt), file_sha256(ckpt))
+        rows = store.train(model_id, str(ckpt), s.shas[model_id], create=False)
         if not rows.is_complete():
-            done = rows.n_chunks - len(rows.pending())
+            done = int((rows.flags() != 0).sum())
             raise StoreError(
                 f"train features of model_id {model_id} ({ckpt}) are incomplete ({done}/{rows.n_chunks} chunks); "
                 "run `trak featurize CONFIG` to finish them"
             )
-        train_rows.append(rows)
+        rows_all.append(rows)
+    return rows_all
 
+
+def score(
+    cfg: Config,
+    *,
+    overwrite: bool = False,
+    skip_nonfinite: bool = False,
+    verify: bool = False,
+    reporter: Reporter = NULL_REPORTER,
+) -> ScoreResult:
+    """Featurize the targets, finalize each checkpoint's kernel and write the ensembled scores.
+
+    Formula: design.md "Math" / :mod:`trakcli.scoring` (Park et al. 2023, Eq. 17).
+    Train features are streamed from the store one column block (``chunk_rows``
+    train rows) at a time, so memory is O(n_target·proj_dim + chunk_rows·proj_dim
+    + proj_dim² + n_target·chunk_rows), never n_train·n_target.
+
+    Args:
+        cfg: config; ``data.target`` is required.
+        overwrite: recompute the experiment's target features and scores.
+        skip_nonfinite: give targets with non-finite gradients zero features (zero scores).
+        verify: recompute target and score chunks that fail their checksum.
+
+    Returns:
+        :class:`ScoreResult`; the ``[n_target, n_train]`` float32 scores are in the store.
+
+    Raises:
+        StoreError: no train features yet, or incomplete ones (run featurize); store in use.
+        StoreMismatchError: train features made with other settings or checkpoints.
+    """
+    s = _setup(cfg, need_target=True)
+    path = Path(cfg.store.path)
+    exp = cfg.score.experiment
     target = load_dataset(cfg.data.target, key="data.target")  # type: ignore[arg-type]  # checked by check_files
     t_fp = target.fingerprint()
     if t_fp["input_shape"] != s.identity["train_data"]["input_shape"]:
@@ -231,63 +360,88 @@ def score(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_REP
             f"data.target inputs have shape {t_fp['input_shape']} per example but the train inputs have "
             f"{s.identity['train_data']['input_shape']}; targets must be examples of the same kind"
         )
-    if overwrite:
-        store.drop(f"targets/{exp}")
-        store.drop(f"scores/{exp}")
-    computed = 0
-    target_rows = []
-    for model_id, ckpt in enumerate(s.checkpoints):
-        rows = store.targets(exp, model_id, t_fp)
-        computed += _featurize_rows(
-            s, target, rows, model_id, ckpt, with_out_to_loss=False, reporter=reporter, label="targets"
-        )
-        target_rows.append(rows)
-
+    t_attrs = {"target_data": t_fp, "checkpoints": s.shas}
     lam_key = {"lambda_reg": cfg.score.lambda_reg, "lambda_rel": cfg.score.lambda_rel}
-    weights, lambdas = [], []
-    with reporter.task("finalize kernels", len(s.checkpoints)) as task:
-        for model_id, rows in enumerate(train_rows):
-            factor_np = store.read_kernel(model_id, lam_key)
-            if factor_np is None:
+    settings = {**lam_key, **t_attrs}
+    n_models = len(s.checkpoints)
+    computed = 0
+    with _locked(path, s.dist, reporter):
+        store = Store.open_existing(path)
+        train_rows = _check_train_complete(s, store)
+        if s.dist.is_main:
+            if overwrite:
+                store.drop(f"targets/{exp}")
+                store.drop(f"scores/{exp}")
+            for model_id in range(n_models):
+                store.targets(exp, model_id, t_attrs, len(target))
+            store.scores(exp, len(target), settings)
+        s.dist.barrier()
+
+        # 1. target features
+        target_rows = []
+        for model_id in range(n_models):
+            rows = store.targets(exp, model_id, t_attrs, len(target), create=False)
+            if verify:
+                rows.verify()
+            n, skip = _featurize_rows(
+                s, target, rows, model_id, with_out_to_loss=False, skip_nonfinite=skip_nonfinite,
+                reporter=reporter, label="targets",
+            )
+            computed += n
+            if skip:
+                reporter.info(f"model {model_id}: targets {skip[:10]} have non-finite gradients; their scores are 0")
+            target_rows.append(rows)
+        s.dist.barrier()
+
+        # 2. kernels: model m is finalized by rank m mod world_size
+        for model_id in range(s.dist.rank, n_models, s.dist.world_size):
+            if store.read_kernel(model_id, lam_key) is None:
+                _event(f"start kernel {model_id}")
+                rows = train_rows[model_id]
                 gram = gram_matrix(torch.from_numpy(c) for _, _, c in rows.iter_chunks("features"))
                 lam = resolve_lambda(gram, rows.n_rows, cfg.score.lambda_reg, cfg.score.lambda_rel)
-                factor = kernel_factor(gram, lam)
-                store.write_kernel(model_id, factor.numpy(), lam_key, lam)
-            else:
-                factor = torch.from_numpy(factor_np)
-                lam = float(store.root[f"train/{model_id}/kernel"].attrs["lambda_reg"])
+                store.write_kernel(model_id, kernel_factor(gram, lam).numpy(), lam_key, lam)
+        s.dist.barrier()
+        weights, lambdas = [], []
+        for model_id in range(n_models):
+            kernel = store.read_kernel(model_id, lam_key)
+            if kernel is None:
+                raise StoreError(f"the kernel of model_id {model_id} is missing; rerun the same command")
+            factor, lam = kernel
+            phi_t = torch.from_numpy(target_rows[model_id].read("features", 0, len(target)).astype(np.float32))
+            weights.append(target_weights(torch.from_numpy(factor), phi_t).to(torch.float32))
             lambdas.append(lam)
-            phi_t = torch.from_numpy(target_rows[model_id].read("features", 0, len(target)))
-            weights.append(target_weights(factor, phi_t))
-            task.advance()
 
-    settings = {
-        **lam_key,
-        "checkpoints": [store.checkpoint_info(m).get("sha256") for m in range(len(s.checkpoints))],
-        "target_data": t_fp,
-    }
-    out = store.scores(exp, len(target), settings)
-    pending = out.pending()
-    with reporter.task("score", len(pending)) as task:
-        for chunk in pending:
-            t_lo, t_hi = out.rows(chunk)
-            block = np.empty((t_hi - t_lo, len(s.train)), dtype=np.float32)
-            for c in range(train_rows[0].n_chunks):
-                lo, hi = train_rows[0].rows(c)
-                feats = [torch.from_numpy(r.read("features", lo, hi)) for r in train_rows]
-                qs = [torch.from_numpy(r.read("out_to_loss", lo, hi)) for r in train_rows]
-                block[:, lo:hi] = score_block([w[t_lo:t_hi] for w in weights], feats, qs).numpy()
-            out.write(chunk, scores=block)
-            task.advance()
-    scores = out.read("scores", 0, len(target))
+        # 3. scores, one block of train columns at a time
+        out = store.scores(exp, len(target), settings, create=False)
+        if verify:
+            out.verify()
+        pending = out.pending(s.dist.rank, s.dist.world_size)
+        with reporter.task("score", len(pending)) as task:
+            for chunk in pending:
+                _event(f"start score {chunk}")
+                lo, hi = out.rows(chunk)
+                acc = torch.zeros(len(target), hi - lo, dtype=torch.float32)
+                q = torch.zeros(hi - lo, dtype=torch.float64)
+                for w, rows in zip(weights, train_rows):
+                    feats = torch.from_numpy(rows.read("features", lo, hi).astype(np.float32, copy=False))
+                    acc.addmm_(w, feats.T)
+                    q += torch.from_numpy(rows.read("out_to_loss", lo, hi)).to(torch.float64)
+                block = acc / n_models * (q / n_models).to(torch.float32).unsqueeze(0)
+                out.write(chunk, scores=block.numpy())
+                _event(f"done score {chunk}")
+                task.advance()
+        computed += len(pending)
+        s.dist.barrier()
     return ScoreResult(
-        scores=scores,
+        store=path,
+        experiment=exp,
+        n_target=len(target),
+        n_train=len(s.train),
         lambdas=lambdas,
         train_labels=s.train.labels.numpy(),
         target_labels=target.labels.numpy(),
-        experiment=exp,
-        store=Path(cfg.store.path),
-        chunks_computed=computed + len(pending),
+        chunks_computed=computed,
     )
 
 

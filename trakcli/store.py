@@ -1,41 +1,59 @@
-"""The Zarr v3 store: layout, resume, provenance. The only module that imports zarr.
+"""The Zarr v3 store: layout, resume, locking, provenance, checksums, export.
 
-Layout (design.md, "Store layout")::
+The only module that imports zarr. Layout (design.md, "Store layout")::
 
     <store>.zarr/                  attrs: schema_version, trakcli_version, config (resolved),
-                                   identity (what the train features depend on)
+                                   identity (everything the train features depend on)
       train/<model_id>/            attrs: checkpoint, sha256
-        features    [n_train, proj_dim] float32, chunked by rows
+        features    [n_train, proj_dim] float32 (or float16), chunked by rows
         out_to_loss [n_train]           float32
+        nonfinite   [n_train]           uint8, 1 = skipped (--skip-nonfinite), features zero
         done        [n_row_chunks]      uint8, set after the chunk's data is written
         kernel      [proj_dim, proj_dim] float64 lower Cholesky factor of ΦᵀΦ + λI;
-                                        its attrs (lambda_reg) are written last
-      targets/<experiment>/        attrs: target data fingerprint
-        <model_id>/features [n_target, proj_dim], done
-      scores/<experiment>/         attrs: lambda settings, model_ids
-        scores [n_target, n_train] float32, done [n_target_chunks]
+                                        its attrs (lambda_reg, settings) are written last
+      targets/<experiment>/        attrs: target data fingerprint, checkpoints (sha256 per model_id)
+        <model_id>/features [n_target, proj_dim], done [n_target_chunks]
+      scores/<experiment>/         attrs: lambda settings, checkpoints, target data
+        scores [n_target, n_train] float32, chunked by train rows (columns);
+        done   [n_train_chunks]    one flag per column block
+    <store>.zarr.lock              JSON {host, pid, started}: the run using the store
 
-Rules: a chunk's data is written before its ``done`` flag; resumed runs
-recompute only chunks not done; a run whose identity differs from the
-store's refuses (naming the differing keys) unless ``overwrite``. Arrays are
-written from numpy, never from torch tensors.
+Rules: a chunk's data is written before its ``done`` flag; a resumed run
+recomputes only chunks not done; a run whose identity differs from the
+store's refuses (naming the differing keys) unless ``overwrite``. Every chunk
+carries a CRC32C checksum, so a corrupt or truncated chunk is reported with
+its array and chunk index instead of being read as wrong numbers. Arrays are
+written from numpy, never from torch tensors. Parallel writers (torchrun
+ranks) write disjoint chunks; ``done`` has one chunk per flag so flags of
+different writers never share a file, and attributes are written by rank 0.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import socket
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
 import zarr
+from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
 
 from trakcli import __version__
 from trakcli.errors import StoreError, StoreMismatchError
 
 SCHEMA_VERSION = 1
+
+STORAGE_DTYPES = ("float32", "float16")
+COMPRESSORS = ("zstd", "blosc", "none")
+
+
+class StoreCorruptError(StoreError):
+    """A chunk failed its checksum or could not be decoded."""
 
 
 def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
@@ -47,81 +65,239 @@ def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix: d}
 
 
-def diff_keys(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """Human-readable lines ``key: store has X, this run has Y`` for differing leaves."""
-    a, b = _flatten(json.loads(json.dumps(old))), _flatten(json.loads(json.dumps(new)))
-    lines = []
-    for k in sorted(set(a) | set(b)):
-        if a.get(k, "<unset>") != b.get(k, "<unset>"):
-            lines.append(f"{k}: store has {a.get(k, '<unset>')!r}, this run has {b.get(k, '<unset>')!r}")
-    return lines
-
-
 def jsonable(d: Any) -> Any:
     """``d`` round-tripped through JSON (what zarr attributes hold)."""
     return json.loads(json.dumps(d, default=str))
 
 
+_UNSET = object()
+
+
+def diff_keys(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """Human-readable lines ``key: store has X, this run has Y`` for differing leaves."""
+    a, b = _flatten(jsonable(old)), _flatten(jsonable(new))
+    show = lambda v: "<unset>" if v is _UNSET else repr(v)  # noqa: E731
+    return [
+        f"{k}: store has {show(a.get(k, _UNSET))}, this run has {show(b.get(k, _UNSET))}"
+        for k in sorted(set(a) | set(b))
+        if a.get(k, _UNSET) != b.get(k, _UNSET)
+    ]
+
+
+def _codecs(compressor: str) -> list[Any]:
+    base = {"zstd": [ZstdCodec(level=3)], "blosc": [BloscCodec(cname="zstd", clevel=3)], "none": []}[compressor]
+    return [*base, Crc32cCodec()]
+
+
+# ----------------------------------------------------------------------------
+# the lock
+
+
+@dataclass
+class StoreLock:
+    """An exclusive lock file ``<store>.lock`` naming the host and pid of the run.
+
+    A lock left by a killed run on this host (its pid no longer alive) is
+    stale and taken over. A lock held by a live process, or by another host,
+    refuses the second run.
+    """
+
+    path: Path
+    held: bool = False
+
+    @staticmethod
+    def for_store(store_path: Path) -> "StoreLock":
+        return StoreLock(store_path.with_name(store_path.name + ".lock"))
+
+    def acquire(self) -> str | None:
+        """Take the lock; returns a message if a stale lock was taken over.
+
+        Raises:
+            StoreError: another live run holds the lock (names its host and pid).
+        """
+        me = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
+        note = None
+        for _ in range(3):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                other = self._read()
+                if other is None:  # being written right now, or empty: retry shortly
+                    time.sleep(0.05)
+                    other = self._read()
+                if other is not None and not self._is_stale(other):
+                    raise StoreError(
+                        f"store {self.path.with_suffix('')} is in use by another run (host {other.get('host')}, "
+                        f"pid {other.get('pid')}); wait for it to finish, or if that run is gone delete {self.path}"
+                    )
+                note = (
+                    f"took over a stale lock of a run that is gone (host {other.get('host') if other else '?'}, "
+                    f"pid {other.get('pid') if other else '?'})"
+                )
+                try:
+                    self.path.unlink()
+                except FileNotFoundError:
+                    pass
+                continue
+            except OSError as e:
+                raise StoreError(f"cannot create the lock file {self.path}: {e}; choose a writable store path") from None
+            with os.fdopen(fd, "w") as f:
+                json.dump(me, f)
+            self.held = True
+            return note
+        raise StoreError(f"could not take the lock {self.path}; another run keeps taking it")
+
+    def _read(self) -> dict[str, Any] | None:
+        try:
+            return json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return None
+
+    @staticmethod
+    def _is_stale(other: dict[str, Any]) -> bool:
+        if other.get("host") != socket.gethostname():
+            return False  # cannot tell whether a process on another host lives
+        pid = other.get("pid")
+        if not isinstance(pid, int):
+            return True
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return False
+
+    def release(self) -> None:
+        if self.held:
+            try:
+                self.path.unlink()
+            except FileNotFoundError:
+                pass
+            self.held = False
+
+
+# ----------------------------------------------------------------------------
+# row-chunked arrays
+
+
 @dataclass
 class ChunkedRows:
-    """Row-chunked arrays of one matrix with a ``done`` flag per chunk.
+    """Arrays chunked along their first axis, with a ``done`` flag per chunk.
 
     Attributes:
-        data: arrays written together per chunk (name -> zarr array, first axis = rows).
+        data: arrays written together per chunk (name -> zarr array; chunk axis first).
         done: ``[n_chunks]`` uint8 flags.
-        chunk_rows: rows per chunk.
-        n_rows: total rows.
+        chunk_rows: entries per chunk along the chunk axis.
+        n_rows: length of the chunk axis.
+        axis: which axis of the arrays the chunks split (0 = rows; scores use 1).
     """
 
     data: dict[str, Any]
     done: Any
     chunk_rows: int
     n_rows: int
+    axis: int = 0
 
     @property
     def n_chunks(self) -> int:
         return -(-self.n_rows // self.chunk_rows)
 
     def rows(self, chunk: int) -> tuple[int, int]:
-        """Row range ``[lo, hi)`` of a chunk."""
+        """Range ``[lo, hi)`` of a chunk along the chunk axis."""
         lo = chunk * self.chunk_rows
         return lo, min(lo + self.chunk_rows, self.n_rows)
 
-    def pending(self) -> list[int]:
-        """Indices of chunks not yet done."""
-        flags = np.asarray(self.done[:])
-        return [int(i) for i in np.flatnonzero(flags == 0)]
+    def flags(self) -> np.ndarray:
+        """``[n_chunks]`` uint8 done flags."""
+        return _read_checked(self.done, slice(None), 0)
+
+    def pending(self, rank: int = 0, world_size: int = 1) -> list[int]:
+        """Chunks not yet done; with ranks, those of chunk index ≡ rank (mod world_size)."""
+        return [int(i) for i in np.flatnonzero(self.flags() == 0) if i % world_size == rank]
 
     def is_complete(self) -> bool:
-        return not self.pending()
+        return bool((self.flags() != 0).all())
 
     def write(self, chunk: int, **arrays: np.ndarray) -> None:
-        """Write a chunk's rows of every array, then mark it done."""
+        """Write a chunk of every array, then mark it done.
+
+        Raises:
+            StoreError: the write failed (disk full, permissions); chunks
+                already done stay done and the run can be resumed.
+        """
         lo, hi = self.rows(chunk)
         try:
             for name, arr in arrays.items():
-                self.data[name][lo:hi] = np.ascontiguousarray(arr)
+                target = self.data[name]
+                sel = (slice(None),) * self.axis + (slice(lo, hi),)
+                target[sel] = np.ascontiguousarray(arr, dtype=target.dtype)
             self.done[chunk] = 1
         except OSError as e:
             raise StoreError(
-                f"writing rows {lo}:{hi} to the store failed ({e}); what was done before is kept, "
-                "free space or fix permissions and rerun the same command to resume"
+                f"writing chunk {chunk} ({lo}:{hi}) of {next(iter(self.data.values())).path} failed: {e}; "
+                "chunks written before are kept: free disk space or fix permissions, then rerun the same "
+                "command to resume"
             ) from None
 
     def read(self, name: str, lo: int, hi: int) -> np.ndarray:
-        return np.asarray(self.data[name][lo:hi])
+        """Entries ``[lo, hi)`` along the chunk axis of array ``name`` (checksums verified)."""
+        sel = (slice(None),) * self.axis + (slice(lo, hi),)
+        return _read_checked(self.data[name], sel, self.axis, self.chunk_rows)
 
     def iter_chunks(self, name: str) -> Iterator[tuple[int, int, np.ndarray]]:
-        """Yield ``(lo, hi, rows)`` of array ``name`` chunk by chunk."""
+        """Yield ``(lo, hi, block)`` of array ``name`` chunk by chunk."""
         for c in range(self.n_chunks):
             lo, hi = self.rows(c)
             yield lo, hi, self.read(name, lo, hi)
+
+    def verify(self, names: list[str] | None = None) -> list[int]:
+        """Reset the done flag of every done chunk that fails its checksum; returns those chunks."""
+        bad = []
+        flags = self.flags()
+        for c in np.flatnonzero(flags):
+            lo, hi = self.rows(int(c))
+            for name in names or list(self.data):
+                try:
+                    self.read(name, lo, hi)
+                except StoreCorruptError:
+                    bad.append(int(c))
+                    self.done[int(c)] = 0
+                    break
+        return bad
+
+
+def _read_checked(arr: Any, sel: Any, axis: int, chunk: int | None = None) -> np.ndarray:
+    try:
+        return np.asarray(arr[sel])
+    except (ValueError, RuntimeError, OSError) as e:
+        # find the first bad chunk of the selection, for the message
+        where = ""
+        if chunk is not None and isinstance(sel, tuple):
+            s = sel[axis]
+            start = s.start or 0
+            stop = s.stop if s.stop is not None else arr.shape[axis]
+            for lo in range((start // chunk) * chunk, stop, chunk):
+                sub = (slice(None),) * axis + (slice(lo, min(lo + chunk, arr.shape[axis])),)
+                try:
+                    np.asarray(arr[sub])
+                except (ValueError, RuntimeError, OSError):
+                    where = f" chunk {lo // chunk} (entries {lo}:{min(lo + chunk, arr.shape[axis])} along axis {axis})"
+                    break
+        raise StoreCorruptError(
+            f"store array {arr.path}{where} is corrupt or truncated ({e}); "
+            "rerun `trak featurize CONFIG --verify` to recompute corrupt chunks"
+        ) from None
+
+
+# ----------------------------------------------------------------------------
+# the store
 
 
 class Store:
     """A trakcli Zarr store on disk.
 
-    Open with :meth:`create_or_check` (featurize) or :meth:`open_existing` (score).
+    Open with :meth:`create_or_check` (featurize) or :meth:`open_existing` (score, inspect).
     """
 
     def __init__(self, path: Path, group: Any):
@@ -130,18 +306,48 @@ class Store:
 
     # -- opening --------------------------------------------------------------
 
+    @staticmethod
+    def prepare_parent(path: Path) -> None:
+        """Create the directory that will hold the store (and its lock file).
+
+        Raises:
+            StoreError: a path component is a file, or the directory is not writable.
+        """
+        probe = path.parent
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        if not probe.is_dir():
+            raise StoreError(
+                f"cannot create the store at {path}: {probe} is a file, not a directory; choose another store.path"
+            )
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise StoreError(f"cannot create the store at {path}: {e}; choose another store.path") from None
+        if not os.access(path.parent, os.W_OK):
+            raise StoreError(
+                f"cannot create the store at {path}: {path.parent} is not writable; choose another store.path"
+            )
+
     @classmethod
     def create_or_check(
-        cls, path: str | Path, identity: dict[str, Any], config: dict[str, Any], overwrite: bool = False
+        cls,
+        path: str | Path,
+        identity: dict[str, Any],
+        config: dict[str, Any],
+        overwrite: bool = False,
+        create: bool = True,
     ) -> "Store":
         """Open the store for featurizing, creating it or checking it was made the same way.
 
         Args:
             path: store directory.
             identity: everything the train features depend on (model, task,
-                grad_wrt, projector spec, grad_dim, train data fingerprint, chunk_rows).
+                grad_wrt, projector spec, grad_dim, train data fingerprint,
+                chunking and storage).
             config: the resolved config, recorded in the attributes.
             overwrite: delete an existing store first.
+            create: whether this process may create it (False on ranks > 0).
 
         Raises:
             StoreMismatchError: the store exists with a different identity (names the keys).
@@ -149,7 +355,7 @@ class Store:
         """
         path = Path(path)
         identity = jsonable(identity)
-        if overwrite and path.exists():
+        if overwrite and create and path.exists():
             if path.is_dir() and not ((path / "zarr.json").exists() or not any(path.iterdir())):
                 raise StoreError(
                     f"refusing to --overwrite {path}: it is a directory but not a Zarr store; choose another store path"
@@ -158,7 +364,7 @@ class Store:
                 shutil.rmtree(path) if path.is_dir() else path.unlink()
             except OSError as e:
                 raise StoreError(f"cannot delete {path} for --overwrite: {e}") from None
-        if path.exists() and (path / "zarr.json").exists():
+        if (path / "zarr.json").exists():
             store = cls.open_existing(path)
             old = store.root.attrs.get("identity")
             if old != identity:
@@ -169,8 +375,11 @@ class Store:
                     + "\nrerun with --overwrite to start over, or choose another store path"
                 )
             return store
+        if not create:
+            raise StoreError(f"no trakcli store at {path}")
         if path.exists() and (not path.is_dir() or any(path.iterdir())):
             raise StoreError(f"{path} exists and is not a trakcli store; choose another store path or remove it")
+        cls.prepare_parent(path)
         try:
             group = zarr.open_group(str(path), mode="a", zarr_format=3)
             group.attrs.update(
@@ -179,14 +388,15 @@ class Store:
                     "trakcli_version": __version__,
                     "identity": identity,
                     "config": jsonable(config),
+                    "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 }
             )
-        except (OSError, PermissionError) as e:
+        except OSError as e:
             raise StoreError(f"cannot create the store at {path}: {e}; choose a writable store path") from None
         return cls(path, group)
 
     @classmethod
-    def open_existing(cls, path: str | Path) -> "Store":
+    def open_existing(cls, path: str | Path, mode: str = "r+") -> "Store":
         """Open a store that must exist.
 
         Raises:
@@ -196,7 +406,7 @@ class Store:
         if not (path / "zarr.json").exists():
             raise StoreError(f"no trakcli store at {path}; run `trak featurize CONFIG` first")
         try:
-            group = zarr.open_group(str(path), mode="r+", zarr_format=3)
+            group = zarr.open_group(str(path), mode=mode, zarr_format=3)
         except Exception as e:
             raise StoreError(f"cannot open the store at {path}: {e}") from None
         version = group.attrs.get("schema_version")
@@ -210,12 +420,23 @@ class Store:
     def identity(self) -> dict[str, Any]:
         return dict(self.root.attrs.get("identity", {}))
 
+    @property
+    def _storage(self) -> dict[str, Any]:
+        return self.identity.get("storage", {"dtype": "float32", "compressor": "zstd", "chunk_rows": 512})
+
     # -- arrays ---------------------------------------------------------------
 
-    def _rows(self, group: Any, n_rows: int, chunk_rows: int, arrays: dict[str, tuple[tuple[int, ...], str]]) -> ChunkedRows:
+    def _arrays(
+        self,
+        group: Any,
+        shape_of: dict[str, tuple[tuple[int, ...], str]],
+        chunks_of: dict[str, tuple[int, ...]],
+        n_chunks: int,
+        create: bool,
+    ) -> tuple[dict[str, Any], Any]:
         data = {}
-        for name, (tail, dtype) in arrays.items():
-            shape = (n_rows, *tail)
+        codecs = _codecs(self._storage["compressor"])
+        for name, (shape, dtype) in shape_of.items():
             if name in group:
                 arr = group[name]
                 if tuple(arr.shape) != shape:
@@ -223,18 +444,27 @@ class Store:
                         f"store array {arr.path} has shape {list(arr.shape)}, this run needs {list(shape)}; "
                         "rerun with --overwrite to start over"
                     )
-            else:
+            elif create:
                 arr = group.create_array(
-                    name, shape=shape, chunks=(chunk_rows, *tail), dtype=dtype, fill_value=0
+                    name, shape=shape, chunks=chunks_of[name], dtype=dtype, fill_value=0, compressors=codecs
                 )
+            else:
+                raise StoreError(f"store array {group.path}/{name} is missing; it is created by rank 0")
             data[name] = arr
-        n_chunks = -(-n_rows // chunk_rows)
-        done = group["done"] if "done" in group else group.create_array(
-            "done", shape=(n_chunks,), chunks=(1,), dtype="uint8", fill_value=0
-        )
-        return ChunkedRows(data, done, chunk_rows, n_rows)
+        if "done" in group:
+            done = group["done"]
+        elif create:
+            done = group.create_array("done", shape=(n_chunks,), chunks=(1,), dtype="uint8", fill_value=0,
+                                      compressors=[Crc32cCodec()])
+        else:
+            raise StoreError(f"store array {group.path}/done is missing; it is created by rank 0")
+        return data, done
 
-    def _group(self, name: str) -> Any:
+    def _group(self, name: str, create: bool = True) -> Any:
+        if name in self.root:
+            return self.root[name]
+        if not create:
+            raise StoreError(f"store group {name} is missing; it is created by rank 0")
         try:
             return self.root.require_group(name)
         except OSError as e:
@@ -246,104 +476,240 @@ class Store:
             return []
         return sorted(int(k) for k in self.root["train"].group_keys())
 
-    def train(self, model_id: int, checkpoint: str | None = None, sha256: str | None = None) -> ChunkedRows:
-        """Train features of one checkpoint (created if absent).
+    def train(
+        self, model_id: int, checkpoint: str | None = None, sha256: str | None = None, create: bool = True
+    ) -> ChunkedRows:
+        """Train features of one checkpoint (created if absent and ``create``).
 
         Args:
             model_id: index of the checkpoint.
-            checkpoint, sha256: when given, recorded on creation and checked against the store.
+            checkpoint, sha256: recorded on creation and checked against the store.
+            create: whether this process may create arrays and attributes (rank 0).
 
         Raises:
             StoreMismatchError: the store holds this model_id from a file with another sha256.
         """
         ident = self.identity
-        n_train, proj_dim, chunk_rows = ident["train_data"]["n"], ident["projector"]["proj_dim"], ident["chunk_rows"]
-        group = self._group(f"train/{model_id}")
+        n_train, proj_dim = ident["train_data"]["n"], ident["projector"]["proj_dim"]
+        st = self._storage
+        rows = st["chunk_rows"]
+        group = self._group(f"train/{model_id}", create)
         if sha256 is not None:
             old = group.attrs.get("sha256")
-            if old is None:
+            if old is None and create:
                 group.attrs.update({"checkpoint": str(checkpoint), "sha256": sha256})
-            elif old != sha256:
+            elif old is not None and old != sha256:
                 raise StoreMismatchError(
                     f"model_id {model_id}: the store's features come from {group.attrs.get('checkpoint')} "
                     f"(sha256 {old[:12]}), this run's checkpoint {checkpoint} has sha256 {sha256[:12]}; "
                     "rerun with --overwrite to start over"
                 )
-        return self._rows(
-            group, n_train, chunk_rows, {"features": ((proj_dim,), "float32"), "out_to_loss": ((), "float32")}
+        data, done = self._arrays(
+            group,
+            {
+                "features": ((n_train, proj_dim), st["dtype"]),
+                "out_to_loss": ((n_train,), "float32"),
+                "nonfinite": ((n_train,), "uint8"),
+            },
+            {"features": (rows, proj_dim), "out_to_loss": (rows,), "nonfinite": (rows,)},
+            -(-n_train // rows),
+            create,
         )
+        return ChunkedRows(data, done, rows, n_train)
 
     def checkpoint_info(self, model_id: int) -> dict[str, Any]:
         return dict(self.root[f"train/{model_id}"].attrs)
 
-    def read_kernel(self, model_id: int, lam_key: dict[str, Any]) -> np.ndarray | None:
-        """The stored Cholesky factor if it was made with ``lam_key`` settings, else None."""
+    def read_kernel(self, model_id: int, settings: dict[str, Any]) -> tuple[np.ndarray, float] | None:
+        """The stored Cholesky factor and λ if made with ``settings``, else None."""
         group = self.root[f"train/{model_id}"]
         if "kernel" not in group:
             return None
         arr = group["kernel"]
-        if dict(arr.attrs).get("settings") != jsonable(lam_key):
+        attrs = dict(arr.attrs)
+        if attrs.get("settings") != jsonable(settings):
             return None
-        return np.asarray(arr[:])
+        return _read_checked(arr, slice(None), 0), float(attrs["lambda_reg"])
 
-    def write_kernel(self, model_id: int, factor: np.ndarray, lam_key: dict[str, Any], lambda_reg: float) -> None:
+    def write_kernel(self, model_id: int, factor: np.ndarray, settings: dict[str, Any], lambda_reg: float) -> None:
         """Write the kernel's Cholesky factor, then its attributes (the done marker)."""
         group = self.root[f"train/{model_id}"]
         p = factor.shape[0]
-        if "kernel" in group:
-            arr = group["kernel"]
-            arr.attrs.clear()
-        else:
-            arr = group.create_array("kernel", shape=(p, p), chunks=(p, p), dtype="float64", fill_value=0)
-        arr[:] = np.ascontiguousarray(factor)
-        arr.attrs.update({"form": "cholesky_lower", "lambda_reg": lambda_reg, "settings": jsonable(lam_key)})
+        try:
+            if "kernel" in group:
+                arr = group["kernel"]
+                arr.attrs.clear()
+            else:
+                arr = group.create_array("kernel", shape=(p, p), chunks=(p, p), dtype="float64", fill_value=0,
+                                         compressors=_codecs(self._storage["compressor"]))
+            arr[:] = np.ascontiguousarray(factor)
+            arr.attrs.update({"form": "cholesky_lower", "lambda_reg": lambda_reg, "settings": jsonable(settings)})
+        except OSError as e:
+            raise StoreError(f"writing the kernel of model_id {model_id} failed: {e}; rerun to resume") from None
 
     def targets(
-        self, experiment: str, model_id: int, fingerprint: dict[str, Any], overwrite: bool = False
+        self, experiment: str, model_id: int, attrs: dict[str, Any], n_target: int, create: bool = True
     ) -> ChunkedRows:
         """Target features of one experiment and checkpoint (created if absent).
 
-        Raises:
-            StoreMismatchError: the experiment was featurized on other target data.
-        """
-        proj_dim, chunk_rows = self.identity["projector"]["proj_dim"], self.identity["chunk_rows"]
-        exp = self._experiment_group("targets", experiment, {"target_data": fingerprint}, overwrite)
-        group = exp.require_group(str(model_id))
-        return self._rows(group, fingerprint["n"], chunk_rows, {"features": ((proj_dim,), "float32")})
+        Args:
+            attrs: what the target features depend on (target data fingerprint,
+                checkpoint sha256s); checked against the store.
 
-    def scores(
-        self, experiment: str, n_target: int, settings: dict[str, Any], overwrite: bool = False
-    ) -> ChunkedRows:
-        """The score matrix of an experiment (created if absent), chunked by target rows.
+        Raises:
+            StoreMismatchError: the experiment was featurized with other targets or checkpoints.
+        """
+        proj_dim = self.identity["projector"]["proj_dim"]
+        st = self._storage
+        exp = self._experiment_group("targets", experiment, attrs, create)
+        group = self._group(f"targets/{experiment}/{model_id}", create)
+        rows = st["chunk_rows"]
+        data, done = self._arrays(
+            group, {"features": ((n_target, proj_dim), st["dtype"])}, {"features": (rows, proj_dim)},
+            -(-n_target // rows), create,
+        )
+        del exp
+        return ChunkedRows(data, done, rows, n_target)
+
+    def scores(self, experiment: str, n_target: int, settings: dict[str, Any], create: bool = True) -> ChunkedRows:
+        """The ``[n_target, n_train]`` score matrix of an experiment, chunked by train columns.
 
         Raises:
             StoreMismatchError: the experiment was scored with other settings.
         """
-        n_train, chunk_rows = self.identity["train_data"]["n"], self.identity["chunk_rows"]
-        group = self._experiment_group("scores", experiment, settings, overwrite)
-        return self._rows(group, n_target, chunk_rows, {"scores": ((n_train,), "float32")})
+        n_train = self.identity["train_data"]["n"]
+        cols = self._storage["chunk_rows"]
+        group = self._experiment_group("scores", experiment, settings, create)
+        t_rows = min(n_target, max(1, (8 << 20) // (4 * cols)))  # ~8 MB chunks
+        data, done = self._arrays(
+            group, {"scores": ((n_target, n_train), "float32")}, {"scores": (t_rows, cols)},
+            -(-n_train // cols), create,
+        )
+        return ChunkedRows(data, done, cols, n_train, axis=1)
 
-    def _experiment_group(self, kind: str, experiment: str, attrs: dict[str, Any], overwrite: bool) -> Any:
+    def _experiment_group(self, kind: str, experiment: str, attrs: dict[str, Any], create: bool) -> Any:
         name = f"{kind}/{experiment}"
         attrs = jsonable(attrs)
         if name in self.root:
             group = self.root[name]
             old = {k: group.attrs.get(k) for k in attrs}
             if old != attrs:
-                if not overwrite:
-                    lines = diff_keys(old, attrs)
-                    raise StoreMismatchError(
-                        f"{kind} of experiment {experiment!r} in {self.path} were made with different settings:\n  "
-                        + "\n  ".join(lines)
-                        + "\nrerun with --overwrite to recompute them, or set score.experiment to a new name"
-                    )
-                del self.root[name]
-        if name not in self.root:
-            group = self._group(name)
+                lines = diff_keys(old, attrs)
+                raise StoreMismatchError(
+                    f"{kind} of experiment {experiment!r} in {self.path} were made with different settings:\n  "
+                    + "\n  ".join(lines)
+                    + "\nrerun with --overwrite to recompute them, or set score.experiment to a new name"
+                )
+            return group
+        group = self._group(name, create)
+        if create:
             group.attrs.update(attrs)
-        return self.root[name]
+        return group
 
     def drop(self, name: str) -> None:
-        """Delete a group or array (used by --overwrite of derived data)."""
+        """Delete a group or array (``--overwrite`` of derived data)."""
         if name in self.root:
             del self.root[name]
+
+    # -- inspection and export --------------------------------------------------
+
+    def summary(self) -> dict[str, Any]:
+        """Provenance, progress and sizes, as plain data (``trak inspect``)."""
+        ident = self.identity
+        out: dict[str, Any] = {
+            "store": str(self.path),
+            "schema_version": self.root.attrs.get("schema_version"),
+            "trakcli_version": self.root.attrs.get("trakcli_version"),
+            "created": self.root.attrs.get("created"),
+            "identity": ident,
+            "bytes_on_disk": _du(self.path),
+            "train": [],
+            "targets": {},
+            "scores": {},
+        }
+        for m in self.model_ids():
+            rows = self.train(m, create=False)
+            group = self.root[f"train/{m}"]
+            flags = rows.flags()
+            lo_done = sum(rows.rows(int(c))[1] - rows.rows(int(c))[0] for c in np.flatnonzero(flags))
+            skipped = int(_read_checked(rows.data["nonfinite"], slice(None), 0).sum())
+            entry = {
+                "model_id": m,
+                "checkpoint": group.attrs.get("checkpoint"),
+                "sha256": group.attrs.get("sha256"),
+                "rows_done": int(lo_done),
+                "rows_total": rows.n_rows,
+                "chunks_done": int(flags.sum()),
+                "chunks_total": rows.n_chunks,
+                "nonfinite_skipped": skipped,
+                "kernel": dict(group["kernel"].attrs) if "kernel" in group else None,
+                "bytes_on_disk": _du(self.path / "train" / str(m)),
+            }
+            out["train"].append(entry)
+        for kind in ("targets", "scores"):
+            if kind not in self.root:
+                continue
+            for exp in sorted(self.root[kind].group_keys()):
+                g = self.root[f"{kind}/{exp}"]
+                info: dict[str, Any] = {"attrs": dict(g.attrs), "bytes_on_disk": _du(self.path / kind / exp)}
+                if kind == "scores" and "scores" in g:
+                    info["shape"] = list(g["scores"].shape)
+                    flags = _read_checked(g["done"], slice(None), 0)
+                    info["chunks_done"], info["chunks_total"] = int(flags.sum()), int(flags.size)
+                out[kind][exp] = info
+        return out
+
+    def array(self, name: str) -> Any:
+        """The zarr array at ``name`` (e.g. ``train/0/features``, ``scores/default/scores``).
+
+        Raises:
+            StoreError: no such array (lists what the store holds).
+        """
+        try:
+            arr = self.root[name]
+        except KeyError:
+            arr = None
+        if arr is None or not hasattr(arr, "shape"):
+            have = [f"train/{m}/features" for m in self.model_ids()]
+            if "scores" in self.root:
+                have += [f"scores/{e}/scores" for e in self.root["scores"].group_keys()]
+            raise StoreError(f"store {self.path} has no array {name!r}; it holds {', '.join(have) or 'nothing yet'}")
+        return arr
+
+    def export(self, name: str, out: Path, row_block: int = 4096) -> tuple[int, ...]:
+        """Stream array ``name`` to ``out`` (.npy, or .csv for 1-D/2-D) block by block.
+
+        Returns:
+            The exported shape.
+
+        Raises:
+            StoreError: unknown array, unwritable output, corrupt chunk.
+        """
+        arr = self.array(name)
+        shape = tuple(arr.shape)
+        try:
+            if out.suffix.lower() == ".npy":
+                mm = np.lib.format.open_memmap(out, mode="w+", dtype=arr.dtype, shape=shape)
+                for lo in range(0, shape[0], row_block):
+                    mm[lo : lo + row_block] = _read_checked(arr, slice(lo, lo + row_block), 0)
+                mm.flush()
+                del mm
+            else:
+                with open(out, "w") as f:
+                    for lo in range(0, shape[0], row_block):
+                        block = _read_checked(arr, slice(lo, lo + row_block), 0)
+                        np.savetxt(f, block.reshape(block.shape[0], -1), delimiter=",", fmt="%.7g")
+        except OSError as e:
+            raise StoreError(f"cannot write {out}: {e}") from None
+        return shape
+
+
+def _du(path: Path) -> int:
+    total = 0
+    for dirpath, _, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.path.getsize(os.path.join(dirpath, f))
+            except OSError:
+                pass
+    return total

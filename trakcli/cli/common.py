@@ -30,6 +30,16 @@ OverridesArg = Annotated[
 PrintConfigOpt = Annotated[bool, typer.Option("--print-config", help="Print the resolved config (YAML) and exit.")]
 OverwriteOpt = Annotated[bool, typer.Option("--overwrite", help="Discard what the store holds for this run and start over.")]
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or messages on stderr.")]
+SkipNonfiniteOpt = Annotated[
+    bool,
+    typer.Option(
+        "--skip-nonfinite",
+        help="Record examples with NaN/inf gradients and give them zero features instead of stopping.",
+    ),
+]
+VerifyOpt = Annotated[
+    bool, typer.Option("--verify", help="Check every stored chunk's checksum and recompute corrupt ones.")
+]
 
 
 def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:

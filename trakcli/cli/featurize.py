@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from trakcli.cli.common import (
-    ConfigArg, OverridesArg, OverwriteOpt, PrintConfigOpt, QuietOpt, RichReporter, err_console, handle_errors, load,
+    ConfigArg, OverridesArg, OverwriteOpt, PrintConfigOpt, QuietOpt, RichReporter, SkipNonfiniteOpt, VerifyOpt,
+    err_console, handle_errors, load,
 )
 
 
@@ -14,13 +15,22 @@ def featurize(
     print_config: PrintConfigOpt = False,
     overwrite: OverwriteOpt = False,
     quiet: QuietOpt = False,
+    skip_nonfinite: SkipNonfiniteOpt = False,
+    verify: VerifyOpt = False,
 ) -> None:
     """Compute train features (projected gradients) for every checkpoint; resumes where it stopped."""
     cfg = load(config, overrides, print_config)
     from trakcli import pipeline  # imported after the config is valid: torch import is slow
-    res = pipeline.featurize(cfg, overwrite=overwrite, reporter=RichReporter(quiet))
+    res = pipeline.featurize(
+        cfg, overwrite=overwrite, skip_nonfinite=skip_nonfinite, verify=verify, reporter=RichReporter(quiet)
+    )
     if quiet:
         return
+    for model_id, rows in res.skipped.items():
+        more = f" and {len(rows) - 10} more" if len(rows) > 10 else ""
+        err_console.print(
+            f"[yellow]model {model_id}: skipped {len(rows)} examples with non-finite gradients: {rows[:10]}{more}[/]"
+        )
     if res.chunks_computed == 0:
         err_console.print(
             f"[green]nothing to do:[/] {res.store} already holds features of all {res.n_models} checkpoints "

@@ -6,6 +6,7 @@ import typer
 
 from trakcli import __version__
 from trakcli.cli import featurize as _featurize
+from trakcli.cli import inspect as _inspect
 from trakcli.cli import optimize as _optimize
 from trakcli.cli import score as _score
 
@@ -34,6 +35,8 @@ def _root(
 app.command("optimize")(_optimize.optimize)
 app.command("featurize")(_featurize.featurize)
 app.command("score")(_score.score)
+app.command("inspect")(_inspect.inspect)
+app.command("export")(_inspect.export)
 
 
 def main() -> None:

@@ -10,39 +10,32 @@ import typer
 from rich.table import Table
 
 from trakcli.cli.common import (
-    ConfigArg, OverridesArg, OverwriteOpt, PrintConfigOpt, QuietOpt, RichReporter, err_console, handle_errors, load,
+    ConfigArg, OverridesArg, OverwriteOpt, PrintConfigOpt, QuietOpt, RichReporter, SkipNonfiniteOpt, VerifyOpt,
+    err_console, handle_errors, load,
 )
 from trakcli.errors import UsageError
 
 EXPORT_SUFFIXES = (".npy", ".csv")
 
 
-def _check_out(out: Path | None) -> None:
+def check_out(out: Path | None, flag: str = "--out") -> None:
+    """Validate an export path before any work is done (exit 2 on a bad one)."""
     if out is None:
         return
     if out.suffix.lower() not in EXPORT_SUFFIXES:
-        raise UsageError(f"--out {out}: unknown format {out.suffix or '(no suffix)'!r}; use a .npy or .csv path")
+        raise UsageError(f"{flag} {out}: unknown format {out.suffix or '(no suffix)'!r}; use a .npy or .csv path")
     if not out.parent.exists():
-        raise UsageError(f"--out {out}: directory {out.parent} does not exist; create it or choose another path")
+        raise UsageError(f"{flag} {out}: directory {out.parent} does not exist; create it or choose another path")
 
 
-def export_matrix(matrix: np.ndarray, out: Path) -> None:
-    """Write a 2-D float32 array as .npy or .csv (rows = targets, columns = train examples)."""
-    if out.suffix.lower() == ".npy":
-        np.save(out, matrix.astype(np.float32, copy=False))
-    else:
-        np.savetxt(out, matrix, delimiter=",", fmt="%.7g")
-
-
-def _table(res, top_k: int, n_show: int) -> Table:
+def _table(res, scores: np.ndarray, top_k: int) -> Table:
     table = Table(title=f"TRAK scores, experiment {res.experiment!r}: top {top_k} proponents and opponents")
     table.add_column("target", justify="right")
     table.add_column("label", justify="right")
     table.add_column("proponents: train index (label) score")
     table.add_column("opponents: train index (label) score")
-    k = min(top_k, res.scores.shape[1])
-    for t in range(min(n_show, res.scores.shape[0])):
-        row = res.scores[t]
+    k = min(top_k, scores.shape[1])
+    for t, row in enumerate(scores):
         order = np.argsort(row, kind="stable")
         pro, opp = order[::-1][:k], order[:k]
         fmt = lambda idx: "\n".join(f"{i} ({res.train_labels[i]}) {row[i]:+.4g}" for i in idx)  # noqa: E731
@@ -60,20 +53,29 @@ def score(
     print_config: PrintConfigOpt = False,
     overwrite: OverwriteOpt = False,
     quiet: QuietOpt = False,
+    skip_nonfinite: SkipNonfiniteOpt = False,
+    verify: VerifyOpt = False,
 ) -> None:
     """Score every target against every train example; writes [n_target, n_train] scores to the store."""
-    _check_out(out)
+    check_out(out)
     cfg = load(config, overrides, print_config)
     from trakcli import pipeline  # imported after the config is valid: torch import is slow
-    res = pipeline.score(cfg, overwrite=overwrite, reporter=RichReporter(quiet))
+    from trakcli.distributed import init_from_env
+    from trakcli.store import Store
+
+    res = pipeline.score(
+        cfg, overwrite=overwrite, skip_nonfinite=skip_nonfinite, verify=verify, reporter=RichReporter(quiet)
+    )
+    if not init_from_env().is_main:
+        return
     if out is not None:
-        export_matrix(res.scores, out)
+        Store.open_existing(res.store, mode="r").export(f"scores/{res.experiment}/scores", out)
     if quiet:
         return
     if cfg.score.show_targets:
-        err_console.print(_table(res, cfg.score.top_k, cfg.score.show_targets))
+        err_console.print(_table(res, res.head(cfg.score.show_targets), cfg.score.top_k))
     lam = ", ".join(f"{v:.3g}" for v in res.lambdas)
     err_console.print(
-        f"[green]scores[/] [{res.scores.shape[0]}, {res.scores.shape[1]}] -> {res.store} (scores/{res.experiment})"
+        f"[green]scores[/] [{res.n_target}, {res.n_train}] -> {res.store} (scores/{res.experiment})"
         f"; lambda_reg per checkpoint: {lam}" + (f"; exported to {out}" if out else "")
     )

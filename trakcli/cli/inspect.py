@@ -1,0 +1,92 @@
+"""`trak inspect STORE`: provenance, progress and sizes of a store; `trak export STORE`: arrays to files."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from trakcli.cli.common import err_console, handle_errors
+from trakcli.cli.score import check_out
+from trakcli.errors import UsageError
+
+StoreArg = Annotated[Path, typer.Argument(help="The Zarr store directory (store.path of the config).")]
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+@handle_errors
+def inspect(
+    store: StoreArg,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON on stdout.")] = False,
+) -> None:
+    """Show what a store holds: provenance, per-checkpoint progress, sizes, projector."""
+    from trakcli.store import Store
+
+    info = Store.open_existing(store, mode="r").summary()
+    if json_out:
+        sys.stdout.write(json.dumps(info, indent=2) + "\n")
+        return
+    ident = info["identity"]
+    proj = ident.get("projector", {})
+    data = ident.get("train_data", {})
+    err_console.print(f"[bold]{info['store']}[/]  ({_size(info['bytes_on_disk'])} on disk, "
+                      f"trakcli {info['trakcli_version']}, schema {info['schema_version']}, created {info['created']})")
+    err_console.print(f"model: {ident.get('model')}  task: {ident.get('task')}  grad_wrt: {ident.get('grad_wrt')}  "
+                      f"grad_dim: {ident.get('grad_dim')}")
+    err_console.print(f"projector: {proj}")
+    err_console.print(f"train data: n={data.get('n')} input_shape={data.get('input_shape')} "
+                      f"sha256={str(data.get('sha256'))[:16]}  storage: {ident.get('storage')}")
+    table = Table(title="train features per checkpoint")
+    for col in ("model_id", "checkpoint", "sha256", "rows done", "skipped", "kernel λ", "on disk"):
+        table.add_column(col)
+    for t in info["train"]:
+        kernel = t["kernel"]
+        table.add_row(
+            str(t["model_id"]), str(t["checkpoint"]), str(t["sha256"])[:12],
+            f"{t['rows_done']}/{t['rows_total']}", str(t["nonfinite_skipped"]),
+            f"{kernel['lambda_reg']:.3g}" if kernel else "-", _size(t["bytes_on_disk"]),
+        )
+    err_console.print(table)
+    for exp, s in info["scores"].items():
+        err_console.print(f"scores/{exp}: shape {s.get('shape')}, {s.get('chunks_done')}/{s.get('chunks_total')} "
+                          f"column chunks done, {_size(s['bytes_on_disk'])}")
+    for exp in info["targets"]:
+        if exp not in info["scores"]:
+            err_console.print(f"targets/{exp}: target features only (not scored yet)")
+
+
+@handle_errors
+def export(
+    store: StoreArg,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output file: .npy or .csv.")],
+    what: Annotated[
+        str, typer.Option("--what", help="'scores' or 'features' (train features), or any array path in the store.")
+    ] = "scores",
+    experiment: Annotated[str, typer.Option("--experiment", "-e", help="Experiment of the scores.")] = "default",
+    model_id: Annotated[Optional[int], typer.Option("--model-id", "-m", help="Checkpoint of the features.")] = None,
+) -> None:
+    """Export scores or features from a store to .npy or .csv, streamed chunk by chunk."""
+    from trakcli.store import Store
+
+    check_out(out)
+    if what == "scores":
+        name = f"scores/{experiment}/scores"
+    elif what == "features":
+        name = f"train/{0 if model_id is None else model_id}/features"
+    elif "/" in what:
+        name = what
+    else:
+        raise UsageError(f"--what {what!r}: use 'scores', 'features' or an array path such as train/0/out_to_loss")
+    shape = Store.open_existing(store, mode="r").export(name, out)
+    err_console.print(f"[green]exported[/] {name} {list(shape)} -> {out}")
