@@ -24,7 +24,7 @@ def small_cache_blocks(monkeypatch):
     from trakcli.projectors import matrices
 
     monkeypatch.setattr(matrices, "BLOCK_ENTRIES", 1)
-    monkeypatch.setattr(matrices, "COUNTERS_PER_STEP", 1000)
+    monkeypatch.setattr(matrices, "COUNTERS_PER_STEP", 4096)
 
 
 def dense_matrix(proj, model_id=0):
@@ -234,8 +234,13 @@ def test_noop_is_identity():
     torch.testing.assert_close(proj.project(g), g.float())
     torch.testing.assert_close(proj.unproject(g), g.float())
     assert make_projector(kind="noop", grad_dim=50, proj_dim=50).proj_dim == 50
-    with pytest.raises(ProjectorError, match="proj_dim must equal grad_dim=50"):
-        make_projector(kind="noop", grad_dim=50, proj_dim=10)
+
+
+def test_noop_ignores_a_config_proj_dim_with_a_warning(caplog):
+    with caplog.at_level(logging.WARNING, logger="trakcli.projectors"):
+        proj = make_projector(kind="noop", grad_dim=50, proj_dim=2048)
+    assert proj.proj_dim == 50
+    assert "proj_dim=2048 is ignored" in caplog.text
 
 
 def test_spec_is_json_and_excludes_implementation():

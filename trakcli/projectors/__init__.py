@@ -11,6 +11,23 @@ Public API::
 The matrix is a pure function of ``proj.spec()`` and ``model_id`` (every entry
 is drawn from Philox4x32-10 with its coordinates as the counter); the
 implementation only decides how the product is computed. No I/O here.
+
+Kinds (``kind``), all with E‖Pg‖² = ‖g‖²:
+    ``rademacher`` ±1/√proj_dim; ``normal`` N(0, 1/proj_dim); ``sjlt`` sparse JL /
+    CountSketch with ``s`` nonzeros ±1/√s per gradient coordinate (cost
+    independent of proj_dim, the fastest on a CPU); ``noop`` the identity.
+
+Implementations (``implementation``), same matrix for one spec:
+    ``single_block`` whole matrix at once (small models); ``basic`` block-wise,
+    with generated blocks cached up to ``cache_bytes`` (default: the whole
+    matrix if it fits min(4 GiB, RAM/4)); ``chunked`` per-parameter chunks of
+    at most ``max_chunk_size`` entries, never building ``[n, grad_dim]``;
+    ``cuda`` a Triton kernel generating the matrix on the fly (dense kinds,
+    ``pip install 'trakcli[cuda]'``); ``auto`` cuda when it can run, else basic.
+
+Modules: :mod:`.philox` (the generator), :mod:`.matrices` (kinds),
+:mod:`.dense` and :mod:`.chunked` (CPU/GPU implementations), :mod:`.cuda`
+(Triton), :mod:`.factory` (``make_projector``), :mod:`.base` (input handling).
 """
 
 from trakcli.projectors.base import Projector

@@ -255,7 +255,7 @@ class Projector:
         raise NotImplementedError
 
     def project(self, grads: Grads, model_id: int = 0) -> torch.Tensor:
-        """Project per-example gradients: ``φ = g Pᵀ`` (TRAK, Park et al. 2023, eq. 6).
+        """Project per-example gradients: ``φ = P g`` row by row, i.e. ``g @ Pᵀ`` (TRAK, Park et al. 2023).
 
         Args:
             grads: ``[n, grad_dim]`` tensor, or a dict of per-parameter gradients

@@ -105,8 +105,9 @@ def make_projector(
             ``auto`` (the best available; logs its choice and why the others
             were skipped on the ``trakcli.projectors`` logger).
         grad_dim: gradient coordinates, an int > 0 (from the model).
-        proj_dim: features, an int > 0. For ``noop`` it may be omitted and
-            must otherwise equal ``grad_dim``.
+        proj_dim: features, an int > 0. Ignored by ``noop`` (whose features
+            are the ``grad_dim`` gradient entries; a warning is logged when
+            it differs).
         seed: base seed, an int >= 0. Each ``model_id`` derives its own
             independent matrix from it.
         **options: see :data:`OPTIONS`: ``dtype``, ``s``, ``block_size``,
@@ -154,10 +155,10 @@ def make_projector(
 
     if kind == "noop":
         if proj_dim is not None and proj_dim != grad_dim:
-            raise ProjectorError(
-                f"projector kind 'noop' keeps every gradient coordinate, so proj_dim must equal "
-                f"grad_dim={grad_dim}, got proj_dim={proj_dim!r}; set proj_dim: {grad_dim} or "
-                f"choose kind 'rademacher'"
+            # a config always carries a proj_dim (default 2048): say it is unused, do not fail
+            logger.warning(
+                "projector kind 'noop' keeps every gradient coordinate: features have "
+                "grad_dim=%d columns, proj_dim=%r is ignored", grad_dim, proj_dim,
             )
         if implementation == "cuda":
             raise ProjectorError("kind 'noop' has no cuda implementation; use implementation: auto")

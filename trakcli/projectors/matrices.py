@@ -180,22 +180,29 @@ class DenseMatrix(_Matrix):
 
     def generate(self, model_id: int, start: int, stop: int, device: torch.device) -> torch.Tensor:
         """Rows ``[start, stop)`` of ``Pᵀ``: ``[stop - start, proj_dim]`` in the accumulation dtype."""
-        group = RADEMACHER_GROUP if self.kind == "rademacher" else NORMAL_GROUP
+        rademacher = self.kind == "rademacher"
+        group = RADEMACHER_GROUP if rademacher else NORMAL_GROUP
         n_groups = -(-self.proj_dim // group)
         out = torch.empty(stop - start, self.proj_dim, dtype=self.dtype, device=device)
-        step = max(1, COUNTERS_PER_STEP // n_groups)
+        # a rademacher counter expands to 128 entries, a normal one to 4
+        step = max(1, (COUNTERS_PER_STEP // 2 if rademacher else COUNTERS_PER_STEP) // n_groups)
         k0, k1 = self.key(model_id)
         cols = torch.arange(n_groups, dtype=torch.int64, device=device)[None, :]
         zero = torch.zeros((), dtype=torch.int64, device=device)
-        lut = (_SIGN_LUT * self.scale).to(device)
+        lut = (_SIGN_LUT * self.scale).to(device=device, dtype=self.dtype)
+        # with whole groups, the sign lookup writes straight into the output rows
+        direct = rademacher and self.proj_dim == n_groups * group
 
         def fill(a: int, b: int) -> None:
             lo, hi = _rows_counter(a, b, device)
             w = philox4x32(cols, lo[:, None], hi[:, None], zero, k0, k1)  # 4 x [rows, n_groups]
-            if self.kind == "rademacher":
+            if rademacher:
                 words = _to_int32(torch.stack(w, dim=-1))  # [rows, n_groups, 4]
-                signs = lut.index_select(0, words.view(torch.uint8).flatten().to(torch.int64))
-                vals = signs.view(b - a, n_groups * group)
+                index = words.view(torch.uint8).flatten().to(torch.int64)
+                if direct:
+                    torch.index_select(lut, 0, index, out=out[a - start : b - start].view(-1, 8))
+                    return
+                vals = lut.index_select(0, index).view(b - a, n_groups * group)
             else:
                 x0, x1 = box_muller(uniform_from_bits(w[0]), uniform_from_bits(w[1]))
                 x2, x3 = box_muller(uniform_from_bits(w[2]), uniform_from_bits(w[3]))
