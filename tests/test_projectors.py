@@ -386,3 +386,15 @@ def test_s_only_for_sjlt_and_bounded():
         make("sjlt", s=65)
     with pytest.raises(ProjectorError, match="s must be >= 1"):
         make("sjlt", s=0)
+
+
+def test_rademacher_sign_expansion_does_not_depend_on_byte_order(monkeypatch):
+    from trakcli.projectors import matrices
+
+    for proj_dim in (64, 128, 200):  # within one 128-column Philox group, exactly one, across two
+        m = matrices.DenseMatrix("rademacher", 300, proj_dim, seed=3)
+        lookup = m.generate(1, 0, 300, "cpu")
+        monkeypatch.setattr(matrices, "LITTLE_ENDIAN", False)
+        shifts = m.generate(1, 0, 300, "cpu")
+        monkeypatch.setattr(matrices, "LITTLE_ENDIAN", True)
+        assert torch.equal(lookup, shifts)

@@ -22,6 +22,7 @@ All three satisfy E‖Pg‖² = ‖g‖².
 from __future__ import annotations
 
 import math
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -47,6 +48,9 @@ TAGS = {"rademacher": 0x5241, "normal": 0x4E4F, "sjlt": 0x534A}
 #: Columns of one rademacher Philox call (128 bits) and of one normal call (4 words).
 RADEMACHER_GROUP = 128
 NORMAL_GROUP = 4
+
+#: The sign lookup reads each 32-bit word as 4 bytes, least significant first.
+LITTLE_ENDIAN = sys.byteorder == "little"
 
 # byte value -> its 8 bits as ±1 (bit i, least significant first, gives column i).
 _SIGN_LUT = torch.tensor(
@@ -196,7 +200,11 @@ class DenseMatrix(_Matrix):
         def fill(a: int, b: int) -> None:
             lo, hi = _rows_counter(a, b, device)
             w = philox4x32(cols, lo[:, None], hi[:, None], zero, k0, k1)  # 4 x [rows, n_groups]
-            if rademacher:
+            if rademacher and not LITTLE_ENDIAN:  # bytes of a word in the other order: use shifts
+                words = torch.stack(w, dim=-1)[..., None]  # [rows, n_groups, 4, 1]
+                bits = (words >> torch.arange(32, device=device)) & 1  # [rows, n_groups, 4, 32]
+                vals = lut[0, 0] * (1 - 2 * bits.to(self.dtype)).view(b - a, n_groups * group)
+            elif rademacher:
                 words = _to_int32(torch.stack(w, dim=-1))  # [rows, n_groups, 4]
                 index = words.view(torch.uint8).flatten().to(torch.int64)
                 if direct:
