@@ -70,3 +70,7 @@ class StoreMismatchError(StoreError):
 
 class GradientError(TrakError):
     """Per-example gradients could not be computed or are not finite."""
+
+
+class OptimizerError(TrakError):
+    """A projected optimizer was built or loaded with invalid settings or state."""

@@ -451,13 +451,19 @@ def optimize(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_
     Model ``i`` is initialized after ``torch.manual_seed(optimize.seed + i)``
     and trained by :func:`trakcli.training.train_classifier`; it is written
     atomically to ``optimize.out_dir/model_{i:03d}.pt``. Existing files are
-    kept (a rerun resumes) unless ``overwrite``.
+    kept (a rerun resumes) unless ``overwrite``. With ``optimize.projection``
+    the optimizer runs in a random subspace
+    (:class:`trakcli.optim.ProjectedOptimizer`). With ``optimize.metrics`` a
+    JSON file gets, per model, its seed, checkpoint, final training loss,
+    train accuracy, accuracy on ``data.target`` (if given) and the optimizer
+    state size in floats.
 
     Returns:
         The checkpoint paths, in model_id order.
 
     Raises:
-        ConfigError: no ``optimize`` section.
+        ConfigError: no ``optimize`` section, or an output path that cannot be written.
+        OptimizerError: projection settings the model cannot use.
     """
     oc = cfg.optimize
     if oc is None:
@@ -465,31 +471,71 @@ def optimize(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_
     check_files(cfg, need_checkpoints=False)
     _apply_threads(cfg)
     train = load_dataset(cfg.data.train, key="data.train")
+    heldout = load_dataset(cfg.data.target, key="data.target") if cfg.data.target is not None else None
     device = resolve_device(cfg.device)
     try:
         oc.out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ConfigError(f"optimize.out_dir: cannot create {str(oc.out_dir)!r}: {e}") from None
+    projection = oc.projection.model_dump() if oc.projection is not None else None
     paths = []
+    rows: list[dict[str, Any]] = []
     x, y = train.inputs.to(device), train.labels.to(device)
+
+    def accuracy(model: torch.nn.Module, ds: TensorDataset) -> float:
+        with torch.no_grad():
+            return (model(ds.inputs.to(device)).argmax(1).cpu() == ds.labels).float().mean().item()
+
     for i in range(oc.n_models):
         path = oc.out_dir / f"model_{i:03d}.pt"
         paths.append(path)
-        if path.exists() and not overwrite:
-            reporter.info(f"{path} exists, kept (use --overwrite to retrain)")
-            continue
+        row: dict[str, Any] = {"model_id": i, "seed": oc.seed + i, "checkpoint": str(path)}
         torch.manual_seed(oc.seed + i)
         model = build_model(cfg.model.entrypoint, **cfg.model.kwargs).to(device)
-        train_classifier(
-            model, x, y,
-            epochs=oc.epochs, batch_size=oc.batch_size, lr=oc.lr, weight_decay=oc.weight_decay,
-            momentum=oc.momentum, optimizer=oc.optimizer, seed=oc.seed + i,
-            reporter=reporter, description=f"train model {i}",
-        )
-        with torch.no_grad():
-            acc = (model(x).argmax(1) == y).float().mean().item()
-        tmp = path.with_suffix(".pt.tmp")
-        torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, tmp)
-        os.replace(tmp, path)
-        reporter.info(f"model {i}: train accuracy {acc:.3f} -> {path}")
+        if path.exists() and not overwrite:
+            reporter.info(f"{path} exists, kept (use --overwrite to retrain)")
+            if oc.metrics is None:
+                continue
+            load_checkpoint(model, path)
+            model.to(device).eval()
+            row["kept"] = True
+        else:
+            stats: dict[str, Any] = {}
+            train_classifier(
+                model, x, y,
+                epochs=oc.epochs, batch_size=oc.batch_size, lr=oc.lr, weight_decay=oc.weight_decay,
+                momentum=oc.momentum, optimizer=oc.optimizer, seed=oc.seed + i,
+                reporter=reporter, description=f"train model {i}", projection=projection, metrics=stats,
+            )
+            row.update(stats)
+            tmp = path.with_suffix(".pt.tmp")
+            torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, tmp)
+            os.replace(tmp, path)
+        row["train_accuracy"] = accuracy(model, train)
+        msg = f"model {i}: train accuracy {row['train_accuracy']:.3f}"
+        if heldout is not None:
+            row["target_accuracy"] = accuracy(model, heldout)
+            msg += f", target accuracy {row['target_accuracy']:.3f}"
+        rows.append(row)
+        if not row.get("kept"):
+            reporter.info(f"{msg} -> {path}")
+    if oc.metrics is not None:
+        import json
+
+        from trakcli import __version__
+
+        summary = {
+            "trakcli_version": __version__,
+            "optimize": oc.model_dump(mode="json"),
+            "n_params": sum(p.numel() for p in build_model(cfg.model.entrypoint, **cfg.model.kwargs).parameters()),
+            "models": rows,
+        }
+        try:
+            oc.metrics.parent.mkdir(parents=True, exist_ok=True)
+            tmp = oc.metrics.with_suffix(oc.metrics.suffix + ".tmp")
+            tmp.write_text(json.dumps(summary, indent=2) + "\n")
+            os.replace(tmp, oc.metrics)
+        except OSError as e:
+            raise ConfigError(f"optimize.metrics: cannot write {str(oc.metrics)!r}: {e}") from None
+        reporter.info(f"metrics -> {oc.metrics}")
     return paths

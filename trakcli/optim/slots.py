@@ -1,0 +1,330 @@
+"""How a piece of the parameters is projected: settings, seeds and the three kinds of slot.
+
+A *slot* is what the inner optimizer sees as one parameter:
+
+* :class:`IdentitySlot`: a real parameter, handed to the inner optimizer as is
+  (1-D parameters in ``per_matrix`` mode, matrices whose smaller side is not
+  larger than ``rank``, every parameter with a ``noop`` projection).
+* :class:`MatrixSlot`: one parameter ``W`` viewed as a matrix ``[a, b]``
+  (``W.reshape(a, -1)``), oriented as ``[L, s]`` with ``L = max(a, b)`` and
+  ``s = min(a, b)``; its gradient ``G`` becomes ``R = G Pᵀ`` of shape
+  ``[L, rank]`` with ``P`` a ``[rank, s]`` JL matrix, and an update ``U``
+  returns as ``U P`` (GaLore's shape, Zhao et al. 2024, Alg. 1, with a random
+  projection instead of an SVD as in Flora, Hao et al. 2024).
+* :class:`GlobalSlot`: all parameters of a group as one vector of
+  ``grad_dim`` entries, projected to ``proj_dim`` (intrinsic dimension,
+  Li et al. 2018; Aghajanyan et al. 2021). With a mapping, the matrix is
+  ``[P_1 | P_2 | ...]``, one independent block per parameter (all entries
+  i.i.d., so it is one JL matrix, and each parameter's part of the update is
+  computed without forming the others).
+
+Every matrix comes from :func:`trakcli.projectors.make_projector`: the slot's
+seed is derived from the projection seed and the slot's position, and the
+``k``-th projection drawn (after ``k`` refreshes) is the projector's
+``model_id = k``. So a matrix is a pure function of (settings, position, k):
+the optimizer state stores integers, never matrices.
+
+Because ``E[PᵀP] = I`` for the projectors' scaling (E‖Pg‖² = ‖g‖²), the
+unprojected SGD update ``-lr·PᵀPg`` is an unbiased estimate of ``-lr·g``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from pydantic import ValidationError
+
+from trakcli.config import ProjectionConfig
+from trakcli.errors import OptimizerError, TrakError
+from trakcli.projectors import Projector, make_projector
+
+#: Inner-optimizer state entries that are linear in the gradient (first moments):
+#: ``transfer`` maps these into a new subspace; every other entry is kept.
+LINEAR_STATE_KEYS = ("momentum_buffer", "exp_avg", "grad_avg", "prev")
+
+
+def resolve_projection(value: Any, where: str = "projection") -> dict[str, Any] | None:
+    """Validate a projection mapping (the YAML's ``optimize.projection``) into plain settings.
+
+    Args:
+        value: a mapping with the keys of :class:`trakcli.config.ProjectionConfig`,
+            a :class:`ProjectionConfig`, or ``None`` (no projection).
+        where: name shown in error messages.
+
+    Returns:
+        A plain dict (mode, kind, implementation, rank, proj_dim, seed,
+        update_gap, on_refresh, scale), or ``None``.
+
+    Raises:
+        OptimizerError: unknown keys or invalid values, all listed.
+    """
+    if value is None:
+        return None
+    if isinstance(value, ProjectionConfig):
+        return value.model_dump()
+    if not isinstance(value, Mapping):
+        raise OptimizerError(
+            f"{where} must be a mapping such as {{'mode': 'per_matrix', 'rank': 8}} or a projector "
+            f"object, got {type(value).__name__}"
+        )
+    try:
+        return ProjectionConfig.model_validate(dict(value)).model_dump()
+    except ValidationError as e:
+        lines = []
+        for err in e.errors():
+            key = ".".join(str(p) for p in err["loc"])
+            msg = err["msg"].removeprefix("Value error, ")
+            lines.append(f"{where}{'.' + key if key else ''}: {msg} (got {err.get('input')!r})")
+        raise OptimizerError("invalid projection settings:\n  " + "\n  ".join(lines)) from None
+
+
+def derive_slot_seed(seed: int, *position: int) -> int:
+    """The projector seed of the slot at ``position`` (e.g. ``(group, index)``): a hash, in ``[0, 2**62)``."""
+    data = ",".join(str(int(v)) for v in (seed, *position)).encode()
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little") >> 2
+
+
+def _proj_dtype(dtype: torch.dtype) -> str:
+    return "float64" if dtype == torch.float64 else "float32"
+
+
+def build_projector(settings: dict[str, Any], grad_dim: int, proj_dim: int | None, seed: int, dtype: torch.dtype) -> Projector:
+    """A projector of the settings' kind for one slot (its cache holds about two of its matrices).
+
+    Raises:
+        OptimizerError: the projector cannot be built (the projector's message, wrapped).
+    """
+    kind = settings["kind"]
+    options: dict[str, Any] = {"dtype": _proj_dtype(dtype)}
+    if kind != "noop":
+        options["cache_bytes"] = 8 * grad_dim * int(proj_dim or 1) if kind != "sjlt" else 16 * grad_dim
+    try:
+        return make_projector(
+            kind, settings.get("implementation", "auto"), grad_dim=grad_dim, proj_dim=proj_dim, seed=seed, **options
+        )
+    except TrakError as e:
+        raise OptimizerError(f"cannot build the optimizer's projector: {e}") from None
+
+
+def _clip_norm(new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+    """Scale ``new`` down so that its norm does not exceed ``old``'s (never up)."""
+    n_old = float(old.double().norm())
+    n_new = float(new.double().norm())
+    if n_new > n_old:
+        new = new * (n_old / n_new * (1.0 - 2.0**-20))
+    return new
+
+
+class Slot:
+    """Base of the slots: ``params`` (the real parameters) and ``inner_param`` (what the inner optimizer steps)."""
+
+    projected = False
+
+    def __init__(self, params: list[torch.Tensor]):
+        self.params = params
+
+    @property
+    def inner_param(self) -> torch.Tensor:
+        return self.params[0]
+
+    def numel_state_shape(self) -> int:
+        return sum(p.numel() for p in self.params)
+
+
+class IdentitySlot(Slot):
+    """A real parameter stepped by the inner optimizer directly."""
+
+
+class _ProjectedSlot(Slot):
+    """A slot whose inner parameter is a shadow tensor of the projected shape.
+
+    The shadow holds no storage between steps: at a step it is set to zeros,
+    the inner optimizer steps it, and what it then holds is exactly the inner
+    update, mapped back with the adjoint and added to the real parameters.
+    """
+
+    projected = True
+
+    def __init__(self, params: list[torch.Tensor], shape: tuple[int, ...], dtype: torch.dtype):
+        super().__init__(params)
+        self.shape = shape
+        self.shadow = torch.empty(0, dtype=dtype, device=params[0].device)
+
+    @property
+    def inner_param(self) -> torch.Tensor:
+        return self.shadow
+
+    def numel_state_shape(self) -> int:
+        return math.prod(self.shape)
+
+    def set_grad(self, grads: list[torch.Tensor | None], k: int) -> None:
+        """Zero the shadow and give it the projected gradient (projection number ``k``)."""
+        self.shadow.data = torch.zeros(self.shape, dtype=self.shadow.dtype, device=self.shadow.device)
+        self.shadow.grad = self.project(grads, k).to(self.shadow.dtype)
+
+    def take_update(self) -> torch.Tensor:
+        """The inner update (the shadow's value), releasing the shadow's storage."""
+        upd = self.shadow.data
+        self.shadow.grad = None
+        self.shadow.data = torch.empty(0, dtype=self.shadow.dtype, device=self.shadow.device)
+        return upd
+
+    def project(self, grads: list[torch.Tensor | None], k: int) -> torch.Tensor:
+        raise NotImplementedError
+
+    def unproject(self, u: torch.Tensor, k: int) -> list[torch.Tensor]:
+        raise NotImplementedError
+
+    def transfer(self, m: torch.Tensor, k_old: int, k_new: int) -> torch.Tensor:
+        """Map a first moment ``m`` (shape ``self.shape``) from projection ``k_old`` to ``k_new``.
+
+        ``m' = c · P_new P_oldᵀ m`` (the full-space vector ``P_oldᵀ m`` seen in the
+        new subspace), with ``c = proj_dim / grad_dim`` the least-squares factor
+        (``P Pᵀ ≈ (grad_dim / proj_dim) I``), then scaled down if needed so that
+        ``‖m'‖ <= ‖m‖``: a refresh never grows a moment.
+        """
+        raise NotImplementedError
+
+
+class MatrixSlot(_ProjectedSlot):
+    """One parameter of >= 2 dims, projected along its smaller side to ``rank`` (see module doc).
+
+    Args:
+        param: the parameter, viewed as ``[a, b] = [shape[0], numel / shape[0]]``.
+        projector: ``grad_dim = min(a, b)``, ``proj_dim = rank``.
+    """
+
+    def __init__(self, param: torch.Tensor, projector: Projector, dtype: torch.dtype):
+        a = param.shape[0]
+        b = param.numel() // a
+        self.transposed = a < b
+        self.long, self.short = max(a, b), min(a, b)
+        self.projector = projector
+        super().__init__([param], (self.long, projector.proj_dim), dtype)
+
+    def _oriented(self, g: torch.Tensor) -> torch.Tensor:  # [*shape] -> [L, s]
+        m = g.reshape(g.shape[0], -1)
+        return m.T if self.transposed else m
+
+    def project(self, grads, k):
+        (g,) = grads
+        return self.projector.project(self._oriented(g), model_id=k)  # [L, s] -> [L, rank]
+
+    def unproject(self, u, k):
+        full = self.projector.unproject(u, model_id=k)  # [L, rank] -> [L, s]
+        if self.transposed:
+            full = full.T
+        return [full.reshape(self.params[0].shape)]
+
+    def transfer(self, m, k_old, k_new):
+        full = self.projector.unproject(m.to(self.projector.dtype), model_id=k_old)  # [L, s]
+        new = self.projector.project(full, model_id=k_new) * (self.projector.proj_dim / self.short)
+        return _clip_norm(new, m).to(m.dtype)
+
+
+class GlobalSlot(_ProjectedSlot):
+    """All parameters of a group as one vector, projected to ``proj_dim``.
+
+    Args:
+        params: the parameters, flattened and concatenated in order (``grad_dim`` entries).
+        blocks: one projector per parameter (``grad_dim = numel``, common
+            ``proj_dim``): ``P = [P_1 | P_2 | ...]``; or
+        single: one projector of ``grad_dim = Σ numel`` (a user's projector
+            object, or ``noop``).
+    """
+
+    def __init__(self, params, dtype, *, blocks: list[Projector] | None = None, single: Projector | None = None):
+        self.blocks, self.single = blocks, single
+        proj_dim = single.proj_dim if single is not None else blocks[0].proj_dim  # type: ignore[index]
+        self.grad_dim = sum(p.numel() for p in params)
+        self.proj_dtype = (single or blocks[0]).dtype  # type: ignore[index]
+        super().__init__(list(params), (proj_dim,), dtype)
+
+    def project(self, grads, k):
+        if self.single is not None:
+            flat = [
+                (g if g is not None else torch.zeros_like(p)).reshape(1, -1) for g, p in zip(grads, self.params)
+            ]
+            return self.single.project(torch.cat(flat, dim=1), model_id=k)[0]
+        out = None
+        for g, proj in zip(grads, self.blocks):  # type: ignore[arg-type]
+            if g is None:
+                continue
+            part = proj.project(g.reshape(1, -1), model_id=k)[0]
+            out = part if out is None else out.add_(part)
+        if out is None:
+            out = torch.zeros(self.shape, dtype=self.proj_dtype, device=self.shadow.device)
+        return out
+
+    def unproject(self, u, k):
+        u = u.reshape(1, -1)
+        if self.single is not None:
+            full = self.single.unproject(u, model_id=k)[0]
+            return [part.view_as(p) for part, p in zip(full.split([p.numel() for p in self.params]), self.params)]
+        return [proj.unproject(u, model_id=k)[0].view_as(p) for proj, p in zip(self.blocks, self.params)]  # type: ignore[arg-type]
+
+    def transfer(self, m, k_old, k_new):
+        full = [f.to(self.proj_dtype) for f in self.unproject(m.to(self.proj_dtype), k_old)]
+        new = self.project(full, k_new) * (self.shape[0] / self.grad_dim)
+        return _clip_norm(new, m).to(m.dtype)
+
+
+def build_slots(
+    params: list[torch.Tensor], settings: dict[str, Any] | None, group_index: int, projector: Projector | None = None
+) -> list[Slot]:
+    """The slots of one parameter group.
+
+    Args:
+        params: the group's parameters, in order.
+        settings: resolved projection settings (:func:`resolve_projection`), or None.
+        group_index: position of the group (part of every derived seed).
+        projector: a user's projector object (mode global, ``grad_dim`` = the group's numel).
+
+    Raises:
+        OptimizerError: a projector object whose ``grad_dim`` does not fit the group.
+    """
+    if settings is None:
+        return [IdentitySlot([p]) for p in params]
+    dtype = params[0].dtype if params else torch.float32
+    if settings["mode"] == "global":
+        if not params:
+            return []
+        grad_dim = sum(p.numel() for p in params)
+        if projector is not None:
+            if projector.grad_dim != grad_dim:
+                raise OptimizerError(
+                    f"the projector has grad_dim={projector.grad_dim} but parameter group {group_index} has "
+                    f"{grad_dim} entries; make it with grad_dim={grad_dim} or pass a mapping "
+                    "{'mode': 'global', 'proj_dim': ...}"
+                )
+            return [GlobalSlot(params, _shadow_dtype(projector.dtype), single=projector)]
+        if settings["kind"] == "noop":
+            single = build_projector(settings, grad_dim, None, 0, dtype)
+            return [GlobalSlot(params, _shadow_dtype(single.dtype), single=single)]
+        blocks = [
+            build_projector(settings, p.numel(), settings["proj_dim"], derive_slot_seed(settings["seed"], group_index, i), dtype)
+            for i, p in enumerate(params)
+        ]
+        return [GlobalSlot(params, _shadow_dtype(blocks[0].dtype), blocks=blocks)]
+    rank = settings["rank"]
+    slots: list[Slot] = []
+    for i, p in enumerate(params):
+        if p.dim() < 2 or settings["kind"] == "noop":
+            slots.append(IdentitySlot([p]))
+            continue
+        a = p.shape[0]
+        short = min(a, p.numel() // max(a, 1))
+        if rank >= short:  # projecting would not shrink anything
+            slots.append(IdentitySlot([p]))
+            continue
+        proj = build_projector(settings, short, rank, derive_slot_seed(settings["seed"], group_index, i), dtype)
+        slots.append(MatrixSlot(p, proj, _shadow_dtype(proj.dtype)))
+    return slots
+
+
+def _shadow_dtype(proj_dtype: torch.dtype) -> torch.dtype:
+    return proj_dtype
