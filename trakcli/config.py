@@ -166,9 +166,11 @@ class ProjectionConfig(_Strict):
         "auto", description="Projector implementation (never changes the matrix)."
     )
     rank: PositiveInt | None = Field(
-        None, description="per_matrix: projected size of each matrix's smaller side (default 8)."
+        None, description="per_matrix only: projected size of each matrix's smaller side (default 8)."
     )
-    proj_dim: PositiveInt | None = Field(None, description="global: dimension of the subspace (required).")
+    proj_dim: PositiveInt | None = Field(
+        None, description="global only: dimension of the subspace (required in global mode)."
+    )
     seed: int = Field(0, ge=0, description="Base seed; every matrix and refresh derives its own.")
     update_gap: int = Field(
         0, ge=0, description="Draw a new projection every this many steps (0: one fixed projection)."
@@ -182,16 +184,12 @@ class ProjectionConfig(_Strict):
 
     @model_validator(mode="after")
     def _dims(self) -> "ProjectionConfig":
-        if self.mode == "global":
-            if self.kind != "noop" and self.proj_dim is None:
-                raise ValueError("mode global needs proj_dim, e.g. proj_dim: 1000")
-            if self.rank is not None:
-                raise ValueError("rank applies to mode per_matrix; mode global takes proj_dim")
-        else:
-            if self.proj_dim is not None:
-                raise ValueError("proj_dim applies to mode global; mode per_matrix takes rank")
-            if self.rank is None:
-                self.rank = 8
+        # rank is read in per_matrix mode only and proj_dim in global mode only, so one
+        # mapping can hold both and `mode=...` alone switches between them
+        if self.mode == "global" and self.kind != "noop" and self.proj_dim is None:
+            raise ValueError("mode global needs proj_dim, e.g. proj_dim: 1000")
+        if self.rank is None:
+            self.rank = 8
         return self
 
 

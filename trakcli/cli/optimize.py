@@ -15,7 +15,11 @@ def optimize(
     overwrite: OverwriteOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
-    """Train optimize.n_models models with the config's recipe; write optimize.out_dir/model_NNN.pt."""
+    """Train optimize.n_models models with the config's recipe; write optimize.out_dir/model_NNN.pt.
+
+    With optimize.projection the optimizer runs in a random subspace (per_matrix or global);
+    optimize.metrics names a JSON file for per-model loss, accuracy and optimizer state size.
+    """
     cfg = load(config, overrides, print_config)
     from trakcli import pipeline  # imported after the config is valid: torch import is slow
     paths = pipeline.optimize(cfg, overwrite=overwrite, reporter=RichReporter(quiet))
