@@ -63,3 +63,57 @@ def test_trak_optimize_with_projection_writes_checkpoints_featurize_consumes(use
     assert trak("featurize", "opt.yaml", "-q").exit_code == 0
     res = trak("optimize", "opt.yaml", "optimize.projection.mode=global")
     assert res.exit_code == 1 and "mode global needs proj_dim" in res.stderr
+
+
+class _Killed(Exception):
+    pass
+
+
+def test_training_killed_mid_epoch_resumes_bit_identically(tmp_path):
+    from torch import nn
+
+    from trakcli.training import train_classifier
+
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(50, 6, generator=g), torch.randint(0, 3, (50,), generator=g)
+    recipe = dict(epochs=3, batch_size=8, lr=0.01, optimizer="adamw", weight_decay=0.01, seed=4,
+                  projection={"mode": "per_matrix", "kind": "rademacher", "implementation": "auto", "rank": 2,
+                              "proj_dim": None, "seed": 0, "update_gap": 4, "on_refresh": "transfer", "scale": 1.0})
+
+    def fresh():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+
+    ref = train_classifier(fresh(), x, y, **recipe)
+
+    def bomb(model: nn.Module) -> nn.Module:
+        """The model, dying in the forward pass of step 12 (7 steps per epoch)."""
+        calls = [0]
+
+        def hook(module, args):
+            calls[0] += 1
+            if calls[0] == 12:
+                raise _Killed
+
+        model.register_forward_pre_hook(hook)
+        return model
+
+    model = fresh()
+    state = tmp_path / ".resume" / "model_000.pt"
+    with pytest.raises(_Killed):
+        train_classifier(bomb(model), x, y, **recipe, resume_path=state, checkpoint_every=5)
+    assert torch.load(state, weights_only=True)["lo"] == 24  # saved after step 10 = epoch 1, batch 3
+    resumed = fresh()
+    stats: dict = {}
+    train_classifier(resumed, x, y, **recipe, resume_path=state, checkpoint_every=5, metrics=stats)
+    assert not state.exists()
+    for a, b in zip(ref.state_dict().values(), resumed.state_dict().values()):
+        assert torch.equal(a, b)
+    assert stats["final_loss"] > 0
+    # a state made with another recipe is refused, naming the difference
+    with pytest.raises(_Killed):
+        train_classifier(bomb(fresh()), x, y, **recipe, resume_path=state, checkpoint_every=5)
+    from trakcli.errors import CheckpointError
+
+    with pytest.raises(CheckpointError, match="differs in: lr"):
+        train_classifier(fresh(), x, y, **{**recipe, "lr": 0.02}, resume_path=state)

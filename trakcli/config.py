@@ -215,6 +215,12 @@ class OptimizeConfig(_Strict):
     metrics: Path | None = Field(
         None, description="Write per-model metrics (seed, loss, accuracy, optimizer state size) to this JSON file."
     )
+    checkpoint_every: int = Field(
+        0,
+        ge=0,
+        description="Save the training state (model, optimizer, data order) every this many steps, and at every "
+        "epoch end, to out_dir/.resume/; a killed run resumes from it (0: epoch ends only).",
+    )
 
 
 class Config(_Strict):

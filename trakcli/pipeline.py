@@ -501,12 +501,22 @@ def optimize(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_
             row["kept"] = True
         else:
             stats: dict[str, Any] = {}
+            resume = oc.out_dir / ".resume" / f"model_{i:03d}.pt"
+            if overwrite:
+                resume.unlink(missing_ok=True)
+            elif resume.exists():
+                reporter.info(f"model {i}: resuming from {resume}")
             train_classifier(
                 model, x, y,
                 epochs=oc.epochs, batch_size=oc.batch_size, lr=oc.lr, weight_decay=oc.weight_decay,
                 momentum=oc.momentum, optimizer=oc.optimizer, seed=oc.seed + i,
                 reporter=reporter, description=f"train model {i}", projection=projection, metrics=stats,
+                resume_path=resume, checkpoint_every=oc.checkpoint_every,
             )
+            try:
+                resume.parent.rmdir()  # only when empty: no other model's state is pending
+            except OSError:
+                pass
             row.update(stats)
             tmp = path.with_suffix(".pt.tmp")
             torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, tmp)

@@ -7,6 +7,8 @@ optimizer, or that optimizer run in a random subspace by
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -62,6 +64,8 @@ def train_classifier(
     description: str = "train",
     projection: dict[str, Any] | None = None,
     metrics: dict[str, Any] | None = None,
+    resume_path: str | Path | None = None,
+    checkpoint_every: int = 0,
 ) -> nn.Module:
     """Train ``model`` in place with cross-entropy on ``(inputs, labels)``.
 
@@ -78,9 +82,18 @@ def train_classifier(
             see :func:`make_optimizer`); ``None``: plain.
         metrics: if given, filled with ``final_loss`` (mean loss of the last
             epoch) and ``optimizer_state_numel`` (floats of optimizer state).
+        resume_path: a file for the training state (model, optimizer, shuffling
+            generator, position), written atomically every ``checkpoint_every``
+            steps and at every epoch end, and deleted when training ends. If it
+            exists at the start, training resumes from it, and the result is
+            bit-identical to an uninterrupted run.
+        checkpoint_every: steps between training-state checkpoints (0: at epoch ends only).
 
     Returns:
         The same model, trained, in eval mode.
+
+    Raises:
+        CheckpointError: the resume file cannot be read or was made with another recipe.
     """
     gen = torch.Generator().manual_seed(seed)
     opt = make_optimizer(
@@ -88,23 +101,92 @@ def train_classifier(
     )
     loss_fn = nn.CrossEntropyLoss()
     n = inputs.shape[0]
+    recipe = {
+        "epochs": epochs, "batch_size": batch_size, "lr": lr, "weight_decay": weight_decay, "momentum": momentum,
+        "optimizer": optimizer, "seed": seed, "projection": projection, "n": n,
+    }
+    pos = {"epoch": 0, "lo": 0, "total": 0.0, "order": None}
+    if resume_path is not None and Path(resume_path).exists():
+        pos = _load_training_state(Path(resume_path), recipe, model, opt, gen)
     model.train()
+    step = 0
+    total = pos["total"]
     with reporter.task(description, epochs) as task:
-        for _ in range(epochs):
-            order = torch.randperm(n, generator=gen)
-            total = 0.0
-            for lo in range(0, n, batch_size):
+        task.advance(pos["epoch"])
+        for epoch in range(pos["epoch"], epochs):
+            if pos["order"] is not None:
+                order, lo0, total = pos["order"], pos["lo"], pos["total"]
+                pos["order"] = None
+            else:
+                order, lo0, total = torch.randperm(n, generator=gen), 0, 0.0
+            for lo in range(lo0, n, batch_size):
                 idx = order[lo : lo + batch_size]
                 opt.zero_grad(set_to_none=True)
                 loss = loss_fn(model(inputs[idx]), labels[idx])
                 loss.backward()
                 opt.step()
                 total += loss.item() * len(idx)
+                step += 1
+                end_of_epoch = lo + batch_size >= n
+                if resume_path is not None and (end_of_epoch or (checkpoint_every and step % checkpoint_every == 0)):
+                    at = {"epoch": epoch + 1, "lo": 0} if end_of_epoch else {"epoch": epoch, "lo": lo + batch_size}
+                    _save_training_state(Path(resume_path), recipe, model, opt, gen, order, total, **at)
             task.advance()
     if metrics is not None:
         metrics["final_loss"] = total / n
         metrics["optimizer_state_numel"] = optimizer_state_numel(opt)
+    if resume_path is not None:
+        Path(resume_path).unlink(missing_ok=True)
     return model.eval()
+
+
+def _save_training_state(path: Path, recipe, model, opt, gen, order, total, *, epoch: int, lo: int) -> None:
+    """Write the training state atomically (plain tensors and numbers: loads with ``weights_only=True``)."""
+    state = {
+        "recipe": recipe,
+        "model": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+        "optimizer": opt.state_dict(),
+        "generator": gen.get_state(),
+        "torch_rng": torch.get_rng_state(),
+        "order": order.cpu(),
+        "epoch": epoch,
+        "lo": lo,
+        "total": total,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def _load_training_state(path: Path, recipe, model, opt, gen) -> dict[str, Any]:
+    from trakcli.errors import CheckpointError
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any unreadable file is the same problem for the user
+        raise CheckpointError(
+            f"cannot read the training state {str(path)!r} ({e.__class__.__name__}: {e}); delete it or "
+            "rerun with --overwrite to start the model over"
+        ) from None
+    if state.get("recipe") != recipe:
+        saved = state.get("recipe") or {}
+        diff = sorted(k for k in set(saved) | set(recipe) if saved.get(k) != recipe.get(k))
+        raise CheckpointError(
+            f"the training state {str(path)!r} was made with another recipe (differs in: {', '.join(diff)}); "
+            "rerun with the same settings to resume, or with --overwrite to start over"
+        )
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["optimizer"])
+    gen.set_state(state["generator"])
+    torch.set_rng_state(state["torch_rng"])
+    at_epoch_start = state["lo"] == 0
+    return {
+        "epoch": state["epoch"],
+        "lo": state["lo"],
+        "total": state["total"],
+        "order": None if at_epoch_start else state["order"],
+    }
 
 
 def optimizer_state_numel(opt: torch.optim.Optimizer) -> int:
