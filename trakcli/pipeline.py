@@ -393,46 +393,14 @@ def score(
             target_rows.append(rows)
         s.dist.barrier()
 
-        # 2. kernels: model m is finalized by rank m mod world_size
-        for model_id in range(s.dist.rank, n_models, s.dist.world_size):
-            if store.read_kernel(model_id, lam_key) is None:
-                _event(f"start kernel {model_id}")
-                rows = train_rows[model_id]
-                gram = gram_matrix(torch.from_numpy(c) for _, _, c in rows.iter_chunks("features"))
-                lam = resolve_lambda(gram, rows.n_rows, cfg.score.lambda_reg, cfg.score.lambda_rel)
-                store.write_kernel(model_id, kernel_factor(gram, lam).numpy(), lam_key, lam)
-        s.dist.barrier()
-        weights, lambdas = [], []
-        for model_id in range(n_models):
-            kernel = store.read_kernel(model_id, lam_key)
-            if kernel is None:
-                raise StoreError(f"the kernel of model_id {model_id} is missing; rerun the same command")
-            factor, lam = kernel
-            phi_t = torch.from_numpy(target_rows[model_id].read("features", 0, len(target)).astype(np.float32))
-            weights.append(target_weights(torch.from_numpy(factor), phi_t).to(torch.float32))
-            lambdas.append(lam)
-
-        # 3. scores, one block of train columns at a time
         out = store.scores(exp, len(target), settings, create=False)
         if verify:
             out.verify()
-        pending = out.pending(s.dist.rank, s.dist.world_size)
-        with reporter.task("score", len(pending)) as task:
-            for chunk in pending:
-                _event(f"start score {chunk}")
-                lo, hi = out.rows(chunk)
-                acc = torch.zeros(len(target), hi - lo, dtype=torch.float32)
-                q = torch.zeros(hi - lo, dtype=torch.float64)
-                for w, rows in zip(weights, train_rows):
-                    feats = torch.from_numpy(rows.read("features", lo, hi).astype(np.float32, copy=False))
-                    acc.addmm_(w, feats.T)
-                    q += torch.from_numpy(rows.read("out_to_loss", lo, hi)).to(torch.float64)
-                block = acc / n_models * (q / n_models).to(torch.float32).unsqueeze(0)
-                out.write(chunk, scores=block.numpy())
-                _event(f"done score {chunk}")
-                task.advance()
-        computed += len(pending)
-        s.dist.barrier()
+        lambdas, n = finalize_and_score(
+            store, train_rows, target_rows, out, lambda_reg=cfg.score.lambda_reg, lambda_rel=cfg.score.lambda_rel,
+            dist=s.dist, reporter=reporter,
+        )
+        computed += n
     return ScoreResult(
         store=path,
         experiment=exp,
@@ -445,13 +413,88 @@ def score(
     )
 
 
+def finalize_and_score(
+    store: Store,
+    train_rows: list[ChunkedRows],
+    target_rows: list[ChunkedRows],
+    out: ChunkedRows,
+    *,
+    lambda_reg: float | None,
+    lambda_rel: float,
+    dist: Dist | None = None,
+    reporter: Reporter = NULL_REPORTER,
+) -> tuple[list[float], int]:
+    """Finalize each checkpoint's kernel and write the pending score blocks.
+
+    Kernels (Cholesky factors of ``Φ_mᵀΦ_m + λ_m I``, float64) are computed by
+    rank ``m mod world_size`` and stored, so a rerun reuses them. Scores are
+    computed one block of ``chunk_rows`` train columns at a time:
+    ``[(1/M) Σ_m W_m Φ_m[block]ᵀ] ⊙ [(1/M) Σ_m Q_m[block]]`` with
+    ``W_m = Φ_m(targets) A_m`` (float32 products of float64 solves).
+
+    Args:
+        store: the open store.
+        train_rows: per model_id, complete train features (``features``, ``out_to_loss``).
+        target_rows: per model_id, complete target features.
+        out: the scores array of the experiment (chunked by train columns).
+        lambda_reg, lambda_rel: the ridge (see :func:`trakcli.scoring.resolve_lambda`).
+
+    Returns:
+        (λ_m per model_id, score blocks computed by this process).
+    """
+    dist = dist or Dist()
+    n_models = len(train_rows)
+    n_target = target_rows[0].n_rows
+    lam_key = {"lambda_reg": lambda_reg, "lambda_rel": lambda_rel}
+    for model_id in range(dist.rank, n_models, dist.world_size):
+        if store.read_kernel(model_id, lam_key) is None:
+            _event(f"start kernel {model_id}")
+            rows = train_rows[model_id]
+            gram = gram_matrix(
+                torch.from_numpy(c.astype(np.float32, copy=False)) for _, _, c in rows.iter_chunks("features")
+            )
+            lam = resolve_lambda(gram, rows.n_rows, lambda_reg, lambda_rel)
+            store.write_kernel(model_id, kernel_factor(gram, lam).numpy(), lam_key, lam)
+    dist.barrier()
+    weights, lambdas = [], []
+    for model_id in range(n_models):
+        kernel = store.read_kernel(model_id, lam_key)
+        if kernel is None:
+            raise StoreError(f"the kernel of model_id {model_id} is missing; rerun the same command")
+        factor, lam = kernel
+        phi_t = torch.from_numpy(target_rows[model_id].read("features", 0, n_target).astype(np.float32))
+        weights.append(target_weights(torch.from_numpy(factor), phi_t).to(torch.float32))
+        lambdas.append(lam)
+
+    pending = out.pending(dist.rank, dist.world_size)
+    with reporter.task("score", len(pending)) as task:
+        for chunk in pending:
+            _event(f"start score {chunk}")
+            lo, hi = out.rows(chunk)
+            acc = torch.zeros(n_target, hi - lo, dtype=torch.float32)
+            q = torch.zeros(hi - lo, dtype=torch.float64)
+            for w, rows in zip(weights, train_rows):
+                feats = torch.from_numpy(rows.read("features", lo, hi).astype(np.float32, copy=False))
+                acc.addmm_(w, feats.T)
+                q += torch.from_numpy(rows.read("out_to_loss", lo, hi)).to(torch.float64)
+            block = acc / n_models * (q / n_models).to(torch.float32).unsqueeze(0)
+            out.write(chunk, scores=block.numpy())
+            _event(f"done score {chunk}")
+            task.advance()
+    dist.barrier()
+    return lambdas, len(pending)
+
+
 def optimize(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_REPORTER) -> list[Path]:
     """Train ``optimize.n_models`` independently seeded models and write their checkpoints.
 
     Model ``i`` is initialized after ``torch.manual_seed(optimize.seed + i)``
     and trained by :func:`trakcli.training.train_classifier`; it is written
     atomically to ``optimize.out_dir/model_{i:03d}.pt``. Existing files are
-    kept (a rerun resumes) unless ``overwrite``. With ``optimize.projection``
+    kept (a rerun resumes) unless ``overwrite``; a model killed mid-training
+    resumes from its training state in ``out_dir/.resume/`` (saved every
+    ``optimize.checkpoint_every`` steps and at epoch ends), bit-identically.
+    With ``optimize.projection``
     the optimizer runs in a random subspace
     (:class:`trakcli.optim.ProjectedOptimizer`). With ``optimize.metrics`` a
     JSON file gets, per model, its seed, checkpoint, final training loss,
