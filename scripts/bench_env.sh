@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Create .venv-bench at the repo root: trakcli (editable) plus MadryLab's `traker`,
+# the baseline that scripts/bench_lds_digits.py compares against.
+#
+# traker is a benchmark baseline only, never a trakcli dependency. Its CUDA
+# extras (traker[fast], fast_jl) are not installed: the benchmark runs traker on
+# the CPU with its BasicProjector.
+#
+# Usage:  ./scripts/bench_env.sh            # create or update .venv-bench
+#         .venv-bench/bin/python scripts/bench_lds_digits.py
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3}"
+VENV=.venv-bench
+
+if [ ! -x "$VENV/bin/python" ]; then
+    "$PY" -m venv "$VENV"
+fi
+
+# Pin torch on the same command line as traker: traker asks for an open torch
+# range, and an unpinned resolve may pull a multi-GB CUDA build.
+"$VENV/bin/python" -m pip install --quiet --upgrade pip
+"$VENV/bin/python" -m pip install --quiet "torch==2.13.0" -e . "traker" "scipy>=1.10"
+
+"$VENV/bin/python" - <<'EOF'
+import importlib.metadata as md
+for pkg in ("torch", "trakcli", "traker", "scipy"):
+    print(f"{pkg:8s} {md.version(pkg)}")
+EOF
