@@ -67,9 +67,7 @@ def _make_input(grad_dim: int, batch: int):
 
     gen = torch.Generator().manual_seed(0)
     g = torch.empty(batch, grad_dim)
-    for a in range(0, grad_dim, 2**20):  # fill in pieces: no randn temporary of the full size
-        b = min(grad_dim, a + 2**20)
-        g[:, a:b] = torch.randn(batch, b - a, generator=gen)
+    g.normal_(generator=gen)  # in place: no temporary raises the memory high-water mark
     return g
 
 
@@ -263,6 +261,8 @@ def main() -> None:
                     help="skip bare matmul and dense single_block when grad_dim*proj_dim*4 exceeds this")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per measurement")
     ap.add_argument("--repeats", type=int, default=2, help="steady-state calls after the first")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run every measurement this many times, alternating, and keep the best")
     ap.add_argument("--no-distortion", action="store_true")
     args = ap.parse_args()
 
@@ -291,12 +291,28 @@ def main() -> None:
                      "repeats": 0, "method": "trakcli", "kind": "sjlt", "impl": "chunked",
                      "options": {"s": 1}})
 
+    # Rounds run the whole list again and keep each job's best speed, so that a change
+    # in the machine's load during the run hits every method alike.
+    results: list[list[dict]] = [[] for _ in jobs]
+    for rnd in range(args.rounds):
+        for i, job in enumerate(jobs):
+            if rnd > 0 and job.get("repeats", 1) == 0:
+                continue  # single-shot memory runs are not repeated
+            python = args.traker_python if job["method"] == "traker" else sys.executable
+            print(f"[round {rnd + 1}/{args.rounds}] {label(job)} at {job['grad_dim']:.0e} x "
+                  f"{job['proj_dim']}, batch {job['batch']} ...", file=sys.stderr, flush=True)
+            results[i].append(run_child(job, python, args.timeout))
     rows = []
-    for job in jobs:
-        python = args.traker_python if job["method"] == "traker" else sys.executable
-        print(f"running {label(job)} at {job['grad_dim']:.0e} x {job['proj_dim']}, batch {job['batch']} ...",
-              file=sys.stderr, flush=True)
-        rows.append((job, run_child(job, python, args.timeout)))
+    for job, runs in zip(jobs, results):
+        ok = [r for r in runs if r.get("ok")]
+        if not ok:
+            rows.append((job, runs[-1]))
+            continue
+        best = dict(max(ok, key=lambda r: r["examples_per_s"]))
+        best["peak_extra_bytes"] = max(r["peak_extra_bytes"] for r in ok)
+        best["rounds"] = len(ok)
+        best["examples_per_s_all"] = [r["examples_per_s"] for r in ok]
+        rows.append((job, best))
     # ratios against the baselines of the same shape
     for job, res in rows:
         if not res.get("ok"):

@@ -26,7 +26,7 @@ IMPLEMENTATIONS = ("auto", "single_block", "basic", "chunked", "cuda")
 OPTIONS = {
     "dtype": "accumulation dtype: float32 (default) or float64",
     "s": "sjlt: nonzeros per gradient coordinate, 1 <= s <= proj_dim (default 1)",
-    "block_size": "basic: gradient columns processed per step (default 65536)",
+    "block_size": "basic: gradient columns processed per step (default 262144)",
     "max_chunk_size": "chunked: most gradient entries per chunk (default 262144)",
     "cache_bytes": (
         "basic/chunked: byte budget for caching generated matrix blocks; 'auto' (default) caches "
@@ -34,7 +34,7 @@ OPTIONS = {
     ),
 }
 
-DEFAULT_BLOCK_SIZE = 65536
+DEFAULT_BLOCK_SIZE = 2**18
 DEFAULT_MAX_CHUNK_SIZE = 2**18
 AUTO_CACHE_LIMIT = 4 * 2**30
 
@@ -135,7 +135,7 @@ def make_projector(
     seed = check_int("seed", seed, 0, "use a non-negative integer such as 0")
     dtype = _dtype(options.get("dtype", "float32"))
     block_size = check_int(
-        "block_size", options.get("block_size", DEFAULT_BLOCK_SIZE), 1, "e.g. block_size: 65536"
+        "block_size", options.get("block_size", DEFAULT_BLOCK_SIZE), 1, "e.g. block_size: 262144"
     )
     max_chunk_size = check_int(
         "max_chunk_size", options.get("max_chunk_size", DEFAULT_MAX_CHUNK_SIZE), 1,
