@@ -149,9 +149,22 @@ def test_print_config_shows_resolved_overrides(user_project):
         (["featurize", "run.yaml", "model.kwargs.in_dim=5"], 1, "does not fit the model"),
         (["featurize", "run.yaml", "grad_wrt=[enc.*]"], 1, "pattern 'enc.*' matches no parameter"),
         (["featurize", "run.yaml", "--no-such-flag"], 2, "No such option"),
+        (["featurize", "run.yaml", "projector.proj_dim=2.5"], 1, "projector.proj_dim: Input should be a valid integer"),
+        (["featurize", "run.yaml", "data.train.inputs=x_empty", "data.train.labels=y_empty"], 1,
+         "x_empty] is empty (shape [0, 6]); it needs at least one row"),
+        (["featurize", "run.yaml", "data.train.labels=y_target"], 1,
+         "40 inputs but 7 labels; 'x_train' and 'y_target' must have the same number of rows"),
+        (["featurize", "run.yaml", "data.train.inputs=x_wide"], 1, "the model cannot take inputs of shape [5] per example"),
+        (["score", "run.yaml", "data.target.inputs=x_wide", "data.target.labels=y_train"], 1,
+         "data.target inputs have shape [5] per example"),
     ],
 )
 def test_bad_input_exit_codes_and_messages(user_project, args, code, message):
+    data = torch.load("ckpts/data.pt")
+    data.update(x_empty=torch.zeros(0, 6), y_empty=torch.zeros(0, dtype=torch.long), x_wide=torch.randn(40, 5))
+    torch.save(data, "ckpts/data.pt")
+    if args[0] == "score":
+        assert trak("featurize", "run.yaml", "-q").exit_code == 0
     res = trak(*args)
     assert res.exit_code == code, res.output
     assert message in " ".join(res.stderr.split()), res.stderr
