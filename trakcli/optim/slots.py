@@ -99,12 +99,15 @@ def build_projector(settings: dict[str, Any], grad_dim: int, proj_dim: int | Non
         OptimizerError: the projector cannot be built (the projector's message, wrapped).
     """
     kind = settings["kind"]
+    implementation = settings.get("implementation", "auto")
+    if implementation == "auto" and kind == "sjlt":
+        implementation = "chunked"  # the same matrix; measured 3-4x faster than basic for one row per step
     options: dict[str, Any] = {"dtype": _proj_dtype(dtype)}
     if kind != "noop":
         options["cache_bytes"] = 8 * grad_dim * int(proj_dim or 1) if kind != "sjlt" else 16 * grad_dim
     try:
         return make_projector(
-            kind, settings.get("implementation", "auto"), grad_dim=grad_dim, proj_dim=proj_dim, seed=seed, **options
+            kind, implementation, grad_dim=grad_dim, proj_dim=proj_dim, seed=seed, **options
         )
     except TrakError as e:
         raise OptimizerError(f"cannot build the optimizer's projector: {e}") from None
@@ -204,25 +207,42 @@ class MatrixSlot(_ProjectedSlot):
         self.transposed = a < b
         self.long, self.short = max(a, b), min(a, b)
         self.projector = projector
+        self._dense: tuple[int, torch.Tensor] | None = None
         super().__init__([param], (self.long, projector.proj_dim), dtype)
 
     def _oriented(self, g: torch.Tensor) -> torch.Tensor:  # [*shape] -> [L, s]
         m = g.reshape(g.shape[0], -1)
         return m.T if self.transposed else m
 
+    def matrix(self, k: int) -> torch.Tensor:
+        """The projector's matrix ``P`` (``[rank, s]``) of draw ``k``, read once through its adjoint.
+
+        ``unproject(I)`` returns the rows of ``P`` exactly (products with 1, sums
+        with 0), so the per-step products below use the projector's matrix with
+        none of its per-call overhead, which dominates for small layers. Only the
+        current draw is kept: ``rank · s`` floats.
+        """
+        if self._dense is not None and self._dense[0] == k:
+            return self._dense[1]
+        eye = torch.eye(self.projector.proj_dim, dtype=self.projector.dtype, device=self.shadow.device)
+        mat = self.projector.unproject(eye, model_id=k)
+        self._dense = (k, mat)
+        return mat
+
     def project(self, grads, k):
         (g,) = grads
-        return self.projector.project(self._oriented(g), model_id=k)  # [L, s] -> [L, rank]
+        p = self.matrix(k)
+        return self._oriented(g).to(p.dtype) @ p.T  # [L, s] -> [L, rank]
 
     def unproject(self, u, k):
-        full = self.projector.unproject(u, model_id=k)  # [L, rank] -> [L, s]
+        full = u.to(self.projector.dtype) @ self.matrix(k)  # [L, rank] -> [L, s]
         if self.transposed:
             full = full.T
         return [full.reshape(self.params[0].shape)]
 
     def transfer(self, m, k_old, k_new):
-        full = self.projector.unproject(m.to(self.projector.dtype), model_id=k_old)  # [L, s]
-        new = self.projector.project(full, model_id=k_new) * (self.projector.proj_dim / self.short)
+        full = m.to(self.projector.dtype) @ self.matrix(k_old)  # [L, s]
+        new = full @ self.matrix(k_new).T * (self.projector.proj_dim / self.short)
         return _clip_norm(new, m).to(m.dtype)
 
 
