@@ -21,8 +21,9 @@ class ChunkedProjector(_MatrixProjector):
     gradient never exists.
 
     Peak memory beyond the input: one chunk (``n × max_chunk_size``), one
-    generated matrix block (``1024 × proj_dim``), the accumulator, and the
-    matrix cache (``cache_bytes``) — independent of ``grad_dim``.
+    generated matrix block (about 2²⁴ entries, 64 MB of float32), the
+    accumulator, and the matrix cache (``cache_bytes``; ``auto`` caches nothing
+    when the matrix exceeds min(4 GiB, RAM/4)) — independent of ``grad_dim``.
 
     Args:
         matrix: a matrix kind from :mod:`trakcli.projectors.matrices`.

@@ -88,14 +88,14 @@ class BasicProjector(_MatrixProjector):
 
     Walks the gradient columns in steps of ``block_size`` (parameter by
     parameter for a dict, so the concatenated gradient is never built) and
-    accumulates ``g[:, block] @ Pᵀ[block]``. Matrix blocks (1024 rows of ``Pᵀ``)
-    come from the matrix's cache (``cache_bytes``), so a model whose matrix fits
-    the budget generates its random numbers once, not for every batch
-    (MadryLab's BasicProjector regenerates them per batch, which dominates its
-    CPU time).
+    accumulates ``g[:, block] @ Pᵀ[block]``. Matrix blocks (rows of ``Pᵀ``,
+    about 2²⁴ entries each) come from the matrix's cache (``cache_bytes``), so
+    a model whose matrix fits the budget generates its random numbers once, not
+    for every batch (MadryLab's BasicProjector regenerates them per batch,
+    which dominates its CPU time); then a batch costs one matmul.
 
-    Memory: the cache budget, plus ``n × block_size`` for the converted input
-    slice, plus one generated block (``1024 × proj_dim``).
+    Memory: the cache budget, plus ``n × block_size`` for an input slice
+    converted to the accumulation dtype, plus one generated block.
 
     Args:
         matrix: a matrix kind from :mod:`trakcli.projectors.matrices`.
