@@ -117,3 +117,26 @@ def test_training_killed_mid_epoch_resumes_bit_identically(tmp_path):
 
     with pytest.raises(CheckpointError, match="differs in: lr"):
         train_classifier(fresh(), x, y, **{**recipe, "lr": 0.02}, resume_path=state)
+
+
+def test_optimize_finetunes_from_init_checkpoint_on_random_subsets(user_project):
+    cfg = yaml.safe_load(Path("run.yaml").read_text())
+    cfg["checkpoints"] = "sub/model_*.pt"
+    cfg["optimize"] = {
+        "n_models": 2, "epochs": 1, "batch_size": 8, "optimizer": "sgd", "lr": 1e-9, "weight_decay": 0.0,
+        "out_dir": "sub", "metrics": "sub.json", "init_checkpoint": "ckpts/model_1.pt", "subset_fraction": 0.5,
+        "projection": {"mode": "global", "kind": "sjlt", "proj_dim": 4},
+    }
+    Path("sub.yaml").write_text(yaml.safe_dump(cfg))
+    res = trak("optimize", "sub.yaml")
+    assert res.exit_code == 0, res.stderr
+    init = torch.load("ckpts/model_1.pt", weights_only=True)
+    for name in ("sub/model_000.pt", "sub/model_001.pt"):
+        sd = torch.load(name, weights_only=True)
+        for k, v in init.items():
+            torch.testing.assert_close(sd[k], v, atol=1e-6, rtol=0)  # finetuned (lr ~ 0) from the checkpoint
+    rows = json.loads(Path("sub.json").read_text())["models"]
+    a, b = rows[0]["subset_indices"], rows[1]["subset_indices"]
+    assert len(a) == len(b) == 20 and a == sorted(a) and a != b
+    res = trak("optimize", "sub.yaml", "optimize.init_checkpoint=missing.pt", "--overwrite")
+    assert res.exit_code == 1 and "optimize.init_checkpoint: file 'missing.pt' does not exist" in res.stderr

@@ -215,6 +215,16 @@ class OptimizeConfig(_Strict):
     metrics: Path | None = Field(
         None, description="Write per-model metrics (seed, loss, accuracy, optimizer state size) to this JSON file."
     )
+    init_checkpoint: Path | None = Field(
+        None, description="Start every model from this state dict (finetuning) instead of a fresh initialization."
+    )
+    subset_fraction: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="Train model i on a random subset of this fraction of data.train (drawn with seed + i; the "
+        "indices go to the metrics JSON), e.g. 0.5 for the counterfactual models of LDS.",
+    )
     checkpoint_every: int = Field(
         0,
         ge=0,

@@ -521,6 +521,11 @@ def optimize(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_
     except OSError as e:
         raise ConfigError(f"optimize.out_dir: cannot create {str(oc.out_dir)!r}: {e}") from None
     projection = oc.projection.model_dump() if oc.projection is not None else None
+    if oc.init_checkpoint is not None and not oc.init_checkpoint.is_file():
+        raise ConfigError(
+            f"optimize.init_checkpoint: file {str(oc.init_checkpoint)!r} does not exist; give a state dict of "
+            "the model (.pt / .safetensors) or remove the key to train from scratch"
+        )
     paths = []
     rows: list[dict[str, Any]] = []
     x, y = train.inputs.to(device), train.labels.to(device)
@@ -535,6 +540,16 @@ def optimize(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_
         row: dict[str, Any] = {"model_id": i, "seed": oc.seed + i, "checkpoint": str(path)}
         torch.manual_seed(oc.seed + i)
         model = build_model(cfg.model.entrypoint, **cfg.model.kwargs).to(device)
+        if oc.init_checkpoint is not None:
+            load_checkpoint(model, oc.init_checkpoint)
+            model.to(device)
+        xi, yi = x, y
+        if oc.subset_fraction < 1:
+            gen = torch.Generator().manual_seed(oc.seed + i)
+            k = max(1, round(oc.subset_fraction * len(y)))
+            subset = torch.randperm(len(y), generator=gen)[:k].sort().values
+            row["subset_indices"] = subset.tolist()
+            xi, yi = x[subset.to(device)], y[subset.to(device)]
         if path.exists() and not overwrite:
             reporter.info(f"{path} exists, kept (use --overwrite to retrain)")
             if oc.metrics is None:
@@ -550,7 +565,7 @@ def optimize(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_
             elif resume.exists():
                 reporter.info(f"model {i}: resuming from {resume}")
             train_classifier(
-                model, x, y,
+                model, xi, yi,
                 epochs=oc.epochs, batch_size=oc.batch_size, lr=oc.lr, weight_decay=oc.weight_decay,
                 momentum=oc.momentum, optimizer=oc.optimizer, seed=oc.seed + i,
                 reporter=reporter, description=f"train model {i}", projection=projection, metrics=stats,
