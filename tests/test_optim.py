@@ -361,3 +361,15 @@ def test_invalid_settings_raise_optimizer_errors_naming_the_fix():
         ProjectedOptimizer(mlp().parameters(), lr=0.1, weight_decay_mode="coupled")
     with pytest.raises(OptimizerError, match="no 'inner' entry"):
         ProjectedOptimizer(mlp().parameters(), lr=0.1).load_state_dict(torch.optim.AdamW(mlp().parameters()).state_dict())
+
+
+def test_a_group_projection_overrides_only_the_keys_it_names():
+    model = mlp()
+    opt = ProjectedOptimizer(
+        [{"params": model[0].parameters(), "projection": {"rank": 2}}, {"params": model[2].parameters()}],
+        projection={"rank": 5, "update_gap": 7, "seed": 3}, lr=0.1,
+    )
+    first, second = (g["projection"] for g in opt.param_groups)
+    assert (first["rank"], first["update_gap"], first["seed"]) == (2, 7, 3)
+    assert (second["rank"], second["update_gap"]) == (5, 7)
+    assert [r["inner_shape"] for r in opt.describe() if r["kind"] == "MatrixSlot"] == [(20, 2), (20, 5)]

@@ -30,6 +30,14 @@ from trakcli.projectors import Projector
 _OWN_KEYS = ("params", "projection", "weight_decay", "weight_decay_mode", "param_ndim")
 
 
+def _external_settings(projector: Projector) -> dict[str, Any]:
+    """The plain settings recorded for a user's projector object (global mode, one fixed matrix)."""
+    spec = projector.spec()
+    return {"mode": "global", "kind": spec.get("kind", "custom"), "implementation": "auto", "rank": None,
+            "proj_dim": projector.proj_dim, "seed": int(spec.get("seed", 0)), "update_gap": 0,
+            "on_refresh": "keep", "scale": 1.0, "external": True}
+
+
 class ProjectedOptimizer(torch.optim.Optimizer):
     """Compose an inner ``torch.optim`` optimizer with random projections of the gradient.
 
@@ -42,7 +50,8 @@ class ProjectedOptimizer(torch.optim.Optimizer):
 
     Args:
         params: parameters or param-group dicts (torch.optim convention). A
-            group may set its own ``projection`` (a mapping, or ``None`` for no
+            group may set its own ``projection`` (a mapping whose keys override
+            the default projection's, a projector object, or ``None`` for no
             projection), ``weight_decay``, ``weight_decay_mode``,
             ``param_ndim`` and any hyperparameter of the inner optimizer.
         inner: the inner optimizer class (or a callable ``inner(param_groups,
@@ -99,10 +108,7 @@ class ProjectedOptimizer(torch.optim.Optimizer):
         self._default_projector: Projector | None = None
         if isinstance(projection, Projector):
             self._default_projector = projection
-            spec = projection.spec()
-            settings = {"mode": "global", "kind": spec.get("kind", "custom"), "implementation": "auto",
-                        "rank": None, "proj_dim": projection.proj_dim, "seed": int(spec.get("seed", 0)),
-                        "update_gap": 0, "on_refresh": "keep", "scale": 1.0, "external": True}
+            settings = _external_settings(projection)
         else:
             settings = resolve_projection({} if projection is None else projection)
         if weight_decay is None:
@@ -129,12 +135,15 @@ class ProjectedOptimizer(torch.optim.Optimizer):
         gi = len(self.param_groups) - 1
         proj = group["projection"]
         obj = None
+        default = self.defaults["projection"]
         if isinstance(proj, Projector):
-            obj, group["projection"] = proj, {**self.defaults["projection"], "mode": "global", "external": True}
-        elif proj is not None and not proj.get("external"):
-            group["projection"] = resolve_projection(proj, where=f"param_groups[{gi}].projection")
-        elif proj is not None:
+            obj, group["projection"] = proj, _external_settings(proj)
+        elif proj is default:
             obj = self._default_projector
+        elif proj is not None:
+            # a group's mapping overrides the keys it names; the others come from the default projection
+            base = {} if default.get("external") else dict(default)
+            group["projection"] = resolve_projection({**base, **proj}, where=f"param_groups[{gi}].projection")
         if group["weight_decay_mode"] not in ("decoupled", "l2"):
             raise OptimizerError(
                 f"weight_decay_mode must be 'decoupled' or 'l2', got {group['weight_decay_mode']!r}"
