@@ -48,13 +48,16 @@ class ModelConfig(_Strict):
     entrypoint: str = Field(
         "mlp",
         description='A built-in model name ("mlp"), "path/to/file.py:function" or '
-        '"package.module:function"; called with `kwargs` it returns a torch.nn.Module.',
+        '"package.module:function"; called with `kwargs` it returns a torch.nn.Module. '
+        '"hf:DIR" loads a Hugging Face transformers model from a local directory (or package/dir of an '
+        "installed package); kwargs: num_labels, seed (of a head the checkpoint lacks), model_class "
+        "(sequence_classification or causal_lm).",
     )
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the entrypoint.")
 
 
 class DatasetConfig(_Strict):
-    """One dataset: a built-in one, or a tensor file with named keys."""
+    """One dataset: a built-in one, a tensor file with named keys, or a text file with named fields."""
 
     builtin: Literal["digits"] | None = Field(
         None, description='A bundled dataset: "digits" (scikit-learn handwritten digits).'
@@ -62,9 +65,24 @@ class DatasetConfig(_Strict):
     split: Literal["train", "target"] | None = Field(
         None, description="Which split of the built-in dataset (train: 1437 rows, target: 360 rows)."
     )
-    path: Path | None = Field(None, description="A .pt file holding a dict of tensors, or an .npz file.")
+    path: Path | None = Field(
+        None, description="A .pt file holding a dict of tensors, an .npz file, or (with `text`) a .jsonl / .csv file."
+    )
     inputs: str | None = Field(None, description="Key of the inputs tensor in `path`, shape [n, ...].")
-    labels: str | None = Field(None, description="Key of the integer class labels in `path`, shape [n].")
+    labels: str | None = Field(
+        None,
+        description="Key of the integer class labels in `path`, shape [n]; for text, the label field "
+        "(optional for task language_modeling).",
+    )
+    text: str | None = Field(
+        None, description="Text data: the field of each .jsonl object / .csv column holding the text."
+    )
+    max_length: PositiveInt = Field(128, description="Text data: most tokens per text (longer ones are truncated).")
+    tokenizer: str | None = Field(
+        None,
+        description="Text data: a local Hugging Face tokenizer directory (or package/dir); "
+        "default: the directory of model.entrypoint 'hf:DIR'.",
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> "DatasetConfig":
@@ -73,11 +91,23 @@ class DatasetConfig(_Strict):
                 raise ValueError("give either `builtin` or `path`, not both")
             if self.split is None:
                 raise ValueError('a built-in dataset needs `split` ("train" or "target")')
+        elif self.text is not None:
+            if self.inputs is not None:
+                raise ValueError("give either `text` (a .jsonl / .csv text file) or `inputs` (a tensor file), not both")
+            if self.path is None:
+                raise ValueError("a text dataset needs `path` (a .jsonl or .csv file)")
+            if self.path.suffix.lower() not in (".jsonl", ".csv"):
+                raise ValueError(f"a text dataset reads .jsonl or .csv files, not {self.path.suffix!r}")
+            if self.tokenizer is None:
+                raise ValueError(
+                    "a text dataset needs `tokenizer` (a local Hugging Face directory), or use "
+                    "model.entrypoint 'hf:DIR', whose tokenizer is then taken"
+                )
         else:
             missing = [k for k in ("path", "inputs", "labels") if getattr(self, k) is None]
             if missing:
                 raise ValueError(
-                    f"a file dataset needs {', '.join(missing)} (or use `builtin: digits`)"
+                    f"a file dataset needs {', '.join(missing)} (or use `builtin: digits`, or `text` for a text file)"
                 )
         return self
 
@@ -238,11 +268,15 @@ class Config(_Strict):
 
     model: ModelConfig = Field(default_factory=ModelConfig)
     checkpoints: str | list[str] = Field(
-        description="A glob or a list of .pt / .safetensors state dicts; model_id = index in sorted order."
+        description="A glob or a list of .pt / .safetensors state dicts (or, for an hf: model, Hugging Face "
+        "model directories); model_id = index in sorted order."
     )
     data: DataConfig
-    task: Literal["classification"] = Field(
-        "classification", description="Model output function: the classification margin."
+    task: Literal["classification", "text_classification", "language_modeling"] = Field(
+        "classification",
+        description="Model output function. classification / text_classification: the margin "
+        "logit_y - logsumexp_{j!=y} logit_j of the logits (of a tensor input / of a text's sequence logits); "
+        "language_modeling (causal LMs): the sum over the text's tokens of each next-token margin.",
     )
     grad_wrt: list[str] | None = Field(
         None, description="fnmatch patterns of parameter names to differentiate (unset: all)."
@@ -255,6 +289,44 @@ class Config(_Strict):
     num_threads: PositiveInt | None = Field(
         None, description="torch intra-op CPU threads (unset: torch's default, one per core)."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _hf_defaults(cls, raw: Any) -> Any:
+        """With ``model.entrypoint: hf:DIR``: text datasets default to DIR's tokenizer, and
+        ``task: language_modeling`` to ``model.kwargs.model_class: causal_lm``."""
+        if not isinstance(raw, dict):
+            return raw
+        model = raw.get("model")
+        ep = model.get("entrypoint") if isinstance(model, dict) else None
+        if not (isinstance(ep, str) and ep.startswith("hf:")):
+            return raw
+        raw = dict(raw)
+        data = raw.get("data")
+        if isinstance(data, dict):
+            data = dict(data)
+            for name in ("train", "target"):
+                ds = data.get(name)
+                if isinstance(ds, dict) and ds.get("text") is not None and ds.get("tokenizer") is None:
+                    data[name] = {**ds, "tokenizer": ep.removeprefix("hf:")}
+            raw["data"] = data
+        if raw.get("task") == "language_modeling":
+            kwargs = model.get("kwargs") if isinstance(model.get("kwargs"), dict) else {}
+            if "model_class" not in kwargs:
+                raw["model"] = {**model, "kwargs": {**kwargs, "model_class": "causal_lm"}}
+        return raw
+
+    @model_validator(mode="after")
+    def _labels_for_task(self) -> "Config":
+        if self.task != "language_modeling":
+            for name in ("train", "target"):
+                ds = getattr(self.data, name)
+                if ds is not None and ds.text is not None and ds.labels is None:
+                    raise ValueError(
+                        f"data.{name}.labels: task {self.task} needs the label field of the text file "
+                        "(only task language_modeling reads texts without labels)"
+                    )
+        return self
 
     @field_validator("store", mode="before")
     @classmethod
@@ -408,13 +480,33 @@ def load_config(
 def resolve_checkpoints(cfg: Config) -> list[Path]:
     """The checkpoint files of ``cfg`` in model_id order (sorted paths; a list keeps its order).
 
+    An entry ``hf:DIR`` (or ``hf:package/dir``) is a Hugging Face model directory,
+    found as for ``model.entrypoint``.
+
     Raises:
         ConfigError: if the glob matches nothing or a listed file is missing.
     """
     spec = cfg.checkpoints
+    if isinstance(spec, str) and spec.startswith("hf:") or isinstance(spec, list) and any(
+        p.startswith("hf:") for p in spec
+    ):
+        from trakcli.errors import ModelError
+        from trakcli.hf import resolve_hf_path
+
+        out, problems = [], []
+        for p in [spec] if isinstance(spec, str) else spec:
+            try:
+                out.append(resolve_hf_path(p) if p.startswith("hf:") else Path(p))
+            except ModelError as e:
+                problems.append(f"checkpoints: {e}")
+        missing = [p for p in out if not p.exists()]
+        problems += [f"checkpoints: file {str(p)!r} does not exist" for p in missing]
+        if problems:
+            raise ConfigError(problems)
+        return out
     if isinstance(spec, str):
         matches = sorted(glob.glob(spec))
-        if not matches and Path(spec).is_file():
+        if not matches and Path(spec).exists():
             matches = [spec]
         if not matches:
             raise ConfigError(
@@ -422,7 +514,7 @@ def resolve_checkpoints(cfg: Config) -> list[Path]:
                 "or point the glob at your .pt / .safetensors files"
             )
         return [Path(m) for m in matches]
-    missing = [p for p in spec if not Path(p).is_file()]
+    missing = [p for p in spec if not Path(p).exists()]
     if missing:
         raise ConfigError([f"checkpoints: file {p!r} does not exist" for p in missing])
     if not spec:
@@ -451,7 +543,15 @@ def check_files(cfg: Config, *, need_checkpoints: bool = True, need_target: bool
         if ds.path is not None and not ds.path.is_file():
             problems.append(f"data.{name}.path: file {str(ds.path)!r} does not exist")
     ep = cfg.model.entrypoint
-    if ":" in ep:
+    if ep.startswith("hf:"):
+        from trakcli.errors import ModelError
+        from trakcli.hf import resolve_hf_path
+
+        try:
+            resolve_hf_path(ep)
+        except ModelError as e:
+            problems.append(str(e))
+    elif ":" in ep:
         file_part = ep.rsplit(":", 1)[0]
         if file_part.endswith(".py") and not Path(file_part).is_file():
             problems.append(f"model.entrypoint: file {file_part!r} does not exist")

@@ -1,7 +1,9 @@
-"""Datasets: the bundled digits data and user tensor files.
+"""Datasets: the bundled digits data, user tensor files and text files.
 
-A dataset here is a pair of tensors held in memory: ``inputs [n, ...]``
-(float32) and ``labels [n]`` (int64 class indices). Batching is slicing.
+A dataset here is held in memory: ``inputs`` and ``labels [n]`` (int64 class
+indices). ``inputs`` is a tensor ``[n, ...]`` (float32), or for text a dict of
+tensors ``{"input_ids": [n, L], "attention_mask": [n, L]}`` (int64, tokenized by
+:mod:`trakcli.hf`). Batching is slicing rows (of every tensor of the dict).
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Union
 
 import numpy as np
 import torch
@@ -20,42 +22,82 @@ from trakcli.errors import DataError
 DIGITS_TEST_FRACTION = 0.2
 DIGITS_SEED = 0
 
+#: A batch of model inputs: a tensor ``[n, ...]`` or a dict of tensors ``[n, ...]`` (text).
+Inputs = Union[torch.Tensor, dict[str, torch.Tensor]]
+
+
+def slice_inputs(inputs: Inputs, lo: int, hi: int) -> Inputs:
+    """Rows ``[lo, hi)`` of a tensor or of every tensor of a dict."""
+    if isinstance(inputs, dict):
+        return {k: v[lo:hi] for k, v in inputs.items()}
+    return inputs[lo:hi]
+
+
+def index_inputs(inputs: Inputs, idx: torch.Tensor) -> Inputs:
+    """Rows ``idx`` (a ``[b]`` int64 index tensor) of a tensor or of every tensor of a dict."""
+    if isinstance(inputs, dict):
+        return {k: v[idx] for k, v in inputs.items()}
+    return inputs[idx]
+
+
+def inputs_to(inputs: Inputs, device: torch.device | str) -> Inputs:
+    """Move a tensor or every tensor of a dict to ``device``."""
+    if isinstance(inputs, dict):
+        return {k: v.to(device) for k, v in inputs.items()}
+    return inputs.to(device)
+
 
 @dataclass(frozen=True)
 class TensorDataset:
     """Inputs and labels of one split.
 
     Attributes:
-        inputs: ``[n, ...]`` float32 tensor on the CPU.
+        inputs: ``[n, ...]`` float32 tensor on the CPU, or a dict of ``[n, L]``
+            int64 tensors (text: ``input_ids``, ``attention_mask``).
         labels: ``[n]`` int64 class indices on the CPU.
         name: human-readable origin, used in messages.
+        input_shape: the per-example shape the fingerprint reports; ``None``:
+            ``inputs.shape[1:]`` (text: ``[max_length]`` per key, since the
+            tensors are padded to the longest text of each file).
     """
 
-    inputs: torch.Tensor
+    inputs: Inputs
     labels: torch.Tensor
     name: str
+    input_shape: Any = None
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
 
-    def batches(self, start: int, stop: int, batch_size: int) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+    def batches(self, start: int, stop: int, batch_size: int) -> Iterator[tuple[int, Inputs, torch.Tensor]]:
         """Yield ``(row_offset, inputs[b], labels[b])`` for rows ``[start, stop)`` in batches."""
         for lo in range(start, stop, batch_size):
             hi = min(lo + batch_size, stop)
-            yield lo, self.inputs[lo:hi], self.labels[lo:hi]
+            yield lo, slice_inputs(self.inputs, lo, hi), self.labels[lo:hi]
 
     def fingerprint(self) -> dict[str, Any]:
         """Shape, dtype and a sha256 of the rows in order (inputs then labels).
 
         Two datasets with equal fingerprints hold the same rows in the same order.
+        For a dict of inputs, shape and dtype are dicts by key and the hash
+        covers the tensors in sorted key order.
         """
         h = hashlib.sha256()
-        h.update(np.ascontiguousarray(self.inputs.numpy()).tobytes())
+        if isinstance(self.inputs, dict):
+            for k in sorted(self.inputs):
+                h.update(k.encode())
+                h.update(np.ascontiguousarray(self.inputs[k].numpy()).tobytes())
+            shape: Any = {k: list(v.shape[1:]) for k, v in sorted(self.inputs.items())}
+            dtype: Any = {k: str(v.dtype).removeprefix("torch.") for k, v in sorted(self.inputs.items())}
+        else:
+            h.update(np.ascontiguousarray(self.inputs.numpy()).tobytes())
+            shape = list(self.inputs.shape[1:])
+            dtype = str(self.inputs.dtype).removeprefix("torch.")
         h.update(np.ascontiguousarray(self.labels.numpy()).tobytes())
         return {
             "n": len(self),
-            "input_shape": list(self.inputs.shape[1:]),
-            "input_dtype": str(self.inputs.dtype).removeprefix("torch."),
+            "input_shape": self.input_shape if self.input_shape is not None else shape,
+            "input_dtype": dtype,
             "sha256": h.hexdigest(),
         }
 
@@ -112,7 +154,9 @@ def load_dataset(cfg: DatasetConfig, *, key: str = "data.train") -> TensorDatase
         key: the dotted config key, used in error messages.
 
     Returns:
-        A :class:`TensorDataset` with float32 inputs and int64 labels.
+        A :class:`TensorDataset` with float32 inputs (text: a dict of int64
+        ``input_ids`` / ``attention_mask``, see :func:`trakcli.hf.load_text`) and
+        int64 labels.
 
     Raises:
         DataError: unreadable file, missing key, empty data, mismatched lengths
@@ -123,6 +167,14 @@ def load_dataset(cfg: DatasetConfig, *, key: str = "data.train") -> TensorDatase
         if cfg.split == "train":
             return TensorDataset(x_tr, y_tr, "digits/train")
         return TensorDataset(x_ta, y_ta, "digits/target")
+    if cfg.text is not None:
+        from trakcli.hf import load_text
+
+        if cfg.path is None or cfg.tokenizer is None:  # the config model fills both or refuses
+            raise DataError(f"{key}: a text dataset needs `path` and `tokenizer`")
+        inputs, labels, name = load_text(cfg.path, cfg.text, cfg.labels, cfg.tokenizer, cfg.max_length, key=key)
+        shape = {k: [cfg.max_length] for k in sorted(inputs)}
+        return TensorDataset(inputs, labels, name, input_shape=shape)
     assert cfg.path is not None and cfg.inputs is not None and cfg.labels is not None  # config validated
     contents = _read_file(cfg.path)
     missing = [k for k in (cfg.inputs, cfg.labels) if k not in contents]

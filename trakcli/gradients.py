@@ -11,6 +11,17 @@ cross-entropy loss). Gradients are ``vmap(grad(f))`` over the batch with
 are differentiated, the rest (and the buffers) are passed as constants. The
 model is put in eval mode, so dropout and batch-norm statistics are fixed.
 
+For text (``task: text_classification``) the inputs of an example are a dict
+``{"input_ids": [L], "attention_mask": [L]}`` and the margin is taken over the
+sequence's logits of a transformers model (called as in :mod:`trakcli.hf`).
+For causal language models (``task: language_modeling``) the output function
+of a text ``x_1..x_L`` sums the margins of its next-token predictions,
+
+    f(z; θ) = Σ_{t<L, x_{t+1} not padding} [logit_t(x_{t+1}) − logsumexp_{j≠x_{t+1}} logit_t(j)],
+
+and the out-to-loss term is the mean over those tokens of ``1 − p_t(x_{t+1})``
+(for a single token it is the classification case; Park et al. 2023 App. E).
+
 Gradients are returned per parameter, as a dict of named tensors, so that a
 projector can consume them chunk by chunk (and so that factored projections
 can plug in later).
@@ -26,6 +37,16 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from trakcli.errors import ConfigError, DataError, GradientError
+
+TASKS = ("classification", "text_classification", "language_modeling")
+
+#: What the store records as ``output_function`` for each task.
+OUTPUT_FUNCTIONS = {
+    "classification": "margin: logit_y - logsumexp_{j!=y} logit_j; out_to_loss 1 - p_y",
+    "text_classification": "margin of the sequence logits: logit_y - logsumexp_{j!=y} logit_j; out_to_loss 1 - p_y",
+    "language_modeling": "sum over tokens t of logit_t(x_{t+1}) - logsumexp_{j!=x_{t+1}} logit_t(j); "
+    "out_to_loss mean over tokens of 1 - p_t(x_{t+1})",
+}
 
 
 def select_parameters(model: nn.Module, grad_wrt: list[str] | None) -> list[str]:
@@ -75,13 +96,58 @@ def classification_margin(logits: torch.Tensor, label: torch.Tensor) -> tuple[to
     return margin, out_to_loss
 
 
+def language_modeling_margin(
+    logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed next-token margin and mean out-to-loss of one text (vmap-safe).
+
+    Args:
+        logits: ``[L, V]`` float logits of a causal LM (position t predicts token t+1).
+        input_ids: ``[L]`` int64 token ids.
+        attention_mask: ``[L]`` 0/1, 1 on real tokens (padding on the right).
+
+    Returns:
+        ``(margin [], out_to_loss [])``: the sum over predicted real tokens of
+        their margins, and the mean over them of ``1 − p_t(x_{t+1})`` (0 for a
+        text of one token).
+    """
+    pred, nxt = logits[:-1], input_ids[1:]  # [L-1, V], [L-1]
+    valid = (attention_mask[1:] != 0) & (attention_mask[:-1] != 0)  # [L-1]
+    mask = torch.arange(pred.shape[-1], device=pred.device)[None, :] == nxt[:, None]  # [L-1, V]
+    logit_y = (pred * mask).sum(-1)
+    others = pred.masked_fill(mask, float("-inf"))
+    margins = logit_y - torch.logsumexp(others, dim=-1)  # [L-1]
+    w = valid.to(margins.dtype)
+    margin = (margins * w).sum()
+    out_to_loss = (torch.sigmoid(-margins) * w).sum() / w.sum().clamp(min=1.0)
+    return margin, out_to_loss
+
+
+def _call(model: nn.Module, params: dict[str, torch.Tensor], x) -> torch.Tensor:
+    """Logits of a batch through ``functional_call``: a tensor input, or a dict (transformers)."""
+    if isinstance(x, dict):
+        from trakcli.hf import logits_of, model_kwargs
+
+        return logits_of(functional_call(model, params, args=(), kwargs=model_kwargs(model, x)))
+    return functional_call(model, params, (x,))
+
+
+def _first(x):
+    return {k: v[:1] for k, v in x.items()} if isinstance(x, dict) else x[:1]
+
+
+def _shape(x) -> object:
+    return {k: list(v.shape[1:]) for k, v in x.items()} if isinstance(x, dict) else list(x.shape[1:])
+
+
 class PerExampleGradients:
     """Computes ``∇_θ f(z; θ)`` for each example of a batch, and ``Q(z)``.
 
     Args:
         model: the model; it is switched to eval mode.
         grad_wrt: parameter name patterns (see :func:`select_parameters`).
-        task: model output function; only ``"classification"`` for now.
+        task: model output function: ``classification``, ``text_classification``
+            (both the margin of ``[C]`` logits) or ``language_modeling``.
 
     Attributes:
         param_names: the differentiated parameters, in order.
@@ -90,8 +156,9 @@ class PerExampleGradients:
     """
 
     def __init__(self, model: nn.Module, grad_wrt: list[str] | None = None, task: str = "classification"):
-        if task != "classification":
-            raise ConfigError(f"task: {task!r} is not supported; use 'classification'")
+        if task not in TASKS:
+            raise ConfigError(f"task: {task!r} is not supported; use one of {', '.join(TASKS)}")
+        self.task = task
         self.model = model.eval()
         self.param_names = select_parameters(model, grad_wrt)
         params = dict(model.named_parameters())
@@ -107,13 +174,14 @@ class PerExampleGradients:
         return params, const
 
     def __call__(
-        self, inputs: torch.Tensor, labels: torch.Tensor, row_offset: int = 0
+        self, inputs, labels: torch.Tensor, row_offset: int = 0
     ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        """Per-example gradients of the margin and the out-to-loss terms of a batch.
+        """Per-example gradients of the model output function and the out-to-loss terms of a batch.
 
         Args:
-            inputs: ``[n, ...]`` model inputs on the model's device.
-            labels: ``[n]`` int64 class indices.
+            inputs: ``[n, ...]`` model inputs on the model's device, or a dict of
+                ``[n, L]`` tensors (``input_ids``, ``attention_mask``) for a transformers model.
+            labels: ``[n]`` int64 class indices (ignored by ``language_modeling``).
             row_offset: dataset index of the batch's first row (for error messages).
 
         Returns:
@@ -125,10 +193,15 @@ class PerExampleGradients:
         """
         params, const = self._constants()
         model = self.model
+        lm = self.task == "language_modeling"
 
-        def f(p: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor):
-            logits = functional_call(model, {**p, **const}, (x.unsqueeze(0),))
-            margin, q = classification_margin(logits.reshape(-1), y)
+        def f(p: dict[str, torch.Tensor], x, y: torch.Tensor):
+            one = {k: v.unsqueeze(0) for k, v in x.items()} if isinstance(x, dict) else x.unsqueeze(0)
+            logits = _call(model, {**p, **const}, one)
+            if lm:
+                margin, q = language_modeling_margin(logits[0], x["input_ids"], x["attention_mask"])
+            else:
+                margin, q = classification_margin(logits.reshape(-1), y)
             return margin, q.detach()
 
         self._check_batch(inputs, labels, params, const, row_offset)
@@ -137,14 +210,27 @@ class PerExampleGradients:
 
     def _check_batch(self, inputs, labels, params, const, row_offset: int) -> None:
         """One plain forward pass to turn shape errors into clear messages."""
+        lm = self.task == "language_modeling"
+        if lm and not (isinstance(inputs, dict) and "input_ids" in inputs and "attention_mask" in inputs):
+            raise DataError(
+                "task language_modeling needs text data (input_ids and attention_mask): give data.*.text "
+                "and a tokenizer, or use task classification for tensor inputs"
+            )
         try:
             with torch.no_grad():
-                logits = functional_call(self.model, {**params, **const}, (inputs[:1],))
-        except RuntimeError as e:
+                logits = _call(self.model, {**params, **const}, _first(inputs))
+        except (RuntimeError, ValueError, IndexError) as e:
             raise DataError(
-                f"the model cannot take inputs of shape {list(inputs.shape[1:])} per example: {e}; "
+                f"the model cannot take inputs of shape {_shape(inputs)} per example: {e}; "
                 "check data.*.inputs against model.entrypoint / model.kwargs"
             ) from None
+        if lm:
+            if logits.ndim != 3 or logits.shape[0] != 1:
+                raise DataError(
+                    "task language_modeling needs a causal LM returning logits [n, L, vocab]; for a batch of 1 "
+                    f"the model returned shape {list(logits.shape)} (set model.kwargs.model_class: causal_lm)"
+                )
+            return
         if logits.ndim != 2 or logits.shape[0] != 1:
             raise DataError(
                 f"the model must return logits [n, num_classes]; for a batch of 1 it returned shape {list(logits.shape)}"

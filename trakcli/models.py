@@ -2,7 +2,8 @@
 
 ``model.entrypoint`` is a built-in name (``mlp``), ``"path/to/file.py:function"``
 or ``"package.module:function"``; the function is called with
-``model.kwargs`` and returns a ``torch.nn.Module``.
+``model.kwargs`` and returns a ``torch.nn.Module``. ``"hf:DIR"`` loads a
+Hugging Face transformers model from a local directory (:mod:`trakcli.hf`).
 """
 
 from __future__ import annotations
@@ -95,6 +96,13 @@ def build_model(entrypoint: str = "mlp", **kwargs: Any) -> nn.Module:
         ModelError: unknown name, unimportable file/module, missing function,
             a failing call, or a return value that is not an ``nn.Module``.
     """
+    if entrypoint.startswith("hf:"):
+        from trakcli.hf import build_hf_model
+
+        try:
+            return build_hf_model(entrypoint, **kwargs)
+        except TypeError as e:
+            raise ModelError(f"model.entrypoint {entrypoint!r} rejected model.kwargs {kwargs}: {e}") from None
     fn = _load_function(entrypoint)
     try:
         model = fn(**kwargs)
@@ -110,23 +118,43 @@ def build_model(entrypoint: str = "mlp", **kwargs: Any) -> nn.Module:
 
 
 def file_sha256(path: str | Path) -> str:
-    """Hex sha256 of a file's bytes, read in 1 MiB blocks."""
+    """Hex sha256 of a file's bytes, read in 1 MiB blocks.
+
+    For a Hugging Face model directory: of its weight files' names and bytes,
+    in sorted order (config and tokenizer files are not included).
+    """
+    path = Path(path)
+    if not path.is_dir():
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        return h.hexdigest()
+    from trakcli.hf import checkpoint_files
+
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
+    for f in checkpoint_files(path):
+        h.update(f.name.encode() + b"\0" + file_sha256(f).encode())
     return h.hexdigest()
 
 
 def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     """Read a ``.pt``/``.pth`` (``torch.load(weights_only=True)``) or ``.safetensors`` state dict.
 
-    A ``.pt`` holding ``{"state_dict": ...}`` or ``{"model": ...}`` is unwrapped.
+    A directory is a Hugging Face model directory: its ``model.safetensors`` or
+    ``pytorch_model.bin`` (or their shards), merged. A ``.pt`` holding ``{"state_dict": ...}`` or ``{"model": ...}`` is unwrapped.
 
     Raises:
         CheckpointError: unreadable file, unknown suffix, or not a dict of tensors.
     """
     path = Path(path)
+    if path.is_dir():
+        from trakcli.hf import checkpoint_files
+
+        merged: dict[str, torch.Tensor] = {}
+        for f in checkpoint_files(path):
+            merged.update(read_state_dict(f))
+        return merged
     suffix = path.suffix.lower()
     try:
         if suffix == ".safetensors":
@@ -158,6 +186,11 @@ def load_checkpoint(model: nn.Module, path: str | Path) -> None:
         CheckpointError: naming the first missing, unexpected and shape-mismatched keys.
     """
     sd = read_state_dict(path)
+    from trakcli.hf import is_hf_model, load_hf_checkpoint
+
+    if is_hf_model(model):
+        load_hf_checkpoint(model, sd, Path(path))
+        return
     own = model.state_dict()
     missing = [k for k in own if k not in sd]
     unexpected = [k for k in sd if k not in own]

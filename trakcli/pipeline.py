@@ -20,10 +20,11 @@ import numpy as np
 import torch
 
 from trakcli.config import Config, check_files, resolve_checkpoints
-from trakcli.data import TensorDataset, load_dataset
+from trakcli.data import TensorDataset, index_inputs, inputs_to, load_dataset
 from trakcli.distributed import Dist, init_from_env
 from trakcli.errors import ConfigError, GradientError, StoreError, StoreMismatchError
-from trakcli.gradients import PerExampleGradients, check_finite
+from trakcli.gradients import OUTPUT_FUNCTIONS, PerExampleGradients, check_finite
+from trakcli.hf import forward
 from trakcli.models import build_model, file_sha256, load_checkpoint
 from trakcli.progress import NULL_REPORTER, Reporter
 from trakcli.projectors import make_projector
@@ -88,7 +89,7 @@ def _setup(cfg: Config, *, need_target: bool = False) -> _Setup:
     identity = {
         "model": cfg.model.model_dump(mode="json"),
         "task": cfg.task,
-        "output_function": "margin: logit_y - logsumexp_{j!=y} logit_j; out_to_loss 1 - p_y",
+        "output_function": OUTPUT_FUNCTIONS[cfg.task],
         "grad_wrt": cfg.grad_wrt,
         "grad_dim": grads.grad_dim,
         "param_names": grads.param_names,
@@ -152,7 +153,7 @@ def _featurize_rows(
             q_all = np.empty(hi - lo, dtype=np.float32)
             bad_all = np.zeros(hi - lo, dtype=np.uint8)
             for off, x, y in data.batches(lo, hi, s.cfg.data.batch_size):
-                g, q = s.grads(x.to(s.device), y.to(s.device), row_offset=off)
+                g, q = s.grads(inputs_to(x, s.device), y.to(s.device), row_offset=off)
                 phi = s.projector.project(g, model_id=model_id)
                 if skip_nonfinite:
                     bad = ~(torch.isfinite(phi).all(dim=1) & torch.isfinite(q))
@@ -528,11 +529,11 @@ def optimize(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_
         )
     paths = []
     rows: list[dict[str, Any]] = []
-    x, y = train.inputs.to(device), train.labels.to(device)
+    x, y = inputs_to(train.inputs, device), train.labels.to(device)
 
     def accuracy(model: torch.nn.Module, ds: TensorDataset) -> float:
         with torch.no_grad():
-            return (model(ds.inputs.to(device)).argmax(1).cpu() == ds.labels).float().mean().item()
+            return (forward(model, inputs_to(ds.inputs, device)).argmax(1).cpu() == ds.labels).float().mean().item()
 
     for i in range(oc.n_models):
         path = oc.out_dir / f"model_{i:03d}.pt"
@@ -549,7 +550,7 @@ def optimize(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_
             k = max(1, round(oc.subset_fraction * len(y)))
             subset = torch.randperm(len(y), generator=gen)[:k].sort().values
             row["subset_indices"] = subset.tolist()
-            xi, yi = x[subset.to(device)], y[subset.to(device)]
+            xi, yi = index_inputs(x, subset.to(device)), y[subset.to(device)]
         if path.exists() and not overwrite:
             reporter.info(f"{path} exists, kept (use --overwrite to retrain)")
             if oc.metrics is None:

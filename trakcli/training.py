@@ -14,6 +14,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from trakcli.data import index_inputs
+from trakcli.hf import forward
 from trakcli.progress import NULL_REPORTER, Reporter
 
 
@@ -74,7 +76,8 @@ def train_classifier(
 
     Args:
         model: the classifier, logits ``[n, C]``.
-        inputs: ``[n, ...]`` float32.
+        inputs: ``[n, ...]`` float32, or a dict of ``[n, L]`` tensors for a
+            transformers model (``input_ids``, ``attention_mask``).
         labels: ``[n]`` int64.
         epochs, batch_size, lr, weight_decay, momentum, optimizer: the recipe.
         seed: seed of the shuffling generator (initialize the model before calling).
@@ -100,7 +103,7 @@ def train_classifier(
         optimizer, model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay, projection=projection
     )
     loss_fn = nn.CrossEntropyLoss()
-    n = inputs.shape[0]
+    n = labels.shape[0]
     recipe = {
         "epochs": epochs, "batch_size": batch_size, "lr": lr, "weight_decay": weight_decay, "momentum": momentum,
         "optimizer": optimizer, "seed": seed, "projection": projection, "n": n,
@@ -122,7 +125,7 @@ def train_classifier(
             for lo in range(lo0, n, batch_size):
                 idx = order[lo : lo + batch_size]
                 opt.zero_grad(set_to_none=True)
-                loss = loss_fn(model(inputs[idx]), labels[idx])
+                loss = loss_fn(forward(model, index_inputs(inputs, idx)), labels[idx])
                 loss.backward()
                 opt.step()
                 total += loss.item() * len(idx)
