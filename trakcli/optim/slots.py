@@ -167,7 +167,8 @@ class _ProjectedSlot(Slot):
     def set_grad(self, grads: list[torch.Tensor | None], k: int) -> None:
         """Zero the shadow and give it the projected gradient (projection number ``k``)."""
         self.shadow.data = torch.zeros(self.shape, dtype=self.shadow.dtype, device=self.shadow.device)
-        self.shadow.grad = self.project(grads, k).to(self.shadow.dtype)
+        g = self.project(grads, k)
+        self.shadow.grad = g if g.dtype == self.shadow.dtype else g.to(self.shadow.dtype)
 
     def take_update(self) -> torch.Tensor:
         """The inner update (the shadow's value), releasing the shadow's storage."""
@@ -232,13 +233,17 @@ class MatrixSlot(_ProjectedSlot):
     def project(self, grads, k):
         (g,) = grads
         p = self.matrix(k)
-        return self._oriented(g).to(p.dtype) @ p.T  # [L, s] -> [L, rank]
+        g = self._oriented(g)
+        if g.dtype != p.dtype:
+            g = g.to(p.dtype)
+        return g @ p.T  # [L, s] -> [L, rank]
 
     def unproject(self, u, k):
-        full = u.to(self.projector.dtype) @ self.matrix(k)  # [L, rank] -> [L, s]
+        p = self.matrix(k)
+        full = (u if u.dtype == p.dtype else u.to(p.dtype)) @ p  # [L, rank] -> [L, s]
         if self.transposed:
             full = full.T
-        return [full.reshape(self.params[0].shape)]
+        return [full.view(self.params[0].shape) if full.is_contiguous() else full.reshape(self.params[0].shape)]
 
     def transfer(self, m, k_old, k_new):
         full = m.to(self.projector.dtype) @ self.matrix(k_old)  # [L, s]
