@@ -561,14 +561,13 @@ class Store:
         """
         proj_dim = self.identity["projector"]["proj_dim"]
         st = self._storage
-        exp = self._experiment_group("targets", experiment, attrs, create)
+        self._experiment_group("targets", experiment, attrs, create)
         group = self._group(f"targets/{experiment}/{model_id}", create)
         rows = st["chunk_rows"]
         data, done = self._arrays(
             group, {"features": ((n_target, proj_dim), st["dtype"])}, {"features": (rows, proj_dim)},
             -(-n_target // rows), create,
         )
-        del exp
         return ChunkedRows(data, done, rows, n_target)
 
     def scores(self, experiment: str, n_target: int, settings: dict[str, Any], create: bool = True) -> ChunkedRows:
