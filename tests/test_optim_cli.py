@@ -22,7 +22,7 @@ def trak(*args: str):
 def test_shipped_projected_config_validates():
     cfg = load_config("configs/digits_projected.yaml")
     p = cfg.optimize.projection
-    assert (p.mode, p.kind, p.rank, p.update_gap, p.on_refresh) == ("per_matrix", "rademacher", 8, 100, "transfer")
+    assert (p.mode, p.kind, p.rank, p.update_gap, p.on_refresh) == ("per_matrix", "rademacher", 8, 50, "transfer")
     cfg = load_config("configs/digits_projected.yaml", ["optimize.projection.mode=global"])
     assert (cfg.optimize.projection.mode, cfg.optimize.projection.proj_dim) == ("global", 500)
 
