@@ -51,6 +51,7 @@ def _transformers():
             "pip install 'trakcli[hf]' (keep torch==2.13.0 on the same pip line)"
         ) from None
     transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
     return transformers
 
 
@@ -150,10 +151,11 @@ def build_hf_model(
     if model_class == "sequence_classification":
         kwargs["num_labels"] = int(num_labels)
     try:
-        model, info = auto.from_pretrained(
-            str(path), local_files_only=True, attn_implementation=attn_implementation,
-            output_loading_info=True, dtype=torch.float32, **kwargs,
-        )
+        with torch.random.fork_rng(devices=[]):  # from_pretrained initializes with the global RNG: keep it
+            model, info = auto.from_pretrained(
+                str(path), local_files_only=True, attn_implementation=attn_implementation,
+                output_loading_info=True, dtype=torch.float32, **kwargs,
+            )
     except Exception as e:  # noqa: BLE001 - any failure of from_pretrained is a bad model directory or kwargs
         raise ModelError(
             f"model.entrypoint 'hf:{spec}': transformers cannot load {path} as {auto.__name__}: "
