@@ -101,15 +101,22 @@ def load_cfg(config: Path, overrides: list[str]):
     return load_config(str(config), overrides)
 
 
+# The keys of the config's `optimize` section that decide how a model trains; the
+# others (n_models, out_dir, metrics, checkpoint_every, ...) do not change the model.
+RECIPE_KEYS = ("epochs", "batch_size", "optimizer", "lr", "momentum", "weight_decay", "seed", "projection",
+               "init_checkpoint", "subset_fraction")
+
+
 def recipe_of(cfg) -> dict[str, Any]:
-    """The training recipe of the config's ``optimize`` section, as plain data."""
+    """The training recipe of the config's ``optimize`` section, as plain JSON data."""
     opt = cfg.optimize
     if opt is None:
         raise SystemExit("the config has no `optimize` section: the benchmark needs its training recipe")
     d = opt.model_dump(mode="json") if hasattr(opt, "model_dump") else dict(vars(opt))
-    d.pop("out_dir", None)
-    d.pop("n_models", None)
-    return d
+    recipe = {k: d[k] for k in RECIPE_KEYS if k in d}
+    if recipe.get("subset_fraction", 1) != 1:
+        raise SystemExit("optimize.subset_fraction < 1: the benchmark's checkpoints must see the whole training set")
+    return recipe
 
 
 def model_spec(cfg) -> list[Any]:
@@ -130,8 +137,12 @@ def train_one(cfg, recipe: dict[str, Any], x: torch.Tensor, y: torch.Tensor, see
 
     accepted = inspect.signature(train_classifier).parameters
     kwargs = {k: v for k, v in recipe.items() if k in accepted and k != "seed"}
-    torch.manual_seed(seed)  # the initialization, in case train_classifier does not re-seed it
+    torch.manual_seed(seed)  # the initialization, as trakcli.pipeline.optimize seeds it
     model = build(cfg)
+    if recipe.get("init_checkpoint"):  # finetuning recipe: start from the same weights
+        from trakcli.models import load_checkpoint
+
+        load_checkpoint(model, recipe["init_checkpoint"])
     return train_classifier(model, x, y, seed=seed, **kwargs)
 
 
@@ -160,6 +171,21 @@ def checkpoints(cfg, config: Path, work: Path, base_overrides: list[str]) -> lis
     log(f"  {len(paths)} checkpoints in {time.perf_counter() - t0:.1f}s")
     marker.write_text(json.dumps(fingerprint, indent=1))
     return sorted(paths)
+
+
+def recipe_matches_checkpoint(cfg, data: tuple[torch.Tensor, ...], ckpt: Path) -> float:
+    """Retrain checkpoint 0 with the LDS recipe (train_one) and compare: max |weight difference|.
+
+    0 (or float noise) shows the subset models are trained exactly as ``trak optimize``
+    trains the checkpoints, only on fewer rows.
+    """
+    with torch_threads(1):
+        model = train_one(cfg, recipe_of(cfg), data[0], data[1], seed=int(cfg.optimize.seed))
+    saved = torch.load(ckpt, map_location="cpu", weights_only=True)
+    mine = model.state_dict()
+    if saved.keys() != mine.keys():
+        return float("inf")
+    return max(float((saved[k].float() - mine[k].float()).abs().max()) for k in saved)
 
 
 def run_trakcli(config: Path, overrides: list[str], store: Path) -> tuple[np.ndarray, dict[str, float], Any]:
@@ -468,6 +494,11 @@ def main(argv: list[str] | None = None) -> int:
         f"batch_size={batch_size}, torch threads={torch.get_num_threads()}"
     )
 
+    recipe_diff = recipe_matches_checkpoint(base, data, ckpt_paths[0])
+    log(f"LDS recipe retrains checkpoint 0 to within {recipe_diff:.3g} (max |weight difference|)")
+    if recipe_diff > 1e-3:
+        log("warning: the LDS recipe does not reproduce `trak optimize`'s checkpoints")
+
     # The retraining is not timed; do it first so a failing tool still leaves the cache.
     masks, margins = retrain_subsets(base, data, n_subsets, args.subset_seed, work / "lds_retrain.npz")
 
@@ -561,6 +592,7 @@ def main(argv: list[str] | None = None) -> int:
         "batch_size": batch_size,
         "repeats": args.repeats,
         "recipe": recipe_of(base),
+        "recipe_max_weight_diff_vs_checkpoint_0": recipe_diff,
         "model": {"entrypoint": model_spec(base)[0], "kwargs": model_spec(base)[1]},
         "traker_settings": {
             "projector": f"BasicProjector(rademacher, float32, cpu, block_size={args.traker_block_size})",
