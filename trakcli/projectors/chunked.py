@@ -6,6 +6,10 @@ import torch
 
 from trakcli.projectors.base import Grads, grad_items
 from trakcli.projectors.dense import _MatrixProjector
+from trakcli.projectors.matrices import DenseMatrix
+
+#: Pieces narrower than this are concatenated into one matmul (dense kinds).
+JOIN_BELOW = 4096
 
 
 class ChunkedProjector(_MatrixProjector):
@@ -36,9 +40,9 @@ class ChunkedProjector(_MatrixProjector):
         super().__init__(matrix)
         self.max_chunk_size = max_chunk_size
 
-    def chunks(self, grads: Grads):
-        """Yield ``(start, chunk)``: ``chunk`` is ``[n, L]`` with ``L <= max_chunk_size``,
-        the gradient entries ``[start, start + L)`` of the concatenated parameter vector."""
+    def chunk_parts(self, grads: Grads):
+        """Yield ``(start, parts)``: consecutive views ``[n, L_i]`` of the gradient that together
+        hold the entries ``[start, start + ΣL_i)`` of the parameter vector, ``ΣL_i <= max_chunk_size``."""
         n, items = grad_items(grads, self.grad_dim)
         pending: list[torch.Tensor] = []
         width = 0
@@ -51,11 +55,17 @@ class ChunkedProjector(_MatrixProjector):
                 width += take
                 pos += take
                 if width == self.max_chunk_size:
-                    yield start, self._join(pending)
+                    yield start, pending
                     start += width
                     pending, width = [], 0
         if pending:
-            yield start, self._join(pending)
+            yield start, pending
+
+    def chunks(self, grads: Grads):
+        """Yield ``(start, chunk)``: ``chunk`` is ``[n, L]`` with ``L <= max_chunk_size``,
+        the gradient entries ``[start, start + L)`` of the concatenated parameter vector."""
+        for start, parts in self.chunk_parts(grads):
+            yield start, self._join(parts)
 
     def _join(self, parts: list[torch.Tensor]) -> torch.Tensor:
         if len(parts) == 1:
@@ -64,10 +74,19 @@ class ChunkedProjector(_MatrixProjector):
 
     def _project(self, grads: Grads, model_id: int) -> torch.Tensor:
         acc = None
-        for start, chunk in self.chunks(grads):
+        for start, parts in self.chunk_parts(grads):
             if acc is None:
-                acc = self.matrix.accumulator(chunk.shape[0], chunk.device)
-            self.matrix.add_into(acc, chunk, start, model_id)
+                acc = self.matrix.accumulator(parts[0].shape[0], parts[0].device)
+            # Small parameters are joined so that a dense chunk is one matmul; large pieces
+            # (and every sjlt piece: a scatter gains nothing from joining) go in as views.
+            if len(parts) > 1 and isinstance(self.matrix, DenseMatrix):
+                small = [p for p in parts if p.shape[1] < JOIN_BELOW]
+                if len(small) > 1:
+                    self.matrix.add_into(acc, self._join(parts), start, model_id)
+                    continue
+            for part in parts:
+                self.matrix.add_into(acc, part, start, model_id)
+                start += part.shape[1]
         return self.matrix.finish(acc)
 
     def _unproject(self, z: torch.Tensor, model_id: int) -> torch.Tensor:
