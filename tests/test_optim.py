@@ -373,3 +373,20 @@ def test_a_group_projection_overrides_only_the_keys_it_names():
     assert (first["rank"], first["update_gap"], first["seed"]) == (2, 7, 3)
     assert (second["rank"], second["update_gap"]) == (5, 7)
     assert [r["inner_shape"] for r in opt.describe() if r["kind"] == "MatrixSlot"] == [(20, 2), (20, 5)]
+
+
+def test_lr_scheduler_drives_the_inner_optimizer():
+    model = mlp()
+    opt = ProjectedOptimizer(model.parameters(), inner=torch.optim.SGD, projection={"rank": 4}, lr=0.4, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    for x, y in batches(2):
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        sched.step()
+    assert opt.param_groups[0]["lr"] == 0.1
+    x, y = batches(1, seed=3)[0]
+    opt.zero_grad()
+    nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+    assert opt.inner.param_groups[0]["lr"] == 0.1 and "initial_lr" not in opt.inner.param_groups[0]
