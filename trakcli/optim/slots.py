@@ -31,7 +31,6 @@ unprojected SGD update ``-lr·PᵀPg`` is an unbiased estimate of ``-lr·g``.
 from __future__ import annotations
 
 import hashlib
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -134,9 +133,6 @@ class Slot:
     def inner_param(self) -> torch.Tensor:
         return self.params[0]
 
-    def numel_state_shape(self) -> int:
-        return sum(p.numel() for p in self.params)
-
 
 class IdentitySlot(Slot):
     """A real parameter stepped by the inner optimizer directly."""
@@ -160,9 +156,6 @@ class _ProjectedSlot(Slot):
     @property
     def inner_param(self) -> torch.Tensor:
         return self.shadow
-
-    def numel_state_shape(self) -> int:
-        return math.prod(self.shape)
 
     def set_grad(self, grads: list[torch.Tensor | None], k: int) -> None:
         """Zero the shadow and give it the projected gradient (projection number ``k``)."""
