@@ -97,10 +97,11 @@ def test_per_matrix_sgd_step_is_the_projected_gradient_mapped_back():
     torch.manual_seed(0)
     w = nn.Parameter(torch.randn(5, 30, dtype=torch.float64))  # smaller side 5 (rows): P is [rank, 5]
     v = nn.Parameter(torch.randn(40, 6, dtype=torch.float64))  # smaller side 6 (columns): P is [rank, 6]
-    opt = ProjectedOptimizer([w, v], inner=torch.optim.SGD, projection={"rank": 3, "seed": 7}, lr=0.5, weight_decay=0.0)
-    w0, v0 = w.detach().clone(), v.detach().clone()
-    gw, gv = torch.randn(5, 30, dtype=torch.float64), torch.randn(40, 6, dtype=torch.float64)
-    w.grad, v.grad = gw.clone(), gv.clone()
+    c = nn.Parameter(torch.randn(4, 2, 3, 3, dtype=torch.float64))  # a conv kernel: the matrix [4, 18]
+    opt = ProjectedOptimizer([w, v, c], inner=torch.optim.SGD, projection={"rank": 3, "seed": 7}, lr=0.5, weight_decay=0.0)
+    w0, v0, c0 = w.detach().clone(), v.detach().clone(), c.detach().clone()
+    gw, gv, gc = torch.randn(5, 30, dtype=torch.float64), torch.randn(40, 6, dtype=torch.float64), torch.randn_like(c0)
+    w.grad, v.grad, c.grad = gw.clone(), gv.clone(), gc.clone()
     opt.step()
 
     def dense(short: int, index: int) -> torch.Tensor:
@@ -110,6 +111,8 @@ def test_per_matrix_sgd_step_is_the_projected_gradient_mapped_back():
     pw, pv = dense(5, 0), dense(6, 1)
     torch.testing.assert_close(w.detach(), w0 - 0.5 * pw.T @ pw @ gw)
     torch.testing.assert_close(v.detach(), v0 - 0.5 * gv @ pv.T @ pv)
+    pc = dense(4, 2)
+    torch.testing.assert_close(c.detach(), c0 - 0.5 * (pc.T @ pc @ gc.reshape(4, 18)).reshape(4, 2, 3, 3))
     assert opt.describe()[0]["inner_shape"] == (30, 3) and opt.describe()[1]["inner_shape"] == (40, 3)
 
 

@@ -586,6 +586,10 @@ def optimize(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_
             row["target_accuracy"] = accuracy(model, heldout)
             msg += f", target accuracy {row['target_accuracy']:.3f}"
         rows.append(row)
+        if "optimizer_state_numel" in row:
+            n_params = sum(p.numel() for p in model.parameters())
+            share = row["optimizer_state_numel"] / (2 * n_params)
+            msg += f", optimizer state {row['optimizer_state_numel']} floats ({share:.1%} of AdamW's)"
         if not row.get("kept"):
             reporter.info(f"{msg} -> {path}")
     if oc.metrics is not None:

@@ -41,6 +41,9 @@ from trakcli.config import ProjectionConfig
 from trakcli.errors import OptimizerError, TrakError
 from trakcli.projectors import Projector, make_projector
 
+#: Most bytes of generated matrix one projector of the optimizer caches.
+CACHE_LIMIT = 2**30
+
 #: Inner-optimizer state entries that are linear in the gradient (first moments):
 #: ``transfer`` maps these into a new subspace; every other entry is kept.
 LINEAR_STATE_KEYS = ("momentum_buffer", "exp_avg", "grad_avg", "prev")
@@ -103,7 +106,10 @@ def build_projector(settings: dict[str, Any], grad_dim: int, proj_dim: int | Non
         implementation = "chunked"  # the same matrix; measured 3-4x faster than basic for one row per step
     options: dict[str, Any] = {"dtype": _proj_dtype(dtype)}
     if kind != "noop":
-        options["cache_bytes"] = 8 * grad_dim * int(proj_dim or 1) if kind != "sjlt" else 16 * grad_dim
+        # room for two draws (a refresh's transfer reads the old and the new one), at most CACHE_LIMIT:
+        # a bigger dense matrix is regenerated block by block at every step (use kind sjlt for such sizes)
+        need = 8 * grad_dim * int(proj_dim or 1) if kind != "sjlt" else 16 * grad_dim
+        options["cache_bytes"] = min(need, CACHE_LIMIT)
     try:
         return make_projector(
             kind, implementation, grad_dim=grad_dim, proj_dim=proj_dim, seed=seed, **options
