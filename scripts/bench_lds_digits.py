@@ -22,7 +22,7 @@ The checkpoints come from ``trakcli.pipeline.optimize`` with the config's
 Run it in the benchmark environment (``./scripts/bench_env.sh`` makes it)::
 
     .venv-bench/bin/python scripts/bench_lds_digits.py            # full: 100 subset models
-    .venv-bench/bin/python scripts/bench_lds_digits.py --quick    # smoke run
+    .venv-bench/bin/python scripts/bench_lds_digits.py --quick    # smoke run (20 models, 3 checkpoints)
 
 It prints a table and writes JSON (``--out``). Acceptance (issue 2): trakcli's
 LDS >= traker's at proj_dim 256; trakcli at proj_dim 2048 keeps >= half of its
@@ -451,11 +451,15 @@ def versions() -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="smoke run: 20 subset models (unless --n-subsets)")
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="JSON results (default: %(default)s)")
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke run: 20 subset models and 3 checkpoints (unless --n-subsets / --n-checkpoints)")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="JSON results (default: bench_results/lds_digits.json, --quick: lds_digits_quick.json)")
     ap.add_argument("--config", type=Path, default=DEFAULT_CONFIG, help="trakcli config with an optimize section")
     ap.add_argument("--work-dir", type=Path, default=DEFAULT_WORK, help="checkpoints, stores, retraining cache")
     ap.add_argument("--n-subsets", type=int, default=None, help="retrained models for LDS (default 100, --quick 20)")
+    ap.add_argument("--n-checkpoints", type=int, default=None,
+                    help="use the first N checkpoints (default: all of optimize.n_models, --quick 3)")
     ap.add_argument("--subset-seed", type=int, default=0, help="seed of the random halves and their models")
     ap.add_argument("--proj-dims", type=int, nargs="+", default=[256, 2048])
     ap.add_argument("--skip-traker", action="store_true", help="time and score trakcli only")
@@ -484,7 +488,11 @@ def main(argv: list[str] | None = None) -> int:
 
     base = load_cfg(config, [])
     ckpt_paths = checkpoints(base, config, work, [])
-    ckpt_glob = str(work / "ckpts" / "model_*.pt")
+    n_ckpt = args.n_checkpoints or (3 if args.quick else len(ckpt_paths))
+    if not 1 <= n_ckpt <= len(ckpt_paths):
+        raise SystemExit(f"--n-checkpoints must be between 1 and {len(ckpt_paths)}, got {n_ckpt}")
+    ckpt_paths = ckpt_paths[:n_ckpt]
+    ckpt_list = json.dumps([str(p) for p in ckpt_paths])  # a YAML flow list for the override
     batch_size = int(base.data.batch_size)
     proj_seed = int(getattr(base.projector, "seed", 0))
     data = load_digits_split()
@@ -512,7 +520,7 @@ def main(argv: list[str] | None = None) -> int:
             tag = f" (repeat {rep + 1}/{args.repeats})" if args.repeats > 1 else ""
             log(f"proj_dim={proj_dim}: trakcli featurize + score{tag}")
             store = work / f"trakcli_{proj_dim}.zarr"
-            overrides = [f"projector.proj_dim={proj_dim}", f"store.path={store}", f"checkpoints={ckpt_glob}"]
+            overrides = [f"projector.proj_dim={proj_dim}", f"store.path={store}", f"checkpoints={ckpt_list}"]
             load = os.getloadavg()[0]
             scores, t, res = run_trakcli(config, overrides, store)
             runs["trakcli"].append({**t, "seconds": t["featurize"] + t["score"], "loadavg_1min_before": load})
@@ -612,7 +620,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "total_seconds": time.perf_counter() - t_start,
     }
-    out = args.out.resolve()
+    out = (args.out or (DEFAULT_OUT.with_name("lds_digits_quick.json") if args.quick else DEFAULT_OUT)).resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     log(f"wrote {rel(out)} ({result['total_seconds']:.0f}s in all)")
