@@ -261,8 +261,13 @@ def test_optimize_featurize_score_minilm(tmp_path, monkeypatch):
     # the finetuned head was loaded, not the seeded one
     sd = torch.load("ckpts/model_000.pt", weights_only=True)
     assert not torch.equal(sd["classifier.weight"], build_model(f"hf:{MINILM}").classifier.weight)
-    # featurizing with another batch size changes nothing (a different store, same features)
-    res = trak("featurize", "run.yaml", "data.batch_size=7", "store.path=out/b7.zarr")
+    # featurizing with other batches changes nothing (a different store, same features): here
+    # data.grad_memory_mb=1 holds the gradients of one example at a time (0.6M entries, 2.4 MB)
+    from trakcli.pipeline import rows_per_batch
+
+    assert rows_per_batch(load_config("run.yaml", ["data.grad_memory_mb=1"]), 591_362) == 1
+    assert rows_per_batch(load_config("run.yaml", ["data.grad_memory_mb=10"]), 591_362) == 4
+    res = trak("featurize", "run.yaml", "data.grad_memory_mb=1", "store.path=out/b7.zarr")
     assert res.exit_code == 0, res.output
     import zarr
 

@@ -118,6 +118,11 @@ class DataConfig(_Strict):
     train: DatasetConfig = Field(description="The training set whose examples get scores.")
     target: DatasetConfig | None = Field(None, description="The examples whose predictions are explained.")
     batch_size: PositiveInt = Field(128, description="Examples per gradient batch.")
+    grad_memory_mb: PositiveInt = Field(
+        1024,
+        description="Most MiB of per-example gradients (batch rows x grad_dim float32) held at once: a batch "
+        "is cut into smaller ones to fit (never changes the features). Bounds the memory of big models.",
+    )
 
 
 class ProjectorConfig(BaseModel):

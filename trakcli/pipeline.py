@@ -105,6 +105,16 @@ def _setup(cfg: Config, *, need_target: bool = False) -> _Setup:
     return _Setup(cfg, checkpoints, shas, train, model, grads, projector, device, identity, dist)
 
 
+def rows_per_batch(cfg: Config, grad_dim: int) -> int:
+    """``data.batch_size``, lowered so that ``rows x grad_dim`` float32 gradients fit ``data.grad_memory_mb``.
+
+    Returns:
+        At least 1 (a single example's gradient is never split).
+    """
+    fit = (cfg.data.grad_memory_mb * 2**20) // (4 * max(1, grad_dim))
+    return max(1, min(cfg.data.batch_size, fit))
+
+
 @contextmanager
 def _locked(path: Path, dist: Dist, reporter: Reporter) -> Iterator[None]:
     """Hold ``<store>.lock`` (rank 0) for the duration of a run."""
@@ -152,7 +162,7 @@ def _featurize_rows(
             feats = np.empty((hi - lo, proj_dim), dtype=np.float32)
             q_all = np.empty(hi - lo, dtype=np.float32)
             bad_all = np.zeros(hi - lo, dtype=np.uint8)
-            for off, x, y in data.batches(lo, hi, s.cfg.data.batch_size):
+            for off, x, y in data.batches(lo, hi, rows_per_batch(s.cfg, s.grads.grad_dim)):
                 g, q = s.grads(inputs_to(x, s.device), y.to(s.device), row_offset=off)
                 phi = s.projector.project(g, model_id=model_id)
                 if skip_nonfinite:
