@@ -173,7 +173,7 @@ def tiny_lm(tmp_path_factory):
 
     d = tmp_path_factory.mktemp("tiny_lm")
     torch.manual_seed(0)
-    cfg = GPT2Config(vocab_size=30522, n_positions=64, n_embd=16, n_layer=1, n_head=2)
+    cfg = GPT2Config(vocab_size=30522, n_positions=64, n_embd=16, n_layer=1, n_head=2, bos_token_id=101, eos_token_id=102)
     GPT2LMHeadModel(cfg).save_pretrained(d)
     AutoTokenizer.from_pretrained(str(resolve_hf_path(MINILM))).save_pretrained(d)
     return d
@@ -274,3 +274,31 @@ def test_optimize_featurize_score_minilm(tmp_path, monkeypatch):
     a = zarr.open_group("out/attrib.zarr", mode="r")["train/0/features"][:]
     b = zarr.open_group("out/b7.zarr", mode="r")["train/0/features"][:]
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5 * np.abs(a).max())
+
+
+def test_language_modeling_featurize_and_score_a_checkpoint_directory(tiny_lm, tmp_path, monkeypatch):
+    """task language_modeling end to end; the checkpoint is the Hugging Face directory itself."""
+    monkeypatch.chdir(tmp_path)
+    texts = [f"The {w} was lovely today." for w in ("soup", "bus", "garden", "movie", "coffee")] + ["Hi"]
+    Path("lm.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    write_config(tmp_path / "lm.yaml", {
+        "model": {"entrypoint": f"hf:{tiny_lm}"},
+        "checkpoints": [str(tiny_lm)],
+        "task": "language_modeling",
+        "data": {"train": {"path": "lm.jsonl", "text": "text"}, "target": {"path": "lm.jsonl", "text": "text"},
+                 "batch_size": 4},
+        "grad_wrt": ["transformer.h.0.*"],
+        "projector": {"kind": "rademacher", "proj_dim": 32},
+        "store": {"path": "lm.zarr", "chunk_rows": 4},
+    })
+    res = trak("featurize", "lm.yaml")
+    assert res.exit_code == 0, res.output
+    res = trak("score", "lm.yaml", "--out", "s.npy")
+    assert res.exit_code == 0, res.output
+    s = np.load("s.npy")
+    assert s.shape == (6, 6) and np.isfinite(s).all()
+    # each text is its own top proponent
+    assert (s.argmax(1) == np.arange(6)).sum() >= 5
+    import zarr
+
+    assert zarr.open_group("lm.zarr", mode="r").attrs["identity"]["task"] == "language_modeling"

@@ -291,6 +291,15 @@ def load_hf_checkpoint(model: nn.Module, sd: dict[str, torch.Tensor], path: Path
         if k not in own and (prefix + k) in own:
             k = prefix + k
         mapped[k] = v
+    # tied weights (a causal LM's lm_head and its input embeddings) are saved once: take the twin's
+    by_storage: dict[int, list[str]] = {}
+    for k, v in own.items():
+        by_storage.setdefault(v.data_ptr(), []).append(k)
+    for k, v in own.items():
+        if k not in mapped:
+            twin = next((t for t in by_storage[v.data_ptr()] if t != k and t in mapped), None)
+            if twin is not None:
+                mapped[k] = mapped[twin]
     seeded = set(getattr(model, "trak_missing", []))
     missing = [k for k in own if k not in mapped and k not in seeded]
     unexpected = [k for k in mapped if k not in own and not k.endswith("position_ids")]
