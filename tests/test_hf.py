@@ -302,3 +302,5 @@ def test_language_modeling_featurize_and_score_a_checkpoint_directory(tiny_lm, t
     import zarr
 
     assert zarr.open_group("lm.zarr", mode="r").attrs["identity"]["task"] == "language_modeling"
+    res = trak("optimize", "lm.yaml", "optimize.out_dir=o")
+    assert res.exit_code == 1 and "task language_modeling is for featurize and score only" in res.output

@@ -522,6 +522,11 @@ def optimize(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_
     oc = cfg.optimize
     if oc is None:
         raise ConfigError("optimize: section missing; add optimize: {n_models: 10, out_dir: ckpts, ...}")
+    if cfg.task == "language_modeling":
+        raise ConfigError(
+            "task: trak optimize trains classifiers (cross-entropy on [n, C] logits); task language_modeling is "
+            "for featurize and score only: train the language model elsewhere and point checkpoints at it"
+        )
     check_files(cfg, need_checkpoints=False)
     _apply_threads(cfg)
     train = load_dataset(cfg.data.train, key="data.train")
