@@ -28,6 +28,10 @@ It prints a table and writes JSON (``--out``). Acceptance (issue 2): trakcli's
 LDS >= traker's at proj_dim 256; trakcli at proj_dim 2048 keeps >= half of its
 proj_dim-256 LDS; trakcli's featurize + score at least 3x faster than traker's.
 ``--check`` makes a failed acceptance exit 1.
+
+Timings are wall-clock with torch's default threads (one per core) for both
+tools; on a machine shared with other jobs they swing by 2-4x, so run it idle,
+or pass ``--repeats 3`` (the tools alternate, the fastest run of each is kept).
 """
 
 from __future__ import annotations
