@@ -490,6 +490,12 @@ def main(argv: list[str] | None = None) -> int:
     if not args.skip_traker:
         import trak  # noqa: F401
 
+    # Both tools take per-example gradients with torch.func, whose first grad call imports
+    # torch._dynamo (seconds). Pay that once here, so the first timed tool does not carry it.
+    from torch.func import grad, vmap
+
+    vmap(grad(lambda w, x: (w * x).sum()), in_dims=(None, 0))(torch.ones(3), torch.ones(2, 3))
+
     base = load_cfg(config, [])
     ckpt_paths = checkpoints(base, config, work, [])
     n_ckpt = args.n_checkpoints or (3 if args.quick else len(ckpt_paths))
