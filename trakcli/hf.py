@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from trakcli.errors import CheckpointError, DataError, ModelError
+from trakcli.models import describe_mismatch
 
 HF_PREFIX = "hf:"
 MODEL_CLASSES = ("sequence_classification", "causal_lm")
@@ -303,22 +304,11 @@ def load_hf_checkpoint(model: nn.Module, sd: dict[str, torch.Tensor], path: Path
     seeded = set(getattr(model, "trak_missing", []))
     missing = [k for k in own if k not in mapped and k not in seeded]
     unexpected = [k for k in mapped if k not in own and not k.endswith("position_ids")]
-    shapes = [
-        f"{k}: checkpoint {list(mapped[k].shape)} vs model {list(own[k].shape)}"
-        for k in own
-        if k in mapped and mapped[k].shape != own[k].shape
-    ]
-    if missing or unexpected or shapes:
-        parts = []
-        if shapes:
-            parts.append("shape mismatch " + "; ".join(shapes[:3]) + (" ..." if len(shapes) > 3 else ""))
-        if missing:
-            parts.append(f"missing keys {missing[:5]}" + (" ..." if len(missing) > 5 else ""))
-        if unexpected:
-            parts.append(f"unexpected keys {unexpected[:5]}" + (" ..." if len(unexpected) > 5 else ""))
+    problem = describe_mismatch(own, mapped, missing=missing, unexpected=unexpected)
+    if problem:
         raise CheckpointError(
             f"checkpoint {path} does not fit the model {getattr(model, 'trak_hf_path', type(model).__name__)}: "
-            f"{', '.join(parts)}; check model.entrypoint and model.kwargs (num_labels, model_class)"
+            f"{problem}; check model.entrypoint and model.kwargs (num_labels, model_class)"
         )
     initial = getattr(model, "trak_initial", {})
     for k in seeded:

@@ -179,6 +179,31 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     return sd
 
 
+def describe_mismatch(
+    own: dict[str, torch.Tensor], sd: dict[str, torch.Tensor], *, missing: list[str], unexpected: list[str]
+) -> str | None:
+    """The first shape-mismatched, missing and unexpected keys of a state dict, or None if it fits.
+
+    Args:
+        own: the model's state dict.
+        sd: the checkpoint's state dict (keys already mapped to the model's).
+        missing, unexpected: the keys the caller counts as missing / unexpected.
+    """
+    shapes = [
+        f"{k}: checkpoint {list(sd[k].shape)} vs model {list(own[k].shape)}"
+        for k in own
+        if k in sd and sd[k].shape != own[k].shape
+    ]
+    parts = []
+    if shapes:
+        parts.append("shape mismatch " + "; ".join(shapes[:3]) + (" ..." if len(shapes) > 3 else ""))
+    if missing:
+        parts.append(f"missing keys {missing[:5]}" + (" ..." if len(missing) > 5 else ""))
+    if unexpected:
+        parts.append(f"unexpected keys {unexpected[:5]}" + (" ..." if len(unexpected) > 5 else ""))
+    return ", ".join(parts) or None
+
+
 def load_checkpoint(model: nn.Module, path: str | Path) -> None:
     """Load a state dict into ``model`` in place, checking keys and shapes first.
 
@@ -192,23 +217,11 @@ def load_checkpoint(model: nn.Module, path: str | Path) -> None:
         load_hf_checkpoint(model, sd, Path(path))
         return
     own = model.state_dict()
-    missing = [k for k in own if k not in sd]
-    unexpected = [k for k in sd if k not in own]
-    shapes = [
-        f"{k}: checkpoint {list(sd[k].shape)} vs model {list(own[k].shape)}"
-        for k in own
-        if k in sd and sd[k].shape != own[k].shape
-    ]
-    if missing or unexpected or shapes:
-        parts = []
-        if shapes:
-            parts.append("shape mismatch " + "; ".join(shapes[:3]) + (" ..." if len(shapes) > 3 else ""))
-        if missing:
-            parts.append(f"missing keys {missing[:5]}" + (" ..." if len(missing) > 5 else ""))
-        if unexpected:
-            parts.append(f"unexpected keys {unexpected[:5]}" + (" ..." if len(unexpected) > 5 else ""))
+    missing, unexpected = [k for k in own if k not in sd], [k for k in sd if k not in own]
+    problem = describe_mismatch(own, sd, missing=missing, unexpected=unexpected)
+    if problem:
         raise CheckpointError(
-            f"checkpoint {path} does not fit the model: {', '.join(parts)}; "
+            f"checkpoint {path} does not fit the model: {problem}; "
             "check model.entrypoint and model.kwargs against how the checkpoint was trained"
         )
     model.load_state_dict(sd, strict=True)
