@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up .venv with the test and hf (transformers) extras and run the test suite. Extra arguments go to pytest.
 set -euo pipefail
-source "$(dirname "$0")/_env.sh" "test,hf"
+source "$(dirname "$0")/_env.sh" "test,hf,cuda"  # cuda: triton, so the kernel tests run under TRITON_INTERPRET=1
 set +e
 python -m pytest "$@"
 code=$?
