@@ -221,9 +221,7 @@ class ProjectedOptimizer(torch.optim.Optimizer):
             group = self.param_groups[gi]
             upd = slot.take_update()
             scale = float(group["projection"].get("scale", 1.0))
-            for p, full in zip(slot.params, slot.unproject(upd, self.state[self._anchor(gi)]["proj_index"])):
-                if p.grad is not None:
-                    p.add_(full if full.dtype == p.dtype else full.to(p.dtype), alpha=scale)
+            slot.add_update(upd, self.state[self._anchor(gi)]["proj_index"], scale)
         if self.param_transform is not None:
             for group in self.param_groups:
                 for p in group["params"]:

@@ -176,6 +176,12 @@ class _ProjectedSlot(Slot):
         self.shadow.data = torch.empty(0, dtype=self.shadow.dtype, device=self.shadow.device)
         return upd
 
+    def add_update(self, u: torch.Tensor, k: int, alpha: float) -> None:
+        """Add ``alpha · Pᵀ u`` (projection ``k``) to the parameters that have a gradient, in place."""
+        for p, full in zip(self.params, self.unproject(u, k)):
+            if p.grad is not None:
+                p.add_(full if full.dtype == p.dtype else full.to(p.dtype), alpha=alpha)
+
     def project(self, grads: list[torch.Tensor | None], k: int) -> torch.Tensor:
         raise NotImplementedError
 
@@ -243,6 +249,23 @@ class MatrixSlot(_ProjectedSlot):
         if self.transposed:
             full = full.T
         return [full.view(self.params[0].shape) if full.is_contiguous() else full.reshape(self.params[0].shape)]
+
+    def add_update(self, u, k, alpha):
+        """``W += alpha · (u P)`` as one in-place addmm on the parameter's oriented view.
+
+        The same sum as :meth:`unproject` followed by ``add_``, without the
+        ``[L, s]`` temporary (the per-step overhead that matters for small layers).
+        """
+        param = self.params[0]
+        p = self.matrix(k)
+        if param.grad is None:
+            return
+        if param.dtype != p.dtype or not param.is_contiguous():
+            super().add_update(u, k, alpha)
+            return
+        target = param.view(param.shape[0], -1)  # [a, b]
+        target = target.T if self.transposed else target  # [L, s]
+        target.addmm_(u if u.dtype == p.dtype else u.to(p.dtype), p, alpha=alpha)
 
     def transfer(self, m, k_old, k_new):
         full = m.to(self.projector.dtype) @ self.matrix(k_old)  # [L, s]
