@@ -28,7 +28,7 @@ from trakcli.hf import forward
 from trakcli.models import build_model, file_sha256, load_checkpoint
 from trakcli.progress import NULL_REPORTER, Reporter
 from trakcli.projectors import make_projector
-from trakcli.scoring import gram_matrix, kernel_factor, resolve_lambda, target_weights
+from trakcli.scoring import gram_matrix, kernel_factor, resolve_lambda, score_block, target_weights
 from trakcli.store import ChunkedRows, Store, StoreLock, diff_keys, jsonable
 from trakcli.training import train_classifier
 
@@ -482,14 +482,9 @@ def finalize_and_score(
         for chunk in pending:
             _event(f"start score {chunk}")
             lo, hi = out.rows(chunk)
-            acc = torch.zeros(n_target, hi - lo, dtype=torch.float32)
-            q = torch.zeros(hi - lo, dtype=torch.float64)
-            for w, rows in zip(weights, train_rows):
-                feats = torch.from_numpy(rows.read("features", lo, hi).astype(np.float32, copy=False))
-                acc.addmm_(w, feats.T)
-                q += torch.from_numpy(rows.read("out_to_loss", lo, hi)).to(torch.float64)
-            block = acc / n_models * (q / n_models).to(torch.float32).unsqueeze(0)
-            out.write(chunk, scores=block.numpy())
+            feats = [torch.from_numpy(r.read("features", lo, hi).astype(np.float32, copy=False)) for r in train_rows]
+            qs = [torch.from_numpy(r.read("out_to_loss", lo, hi)) for r in train_rows]
+            out.write(chunk, scores=score_block(weights, feats, qs).numpy())
             _event(f"done score {chunk}")
             task.advance()
     dist.barrier()

@@ -106,8 +106,12 @@ def score_block(
 ) -> torch.Tensor:
     """Ensembled TRAK scores of all targets against a block of train rows.
 
+    The products are computed in the dtype of ``weights`` (float64 from
+    :func:`target_weights`, or float32 weights for the fast streamed path of
+    ``trakcli.pipeline``); ``Q`` is averaged in float64.
+
     Args:
-        weights: per checkpoint, ``[n_target, proj_dim]`` float64 from :func:`target_weights`.
+        weights: per checkpoint, ``[n_target, proj_dim]`` from :func:`target_weights`.
         train_features: per checkpoint, ``[rows, proj_dim]`` features of the block.
         out_to_loss: per checkpoint, ``[rows]`` out-to-loss terms of the block.
 
@@ -117,9 +121,12 @@ def score_block(
     m = len(weights)
     if not (m == len(train_features) == len(out_to_loss)) or m == 0:
         raise ValueError("weights, train_features and out_to_loss need one entry per checkpoint")
-    acc = sum(w @ f.to(torch.float64).T for w, f in zip(weights, train_features)) / m
+    dtype = weights[0].dtype
+    acc = torch.zeros(weights[0].shape[0], train_features[0].shape[0], dtype=dtype, device=weights[0].device)
+    for w, f in zip(weights, train_features):
+        acc.addmm_(w, f.to(dtype).T)
     q = sum(o.to(torch.float64) for o in out_to_loss) / m
-    return (acc * q.unsqueeze(0)).to(torch.float32)
+    return (acc / m * q.to(dtype).unsqueeze(0)).to(torch.float32)
 
 
 def trak_scores(

@@ -422,7 +422,7 @@ class Store:
 
     @property
     def _storage(self) -> dict[str, Any]:
-        return self.identity.get("storage", {"dtype": "float32", "compressor": "zstd", "chunk_rows": 512})
+        return self.identity["storage"]
 
     # -- arrays ---------------------------------------------------------------
 
