@@ -228,13 +228,14 @@ class ProjectionConfig(_Strict):
         return self
 
 
-class OptimizeConfig(_Strict):
-    """A plain training recipe for `trak optimize` (N independently seeded models)."""
+class OptimizerConfig(_Strict):
+    """``optimizer:``: the optimizer of `trak optimize` (and of the retraining of `trak eval`).
 
-    n_models: PositiveInt = Field(10, description="How many models (checkpoints) to train.")
-    epochs: PositiveInt = Field(30, description="Passes over the training set.")
-    batch_size: PositiveInt = Field(64, description="Minibatch size.")
-    optimizer: Literal["sgd", "adam", "adamw"] = Field(
+    Equivalent to the ``optimizer`` / ``lr`` / ``momentum`` / ``weight_decay`` /
+    ``projection`` keys of the flat ``optimize:`` section.
+    """
+
+    name: Literal["sgd", "adam", "adamw"] = Field(
         "sgd", description="torch.optim optimizer (the inner optimizer when `projection` is set)."
     )
     lr: float = Field(0.05, gt=0, description="Learning rate.")
@@ -242,11 +243,19 @@ class OptimizeConfig(_Strict):
     weight_decay: float = Field(
         5e-4, ge=0, description="Weight decay (with `projection`: decoupled, in the full parameter space)."
     )
-    seed: int = Field(0, description="Model i is initialized and shuffled with seed + i.")
-    out_dir: Path = Field(description="Directory for the checkpoints model_000.pt, model_001.pt, ...")
     projection: ProjectionConfig | None = Field(
         None, description="Run the optimizer in a random subspace (trakcli.optim.ProjectedOptimizer); unset: plain."
     )
+
+
+class TrainingConfig(_Strict):
+    """``training:``: how `trak optimize` trains its N models (and `trak eval` its retrained ones)."""
+
+    n_models: PositiveInt = Field(10, description="How many models (checkpoints) to train.")
+    epochs: PositiveInt = Field(30, description="Passes over the training set.")
+    batch_size: PositiveInt = Field(64, description="Minibatch size.")
+    seed: int = Field(0, description="Model i is initialized and shuffled with seed + i.")
+    out_dir: Path = Field(description="Directory for the checkpoints model_000.pt, model_001.pt, ...")
     metrics: Path | None = Field(
         None, description="Write per-model metrics (seed, loss, accuracy, optimizer state size) to this JSON file."
     )
@@ -266,6 +275,85 @@ class OptimizeConfig(_Strict):
         description="Save the training state (model, optimizer, data order) every this many steps, and at every "
         "epoch end, to out_dir/.resume/; a killed run resumes from it (0: epoch ends only).",
     )
+    entrypoint: str | None = Field(
+        None,
+        description='Your own training function, "path/to/file.py:function" or "package.module:function", used '
+        "instead of the built-in recipe: called as fn(model, inputs, labels, seed=seed, **kwargs) on a freshly "
+        "built (or init_checkpoint) model, it trains the model in place or returns the trained model.",
+    )
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of `entrypoint`.")
+
+
+class OptimizeConfig(TrainingConfig):
+    """The flat form of ``training:`` + ``optimizer:`` in one ``optimize:`` section (N seeded models)."""
+
+    optimizer: Literal["sgd", "adam", "adamw"] = Field(
+        "sgd", description="torch.optim optimizer (the inner optimizer when `projection` is set)."
+    )
+    lr: float = Field(0.05, gt=0, description="Learning rate.")
+    momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum (ignored by adam).")
+    weight_decay: float = Field(
+        5e-4, ge=0, description="Weight decay (with `projection`: decoupled, in the full parameter space)."
+    )
+    projection: ProjectionConfig | None = Field(
+        None, description="Run the optimizer in a random subspace (trakcli.optim.ProjectedOptimizer); unset: plain."
+    )
+
+    @classmethod
+    def from_sections(cls, training: TrainingConfig, optimizer: OptimizerConfig) -> "OptimizeConfig":
+        """The flat section equivalent to ``training:`` + ``optimizer:``."""
+        opt = optimizer.model_dump()
+        opt["optimizer"] = opt.pop("name")
+        return cls.model_validate({**training.model_dump(), **opt})
+
+
+class SweepConfig(_Strict):
+    """``eval.sweep``: the grid of `trak eval sweep` (one featurization per proj_dim)."""
+
+    proj_dims: list[PositiveInt] = Field(
+        default_factory=lambda: [64, 128, 256, 512, 1024, 2048], description="Projection dimensions to featurize."
+    )
+    n_checkpoints: list[PositiveInt] | None = Field(
+        None, description="Ensemble sizes (the first k checkpoints); unset: 1, 2, 5, 10, ... up to all."
+    )
+    lambda_rel: list[float] = Field(
+        default_factory=lambda: [0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0],
+        description="Ridges relative to trace(Φᵀ Φ)/n_train (see score.lambda_rel).",
+    )
+    lambda_reg: list[float] = Field(
+        default_factory=list, description="Absolute ridges to add to the grid (see score.lambda_reg)."
+    )
+    dir: Path | None = Field(
+        None, description="Where the sweep's per-proj_dim stores go; unset: <store.path>.sweep/ beside the store."
+    )
+
+    @field_validator("lambda_rel", "lambda_reg")
+    @classmethod
+    def _positive(cls, v: list[float]) -> list[float]:
+        bad = [x for x in v if not x > 0]
+        if bad:
+            raise ValueError(f"every ridge must be > 0, got {bad}")
+        return v
+
+
+class EvalConfig(_Strict):
+    """``eval:``: counterfactual retraining for the linear datamodeling score (`trak eval lds`).
+
+    LDS (Park et al. 2023, "TRAK", Sec. 2.2; Ilyas et al. 2022, "Datamodels"):
+    ``n_subsets`` models are trained with the config's training recipe on random
+    ``subset_fraction`` subsets of data.train; per target, the Spearman
+    correlation between ``mask @ scores[t]`` and the retrained models' outputs.
+    """
+
+    n_subsets: PositiveInt = Field(100, description="Models retrained on random subsets.")
+    subset_fraction: float = Field(
+        0.5, gt=0, lt=1, description="Share of data.train in each subset (exactly round(fraction * n_train) rows)."
+    )
+    seed: int = Field(0, ge=0, description="Seed of the subsets and of the retrained models' initializations.")
+    bootstrap: PositiveInt = Field(
+        1000, description="Bootstrap resamples of the targets for the 95% interval of the LDS."
+    )
+    sweep: SweepConfig = Field(default_factory=SweepConfig)
 
 
 class Config(_Strict):
@@ -289,7 +377,12 @@ class Config(_Strict):
     projector: ProjectorConfig = Field(default_factory=ProjectorConfig)
     store: StoreConfig
     score: ScoreConfig = Field(default_factory=ScoreConfig)
-    optimize: OptimizeConfig | None = None
+    optimize: OptimizeConfig | None = Field(
+        None, description="The training recipe in one flat section; or give `training:` and `optimizer:` instead."
+    )
+    training: TrainingConfig | None = Field(None, description="How `trak optimize` trains (with `optimizer:`).")
+    optimizer: OptimizerConfig | None = Field(None, description="The optimizer of `trak optimize` (with `training:`).")
+    eval: EvalConfig = Field(default_factory=EvalConfig)
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda if available, else cpu.")
     num_threads: PositiveInt | None = Field(
         None, description="torch intra-op CPU threads (unset: torch's default, one per core)."
@@ -331,6 +424,20 @@ class Config(_Strict):
                         f"data.{name}.labels: task {self.task} needs the label field of the text file "
                         "(only task language_modeling reads texts without labels)"
                     )
+        return self
+
+    @model_validator(mode="after")
+    def _recipe_sections(self) -> "Config":
+        """``training:`` + ``optimizer:`` fill the flat ``optimize:`` section (one recipe, two spellings)."""
+        if self.training is None and self.optimizer is None:
+            return self
+        if self.optimize is not None:
+            raise ValueError(
+                "give the training recipe once: either optimize: (flat) or training: + optimizer:, not both"
+            )
+        if self.training is None:
+            raise ValueError("optimizer: needs a training: section too (at least training.out_dir)")
+        self.optimize = OptimizeConfig.from_sections(self.training, self.optimizer or OptimizerConfig())
         return self
 
     @field_validator("store", mode="before")
@@ -432,7 +539,8 @@ def _format_errors(err: ValidationError) -> list[str]:
             problems.append(f"{key}: required key is missing")
         else:
             msg = e["msg"].removeprefix("Value error, ")
-            problems.append(f"{key}: {msg} (got {e.get('input')!r})")
+            got = f" (got {e.get('input')!r})" if loc else ""  # a whole-config check: the input is the config
+            problems.append(f"{key}: {msg}{got}")
     # a union failure is reported once per branch: keep each line once
     return list(dict.fromkeys(problems))
 
