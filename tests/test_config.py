@@ -105,3 +105,21 @@ def test_config_file_errors(tmp_path):
     lst.write_text("- a\n- b\n")
     with pytest.raises(ConfigError, match="must be a YAML mapping"):
         load_config(lst)
+
+
+def test_training_optimizer_sections_fill_optimize_and_round_trip():
+    """Issue 5's spelling (training: + optimizer:) gives the same recipe as the flat optimize: section."""
+    from trakcli.config import Config
+
+    base = {"checkpoints": "c/*.pt", "data": {"train": {"builtin": "digits", "split": "train"}}, "store": "s.zarr"}
+    flat = load_config({**base, "optimize": {"out_dir": "o", "optimizer": "adamw", "lr": 1e-3, "epochs": 3}})
+    split = load_config({**base, "training": {"out_dir": "o", "epochs": 3}, "optimizer": {"name": "adamw", "lr": 1e-3}})
+    assert split.optimize == flat.optimize
+    for cfg in (flat, split):  # --print-config output loads back to the same config
+        assert Config.model_validate(cfg.resolved()).resolved() == cfg.resolved()
+    with pytest.raises(ConfigError, match="either optimize"):
+        load_config({**base, "optimize": {"out_dir": "o"}, "training": {"out_dir": "o"}})
+    with pytest.raises(ConfigError, match="training.out_dir: required"):
+        load_config({**base, "training": {"epochs": 3}})
+    with pytest.raises(ConfigError, match="needs a training: section"):
+        load_config({**base, "optimizer": {"name": "sgd"}})

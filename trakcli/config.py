@@ -451,8 +451,18 @@ class Config(_Strict):
         return [v] if isinstance(v, str) else v
 
     def resolved(self) -> dict[str, Any]:
-        """The config as plain JSON-able data (what `--print-config` shows and the store records)."""
-        return self.model_dump(mode="json")
+        """The config as plain JSON-able data (what `--print-config` shows and the store records).
+
+        Loading it again gives the same config: a recipe given as ``training:`` +
+        ``optimizer:`` is shown in that spelling only (not also as the ``optimize:`` it fills).
+        """
+        data = self.model_dump(mode="json")
+        if self.training is not None:
+            data.pop("optimize", None)
+        else:
+            data.pop("training", None)
+            data.pop("optimizer", None)
+        return data
 
 
 # ----------------------------------------------------------------------------
