@@ -1,6 +1,6 @@
 """Benchmark the projected optimizer: finetune a digits MLP pretrained on digits 0-4 on all ten.
 
-    .venv/bin/python scripts/bench_optim.py [--epochs 20] [--seeds 3] [--lrs 1e-3,3e-3,1e-2,3e-2] [--out bench_optim.json]
+    .venv/bin/python scripts/bench_optimize.py [--epochs 20] [--seeds 3] [--lrs 1e-3,3e-3,1e-2,3e-2] [--out bench_results/optimize.json]
 
 Model: MLP 64-256-256-10 (85,002 parameters), pretrained with AdamW on the
 digits 0-4 of the training split, then finetuned on all ten digits with each
@@ -172,7 +172,7 @@ def main() -> None:
     ap.add_argument("--lrs", default="1e-3,3e-3,1e-2,3e-2")
     ap.add_argument("--methods", default="adamw,per_matrix,per_matrix_resample,global,global_resample,subspace,galore")
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--out", default="bench_optim.json")
+    ap.add_argument("--out", default="bench_results/optimize.json")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     lrs = [float(v) for v in args.lrs.split(",")]
