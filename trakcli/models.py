@@ -48,44 +48,58 @@ def make_mlp(in_dim: int = 64, hidden_dim: int = 128, num_classes: int = 10, dep
 BUILTIN_MODELS: dict[str, Callable[..., nn.Module]] = {"mlp": make_mlp}
 
 
-def _load_function(entrypoint: str) -> Callable[..., Any]:
-    if entrypoint in BUILTIN_MODELS:
-        return BUILTIN_MODELS[entrypoint]
+def _load_function(
+    entrypoint: str, key: str = "model.entrypoint", builtins: dict[str, Callable[..., Any]] | None = None
+) -> Callable[..., Any]:
+    """The function named by ``entrypoint``: a name of ``builtins``, "file.py:function" or "pkg.mod:function".
+
+    Args:
+        entrypoint: the spec.
+        key: the config key, for messages (``model.entrypoint``, ``training.entrypoint``).
+        builtins: built-in names (default: the built-in models).
+
+    Raises:
+        ModelError: unknown name, unimportable file/module, or no such function.
+    """
+    builtins = BUILTIN_MODELS if builtins is None else builtins
+    if entrypoint in builtins:
+        return builtins[entrypoint]
     if ":" not in entrypoint:
-        close = difflib.get_close_matches(entrypoint, list(BUILTIN_MODELS), n=1)
+        close = difflib.get_close_matches(entrypoint, list(builtins), n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
+        what = f"a built-in model ({', '.join(builtins)})" if builtins else "a function spec"
         raise ModelError(
-            f"model.entrypoint {entrypoint!r} is not a built-in model ({', '.join(BUILTIN_MODELS)}); "
-            f'{hint}use a built-in name, "path/to/file.py:function" or "package.module:function"'
+            f"{key} {entrypoint!r} is not {what}; "
+            f'{hint}use {"a built-in name, " if builtins else ""}"path/to/file.py:function" or "package.module:function"'
         )
     target, func_name = entrypoint.rsplit(":", 1)
     if target.endswith(".py"):
         path = Path(target)
         if not path.is_file():
-            raise ModelError(f"model.entrypoint: file {target!r} does not exist")
+            raise ModelError(f"{key}: file {target!r} does not exist")
         mod_name = f"_trakcli_user_{hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:10]}"
         spec = importlib.util.spec_from_file_location(mod_name, path)
         if spec is None or spec.loader is None:
-            raise ModelError(f"model.entrypoint: cannot import {target!r} as a Python file")
+            raise ModelError(f"{key}: cannot import {target!r} as a Python file")
         module = importlib.util.module_from_spec(spec)
         sys.modules[mod_name] = module
         try:
             spec.loader.exec_module(module)
         except Exception as e:
-            raise ModelError(f"model.entrypoint: importing {target!r} failed: {e.__class__.__name__}: {e}") from e
+            raise ModelError(f"{key}: importing {target!r} failed: {e.__class__.__name__}: {e}") from e
     else:
         try:
             module = importlib.import_module(target)
         except ImportError as e:
             raise ModelError(
-                f"model.entrypoint: cannot import module {target!r} ({e}); is it installed or on PYTHONPATH?"
+                f"{key}: cannot import module {target!r} ({e}); is it installed or on PYTHONPATH?"
             ) from None
     fn = getattr(module, func_name, None)
     if not callable(fn):
         names = [n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n))]
         close = difflib.get_close_matches(func_name, names, n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
-        raise ModelError(f"model.entrypoint: {target!r} has no function {func_name!r}{hint}")
+        raise ModelError(f"{key}: {target!r} has no function {func_name!r}{hint}")
     return fn
 
 

@@ -30,7 +30,7 @@ from trakcli.progress import NULL_REPORTER, Reporter
 from trakcli.projectors import make_projector
 from trakcli.scoring import gram_matrix, kernel_factor, resolve_lambda, score_block, target_weights
 from trakcli.store import ChunkedRows, Store, StoreLock, diff_keys, jsonable
-from trakcli.training import train_classifier
+from trakcli.training import check_recipe, load_training_function, train_one
 
 
 def _event(message: str) -> None:
@@ -494,8 +494,10 @@ def finalize_and_score(
 def optimize(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_REPORTER) -> list[Path]:
     """Train ``optimize.n_models`` independently seeded models and write their checkpoints.
 
-    Model ``i`` is initialized after ``torch.manual_seed(optimize.seed + i)``
-    and trained by :func:`trakcli.training.train_classifier`; it is written
+    Model ``i`` is built, seeded with ``optimize.seed + i`` and trained by
+    :func:`trakcli.training.train_one` (the built-in recipe, or the user's
+    ``training.entrypoint``), the same function that retrains the models of
+    `trak eval` (:mod:`trakcli.eval`); it is written
     atomically to ``optimize.out_dir/model_{i:03d}.pt``. Existing files are
     kept (a rerun resumes) unless ``overwrite``; a model killed mid-training
     resumes from its training state in ``out_dir/.resume/`` (saved every
@@ -514,15 +516,9 @@ def optimize(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_
         ConfigError: no ``optimize`` section, or an output path that cannot be written.
         OptimizerError: projection settings the model cannot use.
     """
-    oc = cfg.optimize
-    if oc is None:
-        raise ConfigError("optimize: section missing; add optimize: {n_models: 10, out_dir: ckpts, ...}")
-    if cfg.task == "language_modeling":
-        raise ConfigError(
-            "task: trak optimize trains classifiers (cross-entropy on [n, C] logits); task language_modeling is "
-            "for featurize and score only: train the language model elsewhere and point checkpoints at it"
-        )
+    oc = check_recipe(cfg)
     check_files(cfg, need_checkpoints=False)
+    load_training_function(cfg)  # a bad training.entrypoint fails before any model trains
     _apply_threads(cfg)
     train = load_dataset(cfg.data.train, key="data.train")
     heldout = load_dataset(cfg.data.target, key="data.target") if cfg.data.target is not None else None
@@ -531,7 +527,6 @@ def optimize(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_
         oc.out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ConfigError(f"optimize.out_dir: cannot create {str(oc.out_dir)!r}: {e}") from None
-    projection = oc.projection.model_dump() if oc.projection is not None else None
     if oc.init_checkpoint is not None and not oc.init_checkpoint.is_file():
         raise ConfigError(
             f"optimize.init_checkpoint: file {str(oc.init_checkpoint)!r} does not exist; give a state dict of "
@@ -549,11 +544,6 @@ def optimize(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_
         path = oc.out_dir / f"model_{i:03d}.pt"
         paths.append(path)
         row: dict[str, Any] = {"model_id": i, "seed": oc.seed + i, "checkpoint": str(path)}
-        torch.manual_seed(oc.seed + i)
-        model = build_model(cfg.model.entrypoint, **cfg.model.kwargs).to(device)
-        if oc.init_checkpoint is not None:
-            load_checkpoint(model, oc.init_checkpoint)
-            model.to(device)
         xi, yi = x, y
         if oc.subset_fraction < 1:
             gen = torch.Generator().manual_seed(oc.seed + i)
@@ -565,6 +555,7 @@ def optimize(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_
             reporter.info(f"{path} exists, kept (use --overwrite to retrain)")
             if oc.metrics is None:
                 continue
+            model = build_model(cfg.model.entrypoint, **cfg.model.kwargs)
             load_checkpoint(model, path)
             model.to(device).eval()
             row["kept"] = True
@@ -575,12 +566,9 @@ def optimize(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_
                 resume.unlink(missing_ok=True)
             elif resume.exists():
                 reporter.info(f"model {i}: resuming from {resume}")
-            train_classifier(
-                model, xi, yi,
-                epochs=oc.epochs, batch_size=oc.batch_size, lr=oc.lr, weight_decay=oc.weight_decay,
-                momentum=oc.momentum, optimizer=oc.optimizer, seed=oc.seed + i,
-                reporter=reporter, description=f"train model {i}", projection=projection, metrics=stats,
-                resume_path=resume, checkpoint_every=oc.checkpoint_every,
+            model = train_one(
+                cfg, xi, yi, seed=oc.seed + i, device=device, reporter=reporter,
+                description=f"train model {i}", metrics=stats, resume_path=resume,
             )
             try:
                 resume.parent.rmdir()  # only when empty: no other model's state is pending
@@ -590,6 +578,11 @@ def optimize(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_
             tmp = path.with_suffix(".pt.tmp")
             torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, tmp)
             os.replace(tmp, path)
+        if cfg.task == "language_modeling":  # a user training function trained an LM: no class accuracy
+            rows.append(row)
+            if not row.get("kept"):
+                reporter.info(f"model {i} -> {path}")
+            continue
         row["train_accuracy"] = accuracy(model, train)
         msg = f"model {i}: train accuracy {row['train_accuracy']:.3f}"
         if heldout is not None:

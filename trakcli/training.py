@@ -1,20 +1,25 @@
-"""A plain training recipe for classifiers (the checkpoints of the quickstart).
+"""Training: the plain recipe for classifiers, and one model of a config's recipe.
 
-Ordinary minibatch training with the cross-entropy loss and a ``torch.optim``
-optimizer, or that optimizer run in a random subspace by
-:class:`trakcli.optim.ProjectedOptimizer` when a ``projection`` is given.
+:func:`train_classifier` is ordinary minibatch training with the cross-entropy
+loss and a ``torch.optim`` optimizer, or that optimizer run in a random
+subspace by :class:`trakcli.optim.ProjectedOptimizer` when a ``projection`` is
+given. :func:`train_one` builds, seeds and trains one model with a config's
+recipe (``optimize:``, or ``training:`` + ``optimizer:``) or with the user's
+``training.entrypoint``; `trak optimize` (:func:`trakcli.pipeline.optimize`)
+and the retraining of `trak eval` (:mod:`trakcli.eval`) both call it.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from torch import nn
 
-from trakcli.data import index_inputs
+from trakcli.data import Inputs, index_inputs
+from trakcli.errors import ConfigError, ModelError
 from trakcli.hf import forward
 from trakcli.progress import NULL_REPORTER, Reporter
 
@@ -141,6 +146,134 @@ def train_classifier(
     if resume_path is not None:
         Path(resume_path).unlink(missing_ok=True)
     return model.eval()
+
+
+def recipe_key(cfg: Any) -> str:
+    """The config key of the training recipe as the user spelled it: ``training`` or ``optimize``."""
+    return "training" if getattr(cfg, "training", None) is not None else "optimize"
+
+
+def check_recipe(cfg: Any, *, purpose: str = "trak optimize") -> Any:
+    """Refuse configs whose recipe cannot train: no recipe section, or the built-in recipe on an LM task.
+
+    Args:
+        cfg: a :class:`~trakcli.config.Config`.
+        purpose: the command, for messages.
+
+    Returns:
+        ``cfg.optimize``, the :class:`~trakcli.config.OptimizeConfig` recipe.
+
+    Raises:
+        ConfigError: no ``optimize:`` / ``training:`` section, or task ``language_modeling``
+            with the built-in recipe (it trains classifiers; a ``training.entrypoint`` may train anything).
+    """
+    oc = cfg.optimize
+    if oc is None:
+        raise ConfigError(
+            f"optimize: section missing; {purpose} needs the training recipe: add optimize: "
+            "{n_models: 10, out_dir: ckpts, ...} (or training: + optimizer:)"
+        )
+    if cfg.task == "language_modeling" and oc.entrypoint is None:
+        raise ConfigError(
+            f"task: {purpose} trains classifiers (cross-entropy on [n, C] logits); task language_modeling is "
+            "for featurize and score only: train the language model elsewhere and point checkpoints at it, "
+            f"or give your own training function as {recipe_key(cfg)}.entrypoint"
+        )
+    return oc
+
+
+def load_training_function(cfg: Any) -> Callable[..., Any] | None:
+    """The user's training function of ``training.entrypoint`` (None: the built-in recipe).
+
+    Resolved like ``model.entrypoint`` (:func:`trakcli.models._load_function`):
+    ``"path/to/file.py:function"`` or ``"package.module:function"``.
+
+    Raises:
+        ModelError: the file or module cannot be imported, or has no such function.
+    """
+    oc = cfg.optimize
+    if oc is None or oc.entrypoint is None:
+        return None
+    from trakcli.models import _load_function
+
+    return _load_function(oc.entrypoint, key=f"{recipe_key(cfg)}.entrypoint", builtins={})
+
+
+def train_one(
+    cfg: Any,
+    inputs: Inputs,
+    labels: torch.Tensor,
+    *,
+    seed: int,
+    device: torch.device | str = "cpu",
+    reporter: Reporter = NULL_REPORTER,
+    description: str = "train",
+    metrics: dict[str, Any] | None = None,
+    resume_path: str | Path | None = None,
+) -> nn.Module:
+    """Build, seed and train one model with the config's recipe: what `trak optimize` does for model i.
+
+    Steps: ``torch.manual_seed(seed)``; build ``model.entrypoint`` with
+    ``model.kwargs`` on ``device``; load ``optimize.init_checkpoint`` if set;
+    then train it on ``(inputs, labels)``:
+
+    * with ``optimize.entrypoint`` (``training.entrypoint``): call the user's
+      function ``fn(model, inputs, labels, seed=seed, **optimize.kwargs)``; it
+      trains the model in place (returns None) or returns the trained model;
+    * else :func:`train_classifier` with the recipe's epochs, batch size,
+      optimizer, lr, momentum, weight decay and projection, its minibatch
+      order drawn with ``seed``.
+
+    `trak optimize` trains model i with ``seed = optimize.seed + i``, so
+    calling this with the same seed and rows reproduces its checkpoint.
+
+    Args:
+        cfg: a validated :class:`~trakcli.config.Config` with an ``optimize`` recipe.
+        inputs: ``[n, ...]`` float32 inputs on ``device`` (or a dict of ``[n, L]`` tensors for text).
+        labels: ``[n]`` int64 class labels on ``device``.
+        seed: seed of the initialization and of the minibatch order.
+        device: where the model lives.
+        reporter, description: progress of the built-in recipe (one step per epoch).
+        metrics: filled with ``final_loss`` and ``optimizer_state_numel`` by the built-in recipe.
+        resume_path: the built-in recipe's training-state file (see :func:`train_classifier`);
+            the state is saved every ``optimize.checkpoint_every`` steps and at epoch ends.
+
+    Returns:
+        The trained model, in eval mode, on ``device``.
+
+    Raises:
+        ConfigError: no recipe (see :func:`check_recipe`).
+        ModelError: the model or the training function cannot be loaded, or the
+            training function returned something that is not an ``nn.Module``.
+        CheckpointError: ``init_checkpoint`` or the resume file cannot be read.
+    """
+    from trakcli.models import build_model, load_checkpoint
+
+    oc = check_recipe(cfg)
+    fn = load_training_function(cfg)
+    torch.manual_seed(seed)
+    model = build_model(cfg.model.entrypoint, **cfg.model.kwargs).to(device)
+    if oc.init_checkpoint is not None:
+        load_checkpoint(model, oc.init_checkpoint)
+        model.to(device)
+    if fn is not None:
+        out = fn(model, inputs, labels, seed=seed, **oc.kwargs)
+        if out is None:
+            out = model
+        if not isinstance(out, nn.Module):
+            raise ModelError(
+                f"{recipe_key(cfg)}.entrypoint {oc.entrypoint!r} returned a {type(out).__name__}; it must train "
+                "the model in place and return None, or return the trained torch.nn.Module"
+            )
+        return out.to(device).eval()
+    projection = oc.projection.model_dump() if oc.projection is not None else None
+    return train_classifier(
+        model, inputs, labels,
+        epochs=oc.epochs, batch_size=oc.batch_size, lr=oc.lr, weight_decay=oc.weight_decay,
+        momentum=oc.momentum, optimizer=oc.optimizer, seed=seed,
+        reporter=reporter, description=description, projection=projection, metrics=metrics,
+        resume_path=resume_path, checkpoint_every=oc.checkpoint_every,
+    )
 
 
 def _save_training_state(path: Path, recipe, model, opt, gen, order, total, *, epoch: int, lo: int) -> None:
