@@ -21,6 +21,7 @@ from trakcli.errors import DataError
 
 DIGITS_TEST_FRACTION = 0.2
 DIGITS_SEED = 0
+DIGITS_IMAGE_SHAPE = (8, 8)  # each flat row of 64 pixels is an 8x8 image
 
 #: A batch of model inputs: a tensor ``[n, ...]`` or a dict of tensors ``[n, ...]`` (text).
 Inputs = Union[torch.Tensor, dict[str, torch.Tensor]]
@@ -59,12 +60,18 @@ class TensorDataset:
         input_shape: the per-example shape the fingerprint reports; ``None``:
             ``inputs.shape[1:]`` (text: ``[max_length]`` per key, since the
             tensors are padded to the longest text of each file).
+        image_shape: for image data stored flat, the shape of one image,
+            ``(H, W)`` or ``(C, H, W)`` with ``C`` in 1 or 3 (digits: ``(8, 8)``);
+            used only to draw pictures (:mod:`trakcli.plots`), never in the
+            fingerprint. ``None``: not declared (inputs of shape ``[n, H, W]``
+            or ``[n, C, H, W]`` are still drawn as images).
     """
 
     inputs: Inputs
     labels: torch.Tensor
     name: str
     input_shape: Any = None
+    image_shape: tuple[int, ...] | None = None
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
@@ -165,8 +172,8 @@ def load_dataset(cfg: DatasetConfig, *, key: str = "data.train") -> TensorDatase
     if cfg.builtin == "digits":
         x_tr, y_tr, x_ta, y_ta = load_digits_split()
         if cfg.split == "train":
-            return TensorDataset(x_tr, y_tr, "digits/train")
-        return TensorDataset(x_ta, y_ta, "digits/target")
+            return TensorDataset(x_tr, y_tr, "digits/train", image_shape=DIGITS_IMAGE_SHAPE)
+        return TensorDataset(x_ta, y_ta, "digits/target", image_shape=DIGITS_IMAGE_SHAPE)
     if cfg.text is not None:
         from trakcli.hf import load_text
 
