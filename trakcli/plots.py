@@ -37,7 +37,8 @@ def check_plot_path(path: str | Path, flag: str = "plot path") -> Path:
         ``path`` as a :class:`~pathlib.Path`.
 
     Raises:
-        UsageError: unknown suffix, missing parent directory, or a directory at ``path``.
+        UsageError: unknown suffix, missing parent directory, a directory at
+            ``path``, or a path the file system refuses (e.g. a name too long).
     """
     path = Path(path)
     if path.suffix.lower() not in PLOT_SUFFIXES:
@@ -45,10 +46,15 @@ def check_plot_path(path: str | Path, flag: str = "plot path") -> Path:
             f"{flag} {path}: unknown format {path.suffix or '(no suffix)'!r}; use a "
             + " / ".join(PLOT_SUFFIXES) + " path"
         )
-    if not path.parent.is_dir():
-        raise UsageError(f"{flag} {path}: directory {path.parent} does not exist; create it or choose another path")
-    if path.is_dir():
-        raise UsageError(f"{flag} {path} is a directory; give a file name such as {path / 'top.png'}")
+    try:
+        if not path.parent.is_dir():
+            raise UsageError(
+                f"{flag} {path}: directory {path.parent} does not exist; create it or choose another path"
+            )
+        if path.is_dir():
+            raise UsageError(f"{flag} {path} is a directory; give a file name such as {path / 'top.png'}")
+    except OSError as e:  # e.g. a name too long for the file system
+        raise UsageError(f"{flag} {path}: {e.strerror or e}; choose another path") from None
     return path
 
 
@@ -122,6 +128,33 @@ def image_shape_of(dataset: Any) -> tuple[int, ...] | None:
     if len(shape) == 2 or (len(shape) == 3 and shape[0] in (1, 3)):
         return shape
     return None
+
+
+class DecodedTexts(Sequence[str]):
+    """The texts of a tokenized dataset, decoded one row at a time when a plot shows it.
+
+    A plot shows a few dozen examples of a possibly large dataset, so nothing
+    is decoded up front. The text is the tokenizer's decoding with special
+    tokens (padding included) dropped, so it may differ from the file in case
+    or spacing (e.g. an uncased tokenizer lowercases).
+
+    Args:
+        input_ids: ``[n, L]`` int64 token ids (:func:`trakcli.hf.load_text`).
+        tokenizer: a Hugging Face tokenizer with ``decode``.
+    """
+
+    def __init__(self, input_ids: Any, tokenizer: Any):
+        self.input_ids = input_ids
+        self.tokenizer = tokenizer
+
+    def __len__(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        ids = _as_numpy(self.input_ids[int(i)]).tolist()
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
 
 
 def plot_top(
