@@ -120,6 +120,7 @@ class ProjectedOptimizer(torch.optim.Optimizer):
         self.grad_transform = grad_transform
         self.param_transform = param_transform
         self._slots: list[list[Slot]] = []
+        self._projected: list[bool] = []  # per group: has a projected slot (and so a step counter)
         self._pending_inner_groups: list[dict[str, Any]] = []
         self.inner: torch.optim.Optimizer | None = None
         super().__init__(params, defaults)
@@ -152,6 +153,7 @@ class ProjectedOptimizer(torch.optim.Optimizer):
             raise OptimizerError(f"weight_decay must be >= 0, got {group['weight_decay']!r}")
         slots = build_slots(list(group["params"]), group["projection"], gi, obj)
         self._slots.append(slots)
+        self._projected.append(any(s.projected for s in slots))
         inner_group = {"params": [s.inner_param for s in slots], **self._inner_hyper(group)}
         if self.inner is None:
             self._pending_inner_groups.append(inner_group)
@@ -173,7 +175,7 @@ class ProjectedOptimizer(torch.optim.Optimizer):
         return self.param_groups[gi]["params"][0]
 
     def _group_state(self, gi: int) -> dict[str, Any] | None:
-        if not any(s.projected for s in self._slots[gi]):
+        if not self._projected[gi]:
             return None
         return self.state[self._anchor(gi)]
 
@@ -181,47 +183,57 @@ class ProjectedOptimizer(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
-        """One optimization step (``closure`` re-evaluates the loss, torch.optim convention)."""
+        """One optimization step (``closure`` re-evaluates the loss, torch.optim convention).
+
+        Per group: refresh the projection if ``update_gap`` says so, decay the
+        parameters (decoupled mode, one ``_foreach_mul_``), project each slot's
+        gradient onto its shadow; then one step of the inner optimizer over
+        every group, and each shadow's update mapped back into its parameters.
+        """
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        assert self.inner is not None
-        active: list[tuple[int, _ProjectedSlot]] = []
+        inner = self.inner
+        assert inner is not None
+        active: list[tuple[_ProjectedSlot, int, float]] = []
         swapped: list[tuple[torch.Tensor, torch.Tensor]] = []
         for gi, group in enumerate(self.param_groups):
-            self.inner.param_groups[gi].update(self._inner_hyper(group))
+            inner.param_groups[gi].update(self._inner_hyper(group))
             settings = group["projection"]
-            st = self._group_state(gi)
-            if st is not None:
-                gap = int(settings.get("update_gap") or 0)
+            k = 0
+            if self._projected[gi]:
+                st = self.state[group["params"][0]]
+                gap = settings["update_gap"] or 0
                 if gap and st["step"] > 0 and st["step"] % gap == 0:
                     self._refresh_group(gi)
                 st["step"] += 1
-            lr, wd, mode = group.get("lr", 0.0), float(group["weight_decay"]), group["weight_decay_mode"]
+                k = st["proj_index"]
+            wd, mode = float(group["weight_decay"]), group["weight_decay_mode"]
+            if wd and mode == "decoupled":
+                decay = [p for p in group["params"] if p.grad is not None]
+                if decay:
+                    torch._foreach_mul_(decay, 1.0 - group.get("lr", 0.0) * wd)
+            plain = self.grad_transform is None and not (wd and mode == "l2")
+            scale = float(settings.get("scale", 1.0)) if settings is not None else 1.0
             for slot in self._slots[gi]:
-                grads = [self._full_grad(p, group) for p in slot.params]
-                if all(g is None for g in grads):
-                    continue
-                for p, g in zip(slot.params, grads):
-                    if g is not None and wd and mode == "decoupled":
-                        p.mul_(1.0 - lr * wd)
                 if isinstance(slot, _ProjectedSlot):
-                    slot.set_grad(grads, st["proj_index"])  # type: ignore[index]
-                    active.append((gi, slot))
-                else:
-                    p, g = slot.params[0], grads[0]
-                    if g is not p.grad:
+                    grads = [p.grad for p in slot.params] if plain else [self._full_grad(p, group) for p in slot.params]
+                    if all(g is None for g in grads):
+                        continue
+                    slot.set_grad(grads, k)
+                    active.append((slot, k, scale))
+                elif not plain:
+                    p = slot.params[0]
+                    g = self._full_grad(p, group)
+                    if g is not None and g is not p.grad:
                         swapped.append((p, p.grad))
                         p.grad = g
-        self.inner.step()
+        inner.step()
         for p, g in swapped:
             p.grad = g
-        for gi, slot in active:
-            group = self.param_groups[gi]
-            upd = slot.take_update()
-            scale = float(group["projection"].get("scale", 1.0))
-            slot.add_update(upd, self.state[self._anchor(gi)]["proj_index"], scale)
+        for slot, k, scale in active:
+            slot.apply_update(k, scale)
         if self.param_transform is not None:
             for group in self.param_groups:
                 for p in group["params"]:
