@@ -292,6 +292,13 @@ def _image_figure(scores, train, target, shape, picks, k, label, title, cmap):
         axes[head] = np.asarray(sub.subplots(n_rows, ncols, squeeze=False))
     ax_t, ax_p, ax_o = (axes[h] for _, h, _, _ in panels)
 
+    def caption(i: int, t: int) -> str:
+        return _escape(f"#{i} label {label(tr_y[i])}\n{scores[t, i]:+.3g}")
+
+    # long indices or class names: a smaller font rather than titles running into each other
+    longest = max(len(line) for t, p, o in picks for i in (*p, *o) for line in caption(int(i), t).split("\n"))
+    fontsize = max(5.0, min(8.0, 72 * cell_w * 0.95 / (0.6 * longest)))  # ~0.6 em per character
+
     def draw(ax, x, text, color):
         img = image(x)
         ax.imshow(img, cmap=cmap if img.ndim == 2 else None, vmin=0.0, vmax=1.0, interpolation="nearest")
@@ -300,10 +307,10 @@ def _image_figure(scores, train, target, shape, picks, k, label, title, cmap):
         for spine in ax.spines.values():
             spine.set_edgecolor(color)
             spine.set_linewidth(2.0)
-        ax.set_title(text, fontsize=8, color="black", pad=3, linespacing=1.15)
+        ax.set_title(text, fontsize=fontsize, color="black", pad=3, linespacing=1.15)
 
     for r, (t, pro, opp) in enumerate(picks):
-        draw(ax_t[r, 0], ta_x[t], f"target #{t}\nlabel {label(ta_y[t])}", _TARGET_COLOR)
+        draw(ax_t[r, 0], ta_x[t], _escape(f"target #{t}\nlabel {label(ta_y[t])}"), _TARGET_COLOR)
         for grid, idx, color in ((ax_p, pro, _PRO_COLOR), (ax_o, opp, _OPP_COLOR)):
             for c in range(k):
                 ax = grid[r, c]
@@ -311,7 +318,7 @@ def _image_figure(scores, train, target, shape, picks, k, label, title, cmap):
                     ax.set_axis_off()
                     continue
                 i = int(idx[c])
-                draw(ax, tr_x[i], f"#{i} label {label(tr_y[i])}\n{scores[t, i]:+.3g}", color)
+                draw(ax, tr_x[i], caption(i, t), color)
     return fig
 
 
