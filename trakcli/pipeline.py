@@ -306,6 +306,8 @@ class ScoreResult:
 
 
 def _check_train_complete(s: _Setup, store: Store) -> list[ChunkedRows]:
+    if not store.identity:  # made by `trak eval` (retrained models only)
+        raise StoreError(f"the store {store.path} holds no train features yet; run `trak featurize CONFIG` first")
     if store.identity != jsonable(s.identity):
         lines = diff_keys(store.identity, s.identity)
         raise StoreMismatchError(

@@ -16,6 +16,11 @@ The only module that imports zarr. Layout (design.md, "Store layout")::
       scores/<experiment>/         attrs: lambda settings, checkpoints, target data
         scores [n_target, n_train] float32, chunked by train rows (columns);
         done   [n_train_chunks]    one flag per column block
+      eval/                        attrs: identity (training recipe, model, train and target
+                                   data, task, subset_fraction, eval seed), n_subsets
+        masks   [n_subsets, n_train]  bool, the training rows of retrained model k
+        outputs [n_subsets, n_target] float64, the targets' model outputs (margins) under model k
+        done    [n_subsets]           uint8, set after row k of masks and outputs
     <store>.zarr.lock              JSON {host, pid, started}: the run using the store
 
 Rules: a chunk's data is written before its ``done`` flag; a resumed run
@@ -26,6 +31,11 @@ its array and chunk index instead of being read as wrong numbers. Arrays are
 written from numpy, never from torch tensors. Parallel writers (torchrun
 ranks) write disjoint chunks; ``done`` has one chunk per flag so flags of
 different writers never share a file, and attributes are written by rank 0.
+
+The ``eval/`` group (`trak eval`'s counterfactual retraining) does not depend
+on the projector or the checkpoints: ``trak eval`` may create the store before
+``trak featurize`` (a root without an identity, which featurize then adopts),
+and ``featurize --overwrite`` keeps it across the re-creation of the store.
 """
 
 from __future__ import annotations
@@ -290,6 +300,95 @@ def _read_checked(arr: Any, sel: Any, axis: int, chunk: int | None = None) -> np
         ) from None
 
 
+@dataclass
+class EvalRows:
+    """The ``eval/`` group: one row per retrained model, with a ``done`` flag per row.
+
+    Each row is its own chunk, so writing model k's row never touches another
+    model's data, and a row torn by a kill has no ``done`` flag.
+
+    Attributes:
+        masks: zarr array ``[n_subsets, n_train]`` bool.
+        outputs: zarr array ``[n_subsets, n_target]`` float64.
+        done: zarr array ``[n_subsets]`` uint8.
+    """
+
+    masks: Any
+    outputs: Any
+    done: Any
+
+    @property
+    def n_subsets(self) -> int:
+        return int(self.done.shape[0])
+
+    def flags(self) -> np.ndarray:
+        """``[n_subsets]`` uint8 done flags."""
+        return _read_checked(self.done, slice(None), 0)
+
+    def pending(self, n: int | None = None) -> list[int]:
+        """Rows ``k < n`` not yet done, in order."""
+        flags = self.flags()[: self.n_subsets if n is None else n]
+        return [int(k) for k in np.flatnonzero(flags == 0)]
+
+    def write(self, k: int, mask: np.ndarray, outputs: np.ndarray) -> None:
+        """Write row ``k`` of masks and outputs, then its done flag.
+
+        Raises:
+            StoreError: the write failed; rows written before stay done.
+        """
+        try:
+            self.masks[k] = np.ascontiguousarray(mask, dtype=bool)
+            self.outputs[k] = np.ascontiguousarray(outputs, dtype=np.float64)
+            self.done[k] = 1
+        except OSError as e:
+            raise StoreError(
+                f"writing row {k} of {self.masks.path} failed: {e}; rows written before are kept: free disk "
+                "space or fix permissions, then rerun the same command to resume"
+            ) from None
+
+    def verify(self) -> list[int]:
+        """Reset the done flag of every done row failing its checksum; returns those rows."""
+        bad = []
+        for k in np.flatnonzero(self.flags()):
+            try:
+                _read_checked(self.masks, slice(int(k), int(k) + 1), 0)
+                _read_checked(self.outputs, slice(int(k), int(k) + 1), 0)
+            except StoreCorruptError:
+                self.done[int(k)] = 0
+                bad.append(int(k))
+        return bad
+
+    def read(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """The first ``n`` rows: ``(masks [n, n_train] bool, outputs [n, n_target] float64)``.
+
+        Raises:
+            StoreError: a row among them is not done (names the rows).
+            StoreCorruptError: a chunk fails its checksum.
+        """
+        missing = self.pending(n) + list(range(self.n_subsets, n))
+        if missing:
+            raise StoreError(
+                f"{self.masks.path}: rows {missing[:10]} of {n} are not retrained yet; run `trak eval lds CONFIG` "
+                "to finish them"
+            )
+        return (
+            _read_checked(self.masks, slice(0, n), 0, 1).astype(bool, copy=False),
+            _read_checked(self.outputs, slice(0, n), 0, 1).astype(np.float64, copy=False),
+        )
+
+
+def _eval_kept(path: Path) -> Path:
+    """Where ``featurize --overwrite`` keeps the ``eval/`` group while it re-creates the store."""
+    return path.with_name(f".{path.name}.eval-kept")
+
+
+def _restore_eval(path: Path) -> None:
+    """Move a kept ``eval/`` group back into the store (also after a kill between the two moves)."""
+    kept = _eval_kept(path)
+    if kept.is_dir() and not (path / "eval").exists() and (path / "zarr.json").exists():
+        os.replace(kept, path / "eval")
+
+
 # ----------------------------------------------------------------------------
 # the store
 
@@ -361,12 +460,26 @@ class Store:
                     f"refusing to --overwrite {path}: it is a directory but not a Zarr store; choose another store path"
                 )
             try:
+                if (path / "eval" / "zarr.json").exists():  # retraining does not depend on the features: keep it
+                    kept = _eval_kept(path)
+                    if kept.exists():
+                        shutil.rmtree(kept)  # older than the store's own eval group
+                    os.replace(path / "eval", kept)
                 shutil.rmtree(path) if path.is_dir() else path.unlink()
             except OSError as e:
                 raise StoreError(f"cannot delete {path} for --overwrite: {e}") from None
         if (path / "zarr.json").exists():
             store = cls.open_existing(path)
+            if create:
+                _restore_eval(path)
             old = store.root.attrs.get("identity")
+            if old is None and create and "train" not in store.root:
+                # made by `trak eval` (retraining only): this run gives it its identity
+                try:
+                    store.root.attrs.update({"identity": identity, "config": jsonable(config)})
+                except OSError as e:
+                    raise StoreError(f"cannot write the attributes of {path}: {e}") from None
+                return store
             if old != identity:
                 lines = diff_keys(old or {}, identity)
                 raise StoreMismatchError(
@@ -393,6 +506,39 @@ class Store:
             )
         except OSError as e:
             raise StoreError(f"cannot create the store at {path}: {e}; choose a writable store path") from None
+        _restore_eval(path)
+        return cls(path, group)
+
+    @classmethod
+    def open_or_create(cls, path: str | Path) -> "Store":
+        """Open a store, or create an empty one without an identity (for `trak eval` before featurize).
+
+        ``trak featurize`` later adopts an empty store: it writes its identity
+        and config (see :meth:`create_or_check`).
+
+        Raises:
+            StoreError: the path cannot be created, or exists and is not a trakcli store.
+        """
+        path = Path(path)
+        if (path / "zarr.json").exists():
+            store = cls.open_existing(path)
+            _restore_eval(path)
+            return store
+        if path.exists() and (not path.is_dir() or any(path.iterdir())):
+            raise StoreError(f"{path} exists and is not a trakcli store; choose another store path or remove it")
+        cls.prepare_parent(path)
+        try:
+            group = zarr.open_group(str(path), mode="a", zarr_format=3)
+            group.attrs.update(
+                {
+                    "schema_version": SCHEMA_VERSION,
+                    "trakcli_version": __version__,
+                    "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                }
+            )
+        except OSError as e:
+            raise StoreError(f"cannot create the store at {path}: {e}; choose a writable store path") from None
+        _restore_eval(path)
         return cls(path, group)
 
     @classmethod
@@ -605,6 +751,91 @@ class Store:
             group.attrs.update(attrs)
         return group
 
+    def eval_rows(
+        self,
+        identity: dict[str, Any],
+        n_subsets: int,
+        n_train: int,
+        n_target: int,
+        *,
+        compressor: str = "zstd",
+        overwrite: bool = False,
+        create: bool = True,
+    ) -> EvalRows:
+        """The ``eval/`` group of retrained models, created, checked or extended.
+
+        Args:
+            identity: everything the retrained models depend on (training recipe,
+                model, train and target data fingerprints, task, subset_fraction,
+                eval seed); compared with the stored one.
+            n_subsets: rows wanted; a group with fewer rows is extended (rows
+                already done are kept), one with more keeps them.
+            n_train, n_target: the row lengths of masks and outputs.
+            compressor: codec of new arrays (each chunk also carries a CRC32C checksum).
+            overwrite: discard a group made with another identity (or any group) and start over.
+            create: whether a missing group may be created (False: read only).
+
+        Raises:
+            StoreMismatchError: the group was made with another identity (names the differing keys).
+            StoreError: no group and ``create`` is False; the store cannot be written.
+        """
+        identity = jsonable(identity)
+        try:
+            if "eval" in self.root:
+                group = self.root["eval"]
+                old = group.attrs.get("identity")
+                if overwrite:
+                    del self.root["eval"]
+                elif old != identity:
+                    lines = diff_keys(old or {}, identity)
+                    raise StoreMismatchError(
+                        f"the retrained models in {self.path}/eval were made with different settings:\n  "
+                        + "\n  ".join(lines or ["(identity differs)"])
+                        + "\nrerun `trak eval lds CONFIG --overwrite` to retrain them, or restore those settings"
+                    )
+            if "eval" not in self.root:
+                if not create:
+                    raise StoreError(f"store {self.path} holds no retrained models yet; run `trak eval lds CONFIG`")
+                group = self.root.require_group("eval")
+                codecs = _codecs(compressor)
+                group.create_array("masks", shape=(n_subsets, n_train), chunks=(1, n_train), dtype="bool",
+                                   fill_value=False, compressors=codecs)
+                group.create_array("outputs", shape=(n_subsets, n_target), chunks=(1, n_target), dtype="float64",
+                                   fill_value=0.0, compressors=codecs)
+                group.create_array("done", shape=(n_subsets,), chunks=(1,), dtype="uint8", fill_value=0,
+                                   compressors=[Crc32cCodec()])
+                group.attrs.update({"identity": identity, "n_subsets": n_subsets, "trakcli_version": __version__})
+            group = self.root["eval"]
+            arrays = {name: group[name] for name in ("masks", "outputs", "done")}
+            for name, width in (("masks", n_train), ("outputs", n_target)):
+                if arrays[name].shape[1:] != (width,):
+                    raise StoreMismatchError(
+                        f"store array {arrays[name].path} has shape {list(arrays[name].shape)}, this run needs rows "
+                        f"of {width}; rerun `trak eval lds CONFIG --overwrite` to retrain"
+                    )
+            if create and arrays["done"].shape[0] < n_subsets:  # extend: done first grows last
+                for name in ("masks", "outputs", "done"):
+                    arr = arrays[name]
+                    if arr.shape[0] < n_subsets:
+                        arr.resize((n_subsets, *arr.shape[1:]))
+                group.attrs["n_subsets"] = n_subsets
+        except OSError as e:
+            raise StoreError(f"cannot write the eval group of {self.path}: {e}") from None
+        return EvalRows(arrays["masks"], arrays["outputs"], arrays["done"])
+
+    def eval_summary(self) -> dict[str, Any] | None:
+        """The ``eval/`` group's identity and progress (None if absent), as plain data."""
+        if "eval" not in self.root:
+            return None
+        group = self.root["eval"]
+        flags = _read_checked(group["done"], slice(None), 0)
+        return {
+            "identity": group.attrs.get("identity"),
+            "n_subsets": int(flags.size),
+            "done": int((flags != 0).sum()),
+            "bytes_on_disk": _du(self.path / "eval"),
+        }
+
     def drop(self, name: str) -> None:
         """Delete a group or array (``--overwrite`` of derived data)."""
         if name in self.root:
@@ -645,6 +876,9 @@ class Store:
                 "bytes_on_disk": _du(self.path / "train" / str(m)),
             }
             out["train"].append(entry)
+        ev = self.eval_summary()
+        if ev is not None:
+            out["eval"] = ev
         for kind in ("targets", "scores"):
             if kind not in self.root:
                 continue
@@ -672,6 +906,8 @@ class Store:
             have = [f"train/{m}/features" for m in self.model_ids()]
             if "scores" in self.root:
                 have += [f"scores/{e}/scores" for e in self.root["scores"].group_keys()]
+            if "eval" in self.root:
+                have += ["eval/masks", "eval/outputs"]
             raise StoreError(f"store {self.path} has no array {name!r}; it holds {', '.join(have) or 'nothing yet'}")
         return arr
 

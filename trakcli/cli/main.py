@@ -9,6 +9,7 @@ from trakcli.cli import featurize as _featurize
 from trakcli.cli import inspect as _inspect
 from trakcli.cli import optimize as _optimize
 from trakcli.cli import score as _score
+from trakcli.cli.eval import eval_app
 
 app = typer.Typer(
     name="trak",
@@ -37,6 +38,7 @@ app.command("featurize")(_featurize.featurize)
 app.command("score")(_score.score)
 app.command("inspect")(_inspect.inspect)
 app.command("export")(_inspect.export)
+app.add_typer(eval_app, name="eval", help="Measure the scores against counterfactual retraining (LDS).")
 
 
 def main() -> None:

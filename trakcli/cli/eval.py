@@ -1,0 +1,215 @@
+"""`trak eval lds CONFIG`: the linear datamodeling score of the store's scores against retrained models.
+
+``eval_app`` is the ``trak eval`` sub-app; other evaluation commands
+(``trak eval sweep``) register on it from their own modules.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import numpy as np
+import typer
+from rich.table import Table
+
+from trakcli.cli.common import (
+    OverridesArg, PrintConfigOpt, QuietOpt, RichReporter, err_console, handle_errors, load,
+)
+from trakcli.errors import DataError, StoreError, UsageError
+
+eval_app = typer.Typer(
+    name="eval",
+    help="Measure attribution scores against counterfactual retraining (LDS).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+@eval_app.callback()
+def _eval_root() -> None:
+    """Measure attribution scores against models retrained on random subsets of the training set."""
+
+
+def _check_path(path: Path | None, flag: str, suffixes: tuple[str, ...], must_exist: bool) -> None:
+    """Exit 2 on a flag naming a missing input or an output of an unknown format."""
+    if path is None:
+        return
+    if path.suffix.lower() not in suffixes:
+        raise UsageError(f"{flag} {path}: expected a {' or '.join(suffixes)} file")
+    if must_exist and not path.is_file():
+        raise UsageError(f"{flag} {path}: file does not exist")
+    if not must_exist and not path.parent.exists():
+        raise UsageError(f"{flag} {path}: directory {path.parent} does not exist; create it or choose another path")
+
+
+def _load_array(path: Path, flag: str) -> np.ndarray:
+    """A .npy (or .csv) array file.
+
+    Raises:
+        DataError: the file cannot be read as an array.
+    """
+    try:
+        if path.suffix.lower() == ".csv":
+            return np.loadtxt(path, delimiter=",", ndmin=2)
+        return np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise DataError(f"{flag} {path}: cannot read it as an array ({e}); give a .npy file written by numpy.save") from None
+
+
+def _histogram(counts: list[int], edges: list[float], width: int = 30) -> str:
+    top = max(counts) if counts and max(counts) > 0 else 1
+    lines = []
+    for i, c in enumerate(counts):
+        bar = "█" * round(width * c / top)
+        close = "]" if i == len(counts) - 1 else ")"
+        lines.append(f"[{edges[i]:+.1f}, {edges[i + 1]:+.1f}{close} {bar} {c}")
+    return "\n".join(lines)
+
+
+def _fmt(x: float | None, spec: str = ".4f") -> str:
+    return "nan" if x is None else format(x, spec)
+
+
+def _table(data: dict[str, Any]) -> Table:
+    table = Table(title="Linear datamodeling score (LDS)", show_header=False)
+    table.add_column("", style="bold")
+    table.add_column("")
+    level = f"{data['confidence_level']:.0%}"
+    table.add_row("LDS (mean over targets)", _fmt(data["lds"]))
+    table.add_row(
+        f"{level} interval", f"[{_fmt(data['ci_low'])}, {_fmt(data['ci_high'])}]  "
+        f"(percentile bootstrap over targets, {data['n_bootstrap']} resamples)",
+    )
+    table.add_row("retrained models", str(data["n_subsets"]))
+    nan = data["n_targets_nan"]
+    table.add_row(
+        "targets", f"{data['n_target']}" + (f" ({nan} with constant predictions or outputs: left out)" if nan else "")
+    )
+    q = data["quantiles"]
+    table.add_row(
+        "per-target LDS",
+        "  ".join(f"{label} {_fmt(q[key], '+.3f')}" for label, key in
+                  (("min", "0"), ("5%", "0.05"), ("25%", "0.25"), ("median", "0.5"), ("75%", "0.75"),
+                   ("95%", "0.95"), ("max", "1"))),
+    )
+    table.add_row("histogram", _histogram(data["histogram"]["counts"], data["histogram"]["edges"]))
+    for key, value in data["sources"].items():
+        table.add_row(key, value)
+    return table
+
+
+@eval_app.command("lds")
+@handle_errors
+def lds(
+    config: Annotated[
+        Optional[Path],
+        typer.Argument(
+            help="YAML config (see configs/); may be omitted when --scores, --masks and --outputs are all given.",
+            show_default=False,
+        ),
+    ] = None,
+    overrides: OverridesArg = None,
+    workers: Annotated[
+        int, typer.Option("--workers", "-w", min=1, help="Processes that retrain models (each with its own torch threads).")
+    ] = 1,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Discard the retrained models in the store and retrain them all.")
+    ] = False,
+    scores: Annotated[
+        Optional[Path],
+        typer.Option("--scores", help="Scores \\[n_target, n_train] (.npy or .csv) instead of the store's."),
+    ] = None,
+    masks: Annotated[
+        Optional[Path],
+        typer.Option("--masks", help="External retraining: subsets \\[n_subsets, n_train] bool (.npy); needs --outputs."),
+    ] = None,
+    outputs: Annotated[
+        Optional[Path],
+        typer.Option("--outputs", help="External retraining: model outputs \\[n_subsets, n_target] float (.npy)."),
+    ] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")] = False,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Also write the result as JSON to this file.")] = None,
+    print_config: PrintConfigOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """LDS of the scores: Spearman correlation per target between predicted and retrained models' outputs.
+
+    Retrains eval.n_subsets models on random eval.subset_fraction subsets of data.train
+    with the config's training recipe (resumable: one model at a time into the store's
+    eval/ group), then scores the store's scores of score.experiment (or --scores)
+    against them. --masks and --outputs give someone else's retraining instead.
+    """
+    if (masks is None) != (outputs is None):
+        raise UsageError("--masks and --outputs go together: give both files of the external retraining, or neither")
+    if config is None and (scores is None or masks is None):
+        raise UsageError(
+            "give CONFIG (it names the store, its scores and the retraining recipe), or all of --scores, --masks "
+            "and --outputs"
+        )
+    _check_path(scores, "--scores", (".npy", ".csv"), must_exist=True)
+    _check_path(masks, "--masks", (".npy", ".csv"), must_exist=True)
+    _check_path(outputs, "--outputs", (".npy", ".csv"), must_exist=True)
+    _check_path(out, "--out", (".json",), must_exist=False)
+    external = {
+        flag: _load_array(path, flag)
+        for flag, path in (("--scores", scores), ("--masks", masks), ("--outputs", outputs))
+        if path is not None
+    }
+    names = {key: f"--{key} {path}" for key, path in (("scores", scores), ("masks", masks), ("outputs", outputs)) if path}
+
+    from trakcli.config import EvalConfig
+
+    n_bootstrap, seed = EvalConfig().bootstrap, EvalConfig().seed
+    if config is not None:
+        cfg = load(config, overrides, print_config)
+        from trakcli import eval as ev  # imported after the config is valid: torch import is slow
+
+        n_bootstrap, seed = cfg.eval.bootstrap, cfg.eval.seed
+        store_note: StoreError | None = None
+        s_arr = external.get("--scores")
+        if s_arr is None:
+            try:
+                s_arr = ev.store_scores(cfg)
+            except StoreError as e:
+                if masks is not None:
+                    raise
+                store_note = e  # retrain first anyway (it needs no scores); the LDS needs them
+                if not quiet:
+                    err_console.print(f"[yellow]{e}; retraining only[/]", highlight=False)
+            names["scores"] = f"the scores of experiment {cfg.score.experiment!r} in {cfg.store.path}"
+        if masks is None:
+            res = ev.retrain(cfg, workers=workers, overwrite=overwrite, reporter=RichReporter(quiet))
+            m_arr, o_arr = res.masks, res.outputs
+            names["masks"] = f"eval/masks in {res.store}"
+            names["outputs"] = f"eval/outputs in {res.store}"
+            if store_note is not None:
+                raise StoreError(
+                    f"{store_note}\nthe {res.n_subsets} retrained models are kept in {res.store}/eval; rerun "
+                    "`trak eval lds CONFIG` once the store holds scores"
+                )
+        else:
+            m_arr, o_arr = external["--masks"], external["--outputs"]
+    else:
+        from trakcli import eval as ev
+
+        s_arr, m_arr, o_arr = external["--scores"], external["--masks"], external["--outputs"]
+    s_arr, m_arr, o_arr = ev.check_lds_inputs(s_arr, m_arr, o_arr, names=names)
+    result = ev.lds(s_arr, m_arr, o_arr, n_bootstrap=n_bootstrap, seed=seed)
+    sources = {"scores": names["scores"], "masks": names["masks"], "outputs": names["outputs"]}
+    data = {**result.to_dict(), "sources": sources}
+    text = json.dumps(data, indent=2) + "\n"
+    if out is not None:
+        try:
+            out.write_text(text)
+        except OSError as e:
+            raise UsageError(f"--out {out}: cannot write it ({e})") from None
+    if json_out:
+        sys.stdout.write(text)
+    if not quiet:
+        err_console.print(_table(data))
+        if out is not None:
+            err_console.print(f"[green]result -> {out}[/]")
