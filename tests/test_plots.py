@@ -227,7 +227,7 @@ def sweep_rows(seed=0, absolute=False):
                 lds += rng.normal() * 0.01
                 rows.append({
                     "proj_dim": d, "n_checkpoints": m,
-                    "lambda_rel": None if absolute else lam, "lambda_reg": lam * 100 if absolute else None,
+                    "lambda_rel": None if absolute else lam, "lambda_reg": lam * 100,  # the lambda used
                     "lds": lds, "ci_low": lds - 0.03, "ci_high": lds + 0.03,
                 })
     return rows
@@ -235,7 +235,7 @@ def sweep_rows(seed=0, absolute=False):
 
 def test_plot_sweep_png_and_marks_best_and_default(tmp_path):
     rows = sweep_rows()
-    default = {"proj_dim": 256, "n_checkpoints": 4, "lambda_rel": 1.0}
+    default = {"proj_dim": 256, "n_checkpoints": 4, "lambda_rel": 1.0, "lambda_reg": None}
     out = plots.plot_sweep(tmp_path / "sweep.png", rows, default=default)
     assert out.read_bytes()[:8] == PNG_MAGIC
     h, w = matplotlib.image.imread(out).shape[:2]
@@ -255,6 +255,11 @@ def test_plot_sweep_absolute_lambda_and_missing_ci(tmp_path):
         r["ci_low"] = r["ci_high"] = None
     shown = " ".join(draw_svg(plots.plot_sweep, tmp_path / "s.svg", rows))
     assert "lambda_reg (absolute ridge)" in shown and "default" not in shown
+    shown = " ".join(draw_svg(
+        plots.plot_sweep, tmp_path / "s.svg", rows, default={"proj_dim": 64, "n_checkpoints": 2, "lambda_reg": 10.0}
+    ))
+    row = next(r for r in rows if (r["proj_dim"], r["n_checkpoints"], r["lambda_reg"]) == (64, 2, 10.0))
+    assert f"default: LDS {row['lds']:.3f} at proj_dim=64, 2 ckpts, λ=10" in shown
 
 
 @pytest.mark.parametrize(

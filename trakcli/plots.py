@@ -493,8 +493,11 @@ def plot_sweep(
 
     # the best and default settings, where they belong on each panel's x axis
     for ax, xkey in ((ax_d, "proj_dim"), (ax_m, "n_checkpoints"), (ax_l, lam_key)):
-        for p, style in ((best, dict(marker="*", s=260, color="gold", edgecolors="black", zorder=6)),
-                         (dflt, dict(marker="D", s=70, facecolors="none", edgecolors="black", linewidths=1.6, zorder=7))):
+        marks = (
+            (best, dict(marker="*", s=260, color="gold", edgecolors="black", zorder=6)),
+            (dflt, dict(marker="D", s=70, facecolors="none", edgecolors="black", linewidths=1.6, zorder=7)),
+        )
+        for p, style in marks:
             if p is None or p[xkey] is None or (ax is ax_l and p["n_checkpoints"] != max_m):
                 continue
             ax.scatter([p[xkey]], [p["lds"]], label="best" if p is best else "default", **style)
@@ -533,13 +536,19 @@ def _sweep_points(rows: Sequence[Mapping[str, Any]]) -> list[dict]:
 
 
 def _find_default(pts: list[dict], default: Mapping[str, Any]) -> dict | None:
-    def same(a: float | None, b: Any) -> bool:
-        return (a is None and b is None) or (a is not None and b is not None and math.isclose(a, float(b), rel_tol=1e-6))
-
+    """The row of the default settings: same proj_dim and checkpoints, and the same lambda_rel
+    (or, if the default gives no lambda_rel, the same absolute lambda_reg)."""
+    key = "lambda_rel" if default.get("lambda_rel") is not None else "lambda_reg"
+    want = default.get(key)
     for p in pts:
-        if p["proj_dim"] != int(default.get("proj_dim", -1)) or p["n_checkpoints"] != int(default.get("n_checkpoints", -1)):
+        if p["proj_dim"] != int(default.get("proj_dim", -1)):
             continue
-        if all(same(p[k], default[k]) for k in ("lambda_rel", "lambda_reg") if k in default):
+        if p["n_checkpoints"] != int(default.get("n_checkpoints", -1)):
+            continue
+        have = p[key]
+        if (want is None and have is None) or (
+            want is not None and have is not None and math.isclose(have, float(want), rel_tol=1e-6)
+        ):
             return p
     return None
 
