@@ -10,6 +10,7 @@ from trakcli.cli import inspect as _inspect
 from trakcli.cli import optimize as _optimize
 from trakcli.cli import score as _score
 from trakcli.cli.eval import eval_app
+from trakcli.cli import sweep as _sweep
 
 app = typer.Typer(
     name="trak",
@@ -38,6 +39,7 @@ app.command("featurize")(_featurize.featurize)
 app.command("score")(_score.score)
 app.command("inspect")(_inspect.inspect)
 app.command("export")(_inspect.export)
+eval_app.command("sweep")(_sweep.sweep)
 app.add_typer(eval_app, name="eval", help="Measure the scores against counterfactual retraining (LDS).")
 
 

@@ -1,0 +1,213 @@
+"""`trak eval sweep`: the LDS as a function of proj_dim, number of checkpoints and the ridge.
+
+One set of retrained models (the ``eval/`` group of the config's store, made
+by :func:`trakcli.eval.load_or_retrain`) serves every point of the grid, and
+each proj_dim is featurized once (into ``<store>.sweep/proj_<d>.zarr``, or the
+config's own store for the config's proj_dim): the number of checkpoints and
+the ridge only change the cheap last step, so they are swept in memory.
+
+For a proj_dim ``d``, checkpoint ``m`` and ridge ``λ`` the per-checkpoint
+contribution ``C_m(λ) = Φ_m(targets) A_m(λ) Φ_mᵀ`` (``[n_target, n_train]``,
+float64) is computed once; the scores of the first ``k`` checkpoints are
+``[(1/k) Σ_{m<k} C_m] ⊙ [(1/k) Σ_{m<k} Q_m]`` (design.md "Math", Park et al.
+2023 Eq. 17), the same numbers `trak score` writes for that setting. Memory:
+two ``[n_target, n_train]`` float64 matrices and one checkpoint's features at
+a time; the sweep is meant for benchmark-sized data (digits: 360 × 1437).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from trakcli.config import Config, resolve_checkpoints
+from trakcli.errors import ConfigError
+from trakcli.progress import NULL_REPORTER, Reporter
+from trakcli.scoring import gram_matrix, kernel_factor, resolve_lambda, target_weights
+
+DEFAULT_CHECKPOINT_GRID = (1, 2, 5, 10, 20, 50, 100, 200, 500)
+
+
+@dataclass
+class SweepResult:
+    """The grid of a sweep and its LDS values.
+
+    Attributes:
+        rows: one dict per grid point: ``proj_dim``, ``n_checkpoints``,
+            ``lambda_rel`` (None for an absolute ridge), ``lambda_reg`` (the
+            absolute ridge given, or the mean λ_m the relative one gave),
+            ``lds``, ``ci_low``, ``ci_high`` (95% bootstrap interval over
+            targets), ``n_targets_nan``.
+        best: the row of the highest LDS.
+        default: the row of the config's own settings (its proj_dim, all
+            checkpoints, its score.lambda_reg / lambda_rel).
+        n_subsets, n_train, n_target: sizes of the ground truth.
+        stores: proj_dim -> the store its features are in.
+    """
+
+    rows: list[dict[str, Any]]
+    best: dict[str, Any]
+    default: dict[str, Any]
+    n_subsets: int
+    n_train: int
+    n_target: int
+    stores: dict[int, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON data of the whole result."""
+        return {
+            "n_subsets": self.n_subsets,
+            "n_train": self.n_train,
+            "n_target": self.n_target,
+            "best": self.best,
+            "default": self.default,
+            "gap_default_to_best": self.best["lds"] - self.default["lds"],
+            "stores": {str(k): v for k, v in self.stores.items()},
+            "rows": self.rows,
+        }
+
+
+def sweep_dir(cfg: Config) -> Path:
+    """Where the sweep's per-proj_dim stores go: ``eval.sweep.dir`` or ``<store.path minus .zarr>.sweep``."""
+    if cfg.eval.sweep.dir is not None:
+        return Path(cfg.eval.sweep.dir)
+    path = Path(cfg.store.path)
+    return path.with_name(path.stem + ".sweep")
+
+
+def checkpoint_grid(n_models: int, given: list[int] | None) -> list[int]:
+    """Ensemble sizes to sweep: ``given`` (each at most ``n_models``), or 1, 2, 5, 10, ... and ``n_models``.
+
+    Raises:
+        ConfigError: a given size exceeds the number of checkpoints.
+    """
+    if given:
+        too_big = [k for k in given if k > n_models]
+        if too_big:
+            raise ConfigError(
+                f"eval.sweep.n_checkpoints: {too_big} exceed the {n_models} checkpoints the config lists; "
+                f"use sizes up to {n_models}"
+            )
+        return sorted(set(given))
+    return sorted({k for k in DEFAULT_CHECKPOINT_GRID if k < n_models} | {n_models})
+
+
+def _config_for(cfg: Config, proj_dim: int, directory: Path) -> Config:
+    """``cfg`` with another proj_dim and, unless it is the config's own proj_dim, a store in ``directory``."""
+    if proj_dim == cfg.projector.proj_dim:
+        return cfg
+    projector = cfg.projector.model_copy(update={"proj_dim": proj_dim})
+    store = cfg.store.model_copy(update={"path": directory / f"proj_{proj_dim}.zarr"})
+    return cfg.model_copy(update={"projector": projector, "store": store})
+
+
+def _read_features(cfg: Config, n_models: int) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+    """Train features ``[n_train, d]``, out_to_loss ``[n_train]`` and target features ``[n_target, d]`` per model."""
+    from trakcli.store import Store
+
+    store = Store.open_existing(cfg.store.path, mode="r")
+    exp = cfg.score.experiment
+    phi, q, phi_t = [], [], []
+    for m in range(n_models):
+        phi.append(np.asarray(store.array(f"train/{m}/features")[:], dtype=np.float32))
+        q.append(np.asarray(store.array(f"train/{m}/out_to_loss")[:], dtype=np.float64))
+        phi_t.append(np.asarray(store.array(f"targets/{exp}/{m}/features")[:], dtype=np.float32))
+    return phi, q, phi_t
+
+
+def sweep(
+    cfg: Config,
+    *,
+    workers: int = 1,
+    proj_dims: list[int] | None = None,
+    n_checkpoints: list[int] | None = None,
+    lambda_rel: list[float] | None = None,
+    lambda_reg: list[float] | None = None,
+    reporter: Reporter = NULL_REPORTER,
+) -> SweepResult:
+    """Measure the LDS over a grid of proj_dim × checkpoints × ridge.
+
+    Args:
+        cfg: the config (its ``eval`` section fixes the retraining; ``eval.sweep`` the grid).
+        workers: processes for the retraining, if it is not in the store yet.
+        proj_dims, n_checkpoints, lambda_rel, lambda_reg: override ``eval.sweep``'s grid.
+            The config's own proj_dim and ridge are always added, so the default
+            settings are a point of the grid.
+        reporter: progress and messages.
+
+    Returns:
+        :class:`SweepResult`.
+
+    Raises:
+        ConfigError: a grid value the checkpoints cannot give; and whatever
+            featurize, score and the retraining raise (StoreError, ...).
+    """
+    from trakcli import pipeline
+    from trakcli.eval import lds, load_or_retrain
+
+    grid = cfg.eval.sweep
+    dims = sorted(set(proj_dims or grid.proj_dims) | {cfg.projector.proj_dim})
+    checkpoints = resolve_checkpoints(cfg)
+    ks = checkpoint_grid(len(checkpoints), n_checkpoints if n_checkpoints is not None else grid.n_checkpoints)
+    rels = list(lambda_rel if lambda_rel is not None else grid.lambda_rel)
+    abss = list(lambda_reg if lambda_reg is not None else grid.lambda_reg)
+    if cfg.score.lambda_reg is not None:
+        abss = sorted(set(abss) | {cfg.score.lambda_reg})
+    else:
+        rels = sorted(set(rels) | {cfg.score.lambda_rel})
+    ridges: list[tuple[float | None, float | None]] = [(r, None) for r in rels] + [(None, a) for a in abss]
+    n_models = max(ks)
+
+    masks, outputs = load_or_retrain(cfg, workers=workers, reporter=reporter)
+    directory = sweep_dir(cfg)
+    rows: list[dict[str, Any]] = []
+    stores: dict[int, str] = {}
+    for d in dims:
+        sub = _config_for(cfg, d, directory)
+        if sub is not cfg:
+            sub = sub.model_copy(update={"checkpoints": [str(p) for p in checkpoints[:n_models]]})
+        reporter.info(f"sweep: proj_dim {d} -> {sub.store.path}")
+        pipeline.featurize(sub, reporter=reporter)
+        pipeline.score(sub, reporter=reporter)  # the target features (and the scores of the default ridge)
+        stores[d] = str(sub.store.path)
+        phi, q, phi_t = _read_features(sub, n_models)
+        n_target, n_train = phi_t[0].shape[0], phi[0].shape[0]
+        grams = [gram_matrix([torch.from_numpy(f)]) for f in phi]
+        with reporter.task(f"sweep proj_dim {d}", len(ridges)) as task:
+            for rel, absolute in ridges:
+                acc = np.zeros((n_target, n_train))
+                q_acc = np.zeros(n_train)
+                lams = []
+                for m in range(n_models):
+                    lam = resolve_lambda(grams[m], n_train, absolute, rel if rel is not None else 1.0)
+                    lams.append(lam)
+                    w = target_weights(kernel_factor(grams[m], lam), torch.from_numpy(phi_t[m]))  # [n_target, d] f64
+                    acc += (w @ torch.from_numpy(phi[m]).double().T).numpy()
+                    q_acc += q[m]
+                    k = m + 1
+                    if k in ks:
+                        scores = acc / k * (q_acc / k)[None, :]
+                        res = lds(scores, masks, outputs, n_bootstrap=cfg.eval.bootstrap, seed=cfg.eval.seed)
+                        rows.append({
+                            "proj_dim": d, "n_checkpoints": k, "lambda_rel": rel,
+                            "lambda_reg": absolute if absolute is not None else float(np.mean(lams)),
+                            "lds": float(res.lds), "ci_low": float(res.ci_low), "ci_high": float(res.ci_high),
+                            "n_targets_nan": int(res.n_targets_nan),
+                        })
+                task.advance()
+    best = max(rows, key=lambda r: r["lds"])
+    default_ridge = (
+        {"lambda_rel": None, "lambda_reg": cfg.score.lambda_reg} if cfg.score.lambda_reg is not None
+        else {"lambda_rel": cfg.score.lambda_rel}
+    )
+    # the config's own settings use all its checkpoints (or the largest ensemble of a given grid)
+    default = next(
+        r for r in rows
+        if r["proj_dim"] == cfg.projector.proj_dim and r["n_checkpoints"] == n_models
+        and all(r[k] == v for k, v in default_ridge.items())
+    )
+    return SweepResult(rows, best, default, int(masks.shape[0]), int(masks.shape[1]), int(outputs.shape[1]), stores)
