@@ -23,21 +23,54 @@ def test_shipped_projected_config_validates():
     cfg = load_config("configs/digits_projected.yaml")
     p = cfg.optimize.projection
     assert (p.mode, p.kind, p.rank, p.update_gap, p.on_refresh) == ("per_matrix", "rademacher", 8, 50, "transfer")
-    cfg = load_config("configs/digits_projected.yaml", ["optimize.projection.mode=global"])
+    assert (cfg.optimize.optimizer, cfg.optimize.lr, cfg.optimize.n_models) == ("adamw", 3e-3, 10)
+    cfg = load_config("configs/digits_projected.yaml", ["optimizer.projection.mode=global"])
     assert (cfg.optimize.projection.mode, cfg.optimize.projection.proj_dim) == ("global", 500)
+
+
+def _flat(raw: dict) -> dict:
+    """The same config with training: + optimizer: folded into one flat optimize: section."""
+    raw = dict(raw)
+    training, optimizer = raw.pop("training"), dict(raw.pop("optimizer"))
+    optimizer["optimizer"] = optimizer.pop("name")
+    raw["optimize"] = {**training, **optimizer}
+    return raw
+
+
+@pytest.mark.parametrize("overrides", [
+    ([], []),
+    (["optimizer.projection.mode=global", "optimizer.lr=0.01", "training.epochs=2"],
+     ["optimize.projection.mode=global", "optimize.lr=0.01", "optimize.epochs=2"]),
+])
+def test_sections_and_flat_spelling_resolve_to_the_same_recipe(overrides):
+    raw = yaml.safe_load(Path("configs/digits_projected.yaml").read_text())
+    assert "optimize" not in raw and {"training", "optimizer"} <= set(raw)  # the shipped config uses issue 5's spelling
+    sections = load_config(raw, overrides[0])
+    flat = load_config(_flat(raw), overrides[1])
+    assert sections.optimize.model_dump() == flat.optimize.model_dump()
+    # what --print-config shows loads back to the same recipe, in the spelling the user wrote
+    shown = sections.resolved()
+    assert "optimize" not in shown and load_config(shown).optimize == sections.optimize
+
+
+def test_trak_optimize_prints_the_sections_config():
+    res = trak("optimize", "configs/digits_projected.yaml", "--print-config", "optimizer.projection.rank=4")
+    assert res.exit_code == 0, res.stderr
+    shown = yaml.safe_load(res.stdout)
+    assert shown["optimizer"]["projection"]["rank"] == 4 and shown["training"]["n_models"] == 10
 
 
 def test_projection_config_errors_are_listed_with_their_keys():
     with pytest.raises(ConfigError) as e:
         load_config(
             "configs/digits_projected.yaml",
-            ["optimize.projection.mode=global", "optimize.projection.rnk=3", "optimize.projection.on_refresh=drop"],
+            ["optimizer.projection.mode=global", "optimizer.projection.rnk=3", "optimizer.projection.on_refresh=drop"],
         )
     msg = str(e.value)
-    assert "optimize.projection.rnk: unknown key; did you mean optimize.projection.rank?" in msg
-    assert "optimize.projection.on_refresh" in msg
+    assert "optimizer.projection.rnk: unknown key; did you mean optimizer.projection.rank?" in msg
+    assert "optimizer.projection.on_refresh" in msg
     with pytest.raises(ConfigError, match="mode global needs proj_dim"):
-        load_config("configs/digits_projected.yaml", ["optimize.projection.mode=global", "optimize.projection.proj_dim=null"])
+        load_config("configs/digits_projected.yaml", ["optimizer.projection.mode=global", "optimizer.projection.proj_dim=null"])
 
 
 def test_trak_optimize_with_projection_writes_checkpoints_featurize_consumes(user_project):
