@@ -8,16 +8,21 @@ What it measures (issue 2, "Quality" and "Speed"):
   (``TRAKer`` with a CPU ``BasicProjector``: load_checkpoint / featurize /
   finalize_features / start_scoring_checkpoint / score / finalize_scores), on
   the same checkpoints, data, ``proj_dim`` and batch size.
-* **Quality**: the linear datamodeling score (LDS, Park et al. 2023, Sec. 2.2).
-  ``n_subsets`` models are retrained with trakcli's recipe (the same
-  hyperparameters as the checkpoints) on random halves of the training set;
-  for every target the Spearman correlation between the predicted margins
-  ``mask @ scores[t]`` and the retrained models' actual margins
-  ``logit_y - logsumexp_{j != y} logit_j`` is taken, and LDS is their mean.
+* **Quality**: the linear datamodeling score (LDS, Park et al. 2023, Sec. 2.2),
+  computed by ``trakcli.eval`` exactly as ``trak eval lds`` computes it:
+  ``n_subsets`` models are retrained with the config's recipe (the same
+  hyperparameters as the checkpoints) on random halves of the training set
+  (``trakcli.eval.retrain``); for every target the Spearman correlation between
+  the predicted margins ``mask @ scores[t]`` and the retrained models' actual
+  margins ``logit_y - logsumexp_{j != y} logit_j`` is taken, and LDS is their
+  mean (``trakcli.eval.lds``).
 
 The checkpoints come from ``trakcli.pipeline.optimize`` with the config's
-``optimize`` section; they and the retrained subset models are cached under
-``--work-dir``, so reruns only repeat the timed part.
+``optimize`` section; they are cached under ``--work-dir``, and the retrained
+models in the ``eval/`` group of ``--eval-store`` (default
+``<work-dir>/lds_eval.zarr``; pass the config's own store, e.g.
+``runs/digits/attrib.zarr``, to share the retraining of ``trak eval lds``), so
+reruns only repeat the timed part.
 
 Run it in the benchmark environment (``./scripts/bench_env.sh`` makes it)::
 
@@ -38,9 +43,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import importlib.metadata as md
-import inspect
 import json
 import logging
 import os
@@ -48,7 +51,6 @@ import platform
 import shutil
 import sys
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -108,7 +110,7 @@ def load_cfg(config: Path, overrides: list[str]):
 # The keys of the config's `optimize` section that decide how a model trains; the
 # others (n_models, out_dir, metrics, checkpoint_every, ...) do not change the model.
 RECIPE_KEYS = ("epochs", "batch_size", "optimizer", "lr", "momentum", "weight_decay", "seed", "projection",
-               "init_checkpoint", "subset_fraction")
+               "init_checkpoint", "subset_fraction", "entrypoint", "kwargs")
 
 
 def recipe_of(cfg) -> dict[str, Any]:
@@ -133,21 +135,6 @@ def build(cfg) -> torch.nn.Module:
 
     entrypoint, kwargs = model_spec(cfg)
     return build_model(entrypoint, **kwargs)
-
-
-def train_one(cfg, recipe: dict[str, Any], x: torch.Tensor, y: torch.Tensor, seed: int) -> torch.nn.Module:
-    """Train a fresh model with trakcli's recipe (what ``trak optimize`` does for one model)."""
-    from trakcli.training import train_classifier
-
-    accepted = inspect.signature(train_classifier).parameters
-    kwargs = {k: v for k, v in recipe.items() if k in accepted and k != "seed"}
-    torch.manual_seed(seed)  # the initialization, as trakcli.pipeline.optimize seeds it
-    model = build(cfg)
-    if recipe.get("init_checkpoint"):  # finetuning recipe: start from the same weights
-        from trakcli.models import load_checkpoint
-
-        load_checkpoint(model, recipe["init_checkpoint"])
-    return train_classifier(model, x, y, seed=seed, **kwargs)
 
 
 def checkpoints(cfg, config: Path, work: Path, base_overrides: list[str]) -> list[Path]:
@@ -178,13 +165,15 @@ def checkpoints(cfg, config: Path, work: Path, base_overrides: list[str]) -> lis
 
 
 def recipe_matches_checkpoint(cfg, data: tuple[torch.Tensor, ...], ckpt: Path) -> float:
-    """Retrain checkpoint 0 with the LDS recipe (train_one) and compare: max |weight difference|.
+    """Retrain checkpoint 0 with ``trakcli.training.train_one`` and compare: max |weight difference|.
 
-    0 (or float noise) shows the subset models are trained exactly as ``trak optimize``
-    trains the checkpoints, only on fewer rows.
+    0 shows the subset models of ``trakcli.eval`` (trained by the same function) are
+    trained exactly as ``trak optimize`` trains the checkpoints, only on fewer rows.
     """
+    from trakcli.training import train_one
+
     with torch_threads(1):
-        model = train_one(cfg, recipe_of(cfg), data[0], data[1], seed=int(cfg.optimize.seed))
+        model = train_one(cfg, data[0], data[1], seed=int(cfg.optimize.seed))
     saved = torch.load(ckpt, map_location="cpu", weights_only=True)
     mine = model.state_dict()
     if saved.keys() != mine.keys():
@@ -292,122 +281,51 @@ def run_traker(
 
 
 # ----------------------------------------------------------------------------
-# LDS: counterfactual retraining on random halves
+# LDS: trakcli.eval (the code of `trak eval lds`)
 # ----------------------------------------------------------------------------
 
 
-def margins_of(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> np.ndarray:
-    """Classification margin logit_y - logsumexp_{j != y} logit_j, per row: [n] float64."""
-    model.eval()
-    with torch.no_grad():
-        logits = model(x).double()  # [n, n_classes]
-    correct = torch.nn.functional.one_hot(y, logits.shape[1]).bool()
-    others = logits.masked_fill(correct, -torch.inf).logsumexp(dim=1)
-    return (logits[correct] - others).numpy()
-
-
-def data_digest(*tensors: torch.Tensor) -> str:
-    h = hashlib.sha256()
-    for t in tensors:
-        h.update(t.contiguous().numpy().tobytes())
-    return h.hexdigest()[:16]
-
-
 def retrain_subsets(
-    cfg,
-    data: tuple[torch.Tensor, ...],
-    n_subsets: int,
-    subset_seed: int,
-    cache: Path,
+    config: Path, n_subsets: int, subset_seed: int, eval_store: Path, workers: int
 ) -> tuple[np.ndarray, np.ndarray]:
     """Masks [n_subsets, n_train] bool and target margins [n_subsets, n_target] float64.
 
-    Subset k holds exactly half the training rows, drawn with seed (subset_seed, k);
-    its model is trained with the config's recipe and seed ``10**6 + subset_seed * 100_003 + k``.
-    Results are cached in ``cache`` (an .npz) and extended when more are asked for.
+    ``trakcli.eval.retrain`` with the config's recipe, ``eval.n_subsets=n_subsets``,
+    ``eval.seed=subset_seed`` and the default ``eval.subset_fraction`` (0.5); the
+    models are kept in the ``eval/`` group of ``eval_store`` (resumable, extended
+    when more are asked for).
     """
-    x_train, y_train, x_target, y_target = data
-    n_train = len(y_train)
-    key = json.dumps(
-        {
-            "recipe": recipe_of(cfg),
-            "model": model_spec(cfg),
-            "data": data_digest(x_train, y_train, x_target, y_target),
-            "subset_seed": subset_seed,
-        },
-        sort_keys=True,
-    )
-    masks = np.zeros((0, n_train), dtype=bool)
-    margins = np.zeros((0, len(y_target)), dtype=np.float64)
-    if cache.exists():
-        with np.load(cache, allow_pickle=False) as f:
-            if str(f["key"]) == key:
-                masks, margins = f["masks"], f["margins"]
-            else:
-                log(f"{rel(cache)} was made with another recipe, model, data or seed: retraining")
-    have = len(masks)
-    if have >= n_subsets:
-        log(f"reusing {n_subsets} retrained subset models from {rel(cache)}")
-        return masks[:n_subsets], margins[:n_subsets]
+    from trakcli.eval import retrain
 
-    recipe = recipe_of(cfg)
-    log(f"retraining {n_subsets - have} models on random halves ({have} cached)")
-    new_masks, new_margins = [masks], [margins]
+    cfg = load_cfg(config, [f"eval.n_subsets={n_subsets}", f"eval.seed={subset_seed}", f"store.path={eval_store}"])
     t0 = time.perf_counter()
-    for k in range(have, n_subsets):
-        mask = subset_mask(n_train, subset_seed, k)
-        idx = torch.from_numpy(np.flatnonzero(mask))
-        with torch_threads(1):
-            model = train_one(cfg, recipe, x_train[idx], y_train[idx], seed=10**6 + subset_seed * 100_003 + k)
-        new_masks.append(mask[None])
-        new_margins.append(margins_of(model, x_target, y_target)[None])
-        done = k + 1 - have
-        if done % 10 == 0 or k + 1 == n_subsets:
-            el = time.perf_counter() - t0
-            log(f"  {k + 1}/{n_subsets} ({el:.0f}s, {el / done:.2f}s per model)")
-            _save_npz(cache, key=np.array(key), masks=np.concatenate(new_masks),
-                      margins=np.concatenate(new_margins))  # an interrupted run keeps what it trained
-    return np.concatenate(new_masks), np.concatenate(new_margins)
+    with torch_threads(torch.get_num_threads()):  # retrain() applies cfg.num_threads; restored after
+        res = retrain(cfg, workers=workers)
+    if res.trained:
+        log(f"retrained {res.trained} subset models in {time.perf_counter() - t0:.0f}s "
+            f"({workers} worker{'s' if workers > 1 else ''}) into {rel(eval_store)}/eval")
+    else:
+        log(f"reusing {n_subsets} retrained subset models from {rel(eval_store)}/eval")
+    return res.masks, res.outputs
 
 
-def _save_npz(path: Path, **arrays: np.ndarray) -> None:
-    """Write an .npz atomically (a temporary file, then rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.stem + ".tmp.npz")
-    np.savez(tmp, **arrays)
-    os.replace(tmp, path)
-
-
-def subset_mask(n_train: int, subset_seed: int, k: int) -> np.ndarray:
-    """Random half k: [n_train] bool with exactly n_train // 2 True, a pure function of (seed, k)."""
-    rng = np.random.default_rng([subset_seed, k])
-    mask = np.zeros(n_train, dtype=bool)
-    mask[rng.choice(n_train, size=n_train // 2, replace=False)] = True
-    return mask
-
-
-def lds(scores: np.ndarray, masks: np.ndarray, margins: np.ndarray) -> dict[str, float]:
-    """Mean over targets of Spearman(mask @ scores[t], margins[:, t]).
+def lds(scores: np.ndarray, masks: np.ndarray, margins: np.ndarray, n_bootstrap: int = 1000) -> dict[str, Any]:
+    """``trakcli.eval.lds`` (the LDS of ``trak eval lds``), with the standard error of the mean added.
 
     Args:
         scores: [n_target, n_train] attribution scores.
         masks: [n_subsets, n_train] bool, the training rows of each retrained model.
         margins: [n_subsets, n_target] margins of the targets under each retrained model.
     """
-    from scipy.stats import spearmanr
+    from trakcli.eval import lds as trak_lds
 
-    pred = masks.astype(np.float64) @ scores.astype(np.float64).T  # [n_subsets, n_target]
-    rhos = []
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # a constant column gives nan, dropped below
-        for t in range(scores.shape[0]):
-            rhos.append(spearmanr(pred[:, t], margins[:, t]).statistic)
-    rhos = np.asarray(rhos, dtype=np.float64)
-    ok = np.isfinite(rhos)
+    res = trak_lds(scores, masks, margins, n_bootstrap=n_bootstrap, seed=0)
+    finite = res.rhos[np.isfinite(res.rhos)]
     return {
-        "lds": float(rhos[ok].mean()) if ok.any() else float("nan"),
-        "lds_sem": float(rhos[ok].std(ddof=1) / np.sqrt(ok.sum())) if ok.sum() > 1 else float("nan"),
-        "n_targets_nan": int((~ok).sum()),
+        "lds": res.lds,
+        "lds_sem": float(finite.std(ddof=1) / np.sqrt(finite.size)) if finite.size > 1 else float("nan"),
+        "lds_ci95": [res.ci_low, res.ci_high],
+        "n_targets_nan": res.n_targets_nan,
     }
 
 
@@ -464,7 +382,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n-subsets", type=int, default=None, help="retrained models for LDS (default 100, --quick 20)")
     ap.add_argument("--n-checkpoints", type=int, default=None,
                     help="use the first N checkpoints (default: all of optimize.n_models, --quick 3)")
-    ap.add_argument("--subset-seed", type=int, default=0, help="seed of the random halves and their models")
+    ap.add_argument("--subset-seed", type=int, default=0, help="seed of the random halves and their models (eval.seed)")
+    ap.add_argument("--eval-store", type=Path, default=None,
+                    help="store whose eval/ group keeps the retrained models (default: <work-dir>/lds_eval.zarr; "
+                    "the config's store shares them with `trak eval lds`)")
+    ap.add_argument("--workers", type=int, default=1, help="processes that retrain the subset models")
     ap.add_argument("--proj-dims", type=int, nargs="+", default=[256, 2048])
     ap.add_argument("--skip-traker", action="store_true", help="time and score trakcli only")
     ap.add_argument("--repeats", type=int, default=1, help="timed runs per tool and proj_dim; the fastest is kept")
@@ -518,7 +440,8 @@ def main(argv: list[str] | None = None) -> int:
         log("warning: the LDS recipe does not reproduce `trak optimize`'s checkpoints")
 
     # The retraining is not timed; do it first so a failing tool still leaves the cache.
-    masks, margins = retrain_subsets(base, data, n_subsets, args.subset_seed, work / "lds_retrain.npz")
+    eval_store = (args.eval_store or work / "lds_eval.zarr").resolve()
+    masks, margins = retrain_subsets(config, n_subsets, args.subset_seed, eval_store, args.workers)
 
     rows: list[dict[str, Any]] = []
     for proj_dim in args.proj_dims:
@@ -607,6 +530,7 @@ def main(argv: list[str] | None = None) -> int:
         "n_checkpoints": len(ckpt_paths),
         "n_subsets": int(len(masks)),
         "subset_seed": args.subset_seed,
+        "eval_store": rel(eval_store),
         "batch_size": batch_size,
         "repeats": args.repeats,
         "recipe": recipe_of(base),

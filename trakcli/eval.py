@@ -354,7 +354,7 @@ def retrain(
                     _apply_threads(cfg)
                     device = resolve_device(cfg.device)
                     for k in pending:
-                        _event(f"start eval {k}")
+                        _event(f"start eval {k} pid {os.getpid()}")
                         write(k, retrain_one(cfg, k, train, target, device))
                 else:
                     _retrain_in_workers(cfg, pending, n_workers, write)
@@ -419,7 +419,7 @@ def _worker_main(cfg: Config, threads: int, tasks: Any, results: Any) -> None:
         if k is None:
             return
         try:
-            _event(f"start eval {k}")
+            _event(f"start eval {k} pid {os.getpid()}")
             results.put(("ok", k, retrain_one(cfg, k, train, target, device)))
         except BaseException as e:  # noqa: BLE001 - reported to the parent
             results.put(("error", k, _describe(e)))

@@ -1,0 +1,467 @@
+"""`trak eval lds`: subsets, model outputs, the LDS against scipy, retraining into the store
+(resume after kill -9, workers, identity checks), external files through the CLI, training.entrypoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+import zarr
+from scipy.stats import spearmanr
+from typer.testing import CliRunner
+
+from trakcli import eval as ev
+from trakcli.cli.main import app
+from trakcli.config import load_config
+from trakcli.data import load_dataset
+from trakcli.errors import DataError, ModelError, StoreError, StoreMismatchError
+from trakcli.models import build_model
+from trakcli.training import train_one
+
+N_SUBSETS = 4
+
+
+def trak(*args):
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+def trak_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "trakcli.cli.main", *args]
+
+
+def eval_project(root: Path, **optimize) -> Path:
+    """Add a training recipe and a small eval section to the user_project config (in the cwd)."""
+    cfg = yaml.safe_load((root / "run.yaml").read_text())
+    cfg["optimize"] = {"n_models": 2, "epochs": 2, "batch_size": 8, "lr": 0.1, "out_dir": "trained", **optimize}
+    cfg["eval"] = {"n_subsets": N_SUBSETS, "bootstrap": 200}
+    cfg["num_threads"] = 1
+    (root / "run.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return root / "run.yaml"
+
+
+def eval_arrays(store: str | Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    g = zarr.open_group(str(Path(store) / "eval"), mode="r")
+    return np.asarray(g["masks"][:]), np.asarray(g["outputs"][:]), np.asarray(g["done"][:])
+
+
+# ----------------------------------------------------------------------------
+# subsets, outputs, LDS: pure functions
+
+
+@pytest.mark.parametrize("n_train, fraction", [(1437, 0.5), (40, 0.5), (41, 0.3), (10, 0.95), (7, 0.01)])
+def test_subset_masks_are_deterministic_and_exactly_sized(n_train, fraction):
+    masks = ev.subset_masks(n_train, fraction, seed=3, n_subsets=6)
+    assert masks.dtype == bool and masks.shape == (6, n_train)
+    size = min(n_train, max(1, round(fraction * n_train)))
+    assert (masks.sum(axis=1) == size).all()
+    # row k is a pure function of (seed, k): not of how many rows are drawn, nor their order
+    for k in (5, 0, 2):
+        np.testing.assert_array_equal(ev.subset_mask(n_train, fraction, 3, k), masks[k])
+    np.testing.assert_array_equal(ev.subset_masks(n_train, fraction, 3, 2), masks[:2])
+    if size < n_train:
+        assert len({m.tobytes() for m in masks}) > 1  # rows differ
+        assert not np.array_equal(ev.subset_masks(n_train, fraction, 4, 6), masks)  # the seed matters
+    assert ev.subset_mask(1437, 0.5, 0, 0).sum() == 718
+
+
+def test_model_seed_does_not_collide_with_checkpoint_seeds():
+    seeds = {ev.model_seed(s, k) for s in range(3) for k in range(1000)}
+    assert len(seeds) == 3000 and min(seeds) >= 10**6
+
+
+def test_model_outputs_are_the_classification_margin():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 4))
+    x, y = torch.randn(23, 5), torch.randint(0, 4, (23,))
+    from trakcli.data import TensorDataset
+
+    out = ev.model_outputs(model, TensorDataset(x, y, "t"), "classification", batch_size=7)
+    p = torch.softmax(model(x).double(), dim=1)[torch.arange(23), y]
+    assert out.dtype == np.float64 and out.shape == (23,)
+    np.testing.assert_allclose(out, torch.log(p / (1 - p)).detach().numpy(), rtol=1e-9, atol=1e-9)  # log(p/(1-p))
+
+
+def test_spearman_columns_equals_scipy_spearmanr_per_column():
+    rng = np.random.default_rng(0)
+    a = rng.normal(size=(30, 9))
+    b = a + rng.normal(size=(30, 9))
+    a[:, 3] = rng.integers(0, 4, size=30)  # ties
+    b[:, 4] = np.round(b[:, 4])  # ties
+    a[:, 5] = 1.5  # constant: undefined
+    b[:, 6] = -2.0
+    got = ev.spearman_columns(a, b)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        want = np.array([spearmanr(a[:, j], b[:, j]).statistic for j in range(9)])
+    assert np.isnan(want[[5, 6]]).all() and np.isnan(got[[5, 6]]).all()
+    ok = ~np.isnan(want)
+    np.testing.assert_allclose(got[ok], want[ok], rtol=0, atol=1e-12)
+
+
+def test_lds_equals_a_loop_of_spearmanr():
+    rng = np.random.default_rng(1)
+    n_subsets, n_train, n_target = 25, 60, 12
+    masks = rng.random((n_subsets, n_train)) < 0.5
+    scores = rng.normal(size=(n_target, n_train)).astype(np.float32)
+    outputs = masks @ scores.T.astype(np.float64) + rng.normal(scale=3.0, size=(n_subsets, n_target))
+    outputs[:, 7] = 0.25  # a target whose outputs are constant: nan, left out
+    res = ev.lds(scores, masks, outputs, n_bootstrap=500, seed=0)
+    pred = masks.astype(np.float64) @ scores.astype(np.float64).T
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        loop = np.array([spearmanr(pred[:, t], outputs[:, t]).statistic for t in range(n_target)])
+    np.testing.assert_allclose(res.rhos, loop, atol=1e-12, equal_nan=True)
+    assert res.n_targets_nan == 1 and np.isnan(res.rhos[7])
+    assert res.lds == pytest.approx(np.nanmean(loop), abs=1e-12)
+    assert res.ci_low < res.lds < res.ci_high
+    assert res.quantiles[0.5] == pytest.approx(np.nanmedian(loop))
+    assert res.quantiles[0.0] == pytest.approx(np.nanmin(loop)) and res.quantiles[1.0] == pytest.approx(np.nanmax(loop))
+    assert res.histogram[0].sum() == n_target - 1
+    # the bootstrap is seeded: same seed, same interval; another seed, another one
+    again = ev.lds(scores, masks, outputs, n_bootstrap=500, seed=0)
+    assert (again.ci_low, again.ci_high) == (res.ci_low, res.ci_high)
+    other = ev.lds(scores, masks, outputs, n_bootstrap=500, seed=1)
+    assert (other.ci_low, other.ci_high) != (res.ci_low, res.ci_high)
+    d = res.to_dict()
+    assert d["per_target"][7] is None and d["n_targets_nan"] == 1 and json.dumps(d)
+
+
+def test_lds_of_a_planted_linear_datamodel_is_one_and_of_random_scores_zero():
+    rng = np.random.default_rng(2)
+    n_subsets, n_train, n_target = 80, 300, 40
+    weights = rng.normal(size=(n_target, n_train))  # the true linear datamodel of each target
+    masks = ev.subset_masks(n_train, 0.5, seed=0, n_subsets=n_subsets)
+    outputs = masks @ weights.T + rng.normal(scale=0.01, size=(n_subsets, n_target))
+    good = ev.lds(weights, masks, outputs, n_bootstrap=300)
+    assert good.lds > 0.99 and good.ci_low > 0.98
+    rand = ev.lds(rng.normal(size=(n_target, n_train)), masks, outputs, n_bootstrap=300)
+    assert abs(rand.lds) < 0.1 and rand.ci_low < 0 < rand.ci_high
+    flipped = ev.lds(-weights, masks, outputs, n_bootstrap=0)
+    assert flipped.lds < -0.99 and np.isnan(flipped.ci_low)
+
+
+def test_lds_rejects_inputs_that_do_not_fit():
+    masks = np.zeros((5, 10), dtype=bool)
+    outputs = np.zeros((5, 3))
+    scores = np.zeros((3, 10))
+    with pytest.raises(DataError, match=r"scores has shape \[10, 3\], expected \[3, 10\]"):
+        ev.lds(scores.T, masks, outputs)
+    with pytest.raises(DataError, match=r"outputs has shape \[4, 3\], expected \[5, n_target\]"):
+        ev.lds(scores, masks, outputs[:4])
+    with pytest.raises(DataError, match="values other than 0 and 1"):
+        ev.lds(scores, np.full((5, 10), 0.5), outputs)
+    bad = outputs.copy()
+    bad[2, 1] = np.nan
+    with pytest.raises(DataError, match=r"outputs holds 1 NaN/inf values \(rows \[2\]\)"):
+        ev.lds(scores, masks, bad)
+    with pytest.raises(DataError, match="at least 2 retrained models"):
+        ev.lds(scores, masks[:1], outputs[:1])
+    # 0/1 integers are masks too
+    res = ev.lds(np.arange(30.0).reshape(3, 10), np.eye(5, 10, dtype=np.int64), np.arange(15.0).reshape(5, 3))
+    assert res.n_subsets == 5
+
+
+# ----------------------------------------------------------------------------
+# training: one implementation for trak optimize and the retraining
+
+
+def test_train_one_reproduces_trak_optimize_checkpoints(user_project):
+    eval_project(user_project)
+    assert trak("optimize", "run.yaml", "-q").exit_code == 0
+    cfg = load_config("run.yaml")
+    train = load_dataset(cfg.data.train)
+    torch.set_num_threads(1)
+    model = train_one(cfg, train.inputs, train.labels, seed=cfg.optimize.seed + 1)
+    saved = torch.load("trained/model_001.pt")
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, saved[k]), k
+
+
+TRAIN_FILE = '''
+import torch
+
+def train(model, inputs, labels, seed, steps=3, lr=0.5, log="calls.txt"):
+    with open(log, "a") as f:
+        f.write(f"{len(labels)} {seed}\\n")
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    for _ in range(steps):
+        idx = torch.randperm(len(labels), generator=gen)[:8]
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(inputs[idx]), labels[idx]).backward()
+        opt.step()
+    if steps == 0:
+        return "not a model"
+'''
+
+
+def test_training_entrypoint_trains_optimize_and_eval_models(user_project):
+    (user_project / "my_train.py").write_text(TRAIN_FILE)
+    cfg = yaml.safe_load(Path("run.yaml").read_text())
+    cfg["training"] = {
+        "n_models": 1, "out_dir": "trained", "entrypoint": "my_train.py:train", "kwargs": {"steps": 4}, "seed": 5,
+    }
+    cfg["optimizer"] = {"name": "sgd"}
+    cfg["eval"] = {"n_subsets": 3, "bootstrap": 50}
+    cfg["num_threads"] = 1
+    Path("run.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+
+    res = trak("optimize", "run.yaml", "-q")
+    assert res.exit_code == 0, res.stderr
+    assert Path("calls.txt").read_text().split("\n")[0] == "40 5"  # all 40 rows, seed optimize.seed + 0
+    loaded = load_config("run.yaml")
+    res = ev.retrain(loaded)
+    # the retraining called it on each model's 20 rows with the model's seed
+    calls = Path("calls.txt").read_text().split("\n")[1:4]
+    assert calls == [f"20 {ev.model_seed(0, k)}" for k in range(3)]
+    # and the outputs are those of the model the function trained
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("my_train_ref", "my_train.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    train, target = load_dataset(loaded.data.train), load_dataset(loaded.data.target)
+    mask = ev.subset_mask(40, 0.5, 0, 1)
+    torch.manual_seed(ev.model_seed(0, 1))
+    model = build_model(loaded.model.entrypoint)
+    idx = torch.from_numpy(np.flatnonzero(mask))
+    mod.train(model, train.inputs[idx], train.labels[idx], seed=ev.model_seed(0, 1), steps=4, log="other.txt")
+    np.testing.assert_array_equal(res.outputs[1], ev.model_outputs(model, target, "classification"))
+    np.testing.assert_array_equal(res.masks[1], mask)
+    # the recipe the store records is the function's, and a changed kwarg refuses
+    with pytest.raises(StoreMismatchError, match=r"recipe.kwargs.steps: store has 4, this run has 5"):
+        ev.retrain(load_config("run.yaml", ["training.kwargs.steps=5"]))
+    # a function returning something else than a model
+    res = trak("eval", "lds", "run.yaml", "training.kwargs.steps=0", "--overwrite")
+    assert res.exit_code == 1 and "training.entrypoint 'my_train.py:train' returned a str" in res.stderr
+    res = trak("optimize", "run.yaml", "training.entrypoint=my_train.py:trian", "--overwrite")
+    assert res.exit_code == 1 and "training.entrypoint: 'my_train.py' has no function 'trian'; did you mean 'train'?" in res.stderr
+
+
+# ----------------------------------------------------------------------------
+# retraining into the store
+
+
+def test_retrain_resumes_extends_and_checks_identity(user_project):
+    eval_project(user_project)
+    cfg = load_config("run.yaml")
+    full = ev.retrain(cfg)
+    assert full.trained == N_SUBSETS and full.masks.shape == (N_SUBSETS, 40) and full.outputs.shape == (N_SUBSETS, 7)
+    assert full.outputs.dtype == np.float64 and np.isfinite(full.outputs).all()
+    assert len({o.tobytes() for o in full.outputs}) == N_SUBSETS  # every model is its own
+    np.testing.assert_array_equal(full.masks, ev.subset_masks(40, 0.5, 0, N_SUBSETS))
+    # the store holds them, done flags set; a second run trains nothing
+    masks, outputs, done = eval_arrays("out/attrib.zarr")
+    np.testing.assert_array_equal(outputs, full.outputs)
+    assert done.tolist() == [1] * N_SUBSETS
+    assert ev.retrain(cfg).trained == 0
+    # a simulated interruption: rows 1 and 3 never finished; the rerun trains exactly those, identically
+    g = zarr.open_group("out/attrib.zarr/eval", mode="r+")
+    g["done"][1] = 0
+    g["done"][3] = 0
+    g["outputs"][1] = 123.0
+    again = ev.retrain(cfg)
+    assert again.trained == 2
+    np.testing.assert_array_equal(again.outputs, full.outputs)
+    # more subsets extend the group; fewer read the first rows
+    more = ev.retrain(load_config("run.yaml", [f"eval.n_subsets={N_SUBSETS + 2}"]))
+    assert more.trained == 2 and more.n_subsets == N_SUBSETS + 2
+    np.testing.assert_array_equal(more.outputs[:N_SUBSETS], full.outputs)
+    fewer = ev.load_or_retrain(load_config("run.yaml", ["eval.n_subsets=3"]))
+    np.testing.assert_array_equal(fewer[1], full.outputs[:3])
+    # another recipe, seed or subset size refuses, naming the keys; --overwrite retrains
+    with pytest.raises(StoreMismatchError) as e:
+        ev.retrain(load_config("run.yaml", ["optimize.lr=0.2", "eval.seed=1"]))
+    assert "recipe.lr: store has 0.1, this run has 0.2" in str(e.value)
+    assert "seed: store has 0, this run has 1" in str(e.value)
+    assert "--overwrite" in str(e.value)
+    res = trak("eval", "lds", "run.yaml", "eval.subset_fraction=0.25")
+    assert res.exit_code == 1 and "subset_fraction: store has 0.5, this run has 0.25" in res.stderr
+    # settings that do not change the models do not refuse
+    assert ev.retrain(load_config("run.yaml", ["optimize.n_models=7", "projector.proj_dim=8"])).trained == 0
+    other = ev.retrain(load_config("run.yaml", ["optimize.lr=0.2"]), overwrite=True)
+    assert other.trained == N_SUBSETS and not np.array_equal(other.outputs, full.outputs)
+    np.testing.assert_array_equal(other.masks, full.masks)
+
+
+def test_eval_before_featurize_then_featurize_overwrite_keeps_the_retraining(user_project):
+    eval_project(user_project)
+    # no store yet: eval retrains into a new store, then asks for scores
+    res = trak("eval", "lds", "run.yaml")
+    assert res.exit_code == 1
+    assert "retraining only" in res.stderr and "run `trak featurize CONFIG` and `trak score CONFIG`" in res.stderr
+    assert f"the {N_SUBSETS} retrained models are kept" in res.stderr
+    masks, outputs, done = eval_arrays("out/attrib.zarr")
+    assert done.all()
+    res = trak("score", "run.yaml")
+    assert res.exit_code == 1 and "holds no train features yet; run `trak featurize CONFIG` first" in res.stderr
+    # featurize adopts the store; --overwrite re-creates it but keeps the eval group
+    for args in (["featurize", "run.yaml", "-q"], ["featurize", "run.yaml", "-q", "--overwrite"], ["score", "run.yaml", "-q"]):
+        res = trak(*args)
+        assert res.exit_code == 0, res.stderr
+    m2, o2, d2 = eval_arrays("out/attrib.zarr")
+    np.testing.assert_array_equal(m2, masks)
+    np.testing.assert_array_equal(o2, outputs)
+    assert d2.all() and not Path("out/.attrib.zarr.eval-kept").exists()
+    # now the LDS: nothing retrained, the JSON on stdout is the library's LDS of the store's scores
+    res = trak("eval", "lds", "run.yaml", "--json", "--out", "lds.json")
+    assert res.exit_code == 0, res.stderr
+    assert "retraining" not in res.stderr and "Linear datamodeling score" in res.stderr
+    data = json.loads(res.stdout)
+    assert json.loads(Path("lds.json").read_text()) == data
+    scores = np.asarray(zarr.open_group("out/attrib.zarr", mode="r")["scores/default/scores"][:])
+    want = ev.lds(scores, masks, outputs, n_bootstrap=200, seed=0)
+    assert data["lds"] == pytest.approx(want.lds, abs=1e-12)
+    assert (data["ci_low"], data["ci_high"]) == pytest.approx((want.ci_low, want.ci_high), abs=1e-12)
+    assert data["n_subsets"] == N_SUBSETS and data["n_target"] == 7 and len(data["per_target"]) == 7
+    assert data["n_bootstrap"] == 200
+    # trak inspect shows the eval group
+    info = json.loads(trak("inspect", "out/attrib.zarr", "--json").stdout)
+    assert info["eval"]["done"] == N_SUBSETS
+
+
+def test_external_files_through_the_cli(user_project):
+    rng = np.random.default_rng(0)
+    masks = rng.random((6, 40)) < 0.5
+    scores = rng.normal(size=(7, 40)).astype(np.float32)
+    outputs = masks @ scores.T.astype(np.float64) + rng.normal(size=(6, 7))
+    np.save("m.npy", masks)
+    np.save("o.npy", outputs)
+    np.save("s.npy", scores)
+    res = trak("eval", "lds", "--scores", "s.npy", "--masks", "m.npy", "--outputs", "o.npy", "--json")
+    assert res.exit_code == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert data["lds"] == pytest.approx(ev.lds(scores, masks, outputs).lds, abs=1e-12)
+    assert data["sources"]["masks"] == "--masks m.npy"
+    # bad shapes: which file, its shape, the expected one
+    np.save("bad.npy", scores.T)
+    res = trak("eval", "lds", "--scores", "bad.npy", "--masks", "m.npy", "--outputs", "o.npy")
+    assert res.exit_code == 1
+    assert "--scores bad.npy has shape [40, 7], expected [7, 40] = [n_target, n_train]" in res.stderr
+    np.save("bad.npy", outputs[:5])
+    res = trak("eval", "lds", "--scores", "s.npy", "--masks", "m.npy", "--outputs", "bad.npy")
+    assert res.exit_code == 1 and "--outputs bad.npy has shape [5, 7], expected [6, n_target]" in res.stderr
+    np.save("bad.npy", masks[0])
+    res = trak("eval", "lds", "--scores", "s.npy", "--masks", "bad.npy", "--outputs", "o.npy")
+    assert res.exit_code == 1 and "--masks bad.npy has shape [40]; expected a 2-D array [n_subsets, n_train] bool" in res.stderr
+    np.save("bad.npy", masks * 2)
+    res = trak("eval", "lds", "--scores", "s.npy", "--masks", "bad.npy", "--outputs", "o.npy")
+    assert res.exit_code == 1 and "--masks bad.npy holds values other than 0 and 1" in res.stderr
+    Path("junk.npy").write_text("not an array")
+    res = trak("eval", "lds", "--scores", "junk.npy", "--masks", "m.npy", "--outputs", "o.npy")
+    assert res.exit_code == 1 and "--scores junk.npy: cannot read it as an array" in res.stderr
+    # bad flags: exit 2
+    res = trak("eval", "lds", "--scores", "s.npy", "--masks", "m.npy")
+    assert res.exit_code == 2 and "--masks and --outputs go together" in res.stderr
+    res = trak("eval", "lds", "--scores", "s.npy")
+    assert res.exit_code == 2 and "give CONFIG" in res.stderr
+    res = trak("eval", "lds", "--scores", "nope.npy", "--masks", "m.npy", "--outputs", "o.npy")
+    assert res.exit_code == 2 and "--scores nope.npy: file does not exist" in res.stderr
+    # a config's store scores against external retraining; wrong n_train is named
+    eval_project(user_project)
+    assert trak("featurize", "run.yaml", "-q").exit_code == 0
+    assert trak("score", "run.yaml", "-q").exit_code == 0
+    res = trak("eval", "lds", "run.yaml", "--masks", "m.npy", "--outputs", "o.npy", "--json", "-q")
+    assert res.exit_code == 0, res.stderr
+    assert json.loads(res.stdout)["sources"]["scores"] == "the scores of experiment 'default' in out/attrib.zarr"
+    assert not Path("out/attrib.zarr/eval").exists()  # no retraining with external files
+    np.save("m30.npy", masks[:, :30])
+    res = trak("eval", "lds", "run.yaml", "--masks", "m30.npy", "--outputs", "o.npy")
+    assert res.exit_code == 1
+    assert "the scores of experiment 'default' in out/attrib.zarr has shape [7, 40], expected [7, 30]" in res.stderr
+
+
+# ----------------------------------------------------------------------------
+# processes: kill -9 and resume, workers, orphans
+
+
+def _wait_for(log: Path, text: str, count: int, proc: subprocess.Popen, timeout: float = 120) -> bool:
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        if log.exists() and log.read_text().count(text) >= count:
+            return True
+        time.sleep(0.005)
+    return False
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return True
+    return state in ("Z", "X")  # a zombie does not run
+
+
+@pytest.mark.slow
+def test_kill_then_resume_and_workers_give_identical_rows(user_project):
+    eval_project(user_project, epochs=150)
+    cfg = load_config("run.yaml", [f"eval.n_subsets={N_SUBSETS + 2}"])
+    ref = ev.retrain(cfg.model_copy(update={"store": cfg.store.model_copy(update={"path": Path("ref.zarr")})}))
+
+    # kill -9 after two models are written; the rerun trains only the others
+    log = user_project / "events.log"
+    args = ["eval", "lds", "run.yaml", f"eval.n_subsets={N_SUBSETS + 2}", "-q"]
+    proc = subprocess.Popen(trak_cmd(*args), env={**os.environ, "TRAK_EVENT_LOG": str(log)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    killed = _wait_for(log, "done eval", 2, proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert killed
+    _, _, done = eval_arrays("out/attrib.zarr")
+    assert 2 <= done.sum() < N_SUBSETS + 2
+    res = subprocess.run(trak_cmd(*args), env={**os.environ, "TRAK_EVENT_LOG": str(log)}, capture_output=True, text=True)
+    assert res.returncode == 1 and "trak score CONFIG" in res.stderr  # no scores in this store: retraining only
+    starts = log.read_text().count("start eval")
+    assert N_SUBSETS + 2 <= starts <= N_SUBSETS + 3  # at most the model in flight was lost
+    masks, outputs, done = eval_arrays("out/attrib.zarr")
+    assert done.all()
+    np.testing.assert_array_equal(masks, ref.masks)
+    np.testing.assert_array_equal(outputs, ref.outputs)
+
+    # two worker processes write the same rows, bit for bit
+    two = ev.retrain(cfg.model_copy(update={"store": cfg.store.model_copy(update={"path": Path("two.zarr")})}), workers=2)
+    assert two.workers == 2 and two.trained == N_SUBSETS + 2
+    np.testing.assert_array_equal(two.masks, ref.masks)
+    np.testing.assert_array_equal(two.outputs, ref.outputs)
+
+
+@pytest.mark.slow
+def test_workers_die_with_their_parent_and_report_errors(user_project):
+    (user_project / "my_train.py").write_text(
+        "import time\n"
+        "def train(model, inputs, labels, seed, fail_seed=-1, sleep=0.0):\n"
+        "    if seed == fail_seed:\n"
+        "        raise ValueError(f'bad seed {seed}')\n"
+        "    time.sleep(sleep)\n"
+    )
+    eval_project(user_project, entrypoint="my_train.py:train", kwargs={"sleep": 30.0})
+    # kill -9 the parent while its workers train: they exit instead of training on
+    log = user_project / "events.log"
+    proc = subprocess.Popen(trak_cmd("eval", "lds", "run.yaml", "--workers", "2", "-q"),
+                            env={**os.environ, "TRAK_EVENT_LOG": str(log)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    assert _wait_for(log, "start eval", 2, proc)
+    pids = {int(line.split(" pid ")[1]) for line in log.read_text().splitlines() if line.startswith("start eval")}
+    assert len(pids) == 2 and proc.pid not in pids
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    deadline = time.time() + 10
+    while time.time() < deadline and not all(_gone(p) for p in pids):
+        time.sleep(0.05)
+    assert all(_gone(p) for p in pids), "worker processes outlived their killed parent"
+    # an error in a worker stops the run with its message and traceback
+    res = trak("eval", "lds", "run.yaml", "--workers", "2", f"optimize.kwargs.fail_seed={ev.model_seed(0, 2)}", "optimize.kwargs.sleep=0",
+               "--overwrite")
+    assert res.exit_code == 1
+    assert f"retraining model 2 failed in a worker process: ValueError: bad seed {ev.model_seed(0, 2)}" in res.stderr
+    assert "my_train.py" in res.stderr  # the user's traceback
