@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/bench_optimize.py [--out bench_results/optimize.json]
         [--epochs 20] [--seeds 3] [--lrs 3e-4,1e-3,3e-3,1e-2,3e-2,1e-1]
-        [--rounds 15] [--block 50] [--methods adamw,per_matrix,...] [--no-fused]
+        [--rounds 30] [--block 50] [--methods adamw,per_matrix,...] [--no-fused]
 
 Model: MLP 64-256-256-10 (85,002 parameters), pretrained with AdamW on the
 digits 0-4 of the training split, then finetuned on all ten digits with each
@@ -279,7 +279,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--lrs", default="3e-4,1e-3,3e-3,1e-2,3e-2,1e-1")
     ap.add_argument("--methods", default=DEFAULT_METHODS)
-    ap.add_argument("--rounds", type=int, default=15, help="interleaved timing rounds")
+    ap.add_argument("--rounds", type=int, default=30, help="interleaved timing rounds")
     ap.add_argument("--block", type=int, default=GAP, help="steps per method per round (a multiple of 50 "
                     "amortizes refreshes exactly)")
     ap.add_argument("--no-fused", dest="fused", action="store_false", help="skip the fused-AdamW timing table")

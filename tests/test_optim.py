@@ -65,7 +65,10 @@ def test_noop_projection_matches_the_inner_optimizer_step_for_step(mode, inner_n
     opt = ProjectedOptimizer(model.parameters(), inner=inner, projection={"mode": mode, "kind": "noop"}, **hyper, **decay)
     got = train(model, opt, data)
     for step, (a, b) in enumerate(zip(ref, got)):
-        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=f"step {step}")
+        if mode == "per_matrix":  # every parameter handed to the inner optimizer as is: bit for bit
+            assert torch.equal(b, a), f"step {step}"
+        else:  # through a shadow: W + (0 + Δ) may round differently from the inner's fused W + Δ
+            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=f"step {step}")
     assert not torch.equal(ref[0], ref[-1])
 
 
