@@ -44,8 +44,9 @@ steps of every method in turn (the order rotates between rounds). A block of
 SVD), so its mean step time includes the refresh cost amortized as in
 training. Per round, each method's mean step time is divided by AdamW's of
 the same round; the table shows the median of these ratios over rounds and
-their spread (min-max), for the whole training step (zero_grad, forward,
-backward, ``opt.step()``) and for ``opt.step()`` alone. Load on other cores
+their interquartile range ``[q1-q3]`` (the JSON also has min and max), for
+the whole training step (zero_grad, forward, backward, ``opt.step()``) and
+for ``opt.step()`` alone. Load on other cores
 slows every method of a round alike, so the ratios stay put while absolute
 times move. Denormal floats are flushed to zero while timing (the timing
 models overfit their fixed batches, and denormal arithmetic would slow the
@@ -250,18 +251,23 @@ def interleaved(runners: dict[str, Runner], ref: str, batches, rounds: int, bloc
             per_round[name].append(runners[name].block(batches, block))
     out = {}
     for name in names:
-        step_ratio = [a[0] / b[0] for a, b in zip(per_round[name], per_round[ref])]
-        opt_ratio = [a[1] / b[1] for a, b in zip(per_round[name], per_round[ref])]
-        out[name] = {
+        row: dict = {
             "step_ms": 1e3 * statistics.median(t[0] for t in per_round[name]),
             "opt_step_ms": 1e3 * statistics.median(t[1] for t in per_round[name]),
-            "step_ratio": statistics.median(step_ratio),
-            "step_ratio_min": min(step_ratio), "step_ratio_max": max(step_ratio),
-            "opt_step_ratio": statistics.median(opt_ratio),
-            "opt_step_ratio_min": min(opt_ratio), "opt_step_ratio_max": max(opt_ratio),
             "rounds_ms": [[1e3 * a, 1e3 * b] for a, b in per_round[name]],
         }
+        for key, j in (("step_ratio", 0), ("opt_step_ratio", 1)):
+            ratios = [a[j] / b[j] for a, b in zip(per_round[name], per_round[ref])]
+            q1, _, q3 = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (ratios[0],) * 3
+            row.update({key: statistics.median(ratios), f"{key}_q1": q1, f"{key}_q3": q3,
+                        f"{key}_min": min(ratios), f"{key}_max": max(ratios)})
+        out[name] = row
     return out
+
+
+def ratio_cell(t: dict, key: str) -> str:
+    """``median [q1-q3]`` of a per-round ratio."""
+    return f"{t[key]:5.2f} [{t[key + '_q1']:4.2f}-{t[key + '_q3']:4.2f}]"
 
 
 def timing_batches(split, n: int = 40, seed: int = 99):
@@ -358,18 +364,15 @@ def main() -> None:
         else:
             acc = f"{'-':>14} {'-':>8} {'-':>7}"
         edge = "*" if r.get("lr_at_grid_edge") else " "
-        print(f"{method:20} {r['lr']:6.0e}{edge}{acc} "
-              f"{t['step_ratio']:5.2f} [{t['step_ratio_min']:4.2f}-{t['step_ratio_max']:4.2f}] "
-              f"{t['opt_step_ratio']:5.2f} [{t['opt_step_ratio_min']:4.2f}-{t['opt_step_ratio_max']:4.2f}] "
-              f"{t['step_ms']:7.3f} {t['opt_step_ms']:6.3f}")
+        print(f"{method:20} {r['lr']:6.0e}{edge}{acc} {ratio_cell(t, 'step_ratio')} "
+              f"{ratio_cell(t, 'opt_step_ratio')} {t['step_ms']:7.3f} {t['opt_step_ms']:6.3f}")
     if any(r.get("lr_at_grid_edge") for r in results["methods"].values()):
         print("* lr at the edge of the grid")
     if args.fused and "fused_timing" in results:
         print("\nwith fused=True AdamW (the reference and the inner optimizer):")
         for method, t in results["fused_timing"].items():
-            print(f"{method:20} step x {t['step_ratio']:5.2f} [{t['step_ratio_min']:4.2f}-{t['step_ratio_max']:4.2f}]"
-                  f"  opt.step x {t['opt_step_ratio']:5.2f} [{t['opt_step_ratio_min']:4.2f}-"
-                  f"{t['opt_step_ratio_max']:4.2f}]  {t['step_ms']:.3f} / {t['opt_step_ms']:.3f} ms")
+            print(f"{method:20} step x {ratio_cell(t, 'step_ratio')}  opt.step x {ratio_cell(t, 'opt_step_ratio')}"
+                  f"  {t['step_ms']:.3f} / {t['opt_step_ms']:.3f} ms")
     print(f"pretrained on digits 0-4: test accuracy {100 * results['pretrained_test_accuracy']:.2f}% on all ten; "
           f"load average {results['timing']['loadavg_start'][0]:.2f} -> {results['timing']['loadavg_end'][0]:.2f}")
     out = Path(args.out)
