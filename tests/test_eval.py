@@ -91,6 +91,38 @@ def test_model_outputs_are_the_classification_margin():
     np.testing.assert_allclose(out, torch.log(p / (1 - p)).detach().numpy(), rtol=1e-9, atol=1e-9)  # log(p/(1-p))
 
 
+class _TinyLM(torch.nn.Module):
+    """A causal "LM" over a vocabulary of 11 tokens: logits [n, L, 11] from the token embeddings."""
+
+    trak_causal = True
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = torch.nn.Embedding(11, 11)
+
+    def forward(self, input_ids, attention_mask=None):
+        return self.emb(input_ids).cumsum(dim=1)
+
+
+def test_model_outputs_of_a_language_model_sum_the_next_token_margins():
+    from trakcli.data import TensorDataset
+    from trakcli.gradients import language_modeling_margin
+
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 11, (9, 6), generator=g)
+    am = torch.ones(9, 6, dtype=torch.long)
+    am[2, 4:] = 0  # padding on the right
+    data = TensorDataset({"input_ids": ids, "attention_mask": am}, torch.zeros(9, dtype=torch.long), "t")
+    model = _TinyLM()
+    out = ev.model_outputs(model, data, "language_modeling", batch_size=4)
+    with torch.no_grad():
+        want = [language_modeling_margin(model(ids[i : i + 1])[0].double(), ids[i], am[i])[0].item() for i in range(9)]
+    np.testing.assert_allclose(out, want, rtol=1e-12, atol=1e-12)
+    # a memory cap smaller than a batch's logits cuts the batches, never the result
+    np.testing.assert_array_equal(ev.model_outputs(model, data, "language_modeling", batch_size=4, memory_mb=0), out)
+
+
 def test_spearman_columns_equals_scipy_spearmanr_per_column():
     rng = np.random.default_rng(0)
     a = rng.normal(size=(30, 9))

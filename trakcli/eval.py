@@ -101,6 +101,7 @@ def model_outputs(
     *,
     batch_size: int = 128,
     device: torch.device | str = "cpu",
+    memory_mb: int = 1024,
 ) -> np.ndarray:
     """The model output function of every example: the margin that TRAK attributes.
 
@@ -114,8 +115,10 @@ def model_outputs(
         model: the trained model (set to eval mode).
         data: the examples (inputs ``[n, ...]`` or a dict of ``[n, L]`` text tensors, labels ``[n]``).
         task: ``cfg.task``.
-        batch_size: examples per forward pass.
+        batch_size: most examples per forward pass.
         device: the model's device.
+        memory_mb: most MiB of float64 logits per batch (a language model's
+            ``[n, L, vocab]`` logits are large): batches are cut to fit.
 
     Returns:
         ``[n]`` float64 margins, on the CPU.
@@ -124,9 +127,15 @@ def model_outputs(
     from trakcli.hf import forward
 
     model.eval()
-    out = np.empty(len(data), dtype=np.float64)
+    n = len(data)
+    out = np.empty(n, dtype=np.float64)
+    if n == 0:
+        return out
     with torch.no_grad():
-        for off, x, y in data.batches(0, len(data), batch_size):
+        first = forward(model, inputs_to(index_inputs(data.inputs, torch.arange(1)), device))
+        per_example = max(1, first.numel() * 8)  # bytes of one example's float64 logits
+        batch_size = max(1, min(batch_size, (memory_mb << 20) // per_example))
+        for off, x, y in data.batches(0, n, batch_size):
             x = inputs_to(x, device)
             logits = forward(model, x).double()
             if task == "language_modeling":
@@ -236,7 +245,9 @@ def retrain_one(
     x = index_inputs(inputs_to(train.inputs, device), idx)
     y = train.labels.to(device)[idx]
     model = train_one(cfg, x, y, seed=model_seed(cfg.eval.seed, k), device=device, description=f"retrain {k}")
-    return model_outputs(model, target, cfg.task, batch_size=cfg.data.batch_size, device=device)
+    return model_outputs(
+        model, target, cfg.task, batch_size=cfg.data.batch_size, device=device, memory_mb=cfg.data.grad_memory_mb
+    )
 
 
 @dataclass
