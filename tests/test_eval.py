@@ -360,6 +360,15 @@ def test_eval_before_featurize_then_featurize_overwrite_keeps_the_retraining(use
     # trak inspect shows the eval group
     info = json.loads(trak("inspect", "out/attrib.zarr", "--json").stdout)
     assert info["eval"]["done"] == N_SUBSETS
+    # the store's scores must be those of the config's data and experiment
+    with pytest.raises(StoreMismatchError, match="data.target differs from the targets of experiment 'default'"):
+        ev.store_scores(load_config("run.yaml", ["data.target.inputs=x_train", "data.target.labels=y_train"]))
+    res = trak("eval", "lds", "run.yaml", "score.experiment=other", "--masks", "m.npy", "--outputs", "o.npy")
+    assert res.exit_code == 2  # m.npy does not exist: a bad flag, before any work
+    np.save("m.npy", masks)
+    np.save("o.npy", outputs)
+    res = trak("eval", "lds", "run.yaml", "score.experiment=other", "--masks", "m.npy", "--outputs", "o.npy")
+    assert res.exit_code == 1 and "holds no scores of experiment 'other'" in res.stderr
 
 
 def test_external_files_through_the_cli(user_project):

@@ -517,33 +517,27 @@ def store_scores(cfg: Config) -> np.ndarray:
 
     path = Path(cfg.store.path)
     exp = cfg.score.experiment
-    missing = "run `trak featurize CONFIG` and `trak score CONFIG` first (or give --scores FILE)"
     if not (path / "zarr.json").exists():
-        raise StoreError(f"no store at {path}, so no scores of experiment {exp!r} to evaluate; {missing}")
-    store = Store.open_existing(path, mode="r")
-    if f"scores/{exp}" not in store.root or "scores" not in store.root[f"scores/{exp}"]:
-        raise StoreError(f"store {path} holds no scores of experiment {exp!r} (score.experiment); {missing}")
-    group = store.root[f"scores/{exp}"]
-    flags = np.asarray(group["done"][:])
-    if not (flags != 0).all():
         raise StoreError(
-            f"the scores of experiment {exp!r} in {path} are unfinished ({int((flags != 0).sum())}/{flags.size} "
-            "column blocks); run `trak score CONFIG` to finish them"
+            f"no store at {path}, so no scores of experiment {exp!r} to evaluate; run `trak featurize CONFIG` and "
+            "`trak score CONFIG` first (or give --scores FILE)"
         )
+    store = Store.open_existing(path, mode="r")
+    scores, attrs = store.read_scores(exp)
     train = load_dataset(cfg.data.train, key="data.train")
     problems = []
     if store.identity.get("train_data") != train.fingerprint():
         problems.append("data.train differs from the train data the store was featurized with")
     if cfg.data.target is not None:
         target = load_dataset(cfg.data.target, key="data.target")
-        if group.attrs.get("target_data") != target.fingerprint():
+        if attrs.get("target_data") != target.fingerprint():
             problems.append(f"data.target differs from the targets of experiment {exp!r}")
     if problems:
         raise StoreMismatchError(
             f"the scores in {path} do not belong to this config: " + "; ".join(problems)
             + "; rerun `trak featurize CONFIG --overwrite` and `trak score CONFIG --overwrite`"
         )
-    return np.asarray(store.array(f"scores/{exp}/scores")[:], dtype=np.float32)
+    return np.asarray(scores, dtype=np.float32)
 
 
 # ----------------------------------------------------------------------------

@@ -823,6 +823,31 @@ class Store:
             raise StoreError(f"cannot write the eval group of {self.path}: {e}") from None
         return EvalRows(arrays["masks"], arrays["outputs"], arrays["done"])
 
+    def read_scores(self, experiment: str) -> tuple[np.ndarray, dict[str, Any]]:
+        """The finished score matrix of an experiment and the attributes it was made with.
+
+        Returns:
+            (scores ``[n_target, n_train]`` float32, attrs: lambda settings, target data, checkpoints).
+
+        Raises:
+            StoreError: the experiment has no scores, or unfinished ones (names the command to run).
+            StoreCorruptError: a chunk fails its checksum.
+        """
+        name = f"scores/{experiment}"
+        if name not in self.root or "scores" not in self.root[name]:
+            raise StoreError(
+                f"store {self.path} holds no scores of experiment {experiment!r} (score.experiment); "
+                "run `trak featurize CONFIG` and `trak score CONFIG` first"
+            )
+        group = self.root[name]
+        flags = _read_checked(group["done"], slice(None), 0)
+        if not (flags != 0).all():
+            raise StoreError(
+                f"the scores of experiment {experiment!r} in {self.path} are unfinished ({int((flags != 0).sum())}/"
+                f"{flags.size} column blocks); run `trak score CONFIG` to finish them"
+            )
+        return _read_checked(group["scores"], slice(None), 0), dict(group.attrs)
+
     def eval_summary(self) -> dict[str, Any] | None:
         """The ``eval/`` group's identity and progress (None if absent), as plain data."""
         if "eval" not in self.root:
