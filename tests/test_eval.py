@@ -360,6 +360,8 @@ def test_eval_before_featurize_then_featurize_overwrite_keeps_the_retraining(use
     # trak inspect shows the eval group
     info = json.loads(trak("inspect", "out/attrib.zarr", "--json").stdout)
     assert info["eval"]["done"] == N_SUBSETS
+    shown = trak("inspect", "out/attrib.zarr").stderr
+    assert f"eval: {N_SUBSETS}/{N_SUBSETS} retrained models" in " ".join(shown.split())
     # the store's scores must be those of the config's data and experiment
     with pytest.raises(StoreMismatchError, match="data.target differs from the targets of experiment 'default'"):
         ev.store_scores(load_config("run.yaml", ["data.target.inputs=x_train", "data.target.labels=y_train"]))

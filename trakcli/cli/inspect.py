@@ -64,6 +64,14 @@ def inspect(
     for exp in info["targets"]:
         if exp not in info["scores"]:
             err_console.print(f"targets/{exp}: target features only (not scored yet)")
+    ev = info.get("eval")
+    if ev:
+        ident = ev.get("identity") or {}
+        err_console.print(
+            f"eval: {ev['done']}/{ev['n_subsets']} retrained models (subset_fraction "
+            f"{ident.get('subset_fraction')}, seed {ident.get('seed')}), {_size(ev['bytes_on_disk'])}; "
+            "`trak eval lds CONFIG` reports their LDS"
+        )
 
 
 @handle_errors
