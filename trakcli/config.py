@@ -117,6 +117,11 @@ class DataConfig(_Strict):
 
     train: DatasetConfig = Field(description="The training set whose examples get scores.")
     target: DatasetConfig | None = Field(None, description="The examples whose predictions are explained.")
+    validation: DatasetConfig | None = Field(
+        None,
+        description="Held-out examples `trak optimize` evaluates after every epoch (loss and accuracy in the "
+        "progress bar, the manifest and the metrics JSON); featurize and score ignore it.",
+    )
     batch_size: PositiveInt = Field(128, description="Examples per gradient batch.")
     grad_memory_mb: PositiveInt = Field(
         1024,
@@ -362,7 +367,8 @@ class Config(_Strict):
     model: ModelConfig = Field(default_factory=ModelConfig)
     checkpoints: str | list[str] = Field(
         description="A glob or a list of .pt / .safetensors state dicts (or, for an hf: model, Hugging Face "
-        "model directories); model_id = index in sorted order."
+        "model directories); model_id = index in sorted order. Or the manifest.json `trak optimize` writes "
+        "into its out_dir: its checkpoints in model_id order, checked against their recorded sha256."
     )
     data: DataConfig
     task: Literal["classification", "text_classification", "language_modeling"] = Field(
@@ -403,7 +409,7 @@ class Config(_Strict):
         data = raw.get("data")
         if isinstance(data, dict):
             data = dict(data)
-            for name in ("train", "target"):
+            for name in ("train", "target", "validation"):
                 ds = data.get(name)
                 if isinstance(ds, dict) and ds.get("text") is not None and ds.get("tokenizer") is None:
                     data[name] = {**ds, "tokenizer": ep.removeprefix("hf:")}
@@ -417,7 +423,7 @@ class Config(_Strict):
     @model_validator(mode="after")
     def _labels_for_task(self) -> "Config":
         if self.task != "language_modeling":
-            for name in ("train", "target"):
+            for name in ("train", "target", "validation"):
                 ds = getattr(self.data, name)
                 if ds is not None and ds.text is not None and ds.labels is None:
                     raise ValueError(
@@ -604,12 +610,28 @@ def resolve_checkpoints(cfg: Config) -> list[Path]:
     """The checkpoint files of ``cfg`` in model_id order (sorted paths; a list keeps its order).
 
     An entry ``hf:DIR`` (or ``hf:package/dir``) is a Hugging Face model directory,
-    found as for ``model.entrypoint``.
+    found as for ``model.entrypoint``. A single path ending in ``.json`` is the
+    ``manifest.json`` of a `trak optimize` run: its checkpoints in model_id order,
+    paths relative to the manifest (see :func:`trakcli.manifest.manifest_checkpoints`).
 
     Raises:
-        ConfigError: if the glob matches nothing or a listed file is missing.
+        ConfigError: if the glob matches nothing or a listed file is missing; for a
+            manifest: missing or invalid, of an unfinished run (fewer models than its
+            n_models, or than the config's n_models when its out_dir is the manifest's
+            directory), a checkpoint missing, or one whose sha256 changed since the
+            manifest was written.
     """
     spec = cfg.checkpoints
+    from trakcli.manifest import is_manifest_path, manifest_checkpoints
+
+    if is_manifest_path(spec):
+        path = Path(spec)  # type: ignore[arg-type]
+        n_models, key = None, "optimize.n_models"
+        oc = cfg.optimize
+        if oc is not None and oc.out_dir.resolve() == path.parent.resolve():
+            n_models = oc.n_models
+            key = "training.n_models" if cfg.training is not None else "optimize.n_models"
+        return manifest_checkpoints(path, n_models=n_models, n_models_key=key)
     if isinstance(spec, str) and spec.startswith("hf:") or isinstance(spec, list) and any(
         p.startswith("hf:") for p in spec
     ):
@@ -645,8 +667,17 @@ def resolve_checkpoints(cfg: Config) -> list[Path]:
     return [Path(p) for p in spec]
 
 
-def check_files(cfg: Config, *, need_checkpoints: bool = True, need_target: bool = False) -> None:
+def check_files(
+    cfg: Config, *, need_checkpoints: bool = True, need_target: bool = False, need_validation: bool = False
+) -> None:
     """Check that every file the config names exists; report all missing ones at once.
+
+    Args:
+        cfg: the validated config.
+        need_checkpoints: resolve ``checkpoints`` (featurize, score).
+        need_target: ``data.target`` must be given (score).
+        need_validation: check ``data.validation``'s file too, if given (optimize; the
+            other commands ignore it).
 
     Raises:
         ConfigError: one line per missing file or glob matching nothing.
@@ -657,7 +688,7 @@ def check_files(cfg: Config, *, need_checkpoints: bool = True, need_target: bool
             resolve_checkpoints(cfg)
         except ConfigError as e:
             problems += e.problems
-    for name in ("train", "target"):
+    for name in ("train", "target", "validation") if need_validation else ("train", "target"):
         ds = getattr(cfg.data, name)
         if ds is None:
             if name == "target" and need_target:

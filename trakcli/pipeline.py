@@ -493,37 +493,121 @@ def finalize_and_score(
     return lambdas, len(pending)
 
 
+def recipe_sections(cfg: Config) -> dict[str, Any]:
+    """The training recipe as the user spelled it: ``{"training": ..., "optimizer": ...}`` or ``{"optimize": ...}``.
+
+    JSON-able; an omitted ``optimizer:`` (with ``training:``) is shown with its defaults.
+    """
+    from trakcli.config import OptimizerConfig
+
+    if cfg.training is not None:
+        return {
+            "training": cfg.training.model_dump(mode="json"),
+            "optimizer": (cfg.optimizer or OptimizerConfig()).model_dump(mode="json"),
+        }
+    return {"optimize": cfg.optimize.model_dump(mode="json") if cfg.optimize is not None else None}
+
+
+# recipe keys that never change what a model trains to (a rerun may change them and keep its models)
+_RUN_ONLY = ("n_models", "out_dir", "metrics", "checkpoint_every")
+
+
+def _trained_with(recipe: dict[str, Any]) -> dict[str, Any]:
+    """The flat recipe of a manifest's ``recipe`` sections, without the run-only keys (for comparing runs)."""
+    from trakcli.config import OptimizeConfig, OptimizerConfig, TrainingConfig
+
+    if "optimize" in recipe:
+        flat = OptimizeConfig.model_validate(recipe["optimize"])
+    else:
+        flat = OptimizeConfig.from_sections(
+            TrainingConfig.model_validate(recipe["training"]), OptimizerConfig.model_validate(recipe["optimizer"])
+        )
+    return {k: v for k, v in flat.model_dump(mode="json").items() if k not in _RUN_ONLY}
+
+
+def _leaves(d: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(d, dict):
+        out: dict[str, Any] = {}
+        for k, v in d.items():
+            out.update(_leaves(v, f"{prefix}{k}."))
+        return out
+    return {prefix.rstrip("."): d}
+
+
+def _previous_models(cfg: Config, path: Path, identity: dict[str, Any], reporter: Reporter) -> dict[int, dict]:
+    """The entries of an earlier run's manifest at ``path``, by model_id, if it trained the same way.
+
+    Raises:
+        ConfigError: the manifest's models were trained with another recipe, model or data
+            (names the differing keys; --overwrite retrains).
+    """
+    from trakcli.manifest import read_manifest
+
+    if not path.exists():
+        return {}
+    try:
+        old = read_manifest(path, key="optimize.out_dir")
+        old_identity = {**{k: old.get(k) for k in ("model", "task", "train_data")}, "recipe": _trained_with(old["recipe"])}
+    except (ConfigError, KeyError, TypeError, ValueError) as e:
+        reporter.info(f"{path}: not a readable manifest ({str(e).splitlines()[0]}); it is written anew")
+        return {}
+    a, b = _leaves(old_identity), _leaves(identity)
+    diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+    if diff:
+        key = "training" if cfg.training is not None else "optimize"
+        shown = ", ".join(d.replace("recipe.", "") for d in diff)
+        raise ConfigError(
+            f"{key}.out_dir: {str(cfg.optimize.out_dir)!r} holds models that trak optimize trained differently "  # type: ignore[union-attr]
+            f"(its manifest differs in: {shown}); rerun with --overwrite to retrain them, or choose another out_dir"
+        )
+    return {m["model_id"]: m for m in old["models"]}
+
+
 def optimize(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_REPORTER) -> list[Path]:
-    """Train ``optimize.n_models`` independently seeded models and write their checkpoints.
+    """Train ``optimize.n_models`` independently seeded models and write their checkpoints and manifest.
 
     Model ``i`` is built, seeded with ``optimize.seed + i`` and trained by
     :func:`trakcli.training.train_one` (the built-in recipe, or the user's
     ``training.entrypoint``), the same function that retrains the models of
-    `trak eval` (:mod:`trakcli.eval`); it is written
+    `trak eval` (:mod:`trakcli.eval`), on a random ``subset_fraction`` of
+    ``data.train`` if below 1 (drawn with ``optimize.seed + i``); it is written
     atomically to ``optimize.out_dir/model_{i:03d}.pt``. Existing files are
     kept (a rerun resumes) unless ``overwrite``; a model killed mid-training
     resumes from its training state in ``out_dir/.resume/`` (saved every
     ``optimize.checkpoint_every`` steps and at epoch ends), bit-identically.
-    With ``optimize.projection``
-    the optimizer runs in a random subspace
-    (:class:`trakcli.optim.ProjectedOptimizer`). With ``optimize.metrics`` a
-    JSON file gets, per model, its seed, checkpoint, final training loss,
-    train accuracy, accuracy on ``data.target`` (if given) and the optimizer
-    state size in floats.
+    With ``optimize.projection`` the optimizer runs in a random subspace
+    (:class:`trakcli.optim.ProjectedOptimizer`). With ``data.validation`` the
+    built-in recipe evaluates the model on it after every epoch.
+
+    After every finished model, ``out_dir/manifest.json`` is written atomically
+    (:mod:`trakcli.manifest`): the recipe in the user's spelling, the model, and per
+    model its checkpoint (relative path), sha256, seed, subset indices and metrics
+    (final loss, train / target / validation accuracy, optimizer state floats,
+    per-epoch history); ``complete`` once all ``n_models`` are listed. A kept file
+    reuses its entry of the previous manifest when its sha256 still matches, else
+    its accuracies are measured and it is recorded with ``origin: found``. With
+    ``optimize.metrics`` the same per-model metrics also go to that JSON file.
 
     Returns:
         The checkpoint paths, in model_id order.
 
     Raises:
-        ConfigError: no ``optimize`` section, or an output path that cannot be written.
+        ConfigError: no ``optimize`` section, an output path that cannot be written, or an
+            out_dir whose manifest records models trained another way (without ``overwrite``).
+        DataError: data.train, data.target or data.validation cannot be loaded.
         OptimizerError: projection settings the model cannot use.
     """
+    from trakcli import __version__
+    from trakcli.manifest import FORMAT, FORMAT_VERSION, MANIFEST_NAME, checkpoint_sha256, write_manifest
+    from trakcli.training import evaluate
+
     oc = check_recipe(cfg)
-    check_files(cfg, need_checkpoints=False)
+    check_files(cfg, need_checkpoints=False, need_validation=True)
     load_training_function(cfg)  # a bad training.entrypoint fails before any model trains
     _apply_threads(cfg)
     train = load_dataset(cfg.data.train, key="data.train")
     heldout = load_dataset(cfg.data.target, key="data.target") if cfg.data.target is not None else None
+    valset = load_dataset(cfg.data.validation, key="data.validation") if cfg.data.validation is not None else None
     device = resolve_device(cfg.device)
     try:
         oc.out_dir.mkdir(parents=True, exist_ok=True)
@@ -534,33 +618,76 @@ def optimize(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_
             f"optimize.init_checkpoint: file {str(oc.init_checkpoint)!r} does not exist; give a state dict of "
             "the model (.pt / .safetensors) or remove the key to train from scratch"
         )
+    recipe = recipe_sections(cfg)
+    identity = {
+        "model": cfg.model.model_dump(mode="json"),
+        "task": cfg.task,
+        "train_data": train.fingerprint(),
+        "recipe": _trained_with(recipe),
+    }
+    manifest_path = oc.out_dir / MANIFEST_NAME
+    previous = {} if overwrite else _previous_models(cfg, manifest_path, identity, reporter)
+    manifest: dict[str, Any] = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "trakcli_version": __version__,
+        "n_models": oc.n_models,
+        "complete": False,
+        "recipe": recipe,
+        "model": identity["model"],
+        "task": cfg.task,
+        "train_data": identity["train_data"],
+        "validation_data": valset.fingerprint() if valset is not None else None,
+        "models": [],
+    }
+    if overwrite:
+        write_manifest(manifest_path, manifest)  # the old manifest no longer describes the files
     paths = []
     rows: list[dict[str, Any]] = []
     x, y = inputs_to(train.inputs, device), train.labels.to(device)
+    val = (inputs_to(valset.inputs, device), valset.labels.to(device)) if valset is not None else None
+    eval_rows = cfg.data.batch_size
 
-    def accuracy(model: torch.nn.Module, ds: TensorDataset) -> float:
-        with torch.no_grad():
-            return (forward(model, inputs_to(ds.inputs, device)).argmax(1).cpu() == ds.labels).float().mean().item()
+    def final_metrics(model: torch.nn.Module) -> dict[str, Any]:
+        """Accuracy on all of data.train, on data.target and loss / accuracy on data.validation (classifiers)."""
+        if cfg.task == "language_modeling":  # a user training function trained an LM: no class accuracy
+            return {}
+        out: dict[str, Any] = {"train_accuracy": evaluate(model, x, y, batch_size=eval_rows)[1]}
+        if heldout is not None:
+            xt, yt = inputs_to(heldout.inputs, device), heldout.labels.to(device)
+            out["target_accuracy"] = evaluate(model, xt, yt, batch_size=eval_rows)[1]
+        if val is not None:
+            out["validation_loss"], out["validation_accuracy"] = evaluate(model, *val, batch_size=eval_rows)
+        return out
 
     for i in range(oc.n_models):
         path = oc.out_dir / f"model_{i:03d}.pt"
         paths.append(path)
-        row: dict[str, Any] = {"model_id": i, "seed": oc.seed + i, "checkpoint": str(path)}
+        entry: dict[str, Any] = {"model_id": i, "checkpoint": path.name, "sha256": None, "seed": oc.seed + i}
         xi, yi = x, y
         if oc.subset_fraction < 1:
             gen = torch.Generator().manual_seed(oc.seed + i)
             k = max(1, round(oc.subset_fraction * len(y)))
             subset = torch.randperm(len(y), generator=gen)[:k].sort().values
-            row["subset_indices"] = subset.tolist()
+            entry["subset_indices"] = subset.tolist()
             xi, yi = index_inputs(x, subset.to(device)), y[subset.to(device)]
-        if path.exists() and not overwrite:
-            reporter.info(f"{path} exists, kept (use --overwrite to retrain)")
-            if oc.metrics is None:
-                continue
-            model = build_model(cfg.model.entrypoint, **cfg.model.kwargs)
-            load_checkpoint(model, path)
-            model.to(device).eval()
-            row["kept"] = True
+        kept = path.exists() and not overwrite
+        if kept:
+            sha = checkpoint_sha256(path)
+            prev = previous.get(i)
+            if prev is not None and prev.get("sha256") == sha and prev.get("checkpoint") == path.name:
+                entry = prev
+                reporter.info(f"{path} exists, kept (use --overwrite to retrain)")
+            else:
+                model = build_model(cfg.model.entrypoint, **cfg.model.kwargs)
+                load_checkpoint(model, path)
+                model.to(device).eval()
+                entry.update(sha256=sha, origin="found", metrics=final_metrics(model))
+                why = "changed since the manifest was written" if prev is not None else "not in a manifest"
+                reporter.info(
+                    f"{path} exists ({why}): kept and recorded as it is, without a training history "
+                    "(use --overwrite to retrain)"
+                )
         else:
             stats: dict[str, Any] = {}
             resume = oc.out_dir / ".resume" / f"model_{i:03d}.pt"
@@ -570,42 +697,40 @@ def optimize(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_
                 reporter.info(f"model {i}: resuming from {resume}")
             model = train_one(
                 cfg, xi, yi, seed=oc.seed + i, device=device, reporter=reporter,
-                description=f"train model {i}", metrics=stats, resume_path=resume,
+                description=f"train model {i}", metrics=stats, resume_path=resume, validation=val,
             )
             try:
                 resume.parent.rmdir()  # only when empty: no other model's state is pending
             except OSError:
                 pass
-            row.update(stats)
             tmp = path.with_suffix(".pt.tmp")
             torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, tmp)
             os.replace(tmp, path)
-        if cfg.task == "language_modeling":  # a user training function trained an LM: no class accuracy
-            rows.append(row)
-            if not row.get("kept"):
-                reporter.info(f"model {i} -> {path}")
-            continue
-        row["train_accuracy"] = accuracy(model, train)
-        msg = f"model {i}: train accuracy {row['train_accuracy']:.3f}"
-        if heldout is not None:
-            row["target_accuracy"] = accuracy(model, heldout)
-            msg += f", target accuracy {row['target_accuracy']:.3f}"
-        rows.append(row)
-        if "optimizer_state_numel" in row:
-            n_params = sum(p.numel() for p in model.parameters())
-            share = row["optimizer_state_numel"] / (2 * n_params)
-            msg += f", optimizer state {row['optimizer_state_numel']} floats ({share:.1%} of AdamW's)"
-        if not row.get("kept"):
-            reporter.info(f"{msg} -> {path}")
+            history = stats.pop("history", None)
+            metrics = {**stats, **final_metrics(model)}
+            if history is not None:
+                metrics["history"] = history
+            entry.update(sha256=checkpoint_sha256(path), origin="trained", metrics=metrics)
+            reporter.info(_model_line(i, metrics, model) + f" -> {path}")
+        manifest["models"].append(entry)
+        manifest["complete"] = len(manifest["models"]) == oc.n_models
+        write_manifest(manifest_path, manifest)
+        _event(f"manifest {i}")
+        rows.append({
+            "model_id": i, "seed": entry["seed"], "checkpoint": str(path), "sha256": entry["sha256"],
+            **({"subset_indices": entry["subset_indices"]} if "subset_indices" in entry else {}),
+            **entry.get("metrics", {}),
+            **({"kept": True} if kept else {}),
+        })
     if oc.metrics is not None:
         import json
 
-        from trakcli import __version__
-
         summary = {
             "trakcli_version": __version__,
-            "optimize": oc.model_dump(mode="json"),
+            **recipe,
+            "model": identity["model"],
             "n_params": sum(p.numel() for p in build_model(cfg.model.entrypoint, **cfg.model.kwargs).parameters()),
+            "manifest": str(manifest_path),
             "models": rows,
         }
         try:
@@ -616,4 +741,20 @@ def optimize(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_
         except OSError as e:
             raise ConfigError(f"optimize.metrics: cannot write {str(oc.metrics)!r}: {e}") from None
         reporter.info(f"metrics -> {oc.metrics}")
+    reporter.info(f"manifest -> {manifest_path}")
     return paths
+
+
+def _model_line(i: int, metrics: dict[str, Any], model: torch.nn.Module) -> str:
+    """The one line `trak optimize` prints per trained model."""
+    parts = [f"model {i}:"]
+    if "final_loss" in metrics:
+        parts.append(f"loss {metrics['final_loss']:.4f},")
+    for key, name in (("train_accuracy", "train"), ("target_accuracy", "target"), ("validation_accuracy", "validation")):
+        if key in metrics:
+            parts.append(f"{name} accuracy {metrics[key]:.3f},")
+    if "optimizer_state_numel" in metrics:
+        n_params = sum(p.numel() for p in model.parameters())
+        share = metrics["optimizer_state_numel"] / (2 * n_params)
+        parts.append(f"optimizer state {metrics['optimizer_state_numel']} floats ({share:.1%} of AdamW's)")
+    return " ".join(parts).rstrip(",")

@@ -18,7 +18,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from trakcli.data import Inputs, index_inputs
+from trakcli.data import Inputs, index_inputs, slice_inputs
 from trakcli.errors import ConfigError, ModelError
 from trakcli.hf import forward
 from trakcli.progress import NULL_REPORTER, Reporter
@@ -73,11 +73,16 @@ def train_classifier(
     metrics: dict[str, Any] | None = None,
     resume_path: str | Path | None = None,
     checkpoint_every: int = 0,
+    validation: tuple[Inputs, torch.Tensor] | None = None,
 ) -> nn.Module:
     """Train ``model`` in place with cross-entropy on ``(inputs, labels)``.
 
     The minibatch order is drawn from a ``torch.Generator`` seeded with
-    ``seed``, so a run is reproducible on one machine.
+    ``seed``, so a run is reproducible on one machine. The progress task
+    (one step per epoch) shows the epoch's running mean ``loss`` and training
+    accuracy ``acc`` (of the minibatches' own forward passes, in train mode: no
+    extra pass), and with ``validation`` the ``val_loss`` / ``val_acc`` of the
+    last finished epoch.
 
     Args:
         model: the classifier, logits ``[n, C]``.
@@ -89,13 +94,19 @@ def train_classifier(
         projection: run the optimizer in a random subspace (``optimize.projection``,
             see :func:`make_optimizer`); ``None``: plain.
         metrics: if given, filled with ``final_loss`` (mean loss of the last
-            epoch) and ``optimizer_state_numel`` (floats of optimizer state).
+            epoch), ``optimizer_state_numel`` (floats of optimizer state) and
+            ``history``: one dict per epoch with ``epoch`` (1-based), ``loss``
+            (mean minibatch loss) and ``accuracy`` (share of the epoch's
+            minibatch predictions that were right, in train mode), plus
+            ``val_loss`` and ``val_accuracy`` with ``validation``.
         resume_path: a file for the training state (model, optimizer, shuffling
             generator, position), written atomically every ``checkpoint_every``
             steps and at every epoch end, and deleted when training ends. If it
             exists at the start, training resumes from it, and the result is
             bit-identical to an uninterrupted run.
         checkpoint_every: steps between training-state checkpoints (0: at epoch ends only).
+        validation: ``(inputs, labels)`` evaluated after every epoch (eval mode, no
+            gradients, batches of ``batch_size``); never changes the training.
 
     Returns:
         The same model, trained, in eval mode.
@@ -113,39 +124,96 @@ def train_classifier(
         "epochs": epochs, "batch_size": batch_size, "lr": lr, "weight_decay": weight_decay, "momentum": momentum,
         "optimizer": optimizer, "seed": seed, "projection": projection, "n": n,
     }
-    pos = {"epoch": 0, "lo": 0, "total": 0.0, "order": None}
+    pos: dict[str, Any] = {"epoch": 0, "lo": 0, "total": 0.0, "correct": 0, "order": None, "history": []}
     if resume_path is not None and Path(resume_path).exists():
         pos = _load_training_state(Path(resume_path), recipe, model, opt, gen)
     model.train()
     step = 0
-    total = pos["total"]
+    total, correct, history = pos["total"], pos["correct"], pos["history"]
     with reporter.task(description, epochs) as task:
         task.advance(pos["epoch"])
+        if history:
+            _show_epoch(task, history[-1])
         for epoch in range(pos["epoch"], epochs):
             if pos["order"] is not None:
-                order, lo0, total = pos["order"], pos["lo"], pos["total"]
+                order, lo0, total, correct = pos["order"], pos["lo"], pos["total"], pos["correct"]
                 pos["order"] = None
             else:
-                order, lo0, total = torch.randperm(n, generator=gen), 0, 0.0
+                order, lo0, total, correct = torch.randperm(n, generator=gen), 0, 0.0, 0
             for lo in range(lo0, n, batch_size):
                 idx = order[lo : lo + batch_size]
                 opt.zero_grad(set_to_none=True)
-                loss = loss_fn(forward(model, index_inputs(inputs, idx)), labels[idx])
+                logits = forward(model, index_inputs(inputs, idx))  # [b, C]
+                loss = loss_fn(logits, labels[idx])
                 loss.backward()
                 opt.step()
                 total += loss.item() * len(idx)
+                correct += int((logits.detach().argmax(1) == labels[idx]).sum())
                 step += 1
+                seen = min(lo + batch_size, n)  # rows of this epoch so far
+                task.update(loss=total / seen, acc=correct / seen)
                 end_of_epoch = lo + batch_size >= n
+                if end_of_epoch:
+                    entry: dict[str, Any] = {"epoch": epoch + 1, "loss": total / n, "accuracy": correct / n}
+                    if validation is not None:
+                        entry["val_loss"], entry["val_accuracy"] = evaluate(
+                            model, validation[0], validation[1], batch_size=batch_size
+                        )
+                    history.append(entry)
+                    _show_epoch(task, entry)
                 if resume_path is not None and (end_of_epoch or (checkpoint_every and step % checkpoint_every == 0)):
                     at = {"epoch": epoch + 1, "lo": 0} if end_of_epoch else {"epoch": epoch, "lo": lo + batch_size}
-                    _save_training_state(Path(resume_path), recipe, model, opt, gen, order, total, **at)
+                    _save_training_state(
+                        Path(resume_path), recipe, model, opt, gen, order, total, correct=correct, history=history, **at
+                    )
             task.advance()
     if metrics is not None:
         metrics["final_loss"] = total / n
         metrics["optimizer_state_numel"] = optimizer_state_numel(opt)
+        metrics["history"] = history
     if resume_path is not None:
         Path(resume_path).unlink(missing_ok=True)
     return model.eval()
+
+
+def _show_epoch(task: Any, entry: dict[str, Any]) -> None:
+    """Put a finished epoch's values on the progress bar (validation ones only when present)."""
+    if "val_loss" in entry:
+        task.update(val_loss=entry["val_loss"], val_acc=entry["val_accuracy"])
+
+
+def evaluate(
+    model: nn.Module, inputs: Inputs, labels: torch.Tensor, *, batch_size: int = 256
+) -> tuple[float, float]:
+    """Mean cross-entropy loss and accuracy of a classifier, without gradients, in eval mode.
+
+    The model's train/eval mode is restored afterwards; no random numbers are drawn
+    (by standard layers: dropout is off in eval mode), so calling this between
+    training steps leaves the training unchanged.
+
+    Args:
+        model: classifier with logits ``[n, C]``, on the device of ``inputs``.
+        inputs: ``[n, ...]`` float32 (or a dict of ``[n, L]`` tensors for a transformers model).
+        labels: ``[n]`` int64 class labels, on the same device.
+        batch_size: rows per forward pass (bounds the memory).
+
+    Returns:
+        ``(loss, accuracy)``: mean loss in nats, share of rows whose argmax logit is the label.
+    """
+    was_training = model.training
+    model.eval()
+    n = labels.shape[0]
+    loss_sum, right = 0.0, 0
+    try:
+        with torch.no_grad():
+            for lo in range(0, n, batch_size):
+                hi = min(lo + batch_size, n)
+                logits = forward(model, slice_inputs(inputs, lo, hi))  # [b, C]
+                loss_sum += nn.functional.cross_entropy(logits, labels[lo:hi], reduction="sum").item()
+                right += int((logits.argmax(1) == labels[lo:hi]).sum())
+    finally:
+        model.train(was_training)
+    return loss_sum / max(n, 1), right / max(n, 1)
 
 
 def recipe_key(cfg: Any) -> str:
@@ -210,6 +278,7 @@ def train_one(
     description: str = "train",
     metrics: dict[str, Any] | None = None,
     resume_path: str | Path | None = None,
+    validation: tuple[Inputs, torch.Tensor] | None = None,
 ) -> nn.Module:
     """Build, seed and train one model with the config's recipe: what `trak optimize` does for model i.
 
@@ -233,10 +302,14 @@ def train_one(
         labels: ``[n]`` int64 class labels on ``device``.
         seed: seed of the initialization and of the minibatch order.
         device: where the model lives.
-        reporter, description: progress of the built-in recipe (one step per epoch).
-        metrics: filled with ``final_loss`` and ``optimizer_state_numel`` by the built-in recipe.
+        reporter, description: progress of the built-in recipe (one step per epoch, with
+            the running loss and accuracy).
+        metrics: filled with ``final_loss``, ``optimizer_state_numel`` and the per-epoch
+            ``history`` by the built-in recipe (see :func:`train_classifier`).
         resume_path: the built-in recipe's training-state file (see :func:`train_classifier`);
             the state is saved every ``optimize.checkpoint_every`` steps and at epoch ends.
+        validation: ``(inputs, labels)`` on ``device``, evaluated after every epoch of the
+            built-in recipe (``data.validation``); ignored by a ``training.entrypoint``.
 
     Returns:
         The trained model, in eval mode, on ``device``.
@@ -272,11 +345,13 @@ def train_one(
         epochs=oc.epochs, batch_size=oc.batch_size, lr=oc.lr, weight_decay=oc.weight_decay,
         momentum=oc.momentum, optimizer=oc.optimizer, seed=seed,
         reporter=reporter, description=description, projection=projection, metrics=metrics,
-        resume_path=resume_path, checkpoint_every=oc.checkpoint_every,
+        resume_path=resume_path, checkpoint_every=oc.checkpoint_every, validation=validation,
     )
 
 
-def _save_training_state(path: Path, recipe, model, opt, gen, order, total, *, epoch: int, lo: int) -> None:
+def _save_training_state(
+    path: Path, recipe, model, opt, gen, order, total, *, correct: int, history: list, epoch: int, lo: int
+) -> None:
     """Write the training state atomically (plain tensors and numbers: loads with ``weights_only=True``)."""
     state = {
         "recipe": recipe,
@@ -288,6 +363,8 @@ def _save_training_state(path: Path, recipe, model, opt, gen, order, total, *, e
         "epoch": epoch,
         "lo": lo,
         "total": total,
+        "correct": correct,
+        "history": history,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
@@ -321,7 +398,9 @@ def _load_training_state(path: Path, recipe, model, opt, gen) -> dict[str, Any]:
         "epoch": state["epoch"],
         "lo": state["lo"],
         "total": state["total"],
+        "correct": state.get("correct", 0),  # states written before trakcli recorded accuracy
         "order": None if at_epoch_start else state["order"],
+        "history": list(state.get("history", [])),
     }
 
 

@@ -17,7 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from trakcli.config import Config, load_config
 from trakcli.errors import TrakError
-from trakcli.progress import Reporter, Task
+from trakcli.progress import Field, Reporter, Task, format_fields
 
 err_console = Console(stderr=True, soft_wrap=True)
 
@@ -76,9 +76,14 @@ def load(config: Path, overrides: list[str] | None, print_config: bool) -> Confi
 class _RichTask(Task):
     def __init__(self, progress: Progress, task_id: Any):
         self.progress, self.task_id = progress, task_id
+        self.fields: dict[str, Field] = {}
 
     def advance(self, n: int = 1) -> None:
         self.progress.advance(self.task_id, n)
+
+    def update(self, **fields: Field) -> None:
+        self.fields.update(fields)
+        self.progress.update(self.task_id, status=format_fields(self.fields))
 
 
 class RichReporter(Reporter):
@@ -98,11 +103,12 @@ class RichReporter(Reporter):
             MofNCompleteColumn(),
             TimeElapsedColumn(),
             TimeRemainingColumn(),
+            TextColumn("{task.fields[status]}", markup=False),  # live values of Task.update (loss, accuracy, ...)
             console=err_console,
             transient=True,
         )
         with progress:
-            yield _RichTask(progress, progress.add_task(description, total=total))
+            yield _RichTask(progress, progress.add_task(description, total=total, status=""))
 
     def info(self, message: str) -> None:
         if not self.quiet:

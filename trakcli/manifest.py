@@ -1,0 +1,190 @@
+"""The manifest of `trak optimize`: which checkpoints a run wrote, how, and how well they train.
+
+`trak optimize` writes ``<out_dir>/manifest.json`` atomically after every
+finished model, so a killed run leaves a correct manifest of the models it
+finished. ``checkpoints: <out_dir>/manifest.json`` in a config makes
+featurize and score read the checkpoints from it (:func:`manifest_checkpoints`),
+refusing a manifest of an unfinished run or a checkpoint whose bytes changed.
+
+Layout (JSON)::
+
+    {
+      "format": "trakcli.optimize.manifest", "format_version": 1,
+      "trakcli_version": "0.1.0",
+      "n_models": 10,                  # the run's optimize.n_models / training.n_models
+      "complete": true,                # every one of the n_models models is listed
+      "recipe": {"training": {...}, "optimizer": {...}},   # or {"optimize": {...}}: the user's spelling
+      "model": {"entrypoint": "mlp", "kwargs": {...}},
+      "task": "classification",
+      "train_data": {"n": 1437, "input_shape": [...], "input_dtype": "float32", "sha256": "..."},
+      "validation_data": {...} or null,
+      "models": [                      # model_id order: model_id i is models[i]
+        {"model_id": 0, "checkpoint": "model_000.pt",     # relative to the manifest's directory
+         "sha256": "...", "seed": 0, "subset_indices": [...],   # subset_indices only when subset_fraction < 1
+         "metrics": {"final_loss": ..., "train_accuracy": ..., "target_accuracy": ...,
+                     "optimizer_state_numel": ..., "history": [{"epoch": 1, "loss": ..., ...}, ...]}},
+        ...
+      ]
+    }
+
+This module imports neither torch nor zarr at import time (the CLI reads
+configs before importing torch).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from trakcli.errors import ConfigError
+
+MANIFEST_NAME = "manifest.json"
+FORMAT = "trakcli.optimize.manifest"
+FORMAT_VERSION = 1
+
+# sha256 by (path, size, mtime): a config check and the run that follows hash a checkpoint once
+_SHA_CACHE: dict[tuple[str, int, int], str] = {}
+
+
+def checkpoint_sha256(path: Path) -> str:
+    """:func:`trakcli.models.file_sha256` of ``path``, remembered while its size and mtime stay the same."""
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _SHA_CACHE:
+        from trakcli.models import file_sha256
+
+        _SHA_CACHE[key] = file_sha256(path)
+    return _SHA_CACHE[key]
+
+
+def is_manifest_path(spec: Any) -> bool:
+    """Whether a ``checkpoints:`` value names a manifest (a single ``.json`` path) rather than checkpoints."""
+    return isinstance(spec, (str, Path)) and str(spec).lower().endswith(".json")
+
+
+def write_manifest(path: Path, manifest: dict[str, Any]) -> None:
+    """Write ``manifest`` to ``path`` atomically (a temporary file, then ``os.replace``).
+
+    Raises:
+        ConfigError: the file cannot be written (names the path).
+    """
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(json.dumps(manifest, indent=1) + "\n")
+        os.replace(tmp, path)
+    except OSError as e:
+        raise ConfigError(f"optimize.out_dir: cannot write the manifest {str(path)!r}: {e}") from None
+
+
+def read_manifest(path: Path, *, key: str = "checkpoints") -> dict[str, Any]:
+    """Read and check the structure of a manifest written by `trak optimize`.
+
+    Args:
+        path: the ``manifest.json`` file.
+        key: the config key that named it (for messages).
+
+    Returns:
+        The manifest (see the module docstring), ``models`` sorted by model_id.
+
+    Raises:
+        ConfigError: the file is missing, not JSON, or not a trak optimize manifest.
+    """
+    if not path.is_file():
+        raise ConfigError(
+            f"{key}: manifest {str(path)!r} does not exist; run `trak optimize CONFIG` to train the models "
+            "(it writes the manifest into its out_dir), or point checkpoints at your .pt / .safetensors files"
+        )
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(
+            f"{key}: cannot read the manifest {str(path)!r} ({e.__class__.__name__}: {e}); rerun "
+            "`trak optimize CONFIG` to rewrite it"
+        ) from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise ConfigError(
+            f"{key}: {str(path)!r} is not a manifest of `trak optimize` (no \"format\": {FORMAT!r}); give the "
+            "manifest.json in optimize.out_dir, or a glob / list of checkpoint files"
+        )
+    if data.get("format_version") != FORMAT_VERSION:
+        raise ConfigError(
+            f"{key}: the manifest {str(path)!r} has format_version {data.get('format_version')!r}, this trakcli "
+            f"reads {FORMAT_VERSION}; rerun `trak optimize CONFIG` to rewrite it"
+        )
+    models = data.get("models")
+    ok = isinstance(models, list) and all(
+        isinstance(m, dict) and isinstance(m.get("model_id"), int) and isinstance(m.get("checkpoint"), str)
+        and isinstance(m.get("sha256"), str)
+        for m in models
+    )
+    if ok:
+        ids = sorted(m["model_id"] for m in models)
+        ok = ids == list(range(len(ids)))
+    if not ok or not isinstance(data.get("n_models"), int):
+        raise ConfigError(
+            f"{key}: the manifest {str(path)!r} is damaged (n_models, or models with model_id 0, 1, ... each "
+            "with checkpoint and sha256, expected); rerun `trak optimize CONFIG` to rewrite it"
+        )
+    data["models"] = sorted(models, key=lambda m: m["model_id"])
+    return data
+
+
+def manifest_checkpoints(path: Path, *, n_models: int | None = None, n_models_key: str = "optimize.n_models") -> list[Path]:
+    """The checkpoints a finished `trak optimize` run lists in its manifest, in model_id order.
+
+    Paths in the manifest are relative to its directory. Every file must still
+    have the sha256 the manifest recorded.
+
+    Args:
+        path: the ``manifest.json``.
+        n_models: the number of models the config's recipe asks for, when its
+            ``out_dir`` is this manifest's directory (None: not checked).
+        n_models_key: how that number is spelled in the config (for messages).
+
+    Returns:
+        The checkpoint paths (manifest directory / relative path), model_id order.
+
+    Raises:
+        ConfigError: everything wrong at once: an invalid manifest, an unfinished
+            run (fewer models than its ``n_models``, or than ``n_models``), missing
+            checkpoint files, or checkpoints that changed since the manifest was written.
+    """
+    data = read_manifest(path)
+    models = data["models"]
+    problems: list[str] = []
+    if not data.get("complete") or len(models) < data["n_models"]:
+        problems.append(
+            f"checkpoints: the manifest {str(path)!r} lists {len(models)} of the {data['n_models']} models of its "
+            "run: `trak optimize` did not finish (was it stopped?); rerun `trak optimize CONFIG` to train the "
+            "rest (it resumes where it stopped), then featurize"
+        )
+    elif n_models is not None and n_models != len(models):
+        more = n_models > len(models)
+        problems.append(
+            f"checkpoints: the manifest {str(path)!r} lists {len(models)} models but {n_models_key} is {n_models}; "
+            + (
+                "run `trak optimize CONFIG` to train the missing ones"
+                if more else f"set {n_models_key}={len(models)}, or rerun `trak optimize CONFIG` to rewrite the manifest"
+            )
+        )
+    out = []
+    for m in models:
+        ckpt = path.parent / m["checkpoint"]
+        out.append(ckpt)
+        if not ckpt.is_file():
+            problems.append(
+                f"checkpoints: checkpoint {str(ckpt)!r} (model_id {m['model_id']}) of the manifest {str(path)!r} "
+                "does not exist; rerun `trak optimize CONFIG` to train it again"
+            )
+        elif checkpoint_sha256(ckpt) != m["sha256"]:
+            problems.append(
+                f"checkpoints: checkpoint {str(ckpt)!r} (model_id {m['model_id']}) changed since trak optimize "
+                f"wrote the manifest (sha256 {m['sha256'][:12]} then, {checkpoint_sha256(ckpt)[:12]} now); delete it "
+                "and rerun `trak optimize CONFIG` to train it again, or list the checkpoint files in checkpoints: "
+                "to use them as they are"
+            )
+    if problems:
+        raise ConfigError(problems)
+    return out
