@@ -18,6 +18,7 @@ from trakcli.cli.main import app
 from trakcli.config import load_config
 from trakcli.pipeline import score
 from trakcli.scoring import trak_scores
+from trakcli.errors import StoreMismatchError
 from trakcli.store import Store
 
 
@@ -111,3 +112,18 @@ def test_sweep_cli_bad_flags(sweep_project, args, code, message):
     r = trak("eval", "sweep", sweep_project, *args)
     assert r.exit_code == code, r.output
     assert message in " ".join(r.stderr.split())
+
+
+def test_sweep_redoes_its_own_stale_stores_but_never_the_users(sweep_project):
+    cfg = load_config(sweep_project, ["eval.sweep.proj_dims=[8]", "eval.sweep.lambda_rel=[1.0]"])
+    first = sw.sweep(cfg)
+    # another projector seed, a new main store, the same sweep directory: its proj_dim-8 store is stale
+    other = load_config(sweep_project, ["eval.sweep.proj_dims=[8]", "eval.sweep.lambda_rel=[1.0]", "projector.seed=1",
+                                        "store.path=out2/attrib.zarr", "eval.sweep.dir=out/attrib.sweep"])
+    res = sw.sweep(other)
+    assert res.stores[8] == first.stores[8]
+    assert Store.open_existing(res.stores[8], mode="r").identity["projector"]["seed"] == 1
+    # the user's own store (the config's proj_dim) is not the sweep's to redo
+    mismatched = load_config(sweep_project, ["eval.sweep.proj_dims=[8]", "projector.seed=2"])
+    with pytest.raises(StoreMismatchError):
+        sw.sweep(mismatched)

@@ -2,7 +2,7 @@
 
 One set of retrained models (the ``eval/`` group of the config's store, made
 by :func:`trakcli.eval.load_or_retrain`) serves every point of the grid, and
-each proj_dim is featurized once (into ``<store>.sweep/proj_<d>.zarr``, or the
+each proj_dim is featurized once (into ``<store>.sweep/<kind>_<d>.zarr``, or the
 config's own store for the config's proj_dim): the number of checkpoints and
 the ridge only change the cheap last step, so they are swept in memory.
 
@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from trakcli.config import Config, resolve_checkpoints
-from trakcli.errors import ConfigError
+from trakcli.errors import ConfigError, StoreMismatchError
 from trakcli.progress import NULL_REPORTER, Reporter
 from trakcli.scoring import gram_matrix, kernel_factor, resolve_lambda, target_weights
 
@@ -101,7 +101,7 @@ def _config_for(cfg: Config, proj_dim: int, directory: Path) -> Config:
     if proj_dim == cfg.projector.proj_dim:
         return cfg
     projector = cfg.projector.model_copy(update={"proj_dim": proj_dim})
-    store = cfg.store.model_copy(update={"path": directory / f"proj_{proj_dim}.zarr"})
+    store = cfg.store.model_copy(update={"path": directory / f"{cfg.projector.kind}_{proj_dim}.zarr"})
     return cfg.model_copy(update={"projector": projector, "store": store})
 
 
@@ -171,7 +171,14 @@ def sweep(
         if sub is not cfg:
             sub = sub.model_copy(update={"checkpoints": [str(p) for p in checkpoints[:n_models]]})
         reporter.info(f"sweep: proj_dim {d} -> {sub.store.path}")
-        pipeline.featurize(sub, reporter=reporter)
+        try:
+            pipeline.featurize(sub, reporter=reporter)
+        except StoreMismatchError:
+            if sub is cfg:
+                raise  # the user's own store: never overwritten by a sweep
+            # a sweep store is a cache of this command: made for another model, data or projector, redo it
+            reporter.info(f"sweep: {sub.store.path} was made with other settings; featurizing it again")
+            pipeline.featurize(sub, overwrite=True, reporter=reporter)
         pipeline.score(sub, reporter=reporter)  # the target features (and the scores of the default ridge)
         stores[d] = str(sub.store.path)
         phi, q, phi_t = _read_features(sub, n_models)
