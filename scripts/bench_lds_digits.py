@@ -389,6 +389,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=1, help="processes that retrain the subset models")
     ap.add_argument("--proj-dims", type=int, nargs="+", default=[256, 2048])
     ap.add_argument("--skip-traker", action="store_true", help="time and score trakcli only")
+    ap.add_argument("--kind", default="rademacher", choices=["rademacher", "normal", "sjlt"],
+                    help="trakcli's projector kind (default rademacher, the kind traker's BasicProjector uses)")
     ap.add_argument("--repeats", type=int, default=1, help="timed runs per tool and proj_dim; the fastest is kept")
     ap.add_argument("--traker-block-size", type=int, default=100,
                     help="traker BasicProjector block_size (default: traker's own, 100; proj_dim or more "
@@ -453,7 +455,9 @@ def main(argv: list[str] | None = None) -> int:
             tag = f" (repeat {rep + 1}/{args.repeats})" if args.repeats > 1 else ""
             log(f"proj_dim={proj_dim}: trakcli featurize + score{tag}")
             store = work / f"trakcli_{proj_dim}.zarr"
-            overrides = [f"projector.proj_dim={proj_dim}", f"store.path={store}", f"checkpoints={ckpt_list}"]
+            # dense rademacher, as traker's BasicProjector, whatever kind the config uses (--kind to change)
+            overrides = [f"projector.proj_dim={proj_dim}", f"projector.kind={args.kind}", f"store.path={store}",
+                         f"checkpoints={ckpt_list}"]
             load = os.getloadavg()[0]
             scores, t, res = run_trakcli(config, overrides, store)
             runs["trakcli"].append({**t, "seconds": t["featurize"] + t["score"], "loadavg_1min_before": load})
@@ -536,6 +540,7 @@ def main(argv: list[str] | None = None) -> int:
         "recipe": recipe_of(base),
         "recipe_max_weight_diff_vs_checkpoint_0": recipe_diff,
         "model": {"entrypoint": model_spec(base)[0], "kwargs": model_spec(base)[1]},
+        "trakcli_projector_kind": args.kind,
         "traker_settings": {
             "projector": f"BasicProjector(rademacher, float32, cpu, block_size={args.traker_block_size})",
             "use_half_precision": False,
