@@ -123,3 +123,50 @@ def test_training_optimizer_sections_fill_optimize_and_round_trip():
         load_config({**base, "training": {"epochs": 3}})
     with pytest.raises(ConfigError, match="needs a training: section"):
         load_config({**base, "optimizer": {"name": "sgd"}})
+
+
+def test_data_validation_is_a_dataset_checked_only_for_optimize(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config({**BASE, "data": {**BASE["data"], "validation": {"builtin": "digits", "split": "target"}}})
+    assert (cfg.data.validation.builtin, cfg.data.validation.split) == ("digits", "target")
+    with pytest.raises(ConfigError) as e:
+        load_config({**BASE, "data": {**BASE["data"], "validation": {"path": "v.pt"}, "target": {"builtin": "x"}}})
+    msg = str(e.value)
+    assert "data.validation: a file dataset needs inputs, labels" in msg and "data.target.builtin" in msg
+    validation = {"path": "v.pt", "inputs": "x", "labels": "y"}
+    raw = {**BASE, "checkpoints": ["c.pt"], "data": {**BASE["data"], "validation": validation}}
+    (tmp_path / "c.pt").write_bytes(b"x")
+    check_files(load_config(raw))  # featurize and score ignore it
+    with pytest.raises(ConfigError, match="data.validation.path: file 'v.pt' does not exist"):
+        check_files(load_config(raw), need_checkpoints=False, need_validation=True)
+
+
+def test_checkpoints_from_a_manifest_in_model_id_order_relative_to_it(tmp_path, monkeypatch):
+    import json
+
+    from trakcli.models import file_sha256
+
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "runs" / "a"
+    run.mkdir(parents=True)
+    for name, body in (("m0.pt", b"zero"), ("m1.pt", b"one")):
+        (run / name).write_bytes(body)
+    entry = lambda i, name: {"model_id": i, "checkpoint": name, "sha256": file_sha256(run / name)}  # noqa: E731
+    manifest = {
+        "format": "trakcli.optimize.manifest", "format_version": 1, "n_models": 2, "complete": True,
+        "models": [entry(1, "m1.pt"), entry(0, "m0.pt")],
+    }
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    cfg = load_config({**BASE, "checkpoints": "runs/a/manifest.json"})
+    assert resolve_checkpoints(cfg) == [Path("runs/a/m0.pt"), Path("runs/a/m1.pt")]
+    (run / "manifest.json").write_text(json.dumps({**manifest, "complete": False, "n_models": 3}))
+    with pytest.raises(ConfigError, match=r"lists 2 of the 3 models of its run: `trak optimize` did not finish"):
+        resolve_checkpoints(cfg)
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    (run / "m0.pt").write_bytes(b"changed")
+    (run / "m1.pt").unlink()
+    with pytest.raises(ConfigError) as e:
+        check_files(cfg)
+    msg = str(e.value)
+    assert "checkpoint 'runs/a/m0.pt' (model_id 0) changed since trak optimize wrote the manifest" in msg
+    assert "checkpoint 'runs/a/m1.pt' (model_id 1) of the manifest 'runs/a/manifest.json' does not exist" in msg

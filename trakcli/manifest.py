@@ -44,19 +44,11 @@ MANIFEST_NAME = "manifest.json"
 FORMAT = "trakcli.optimize.manifest"
 FORMAT_VERSION = 1
 
-# sha256 by (path, size, mtime): a config check and the run that follows hash a checkpoint once
-_SHA_CACHE: dict[tuple[str, int, int], str] = {}
-
-
 def checkpoint_sha256(path: Path) -> str:
-    """:func:`trakcli.models.file_sha256` of ``path``, remembered while its size and mtime stay the same."""
-    st = path.stat()
-    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
-    if key not in _SHA_CACHE:
-        from trakcli.models import file_sha256
+    """:func:`trakcli.models.file_sha256` of ``path`` (imported here: this module must not import torch)."""
+    from trakcli.models import file_sha256
 
-        _SHA_CACHE[key] = file_sha256(path)
-    return _SHA_CACHE[key]
+    return file_sha256(path)
 
 
 def is_manifest_path(spec: Any) -> bool:
@@ -131,7 +123,9 @@ def read_manifest(path: Path, *, key: str = "checkpoints") -> dict[str, Any]:
     return data
 
 
-def manifest_checkpoints(path: Path, *, n_models: int | None = None, n_models_key: str = "optimize.n_models") -> list[Path]:
+def manifest_checkpoints(
+    path: Path, *, n_models: int | None = None, n_models_key: str = "optimize.n_models"
+) -> list[Path]:
     """The checkpoints a finished `trak optimize` run lists in its manifest, in model_id order.
 
     Paths in the manifest are relative to its directory. Every file must still
@@ -166,7 +160,8 @@ def manifest_checkpoints(path: Path, *, n_models: int | None = None, n_models_ke
             f"checkpoints: the manifest {str(path)!r} lists {len(models)} models but {n_models_key} is {n_models}; "
             + (
                 "run `trak optimize CONFIG` to train the missing ones"
-                if more else f"set {n_models_key}={len(models)}, or rerun `trak optimize CONFIG` to rewrite the manifest"
+                if more
+                else f"set {n_models_key}={len(models)}, or rerun `trak optimize CONFIG` to rewrite the manifest"
             )
         )
     out = []
@@ -178,10 +173,10 @@ def manifest_checkpoints(path: Path, *, n_models: int | None = None, n_models_ke
                 f"checkpoints: checkpoint {str(ckpt)!r} (model_id {m['model_id']}) of the manifest {str(path)!r} "
                 "does not exist; rerun `trak optimize CONFIG` to train it again"
             )
-        elif checkpoint_sha256(ckpt) != m["sha256"]:
+        elif (sha := checkpoint_sha256(ckpt)) != m["sha256"]:
             problems.append(
                 f"checkpoints: checkpoint {str(ckpt)!r} (model_id {m['model_id']}) changed since trak optimize "
-                f"wrote the manifest (sha256 {m['sha256'][:12]} then, {checkpoint_sha256(ckpt)[:12]} now); delete it "
+                f"wrote the manifest (sha256 {m['sha256'][:12]} then, {sha[:12]} now); delete it "
                 "and rerun `trak optimize CONFIG` to train it again, or list the checkpoint files in checkpoints: "
                 "to use them as they are"
             )

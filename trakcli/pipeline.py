@@ -547,7 +547,8 @@ def _previous_models(cfg: Config, path: Path, identity: dict[str, Any], reporter
         return {}
     try:
         old = read_manifest(path, key="optimize.out_dir")
-        old_identity = {**{k: old.get(k) for k in ("model", "task", "train_data")}, "recipe": _trained_with(old["recipe"])}
+        old_identity = {k: old.get(k) for k in ("model", "task", "train_data")}
+        old_identity["recipe"] = _trained_with(old["recipe"])
     except (ConfigError, KeyError, TypeError, ValueError) as e:
         reporter.info(f"{path}: not a readable manifest ({str(e).splitlines()[0]}); it is written anew")
         return {}
@@ -556,8 +557,9 @@ def _previous_models(cfg: Config, path: Path, identity: dict[str, Any], reporter
     if diff:
         key = "training" if cfg.training is not None else "optimize"
         shown = ", ".join(d.replace("recipe.", "") for d in diff)
+        out_dir = str(cfg.optimize.out_dir)  # type: ignore[union-attr]
         raise ConfigError(
-            f"{key}.out_dir: {str(cfg.optimize.out_dir)!r} holds models that trak optimize trained differently "  # type: ignore[union-attr]
+            f"{key}.out_dir: {out_dir!r} holds models that trak optimize trained differently "
             f"(its manifest differs in: {shown}); rerun with --overwrite to retrain them, or choose another out_dir"
         )
     return {m["model_id"]: m for m in old["models"]}
@@ -750,11 +752,12 @@ def _model_line(i: int, metrics: dict[str, Any], model: torch.nn.Module) -> str:
     parts = [f"model {i}:"]
     if "final_loss" in metrics:
         parts.append(f"loss {metrics['final_loss']:.4f},")
-    for key, name in (("train_accuracy", "train"), ("target_accuracy", "target"), ("validation_accuracy", "validation")):
+    for name in ("train", "target", "validation"):
+        key = f"{name}_accuracy"
         if key in metrics:
             parts.append(f"{name} accuracy {metrics[key]:.3f},")
     if "optimizer_state_numel" in metrics:
         n_params = sum(p.numel() for p in model.parameters())
         share = metrics["optimizer_state_numel"] / (2 * n_params)
         parts.append(f"optimizer state {metrics['optimizer_state_numel']} floats ({share:.1%} of AdamW's)")
-    return " ".join(parts).rstrip(",")
+    return " ".join(parts).rstrip(",:")

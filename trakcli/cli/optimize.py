@@ -15,10 +15,13 @@ def optimize(
     overwrite: OverwriteOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
-    """Train optimize.n_models models with the config's recipe; write optimize.out_dir/model_NNN.pt.
+    """Train training.n_models models with the config's recipe; write out_dir/model_NNN.pt and out_dir/manifest.json.
 
-    With optimize.projection the optimizer runs in a random subspace (per_matrix or global);
-    optimize.metrics names a JSON file for per-model loss, accuracy and optimizer state size.
+    The progress bar shows each epoch's running loss and accuracy, and data.validation's if given.
+
+    The manifest (seed, subset indices, sha256, metrics per model) is rewritten after every finished model: point checkpoints: at it to featurize exactly these models. A rerun keeps finished models and resumes a killed one.
+
+    optimizer.projection runs the optimizer in a random subspace (per_matrix or global); training.metrics names a JSON file for per-model metrics with per-epoch history. The flat optimize: section works too.
     """
     cfg = load(config, overrides, print_config)
     from trakcli import pipeline  # imported after the config is valid: torch import is slow
