@@ -490,6 +490,15 @@ class Store:
             return store
         if not create:
             raise StoreError(f"no trakcli store at {path}")
+        return cls._create_root(path, {"identity": identity, "config": jsonable(config)})
+
+    @classmethod
+    def _create_root(cls, path: Path, attrs: dict[str, Any]) -> "Store":
+        """Create a new store at ``path`` (absent or an empty directory) with ``attrs`` plus version and date.
+
+        Raises:
+            StoreError: ``path`` holds something else, or cannot be created.
+        """
         if path.exists() and (not path.is_dir() or any(path.iterdir())):
             raise StoreError(f"{path} exists and is not a trakcli store; choose another store path or remove it")
         cls.prepare_parent(path)
@@ -499,8 +508,7 @@ class Store:
                 {
                     "schema_version": SCHEMA_VERSION,
                     "trakcli_version": __version__,
-                    "identity": identity,
-                    "config": jsonable(config),
+                    **attrs,
                     "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                 }
             )
@@ -524,22 +532,7 @@ class Store:
             store = cls.open_existing(path)
             _restore_eval(path)
             return store
-        if path.exists() and (not path.is_dir() or any(path.iterdir())):
-            raise StoreError(f"{path} exists and is not a trakcli store; choose another store path or remove it")
-        cls.prepare_parent(path)
-        try:
-            group = zarr.open_group(str(path), mode="a", zarr_format=3)
-            group.attrs.update(
-                {
-                    "schema_version": SCHEMA_VERSION,
-                    "trakcli_version": __version__,
-                    "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                }
-            )
-        except OSError as e:
-            raise StoreError(f"cannot create the store at {path}: {e}; choose a writable store path") from None
-        _restore_eval(path)
-        return cls(path, group)
+        return cls._create_root(path, {})
 
     @classmethod
     def open_existing(cls, path: str | Path, mode: str = "r+") -> "Store":
