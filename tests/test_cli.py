@@ -191,7 +191,7 @@ def test_optimize_writes_checkpoints_that_featurize_consumes(user_project):
     Path("opt.yaml").write_text(yaml.safe_dump(cfg))
     res = trak("optimize", "opt.yaml")
     assert res.exit_code == 0, res.stderr
-    assert sorted(p.name for p in Path("trained").iterdir()) == ["model_000.pt", "model_001.pt"]
+    assert sorted(p.name for p in Path("trained").iterdir()) == ["manifest.json", "model_000.pt", "model_001.pt"]
     a = torch.load("trained/model_000.pt")
     b = torch.load("trained/model_001.pt")
     assert not torch.equal(a["0.weight"], b["0.weight"])  # independently seeded

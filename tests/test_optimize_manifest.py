@@ -71,7 +71,7 @@ def store_arrays(store: str) -> dict[str, np.ndarray]:
 
 @pytest.mark.parametrize("spelling", ["optimize", "sections"])
 def test_manifest_records_the_run_and_featurize_reads_it_like_the_glob(user_project, spelling):
-    cfg = project(spelling=spelling, subset_fraction=0.5)
+    cfg = project(spelling=spelling, subset_fraction=0.5, metrics="metrics.json")
     res = trak("optimize", "opt.yaml")
     assert res.exit_code == 0, res.stderr
     assert "manifest -> trained/manifest.json" in res.stderr
@@ -97,6 +97,11 @@ def test_manifest_records_the_run_and_featurize_reads_it_like_the_glob(user_proj
         assert 0 <= met["train_accuracy"] <= 1 and 0 <= met["target_accuracy"] <= 1
         assert met["optimizer_state_numel"] == 8 * 6 + 8 + 3 * 8 + 3  # SGD momentum: one float per parameter
     assert models[0]["subset_indices"] != models[1]["subset_indices"]
+    # the metrics JSON: the same recipe sections and per-model metrics, flat
+    metrics = json.loads(Path("metrics.json").read_text())
+    assert {k: metrics[k] for k in m["recipe"]} == m["recipe"] and ("optimize" in metrics) == (spelling == "optimize")
+    assert [r["history"] for r in metrics["models"]] == [e["metrics"]["history"] for e in models]
+    assert [r["subset_indices"] for r in metrics["models"]] == [e["subset_indices"] for e in models]
     # the manifest resolves to the checkpoints of the glob, in model_id order, from any working directory
     loaded = load_config("opt.yaml")
     assert resolve_checkpoints(loaded) == sorted(Path("trained").glob("model_*.pt"))
@@ -175,6 +180,12 @@ def test_rerun_with_another_recipe_is_refused_and_more_models_extend_the_run(use
     assert msg in res.stderr
     assert "--overwrite" in res.stderr
     assert manifest() == first  # untouched
+    # the same recipe in the other spelling (training: + optimizer:) trained the same models: kept
+    project("sections.yaml", spelling="sections")
+    res = trak("optimize", "sections.yaml")
+    assert res.exit_code == 0, res.stderr
+    assert res.stderr.count("exists, kept") == 2
+    assert manifest()["models"] == first["models"] and set(manifest()["recipe"]) == {"training", "optimizer"}
     # more models: the finished ones are kept with their records, the new one is trained
     res = trak("optimize", "opt.yaml", "optimize.n_models=3", "optimize.checkpoint_every=2")
     assert res.exit_code == 0, res.stderr
