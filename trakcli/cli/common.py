@@ -13,6 +13,7 @@ import typer
 import yaml
 from rich.console import Console
 from rich.markup import escape
+from rich.table import Column
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from trakcli.config import Config, load_config
@@ -97,15 +98,22 @@ class RichReporter(Reporter):
         if self.quiet or not err_console.is_terminal:
             yield Task()
             return
+        # the live values of Task.update (loss, accuracy, ...) take the width left over and are cut
+        # with an ellipsis on a narrow terminal; the other columns keep theirs, the bar shrinks to 10
+        fixed = lambda: Column(no_wrap=True)  # noqa: E731
         progress = Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TimeRemainingColumn(),
-            TextColumn("{task.fields[status]}", markup=False),  # live values of Task.update (loss, accuracy, ...)
+            TextColumn("[bold]{task.description}", table_column=fixed()),
+            BarColumn(bar_width=max(10, min(40, err_console.width - 100)), table_column=fixed()),
+            MofNCompleteColumn(table_column=fixed()),
+            TimeElapsedColumn(table_column=fixed()),
+            TimeRemainingColumn(table_column=fixed()),
+            TextColumn(
+                "{task.fields[status]}", markup=False,
+                table_column=Column(ratio=1, no_wrap=True, overflow="ellipsis"),
+            ),
             console=err_console,
             transient=True,
+            expand=True,
         )
         with progress:
             yield _RichTask(progress, progress.add_task(description, total=total, status=""))
