@@ -233,16 +233,9 @@ class ProjectionConfig(_Strict):
         return self
 
 
-class OptimizerConfig(_Strict):
-    """``optimizer:``: the optimizer of `trak optimize` (and of the retraining of `trak eval`).
+class _OptimizerSettings(_Strict):
+    """The optimizer settings shared by ``optimizer:`` and the flat ``optimize:`` section."""
 
-    Equivalent to the ``optimizer`` / ``lr`` / ``momentum`` / ``weight_decay`` /
-    ``projection`` keys of the flat ``optimize:`` section.
-    """
-
-    name: Literal["sgd", "adam", "adamw"] = Field(
-        "sgd", description="torch.optim optimizer (the inner optimizer when `projection` is set)."
-    )
     lr: float = Field(0.05, gt=0, description="Learning rate.")
     momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum (ignored by adam).")
     weight_decay: float = Field(
@@ -251,6 +244,19 @@ class OptimizerConfig(_Strict):
     projection: ProjectionConfig | None = Field(
         None, description="Run the optimizer in a random subspace (trakcli.optim.ProjectedOptimizer); unset: plain."
     )
+
+
+_OPTIMIZER_NAME = Field("sgd", description="torch.optim optimizer (the inner optimizer when `projection` is set).")
+
+
+class OptimizerConfig(_OptimizerSettings):
+    """``optimizer:``: the optimizer of `trak optimize` (and of the retraining of `trak eval`).
+
+    Equivalent to the ``optimizer`` / ``lr`` / ``momentum`` / ``weight_decay`` /
+    ``projection`` keys of the flat ``optimize:`` section.
+    """
+
+    name: Literal["sgd", "adam", "adamw"] = _OPTIMIZER_NAME
 
 
 class TrainingConfig(_Strict):
@@ -289,20 +295,10 @@ class TrainingConfig(_Strict):
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of `entrypoint`.")
 
 
-class OptimizeConfig(TrainingConfig):
+class OptimizeConfig(TrainingConfig, _OptimizerSettings):
     """The flat form of ``training:`` + ``optimizer:`` in one ``optimize:`` section (N seeded models)."""
 
-    optimizer: Literal["sgd", "adam", "adamw"] = Field(
-        "sgd", description="torch.optim optimizer (the inner optimizer when `projection` is set)."
-    )
-    lr: float = Field(0.05, gt=0, description="Learning rate.")
-    momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum (ignored by adam).")
-    weight_decay: float = Field(
-        5e-4, ge=0, description="Weight decay (with `projection`: decoupled, in the full parameter space)."
-    )
-    projection: ProjectionConfig | None = Field(
-        None, description="Run the optimizer in a random subspace (trakcli.optim.ProjectedOptimizer); unset: plain."
-    )
+    optimizer: Literal["sgd", "adam", "adamw"] = _OPTIMIZER_NAME
 
     @classmethod
     def from_sections(cls, training: TrainingConfig, optimizer: OptimizerConfig) -> "OptimizeConfig":
