@@ -22,14 +22,14 @@ import torch
 from trakcli.config import Config, check_files, resolve_checkpoints
 from trakcli.data import TensorDataset, index_inputs, inputs_to, load_dataset
 from trakcli.distributed import Dist, init_from_env
-from trakcli.errors import ConfigError, GradientError, StoreError, StoreMismatchError
+from trakcli.errors import ConfigError, GradientError, StoreError
 from trakcli.gradients import OUTPUT_FUNCTIONS, PerExampleGradients, check_finite
 from trakcli.hf import forward
 from trakcli.models import build_model, file_sha256, load_checkpoint
 from trakcli.progress import NULL_REPORTER, Reporter
 from trakcli.projectors import make_projector
 from trakcli.scoring import gram_matrix, kernel_factor, resolve_lambda, score_block, target_weights
-from trakcli.store import ChunkedRows, Store, StoreLock, diff_keys, jsonable
+from trakcli.store import ChunkedRows, Store, StoreLock, jsonable, settings_mismatch
 from trakcli.training import check_recipe, load_training_function, train_one
 
 
@@ -309,11 +309,9 @@ def _check_train_complete(s: _Setup, store: Store) -> list[ChunkedRows]:
     if not store.identity:  # made by `trak eval` (retrained models only)
         raise StoreError(f"the store {store.path} holds no train features yet; run `trak featurize CONFIG` first")
     if store.identity != jsonable(s.identity):
-        lines = diff_keys(store.identity, s.identity)
-        raise StoreMismatchError(
-            f"the train features in {store.path} were made with different settings:\n  "
-            + "\n  ".join(lines)
-            + "\nscore with the config that featurized the store, or rerun `trak featurize CONFIG --overwrite`"
+        raise settings_mismatch(
+            f"the train features in {store.path}", store.identity, s.identity,
+            "score with the config that featurized the store, or rerun `trak featurize CONFIG --overwrite`",
         )
     have = store.model_ids()
     missing = [m for m in range(len(s.checkpoints)) if m not in have]

@@ -94,6 +94,12 @@ def diff_keys(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     ]
 
 
+def settings_mismatch(what: str, old: dict[str, Any] | None, new: dict[str, Any], fix: str) -> StoreMismatchError:
+    """The error for stored data made with other settings: ``what`` differs, key by key, and ``fix``."""
+    lines = diff_keys(old or {}, new) or ["(identity differs)"]
+    return StoreMismatchError(f"{what} were made with different settings:\n  " + "\n  ".join(lines) + f"\n{fix}")
+
+
 def _codecs(compressor: str) -> list[Any]:
     base = {"zstd": [ZstdCodec(level=3)], "blosc": [BloscCodec(cname="zstd", clevel=3)], "none": []}[compressor]
     return [*base, Crc32cCodec()]
@@ -481,11 +487,9 @@ class Store:
                     raise StoreError(f"cannot write the attributes of {path}: {e}") from None
                 return store
             if old != identity:
-                lines = diff_keys(old or {}, identity)
-                raise StoreMismatchError(
-                    f"store {path} was made with different settings:\n  "
-                    + "\n  ".join(lines or ["(identity differs)"])
-                    + "\nrerun with --overwrite to start over, or choose another store path"
+                raise settings_mismatch(
+                    f"the contents of store {path}", old, identity,
+                    "rerun with --overwrite to start over, or choose another store path",
                 )
             return store
         if not create:
@@ -732,11 +736,9 @@ class Store:
             group = self.root[name]
             old = {k: group.attrs.get(k) for k in attrs}
             if old != attrs:
-                lines = diff_keys(old, attrs)
-                raise StoreMismatchError(
-                    f"{kind} of experiment {experiment!r} in {self.path} were made with different settings:\n  "
-                    + "\n  ".join(lines)
-                    + "\nrerun with --overwrite to recompute them, or set score.experiment to a new name"
+                raise settings_mismatch(
+                    f"{kind} of experiment {experiment!r} in {self.path}", old, attrs,
+                    "rerun with --overwrite to recompute them, or set score.experiment to a new name",
                 )
             return group
         group = self._group(name, create)
@@ -780,11 +782,9 @@ class Store:
                 if overwrite:
                     del self.root["eval"]
                 elif old != identity:
-                    lines = diff_keys(old or {}, identity)
-                    raise StoreMismatchError(
-                        f"the retrained models in {self.path}/eval were made with different settings:\n  "
-                        + "\n  ".join(lines or ["(identity differs)"])
-                        + "\nrerun `trak eval lds CONFIG --overwrite` to retrain them, or restore those settings"
+                    raise settings_mismatch(
+                        f"the retrained models in {self.path}/eval", old, identity,
+                        "rerun `trak eval lds CONFIG --overwrite` to retrain them, or restore those settings",
                     )
             if "eval" not in self.root:
                 if not create:
