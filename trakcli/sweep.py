@@ -6,13 +6,14 @@ each proj_dim is featurized once (into ``<store>.sweep/<kind>_<d>.zarr``, or the
 config's own store for the config's proj_dim): the number of checkpoints and
 the ridge only change the cheap last step, so they are swept in memory.
 
-For a proj_dim ``d``, checkpoint ``m`` and ridge ``λ`` the per-checkpoint
-contribution ``C_m(λ) = Φ_m(targets) A_m(λ) Φ_mᵀ`` (``[n_target, n_train]``,
-float64) is computed once; the scores of the first ``k`` checkpoints are
-``[(1/k) Σ_{m<k} C_m] ⊙ [(1/k) Σ_{m<k} Q_m]`` (design.md "Math", Park et al.
-2023 Eq. 17), the same numbers `trak score` writes for that setting. Memory:
-two ``[n_target, n_train]`` float64 matrices and one checkpoint's features at
-a time; the sweep is meant for benchmark-sized data (digits: 360 × 1437).
+For a proj_dim ``d`` and ridge ``λ``, each checkpoint's kernel is factored
+once, and the scores of the first ``k`` checkpoints are
+:func:`trakcli.scoring.score_block` of their target weights and features,
+``[(1/k) Σ_{m<k} φ_m(t)ᵀ A_m(λ) Φ_mᵀ] ⊙ [(1/k) Σ_{m<k} Q_m]`` (design.md "Math",
+Park et al. 2023 Eq. 17): the numbers `trak score` writes for that setting.
+Memory: every checkpoint's train features of one proj_dim and one
+``[n_target, n_train]`` score matrix at a time; the sweep is meant for
+benchmark-sized data (digits: 1437 × 1024 floats per checkpoint).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import torch
 from trakcli.config import Config, resolve_checkpoints
 from trakcli.errors import ConfigError, StoreMismatchError
 from trakcli.progress import NULL_REPORTER, Reporter
-from trakcli.scoring import gram_matrix, kernel_factor, resolve_lambda, target_weights
+from trakcli.scoring import gram_matrix, kernel_factor, resolve_lambda, score_block, target_weights
 
 DEFAULT_CHECKPOINT_GRID = (1, 2, 5, 10, 20, 50, 100, 200, 500)
 
@@ -184,27 +185,26 @@ def sweep(
         phi, q, phi_t = _read_features(sub, n_models)
         n_target, n_train = phi_t[0].shape[0], phi[0].shape[0]
         grams = [gram_matrix([torch.from_numpy(f)]) for f in phi]
+        phi_train = [torch.from_numpy(f) for f in phi]
+        q_train = [torch.from_numpy(x) for x in q]
         with reporter.task(f"sweep proj_dim {d}", len(ridges)) as task:
             for rel, absolute in ridges:
-                acc = np.zeros((n_target, n_train))
-                q_acc = np.zeros(n_train)
-                lams = []
+                lams, weights = [], []
                 for m in range(n_models):
                     lam = resolve_lambda(grams[m], n_train, absolute, rel if rel is not None else 1.0)
+                    factor = kernel_factor(grams[m], lam)
+                    # float32 weights, as the streamed scoring of `trak score` uses
+                    weights.append(target_weights(factor, torch.from_numpy(phi_t[m])).to(torch.float32))
                     lams.append(lam)
-                    w = target_weights(kernel_factor(grams[m], lam), torch.from_numpy(phi_t[m]))  # [n_target, d] f64
-                    acc += (w @ torch.from_numpy(phi[m]).double().T).numpy()
-                    q_acc += q[m]
-                    k = m + 1
-                    if k in ks:
-                        scores = acc / k * (q_acc / k)[None, :]
-                        res = lds(scores, masks, outputs, n_bootstrap=cfg.eval.bootstrap, seed=cfg.eval.seed)
-                        rows.append({
-                            "proj_dim": d, "n_checkpoints": k, "lambda_rel": rel,
-                            "lambda_reg": absolute if absolute is not None else float(np.mean(lams)),
-                            "lds": float(res.lds), "ci_low": float(res.ci_low), "ci_high": float(res.ci_high),
-                            "n_targets_nan": int(res.n_targets_nan),
-                        })
+                for k in ks:
+                    scores = score_block(weights[:k], phi_train[:k], q_train[:k]).numpy()  # [n_target, n_train]
+                    res = lds(scores, masks, outputs, n_bootstrap=cfg.eval.bootstrap, seed=cfg.eval.seed)
+                    rows.append({
+                        "proj_dim": d, "n_checkpoints": k, "lambda_rel": rel,
+                        "lambda_reg": absolute if absolute is not None else float(np.mean(lams[:k])),
+                        "lds": float(res.lds), "ci_low": float(res.ci_low), "ci_high": float(res.ci_high),
+                        "n_targets_nan": int(res.n_targets_nan),
+                    })
                 task.advance()
     best = max(rows, key=lambda r: r["lds"])
     default_ridge = (
