@@ -602,6 +602,11 @@ def load_config(
     return cfg
 
 
+def recipe_key(cfg: Any) -> str:
+    """The config key of the training recipe as the user spelled it: ``training`` or ``optimize``."""
+    return "training" if getattr(cfg, "training", None) is not None else "optimize"
+
+
 def resolve_checkpoints(cfg: Config) -> list[Path]:
     """The checkpoint files of ``cfg`` in model_id order (sorted paths; a list keeps its order).
 
@@ -626,7 +631,7 @@ def resolve_checkpoints(cfg: Config) -> list[Path]:
         oc = cfg.optimize
         if oc is not None and oc.out_dir.resolve() == path.parent.resolve():
             n_models = oc.n_models
-            key = "training.n_models" if cfg.training is not None else "optimize.n_models"
+            key = f"{recipe_key(cfg)}.n_models"
         return manifest_checkpoints(path, n_models=n_models, n_models_key=key)
     if isinstance(spec, str) and spec.startswith("hf:") or isinstance(spec, list) and any(
         p.startswith("hf:") for p in spec

@@ -19,7 +19,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from trakcli.config import Config, check_files, resolve_checkpoints
+from trakcli.config import Config, check_files, recipe_key, resolve_checkpoints
 from trakcli.data import TensorDataset, index_inputs, inputs_to, load_dataset
 from trakcli.distributed import Dist, init_from_env
 from trakcli.errors import ConfigError, GradientError, StoreError
@@ -553,7 +553,7 @@ def _previous_models(cfg: Config, path: Path, identity: dict[str, Any], reporter
     a, b = _leaves(old_identity), _leaves(identity)
     diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
     if diff:
-        key = "training" if cfg.training is not None else "optimize"
+        key = recipe_key(cfg)
         shown = ", ".join(d.replace("recipe.", "") for d in diff)
         out_dir = str(cfg.optimize.out_dir)  # type: ignore[union-attr]
         raise ConfigError(

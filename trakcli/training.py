@@ -18,6 +18,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from trakcli.config import recipe_key
 from trakcli.data import Inputs, index_inputs, slice_inputs
 from trakcli.errors import ConfigError, ModelError
 from trakcli.hf import forward
@@ -214,11 +215,6 @@ def evaluate(
     finally:
         model.train(was_training)
     return loss_sum / max(n, 1), right / max(n, 1)
-
-
-def recipe_key(cfg: Any) -> str:
-    """The config key of the training recipe as the user spelled it: ``training`` or ``optimize``."""
-    return "training" if getattr(cfg, "training", None) is not None else "optimize"
 
 
 def check_recipe(cfg: Any, *, purpose: str = "trak optimize") -> Any:
