@@ -29,7 +29,7 @@ from trakcli.models import build_model, file_sha256, load_checkpoint
 from trakcli.progress import NULL_REPORTER, Reporter
 from trakcli.projectors import make_projector
 from trakcli.scoring import gram_matrix, kernel_factor, resolve_lambda, score_block, target_weights
-from trakcli.store import ChunkedRows, Store, StoreLock, jsonable, settings_mismatch
+from trakcli.store import ChunkedRows, Store, StoreLock, _flatten, jsonable, settings_mismatch
 from trakcli.training import check_recipe, load_training_function, train_one
 
 
@@ -523,15 +523,6 @@ def _trained_with(recipe: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in flat.model_dump(mode="json").items() if k not in _RUN_ONLY}
 
 
-def _leaves(d: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(d, dict):
-        out: dict[str, Any] = {}
-        for k, v in d.items():
-            out.update(_leaves(v, f"{prefix}{k}."))
-        return out
-    return {prefix.rstrip("."): d}
-
-
 def _previous_models(cfg: Config, path: Path, identity: dict[str, Any], reporter: Reporter) -> dict[int, dict]:
     """The entries of an earlier run's manifest at ``path``, by model_id, if it trained the same way.
 
@@ -550,7 +541,7 @@ def _previous_models(cfg: Config, path: Path, identity: dict[str, Any], reporter
     except (ConfigError, KeyError, TypeError, ValueError) as e:
         reporter.info(f"{path}: not a readable manifest ({str(e).splitlines()[0]}); it is written anew")
         return {}
-    a, b = _leaves(old_identity), _leaves(identity)
+    a, b = _flatten(old_identity), _flatten(identity)
     diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
     if diff:
         key = recipe_key(cfg)
