@@ -205,7 +205,7 @@ def eval_identity(cfg: Config, train_fingerprint: dict[str, Any], target_fingerp
 
 def _check_config(cfg: Config) -> None:
     """Everything retraining needs, checked before any model trains."""
-    from trakcli.training import check_recipe, load_training_function
+    from trakcli.training import check_init_checkpoint, check_recipe, load_training_function
 
     oc = check_recipe(cfg, purpose="trak eval")
     if cfg.data.target is None:
@@ -214,11 +214,7 @@ def _check_config(cfg: Config) -> None:
             "or a file (the targets of `trak score`)"
         )
     check_files(cfg, need_checkpoints=False, need_target=True)
-    if oc.init_checkpoint is not None and not oc.init_checkpoint.is_file():
-        raise ConfigError(
-            f"optimize.init_checkpoint: file {str(oc.init_checkpoint)!r} does not exist; give a state dict of "
-            "the model (.pt / .safetensors) or remove the key to train from scratch"
-        )
+    check_init_checkpoint(oc)
     load_training_function(cfg)
 
 

@@ -30,7 +30,7 @@ from trakcli.progress import NULL_REPORTER, Reporter
 from trakcli.projectors import make_projector
 from trakcli.scoring import gram_matrix, kernel_factor, resolve_lambda, score_block, target_weights
 from trakcli.store import ChunkedRows, Store, StoreLock, _flatten, jsonable, settings_mismatch
-from trakcli.training import check_recipe, load_training_function, train_one
+from trakcli.training import check_init_checkpoint, check_recipe, load_training_function, train_one
 
 
 def _event(message: str) -> None:
@@ -604,11 +604,7 @@ def optimize(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_
         oc.out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ConfigError(f"optimize.out_dir: cannot create {str(oc.out_dir)!r}: {e}") from None
-    if oc.init_checkpoint is not None and not oc.init_checkpoint.is_file():
-        raise ConfigError(
-            f"optimize.init_checkpoint: file {str(oc.init_checkpoint)!r} does not exist; give a state dict of "
-            "the model (.pt / .safetensors) or remove the key to train from scratch"
-        )
+    check_init_checkpoint(oc)
     recipe = recipe_sections(cfg)
     identity = {
         "model": cfg.model.model_dump(mode="json"),
