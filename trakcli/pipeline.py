@@ -632,6 +632,7 @@ def optimize(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_
     paths = []
     rows: list[dict[str, Any]] = []
     x, y = inputs_to(train.inputs, device), train.labels.to(device)
+    held = (inputs_to(heldout.inputs, device), heldout.labels.to(device)) if heldout is not None else None
     val = (inputs_to(valset.inputs, device), valset.labels.to(device)) if valset is not None else None
     eval_rows = cfg.data.batch_size
 
@@ -640,9 +641,8 @@ def optimize(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_
         if cfg.task == "language_modeling":  # a user training function trained an LM: no class accuracy
             return {}
         out: dict[str, Any] = {"train_accuracy": evaluate(model, x, y, batch_size=eval_rows)[1]}
-        if heldout is not None:
-            xt, yt = inputs_to(heldout.inputs, device), heldout.labels.to(device)
-            out["target_accuracy"] = evaluate(model, xt, yt, batch_size=eval_rows)[1]
+        if held is not None:
+            out["target_accuracy"] = evaluate(model, *held, batch_size=eval_rows)[1]
         if val is not None:
             out["validation_loss"], out["validation_accuracy"] = evaluate(model, *val, batch_size=eval_rows)
         return out
