@@ -159,7 +159,7 @@ class ProjectedOptimizer(torch.optim.Optimizer):
             self._pending_inner_groups.append(inner_group)
         else:
             self.inner.add_param_group(inner_group)
-        if any(s.projected for s in slots):
+        if self._projected[gi]:
             anchor = self._anchor(gi)
             st = self.state[anchor]
             st.setdefault("step", 0)
@@ -202,8 +202,8 @@ class ProjectedOptimizer(torch.optim.Optimizer):
             inner.param_groups[gi].update(self._inner_hyper(group))
             settings = group["projection"]
             k = 0
-            if self._projected[gi]:
-                st = self.state[group["params"][0]]
+            st = self._group_state(gi)
+            if st is not None:
                 gap = settings["update_gap"] or 0
                 if gap and st["step"] > 0 and st["step"] % gap == 0:
                     self._refresh_group(gi)
