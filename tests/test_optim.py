@@ -347,6 +347,8 @@ def test_subspace_noop_and_projector_object():
         subspace.attach(mlp(), make_projector("rademacher", grad_dim=5, proj_dim=2))
     with pytest.raises(OptimizerError, match="mode 'global'"):
         subspace.attach(mlp(), {"mode": "per_matrix"})
+    with pytest.raises(OptimizerError, match="needs a projection, got None"):
+        subspace.attach(mlp(), None)
     # a projector object in the optimizer: global, its grad_dim must fit the group
     with pytest.raises(OptimizerError, match=f"grad_dim={n}"):
         ProjectedOptimizer(mlp().parameters(), projection=make_projector("rademacher", grad_dim=7, proj_dim=2), lr=0.1)

@@ -97,7 +97,11 @@ class Subspace(nn.Module):
             proj_dim = projection.proj_dim
         else:
             settings = resolve_projection(projection, where="subspace projection")
-            assert settings is not None
+            if settings is None:
+                raise OptimizerError(
+                    "subspace training needs a projection, got None; pass a projector or a mapping such as "
+                    "{'mode': 'global', 'kind': 'sjlt', 'proj_dim': 1000}"
+                )
             if settings["mode"] != "global":
                 raise OptimizerError(
                     "subspace training needs mode 'global' (one z for the whole model), got "
