@@ -173,3 +173,13 @@ def test_optimize_finetunes_from_init_checkpoint_on_random_subsets(user_project)
     assert len(a) == len(b) == 20 and a == sorted(a) and a != b
     res = trak("optimize", "sub.yaml", "optimize.init_checkpoint=missing.pt", "--overwrite")
     assert res.exit_code == 1 and "optimize.init_checkpoint: file 'missing.pt' does not exist" in res.stderr
+
+
+def test_missing_init_checkpoint_is_named_in_the_users_spelling(user_project):
+    cfg = yaml.safe_load(Path("run.yaml").read_text())
+    cfg["training"] = {"n_models": 1, "epochs": 1, "out_dir": "t", "init_checkpoint": "missing.pt"}
+    cfg["optimizer"] = {"name": "sgd", "lr": 0.1}
+    Path("t.yaml").write_text(yaml.safe_dump(cfg))
+    res = trak("optimize", "t.yaml")
+    assert res.exit_code == 1
+    assert "training.init_checkpoint: file 'missing.pt' does not exist" in " ".join(res.stderr.split())

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from trakcli.config import Config, check_files
+from trakcli.config import Config, check_files, recipe_key
 from trakcli.data import TensorDataset, index_inputs, inputs_to, load_dataset
 from trakcli.errors import ConfigError, DataError, StoreError, StoreMismatchError, TrakError, UsageError
 from trakcli.progress import NULL_REPORTER, Reporter
@@ -214,7 +214,7 @@ def _check_config(cfg: Config) -> None:
             "or a file (the targets of `trak score`)"
         )
     check_files(cfg, need_checkpoints=False, need_target=True)
-    check_init_checkpoint(oc)
+    check_init_checkpoint(oc, recipe_key(cfg))
     load_training_function(cfg)
 
 

@@ -604,7 +604,7 @@ def optimize(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_
         oc.out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ConfigError(f"optimize.out_dir: cannot create {str(oc.out_dir)!r}: {e}") from None
-    check_init_checkpoint(oc)
+    check_init_checkpoint(oc, recipe_key(cfg))
     recipe = recipe_sections(cfg)
     identity = {
         "model": cfg.model.model_dump(mode="json"),

@@ -246,18 +246,19 @@ def check_recipe(cfg: Any, *, purpose: str = "trak optimize") -> Any:
     return oc
 
 
-def check_init_checkpoint(oc: Any) -> None:
+def check_init_checkpoint(oc: Any, key: str = "optimize") -> None:
     """Refuse a recipe whose ``init_checkpoint`` names no file, before any model trains.
 
     Args:
         oc: the :class:`~trakcli.config.OptimizeConfig` recipe (``cfg.optimize``).
+        key: the config section the user wrote it in (:func:`trakcli.config.recipe_key`).
 
     Raises:
         ConfigError: ``init_checkpoint`` is set and is not a file.
     """
     if oc.init_checkpoint is not None and not oc.init_checkpoint.is_file():
         raise ConfigError(
-            f"optimize.init_checkpoint: file {str(oc.init_checkpoint)!r} does not exist; give a state dict of "
+            f"{key}.init_checkpoint: file {str(oc.init_checkpoint)!r} does not exist; give a state dict of "
             "the model (.pt / .safetensors) or remove the key to train from scratch"
         )
 
