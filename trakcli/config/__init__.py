@@ -1,0 +1,52 @@
+"""The YAML config of every trakcli command, validated by pydantic.
+
+A config is a YAML mapping (see ``configs/*.yaml``) plus optional
+``key=value`` overrides given after the config path on the command line::
+
+    trak featurize run.yaml projector.proj_dim=512 data.batch_size=64
+
+Override values are parsed as YAML (``512`` is an int, ``[a, b]`` a list).
+Every problem (unknown keys, with a did-you-mean; wrong types; missing
+files) is collected and raised at once as one :class:`~trakcli.errors.ConfigError`
+whose lines each start with the dotted key concerned.
+
+Relative paths in the config are relative to the current working directory.
+"""
+
+from trakcli.config.load import load_config, parse_overrides
+from trakcli.config.recipe import OptimizeConfig, OptimizerConfig, ProjectionConfig, TrainingConfig
+from trakcli.config.resolve import check_files, recipe_key, resolve_checkpoints
+from trakcli.config.schema import (
+    BUILTIN_DATASETS,
+    Config,
+    DataConfig,
+    DatasetConfig,
+    EvalConfig,
+    ModelConfig,
+    ProjectorConfig,
+    ScoreConfig,
+    StoreConfig,
+    SweepConfig,
+)
+
+__all__ = [
+    "BUILTIN_DATASETS",
+    "Config",
+    "DataConfig",
+    "DatasetConfig",
+    "EvalConfig",
+    "ModelConfig",
+    "OptimizeConfig",
+    "OptimizerConfig",
+    "ProjectionConfig",
+    "ProjectorConfig",
+    "ScoreConfig",
+    "StoreConfig",
+    "SweepConfig",
+    "TrainingConfig",
+    "check_files",
+    "load_config",
+    "parse_overrides",
+    "recipe_key",
+    "resolve_checkpoints",
+]

@@ -1,0 +1,144 @@
+"""Loading a config: YAML, ``key=value`` overrides, and one error listing every problem."""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from trakcli.config.schema import Config
+from trakcli.errors import ConfigError
+
+
+def parse_overrides(overrides: list[str] | tuple[str, ...]) -> tuple[dict[str, Any], list[str]]:
+    """Turn ``["a.b=1", "c=[x, y]"]`` into a nested dict; values are parsed as YAML.
+
+    Returns:
+        (nested dict, list of problems).
+    """
+    out: dict[str, Any] = {}
+    problems: list[str] = []
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            problems.append(f"override {item!r}: expected key=value, e.g. projector.proj_dim=512")
+            continue
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError as e:
+            problems.append(f"{key}: cannot parse value {raw!r} as YAML ({e.__class__.__name__})")
+            continue
+        node = out
+        parts = key.split(".")
+        for p in parts[:-1]:
+            nxt = node.setdefault(p, {})
+            if not isinstance(nxt, dict):
+                nxt = node[p] = {}
+            node = nxt
+        node[parts[-1]] = value
+    return out, problems
+
+
+def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for k, v in extra.items():
+        if isinstance(v, dict) and isinstance(merged.get(k), dict):
+            merged[k] = _merge(merged[k], v)
+        elif isinstance(v, dict) and isinstance(merged.get(k), (str, Path)) and k == "store":
+            merged[k] = _merge({"path": merged[k]}, v)
+        else:
+            merged[k] = v
+    return merged
+
+
+def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The pydantic model class that owns the field at ``loc`` (for did-you-mean)."""
+    model: Any = Config
+    for part in loc:
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return None
+        field = model.model_fields.get(str(part))
+        if field is None:
+            return None
+        ann = field.annotation
+        args = getattr(ann, "__args__", None)
+        candidates = [a for a in (args or (ann,)) if isinstance(a, type) and issubclass(a, BaseModel)]
+        model = candidates[0] if candidates else None
+    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
+
+
+def _format_errors(err: ValidationError) -> list[str]:
+    problems = []
+    for e in err.errors():
+        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p in ("function-after",)))
+        # pydantic adds union branch names ("str", "list[str]") to the location: drop them
+        loc = tuple(p for p in loc if not (isinstance(p, str) and ("[" in p or p in ("str", "int", "float"))))
+        key = ".".join(str(p) for p in loc) or "(top level)"
+        if e["type"] == "extra_forbidden":
+            owner = _model_at(loc[:-1])
+            hint = ""
+            if owner is not None:
+                close = difflib.get_close_matches(str(loc[-1]), list(owner.model_fields), n=1)
+                if close:
+                    prefix = ".".join(str(p) for p in loc[:-1])
+                    hint = f"; did you mean {prefix + '.' if prefix else ''}{close[0]}?"
+                else:
+                    hint = f"; known keys: {', '.join(owner.model_fields)}"
+            problems.append(f"{key}: unknown key{hint}")
+        elif e["type"] == "missing":
+            problems.append(f"{key}: required key is missing")
+        else:
+            msg = e["msg"].removeprefix("Value error, ")
+            got = f" (got {e.get('input')!r})" if loc else ""  # a whole-config check: the input is the config
+            problems.append(f"{key}: {msg}{got}")
+    # a union failure is reported once per branch: keep each line once
+    return list(dict.fromkeys(problems))
+
+
+def load_config(
+    source: str | Path | dict[str, Any],
+    overrides: list[str] | tuple[str, ...] = (),
+) -> Config:
+    """Read, override and validate a config.
+
+    Args:
+        source: path of a YAML file, or an already-parsed mapping.
+        overrides: ``key=value`` strings applied on top (values parsed as YAML).
+
+    Returns:
+        The validated :class:`Config`.
+
+    Raises:
+        ConfigError: listing every problem found, each with its dotted key.
+    """
+    label = None
+    if isinstance(source, dict):
+        raw: Any = source
+    else:
+        path = Path(source)
+        label = str(source)
+        if not path.is_file():
+            raise ConfigError(
+                f"config file {str(path)!r} does not exist; pass the path of a YAML file such as configs/digits.yaml"
+            )
+        try:
+            raw = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path} is not valid YAML: {e}", source=label) from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"the config must be a YAML mapping, got {type(raw).__name__}", source=label)
+    extra, problems = parse_overrides(list(overrides))
+    merged = _merge(raw, extra)
+    try:
+        cfg = Config.model_validate(merged)
+    except ValidationError as e:
+        raise ConfigError(problems + _format_errors(e), source=label) from None
+    if problems:
+        raise ConfigError(problems, source=label)
+    return cfg

@@ -1,0 +1,140 @@
+"""The training recipe of `trak optimize` (and of the retraining of `trak eval`).
+
+One recipe, two spellings in the YAML: the flat ``optimize:`` section
+(:class:`OptimizeConfig`), or ``training:`` (:class:`TrainingConfig`) with
+``optimizer:`` (:class:`OptimizerConfig`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, PositiveInt, model_validator
+
+from trakcli.config.base import StrictModel
+
+class ProjectionConfig(StrictModel):
+    """``optimize.projection``: run the optimizer in a random subspace (:mod:`trakcli.optim`).
+
+    The gradient is projected with a projector of :mod:`trakcli.projectors`,
+    the optimizer's state lives in the projected space, and the update is
+    mapped back with the adjoint (GaLore, Zhao et al. 2024, with random JL
+    matrices as in Flora, Hao et al. 2024; ``global``: intrinsic dimension,
+    Li et al. 2018).
+    """
+
+    mode: Literal["per_matrix", "global"] = Field(
+        "per_matrix",
+        description="per_matrix: each parameter of >= 2 dims gets its own rank-`rank` projection of its "
+        "smaller side (1-D parameters are not projected); global: the whole parameter vector "
+        "through one projection of `proj_dim`.",
+    )
+    kind: Literal["noop", "rademacher", "normal", "sjlt"] = Field(
+        "rademacher", description="Projector kind (noop: no projection, the plain inner optimizer)."
+    )
+    implementation: Literal["auto", "single_block", "basic", "chunked"] = Field(
+        "auto", description="Projector implementation (never changes the matrix)."
+    )
+    rank: PositiveInt | None = Field(
+        None, description="per_matrix only: projected size of each matrix's smaller side (default 8)."
+    )
+    proj_dim: PositiveInt | None = Field(
+        None, description="global only: dimension of the subspace (required in global mode)."
+    )
+    seed: int = Field(0, ge=0, description="Base seed; every matrix and refresh derives its own.")
+    update_gap: int = Field(
+        0, ge=0, description="Draw a new projection every this many steps (0: one fixed projection)."
+    )
+    on_refresh: Literal["keep", "reset", "transfer"] = Field(
+        "transfer",
+        description="What happens to the inner optimizer's state at a new projection: keep it as is, "
+        "reset it, or transfer first moments into the new subspace (never growing their norm).",
+    )
+    scale: float = Field(1.0, gt=0, description="Multiplies every unprojected update (GaLore's alpha).")
+
+    @model_validator(mode="after")
+    def _dims(self) -> "ProjectionConfig":
+        # rank is read in per_matrix mode only and proj_dim in global mode only, so one
+        # mapping can hold both and `mode=...` alone switches between them
+        if self.mode == "global" and self.kind != "noop" and self.proj_dim is None:
+            raise ValueError("mode global needs proj_dim, e.g. proj_dim: 1000")
+        if self.rank is None:
+            self.rank = 8
+        return self
+
+
+class _OptimizerSettings(StrictModel):
+    """The optimizer settings shared by ``optimizer:`` and the flat ``optimize:`` section."""
+
+    lr: float = Field(0.05, gt=0, description="Learning rate.")
+    momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum (ignored by adam).")
+    weight_decay: float = Field(
+        5e-4, ge=0, description="Weight decay (with `projection`: decoupled, in the full parameter space)."
+    )
+    projection: ProjectionConfig | None = Field(
+        None, description="Run the optimizer in a random subspace (trakcli.optim.ProjectedOptimizer); unset: plain."
+    )
+
+
+_OPTIMIZER_NAME = Field("sgd", description="torch.optim optimizer (the inner optimizer when `projection` is set).")
+
+
+class OptimizerConfig(_OptimizerSettings):
+    """``optimizer:``: the optimizer of `trak optimize` (and of the retraining of `trak eval`).
+
+    Equivalent to the ``optimizer`` / ``lr`` / ``momentum`` / ``weight_decay`` /
+    ``projection`` keys of the flat ``optimize:`` section.
+    """
+
+    name: Literal["sgd", "adam", "adamw"] = _OPTIMIZER_NAME
+
+
+class TrainingConfig(StrictModel):
+    """``training:``: how `trak optimize` trains its N models (and `trak eval` its retrained ones)."""
+
+    n_models: PositiveInt = Field(10, description="How many models (checkpoints) to train.")
+    epochs: PositiveInt = Field(30, description="Passes over the training set.")
+    batch_size: PositiveInt = Field(64, description="Minibatch size.")
+    seed: int = Field(0, description="Model i is initialized and shuffled with seed + i.")
+    out_dir: Path = Field(description="Directory for the checkpoints model_000.pt, model_001.pt, ...")
+    metrics: Path | None = Field(
+        None, description="Write per-model metrics (seed, loss, accuracy, optimizer state size) to this JSON file."
+    )
+    init_checkpoint: Path | None = Field(
+        None, description="Start every model from this state dict (finetuning) instead of a fresh initialization."
+    )
+    subset_fraction: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="Train model i on a random subset of this fraction of data.train (drawn with seed + i; the "
+        "indices go to the metrics JSON), e.g. 0.5 for the counterfactual models of LDS.",
+    )
+    checkpoint_every: int = Field(
+        0,
+        ge=0,
+        description="Save the training state (model, optimizer, data order) every this many steps, and at every "
+        "epoch end, to out_dir/.resume/; a killed run resumes from it (0: epoch ends only).",
+    )
+    entrypoint: str | None = Field(
+        None,
+        description='Your own training function, "path/to/file.py:function" or "package.module:function", used '
+        "instead of the built-in recipe: called as fn(model, inputs, labels, seed=seed, **kwargs) on a freshly "
+        "built (or init_checkpoint) model, it trains the model in place or returns the trained model.",
+    )
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of `entrypoint`.")
+
+
+class OptimizeConfig(TrainingConfig, _OptimizerSettings):
+    """The flat form of ``training:`` + ``optimizer:`` in one ``optimize:`` section (N seeded models)."""
+
+    optimizer: Literal["sgd", "adam", "adamw"] = _OPTIMIZER_NAME
+
+    @classmethod
+    def from_sections(cls, training: TrainingConfig, optimizer: OptimizerConfig) -> "OptimizeConfig":
+        """The flat section equivalent to ``training:`` + ``optimizer:``."""
+        opt = optimizer.model_dump()
+        opt["optimizer"] = opt.pop("name")
+        return cls.model_validate({**training.model_dump(), **opt})
+

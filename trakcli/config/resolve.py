@@ -1,0 +1,122 @@
+"""Resolving the files a config names: checkpoints (globs, lists, hf: directories, manifests) and data files."""
+
+from __future__ import annotations
+
+import glob
+from pathlib import Path
+from typing import Any
+
+from trakcli.config.schema import Config
+from trakcli.errors import ConfigError
+
+
+def recipe_key(cfg: Any) -> str:
+    """The config key of the training recipe as the user spelled it: ``training`` or ``optimize``."""
+    return "training" if getattr(cfg, "training", None) is not None else "optimize"
+
+
+def resolve_checkpoints(cfg: Config) -> list[Path]:
+    """The checkpoint files of ``cfg`` in model_id order (sorted paths; a list keeps its order).
+
+    An entry ``hf:DIR`` (or ``hf:package/dir``) is a Hugging Face model directory,
+    found as for ``model.entrypoint``. A single path ending in ``.json`` is the
+    ``manifest.json`` of a `trak optimize` run: its checkpoints in model_id order,
+    paths relative to the manifest (see :func:`trakcli.manifest.manifest_checkpoints`).
+
+    Raises:
+        ConfigError: if the glob matches nothing or a listed file is missing; for a
+            manifest: missing or invalid, of an unfinished run (fewer models than its
+            n_models, or than the config's n_models when its out_dir is the manifest's
+            directory), a checkpoint missing, or one whose sha256 changed since the
+            manifest was written.
+    """
+    spec = cfg.checkpoints
+    from trakcli.manifest import is_manifest_path, manifest_checkpoints
+
+    if is_manifest_path(spec):
+        path = Path(spec)  # type: ignore[arg-type]
+        n_models, key = None, "optimize.n_models"
+        oc = cfg.optimize
+        if oc is not None and oc.out_dir.resolve() == path.parent.resolve():
+            n_models = oc.n_models
+            key = f"{recipe_key(cfg)}.n_models"
+        return manifest_checkpoints(path, n_models=n_models, n_models_key=key)
+    if isinstance(spec, str) and spec.startswith("hf:") or isinstance(spec, list) and any(
+        p.startswith("hf:") for p in spec
+    ):
+        from trakcli.errors import ModelError
+        from trakcli.hf import resolve_hf_path
+
+        out, problems = [], []
+        for p in [spec] if isinstance(spec, str) else spec:
+            try:
+                out.append(resolve_hf_path(p) if p.startswith("hf:") else Path(p))
+            except ModelError as e:
+                problems.append(f"checkpoints: {e}")
+        missing = [p for p in out if not p.exists()]
+        problems += [f"checkpoints: file {str(p)!r} does not exist" for p in missing]
+        if problems:
+            raise ConfigError(problems)
+        return out
+    if isinstance(spec, str):
+        matches = sorted(glob.glob(spec))
+        if not matches and Path(spec).exists():
+            matches = [spec]
+        if not matches:
+            raise ConfigError(
+                f"checkpoints: no file matches {spec!r}; train some with `trak optimize CONFIG` "
+                "or point the glob at your .pt / .safetensors files"
+            )
+        return [Path(m) for m in matches]
+    missing = [p for p in spec if not Path(p).exists()]
+    if missing:
+        raise ConfigError([f"checkpoints: file {p!r} does not exist" for p in missing])
+    if not spec:
+        raise ConfigError("checkpoints: the list is empty; give at least one checkpoint file")
+    return [Path(p) for p in spec]
+
+
+def check_files(
+    cfg: Config, *, need_checkpoints: bool = True, need_target: bool = False, need_validation: bool = False
+) -> None:
+    """Check that every file the config names exists; report all missing ones at once.
+
+    Args:
+        cfg: the validated config.
+        need_checkpoints: resolve ``checkpoints`` (featurize, score).
+        need_target: ``data.target`` must be given (score).
+        need_validation: check ``data.validation``'s file too, if given (optimize; the
+            other commands ignore it).
+
+    Raises:
+        ConfigError: one line per missing file or glob matching nothing.
+    """
+    problems: list[str] = []
+    if need_checkpoints:
+        try:
+            resolve_checkpoints(cfg)
+        except ConfigError as e:
+            problems += e.problems
+    for name in ("train", "target", "validation") if need_validation else ("train", "target"):
+        ds = getattr(cfg.data, name)
+        if ds is None:
+            if name == "target" and need_target:
+                problems.append("data.target: required to score; give a builtin split or a file")
+            continue
+        if ds.path is not None and not ds.path.is_file():
+            problems.append(f"data.{name}.path: file {str(ds.path)!r} does not exist")
+    ep = cfg.model.entrypoint
+    if ep.startswith("hf:"):
+        from trakcli.errors import ModelError
+        from trakcli.hf import resolve_hf_path
+
+        try:
+            resolve_hf_path(ep)
+        except ModelError as e:
+            problems.append(str(e))
+    elif ":" in ep:
+        file_part = ep.rsplit(":", 1)[0]
+        if file_part.endswith(".py") and not Path(file_part).is_file():
+            problems.append(f"model.entrypoint: file {file_part!r} does not exist")
+    if problems:
+        raise ConfigError(problems)

@@ -1,0 +1,323 @@
+"""The pydantic schema of the YAML config: one model per section, :class:`Config` for the whole run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    field_validator,
+    model_validator,
+)
+
+from trakcli.config.base import StrictModel
+from trakcli.config.recipe import OptimizeConfig, OptimizerConfig, TrainingConfig
+
+BUILTIN_DATASETS = ("digits",)
+
+
+class ModelConfig(StrictModel):
+    """Which model to build."""
+
+    entrypoint: str = Field(
+        "mlp",
+        description='A built-in model name ("mlp"), "path/to/file.py:function" or '
+        '"package.module:function"; called with `kwargs` it returns a torch.nn.Module. '
+        '"hf:DIR" loads a Hugging Face transformers model from a local directory (or package/dir of an '
+        "installed package); kwargs: num_labels, seed (of a head the checkpoint lacks), model_class "
+        "(sequence_classification or causal_lm).",
+    )
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the entrypoint.")
+
+
+class DatasetConfig(StrictModel):
+    """One dataset: a built-in one, a tensor file with named keys, or a text file with named fields."""
+
+    builtin: Literal["digits"] | None = Field(
+        None, description='A bundled dataset: "digits" (scikit-learn handwritten digits).'
+    )
+    split: Literal["train", "target"] | None = Field(
+        None, description="Which split of the built-in dataset (train: 1437 rows, target: 360 rows)."
+    )
+    path: Path | None = Field(
+        None, description="A .pt file holding a dict of tensors, an .npz file, or (with `text`) a .jsonl / .csv file."
+    )
+    inputs: str | None = Field(None, description="Key of the inputs tensor in `path`, shape [n, ...].")
+    labels: str | None = Field(
+        None,
+        description="Key of the integer class labels in `path`, shape [n]; for text, the label field "
+        "(optional for task language_modeling).",
+    )
+    text: str | None = Field(
+        None, description="Text data: the field of each .jsonl object / .csv column holding the text."
+    )
+    max_length: PositiveInt = Field(128, description="Text data: most tokens per text (longer ones are truncated).")
+    tokenizer: str | None = Field(
+        None,
+        description="Text data: a local Hugging Face tokenizer directory (or package/dir); "
+        "default: the directory of model.entrypoint 'hf:DIR'.",
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "DatasetConfig":
+        if self.builtin is not None:
+            if self.path is not None:
+                raise ValueError("give either `builtin` or `path`, not both")
+            if self.split is None:
+                raise ValueError('a built-in dataset needs `split` ("train" or "target")')
+        elif self.text is not None:
+            if self.inputs is not None:
+                raise ValueError("give either `text` (a .jsonl / .csv text file) or `inputs` (a tensor file), not both")
+            if self.path is None:
+                raise ValueError("a text dataset needs `path` (a .jsonl or .csv file)")
+            if self.path.suffix.lower() not in (".jsonl", ".csv"):
+                raise ValueError(f"a text dataset reads .jsonl or .csv files, not {self.path.suffix!r}")
+            if self.tokenizer is None:
+                raise ValueError(
+                    "a text dataset needs `tokenizer` (a local Hugging Face directory), or use "
+                    "model.entrypoint 'hf:DIR', whose tokenizer is then taken"
+                )
+        else:
+            missing = [k for k in ("path", "inputs", "labels") if getattr(self, k) is None]
+            if missing:
+                raise ValueError(
+                    f"a file dataset needs {', '.join(missing)} (or use `builtin: digits`, or `text` for a text file)"
+                )
+        return self
+
+
+class DataConfig(StrictModel):
+    """Training and target data."""
+
+    train: DatasetConfig = Field(description="The training set whose examples get scores.")
+    target: DatasetConfig | None = Field(None, description="The examples whose predictions are explained.")
+    validation: DatasetConfig | None = Field(
+        None,
+        description="Held-out examples `trak optimize` evaluates after every epoch (loss and accuracy in the "
+        "progress bar, the manifest and the metrics JSON); featurize and score ignore it.",
+    )
+    batch_size: PositiveInt = Field(128, description="Examples per gradient batch.")
+    grad_memory_mb: PositiveInt = Field(
+        1024,
+        description="Most MiB of per-example gradients (batch rows x grad_dim float32) held at once: a batch "
+        "is cut into smaller ones to fit (never changes the features). Bounds the memory of big models.",
+    )
+
+
+class ProjectorConfig(BaseModel):
+    """The random projection; the mapping is passed to ``make_projector``.
+
+    Keys beyond those listed are kind-specific options (``block_size``,
+    ``max_chunk_size``, ``s`` ...) validated by the projector itself.
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    kind: str = Field("rademacher", description="noop, rademacher, normal, sjlt.")
+    implementation: str = Field("auto", description="auto, single_block, basic, chunked, cuda.")
+    proj_dim: PositiveInt = Field(2048, description="Output dimension of the projection.")
+    seed: int = Field(0, description="Seed of the random matrix (per model_id matrices derive from it).")
+
+    def options(self) -> dict[str, Any]:
+        """All keys, as the keyword arguments of ``make_projector``."""
+        return self.model_dump()
+
+
+class StoreConfig(StrictModel):
+    """Where and how features and scores are written."""
+
+    path: Path = Field(description="The Zarr store directory, e.g. out/attrib.zarr.")
+    chunk_rows: PositiveInt = Field(
+        512, description="Rows per chunk of features/scores; the unit of resume (done flags)."
+    )
+    dtype: Literal["float32", "float16"] = Field(
+        "float32", description="Storage dtype of features (float16 halves the disk; compute stays float32)."
+    )
+    compressor: Literal["zstd", "blosc", "none"] = Field(
+        "zstd", description="Compression codec of every array (each chunk also carries a CRC32C checksum)."
+    )
+
+
+class ScoreConfig(StrictModel):
+    """Kernel and scoring options."""
+
+    experiment: str = Field("default", description="Name of this set of targets in the store.")
+    lambda_reg: float | None = Field(
+        None,
+        ge=0,
+        description="Absolute ridge added to each checkpoint's Φᵀ Φ. Unset: lambda_rel · trace(Φᵀ Φ)/n_train.",
+    )
+    lambda_rel: float = Field(
+        1.0,
+        gt=0,
+        description="Ridge as a multiple of the mean squared train-feature norm trace(Φᵀ Φ)/n_train "
+        "(independent of proj_dim), used when lambda_reg is unset.",
+    )
+    top_k: PositiveInt = Field(5, description="Proponents and opponents shown per target.")
+    show_targets: int = Field(3, ge=0, description="How many targets the summary table shows.")
+
+
+
+class SweepConfig(StrictModel):
+    """``eval.sweep``: the grid of `trak eval sweep` (one featurization per proj_dim)."""
+
+    proj_dims: list[PositiveInt] = Field(
+        default_factory=lambda: [64, 128, 256, 512, 1024, 2048], description="Projection dimensions to featurize."
+    )
+    n_checkpoints: list[PositiveInt] | None = Field(
+        None, description="Ensemble sizes (the first k checkpoints); unset: 1, 2, 5, 10, ... up to all."
+    )
+    lambda_rel: list[float] = Field(
+        default_factory=lambda: [0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0],
+        description="Ridges relative to trace(Φᵀ Φ)/n_train (see score.lambda_rel).",
+    )
+    lambda_reg: list[float] = Field(
+        default_factory=list, description="Absolute ridges to add to the grid (see score.lambda_reg)."
+    )
+    dir: Path | None = Field(
+        None, description="Where the sweep's per-proj_dim stores go; unset: <store.path>.sweep/ beside the store."
+    )
+
+    @field_validator("lambda_rel", "lambda_reg")
+    @classmethod
+    def _positive(cls, v: list[float]) -> list[float]:
+        bad = [x for x in v if not x > 0]
+        if bad:
+            raise ValueError(f"every ridge must be > 0, got {bad}")
+        return v
+
+
+class EvalConfig(StrictModel):
+    """``eval:``: counterfactual retraining for the linear datamodeling score (`trak eval lds`).
+
+    LDS (Park et al. 2023, "TRAK", Sec. 2.2; Ilyas et al. 2022, "Datamodels"):
+    ``n_subsets`` models are trained with the config's training recipe on random
+    ``subset_fraction`` subsets of data.train; per target, the Spearman
+    correlation between ``mask @ scores[t]`` and the retrained models' outputs.
+    """
+
+    n_subsets: PositiveInt = Field(100, description="Models retrained on random subsets.")
+    subset_fraction: float = Field(
+        0.5, gt=0, lt=1, description="Share of data.train in each subset (exactly round(fraction * n_train) rows)."
+    )
+    seed: int = Field(0, ge=0, description="Seed of the subsets and of the retrained models' initializations.")
+    bootstrap: PositiveInt = Field(
+        1000, description="Bootstrap resamples of the targets for the 95% interval of the LDS."
+    )
+    sweep: SweepConfig = Field(default_factory=SweepConfig)
+
+
+class Config(StrictModel):
+    """A whole trakcli run."""
+
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    checkpoints: str | list[str] = Field(
+        description="A glob or a list of .pt / .safetensors state dicts (or, for an hf: model, Hugging Face "
+        "model directories); model_id = index in sorted order. Or the manifest.json `trak optimize` writes "
+        "into its out_dir: its checkpoints in model_id order, checked against their recorded sha256."
+    )
+    data: DataConfig
+    task: Literal["classification", "text_classification", "language_modeling"] = Field(
+        "classification",
+        description="Model output function. classification / text_classification: the margin "
+        "logit_y - logsumexp_{j!=y} logit_j of the logits (of a tensor input / of a text's sequence logits); "
+        "language_modeling (causal LMs): the sum over the text's tokens of each next-token margin.",
+    )
+    grad_wrt: list[str] | None = Field(
+        None, description="fnmatch patterns of parameter names to differentiate (unset: all)."
+    )
+    projector: ProjectorConfig = Field(default_factory=ProjectorConfig)
+    store: StoreConfig
+    score: ScoreConfig = Field(default_factory=ScoreConfig)
+    optimize: OptimizeConfig | None = Field(
+        None, description="The training recipe in one flat section; or give `training:` and `optimizer:` instead."
+    )
+    training: TrainingConfig | None = Field(None, description="How `trak optimize` trains (with `optimizer:`).")
+    optimizer: OptimizerConfig | None = Field(None, description="The optimizer of `trak optimize` (with `training:`).")
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda if available, else cpu.")
+    num_threads: PositiveInt | None = Field(
+        None, description="torch intra-op CPU threads (unset: torch's default, one per core)."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _hf_defaults(cls, raw: Any) -> Any:
+        """With ``model.entrypoint: hf:DIR``: text datasets default to DIR's tokenizer, and
+        ``task: language_modeling`` to ``model.kwargs.model_class: causal_lm``."""
+        if not isinstance(raw, dict):
+            return raw
+        model = raw.get("model")
+        ep = model.get("entrypoint") if isinstance(model, dict) else None
+        if not (isinstance(ep, str) and ep.startswith("hf:")):
+            return raw
+        raw = dict(raw)
+        data = raw.get("data")
+        if isinstance(data, dict):
+            data = dict(data)
+            for name in ("train", "target", "validation"):
+                ds = data.get(name)
+                if isinstance(ds, dict) and ds.get("text") is not None and ds.get("tokenizer") is None:
+                    data[name] = {**ds, "tokenizer": ep.removeprefix("hf:")}
+            raw["data"] = data
+        if raw.get("task") == "language_modeling":
+            kwargs = model.get("kwargs") if isinstance(model.get("kwargs"), dict) else {}
+            if "model_class" not in kwargs:
+                raw["model"] = {**model, "kwargs": {**kwargs, "model_class": "causal_lm"}}
+        return raw
+
+    @model_validator(mode="after")
+    def _labels_for_task(self) -> "Config":
+        if self.task != "language_modeling":
+            for name in ("train", "target", "validation"):
+                ds = getattr(self.data, name)
+                if ds is not None and ds.text is not None and ds.labels is None:
+                    raise ValueError(
+                        f"data.{name}.labels: task {self.task} needs the label field of the text file "
+                        "(only task language_modeling reads texts without labels)"
+                    )
+        return self
+
+    @model_validator(mode="after")
+    def _recipe_sections(self) -> "Config":
+        """``training:`` + ``optimizer:`` fill the flat ``optimize:`` section (one recipe, two spellings)."""
+        if self.training is None and self.optimizer is None:
+            return self
+        if self.optimize is not None:
+            raise ValueError(
+                "give the training recipe once: either optimize: (flat) or training: + optimizer:, not both"
+            )
+        if self.training is None:
+            raise ValueError("optimizer: needs a training: section too (at least training.out_dir)")
+        self.optimize = OptimizeConfig.from_sections(self.training, self.optimizer or OptimizerConfig())
+        return self
+
+    @field_validator("store", mode="before")
+    @classmethod
+    def _store_path(cls, v: Any) -> Any:
+        return {"path": v} if isinstance(v, (str, Path)) else v
+
+    @field_validator("grad_wrt", mode="before")
+    @classmethod
+    def _one_pattern(cls, v: Any) -> Any:
+        return [v] if isinstance(v, str) else v
+
+    def resolved(self) -> dict[str, Any]:
+        """The config as plain JSON-able data (what `--print-config` shows and the store records).
+
+        Loading it again gives the same config: a recipe given as ``training:`` +
+        ``optimizer:`` is shown in that spelling only (not also as the ``optimize:`` it fills).
+        """
+        data = self.model_dump(mode="json")
+        if self.training is not None:
+            data.pop("optimize", None)
+        else:
+            data.pop("training", None)
+            data.pop("optimizer", None)
+        return data
+
+
