@@ -85,18 +85,51 @@ def kernel_factor(gram: torch.Tensor, lam: float) -> torch.Tensor:
     return factor
 
 
-def target_weights(factor: torch.Tensor, target_features: torch.Tensor) -> torch.Tensor:
-    """``φ(t)ᵀ A`` for each target: a Cholesky solve, float64.
+def solve_kernel(
+    gram: torch.Tensor, n_train: int, lambda_reg: float | None, lambda_rel: float
+) -> tuple[torch.Tensor, float]:
+    """One checkpoint's kernel solve: the ridge λ_m and the Cholesky factor of ``Φ_mᵀ Φ_m + λ_m I``.
+
+    The one place the chain gram → λ → factor is written: `trak score`
+    (kernels stored per checkpoint), `trak eval sweep` (one factor per ridge)
+    and :func:`trak_scores` all call it. ``A_m = (L Lᵀ)⁻¹`` is applied by
+    :func:`target_weights`, never formed.
 
     Args:
-        factor: ``[proj_dim, proj_dim]`` float64 lower Cholesky factor from :func:`kernel_factor`.
-        target_features: ``[n_target, proj_dim]``.
+        gram: ``[proj_dim, proj_dim]`` Gram matrix ``Φ_mᵀ Φ_m`` (:func:`gram_matrix`, float64).
+        n_train: rows of ``Φ_m``.
+        lambda_reg: absolute ridge, or None to use ``lambda_rel``.
+        lambda_rel: multiple of the mean squared train-feature norm ``trace(gram) / n_train``.
 
     Returns:
-        ``[n_target, proj_dim]`` float64 rows ``(A φ(t))ᵀ`` (A is symmetric).
+        ``(factor, lam)``: the ``[proj_dim, proj_dim]`` float64 lower Cholesky
+        factor (:func:`kernel_factor`) and λ_m as a Python float (:func:`resolve_lambda`).
+
+    Raises:
+        TrakError: ``gram + λ I`` is not positive definite (e.g. λ = 0 with ``proj_dim >= n_train``).
+    """
+    lam = resolve_lambda(gram, n_train, lambda_reg, lambda_rel)
+    return kernel_factor(gram, lam), lam
+
+
+def target_weights(
+    factor: torch.Tensor, target_features: torch.Tensor, dtype: torch.dtype = torch.float64
+) -> torch.Tensor:
+    """``φ(t)ᵀ A`` for each target: a Cholesky solve in float64.
+
+    Args:
+        factor: ``[proj_dim, proj_dim]`` float64 lower Cholesky factor from :func:`solve_kernel`.
+        target_features: ``[n_target, proj_dim]``.
+        dtype: dtype of the returned weights. `trak score` and the sweep take
+            float32 (the products of :func:`score_block` then run in float32);
+            :func:`trak_scores` keeps float64.
+
+    Returns:
+        ``[n_target, proj_dim]`` rows ``(A φ(t))ᵀ`` (A is symmetric), solved in
+        float64 and cast to ``dtype``.
     """
     rhs = target_features.to(torch.float64).T  # [proj_dim, n_target]
-    return torch.cholesky_solve(rhs, factor).T
+    return torch.cholesky_solve(rhs, factor).T.to(dtype)
 
 
 def score_block(
@@ -106,9 +139,9 @@ def score_block(
 ) -> torch.Tensor:
     """Ensembled TRAK scores of all targets against a block of train rows.
 
-    The products are computed in the dtype of ``weights`` (float64 from
-    :func:`target_weights`, or float32 weights for the fast streamed path of
-    ``trakcli.pipeline``); ``Q`` is averaged in float64.
+    The products are computed in the dtype of ``weights`` (float64, or the
+    float32 weights of the streamed scoring of `trak score`); ``Q`` is
+    averaged in float64.
 
     Args:
         weights: per checkpoint, ``[n_target, proj_dim]`` from :func:`target_weights`.
@@ -150,7 +183,6 @@ def trak_scores(
     """
     weights = []
     for phi, phi_t in zip(train_features, target_features):
-        gram = gram_matrix([phi])
-        lam = resolve_lambda(gram, phi.shape[0], lambda_reg, lambda_rel)
-        weights.append(target_weights(kernel_factor(gram, lam), phi_t))
+        factor, _ = solve_kernel(gram_matrix([phi]), phi.shape[0], lambda_reg, lambda_rel)
+        weights.append(target_weights(factor, phi_t))
     return score_block(weights, train_features, out_to_loss)

@@ -28,7 +28,7 @@ import torch
 from trakcli.config import Config, resolve_checkpoints
 from trakcli.errors import ConfigError, StoreMismatchError
 from trakcli.progress import NULL_REPORTER, Reporter
-from trakcli.scoring import gram_matrix, kernel_factor, resolve_lambda, score_block, target_weights
+from trakcli.scoring import gram_matrix, score_block, solve_kernel, target_weights
 
 DEFAULT_CHECKPOINT_GRID = (1, 2, 5, 10, 20, 50, 100, 200, 500)
 
@@ -191,10 +191,9 @@ def sweep(
             for rel, absolute in ridges:
                 lams, weights = [], []
                 for m in range(n_models):
-                    lam = resolve_lambda(grams[m], n_train, absolute, rel if rel is not None else 1.0)
-                    factor = kernel_factor(grams[m], lam)
+                    factor, lam = solve_kernel(grams[m], n_train, absolute, rel if rel is not None else 1.0)
                     # float32 weights, as the streamed scoring of `trak score` uses
-                    weights.append(target_weights(factor, torch.from_numpy(phi_t[m])).to(torch.float32))
+                    weights.append(target_weights(factor, torch.from_numpy(phi_t[m]), dtype=torch.float32))
                     lams.append(lam)
                 for k in ks:
                     scores = score_block(weights[:k], phi_train[:k], q_train[:k]).numpy()  # [n_target, n_train]
