@@ -77,18 +77,18 @@ def select_parameters(model: nn.Module, grad_wrt: list[str] | None) -> list[str]
 
 
 def classification_margin(logits: torch.Tensor, label: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Margin and out-to-loss term of one example (vmap-safe: no data-dependent indexing).
+    """Margin and out-to-loss term of one example or a batch (vmap-safe: no data-dependent indexing).
 
     Args:
-        logits: ``[C]`` float logits.
-        label: ``[]`` int64 class index.
+        logits: ``[..., C]`` float logits (``[C]`` for one example, ``[n, C]`` for a batch).
+        label: ``[...]`` int64 class indices (``[]`` or ``[n]``).
 
     Returns:
-        ``(margin [], out_to_loss [])`` where margin = logit_y − logsumexp_{j≠y} logit_j
+        ``(margin [...], out_to_loss [...])`` where margin = logit_y − logsumexp_{j≠y} logit_j
         and out_to_loss = 1 − softmax(logits)_y (Park et al. 2023, Eq. 13 and App. E).
     """
-    mask = torch.arange(logits.shape[-1], device=logits.device) == label
-    logit_y = (logits * mask).sum()
+    mask = torch.arange(logits.shape[-1], device=logits.device) == label.unsqueeze(-1)  # [..., C]
+    logit_y = (logits * mask).sum(-1)
     others = logits.masked_fill(mask, float("-inf"))
     margin = logit_y - torch.logsumexp(others, dim=-1)
     # 1 - p_y = sigmoid(-margin), computed stably
@@ -99,28 +99,58 @@ def classification_margin(logits: torch.Tensor, label: torch.Tensor) -> tuple[to
 def language_modeling_margin(
     logits: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Summed next-token margin and mean out-to-loss of one text (vmap-safe).
+    """Summed next-token margin and mean out-to-loss of one text or a batch of texts (vmap-safe).
 
     Args:
-        logits: ``[L, V]`` float logits of a causal LM (position t predicts token t+1).
-        input_ids: ``[L]`` int64 token ids.
-        attention_mask: ``[L]`` 0/1, 1 on real tokens (padding on the right).
+        logits: ``[..., L, V]`` float logits of a causal LM (position t predicts token t+1).
+        input_ids: ``[..., L]`` int64 token ids.
+        attention_mask: ``[..., L]`` 0/1, 1 on real tokens (padding on the right).
 
     Returns:
-        ``(margin [], out_to_loss [])``: the sum over predicted real tokens of
-        their margins, and the mean over them of ``1 − p_t(x_{t+1})`` (0 for a
-        text of one token).
+        ``(margin [...], out_to_loss [...])``: the sum over predicted real tokens
+        of their margins, and the mean over them of ``1 − p_t(x_{t+1})`` (0 for
+        a text of one token).
     """
-    pred, nxt = logits[:-1], input_ids[1:]  # [L-1, V], [L-1]
-    valid = (attention_mask[1:] != 0) & (attention_mask[:-1] != 0)  # [L-1]
-    mask = torch.arange(pred.shape[-1], device=pred.device)[None, :] == nxt[:, None]  # [L-1, V]
+    pred, nxt = logits[..., :-1, :], input_ids[..., 1:]  # [..., L-1, V], [..., L-1]
+    valid = (attention_mask[..., 1:] != 0) & (attention_mask[..., :-1] != 0)  # [..., L-1]
+    mask = torch.arange(pred.shape[-1], device=pred.device) == nxt.unsqueeze(-1)  # [..., L-1, V]
     logit_y = (pred * mask).sum(-1)
     others = pred.masked_fill(mask, float("-inf"))
-    margins = logit_y - torch.logsumexp(others, dim=-1)  # [L-1]
+    margins = logit_y - torch.logsumexp(others, dim=-1)  # [..., L-1]
     w = valid.to(margins.dtype)
-    margin = (margins * w).sum()
-    out_to_loss = (torch.sigmoid(-margins) * w).sum() / w.sum().clamp(min=1.0)
+    margin = (margins * w).sum(-1)
+    out_to_loss = (torch.sigmoid(-margins) * w).sum(-1) / w.sum(-1).clamp(min=1.0)
     return margin, out_to_loss
+
+
+def output_function(
+    task: str, logits: torch.Tensor, labels: torch.Tensor, inputs: torch.Tensor | dict[str, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The model output function f and out-to-loss term Q of a task: the one definition of the margins.
+
+    Works on a plain batch (``labels [n]``, text inputs ``[n, L]``) and on one
+    example under ``torch.func.vmap`` (``labels []``, text inputs ``[L]``): the
+    logits are reshaped to the labels' (classification) or the tokens' (language
+    modeling) leading shape, so both the per-example gradients
+    (:class:`PerExampleGradients`) and the retrained models' outputs of
+    `trak eval` evaluate exactly this function.
+
+    Args:
+        task: ``classification`` or ``text_classification`` (:func:`classification_margin`
+            of the ``[..., C]`` logits), or ``language_modeling`` (:func:`language_modeling_margin`).
+        logits: the model's logits, ``[n, C]`` / ``[n, L, V]`` (or with extra size-1
+            dimensions, e.g. ``[1, C]`` for one example under vmap).
+        labels: ``[n]`` (or ``[]``) int64 class indices; ignored by ``language_modeling``.
+        inputs: the model inputs; ``language_modeling`` reads ``input_ids`` and
+            ``attention_mask`` (``[n, L]`` or ``[L]``) from the dict.
+
+    Returns:
+        ``(f, Q)``, each of the labels' (or texts') leading shape, in the logits' dtype.
+    """
+    if task == "language_modeling":
+        ids = inputs["input_ids"]  # type: ignore[index]
+        return language_modeling_margin(logits.reshape(*ids.shape, -1), ids, inputs["attention_mask"])  # type: ignore[index]
+    return classification_margin(logits.reshape(*labels.shape, -1), labels)
 
 
 def _call(model: nn.Module, params: dict[str, torch.Tensor], x) -> torch.Tensor:
@@ -193,15 +223,11 @@ class PerExampleGradients:
         """
         params, const = self._constants()
         model = self.model
-        lm = self.task == "language_modeling"
+        task = self.task
 
         def f(p: dict[str, torch.Tensor], x, y: torch.Tensor):
             one = {k: v.unsqueeze(0) for k, v in x.items()} if isinstance(x, dict) else x.unsqueeze(0)
-            logits = _call(model, {**p, **const}, one)
-            if lm:
-                margin, q = language_modeling_margin(logits[0], x["input_ids"], x["attention_mask"])
-            else:
-                margin, q = classification_margin(logits.reshape(-1), y)
+            margin, q = output_function(task, _call(model, {**p, **const}, one), y, x)
             return margin, q.detach()
 
         self._check_batch(inputs, labels, params, const, row_offset)
