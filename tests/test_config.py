@@ -125,6 +125,31 @@ def test_training_optimizer_sections_fill_optimize_and_round_trip():
         load_config({**base, "optimizer": {"name": "sgd"}})
 
 
+def test_one_normalized_recipe_whatever_the_spelling():
+    """cfg.recipe is the flat recipe, cfg.recipe_key and cfg.recipe_sections() keep the user's spelling."""
+    from trakcli.config import RUN_ONLY_KEYS, flat_recipe, recipe_identity
+
+    base = {"checkpoints": "c/*.pt", "data": {"train": {"builtin": "digits", "split": "train"}}, "store": "s.zarr"}
+    flat = load_config({**base, "optimize": {"out_dir": "o", "optimizer": "adamw", "lr": 1e-3, "n_models": 2}})
+    split = load_config({**base, "training": {"out_dir": "o", "n_models": 3}, "optimizer": {"name": "adamw", "lr": 1e-3}})
+    assert flat.recipe == flat.optimize and split.recipe is not None and split.recipe.optimizer == "adamw"
+    assert (flat.recipe_key, split.recipe_key) == ("optimize", "training")
+    assert set(flat.recipe_sections()) == {"optimize"} and set(split.recipe_sections()) == {"training", "optimizer"}
+    assert split.recipe_sections()["optimizer"]["name"] == "adamw"
+    for cfg in (flat, split):
+        assert flat_recipe(cfg.recipe_sections()) == cfg.recipe
+    # n_models is run-only: the two spellings train the same models
+    assert recipe_identity(flat.recipe_sections()) == recipe_identity(split.recipe_sections())
+    assert "n_models" in RUN_ONLY_KEYS and "n_models" not in recipe_identity(flat.recipe_sections())
+    slower = load_config({**base, "optimize": {"out_dir": "o", "optimizer": "adamw", "lr": 1e-4}})
+    assert recipe_identity(slower.recipe_sections()) != recipe_identity(flat.recipe_sections())
+    # an omitted optimizer: section is shown with its defaults; no recipe at all: optimize None
+    bare = load_config({**base, "training": {"out_dir": "o"}})
+    assert bare.recipe_sections()["optimizer"]["name"] == "sgd" and bare.recipe is not None
+    none = load_config(base)
+    assert none.recipe is None and none.recipe_key == "optimize" and none.recipe_sections() == {"optimize": None}
+
+
 def test_data_validation_is_a_dataset_checked_only_for_optimize(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cfg = load_config({**BASE, "data": {**BASE["data"], "validation": {"builtin": "digits", "split": "target"}}})

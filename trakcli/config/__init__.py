@@ -14,7 +14,15 @@ Relative paths in the config are relative to the current working directory.
 """
 
 from trakcli.config.load import load_config, parse_overrides
-from trakcli.config.recipe import OptimizeConfig, OptimizerConfig, ProjectionConfig, TrainingConfig
+from trakcli.config.recipe import (
+    RUN_ONLY_KEYS,
+    OptimizeConfig,
+    OptimizerConfig,
+    ProjectionConfig,
+    TrainingConfig,
+    flat_recipe,
+    recipe_identity,
+)
 from trakcli.config.resolve import check_files, recipe_key, resolve_checkpoints
 from trakcli.config.schema import (
     BUILTIN_DATASETS,
@@ -31,6 +39,7 @@ from trakcli.config.schema import (
 
 __all__ = [
     "BUILTIN_DATASETS",
+    "RUN_ONLY_KEYS",
     "Config",
     "DataConfig",
     "DatasetConfig",
@@ -45,8 +54,10 @@ __all__ = [
     "SweepConfig",
     "TrainingConfig",
     "check_files",
+    "flat_recipe",
     "load_config",
     "parse_overrides",
+    "recipe_identity",
     "recipe_key",
     "resolve_checkpoints",
 ]

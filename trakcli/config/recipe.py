@@ -138,3 +138,47 @@ class OptimizeConfig(TrainingConfig, _OptimizerSettings):
         opt["optimizer"] = opt.pop("name")
         return cls.model_validate({**training.model_dump(), **opt})
 
+
+
+#: Recipe keys that never change what a model trains to: a rerun may change them and keep its models.
+RUN_ONLY_KEYS = ("n_models", "out_dir", "metrics", "checkpoint_every")
+
+
+def flat_recipe(sections: dict[str, Any]) -> OptimizeConfig:
+    """The flat recipe of recipe sections in either spelling (as :meth:`Config.recipe_sections` gives them).
+
+    Args:
+        sections: ``{"optimize": {...}}`` or ``{"training": {...}, "optimizer": {...}}``
+            (JSON-able, e.g. read back from a `trak optimize` manifest).
+
+    Returns:
+        The validated :class:`OptimizeConfig`.
+
+    Raises:
+        KeyError: neither ``optimize`` nor both ``training`` and ``optimizer`` are given.
+        pydantic.ValidationError: (a ``ValueError``) a section does not validate.
+    """
+    if "optimize" in sections:
+        return OptimizeConfig.model_validate(sections["optimize"])
+    return OptimizeConfig.from_sections(
+        TrainingConfig.model_validate(sections["training"]), OptimizerConfig.model_validate(sections["optimizer"])
+    )
+
+
+def recipe_identity(sections: dict[str, Any]) -> dict[str, Any]:
+    """The flat recipe of recipe sections without the run-only keys (:data:`RUN_ONLY_KEYS`), for comparing runs.
+
+    Two recipes with equal identities train the same models; the spelling
+    (``optimize:`` or ``training:`` + ``optimizer:``) does not count.
+
+    Args:
+        sections: recipe sections in either spelling (see :func:`flat_recipe`).
+
+    Returns:
+        A JSON-able dict (paths as strings).
+
+    Raises:
+        KeyError, ValueError: as :func:`flat_recipe`.
+    """
+    flat = flat_recipe(sections)
+    return {k: v for k, v in flat.model_dump(mode="json").items() if k not in RUN_ONLY_KEYS}

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import glob
 from pathlib import Path
-from typing import Any
 
 from trakcli.config.schema import Config
 from trakcli.errors import ConfigError
 
 
-def recipe_key(cfg: Any) -> str:
-    """The config key of the training recipe as the user spelled it: ``training`` or ``optimize``."""
-    return "training" if getattr(cfg, "training", None) is not None else "optimize"
+def recipe_key(cfg: Config) -> str:
+    """The config key of the training recipe as the user spelled it: ``training`` or ``optimize``.
+
+    The same as :attr:`Config.recipe_key`, which new code should read.
+    """
+    return cfg.recipe_key
 
 
 def resolve_checkpoints(cfg: Config) -> list[Path]:
@@ -31,15 +33,15 @@ def resolve_checkpoints(cfg: Config) -> list[Path]:
             manifest was written.
     """
     spec = cfg.checkpoints
-    from trakcli.manifest import is_manifest_path, manifest_checkpoints
+    from trakcli.store.manifest import is_manifest_path, manifest_checkpoints
 
     if is_manifest_path(spec):
         path = Path(spec)  # type: ignore[arg-type]
         n_models, key = None, "optimize.n_models"
-        oc = cfg.optimize
+        oc = cfg.recipe
         if oc is not None and oc.out_dir.resolve() == path.parent.resolve():
             n_models = oc.n_models
-            key = f"{recipe_key(cfg)}.n_models"
+            key = f"{cfg.recipe_key}.n_models"
         return manifest_checkpoints(path, n_models=n_models, n_models_key=key)
     if isinstance(spec, str) and spec.startswith("hf:") or isinstance(spec, list) and any(
         p.startswith("hf:") for p in spec

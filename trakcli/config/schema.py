@@ -306,6 +306,34 @@ class Config(StrictModel):
     def _one_pattern(cls, v: Any) -> Any:
         return [v] if isinstance(v, str) else v
 
+    @property
+    def recipe(self) -> OptimizeConfig | None:
+        """The training recipe, flat, whichever spelling the YAML used; ``None``: the config has none.
+
+        ``training:`` + ``optimizer:`` are merged into one :class:`OptimizeConfig`
+        once, when the config is validated; this is the object every job reads.
+        """
+        return self.optimize
+
+    @property
+    def recipe_key(self) -> str:
+        """The config key of the training recipe as the user spelled it, for messages: ``training`` or ``optimize``."""
+        return "training" if self.training is not None else "optimize"
+
+    def recipe_sections(self) -> dict[str, Any]:
+        """The training recipe as the user spelled it: ``{"training": ..., "optimizer": ...}`` or ``{"optimize": ...}``.
+
+        JSON-able (what a `trak optimize` manifest records); an omitted ``optimizer:``
+        (with ``training:``) is shown with its defaults; without a recipe: ``{"optimize": None}``.
+        :func:`trakcli.config.recipe.recipe_identity` turns it back into the flat recipe.
+        """
+        if self.training is not None:
+            return {
+                "training": self.training.model_dump(mode="json"),
+                "optimizer": (self.optimizer or OptimizerConfig()).model_dump(mode="json"),
+            }
+        return {"optimize": self.optimize.model_dump(mode="json") if self.optimize is not None else None}
+
     def resolved(self) -> dict[str, Any]:
         """The config as plain JSON-able data (what `--print-config` shows and the store records).
 
