@@ -1,0 +1,102 @@
+"""The Zarr v3 store: layout, resume, locking, provenance, checksums, export; the checkpoint manifest.
+
+The only part of trakcli that imports zarr. Layout (README, "Store layout")::
+
+    <store>.zarr/                  attrs: schema_version, trakcli_version, config (resolved),
+                                   identity (everything the train features depend on)
+      train/<model_id>/            attrs: checkpoint, sha256
+        features    [n_train, proj_dim] float32 (or float16), chunked by rows
+        out_to_loss [n_train]           float32
+        nonfinite   [n_train]           uint8, 1 = skipped (--skip-nonfinite), features zero
+        done        [n_row_chunks]      uint8, set after the chunk's data is written
+        kernel      [proj_dim, proj_dim] float64 lower Cholesky factor of ΦᵀΦ + λI;
+                                        its attrs (lambda_reg, settings) are written last
+      targets/<experiment>/        attrs: target data fingerprint, checkpoints (sha256 per model_id)
+        <model_id>/features [n_target, proj_dim], done [n_target_chunks]
+      scores/<experiment>/         attrs: lambda settings, checkpoints, target data
+        scores [n_target, n_train] float32, chunked by train rows (columns);
+        done   [n_train_chunks]    one flag per column block
+      eval/                        attrs: identity (training recipe, model, train and target
+                                   data, task, subset_fraction, eval seed), n_subsets
+        masks   [n_subsets, n_train]  bool, the training rows of retrained model k
+        outputs [n_subsets, n_target] float64, the targets' model outputs (margins) under model k
+        done    [n_subsets]           uint8, set after row k of masks and outputs
+    <store>.zarr.lock              JSON {host, pid, started}: the run using the store
+
+Rules: a chunk's data is written before its ``done`` flag; a resumed run
+recomputes only chunks not done; a run whose identity differs from the
+store's refuses (naming the differing keys) unless ``overwrite``. Every chunk
+carries a CRC32C checksum, so a corrupt or truncated chunk is reported with
+its array and chunk index instead of being read as wrong numbers. Arrays are
+written from numpy, never from torch tensors. Parallel writers (torchrun
+ranks) write disjoint chunks; ``done`` has one chunk per flag so flags of
+different writers never share a file, and attributes are written by rank 0.
+
+The ``eval/`` group (`trak eval`'s counterfactual retraining) does not depend
+on the projector or the checkpoints: ``trak eval`` may create the store before
+``trak featurize`` (a root without an identity, which featurize then adopts),
+and ``featurize --overwrite`` keeps it across the re-creation of the store.
+
+Modules:
+
+- :mod:`~trakcli.store.identity`: ``flatten``, ``jsonable``, ``diff_keys``,
+  ``settings_mismatch``: the one key-by-key diff of settings (no zarr).
+- :mod:`~trakcli.store.lock`: :class:`StoreLock`, the ``<store>.lock`` file (no zarr).
+- :mod:`~trakcli.store.manifest`: the manifest of `trak optimize`'s checkpoints,
+  read by config resolution (no zarr, no torch).
+- :mod:`~trakcli.store.rows`: :class:`ChunkedRows`, :class:`EvalRows`, the checksummed read.
+- :mod:`~trakcli.store.store`: :class:`Store`.
+- :mod:`~trakcli.store.evalgroup`: the ``eval/`` group; :mod:`~trakcli.store.summary`:
+  ``trak inspect``'s summary and export.
+
+The zarr-backed names (:class:`Store`, :class:`ChunkedRows`, ...) are imported
+on first use, so that importing the zarr-free modules (the config reading a
+manifest, a lock) does not import zarr.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from trakcli.store.identity import diff_keys, flatten, jsonable, settings_mismatch
+from trakcli.store.lock import StoreLock
+
+if TYPE_CHECKING:
+    from trakcli.store.rows import COMPRESSORS, STORAGE_DTYPES, ChunkedRows, EvalRows, StoreCorruptError
+    from trakcli.store.store import SCHEMA_VERSION, Store
+
+_LAZY = {
+    "Store": "trakcli.store.store",
+    "SCHEMA_VERSION": "trakcli.store.store",
+    "ChunkedRows": "trakcli.store.rows",
+    "EvalRows": "trakcli.store.rows",
+    "StoreCorruptError": "trakcli.store.rows",
+    "STORAGE_DTYPES": "trakcli.store.rows",
+    "COMPRESSORS": "trakcli.store.rows",
+}
+
+__all__ = [
+    "COMPRESSORS",
+    "SCHEMA_VERSION",
+    "STORAGE_DTYPES",
+    "ChunkedRows",
+    "EvalRows",
+    "Store",
+    "StoreCorruptError",
+    "StoreLock",
+    "diff_keys",
+    "flatten",
+    "jsonable",
+    "settings_mismatch",
+]
+
+
+def __getattr__(name: str) -> Any:
+    """Import a zarr-backed name on first use (PEP 562)."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,107 @@
+"""The store's ``eval/`` group: the retrained models of `trak eval` (masks and outputs per model).
+
+It does not depend on the projector or the checkpoints: ``trak eval`` may
+create the store before ``trak featurize`` (a root without an identity, which
+featurize then adopts), and ``featurize --overwrite`` keeps the group across
+the re-creation of the store (:func:`eval_kept`, :func:`restore_eval`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from zarr.codecs import Crc32cCodec
+
+from trakcli import __version__
+from trakcli.errors import StoreError, StoreMismatchError
+from trakcli.store.identity import jsonable, settings_mismatch
+from trakcli.store.rows import EvalRows, codecs
+
+if TYPE_CHECKING:
+    from trakcli.store.store import Store
+
+
+def eval_kept(path: Path) -> Path:
+    """Where ``featurize --overwrite`` keeps the ``eval/`` group while it re-creates the store."""
+    return path.with_name(f".{path.name}.eval-kept")
+
+
+def restore_eval(path: Path) -> None:
+    """Move a kept ``eval/`` group back into the store (also after a kill between the two moves)."""
+    kept = eval_kept(path)
+    if kept.is_dir() and not (path / "eval").exists() and (path / "zarr.json").exists():
+        os.replace(kept, path / "eval")
+
+
+def open_eval_rows(
+    store: "Store",
+    identity: dict[str, Any],
+    n_subsets: int,
+    n_train: int,
+    n_target: int,
+    *,
+    compressor: str = "zstd",
+    overwrite: bool = False,
+    create: bool = True,
+) -> EvalRows:
+    """The ``eval/`` group of retrained models, created, checked or extended (:meth:`Store.eval_rows`).
+
+    Args:
+        store: the open store.
+        identity: everything the retrained models depend on (training recipe,
+            model, train and target data fingerprints, task, subset_fraction,
+            eval seed); compared with the stored one.
+        n_subsets: rows wanted; a group with fewer rows is extended (rows
+            already done are kept), one with more keeps them.
+        n_train, n_target: the row lengths of masks and outputs.
+        compressor: codec of new arrays (each chunk also carries a CRC32C checksum).
+        overwrite: discard a group made with another identity (or any group) and start over.
+        create: whether a missing group may be created (False: read only).
+
+    Raises:
+        StoreMismatchError: the group was made with another identity (names the differing keys).
+        StoreError: no group and ``create`` is False; the store cannot be written.
+    """
+    identity = jsonable(identity)
+    try:
+        if "eval" in store.root:
+            group = store.root["eval"]
+            old = group.attrs.get("identity")
+            if overwrite:
+                del store.root["eval"]
+            elif old != identity:
+                raise settings_mismatch(
+                    f"the retrained models in {store.path}/eval", old, identity,
+                    "rerun `trak eval lds CONFIG --overwrite` to retrain them, or restore those settings",
+                )
+        if "eval" not in store.root:
+            if not create:
+                raise StoreError(f"store {store.path} holds no retrained models yet; run `trak eval lds CONFIG`")
+            group = store.root.require_group("eval")
+            array_codecs = codecs(compressor)
+            group.create_array("masks", shape=(n_subsets, n_train), chunks=(1, n_train), dtype="bool",
+                               fill_value=False, compressors=array_codecs)
+            group.create_array("outputs", shape=(n_subsets, n_target), chunks=(1, n_target), dtype="float64",
+                               fill_value=0.0, compressors=array_codecs)
+            group.create_array("done", shape=(n_subsets,), chunks=(1,), dtype="uint8", fill_value=0,
+                               compressors=[Crc32cCodec()])
+            group.attrs.update({"identity": identity, "n_subsets": n_subsets, "trakcli_version": __version__})
+        group = store.root["eval"]
+        arrays = {name: group[name] for name in ("masks", "outputs", "done")}
+        for name, width in (("masks", n_train), ("outputs", n_target)):
+            if arrays[name].shape[1:] != (width,):
+                raise StoreMismatchError(
+                    f"store array {arrays[name].path} has shape {list(arrays[name].shape)}, this run needs rows "
+                    f"of {width}; rerun `trak eval lds CONFIG --overwrite` to retrain"
+                )
+        if create and arrays["done"].shape[0] < n_subsets:  # extend: done first grows last
+            for name in ("masks", "outputs", "done"):
+                arr = arrays[name]
+                if arr.shape[0] < n_subsets:
+                    arr.resize((n_subsets, *arr.shape[1:]))
+            group.attrs["n_subsets"] = n_subsets
+    except OSError as e:
+        raise StoreError(f"cannot write the eval group of {store.path}: {e}") from None
+    return EvalRows(arrays["masks"], arrays["outputs"], arrays["done"])

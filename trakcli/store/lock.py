@@ -1,0 +1,101 @@
+"""The store's lock file ``<store>.lock``: one run uses a store at a time.
+
+Imports neither zarr nor torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trakcli.errors import StoreError
+
+
+@dataclass
+class StoreLock:
+    """An exclusive lock file ``<store>.lock`` naming the host and pid of the run.
+
+    A lock left by a killed run on this host (its pid no longer alive) is
+    stale and taken over. A lock held by a live process, or by another host,
+    refuses the second run.
+    """
+
+    path: Path
+    held: bool = False
+
+    @staticmethod
+    def for_store(store_path: Path) -> "StoreLock":
+        return StoreLock(store_path.with_name(store_path.name + ".lock"))
+
+    def acquire(self) -> str | None:
+        """Take the lock; returns a message if a stale lock was taken over.
+
+        Raises:
+            StoreError: another live run holds the lock (names its host and pid).
+        """
+        me = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
+        note = None
+        for _ in range(3):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                other = self._read()
+                if other is None:  # being written right now, or empty: retry shortly
+                    time.sleep(0.05)
+                    other = self._read()
+                if other is not None and not self._is_stale(other):
+                    raise StoreError(
+                        f"store {self.path.with_suffix('')} is in use by another run (host {other.get('host')}, "
+                        f"pid {other.get('pid')}); wait for it to finish, or if that run is gone delete {self.path}"
+                    )
+                note = (
+                    f"took over a stale lock of a run that is gone (host {other.get('host') if other else '?'}, "
+                    f"pid {other.get('pid') if other else '?'})"
+                )
+                try:
+                    self.path.unlink()
+                except FileNotFoundError:
+                    pass
+                continue
+            except OSError as e:
+                raise StoreError(f"cannot create the lock file {self.path}: {e}; choose a writable store path") from None
+            with os.fdopen(fd, "w") as f:
+                json.dump(me, f)
+            self.held = True
+            return note
+        raise StoreError(f"could not take the lock {self.path}; another run keeps taking it")
+
+    def _read(self) -> dict[str, Any] | None:
+        try:
+            return json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return None
+
+    @staticmethod
+    def _is_stale(other: dict[str, Any]) -> bool:
+        if other.get("host") != socket.gethostname():
+            return False  # cannot tell whether a process on another host lives
+        pid = other.get("pid")
+        if not isinstance(pid, int):
+            return True
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return False
+
+    def release(self) -> None:
+        if self.held:
+            try:
+                self.path.unlink()
+            except FileNotFoundError:
+                pass
+            self.held = False
+

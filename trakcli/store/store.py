@@ -1,0 +1,451 @@
+"""The :class:`Store`: opening, creating and checking a trakcli Zarr store, and its arrays.
+
+Layout and rules: see the package docstring (:mod:`trakcli.store`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zarr
+from zarr.codecs import Crc32cCodec
+
+from trakcli import __version__
+from trakcli.errors import StoreError, StoreMismatchError
+from trakcli.store import evalgroup
+from trakcli.store import summary as store_summary
+from trakcli.store.evalgroup import eval_kept, restore_eval
+from trakcli.store.identity import jsonable, settings_mismatch
+from trakcli.store.rows import ChunkedRows, EvalRows, codecs, read_checked
+
+SCHEMA_VERSION = 1
+
+
+class Store:
+    """A trakcli Zarr store on disk.
+
+    Open with :meth:`create_or_check` (featurize) or :meth:`open_existing` (score, inspect).
+    """
+
+    def __init__(self, path: Path, group: Any):
+        self.path = path
+        self.root = group
+
+    # -- opening --------------------------------------------------------------
+
+    @staticmethod
+    def prepare_parent(path: Path) -> None:
+        """Create the directory that will hold the store (and its lock file).
+
+        Raises:
+            StoreError: a path component is a file, or the directory is not writable.
+        """
+        probe = path.parent
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        if not probe.is_dir():
+            raise StoreError(
+                f"cannot create the store at {path}: {probe} is a file, not a directory; choose another store.path"
+            )
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise StoreError(f"cannot create the store at {path}: {e}; choose another store.path") from None
+        if not os.access(path.parent, os.W_OK):
+            raise StoreError(
+                f"cannot create the store at {path}: {path.parent} is not writable; choose another store.path"
+            )
+
+    @classmethod
+    def create_or_check(
+        cls,
+        path: str | Path,
+        identity: dict[str, Any],
+        config: dict[str, Any],
+        overwrite: bool = False,
+        create: bool = True,
+    ) -> "Store":
+        """Open the store for featurizing, creating it or checking it was made the same way.
+
+        Args:
+            path: store directory.
+            identity: everything the train features depend on (model, task,
+                grad_wrt, projector spec, grad_dim, train data fingerprint,
+                chunking and storage).
+            config: the resolved config, recorded in the attributes.
+            overwrite: delete an existing store first.
+            create: whether this process may create it (False on ranks > 0).
+
+        Raises:
+            StoreMismatchError: the store exists with a different identity (names the keys).
+            StoreError: the path cannot be created or is not a trakcli store.
+        """
+        path = Path(path)
+        identity = jsonable(identity)
+        if overwrite and create and path.exists():
+            if path.is_dir() and not ((path / "zarr.json").exists() or not any(path.iterdir())):
+                raise StoreError(
+                    f"refusing to --overwrite {path}: it is a directory but not a Zarr store; choose another store path"
+                )
+            try:
+                if (path / "eval" / "zarr.json").exists():  # retraining does not depend on the features: keep it
+                    kept = eval_kept(path)
+                    if kept.exists():
+                        shutil.rmtree(kept)  # older than the store's own eval group
+                    os.replace(path / "eval", kept)
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
+            except OSError as e:
+                raise StoreError(f"cannot delete {path} for --overwrite: {e}") from None
+        if (path / "zarr.json").exists():
+            store = cls.open_existing(path)
+            if create:
+                restore_eval(path)
+            old = store.root.attrs.get("identity")
+            if old is None and create and "train" not in store.root:
+                # made by `trak eval` (retraining only): this run gives it its identity
+                try:
+                    store.root.attrs.update({"identity": identity, "config": jsonable(config)})
+                except OSError as e:
+                    raise StoreError(f"cannot write the attributes of {path}: {e}") from None
+                return store
+            if old != identity:
+                raise settings_mismatch(
+                    f"the contents of store {path}", old, identity,
+                    "rerun with --overwrite to start over, or choose another store path",
+                )
+            return store
+        if not create:
+            raise StoreError(f"no trakcli store at {path}")
+        return cls._create_root(path, {"identity": identity, "config": jsonable(config)})
+
+    @classmethod
+    def _create_root(cls, path: Path, attrs: dict[str, Any]) -> "Store":
+        """Create a new store at ``path`` (absent or an empty directory) with ``attrs`` plus version and date.
+
+        Raises:
+            StoreError: ``path`` holds something else, or cannot be created.
+        """
+        if path.exists() and (not path.is_dir() or any(path.iterdir())):
+            raise StoreError(f"{path} exists and is not a trakcli store; choose another store path or remove it")
+        cls.prepare_parent(path)
+        try:
+            group = zarr.open_group(str(path), mode="a", zarr_format=3)
+            group.attrs.update(
+                {
+                    "schema_version": SCHEMA_VERSION,
+                    "trakcli_version": __version__,
+                    **attrs,
+                    "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                }
+            )
+        except OSError as e:
+            raise StoreError(f"cannot create the store at {path}: {e}; choose a writable store path") from None
+        restore_eval(path)
+        return cls(path, group)
+
+    @classmethod
+    def open_or_create(cls, path: str | Path) -> "Store":
+        """Open a store, or create an empty one without an identity (for `trak eval` before featurize).
+
+        ``trak featurize`` later adopts an empty store: it writes its identity
+        and config (see :meth:`create_or_check`).
+
+        Raises:
+            StoreError: the path cannot be created, or exists and is not a trakcli store.
+        """
+        path = Path(path)
+        if (path / "zarr.json").exists():
+            store = cls.open_existing(path)
+            restore_eval(path)
+            return store
+        return cls._create_root(path, {})
+
+    @classmethod
+    def open_existing(cls, path: str | Path, mode: str = "r+") -> "Store":
+        """Open a store that must exist.
+
+        Raises:
+            StoreError: missing path, not a Zarr group, or an unknown schema version.
+        """
+        path = Path(path)
+        if not (path / "zarr.json").exists():
+            raise StoreError(f"no trakcli store at {path}; run `trak featurize CONFIG` first")
+        try:
+            group = zarr.open_group(str(path), mode=mode, zarr_format=3)
+        except Exception as e:
+            raise StoreError(f"cannot open the store at {path}: {e}") from None
+        version = group.attrs.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise StoreError(
+                f"store {path} has schema_version {version!r}; this trakcli ({__version__}) reads {SCHEMA_VERSION}"
+            )
+        return cls(path, group)
+
+    @property
+    def identity(self) -> dict[str, Any]:
+        return dict(self.root.attrs.get("identity", {}))
+
+    @property
+    def _storage(self) -> dict[str, Any]:
+        return self.identity["storage"]
+
+    # -- arrays ---------------------------------------------------------------
+
+    def _arrays(
+        self,
+        group: Any,
+        shape_of: dict[str, tuple[tuple[int, ...], str]],
+        chunks_of: dict[str, tuple[int, ...]],
+        n_chunks: int,
+        create: bool,
+    ) -> tuple[dict[str, Any], Any]:
+        data = {}
+        array_codecs = codecs(self._storage["compressor"])
+        for name, (shape, dtype) in shape_of.items():
+            if name in group:
+                arr = group[name]
+                if tuple(arr.shape) != shape:
+                    raise StoreMismatchError(
+                        f"store array {arr.path} has shape {list(arr.shape)}, this run needs {list(shape)}; "
+                        "rerun with --overwrite to start over"
+                    )
+            elif create:
+                arr = group.create_array(
+                    name, shape=shape, chunks=chunks_of[name], dtype=dtype, fill_value=0, compressors=array_codecs
+                )
+            else:
+                raise StoreError(f"store array {group.path}/{name} is missing; it is created by rank 0")
+            data[name] = arr
+        if "done" in group:
+            done = group["done"]
+        elif create:
+            done = group.create_array("done", shape=(n_chunks,), chunks=(1,), dtype="uint8", fill_value=0,
+                                      compressors=[Crc32cCodec()])
+        else:
+            raise StoreError(f"store array {group.path}/done is missing; it is created by rank 0")
+        return data, done
+
+    def _group(self, name: str, create: bool = True) -> Any:
+        if name in self.root:
+            return self.root[name]
+        if not create:
+            raise StoreError(f"store group {name} is missing; it is created by rank 0")
+        try:
+            return self.root.require_group(name)
+        except OSError as e:
+            raise StoreError(f"cannot write group {name} in {self.path}: {e}") from None
+
+    def model_ids(self) -> list[int]:
+        """model_ids with a train group, sorted."""
+        if "train" not in self.root:
+            return []
+        return sorted(int(k) for k in self.root["train"].group_keys())
+
+    def train(
+        self, model_id: int, checkpoint: str | None = None, sha256: str | None = None, create: bool = True
+    ) -> ChunkedRows:
+        """Train features of one checkpoint (created if absent and ``create``).
+
+        Args:
+            model_id: index of the checkpoint.
+            checkpoint, sha256: recorded on creation and checked against the store.
+            create: whether this process may create arrays and attributes (rank 0).
+
+        Raises:
+            StoreMismatchError: the store holds this model_id from a file with another sha256.
+        """
+        ident = self.identity
+        n_train, proj_dim = ident["train_data"]["n"], ident["projector"]["proj_dim"]
+        st = self._storage
+        rows = st["chunk_rows"]
+        group = self._group(f"train/{model_id}", create)
+        if sha256 is not None:
+            old = group.attrs.get("sha256")
+            if old is None and create:
+                group.attrs.update({"checkpoint": str(checkpoint), "sha256": sha256})
+            elif old is not None and old != sha256:
+                raise StoreMismatchError(
+                    f"model_id {model_id}: the store's features come from {group.attrs.get('checkpoint')} "
+                    f"(sha256 {old[:12]}), this run's checkpoint {checkpoint} has sha256 {sha256[:12]}; "
+                    "rerun with --overwrite to start over"
+                )
+        data, done = self._arrays(
+            group,
+            {
+                "features": ((n_train, proj_dim), st["dtype"]),
+                "out_to_loss": ((n_train,), "float32"),
+                "nonfinite": ((n_train,), "uint8"),
+            },
+            {"features": (rows, proj_dim), "out_to_loss": (rows,), "nonfinite": (rows,)},
+            -(-n_train // rows),
+            create,
+        )
+        return ChunkedRows(data, done, rows, n_train)
+
+    def checkpoint_info(self, model_id: int) -> dict[str, Any]:
+        return dict(self.root[f"train/{model_id}"].attrs)
+
+    def read_kernel(self, model_id: int, settings: dict[str, Any]) -> tuple[np.ndarray, float] | None:
+        """The stored Cholesky factor and λ if made with ``settings``, else None."""
+        group = self.root[f"train/{model_id}"]
+        if "kernel" not in group:
+            return None
+        arr = group["kernel"]
+        attrs = dict(arr.attrs)
+        if attrs.get("settings") != jsonable(settings):
+            return None
+        return read_checked(arr, slice(None), 0), float(attrs["lambda_reg"])
+
+    def write_kernel(self, model_id: int, factor: np.ndarray, settings: dict[str, Any], lambda_reg: float) -> None:
+        """Write the kernel's Cholesky factor, then its attributes (the done marker)."""
+        group = self.root[f"train/{model_id}"]
+        p = factor.shape[0]
+        try:
+            if "kernel" in group:
+                arr = group["kernel"]
+                arr.attrs.clear()
+            else:
+                arr = group.create_array("kernel", shape=(p, p), chunks=(p, p), dtype="float64", fill_value=0,
+                                         compressors=codecs(self._storage["compressor"]))
+            arr[:] = np.ascontiguousarray(factor)
+            arr.attrs.update({"form": "cholesky_lower", "lambda_reg": lambda_reg, "settings": jsonable(settings)})
+        except OSError as e:
+            raise StoreError(f"writing the kernel of model_id {model_id} failed: {e}; rerun to resume") from None
+
+    def targets(
+        self, experiment: str, model_id: int, attrs: dict[str, Any], n_target: int, create: bool = True
+    ) -> ChunkedRows:
+        """Target features of one experiment and checkpoint (created if absent).
+
+        Args:
+            attrs: what the target features depend on (target data fingerprint,
+                checkpoint sha256s); checked against the store.
+
+        Raises:
+            StoreMismatchError: the experiment was featurized with other targets or checkpoints.
+        """
+        proj_dim = self.identity["projector"]["proj_dim"]
+        st = self._storage
+        self._experiment_group("targets", experiment, attrs, create)
+        group = self._group(f"targets/{experiment}/{model_id}", create)
+        rows = st["chunk_rows"]
+        data, done = self._arrays(
+            group, {"features": ((n_target, proj_dim), st["dtype"])}, {"features": (rows, proj_dim)},
+            -(-n_target // rows), create,
+        )
+        return ChunkedRows(data, done, rows, n_target)
+
+    def scores(self, experiment: str, n_target: int, settings: dict[str, Any], create: bool = True) -> ChunkedRows:
+        """The ``[n_target, n_train]`` score matrix of an experiment, chunked by train columns.
+
+        Raises:
+            StoreMismatchError: the experiment was scored with other settings.
+        """
+        n_train = self.identity["train_data"]["n"]
+        cols = self._storage["chunk_rows"]
+        group = self._experiment_group("scores", experiment, settings, create)
+        t_rows = min(n_target, max(1, (8 << 20) // (4 * cols)))  # ~8 MB chunks
+        data, done = self._arrays(
+            group, {"scores": ((n_target, n_train), "float32")}, {"scores": (t_rows, cols)},
+            -(-n_train // cols), create,
+        )
+        return ChunkedRows(data, done, cols, n_train, axis=1)
+
+    def _experiment_group(self, kind: str, experiment: str, attrs: dict[str, Any], create: bool) -> Any:
+        name = f"{kind}/{experiment}"
+        attrs = jsonable(attrs)
+        if name in self.root:
+            group = self.root[name]
+            old = {k: group.attrs.get(k) for k in attrs}
+            if old != attrs:
+                raise settings_mismatch(
+                    f"{kind} of experiment {experiment!r} in {self.path}", old, attrs,
+                    "rerun with --overwrite to recompute them, or set score.experiment to a new name",
+                )
+            return group
+        group = self._group(name, create)
+        if create:
+            group.attrs.update(attrs)
+        return group
+
+    def eval_rows(
+        self,
+        identity: dict[str, Any],
+        n_subsets: int,
+        n_train: int,
+        n_target: int,
+        *,
+        compressor: str = "zstd",
+        overwrite: bool = False,
+        create: bool = True,
+    ) -> EvalRows:
+        """The ``eval/`` group of retrained models, created, checked or extended.
+
+        See :func:`trakcli.store.evalgroup.open_eval_rows` (arguments, errors).
+        """
+        return evalgroup.open_eval_rows(
+            self, identity, n_subsets, n_train, n_target, compressor=compressor, overwrite=overwrite, create=create
+        )
+
+    def read_scores(self, experiment: str) -> tuple[np.ndarray, dict[str, Any]]:
+        """The finished score matrix of an experiment and the attributes it was made with.
+
+        Returns:
+            (scores ``[n_target, n_train]`` float32, attrs: lambda settings, target data, checkpoints).
+
+        Raises:
+            StoreError: the experiment has no scores, or unfinished ones (names the command to run).
+            StoreCorruptError: a chunk fails its checksum.
+        """
+        name = f"scores/{experiment}"
+        if name not in self.root or "scores" not in self.root[name]:
+            raise StoreError(
+                f"store {self.path} holds no scores of experiment {experiment!r} (score.experiment); "
+                "run `trak featurize CONFIG` and `trak score CONFIG` first"
+            )
+        group = self.root[name]
+        flags = read_checked(group["done"], slice(None), 0)
+        if not (flags != 0).all():
+            raise StoreError(
+                f"the scores of experiment {experiment!r} in {self.path} are unfinished ({int((flags != 0).sum())}/"
+                f"{flags.size} column blocks); run `trak score CONFIG` to finish them"
+            )
+        return read_checked(group["scores"], slice(None), 0), dict(group.attrs)
+
+    def eval_summary(self) -> dict[str, Any] | None:
+        """The ``eval/`` group's identity and progress (None if absent), as plain data."""
+        return store_summary.eval_summary(self)
+
+    def drop(self, name: str) -> None:
+        """Delete a group or array (``--overwrite`` of derived data)."""
+        if name in self.root:
+            del self.root[name]
+
+    # -- inspection and export --------------------------------------------------
+    def summary(self) -> dict[str, Any]:
+        """Provenance, progress and sizes, as plain data (``trak inspect``; :func:`trakcli.store.summary.summary`)."""
+        return store_summary.summary(self)
+
+    def array(self, name: str) -> Any:
+        """The zarr array at ``name`` (e.g. ``train/0/features``, ``scores/default/scores``).
+
+        Raises:
+            StoreError: no such array (lists what the store holds).
+        """
+        return store_summary.array(self, name)
+
+    def export(self, name: str, out: Path, row_block: int = 4096) -> tuple[int, ...]:
+        """Stream array ``name`` to ``out`` (.npy, or .csv for 1-D/2-D) block by block.
+
+        Returns:
+            The exported shape.
+
+        Raises:
+            StoreError: unknown array, unwritable output, corrupt chunk.
+        """
+        return store_summary.export(self, name, out, row_block)
