@@ -2,7 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from trakcli.config import check_files, load_config, parse_overrides, resolve_checkpoints
+from trakcli.config.load import load_config, parse_overrides
+from trakcli.config.resolve import check_files, resolve_checkpoints
 from trakcli.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -109,7 +110,7 @@ def test_config_file_errors(tmp_path):
 
 def test_training_optimizer_sections_fill_optimize_and_round_trip():
     """Issue 5's spelling (training: + optimizer:) gives the same recipe as the flat optimize: section."""
-    from trakcli.config import Config
+    from trakcli.config.schema import Config
 
     base = {"checkpoints": "c/*.pt", "data": {"train": {"builtin": "digits", "split": "train"}}, "store": "s.zarr"}
     flat = load_config({**base, "optimize": {"out_dir": "o", "optimizer": "adamw", "lr": 1e-3, "epochs": 3}})
@@ -127,7 +128,7 @@ def test_training_optimizer_sections_fill_optimize_and_round_trip():
 
 def test_one_normalized_recipe_whatever_the_spelling():
     """cfg.recipe is the flat recipe, cfg.recipe_key and cfg.recipe_sections() keep the user's spelling."""
-    from trakcli.config import RUN_ONLY_KEYS, flat_recipe, recipe_identity
+    from trakcli.config.recipe import RUN_ONLY_KEYS, flat_recipe, recipe_identity
 
     base = {"checkpoints": "c/*.pt", "data": {"train": {"builtin": "digits", "split": "train"}}, "store": "s.zarr"}
     flat = load_config({**base, "optimize": {"out_dir": "o", "optimizer": "adamw", "lr": 1e-3, "n_models": 2}})
@@ -169,7 +170,7 @@ def test_data_validation_is_a_dataset_checked_only_for_optimize(tmp_path, monkey
 def test_checkpoints_from_a_manifest_in_model_id_order_relative_to_it(tmp_path, monkeypatch):
     import json
 
-    from trakcli.models import file_sha256
+    from trakcli.models.checkpoints import file_sha256
 
     monkeypatch.chdir(tmp_path)
     run = tmp_path / "runs" / "a"

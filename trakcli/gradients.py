@@ -13,7 +13,7 @@ model is put in eval mode, so dropout and batch-norm statistics are fixed.
 
 For text (``task: text_classification``) the inputs of an example are a dict
 ``{"input_ids": [L], "attention_mask": [L]}`` and the margin is taken over the
-sequence's logits of a transformers model (called as in :mod:`trakcli.hf`).
+sequence's logits of a transformers model (called as in :mod:`trakcli.models.forward`).
 For causal language models (``task: language_modeling``) the output function
 of a text ``x_1..x_L`` sums the margins of its next-token predictions,
 
@@ -156,7 +156,7 @@ def output_function(
 def _call(model: nn.Module, params: dict[str, torch.Tensor], x) -> torch.Tensor:
     """Logits of a batch through ``functional_call``: a tensor input, or a dict (transformers)."""
     if isinstance(x, dict):
-        from trakcli.hf import logits_of, model_kwargs
+        from trakcli.models.forward import logits_of, model_kwargs
 
         return logits_of(functional_call(model, params, args=(), kwargs=model_kwargs(model, x)))
     return functional_call(model, params, (x,))

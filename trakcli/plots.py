@@ -139,7 +139,7 @@ class DecodedTexts(Sequence[str]):
     or spacing (e.g. an uncased tokenizer lowercases).
 
     Args:
-        input_ids: ``[n, L]`` int64 token ids (:func:`trakcli.hf.load_text`).
+        input_ids: ``[n, L]`` int64 token ids (:func:`trakcli.data.text.load_text`).
         tokenizer: a Hugging Face tokenizer with ``decode``.
     """
 

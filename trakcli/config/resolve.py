@@ -47,7 +47,7 @@ def resolve_checkpoints(cfg: Config) -> list[Path]:
         p.startswith("hf:") for p in spec
     ):
         from trakcli.errors import ModelError
-        from trakcli.hf import resolve_hf_path
+        from trakcli.models.hf import resolve_hf_path
 
         out, problems = [], []
         for p in [spec] if isinstance(spec, str) else spec:
@@ -110,7 +110,7 @@ def check_files(
     ep = cfg.model.entrypoint
     if ep.startswith("hf:"):
         from trakcli.errors import ModelError
-        from trakcli.hf import resolve_hf_path
+        from trakcli.models.hf import resolve_hf_path
 
         try:
             resolve_hf_path(ep)

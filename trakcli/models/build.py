@@ -1,9 +1,9 @@
-"""Build models and load checkpoints.
+"""Build models: the built-in ``mlp``, a user's function, or a Hugging Face directory.
 
 ``model.entrypoint`` is a built-in name (``mlp``), ``"path/to/file.py:function"``
 or ``"package.module:function"``; the function is called with
 ``model.kwargs`` and returns a ``torch.nn.Module``. ``"hf:DIR"`` loads a
-Hugging Face transformers model from a local directory (:mod:`trakcli.hf`).
+Hugging Face transformers model from a local directory (:mod:`trakcli.models.hf`).
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-import torch
 from torch import nn
 
-from trakcli.errors import CheckpointError, ModelError
+from trakcli.errors import ModelError
+from trakcli.models.hf import build_hf_model
 
 
 def make_mlp(in_dim: int = 64, hidden_dim: int = 128, num_classes: int = 10, depth: int = 2) -> nn.Module:
@@ -48,10 +48,14 @@ def make_mlp(in_dim: int = 64, hidden_dim: int = 128, num_classes: int = 10, dep
 BUILTIN_MODELS: dict[str, Callable[..., nn.Module]] = {"mlp": make_mlp}
 
 
-def _load_function(
+def load_function(
     entrypoint: str, key: str = "model.entrypoint", builtins: dict[str, Callable[..., Any]] | None = None
 ) -> Callable[..., Any]:
     """The function named by ``entrypoint``: a name of ``builtins``, "file.py:function" or "pkg.mod:function".
+
+    A ``.py`` file is imported under a module name derived from its resolved path
+    (so one file is imported once per process); a module is imported normally.
+    Used for ``model.entrypoint`` and ``training.entrypoint``.
 
     Args:
         entrypoint: the spec.
@@ -111,13 +115,11 @@ def build_model(entrypoint: str = "mlp", **kwargs: Any) -> nn.Module:
             a failing call, or a return value that is not an ``nn.Module``.
     """
     if entrypoint.startswith("hf:"):
-        from trakcli.hf import build_hf_model
-
         try:
             return build_hf_model(entrypoint, **kwargs)
         except TypeError as e:
             raise ModelError(f"model.entrypoint {entrypoint!r} rejected model.kwargs {kwargs}: {e}") from None
-    fn = _load_function(entrypoint)
+    fn = load_function(entrypoint)
     try:
         model = fn(**kwargs)
     except ModelError:
@@ -129,113 +131,3 @@ def build_model(entrypoint: str = "mlp", **kwargs: Any) -> nn.Module:
             f"model.entrypoint {entrypoint!r} returned a {type(model).__name__}, not a torch.nn.Module"
         )
     return model
-
-
-def file_sha256(path: str | Path) -> str:
-    """Hex sha256 of a file's bytes, read in 1 MiB blocks.
-
-    For a Hugging Face model directory: of its weight files' names and bytes,
-    in sorted order (config and tokenizer files are not included).
-    """
-    path = Path(path)
-    if not path.is_dir():
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
-        return h.hexdigest()
-    from trakcli.hf import checkpoint_files
-
-    h = hashlib.sha256()
-    for f in checkpoint_files(path):
-        h.update(f.name.encode() + b"\0" + file_sha256(f).encode())
-    return h.hexdigest()
-
-
-def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
-    """Read a ``.pt``/``.pth`` (``torch.load(weights_only=True)``) or ``.safetensors`` state dict.
-
-    A directory is a Hugging Face model directory: its ``model.safetensors`` or
-    ``pytorch_model.bin`` (or their shards), merged. A ``.pt`` holding ``{"state_dict": ...}`` or ``{"model": ...}`` is unwrapped.
-
-    Raises:
-        CheckpointError: unreadable file, unknown suffix, or not a dict of tensors.
-    """
-    path = Path(path)
-    if path.is_dir():
-        from trakcli.hf import checkpoint_files
-
-        merged: dict[str, torch.Tensor] = {}
-        for f in checkpoint_files(path):
-            merged.update(read_state_dict(f))
-        return merged
-    suffix = path.suffix.lower()
-    try:
-        if suffix == ".safetensors":
-            from safetensors.torch import load_file
-
-            sd: Any = load_file(str(path), device="cpu")
-        elif suffix in (".pt", ".pth", ".bin"):
-            sd = torch.load(path, map_location="cpu", weights_only=True)
-        else:
-            raise CheckpointError(f"checkpoint {path} has suffix {suffix!r}; use .pt, .pth or .safetensors")
-    except CheckpointError:
-        raise
-    except Exception as e:
-        raise CheckpointError(f"cannot read checkpoint {path}: {e.__class__.__name__}: {e}") from None
-    if isinstance(sd, dict):
-        for key in ("state_dict", "model", "model_state_dict"):
-            if key in sd and isinstance(sd[key], dict):
-                sd = sd[key]
-                break
-    if not isinstance(sd, dict) or not all(torch.is_tensor(v) for v in sd.values()):
-        raise CheckpointError(f"checkpoint {path} is not a state dict (a dict of tensors)")
-    return sd
-
-
-def describe_mismatch(
-    own: dict[str, torch.Tensor], sd: dict[str, torch.Tensor], *, missing: list[str], unexpected: list[str]
-) -> str | None:
-    """The first shape-mismatched, missing and unexpected keys of a state dict, or None if it fits.
-
-    Args:
-        own: the model's state dict.
-        sd: the checkpoint's state dict (keys already mapped to the model's).
-        missing, unexpected: the keys the caller counts as missing / unexpected.
-    """
-    shapes = [
-        f"{k}: checkpoint {list(sd[k].shape)} vs model {list(own[k].shape)}"
-        for k in own
-        if k in sd and sd[k].shape != own[k].shape
-    ]
-    parts = []
-    if shapes:
-        parts.append("shape mismatch " + "; ".join(shapes[:3]) + (" ..." if len(shapes) > 3 else ""))
-    if missing:
-        parts.append(f"missing keys {missing[:5]}" + (" ..." if len(missing) > 5 else ""))
-    if unexpected:
-        parts.append(f"unexpected keys {unexpected[:5]}" + (" ..." if len(unexpected) > 5 else ""))
-    return ", ".join(parts) or None
-
-
-def load_checkpoint(model: nn.Module, path: str | Path) -> None:
-    """Load a state dict into ``model`` in place, checking keys and shapes first.
-
-    Raises:
-        CheckpointError: naming the first missing, unexpected and shape-mismatched keys.
-    """
-    sd = read_state_dict(path)
-    from trakcli.hf import is_hf_model, load_hf_checkpoint
-
-    if is_hf_model(model):
-        load_hf_checkpoint(model, sd, Path(path))
-        return
-    own = model.state_dict()
-    missing, unexpected = [k for k in own if k not in sd], [k for k in sd if k not in own]
-    problem = describe_mismatch(own, sd, missing=missing, unexpected=unexpected)
-    if problem:
-        raise CheckpointError(
-            f"checkpoint {path} does not fit the model: {problem}; "
-            "check model.entrypoint and model.kwargs against how the checkpoint was trained"
-        )
-    model.load_state_dict(sd, strict=True)

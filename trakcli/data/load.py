@@ -1,0 +1,98 @@
+"""Loading the dataset a config section describes: the bundled digits, a tensor file or a text file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from trakcli.data.digits import DIGITS_IMAGE_SHAPE, load_digits_split
+from trakcli.data.tensors import TensorDataset
+from trakcli.data.text import load_text
+from trakcli.errors import DataError
+
+if TYPE_CHECKING:  # the config schema is only read here (attributes), never built
+    from trakcli.config import DatasetConfig
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".npz":
+            with np.load(path, allow_pickle=False) as f:
+                return {k: f[k] for k in f.files}
+        if suffix in (".pt", ".pth"):
+            obj = torch.load(path, map_location="cpu", weights_only=True)
+            if not isinstance(obj, dict):
+                raise DataError(
+                    f"{path} holds a {type(obj).__name__}, not a dict of tensors; "
+                    "save it as torch.save({'x_train': x, 'y_train': y, ...}, path)"
+                )
+            return obj
+    except DataError:
+        raise
+    except Exception as e:  # unreadable or corrupt file
+        raise DataError(f"cannot read data file {path}: {e}") from None
+    raise DataError(f"data file {path} has suffix {suffix!r}; use a .pt dict of tensors or an .npz file")
+
+
+def load_dataset(cfg: DatasetConfig, *, key: str = "data.train") -> TensorDataset:
+    """Load one dataset described by the config.
+
+    Args:
+        cfg: the dataset section (``builtin``+``split`` or ``path``+``inputs``+``labels``).
+        key: the dotted config key, used in error messages.
+
+    Returns:
+        A :class:`TensorDataset` with float32 inputs (text: a dict of int64
+        ``input_ids`` / ``attention_mask``, see :func:`trakcli.data.text.load_text`) and
+        int64 labels.
+
+    Raises:
+        DataError: unreadable file, missing key, empty data, mismatched lengths
+            or non-integer labels.
+    """
+    if cfg.builtin == "digits":
+        x_tr, y_tr, x_ta, y_ta = load_digits_split()
+        if cfg.split == "train":
+            return TensorDataset(x_tr, y_tr, "digits/train", image_shape=DIGITS_IMAGE_SHAPE)
+        return TensorDataset(x_ta, y_ta, "digits/target", image_shape=DIGITS_IMAGE_SHAPE)
+    if cfg.text is not None:
+        if cfg.path is None or cfg.tokenizer is None:  # the config model fills both or refuses
+            raise DataError(f"{key}: a text dataset needs `path` and `tokenizer`")
+        inputs, labels, name = load_text(cfg.path, cfg.text, cfg.labels, cfg.tokenizer, cfg.max_length, key=key)
+        shape = {k: [cfg.max_length] for k in sorted(inputs)}
+        return TensorDataset(inputs, labels, name, input_shape=shape)
+    if cfg.path is None or cfg.inputs is None or cfg.labels is None:  # the config model fills all three or refuses
+        raise DataError(f"{key}: a file dataset needs `path`, `inputs` and `labels`")
+    contents = _read_file(cfg.path)
+    missing = [k for k in (cfg.inputs, cfg.labels) if k not in contents]
+    if missing:
+        raise DataError(
+            f"{key}: {cfg.path} has no key {', '.join(repr(m) for m in missing)}; "
+            f"its keys are {sorted(contents)}"
+        )
+    x = torch.as_tensor(np.asarray(contents[cfg.inputs]) if not torch.is_tensor(contents[cfg.inputs]) else contents[cfg.inputs])
+    y = torch.as_tensor(np.asarray(contents[cfg.labels]) if not torch.is_tensor(contents[cfg.labels]) else contents[cfg.labels])
+    name = f"{cfg.path}[{cfg.inputs}]"
+    if x.ndim == 0 or x.shape[0] == 0:
+        raise DataError(f"{key}: {name} is empty (shape {list(x.shape)}); it needs at least one row")
+    if y.ndim != 1:
+        raise DataError(f"{key}: labels {cfg.labels!r} must be 1-D class indices, got shape {list(y.shape)}")
+    if y.shape[0] != x.shape[0]:
+        raise DataError(
+            f"{key}: {x.shape[0]} inputs but {y.shape[0]} labels; {cfg.inputs!r} and {cfg.labels!r} "
+            "must have the same number of rows"
+        )
+    if y.is_floating_point():
+        if not torch.equal(y, y.round()):
+            raise DataError(f"{key}: labels {cfg.labels!r} must be integer class indices, got non-integer floats")
+    if y.dtype == torch.bool or y.is_complex():
+        raise DataError(f"{key}: labels {cfg.labels!r} must be integer class indices, got {y.dtype}")
+    if (y < 0).any():
+        bad = torch.nonzero(y < 0).flatten()[:5].tolist()
+        raise DataError(f"{key}: labels must be >= 0; rows {bad} have negative labels")
+    x = x.to(torch.float32).contiguous()
+    return TensorDataset(x, y.to(torch.int64).contiguous(), name)

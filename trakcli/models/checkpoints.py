@@ -1,0 +1,161 @@
+"""Checkpoint files: reading state dicts, their sha256, and loading them into a model with checked keys and shapes.
+
+A checkpoint is a ``.pt`` / ``.pth`` / ``.bin`` file (read with
+``torch.load(weights_only=True)``), a ``.safetensors`` file, or a Hugging Face
+model directory (its weight files, merged).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from trakcli.errors import CheckpointError
+from trakcli.models.hf import fit_hf_state_dict, is_hf_model
+
+#: weight files of a Hugging Face directory, in the order they are looked for
+WEIGHT_PATTERNS = ("model.safetensors", "model-*.safetensors", "pytorch_model.bin", "pytorch_model-*.bin")
+
+
+def _weight_files(path: Path) -> list[Path]:
+    for pattern in WEIGHT_PATTERNS:
+        files = sorted(path.glob(pattern))
+        if files:
+            return files
+    return []
+
+
+def checkpoint_files(path: Path) -> list[Path]:
+    """The weight files of a checkpoint: the file itself, or a Hugging Face directory's weights.
+
+    Raises:
+        CheckpointError: a directory without ``model.safetensors`` / ``pytorch_model.bin`` (or shards).
+    """
+    if not path.is_dir():
+        return [path]
+    files = _weight_files(path)
+    if not files:
+        raise CheckpointError(
+            f"checkpoint directory {path} has no weights ({', '.join(WEIGHT_PATTERNS)}); "
+            "save it with model.save_pretrained(dir) or give a .pt / .safetensors state dict"
+        )
+    return files
+
+
+def file_sha256(path: str | Path) -> str:
+    """Hex sha256 of a file's bytes, read in 1 MiB blocks.
+
+    For a Hugging Face model directory: of its weight files' names and bytes,
+    in sorted order (config and tokenizer files are not included).
+    """
+    path = Path(path)
+    if not path.is_dir():
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        return h.hexdigest()
+    h = hashlib.sha256()
+    for f in checkpoint_files(path):
+        h.update(f.name.encode() + b"\0" + file_sha256(f).encode())
+    return h.hexdigest()
+
+
+def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """Read a ``.pt``/``.pth`` (``torch.load(weights_only=True)``) or ``.safetensors`` state dict.
+
+    A directory is a Hugging Face model directory: its ``model.safetensors`` or
+    ``pytorch_model.bin`` (or their shards), merged. A ``.pt`` holding ``{"state_dict": ...}`` or ``{"model": ...}`` is unwrapped.
+
+    Raises:
+        CheckpointError: unreadable file, unknown suffix, or not a dict of tensors.
+    """
+    path = Path(path)
+    if path.is_dir():
+        merged: dict[str, torch.Tensor] = {}
+        for f in checkpoint_files(path):
+            merged.update(read_state_dict(f))
+        return merged
+    suffix = path.suffix.lower()
+    try:
+        if suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            sd: Any = load_file(str(path), device="cpu")
+        elif suffix in (".pt", ".pth", ".bin"):
+            sd = torch.load(path, map_location="cpu", weights_only=True)
+        else:
+            raise CheckpointError(f"checkpoint {path} has suffix {suffix!r}; use .pt, .pth or .safetensors")
+    except CheckpointError:
+        raise
+    except Exception as e:
+        raise CheckpointError(f"cannot read checkpoint {path}: {e.__class__.__name__}: {e}") from None
+    if isinstance(sd, dict):
+        for key in ("state_dict", "model", "model_state_dict"):
+            if key in sd and isinstance(sd[key], dict):
+                sd = sd[key]
+                break
+    if not isinstance(sd, dict) or not all(torch.is_tensor(v) for v in sd.values()):
+        raise CheckpointError(f"checkpoint {path} is not a state dict (a dict of tensors)")
+    return sd
+
+
+def describe_mismatch(
+    own: dict[str, torch.Tensor], sd: dict[str, torch.Tensor], *, missing: list[str], unexpected: list[str]
+) -> str | None:
+    """The first shape-mismatched, missing and unexpected keys of a state dict, or None if it fits.
+
+    Args:
+        own: the model's state dict.
+        sd: the checkpoint's state dict (keys already mapped to the model's).
+        missing, unexpected: the keys the caller counts as missing / unexpected.
+    """
+    shapes = [
+        f"{k}: checkpoint {list(sd[k].shape)} vs model {list(own[k].shape)}"
+        for k in own
+        if k in sd and sd[k].shape != own[k].shape
+    ]
+    parts = []
+    if shapes:
+        parts.append("shape mismatch " + "; ".join(shapes[:3]) + (" ..." if len(shapes) > 3 else ""))
+    if missing:
+        parts.append(f"missing keys {missing[:5]}" + (" ..." if len(missing) > 5 else ""))
+    if unexpected:
+        parts.append(f"unexpected keys {unexpected[:5]}" + (" ..." if len(unexpected) > 5 else ""))
+    return ", ".join(parts) or None
+
+
+def load_checkpoint(model: nn.Module, path: str | Path) -> None:
+    """Load a state dict into ``model`` in place, checking keys and shapes first.
+
+    A transformers model takes the keys of its bare base model too, and keeps the
+    seeded initialization of a head the checkpoint lacks (see
+    :func:`trakcli.models.hf.fit_hf_state_dict`).
+
+    Raises:
+        CheckpointError: naming the first missing, unexpected and shape-mismatched keys.
+    """
+    sd = read_state_dict(path)
+    own = model.state_dict()
+    if is_hf_model(model):
+        mapped, missing, unexpected = fit_hf_state_dict(model, sd)
+        problem = describe_mismatch(own, mapped, missing=missing, unexpected=unexpected)
+        if problem:
+            raise CheckpointError(
+                f"checkpoint {path} does not fit the model {getattr(model, 'trak_hf_path', type(model).__name__)}: "
+                f"{problem}; check model.entrypoint and model.kwargs (num_labels, model_class)"
+            )
+        model.load_state_dict({k: v for k, v in mapped.items() if k in own}, strict=False)
+        return
+    missing, unexpected = [k for k in own if k not in sd], [k for k in sd if k not in own]
+    problem = describe_mismatch(own, sd, missing=missing, unexpected=unexpected)
+    if problem:
+        raise CheckpointError(
+            f"checkpoint {path} does not fit the model: {problem}; "
+            "check model.entrypoint and model.kwargs against how the checkpoint was trained"
+        )
+    model.load_state_dict(sd, strict=True)
