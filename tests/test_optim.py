@@ -398,3 +398,40 @@ def test_lr_scheduler_drives_the_inner_optimizer():
     nn.functional.cross_entropy(model(x), y).backward()
     opt.step()
     assert opt.inner.param_groups[0]["lr"] == 0.1 and "initial_lr" not in opt.inner.param_groups[0]
+
+
+def test_projection_settings_object_equals_its_mapping_and_invalid_values_are_all_listed():
+    from trakcli.optim import ProjectionSettings, resolve_projection
+
+    settings = ProjectionSettings(rank=3, update_gap=5, seed=2)
+    assert resolve_projection(settings) == resolve_projection({"rank": 3, "update_gap": 5, "seed": 2})
+    assert resolve_projection({})["rank"] == 8 and resolve_projection(None) is None
+    model_a, model_b = mlp(), mlp()
+    opt_a = ProjectedOptimizer(model_a.parameters(), projection=settings, lr=0.1)
+    opt_b = ProjectedOptimizer(model_b.parameters(), projection={"rank": 3, "update_gap": 5, "seed": 2}, lr=0.1)
+    assert torch.equal(train(model_a, opt_a, batches(3))[-1], train(model_b, opt_b, batches(3))[-1])
+    # a settings object for one group sets all its keys
+    opt = ProjectedOptimizer(
+        [{"params": mlp()[0].parameters(), "projection": ProjectionSettings(rank=2)}],
+        projection={"rank": 5, "seed": 3}, lr=0.1,
+    )
+    assert (opt.param_groups[0]["projection"]["rank"], opt.param_groups[0]["projection"]["seed"]) == (2, 0)
+    with pytest.raises(OptimizerError) as e:
+        resolve_projection({"mode": "diagonal", "rnk": 3, "scale": 0})
+    lines = str(e.value).splitlines()[1:]
+    assert [ln.strip() for ln in lines] == [
+        "projection.mode: Input should be 'per_matrix' or 'global' (got 'diagonal')",
+        "projection.scale: Input should be greater than 0 (got 0)",
+        "projection.rnk: Extra inputs are not permitted (got 3)",
+    ]
+    with pytest.raises(OptimizerError, match="mode global needs proj_dim"):
+        ProjectedOptimizer(mlp().parameters(), projection=ProjectionSettings(mode="global"), lr=0.1)
+
+
+def test_optim_imports_neither_config_nor_store():
+    import subprocess
+    import sys
+
+    code = "import sys, trakcli.optim; print(sorted(m for m in sys.modules if m.startswith(('trakcli.config', 'trakcli.store'))))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -183,3 +183,25 @@ def test_missing_init_checkpoint_is_named_in_the_users_spelling(user_project):
     res = trak("optimize", "t.yaml")
     assert res.exit_code == 1
     assert "training.init_checkpoint: file 'missing.pt' does not exist" in " ".join(res.stderr.split())
+
+
+@pytest.mark.parametrize("raw", [
+    {}, {"mode": "global", "proj_dim": 40, "kind": "sjlt"}, {"rank": None}, {"rank": "4", "scale": "1e-3"},
+    {"mode": "global", "kind": "noop"}, {"mode": "global"}, {"rank": 0}, {"on_refresh": "drop"}, {"rnk": 2},
+    {"seed": -1}, {"update_gap": 1.5}, {"implementation": "cuda"},
+])
+def test_the_optimizer_settings_validate_as_the_config_projection_section(raw):
+    """optim's plain ProjectionSettings and the config's ProjectionConfig: same keys, defaults and checks."""
+    from pydantic import ValidationError
+
+    from trakcli.config.recipe import ProjectionConfig
+    from trakcli.errors import OptimizerError
+    from trakcli.optim.settings import resolve_projection
+
+    try:
+        expected = ProjectionConfig.model_validate(raw).model_dump()
+    except ValidationError:
+        with pytest.raises(OptimizerError):
+            resolve_projection(raw)
+    else:
+        assert resolve_projection(raw) == expected

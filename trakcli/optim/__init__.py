@@ -6,10 +6,21 @@
 * :mod:`trakcli.optim.subspace`: intrinsic-dimension training by
   reparametrization, ``W = W0 + unproject(z)``.
 * :mod:`trakcli.optim.transforms`: pre/post-step transforms with ``param_ndim``.
+* :class:`ProjectionSettings`: the projection settings (plain data; the optimizer
+  never reads the YAML config, its caller passes the ``projection`` section).
 """
 
 from trakcli.optim import subspace, transforms
 from trakcli.optim.projected import ProjectedOptimizer
-from trakcli.optim.slots import LINEAR_STATE_KEYS, derive_slot_seed, resolve_projection
+from trakcli.optim.settings import ProjectionSettings, resolve_projection
+from trakcli.optim.slots import LINEAR_STATE_KEYS, derive_slot_seed
 
-__all__ = ["LINEAR_STATE_KEYS", "ProjectedOptimizer", "derive_slot_seed", "resolve_projection", "subspace", "transforms"]
+__all__ = [
+    "LINEAR_STATE_KEYS",
+    "ProjectedOptimizer",
+    "ProjectionSettings",
+    "derive_slot_seed",
+    "resolve_projection",
+    "subspace",
+    "transforms",
+]

@@ -23,7 +23,8 @@ from typing import Any, Callable
 import torch
 
 from trakcli.errors import OptimizerError
-from trakcli.optim.slots import LINEAR_STATE_KEYS, Slot, _ProjectedSlot, build_slots, resolve_projection
+from trakcli.optim.settings import ProjectionSettings, projection_mapping, resolve_projection
+from trakcli.optim.slots import LINEAR_STATE_KEYS, Slot, _ProjectedSlot, build_slots
 from trakcli.optim.transforms import Transform, apply_transform
 from trakcli.projectors import Projector
 
@@ -51,14 +52,14 @@ class ProjectedOptimizer(torch.optim.Optimizer):
     Args:
         params: parameters or param-group dicts (torch.optim convention). A
             group may set its own ``projection`` (a mapping whose keys override
-            the default projection's, a projector object, or ``None`` for no
-            projection), ``weight_decay``, ``weight_decay_mode``,
+            the default projection's, a :class:`ProjectionSettings`, a projector
+            object, or ``None`` for no projection), ``weight_decay``, ``weight_decay_mode``,
             ``param_ndim`` and any hyperparameter of the inner optimizer.
         inner: the inner optimizer class (or a callable ``inner(param_groups,
             **inner_kwargs)`` returning a ``torch.optim.Optimizer``).
-        projection: the mapping of the YAML's ``optimize.projection``
-            (:class:`trakcli.config.ProjectionConfig`: ``mode`` per_matrix or
-            global, ``kind``, ``rank`` / ``proj_dim``, ``seed``, ``update_gap``,
+        projection: a :class:`~trakcli.optim.settings.ProjectionSettings` or a
+            mapping of its keys (the YAML's ``optimize.projection``: ``mode``
+            per_matrix or global, ``kind``, ``rank`` / ``proj_dim``, ``seed``, ``update_gap``,
             ``on_refresh`` keep/reset/transfer, ``scale``), or a projector
             object (mode global, fixed, ``grad_dim`` = the group's numel).
             ``None``: per_matrix, rank 8, rademacher.
@@ -83,7 +84,7 @@ class ProjectedOptimizer(torch.optim.Optimizer):
         self,
         params: Iterable[Any],
         inner: Callable[..., torch.optim.Optimizer] = torch.optim.AdamW,
-        projection: Mapping[str, Any] | Projector | None = None,
+        projection: Mapping[str, Any] | ProjectionSettings | Projector | None = None,
         *,
         weight_decay: float | None = None,
         weight_decay_mode: str = "decoupled",
@@ -144,7 +145,9 @@ class ProjectedOptimizer(torch.optim.Optimizer):
         elif proj is not None:
             # a group's mapping overrides the keys it names; the others come from the default projection
             base = {} if default.get("external") else dict(default)
-            group["projection"] = resolve_projection({**base, **proj}, where=f"param_groups[{gi}].projection")
+            group["projection"] = resolve_projection(
+                {**base, **projection_mapping(proj)}, where=f"param_groups[{gi}].projection"
+            )
         if group["weight_decay_mode"] not in ("decoupled", "l2"):
             raise OptimizerError(
                 f"weight_decay_mode must be 'decoupled' or 'l2', got {group['weight_decay_mode']!r}"

@@ -31,13 +31,10 @@ unprojected SGD update ``-lr·PᵀPg`` is an unbiased estimate of ``-lr·g``.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
 from typing import Any
 
 import torch
-from pydantic import ValidationError
 
-from trakcli.config import ProjectionConfig
 from trakcli.errors import OptimizerError, TrakError
 from trakcli.projectors import Projector, make_projector
 
@@ -47,41 +44,6 @@ CACHE_LIMIT = 2**30
 #: Inner-optimizer state entries that are linear in the gradient (first moments):
 #: ``transfer`` maps these into a new subspace; every other entry is kept.
 LINEAR_STATE_KEYS = ("momentum_buffer", "exp_avg", "grad_avg", "prev")
-
-
-def resolve_projection(value: Any, where: str = "projection") -> dict[str, Any] | None:
-    """Validate a projection mapping (the YAML's ``optimize.projection``) into plain settings.
-
-    Args:
-        value: a mapping with the keys of :class:`trakcli.config.ProjectionConfig`,
-            a :class:`ProjectionConfig`, or ``None`` (no projection).
-        where: name shown in error messages.
-
-    Returns:
-        A plain dict (mode, kind, implementation, rank, proj_dim, seed,
-        update_gap, on_refresh, scale), or ``None``.
-
-    Raises:
-        OptimizerError: unknown keys or invalid values, all listed.
-    """
-    if value is None:
-        return None
-    if isinstance(value, ProjectionConfig):
-        return value.model_dump()
-    if not isinstance(value, Mapping):
-        raise OptimizerError(
-            f"{where} must be a mapping such as {{'mode': 'per_matrix', 'rank': 8}} or a projector "
-            f"object, got {type(value).__name__}"
-        )
-    try:
-        return ProjectionConfig.model_validate(dict(value)).model_dump()
-    except ValidationError as e:
-        lines = []
-        for err in e.errors():
-            key = ".".join(str(p) for p in err["loc"])
-            msg = err["msg"].removeprefix("Value error, ")
-            lines.append(f"{where}{'.' + key if key else ''}: {msg} (got {err.get('input')!r})")
-        raise OptimizerError("invalid projection settings:\n  " + "\n  ".join(lines)) from None
 
 
 def derive_slot_seed(seed: int, *position: int) -> int:
@@ -345,7 +307,7 @@ def build_slots(
 
     Args:
         params: the group's parameters, in order.
-        settings: resolved projection settings (:func:`resolve_projection`), or None.
+        settings: resolved projection settings (:func:`trakcli.optim.settings.resolve_projection`), or None.
         group_index: position of the group (part of every derived seed).
         projector: a user's projector object (mode global, ``grad_dim`` = the group's numel).
 

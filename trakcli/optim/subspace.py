@@ -37,7 +37,8 @@ from torch import nn
 from torch.nn.utils import parametrize
 
 from trakcli.errors import OptimizerError
-from trakcli.optim.slots import build_projector, derive_slot_seed, resolve_projection
+from trakcli.optim.settings import ProjectionSettings, resolve_projection
+from trakcli.optim.slots import build_projector, derive_slot_seed
 from trakcli.projectors import Projector
 
 
@@ -76,7 +77,9 @@ class Subspace(nn.Module):
         grad_dim: their total number of entries.
     """
 
-    def __init__(self, model: nn.Module, projection: Mapping[str, Any] | Projector, names: list[str]):
+    def __init__(
+        self, model: nn.Module, projection: Mapping[str, Any] | ProjectionSettings | Projector, names: list[str]
+    ):
         super().__init__()
         object.__setattr__(self, "model", model)
         params = dict(model.named_parameters())
@@ -170,14 +173,14 @@ def _get(model: nn.Module, name: str) -> torch.Tensor:
 
 
 def attach(
-    model: nn.Module, projection: Mapping[str, Any] | Projector, params: list[str] | None = None
+    model: nn.Module, projection: Mapping[str, Any] | ProjectionSettings | Projector, params: list[str] | None = None
 ) -> Subspace:
     """Reparametrize ``model`` in place as ``W = W0 + unproject(z)`` and return the :class:`Subspace` holding ``z``.
 
     Args:
         model: any module; its selected parameters are frozen at their current values ``W0``.
-        projection: a mapping with ``mode: global``, ``proj_dim``, ``kind``,
-            ``seed`` (:class:`trakcli.config.ProjectionConfig`), or a projector
+        projection: a :class:`~trakcli.optim.settings.ProjectionSettings` or a mapping of
+            its keys, with ``mode: global``, ``proj_dim``, ``kind``, ``seed``; or a projector
             object with ``grad_dim`` = the selected parameters' numel.
         params: fnmatch patterns of parameter names to reparametrize (default:
             every parameter that requires grad); the others are frozen too.
