@@ -1,9 +1,11 @@
 """The Zarr v3 store: layout, resume, locking, provenance, checksums, export; the checkpoint manifest.
 
-The only part of trakcli that imports zarr. Layout (README, "Store layout")::
+The only part of trakcli that imports zarr. Layout (README, "The store")::
 
     <store>.zarr/                  attrs: schema_version, trakcli_version, config (resolved),
-                                   identity (everything the train features depend on)
+                                   identity (everything the train features depend on),
+                                   layout (n_train, proj_dim, chunk_rows, dtype, compressor:
+                                   the StoreLayout featurize gave; absent in older stores)
       train/<model_id>/            attrs: checkpoint, sha256
         features    [n_train, proj_dim] float32 (or float16), chunked by rows
         out_to_loss [n_train]           float32
@@ -39,8 +41,11 @@ and ``featurize --overwrite`` keeps it across the re-creation of the store.
 
 Modules:
 
-- :mod:`~trakcli.store.identity`: ``flatten``, ``jsonable``, ``diff_keys``,
-  ``settings_mismatch``: the one key-by-key diff of settings (no zarr).
+- :mod:`~trakcli.store.identity`: ``flatten``, ``jsonable``, ``differing_keys``,
+  ``diff_keys``, ``settings_mismatch``, ``check_same``, ``record_or_check``: the one
+  key-by-key diff of settings and the one record-or-check (no zarr).
+- :mod:`~trakcli.store.layout`: :class:`StoreLayout`, the array shapes and storage
+  the caller tells the store (n_train, proj_dim, chunk_rows, dtype, compressor) (no zarr).
 - :mod:`~trakcli.store.lock`: :class:`StoreLock`, the ``<store>.lock`` file (no zarr).
 - :mod:`~trakcli.store.manifest`: the manifest of `trak optimize`'s checkpoints,
   read by config resolution (no zarr, no torch).
@@ -59,11 +64,20 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from trakcli.store.identity import diff_keys, flatten, jsonable, settings_mismatch
+from trakcli.store.identity import (
+    check_same,
+    diff_keys,
+    differing_keys,
+    flatten,
+    jsonable,
+    record_or_check,
+    settings_mismatch,
+)
+from trakcli.store.layout import COMPRESSORS, STORAGE_DTYPES, StoreLayout
 from trakcli.store.lock import StoreLock
 
 if TYPE_CHECKING:
-    from trakcli.store.rows import COMPRESSORS, STORAGE_DTYPES, ChunkedRows, EvalRows, StoreCorruptError
+    from trakcli.store.rows import ChunkedRows, EvalRows, StoreCorruptError
     from trakcli.store.store import SCHEMA_VERSION, Store
 
 _LAZY = {
@@ -72,8 +86,6 @@ _LAZY = {
     "ChunkedRows": "trakcli.store.rows",
     "EvalRows": "trakcli.store.rows",
     "StoreCorruptError": "trakcli.store.rows",
-    "STORAGE_DTYPES": "trakcli.store.rows",
-    "COMPRESSORS": "trakcli.store.rows",
 }
 
 __all__ = [
@@ -84,10 +96,14 @@ __all__ = [
     "EvalRows",
     "Store",
     "StoreCorruptError",
+    "StoreLayout",
     "StoreLock",
+    "check_same",
     "diff_keys",
+    "differing_keys",
     "flatten",
     "jsonable",
+    "record_or_check",
     "settings_mismatch",
 ]
 

@@ -16,7 +16,7 @@ from zarr.codecs import Crc32cCodec
 
 from trakcli import __version__
 from trakcli.errors import StoreError, StoreMismatchError
-from trakcli.store.identity import jsonable, settings_mismatch
+from trakcli.store.identity import check_same, jsonable
 from trakcli.store.rows import EvalRows, codecs
 
 if TYPE_CHECKING:
@@ -71,8 +71,8 @@ def open_eval_rows(
             old = group.attrs.get("identity")
             if overwrite:
                 del store.root["eval"]
-            elif old != identity:
-                raise settings_mismatch(
+            else:
+                check_same(
                     f"the retrained models in {store.path}/eval", old, identity,
                     "rerun `trak eval lds CONFIG --overwrite` to retrain them, or restore those settings",
                 )

@@ -12,7 +12,7 @@ Imports neither zarr nor torch.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, MutableMapping
 
 from trakcli.errors import StoreMismatchError
 
@@ -48,15 +48,29 @@ def jsonable(d: Any) -> Any:
 _UNSET = object()
 
 
-def diff_keys(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """Human-readable lines ``key: store has X, this run has Y`` for differing leaves."""
+def _leaves(old: dict[str, Any], new: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+    """Flattened :func:`jsonable` ``old`` and ``new``, and their differing keys (sorted)."""
     a, b = flatten(jsonable(old)), flatten(jsonable(new))
+    return a, b, [k for k in sorted(set(a) | set(b)) if a.get(k, _UNSET) != b.get(k, _UNSET)]
+
+
+def differing_keys(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """The dotted keys whose leaves differ between ``old`` and ``new`` (sorted).
+
+    Both are compared as :func:`jsonable` and :func:`flatten` make them; a key
+    present on one side only differs (even if the other side's value is None).
+
+    Example:
+        ``differing_keys({"lr": 0.1, "seed": 0}, {"lr": 0.2, "seed": 0})`` is ``["lr"]``.
+    """
+    return _leaves(old, new)[2]
+
+
+def diff_keys(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """Human-readable lines ``key: store has X, this run has Y`` for the :func:`differing_keys`."""
+    a, b, keys = _leaves(old, new)
     show = lambda v: "<unset>" if v is _UNSET else repr(v)  # noqa: E731
-    return [
-        f"{k}: store has {show(a.get(k, _UNSET))}, this run has {show(b.get(k, _UNSET))}"
-        for k in sorted(set(a) | set(b))
-        if a.get(k, _UNSET) != b.get(k, _UNSET)
-    ]
+    return [f"{k}: store has {show(a.get(k, _UNSET))}, this run has {show(b.get(k, _UNSET))}" for k in keys]
 
 
 def settings_mismatch(what: str, old: dict[str, Any] | None, new: dict[str, Any], fix: str) -> StoreMismatchError:
@@ -64,3 +78,48 @@ def settings_mismatch(what: str, old: dict[str, Any] | None, new: dict[str, Any]
     lines = diff_keys(old or {}, new) or ["(identity differs)"]
     return StoreMismatchError(f"{what} were made with different settings:\n  " + "\n  ".join(lines) + f"\n{fix}")
 
+
+
+def check_same(what: str, old: Any, new: Any, fix: str) -> None:
+    """Refuse a run whose settings differ from the recorded ones.
+
+    Args:
+        what: what was made with the recorded settings (``"the contents of store out.zarr"``).
+        old: the recorded settings (as read back from JSON; None if none were recorded).
+        new: this run's settings (any JSON-able value; compared after :func:`jsonable`).
+        fix: the sentence telling the user what to do.
+
+    Raises:
+        StoreMismatchError: ``old != jsonable(new)``; names every differing key (:func:`settings_mismatch`).
+    """
+    new = jsonable(new)
+    if old != new:
+        raise settings_mismatch(what, old, new, fix)
+
+
+def record_or_check(
+    attrs: MutableMapping[str, Any], key: str, value: Any, *, what: str, fix: str, record: bool = True
+) -> bool:
+    """Record ``value`` under ``attrs[key]`` if nothing is recorded there, else check it is the recorded one.
+
+    Args:
+        attrs: where settings are recorded (zarr attributes, or any mapping).
+        key: the attribute.
+        value: this run's settings (stored as :func:`jsonable` of it).
+        what, fix: for the error (see :func:`check_same`).
+        record: whether this process may record (False on ranks > 0: an absent record then refuses).
+
+    Returns:
+        True if ``value`` was recorded now, False if it matched the recorded one.
+
+    Raises:
+        StoreMismatchError: the recorded settings differ, or none are recorded and ``record`` is False.
+        OSError: the attribute cannot be written (the caller names its store).
+    """
+    value = jsonable(value)
+    old = attrs.get(key)
+    if old is None and record:
+        attrs[key] = value
+        return True
+    check_same(what, old, value, fix)
+    return False

@@ -17,9 +17,6 @@ from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
 
 from trakcli.errors import StoreError
 
-STORAGE_DTYPES = ("float32", "float16")
-COMPRESSORS = ("zstd", "blosc", "none")
-
 
 class StoreCorruptError(StoreError):
     """A chunk failed its checksum or could not be decoded."""

@@ -20,7 +20,8 @@ from trakcli.errors import StoreError, StoreMismatchError
 from trakcli.store import evalgroup
 from trakcli.store import summary as store_summary
 from trakcli.store.evalgroup import eval_kept, restore_eval
-from trakcli.store.identity import jsonable, settings_mismatch
+from trakcli.store.identity import check_same, jsonable, record_or_check
+from trakcli.store.layout import LAYOUT_ATTR, StoreLayout
 from trakcli.store.rows import ChunkedRows, EvalRows, codecs, read_checked
 
 SCHEMA_VERSION = 1
@@ -30,11 +31,13 @@ class Store:
     """A trakcli Zarr store on disk.
 
     Open with :meth:`create_or_check` (featurize) or :meth:`open_existing` (score, inspect).
+    The shapes of the feature and score arrays come from :attr:`layout`.
     """
 
-    def __init__(self, path: Path, group: Any):
+    def __init__(self, path: Path, group: Any, layout: StoreLayout | None = None):
         self.path = path
         self.root = group
+        self._layout = layout  # told by create_or_check; the recorded attribute wins
 
     # -- opening --------------------------------------------------------------
 
@@ -67,6 +70,7 @@ class Store:
         path: str | Path,
         identity: dict[str, Any],
         config: dict[str, Any],
+        layout: StoreLayout,
         overwrite: bool = False,
         create: bool = True,
     ) -> "Store":
@@ -76,13 +80,17 @@ class Store:
             path: store directory.
             identity: everything the train features depend on (model, task,
                 grad_wrt, projector spec, grad_dim, train data fingerprint,
-                chunking and storage).
+                chunking and storage); recorded as given and compared as a whole,
+                never read for shapes.
             config: the resolved config, recorded in the attributes.
+            layout: the shapes and storage of the arrays (n_train, proj_dim,
+                chunk_rows, dtype, compressor), recorded in the root attribute
+                ``layout`` (also into an older store that lacks it) and checked.
             overwrite: delete an existing store first.
             create: whether this process may create it (False on ranks > 0).
 
         Raises:
-            StoreMismatchError: the store exists with a different identity (names the keys).
+            StoreMismatchError: the store exists with a different identity or layout (names the keys).
             StoreError: the path cannot be created or is not a trakcli store.
         """
         path = Path(path)
@@ -109,19 +117,29 @@ class Store:
             if old is None and create and "train" not in store.root:
                 # made by `trak eval` (retraining only): this run gives it its identity
                 try:
-                    store.root.attrs.update({"identity": identity, "config": jsonable(config)})
+                    store.root.attrs.update(
+                        {"identity": identity, "config": jsonable(config), LAYOUT_ATTR: layout.to_attrs()}
+                    )
                 except OSError as e:
                     raise StoreError(f"cannot write the attributes of {path}: {e}") from None
                 return store
-            if old != identity:
-                raise settings_mismatch(
-                    f"the contents of store {path}", old, identity,
-                    "rerun with --overwrite to start over, or choose another store path",
-                )
+            fix = "rerun with --overwrite to start over, or choose another store path"
+            check_same(f"the contents of store {path}", old, identity, fix)
+            if LAYOUT_ATTR in store.root.attrs or create:  # an older store without one gets it recorded
+                try:
+                    record_or_check(store.root.attrs, LAYOUT_ATTR, layout.to_attrs(),
+                                    what=f"the arrays of store {path}", fix=fix, record=create)
+                except OSError as e:
+                    raise StoreError(f"cannot write the attributes of {path}: {e}") from None
+            store._layout = layout
             return store
         if not create:
             raise StoreError(f"no trakcli store at {path}")
-        return cls._create_root(path, {"identity": identity, "config": jsonable(config)})
+        store = cls._create_root(
+            path, {"identity": identity, "config": jsonable(config), LAYOUT_ATTR: layout.to_attrs()}
+        )
+        store._layout = layout
+        return store
 
     @classmethod
     def _create_root(cls, path: Path, attrs: dict[str, Any]) -> "Store":
@@ -191,8 +209,22 @@ class Store:
         return dict(self.root.attrs.get("identity", {}))
 
     @property
-    def _storage(self) -> dict[str, Any]:
-        return self.identity["storage"]
+    def layout(self) -> StoreLayout:
+        """The shapes and storage of the feature and score arrays.
+
+        The root attribute ``layout`` if recorded, else the one
+        :meth:`create_or_check` was given, else (a store written before the
+        attribute existed) the one its recorded identity implies.
+
+        Raises:
+            StoreError: none of these is available (a store without train features), or the record is damaged.
+        """
+        recorded = self.root.attrs.get(LAYOUT_ATTR)
+        if recorded is not None:
+            return StoreLayout.from_attrs(recorded, str(self.path))
+        if self._layout is not None:
+            return self._layout
+        return StoreLayout.from_legacy_identity(self.identity, str(self.path))
 
     # -- arrays ---------------------------------------------------------------
 
@@ -205,7 +237,7 @@ class Store:
         create: bool,
     ) -> tuple[dict[str, Any], Any]:
         data = {}
-        array_codecs = codecs(self._storage["compressor"])
+        array_codecs = codecs(self.layout.compressor)
         for name, (shape, dtype) in shape_of.items():
             if name in group:
                 arr = group[name]
@@ -259,10 +291,8 @@ class Store:
         Raises:
             StoreMismatchError: the store holds this model_id from a file with another sha256.
         """
-        ident = self.identity
-        n_train, proj_dim = ident["train_data"]["n"], ident["projector"]["proj_dim"]
-        st = self._storage
-        rows = st["chunk_rows"]
+        layout = self.layout
+        n_train, proj_dim, rows = layout.n_train, layout.proj_dim, layout.chunk_rows
         group = self._group(f"train/{model_id}", create)
         if sha256 is not None:
             old = group.attrs.get("sha256")
@@ -277,7 +307,7 @@ class Store:
         data, done = self._arrays(
             group,
             {
-                "features": ((n_train, proj_dim), st["dtype"]),
+                "features": ((n_train, proj_dim), layout.dtype),
                 "out_to_loss": ((n_train,), "float32"),
                 "nonfinite": ((n_train,), "uint8"),
             },
@@ -311,7 +341,7 @@ class Store:
                 arr.attrs.clear()
             else:
                 arr = group.create_array("kernel", shape=(p, p), chunks=(p, p), dtype="float64", fill_value=0,
-                                         compressors=codecs(self._storage["compressor"]))
+                                         compressors=codecs(self.layout.compressor))
             arr[:] = np.ascontiguousarray(factor)
             arr.attrs.update({"form": "cholesky_lower", "lambda_reg": lambda_reg, "settings": jsonable(settings)})
         except OSError as e:
@@ -329,13 +359,12 @@ class Store:
         Raises:
             StoreMismatchError: the experiment was featurized with other targets or checkpoints.
         """
-        proj_dim = self.identity["projector"]["proj_dim"]
-        st = self._storage
+        layout = self.layout
+        proj_dim, rows = layout.proj_dim, layout.chunk_rows
         self._experiment_group("targets", experiment, attrs, create)
         group = self._group(f"targets/{experiment}/{model_id}", create)
-        rows = st["chunk_rows"]
         data, done = self._arrays(
-            group, {"features": ((n_target, proj_dim), st["dtype"])}, {"features": (rows, proj_dim)},
+            group, {"features": ((n_target, proj_dim), layout.dtype)}, {"features": (rows, proj_dim)},
             -(-n_target // rows), create,
         )
         return ChunkedRows(data, done, rows, n_target)
@@ -346,8 +375,7 @@ class Store:
         Raises:
             StoreMismatchError: the experiment was scored with other settings.
         """
-        n_train = self.identity["train_data"]["n"]
-        cols = self._storage["chunk_rows"]
+        n_train, cols = self.layout.n_train, self.layout.chunk_rows
         group = self._experiment_group("scores", experiment, settings, create)
         t_rows = min(n_target, max(1, (8 << 20) // (4 * cols)))  # ~8 MB chunks
         data, done = self._arrays(
@@ -361,12 +389,10 @@ class Store:
         attrs = jsonable(attrs)
         if name in self.root:
             group = self.root[name]
-            old = {k: group.attrs.get(k) for k in attrs}
-            if old != attrs:
-                raise settings_mismatch(
-                    f"{kind} of experiment {experiment!r} in {self.path}", old, attrs,
-                    "rerun with --overwrite to recompute them, or set score.experiment to a new name",
-                )
+            check_same(
+                f"{kind} of experiment {experiment!r} in {self.path}", {k: group.attrs.get(k) for k in attrs}, attrs,
+                "rerun with --overwrite to recompute them, or set score.experiment to a new name",
+            )
             return group
         group = self._group(name, create)
         if create:
