@@ -23,7 +23,7 @@ from trakcli.config.recipe import (
     flat_recipe,
     recipe_identity,
 )
-from trakcli.config.resolve import check_files, recipe_key, resolve_checkpoints
+from trakcli.config.resolve import check_files, resolve_checkpoints
 from trakcli.config.schema import (
     BUILTIN_DATASETS,
     Config,
@@ -58,6 +58,5 @@ __all__ = [
     "load_config",
     "parse_overrides",
     "recipe_identity",
-    "recipe_key",
     "resolve_checkpoints",
 ]

@@ -9,21 +9,13 @@ from trakcli.config.schema import Config
 from trakcli.errors import ConfigError
 
 
-def recipe_key(cfg: Config) -> str:
-    """The config key of the training recipe as the user spelled it: ``training`` or ``optimize``.
-
-    The same as :attr:`Config.recipe_key`, which new code should read.
-    """
-    return cfg.recipe_key
-
-
 def resolve_checkpoints(cfg: Config) -> list[Path]:
     """The checkpoint files of ``cfg`` in model_id order (sorted paths; a list keeps its order).
 
     An entry ``hf:DIR`` (or ``hf:package/dir``) is a Hugging Face model directory,
     found as for ``model.entrypoint``. A single path ending in ``.json`` is the
     ``manifest.json`` of a `trak optimize` run: its checkpoints in model_id order,
-    paths relative to the manifest (see :func:`trakcli.manifest.manifest_checkpoints`).
+    paths relative to the manifest (see :func:`trakcli.store.manifest.manifest_checkpoints`).
 
     Raises:
         ConfigError: if the glob matches nothing or a listed file is missing; for a
