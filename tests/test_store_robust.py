@@ -351,3 +351,37 @@ def test_inspect_and_export(tmp_path, reference):
     assert res.returncode == 1 and "has no array 'train/9/features'" in res.stderr
     res = run(reference, "inspect", "nowhere.zarr")
     assert res.returncode == 1 and "no trakcli store at nowhere.zarr" in res.stderr
+
+
+def test_layout_is_recorded_and_an_older_store_without_it_is_read_then_given_it(tmp_path, reference):
+    root = make_project(tmp_path / "p")
+    assert run(root, "featurize", "run.yaml", "-q").returncode == 0
+    path = root / "out" / "attrib.zarr"
+    layout = {"n_train": N_TRAIN, "proj_dim": 32, "chunk_rows": CHUNK, "dtype": "float32", "compressor": "zstd"}
+    assert dict(zarr.open_group(str(path), mode="r").attrs)["layout"] == layout
+    g = zarr.open_group(str(path), mode="r+")  # as written by a trakcli before the layout attribute
+    del g.attrs["layout"]
+    res = run(root, "score", "run.yaml", "-q")  # reads the shapes from the store's recorded identity
+    assert res.returncode == 0, res.stderr
+    assert "layout" not in zarr.open_group(str(path), mode="r").attrs
+    assert_same_store(path, reference / "out" / "attrib.zarr")
+    assert run(root, "featurize", "run.yaml", "-q").returncode == 0  # a finished run records it
+    assert dict(zarr.open_group(str(path), mode="r").attrs)["layout"] == layout
+    assert json.loads(run(root, "inspect", "out/attrib.zarr", "--json").stdout)["train"][0]["rows_done"] == N_TRAIN
+
+
+def test_store_is_told_its_layout_and_refuses_another(tmp_path):
+    from trakcli.errors import StoreError, StoreMismatchError
+    from trakcli.store import Store, StoreLayout
+
+    identity = {"train_data": {"n": 999}, "projector": {"proj_dim": 999}}  # never read for shapes
+    store = Store.create_or_check(tmp_path / "s.zarr", identity, {}, layout=StoreLayout(50, 8, 16))
+    rows = store.train(0, "m0.pt", "0" * 64)
+    assert rows.data["features"].shape == (50, 8) and rows.n_chunks == 4
+    assert store.scores("e", 3, {"lambda_reg": 1.0}).data["scores"].shape == (3, 50)
+    again = Store.create_or_check(tmp_path / "s.zarr", identity, {}, layout=StoreLayout(50, 8, 16), create=False)
+    assert again.train(0, create=False).data["features"].shape == (50, 8)
+    with pytest.raises(StoreMismatchError, match="n_train: store has 50, this run has 60"):
+        Store.create_or_check(tmp_path / "s.zarr", identity, {}, layout=StoreLayout(60, 8, 16))
+    with pytest.raises(StoreError, match="compressor 'lz4' is not one of zstd, blosc, none"):
+        StoreLayout(50, 8, 16, compressor="lz4")
