@@ -19,6 +19,7 @@ from trakcli.cli.main import app
 from trakcli.config import DatasetConfig
 from trakcli.data import load_dataset
 from trakcli.errors import DataError, UsageError
+from trakcli.plots.common import OPP_FILL, PRO_FILL
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -118,7 +119,7 @@ def test_plot_top_digits_png_is_valid_small_and_split_in_two_panels(digits, tmp_
     img = matplotlib.image.imread(out)
     h, w = img.shape[:2]
     assert img.ndim == 3 and 1000 < w < 1600 and 400 < h < 700  # 3 rows of 1 + 2x5 images at dpi 100
-    assert has_color(img, plots._PRO_FILL) and has_color(img, plots._OPP_FILL)  # green and red panels
+    assert has_color(img, PRO_FILL) and has_color(img, OPP_FILL)  # green and red panels
     # more targets, more rows
     plots.plot_top(tmp_path / "six.png", scores.repeat(2, axis=0), train, target, target_ids=range(6), top_k=5)
     assert matplotlib.image.imread(tmp_path / "six.png").shape[0] > 1.8 * h

@@ -39,9 +39,24 @@ class ConfigError(TrakError):
 
 
 class UsageError(TrakError):
-    """A command-line flag has a bad value (exit code 2, like a click usage error)."""
+    """A command-line flag has a bad value (exit code 2, like a click usage error).
+
+    Raised by the CLI (``trakcli.cli``) about its own flags. Library code
+    raises :class:`ArgumentError` instead.
+    """
 
     exit_code = 2
+
+
+class ArgumentError(UsageError):
+    """A library function was given an argument it cannot use: a path it cannot write, a count below 1, no rows.
+
+    Library code (plots, retraining) raises it; the message names the argument
+    as the caller named it (e.g. ``check_plot_path(path, flag="--plot")``). A
+    command that passes a flag's value straight through reports it as that bad
+    flag: exit code 2, hence a :class:`UsageError` subclass (which also keeps
+    ``except UsageError`` handlers working).
+    """
 
 
 class DataError(TrakError):

@@ -1,10 +1,4 @@
-"""Pictures of TRAK results: targets beside their proponents and opponents, and sweep curves.
-
-matplotlib is imported inside the drawing functions (``import trakcli`` stays
-fast) and drawn off-screen with its non-interactive Agg canvas: no window, no
-pyplot global state, safe in a headless job. A figure is written as ``.png``,
-``.pdf`` or ``.svg``, chosen by the path's suffix.
-"""
+"""Targets beside their top proponents and opponents: images in a grid, other data in tables."""
 
 from __future__ import annotations
 
@@ -14,48 +8,11 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from trakcli.errors import DataError, UsageError
-
-#: File formats the plots are written in (matplotlib's own backends, no extra dependency).
-PLOT_SUFFIXES = (".png", ".pdf", ".svg")
-
-_PRO_COLOR = "#1a7f37"  # proponents: green
-_OPP_COLOR = "#c62828"  # opponents: red
-_PRO_FILL = "#e8f5e9"
-_OPP_FILL = "#fdecea"
-_TARGET_COLOR = "#1f4e9a"
-
-
-def check_plot_path(path: str | Path, flag: str = "plot path") -> Path:
-    """Check that a figure can be written to ``path``, before any work is done.
-
-    Args:
-        path: the file to write; its suffix picks the format (``.png``, ``.pdf``, ``.svg``).
-        flag: how the path is named in messages (the CLI passes ``"--plot"``).
-
-    Returns:
-        ``path`` as a :class:`~pathlib.Path`.
-
-    Raises:
-        UsageError: unknown suffix, missing parent directory, a directory at
-            ``path``, or a path the file system refuses (e.g. a name too long).
-    """
-    path = Path(path)
-    if path.suffix.lower() not in PLOT_SUFFIXES:
-        raise UsageError(
-            f"{flag} {path}: unknown format {path.suffix or '(no suffix)'!r}; use a "
-            + " / ".join(PLOT_SUFFIXES) + " path"
-        )
-    try:
-        if not path.parent.is_dir():
-            raise UsageError(
-                f"{flag} {path}: directory {path.parent} does not exist; create it or choose another path"
-            )
-        if path.is_dir():
-            raise UsageError(f"{flag} {path} is a directory; give a file name such as {path / 'top.png'}")
-    except OSError as e:  # e.g. a name too long for the file system
-        raise UsageError(f"{flag} {path}: {e.strerror or e}; choose another path") from None
-    return path
+from trakcli.errors import ArgumentError, DataError
+from trakcli.plots.common import (
+    OPP_COLOR, OPP_FILL, PRO_COLOR, PRO_FILL, TARGET_COLOR, as_numpy, check_plot_path, escape_math, new_figure,
+    save_figure, shorten,
+)
 
 
 def top_indices(row: Any, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -74,13 +31,13 @@ def top_indices(row: Any, k: int) -> tuple[np.ndarray, np.ndarray]:
         ``(proponents, opponents)``, two int64 arrays of at most ``k`` train indices.
 
     Raises:
-        UsageError: ``k < 1`` or ``row`` is not 1-D.
+        ArgumentError: ``k < 1`` or ``row`` is not 1-D.
     """
-    row = _as_numpy(row)
+    row = as_numpy(row)
     if row.ndim != 1:
-        raise UsageError(f"top_indices: a target's scores must be 1-D [n_train], got shape {list(row.shape)}")
+        raise ArgumentError(f"top_indices: a target's scores must be 1-D [n_train], got shape {list(row.shape)}")
     if k < 1:
-        raise UsageError(f"top_indices: k={k}; show at least 1 proponent and opponent")
+        raise ArgumentError(f"top_indices: k={k}; show at least 1 proponent and opponent")
     valid = np.flatnonzero(np.isfinite(row))
     order = valid[np.argsort(row[valid], kind="stable")]  # ascending score
     return order[::-1][:k].astype(np.int64), order[:k].astype(np.int64)
@@ -153,7 +110,7 @@ class DecodedTexts(Sequence[str]):
     def __getitem__(self, i: Any) -> Any:
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
-        ids = _as_numpy(self.input_ids[int(i)]).tolist()
+        ids = as_numpy(self.input_ids[int(i)]).tolist()
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
 
@@ -189,7 +146,7 @@ def plot_top(
         path: file to write, ``.png`` / ``.pdf`` / ``.svg``.
         scores: ``[n, n_train]`` float scores (numpy array or tensor), row ``t``
             for target ``t`` of ``target``; may hold only the first rows
-            (e.g. :meth:`trakcli.pipeline.ScoreResult.head`).
+            (e.g. :meth:`trakcli.jobs.score.ScoreResult.head`).
         train: the train dataset (``inputs``, ``labels [n_train]``; e.g. a
             :class:`trakcli.data.TensorDataset`).
         target: the target dataset, same kind of inputs as ``train``.
@@ -207,33 +164,33 @@ def plot_top(
         ``path`` as a :class:`~pathlib.Path`.
 
     Raises:
-        UsageError: bad path or suffix (see :func:`check_plot_path`), the file
+        ArgumentError: bad path or suffix (see :func:`check_plot_path`), the file
             cannot be written, ``top_k < 1``, or a target id outside ``scores``/``target``.
         DataError: ``scores`` does not have one column per train example, or
             the texts / class names do not match the datasets.
     """
     path = check_plot_path(path)
-    scores = _as_numpy(scores)
+    scores = as_numpy(scores)
     if scores.ndim != 2 or scores.shape[1] != len(train.labels):
         raise DataError(
             f"scores have shape {list(scores.shape)} but there are {len(train.labels)} train examples; "
             "pass the [n_target, n_train] scores of this train set"
         )
     if top_k < 1:
-        raise UsageError(f"top_k={top_k}; show at least 1 proponent and opponent per target")
+        raise ArgumentError(f"top_k={top_k}; show at least 1 proponent and opponent per target")
     ids = list(range(min(3, scores.shape[0]))) if target_ids is None else [int(t) for t in target_ids]
     if not ids:
-        raise UsageError("no targets to draw: target_ids is empty (or scores has no rows)")
+        raise ArgumentError("no targets to draw: target_ids is empty (or scores has no rows)")
     bad = [t for t in ids if not 0 <= t < min(scores.shape[0], len(target.labels))]
     if bad:
-        raise UsageError(
+        raise ArgumentError(
             f"target ids {bad[:5]} are out of range: scores has {scores.shape[0]} rows and the target set "
             f"{len(target.labels)} examples"
         )
     for name, texts, ds in (("train_texts", train_texts, train), ("target_texts", target_texts, target)):
         if texts is not None and len(texts) != len(ds.labels):
             raise DataError(f"{name} has {len(texts)} entries but the dataset has {len(ds.labels)} examples")
-    train_y, target_y = _as_numpy(train.labels), _as_numpy(target.labels)
+    train_y, target_y = as_numpy(train.labels), as_numpy(target.labels)
     if class_names is not None:
         top = int(max(train_y.max(initial=0), target_y.max(initial=0)))
         if top >= len(class_names):
@@ -255,14 +212,14 @@ def plot_top(
         fig = _image_figure(scores, train, target, tr_shape, picks, k, label, title, cmap)
     else:
         fig = _table_figure(scores, train_y, target_y, picks, k, label, title, train_texts, target_texts)
-    _save(fig, path, dpi)
+    save_figure(fig, path, dpi)
     return path
 
 
 def _image_figure(scores, train, target, shape, picks, k, label, title, cmap):
     n_rows = len(picks)
-    tr_x, ta_x = _as_numpy(train.inputs), _as_numpy(target.inputs)
-    tr_y, ta_y = _as_numpy(train.labels), _as_numpy(target.labels)
+    tr_x, ta_x = as_numpy(train.inputs), as_numpy(target.inputs)
+    tr_y, ta_y = as_numpy(train.labels), as_numpy(target.labels)
     shown = [ta_x[[t for t, _, _ in picks]]] + [tr_x[np.concatenate([p, o])] for _, p, o in picks]
     lo = min(float(a.min()) for a in shown)
     hi = max(float(a.max()) for a in shown)
@@ -275,14 +232,14 @@ def _image_figure(scores, train, target, shape, picks, k, label, title, cmap):
         return img
 
     cell_w, cell_h = 1.05, 1.45  # inches per image, with its two title lines
-    fig = _new_figure(figsize=(cell_w * (1 + 2 * k) + 0.9, cell_h * n_rows + 0.75), layout="constrained")
+    fig = new_figure(figsize=(cell_w * (1 + 2 * k) + 0.9, cell_h * n_rows + 0.75), layout="constrained")
     fig.get_layout_engine().set(w_pad=0.04, h_pad=0.04, wspace=0.03, hspace=0.05)
     fig.suptitle(title, fontsize=10)
     sub_t, sub_p, sub_o = fig.subfigures(1, 3, width_ratios=[1.15, k, k], wspace=0.02)
     panels = (
-        (sub_t, "target", _TARGET_COLOR, "white"),
-        (sub_p, "proponents: highest scores", _PRO_COLOR, _PRO_FILL),
-        (sub_o, "opponents: lowest scores", _OPP_COLOR, _OPP_FILL),
+        (sub_t, "target", TARGET_COLOR, "white"),
+        (sub_p, "proponents: highest scores", PRO_COLOR, PRO_FILL),
+        (sub_o, "opponents: lowest scores", OPP_COLOR, OPP_FILL),
     )
     axes = {}
     for sub, head, color, fill in panels:
@@ -293,7 +250,7 @@ def _image_figure(scores, train, target, shape, picks, k, label, title, cmap):
     ax_t, ax_p, ax_o = (axes[h] for _, h, _, _ in panels)
 
     def caption(i: int, t: int) -> str:
-        return _escape(f"#{i} label {label(tr_y[i])}\n{scores[t, i]:+.3g}")
+        return escape_math(f"#{i} label {label(tr_y[i])}\n{scores[t, i]:+.3g}")
 
     # long indices or class names: a smaller font rather than titles running into each other
     longest = max(len(line) for t, p, o in picks for i in (*p, *o) for line in caption(int(i), t).split("\n"))
@@ -310,8 +267,8 @@ def _image_figure(scores, train, target, shape, picks, k, label, title, cmap):
         ax.set_title(text, fontsize=fontsize, color="black", pad=3, linespacing=1.15)
 
     for r, (t, pro, opp) in enumerate(picks):
-        draw(ax_t[r, 0], ta_x[t], _escape(f"target #{t}\nlabel {label(ta_y[t])}"), _TARGET_COLOR)
-        for grid, idx, color in ((ax_p, pro, _PRO_COLOR), (ax_o, opp, _OPP_COLOR)):
+        draw(ax_t[r, 0], ta_x[t], escape_math(f"target #{t}\nlabel {label(ta_y[t])}"), TARGET_COLOR)
+        for grid, idx, color in ((ax_p, pro, PRO_COLOR), (ax_o, opp, OPP_COLOR)):
             for c in range(k):
                 ax = grid[r, c]
                 if c >= len(idx):
@@ -328,7 +285,7 @@ def _table_figure(scores, train_y, target_y, picks, k, label, title, train_texts
     row_h = 0.24  # inches per table row
     block_h = row_h * (k + 1) + 0.45  # rows + header + the target's title line
     width = 13.0 if with_text else 7.5
-    fig = _new_figure(figsize=(width, block_h * n + 0.5), layout="constrained")
+    fig = new_figure(figsize=(width, block_h * n + 0.5), layout="constrained")
     fig.suptitle(title, fontsize=10)
     axes = np.asarray(fig.subplots(n, 1, squeeze=False))[:, 0]
     tables = []
@@ -338,17 +295,17 @@ def _table_figure(scores, train_y, target_y, picks, k, label, title, train_texts
         ax.set_axis_off()
         head = f"target #{t}, label {label(target_y[t])}"
         if target_texts is not None:
-            head += ": " + _short(target_texts[t], 110)
-        ax.set_title(_escape(head), fontsize=9, loc="left", color=_TARGET_COLOR, fontweight="bold")
+            head += ": " + shorten(target_texts[t], 110)
+        ax.set_title(escape_math(head), fontsize=9, loc="left", color=TARGET_COLOR, fontweight="bold")
         cells, colors = [], []
         for c in range(k):
             row, fill = [], []
-            for idx, fc in ((pro, _PRO_FILL), (opp, _OPP_FILL)):
+            for idx, fc in ((pro, PRO_FILL), (opp, OPP_FILL)):
                 if c < len(idx):
                     i = int(idx[c])
                     part = [f"#{i}", label(train_y[i]), f"{scores[t, i]:+.4g}"]
                     if with_text:
-                        part.append(_escape(_short(train_texts[i], 200)))  # cut to the cell in _fit_cells
+                        part.append(escape_math(shorten(train_texts[i], 200)))  # cut to the cell in _fit_cells
                 else:
                     part = [""] * len(cols)
                 row += part
@@ -359,7 +316,7 @@ def _table_figure(scores, train_y, target_y, picks, k, label, title, train_texts
             cellText=cells,
             colLabels=cols + [c.replace("proponent", "opponent") for c in cols],
             cellColours=colors,
-            colColours=[_PRO_FILL] * len(cols) + [_OPP_FILL] * len(cols),
+            colColours=[PRO_FILL] * len(cols) + [OPP_FILL] * len(cols),
             colWidths=widths * 2,
             cellLoc="left",
             bbox=[0.0, 0.0, 1.0, 1.0],
@@ -371,7 +328,7 @@ def _table_figure(scores, train_y, target_y, picks, k, label, title, train_texts
             cell.PAD = 0.03  # fraction of the cell width left blank on each side
             if r == 0:
                 cell.get_text().set_fontweight("bold")
-                cell.get_text().set_color(_PRO_COLOR if c < len(cols) else _OPP_COLOR)
+                cell.get_text().set_color(PRO_COLOR if c < len(cols) else OPP_COLOR)
         tables.append(table)
     _fit_cells(fig, tables)
     return fig
@@ -397,216 +354,3 @@ def _fit_cells(fig: Any, tables: list) -> None:
                 else:
                     hi = mid - 1
             text.set_text(full[:lo].rstrip().rstrip("\\") + "…")
-
-
-def plot_sweep(
-    path: str | Path,
-    rows: Sequence[Mapping[str, Any]],
-    *,
-    default: Mapping[str, Any] | None = None,
-    title: str | None = None,
-    dpi: int = 100,
-) -> Path:
-    """Draw the curves of an LDS sweep over proj_dim, checkpoints and lambda, and write the figure.
-
-    Three panels, each point with its 95% bootstrap interval as an error bar:
-
-    1. LDS against ``proj_dim`` (log2 axis), one line per number of
-       checkpoints, each point at the best lambda of that (proj_dim, checkpoints) pair;
-    2. LDS against the number of checkpoints, one line per ``proj_dim``, best lambda per point;
-    3. LDS against ``lambda_rel`` (log axis), one line per ``proj_dim``, at the
-       largest number of checkpoints of the sweep (against the absolute
-       ``lambda_reg`` if no row has a ``lambda_rel``).
-
-    The best row of the whole sweep is marked with a gold star, the
-    ``default`` settings (if they are among the rows) with a black diamond;
-    both are described in the title and marked on each panel they fall on.
-
-    Args:
-        path: file to write, ``.png`` / ``.pdf`` / ``.svg``.
-        rows: one dict per evaluated setting with ``proj_dim`` (int),
-            ``n_checkpoints`` (int), ``lambda_rel`` (float or None when an
-            absolute lambda was used), ``lambda_reg`` (float or None), ``lds``
-            (float, the linear datamodeling score) and ``ci_low``, ``ci_high``
-            (floats, 95% bootstrap interval; None: no error bar).
-        default: the default settings, a dict with ``proj_dim``,
-            ``n_checkpoints``, ``lambda_rel`` (and optionally ``lambda_reg``).
-        title: figure title; default: names the best setting.
-        dpi: resolution of raster output.
-
-    Returns:
-        ``path`` as a :class:`~pathlib.Path`.
-
-    Raises:
-        UsageError: bad path or suffix, the file cannot be written, no rows, or
-            a row missing a key or with a non-finite ``lds``.
-    """
-    path = check_plot_path(path)
-    pts = _sweep_points(rows)
-    best = max(pts, key=lambda p: p["lds"])
-    dflt = _find_default(pts, default) if default is not None else None
-    max_m = max(p["n_checkpoints"] for p in pts)
-    use_rel = any(p["lambda_rel"] is not None for p in pts)
-    lam_key = "lambda_rel" if use_rel else "lambda_reg"
-
-    fig = _new_figure(figsize=(15.0, 5.2), layout="constrained")
-    if title is None:
-        title = f"LDS sweep (error bars: 95% bootstrap interval)\n★ best: {_describe(best)}"
-        if dflt is not None:
-            title += f"     ◇ default: {_describe(dflt)}"
-    fig.suptitle(title, fontsize=10.5)
-    ax_d, ax_m, ax_l = fig.subplots(1, 3)
-
-    # panels 1 and 2: best lambda for each (proj_dim, n_checkpoints)
-    best_at: dict[tuple[int, int], dict] = {}
-    for p in pts:
-        key = (p["proj_dim"], p["n_checkpoints"])
-        if key not in best_at or p["lds"] > best_at[key]["lds"]:
-            best_at[key] = p
-    dims = sorted({d for d, _ in best_at})
-    ms = sorted({m for _, m in best_at})
-    for i, m in enumerate(ms):
-        line = [best_at[(d, m)] for d in dims if (d, m) in best_at]
-        _curve(ax_d, [p["proj_dim"] for p in line], line, f"{m} checkpoint{'s' if m > 1 else ''}", _shade(i, len(ms)))
-    for i, d in enumerate(dims):
-        line = [best_at[(d, m)] for m in ms if (d, m) in best_at]
-        _curve(ax_m, [p["n_checkpoints"] for p in line], line, f"proj_dim {d}", _shade(i, len(dims)))
-    ax_d.set_xscale("log", base=2)
-    _int_ticks(ax_d, dims)
-    _int_ticks(ax_m, ms)
-    ax_d.set(xlabel="proj_dim", ylabel="LDS", title="LDS vs proj_dim (best λ per point)")
-    ax_m.set(xlabel="checkpoints (models ensembled)", ylabel="LDS", title="LDS vs checkpoints (best λ per point)")
-
-    # panel 3: lambda at the largest number of checkpoints
-    at_max = [p for p in pts if p["n_checkpoints"] == max_m and p[lam_key] is not None]
-    lam_dims = sorted({p["proj_dim"] for p in at_max})
-    for i, d in enumerate(lam_dims):
-        line = sorted((p for p in at_max if p["proj_dim"] == d), key=lambda p: p[lam_key])
-        _curve(ax_l, [p[lam_key] for p in line], line, f"proj_dim {d}", _shade(dims.index(d), len(dims)))
-    if at_max and min(p[lam_key] for p in at_max) > 0:
-        ax_l.set_xscale("log")
-    ax_l.set(
-        xlabel="lambda_rel (ridge / mean squared feature norm)" if use_rel else "lambda_reg (absolute ridge)",
-        ylabel="LDS",
-        title=f"LDS vs λ at {max_m} checkpoint{'s' if max_m > 1 else ''}",
-    )
-
-    # the best and default settings, where they belong on each panel's x axis
-    for ax, xkey in ((ax_d, "proj_dim"), (ax_m, "n_checkpoints"), (ax_l, lam_key)):
-        marks = (
-            (best, dict(marker="*", s=260, color="gold", edgecolors="black", zorder=6)),
-            (dflt, dict(marker="D", s=70, facecolors="none", edgecolors="black", linewidths=1.6, zorder=7)),
-        )
-        for p, style in marks:
-            if p is None or p[xkey] is None or (ax is ax_l and p["n_checkpoints"] != max_m):
-                continue
-            ax.scatter([p[xkey]], [p["lds"]], label="best" if p is best else "default", **style)
-        ax.grid(True, alpha=0.3)
-        handles, labels = ax.get_legend_handles_labels()
-        if handles:
-            ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=min(3, len(handles)),
-                      frameon=False)
-        else:
-            ax.text(0.5, 0.5, "no points", ha="center", va="center", transform=ax.transAxes, color="gray")
-    _save(fig, path, dpi)
-    return path
-
-
-def _sweep_points(rows: Sequence[Mapping[str, Any]]) -> list[dict]:
-    if not rows:
-        raise UsageError("plot_sweep: no rows to draw; the sweep produced no results")
-    pts = []
-    for n, r in enumerate(rows):
-        missing = [k for k in ("proj_dim", "n_checkpoints", "lds") if k not in r]
-        if missing:
-            raise UsageError(
-                f"plot_sweep: rows[{n}] has no {', '.join(missing)}; each row needs proj_dim, n_checkpoints, "
-                "lambda_rel or lambda_reg, lds, ci_low, ci_high"
-            )
-        lds = float(r["lds"])
-        if not math.isfinite(lds):
-            raise UsageError(f"plot_sweep: rows[{n}] has lds={r['lds']!r}; it must be a finite number")
-        opt = lambda key: None if r.get(key) is None else float(r[key])  # noqa: E731
-        pts.append({
-            "proj_dim": int(r["proj_dim"]), "n_checkpoints": int(r["n_checkpoints"]),
-            "lambda_rel": opt("lambda_rel"), "lambda_reg": opt("lambda_reg"),
-            "lds": lds, "ci_low": opt("ci_low"), "ci_high": opt("ci_high"),
-        })
-    return pts
-
-
-def _find_default(pts: list[dict], default: Mapping[str, Any]) -> dict | None:
-    """The row of the default settings: same proj_dim and checkpoints, and the same lambda_rel
-    (or, if the default gives no lambda_rel, the same absolute lambda_reg)."""
-    key = "lambda_rel" if default.get("lambda_rel") is not None else "lambda_reg"
-    want = default.get(key)
-    for p in pts:
-        if p["proj_dim"] != int(default.get("proj_dim", -1)):
-            continue
-        if p["n_checkpoints"] != int(default.get("n_checkpoints", -1)):
-            continue
-        have = p[key]
-        if (want is None and have is None) or (
-            want is not None and have is not None and math.isclose(have, float(want), rel_tol=1e-6)
-        ):
-            return p
-    return None
-
-
-def _describe(p: Mapping[str, Any]) -> str:
-    lam = f"λ_rel={p['lambda_rel']:.3g}" if p.get("lambda_rel") is not None else (
-        f"λ={p['lambda_reg']:.3g}" if p.get("lambda_reg") is not None else "λ default")
-    return f"LDS {p['lds']:.3f} at proj_dim={p['proj_dim']}, {p['n_checkpoints']} ckpts, {lam}"
-
-
-def _curve(ax: Any, x: list, line: list[dict], label: str, color: Any) -> None:
-    y = np.array([p["lds"] for p in line])
-    lo = np.array([p["ci_low"] if p["ci_low"] is not None else p["lds"] for p in line])
-    hi = np.array([p["ci_high"] if p["ci_high"] is not None else p["lds"] for p in line])
-    yerr = np.vstack([np.clip(y - lo, 0, None), np.clip(hi - y, 0, None)])
-    ax.errorbar(x, y, yerr=yerr, marker="o", ms=4, capsize=3, lw=1.5, color=color, label=label)
-
-
-def _shade(i: int, n: int) -> Any:
-    from matplotlib import colormaps
-
-    return colormaps["viridis"](0.85 * i / max(n - 1, 1))
-
-
-def _int_ticks(ax: Any, values: list[int]) -> None:
-    if values:
-        ax.minorticks_off()
-        ax.set_xticks(values)
-        ax.set_xticklabels([str(v) for v in values])
-
-
-def _new_figure(**kwargs: Any) -> Any:
-    """A matplotlib Figure on its own off-screen Agg canvas (no pyplot, no display)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(**kwargs)
-    FigureCanvasAgg(fig)
-    return fig
-
-
-def _save(fig: Any, path: Path, dpi: int) -> None:
-    try:
-        fig.savefig(path, dpi=dpi, format=path.suffix.lower().lstrip("."), facecolor="white")
-    except OSError as e:
-        raise UsageError(f"cannot write the plot to {path}: {e.strerror or e}; choose a writable path") from None
-
-
-def _as_numpy(x: Any) -> np.ndarray:
-    if hasattr(x, "detach"):  # torch tensor
-        x = x.detach().cpu().numpy()
-    return np.asarray(x)
-
-
-def _short(text: str, n: int) -> str:
-    text = " ".join(str(text).split())  # newlines and runs of spaces -> one space
-    return text if len(text) <= n else text[: n - 1].rstrip() + "…"
-
-
-def _escape(text: str) -> str:
-    return text.replace("$", r"\$")  # matplotlib reads $...$ as math
