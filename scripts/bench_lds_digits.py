@@ -4,20 +4,20 @@
 What it measures (issue 2, "Quality" and "Speed"):
 
 * **Speed**: wall-clock seconds of featurize + score, in process, for trakcli
-  (``trakcli.pipeline.featurize`` then ``score``) and for ``traker``
+  (``trakcli.jobs.featurize`` then ``score``) and for ``traker``
   (``TRAKer`` with a CPU ``BasicProjector``: load_checkpoint / featurize /
   finalize_features / start_scoring_checkpoint / score / finalize_scores), on
   the same checkpoints, data, ``proj_dim`` and batch size.
 * **Quality**: the linear datamodeling score (LDS, Park et al. 2023, Sec. 2.2),
-  computed by ``trakcli.eval`` exactly as ``trak eval lds`` computes it:
+  computed by ``trakcli.jobs.retrain`` and ``trakcli.metrics.lds`` exactly as ``trak eval lds`` computes it:
   ``n_subsets`` models are retrained with the config's recipe (the same
   hyperparameters as the checkpoints) on random halves of the training set
-  (``trakcli.eval.retrain``); for every target the Spearman correlation between
+  (``trakcli.jobs.retrain.retrain``); for every target the Spearman correlation between
   the predicted margins ``mask @ scores[t]`` and the retrained models' actual
   margins ``logit_y - logsumexp_{j != y} logit_j`` is taken, and LDS is their
-  mean (``trakcli.eval.lds``).
+  mean (``trakcli.metrics.lds.lds``).
 
-The checkpoints come from ``trakcli.pipeline.optimize`` with the config's
+The checkpoints come from ``trakcli.jobs.optimize`` with the config's
 ``optimize`` section; they are cached under ``--work-dir``, and the retrained
 models in the ``eval/`` group of ``--eval-store`` (default
 ``<work-dir>/lds_eval.zarr``; pass the config's own store, e.g.
@@ -138,11 +138,11 @@ def build(cfg) -> torch.nn.Module:
 
 
 def checkpoints(cfg, config: Path, work: Path, base_overrides: list[str]) -> list[Path]:
-    """The config's N checkpoints, trained by ``trakcli.pipeline.optimize`` into work/ckpts.
+    """The config's N checkpoints, trained by ``trakcli.jobs.optimize`` into work/ckpts.
 
     Reused when work/ckpts/recipe.json matches the config's recipe and model.
     """
-    from trakcli.pipeline import optimize
+    from trakcli.jobs.optimize import optimize
 
     ckpt_dir = work / "ckpts"
     n_models = cfg.optimize.n_models
@@ -154,7 +154,7 @@ def checkpoints(cfg, config: Path, work: Path, base_overrides: list[str]) -> lis
         return found
     shutil.rmtree(ckpt_dir, ignore_errors=True)
     ckpt_dir.mkdir(parents=True)
-    log(f"training {n_models} checkpoints with trakcli.pipeline.optimize into {rel(ckpt_dir)}")
+    log(f"training {n_models} checkpoints with trakcli.jobs.optimize into {rel(ckpt_dir)}")
     t0 = time.perf_counter()
     ocfg = load_cfg(config, base_overrides + [f"optimize.out_dir={ckpt_dir}", "num_threads=1"])
     with torch_threads(1):  # optimize() sets num_threads=1 globally; restored on exit
@@ -165,12 +165,12 @@ def checkpoints(cfg, config: Path, work: Path, base_overrides: list[str]) -> lis
 
 
 def recipe_matches_checkpoint(cfg, data: tuple[torch.Tensor, ...], ckpt: Path) -> float:
-    """Retrain checkpoint 0 with ``trakcli.training.train_one`` and compare: max |weight difference|.
+    """Retrain checkpoint 0 with ``trakcli.jobs.train.train_one`` and compare: max |weight difference|.
 
-    0 shows the subset models of ``trakcli.eval`` (trained by the same function) are
+    0 shows the subset models of ``trakcli.jobs.retrain`` (trained by the same function) are
     trained exactly as ``trak optimize`` trains the checkpoints, only on fewer rows.
     """
-    from trakcli.training import train_one
+    from trakcli.jobs.train import train_one
 
     with torch_threads(1):
         model = train_one(cfg, data[0], data[1], seed=int(cfg.optimize.seed))
@@ -187,7 +187,7 @@ def run_trakcli(config: Path, overrides: list[str], store: Path) -> tuple[np.nda
     Returns:
         (scores [n_target, n_train] float32, {"featurize": s, "score": s}, the ScoreResult).
     """
-    from trakcli.pipeline import featurize, score
+    from trakcli.jobs import featurize, score
 
     shutil.rmtree(store, ignore_errors=True)
     cfg = load_cfg(config, overrides)
@@ -281,7 +281,7 @@ def run_traker(
 
 
 # ----------------------------------------------------------------------------
-# LDS: trakcli.eval (the code of `trak eval lds`)
+# LDS: trakcli.jobs.retrain + trakcli.metrics.lds (the code of `trak eval lds`)
 # ----------------------------------------------------------------------------
 
 
@@ -290,12 +290,12 @@ def retrain_subsets(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Masks [n_subsets, n_train] bool and target margins [n_subsets, n_target] float64.
 
-    ``trakcli.eval.retrain`` with the config's recipe, ``eval.n_subsets=n_subsets``,
+    ``trakcli.jobs.retrain.retrain`` with the config's recipe, ``eval.n_subsets=n_subsets``,
     ``eval.seed=subset_seed`` and the default ``eval.subset_fraction`` (0.5); the
     models are kept in the ``eval/`` group of ``eval_store`` (resumable, extended
     when more are asked for).
     """
-    from trakcli.eval import retrain
+    from trakcli.jobs.retrain import retrain
 
     cfg = load_cfg(config, [f"eval.n_subsets={n_subsets}", f"eval.seed={subset_seed}", f"store.path={eval_store}"])
     t0 = time.perf_counter()
@@ -310,14 +310,14 @@ def retrain_subsets(
 
 
 def lds(scores: np.ndarray, masks: np.ndarray, margins: np.ndarray, n_bootstrap: int = 1000) -> dict[str, Any]:
-    """``trakcli.eval.lds`` (the LDS of ``trak eval lds``), with the standard error of the mean added.
+    """``trakcli.metrics.lds.lds`` (the LDS of ``trak eval lds``), with the standard error of the mean added.
 
     Args:
         scores: [n_target, n_train] attribution scores.
         masks: [n_subsets, n_train] bool, the training rows of each retrained model.
         margins: [n_subsets, n_target] margins of the targets under each retrained model.
     """
-    from trakcli.eval import lds as trak_lds
+    from trakcli.metrics.lds import lds as trak_lds
 
     res = trak_lds(scores, masks, margins, n_bootstrap=n_bootstrap, seed=0)
     finite = res.rhos[np.isfinite(res.rhos)]
@@ -409,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     from trakcli.data import load_digits_split
 
     # Import both tools before timing so neither pays the other's import cost.
-    import trakcli.pipeline  # noqa: F401
+    import trakcli.jobs  # noqa: F401
 
     if not args.skip_traker:
         import trak  # noqa: F401

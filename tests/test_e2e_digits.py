@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from trakcli import pipeline
+from trakcli import jobs
 from trakcli.config import load_config
 
 
@@ -21,9 +21,9 @@ def digits_run(tmp_path_factory):
             "projector.proj_dim=128",
         ],
     )
-    pipeline.optimize(cfg)
-    feat = pipeline.featurize(cfg)
-    res = pipeline.score(cfg)
+    jobs.optimize(cfg)
+    feat = jobs.featurize(cfg)
+    res = jobs.score(cfg)
     return cfg, feat, res
 
 
@@ -43,23 +43,24 @@ def test_digits_end_to_end_scores_are_meaningful(digits_run):
 
 def test_digits_rerun_is_noop_and_scores_are_stable(digits_run):
     cfg, _, res = digits_run
-    again = pipeline.featurize(cfg)
+    again = jobs.featurize(cfg)
     assert again.chunks_computed == 0
-    res2 = pipeline.score(cfg)
+    res2 = jobs.score(cfg)
     np.testing.assert_array_equal(res.scores, res2.scores)
 
 
 @pytest.mark.slow
 def test_digits_lds_is_far_above_shuffled_scores(digits_run):
     """The product's own check on real data: retrained-subset LDS of the scores vs scores of shuffled rows."""
-    from trakcli import eval as ev
+    from trakcli.jobs.retrain import load_or_retrain
+    from trakcli.metrics.lds import lds
 
     cfg, _, res = digits_run
     cfg = cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"n_subsets": 20})})
-    masks, outputs = ev.load_or_retrain(cfg)
+    masks, outputs = load_or_retrain(cfg)
     assert masks.shape == (20, 1437) and outputs.shape == (20, 360)
-    real = ev.lds(res.scores, masks, outputs, n_bootstrap=200)
-    shuffled = ev.lds(res.scores[:, np.random.default_rng(0).permutation(1437)], masks, outputs, n_bootstrap=200)
+    real = lds(res.scores, masks, outputs, n_bootstrap=200)
+    shuffled = lds(res.scores[:, np.random.default_rng(0).permutation(1437)], masks, outputs, n_bootstrap=200)
     assert real.lds > 0.1, real.lds  # 0.14 here (2 checkpoints, proj_dim 128, 20 subsets)
     assert abs(shuffled.lds) < 0.05, shuffled.lds
     assert real.ci_low > shuffled.ci_high

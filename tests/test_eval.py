@@ -20,13 +20,15 @@ import zarr
 from scipy.stats import spearmanr
 from typer.testing import CliRunner
 
-from trakcli import eval as ev
 from trakcli.cli.main import app
 from trakcli.config import load_config
 from trakcli.data import load_dataset
 from trakcli.errors import DataError, ModelError, StoreError, StoreMismatchError
+from trakcli.jobs.eval import store_scores
+from trakcli.jobs.retrain import load_or_retrain, model_outputs, model_seed, retrain, subset_mask, subset_masks
+from trakcli.jobs.train import train_one
+from trakcli.metrics.lds import lds, spearman_columns
 from trakcli.models import build_model
-from trakcli.training import train_one
 
 N_SUBSETS = 4
 
@@ -60,22 +62,22 @@ def eval_arrays(store: str | Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 @pytest.mark.parametrize("n_train, fraction", [(1437, 0.5), (40, 0.5), (41, 0.3), (10, 0.95), (7, 0.01)])
 def test_subset_masks_are_deterministic_and_exactly_sized(n_train, fraction):
-    masks = ev.subset_masks(n_train, fraction, seed=3, n_subsets=6)
+    masks = subset_masks(n_train, fraction, seed=3, n_subsets=6)
     assert masks.dtype == bool and masks.shape == (6, n_train)
     size = min(n_train, max(1, round(fraction * n_train)))
     assert (masks.sum(axis=1) == size).all()
     # row k is a pure function of (seed, k): not of how many rows are drawn, nor their order
     for k in (5, 0, 2):
-        np.testing.assert_array_equal(ev.subset_mask(n_train, fraction, 3, k), masks[k])
-    np.testing.assert_array_equal(ev.subset_masks(n_train, fraction, 3, 2), masks[:2])
+        np.testing.assert_array_equal(subset_mask(n_train, fraction, 3, k), masks[k])
+    np.testing.assert_array_equal(subset_masks(n_train, fraction, 3, 2), masks[:2])
     if size < n_train:
         assert len({m.tobytes() for m in masks}) > 1  # rows differ
-        assert not np.array_equal(ev.subset_masks(n_train, fraction, 4, 6), masks)  # the seed matters
-    assert ev.subset_mask(1437, 0.5, 0, 0).sum() == 718
+        assert not np.array_equal(subset_masks(n_train, fraction, 4, 6), masks)  # the seed matters
+    assert subset_mask(1437, 0.5, 0, 0).sum() == 718
 
 
 def test_model_seed_does_not_collide_with_checkpoint_seeds():
-    seeds = {ev.model_seed(s, k) for s in range(3) for k in range(1000)}
+    seeds = {model_seed(s, k) for s in range(3) for k in range(1000)}
     assert len(seeds) == 3000 and min(seeds) >= 10**6
 
 
@@ -85,7 +87,7 @@ def test_model_outputs_are_the_classification_margin():
     x, y = torch.randn(23, 5), torch.randint(0, 4, (23,))
     from trakcli.data import TensorDataset
 
-    out = ev.model_outputs(model, TensorDataset(x, y, "t"), "classification", batch_size=7)
+    out = model_outputs(model, TensorDataset(x, y, "t"), "classification", batch_size=7)
     p = torch.softmax(model(x).double(), dim=1)[torch.arange(23), y]
     assert out.dtype == np.float64 and out.shape == (23,)
     np.testing.assert_allclose(out, torch.log(p / (1 - p)).detach().numpy(), rtol=1e-9, atol=1e-9)  # log(p/(1-p))
@@ -115,12 +117,12 @@ def test_model_outputs_of_a_language_model_sum_the_next_token_margins():
     am[2, 4:] = 0  # padding on the right
     data = TensorDataset({"input_ids": ids, "attention_mask": am}, torch.zeros(9, dtype=torch.long), "t")
     model = _TinyLM()
-    out = ev.model_outputs(model, data, "language_modeling", batch_size=4)
+    out = model_outputs(model, data, "language_modeling", batch_size=4)
     with torch.no_grad():
         want = [language_modeling_margin(model(ids[i : i + 1])[0].double(), ids[i], am[i])[0].item() for i in range(9)]
     np.testing.assert_allclose(out, want, rtol=1e-12, atol=1e-12)
     # a memory cap smaller than a batch's logits cuts the batches, never the result
-    np.testing.assert_array_equal(ev.model_outputs(model, data, "language_modeling", batch_size=4, memory_mb=0), out)
+    np.testing.assert_array_equal(model_outputs(model, data, "language_modeling", batch_size=4, memory_mb=0), out)
 
 
 def test_spearman_columns_equals_scipy_spearmanr_per_column():
@@ -131,7 +133,7 @@ def test_spearman_columns_equals_scipy_spearmanr_per_column():
     b[:, 4] = np.round(b[:, 4])  # ties
     a[:, 5] = 1.5  # constant: undefined
     b[:, 6] = -2.0
-    got = ev.spearman_columns(a, b)
+    got = spearman_columns(a, b)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         want = np.array([spearmanr(a[:, j], b[:, j]).statistic for j in range(9)])
@@ -147,7 +149,7 @@ def test_lds_equals_a_loop_of_spearmanr():
     scores = rng.normal(size=(n_target, n_train)).astype(np.float32)
     outputs = masks @ scores.T.astype(np.float64) + rng.normal(scale=3.0, size=(n_subsets, n_target))
     outputs[:, 7] = 0.25  # a target whose outputs are constant: nan, left out
-    res = ev.lds(scores, masks, outputs, n_bootstrap=500, seed=0)
+    res = lds(scores, masks, outputs, n_bootstrap=500, seed=0)
     pred = masks.astype(np.float64) @ scores.astype(np.float64).T
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -160,9 +162,9 @@ def test_lds_equals_a_loop_of_spearmanr():
     assert res.quantiles[0.0] == pytest.approx(np.nanmin(loop)) and res.quantiles[1.0] == pytest.approx(np.nanmax(loop))
     assert res.histogram[0].sum() == n_target - 1
     # the bootstrap is seeded: same seed, same interval; another seed, another one
-    again = ev.lds(scores, masks, outputs, n_bootstrap=500, seed=0)
+    again = lds(scores, masks, outputs, n_bootstrap=500, seed=0)
     assert (again.ci_low, again.ci_high) == (res.ci_low, res.ci_high)
-    other = ev.lds(scores, masks, outputs, n_bootstrap=500, seed=1)
+    other = lds(scores, masks, outputs, n_bootstrap=500, seed=1)
     assert (other.ci_low, other.ci_high) != (res.ci_low, res.ci_high)
     d = res.to_dict()
     assert d["per_target"][7] is None and d["n_targets_nan"] == 1 and json.dumps(d)
@@ -172,13 +174,13 @@ def test_lds_of_a_planted_linear_datamodel_is_one_and_of_random_scores_zero():
     rng = np.random.default_rng(2)
     n_subsets, n_train, n_target = 80, 300, 40
     weights = rng.normal(size=(n_target, n_train))  # the true linear datamodel of each target
-    masks = ev.subset_masks(n_train, 0.5, seed=0, n_subsets=n_subsets)
+    masks = subset_masks(n_train, 0.5, seed=0, n_subsets=n_subsets)
     outputs = masks @ weights.T + rng.normal(scale=0.01, size=(n_subsets, n_target))
-    good = ev.lds(weights, masks, outputs, n_bootstrap=300)
+    good = lds(weights, masks, outputs, n_bootstrap=300)
     assert good.lds > 0.99 and good.ci_low > 0.98
-    rand = ev.lds(rng.normal(size=(n_target, n_train)), masks, outputs, n_bootstrap=300)
+    rand = lds(rng.normal(size=(n_target, n_train)), masks, outputs, n_bootstrap=300)
     assert abs(rand.lds) < 0.1 and rand.ci_low < 0 < rand.ci_high
-    flipped = ev.lds(-weights, masks, outputs, n_bootstrap=0)
+    flipped = lds(-weights, masks, outputs, n_bootstrap=0)
     assert flipped.lds < -0.99 and np.isnan(flipped.ci_low)
 
 
@@ -187,19 +189,19 @@ def test_lds_rejects_inputs_that_do_not_fit():
     outputs = np.zeros((5, 3))
     scores = np.zeros((3, 10))
     with pytest.raises(DataError, match=r"scores has shape \[10, 3\], expected \[3, 10\]"):
-        ev.lds(scores.T, masks, outputs)
+        lds(scores.T, masks, outputs)
     with pytest.raises(DataError, match=r"outputs has shape \[4, 3\], expected \[5, n_target\]"):
-        ev.lds(scores, masks, outputs[:4])
+        lds(scores, masks, outputs[:4])
     with pytest.raises(DataError, match="values other than 0 and 1"):
-        ev.lds(scores, np.full((5, 10), 0.5), outputs)
+        lds(scores, np.full((5, 10), 0.5), outputs)
     bad = outputs.copy()
     bad[2, 1] = np.nan
     with pytest.raises(DataError, match=r"outputs holds 1 NaN/inf values \(rows \[2\]\)"):
-        ev.lds(scores, masks, bad)
+        lds(scores, masks, bad)
     with pytest.raises(DataError, match="at least 2 retrained models"):
-        ev.lds(scores, masks[:1], outputs[:1])
+        lds(scores, masks[:1], outputs[:1])
     # 0/1 integers are masks too
-    res = ev.lds(np.arange(30.0).reshape(3, 10), np.eye(5, 10, dtype=np.int64), np.arange(15.0).reshape(5, 3))
+    res = lds(np.arange(30.0).reshape(3, 10), np.eye(5, 10, dtype=np.int64), np.arange(15.0).reshape(5, 3))
     assert res.n_subsets == 5
 
 
@@ -252,10 +254,10 @@ def test_training_entrypoint_trains_optimize_and_eval_models(user_project):
     assert res.exit_code == 0, res.stderr
     assert Path("calls.txt").read_text().split("\n")[0] == "40 5"  # all 40 rows, seed optimize.seed + 0
     loaded = load_config("run.yaml")
-    res = ev.retrain(loaded)
+    res = retrain(loaded)
     # the retraining called it on each model's 20 rows with the model's seed
     calls = Path("calls.txt").read_text().split("\n")[1:4]
-    assert calls == [f"20 {ev.model_seed(0, k)}" for k in range(3)]
+    assert calls == [f"20 {model_seed(0, k)}" for k in range(3)]
     # and the outputs are those of the model the function trained
     import importlib.util
 
@@ -263,16 +265,16 @@ def test_training_entrypoint_trains_optimize_and_eval_models(user_project):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     train, target = load_dataset(loaded.data.train), load_dataset(loaded.data.target)
-    mask = ev.subset_mask(40, 0.5, 0, 1)
-    torch.manual_seed(ev.model_seed(0, 1))
+    mask = subset_mask(40, 0.5, 0, 1)
+    torch.manual_seed(model_seed(0, 1))
     model = build_model(loaded.model.entrypoint)
     idx = torch.from_numpy(np.flatnonzero(mask))
-    mod.train(model, train.inputs[idx], train.labels[idx], seed=ev.model_seed(0, 1), steps=4, log="other.txt")
-    np.testing.assert_array_equal(res.outputs[1], ev.model_outputs(model, target, "classification"))
+    mod.train(model, train.inputs[idx], train.labels[idx], seed=model_seed(0, 1), steps=4, log="other.txt")
+    np.testing.assert_array_equal(res.outputs[1], model_outputs(model, target, "classification"))
     np.testing.assert_array_equal(res.masks[1], mask)
     # the recipe the store records is the function's, and a changed kwarg refuses
     with pytest.raises(StoreMismatchError, match=r"recipe.kwargs.steps: store has 4, this run has 5"):
-        ev.retrain(load_config("run.yaml", ["training.kwargs.steps=5"]))
+        retrain(load_config("run.yaml", ["training.kwargs.steps=5"]))
     # a function returning something else than a model
     res = trak("eval", "lds", "run.yaml", "training.kwargs.steps=0", "--overwrite")
     assert res.exit_code == 1 and "training.entrypoint 'my_train.py:train' returned a str" in res.stderr
@@ -287,41 +289,41 @@ def test_training_entrypoint_trains_optimize_and_eval_models(user_project):
 def test_retrain_resumes_extends_and_checks_identity(user_project):
     eval_project(user_project)
     cfg = load_config("run.yaml")
-    full = ev.retrain(cfg)
+    full = retrain(cfg)
     assert full.trained == N_SUBSETS and full.masks.shape == (N_SUBSETS, 40) and full.outputs.shape == (N_SUBSETS, 7)
     assert full.outputs.dtype == np.float64 and np.isfinite(full.outputs).all()
     assert len({o.tobytes() for o in full.outputs}) == N_SUBSETS  # every model is its own
-    np.testing.assert_array_equal(full.masks, ev.subset_masks(40, 0.5, 0, N_SUBSETS))
+    np.testing.assert_array_equal(full.masks, subset_masks(40, 0.5, 0, N_SUBSETS))
     # the store holds them, done flags set; a second run trains nothing
     masks, outputs, done = eval_arrays("out/attrib.zarr")
     np.testing.assert_array_equal(outputs, full.outputs)
     assert done.tolist() == [1] * N_SUBSETS
-    assert ev.retrain(cfg).trained == 0
+    assert retrain(cfg).trained == 0
     # a simulated interruption: rows 1 and 3 never finished; the rerun trains exactly those, identically
     g = zarr.open_group("out/attrib.zarr/eval", mode="r+")
     g["done"][1] = 0
     g["done"][3] = 0
     g["outputs"][1] = 123.0
-    again = ev.retrain(cfg)
+    again = retrain(cfg)
     assert again.trained == 2
     np.testing.assert_array_equal(again.outputs, full.outputs)
     # more subsets extend the group; fewer read the first rows
-    more = ev.retrain(load_config("run.yaml", [f"eval.n_subsets={N_SUBSETS + 2}"]))
+    more = retrain(load_config("run.yaml", [f"eval.n_subsets={N_SUBSETS + 2}"]))
     assert more.trained == 2 and more.n_subsets == N_SUBSETS + 2
     np.testing.assert_array_equal(more.outputs[:N_SUBSETS], full.outputs)
-    fewer = ev.load_or_retrain(load_config("run.yaml", ["eval.n_subsets=3"]))
+    fewer = load_or_retrain(load_config("run.yaml", ["eval.n_subsets=3"]))
     np.testing.assert_array_equal(fewer[1], full.outputs[:3])
     # another recipe, seed or subset size refuses, naming the keys; --overwrite retrains
     with pytest.raises(StoreMismatchError) as e:
-        ev.retrain(load_config("run.yaml", ["optimize.lr=0.2", "eval.seed=1"]))
+        retrain(load_config("run.yaml", ["optimize.lr=0.2", "eval.seed=1"]))
     assert "recipe.lr: store has 0.1, this run has 0.2" in str(e.value)
     assert "seed: store has 0, this run has 1" in str(e.value)
     assert "--overwrite" in str(e.value)
     res = trak("eval", "lds", "run.yaml", "eval.subset_fraction=0.25")
     assert res.exit_code == 1 and "subset_fraction: store has 0.5, this run has 0.25" in res.stderr
     # settings that do not change the models do not refuse
-    assert ev.retrain(load_config("run.yaml", ["optimize.n_models=7", "projector.proj_dim=8"])).trained == 0
-    other = ev.retrain(load_config("run.yaml", ["optimize.lr=0.2"]), overwrite=True)
+    assert retrain(load_config("run.yaml", ["optimize.n_models=7", "projector.proj_dim=8"])).trained == 0
+    other = retrain(load_config("run.yaml", ["optimize.lr=0.2"]), overwrite=True)
     assert other.trained == N_SUBSETS and not np.array_equal(other.outputs, full.outputs)
     np.testing.assert_array_equal(other.masks, full.masks)
 
@@ -352,7 +354,7 @@ def test_eval_before_featurize_then_featurize_overwrite_keeps_the_retraining(use
     data = json.loads(res.stdout)
     assert json.loads(Path("lds.json").read_text()) == data
     scores = np.asarray(zarr.open_group("out/attrib.zarr", mode="r")["scores/default/scores"][:])
-    want = ev.lds(scores, masks, outputs, n_bootstrap=200, seed=0)
+    want = lds(scores, masks, outputs, n_bootstrap=200, seed=0)
     assert data["lds"] == pytest.approx(want.lds, abs=1e-12)
     assert (data["ci_low"], data["ci_high"]) == pytest.approx((want.ci_low, want.ci_high), abs=1e-12)
     assert data["n_subsets"] == N_SUBSETS and data["n_target"] == 7 and len(data["per_target"]) == 7
@@ -364,7 +366,7 @@ def test_eval_before_featurize_then_featurize_overwrite_keeps_the_retraining(use
     assert f"eval: {N_SUBSETS}/{N_SUBSETS} retrained models" in " ".join(shown.split())
     # the store's scores must be those of the config's data and experiment
     with pytest.raises(StoreMismatchError, match="data.target differs from the targets of experiment 'default'"):
-        ev.store_scores(load_config("run.yaml", ["data.target.inputs=x_train", "data.target.labels=y_train"]))
+        store_scores(load_config("run.yaml", ["data.target.inputs=x_train", "data.target.labels=y_train"]))
     res = trak("eval", "lds", "run.yaml", "score.experiment=other", "--masks", "m.npy", "--outputs", "o.npy")
     assert res.exit_code == 2  # m.npy does not exist: a bad flag, before any work
     np.save("m.npy", masks)
@@ -384,7 +386,7 @@ def test_external_files_through_the_cli(user_project):
     res = trak("eval", "lds", "--scores", "s.npy", "--masks", "m.npy", "--outputs", "o.npy", "--json")
     assert res.exit_code == 0, res.stderr
     data = json.loads(res.stdout)
-    assert data["lds"] == pytest.approx(ev.lds(scores, masks, outputs).lds, abs=1e-12)
+    assert data["lds"] == pytest.approx(lds(scores, masks, outputs).lds, abs=1e-12)
     assert data["sources"]["masks"] == "--masks m.npy"
     # bad shapes: which file, its shape, the expected one
     np.save("bad.npy", scores.T)
@@ -449,7 +451,7 @@ def _gone(pid: int) -> bool:
 def test_kill_then_resume_and_workers_give_identical_rows(user_project):
     eval_project(user_project, epochs=150)
     cfg = load_config("run.yaml", [f"eval.n_subsets={N_SUBSETS + 2}"])
-    ref = ev.retrain(cfg.model_copy(update={"store": cfg.store.model_copy(update={"path": Path("ref.zarr")})}))
+    ref = retrain(cfg.model_copy(update={"store": cfg.store.model_copy(update={"path": Path("ref.zarr")})}))
 
     # kill -9 after two models are written; the rerun trains only the others
     log = user_project / "events.log"
@@ -472,7 +474,7 @@ def test_kill_then_resume_and_workers_give_identical_rows(user_project):
     np.testing.assert_array_equal(outputs, ref.outputs)
 
     # two worker processes write the same rows, bit for bit
-    two = ev.retrain(cfg.model_copy(update={"store": cfg.store.model_copy(update={"path": Path("two.zarr")})}), workers=2)
+    two = retrain(cfg.model_copy(update={"store": cfg.store.model_copy(update={"path": Path("two.zarr")})}), workers=2)
     assert two.workers == 2 and two.trained == N_SUBSETS + 2
     np.testing.assert_array_equal(two.masks, ref.masks)
     np.testing.assert_array_equal(two.outputs, ref.outputs)
@@ -503,8 +505,8 @@ def test_workers_die_with_their_parent_and_report_errors(user_project):
         time.sleep(0.05)
     assert all(_gone(p) for p in pids), "worker processes outlived their killed parent"
     # an error in a worker stops the run with its message and traceback
-    res = trak("eval", "lds", "run.yaml", "--workers", "2", f"optimize.kwargs.fail_seed={ev.model_seed(0, 2)}", "optimize.kwargs.sleep=0",
+    res = trak("eval", "lds", "run.yaml", "--workers", "2", f"optimize.kwargs.fail_seed={model_seed(0, 2)}", "optimize.kwargs.sleep=0",
                "--overwrite")
     assert res.exit_code == 1
-    assert f"retraining model 2 failed in a worker process: ValueError: bad seed {ev.model_seed(0, 2)}" in res.stderr
+    assert f"retraining model 2 failed in a worker process: ValueError: bad seed {model_seed(0, 2)}" in res.stderr
     assert "my_train.py" in res.stderr  # the user's traceback

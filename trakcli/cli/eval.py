@@ -166,14 +166,16 @@ def lds(
     n_bootstrap, seed = EvalConfig().bootstrap, EvalConfig().seed
     if config is not None:
         cfg = load(config, overrides, print_config)
-        from trakcli import eval as ev  # imported after the config is valid: torch import is slow
+        # imported after the config is valid: torch import is slow
+        from trakcli.jobs.eval import store_scores
+        from trakcli.jobs.retrain import retrain
 
         n_bootstrap, seed = cfg.eval.bootstrap, cfg.eval.seed
         store_note: StoreError | None = None
         s_arr = external.get("--scores")
         if s_arr is None:
             try:
-                s_arr = ev.store_scores(cfg)
+                s_arr = store_scores(cfg)
             except StoreError as e:
                 if masks is not None:
                     raise
@@ -182,7 +184,7 @@ def lds(
                     err_console.print(f"[yellow]{e}; retraining only[/]", highlight=False)
             names["scores"] = f"the scores of experiment {cfg.score.experiment!r} in {cfg.store.path}"
         if masks is None:
-            res = ev.retrain(cfg, workers=workers, overwrite=overwrite, reporter=RichReporter(quiet))
+            res = retrain(cfg, workers=workers, overwrite=overwrite, reporter=RichReporter(quiet))
             m_arr, o_arr = res.masks, res.outputs
             names["masks"] = f"eval/masks in {res.store}"
             names["outputs"] = f"eval/outputs in {res.store}"
@@ -194,11 +196,12 @@ def lds(
         else:
             m_arr, o_arr = external["--masks"], external["--outputs"]
     else:
-        from trakcli import eval as ev
-
         s_arr, m_arr, o_arr = external["--scores"], external["--masks"], external["--outputs"]
-    s_arr, m_arr, o_arr = ev.check_lds_inputs(s_arr, m_arr, o_arr, names=names)
-    result = ev.lds(s_arr, m_arr, o_arr, n_bootstrap=n_bootstrap, seed=seed)
+    from trakcli.metrics.lds import check_lds_inputs
+    from trakcli.metrics.lds import lds as linear_datamodeling_score
+
+    s_arr, m_arr, o_arr = check_lds_inputs(s_arr, m_arr, o_arr, names=names)
+    result = linear_datamodeling_score(s_arr, m_arr, o_arr, n_bootstrap=n_bootstrap, seed=seed)
     sources = {"scores": names["scores"], "masks": names["masks"], "outputs": names["outputs"]}
     data = {**result.to_dict(), "sources": sources}
     text = json.dumps(data, indent=2) + "\n"

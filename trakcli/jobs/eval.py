@@ -1,0 +1,54 @@
+"""What `trak eval lds` reads from a config's store: the scores of an experiment, checked against the config.
+
+The retrained models are :mod:`trakcli.jobs.retrain`; the statistic is
+:func:`trakcli.metrics.lds.lds`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from trakcli.config import Config
+from trakcli.data.load import load_dataset
+from trakcli.errors import StoreError, StoreMismatchError
+from trakcli.store.store import Store
+
+
+def store_scores(cfg: Config) -> np.ndarray:
+    """The scores of experiment ``score.experiment`` in the config's store, checked complete.
+
+    Returns:
+        ``[n_target, n_train]`` float32.
+
+    Raises:
+        StoreError: no store, no scores of the experiment, or unfinished ones
+            (each names the `trak featurize` / `trak score` command to run).
+        StoreMismatchError: the scores were computed on other train or target
+            data than the config's.
+    """
+    path = Path(cfg.store.path)
+    exp = cfg.score.experiment
+    if not (path / "zarr.json").exists():
+        raise StoreError(
+            f"no store at {path}, so no scores of experiment {exp!r} to evaluate; run `trak featurize CONFIG` and "
+            "`trak score CONFIG` first (or give --scores FILE)"
+        )
+    store = Store.open_existing(path, mode="r")
+    scores, attrs = store.read_scores(exp)
+    train = load_dataset(cfg.data.train, key="data.train")
+    problems = []
+    if store.identity.get("train_data") != train.fingerprint():
+        problems.append("data.train differs from the train data the store was featurized with")
+    if cfg.data.target is not None:
+        target = load_dataset(cfg.data.target, key="data.target")
+        if attrs.get("target_data") != target.fingerprint():
+            problems.append(f"data.target differs from the targets of experiment {exp!r}")
+    if problems:
+        raise StoreMismatchError(
+            f"the scores in {path} do not belong to this config: " + "; ".join(problems)
+            + "; rerun `trak featurize CONFIG --overwrite` and `trak score CONFIG --overwrite`"
+        )
+    return np.asarray(scores, dtype=np.float32)
+

@@ -1,0 +1,420 @@
+"""Counterfactual retraining for the linear datamodeling score: subsets, seeds, model outputs, the store rows.
+
+``eval.n_subsets`` models are retrained, model k on a random subset S_k of the
+training set (``mask[k]``, exactly ``round(subset_fraction * n_train)`` rows),
+with the config's training recipe; its row holds the mask and the targets'
+model outputs under it (the margin the scores attribute,
+:func:`trakcli.gradients.output_function`). The LDS of those rows against a
+score matrix is :func:`trakcli.metrics.lds.lds` (Park et al. 2023, "TRAK",
+Sec. 2.2; Ilyas et al. 2022, "Datamodels").
+
+Retraining (:func:`retrain`, :func:`load_or_retrain`) writes one row per model
+to the store's ``eval/`` group (:meth:`trakcli.store.Store.eval_rows`): a row
+is written, then its done flag, so a killed run resumes at the models not done.
+With ``workers > 1`` the models are trained by worker processes (spawned,
+:mod:`trakcli.jobs.workers`), and the calling process is the only store
+writer. Every row is a pure function of the config and k: the subset is drawn
+with ``(eval.seed, k)`` and model k is seeded with :func:`model_seed`, so any
+number of workers, any kill and resume gives the same rows bit for bit (on
+one machine, with the same thread count).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from trakcli.config import Config, check_files
+from trakcli.data.load import load_dataset
+from trakcli.data.tensors import TensorDataset, index_inputs, inputs_to
+from trakcli.errors import ArgumentError, ConfigError, StoreError
+from trakcli.gradients import OUTPUT_FUNCTIONS, output_function
+from trakcli.distributed import Dist
+from trakcli.jobs.runtime import apply_threads, event, locked_store, resolve_device
+from trakcli.jobs.train import check_init_checkpoint, check_recipe, load_training_function, train_one
+from trakcli.jobs.workers import WorkerLost, run_in_workers
+from trakcli.models.checkpoints import file_sha256
+from trakcli.models.forward import forward
+from trakcli.progress import NULL_REPORTER, Reporter
+from trakcli.store.store import Store
+
+#: Model k of eval seed s is seeded with MODEL_SEED_BASE + MODEL_SEED_STRIDE * s + k (recorded in the store),
+#: far from the seeds of `trak optimize`'s checkpoints (optimize.seed + i).
+MODEL_SEED_BASE = 10**6
+MODEL_SEED_STRIDE = 100_003
+
+
+# ----------------------------------------------------------------------------
+# subsets and seeds
+
+
+def subset_size(n_train: int, subset_fraction: float) -> int:
+    """Rows per subset: ``round(subset_fraction * n_train)`` (Python's round), at least 1 and at most n_train."""
+    return min(n_train, max(1, round(subset_fraction * n_train)))
+
+
+def subset_mask(n_train: int, subset_fraction: float, seed: int, k: int) -> np.ndarray:
+    """The training rows of retrained model k: a pure function of ``(seed, k)``.
+
+    Drawn without replacement by ``numpy.random.default_rng([seed, k])``, so
+    mask k does not depend on how many masks are drawn, in which order, or by
+    which process.
+
+    Args:
+        n_train: training set size.
+        subset_fraction: share of the rows in the subset (``eval.subset_fraction``).
+        seed: ``eval.seed``.
+        k: index of the retrained model.
+
+    Returns:
+        ``[n_train]`` bool with exactly :func:`subset_size` True entries.
+    """
+    rng = np.random.default_rng([seed, k])
+    mask = np.zeros(n_train, dtype=bool)
+    mask[rng.choice(n_train, size=subset_size(n_train, subset_fraction), replace=False)] = True
+    return mask
+
+
+def subset_masks(n_train: int, subset_fraction: float, seed: int, n_subsets: int) -> np.ndarray:
+    """Masks ``[n_subsets, n_train]`` bool, row k = :func:`subset_mask` ``(..., k)``."""
+    return np.stack([subset_mask(n_train, subset_fraction, seed, k) for k in range(n_subsets)])
+
+
+def model_seed(seed: int, k: int) -> int:
+    """Seed of retrained model k (its initialization and minibatch order): ``10**6 + 100003 * seed + k``."""
+    return MODEL_SEED_BASE + MODEL_SEED_STRIDE * seed + k
+
+
+# ----------------------------------------------------------------------------
+# model outputs
+
+
+def model_outputs(
+    model: torch.nn.Module,
+    data: TensorDataset,
+    task: str,
+    *,
+    batch_size: int = 128,
+    device: torch.device | str = "cpu",
+    memory_mb: int = 1024,
+) -> np.ndarray:
+    """The model output function of every example: the margin that TRAK attributes.
+
+    :func:`trakcli.gradients.output_function` of the task, the function the
+    per-example gradients differentiate: classification / text_classification,
+    ``logit_y − logsumexp_{j≠y} logit_j``; language_modeling, the sum of the
+    next-token margins over the text (Park et al. 2023, App. E). Computed
+    without gradients, in batches, with the logits cast to float64.
+
+    Args:
+        model: the trained model (set to eval mode).
+        data: the examples (inputs ``[n, ...]`` or a dict of ``[n, L]`` text tensors, labels ``[n]``).
+        task: ``cfg.task``.
+        batch_size: most examples per forward pass.
+        device: the model's device.
+        memory_mb: most MiB of float64 logits per batch (a language model's
+            ``[n, L, vocab]`` logits are large): batches are cut to fit.
+
+    Returns:
+        ``[n]`` float64 margins, on the CPU.
+    """
+    model.eval()
+    n = len(data)
+    out = np.empty(n, dtype=np.float64)
+    if n == 0:
+        return out
+    with torch.no_grad():
+        first = forward(model, inputs_to(index_inputs(data.inputs, torch.arange(1)), device))
+        per_example = max(1, first.numel() * 8)  # bytes of one example's float64 logits
+        batch_size = max(1, min(batch_size, (memory_mb << 20) // per_example))
+        for off, x, y in data.batches(0, n, batch_size):
+            x = inputs_to(x, device)
+            m, _ = output_function(task, forward(model, x).double(), y.to(device), x)  # [n_batch]
+            out[off : off + len(y)] = m.cpu().numpy()
+    return out
+
+
+# ----------------------------------------------------------------------------
+# what the retrained models depend on
+
+
+def _entrypoint_file_sha256(entrypoint: str | None) -> str | None:
+    """sha256 of the ``.py`` file of a ``"file.py:function"`` entrypoint (None for modules and built-ins)."""
+    if not entrypoint or ":" not in entrypoint or entrypoint.startswith("hf:"):
+        return None
+    target = entrypoint.rsplit(":", 1)[0]
+    return file_sha256(target) if target.endswith(".py") and Path(target).is_file() else None
+
+
+def eval_identity(cfg: Config, train_fingerprint: dict[str, Any], target_fingerprint: dict[str, Any]) -> dict[str, Any]:
+    """Everything the retrained models' rows depend on: what the store's ``eval/`` group is checked against.
+
+    Not included, as they do not change the models: ``n_subsets`` (more rows
+    extend the group), the projector, the checkpoints, ``optimize.n_models`` /
+    ``out_dir`` / ``seed`` / ``metrics`` / ``checkpoint_every``, ``device`` and
+    ``num_threads``.
+
+    Returns:
+        A JSON-able dict: task, output function, model (entrypoint, kwargs and
+        the sha256 of a ``.py`` entrypoint file), training recipe (the built-in
+        recipe's hyperparameters, or ``training.entrypoint``, its kwargs and
+        file sha256; the sha256 of ``init_checkpoint``), train and target data
+        fingerprints, subset_fraction, eval seed and the model seed rule.
+    """
+    oc = check_recipe(cfg, purpose="trak eval")
+    if oc.entrypoint is not None:
+        recipe: dict[str, Any] = {
+            "entrypoint": oc.entrypoint,
+            "kwargs": oc.kwargs,
+            "entrypoint_sha256": _entrypoint_file_sha256(oc.entrypoint),
+        }
+    else:
+        dump = oc.model_dump(mode="json")
+        recipe = {k: dump[k] for k in ("epochs", "batch_size", "optimizer", "lr", "momentum", "weight_decay", "projection")}
+    recipe["init_checkpoint_sha256"] = file_sha256(oc.init_checkpoint) if oc.init_checkpoint is not None else None
+    return {
+        "task": cfg.task,
+        "output_function": OUTPUT_FUNCTIONS[cfg.task],
+        "model": {**cfg.model.model_dump(mode="json"), "entrypoint_sha256": _entrypoint_file_sha256(cfg.model.entrypoint)},
+        "recipe": recipe,
+        "train_data": train_fingerprint,
+        "target_data": target_fingerprint,
+        "subset_fraction": cfg.eval.subset_fraction,
+        "seed": cfg.eval.seed,
+        "model_seed": f"{MODEL_SEED_BASE} + {MODEL_SEED_STRIDE} * seed + k",
+    }
+
+
+def check_eval_config(cfg: Config) -> None:
+    """Everything retraining needs, checked before any model trains.
+
+    Raises:
+        ConfigError: no training recipe, no ``data.target``, missing files or
+            ``init_checkpoint``, a ``training.entrypoint`` that cannot be loaded.
+    """
+    oc = check_recipe(cfg, purpose="trak eval")
+    if cfg.data.target is None:
+        raise ConfigError(
+            "data.target: trak eval needs the targets whose outputs the retrained models give; give a builtin split "
+            "or a file (the targets of `trak score`)"
+        )
+    check_files(cfg, need_checkpoints=False, need_target=True)
+    check_init_checkpoint(oc, cfg.recipe_key)
+    load_training_function(cfg)
+
+
+# ----------------------------------------------------------------------------
+# retraining
+
+
+def retrain_one(
+    cfg: Config, k: int, train: TensorDataset, target: TensorDataset, device: torch.device | str = "cpu"
+) -> np.ndarray:
+    """Train model k on its subset with the config's recipe and return the targets' outputs.
+
+    Model k: rows :func:`subset_mask` ``(n_train, eval.subset_fraction, eval.seed, k)``
+    of ``train``, trained by :func:`trakcli.training.train_one` with seed
+    :func:`model_seed` ``(eval.seed, k)``.
+
+    Returns:
+        ``[n_target]`` float64 model outputs of ``target`` (:func:`model_outputs`).
+    """
+    mask = subset_mask(len(train), cfg.eval.subset_fraction, cfg.eval.seed, k)
+    idx = torch.from_numpy(np.flatnonzero(mask)).to(device)
+    x = index_inputs(inputs_to(train.inputs, device), idx)
+    y = train.labels.to(device)[idx]
+    model = train_one(cfg, x, y, seed=model_seed(cfg.eval.seed, k), device=device, description=f"retrain {k}")
+    return model_outputs(
+        model, target, cfg.task, batch_size=cfg.data.batch_size, device=device, memory_mb=cfg.data.grad_memory_mb
+    )
+
+
+@dataclass
+class RetrainResult:
+    """The retrained models of a config, read from the store.
+
+    Attributes:
+        store: the store path.
+        masks: ``[n_subsets, n_train]`` bool, the training rows of each retrained model.
+        outputs: ``[n_subsets, n_target]`` float64, the targets' outputs under each model.
+        trained: models trained by this run (the others were in the store).
+        repaired: rows whose checksum failed and that were retrained.
+        workers: processes that trained.
+        seconds: wall-clock time of this run's training.
+    """
+
+    store: Path
+    masks: np.ndarray
+    outputs: np.ndarray
+    trained: int = 0
+    repaired: list[int] = field(default_factory=list)
+    workers: int = 1
+    seconds: float = 0.0
+
+    @property
+    def n_subsets(self) -> int:
+        return int(self.masks.shape[0])
+
+
+def retrain(
+    cfg: Config,
+    *,
+    workers: int = 1,
+    overwrite: bool = False,
+    reporter: Reporter = NULL_REPORTER,
+) -> RetrainResult:
+    """Retrain ``eval.n_subsets`` models on random subsets; store masks and target outputs row by row.
+
+    Model k is described in :func:`retrain_one`. Rows already done in the
+    store's ``eval/`` group are kept (a killed run resumes; a larger
+    ``eval.n_subsets`` extends the group); a row failing its checksum is
+    retrained. The store is created if it does not exist yet (retraining does
+    not need features), and locked while this runs.
+
+    Args:
+        cfg: the config: ``optimize`` (or ``training`` + ``optimizer``) is the
+            recipe, ``eval`` the subsets, ``data.target`` the targets.
+        workers: processes that train models (``1``: this process, with
+            ``cfg.num_threads``). With more, each worker is a spawned process
+            using ``cfg.num_threads`` torch threads (unset: the cores divided
+            by ``workers``), and this process writes every finished row.
+        overwrite: discard the stored retrained models and start over.
+        reporter: progress (one step per model) and messages.
+
+    Returns:
+        :class:`RetrainResult` with the first ``eval.n_subsets`` rows.
+
+    Raises:
+        ConfigError: no recipe, no ``data.target``, missing files.
+        ArgumentError: ``workers`` < 1.
+        StoreMismatchError: the store's retrained models were made with another
+            recipe, model, data, task, subset_fraction or eval seed (names the keys).
+        StoreError: the store is in use or cannot be written; a worker process died.
+        TrakError: training failed in a worker (its message, and the traceback for non-trakcli errors).
+    """
+    if workers < 1:
+        raise ArgumentError(f"workers={workers}: give 1 or more processes")
+    check_eval_config(cfg)
+    train = load_dataset(cfg.data.train, key="data.train")
+    target = load_dataset(cfg.data.target, key="data.target")  # type: ignore[arg-type]  # checked above
+    identity = eval_identity(cfg, train.fingerprint(), target.fingerprint())
+    n = cfg.eval.n_subsets
+    path = Path(cfg.store.path)
+    with locked_store(path, Dist(), reporter):
+        store = Store.open_or_create(path)
+        rows = store.eval_rows(
+            identity, n, len(train), len(target), compressor=cfg.store.compressor, overwrite=overwrite
+        )
+        repaired = rows.verify()
+        if repaired:
+            reporter.info(f"retrained models {repaired} failed their checksum and are retrained")
+        pending = rows.pending(n)
+        n_workers = max(1, min(workers, len(pending)))
+        t0 = time.perf_counter()
+        if pending:
+            have = n - len(pending)
+            reporter.info(
+                f"retraining {len(pending)} of {n} models on random {cfg.eval.subset_fraction:g} subsets of "
+                f"{len(train)} rows" + (f" ({have} in the store)" if have else "")
+                + (f", {n_workers} worker processes" if n_workers > 1 else "")
+            )
+            with reporter.task("retrain", len(pending)) as task:
+
+                def write(k: int, outputs: np.ndarray) -> None:
+                    rows.write(k, subset_mask(len(train), cfg.eval.subset_fraction, cfg.eval.seed, k), outputs)
+                    event(f"done eval {k}")
+                    task.advance()
+
+                if n_workers == 1:
+                    state = _WorkerState(cfg, train, target, _setup_device(cfg, cfg.num_threads))
+                    for k in pending:
+                        write(k, _retrain_task(state, k))
+                else:
+                    _retrain_in_workers(cfg, pending, n_workers, write)
+        seconds = time.perf_counter() - t0
+        if pending:
+            reporter.info(f"retrained {len(pending)} models in {seconds:.1f}s ({seconds / len(pending):.2f}s per model)")
+        masks, outputs = rows.read(n)
+    return RetrainResult(path, masks, outputs, len(pending), repaired, n_workers, seconds)
+
+
+def load_or_retrain(
+    cfg: Config, *, workers: int = 1, overwrite: bool = False, reporter: Reporter = NULL_REPORTER
+) -> tuple[np.ndarray, np.ndarray]:
+    """The config's retrained models from the store, training those not there yet (:func:`retrain`).
+
+    Returns:
+        ``(masks [n_subsets, n_train] bool, outputs [n_subsets, n_target] float64)``,
+        ``n_subsets = eval.n_subsets``; the arguments of :func:`trakcli.metrics.lds.lds`.
+
+    Raises:
+        What :func:`retrain` raises.
+    """
+    res = retrain(cfg, workers=workers, overwrite=overwrite, reporter=reporter)
+    return res.masks, res.outputs
+
+
+# -- the work of one process (this one, or a spawned worker) -------------------
+
+
+@dataclass
+class _WorkerState:
+    """What a process trains with: the config, the train and target data, the device."""
+
+    cfg: Config
+    train: TensorDataset
+    target: TensorDataset
+    device: torch.device
+
+
+def _setup_device(cfg: Config, threads: int | None) -> torch.device:
+    apply_threads(threads)
+    return resolve_device(cfg.device)
+
+
+def _worker_setup(arg: tuple[Config, int]) -> _WorkerState:
+    """In a spawned worker: set its torch threads, resolve the device and load the data (once)."""
+    cfg, threads = arg
+    device = _setup_device(cfg, threads)
+    train = load_dataset(cfg.data.train, key="data.train")
+    target = load_dataset(cfg.data.target, key="data.target")  # type: ignore[arg-type]  # checked by the parent
+    return _WorkerState(cfg, train, target, device)
+
+
+def _retrain_task(state: _WorkerState, k: int) -> np.ndarray:
+    """Train model k: :func:`retrain_one` (with the event the kill-and-resume tests count)."""
+    event(f"start eval {k} pid {os.getpid()}")
+    return retrain_one(state.cfg, k, state.train, state.target, state.device)
+
+
+def _threads_per_worker(cfg: Config, workers: int) -> int:
+    """cfg.num_threads if set, else the cores shared out between the workers (at least 1)."""
+    if cfg.num_threads is not None:
+        return cfg.num_threads
+    return max(1, (os.cpu_count() or 1) // workers)
+
+
+def _retrain_in_workers(cfg: Config, pending: list[int], workers: int, write: Any) -> None:
+    """Train the ``pending`` models in ``workers`` spawned processes; ``write(k, outputs)`` each as it finishes.
+
+    Raises:
+        StoreError: a worker process died (the finished models are in the store).
+        TrakError: training failed in a worker.
+    """
+    try:
+        run_in_workers(
+            pending, workers=workers, setup=_worker_setup, setup_arg=(cfg, _threads_per_worker(cfg, workers)),
+            task=_retrain_task, on_result=write, describe=lambda k: f"retraining model {k}", name="trak-eval-worker",
+        )
+    except WorkerLost as e:
+        raise StoreError(
+            f"a retraining worker process exited (exit code {e.exitcode}) with models {e.unfinished[:10]} "
+            "unfinished; the finished ones are in the store: rerun the same command to resume "
+            "(with fewer --workers if it ran out of memory)"
+        ) from None

@@ -1,0 +1,175 @@
+"""Run indexed tasks in spawned worker processes; the calling process gets every result and writes it.
+
+Used by the retraining of `trak eval` (:mod:`trakcli.jobs.retrain`) with
+``--workers N``. Each worker runs ``setup(setup_arg)`` once (load data, set
+threads), then ``task(state, k)`` for the indices it takes from a shared
+queue, and sends ``(k, result)`` back; the caller's ``on_result(k, result)``
+runs in the calling process, so it stays the only writer of the store.
+
+What the pool guarantees, and why it is not :mod:`concurrent.futures` or
+``multiprocessing.Pool`` (both checked on Python 3.11):
+
+- a worker exits as soon as its parent process is gone (``kill -9`` of the
+  parent leaves no orphan training on): a watchdog thread waits on the
+  parent's sentinel;
+- workers ignore SIGINT; on Ctrl-C, on a task's error or when a worker dies,
+  the others are terminated at once. ``ProcessPoolExecutor`` cannot stop a
+  running task before Python 3.14 (``terminate_workers``): its shutdown, and
+  the interpreter's exit, wait for the tasks in flight (minutes of training);
+- a worker that dies (killed, out of memory) is reported with its exit code.
+  ``multiprocessing.Pool`` replaces a dead worker and never returns its task:
+  the caller waits forever;
+- a task's exception reaches the caller as its message (a :class:`TrakError`)
+  or its type, message and the worker's traceback (anything else).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import traceback
+from typing import Any, Callable
+
+from trakcli.errors import TrakError
+
+
+class WorkerLost(Exception):
+    """A worker process exited before the tasks were done (killed, out of memory).
+
+    Attributes:
+        exitcode: the exit code of the first dead worker (negative: the signal
+            that killed it; 0: all workers exited normally with tasks left).
+        unfinished: the task indices whose results never arrived, sorted.
+    """
+
+    def __init__(self, exitcode: int, unfinished: list[int]):
+        super().__init__(f"a worker process exited (exit code {exitcode}) with tasks {unfinished[:10]} unfinished")
+        self.exitcode = exitcode
+        self.unfinished = unfinished
+
+
+def _exit_with_parent() -> None:
+    """In a worker: exit as soon as the parent process is gone (killed), so no orphan works on."""
+    from multiprocessing.connection import wait
+
+    parent = mp.parent_process()
+    if parent is None:
+        return
+    wait([parent.sentinel])
+    os._exit(1)
+
+
+def describe_exception(e: BaseException) -> str:
+    """What the caller shows of a worker's exception: a TrakError's message, else its type, message and traceback.
+
+    Call it inside the ``except`` block (it formats the exception being handled).
+    """
+    if isinstance(e, TrakError):
+        return str(e)
+    return f"{e.__class__.__name__}: {e}\n{traceback.format_exc().rstrip()}"
+
+
+def _worker_main(setup: Callable[[Any], Any], setup_arg: Any, task: Callable[[Any, int], Any], tasks: Any,
+                 results: Any) -> None:
+    """A worker: ``state = setup(setup_arg)``, then ``task(state, k)`` for each ``k`` of ``tasks`` until ``None``.
+
+    Puts ``("ok", k, result)`` or ``("error", k, message)`` on ``results``
+    (``k = -1``: the setup failed); stops at its first error.
+    """
+    import signal
+    import threading
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it terminates the workers
+    threading.Thread(target=_exit_with_parent, daemon=True).start()
+    try:
+        state = setup(setup_arg)
+    except BaseException as e:  # noqa: BLE001 - reported to the parent
+        results.put(("error", -1, describe_exception(e)))
+        return
+    while True:
+        k = tasks.get()
+        if k is None:
+            return
+        try:
+            results.put(("ok", k, task(state, k)))
+        except BaseException as e:  # noqa: BLE001 - reported to the parent
+            results.put(("error", k, describe_exception(e)))
+            return
+
+
+def run_in_workers(
+    items: list[int],
+    *,
+    workers: int,
+    setup: Callable[[Any], Any],
+    setup_arg: Any,
+    task: Callable[[Any, int], Any],
+    on_result: Callable[[int, Any], None],
+    describe: Callable[[int], str],
+    name: str = "trak-worker",
+) -> None:
+    """Run ``task(state, k)`` for every ``k`` of ``items`` in ``workers`` spawned processes.
+
+    Results arrive in the order they finish; ``on_result(k, result)`` is
+    called for each, in this process. The workers are terminated when this
+    function leaves: after the last result, on an error, or on Ctrl-C.
+
+    Args:
+        items: task indices (each run once).
+        workers: processes to start (at least 1).
+        setup: a module-level (picklable) function run once per worker on
+            ``setup_arg``; it returns the ``state`` passed to every task.
+        setup_arg: its argument (picklable: it is sent to the spawned process).
+        task: a module-level function ``(state, k) -> result``; the result is
+            pickled back to this process.
+        on_result: called with ``(k, result)`` for each finished task.
+        describe: names task ``k`` in error messages (``"retraining model 3"``).
+        name: process name prefix (``<name>-<i>``).
+
+    Raises:
+        TrakError: ``setup`` or a task raised (``"<describe(k)> failed in a
+            worker process: <message>"``, the message of :func:`describe_exception`).
+        WorkerLost: a worker process exited with tasks unfinished.
+        Whatever ``on_result`` raises.
+    """
+    ctx = mp.get_context("spawn")
+    tasks, results = ctx.Queue(), ctx.Queue()
+    for k in items:
+        tasks.put(k)
+    for _ in range(workers):
+        tasks.put(None)
+    procs = [
+        ctx.Process(target=_worker_main, args=(setup, setup_arg, task, tasks, results), name=f"{name}-{i}", daemon=True)
+        for i in range(workers)
+    ]
+    remaining = set(items)
+    try:
+        for p in procs:
+            p.start()
+        while remaining:
+            try:
+                kind, k, payload = results.get(timeout=0.5)
+            except queue.Empty:
+                dead = [p for p in procs if p.exitcode not in (None, 0)]
+                if dead or all(p.exitcode is not None for p in procs):
+                    raise WorkerLost(dead[0].exitcode if dead else 0, sorted(remaining)) from None
+                continue
+            if kind == "error":
+                which = describe(k) if k >= 0 else "starting a worker"
+                raise TrakError(f"{which} failed in a worker process: {payload}")
+            on_result(k, payload)
+            remaining.discard(k)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        tasks.cancel_join_thread()
+        results.cancel_join_thread()
+        tasks.close()
+        results.close()
