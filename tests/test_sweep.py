@@ -12,13 +12,14 @@ import torch
 import yaml
 from typer.testing import CliRunner
 
-from trakcli import eval as ev
-from trakcli import sweep as sw
 from trakcli.cli.main import app
 from trakcli.config import load_config
-from trakcli.pipeline import score
-from trakcli.scoring import trak_scores
 from trakcli.errors import StoreMismatchError
+from trakcli.jobs import sweep as sw
+from trakcli.jobs.retrain import load_or_retrain
+from trakcli.jobs.score import score
+from trakcli.metrics.lds import lds
+from trakcli.scoring import trak_scores
 from trakcli.store import Store
 
 
@@ -55,10 +56,10 @@ def test_sweep_grid_matches_score_and_lds(sweep_project):
     assert (res.default["proj_dim"], res.default["n_checkpoints"], res.default["lambda_rel"]) == (16, 2, 1.0)
     assert res.n_subsets == 6 and res.n_train == 40 and res.n_target == 7
 
-    masks, outputs = ev.load_or_retrain(cfg)  # from the store now: no retraining
+    masks, outputs = load_or_retrain(cfg)  # from the store now: no retraining
     # the default point is what `trak score` + `trak eval lds` give for the config
     stored = score(cfg).scores
-    expect = ev.lds(stored, masks, outputs, n_bootstrap=100, seed=cfg.eval.seed)
+    expect = lds(stored, masks, outputs, n_bootstrap=100, seed=cfg.eval.seed)
     assert res.default["lds"] == pytest.approx(expect.lds, abs=1e-6)
 
     # another proj_dim, one checkpoint, another ridge: in-memory TRAK scores of the sweep store's features
@@ -68,7 +69,7 @@ def test_sweep_grid_matches_score_and_lds(sweep_project):
     phi_t = [torch.from_numpy(np.asarray(store.array("targets/default/0/features")[:]))]
     scores8 = trak_scores(phi, q, phi_t, lambda_rel=10.0).numpy()
     row = _row(res.rows, proj_dim=8, n_checkpoints=1, lambda_rel=10.0)
-    assert row["lds"] == pytest.approx(ev.lds(scores8, masks, outputs, n_bootstrap=0).lds, abs=1e-6)
+    assert row["lds"] == pytest.approx(lds(scores8, masks, outputs, n_bootstrap=0).lds, abs=1e-6)
     assert row["ci_low"] <= row["lds"] <= row["ci_high"]
     assert Path(res.stores[8]).parent == Path("out/attrib.sweep")
     assert res.stores[16] == "out/attrib.zarr"  # the config's own proj_dim uses its own store

@@ -127,14 +127,15 @@ def sweep(
     ks = _numbers(checkpoints, "--checkpoints", int)
     rels = _numbers(lambda_rel, "--lambda-rel", float)
     abss = _numbers(lambda_reg, "--lambda-reg", float)
-    from trakcli.plots import check_plot_path, plot_sweep
+    from trakcli.plots.common import check_plot_path
+    from trakcli.plots.sweep import plot_sweep
 
     if plot is not None:
         check_plot_path(plot, "--plot")
     _check_suffix(out, "--out", ".json")
     cfg = load(config, overrides, print_config)
-    from trakcli.sweep import sweep as run_sweep
-    from trakcli.sweep import sweep_dir
+    from trakcli.jobs.sweep import sweep as run_sweep
+    from trakcli.jobs.sweep import sweep_dir
 
     res = run_sweep(
         cfg, workers=workers, proj_dims=dims, n_checkpoints=ks, lambda_rel=rels, lambda_reg=abss,

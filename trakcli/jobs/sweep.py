@@ -1,16 +1,17 @@
 """`trak eval sweep`: the LDS as a function of proj_dim, number of checkpoints and the ridge.
 
 One set of retrained models (the ``eval/`` group of the config's store, made
-by :func:`trakcli.eval.load_or_retrain`) serves every point of the grid, and
+by :func:`trakcli.jobs.retrain.load_or_retrain`) serves every point of the grid, and
 each proj_dim is featurized once (into ``<store>.sweep/<kind>_<d>.zarr``, or the
 config's own store for the config's proj_dim): the number of checkpoints and
 the ridge only change the cheap last step, so they are swept in memory.
 
 For a proj_dim ``d`` and ridge ``λ``, each checkpoint's kernel is factored
-once, and the scores of the first ``k`` checkpoints are
-:func:`trakcli.scoring.score_block` of their target weights and features,
-``[(1/k) Σ_{m<k} φ_m(t)ᵀ A_m(λ) Φ_mᵀ] ⊙ [(1/k) Σ_{m<k} Q_m]`` (design.md "Math",
-Park et al. 2023 Eq. 17): the numbers `trak score` writes for that setting.
+once (:func:`trakcli.scoring.solve_kernel`, as `trak score` does), and the
+scores of the first ``k`` checkpoints are :func:`trakcli.scoring.score_block`
+of their float32 target weights and features,
+``[(1/k) Σ_{m<k} φ_m(t)ᵀ A_m(λ) Φ_mᵀ] ⊙ [(1/k) Σ_{m<k} Q_m]`` (Park et al. 2023,
+Eq. 17; README "What is computed"): the numbers `trak score` writes for that setting.
 Memory: every checkpoint's train features of one proj_dim and one
 ``[n_target, n_train]`` score matrix at a time; the sweep is meant for
 benchmark-sized data (digits: 1437 × 1024 floats per checkpoint).
@@ -27,8 +28,13 @@ import torch
 
 from trakcli.config import Config, resolve_checkpoints
 from trakcli.errors import ConfigError, StoreMismatchError
+from trakcli.jobs.featurize import featurize
+from trakcli.jobs.retrain import load_or_retrain
+from trakcli.jobs.score import score
+from trakcli.metrics.lds import lds
 from trakcli.progress import NULL_REPORTER, Reporter
 from trakcli.scoring import gram_matrix, score_block, solve_kernel, target_weights
+from trakcli.store.store import Store
 
 DEFAULT_CHECKPOINT_GRID = (1, 2, 5, 10, 20, 50, 100, 200, 500)
 
@@ -108,8 +114,6 @@ def _config_for(cfg: Config, proj_dim: int, directory: Path) -> Config:
 
 def _read_features(cfg: Config, n_models: int) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
     """Train features ``[n_train, d]``, out_to_loss ``[n_train]`` and target features ``[n_target, d]`` per model."""
-    from trakcli.store import Store
-
     store = Store.open_existing(cfg.store.path, mode="r")
     exp = cfg.score.experiment
     phi, q, phi_t = [], [], []
@@ -147,9 +151,6 @@ def sweep(
         ConfigError: a grid value the checkpoints cannot give; and whatever
             featurize, score and the retraining raise (StoreError, ...).
     """
-    from trakcli import pipeline
-    from trakcli.eval import lds, load_or_retrain
-
     grid = cfg.eval.sweep
     dims = sorted(set(proj_dims or grid.proj_dims) | {cfg.projector.proj_dim})
     checkpoints = resolve_checkpoints(cfg)
@@ -173,14 +174,14 @@ def sweep(
             sub = sub.model_copy(update={"checkpoints": [str(p) for p in checkpoints[:n_models]]})
         reporter.info(f"sweep: proj_dim {d} -> {sub.store.path}")
         try:
-            pipeline.featurize(sub, reporter=reporter)
+            featurize(sub, reporter=reporter)
         except StoreMismatchError:
             if sub is cfg:
                 raise  # the user's own store: never overwritten by a sweep
             # a sweep store is a cache of this command: made for another model, data or projector, redo it
             reporter.info(f"sweep: {sub.store.path} was made with other settings; featurizing it again")
-            pipeline.featurize(sub, overwrite=True, reporter=reporter)
-        pipeline.score(sub, reporter=reporter)  # the target features (and the scores of the default ridge)
+            featurize(sub, overwrite=True, reporter=reporter)
+        score(sub, reporter=reporter)  # the target features (and the scores of the default ridge)
         stores[d] = str(sub.store.path)
         phi, q, phi_t = _read_features(sub, n_models)
         n_target, n_train = phi_t[0].shape[0], phi[0].shape[0]
