@@ -206,6 +206,7 @@ class Store:
 
     @property
     def identity(self) -> dict[str, Any]:
+        """The run identity recorded at creation (``{}`` for a store made by `trak eval` before featurize)."""
         return dict(self.root.attrs.get("identity", {}))
 
     @property
