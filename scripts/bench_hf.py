@@ -104,7 +104,7 @@ def make_checkpoint(work: Path) -> Path:
 
 def run_trakcli(kind: str, a: dict[str, Any]) -> dict[str, Any]:
     from trakcli.config import load_config
-    from trakcli.pipeline import featurize, score
+    from trakcli.jobs import featurize, score
 
     work = Path(a["work"])
     store = work / f"store_{kind}.zarr"
@@ -141,7 +141,8 @@ def run_traker(mask: str, a: dict[str, Any]) -> dict[str, Any]:
     from trak import TRAKer
     from trak.projectors import BasicProjector, ProjectionType
 
-    from trakcli.hf import additive_mask, load_text
+    from trakcli.data.text import load_text
+    from trakcli.models.forward import additive_mask
     from trakcli.models import build_model
 
     class Wrapped(nn.Module):

@@ -77,7 +77,7 @@ from torch import nn
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from trakcli.data import load_digits_split  # noqa: E402
+from trakcli.data.digits import load_digits_split  # noqa: E402
 from trakcli.optim import ProjectedOptimizer, subspace  # noqa: E402
 
 BATCH = 64

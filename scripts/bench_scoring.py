@@ -5,7 +5,7 @@ Synthetic features (standard normal, as projected gradients are after JL) for
 M checkpoints are written to a trakcli store; then, each in its own process so
 that peak resident memory (ru_maxrss) is its own:
 
-* ``trakcli``: ``trakcli.pipeline.finalize_and_score`` — Gram matrix streamed in
+* ``trakcli``: ``trakcli.jobs.score.finalize_and_score`` — Gram matrix streamed in
   row chunks (float64), Cholesky, scores written one block of train columns at a
   time; memory O(n_target·proj_dim + chunk·proj_dim + proj_dim²).
 * ``numpy``: all features in RAM, the same formula with numpy (float64 Gram and
@@ -43,7 +43,7 @@ def _rss_gib() -> float:
 
 
 def make_store(path: Path, n_train: int, n_target: int, proj_dim: int, n_models: int, chunk_rows: int) -> None:
-    from trakcli.store import Store
+    from trakcli.store import Store, StoreLayout
 
     identity = {
         "model": {"entrypoint": "synthetic"},
@@ -51,7 +51,8 @@ def make_store(path: Path, n_train: int, n_target: int, proj_dim: int, n_models:
         "train_data": {"n": n_train, "input_shape": [1], "sha256": "synthetic"},
         "storage": {"chunk_rows": chunk_rows, "dtype": "float32", "compressor": "zstd"},
     }
-    store = Store.create_or_check(path, identity, {"bench": "scoring"}, overwrite=True)
+    layout = StoreLayout(n_train, proj_dim, chunk_rows, "float32", "zstd")
+    store = Store.create_or_check(path, identity, {"bench": "scoring"}, layout=layout, overwrite=True)
     t_attrs = {"target_data": {"n": n_target}, "checkpoints": list(range(n_models))}
     for m in range(n_models):
         rng = np.random.default_rng(m)
@@ -72,7 +73,7 @@ def make_store(path: Path, n_train: int, n_target: int, proj_dim: int, n_models:
 
 
 def worker_trakcli(path: Path, n_models: int, n_head: int, out: Path) -> dict:
-    from trakcli.pipeline import finalize_and_score
+    from trakcli.jobs.score import finalize_and_score
     from trakcli.store import Store
 
     t0 = time.perf_counter()

@@ -310,7 +310,7 @@ class RecordingReporter(Reporter):
 
 
 def test_training_shows_running_loss_and_accuracy_and_validation():
-    from trakcli.training import train_classifier
+    from trakcli.jobs.train import train_classifier
 
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(30, 6, generator=g), torch.randint(0, 3, (30,), generator=g)

@@ -20,8 +20,9 @@ def featurize(
 ) -> None:
     """Compute train features (projected gradients) for every checkpoint; resumes where it stopped."""
     cfg = load(config, overrides, print_config)
-    from trakcli import pipeline  # imported after the config is valid: torch import is slow
-    res = pipeline.featurize(
+    from trakcli.jobs.featurize import featurize as run  # imported after the config is valid: torch import is slow
+
+    res = run(
         cfg, overwrite=overwrite, skip_nonfinite=skip_nonfinite, verify=verify, reporter=RichReporter(quiet)
     )
     if quiet:

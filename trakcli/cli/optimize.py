@@ -24,7 +24,8 @@ def optimize(
     optimizer.projection runs the optimizer in a random subspace (per_matrix or global); training.metrics names a JSON file for per-model metrics with per-epoch history. The flat optimize: section works too.
     """
     cfg = load(config, overrides, print_config)
-    from trakcli import pipeline  # imported after the config is valid: torch import is slow
-    paths = pipeline.optimize(cfg, overwrite=overwrite, reporter=RichReporter(quiet))
+    from trakcli.jobs.optimize import optimize as run  # imported after the config is valid: torch import is slow
+
+    paths = run(cfg, overwrite=overwrite, reporter=RichReporter(quiet))
     if not quiet:
-        err_console.print(f"[green]{len(paths)} checkpoints in {cfg.optimize.out_dir}[/]")  # type: ignore[union-attr]
+        err_console.print(f"[green]{len(paths)} checkpoints in {cfg.recipe.out_dir}[/]")  # type: ignore[union-attr]

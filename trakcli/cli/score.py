@@ -71,11 +71,11 @@ def score(
     cfg = load(config, overrides, print_config)
     if plot is not None and cfg.score.show_targets == 0:
         raise UsageError("--plot draws the first score.show_targets targets, which is 0; add score.show_targets=3")
-    from trakcli import pipeline  # imported after the config is valid: torch import is slow
+    from trakcli.jobs.score import score as run  # imported after the config is valid: torch import is slow
     from trakcli.distributed import init_from_env
     from trakcli.store import Store
 
-    res = pipeline.score(
+    res = run(
         cfg, overwrite=overwrite, skip_nonfinite=skip_nonfinite, verify=verify, reporter=RichReporter(quiet)
     )
     if not init_from_env().is_main:
@@ -99,7 +99,7 @@ def score(
 def _plot(cfg, res, path: Path) -> None:
     """Draw the first score.show_targets targets with their proponents and opponents (trakcli.plots)."""
     from trakcli import plots
-    from trakcli.data import load_dataset
+    from trakcli.data.load import load_dataset
 
     n = min(cfg.score.show_targets, res.n_target)
     train = load_dataset(cfg.data.train, key="data.train")
@@ -115,7 +115,7 @@ def _texts(ds_cfg, ds, key: str):
     """The texts of a text dataset, decoded from its tokens when shown; None for other data."""
     if ds_cfg.text is None or not isinstance(ds.inputs, dict):
         return None
-    from trakcli.hf import load_tokenizer
+    from trakcli.data.text import load_tokenizer
     from trakcli.plots import DecodedTexts
 
     return DecodedTexts(ds.inputs["input_ids"], load_tokenizer(ds_cfg.tokenizer, key=f"{key}.tokenizer"))

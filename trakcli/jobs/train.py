@@ -5,8 +5,9 @@ loss and a ``torch.optim`` optimizer, or that optimizer run in a random
 subspace by :class:`trakcli.optim.ProjectedOptimizer` when a ``projection`` is
 given. :func:`train_one` builds, seeds and trains one model with a config's
 recipe (``optimize:``, or ``training:`` + ``optimizer:``) or with the user's
-``training.entrypoint``; `trak optimize` (:func:`trakcli.pipeline.optimize`)
-and the retraining of `trak eval` (:mod:`trakcli.eval`) both call it.
+``training.entrypoint``; `trak optimize` (:func:`trakcli.jobs.optimize.optimize`)
+and the retraining of `trak eval` both call it. A model killed mid-training
+resumes from its training state file bit-identically.
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from trakcli.config import recipe_key
-from trakcli.data import Inputs, index_inputs, slice_inputs
+from trakcli.config import Config, OptimizeConfig
+from trakcli.data.tensors import Inputs, index_inputs, slice_inputs
 from trakcli.errors import ConfigError, ModelError
-from trakcli.hf import forward
+from trakcli.models.forward import forward
 from trakcli.progress import NULL_REPORTER, Reporter
 
 
@@ -217,7 +218,7 @@ def evaluate(
     return loss_sum / max(n, 1), right / max(n, 1)
 
 
-def check_recipe(cfg: Any, *, purpose: str = "trak optimize") -> Any:
+def check_recipe(cfg: Config, *, purpose: str = "trak optimize") -> OptimizeConfig:
     """Refuse configs whose recipe cannot train: no recipe section, or the built-in recipe on an LM task.
 
     Args:
@@ -225,13 +226,13 @@ def check_recipe(cfg: Any, *, purpose: str = "trak optimize") -> Any:
         purpose: the command, for messages.
 
     Returns:
-        ``cfg.optimize``, the :class:`~trakcli.config.OptimizeConfig` recipe.
+        ``cfg.recipe``, the flat :class:`~trakcli.config.OptimizeConfig` recipe (either spelling).
 
     Raises:
         ConfigError: no ``optimize:`` / ``training:`` section, or task ``language_modeling``
             with the built-in recipe (it trains classifiers; a ``training.entrypoint`` may train anything).
     """
-    oc = cfg.optimize
+    oc = cfg.recipe
     if oc is None:
         raise ConfigError(
             f"optimize: section missing; {purpose} needs the training recipe: add optimize: "
@@ -241,17 +242,17 @@ def check_recipe(cfg: Any, *, purpose: str = "trak optimize") -> Any:
         raise ConfigError(
             f"task: {purpose} trains classifiers (cross-entropy on [n, C] logits); task language_modeling is "
             "for featurize and score only: train the language model elsewhere and point checkpoints at it, "
-            f"or give your own training function as {recipe_key(cfg)}.entrypoint"
+            f"or give your own training function as {cfg.recipe_key}.entrypoint"
         )
     return oc
 
 
-def check_init_checkpoint(oc: Any, key: str = "optimize") -> None:
+def check_init_checkpoint(oc: OptimizeConfig, key: str = "optimize") -> None:
     """Refuse a recipe whose ``init_checkpoint`` names no file, before any model trains.
 
     Args:
-        oc: the :class:`~trakcli.config.OptimizeConfig` recipe (``cfg.optimize``).
-        key: the config section the user wrote it in (:func:`trakcli.config.recipe_key`).
+        oc: the flat recipe (``cfg.recipe``).
+        key: the config section the user wrote it in (``cfg.recipe_key``).
 
     Raises:
         ConfigError: ``init_checkpoint`` is set and is not a file.
@@ -263,25 +264,25 @@ def check_init_checkpoint(oc: Any, key: str = "optimize") -> None:
         )
 
 
-def load_training_function(cfg: Any) -> Callable[..., Any] | None:
+def load_training_function(cfg: Config) -> Callable[..., Any] | None:
     """The user's training function of ``training.entrypoint`` (None: the built-in recipe).
 
-    Resolved like ``model.entrypoint`` (:func:`trakcli.models._load_function`):
+    Resolved like ``model.entrypoint`` (:func:`trakcli.models.load_function`):
     ``"path/to/file.py:function"`` or ``"package.module:function"``.
 
     Raises:
         ModelError: the file or module cannot be imported, or has no such function.
     """
-    oc = cfg.optimize
+    oc = cfg.recipe
     if oc is None or oc.entrypoint is None:
         return None
-    from trakcli.models import _load_function
+    from trakcli.models.build import load_function
 
-    return _load_function(oc.entrypoint, key=f"{recipe_key(cfg)}.entrypoint", builtins={})
+    return load_function(oc.entrypoint, key=f"{cfg.recipe_key}.entrypoint", builtins={})
 
 
 def train_one(
-    cfg: Any,
+    cfg: Config,
     inputs: Inputs,
     labels: torch.Tensor,
     *,
@@ -310,7 +311,7 @@ def train_one(
     calling this with the same seed and rows reproduces its checkpoint.
 
     Args:
-        cfg: a validated :class:`~trakcli.config.Config` with an ``optimize`` recipe.
+        cfg: a validated :class:`~trakcli.config.Config` with a recipe (``cfg.recipe``).
         inputs: ``[n, ...]`` float32 inputs on ``device`` (or a dict of ``[n, L]`` tensors for text).
         labels: ``[n]`` int64 class labels on ``device``.
         seed: seed of the initialization and of the minibatch order.
@@ -333,7 +334,8 @@ def train_one(
             training function returned something that is not an ``nn.Module``.
         CheckpointError: ``init_checkpoint`` or the resume file cannot be read.
     """
-    from trakcli.models import build_model, load_checkpoint
+    from trakcli.models.build import build_model
+    from trakcli.models.checkpoints import load_checkpoint
 
     oc = check_recipe(cfg)
     fn = load_training_function(cfg)
@@ -348,7 +350,7 @@ def train_one(
             out = model
         if not isinstance(out, nn.Module):
             raise ModelError(
-                f"{recipe_key(cfg)}.entrypoint {oc.entrypoint!r} returned a {type(out).__name__}; it must train "
+                f"{cfg.recipe_key}.entrypoint {oc.entrypoint!r} returned a {type(out).__name__}; it must train "
                 "the model in place and return None, or return the trained torch.nn.Module"
             )
         return out.to(device).eval()

@@ -1,0 +1,177 @@
+"""`trak featurize` as a library function: train features of every checkpoint, chunk by chunk, into the store.
+
+Under ``torchrun`` each process computes the row chunks of its rank (chunk
+index ≡ rank mod world_size); rank 0 creates the store, holds its lock and
+writes its attributes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from trakcli.config import Config
+from trakcli.data.tensors import TensorDataset
+from trakcli.gradients import check_finite
+from trakcli.jobs.runtime import event, locked_store
+from trakcli.jobs.setup import JobSetup, prepare
+from trakcli.progress import NULL_REPORTER, Reporter
+from trakcli.store import ChunkedRows, Store
+
+
+def featurize_rows(
+    s: JobSetup,
+    data: TensorDataset,
+    rows: ChunkedRows,
+    model_id: int,
+    *,
+    with_out_to_loss: bool,
+    skip_nonfinite: bool,
+    reporter: Reporter,
+    label: str,
+) -> tuple[int, list[int]]:
+    """Compute and write this rank's pending chunks of one checkpoint (train rows or targets).
+
+    Each batch goes through ``s.featurizer`` (``(phi, q)`` of the batch); a
+    chunk's ``features`` (and ``out_to_loss``, ``nonfinite``) are written as
+    float32 numpy before its done flag.
+
+    Args:
+        s: the shared setup (featurizer, batch size, process group).
+        data: the rows to featurize (``data.train`` or ``data.target``).
+        rows: the store's rows of this checkpoint.
+        model_id: the checkpoint, loaded into ``s.model`` if any chunk is pending.
+        with_out_to_loss: also write ``out_to_loss`` and ``nonfinite`` (train rows).
+        skip_nonfinite: give examples with non-finite features zero features and
+            ``Q = 0`` instead of raising.
+        reporter, label: progress (``"<label> model <model_id>"``) and test events.
+
+    Returns:
+        (chunks computed, indices of examples skipped as non-finite).
+
+    Raises:
+        GradientError: an example has non-finite features (without ``skip_nonfinite``).
+    """
+    pending = rows.pending(s.dist.rank, s.dist.world_size)
+    if not pending:
+        return 0, []
+    s.load(model_id)
+    skipped: list[int] = []
+    n_rows = sum(rows.rows(c)[1] - rows.rows(c)[0] for c in pending)
+    with reporter.task(f"{label} model {model_id}", n_rows) as task:
+        for chunk in pending:
+            event(f"start {label} {model_id} {chunk}")
+            lo, hi = rows.rows(chunk)
+            feats = np.empty((hi - lo, s.proj_dim), dtype=np.float32)
+            q_all = np.empty(hi - lo, dtype=np.float32)
+            bad_all = np.zeros(hi - lo, dtype=np.uint8)
+            for off, x, y in data.batches(lo, hi, s.batch_rows):
+                phi, q = s.featurizer(x, y, model_id, off)  # [b, proj_dim], [b]
+                if skip_nonfinite:
+                    bad = ~(torch.isfinite(phi).all(dim=1) & torch.isfinite(q))
+                    if bad.any():
+                        phi[bad], q[bad] = 0.0, 0.0
+                        bad_all[off - lo : off - lo + len(y)] = bad.cpu().numpy()
+                        skipped += (torch.nonzero(bad).flatten() + off).tolist()
+                else:
+                    check_finite(phi, off)
+                feats[off - lo : off - lo + len(y)] = phi.detach().cpu().numpy()
+                q_all[off - lo : off - lo + len(y)] = q.detach().cpu().numpy()
+                task.advance(len(y))
+            if with_out_to_loss:
+                rows.write(chunk, features=feats, out_to_loss=q_all, nonfinite=bad_all)
+            else:
+                rows.write(chunk, features=feats)
+            event(f"done {label} {model_id} {chunk}")
+    return len(pending), skipped
+
+
+@dataclass
+class FeaturizeResult:
+    """What a featurize run did.
+
+    Attributes:
+        store: the store path.
+        n_models: checkpoints featurized.
+        chunks_computed: row chunks computed in this run (by this process).
+        chunks_total: row chunks over all checkpoints.
+        grad_dim, proj_dim: gradient and feature widths.
+        n_train: training examples.
+        skipped: per model_id, example indices skipped as non-finite in this run.
+        repaired: chunks whose checksum failed and that were recomputed (``verify``).
+    """
+
+    store: Path
+    n_models: int
+    chunks_computed: int
+    chunks_total: int
+    grad_dim: int
+    proj_dim: int
+    n_train: int
+    skipped: dict[int, list[int]] = field(default_factory=dict)
+    repaired: int = 0
+
+
+def featurize(
+    cfg: Config,
+    *,
+    overwrite: bool = False,
+    skip_nonfinite: bool = False,
+    verify: bool = False,
+    reporter: Reporter = NULL_REPORTER,
+) -> FeaturizeResult:
+    """Project the per-example gradients of every training example for every checkpoint.
+
+    Writes ``train/<model_id>/{features, out_to_loss, nonfinite, done}`` chunk
+    by chunk; a rerun recomputes only chunks not done (a finished store is a
+    no-op), whatever the batch size.
+
+    Args:
+        cfg: the validated config.
+        overwrite: delete the store and start over.
+        skip_nonfinite: record examples whose gradients are not finite in
+            ``nonfinite`` and store zero features for them (no influence on
+            the kernel, zero scores) instead of stopping.
+        verify: read every done chunk and recompute those failing their checksum.
+        reporter: progress bars and messages.
+
+    Raises:
+        ConfigError, DataError, ModelError, CheckpointError, ProjectorError,
+        GradientError (non-finite gradients, with the example indices),
+        StoreError (unwritable path, store in use, write failure),
+        StoreMismatchError (store made with other settings).
+    """
+    s = prepare(cfg)
+    path = Path(cfg.store.path)
+    computed = total = repaired = 0
+    skipped: dict[int, list[int]] = {}
+    with locked_store(path, s.dist, reporter):
+        if s.dist.is_main:
+            store = Store.create_or_check(path, s.identity, cfg.resolved(), layout=s.layout, overwrite=overwrite)
+            for model_id, ckpt in enumerate(s.checkpoints):
+                store.train(model_id, str(ckpt), s.shas[model_id])
+        s.dist.barrier()
+        if not s.dist.is_main:
+            store = Store.create_or_check(path, s.identity, cfg.resolved(), layout=s.layout, create=False)
+        for model_id, ckpt in enumerate(s.checkpoints):
+            rows = store.train(model_id, str(ckpt), s.shas[model_id], create=s.dist.is_main)
+            if verify:
+                bad = [c for c in rows.verify() if c % s.dist.world_size == s.dist.rank]
+                repaired += len(bad)
+                if bad:
+                    reporter.info(f"model {model_id}: chunks {bad} failed their checksum and are recomputed")
+            total += rows.n_chunks
+            n, skip = featurize_rows(
+                s, s.train, rows, model_id, with_out_to_loss=True, skip_nonfinite=skip_nonfinite,
+                reporter=reporter, label="featurize",
+            )
+            computed += n
+            if skip:
+                skipped[model_id] = skip
+        s.dist.barrier()
+    return FeaturizeResult(
+        path, len(s.checkpoints), computed, total, s.grad_dim, s.proj_dim, len(s.train), skipped, repaired,
+    )

@@ -1,0 +1,305 @@
+"""`trak optimize` as a library function: N seeded models, their checkpoints and the manifest.
+
+Model ``i`` is trained by :func:`trakcli.jobs.train.train_one` (the same
+function that retrains the models of `trak eval`); after every finished model
+``out_dir/manifest.json`` is rewritten atomically (layout:
+:mod:`trakcli.store.manifest`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trakcli.config import Config, OptimizeConfig, check_files, recipe_identity
+from trakcli.data.load import load_dataset
+from trakcli.data.tensors import Inputs, TensorDataset, index_inputs, inputs_to
+from trakcli.errors import ConfigError
+from trakcli.jobs.runtime import apply_threads, event, resolve_device
+from trakcli.jobs.train import check_init_checkpoint, check_recipe, evaluate, load_training_function, train_one
+from trakcli.models.build import build_model
+from trakcli.models.checkpoints import load_checkpoint
+from trakcli.progress import NULL_REPORTER, Reporter
+from trakcli.store import differing_keys
+from trakcli.store.manifest import (
+    FORMAT, FORMAT_VERSION, MANIFEST_NAME, checkpoint_sha256, read_manifest, write_manifest,
+)
+
+
+def manifest_identity(cfg: Config, train: TensorDataset) -> dict[str, Any]:
+    """What the models of a `trak optimize` run were trained with: model, task, train data and recipe.
+
+    Two runs with equal identities train the same models, so a rerun keeps the
+    models of the earlier run's manifest; the run-only recipe keys
+    (:data:`trakcli.config.RUN_ONLY_KEYS`) and the recipe's spelling do not count.
+
+    Returns:
+        ``{"model", "task", "train_data", "recipe"}``, JSON-able.
+    """
+    return {
+        "model": cfg.model.model_dump(mode="json"),
+        "task": cfg.task,
+        "train_data": train.fingerprint(),
+        "recipe": recipe_identity(cfg.recipe_sections()),
+    }
+
+
+def _previous_models(
+    path: Path, identity: dict[str, Any], *, key: str, out_dir: Path, reporter: Reporter
+) -> dict[int, dict]:
+    """The entries of an earlier run's manifest at ``path``, by model_id, if it trained the same way.
+
+    Args:
+        path: ``out_dir/manifest.json`` (may not exist).
+        identity: this run's :func:`manifest_identity`.
+        key, out_dir: the recipe section and its ``out_dir``, for the message.
+
+    Raises:
+        ConfigError: the manifest's models were trained with another recipe, model or data
+            (names the differing keys; --overwrite retrains).
+    """
+    if not path.exists():
+        return {}
+    try:
+        old = read_manifest(path, key="optimize.out_dir")
+        old_identity = {k: old.get(k) for k in ("model", "task", "train_data")}
+        old_identity["recipe"] = recipe_identity(old["recipe"])
+    except (ConfigError, KeyError, TypeError, ValueError) as e:
+        reporter.info(f"{path}: not a readable manifest ({str(e).splitlines()[0]}); it is written anew")
+        return {}
+    diff = differing_keys(old_identity, identity)
+    if diff:
+        shown = ", ".join(d.replace("recipe.", "") for d in diff)
+        raise ConfigError(
+            f"{key}.out_dir: {str(out_dir)!r} holds models that trak optimize trained differently "
+            f"(its manifest differs in: {shown}); rerun with --overwrite to retrain them, or choose another out_dir"
+        )
+    return {m["model_id"]: m for m in old["models"]}
+
+
+def _final_metrics(
+    model: torch.nn.Module,
+    task: str,
+    train: tuple[Inputs, torch.Tensor],
+    target: tuple[Inputs, torch.Tensor] | None,
+    validation: tuple[Inputs, torch.Tensor] | None,
+    batch_size: int,
+) -> dict[str, Any]:
+    """Accuracy on all of data.train, on data.target and loss / accuracy on data.validation (classifiers).
+
+    A language model (trained by a user's training function) gets no class accuracy: ``{}``.
+    """
+    if task == "language_modeling":
+        return {}
+    out: dict[str, Any] = {"train_accuracy": evaluate(model, *train, batch_size=batch_size)[1]}
+    if target is not None:
+        out["target_accuracy"] = evaluate(model, *target, batch_size=batch_size)[1]
+    if validation is not None:
+        out["validation_loss"], out["validation_accuracy"] = evaluate(model, *validation, batch_size=batch_size)
+    return out
+
+
+def _write_metrics(path: Path, summary: dict[str, Any]) -> None:
+    """Write ``optimize.metrics`` atomically.
+
+    Raises:
+        ConfigError: the file cannot be written (names the path).
+    """
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(json.dumps(summary, indent=2) + "\n")
+        os.replace(tmp, path)
+    except OSError as e:
+        raise ConfigError(f"optimize.metrics: cannot write {str(path)!r}: {e}") from None
+
+
+def _train_model(
+    cfg: Config, oc: OptimizeConfig, i: int, path: Path, x: Inputs, y: torch.Tensor, *,
+    device: torch.device, overwrite: bool, validation: tuple[Inputs, torch.Tensor] | None, reporter: Reporter,
+) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """Train model ``i`` (resuming from ``out_dir/.resume/``) and write its checkpoint atomically.
+
+    Returns:
+        (the trained model, the recipe's metrics: ``final_loss``, ``optimizer_state_numel``, ``history``).
+    """
+    stats: dict[str, Any] = {}
+    resume = oc.out_dir / ".resume" / f"model_{i:03d}.pt"
+    if overwrite:
+        resume.unlink(missing_ok=True)
+    elif resume.exists():
+        reporter.info(f"model {i}: resuming from {resume}")
+    model = train_one(
+        cfg, x, y, seed=oc.seed + i, device=device, reporter=reporter,
+        description=f"train model {i}", metrics=stats, resume_path=resume, validation=validation,
+    )
+    try:
+        resume.parent.rmdir()  # only when empty: no other model's state is pending
+    except OSError:
+        pass
+    tmp = path.with_suffix(".pt.tmp")
+    torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, tmp)
+    os.replace(tmp, path)
+    return model, stats
+
+
+def optimize(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_REPORTER) -> list[Path]:
+    """Train ``optimize.n_models`` independently seeded models and write their checkpoints and manifest.
+
+    Model ``i`` is built, seeded with ``optimize.seed + i`` and trained by
+    :func:`trakcli.jobs.train.train_one` (the built-in recipe, or the user's
+    ``training.entrypoint``), the same function that retrains the models of
+    `trak eval`, on a random ``subset_fraction`` of ``data.train`` if below 1
+    (drawn with ``optimize.seed + i``); it is written atomically to
+    ``optimize.out_dir/model_{i:03d}.pt``. Existing files are kept (a rerun
+    resumes) unless ``overwrite``; a model killed mid-training resumes from its
+    training state in ``out_dir/.resume/`` (saved every
+    ``optimize.checkpoint_every`` steps and at epoch ends), bit-identically.
+    With ``optimize.projection`` the optimizer runs in a random subspace
+    (:class:`trakcli.optim.ProjectedOptimizer`). With ``data.validation`` the
+    built-in recipe evaluates the model on it after every epoch.
+
+    After every finished model, ``out_dir/manifest.json`` is written atomically
+    (:mod:`trakcli.store.manifest`): the recipe in the user's spelling, the model, and per
+    model its checkpoint (relative path), sha256, seed, subset indices and metrics
+    (final loss, train / target / validation accuracy, optimizer state floats,
+    per-epoch history); ``complete`` once all ``n_models`` are listed. A kept file
+    reuses its entry of the previous manifest when its sha256 still matches, else
+    its accuracies are measured and it is recorded with ``origin: found``. With
+    ``optimize.metrics`` the same per-model metrics also go to that JSON file.
+    The recipe is read from ``cfg.recipe`` whichever spelling the YAML used.
+
+    Returns:
+        The checkpoint paths, in model_id order.
+
+    Raises:
+        ConfigError: no recipe, an output path that cannot be written, or an
+            out_dir whose manifest records models trained another way (without ``overwrite``).
+        DataError: data.train, data.target or data.validation cannot be loaded.
+        OptimizerError: projection settings the model cannot use.
+    """
+    from trakcli import __version__
+
+    oc = check_recipe(cfg)
+    check_files(cfg, need_checkpoints=False, need_validation=True)
+    load_training_function(cfg)  # a bad training.entrypoint fails before any model trains
+    apply_threads(cfg.num_threads)
+    train = load_dataset(cfg.data.train, key="data.train")
+    heldout = load_dataset(cfg.data.target, key="data.target") if cfg.data.target is not None else None
+    valset = load_dataset(cfg.data.validation, key="data.validation") if cfg.data.validation is not None else None
+    device = resolve_device(cfg.device)
+    try:
+        oc.out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"optimize.out_dir: cannot create {str(oc.out_dir)!r}: {e}") from None
+    check_init_checkpoint(oc, cfg.recipe_key)
+    recipe = cfg.recipe_sections()
+    identity = manifest_identity(cfg, train)
+    manifest_path = oc.out_dir / MANIFEST_NAME
+    previous = {} if overwrite else _previous_models(
+        manifest_path, identity, key=cfg.recipe_key, out_dir=oc.out_dir, reporter=reporter
+    )
+    manifest: dict[str, Any] = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "trakcli_version": __version__,
+        "n_models": oc.n_models,
+        "complete": False,
+        "recipe": recipe,
+        "model": identity["model"],
+        "task": cfg.task,
+        "train_data": identity["train_data"],
+        "validation_data": valset.fingerprint() if valset is not None else None,
+        "models": [],
+    }
+    if overwrite:
+        write_manifest(manifest_path, manifest)  # the old manifest no longer describes the files
+    paths = []
+    rows: list[dict[str, Any]] = []
+    x, y = inputs_to(train.inputs, device), train.labels.to(device)
+    held = (inputs_to(heldout.inputs, device), heldout.labels.to(device)) if heldout is not None else None
+    val = (inputs_to(valset.inputs, device), valset.labels.to(device)) if valset is not None else None
+
+    def final_metrics(model: torch.nn.Module) -> dict[str, Any]:
+        return _final_metrics(model, cfg.task, (x, y), held, val, cfg.data.batch_size)
+
+    for i in range(oc.n_models):
+        path = oc.out_dir / f"model_{i:03d}.pt"
+        paths.append(path)
+        entry: dict[str, Any] = {"model_id": i, "checkpoint": path.name, "sha256": None, "seed": oc.seed + i}
+        xi, yi = x, y
+        if oc.subset_fraction < 1:
+            gen = torch.Generator().manual_seed(oc.seed + i)
+            k = max(1, round(oc.subset_fraction * len(y)))
+            subset = torch.randperm(len(y), generator=gen)[:k].sort().values
+            entry["subset_indices"] = subset.tolist()
+            xi, yi = index_inputs(x, subset.to(device)), y[subset.to(device)]
+        kept = path.exists() and not overwrite
+        if kept:
+            sha = checkpoint_sha256(path)
+            prev = previous.get(i)
+            if prev is not None and prev.get("sha256") == sha and prev.get("checkpoint") == path.name:
+                entry = prev
+                reporter.info(f"{path} exists, kept (use --overwrite to retrain)")
+            else:
+                model = build_model(cfg.model.entrypoint, **cfg.model.kwargs)
+                load_checkpoint(model, path)
+                model.to(device).eval()
+                entry.update(sha256=sha, origin="found", metrics=final_metrics(model))
+                why = "changed since the manifest was written" if prev is not None else "not in a manifest"
+                reporter.info(
+                    f"{path} exists ({why}): kept and recorded as it is, without a training history "
+                    "(use --overwrite to retrain)"
+                )
+        else:
+            model, stats = _train_model(
+                cfg, oc, i, path, xi, yi, device=device, overwrite=overwrite, validation=val, reporter=reporter
+            )
+            history = stats.pop("history", None)
+            metrics = {**stats, **final_metrics(model)}
+            if history is not None:
+                metrics["history"] = history
+            entry.update(sha256=checkpoint_sha256(path), origin="trained", metrics=metrics)
+            reporter.info(_model_line(i, metrics, model) + f" -> {path}")
+        manifest["models"].append(entry)
+        manifest["complete"] = len(manifest["models"]) == oc.n_models
+        write_manifest(manifest_path, manifest)
+        event(f"manifest {i}")
+        rows.append({
+            "model_id": i, "seed": entry["seed"], "checkpoint": str(path), "sha256": entry["sha256"],
+            **({"subset_indices": entry["subset_indices"]} if "subset_indices" in entry else {}),
+            **entry.get("metrics", {}),
+            **({"kept": True} if kept else {}),
+        })
+    if oc.metrics is not None:
+        _write_metrics(oc.metrics, {
+            "trakcli_version": __version__,
+            **recipe,
+            "model": identity["model"],
+            "n_params": sum(p.numel() for p in build_model(cfg.model.entrypoint, **cfg.model.kwargs).parameters()),
+            "manifest": str(manifest_path),
+            "models": rows,
+        })
+        reporter.info(f"metrics -> {oc.metrics}")
+    reporter.info(f"manifest -> {manifest_path}")
+    return paths
+
+
+def _model_line(i: int, metrics: dict[str, Any], model: torch.nn.Module) -> str:
+    """The one line `trak optimize` reports per trained model, as it finishes (through the reporter)."""
+    parts = [f"model {i}:"]
+    if "final_loss" in metrics:
+        parts.append(f"loss {metrics['final_loss']:.4f},")
+    for name in ("train", "target", "validation"):
+        key = f"{name}_accuracy"
+        if key in metrics:
+            parts.append(f"{name} accuracy {metrics[key]:.3f},")
+    if "optimizer_state_numel" in metrics:
+        n_params = sum(p.numel() for p in model.parameters())
+        share = metrics["optimizer_state_numel"] / (2 * n_params)
+        parts.append(f"optimizer state {metrics['optimizer_state_numel']} floats ({share:.1%} of AdamW's)")
+    return " ".join(parts).rstrip(",:")

@@ -1,0 +1,78 @@
+"""What every job needs from the machine it runs on: device, threads, the store lock, the test event hook.
+
+None of this depends on the config: each function takes the one setting it
+uses, so `trak eval`'s worker processes and the jobs share it.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from trakcli.distributed import Dist
+from trakcli.errors import ConfigError
+from trakcli.progress import Reporter
+from trakcli.store import Store, StoreLock
+
+
+def event(message: str) -> None:
+    """Append a line to the file named by ``$TRAK_EVENT_LOG``, if set (how the kill-and-resume tests count work).
+
+    Jobs write ``start <what> <model_id> <chunk>`` before and ``done ...`` after
+    each unit of work; without the variable this does nothing.
+    """
+    path = os.environ.get("TRAK_EVENT_LOG")
+    if path:
+        with open(path, "a") as f:
+            f.write(message + "\n")
+
+
+def resolve_device(name: str, dist: Dist | None = None) -> torch.device:
+    """The torch device of the ``device`` setting.
+
+    ``auto`` is cuda if available, else cpu. Under torchrun each process takes
+    the GPU of its ``LOCAL_RANK`` (``dist.local_rank``).
+
+    Raises:
+        ConfigError: ``cuda`` was asked for and no CUDA GPU is available.
+    """
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError("device: 'cuda' was asked for but no CUDA GPU is available; use device=cpu or auto")
+        return torch.device("cuda", dist.local_rank if dist else 0)
+    return torch.device(name)
+
+
+def apply_threads(num_threads: int | None) -> None:
+    """``torch.set_num_threads(num_threads)`` when set (the ``num_threads`` setting); None leaves torch's default."""
+    if num_threads is not None:
+        torch.set_num_threads(num_threads)
+
+
+@contextmanager
+def locked_store(path: str | Path, dist: Dist, reporter: Reporter) -> Iterator[None]:
+    """Hold ``<store>.lock`` for the duration of a run (rank 0 only; other ranks follow rank 0).
+
+    Creates the store's parent directory first. A note from the lock (e.g. a
+    stale lock taken over) goes to ``reporter.info``.
+
+    Raises:
+        StoreError: the store is in use by a live run, or its parent cannot be created.
+    """
+    lock = StoreLock.for_store(Path(path)) if dist.is_main else None
+    if lock is not None:
+        Store.prepare_parent(Path(path))
+        note = lock.acquire()
+        if note:
+            reporter.info(note)
+    try:
+        yield
+    finally:
+        if lock is not None:
+            lock.release()

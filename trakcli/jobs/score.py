@@ -1,0 +1,265 @@
+"""`trak score` as a library function: target features, per-checkpoint kernels, the ensembled score matrix.
+
+Formula: Park et al. 2023 ("TRAK: Attributing Model Behavior at Scale",
+Eq. 17), as written in :mod:`trakcli.scoring`. Under ``torchrun`` each process
+computes the chunks of its rank; rank 0 holds the store's lock and writes
+attributes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from trakcli.config import Config
+from trakcli.data.load import load_dataset
+from trakcli.distributed import Dist
+from trakcli.errors import StoreError
+from trakcli.jobs.featurize import featurize_rows
+from trakcli.jobs.runtime import event, locked_store
+from trakcli.jobs.setup import JobSetup, prepare
+from trakcli.progress import NULL_REPORTER, Reporter
+from trakcli.scoring import gram_matrix, score_block, solve_kernel, target_weights
+from trakcli.store import ChunkedRows, Store, check_same
+
+
+@dataclass
+class ScoreResult:
+    """Scores of one experiment, in the store.
+
+    Attributes:
+        store: the store path; experiment: the experiment name.
+        n_target, n_train: the score matrix shape.
+        lambdas: the ridge λ_m used per checkpoint.
+        train_labels, target_labels: ``[n_train]``, ``[n_target]`` int64 labels (for display).
+        chunks_computed: target and score chunks computed in this run.
+        notes: messages for the user.
+    """
+
+    store: Path
+    experiment: str
+    n_target: int
+    n_train: int
+    lambdas: list[float]
+    train_labels: np.ndarray
+    target_labels: np.ndarray
+    chunks_computed: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    def head(self, n: int) -> np.ndarray:
+        """The first ``n`` target rows of the scores, ``[n, n_train]`` float32."""
+        return self._array()[: min(n, self.n_target)]
+
+    def _array(self) -> Any:
+        return Store.open_existing(self.store, mode="r").array(f"scores/{self.experiment}/scores")
+
+    @property
+    def scores(self) -> np.ndarray:
+        """All scores ``[n_target, n_train]`` float32, read into memory."""
+        return np.asarray(self._array()[:])
+
+
+def _check_train_complete(s: JobSetup, store: Store) -> list[ChunkedRows]:
+    """The complete train rows of every checkpoint, after checking the store was featurized with this setup.
+
+    Raises:
+        StoreError: no train features, or missing or incomplete ones (run featurize).
+        StoreMismatchError: the store was featurized with other settings.
+    """
+    if not store.identity:  # made by `trak eval` (retrained models only)
+        raise StoreError(f"the store {store.path} holds no train features yet; run `trak featurize CONFIG` first")
+    check_same(
+        f"the train features in {store.path}", store.identity, s.identity,
+        "score with the config that featurized the store, or rerun `trak featurize CONFIG --overwrite`",
+    )
+    have = store.model_ids()
+    missing = [m for m in range(len(s.checkpoints)) if m not in have]
+    if missing:
+        raise StoreError(
+            f"the store has no train features for model_ids {missing} (the config lists {len(s.checkpoints)} "
+            f"checkpoints, the store has model_ids {have}); run `trak featurize CONFIG` first"
+        )
+    rows_all = []
+    for model_id, ckpt in enumerate(s.checkpoints):
+        rows = store.train(model_id, str(ckpt), s.shas[model_id], create=False)
+        if not rows.is_complete():
+            done = int((rows.flags() != 0).sum())
+            raise StoreError(
+                f"train features of model_id {model_id} ({ckpt}) are incomplete ({done}/{rows.n_chunks} chunks); "
+                "run `trak featurize CONFIG` to finish them"
+            )
+        rows_all.append(rows)
+    return rows_all
+
+
+def score(
+    cfg: Config,
+    *,
+    overwrite: bool = False,
+    skip_nonfinite: bool = False,
+    verify: bool = False,
+    reporter: Reporter = NULL_REPORTER,
+) -> ScoreResult:
+    """Featurize the targets, finalize each checkpoint's kernel and write the ensembled scores.
+
+    Formula: :mod:`trakcli.scoring` (Park et al. 2023, Eq. 17). Train features
+    are streamed from the store one column block (``chunk_rows`` train rows) at
+    a time, so memory is O(n_target·proj_dim + chunk_rows·proj_dim + proj_dim²
+    + n_target·chunk_rows), never n_train·n_target.
+
+    Args:
+        cfg: config; ``data.target`` is required. ``score:`` gives the
+            experiment and the ridge.
+        overwrite: recompute the experiment's target features and scores.
+        skip_nonfinite: give targets with non-finite gradients zero features (zero scores).
+        verify: recompute target and score chunks that fail their checksum.
+        reporter: progress bars and messages.
+
+    Returns:
+        :class:`ScoreResult`; the ``[n_target, n_train]`` float32 scores are in the store.
+
+    Raises:
+        StoreError: no train features yet, or incomplete ones (run featurize); store in use;
+            targets of another input shape than the train inputs.
+        StoreMismatchError: train features made with other settings or checkpoints.
+    """
+    s = prepare(cfg, need_target=True)
+    sc = cfg.score
+    path = Path(cfg.store.path)
+    exp = sc.experiment
+    target = load_dataset(cfg.data.target, key="data.target")  # type: ignore[arg-type]  # checked by check_files
+    t_fp = target.fingerprint()
+    if t_fp["input_shape"] != s.identity["train_data"]["input_shape"]:
+        raise StoreError(
+            f"data.target inputs have shape {t_fp['input_shape']} per example but the train inputs have "
+            f"{s.identity['train_data']['input_shape']}; targets must be examples of the same kind"
+        )
+    t_attrs = {"target_data": t_fp, "checkpoints": s.shas}
+    settings = {"lambda_reg": sc.lambda_reg, "lambda_rel": sc.lambda_rel, **t_attrs}
+    n_models = len(s.checkpoints)
+    computed = 0
+    with locked_store(path, s.dist, reporter):
+        store = Store.open_existing(path)
+        train_rows = _check_train_complete(s, store)
+        if s.dist.is_main:
+            if overwrite:
+                store.drop(f"targets/{exp}")
+                store.drop(f"scores/{exp}")
+            for model_id in range(n_models):
+                store.targets(exp, model_id, t_attrs, len(target))
+            store.scores(exp, len(target), settings)
+        s.dist.barrier()
+
+        # 1. target features
+        target_rows = []
+        for model_id in range(n_models):
+            rows = store.targets(exp, model_id, t_attrs, len(target), create=False)
+            if verify:
+                rows.verify()
+            n, skip = featurize_rows(
+                s, target, rows, model_id, with_out_to_loss=False, skip_nonfinite=skip_nonfinite,
+                reporter=reporter, label="targets",
+            )
+            computed += n
+            if skip:
+                reporter.info(f"model {model_id}: targets {skip[:10]} have non-finite gradients; their scores are 0")
+            target_rows.append(rows)
+        s.dist.barrier()
+
+        # 2. kernels and scores
+        out = store.scores(exp, len(target), settings, create=False)
+        if verify:
+            out.verify()
+        lambdas, n = finalize_and_score(
+            store, train_rows, target_rows, out, lambda_reg=sc.lambda_reg, lambda_rel=sc.lambda_rel,
+            dist=s.dist, reporter=reporter,
+        )
+        computed += n
+    return ScoreResult(
+        store=path,
+        experiment=exp,
+        n_target=len(target),
+        n_train=len(s.train),
+        lambdas=lambdas,
+        train_labels=s.train.labels.numpy(),
+        target_labels=target.labels.numpy(),
+        chunks_computed=computed,
+    )
+
+
+def finalize_and_score(
+    store: Store,
+    train_rows: list[ChunkedRows],
+    target_rows: list[ChunkedRows],
+    out: ChunkedRows,
+    *,
+    lambda_reg: float | None,
+    lambda_rel: float,
+    dist: Dist | None = None,
+    reporter: Reporter = NULL_REPORTER,
+) -> tuple[list[float], int]:
+    """Finalize each checkpoint's kernel and write the pending score blocks.
+
+    Kernels (Cholesky factors of ``Φ_mᵀΦ_m + λ_m I``, float64, by
+    :func:`trakcli.scoring.solve_kernel`) are computed by rank ``m mod
+    world_size`` and stored, so a rerun reuses them. Scores are computed one
+    block of ``chunk_rows`` train columns at a time:
+    ``[(1/M) Σ_m W_m Φ_m[block]ᵀ] ⊙ [(1/M) Σ_m Q_m[block]]`` with
+    ``W_m = Φ_m(targets) A_m`` (float32 products of float64 solves).
+
+    Args:
+        store: the open store.
+        train_rows: per model_id, complete train features (``features``, ``out_to_loss``).
+        target_rows: per model_id, complete target features.
+        out: the scores array of the experiment (chunked by train columns).
+        lambda_reg, lambda_rel: the ridge (see :func:`trakcli.scoring.resolve_lambda`).
+        dist: the process group (default: a single process).
+        reporter: progress of the score blocks.
+
+    Returns:
+        (λ_m per model_id, score blocks computed by this process).
+
+    Raises:
+        StoreError: a kernel another rank should have written is missing.
+        TrakError: a kernel is not positive definite (see :func:`trakcli.scoring.kernel_factor`).
+    """
+    dist = dist or Dist()
+    n_models = len(train_rows)
+    n_target = target_rows[0].n_rows
+    lam_key = {"lambda_reg": lambda_reg, "lambda_rel": lambda_rel}
+    for model_id in range(dist.rank, n_models, dist.world_size):
+        if store.read_kernel(model_id, lam_key) is None:
+            event(f"start kernel {model_id}")
+            rows = train_rows[model_id]
+            gram = gram_matrix(
+                torch.from_numpy(c.astype(np.float32, copy=False)) for _, _, c in rows.iter_chunks("features")
+            )
+            factor, lam = solve_kernel(gram, rows.n_rows, lambda_reg, lambda_rel)
+            store.write_kernel(model_id, factor.numpy(), lam_key, lam)
+    dist.barrier()
+    weights, lambdas = [], []
+    for model_id in range(n_models):
+        kernel = store.read_kernel(model_id, lam_key)
+        if kernel is None:
+            raise StoreError(f"the kernel of model_id {model_id} is missing; rerun the same command")
+        factor, lam = kernel
+        phi_t = torch.from_numpy(target_rows[model_id].read("features", 0, n_target).astype(np.float32))
+        weights.append(target_weights(torch.from_numpy(factor), phi_t, dtype=torch.float32))
+        lambdas.append(lam)
+
+    pending = out.pending(dist.rank, dist.world_size)
+    with reporter.task("score", len(pending)) as task:
+        for chunk in pending:
+            event(f"start score {chunk}")
+            lo, hi = out.rows(chunk)
+            feats = [torch.from_numpy(r.read("features", lo, hi).astype(np.float32, copy=False)) for r in train_rows]
+            qs = [torch.from_numpy(r.read("out_to_loss", lo, hi)) for r in train_rows]
+            out.write(chunk, scores=score_block(weights, feats, qs).numpy())
+            event(f"done score {chunk}")
+            task.advance()
+    dist.barrier()
+    return lambdas, len(pending)

@@ -1,0 +1,178 @@
+"""What featurize and score share: the model, its gradients, the projector, the data, and the run identity.
+
+:func:`run_identity` is the one place the identity of a store is built (what
+its train features were made with); the store records it on creation and
+compares it on every later run (:meth:`trakcli.store.Store.create_or_check`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trakcli.config import Config, ModelConfig, check_files, resolve_checkpoints
+from trakcli.data.load import load_dataset
+from trakcli.data.tensors import TensorDataset, inputs_to
+from trakcli.distributed import Dist, init_from_env
+from trakcli.gradients import OUTPUT_FUNCTIONS, PerExampleGradients
+from trakcli.jobs.runtime import apply_threads, resolve_device
+from trakcli.models.build import build_model
+from trakcli.models.checkpoints import file_sha256, load_checkpoint
+from trakcli.projectors import make_projector
+from trakcli.store import StoreLayout
+
+
+def rows_per_batch(cfg: Config, grad_dim: int) -> int:
+    """``data.batch_size``, lowered so that ``rows x grad_dim`` float32 gradients fit ``data.grad_memory_mb``.
+
+    Args:
+        cfg: the config (reads ``data.batch_size`` and ``data.grad_memory_mb`` only).
+        grad_dim: entries of one example's gradient.
+
+    Returns:
+        At least 1 (a single example's gradient is never split).
+    """
+    fit = (cfg.data.grad_memory_mb * 2**20) // (4 * max(1, grad_dim))
+    return max(1, min(cfg.data.batch_size, fit))
+
+
+def run_identity(
+    model: ModelConfig,
+    task: str,
+    grad_wrt: list[str] | None,
+    grads: PerExampleGradients,
+    projector: Any,
+    train: TensorDataset,
+    layout: StoreLayout,
+) -> dict[str, Any]:
+    """Everything the train features of a store depend on: recorded at creation, compared on every run.
+
+    Args:
+        model: ``model:`` of the config (entrypoint and kwargs).
+        task: ``classification`` or ``language_modeling`` (fixes the output function).
+        grad_wrt: ``grad_wrt`` of the config, as written (None: every parameter).
+        grads: the per-example gradients (its selected ``param_names`` and ``grad_dim``).
+        projector: the projector (its ``spec()`` fixes the matrix, ``proj_dim`` included).
+        train: the training set (its fingerprint: shape, dtype, sha256 of the rows).
+        layout: the store layout (its ``chunk_rows``, ``dtype`` and ``compressor`` are recorded
+            as ``storage``; ``n_train`` and ``proj_dim`` are already in ``train_data`` and ``projector``).
+
+    Returns:
+        A JSON-able dict with the keys ``model``, ``task``, ``output_function``,
+        ``grad_wrt``, ``grad_dim``, ``param_names``, ``projector``, ``train_data``, ``storage``.
+    """
+    return {
+        "model": model.model_dump(mode="json"),
+        "task": task,
+        "output_function": OUTPUT_FUNCTIONS[task],
+        "grad_wrt": grad_wrt,
+        "grad_dim": grads.grad_dim,
+        "param_names": grads.param_names,
+        "projector": projector.spec(),
+        "train_data": train.fingerprint(),
+        "storage": {"chunk_rows": layout.chunk_rows, "dtype": layout.dtype, "compressor": layout.compressor},
+    }
+
+
+class GradientFeaturizer:
+    """Features of a batch: per-example gradients of the model output function, projected.
+
+    The step of the featurize row loop that a different kind of features (e.g.
+    Kronecker-factored projections from layer hooks) replaces: anything with
+    ``proj_dim`` and this ``__call__`` can stand in.
+
+    Args:
+        grads: per-example gradients of the model (holds the model).
+        projector: the JL projector, ``[grad_dim] -> [proj_dim]`` per ``model_id``.
+        device: where the model lives; batches are moved there.
+    """
+
+    def __init__(self, grads: PerExampleGradients, projector: Any, device: torch.device):
+        self.grads, self.projector, self.device = grads, projector, device
+        self.proj_dim: int = projector.proj_dim
+
+    def __call__(
+        self, inputs: Any, labels: torch.Tensor, model_id: int, row_offset: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Features and out-to-loss terms of one batch.
+
+        Args:
+            inputs: ``[n, ...]`` float32 (or a dict of ``[n, L]`` tensors), on any device.
+            labels: ``[n]`` int64.
+            model_id: the checkpoint (selects the projection matrix).
+            row_offset: dataset index of the first row (for error messages).
+
+        Returns:
+            ``(phi, q)``: ``[n, proj_dim]`` float32 features and ``[n]`` float32
+            ``Q = 1 - p_y``, on ``device``.
+
+        Raises:
+            GradientError: the batch cannot be differentiated (see :class:`PerExampleGradients`).
+        """
+        g, q = self.grads(inputs_to(inputs, self.device), labels.to(self.device), row_offset=row_offset)
+        return self.projector.project(g, model_id=model_id), q
+
+
+@dataclass
+class JobSetup:
+    """Everything featurize and score share: model, featurizer, data, store identity, process group.
+
+    Attributes:
+        checkpoints, shas: the checkpoint files by model_id and their sha256.
+        train: the training set.
+        model: the model (checkpoints are loaded into it in turn).
+        featurizer: computes ``(phi, q)`` of a batch (see :class:`GradientFeaturizer`).
+        grad_dim, proj_dim: gradient and feature widths.
+        batch_rows: rows per batch (:func:`rows_per_batch`).
+        device: the model's device.
+        layout: the shapes and storage of the store's arrays (``proj_dim`` from the projector).
+        identity: the store identity (:func:`run_identity`).
+        dist: this process's rank and world size.
+    """
+
+    checkpoints: list[Path]
+    shas: list[str]
+    train: TensorDataset
+    model: torch.nn.Module
+    featurizer: GradientFeaturizer
+    grad_dim: int
+    proj_dim: int
+    batch_rows: int
+    device: torch.device
+    layout: StoreLayout
+    identity: dict[str, Any]
+    dist: Dist
+
+    def load(self, model_id: int) -> None:
+        """Load checkpoint ``model_id`` into the model and move it to the device."""
+        load_checkpoint(self.model, self.checkpoints[model_id])
+        self.model.to(self.device)
+
+
+def prepare(cfg: Config, *, need_target: bool = False) -> JobSetup:
+    """Check the input files, build model, gradients and projector, load the train data.
+
+    Raises:
+        ConfigError: a missing file, or ``cuda`` without a GPU.
+        DataError, ModelError, ProjectorError: the data, model or projector cannot be built.
+    """
+    check_files(cfg, need_checkpoints=True, need_target=need_target)
+    apply_threads(cfg.num_threads)
+    checkpoints = resolve_checkpoints(cfg)
+    dist = init_from_env()
+    device = resolve_device(cfg.device, dist)
+    train = load_dataset(cfg.data.train, key="data.train")
+    model = build_model(cfg.model.entrypoint, **cfg.model.kwargs)
+    grads = PerExampleGradients(model, cfg.grad_wrt, cfg.task)
+    projector = make_projector(**cfg.projector.options(), grad_dim=grads.grad_dim)
+    st = cfg.store
+    layout = StoreLayout(len(train), projector.proj_dim, st.chunk_rows, st.dtype, st.compressor)
+    identity = run_identity(cfg.model, cfg.task, cfg.grad_wrt, grads, projector, train, layout)
+    shas = [file_sha256(c) for c in checkpoints]
+    return JobSetup(
+        checkpoints, shas, train, model, GradientFeaturizer(grads, projector, device), grads.grad_dim,
+        layout.proj_dim, rows_per_batch(cfg, grads.grad_dim), device, layout, identity, dist,
+    )
