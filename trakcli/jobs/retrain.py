@@ -219,7 +219,7 @@ def retrain_one(
     """Train model k on its subset with the config's recipe and return the targets' outputs.
 
     Model k: rows :func:`subset_mask` ``(n_train, eval.subset_fraction, eval.seed, k)``
-    of ``train``, trained by :func:`trakcli.training.train_one` with seed
+    of ``train``, trained by :func:`trakcli.jobs.train.train_one` with seed
     :func:`model_seed` ``(eval.seed, k)``.
 
     Returns:
