@@ -1,4 +1,4 @@
-"""The jobs: `trak optimize`, `trak featurize` and `trak score` as library functions.
+"""The jobs: `trak optimize`, `trak featurize`, `trak score` and `trak eval` as library functions.
 
 Each takes a validated :class:`~trakcli.config.Config`, raises
 :class:`~trakcli.errors.TrakError` subclasses on bad input, and reports progress
@@ -15,6 +15,10 @@ Modules:
 - :mod:`~trakcli.jobs.score`: target features, kernels, the score matrix.
 - :mod:`~trakcli.jobs.train`: the training recipe (one model), resumable.
 - :mod:`~trakcli.jobs.optimize`: N seeded models, checkpoints and their manifest.
+- :mod:`~trakcli.jobs.retrain`: `trak eval`'s models retrained on random subsets,
+  row by row into the store (:mod:`~trakcli.jobs.workers`: their worker processes).
+- :mod:`~trakcli.jobs.eval`: the store's scores that `trak eval lds` measures.
+- :mod:`~trakcli.jobs.sweep`: `trak eval sweep`, the LDS over proj_dim, checkpoints and ridge.
 """
 
 from trakcli.jobs.featurize import FeaturizeResult, featurize
