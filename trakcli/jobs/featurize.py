@@ -35,7 +35,7 @@ def featurize_rows(
 ) -> tuple[int, list[int]]:
     """Compute and write this rank's pending chunks of one checkpoint (train rows or targets).
 
-    Each batch goes through ``s.featurizer`` (``(phi, q)`` of the batch); a
+    Each batch goes through ``s.featurizer`` (``(phi, q)`` of the batch, :meth:`JobSetup.features`); a
     chunk's ``features`` (and ``out_to_loss``, ``nonfinite``) are written as
     float32 numpy before its done flag.
 
@@ -69,7 +69,7 @@ def featurize_rows(
             q_all = np.empty(hi - lo, dtype=np.float32)
             bad_all = np.zeros(hi - lo, dtype=np.uint8)
             for off, x, y in data.batches(lo, hi, s.batch_rows):
-                phi, q = s.featurizer(x, y, model_id, off)  # [b, proj_dim], [b]
+                phi, q = s.features(x, y, model_id, off)  # [b, proj_dim], [b] on s.device
                 if skip_nonfinite:
                     bad = ~(torch.isfinite(phi).all(dim=1) & torch.isfinite(q))
                     if bad.any():

@@ -43,8 +43,7 @@ def run_identity(
     model: ModelConfig,
     task: str,
     grad_wrt: list[str] | None,
-    grads: PerExampleGradients,
-    projector: Any,
+    featurizer: Any,
     train: TensorDataset,
     layout: StoreLayout,
 ) -> dict[str, Any]:
@@ -54,8 +53,9 @@ def run_identity(
         model: ``model:`` of the config (entrypoint and kwargs).
         task: ``classification`` or ``language_modeling`` (fixes the output function).
         grad_wrt: ``grad_wrt`` of the config, as written (None: every parameter).
-        grads: the per-example gradients (its selected ``param_names`` and ``grad_dim``).
-        projector: the projector (its ``spec()`` fixes the matrix, ``proj_dim`` included).
+        featurizer: what computes the features (:class:`GradientFeaturizer`): its selected
+            ``param_names``, ``grad_dim`` and ``projector`` (whose ``spec()`` fixes the
+            matrix, ``proj_dim`` included).
         train: the training set (its fingerprint: shape, dtype, sha256 of the rows).
         layout: the store layout (its ``chunk_rows``, ``dtype`` and ``compressor`` are recorded
             as ``storage``; ``n_train`` and ``proj_dim`` are already in ``train_data`` and ``projector``).
@@ -69,9 +69,9 @@ def run_identity(
         "task": task,
         "output_function": OUTPUT_FUNCTIONS[task],
         "grad_wrt": grad_wrt,
-        "grad_dim": grads.grad_dim,
-        "param_names": grads.param_names,
-        "projector": projector.spec(),
+        "grad_dim": featurizer.grad_dim,
+        "param_names": featurizer.param_names,
+        "projector": featurizer.projector.spec(),
         "train_data": train.fingerprint(),
         "storage": {"chunk_rows": layout.chunk_rows, "dtype": layout.dtype, "compressor": layout.compressor},
     }
@@ -81,17 +81,24 @@ class GradientFeaturizer:
     """Features of a batch: per-example gradients of the model output function, projected.
 
     The step of the featurize row loop that a different kind of features (e.g.
-    Kronecker-factored projections from layer hooks) replaces: anything with
-    ``proj_dim`` and this ``__call__`` can stand in.
+    Kronecker-factored projections from layer hooks,
+    :class:`trakcli.factors.KroneckerFeaturizer`) replaces: anything with this
+    ``__call__`` and the attributes below can stand in.
 
     Args:
         grads: per-example gradients of the model (holds the model).
         projector: the JL projector, ``[grad_dim] -> [proj_dim]`` per ``model_id``.
-        device: where the model lives; batches are moved there.
+
+    Attributes:
+        projector: the projector (``spec()`` and ``proj_dim``).
+        grad_dim, param_names: the selected parameters' entries and names, in order.
+        proj_dim: feature width.
     """
 
-    def __init__(self, grads: PerExampleGradients, projector: Any, device: torch.device):
-        self.grads, self.projector, self.device = grads, projector, device
+    def __init__(self, grads: PerExampleGradients, projector: Any):
+        self.grads, self.projector = grads, projector
+        self.grad_dim: int = grads.grad_dim
+        self.param_names: list[str] = grads.param_names
         self.proj_dim: int = projector.proj_dim
 
     def __call__(
@@ -100,19 +107,19 @@ class GradientFeaturizer:
         """Features and out-to-loss terms of one batch.
 
         Args:
-            inputs: ``[n, ...]`` float32 (or a dict of ``[n, L]`` tensors), on any device.
-            labels: ``[n]`` int64.
+            inputs: ``[n, ...]`` float32 (or a dict of ``[n, L]`` tensors), on the model's device.
+            labels: ``[n]`` int64, on the model's device.
             model_id: the checkpoint (selects the projection matrix).
             row_offset: dataset index of the first row (for error messages).
 
         Returns:
             ``(phi, q)``: ``[n, proj_dim]`` float32 features and ``[n]`` float32
-            ``Q = 1 - p_y``, on ``device``.
+            ``Q = 1 - p_y``, on the model's device.
 
         Raises:
             GradientError: the batch cannot be differentiated (see :class:`PerExampleGradients`).
         """
-        g, q = self.grads(inputs_to(inputs, self.device), labels.to(self.device), row_offset=row_offset)
+        g, q = self.grads(inputs, labels, row_offset=row_offset)  # [n, grad_dim], [n]
         return self.projector.project(g, model_id=model_id), q
 
 
@@ -125,7 +132,6 @@ class JobSetup:
         train: the training set.
         model: the model (checkpoints are loaded into it in turn).
         featurizer: computes ``(phi, q)`` of a batch (see :class:`GradientFeaturizer`).
-        grad_dim, proj_dim: gradient and feature widths.
         batch_rows: rows per batch (:func:`rows_per_batch`).
         device: the model's device.
         layout: the shapes and storage of the store's arrays (``proj_dim`` from the projector).
@@ -138,18 +144,30 @@ class JobSetup:
     train: TensorDataset
     model: torch.nn.Module
     featurizer: GradientFeaturizer
-    grad_dim: int
-    proj_dim: int
     batch_rows: int
     device: torch.device
     layout: StoreLayout
     identity: dict[str, Any]
     dist: Dist
 
+    @property
+    def grad_dim(self) -> int:
+        """Entries of one example's gradient (the featurizer's)."""
+        return self.featurizer.grad_dim
+
+    @property
+    def proj_dim(self) -> int:
+        """Feature width: the store layout's, which is the projector's."""
+        return self.layout.proj_dim
+
     def load(self, model_id: int) -> None:
         """Load checkpoint ``model_id`` into the model and move it to the device."""
         load_checkpoint(self.model, self.checkpoints[model_id])
         self.model.to(self.device)
+
+    def features(self, inputs: Any, labels: torch.Tensor, model_id: int, row_offset: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``featurizer(inputs, labels, model_id, row_offset)`` with the batch moved to the device first."""
+        return self.featurizer(inputs_to(inputs, self.device), labels.to(self.device), model_id, row_offset)
 
 
 def prepare(cfg: Config, *, need_target: bool = False) -> JobSetup:
@@ -167,12 +185,12 @@ def prepare(cfg: Config, *, need_target: bool = False) -> JobSetup:
     train = load_dataset(cfg.data.train, key="data.train")
     model = build_model(cfg.model.entrypoint, **cfg.model.kwargs)
     grads = PerExampleGradients(model, cfg.grad_wrt, cfg.task)
-    projector = make_projector(**cfg.projector.options(), grad_dim=grads.grad_dim)
+    featurizer = GradientFeaturizer(grads, make_projector(**cfg.projector.options(), grad_dim=grads.grad_dim))
     st = cfg.store
-    layout = StoreLayout(len(train), projector.proj_dim, st.chunk_rows, st.dtype, st.compressor)
-    identity = run_identity(cfg.model, cfg.task, cfg.grad_wrt, grads, projector, train, layout)
+    layout = StoreLayout(len(train), featurizer.proj_dim, st.chunk_rows, st.dtype, st.compressor)
+    identity = run_identity(cfg.model, cfg.task, cfg.grad_wrt, featurizer, train, layout)
     shas = [file_sha256(c) for c in checkpoints]
     return JobSetup(
-        checkpoints, shas, train, model, GradientFeaturizer(grads, projector, device), grads.grad_dim,
-        layout.proj_dim, rows_per_batch(cfg, grads.grad_dim), device, layout, identity, dist,
+        checkpoints, shas, train, model, featurizer, rows_per_batch(cfg, featurizer.grad_dim), device, layout,
+        identity, dist,
     )
