@@ -1,0 +1,373 @@
+"""Kronecker-projected per-example gradients from one batched forward and backward (LoGra, Choe et al. 2024).
+
+For a layer ``y_t = W a_t (+ b)`` applied at positions ``t``, the per-example
+gradient of the model output function is ``G = Σ_t g_t a_tᵀ`` (``g_t = ∂f/∂y_t``,
+``a_t ← [a_t, 1]`` with a bias), so its Kronecker projection is
+
+    (P_out ⊗ P_in) vec(G) = vec( Σ_t (P_out g_t)(P_in a_t)ᵀ )
+
+(Choe et al. 2024, "What is Your Data Worth to GPT?", Sec. 3). A
+:class:`KroneckerFeaturizer` gets every factor from ONE ordinary batched
+forward pass and ONE backward pass of ``Σ_examples f``:
+
+* a forward hook on each covered module projects its input right away
+  (``P_in a_t``, ``[n, T, k_in]``; for ``nn.Embedding`` ``a_t`` is one-hot, so
+  ``P_in a_t`` is a column of ``P_in``; for ``nn.Conv*d`` ``a_t`` is the patch
+  at output position ``t`` and ``P_in a_t`` for every ``t`` is one convolution
+  with ``P_in`` as its filters);
+* a tensor hook on the module's output receives ``g_t`` during the backward
+  and projects it right away (``P_out g_t``), adding
+  ``Σ_t (P_out g_t)(P_in a_t)ᵀ`` to the example's ``[k_out, k_in]`` grid.
+
+Only ``[n, T, k]`` tensors are kept; no ``[n, grad_dim]`` tensor (nor any
+weight gradient: parameters do not require grad during the pass) ever exists.
+
+Exactness: the features equal ``(P_out ⊗ P_in) vec(G_i)`` of each example's
+own gradient when examples do not interact in the forward pass, i.e. in eval
+mode (batch norm with running statistics, no dropout): the model is switched
+to eval mode. Padding positions (``attention_mask`` 0) contribute nothing
+because the model's mask gives them exactly zero output gradients (the 4-D
+additive mask of :mod:`trakcli.models.forward`); an ``nn.Embedding``'s
+``padding_idx`` row gets no gradient, as in torch. A module applied to a
+batch-broadcast input (BERT's and GPT-2's position embeddings see
+``position_ids`` ``[1, T]``) has its output expanded to the batch inside the
+hook, so each example receives its own gradient instead of the batch's sum;
+this is exact when that output is broadcast against per-example tensors (as in
+those models), and a pass in which
+only the first example's copy receives a gradient raises :class:`GradientError`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+
+from trakcli.errors import ConfigError, DataError, GradientError
+from trakcli.factors.layers import SUPPORTED, LayerUse, coverage_info, find_layers
+from trakcli.gradients import TASKS, classification_margin, language_modeling_margin, select_parameters
+from trakcli.models.forward import forward
+from trakcli.projectors.base import check_model_id
+from trakcli.projectors.kronecker import KroneckerProjector
+
+
+def _shape(inputs) -> object:
+    """Per-row shape of a batch, for messages: ``[...]`` or ``{name: [...]}``."""
+    return {k: list(v.shape[1:]) for k, v in inputs.items()} if isinstance(inputs, dict) else list(inputs.shape[1:])
+
+
+@dataclass
+class _Pass:
+    """State of one forward/backward pass."""
+
+    n: int
+    factors: list[tuple[torch.Tensor, torch.Tensor]]
+    grids: list[torch.Tensor]
+    anchor: torch.Tensor
+    fired: list[int]
+    saved: list[torch.Tensor | None] = field(default_factory=list)
+    nbytes: int = 0
+
+
+class KroneckerFeaturizer:
+    """Kronecker-projected per-example gradients ``φ`` and out-to-loss terms ``Q`` of batches.
+
+    Same output functions as :class:`trakcli.gradients.PerExampleGradients`
+    (classification margin, language-modeling margin, ``Q = out_to_loss``),
+    computed from one batched forward and one backward (see the module
+    docstring for how, and when it is exact).
+
+    Args:
+        model: the model; switched to eval mode.
+        proj_dim: total feature width (split over the layers as in
+            :mod:`trakcli.projectors.kronecker_layers`).
+        seed: projection seed, an int >= 0.
+        dtype: accumulation dtype, float32 (default) or float64.
+        distribution: factor entries, ``rademacher`` (default) or ``normal``.
+        grad_wrt: parameter name patterns (:func:`trakcli.gradients.select_parameters`);
+            ``None`` selects all; parameters outside supported layers are left out.
+        task: ``classification``, ``text_classification`` or ``language_modeling``.
+        memory_mb: if set, the rows of a batch go through in passes whose
+            covered layers' inputs, outputs, output gradients and projected
+            inputs (measured on a first one-row pass) fit this many MiB.
+
+    Attributes:
+        projector: the :class:`~trakcli.projectors.kronecker.KroneckerProjector`.
+        layers, uses, left_out: from :func:`find_layers`.
+        info: one line naming the left-out parameters and the fraction covered.
+        grad_dim: covered parameter entries; param_names: their order.
+        row_bytes: per input shape, the largest bytes per row a pass has held
+            (inputs, outputs, output gradients and projected inputs of the covered layers).
+
+    Raises:
+        ConfigError: unknown task, bad ``grad_wrt`` or ``memory_mb``, or a
+            ``grad_wrt`` that matches only unsupported parameters (named).
+        ProjectorError: bad ``proj_dim``, ``seed``, ``dtype`` or ``distribution``.
+    """
+
+    def __init__(
+        self, model: nn.Module, *, proj_dim: int, seed: int = 0, dtype: torch.dtype | str = torch.float32,
+        distribution: str = "rademacher", grad_wrt: list[str] | None = None, task: str = "classification",
+        memory_mb: float | None = None,
+    ):
+        if task not in TASKS:
+            raise ConfigError(f"task: {task!r} is not supported; use one of {', '.join(TASKS)}")
+        number = isinstance(memory_mb, (int, float)) and not isinstance(memory_mb, bool)
+        if memory_mb is not None and not (number and memory_mb > 0):
+            raise ConfigError(f"data.grad_memory_mb must be a positive number of MiB, got {memory_mb!r}")
+        self.task = task
+        self.memory_mb = memory_mb
+        self.model = model.eval()
+        selected = select_parameters(model, grad_wrt)
+        self.layers, self.uses, self.left_out = find_layers(model, selected)
+        params = dict(model.named_parameters())
+        selected_numel = sum(params[n].numel() for n in selected)
+        self.info = coverage_info(self.layers, self.left_out, selected_numel)
+        if not self.layers:
+            shown = "; ".join(f"{n} ({why})" for n, why in self.left_out.items())
+            raise ConfigError(
+                f"grad_wrt: the kronecker projection covers {SUPPORTED}, and every selected parameter is "
+                f"outside them: {shown}; select such layers with grad_wrt, or use projector kind rademacher, "
+                f"normal or sjlt"
+            )
+        self.projector = KroneckerProjector(self.layers, proj_dim, seed, dtype, distribution)
+        self.grad_dim = self.projector.grad_dim
+        self.param_names = self.projector.param_names
+        self.row_bytes: dict[Any, int] = {}
+
+    # ------------------------------------------------------------------ public
+
+    def __call__(
+        self, inputs, labels: torch.Tensor | None, model_id: int = 0, row_offset: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Features and out-to-loss terms of a batch.
+
+        Args:
+            inputs: ``[n, ...]`` model inputs on the model's device, or a dict of
+                ``[n, L]`` tensors (``input_ids``, ``attention_mask``) for a transformers model.
+            labels: ``[n]`` int64 class indices (ignored by ``language_modeling``, may be None there).
+            model_id: checkpoint index (selects the projection matrices).
+            row_offset: dataset index of the batch's first row (for error messages).
+
+        Returns:
+            ``(phi [n, proj_dim], out_to_loss [n])``, float32 (phi float64 for a
+            float64 projector), on the inputs' device; ``phi`` equals
+            ``projector.project`` of the examples' own gradients.
+
+        Raises:
+            DataError: inputs the model cannot take, logits of the wrong shape,
+                labels out of range, or text data missing for language modeling.
+            GradientError: a covered module that never ran, ran with another
+                batch dimension, or whose batch-broadcast output was used per row.
+        """
+        model_id = check_model_id(model_id)
+        lm = self.task == "language_modeling"
+        if lm and not (isinstance(inputs, dict) and "input_ids" in inputs and "attention_mask" in inputs):
+            raise DataError(
+                "task language_modeling needs text data (input_ids and attention_mask): give data.*.text "
+                "and a tokenizer, or use task classification for tensor inputs"
+            )
+        first = inputs["input_ids"] if isinstance(inputs, dict) else inputs
+        n = first.shape[0]
+        if labels is None:  # language modeling needs none
+            labels = torch.zeros(n, dtype=torch.int64, device=first.device)
+        if n == 0:
+            return (torch.zeros(0, self.projector.proj_dim, dtype=self.projector.dtype, device=first.device),
+                    torch.zeros(0, dtype=torch.float32, device=first.device))
+        key = self._shape_key(inputs)
+        phis, qs, start = [], [], 0
+        while start < n:
+            step = self.rows_per_pass(inputs) or n
+            rows = slice(start, min(n, start + step))
+            part = {k: v[rows] for k, v in inputs.items()} if isinstance(inputs, dict) else inputs[rows]
+            phi, q, nbytes = self._pass(part, labels[rows], model_id, row_offset + start)
+            self.row_bytes[key] = max(self.row_bytes.get(key, 0), nbytes)
+            phis.append(phi)
+            qs.append(q)
+            start = rows.stop
+        return (phis[0], qs[0]) if len(phis) == 1 else (torch.cat(phis), torch.cat(qs))
+
+    @staticmethod
+    def _shape_key(inputs) -> Any:
+        if isinstance(inputs, dict):
+            return tuple(sorted((k, tuple(v.shape[1:])) for k, v in inputs.items()))
+        return tuple(inputs.shape[1:])
+
+    def rows_per_pass(self, inputs) -> int | None:
+        """Rows of a batch like ``inputs`` that one forward + backward takes under ``memory_mb``.
+
+        Returns:
+            ``None`` without a memory bound; 1 while the bytes per row of this
+            input shape are not measured yet (the first pass measures them);
+            else ``memory_mb`` MiB over the measured bytes per row (at least 1).
+        """
+        if self.memory_mb is None:
+            return None
+        per_row = self.row_bytes.get(self._shape_key(inputs))
+        if per_row is None:
+            return 1
+        return max(1, int(self.memory_mb * 2**20) // max(1, per_row))
+
+    # ------------------------------------------------------------------ one pass
+
+    def _pass(self, inputs, labels: torch.Tensor, model_id: int, row_offset: int):
+        """Features, out-to-loss and bytes per row of one forward + backward over all rows given."""
+        model = self.model.eval()
+        first = inputs["input_ids"] if isinstance(inputs, dict) else inputs
+        n, device, proj = first.shape[0], first.device, self.projector
+        state = _Pass(
+            n=n,
+            factors=proj.transposed_factors(model_id, device),
+            grids=[torch.zeros(n, k_out, k_in, dtype=proj.dtype, device=device) for k_out, k_in in proj.grids],
+            anchor=torch.zeros((), device=device, requires_grad=True),
+            fired=[0] * len(self.uses),
+        )
+        flags = [(p, p.requires_grad) for p in model.parameters()]
+        handles = []
+        try:
+            for p, _ in flags:
+                p.requires_grad_(False)  # output gradients only: no weight gradient is computed
+            for i, use in enumerate(self.uses):
+                hook = partial(self._forward_hook, state, i)
+                handles.append(use.module.register_forward_hook(hook, with_kwargs=True))
+            with torch.enable_grad():
+                logits = self._logits(inputs)
+                margin, q = self._output(logits, inputs, labels, n, row_offset)
+                never = [use.name for use, c in zip(self.uses, state.fired) if not c]
+                if never:
+                    raise GradientError(
+                        f"the forward pass never called {', '.join(never)} although their parameters are selected "
+                        "(the model uses their weights without calling the module, as nn.MultiheadAttention and the "
+                        "fused fast path of nn.TransformerEncoderLayer do, or not at all): leave them out "
+                        "with grad_wrt, or use projector kind rademacher, normal or sjlt"
+                    )
+                if margin.requires_grad:
+                    torch.autograd.grad(margin.sum(), state.anchor, allow_unused=True)
+        finally:
+            for h in handles:
+                h.remove()
+            for p, flag in flags:
+                p.requires_grad_(flag)
+        return proj.features_from_grids(state.grids), q.detach().to(torch.float32), state.nbytes // max(1, n)
+
+    def _logits(self, inputs) -> torch.Tensor:
+        try:
+            if isinstance(inputs, dict):  # transformers models: 4-D additive mask, eager attention
+                return forward(self.model, {k: v.detach() for k, v in inputs.items()})
+            return forward(self.model, inputs.detach())
+        except (RuntimeError, ValueError, IndexError) as e:
+            shape = _shape(inputs)
+            raise DataError(
+                f"the model cannot take inputs of shape {shape} per example: {e}; "
+                "check data.*.inputs against model.entrypoint / model.kwargs"
+            ) from None
+
+    def _output(self, logits: torch.Tensor, inputs, labels: torch.Tensor, n: int, row_offset: int):
+        """Per-example margins ``[n]`` (differentiable) and out-to-loss ``[n]`` (from :mod:`trakcli.gradients`)."""
+        if self.task == "language_modeling":
+            if logits.ndim != 3 or logits.shape[0] != n:
+                raise DataError(
+                    "task language_modeling needs a causal LM returning logits [n, L, vocab]; the model returned "
+                    f"shape {list(logits.shape)} for {n} rows (set model.kwargs.model_class: causal_lm)"
+                )
+            return torch.vmap(language_modeling_margin)(logits, inputs["input_ids"], inputs["attention_mask"])
+        if logits.ndim != 2 or logits.shape[0] != n:
+            raise DataError(
+                f"the model must return logits [n, num_classes]; for {n} rows it returned shape {list(logits.shape)}"
+            )
+        n_classes = logits.shape[1]
+        bad = (labels < 0) | (labels >= n_classes)
+        if bad.any():
+            rows = (torch.nonzero(bad).flatten()[:5] + row_offset).tolist()
+            raise DataError(
+                f"labels out of range: the model has {n_classes} classes but examples {rows} have labels "
+                f"{labels[bad][:5].tolist()}; labels must be in [0, {n_classes - 1}]"
+            )
+        return torch.vmap(classification_margin)(logits, labels)
+
+    def _forward_hook(self, state: _Pass, i: int, module: nn.Module, args, kwargs, output):
+        use = self.uses[i]
+        x = args[0] if args else kwargs.get("input")
+        if not torch.is_tensor(x) or not torch.is_tensor(output) or x.dim() == 0:
+            raise GradientError(
+                f"module {use.name} was called without a tensor input; it cannot be kronecker-projected"
+            )
+        state.fired[i] += 1
+        b, n = x.shape[0], state.n
+        if b not in (n, 1) or output.shape[0] != b:
+            raise GradientError(
+                f"module {use.name} ran on a tensor of batch dimension {b} (output {output.shape[0]}) in a batch of "
+                f"{n} rows: kronecker factors need the batch as the first dimension; leave it out with grad_wrt"
+            )
+        if not torch.is_grad_enabled():
+            return None  # run under no_grad: no gradient reaches its parameters
+        layer = self.projector.layers[use.layer]
+        p_out_t, p_in_t = state.factors[use.layer]
+        cols = layer.weight_cols
+        if use.transposed:
+            fwd_w, fwd_b, bwd = p_out_t, None, p_in_t[:cols]
+        else:
+            fwd_w = p_in_t[:cols] if use.weight else None
+            fwd_b = p_in_t[cols] if use.bias else None
+            bwd = p_out_t
+        a = self._project_input(use, module, x, output, fwd_w, fwd_b)  # [b, T, k_fwd]
+        broadcast = b == 1 and n > 1
+        if broadcast:
+            a = a.expand(n, *a.shape[1:])
+            output = output.expand(n, *output.shape[1:])
+        out = output if output.requires_grad and not broadcast else output + state.anchor
+        state.saved.append(a)
+        out.register_hook(partial(self._grad_hook, state, i, len(state.saved) - 1, bwd, broadcast))
+        state.nbytes += x.numel() * x.element_size() * (n if broadcast else 1)
+        state.nbytes += 2 * out.numel() * out.element_size() + a.numel() * a.element_size()
+        return out
+
+    def _project_input(self, use: LayerUse, module: nn.Module, x: torch.Tensor, output: torch.Tensor,
+                       fwd_w: torch.Tensor | None, fwd_b: torch.Tensor | None) -> torch.Tensor:
+        """``P a_t`` for every position: ``[b, T, k]`` (the bias column's ``P[:, -1]`` added for a folded bias)."""
+        b, dtype = x.shape[0], self.projector.dtype
+        k = (fwd_w if fwd_w is not None else fwd_b).shape[-1]
+        if use.kind == "embedding":
+            ids = x.reshape(b, -1)
+            a = fwd_w[ids.flatten()].view(b, ids.shape[1], k)
+            if module.padding_idx is not None:  # torch gives the padding_idx row no gradient
+                a = a * (ids != module.padding_idx).unsqueeze(-1).to(dtype)
+            return a
+        if use.kind == "conv":
+            positions = math.prod(output.shape[2:])
+            if fwd_w is None:
+                return fwd_b.expand(b, positions, k)
+            weight = fwd_w.T.reshape(k, *module.weight.shape[1:])  # P_in as k filters over the patch
+            # the module's own convolution (stride, padding, padding_mode, dilation) with P_in as its weight
+            a = module._conv_forward(x.detach().to(dtype), weight, fwd_b)  # [b, k, *positions]
+            return a.reshape(b, k, positions).transpose(1, 2)
+        xr = x.detach().reshape(b, -1, x.shape[-1])
+        if fwd_w is None:
+            return fwd_b.expand(b, xr.shape[1], k)
+        a = xr.to(dtype) @ fwd_w
+        return a + fwd_b if fwd_b is not None else a
+
+    def _grad_hook(self, state: _Pass, i: int, slot: int, bwd: torch.Tensor, broadcast: bool, grad: torch.Tensor):
+        use = self.uses[i]
+        a, state.saved[slot] = state.saved[slot], None
+        n = state.n
+        if use.kind == "conv":
+            g = grad.reshape(n, grad.shape[1], -1).transpose(1, 2)  # [n, positions, C_out]
+        else:
+            g = grad.reshape(n, -1, grad.shape[-1])  # [n, T, d]
+        if broadcast and not bool(g[1:].any()) and bool(g[0].any()):
+            raise GradientError(
+                f"module {use.name} ran on a batch-broadcast input and only the first row of its output received a "
+                "gradient: its output is not broadcast against per-example tensors, so per-example factors cannot be "
+                "taken there; leave it out with grad_wrt"
+            )
+        gp = g.to(self.projector.dtype) @ bwd  # [n, T, k_bwd]
+        grid = state.grids[use.layer]
+        if use.transposed:
+            grid.baddbmm_(a.transpose(1, 2), gp)  # the module's input side is the layer's out side
+        else:
+            grid.baddbmm_(gp.transpose(1, 2), a)
