@@ -165,8 +165,14 @@ class JobSetup:
         load_checkpoint(self.model, self.checkpoints[model_id])
         self.model.to(self.device)
 
-    def features(self, inputs: Any, labels: torch.Tensor, model_id: int, row_offset: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """``featurizer(inputs, labels, model_id, row_offset)`` with the batch moved to the device first."""
+    def features(
+        self, inputs: Any, labels: torch.Tensor, model_id: int, row_offset: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``featurizer(inputs, labels, model_id, row_offset)`` with the batch moved to the device first.
+
+        Returns:
+            ``(phi [n, proj_dim] float32, q [n])`` on the device.
+        """
         return self.featurizer(inputs_to(inputs, self.device), labels.to(self.device), model_id, row_offset)
 
 
