@@ -1,0 +1,123 @@
+"""The layering rules of the package (README "Architecture"), read from the source with ``ast``.
+
+Every import counts, module-level or inside a function: a lazy import is still a dependency.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parent.parent / "trakcli"
+MAX_LINES = 500
+
+
+def _modules() -> dict[str, Path]:
+    """Dotted module name -> file, for every .py file of the package."""
+    out = {}
+    for path in sorted(PKG.rglob("*.py")):
+        rel = path.relative_to(PKG.parent).with_suffix("")
+        parts = list(rel.parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def _imports(path: Path) -> list[tuple[str, list[str]]]:
+    """(imported module, imported names) of every import statement in ``path``."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            out += [(a.name, []) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.append((node.module, [a.name for a in node.names]))
+    return out
+
+
+def _part(module: str) -> str | None:
+    """The top-level part of a trakcli module (``trakcli.store.rows`` -> ``store``); None outside trakcli."""
+    bits = module.split(".")
+    if bits[0] != "trakcli":
+        return None
+    return bits[1] if len(bits) > 1 else ""
+
+
+MODULES = _modules()
+
+
+def test_no_file_over_the_line_limit():
+    long = {str(p.relative_to(PKG.parent)): n for p in MODULES.values() if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert long == {}
+
+
+@pytest.mark.parametrize(
+    ("library", "allowed"),
+    [("typer", "cli"), ("rich", "cli"), ("click", None), ("zarr", "store")],
+)
+def test_third_party_libraries_stay_in_their_part(library, allowed):
+    offenders = sorted(
+        name
+        for name, path in MODULES.items()
+        if _part(name) != allowed and any(mod.split(".")[0] == library for mod, _ in _imports(path))
+    )
+    assert offenders == []
+
+
+def test_optim_imports_neither_config_nor_store():
+    offenders = sorted(
+        f"{name} imports {mod}"
+        for name, path in MODULES.items()
+        if _part(name) == "optim"
+        for mod, _ in _imports(path)
+        if _part(mod) in ("config", "store", "jobs", "cli")
+    )
+    assert offenders == []
+
+
+def test_no_private_name_crosses_parts():
+    offenders = []
+    for name, path in MODULES.items():
+        for mod, names in _imports(path):
+            other = _part(mod)
+            if other is None or other == _part(name):
+                continue
+            offenders += [f"{name}: from {mod} import {n}" for n in names if n.startswith("_") and n != "__version__"]
+            if any(b.startswith("_") for b in mod.split(".")[1:]):
+                offenders.append(f"{name}: import {mod}")
+    assert offenders == []
+
+
+def test_no_import_cycle_between_parts():
+    edges: dict[str, set[str]] = {}
+    for name, path in MODULES.items():
+        src = _part(name)
+        for mod, _ in _imports(path):
+            dst = _part(mod)
+            if dst is not None and src and dst and dst != src:
+                edges.setdefault(src, set()).add(dst)
+
+    def reach(start: str) -> set[str]:
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in edges.get(todo.pop(), ()):
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        return seen
+
+    cycles = sorted(p for p in edges if p in reach(p))
+    assert cycles == [], {p: sorted(edges[p]) for p in cycles}
+
+
+def test_library_code_never_prints():
+    offenders = sorted(
+        name
+        for name, path in MODULES.items()
+        if _part(name) != "cli"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print"
+    )
+    assert offenders == []
