@@ -12,6 +12,9 @@ Methods:
     adamw                full AdamW (the reference: state = 2 floats per parameter)
     per_matrix           ProjectedOptimizer(AdamW), rank 8, one fixed projection
     per_matrix_resample  same, a new projection every 50 steps (on_refresh: transfer)
+    kronecker_resample   ProjectedOptimizer(AdamW), per_matrix kind kronecker: each weight's gradient
+                         projected from both sides, P_out G P_inᵀ of [8, 8] (rank 8 per side), a new
+                         projection every 50 steps (on_refresh: transfer)
     global               ProjectedOptimizer(AdamW), global proj_dim 1000, sjlt, fixed
     global_resample      same, a new projection every 50 steps
     global_dense         global with a dense rademacher matrix (not run by default: the
@@ -82,7 +85,7 @@ from trakcli.optim import ProjectedOptimizer, subspace  # noqa: E402
 
 BATCH = 64
 GAP = 50
-DEFAULT_METHODS = "adamw,per_matrix,per_matrix_resample,global,global_resample,subspace,galore"
+DEFAULT_METHODS = "adamw,per_matrix,per_matrix_resample,kronecker_resample,global,global_resample,subspace,galore"
 
 
 def make_mlp() -> nn.Module:
@@ -171,8 +174,10 @@ def build(method: str, model: nn.Module, lr: float, seed: int, galore_cls, fused
     gap = GAP if method.endswith("resample") else 0
     if method == "adamw":
         return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=wd, **extra)
-    if method.startswith("per_matrix"):
-        proj = {"mode": "per_matrix", "rank": 8, "update_gap": gap, "on_refresh": "transfer", "seed": seed}
+    if method.startswith(("per_matrix", "kronecker")):
+        kind = "kronecker" if method.startswith("kronecker") else "rademacher"
+        proj = {"mode": "per_matrix", "kind": kind, "rank": 8, "update_gap": gap, "on_refresh": "transfer",
+                "seed": seed}
         return ProjectedOptimizer(model.parameters(), torch.optim.AdamW, proj, lr=lr, weight_decay=wd, **extra)
     if method.startswith("global"):
         kind = "rademacher" if method == "global_dense" else "sjlt"
@@ -341,7 +346,7 @@ def main() -> None:
     timing = interleaved(runners, "adamw", batches, args.rounds, args.block)
     for m, t in timing.items():
         results["methods"][m]["timing"] = t
-    fused_methods = [m for m in methods if m in ("adamw", "per_matrix", "per_matrix_resample")]
+    fused_methods = [m for m in methods if m in ("adamw", "per_matrix", "per_matrix_resample", "kronecker_resample")]
     if args.fused:
         runners = {m: Runner(m, results["methods"][m]["lr"], init, galore_cls, True) for m in fused_methods}
         results["fused_timing"] = interleaved(runners, "adamw", batches, args.rounds, args.block)

@@ -435,3 +435,126 @@ def test_optim_imports_neither_config_nor_store():
     code = "import sys, trakcli.optim; print(sorted(m for m in sys.modules if m.startswith(('trakcli.config', 'trakcli.store'))))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+# ---------------------------------------------------------------------------- kind kronecker (two-sided per_matrix)
+
+
+def _kron_slot(shape, rank, seed=11):
+    from trakcli.optim.kronecker_slot import KroneckerSlot
+
+    return KroneckerSlot(nn.Parameter(torch.zeros(shape, dtype=torch.float64)), rank, seed, torch.float64)
+
+
+def _kron_matrix(d_out, d_in, k_out, k_in, seed, model_id):
+    """P_out ⊗ P_in from factor_pair (the identity for a side with k = d)."""
+    from trakcli.projectors.kronecker import factor_pair
+
+    p_out, p_in = factor_pair(d_out, d_in, k_out, k_in, seed=seed, model_id=model_id, layer=0, dtype=torch.float64)
+    p_out = torch.eye(d_out, dtype=torch.float64) if k_out == d_out else p_out
+    p_in = torch.eye(d_in, dtype=torch.float64) if k_in == d_in else p_in
+    return torch.kron(p_out.contiguous(), p_in.contiguous())  # [k_out·k_in, d_out·d_in]
+
+
+@pytest.mark.parametrize("shape,rank", [((12, 30), 5), ((7, 2, 3, 3), 4), ((5, 20), 6), ((30, 4), 6)])
+def test_kronecker_projection_is_the_kronecker_product_and_its_adjoint_is_exact(shape, rank):
+    """R = P_out G P_inᵀ = (P_out ⊗ P_in) vec(G) row-major, factors from factor_pair; a side with k = d is I."""
+    slot = _kron_slot(shape, rank)
+    d_out = shape[0]
+    d_in = slot.params[0].numel() // d_out
+    k_out, k_in = min(rank, d_out), min(rank, d_in)
+    assert slot.shape == (k_out, k_in)
+    kron = _kron_matrix(d_out, d_in, k_out, k_in, 11, 2)
+    g = torch.randn(shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    r = slot.project([g], 2)
+    torch.testing.assert_close(r.reshape(-1), kron @ g.reshape(-1), rtol=1e-12, atol=1e-12)
+    u = torch.randn(k_out, k_in, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    (back,) = slot.unproject(u, 2)
+    assert back.shape == shape
+    torch.testing.assert_close(back.reshape(-1), kron.T @ u.reshape(-1), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close((r * u).sum(), (g * back).sum(), rtol=1e-12, atol=0)  # ⟨PG, U⟩ = ⟨G, PᵀU⟩
+    # a refresh's transfer: c · K_new K_oldᵀ vec(m), c = (k_out k_in) / (d_out d_in), scaled down to ‖m‖ at most
+    m = u * 3
+    new = (k_out * k_in) / (d_out * d_in) * _kron_matrix(d_out, d_in, k_out, k_in, 11, 3) @ kron.T @ m.reshape(-1)
+    if new.norm() > m.norm():
+        new = new * (float(m.norm()) / float(new.norm()) * (1 - 2.0**-20))
+    got = slot.transfer(m, 2, 3)
+    torch.testing.assert_close(got.reshape(-1), new, rtol=1e-10, atol=1e-12)
+    assert got.norm() <= m.norm()
+
+
+def test_kronecker_sgd_step_is_the_two_sided_projection_mapped_back():
+    """One SGD step: vec(W1) = vec(W0) - lr · Kᵀ K vec(G), K = P_out ⊗ P_in of seed derive_slot_seed(7, 0, i)."""
+    shapes = [(12, 30), (30, 12), (5, 30), (30, 4), (7, 2, 3, 3), (3, 4)]  # both orders, one-sided, conv, unprojected
+    gen = torch.Generator().manual_seed(0)
+    params = [nn.Parameter(torch.randn(s, dtype=torch.float64, generator=gen)) for s in shapes]
+    opt = ProjectedOptimizer(params, inner=torch.optim.SGD, projection={"kind": "kronecker", "rank": 5, "seed": 7},
+                             lr=0.5, weight_decay=0.0)
+    assert [r["kind"] for r in opt.describe()] == ["KroneckerSlot"] * 5 + ["IdentitySlot"]
+    assert [r["inner_shape"] for r in opt.describe()] == [(5, 5), (5, 5), (5, 5), (5, 4), (5, 5), (3, 4)]
+    before = [p.detach().clone() for p in params]
+    grads = [torch.randn(s, dtype=torch.float64, generator=gen) for s in shapes]
+    for p, g in zip(params, grads):
+        p.grad = g.clone()
+    opt.step()
+    for i, (p, w0, g) in enumerate(zip(params, before, grads)):
+        d_out = p.shape[0]
+        d_in = p.numel() // d_out
+        k = _kron_matrix(d_out, d_in, min(5, d_out), min(5, d_in), derive_slot_seed(7, 0, i), 0)
+        expected = w0.reshape(-1) - 0.5 * k.T @ (k @ g.reshape(-1))
+        torch.testing.assert_close(p.detach().reshape(-1), expected, rtol=1e-12, atol=1e-12, msg=f"param {i}")
+
+
+def test_kronecker_with_rank_at_least_every_side_is_the_inner_optimizer():
+    """Nothing to compress (rank >= both sides of every matrix): identity slots, AdamW bit for bit."""
+    data = batches(4)
+    ref_model, model = mlp(), mlp()
+    ref = train(ref_model, torch.optim.AdamW(ref_model.parameters(), lr=1e-2), data)
+    opt = ProjectedOptimizer(model.parameters(), projection={"kind": "kronecker", "rank": 20}, lr=1e-2)
+    assert {r["kind"] for r in opt.describe()} == {"IdentitySlot"}
+    for step, (a, b) in enumerate(zip(ref, train(model, opt, data))):
+        assert torch.equal(a, b), f"step {step}"
+
+
+def test_kronecker_trains_a_tiny_model_with_k_out_by_k_in_state_and_resumes():
+    projection = {"kind": "kronecker", "rank": 4, "update_gap": 5, "on_refresh": "transfer"}
+    data = batches(6, seed=3)
+
+    def loss(model):
+        with torch.no_grad():
+            return sum(float(nn.functional.cross_entropy(model(x), y)) for x, y in data) / len(data)
+
+    model = mlp()
+    opt = ProjectedOptimizer(model.parameters(), projection=projection, lr=5e-2, weight_decay=0.0)
+    start = loss(model)
+    full = train(model, opt, data * 5)
+    assert loss(model) < 0.85 * start, (start, loss(model))  # AdamW: 0.37 · start
+    assert opt.state[next(model.parameters())]["proj_index"] == 5  # 30 steps, a new draw every 5
+    # AdamW moments: [20, 12] -> [4, 4], [16, 20] -> [4, 4], [3, 16] -> [3, 4]; biases 20 + 16 + 3 unprojected
+    assert opt.state_numel() == 2 * (16 + 16 + 12 + 39)
+    # a resume across refreshes continues bit for bit
+    model = mlp()
+    opt = ProjectedOptimizer(model.parameters(), projection=projection, lr=5e-2, weight_decay=0.0)
+    train(model, opt, data * 2)
+    buf = io.BytesIO()
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, buf)
+    buf.seek(0)
+    saved = torch.load(buf, weights_only=True)
+    model = mlp(seed=1)
+    opt = ProjectedOptimizer(model.parameters(), projection=projection, lr=5e-2, weight_decay=0.0)
+    model.load_state_dict(saved["model"])
+    opt.load_state_dict(saved["opt"])
+    resumed = train(model, opt, data * 3)
+    assert all(torch.equal(a, b) for a, b in zip(full[12:], resumed))
+    other = ProjectedOptimizer(mlp().parameters(), projection={**projection, "kind": "rademacher"}, lr=2e-2)
+    with pytest.raises(OptimizerError, match="kind: saved 'kronecker', now 'rademacher'"):
+        other.load_state_dict(saved["opt"])
+
+
+def test_kronecker_has_no_global_mode():
+    for extra in ({"proj_dim": 40}, {}):
+        projection = {"mode": "global", "kind": "kronecker", **extra}
+        with pytest.raises(OptimizerError, match="kind kronecker .* no global form; use mode: per_matrix"):
+            ProjectedOptimizer(mlp().parameters(), projection=projection, lr=0.1)
+    with pytest.raises(OptimizerError, match="no global form"):
+        subspace.attach(mlp(), {"mode": "global", "kind": "kronecker", "proj_dim": 40})

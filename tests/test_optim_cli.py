@@ -189,6 +189,8 @@ def test_missing_init_checkpoint_is_named_in_the_users_spelling(user_project):
     {}, {"mode": "global", "proj_dim": 40, "kind": "sjlt"}, {"rank": None}, {"rank": "4", "scale": "1e-3"},
     {"mode": "global", "kind": "noop"}, {"mode": "global"}, {"rank": 0}, {"on_refresh": "drop"}, {"rnk": 2},
     {"seed": -1}, {"update_gap": 1.5}, {"implementation": "cuda"},
+    {"kind": "kronecker"}, {"kind": "kronecker", "rank": 3, "update_gap": 5}, {"mode": "global", "kind": "kronecker"},
+    {"mode": "global", "kind": "kronecker", "proj_dim": 40}, {"kind": "kronecker", "implementation": "chunked"},
 ])
 def test_the_optimizer_settings_validate_as_the_config_projection_section(raw):
     """optim's plain ProjectionSettings and the config's ProjectionConfig: same keys, defaults and checks."""
@@ -205,3 +207,27 @@ def test_the_optimizer_settings_validate_as_the_config_projection_section(raw):
             resolve_projection(raw)
     else:
         assert resolve_projection(raw) == expected
+
+
+def test_kronecker_projection_in_the_config_and_the_training_recipe():
+    """optimize.projection.kind: kronecker (per_matrix, two-sided) validates and trains; global is refused."""
+    from torch import nn
+
+    from trakcli.jobs.train import train_classifier
+
+    cfg = load_config("configs/digits_projected.yaml", ["optimizer.projection.kind=kronecker"])
+    p = cfg.recipe.projection
+    assert (p.kind, p.mode, p.rank) == ("kronecker", "per_matrix", 8)
+    with pytest.raises(ConfigError, match="kind kronecker .* no global form; use mode: per_matrix"):
+        load_config("configs/digits_projected.yaml",
+                    ["optimizer.projection.kind=kronecker", "optimizer.projection.mode=global"])
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(40, 6, generator=g), torch.randint(0, 3, (40,), generator=g)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+    stats: dict = {}
+    projection = p.model_copy(update={"rank": 2, "update_gap": 3}).model_dump()
+    train_classifier(model, x, y, epochs=2, batch_size=8, lr=0.01, optimizer="adamw", projection=projection,
+                     metrics=stats)
+    # AdamW moments: [8, 6] -> [2, 2] and [3, 8] -> [2, 2], biases 8 + 3 unprojected
+    assert stats["optimizer_state_numel"] == 2 * (4 + 4 + 8 + 3)

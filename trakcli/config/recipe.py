@@ -27,17 +27,22 @@ class ProjectionConfig(StrictModel):
     mode: Literal["per_matrix", "global"] = Field(
         "per_matrix",
         description="per_matrix: each parameter of >= 2 dims gets its own rank-`rank` projection of its "
-        "smaller side (1-D parameters are not projected); global: the whole parameter vector "
-        "through one projection of `proj_dim`.",
+        "smaller side (kind kronecker: of both sides; 1-D parameters are not projected); global: the whole "
+        "parameter vector through one projection of `proj_dim`.",
     )
-    kind: Literal["noop", "rademacher", "normal", "sjlt"] = Field(
-        "rademacher", description="Projector kind (noop: no projection, the plain inner optimizer)."
+    kind: Literal["noop", "rademacher", "normal", "sjlt", "kronecker"] = Field(
+        "rademacher",
+        description="Projector kind (noop: no projection, the plain inner optimizer; kronecker, per_matrix only: "
+        "each [d_out, d_in] weight's gradient G projected from both sides, P_out G P_inᵀ of "
+        "[min(rank, d_out), min(rank, d_in)], rademacher factors).",
     )
     implementation: Literal["auto", "single_block", "basic", "chunked"] = Field(
-        "auto", description="Projector implementation (never changes the matrix)."
+        "auto", description="Projector implementation (never changes the matrix; kronecker ignores it)."
     )
     rank: PositiveInt | None = Field(
-        None, description="per_matrix only: projected size of each matrix's smaller side (default 8)."
+        None,
+        description="per_matrix only: projected size of each matrix's smaller side, with kind kronecker of "
+        "each side (default 8).",
     )
     proj_dim: PositiveInt | None = Field(
         None, description="global only: dimension of the subspace (required in global mode)."
@@ -57,6 +62,12 @@ class ProjectionConfig(StrictModel):
     def _dims(self) -> "ProjectionConfig":
         # rank is read in per_matrix mode only and proj_dim in global mode only, so one
         # mapping can hold both and `mode=...` alone switches between them
+        if self.mode == "global" and self.kind == "kronecker":  # the same words as trakcli.optim.settings
+            raise ValueError(
+                "kind kronecker projects each weight matrix from both sides (P_out G P_inᵀ) and has no global "
+                "form; use mode: per_matrix with it (rank: the size of each side), or a global kind: rademacher, "
+                "normal or sjlt"
+            )
         if self.mode == "global" and self.kind != "noop" and self.proj_dim is None:
             raise ValueError("mode global needs proj_dim, e.g. proj_dim: 1000")
         if self.rank is None:

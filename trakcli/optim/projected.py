@@ -7,7 +7,9 @@ second moments) has the projected size; the inner update ``ΔZ`` comes back
 through the adjoint, ``W ← W + scale · unproject(ΔZ)``. This is GaLore's
 step (Zhao et al. 2024, Alg. 2) with random JL projections of
 :mod:`trakcli.projectors` in place of SVD factors (Flora, Hao et al. 2024),
-or in ``global`` mode intrinsic-dimension training (Li et al. 2018).
+or in ``global`` mode intrinsic-dimension training (Li et al. 2018). Kind
+``kronecker`` (per_matrix) projects each matrix from both sides,
+``R = P_out G P_inᵀ`` (:mod:`trakcli.optim.kronecker_slot`).
 
 Weight decay is applied in the full space, decoupled (``W ← W (1 - lr·wd)``,
 Loshchilov & Hutter 2019) or as L2 added to the full gradient before the
@@ -24,7 +26,8 @@ import torch
 
 from trakcli.errors import OptimizerError
 from trakcli.optim.settings import ProjectionSettings, projection_mapping, resolve_projection
-from trakcli.optim.slots import LINEAR_STATE_KEYS, Slot, _ProjectedSlot, build_slots
+from trakcli.optim.groups import build_slots
+from trakcli.optim.slots import LINEAR_STATE_KEYS, Slot, _ProjectedSlot
 from trakcli.optim.transforms import Transform, apply_transform
 from trakcli.projectors import Projector
 
@@ -59,7 +62,8 @@ class ProjectedOptimizer(torch.optim.Optimizer):
             **inner_kwargs)`` returning a ``torch.optim.Optimizer``).
         projection: a :class:`~trakcli.optim.settings.ProjectionSettings` or a
             mapping of its keys (the YAML's ``optimize.projection``: ``mode``
-            per_matrix or global, ``kind``, ``rank`` / ``proj_dim``, ``seed``, ``update_gap``,
+            per_matrix or global, ``kind`` (``kronecker``: per_matrix, two-sided),
+            ``rank`` / ``proj_dim``, ``seed``, ``update_gap``,
             ``on_refresh`` keep/reset/transfer, ``scale``), or a projector
             object (mode global, fixed, ``grad_dim`` = the group's numel).
             ``None``: per_matrix, rank 8, rademacher.

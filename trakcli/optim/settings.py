@@ -21,6 +21,12 @@ from trakcli.errors import OptimizerError
 #: ``rank`` when unset (per_matrix mode only reads it).
 DEFAULT_RANK = 8
 
+#: Why ``mode: global`` with ``kind: kronecker`` is refused, and the fix (the config says the same).
+GLOBAL_KRONECKER = (
+    "kind kronecker projects each weight matrix from both sides (P_out G P_inᵀ) and has no global form; "
+    "use mode: per_matrix with it (rank: the size of each side), or a global kind: rademacher, normal or sjlt"
+)
+
 
 @dataclasses.dataclass(frozen=True)
 class ProjectionSettings:
@@ -33,13 +39,17 @@ class ProjectionSettings:
 
     Attributes:
         mode: ``per_matrix``: each parameter of >= 2 dims gets its own rank-``rank``
-            projection of its smaller side (1-D parameters are not projected);
-            ``global``: the whole parameter vector through one projection of ``proj_dim``.
+            projection of its smaller side (kind ``kronecker``: of both sides; 1-D
+            parameters are not projected); ``global``: the whole parameter vector
+            through one projection of ``proj_dim``.
         kind: projector kind: ``noop`` (no projection: the plain inner optimizer),
-            ``rademacher``, ``normal``, ``sjlt``.
+            ``rademacher``, ``normal``, ``sjlt``; or ``kronecker`` (per_matrix only):
+            ``R = P_out G P_inᵀ`` of ``[min(rank, d_out), min(rank, d_in)]`` with
+            rademacher factors (:mod:`trakcli.optim.kronecker_slot`).
         implementation: projector implementation (``auto``, ``single_block``, ``basic``,
-            ``chunked``); never changes the matrix.
-        rank: per_matrix only: projected size of each matrix's smaller side (unset: 8).
+            ``chunked``); never changes the matrix (kind ``kronecker`` ignores it).
+        rank: per_matrix only: projected size of each matrix's smaller side, or with
+            kind ``kronecker`` of each side (unset: 8).
         proj_dim: global only: dimension of the subspace (required in global mode,
             unless ``kind`` is ``noop``).
         seed: base seed (>= 0); every matrix and refresh derives its own.
@@ -53,7 +63,7 @@ class ProjectionSettings:
     __pydantic_config__ = ConfigDict(extra="forbid")
 
     mode: Literal["per_matrix", "global"] = "per_matrix"
-    kind: Literal["noop", "rademacher", "normal", "sjlt"] = "rademacher"
+    kind: Literal["noop", "rademacher", "normal", "sjlt", "kronecker"] = "rademacher"
     implementation: Literal["auto", "single_block", "basic", "chunked"] = "auto"
     rank: PositiveInt | None = None
     proj_dim: PositiveInt | None = None
@@ -107,7 +117,9 @@ def resolve_projection(value: Any, where: str = "projection") -> dict[str, Any] 
     else:
         # rank is read in per_matrix mode only and proj_dim in global mode only, so one
         # mapping can hold both and `mode=...` alone switches between them
-        if settings.mode == "global" and settings.kind != "noop" and settings.proj_dim is None:
+        if settings.mode == "global" and settings.kind == "kronecker":
+            lines.append(f"{where}: {GLOBAL_KRONECKER} (got {raw!r})")
+        elif settings.mode == "global" and settings.kind != "noop" and settings.proj_dim is None:
             lines.append(f"{where}: mode global needs proj_dim, e.g. proj_dim: 1000 (got {raw!r})")
     if lines:
         raise OptimizerError("invalid projection settings:\n  " + "\n  ".join(lines))

@@ -1,6 +1,7 @@
-"""How a piece of the parameters is projected: settings, seeds and the three kinds of slot.
+"""How a piece of the parameters is projected: seeds, projectors and the slots.
 
-A *slot* is what the inner optimizer sees as one parameter:
+A *slot* is what the inner optimizer sees as one parameter (which slots a
+parameter group gets: :func:`trakcli.optim.groups.build_slots`):
 
 * :class:`IdentitySlot`: a real parameter, handed to the inner optimizer as is
   (1-D parameters in ``per_matrix`` mode, matrices whose smaller side is not
@@ -17,8 +18,11 @@ A *slot* is what the inner optimizer sees as one parameter:
   ``[P_1 | P_2 | ...]``, one independent block per parameter (all entries
   i.i.d., so it is one JL matrix, and each parameter's part of the update is
   computed without forming the others).
+* :class:`~trakcli.optim.kronecker_slot.KroneckerSlot` (kind ``kronecker``):
+  one parameter projected from both sides, ``R = P_out G P_inᵀ``.
 
-Every matrix comes from :func:`trakcli.projectors.make_projector`: the slot's
+Every matrix comes from :func:`trakcli.projectors.make_projector` (the
+kronecker factors from :mod:`trakcli.projectors.kronecker`): the slot's
 seed is derived from the projection seed and the slot's position, and the
 ``k``-th projection drawn (after ``k`` refreshes) is the projector's
 ``model_id = k``. So a matrix is a pure function of (settings, position, k):
@@ -298,60 +302,3 @@ class GlobalSlot(_ProjectedSlot):
         full = [f.to(self.proj_dtype) for f in self.unproject(m.to(self.proj_dtype), k_old)]
         new = self.project(full, k_new) * (self.shape[0] / self.grad_dim)
         return _clip_norm(new, m).to(m.dtype)
-
-
-def build_slots(
-    params: list[torch.Tensor], settings: dict[str, Any] | None, group_index: int, projector: Projector | None = None
-) -> list[Slot]:
-    """The slots of one parameter group.
-
-    Args:
-        params: the group's parameters, in order.
-        settings: resolved projection settings (:func:`trakcli.optim.settings.resolve_projection`), or None.
-        group_index: position of the group (part of every derived seed).
-        projector: a user's projector object (mode global, ``grad_dim`` = the group's numel).
-
-    Raises:
-        OptimizerError: a projector object whose ``grad_dim`` does not fit the group.
-    """
-    if settings is None:
-        return [IdentitySlot([p]) for p in params]
-    dtype = params[0].dtype if params else torch.float32
-    if settings["mode"] == "global":
-        if not params:
-            return []
-        grad_dim = sum(p.numel() for p in params)
-        if projector is not None:
-            if projector.grad_dim != grad_dim:
-                raise OptimizerError(
-                    f"the projector has grad_dim={projector.grad_dim} but parameter group {group_index} has "
-                    f"{grad_dim} entries; make it with grad_dim={grad_dim} or pass a mapping "
-                    "{'mode': 'global', 'proj_dim': ...}"
-                )
-            return [GlobalSlot(params, _shadow_dtype(projector.dtype), single=projector)]
-        if settings["kind"] == "noop":
-            single = build_projector(settings, grad_dim, None, 0, dtype)
-            return [GlobalSlot(params, _shadow_dtype(single.dtype), single=single)]
-        blocks = [
-            build_projector(settings, p.numel(), settings["proj_dim"], derive_slot_seed(settings["seed"], group_index, i), dtype)
-            for i, p in enumerate(params)
-        ]
-        return [GlobalSlot(params, _shadow_dtype(blocks[0].dtype), blocks=blocks)]
-    rank = settings["rank"]
-    slots: list[Slot] = []
-    for i, p in enumerate(params):
-        if p.dim() < 2 or settings["kind"] == "noop":
-            slots.append(IdentitySlot([p]))
-            continue
-        a = p.shape[0]
-        short = min(a, p.numel() // max(a, 1))
-        if rank >= short:  # projecting would not shrink anything
-            slots.append(IdentitySlot([p]))
-            continue
-        proj = build_projector(settings, short, rank, derive_slot_seed(settings["seed"], group_index, i), dtype)
-        slots.append(MatrixSlot(p, proj, _shadow_dtype(proj.dtype)))
-    return slots
-
-
-def _shadow_dtype(proj_dtype: torch.dtype) -> torch.dtype:
-    return proj_dtype
