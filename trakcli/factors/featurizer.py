@@ -93,7 +93,8 @@ class KroneckerFeaturizer:
         task: ``classification``, ``text_classification`` or ``language_modeling``.
         memory_mb: if set, the rows of a batch go through in passes whose
             covered layers' inputs, outputs, output gradients and projected
-            inputs (measured on a first one-row pass) fit this many MiB.
+            inputs fit this many MiB (measured, once per input shape, on a
+            discarded one-row pass: how a batch is cut depends on the batch alone).
 
     Attributes:
         projector: the :class:`~trakcli.projectors.kronecker.KroneckerProjector`.
@@ -102,6 +103,8 @@ class KroneckerFeaturizer:
         grad_dim: covered parameter entries; param_names: their order.
         row_bytes: per input shape, the largest bytes per row a pass has held
             (inputs, outputs, output gradients and projected inputs of the covered layers).
+        probe_bytes: per input shape, the bytes per row of the one-row probe (with
+            ``memory_mb``), which fixes the rows per pass (:meth:`rows_per_pass`).
 
     Raises:
         ConfigError: unknown task, bad ``grad_wrt`` or ``memory_mb``, or a
@@ -138,6 +141,7 @@ class KroneckerFeaturizer:
         self.grad_dim = self.projector.grad_dim
         self.param_names = self.projector.param_names
         self.row_bytes: dict[Any, int] = {}
+        self.probe_bytes: dict[Any, int] = {}
 
     # ------------------------------------------------------------------ public
 
@@ -179,6 +183,12 @@ class KroneckerFeaturizer:
             return (torch.zeros(0, self.projector.proj_dim, dtype=self.projector.dtype, device=first.device),
                     torch.zeros(0, dtype=torch.float32, device=first.device))
         key = self._shape_key(inputs)
+        if self.memory_mb is not None and key not in self.probe_bytes:
+            # a discarded one-row probe fixes the bytes per row, so the passes a batch is cut into depend
+            # on the batch alone, never on what this process ran before (the same features, bit for bit,
+            # from one process or from torchrun ranks that each start at another chunk)
+            probe = {k: v[:1] for k, v in inputs.items()} if isinstance(inputs, dict) else inputs[:1]
+            self.probe_bytes[key] = self._pass(probe, labels[:1], model_id, row_offset)[2]
         phis, qs, start = [], [], 0
         while start < n:
             step = self.rows_per_pass(inputs) or n
@@ -202,12 +212,13 @@ class KroneckerFeaturizer:
 
         Returns:
             ``None`` without a memory bound; 1 while the bytes per row of this
-            input shape are not measured yet (the first pass measures them);
-            else ``memory_mb`` MiB over the measured bytes per row (at least 1).
+            input shape are not measured yet (the first call with it measures
+            them in a discarded one-row pass); else ``memory_mb`` MiB over the
+            probe's bytes per row (at least 1).
         """
         if self.memory_mb is None:
             return None
-        per_row = self.row_bytes.get(self._shape_key(inputs))
+        per_row = self.probe_bytes.get(self._shape_key(inputs))
         if per_row is None:
             return 1
         return max(1, int(self.memory_mb * 2**20) // max(1, per_row))
