@@ -25,12 +25,29 @@ def _size(n: int) -> str:
     return str(n)
 
 
+def _layer_table(layers: list[dict]) -> Table:
+    """The per-layer split of a kronecker projector's spec: gradient matrix d_out x d_in, grid k_out x k_in, width."""
+    table = Table(title=f"kronecker projection: {len(layers)} layers")
+    for col in ("layer", "kind", "d_out x d_in", "k_out x k_in", "features", "parameters"):
+        # names are folded, never cut: they are what grad_wrt patterns match
+        table.add_column(col, justify="right" if col == "features" else "left", overflow="fold")
+    for la in layers:
+        name = str(la.get("name"))
+        # "weight, bias" for the layer's own parameters; a tied one (GPT-2's lm_head) keeps its full name
+        params = [p.removeprefix(f"{name}.") if p.startswith(f"{name}.") else p for p in la.get("params", [])]
+        table.add_row(
+            name, str(la.get("kind")), f"{la.get('d_out')} x {la.get('d_in')}",
+            f"{la.get('k_out')} x {la.get('k_in')}", str(la.get("width")), ", ".join(params),
+        )
+    return table
+
+
 @handle_errors
 def inspect(
     store: StoreArg,
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON on stdout.")] = False,
 ) -> None:
-    """Show what a store holds: provenance, per-checkpoint progress, sizes, projector."""
+    """Show what a store holds: provenance, per-checkpoint progress, sizes, projector (kronecker: its layers)."""
     from trakcli.store import Store
 
     info = Store.open_existing(store, mode="r").summary()
@@ -44,7 +61,10 @@ def inspect(
                       f"trakcli {info['trakcli_version']}, schema {info['schema_version']}, created {info['created']})")
     err_console.print(f"model: {ident.get('model')}  task: {ident.get('task')}  grad_wrt: {ident.get('grad_wrt')}  "
                       f"grad_dim: {ident.get('grad_dim')}")
-    err_console.print(f"projector: {proj}")
+    layers = proj.get("layers") if isinstance(proj, dict) else None
+    err_console.print(f"projector: {({k: v for k, v in proj.items() if k != 'layers'}) if layers else proj}")
+    if layers:
+        err_console.print(_layer_table(layers))
     err_console.print(f"train data: n={data.get('n')} input_shape={data.get('input_shape')} "
                       f"sha256={str(data.get('sha256'))[:16]}  storage: {ident.get('storage')}")
     table = Table(title="train features per checkpoint")

@@ -26,6 +26,7 @@ from trakcli.config.recipe import (
 from trakcli.config.resolve import check_files, resolve_checkpoints
 from trakcli.config.schema import (
     BUILTIN_DATASETS,
+    KRONECKER_OPTIONS,
     Config,
     DataConfig,
     DatasetConfig,
@@ -39,6 +40,7 @@ from trakcli.config.schema import (
 
 __all__ = [
     "BUILTIN_DATASETS",
+    "KRONECKER_OPTIONS",
     "RUN_ONLY_KEYS",
     "Config",
     "DataConfig",

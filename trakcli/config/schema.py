@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
 from typing import Any, Literal
 
@@ -10,6 +11,7 @@ from pydantic import (
     ConfigDict,
     Field,
     PositiveInt,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -18,6 +20,12 @@ from trakcli.config.base import StrictModel
 from trakcli.config.recipe import OptimizeConfig, OptimizerConfig, TrainingConfig
 
 BUILTIN_DATASETS = ("digits",)
+
+#: Options of ``projector:`` that kind ``kronecker`` takes besides proj_dim and seed (values checked by the projector).
+KRONECKER_OPTIONS = {
+    "dtype": "float32 (default) or float64 accumulation",
+    "distribution": "rademacher (default, ±1/√k) or normal (N(0, 1/k)) factor entries",
+}
 
 
 class ModelConfig(StrictModel):
@@ -104,27 +112,76 @@ class DataConfig(StrictModel):
     grad_memory_mb: PositiveInt = Field(
         1024,
         description="Most MiB of per-example gradients (batch rows x grad_dim float32) held at once: a batch "
-        "is cut into smaller ones to fit (never changes the features). Bounds the memory of big models.",
+        "is cut into smaller ones to fit (never changes the features). Bounds the memory of big models. "
+        "projector.kind kronecker forms no per-example gradient: it bounds the layer inputs, outputs and "
+        "output gradients of one forward + backward instead.",
     )
 
 
 class ProjectorConfig(BaseModel):
-    """The random projection; the mapping is passed to ``make_projector``.
+    """The random projection.
 
-    Keys beyond those listed are kind-specific options (``block_size``,
+    For every kind but ``kronecker`` the mapping is passed to ``make_projector``;
+    keys beyond those listed are kind-specific options (``block_size``,
     ``max_chunk_size``, ``s`` ...) validated by the projector itself.
+
+    ``kind: kronecker`` (LoGra, Choe et al. 2024) projects each covered layer's
+    gradient with ``P_out ⊗ P_in`` from the layer's inputs and output gradients
+    (:class:`trakcli.factors.KroneckerFeaturizer`): it has a single
+    implementation, so ``implementation`` other than ``auto`` is refused, and
+    its only options are those of :data:`KRONECKER_OPTIONS`.
     """
 
     model_config = ConfigDict(extra="allow")
 
-    kind: str = Field("rademacher", description="noop, rademacher, normal, sjlt.")
-    implementation: str = Field("auto", description="auto, single_block, basic, chunked, cuda.")
+    kind: str = Field(
+        "rademacher",
+        description="noop, rademacher, normal, sjlt, kronecker (per-layer P_out ⊗ P_in from one forward + "
+        "backward; README, Projectors).",
+    )
+    implementation: str = Field(
+        "auto", description="auto, single_block, basic, chunked, cuda (kind kronecker: auto only)."
+    )
     proj_dim: PositiveInt = Field(2048, description="Output dimension of the projection.")
     seed: int = Field(0, description="Seed of the random matrix (per model_id matrices derive from it).")
 
+    @field_validator("implementation")
+    @classmethod
+    def _kronecker_implementation(cls, v: str, info: ValidationInfo) -> str:
+        if info.data.get("kind") == "kronecker" and v != "auto":
+            raise ValueError(
+                "kind kronecker has one implementation (factors from layer hooks in one forward + backward, "
+                "no [n, grad_dim] gradient); remove projector.implementation or set it to auto"
+            )
+        return v
+
+    @model_validator(mode="after")
+    def _kronecker_options(self) -> "ProjectorConfig":
+        if self.kind != "kronecker":
+            return self
+        unknown = [k for k in (self.model_extra or {}) if k not in KRONECKER_OPTIONS]
+        if unknown:
+            shown = []
+            for k in unknown:
+                close = difflib.get_close_matches(k, list(KRONECKER_OPTIONS), n=1)
+                shown.append(f"{k} (did you mean {close[0]}?)" if close else k)
+            known = "; ".join(f"{k}: {v}" for k, v in KRONECKER_OPTIONS.items())
+            if len(unknown) == 1:
+                head = f"option {shown[0]} does not apply to kind kronecker; remove it"
+            else:
+                head = f"options {', '.join(shown)} do not apply to kind kronecker; remove them"
+            raise ValueError(f"{head}. kind kronecker takes proj_dim, seed and {known}")
+        return self
+
     def options(self) -> dict[str, Any]:
-        """All keys, as the keyword arguments of ``make_projector``."""
+        """All keys, as the keyword arguments of ``make_projector`` (not for kind ``kronecker``)."""
         return self.model_dump()
+
+    def kronecker_options(self) -> dict[str, Any]:
+        """``proj_dim``, ``seed`` and the given :data:`KRONECKER_OPTIONS`, as keyword arguments of
+        :class:`trakcli.factors.KroneckerFeaturizer` (kind ``kronecker``)."""
+        extra = {k: v for k, v in (self.model_extra or {}).items() if k in KRONECKER_OPTIONS}
+        return {"proj_dim": self.proj_dim, "seed": self.seed, **extra}
 
 
 class StoreConfig(StrictModel):

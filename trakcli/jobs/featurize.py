@@ -144,7 +144,7 @@ def featurize(
         StoreError (unwritable path, store in use, write failure),
         StoreMismatchError (store made with other settings).
     """
-    s = prepare(cfg)
+    s = prepare(cfg, reporter=reporter)
     path = Path(cfg.store.path)
     computed = total = repaired = 0
     skipped: dict[int, list[int]] = {}

@@ -127,7 +127,7 @@ def score(
             targets of another input shape than the train inputs.
         StoreMismatchError: train features made with other settings or checkpoints.
     """
-    s = prepare(cfg, need_target=True)
+    s = prepare(cfg, need_target=True, reporter=reporter)
     sc = cfg.score
     path = Path(cfg.store.path)
     exp = sc.experiment

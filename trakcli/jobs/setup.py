@@ -1,5 +1,12 @@
 """What featurize and score share: the model, its gradients, the projector, the data, and the run identity.
 
+The featurizer is :class:`GradientFeaturizer` (per-example gradients, then a
+projector of :func:`trakcli.projectors.make_projector`) or, for
+``projector.kind: kronecker``, :class:`trakcli.factors.KroneckerFeaturizer`
+(per-layer ``P_out ⊗ P_in`` features from one ordinary forward + backward per
+batch: no ``torch.func``, no ``[n, grad_dim]`` tensor); :func:`make_featurizer`
+picks it.
+
 :func:`run_identity` is the one place the identity of a store is built (what
 its train features were made with); the store records it on creation and
 compares it on every later run (:meth:`trakcli.store.Store.create_or_check`).
@@ -9,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Union
 
 import torch
 
@@ -17,12 +24,17 @@ from trakcli.config import Config, ModelConfig, check_files, resolve_checkpoints
 from trakcli.data.load import load_dataset
 from trakcli.data.tensors import TensorDataset, inputs_to
 from trakcli.distributed import Dist, init_from_env
+from trakcli.factors import KroneckerFeaturizer
 from trakcli.gradients import OUTPUT_FUNCTIONS, PerExampleGradients
 from trakcli.jobs.runtime import apply_threads, resolve_device
 from trakcli.models.build import build_model
 from trakcli.models.checkpoints import file_sha256, load_checkpoint
+from trakcli.progress import NULL_REPORTER, Reporter
 from trakcli.projectors import make_projector
 from trakcli.store import StoreLayout
+
+#: What computes ``(phi, q)`` of a batch in the featurize row loop.
+Featurizer = Union["GradientFeaturizer", KroneckerFeaturizer]
 
 
 def rows_per_batch(cfg: Config, grad_dim: int) -> int:
@@ -53,9 +65,10 @@ def run_identity(
         model: ``model:`` of the config (entrypoint and kwargs).
         task: ``classification`` or ``language_modeling`` (fixes the output function).
         grad_wrt: ``grad_wrt`` of the config, as written (None: every parameter).
-        featurizer: what computes the features (:class:`GradientFeaturizer`): its selected
-            ``param_names``, ``grad_dim`` and ``projector`` (whose ``spec()`` fixes the
-            matrix, ``proj_dim`` included).
+        featurizer: what computes the features (:class:`GradientFeaturizer` or
+            :class:`~trakcli.factors.KroneckerFeaturizer`): its selected (for kronecker:
+            covered) ``param_names``, ``grad_dim`` and ``projector`` (whose ``spec()`` fixes
+            the matrix, ``proj_dim`` included; kronecker's also the per-layer split).
         train: the training set (its fingerprint: shape, dtype, sha256 of the rows).
         layout: the store layout (its ``chunk_rows``, ``dtype`` and ``compressor`` are recorded
             as ``storage``; ``n_train`` and ``proj_dim`` are already in ``train_data`` and ``projector``).
@@ -131,8 +144,9 @@ class JobSetup:
         checkpoints, shas: the checkpoint files by model_id and their sha256.
         train: the training set.
         model: the model (checkpoints are loaded into it in turn).
-        featurizer: computes ``(phi, q)`` of a batch (see :class:`GradientFeaturizer`).
-        batch_rows: rows per batch (:func:`rows_per_batch`).
+        featurizer: computes ``(phi, q)`` of a batch (:class:`GradientFeaturizer` or
+            :class:`~trakcli.factors.KroneckerFeaturizer`).
+        batch_rows: rows per batch (:func:`rows_per_batch`; kronecker: ``data.batch_size``).
         device: the model's device.
         layout: the shapes and storage of the store's arrays (``proj_dim`` from the projector).
         identity: the store identity (:func:`run_identity`).
@@ -143,7 +157,7 @@ class JobSetup:
     shas: list[str]
     train: TensorDataset
     model: torch.nn.Module
-    featurizer: GradientFeaturizer
+    featurizer: Featurizer
     batch_rows: int
     device: torch.device
     layout: StoreLayout
@@ -176,11 +190,38 @@ class JobSetup:
         return self.featurizer(inputs_to(inputs, self.device), labels.to(self.device), model_id, row_offset)
 
 
-def prepare(cfg: Config, *, need_target: bool = False) -> JobSetup:
-    """Check the input files, build model, gradients and projector, load the train data.
+def make_featurizer(cfg: Config, model: torch.nn.Module) -> Featurizer:
+    """The featurizer of ``projector.kind``.
+
+    ``kronecker``: a :class:`~trakcli.factors.KroneckerFeaturizer` over the layers
+    ``grad_wrt`` selects, bounding the activations and output gradients it holds
+    at once by ``data.grad_memory_mb`` (it cuts a batch into passes itself).
+    Every other kind: :class:`GradientFeaturizer` with the projector of
+    :func:`~trakcli.projectors.make_projector`.
 
     Raises:
-        ConfigError: a missing file, or ``cuda`` without a GPU.
+        ConfigError: a bad ``grad_wrt``, or (kronecker) one that selects only
+            parameters outside the supported layers (named).
+        ProjectorError: bad projector options.
+    """
+    if cfg.projector.kind == "kronecker":
+        return KroneckerFeaturizer(
+            model, **cfg.projector.kronecker_options(), grad_wrt=cfg.grad_wrt, task=cfg.task,
+            memory_mb=cfg.data.grad_memory_mb,
+        )
+    grads = PerExampleGradients(model, cfg.grad_wrt, cfg.task)
+    return GradientFeaturizer(grads, make_projector(**cfg.projector.options(), grad_dim=grads.grad_dim))
+
+
+def prepare(cfg: Config, *, need_target: bool = False, reporter: Reporter = NULL_REPORTER) -> JobSetup:
+    """Check the input files, build model, featurizer (gradients and projector), load the train data.
+
+    With ``projector.kind: kronecker`` the featurizer's coverage (layers, the
+    fraction of parameter entries covered, the parameters left out) goes to
+    ``reporter.info`` once, on rank 0.
+
+    Raises:
+        ConfigError: a missing file, ``cuda`` without a GPU, or a bad ``grad_wrt``.
         DataError, ModelError, ProjectorError: the data, model or projector cannot be built.
     """
     check_files(cfg, need_checkpoints=True, need_target=need_target)
@@ -190,13 +231,15 @@ def prepare(cfg: Config, *, need_target: bool = False) -> JobSetup:
     device = resolve_device(cfg.device, dist)
     train = load_dataset(cfg.data.train, key="data.train")
     model = build_model(cfg.model.entrypoint, **cfg.model.kwargs)
-    grads = PerExampleGradients(model, cfg.grad_wrt, cfg.task)
-    featurizer = GradientFeaturizer(grads, make_projector(**cfg.projector.options(), grad_dim=grads.grad_dim))
+    featurizer = make_featurizer(cfg, model)
+    if isinstance(featurizer, KroneckerFeaturizer):
+        batch_rows = cfg.data.batch_size  # no [n, grad_dim] gradient: memory_mb bounds the passes instead
+        if dist.is_main:
+            reporter.info(featurizer.info)
+    else:
+        batch_rows = rows_per_batch(cfg, featurizer.grad_dim)
     st = cfg.store
-    layout = StoreLayout(len(train), featurizer.proj_dim, st.chunk_rows, st.dtype, st.compressor)
+    layout = StoreLayout(len(train), featurizer.projector.proj_dim, st.chunk_rows, st.dtype, st.compressor)
     identity = run_identity(cfg.model, cfg.task, cfg.grad_wrt, featurizer, train, layout)
     shas = [file_sha256(c) for c in checkpoints]
-    return JobSetup(
-        checkpoints, shas, train, model, featurizer, rows_per_batch(cfg, featurizer.grad_dim), device, layout,
-        identity, dist,
-    )
+    return JobSetup(checkpoints, shas, train, model, featurizer, batch_rows, device, layout, identity, dist)
