@@ -153,6 +153,43 @@ def output_function(
     return classification_margin(logits.reshape(*labels.shape, -1), labels)
 
 
+def check_logits(task: str, logits: torch.Tensor, labels: torch.Tensor, n: int, row_offset: int = 0) -> None:
+    """Turn logits of the wrong shape and labels out of range into clear errors.
+
+    Args:
+        task: ``cfg.task``.
+        logits: the model's logits for a batch of ``n`` examples: ``[n, C]``
+            (classification) or ``[n, L, V]`` (language_modeling).
+        labels: ``[m]`` int64 class labels of the batch (``m`` may exceed ``n``
+            when only the first rows were run); ignored by ``language_modeling``.
+        n: the rows the model was given.
+        row_offset: index of the batch's first example in its dataset (for messages).
+
+    Raises:
+        DataError: the logits do not have the task's shape, or a label is not a
+            class of the model (naming the first offending examples and labels).
+    """
+    if task == "language_modeling":
+        if logits.ndim != 3 or logits.shape[0] != n:
+            raise DataError(
+                "task language_modeling needs a causal LM returning logits [n, L, vocab]; for a batch of "
+                f"{n} the model returned shape {list(logits.shape)} (set model.kwargs.model_class: causal_lm)"
+            )
+        return
+    if logits.ndim != 2 or logits.shape[0] != n:
+        raise DataError(
+            f"the model must return logits [n, num_classes]; for a batch of {n} it returned shape {list(logits.shape)}"
+        )
+    n_classes = logits.shape[1]
+    bad = (labels < 0) | (labels >= n_classes)
+    if bad.any():
+        rows = (torch.nonzero(bad).flatten()[:5] + row_offset).tolist()
+        raise DataError(
+            f"labels out of range: the model has {n_classes} classes but examples {rows} have labels "
+            f"{labels[bad][:5].tolist()}; labels must be in [0, {n_classes - 1}]"
+        )
+
+
 def _call(model: nn.Module, params: dict[str, torch.Tensor], x) -> torch.Tensor:
     """Logits of a batch through ``functional_call``: a tensor input, or a dict (transformers)."""
     if isinstance(x, dict):
@@ -250,25 +287,7 @@ class PerExampleGradients:
                 f"the model cannot take inputs of shape {_shape(inputs)} per example: {e}; "
                 "check data.*.inputs against model.entrypoint / model.kwargs"
             ) from None
-        if lm:
-            if logits.ndim != 3 or logits.shape[0] != 1:
-                raise DataError(
-                    "task language_modeling needs a causal LM returning logits [n, L, vocab]; for a batch of 1 "
-                    f"the model returned shape {list(logits.shape)} (set model.kwargs.model_class: causal_lm)"
-                )
-            return
-        if logits.ndim != 2 or logits.shape[0] != 1:
-            raise DataError(
-                f"the model must return logits [n, num_classes]; for a batch of 1 it returned shape {list(logits.shape)}"
-            )
-        n_classes = logits.shape[1]
-        bad = (labels < 0) | (labels >= n_classes)
-        if bad.any():
-            rows = (torch.nonzero(bad).flatten()[:5] + row_offset).tolist()
-            raise DataError(
-                f"labels out of range: the model has {n_classes} classes but examples {rows} have labels "
-                f"{labels[bad][:5].tolist()}; labels must be in [0, {n_classes - 1}]"
-            )
+        check_logits(self.task, logits, labels, 1, row_offset)
 
     def flatten(self, grads: dict[str, torch.Tensor]) -> torch.Tensor:
         """Concatenate per-parameter gradients into ``[n, grad_dim]`` (in ``param_names`` order)."""

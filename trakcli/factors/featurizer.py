@@ -49,7 +49,7 @@ from torch import nn
 
 from trakcli.errors import ConfigError, DataError, GradientError
 from trakcli.factors.layers import SUPPORTED, LayerUse, coverage_info, find_layers
-from trakcli.gradients import TASKS, classification_margin, language_modeling_margin, select_parameters
+from trakcli.gradients import TASKS, check_logits, output_function, select_parameters
 from trakcli.models.forward import forward
 from trakcli.projectors.base import check_model_id
 from trakcli.projectors.kronecker import KroneckerProjector
@@ -278,27 +278,9 @@ class KroneckerFeaturizer:
             ) from None
 
     def _output(self, logits: torch.Tensor, inputs, labels: torch.Tensor, n: int, row_offset: int):
-        """Per-example margins ``[n]`` (differentiable) and out-to-loss ``[n]`` (from :mod:`trakcli.gradients`)."""
-        if self.task == "language_modeling":
-            if logits.ndim != 3 or logits.shape[0] != n:
-                raise DataError(
-                    "task language_modeling needs a causal LM returning logits [n, L, vocab]; the model returned "
-                    f"shape {list(logits.shape)} for {n} rows (set model.kwargs.model_class: causal_lm)"
-                )
-            return torch.vmap(language_modeling_margin)(logits, inputs["input_ids"], inputs["attention_mask"])
-        if logits.ndim != 2 or logits.shape[0] != n:
-            raise DataError(
-                f"the model must return logits [n, num_classes]; for {n} rows it returned shape {list(logits.shape)}"
-            )
-        n_classes = logits.shape[1]
-        bad = (labels < 0) | (labels >= n_classes)
-        if bad.any():
-            rows = (torch.nonzero(bad).flatten()[:5] + row_offset).tolist()
-            raise DataError(
-                f"labels out of range: the model has {n_classes} classes but examples {rows} have labels "
-                f"{labels[bad][:5].tolist()}; labels must be in [0, {n_classes - 1}]"
-            )
-        return torch.vmap(classification_margin)(logits, labels)
+        """Per-example margins ``[n]`` (differentiable) and out-to-loss ``[n]``: :func:`trakcli.gradients.output_function`."""
+        check_logits(self.task, logits, labels, n, row_offset)
+        return output_function(self.task, logits, labels, inputs)
 
     def _forward_hook(self, state: _Pass, i: int, module: nn.Module, args, kwargs, output):
         use = self.uses[i]

@@ -184,7 +184,7 @@ def sweep(
         score(sub, reporter=reporter)  # the target features (and the scores of the default ridge)
         stores[d] = str(sub.store.path)
         phi, q, phi_t = _read_features(sub, n_models)
-        n_target, n_train = phi_t[0].shape[0], phi[0].shape[0]
+        n_train = phi[0].shape[0]
         grams = [gram_matrix([torch.from_numpy(f)]) for f in phi]
         phi_train = [torch.from_numpy(f) for f in phi]
         q_train = [torch.from_numpy(x) for x in q]

@@ -292,6 +292,15 @@ class Projector:
             ProjectorError: ``z`` is not ``[n, proj_dim]`` or has an unsupported dtype.
         """
         model_id = check_model_id(model_id)
+        self.check_features(z)
+        return self._unproject(z, model_id)
+
+    def check_features(self, z: Any) -> None:
+        """Check that ``z`` is a ``[n, proj_dim]`` float tensor, the input of :meth:`unproject`.
+
+        Raises:
+            ProjectorError: ``z`` is not a tensor of shape ``[n, proj_dim]`` or has an unsupported dtype.
+        """
         if not isinstance(z, torch.Tensor) or z.dim() != 2 or z.shape[1] != self.proj_dim:
             shape = tuple(z.shape) if isinstance(z, torch.Tensor) else type(z).__name__
             raise ProjectorError(
@@ -299,7 +308,6 @@ class Projector:
                 f"got {shape}"
             )
         as_float_dtype(z, "the tensor passed to unproject")
-        return self._unproject(z, model_id)
 
     def _project(self, grads: Grads, model_id: int) -> torch.Tensor:
         raise NotImplementedError

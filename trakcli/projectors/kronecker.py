@@ -349,12 +349,7 @@ class KroneckerProjector(Projector):
             ProjectorError: ``z`` is not ``[n, proj_dim]`` or has an unsupported dtype.
         """
         model_id = check_model_id(model_id)
-        if not isinstance(z, torch.Tensor) or z.dim() != 2 or z.shape[1] != self.proj_dim:
-            shape = tuple(z.shape) if isinstance(z, torch.Tensor) else type(z).__name__
-            raise ProjectorError(
-                f"unproject expects a tensor of shape [n, proj_dim] = [n, {self.proj_dim}], got {shape}"
-            )
-        as_float_dtype(z, "the tensor passed to unproject")
+        self.check_features(z)
         out: dict[str, torch.Tensor] = {}
         factors = self.transposed_factors(model_id, z.device)
         for layer, grid, (p_out_t, p_in_t) in zip(self.layers, self.grids_from_features(z), factors):
