@@ -15,8 +15,11 @@ Two measurements, each command in its own process, as a user runs it:
    * ``sjlt``: ``trak featurize`` with the sparse JL projector over full per-example
      gradients (``implementation=chunked``);
    * ``dense``: ``trak featurize`` with the dense rademacher projector
-     (``chunked``) on the first ``--dense-n`` texts only (it is minutes per example
-     batch); its seconds per example are extrapolated to ``--n-train``.
+     (``chunked``) on the first ``--dense-n`` texts only (default: one batch), killed
+     after ``--dense-timeout`` seconds. Its cost is regenerating the
+     ``[proj_dim, 22.7M]`` matrix once per batch, whatever the batch's size, so its
+     seconds are extrapolated per batch (x ``n_train / dense_n``); a run that timed
+     out gives a lower bound.
 
    Each variant's time includes the interpreter, imports and the model load,
    for the floor too.
@@ -66,16 +69,32 @@ def _bench_hf():
     return mod
 
 
-def timed(cmd: list[str], log: Path) -> dict[str, Any]:
-    """Run ``cmd``; its wall seconds, peak RSS (GiB, of that process alone) and exit code."""
+def timed(cmd: list[str], log: Path, timeout: float | None = None) -> dict[str, Any]:
+    """Run ``cmd``; its wall seconds, peak RSS (GiB, of that process alone) and exit code.
+
+    With ``timeout`` the process is killed after that many seconds and the result says
+    ``timed_out`` (its seconds are then a lower bound).
+    """
     t0 = time.perf_counter()
+    timed_out = False
     with open(log, "w") as f:
         p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-        _, status, usage = os.wait4(p.pid, 0)
+        while True:  # os.wait4: the rusage of this child alone (its own peak RSS)
+            pid, status, usage = os.wait4(p.pid, os.WNOHANG)
+            if pid:
+                break
+            if timeout is not None and time.perf_counter() - t0 > timeout:
+                p.kill()
+                timed_out = True
+                _, status, usage = os.wait4(p.pid, 0)
+                break
+            time.sleep(0.05)
     wall = time.perf_counter() - t0
     code = os.waitstatus_to_exitcode(status)
     out = {"seconds": wall, "peak_rss_gib": usage.ru_maxrss * 1024 / GIB, "exit": code, "log": str(log)}
-    if code != 0:
+    if timed_out:
+        out.update(timed_out=True, exit=0)
+    elif code != 0:
         out["error"] = log.read_text()[-800:]
     return out
 
@@ -153,10 +172,10 @@ def run_minilm(a: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {}
     for name in a.minilm_variants:
         print(f"running {name} ...", file=sys.stderr, flush=True)
-        r = timed(variants[name], work / f"{name}.log")
+        r = timed(variants[name], work / f"{name}.log", timeout=a.dense_timeout if name == "dense" else None)
         r["n_examples"] = a.dense_n if name == "dense" else a.n_train
         if name == "dense" and r["exit"] == 0:
-            r["seconds_extrapolated"] = r["seconds"] / a.dense_n * a.n_train
+            r["seconds_extrapolated"] = r["seconds"] * a.n_train / a.dense_n
         results[name] = r
         print(f"  {name}: {json.dumps(r)}", file=sys.stderr, flush=True)
     return results
@@ -201,7 +220,8 @@ def main() -> None:
     ap.add_argument("--max-length", type=int, default=64)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--proj-dim", type=int, default=4096, help="MiniLM feature width (all projectors)")
-    ap.add_argument("--dense-n", type=int, default=4, help="texts the dense projector featurizes (extrapolated)")
+    ap.add_argument("--dense-n", type=int, default=32, help="texts the dense projector featurizes (extrapolated)")
+    ap.add_argument("--dense-timeout", type=float, default=300, help="seconds before the dense run is stopped")
     ap.add_argument("--minilm-variants", nargs="+", default=["floor", "kronecker", "sjlt", "dense"],
                     choices=["floor", "kronecker", "sjlt", "dense"])
     ap.add_argument("--digits-proj-dim", type=int, default=2048)
@@ -239,8 +259,11 @@ def main() -> None:
                 continue
             sec = r.get("seconds_extrapolated", r["seconds"])
             ratio = f"{sec / floor:.2f}" if floor else ""
-            note = f" (extrapolated from {r['n_examples']})" if "seconds_extrapolated" in r else ""
-            print(f"{name:12s} {sec:9.1f} {ratio:>8s} {r['peak_rss_gib']:9.2f}{note}")
+            note = f" (extrapolated from {r['n_examples']} texts)" if "seconds_extrapolated" in r else ""
+            if r.get("timed_out"):
+                note += f"; stopped after {r['seconds']:.0f} s: a lower bound"
+            low = ">" if r.get("timed_out") else " "
+            print(f"{name:12s} {low}{sec:8.1f} {low}{ratio:>7s} {r['peak_rss_gib']:9.2f}{note}")
     if "digits" in out:
         d = out["digits"]
         print(f"\ndigits, 10 checkpoints, proj_dim {a.digits_proj_dim}, 100 retrained models")

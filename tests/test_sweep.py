@@ -128,3 +128,12 @@ def test_sweep_redoes_its_own_stale_stores_but_never_the_users(sweep_project):
     mismatched = load_config(sweep_project, ["eval.sweep.proj_dims=[8]", "projector.seed=2"])
     with pytest.raises(StoreMismatchError):
         sw.sweep(mismatched)
+
+
+def test_kronecker_sweep_refuses_a_too_wide_proj_dim_before_retraining(sweep_project):
+    # the tiny model's two Linear layers hold (6+1)*8 + (8+1)*3 = 83 entries: no Kronecker features wider than that
+    r = trak("eval", "sweep", sweep_project, "projector.kind=kronecker", "--proj-dims", "8,100")
+    assert r.exit_code == 1, r.output
+    assert "eval.sweep.proj_dims: 100 cannot be used with projector kind kronecker" in " ".join(r.stderr.split())
+    assert "Traceback" not in r.output
+    assert not Path("out/attrib.zarr").exists()  # nothing retrained, nothing featurized

@@ -27,11 +27,13 @@ import numpy as np
 import torch
 
 from trakcli.config import Config, resolve_checkpoints
-from trakcli.errors import ConfigError, StoreMismatchError
+from trakcli.errors import ConfigError, ProjectorError, StoreMismatchError
 from trakcli.jobs.featurize import featurize
 from trakcli.jobs.retrain import load_or_retrain
 from trakcli.jobs.score import score
+from trakcli.jobs.setup import make_featurizer
 from trakcli.metrics.lds import lds
+from trakcli.models.build import build_model
 from trakcli.progress import NULL_REPORTER, Reporter
 from trakcli.scoring import gram_matrix, score_block, solve_kernel, target_weights
 from trakcli.store.store import Store
@@ -112,6 +114,22 @@ def _config_for(cfg: Config, proj_dim: int, directory: Path) -> Config:
     return cfg.model_copy(update={"projector": projector, "store": store})
 
 
+def _check_proj_dims(cfg: Config, dims: list[int], directory: Path) -> None:
+    """Fail before any retraining when a grid proj_dim cannot be built (kronecker: wider than the layers allow).
+
+    Raises:
+        ConfigError: naming the proj_dim and the projector's limit.
+    """
+    if cfg.projector.kind != "kronecker":  # the other kinds take any proj_dim >= 1 (checked by the config)
+        return
+    model = build_model(cfg.model.entrypoint, **cfg.model.kwargs)
+    for d in dims:
+        try:
+            make_featurizer(_config_for(cfg, d, directory), model)
+        except ProjectorError as e:
+            raise ConfigError(f"eval.sweep.proj_dims: {d} cannot be used with projector kind kronecker: {e}") from None
+
+
 def _read_features(cfg: Config, n_models: int) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
     """Train features ``[n_train, d]``, out_to_loss ``[n_train]`` and target features ``[n_target, d]`` per model."""
     store = Store.open_existing(cfg.store.path, mode="r")
@@ -164,8 +182,9 @@ def sweep(
     ridges: list[tuple[float | None, float | None]] = [(r, None) for r in rels] + [(None, a) for a in abss]
     n_models = max(ks)
 
-    masks, outputs = load_or_retrain(cfg, workers=workers, reporter=reporter)
     directory = sweep_dir(cfg)
+    _check_proj_dims(cfg, dims, directory)
+    masks, outputs = load_or_retrain(cfg, workers=workers, reporter=reporter)
     rows: list[dict[str, Any]] = []
     stores: dict[int, str] = {}
     for d in dims:
