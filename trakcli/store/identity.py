@@ -21,8 +21,10 @@ def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
     """Nested dicts as one flat dict with dotted keys.
 
     Args:
-        d: a value; dicts are walked recursively, anything else (lists
-            included) is a leaf.
+        d: a value; dicts are walked recursively, and so are lists of dicts
+            (keyed by their index, e.g. the per-layer split of a kronecker
+            projector: ``projector.layers.3.k_in``), so that a difference is named
+            by its leaf; anything else (other lists included) is a leaf.
         prefix: the dotted key of ``d`` itself ("" at the top).
 
     Returns:
@@ -36,6 +38,11 @@ def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
         out: dict[str, Any] = {}
         for k, v in d.items():
             out.update(flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    if isinstance(d, list) and d and all(isinstance(v, dict) for v in d):
+        out = {f"{prefix}.#": len(d)}
+        for i, v in enumerate(d):
+            out.update(flatten(v, f"{prefix}.{i}"))
         return out
     return {prefix: d}
 
