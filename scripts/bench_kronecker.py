@@ -195,7 +195,7 @@ def lds_of(store: Path, config: Path, work: Path, kind: str, a: argparse.Namespa
     if lds_json.exists():
         rep = json.loads(lds_json.read_text())
         out["lds"] = rep.get("lds")
-        out["lds_ci"] = rep.get("ci") or rep.get("interval")
+        out["lds_ci"] = [rep.get("ci_low"), rep.get("ci_high")]
     return out
 
 
@@ -270,9 +270,8 @@ def main() -> None:
         print(f"{'kind':12s} {'LDS':>7s} {'featurize s':>12s} {'score s':>8s}")
         for kind in a.digits_kinds:
             r = d.get(kind, {})
-            lds = r.get("lds")
-            print(f"{kind:12s} {lds if lds is None else f'{lds:.4f}':>7} {r['featurize']['seconds']:12.1f} "
-                  f"{r['score']['seconds']:8.1f}")
+            lds = "failed" if r.get("lds") is None else f"{r['lds']:.4f}"
+            print(f"{kind:12s} {lds:>7s} {r['featurize']['seconds']:12.1f} {r['score']['seconds']:8.1f}")
     a.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = a.out.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(out, indent=2) + "\n")
