@@ -8,6 +8,12 @@ as one red line on stderr and exits with :attr:`TrakError.exit_code`
 
 from __future__ import annotations
 
+import sysconfig
+import traceback
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator
+
 
 class TrakError(Exception):
     """Base class of every user-facing trakcli error.
@@ -87,5 +93,117 @@ class GradientError(TrakError):
     """Per-example gradients could not be computed or are not finite."""
 
 
+class TrainingError(TrakError):
+    """Training diverged: a non-finite loss, a loss far above the first step's, or non-finite weights."""
+
+
 class OptimizerError(TrakError):
     """A projected optimizer was built or loaded with invalid settings or state."""
+
+
+class UserCodeError(TrakError):
+    """The user's own code raised: a ``model.entrypoint`` function, the model's forward pass, a training function.
+
+    The message names the code, the exception and the user's file and line
+    (:func:`describe_exception`); ``TRAK_DEBUG=1`` shows the original traceback
+    (it is the ``__cause__``).
+    """
+
+
+_PACKAGE_DIR = Path(__file__).resolve().parent
+_LIBRARY_DIRS = tuple(
+    Path(p).resolve() for key in ("stdlib", "platstdlib", "purelib", "platlib") if (p := sysconfig.get_paths().get(key))
+)
+
+
+def _under(path: Path, folder: Path) -> bool:
+    return path == folder or folder in path.parents
+
+
+def _shown_path(path: Path) -> str:
+    """``path`` relative to the working directory when inside it, a library file from its package folder, else as is."""
+    try:
+        return str(path.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        pass
+    for folder in _LIBRARY_DIRS:
+        if _under(path, folder):
+            return str(path.relative_to(folder))
+    return str(path)
+
+
+def user_frame(exc: BaseException) -> tuple[str, int] | None:
+    """Where in the user's code ``exc`` was raised: ``(file, line)`` of its deepest frame outside trakcli and libraries.
+
+    The Python standard library and installed packages (site-packages) count as
+    libraries. Without such a frame (e.g. a torch operation of the built-in
+    model rejected a shape), the deepest frame outside trakcli; None if every
+    frame is trakcli's.
+    """
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<")]
+    ours = [(f, Path(f.filename).resolve()) for f in frames]
+    outside = [(f, p) for f, p in ours if not _under(p, _PACKAGE_DIR)]
+    user = [(f, p) for f, p in outside if not any(_under(p, d) for d in _LIBRARY_DIRS)]
+    chosen = (user or outside or [None])[-1]
+    if chosen is None:
+        return None
+    frame, path = chosen
+    return _shown_path(path), int(frame.lineno or 0)
+
+
+#: Longer exception messages are cut to their first sentence by :func:`describe_exception`.
+MESSAGE_CHARS = 200
+
+
+def exception_text(exc: BaseException) -> str:
+    """``"RuntimeError: boom"``: the type and the first line of the message, of a line over
+    :data:`MESSAGE_CHARS` characters its first sentence (``TRAK_DEBUG=1`` shows all of it)."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    if len(first) > MESSAGE_CHARS:
+        end = first.find(". ", 0, 2 * MESSAGE_CHARS)
+        first = first[: end + 1] if end > 0 else first[:MESSAGE_CHARS] + "..."
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+def describe_exception(exc: BaseException) -> str:
+    """``"RuntimeError: boom (my_model.py, line 4)"``: :func:`exception_text` and :func:`user_frame`.
+
+    A ``SyntaxError`` names the file and line of the bad code.
+    """
+    text = exception_text(exc)
+    where = user_frame(exc)
+    if isinstance(exc, SyntaxError) and exc.filename and exc.lineno:  # the frames are the importer's
+        where = (_shown_path(Path(exc.filename).resolve()), exc.lineno)
+        text = f"{type(exc).__name__}: {exc.msg}"
+    return f"{text} ({where[0]}, line {where[1]})" if where else text
+
+
+@contextmanager
+def user_code(
+    what: str | Callable[[], str], *, hint: str = "", error: type[TrakError] = UserCodeError
+) -> Iterator[None]:
+    """Run the user's code and report any exception it raises as one :class:`TrakError` line.
+
+    ``with user_code("model.entrypoint my_model.py:make_model"): model = fn(**kwargs)``
+    turns a ``RuntimeError("boom")`` raised at line 4 of ``my_model.py`` into
+    ``UserCodeError("model.entrypoint my_model.py:make_model raised RuntimeError: boom (my_model.py, line 4)")``,
+    chained to the original exception (``TRAK_DEBUG=1`` shows both tracebacks).
+    A :class:`TrakError` passes through unchanged; ``KeyboardInterrupt`` and
+    ``SystemExit`` are not caught.
+
+    Args:
+        what: the code that ran, as the user wrote it (config key and value); or a function
+            returning it, called only when an exception is reported.
+        hint: appended after ``"; "``: how to fix it, when the call site knows.
+        error: the :class:`TrakError` class raised (e.g. ``DataError`` where bad inputs are the likely cause).
+
+    Raises:
+        error: with ``"{what} raised {describe_exception(exc)}"``.
+    """
+    try:
+        yield
+    except TrakError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any exception of the user's code is reported the same way
+        name = what() if callable(what) else what
+        raise error(f"{name} raised {describe_exception(e)}" + (f"; {hint}" if hint else "")) from e

@@ -36,7 +36,16 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from trakcli.errors import ConfigError, DataError, GradientError
+from trakcli.errors import ConfigError, DataError, GradientError, user_code
+from trakcli.models.build import model_name
+from trakcli.models.forward import forward_errors
+
+#: How to fix a forward pass that runs on a batch but not under ``torch.func.vmap`` (per-example gradients).
+VMAP_HINT = (
+    "per-example gradients run the forward pass of one example under torch.func.vmap, which refuses "
+    "Python control flow on tensor values (if x.sum() > 0), .item() and in-place changes of the inputs; "
+    "write those with torch.where / masks, or use projector.kind kronecker (no vmap)"
+)
 
 TASKS = ("classification", "text_classification", "language_modeling")
 
@@ -203,10 +212,6 @@ def _first(x):
     return {k: v[:1] for k, v in x.items()} if isinstance(x, dict) else x[:1]
 
 
-def _shape(x) -> object:
-    return {k: list(v.shape[1:]) for k, v in x.items()} if isinstance(x, dict) else list(x.shape[1:])
-
-
 class PerExampleGradients:
     """Computes ``∇_θ f(z; θ)`` for each example of a batch, and ``Q(z)``.
 
@@ -256,7 +261,10 @@ class PerExampleGradients:
             in the parameter's dtype; ``out_to_loss`` is ``[n]`` float32.
 
         Raises:
-            DataError: inputs of a shape the model cannot take, or labels out of range.
+            DataError: inputs of a shape the model cannot take (any exception of one plain
+                forward pass, named with the user's file and line), or labels out of range.
+            GradientError: the forward pass runs on the batch but fails under ``torch.func.vmap``
+                (names the file and line, and :data:`VMAP_HINT`).
         """
         params, const = self._constants()
         model = self.model
@@ -268,7 +276,9 @@ class PerExampleGradients:
             return margin, q.detach()
 
         self._check_batch(inputs, labels, params, const, row_offset)
-        grads, q = vmap(grad(f, has_aux=True), in_dims=(None, 0, 0))(params, inputs, labels)
+        what = lambda: f"per-example gradients (torch.func.vmap) of the forward pass of {model_name(model)}"  # noqa: E731
+        with user_code(what, hint=VMAP_HINT, error=GradientError):
+            grads, q = vmap(grad(f, has_aux=True), in_dims=(None, 0, 0))(params, inputs, labels)
         return grads, q.to(torch.float32)
 
     def _check_batch(self, inputs, labels, params, const, row_offset: int) -> None:
@@ -279,14 +289,8 @@ class PerExampleGradients:
                 "task language_modeling needs text data (input_ids and attention_mask): give data.*.text "
                 "and a tokenizer, or use task classification for tensor inputs"
             )
-        try:
-            with torch.no_grad():
-                logits = _call(self.model, {**params, **const}, _first(inputs))
-        except (RuntimeError, ValueError, IndexError) as e:
-            raise DataError(
-                f"the model cannot take inputs of shape {_shape(inputs)} per example: {e}; "
-                "check data.*.inputs against model.entrypoint / model.kwargs"
-            ) from None
+        with torch.no_grad(), forward_errors(self.model, inputs):
+            logits = _call(self.model, {**params, **const}, _first(inputs))
         check_logits(self.task, logits, labels, 1, row_offset)
 
     def flatten(self, grads: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -43,8 +43,30 @@ VerifyOpt = Annotated[
 ]
 
 
+#: What to change when a run does not fit in memory (the keys that size its arrays).
+OUT_OF_MEMORY_FIX = "lower projector.proj_dim, data.batch_size, data.grad_memory_mb or store.chunk_rows"
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    """A ``MemoryError`` or torch's ``OutOfMemoryError`` (CUDA), without importing torch."""
+    torch = sys.modules.get("torch")
+    oom = getattr(torch, "OutOfMemoryError", None) if torch is not None else None
+    return isinstance(e, MemoryError) or (oom is not None and isinstance(e, oom))
+
+
+def _print_error(message: str) -> None:
+    first, _, rest = message.partition("\n")
+    err_console.print(f"[bold red]error:[/] [red]{escape(first)}[/]", highlight=False, soft_wrap=True)
+    if rest:
+        err_console.print(escape(rest), highlight=False, soft_wrap=True)
+
+
 def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn a TrakError into a red message on stderr and its exit code (TRAK_DEBUG=1: traceback)."""
+    """Turn a TrakError into a red message on stderr and its exit code (TRAK_DEBUG=1: traceback).
+
+    Running out of memory (``MemoryError``, torch's ``OutOfMemoryError``) is reported
+    the same way, exit code 1, with the config keys that size the arrays.
+    """
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -53,11 +75,14 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except TrakError as e:
             if os.environ.get("TRAK_DEBUG"):
                 raise
-            first, _, rest = str(e).partition("\n")
-            err_console.print(f"[bold red]error:[/] [red]{escape(first)}[/]", highlight=False, soft_wrap=True)
-            if rest:
-                err_console.print(escape(rest), highlight=False, soft_wrap=True)
+            _print_error(str(e))
             raise typer.Exit(e.exit_code) from None
+        except Exception as e:
+            if not _out_of_memory(e) or os.environ.get("TRAK_DEBUG"):
+                raise
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            _print_error(f"out of memory: {first}; {OUT_OF_MEMORY_FIX}")
+            raise typer.Exit(1) from None
         except KeyboardInterrupt:
             err_console.print("[yellow]interrupted; rerun the same command to resume[/]")
             raise typer.Exit(130) from None

@@ -11,7 +11,7 @@ import torch
 from trakcli.data.digits import DIGITS_IMAGE_SHAPE, load_digits_split
 from trakcli.data.tensors import TensorDataset
 from trakcli.data.text import load_text
-from trakcli.errors import DataError
+from trakcli.errors import DataError, exception_text
 
 if TYPE_CHECKING:  # the config schema is only read here (attributes), never built
     from trakcli.config import DatasetConfig
@@ -34,8 +34,35 @@ def _read_file(path: Path) -> dict[str, Any]:
     except DataError:
         raise
     except Exception as e:  # unreadable or corrupt file
-        raise DataError(f"cannot read data file {path}: {e}") from None
+        raise DataError(f"cannot read data file {path}: {exception_text(e)}") from None
     raise DataError(f"data file {path} has suffix {suffix!r}; use a .pt dict of tensors or an .npz file")
+
+
+def _as_tensor(value: Any, what: str, expected: str) -> torch.Tensor:
+    """A tensor, array or (nested) list of numbers as a tensor.
+
+    Raises:
+        DataError: the values are not numbers (strings, objects, ragged lists), naming ``what``
+            and an example value.
+    """
+    if torch.is_tensor(value):
+        return value
+    try:
+        arr = np.asarray(value)
+    except ValueError as e:  # ragged nested lists
+        reason = str(e).split(". ")[0]
+        raise DataError(f"{what} must be an array of {expected}; it cannot be made one ({reason})") from None
+    if arr.dtype.kind not in "biuf":  # bool, int, uint, float: what torch takes
+        example = arr.reshape(-1)[0] if arr.size else None
+        example = example.item() if isinstance(example, np.generic) else example
+        kinds = {"U": "strings", "S": "bytes", "O": "Python objects", "c": "complex numbers"}
+        kind = kinds.get(arr.dtype.kind, str(arr.dtype))
+        fix = (
+            "; map each class name to an index 0, 1, ... before saving (e.g. sorted(set(names)).index(name))"
+            if expected.startswith("integer") and arr.dtype.kind in "USO" else ""
+        )
+        raise DataError(f"{what} must be {expected}, got {kind} (e.g. {example!r}){fix}")
+    return torch.as_tensor(arr)
 
 
 def load_dataset(cfg: DatasetConfig, *, key: str = "data.train") -> TensorDataset:
@@ -74,8 +101,8 @@ def load_dataset(cfg: DatasetConfig, *, key: str = "data.train") -> TensorDatase
             f"{key}: {cfg.path} has no key {', '.join(repr(m) for m in missing)}; "
             f"its keys are {sorted(contents)}"
         )
-    x = torch.as_tensor(np.asarray(contents[cfg.inputs]) if not torch.is_tensor(contents[cfg.inputs]) else contents[cfg.inputs])
-    y = torch.as_tensor(np.asarray(contents[cfg.labels]) if not torch.is_tensor(contents[cfg.labels]) else contents[cfg.labels])
+    x = _as_tensor(contents[cfg.inputs], f"{key}: inputs {cfg.inputs!r} of {cfg.path}", "numbers")
+    y = _as_tensor(contents[cfg.labels], f"{key}: labels {cfg.labels!r} of {cfg.path}", "integer class indices")
     name = f"{cfg.path}[{cfg.inputs}]"
     if x.ndim == 0 or x.shape[0] == 0:
         raise DataError(f"{key}: {name} is empty (shape {list(x.shape)}); it needs at least one row")

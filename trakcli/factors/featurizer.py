@@ -50,14 +50,9 @@ from torch import nn
 from trakcli.errors import ConfigError, DataError, GradientError
 from trakcli.factors.layers import SUPPORTED, LayerUse, coverage_info, find_layers
 from trakcli.gradients import TASKS, check_logits, output_function, select_parameters
-from trakcli.models.forward import forward
+from trakcli.models.forward import forward, forward_errors
 from trakcli.projectors.base import check_model_id
 from trakcli.projectors.kronecker import KroneckerProjector
-
-
-def _shape(inputs) -> object:
-    """Per-row shape of a batch, for messages: ``[...]`` or ``{name: [...]}``."""
-    return {k: list(v.shape[1:]) for k, v in inputs.items()} if isinstance(inputs, dict) else list(inputs.shape[1:])
 
 
 @dataclass
@@ -266,16 +261,10 @@ class KroneckerFeaturizer:
         return proj.features_from_grids(state.grids), q.detach().to(torch.float32), state.nbytes // max(1, n)
 
     def _logits(self, inputs) -> torch.Tensor:
-        try:
+        with forward_errors(self.model, inputs):
             if isinstance(inputs, dict):  # transformers models: 4-D additive mask, eager attention
                 return forward(self.model, {k: v.detach() for k, v in inputs.items()})
             return forward(self.model, inputs.detach())
-        except (RuntimeError, ValueError, IndexError) as e:
-            shape = _shape(inputs)
-            raise DataError(
-                f"the model cannot take inputs of shape {shape} per example: {e}; "
-                "check data.*.inputs against model.entrypoint / model.kwargs"
-            ) from None
 
     def _output(self, logits: torch.Tensor, inputs, labels: torch.Tensor, n: int, row_offset: int):
         """Per-example margins ``[n]`` (differentiable) and out-to-loss ``[n]``: :func:`trakcli.gradients.output_function`."""

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from torch import nn
 
-from trakcli.errors import ModelError
+from trakcli.errors import ModelError, UserCodeError, user_code
 from trakcli.models.hf import build_hf_model
 
 
@@ -87,10 +87,8 @@ def load_function(
             raise ModelError(f"{key}: cannot import {target!r} as a Python file")
         module = importlib.util.module_from_spec(spec)
         sys.modules[mod_name] = module
-        try:
+        with user_code(f"{key}: importing {target}", error=ModelError):
             spec.loader.exec_module(module)
-        except Exception as e:
-            raise ModelError(f"{key}: importing {target!r} failed: {e.__class__.__name__}: {e}") from e
     else:
         try:
             module = importlib.import_module(target)
@@ -110,24 +108,47 @@ def load_function(
 def build_model(entrypoint: str = "mlp", **kwargs: Any) -> nn.Module:
     """Build the model named by ``entrypoint`` with ``kwargs``.
 
+    The model remembers ``entrypoint`` (attribute ``trak_entrypoint``) so that
+    messages about its forward pass can name it (:func:`model_name`).
+
     Raises:
         ModelError: unknown name, unimportable file/module, missing function,
-            a failing call, or a return value that is not an ``nn.Module``.
+            kwargs the function does not take, or a return value that is not an ``nn.Module``.
+        UserCodeError: the function raised (names the exception, file and line).
     """
     if entrypoint.startswith("hf:"):
         try:
-            return build_hf_model(entrypoint, **kwargs)
+            model = build_hf_model(entrypoint, **kwargs)
         except TypeError as e:
             raise ModelError(f"model.entrypoint {entrypoint!r} rejected model.kwargs {kwargs}: {e}") from None
+        model.trak_entrypoint = entrypoint
+        return model
     fn = load_function(entrypoint)
     try:
-        model = fn(**kwargs)
-    except ModelError:
+        with user_code(f"model.entrypoint {entrypoint}"):
+            model = fn(**kwargs)
+    except UserCodeError as e:
+        cause = e.__cause__
+        if isinstance(cause, TypeError) and cause.__traceback__ is not None and _raised_by_the_call(cause):
+            raise ModelError(f"model.entrypoint {entrypoint!r} rejected model.kwargs {kwargs}: {cause}") from None
         raise
-    except TypeError as e:
-        raise ModelError(f"model.entrypoint {entrypoint!r} rejected model.kwargs {kwargs}: {e}") from None
     if not isinstance(model, nn.Module):
         raise ModelError(
             f"model.entrypoint {entrypoint!r} returned a {type(model).__name__}, not a torch.nn.Module"
         )
+    model.trak_entrypoint = entrypoint
     return model
+
+
+def _raised_by_the_call(exc: TypeError) -> bool:
+    """True if ``exc`` came from calling the function (its arguments did not bind), not from inside its body."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code is not build_model.__code__:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_next is None
+
+
+def model_name(model: nn.Module) -> str:
+    """How messages name a model: ``"model.entrypoint my_model.py:make_model"`` for one :func:`build_model` built."""
+    entrypoint = getattr(model, "trak_entrypoint", None)
+    return f"model.entrypoint {entrypoint}" if entrypoint else f"the model ({type(model).__name__})"

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trakcli.errors import CheckpointError
+from trakcli.errors import CheckpointError, exception_text
 from trakcli.models.hf import fit_hf_state_dict, is_hf_model
 
 #: weight files of a Hugging Face directory, in the order they are looked for
@@ -93,7 +93,7 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     except CheckpointError:
         raise
     except Exception as e:
-        raise CheckpointError(f"cannot read checkpoint {path}: {e.__class__.__name__}: {e}") from None
+        raise CheckpointError(f"cannot read checkpoint {path}: {exception_text(e)}") from None
     if isinstance(sd, dict):
         for key in ("state_dict", "model", "model_state_dict"):
             if key in sd and isinstance(sd[key], dict):
@@ -129,16 +129,51 @@ def describe_mismatch(
     return ", ".join(parts) or None
 
 
-def load_checkpoint(model: nn.Module, path: str | Path) -> None:
-    """Load a state dict into ``model`` in place, checking keys and shapes first.
+def nonfinite_parameters(model: nn.Module, limit: int = 3) -> list[str]:
+    """The first ``limit`` parameters of ``model`` holding NaN or inf entries, as ``"name (k NaN, m inf)"``.
+
+    Buffers are not checked (a model may keep ``-inf`` attention masks as buffers).
+    """
+    out = []
+    for name, p in model.named_parameters():
+        if p.is_floating_point() or p.is_complex():
+            finite = torch.isfinite(p.detach())
+            if not bool(finite.all()):
+                n_nan = int(torch.isnan(p.detach()).sum())
+                out.append(f"{name} ({n_nan} NaN, {int((~finite).sum()) - n_nan} inf)")
+                if len(out) == limit:
+                    break
+    return out
+
+
+def load_checkpoint(model: nn.Module, path: str | Path, *, model_id: int | None = None) -> None:
+    """Load a state dict into ``model`` in place, checking keys and shapes first, and finite weights after.
 
     A transformers model takes the keys of its bare base model too, and keeps the
     seeded initialization of a head the checkpoint lacks (see
     :func:`trakcli.models.hf.fit_hf_state_dict`).
 
+    Args:
+        model: the model, changed in place.
+        path: the checkpoint (see :func:`read_state_dict`).
+        model_id: its index among the run's checkpoints, named in messages.
+
     Raises:
-        CheckpointError: naming the first missing, unexpected and shape-mismatched keys.
+        CheckpointError: naming the file (and ``model_id``) and the first missing, unexpected
+            and shape-mismatched keys, or the parameters holding NaN / inf values.
     """
+    _load_state(model, path)
+    bad = nonfinite_parameters(model)
+    if bad:
+        which = f"checkpoint {path}" + (f" (model_id {model_id})" if model_id is not None else "")
+        raise CheckpointError(
+            f"{which} has non-finite weights: {', '.join(bad)}; it comes from a diverged training: retrain it "
+            "(with a lower learning rate) or remove it from checkpoints"
+        )
+
+
+def _load_state(model: nn.Module, path: str | Path) -> None:
+    """:func:`load_checkpoint` without the finiteness check."""
     sd = read_state_dict(path)
     own = model.state_dict()
     if is_hf_model(model):

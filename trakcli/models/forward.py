@@ -10,12 +10,14 @@ lower-triangular as well for causal LMs), which the eager attention of
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
 from torch import nn
 
-from trakcli.errors import ModelError
+from trakcli.errors import DataError, ModelError, user_code
+from trakcli.models.build import model_name
 from trakcli.models.hf import is_causal
 
 
@@ -71,3 +73,29 @@ def forward(model: nn.Module, inputs: torch.Tensor | dict[str, torch.Tensor]) ->
     if isinstance(inputs, dict):
         return logits_of(model(**model_kwargs(model, inputs)))
     return model(inputs)
+
+
+def example_shape(inputs: torch.Tensor | dict[str, torch.Tensor]) -> object:
+    """The shape of one example of a batch: ``list(x.shape[1:])``, or a dict of them for text inputs."""
+    if isinstance(inputs, dict):
+        return {k: list(v.shape[1:]) for k, v in inputs.items()}
+    return list(inputs.shape[1:])
+
+
+def forward_errors(model: nn.Module, inputs: torch.Tensor | dict[str, torch.Tensor]) -> AbstractContextManager[None]:
+    """Report an exception of the model's forward pass on ``inputs`` as one :class:`~trakcli.errors.DataError` line.
+
+    ``with forward_errors(model, x): logits = forward(model, x)``: a shape the
+    model rejects, or any exception of the user's ``forward``, becomes
+    ``"the model cannot take inputs of shape [5] per example: the forward pass of
+    model.entrypoint my_model.py:make_model raised RuntimeError: ... (file, line N);
+    check data.*.inputs against model.entrypoint / model.kwargs"`` (see
+    :func:`trakcli.errors.user_code`). Used around every forward pass trakcli runs
+    (per-example gradients, Kronecker factors, training, evaluation).
+    """
+    return user_code(
+        lambda: f"the model cannot take inputs of shape {example_shape(inputs)} per example: "
+        f"the forward pass of {model_name(model)}",
+        hint="check data.*.inputs against model.entrypoint / model.kwargs",
+        error=DataError,
+    )
