@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from trakcli.config.schema import Config
+from trakcli.config.schema import UNKNOWN_KEYS, Config
 from trakcli.errors import ConfigError
 
 
@@ -71,6 +71,16 @@ def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
     return model if isinstance(model, type) and issubclass(model, BaseModel) else None
 
 
+def _unknown_key(parent: tuple[Any, ...], name: str, choices: list[str] | None) -> str:
+    """``"a.b.nme: unknown key; did you mean a.b.name?"`` (or the known keys when none is close)."""
+    prefix = "".join(f"{p}." for p in parent)
+    if not choices:
+        return f"{prefix}{name}: unknown key"
+    close = difflib.get_close_matches(name, choices, n=1)
+    hint = f"did you mean {prefix}{close[0]}?" if close else f"known keys: {', '.join(choices)}"
+    return f"{prefix}{name}: unknown key; {hint}"
+
+
 def _format_errors(err: ValidationError) -> list[str]:
     problems = []
     for e in err.errors():
@@ -80,15 +90,9 @@ def _format_errors(err: ValidationError) -> list[str]:
         key = ".".join(str(p) for p in loc) or "(top level)"
         if e["type"] == "extra_forbidden":
             owner = _model_at(loc[:-1])
-            hint = ""
-            if owner is not None:
-                close = difflib.get_close_matches(str(loc[-1]), list(owner.model_fields), n=1)
-                if close:
-                    prefix = ".".join(str(p) for p in loc[:-1])
-                    hint = f"; did you mean {prefix + '.' if prefix else ''}{close[0]}?"
-                else:
-                    hint = f"; known keys: {', '.join(owner.model_fields)}"
-            problems.append(f"{key}: unknown key{hint}")
+            problems.append(_unknown_key(loc[:-1], str(loc[-1]), list(owner.model_fields) if owner else None))
+        elif e["type"] == UNKNOWN_KEYS:
+            problems += [_unknown_key(loc, str(k), list(e["ctx"]["choices"])) for k in e["ctx"]["keys"]]
         elif e["type"] == "missing":
             problems.append(f"{key}: required key is missing")
         else:

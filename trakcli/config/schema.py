@@ -6,6 +6,7 @@ import difflib
 from pathlib import Path
 from typing import Any, Literal
 
+from pydantic_core import PydanticCustomError
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -20,6 +21,16 @@ from trakcli.config.base import StrictModel
 from trakcli.config.recipe import OptimizeConfig, OptimizerConfig, TrainingConfig
 
 BUILTIN_DATASETS = ("digits",)
+
+#: Error type of a validator that finds keys no field takes (ctx: ``keys``, ``choices``); reported
+#: like pydantic's ``extra_forbidden``, one line per key with a did-you-mean.
+UNKNOWN_KEYS = "unknown_keys"
+
+#: The fix when a config spells the training recipe twice.
+BOTH_RECIPES = (
+    "give one of optimize: or training: - either optimize: (the recipe in one flat section) or training: + "
+    "optimizer: (the same recipe in two sections), not both"
+)
 
 #: Options of ``projector:`` that kind ``kronecker`` takes besides proj_dim and seed (values checked by the projector).
 KRONECKER_OPTIONS = {
@@ -154,6 +165,39 @@ class ProjectorConfig(BaseModel):
                 "no [n, grad_dim] gradient); remove projector.implementation or set it to auto"
             )
         return v
+
+    @model_validator(mode="after")
+    def _known_options(self) -> "ProjectorConfig":
+        """Unknown keys get the did-you-mean of every other config key (:func:`trakcli.config.load.load_config`).
+
+        A key is unknown if it is no field and no option of the kind: the options of
+        :data:`trakcli.projectors.OPTIONS`, or for kind ``kronecker`` (whose other
+        options :meth:`_kronecker_options` refuses with its own message) a key closer to
+        a field than to any option.
+        """
+        extra = list(self.model_extra or {})
+        if not extra:
+            return self
+        fields = list(type(self).model_fields)
+        if self.kind == "kronecker":
+            choices = fields + list(KRONECKER_OPTIONS)
+            closest = {k: difflib.get_close_matches(k, choices, n=1) for k in extra if k not in KRONECKER_OPTIONS}
+            unknown = [k for k, close in closest.items() if close and close[0] in fields]
+        else:
+            from trakcli.projectors.factory import OPTIONS  # torch: only for a config with options
+
+            choices = fields + list(OPTIONS)
+            unknown = [k for k in extra if k not in OPTIONS]
+            elsewhere = [k for k in unknown if k in KRONECKER_OPTIONS]
+            if elsewhere:
+                raise ValueError(
+                    f"option {elsewhere[0]} applies to kind kronecker only; remove it or set projector.kind: kronecker"
+                )
+        if unknown:
+            raise PydanticCustomError(
+                UNKNOWN_KEYS, "unknown keys {keys}", {"keys": unknown, "choices": choices}
+            )
+        return self
 
     @model_validator(mode="after")
     def _kronecker_options(self) -> "ProjectorConfig":
@@ -339,15 +383,24 @@ class Config(StrictModel):
                     )
         return self
 
+    @model_validator(mode="before")
+    @classmethod
+    def _one_recipe(cls, raw: Any) -> Any:
+        """Refuse both spellings of the recipe before their fields are checked (a half ``training:`` would
+        otherwise be reported as missing keys)."""
+        if isinstance(raw, dict) and raw.get("optimize") is not None:
+            both = [k for k in ("training", "optimizer") if raw.get(k) is not None]
+            if both:
+                raise ValueError(f"optimize: and {' + '.join(f'{k}:' for k in both)} are both given; {BOTH_RECIPES}")
+        return raw
+
     @model_validator(mode="after")
     def _recipe_sections(self) -> "Config":
         """``training:`` + ``optimizer:`` fill the flat ``optimize:`` section (one recipe, two spellings)."""
         if self.training is None and self.optimizer is None:
             return self
         if self.optimize is not None:
-            raise ValueError(
-                "give the training recipe once: either optimize: (flat) or training: + optimizer:, not both"
-            )
+            raise ValueError(BOTH_RECIPES)
         if self.training is None:
             raise ValueError("optimizer: needs a training: section too (at least training.out_dir)")
         self.optimize = OptimizeConfig.from_sections(self.training, self.optimizer or OptimizerConfig())

@@ -14,7 +14,7 @@ from trakcli.errors import ProjectorError
 from trakcli.projectors.base import Projector, check_int
 from trakcli.projectors.dense import BasicProjector, BasicSingleBlockProjector, NoopProjector
 from trakcli.projectors.chunked import ChunkedProjector
-from trakcli.projectors.matrices import DenseMatrix, SJLTMatrix
+from trakcli.projectors.matrices import GEN_ROWS, DenseMatrix, SJLTMatrix
 
 logger = logging.getLogger("trakcli.projectors")
 
@@ -119,17 +119,26 @@ def make_projector(
 
     Raises:
         ProjectorError: unknown kind, implementation or option (with a
-            suggestion), non-integer or non-positive dims, bad option values,
-            or ``cuda`` asked for where it cannot run.
+            suggestion), kind ``kronecker`` (built from a model instead), non-integer
+            or non-positive dims, bad option values, ``cuda`` asked for where it
+            cannot run, or a ``proj_dim`` whose smallest working set exceeds this
+            machine's memory (:func:`check_memory`).
     """
+    if kind == "kronecker":
+        raise ProjectorError(
+            "projector kind 'kronecker' is built from the model, not from a gradient dimension: use "
+            "trakcli.factors.KroneckerFeaturizer(model, proj_dim=..., seed=...) (projector.kind: kronecker in a "
+            "config), or trakcli.projectors.kronecker.KroneckerProjector(layers, proj_dim) for given layer shapes"
+        )
     kind = _choice("kind", kind, KINDS)
     implementation = _choice("implementation", implementation, IMPLEMENTATIONS)
     unknown = [k for k in options if k not in OPTIONS]
     if unknown:
         k = unknown[0]
+        arguments = ["kind", "implementation", "grad_dim", "proj_dim", "seed"]
         raise ProjectorError(
-            f"unknown projector option {k!r}{_did_you_mean(k, list(OPTIONS))}; "
-            f"known options: {', '.join(OPTIONS)}"
+            f"unknown projector option {k!r}{_did_you_mean(k, arguments + list(OPTIONS))}; "
+            f"known options: {', '.join(arguments + list(OPTIONS))}"
         )
     grad_dim = check_int("grad_dim", grad_dim, 1, "it is the number of selected parameters")
     seed = check_int("seed", seed, 0, "use a non-negative integer such as 0")
@@ -181,6 +190,7 @@ def make_projector(
 
     if implementation == "auto":
         implementation = _pick_auto(kind, dtype)
+    check_memory(kind, implementation, grad_dim, proj_dim, dtype, matrix_bytes)
     if implementation == "cuda":
         reason = _cuda_unavailable(kind)
         if reason is None and dtype != torch.float32:
@@ -217,6 +227,51 @@ def make_projector(
 
         return CudaProjector(matrix(0))
     return BasicProjector(matrix(cache_bytes), block_size)
+
+
+def format_bytes(n: float) -> str:
+    """``n`` bytes in binary units: ``"3.0 GiB"``, ``"5.8 TiB"``."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} TiB"  # not reached
+
+
+def check_memory(
+    kind: str, implementation: str, grad_dim: int, proj_dim: int, dtype: torch.dtype, matrix_bytes: int
+) -> None:
+    """Refuse a projector that cannot project even one example in this machine's memory.
+
+    The least a projector holds at once: one example's accumulator (``proj_dim``
+    entries, ``2 * proj_dim`` for sjlt) and a piece of the matrix: all of it for
+    ``single_block``, else one generated block of ``GEN_ROWS`` gradient coordinates
+    (dense kinds; sjlt's block is ``s`` indices per coordinate, small).
+
+    Args:
+        kind, implementation: as resolved by :func:`make_projector` (not ``auto``).
+        grad_dim, proj_dim: the dimensions.
+        dtype: the accumulation dtype.
+        matrix_bytes: bytes of the whole matrix (sjlt: its indices).
+
+    Raises:
+        ProjectorError: naming ``proj_dim``, the memory it would need and the memory here.
+    """
+    item = torch.empty((), dtype=dtype).element_size()
+    row = proj_dim * item * (2 if kind == "sjlt" else 1)
+    if implementation == "single_block":
+        piece, what = matrix_bytes, f"the whole {grad_dim} x {proj_dim} matrix"
+    elif kind == "sjlt":
+        piece, what = 0, f"a {proj_dim}-wide accumulator per example"
+    else:
+        rows = min(GEN_ROWS, grad_dim)
+        piece, what = rows * proj_dim * item, f"a {rows} x {proj_dim} block of the matrix"
+    need, ram = row + piece, _total_ram()
+    if need > ram:
+        raise ProjectorError(
+            f"projector proj_dim={proj_dim} needs at least {format_bytes(need)} of memory to project one example "
+            f"({what}), more than this machine's {format_bytes(ram)}; use a smaller proj_dim, e.g. 2048"
+        )
 
 
 def _cuda_unavailable(kind: str) -> str | None:
