@@ -14,6 +14,7 @@ Modules:
 - :mod:`~trakcli.jobs.featurize`: train features, chunk by chunk, into the store.
 - :mod:`~trakcli.jobs.score`: target features, kernels, the score matrix.
 - :mod:`~trakcli.jobs.train`: the training recipe (one model), resumable.
+- :mod:`~trakcli.jobs.divergence`: a diverged loss or non-finite weights stop training.
 - :mod:`~trakcli.jobs.optimize`: N seeded models, checkpoints and their manifest.
 - :mod:`~trakcli.jobs.retrain`: `trak eval`'s models retrained on random subsets,
   row by row into the store (:mod:`~trakcli.jobs.workers`: their worker processes).

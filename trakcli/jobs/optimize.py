@@ -18,11 +18,11 @@ import torch
 from trakcli.config import Config, OptimizeConfig, check_files, recipe_identity
 from trakcli.data.load import load_dataset
 from trakcli.data.tensors import Inputs, TensorDataset, index_inputs, inputs_to
-from trakcli.errors import ConfigError
+from trakcli.errors import CheckpointError, ConfigError
 from trakcli.jobs.runtime import apply_threads, event, resolve_device
 from trakcli.jobs.train import check_init_checkpoint, check_recipe, evaluate, load_training_function, train_one
 from trakcli.models.build import build_model
-from trakcli.models.checkpoints import load_checkpoint
+from trakcli.models.checkpoints import load_checkpoint, read_state_dict
 from trakcli.progress import NULL_REPORTER, Reporter
 from trakcli.store import differing_keys
 from trakcli.store.manifest import (
@@ -135,7 +135,7 @@ def _train_model(
         reporter.info(f"model {i}: resuming from {resume}")
     model = train_one(
         cfg, x, y, seed=oc.seed + i, device=device, reporter=reporter,
-        description=f"train model {i}", metrics=stats, resume_path=resume, validation=validation,
+        description=f"train model {i}", metrics=stats, resume_path=resume, validation=validation, name=f"model {i}",
     )
     try:
         resume.parent.rmdir()  # only when empty: no other model's state is pending
@@ -218,6 +218,11 @@ def optimize(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_
     }
     if overwrite:
         write_manifest(manifest_path, manifest)  # the old manifest no longer describes the files
+    # entries of the earlier run stay until their model is checked or retrained (a killed or failed run keeps them)
+    for m in range(oc.n_models):
+        if m not in previous:
+            break
+        manifest["models"].append(previous[m])
     paths = []
     rows: list[dict[str, Any]] = []
     x, y = inputs_to(train.inputs, device), train.labels.to(device)
@@ -242,12 +247,15 @@ def optimize(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_
         if kept:
             sha = checkpoint_sha256(path)
             prev = previous.get(i)
-            if prev is not None and prev.get("sha256") == sha and prev.get("checkpoint") == path.name:
+            unreadable = None if prev is not None and prev.get("sha256") == sha else _unreadable(path)
+            if unreadable is not None:
+                kept = False
+                reporter.info(f"model {i}: {unreadable}; it is trained again")
+            elif prev is not None and prev.get("sha256") == sha and prev.get("checkpoint") == path.name:
                 entry = prev
                 reporter.info(f"{path} exists, kept (use --overwrite to retrain)")
             else:
-                model = build_model(cfg.model.entrypoint, **cfg.model.kwargs)
-                load_checkpoint(model, path)
+                model = _load_found(cfg, path, i)
                 model.to(device).eval()
                 entry.update(sha256=sha, origin="found", metrics=final_metrics(model))
                 why = "changed since the manifest was written" if prev is not None else "not in a manifest"
@@ -255,7 +263,7 @@ def optimize(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_
                     f"{path} exists ({why}): kept and recorded as it is, without a training history "
                     "(use --overwrite to retrain)"
                 )
-        else:
+        if not kept:
             model, stats = _train_model(
                 cfg, oc, i, path, xi, yi, device=device, overwrite=overwrite, validation=val, reporter=reporter
             )
@@ -265,7 +273,10 @@ def optimize(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_
                 metrics["history"] = history
             entry.update(sha256=checkpoint_sha256(path), origin="trained", metrics=metrics)
             reporter.info(_model_line(i, metrics, model) + f" -> {path}")
-        manifest["models"].append(entry)
+        if i < len(manifest["models"]):
+            manifest["models"][i] = entry  # replaces the earlier run's entry
+        else:
+            manifest["models"].append(entry)
         manifest["complete"] = len(manifest["models"]) == oc.n_models
         write_manifest(manifest_path, manifest)
         event(f"manifest {i}")
@@ -287,6 +298,31 @@ def optimize(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_
         reporter.info(f"metrics -> {oc.metrics}")
     reporter.info(f"manifest -> {manifest_path}")
     return paths
+
+
+def _unreadable(path: Path) -> str | None:
+    """Why the checkpoint file at ``path`` cannot be read (truncated, not a state dict), or None if it can."""
+    try:
+        read_state_dict(path)
+    except CheckpointError as e:
+        return str(e).splitlines()[0]
+    return None
+
+
+def _load_found(cfg: Config, path: Path, i: int) -> torch.nn.Module:
+    """The model of a readable checkpoint found in out_dir without a matching manifest entry.
+
+    Raises:
+        CheckpointError: it does not fit the model or holds non-finite weights (with the fix).
+    """
+    model = build_model(cfg.model.entrypoint, **cfg.model.kwargs)
+    try:
+        load_checkpoint(model, path, model_id=i)
+    except CheckpointError as e:
+        raise CheckpointError(
+            f"{e}. trak optimize: delete {path} to train model {i} again, or rerun with --overwrite to retrain all"
+        ) from None
+    return model
 
 
 def _model_line(i: int, metrics: dict[str, Any], model: torch.nn.Module) -> str:

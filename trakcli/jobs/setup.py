@@ -176,7 +176,7 @@ class JobSetup:
 
     def load(self, model_id: int) -> None:
         """Load checkpoint ``model_id`` into the model and move it to the device."""
-        load_checkpoint(self.model, self.checkpoints[model_id])
+        load_checkpoint(self.model, self.checkpoints[model_id], model_id=model_id)
         self.model.to(self.device)
 
     def features(

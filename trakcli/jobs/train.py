@@ -21,8 +21,10 @@ from torch import nn
 
 from trakcli.config import Config, OptimizeConfig
 from trakcli.data.tensors import Inputs, index_inputs, slice_inputs
-from trakcli.errors import ConfigError, ModelError
-from trakcli.models.forward import forward
+from trakcli.errors import ConfigError, ModelError, user_code
+from trakcli.gradients import check_logits
+from trakcli.jobs.divergence import check_loss, check_weights
+from trakcli.models.forward import forward, forward_errors
 from trakcli.progress import NULL_REPORTER, Reporter
 
 
@@ -76,6 +78,7 @@ def train_classifier(
     resume_path: str | Path | None = None,
     checkpoint_every: int = 0,
     validation: tuple[Inputs, torch.Tensor] | None = None,
+    name: str = "the model",
 ) -> nn.Module:
     """Train ``model`` in place with cross-entropy on ``(inputs, labels)``.
 
@@ -109,12 +112,15 @@ def train_classifier(
         checkpoint_every: steps between training-state checkpoints (0: at epoch ends only).
         validation: ``(inputs, labels)`` evaluated after every epoch (eval mode, no
             gradients, batches of ``batch_size``); never changes the training.
+        name: the model in messages, e.g. ``"model 3"``.
 
     Returns:
         The same model, trained, in eval mode.
 
     Raises:
         CheckpointError: the resume file cannot be read or was made with another recipe.
+        TrainingError: a step's loss is not finite or above ``DIVERGED_FACTOR`` times
+            the first step's (:func:`trakcli.jobs.divergence.check_loss`): names the model and the step.
     """
     gen = torch.Generator().manual_seed(seed)
     opt = make_optimizer(
@@ -126,12 +132,15 @@ def train_classifier(
         "epochs": epochs, "batch_size": batch_size, "lr": lr, "weight_decay": weight_decay, "momentum": momentum,
         "optimizer": optimizer, "seed": seed, "projection": projection, "n": n,
     }
-    pos: dict[str, Any] = {"epoch": 0, "lo": 0, "total": 0.0, "correct": 0, "order": None, "history": []}
+    pos: dict[str, Any] = {
+        "epoch": 0, "lo": 0, "total": 0.0, "correct": 0, "order": None, "history": [], "first_loss": None,
+    }
     if resume_path is not None and Path(resume_path).exists():
         pos = _load_training_state(Path(resume_path), recipe, model, opt, gen)
     model.train()
     step = 0
-    total, correct, history = pos["total"], pos["correct"], pos["history"]
+    total, correct, history, first_loss = pos["total"], pos["correct"], pos["history"], pos["first_loss"]
+    steps_per_epoch = -(-n // batch_size)
     with reporter.task(description, epochs) as task:
         task.advance(pos["epoch"])
         if history:
@@ -147,9 +156,13 @@ def train_classifier(
                 opt.zero_grad(set_to_none=True)
                 logits = forward(model, index_inputs(inputs, idx))  # [b, C]
                 loss = loss_fn(logits, labels[idx])
+                value = loss.item()
+                first_loss = value if first_loss is None else first_loss
+                check_loss(value, first_loss, name=name, step=epoch * steps_per_epoch + lo // batch_size + 1,
+                           epoch=epoch + 1, lr=lr)
                 loss.backward()
                 opt.step()
-                total += loss.item() * len(idx)
+                total += value * len(idx)
                 correct += int((logits.detach().argmax(1) == labels[idx]).sum())
                 step += 1
                 seen = min(lo + batch_size, n)  # rows of this epoch so far
@@ -166,7 +179,8 @@ def train_classifier(
                 if resume_path is not None and (end_of_epoch or (checkpoint_every and step % checkpoint_every == 0)):
                     at = {"epoch": epoch + 1, "lo": 0} if end_of_epoch else {"epoch": epoch, "lo": lo + batch_size}
                     _save_training_state(
-                        Path(resume_path), recipe, model, opt, gen, order, total, correct=correct, history=history, **at
+                        Path(resume_path), recipe, model, opt, gen, order, total, correct=correct, history=history,
+                        first_loss=first_loss, **at,
                     )
             task.advance()
     if metrics is not None:
@@ -210,12 +224,41 @@ def evaluate(
         with torch.no_grad():
             for lo in range(0, n, batch_size):
                 hi = min(lo + batch_size, n)
-                logits = forward(model, slice_inputs(inputs, lo, hi))  # [b, C]
+                batch = slice_inputs(inputs, lo, hi)
+                with forward_errors(model, batch):
+                    logits = forward(model, batch)  # [b, C]
                 loss_sum += nn.functional.cross_entropy(logits, labels[lo:hi], reduction="sum").item()
                 right += int((logits.argmax(1) == labels[lo:hi]).sum())
     finally:
         model.train(was_training)
     return loss_sum / max(n, 1), right / max(n, 1)
+
+
+def check_forward(model: nn.Module, inputs: Inputs, labels: torch.Tensor) -> None:
+    """One forward pass of the first example (eval mode, no gradients) before training starts.
+
+    Any exception of it (a shape the model rejects, a bug in the user's
+    ``forward``) becomes one :class:`~trakcli.errors.DataError` line naming the
+    file and line (:func:`trakcli.models.forward.forward_errors`), and every label
+    must be one of the model's classes. Draws no random numbers (eval mode), so
+    the training that follows is unchanged.
+
+    Args:
+        model: the classifier, logits ``[n, C]``.
+        inputs: ``[n, ...]`` (or a dict of ``[n, L]`` tensors); labels: ``[n]`` int64.
+
+    Raises:
+        DataError: the forward pass raised, the logits are not ``[1, C]``, or a label is not in ``[0, C)``.
+    """
+    was_training = model.training
+    model.eval()
+    try:
+        first = slice_inputs(inputs, 0, 1)
+        with torch.no_grad(), forward_errors(model, first):
+            logits = forward(model, first)  # [1, C]
+        check_logits("classification", logits, labels, 1)
+    finally:
+        model.train(was_training)
 
 
 def check_recipe(cfg: Config, *, purpose: str = "trak optimize") -> OptimizeConfig:
@@ -293,6 +336,7 @@ def train_one(
     metrics: dict[str, Any] | None = None,
     resume_path: str | Path | None = None,
     validation: tuple[Inputs, torch.Tensor] | None = None,
+    name: str | None = None,
 ) -> nn.Module:
     """Build, seed and train one model with the config's recipe: what `trak optimize` does for model i.
 
@@ -324,6 +368,7 @@ def train_one(
             the state is saved every ``optimize.checkpoint_every`` steps and at epoch ends.
         validation: ``(inputs, labels)`` on ``device``, evaluated after every epoch of the
             built-in recipe (``data.validation``); ignored by a ``training.entrypoint``.
+        name: the model in messages (``"model 3"``); default ``description``.
 
     Returns:
         The trained model, in eval mode, on ``device``.
@@ -332,7 +377,12 @@ def train_one(
         ConfigError: no recipe (see :func:`check_recipe`).
         ModelError: the model or the training function cannot be loaded, or the
             training function returned something that is not an ``nn.Module``.
+        UserCodeError: the model's entrypoint or the training function raised (file and line named).
         CheckpointError: ``init_checkpoint`` or the resume file cannot be read.
+        DataError: the built-in recipe's first forward pass fails, or a label is not a class
+            of the model (:func:`check_forward`).
+        TrainingError: the training diverged (see :func:`train_classifier`), or it left
+            non-finite weights (named).
     """
     from trakcli.models.build import build_model
     from trakcli.models.checkpoints import load_checkpoint
@@ -344,8 +394,10 @@ def train_one(
     if oc.init_checkpoint is not None:
         load_checkpoint(model, oc.init_checkpoint)
         model.to(device)
+    name = name or description
     if fn is not None:
-        out = fn(model, inputs, labels, seed=seed, **oc.kwargs)
+        with user_code(f"{cfg.recipe_key}.entrypoint {oc.entrypoint}"):
+            out = fn(model, inputs, labels, seed=seed, **oc.kwargs)
         if out is None:
             out = model
         if not isinstance(out, nn.Module):
@@ -353,19 +405,28 @@ def train_one(
                 f"{cfg.recipe_key}.entrypoint {oc.entrypoint!r} returned a {type(out).__name__}; it must train "
                 "the model in place and return None, or return the trained torch.nn.Module"
             )
-        return out.to(device).eval()
-    projection = oc.projection.model_dump() if oc.projection is not None else None
-    return train_classifier(
-        model, inputs, labels,
-        epochs=oc.epochs, batch_size=oc.batch_size, lr=oc.lr, weight_decay=oc.weight_decay,
-        momentum=oc.momentum, optimizer=oc.optimizer, seed=seed,
-        reporter=reporter, description=description, projection=projection, metrics=metrics,
-        resume_path=resume_path, checkpoint_every=oc.checkpoint_every, validation=validation,
-    )
+        model = out.to(device).eval()
+    else:
+        projection = oc.projection.model_dump() if oc.projection is not None else None
+        check_forward(model, inputs, labels)
+        model = train_classifier(
+            model, inputs, labels,
+            epochs=oc.epochs, batch_size=oc.batch_size, lr=oc.lr, weight_decay=oc.weight_decay,
+            momentum=oc.momentum, optimizer=oc.optimizer, seed=seed,
+            reporter=reporter, description=description, projection=projection, metrics=metrics,
+            resume_path=resume_path, checkpoint_every=oc.checkpoint_every, validation=validation, name=name,
+        )
+    if fn is not None:
+        check_weights(model, name=name, how=f"{cfg.recipe_key}.entrypoint {oc.entrypoint}",
+                      fix="check its learning rate and inputs")
+    else:
+        check_weights(model, name=name, how="training", fix=f"lower the learning rate (lr {oc.lr:g})")
+    return model
 
 
 def _save_training_state(
-    path: Path, recipe, model, opt, gen, order, total, *, correct: int, history: list, epoch: int, lo: int
+    path: Path, recipe, model, opt, gen, order, total, *, correct: int, history: list, first_loss: float | None,
+    epoch: int, lo: int,
 ) -> None:
     """Write the training state atomically (plain tensors and numbers: loads with ``weights_only=True``)."""
     state = {
@@ -380,6 +441,7 @@ def _save_training_state(
         "total": total,
         "correct": correct,
         "history": history,
+        "first_loss": first_loss,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
@@ -416,6 +478,7 @@ def _load_training_state(path: Path, recipe, model, opt, gen) -> dict[str, Any]:
         "correct": state.get("correct", 0),  # states written before trakcli recorded accuracy
         "order": None if at_epoch_start else state["order"],
         "history": list(state.get("history", [])),
+        "first_loss": state.get("first_loss"),  # states written before the divergence check: the next step's
     }
 
 
