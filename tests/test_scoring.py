@@ -1,9 +1,15 @@
+import importlib
+
 import numpy as np
 import pytest
 import torch
+import zarr
 
 from trakcli.errors import TrakError
-from trakcli.scoring import gram_matrix, kernel_factor, resolve_lambda, score_block, target_weights, trak_scores
+from trakcli.scoring import (
+    DUAL, PRIMAL, dual_gram, dual_scores, gram_matrix, kernel_factor, kernel_form, resolve_lambda, score_block,
+    solve_kernel, target_weights, trak_scores,
+)
 
 
 def closed_form(train, q, target, lambdas):
@@ -64,3 +70,95 @@ def test_block_scoring_equals_whole():
     left = score_block(weights, [t[:15] for t in train], [x[:15] for x in q])
     right = score_block(weights, [t[15:] for t in train], [x[15:] for x in q])
     torch.testing.assert_close(torch.cat([left, right], 1), whole)
+
+
+def max_rel(a, b):
+    """max |a - b| / max |b|: relative to the scale of the score matrix (single entries may be ~0)."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+@pytest.mark.parametrize("lambda_reg, lambda_rel", [(None, 1.0), (None, 0.1), (0.5, 1.0)])
+def test_dual_and_primal_solves_give_the_same_scores(lambda_reg, lambda_rel):
+    train, q, target = make(m=3, n=30, n_t=7, p=64, seed=3)  # n_train < proj_dim
+    assert kernel_form(30, 64) == DUAL and kernel_form(64, 64) == PRIMAL
+    dual = trak_scores(train, q, target, lambda_reg, lambda_rel, form=DUAL)
+    primal = trak_scores(train, q, target, lambda_reg, lambda_rel, form=PRIMAL)
+    assert max_rel(dual, primal) < 1e-6
+    torch.testing.assert_close(trak_scores(train, q, target, lambda_reg, lambda_rel), dual, rtol=0, atol=0)
+    # both against the float64 closed form with explicit inverses
+    lambdas = [resolve_lambda(gram_matrix([t]), len(t), lambda_reg, lambda_rel) for t in train]
+    ref = closed_form(train, q, target, lambdas)
+    assert max_rel(dual, ref) < 1e-6 and max_rel(primal, ref) < 1e-6
+
+
+def test_dual_gram_trace_gives_the_same_ridge_and_refuses_a_zero_ridge():
+    train, _, _ = make(m=1, n=20, p=1100)
+    phi = train[0]
+    k = dual_gram(phi, col_chunk=256)  # 5 column blocks, the last one short
+    assert k.dtype == torch.float64 and k.shape == (20, 20)
+    torch.testing.assert_close(k, phi.double() @ phi.double().T)
+    assert resolve_lambda(k, 20, None, 1.0) == pytest.approx(resolve_lambda(gram_matrix([phi]), 20, None, 1.0), rel=1e-12)
+    with pytest.raises(TrakError, match=r"not positive definite \(proj_dim 1100\)"):
+        solve_kernel(k, 20, 0.0, 1.0, proj_dim=1100)  # as the primal: ΦᵀΦ has rank 20 < 1100
+
+
+def test_dual_scores_in_blocks_equal_one_block():
+    train, _, target = make(m=1, n=25, n_t=9, p=40)
+    phi, phi_t = train[0], target[0]
+    factor, _ = solve_kernel(dual_gram(phi), 25, None, 1.0, proj_dim=40)
+    whole = dual_scores(factor, phi_t, phi)
+    blocked = dual_scores(factor, phi_t, phi, target_block=4, col_chunk=7)
+    torch.testing.assert_close(blocked, whole, rtol=1e-12, atol=1e-12)
+    twice = dual_scores(factor, phi_t, phi, out=whole.clone())
+    torch.testing.assert_close(twice, 2 * whole)
+
+
+def test_trak_score_solves_in_the_dual_when_n_train_below_proj_dim(user_project, monkeypatch):
+    """`trak score` on a store with n_train 40 < proj_dim 64: the dual kernel, the primal's scores, reused on reruns."""
+    from typer.testing import CliRunner
+
+    from trakcli.cli.main import app
+
+    job = importlib.import_module("trakcli.jobs.score")  # the module (trakcli.jobs re-exports the function `score`)
+
+    def trak(*args):
+        res = CliRunner().invoke(app, [str(a) for a in args])
+        assert res.exit_code == 0, res.stderr
+        return res
+
+    log = user_project / "events.log"
+    monkeypatch.setenv("TRAK_EVENT_LOG", str(log))
+    trak("featurize", "run.yaml", "projector.proj_dim=64", "-q")
+    trak("score", "run.yaml", "projector.proj_dim=64", "-q")
+    root = zarr.open_group("out/attrib.zarr", mode="r")
+    kernel = root["train/0/kernel"]
+    assert kernel.shape == (40, 40) and kernel.attrs["form"] == DUAL
+    assert log.read_text().count("start kernel") == 2
+    phi = [torch.from_numpy(np.asarray(root[f"train/{m}/features"][:])) for m in range(2)]
+    q = [torch.from_numpy(np.asarray(root[f"train/{m}/out_to_loss"][:])) for m in range(2)]
+    phi_t = [torch.from_numpy(np.asarray(root[f"targets/default/{m}/features"][:])) for m in range(2)]
+    dual = np.asarray(root["scores/default/scores"][:])
+    assert max_rel(dual, trak_scores(phi, q, phi_t, form=PRIMAL)) < 1e-6
+
+    # a rerun recomputes neither kernels nor scores; --overwrite recomputes the scores, not the kernels
+    trak("score", "run.yaml", "projector.proj_dim=64", "-q")
+    trak("score", "run.yaml", "projector.proj_dim=64", "-q", "--overwrite")
+    assert log.read_text().count("start kernel") == 2
+    np.testing.assert_array_equal(np.asarray(root["scores/default/scores"][:]), dual)
+
+    # kernels an older trakcli wrote (primal, [proj_dim, proj_dim]) are reused, beside dual ones
+    monkeypatch.setattr(job, "kernel_form", lambda n_train, proj_dim: PRIMAL)
+    trak("score", "run.yaml", "projector.proj_dim=64", "score.lambda_rel=0.5", "score.experiment=old", "-q")
+    monkeypatch.setattr(job, "kernel_form", kernel_form)
+    assert [root[f"train/{m}/kernel"].attrs["form"] for m in range(2)] == [PRIMAL, PRIMAL]
+    assert root["train/1/kernel"].shape == (64, 64)
+    del zarr.open_group("out/attrib.zarr", mode="r+")["train/1/kernel"]  # an older run stopped after model 0
+    before = log.read_text().count("start kernel")
+    trak("score", "run.yaml", "projector.proj_dim=64", "score.lambda_rel=0.5", "score.experiment=old", "-q",
+         "--overwrite")
+    assert log.read_text().count("start kernel") == before + 1  # model 0's primal kernel reused
+    root = zarr.open_group("out/attrib.zarr", mode="r")
+    assert [root[f"train/{m}/kernel"].attrs["form"] for m in range(2)] == [PRIMAL, DUAL]
+    old = np.asarray(root["scores/old/scores"][:])
+    assert max_rel(old, trak_scores(phi, q, phi_t, lambda_rel=0.5, form=PRIMAL)) < 1e-6

@@ -19,7 +19,7 @@ from trakcli.jobs import sweep as sw
 from trakcli.jobs.retrain import load_or_retrain
 from trakcli.jobs.score import score
 from trakcli.metrics.lds import lds
-from trakcli.scoring import trak_scores
+from trakcli.scoring import PRIMAL, trak_scores
 from trakcli.store import Store
 
 
@@ -129,6 +129,22 @@ def test_sweep_redoes_its_own_stale_stores_but_never_the_users(sweep_project):
     with pytest.raises(StoreMismatchError):
         sw.sweep(mismatched)
 
+
+
+def test_sweep_in_the_dual_gives_what_score_gives(sweep_project):
+    # proj_dim 64 > n_train 40: the sweep and `trak score` both solve the [n_train, n_train] dual system
+    cfg = load_config(sweep_project, ["projector.proj_dim=64", "eval.sweep.proj_dims=[64]"])
+    res = sw.sweep(cfg)
+    masks, outputs = load_or_retrain(cfg)
+    expect = lds(score(cfg).scores, masks, outputs, n_bootstrap=100, seed=cfg.eval.seed)
+    assert res.default["lds"] == pytest.approx(expect.lds, abs=1e-6)
+    store = Store.open_existing(cfg.store.path, mode="r")
+    phi = [torch.from_numpy(np.asarray(store.array(f"train/{m}/features")[:])) for m in range(2)]
+    q = [torch.from_numpy(np.asarray(store.array(f"train/{m}/out_to_loss")[:])) for m in range(2)]
+    phi_t = [torch.from_numpy(np.asarray(store.array(f"targets/default/{m}/features")[:])) for m in range(2)]
+    primal = trak_scores(phi[:1], q[:1], phi_t[:1], lambda_rel=10.0, form=PRIMAL).numpy()
+    row = _row(res.rows, proj_dim=64, n_checkpoints=1, lambda_rel=10.0)
+    assert row["lds"] == pytest.approx(lds(primal, masks, outputs, n_bootstrap=0).lds, abs=1e-6)
 
 def test_kronecker_sweep_refuses_a_too_wide_proj_dim_before_retraining(sweep_project):
     # the tiny model's two Linear layers hold (6+1)*8 + (8+1)*3 = 83 entries: no Kronecker features wider than that

@@ -23,7 +23,10 @@ from trakcli.jobs.featurize import featurize_rows
 from trakcli.jobs.runtime import event, locked_store
 from trakcli.jobs.setup import JobSetup, prepare
 from trakcli.progress import NULL_REPORTER, Reporter
-from trakcli.scoring import gram_matrix, score_block, solve_kernel, target_weights
+from trakcli.scoring import (
+    DUAL, dual_gram, dual_scores, ensemble_block, gram_matrix, kernel_form, score_block, solve_kernel,
+    target_weights,
+)
 from trakcli.store import ChunkedRows, Store, check_same
 
 
@@ -191,6 +194,11 @@ def score(
     )
 
 
+def _all_features(rows: ChunkedRows) -> torch.Tensor:
+    """All of one checkpoint's train features ``[n_train, proj_dim]`` float32 (the dual: n_train < proj_dim)."""
+    return torch.from_numpy(rows.read("features", 0, rows.n_rows).astype(np.float32, copy=False))
+
+
 def finalize_and_score(
     store: Store,
     train_rows: list[ChunkedRows],
@@ -204,12 +212,21 @@ def finalize_and_score(
 ) -> tuple[list[float], int]:
     """Finalize each checkpoint's kernel and write the pending score blocks.
 
-    Kernels (Cholesky factors of ``Φ_mᵀΦ_m + λ_m I``, float64, by
-    :func:`trakcli.scoring.solve_kernel`) are computed by rank ``m mod
-    world_size`` and stored, so a rerun reuses them. Scores are computed one
-    block of ``chunk_rows`` train columns at a time:
+    Kernels (float64 Cholesky factors by :func:`trakcli.scoring.solve_kernel`)
+    are computed by rank ``m mod world_size`` and stored, so a rerun reuses
+    them: of ``Φ_mᵀΦ_m + λ_m I`` (``[proj_dim, proj_dim]``, form
+    :data:`~trakcli.scoring.PRIMAL`), or when ``n_train < proj_dim`` of the
+    dual ``Φ_mΦ_mᵀ + λ_m I`` (``[n_train, n_train]``, form
+    :data:`~trakcli.scoring.DUAL`; :func:`~trakcli.scoring.kernel_form`).
+    The form is in the kernel's attributes and its shape; a kernel stored by an
+    older trakcli (primal) is reused as it is. Scores are computed one block of
+    ``chunk_rows`` train columns at a time:
     ``[(1/M) Σ_m W_m Φ_m[block]ᵀ] ⊙ [(1/M) Σ_m Q_m[block]]`` with
-    ``W_m = Φ_m(targets) A_m`` (float32 products of float64 solves).
+    ``W_m = Φ_m(targets) A_m`` (float32 products of float64 solves); a dual
+    kernel's term ``Φ_m(targets) Φ_mᵀ (Φ_mΦ_mᵀ + λ_m I)⁻¹`` is solved in float64
+    for all columns at once (:func:`~trakcli.scoring.dual_scores`, memory
+    ``[n_target, n_train]`` float64 and ``Φ_m`` as stored) and cut into the blocks.
+    A rank with no pending block computes no weights.
 
     Args:
         store: the open store.
@@ -231,34 +248,51 @@ def finalize_and_score(
     n_models = len(train_rows)
     n_target = target_rows[0].n_rows
     lam_key = {"lambda_reg": lambda_reg, "lambda_rel": lambda_rel}
+    proj_dim = store.layout.proj_dim
     for model_id in range(dist.rank, n_models, dist.world_size):
         if store.read_kernel(model_id, lam_key) is None:
             event(f"start kernel {model_id}")
             rows = train_rows[model_id]
-            gram = gram_matrix(
-                torch.from_numpy(c.astype(np.float32, copy=False)) for _, _, c in rows.iter_chunks("features")
-            )
-            factor, lam = solve_kernel(gram, rows.n_rows, lambda_reg, lambda_rel)
-            store.write_kernel(model_id, factor.numpy(), lam_key, lam)
+            form = kernel_form(rows.n_rows, proj_dim)
+            if form == DUAL:
+                gram = dual_gram(_all_features(rows))
+            else:
+                gram = gram_matrix(
+                    torch.from_numpy(c.astype(np.float32, copy=False)) for _, _, c in rows.iter_chunks("features")
+                )
+            factor, lam = solve_kernel(gram, rows.n_rows, lambda_reg, lambda_rel, proj_dim)
+            store.write_kernel(model_id, factor.numpy(), lam_key, lam, form=form)
     dist.barrier()
-    weights, lambdas = [], []
+    pending = out.pending(dist.rank, dist.world_size)
+    weights, primal, lambdas, dual_total = [], [], [], None
     for model_id in range(n_models):
         kernel = store.read_kernel(model_id, lam_key)
         if kernel is None:
             raise StoreError(f"the kernel of model_id {model_id} is missing; rerun the same command")
         factor, lam = kernel
-        phi_t = torch.from_numpy(target_rows[model_id].read("features", 0, n_target).astype(np.float32))
-        weights.append(target_weights(torch.from_numpy(factor), phi_t, dtype=torch.float32))
         lambdas.append(lam)
+        if not pending:
+            continue
+        phi_t = torch.from_numpy(target_rows[model_id].read("features", 0, n_target).astype(np.float32))
+        if factor.shape[0] == proj_dim:  # PRIMAL (a dual factor is [n_train, n_train], n_train < proj_dim)
+            weights.append(target_weights(torch.from_numpy(factor), phi_t, dtype=torch.float32))
+            primal.append(train_rows[model_id])
+        else:
+            phi = _all_features(train_rows[model_id])
+            dual_total = dual_scores(torch.from_numpy(factor), phi_t, phi, out=dual_total)
 
-    pending = out.pending(dist.rank, dist.world_size)
     with reporter.task("score", len(pending)) as task:
         for chunk in pending:
             event(f"start score {chunk}")
             lo, hi = out.rows(chunk)
-            feats = [torch.from_numpy(r.read("features", lo, hi).astype(np.float32, copy=False)) for r in train_rows]
+            feats = [torch.from_numpy(r.read("features", lo, hi).astype(np.float32, copy=False)) for r in primal]
             qs = [torch.from_numpy(r.read("out_to_loss", lo, hi)) for r in train_rows]
-            out.write(chunk, scores=score_block(weights, feats, qs).numpy())
+            if dual_total is None:
+                scores = score_block(weights, feats, qs)
+            else:  # dual terms, and primal ones of kernels an older trakcli stored (float32 products, as above)
+                total = dual_total[:, lo:hi] + sum((w @ f.T).double() for w, f in zip(weights, feats))
+                scores = ensemble_block(total, qs)
+            out.write(chunk, scores=scores.numpy())
             event(f"done score {chunk}")
             task.advance()
     dist.barrier()

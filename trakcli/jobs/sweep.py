@@ -12,6 +12,8 @@ scores of the first ``k`` checkpoints are :func:`trakcli.scoring.score_block`
 of their float32 target weights and features,
 ``[(1/k) Σ_{m<k} φ_m(t)ᵀ A_m(λ) Φ_mᵀ] ⊙ [(1/k) Σ_{m<k} Q_m]`` (Park et al. 2023,
 Eq. 17; README "What is computed"): the numbers `trak score` writes for that setting.
+When ``n_train < d`` both solve in the dual instead (:func:`trakcli.scoring.dual_scores`,
+the float64 terms summed over the first ``k`` checkpoints).
 Memory: every checkpoint's train features of one proj_dim and one
 ``[n_target, n_train]`` score matrix at a time; the sweep is meant for
 benchmark-sized data (digits: 1437 × 1024 floats per checkpoint).
@@ -35,7 +37,9 @@ from trakcli.jobs.setup import make_featurizer
 from trakcli.metrics.lds import lds
 from trakcli.models.build import build_model
 from trakcli.progress import NULL_REPORTER, Reporter
-from trakcli.scoring import gram_matrix, score_block, solve_kernel, target_weights
+from trakcli.scoring import (
+    DUAL, dual_gram, dual_scores, ensemble_block, gram_matrix, kernel_form, score_block, solve_kernel, target_weights,
+)
 from trakcli.store.store import Store
 
 DEFAULT_CHECKPOINT_GRID = (1, 2, 5, 10, 20, 50, 100, 200, 500)
@@ -131,14 +135,17 @@ def _check_proj_dims(cfg: Config, dims: list[int], directory: Path) -> None:
 
 
 def _read_features(cfg: Config, n_models: int) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
-    """Train features ``[n_train, d]``, out_to_loss ``[n_train]`` and target features ``[n_target, d]`` per model."""
+    """Train features ``[n_train, d]``, out_to_loss ``[n_train]`` and target features ``[n_target, d]`` per model.
+
+    Read through the store's checked reads: an unfinished, missing or corrupt chunk stops with the repair command.
+    """
     store = Store.open_existing(cfg.store.path, mode="r")
     exp = cfg.score.experiment
     phi, q, phi_t = [], [], []
     for m in range(n_models):
-        phi.append(np.asarray(store.array(f"train/{m}/features")[:], dtype=np.float32))
-        q.append(np.asarray(store.array(f"train/{m}/out_to_loss")[:], dtype=np.float64))
-        phi_t.append(np.asarray(store.array(f"targets/{exp}/{m}/features")[:], dtype=np.float32))
+        phi.append(np.asarray(store.read(f"train/{m}/features"), dtype=np.float32))
+        q.append(np.asarray(store.read(f"train/{m}/out_to_loss"), dtype=np.float64))
+        phi_t.append(np.asarray(store.read(f"targets/{exp}/{m}/features"), dtype=np.float32))
     return phi, q, phi_t
 
 
@@ -204,19 +211,27 @@ def sweep(
         stores[d] = str(sub.store.path)
         phi, q, phi_t = _read_features(sub, n_models)
         n_train = phi[0].shape[0]
-        grams = [gram_matrix([torch.from_numpy(f)]) for f in phi]
         phi_train = [torch.from_numpy(f) for f in phi]
+        dual = kernel_form(n_train, d) == DUAL
+        grams = [dual_gram(f) if dual else gram_matrix([f]) for f in phi_train]
         q_train = [torch.from_numpy(x) for x in q]
         with reporter.task(f"sweep proj_dim {d}", len(ridges)) as task:
             for rel, absolute in ridges:
-                lams, weights = [], []
+                lams, weights, totals, total = [], [], {}, None
                 for m in range(n_models):
-                    factor, lam = solve_kernel(grams[m], n_train, absolute, rel if rel is not None else 1.0)
-                    # float32 weights, as the streamed scoring of `trak score` uses
-                    weights.append(target_weights(factor, torch.from_numpy(phi_t[m]), dtype=torch.float32))
+                    factor, lam = solve_kernel(grams[m], n_train, absolute, rel if rel is not None else 1.0, d)
+                    if dual:  # the float64 terms summed in model_id order, as `trak score` sums them
+                        total = dual_scores(factor, torch.from_numpy(phi_t[m]), phi_train[m], out=total)
+                        if m + 1 in ks:
+                            totals[m + 1] = total.clone()
+                    else:  # float32 weights, as the streamed scoring of `trak score` uses
+                        weights.append(target_weights(factor, torch.from_numpy(phi_t[m]), dtype=torch.float32))
                     lams.append(lam)
                 for k in ks:
-                    scores = score_block(weights[:k], phi_train[:k], q_train[:k]).numpy()  # [n_target, n_train]
+                    if dual:
+                        scores = ensemble_block(totals[k], q_train[:k]).numpy()  # [n_target, n_train]
+                    else:
+                        scores = score_block(weights[:k], phi_train[:k], q_train[:k]).numpy()
                     res = lds(scores, masks, outputs, n_bootstrap=cfg.eval.bootstrap, seed=cfg.eval.seed)
                     rows.append({
                         "proj_dim": d, "n_checkpoints": k, "lambda_rel": rel,

@@ -332,11 +332,16 @@ class Store:
             return None
         return read_checked(arr, slice(None), 0), float(attrs["lambda_reg"])
 
-    def write_kernel(self, model_id: int, factor: np.ndarray, settings: dict[str, Any], lambda_reg: float) -> None:
-        """Write the kernel's Cholesky factor, then its attributes (the done marker)."""
+    def write_kernel(
+        self, model_id: int, factor: np.ndarray, settings: dict[str, Any], lambda_reg: float,
+        form: str = "cholesky_lower",
+    ) -> None:
+        """Write the kernel's Cholesky factor of ``form`` (:mod:`trakcli.scoring`), then its attributes (the done marker)."""
         group = self.root[f"train/{model_id}"]
         p = factor.shape[0]
         try:
+            if "kernel" in group and tuple(group["kernel"].shape) != (p, p):  # the other form, other settings
+                del group["kernel"]
             if "kernel" in group:
                 arr = group["kernel"]
                 arr.attrs.clear()
@@ -344,7 +349,7 @@ class Store:
                 arr = group.create_array("kernel", shape=(p, p), chunks=(p, p), dtype="float64", fill_value=0,
                                          compressors=codecs(self.layout.compressor))
             arr[:] = np.ascontiguousarray(factor)
-            arr.attrs.update({"form": "cholesky_lower", "lambda_reg": lambda_reg, "settings": jsonable(settings)})
+            arr.attrs.update({"form": form, "lambda_reg": lambda_reg, "settings": jsonable(settings)})
         except OSError as e:
             raise StoreError(f"writing the kernel of model_id {model_id} failed: {e}; rerun to resume") from None
 
