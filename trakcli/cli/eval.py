@@ -19,6 +19,7 @@ from trakcli.cli.common import (
     OverridesArg, PrintConfigOpt, QuietOpt, RichReporter, err_console, handle_errors, load,
 )
 from trakcli.errors import DataError, StoreError, UsageError
+from trakcli.files import write_text
 
 eval_app = typer.Typer(
     name="eval",
@@ -207,7 +208,7 @@ def lds(
     text = json.dumps(data, indent=2) + "\n"
     if out is not None:
         try:
-            out.write_text(text)
+            write_text(out, text)
         except OSError as e:
             raise UsageError(f"--out {out}: cannot write it ({e})") from None
     if json_out:

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from trakcli.cli.common import ConfigArg, OverridesArg, PrintConfigOpt, QuietOpt, RichReporter, err_console, handle_errors, load
 from trakcli.errors import UsageError
+from trakcli.files import write_text
 
 
 def _numbers(text: str | None, flag: str, kind: type) -> list[Any] | None:
@@ -146,7 +147,11 @@ def sweep(
     out = out or directory / "sweep.json"
     plot = plot or directory / "sweep.png"
     payload = res.to_json()
-    out.write_text(json.dumps(payload, indent=2) + "\n")
+    try:
+        write_text(out, json.dumps(payload, indent=2) + "\n")
+    except OSError as e:
+        msg = f"cannot write the sweep results to {out}: {e.strerror or e}; choose a writable --out"
+        raise UsageError(msg) from None
     plot_sweep(plot, res.rows, default=res.default)
     if as_json:
         sys.stdout.write(json.dumps(payload) + "\n")

@@ -9,7 +9,6 @@ function that retrains the models of `trak eval`); after every finished model
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ from trakcli.config import Config, OptimizeConfig, check_files, recipe_identity
 from trakcli.data.load import load_dataset
 from trakcli.data.tensors import Inputs, TensorDataset, index_inputs, inputs_to
 from trakcli.errors import CheckpointError, ConfigError
+from trakcli.files import atomic_path, write_text
 from trakcli.jobs.runtime import apply_threads, event, resolve_device
 from trakcli.jobs.train import check_init_checkpoint, check_recipe, evaluate, load_training_function, train_one
 from trakcli.models.build import build_model
@@ -111,9 +111,7 @@ def _write_metrics(path: Path, summary: dict[str, Any]) -> None:
     """
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(json.dumps(summary, indent=2) + "\n")
-        os.replace(tmp, path)
+        write_text(path, json.dumps(summary, indent=2) + "\n")
     except OSError as e:
         raise ConfigError(f"optimize.metrics: cannot write {str(path)!r}: {e}") from None
 
@@ -141,9 +139,8 @@ def _train_model(
         resume.parent.rmdir()  # only when empty: no other model's state is pending
     except OSError:
         pass
-    tmp = path.with_suffix(".pt.tmp")
-    torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, tmp)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, tmp)
     return model, stats
 
 

@@ -12,7 +12,6 @@ resumes from its training state file bit-identically.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Callable
 
@@ -22,6 +21,7 @@ from torch import nn
 from trakcli.config import Config, OptimizeConfig
 from trakcli.data.tensors import Inputs, index_inputs, slice_inputs
 from trakcli.errors import ConfigError, ModelError, user_code
+from trakcli.files import atomic_path
 from trakcli.gradients import check_logits
 from trakcli.jobs.divergence import check_loss, check_weights
 from trakcli.models.forward import forward, forward_errors
@@ -444,9 +444,8 @@ def _save_training_state(
         "first_loss": first_loss,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        torch.save(state, tmp)
 
 
 def _load_training_state(path: Path, recipe, model, opt, gen) -> dict[str, Any]:

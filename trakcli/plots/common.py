@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from trakcli.errors import ArgumentError
+from trakcli.files import atomic_path
 
 #: File formats the plots are written in (matplotlib's own backends, no extra dependency).
 PLOT_SUFFIXES = (".png", ".pdf", ".svg")
@@ -71,11 +72,14 @@ def new_figure(**kwargs: Any) -> Any:
 def save_figure(fig: Any, path: Path, dpi: int) -> None:
     """Write ``fig`` to ``path`` in the format of its suffix, on white, at ``dpi``.
 
+    Written atomically (:mod:`trakcli.files`): a failed write leaves an existing file as it was.
+
     Raises:
         ArgumentError: the file system refuses the file (names the path; choose a writable one).
     """
     try:
-        fig.savefig(path, dpi=dpi, format=path.suffix.lower().lstrip("."), facecolor="white")
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=dpi, format=path.suffix.lower().lstrip("."), facecolor="white")
     except OSError as e:
         raise ArgumentError(f"cannot write the plot to {path}: {e.strerror or e}; choose a writable path") from None
 

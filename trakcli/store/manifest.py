@@ -34,11 +34,11 @@ configs before importing torch).
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 from trakcli.errors import ConfigError
+from trakcli.files import write_text
 
 MANIFEST_NAME = "manifest.json"
 FORMAT = "trakcli.optimize.manifest"
@@ -57,15 +57,13 @@ def is_manifest_path(spec: Any) -> bool:
 
 
 def write_manifest(path: Path, manifest: dict[str, Any]) -> None:
-    """Write ``manifest`` to ``path`` atomically (a temporary file, then ``os.replace``).
+    """Write ``manifest`` to ``path`` atomically (:func:`trakcli.files.write_text`).
 
     Raises:
         ConfigError: the file cannot be written (names the path).
     """
-    tmp = path.with_name(path.name + ".tmp")
     try:
-        tmp.write_text(json.dumps(manifest, indent=1) + "\n")
-        os.replace(tmp, path)
+        write_text(path, json.dumps(manifest, indent=1) + "\n")
     except OSError as e:
         raise ConfigError(f"optimize.out_dir: cannot write the manifest {str(path)!r}: {e}") from None
 
