@@ -26,7 +26,10 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     """A temporary path beside ``path`` to write to; renamed onto ``path`` when the block succeeds.
 
     The temporary name keeps the suffix of ``path`` (``.npy``, ``.png``, ...),
-    so writers that read the format from the name work unchanged. On success
+    so writers that read the format from the name work unchanged; a writer
+    that records the name in the file (``torch.save`` to a path names its zip
+    archive after it) must write to :func:`atomic_open`'s file object instead,
+    or the bytes would change with the random name. On success
     the file is fsynced, renamed onto ``path``, and the directory fsynced; on
     any exception (also ``KeyboardInterrupt``) the temporary file is removed
     and the exception propagates.

@@ -21,7 +21,7 @@ from torch import nn
 from trakcli.config import Config, OptimizeConfig
 from trakcli.data.tensors import Inputs, index_inputs, slice_inputs
 from trakcli.errors import ConfigError, ModelError, user_code
-from trakcli.files import atomic_path
+from trakcli.files import atomic_open
 from trakcli.gradients import check_logits
 from trakcli.jobs.divergence import check_loss, check_weights
 from trakcli.models.forward import forward, forward_errors
@@ -444,8 +444,8 @@ def _save_training_state(
         "first_loss": first_loss,
     }
     path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(path) as tmp:
-        torch.save(state, tmp)
+    with atomic_open(path, "wb") as f:  # a file object: torch.save to a path names the archive after it
+        torch.save(state, f)
 
 
 def _load_training_state(path: Path, recipe, model, opt, gen) -> dict[str, Any]:
