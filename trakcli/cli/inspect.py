@@ -1,4 +1,4 @@
-"""`trak inspect STORE`: provenance, progress and sizes of a store; `trak export STORE`: arrays to files."""
+"""`trak inspect STORE`: provenance, progress, sizes and damage of a store; `trak export STORE`: arrays to files."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from trakcli.cli.common import err_console, handle_errors
@@ -46,14 +47,46 @@ def _layer_table(layers: list[dict]) -> Table:
 def inspect(
     store: StoreArg,
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON on stdout.")] = False,
+    verify: Annotated[
+        bool,
+        typer.Option(
+            "--verify",
+            help="Read every chunk of every array and report the corrupt ones (without it, only missing chunk "
+            "files are found). Exit code 1 when any chunk is damaged.",
+        ),
+    ] = False,
 ) -> None:
     """Show what a store holds: provenance, per-checkpoint progress, sizes, projector (kronecker: its layers)."""
     from trakcli.store import Store
 
-    info = Store.open_existing(store, mode="r").summary()
+    info = Store.open_existing(store, mode="r").summary(verify=verify)
     if json_out:
         sys.stdout.write(json.dumps(info, indent=2) + "\n")
+    else:
+        _render(info)
+    _report_damage(info)
+
+
+def _report_damage(info: dict) -> None:
+    """One line per damaged array with its repair; exit 1 (a StoreCorruptError) if there is any."""
+    from trakcli.store import StoreCorruptError
+
+    damage = info["corrupt"]
+    checked = "every chunk read" if info["verified"] else "chunk files listed; `--verify` also reads them"
+    if not damage:
+        if info["verified"]:
+            err_console.print("[green]verified:[/] every done chunk is present and passes its checksum")
         return
+    for d in damage:
+        err_console.print(f"[red]damaged:[/] {escape(d['message'])}", highlight=False)
+    raise StoreCorruptError(
+        f"store {info['store']} has {len(damage)} damaged array{'s' if len(damage) > 1 else ''} ({checked}): "
+        + ", ".join(d["array"] for d in damage[:10]) + "; repair as listed above"
+    )
+
+
+def _render(info: dict) -> None:
+    """The human summary on stderr: provenance, projector, per-checkpoint table, scores, eval."""
     ident = info["identity"]
     proj = ident.get("projector", {})
     data = ident.get("train_data", {})
@@ -67,14 +100,14 @@ def inspect(
         err_console.print(_layer_table(layers))
     err_console.print(f"train data: n={data.get('n')} input_shape={data.get('input_shape')} "
                       f"sha256={str(data.get('sha256'))[:16]}  storage: {ident.get('storage')}")
-    table = Table(title="train features per checkpoint")
+    table = Table(title="train features per checkpoint (done and intact)")
     for col in ("model_id", "checkpoint", "sha256", "rows done", "skipped", "kernel λ", "on disk"):
         table.add_column(col)
     for t in info["train"]:
-        kernel = t["kernel"]
+        kernel, skipped = t["kernel"], t["nonfinite_skipped"]
         table.add_row(
             str(t["model_id"]), str(t["checkpoint"]), str(t["sha256"])[:12],
-            f"{t['rows_done']}/{t['rows_total']}", str(t["nonfinite_skipped"]),
+            f"{t['rows_done']}/{t['rows_total']}", "?" if skipped is None else str(skipped),
             f"{kernel['lambda_reg']:.3g}" if kernel else "-", _size(t["bytes_on_disk"]),
         )
     err_console.print(table)

@@ -135,7 +135,8 @@ def featurize(
         skip_nonfinite: record examples whose gradients are not finite in
             ``nonfinite`` and store zero features for them (no influence on
             the kernel, zero scores) instead of stopping.
-        verify: read every done chunk and recompute those failing their checksum.
+        verify: read every done chunk and recompute those that are missing or fail their
+            checksum; re-create unreadable array metadata (the chunks are then checked).
         reporter: progress bars and messages.
 
     Raises:
@@ -152,7 +153,9 @@ def featurize(
         if s.dist.is_main:
             store = Store.create_or_check(path, s.identity, cfg.resolved(), layout=s.layout, overwrite=overwrite)
             for model_id, ckpt in enumerate(s.checkpoints):
-                store.train(model_id, str(ckpt), s.shas[model_id])
+                store.train(model_id, str(ckpt), s.shas[model_id], repair=verify)
+            for note in store.notes:  # unreadable metadata re-created (--verify)
+                reporter.info(note)
         s.dist.barrier()
         if not s.dist.is_main:
             store = Store.create_or_check(path, s.identity, cfg.resolved(), layout=s.layout, create=False)
@@ -162,7 +165,7 @@ def featurize(
                 bad = [c for c in rows.verify() if c % s.dist.world_size == s.dist.rank]
                 repaired += len(bad)
                 if bad:
-                    reporter.info(f"model {model_id}: chunks {bad} failed their checksum and are recomputed")
+                    reporter.info(f"model {model_id}: chunks {bad} failed their checksum or are missing; recomputed")
             total += rows.n_chunks
             n, skip = featurize_rows(
                 s, s.train, rows, model_id, with_out_to_loss=True, skip_nonfinite=skip_nonfinite,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -27,7 +26,7 @@ from trakcli.scoring import (
     DUAL, dual_gram, dual_scores, ensemble_block, gram_matrix, kernel_form, score_block, solve_kernel,
     target_weights,
 )
-from trakcli.store import ChunkedRows, Store, check_same
+from trakcli.store import ChunkedRows, Store, StoreCorruptError, check_same
 
 
 @dataclass
@@ -54,16 +53,20 @@ class ScoreResult:
     notes: list[str] = field(default_factory=list)
 
     def head(self, n: int) -> np.ndarray:
-        """The first ``n`` target rows of the scores, ``[n, n_train]`` float32."""
-        return self._array()[: min(n, self.n_target)]
+        """The first ``n`` target rows of the scores, ``[n, n_train]`` float32 (chunks checked).
 
-    def _array(self) -> Any:
-        return Store.open_existing(self.store, mode="r").array(f"scores/{self.experiment}/scores")
+        Raises:
+            StoreCorruptError: a chunk is missing or corrupt (names ``trak score CONFIG``).
+        """
+        return self._read(0, min(n, self.n_target))
+
+    def _read(self, lo: int, hi: int | None) -> np.ndarray:
+        return Store.open_existing(self.store, mode="r").read(f"scores/{self.experiment}/scores", lo, hi)
 
     @property
     def scores(self) -> np.ndarray:
-        """All scores ``[n_target, n_train]`` float32, read into memory."""
-        return np.asarray(self._array()[:])
+        """All scores ``[n_target, n_train]`` float32, read into memory (chunks checked)."""
+        return self._read(0, None)
 
 
 def _check_train_complete(s: JobSetup, store: Store) -> list[ChunkedRows]:
@@ -99,6 +102,22 @@ def _check_train_complete(s: JobSetup, store: Store) -> list[ChunkedRows]:
     return rows_all
 
 
+def _verify_train(train_rows: list[ChunkedRows]) -> None:
+    """Read every chunk of the train features (``score --verify``); stop on damage, naming the repair.
+
+    Raises:
+        StoreCorruptError: a done chunk is missing or fails its checksum.
+    """
+    for model_id, rows in enumerate(train_rows):
+        bad = rows.check()
+        if bad:
+            raise StoreCorruptError(
+                f"train features of model_id {model_id} ({rows.path}): chunks {bad} are missing or corrupt; "
+                "run `trak featurize CONFIG --verify` to recompute them, then score again",
+                rows.path, bad,
+            )
+
+
 def score(
     cfg: Config,
     *,
@@ -122,6 +141,12 @@ def score(
         verify: recompute target and score chunks that fail their checksum.
         reporter: progress bars and messages.
 
+    Derived data is verified on every run: target features and score chunks
+    that are missing or fail their checksum, and a corrupt kernel, are
+    recomputed (one info line each). With ``verify`` every chunk of the train
+    features is read too; a damaged one stops the run naming
+    ``trak featurize CONFIG --verify``.
+
     Returns:
         :class:`ScoreResult`; the ``[n_target, n_train]`` float32 scores are in the store.
 
@@ -129,6 +154,7 @@ def score(
         StoreError: no train features yet, or incomplete ones (run featurize); store in use;
             targets of another input shape than the train inputs.
         StoreMismatchError: train features made with other settings or checkpoints.
+        StoreCorruptError: damaged train features (names ``trak featurize CONFIG --verify``).
     """
     s = prepare(cfg, need_target=True, reporter=reporter)
     sc = cfg.score
@@ -149,20 +175,27 @@ def score(
         store = Store.open_existing(path)
         train_rows = _check_train_complete(s, store)
         if s.dist.is_main:
+            if verify:
+                _verify_train(train_rows)
             if overwrite:
                 store.drop(f"targets/{exp}")
                 store.drop(f"scores/{exp}")
-            for model_id in range(n_models):
-                store.targets(exp, model_id, t_attrs, len(target))
-            store.scores(exp, len(target), settings)
+            for model_id in range(n_models):  # derived data: checked on every run, damage recomputed
+                bad = store.targets(exp, model_id, t_attrs, len(target), repair=True).verify()
+                if bad:
+                    reporter.info(f"model {model_id}: target feature chunks {bad} were missing or corrupt; recomputed")
+            bad = store.scores(exp, len(target), settings, repair=True).verify()
+            if bad:
+                reporter.info(f"score column blocks {bad} were missing or corrupt; recomputed")
+            for note in store.notes:
+                reporter.info(note)
+            store.notes.clear()
         s.dist.barrier()
 
         # 1. target features
         target_rows = []
         for model_id in range(n_models):
             rows = store.targets(exp, model_id, t_attrs, len(target), create=False)
-            if verify:
-                rows.verify()
             n, skip = featurize_rows(
                 s, target, rows, model_id, with_out_to_loss=False, skip_nonfinite=skip_nonfinite,
                 reporter=reporter, label="targets",
@@ -175,8 +208,6 @@ def score(
 
         # 2. kernels and scores
         out = store.scores(exp, len(target), settings, create=False)
-        if verify:
-            out.verify()
         lambdas, n = finalize_and_score(
             store, train_rows, target_rows, out, lambda_reg=sc.lambda_reg, lambda_rel=sc.lambda_rel,
             dist=s.dist, reporter=reporter,
@@ -250,7 +281,7 @@ def finalize_and_score(
     lam_key = {"lambda_reg": lambda_reg, "lambda_rel": lambda_rel}
     proj_dim = store.layout.proj_dim
     for model_id in range(dist.rank, n_models, dist.world_size):
-        if store.read_kernel(model_id, lam_key) is None:
+        if store.read_kernel(model_id, lam_key, rebuild=True) is None:
             event(f"start kernel {model_id}")
             rows = train_rows[model_id]
             form = kernel_form(rows.n_rows, proj_dim)
@@ -262,6 +293,9 @@ def finalize_and_score(
                 )
             factor, lam = solve_kernel(gram, rows.n_rows, lambda_reg, lambda_rel, proj_dim)
             store.write_kernel(model_id, factor.numpy(), lam_key, lam, form=form)
+    for note in store.notes:
+        reporter.info(note)
+    store.notes.clear()
     dist.barrier()
     pending = out.pending(dist.rank, dist.world_size)
     weights, primal, lambdas, dual_total = [], [], [], None

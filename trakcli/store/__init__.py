@@ -30,8 +30,13 @@ The only part of trakcli that imports zarr. Layout (README, "The store")::
 Rules: a chunk's data is written before its ``done`` flag; a resumed run
 recomputes only chunks not done; a run whose identity differs from the
 store's refuses (naming the differing keys) unless ``overwrite``. Every chunk
-carries a CRC32C checksum, so a corrupt or truncated chunk is reported with
-its array and chunk index instead of being read as wrong numbers. Arrays are
+carries a CRC32C checksum and every done chunk keeps its file (arrays are
+written with ``write_empty_chunks``), so a corrupt, truncated or missing chunk
+is reported with its array, chunk index and the command that repairs it
+instead of being read as wrong numbers (zarr reads a missing chunk as zeros).
+Train features are repaired by ``trak featurize CONFIG --verify``; the derived
+arrays (kernels, target features, scores) are verified when read and rebuilt
+by a plain ``trak score CONFIG``. Arrays are
 written from numpy, never from torch tensors. Parallel writers (torchrun
 ranks) write disjoint chunks; ``done`` has one chunk per flag so flags of
 different writers never share a file, and attributes are written by rank 0.
@@ -51,10 +56,12 @@ Modules:
 - :mod:`~trakcli.store.lock`: :class:`StoreLock`, the ``<store>.lock`` file (no zarr).
 - :mod:`~trakcli.store.manifest`: the manifest of `trak optimize`'s checkpoints,
   read by config resolution (no zarr, no torch).
-- :mod:`~trakcli.store.rows`: :class:`ChunkedRows`, :class:`EvalRows`, the checksummed read.
-- :mod:`~trakcli.store.store`: :class:`Store`.
+- :mod:`~trakcli.store.integrity`: missing chunk files, unreadable metadata, the
+  repair command of each array, :class:`StoreCorruptError` (zarr imported lazily).
+- :mod:`~trakcli.store.rows`: :class:`ChunkedRows`, :class:`EvalRows`, the checked read.
+- :mod:`~trakcli.store.store`: :class:`Store`; :mod:`~trakcli.store.kernel`: the kernel array.
 - :mod:`~trakcli.store.evalgroup`: the ``eval/`` group; :mod:`~trakcli.store.summary`:
-  ``trak inspect``'s summary and export.
+  ``trak inspect``'s summary; :mod:`~trakcli.store.export`: finished reads and ``trak export``.
 
 The zarr-backed names (:class:`Store`, :class:`ChunkedRows`, ...) are imported
 on first use, so that importing the zarr-free modules (the config reading a
@@ -79,7 +86,8 @@ from trakcli.store.layout import COMPRESSORS, STORAGE_DTYPES, StoreLayout
 from trakcli.store.lock import StoreLock
 
 if TYPE_CHECKING:
-    from trakcli.store.rows import ChunkedRows, EvalRows, StoreCorruptError
+    from trakcli.store.integrity import StoreCorruptError, StoreMetadataError
+    from trakcli.store.rows import ChunkedRows, EvalRows
     from trakcli.store.store import SCHEMA_VERSION, Store
 
 _LAZY = {
@@ -87,7 +95,8 @@ _LAZY = {
     "SCHEMA_VERSION": "trakcli.store.store",
     "ChunkedRows": "trakcli.store.rows",
     "EvalRows": "trakcli.store.rows",
-    "StoreCorruptError": "trakcli.store.rows",
+    "StoreCorruptError": "trakcli.store.integrity",
+    "StoreMetadataError": "trakcli.store.integrity",
 }
 
 __all__ = [
@@ -98,6 +107,7 @@ __all__ = [
     "EvalRows",
     "Store",
     "StoreCorruptError",
+    "StoreMetadataError",
     "StoreLayout",
     "StoreLock",
     "check_same",

@@ -9,6 +9,7 @@ the re-creation of the store (:func:`eval_kept`, :func:`restore_eval`).
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +18,7 @@ from zarr.codecs import Crc32cCodec
 from trakcli import __version__
 from trakcli.errors import StoreError, StoreMismatchError
 from trakcli.store.identity import check_same, jsonable
+from trakcli.store.integrity import StoreCorruptError, delete, node, writable
 from trakcli.store.rows import EvalRows, codecs
 
 if TYPE_CHECKING:
@@ -33,6 +35,32 @@ def restore_eval(path: Path) -> None:
     kept = eval_kept(path)
     if kept.is_dir() and not (path / "eval").exists() and (path / "zarr.json").exists():
         os.replace(kept, path / "eval")
+
+
+def delete_keeping_eval(path: Path) -> None:
+    """Delete the store at ``path`` for ``featurize --overwrite``, keeping its ``eval/`` group aside.
+
+    The group waits at :func:`eval_kept` meanwhile.
+
+    Retraining does not depend on the features; :func:`restore_eval` moves the
+    group back into the re-created store.
+
+    Raises:
+        StoreError: ``path`` is a directory but not a Zarr store, or cannot be deleted.
+    """
+    if path.is_dir() and not ((path / "zarr.json").exists() or not any(path.iterdir())):
+        raise StoreError(
+            f"refusing to --overwrite {path}: it is a directory but not a Zarr store; choose another store path"
+        )
+    try:
+        if (path / "eval" / "zarr.json").exists():
+            kept = eval_kept(path)
+            if kept.exists():
+                shutil.rmtree(kept)  # older than the store's own eval group
+            os.replace(path / "eval", kept)
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    except OSError as e:
+        raise StoreError(f"cannot delete {path} for --overwrite: {e}") from None
 
 
 def open_eval_rows(
@@ -63,20 +91,19 @@ def open_eval_rows(
     Raises:
         StoreMismatchError: the group was made with another identity (names the differing keys).
         StoreError: no group and ``create`` is False; the store cannot be written.
+        StoreCorruptError: an array of the group is missing or its metadata unreadable.
     """
     identity = jsonable(identity)
     try:
-        if "eval" in store.root:
-            group = store.root["eval"]
-            old = group.attrs.get("identity")
-            if overwrite:
-                del store.root["eval"]
-            else:
-                check_same(
-                    f"the retrained models in {store.path}/eval", old, identity,
-                    "rerun `trak eval lds CONFIG --overwrite` to retrain them, or restore those settings",
-                )
-        if "eval" not in store.root:
+        if overwrite:
+            delete(store.root, "eval", metadata_only=False)  # also when its metadata is unreadable
+        group = node(store.root, "eval")
+        if group is not None:
+            check_same(
+                f"the retrained models in {store.path}/eval", group.attrs.get("identity"), identity,
+                "rerun `trak eval lds CONFIG --overwrite` to retrain them, or restore those settings",
+            )
+        else:
             if not create:
                 raise StoreError(f"store {store.path} holds no retrained models yet; run `trak eval lds CONFIG`")
             group = store.root.require_group("eval")
@@ -88,8 +115,14 @@ def open_eval_rows(
             group.create_array("done", shape=(n_subsets,), chunks=(1,), dtype="uint8", fill_value=0,
                                compressors=[Crc32cCodec()])
             group.attrs.update({"identity": identity, "n_subsets": n_subsets, "trakcli_version": __version__})
-        group = store.root["eval"]
-        arrays = {name: group[name] for name in ("masks", "outputs", "done")}
+        arrays = {}
+        for name in ("masks", "outputs", "done"):
+            arrays[name] = node(group, name)
+            if arrays[name] is None:
+                raise StoreCorruptError(
+                    f"store array eval/{name} is missing; rerun `trak eval lds CONFIG --overwrite` to retrain",
+                    f"eval/{name}",
+                )
         for name, width in (("masks", n_train), ("outputs", n_target)):
             if arrays[name].shape[1:] != (width,):
                 raise StoreMismatchError(
@@ -104,4 +137,4 @@ def open_eval_rows(
             group.attrs["n_subsets"] = n_subsets
     except OSError as e:
         raise StoreError(f"cannot write the eval group of {store.path}: {e}") from None
-    return EvalRows(arrays["masks"], arrays["outputs"], arrays["done"])
+    return EvalRows(writable(arrays["masks"]), writable(arrays["outputs"]), arrays["done"])

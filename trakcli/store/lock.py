@@ -36,10 +36,16 @@ class StoreLock:
         """Take the lock; returns a message if a stale lock was taken over.
 
         Raises:
-            StoreError: another live run holds the lock (names its host and pid).
+            StoreError: another live run holds the lock (names its host and pid); the lock path
+                is a directory or cannot be created or removed.
         """
         me = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
         note = None
+        if self.path.is_dir() or (self.path.exists() and not self.path.is_file()):
+            raise StoreError(
+                f"the lock path {self.path} of store {self.path.with_suffix('')} is a directory, not a lock file; "
+                "remove it (or choose another store.path)"
+            )
         for _ in range(3):
             try:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -61,6 +67,10 @@ class StoreLock:
                     self.path.unlink()
                 except FileNotFoundError:
                     pass
+                except OSError as e:
+                    raise StoreError(
+                        f"cannot take over the stale lock {self.path}: {e}; remove it by hand"
+                    ) from None
                 continue
             except OSError as e:
                 raise StoreError(f"cannot create the lock file {self.path}: {e}; choose a writable store path") from None

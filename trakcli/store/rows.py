@@ -1,25 +1,32 @@
-"""Row-chunked arrays with ``done`` flags, and the checksummed read.
+"""Row-chunked arrays with ``done`` flags, and the checked read.
 
 A chunk's data is written before its ``done`` flag; a resumed run recomputes
-only chunks not done. Every chunk carries a CRC32C checksum
-(:func:`codecs`), so a corrupt or truncated chunk is reported by
-:func:`read_checked` with its array and chunk index instead of being read as
-wrong numbers. Arrays are written from numpy, never from torch tensors.
+only chunks not done. Every chunk carries a CRC32C checksum (:func:`codecs`),
+and a done chunk must still have its file (zarr would read a missing one as
+zeros: :mod:`trakcli.store.integrity`), so a corrupt, truncated or lost chunk
+is reported by :func:`read_checked` with its array, its chunk index and the
+command that repairs it, instead of being read as wrong numbers. Arrays are
+written from numpy, never from torch tensors.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import numpy as np
 from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
 
 from trakcli.errors import StoreError
+from trakcli.store.integrity import StoreCorruptError, chunk_coords, missing_chunks, repair_command, settle
 
+__all__ = ["SPARSE_ARRAYS", "ChunkedRows", "EvalRows", "StoreCorruptError", "codecs", "read_checked"]
 
-class StoreCorruptError(StoreError):
-    """A chunk failed its checksum or could not be decoded."""
+SPARSE_ARRAYS = frozenset({"nonfinite"})
+"""Arrays whose all-zero chunks may have no file: ``nonfinite`` (informational; the skipped rows' features
+are stored as zeros), whose zero chunks stores written before every chunk was kept omit."""
+
+READ_ERRORS = (ValueError, RuntimeError, OSError, TypeError)  # what zarr raises for an undecodable chunk
 
 
 def codecs(compressor: str) -> list[Any]:
@@ -38,6 +45,10 @@ class ChunkedRows:
         chunk_rows: entries per chunk along the chunk axis.
         n_rows: length of the chunk axis.
         axis: which axis of the arrays the chunks split (0 = rows; scores use 1).
+        sparse: names of arrays whose all-zero chunks may have no file (``nonfinite``:
+            stores written before every chunk was kept omit them); a missing chunk
+            of these reads as zeros, of any other array it is corrupt.
+        bad_flags: chunks whose done flag itself is unreadable (found by :meth:`flags`).
     """
 
     data: dict[str, Any]
@@ -45,10 +56,17 @@ class ChunkedRows:
     chunk_rows: int
     n_rows: int
     axis: int = 0
+    sparse: frozenset[str] = frozenset()
+    bad_flags: set[int] = field(default_factory=set)
 
     @property
     def n_chunks(self) -> int:
         return -(-self.n_rows // self.chunk_rows)
+
+    @property
+    def path(self) -> str:
+        """Store path of the first data array (``train/0/features``), for messages."""
+        return str(next(iter(self.data.values())).path)
 
     def rows(self, chunk: int) -> tuple[int, int]:
         """Range ``[lo, hi)`` of a chunk along the chunk axis."""
@@ -56,8 +74,12 @@ class ChunkedRows:
         return lo, min(lo + self.chunk_rows, self.n_rows)
 
     def flags(self) -> np.ndarray:
-        """``[n_chunks]`` uint8 done flags."""
-        return read_checked(self.done, slice(None), 0)
+        """``[n_chunks]`` uint8 done flags; a flag whose chunk is unreadable counts as not done.
+
+        Such flags are remembered in :attr:`bad_flags` (the chunk is then recomputed,
+        and :meth:`verify` resets the flag).
+        """
+        return _flags(self.done, self.bad_flags)
 
     def pending(self, rank: int = 0, world_size: int = 1) -> list[int]:
         """Chunks not yet done; with ranks, those of chunk index ≡ rank (mod world_size)."""
@@ -81,16 +103,22 @@ class ChunkedRows:
                 target[sel] = np.ascontiguousarray(arr, dtype=target.dtype)
             self.done[chunk] = 1
         except OSError as e:
+            settle()
             raise StoreError(
-                f"writing chunk {chunk} ({lo}:{hi}) of {next(iter(self.data.values())).path} failed: {e}; "
+                f"writing chunk {chunk} ({lo}:{hi}) of {self.path} failed: {e}; "
                 "chunks written before are kept: free disk space or fix permissions, then rerun the same "
                 "command to resume"
             ) from None
 
     def read(self, name: str, lo: int, hi: int) -> np.ndarray:
-        """Entries ``[lo, hi)`` along the chunk axis of array ``name`` (checksums verified)."""
+        """Entries ``[lo, hi)`` along the chunk axis of array ``name`` (chunk files present, checksums verified).
+
+        Raises:
+            StoreCorruptError: a chunk is missing (not for :attr:`sparse` arrays), fails its
+                checksum or cannot be decoded; names the chunk and the command that repairs it.
+        """
         sel = (slice(None),) * self.axis + (slice(lo, hi),)
-        return read_checked(self.data[name], sel, self.axis, self.chunk_rows)
+        return read_checked(self.data[name], sel, self.axis, stored=name not in self.sparse)
 
     def iter_chunks(self, name: str) -> Iterator[tuple[int, int, np.ndarray]]:
         """Yield ``(lo, hi, block)`` of array ``name`` chunk by chunk."""
@@ -98,54 +126,117 @@ class ChunkedRows:
             lo, hi = self.rows(c)
             yield lo, hi, self.read(name, lo, hi)
 
-    def verify(self, names: list[str] | None = None) -> list[int]:
-        """Reset the done flag of every done chunk that fails its checksum; returns those chunks."""
-        bad = []
+    def damaged(self, read: bool = True, names: list[str] | None = None) -> dict[str, list[int]]:
+        """Per array (and ``done``), the done chunks that are damaged.
+
+        Args:
+            read: read every done chunk (missing files and failed checksums); False
+                only asks the store which chunk files exist (cheap: nothing is read).
+            names: the arrays to check (default: all of :attr:`data`).
+
+        Returns:
+            ``{array name: [chunk, ...]}`` of the arrays with damaged chunks; ``"done"``
+            lists the chunks whose flag is unreadable.
+        """
         flags = self.flags()
-        for c in np.flatnonzero(flags):
-            lo, hi = self.rows(int(c))
-            for name in names or list(self.data):
-                try:
-                    self.read(name, lo, hi)
-                except StoreCorruptError:
-                    bad.append(int(c))
-                    self.done[int(c)] = 0
-                    break
+        out: dict[str, list[int]] = {"done": sorted(self.bad_flags)} if self.bad_flags else {}
+        for name in names or list(self.data):
+            if read:
+                bad = []
+                for c in np.flatnonzero(flags):
+                    try:
+                        self.read(name, *self.rows(int(c)))
+                    except StoreCorruptError:
+                        bad.append(int(c))
+            elif name in self.sparse:
+                continue
+            else:
+                sel = (slice(None),) * self.axis + (slice(0, self.n_rows),)
+                bad = sorted({int(c[self.axis]) for c in missing_chunks(self.data[name], sel) if flags[c[self.axis]]})
+            if bad:
+                out[name] = bad
+        return out
+
+    def check(self, names: list[str] | None = None) -> list[int]:
+        """Done chunks that are missing or fail their checksum in any array (every done chunk is read)."""
+        return sorted({c for bad in self.damaged(True, names).values() for c in bad})
+
+    def verify(self, names: list[str] | None = None) -> list[int]:
+        """Reset the done flag of every chunk that is missing, fails its checksum, or whose flag is unreadable.
+
+        Returns:
+            Those chunks (they are pending now; the caller recomputes them).
+        """
+        bad = self.check(names)
+        for c in bad:
+            self.done[c] = 0
+        self.bad_flags.clear()
         return bad
 
 
-def read_checked(arr: Any, sel: Any, axis: int, chunk: int | None = None) -> np.ndarray:
-    """``arr[sel]`` as numpy, every chunk's checksum verified.
+def _flags(done: Any, bad: set[int]) -> np.ndarray:
+    """The uint8 done flags of ``done`` (one flag per chunk); unreadable flags read 0 and are added to ``bad``."""
+    try:
+        return read_checked(done, slice(None), 0, stored=False)
+    except StoreCorruptError:
+        out = np.zeros(done.shape[0], dtype=np.uint8)
+        for c in range(done.shape[0]):
+            try:
+                out[c] = read_checked(done, slice(c, c + 1), 0, stored=False)[0]
+            except StoreCorruptError:
+                bad.add(c)
+        return out
+
+
+def read_checked(arr: Any, sel: Any, axis: int = 0, *, stored: bool = True) -> np.ndarray:
+    """``arr[sel]`` as numpy, every chunk's checksum verified (and, if ``stored``, its file present).
 
     Args:
         arr: a zarr array.
         sel: the selection (a slice, or a tuple of slices).
-        axis: the axis along which ``chunk`` counts (for the message).
-        chunk: chunk length along ``axis``; given, the message names the first bad chunk.
+        axis: the axis along which chunks are counted (in the message and ``StoreCorruptError.chunks``).
+        stored: every chunk of the selection must have a file (a done chunk,
+            or a finished array); False for ``done`` flags and :attr:`ChunkedRows.sparse`
+            arrays, whose missing chunks legitimately read as the fill value.
 
     Raises:
-        StoreCorruptError: a chunk fails its checksum or cannot be decoded (names
-            the array, the chunk, and ``trak featurize CONFIG --verify``).
+        StoreCorruptError: a chunk is missing, fails its checksum or cannot be decoded (names
+            the array, the chunk, and the command that repairs it: :func:`repair_command`).
     """
+    def where(coords: tuple[int, ...]) -> str:
+        grid = [-(-int(n) // int(c)) for n, c in zip(arr.shape, arr.chunks)]
+        spans = [f"{i * c}:{min((i + 1) * c, int(n))}" for i, c, n in zip(coords, arr.chunks, arr.shape)]
+        if all(g == 1 for a, g in enumerate(grid) if a != axis):  # chunked along one axis: name its index
+            return f" chunk {coords[axis]} (entries {spans[axis]} along axis {axis})"
+        return f" chunk {tuple(int(i) for i in coords)} (entries [{', '.join(spans)}])"
+
+    if stored:
+        gone = missing_chunks(arr, sel)
+        if gone:
+            bad = sorted({int(c[axis]) for c in gone})
+            key = arr.metadata.encode_chunk_key(gone[0])
+            raise StoreCorruptError(
+                f"store array {arr.path}{where(gone[0])} is missing (its file {arr.path}/{key} is gone"
+                f"{f'; {len(gone)} chunks in all' if len(gone) > 1 else ''}); {repair_command(arr.path)}",
+                arr.path, bad,
+            )
     try:
         return np.asarray(arr[sel])
-    except (ValueError, RuntimeError, OSError) as e:
-        # find the first bad chunk of the selection, for the message
-        where = ""
-        if chunk is not None and isinstance(sel, tuple):
-            s = sel[axis]
-            start = s.start or 0
-            stop = s.stop if s.stop is not None else arr.shape[axis]
-            for lo in range((start // chunk) * chunk, stop, chunk):
-                sub = (slice(None),) * axis + (slice(lo, min(lo + chunk, arr.shape[axis])),)
-                try:
-                    np.asarray(arr[sub])
-                except (ValueError, RuntimeError, OSError):
-                    where = f" chunk {lo // chunk} (entries {lo}:{min(lo + chunk, arr.shape[axis])} along axis {axis})"
-                    break
+    except READ_ERRORS as e:
+        settle()
+        first = None
+        for coords in chunk_coords(arr, sel):  # the first bad chunk of the selection, for the message
+            region = tuple(slice(i * c, (i + 1) * c) for i, c in zip(coords, arr.chunks))
+            try:
+                np.asarray(arr[region])
+            except READ_ERRORS:
+                settle()
+                first = coords
+                break
         raise StoreCorruptError(
-            f"store array {arr.path}{where} is corrupt or truncated ({e}); "
-            "rerun `trak featurize CONFIG --verify` to recompute corrupt chunks"
+            f"store array {arr.path}{where(first) if first is not None else ''} is corrupt or truncated "
+            f"({e}); {repair_command(arr.path)}",
+            arr.path, [] if first is None else [int(first[axis])],
         ) from None
 
 
@@ -171,8 +262,8 @@ class EvalRows:
         return int(self.done.shape[0])
 
     def flags(self) -> np.ndarray:
-        """``[n_subsets]`` uint8 done flags."""
-        return read_checked(self.done, slice(None), 0)
+        """``[n_subsets]`` uint8 done flags; an unreadable flag counts as not done (the model is retrained)."""
+        return _flags(self.done, set())
 
     def pending(self, n: int | None = None) -> list[int]:
         """Rows ``k < n`` not yet done, in order."""
@@ -190,13 +281,14 @@ class EvalRows:
             self.outputs[k] = np.ascontiguousarray(outputs, dtype=np.float64)
             self.done[k] = 1
         except OSError as e:
+            settle()
             raise StoreError(
                 f"writing row {k} of {self.masks.path} failed: {e}; rows written before are kept: free disk "
                 "space or fix permissions, then rerun the same command to resume"
             ) from None
 
     def verify(self) -> list[int]:
-        """Reset the done flag of every done row failing its checksum; returns those rows."""
+        """Reset the done flag of every done row that is missing or fails its checksum; returns those rows."""
         bad = []
         for k in np.flatnonzero(self.flags()):
             try:
@@ -221,7 +313,7 @@ class EvalRows:
                 "to finish them"
             )
         return (
-            read_checked(self.masks, slice(0, n), 0, 1).astype(bool, copy=False),
-            read_checked(self.outputs, slice(0, n), 0, 1).astype(np.float64, copy=False),
+            read_checked(self.masks, slice(0, n), 0).astype(bool, copy=False),
+            read_checked(self.outputs, slice(0, n), 0).astype(np.float64, copy=False),
         )
 

@@ -6,7 +6,6 @@ Layout and rules: see the package docstring (:mod:`trakcli.store`).
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -18,11 +17,16 @@ from zarr.codecs import Crc32cCodec
 from trakcli import __version__
 from trakcli.errors import StoreError, StoreMismatchError
 from trakcli.store import evalgroup
+from trakcli.store import export as store_export
+from trakcli.store import kernel as store_kernel
 from trakcli.store import summary as store_summary
-from trakcli.store.evalgroup import eval_kept, restore_eval
+from trakcli.store.evalgroup import delete_keeping_eval, restore_eval
 from trakcli.store.identity import check_same, jsonable, record_or_check
+from trakcli.store.integrity import (
+    StoreCorruptError, StoreMetadataError, delete, keys, node, repair_scope, writable,
+)
 from trakcli.store.layout import LAYOUT_ATTR, StoreLayout
-from trakcli.store.rows import ChunkedRows, EvalRows, codecs, read_checked
+from trakcli.store.rows import SPARSE_ARRAYS, ChunkedRows, EvalRows, codecs, read_checked
 
 SCHEMA_VERSION = 1
 
@@ -32,12 +36,17 @@ class Store:
 
     Open with :meth:`create_or_check` (featurize) or :meth:`open_existing` (score, inspect).
     The shapes of the feature and score arrays come from :attr:`layout`.
+
+    Attributes:
+        notes: what this process repaired in the store (unreadable metadata
+            re-created, a corrupt kernel dropped), one line each, for the job to report.
     """
 
     def __init__(self, path: Path, group: Any, layout: StoreLayout | None = None):
         self.path = path
         self.root = group
         self._layout = layout  # told by create_or_check; the recorded attribute wins
+        self.notes: list[str] = []
 
     # -- opening --------------------------------------------------------------
 
@@ -96,19 +105,7 @@ class Store:
         path = Path(path)
         identity = jsonable(identity)
         if overwrite and create and path.exists():
-            if path.is_dir() and not ((path / "zarr.json").exists() or not any(path.iterdir())):
-                raise StoreError(
-                    f"refusing to --overwrite {path}: it is a directory but not a Zarr store; choose another store path"
-                )
-            try:
-                if (path / "eval" / "zarr.json").exists():  # retraining does not depend on the features: keep it
-                    kept = eval_kept(path)
-                    if kept.exists():
-                        shutil.rmtree(kept)  # older than the store's own eval group
-                    os.replace(path / "eval", kept)
-                shutil.rmtree(path) if path.is_dir() else path.unlink()
-            except OSError as e:
-                raise StoreError(f"cannot delete {path} for --overwrite: {e}") from None
+            delete_keeping_eval(path)
         if (path / "zarr.json").exists():
             store = cls.open_existing(path)
             if create:
@@ -195,8 +192,12 @@ class Store:
             raise StoreError(f"no trakcli store at {path}; run `trak featurize CONFIG` first")
         try:
             group = zarr.open_group(str(path), mode=mode, zarr_format=3)
-        except Exception as e:
-            raise StoreError(f"cannot open the store at {path}: {e}") from None
+        except Exception as e:  # noqa: BLE001 - a garbage zarr.json raises JSON, value or key errors
+            raise StoreMetadataError(
+                f"cannot open the store at {path}: its metadata {path}/zarr.json is unreadable "
+                f"({e.__class__.__name__}: {e}); the store's identity is lost: rerun `trak featurize CONFIG "
+                "--overwrite` to start over"
+            ) from None
         version = group.attrs.get("schema_version")
         if version != SCHEMA_VERSION:
             raise StoreError(
@@ -229,6 +230,31 @@ class Store:
 
     # -- arrays ---------------------------------------------------------------
 
+    def _node(self, path: str, repair: bool = False) -> Any | None:
+        """The array or group at ``path`` (None if absent).
+
+        With ``repair``, an unreadable ``zarr.json`` on the way is deleted
+        (:func:`repair_scope`: only the file, keeping the chunks, or the whole
+        node when it holds records that cannot be re-derived), noted in
+        :attr:`notes`, and the node reads as absent so that the caller re-creates it.
+
+        Raises:
+            StoreMetadataError: an unreadable ``zarr.json`` (without ``repair``).
+        """
+        for _ in range(path.count("/") + 2):
+            try:
+                return node(self.root, path)
+            except StoreMetadataError as e:
+                if not repair:
+                    raise
+                whole = repair_scope(e.array) == "node"
+                delete(self.root, e.array, metadata_only=not whole)
+                self.notes.append(
+                    f"{e.array}: its metadata (zarr.json) was unreadable; "
+                    + ("it is recomputed" if whole else "re-created, its chunks are verified by their checksums")
+                )
+        return node(self.root, path)
+
     def _arrays(
         self,
         group: Any,
@@ -236,12 +262,13 @@ class Store:
         chunks_of: dict[str, tuple[int, ...]],
         n_chunks: int,
         create: bool,
+        repair: bool = False,
     ) -> tuple[dict[str, Any], Any]:
         data = {}
         array_codecs = codecs(self.layout.compressor)
         for name, (shape, dtype) in shape_of.items():
-            if name in group:
-                arr = group[name]
+            arr = self._node(f"{group.path}/{name}", repair and create)
+            if arr is not None:
                 if tuple(arr.shape) != shape:
                     raise StoreMismatchError(
                         f"store array {arr.path} has shape {list(arr.shape)}, this run needs {list(shape)}; "
@@ -253,19 +280,19 @@ class Store:
                 )
             else:
                 raise StoreError(f"store array {group.path}/{name} is missing; it is created by rank 0")
-            data[name] = arr
-        if "done" in group:
-            done = group["done"]
-        elif create:
+            data[name] = writable(arr)
+        done = self._node(f"{group.path}/done", repair and create)
+        if done is None and create:
             done = group.create_array("done", shape=(n_chunks,), chunks=(1,), dtype="uint8", fill_value=0,
                                       compressors=[Crc32cCodec()])
-        else:
+        elif done is None:
             raise StoreError(f"store array {group.path}/done is missing; it is created by rank 0")
         return data, done
 
-    def _group(self, name: str, create: bool = True) -> Any:
-        if name in self.root:
-            return self.root[name]
+    def _group(self, name: str, create: bool = True, repair: bool = False) -> Any:
+        group = self._node(name, repair and create)
+        if group is not None:
+            return group
         if not create:
             raise StoreError(f"store group {name} is missing; it is created by rank 0")
         try:
@@ -275,12 +302,14 @@ class Store:
 
     def model_ids(self) -> list[int]:
         """model_ids with a train group, sorted."""
-        if "train" not in self.root:
+        train = node(self.root, "train")
+        if train is None:
             return []
-        return sorted(int(k) for k in self.root["train"].group_keys())
+        return sorted(int(k) for k in keys(train) if k.isdigit())
 
     def train(
-        self, model_id: int, checkpoint: str | None = None, sha256: str | None = None, create: bool = True
+        self, model_id: int, checkpoint: str | None = None, sha256: str | None = None, create: bool = True,
+        repair: bool = False,
     ) -> ChunkedRows:
         """Train features of one checkpoint (created if absent and ``create``).
 
@@ -288,13 +317,16 @@ class Store:
             model_id: index of the checkpoint.
             checkpoint, sha256: recorded on creation and checked against the store.
             create: whether this process may create arrays and attributes (rank 0).
+            repair: re-create unreadable metadata (``featurize --verify``, with ``create``);
+                the caller then verifies the chunks.
 
         Raises:
             StoreMismatchError: the store holds this model_id from a file with another sha256.
+            StoreMetadataError: unreadable metadata (without ``repair``).
         """
         layout = self.layout
         n_train, proj_dim, rows = layout.n_train, layout.proj_dim, layout.chunk_rows
-        group = self._group(f"train/{model_id}", create)
+        group = self._group(f"train/{model_id}", create, repair)
         if sha256 is not None:
             old = group.attrs.get("sha256")
             if old is None and create:
@@ -315,86 +347,69 @@ class Store:
             {"features": (rows, proj_dim), "out_to_loss": (rows,), "nonfinite": (rows,)},
             -(-n_train // rows),
             create,
+            repair,
         )
-        return ChunkedRows(data, done, rows, n_train)
+        return ChunkedRows(data, done, rows, n_train, sparse=SPARSE_ARRAYS)
 
-    def checkpoint_info(self, model_id: int) -> dict[str, Any]:
-        return dict(self.root[f"train/{model_id}"].attrs)
-
-    def read_kernel(self, model_id: int, settings: dict[str, Any]) -> tuple[np.ndarray, float] | None:
-        """The stored Cholesky factor and λ if made with ``settings``, else None."""
-        group = self.root[f"train/{model_id}"]
-        if "kernel" not in group:
-            return None
-        arr = group["kernel"]
-        attrs = dict(arr.attrs)
-        if attrs.get("settings") != jsonable(settings):
-            return None
-        return read_checked(arr, slice(None), 0), float(attrs["lambda_reg"])
+    def read_kernel(
+        self, model_id: int, settings: dict[str, Any], rebuild: bool = False
+    ) -> tuple[np.ndarray, float] | None:
+        """The stored kernel factor and λ if made with ``settings``, else None (:mod:`trakcli.store.kernel`)."""
+        return store_kernel.read_kernel(self, model_id, settings, rebuild)
 
     def write_kernel(
         self, model_id: int, factor: np.ndarray, settings: dict[str, Any], lambda_reg: float,
         form: str = "cholesky_lower",
     ) -> None:
-        """Write the kernel's Cholesky factor of ``form`` (:mod:`trakcli.scoring`), then its attributes (the done marker)."""
-        group = self.root[f"train/{model_id}"]
-        p = factor.shape[0]
-        try:
-            if "kernel" in group and tuple(group["kernel"].shape) != (p, p):  # the other form, other settings
-                del group["kernel"]
-            if "kernel" in group:
-                arr = group["kernel"]
-                arr.attrs.clear()
-            else:
-                arr = group.create_array("kernel", shape=(p, p), chunks=(p, p), dtype="float64", fill_value=0,
-                                         compressors=codecs(self.layout.compressor))
-            arr[:] = np.ascontiguousarray(factor)
-            arr.attrs.update({"form": form, "lambda_reg": lambda_reg, "settings": jsonable(settings)})
-        except OSError as e:
-            raise StoreError(f"writing the kernel of model_id {model_id} failed: {e}; rerun to resume") from None
+        """Write the kernel's Cholesky factor of ``form``, then its attributes (the done marker)."""
+        store_kernel.write_kernel(self, model_id, factor, settings, lambda_reg, form)
 
     def targets(
-        self, experiment: str, model_id: int, attrs: dict[str, Any], n_target: int, create: bool = True
+        self, experiment: str, model_id: int, attrs: dict[str, Any], n_target: int, create: bool = True,
+        repair: bool = False,
     ) -> ChunkedRows:
         """Target features of one experiment and checkpoint (created if absent).
 
         Args:
             attrs: what the target features depend on (target data fingerprint,
                 checkpoint sha256s); checked against the store.
+            repair: re-create unreadable metadata (``trak score``, with ``create``).
 
         Raises:
             StoreMismatchError: the experiment was featurized with other targets or checkpoints.
         """
         layout = self.layout
         proj_dim, rows = layout.proj_dim, layout.chunk_rows
-        self._experiment_group("targets", experiment, attrs, create)
-        group = self._group(f"targets/{experiment}/{model_id}", create)
+        self._experiment_group("targets", experiment, attrs, create, repair)
+        group = self._group(f"targets/{experiment}/{model_id}", create, repair)
         data, done = self._arrays(
             group, {"features": ((n_target, proj_dim), layout.dtype)}, {"features": (rows, proj_dim)},
-            -(-n_target // rows), create,
+            -(-n_target // rows), create, repair,
         )
         return ChunkedRows(data, done, rows, n_target)
 
-    def scores(self, experiment: str, n_target: int, settings: dict[str, Any], create: bool = True) -> ChunkedRows:
+    def scores(
+        self, experiment: str, n_target: int, settings: dict[str, Any], create: bool = True, repair: bool = False
+    ) -> ChunkedRows:
         """The ``[n_target, n_train]`` score matrix of an experiment, chunked by train columns.
 
         Raises:
             StoreMismatchError: the experiment was scored with other settings.
         """
         n_train, cols = self.layout.n_train, self.layout.chunk_rows
-        group = self._experiment_group("scores", experiment, settings, create)
+        group = self._experiment_group("scores", experiment, settings, create, repair)
         t_rows = min(n_target, max(1, (8 << 20) // (4 * cols)))  # ~8 MB chunks
         data, done = self._arrays(
             group, {"scores": ((n_target, n_train), "float32")}, {"scores": (t_rows, cols)},
-            -(-n_train // cols), create,
+            -(-n_train // cols), create, repair,
         )
         return ChunkedRows(data, done, cols, n_train, axis=1)
 
-    def _experiment_group(self, kind: str, experiment: str, attrs: dict[str, Any], create: bool) -> Any:
+    def _experiment_group(self, kind: str, experiment: str, attrs: dict[str, Any], create: bool, repair: bool) -> Any:
         name = f"{kind}/{experiment}"
         attrs = jsonable(attrs)
-        if name in self.root:
-            group = self.root[name]
+        group = self._node(name, repair and create)
+        if group is not None:
             check_same(
                 f"{kind} of experiment {experiment!r} in {self.path}", {k: group.attrs.get(k) for k in attrs}, attrs,
                 "rerun with --overwrite to recompute them, or set score.experiment to a new name",
@@ -432,52 +447,35 @@ class Store:
 
         Raises:
             StoreError: the experiment has no scores, or unfinished ones (names the command to run).
-            StoreCorruptError: a chunk fails its checksum.
+            StoreCorruptError: a chunk is missing or fails its checksum.
         """
-        name = f"scores/{experiment}"
-        if name not in self.root or "scores" not in self.root[name]:
-            raise StoreError(
-                f"store {self.path} holds no scores of experiment {experiment!r} (score.experiment); "
-                "run `trak featurize CONFIG` and `trak score CONFIG` first"
-            )
-        group = self.root[name]
-        flags = read_checked(group["done"], slice(None), 0)
-        if not (flags != 0).all():
-            raise StoreError(
-                f"the scores of experiment {experiment!r} in {self.path} are unfinished ({int((flags != 0).sum())}/"
-                f"{flags.size} column blocks); run `trak score CONFIG` to finish them"
-            )
-        return read_checked(group["scores"], slice(None), 0), dict(group.attrs)
+        return store_export.read_scores(self, experiment)
 
     def eval_summary(self) -> dict[str, Any] | None:
         """The ``eval/`` group's identity and progress (None if absent), as plain data."""
         return store_summary.eval_summary(self)
 
     def drop(self, name: str) -> None:
-        """Delete a group or array (``--overwrite`` of derived data)."""
-        if name in self.root:
-            del self.root[name]
+        """Delete a group or array and everything under it (``--overwrite`` of derived data), even if unreadable."""
+        delete(self.root, name, metadata_only=False)
 
-    # -- inspection and export --------------------------------------------------
-    def summary(self) -> dict[str, Any]:
-        """Provenance, progress and sizes, as plain data (``trak inspect``; :func:`trakcli.store.summary.summary`)."""
-        return store_summary.summary(self)
+    # -- inspection and export (trakcli.store.summary, trakcli.store.export) ------
+    def summary(self, verify: bool = False) -> dict[str, Any]:
+        """Provenance, progress, sizes and damage, as plain data (``trak inspect [--verify]``)."""
+        return store_summary.summary(self, verify)
 
     def array(self, name: str) -> Any:
-        """The zarr array at ``name`` (e.g. ``train/0/features``, ``scores/default/scores``).
+        """The zarr array at ``name`` (e.g. ``train/0/features``); StoreError naming what the store holds if none."""
+        return store_export.array(self, name)
 
-        Raises:
-            StoreError: no such array (lists what the store holds).
-        """
-        return store_summary.array(self, name)
+    def read(self, name: str, lo: int = 0, hi: int | None = None) -> np.ndarray:
+        """Rows ``[lo, hi)`` of the finished array ``name``, checked (:func:`trakcli.store.export.read`)."""
+        return store_export.read(self, name, lo, hi)
 
     def export(self, name: str, out: Path, row_block: int = 4096) -> tuple[int, ...]:
-        """Stream array ``name`` to ``out`` (.npy, or .csv for 1-D/2-D) block by block.
-
-        Returns:
-            The exported shape.
+        """Stream the finished array ``name`` to ``out`` (.npy/.csv) atomically (:func:`trakcli.store.export.export`).
 
         Raises:
-            StoreError: unknown array, unwritable output, corrupt chunk.
+            StoreError: unknown or unfinished array, unwritable output; StoreCorruptError: a bad chunk.
         """
-        return store_summary.export(self, name, out, row_block)
+        return store_export.export(self, name, out, row_block)

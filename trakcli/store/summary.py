@@ -1,7 +1,14 @@
-"""Inspection and export of a store: provenance, progress and sizes (``trak inspect``), arrays to files.
+"""Inspection of a store: provenance, progress, sizes and damage (``trak inspect [--verify]``).
 
-The :class:`~trakcli.store.store.Store` methods ``summary``, ``eval_summary``,
-``array`` and ``export`` call these functions.
+Progress counts only chunks that are done *and* intact: a done chunk whose
+file is missing (always checked: the store lists its files, nothing is read)
+or, with ``verify``, that fails its checksum (every done chunk of every array
+is read) is reported under ``corrupt`` with the command that repairs it. An
+array or group whose ``zarr.json`` is unreadable is reported the same way
+instead of stopping the inspection.
+
+The :class:`~trakcli.store.store.Store` methods ``summary`` and
+``eval_summary`` call these functions.
 """
 
 from __future__ import annotations
@@ -12,30 +19,57 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from trakcli.errors import StoreError
-from trakcli.store.rows import read_checked
+from trakcli.store.integrity import StoreCorruptError, child_names, missing_chunks, node, repair_command
+from trakcli.store.rows import SPARSE_ARRAYS, ChunkedRows, read_checked
 
 if TYPE_CHECKING:
     from trakcli.store.store import Store
 
 
-def eval_summary(store: "Store") -> dict[str, Any] | None:
-    """The ``eval/`` group's identity and progress (None if absent), as plain data."""
-    if "eval" not in store.root:
-        return None
-    group = store.root["eval"]
-    flags = read_checked(group["done"], slice(None), 0)
+def eval_summary(
+    store: "Store", verify: bool = False, corrupt: list[dict[str, Any]] | None = None
+) -> dict[str, Any] | None:
+    """The ``eval/`` group's identity and progress (None if absent), as plain data.
+
+    Args:
+        verify: read every done row (checksums); else only check that their chunk files exist.
+        corrupt: where damaged arrays are appended (see :func:`summary`).
+    """
+    corrupt = [] if corrupt is None else corrupt
+    try:
+        group = node(store.root, "eval")
+        if group is None:
+            return None
+        rows = _rows(store, "eval", ["masks", "outputs"], 0)
+    except StoreCorruptError as e:
+        corrupt.append(_entry(e.array, e.chunks, str(e)))
+        return {"identity": None, "n_subsets": 0, "done": 0, "bytes_on_disk": du(store.path / "eval")}
+    ok = _intact(rows, "eval", verify, corrupt)
     return {
         "identity": group.attrs.get("identity"),
-        "n_subsets": int(flags.size),
-        "done": int((flags != 0).sum()),
+        "n_subsets": int(ok.size),
+        "done": int((ok != 0).sum()),
         "bytes_on_disk": du(store.path / "eval"),
     }
 
 
-def summary(store: "Store") -> dict[str, Any]:
-    """Provenance, progress and sizes, as plain data (``trak inspect``)."""
+def summary(store: "Store", verify: bool = False) -> dict[str, Any]:
+    """Provenance, progress, sizes and damage, as plain data (``trak inspect``).
+
+    Args:
+        store: the open store.
+        verify: read every done chunk of every array (checksums); else only
+            check that the chunk files of done chunks exist.
+
+    Returns:
+        A dict with the root attributes (``identity``, versions, ``created``),
+        ``train`` (one entry per checkpoint: rows and chunks done and intact,
+        kernel attributes), ``targets`` and ``scores`` per experiment, ``eval``,
+        ``verified`` (= ``verify``) and ``corrupt``: one entry per damaged array,
+        ``{"array", "chunks", "message", "repair"}``.
+    """
     ident = store.identity
+    corrupt: list[dict[str, Any]] = []
     out: dict[str, Any] = {
         "store": str(store.path),
         "schema_version": store.root.attrs.get("schema_version"),
@@ -46,89 +80,133 @@ def summary(store: "Store") -> dict[str, Any]:
         "train": [],
         "targets": {},
         "scores": {},
+        "verified": verify,
+        "corrupt": corrupt,
     }
-    for m in store.model_ids():
-        rows = store.train(m, create=False)
-        group = store.root[f"train/{m}"]
-        flags = rows.flags()
-        lo_done = sum(rows.rows(int(c))[1] - rows.rows(int(c))[0] for c in np.flatnonzero(flags))
-        skipped = int(read_checked(rows.data["nonfinite"], slice(None), 0).sum())
-        entry = {
-            "model_id": m,
-            "checkpoint": group.attrs.get("checkpoint"),
-            "sha256": group.attrs.get("sha256"),
-            "rows_done": int(lo_done),
-            "rows_total": rows.n_rows,
-            "chunks_done": int(flags.sum()),
-            "chunks_total": rows.n_chunks,
-            "nonfinite_skipped": skipped,
-            "kernel": dict(group["kernel"].attrs) if "kernel" in group else None,
-            "bytes_on_disk": du(store.path / "train" / str(m)),
-        }
-        out["train"].append(entry)
-    ev = eval_summary(store)
+    train = _guard(lambda: node(store.root, "train"), corrupt)
+    for m in sorted(int(k) for k in child_names(train) if k.isdigit()) if train is not None else []:
+        entry = _train_entry(store, m, verify, corrupt)
+        if entry is not None:
+            out["train"].append(entry)
+    ev = eval_summary(store, verify, corrupt)
     if ev is not None:
         out["eval"] = ev
     for kind in ("targets", "scores"):
-        if kind not in store.root:
-            continue
-        for exp in sorted(store.root[kind].group_keys()):
-            g = store.root[f"{kind}/{exp}"]
-            info: dict[str, Any] = {"attrs": dict(g.attrs), "bytes_on_disk": du(store.path / kind / exp)}
-            if kind == "scores" and "scores" in g:
-                info["shape"] = list(g["scores"].shape)
-                flags = read_checked(g["done"], slice(None), 0)
-                info["chunks_done"], info["chunks_total"] = int(flags.sum()), int(flags.size)
-            out[kind][exp] = info
+        top = _guard(lambda: node(store.root, kind), corrupt)
+        for exp in child_names(top) if top is not None else []:
+            info = _experiment_entry(store, kind, exp, verify, corrupt)
+            if info is not None:
+                out[kind][exp] = info
     return out
 
 
-def array(store: "Store", name: str) -> Any:
-    """The zarr array at ``name`` (e.g. ``train/0/features``, ``scores/default/scores``).
-
-    Raises:
-        StoreError: no such array (lists what the store holds).
-    """
+def _train_entry(store: "Store", m: int, verify: bool, corrupt: list[dict[str, Any]]) -> dict[str, Any] | None:
     try:
-        arr = store.root[name]
-    except KeyError:
-        arr = None
-    if arr is None or not hasattr(arr, "shape"):
-        have = [f"train/{m}/features" for m in store.model_ids()]
-        if "scores" in store.root:
-            have += [f"scores/{e}/scores" for e in store.root["scores"].group_keys()]
-        if "eval" in store.root:
-            have += ["eval/masks", "eval/outputs"]
-        raise StoreError(f"store {store.path} has no array {name!r}; it holds {', '.join(have) or 'nothing yet'}")
-    return arr
+        group = node(store.root, f"train/{m}")
+        if group is None:  # a directory that is not a zarr group
+            return None
+        rows = _rows(store, f"train/{m}", ["features", "out_to_loss", "nonfinite"], 0)
+    except StoreCorruptError as e:
+        corrupt.append(_entry(e.array, e.chunks, str(e)))
+        return None
+    ok = _intact(rows, f"train/{m}", verify, corrupt)
+    nonfinite = rows.data["nonfinite"]
+    skipped = _guard(lambda: int(read_checked(nonfinite, slice(None), 0, stored=False).sum()), corrupt)
+    return {
+        "model_id": m,
+        "checkpoint": group.attrs.get("checkpoint"),
+        "sha256": group.attrs.get("sha256"),
+        "rows_done": int(sum(rows.rows(int(c))[1] - rows.rows(int(c))[0] for c in np.flatnonzero(ok))),
+        "rows_total": rows.n_rows,
+        "chunks_done": int((ok != 0).sum()),
+        "chunks_total": rows.n_chunks,
+        "nonfinite_skipped": skipped,
+        "kernel": _kernel(store, m, verify, corrupt),
+        "bytes_on_disk": du(store.path / "train" / str(m)),
+    }
 
 
-def export(store: "Store", name: str, out: Path, row_block: int = 4096) -> tuple[int, ...]:
-    """Stream array ``name`` to ``out`` (.npy, or .csv for 1-D/2-D) block by block.
-
-    Returns:
-        The exported shape.
-
-    Raises:
-        StoreError: unknown array, unwritable output, corrupt chunk.
-    """
-    arr = array(store, name)
-    shape = tuple(arr.shape)
+def _kernel(store: "Store", m: int, verify: bool, corrupt: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The kernel's attributes if it is complete and intact (checked like any array), else None."""
+    path = f"train/{m}/kernel"
     try:
-        if out.suffix.lower() == ".npy":
-            mm = np.lib.format.open_memmap(out, mode="w+", dtype=arr.dtype, shape=shape)
-            for lo in range(0, shape[0], row_block):
-                mm[lo : lo + row_block] = read_checked(arr, slice(lo, lo + row_block), 0)
-            mm.flush()
-            del mm
+        arr = node(store.root, path)
+        if arr is None or "lambda_reg" not in arr.attrs:
+            return None
+        if verify:
+            read_checked(arr, slice(None), 0)
+        elif missing_chunks(arr):
+            corrupt.append(_entry(path, [0], f"store array {path} is missing its chunk file; {repair_command(path)}"))
+            return None
+        return dict(arr.attrs)
+    except StoreCorruptError as e:
+        corrupt.append(_entry(e.array, e.chunks, str(e)))
+        return None
+
+
+def _experiment_entry(
+    store: "Store", kind: str, exp: str, verify: bool, corrupt: list[dict[str, Any]]
+) -> dict[str, Any] | None:
+    try:
+        g = node(store.root, f"{kind}/{exp}")
+        if g is None:
+            return None
+        info: dict[str, Any] = {"attrs": dict(g.attrs), "bytes_on_disk": du(store.path / kind / exp)}
+        if kind == "scores":
+            if node(g, "scores") is None:
+                return info
+            rows = _rows(store, f"scores/{exp}", ["scores"], 1)
+            ok = _intact(rows, f"scores/{exp}", verify, corrupt)
+            info["shape"] = list(rows.data["scores"].shape)
+            info["chunks_done"], info["chunks_total"] = int((ok != 0).sum()), int(ok.size)
         else:
-            with open(out, "w") as f:
-                for lo in range(0, shape[0], row_block):
-                    block = read_checked(arr, slice(lo, lo + row_block), 0)
-                    np.savetxt(f, block.reshape(block.shape[0], -1), delimiter=",", fmt="%.7g")
-    except OSError as e:
-        raise StoreError(f"cannot write {out}: {e}") from None
-    return shape
+            for m in child_names(g):
+                _intact(_rows(store, f"targets/{exp}/{m}", ["features"], 0), f"targets/{exp}/{m}", verify, corrupt)
+        return info
+    except StoreCorruptError as e:
+        corrupt.append(_entry(e.array, e.chunks, str(e)))
+        return None
+
+
+def _rows(store: "Store", group: str, names: list[str], axis: int) -> ChunkedRows:
+    """The done-tracked arrays of ``group`` as :class:`ChunkedRows` (shapes read from the arrays themselves)."""
+    data = {}
+    for name in names:
+        arr = node(store.root, f"{group}/{name}")
+        if arr is not None:
+            data[name] = arr
+    done = node(store.root, f"{group}/done")
+    if not data or done is None:
+        raise StoreCorruptError(
+            f"store group {group} lacks its arrays ({', '.join(names)}, done); {repair_command(group + '/done')}", group
+        )
+    first = next(iter(data.values()))
+    return ChunkedRows(data, done, int(first.chunks[axis]), int(first.shape[axis]), axis, SPARSE_ARRAYS)
+
+
+def _intact(rows: ChunkedRows, group: str, verify: bool, corrupt: list[dict[str, Any]]) -> np.ndarray:
+    """The done flags with damaged chunks cleared; each damaged array appended to ``corrupt``."""
+    flags = rows.flags().copy()
+    for name, bad in rows.damaged(read=verify).items():
+        path = f"{group}/{name}"
+        what = "missing or corrupt chunks" if verify else "missing chunks"
+        what = "unreadable done flags" if name == "done" else what
+        corrupt.append(_entry(path, bad, f"store array {path}: {what} {bad[:10]}; {repair_command(path)}"))
+        flags[bad] = 0
+    return flags
+
+
+def _entry(array: str, chunks: list[int], message: str) -> dict[str, Any]:
+    return {"array": array, "chunks": list(chunks), "message": message, "repair": repair_command(array)}
+
+
+def _guard(fn: Any, corrupt: list[dict[str, Any]]) -> Any:
+    """``fn()``, or None with the damage appended to ``corrupt`` if it meets unreadable metadata."""
+    try:
+        return fn()
+    except StoreCorruptError as e:
+        corrupt.append(_entry(e.array, e.chunks, str(e)))
+        return None
 
 
 def du(path: Path) -> int:

@@ -1,0 +1,148 @@
+"""Whole arrays out of a store: the finished check, checked reads, ``trak export`` to .npy/.csv.
+
+An array is *finished* when every chunk of it is done: the ``done`` flags of
+its group (train and target features, scores, ``eval/``) are all set, or, for
+a kernel, its attributes (written last) are there. Reading or exporting an
+unfinished array refuses and names the missing chunks and the command that
+computes them; a finished array is read with every chunk's file and checksum
+checked (:func:`trakcli.store.rows.read_checked`).
+
+The :class:`~trakcli.store.store.Store` methods ``array``, ``read``,
+``read_scores`` and ``export`` call these functions.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from trakcli.errors import StoreError
+from trakcli.files import atomic_open
+from trakcli.store.integrity import StoreCorruptError, finishing_command, keys, node
+from trakcli.store.rows import SPARSE_ARRAYS, read_checked
+
+if TYPE_CHECKING:
+    from trakcli.store.store import Store
+
+
+def array(store: "Store", name: str) -> Any:
+    """The zarr array at ``name`` (e.g. ``train/0/features``, ``scores/default/scores``).
+
+    Raises:
+        StoreError: no such array (lists what the store holds).
+        StoreMetadataError: its ``zarr.json`` is unreadable (names the repair).
+    """
+    arr = node(store.root, name)
+    if arr is None or not hasattr(arr, "shape"):
+        have = [f"train/{m}/features" for m in store.model_ids()]
+        scores = node(store.root, "scores")
+        if scores is not None:
+            have += [f"scores/{e}/scores" for e in keys(scores)]
+        if node(store.root, "eval") is not None:
+            have += ["eval/masks", "eval/outputs"]
+        raise StoreError(f"store {store.path} has no array {name!r}; it holds {', '.join(have) or 'nothing yet'}")
+    return arr
+
+
+def check_finished(store: "Store", name: str, arr: Any) -> bool:
+    """Refuse an array with chunks not computed yet; returns whether its chunks must all have files.
+
+    Raises:
+        StoreError: some chunks are not done (names how many, the first ones,
+            and the command that finishes them).
+    """
+    parts = name.split("/")
+    leaf = parts[-1]
+    if leaf == "done":
+        return False  # flags: a missing chunk is a flag not set
+    if leaf == "kernel":
+        if "lambda_reg" not in arr.attrs:
+            raise StoreError(
+                f"store array {name} in {store.path} is unfinished (its kernel was never completed); run "
+                f"{finishing_command(name)} to compute it"
+            )
+        return True
+    done = node(store.root, "/".join(parts[:-1] + ["done"]))
+    if done is None:
+        return True
+    flags = read_checked(done, slice(None), 0, stored=False)
+    pending = np.flatnonzero(flags == 0)
+    if pending.size:
+        unit = "column blocks" if parts[0] == "scores" else ("rows" if parts[0] == "eval" else "row chunks")
+        first = ", ".join(str(int(c)) for c in pending[:10]) + (", ..." if pending.size > 10 else "")
+        raise StoreError(
+            f"store array {name} in {store.path} is unfinished: {pending.size} of {flags.size} {unit} are not "
+            f"computed yet ({first}); run {finishing_command(name)} to finish them"
+        )
+    return leaf not in SPARSE_ARRAYS
+
+
+def read(store: "Store", name: str, lo: int = 0, hi: int | None = None) -> np.ndarray:
+    """Rows ``[lo, hi)`` (axis 0) of the finished array ``name``, every chunk checked.
+
+    Raises:
+        StoreError: no such array, or an unfinished one (names the command that finishes it).
+        StoreCorruptError: a chunk is missing or fails its checksum (names the repair).
+    """
+    arr = array(store, name)
+    stored = check_finished(store, name, arr)
+    return read_checked(arr, slice(lo, hi), 0, stored=stored)
+
+
+def read_scores(store: "Store", experiment: str) -> tuple[np.ndarray, dict[str, Any]]:
+    """The finished score matrix of an experiment and the attributes it was made with (:meth:`Store.read_scores`)."""
+    name = f"scores/{experiment}"
+    group = node(store.root, name)
+    if group is None or node(group, "scores") is None:
+        raise StoreError(
+            f"store {store.path} holds no scores of experiment {experiment!r} (score.experiment); "
+            "run `trak featurize CONFIG` and `trak score CONFIG` first"
+        )
+    return read(store, f"{name}/scores"), dict(group.attrs)
+
+
+def export(store: "Store", name: str, out: Path, row_block: int = 4096) -> tuple[int, ...]:
+    """Stream the finished array ``name`` to ``out`` (.npy, or .csv for 1-D/2-D) block by block.
+
+    The file is written to a temporary file beside ``out`` and renamed into
+    place (:mod:`trakcli.files`): a failure (a corrupt chunk, a full disk)
+    leaves an existing ``out`` exactly as it was.
+
+    Returns:
+        The exported shape.
+
+    Raises:
+        StoreError: unknown or unfinished array (names the command that finishes it), unwritable output.
+        StoreCorruptError: a chunk is missing or fails its checksum (names the repair).
+    """
+    arr = array(store, name)
+    stored = check_finished(store, name, arr)
+    shape = tuple(int(n) for n in arr.shape)
+    dtype = np.dtype(arr.dtype)
+    kept = f"; {out} is unchanged" if out.exists() else f"; nothing was written to {out}"
+
+    def blocks():
+        for lo in range(0, shape[0], row_block):
+            yield read_checked(arr, slice(lo, lo + row_block), 0, stored=stored)
+
+    try:
+        if out.suffix.lower() == ".npy":
+            with atomic_open(out, "wb") as f:
+                header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape}
+                try:
+                    np.lib.format.write_array_header_1_0(f, header)
+                except ValueError:  # a header over 64 KiB
+                    np.lib.format.write_array_header_2_0(f, header)
+                for block in blocks():
+                    f.write(np.ascontiguousarray(block, dtype=dtype).tobytes())
+        else:
+            with atomic_open(out, "w") as f:
+                for block in blocks():
+                    np.savetxt(f, block.reshape(block.shape[0], -1), delimiter=",", fmt="%.7g")
+    except StoreCorruptError as e:
+        raise StoreCorruptError(f"{e}{kept}", e.array, e.chunks) from None
+    except OSError as e:
+        raise StoreError(f"cannot write {out}: {e}{kept}") from None
+    return shape

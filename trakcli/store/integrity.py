@@ -1,0 +1,268 @@
+"""Integrity of a store beyond zarr's own decoding: missing chunk files, unreadable metadata, the repair command.
+
+Three things a read must check that zarr does not:
+
+- **Missing chunk files.** zarr returns the fill value (zeros) for a chunk
+  whose file is missing, so a ``done`` flag says a chunk was written, not that
+  it is still there. :func:`missing_chunks` asks the store which chunk files of
+  a selection exist (one batch of ``exists`` calls through zarr's store API).
+  Arrays are written with ``write_empty_chunks`` on (:func:`writable`), so
+  every done chunk of an array made by this version has a file.
+- **Unreadable metadata.** A garbage ``zarr.json`` makes zarr raise a JSON or
+  value error from any lookup; :func:`node` turns that into a
+  :class:`StoreMetadataError` naming the file and the command that repairs it.
+- **Orphaned reads.** When one chunk of a multi-chunk read fails, zarr's other
+  chunk tasks keep running on its event loop thread; :func:`settle` waits for
+  them so that the process exits without "Task was destroyed but it is pending"
+  or "Event loop is closed" noise.
+
+Every array has one owner command (:func:`repair_command`): train features are
+recomputed by ``trak featurize CONFIG --verify``; kernels, target features and
+scores (derived data) are rebuilt by a plain ``trak score CONFIG``; the
+retrained models of ``eval/`` by ``trak eval lds CONFIG``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import warnings
+from typing import Any
+
+from trakcli.errors import StoreError
+
+# errors zarr raises for a garbage or incomplete zarr.json (json.JSONDecodeError is a ValueError)
+METADATA_ERRORS = (ValueError, TypeError, KeyError, AttributeError, OSError, NotImplementedError)
+
+
+class StoreCorruptError(StoreError):
+    """A chunk is missing, fails its checksum or cannot be decoded; or a ``zarr.json`` is unreadable.
+
+    Attributes:
+        array: the store path of the array or group (``train/1/features``); "" if unknown.
+        chunks: indices along the array's chunk axis of the bad chunks found (may be empty).
+    """
+
+    def __init__(self, message: str, array: str = "", chunks: list[int] | None = None):
+        super().__init__(message)
+        self.array = array
+        self.chunks = list(chunks or [])
+
+
+class StoreMetadataError(StoreCorruptError):
+    """The ``zarr.json`` of an array or group cannot be read or parsed."""
+
+
+def repair_command(path: str) -> str:
+    """How to repair the array or group at store path ``path`` (a clause naming the command).
+
+    Example:
+        ``repair_command("train/1/features")`` is
+        ``"rerun `trak featurize CONFIG --verify`, which recomputes it"``.
+    """
+    parts = [p for p in path.split("/") if p]
+    if not parts:
+        return "the store's identity is lost: rerun `trak featurize CONFIG --overwrite` to start over"
+    if parts[0] == "train" and parts[-1] == "kernel":
+        return "rerun `trak score CONFIG`, which rebuilds the kernel"
+    if parts[0] == "train":
+        return "rerun `trak featurize CONFIG --verify`, which recomputes it"
+    if parts[0] in ("targets", "scores"):
+        return "rerun `trak score CONFIG`, which recomputes it"
+    if parts[0] == "eval":
+        return "rerun `trak eval lds CONFIG`, which retrains it (`--overwrite` if its metadata is unreadable)"
+    return "rerun `trak featurize CONFIG --overwrite` to start over"
+
+
+def repair_scope(path: str) -> str:
+    """How much of a node with unreadable metadata a repair deletes: ``"node"`` or ``"metadata"``.
+
+    ``"node"`` (everything under it, recomputed) when the node's attributes
+    hold records a run cannot re-derive: a checkpoint's sha256
+    (``train/<model_id>``), a kernel's settings, an experiment's target data and
+    checkpoints (``targets/<experiment>``, ``scores/<experiment>``), the
+    ``eval`` identity. ``"metadata"`` (only ``zarr.json``, re-created with the
+    same shape and codecs; the chunks are kept and checked by their checksums)
+    for every other array and group.
+    """
+    parts = [p for p in path.split("/") if p]
+    if parts == ["eval"] or (len(parts) == 2 and parts[0] in ("train", "targets", "scores")):
+        return "node"
+    if parts and parts[0] == "train" and parts[-1] == "kernel":
+        return "node"
+    return "metadata"
+
+
+def finishing_command(path: str) -> str:
+    """The command that computes the unfinished parts of the array at ``path`` (for ``trak export``)."""
+    parts = [p for p in path.split("/") if p]
+    if parts and parts[0] == "train" and parts[-1] != "kernel":
+        return "`trak featurize CONFIG`"
+    if parts and parts[0] == "eval":
+        return "`trak eval lds CONFIG`"
+    return "`trak score CONFIG`"
+
+
+def node(group: Any, path: str) -> Any | None:
+    """The array or group at ``path`` below ``group`` (None if absent).
+
+    Raises:
+        StoreMetadataError: the ``zarr.json`` of the node (or of a group on the
+            way to it) is unreadable; names the file and the repair command.
+    """
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "not recognized as a component": a directory without zarr.json
+            return group[path]
+    except KeyError:
+        return None
+    except METADATA_ERRORS as e:
+        bad = first_unreadable(group, path) or path
+        raise metadata_error(_full(group, bad), e) from None
+
+
+def keys(group: Any, kind: str = "group") -> list[str]:
+    """Names of the child groups (``kind="group"``) or arrays (``"array"``) of ``group``.
+
+    Raises:
+        StoreMetadataError: a child's ``zarr.json`` is unreadable (zarr parses every child to list them).
+    """
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return list(group.group_keys() if kind == "group" else group.array_keys())
+    except METADATA_ERRORS as e:
+        for name in child_names(group):
+            node(group, name)  # raises on the unreadable child
+        raise metadata_error(group.path or "", e) from None
+
+
+def first_unreadable(group: Any, path: str) -> str | None:
+    """The first prefix of ``path`` (relative to ``group``) whose ``zarr.json`` cannot be read, or None."""
+    parts = path.split("/")
+    for i in range(1, len(parts) + 1):
+        sub = "/".join(parts[:i])
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                group[sub]
+        except KeyError:
+            return None
+        except METADATA_ERRORS:
+            return sub
+    return None
+
+
+def metadata_error(path: str, e: BaseException) -> StoreMetadataError:
+    """The error of an unreadable ``<path>/zarr.json``, naming the repair command."""
+    where = f"{path}/zarr.json" if path else "zarr.json (the store's root)"
+    return StoreMetadataError(
+        f"store metadata {where} is unreadable ({e.__class__.__name__}: {e}); {repair_command(path)}", path
+    )
+
+
+def delete(group: Any, path: str, *, metadata_only: bool) -> None:
+    """Delete the node at ``path`` below ``group``: only its ``zarr.json`` (chunks kept), or everything under it.
+
+    Deleting only the metadata lets the caller re-create the array or group
+    with the same shape and codecs over its chunk files, which are then
+    checked by their checksums; deleting everything makes every chunk missing.
+
+    Raises:
+        StoreError: the store cannot be written.
+    """
+    from zarr.core.sync import sync
+
+    full = _full(group, path)
+    try:
+        if metadata_only:
+            sync(group.store.delete(f"{full}/zarr.json"))
+        else:
+            sync(group.store.delete_dir(full))
+    except OSError as e:
+        raise StoreError(f"cannot delete {full} from the store: {e}") from None
+
+
+def writable(arr: Any) -> Any:
+    """The same zarr array, writing every chunk even when it equals the fill value.
+
+    zarr skips (or deletes) a chunk equal to the fill value by default; a done
+    chunk must keep a file, so that a missing file always means a lost chunk.
+    """
+    return arr.with_config({"write_empty_chunks": True})
+
+
+def chunk_coords(arr: Any, sel: Any) -> list[tuple[int, ...]]:
+    """The grid coordinates of the chunks a selection of slices touches.
+
+    Args:
+        arr: a zarr array.
+        sel: a slice or a tuple of slices (``None`` bounds allowed, steps of 1).
+    """
+    sel = sel if isinstance(sel, tuple) else (sel,)
+    sel = sel + (slice(None),) * (len(arr.shape) - len(sel))
+    ranges = []
+    for s, n, c in zip(sel, arr.shape, arr.chunks):
+        start, stop, _ = s.indices(n)
+        if stop <= start:
+            return []
+        ranges.append(range(start // c, -(-stop // c)))
+    return list(itertools.product(*ranges))
+
+
+def missing_chunks(arr: Any, sel: Any = slice(None)) -> list[tuple[int, ...]]:
+    """Grid coordinates of the chunks of a selection whose file is missing from the store.
+
+    Raises:
+        StoreError: the store cannot be listed.
+    """
+    from zarr.core.sync import sync
+
+    coords = chunk_coords(arr, sel)
+    if not coords:
+        return []
+    names = [f"{arr.path}/{arr.metadata.encode_chunk_key(c)}" for c in coords]
+
+    async def exist() -> list[bool]:
+        return list(await asyncio.gather(*(arr.store.exists(n) for n in names)))
+
+    try:
+        flags = sync(exist())
+    except OSError as e:
+        raise StoreError(f"cannot read the store array {arr.path}: {e}") from None
+    return [c for c, ok in zip(coords, flags) if not ok]
+
+
+def settle(timeout: float = 30.0) -> None:
+    """Wait for the chunk reads zarr left running after a failed read, so none is destroyed pending at exit.
+
+    zarr reads the chunks of a selection as concurrent tasks on its own event
+    loop thread; when one fails, the others are orphaned and would be torn
+    down at interpreter exit with asyncio warnings. Harmless when nothing runs.
+    """
+    from zarr.core.sync import sync
+
+    async def drain() -> None:
+        me = asyncio.current_task()
+        others = [t for t in asyncio.all_tasks() if t is not me and not t.done()]
+        if others:
+            await asyncio.wait(others, timeout=timeout)
+
+    try:
+        sync(drain())
+    except Exception:  # noqa: BLE001 - best effort: the caller is already reporting an error
+        pass
+
+
+def _full(group: Any, path: str) -> str:
+    return f"{group.path}/{path}" if group.path else path
+
+
+def child_names(group: Any) -> list[str]:
+    """Names of the entries below ``group`` in its store, whatever their metadata (the store's listing)."""
+    from zarr.core.sync import collect_aiterator
+
+    try:
+        return sorted(n for n in collect_aiterator(group.store.list_dir(group.path)) if n != "zarr.json")
+    except Exception:  # noqa: BLE001 - a listing that fails lists nothing; the reads that follow report it
+        return []

@@ -1,0 +1,89 @@
+"""The per-checkpoint kernel ``train/<model_id>/kernel``: the lower Cholesky factor of ``ΦᵀΦ + λI``.
+
+It is derived data: written by ``trak score`` (its attributes ``lambda_reg``
+and ``settings`` last, as the done marker), verified on every read, and
+rebuilt by ``trak score`` when corrupt, missing or unreadable. The
+:class:`~trakcli.store.store.Store` methods ``read_kernel`` and
+``write_kernel`` call these functions.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from trakcli.errors import StoreError
+from trakcli.store.identity import jsonable
+from trakcli.store.integrity import StoreCorruptError, delete, node, writable
+from trakcli.store.rows import codecs, read_checked
+
+if TYPE_CHECKING:
+    from trakcli.store.store import Store
+
+
+def read_kernel(
+    store: "Store", model_id: int, settings: dict[str, Any], rebuild: bool = False
+) -> tuple[np.ndarray, float] | None:
+    """The stored Cholesky factor ``[proj_dim, proj_dim]`` float64 and λ if made with ``settings``, else None.
+
+    Args:
+        store: the open store.
+        model_id: the checkpoint.
+        settings: the ridge settings the kernel must have been made with.
+        rebuild: a corrupt or missing kernel chunk, or unreadable kernel
+            metadata, deletes the kernel (noted in ``store.notes``) and returns
+            None, so that the caller computes it again (``trak score``).
+
+    Raises:
+        StoreCorruptError: the kernel is corrupt (without ``rebuild``); names ``trak score CONFIG``.
+    """
+    path = f"train/{model_id}/kernel"
+    try:
+        arr = node(store.root, path)
+        if arr is None:
+            return None
+        attrs = dict(arr.attrs)
+        if attrs.get("settings") != jsonable(settings) or "lambda_reg" not in attrs:
+            return None
+        return read_checked(arr, slice(None), 0), float(attrs["lambda_reg"])
+    except StoreCorruptError as e:
+        if not rebuild or e.array != path:
+            raise
+        delete(store.root, path, metadata_only=False)
+        store.notes.append(f"model_id {model_id}: the stored kernel was corrupt or missing; it is rebuilt")
+        return None
+
+
+def write_kernel(
+    store: "Store", model_id: int, factor: np.ndarray, settings: dict[str, Any], lambda_reg: float,
+    form: str = "cholesky_lower",
+) -> None:
+    """Write the kernel's Cholesky factor, then its attributes (the done marker).
+
+    Args:
+        factor: float64, ``[proj_dim, proj_dim]`` (form ``cholesky_lower``, of ``ΦᵀΦ + λI``) or
+            ``[n_train, n_train]`` (form ``dual_cholesky_lower``, of ``ΦΦᵀ + λI``: :mod:`trakcli.scoring`).
+        form: recorded in the attributes (``form``).
+
+    Raises:
+        StoreError: the write failed (rerun to resume), or the checkpoint's group is missing.
+    """
+    group = node(store.root, f"train/{model_id}")
+    if group is None:
+        raise StoreError(f"store group train/{model_id} is missing; run `trak featurize CONFIG` first")
+    p = factor.shape[0]
+    try:
+        arr = node(group, "kernel")
+        if arr is not None and tuple(arr.shape) != (p, p):  # the other form, made with other settings
+            delete(store.root, f"train/{model_id}/kernel", metadata_only=False)
+            arr = None
+        if arr is not None:
+            arr.attrs.clear()
+        else:
+            arr = group.create_array("kernel", shape=(p, p), chunks=(p, p), dtype="float64", fill_value=0,
+                                     compressors=codecs(store.layout.compressor))
+        writable(arr)[:] = np.ascontiguousarray(factor)
+        arr.attrs.update({"form": form, "lambda_reg": lambda_reg, "settings": jsonable(settings)})
+    except OSError as e:
+        raise StoreError(f"writing the kernel of model_id {model_id} failed: {e}; rerun to resume") from None
