@@ -4,18 +4,23 @@ from __future__ import annotations
 
 import glob
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trakcli.config.schema import Config
 from trakcli.errors import ConfigError
 
+if TYPE_CHECKING:
+    from trakcli.store.hashes import HashCache
 
-def resolve_checkpoints(cfg: Config) -> list[Path]:
+
+def resolve_checkpoints(cfg: Config, hashes: "HashCache | None" = None) -> list[Path]:
     """The checkpoint files of ``cfg`` in model_id order (sorted paths; a list keeps its order).
 
     An entry ``hf:DIR`` (or ``hf:package/dir``) is a Hugging Face model directory,
     found as for ``model.entrypoint``. A single path ending in ``.json`` is the
     ``manifest.json`` of a `trak optimize` run: its checkpoints in model_id order,
-    paths relative to the manifest (see :func:`trakcli.store.manifest.manifest_checkpoints`).
+    paths relative to the manifest (see :func:`trakcli.store.manifest.manifest_checkpoints`),
+    whose sha256s are checked through ``hashes`` (a :class:`trakcli.store.hashes.HashCache`) if given.
 
     Raises:
         ConfigError: if the glob matches nothing or a listed file is missing; for a
@@ -34,7 +39,7 @@ def resolve_checkpoints(cfg: Config) -> list[Path]:
         if oc is not None and oc.out_dir.resolve() == path.parent.resolve():
             n_models = oc.n_models
             key = f"{cfg.recipe_key}.n_models"
-        return manifest_checkpoints(path, n_models=n_models, n_models_key=key)
+        return manifest_checkpoints(path, n_models=n_models, n_models_key=key, hashes=hashes)
     if isinstance(spec, str) and spec.startswith("hf:") or isinstance(spec, list) and any(
         p.startswith("hf:") for p in spec
     ):
@@ -87,8 +92,10 @@ def check_files(
     """
     problems: list[str] = []
     if need_checkpoints:
+        from trakcli.store.hashes import HashCache
+
         try:
-            resolve_checkpoints(cfg)
+            resolve_checkpoints(cfg, HashCache.for_store(cfg.store.path))
         except ConfigError as e:
             problems += e.problems
     for name in ("train", "target", "validation") if need_validation else ("train", "target"):

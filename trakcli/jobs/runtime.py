@@ -17,6 +17,7 @@ from trakcli.distributed import Dist
 from trakcli.errors import ConfigError
 from trakcli.progress import Reporter
 from trakcli.store import Store, StoreLock
+from trakcli.store.hashes import HashCache
 
 
 def event(message: str) -> None:
@@ -59,7 +60,9 @@ def apply_threads(num_threads: int | None) -> None:
 def locked_store(path: str | Path, dist: Dist, reporter: Reporter) -> Iterator[None]:
     """Hold ``<store>.lock`` for the duration of a run (rank 0 only; other ranks follow rank 0).
 
-    Creates the store's parent directory first. A note from the lock (e.g. a
+    Creates the store's parent directory first, then writes the checkpoint
+    sha256s this process computed to ``<store>.hashes.json``
+    (:class:`trakcli.store.hashes.HashCache`). A note from the lock (e.g. a
     stale lock taken over) goes to ``reporter.info``.
 
     Raises:
@@ -71,6 +74,7 @@ def locked_store(path: str | Path, dist: Dist, reporter: Reporter) -> Iterator[N
         note = lock.acquire()
         if note:
             reporter.info(note)
+        HashCache.for_store(path).save()
     try:
         yield
     finally:

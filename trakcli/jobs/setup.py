@@ -32,6 +32,7 @@ from trakcli.models.checkpoints import file_sha256, load_checkpoint
 from trakcli.progress import NULL_REPORTER, Reporter
 from trakcli.projectors import make_projector
 from trakcli.store import StoreLayout
+from trakcli.store.hashes import HashCache
 
 #: What computes ``(phi, q)`` of a batch in the featurize row loop.
 Featurizer = Union["GradientFeaturizer", KroneckerFeaturizer]
@@ -226,7 +227,8 @@ def prepare(cfg: Config, *, need_target: bool = False, reporter: Reporter = NULL
     """
     check_files(cfg, need_checkpoints=True, need_target=need_target)
     apply_threads(cfg.num_threads)
-    checkpoints = resolve_checkpoints(cfg)
+    hashes = HashCache.for_store(cfg.store.path)  # sha256s by (path, size, mtime_ns), beside the store
+    checkpoints = resolve_checkpoints(cfg, hashes)
     dist = init_from_env()
     device = resolve_device(cfg.device, dist)
     train = load_dataset(cfg.data.train, key="data.train")
@@ -241,5 +243,5 @@ def prepare(cfg: Config, *, need_target: bool = False, reporter: Reporter = NULL
     st = cfg.store
     layout = StoreLayout(len(train), featurizer.projector.proj_dim, st.chunk_rows, st.dtype, st.compressor)
     identity = run_identity(cfg.model, cfg.task, cfg.grad_wrt, featurizer, train, layout)
-    shas = [file_sha256(c) for c in checkpoints]
+    shas = [hashes.sha256(c, file_sha256) for c in checkpoints]  # saved by jobs.runtime.locked_store
     return JobSetup(checkpoints, shas, train, model, featurizer, batch_rows, device, layout, identity, dist)

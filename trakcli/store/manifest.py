@@ -39,6 +39,7 @@ from typing import Any
 
 from trakcli.errors import ConfigError
 from trakcli.files import write_text
+from trakcli.store.hashes import HashCache
 
 MANIFEST_NAME = "manifest.json"
 FORMAT = "trakcli.optimize.manifest"
@@ -122,7 +123,8 @@ def read_manifest(path: Path, *, key: str = "checkpoints") -> dict[str, Any]:
 
 
 def manifest_checkpoints(
-    path: Path, *, n_models: int | None = None, n_models_key: str = "optimize.n_models"
+    path: Path, *, n_models: int | None = None, n_models_key: str = "optimize.n_models",
+    hashes: HashCache | None = None,
 ) -> list[Path]:
     """The checkpoints a finished `trak optimize` run lists in its manifest, in model_id order.
 
@@ -134,6 +136,7 @@ def manifest_checkpoints(
         n_models: the number of models the config's recipe asks for, when its
             ``out_dir`` is this manifest's directory (None: not checked).
         n_models_key: how that number is spelled in the config (for messages).
+        hashes: a :class:`trakcli.store.hashes.HashCache` that remembers the sha256s (None: hash every file).
 
     Returns:
         The checkpoint paths (manifest directory / relative path), model_id order.
@@ -171,7 +174,7 @@ def manifest_checkpoints(
                 f"checkpoints: checkpoint {str(ckpt)!r} (model_id {m['model_id']}) of the manifest {str(path)!r} "
                 "does not exist; rerun `trak optimize CONFIG` to train it again"
             )
-        elif (sha := checkpoint_sha256(ckpt)) != m["sha256"]:
+        elif (sha := hashes.sha256(ckpt, checkpoint_sha256) if hashes else checkpoint_sha256(ckpt)) != m["sha256"]:
             problems.append(
                 f"checkpoints: checkpoint {str(ckpt)!r} (model_id {m['model_id']}) changed since trak optimize "
                 f"wrote the manifest (sha256 {m['sha256'][:12]} then, {sha[:12]} now); delete it "
