@@ -18,7 +18,7 @@ from trakcli.config import Config, OptimizeConfig, check_files, recipe_identity
 from trakcli.data.load import load_dataset
 from trakcli.data.tensors import Inputs, TensorDataset, index_inputs, inputs_to
 from trakcli.errors import CheckpointError, ConfigError
-from trakcli.files import atomic_path, write_text
+from trakcli.files import atomic_open, write_text
 from trakcli.jobs.runtime import apply_threads, event, resolve_device
 from trakcli.jobs.train import check_init_checkpoint, check_recipe, evaluate, load_training_function, train_one
 from trakcli.models.build import build_model
@@ -139,8 +139,10 @@ def _train_model(
         resume.parent.rmdir()  # only when empty: no other model's state is pending
     except OSError:
         pass
-    with atomic_path(path) as tmp:
-        torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, tmp)
+    # to a file object: torch names the archive inside after a path, and the temporary name is random,
+    # which would give a retrained model other bytes (and sha256) than the first training
+    with atomic_open(path, "wb") as f:
+        torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, f)
     return model, stats
 
 
