@@ -1,4 +1,5 @@
 import importlib
+import os
 
 import numpy as np
 import pytest
@@ -162,3 +163,29 @@ def test_trak_score_solves_in_the_dual_when_n_train_below_proj_dim(user_project,
     assert [root[f"train/{m}/kernel"].attrs["form"] for m in range(2)] == [PRIMAL, DUAL]
     old = np.asarray(root["scores/old/scores"][:])
     assert max_rel(old, trak_scores(phi, q, phi_t, lambda_rel=0.5, form=PRIMAL)) < 1e-6
+
+
+def test_torchrun_two_ranks_score_in_the_dual_as_one_process(tmp_path):
+    """`trak score` under torchrun: ranks split the kernels and the train-column blocks; the store is bit-identical."""
+    import shutil
+    import subprocess
+    import sys
+
+    from test_store_robust import _free_port, assert_same_store, make_project, run
+
+    one = make_project(tmp_path / "one")
+    dual = ["projector.proj_dim=640"]  # n_train 600 < 640: [600, 600] kernels; 15 score blocks of 40 columns
+    assert run(one, "featurize", "run.yaml", *dual, "-q").returncode == 0
+    shutil.copytree(one, tmp_path / "two")
+    res = run(one, "score", "run.yaml", *dual, "-q")
+    assert res.returncode == 0, res.stderr
+    res = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+         "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
+         "-m", "trakcli.cli.main", "score", "run.yaml", *dual, "-q"],
+        cwd=tmp_path / "two", capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    root = zarr.open_group(str(one / "out" / "attrib.zarr"), mode="r")
+    assert root["train/1/kernel"].attrs["form"] == DUAL and root["train/1/kernel"].shape == (600, 600)
+    assert_same_store(one / "out" / "attrib.zarr", tmp_path / "two" / "out" / "attrib.zarr")

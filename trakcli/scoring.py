@@ -63,9 +63,8 @@ def gram_matrix(feature_chunks: Iterable[torch.Tensor]) -> torch.Tensor:
     """
     gram: torch.Tensor | None = None
     for chunk in feature_chunks:
-        c = chunk.to(torch.float64)
-        g = c.T @ c
-        gram = g if gram is None else gram + g
+        c = chunk.to(torch.float64)  # [rows, proj_dim]
+        gram = c.T @ c if gram is None else gram.addmm_(c.T, c)
     if gram is None:
         raise TrakError("no train features to build the kernel from; run `trak featurize` first")
     return gram
@@ -130,7 +129,8 @@ def kernel_factor(gram: torch.Tensor, lam: float, proj_dim: int | None = None) -
             ``proj_dim >= n_train``), suggesting a ridge.
     """
     p = gram.shape[0]
-    mat = gram.to(torch.float64) + lam * torch.eye(p, dtype=torch.float64, device=gram.device)
+    mat = gram.to(torch.float64, copy=True)
+    mat.diagonal().add_(lam)  # gram + λ I, without a [p, p] identity
     factor, info = torch.linalg.cholesky_ex(mat)
     if int(info) != 0:
         raise _not_positive_definite(lam, proj_dim or p)
@@ -180,9 +180,12 @@ def solve_kernel(
 
 
 def target_weights(
-    factor: torch.Tensor, target_features: torch.Tensor, dtype: torch.dtype = torch.float64
+    factor: torch.Tensor,
+    target_features: torch.Tensor,
+    dtype: torch.dtype = torch.float64,
+    target_block: int = 4096,
 ) -> torch.Tensor:
-    """``φ(t)ᵀ A`` for each target: a Cholesky solve in float64.
+    """``φ(t)ᵀ A`` for each target: a Cholesky solve in float64, ``target_block`` targets at a time.
 
     Args:
         factor: ``[proj_dim, proj_dim]`` float64 lower Cholesky factor from :func:`solve_kernel`.
@@ -190,13 +193,20 @@ def target_weights(
         dtype: dtype of the returned weights. `trak score` and the sweep take
             float32 (the products of :func:`score_block` then run in float32);
             :func:`trak_scores` keeps float64.
+        target_block: targets per solve; the float64 temporaries are
+            ``[proj_dim, target_block]``, so the memory is the result's plus
+            ``2 · 8 · proj_dim · target_block`` bytes.
 
     Returns:
         ``[n_target, proj_dim]`` rows ``(A φ(t))ᵀ`` (A is symmetric), solved in
         float64 and cast to ``dtype``.
     """
-    rhs = target_features.to(torch.float64).T  # [proj_dim, n_target]
-    return torch.cholesky_solve(rhs, factor).T.to(dtype)
+    n_target = target_features.shape[0]
+    out = torch.empty(n_target, factor.shape[0], dtype=dtype, device=factor.device)
+    for lo in range(0, n_target, target_block):
+        rhs = target_features[lo : lo + target_block].to(torch.float64).T  # [proj_dim, block]
+        out[lo : lo + target_block] = torch.cholesky_solve(rhs, factor).T
+    return out
 
 
 def dual_scores(

@@ -307,7 +307,7 @@ def finalize_and_score(
         lambdas.append(lam)
         if not pending:
             continue
-        phi_t = torch.from_numpy(target_rows[model_id].read("features", 0, n_target).astype(np.float32))
+        phi_t = torch.from_numpy(target_rows[model_id].read("features", 0, n_target).astype(np.float32, copy=False))
         if factor.shape[0] == proj_dim:  # PRIMAL (a dual factor is [n_train, n_train], n_train < proj_dim)
             weights.append(target_weights(torch.from_numpy(factor), phi_t, dtype=torch.float32))
             primal.append(train_rows[model_id])
