@@ -16,12 +16,13 @@ import numpy as np
 import pytest
 import torch
 import yaml
-import zarr
 from typer.testing import CliRunner
 
 from trakcli.cli.main import app
 from trakcli.errors import DataError, ProjectorError, UserCodeError, user_code
 from trakcli.projectors import make_projector
+
+from test_optimize_manifest import store_arrays  # every array of a store, by path
 
 BAD_CODE = '''
 import torch
@@ -90,17 +91,6 @@ def project(user_project: Path) -> Path:
     return user_project
 
 
-def store_arrays(path: str) -> dict[str, np.ndarray]:
-    out: dict[str, np.ndarray] = {}
-
-    def walk(group, prefix=""):
-        for name, arr in group.arrays():
-            out[prefix + name] = np.asarray(arr[:])
-        for name, sub in group.groups():
-            walk(sub, prefix + name + "/")
-
-    walk(zarr.open_group(path, mode="r"))
-    return out
 
 
 # --- data -------------------------------------------------------------------------------------------------------
