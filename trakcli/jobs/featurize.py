@@ -18,6 +18,7 @@ from trakcli.data.tensors import TensorDataset
 from trakcli.gradients import check_finite
 from trakcli.jobs.runtime import event, locked_store
 from trakcli.jobs.setup import JobSetup, prepare
+from trakcli.models.checkpoints import load_checkpoint
 from trakcli.progress import NULL_REPORTER, Reporter
 from trakcli.store import ChunkedRows, Store
 
@@ -89,6 +90,29 @@ def featurize_rows(
     return len(pending), skipped
 
 
+def first_batch(s: JobSetup, reporter: Reporter) -> None:
+    """Load checkpoint 0 and compute the features of the first training batch, before anything is written.
+
+    A model that does not take the inputs (a shape or dtype mistake), a checkpoint
+    that does not fit, or a bad task then fails before the store exists, so
+    fixing it needs no ``--overwrite``. Key prefixes of wrapped models stripped
+    from the checkpoint (``module.``, ``_orig_mod.``) are reported here, once.
+
+    Raises:
+        CheckpointError, ModelError, GradientError, ...: whatever the first batch raises.
+    """
+    stripped = load_checkpoint(s.model, s.checkpoints[0], model_id=0)
+    if stripped:
+        reporter.info(
+            f"checkpoint {s.checkpoints[0]}: stripped the key prefix {''.join(stripped)!r} "
+            "(a DistributedDataParallel / torch.compile model); other checkpoints are loaded the same way"
+        )
+    s.model.to(s.device)
+    if len(s.train):
+        _, x, y = next(s.train.batches(0, min(len(s.train), s.batch_rows), s.batch_rows))
+        s.features(x, y, 0, 0)
+
+
 @dataclass
 class FeaturizeResult:
     """What a featurize run did.
@@ -147,6 +171,8 @@ def featurize(
     """
     s = prepare(cfg, reporter=reporter)
     path = Path(cfg.store.path)
+    if s.dist.is_main and s.checkpoints and (overwrite or not path.exists()):
+        first_batch(s, reporter)  # fails before the store exists
     computed = total = repaired = 0
     skipped: dict[int, list[int]] = {}
     with locked_store(path, s.dist, reporter):

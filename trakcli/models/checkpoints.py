@@ -8,6 +8,7 @@ model directory (its weight files, merged).
 from __future__ import annotations
 
 import hashlib
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,9 @@ from torch import nn
 
 from trakcli.errors import CheckpointError, exception_text
 from trakcli.models.hf import fit_hf_state_dict, is_hf_model
+
+#: key prefixes of wrapped models: ``DistributedDataParallel`` / ``DataParallel`` and ``torch.compile``
+WRAPPER_PREFIXES = ("module.", "_orig_mod.")
 
 #: weight files of a Hugging Face directory, in the order they are looked for
 WEIGHT_PATTERNS = ("model.safetensors", "model-*.safetensors", "pytorch_model.bin", "pytorch_model-*.bin")
@@ -92,6 +96,13 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
             raise CheckpointError(f"checkpoint {path} has suffix {suffix!r}; use .pt, .pth or .safetensors")
     except CheckpointError:
         raise
+    except pickle.UnpicklingError as e:
+        if "weights only" not in str(e).lower():
+            raise CheckpointError(f"cannot read checkpoint {path}: {exception_text(e)}") from None
+        raise CheckpointError(
+            f"checkpoint {path} holds pickled Python objects (e.g. a whole model saved with torch.save(model)), "
+            "not a state dict; save the weights with torch.save(model.state_dict(), PATH) and use that file"
+        ) from None
     except Exception as e:
         raise CheckpointError(f"cannot read checkpoint {path}: {exception_text(e)}") from None
     if isinstance(sd, dict):
@@ -102,6 +113,35 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     if not isinstance(sd, dict) or not all(torch.is_tensor(v) for v in sd.values()):
         raise CheckpointError(f"checkpoint {path} is not a state dict (a dict of tensors)")
     return sd
+
+
+def strip_wrapper_prefixes(
+    sd: dict[str, torch.Tensor], own_keys: set[str] | list[str]
+) -> tuple[dict[str, torch.Tensor], list[str]]:
+    """Remove the key prefixes that model wrappers add (``module.``: DDP, ``_orig_mod.``: ``torch.compile``).
+
+    A prefix is stripped only when every key of ``sd`` starts with it and no key
+    of the model does; repeated (``_orig_mod.module.``) until none is left.
+
+    Args:
+        sd: the checkpoint's state dict.
+        own_keys: the model's state dict keys.
+
+    Returns:
+        (the state dict with its keys stripped, the prefixes removed in order; empty if none).
+    """
+    own = list(own_keys)
+    removed: list[str] = []
+    while sd:
+        prefix = next(
+            (p for p in WRAPPER_PREFIXES if all(k.startswith(p) for k in sd) and not any(k.startswith(p) for k in own)),
+            None,
+        )
+        if prefix is None:
+            break
+        sd = {k[len(prefix):]: v for k, v in sd.items()}
+        removed.append(prefix)
+    return sd, removed
 
 
 def describe_mismatch(
@@ -146,8 +186,11 @@ def nonfinite_parameters(model: nn.Module, limit: int = 3) -> list[str]:
     return out
 
 
-def load_checkpoint(model: nn.Module, path: str | Path, *, model_id: int | None = None) -> None:
+def load_checkpoint(model: nn.Module, path: str | Path, *, model_id: int | None = None) -> list[str]:
     """Load a state dict into ``model`` in place, checking keys and shapes first, and finite weights after.
+
+    The key prefixes of wrapped models (``module.`` from DDP, ``_orig_mod.``
+    from ``torch.compile``) are stripped first (:func:`strip_wrapper_prefixes`).
 
     A transformers model takes the keys of its bare base model too, and keeps the
     seeded initialization of a head the checkpoint lacks (see
@@ -158,11 +201,14 @@ def load_checkpoint(model: nn.Module, path: str | Path, *, model_id: int | None 
         path: the checkpoint (see :func:`read_state_dict`).
         model_id: its index among the run's checkpoints, named in messages.
 
+    Returns:
+        The wrapper prefixes stripped from the keys (empty for a plain state dict), for the caller to report.
+
     Raises:
         CheckpointError: naming the file (and ``model_id``) and the first missing, unexpected
             and shape-mismatched keys, or the parameters holding NaN / inf values.
     """
-    _load_state(model, path)
+    stripped = _load_state(model, path)
     bad = nonfinite_parameters(model)
     if bad:
         which = f"checkpoint {path}" + (f" (model_id {model_id})" if model_id is not None else "")
@@ -170,12 +216,13 @@ def load_checkpoint(model: nn.Module, path: str | Path, *, model_id: int | None 
             f"{which} has non-finite weights: {', '.join(bad)}; it comes from a diverged training: retrain it "
             "(with a lower learning rate) or remove it from checkpoints"
         )
+    return stripped
 
 
-def _load_state(model: nn.Module, path: str | Path) -> None:
-    """:func:`load_checkpoint` without the finiteness check."""
-    sd = read_state_dict(path)
+def _load_state(model: nn.Module, path: str | Path) -> list[str]:
+    """:func:`load_checkpoint` without the finiteness check; returns the stripped prefixes."""
     own = model.state_dict()
+    sd, stripped = strip_wrapper_prefixes(read_state_dict(path), own.keys())
     if is_hf_model(model):
         mapped, missing, unexpected = fit_hf_state_dict(model, sd)
         problem = describe_mismatch(own, mapped, missing=missing, unexpected=unexpected)
@@ -185,7 +232,7 @@ def _load_state(model: nn.Module, path: str | Path) -> None:
                 f"{problem}; check model.entrypoint and model.kwargs (num_labels, model_class)"
             )
         model.load_state_dict({k: v for k, v in mapped.items() if k in own}, strict=False)
-        return
+        return stripped
     missing, unexpected = [k for k in own if k not in sd], [k for k in sd if k not in own]
     problem = describe_mismatch(own, sd, missing=missing, unexpected=unexpected)
     if problem:
@@ -194,3 +241,4 @@ def _load_state(model: nn.Module, path: str | Path) -> None:
             "check model.entrypoint and model.kwargs against how the checkpoint was trained"
         )
     model.load_state_dict(sd, strict=True)
+    return stripped
