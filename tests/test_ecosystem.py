@@ -68,3 +68,20 @@ def test_a_first_batch_error_leaves_no_store(user_project):
     assert not Path("out/attrib.zarr").exists()
     res = trak("featurize", "run.yaml")  # the fixed config needs no --overwrite
     assert res.exit_code == 0, res.stderr
+
+
+# --- the store in the ecosystem ------------------------------------------------------------------
+
+
+@pytest.mark.filterwarnings("ignore:Failed to open Zarr store with consolidated metadata")
+def test_xarray_opens_the_store_with_named_dimensions(user_project):
+    xarray = pytest.importorskip("xarray")
+    assert trak("featurize", "run.yaml", "-q").exit_code == 0
+    assert trak("score", "run.yaml", "-q").exit_code == 0
+    ds = xarray.open_zarr("out/attrib.zarr", group="train/0")  # as the issue asks
+    assert ds["features"].dims == ("train", "proj") and ds["features"].shape == (40, 16)
+    assert ds["out_to_loss"].dims == ("train",) and ds["done"].dims == ("chunk",)
+    scores = xarray.open_zarr("out/attrib.zarr", group="scores/default", consolidated=False)["scores"]
+    assert scores.dims == ("target", "train") and scores.shape == (7, 40)
+    targets = xarray.open_zarr("out/attrib.zarr", group="targets/default/0", consolidated=False)
+    assert targets["features"].dims == ("target", "proj")

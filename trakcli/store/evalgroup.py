@@ -109,11 +109,11 @@ def open_eval_rows(
             group = store.root.require_group("eval")
             array_codecs = codecs(compressor)
             group.create_array("masks", shape=(n_subsets, n_train), chunks=(1, n_train), dtype="bool",
-                               fill_value=False, compressors=array_codecs)
+                               fill_value=False, compressors=array_codecs, dimension_names=("subset", "train"))
             group.create_array("outputs", shape=(n_subsets, n_target), chunks=(1, n_target), dtype="float64",
-                               fill_value=0.0, compressors=array_codecs)
+                               fill_value=0.0, compressors=array_codecs, dimension_names=("subset", "target"))
             group.create_array("done", shape=(n_subsets,), chunks=(1,), dtype="uint8", fill_value=0,
-                               compressors=[Crc32cCodec()])
+                               compressors=[Crc32cCodec()], dimension_names=("subset",))
             group.attrs.update({"identity": identity, "n_subsets": n_subsets, "trakcli_version": __version__})
         arrays = {}
         for name in ("masks", "outputs", "done"):

@@ -263,6 +263,7 @@ class Store:
         n_chunks: int,
         create: bool,
         repair: bool = False,
+        dims_of: dict[str, tuple[str, ...]] | None = None,
     ) -> tuple[dict[str, Any], Any]:
         data = {}
         array_codecs = codecs(self.layout.compressor)
@@ -276,7 +277,8 @@ class Store:
                     )
             elif create:
                 arr = group.create_array(
-                    name, shape=shape, chunks=chunks_of[name], dtype=dtype, fill_value=0, compressors=array_codecs
+                    name, shape=shape, chunks=chunks_of[name], dtype=dtype, fill_value=0, compressors=array_codecs,
+                    dimension_names=(dims_of or {}).get(name),
                 )
             else:
                 raise StoreError(f"store array {group.path}/{name} is missing; it is created by rank 0")
@@ -284,7 +286,7 @@ class Store:
         done = self._node(f"{group.path}/done", repair and create)
         if done is None and create:
             done = group.create_array("done", shape=(n_chunks,), chunks=(1,), dtype="uint8", fill_value=0,
-                                      compressors=[Crc32cCodec()])
+                                      compressors=[Crc32cCodec()], dimension_names=("chunk",))
         elif done is None:
             raise StoreError(f"store array {group.path}/done is missing; it is created by rank 0")
         return data, done
@@ -348,6 +350,7 @@ class Store:
             -(-n_train // rows),
             create,
             repair,
+            {"features": ("train", "proj"), "out_to_loss": ("train",), "nonfinite": ("train",)},
         )
         return ChunkedRows(data, done, rows, n_train, sparse=SPARSE_ARRAYS)
 
@@ -384,7 +387,7 @@ class Store:
         group = self._group(f"targets/{experiment}/{model_id}", create, repair)
         data, done = self._arrays(
             group, {"features": ((n_target, proj_dim), layout.dtype)}, {"features": (rows, proj_dim)},
-            -(-n_target // rows), create, repair,
+            -(-n_target // rows), create, repair, {"features": ("target", "proj")},
         )
         return ChunkedRows(data, done, rows, n_target)
 
@@ -401,7 +404,7 @@ class Store:
         t_rows = min(n_target, max(1, (8 << 20) // (4 * cols)))  # ~8 MB chunks
         data, done = self._arrays(
             group, {"scores": ((n_target, n_train), "float32")}, {"scores": (t_rows, cols)},
-            -(-n_train // cols), create, repair,
+            -(-n_train // cols), create, repair, {"scores": ("target", "train")},
         )
         return ChunkedRows(data, done, cols, n_train, axis=1)
 
