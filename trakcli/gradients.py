@@ -30,14 +30,18 @@ can plug in later).
 from __future__ import annotations
 
 import fnmatch
-from typing import Callable
+import inspect
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Union
 
 import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from trakcli.errors import ConfigError, DataError, GradientError, user_code
-from trakcli.models.build import model_name
+from trakcli.models.build import load_function, model_name
+from trakcli.models.checkpoints import file_sha256
 from trakcli.models.forward import forward_errors
 
 #: How to fix a forward pass that runs on a batch but not under ``torch.func.vmap`` (per-example gradients).
@@ -56,6 +60,126 @@ OUTPUT_FUNCTIONS = {
     "language_modeling": "sum over tokens t of logit_t(x_{t+1}) - logsumexp_{j!=x_{t+1}} logit_t(j); "
     "out_to_loss mean over tokens of 1 - p_t(x_{t+1})",
 }
+
+
+@dataclass(frozen=True)
+class CustomOutput:
+    """A user's model output function ``fn(logits, labels) -> (f [n], Q [n])`` (``task:`` a spec or a callable).
+
+    ``f`` is what TRAK attributes and differentiates, ``Q`` the out-to-loss term
+    (``∂loss/∂f``; for the built-in classification margin ``1 - p_y``). Both are
+    row-wise: row ``i`` depends only on ``logits[i]`` and ``labels[i]`` (the
+    per-example gradients call ``fn`` on one example at a time, ``n = 1``,
+    under ``torch.func.vmap``, so no data-dependent indexing such as
+    ``logits[range(n), labels]``: use masks, see :func:`classification_margin`).
+
+    Attributes:
+        fn: the function.
+        spec: ``"file.py:fn"`` / ``"pkg.mod:fn"`` as configured, or ``"module:qualname"`` of a callable.
+        file, sha256: the source file of ``fn`` and its sha256 (None when it has no file), recorded
+            in the store identity so that a changed function is refused.
+    """
+
+    fn: Callable[[torch.Tensor, torch.Tensor], Any]
+    spec: str
+    file: str | None
+    sha256: str | None
+
+    @classmethod
+    def of(cls, fn: Callable[..., Any], spec: str | None = None) -> "CustomOutput":
+        """Wrap ``fn``, reading its source file and that file's sha256."""
+        try:
+            file = inspect.getsourcefile(fn)
+        except TypeError:
+            file = None
+        name = spec or f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', repr(fn))}"
+        sha = file_sha256(file) if file is not None and Path(file).is_file() else None
+        return cls(fn, name, file, sha)
+
+    def identity(self) -> dict[str, Any]:
+        """What the store records as ``output_function``: the spec, its file and the file's sha256."""
+        return {"function": self.spec, "file": self.file, "sha256": self.sha256}
+
+    def __call__(self, logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``fn`` on ``logits [n, ...]`` and ``labels [n]``; on one example under vmap (``labels []``),
+        called with ``labels [1]`` and its ``(f [1], Q [1])`` returned as scalars."""
+        if labels.ndim == 0:
+            f, q = self.fn(logits, labels.reshape(1))
+            return f.reshape(()), q.reshape(())
+        return self.fn(logits, labels)
+
+
+#: A task: a built-in name of :data:`TASKS` or a user's output function.
+Task = Union[str, CustomOutput]
+
+
+def resolve_task(task: str | Callable[..., Any] | CustomOutput) -> Task:
+    """The task as the featurizers use it: a built-in name, or a :class:`CustomOutput`.
+
+    Args:
+        task: a name of :data:`TASKS`, ``"path/to/file.py:fn"`` or ``"pkg.module:fn"``
+            (imported like ``model.entrypoint``), or a callable ``fn(logits, labels) -> (f, Q)``.
+
+    Raises:
+        ConfigError: an unknown name that is not a function spec.
+        ModelError: the file or module cannot be imported or has no such function.
+    """
+    if isinstance(task, CustomOutput):
+        return task
+    if callable(task):
+        return CustomOutput.of(task)
+    if task in TASKS:
+        return task
+    if ":" not in str(task):
+        raise ConfigError(
+            f"task: {task!r} is not supported; use one of {', '.join(TASKS)}, or your own output function "
+            'as "path/to/file.py:fn" or "package.module:fn" (README "Custom model outputs")'
+        )
+    return CustomOutput.of(load_function(task, key="task", builtins={}), spec=task)
+
+
+def task_identity(task: str | Callable[..., Any] | CustomOutput) -> dict[str, Any]:
+    """``{"task", "output_function"}`` of a store identity: the name and formula of a built-in task, or a
+    custom function's spec with its file's sha256 (:meth:`CustomOutput.identity`)."""
+    t = resolve_task(task)
+    if isinstance(t, CustomOutput):
+        return {"task": t.spec, "output_function": t.identity()}
+    return {"task": t, "output_function": OUTPUT_FUNCTIONS[t]}
+
+
+def check_custom_output(task: CustomOutput, logits: torch.Tensor, labels: torch.Tensor, row_offset: int = 0) -> None:
+    """Call a custom output function on a batch and refuse results of the wrong shape or not finite.
+
+    Args:
+        task: the function.
+        logits: ``[n, ...]`` the model's logits of a batch.
+        labels: ``[n]`` the batch's labels.
+        row_offset: index of the batch's first example (for messages).
+
+    Raises:
+        DataError: ``fn`` raised (its file and line), did not return a pair of tensors of shape
+            ``[n]``, or returned NaN / inf (naming the first examples).
+    """
+    n = logits.shape[0]
+    with user_code(lambda: f"task {task.spec}", error=DataError):
+        out = task.fn(logits, labels[:n])
+    shapes = [list(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__ for t in out] if isinstance(
+        out, (tuple, list)) else type(out).__name__
+    if not (isinstance(out, (tuple, list)) and len(out) == 2 and all(isinstance(t, torch.Tensor) for t in out)
+            and all(tuple(t.shape) == (n,) for t in out)):
+        raise DataError(
+            f"task {task.spec} must return (f, Q), two tensors of shape [n] (one value per example); for logits "
+            f"{list(logits.shape)} and labels [{n}] it returned {shapes}; reduce over every dimension but the first "
+            '(README "Custom model outputs")'
+        )
+    for name, t in zip(("f", "Q"), out):
+        bad = ~torch.isfinite(t.detach())
+        if bad.any():
+            rows = (torch.nonzero(bad).flatten()[:5] + row_offset).tolist()
+            raise DataError(
+                f"task {task.spec} returned non-finite {name} for examples {rows}; "
+                "compute it stably (e.g. torch.logsumexp, torch.sigmoid) and check those inputs"
+            )
 
 
 def select_parameters(model: nn.Module, grad_wrt: list[str] | None) -> list[str]:
@@ -133,7 +257,7 @@ def language_modeling_margin(
 
 
 def output_function(
-    task: str, logits: torch.Tensor, labels: torch.Tensor, inputs: torch.Tensor | dict[str, torch.Tensor]
+    task: Task, logits: torch.Tensor, labels: torch.Tensor, inputs: torch.Tensor | dict[str, torch.Tensor]
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The model output function f and out-to-loss term Q of a task: the one definition of the margins.
 
@@ -146,7 +270,8 @@ def output_function(
 
     Args:
         task: ``classification`` or ``text_classification`` (:func:`classification_margin`
-            of the ``[..., C]`` logits), or ``language_modeling`` (:func:`language_modeling_margin`).
+            of the ``[..., C]`` logits), ``language_modeling`` (:func:`language_modeling_margin`),
+            or a :class:`CustomOutput` (its function of the logits and labels; a spec string is resolved).
         logits: the model's logits, ``[n, C]`` / ``[n, L, V]`` (or with extra size-1
             dimensions, e.g. ``[1, C]`` for one example under vmap).
         labels: ``[n]`` (or ``[]``) int64 class indices; ignored by ``language_modeling``.
@@ -156,17 +281,22 @@ def output_function(
     Returns:
         ``(f, Q)``, each of the labels' (or texts') leading shape, in the logits' dtype.
     """
+    if isinstance(task, CustomOutput):
+        return task(logits, labels)
+    if task not in TASKS:
+        return output_function(resolve_task(task), logits, labels, inputs)
     if task == "language_modeling":
         ids = inputs["input_ids"]  # type: ignore[index]
         return language_modeling_margin(logits.reshape(*ids.shape, -1), ids, inputs["attention_mask"])  # type: ignore[index]
     return classification_margin(logits.reshape(*labels.shape, -1), labels)
 
 
-def check_logits(task: str, logits: torch.Tensor, labels: torch.Tensor, n: int, row_offset: int = 0) -> None:
+def check_logits(task: Task, logits: torch.Tensor, labels: torch.Tensor, n: int, row_offset: int = 0) -> None:
     """Turn logits of the wrong shape and labels out of range into clear errors.
 
     Args:
-        task: ``cfg.task``.
+        task: ``cfg.task`` (resolved): a custom one is called on the logits and its results checked
+            (:func:`check_custom_output`).
         logits: the model's logits for a batch of ``n`` examples: ``[n, C]``
             (classification) or ``[n, L, V]`` (language_modeling).
         labels: ``[m]`` int64 class labels of the batch (``m`` may exceed ``n``
@@ -178,6 +308,11 @@ def check_logits(task: str, logits: torch.Tensor, labels: torch.Tensor, n: int, 
         DataError: the logits do not have the task's shape, or a label is not a
             class of the model (naming the first offending examples and labels).
     """
+    if isinstance(task, CustomOutput):
+        if logits.ndim < 1 or logits.shape[0] != n:
+            raise DataError(f"the model must return logits [n, ...]; for a batch of {n} it returned {list(logits.shape)}")
+        check_custom_output(task, logits, labels, row_offset)
+        return
     if task == "language_modeling":
         if logits.ndim != 3 or logits.shape[0] != n:
             raise DataError(
@@ -219,7 +354,8 @@ class PerExampleGradients:
         model: the model; it is switched to eval mode.
         grad_wrt: parameter name patterns (see :func:`select_parameters`).
         task: model output function: ``classification``, ``text_classification``
-            (both the margin of ``[C]`` logits) or ``language_modeling``.
+            (both the margin of ``[C]`` logits), ``language_modeling``, or a custom one
+            (:func:`resolve_task`: a ``"file.py:fn"`` spec or a callable).
 
     Attributes:
         param_names: the differentiated parameters, in order.
@@ -227,10 +363,8 @@ class PerExampleGradients:
         grad_dim: total number of differentiated entries.
     """
 
-    def __init__(self, model: nn.Module, grad_wrt: list[str] | None = None, task: str = "classification"):
-        if task not in TASKS:
-            raise ConfigError(f"task: {task!r} is not supported; use one of {', '.join(TASKS)}")
-        self.task = task
+    def __init__(self, model: nn.Module, grad_wrt: list[str] | None = None, task: Any = "classification"):
+        self.task = resolve_task(task)
         self.model = model.eval()
         self.param_names = select_parameters(model, grad_wrt)
         params = dict(model.named_parameters())
@@ -279,6 +413,8 @@ class PerExampleGradients:
         what = lambda: f"per-example gradients (torch.func.vmap) of the forward pass of {model_name(model)}"  # noqa: E731
         with user_code(what, hint=VMAP_HINT, error=GradientError):
             grads, q = vmap(grad(f, has_aux=True), in_dims=(None, 0, 0))(params, inputs, labels)
+        if isinstance(task, CustomOutput):
+            check_finite(q, row_offset, what=f"out-to-loss terms Q of task {task.spec}")
         return grads, q.to(torch.float32)
 
     def _check_batch(self, inputs, labels, params, const, row_offset: int) -> None:
@@ -298,7 +434,7 @@ class PerExampleGradients:
         return torch.cat([grads[n].reshape(grads[n].shape[0], -1) for n in self.param_names], dim=1)
 
 
-def check_finite(rows: torch.Tensor, row_offset: int) -> None:
+def check_finite(rows: torch.Tensor, row_offset: int, what: str = "gradients") -> None:
     """Raise if any example's row has NaN or inf entries.
 
     Called on the projected features ``[n, proj_dim]`` rather than on the
@@ -309,6 +445,7 @@ def check_finite(rows: torch.Tensor, row_offset: int) -> None:
     Args:
         rows: ``[n, ...]`` per-example values (features or gradients).
         row_offset: dataset index of the first row.
+        what: what the rows are, for the message.
 
     Raises:
         GradientError: naming the (global) indices of the offending examples.
@@ -317,6 +454,6 @@ def check_finite(rows: torch.Tensor, row_offset: int) -> None:
     if bad.any():
         rows = (torch.nonzero(bad).flatten() + row_offset).tolist()
         raise GradientError(
-            f"non-finite gradients for examples {rows[:10]}{' ...' if len(rows) > 10 else ''}; "
+            f"non-finite {what} for examples {rows[:10]}{' ...' if len(rows) > 10 else ''}; "
             "check those inputs and the checkpoint for NaN/inf values"
         )

@@ -18,6 +18,9 @@ from pydantic import (
 )
 
 from trakcli.config.base import StrictModel
+
+#: The built-in model output functions (``trakcli.gradients.TASKS``; config does not import torch).
+BUILTIN_TASKS = ("classification", "text_classification", "language_modeling")
 from trakcli.config.recipe import OptimizeConfig, OptimizerConfig, TrainingConfig
 
 BUILTIN_DATASETS = ("digits",)
@@ -322,11 +325,13 @@ class Config(StrictModel):
         "into its out_dir: its checkpoints in model_id order, checked against their recorded sha256."
     )
     data: DataConfig
-    task: Literal["classification", "text_classification", "language_modeling"] = Field(
+    task: str = Field(
         "classification",
         description="Model output function. classification / text_classification: the margin "
         "logit_y - logsumexp_{j!=y} logit_j of the logits (of a tensor input / of a text's sequence logits); "
-        "language_modeling (causal LMs): the sum over the text's tokens of each next-token margin.",
+        "language_modeling (causal LMs): the sum over the text's tokens of each next-token margin; "
+        'or your own "path/to/file.py:fn" / "package.module:fn", fn(logits, labels) -> (f [n], Q [n]) '
+        '(README "Custom model outputs").',
     )
     grad_wrt: list[str] | None = Field(
         None, description="fnmatch patterns of parameter names to differentiate (unset: all)."
@@ -410,6 +415,19 @@ class Config(StrictModel):
     @classmethod
     def _store_path(cls, v: Any) -> Any:
         return {"path": v} if isinstance(v, (str, Path)) else v
+
+    @field_validator("task")
+    @classmethod
+    def _task_name(cls, v: str) -> str:
+        """A built-in task or a function spec (imported when featurizing, not when the config is read)."""
+        if v in BUILTIN_TASKS or (":" in v and all(v.rsplit(":", 1))):
+            return v
+        close = difflib.get_close_matches(v, BUILTIN_TASKS, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ValueError(
+            f"{v!r} is not a task; {hint}use one of {', '.join(BUILTIN_TASKS)} or your own output function "
+            'as "path/to/file.py:fn" or "package.module:fn"'
+        )
 
     @field_validator("grad_wrt", mode="before")
     @classmethod

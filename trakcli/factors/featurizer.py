@@ -49,7 +49,7 @@ from torch import nn
 
 from trakcli.errors import ConfigError, DataError, GradientError
 from trakcli.factors.layers import SUPPORTED, LayerUse, coverage_info, find_layers
-from trakcli.gradients import TASKS, check_logits, output_function, select_parameters
+from trakcli.gradients import check_logits, output_function, resolve_task, select_parameters
 from trakcli.models.forward import forward, forward_errors
 from trakcli.projectors.base import check_model_id
 from trakcli.projectors.kronecker import KroneckerProjector
@@ -85,7 +85,8 @@ class KroneckerFeaturizer:
         distribution: factor entries, ``rademacher`` (default) or ``normal``.
         grad_wrt: parameter name patterns (:func:`trakcli.gradients.select_parameters`);
             ``None`` selects all; parameters outside supported layers are left out.
-        task: ``classification``, ``text_classification`` or ``language_modeling``.
+        task: ``classification``, ``text_classification``, ``language_modeling``, or a custom
+            output function (:func:`trakcli.gradients.resolve_task`).
         memory_mb: if set, the rows of a batch go through in passes whose
             covered layers' inputs, outputs, output gradients and projected
             inputs fit this many MiB (measured, once per input shape, on a
@@ -109,11 +110,10 @@ class KroneckerFeaturizer:
 
     def __init__(
         self, model: nn.Module, *, proj_dim: int, seed: int = 0, dtype: torch.dtype | str = torch.float32,
-        distribution: str = "rademacher", grad_wrt: list[str] | None = None, task: str = "classification",
+        distribution: str = "rademacher", grad_wrt: list[str] | None = None, task: Any = "classification",
         memory_mb: float | None = None,
     ):
-        if task not in TASKS:
-            raise ConfigError(f"task: {task!r} is not supported; use one of {', '.join(TASKS)}")
+        task = resolve_task(task)
         number = isinstance(memory_mb, (int, float)) and not isinstance(memory_mb, bool)
         if memory_mb is not None and not (number and memory_mb > 0):
             raise ConfigError(f"data.grad_memory_mb must be a positive number of MiB, got {memory_mb!r}")

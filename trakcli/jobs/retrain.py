@@ -34,7 +34,7 @@ from trakcli.config import Config, check_files
 from trakcli.data.load import load_dataset
 from trakcli.data.tensors import TensorDataset, index_inputs, inputs_to
 from trakcli.errors import ArgumentError, ConfigError, StoreError
-from trakcli.gradients import OUTPUT_FUNCTIONS, output_function
+from trakcli.gradients import output_function, resolve_task, task_identity
 from trakcli.distributed import Dist
 from trakcli.jobs.runtime import apply_threads, event, locked_store, resolve_device
 from trakcli.jobs.train import check_init_checkpoint, check_recipe, load_training_function, train_one
@@ -115,7 +115,7 @@ def model_outputs(
     Args:
         model: the trained model (set to eval mode).
         data: the examples (inputs ``[n, ...]`` or a dict of ``[n, L]`` text tensors, labels ``[n]``).
-        task: ``cfg.task``.
+        task: ``cfg.task`` (a built-in name or a custom output function's spec).
         batch_size: most examples per forward pass.
         device: the model's device.
         memory_mb: most MiB of float64 logits per batch (a language model's
@@ -125,6 +125,7 @@ def model_outputs(
         ``[n]`` float64 margins, on the CPU.
     """
     model.eval()
+    task = resolve_task(task)  # a custom "file.py:fn" is imported once
     n = len(data)
     out = np.empty(n, dtype=np.float64)
     if n == 0:
@@ -180,7 +181,7 @@ def eval_identity(cfg: Config, train_fingerprint: dict[str, Any], target_fingerp
     recipe["init_checkpoint_sha256"] = file_sha256(oc.init_checkpoint) if oc.init_checkpoint is not None else None
     return {
         "task": cfg.task,
-        "output_function": OUTPUT_FUNCTIONS[cfg.task],
+        "output_function": task_identity(cfg.task)["output_function"],
         "model": {**cfg.model.model_dump(mode="json"), "entrypoint_sha256": _entrypoint_file_sha256(cfg.model.entrypoint)},
         "recipe": recipe,
         "train_data": train_fingerprint,

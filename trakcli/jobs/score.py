@@ -16,6 +16,7 @@ import torch
 
 from trakcli.config import Config
 from trakcli.data.load import load_dataset
+from trakcli.data.tensors import TensorDataset
 from trakcli.distributed import Dist
 from trakcli.errors import StoreError
 from trakcli.jobs.featurize import featurize_rows
@@ -159,8 +160,56 @@ def score(
     s = prepare(cfg, need_target=True, reporter=reporter)
     sc = cfg.score
     path = Path(cfg.store.path)
-    exp = sc.experiment
     target = load_dataset(cfg.data.target, key="data.target")  # type: ignore[arg-type]  # checked by check_files
+    lambdas, computed = score_targets(
+        s, path, target, experiment=sc.experiment, lambda_reg=sc.lambda_reg, lambda_rel=sc.lambda_rel,
+        overwrite=overwrite, skip_nonfinite=skip_nonfinite, verify=verify, reporter=reporter,
+    )
+    return ScoreResult(
+        store=path,
+        experiment=sc.experiment,
+        n_target=len(target),
+        n_train=len(s.train),
+        lambdas=lambdas,
+        train_labels=s.train.labels.numpy(),
+        target_labels=target.labels.numpy(),
+        chunks_computed=computed,
+    )
+
+
+def score_targets(
+    s: JobSetup,
+    path: Path,
+    target: TensorDataset,
+    *,
+    experiment: str,
+    lambda_reg: float | None,
+    lambda_rel: float,
+    overwrite: bool = False,
+    skip_nonfinite: bool = False,
+    verify: bool = False,
+    reporter: Reporter = NULL_REPORTER,
+) -> tuple[list[float], int]:
+    """:func:`score` on a prepared setup and loaded targets (also :class:`trakcli.Attributor`'s score).
+
+    Under the store's lock: checks the train features (complete, same identity and checkpoints as
+    ``s``), checks and repairs derived data, featurizes the targets into ``targets/<experiment>``,
+    then :func:`finalize_and_score` into ``scores/<experiment>``.
+
+    Args:
+        s: the setup (featurizer, checkpoints and their sha256s, identity, process group).
+        path: the store.
+        target: the target examples.
+        experiment, lambda_reg, lambda_rel: ``score:`` of the config.
+        overwrite, skip_nonfinite, verify, reporter: as :func:`score`.
+
+    Returns:
+        (λ_m per model_id, target and score chunks computed by this process).
+
+    Raises:
+        As :func:`score`.
+    """
+    exp = experiment
     t_fp = target.fingerprint()
     if t_fp["input_shape"] != s.identity["train_data"]["input_shape"]:
         raise StoreError(
@@ -168,7 +217,7 @@ def score(
             f"{s.identity['train_data']['input_shape']}; targets must be examples of the same kind"
         )
     t_attrs = {"target_data": t_fp, "checkpoints": s.shas}
-    settings = {"lambda_reg": sc.lambda_reg, "lambda_rel": sc.lambda_rel, **t_attrs}
+    settings = {"lambda_reg": lambda_reg, "lambda_rel": lambda_rel, **t_attrs}
     n_models = len(s.checkpoints)
     computed = 0
     with locked_store(path, s.dist, reporter):
@@ -209,20 +258,11 @@ def score(
         # 2. kernels and scores
         out = store.scores(exp, len(target), settings, create=False)
         lambdas, n = finalize_and_score(
-            store, train_rows, target_rows, out, lambda_reg=sc.lambda_reg, lambda_rel=sc.lambda_rel,
+            store, train_rows, target_rows, out, lambda_reg=lambda_reg, lambda_rel=lambda_rel,
             dist=s.dist, reporter=reporter,
         )
         computed += n
-    return ScoreResult(
-        store=path,
-        experiment=exp,
-        n_target=len(target),
-        n_train=len(s.train),
-        lambdas=lambdas,
-        train_labels=s.train.labels.numpy(),
-        target_labels=target.labels.numpy(),
-        chunks_computed=computed,
-    )
+    return lambdas, computed
 
 
 def _all_features(rows: ChunkedRows) -> torch.Tensor:

@@ -20,12 +20,12 @@ from typing import Any, Union
 
 import torch
 
-from trakcli.config import Config, ModelConfig, check_files, resolve_checkpoints
+from trakcli.config import Config, ProjectorConfig, check_files, resolve_checkpoints
 from trakcli.data.load import load_dataset
 from trakcli.data.tensors import TensorDataset, inputs_to
 from trakcli.distributed import Dist, init_from_env
 from trakcli.factors import KroneckerFeaturizer
-from trakcli.gradients import OUTPUT_FUNCTIONS, PerExampleGradients
+from trakcli.gradients import PerExampleGradients, task_identity
 from trakcli.jobs.runtime import apply_threads, resolve_device
 from trakcli.models.build import build_model
 from trakcli.models.checkpoints import file_sha256, load_checkpoint
@@ -48,13 +48,18 @@ def rows_per_batch(cfg: Config, grad_dim: int) -> int:
     Returns:
         At least 1 (a single example's gradient is never split).
     """
-    fit = (cfg.data.grad_memory_mb * 2**20) // (4 * max(1, grad_dim))
-    return max(1, min(cfg.data.batch_size, fit))
+    return batch_rows_for(cfg.data.batch_size, cfg.data.grad_memory_mb, grad_dim)
+
+
+def batch_rows_for(batch_size: int, grad_memory_mb: int, grad_dim: int) -> int:
+    """:func:`rows_per_batch` on plain values: ``batch_size`` lowered so ``rows x grad_dim`` float32 fit ``grad_memory_mb`` MiB (at least 1)."""
+    fit = (grad_memory_mb * 2**20) // (4 * max(1, grad_dim))
+    return max(1, min(batch_size, fit))
 
 
 def run_identity(
-    model: ModelConfig,
-    task: str,
+    model: dict[str, Any],
+    task: Any,
     grad_wrt: list[str] | None,
     featurizer: Any,
     train: TensorDataset,
@@ -63,8 +68,10 @@ def run_identity(
     """Everything the train features of a store depend on: recorded at creation, compared on every run.
 
     Args:
-        model: ``model:`` of the config (entrypoint and kwargs).
-        task: ``classification`` or ``language_modeling`` (fixes the output function).
+        model: what builds the model, JSON-able: ``model:`` of the config (entrypoint and kwargs),
+            or for :class:`trakcli.Attributor` the module's class.
+        task: a built-in task name, a custom function spec or a callable
+            (:func:`trakcli.gradients.task_identity`: the formula, or the function's file and sha256).
         grad_wrt: ``grad_wrt`` of the config, as written (None: every parameter).
         featurizer: what computes the features (:class:`GradientFeaturizer` or
             :class:`~trakcli.factors.KroneckerFeaturizer`): its selected (for kronecker:
@@ -79,9 +86,8 @@ def run_identity(
         ``grad_wrt``, ``grad_dim``, ``param_names``, ``projector``, ``train_data``, ``storage``.
     """
     return {
-        "model": model.model_dump(mode="json"),
-        "task": task,
-        "output_function": OUTPUT_FUNCTIONS[task],
+        "model": model,
+        **task_identity(task),
         "grad_wrt": grad_wrt,
         "grad_dim": featurizer.grad_dim,
         "param_names": featurizer.param_names,
@@ -205,13 +211,23 @@ def make_featurizer(cfg: Config, model: torch.nn.Module) -> Featurizer:
             parameters outside the supported layers (named).
         ProjectorError: bad projector options.
     """
-    if cfg.projector.kind == "kronecker":
+    return build_featurizer(model, cfg.projector, grad_wrt=cfg.grad_wrt, task=cfg.task, memory_mb=cfg.data.grad_memory_mb)
+
+
+def build_featurizer(
+    model: torch.nn.Module, projector: ProjectorConfig, *, grad_wrt: list[str] | None, task: Any, memory_mb: int
+) -> Featurizer:
+    """:func:`make_featurizer` on plain values: ``projector:`` section, ``grad_wrt``, ``task``, ``data.grad_memory_mb``.
+
+    Raises:
+        ConfigError, ProjectorError: as :func:`make_featurizer`.
+    """
+    if projector.kind == "kronecker":
         return KroneckerFeaturizer(
-            model, **cfg.projector.kronecker_options(), grad_wrt=cfg.grad_wrt, task=cfg.task,
-            memory_mb=cfg.data.grad_memory_mb,
+            model, **projector.kronecker_options(), grad_wrt=grad_wrt, task=task, memory_mb=memory_mb,
         )
-    grads = PerExampleGradients(model, cfg.grad_wrt, cfg.task)
-    return GradientFeaturizer(grads, make_projector(**cfg.projector.options(), grad_dim=grads.grad_dim))
+    grads = PerExampleGradients(model, grad_wrt, task)
+    return GradientFeaturizer(grads, make_projector(**projector.options(), grad_dim=grads.grad_dim))
 
 
 def prepare(cfg: Config, *, need_target: bool = False, reporter: Reporter = NULL_REPORTER) -> JobSetup:
@@ -242,6 +258,6 @@ def prepare(cfg: Config, *, need_target: bool = False, reporter: Reporter = NULL
         batch_rows = rows_per_batch(cfg, featurizer.grad_dim)
     st = cfg.store
     layout = StoreLayout(len(train), featurizer.projector.proj_dim, st.chunk_rows, st.dtype, st.compressor)
-    identity = run_identity(cfg.model, cfg.task, cfg.grad_wrt, featurizer, train, layout)
+    identity = run_identity(cfg.model.model_dump(mode="json"), cfg.task, cfg.grad_wrt, featurizer, train, layout)
     shas = [hashes.sha256(c, file_sha256) for c in checkpoints]  # saved by jobs.runtime.locked_store
     return JobSetup(checkpoints, shas, train, model, featurizer, batch_rows, device, layout, identity, dist)

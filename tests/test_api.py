@@ -1,0 +1,172 @@
+"""trakcli.Attributor over DataLoaders against the CLI, and custom model output functions (issue 16 items 1-2)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import zarr
+from torch.utils.data import DataLoader
+from torch.utils.data import TensorDataset as TorchTensorDataset
+from typer.testing import CliRunner
+
+import trakcli
+from trakcli.cli.main import app
+from trakcli.config.schema import BUILTIN_TASKS
+from trakcli.errors import DataError, StoreMismatchError
+from trakcli.gradients import TASKS, classification_margin
+from trakcli.models import build_model
+
+from conftest import tiny_model
+
+runner = CliRunner()
+N_MODELS = 4
+
+MARGIN_FILE = '''
+import torch
+
+def margin(logits, labels):
+    """The classification margin, written as a user would (masks, no logits[range(n), labels])."""
+    mask = torch.arange(logits.shape[-1]) == labels.unsqueeze(-1)  # [n, C]; one_hot is not vmap-safe
+    logit_y = (logits * mask).sum(-1)
+    m = logit_y - torch.logsumexp(logits.masked_fill(mask, float("-inf")), dim=-1)
+    return m, torch.sigmoid(-m)
+
+def summed(logits, labels):
+    m, q = margin(logits, labels)
+    return m.sum(), q
+
+def not_finite(logits, labels):
+    m, q = margin(logits, labels)
+    return m / 0.0, q
+'''
+
+
+def trak(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+@pytest.fixture
+def project(user_project: Path) -> Path:
+    """user_project with 4 checkpoints and a user file of output functions."""
+    for i in range(2, N_MODELS):
+        torch.save(tiny_model(seed=i).state_dict(), user_project / "ckpts" / f"model_{i}.pt")
+    (user_project / "outputs.py").write_text(MARGIN_FILE)
+    return user_project
+
+
+def loaders(batch_size: int = 8) -> tuple[DataLoader, DataLoader]:
+    data = torch.load("ckpts/data.pt")
+    train = DataLoader(TorchTensorDataset(data["x_train"], data["y_train"]), batch_size=batch_size, shuffle=False)
+    target = DataLoader(TorchTensorDataset(data["x_target"], data["y_target"]), batch_size=batch_size)
+    return train, target
+
+
+def cli_scores(*overrides: str) -> np.ndarray:
+    for cmd in ("featurize", "score"):
+        r = trak(cmd, "run.yaml", *overrides)
+        assert r.exit_code == 0, r.output
+    return np.asarray(zarr.open_group("out/attrib.zarr", mode="r")["scores/default/scores"][:])
+
+
+def api_scores(task, store: str, checkpoints=None) -> np.ndarray:
+    model = build_model("my_model.py:make_model")
+    att = trakcli.Attributor(
+        model, store={"path": store, "chunk_rows": 16}, task=task,
+        projector={"kind": "rademacher", "proj_dim": 16, "seed": 0},
+    )
+    train, target = loaders()
+    ckpts = checkpoints or sorted(Path("ckpts").glob("model_*.pt"))
+    for m, ck in enumerate(ckpts):
+        assert att.featurize(train, checkpoint=ck, model_id=m) > 0
+    assert att.featurize(train, checkpoint=ckpts[0], model_id=0) == 0  # resumed: nothing left to do
+    return att.score(target, checkpoints=ckpts)
+
+
+def assert_close(a: np.ndarray, b: np.ndarray) -> None:
+    assert a.shape == b.shape == (7, 40)
+    rel = np.abs(a - b).max() / np.abs(b).max()
+    assert rel < 1e-4, rel
+
+
+def test_attributor_over_a_dataloader_gives_the_cli_scores(project):
+    expected = cli_scores()
+    got = api_scores("classification", "out/api.zarr")
+    assert_close(got, expected)
+    np.testing.assert_array_equal(got, expected)  # same batches, same jobs: bit for bit
+
+
+def test_custom_task_function_and_state_dicts_give_the_same_scores(project):
+    sys.path.insert(0, str(project))
+    try:
+        from outputs import margin  # noqa: PLC0415
+    finally:
+        sys.path.remove(str(project))
+    expected = cli_scores()
+    state_dicts = [torch.load(p) for p in sorted(Path("ckpts").glob("model_*.pt"))]
+    got = api_scores(margin, "out/custom.zarr", checkpoints=state_dicts)
+    assert_close(got, expected)
+    ident = zarr.open_group("out/custom.zarr", mode="r").attrs["identity"]
+    assert ident["task"] == "outputs:margin"
+    assert ident["output_function"]["file"].endswith("outputs.py") and len(ident["output_function"]["sha256"]) == 64
+
+
+def test_yaml_custom_task_matches_the_builtin_and_a_changed_function_is_refused(project):
+    builtin = cli_scores()
+    custom = cli_scores("task=outputs.py:margin", "store.path=out/yaml.zarr")
+    assert_close(custom, builtin)
+    Path("outputs.py").write_text(MARGIN_FILE + "\n# edited\n")
+    r = trak("featurize", "run.yaml", "task=outputs.py:margin", "store.path=out/yaml.zarr")
+    assert r.exit_code == 1
+    assert "output_function.sha256" in r.output and "Traceback" not in r.output
+
+
+@pytest.mark.parametrize(
+    ("fn", "message"),
+    [("summed", "must return (f, Q), two tensors of shape [n]"), ("not_finite", "returned non-finite f")],
+)
+def test_a_bad_custom_task_is_one_clear_error(project, fn, message):
+    r = trak("featurize", "run.yaml", f"task=outputs.py:{fn}")
+    assert r.exit_code == 1, r.output
+    assert message in r.output and "Traceback" not in r.output
+
+
+def test_unknown_task_names_the_choices(project):
+    r = trak("featurize", "run.yaml", "task=clasification")
+    assert r.exit_code == 1
+    assert "did you mean 'classification'" in r.output and "file.py:fn" in r.output
+
+
+def test_custom_task_errors_through_the_api(project):
+    model = build_model("my_model.py:make_model")
+    att = trakcli.Attributor(model, store="out/bad.zarr", task=lambda logits, labels: (logits, logits[:, 0]))
+    train, _ = loaders()
+    with pytest.raises(DataError, match=r"for logits \[1, 3\] and labels \[1\] it returned \[\[1, 3\], \[1\]\]"):
+        att.featurize(train, checkpoint="ckpts/model_0.pt", model_id=0)
+
+
+def test_other_train_batches_are_refused(project):
+    model = build_model("my_model.py:make_model")
+    att = trakcli.Attributor(model, store="out/api.zarr", projector={"proj_dim": 16})
+    train, _ = loaders()
+    att.featurize(train, checkpoint="ckpts/model_0.pt", model_id=0)
+    shuffled = DataLoader(train.dataset, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(1))
+    with pytest.raises(StoreMismatchError, match="train_data"):
+        att.featurize(shuffled, checkpoint="ckpts/model_0.pt", model_id=0)
+
+
+def test_builtin_task_names_agree_and_the_margin_is_the_documented_one():
+    assert TASKS == BUILTIN_TASKS
+    logits, labels = torch.tensor([[2.0, 0.0, 1.0]]), torch.tensor([0])
+    m, q = classification_margin(logits, labels)
+    assert torch.allclose(m, 2.0 - torch.logsumexp(torch.tensor([0.0, 1.0]), 0))
+    assert torch.allclose(q, 1 - torch.softmax(logits, -1)[:, 0])
+
+
+def test_import_trakcli_stays_cheap():
+    code = "import sys, trakcli; assert 'torch' not in sys.modules; trakcli.Attributor; assert 'torch' in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)

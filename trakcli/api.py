@@ -1,0 +1,341 @@
+"""The Python API: :class:`Attributor`, TRAK over your own ``nn.Module`` and batches (e.g. a torch DataLoader).
+
+traker's flow is ``load_checkpoint → featurize → finalize_features →
+start_scoring_checkpoint → score → finalize_scores``; here it is two calls,
+``Attributor.featurize(train_batches, checkpoint=..., model_id=...)`` per
+checkpoint and ``Attributor.score(target_batches, checkpoints=[...])``, on the
+same jobs as ``trak featurize`` / ``trak score`` (:func:`trakcli.jobs.featurize.featurize_rows`,
+:func:`trakcli.jobs.score.score_targets`): the same store layout, resume (done
+chunks are never recomputed), identity checks and scores (README "Python API").
+
+Batches arrive in memory, not as a dataset of known length: each call reads its
+batches once into CPU memory (as ``trak featurize`` loads ``data.train``);
+``n_train`` is the total of their rows and the train data fingerprint of the
+store identity is computed from them. Row ``i`` of the store is the ``i``-th
+example the batches yield, so iterate train loaders in a fixed order
+(``shuffle=False``): a reshuffled loader is another dataset and is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ValidationError
+
+from trakcli.config import DataConfig, ProjectorConfig, ScoreConfig, StoreConfig
+from trakcli.data.tensors import Inputs, TensorDataset
+from trakcli.distributed import Dist
+from trakcli.errors import CheckpointError, ConfigError, DataError, StoreError
+from trakcli.factors import KroneckerFeaturizer
+from trakcli.gradients import resolve_task, task_identity
+from trakcli.jobs.featurize import featurize_rows
+from trakcli.jobs.runtime import locked_store, resolve_device
+from trakcli.jobs.score import score_targets
+from trakcli.jobs.setup import JobSetup, batch_rows_for, build_featurizer, run_identity
+from trakcli.models.checkpoints import file_sha256, load_checkpoint, nonfinite_parameters
+from trakcli.progress import NULL_REPORTER, Reporter
+from trakcli.store import Store, StoreLayout
+
+_DEFAULT_MEMORY_MB: int = DataConfig.model_fields["grad_memory_mb"].default
+_DEFAULT_LAMBDA_REL: float = ScoreConfig.model_fields["lambda_rel"].default
+
+
+def _validated(model: type[BaseModel], raw: Any, key: str) -> Any:
+    """``model(**raw)``, its validation errors as one :class:`ConfigError` naming ``key.field``."""
+    try:
+        return model.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(
+            [f"{key}.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" if err["loc"] else f"{key}: {err['msg']}"
+             for err in e.errors()]
+        ) from None
+
+
+def split_batch(batch: Any, index: int) -> tuple[Inputs, torch.Tensor]:
+    """``(inputs, labels)`` of one batch: a pair, or a dict with ``labels`` (and ``inputs`` or model keyword inputs).
+
+    Args:
+        batch: ``(inputs, labels)`` (a tuple or list, as a ``TensorDataset`` DataLoader yields), or a
+            dict: ``{"inputs": x, "labels": y}``, or ``{"labels": y, **kwargs}`` whose other keys are
+            the model's keyword inputs (``input_ids``, ``attention_mask``).
+        index: the batch's index, for messages.
+
+    Raises:
+        DataError: any other form.
+    """
+    if isinstance(batch, Mapping):
+        if "labels" not in batch:
+            raise DataError(f"batch {index} is a dict without 'labels' (keys {sorted(batch)}); add the labels")
+        x = batch["inputs"] if "inputs" in batch else {k: v for k, v in batch.items() if k != "labels"}
+        return x, batch["labels"]
+    if isinstance(batch, (tuple, list)) and len(batch) == 2:
+        return batch[0], batch[1]
+    raise DataError(
+        f"batch {index} is a {type(batch).__name__}{f' of {len(batch)}' if isinstance(batch, (tuple, list)) else ''}; "
+        "give (inputs, labels) pairs or dicts with 'labels'"
+    )
+
+
+def collect_batches(batches: Iterable[Any], name: str) -> tuple[TensorDataset, int]:
+    """Read all batches into one CPU dataset (float inputs as float32, integer labels as int64).
+
+    Args:
+        batches: an iterable of batches (:func:`split_batch`), e.g. a ``torch.utils.data.DataLoader``.
+        name: what the batches are, for messages (``"train batches"``).
+
+    Returns:
+        (the dataset, the rows of the first batch).
+
+    Raises:
+        DataError: no batches, a batch that is not tensors, or batches that do not concatenate
+            (e.g. text padded to another length per batch: pad to one ``max_length``).
+    """
+    xs: list[Inputs] = []
+    ys: list[torch.Tensor] = []
+    for i, b in enumerate(batches):
+        x, y = split_batch(b, i)
+        tensors = list(x.values()) if isinstance(x, dict) else [x]
+        if not all(isinstance(t, torch.Tensor) for t in [*tensors, y]):
+            raise DataError(f"{name}: batch {i} holds {type(x).__name__} inputs / {type(y).__name__} labels; give tensors")
+        xs.append(x)
+        ys.append(y.detach().cpu().reshape(-1))
+    if not ys:
+        raise DataError(f"{name}: the iterable yielded no batch")
+
+    def cat(parts: list[torch.Tensor], what: str) -> torch.Tensor:
+        try:
+            t = torch.cat([p.detach().cpu() for p in parts])
+        except RuntimeError as e:
+            raise DataError(
+                f"{name}: the {what} of the batches do not stack ({str(e).splitlines()[0]}); give every batch the "
+                "same per-example shape (text: pad to one max_length, padding='max_length')"
+            ) from None
+        return t.to(torch.float32) if t.is_floating_point() else t.contiguous()
+
+    if isinstance(xs[0], dict):
+        inputs: Inputs = {k: cat([x[k] for x in xs], f"inputs {k!r}") for k in xs[0]}  # type: ignore[index]
+    else:
+        inputs = cat(xs, "inputs")  # type: ignore[arg-type]
+    labels = torch.cat(ys)
+    labels = labels.to(torch.int64) if not labels.is_floating_point() else labels
+    return TensorDataset(inputs, labels, name), int(ys[0].shape[0])
+
+
+def checkpoint_name_and_sha(checkpoint: Any) -> tuple[str, str]:
+    """What the store records of a checkpoint: its path (or ``"<state dict>"``) and sha256.
+
+    A state dict in memory is hashed over its keys in sorted order with each tensor's dtype,
+    shape and bytes.
+    """
+    if isinstance(checkpoint, Mapping):
+        h = hashlib.sha256()
+        for k in sorted(checkpoint):
+            t = checkpoint[k].detach().cpu().contiguous()
+            h.update(f"{k}|{t.dtype}|{list(t.shape)}|".encode())
+            h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        return "<state dict>", h.hexdigest()
+    return str(checkpoint), file_sha256(checkpoint)
+
+
+@dataclass
+class _KnownTrainData:
+    """Stands in for the train set when only its recorded fingerprint is known (scoring)."""
+
+    recorded: dict[str, Any]
+
+    def fingerprint(self) -> dict[str, Any]:
+        return self.recorded
+
+
+@dataclass
+class ApiSetup(JobSetup):
+    """A :class:`~trakcli.jobs.setup.JobSetup` whose checkpoints may be state dicts in memory.
+
+    Attributes:
+        sources: per model_id, the checkpoint as given (a path or a state dict).
+    """
+
+    sources: dict[int, Any] = field(default_factory=dict)
+
+    def load(self, model_id: int) -> None:
+        """Load checkpoint ``model_id`` (a file as ``trak featurize`` does, or a state dict) onto the device.
+
+        Raises:
+            CheckpointError: the state dict does not fit the model, or has NaN / inf weights.
+        """
+        src = self.sources[model_id]
+        if not isinstance(src, Mapping):
+            load_checkpoint(self.model, src, model_id=model_id)
+        else:
+            try:
+                self.model.load_state_dict(dict(src), strict=True)
+            except RuntimeError as e:
+                raise CheckpointError(
+                    f"the state dict given for model_id {model_id} does not fit the model: "
+                    f"{' '.join(str(e).split())[:400]}"
+                ) from None
+            bad = nonfinite_parameters(self.model)
+            if bad:
+                raise CheckpointError(f"the state dict given for model_id {model_id} has non-finite weights: {', '.join(bad)}")
+        self.model.to(self.device)
+
+
+class Attributor:
+    """TRAK over your own model and batches, in a store that ``trak inspect`` / ``trak export`` read.
+
+    Args:
+        model: the ``nn.Module`` (checkpoints are loaded into it in turn; it is put in eval mode).
+        store: the store directory, or a ``store:`` section as a dict (``path``, ``chunk_rows``, ``dtype``,
+            ``compressor``).
+        task: ``classification`` (the margin ``logit_y − logsumexp_{j≠y} logit_j``),
+            ``text_classification``, ``language_modeling``, a ``"file.py:fn"`` / ``"pkg.mod:fn"`` spec,
+            or a callable ``fn(logits [n, ...], labels [n]) -> (f [n], Q [n])`` (README "Custom model outputs").
+        projector: the ``projector:`` section as a dict (``kind``, ``proj_dim``, ``seed``, ...).
+        grad_wrt: fnmatch patterns of the parameters to differentiate (None: all).
+        device: ``cpu``, ``cuda`` or ``auto``.
+        batch_size: rows per featurizer batch (None: the rows of the first batch given), lowered to fit
+            ``grad_memory_mb`` like ``data.batch_size``.
+        grad_memory_mb: as ``data.grad_memory_mb``.
+        reporter: progress and messages (default: silent).
+
+    Raises:
+        ConfigError: a bad ``store``, ``projector``, ``task`` or ``grad_wrt``.
+        ProjectorError, ModelError: the projector or a custom task function cannot be built or imported.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        store: str | Path | dict[str, Any],
+        task: str | Callable[..., Any] = "classification",
+        projector: dict[str, Any] | None = None,
+        grad_wrt: str | list[str] | None = None,
+        device: str = "cpu",
+        batch_size: int | None = None,
+        grad_memory_mb: int = _DEFAULT_MEMORY_MB,
+        reporter: Reporter = NULL_REPORTER,
+    ):
+        self.store: StoreConfig = _validated(StoreConfig, {"path": store} if isinstance(store, (str, Path)) else store, "store")
+        self.projector: ProjectorConfig = _validated(ProjectorConfig, projector or {}, "projector")
+        self.task = resolve_task(task)
+        self.grad_wrt = [grad_wrt] if isinstance(grad_wrt, str) else grad_wrt
+        self.model, self.batch_size, self.grad_memory_mb, self.reporter = model, batch_size, grad_memory_mb, reporter
+        self.dist = Dist()
+        self.device = resolve_device(device, self.dist)
+        self.featurizer = build_featurizer(
+            model, self.projector, grad_wrt=self.grad_wrt, task=self.task, memory_mb=grad_memory_mb
+        )
+        if isinstance(self.featurizer, KroneckerFeaturizer):
+            reporter.info(self.featurizer.info)
+
+    @property
+    def path(self) -> Path:
+        """The store directory."""
+        return Path(self.store.path)
+
+    def _setup(self, n_train: int, train: Any, batch_size: int, sources: dict[int, Any]) -> ApiSetup:
+        names, shas = {}, {}
+        for m, src in sources.items():
+            names[m], shas[m] = checkpoint_name_and_sha(src)
+        ordered = sorted(sources)
+        st, f = self.store, self.featurizer
+        layout = StoreLayout(n_train, f.projector.proj_dim, st.chunk_rows, st.dtype, st.compressor)
+        if isinstance(f, KroneckerFeaturizer):
+            rows = batch_size  # no [n, grad_dim] gradient: memory_mb bounds the passes instead
+        else:
+            rows = batch_rows_for(batch_size, self.grad_memory_mb, f.grad_dim)
+        model_desc = {"module": f"{type(self.model).__module__}.{type(self.model).__qualname__}", "api": True}
+        identity = run_identity(model_desc, self.task, self.grad_wrt, f, train, layout)
+        return ApiSetup(
+            [names[m] for m in ordered], [shas[m] for m in ordered], train, self.model, f, rows, self.device,
+            layout, identity, self.dist, sources=dict(sources),
+        )
+
+    def _config(self) -> dict[str, Any]:
+        """What the store records as its ``config`` attribute."""
+        return {
+            "api": "trakcli.Attributor", **task_identity(self.task), "grad_wrt": self.grad_wrt,
+            "projector": self.projector.model_dump(mode="json"), "store": self.store.model_dump(mode="json"),
+            "device": str(self.device),
+        }
+
+    def featurize(self, batches: Iterable[Any], *, checkpoint: Any, model_id: int) -> int:
+        """Train features of one checkpoint into ``train/<model_id>`` (traker's ``load_checkpoint`` + ``featurize``).
+
+        Creates the store on the first call and checks it on later ones (model, task, grad_wrt,
+        projector, the train batches' fingerprint, storage); a chunk already done is not recomputed,
+        so an interrupted call resumes where it stopped.
+
+        Args:
+            batches: the train batches, the same rows in the same order on every call (see the module doc).
+            checkpoint: a state dict file or a state dict in memory.
+            model_id: the checkpoint's index, 0 to M-1 (``score`` reads model_ids ``0..len(checkpoints)-1``).
+
+        Returns:
+            Row chunks computed in this call (0: already done).
+
+        Raises:
+            DataError, GradientError, CheckpointError: bad batches, inputs, labels or checkpoint.
+            StoreMismatchError: the store was made with other settings or train data, or holds
+                ``model_id`` from another checkpoint.
+            StoreError: the store is in use or cannot be written.
+        """
+        train, first = collect_batches(batches, "train batches")
+        s = self._setup(len(train), train, self.batch_size or first, {model_id: checkpoint})
+        with locked_store(self.path, self.dist, self.reporter):
+            store = Store.create_or_check(self.path, s.identity, self._config(), layout=s.layout)
+            rows = store.train(model_id, s.checkpoints[0], s.shas[0])
+            n, _ = featurize_rows(
+                s, train, rows, model_id, with_out_to_loss=True, skip_nonfinite=False, reporter=self.reporter,
+                label="featurize",
+            )
+        return n
+
+    def score(
+        self,
+        batches: Iterable[Any],
+        *,
+        checkpoints: list[Any],
+        experiment: str = "default",
+        lambda_reg: float | None = None,
+        lambda_rel: float = _DEFAULT_LAMBDA_REL,
+        overwrite: bool = False,
+    ) -> np.ndarray:
+        """Scores of the target batches against the featurized train set (traker's ``start_scoring_checkpoint``
+        + ``score`` per checkpoint, then ``finalize_scores``), as ``trak score`` computes them.
+
+        Args:
+            batches: the target batches.
+            checkpoints: the checkpoints of model_ids ``0..M-1``, as given to :meth:`featurize`
+                (checked against the sha256 the store recorded).
+            experiment: the name of this set of targets in the store (``scores/<experiment>``).
+            lambda_reg, lambda_rel: the ridge, as ``score.lambda_reg`` / ``score.lambda_rel``.
+            overwrite: recompute this experiment's target features and scores.
+
+        Returns:
+            ``[n_target, n_train]`` float32 scores (also in the store).
+
+        Raises:
+            StoreError: no store, or train features missing / incomplete for a model_id.
+            StoreMismatchError: the store was featurized with other settings or checkpoints.
+            DataError, GradientError, CheckpointError: bad batches or checkpoints.
+        """
+        if not checkpoints:
+            raise ConfigError("checkpoints: give the checkpoints of model_ids 0..M-1, as featurized")
+        target, first = collect_batches(batches, "target batches")
+        stored = Store.open_existing(self.path, mode="r")
+        if not stored.identity:
+            raise StoreError(f"the store {self.path} holds no train features yet; call Attributor.featurize first")
+        known = _KnownTrainData(stored.identity["train_data"])
+        s = self._setup(stored.layout.n_train, known, self.batch_size or first, dict(enumerate(checkpoints)))
+        score_targets(
+            s, self.path, target, experiment=experiment, lambda_reg=lambda_reg, lambda_rel=lambda_rel,
+            overwrite=overwrite, reporter=self.reporter,
+        )
+        return Store.open_existing(self.path, mode="r").read(f"scores/{experiment}/scores")
