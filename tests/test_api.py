@@ -170,3 +170,22 @@ def test_builtin_task_names_agree_and_the_margin_is_the_documented_one():
 def test_import_trakcli_stays_cheap():
     code = "import sys, trakcli; assert 'torch' not in sys.modules; trakcli.Attributor; assert 'torch' in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_custom_task_under_the_kronecker_featurizer(project):
+    kron = ("projector.kind=kronecker",)
+    builtin = cli_scores(*kron)
+    custom = cli_scores(*kron, "task=outputs.py:margin", "store.path=out/kron.zarr")
+    assert_close(custom, builtin)
+
+
+def test_dict_batches_are_the_same_data_as_pairs(project):
+    from trakcli.api import collect_batches  # noqa: PLC0415
+
+    train, _ = loaders(batch_size=16)
+    pairs, first = collect_batches(train, "train batches")
+    dicts, _ = collect_batches(({"inputs": x, "labels": y} for x, y in train), "train batches")
+    assert first == 16 and len(pairs) == 40
+    assert pairs.fingerprint() == dicts.fingerprint()
+    with pytest.raises(DataError, match="without 'labels'"):
+        collect_batches([{"x": torch.zeros(2, 6)}], "train batches")
