@@ -24,7 +24,7 @@ from trakcli.models import build_model
 from conftest import tiny_model
 
 runner = CliRunner()
-N_MODELS = 4
+N_MODELS = 10
 
 MARGIN_FILE = '''
 import torch
@@ -52,11 +52,17 @@ def trak(*args):
 
 @pytest.fixture
 def project(user_project: Path) -> Path:
-    """user_project with 4 checkpoints and a user file of output functions."""
-    for i in range(2, N_MODELS):
-        torch.save(tiny_model(seed=i).state_dict(), user_project / "ckpts" / f"model_{i}.pt")
+    """user_project (2 checkpoints) with a user file of output functions."""
     (user_project / "outputs.py").write_text(MARGIN_FILE)
     return user_project
+
+
+@pytest.fixture
+def project10(project: Path) -> Path:
+    """The project with 10 checkpoints (the issue's acceptance case)."""
+    for i in range(2, N_MODELS):
+        torch.save(tiny_model(seed=i).state_dict(), project / "ckpts" / f"model_{i}.pt")
+    return project
 
 
 def loaders(batch_size: int = 8) -> tuple[DataLoader, DataLoader]:
@@ -93,19 +99,19 @@ def assert_close(a: np.ndarray, b: np.ndarray) -> None:
     assert rel < 1e-4, rel
 
 
-def test_attributor_over_a_dataloader_gives_the_cli_scores(project):
+def test_attributor_over_a_dataloader_gives_the_cli_scores(project10):
     expected = cli_scores()
     got = api_scores("classification", "out/api.zarr")
     assert_close(got, expected)
     np.testing.assert_array_equal(got, expected)  # same batches, same jobs: bit for bit
 
 
-def test_custom_task_function_and_state_dicts_give_the_same_scores(project):
-    sys.path.insert(0, str(project))
+def test_custom_task_function_and_state_dicts_give_the_same_scores(project10):
+    sys.path.insert(0, str(project10))
     try:
         from outputs import margin  # noqa: PLC0415
     finally:
-        sys.path.remove(str(project))
+        sys.path.remove(str(project10))
     expected = cli_scores()
     state_dicts = [torch.load(p) for p in sorted(Path("ckpts").glob("model_*.pt"))]
     got = api_scores(margin, "out/custom.zarr", checkpoints=state_dicts)
@@ -189,3 +195,11 @@ def test_dict_batches_are_the_same_data_as_pairs(project):
     assert pairs.fingerprint() == dicts.fingerprint()
     with pytest.raises(DataError, match="without 'labels'"):
         collect_batches([{"x": torch.zeros(2, 6)}], "train batches")
+
+
+def test_a_task_function_vmap_refuses_is_named(project):
+    Path("outputs.py").write_text(MARGIN_FILE.replace(
+        "torch.arange(logits.shape[-1]) == labels.unsqueeze(-1)", "torch.nn.functional.one_hot(labels, 3).bool()"))
+    r = trak("featurize", "run.yaml", "task=outputs.py:margin")
+    assert r.exit_code == 1 and "Traceback" not in r.output
+    assert "and task outputs.py:margin raised" in r.output and "(outputs.py, line 6)" in r.output

@@ -410,7 +410,8 @@ class PerExampleGradients:
             return margin, q.detach()
 
         self._check_batch(inputs, labels, params, const, row_offset)
-        what = lambda: f"per-example gradients (torch.func.vmap) of the forward pass of {model_name(model)}"  # noqa: E731
+        of_task = f" and task {task.spec}" if isinstance(task, CustomOutput) else ""
+        what = lambda: f"per-example gradients (torch.func.vmap) of the forward pass of {model_name(model)}{of_task}"  # noqa: E731
         with user_code(what, hint=VMAP_HINT, error=GradientError):
             grads, q = vmap(grad(f, has_aux=True), in_dims=(None, 0, 0))(params, inputs, labels)
         if isinstance(task, CustomOutput):
