@@ -85,3 +85,108 @@ def test_xarray_opens_the_store_with_named_dimensions(user_project):
     assert scores.dims == ("target", "train") and scores.shape == (7, 40)
     targets = xarray.open_zarr("out/attrib.zarr", group="targets/default/0", consolidated=False)
     assert targets["features"].dims == ("target", "proj")
+
+
+# --- CLI: completion, help labels, --json, unknown flags ----------------------------------------------
+
+
+def test_help_offers_completion_and_standard_labels():
+    res = trak("--help")
+    assert res.exit_code == 0 and "--install-completion" in res.output
+    for command in (["score"], ["featurize"], ["eval", "lds"], ["eval", "sweep"], ["optimize"], ["export"]):
+        res = trak(*command, "--help")
+        assert res.exit_code == 0, res.output
+        for typer_label in ("<bool>", "<path>", "<list[str]>", "{config}", "<int>"):
+            assert typer_label not in res.output, (command, typer_label)
+    res = trak("score", "--help")
+    assert "trak score [OPTIONS] CONFIG [OVERRIDES]..." in res.output
+    assert "PATH" in res.output and "n_target x n_train" in res.output
+
+
+@pytest.mark.parametrize(
+    "flag, hint",
+    [
+        (["--proj-dim", "512"], "projector.proj_dim=512"),
+        (["--lambda-rel=0.5"], "score.lambda_rel=0.5"),
+        (["--chunk-rows"], "store.chunk_rows=VALUE"),
+    ],
+)
+def test_an_unknown_flag_naming_a_config_key_suggests_the_override(flag, hint):
+    res = trak("score", "run.yaml", *flag)
+    assert res.exit_code == 2
+    assert "No such option" in res.output and hint in res.output
+
+
+def test_an_unknown_flag_without_a_config_key_has_no_hint():
+    res = trak("score", "run.yaml", "--bogus")
+    assert res.exit_code == 2 and "No such option: --bogus" in res.output and "overrides" not in res.output
+
+
+def test_score_json_prints_data_on_stdout_and_text_on_stderr(user_project):
+    import json
+
+    assert trak("featurize", "run.yaml", "-q").exit_code == 0
+    res = trak("score", "run.yaml", "--json", "score.show_targets=2", "score.top_k=3")
+    assert res.exit_code == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert (data["n_target"], data["n_train"], data["experiment"]) == (7, 40, "default")
+    assert len(data["lambda_reg"]) == 2 and len(data["top"]) == 2
+    assert len(data["top"][0]["proponents"]) == 3 and set(data["top"][0]["proponents"][0]) == {"train", "score"}
+    assert "proponents" in res.stderr  # the table stays on stderr
+    quiet = trak("score", "run.yaml", "--json", "-q")
+    assert quiet.exit_code == 0 and quiet.stderr == "" and json.loads(quiet.stdout)["n_train"] == 40
+
+
+def test_language_model_table_shows_texts_not_labels():
+    import numpy as np
+    from rich.console import Console
+
+    from trakcli.cli.score import scores_table
+
+    class Res:
+        experiment, train_labels, target_labels = "default", np.zeros(5, int), np.zeros(2, int)
+
+    scores = np.arange(10, dtype=np.float32).reshape(2, 5)
+    table = scores_table(Res(), scores, 2, ["the cat sat on the mat", "a dog barked"], labels=False)
+    console = Console(width=200, record=True)
+    console.print(table)
+    shown = console.export_text()
+    assert "the cat sat on the mat" in shown and "a dog barked" in shown
+    assert "label" not in shown and "(0)" not in shown
+
+
+# --- the sweep plot --------------------------------------------------------------------------------
+
+
+def test_sweep_plot_default_is_not_labelled_best_and_lambda_ticks_do_not_overlap(tmp_path, monkeypatch):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from trakcli.plots import sweep
+
+    figures = []
+    monkeypatch.setattr(sweep, "save_figure", lambda fig, path, dpi: figures.append(fig))
+    rows = [
+        {"proj_dim": d, "n_checkpoints": 2, "lambda_rel": lam, "lambda_reg": None,
+         "lds": 0.5 - abs(lam - 1.0) * 0.1 + d / 1e4, "ci_low": None, "ci_high": None}
+        for d in (64, 128) for lam in (0.3, 1.0, 3.0)  # one decade: matplotlib labels minor ticks too
+    ]
+    best = max(rows, key=lambda r: r["lds"])
+    default = {k: best[k] for k in ("proj_dim", "n_checkpoints", "lambda_rel")}  # the default is the best
+    sweep.plot_sweep(tmp_path / "s.png", rows, default=default)
+    fig = figures[0]
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    for ax in fig.axes[:3]:
+        labels = ax.get_legend_handles_labels()[1]
+        assert labels.count("best") == 1 and labels.count("default") == 1
+    ax_l = fig.axes[2]
+    lo, hi = ax_l.get_xlim()
+    ticks = [
+        t for t in ax_l.get_xticklabels() + ax_l.get_xticklabels(minor=True)
+        if t.get_visible() and t.get_text() and lo <= t.get_position()[0] <= hi
+    ]
+    assert len(ticks) >= 3
+    boxes = sorted((t.get_window_extent(renderer) for t in ticks), key=lambda b: b.x0)
+    for a, b in zip(boxes, boxes[1:]):
+        assert a.x1 <= b.x0 or a.y1 <= b.y0 or b.y1 <= a.y0, "λ tick labels overlap"

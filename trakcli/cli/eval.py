@@ -19,6 +19,7 @@ from trakcli.cli.common import (
     OverridesArg, PrintConfigOpt, QuietOpt, RichReporter, err_console, handle_errors, load,
 )
 from trakcli.errors import DataError, StoreError, UsageError
+from trakcli.cli.help import TrakCommand
 from trakcli.files import write_text
 
 eval_app = typer.Typer(
@@ -103,7 +104,7 @@ def _table(data: dict[str, Any]) -> Table:
     return table
 
 
-@eval_app.command("lds")
+@eval_app.command("lds", cls=TrakCommand)
 @handle_errors
 def lds(
     config: Annotated[

@@ -10,14 +10,16 @@ from trakcli.cli import inspect as _inspect
 from trakcli.cli import optimize as _optimize
 from trakcli.cli import score as _score
 from trakcli.cli.eval import eval_app
+from trakcli.cli.help import TrakCommand, TrakGroup
 from trakcli.cli import sweep as _sweep
 
 app = typer.Typer(
     name="trak",
     help="Gradient-based data attribution (TRAK): which training examples drove a prediction.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
+    cls=TrakGroup,
 )
 
 
@@ -34,13 +36,13 @@ def _root(
     """trakcli: optimize -> featurize -> score, driven by YAML configs (see configs/)."""
 
 
-app.command("optimize")(_optimize.optimize)
-app.command("featurize")(_featurize.featurize)
-app.command("score")(_score.score)
-app.command("inspect")(_inspect.inspect)
-app.command("export")(_inspect.export)
-eval_app.command("sweep")(_sweep.sweep)
-app.add_typer(eval_app, name="eval", help="Measure the scores against counterfactual retraining (LDS).")
+app.command("optimize", cls=TrakCommand)(_optimize.optimize)
+app.command("featurize", cls=TrakCommand)(_featurize.featurize)
+app.command("score", cls=TrakCommand)(_score.score)
+app.command("inspect", cls=TrakCommand)(_inspect.inspect)
+app.command("export", cls=TrakCommand)(_inspect.export)
+eval_app.command("sweep", cls=TrakCommand)(_sweep.sweep)
+app.add_typer(eval_app, name="eval", cls=TrakGroup, help="Measure the scores against counterfactual retraining (LDS).")
 
 
 def main() -> None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional, Sequence
 
 import numpy as np
 import typer
@@ -29,18 +31,60 @@ def check_out(out: Path | None, flag: str = "--out") -> None:
         raise UsageError(f"{flag} {out}: directory {out.parent} does not exist; create it or choose another path")
 
 
-def _table(res, scores: np.ndarray, top_k: int) -> Table:
+def _short(text: str, width: int = 60) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def scores_table(
+    res, scores: np.ndarray, top_k: int, target_texts: Sequence[str] | None = None, labels: bool = True
+) -> Table:
+    """The table of each shown target's top proponents and opponents.
+
+    Args:
+        res: the :class:`~trakcli.jobs.score.ScoreResult` (experiment, labels).
+        scores: ``[n_shown, n_train]`` float32, the first targets' scores.
+        top_k: train examples per side.
+        target_texts: the shown targets' texts (text data): a text column.
+        labels: show labels (False for ``task: language_modeling``, whose labels are placeholders).
+    """
     table = Table(title=f"TRAK scores, experiment {res.experiment!r}: top {top_k} proponents and opponents")
     table.add_column("target", justify="right")
-    table.add_column("label", justify="right")
-    table.add_column("proponents: train index (label) score")
-    table.add_column("opponents: train index (label) score")
+    if labels:
+        table.add_column("label", justify="right")
+    if target_texts is not None:
+        table.add_column("text", max_width=40)
+    what = "train index (label) score" if labels else "train index score"
+    table.add_column(f"proponents: {what}")
+    table.add_column(f"opponents: {what}")
     k = min(top_k, scores.shape[1])
     for t, row in enumerate(scores):
         pro, opp = top_indices(row, k)
-        fmt = lambda idx: "\n".join(f"{i} ({res.train_labels[i]}) {row[i]:+.4g}" for i in idx)  # noqa: E731
-        table.add_row(str(t), str(res.target_labels[t]), fmt(pro), fmt(opp))
+        fmt = lambda idx: "\n".join(  # noqa: E731
+            f"{i} ({res.train_labels[i]}) {row[i]:+.4g}" if labels else f"{i} {row[i]:+.4g}" for i in idx
+        )
+        cells = [str(t)] + ([str(res.target_labels[t])] if labels else [])
+        cells += [_short(target_texts[t])] if target_texts is not None else []
+        table.add_row(*cells, fmt(pro), fmt(opp))
     return table
+
+
+def _json(res, scores: np.ndarray, top_k: int, out: Path | None, plot: Path | None) -> dict[str, Any]:
+    """What ``--json`` prints: the run's shape, store, λ per checkpoint and the shown targets' top train indices."""
+    k = min(top_k, scores.shape[1])
+    top = []
+    for t, row in enumerate(scores):
+        pro, opp = top_indices(row, k)
+        top.append({
+            "target": t,
+            "proponents": [{"train": int(i), "score": float(row[i])} for i in pro],
+            "opponents": [{"train": int(i), "score": float(row[i])} for i in opp],
+        })
+    return {
+        "store": str(res.store), "experiment": res.experiment, "n_target": res.n_target, "n_train": res.n_train,
+        "lambda_reg": [float(v) for v in res.lambdas], "scores": f"scores/{res.experiment}/scores",
+        "exported": str(out) if out else None, "plot": str(plot) if plot else None, "top": top,
+    }
 
 
 @handle_errors
@@ -58,13 +102,17 @@ def score(
             "opponents (images; a table for other data) to this .png, .pdf or .svg file.",
         ),
     ] = None,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="Print the result (store, shape, the shown targets' top train indices) "
+                           "as JSON on stdout.")
+    ] = False,
     print_config: PrintConfigOpt = False,
     overwrite: OverwriteOpt = False,
     quiet: QuietOpt = False,
     skip_nonfinite: SkipNonfiniteOpt = False,
     verify: VerifyOpt = False,
 ) -> None:
-    """Score every target against every train example; writes [n_target, n_train] scores to the store."""
+    """Score every target against every train example; writes the n_target x n_train scores to the store."""
     check_out(out)
     if plot is not None:
         check_plot_path(plot, "--plot")
@@ -84,10 +132,15 @@ def score(
         Store.open_existing(res.store, mode="r").export(f"scores/{res.experiment}/scores", out)
     if plot is not None:
         _plot(cfg, res, plot)
+    if json_out:
+        head = res.head(cfg.score.show_targets)
+        sys.stdout.write(json.dumps(_json(res, head, cfg.score.top_k, out, plot), indent=2) + "\n")
     if quiet:
         return
     if cfg.score.show_targets:
-        err_console.print(_table(res, res.head(cfg.score.show_targets), cfg.score.top_k))
+        head = res.head(cfg.score.show_targets)
+        texts = _target_texts(cfg, len(head))
+        err_console.print(scores_table(res, head, cfg.score.top_k, texts, labels=cfg.task != "language_modeling"))
     lam = ", ".join(f"{v:.3g}" for v in res.lambdas)
     err_console.print(
         f"[green]scores[/] [{res.n_target}, {res.n_train}] -> {res.store} (scores/{res.experiment})"
@@ -109,6 +162,16 @@ def _plot(cfg, res, path: Path) -> None:
         train_texts=_texts(cfg.data.train, train, "data.train"),
         target_texts=_texts(cfg.data.target, target, "data.target"),
     )
+
+
+def _target_texts(cfg, n: int) -> list[str] | None:
+    """The first ``n`` target texts (decoded from their tokens) for a text dataset; None for other data."""
+    if cfg.data.target.text is None:
+        return None
+    from trakcli.data.load import load_dataset
+
+    texts = _texts(cfg.data.target, load_dataset(cfg.data.target, key="data.target"), "data.target")
+    return None if texts is None else [texts[i] for i in range(min(n, len(texts)))]
 
 
 def _texts(ds_cfg, ds, key: str):

@@ -98,6 +98,7 @@ def plot_sweep(
         _curve(ax_l, [p[lam_key] for p in line], line, f"proj_dim {d}", _shade(dims.index(d), len(dims)))
     if at_max and min(p[lam_key] for p in at_max) > 0:
         ax_l.set_xscale("log")
+    _lambda_ticks(ax_l, [p[lam_key] for p in at_max])
     ax_l.set(
         xlabel="lambda_rel (ridge / mean squared feature norm)" if use_rel else "lambda_reg (absolute ridge)",
         ylabel="LDS",
@@ -107,13 +108,13 @@ def plot_sweep(
     # the best and default settings, where they belong on each panel's x axis
     for ax, xkey in ((ax_d, "proj_dim"), (ax_m, "n_checkpoints"), (ax_l, lam_key)):
         marks = (
-            (best, dict(marker="*", s=260, color="gold", edgecolors="black", zorder=6)),
-            (dflt, dict(marker="D", s=70, facecolors="none", edgecolors="black", linewidths=1.6, zorder=7)),
+            (best, "best", dict(marker="*", s=260, color="gold", edgecolors="black", zorder=6)),
+            (dflt, "default", dict(marker="D", s=70, facecolors="none", edgecolors="black", linewidths=1.6, zorder=7)),
         )
-        for p, style in marks:
+        for p, name, style in marks:  # the default's marker is "default" even when it is also the best
             if p is None or p[xkey] is None or (ax is ax_l and p["n_checkpoints"] != max_m):
                 continue
-            ax.scatter([p[xkey]], [p["lds"]], label="best" if p is best else "default", **style)
+            ax.scatter([p[xkey]], [p["lds"]], label=name, **style)
         ax.grid(True, alpha=0.3)
         handles, labels = ax.get_legend_handles_labels()
         if handles:
@@ -184,6 +185,21 @@ def _shade(i: int, n: int) -> Any:
     from matplotlib import colormaps
 
     return colormaps["viridis"](0.85 * i / max(n - 1, 1))
+
+
+def _lambda_ticks(ax: Any, values: list[float], most: int = 6) -> None:
+    """Ticks at the swept λ values (at most ``most``, every k-th), ``%.3g``, slanted; no minor tick labels.
+
+    matplotlib's log axis labels minor ticks when the λ range spans less than a
+    couple of decades, and those labels overlap.
+    """
+    vals = sorted(set(v for v in values if v is not None))
+    if not vals:
+        return
+    shown = vals[:: max(1, math.ceil(len(vals) / most))]
+    ax.minorticks_off()
+    ax.set_xticks(shown)
+    ax.set_xticklabels([f"{v:.3g}" for v in shown], rotation=30, ha="right")
 
 
 def _int_ticks(ax: Any, values: list[int]) -> None:
