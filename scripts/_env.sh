@@ -13,7 +13,10 @@ stamp="$VENV/.trakcli-installed-${EXTRAS:-base}"
 want="$(sha256sum pyproject.toml | cut -c1-16)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     echo "installing trakcli${EXTRAS:+[$EXTRAS]} into $VENV (torch==2.13.0 CPU build)" >&2
-    "$VENV/bin/python" -m pip install -qq --disable-pip-version-check -e ".${EXTRAS:+[$EXTRAS]}"
+    # this project was installed as distribution "trakcli" before it became trakcli-attribution
+    "$VENV/bin/python" -m pip uninstall -qq -y --disable-pip-version-check trakcli 2>/dev/null || true
+    # torch==2.13.0 on the same command line: the metadata's range alone would pull a CUDA build
+    "$VENV/bin/python" -m pip install -qq --disable-pip-version-check -e ".${EXTRAS:+[$EXTRAS]}" "torch==2.13.0"
     echo "$want" > "$stamp"
 fi
 export PATH="$ROOT/$VENV/bin:$PATH"

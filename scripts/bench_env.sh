@@ -26,6 +26,6 @@ fi
 
 "$VENV/bin/python" - <<'EOF'
 import importlib.metadata as md
-for pkg in ("torch", "trakcli", "traker", "scipy", "transformers"):
-    print(f"{pkg:8s} {md.version(pkg)}")
+for pkg in ("torch", "trakcli-attribution", "traker", "scipy", "transformers"):
+    print(f"{pkg:19s} {md.version(pkg)}")
 EOF

@@ -190,3 +190,65 @@ def test_sweep_plot_default_is_not_labelled_best_and_lambda_ticks_do_not_overlap
     boxes = sorted((t.get_window_extent(renderer) for t in ticks), key=lambda b: b.x0)
     for a, b in zip(boxes, boxes[1:]):
         assert a.x1 <= b.x0 or a.y1 <= b.y0 or b.y1 <= a.y0, "λ tick labels overlap"
+
+
+# --- packaging: trak init, package data, metadata ------------------------------------------------
+
+
+def test_init_writes_a_commented_config_that_validates(tmp_path, monkeypatch):
+    from trakcli.config import load_config
+
+    monkeypatch.chdir(tmp_path)
+    res = trak("init", "--list")
+    assert res.exit_code == 0 and "digits" in res.stdout and "minilm_text" in res.stdout
+    res = trak("init", "digits")
+    assert res.exit_code == 0, res.output
+    text = Path("digits.yaml").read_text()
+    assert text.startswith("#") and "trak featurize" in text  # the comments come along
+    assert load_config("digits.yaml").projector.proj_dim > 0
+    Path("sub").mkdir()
+    assert trak("init", "digits_projected", "sub").exit_code == 0 and Path("sub/digits_projected.yaml").is_file()
+    assert trak("init", "digits", "run.yaml").exit_code == 0 and Path("run.yaml").read_text() == text
+
+
+def test_init_refuses_to_overwrite_without_force(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    Path("run.yaml").write_text("mine\n")
+    res = trak("init", "digits", "run.yaml")
+    assert res.exit_code == 2 and "already exists" in res.stderr and "--force" in res.stderr
+    assert Path("run.yaml").read_text() == "mine\n"
+    res = trak("init", "digits", "run.yaml", "--force")
+    assert res.exit_code == 0 and Path("run.yaml").read_text().startswith("#")
+    assert list(tmp_path.iterdir()) == [tmp_path / "run.yaml"]  # no temporary file left behind
+
+
+@pytest.mark.parametrize(
+    "args, message, fix",
+    [
+        (["init", "nope"], "no example config named 'nope'", "digits, digits_projected, minilm_text"),
+        (["init"], "name an example config", "digits"),
+        (["init", "digits", "missing/run.yaml"], "directory missing does not exist", "create it"),
+    ],
+)
+def test_init_errors(tmp_path, monkeypatch, args, message, fix):
+    monkeypatch.chdir(tmp_path)
+    res = trak(*args)
+    assert res.exit_code == 2 and message in res.stderr and fix in res.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_repository_configs_are_the_package_data():
+    root = Path(__file__).resolve().parent.parent
+    shipped = sorted(p.name for p in (root / "trakcli" / "configs").glob("*.yaml"))
+    assert shipped and sorted(p.name for p in (root / "configs").glob("*.yaml")) == shipped
+
+
+def test_package_metadata_name_torch_range_and_package_data():
+    import tomllib
+
+    meta = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())
+    assert meta["project"]["name"] == "trakcli-attribution"  # "trakcli" on the index is another project
+    assert meta["project"]["scripts"] == {"trak": "trakcli.cli.main:main"}
+    torch_req = next(d for d in meta["project"]["dependencies"] if d.startswith("torch"))
+    assert "==" not in torch_req and "<3" in torch_req
+    assert "configs/*.yaml" in meta["tool"]["setuptools"]["package-data"]["trakcli"]

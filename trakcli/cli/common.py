@@ -23,7 +23,9 @@ from trakcli.progress import Field, Reporter, Task, format_fields
 err_console = Console(stderr=True, soft_wrap=True)
 
 # Annotated parameter types shared by the commands
-ConfigArg = Annotated[Path, typer.Argument(help="YAML config file (see configs/).", show_default=False)]
+ConfigArg = Annotated[
+    Path, typer.Argument(help="YAML config file (`trak init NAME` writes an example).", show_default=False)
+]
 OverridesArg = Annotated[
     Optional[list[str]],
     typer.Argument(help="key=value overrides, e.g. projector.proj_dim=512 data.batch_size=64.", show_default=False),

@@ -110,7 +110,8 @@ def lds(
     config: Annotated[
         Optional[Path],
         typer.Argument(
-            help="YAML config (see configs/); may be omitted when --scores, --masks and --outputs are all given.",
+            help="YAML config (`trak init NAME` writes an example); may be omitted when --scores, --masks and "
+            "--outputs are all given.",
             show_default=False,
         ),
     ] = None,

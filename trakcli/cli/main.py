@@ -6,6 +6,7 @@ import typer
 
 from trakcli import __version__
 from trakcli.cli import featurize as _featurize
+from trakcli.cli import init as _init
 from trakcli.cli import inspect as _inspect
 from trakcli.cli import optimize as _optimize
 from trakcli.cli import score as _score
@@ -33,9 +34,10 @@ def _version(value: bool) -> None:
 def _root(
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Show the version and exit."),
 ) -> None:
-    """trakcli: optimize -> featurize -> score, driven by YAML configs (see configs/)."""
+    """trakcli: optimize -> featurize -> score, driven by YAML configs (trak init --list shows the examples)."""
 
 
+app.command("init", cls=TrakCommand)(_init.init)
 app.command("optimize", cls=TrakCommand)(_optimize.optimize)
 app.command("featurize", cls=TrakCommand)(_featurize.featurize)
 app.command("score", cls=TrakCommand)(_score.score)
