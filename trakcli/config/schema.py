@@ -77,6 +77,11 @@ class DatasetConfig(StrictModel):
     text: str | None = Field(
         None, description="Text data: the field of each .jsonl object / .csv column holding the text."
     )
+    text_pair: str | None = Field(
+        None,
+        description="Text data: the field holding each example's second text (sentence pairs, e.g. NLI); "
+        "the two are tokenized as one pair (with token_type_ids where the tokenizer makes them). Needs `text`.",
+    )
     max_length: PositiveInt = Field(128, description="Text data: most tokens per text (longer ones are truncated).")
     tokenizer: str | None = Field(
         None,
@@ -86,6 +91,8 @@ class DatasetConfig(StrictModel):
 
     @model_validator(mode="after")
     def _one_source(self) -> "DatasetConfig":
+        if self.text_pair is not None and self.text is None:
+            raise ValueError("`text_pair` is the second text of a pair: give `text` (the first) too")
         if self.builtin is not None:
             if self.path is not None:
                 raise ValueError("give either `builtin` or `path`, not both")

@@ -89,7 +89,9 @@ def load_dataset(cfg: DatasetConfig, *, key: str = "data.train") -> TensorDatase
     if cfg.text is not None:
         if cfg.path is None or cfg.tokenizer is None:  # the config model fills both or refuses
             raise DataError(f"{key}: a text dataset needs `path` and `tokenizer`")
-        inputs, labels, name = load_text(cfg.path, cfg.text, cfg.labels, cfg.tokenizer, cfg.max_length, key=key)
+        inputs, labels, name = load_text(
+            cfg.path, cfg.text, cfg.labels, cfg.tokenizer, cfg.max_length, key=key, text_pair=cfg.text_pair
+        )
         shape = {k: [cfg.max_length] for k in sorted(inputs)}
         return TensorDataset(inputs, labels, name, input_shape=shape)
     if cfg.path is None or cfg.inputs is None or cfg.labels is None:  # the config model fills all three or refuses

@@ -78,7 +78,8 @@ def load_tokenizer(spec: str, *, key: str = "data.train.tokenizer") -> Any:
 
 
 def load_text(
-    path: Path, text: str, labels: str | None, tokenizer: str, max_length: int, *, key: str = "data.train"
+    path: Path, text: str, labels: str | None, tokenizer: str, max_length: int, *, key: str = "data.train",
+    text_pair: str | None = None,
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor, str]:
     """Read and tokenize a ``.jsonl`` / ``.csv`` text dataset.
 
@@ -92,11 +93,14 @@ def load_text(
         labels: the field holding integer class labels; ``None`` (language
             modeling): all labels 0.
         tokenizer: tokenizer directory (see :func:`load_tokenizer`).
-        max_length: most tokens per text.
+        max_length: most tokens per text (per pair with ``text_pair``).
+        text_pair: the field holding the second text of each pair (sentence pairs), tokenized
+            together with ``text`` as the tokenizer's pair (``[CLS] a [SEP] b [SEP]`` for BERT).
 
     Returns:
         ``({"input_ids": [n, L] int64, "attention_mask": [n, L] int64}, labels [n] int64, name)``
-        with ``L <= max_length``.
+        with ``L <= max_length``; pairs also give ``token_type_ids [n, L]`` int64 when the
+        tokenizer makes them (0 for the first text, 1 for the second).
 
     Raises:
         DataError: unreadable file, missing fields (naming the rows and the fields
@@ -105,7 +109,7 @@ def load_text(
     records = _read_records(path, key)
     if not records:
         raise DataError(f"{key}: {path} has no rows; it needs at least one text")
-    for field in [text] + ([labels] if labels else []):
+    for field in [text] + ([text_pair] if text_pair else []) + ([labels] if labels else []):
         bad = [i for i, r in enumerate(records) if r.get(field) is None]
         if bad:
             raise DataError(
@@ -115,9 +119,8 @@ def load_text(
     texts = [str(r[text]) for r in records]
     y = [_int_label(r[labels], i, labels, key) for i, r in enumerate(records)] if labels else [0] * len(texts)
     tok = load_tokenizer(tokenizer, key=f"{key}.tokenizer")
-    enc = tok(texts, padding="longest", truncation=True, max_length=max_length, return_tensors="pt")
-    inputs = {
-        "input_ids": enc["input_ids"].to(torch.int64).contiguous(),
-        "attention_mask": enc["attention_mask"].to(torch.int64).contiguous(),
-    }
-    return inputs, torch.tensor(y, dtype=torch.int64), f"{path}[{text}]"
+    pairs = [str(r[text_pair]) for r in records] if text_pair else None
+    enc = tok(texts, pairs, padding="longest", truncation=True, max_length=max_length, return_tensors="pt")
+    names = ("input_ids", "attention_mask") + (("token_type_ids",) if text_pair and "token_type_ids" in enc else ())
+    inputs = {k: enc[k].to(torch.int64).contiguous() for k in names}
+    return inputs, torch.tensor(y, dtype=torch.int64), f"{path}[{text}{',' + text_pair if text_pair else ''}]"
