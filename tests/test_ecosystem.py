@@ -297,3 +297,53 @@ def test_sentence_pairs_tokenize_as_pairs_and_their_gradients_match_single_examp
         ref = torch.autograd.grad(f, [p[k] for k in pg.param_names])
         for k, r in zip(pg.param_names, ref):
             torch.testing.assert_close(grads[k][i], r, rtol=1e-4, atol=1e-6)
+
+
+# --- data: several input tensors as keyword arguments --------------------------------------------
+
+DICT_MODEL = '''
+from torch import nn
+
+class Scaled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
+
+    def forward(self, x, w):
+        return self.net(x * w)
+
+def make_model():
+    return Scaled()
+'''
+
+
+def test_dict_inputs_are_model_keyword_arguments(user_project):
+    import numpy as np
+
+    assert trak("featurize", "run.yaml", "-q").exit_code == 0
+    assert trak("score", "run.yaml", "--out", "plain.npy", "-q").exit_code == 0
+    Path("dict_model.py").write_text(DICT_MODEL)
+    data = torch.load("ckpts/data.pt", weights_only=True)
+    for split in ("train", "target"):
+        x = data[f"x_{split}"]
+        torch.save({"x": x, "w": torch.ones_like(x), "y": data[f"y_{split}"]}, f"{split}.pt")
+    for i, ck in enumerate(sorted(Path("ckpts").glob("model_*.pt"))):  # the same weights under self.net
+        sd = torch.load(ck, weights_only=True)
+        Path("dict_ckpts").mkdir(exist_ok=True)
+        torch.save({f"net.{k}": v for k, v in sd.items()}, f"dict_ckpts/model_{i}.pt")
+    cfg = yaml.safe_load(Path("run.yaml").read_text())
+    cfg["model"] = {"entrypoint": "dict_model.py:make_model"}
+    cfg["checkpoints"] = "dict_ckpts/model_*.pt"
+    for split in ("train", "target"):
+        cfg["data"][split] = {"path": f"{split}.pt", "inputs": ["x", "w"], "labels": "y"}
+    cfg["store"]["path"] = "out/dict.zarr"
+    write_config(Path("dict.yaml"), cfg)
+    res = trak("featurize", "dict.yaml", "-q")
+    assert res.exit_code == 0, res.stderr
+    res = trak("score", "dict.yaml", "--out", "dict.npy", "-q")
+    assert res.exit_code == 0, res.stderr
+    np.testing.assert_allclose(np.load("dict.npy"), np.load("plain.npy"), rtol=1e-5, atol=1e-7)
+    cfg["data"]["train"]["inputs"] = ["x", "nope"]
+    write_config(Path("bad.yaml"), cfg)
+    res = trak("featurize", "bad.yaml")
+    assert res.exit_code == 1 and "has no key 'nope'" in res.stderr

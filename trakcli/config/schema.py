@@ -68,7 +68,12 @@ class DatasetConfig(StrictModel):
     path: Path | None = Field(
         None, description="A .pt file holding a dict of tensors, an .npz file, or (with `text`) a .jsonl / .csv file."
     )
-    inputs: str | None = Field(None, description="Key of the inputs tensor in `path`, shape [n, ...].")
+    inputs: str | list[str] | None = Field(
+        None,
+        description="Key of the inputs tensor in `path`, shape [n, ...]; or a list of keys: a dict of tensors "
+        "[n, ...] passed to the model as keyword arguments (model(**{key: tensor})); a 2-D `attention_mask` "
+        "is passed as the 4-D additive mask text models get.",
+    )
     labels: str | None = Field(
         None,
         description="Key of the integer class labels in `path`, shape [n]; for text, the label field "

@@ -65,6 +65,41 @@ def _as_tensor(value: Any, what: str, expected: str) -> torch.Tensor:
     return torch.as_tensor(arr)
 
 
+def _labels(value: Any, cfg: DatasetConfig, key: str, n: int) -> torch.Tensor:
+    """Checked int64 labels ``[n]`` of a tensor file (raises DataError as :func:`load_dataset`)."""
+    y = _as_tensor(value, f"{key}: labels {cfg.labels!r} of {cfg.path}", "integer class indices")
+    if y.ndim != 1 or y.shape[0] != n:
+        raise DataError(f"{key}: labels {cfg.labels!r} must be 1-D with one per row ({n}), got shape {list(y.shape)}")
+    if y.dtype == torch.bool or y.is_complex() or (y.is_floating_point() and not torch.equal(y, y.round())):
+        raise DataError(f"{key}: labels {cfg.labels!r} must be integer class indices, got {y.dtype} values")
+    if (y < 0).any():
+        bad = torch.nonzero(y < 0).flatten()[:5].tolist()
+        raise DataError(f"{key}: labels must be >= 0; rows {bad} have negative labels")
+    return y.to(torch.int64).contiguous()
+
+
+def _dict_dataset(cfg: DatasetConfig, contents: dict[str, Any], key: str) -> TensorDataset:
+    """Several input tensors (``inputs: [a, b]``): a dict passed to the model as keyword arguments.
+
+    Floating tensors become float32; integer and bool tensors (ids, masks) keep their dtype.
+    """
+    keys = list(cfg.inputs or [])
+    if not keys:
+        raise DataError(f"{key}.inputs: an empty list; name the keys of {cfg.path} the model takes")
+    missing = [k for k in keys + [cfg.labels] if k not in contents]
+    if missing:
+        raise DataError(
+            f"{key}: {cfg.path} has no key {', '.join(repr(m) for m in missing)}; its keys are {sorted(contents)}"
+        )
+    xs = {k: _as_tensor(contents[k], f"{key}: inputs {k!r} of {cfg.path}", "numbers") for k in keys}
+    n = {k: (x.shape[0] if x.ndim else 0) for k, x in xs.items()}
+    if len(set(n.values())) != 1 or 0 in n.values():
+        raise DataError(f"{key}: the inputs {keys} must have the same number of rows (> 0); rows per key: {n}")
+    xs = {k: (x.to(torch.float32) if x.is_floating_point() else x).contiguous() for k, x in xs.items()}
+    y = _labels(contents[cfg.labels], cfg, key, next(iter(n.values())))
+    return TensorDataset(xs, y, f"{cfg.path}[{','.join(keys)}]")
+
+
 def load_dataset(cfg: DatasetConfig, *, key: str = "data.train") -> TensorDataset:
     """Load one dataset described by the config.
 
@@ -97,6 +132,8 @@ def load_dataset(cfg: DatasetConfig, *, key: str = "data.train") -> TensorDatase
     if cfg.path is None or cfg.inputs is None or cfg.labels is None:  # the config model fills all three or refuses
         raise DataError(f"{key}: a file dataset needs `path`, `inputs` and `labels`")
     contents = _read_file(cfg.path)
+    if not isinstance(cfg.inputs, str):
+        return _dict_dataset(cfg, contents, key)
     missing = [k for k in (cfg.inputs, cfg.labels) if k not in contents]
     if missing:
         raise DataError(

@@ -97,7 +97,7 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     except CheckpointError:
         raise
     except pickle.UnpicklingError as e:
-        if "weights only" not in str(e).lower():
+        if "unsupported global" not in str(e).lower():  # not pickled objects: a damaged or foreign file
             raise CheckpointError(f"cannot read checkpoint {path}: {exception_text(e)}") from None
         raise CheckpointError(
             f"checkpoint {path} holds pickled Python objects (e.g. a whole model saved with torch.save(model)), "
