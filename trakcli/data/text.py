@@ -1,4 +1,5 @@
-"""Text datasets: ``.jsonl`` / ``.csv`` files tokenized by a local Hugging Face tokenizer."""
+"""Text datasets: ``.jsonl`` / ``.csv`` / ``.parquet`` / ``.arrow`` files or a Hugging Face datasets
+``save_to_disk`` folder, tokenized by a local Hugging Face tokenizer."""
 
 from __future__ import annotations
 
@@ -13,8 +14,46 @@ from trakcli.errors import DataError, ModelError
 from trakcli.models.hf import import_transformers, resolve_hf_path
 
 
+def _read_arrow(path: Path, key: str) -> list[dict[str, Any]]:
+    """Rows of a Hugging Face datasets folder (``save_to_disk``), a ``.parquet`` or an ``.arrow`` file (via pyarrow).
+
+    Raises:
+        DataError: pyarrow missing, a ``DatasetDict`` folder (names its splits), or an unreadable file.
+    """
+    try:
+        import pyarrow.ipc as ipc
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise DataError(f"{key}: reading {path} needs pyarrow: pip install pyarrow (or datasets)") from None
+    if path.is_dir():
+        if (path / "dataset_dict.json").is_file():
+            splits = sorted(p.name for p in path.iterdir() if (p / "state.json").is_file())
+            raise DataError(f"{key}: {path} holds the splits {splits} (a DatasetDict); set path to one of them, "
+                            f"e.g. {path / (splits[0] if splits else 'train')}")
+        try:
+            state = json.loads((path / "state.json").read_text(encoding="utf-8"))
+            files = [path / f["filename"] for f in state["_data_files"]]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise DataError(f"{key}: {path} is not a Hugging Face datasets save_to_disk folder "
+                            f"(no readable state.json: {e})") from None
+        return [row for f in files for row in _read_arrow(f, key)]
+    try:
+        if path.suffix.lower() == ".parquet":
+            return pq.read_table(path).to_pylist()
+        try:
+            with ipc.open_stream(path) as reader:  # what datasets writes
+                return reader.read_all().to_pylist()
+        except Exception:  # noqa: BLE001  (the other Arrow IPC layout)
+            with ipc.open_file(path) as reader:
+                return reader.read_all().to_pylist()
+    except Exception as e:  # noqa: BLE001
+        raise DataError(f"{key}: cannot read {path}: {e.__class__.__name__}: {e}") from None
+
+
 def _read_records(path: Path, key: str) -> list[dict[str, Any]]:
     suffix = path.suffix.lower()
+    if path.is_dir() or suffix in (".parquet", ".arrow"):
+        return _read_arrow(path, key)
     try:
         if suffix == ".jsonl":
             records = []
