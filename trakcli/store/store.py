@@ -23,10 +23,10 @@ from trakcli.store import summary as store_summary
 from trakcli.store.evalgroup import delete_keeping_eval, restore_eval
 from trakcli.store.identity import check_same, jsonable, record_or_check
 from trakcli.store.integrity import (
-    StoreCorruptError, StoreMetadataError, delete, keys, node, repair_scope, writable,
+    StoreMetadataError, delete, keys, node, repair_scope, writable,
 )
 from trakcli.store.layout import LAYOUT_ATTR, StoreLayout
-from trakcli.store.rows import SPARSE_ARRAYS, ChunkedRows, EvalRows, codecs, read_checked
+from trakcli.store.rows import SPARSE_ARRAYS, ChunkedRows, codecs
 
 SCHEMA_VERSION = 1
 
@@ -423,24 +423,9 @@ class Store:
             group.attrs.update(attrs)
         return group
 
-    def eval_rows(
-        self,
-        identity: dict[str, Any],
-        n_subsets: int,
-        n_train: int,
-        n_target: int,
-        *,
-        compressor: str = "zstd",
-        overwrite: bool = False,
-        create: bool = True,
-    ) -> EvalRows:
-        """The ``eval/`` group of retrained models, created, checked or extended.
-
-        See :func:`trakcli.store.evalgroup.open_eval_rows` (arguments, errors).
-        """
-        return evalgroup.open_eval_rows(
-            self, identity, n_subsets, n_train, n_target, compressor=compressor, overwrite=overwrite, create=create
-        )
+    #: The ``eval/`` group of retrained models, created, checked or extended:
+    #: :func:`trakcli.store.evalgroup.open_eval_rows` as a method (its arguments after ``store``, its errors).
+    eval_rows = evalgroup.open_eval_rows
 
     def read_scores(self, experiment: str) -> tuple[np.ndarray, dict[str, Any]]:
         """The finished score matrix of an experiment and the attributes it was made with.
