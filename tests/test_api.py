@@ -203,3 +203,11 @@ def test_a_task_function_vmap_refuses_is_named(project):
     r = trak("featurize", "run.yaml", "task=outputs.py:margin")
     assert r.exit_code == 1 and "Traceback" not in r.output
     assert "and task outputs.py:margin raised" in r.output and "(outputs.py, line 6)" in r.output
+
+
+def test_attributor_settings_are_checked_like_a_config(tmp_path):
+    from trakcli.errors import ConfigError
+
+    model = torch.nn.Linear(3, 2)
+    with pytest.raises(ConfigError, match=r"projector\.proj_dims: unknown key; did you mean projector\.proj_dim\?"):
+        trakcli.Attributor(model, store=tmp_path / "s.zarr", projector={"kind": "rademacher", "proj_dims": 8})

@@ -25,9 +25,8 @@ from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ValidationError
 
-from trakcli.config import DataConfig, ProjectorConfig, ScoreConfig, StoreConfig
+from trakcli.config import DataConfig, ProjectorConfig, ScoreConfig, StoreConfig, validate_section
 from trakcli.data.tensors import Inputs, TensorDataset
 from trakcli.distributed import Dist
 from trakcli.errors import CheckpointError, ConfigError, DataError, StoreError
@@ -43,17 +42,6 @@ from trakcli.store import Store, StoreLayout
 
 _DEFAULT_MEMORY_MB: int = DataConfig.model_fields["grad_memory_mb"].default
 _DEFAULT_LAMBDA_REL: float = ScoreConfig.model_fields["lambda_rel"].default
-
-
-def _validated(model: type[BaseModel], raw: Any, key: str) -> Any:
-    """``model(**raw)``, its validation errors as one :class:`ConfigError` naming ``key.field``."""
-    try:
-        return model.model_validate(raw)
-    except ValidationError as e:
-        raise ConfigError(
-            [f"{key}.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" if err["loc"] else f"{key}: {err['msg']}"
-             for err in e.errors()]
-        ) from None
 
 
 def split_batch(batch: Any, index: int) -> tuple[Inputs, torch.Tensor]:
@@ -221,8 +209,8 @@ class Attributor:
         grad_memory_mb: int = _DEFAULT_MEMORY_MB,
         reporter: Reporter = NULL_REPORTER,
     ):
-        self.store: StoreConfig = _validated(StoreConfig, {"path": store} if isinstance(store, (str, Path)) else store, "store")
-        self.projector: ProjectorConfig = _validated(ProjectorConfig, projector or {}, "projector")
+        self.store: StoreConfig = validate_section(StoreConfig, {"path": store} if isinstance(store, (str, Path)) else store, "store")
+        self.projector: ProjectorConfig = validate_section(ProjectorConfig, projector or {}, "projector")
         self.task = resolve_task(task)
         self.grad_wrt = [grad_wrt] if isinstance(grad_wrt, str) else grad_wrt
         self.model, self.batch_size, self.grad_memory_mb, self.reporter = model, batch_size, grad_memory_mb, reporter

@@ -13,7 +13,7 @@ whose lines each start with the dotted key concerned.
 Relative paths in the config are relative to the current working directory.
 """
 
-from trakcli.config.load import load_config, parse_overrides
+from trakcli.config.load import load_config, parse_overrides, validate_section
 from trakcli.config.recipe import (
     RUN_ONLY_KEYS,
     OptimizeConfig,
@@ -59,6 +59,7 @@ __all__ = [
     "flat_recipe",
     "load_config",
     "parse_overrides",
+    "validate_section",
     "recipe_identity",
     "resolve_checkpoints",
 ]

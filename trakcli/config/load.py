@@ -81,10 +81,10 @@ def _unknown_key(parent: tuple[Any, ...], name: str, choices: list[str] | None) 
     return f"{prefix}{name}: unknown key; {hint}"
 
 
-def _format_errors(err: ValidationError) -> list[str]:
+def _format_errors(err: ValidationError, prefix: tuple[str, ...] = ()) -> list[str]:
     problems = []
     for e in err.errors():
-        loc = tuple(p for p in e["loc"] if not (isinstance(p, str) and p in ("function-after",)))
+        loc = prefix + tuple(p for p in e["loc"] if not (isinstance(p, str) and p in ("function-after",)))
         # pydantic adds union branch names ("str", "list[str]") to the location: drop them
         loc = tuple(p for p in loc if not (isinstance(p, str) and ("[" in p or p in ("str", "int", "float"))))
         key = ".".join(str(p) for p in loc) or "(top level)"
@@ -101,6 +101,26 @@ def _format_errors(err: ValidationError) -> list[str]:
             problems.append(f"{key}: {msg}{got}")
     # a union failure is reported once per branch: keep each line once
     return list(dict.fromkeys(problems))
+
+
+def validate_section(model: type[BaseModel], raw: Any, key: str) -> Any:
+    """One config section (``model`` is its pydantic class) validated on its own, e.g. for the Python API.
+
+    Args:
+        model: the section's class, e.g. :class:`~trakcli.config.ProjectorConfig`.
+        raw: the section as a mapping.
+        key: the section's key in a config (``"projector"``): messages name ``key.field``.
+
+    Returns:
+        The validated section.
+
+    Raises:
+        ConfigError: every problem at once, worded as for a YAML config (did-you-mean for unknown keys).
+    """
+    try:
+        return model.model_validate(raw)
+    except ValidationError as e:
+        raise ConfigError(_format_errors(e, (key,))) from None
 
 
 def load_config(
