@@ -9,6 +9,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from trakcli.files import atomic_open
+
 DIGITS_TEST_FRACTION = 0.2
 DIGITS_SEED = 0
 DIGITS_IMAGE_SHAPE = (8, 8)  # each flat row of 64 pixels is an 8x8 image
@@ -80,12 +82,9 @@ def _read_split(path: Path | None) -> list[np.ndarray] | None:
 def _write_split(path: Path | None, arrays: list[np.ndarray]) -> None:
     if path is None:
         return
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    try:
+    try:  # a cache: a failed write is only a slower next run
         path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
+        with atomic_open(path, "wb") as f:
             np.savez(f, **{f"a{i}": a for i, a in enumerate(arrays)})
-            f.flush()
-        os.replace(tmp, path)
     except OSError:
-        tmp.unlink(missing_ok=True)
+        pass
