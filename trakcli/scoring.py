@@ -52,22 +52,78 @@ def kernel_form(n_train: int, proj_dim: int) -> str:
     return DUAL if n_train < proj_dim else PRIMAL
 
 
+def symmetric_blocks(n: int, block: int = 256) -> list[tuple[int, int]]:
+    """Bounds ``(lo, hi)`` of the row blocks of an ``[n, n]`` symmetric product (blocks of about ``block`` rows)."""
+    n_blocks = max(1, -(-n // block))
+    bounds = [round(n * i / n_blocks) for i in range(n_blocks + 1)]
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def add_lower_product(gram: torch.Tensor, a: torch.Tensor, block: int = 256) -> torch.Tensor:
+    """``gram += a aᵀ`` on the block lower triangle only (rows ``lo:hi`` against columns ``:hi``).
+
+    ``a aᵀ`` is symmetric, so about half of its products are skipped: with
+    blocks of ``block`` rows the work is ``(1 + 1/n_blocks)/2`` of a full
+    product (measured on 2 cores, float64, ``[1437, 2048]``: 74 ms against
+    136 ms for ``a @ a.T``, the speed of a float32 product without its
+    rounding). Entries above the block diagonal are left as they were; call
+    :func:`mirror_lower` when the product is complete.
+
+    Args:
+        gram: ``[n, n]`` accumulator (float64), updated in place.
+        a: ``[n, k]`` in ``gram``'s dtype.
+        block: rows per block.
+
+    Returns:
+        ``gram``.
+    """
+    for lo, hi in symmetric_blocks(a.shape[0], block):
+        gram[lo:hi, :hi].addmm_(a[lo:hi], a[:hi].T)
+    return gram
+
+
+def mirror_lower(gram: torch.Tensor, block: int = 256) -> torch.Tensor:
+    """Make ``gram`` the symmetric matrix of its lower triangle (diagonal included), in place, block by block.
+
+    Args:
+        gram: ``[n, n]``; its entries above the diagonal are overwritten.
+        block: rows per block (as in :func:`add_lower_product`; any value gives the same result).
+
+    Returns:
+        ``gram``, now exactly symmetric.
+    """
+    for lo, hi in symmetric_blocks(gram.shape[0], block):
+        gram[:lo, lo:hi] = gram[lo:hi, :lo].T
+        diag = gram[lo:hi, lo:hi]
+        diag.copy_(diag.tril() + diag.tril(-1).T)
+    return gram
+
+
 def gram_matrix(feature_chunks: Iterable[torch.Tensor]) -> torch.Tensor:
     """Σ Φ_cᵀ Φ_c over row chunks, accumulated in float64.
+
+    Each chunk is cast to float64 and only the block lower triangle of
+    ``Φ_cᵀ Φ_c`` is computed (:func:`add_lower_product`), mirrored at the end:
+    the exact float64 product at about half the work.
 
     Args:
         feature_chunks: tensors ``[rows, proj_dim]`` (any float dtype).
 
     Returns:
-        ``[proj_dim, proj_dim]`` float64 Gram matrix ``Φᵀ Φ``.
+        ``[proj_dim, proj_dim]`` float64 Gram matrix ``Φᵀ Φ`` (symmetric).
+
+    Raises:
+        TrakError: no chunks.
     """
     gram: torch.Tensor | None = None
     for chunk in feature_chunks:
-        c = chunk.to(torch.float64)  # [rows, proj_dim]
-        gram = c.T @ c if gram is None else gram.addmm_(c.T, c)
+        c = chunk.to(torch.float64).T.contiguous()  # [proj_dim, rows]
+        if gram is None:
+            gram = torch.zeros(c.shape[0], c.shape[0], dtype=torch.float64, device=c.device)
+        add_lower_product(gram, c)
     if gram is None:
         raise TrakError("no train features to build the kernel from; run `trak featurize` first")
-    return gram
+    return mirror_lower(gram)
 
 
 def float64_columns(n_rows: int, budget_bytes: int = 64 << 20) -> int:
@@ -81,9 +137,12 @@ def dual_gram(features: torch.Tensor, col_chunk: int | None = None) -> torch.Ten
     Each block of ``col_chunk`` feature columns (default
     :func:`float64_columns`: 64 MiB) is cast to float64 and multiplied, so
     the float64 copy in memory is ``[n_train, col_chunk]``, never
-    ``[n_train, proj_dim]``. (Float32 products of the blocks were ~2x
-    faster but moved the scores by 4e-6 of their norm at ``lambda_rel = 0.1``
-    and 3e-5 at 0.01 on digits features, where float64 stays below 1e-12.)
+    ``[n_train, proj_dim]``; only the block lower triangle is multiplied
+    (:func:`add_lower_product`) and then mirrored, which makes it as fast as
+    a full float32 product. (Float32 products of the blocks moved the scores
+    by 2.8e-7 of their largest value at ``lambda_rel = 1``, 2e-6 at 0.1 and
+    1.7e-5 at 0.01 on digits features; rounding the features themselves to
+    float32 moves them by 6e-9 to 3e-8.)
 
     Args:
         features: ``Φ``, ``[n_train, proj_dim]`` (any float dtype, e.g. the stored float32).
@@ -101,9 +160,8 @@ def dual_gram(features: torch.Tensor, col_chunk: int | None = None) -> torch.Ten
     col_chunk = col_chunk or float64_columns(n)
     gram = torch.zeros(n, n, dtype=torch.float64, device=features.device)
     for lo in range(0, p, col_chunk):
-        block = features[:, lo : lo + col_chunk].to(torch.float64)  # [n_train, col_chunk]
-        gram.addmm_(block, block.T)
-    return gram
+        add_lower_product(gram, features[:, lo : lo + col_chunk].to(torch.float64))  # [n_train, col_chunk]
+    return mirror_lower(gram)
 
 
 def resolve_lambda(gram: torch.Tensor, n_train: int, lambda_reg: float | None, lambda_rel: float) -> float:

@@ -270,6 +270,38 @@ def _all_features(rows: ChunkedRows) -> torch.Tensor:
     return torch.from_numpy(rows.read("features", 0, rows.n_rows).astype(np.float32, copy=False))
 
 
+def _report_notes(store: Store, reporter: Reporter) -> None:
+    for note in store.notes:
+        reporter.info(note)
+    store.notes.clear()
+
+
+def _kernel(
+    store: Store, rows: ChunkedRows, model_id: int, lam_key: dict, lambda_reg: float | None, lambda_rel: float,
+    proj_dim: int,
+) -> tuple[tuple[torch.Tensor, float], torch.Tensor | None]:
+    """Checkpoint ``model_id``'s kernel ``(factor, λ)``: the stored one, else computed from Φ_m and stored.
+
+    Returns:
+        ``((factor float64, λ), Φ_m)``: ``Φ_m`` ``[n_train, proj_dim]`` float32 when it was read
+        whole to build a dual kernel (the caller reuses it), else None.
+    """
+    stored = store.read_kernel(model_id, lam_key, rebuild=True)
+    if stored is not None:
+        return (torch.from_numpy(stored[0]), stored[1]), None
+    event(f"start kernel {model_id}")
+    phi = None
+    if kernel_form(rows.n_rows, proj_dim) == DUAL:
+        phi = _all_features(rows)
+        gram = dual_gram(phi)
+    else:
+        gram = gram_matrix(torch.from_numpy(c.astype(np.float32, copy=False)) for _, _, c in rows.iter_chunks("features"))
+    factor, lam = solve_kernel(gram, rows.n_rows, lambda_reg, lambda_rel, proj_dim)
+    del gram
+    store.write_kernel(model_id, factor.numpy(), lam_key, lam, form=kernel_form(rows.n_rows, proj_dim))
+    return (factor, lam), phi
+
+
 def finalize_and_score(
     store: Store,
     train_rows: list[ChunkedRows],
@@ -285,7 +317,8 @@ def finalize_and_score(
 
     Kernels (float64 Cholesky factors by :func:`trakcli.scoring.solve_kernel`)
     are computed by rank ``m mod world_size`` and stored, so a rerun reuses
-    them: of ``Φ_mᵀΦ_m + λ_m I`` (``[proj_dim, proj_dim]``, form
+    them (in a single process each one is made and used in the same pass over
+    ``Φ_m``, without reading it back): of ``Φ_mᵀΦ_m + λ_m I`` (``[proj_dim, proj_dim]``, form
     :data:`~trakcli.scoring.PRIMAL`), or when ``n_train < proj_dim`` of the
     dual ``Φ_mΦ_mᵀ + λ_m I`` (``[n_train, n_train]``, form
     :data:`~trakcli.scoring.DUAL`; :func:`~trakcli.scoring.kernel_form`).
@@ -320,40 +353,34 @@ def finalize_and_score(
     n_target = target_rows[0].n_rows
     lam_key = {"lambda_reg": lambda_reg, "lambda_rel": lambda_rel}
     proj_dim = store.layout.proj_dim
-    for model_id in range(dist.rank, n_models, dist.world_size):
-        if store.read_kernel(model_id, lam_key, rebuild=True) is None:
-            event(f"start kernel {model_id}")
-            rows = train_rows[model_id]
-            form = kernel_form(rows.n_rows, proj_dim)
-            if form == DUAL:
-                gram = dual_gram(_all_features(rows))
-            else:
-                gram = gram_matrix(
-                    torch.from_numpy(c.astype(np.float32, copy=False)) for _, _, c in rows.iter_chunks("features")
-                )
-            factor, lam = solve_kernel(gram, rows.n_rows, lambda_reg, lambda_rel, proj_dim)
-            store.write_kernel(model_id, factor.numpy(), lam_key, lam, form=form)
-    for note in store.notes:
-        reporter.info(note)
-    store.notes.clear()
-    dist.barrier()
+    if dist.world_size > 1:  # kernel m on rank m mod world_size, then every rank reads them all
+        for model_id in range(dist.rank, n_models, dist.world_size):
+            _kernel(store, train_rows[model_id], model_id, lam_key, lambda_reg, lambda_rel, proj_dim)
+        _report_notes(store, reporter)
+        dist.barrier()
     pending = out.pending(dist.rank, dist.world_size)
     weights, primal, lambdas, dual_total = [], [], [], None
     for model_id in range(n_models):
-        kernel = store.read_kernel(model_id, lam_key)
-        if kernel is None:
-            raise StoreError(f"the kernel of model_id {model_id} is missing; rerun the same command")
+        phi = None
+        if dist.world_size == 1:  # one process: each kernel is made (if missing) and used in one pass over Φ_m
+            kernel, phi = _kernel(store, train_rows[model_id], model_id, lam_key, lambda_reg, lambda_rel, proj_dim)
+        else:
+            kernel = store.read_kernel(model_id, lam_key)
+            if kernel is None:
+                raise StoreError(f"the kernel of model_id {model_id} is missing; rerun the same command")
+            kernel = (torch.from_numpy(kernel[0]), kernel[1])
         factor, lam = kernel
         lambdas.append(lam)
         if not pending:
             continue
         phi_t = torch.from_numpy(target_rows[model_id].read("features", 0, n_target).astype(np.float32, copy=False))
         if factor.shape[0] == proj_dim:  # PRIMAL (a dual factor is [n_train, n_train], n_train < proj_dim)
-            weights.append(target_weights(torch.from_numpy(factor), phi_t, dtype=torch.float32))
+            weights.append(target_weights(factor, phi_t, dtype=torch.float32))
             primal.append(train_rows[model_id])
         else:
-            phi = _all_features(train_rows[model_id])
-            dual_total = dual_scores(torch.from_numpy(factor), phi_t, phi, out=dual_total)
+            phi = phi if phi is not None else _all_features(train_rows[model_id])
+            dual_total = dual_scores(factor, phi_t, phi, out=dual_total)
+    _report_notes(store, reporter)
 
     with reporter.task("score", len(pending)) as task:
         for chunk in pending:
