@@ -121,7 +121,7 @@ def test_trak_score_solves_in_the_dual_when_n_train_below_proj_dim(user_project,
 
     from trakcli.cli.main import app
 
-    job = importlib.import_module("trakcli.jobs.score")  # the module (trakcli.jobs re-exports the function `score`)
+    job = importlib.import_module("trakcli.jobs.kernels")  # where score and featurize choose the kernel form
 
     def trak(*args):
         res = CliRunner().invoke(app, [str(a) for a in args])

@@ -20,13 +20,11 @@ from trakcli.data.tensors import TensorDataset
 from trakcli.distributed import Dist
 from trakcli.errors import StoreError
 from trakcli.jobs.featurize import featurize_rows
+from trakcli.jobs.kernels import all_features, finalize_kernels, kernel_of, report_notes, ridge_settings
 from trakcli.jobs.runtime import event, locked_store
 from trakcli.jobs.setup import JobSetup, prepare
 from trakcli.progress import NULL_REPORTER, Reporter
-from trakcli.scoring import (
-    DUAL, dual_gram, dual_scores, ensemble_block, gram_matrix, kernel_form, score_block, solve_kernel,
-    target_weights,
-)
+from trakcli.scoring import dual_scores, ensemble_block, score_block, target_weights
 from trakcli.store import ChunkedRows, Store, StoreCorruptError, check_same
 
 
@@ -265,43 +263,6 @@ def score_targets(
     return lambdas, computed
 
 
-def _all_features(rows: ChunkedRows) -> torch.Tensor:
-    """All of one checkpoint's train features ``[n_train, proj_dim]`` float32 (the dual: n_train < proj_dim)."""
-    return torch.from_numpy(rows.read("features", 0, rows.n_rows).astype(np.float32, copy=False))
-
-
-def _report_notes(store: Store, reporter: Reporter) -> None:
-    for note in store.notes:
-        reporter.info(note)
-    store.notes.clear()
-
-
-def _kernel(
-    store: Store, rows: ChunkedRows, model_id: int, lam_key: dict, lambda_reg: float | None, lambda_rel: float,
-    proj_dim: int,
-) -> tuple[tuple[torch.Tensor, float], torch.Tensor | None]:
-    """Checkpoint ``model_id``'s kernel ``(factor, λ)``: the stored one, else computed from Φ_m and stored.
-
-    Returns:
-        ``((factor float64, λ), Φ_m)``: ``Φ_m`` ``[n_train, proj_dim]`` float32 when it was read
-        whole to build a dual kernel (the caller reuses it), else None.
-    """
-    stored = store.read_kernel(model_id, lam_key, rebuild=True)
-    if stored is not None:
-        return (torch.from_numpy(stored[0]), stored[1]), None
-    event(f"start kernel {model_id}")
-    phi = None
-    if kernel_form(rows.n_rows, proj_dim) == DUAL:
-        phi = _all_features(rows)
-        gram = dual_gram(phi)
-    else:
-        gram = gram_matrix(torch.from_numpy(c.astype(np.float32, copy=False)) for _, _, c in rows.iter_chunks("features"))
-    factor, lam = solve_kernel(gram, rows.n_rows, lambda_reg, lambda_rel, proj_dim)
-    del gram
-    store.write_kernel(model_id, factor.numpy(), lam_key, lam, form=kernel_form(rows.n_rows, proj_dim))
-    return (factor, lam), phi
-
-
 def finalize_and_score(
     store: Store,
     train_rows: list[ChunkedRows],
@@ -351,19 +312,16 @@ def finalize_and_score(
     dist = dist or Dist()
     n_models = len(train_rows)
     n_target = target_rows[0].n_rows
-    lam_key = {"lambda_reg": lambda_reg, "lambda_rel": lambda_rel}
+    lam_key = ridge_settings(lambda_reg, lambda_rel)
     proj_dim = store.layout.proj_dim
     if dist.world_size > 1:  # kernel m on rank m mod world_size, then every rank reads them all
-        for model_id in range(dist.rank, n_models, dist.world_size):
-            _kernel(store, train_rows[model_id], model_id, lam_key, lambda_reg, lambda_rel, proj_dim)
-        _report_notes(store, reporter)
-        dist.barrier()
+        finalize_kernels(store, train_rows, lambda_reg=lambda_reg, lambda_rel=lambda_rel, dist=dist, reporter=reporter)
     pending = out.pending(dist.rank, dist.world_size)
     weights, primal, lambdas, dual_total = [], [], [], None
     for model_id in range(n_models):
         phi = None
         if dist.world_size == 1:  # one process: each kernel is made (if missing) and used in one pass over Φ_m
-            kernel, phi = _kernel(store, train_rows[model_id], model_id, lam_key, lambda_reg, lambda_rel, proj_dim)
+            kernel, phi = kernel_of(store, train_rows[model_id], model_id, lambda_reg=lambda_reg, lambda_rel=lambda_rel)
         else:
             kernel = store.read_kernel(model_id, lam_key)
             if kernel is None:
@@ -378,9 +336,9 @@ def finalize_and_score(
             weights.append(target_weights(factor, phi_t, dtype=torch.float32))
             primal.append(train_rows[model_id])
         else:
-            phi = phi if phi is not None else _all_features(train_rows[model_id])
+            phi = phi if phi is not None else all_features(train_rows[model_id])
             dual_total = dual_scores(factor, phi_t, phi, out=dual_total)
-    _report_notes(store, reporter)
+    report_notes(store, reporter)
 
     with reporter.task("score", len(pending)) as task:
         for chunk in pending:

@@ -88,3 +88,19 @@ def write_kernel(
         arr.attrs.update({"form": form, "lambda_reg": lambda_reg, "settings": jsonable(settings)})
     except OSError as e:
         raise StoreError(f"writing the kernel of model_id {model_id} failed: {e}; rerun to resume") from None
+
+
+def kernel_done(store: "Store", model_id: int, settings: dict[str, Any]) -> bool:
+    """Whether ``train/<model_id>/kernel`` was finished with ``settings`` (its attributes only; no chunk is read).
+
+    The cheap check of `trak featurize` on a finished store; `trak score` reads
+    and verifies the kernel itself (:func:`read_kernel`).
+    """
+    try:
+        arr = node(store.root, f"train/{model_id}/kernel")
+        if arr is None:
+            return False
+        attrs = dict(arr.attrs)
+    except StoreCorruptError:
+        return False
+    return attrs.get("settings") == jsonable(settings) and "lambda_reg" in attrs

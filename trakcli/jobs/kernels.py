@@ -1,0 +1,126 @@
+"""The per-checkpoint kernels ``train/<model_id>/kernel``: made at the end of `trak featurize`, used by `trak score`.
+
+A kernel depends only on the train features ``Φ_m`` and the ridge settings
+(``score.lambda_reg``, ``score.lambda_rel``), so `trak featurize` finishes each
+checkpoint's kernel once its features are complete (as MadryLab's TRAK does in
+``finalize_features``), and `trak score` only computes the target side; a score
+run with other ridge settings, or a store whose kernels are missing or corrupt,
+makes them there instead (:func:`kernel_of`). Math: :mod:`trakcli.scoring`
+(primal ``Φᵀ Φ + λ I`` or, when ``n_train < proj_dim``, dual ``Φ Φᵀ + λ I``,
+float64 Cholesky factors).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from trakcli.distributed import Dist
+from trakcli.jobs.runtime import event
+from trakcli.progress import NULL_REPORTER, Reporter
+from trakcli.scoring import DUAL, dual_gram, gram_matrix, kernel_form, solve_kernel
+from trakcli.store import ChunkedRows, Store
+from trakcli.store.kernel import kernel_done
+
+
+def ridge_settings(lambda_reg: float | None, lambda_rel: float) -> dict[str, float | None]:
+    """The settings a stored kernel is made with and checked against (``score.lambda_reg``, ``score.lambda_rel``)."""
+    return {"lambda_reg": lambda_reg, "lambda_rel": lambda_rel}
+
+
+def all_features(rows: ChunkedRows) -> torch.Tensor:
+    """All of one checkpoint's train features ``[n_train, proj_dim]`` float32 (chunks checked)."""
+    return torch.from_numpy(rows.read("features", 0, rows.n_rows).astype(np.float32, copy=False))
+
+
+def report_notes(store: Store, reporter: Reporter) -> None:
+    """Send the store's notes (repairs made while reading) to ``reporter.info`` and clear them."""
+    for note in store.notes:
+        reporter.info(note)
+    store.notes.clear()
+
+
+def kernel_of(
+    store: Store, rows: ChunkedRows, model_id: int, *, lambda_reg: float | None, lambda_rel: float,
+) -> tuple[tuple[torch.Tensor, float], torch.Tensor | None]:
+    """Checkpoint ``model_id``'s kernel: the stored one (verified), else computed from ``Φ_m`` and stored.
+
+    A corrupt or missing stored kernel is deleted and made again (noted in ``store.notes``).
+
+    Args:
+        store: the open store (rank 0, or the rank that owns ``model_id``).
+        rows: the checkpoint's complete train features.
+        model_id: the checkpoint.
+        lambda_reg, lambda_rel: the ridge (:func:`trakcli.scoring.resolve_lambda`).
+
+    Returns:
+        ``((factor, λ), Φ_m)``: the float64 lower Cholesky factor (``[proj_dim, proj_dim]`` primal
+        or ``[n_train, n_train]`` dual) and λ; ``Φ_m`` ``[n_train, proj_dim]`` float32 when it was
+        read whole to build a dual kernel (for the caller to reuse), else None.
+
+    Raises:
+        TrakError: the kernel is not positive definite (:func:`trakcli.scoring.kernel_factor`).
+        StoreError: the kernel could not be written.
+    """
+    settings = ridge_settings(lambda_reg, lambda_rel)
+    stored = store.read_kernel(model_id, settings, rebuild=True)
+    if stored is not None:
+        return (torch.from_numpy(stored[0]), stored[1]), None
+    event(f"start kernel {model_id}")
+    proj_dim = store.layout.proj_dim
+    form = kernel_form(rows.n_rows, proj_dim)
+    phi = None
+    if form == DUAL:
+        phi = all_features(rows)
+        gram = dual_gram(phi)
+    else:
+        gram = gram_matrix(torch.from_numpy(c.astype(np.float32, copy=False)) for _, _, c in rows.iter_chunks("features"))
+    factor, lam = solve_kernel(gram, rows.n_rows, lambda_reg, lambda_rel, proj_dim)
+    del gram
+    store.write_kernel(model_id, factor.numpy(), settings, lam, form=form)
+    return (factor, lam), phi
+
+
+def finalize_kernels(
+    store: Store,
+    train_rows: list[ChunkedRows],
+    *,
+    lambda_reg: float | None,
+    lambda_rel: float,
+    dist: Dist | None = None,
+    reporter: Reporter = NULL_REPORTER,
+    verify: bool = True,
+) -> int:
+    """Make every missing kernel: checkpoint ``m`` on rank ``m mod world_size``; then a barrier.
+
+    Args:
+        store: the open store.
+        train_rows: per model_id, complete train features.
+        lambda_reg, lambda_rel: the ridge settings (``score:`` of the config).
+        dist: the process group (default: one process).
+        reporter: a progress bar over the kernels made, and repair notes.
+        verify: read and verify kernels already stored (`trak score`), or trust a finished
+            kernel's attributes (`trak featurize`, :func:`trakcli.store.kernel.kernel_done`).
+
+    Returns:
+        Kernels computed by this process.
+
+    Raises:
+        As :func:`kernel_of`.
+    """
+    dist = dist or Dist()
+    settings = ridge_settings(lambda_reg, lambda_rel)
+    mine = list(range(dist.rank, len(train_rows), dist.world_size))
+    if not verify:
+        mine = [m for m in mine if not kernel_done(store, m, settings)]
+    made = 0
+    if mine:
+        with reporter.task("kernels", len(mine)) as task:
+            for model_id in mine:
+                if not (verify and store.read_kernel(model_id, settings, rebuild=True) is not None):
+                    kernel_of(store, train_rows[model_id], model_id, lambda_reg=lambda_reg, lambda_rel=lambda_rel)
+                    made += 1
+                task.advance()
+    report_notes(store, reporter)
+    dist.barrier()
+    return made
