@@ -60,12 +60,15 @@ Modules:
   repair command of each array, :class:`StoreCorruptError` (zarr imported lazily).
 - :mod:`~trakcli.store.rows`: :class:`ChunkedRows`, :class:`EvalRows`, the checked read.
 - :mod:`~trakcli.store.store`: :class:`Store`; :mod:`~trakcli.store.kernel`: the kernel array.
+- :mod:`~trakcli.store.finished`: :func:`train_finished`, whether a featurize rerun has
+  nothing to do, read from the metadata files without zarr.
 - :mod:`~trakcli.store.evalgroup`: the ``eval/`` group; :mod:`~trakcli.store.summary`:
   ``trak inspect``'s summary; :mod:`~trakcli.store.export`: finished reads and ``trak export``.
 
-The zarr-backed names (:class:`Store`, :class:`ChunkedRows`, ...) are imported
-on first use, so that importing the zarr-free modules (the config reading a
-manifest, a lock) does not import zarr.
+The names of the modules that use zarr (:class:`Store`, :class:`ChunkedRows`, ...)
+are imported on first use, and those modules import zarr only when a store is
+opened or an array created, so that importing the store (the config reading a
+manifest, a lock, a finished store found by :func:`train_finished`) does not import zarr.
 """
 
 from __future__ import annotations
@@ -86,6 +89,7 @@ from trakcli.store.layout import COMPRESSORS, STORAGE_DTYPES, StoreLayout
 from trakcli.store.lock import StoreLock
 
 if TYPE_CHECKING:
+    from trakcli.store.finished import train_finished
     from trakcli.store.integrity import StoreCorruptError, StoreMetadataError
     from trakcli.store.rows import ChunkedRows, EvalRows
     from trakcli.store.store import SCHEMA_VERSION, Store
@@ -97,6 +101,7 @@ _LAZY = {
     "EvalRows": "trakcli.store.rows",
     "StoreCorruptError": "trakcli.store.integrity",
     "StoreMetadataError": "trakcli.store.integrity",
+    "train_finished": "trakcli.store.finished",
 }
 
 __all__ = [
@@ -117,6 +122,7 @@ __all__ = [
     "jsonable",
     "record_or_check",
     "settings_mismatch",
+    "train_finished",
 ]
 
 

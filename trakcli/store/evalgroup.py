@@ -13,8 +13,6 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from zarr.codecs import Crc32cCodec
-
 from trakcli import __version__
 from trakcli.errors import StoreError, StoreMismatchError
 from trakcli.store.identity import check_same, jsonable
@@ -106,6 +104,8 @@ def open_eval_rows(
         else:
             if not create:
                 raise StoreError(f"store {store.path} holds no retrained models yet; run `trak eval lds CONFIG`")
+            from zarr.codecs import Crc32cCodec
+
             group = store.root.require_group("eval")
             array_codecs = codecs(compressor)
             group.create_array("masks", shape=(n_subsets, n_train), chunks=(1, n_train), dtype="bool",

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import numpy as np
-from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
 
 from trakcli.errors import StoreError
 from trakcli.store.integrity import StoreCorruptError, chunk_coords, missing_chunks, repair_command, settle
@@ -31,6 +30,8 @@ READ_ERRORS = (ValueError, RuntimeError, OSError, TypeError)  # what zarr raises
 
 def codecs(compressor: str) -> list[Any]:
     """The zarr codecs of a data array: ``compressor`` (one of :data:`COMPRESSORS`), then a CRC32C checksum."""
+    from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec  # zarr is imported when a store is opened, not before
+
     base = {"zstd": [ZstdCodec(level=3)], "blosc": [BloscCodec(cname="zstd", clevel=3)], "none": []}[compressor]
     return [*base, Crc32cCodec()]
 
@@ -126,19 +127,22 @@ class ChunkedRows:
             lo, hi = self.rows(c)
             yield lo, hi, self.read(name, lo, hi)
 
-    def damaged(self, read: bool = True, names: list[str] | None = None) -> dict[str, list[int]]:
+    def damaged(
+        self, read: bool = True, names: list[str] | None = None, flags: np.ndarray | None = None
+    ) -> dict[str, list[int]]:
         """Per array (and ``done``), the done chunks that are damaged.
 
         Args:
             read: read every done chunk (missing files and failed checksums); False
                 only asks the store which chunk files exist (cheap: nothing is read).
             names: the arrays to check (default: all of :attr:`data`).
+            flags: the :meth:`flags` the caller has just read (read again if None).
 
         Returns:
             ``{array name: [chunk, ...]}`` of the arrays with damaged chunks; ``"done"``
             lists the chunks whose flag is unreadable.
         """
-        flags = self.flags()
+        flags = self.flags() if flags is None else flags
         out: dict[str, list[int]] = {"done": sorted(self.bad_flags)} if self.bad_flags else {}
         for name in names or list(self.data):
             if read:

@@ -11,8 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import zarr
-from zarr.codecs import Crc32cCodec
 
 from trakcli import __version__
 from trakcli.errors import StoreError, StoreMismatchError
@@ -29,6 +27,18 @@ from trakcli.store.layout import LAYOUT_ATTR, StoreLayout
 from trakcli.store.rows import SPARSE_ARRAYS, ChunkedRows, codecs
 
 SCHEMA_VERSION = 1
+
+
+def _open_group(path: Path, mode: str) -> Any:
+    """``zarr.open_group`` of the Zarr v3 store at ``path``.
+
+    zarr is imported here, on the first open: importing this module (e.g. for
+    :meth:`Store.prepare_parent`, or a run that finds its store finished through
+    :mod:`trakcli.store.finished`) does not import it (~0.3 s).
+    """
+    import zarr
+
+    return zarr.open_group(str(path), mode=mode, zarr_format=3)
 
 
 class Store:
@@ -149,7 +159,7 @@ class Store:
             raise StoreError(f"{path} exists and is not a trakcli store; choose another store path or remove it")
         cls.prepare_parent(path)
         try:
-            group = zarr.open_group(str(path), mode="a", zarr_format=3)
+            group = _open_group(path, "a")
             group.attrs.update(
                 {
                     "schema_version": SCHEMA_VERSION,
@@ -191,7 +201,7 @@ class Store:
         if not (path / "zarr.json").exists():
             raise StoreError(f"no trakcli store at {path}; run `trak featurize CONFIG` first")
         try:
-            group = zarr.open_group(str(path), mode=mode, zarr_format=3)
+            group = _open_group(path, mode)
         except Exception as e:  # noqa: BLE001 - a garbage zarr.json raises JSON, value or key errors
             raise StoreMetadataError(
                 f"cannot open the store at {path}: its metadata {path}/zarr.json is unreadable "
@@ -285,6 +295,8 @@ class Store:
             data[name] = writable(arr)
         done = self._node(f"{group.path}/done", repair and create)
         if done is None and create:
+            from zarr.codecs import Crc32cCodec
+
             done = group.create_array("done", shape=(n_chunks,), chunks=(1,), dtype="uint8", fill_value=0,
                                       compressors=[Crc32cCodec()], dimension_names=("chunk",))
         elif done is None:

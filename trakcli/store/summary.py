@@ -186,8 +186,10 @@ def _rows(store: "Store", group: str, names: list[str], axis: int) -> ChunkedRow
 
 def _intact(rows: ChunkedRows, group: str, verify: bool, corrupt: list[dict[str, Any]]) -> np.ndarray:
     """The done flags with damaged chunks cleared; each damaged array appended to ``corrupt``."""
-    flags = rows.flags().copy()
-    for name, bad in rows.damaged(read=verify).items():
+    flags = rows.flags()
+    damaged = rows.damaged(read=verify, flags=flags)
+    flags = flags.copy()
+    for name, bad in damaged.items():
         path = f"{group}/{name}"
         what = "missing or corrupt chunks" if verify else "missing chunks"
         what = "unreadable done flags" if name == "done" else what
