@@ -9,9 +9,8 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
-import numpy as np
 import typer
 from rich.table import Table
 
@@ -21,6 +20,9 @@ from trakcli.cli.common import (
 from trakcli.errors import DataError, StoreError, UsageError
 from trakcli.cli.help import TrakCommand
 from trakcli.files import write_text
+
+if TYPE_CHECKING:
+    import numpy as np
 
 eval_app = typer.Typer(
     name="eval",
@@ -54,6 +56,8 @@ def _load_array(path: Path, flag: str) -> np.ndarray:
     Raises:
         DataError: the file cannot be read as an array.
     """
+    import numpy as np
+
     try:
         if path.suffix.lower() == ".csv":
             return np.loadtxt(path, delimiter=",", ndmin=2)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from trakcli.cli.common import (
     ConfigArg, OverridesArg, OverwriteOpt, PrintConfigOpt, QuietOpt, RichReporter, SkipNonfiniteOpt, VerifyOpt,
-    err_console, handle_errors, load,
+    err_console, handle_errors, heavy_imports, load,
 )
 
 
@@ -20,7 +20,8 @@ def featurize(
 ) -> None:
     """Compute train features (projected gradients) for every checkpoint; resumes where it stopped."""
     cfg = load(config, overrides, print_config)
-    from trakcli.jobs.featurize import featurize as run  # imported after the config is valid: torch import is slow
+    with heavy_imports():  # after the config is valid: importing torch is slow
+        from trakcli.jobs.featurize import featurize as run
 
     res = run(
         cfg, overwrite=overwrite, skip_nonfinite=skip_nonfinite, verify=verify, reporter=RichReporter(quiet)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from trakcli.cli.common import (
-    ConfigArg, OverridesArg, OverwriteOpt, PrintConfigOpt, QuietOpt, RichReporter, err_console, handle_errors, load,
+    ConfigArg, OverridesArg, OverwriteOpt, PrintConfigOpt, QuietOpt, RichReporter, err_console, handle_errors,
+    heavy_imports, load,
 )
 
 
@@ -24,7 +25,8 @@ def optimize(
     optimizer.projection runs the optimizer in a random subspace (per_matrix or global); training.metrics names a JSON file for per-model metrics with per-epoch history. The flat optimize: section works too.
     """
     cfg = load(config, overrides, print_config)
-    from trakcli.jobs.optimize import optimize as run  # imported after the config is valid: torch import is slow
+    with heavy_imports():  # after the config is valid: importing torch is slow
+        from trakcli.jobs.optimize import optimize as run
 
     paths = run(cfg, overwrite=overwrite, reporter=RichReporter(quiet))
     if not quiet:

@@ -13,30 +13,53 @@ whose lines each start with the dotted key concerned.
 Relative paths in the config are relative to the current working directory.
 """
 
-from trakcli.config.load import load_config, parse_overrides, validate_section
-from trakcli.config.recipe import (
-    RUN_ONLY_KEYS,
-    OptimizeConfig,
-    OptimizerConfig,
-    ProjectionConfig,
-    TrainingConfig,
-    flat_recipe,
-    recipe_identity,
-)
-from trakcli.config.resolve import check_files, resolve_checkpoints
-from trakcli.config.schema import (
-    BUILTIN_DATASETS,
-    KRONECKER_OPTIONS,
-    Config,
-    DataConfig,
-    DatasetConfig,
-    EvalConfig,
-    ModelConfig,
-    ProjectorConfig,
-    ScoreConfig,
-    StoreConfig,
-    SweepConfig,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trakcli.config.load import load_config, parse_overrides, validate_section
+    from trakcli.config.recipe import (
+        RUN_ONLY_KEYS,
+        OptimizeConfig,
+        OptimizerConfig,
+        ProjectionConfig,
+        TrainingConfig,
+        flat_recipe,
+        recipe_identity,
+    )
+    from trakcli.config.resolve import check_files, resolve_checkpoints
+    from trakcli.config.schema import (
+        BUILTIN_DATASETS,
+        KRONECKER_OPTIONS,
+        Config,
+        DataConfig,
+        DatasetConfig,
+        EvalConfig,
+        ModelConfig,
+        ProjectorConfig,
+        ScoreConfig,
+        StoreConfig,
+        SweepConfig,
+    )
+
+#: Public name -> the module that defines it (imported on first use: pydantic and the schema
+#: cost ~0.2 s, which `trak --help`, `trak init` and `trak inspect` do not need).
+_LAZY = {
+    **dict.fromkeys(("load_config", "parse_overrides", "validate_section"), "trakcli.config.load"),
+    **dict.fromkeys(
+        ("RUN_ONLY_KEYS", "OptimizeConfig", "OptimizerConfig", "ProjectionConfig", "TrainingConfig", "flat_recipe",
+         "recipe_identity"),
+        "trakcli.config.recipe",
+    ),
+    **dict.fromkeys(("check_files", "resolve_checkpoints"), "trakcli.config.resolve"),
+    **dict.fromkeys(
+        ("BUILTIN_DATASETS", "KRONECKER_OPTIONS", "Config", "DataConfig", "DatasetConfig", "EvalConfig", "ModelConfig",
+         "ProjectorConfig", "ScoreConfig", "StoreConfig", "SweepConfig"),
+        "trakcli.config.schema",
+    ),
+}
 
 __all__ = [
     "BUILTIN_DATASETS",
@@ -63,3 +86,17 @@ __all__ = [
     "recipe_identity",
     "resolve_checkpoints",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name on first use (PEP 562)."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])
