@@ -20,7 +20,7 @@ from trakcli.jobs.runtime import event, locked_store
 from trakcli.jobs.setup import JobSetup, prepare
 from trakcli.models.checkpoints import load_checkpoint
 from trakcli.progress import NULL_REPORTER, Reporter
-from trakcli.store import ChunkedRows, Store
+from trakcli.store import ChunkedRows, Store, train_finished
 
 
 def featurize_rows(
@@ -33,6 +33,7 @@ def featurize_rows(
     skip_nonfinite: bool,
     reporter: Reporter,
     label: str,
+    computed: FirstBatch | None = None,
 ) -> tuple[int, list[int]]:
     """Compute and write this rank's pending chunks of one checkpoint (train rows or targets).
 
@@ -49,6 +50,8 @@ def featurize_rows(
         skip_nonfinite: give examples with non-finite features zero features and
             ``Q = 0`` instead of raising.
         reporter, label: progress (``"<label> model <model_id>"``) and test events.
+        computed: a batch of ``data`` already featurized (:func:`first_batch`); used in place of
+            computing the batch of the same checkpoint, first row and length, if that batch comes up.
 
     Returns:
         (chunks computed, indices of examples skipped as non-finite).
@@ -70,7 +73,10 @@ def featurize_rows(
             q_all = np.empty(hi - lo, dtype=np.float32)
             bad_all = np.zeros(hi - lo, dtype=np.uint8)
             for off, x, y in data.batches(lo, hi, s.batch_rows):
-                phi, q = s.features(x, y, model_id, off)  # [b, proj_dim], [b] on s.device
+                if computed is not None and computed.key == (model_id, off, len(y)):
+                    phi, q, computed = computed.phi, computed.q, None
+                else:
+                    phi, q = s.features(x, y, model_id, off)  # [b, proj_dim], [b] on s.device
                 if skip_nonfinite:
                     bad = ~(torch.isfinite(phi).all(dim=1) & torch.isfinite(q))
                     if bad.any():
@@ -90,13 +96,46 @@ def featurize_rows(
     return len(pending), skipped
 
 
-def first_batch(s: JobSetup, reporter: Reporter) -> None:
+@dataclass
+class FirstBatch:
+    """The features of one batch, computed before the row loop (:func:`first_batch`), for it to reuse.
+
+    Attributes:
+        model_id, row_offset: the checkpoint and the dataset index of the batch's first row.
+        phi: ``[n, proj_dim]`` float32 features, on the device.
+        q: ``[n]`` float32 out-to-loss terms, on the device.
+    """
+
+    model_id: int
+    row_offset: int
+    phi: torch.Tensor
+    q: torch.Tensor
+
+    @property
+    def key(self) -> tuple[int, int, int]:
+        """``(model_id, row_offset, n)``: which batch of the row loop these features are."""
+        return self.model_id, self.row_offset, len(self.q)
+
+
+def first_batch(s: JobSetup, reporter: Reporter, chunk_rows: int) -> FirstBatch | None:
     """Load checkpoint 0 and compute the features of the first training batch, before anything is written.
 
     A model that does not take the inputs (a shape or dtype mistake), a checkpoint
     that does not fit, or a bad task then fails before the store exists, so
     fixing it needs no ``--overwrite``. Key prefixes of wrapped models stripped
     from the checkpoint (``module.``, ``_orig_mod.``) are reported here, once.
+
+    The batch is the row loop's first one (rows ``[0, min(n_train, chunk_rows,
+    batch_rows))`` of checkpoint 0, chunk 0), so :func:`featurize_rows` reuses its
+    features instead of computing them twice.
+
+    Args:
+        s: the shared setup.
+        reporter: where the stripped key prefixes are reported.
+        chunk_rows: rows per chunk of the store (a batch never crosses a chunk).
+
+    Returns:
+        The batch's features, or None without training rows.
 
     Raises:
         CheckpointError, ModelError, GradientError, ...: whatever the first batch raises.
@@ -108,9 +147,11 @@ def first_batch(s: JobSetup, reporter: Reporter) -> None:
             "(a DistributedDataParallel / torch.compile model); other checkpoints are loaded the same way"
         )
     s.model.to(s.device)
-    if len(s.train):
-        _, x, y = next(s.train.batches(0, min(len(s.train), s.batch_rows), s.batch_rows))
-        s.features(x, y, 0, 0)
+    if not len(s.train):
+        return None
+    off, x, y = next(s.train.batches(0, min(len(s.train), chunk_rows), s.batch_rows))
+    phi, q = s.features(x, y, 0, off)
+    return FirstBatch(0, off, phi, q)
 
 
 @dataclass
@@ -151,7 +192,11 @@ def featurize(
 
     Writes ``train/<model_id>/{features, out_to_loss, nonfinite, done}`` chunk
     by chunk; a rerun recomputes only chunks not done (a finished store is a
-    no-op), whatever the batch size.
+    no-op), whatever the batch size. A finished store is recognized from its
+    metadata files (:func:`trakcli.store.train_finished`) before zarr is imported;
+    anything else opens it through zarr (the checks and messages of
+    :meth:`Store.create_or_check` and :meth:`Store.train`). A new store's first
+    batch is computed once, by :func:`first_batch`, and reused by the row loop.
 
     Args:
         cfg: the validated config.
@@ -171,11 +216,19 @@ def featurize(
     """
     s = prepare(cfg, reporter=reporter)
     path = Path(cfg.store.path)
+    first = None
     if s.dist.is_main and s.checkpoints and (overwrite or not path.exists()):
-        first_batch(s, reporter)  # fails before the store exists
+        first = first_batch(s, reporter, s.layout.chunk_rows)  # fails before the store exists
     computed = total = repaired = 0
     skipped: dict[int, list[int]] = {}
     with locked_store(path, s.dist, reporter):
+        if first is None and not (overwrite or verify) and s.dist.world_size == 1:
+            if train_finished(path, s.identity, s.layout, s.shas):  # nothing to do: found without opening zarr
+                n_chunks = -(-s.layout.n_train // s.layout.chunk_rows)
+                return FeaturizeResult(
+                    path, len(s.checkpoints), 0, n_chunks * len(s.checkpoints), s.grad_dim, s.proj_dim,
+                    len(s.train),
+                )
         if s.dist.is_main:
             store = Store.create_or_check(path, s.identity, cfg.resolved(), layout=s.layout, overwrite=overwrite)
             for model_id, ckpt in enumerate(s.checkpoints):
@@ -195,7 +248,7 @@ def featurize(
             total += rows.n_chunks
             n, skip = featurize_rows(
                 s, s.train, rows, model_id, with_out_to_loss=True, skip_nonfinite=skip_nonfinite,
-                reporter=reporter, label="featurize",
+                reporter=reporter, label="featurize", computed=first if model_id == 0 else None,
             )
             computed += n
             if skip:
