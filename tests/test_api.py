@@ -200,9 +200,10 @@ def test_dict_batches_are_the_same_data_as_pairs(project):
 def test_a_task_function_vmap_refuses_is_named(project):
     Path("outputs.py").write_text(MARGIN_FILE.replace(
         "torch.arange(logits.shape[-1]) == labels.unsqueeze(-1)", "torch.nn.functional.one_hot(labels, 3).bool()"))
-    r = trak("featurize", "run.yaml", "task=outputs.py:margin")
+    r = trak("featurize", "run.yaml", "task=outputs.py:margin", "gradient_method=vmap")
     assert r.exit_code == 1 and "Traceback" not in r.output
     assert "and task outputs.py:margin raised" in r.output and "(outputs.py, line 6)" in r.output
+    assert trak("featurize", "run.yaml", "task=outputs.py:margin").exit_code == 0  # layer hooks need no vmap
 
 
 def test_attributor_settings_are_checked_like_a_config(tmp_path):

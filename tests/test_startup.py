@@ -89,3 +89,12 @@ def test_a_damaged_digits_cache_is_recomputed(tmp_path, monkeypatch, damage):
     again = digits.load_digits_split()
     assert all(a.equal(b) for a, b in zip(first, again))
     assert path.read_bytes() == good
+
+
+def test_fresh_featurize_and_score_take_per_example_gradients_without_torch_dynamo(user_project):
+    # gradient_method auto: the MLP's per-example gradients come from layer hooks, no torch.func / torch._dynamo
+    assert loaded_by(user_project, "featurize", "run.yaml", "-q") == ["torch"]
+    assert loaded_by(user_project, "score", "run.yaml", "-q") == ["torch"]  # target features, kernel, scores
+    # the check can fail: vmap imports torch._dynamo on its first call
+    vmap = ["store.path=out/vmap.zarr", "gradient_method=vmap"]
+    assert loaded_by(user_project, "featurize", "run.yaml", "-q", *vmap) == ["torch._dynamo", "torch"]

@@ -185,6 +185,9 @@ class Attributor:
             or a callable ``fn(logits [n, ...], labels [n]) -> (f [n], Q [n])`` (README "Custom model outputs").
         projector: the ``projector:`` section as a dict (``kind``, ``proj_dim``, ``seed``, ...).
         grad_wrt: fnmatch patterns of the parameters to differentiate (None: all).
+        gradient_method: as the config key: ``auto`` (layer hooks where they cover the model, else
+            torch.func.vmap; the reason goes to ``reporter.info`` once), ``hooks`` or ``vmap``. Not part
+            of the store identity (the gradients agree to float32 rounding).
         device: ``cpu``, ``cuda`` or ``auto``.
         batch_size: rows per featurizer batch (None: the rows of the first batch given), lowered to fit
             ``grad_memory_mb`` like ``data.batch_size``.
@@ -192,7 +195,7 @@ class Attributor:
         reporter: progress and messages (default: silent).
 
     Raises:
-        ConfigError: a bad ``store``, ``projector``, ``task`` or ``grad_wrt``.
+        ConfigError: a bad ``store``, ``projector``, ``task``, ``grad_wrt`` or ``gradient_method``.
         ProjectorError, ModelError: the projector or a custom task function cannot be built or imported.
     """
 
@@ -204,6 +207,7 @@ class Attributor:
         task: str | Callable[..., Any] = "classification",
         projector: dict[str, Any] | None = None,
         grad_wrt: str | list[str] | None = None,
+        gradient_method: str = "auto",
         device: str = "cpu",
         batch_size: int | None = None,
         grad_memory_mb: int = _DEFAULT_MEMORY_MB,
@@ -217,7 +221,8 @@ class Attributor:
         self.dist = Dist()
         self.device = resolve_device(device, self.dist)
         self.featurizer = build_featurizer(
-            model, self.projector, grad_wrt=self.grad_wrt, task=self.task, memory_mb=grad_memory_mb
+            model, self.projector, grad_wrt=self.grad_wrt, task=self.task, memory_mb=grad_memory_mb,
+            gradient_method=gradient_method, reporter=reporter,
         )
         if isinstance(self.featurizer, KroneckerFeaturizer):
             reporter.info(self.featurizer.info)

@@ -24,7 +24,10 @@ and the out-to-loss term is the mean over those tokens of ``1 − p_t(x_{t+1})``
 
 Gradients are returned per parameter, as a dict of named tensors, so that a
 projector can consume them chunk by chunk (and so that factored projections
-can plug in later).
+can plug in later). The same gradients from layer hooks, one ordinary batched
+forward + backward without torch.func (whose first call imports torch._dynamo,
+1-3 s), are :class:`trakcli.factors.LayerGradients`; ``gradient_method`` chooses
+(:func:`trakcli.factors.per_example_gradients`).
 """
 
 from __future__ import annotations
@@ -361,7 +364,13 @@ class PerExampleGradients:
         param_names: the differentiated parameters, in order.
         param_shapes: their shapes.
         grad_dim: total number of differentiated entries.
+        method: ``"vmap"`` (:class:`trakcli.factors.LayerGradients` has ``"hooks"``).
+        reason: why vmap was chosen over layer hooks (set by :func:`trakcli.factors.per_example_gradients`
+            under ``gradient_method: auto``), for the caller to report once; None otherwise.
     """
+
+    method = "vmap"
+    reason: str | None = None
 
     def __init__(self, model: nn.Module, grad_wrt: list[str] | None = None, task: Any = "classification"):
         self.task = resolve_task(task)

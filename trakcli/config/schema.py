@@ -349,6 +349,10 @@ class Config(StrictModel):
     grad_wrt: list[str] | None = Field(
         None, description="fnmatch patterns of parameter names to differentiate (unset: all)."
     )
+    gradient_method: Literal["auto", "hooks", "vmap"] = Field(
+        "auto", description="Per-example gradients: hooks (layer hooks, one batched forward + backward), vmap "
+        "(torch.func), auto (hooks where they cover the model, else vmap). Not in the store identity (same to rounding).",
+    )
     projector: ProjectorConfig = Field(default_factory=ProjectorConfig)
     store: StoreConfig
     score: ScoreConfig = Field(default_factory=ScoreConfig)

@@ -1,7 +1,8 @@
 """What featurize and score share: the model, its gradients, the projector, the data, and the run identity.
 
-The featurizer is :class:`GradientFeaturizer` (per-example gradients, then a
-projector of :func:`trakcli.projectors.make_projector`) or, for
+The featurizer is :class:`GradientFeaturizer` (per-example gradients of
+``gradient_method``, :func:`trakcli.factors.per_example_gradients`: layer hooks or
+torch.func.vmap; then a projector of :func:`trakcli.projectors.make_projector`) or, for
 ``projector.kind: kronecker``, :class:`trakcli.factors.KroneckerFeaturizer`
 (per-layer ``P_out ⊗ P_in`` features from one ordinary forward + backward per
 batch: no ``torch.func``, no ``[n, grad_dim]`` tensor); :func:`make_featurizer`
@@ -24,7 +25,7 @@ from trakcli.config import Config, ProjectorConfig, check_files, resolve_checkpo
 from trakcli.data.load import load_dataset
 from trakcli.data.tensors import TensorDataset, inputs_to
 from trakcli.distributed import Dist, init_from_env
-from trakcli.factors import KroneckerFeaturizer
+from trakcli.factors import KroneckerFeaturizer, LayerGradients, check_method, per_example_gradients
 from trakcli.gradients import PerExampleGradients, task_identity
 from trakcli.jobs.runtime import apply_threads, resolve_device
 from trakcli.models.build import build_model
@@ -106,8 +107,10 @@ class GradientFeaturizer:
     ``__call__`` and the attributes below can stand in.
 
     Args:
-        grads: per-example gradients of the model (holds the model).
+        grads: per-example gradients of the model (holds the model): layer hooks or vmap.
         projector: the JL projector, ``[grad_dim] -> [proj_dim]`` per ``model_id``.
+        reporter: gets ``grads.reason`` (why vmap is used under ``gradient_method: auto``) once,
+            when it is known: at once, or after the batch whose exactness check failed.
 
     Attributes:
         projector: the projector (``spec()`` and ``proj_dim``).
@@ -115,11 +118,18 @@ class GradientFeaturizer:
         proj_dim: feature width.
     """
 
-    def __init__(self, grads: PerExampleGradients, projector: Any):
-        self.grads, self.projector = grads, projector
+    def __init__(self, grads: PerExampleGradients | LayerGradients, projector: Any, reporter: Reporter = NULL_REPORTER):
+        self.grads, self.projector, self.reporter = grads, projector, reporter
         self.grad_dim: int = grads.grad_dim
         self.param_names: list[str] = grads.param_names
         self.proj_dim: int = projector.proj_dim
+        self.reported: str | None = None
+        self._report()
+
+    def _report(self) -> None:
+        if self.grads.reason is not None and self.grads.reason != self.reported:
+            self.reported = self.grads.reason
+            self.reporter.info(self.grads.reason)
 
     def __call__(
         self, inputs: Any, labels: torch.Tensor, model_id: int, row_offset: int
@@ -140,6 +150,7 @@ class GradientFeaturizer:
             GradientError: the batch cannot be differentiated (see :class:`PerExampleGradients`).
         """
         g, q = self.grads(inputs, labels, row_offset=row_offset)  # [n, grad_dim], [n]
+        self._report()
         return self.projector.project(g, model_id=model_id), q
 
 
@@ -197,37 +208,44 @@ class JobSetup:
         return self.featurizer(inputs_to(inputs, self.device), labels.to(self.device), model_id, row_offset)
 
 
-def make_featurizer(cfg: Config, model: torch.nn.Module) -> Featurizer:
+def make_featurizer(cfg: Config, model: torch.nn.Module, reporter: Reporter = NULL_REPORTER) -> Featurizer:
     """The featurizer of ``projector.kind``.
 
     ``kronecker``: a :class:`~trakcli.factors.KroneckerFeaturizer` over the layers
     ``grad_wrt`` selects, bounding the activations and output gradients it holds
     at once by ``data.grad_memory_mb`` (it cuts a batch into passes itself).
-    Every other kind: :class:`GradientFeaturizer` with the projector of
-    :func:`~trakcli.projectors.make_projector`.
+    Every other kind: :class:`GradientFeaturizer` over the per-example gradients of
+    ``gradient_method`` (:func:`~trakcli.factors.per_example_gradients`) with the
+    projector of :func:`~trakcli.projectors.make_projector`; ``reporter`` gets why
+    ``auto`` uses vmap, once.
 
     Raises:
         ConfigError: a bad ``grad_wrt``, or (kronecker) one that selects only
-            parameters outside the supported layers (named).
+            parameters outside the supported layers (named), or (``gradient_method: hooks``)
+            one that selects parameters outside the hooked layers.
         ProjectorError: bad projector options.
     """
-    return build_featurizer(model, cfg.projector, grad_wrt=cfg.grad_wrt, task=cfg.task, memory_mb=cfg.data.grad_memory_mb)
+    return build_featurizer(model, cfg.projector, grad_wrt=cfg.grad_wrt, task=cfg.task, memory_mb=cfg.data.grad_memory_mb,
+                            gradient_method=cfg.gradient_method, reporter=reporter)
 
 
 def build_featurizer(
-    model: torch.nn.Module, projector: ProjectorConfig, *, grad_wrt: list[str] | None, task: Any, memory_mb: int
+    model: torch.nn.Module, projector: ProjectorConfig, *, grad_wrt: list[str] | None, task: Any, memory_mb: int,
+    gradient_method: str = "auto", reporter: Reporter = NULL_REPORTER,
 ) -> Featurizer:
-    """:func:`make_featurizer` on plain values: ``projector:`` section, ``grad_wrt``, ``task``, ``data.grad_memory_mb``.
+    """:func:`make_featurizer` on plain values: ``projector:`` section, ``grad_wrt``, ``task``, ``data.grad_memory_mb``,
+    ``gradient_method`` (ignored by kind kronecker) and the reporter of its fallback reason.
 
     Raises:
         ConfigError, ProjectorError: as :func:`make_featurizer`.
     """
+    check_method(gradient_method)
     if projector.kind == "kronecker":
         return KroneckerFeaturizer(
             model, **projector.kronecker_options(), grad_wrt=grad_wrt, task=task, memory_mb=memory_mb,
         )
-    grads = PerExampleGradients(model, grad_wrt, task)
-    return GradientFeaturizer(grads, make_projector(**projector.options(), grad_dim=grads.grad_dim))
+    grads = per_example_gradients(model, grad_wrt, task, gradient_method)
+    return GradientFeaturizer(grads, make_projector(**projector.options(), grad_dim=grads.grad_dim), reporter)
 
 
 def prepare(cfg: Config, *, need_target: bool = False, reporter: Reporter = NULL_REPORTER) -> JobSetup:
@@ -235,7 +253,8 @@ def prepare(cfg: Config, *, need_target: bool = False, reporter: Reporter = NULL
 
     With ``projector.kind: kronecker`` the featurizer's coverage (layers, the
     fraction of parameter entries covered, the parameters left out) goes to
-    ``reporter.info`` once, on rank 0.
+    ``reporter.info`` once, on rank 0; so does, with ``gradient_method: auto``,
+    why the per-example gradients use vmap (now, or after the first batch).
 
     Raises:
         ConfigError: a missing file, ``cuda`` without a GPU, or a bad ``grad_wrt``.
@@ -249,7 +268,7 @@ def prepare(cfg: Config, *, need_target: bool = False, reporter: Reporter = NULL
     device = resolve_device(cfg.device, dist)
     train = load_dataset(cfg.data.train, key="data.train")
     model = build_model(cfg.model.entrypoint, **cfg.model.kwargs)
-    featurizer = make_featurizer(cfg, model)
+    featurizer = make_featurizer(cfg, model, reporter if dist.is_main else NULL_REPORTER)
     if isinstance(featurizer, KroneckerFeaturizer):
         batch_rows = cfg.data.batch_size  # no [n, grad_dim] gradient: memory_mb bounds the passes instead
         if dist.is_main:
