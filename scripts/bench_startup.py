@@ -1,7 +1,20 @@
 #!/usr/bin/env python
-"""Per-example gradient start-up: torch.func.vmap against alternatives (issue 15, item 2).
+"""Start-up: the CLI commands (issue 15, item 1) and per-example gradients, torch.func.vmap against alternatives (item 2).
 
-Each variant runs in a fresh Python process (one thread, like ``configs/digits.yaml``)
+**CLI** (``--part cli``): wall and CPU seconds of fresh processes, each command
+run ``--cli-repeats`` times (interleaved, so a busy machine slows all alike):
+``python -c "import torch"`` (and with the garbage collector paused, as the
+commands import torch), ``trak --help``, ``trak inspect STORE`` and ``trak
+featurize CONFIG`` on a finished store (nothing to do), with each command's
+median minus the median ``import torch``. The project is ``--config`` (a config
+whose store is featurized; ``--override`` key=value as given to it), else a
+digits project built in a temporary directory (trak init digits, trak optimize
+with 1 epoch, trak featurize at proj_dim 2048). ``--bytecode-cache`` lets the
+children write and read ``.pyc`` files in a temporary ``PYTHONPYCACHEPREFIX``
+(after one warm-up run each), for an environment that sets ``PYTHONDONTWRITEBYTECODE``:
+every module of trakcli is otherwise compiled from source on every start.
+
+**Per-example gradients** (``--part gradients``): each variant runs in a fresh Python process (one thread, like ``configs/digits.yaml``)
 on the digits MLP (64-128-128-10, ReLU, 26,122 parameters) at batch 128 and reports:
 
 * ``import torch``: seconds to import torch in that process;
@@ -29,8 +42,9 @@ A separate untimed process checks that ``loop`` and ``hooks`` give vmap's gradie
 
     .venv/bin/python scripts/bench_startup.py                  # 3 processes per variant
     .venv/bin/python scripts/bench_startup.py --repeats 1 --batches 10
+    .venv/bin/python scripts/bench_startup.py --part cli --config runs/digits.yaml --override projector.proj_dim=2048
 
-Prints a table and writes JSON (``--out``, default bench_results/startup.json).
+Prints tables and writes JSON (``--out``, default bench_results/startup.json).
 """
 
 from __future__ import annotations
@@ -39,9 +53,12 @@ import argparse
 import json
 import os
 import statistics
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 VARIANTS = ("dynamo", "vmap", "loop", "hooks", "kronecker")
 BATCH = 128
@@ -174,12 +191,88 @@ def check() -> dict:
     return {v: float((_make(v, model, 0)(x, y).detach() - ref).abs().max()) for v in ("loop", "hooks")}
 
 
+def _cli_project(tmp: Path) -> tuple[Path, list[str]]:
+    """A finished digits project in ``tmp``: 10 checkpoints (1 epoch each), train features at proj_dim 2048."""
+    config, overrides = tmp / "digits.yaml", ["projector.proj_dim=2048"]
+    for cmd in (["init", "digits", str(config)], ["optimize", str(config), "optimize.epochs=1", "-q"],
+                ["featurize", str(config), *overrides, "-q"]):
+        subprocess.run([sys.executable, "-m", "trakcli.cli.main", *cmd], cwd=tmp, check=True, capture_output=True)
+    return config, overrides
+
+
+def _store_of(config: Path, overrides: list[str]) -> str:
+    """The store path of ``config`` with ``overrides``, as the CLI resolves it."""
+    out = subprocess.run([sys.executable, "-m", "trakcli.cli.main", "featurize", str(config), *overrides,
+                          "--print-config"], cwd=config.parent, check=True, capture_output=True, text=True)
+    import yaml
+
+    return str(yaml.safe_load(out.stdout)["store"]["path"])
+
+
+def cli(args: argparse.Namespace) -> dict:
+    """Wall and CPU seconds of the CLI commands in fresh processes (module docstring); prints the table."""
+    tmp = Path(tempfile.mkdtemp(prefix="bench_startup_"))
+    try:
+        if args.config:
+            config, overrides = Path(args.config).resolve(), list(args.override)
+        else:
+            config, overrides = _cli_project(tmp)
+        store = _store_of(config, overrides)
+        trak = [sys.executable, "-m", "trakcli.cli.main"]
+        cases = {
+            "import torch": [sys.executable, "-c", "import torch"],
+            "import torch (gc paused)": [sys.executable, "-c", "import gc; gc.disable(); import torch"],
+            "trak --help": [*trak, "--help"],
+            "trak inspect STORE": [*trak, "inspect", store],
+            "trak featurize (no-op)": [*trak, "featurize", str(config), *overrides],
+        }
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        if args.bytecode_cache:
+            env.pop("PYTHONDONTWRITEBYTECODE", None)
+            env["PYTHONPYCACHEPREFIX"] = str(tmp / "pycache")
+        runs: dict[str, list[tuple[float, float]]] = {name: [] for name in cases}
+        for i in range(args.cli_repeats + bool(args.bytecode_cache)):  # + a warm-up writing the .pyc files
+            for name, cmd in cases.items():
+                r0, t = os.times(), time.perf_counter()
+                res = subprocess.run(cmd, cwd=config.parent, env=env, capture_output=True, text=True)
+                wall, r1 = time.perf_counter() - t, os.times()
+                if res.returncode != 0:
+                    raise SystemExit(f"{name} failed: {res.stderr.strip()}")
+                if name == "trak featurize (no-op)" and "nothing to do" not in res.stderr:
+                    raise SystemExit(f"the store of {config} is not finished: {res.stderr.strip()}")
+                if i or not args.bytecode_cache:
+                    cpu = (r1.children_user - r0.children_user) + (r1.children_system - r0.children_system)
+                    runs[name].append((wall, cpu))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    rows = {}
+    for name, rs in runs.items():
+        rows[name] = {"wall_median_s": statistics.median(w for w, _ in rs), "wall_min_s": min(w for w, _ in rs),
+                      "cpu_median_s": statistics.median(c for _, c in rs), "runs": rs}
+    torch_s = rows["import torch"]["wall_median_s"]
+    load = os.getloadavg()[0]
+    print(f"CLI start-up: {args.cli_repeats} fresh processes each, interleaved; bytecode cache "
+          f"{'on' if args.bytecode_cache else 'as the environment has it'}; load {load:.2f}")
+    print(f"{'command':26} {'wall median s':>14} {'wall min s':>11} {'cpu median s':>13} {'beyond import torch s':>22}")
+    for name, r in rows.items():
+        beyond = r["wall_median_s"] - torch_s
+        print(f"{name:26} {r['wall_median_s']:14.3f} {r['wall_min_s']:11.3f} {r['cpu_median_s']:13.3f} {beyond:22.3f}")
+    return {"repeats": args.cli_repeats, "bytecode_cache": args.bytecode_cache, "load_avg_1min": load,
+            "config": str(config) if args.config else "built digits project", "overrides": overrides,
+            "commands": rows}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=3, help="fresh processes per variant")
     ap.add_argument("--batches", type=int, default=20, help="timed batches after the first")
     ap.add_argument("--proj-dim", type=int, default=1024, help="kronecker proj_dim")
     ap.add_argument("--out", default="bench_results/startup.json")
+    ap.add_argument("--part", choices=("all", "cli", "gradients"), default="all", help="what to measure")
+    ap.add_argument("--cli-repeats", type=int, default=7, help="fresh processes per CLI command")
+    ap.add_argument("--config", help="CLI: a config whose store is featurized (default: build a digits project)")
+    ap.add_argument("--override", action="append", default=[], help="CLI: a key=value override of --config")
+    ap.add_argument("--bytecode-cache", action="store_true", help="CLI: children write and read .pyc files")
     ap.add_argument("--child", choices=VARIANTS + ("check",), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child == "check":
@@ -195,6 +288,19 @@ def main() -> None:
         out = subprocess.run(cmd, check=True, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
         return json.loads(out.stdout.strip().splitlines()[-1])
 
+    result: dict = {}
+    if args.part in ("all", "cli"):
+        result["cli"] = cli(args)
+    if args.part in ("all", "gradients"):
+        result.update(gradients(args, run))
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out, "w") as fh:
+        json.dump(result, fh, indent=2)
+    print(f"wrote {args.out}")
+
+
+def gradients(args: argparse.Namespace, run) -> dict:
+    """The per-example gradient variants (module docstring); prints the table."""
     diffs = run("check")
     runs = {v: [run(v) for _ in range(args.repeats)] for v in VARIANTS}
     rows = {}
@@ -211,11 +317,8 @@ def main() -> None:
         print(f"{v:10} {r['import_torch_s']:15.3f} {r['first_call_s']:13.3f} {1000 * r['steady_s']:16.2f} "
               f"{r['startup_s']:11.3f} {'yes' if r['dynamo_imported'] else 'no'}")
     print("max |grad - vmap grad|: " + ", ".join(f"{k} {v:.2e}" for k, v in diffs.items()))
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as fh:
-        json.dump({"batch": BATCH, "repeats": args.repeats, "batches": args.batches, "proj_dim": args.proj_dim,
-                   "load_avg_1min": load, "check_max_abs_diff": diffs, "variants": rows}, fh, indent=2)
-    print(f"wrote {args.out}")
+    return {"batch": BATCH, "repeats": args.repeats, "batches": args.batches, "proj_dim": args.proj_dim,
+            "load_avg_1min": load, "check_max_abs_diff": diffs, "variants": rows}
 
 
 if __name__ == "__main__":
