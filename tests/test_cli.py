@@ -215,3 +215,18 @@ def test_nonfinite_inputs_are_reported_by_example_index(user_project, kind):
     assert "non-finite gradients for examples [21]" in res.stderr
     root = zarr.open_group("out/attrib.zarr", mode="r")
     assert np.asarray(root["train/0/done"][:]).tolist() == [1, 0, 0]  # chunk 0 kept
+
+
+def test_the_default_kind_is_sjlt_and_a_rademacher_store_names_the_change(user_project):
+    """Issue 15 item 4: a config without projector.kind gets sjlt; a store featurized with the old default says how to keep it."""
+    cfg = yaml.safe_load(Path("run.yaml").read_text())
+    assert load_config(Path("run.yaml"), overrides=[]).projector.kind == "rademacher"  # the fixture pins it
+    del cfg["projector"]["kind"]
+    Path("default.yaml").write_text(yaml.safe_dump(cfg))
+    assert load_config(Path("default.yaml"), overrides=[]).projector.kind == "sjlt"
+    runner = CliRunner()
+    assert runner.invoke(app, ["featurize", "run.yaml", "-q"]).exit_code == 0  # store made with rademacher
+    res = runner.invoke(app, ["featurize", "default.yaml", "-q"])
+    assert res.exit_code != 0
+    assert "projector.kind" in res.stderr and "set projector.kind: rademacher to go on with this store" in res.stderr
+    assert runner.invoke(app, ["featurize", "default.yaml", "-q", "projector.kind=rademacher"]).exit_code == 0

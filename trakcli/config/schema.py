@@ -162,9 +162,10 @@ class ProjectorConfig(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     kind: str = Field(
-        "rademacher",
-        description="noop, rademacher, normal, sjlt, kronecker (per-layer P_out ⊗ P_in from one forward + "
-        "backward; README, Projectors).",
+        "sjlt",
+        description="sjlt (the default: sparse JL, the LDS of dense rademacher at a fraction of its cost; "
+        "README, Projectors), rademacher, normal, noop, kronecker (per-layer P_out ⊗ P_in from one forward + "
+        "backward).",
     )
     implementation: str = Field(
         "auto", description="auto, single_block, basic, chunked, cuda (kind kronecker: auto only)."

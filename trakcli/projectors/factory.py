@@ -81,7 +81,7 @@ def _dtype(value: Any) -> torch.dtype:
 
 
 def make_projector(
-    kind: str = "rademacher",
+    kind: str = "sjlt",
     implementation: str = "auto",
     *,
     grad_dim: int,
@@ -96,7 +96,8 @@ def make_projector(
             ``normal`` (N(0, 1/proj_dim)) or ``sjlt`` (sparse JL /
             CountSketch, ``s`` entries ±1/√s per column). All satisfy
             E‖Pg‖² = ‖g‖² (Johnson & Lindenstrauss 1984; Achlioptas 2003;
-            Kane & Nelson 2014).
+            Kane & Nelson 2014). The default, as for ``projector.kind`` in a config, is
+            ``sjlt``: the digits LDS of dense rademacher at a fraction of its cost (README, Projectors).
         implementation: how products are computed, never what they are:
             ``single_block`` (whole matrix at once), ``basic`` (block-wise,
             bounded memory, cached), ``chunked`` (per-parameter chunks of at

@@ -83,6 +83,10 @@ def diff_keys(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 def settings_mismatch(what: str, old: dict[str, Any] | None, new: dict[str, Any], fix: str) -> StoreMismatchError:
     """The error for stored data made with other settings: ``what`` differs, key by key, and ``fix``."""
     lines = diff_keys(old or {}, new) or ["(identity differs)"]
+    was = flatten(old or {})
+    if any(was.get(k) == "rademacher" and v == "sjlt" for k, v in flatten(jsonable(new)).items() if k.endswith("kind")):
+        fix += (" (sjlt became the default projector kind; it was rademacher: "
+                "set projector.kind: rademacher to go on with this store)")
     return StoreMismatchError(f"{what} were made with different settings:\n  " + "\n  ".join(lines) + f"\n{fix}")
 
 
