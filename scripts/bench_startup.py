@@ -6,7 +6,7 @@ run ``--cli-repeats`` times (interleaved, so a busy machine slows all alike):
 ``python -c "import torch"`` (and with the garbage collector paused, as the
 commands import torch), ``trak --help``, ``trak inspect STORE`` and ``trak
 featurize CONFIG`` on a finished store (nothing to do), with each command's
-median minus the median ``import torch``. The project is ``--config`` (a config
+median excess over the ``import torch`` run of the same round. The project is ``--config`` (a config
 whose store is featurized; ``--override`` key=value as given to it), else a
 digits project built in a temporary directory (trak init digits, trak optimize
 with 1 epoch, trak featurize at proj_dim 2048). ``--bytecode-cache`` lets the
@@ -249,14 +249,15 @@ def cli(args: argparse.Namespace) -> dict:
     for name, rs in runs.items():
         rows[name] = {"wall_median_s": statistics.median(w for w, _ in rs), "wall_min_s": min(w for w, _ in rs),
                       "cpu_median_s": statistics.median(c for _, c in rs), "runs": rs}
-    torch_s = rows["import torch"]["wall_median_s"]
+    for name, r in rows.items():  # paired with the import torch of the same round: less noise from the load
+        r["beyond_torch_s"] = statistics.median(w - t for (w, _), (t, _) in zip(r["runs"], runs["import torch"]))
     load = os.getloadavg()[0]
     print(f"CLI start-up: {args.cli_repeats} fresh processes each, interleaved; bytecode cache "
           f"{'on' if args.bytecode_cache else 'as the environment has it'}; load {load:.2f}")
     print(f"{'command':26} {'wall median s':>14} {'wall min s':>11} {'cpu median s':>13} {'beyond import torch s':>22}")
     for name, r in rows.items():
-        beyond = r["wall_median_s"] - torch_s
-        print(f"{name:26} {r['wall_median_s']:14.3f} {r['wall_min_s']:11.3f} {r['cpu_median_s']:13.3f} {beyond:22.3f}")
+        print(f"{name:26} {r['wall_median_s']:14.3f} {r['wall_min_s']:11.3f} {r['cpu_median_s']:13.3f} "
+              f"{r['beyond_torch_s']:22.3f}")
     return {"repeats": args.cli_repeats, "bytecode_cache": args.bytecode_cache, "load_avg_1min": load,
             "config": str(config) if args.config else "built digits project", "overrides": overrides,
             "commands": rows}
