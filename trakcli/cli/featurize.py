@@ -33,14 +33,15 @@ def featurize(
         err_console.print(
             f"[yellow]model {model_id}: skipped {len(rows)} examples with non-finite gradients: {rows[:10]}{more}[/]"
         )
+    kernels = f"; made {res.kernels_computed} kernels" if res.kernels_computed else ""
     if res.chunks_computed == 0:
         err_console.print(
             f"[green]nothing to do:[/] {res.store} already holds features of all {res.n_models} checkpoints "
-            f"({res.n_train} train rows, proj_dim {res.proj_dim})"
+            f"({res.n_train} train rows, proj_dim {res.proj_dim}){kernels}"
         )
     else:
         err_console.print(
             f"[green]featurized[/] {res.n_models} checkpoints x {res.n_train} train rows "
             f"(grad_dim {res.grad_dim} -> proj_dim {res.proj_dim}); computed {res.chunks_computed}/"
-            f"{res.chunks_total} chunks -> {res.store}"
+            f"{res.chunks_total} chunks{kernels} -> {res.store}"
         )

@@ -16,6 +16,7 @@ import torch
 from trakcli.config import Config
 from trakcli.data.tensors import TensorDataset
 from trakcli.gradients import check_finite
+from trakcli.jobs.kernels import finalize_kernels
 from trakcli.jobs.runtime import event, locked_store
 from trakcli.jobs.setup import JobSetup, prepare
 from trakcli.models.checkpoints import load_checkpoint
@@ -167,6 +168,7 @@ class FeaturizeResult:
         n_train: training examples.
         skipped: per model_id, example indices skipped as non-finite in this run.
         repaired: chunks whose checksum failed and that were recomputed (``verify``).
+        kernels_computed: kernels made in this run (by this process).
     """
 
     store: Path
@@ -178,6 +180,7 @@ class FeaturizeResult:
     n_train: int
     skipped: dict[int, list[int]] = field(default_factory=dict)
     repaired: int = 0
+    kernels_computed: int = 0
 
 
 def featurize(
@@ -188,7 +191,7 @@ def featurize(
     verify: bool = False,
     reporter: Reporter = NULL_REPORTER,
 ) -> FeaturizeResult:
-    """Project the per-example gradients of every training example for every checkpoint.
+    """Project the per-example gradients of every training example for every checkpoint, then make the kernels.
 
     Writes ``train/<model_id>/{features, out_to_loss, nonfinite, done}`` chunk
     by chunk; a rerun recomputes only chunks not done (a finished store is a
@@ -198,6 +201,13 @@ def featurize(
     :meth:`Store.create_or_check` and :meth:`Store.train`). A new store's first
     batch is computed once, by :func:`first_batch`, and reused by the row loop.
 
+    Then each checkpoint's kernel (the factor of ``Φ_mᵀΦ_m + λ_m I`` or its
+    dual, with ``score.lambda_reg`` / ``score.lambda_rel``) is made if it is
+    missing (:func:`trakcli.jobs.kernels.finalize_kernels`; rank ``m mod
+    world_size``), so that `trak score` computes only the target side; a score
+    run with another ridge makes its own. A finished store found without zarr
+    is left as it is (`trak score` makes any kernel it lacks).
+
     Args:
         cfg: the validated config.
         overwrite: delete the store and start over.
@@ -205,7 +215,8 @@ def featurize(
             ``nonfinite`` and store zero features for them (no influence on
             the kernel, zero scores) instead of stopping.
         verify: read every done chunk and recompute those that are missing or fail their
-            checksum; re-create unreadable array metadata (the chunks are then checked).
+            checksum; re-create unreadable array metadata (the chunks are then checked); read and
+            verify the stored kernels too (a corrupt one is made again).
         reporter: progress bars and messages.
 
     Raises:
@@ -221,6 +232,7 @@ def featurize(
         first = first_batch(s, reporter, s.layout.chunk_rows)  # fails before the store exists
     computed = total = repaired = 0
     skipped: dict[int, list[int]] = {}
+    train_rows: list[ChunkedRows] = []
     with locked_store(path, s.dist, reporter):
         if first is None and not (overwrite or verify) and s.dist.world_size == 1:
             if train_finished(path, s.identity, s.layout, s.shas):  # nothing to do: found without opening zarr
@@ -253,7 +265,14 @@ def featurize(
             computed += n
             if skip:
                 skipped[model_id] = skip
+            train_rows.append(rows)
         s.dist.barrier()
+        made = 0
+        if s.checkpoints:  # the train side of `trak score`, as TRAK's finalize_features
+            made = finalize_kernels(
+                store, train_rows, lambda_reg=cfg.score.lambda_reg, lambda_rel=cfg.score.lambda_rel, dist=s.dist,
+                reporter=reporter, verify=verify,
+            )
     return FeaturizeResult(
-        path, len(s.checkpoints), computed, total, s.grad_dim, s.proj_dim, len(s.train), skipped, repaired,
+        path, len(s.checkpoints), computed, total, s.grad_dim, s.proj_dim, len(s.train), skipped, repaired, made,
     )
