@@ -189,3 +189,40 @@ def test_torchrun_two_ranks_score_in_the_dual_as_one_process(tmp_path):
     root = zarr.open_group(str(one / "out" / "attrib.zarr"), mode="r")
     assert root["train/1/kernel"].attrs["form"] == DUAL and root["train/1/kernel"].shape == (600, 600)
     assert_same_store(one / "out" / "attrib.zarr", tmp_path / "two" / "out" / "attrib.zarr")
+
+
+def test_featurize_makes_the_kernels_and_score_only_the_target_side(user_project, monkeypatch):
+    """The kernels are made at the end of `trak featurize` with score.lambda_*; score reuses them, another ridge makes its own."""
+    from typer.testing import CliRunner
+
+    from trakcli.cli.main import app
+
+    def trak(*args):
+        res = CliRunner().invoke(app, [str(a) for a in args])
+        assert res.exit_code == 0, res.stderr
+        return res
+
+    log = user_project / "events.log"
+    monkeypatch.setenv("TRAK_EVENT_LOG", str(log))
+    res = trak("featurize", "run.yaml", "score.lambda_rel=0.5")
+    assert "made 2 kernels" in res.stderr
+    assert log.read_text().count("start kernel") == 2
+    root = zarr.open_group("out/attrib.zarr", mode="r")
+    assert [root[f"train/{m}/kernel"].attrs["settings"] for m in range(2)] == [
+        {"lambda_reg": None, "lambda_rel": 0.5}] * 2
+    before = log.read_text()
+    trak("score", "run.yaml", "score.lambda_rel=0.5", "-q")
+    assert log.read_text().count("start kernel") == 2 and "start targets" in log.read_text()[len(before):]
+    with_featurize_kernels = np.asarray(zarr.open_group("out/attrib.zarr", mode="r")["scores/default/scores"][:])
+    # the same scores as kernels made by score itself
+    for m in range(2):
+        del zarr.open_group("out/attrib.zarr", mode="r+")[f"train/{m}/kernel"]
+    trak("score", "run.yaml", "score.lambda_rel=0.5", "-q", "--overwrite")
+    assert log.read_text().count("start kernel") == 4
+    np.testing.assert_array_equal(
+        np.asarray(zarr.open_group("out/attrib.zarr", mode="r")["scores/default/scores"][:]), with_featurize_kernels)
+    # a no-op featurize makes nothing; another ridge at score time makes new kernels
+    res = trak("featurize", "run.yaml", "score.lambda_rel=0.5")
+    assert "nothing to do" in res.stderr and log.read_text().count("start kernel") == 4
+    trak("score", "run.yaml", "score.lambda_rel=2.0", "score.experiment=other", "-q")
+    assert log.read_text().count("start kernel") == 6
