@@ -62,10 +62,13 @@ def test_a_done_flag_file_is_the_bytes_zarr_writes(tmp_path):
 
 def test_finished_store_is_recognized_and_a_rerun_imports_no_zarr(finished):
     layout = StoreLayout(N_TRAIN, 32, CHUNK)
+    kernel = json.loads((finished / STORE / "train/0/kernel/zarr.json").read_text())["attributes"]["settings"]
     identity = json.loads((finished / STORE / "zarr.json").read_text())["attributes"]["identity"]
     shas = [json.loads((finished / STORE / "train" / str(m) / "zarr.json").read_text())["attributes"]["sha256"]
             for m in range(2)]
     assert train_finished(finished / STORE, identity, layout, shas)
+    assert train_finished(finished / STORE, identity, layout, shas, kernel)
+    assert not train_finished(finished / STORE, identity, layout, shas, {**kernel, "lambda_rel": 2.0})
     assert not train_finished(finished / STORE, identity, layout, shas + ["0" * 64])  # a third checkpoint
     assert not train_finished(finished / STORE, identity, StoreLayout(N_TRAIN, 16, CHUNK), shas)
     assert not train_finished(finished / STORE, {**identity, "grad_dim": 1}, layout, shas)
@@ -169,6 +172,9 @@ DAMAGES = {
         lambda root: torch.save(tiny_model(hidden=32, seed=2).state_dict(), root / "ckpts" / "model_2.pt"), []
     ),
     "eval group kept by an interrupted overwrite": (_eval_kept, []),
+    "deleted kernel": (lambda root: shutil.rmtree(root / STORE / "train/1/kernel"), []),
+    "kernel of another ridge": (lambda root: None, ["score.lambda_rel=2.0"]),
+    "garbage kernel metadata": (lambda root: (root / STORE / "train/0/kernel/zarr.json").write_text("garbage"), []),
 }
 
 

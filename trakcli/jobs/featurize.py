@@ -16,7 +16,7 @@ import torch
 from trakcli.config import Config
 from trakcli.data.tensors import TensorDataset
 from trakcli.gradients import check_finite
-from trakcli.jobs.kernels import finalize_kernels
+from trakcli.jobs.kernels import finalize_kernels, ridge_settings
 from trakcli.jobs.runtime import event, locked_store
 from trakcli.jobs.setup import JobSetup, prepare
 from trakcli.models.checkpoints import load_checkpoint
@@ -195,18 +195,19 @@ def featurize(
 
     Writes ``train/<model_id>/{features, out_to_loss, nonfinite, done}`` chunk
     by chunk; a rerun recomputes only chunks not done (a finished store is a
-    no-op), whatever the batch size. A finished store is recognized from its
-    metadata files (:func:`trakcli.store.train_finished`) before zarr is imported;
-    anything else opens it through zarr (the checks and messages of
-    :meth:`Store.create_or_check` and :meth:`Store.train`). A new store's first
-    batch is computed once, by :func:`first_batch`, and reused by the row loop.
+    no-op), whatever the batch size. A new store's first batch is computed
+    once, by :func:`first_batch`, and reused by the row loop.
 
     Then each checkpoint's kernel (the factor of ``Φ_mᵀΦ_m + λ_m I`` or its
     dual, with ``score.lambda_reg`` / ``score.lambda_rel``) is made if it is
     missing (:func:`trakcli.jobs.kernels.finalize_kernels`; rank ``m mod
     world_size``), so that `trak score` computes only the target side; a score
-    run with another ridge makes its own. A finished store found without zarr
-    is left as it is (`trak score` makes any kernel it lacks).
+    run with another ridge makes its own.
+
+    A store whose features and kernels are finished is recognized from its
+    metadata files (:func:`trakcli.store.train_finished`) without importing
+    zarr; anything else is opened through zarr (the checks and messages of
+    :meth:`Store.create_or_check`, :meth:`Store.train` and the kernels').
 
     Args:
         cfg: the validated config.
@@ -235,7 +236,8 @@ def featurize(
     train_rows: list[ChunkedRows] = []
     with locked_store(path, s.dist, reporter):
         if first is None and not (overwrite or verify) and s.dist.world_size == 1:
-            if train_finished(path, s.identity, s.layout, s.shas):  # nothing to do: found without opening zarr
+            settings = ridge_settings(cfg.score.lambda_reg, cfg.score.lambda_rel) if s.checkpoints else None
+            if train_finished(path, s.identity, s.layout, s.shas, settings):  # nothing to do, found without zarr
                 n_chunks = -(-s.layout.n_train // s.layout.chunk_rows)
                 return FeaturizeResult(
                     path, len(s.checkpoints), 0, n_chunks * len(s.checkpoints), s.grad_dim, s.proj_dim,

@@ -12,8 +12,8 @@ and the ``done`` chunk files.
 It answers True only when everything is exactly as a finished run of this
 version leaves it, and False whenever anything differs or cannot be read. True
 means the full check would open the store, find the same identity, layout and
-checkpoints, every array of the right shape and every ``done`` flag set, and
-would change nothing. False is not an error: the caller then runs the full
+checkpoints, every array of the right shape, every ``done`` flag set and (if
+asked) every kernel made with the run's ridge settings, and would change nothing. False is not an error: the caller then runs the full
 check, which refuses, repairs, resumes, and words every message, as before.
 So this module decides nothing the store does not already decide; it only
 lets the common case skip zarr. It does not replace ``--verify``: a plain run
@@ -81,6 +81,20 @@ def _data_array(path: Path, shape: list[int], chunks: list[int], dtype: str) -> 
     )
 
 
+def _kernel_done(path: Path, settings: dict[str, Any]) -> bool:
+    """Whether ``path`` is a kernel finished with ``settings`` (attributes ``settings`` and ``lambda_reg``).
+
+    The same test as :func:`trakcli.store.kernel.kernel_done` (attributes only, no chunk read),
+    on an array whose metadata has the fields zarr needs.
+    """
+    meta = _meta(path, "array")
+    if meta is None or any(k not in meta for k in ("shape", "data_type", "chunk_grid", "chunk_key_encoding",
+                                                   "fill_value", "codecs")):
+        return False
+    attrs = meta.get("attributes", {})
+    return isinstance(attrs, dict) and attrs.get("settings") == jsonable(settings) and "lambda_reg" in attrs
+
+
 def _all_done(path: Path, n_chunks: int) -> bool:
     """Whether ``path`` is a ``done`` array of ``n_chunks`` flags, every one set and intact."""
     meta = _meta(path, "array")
@@ -92,7 +106,13 @@ def _all_done(path: Path, n_chunks: int) -> bool:
         return False
 
 
-def train_finished(path: str | Path, identity: dict[str, Any], layout: StoreLayout, shas: Sequence[str]) -> bool:
+def train_finished(
+    path: str | Path,
+    identity: dict[str, Any],
+    layout: StoreLayout,
+    shas: Sequence[str],
+    kernel_settings: dict[str, Any] | None = None,
+) -> bool:
     """Whether the store at ``path`` holds the finished train features of this run, read without zarr.
 
     True when: the root is a trakcli store of this schema version whose recorded
@@ -100,13 +120,17 @@ def train_finished(path: str | Path, identity: dict[str, Any], layout: StoreLayo
     to be moved back into it (``featurize --overwrite`` interrupted); and for each
     checkpoint ``model_id`` (the i-th of ``shas``) ``train/<model_id>`` records
     that sha256 and holds ``features [n_train, proj_dim]``, ``out_to_loss [n_train]``,
-    ``nonfinite [n_train]`` of this layout, and a ``done`` flag set for every row chunk.
+    ``nonfinite [n_train]`` of this layout, a ``done`` flag set for every row chunk,
+    and (with ``kernel_settings``) a ``kernel`` finished with those settings.
 
     Args:
         path: the store directory.
         identity: this run's identity (what :meth:`Store.create_or_check` compares).
         layout: this run's array layout.
         shas: the sha256 of each checkpoint, by model_id.
+        kernel_settings: the ridge settings each checkpoint's kernel must have been made
+            with (``trakcli.jobs.kernels.ridge_settings``; compared as
+            :func:`trakcli.store.kernel.kernel_done` does); None: kernels are not looked at.
 
     Returns:
         True if a featurize run would find nothing to compute and nothing to record;
@@ -136,5 +160,7 @@ def train_finished(path: str | Path, identity: dict[str, Any], layout: StoreLayo
         if not all(_data_array(group / name, *spec) for name, spec in arrays.items()):
             return False
         if not _all_done(group / "done", -(-n // rows)):
+            return False
+        if kernel_settings is not None and not _kernel_done(group / "kernel", kernel_settings):
             return False
     return True
