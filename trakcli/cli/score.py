@@ -5,18 +5,19 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Optional, Sequence
+from typing import TYPE_CHECKING, Annotated, Any, Optional, Sequence
 
-import numpy as np
 import typer
 from rich.table import Table
 
 from trakcli.cli.common import (
     ConfigArg, OverridesArg, OverwriteOpt, PrintConfigOpt, QuietOpt, RichReporter, SkipNonfiniteOpt, VerifyOpt,
-    err_console, handle_errors, load,
+    err_console, handle_errors, heavy_imports, load,
 )
 from trakcli.errors import UsageError
-from trakcli.plots import check_plot_path, top_indices
+
+if TYPE_CHECKING:
+    import numpy as np
 
 EXPORT_SUFFIXES = (".npy", ".csv")
 
@@ -48,6 +49,8 @@ def scores_table(
         target_texts: the shown targets' texts (text data): a text column.
         labels: show labels (False for ``task: language_modeling``, whose labels are placeholders).
     """
+    from trakcli.plots import top_indices
+
     table = Table(title=f"TRAK scores, experiment {res.experiment!r}: top {top_k} proponents and opponents")
     table.add_column("target", justify="right")
     if labels:
@@ -71,6 +74,8 @@ def scores_table(
 
 def _json(res, scores: np.ndarray, top_k: int, out: Path | None, plot: Path | None) -> dict[str, Any]:
     """What ``--json`` prints: the run's shape, store, λ per checkpoint and the shown targets' top train indices."""
+    from trakcli.plots import top_indices
+
     k = min(top_k, scores.shape[1])
     top = []
     for t, row in enumerate(scores):
@@ -115,11 +120,14 @@ def score(
     """Score every target against every train example; writes the n_target x n_train scores to the store."""
     check_out(out)
     if plot is not None:
+        from trakcli.plots import check_plot_path
+
         check_plot_path(plot, "--plot")
     cfg = load(config, overrides, print_config)
     if plot is not None and cfg.score.show_targets == 0:
         raise UsageError("--plot draws the first score.show_targets targets, which is 0; add score.show_targets=3")
-    from trakcli.jobs.score import score as run  # imported after the config is valid: torch import is slow
+    with heavy_imports():  # after the config is valid: importing torch is slow
+        from trakcli.jobs.score import score as run
     from trakcli.distributed import init_from_env
     from trakcli.store import Store
 
