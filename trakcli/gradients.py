@@ -212,6 +212,22 @@ def select_parameters(model: nn.Module, grad_wrt: list[str] | None) -> list[str]
     return selected
 
 
+def selected_shapes(model: nn.Module, grad_wrt: list[str] | None) -> tuple[list[str], dict[str, tuple[int, ...]], int]:
+    """The differentiated parameters of ``model``: names (:func:`select_parameters`), shapes and ``grad_dim``.
+
+    Returns:
+        ``(param_names, param_shapes, grad_dim)``: names in ``named_parameters()`` order, each one's
+        shape, and the total number of entries.
+
+    Raises:
+        ConfigError: as :func:`select_parameters`.
+    """
+    names = select_parameters(model, grad_wrt)
+    params = dict(model.named_parameters())
+    shapes = {n: tuple(params[n].shape) for n in names}
+    return names, shapes, int(sum(params[n].numel() for n in names))
+
+
 def classification_margin(logits: torch.Tensor, label: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Margin and out-to-loss term of one example or a batch (vmap-safe: no data-dependent indexing).
 
@@ -375,10 +391,7 @@ class PerExampleGradients:
     def __init__(self, model: nn.Module, grad_wrt: list[str] | None = None, task: Any = "classification"):
         self.task = resolve_task(task)
         self.model = model.eval()
-        self.param_names = select_parameters(model, grad_wrt)
-        params = dict(model.named_parameters())
-        self.param_shapes = {n: tuple(params[n].shape) for n in self.param_names}
-        self.grad_dim = int(sum(params[n].numel() for n in self.param_names))
+        self.param_names, self.param_shapes, self.grad_dim = selected_shapes(model, grad_wrt)
         self._fn: Callable | None = None
 
     def _constants(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:

@@ -50,6 +50,7 @@ from trakcli.errors import ConfigError, DataError, GradientError
 from trakcli.factors.layers import find_layers, module_kind
 from trakcli.gradients import (
     CustomOutput, PerExampleGradients, check_finite, check_logits, output_function, resolve_task, select_parameters,
+    selected_shapes,
 )
 from trakcli.models.forward import forward, forward_errors
 
@@ -222,10 +223,7 @@ class LayerGradients:
                  fallback: bool = False):
         self.task = resolve_task(task)
         self.model = model.eval()
-        self.param_names = select_parameters(model, grad_wrt)
-        params = dict(model.named_parameters())
-        self.param_shapes = {n: tuple(params[n].shape) for n in self.param_names}
-        self.grad_dim = int(sum(params[n].numel() for n in self.param_names))
+        self.param_names, self.param_shapes, self.grad_dim = selected_shapes(model, grad_wrt)
         self.uses, left_out = gradient_uses(model, self.param_names)
         if left_out:
             raise ConfigError(
