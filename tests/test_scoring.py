@@ -115,18 +115,20 @@ def test_dual_scores_in_blocks_equal_one_block():
     torch.testing.assert_close(twice, 2 * whole)
 
 
-def test_trak_score_solves_in_the_dual_when_n_train_below_proj_dim(user_project, monkeypatch):
-    """`trak score` on a store with n_train 40 < proj_dim 64: the dual kernel, the primal's scores, reused on reruns."""
+def trak(*args):
+    """Run `trak ARGS` in process; it must succeed (its result, for stderr)."""
     from typer.testing import CliRunner
 
     from trakcli.cli.main import app
 
-    job = importlib.import_module("trakcli.jobs.kernels")  # where score and featurize choose the kernel form
+    res = CliRunner().invoke(app, [str(a) for a in args])
+    assert res.exit_code == 0, res.stderr
+    return res
 
-    def trak(*args):
-        res = CliRunner().invoke(app, [str(a) for a in args])
-        assert res.exit_code == 0, res.stderr
-        return res
+
+def test_trak_score_solves_in_the_dual_when_n_train_below_proj_dim(user_project, monkeypatch):
+    """`trak score` on a store with n_train 40 < proj_dim 64: the dual kernel, the primal's scores, reused on reruns."""
+    job = importlib.import_module("trakcli.jobs.kernels")  # where score and featurize choose the kernel form
 
     log = user_project / "events.log"
     monkeypatch.setenv("TRAK_EVENT_LOG", str(log))
@@ -193,15 +195,6 @@ def test_torchrun_two_ranks_score_in_the_dual_as_one_process(tmp_path):
 
 def test_featurize_makes_the_kernels_and_score_only_the_target_side(user_project, monkeypatch):
     """The kernels are made at the end of `trak featurize` with score.lambda_*; score reuses them, another ridge makes its own."""
-    from typer.testing import CliRunner
-
-    from trakcli.cli.main import app
-
-    def trak(*args):
-        res = CliRunner().invoke(app, [str(a) for a in args])
-        assert res.exit_code == 0, res.stderr
-        return res
-
     log = user_project / "events.log"
     monkeypatch.setenv("TRAK_EVENT_LOG", str(log))
     res = trak("featurize", "run.yaml", "score.lambda_rel=0.5")
