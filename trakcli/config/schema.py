@@ -367,6 +367,8 @@ class Config(StrictModel):
     num_threads: PositiveInt | None = Field(
         None, description="torch intra-op CPU threads (unset: torch's default, one per core)."
     )
+    linalg_threads: PositiveInt | None = Field(None, description="torch CPU threads for the dense linear algebra "
+                                               "of kernels and scores, not limited by num_threads (unset: one per core).")
 
     @model_validator(mode="before")
     @classmethod

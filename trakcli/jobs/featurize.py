@@ -35,6 +35,7 @@ def featurize_rows(
     reporter: Reporter,
     label: str,
     computed: FirstBatch | None = None,
+    keep: dict[int, np.ndarray] | None = None,
 ) -> tuple[int, list[int]]:
     """Compute and write this rank's pending chunks of one checkpoint (train rows or targets).
 
@@ -53,6 +54,8 @@ def featurize_rows(
         reporter, label: progress (``"<label> model <model_id>"``) and test events.
         computed: a batch of ``data`` already featurized (:func:`first_batch`); used in place of
             computing the batch of the same checkpoint, first row and length, if that batch comes up.
+        keep: if given, each written chunk's ``[rows, proj_dim]`` float32 features are also put
+            here by chunk index (`trak score` uses the target features without reading them back).
 
     Returns:
         (chunks computed, indices of examples skipped as non-finite).
@@ -93,6 +96,8 @@ def featurize_rows(
                 rows.write(chunk, features=feats, out_to_loss=q_all, nonfinite=bad_all)
             else:
                 rows.write(chunk, features=feats)
+            if keep is not None:  # as stored (float16 stores round), so a reader sees the same values
+                keep[chunk] = feats.astype(rows.data["features"].dtype, copy=False)
             event(f"done {label} {model_id} {chunk}")
     return len(pending), skipped
 
@@ -273,7 +278,7 @@ def featurize(
         if s.checkpoints:  # the train side of `trak score`, as TRAK's finalize_features
             made = finalize_kernels(
                 store, train_rows, lambda_reg=cfg.score.lambda_reg, lambda_rel=cfg.score.lambda_rel, dist=s.dist,
-                reporter=reporter, verify=verify,
+                reporter=reporter, verify=verify, linalg_threads=cfg.linalg_threads,
             )
     return FeaturizeResult(
         path, len(s.checkpoints), computed, total, s.grad_dim, s.proj_dim, len(s.train), skipped, repaired, made,

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from trakcli.distributed import Dist
-from trakcli.jobs.runtime import event
+from trakcli.jobs.runtime import event, torch_threads
 from trakcli.progress import NULL_REPORTER, Reporter
 from trakcli.scoring import DUAL, dual_gram, gram_matrix, kernel_form, solve_kernel
 from trakcli.store import ChunkedRows, Store
@@ -90,6 +90,7 @@ def finalize_kernels(
     dist: Dist | None = None,
     reporter: Reporter = NULL_REPORTER,
     verify: bool = True,
+    linalg_threads: int | None = None,
 ) -> int:
     """Make every missing kernel: checkpoint ``m`` on rank ``m mod world_size``; then a barrier.
 
@@ -101,6 +102,8 @@ def finalize_kernels(
         reporter: a progress bar over the kernels made, and repair notes.
         verify: read and verify kernels already stored (`trak score`), or trust a finished
             kernel's attributes (`trak featurize`, :func:`trakcli.store.kernel.kernel_done`).
+        linalg_threads: torch threads for the Gram matrices and factors (the ``linalg_threads``
+            setting; None: :data:`trakcli.jobs.runtime.DEFAULT_THREADS`).
 
     Returns:
         Kernels computed by this process.
@@ -115,7 +118,7 @@ def finalize_kernels(
         mine = [m for m in mine if not kernel_done(store, m, settings)]
     made = 0
     if mine:
-        with reporter.task("kernels", len(mine)) as task:
+        with reporter.task("kernels", len(mine)) as task, torch_threads(linalg_threads):
             for model_id in mine:
                 if not (verify and store.read_kernel(model_id, settings, rebuild=True) is not None):
                     kernel_of(store, train_rows[model_id], model_id, lambda_reg=lambda_reg, lambda_rel=lambda_rel)

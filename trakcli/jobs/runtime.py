@@ -50,10 +50,39 @@ def resolve_device(name: str, dist: Dist | None = None) -> torch.device:
     return torch.device(name)
 
 
+#: torch's intra-op thread count when the jobs were first imported, before any ``num_threads``
+#: setting: one per core, or ``OMP_NUM_THREADS`` (which torchrun sets to 1 when it starts
+#: several processes). The default of :func:`torch_threads`.
+DEFAULT_THREADS = torch.get_num_threads()
+
+
 def apply_threads(num_threads: int | None) -> None:
     """``torch.set_num_threads(num_threads)`` when set (the ``num_threads`` setting); None leaves torch's default."""
     if num_threads is not None:
         torch.set_num_threads(num_threads)
+
+
+@contextmanager
+def torch_threads(num_threads: int | None) -> Iterator[int]:
+    """Run the block with ``num_threads`` torch threads (None: :data:`DEFAULT_THREADS`), then restore the count.
+
+    The ``linalg_threads`` setting: the dense linear algebra of kernels and scores (Gram
+    matrices, Cholesky factors and solves, score products) are few large BLAS/LAPACK
+    calls, which scale with threads even while another process keeps a core busy,
+    unlike the many small operations of per-example gradients (``num_threads``).
+
+    Yields:
+        The thread count in effect inside the block.
+    """
+    before = torch.get_num_threads()
+    n = num_threads or DEFAULT_THREADS
+    if n != before:
+        torch.set_num_threads(n)
+    try:
+        yield n
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)
 
 
 @contextmanager

@@ -21,7 +21,7 @@ from trakcli.distributed import Dist
 from trakcli.errors import StoreError
 from trakcli.jobs.featurize import featurize_rows
 from trakcli.jobs.kernels import all_features, finalize_kernels, kernel_of, report_notes, ridge_settings
-from trakcli.jobs.runtime import event, locked_store
+from trakcli.jobs.runtime import event, locked_store, torch_threads
 from trakcli.jobs.setup import JobSetup, prepare
 from trakcli.progress import NULL_REPORTER, Reporter
 from trakcli.scoring import dual_scores, ensemble_block, score_block, target_weights
@@ -162,6 +162,7 @@ def score(
     lambdas, computed = score_targets(
         s, path, target, experiment=sc.experiment, lambda_reg=sc.lambda_reg, lambda_rel=sc.lambda_rel,
         overwrite=overwrite, skip_nonfinite=skip_nonfinite, verify=verify, reporter=reporter,
+        linalg_threads=cfg.linalg_threads,
     )
     return ScoreResult(
         store=path,
@@ -187,6 +188,7 @@ def score_targets(
     skip_nonfinite: bool = False,
     verify: bool = False,
     reporter: Reporter = NULL_REPORTER,
+    linalg_threads: int | None = None,
 ) -> tuple[list[float], int]:
     """:func:`score` on a prepared setup and loaded targets (also :class:`trakcli.Attributor`'s score).
 
@@ -200,6 +202,7 @@ def score_targets(
         target: the target examples.
         experiment, lambda_reg, lambda_rel: ``score:`` of the config.
         overwrite, skip_nonfinite, verify, reporter: as :func:`score`.
+        linalg_threads: torch threads for the kernels and score products (:func:`finalize_and_score`).
 
     Returns:
         (λ_m per model_id, target and score chunks computed by this process).
@@ -240,12 +243,13 @@ def score_targets(
         s.dist.barrier()
 
         # 1. target features
-        target_rows = []
+        target_rows, kept = [], []
         for model_id in range(n_models):
             rows = store.targets(exp, model_id, t_attrs, len(target), create=False)
+            kept.append({})
             n, skip = featurize_rows(
                 s, target, rows, model_id, with_out_to_loss=False, skip_nonfinite=skip_nonfinite,
-                reporter=reporter, label="targets",
+                reporter=reporter, label="targets", keep=kept[-1],
             )
             computed += n
             if skip:
@@ -257,7 +261,7 @@ def score_targets(
         out = store.scores(exp, len(target), settings, create=False)
         lambdas, n = finalize_and_score(
             store, train_rows, target_rows, out, lambda_reg=lambda_reg, lambda_rel=lambda_rel,
-            dist=s.dist, reporter=reporter,
+            dist=s.dist, reporter=reporter, linalg_threads=linalg_threads, target_chunks=kept,
         )
         computed += n
     return lambdas, computed
@@ -273,6 +277,8 @@ def finalize_and_score(
     lambda_rel: float,
     dist: Dist | None = None,
     reporter: Reporter = NULL_REPORTER,
+    linalg_threads: int | None = None,
+    target_chunks: list[dict[int, np.ndarray]] | None = None,
 ) -> tuple[list[float], int]:
     """Finalize each checkpoint's kernel and write the pending score blocks.
 
@@ -301,6 +307,10 @@ def finalize_and_score(
         lambda_reg, lambda_rel: the ridge (see :func:`trakcli.scoring.resolve_lambda`).
         dist: the process group (default: a single process).
         reporter: progress of the score blocks.
+        linalg_threads: torch threads for this function's dense linear algebra (the
+            ``linalg_threads`` setting; None: :data:`trakcli.jobs.runtime.DEFAULT_THREADS`).
+        target_chunks: per model_id, target feature chunks this process has just written
+            (chunk index -> ``[rows, proj_dim]`` float32), used instead of reading them back.
 
     Returns:
         (λ_m per model_id, score blocks computed by this process).
@@ -309,9 +319,23 @@ def finalize_and_score(
         StoreError: a kernel another rank should have written is missing.
         TrakError: a kernel is not positive definite (see :func:`trakcli.scoring.kernel_factor`).
     """
-    dist = dist or Dist()
+    with torch_threads(linalg_threads):
+        return _finalize_and_score(store, train_rows, target_rows, out, lambda_reg, lambda_rel, dist or Dist(),
+                                   reporter, target_chunks or [{} for _ in target_rows])
+
+
+def _target_features(rows: ChunkedRows, kept: dict[int, np.ndarray]) -> torch.Tensor:
+    """One checkpoint's target features ``[n_target, proj_dim]`` float32: chunks taken out of ``kept``, the rest read."""
+    parts = [kept.pop(c) if c in kept else rows.read("features", *rows.rows(c)) for c in range(rows.n_chunks)]
+    return torch.from_numpy(np.concatenate(parts).astype(np.float32, copy=False))
+
+
+def _finalize_and_score(
+    store: Store, train_rows: list[ChunkedRows], target_rows: list[ChunkedRows], out: ChunkedRows,
+    lambda_reg: float | None, lambda_rel: float, dist: Dist, reporter: Reporter, kept: list[dict[int, np.ndarray]],
+) -> tuple[list[float], int]:
+    """:func:`finalize_and_score` in its thread setting."""
     n_models = len(train_rows)
-    n_target = target_rows[0].n_rows
     lam_key = ridge_settings(lambda_reg, lambda_rel)
     proj_dim = store.layout.proj_dim
     if dist.world_size > 1:  # kernel m on rank m mod world_size, then every rank reads them all
@@ -331,7 +355,7 @@ def finalize_and_score(
         lambdas.append(lam)
         if not pending:
             continue
-        phi_t = torch.from_numpy(target_rows[model_id].read("features", 0, n_target).astype(np.float32, copy=False))
+        phi_t = _target_features(target_rows[model_id], kept[model_id])
         if factor.shape[0] == proj_dim:  # PRIMAL (a dual factor is [n_train, n_train], n_train < proj_dim)
             weights.append(target_weights(factor, phi_t, dtype=torch.float32))
             primal.append(train_rows[model_id])
