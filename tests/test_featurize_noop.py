@@ -175,6 +175,10 @@ DAMAGES = {
     "deleted kernel": (lambda root: shutil.rmtree(root / STORE / "train/1/kernel"), []),
     "kernel of another ridge": (lambda root: None, ["score.lambda_rel=2.0"]),
     "garbage kernel metadata": (lambda root: (root / STORE / "train/0/kernel/zarr.json").write_text("garbage"), []),
+    "kernel of a stale form": (  # an older trakcli's dual kernel: made again
+        lambda root: _rewrite(root / STORE / "train/1/kernel/zarr.json",
+                              lambda m: m["attributes"].update(form="dual_cholesky_lower")), []
+    ),
 }
 
 

@@ -136,7 +136,7 @@ def test_trak_score_solves_in_the_dual_when_n_train_below_proj_dim(user_project,
     trak("score", "run.yaml", "projector.proj_dim=64", "-q")
     root = zarr.open_group("out/attrib.zarr", mode="r")
     kernel = root["train/0/kernel"]
-    assert kernel.shape == (40, 40) and kernel.attrs["form"] == DUAL
+    assert kernel.shape == (40, 64) and kernel.attrs["form"] == DUAL and kernel.dtype == np.float32  # (ΦΦᵀ + λI)⁻¹Φ
     assert log.read_text().count("start kernel") == 2
     phi = [torch.from_numpy(np.asarray(root[f"train/{m}/features"][:])) for m in range(2)]
     q = [torch.from_numpy(np.asarray(root[f"train/{m}/out_to_loss"][:])) for m in range(2)]
@@ -166,6 +166,23 @@ def test_trak_score_solves_in_the_dual_when_n_train_below_proj_dim(user_project,
     old = np.asarray(root["scores/old/scores"][:])
     assert max_rel(old, trak_scores(phi, q, phi_t, lambda_rel=0.5, form=PRIMAL)) < 1e-6
 
+    # a dual kernel of the form an older trakcli stored (the [n_train, n_train] Cholesky factor) is made again
+    from trakcli.scoring import dual_gram, solve_kernel
+    from trakcli.store import Store
+
+    st = Store.open_existing("out/attrib.zarr")
+    for m in range(2):
+        factor, lam = solve_kernel(dual_gram(phi[m]), 40, None, 1.0, 64)
+        st.write_kernel(m, factor.numpy(), {"lambda_reg": None, "lambda_rel": 1.0}, lam, form="dual_cholesky_lower")
+    assert zarr.open_group("out/attrib.zarr", mode="r")["train/0/kernel"].shape == (40, 40)
+    before = log.read_text().count("start kernel")
+    trak("score", "run.yaml", "projector.proj_dim=64", "-q", "--overwrite")
+    assert log.read_text().count("start kernel") == before + 2
+    root = zarr.open_group("out/attrib.zarr", mode="r")
+    assert all(root[f"train/{m}/kernel"].shape == (40, 64) and root[f"train/{m}/kernel"].attrs["form"] == DUAL
+               for m in range(2))
+    np.testing.assert_allclose(np.asarray(root["scores/default/scores"][:]), dual, rtol=0, atol=1e-6 * np.abs(dual).max())
+
 
 def test_torchrun_two_ranks_score_in_the_dual_as_one_process(tmp_path):
     """`trak score` under torchrun: ranks split the kernels and the train-column blocks; the store is bit-identical."""
@@ -176,7 +193,7 @@ def test_torchrun_two_ranks_score_in_the_dual_as_one_process(tmp_path):
     from test_store_robust import _free_port, assert_same_store, make_project, run
 
     one = make_project(tmp_path / "one")
-    dual = ["projector.proj_dim=640"]  # n_train 600 < 640: [600, 600] kernels; 15 score blocks of 40 columns
+    dual = ["projector.proj_dim=640"]  # n_train 600 < 640: [600, 640] dual kernels; 15 score blocks of 40 columns
     assert run(one, "featurize", "run.yaml", *dual, "-q").returncode == 0
     shutil.copytree(one, tmp_path / "two")
     res = run(one, "score", "run.yaml", *dual, "-q")
@@ -189,7 +206,7 @@ def test_torchrun_two_ranks_score_in_the_dual_as_one_process(tmp_path):
     )
     assert res.returncode == 0, res.stderr[-3000:]
     root = zarr.open_group(str(one / "out" / "attrib.zarr"), mode="r")
-    assert root["train/1/kernel"].attrs["form"] == DUAL and root["train/1/kernel"].shape == (600, 600)
+    assert root["train/1/kernel"].attrs["form"] == DUAL and root["train/1/kernel"].shape == (600, 640)
     assert_same_store(one / "out" / "attrib.zarr", tmp_path / "two" / "out" / "attrib.zarr")
 
 

@@ -6,8 +6,8 @@ checkpoint's kernel once its features are complete (as MadryLab's TRAK does in
 ``finalize_features``), and `trak score` only computes the target side; a score
 run with other ridge settings, or a store whose kernels are missing or corrupt,
 makes them there instead (:func:`kernel_of`). Math: :mod:`trakcli.scoring`
-(primal ``Φᵀ Φ + λ I`` or, when ``n_train < proj_dim``, dual ``Φ Φᵀ + λ I``,
-float64 Cholesky factors).
+(primal: the float64 Cholesky factor of ``Φᵀ Φ + λ I``; when ``n_train < proj_dim``,
+dual: the float32 solved features ``(Φ Φᵀ + λ I)⁻¹ Φ``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 from trakcli.distributed import Dist
 from trakcli.jobs.runtime import event, torch_threads
 from trakcli.progress import NULL_REPORTER, Reporter
-from trakcli.scoring import DUAL, dual_gram, gram_matrix, kernel_form, solve_kernel
+from trakcli.scoring import DUAL, dual_gram, dual_solved_features, gram_matrix, kernel_form, solve_kernel
 from trakcli.store import ChunkedRows, Store
 from trakcli.store.kernel import kernel_done
 
@@ -42,10 +42,11 @@ def report_notes(store: Store, reporter: Reporter) -> None:
 
 def kernel_of(
     store: Store, rows: ChunkedRows, model_id: int, *, lambda_reg: float | None, lambda_rel: float,
-) -> tuple[tuple[torch.Tensor, float], torch.Tensor | None]:
+) -> tuple[torch.Tensor, float]:
     """Checkpoint ``model_id``'s kernel: the stored one (verified), else computed from ``Φ_m`` and stored.
 
-    A corrupt or missing stored kernel is deleted and made again (noted in ``store.notes``).
+    A corrupt or missing stored kernel, or one of a stale form, is deleted and made again
+    (noted in ``store.notes`` when it was damaged).
 
     Args:
         store: the open store (rank 0, or the rank that owns ``model_id``).
@@ -54,9 +55,11 @@ def kernel_of(
         lambda_reg, lambda_rel: the ridge (:func:`trakcli.scoring.resolve_lambda`).
 
     Returns:
-        ``((factor, λ), Φ_m)``: the float64 lower Cholesky factor (``[proj_dim, proj_dim]`` primal
-        or ``[n_train, n_train]`` dual) and λ; ``Φ_m`` ``[n_train, proj_dim]`` float32 when it was
-        read whole to build a dual kernel (for the caller to reuse), else None.
+        ``(kernel, λ)``. The kernel is, by :func:`trakcli.scoring.kernel_form`, the
+        ``[proj_dim, proj_dim]`` float64 lower Cholesky factor of ``Φ_mᵀΦ_m + λI``
+        (:data:`~trakcli.scoring.PRIMAL`), or when ``n_train < proj_dim`` the
+        ``[n_train, proj_dim]`` float32 ``(Φ_mΦ_mᵀ + λI)⁻¹Φ_m``
+        (:data:`~trakcli.scoring.DUAL`, :func:`~trakcli.scoring.dual_solved_features`).
 
     Raises:
         TrakError: the kernel is not positive definite (:func:`trakcli.scoring.kernel_factor`).
@@ -65,20 +68,21 @@ def kernel_of(
     settings = ridge_settings(lambda_reg, lambda_rel)
     stored = store.read_kernel(model_id, settings, rebuild=True)
     if stored is not None:
-        return (torch.from_numpy(stored[0]), stored[1]), None
+        return torch.from_numpy(stored[0]), stored[1]
     event(f"start kernel {model_id}")
     proj_dim = store.layout.proj_dim
     form = kernel_form(rows.n_rows, proj_dim)
-    phi = None
     if form == DUAL:
         phi = all_features(rows)
-        gram = dual_gram(phi)
+        factor, lam = solve_kernel(dual_gram(phi), rows.n_rows, lambda_reg, lambda_rel, proj_dim)
+        kernel = dual_solved_features(phi, factor)
+        del phi, factor
     else:
         gram = gram_matrix(torch.from_numpy(c.astype(np.float32, copy=False)) for _, _, c in rows.iter_chunks("features"))
-    factor, lam = solve_kernel(gram, rows.n_rows, lambda_reg, lambda_rel, proj_dim)
-    del gram
-    store.write_kernel(model_id, factor.numpy(), settings, lam, form=form)
-    return (factor, lam), phi
+        kernel, lam = solve_kernel(gram, rows.n_rows, lambda_reg, lambda_rel, proj_dim)
+        del gram
+    store.write_kernel(model_id, kernel.numpy(), settings, lam, form=form)
+    return kernel, lam
 
 
 def finalize_kernels(

@@ -20,11 +20,11 @@ from trakcli.data.tensors import TensorDataset
 from trakcli.distributed import Dist
 from trakcli.errors import StoreError
 from trakcli.jobs.featurize import featurize_rows
-from trakcli.jobs.kernels import all_features, finalize_kernels, kernel_of, report_notes, ridge_settings
+from trakcli.jobs.kernels import finalize_kernels, kernel_of, report_notes, ridge_settings
 from trakcli.jobs.runtime import event, locked_store, torch_threads
 from trakcli.jobs.setup import JobSetup, prepare
 from trakcli.progress import NULL_REPORTER, Reporter
-from trakcli.scoring import dual_scores, ensemble_block, score_block, target_weights
+from trakcli.scoring import ensemble_block, score_block, target_weights
 from trakcli.store import ChunkedRows, Store, StoreCorruptError, check_same
 
 
@@ -282,21 +282,20 @@ def finalize_and_score(
 ) -> tuple[list[float], int]:
     """Finalize each checkpoint's kernel and write the pending score blocks.
 
-    Kernels (float64 Cholesky factors by :func:`trakcli.scoring.solve_kernel`)
+    Kernels (:func:`trakcli.jobs.kernels.kernel_of`; normally made by `trak featurize`)
     are computed by rank ``m mod world_size`` and stored, so a rerun reuses
-    them (in a single process each one is made and used in the same pass over
-    ``Φ_m``, without reading it back): of ``Φ_mᵀΦ_m + λ_m I`` (``[proj_dim, proj_dim]``, form
-    :data:`~trakcli.scoring.PRIMAL`), or when ``n_train < proj_dim`` of the
-    dual ``Φ_mΦ_mᵀ + λ_m I`` (``[n_train, n_train]``, form
-    :data:`~trakcli.scoring.DUAL`; :func:`~trakcli.scoring.kernel_form`).
-    The form is in the kernel's attributes and its shape; a kernel stored by an
-    older trakcli (primal) is reused as it is. Scores are computed one block of
-    ``chunk_rows`` train columns at a time:
+    them (in a single process a missing one is made where it is used): the float64
+    Cholesky factor of ``Φ_mᵀΦ_m + λ_m I`` (``[proj_dim, proj_dim]``, form
+    :data:`~trakcli.scoring.PRIMAL`), or when ``n_train < proj_dim`` the float32
+    solved features ``X_m = (Φ_mΦ_mᵀ + λ_m I)⁻¹Φ_m`` (``[n_train, proj_dim]``, form
+    :data:`~trakcli.scoring.DUAL`; :func:`~trakcli.scoring.kernel_form`). The form
+    is in the kernel's attributes and its shape; a primal kernel stored by an older
+    trakcli is reused as it is, an older dual one is made again. Scores are computed
+    one block of ``chunk_rows`` train columns at a time:
     ``[(1/M) Σ_m W_m Φ_m[block]ᵀ] ⊙ [(1/M) Σ_m Q_m[block]]`` with
     ``W_m = Φ_m(targets) A_m`` (float32 products of float64 solves); a dual
-    kernel's term ``Φ_m(targets) Φ_mᵀ (Φ_mΦ_mᵀ + λ_m I)⁻¹`` is solved in float64
-    for all columns at once (:func:`~trakcli.scoring.dual_scores`, memory
-    ``[n_target, n_train]`` float64 and ``Φ_m`` as stored) and cut into the blocks.
+    checkpoint's term ``Φ_m(targets) X_mᵀ`` is one float32 product for all columns
+    (summed over checkpoints in float64, memory ``[n_target, n_train]``) cut into the blocks.
     A rank with no pending block computes no weights.
 
     Args:
@@ -343,25 +342,23 @@ def _finalize_and_score(
     pending = out.pending(dist.rank, dist.world_size)
     weights, primal, lambdas, dual_total = [], [], [], None
     for model_id in range(n_models):
-        phi = None
-        if dist.world_size == 1:  # one process: each kernel is made (if missing) and used in one pass over Φ_m
-            kernel, phi = kernel_of(store, train_rows[model_id], model_id, lambda_reg=lambda_reg, lambda_rel=lambda_rel)
+        if dist.world_size == 1:  # one process: a missing kernel is made here
+            kernel, lam = kernel_of(store, train_rows[model_id], model_id, lambda_reg=lambda_reg, lambda_rel=lambda_rel)
         else:
-            kernel = store.read_kernel(model_id, lam_key)
-            if kernel is None:
+            stored = store.read_kernel(model_id, lam_key)
+            if stored is None:
                 raise StoreError(f"the kernel of model_id {model_id} is missing; rerun the same command")
-            kernel = (torch.from_numpy(kernel[0]), kernel[1])
-        factor, lam = kernel
+            kernel, lam = torch.from_numpy(stored[0]), stored[1]
         lambdas.append(lam)
         if not pending:
             continue
         phi_t = _target_features(target_rows[model_id], kept[model_id])
-        if factor.shape[0] == proj_dim:  # PRIMAL (a dual factor is [n_train, n_train], n_train < proj_dim)
-            weights.append(target_weights(factor, phi_t, dtype=torch.float32))
+        if kernel.shape[0] == proj_dim:  # PRIMAL: the Cholesky factor of Φ_mᵀΦ_m + λI
+            weights.append(target_weights(kernel, phi_t, dtype=torch.float32))
             primal.append(train_rows[model_id])
-        else:
-            phi = phi if phi is not None else all_features(train_rows[model_id])
-            dual_total = dual_scores(factor, phi_t, phi, out=dual_total)
+        else:  # DUAL: X_m = (Φ_mΦ_mᵀ + λI)⁻¹Φ_m [n_train, proj_dim], n_train < proj_dim; the term Φ_t X_mᵀ
+            term = phi_t @ kernel.T  # float32, as the primal products
+            dual_total = term.double() if dual_total is None else dual_total.add_(term)
     report_notes(store, reporter)
 
     with reporter.task("score", len(pending)) as task:

@@ -12,9 +12,9 @@ The only part of trakcli that imports zarr. Layout (README, "The store")::
         nonfinite   [n_train]           uint8, 1 = skipped (--skip-nonfinite), features zero
         done        [n_row_chunks]      uint8, set after the chunk's data is written
         kernel      [proj_dim, proj_dim] float64 lower Cholesky factor of ΦᵀΦ + λI (attr form
-                                        cholesky_lower), or when n_train < proj_dim [n_train, n_train]
-                                        of ΦΦᵀ + λI (dual_cholesky_lower: trakcli.scoring);
-                                        its attrs (lambda_reg, settings) are written last
+                                        cholesky_lower), or when n_train < proj_dim [n_train, proj_dim]
+                                        float32 (ΦΦᵀ + λI)⁻¹Φ (dual_solved_features: trakcli.scoring);
+                                        its attrs (form, lambda_reg, settings) are written last
       targets/<experiment>/        attrs: target data fingerprint, checkpoints (sha256 per model_id)
         <model_id>/features [n_target, proj_dim], done [n_target_chunks]
       scores/<experiment>/         attrs: lambda settings, checkpoints, target data

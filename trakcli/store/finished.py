@@ -30,7 +30,7 @@ from typing import Any, Sequence
 
 from trakcli.store.evalgroup import eval_kept
 from trakcli.store.identity import jsonable
-from trakcli.store.layout import LAYOUT_ATTR, StoreLayout
+from trakcli.store.layout import LAYOUT_ATTR, STALE_KERNEL_FORMS, StoreLayout
 from trakcli.store.store import SCHEMA_VERSION
 
 #: The file of a set ``done`` flag: the uint8 value 1, then its CRC32C checksum (little-endian),
@@ -82,7 +82,7 @@ def _data_array(path: Path, shape: list[int], chunks: list[int], dtype: str) -> 
 
 
 def _kernel_done(path: Path, settings: dict[str, Any]) -> bool:
-    """Whether ``path`` is a kernel finished with ``settings`` (attributes ``settings`` and ``lambda_reg``).
+    """Whether ``path`` is a kernel finished with ``settings`` (attributes ``settings`` and ``lambda_reg``; ``form`` not stale).
 
     The same test as :func:`trakcli.store.kernel.kernel_done` (attributes only, no chunk read),
     on an array whose metadata has the fields zarr needs.
@@ -92,7 +92,8 @@ def _kernel_done(path: Path, settings: dict[str, Any]) -> bool:
                                                    "fill_value", "codecs")):
         return False
     attrs = meta.get("attributes", {})
-    return isinstance(attrs, dict) and attrs.get("settings") == jsonable(settings) and "lambda_reg" in attrs
+    return (isinstance(attrs, dict) and attrs.get("settings") == jsonable(settings) and "lambda_reg" in attrs
+            and attrs.get("form") not in STALE_KERNEL_FORMS)
 
 
 def _all_done(path: Path, n_chunks: int) -> bool:

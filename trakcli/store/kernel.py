@@ -1,8 +1,13 @@
-"""The per-checkpoint kernel ``train/<model_id>/kernel``: the lower Cholesky factor of ``ΦᵀΦ + λI``.
+"""The per-checkpoint kernel ``train/<model_id>/kernel``: what `trak score` needs of the train side.
 
-It is derived data: written by ``trak score`` (its attributes ``lambda_reg``
-and ``settings`` last, as the done marker), verified on every read, and
-rebuilt by ``trak score`` when corrupt, missing or unreadable. The
+Its attribute ``form`` says which (:mod:`trakcli.scoring`): ``cholesky_lower``,
+the ``[proj_dim, proj_dim]`` float64 lower Cholesky factor of ``ΦᵀΦ + λI``; or
+``dual_solved_features``, the ``[n_train, proj_dim]`` float32 ``(ΦΦᵀ + λI)⁻¹Φ``
+(when ``n_train < proj_dim``). It is derived data: written by ``trak
+featurize`` or ``trak score`` (its attributes ``lambda_reg`` and ``settings``
+last, as the done marker), verified on every read, and rebuilt by ``trak
+score`` when corrupt, missing, unreadable or of a stale form
+(:data:`~trakcli.store.layout.STALE_KERNEL_FORMS`). The
 :class:`~trakcli.store.store.Store` methods ``read_kernel`` and
 ``write_kernel`` call these functions.
 """
@@ -16,6 +21,7 @@ import numpy as np
 from trakcli.errors import StoreError
 from trakcli.store.identity import jsonable
 from trakcli.store.integrity import StoreCorruptError, delete, node, writable
+from trakcli.store.layout import STALE_KERNEL_FORMS
 from trakcli.store.rows import codecs, read_checked
 
 if TYPE_CHECKING:
@@ -25,7 +31,9 @@ if TYPE_CHECKING:
 def read_kernel(
     store: "Store", model_id: int, settings: dict[str, Any], rebuild: bool = False
 ) -> tuple[np.ndarray, float] | None:
-    """The stored Cholesky factor ``[proj_dim, proj_dim]`` float64 and λ if made with ``settings``, else None.
+    """The stored kernel (float64 factor or float32 solved features, as written) and λ if made with ``settings``.
+
+    None if there is none, or it was made with other settings or is of a stale form.
 
     Args:
         store: the open store.
@@ -44,7 +52,7 @@ def read_kernel(
         if arr is None:
             return None
         attrs = dict(arr.attrs)
-        if attrs.get("settings") != jsonable(settings) or "lambda_reg" not in attrs:
+        if not _finished(attrs, settings):
             return None
         return read_checked(arr, slice(None), 0), float(attrs["lambda_reg"])
     except StoreCorruptError as e:
@@ -55,15 +63,27 @@ def read_kernel(
         return None
 
 
+#: Bytes per chunk of a kernel array (whole rows; a smaller kernel is one chunk).
+KERNEL_CHUNK_BYTES = 64 << 20
+
+
+def _finished(attrs: dict[str, Any], settings: dict[str, Any]) -> bool:
+    """Whether kernel attributes mark a kernel finished with ``settings``, of a form this version uses."""
+    return (attrs.get("settings") == jsonable(settings) and "lambda_reg" in attrs
+            and attrs.get("form") not in STALE_KERNEL_FORMS)
+
+
 def write_kernel(
     store: "Store", model_id: int, factor: np.ndarray, settings: dict[str, Any], lambda_reg: float,
     form: str = "cholesky_lower",
 ) -> None:
-    """Write the kernel's Cholesky factor, then its attributes (the done marker).
+    """Write the kernel, then its attributes (the done marker).
 
     Args:
-        factor: float64, ``[proj_dim, proj_dim]`` (form ``cholesky_lower``, of ``ΦᵀΦ + λI``) or
-            ``[n_train, n_train]`` (form ``dual_cholesky_lower``, of ``ΦΦᵀ + λI``: :mod:`trakcli.scoring`).
+        factor: 2-D, float64 or float32: ``[proj_dim, proj_dim]`` float64 (form ``cholesky_lower``,
+            the factor of ``ΦᵀΦ + λI``) or ``[n_train, proj_dim]`` float32 (form
+            ``dual_solved_features``, ``(ΦΦᵀ + λI)⁻¹Φ``: :mod:`trakcli.scoring`). Chunked by whole
+            rows of about :data:`KERNEL_CHUNK_BYTES`.
         form: recorded in the attributes (``form``).
 
     Raises:
@@ -72,16 +92,17 @@ def write_kernel(
     group = node(store.root, f"train/{model_id}")
     if group is None:
         raise StoreError(f"store group train/{model_id} is missing; run `trak featurize CONFIG` first")
-    p = factor.shape[0]
+    shape, dtype = tuple(factor.shape), str(factor.dtype)
+    chunks = (max(1, min(shape[0], KERNEL_CHUNK_BYTES // max(1, shape[1] * factor.itemsize))), shape[1])
     try:
         arr = node(group, "kernel")
-        if arr is not None and tuple(arr.shape) != (p, p):  # the other form, made with other settings
+        if arr is not None and (tuple(arr.shape) != shape or str(arr.dtype) != dtype):  # another form
             delete(store.root, f"train/{model_id}/kernel", metadata_only=False)
             arr = None
         if arr is not None:
             arr.attrs.clear()
         else:
-            arr = group.create_array("kernel", shape=(p, p), chunks=(p, p), dtype="float64", fill_value=0,
+            arr = group.create_array("kernel", shape=shape, chunks=chunks, dtype=dtype, fill_value=0,
                                      compressors=codecs("none"),  # float64 factors barely compress; zstd doubled the write
                                      dimension_names=("kernel_row", "kernel_col"))
         writable(arr)[:] = np.ascontiguousarray(factor)
@@ -103,4 +124,4 @@ def kernel_done(store: "Store", model_id: int, settings: dict[str, Any]) -> bool
         attrs = dict(arr.attrs)
     except StoreCorruptError:
         return False
-    return attrs.get("settings") == jsonable(settings) and "lambda_reg" in attrs
+    return _finished(attrs, settings)

@@ -20,6 +20,12 @@ from trakcli.errors import StoreError
 STORAGE_DTYPES = ("float32", "float16")
 COMPRESSORS = ("zstd", "blosc", "none")
 
+#: Kernel forms an earlier trakcli stored that this one no longer uses: such a kernel counts as
+#: missing and is made again (``dual_cholesky_lower``, the ``[n_train, n_train]`` factor that
+#: `trak score` applied to every target set, replaced by the solved features of
+#: :func:`trakcli.scoring.dual_solved_features`).
+STALE_KERNEL_FORMS = frozenset({"dual_cholesky_lower"})
+
 LAYOUT_ATTR = "layout"
 """The root attribute holding the :class:`StoreLayout` (stores written before it have none)."""
 
