@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import typer
 
 from trakcli import __version__
@@ -48,8 +50,20 @@ app.add_typer(eval_app, name="eval", cls=TrakGroup, help="Measure the scores aga
 
 
 def main() -> None:
-    """Console-script entry point."""
-    app()
+    """Console-script entry point.
+
+    When the command has finished (or failed), every object still alive is moved to the
+    collector's permanent generation (:func:`gc.freeze`), so the interpreter's shutdown does
+    not search them all for reference cycles once more: with torch loaded that search took
+    0.5-0.8 s of every command here (``python -c "import torch"``: 0.5-0.8 s from the end of
+    the script to the end of the process, 0.15 s with ``gc.freeze()``). Shutdown still runs
+    exit handlers and frees modules; objects are only not searched for cycles, which the
+    operating system reclaims with the process.
+    """
+    try:
+        app()
+    finally:
+        gc.freeze()
 
 
 if __name__ == "__main__":

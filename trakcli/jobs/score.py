@@ -230,22 +230,27 @@ def score_targets(
             if overwrite:
                 store.drop(f"targets/{exp}")
                 store.drop(f"scores/{exp}")
+            target_rows = []
             for model_id in range(n_models):  # derived data: checked on every run, damage recomputed
-                bad = store.targets(exp, model_id, t_attrs, len(target), repair=True).verify()
+                target_rows.append(store.targets(exp, model_id, t_attrs, len(target), repair=True))
+                bad = target_rows[-1].verify()
                 if bad:
                     reporter.info(f"model {model_id}: target feature chunks {bad} were missing or corrupt; recomputed")
-            bad = store.scores(exp, len(target), settings, repair=True).verify()
+            out = store.scores(exp, len(target), settings, repair=True)
+            bad = out.verify()
             if bad:
                 reporter.info(f"score column blocks {bad} were missing or corrupt; recomputed")
             for note in store.notes:
                 reporter.info(note)
             store.notes.clear()
         s.dist.barrier()
+        if not s.dist.is_main:  # opened after rank 0 has created or repaired them
+            target_rows = [store.targets(exp, m, t_attrs, len(target), create=False) for m in range(n_models)]
+            out = store.scores(exp, len(target), settings, create=False)
 
         # 1. target features
-        target_rows, kept = [], []
-        for model_id in range(n_models):
-            rows = store.targets(exp, model_id, t_attrs, len(target), create=False)
+        kept: list[dict[int, np.ndarray]] = []
+        for model_id, rows in enumerate(target_rows):
             kept.append({})
             n, skip = featurize_rows(
                 s, target, rows, model_id, with_out_to_loss=False, skip_nonfinite=skip_nonfinite,
@@ -254,11 +259,9 @@ def score_targets(
             computed += n
             if skip:
                 reporter.info(f"model {model_id}: targets {skip[:10]} have non-finite gradients; their scores are 0")
-            target_rows.append(rows)
         s.dist.barrier()
 
         # 2. kernels and scores
-        out = store.scores(exp, len(target), settings, create=False)
         lambdas, n = finalize_and_score(
             store, train_rows, target_rows, out, lambda_reg=lambda_reg, lambda_rel=lambda_rel,
             dist=s.dist, reporter=reporter, linalg_threads=linalg_threads, target_chunks=kept,
