@@ -12,8 +12,10 @@ scores of the first ``k`` checkpoints are :func:`trakcli.scoring.score_block`
 of their float32 target weights and features,
 ``[(1/k) Σ_{m<k} φ_m(t)ᵀ A_m(λ) Φ_mᵀ] ⊙ [(1/k) Σ_{m<k} Q_m]`` (Park et al. 2023,
 Eq. 17; README "What is computed"): the numbers `trak score` writes for that setting.
-When ``n_train < d`` both solve in the dual instead (:func:`trakcli.scoring.dual_scores`,
-the float64 terms summed over the first ``k`` checkpoints).
+When ``n_train < d`` the sweep solves in the dual (:func:`trakcli.scoring.dual_scores`,
+float64 terms summed over the first ``k`` checkpoints; `trak score` then multiplies the
+stored solved features in float32, which agrees to ~1e-7 of the largest score).
+The dense linear algebra runs with ``linalg_threads`` threads, as in `trak score`.
 Memory: every checkpoint's train features of one proj_dim and one
 ``[n_target, n_train]`` score matrix at a time; the sweep is meant for
 benchmark-sized data (digits: 1437 × 1024 floats per checkpoint).
@@ -32,6 +34,7 @@ from trakcli.config import Config, resolve_checkpoints
 from trakcli.errors import ConfigError, ProjectorError, StoreMismatchError
 from trakcli.jobs.featurize import featurize
 from trakcli.jobs.retrain import load_or_retrain
+from trakcli.jobs.runtime import torch_threads
 from trakcli.jobs.score import score
 from trakcli.jobs.setup import make_featurizer
 from trakcli.metrics.lds import lds
@@ -213,14 +216,14 @@ def sweep(
         n_train = phi[0].shape[0]
         phi_train = [torch.from_numpy(f) for f in phi]
         dual = kernel_form(n_train, d) == DUAL
-        grams = [dual_gram(f) if dual else gram_matrix([f]) for f in phi_train]
         q_train = [torch.from_numpy(x) for x in q]
-        with reporter.task(f"sweep proj_dim {d}", len(ridges)) as task:
+        with reporter.task(f"sweep proj_dim {d}", len(ridges)) as task, torch_threads(cfg.linalg_threads):
+            grams = [dual_gram(f) if dual else gram_matrix([f]) for f in phi_train]
             for rel, absolute in ridges:
                 lams, weights, totals, total = [], [], {}, None
                 for m in range(n_models):
                     factor, lam = solve_kernel(grams[m], n_train, absolute, rel if rel is not None else 1.0, d)
-                    if dual:  # the float64 terms summed in model_id order, as `trak score` sums them
+                    if dual:  # float64 terms (`trak score`'s float32 Φ_t X_mᵀ differ by ~1e-7 of the largest)
                         total = dual_scores(factor, torch.from_numpy(phi_t[m]), phi_train[m], out=total)
                         if m + 1 in ks:
                             totals[m + 1] = total.clone()

@@ -1,0 +1,64 @@
+"""Threads: ``num_threads`` for per-example gradients, ``linalg_threads`` for the kernels' and scores' linear algebra."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+
+from trakcli.config import load_config
+from trakcli.errors import ConfigError
+from trakcli.jobs.runtime import DEFAULT_THREADS, torch_threads
+
+
+@pytest.fixture
+def restore_threads():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def test_torch_threads_sets_and_restores(restore_threads):
+    torch.set_num_threads(1)
+    with torch_threads(2) as n:
+        assert n == 2 and torch.get_num_threads() == 2
+    assert torch.get_num_threads() == 1
+    with torch_threads(None) as n:  # unset: torch's count at import (one per core, or OMP_NUM_THREADS)
+        assert n == DEFAULT_THREADS == torch.get_num_threads()
+    assert torch.get_num_threads() == 1
+    with pytest.raises(RuntimeError), torch_threads(2):
+        raise RuntimeError("the count is restored on errors too")
+    assert torch.get_num_threads() == 1
+
+
+def test_linalg_threads_is_validated(user_project):
+    assert load_config("run.yaml", ["linalg_threads=2"]).linalg_threads == 2
+    assert load_config("run.yaml").linalg_threads is None
+    with pytest.raises(ConfigError, match="linalg_threads"):
+        load_config("run.yaml", ["linalg_threads=0"])
+
+
+def test_featurize_and_score_use_each_setting_where_it_belongs(user_project, monkeypatch, restore_threads):
+    """num_threads=1 for the gradients; linalg_threads=2 for the dual kernels (featurize) and the score products."""
+    from test_scoring import trak
+
+    kernels = importlib.import_module("trakcli.jobs.kernels")
+    score_job = importlib.import_module("trakcli.jobs.score")
+    setup = importlib.import_module("trakcli.jobs.setup")
+    seen: dict[str, set[int]] = {"gradients": set(), "kernel": set(), "score": set()}
+
+    def spy(name, fn):
+        def wrapped(*args, **kwargs):
+            seen[name].add(torch.get_num_threads())
+            return fn(*args, **kwargs)
+        return wrapped
+
+    monkeypatch.setattr(setup.JobSetup, "features", spy("gradients", setup.JobSetup.features))
+    monkeypatch.setattr(kernels, "dual_solved_features", spy("kernel", kernels.dual_solved_features))
+    monkeypatch.setattr(score_job, "ensemble_block", spy("score", score_job.ensemble_block))
+    args = ["run.yaml", "projector.proj_dim=64", "num_threads=1", "linalg_threads=2", "-q"]  # n_train 40 < 64: dual
+    trak("featurize", *args)
+    trak("score", *args)
+    assert seen == {"gradients": {1}, "kernel": {2}, "score": {2}}
+    assert torch.get_num_threads() == 1  # the jobs restore num_threads after their linear algebra
