@@ -62,3 +62,42 @@ def test_featurize_and_score_use_each_setting_where_it_belongs(user_project, mon
     trak("score", *args)
     assert seen == {"gradients": {1}, "kernel": {2}, "score": {2}}
     assert torch.get_num_threads() == 1  # the jobs restore num_threads after their linear algebra
+
+
+def test_chunk_writer_keeps_order_waits_for_all_and_raises_the_first_error():
+    import threading
+    import time
+
+    from trakcli.errors import StoreError
+    from trakcli.jobs.runtime import ChunkWriter
+
+    done: list[int] = []
+    main = threading.get_ident()
+
+    def write(i: int) -> None:
+        assert threading.get_ident() != main  # in the background
+        time.sleep(0.01 * (i % 3))
+        done.append(i)
+
+    with ChunkWriter(max_pending=2) as w:
+        for i in range(7):
+            w.submit(write, i)
+    assert done == list(range(7))  # in submission order, all finished when the block ends
+
+    def fail(i: int) -> None:
+        done.append(i)
+        raise StoreError(f"writing chunk {i} failed")
+
+    done.clear()
+    with pytest.raises(StoreError, match="chunk 1 failed"), ChunkWriter(max_pending=8) as w:
+        w.submit(write, 0)
+        w.submit(fail, 1)
+        w.submit(fail, 2)
+        w.submit(write, 3)
+    assert done == [0, 1, 2, 3]  # the writes after the failed one still ran to the end
+
+    done.clear()
+    with pytest.raises(KeyError), ChunkWriter() as w:  # an error in the block: queued writes finish first
+        w.submit(write, 5)
+        raise KeyError("computing failed")
+    assert done == [5]

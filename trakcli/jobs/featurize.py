@@ -17,7 +17,7 @@ from trakcli.config import Config
 from trakcli.data.tensors import TensorDataset
 from trakcli.gradients import check_finite
 from trakcli.jobs.kernels import finalize_kernels, ridge_settings
-from trakcli.jobs.runtime import event, locked_store
+from trakcli.jobs.runtime import ChunkWriter, event, locked_store
 from trakcli.jobs.setup import JobSetup, prepare
 from trakcli.models.checkpoints import load_checkpoint
 from trakcli.progress import NULL_REPORTER, Reporter
@@ -36,6 +36,7 @@ def featurize_rows(
     label: str,
     computed: FirstBatch | None = None,
     keep: dict[int, np.ndarray] | None = None,
+    writer: ChunkWriter | None = None,
 ) -> tuple[int, list[int]]:
     """Compute and write this rank's pending chunks of one checkpoint (train rows or targets).
 
@@ -56,6 +57,10 @@ def featurize_rows(
             computing the batch of the same checkpoint, first row and length, if that batch comes up.
         keep: if given, each written chunk's ``[rows, proj_dim]`` float32 features are also put
             here by chunk index (`trak score` uses the target features without reading them back).
+        writer: write the chunks in this background writer (the caller waits for it) instead of
+            before computing the next chunk: `trak score`'s target features, derived data that a
+            killed run recomputes. Train features are written in line, so a kill loses at most
+            the chunk it interrupts.
 
     Returns:
         (chunks computed, indices of examples skipped as non-finite).
@@ -92,14 +97,20 @@ def featurize_rows(
                 feats[off - lo : off - lo + len(y)] = phi.detach().cpu().numpy()
                 q_all[off - lo : off - lo + len(y)] = q.detach().cpu().numpy()
                 task.advance(len(y))
-            if with_out_to_loss:
-                rows.write(chunk, features=feats, out_to_loss=q_all, nonfinite=bad_all)
-            else:
-                rows.write(chunk, features=feats)
+            arrays = {"features": feats, "out_to_loss": q_all, "nonfinite": bad_all} if with_out_to_loss else {"features": feats}
             if keep is not None:  # as stored (float16 stores round), so a reader sees the same values
                 keep[chunk] = feats.astype(rows.data["features"].dtype, copy=False)
-            event(f"done {label} {model_id} {chunk}")
+            if writer is None:
+                write_chunk(rows, chunk, arrays, f"{label} {model_id} {chunk}")
+            else:
+                writer.submit(write_chunk, rows, chunk, arrays, f"{label} {model_id} {chunk}")
     return len(pending), skipped
+
+
+def write_chunk(rows: ChunkedRows, chunk: int, arrays: dict[str, np.ndarray], what: str) -> None:
+    """Write one chunk's arrays, then its done flag (:meth:`ChunkedRows.write`), then the test event ``done <what>``."""
+    rows.write(chunk, **arrays)
+    event(f"done {what}")
 
 
 @dataclass

@@ -7,9 +7,10 @@ uses, so `trak eval`'s worker processes and the jobs share it.
 from __future__ import annotations
 
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -109,3 +110,59 @@ def locked_store(path: str | Path, dist: Dist, reporter: Reporter) -> Iterator[N
     finally:
         if lock is not None:
             lock.release()
+
+
+class ChunkWriter:
+    """Store writes in one background thread, in submission order, while the caller computes on.
+
+    The writes go through zarr, whose work runs in its own I/O thread; the caller's
+    computation (one torch thread for per-example gradients) goes on meanwhile, on
+    the other core. At most ``max_pending`` writes wait; :meth:`submit` blocks beyond
+    that (memory stays bounded). Use it as a context manager: leaving the block waits
+    for every write and raises the first write's error (a
+    :class:`~trakcli.errors.StoreError`); on an error inside the block the writes
+    already submitted still finish before it propagates, so the store is left as
+    the writes made it, never half-written by a thread outliving the lock.
+
+    Args:
+        max_pending: writes submitted and not yet finished, at most.
+    """
+
+    def __init__(self, max_pending: int = 4) -> None:
+        self.max_pending = max_pending
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="trak-writer")
+        self._pending: list[Future[Any]] = []
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> None:
+        """Queue ``fn(*args)``; first waits for the oldest writes while ``max_pending`` are queued.
+
+        Raises:
+            Whatever a finished write raised (the first one).
+        """
+        while len(self._pending) >= self.max_pending:
+            self._pending.pop(0).result()
+        self._pending.append(self._pool.submit(fn, *args))
+
+    def wait(self) -> None:
+        """Wait for every queued write; raise the first error among them (all are waited for)."""
+        pending, self._pending = self._pending, []
+        error = None
+        for f in pending:
+            e = f.exception()
+            error = error or e
+        if error is not None:
+            raise error
+
+    def __enter__(self) -> "ChunkWriter":
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        try:
+            if exc_type is None:
+                self.wait()
+            else:
+                for f in self._pending:  # finish what was queued; the error in flight wins
+                    f.exception()
+                self._pending = []
+        finally:
+            self._pool.shutdown(wait=True)

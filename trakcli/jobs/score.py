@@ -21,7 +21,7 @@ from trakcli.distributed import Dist
 from trakcli.errors import StoreError
 from trakcli.jobs.featurize import featurize_rows
 from trakcli.jobs.kernels import finalize_kernels, kernel_of, report_notes, ridge_settings
-from trakcli.jobs.runtime import event, locked_store, torch_threads
+from trakcli.jobs.runtime import ChunkWriter, event, locked_store, torch_threads
 from trakcli.jobs.setup import JobSetup, prepare
 from trakcli.progress import NULL_REPORTER, Reporter
 from trakcli.scoring import ensemble_block, score_block, target_weights
@@ -248,17 +248,18 @@ def score_targets(
             target_rows = [store.targets(exp, m, t_attrs, len(target), create=False) for m in range(n_models)]
             out = store.scores(exp, len(target), settings, create=False)
 
-        # 1. target features
+        # 1. target features: written in the background while the next checkpoint's are computed
         kept: list[dict[int, np.ndarray]] = []
-        for model_id, rows in enumerate(target_rows):
-            kept.append({})
-            n, skip = featurize_rows(
-                s, target, rows, model_id, with_out_to_loss=False, skip_nonfinite=skip_nonfinite,
-                reporter=reporter, label="targets", keep=kept[-1],
-            )
-            computed += n
-            if skip:
-                reporter.info(f"model {model_id}: targets {skip[:10]} have non-finite gradients; their scores are 0")
+        with ChunkWriter() as writer:
+            for model_id, rows in enumerate(target_rows):
+                kept.append({})
+                n, skip = featurize_rows(
+                    s, target, rows, model_id, with_out_to_loss=False, skip_nonfinite=skip_nonfinite,
+                    reporter=reporter, label="targets", keep=kept[-1], writer=writer,
+                )
+                computed += n
+                if skip:
+                    reporter.info(f"model {model_id}: targets {skip[:10]} have non-finite gradients; their scores are 0")
         s.dist.barrier()
 
         # 2. kernels and scores

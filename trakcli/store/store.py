@@ -398,7 +398,8 @@ class Store:
         self._experiment_group("targets", experiment, attrs, create, repair)
         group = self._group(f"targets/{experiment}/{model_id}", create, repair)
         data, done = self._arrays(
-            group, {"features": ((n_target, proj_dim), layout.dtype)}, {"features": (rows, proj_dim)},
+            group, {"features": ((n_target, proj_dim), layout.dtype)},
+            {"features": (min(rows, n_target), proj_dim)},  # fewer targets than a chunk: no padded partial chunk
             -(-n_target // rows), create, repair, {"features": ("target", "proj")},
         )
         return ChunkedRows(data, done, rows, n_target)
