@@ -98,3 +98,30 @@ def test_fresh_featurize_and_score_take_per_example_gradients_without_torch_dyna
     # the check can fail: vmap imports torch._dynamo on its first call
     vmap = ["store.path=out/vmap.zarr", "gradient_method=vmap"]
     assert loaded_by(user_project, "featurize", "run.yaml", "-q", *vmap) == ["torch._dynamo", "torch"]
+
+
+FREEZE = """
+import gc, json, runpy, sys
+sys.argv = ["trak", *json.loads(sys.argv[1])]
+try:
+    runpy.run_module("trakcli.cli.main", run_name="__main__")
+except SystemExit as e:
+    code = e.code
+print(json.dumps({"code": code, "frozen": gc.get_freeze_count()}))
+"""
+
+
+def test_the_trak_process_freezes_its_imports_and_a_host_process_does_not(user_project):
+    """`trak` moves its modules to the collector's permanent generation; the typer app run in a host does not."""
+    import gc
+
+    res = subprocess.run([sys.executable, "-c", FREEZE, json.dumps(["featurize", "run.yaml", "-q"])],
+                         cwd=user_project, capture_output=True, text=True, timeout=300)
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["code"] == 0, res.stderr
+    assert out["frozen"] > 100_000  # torch's objects and the rest, frozen at import and at the end
+
+    before = gc.get_freeze_count()
+    res = CliRunner().invoke(app, ["featurize", "run.yaml", "-q"])
+    assert res.exit_code == 0, res.output
+    assert gc.get_freeze_count() == before

@@ -7,6 +7,7 @@ import gc
 import typer
 
 from trakcli import __version__
+from trakcli.cli import common
 from trakcli.cli import featurize as _featurize
 from trakcli.cli import init as _init
 from trakcli.cli import inspect as _inspect
@@ -58,8 +59,10 @@ def main() -> None:
     0.5-0.8 s of every command here (``python -c "import torch"``: 0.5-0.8 s from the end of
     the script to the end of the process, 0.15 s with ``gc.freeze()``). Shutdown still runs
     exit handlers and frees modules; objects are only not searched for cycles, which the
-    operating system reclaims with the process.
+    operating system reclaims with the process. For the same reason the command's job
+    modules are frozen once imported (:data:`trakcli.cli.common.FREEZE_IMPORTS`).
     """
+    common.FREEZE_IMPORTS = True
     try:
         app()
     finally:
