@@ -20,7 +20,7 @@ from trakcli.cli.main import app
 HEAVY = ["sklearn", "scipy", "matplotlib", "transformers", "torch._dynamo", "torch"]
 
 RUN = """
-import json, runpy, sys
+import gc, json, runpy, sys
 sys.argv = ["trak", *json.loads(sys.argv[1])]
 try:
     runpy.run_module("trakcli.cli.main", run_name="__main__")
@@ -28,19 +28,25 @@ except SystemExit as e:
     code = e.code
 else:
     code = 0
-print(json.dumps({"code": code, "loaded": [m for m in %r if m in sys.modules]}))
+print(json.dumps({"code": code, "loaded": [m for m in %r if m in sys.modules], "frozen": gc.get_freeze_count()}))
 """ % (HEAVY,)
 
 
-def loaded_by(cwd: Path, *args: str, env: dict | None = None) -> list[str]:
-    """The HEAVY modules `trak ARGS` imports in a fresh process (asserting it succeeds)."""
+def run_trak(cwd: Path, *args: str, env: dict | None = None) -> dict:
+    """`trak ARGS` in a fresh process (asserting it succeeds): the HEAVY modules it imported
+    (``loaded``) and the objects in the collector's permanent generation at its end (``frozen``)."""
     res = subprocess.run(
         [sys.executable, "-c", RUN, json.dumps(list(args))], cwd=cwd, capture_output=True, text=True, timeout=300,
         env={**os.environ, **(env or {})},
     )
     out = json.loads(res.stdout.strip().splitlines()[-1])
     assert out["code"] in (0, None), res.stderr
-    return out["loaded"]
+    return out
+
+
+def loaded_by(cwd: Path, *args: str, env: dict | None = None) -> list[str]:
+    """The HEAVY modules `trak ARGS` imports in a fresh process (asserting it succeeds)."""
+    return run_trak(cwd, *args, env=env)["loaded"]
 
 
 def test_help_imports_neither_torch_nor_optional_libraries(tmp_path):
@@ -100,26 +106,12 @@ def test_fresh_featurize_and_score_take_per_example_gradients_without_torch_dyna
     assert loaded_by(user_project, "featurize", "run.yaml", "-q", *vmap) == ["torch._dynamo", "torch"]
 
 
-FREEZE = """
-import gc, json, runpy, sys
-sys.argv = ["trak", *json.loads(sys.argv[1])]
-try:
-    runpy.run_module("trakcli.cli.main", run_name="__main__")
-except SystemExit as e:
-    code = e.code
-print(json.dumps({"code": code, "frozen": gc.get_freeze_count()}))
-"""
-
 
 def test_the_trak_process_freezes_its_imports_and_a_host_process_does_not(user_project):
     """`trak` moves its modules to the collector's permanent generation; the typer app run in a host does not."""
     import gc
 
-    res = subprocess.run([sys.executable, "-c", FREEZE, json.dumps(["featurize", "run.yaml", "-q"])],
-                         cwd=user_project, capture_output=True, text=True, timeout=300)
-    out = json.loads(res.stdout.strip().splitlines()[-1])
-    assert out["code"] == 0, res.stderr
-    assert out["frozen"] > 100_000  # torch's objects and the rest, frozen at import and at the end
+    assert run_trak(user_project, "featurize", "run.yaml", "-q")["frozen"] > 100_000  # torch's objects and the rest
 
     before = gc.get_freeze_count()
     res = CliRunner().invoke(app, ["featurize", "run.yaml", "-q"])
