@@ -248,8 +248,11 @@ def score_targets(
             target_rows = [store.targets(exp, m, t_attrs, len(target), create=False) for m in range(n_models)]
             out = store.scores(exp, len(target), settings, create=False)
 
-        # 1. target features: written in the background while the next checkpoint's are computed
+        # 1. target features: written, and the stored kernels read, in the background while the next
+        #    checkpoint's target features are computed
         kept: list[dict[int, np.ndarray]] = []
+        kernels: dict[int, tuple[torch.Tensor, float]] = {}
+        prefetch = s.dist.world_size == 1 and _kernel_bytes(store, n_models) <= PREFETCH_BYTES
         with ChunkWriter() as writer:
             for model_id, rows in enumerate(target_rows):
                 kept.append({})
@@ -260,12 +263,14 @@ def score_targets(
                 computed += n
                 if skip:
                     reporter.info(f"model {model_id}: targets {skip[:10]} have non-finite gradients; their scores are 0")
+                if prefetch:
+                    writer.submit(_prefetch_kernel, store, model_id, ridge_settings(lambda_reg, lambda_rel), kernels)
         s.dist.barrier()
 
         # 2. kernels and scores
         lambdas, n = finalize_and_score(
             store, train_rows, target_rows, out, lambda_reg=lambda_reg, lambda_rel=lambda_rel,
-            dist=s.dist, reporter=reporter, linalg_threads=linalg_threads, target_chunks=kept,
+            dist=s.dist, reporter=reporter, linalg_threads=linalg_threads, target_chunks=kept, kernels=kernels,
         )
         computed += n
     return lambdas, computed
@@ -283,6 +288,7 @@ def finalize_and_score(
     reporter: Reporter = NULL_REPORTER,
     linalg_threads: int | None = None,
     target_chunks: list[dict[int, np.ndarray]] | None = None,
+    kernels: dict[int, tuple[torch.Tensor, float]] | None = None,
 ) -> tuple[list[float], int]:
     """Finalize each checkpoint's kernel and write the pending score blocks.
 
@@ -314,6 +320,8 @@ def finalize_and_score(
             ``linalg_threads`` setting; None: :data:`trakcli.jobs.runtime.DEFAULT_THREADS`).
         target_chunks: per model_id, target feature chunks this process has just written
             (chunk index -> ``[rows, proj_dim]`` float32), used instead of reading them back.
+        kernels: stored kernels already read and verified (model_id -> (kernel, λ)), used
+            instead of reading them again (single process).
 
     Returns:
         (λ_m per model_id, score blocks computed by this process).
@@ -324,7 +332,31 @@ def finalize_and_score(
     """
     with torch_threads(linalg_threads):
         return _finalize_and_score(store, train_rows, target_rows, out, lambda_reg, lambda_rel, dist or Dist(),
-                                   reporter, target_chunks or [{} for _ in target_rows])
+                                   reporter, target_chunks or [{} for _ in target_rows], kernels or {})
+
+
+#: `trak score` reads the stored kernels in the background, during the target features, when
+#: all of them together take at most this many bytes (they are then in memory at once).
+PREFETCH_BYTES = 1 << 30
+
+
+def _kernel_bytes(store: Store, n_models: int) -> int:
+    """Bytes of the stored kernels of ``n_models`` checkpoints, by their metadata (unreadable ones count 0)."""
+    return sum(store.kernel_nbytes(m) for m in range(n_models))
+
+
+def _prefetch_kernel(store: Store, model_id: int, settings: dict, out: dict[int, tuple[torch.Tensor, float]]) -> None:
+    """Read and verify checkpoint ``model_id``'s stored kernel into ``out`` (a background task).
+
+    Anything short of a sound kernel made with ``settings`` leaves ``out`` without it, and
+    :func:`~trakcli.jobs.kernels.kernel_of` then reads, repairs or makes it in the main thread.
+    """
+    try:
+        stored = store.read_kernel(model_id, settings)
+    except Exception:  # noqa: BLE001  # corrupt or unreadable: handled (and reported) by kernel_of
+        return
+    if stored is not None:
+        out[model_id] = (torch.from_numpy(stored[0]), stored[1])
 
 
 def _target_features(rows: ChunkedRows, kept: dict[int, np.ndarray]) -> torch.Tensor:
@@ -336,6 +368,7 @@ def _target_features(rows: ChunkedRows, kept: dict[int, np.ndarray]) -> torch.Te
 def _finalize_and_score(
     store: Store, train_rows: list[ChunkedRows], target_rows: list[ChunkedRows], out: ChunkedRows,
     lambda_reg: float | None, lambda_rel: float, dist: Dist, reporter: Reporter, kept: list[dict[int, np.ndarray]],
+    kernels: dict[int, tuple[torch.Tensor, float]],
 ) -> tuple[list[float], int]:
     """:func:`finalize_and_score` in its thread setting."""
     n_models = len(train_rows)
@@ -346,7 +379,9 @@ def _finalize_and_score(
     pending = out.pending(dist.rank, dist.world_size)
     weights, primal, lambdas, dual_total = [], [], [], None
     for model_id in range(n_models):
-        if dist.world_size == 1:  # one process: a missing kernel is made here
+        if model_id in kernels:
+            kernel, lam = kernels.pop(model_id)
+        elif dist.world_size == 1:  # one process: a missing kernel is made here
             kernel, lam = kernel_of(store, train_rows[model_id], model_id, lambda_reg=lambda_reg, lambda_rel=lambda_rel)
         else:
             stored = store.read_kernel(model_id, lam_key)

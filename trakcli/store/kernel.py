@@ -125,3 +125,12 @@ def kernel_done(store: "Store", model_id: int, settings: dict[str, Any]) -> bool
     except StoreCorruptError:
         return False
     return _finished(attrs, settings)
+
+
+def kernel_nbytes(store: "Store", model_id: int) -> int:
+    """Bytes of ``train/<model_id>/kernel`` by its metadata (shape x dtype); 0 if absent or unreadable."""
+    try:
+        arr = node(store.root, f"train/{model_id}/kernel")
+    except StoreCorruptError:
+        return 0
+    return int(np.prod(arr.shape)) * arr.dtype.itemsize if arr is not None else 0

@@ -372,6 +372,10 @@ class Store:
         """The stored kernel factor and λ if made with ``settings``, else None (:mod:`trakcli.store.kernel`)."""
         return store_kernel.read_kernel(self, model_id, settings, rebuild)
 
+    def kernel_nbytes(self, model_id: int) -> int:
+        """Bytes of the stored kernel by its metadata; 0 if absent or unreadable (:mod:`trakcli.store.kernel`)."""
+        return store_kernel.kernel_nbytes(self, model_id)
+
     def write_kernel(
         self, model_id: int, factor: np.ndarray, settings: dict[str, Any], lambda_reg: float,
         form: str = "cholesky_lower",
