@@ -97,7 +97,9 @@ def featurize_rows(
                 feats[off - lo : off - lo + len(y)] = phi.detach().cpu().numpy()
                 q_all[off - lo : off - lo + len(y)] = q.detach().cpu().numpy()
                 task.advance(len(y))
-            arrays = {"features": feats, "out_to_loss": q_all, "nonfinite": bad_all} if with_out_to_loss else {"features": feats}
+            arrays = {"features": feats}
+            if with_out_to_loss:
+                arrays.update(out_to_loss=q_all, nonfinite=bad_all)
             if keep is not None:  # as stored (float16 stores round), so a reader sees the same values
                 keep[chunk] = feats.astype(rows.data["features"].dtype, copy=False)
             if writer is None:

@@ -253,6 +253,7 @@ def score_targets(
         kept: list[dict[int, np.ndarray]] = []
         kernels: dict[int, tuple[torch.Tensor, float]] = {}
         prefetch = s.dist.world_size == 1 and _kernel_bytes(store, n_models) <= PREFETCH_BYTES
+        ridge = ridge_settings(lambda_reg, lambda_rel)
         with ChunkWriter() as writer:
             for model_id, rows in enumerate(target_rows):
                 kept.append({})
@@ -264,7 +265,7 @@ def score_targets(
                 if skip:
                     reporter.info(f"model {model_id}: targets {skip[:10]} have non-finite gradients; their scores are 0")
                 if prefetch:
-                    writer.submit(_prefetch_kernel, store, model_id, ridge_settings(lambda_reg, lambda_rel), kernels)
+                    writer.submit(_prefetch_kernel, store, model_id, ridge, kernels)
         s.dist.barrier()
 
         # 2. kernels and scores
