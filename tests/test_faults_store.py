@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import zarr
 
-from test_store_robust import CHUNK, N_TRAIN, assert_same_store, make_project, run, trak_cmd
+from projects import CHUNK, N_TRAIN, assert_same_store, make_project, run, trak_cmd
 
 STORE = Path("out") / "attrib.zarr"
 

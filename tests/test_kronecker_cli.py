@@ -30,7 +30,7 @@ from trakcli.factors import KroneckerFeaturizer
 from trakcli.jobs.setup import prepare
 from trakcli.models import build_model, load_checkpoint
 from trakcli.scoring import trak_scores
-from test_store_robust import _free_port, assert_same_store, kill_at, make_project, run
+from projects import assert_same_store, free_port, kill_at, make_project, run
 
 KRON = ("projector.kind=kronecker",)
 
@@ -224,7 +224,7 @@ def test_torchrun_two_ranks_write_the_same_store_as_one_process(tmp_path, kron_r
     for cmd in ("featurize", "score"):
         res = subprocess.run(
             [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-             "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
+             "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
              "-m", "trakcli.cli.main", cmd, "run.yaml", *KRON],
             cwd=root, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
         )

@@ -6,6 +6,7 @@ import pytest
 import torch
 import zarr
 
+from projects import trak
 from trakcli.errors import TrakError
 from trakcli.scoring import (
     DUAL, PRIMAL, dual_gram, dual_scores, gram_matrix, kernel_factor, kernel_form, resolve_lambda, score_block,
@@ -115,17 +116,6 @@ def test_dual_scores_in_blocks_equal_one_block():
     torch.testing.assert_close(twice, 2 * whole)
 
 
-def trak(*args):
-    """Run `trak ARGS` in process; it must succeed (its result, for stderr)."""
-    from typer.testing import CliRunner
-
-    from trakcli.cli.main import app
-
-    res = CliRunner().invoke(app, [str(a) for a in args])
-    assert res.exit_code == 0, res.stderr
-    return res
-
-
 def test_trak_score_solves_in_the_dual_when_n_train_below_proj_dim(user_project, monkeypatch):
     """`trak score` on a store with n_train 40 < proj_dim 64: the dual kernel, the primal's scores, reused on reruns."""
     job = importlib.import_module("trakcli.jobs.kernels")  # where score and featurize choose the kernel form
@@ -190,7 +180,7 @@ def test_torchrun_two_ranks_score_in_the_dual_as_one_process(tmp_path):
     import subprocess
     import sys
 
-    from test_store_robust import _free_port, assert_same_store, make_project, run
+    from projects import assert_same_store, free_port, make_project, run
 
     one = make_project(tmp_path / "one")
     dual = ["projector.proj_dim=640"]  # n_train 600 < 640: [600, 640] dual kernels; 15 score blocks of 40 columns
@@ -200,7 +190,7 @@ def test_torchrun_two_ranks_score_in_the_dual_as_one_process(tmp_path):
     assert res.returncode == 0, res.stderr
     res = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-         "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
+         "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
          "-m", "trakcli.cli.main", "score", "run.yaml", *dual, "-q"],
         cwd=tmp_path / "two", capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
     )

@@ -13,106 +13,18 @@ import signal
 import socket
 import subprocess
 import sys
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-import yaml
 import zarr
-from typer.testing import CliRunner
 
-from trakcli.cli.main import app
-from conftest import MODEL_FILE, tiny_model, write_config
-
-N_TRAIN, N_TARGET, CHUNK = 600, 90, 40  # 15 train chunks per checkpoint, 3 target chunks
-
-
-def make_project(root: Path, n_models: int = 3) -> Path:
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "my_model.py").write_text(MODEL_FILE)
-    (root / "ckpts").mkdir(exist_ok=True)
-    for i in range(n_models):
-        torch.save(tiny_model(hidden=32, seed=i).state_dict(), root / "ckpts" / f"model_{i}.pt")
-    g = torch.Generator().manual_seed(0)
-    torch.save(
-        {
-            "x_train": torch.randn(N_TRAIN, 6, generator=g),
-            "y_train": torch.randint(0, 3, (N_TRAIN,), generator=g),
-            "x_target": torch.randn(N_TARGET, 6, generator=g),
-            "y_target": torch.randint(0, 3, (N_TARGET,), generator=g),
-        },
-        root / "ckpts" / "data.pt",
-    )
-    write_config(
-        root / "run.yaml",
-        {
-            "model": {"entrypoint": "my_model.py:make_model", "kwargs": {"hidden": 32}},
-            "checkpoints": "ckpts/model_*.pt",
-            "data": {
-                "train": {"path": "ckpts/data.pt", "inputs": "x_train", "labels": "y_train"},
-                "target": {"path": "ckpts/data.pt", "inputs": "x_target", "labels": "y_target"},
-                "batch_size": 16,
-            },
-            "projector": {"kind": "rademacher", "proj_dim": 32, "seed": 0},
-            "store": {"path": "out/attrib.zarr", "chunk_rows": CHUNK},
-            "num_threads": 1,
-        },
-    )
-    return root
-
-
-def trak_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "trakcli.cli.main", *args]
-
-
-def run_subprocess(cwd: Path, *args: str, env: dict | None = None, **kw) -> subprocess.CompletedProcess:
-    """`trak ARGS` in a fresh Python process (for kills, rlimits, torchrun)."""
-    return subprocess.run(
-        trak_cmd(*args), cwd=cwd, env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=300, **kw
-    )
-
-
-@dataclass
-class Result:
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-def run(cwd: Path, *args: str) -> Result:
-    """`trak ARGS` in this process through typer's CliRunner, in directory cwd."""
-    old = os.getcwd()
-    os.chdir(cwd)
-    try:
-        res = CliRunner().invoke(app, list(args))
-    finally:
-        os.chdir(old)
-    return Result(res.exit_code, res.stdout, res.stderr)
-
-
-def arrays(store: Path) -> dict[str, np.ndarray]:
-    root = zarr.open_group(str(store), mode="r")
-    out = {}
-
-    def walk(group, prefix=""):
-        for name, arr in group.arrays():
-            out[prefix + name] = np.asarray(arr[:])
-        for name, sub in group.groups():
-            walk(sub, prefix + name + "/")
-
-    walk(root)
-    return out
-
-
-def assert_same_store(a: Path, b: Path) -> None:
-    xa, xb = arrays(a), arrays(b)
-    assert sorted(xa) == sorted(xb)
-    for name in xa:
-        assert xa[name].dtype == xb[name].dtype, name
-        np.testing.assert_array_equal(xa[name], xb[name], err_msg=name)
+from conftest import tiny_model
+from projects import (
+    CHUNK, N_TARGET, N_TRAIN, arrays, assert_same_store, free_port, kill_at, make_project, run, run_subprocess,
+    trak_cmd,
+)
 
 
 @pytest.fixture(scope="module")
@@ -123,24 +35,6 @@ def reference(tmp_path_factory) -> Path:
         res = run(root, *cmd)
         assert res.returncode == 0, res.stderr
     return root
-
-
-def kill_at(cwd: Path, args: list[str], log: Path, n_events: int) -> bool:
-    """Start the command, SIGKILL it once the event log holds n_events 'start' lines. True if killed."""
-    proc = subprocess.Popen(
-        trak_cmd(*args), cwd=cwd, env={**os.environ, "TRAK_EVENT_LOG": str(log)},
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    deadline = time.time() + 120
-    while proc.poll() is None and time.time() < deadline:
-        starts = log.read_text().count("start") if log.exists() else 0
-        if starts >= n_events:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
-            return True
-        time.sleep(0.002)
-    proc.wait()
-    return False
 
 
 def test_kill_anywhere_then_resume_gives_identical_store(tmp_path, reference):
@@ -181,18 +75,12 @@ def test_resume_with_other_batch_size_matches(tmp_path, reference):
             np.testing.assert_allclose(a[name], b[name], rtol=1e-5, atol=1e-6, err_msg=name)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_torchrun_two_processes_equal_single_process(tmp_path, reference):
     root = make_project(tmp_path / "p")
     for cmd in ("featurize", "score"):
         res = subprocess.run(
             [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-             "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
+             "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
              "-m", "trakcli.cli.main", cmd, "run.yaml", "-q"],
             cwd=root, capture_output=True, text=True, timeout=300,
             env={**os.environ, "OMP_NUM_THREADS": "1"},

@@ -41,7 +41,7 @@ def test_linalg_threads_is_validated(user_project):
 
 def test_featurize_and_score_use_each_setting_where_it_belongs(user_project, monkeypatch, restore_threads):
     """num_threads=1 for the gradients; linalg_threads=2 for the dual kernels (featurize) and the score products."""
-    from test_scoring import trak
+    from projects import trak
 
     kernels = importlib.import_module("trakcli.jobs.kernels")
     score_job = importlib.import_module("trakcli.jobs.score")
