@@ -16,7 +16,7 @@ import torch
 from trakcli.config import Config
 from trakcli.data.tensors import TensorDataset
 from trakcli.gradients import check_finite
-from trakcli.jobs.kernels import finalize_kernels, ridge_settings
+from trakcli.jobs.kernels import finalize_kernels, report_notes, ridge_settings
 from trakcli.jobs.runtime import ChunkWriter, event, locked_store
 from trakcli.jobs.setup import JobSetup, prepare
 from trakcli.models.checkpoints import load_checkpoint
@@ -265,8 +265,7 @@ def featurize(
             store = Store.create_or_check(path, s.identity, cfg.resolved(), layout=s.layout, overwrite=overwrite)
             for model_id, ckpt in enumerate(s.checkpoints):
                 store.train(model_id, str(ckpt), s.shas[model_id], repair=verify)
-            for note in store.notes:  # unreadable metadata re-created (--verify)
-                reporter.info(note)
+            report_notes(store, reporter)  # unreadable metadata re-created (--verify)
         s.dist.barrier()
         if not s.dist.is_main:
             store = Store.create_or_check(path, s.identity, cfg.resolved(), layout=s.layout, create=False)
