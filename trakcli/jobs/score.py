@@ -240,9 +240,7 @@ def score_targets(
             bad = out.verify()
             if bad:
                 reporter.info(f"score column blocks {bad} were missing or corrupt; recomputed")
-            for note in store.notes:
-                reporter.info(note)
-            store.notes.clear()
+            report_notes(store, reporter)
         s.dist.barrier()
         if not s.dist.is_main:  # opened after rank 0 has created or repaired them
             target_rows = [store.targets(exp, m, t_attrs, len(target), create=False) for m in range(n_models)]
@@ -252,7 +250,7 @@ def score_targets(
         #    checkpoint's target features are computed
         kept: list[dict[int, np.ndarray]] = []
         kernels: dict[int, tuple[torch.Tensor, float]] = {}
-        prefetch = s.dist.world_size == 1 and _kernel_bytes(store, n_models) <= PREFETCH_BYTES
+        prefetch = s.dist.world_size == 1 and sum(map(store.kernel_nbytes, range(n_models))) <= PREFETCH_BYTES
         ridge = ridge_settings(lambda_reg, lambda_rel)
         with ChunkWriter() as writer:
             for model_id, rows in enumerate(target_rows):
@@ -339,11 +337,6 @@ def finalize_and_score(
 #: `trak score` reads the stored kernels in the background, during the target features, when
 #: all of them together take at most this many bytes (they are then in memory at once).
 PREFETCH_BYTES = 1 << 30
-
-
-def _kernel_bytes(store: Store, n_models: int) -> int:
-    """Bytes of the stored kernels of ``n_models`` checkpoints, by their metadata (unreadable ones count 0)."""
-    return sum(store.kernel_nbytes(m) for m in range(n_models))
 
 
 def _prefetch_kernel(store: Store, model_id: int, settings: dict, out: dict[int, tuple[torch.Tensor, float]]) -> None:

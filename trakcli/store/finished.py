@@ -30,7 +30,8 @@ from typing import Any, Sequence
 
 from trakcli.store.evalgroup import eval_kept
 from trakcli.store.identity import jsonable
-from trakcli.store.layout import LAYOUT_ATTR, STALE_KERNEL_FORMS, StoreLayout
+from trakcli.store.kernel import kernel_attrs_done
+from trakcli.store.layout import LAYOUT_ATTR, StoreLayout
 from trakcli.store.store import SCHEMA_VERSION
 
 #: The file of a set ``done`` flag: the uint8 value 1, then its CRC32C checksum (little-endian),
@@ -92,8 +93,7 @@ def _kernel_done(path: Path, settings: dict[str, Any]) -> bool:
                                                    "fill_value", "codecs")):
         return False
     attrs = meta.get("attributes", {})
-    return (isinstance(attrs, dict) and attrs.get("settings") == jsonable(settings) and "lambda_reg" in attrs
-            and attrs.get("form") not in STALE_KERNEL_FORMS)
+    return isinstance(attrs, dict) and kernel_attrs_done(attrs, settings)
 
 
 def _all_done(path: Path, n_chunks: int) -> bool:

@@ -52,7 +52,7 @@ def read_kernel(
         if arr is None:
             return None
         attrs = dict(arr.attrs)
-        if not _finished(attrs, settings):
+        if not kernel_attrs_done(attrs, settings):
             return None
         return read_checked(arr, slice(None), 0), float(attrs["lambda_reg"])
     except StoreCorruptError as e:
@@ -67,8 +67,12 @@ def read_kernel(
 KERNEL_CHUNK_BYTES = 64 << 20
 
 
-def _finished(attrs: dict[str, Any], settings: dict[str, Any]) -> bool:
-    """Whether kernel attributes mark a kernel finished with ``settings``, of a form this version uses."""
+def kernel_attrs_done(attrs: dict[str, Any], settings: dict[str, Any]) -> bool:
+    """Whether kernel attributes mark a kernel finished with ``settings``, of a form this version uses.
+
+    The one test of a finished kernel: :func:`read_kernel`, :func:`kernel_done` and the zarr-free
+    :func:`trakcli.store.finished.train_finished` all apply it.
+    """
     return (attrs.get("settings") == jsonable(settings) and "lambda_reg" in attrs
             and attrs.get("form") not in STALE_KERNEL_FORMS)
 
@@ -124,7 +128,7 @@ def kernel_done(store: "Store", model_id: int, settings: dict[str, Any]) -> bool
         attrs = dict(arr.attrs)
     except StoreCorruptError:
         return False
-    return _finished(attrs, settings)
+    return kernel_attrs_done(attrs, settings)
 
 
 def kernel_nbytes(store: "Store", model_id: int) -> int:
