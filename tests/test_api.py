@@ -18,7 +18,7 @@ import trakcli
 from trakcli.cli.main import app
 from trakcli.config.schema import BUILTIN_TASKS
 from trakcli.errors import DataError, StoreMismatchError
-from trakcli.gradients import TASKS, classification_margin
+from trakcli.tasks import TASKS, classification_margin
 from trakcli.models import build_model
 
 from conftest import tiny_model
@@ -29,19 +29,20 @@ N_MODELS = 10
 MARGIN_FILE = '''
 import torch
 
-def margin(logits, labels):
+def margin(logits, batch):
     """The classification margin, written as a user would (masks, no logits[range(n), labels])."""
+    labels = batch["labels"]
     mask = torch.arange(logits.shape[-1]) == labels.unsqueeze(-1)  # [n, C]; one_hot is not vmap-safe
     logit_y = (logits * mask).sum(-1)
     m = logit_y - torch.logsumexp(logits.masked_fill(mask, float("-inf")), dim=-1)
     return m, torch.sigmoid(-m)
 
-def summed(logits, labels):
-    m, q = margin(logits, labels)
+def summed(logits, batch):
+    m, q = margin(logits, batch)
     return m.sum(), q
 
-def not_finite(logits, labels):
-    m, q = margin(logits, labels)
+def not_finite(logits, batch):
+    m, q = margin(logits, batch)
     return m / 0.0, q
 '''
 
@@ -149,9 +150,9 @@ def test_unknown_task_names_the_choices(project):
 
 def test_custom_task_errors_through_the_api(project):
     model = build_model("my_model.py:make_model")
-    att = trakcli.Attributor(model, store="out/bad.zarr", task=lambda logits, labels: (logits, logits[:, 0]))
+    att = trakcli.Attributor(model, store="out/bad.zarr", task=lambda logits, batch: (logits, logits[:, 0]))
     train, _ = loaders()
-    with pytest.raises(DataError, match=r"for logits \[1, 3\] and labels \[1\] it returned \[\[1, 3\], \[1\]\]"):
+    with pytest.raises(DataError, match=r"for logits \[1, 3\] and a batch of inputs \[1, 6\], labels \[1\] it returned \[\[1, 3\], \[1\]\]"):
         att.featurize(train, checkpoint="ckpts/model_0.pt", model_id=0)
 
 
@@ -202,7 +203,7 @@ def test_a_task_function_vmap_refuses_is_named(project):
         "torch.arange(logits.shape[-1]) == labels.unsqueeze(-1)", "torch.nn.functional.one_hot(labels, 3).bool()"))
     r = trak("featurize", "run.yaml", "task=outputs.py:margin", "gradient_method=vmap")
     assert r.exit_code == 1 and "Traceback" not in r.output
-    assert "and task outputs.py:margin raised" in r.output and "(outputs.py, line 6)" in r.output
+    assert "and task outputs.py:margin raised" in r.output and "(outputs.py, line 7)" in r.output
     assert trak("featurize", "run.yaml", "task=outputs.py:margin").exit_code == 0  # layer hooks need no vmap
 
 

@@ -109,7 +109,7 @@ class _TinyLM(torch.nn.Module):
 
 def test_model_outputs_of_a_language_model_sum_the_next_token_margins():
     from trakcli.data import TensorDataset
-    from trakcli.gradients import language_modeling_margin
+    from trakcli.tasks import language_modeling_margin
 
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 11, (9, 6), generator=g)
@@ -119,7 +119,7 @@ def test_model_outputs_of_a_language_model_sum_the_next_token_margins():
     model = _TinyLM()
     out = model_outputs(model, data, "language_modeling", batch_size=4)
     with torch.no_grad():
-        want = [language_modeling_margin(model(ids[i : i + 1])[0].double(), ids[i], am[i])[0].item() for i in range(9)]
+        want = [language_modeling_margin(model(ids[i : i + 1])[0].double(), torch.where(am[i] != 0, ids[i], -100))[0].item() for i in range(9)]
     np.testing.assert_allclose(out, want, rtol=1e-12, atol=1e-12)
     # a memory cap smaller than a batch's logits cuts the batches, never the result
     np.testing.assert_array_equal(model_outputs(model, data, "language_modeling", batch_size=4, memory_mb=0), out)

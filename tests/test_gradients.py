@@ -3,7 +3,8 @@ import torch
 from torch import nn
 
 from trakcli.errors import ConfigError, DataError, GradientError
-from trakcli.gradients import PerExampleGradients, check_finite, classification_margin, select_parameters
+from trakcli.gradients import PerExampleGradients, check_finite, select_parameters
+from trakcli.tasks import classification_margin
 
 from conftest import tiny_model
 

@@ -402,7 +402,7 @@ def test_bad_batches_and_gradients_are_named():
         feat(x, torch.tensor([0, 1, 7]), row_offset=9)
     with pytest.raises(DataError, match="cannot take inputs of shape \\[4, 10\\]"):
         feat(torch.randn(3, 4, 10), labels(3))
-    with pytest.raises(DataError, match="language_modeling needs text data"):
+    with pytest.raises(DataError, match="language_modeling needs token data"):
         KroneckerFeaturizer(conv1d_model(), proj_dim=16, task="language_modeling")(x, labels(3))
     grads = random_grads(feat.layers, 2, dtype=torch.float32)
     with pytest.raises(ProjectorError, match=r"not covered \['extra'\]"):

@@ -20,7 +20,8 @@ from trakcli.cli.main import app
 from trakcli.config import load_config
 from trakcli.errors import ConfigError, GradientError
 from trakcli.factors import LayerGradients, per_example_gradients
-from trakcli.gradients import PerExampleGradients, classification_margin
+from trakcli.gradients import PerExampleGradients
+from trakcli.tasks import classification_margin
 from trakcli.jobs.setup import build_featurizer
 from trakcli.models.build import build_model
 
@@ -120,9 +121,9 @@ class FlatBatchModel(nn.Module):
         return self.out(torch.tanh(self.lin(x.reshape(-1, 4))).reshape(x.shape).mean(1))
 
 
-def custom_margin(logits, y):
+def custom_margin(logits, batch):
     """A custom task: half the built-in margin plus the mean logit; Q from the built-in."""
-    f, q = classification_margin(logits, y)
+    f, q = classification_margin(logits, batch["labels"])
     return 0.5 * f + logits.mean(-1), q
 
 

@@ -31,7 +31,7 @@ from trakcli.data.tensors import Inputs, TensorDataset
 from trakcli.distributed import Dist
 from trakcli.errors import CheckpointError, ConfigError, DataError, StoreError
 from trakcli.factors import KroneckerFeaturizer
-from trakcli.gradients import resolve_task, task_identity
+from trakcli.tasks import resolve_task, task_identity
 from trakcli.jobs.featurize import featurize_rows
 from trakcli.jobs.runtime import locked_store, resolve_device
 from trakcli.jobs.score import score_targets
@@ -90,8 +90,15 @@ def collect_batches(batches: Iterable[Any], name: str) -> tuple[TensorDataset, i
         tensors = list(x.values()) if isinstance(x, dict) else [x]
         if not all(isinstance(t, torch.Tensor) for t in [*tensors, y]):
             raise DataError(f"{name}: batch {i} holds {type(x).__name__} inputs / {type(y).__name__} labels; give tensors")
+        ids = x.get("input_ids") if isinstance(x, dict) else None
+        per_token = ids is not None and tuple(y.shape) == tuple(ids.shape)  # [n, L] labels, -100 = not a target
+        y = y.detach().cpu() if per_token else y.detach().cpu().reshape(-1)
+        rows = (tensors[0].shape[0] if tensors[0].ndim else 0)
+        if y.shape[0] != rows:
+            raise DataError(f"{name}: batch {i} has {rows} inputs but {y.shape[0]} labels; give one label per example "
+                            "(or per-token labels of the shape of input_ids)")
         xs.append(x)
-        ys.append(y.detach().cpu().reshape(-1))
+        ys.append(y)
     if not ys:
         raise DataError(f"{name}: the iterable yielded no batch")
 
@@ -182,7 +189,8 @@ class Attributor:
             ``compressor``).
         task: ``classification`` (the margin ``logit_y − logsumexp_{j≠y} logit_j``),
             ``text_classification``, ``language_modeling``, a ``"file.py:fn"`` / ``"pkg.mod:fn"`` spec,
-            or a callable ``fn(logits [n, ...], labels [n]) -> (f [n], Q [n])`` (README "Custom model outputs").
+            a callable ``fn(logits [n, ...], batch) -> (f [n], Q [n])`` (``batch``: the batch's tensors by name,
+            ``labels`` among them) or a :class:`trakcli.tasks.Task` (README "Custom model outputs").
         projector: the ``projector:`` section as a dict (``kind``, ``proj_dim``, ``seed``, ...).
         grad_wrt: fnmatch patterns of the parameters to differentiate (None: all).
         gradient_method: as the config key: ``auto`` (layer hooks where they cover the model, else

@@ -47,12 +47,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from trakcli.errors import ConfigError, DataError, GradientError
+from trakcli.errors import ConfigError, GradientError
 from trakcli.factors.layers import SUPPORTED, LayerUse, coverage_info, find_layers
-from trakcli.gradients import check_logits, output_function, resolve_task, select_parameters
+from trakcli.gradients import select_parameters
 from trakcli.models.forward import forward, forward_errors
 from trakcli.projectors.base import check_model_id
 from trakcli.projectors.kronecker import KroneckerProjector
+from trakcli.tasks import make_batch, resolve_task
 
 
 @dataclass
@@ -66,6 +67,10 @@ class _Pass:
     fired: list[int]
     saved: list[torch.Tensor | None] = field(default_factory=list)
     nbytes: int = 0
+
+
+def _rows(labels: torch.Tensor | None, rows: slice) -> torch.Tensor | None:
+    return None if labels is None else labels[rows]
 
 
 class KroneckerFeaturizer:
@@ -85,22 +90,23 @@ class KroneckerFeaturizer:
         distribution: factor entries, ``rademacher`` (default) or ``normal``.
         grad_wrt: parameter name patterns (:func:`trakcli.gradients.select_parameters`);
             ``None`` selects all; parameters outside supported layers are left out.
-        task: ``classification``, ``text_classification``, ``language_modeling``, or a custom
-            output function (:func:`trakcli.gradients.resolve_task`).
+        task: the model output function (:func:`trakcli.tasks.resolve_task`).
         memory_mb: if set, the rows of a batch go through in passes whose
             covered layers' inputs, outputs, output gradients and projected
-            inputs fit this many MiB (measured, once per input shape, on a
-            discarded one-row pass: how a batch is cut depends on the batch alone).
+            inputs fit this many MiB (measured once per kind of input on a
+            discarded probe pass of one row, or of one row's first 8 tokens for token
+            data, whose cost is then per token: how a batch is cut depends on the batch alone).
 
     Attributes:
         projector: the :class:`~trakcli.projectors.kronecker.KroneckerProjector`.
         layers, uses, left_out: from :func:`find_layers`.
         info: one line naming the left-out parameters and the fraction covered.
         grad_dim: covered parameter entries; param_names: their order.
-        row_bytes: per input shape, the largest bytes per row a pass has held
+        row_bytes: per kind of input, the largest bytes per row a pass has held
             (inputs, outputs, output gradients and projected inputs of the covered layers).
-        probe_bytes: per input shape, the bytes per row of the one-row probe (with
-            ``memory_mb``), which fixes the rows per pass (:meth:`rows_per_pass`).
+        probe_bytes: per kind of input (:meth:`_shape_key`), the bytes per row, or per token for
+            token data, of the probe pass (with ``memory_mb``), which fix the rows per pass
+            (:meth:`rows_per_pass`).
 
     Raises:
         ConfigError: unknown task, bad ``grad_wrt`` or ``memory_mb``, or a
@@ -148,7 +154,8 @@ class KroneckerFeaturizer:
         Args:
             inputs: ``[n, ...]`` model inputs on the model's device, or a dict of
                 ``[n, L]`` tensors (``input_ids``, ``attention_mask``) for a transformers model.
-            labels: ``[n]`` int64 class indices (ignored by ``language_modeling``, may be None there).
+            labels: ``[n]`` int64 class indices, ``[n, L]`` per-token labels (``-100``: not a target),
+                or None; the task reads them from its batch (:func:`trakcli.tasks.make_batch`).
             model_id: checkpoint index (selects the projection matrices).
             row_offset: dataset index of the batch's first row (for error messages).
 
@@ -159,64 +166,81 @@ class KroneckerFeaturizer:
 
         Raises:
             DataError: inputs the model cannot take, logits of the wrong shape,
-                labels out of range, or text data missing for language modeling.
+                labels the task refuses (out of range, or no token data for language modeling).
             GradientError: a covered module that never ran, ran with another
                 batch dimension, or whose batch-broadcast output was used per row.
         """
         model_id = check_model_id(model_id)
-        lm = self.task == "language_modeling"
-        if lm and not (isinstance(inputs, dict) and "input_ids" in inputs and "attention_mask" in inputs):
-            raise DataError(
-                "task language_modeling needs text data (input_ids and attention_mask): give data.*.text "
-                "and a tokenizer, or use task classification for tensor inputs"
-            )
         first = inputs["input_ids"] if isinstance(inputs, dict) else inputs
         n = first.shape[0]
-        if labels is None:  # language modeling needs none
-            labels = torch.zeros(n, dtype=torch.int64, device=first.device)
         if n == 0:
             return (torch.zeros(0, self.projector.proj_dim, dtype=self.projector.dtype, device=first.device),
                     torch.zeros(0, dtype=torch.float32, device=first.device))
         key = self._shape_key(inputs)
         if self.memory_mb is not None and key not in self.probe_bytes:
-            # a discarded one-row probe fixes the bytes per row, so the passes a batch is cut into depend
-            # on the batch alone, never on what this process ran before (the same features, bit for bit,
-            # from one process or from torchrun ranks that each start at another chunk)
-            probe = {k: v[:1] for k, v in inputs.items()} if isinstance(inputs, dict) else inputs[:1]
-            self.probe_bytes[key] = self._pass(probe, labels[:1], model_id, row_offset)[2]
+            # a discarded probe pass fixes the bytes per row (per token for token data), so the passes a batch
+            # is cut into depend on the batch alone, never on what this process ran before (the same features,
+            # bit for bit, from one process or from torchrun ranks that each start at another chunk)
+            probe, probe_labels, tokens = self._probe(inputs, labels)
+            self.probe_bytes[key] = self._pass(probe, probe_labels, model_id, row_offset)[2] / tokens
         phis, qs, start = [], [], 0
         while start < n:
             step = self.rows_per_pass(inputs) or n
             rows = slice(start, min(n, start + step))
             part = {k: v[rows] for k, v in inputs.items()} if isinstance(inputs, dict) else inputs[rows]
-            phi, q, nbytes = self._pass(part, labels[rows], model_id, row_offset + start)
+            phi, q, nbytes = self._pass(part, _rows(labels, rows), model_id, row_offset + start)
             self.row_bytes[key] = max(self.row_bytes.get(key, 0), nbytes)
             phis.append(phi)
             qs.append(q)
             start = rows.stop
         return (phis[0], qs[0]) if len(phis) == 1 else (torch.cat(phis), torch.cat(qs))
 
+    #: Tokens of the probe pass of token data.
+    PROBE_TOKENS = 8
+
     @staticmethod
-    def _shape_key(inputs) -> Any:
+    def _tokens(inputs) -> int | None:
+        """The sequence length of token data (a dict with ``input_ids [n, L]``), else None."""
+        ids = inputs.get("input_ids") if isinstance(inputs, dict) else None
+        return int(ids.shape[1]) if ids is not None and ids.ndim == 2 else None
+
+    @classmethod
+    def _shape_key(cls, inputs) -> Any:
+        """What the bytes per row are measured for: the per-row shapes, or for token data the keys only
+        (every held tensor is ``[n, T, ...]``, so the bytes per token are the same at any length)."""
         if isinstance(inputs, dict):
+            if cls._tokens(inputs) is not None:
+                return ("tokens",) + tuple(sorted(inputs))
             return tuple(sorted((k, tuple(v.shape[1:])) for k, v in inputs.items()))
         return tuple(inputs.shape[1:])
+
+    def _probe(self, inputs, labels):
+        """The probe: the first row (token data: its first :attr:`PROBE_TOKENS` tokens), its labels,
+        and the count its bytes are divided by (tokens, or 1 row)."""
+        length = self._tokens(inputs)
+        if length is None:
+            probe = {k: v[:1] for k, v in inputs.items()} if isinstance(inputs, dict) else inputs[:1]
+            return probe, _rows(labels, slice(0, 1)), 1
+        t = min(length, self.PROBE_TOKENS)
+        cut = lambda v: v[:1, :t] if v.ndim >= 2 and v.shape[1] == length else v[:1]  # noqa: E731
+        return {k: cut(v) for k, v in inputs.items()}, None if labels is None else cut(labels), t
 
     def rows_per_pass(self, inputs) -> int | None:
         """Rows of a batch like ``inputs`` that one forward + backward takes under ``memory_mb``.
 
         Returns:
-            ``None`` without a memory bound; 1 while the bytes per row of this
-            input shape are not measured yet (the first call with it measures
-            them in a discarded one-row pass); else ``memory_mb`` MiB over the
-            probe's bytes per row (at least 1).
+            ``None`` without a memory bound; 1 while the bytes per row (per token) of this
+            kind of input are not measured yet (the first call measures them in a discarded
+            probe pass); else ``memory_mb`` MiB over the bytes per row (bytes per token × the
+            batch's sequence length for token data), at least 1.
         """
         if self.memory_mb is None:
             return None
-        per_row = self.probe_bytes.get(self._shape_key(inputs))
-        if per_row is None:
+        per = self.probe_bytes.get(self._shape_key(inputs))
+        if per is None:
             return 1
-        return max(1, int(self.memory_mb * 2**20) // max(1, per_row))
+        per_row = per * (self._tokens(inputs) or 1)
+        return max(1, int(self.memory_mb * 2**20 // max(1.0, per_row)))
 
     # ------------------------------------------------------------------ one pass
 
@@ -266,10 +290,11 @@ class KroneckerFeaturizer:
                 return forward(self.model, {k: v.detach() for k, v in inputs.items()})
             return forward(self.model, inputs.detach())
 
-    def _output(self, logits: torch.Tensor, inputs, labels: torch.Tensor, n: int, row_offset: int):
-        """Per-example margins ``[n]`` (differentiable) and out-to-loss ``[n]``: :func:`trakcli.gradients.output_function`."""
-        check_logits(self.task, logits, labels, n, row_offset)
-        return output_function(self.task, logits, labels, inputs)
+    def _output(self, logits: torch.Tensor, inputs, labels: torch.Tensor | None, n: int, row_offset: int):
+        """Per-example margins ``[n]`` (differentiable) and out-to-loss ``[n]`` of the task on the batch."""
+        batch = make_batch(inputs, labels)
+        self.task.check(logits, batch, row_offset)
+        return self.task(logits, batch)
 
     def _forward_hook(self, state: _Pass, i: int, module: nn.Module, args, kwargs, output):
         use = self.uses[i]

@@ -145,7 +145,8 @@ def find_layers(model: nn.Module, selected: list[str]) -> tuple[list[KroneckerLa
 
 
 def coverage_info(layers: list[KroneckerLayer], left_out: dict[str, str], selected_numel: int) -> str:
-    """One line: how many layers and parameter entries are covered, and which selected parameters are left out."""
+    """One line: how many layers and parameter entries are covered, and which selected parameters are left out
+    (grouped by reason; a group of more than three named by its count and its first two)."""
     covered = sum(layer.grad_dim for layer in layers)
     line = (
         f"kronecker projection: {len(layers)} layers cover {covered:,} of the {selected_numel:,} selected "
@@ -156,4 +157,11 @@ def coverage_info(layers: list[KroneckerLayer], left_out: dict[str, str], select
     groups: dict[str, list[str]] = {}
     for name, why in left_out.items():
         groups.setdefault(why, []).append(name)
-    return line + "; left out: " + "; ".join(f"{why}: {', '.join(names)}" for why, names in groups.items())
+    return line + "; left out: " + "; ".join(f"{why}: {_names(names)}" for why, names in groups.items())
+
+
+def _names(names: list[str], limit: int = 3) -> str:
+    """Up to ``limit`` names in full; more as their count and the first two (``"61 parameters: a, b, ..."``)."""
+    if len(names) <= limit:
+        return ", ".join(names)
+    return f"{len(names)} parameters: {names[0]}, {names[1]}, ..."

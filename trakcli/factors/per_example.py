@@ -1,7 +1,7 @@
 """Exact per-example gradients from layer hooks: one ordinary batched forward + backward, no torch.func.
 
 For a module applied at positions ``t`` (tokens, pixels) of example ``i``, the
-gradient of the model output function ``f_i`` (:func:`trakcli.gradients.output_function`)
+gradient of the model output function ``f_i`` (the task's, :mod:`trakcli.tasks`)
 w.r.t. its weight is a sum over positions of the module's output gradient
 ``g_{i,t} = ∂f_i/∂y_{i,t}`` times its input ``a_{i,t}`` (Goodfellow 2015,
 "Efficient per-example gradient computations"; Rochette et al. 2019; the same
@@ -46,13 +46,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trakcli.errors import ConfigError, DataError, GradientError
+from trakcli.errors import ConfigError, GradientError
 from trakcli.factors.layers import find_layers, module_kind
-from trakcli.gradients import (
-    CustomOutput, PerExampleGradients, check_finite, check_logits, output_function, resolve_task, select_parameters,
-    selected_shapes,
-)
+from trakcli.gradients import PerExampleGradients, check_finite, select_parameters, selected_shapes
 from trakcli.models.forward import forward, forward_errors
+from trakcli.tasks import CustomTask, make_batch, resolve_task
 
 #: The values of ``gradient_method`` (config key and :func:`per_example_gradients`).
 METHODS = ("auto", "hooks", "vmap")
@@ -205,8 +203,7 @@ class LayerGradients:
     Args:
         model: the model; switched to eval mode.
         grad_wrt: parameter name patterns (:func:`trakcli.gradients.select_parameters`).
-        task: ``classification``, ``text_classification``, ``language_modeling``, or a
-            custom output function (:func:`trakcli.gradients.resolve_task`).
+        task: the model output function (:func:`trakcli.tasks.resolve_task`).
         fallback: on a failed guard, use vmap (True) or raise :class:`GradientError` (False).
 
     Attributes:
@@ -243,7 +240,8 @@ class LayerGradients:
         Args:
             inputs: ``[n, ...]`` model inputs on the model's device, or a dict of ``[n, L]``
                 tensors (``input_ids``, ``attention_mask``) for a transformers model.
-            labels: ``[n]`` int64 class indices (ignored by ``language_modeling``, may be None there).
+            labels: ``[n]`` int64 class indices, ``[n, L]`` per-token labels (``-100``: not a target),
+                or None; the task reads them from its batch (:func:`trakcli.tasks.make_batch`).
             row_offset: dataset index of the batch's first row (for error messages).
 
         Returns:
@@ -251,7 +249,7 @@ class LayerGradients:
             dtype (in ``param_names`` order); ``out_to_loss`` is ``[n]`` float32.
 
         Raises:
-            DataError: inputs the model cannot take, logits of the wrong shape, labels out of range.
+            DataError: inputs the model cannot take, logits or labels the task refuses.
             GradientError: (``fallback=False``) the guard or a module's batch dimension shows that the
                 hooks cannot give this model's per-example gradients; a custom task's non-finite Q.
         """
@@ -268,8 +266,8 @@ class LayerGradients:
             self._vmap = PerExampleGradients(self.model, self.param_names, self.task)
             return self._vmap(inputs, labels, row_offset)
         self.checked = True
-        if isinstance(self.task, CustomOutput):
-            check_finite(q, row_offset, what=f"out-to-loss terms Q of task {self.task.spec}")
+        if isinstance(self.task, CustomTask):
+            check_finite(q, row_offset, what=f"out-to-loss terms Q of task {self.task.name}")
         return grads, q
 
     def flatten(self, grads: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -279,16 +277,8 @@ class LayerGradients:
     # ------------------------------------------------------------------ one pass
 
     def _pass(self, inputs, labels, row_offset: int, guard: bool):
-        if self.task == "language_modeling" and not (
-                isinstance(inputs, dict) and "input_ids" in inputs and "attention_mask" in inputs):
-            raise DataError(
-                "task language_modeling needs text data (input_ids and attention_mask): give data.*.text "
-                "and a tokenizer, or use task classification for tensor inputs"
-            )
         first = next(iter(inputs.values())) if isinstance(inputs, dict) else inputs
         n, device = first.shape[0], first.device
-        if labels is None:  # language modeling needs none
-            labels = torch.zeros(n, dtype=torch.int64, device=device)
         params = dict(self.model.named_parameters())
         if n == 0:
             return ({k: torch.zeros(0, *s, dtype=params[k].dtype, device=device) for k, s in self.param_shapes.items()},
@@ -312,25 +302,26 @@ class LayerGradients:
                               "(relative difference {rel:.2g}): the model uses it outside its module's call, "
                               "e.g. F.linear(x, self.fc.weight)")
             alone = self._alone({k: v[:1] for k, v in inputs.items()} if isinstance(inputs, dict) else inputs[:1],
-                                labels[:1], params)
+                                None if labels is None else labels[:1], params)
             self._compare({k: g[0] for k, g in grads.items()}, alone, grads,
                           "example 0's gradient of {name} in a batch differs from its gradient alone (relative "
                           "difference {rel:.2g}): examples interact in the forward pass (batch statistics, "
                           "a batch-wide operation) or a selected weight is used outside its module's call")
         return grads, q.detach().to(torch.float32)
 
-    def _outputs(self, inputs, labels: torch.Tensor, n: int, row_offset: int):
-        """``(f [n], Q [n])`` of a batch: :func:`trakcli.gradients.output_function` after the same checks
-        (a custom task first on the first example, as :class:`PerExampleGradients` does, then on the batch)."""
+    def _outputs(self, inputs, labels: torch.Tensor | None, n: int, row_offset: int):
+        """``(f [n], Q [n])`` of the task on a batch, after its checks (a custom task's first on the first
+        example, as :class:`PerExampleGradients` does, then on the batch)."""
         with forward_errors(self.model, inputs):
             detached = {k: v.detach() for k, v in inputs.items()} if isinstance(inputs, dict) else inputs.detach()
             logits = forward(self.model, detached)
-        if isinstance(self.task, CustomOutput) and logits.ndim >= 1 and logits.shape[0] == n:
-            check_logits(self.task, logits[:1], labels, 1, row_offset)
-        check_logits(self.task, logits, labels, n, row_offset)
-        return output_function(self.task, logits, labels, inputs)
+        batch = make_batch(inputs, labels)
+        if isinstance(self.task, CustomTask) and logits.ndim >= 1 and logits.shape[0] == n:
+            self.task.check(logits[:1], {k: v[:1] for k, v in batch.items()}, row_offset)
+        self.task.check(logits, batch, row_offset)
+        return self.task(logits, batch)
 
-    def _alone(self, inputs, labels: torch.Tensor, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    def _alone(self, inputs, labels: torch.Tensor | None, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Plain autograd gradient of ``f`` of one example alone (no hooks), per selected parameter."""
         chosen = [params[k] for k in self.param_names]
         with self._hooked(None, chosen):

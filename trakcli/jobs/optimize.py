@@ -25,6 +25,7 @@ from trakcli.models.build import build_model
 from trakcli.models.checkpoints import load_checkpoint, read_state_dict
 from trakcli.progress import NULL_REPORTER, Reporter
 from trakcli.store import differing_keys
+from trakcli.tasks import resolve_task
 from trakcli.store.manifest import (
     FORMAT, FORMAT_VERSION, MANIFEST_NAME, checkpoint_sha256, read_manifest, write_manifest,
 )
@@ -93,7 +94,7 @@ def _final_metrics(
 
     A language model (trained by a user's training function) gets no class accuracy: ``{}``.
     """
-    if task == "language_modeling":
+    if resolve_task(task).token_level:
         return {}
     out: dict[str, Any] = {"train_accuracy": evaluate(model, *train, batch_size=batch_size)[1]}
     if target is not None:

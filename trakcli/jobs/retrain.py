@@ -34,7 +34,7 @@ from trakcli.config import Config, check_files
 from trakcli.data.load import load_dataset
 from trakcli.data.tensors import TensorDataset, index_inputs, inputs_to
 from trakcli.errors import ArgumentError, ConfigError, StoreError
-from trakcli.gradients import output_function, resolve_task, task_identity
+from trakcli.tasks import make_batch, resolve_task, task_identity
 from trakcli.distributed import Dist
 from trakcli.jobs.runtime import apply_threads, event, locked_store, resolve_device
 from trakcli.jobs.train import check_init_checkpoint, check_recipe, load_training_function, train_one
@@ -106,15 +106,16 @@ def model_outputs(
 ) -> np.ndarray:
     """The model output function of every example: the margin that TRAK attributes.
 
-    :func:`trakcli.gradients.output_function` of the task, the function the
-    per-example gradients differentiate: classification / text_classification,
-    ``logit_y − logsumexp_{j≠y} logit_j``; language_modeling, the sum of the
-    next-token margins over the text (Park et al. 2023, App. E). Computed
-    without gradients, in batches, with the logits cast to float64.
+    The task's ``f`` (:mod:`trakcli.tasks`), the function the per-example gradients
+    differentiate: classification / text_classification, ``logit_y − logsumexp_{j≠y} logit_j``;
+    language_modeling, the sum of the next-token margins over the target tokens
+    (Park et al. 2023, App. E). Computed without gradients, in batches, with the
+    logits cast to float64.
 
     Args:
         model: the trained model (set to eval mode).
-        data: the examples (inputs ``[n, ...]`` or a dict of ``[n, L]`` text tensors, labels ``[n]``).
+        data: the examples (inputs ``[n, ...]`` or a dict of ``[n, L]`` text tensors; class labels ``[n]``
+            or per-token labels ``[n, L]``).
         task: ``cfg.task`` (a built-in name or a custom output function's spec).
         batch_size: most examples per forward pass.
         device: the model's device.
@@ -131,12 +132,13 @@ def model_outputs(
     if n == 0:
         return out
     with torch.no_grad():
-        first = forward(model, inputs_to(index_inputs(data.inputs, torch.arange(1)), device))
+        _, x1, _ = next(data.batches(0, 1, 1))
+        first = forward(model, inputs_to(x1, device))
         per_example = max(1, first.numel() * 8)  # bytes of one example's float64 logits
         batch_size = max(1, min(batch_size, (memory_mb << 20) // per_example))
         for off, x, y in data.batches(0, n, batch_size):
             x = inputs_to(x, device)
-            m, _ = output_function(task, forward(model, x).double(), y.to(device), x)  # [n_batch]
+            m, _ = task(forward(model, x).double(), make_batch(x, y.to(device)))  # [n_batch]
             out[off : off + len(y)] = m.cpu().numpy()
     return out
 

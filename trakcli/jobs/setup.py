@@ -26,7 +26,8 @@ from trakcli.data.load import load_dataset
 from trakcli.data.tensors import TensorDataset, inputs_to
 from trakcli.distributed import Dist, init_from_env
 from trakcli.factors import KroneckerFeaturizer, LayerGradients, check_method, per_example_gradients
-from trakcli.gradients import PerExampleGradients, task_identity
+from trakcli.gradients import PerExampleGradients
+from trakcli.tasks import task_identity
 from trakcli.jobs.runtime import apply_threads, resolve_device
 from trakcli.models.build import build_model
 from trakcli.models.checkpoints import file_sha256, load_checkpoint
@@ -72,7 +73,7 @@ def run_identity(
         model: what builds the model, JSON-able: ``model:`` of the config (entrypoint and kwargs),
             or for :class:`trakcli.Attributor` the module's class.
         task: a built-in task name, a custom function spec or a callable
-            (:func:`trakcli.gradients.task_identity`: the formula, or the function's file and sha256).
+            (:func:`trakcli.tasks.task_identity`: the formula, or the function's file and sha256).
         grad_wrt: ``grad_wrt`` of the config, as written (None: every parameter).
         featurizer: what computes the features (:class:`GradientFeaturizer` or
             :class:`~trakcli.factors.KroneckerFeaturizer`): its selected (for kronecker:

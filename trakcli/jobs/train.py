@@ -22,7 +22,7 @@ from trakcli.config import Config, OptimizeConfig
 from trakcli.data.tensors import Inputs, index_inputs, slice_inputs
 from trakcli.errors import ConfigError, ModelError, user_code
 from trakcli.files import atomic_open
-from trakcli.gradients import check_logits
+from trakcli.tasks import BUILTIN, make_batch, resolve_task
 from trakcli.jobs.divergence import check_loss, check_weights
 from trakcli.models.forward import forward, forward_errors
 from trakcli.progress import NULL_REPORTER, Reporter
@@ -256,7 +256,7 @@ def check_forward(model: nn.Module, inputs: Inputs, labels: torch.Tensor) -> Non
         first = slice_inputs(inputs, 0, 1)
         with torch.no_grad(), forward_errors(model, first):
             logits = forward(model, first)  # [1, C]
-        check_logits("classification", logits, labels, 1)
+        BUILTIN["classification"].check(logits, make_batch(first, labels[:1]))
     finally:
         model.train(was_training)
 
@@ -281,7 +281,7 @@ def check_recipe(cfg: Config, *, purpose: str = "trak optimize") -> OptimizeConf
             f"optimize: section missing; {purpose} needs the training recipe: add optimize: "
             "{n_models: 10, out_dir: ckpts, ...} (or training: + optimizer:)"
         )
-    if cfg.task == "language_modeling" and oc.entrypoint is None:
+    if oc.entrypoint is None and resolve_task(cfg.task).token_level:
         raise ConfigError(
             f"task: {purpose} trains classifiers (cross-entropy on [n, C] logits); task language_modeling is "
             "for featurize and score only: train the language model elsewhere and point checkpoints at it, "

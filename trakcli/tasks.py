@@ -1,0 +1,345 @@
+"""The task: the model output function ``f`` and out-to-loss term ``Q`` of a batch.
+
+A task receives the model's output (the logits) and the whole batch, and returns
+one ``f`` (differentiable) and one ``Q`` per example::
+
+    f, q = task(logits, batch)          # [n], [n]
+
+The batch is every tensor the data yields, with the examples as the first dimension:
+
+* tensor data: ``{"inputs": [n, ...], "labels": [n]}``;
+* several input tensors (``data.*.inputs: [a, b]``): ``{"a": ..., "b": ..., "labels": [n]}``;
+* text: ``{"input_ids": [n, L], "attention_mask": [n, L], ("token_type_ids"), "labels": ...}``
+  with ``labels`` the class indices ``[n]`` (text classification) or the per-token
+  labels ``[n, L]`` of language modeling, ``-100`` where a token is not a target
+  (the prompt, the user turns of a chat, padding), otherwise the token itself
+  (unshifted, as in transformers: the prediction at ``t - 1`` is scored against ``labels[t]``).
+
+Every featurizer calls the task the same way: torch.func.vmap calls it on one
+example at a time (every tensor with a leading dimension of 1, returning ``[1]``),
+the layer hooks and Kronecker factors on whole batches, `trak eval` on the retrained
+models' outputs. So a row's ``f`` and ``Q`` must depend on that row only, and the
+function must be vmap-safe (no ``.item()``, no Python branching on tensor values,
+no data-dependent indexing such as ``logits[range(n), y]``: use ``gather`` or masks).
+
+Built-in tasks (Park et al. 2023, TRAK, Sec. 3 and App. E):
+
+* ``classification`` / ``text_classification``: the margin
+  ``f = logit_y − logsumexp_{j≠y} logit_j = log(p_y / (1 − p_y))``, ``Q = 1 − p_y``.
+* ``language_modeling``: the sum of the next-token margins over the target tokens,
+  ``f = Σ_{t: labels[t] ≠ −100} [logit_{t−1}(x_t) − logsumexp_{j≠x_t} logit_{t−1}(j)]``,
+  and ``Q`` the mean over them of ``1 − p_{t−1}(x_t)`` (0 for a text without targets).
+
+A user's task is a function ``fn(logits, batch) -> (f, Q)`` (``task: "file.py:fn"``,
+``"pkg.mod:fn"`` or a callable from Python) or a :class:`Task` subclass.
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import torch
+
+from trakcli.errors import ConfigError, DataError, user_code
+
+#: Per-token labels that are not targets (transformers' ``ignore_index``).
+IGNORE_INDEX = -100
+
+#: A batch: every tensor the data yields, examples first.
+Batch = Mapping[str, torch.Tensor]
+
+
+def classification_margin(logits: torch.Tensor, label: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Margin and out-to-loss term of one example or a batch (vmap-safe: no data-dependent indexing).
+
+    Args:
+        logits: ``[..., C]`` float logits (``[C]`` for one example, ``[n, C]`` for a batch).
+        label: ``[...]`` int64 class indices (``[]`` or ``[n]``).
+
+    Returns:
+        ``(margin [...], out_to_loss [...])`` where margin = logit_y − logsumexp_{j≠y} logit_j
+        and out_to_loss = 1 − softmax(logits)_y (Park et al. 2023, Eq. 13 and App. E).
+    """
+    idx = label.unsqueeze(-1)  # [..., 1]
+    logit_y = logits.gather(-1, idx).squeeze(-1)
+    others = logits.scatter(-1, idx, float("-inf"))  # one copy of the logits, y masked out
+    margin = logit_y - torch.logsumexp(others, dim=-1)
+    return margin, torch.sigmoid(-margin)  # 1 - p_y = sigmoid(-margin), computed stably
+
+
+def token_labels(batch: Batch) -> torch.Tensor:
+    """The per-token labels ``[n, L]`` of a language-modeling batch.
+
+    ``batch["labels"]`` when it has the shape of ``input_ids``; otherwise every real
+    token (``attention_mask`` 1, or every token without a mask) is a target.
+
+    Raises:
+        DataError: the batch has no ``input_ids``.
+    """
+    ids = batch.get("input_ids")
+    if ids is None:
+        raise DataError(
+            "task language_modeling needs token data (input_ids): give data.*.text, prompt + completion, "
+            "messages or input_ids (README \"Language models\"), or use task classification for tensor inputs; "
+            f"the batch has {sorted(batch)}"
+        )
+    labels = batch.get("labels")
+    if labels is not None and tuple(labels.shape) == tuple(ids.shape):
+        return labels
+    mask = batch.get("attention_mask")
+    return ids if mask is None else torch.where(mask != 0, ids, IGNORE_INDEX)
+
+
+def language_modeling_margin(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed next-token margin and mean out-to-loss over the target tokens (vmap-safe).
+
+    Args:
+        logits: ``[..., L, V]`` float logits of a causal LM (position t predicts token t+1).
+        labels: ``[..., L]`` int64 unshifted per-token labels: the token where it is a target,
+            ``-100`` elsewhere (prompt, user turns, padding).
+
+    Returns:
+        ``(margin [...], out_to_loss [...])``: the sum over target tokens ``t`` (``t ≥ 1``) of
+        ``logit_{t−1}(x_t) − logsumexp_{j≠x_t} logit_{t−1}(j)``, and the mean over them of
+        ``1 − p_{t−1}(x_t)`` (0 without targets).
+    """
+    pred, nxt = logits[..., :-1, :], labels[..., 1:]  # [..., L-1, V], [..., L-1]
+    valid = nxt != IGNORE_INDEX
+    margins, q = classification_margin(pred, torch.where(valid, nxt, 0))  # [..., L-1]
+    w = valid.to(margins.dtype)
+    return (margins * w).sum(-1), (q * w).sum(-1) / w.sum(-1).clamp(min=1.0)
+
+
+class Task:
+    """A model output function: ``task(logits, batch) -> (f [n], Q [n])``.
+
+    Subclass it and override :meth:`__call__` (and :meth:`check` for clear shape errors)
+    for a new loss; the built-in tasks are subclasses too.
+
+    Attributes:
+        name: the task's name (a built-in name, or the ``"file.py:fn"`` spec).
+        formula: the formula the store records as ``output_function``.
+        token_level: whether the task reads per-token labels (language modeling).
+    """
+
+    name = "task"
+    formula = ""
+    token_level = False
+
+    def __call__(self, logits: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(f [n], Q [n])`` of a batch: ``f`` differentiable, ``Q`` the out-to-loss term (∂loss/∂f)."""
+        raise NotImplementedError
+
+    def check(self, logits: torch.Tensor, batch: Batch, row_offset: int = 0) -> None:
+        """Raise :class:`DataError` when ``logits`` or ``batch`` do not fit the task (before any gradient)."""
+
+    def identity(self) -> dict[str, Any]:
+        """``{"task", "output_function"}`` as the store records them."""
+        return {"task": self.name, "output_function": self.formula or f"{type(self).__module__}.{type(self).__qualname__}"}
+
+    def __repr__(self) -> str:
+        return f"<task {self.name}>"
+
+
+def _n(batch: Batch) -> int:
+    return int(next(iter(batch.values())).shape[0])
+
+
+class Classification(Task):
+    """The margin of ``[n, C]`` logits at the class labels ``batch["labels"] [n]`` (:func:`classification_margin`)."""
+
+    formula = "margin: logit_y - logsumexp_{j!=y} logit_j; out_to_loss 1 - p_y"
+
+    def __init__(self, name: str = "classification", formula: str | None = None):
+        self.name = name
+        self.formula = formula or self.formula
+
+    def __call__(self, logits, batch):
+        labels = batch["labels"]
+        return classification_margin(logits.reshape(*labels.shape, -1), labels)
+
+    def check(self, logits, batch, row_offset=0):
+        n = _n(batch)
+        labels = batch.get("labels")
+        if logits.ndim != 2 or logits.shape[0] != n:
+            raise DataError(
+                f"the model must return logits [n, num_classes]; for a batch of {n} it returned shape {list(logits.shape)}"
+            )
+        if labels is None or labels.ndim != 1:
+            got = "none" if labels is None else f"shape {list(labels.shape)}"
+            raise DataError(f"task {self.name} needs class labels [n] (data.*.labels); the batch has {got}")
+        n_classes = logits.shape[1]
+        bad = (labels < 0) | (labels >= n_classes)
+        if bad.any():
+            rows = (torch.nonzero(bad).flatten()[:5] + row_offset).tolist()
+            raise DataError(
+                f"labels out of range: the model has {n_classes} classes but examples {rows} have labels "
+                f"{labels[bad][:5].tolist()}; labels must be in [0, {n_classes - 1}]"
+            )
+
+
+class LanguageModeling(Task):
+    """The summed next-token margin over the target tokens of a causal LM (:func:`language_modeling_margin`)."""
+
+    name = "language_modeling"
+    formula = (
+        "sum over target tokens t (labels != -100) of logit_{t-1}(x_t) - logsumexp_{j!=x_t} logit_{t-1}(j); "
+        "out_to_loss mean over them of 1 - p_{t-1}(x_t)"
+    )
+    token_level = True
+
+    def __call__(self, logits, batch):
+        labels = token_labels(batch)
+        return language_modeling_margin(logits.reshape(*labels.shape, -1), labels)
+
+    def check(self, logits, batch, row_offset=0):
+        labels = token_labels(batch)
+        n = labels.shape[0]
+        if logits.ndim != 3 or logits.shape[:2] != labels.shape:
+            raise DataError(
+                f"task language_modeling needs a causal LM returning logits [n, L, vocab]; for input_ids "
+                f"{list(labels.shape)} the model returned shape {list(logits.shape)} (set model.kwargs.model_class: "
+                "causal_lm)"
+            )
+        vocab = logits.shape[-1]
+        bad = ((labels < 0) & (labels != IGNORE_INDEX)) | (labels >= vocab)
+        if bad.any():
+            rows = sorted(set((torch.nonzero(bad)[:, 0] + row_offset).tolist()))[:5]
+            raise DataError(
+                f"token labels out of range in examples {rows} (e.g. {labels[bad][:5].tolist()}): labels must be a "
+                f"token id in [0, {vocab - 1}] or -100 (not a target)"
+            )
+        del n
+
+
+#: The built-in tasks by name.
+BUILTIN = {
+    "classification": Classification(),
+    "text_classification": Classification(
+        "text_classification",
+        "margin of the sequence logits: logit_y - logsumexp_{j!=y} logit_j; out_to_loss 1 - p_y",
+    ),
+    "language_modeling": LanguageModeling(),
+}
+
+#: Names of the built-in tasks.
+TASKS = tuple(BUILTIN)
+
+
+class CustomTask(Task):
+    """A user's function ``fn(logits, batch) -> (f [n], Q [n])``, with its source file's sha256 for the store identity.
+
+    Attributes:
+        fn: the function (or a callable object).
+        name: ``"file.py:fn"`` / ``"pkg.mod:fn"`` as configured, or ``"module:qualname"`` of a callable.
+        file, sha256: the source file of ``fn`` and its sha256 (None when it has no file), so that a
+            changed function is refused by a store made with the old one.
+    """
+
+    def __init__(self, fn: Callable[..., Any], spec: str | None = None):
+        from trakcli.models.checkpoints import file_sha256
+
+        target = fn if inspect.isfunction(fn) or inspect.ismethod(fn) else type(fn)
+        try:
+            file = inspect.getsourcefile(target)
+        except TypeError:
+            file = None
+        self.fn = fn
+        self.name = spec or f"{getattr(target, '__module__', '?')}:{getattr(target, '__qualname__', repr(fn))}"
+        self.file = file
+        self.sha256 = file_sha256(file) if file is not None and Path(file).is_file() else None
+        self.token_level = bool(getattr(fn, "token_level", False))
+
+    def identity(self) -> dict[str, Any]:
+        return {"task": self.name, "output_function": {"function": self.name, "file": self.file, "sha256": self.sha256}}
+
+    def __call__(self, logits, batch):
+        return self.fn(logits, batch)
+
+    def check(self, logits, batch, row_offset=0):
+        """Call the function on the batch and refuse results of the wrong shape or not finite.
+
+        Raises:
+            DataError: ``fn`` raised (its file and line), did not return a pair of tensors of shape
+                ``[n]``, or returned NaN / inf (naming the first examples).
+        """
+        n = _n(batch)
+        if logits.ndim < 1 or logits.shape[0] != n:
+            raise DataError(f"the model must return logits [n, ...]; for a batch of {n} it returned {list(logits.shape)}")
+        with user_code(lambda: f"task {self.name}", error=DataError):
+            out = self.fn(logits, batch)
+        ok = (isinstance(out, (tuple, list)) and len(out) == 2 and all(isinstance(t, torch.Tensor) for t in out)
+              and all(tuple(t.shape) == (n,) for t in out))
+        if not ok:
+            shapes = ([list(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__ for t in out]
+                      if isinstance(out, (tuple, list)) else type(out).__name__)
+            given = ", ".join(f"{k} {list(v.shape)}" for k, v in batch.items())
+            raise DataError(
+                f"task {self.name} must return (f, Q), two tensors of shape [n] (one value per example); for logits "
+                f"{list(logits.shape)} and a batch of {given} it returned {shapes}; reduce over every dimension but "
+                'the first (README "Custom model outputs")'
+            )
+        for what, t in zip(("f", "Q"), out):
+            bad = ~torch.isfinite(t.detach())
+            if bad.any():
+                rows = (torch.nonzero(bad).flatten()[:5] + row_offset).tolist()
+                raise DataError(
+                    f"task {self.name} returned non-finite {what} for examples {rows}; "
+                    "compute it stably (e.g. torch.logsumexp, torch.sigmoid) and check those inputs"
+                )
+
+
+def resolve_task(task: str | Callable[..., Any] | Task) -> Task:
+    """The task object of ``task:``.
+
+    Args:
+        task: a :class:`Task`; a name of :data:`TASKS`; ``"path/to/file.py:fn"`` or ``"pkg.module:fn"``
+            (imported like ``model.entrypoint``: a function or a :class:`Task` subclass / instance);
+            or a callable ``fn(logits, batch) -> (f, Q)``.
+
+    Raises:
+        ConfigError: an unknown name that is not a function spec.
+        ModelError: the file or module cannot be imported or has no such function.
+    """
+    if isinstance(task, Task):
+        return task
+    if isinstance(task, str):
+        if task in BUILTIN:
+            return BUILTIN[task]
+        if ":" not in task:
+            raise ConfigError(
+                f"task: {task!r} is not supported; use one of {', '.join(TASKS)}, or your own output function "
+                'as "path/to/file.py:fn" or "package.module:fn" (README "Custom model outputs")'
+            )
+        from trakcli.models.build import load_function
+
+        fn = load_function(task, key="task", builtins={})
+        if isinstance(fn, type) and issubclass(fn, Task):
+            fn = fn()
+        if isinstance(fn, Task):
+            return fn
+        return CustomTask(fn, spec=task)
+    if callable(task):
+        return CustomTask(task)
+    raise ConfigError(f"task: {task!r} is neither a task name, a \"file.py:fn\" spec nor a callable")
+
+
+def task_identity(task: str | Callable[..., Any] | Task) -> dict[str, Any]:
+    """``{"task", "output_function"}`` of a store identity (:meth:`Task.identity`)."""
+    return resolve_task(task).identity()
+
+
+def make_batch(inputs: torch.Tensor | Mapping[str, torch.Tensor], labels: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """The batch a task sees: the input tensors by name (a tensor is ``"inputs"``) and ``"labels"``.
+
+    Args:
+        inputs: ``[n, ...]`` or a dict of ``[n, ...]`` tensors.
+        labels: ``[n]`` class labels, ``[n, L]`` per-token labels, or None (no labels).
+    """
+    batch = dict(inputs) if isinstance(inputs, Mapping) else {"inputs": inputs}
+    if labels is not None:
+        batch["labels"] = labels
+    return batch
+
