@@ -57,7 +57,19 @@ class ModelConfig(StrictModel):
 
 
 class DatasetConfig(StrictModel):
-    """One dataset: a built-in one, a tensor file with named keys, or a text file with named fields."""
+    """One dataset: a built-in one, a tensor file with named keys, or a text / language-model file with named fields.
+
+    Text and language-model data (a ``.jsonl`` / ``.csv`` / ``.parquet`` / ``.arrow`` file or a
+    Hugging Face datasets folder) name their fields in exactly one of four ways:
+
+    * ``text`` (+ ``text_pair``): with ``labels``, text classification (class label per row);
+      without, language modeling with every real token a target;
+    * ``prompt`` + ``completion``: language modeling, the completion's tokens are the targets;
+    * ``messages``: chat conversations rendered by the tokenizer's chat template, the
+      assistant turns' tokens are the targets;
+    * ``input_ids`` (+ ``labels``): pre-tokenized rows, with per-token labels (-100: not a
+      target) or every token a target.
+    """
 
     builtin: Literal["digits"] | None = Field(
         None, description='A bundled dataset: "digits" (scikit-learn handwritten digits).'
@@ -66,7 +78,9 @@ class DatasetConfig(StrictModel):
         None, description="Which split of the built-in dataset (train: 1437 rows, target: 360 rows)."
     )
     path: Path | None = Field(
-        None, description="A .pt file holding a dict of tensors, an .npz file, or (with `text`) a .jsonl / .csv file."
+        None,
+        description="A .pt file holding a dict of tensors, an .npz file, or (with `text`, `prompt`, `messages` or "
+        "`input_ids`) a .jsonl / .csv / .parquet / .arrow file or a Hugging Face datasets save_to_disk folder.",
     )
     inputs: str | list[str] | None = Field(
         None,
@@ -76,42 +90,109 @@ class DatasetConfig(StrictModel):
     )
     labels: str | None = Field(
         None,
-        description="Key of the integer class labels in `path`, shape [n]; for text, the label field "
-        "(optional for task language_modeling).",
+        description="Tensor file: key of the integer class labels, shape [n], or (with inputs [input_ids, "
+        "attention_mask, ...]) of per-token labels [n, L] shaped like input_ids (-100: not a target). "
+        "With `text`: the field of the integer class label (text classification; leave it out for "
+        "language modeling). With `input_ids`: the field of per-token labels, as long as input_ids "
+        "(-100: not a target; leave it out to make every token a target).",
     )
     text: str | None = Field(
-        None, description="Text data: the field (.jsonl / .csv / .parquet / .arrow / datasets folder) holding the text."
+        None,
+        description="Text data: the field holding the text (.jsonl / .csv / .parquet / .arrow / datasets folder); "
+        "with `labels` text classification, without language modeling (every token a target).",
     )
     text_pair: str | None = Field(
         None,
         description="Text data: the field holding each example's second text (sentence pairs, e.g. NLI); "
         "the two are tokenized as one pair (with token_type_ids where the tokenizer makes them). Needs `text`.",
     )
-    max_length: PositiveInt = Field(128, description="Text data: most tokens per text (longer ones are truncated).")
+    prompt: str | None = Field(
+        None,
+        description="Language-model data: the field holding the prompt (tokenized with the tokenizer's special "
+        "tokens; not a target). Needs `completion`.",
+    )
+    completion: str | None = Field(
+        None,
+        description="Language-model data: the field holding the completion, appended to the prompt's tokens "
+        "(without special tokens, plus the tokenizer's end-of-sequence token); its tokens are the targets. "
+        "Needs `prompt`.",
+    )
+    messages: str | None = Field(
+        None,
+        description="Chat data: the field holding a list of {role, content} messages, rendered by the "
+        "tokenizer's chat template; the tokens of the assistant turns are the targets.",
+    )
+    input_ids: str | None = Field(
+        None,
+        description="Pre-tokenized language-model data: the field holding each row's list of token ids "
+        "(see `labels` for per-token labels). `tokenizer` is optional (its pad token and decoding; "
+        "without one rows are padded with id 0).",
+    )
+    max_length: PositiveInt = Field(
+        128,
+        description="Text and language-model data: most tokens per row (longer rows are cut on the right, "
+        "pre-tokenized `input_ids` too).",
+    )
     tokenizer: str | None = Field(
         None,
-        description="Text data: a local Hugging Face tokenizer directory (or package/dir); "
-        "default: the directory of model.entrypoint 'hf:DIR'.",
+        description="Text and language-model data: a local Hugging Face tokenizer directory (or package/dir); "
+        "default: the directory of model.entrypoint 'hf:DIR'. `messages` need one with a chat template.",
     )
+
+    @property
+    def text_source(self) -> str | None:
+        """Which kind of text / language-model data this is: ``"text"``, ``"prompt"``, ``"messages"``,
+        ``"input_ids"``, or ``None`` (built-in or tensor-file data)."""
+        for name in ("text", "prompt", "messages", "input_ids"):
+            if getattr(self, name) is not None:
+                return name
+        return "prompt" if self.completion is not None else None
 
     @model_validator(mode="after")
     def _one_source(self) -> "DatasetConfig":
         if self.text_pair is not None and self.text is None:
             raise ValueError("`text_pair` is the second text of a pair: give `text` (the first) too")
+        if (self.prompt is None) != (self.completion is None):
+            given, other = ("prompt", "completion") if self.prompt is not None else ("completion", "prompt")
+            raise ValueError(
+                f"`{given}` needs `{other}` too: prompt + completion data name both fields (the completion's "
+                "tokens are the targets); for plain text use `text`"
+            )
+        kinds = [name for name, on in (("text", self.text), ("prompt + completion", self.prompt),
+                                       ("messages", self.messages), ("input_ids", self.input_ids)) if on is not None]
+        if len(kinds) > 1:
+            raise ValueError(
+                f"give one of `text`, `prompt` + `completion`, `messages` or `input_ids` per dataset, not "
+                f"{' and '.join(f'`{k}`' for k in kinds)}"
+            )
         if self.builtin is not None:
             if self.path is not None:
                 raise ValueError("give either `builtin` or `path`, not both")
             if self.split is None:
                 raise ValueError('a built-in dataset needs `split` ("train" or "target")')
-        elif self.text is not None:
+            if kinds:
+                raise ValueError(f"`{kinds[0]}` names fields of a file in `path`; a built-in dataset has none")
+        elif kinds:
+            kind = kinds[0]
             if self.inputs is not None:
-                raise ValueError("give either `text` (a .jsonl / .csv text file) or `inputs` (a tensor file), not both")
+                raise ValueError(
+                    f"give either `{kind}` (fields of a .jsonl / .csv / .parquet file) or `inputs` (keys of a "
+                    "tensor file), not both"
+                )
+            if self.labels is not None and kind in ("prompt + completion", "messages"):
+                target = "the completion" if kind == "prompt + completion" else "the assistant turns"
+                raise ValueError(
+                    f"`labels` is not read with `{kind}` data: its targets are the tokens of {target}; "
+                    "for per-token labels give pre-tokenized `input_ids` + `labels`"
+                )
             if self.path is None:
-                raise ValueError("a text dataset needs `path` (a .jsonl or .csv file)")
+                raise ValueError(f"a text dataset needs `path` (a .jsonl or .csv file) holding the `{kind}` field")
             if self.path.suffix.lower() not in (".jsonl", ".csv", ".parquet", ".arrow", ""):  # "": a datasets folder
                 raise ValueError(f"a text dataset reads .jsonl or .csv files (or .parquet, .arrow, a datasets "
-                                 f"folder), not {self.path.suffix!r}")
-            if self.tokenizer is None:
+                                 f"folder), not {self.path.suffix!r}"
+                                 + ("; a tensor file takes inputs: [input_ids, attention_mask] (+ labels)"
+                                    if kind == "input_ids" else ""))
+            if self.tokenizer is None and kind != "input_ids":
                 raise ValueError(
                     "a text dataset needs `tokenizer` (a local Hugging Face directory), or use "
                     "model.entrypoint 'hf:DIR', whose tokenizer is then taken"
@@ -120,7 +201,8 @@ class DatasetConfig(StrictModel):
             missing = [k for k in ("path", "inputs", "labels") if getattr(self, k) is None]
             if missing:
                 raise ValueError(
-                    f"a file dataset needs {', '.join(missing)} (or use `builtin: digits`, or `text` for a text file)"
+                    f"a file dataset needs {', '.join(missing)} (or use `builtin: digits`, or `text`, "
+                    "`prompt` + `completion`, `messages` or `input_ids` for a text file)"
                 )
         return self
 
@@ -136,6 +218,12 @@ class DataConfig(StrictModel):
         "progress bar, the manifest and the metrics JSON); featurize and score ignore it.",
     )
     batch_size: PositiveInt = Field(128, description="Examples per gradient batch.")
+    batch_tokens: PositiveInt | None = Field(
+        None,
+        description="Most tokens per batch of text and language-model data, counted as rows x the batch's "
+        "longest sequence (each batch is padded to its own longest row); a single row longer than this is a "
+        "batch of its own. None: rows only (data.batch_size). Never changes the features.",
+    )
     grad_memory_mb: PositiveInt = Field(
         1024,
         description="Most MiB of per-example gradients (batch rows x grad_dim float32) held at once: a batch "
@@ -343,8 +431,10 @@ class Config(StrictModel):
         "classification",
         description="Model output function. classification / text_classification: the margin "
         "logit_y - logsumexp_{j!=y} logit_j of the logits (of a tensor input / of a text's sequence logits); "
-        "language_modeling (causal LMs): the sum over the text's tokens of each next-token margin; "
-        'or your own "path/to/file.py:fn" / "package.module:fn", fn(logits, labels) -> (f [n], Q [n]) '
+        "language_modeling (causal LMs): the sum over the target tokens (per-token labels != -100: every token "
+        "of plain text, the completion, the assistant turns) of each next-token margin; "
+        'or your own "path/to/file.py:fn" / "package.module:fn", fn(logits, batch) -> (f [n], Q [n]) where '
+        'batch holds every tensor of the batch (input_ids, attention_mask, labels, ...) '
         '(README "Custom model outputs").',
     )
     grad_wrt: list[str] | None = Field(

@@ -1,4 +1,5 @@
-"""Loading the dataset a config section describes: the bundled digits, a tensor file or a text file."""
+"""Loading the dataset a config section describes: the bundled digits, a tensor file, or text and
+language-model data (read lazily, :class:`trakcli.data.text.TextDataset`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 
 from trakcli.data.digits import DIGITS_IMAGE_SHAPE, load_digits_split
 from trakcli.data.tensors import TensorDataset
-from trakcli.data.text import load_text
+from trakcli.data.text import IGNORE_INDEX, TextDataset
 from trakcli.errors import DataError, exception_text
 
 if TYPE_CHECKING:  # the config schema is only read here (attributes), never built
@@ -65,15 +66,36 @@ def _as_tensor(value: Any, what: str, expected: str) -> torch.Tensor:
     return torch.as_tensor(arr)
 
 
-def _labels(value: Any, cfg: DatasetConfig, key: str, n: int) -> torch.Tensor:
-    """Checked int64 labels ``[n]`` of a tensor file (raises DataError as :func:`load_dataset`)."""
+def _labels(value: Any, cfg: DatasetConfig, key: str, n: int, token_shape: list[int] | None = None) -> torch.Tensor:
+    """Checked int64 labels of a tensor file (raises DataError as :func:`load_dataset`).
+
+    ``[n]`` class indices >= 0; or, when ``token_shape`` (the shape ``[n, L]`` of the
+    ``input_ids`` input) is given, also ``[n, L]`` per-token labels: -100 (not a target)
+    or a token id >= 0.
+    """
     y = _as_tensor(value, f"{key}: labels {cfg.labels!r} of {cfg.path}", "integer class indices")
-    if y.ndim != 1 or y.shape[0] != n:
-        raise DataError(f"{key}: labels {cfg.labels!r} must be 1-D with one per row ({n}), got shape {list(y.shape)}")
+    per_token = token_shape is not None and y.ndim == 2
+    if per_token and list(y.shape) != token_shape:
+        raise DataError(
+            f"{key}: per-token labels {cfg.labels!r} must have the shape of input_ids {token_shape}, "
+            f"got {list(y.shape)}"
+        )
+    if not per_token and (y.ndim != 1 or y.shape[0] != n):
+        also = f", or [n, L] per-token labels shaped like input_ids {token_shape}" if token_shape is not None else ""
+        raise DataError(
+            f"{key}: labels {cfg.labels!r} must be 1-D with one per row ({n}){also}, got shape {list(y.shape)}"
+        )
     if y.dtype == torch.bool or y.is_complex() or (y.is_floating_point() and not torch.equal(y, y.round())):
-        raise DataError(f"{key}: labels {cfg.labels!r} must be integer class indices, got {y.dtype} values")
-    if (y < 0).any():
-        bad = torch.nonzero(y < 0).flatten()[:5].tolist()
+        what = "integer per-token labels" if per_token else "integer class indices"
+        raise DataError(f"{key}: labels {cfg.labels!r} must be {what}, got {y.dtype} values")
+    bad_mask = (y < 0) & (y != IGNORE_INDEX) if per_token else y < 0
+    if bad_mask.any():
+        bad = torch.nonzero(bad_mask)[:5].tolist() if per_token else torch.nonzero(bad_mask).flatten()[:5].tolist()
+        if per_token:
+            raise DataError(
+                f"{key}: per-token labels {cfg.labels!r} must be token ids >= 0 or {IGNORE_INDEX} (not a target); "
+                f"positions [row, token] {bad} hold other negative values"
+            )
         raise DataError(f"{key}: labels must be >= 0; rows {bad} have negative labels")
     return y.to(torch.int64).contiguous()
 
@@ -96,39 +118,39 @@ def _dict_dataset(cfg: DatasetConfig, contents: dict[str, Any], key: str) -> Ten
     if len(set(n.values())) != 1 or 0 in n.values():
         raise DataError(f"{key}: the inputs {keys} must have the same number of rows (> 0); rows per key: {n}")
     xs = {k: (x.to(torch.float32) if x.is_floating_point() else x).contiguous() for k, x in xs.items()}
-    y = _labels(contents[cfg.labels], cfg, key, next(iter(n.values())))
+    ids = xs.get("input_ids")
+    token_shape = list(ids.shape) if ids is not None and ids.ndim == 2 else None
+    y = _labels(contents[cfg.labels], cfg, key, next(iter(n.values())), token_shape)
     return TensorDataset(xs, y, f"{cfg.path}[{','.join(keys)}]")
 
 
-def load_dataset(cfg: DatasetConfig, *, key: str = "data.train") -> TensorDataset:
+def load_dataset(cfg: DatasetConfig, *, key: str = "data.train") -> TensorDataset | TextDataset:
     """Load one dataset described by the config.
 
     Args:
-        cfg: the dataset section (``builtin``+``split`` or ``path``+``inputs``+``labels``).
+        cfg: the dataset section (``builtin``+``split``, ``path``+``inputs``+``labels``, or
+            ``path`` + one of ``text`` / ``prompt`` + ``completion`` / ``messages`` / ``input_ids``).
         key: the dotted config key, used in error messages.
 
     Returns:
-        A :class:`TensorDataset` with float32 inputs (text: a dict of int64
-        ``input_ids`` / ``attention_mask``, see :func:`trakcli.data.text.load_text`) and
-        int64 labels.
+        A :class:`TensorDataset` (built-in data and tensor files: float32 inputs or a dict of
+        tensors, int64 labels ``[n]``, or ``[n, L]`` per-token labels beside ``input_ids``), or
+        for text and language-model data a :class:`~trakcli.data.text.TextDataset`, which
+        reads and tokenizes rows as its batches need them.
 
     Raises:
-        DataError: unreadable file, missing key, empty data, mismatched lengths
-            or non-integer labels.
+        DataError: unreadable file, missing key or field, empty data, mismatched lengths
+            or bad labels.
     """
     if cfg.builtin == "digits":
         x_tr, y_tr, x_ta, y_ta = load_digits_split()
         if cfg.split == "train":
             return TensorDataset(x_tr, y_tr, "digits/train", image_shape=DIGITS_IMAGE_SHAPE)
         return TensorDataset(x_ta, y_ta, "digits/target", image_shape=DIGITS_IMAGE_SHAPE)
-    if cfg.text is not None:
-        if cfg.path is None or cfg.tokenizer is None:  # the config model fills both or refuses
+    if any(getattr(cfg, f) is not None for f in ("text", "prompt", "completion", "messages", "input_ids")):
+        if cfg.path is None or (cfg.tokenizer is None and cfg.input_ids is None):  # the config model refuses
             raise DataError(f"{key}: a text dataset needs `path` and `tokenizer`")
-        inputs, labels, name = load_text(
-            cfg.path, cfg.text, cfg.labels, cfg.tokenizer, cfg.max_length, key=key, text_pair=cfg.text_pair
-        )
-        shape = {k: [cfg.max_length] for k in sorted(inputs)}
-        return TensorDataset(inputs, labels, name, input_shape=shape)
+        return TextDataset.from_config(cfg, key=key)
     if cfg.path is None or cfg.inputs is None or cfg.labels is None:  # the config model fills all three or refuses
         raise DataError(f"{key}: a file dataset needs `path`, `inputs` and `labels`")
     contents = _read_file(cfg.path)

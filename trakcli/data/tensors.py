@@ -1,15 +1,17 @@
-"""In-memory datasets: ``inputs`` and ``labels [n]`` (int64 class indices), and batching by row slices.
+"""In-memory datasets: ``inputs`` and ``labels`` (``[n]`` int64 class indices, or ``[n, L]`` per-token
+labels of token data), and batching by row slices.
 
-``inputs`` is a tensor ``[n, ...]`` (float32), or for text a dict of tensors
-``{"input_ids": [n, L], "attention_mask": [n, L]}`` (int64, tokenized by
-:mod:`trakcli.data.text`). Batching is slicing rows (of every tensor of the dict).
+``inputs`` is a tensor ``[n, ...]`` (float32), or a dict of tensors such as
+``{"input_ids": [n, L], "attention_mask": [n, L]}`` (int64). Batching is slicing
+rows (of every tensor of the dict). Text and language-model files are read
+lazily instead, by :class:`trakcli.data.text.TextDataset` (same interface).
 """
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any, Iterator, Union
+from typing import Any, Iterable, Iterator, Union
 
 import numpy as np
 import torch
@@ -39,6 +41,45 @@ def inputs_to(inputs: Inputs, device: torch.device | str) -> Inputs:
     return inputs.to(device)
 
 
+def batch_fits(rows: int, longest: int, batch_size: int, max_tokens: int | None) -> bool:
+    """Whether a batch of ``rows`` rows padded to ``longest`` tokens keeps within the bounds.
+
+    A batch holds at most ``batch_size`` rows and, with ``max_tokens``, at most ``max_tokens``
+    padded tokens (``rows x longest``); a single row always fits (a row longer than
+    ``max_tokens`` is a batch of its own).
+    """
+    if rows <= 1:
+        return True
+    return rows <= batch_size and (max_tokens is None or rows * longest <= max_tokens)
+
+
+def cut_batches(lengths: Iterable[int], batch_size: int, max_tokens: int | None) -> Iterator[tuple[int, int]]:
+    """Cut consecutive rows of the given token lengths into batches, greedily (see :func:`batch_fits`).
+
+    Args:
+        lengths: tokens of each row, in order.
+        batch_size: most rows per batch.
+        max_tokens: most padded tokens (rows x the batch's longest row) per batch; ``None``: rows only.
+
+    Yields:
+        ``(rows, longest)`` of each batch, in order; ``longest`` is at least 1.
+    """
+    rows, longest = 0, 1
+    for n in lengths:
+        grown = max(longest, n, 1)
+        if rows and not batch_fits(rows + 1, grown, batch_size, max_tokens):
+            yield rows, longest
+            rows, grown = 0, max(n, 1)
+        rows, longest = rows + 1, grown
+    if rows:
+        yield rows, longest
+
+
+def _token_rows(v: torch.Tensor, lo: int, hi: int, width: int, longest: int) -> torch.Tensor:
+    """Rows ``[lo, hi)`` of ``v``; an ``[n, width]`` tensor (per token) cut to its first ``longest`` columns."""
+    return v[lo:hi, :longest] if v.ndim == 2 and v.shape[1] == width else v[lo:hi]
+
+
 @dataclass(frozen=True)
 class TensorDataset:
     """Inputs and labels of one split.
@@ -46,7 +87,8 @@ class TensorDataset:
     Attributes:
         inputs: ``[n, ...]`` float32 tensor on the CPU, or a dict of ``[n, L]``
             int64 tensors (text: ``input_ids``, ``attention_mask``).
-        labels: ``[n]`` int64 class indices on the CPU.
+        labels: ``[n]`` int64 class indices on the CPU, or for token data (a dict with
+            ``input_ids``) ``[n, L]`` int64 per-token labels (-100: not a target).
         name: human-readable origin, used in messages.
         input_shape: the per-example shape the fingerprint reports; ``None``:
             ``inputs.shape[1:]`` (text: ``[max_length]`` per key, since the
@@ -67,11 +109,43 @@ class TensorDataset:
     def __len__(self) -> int:
         return int(self.labels.shape[0])
 
-    def batches(self, start: int, stop: int, batch_size: int) -> Iterator[tuple[int, Inputs, torch.Tensor]]:
-        """Yield ``(row_offset, inputs[b], labels[b])`` for rows ``[start, stop)`` in batches."""
-        for lo in range(start, stop, batch_size):
-            hi = min(lo + batch_size, stop)
-            yield lo, slice_inputs(self.inputs, lo, hi), self.labels[lo:hi]
+    def batches(
+        self, start: int, stop: int, batch_size: int, max_tokens: int | None = None
+    ) -> Iterator[tuple[int, Inputs, torch.Tensor]]:
+        """Yield ``(row_offset, inputs[b], labels[b])`` for rows ``[start, stop)`` in consecutive batches.
+
+        Args:
+            start, stop: the rows, ``0 <= start <= stop <= len(self)``.
+            batch_size: most rows per batch.
+            max_tokens: most padded tokens per batch (``data.batch_tokens``). Applied only to token
+                data, a dict of inputs with a 2-D ``attention_mask [n, L]``: each batch is cut so that
+                rows x its longest sequence (up to the last attended position) stays within
+                ``max_tokens`` (a single longer row is a batch of its own), and every ``[n, L]``
+                tensor of the batch (and ``[n, L]`` per-token labels) is cut to that length: only
+                columns that are padding in every row of the batch are dropped, which changes
+                nothing a model computes from right-padded rows. Ignored for other data, and
+                ``None`` (the default) keeps the saved width.
+
+        Yields:
+            ``(row_offset, inputs, labels)``: the dataset index of the batch's first row, the rows'
+            inputs (as :attr:`inputs`, ``[b, ...]``) and labels (``[b]``, or ``[b, L_b]`` per token).
+        """
+        am = self.inputs.get("attention_mask") if isinstance(self.inputs, dict) else None
+        if max_tokens is None or am is None or am.ndim != 2:
+            for lo in range(start, stop, batch_size):
+                hi = min(lo + batch_size, stop)
+                yield lo, slice_inputs(self.inputs, lo, hi), self.labels[lo:hi]
+            return
+        width = am.shape[1]
+        real = am[start:stop] != 0  # [rows, L]
+        last = width - real.flip(1).to(torch.int8).argmax(1)  # one past the last attended position
+        lengths = torch.where(real.any(1), last, torch.zeros_like(last)).tolist()
+        lo = start
+        for size, longest in cut_batches(lengths, batch_size, max_tokens):
+            hi = lo + size
+            inputs = {k: _token_rows(v, lo, hi, width, longest) for k, v in self.inputs.items()}
+            yield lo, inputs, _token_rows(self.labels, lo, hi, width, longest)
+            lo = hi
 
     def fingerprint(self) -> dict[str, Any]:
         """Shape, dtype and a sha256 of the rows in order (inputs then labels).

@@ -1,26 +1,199 @@
-"""Text datasets: ``.jsonl`` / ``.csv`` / ``.parquet`` / ``.arrow`` files or a Hugging Face datasets
-``save_to_disk`` folder, tokenized by a local Hugging Face tokenizer."""
+"""Text and language-model data, read and tokenized lazily: :class:`TextDataset`.
+
+Sources: a ``.jsonl`` file (one JSON object per line), a ``.csv`` file (a header
+row), a ``.parquet`` or ``.arrow`` file, or a Hugging Face datasets
+``save_to_disk`` folder. Rows name their fields in one of four ways:
+
+* ``text`` + ``labels``: text classification; the text (with ``text_pair``, the
+  tokenizer's pair) is the input, the label a class index (labels ``[b]``).
+* ``text``: language modeling; every real token is a target.
+* ``prompt`` + ``completion``: the prompt's tokens (with the tokenizer's special
+  tokens), then the completion's (without), then the end-of-sequence token; the
+  completion and the end-of-sequence token are the targets.
+* ``messages``: a list of ``{role, content}`` rendered by the tokenizer's chat
+  template; the tokens of the assistant turns are the targets.
+* ``input_ids`` (+ ``labels``): pre-tokenized ids, with per-token labels or every
+  token a target.
+
+Per-token labels follow the convention of transformers, TRL and Bergson: they are
+*unshifted*, ``labels[t] = input_ids[t]`` where token ``t`` is a target and ``-100``
+elsewhere (padding included); the model's prediction at ``t - 1`` is scored against
+``labels[t]``.
+
+Memory does not grow with ``n x max_length``: a ``.jsonl`` file is held as the
+byte offsets of its lines (``[n]`` int64, from one streaming pass), Arrow and
+Parquet data as a (memory-mapped where possible) columnar table with only the
+fields read, a ``.csv`` file as its records. Rows are read and tokenized when a
+batch needs them and padded to the batch's own longest row.
+"""
 
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
+from array import array
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator, Sequence
 
+import numpy as np
 import torch
 
+from trakcli.data.tensors import batch_fits
 from trakcli.errors import DataError, ModelError
 from trakcli.models.hf import import_transformers, resolve_hf_path
 
+#: Label of a token that is not a target (PyTorch's ``cross_entropy`` ``ignore_index``, as in transformers).
+IGNORE_INDEX = -100
 
-def _read_arrow(path: Path, key: str) -> list[dict[str, Any]]:
-    """Rows of a Hugging Face datasets folder (``save_to_disk``), a ``.parquet`` or an ``.arrow`` file (via pyarrow).
+#: Rows read and tokenized at once inside :meth:`TextDataset.batches` (bounds the memory of one call).
+WINDOW_ROWS = 1024
+
+#: Rows checked when a :class:`TextDataset` is built, so a wrong field name fails at once.
+CHECKED_ROWS = 8
+
+#: Bumped when the tokens or labels made from the same rows change (part of the fingerprint).
+TOKENIZATION_VERSION = 1
+
+#: Files of a tokenizer directory that fix its tokenization (hashed by :meth:`TextDataset.fingerprint`).
+_TOKENIZER_PREFIXES = ("tokenizer", "vocab", "merges", "special_tokens_map", "added_tokens", "chat_template",
+                       "spiece", "sentencepiece", "spm")
+_TOKENIZER_SUFFIXES = (".model", ".tiktoken", ".jinja")
+
+#: How each kind of data is named in messages.
+_KIND_NAMES = {"text": "text", "prompt": "prompt + completion", "messages": "messages", "input_ids": "input_ids"}
+
+
+# --- reading rows -----------------------------------------------------------------------------------
+
+
+class _JsonlRows:
+    """A ``.jsonl`` file held as the byte offsets of its non-blank lines; rows are parsed when read."""
+
+    def __init__(self, path: Path, key: str):
+        self.path, self.key = path, key
+        offsets = array("q")
+        pos = 0
+        try:
+            with open(path, "rb") as f:
+                for line in f:
+                    if line.strip():
+                        offsets.append(pos)
+                    pos += len(line)
+        except OSError as e:
+            raise DataError(f"{key}: cannot read {path}: {e}") from None
+        self.offsets = np.frombuffer(offsets, dtype=np.int64) if len(offsets) else np.zeros(0, np.int64)  # [n]
+        self.size = pos
+
+    def __len__(self) -> int:
+        return int(self.offsets.shape[0])
+
+    def fields(self) -> list[str]:
+        return sorted(self.read(0, 1)[0]) if len(self) else []
+
+    def read(self, lo: int, hi: int) -> list[dict[str, Any]]:
+        if hi <= lo:
+            return []
+        start = int(self.offsets[lo])
+        end = int(self.offsets[hi]) if hi < len(self) else self.size
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(start)
+                data = f.read(end - start)
+        except OSError as e:
+            raise DataError(f"{self.key}: cannot read {self.path}: {e}") from None
+        lines = [line for line in data.split(b"\n") if line.strip()]
+        if len(lines) != hi - lo:
+            raise DataError(f"{self.key}: {self.path} changed while it was read (rows {lo}..{hi - 1}); "
+                            "keep the data file unchanged during a run")
+        return [self._parse(line, lo + j) for j, line in enumerate(lines)]
+
+    def take(self, indices: Sequence[int]) -> list[dict[str, Any]]:
+        return [self.read(i, i + 1)[0] for i in indices]
+
+    def _parse(self, line: bytes, row: int) -> dict[str, Any]:
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            where = f"{self.key}: {self.path} line {self._line_number(row)}"
+            raise DataError(f"{where} is not valid JSON ({e.msg})") from None
+        except UnicodeDecodeError as e:
+            where = f"{self.key}: {self.path} line {self._line_number(row)}"
+            raise DataError(f"{where} is not UTF-8 ({e.reason})") from None
+        if not isinstance(rec, dict):
+            raise DataError(f"{self.key}: {self.path} line {self._line_number(row)} is a {type(rec).__name__}, "
+                            "not a JSON object")
+        return rec
+
+    def _line_number(self, row: int) -> int:
+        """1-based line number of ``row`` (counts the newlines before it; only for messages)."""
+        remaining, count = int(self.offsets[row]), 0
+        with open(self.path, "rb") as f:
+            while remaining > 0:
+                block = f.read(min(remaining, 1 << 20))
+                if not block:
+                    break
+                count += block.count(b"\n")
+                remaining -= len(block)
+        return count + 1
+
+
+class _TableRows:
+    """A pyarrow table (of the needed columns only); rows are sliced out and converted when read."""
+
+    def __init__(self, table: Any, names: list[str], needed: list[str]):
+        self.names = names
+        self.columns = [c for c in dict.fromkeys(needed) if c in names]
+        self.n = int(table.num_rows)
+        self.table = table.select(self.columns)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def fields(self) -> list[str]:
+        return sorted(self.names)
+
+    def read(self, lo: int, hi: int) -> list[dict[str, Any]]:
+        hi = min(hi, self.n)
+        if not self.columns:  # none of the fields exists: rows without them, for the message
+            return [{} for _ in range(max(0, hi - lo))]
+        return self.table.slice(lo, max(0, hi - lo)).to_pylist()
+
+    def take(self, indices: Sequence[int]) -> list[dict[str, Any]]:
+        return self.table.take(list(indices)).to_pylist() if self.columns else [{} for _ in indices]
+
+
+class _ListRows:
+    """Records held in memory (``.csv``)."""
+
+    def __init__(self, records: list[dict[str, Any]], names: list[str]):
+        self.records, self.names = records, names
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def fields(self) -> list[str]:
+        return sorted(k for k in (self.records[0] if self.records else {}) if k is not None) or sorted(self.names)
+
+    def read(self, lo: int, hi: int) -> list[dict[str, Any]]:
+        return self.records[lo:hi]
+
+    def take(self, indices: Sequence[int]) -> list[dict[str, Any]]:
+        return [self.records[i] for i in indices]
+
+
+def _arrow_table(path: Path, key: str, needed: list[str]) -> tuple[Any, list[str]]:
+    """The columns ``needed`` (those present) of a datasets folder, ``.parquet`` or ``.arrow`` file, and the
+    names of all its columns.
+
+    Arrow files are memory-mapped (datasets writes them uncompressed), so their rows are
+    paged in as they are read.
 
     Raises:
         DataError: pyarrow missing, a ``DatasetDict`` folder (names its splits), or an unreadable file.
     """
     try:
+        import pyarrow as pa
         import pyarrow.ipc as ipc
         import pyarrow.parquet as pq
     except ImportError:
@@ -36,47 +209,49 @@ def _read_arrow(path: Path, key: str) -> list[dict[str, Any]]:
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise DataError(f"{key}: {path} is not a Hugging Face datasets save_to_disk folder "
                             f"(no readable state.json: {e})") from None
-        return [row for f in files for row in _read_arrow(f, key)]
+        parts = [_arrow_table(f, key, needed) for f in files]
+        if not parts:
+            raise DataError(f"{key}: {path} has no rows; it needs at least one text")
+        names = parts[0][1]
+        keep = [c for c in dict.fromkeys(needed) if c in names] or names[:1]  # a column keeps the row count
+        try:
+            return pa.concat_tables([t.select(keep) for t, _ in parts]), names
+        except Exception as e:  # noqa: BLE001  (files with different columns)
+            raise DataError(f"{key}: the files of {path} do not hold the same columns: {e}") from None
     try:
         if path.suffix.lower() == ".parquet":
-            return pq.read_table(path).to_pylist()
+            names = list(pq.read_schema(path).names)
+            table = pq.read_table(path, columns=[c for c in dict.fromkeys(needed) if c in names], memory_map=True)
+            return table, names
+        source = pa.memory_map(str(path))
         try:
-            with ipc.open_stream(path) as reader:  # what datasets writes
-                return reader.read_all().to_pylist()
+            table = ipc.open_stream(source).read_all()  # what datasets writes
         except Exception:  # noqa: BLE001  (the other Arrow IPC layout)
-            with ipc.open_file(path) as reader:
-                return reader.read_all().to_pylist()
+            table = ipc.open_file(pa.memory_map(str(path))).read_all()
+        return table, list(table.column_names)
     except Exception as e:  # noqa: BLE001
         raise DataError(f"{key}: cannot read {path}: {e.__class__.__name__}: {e}") from None
 
 
-def _read_records(path: Path, key: str) -> list[dict[str, Any]]:
+def _open_rows(path: Path, key: str, needed: list[str]) -> _JsonlRows | _TableRows | _ListRows:
     suffix = path.suffix.lower()
     if path.is_dir() or suffix in (".parquet", ".arrow"):
-        return _read_arrow(path, key)
-    try:
-        if suffix == ".jsonl":
-            records = []
-            with open(path, encoding="utf-8") as f:
-                for i, line in enumerate(f, 1):
-                    if not line.strip():
-                        continue
-                    try:
-                        rec = json.loads(line)
-                    except json.JSONDecodeError as e:
-                        raise DataError(f"{key}: {path} line {i} is not valid JSON ({e.msg})") from None
-                    if not isinstance(rec, dict):
-                        raise DataError(f"{key}: {path} line {i} is a {type(rec).__name__}, not a JSON object")
-                    records.append(rec)
-            return records
-        if suffix == ".csv":
+        return _TableRows(*_arrow_table(path, key, needed), needed)
+    if suffix == ".jsonl":
+        return _JsonlRows(path, key)
+    if suffix == ".csv":
+        try:
             with open(path, encoding="utf-8", newline="") as f:
-                return list(csv.DictReader(f))
-    except DataError:
-        raise
-    except (OSError, UnicodeDecodeError, csv.Error) as e:
-        raise DataError(f"{key}: cannot read {path}: {e}") from None
-    raise DataError(f"{key}: text data file {path} has suffix {suffix!r}; use .jsonl or .csv")
+                reader = csv.DictReader(f)
+                records = list(reader)
+                return _ListRows(records, list(reader.fieldnames or []))
+        except (OSError, UnicodeDecodeError, csv.Error) as e:
+            raise DataError(f"{key}: cannot read {path}: {e}") from None
+    raise DataError(f"{key}: text data file {path} has suffix {suffix!r}; use .jsonl or .csv "
+                    "(or .parquet, .arrow, a datasets folder)")
+
+
+# --- checking values --------------------------------------------------------------------------------
 
 
 def _int_label(value: Any, row: int, field: str, key: str) -> int:
@@ -91,6 +266,61 @@ def _int_label(value: Any, row: int, field: str, key: str) -> int:
     )
 
 
+def _int_list(value: Any, row: int, field: str, key: str, what: str) -> list[int]:
+    """A list of integers (a list, array, or for ``.csv`` cells its JSON text)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            pass
+    arr = np.asarray(value) if isinstance(value, (list, tuple, np.ndarray)) else None
+    if arr is not None and arr.ndim == 1 and arr.size and arr.dtype.kind in "iu":
+        return arr.astype(np.int64).tolist()
+    if arr is not None and arr.ndim == 1 and arr.size and arr.dtype.kind == "f" and np.all(arr == np.round(arr)):
+        return arr.astype(np.int64).tolist()
+    shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+    raise DataError(f"{key}: row {row} has {field}={shown}; {what} must be a non-empty list of integers")
+
+
+def _messages(value: Any, row: int, field: str, key: str) -> list[dict[str, Any]]:
+    """A conversation: a non-empty list of ``{role, content}`` dicts with at least one assistant turn."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            pass
+    ok = isinstance(value, (list, tuple)) and len(value) > 0 and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and "content" in m for m in value
+    )
+    if not ok:
+        shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+        raise DataError(f"{key}: row {row} has {field}={shown}; messages must be a non-empty list of "
+                        '{"role": ..., "content": ...} objects')
+    if not any(m["role"] == "assistant" for m in value):
+        roles = [m["role"] for m in value]
+        raise DataError(f"{key}: row {row} has no assistant turn (roles {roles}); the assistant turns are the "
+                        "targets of messages data, so every conversation needs one")
+    return [{k: v for k, v in m.items() if v is not None or k == "content"} for m in value]
+
+
+def _shorten(text: str, max_chars: int | None) -> str:
+    text = " ".join(text.split())
+    if max_chars is not None and len(text) > max_chars:
+        return text[: max(1, max_chars - 1)] + "…"
+    return text
+
+
+def _message_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # content parts: [{"type": "text", "text": ...}, ...]
+        return " ".join(str(p.get("text", "")) if isinstance(p, dict) else str(p) for p in content)
+    return "" if content is None else str(content)
+
+
+# --- the tokenizer ----------------------------------------------------------------------------------
+
+
 def load_tokenizer(spec: str, *, key: str = "data.train.tokenizer") -> Any:
     """A tokenizer from a local directory (see :func:`trakcli.models.hf.resolve_hf_path`), padding on the right.
 
@@ -101,7 +331,7 @@ def load_tokenizer(spec: str, *, key: str = "data.train.tokenizer") -> Any:
     """
     try:
         tf = import_transformers()
-        path = resolve_hf_path(spec)
+        path = resolve_hf_path(spec, need="tokenizer")
     except ModelError as e:
         raise DataError(f"{key}: {e}") from None
     try:
@@ -116,18 +346,495 @@ def load_tokenizer(spec: str, *, key: str = "data.train.tokenizer") -> Any:
     return tok
 
 
+def _tokenizer_files(tokenizer: Any) -> list[Path]:
+    """The files of the tokenizer's directory that fix its tokenization, sorted by name."""
+    folder = Path(str(getattr(tokenizer, "name_or_path", "") or ""))
+    if not folder.is_dir():
+        return []
+    files = [p for p in folder.rglob("*") if p.is_file() and (
+        p.name.lower().startswith(_TOKENIZER_PREFIXES) or p.suffix.lower() in _TOKENIZER_SUFFIXES
+        or p.parent.name == "additional_chat_templates")]
+    return sorted(files, key=lambda p: p.relative_to(folder).as_posix())
+
+
+# --- the dataset ------------------------------------------------------------------------------------
+
+
+#: One tokenized row: (input_ids, token_type_ids or None, label: class index or per-token labels).
+_Row = tuple[list[int], "list[int] | None", "int | list[int]"]
+
+
+class TextDataset:
+    """Text or language-model data, read and tokenized as batches need it (the interface of
+    :class:`~trakcli.data.tensors.TensorDataset` that featurize and score use).
+
+    Exactly one of ``text``, ``prompt`` + ``completion``, ``messages`` or ``input_ids``
+    names the data (see the module docstring). The first :data:`CHECKED_ROWS` rows are
+    read and tokenized when the dataset is built, so a wrong field name, a missing chat
+    template or a bad label fails at once; later rows are checked when they are read.
+
+    Args:
+        path: a ``.jsonl`` / ``.csv`` / ``.parquet`` / ``.arrow`` file or a datasets ``save_to_disk`` folder.
+        text, text_pair, labels, prompt, completion, messages, input_ids: field names
+            (as :class:`trakcli.config.DatasetConfig`).
+        tokenizer: a tokenizer directory (:func:`load_tokenizer`) or a loaded tokenizer; optional
+            for ``input_ids`` only (padding with id 0, texts shown as ids).
+        max_length: most tokens per row; longer rows are cut on the right.
+        key: the dotted config key, used in error messages.
+
+    Attributes:
+        name: human-readable origin (``"file.jsonl[text]"``).
+        kind: ``"text"``, ``"prompt"``, ``"messages"`` or ``"input_ids"``.
+        per_token_labels: whether :meth:`batches` yields per-token labels ``[b, L_b]``
+            (language modeling) rather than class indices ``[b]`` (text classification).
+        input_keys: the keys of the inputs dict, sorted.
+        pad_token_id: the id padding is filled with.
+        tokenizer: the tokenizer, or ``None``.
+        image_shape: always ``None`` (not images).
+
+    Raises:
+        DataError: unreadable file, no rows, missing fields (naming the rows and the fields
+            there are), bad labels, or a tokenizer that is missing or has no chat template.
+    """
+
+    image_shape = None
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        text: str | None = None,
+        text_pair: str | None = None,
+        labels: str | None = None,
+        prompt: str | None = None,
+        completion: str | None = None,
+        messages: str | None = None,
+        input_ids: str | None = None,
+        tokenizer: Any = None,
+        max_length: int = 128,
+        key: str = "data.train",
+    ):
+        self.path, self.key, self.max_length = Path(path), key, int(max_length)
+        given = {"text": text, "prompt": prompt if prompt is not None else completion,
+                 "messages": messages, "input_ids": input_ids}
+        kinds = [k for k, v in given.items() if v is not None]
+        if len(kinds) != 1:
+            raise DataError(f"{key}: give exactly one of text, prompt + completion, messages or input_ids "
+                            f"(got {', '.join(kinds) or 'none'})")
+        self.kind = kinds[0]
+        if self.kind == "prompt" and (prompt is None or completion is None):
+            raise DataError(f"{key}: prompt + completion data need both fields")
+        if text_pair is not None and self.kind != "text":
+            raise DataError(f"{key}: text_pair is the second text of `text`")
+        if labels is not None and self.kind in ("prompt", "messages"):
+            raise DataError(f"{key}: labels are not read with {_KIND_NAMES[self.kind]} data")
+        if self.max_length < 1:
+            raise DataError(f"{key}.max_length: {max_length}; it must be at least 1")
+        self.text, self.text_pair, self.label_field = text, text_pair, labels
+        self.prompt, self.completion, self.messages, self.input_ids_field = prompt, completion, messages, input_ids
+        self.per_token_labels = not (self.kind == "text" and labels is not None)
+        fields = {"text": [text, text_pair], "prompt": [prompt, completion], "messages": [messages],
+                  "input_ids": [input_ids]}[self.kind] + [labels]
+        self.fields: list[str] = [f for f in fields if f is not None]  # must be present in every row
+
+        if isinstance(tokenizer, (str, Path)):
+            tokenizer = load_tokenizer(str(tokenizer), key=f"{key}.tokenizer")
+        if tokenizer is None and self.kind != "input_ids":
+            raise DataError(f"{key}.tokenizer: {_KIND_NAMES[self.kind]} data need a tokenizer (a local Hugging Face "
+                            "directory); set tokenizer, or use model.entrypoint 'hf:DIR'")
+        self.tokenizer = tokenizer
+        if self.kind == "messages" and not getattr(tokenizer, "chat_template", None):
+            where = getattr(tokenizer, "name_or_path", "") or "the tokenizer"
+            raise DataError(
+                f"{key}.tokenizer: the tokenizer in {where} has no chat template, which messages data need to "
+                "render conversations; set tokenizer to a folder whose tokenizer_config.json has a chat_template "
+                "(e.g. the instruct model's), or give the data as prompt + completion"
+            )
+        pad = getattr(tokenizer, "pad_token_id", None) if tokenizer is not None else None
+        self.pad_token_id = int(pad) if pad is not None else 0
+        self.eos_token_id = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None
+        pairs = self.kind == "text" and text_pair is not None and tokenizer is not None and (
+            "token_type_ids" in getattr(tokenizer, "model_input_names", ()))
+        self.input_keys: tuple[str, ...] = ("attention_mask", "input_ids") + (("token_type_ids",) if pairs else ())
+        detail = {"text": f"{text}{',' + text_pair if text_pair else ''}", "prompt": f"{prompt},{completion}",
+                  "messages": messages, "input_ids": input_ids}[self.kind]
+        self.name = f"{self.path}[{detail}]"
+
+        self._rows = _open_rows(self.path, key, self.fields)
+        if not len(self._rows):
+            raise DataError(f"{key}: {self.path} has no rows; it needs at least one text")
+        self._labels: torch.Tensor | None = None
+        self._fingerprint: dict[str, Any] | None = None
+        self._padded: tuple[dict[str, torch.Tensor], torch.Tensor] | None = None
+        self._encode(self._rows.read(0, min(CHECKED_ROWS, len(self))), 0)
+
+    @classmethod
+    def from_config(cls, cfg: Any, *, key: str = "data.train") -> "TextDataset":
+        """The dataset of a :class:`trakcli.config.DatasetConfig` section with ``text``, ``prompt``,
+        ``messages`` or ``input_ids`` (raises as the constructor)."""
+        if cfg.path is None:
+            raise DataError(f"{key}: a text dataset needs `path`")
+        return cls(
+            cfg.path, text=cfg.text, text_pair=cfg.text_pair, labels=cfg.labels, prompt=cfg.prompt,
+            completion=cfg.completion, messages=cfg.messages, input_ids=cfg.input_ids, tokenizer=cfg.tokenizer,
+            max_length=cfg.max_length, key=key,
+        )
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __repr__(self) -> str:
+        return f"TextDataset({self.name}, n={len(self)}, kind={self.kind}, max_length={self.max_length})"
+
+    # --- rows -> values -> tokens ---------------------------------------------------------------------
+
+    def _values(self, rows: list[dict[str, Any]], lo: int) -> list[Any]:
+        """The checked, JSON-able values of the named fields of rows ``lo, lo + 1, ...`` (what the fingerprint hashes).
+
+        Raises:
+            DataError: a row lacks a field (``None`` counts as missing), or a value is malformed.
+        """
+        for field in self.fields:
+            bad = [lo + i for i, r in enumerate(rows) if r.get(field) is None]
+            if bad:
+                raise DataError(
+                    f"{self.key}: rows {bad[:5]} of {self.path} have no field {field!r}; the first row's fields are "
+                    f"{self._rows.fields()}"
+                )
+        key, out = self.key, []
+        for i, r in enumerate(rows):
+            row = lo + i
+            if self.kind == "text":
+                label = _int_label(r[self.label_field], row, self.label_field, key) if self.label_field else None
+                out.append([str(r[self.text]), str(r[self.text_pair]) if self.text_pair else None, label])
+            elif self.kind == "prompt":
+                out.append([str(r[self.prompt]), str(r[self.completion])])
+            elif self.kind == "messages":
+                out.append(_messages(r[self.messages], row, self.messages, key))
+            else:
+                ids = _int_list(r[self.input_ids_field], row, self.input_ids_field, key, "input_ids")
+                if min(ids) < 0:
+                    raise DataError(f"{key}: row {row} has negative token ids in {self.input_ids_field!r}")
+                labels = None
+                if self.label_field:
+                    labels = _int_list(r[self.label_field], row, self.label_field, key, "per-token labels")
+                    if len(labels) != len(ids):
+                        raise DataError(
+                            f"{key}: row {row} has {len(ids)} {self.input_ids_field!r} but {len(labels)} "
+                            f"{self.label_field!r}; per-token labels need one per token (-100: not a target)"
+                        )
+                    if any(v < 0 and v != IGNORE_INDEX for v in labels):
+                        raise DataError(
+                            f"{key}: row {row} has {self.label_field!r} values below 0 other than {IGNORE_INDEX}; "
+                            f"per-token labels are token ids or {IGNORE_INDEX} (not a target)"
+                        )
+                out.append([ids, labels])
+        return out
+
+    def _encode(self, rows: list[dict[str, Any]], lo: int) -> list[_Row]:
+        """Rows ``lo, lo + 1, ...`` tokenized and cut to ``max_length``: ``(input_ids, token_type_ids, label)``."""
+        values = self._values(rows, lo)
+        if not values:
+            return []
+        tok, ml = self.tokenizer, self.max_length
+        if self.kind == "text":
+            texts = [v[0] for v in values]
+            pairs = [v[1] for v in values] if self.text_pair else None
+            enc = tok(texts, pairs, truncation=True, max_length=ml)
+            ids = [list(x) for x in enc["input_ids"]]
+            tts = enc["token_type_ids"] if "token_type_ids" in self.input_keys else [None] * len(ids)
+            if self.label_field:
+                return [(i, t, v[2]) for i, t, v in zip(ids, tts, values)]
+            return [(i, t, list(i)) for i, t in zip(ids, tts)]
+        if self.kind == "prompt":
+            p_ids = tok([v[0] for v in values], add_special_tokens=True)["input_ids"]
+            c_ids = tok([v[1] for v in values], add_special_tokens=False)["input_ids"]
+            out = []
+            for p, c in zip(p_ids, c_ids):
+                c = list(c)
+                if self.eos_token_id is not None and (not c or c[-1] != self.eos_token_id):
+                    c.append(int(self.eos_token_id))
+                out.append(((list(p) + c)[:ml], None, ([IGNORE_INDEX] * len(p) + c)[:ml]))
+            return out
+        if self.kind == "messages":
+            return self._encode_chats(values, lo)
+        return [(ids[:ml], None, (labels if labels is not None else ids)[:ml]) for ids, labels in values]
+
+    def _render(self, messages: list[dict[str, Any]], generation: bool, row: int) -> str:
+        try:
+            out = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation)
+        except Exception as e:  # noqa: BLE001  (jinja errors: roles that must alternate, ...)
+            raise DataError(f"{self.key}: row {row} of {self.path}: the chat template cannot render the "
+                            f"conversation: {e.__class__.__name__}: {e}") from None
+        return out if isinstance(out, str) else str(out)
+
+    def _plan_chat(
+        self, msgs: list[dict[str, Any]], row: int, texts: list[str]
+    ) -> tuple[int, list[tuple[int, int, int]]]:
+        """Render one conversation's texts into ``texts``: the whole conversation and, per assistant turn
+        ``i``, ``messages[:i]`` with the generation prompt and ``messages[:i + 1]`` (each rendering once).
+
+        Returns:
+            ``(index of the whole conversation, [(index of the prefix, index of the prefix + turn, i)]))``.
+        """
+        memo: dict[tuple[int, bool], int] = {}
+
+        def text_id(k: int, generation: bool) -> int:
+            if (k, generation) not in memo:
+                memo[(k, generation)] = len(texts)
+                texts.append(self._render(msgs[:k], generation, row))
+            return memo[(k, generation)]
+
+        spans = []
+        for i, m in enumerate(msgs):
+            if m["role"] != "assistant":
+                continue
+            if i == 0:
+                raise DataError(f"{self.key}: row {row} of {self.path} starts with an assistant turn; the "
+                                "chat template renders a turn after the ones before it, so put a system or "
+                                "user turn first")
+            spans.append((text_id(i, True), text_id(i + 1, False), i))
+        return text_id(len(msgs), False), spans
+
+    def _encode_chats(self, chats: list[list[dict[str, Any]]], lo: int) -> list[_Row]:
+        """Conversations rendered by the chat template; targets: the tokens of each assistant turn.
+
+        Most chat templates mark no assistant spans (``{% generation %}``), so the span of
+        assistant turn ``i`` is found by rendering: the tokens of ``messages[:i]`` with the
+        generation prompt are a prefix of those of ``messages[:i + 1]``, which are a prefix of
+        the whole conversation's; the tokens in between are the turn (its end-of-turn tokens
+        included).
+        """
+        texts: list[str] = []
+        plans = [self._plan_chat(msgs, lo + j, texts) for j, msgs in enumerate(chats)]
+        tokens = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+        out = []
+        for j, (full_id, spans) in enumerate(plans):
+            ids = list(tokens[full_id])
+            labels = [IGNORE_INDEX] * len(ids)
+            for pre_id, upto_id, turn in spans:
+                pre, upto = tokens[pre_id], tokens[upto_id]
+                checks = (
+                    (pre, upto, f"the turns before assistant turn {turn} (with the generation prompt)"),
+                    (upto, ids, f"the turns up to assistant turn {turn}"),
+                )
+                for shorter, longer, what in checks:
+                    if list(longer[: len(shorter)]) != list(shorter):
+                        raise DataError(
+                            f"{self.key}: row {lo + j} of {self.path}: the chat template renders {what} as tokens "
+                            "that do not start the longer conversation, so the assistant tokens cannot be found; "
+                            "use a tokenizer whose chat template renders earlier turns the same whatever follows "
+                            "(or give the data as prompt + completion)"
+                        )
+                labels[len(pre): len(upto)] = ids[len(pre): len(upto)]
+            out.append((ids[: self.max_length], None, labels[: self.max_length]))
+        return out
+
+    def _collate(self, rows: list[_Row]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """Rows padded on the right to their longest: ``({input_ids, attention_mask[, token_type_ids]}: [b, L_b]
+        int64, labels [b] or [b, L_b] int64)``; padding has attention 0 and label -100."""
+        b, width = len(rows), max(1, max(len(r[0]) for r in rows))
+        ids = torch.full((b, width), self.pad_token_id, dtype=torch.int64)
+        am = torch.zeros((b, width), dtype=torch.int64)
+        tt = torch.zeros((b, width), dtype=torch.int64) if "token_type_ids" in self.input_keys else None
+        labels = torch.full((b, width), IGNORE_INDEX, dtype=torch.int64) if self.per_token_labels else None
+        for i, (row_ids, row_tt, row_y) in enumerate(rows):
+            n = len(row_ids)
+            ids[i, :n] = torch.as_tensor(row_ids, dtype=torch.int64)
+            am[i, :n] = 1
+            if tt is not None and row_tt is not None:
+                tt[i, :n] = torch.as_tensor(row_tt, dtype=torch.int64)
+            if labels is not None:
+                labels[i, :n] = torch.as_tensor(row_y, dtype=torch.int64)
+        inputs = {"input_ids": ids, "attention_mask": am}
+        if tt is not None:
+            inputs["token_type_ids"] = tt
+        if labels is None:
+            labels = torch.tensor([r[2] for r in rows], dtype=torch.int64)
+        return inputs, labels
+
+    def _windows(self, start: int, stop: int) -> Iterator[list[_Row]]:
+        for lo in range(start, stop, WINDOW_ROWS):
+            yield self._encode(self._rows.read(lo, min(lo + WINDOW_ROWS, stop)), lo)
+
+    # --- the TensorDataset interface ------------------------------------------------------------------
+
+    def batches(
+        self, start: int, stop: int, batch_size: int, max_tokens: int | None = None
+    ) -> Iterator[tuple[int, dict[str, torch.Tensor], torch.Tensor]]:
+        """Rows ``[start, stop)`` read, tokenized and cut into consecutive batches.
+
+        Rows are read and tokenized :data:`WINDOW_ROWS` at a time as the batches are
+        consumed (never the whole range at once). Each batch holds at most ``batch_size``
+        rows and, with ``max_tokens``, at most ``max_tokens`` padded tokens (rows x its
+        longest row; a single longer row is a batch of its own); the cut is greedy, so the
+        batches depend on ``start`` and the bounds only, and every row's tensors are the
+        same however ``[start, stop)`` is split.
+
+        Args:
+            start, stop: the rows, ``0 <= start <= stop <= len(self)``.
+            batch_size: most rows per batch (>= 1).
+            max_tokens: most padded tokens per batch (``data.batch_tokens``); ``None``: rows only.
+
+        Yields:
+            ``(row_offset, inputs, labels)``: the index of the batch's first row;
+            ``{"input_ids", "attention_mask"(, "token_type_ids" for pairs)}`` each ``[b, L_b]``
+            int64 on the CPU, right-padded to the batch's longest row ``L_b``; labels ``[b]``
+            int64 class indices (text classification) or ``[b, L_b]`` int64 per-token labels,
+            unshifted, -100 where a token is not a target and at padding.
+
+        Raises:
+            DataError: a row that cannot be read or tokenized (naming it).
+            ValueError: rows out of range or bounds below 1.
+        """
+        if not 0 <= start <= stop <= len(self):
+            raise ValueError(f"rows [{start}, {stop}) are not within the {len(self)} rows of {self.name}")
+        if batch_size < 1 or (max_tokens is not None and max_tokens < 1):
+            raise ValueError(f"batch_size {batch_size} and max_tokens {max_tokens} must be at least 1")
+        batch: list[_Row] = []
+        longest, offset = 1, start
+        for window in self._windows(start, stop):
+            for row in window:
+                grown = max(longest, len(row[0]))
+                if batch and not batch_fits(len(batch) + 1, grown, batch_size, max_tokens):
+                    yield offset, *self._collate(batch)
+                    offset += len(batch)
+                    batch, grown = [], max(1, len(row[0]))
+                batch.append(row)
+                longest = grown
+        if batch:
+            yield offset, *self._collate(batch)
+
+    @property
+    def labels(self) -> torch.Tensor:
+        """``[n]`` int64: the class labels of text classification (every row is read once, then kept);
+        zeros for language-model data (a placeholder for tables: their labels are per token)."""
+        if self._labels is None:
+            if self.per_token_labels:
+                self._labels = torch.zeros(len(self), dtype=torch.int64)
+            else:
+                ys: list[int] = []
+                for lo in range(0, len(self), WINDOW_ROWS):
+                    ys += [v[2] for v in self._values(self._rows.read(lo, min(lo + WINDOW_ROWS, len(self))), lo)]
+                self._labels = torch.tensor(ys, dtype=torch.int64)
+        return self._labels
+
+    def padded(self) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """Every row tokenized and padded to the longest row: LOADS THE WHOLE DATASET (kept after the first call).
+
+        For the training recipes that need all rows at once (`trak optimize`, retraining);
+        featurize and score use :meth:`batches`.
+
+        Returns:
+            ``(inputs, labels)``: ``{"input_ids", "attention_mask"(, "token_type_ids")}`` each
+            ``[n, L]`` int64 with ``L <= max_length``; labels ``[n]`` class indices or ``[n, L]``
+            per-token labels (-100: not a target, padding included).
+        """
+        if self._padded is None:
+            rows = [r for window in self._windows(0, len(self)) for r in window]
+            self._padded = self._collate(rows)
+        return self._padded
+
+    @property
+    def inputs(self) -> dict[str, torch.Tensor]:
+        """Every row tokenized and padded to the longest: ``{"input_ids", "attention_mask"(, "token_type_ids")}``
+        ``[n, L]`` int64. Loads the whole dataset (see :meth:`padded`); featurize and score use :meth:`batches`."""
+        return self.padded()[0]
+
+    def fingerprint(self) -> dict[str, Any]:
+        """``n``, ``input_shape`` (``[max_length]`` per input key), ``input_dtype`` and a sha256 of the data.
+
+        The sha256 covers the named fields' values of every row in order (streamed, not
+        tokenized; the same rows give the same hash from a ``.jsonl``, ``.csv`` or
+        Parquet file), the field names, ``max_length``, the tokenization version, the
+        pad / end-of-sequence ids and the bytes of the tokenizer's files (vocabulary,
+        ``tokenizer.json``, ``tokenizer_config.json``, special tokens, chat template). A
+        change to any value of the data or to the tokenization changes it. Computed
+        once per dataset object (one pass over the file, which also checks every row).
+
+        Raises:
+            DataError: a row that cannot be read or lacks a field.
+        """
+        if self._fingerprint is None:
+            h = hashlib.sha256()
+            settings = {
+                "version": TOKENIZATION_VERSION, "kind": self.kind, "max_length": self.max_length,
+                "fields": {"text": self.text, "text_pair": self.text_pair, "labels": self.label_field,
+                           "prompt": self.prompt, "completion": self.completion, "messages": self.messages,
+                           "input_ids": self.input_ids_field},
+                "pad_token_id": self.pad_token_id, "eos_token_id": self.eos_token_id,
+                "input_keys": list(self.input_keys),
+            }
+            h.update(json.dumps(settings, sort_keys=True).encode())
+            if self.tokenizer is not None:
+                folder = Path(str(self.tokenizer.name_or_path))
+                for f in _tokenizer_files(self.tokenizer):
+                    h.update(f"\0{f.relative_to(folder).as_posix()}\0".encode())
+                    with open(f, "rb") as fh:
+                        for block in iter(lambda: fh.read(1 << 20), b""):
+                            h.update(block)
+            for lo in range(0, len(self), WINDOW_ROWS):
+                for v in self._values(self._rows.read(lo, min(lo + WINDOW_ROWS, len(self))), lo):
+                    h.update(json.dumps(v, ensure_ascii=False, sort_keys=True).encode())
+                    h.update(b"\n")
+            self._fingerprint = {
+                "n": len(self),
+                "input_shape": {k: [self.max_length] for k in self.input_keys},
+                "input_dtype": {k: "int64" for k in self.input_keys},
+                "sha256": h.hexdigest(),
+            }
+        return dict(self._fingerprint)
+
+    def texts(self, indices: Sequence[int], *, max_chars: int | None = 200) -> list[str]:
+        """Short human-readable renderings of rows, for tables.
+
+        The text (``"text / pair"`` for pairs); ``"prompt → completion"``; for messages the
+        last user turn before the last assistant turn ``"user → assistant"``; for
+        ``input_ids`` the decoded tokens (the ids without a tokenizer). Whitespace is
+        collapsed and each rendering cut to ``max_chars`` characters (``None``: whole).
+
+        Args:
+            indices: row indices, ``0 <= i < len(self)``.
+
+        Raises:
+            DataError: a row that cannot be read or lacks a field.
+        """
+        idx = [int(i) for i in indices]
+        bad = [i for i in idx if not 0 <= i < len(self)]
+        if bad:
+            raise DataError(f"{self.key}: rows {bad[:5]} are not among the {len(self)} rows of {self.path}")
+        out = []
+        for i, r in zip(idx, self._rows.take(idx)):
+            v = self._values([r], i)[0]
+            if self.kind == "text":
+                s = v[0] if v[1] is None else f"{v[0]} / {v[1]}"
+            elif self.kind == "prompt":
+                s = f"{v[0]} → {v[1]}"
+            elif self.kind == "messages":
+                last = max(k for k, m in enumerate(v) if m["role"] == "assistant")
+                users = [m for m in v[:last] if m["role"] == "user"]
+                reply = _message_text(v[last].get("content"))
+                s = f"{_message_text(users[-1].get('content'))} → {reply}" if users else reply
+            elif self.tokenizer is not None:
+                s = self.tokenizer.decode(v[0][: self.max_length], skip_special_tokens=True)
+            else:
+                s = " ".join(str(t) for t in v[0][: self.max_length])
+            out.append(_shorten(s, max_chars))
+        return out
+
+
 def load_text(
     path: Path, text: str, labels: str | None, tokenizer: str, max_length: int, *, key: str = "data.train",
     text_pair: str | None = None,
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor, str]:
-    """Read and tokenize a ``.jsonl`` / ``.csv`` text dataset.
+    """Read and tokenize a whole text dataset at once (:class:`TextDataset` reads it lazily).
 
     Each text is truncated to ``max_length`` tokens and padded on the right to
-    the longest text of the file (at most ``max_length``), so the tensors do not
-    depend on the batch size.
+    the longest text of the file (at most ``max_length``).
 
     Args:
-        path: the file; ``.jsonl`` holds one JSON object per line, ``.csv`` a header row.
+        path: the file; ``.jsonl`` holds one JSON object per line, ``.csv`` a header row
+            (or ``.parquet``, ``.arrow``, a datasets folder).
         text: the field holding the text.
         labels: the field holding integer class labels; ``None`` (language
             modeling): all labels 0.
@@ -145,21 +852,6 @@ def load_text(
         DataError: unreadable file, missing fields (naming the rows and the fields
             there are), empty file, non-integer labels, or no tokenizer.
     """
-    records = _read_records(path, key)
-    if not records:
-        raise DataError(f"{key}: {path} has no rows; it needs at least one text")
-    for field in [text] + ([text_pair] if text_pair else []) + ([labels] if labels else []):
-        bad = [i for i, r in enumerate(records) if r.get(field) is None]
-        if bad:
-            raise DataError(
-                f"{key}: rows {bad[:5]} of {path} have no field {field!r}; the first row's fields are "
-                f"{sorted(records[0])}"
-            )
-    texts = [str(r[text]) for r in records]
-    y = [_int_label(r[labels], i, labels, key) for i, r in enumerate(records)] if labels else [0] * len(texts)
-    tok = load_tokenizer(tokenizer, key=f"{key}.tokenizer")
-    pairs = [str(r[text_pair]) for r in records] if text_pair else None
-    enc = tok(texts, pairs, padding="longest", truncation=True, max_length=max_length, return_tensors="pt")
-    names = ("input_ids", "attention_mask") + (("token_type_ids",) if text_pair and "token_type_ids" in enc else ())
-    inputs = {k: enc[k].to(torch.int64).contiguous() for k in names}
-    return inputs, torch.tensor(y, dtype=torch.int64), f"{path}[{text}{',' + text_pair if text_pair else ''}]"
+    ds = TextDataset(path, text=text, text_pair=text_pair, labels=labels, tokenizer=tokenizer,
+                     max_length=max_length, key=key)
+    return ds.inputs, ds.labels, ds.name
