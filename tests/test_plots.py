@@ -340,8 +340,9 @@ def test_decoded_texts_of_a_tokenized_dataset(tmp_path):
     shown = draw_svg(plots.plot_top, tmp_path / "t.svg", scores, ds, ds, top_k=2, train_texts=texts, target_texts=texts)
     i = int(np.argmax(scores[0]))
     assert any(norm(texts[i]).startswith(norm(s.rstrip("…"))) and len(s) > 10 for s in shown)
-    # `trak score --plot` decodes text datasets the same way, and only those
+    # `trak score` shows a text dataset's own texts (as in the file), and nothing for other data
     from trakcli.cli.score import _texts
 
-    assert _texts(cfg, ds, "data.train")[3] == texts[3]
-    assert _texts(DatasetConfig(builtin="digits", split="train"), ds, "data.train") is None
+    assert _texts(cfg, ds, "data.train")[3] == raw[3] and norm(texts[3]) == norm(raw[3])
+    digits = DatasetConfig(builtin="digits", split="train")
+    assert _texts(digits, load_dataset(digits), "data.train") is None

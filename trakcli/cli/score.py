@@ -38,7 +38,8 @@ def _short(text: str, width: int = 60) -> str:
 
 
 def scores_table(
-    res, scores: np.ndarray, top_k: int, target_texts: Sequence[str] | None = None, labels: bool = True
+    res, scores: np.ndarray, top_k: int, target_texts: Sequence[str] | None = None, labels: bool = True,
+    train_texts: Sequence[str] | None = None,
 ) -> Table:
     """The table of each shown target's top proponents and opponents.
 
@@ -47,7 +48,8 @@ def scores_table(
         scores: ``[n_shown, n_train]`` float32, the first targets' scores.
         top_k: train examples per side.
         target_texts: the shown targets' texts (text data): a text column.
-        labels: show labels (False for ``task: language_modeling``, whose labels are placeholders).
+        labels: show labels (False for language-model data, whose per-token labels are not classes).
+        train_texts: the train examples' texts (text data): an excerpt after each proponent and opponent.
     """
     from trakcli.plots import top_indices
 
@@ -64,7 +66,8 @@ def scores_table(
     for t, row in enumerate(scores):
         pro, opp = top_indices(row, k)
         fmt = lambda idx: "\n".join(  # noqa: E731
-            f"{i} ({res.train_labels[i]}) {row[i]:+.4g}" if labels else f"{i} {row[i]:+.4g}" for i in idx
+            (f"{i} ({res.train_labels[i]}) {row[i]:+.4g}" if labels else f"{i} {row[i]:+.4g}")
+            + (f" {_short(train_texts[i], 48)}" if train_texts is not None else "") for i in idx
         )
         cells = [str(t)] + ([str(res.target_labels[t])] if labels else [])
         cells += [_short(target_texts[t])] if target_texts is not None else []
@@ -72,7 +75,8 @@ def scores_table(
     return table
 
 
-def _json(res, scores: np.ndarray, top_k: int, out: Path | None, plot: Path | None) -> dict[str, Any]:
+def _json(res, scores: np.ndarray, top_k: int, out: Path | None, plot: Path | None,
+          train_texts: Sequence[str] | None = None) -> dict[str, Any]:
     """What ``--json`` prints: the run's shape, store, λ per checkpoint and the shown targets' top train indices."""
     from trakcli.plots import top_indices
 
@@ -82,14 +86,22 @@ def _json(res, scores: np.ndarray, top_k: int, out: Path | None, plot: Path | No
         pro, opp = top_indices(row, k)
         top.append({
             "target": t,
-            "proponents": [{"train": int(i), "score": float(row[i])} for i in pro],
-            "opponents": [{"train": int(i), "score": float(row[i])} for i in opp],
+            "proponents": [_entry(i, row, train_texts) for i in pro],
+            "opponents": [_entry(i, row, train_texts) for i in opp],
         })
     return {
         "store": str(res.store), "experiment": res.experiment, "n_target": res.n_target, "n_train": res.n_train,
         "lambda_reg": [float(v) for v in res.lambdas], "scores": f"scores/{res.experiment}/scores",
         "exported": str(out) if out else None, "plot": str(plot) if plot else None, "top": top,
     }
+
+
+def _entry(i: int, row: np.ndarray, texts: Sequence[str] | None) -> dict[str, Any]:
+    """One proponent or opponent of ``--json``: its train index, score and (text data) text."""
+    entry: dict[str, Any] = {"train": int(i), "score": float(row[i])}
+    if texts is not None:
+        entry["text"] = texts[int(i)]
+    return entry
 
 
 @handle_errors
@@ -142,19 +154,32 @@ def score(
         _plot(cfg, res, plot)
     if json_out:
         head = res.head(cfg.score.show_targets)
-        sys.stdout.write(json.dumps(_json(res, head, cfg.score.top_k, out, plot), indent=2) + "\n")
+        from trakcli.data.load import load_dataset
+
+        train = load_dataset(cfg.data.train, key="data.train")
+        texts = _texts(cfg.data.train, train, "data.train")
+        sys.stdout.write(json.dumps(_json(res, head, cfg.score.top_k, out, plot, texts), indent=2) + "\n")
     if quiet:
         return
     if cfg.score.show_targets:
         head = res.head(cfg.score.show_targets)
+        from trakcli.data.load import load_dataset
+
+        train = load_dataset(cfg.data.train, key="data.train")
         texts = _target_texts(cfg, len(head))
-        err_console.print(scores_table(res, head, cfg.score.top_k, texts, labels=cfg.task != "language_modeling"))
+        err_console.print(scores_table(res, head, cfg.score.top_k, texts, labels=not _per_token(train),
+                                       train_texts=_texts(cfg.data.train, train, "data.train")))
     lam = ", ".join(f"{v:.3g}" for v in res.lambdas)
     err_console.print(
         f"[green]scores[/] [{res.n_target}, {res.n_train}] -> {res.store} (scores/{res.experiment})"
         f"; lambda_reg per checkpoint: {lam}" + (f"; exported to {out}" if out else "")
         + (f"; plot: {plot}" if plot else "")
     )
+
+
+def _per_token(ds) -> bool:
+    """Whether a dataset's labels are per-token (language-model data), not classes."""
+    return bool(getattr(ds, "per_token_labels", False)) or getattr(ds, "labels", None) is not None and ds.labels.ndim == 2
 
 
 def _plot(cfg, res, path: Path) -> None:
@@ -173,9 +198,7 @@ def _plot(cfg, res, path: Path) -> None:
 
 
 def _target_texts(cfg, n: int) -> list[str] | None:
-    """The first ``n`` target texts (decoded from their tokens) for a text dataset; None for other data."""
-    if cfg.data.target.text is None:
-        return None
+    """The first ``n`` target texts (text data: the text, prompt → completion, ...); None for other data."""
     from trakcli.data.load import load_dataset
 
     texts = _texts(cfg.data.target, load_dataset(cfg.data.target, key="data.target"), "data.target")
@@ -183,10 +206,10 @@ def _target_texts(cfg, n: int) -> list[str] | None:
 
 
 def _texts(ds_cfg, ds, key: str):
-    """The texts of a text dataset, decoded from its tokens when shown; None for other data."""
-    if ds_cfg.text is None or not isinstance(ds.inputs, dict):
+    """Short renderings of a text dataset's rows, read when shown (:class:`trakcli.plots.RowTexts`); None for
+    other data."""
+    if not callable(getattr(ds, "texts", None)):
         return None
-    from trakcli.data.text import load_tokenizer
-    from trakcli.plots import DecodedTexts
+    from trakcli.plots import RowTexts
 
-    return DecodedTexts(ds.inputs["input_ids"], load_tokenizer(ds_cfg.tokenizer, key=f"{key}.tokenizer"))
+    return RowTexts(ds)

@@ -477,7 +477,8 @@ class Config(StrictModel):
             data = dict(data)
             for name in ("train", "target", "validation"):
                 ds = data.get(name)
-                if isinstance(ds, dict) and ds.get("text") is not None and ds.get("tokenizer") is None:
+                if (isinstance(ds, dict) and ds.get("tokenizer") is None
+                        and any(ds.get(k) is not None for k in ("text", "prompt", "completion", "messages", "input_ids"))):
                     data[name] = {**ds, "tokenizer": ep.removeprefix("hf:")}
             raw["data"] = data
         if raw.get("task") == "language_modeling":
@@ -488,14 +489,24 @@ class Config(StrictModel):
 
     @model_validator(mode="after")
     def _labels_for_task(self) -> "Config":
-        if self.task != "language_modeling":
-            for name in ("train", "target", "validation"):
-                ds = getattr(self.data, name)
-                if ds is not None and ds.text is not None and ds.labels is None:
-                    raise ValueError(
-                        f"data.{name}.labels: task {self.task} needs the label field of the text file "
-                        "(only task language_modeling reads texts without labels)"
-                    )
+        """A built-in classification task needs class labels: text without ``labels``, prompt + completion,
+        chat and token data carry per-token labels, which only ``language_modeling`` (or a custom task) reads."""
+        if self.task not in ("classification", "text_classification"):
+            return self
+        for name in ("train", "target", "validation"):
+            ds = getattr(self.data, name)
+            source = ds.text_source if ds is not None else None
+            if source == "text" and ds.labels is None:
+                raise ValueError(
+                    f"data.{name}.labels: task {self.task} needs the label field of the text file "
+                    "(only task language_modeling reads texts without labels)"
+                )
+            if source in ("prompt", "messages") or (source == "input_ids" and ds.labels is None):
+                what = {"prompt": "prompt + completion", "messages": "chat (messages)"}.get(source, "token")
+                raise ValueError(
+                    f"data.{name}: {what} data is language-model data with per-token targets; set task: "
+                    "language_modeling (or your own task reading batch['labels'])"
+                )
         return self
 
     @model_validator(mode="before")

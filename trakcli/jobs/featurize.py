@@ -81,7 +81,7 @@ def featurize_rows(
             feats = np.empty((hi - lo, s.proj_dim), dtype=np.float32)
             q_all = np.empty(hi - lo, dtype=np.float32)
             bad_all = np.zeros(hi - lo, dtype=np.uint8)
-            for off, x, y in data.batches(lo, hi, s.batch_rows):
+            for off, x, y in s.batches(data, lo, hi):
                 if computed is not None and computed.key == (model_id, off, len(y)):
                     phi, q, computed = computed.phi, computed.q, None
                 else:
@@ -168,7 +168,7 @@ def first_batch(s: JobSetup, reporter: Reporter, chunk_rows: int) -> FirstBatch 
     s.model.to(s.device)
     if not len(s.train):
         return None
-    off, x, y = next(s.train.batches(0, min(len(s.train), chunk_rows), s.batch_rows))
+    off, x, y = next(s.batches(s.train, 0, min(len(s.train), chunk_rows)))
     phi, q = s.features(x, y, 0, off)
     return FirstBatch(0, off, phi, q)
 

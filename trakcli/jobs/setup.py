@@ -170,6 +170,7 @@ class JobSetup:
         layout: the shapes and storage of the store's arrays (``proj_dim`` from the projector).
         identity: the store identity (:func:`run_identity`).
         dist: this process's rank and world size.
+        batch_tokens: ``data.batch_tokens``: most tokens per batch of token data (None: rows only).
     """
 
     checkpoints: list[Path]
@@ -182,6 +183,12 @@ class JobSetup:
     layout: StoreLayout
     identity: dict[str, Any]
     dist: Dist
+    batch_tokens: int | None = None
+
+    def batches(self, data: Any, start: int, stop: int):
+        """``data.batches`` of rows ``[start, stop)``: at most ``batch_rows`` rows and, for token data, at most
+        ``batch_tokens`` tokens (rows × the batch's longest sequence) per batch."""
+        return data.batches(start, stop, self.batch_rows, max_tokens=self.batch_tokens)
 
     @property
     def grad_dim(self) -> int:
@@ -280,4 +287,5 @@ def prepare(cfg: Config, *, need_target: bool = False, reporter: Reporter = NULL
     layout = StoreLayout(len(train), featurizer.projector.proj_dim, st.chunk_rows, st.dtype, st.compressor)
     identity = run_identity(cfg.model.model_dump(mode="json"), cfg.task, cfg.grad_wrt, featurizer, train, layout)
     shas = [hashes.sha256(c, file_sha256) for c in checkpoints]  # saved by jobs.runtime.locked_store
-    return JobSetup(checkpoints, shas, train, model, featurizer, batch_rows, device, layout, identity, dist)
+    return JobSetup(checkpoints, shas, train, model, featurizer, batch_rows, device, layout, identity, dist,
+                    cfg.data.batch_tokens)

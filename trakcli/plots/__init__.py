@@ -14,6 +14,6 @@ package stays fast. Bad arguments raise :class:`trakcli.errors.ArgumentError`.
 
 from trakcli.plots.common import PLOT_SUFFIXES, check_plot_path
 from trakcli.plots.sweep import plot_sweep
-from trakcli.plots.top import DecodedTexts, image_shape_of, plot_top, top_indices
+from trakcli.plots.top import DecodedTexts, RowTexts, image_shape_of, plot_top, top_indices
 
-__all__ = ["PLOT_SUFFIXES", "DecodedTexts", "check_plot_path", "image_shape_of", "plot_sweep", "plot_top", "top_indices"]
+__all__ = ["PLOT_SUFFIXES", "DecodedTexts", "RowTexts", "check_plot_path", "image_shape_of", "plot_sweep", "plot_top", "top_indices"]

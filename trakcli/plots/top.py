@@ -63,6 +63,8 @@ def image_shape_of(dataset: Any) -> tuple[int, ...] | None:
         DataError: a declared ``image_shape`` that is malformed or does not hold
             as many values as one row of ``inputs``.
     """
+    if callable(getattr(dataset, "texts", None)):  # text data (read lazily: never load its inputs here)
+        return None
     inputs = getattr(dataset, "inputs", None)
     if inputs is None or isinstance(inputs, Mapping):
         return None
@@ -112,6 +114,26 @@ class DecodedTexts(Sequence[str]):
             return [self[j] for j in range(*i.indices(len(self)))]
         ids = as_numpy(self.input_ids[int(i)]).tolist()
         return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+class RowTexts(Sequence[str]):
+    """Short renderings of a text dataset's rows (``dataset.texts``: the text, ``prompt → completion``,
+    the last user turn → the reply), read one row at a time when a table or plot shows it.
+
+    Args:
+        dataset: a :class:`~trakcli.data.TextDataset` (anything with ``texts(indices) -> list[str]`` and ``len``).
+    """
+
+    def __init__(self, dataset: Any):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return self.dataset.texts(list(range(*i.indices(len(self)))))
+        return self.dataset.texts([int(i)])[0]
 
 
 def plot_top(
@@ -196,7 +218,11 @@ def plot_top(
         if top >= len(class_names):
             raise DataError(f"class_names has {len(class_names)} names but the labels go up to {top}")
 
+    classes = not getattr(train, "per_token_labels", False)  # language-model data has no class to show
+
     def label(y: Any) -> str:
+        if not classes:
+            return ""
         return str(class_names[int(y)]) if class_names is not None else str(int(y))
 
     picks = [(t, *top_indices(scores[t], top_k)) for t in ids]
@@ -293,7 +319,7 @@ def _table_figure(scores, train_y, target_y, picks, k, label, title, train_texts
     widths = [0.08, 0.06, 0.08, 0.28] if with_text else [0.16, 0.12, 0.22]
     for ax, (t, pro, opp) in zip(axes, picks):
         ax.set_axis_off()
-        head = f"target #{t}, label {label(target_y[t])}"
+        head = f"target #{t}" + (f", label {label(target_y[t])}" if label(target_y[t]) else "")
         if target_texts is not None:
             head += ": " + shorten(target_texts[t], 110)
         ax.set_title(escape_math(head), fontsize=9, loc="left", color=TARGET_COLOR, fontweight="bold")
