@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parent.parent / "trakcli"
-MAX_LINES = 500
 
 
 def _modules() -> dict[str, Path]:
@@ -46,11 +45,6 @@ def _part(module: str) -> str | None:
 
 
 MODULES = _modules()
-
-
-def test_no_file_over_the_line_limit():
-    long = {str(p.relative_to(PKG.parent)): n for p in MODULES.values() if (n := len(p.read_text().splitlines())) > MAX_LINES}
-    assert long == {}
 
 
 @pytest.mark.parametrize(
