@@ -256,7 +256,8 @@ def check_forward(model: nn.Module, inputs: Inputs, labels: torch.Tensor) -> Non
         first = slice_inputs(inputs, 0, 1)
         with torch.no_grad(), forward_errors(model, first):
             logits = forward(model, first)  # [1, C]
-        BUILTIN["classification"].check(logits, make_batch(first, labels[:1]))
+        n = labels.shape[0]  # every label against the first example's logits (a view, no copy)
+        BUILTIN["classification"].check(logits.expand(n, *logits.shape[1:]), make_batch(slice_inputs(inputs, 0, n), labels))
     finally:
         model.train(was_training)
 
