@@ -65,7 +65,7 @@ def config(a: dict[str, Any]) -> dict[str, Any]:
             "max_length": a["max_length"]}
     return {
         "model": {"entrypoint": MODEL_SPEC},
-        "checkpoints": [MODEL_SPEC.removeprefix("hf:")],
+        "checkpoints": [MODEL_SPEC],
         "task": "language_modeling",
         "data": {"train": docs, "batch_size": a["batch_size"]},
         "projector": {"kind": "kronecker", "proj_dim": a["proj_dim"]},
