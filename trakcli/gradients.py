@@ -27,7 +27,7 @@ from torch.func import functional_call, grad, vmap
 from trakcli.errors import ConfigError, GradientError, user_code
 from trakcli.models.build import model_name
 from trakcli.models.forward import forward_errors
-from trakcli.tasks import CustomTask, make_batch, resolve_task
+from trakcli.tasks import CustomTask, check_by_first, make_batch, resolve_task
 
 #: How to fix a forward pass that runs on a batch but not under ``torch.func.vmap`` (per-example gradients).
 VMAP_HINT = (
@@ -90,10 +90,6 @@ def _call(model: nn.Module, params: dict[str, torch.Tensor], x) -> torch.Tensor:
 
 def _first(x):
     return {k: v[:1] for k, v in x.items()} if isinstance(x, dict) else x[:1]
-
-
-def _expand(x, n: int):
-    return {k: v.expand(n, *v.shape[1:]) for k, v in x.items()} if isinstance(x, dict) else x.expand(n, *x.shape[1:])
 
 
 class PerExampleGradients:
@@ -177,11 +173,7 @@ class PerExampleGradients:
         first = _first(inputs)
         with torch.no_grad(), forward_errors(self.model, inputs):
             logits = _call(self.model, {**params, **const}, first)
-        if isinstance(self.task, CustomTask):  # called on the first example, as vmap will
-            self.task.check(logits, make_batch(first, None if labels is None else labels[:1]), row_offset)
-        else:  # every row's labels against the first example's logits (a view, no copy)
-            n = labels.shape[0] if labels is not None else 1
-            self.task.check(logits.expand(n, *logits.shape[1:]), make_batch(_expand(first, n), labels), row_offset)
+        check_by_first(self.task, logits, inputs, labels, row_offset)
 
     def flatten(self, grads: dict[str, torch.Tensor]) -> torch.Tensor:
         """Concatenate per-parameter gradients into ``[n, grad_dim]`` (in ``param_names`` order)."""

@@ -343,3 +343,26 @@ def make_batch(inputs: torch.Tensor | Mapping[str, torch.Tensor], labels: torch.
         batch["labels"] = labels
     return batch
 
+
+
+def check_by_first(task: Task, logits: torch.Tensor, inputs: torch.Tensor | Mapping[str, torch.Tensor],
+                   labels: torch.Tensor | None, row_offset: int = 0) -> None:
+    """Check a whole batch against the logits of its first example alone (one cheap forward pass).
+
+    A custom task is called on the first example, as ``torch.func.vmap`` will call it; a built-in task
+    checks every row's labels against the first example's logits, expanded to the batch (a view, no copy).
+
+    Args:
+        task: the task.
+        logits: ``[1, ...]`` the first example's logits.
+        inputs, labels: the whole batch (``[n, ...]``; labels ``[n]``, ``[n, L]`` or None).
+        row_offset: dataset index of the batch's first row (for messages).
+
+    Raises:
+        DataError: as ``task.check``.
+    """
+    batch = make_batch(inputs, labels)
+    if isinstance(task, CustomTask):
+        task.check(logits[:1], {k: v[:1] for k, v in batch.items()}, row_offset)
+        return
+    task.check(logits.expand(_n(batch), *logits.shape[1:]), batch, row_offset)

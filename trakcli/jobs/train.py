@@ -22,7 +22,7 @@ from trakcli.config import Config, OptimizeConfig
 from trakcli.data.tensors import Inputs, index_inputs, slice_inputs
 from trakcli.errors import ConfigError, ModelError, user_code
 from trakcli.files import atomic_open
-from trakcli.tasks import BUILTIN, make_batch, resolve_task
+from trakcli.tasks import BUILTIN, check_by_first, resolve_task
 from trakcli.jobs.divergence import check_loss, check_weights
 from trakcli.models.forward import forward, forward_errors
 from trakcli.progress import NULL_REPORTER, Reporter
@@ -256,8 +256,7 @@ def check_forward(model: nn.Module, inputs: Inputs, labels: torch.Tensor) -> Non
         first = slice_inputs(inputs, 0, 1)
         with torch.no_grad(), forward_errors(model, first):
             logits = forward(model, first)  # [1, C]
-        n = labels.shape[0]  # every label against the first example's logits (a view, no copy)
-        BUILTIN["classification"].check(logits.expand(n, *logits.shape[1:]), make_batch(slice_inputs(inputs, 0, n), labels))
+        check_by_first(BUILTIN["classification"], logits, inputs, labels)
     finally:
         model.train(was_training)
 
