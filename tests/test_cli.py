@@ -139,7 +139,7 @@ def test_print_config_shows_resolved_overrides(user_project):
 @pytest.mark.parametrize(
     "args, code, message",
     [
-        (["score", "run.yaml", "--out", "s.txt"], 2, "--out s.txt: unknown format '.txt'; use a .npy or .csv path"),
+        (["score", "run.yaml", "--out", "s.txt"], 2, "--out s.txt: unknown format '.txt'; use a .npy, .csv or .jsonl path"),
         (["score", "run.yaml", "--out", "nodir/s.npy"], 2, "directory nodir does not exist"),
         (["featurize", "nope.yaml"], 1, "config file 'nope.yaml' does not exist"),
         (["featurize", "run.yaml", "projector.proj_dim=0"], 1, "projector.proj_dim: Input should be greater than 0"),

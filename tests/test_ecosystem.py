@@ -126,7 +126,7 @@ def test_score_json_prints_data_on_stdout_and_text_on_stderr(user_project):
     import json
 
     assert trak("featurize", "run.yaml", "-q").exit_code == 0
-    res = trak("score", "run.yaml", "--json", "score.show_targets=2", "score.top_k=3")
+    res = trak("score", "run.yaml", "--json", "score.show_targets=2", "score.show_top=3")
     assert res.exit_code == 0, res.stderr
     data = json.loads(res.stdout)
     assert (data["n_target"], data["n_train"], data["experiment"]) == (7, 40, "default")

@@ -289,7 +289,7 @@ def trak(*args):
 def test_score_plot_writes_the_picture_and_keeps_out(user_project):
     assert trak("featurize", "run.yaml").exit_code == 0
     with matplotlib.rc_context({"svg.fonttype": "none"}):
-        res = trak("score", "run.yaml", "--out", "s.npy", "--plot", "top.svg", "score.show_targets=2", "score.top_k=3")
+        res = trak("score", "run.yaml", "--out", "s.npy", "--plot", "top.svg", "score.show_targets=2", "score.show_top=3")
     assert res.exit_code == 0, res.stderr
     assert "plot: top.svg" in res.stderr and "exported to s.npy" in res.stderr
     scores = np.load("s.npy")
@@ -343,6 +343,6 @@ def test_decoded_texts_of_a_tokenized_dataset(tmp_path):
     # `trak score` shows a text dataset's own texts (as in the file), and nothing for other data
     from trakcli.cli.score import _texts
 
-    assert _texts(cfg, ds, "data.train")[3] == raw[3] and norm(texts[3]) == norm(raw[3])
+    assert _texts(ds)[3] == raw[3] and norm(texts[3]) == norm(raw[3])
     digits = DatasetConfig(builtin="digits", split="train")
-    assert _texts(digits, load_dataset(digits), "data.train") is None
+    assert _texts(load_dataset(digits)) is None

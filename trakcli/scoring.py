@@ -46,6 +46,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
+import numpy as np
 import torch
 
 from trakcli.errors import TrakError
@@ -433,3 +434,119 @@ def trak_scores(
         factor, _ = solve_kernel(gram_matrix([phi]), phi.shape[0], lambda_reg, lambda_rel)
         weights.append(target_weights(factor, phi_t))
     return score_block(weights, train_features, out_to_loss)
+
+
+# -- unit normalization (cosine in the kernel's space) ----------------------------------------------------------
+#
+# TrackStar (Chang et al. 2025, "Scalable Influence and Fact Tracing for Large Language Model
+# Pretraining", ICLR) ranks by the cosine of the corrected, projected gradients. With the kernel
+# A = (ΦᵀΦ + λI)⁻¹ = L⁻ᵀL⁻¹ (L the lower Cholesky factor of ΦᵀΦ + λI) the map φ ↦ L⁻¹φ is an
+# isometry of A's inner product (an A^{1/2} up to a rotation, which cosines do not see), so
+#
+#     cos_m(t, i) = φ_m(t)ᵀ A_m φ_m(z_i) / sqrt(φ_m(t)ᵀ A_m φ_m(t) · φ_m(z_i)ᵀ A_m φ_m(z_i))
+#     τ_unit(t, i) = (1/M) Σ_m cos_m(t, i)
+#
+# Q is left out: it would weigh each train row again after the normalization removed its scale.
+
+
+def kernel_sq_norms(factor: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+    """``φᵀ A φ = ‖L⁻¹ φ‖²`` per row, in float64 (a triangular solve; primal kernels).
+
+    Args:
+        factor: ``[proj_dim, proj_dim]`` float64 lower Cholesky factor of ``ΦᵀΦ + λI``.
+        features: ``[rows, proj_dim]`` (any float dtype).
+
+    Returns:
+        ``[rows]`` float64.
+    """
+    solved = torch.linalg.solve_triangular(factor, features.to(torch.float64).T, upper=False)
+    return solved.square().sum(0)
+
+
+def dual_target_sq_norms(
+    target_features: torch.Tensor, term: torch.Tensor, train_features: torch.Tensor, lam: float
+) -> torch.Tensor:
+    """``φ(t)ᵀ A φ(t)`` per target from the dual kernel, in float64.
+
+    With ``X = (ΦΦᵀ + λI)⁻¹Φ`` (so ``Xᵀ = Φᵀ(ΦΦᵀ + λI)⁻¹``, push-through), the Woodbury
+    identity gives ``A = (ΦᵀΦ + λI)⁻¹ = (I − XᵀΦ)/λ``, hence
+    ``φᵀAφ = (‖φ‖² − (Φφ)·(Xφ)) / λ``: rows of ``φΦᵀ`` and of the score term ``φXᵀ``.
+
+    Args:
+        target_features: ``Φ_t`` ``[n_target, proj_dim]``.
+        term: ``Φ_t Xᵀ`` ``[n_target, n_train]`` (the checkpoint's score term).
+        train_features: ``Φ`` ``[n_train, proj_dim]``.
+        lam: the ridge λ (> 0).
+
+    Returns:
+        ``[n_target]`` float64, clamped at 0 against rounding.
+
+    Raises:
+        TrakError: ``lam`` is 0 (A does not exist when n_train < proj_dim).
+    """
+    if lam <= 0:
+        raise TrakError(
+            "score.normalize unit needs a positive ridge when n_train < proj_dim (the kernel A is not defined "
+            "without one); unset score.lambda_reg or give it a positive value"
+        )
+    phi = target_features.to(torch.float64)
+    cross = phi @ train_features.to(torch.float64).T  # [n_target, n_train]
+    return ((phi.square().sum(1) - (cross * term.to(torch.float64)).sum(1)) / lam).clamp_min(0)
+
+
+def cosine_term(term: torch.Tensor, target_sq: torch.Tensor, train_sq: torch.Tensor) -> torch.Tensor:
+    """One checkpoint's cosines ``term / sqrt(target_sq ⊗ train_sq)``, in ``term``'s dtype; 0 where a norm is 0.
+
+    Args:
+        term: ``[n_target, rows]`` ``φ(t)ᵀ A φ(z_i)``.
+        target_sq, train_sq: ``[n_target]`` and ``[rows]`` squared kernel norms (:func:`kernel_sq_norms`).
+    """
+    t = target_sq.sqrt().to(term.dtype)
+    z = train_sq.sqrt().to(term.dtype)
+    t = torch.where(t > 0, 1 / t, torch.zeros_like(t))
+    z = torch.where(z > 0, 1 / z, torch.zeros_like(z))
+    return term * t.unsqueeze(1) * z.unsqueeze(0)
+
+
+# -- top-k ------------------------------------------------------------------------------------------------------
+
+
+def merge_top_k(
+    values: torch.Tensor | None, indices: torch.Tensor | None, block: torch.Tensor, offset: int, k: int,
+    largest: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Running top-k: the ``k`` best of the kept ``(values, indices)`` and a new block of columns.
+
+    Args:
+        values, indices: ``[n_target, k']`` kept so far (None at the start).
+        block: ``[n_target, cols]`` scores of train rows ``offset .. offset + cols``.
+        k: how many to keep (at most the columns seen).
+        largest: keep the highest (proponents) or the lowest (opponents).
+
+    Returns:
+        ``([n_target, k] values, [n_target, k] int64 train indices)``, in no particular order
+        (:func:`order_top_k` sorts them).
+    """
+    cols = torch.arange(offset, offset + block.shape[1], dtype=torch.int64).expand(block.shape[0], -1)
+    if values is not None:
+        block = torch.cat([values, block], dim=1)
+        cols = torch.cat([indices, cols], dim=1)
+    kept, pos = torch.topk(block, min(k, block.shape[1]), dim=1, largest=largest, sorted=False)
+    return kept, torch.gather(cols, 1, pos)
+
+
+def order_top_k(values: np.ndarray, indices: np.ndarray, k: int, largest: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The ``k`` best candidates per row, ordered best first, equal scores by train index.
+
+    Args:
+        values: ``[n_target, c]`` scores of the candidates (numpy, any float dtype).
+        indices: ``[n_target, c]`` their train indices.
+        k: how many to keep (``k <= c``).
+        largest: best = highest (proponents) or lowest (opponents).
+
+    Returns:
+        ``([n_target, k] values, [n_target, k] indices)`` (numpy).
+    """
+    key = -values if largest else values
+    order = np.lexsort((indices, key), axis=-1)[:, :k]
+    return np.take_along_axis(values, order, 1), np.take_along_axis(indices, order, 1)

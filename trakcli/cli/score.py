@@ -20,14 +20,17 @@ if TYPE_CHECKING:
     import numpy as np
 
 EXPORT_SUFFIXES = (".npy", ".csv")
+ANSWER_SUFFIXES = (".jsonl",)
 
 
-def check_out(out: Path | None, flag: str = "--out") -> None:
+def check_out(out: Path | None, flag: str = "--out", suffixes: tuple[str, ...] = EXPORT_SUFFIXES) -> None:
     """Validate an export path before any work is done (exit 2 on a bad one)."""
     if out is None:
         return
-    if out.suffix.lower() not in EXPORT_SUFFIXES:
-        raise UsageError(f"{flag} {out}: unknown format {out.suffix or '(no suffix)'!r}; use a .npy or .csv path")
+    if out.suffix.lower() not in suffixes:
+        names = list(suffixes)
+        listed = ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else names[0]
+        raise UsageError(f"{flag} {out}: unknown format {out.suffix or '(no suffix)'!r}; use a {listed} path")
     if not out.parent.exists():
         raise UsageError(f"{flag} {out}: directory {out.parent} does not exist; create it or choose another path")
 
@@ -86,36 +89,44 @@ def _json(res, scores: np.ndarray, top_k: int, out: Path | None, plot: Path | No
         pro, opp = top_indices(row, k)
         top.append({
             "target": t,
-            "proponents": [_entry(i, row, train_texts) for i in pro],
-            "opponents": [_entry(i, row, train_texts) for i in opp],
+            "proponents": [_answer(i, row[i], train_texts) for i in pro],
+            "opponents": [_answer(i, row[i], train_texts) for i in opp],
         })
     return {
         "store": str(res.store), "experiment": res.experiment, "n_target": res.n_target, "n_train": res.n_train,
-        "lambda_reg": [float(v) for v in res.lambdas], "scores": f"scores/{res.experiment}/scores",
+        "lambda_reg": [float(v) for v in res.lambdas],
+        "scores": f"scores/{res.experiment}/scores" if res.full else None,
+        "top_k": f"scores/{res.experiment}/top_k" if res.top_k else None,
         "exported": str(out) if out else None, "plot": str(plot) if plot else None, "top": top,
     }
-
-
-def _entry(i: int, row: np.ndarray, texts: Sequence[str] | None) -> dict[str, Any]:
-    """One proponent or opponent of ``--json``: its train index, score and (text data) text."""
-    entry: dict[str, Any] = {"train": int(i), "score": float(row[i])}
-    if texts is not None:
-        entry["text"] = texts[int(i)]
-    return entry
 
 
 @handle_errors
 def score(
     config: ConfigArg,
     overrides: OverridesArg = None,
+    targets: Annotated[
+        Optional[Path],
+        typer.Option(
+            "--targets", "-t",
+            help="Score these targets instead of data.target: a file of the same format (data.target's settings, "
+            "or data.train's, with this path). The experiment is named after the file unless score.experiment is "
+            "given.",
+        ),
+    ] = None,
     out: Annotated[
-        Optional[Path], typer.Option("--out", "-o", help="Also export the scores to this .npy or .csv file.")
+        Optional[Path],
+        typer.Option(
+            "--out", "-o",
+            help="Also write the answer: .jsonl (per target, its top proponents and opponents with scores and, for "
+            "text data, texts), or the full score matrix to .npy / .csv.",
+        ),
     ] = None,
     plot: Annotated[
         Optional[Path],
         typer.Option(
             "--plot",
-            help="Also draw the first score.show_targets targets beside their score.top_k proponents and "
+            help="Also draw the first score.show_targets targets beside their score.show_top proponents and "
             "opponents (images; a table for other data) to this .png, .pdf or .svg file.",
         ),
     ] = None,
@@ -129,15 +140,22 @@ def score(
     skip_nonfinite: SkipNonfiniteOpt = False,
     verify: VerifyOpt = False,
 ) -> None:
-    """Score every target against every train example; writes the n_target x n_train scores to the store."""
-    check_out(out)
+    """Score the targets against every train example: per target its top proponents and opponents (score.top_k),
+    and/or the full n_target x n_train score matrix."""
+    check_out(out, suffixes=EXPORT_SUFFIXES + ANSWER_SUFFIXES)
     if plot is not None:
         from trakcli.plots import check_plot_path
 
         check_plot_path(plot, "--plot")
+    if targets is not None:
+        overrides = [*(overrides or []), *_target_overrides(load(config, overrides, False), targets)]
     cfg = load(config, overrides, print_config)
     if plot is not None and cfg.score.show_targets == 0:
         raise UsageError("--plot draws the first score.show_targets targets, which is 0; add score.show_targets=3")
+    full = cfg.score.top_k is None if cfg.score.full is None else cfg.score.full
+    if out is not None and out.suffix.lower() in EXPORT_SUFFIXES and not full:
+        raise UsageError(f"--out {out}: score.top_k is set, so no full score matrix is written; write the top-k "
+                         "answer to a .jsonl file, or add score.full=true")
     with heavy_imports():  # after the config is valid: importing torch is slow
         from trakcli.jobs.score import score as run
     from trakcli.distributed import init_from_env
@@ -148,33 +166,120 @@ def score(
     )
     if not init_from_env().is_main:
         return
-    if out is not None:
-        Store.open_existing(res.store, mode="r").export(f"scores/{res.experiment}/scores", out)
-    if plot is not None:
-        _plot(cfg, res, plot)
-    if json_out:
-        head = res.head(cfg.score.show_targets)
+    train = target = None
+    if out is not None or plot is not None or json_out or (not quiet and cfg.score.show_targets):
         from trakcli.data.load import load_dataset
 
         train = load_dataset(cfg.data.train, key="data.train")
-        texts = _texts(cfg.data.train, train, "data.train")
-        sys.stdout.write(json.dumps(_json(res, head, cfg.score.top_k, out, plot, texts), indent=2) + "\n")
+        target = load_dataset(cfg.data.target, key="data.target")
+    if out is not None and out.suffix.lower() in ANSWER_SUFFIXES:
+        n = write_answers(res, out, cfg.score.show_top, _texts(target), _texts(train))
+        err_console.print(f"answers of {n} targets -> {out}") if not quiet else None
+    elif out is not None:
+        Store.open_existing(res.store, mode="r").export(f"scores/{res.experiment}/scores", out)
+    if plot is not None:
+        _plot(cfg, res, plot, train, target)
+    if json_out:
+        head = shown_scores(res, cfg.score.show_targets)
+        sys.stdout.write(json.dumps(_json(res, head, cfg.score.show_top, out, plot, _texts(train)), indent=2) + "\n")
     if quiet:
         return
     if cfg.score.show_targets:
-        head = res.head(cfg.score.show_targets)
-        from trakcli.data.load import load_dataset
-
-        train = load_dataset(cfg.data.train, key="data.train")
-        texts = _target_texts(cfg, len(head))
-        err_console.print(scores_table(res, head, cfg.score.top_k, texts, labels=not _per_token(train),
-                                       train_texts=_texts(cfg.data.train, train, "data.train")))
+        head = shown_scores(res, cfg.score.show_targets)
+        texts = _texts(target)
+        texts = None if texts is None else [texts[i] for i in range(len(head))]
+        err_console.print(scores_table(res, head, cfg.score.show_top, texts, labels=not _per_token(train),
+                                       train_texts=_texts(train)))
     lam = ", ".join(f"{v:.3g}" for v in res.lambdas)
+    what = ([f"top {res.top_k} [{res.n_target}, {res.top_k}]"] if res.top_k else []) + (
+        [f"scores [{res.n_target}, {res.n_train}]"] if res.full else [])
     err_console.print(
-        f"[green]scores[/] [{res.n_target}, {res.n_train}] -> {res.store} (scores/{res.experiment})"
+        f"[green]{' and '.join(what)}[/] -> {res.store} (scores/{res.experiment})"
         f"; lambda_reg per checkpoint: {lam}" + (f"; exported to {out}" if out else "")
         + (f"; plot: {plot}" if plot else "")
     )
+
+
+def _target_overrides(cfg, path: Path) -> list[str]:
+    """The overrides of ``--targets PATH``: data.target with this path (settings of data.target, else data.train),
+    and the experiment named after the file unless the config or the overrides name one."""
+    import re
+
+    import yaml
+
+    if not path.exists():
+        raise UsageError(f"--targets {path}: no such file or directory")
+    base = cfg.data.target or cfg.data.train
+    if base.builtin is not None:
+        raise UsageError(
+            f"--targets {path}: data.{'target' if cfg.data.target else 'train'} is the built-in dataset "
+            f"{base.builtin!r}, so the file's keys are unknown; give data.target in the config (path and keys)"
+        )
+    given = base.model_dump(exclude_unset=True, exclude={"path", "builtin", "split"}, mode="json")
+    out = [f"data.target.path={path.resolve()}"]
+    if cfg.data.target is None:
+        out += [f"data.target.{k}={yaml.safe_dump(v, default_flow_style=True).strip()}" for k, v in given.items()
+                if v is not None]
+    if "experiment" not in cfg.score.model_fields_set:
+        out.append("score.experiment=" + (re.sub(r"[^A-Za-z0-9_.-]+", "_", path.stem).strip("._") or "targets"))
+    return out
+
+
+def shown_scores(res, n: int) -> np.ndarray:
+    """The first ``n`` targets' scores ``[n, n_train]`` float32 for the table, --json and the plot.
+
+    The rows of the full matrix when it is stored; else the top-k scores at their train
+    indices and NaN elsewhere (which :func:`trakcli.plots.top_indices` leaves out).
+    """
+    import numpy as np
+
+    n = min(n, res.n_target)
+    if res.full:
+        return res.head(n)
+    top = res.top(0, n)
+    rows = np.full((n, res.n_train), np.nan, dtype=np.float32)
+    for side in ("proponent", "opponent"):
+        np.put_along_axis(rows, top[f"{side}s"], top[f"{side}_scores"], 1)
+    return rows
+
+
+def write_answers(res, path: Path, k: int, target_texts, train_texts, block: int = 1024) -> int:
+    """Write one JSON line per target: its top proponents and opponents with scores (and texts); returns targets.
+
+    From the top-k arrays when the experiment has them (all K), else the ``k`` best of each
+    row of the full matrix, read ``block`` targets at a time. Written atomically.
+    """
+    from trakcli.files import atomic_open
+    from trakcli.plots import top_indices
+
+    with atomic_open(path, "w", encoding="utf-8") as f:
+        for lo in range(0, res.n_target, block):
+            hi = min(lo + block, res.n_target)
+            if res.top_k:
+                top = res.top(lo, hi)
+                sides = [(top["proponents"][r], top["proponent_scores"][r], top["opponents"][r],
+                          top["opponent_scores"][r]) for r in range(hi - lo)]
+            else:
+                sides = []
+                for row in res._read(lo, hi):
+                    pro, opp = top_indices(row, k)
+                    sides.append((pro, row[pro], opp, row[opp]))
+            for r, (pro, pro_s, opp, opp_s) in enumerate(sides):
+                line: dict[str, Any] = {"target": lo + r}
+                if target_texts is not None:
+                    line["text"] = target_texts[lo + r]
+                line["proponents"] = [_answer(i, v, train_texts) for i, v in zip(pro, pro_s)]
+                line["opponents"] = [_answer(i, v, train_texts) for i, v in zip(opp, opp_s)]
+                f.write(json.dumps(line, ensure_ascii=False) + "\n")
+    return res.n_target
+
+
+def _answer(i: Any, score: Any, texts) -> dict[str, Any]:
+    """One proponent or opponent: its train index, score and (text data) text."""
+    entry: dict[str, Any] = {"train": int(i), "score": float(score)}
+    if texts is not None:
+        entry["text"] = texts[int(i)]
+    return entry
 
 
 def _per_token(ds) -> bool:
@@ -182,33 +287,21 @@ def _per_token(ds) -> bool:
     return bool(getattr(ds, "per_token_labels", False)) or getattr(ds, "labels", None) is not None and ds.labels.ndim == 2
 
 
-def _plot(cfg, res, path: Path) -> None:
+def _plot(cfg, res, path: Path, train, target) -> None:
     """Draw the first score.show_targets targets with their proponents and opponents (trakcli.plots)."""
     from trakcli import plots
-    from trakcli.data.load import load_dataset
 
     n = min(cfg.score.show_targets, res.n_target)
-    train = load_dataset(cfg.data.train, key="data.train")
-    target = load_dataset(cfg.data.target, key="data.target")
     plots.plot_top(
-        path, res.head(n), train, target, target_ids=range(n), top_k=cfg.score.top_k,
-        train_texts=_texts(cfg.data.train, train, "data.train"),
-        target_texts=_texts(cfg.data.target, target, "data.target"),
+        path, shown_scores(res, n), train, target, target_ids=range(n), top_k=cfg.score.show_top,
+        train_texts=_texts(train), target_texts=_texts(target),
     )
 
 
-def _target_texts(cfg, n: int) -> list[str] | None:
-    """The first ``n`` target texts (text data: the text, prompt → completion, ...); None for other data."""
-    from trakcli.data.load import load_dataset
-
-    texts = _texts(cfg.data.target, load_dataset(cfg.data.target, key="data.target"), "data.target")
-    return None if texts is None else [texts[i] for i in range(min(n, len(texts)))]
-
-
-def _texts(ds_cfg, ds, key: str):
+def _texts(ds):
     """Short renderings of a text dataset's rows, read when shown (:class:`trakcli.plots.RowTexts`); None for
     other data."""
-    if not callable(getattr(ds, "texts", None)):
+    if ds is None or not callable(getattr(ds, "texts", None)):
         return None
     from trakcli.plots import RowTexts
 

@@ -363,8 +363,32 @@ class ScoreConfig(StrictModel):
         description="Ridge as a multiple of the mean squared train-feature norm trace(Φᵀ Φ)/n_train "
         "(independent of proj_dim), used when lambda_reg is unset.",
     )
-    top_k: PositiveInt = Field(5, description="Proponents and opponents shown per target.")
+    top_k: PositiveInt | None = Field(
+        None,
+        description="Per target, keep the K highest-scoring train rows (proponents) and the K lowest (opponents), "
+        "from one streamed pass over the train features: [n_target, K] arrays in the store, memory independent "
+        "of n_train. Unset: the full [n_target, n_train] score matrix.",
+    )
+    full: bool | None = Field(
+        None,
+        description="Also write the full [n_target, n_train] score matrix (trak eval lds needs it). "
+        "Unset: only when top_k is unset.",
+    )
+    normalize: Literal["unit"] | None = Field(
+        None,
+        description="unit: cosine scores in the kernel's space, cos(A^½φ(t), A^½φ(z)) averaged over checkpoints, "
+        "without Q (TrackStar; for retrieving source documents). Unset: TRAK's scores (for predicting "
+        "counterfactual retraining).",
+    )
+    show_top: PositiveInt = Field(5, description="Proponents and opponents the summary table shows per target.")
     show_targets: int = Field(3, ge=0, description="How many targets the summary table shows.")
+
+    @model_validator(mode="after")
+    def _something_to_write(self) -> "ScoreConfig":
+        if self.full is False and self.top_k is None:
+            raise ValueError("score.full is false and score.top_k is unset: nothing to compute; set score.top_k "
+                             "(e.g. score.top_k=100) or leave score.full unset")
+        return self
 
 
 

@@ -24,8 +24,12 @@ from trakcli.jobs.kernels import finalize_kernels, kernel_of, report_notes, ridg
 from trakcli.jobs.runtime import ChunkWriter, event, locked_store, torch_threads
 from trakcli.jobs.setup import JobSetup, prepare
 from trakcli.progress import NULL_REPORTER, Reporter
-from trakcli.scoring import ensemble_block, score_block, target_weights
+from trakcli.jobs.topk import TopK
+from trakcli.scoring import (
+    cosine_term, dual_target_sq_norms, ensemble_block, kernel_sq_norms, score_block, target_weights,
+)
 from trakcli.store import ChunkedRows, Store, StoreCorruptError, check_same
+from trakcli.store.store import TOP_K_ARRAYS
 
 
 @dataclass
@@ -39,6 +43,8 @@ class ScoreResult:
         train_labels, target_labels: ``[n_train]``, ``[n_target]`` int64 labels (for display).
         chunks_computed: target and score chunks computed in this run.
         notes: messages for the user.
+        top_k: K of the stored top-k arrays (``score.top_k``, at most n_train), or None.
+        full: whether the full score matrix is in the store.
     """
 
     store: Path
@@ -50,9 +56,27 @@ class ScoreResult:
     target_labels: np.ndarray
     chunks_computed: int = 0
     notes: list[str] = field(default_factory=list)
+    top_k: int | None = None
+    full: bool = True
+
+    def top(self, lo: int = 0, hi: int | None = None) -> dict[str, np.ndarray]:
+        """Targets ``[lo, hi)`` of the top-k arrays (chunks checked).
+
+        Returns:
+            ``proponents`` / ``opponents``: ``[rows, K]`` int64 train indices, best first
+            (highest / lowest score; equal scores by index); ``proponent_scores`` /
+            ``opponent_scores``: ``[rows, K]`` float32.
+
+        Raises:
+            StoreError: the experiment has no top-k (``score.top_k`` unset).
+            StoreCorruptError: a chunk is missing or corrupt (names ``trak score CONFIG``).
+        """
+        store = Store.open_existing(self.store, mode="r")
+        hi = self.n_target if hi is None else min(hi, self.n_target)
+        return {name: store.read(f"scores/{self.experiment}/top_k/{name}", lo, hi) for name in TOP_K_ARRAYS}
 
     def head(self, n: int) -> np.ndarray:
-        """The first ``n`` target rows of the scores, ``[n, n_train]`` float32 (chunks checked).
+        """The first ``n`` target rows of the full score matrix, ``[n, n_train]`` float32 (chunks checked).
 
         Raises:
             StoreCorruptError: a chunk is missing or corrupt (names ``trak score CONFIG``).
@@ -161,6 +185,7 @@ def score(
     target = load_dataset(cfg.data.target, key="data.target")  # type: ignore[arg-type]  # checked by check_files
     lambdas, computed = score_targets(
         s, path, target, experiment=sc.experiment, lambda_reg=sc.lambda_reg, lambda_rel=sc.lambda_rel,
+        top_k=sc.top_k, full=sc.full, normalize=sc.normalize,
         overwrite=overwrite, skip_nonfinite=skip_nonfinite, verify=verify, reporter=reporter,
         linalg_threads=cfg.linalg_threads,
     )
@@ -173,6 +198,8 @@ def score(
         train_labels=s.train.labels.numpy(),
         target_labels=target.labels.numpy(),
         chunks_computed=computed,
+        top_k=None if sc.top_k is None else min(sc.top_k, len(s.train)),
+        full=sc.top_k is None if sc.full is None else sc.full,
     )
 
 
@@ -184,6 +211,9 @@ def score_targets(
     experiment: str,
     lambda_reg: float | None,
     lambda_rel: float,
+    top_k: int | None = None,
+    full: bool | None = None,
+    normalize: str | None = None,
     overwrite: bool = False,
     skip_nonfinite: bool = False,
     verify: bool = False,
@@ -200,7 +230,8 @@ def score_targets(
         s: the setup (featurizer, checkpoints and their sha256s, identity, process group).
         path: the store.
         target: the target examples.
-        experiment, lambda_reg, lambda_rel: ``score:`` of the config.
+        experiment, lambda_reg, lambda_rel, top_k, full, normalize: ``score:`` of the config
+            (``full`` None: the full matrix when ``top_k`` is None).
         overwrite, skip_nonfinite, verify, reporter: as :func:`score`.
         linalg_threads: torch threads for the kernels and score products (:func:`finalize_and_score`).
 
@@ -218,7 +249,8 @@ def score_targets(
             f"{s.identity['train_data']['input_shape']}; targets must be examples of the same kind"
         )
     t_attrs = {"target_data": t_fp, "checkpoints": s.shas}
-    settings = {"lambda_reg": lambda_reg, "lambda_rel": lambda_rel, **t_attrs}
+    settings = {"lambda_reg": lambda_reg, "lambda_rel": lambda_rel, **t_attrs, "normalize": normalize}
+    full = top_k is None if full is None else full
     n_models = len(s.checkpoints)
     computed = 0
     with locked_store(path, s.dist, reporter):
@@ -236,15 +268,21 @@ def score_targets(
                 bad = target_rows[-1].verify()
                 if bad:
                     reporter.info(f"model {model_id}: target feature chunks {bad} were missing or corrupt; recomputed")
-            out = store.scores(exp, len(target), settings, repair=True)
-            bad = out.verify()
+            store.score_settings(exp, settings, repair=True)
+            out = store.scores(exp, len(target), settings, repair=True) if full else None
+            bad = out.verify() if full else []
             if bad:
                 reporter.info(f"score column blocks {bad} were missing or corrupt; recomputed")
+            top = TopK(store, exp, len(target), top_k, create=True) if top_k else None
+            bad = top.verify() if top else []
+            if bad:
+                reporter.info(f"top-k target chunks {bad} were missing or corrupt; recomputed")
             report_notes(store, reporter)
         s.dist.barrier()
         if not s.dist.is_main:  # opened after rank 0 has created or repaired them
             target_rows = [store.targets(exp, m, t_attrs, len(target), create=False) for m in range(n_models)]
-            out = store.scores(exp, len(target), settings, create=False)
+            out = store.scores(exp, len(target), settings, create=False) if full else None
+            top = TopK(store, exp, len(target), top_k, create=False) if top_k else None
 
         # 1. target features: written, and the stored kernels read, in the background while the next
         #    checkpoint's target features are computed
@@ -270,6 +308,7 @@ def score_targets(
         lambdas, n = finalize_and_score(
             store, train_rows, target_rows, out, lambda_reg=lambda_reg, lambda_rel=lambda_rel,
             dist=s.dist, reporter=reporter, linalg_threads=linalg_threads, target_chunks=kept, kernels=kernels,
+            top=top, normalize=normalize,
         )
         computed += n
     return lambdas, computed
@@ -279,7 +318,7 @@ def finalize_and_score(
     store: Store,
     train_rows: list[ChunkedRows],
     target_rows: list[ChunkedRows],
-    out: ChunkedRows,
+    out: ChunkedRows | None,
     *,
     lambda_reg: float | None,
     lambda_rel: float,
@@ -288,6 +327,8 @@ def finalize_and_score(
     linalg_threads: int | None = None,
     target_chunks: list[dict[int, np.ndarray]] | None = None,
     kernels: dict[int, tuple[torch.Tensor, float]] | None = None,
+    top: TopK | None = None,
+    normalize: str | None = None,
 ) -> tuple[list[float], int]:
     """Finalize each checkpoint's kernel and write the pending score blocks.
 
@@ -307,11 +348,17 @@ def finalize_and_score(
     (summed over checkpoints in float64, memory ``[n_target, n_train]``) cut into the blocks.
     A rank with no pending block computes no weights.
 
+    With ``top``, the K highest and lowest scores per target are found in one streamed
+    pass (:mod:`trakcli.jobs.topk`), from the score matrix when ``out`` is given (after
+    it is finished), else from the blocks as they are computed. With ``normalize``
+    ``"unit"`` the scores are the mean over checkpoints of the cosines in the kernel's
+    space (:mod:`trakcli.scoring`, TrackStar), without Q.
+
     Args:
         store: the open store.
         train_rows: per model_id, complete train features (``features``, ``out_to_loss``).
         target_rows: per model_id, complete target features.
-        out: the scores array of the experiment (chunked by train columns).
+        out: the scores array of the experiment (chunked by train columns), or None (top-k only).
         lambda_reg, lambda_rel: the ridge (see :func:`trakcli.scoring.resolve_lambda`).
         dist: the process group (default: a single process).
         reporter: progress of the score blocks.
@@ -321,6 +368,8 @@ def finalize_and_score(
             (chunk index -> ``[rows, proj_dim]`` float32), used instead of reading them back.
         kernels: stored kernels already read and verified (model_id -> (kernel, λ)), used
             instead of reading them again (single process).
+        top: the experiment's top-k (``score.top_k``), or None.
+        normalize: ``score.normalize``: None (TRAK's scores) or ``"unit"``.
 
     Returns:
         (λ_m per model_id, score blocks computed by this process).
@@ -331,7 +380,8 @@ def finalize_and_score(
     """
     with torch_threads(linalg_threads):
         return _finalize_and_score(store, train_rows, target_rows, out, lambda_reg, lambda_rel, dist or Dist(),
-                                   reporter, target_chunks or [{} for _ in target_rows], kernels or {})
+                                   reporter, target_chunks or [{} for _ in target_rows], kernels or {}, top,
+                                   normalize == "unit")
 
 
 #: `trak score` reads the stored kernels in the background, during the target features, when
@@ -360,18 +410,26 @@ def _target_features(rows: ChunkedRows, kept: dict[int, np.ndarray]) -> torch.Te
 
 
 def _finalize_and_score(
-    store: Store, train_rows: list[ChunkedRows], target_rows: list[ChunkedRows], out: ChunkedRows,
+    store: Store, train_rows: list[ChunkedRows], target_rows: list[ChunkedRows], out: ChunkedRows | None,
     lambda_reg: float | None, lambda_rel: float, dist: Dist, reporter: Reporter, kept: list[dict[int, np.ndarray]],
-    kernels: dict[int, tuple[torch.Tensor, float]],
+    kernels: dict[int, tuple[torch.Tensor, float]], top: TopK | None, unit: bool,
 ) -> tuple[list[float], int]:
     """:func:`finalize_and_score` in its thread setting."""
     n_models = len(train_rows)
     lam_key = ridge_settings(lambda_reg, lambda_rel)
-    proj_dim = store.layout.proj_dim
     if dist.world_size > 1:  # kernel m on rank m mod world_size, then every rank reads them all
         finalize_kernels(store, train_rows, lambda_reg=lambda_reg, lambda_rel=lambda_rel, dist=dist, reporter=reporter)
-    pending = out.pending(dist.rank, dist.world_size)
-    weights, primal, lambdas, dual_total = [], [], [], None
+    pending = out.pending(dist.rank, dist.world_size) if out is not None else []
+    parts = None
+    if top is not None and not top.is_complete():
+        if dist.is_main:
+            parts = top.parts(create=True)
+        dist.barrier()
+        if not dist.is_main:
+            parts = top.parts(create=False)
+    segs = parts.pending(dist.rank, dist.world_size) if parts is not None and out is None else []
+    scorer = _BlockScores(train_rows, unit)
+    lambdas = []
     for model_id in range(n_models):
         if model_id in kernels:
             kernel, lam = kernels.pop(model_id)
@@ -383,30 +441,74 @@ def _finalize_and_score(
                 raise StoreError(f"the kernel of model_id {model_id} is missing; rerun the same command")
             kernel, lam = torch.from_numpy(stored[0]), stored[1]
         lambdas.append(lam)
-        if not pending:
-            continue
-        phi_t = _target_features(target_rows[model_id], kept[model_id])
-        if kernel.shape[0] == proj_dim:  # PRIMAL: the Cholesky factor of Φ_mᵀΦ_m + λI
-            weights.append(target_weights(kernel, phi_t, dtype=torch.float32))
-            primal.append(train_rows[model_id])
-        else:  # DUAL: X_m = (Φ_mΦ_mᵀ + λI)⁻¹Φ_m [n_train, proj_dim], n_train < proj_dim; the term Φ_t X_mᵀ
-            term = phi_t @ kernel.T  # float32, as the primal products
-            dual_total = term.double() if dual_total is None else dual_total.add_(term)
+        if pending or segs:  # a rank with nothing to compute computes no weights
+            scorer.add(model_id, kernel, lam, _target_features(target_rows[model_id], kept[model_id]))
     report_notes(store, reporter)
 
     with reporter.task("score", len(pending)) as task:
         for chunk in pending:
             event(f"start score {chunk}")
             lo, hi = out.rows(chunk)
-            feats = [torch.from_numpy(r.read("features", lo, hi).astype(np.float32, copy=False)) for r in primal]
-            qs = [torch.from_numpy(r.read("out_to_loss", lo, hi)) for r in train_rows]
-            if dual_total is None:
-                scores = score_block(weights, feats, qs)
-            else:  # dual terms, and primal ones of kernels an older trakcli stored (float32 products, as above)
-                total = dual_total[:, lo:hi] + sum((w @ f.T).double() for w, f in zip(weights, feats))
-                scores = ensemble_block(total, qs)
-            out.write(chunk, scores=scores.numpy())
+            out.write(chunk, scores=scorer(lo, hi).numpy())
             event(f"done score {chunk}")
             task.advance()
     dist.barrier()
-    return lambdas, len(pending)
+    computed = len(pending)
+    if parts is not None:
+        if out is not None:  # ranked from the finished matrix
+            scorer = lambda lo, hi: torch.from_numpy(out.read("scores", lo, hi))  # noqa: E731
+        computed += top.compute(scorer, parts, dist, reporter)
+        dist.barrier()
+        if dist.is_main:
+            computed += top.merge(parts)
+            top.drop_parts()
+        dist.barrier()
+    return lambdas, computed
+
+
+class _BlockScores:
+    """The ensembled scores of every target against a block of train rows, ``(lo, hi) -> [n_target, hi - lo]``.
+
+    TRAK's (:func:`~trakcli.scoring.score_block`: float32 products ``W_m Φ_m[block]ᵀ`` of float64
+    solves, times the mean Q), or with ``unit`` the mean over checkpoints of the cosines in each
+    kernel's space (:func:`~trakcli.scoring.cosine_term`). A dual checkpoint's term ``Φ_m(targets) X_mᵀ``
+    is one float32 product for all columns (summed over checkpoints in float64, ``[n_target, n_train]``).
+    """
+
+    def __init__(self, train_rows: list[ChunkedRows], unit: bool):
+        self.train_rows, self.unit = train_rows, unit
+        self.weights: list[torch.Tensor] = []  # per primal checkpoint: W_m [n_target, proj_dim] float32
+        self.primal: list[tuple[ChunkedRows, torch.Tensor, torch.Tensor]] = []  # rows, factor, target norms²
+        self.dual_total: torch.Tensor | None = None
+
+    def add(self, model_id: int, kernel: torch.Tensor, lam: float, phi_t: torch.Tensor) -> None:
+        """Add checkpoint ``model_id``: its kernel (primal factor or dual X), ridge and target features."""
+        rows = self.train_rows[model_id]
+        if kernel.shape[0] == kernel.shape[1]:  # PRIMAL ([proj_dim, proj_dim]; the dual's X has n_train < proj_dim rows): Cholesky of ΦᵀΦ + λI
+            w = target_weights(kernel, phi_t, dtype=torch.float32)
+            self.weights.append(w)
+            t_sq = (w.double() * phi_t.double()).sum(1) if self.unit else torch.empty(0)
+            self.primal.append((rows, kernel, t_sq))
+            return
+        # DUAL: X_m = (Φ_mΦ_mᵀ + λI)⁻¹Φ_m [n_train, proj_dim], n_train < proj_dim; the term Φ_t X_mᵀ
+        term = phi_t @ kernel.T  # float32, as the primal products
+        if self.unit:
+            phi = torch.from_numpy(rows.read("features", 0, rows.n_rows).astype(np.float32, copy=False))
+            z_sq = (phi.double() * kernel.double()).sum(1)  # φᵀAφ = φ · X_i
+            term = cosine_term(term.double(), dual_target_sq_norms(phi_t, term, phi, lam), z_sq)
+        self.dual_total = term.double() if self.dual_total is None else self.dual_total.add_(term)
+
+    def __call__(self, lo: int, hi: int) -> torch.Tensor:
+        feats = [torch.from_numpy(r.read("features", lo, hi).astype(np.float32, copy=False)) for r, _, _ in self.primal]
+        if self.unit:
+            total = torch.zeros(0) if self.dual_total is None else self.dual_total[:, lo:hi].clone()
+            for w, f, (_, factor, t_sq) in zip(self.weights, feats, self.primal):
+                term = cosine_term(w @ f.T, t_sq, kernel_sq_norms(factor, f)).double()
+                total = term if total.numel() == 0 else total.add_(term)
+            return (total / len(self.train_rows)).to(torch.float32)
+        qs = [torch.from_numpy(r.read("out_to_loss", lo, hi)) for r in self.train_rows]
+        if self.dual_total is None:
+            return score_block(self.weights, feats, qs)
+        # dual terms, and primal ones of kernels an older trakcli stored (float32 products, as above)
+        total = self.dual_total[:, lo:hi] + sum((w @ f.T).double() for w, f in zip(self.weights, feats))
+        return ensemble_block(total, qs)

@@ -28,6 +28,9 @@ from trakcli.store.rows import SPARSE_ARRAYS, ChunkedRows, codecs
 
 SCHEMA_VERSION = 1
 
+#: The arrays of a top-k result and their dtypes (:meth:`Store.top_k`).
+TOP_K_ARRAYS = {"proponents": "int64", "proponent_scores": "float32", "opponents": "int64", "opponent_scores": "float32"}
+
 
 def _open_group(path: Path, mode: str) -> Any:
     """``zarr.open_group`` of the Zarr v3 store at ``path``.
@@ -424,6 +427,68 @@ class Store:
             -(-n_train // cols), create, repair, {"scores": ("target", "train")},
         )
         return ChunkedRows(data, done, cols, n_train, axis=1)
+
+    def score_settings(self, experiment: str, settings: dict[str, Any], create: bool = True, repair: bool = False) -> None:
+        """Record (or check) the settings of an experiment's scores without creating the score matrix.
+
+        Raises:
+            StoreMismatchError: the experiment was scored with other settings.
+        """
+        self._experiment_group("scores", experiment, settings, create, repair)
+
+    def top_k(
+        self, experiment: str, n_target: int, k: int, create: bool = True, repair: bool = False
+    ) -> ChunkedRows:
+        """The top-k arrays of an experiment (``scores/<experiment>/top_k``), chunked by target rows.
+
+        Arrays: ``proponents`` / ``opponents`` ``[n_target, k]`` int64 train indices
+        (highest / lowest scores first) and ``proponent_scores`` / ``opponent_scores``
+        ``[n_target, k]`` float32, with a done flag per chunk of target rows.
+        Call after :meth:`score_settings`, which checks the experiment.
+
+        Raises:
+            StoreMismatchError: the stored top-k has another ``k`` (names ``--overwrite``).
+        """
+        group = self._top_k_group(f"scores/{experiment}/top_k", k, create, repair)
+        t_rows = min(n_target, max(1, (4 << 20) // (12 * k)))  # ~4 MB chunks of indices and scores
+        shape_of = {name: ((n_target, k), dtype) for name, dtype in TOP_K_ARRAYS.items()}
+        data, done = self._arrays(
+            group, shape_of, {name: (t_rows, k) for name in TOP_K_ARRAYS}, -(-n_target // t_rows), create, repair,
+            {name: ("target", "rank") for name in TOP_K_ARRAYS},
+        )
+        return ChunkedRows(data, done, t_rows, n_target)
+
+    def top_k_parts(
+        self, experiment: str, n_target: int, k: int, n_segments: int, create: bool = True, repair: bool = False
+    ) -> ChunkedRows:
+        """Per segment of train rows, its own top-k (``scores/<experiment>/top_k_parts``), chunked by segment.
+
+        The arrays of :meth:`top_k` with a leading segment axis, ``[n_segments, n_target, k]``,
+        and a done flag per segment: the resumable state of a streamed top-k pass, merged
+        into :meth:`top_k` when every segment is done, then dropped.
+
+        Raises:
+            StoreMismatchError: the parts were made with another ``k`` or segmentation.
+        """
+        group = self._top_k_group(f"scores/{experiment}/top_k_parts", k, create, repair)
+        t_rows = min(n_target, max(1, (4 << 20) // (12 * k)))
+        shape_of = {name: ((n_segments, n_target, k), dtype) for name, dtype in TOP_K_ARRAYS.items()}
+        data, done = self._arrays(
+            group, shape_of, {name: (1, t_rows, k) for name in TOP_K_ARRAYS}, n_segments, create, repair,
+            {name: ("segment", "target", "rank") for name in TOP_K_ARRAYS},
+        )
+        return ChunkedRows(data, done, 1, n_segments)
+
+    def _top_k_group(self, name: str, k: int, create: bool, repair: bool) -> Any:
+        group = self._node(name, repair and create)
+        if group is not None:
+            check_same(f"{name} in {self.path}", {"k": group.attrs.get("k")}, {"k": k},
+                       "rerun with --overwrite to recompute the scores, or set score.experiment to a new name")
+            return group
+        group = self._group(name, create)
+        if create:
+            group.attrs.update({"k": k})
+        return group
 
     def _experiment_group(self, kind: str, experiment: str, attrs: dict[str, Any], create: bool, repair: bool) -> Any:
         name = f"{kind}/{experiment}"
