@@ -46,17 +46,12 @@ import torch
 from torch import nn
 
 from trakcli.errors import ConfigError, GradientError
-from trakcli.factors.hooks import HookPass
+from trakcli.factors.hooks import HookPass, batch_rows, first_rows, logits_of
 from trakcli.factors.layers import SUPPORTED, Use, coverage_info, find_uses
 from trakcli.gradients import select_parameters
-from trakcli.models.forward import forward, forward_errors
 from trakcli.projectors.base import check_model_id
 from trakcli.projectors.kronecker import KroneckerProjector
 from trakcli.tasks import make_batch, resolve_task
-
-
-def _rows(labels: torch.Tensor | None, rows: slice) -> torch.Tensor | None:
-    return None if labels is None else labels[rows]
 
 
 class KroneckerFeaturizer:
@@ -157,7 +152,7 @@ class KroneckerFeaturizer:
                 batch dimension, or whose batch-broadcast output was used per row.
         """
         model_id = check_model_id(model_id)
-        first = inputs["input_ids"] if isinstance(inputs, dict) else inputs
+        first = first_rows(inputs)
         n = first.shape[0]
         if n == 0:
             return (torch.zeros(0, self.projector.proj_dim, dtype=self.projector.dtype, device=first.device),
@@ -173,8 +168,8 @@ class KroneckerFeaturizer:
         while start < n:
             step = self.rows_per_pass(inputs) or n
             rows = slice(start, min(n, start + step))
-            part = {k: v[rows] for k, v in inputs.items()} if isinstance(inputs, dict) else inputs[rows]
-            phi, q, nbytes = self._pass(part, _rows(labels, rows), model_id, row_offset + start)
+            part, part_labels = batch_rows(inputs, labels, rows)
+            phi, q, nbytes = self._pass(part, part_labels, model_id, row_offset + start)
             self.row_bytes[key] = max(self.row_bytes.get(key, 0), nbytes)
             phis.append(phi)
             qs.append(q)
@@ -205,8 +200,7 @@ class KroneckerFeaturizer:
         and the count its bytes are divided by (tokens, or 1 row)."""
         length = self._tokens(inputs)
         if length is None:
-            probe = {k: v[:1] for k, v in inputs.items()} if isinstance(inputs, dict) else inputs[:1]
-            return probe, _rows(labels, slice(0, 1)), 1
+            return (*batch_rows(inputs, labels, slice(0, 1)), 1)
         t = min(length, self.PROBE_TOKENS)
         cut = lambda v: v[:1, :t] if v.ndim >= 2 and v.shape[1] == length else v[:1]  # noqa: E731
         return {k: cut(v) for k, v in inputs.items()}, None if labels is None else cut(labels), t
@@ -233,11 +227,11 @@ class KroneckerFeaturizer:
     def _pass(self, inputs, labels: torch.Tensor, model_id: int, row_offset: int):
         """Features, out-to-loss and bytes per row of one forward + backward over all rows given."""
         model = self.model.eval()
-        first = inputs["input_ids"] if isinstance(inputs, dict) else inputs
+        first = first_rows(inputs)
         n, device, proj = first.shape[0], first.device, self.projector
         grids = _Grids(proj, proj.transposed_factors(model_id, device), n, device)
         with HookPass(model, self.uses, n, device, grids) as hooks:
-            logits = self._logits(inputs)
+            logits = logits_of(model, inputs)
             self._raise(hooks)
             margin, q = self._output(logits, inputs, labels, n, row_offset)
             never = [use.name for use, c in zip(self.uses, hooks.calls) if not c]
@@ -265,12 +259,6 @@ class KroneckerFeaturizer:
         """Raise :class:`GradientError` for the pass's problem, if any."""
         if hooks.problem is not None:
             raise GradientError(hooks.problem.text + self.HINTS.get(hooks.problem.code, ""))
-
-    def _logits(self, inputs) -> torch.Tensor:
-        with forward_errors(self.model, inputs):
-            if isinstance(inputs, dict):  # transformers models: 4-D additive mask, eager attention
-                return forward(self.model, {k: v.detach() for k, v in inputs.items()})
-            return forward(self.model, inputs.detach())
 
     def _output(self, logits: torch.Tensor, inputs, labels: torch.Tensor | None, n: int, row_offset: int):
         """Per-example margins ``[n]`` (differentiable) and out-to-loss ``[n]`` of the task on the batch."""

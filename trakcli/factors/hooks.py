@@ -36,6 +36,31 @@ import torch
 from torch import nn
 
 from trakcli.factors.layers import Use
+from trakcli.models.forward import forward, forward_errors
+
+#: A batch's model inputs: ``[n, ...]``, or a dict of ``[n, L]`` tensors (transformers models).
+Inputs = Any
+
+
+def first_rows(inputs: Inputs) -> torch.Tensor:
+    """The tensor whose first dim is the batch's rows: ``input_ids`` of a dict (else its first value), or ``inputs``."""
+    if isinstance(inputs, dict):
+        return inputs["input_ids"] if "input_ids" in inputs else next(iter(inputs.values()))
+    return inputs
+
+
+def batch_rows(inputs: Inputs, labels: torch.Tensor | None, rows: slice) -> tuple[Inputs, torch.Tensor | None]:
+    """``(inputs[rows], labels[rows])`` of a batch (every tensor of a dict; labels may be None)."""
+    part = {k: v[rows] for k, v in inputs.items()} if isinstance(inputs, dict) else inputs[rows]
+    return part, None if labels is None else labels[rows]
+
+
+def logits_of(model: nn.Module, inputs: Inputs) -> torch.Tensor:
+    """The model's logits on detached inputs (:func:`trakcli.models.forward.forward`: for a transformers model
+    the 4-D additive mask, eager attention), its exceptions reported as one ``DataError`` line."""
+    with forward_errors(model, inputs):
+        return forward(model, {k: v.detach() for k, v in inputs.items()} if isinstance(inputs, dict)
+                       else inputs.detach())
 
 
 @dataclass(frozen=True)

@@ -30,11 +30,10 @@ import torch
 from torch import nn
 
 from trakcli.errors import ConfigError, GradientError
-from trakcli.factors.hooks import HookPass, grad_flags
+from trakcli.factors.hooks import HookPass, batch_rows, first_rows, grad_flags, logits_of
 from trakcli.factors.kinds import KINDS
 from trakcli.factors.layers import HOOKED, Use, find_uses
 from trakcli.gradients import PerExampleGradients, check_finite, select_parameters, selected_shapes
-from trakcli.models.forward import forward, forward_errors
 from trakcli.tasks import CustomTask, make_batch, resolve_task
 
 #: The values of ``gradient_method`` (config key and :func:`per_example_gradients`).
@@ -161,7 +160,7 @@ class LayerGradients:
     # ------------------------------------------------------------------ one pass
 
     def _pass(self, inputs, labels, row_offset: int, guard: bool):
-        first = next(iter(inputs.values())) if isinstance(inputs, dict) else inputs
+        first = first_rows(inputs)
         n, device = first.shape[0], first.device
         params = dict(self.model.named_parameters())
         if n == 0:
@@ -186,8 +185,7 @@ class LayerGradients:
                               "the per-example gradients of {name} do not add up to its batch gradient "
                               "(relative difference {rel:.2g}): the model uses it outside its module's call, "
                               "e.g. F.linear(x, self.fc.weight)")
-            alone = self._alone({k: v[:1] for k, v in inputs.items()} if isinstance(inputs, dict) else inputs[:1],
-                                None if labels is None else labels[:1], params)
+            alone = self._alone(*batch_rows(inputs, labels, slice(0, 1)), params)
             self._compare({k: g[0] for k, g in grads.items()}, alone, grads,
                           "example 0's gradient of {name} in a batch differs from its gradient alone (relative "
                           "difference {rel:.2g}): examples interact in the forward pass (batch statistics, "
@@ -197,9 +195,7 @@ class LayerGradients:
     def _outputs(self, inputs, labels: torch.Tensor | None, n: int, row_offset: int):
         """``(f [n], Q [n])`` of the task on a batch, after its checks (a custom task's first on the first
         example, as :class:`PerExampleGradients` does, then on the batch)."""
-        with forward_errors(self.model, inputs):
-            detached = {k: v.detach() for k, v in inputs.items()} if isinstance(inputs, dict) else inputs.detach()
-            logits = forward(self.model, detached)
+        logits = logits_of(self.model, inputs)
         batch = make_batch(inputs, labels)
         if isinstance(self.task, CustomTask) and logits.ndim >= 1 and logits.shape[0] == n:
             self.task.check(logits[:1], {k: v[:1] for k, v in batch.items()}, row_offset)
