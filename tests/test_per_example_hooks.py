@@ -31,6 +31,7 @@ from test_kronecker import (  # noqa: E402  (tiny models shared with the Kroneck
     EmbeddingModel, HFConv1DModel, TokenModel, TwiceModel, conv1d_model, conv2d_model, labels, text_batch, tiny_bert,
     tiny_gpt2,
 )
+from test_lm import masked_batch, tiny_llama  # noqa: E402
 
 
 # ----------------------------------------------------------------------------- models
@@ -262,6 +263,78 @@ def test_the_hooks_are_not_exact_on_those_models():  # what the guard protects f
         rg, _ = PerExampleGradients(model)(x, y)
         assert not torch.allclose(g["fc.weight" if cls is ReuseModel else "lin.weight"],
                                   rg["fc.weight" if cls is ReuseModel else "lin.weight"], atol=1e-4)
+
+
+def test_llama_rms_norm_is_hooked_and_equals_vmap():
+    """Tiny Llama (LlamaRMSNorm in float32 inside, rotary attention, tied head) with a completion mask: auto
+    chooses the hooks, the guard passes, and every parameter, the RMSNorm weights included, equals vmap."""
+    model = tiny_llama()
+    inputs, y = masked_batch("completion", seed=3)
+    grads = per_example_gradients(model, None, "language_modeling")
+    assert isinstance(grads, LayerGradients) and grads.method == "hooks"
+    norms = [n for n in grads.param_names if n.endswith("layernorm.weight") or n == "model.norm.weight"]
+    assert len(norms) == 5
+    assert {u.kind.name for u in grads.uses if u.weight in norms} == {"hf_rms_norm"}
+    g, q = grads(inputs, y)
+    assert grads.method == "hooks" and grads.checked
+    rg, rq = PerExampleGradients(model, None, "language_modeling")(inputs, y)
+    assert all(bool(rg[n].abs().sum(1).gt(0).all()) for n in norms)  # a test that can fail: norm gradients exist
+    assert_grads_equal(g, rg, grads.param_names, rtol=1e-4)
+    torch.testing.assert_close(q, rq.to(torch.float32), rtol=1e-5, atol=1e-6)
+
+
+def hf_rms_model(norm_cls):
+    """Linear -> ``norm_cls`` (named and placed as a transformers RMSNorm) -> Linear."""
+    norm_cls.__module__ = "transformers.models.fake.modeling_fake"
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.lin, self.norm, self.out = nn.Linear(5, 6), norm_cls(6), nn.Linear(6, 3)
+            with torch.no_grad():
+                self.norm.weight.uniform_(0.5, 1.5)
+
+        def forward(self, x):
+            return self.out(self.norm(torch.tanh(self.lin(x))))
+
+    return Model()
+
+
+class MeanAbsRMSNorm(nn.Module):
+    """Named like Llama's RMSNorm, with ``variance_epsilon``, but normalized by mean |x|: not Llama's formula."""
+
+    def __init__(self, d, eps=1e-6):
+        super().__init__()
+        self.weight, self.variance_epsilon = nn.Parameter(torch.ones(d)), eps
+
+    def forward(self, hidden_states):
+        return self.weight * (hidden_states / (hidden_states.abs().mean(-1, keepdim=True) + self.variance_epsilon))
+
+
+class GemmaLikeRMSNorm(nn.Module):
+    """Gemma's RMSNorm: ``(1 + weight)`` and ``eps`` instead of ``variance_epsilon``."""
+
+    def __init__(self, d, eps=1e-6):
+        super().__init__()
+        self.weight, self.eps = nn.Parameter(torch.zeros(d)), eps
+
+    def forward(self, x):
+        out = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
+        return (out * (1.0 + self.weight.float())).type_as(x)
+
+
+def test_an_hf_rms_norm_of_another_formula_is_caught_by_the_guard_or_refused():
+    x, y = randn(6, 5)(), labels(6)
+    model = hf_rms_model(MeanAbsRMSNorm)
+    grads = per_example_gradients(model)
+    assert isinstance(grads, LayerGradients)  # recognized by its name and variance_epsilon ...
+    g, _ = grads(x, y)
+    assert grads.method == "vmap" and "norm.weight do not add up to its batch gradient" in grads.reason  # ... caught
+    rg, _ = PerExampleGradients(model)(x, y)
+    assert all(torch.equal(g[k], rg[k]) for k in rg)
+    grads = per_example_gradients(hf_rms_model(GemmaLikeRMSNorm))
+    assert grads.method == "vmap" and "norm.weight (GemmaLikeRMSNorm without variance_epsilon" in grads.reason
 
 
 def test_multihead_attention_out_proj_is_left_to_vmap():

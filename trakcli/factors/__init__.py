@@ -13,20 +13,22 @@ Public API::
     g, q = grads(inputs, labels)                   # g[name]: [n, *param.shape]; q: [n] float32
     grads.method, grads.reason                     # "hooks" / "vmap", and why vmap (auto), to report once
 
-Modules: :mod:`.layers` (which modules are covered, :func:`find_layers`),
-:mod:`.featurizer` (one forward + one backward per batch, :class:`KroneckerFeaturizer`) and
-:mod:`.per_example` (exact per-example gradients from the same hooks, :class:`LayerGradients`,
-no torch.func; :func:`per_example_gradients` chooses it or torch.func.vmap).
+Modules: :mod:`.kinds` (the layer kinds, each defined once: how a module is recognized and how
+its input and output gradient give its gradients or Kronecker factors), :mod:`.layers` (which
+modules are covered, :func:`find_uses`), :mod:`.hooks` (one forward + backward with hooks on
+them, :class:`HookPass`), :mod:`.featurizer` (Kronecker factors, :class:`KroneckerFeaturizer`)
+and :mod:`.per_example` (exact per-example gradients, :class:`LayerGradients`, no torch.func;
+:func:`per_example_gradients` chooses it or torch.func.vmap).
 The projector itself is :class:`trakcli.projectors.kronecker.KroneckerProjector`.
 """
 
 from trakcli.factors.featurizer import KroneckerFeaturizer
-from trakcli.factors.layers import SUPPORTED, LayerUse, coverage_info, find_layers, module_kind
-from trakcli.factors.per_example import (
-    HOOKED, METHODS, GradUse, LayerGradients, check_method, gradient_uses, norm_kind, per_example_gradients,
-)
+from trakcli.factors.hooks import HookPass
+from trakcli.factors.kinds import KINDS, KRONECKER_KINDS, Kind, kind_of
+from trakcli.factors.layers import HOOKED, SUPPORTED, Use, coverage_info, find_uses
+from trakcli.factors.per_example import METHODS, LayerGradients, check_method, per_example_gradients
 
 __all__ = [
-    "HOOKED", "METHODS", "SUPPORTED", "GradUse", "KroneckerFeaturizer", "LayerGradients", "LayerUse", "check_method",
-    "coverage_info", "find_layers", "gradient_uses", "module_kind", "norm_kind", "per_example_gradients",
+    "HOOKED", "KINDS", "KRONECKER_KINDS", "METHODS", "SUPPORTED", "HookPass", "Kind", "KroneckerFeaturizer",
+    "LayerGradients", "Use", "check_method", "coverage_info", "find_uses", "kind_of", "per_example_gradients",
 ]

@@ -8,16 +8,17 @@ gradient of the model output function is ``G = Σ_t g_t a_tᵀ`` (``g_t = ∂f/�
 
 (Choe et al. 2024, "What is Your Data Worth to GPT?", Sec. 3). A
 :class:`KroneckerFeaturizer` gets every factor from ONE ordinary batched
-forward pass and ONE backward pass of ``Σ_examples f``:
+forward pass and ONE backward pass of ``Σ_examples f``
+(:class:`~trakcli.factors.hooks.HookPass`):
 
-* a forward hook on each covered module projects its input right away
+* when a covered module runs, its input is projected right away
   (``P_in a_t``, ``[n, T, k_in]``; for ``nn.Embedding`` ``a_t`` is one-hot, so
   ``P_in a_t`` is a column of ``P_in``; for ``nn.Conv*d`` ``a_t`` is the patch
   at output position ``t`` and ``P_in a_t`` for every ``t`` is one convolution
-  with ``P_in`` as its filters);
-* a tensor hook on the module's output receives ``g_t`` during the backward
-  and projects it right away (``P_out g_t``), adding
-  ``Σ_t (P_out g_t)(P_in a_t)ᵀ`` to the example's ``[k_out, k_in]`` grid.
+  with ``P_in`` as its filters: :meth:`trakcli.factors.kinds.Kind.project_input`);
+* when its output gradient ``g_t`` arrives during the backward, it is projected
+  right away (``P_out g_t``), adding ``Σ_t (P_out g_t)(P_in a_t)ᵀ`` to the
+  example's ``[k_out, k_in]`` grid.
 
 Only ``[n, T, k]`` tensors are kept; no ``[n, grad_dim]`` tensor (nor any
 weight gradient: parameters do not require grad during the pass) ever exists.
@@ -39,38 +40,18 @@ only the first example's copy receives a gradient raises :class:`GradientError`.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 import torch
 from torch import nn
 
 from trakcli.errors import ConfigError, GradientError
-from trakcli.factors.layers import SUPPORTED, LayerUse, coverage_info, find_layers
+from trakcli.factors.hooks import HookPass, batch_rows, first_rows, logits_of
+from trakcli.factors.layers import SUPPORTED, Use, coverage_info, find_uses
 from trakcli.gradients import select_parameters
-from trakcli.models.forward import forward, forward_errors
 from trakcli.projectors.base import check_model_id
 from trakcli.projectors.kronecker import KroneckerProjector
 from trakcli.tasks import make_batch, resolve_task
-
-
-@dataclass
-class _Pass:
-    """State of one forward/backward pass."""
-
-    n: int
-    factors: list[tuple[torch.Tensor, torch.Tensor]]
-    grids: list[torch.Tensor]
-    anchor: torch.Tensor
-    fired: list[int]
-    saved: list[torch.Tensor | None] = field(default_factory=list)
-    nbytes: int = 0
-
-
-def _rows(labels: torch.Tensor | None, rows: slice) -> torch.Tensor | None:
-    return None if labels is None else labels[rows]
 
 
 class KroneckerFeaturizer:
@@ -99,7 +80,7 @@ class KroneckerFeaturizer:
 
     Attributes:
         projector: the :class:`~trakcli.projectors.kronecker.KroneckerProjector`.
-        layers, uses, left_out: from :func:`find_layers`.
+        layers, uses, left_out: from :func:`~trakcli.factors.layers.find_uses`.
         info: one line naming the left-out parameters and the fraction covered.
         grad_dim: covered parameter entries; param_names: their order.
         row_bytes: per kind of input, the largest bytes per row a pass has held
@@ -127,7 +108,7 @@ class KroneckerFeaturizer:
         self.memory_mb = memory_mb
         self.model = model.eval()
         selected = select_parameters(model, grad_wrt)
-        self.layers, self.uses, self.left_out = find_layers(model, selected)
+        self.layers, self.uses, self.left_out = find_uses(model, selected)
         params = dict(model.named_parameters())
         selected_numel = sum(params[n].numel() for n in selected)
         self.info = coverage_info(self.layers, self.left_out, selected_numel)
@@ -171,7 +152,7 @@ class KroneckerFeaturizer:
                 batch dimension, or whose batch-broadcast output was used per row.
         """
         model_id = check_model_id(model_id)
-        first = inputs["input_ids"] if isinstance(inputs, dict) else inputs
+        first = first_rows(inputs)
         n = first.shape[0]
         if n == 0:
             return (torch.zeros(0, self.projector.proj_dim, dtype=self.projector.dtype, device=first.device),
@@ -187,8 +168,8 @@ class KroneckerFeaturizer:
         while start < n:
             step = self.rows_per_pass(inputs) or n
             rows = slice(start, min(n, start + step))
-            part = {k: v[rows] for k, v in inputs.items()} if isinstance(inputs, dict) else inputs[rows]
-            phi, q, nbytes = self._pass(part, _rows(labels, rows), model_id, row_offset + start)
+            part, part_labels = batch_rows(inputs, labels, rows)
+            phi, q, nbytes = self._pass(part, part_labels, model_id, row_offset + start)
             self.row_bytes[key] = max(self.row_bytes.get(key, 0), nbytes)
             phis.append(phi)
             qs.append(q)
@@ -219,8 +200,7 @@ class KroneckerFeaturizer:
         and the count its bytes are divided by (tokens, or 1 row)."""
         length = self._tokens(inputs)
         if length is None:
-            probe = {k: v[:1] for k, v in inputs.items()} if isinstance(inputs, dict) else inputs[:1]
-            return probe, _rows(labels, slice(0, 1)), 1
+            return (*batch_rows(inputs, labels, slice(0, 1)), 1)
         t = min(length, self.PROBE_TOKENS)
         cut = lambda v: v[:1, :t] if v.ndim >= 2 and v.shape[1] == length else v[:1]  # noqa: E731
         return {k: cut(v) for k, v in inputs.items()}, None if labels is None else cut(labels), t
@@ -247,48 +227,38 @@ class KroneckerFeaturizer:
     def _pass(self, inputs, labels: torch.Tensor, model_id: int, row_offset: int):
         """Features, out-to-loss and bytes per row of one forward + backward over all rows given."""
         model = self.model.eval()
-        first = inputs["input_ids"] if isinstance(inputs, dict) else inputs
+        first = first_rows(inputs)
         n, device, proj = first.shape[0], first.device, self.projector
-        state = _Pass(
-            n=n,
-            factors=proj.transposed_factors(model_id, device),
-            grids=[torch.zeros(n, k_out, k_in, dtype=proj.dtype, device=device) for k_out, k_in in proj.grids],
-            anchor=torch.zeros((), device=device, requires_grad=True),
-            fired=[0] * len(self.uses),
-        )
-        flags = [(p, p.requires_grad) for p in model.parameters()]
-        handles = []
-        try:
-            for p, _ in flags:
-                p.requires_grad_(False)  # output gradients only: no weight gradient is computed
-            for i, use in enumerate(self.uses):
-                hook = partial(self._forward_hook, state, i)
-                handles.append(use.module.register_forward_hook(hook, with_kwargs=True))
-            with torch.enable_grad():
-                logits = self._logits(inputs)
-                margin, q = self._output(logits, inputs, labels, n, row_offset)
-                never = [use.name for use, c in zip(self.uses, state.fired) if not c]
-                if never:
-                    raise GradientError(
-                        f"the forward pass never called {', '.join(never)} although their parameters are selected "
-                        "(the model uses their weights without calling the module, as nn.MultiheadAttention and the "
-                        "fused fast path of nn.TransformerEncoderLayer do, or not at all): leave them out "
-                        "with grad_wrt, or use projector kind rademacher, normal or sjlt"
-                    )
-                if margin.requires_grad:
-                    torch.autograd.grad(margin.sum(), state.anchor, allow_unused=True)
-        finally:
-            for h in handles:
-                h.remove()
-            for p, flag in flags:
-                p.requires_grad_(flag)
-        return proj.features_from_grids(state.grids), q.detach().to(torch.float32), state.nbytes // max(1, n)
+        grids = _Grids(proj, proj.transposed_factors(model_id, device), n, device)
+        with HookPass(model, self.uses, n, device, grids) as hooks:
+            logits = logits_of(model, inputs)
+            self._raise(hooks)
+            margin, q = self._output(logits, inputs, labels, n, row_offset)
+            never = [use.name for use, c in zip(self.uses, hooks.calls) if not c]
+            if never:
+                raise GradientError(
+                    f"the forward pass never called {', '.join(never)} although their parameters are selected "
+                    "(the model uses their weights without calling the module, as nn.MultiheadAttention and the "
+                    "fused fast path of nn.TransformerEncoderLayer do, or not at all): leave them out "
+                    "with grad_wrt, or use projector kind rademacher, normal or sjlt"
+                )
+            if margin.requires_grad:
+                hooks.backward(margin)
+            self._raise(hooks)
+        return proj.features_from_grids(grids.grids), q.detach().to(torch.float32), hooks.nbytes // max(1, n)
 
-    def _logits(self, inputs) -> torch.Tensor:
-        with forward_errors(self.model, inputs):
-            if isinstance(inputs, dict):  # transformers models: 4-D additive mask, eager attention
-                return forward(self.model, {k: v.detach() for k, v in inputs.items()})
-            return forward(self.model, inputs.detach())
+    #: What each :class:`~trakcli.factors.hooks.Problem` means for Kronecker factors, after its text.
+    HINTS = {
+        "input": "; it cannot be kronecker-projected",
+        "batch": ": kronecker factors need the batch as the first dimension; leave it out with grad_wrt",
+        "broadcast": ": its output is not broadcast against per-example tensors, so per-example factors cannot be "
+                     "taken there; leave it out with grad_wrt",
+    }
+
+    def _raise(self, hooks: HookPass) -> None:
+        """Raise :class:`GradientError` for the pass's problem, if any."""
+        if hooks.problem is not None:
+            raise GradientError(hooks.problem.text + self.HINTS.get(hooks.problem.code, ""))
 
     def _output(self, logits: torch.Tensor, inputs, labels: torch.Tensor | None, n: int, row_offset: int):
         """Per-example margins ``[n]`` (differentiable) and out-to-loss ``[n]`` of the task on the batch."""
@@ -296,85 +266,43 @@ class KroneckerFeaturizer:
         self.task.check(logits, batch, row_offset)
         return self.task(logits, batch)
 
-    def _forward_hook(self, state: _Pass, i: int, module: nn.Module, args, kwargs, output):
-        use = self.uses[i]
-        x = args[0] if args else kwargs.get("input")
-        if not torch.is_tensor(x) or not torch.is_tensor(output) or x.dim() == 0:
-            raise GradientError(
-                f"module {use.name} was called without a tensor input; it cannot be kronecker-projected"
-            )
-        state.fired[i] += 1
-        b, n = x.shape[0], state.n
-        if b not in (n, 1) or output.shape[0] != b:
-            raise GradientError(
-                f"module {use.name} ran on a tensor of batch dimension {b} (output {output.shape[0]}) in a batch of "
-                f"{n} rows: kronecker factors need the batch as the first dimension; leave it out with grad_wrt"
-            )
-        if not torch.is_grad_enabled():
-            return None  # run under no_grad: no gradient reaches its parameters
-        layer = self.projector.layers[use.layer]
-        p_out_t, p_in_t = state.factors[use.layer]
-        cols = layer.weight_cols
-        if use.transposed:
-            fwd_w, fwd_b, bwd = p_out_t, None, p_in_t[:cols]
-        else:
-            fwd_w = p_in_t[:cols] if use.weight else None
-            fwd_b = p_in_t[cols] if use.bias else None
-            bwd = p_out_t
-        a = self._project_input(use, module, x, output, fwd_w, fwd_b)  # [b, T, k_fwd]
-        broadcast = b == 1 and n > 1
-        if broadcast:
-            a = a.expand(n, *a.shape[1:])
-            output = output.expand(n, *output.shape[1:])
-        out = output if output.requires_grad and not broadcast else output + state.anchor
-        state.saved.append(a)
-        out.register_hook(partial(self._grad_hook, state, i, len(state.saved) - 1, bwd, broadcast))
-        state.nbytes += x.numel() * x.element_size() * (n if broadcast else 1)
-        state.nbytes += 2 * out.numel() * out.element_size() + a.numel() * a.element_size()
-        return out
 
-    def _project_input(self, use: LayerUse, module: nn.Module, x: torch.Tensor, output: torch.Tensor,
-                       fwd_w: torch.Tensor | None, fwd_b: torch.Tensor | None) -> torch.Tensor:
-        """``P a_t`` for every position: ``[b, T, k]`` (the bias column's ``P[:, -1]`` added for a folded bias)."""
-        b, dtype = x.shape[0], self.projector.dtype
-        k = (fwd_w if fwd_w is not None else fwd_b).shape[-1]
-        if use.kind == "embedding":
-            ids = x.reshape(b, -1)
-            a = fwd_w[ids.flatten()].view(b, ids.shape[1], k)
-            if module.padding_idx is not None:  # torch gives the padding_idx row no gradient
-                a = a * (ids != module.padding_idx).unsqueeze(-1).to(dtype)
-            return a
-        if use.kind == "conv":
-            positions = math.prod(output.shape[2:])
-            if fwd_w is None:
-                return fwd_b.expand(b, positions, k)
-            weight = fwd_w.T.reshape(k, *module.weight.shape[1:])  # P_in as k filters over the patch
-            # the module's own convolution (stride, padding, padding_mode, dilation) with P_in as its weight
-            a = module._conv_forward(x.detach().to(dtype), weight, fwd_b)  # [b, k, *positions]
-            return a.reshape(b, k, positions).transpose(1, 2)
-        xr = x.detach().reshape(b, -1, x.shape[-1])
-        if fwd_w is None:
-            return fwd_b.expand(b, xr.shape[1], k)
-        a = xr.to(dtype) @ fwd_w
-        return a + fwd_b if fwd_b is not None else a
+class _Grids:
+    """The :class:`~trakcli.factors.hooks.Consumer` of Kronecker factors: keeps each call's projected input
+    ``P a_t`` ``[b, T, k]`` and adds ``Σ_t (P g_t)(P a_t)ᵀ`` to each example's grid ``[n, k_out, k_in]`` of its layer.
 
-    def _grad_hook(self, state: _Pass, i: int, slot: int, bwd: torch.Tensor, broadcast: bool, grad: torch.Tensor):
-        use = self.uses[i]
-        a, state.saved[slot] = state.saved[slot], None
-        n = state.n
-        if use.kind == "conv":
-            g = grad.reshape(n, grad.shape[1], -1).transpose(1, 2)  # [n, positions, C_out]
-        else:
-            g = grad.reshape(n, -1, grad.shape[-1])  # [n, T, d]
-        if broadcast and not bool(g[1:].any()) and bool(g[0].any()):
-            raise GradientError(
-                f"module {use.name} ran on a batch-broadcast input and only the first row of its output received a "
-                "gradient: its output is not broadcast against per-example tensors, so per-example factors cannot be "
-                "taken there; leave it out with grad_wrt"
-            )
-        gp = g.to(self.projector.dtype) @ bwd  # [n, T, k_bwd]
-        grid = state.grids[use.layer]
+    Args:
+        projector: the :class:`~trakcli.projectors.kronecker.KroneckerProjector`.
+        factors: per layer ``(P_outᵀ [d_out, k_out], P_inᵀ [d_in, k_in])`` of the checkpoint, in its dtype.
+        n, device: rows of the batch and their device.
+    """
+
+    keeps_input = False
+
+    def __init__(self, projector: KroneckerProjector, factors: list[tuple[torch.Tensor, torch.Tensor]], n: int,
+                 device: torch.device):
+        self.projector, self.factors = projector, factors
+        self.grids = [torch.zeros(n, k_out, k_in, dtype=projector.dtype, device=device)
+                      for k_out, k_in in projector.grids]
+
+    def _sides(self, use: Use) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
+        """``(input-side weight rows, input-side bias column, output side)`` of a use's transposed factors:
+        a transposed use (the layer's out side is the module's input) reads ``P_out`` on its input."""
+        p_out_t, p_in_t = self.factors[use.layer]
+        cols = self.projector.layers[use.layer].weight_cols
         if use.transposed:
-            grid.baddbmm_(a.transpose(1, 2), gp)  # the module's input side is the layer's out side
+            return p_out_t, None, p_in_t[:cols]
+        return (p_in_t[:cols] if use.weight is not None else None,
+                p_in_t[cols] if use.bias is not None else None, p_out_t)
+
+    def take_input(self, use: Use, x: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
+        p_w, p_b, _ = self._sides(use)
+        return use.kind.project_input(use.module, x, output, p_w, p_b, self.projector.dtype)  # [b, T, k]
+
+    def take_grad(self, use: Use, kept: torch.Tensor, g: torch.Tensor) -> None:
+        gp = use.kind.out_grads(g, kept.shape[0]).to(self.projector.dtype) @ self._sides(use)[2]  # [n, T, k_bwd]
+        grid = self.grids[use.layer]
+        if use.transposed:
+            grid.baddbmm_(kept.transpose(1, 2), gp)  # the module's input side is the layer's out side
         else:
-            grid.baddbmm_(gp.transpose(1, 2), a)
+            grid.baddbmm_(gp.transpose(1, 2), kept)

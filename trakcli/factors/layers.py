@@ -1,10 +1,10 @@
-"""Which modules a Kronecker-factored projection covers, and how their calls feed its layers.
+"""Which modules the hooks cover, and how their calls feed the selected parameters and Kronecker layers.
 
-Supported: ``nn.Linear`` (any leading dims), ``nn.Conv1d`` / ``nn.Conv2d`` with
-``groups=1``, ``nn.Embedding`` (without ``scale_grad_by_freq``) and
-transformers' ``Conv1D`` (GPT-2; weight stored ``[in, out]``), each with the
-``forward`` of its class. Every other selected parameter (LayerNorm, BatchNorm,
-a bare ``nn.Parameter``) is left out and named in one info line.
+The covered modules are those of a kind in :mod:`trakcli.factors.kinds` (with the
+``forward`` of its class). A Kronecker-factored projection covers the matrix kinds
+(:data:`SUPPORTED`); exact per-example gradients also the normalizations (:data:`HOOKED`).
+Every other selected parameter (a bare ``nn.Parameter``, a refused module) is left
+out and named, with why, in one info line or message.
 """
 
 from __future__ import annotations
@@ -13,70 +13,43 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from trakcli.factors.kinds import KINDS, KRONECKER_KINDS, Kind, describe, kind_of
 from trakcli.projectors.kronecker_layers import KroneckerLayer, LayerParam
 
 #: What the kronecker projection covers (for messages).
-SUPPORTED = "nn.Linear, nn.Conv1d/nn.Conv2d with groups=1, nn.Embedding and transformers' Conv1D"
+SUPPORTED = describe(KRONECKER_KINDS)
+
+#: What the layer hooks of exact per-example gradients cover (for messages).
+HOOKED = describe(KINDS)
 
 
 @dataclass(frozen=True)
-class LayerUse:
-    """One module whose calls contribute to a layer's gradient matrix.
+class Use:
+    """One module whose calls feed selected parameters (and, for a matrix kind, one Kronecker layer).
 
     Attributes:
-        layer: index of the layer in the projector.
-        name: the module's name.
+        name: the module's name in the model.
         module: the module.
-        kind: how its input is read: ``linear`` (also transformers ``Conv1D``), ``conv`` or ``embedding``.
+        kind: its :class:`~trakcli.factors.kinds.Kind`.
+        weight: name of the selected parameter its weight feeds (a tied weight: the owner's name), or None.
+        bias: name of the selected parameter its bias feeds, or None.
+        layer: index of the Kronecker layer it feeds; None for a normalization (exact gradients only).
         transposed: the module's (out, in) sides are the layer's (in, out): a weight
             tied to a layer of the other orientation (GPT-2's ``lm_head`` and ``wte``).
-        weight: contributes to the layer's weight columns.
-        bias: contributes to the layer's bias column.
     """
 
-    layer: int
     name: str
     module: nn.Module
-    kind: str
-    transposed: bool
-    weight: bool
-    bias: bool
+    kind: Kind
+    weight: str | None
+    bias: str | None
+    layer: int | None = None
+    transposed: bool = False
 
 
-def module_kind(module: nn.Module) -> tuple[str | None, str]:
-    """``(kind, reason)``: the layer kind of a module, or ``None`` and why it is not supported ("" if not a layer)."""
-    if isinstance(module, nn.Linear):
-        kind = "linear"
-    elif isinstance(module, (nn.Conv1d, nn.Conv2d)):
-        if module.groups != 1:
-            return None, f"{type(module).__name__} with groups={module.groups} (only groups=1 is supported)"
-        kind = "conv1d" if isinstance(module, nn.Conv1d) else "conv2d"
-    elif isinstance(module, nn.Embedding):
-        if module.scale_grad_by_freq:
-            return None, "nn.Embedding with scale_grad_by_freq (batch-dependent gradient)"
-        kind = "embedding"
-    elif type(module).__name__ == "Conv1D" and type(module).__module__.startswith("transformers"):
-        return "hf_conv1d", ""
-    else:
-        return None, ""
-    base = {"linear": nn.Linear, "conv1d": nn.Conv1d, "conv2d": nn.Conv2d, "embedding": nn.Embedding}[kind]
-    if type(module).forward is not base.forward:
-        return None, f"{type(module).__name__} overrides the forward of {base.__name__}"
-    return kind, ""
-
-
-def _d_out(module: nn.Module, kind: str) -> int:
-    if kind == "linear":
-        return module.out_features
-    if kind in ("conv1d", "conv2d"):
-        return module.out_channels
-    if kind == "embedding":
-        return module.embedding_dim
-    return module.nf  # transformers Conv1D: weight [in, out], out = nf
-
-
-def find_layers(model: nn.Module, selected: list[str]) -> tuple[list[KroneckerLayer], list[LayerUse], dict[str, str]]:
-    """The covered layers, the module calls feeding them, and why the other selected parameters are left out.
+def find_uses(model: nn.Module, selected: list[str], kinds: tuple[Kind, ...] = KRONECKER_KINDS
+              ) -> tuple[list[KroneckerLayer], list[Use], dict[str, str]]:
+    """The Kronecker layers, the module calls feeding the selected parameters, and why the others are left out.
 
     Layers come in ``model.named_modules()`` order. A weight shared by several
     modules (tied embeddings) is one layer fed by each of them, in its owner's
@@ -86,16 +59,18 @@ def find_layers(model: nn.Module, selected: list[str]) -> tuple[list[KroneckerLa
     Args:
         model: the model.
         selected: names of the selected parameters (:func:`trakcli.gradients.select_parameters`).
+        kinds: the covered kinds: :data:`~trakcli.factors.kinds.KRONECKER_KINDS` (the Kronecker
+            projection) or :data:`~trakcli.factors.kinds.KINDS` (exact gradients, normalizations too).
 
     Returns:
         ``(layers, uses, left_out)`` with ``left_out`` mapping each selected
-        parameter outside every layer to a reason (its module's type, mostly).
+        parameter no use feeds to a reason (its module's type, mostly).
     """
     name_of = {id(p): n for n, p in model.named_parameters()}
     chosen = set(selected)
     layers: list[KroneckerLayer] = []
-    uses: list[LayerUse] = []
-    owner: dict[str, int] = {}
+    uses: list[Use] = []
+    owner: dict[str, int | None] = {}
     reasons: dict[str, str] = {}
     functional: set[int] = set()
     for mname, mod in model.named_modules():
@@ -103,43 +78,47 @@ def find_layers(model: nn.Module, selected: list[str]) -> tuple[list[KroneckerLa
             reasons.setdefault(name_of[id(p)], type(mod).__name__)
         if isinstance(mod, nn.MultiheadAttention):
             functional.add(id(mod.out_proj))
-        kind, why = module_kind(mod)
+        kind, why = kind_of(mod, kinds)
         if kind is not None and id(mod) in functional:
             kind, why = None, "out_proj of nn.MultiheadAttention (used without calling the module)"
         if kind is None:
             for p in mod.parameters(recurse=False):
                 reasons[name_of[id(p)]] = why or reasons[name_of[id(p)]]
             continue
-        d_out = _d_out(mod, kind)
-        role = "weight_t" if kind in ("embedding", "hf_conv1d") else "weight"
-        read = {"conv1d": "conv", "conv2d": "conv", "hf_conv1d": "linear"}.get(kind, kind)
-        wn = name_of[id(mod.weight)]
-        bias = getattr(mod, "bias", None) if kind != "embedding" else None
-        bn = name_of[id(bias)] if isinstance(bias, nn.Parameter) else None
-        use_w, use_b = wn in chosen, bn is not None and bn in chosen
+        weight, bias = getattr(mod, "weight", None), kind.bias(mod)
+        wn = name_of[id(weight)] if isinstance(weight, nn.Parameter) else None
+        bn = name_of[id(bias)] if bias is not None else None
+        if not kind.kronecker:  # a normalization: its own weight and bias, no Kronecker layer
+            names = [n if n in chosen and n not in owner else None for n in (wn, bn)]
+            if any(names):
+                uses.append(Use(mname, mod, kind, *names))
+                owner.update({n: None for n in names if n is not None})
+            continue
+        d_out = kind.d_out(mod)
+        use_w, use_b = wn in chosen, bn in chosen
         if use_w and wn in owner:  # a tied weight: feed the owner's layer
             j = owner[wn]
             lay = layers[j]
-            same = lay.params[0].role == role and lay.d_out == d_out
-            if not same and (read == "conv" or lay.kind.startswith("conv")):
+            same = lay.params[0].role == kind.role and lay.d_out == d_out
+            if not same and (kind.name.startswith("conv") or lay.kind.startswith("conv")):
                 reasons[wn] = f"{type(mod).__name__} sharing a convolution weight in another orientation"
                 continue
             shared_bias = use_b and same and owner.get(bn) == j
-            uses.append(LayerUse(j, mname, mod, read, not same, True, shared_bias))
+            uses.append(Use(mname, mod, kind, wn, bn if shared_bias else None, j, not same))
             use_w, use_b = False, use_b and not shared_bias
         if use_b and bn in owner:
             reasons[bn] = "a bias shared with another layer without its weight"
             use_b = False
         params = []
         if use_w:
-            params.append(LayerParam(wn, tuple(mod.weight.shape), role))
+            params.append(LayerParam(wn, tuple(weight.shape), kind.role))
         if use_b:
             params.append(LayerParam(bn, (d_out,), "bias"))
         if params:
-            layers.append(KroneckerLayer(mname, kind if use_w else "bias", d_out, tuple(params)))
+            layers.append(KroneckerLayer(mname, kind.name if use_w else "bias", d_out, tuple(params)))
             for p in params:
                 owner[p.name] = len(layers) - 1
-            uses.append(LayerUse(len(layers) - 1, mname, mod, read, False, use_w, use_b))
+            uses.append(Use(mname, mod, kind, wn if use_w else None, bn if use_b else None, len(layers) - 1))
     left_out = {n: reasons.get(n, "parameter") for n in selected if n not in owner}
     return layers, uses, left_out
 
