@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 import trakcli
 from trakcli.cli.main import app
 from trakcli.config.schema import BUILTIN_TASKS
-from trakcli.errors import DataError, StoreMismatchError
+from trakcli.errors import ConfigError, DataError, StoreMismatchError
 from trakcli.tasks import TASKS, classification_margin
 from trakcli.models import build_model
 
@@ -213,3 +213,26 @@ def test_attributor_settings_are_checked_like_a_config(tmp_path):
     model = torch.nn.Linear(3, 2)
     with pytest.raises(ConfigError, match=r"projector\.proj_dims: unknown key; did you mean projector\.proj_dim\?"):
         trakcli.Attributor(model, store=tmp_path / "s.zarr", projector={"kind": "rademacher", "proj_dims": 8})
+
+
+def test_top_k_through_the_api_is_the_top_of_the_scores(project):
+    model = build_model("my_model.py:make_model")
+    att = trakcli.Attributor(model, store={"path": "out/top.zarr", "chunk_rows": 16},
+                             projector={"kind": "rademacher", "proj_dim": 16, "seed": 0})
+    train, target = loaders()
+    ckpts = sorted(Path("ckpts").glob("model_*.pt"))
+    for m, ck in enumerate(ckpts):
+        att.featurize(train, checkpoint=ck, model_id=m)
+    top = att.top_k(target, 4, checkpoints=ckpts, experiment="top")
+    scores = att.score(target, checkpoints=ckpts)
+    assert top.proponents.shape == top.opponents.shape == (scores.shape[0], 4)
+    np.testing.assert_array_equal(top.proponents, np.argsort(-scores, 1, kind="stable")[:, :4])
+    np.testing.assert_array_equal(top.opponents, np.argsort(scores, 1, kind="stable")[:, :4])
+    np.testing.assert_allclose(top.proponent_scores, np.take_along_axis(scores, top.proponents, 1), rtol=1e-6)
+    assert "scores" not in zarr.open_group("out/top.zarr", mode="r")["scores/top"]  # no dense matrix
+    unit = att.top_k(target, 4, checkpoints=ckpts, experiment="cos", normalize="unit")
+    assert np.abs(unit.proponent_scores).max() <= 1 + 1e-6
+    with pytest.raises(ConfigError, match="k=0"):
+        att.top_k(target, 0, checkpoints=ckpts)
+    with pytest.raises(ConfigError, match="normalize='cosine'"):
+        att.top_k(target, 3, checkpoints=ckpts, normalize="cosine")

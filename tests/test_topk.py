@@ -184,3 +184,20 @@ def test_top_k_larger_than_n_train_keeps_every_row(user_project):
 def test_nothing_to_compute_is_refused(user_project):
     res = run(user_project, "score", "run.yaml", "score.full=false")
     assert res.returncode == 1 and "score.top_k" in res.stderr and "nothing to compute" in res.stderr
+
+
+def test_inspect_export_and_eval_know_the_top_k(featurized):
+    root = featurized
+    args = ["run.yaml", "-q", "store.path=out/primal.zarr", "score.experiment=shown", f"score.top_k={K}"]
+    assert run(root, "score", *args).returncode == 0
+    res = run(root, "inspect", "out/primal.zarr", "--verify")
+    assert res.returncode == 0 and f"scores/shown: top-k [90, {K}]" in res.stderr, res.stderr
+    res = run(root, "export", "out/primal.zarr", "--what", "opponents", "-e", "shown", "--out", "opp.npy")
+    assert res.returncode == 0, res.stderr
+    top, _, _ = _read(root / "out/primal.zarr", "shown")
+    np.testing.assert_array_equal(np.load(root / "opp.npy"), top["opponents"])
+    from trakcli.errors import StoreError
+    from trakcli.store import Store
+
+    with pytest.raises(StoreError, match="only its top-k.*score.full=true"):  # what `trak eval lds` reads
+        Store.open_existing(root / "out/primal.zarr", mode="r").read_scores("shown")

@@ -39,6 +39,24 @@ from trakcli.jobs.setup import JobSetup, batch_rows_for, build_featurizer, run_i
 from trakcli.models.checkpoints import file_sha256, load_checkpoint, nonfinite_parameters
 from trakcli.progress import NULL_REPORTER, Reporter
 from trakcli.store import Store, StoreLayout
+from trakcli.store.store import TOP_K_ARRAYS
+
+@dataclass(frozen=True)
+class TopK:
+    """The top of each target (:meth:`Attributor.top_k`), best first; equal scores by train index.
+
+    Attributes:
+        proponents: ``[n_target, k]`` int64 train indices of the highest scores.
+        proponent_scores: ``[n_target, k]`` float32, descending.
+        opponents: ``[n_target, k]`` int64 train indices of the lowest scores.
+        opponent_scores: ``[n_target, k]`` float32, ascending.
+    """
+
+    proponents: np.ndarray
+    proponent_scores: np.ndarray
+    opponents: np.ndarray
+    opponent_scores: np.ndarray
+
 
 _DEFAULT_MEMORY_MB: int = DataConfig.model_fields["grad_memory_mb"].default
 _DEFAULT_LAMBDA_REL: float = ScoreConfig.model_fields["lambda_rel"].default
@@ -306,6 +324,7 @@ class Attributor:
         experiment: str = "default",
         lambda_reg: float | None = None,
         lambda_rel: float = _DEFAULT_LAMBDA_REL,
+        normalize: str | None = None,
         overwrite: bool = False,
     ) -> np.ndarray:
         """Scores of the target batches against the featurized train set (traker's ``start_scoring_checkpoint``
@@ -317,18 +336,69 @@ class Attributor:
                 (checked against the sha256 the store recorded).
             experiment: the name of this set of targets in the store (``scores/<experiment>``).
             lambda_reg, lambda_rel: the ridge, as ``score.lambda_reg`` / ``score.lambda_rel``.
+            normalize: ``"unit"``: cosine scores in the kernel's space (``score.normalize``).
             overwrite: recompute this experiment's target features and scores.
 
         Returns:
-            ``[n_target, n_train]`` float32 scores (also in the store).
+            ``[n_target, n_train]`` float32 scores (also in the store). For the top of each
+            target at corpus scale, :meth:`top_k`.
 
         Raises:
             StoreError: no store, or train features missing / incomplete for a model_id.
             StoreMismatchError: the store was featurized with other settings or checkpoints.
             DataError, GradientError, CheckpointError: bad batches or checkpoints.
         """
+        self._score(batches, checkpoints, experiment, lambda_reg, lambda_rel, normalize, None, overwrite)
+        return Store.open_existing(self.path, mode="r").read(f"scores/{experiment}/scores")
+
+    def top_k(
+        self,
+        batches: Iterable[Any],
+        k: int,
+        *,
+        checkpoints: list[Any],
+        experiment: str = "default",
+        lambda_reg: float | None = None,
+        lambda_rel: float = _DEFAULT_LAMBDA_REL,
+        normalize: str | None = None,
+        full: bool = False,
+        overwrite: bool = False,
+    ) -> TopK:
+        """Per target, the ``k`` highest- and lowest-scoring train rows, as ``trak score`` with ``score.top_k``.
+
+        One streamed pass over the stored train features (:mod:`trakcli.jobs.topk`): memory does not
+        grow with n_train, and the dense ``[n_target, n_train]`` matrix is neither formed nor stored
+        unless ``full``.
+
+        Args:
+            batches: the target batches.
+            k: how many of each side (at most n_train are returned).
+            checkpoints, experiment, lambda_reg, lambda_rel, overwrite: as :meth:`score`.
+            normalize: ``"unit"``: cosine scores in the kernel's space (``score.normalize``).
+            full: also store the full score matrix (read it with :meth:`score`'s store path).
+
+        Returns:
+            :class:`TopK`: ``[n_target, k]`` indices and scores of proponents and opponents.
+
+        Raises:
+            ConfigError: ``k`` is not a positive int, or ``normalize`` is not None or "unit".
+            As :meth:`score`.
+        """
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ConfigError(f"k={k!r}: give a positive int, the proponents and opponents kept per target")
+        self._score(batches, checkpoints, experiment, lambda_reg, lambda_rel, normalize, (k, full), overwrite)
+        store = Store.open_existing(self.path, mode="r")
+        return TopK(**{name: store.read(f"scores/{experiment}/top_k/{name}") for name in TOP_K_ARRAYS})
+
+    def _score(
+        self, batches: Iterable[Any], checkpoints: list[Any], experiment: str, lambda_reg: float | None,
+        lambda_rel: float, normalize: str | None, top: tuple[int, bool] | None, overwrite: bool,
+    ) -> None:
+        """Featurize the target batches and score them (:func:`~trakcli.jobs.score.score_targets`)."""
         if not checkpoints:
             raise ConfigError("checkpoints: give the checkpoints of model_ids 0..M-1, as featurized")
+        if normalize not in (None, "unit"):
+            raise ConfigError(f"normalize={normalize!r}: use None (TRAK's scores) or 'unit' (cosine scores)")
         target, first = collect_batches(batches, "target batches")
         stored = Store.open_existing(self.path, mode="r")
         if not stored.identity:
@@ -337,6 +407,6 @@ class Attributor:
         s = self._setup(stored.layout.n_train, known, self.batch_size or first, dict(enumerate(checkpoints)))
         score_targets(
             s, self.path, target, experiment=experiment, lambda_reg=lambda_reg, lambda_rel=lambda_rel,
+            top_k=top[0] if top else None, full=top[1] if top else True, normalize=normalize,
             overwrite=overwrite, reporter=self.reporter,
         )
-        return Store.open_existing(self.path, mode="r").read(f"scores/{experiment}/scores")

@@ -114,8 +114,13 @@ def _render(info: dict) -> None:
         )
     err_console.print(table)
     for exp, s in info["scores"].items():
-        err_console.print(f"scores/{exp}: shape {s.get('shape')}, {s.get('chunks_done')}/{s.get('chunks_total')} "
-                          f"column chunks done, {_size(s['bytes_on_disk'])}")
+        parts = []
+        if "top_k" in s:
+            t = s["top_k"]
+            parts.append(f"top-k {t['shape']}, {t['chunks_done']}/{t['chunks_total']} target chunks done")
+        if "shape" in s:
+            parts.append(f"shape {s['shape']}, {s.get('chunks_done')}/{s.get('chunks_total')} column chunks done")
+        err_console.print(f"scores/{exp}: {'; '.join(parts) or 'nothing computed yet'}, {_size(s['bytes_on_disk'])}")
     for exp in info["targets"]:
         if exp not in info["scores"]:
             err_console.print(f"targets/{exp}: target features only (not scored yet)")
@@ -129,12 +134,18 @@ def _render(info: dict) -> None:
         )
 
 
+#: The top-k arrays of an experiment (``score.top_k``), by name.
+TOP_K_NAMES = ("proponents", "proponent_scores", "opponents", "opponent_scores")
+
+
 @handle_errors
 def export(
     store: StoreArg,
     out: Annotated[Path, typer.Option("--out", "-o", help="Output file: .npy or .csv.")],
     what: Annotated[
-        str, typer.Option("--what", help="'scores' or 'features' (train features), or any array path in the store.")
+        str, typer.Option("--what", help="'scores', 'features' (train features), one of the top-k arrays "
+                          "'proponents', 'proponent_scores', 'opponents', 'opponent_scores', or any array path in "
+                          "the store.")
     ] = "scores",
     experiment: Annotated[str, typer.Option("--experiment", "-e", help="Experiment of the scores.")] = "default",
     model_id: Annotated[Optional[int], typer.Option("--model-id", "-m", help="Checkpoint of the features.")] = None,
@@ -147,9 +158,12 @@ def export(
         name = f"scores/{experiment}/scores"
     elif what == "features":
         name = f"train/{0 if model_id is None else model_id}/features"
+    elif what in TOP_K_NAMES:
+        name = f"scores/{experiment}/top_k/{what}"
     elif "/" in what:
         name = what
     else:
-        raise UsageError(f"--what {what!r}: use 'scores', 'features' or an array path such as train/0/out_to_loss")
+        raise UsageError(f"--what {what!r}: use 'scores', 'features', {', '.join(map(repr, TOP_K_NAMES))} or an "
+                         "array path such as train/0/out_to_loss")
     shape = Store.open_existing(store, mode="r").export(name, out)
     err_console.print(f"[green]exported[/] {name} {list(shape)} -> {out}")

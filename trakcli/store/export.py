@@ -39,7 +39,8 @@ def array(store: "Store", name: str) -> Any:
         have = [f"train/{m}/features" for m in store.model_ids()]
         scores = node(store.root, "scores")
         if scores is not None:
-            have += [f"scores/{e}/scores" for e in keys(scores)]
+            for e in keys(scores):
+                have += [f"scores/{e}/{a}" for a in ("scores", "top_k") if node(scores, f"{e}/{a}") is not None]
         if node(store.root, "eval") is not None:
             have += ["eval/masks", "eval/outputs"]
         raise StoreError(f"store {store.path} has no array {name!r}; it holds {', '.join(have) or 'nothing yet'}")
@@ -95,6 +96,11 @@ def read_scores(store: "Store", experiment: str) -> tuple[np.ndarray, dict[str, 
     """The finished score matrix of an experiment and the attributes it was made with (:meth:`Store.read_scores`)."""
     name = f"scores/{experiment}"
     group = node(store.root, name)
+    if group is not None and node(group, "scores") is None and node(group, "top_k") is not None:
+        raise StoreError(
+            f"experiment {experiment!r} in {store.path} holds only its top-k (score.top_k), not the full score "
+            "matrix this needs; run `trak score CONFIG score.full=true`"
+        )
     if group is None or node(group, "scores") is None:
         raise StoreError(
             f"store {store.path} holds no scores of experiment {experiment!r} (score.experiment); "

@@ -153,6 +153,12 @@ def _experiment_entry(
             return None
         info: dict[str, Any] = {"attrs": dict(g.attrs), "bytes_on_disk": du(store.path / kind / exp)}
         if kind == "scores":
+            if node(g, "top_k") is not None:
+                rows = _rows(store, f"scores/{exp}/top_k", ["proponents", "proponent_scores", "opponents",
+                                                             "opponent_scores"], 0)
+                ok = _intact(rows, f"scores/{exp}/top_k", verify, corrupt)
+                info["top_k"] = {"shape": list(rows.data["proponents"].shape), "chunks_done": int((ok != 0).sum()),
+                                 "chunks_total": int(ok.size)}
             if node(g, "scores") is None:
                 return info
             rows = _rows(store, f"scores/{exp}", ["scores"], 1)
