@@ -17,9 +17,14 @@ The only part of trakcli that imports zarr. Layout (README, "The store")::
                                         its attrs (form, lambda_reg, settings) are written last
       targets/<experiment>/        attrs: target data fingerprint, checkpoints (sha256 per model_id)
         <model_id>/features [n_target, proj_dim], done [n_target_chunks]
-      scores/<experiment>/         attrs: lambda settings, checkpoints, target data
+      scores/<experiment>/         attrs: lambda settings, normalize, checkpoints, target data
         scores [n_target, n_train] float32, chunked by train rows (columns);
         done   [n_train_chunks]    one flag per column block
+        top_k/                     attrs: k (score.top_k; trakcli.jobs.topk)
+          proponents, opponents [n_target, k] int64 train indices, best first;
+          proponent_scores, opponent_scores [n_target, k] float32; done [n_target_chunks]
+        top_k_parts/               while a top-k pass runs: the same arrays per segment of train
+                                   rows, [n_segments, n_target, k], done [n_segments]
       eval/                        attrs: identity (training recipe, model, train and target
                                    data, task, subset_fraction, eval seed), n_subsets
         masks   [n_subsets, n_train]  bool, the training rows of retrained model k
