@@ -221,3 +221,13 @@ def test_bfloat16_inspect_verify_export_and_repair(tmp_path, bf16):
     assert run(root, "score", "run.yaml", "-q").returncode == 0
     assert_same_store(root / STORE, bf16 / STORE)
     assert info["scores"]["default"]["shape"] == [N_TARGET, N_TRAIN]
+
+
+@pytest.mark.filterwarnings("ignore:Failed to open Zarr store with consolidated metadata")
+def test_xarray_opens_bfloat16_features_as_their_bits_and_attributes(bf16):
+    xarray = pytest.importorskip("xarray")
+    ds = xarray.open_zarr(str(bf16 / STORE), group="train/0", consolidated=False)
+    bits = ds["features"]
+    assert bits.dims == ("train", "proj") and bits.dtype == np.uint16 and bits.attrs["logical_dtype"] == "bfloat16"
+    np.testing.assert_array_equal(from_bits(bits.values), Store.open_existing(bf16 / STORE, mode="r").read(
+        "train/0/features"))
