@@ -66,7 +66,8 @@ def test_bfloat16_rounding_is_torch_s_bit_for_bit(source):
     assert np.isnan(back[nan]).all() and np.isnan(ref_back[nan]).all()  # NaN stays NaN (torch's NaN bits vary)
     np.testing.assert_array_equal(np.signbit(back[nan]), np.signbit(x[nan]))  # with its sign
     if source == "special":
-        assert (to_bits(f32([0x3F808000, 0x3F818000, 0x00008000, 0x7F7FFFFF])) == [0x3F80, 0x3F82, 0x0000, 0x7F80]).all()
+        ties_and_overflow = f32([0x3F808000, 0x3F818000, 0x00008000, 0x7F7FFFFF])
+        assert (to_bits(ties_and_overflow) == [0x3F80, 0x3F82, 0x0000, 0x7F80]).all()
 
 
 def test_bfloat16_round_trip_is_exact_and_bad_input_is_refused():

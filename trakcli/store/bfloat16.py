@@ -37,7 +37,10 @@ BFLOAT16 = "bfloat16"
 LOGICAL_DTYPE_ATTR = "logical_dtype"
 """The array attribute naming the dtype that a ``uint16`` array's bits encode."""
 
-ENCODING = "upper 16 bits of the float32 encoding, rounded to nearest even; decode: (bits.astype(uint32) << 16).view(float32)"
+ENCODING = (
+    "upper 16 bits of the float32 encoding, rounded to nearest even; decode: (bits.astype(uint32) << 16).view(float32)"
+)
+"""The array attribute ``encoding`` of bfloat16 features: how to read them without trakcli."""
 
 BITS_DTYPE = "uint16"
 
@@ -67,7 +70,7 @@ def to_bits(x: np.ndarray) -> np.ndarray:
 
     Args:
         x: any shape, a real floating dtype (float16 and float64 are cast to
-            float32 first, as torch's scalar conversion does).
+            float32 first).
 
     Returns:
         ``uint16`` array of ``x``'s shape.
