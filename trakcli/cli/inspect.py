@@ -150,7 +150,10 @@ def export(
     experiment: Annotated[str, typer.Option("--experiment", "-e", help="Experiment of the scores.")] = "default",
     model_id: Annotated[Optional[int], typer.Option("--model-id", "-m", help="Checkpoint of the features.")] = None,
 ) -> None:
-    """Export scores or features from a store to .npy or .csv, streamed chunk by chunk."""
+    """Export scores or features from a store to .npy or .csv, streamed chunk by chunk.
+
+    Arrays keep their dtype; bfloat16 features (store.dtype: bfloat16) are written as float32.
+    """
     from trakcli.store import Store
 
     check_out(out)

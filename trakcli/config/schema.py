@@ -340,8 +340,10 @@ class StoreConfig(StrictModel):
     chunk_rows: PositiveInt = Field(
         512, description="Rows per chunk of features/scores; the unit of resume (done flags)."
     )
-    dtype: Literal["float32", "float16"] = Field(
-        "float32", description="Storage dtype of features (float16 halves the disk; compute stays float32)."
+    dtype: Literal["float32", "float16", "bfloat16"] = Field(
+        "float32",
+        description="Storage dtype of train and target features: float16 or bfloat16 halve the disk (bfloat16 "
+        "keeps float32's range, float16 three more bits of precision); compute stays float32, kernels float64.",
     )
     compressor: Literal["zstd", "blosc", "none"] = Field(
         "zstd", description="Compression codec of every array (each chunk also carries a CRC32C checksum)."

@@ -55,8 +55,9 @@ def featurize_rows(
         reporter, label: progress (``"<label> model <model_id>"``) and test events.
         computed: a batch of ``data`` already featurized (:func:`first_batch`); used in place of
             computing the batch of the same checkpoint, first row and length, if that batch comes up.
-        keep: if given, each written chunk's ``[rows, proj_dim]`` float32 features are also put
-            here by chunk index (`trak score` uses the target features without reading them back).
+        keep: if given, each written chunk's ``[rows, proj_dim]`` features, as a read of the store
+            returns them (:meth:`ChunkedRows.as_stored`), are also put here by chunk index (`trak
+            score` uses the target features without reading them back).
         writer: write the chunks in this background writer (the caller waits for it) instead of
             before computing the next chunk: `trak score`'s target features, derived data that a
             killed run recomputes. Train features are written in line, so a kill loses at most
@@ -100,8 +101,8 @@ def featurize_rows(
             arrays = {"features": feats}
             if with_out_to_loss:
                 arrays.update(out_to_loss=q_all, nonfinite=bad_all)
-            if keep is not None:  # as stored (float16 stores round), so a reader sees the same values
-                keep[chunk] = feats.astype(rows.data["features"].dtype, copy=False)
+            if keep is not None:  # as stored (float16 and bfloat16 stores round), so a reader sees the same values
+                keep[chunk] = rows.as_stored("features", feats)
             if writer is None:
                 write_chunk(rows, chunk, arrays, f"{label} {model_id} {chunk}")
             else:

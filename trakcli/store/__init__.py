@@ -7,7 +7,8 @@ The only part of trakcli that imports zarr. Layout (README, "The store")::
                                    layout (n_train, proj_dim, chunk_rows, dtype, compressor:
                                    the StoreLayout featurize gave; absent in older stores)
       train/<model_id>/            attrs: checkpoint, sha256
-        features    [n_train, proj_dim] float32 (or float16), chunked by rows
+        features    [n_train, proj_dim] float32 (or float16, or bfloat16 kept as uint16 bits with
+                                        attrs logical_dtype, encoding: trakcli.store.bfloat16), chunked by rows
         out_to_loss [n_train]           float32
         nonfinite   [n_train]           uint8, 1 = skipped (--skip-nonfinite), features zero
         done        [n_row_chunks]      uint8, set after the chunk's data is written
@@ -58,6 +59,8 @@ Modules:
   key-by-key diff of settings and the one record-or-check (no zarr).
 - :mod:`~trakcli.store.layout`: :class:`StoreLayout`, the array shapes and storage
   the caller tells the store (n_train, proj_dim, chunk_rows, dtype, compressor) (no zarr).
+- :mod:`~trakcli.store.bfloat16`: bfloat16 features as ``uint16`` bits, rounded on write
+  and read back as float32 (no zarr).
 - :mod:`~trakcli.store.lock`: :class:`StoreLock`, the ``<store>.lock`` file (no zarr).
 - :mod:`~trakcli.store.manifest`: the manifest of `trak optimize`'s checkpoints,
   read by config resolution (no zarr, no torch).

@@ -20,6 +20,7 @@ import numpy as np
 
 from trakcli.errors import StoreError
 from trakcli.files import atomic_open
+from trakcli.store.bfloat16 import logical_dtype
 from trakcli.store.integrity import StoreCorruptError, finishing_command, keys, node
 from trakcli.store.rows import SPARSE_ARRAYS, read_checked
 
@@ -83,6 +84,8 @@ def check_finished(store: "Store", name: str, arr: Any) -> bool:
 def read(store: "Store", name: str, lo: int = 0, hi: int | None = None) -> np.ndarray:
     """Rows ``[lo, hi)`` (axis 0) of the finished array ``name``, every chunk checked.
 
+    In the array's dtype; float32 for bfloat16 features (:mod:`trakcli.store.bfloat16`).
+
     Raises:
         StoreError: no such array, or an unfinished one (names the command that finishes it).
         StoreCorruptError: a chunk is missing or fails its checksum (names the repair).
@@ -112,6 +115,10 @@ def read_scores(store: "Store", experiment: str) -> tuple[np.ndarray, dict[str, 
 def export(store: "Store", name: str, out: Path, row_block: int = 4096) -> tuple[int, ...]:
     """Stream the finished array ``name`` to ``out`` (.npy, or .csv for 1-D/2-D) block by block.
 
+    The .npy file has the array's dtype, except that bfloat16 features
+    (``store.dtype: bfloat16``, :mod:`trakcli.store.bfloat16`) are written as
+    float32: the same numbers exactly, at twice the bytes.
+
     The file is written to a temporary file beside ``out`` and renamed into
     place (:mod:`trakcli.files`): a failure (a corrupt chunk, a full disk)
     leaves an existing ``out`` exactly as it was.
@@ -126,7 +133,7 @@ def export(store: "Store", name: str, out: Path, row_block: int = 4096) -> tuple
     arr = array(store, name)
     stored = check_finished(store, name, arr)
     shape = tuple(int(n) for n in arr.shape)
-    dtype = np.dtype(arr.dtype)
+    dtype = np.dtype(logical_dtype(arr))  # bfloat16 bits: float32 (numpy has no bfloat16)
     kept = f"; {out} is unchanged" if out.exists() else f"; nothing was written to {out}"
 
     def blocks():

@@ -28,6 +28,7 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
+from trakcli.store.bfloat16 import array_attrs, storage_dtype
 from trakcli.store.evalgroup import eval_kept
 from trakcli.store.identity import jsonable
 from trakcli.store.kernel import kernel_attrs_done
@@ -67,9 +68,18 @@ def _meta(path: Path, node_type: str) -> dict[str, Any] | None:
 
 
 def _data_array(path: Path, shape: list[int], chunks: list[int], dtype: str) -> bool:
-    """Whether ``path`` is an array of ``shape``, ``dtype`` and row ``chunks`` with this version's codecs."""
+    """Whether ``path`` is an array of ``shape``, ``dtype`` and row ``chunks`` with this version's codecs.
+
+    ``dtype`` is a ``store.dtype`` or a Zarr data type; bfloat16 is a ``uint16`` array
+    with the attributes :func:`trakcli.store.bfloat16.array_attrs`.
+    """
     meta = _meta(path, "array")
-    if meta is None or meta.get("shape") != shape or meta.get("data_type") != dtype or "fill_value" not in meta:
+    if meta is None or meta.get("shape") != shape or meta.get("data_type") != storage_dtype(dtype):
+        return False
+    attrs = meta.get("attributes", {})
+    if "fill_value" not in meta or not isinstance(attrs, dict):
+        return False
+    if any(attrs.get(k) != v for k, v in (array_attrs(dtype) or {}).items()):
         return False
     if meta.get("chunk_grid") != {"name": "regular", "configuration": {"chunk_shape": chunks}}:
         return False

@@ -17,7 +17,7 @@ from typing import Any
 
 from trakcli.errors import StoreError
 
-STORAGE_DTYPES = ("float32", "float16")
+STORAGE_DTYPES = ("float32", "float16", "bfloat16")
 COMPRESSORS = ("zstd", "blosc", "none")
 
 #: Kernel forms an earlier trakcli stored that this one no longer uses: such a kernel counts as
@@ -39,7 +39,9 @@ class StoreLayout:
             of the scores ``[n_target, n_train]``.
         proj_dim: columns of the train and target features.
         chunk_rows: rows per chunk of the features (and train columns per chunk of the scores).
-        dtype: storage dtype of the features, one of :data:`STORAGE_DTYPES`.
+        dtype: storage dtype of the train and target features, one of :data:`STORAGE_DTYPES`
+            (``bfloat16`` is stored as ``uint16`` bits and read back as float32:
+            :mod:`trakcli.store.bfloat16`).
         compressor: codec of the feature and score chunks, one of :data:`COMPRESSORS`
             (each chunk also carries a CRC32C checksum).
 

@@ -17,6 +17,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from trakcli.errors import StoreError
+from trakcli.store.bfloat16 import from_bits, is_bfloat16, round_to_bfloat16, to_bits
 from trakcli.store.integrity import StoreCorruptError, chunk_coords, missing_chunks, repair_command, settle
 
 __all__ = ["SPARSE_ARRAYS", "ChunkedRows", "EvalRows", "StoreCorruptError", "codecs", "read_checked"]
@@ -92,16 +93,22 @@ class ChunkedRows:
     def write(self, chunk: int, **arrays: np.ndarray) -> None:
         """Write a chunk of every array, then mark it done.
 
+        Args:
+            chunk: the chunk index.
+            **arrays: per array name, the chunk's entries (numpy, any real dtype): cast to
+                the array's dtype, or for a bfloat16 array rounded to bfloat16 bits
+                (:func:`trakcli.store.bfloat16.to_bits`).
+
         Raises:
             StoreError: the write failed (disk full, permissions); chunks
                 already done stay done and the run can be resumed.
         """
         lo, hi = self.rows(chunk)
+        encoded = {name: _encode(self.data[name], arr) for name, arr in arrays.items()}  # before any write
         try:
-            for name, arr in arrays.items():
-                target = self.data[name]
+            for name, arr in encoded.items():
                 sel = (slice(None),) * self.axis + (slice(lo, hi),)
-                target[sel] = np.ascontiguousarray(arr, dtype=target.dtype)
+                self.data[name][sel] = arr
             self.done[chunk] = 1
         except OSError as e:
             settle()
@@ -111,8 +118,23 @@ class ChunkedRows:
                 "command to resume"
             ) from None
 
+    def as_stored(self, name: str, arr: np.ndarray) -> np.ndarray:
+        """``arr`` as :meth:`read` returns it once :meth:`write` has stored it in array ``name``.
+
+        float16 arrays give float16, bfloat16 arrays float32 values rounded to bfloat16,
+        others ``arr`` cast to the array's dtype (no copy when it has it already).
+        """
+        target = self.data[name]
+        if is_bfloat16(target):
+            return round_to_bfloat16(arr)
+        return np.asarray(arr).astype(target.dtype, copy=False)
+
     def read(self, name: str, lo: int, hi: int) -> np.ndarray:
         """Entries ``[lo, hi)`` along the chunk axis of array ``name`` (chunk files present, checksums verified).
+
+        Returns:
+            The entries in the array's dtype; float32 for a bfloat16 array
+            (:mod:`trakcli.store.bfloat16`).
 
         Raises:
             StoreCorruptError: a chunk is missing (not for :attr:`sparse` arrays), fails its
@@ -178,6 +200,13 @@ class ChunkedRows:
         return bad
 
 
+def _encode(arr: Any, values: np.ndarray) -> np.ndarray:
+    """``values`` as stored in the zarr array ``arr``: bfloat16 bits for a bfloat16 array, else cast to its dtype."""
+    if is_bfloat16(arr):
+        return to_bits(values)
+    return np.ascontiguousarray(values, dtype=arr.dtype)
+
+
 def _flags(done: Any, bad: set[int]) -> np.ndarray:
     """The uint8 done flags of ``done`` (one flag per chunk); unreadable flags read 0 and are added to ``bad``."""
     try:
@@ -194,6 +223,8 @@ def _flags(done: Any, bad: set[int]) -> np.ndarray:
 
 def read_checked(arr: Any, sel: Any, axis: int = 0, *, stored: bool = True) -> np.ndarray:
     """``arr[sel]`` as numpy, every chunk's checksum verified (and, if ``stored``, its file present).
+
+    A bfloat16 array (:mod:`trakcli.store.bfloat16`) is decoded: the result is float32.
 
     Args:
         arr: a zarr array.
@@ -225,7 +256,7 @@ def read_checked(arr: Any, sel: Any, axis: int = 0, *, stored: bool = True) -> n
                 arr.path, bad,
             )
     try:
-        return np.asarray(arr[sel])
+        out = np.asarray(arr[sel])
     except READ_ERRORS as e:
         settle()
         first = None
@@ -242,6 +273,7 @@ def read_checked(arr: Any, sel: Any, axis: int = 0, *, stored: bool = True) -> n
             f"({e}); {repair_command(arr.path)}",
             arr.path, [] if first is None else [int(first[axis])],
         ) from None
+    return from_bits(out) if is_bfloat16(arr) else out
 
 
 @dataclass

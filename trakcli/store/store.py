@@ -18,6 +18,7 @@ from trakcli.store import evalgroup
 from trakcli.store import export as store_export
 from trakcli.store import kernel as store_kernel
 from trakcli.store import summary as store_summary
+from trakcli.store.bfloat16 import array_attrs, is_bfloat16, storage_dtype
 from trakcli.store.evalgroup import delete_keeping_eval, restore_eval
 from trakcli.store.identity import check_same, jsonable, record_or_check
 from trakcli.store.integrity import (
@@ -288,10 +289,16 @@ class Store:
                         f"store array {arr.path} has shape {list(arr.shape)}, this run needs {list(shape)}; "
                         "rerun with --overwrite to start over"
                     )
+                held = "bfloat16" if is_bfloat16(arr) else str(arr.dtype)
+                if str(arr.dtype) != storage_dtype(dtype) or held != dtype:
+                    raise StoreMismatchError(
+                        f"store array {arr.path} holds {held}, this run stores {dtype}; "
+                        "rerun with --overwrite to start over"
+                    )
             elif create:
                 arr = group.create_array(
-                    name, shape=shape, chunks=chunks_of[name], dtype=dtype, fill_value=0, compressors=array_codecs,
-                    dimension_names=(dims_of or {}).get(name),
+                    name, shape=shape, chunks=chunks_of[name], dtype=storage_dtype(dtype), fill_value=0,
+                    compressors=array_codecs, dimension_names=(dims_of or {}).get(name), attributes=array_attrs(dtype),
                 )
             else:
                 raise StoreError(f"store array {group.path}/{name} is missing; it is created by rank 0")
