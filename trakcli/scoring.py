@@ -527,12 +527,13 @@ def merge_top_k(
         ``([n_target, k] values, [n_target, k] int64 train indices)``, in no particular order
         (:func:`order_top_k` sorts them).
     """
-    cols = torch.arange(offset, offset + block.shape[1], dtype=torch.int64).expand(block.shape[0], -1)
-    if values is not None:
-        block = torch.cat([values, block], dim=1)
-        cols = torch.cat([indices, cols], dim=1)
     kept, pos = torch.topk(block, min(k, block.shape[1]), dim=1, largest=largest, sorted=False)
-    return kept, torch.gather(cols, 1, pos)
+    pos = pos + offset  # the block's own top-k first: no copy of the block
+    if values is None:
+        return kept, pos
+    both, both_idx = torch.cat([values, kept], dim=1), torch.cat([indices, pos], dim=1)
+    kept, sel = torch.topk(both, min(k, both.shape[1]), dim=1, largest=largest, sorted=False)
+    return kept, torch.gather(both_idx, 1, sel)
 
 
 def order_top_k(values: np.ndarray, indices: np.ndarray, k: int, largest: bool) -> tuple[np.ndarray, np.ndarray]:
