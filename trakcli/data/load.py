@@ -152,8 +152,8 @@ def checked_dataset(
         raise DataError(f"{key}: {labels_what} must be 1-D class indices, got shape {list(y.shape)}")
     if y.shape[0] != x.shape[0]:
         raise DataError(
-            f"{key}: {x.shape[0]} inputs but {y.shape[0]} labels; {inputs_what} and {labels_what} "
-            "must have the same number of rows"
+            f"{key}: {x.shape[0]} inputs but {y.shape[0]} labels; {inputs_what.removeprefix('inputs ')} and "
+            f"{labels_what.removeprefix('labels ')} must have the same number of rows"
         )
     y = _labels(y, labels_what, source, key, x.shape[0])
     return TensorDataset(x.to(torch.float32).contiguous(), y, name)
