@@ -459,3 +459,14 @@ def test_api_batches_are_validated_as_the_cli_validates_data(tmp_path, batch, sa
         attributor.featurize([batch], checkpoint=model.state_dict(), model_id=0)
     assert said in str(e.value)
     assert not (tmp_path / "s.zarr").exists()
+
+
+def test_api_experiment_names_are_checked_as_in_a_config(tmp_path):
+    from trakcli.errors import ConfigError
+
+    model, attributor = _attributor(tmp_path)
+    batch = (torch.randn(8, 6), torch.randint(0, 3, (8,)))
+    attributor.featurize([batch], checkpoint=model.state_dict(), model_id=0)
+    with pytest.raises(ConfigError, match="score.experiment: must name one group of the store"):
+        attributor.score([batch], checkpoints=[model.state_dict()], experiment="../x")
+    assert sorted(p.name for p in (tmp_path / "s.zarr").iterdir()) == ["train", "zarr.json"]

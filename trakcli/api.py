@@ -350,6 +350,7 @@ class Attributor:
             target at corpus scale, :meth:`top_k`.
 
         Raises:
+            ConfigError: an ``experiment`` that is not one store group name (empty, with ``/`` or ``..``).
             StoreError: no store, or train features missing / incomplete for a model_id.
             StoreMismatchError: the store was featurized with other settings or checkpoints.
             DataError, GradientError, CheckpointError: bad batches or checkpoints.
@@ -401,6 +402,7 @@ class Attributor:
         lambda_rel: float, normalize: str | None, top: tuple[int, bool] | None, overwrite: bool,
     ) -> None:
         """Featurize the target batches and score them (:func:`~trakcli.jobs.score.score_targets`)."""
+        validate_section(ScoreConfig, {"experiment": experiment}, "score")  # one store group name, as in a config
         if not checkpoints:
             raise ConfigError("checkpoints: give the checkpoints of model_ids 0..M-1, as featurized")
         if normalize not in (None, "unit"):
