@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -301,3 +302,171 @@ def test_nan_checkpoint_weights_name_model_id_and_file(project):
     for name in ("train/0/features", "train/0/out_to_loss", "train/0/done"):  # model 0 was finished before
         np.testing.assert_array_equal(partial[name], clean[name])
     assert store_arrays("out/attrib.zarr").keys() == clean.keys()
+
+
+# --- config values and files that used to surface as Python errors ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "override, key, kind",
+    [
+        ("projector.proj_dim=on", "projector.proj_dim", "an integer"),
+        ("data.batch_size=yes", "data.batch_size", "an integer"),
+        ("store.chunk_rows=true", "store.chunk_rows", "an integer"),
+        ("score.lambda_rel=on", "score.lambda_rel", "a number"),
+    ],
+)
+def test_yaml_booleans_are_not_numbers(project, override, key, kind):
+    msg = failed(trak("featurize", "run.yaml", override))
+    assert f"{key}: must be {kind}, not a boolean (YAML reads on/off, yes/no and true/false as booleans)" in msg
+    assert not Path("out").exists()
+
+
+def test_yaml_boolean_in_the_config_file_is_refused(project):
+    Path("run.yaml").write_text(Path("run.yaml").read_text().replace("proj_dim: 16", "proj_dim: on"))
+    msg = failed(trak("featurize", "run.yaml"))
+    assert "projector.proj_dim: must be an integer, not a boolean" in msg and "(got True)" in msg
+
+
+def test_config_file_that_is_not_utf8(project):
+    Path("run.yaml").write_bytes(Path("run.yaml").read_bytes().replace(b"model:", b"m\xe9del:", 1))
+    msg = failed(trak("featurize", "run.yaml"))
+    assert "run.yaml is not UTF-8 text: byte 0xe9 on line 1 cannot be decoded; save the config as UTF-8" in msg
+
+
+@pytest.mark.parametrize("path", [".", "out/..", "/"])
+def test_store_path_that_names_no_directory_of_its_own(project, path):
+    msg = failed(trak("featurize", "run.yaml", f"store.path={path}"))
+    assert "store.path: must name the store's own directory (its lock file goes beside it)" in msg
+    assert f"(got '{path}')" in msg
+
+
+@pytest.mark.parametrize("name", ["''", "../x", "a/b", "..", "__zarr"])
+def test_experiment_names_that_are_not_one_store_group(project, name):
+    msg = failed(trak("score", "run.yaml", f"score.experiment={name}"))
+    assert "score.experiment: must name one group of the store: a non-empty name without '/'" in msg
+    assert "e.g. score.experiment=test_set" in msg
+
+
+def test_a_directory_where_a_file_is_expected(project):
+    msg = failed(trak("featurize", "ckpts"))
+    assert "config file 'ckpts' is a directory, not a file; pass the path of a YAML file" in msg
+    msg = failed(trak("featurize", "run.yaml", "data.train.path=ckpts"))
+    assert "data.train.path: 'ckpts' is a directory, not a file; give a .pt, .npz or text data file" in msg
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their permissions")
+def test_checkpoint_the_user_cannot_read(project):
+    Path("ckpts/model_1.pt").chmod(0)
+    try:
+        msg = failed(trak("featurize", "run.yaml"))
+    finally:
+        Path("ckpts/model_1.pt").chmod(0o644)
+    assert "cannot read ckpts/model_1.pt: Permission denied; make it readable by this user" in msg
+
+
+def test_unreadable_checkpoint_error_is_a_checkpoint_error(tmp_path, monkeypatch):
+    from trakcli.errors import CheckpointError
+    from trakcli.models.checkpoints import file_sha256
+
+    def denied(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr("builtins.open", denied)
+    with pytest.raises(CheckpointError, match=r"cannot read .*m\.pt: Permission denied; make it readable"):
+        file_sha256(tmp_path / "m.pt")
+
+
+def test_optimize_onto_a_full_disk_is_one_line_and_keeps_earlier_models(project):
+    import resource
+    import signal
+    import subprocess
+    import sys
+
+    size = len(Path("ckpts/model_0.pt").read_bytes())
+
+    def limit():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of being killed
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size // 2, size // 2))
+
+    res = subprocess.run(
+        [sys.executable, "-m", "trakcli.cli.main", "optimize", "run.yaml", "-q"],
+        capture_output=True, text=True, timeout=300, preexec_fn=limit,
+    )
+    text = " ".join(res.stderr.split())
+    assert res.returncode == 1, res.stderr
+    assert "Traceback" not in res.stderr and "unexpected pos" not in text
+    assert ("error: cannot write the training state trained/.resume/model_000.pt: [Errno 27] File too large; free "
+            "disk space and rerun the same command, which resumes from the last state written") in text
+    assert not list(Path("trained").glob("model_*.pt")) and not list(Path("trained").rglob(".*tmp*"))
+    assert trak("optimize", "run.yaml").exit_code == 0  # room again: the same command completes
+
+
+def test_checkpoint_write_failure_in_torch_save_is_one_line(project, monkeypatch):
+    def failing_save(obj, f, *args, **kwargs):  # torch's writer reports a failed write as a RuntimeError
+        f.write(b"half")
+        raise RuntimeError("[enforce fail at inline_container.cc:603] . unexpected pos 64 vs 0")
+
+    monkeypatch.setattr(torch, "save", failing_save)
+    msg = failed(trak("optimize", "run.yaml", "optimize.checkpoint_every=0"))
+    assert "cannot write" in msg and "the write failed ([enforce fail at inline_container.cc:603] . unexpected pos" in msg
+    assert "is the disk full?" in msg
+    assert not list(Path("trained").glob("model_*.pt")) and not list(Path("trained").rglob(".*tmp*"))
+
+
+def test_verify_hashes_checkpoints_again(project):
+    ckpt = Path("ckpts/model_0.pt")
+    old = ckpt.stat().st_mtime_ns - 3600 * 10**9
+    os.utime(ckpt, ns=(old, old))  # not modified just now: its sha256 is remembered by size and mtime
+    assert trak("featurize", "run.yaml").exit_code == 0
+    st = ckpt.stat()
+    data = bytearray(ckpt.read_bytes())
+    data[-30] ^= 0xFF  # same size, other bytes, and the old mtime put back
+    ckpt.write_bytes(bytes(data))
+    os.utime(ckpt, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert "nothing to do" in trak("featurize", "run.yaml").stderr  # the hash cache trusts size and mtime
+    msg = failed(trak("featurize", "run.yaml", "--verify"))
+    assert "model_id 0: the store's features come from" in msg and "this run's checkpoint" in msg
+
+
+# --- the Python API's batches are checked as data files are -------------------------------------------------------
+
+
+def _attributor(tmp_path):
+    from trakcli import Attributor
+
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+    return model, Attributor(model, store=tmp_path / "s.zarr", projector={"kind": "rademacher", "proj_dim": 8})
+
+
+@pytest.mark.parametrize(
+    "batch, said",
+    [
+        ((torch.randn(32, 6), torch.randint(0, 3, (30,))), "batch 0 has 32 inputs but 30 labels"),
+        ((torch.randn(4, 6), torch.tensor([0.5, 1.0, 0.0, 2.0])),
+         "train batches: labels must be integer class indices, got non-integer floats (e.g. 0.5)"),
+        ((torch.randn(4, 6), torch.tensor([0, -1, 2, 1])), "train batches: labels must be >= 0; rows [1]"),
+        ((torch.randn(4, 6), torch.tensor([True, False, True, True])),
+         "train batches: labels must be integer class indices, got torch.bool values"),
+        ({"input_ids": torch.zeros(4, 5, dtype=torch.long), "attention_mask": torch.ones(3, 5), "labels":
+          torch.zeros(4, dtype=torch.long)},
+         "train batches: the inputs ['input_ids', 'attention_mask'] must have the same number of rows (> 0)"),
+    ],
+)
+def test_api_batches_are_validated_as_the_cli_validates_data(tmp_path, batch, said):
+    model, attributor = _attributor(tmp_path)
+    with pytest.raises(DataError) as e:
+        attributor.featurize([batch], checkpoint=model.state_dict(), model_id=0)
+    assert said in str(e.value)
+    assert not (tmp_path / "s.zarr").exists()
+
+
+def test_api_experiment_names_are_checked_as_in_a_config(tmp_path):
+    from trakcli.errors import ConfigError
+
+    model, attributor = _attributor(tmp_path)
+    batch = (torch.randn(8, 6), torch.randint(0, 3, (8,)))
+    attributor.featurize([batch], checkpoint=model.state_dict(), model_id=0)
+    with pytest.raises(ConfigError, match="score.experiment: must name one group of the store"):
+        attributor.score([batch], checkpoints=[model.state_dict()], experiment="../x")
+    assert sorted(p.name for p in (tmp_path / "s.zarr").iterdir()) == ["train", "zarr.json"]

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from trakcli.config import DataConfig, ProjectorConfig, ScoreConfig, StoreConfig, validate_section
+from trakcli.data.load import checked_dataset
 from trakcli.data.tensors import Inputs, TensorDataset
 from trakcli.distributed import Dist
 from trakcli.errors import CheckpointError, ConfigError, DataError, StoreError
@@ -97,9 +98,15 @@ def collect_batches(batches: Iterable[Any], name: str) -> tuple[TensorDataset, i
     Returns:
         (the dataset, the rows of the first batch).
 
+    The whole is then checked as ``trak featurize`` checks a data file
+    (:func:`trakcli.data.load.checked_dataset`): as many labels as inputs (and
+    rows in every keyword input), integer labels >= 0 (or per-token labels beside
+    ``input_ids``).
+
     Raises:
-        DataError: no batches, a batch that is not tensors, or batches that do not concatenate
-            (e.g. text padded to another length per batch: pad to one ``max_length``).
+        DataError: no batches, a batch that is not tensors, batches that do not concatenate
+            (e.g. text padded to another length per batch: pad to one ``max_length``), inputs
+            and labels of different lengths, or labels that are not integer class indices.
     """
     xs: list[Inputs] = []
     ys: list[torch.Tensor] = []
@@ -134,9 +141,8 @@ def collect_batches(batches: Iterable[Any], name: str) -> tuple[TensorDataset, i
         inputs: Inputs = {k: cat([x[k] for x in xs], f"inputs {k!r}") for k in xs[0]}  # type: ignore[index]
     else:
         inputs = cat(xs, "inputs")  # type: ignore[arg-type]
-    labels = torch.cat(ys)
-    labels = labels.to(torch.int64) if not labels.is_floating_point() else labels
-    return TensorDataset(inputs, labels, name), int(ys[0].shape[0])
+    labels = cat(ys, "labels")
+    return checked_dataset(inputs, labels, key=name, name=name), int(ys[0].shape[0])
 
 
 def checkpoint_name_and_sha(checkpoint: Any) -> tuple[str, str]:
@@ -344,6 +350,7 @@ class Attributor:
             target at corpus scale, :meth:`top_k`.
 
         Raises:
+            ConfigError: an ``experiment`` that is not one store group name (empty, with ``/`` or ``..``).
             StoreError: no store, or train features missing / incomplete for a model_id.
             StoreMismatchError: the store was featurized with other settings or checkpoints.
             DataError, GradientError, CheckpointError: bad batches or checkpoints.
@@ -395,6 +402,7 @@ class Attributor:
         lambda_rel: float, normalize: str | None, top: tuple[int, bool] | None, overwrite: bool,
     ) -> None:
         """Featurize the target batches and score them (:func:`~trakcli.jobs.score.score_targets`)."""
+        validate_section(ScoreConfig, {"experiment": experiment}, "score")  # one store group name, as in a config
         if not checkpoints:
             raise ConfigError("checkpoints: give the checkpoints of model_ids 0..M-1, as featurized")
         if normalize not in (None, "unit"):

@@ -82,6 +82,39 @@ def atomic_open(path: str | Path, mode: str = "w", **kwargs: Any) -> Iterator[IO
             f.flush()
 
 
+def file_problem(path: str | Path) -> str | None:
+    """Why ``path`` cannot be read as a file: ``"does not exist"``, ``"is a directory, not a file"``, ...; None if it can."""
+    path = Path(path)
+    if path.is_file():
+        return None
+    if path.is_dir():
+        return "is a directory, not a file"
+    if path.exists():
+        return "is not a regular file"
+    return "does not exist"
+
+
+def atomic_torch_save(obj: Any, path: str | Path) -> None:
+    """``torch.save(obj)`` to ``path`` through :func:`atomic_open`: the file appears complete or not at all.
+
+    Written to the file object, not to the temporary path: torch names the
+    archive inside after a path, and a random name would change the bytes.
+
+    Raises:
+        OSError: the file cannot be written (``path`` is then unchanged). torch's
+            writer reports a failed write (a full disk, a file size limit) as a
+            ``RuntimeError``; it is raised as an ``OSError`` naming that cause.
+    """
+    import torch
+
+    with atomic_open(path, "wb") as f:
+        try:
+            torch.save(obj, f)
+        except RuntimeError as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise OSError(f"the write failed ({first}); is the disk full?") from None
+
+
 def write_text(path: str | Path, text: str) -> None:
     """Write ``text`` (UTF-8) to ``path`` atomically.
 

@@ -77,7 +77,8 @@ def _report_damage(info: dict) -> None:
     checked = "every chunk read" if info["verified"] else "chunk files listed; `--verify` also reads them"
     if not damage:
         if info["verified"]:
-            err_console.print("[green]verified:[/] every done chunk is present and passes its checksum")
+            err_console.print("[green]verified:[/] every done chunk is present and passes its checksum, and every "
+                              "group and array the store's records imply is there")
         return
     for d in damage:
         err_console.print(f"[red]damaged:[/] {escape(d['message'])}", highlight=False)

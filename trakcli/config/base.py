@@ -1,11 +1,90 @@
-"""The base class of the strict config sections."""
+"""The base classes of the config sections: unknown keys are errors, and booleans are not numbers."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+import types
+import typing
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
 
-class StrictModel(BaseModel):
-    """Base of config sections: unknown keys are errors."""
+def admits_bool(annotation: Any) -> bool:
+    """Whether a field typed ``annotation`` takes a boolean value (``bool``, ``Any``, a union or Literal with one)."""
+    if annotation is bool or annotation is Any or annotation is object:
+        return True
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin is typing.Literal:
+        return any(isinstance(a, bool) for a in args)
+    if origin is typing.Union or origin is types.UnionType:
+        return any(admits_bool(a) for a in args)
+    if origin is typing.Annotated:
+        return admits_bool(args[0])
+    return False
+
+
+def _number_kind(annotation: Any) -> str | None:
+    """``"an integer"`` / ``"a number"`` if a field typed ``annotation`` takes ints or floats (and not bools), else None."""
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin is typing.Annotated:
+        return _number_kind(args[0])
+    if origin is typing.Union or origin is types.UnionType:
+        kinds = [k for k in map(_number_kind, args) if k]
+        return kinds[0] if kinds and not admits_bool(annotation) else None
+    if annotation is int:
+        return "an integer"
+    if annotation is float:
+        return "a number"
+    return None
+
+
+def _element_annotation(annotation: Any) -> Any:
+    """The element type of a ``list[X]`` annotation (also inside ``Optional``), else None."""
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin in (list, tuple, set) and args:
+        return args[0]
+    if origin is typing.Union or origin is types.UnionType:
+        for a in args:
+            element = _element_annotation(a)
+            if element is not None:
+                return element
+    return None
+
+
+class NoBoolNumbers(BaseModel):
+    """Refuses a boolean where a field takes a number (also in a list of numbers).
+
+    YAML 1.1 (PyYAML) reads ``on``, ``off``, ``yes``, ``no``, ``true`` and
+    ``false`` as booleans, and pydantic would take ``True`` as the integer 1
+    (``proj_dim: on`` would be proj_dim 1): every integer or float field of a
+    section refuses a boolean instead, naming the key.
+    """
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        field = cls.model_fields.get(info.field_name or "")
+        if field is None:
+            return value
+        annotation = field.annotation
+        if isinstance(value, bool):
+            kind = _number_kind(annotation)
+        elif isinstance(value, (list, tuple)) and any(isinstance(v, bool) for v in value):
+            element = _element_annotation(annotation)
+            kind = _number_kind(element) if element is not None else None
+        else:
+            return value
+        if kind is None:
+            return value
+        raise ValueError(
+            f"must be {kind}, not a boolean (YAML reads on/off, yes/no and true/false as booleans); give a number"
+        )
+
+
+class StrictModel(NoBoolNumbers):
+    """Base of config sections: unknown keys are errors; a boolean is never taken as a number."""
 
     model_config = ConfigDict(extra="forbid")

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ValidationError
 
 from trakcli.config.schema import UNKNOWN_KEYS, Config
 from trakcli.errors import ConfigError
+from trakcli.files import file_problem
 
 
 def parse_overrides(overrides: list[str] | tuple[str, ...]) -> tuple[dict[str, Any], list[str]]:
@@ -145,12 +146,24 @@ def load_config(
     else:
         path = Path(source)
         label = str(source)
-        if not path.is_file():
+        problem = file_problem(path)
+        if problem is not None:
             raise ConfigError(
-                f"config file {str(path)!r} does not exist; pass the path of a YAML file such as configs/digits.yaml"
+                f"config file {str(path)!r} {problem}; pass the path of a YAML file such as configs/digits.yaml"
             )
         try:
-            raw = yaml.safe_load(path.read_text())
+            text = path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as e:
+            line = path.read_bytes()[: e.start].count(b"\n") + 1
+            raise ConfigError(
+                f"{path} is not UTF-8 text: byte {path.read_bytes()[e.start]:#04x} on line {line} cannot be decoded; "
+                "save the config as UTF-8",
+                source=label,
+            ) from None
+        except OSError as e:
+            raise ConfigError(f"cannot read config file {path}: {e.strerror or e}; check its permissions") from None
+        try:
+            raw = yaml.safe_load(text)
         except yaml.YAMLError as e:
             raise ConfigError(f"{path} is not valid YAML: {e}", source=label) from None
     if raw is None:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from trakcli.config.schema import Config
 from trakcli.errors import ConfigError
+from trakcli.files import file_problem
 
 if TYPE_CHECKING:
     from trakcli.store.hashes import HashCache
@@ -75,6 +76,14 @@ def resolve_checkpoints(cfg: Config, hashes: "HashCache | None" = None) -> list[
     return [Path(p) for p in spec]
 
 
+def _not_a_file(key: str, path: str | Path, wanted: str) -> str:
+    """The problem line of a config key naming a path that is no readable file (:func:`trakcli.files.file_problem`)."""
+    problem = file_problem(path)
+    if problem == "does not exist":
+        return f"{key}: file {str(path)!r} does not exist"
+    return f"{key}: {str(path)!r} {problem}; give {wanted}"
+
+
 def check_files(
     cfg: Config, *, need_checkpoints: bool = True, need_target: bool = False, need_validation: bool = False
 ) -> None:
@@ -104,8 +113,8 @@ def check_files(
             if name == "target" and need_target:
                 problems.append("data.target: required to score; give a builtin split or a file")
             continue
-        if ds.path is not None and not ds.path.is_file():
-            problems.append(f"data.{name}.path: file {str(ds.path)!r} does not exist")
+        if ds.path is not None and file_problem(ds.path) is not None:
+            problems.append(_not_a_file(f"data.{name}.path", ds.path, "a .pt, .npz or text data file"))
     ep = cfg.model.entrypoint
     if ep.startswith("hf:"):
         from trakcli.errors import ModelError
@@ -117,7 +126,7 @@ def check_files(
             problems.append(str(e))
     elif ":" in ep:
         file_part = ep.rsplit(":", 1)[0]
-        if file_part.endswith(".py") and not Path(file_part).is_file():
-            problems.append(f"model.entrypoint: file {file_part!r} does not exist")
+        if file_part.endswith(".py") and file_problem(file_part) is not None:
+            problems.append(_not_a_file("model.entrypoint", file_part, "the Python file that defines the function"))
     if problems:
         raise ConfigError(problems)

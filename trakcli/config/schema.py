@@ -8,7 +8,6 @@ from typing import Any, Literal
 
 from pydantic_core import PydanticCustomError
 from pydantic import (
-    BaseModel,
     ConfigDict,
     Field,
     PositiveInt,
@@ -17,7 +16,7 @@ from pydantic import (
     model_validator,
 )
 
-from trakcli.config.base import StrictModel
+from trakcli.config.base import NoBoolNumbers, StrictModel
 
 #: The built-in model output functions (``trakcli.gradients.TASKS``; config does not import torch).
 BUILTIN_TASKS = ("classification", "text_classification", "language_modeling")
@@ -222,18 +221,18 @@ class DataConfig(StrictModel):
         None,
         description="Most tokens per batch of text and language-model data, counted as rows x the batch's "
         "longest sequence (each batch is padded to its own longest row); a single row longer than this is a "
-        "batch of its own. None: rows only (data.batch_size). Never changes the features.",
+        "batch of its own. None: rows only (data.batch_size). Changes the features only by float32 rounding.",
     )
     grad_memory_mb: PositiveInt = Field(
         1024,
         description="Most MiB of per-example gradients (batch rows x grad_dim float32) held at once: a batch "
-        "is cut into smaller ones to fit (never changes the features). Bounds the memory of big models. "
+        "is cut into smaller ones to fit (the features change only by float32 rounding). Bounds the memory of big models. "
         "projector.kind kronecker forms no per-example gradient: it bounds the layer inputs, outputs and "
         "output gradients of one forward + backward instead.",
     )
 
 
-class ProjectorConfig(BaseModel):
+class ProjectorConfig(NoBoolNumbers):
     """The random projection.
 
     For every kind but ``kronecker`` the mapping is passed to ``make_projector``;
@@ -349,6 +348,17 @@ class StoreConfig(StrictModel):
         "zstd", description="Compression codec of every array (each chunk also carries a CRC32C checksum)."
     )
 
+    @field_validator("path")
+    @classmethod
+    def _names_a_directory(cls, v: Path) -> Path:
+        """The store is a directory of its own: its lock and caches go beside it, named after it."""
+        if not v.name or v.name == "..":
+            raise ValueError(
+                "must name the store's own directory (its lock file goes beside it), not '.', '..' or a root; "
+                "e.g. store.path=out/attrib.zarr"
+            )
+        return v
+
 
 class ScoreConfig(StrictModel):
     """Kernel and scoring options."""
@@ -384,6 +394,17 @@ class ScoreConfig(StrictModel):
     )
     show_top: PositiveInt = Field(5, description="Proponents and opponents the summary table shows per target.")
     show_targets: int = Field(3, ge=0, description="How many targets the summary table shows.")
+
+    @field_validator("experiment")
+    @classmethod
+    def _experiment_name(cls, v: str) -> str:
+        """A name of one store group: non-empty, no ``/`` or ``\\``, not ``.`` or ``..``, not starting with ``__``."""
+        if not v or "/" in v or "\\" in v or v in (".", "..") or v.startswith("__") or v != v.strip():
+            raise ValueError(
+                "must name one group of the store: a non-empty name without '/' or '\\', not '.' or '..', not "
+                "starting with '__' and without surrounding spaces, e.g. score.experiment=test_set"
+            )
+        return v
 
     @model_validator(mode="after")
     def _something_to_write(self) -> "ScoreConfig":

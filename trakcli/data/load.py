@@ -66,38 +66,97 @@ def _as_tensor(value: Any, what: str, expected: str) -> torch.Tensor:
     return torch.as_tensor(arr)
 
 
-def _labels(value: Any, cfg: DatasetConfig, key: str, n: int, token_shape: list[int] | None = None) -> torch.Tensor:
-    """Checked int64 labels of a tensor file (raises DataError as :func:`load_dataset`).
+def _labels(value: Any, what: str, source: str, key: str, n: int, token_shape: list[int] | None = None) -> torch.Tensor:
+    """Checked int64 labels (raises DataError as :func:`load_dataset`).
 
     ``[n]`` class indices >= 0; or, when ``token_shape`` (the shape ``[n, L]`` of the
     ``input_ids`` input) is given, also ``[n, L]`` per-token labels: -100 (not a target)
-    or a token id >= 0.
+    or a token id >= 0. ``what`` names the labels in messages (``"labels 'y'"``), ``source``
+    where they come from (``" of data.pt"``).
     """
-    y = _as_tensor(value, f"{key}: labels {cfg.labels!r} of {cfg.path}", "integer class indices")
+    y = _as_tensor(value, f"{key}: {what}{source}", "integer class indices")
     per_token = token_shape is not None and y.ndim == 2
     if per_token and list(y.shape) != token_shape:
         raise DataError(
-            f"{key}: per-token labels {cfg.labels!r} must have the shape of input_ids {token_shape}, "
-            f"got {list(y.shape)}"
+            f"{key}: per-token {what} must have the shape of input_ids {token_shape}, got {list(y.shape)}"
         )
     if not per_token and (y.ndim != 1 or y.shape[0] != n):
         also = f", or [n, L] per-token labels shaped like input_ids {token_shape}" if token_shape is not None else ""
-        raise DataError(
-            f"{key}: labels {cfg.labels!r} must be 1-D with one per row ({n}){also}, got shape {list(y.shape)}"
-        )
+        raise DataError(f"{key}: {what} must be 1-D with one per row ({n}){also}, got shape {list(y.shape)}")
     if y.dtype == torch.bool or y.is_complex() or (y.is_floating_point() and not torch.equal(y, y.round())):
-        what = "integer per-token labels" if per_token else "integer class indices"
-        raise DataError(f"{key}: labels {cfg.labels!r} must be {what}, got {y.dtype} values")
+        kind = "integer per-token labels" if per_token else "integer class indices"
+        got = "non-integer floats" if y.is_floating_point() else f"{y.dtype} values"
+        raise DataError(f"{key}: {what} must be {kind}, got {got} (e.g. {_first_bad(y)})")
     bad_mask = (y < 0) & (y != IGNORE_INDEX) if per_token else y < 0
     if bad_mask.any():
         bad = torch.nonzero(bad_mask)[:5].tolist() if per_token else torch.nonzero(bad_mask).flatten()[:5].tolist()
         if per_token:
             raise DataError(
-                f"{key}: per-token labels {cfg.labels!r} must be token ids >= 0 or {IGNORE_INDEX} (not a target); "
+                f"{key}: per-token {what} must be token ids >= 0 or {IGNORE_INDEX} (not a target); "
                 f"positions [row, token] {bad} hold other negative values"
             )
         raise DataError(f"{key}: labels must be >= 0; rows {bad} have negative labels")
     return y.to(torch.int64).contiguous()
+
+
+def _first_bad(y: torch.Tensor) -> Any:
+    """The first label that is not an integer (for messages)."""
+    if y.is_floating_point():
+        flat = y.reshape(-1)
+        bad = torch.nonzero(flat != flat.round())
+        return flat[bad[0, 0]].item() if bad.numel() else flat[0].item()
+    return y.reshape(-1)[0].item() if y.numel() else None
+
+
+def checked_dataset(
+    inputs: Any, labels: Any, *, key: str, name: str, inputs_what: str = "inputs", labels_what: str = "labels",
+    source: str = "",
+) -> TensorDataset:
+    """Inputs and labels validated as every tensor dataset is (a file's and the Python API's batches alike).
+
+    Args:
+        inputs: ``[n, ...]`` numbers, or a dict of them (the model's keyword inputs; the same ``n`` each).
+        labels: ``[n]`` integer class indices >= 0, or beside an ``input_ids`` input ``[n, L]`` per-token
+            labels (token ids, -100 for positions that are not targets).
+        key: what the data is, for messages (``"data.train"``, ``"train batches"``).
+        name: the dataset's name (its fingerprint's ``name``).
+        inputs_what, labels_what: how messages name the inputs and labels (``"inputs 'x'"``).
+        source: where they come from, for messages (``" of data.pt"``).
+
+    Returns:
+        The dataset: float inputs as float32 (integer and bool ones keep their dtype in a dict),
+        int64 labels.
+
+    Raises:
+        DataError: values that are not numbers, empty inputs, inputs and labels (or several inputs)
+            of different numbers of rows, labels that are not integers >= 0 (names the first bad one).
+    """
+    if isinstance(inputs, dict):
+        keys = list(inputs)
+        if not keys:
+            raise DataError(f"{key}: no inputs; name the tensors the model takes")
+        xs = {k: _as_tensor(v, f"{key}: inputs {k!r}{source}", "numbers") for k, v in inputs.items()}
+        n = {k: (x.shape[0] if x.ndim else 0) for k, x in xs.items()}
+        if len(set(n.values())) != 1 or 0 in n.values():
+            raise DataError(f"{key}: the inputs {keys} must have the same number of rows (> 0); rows per key: {n}")
+        xs = {k: (x.to(torch.float32) if x.is_floating_point() else x).contiguous() for k, x in xs.items()}
+        ids = xs.get("input_ids")
+        token_shape = list(ids.shape) if ids is not None and ids.ndim == 2 else None
+        y = _labels(labels, labels_what, source, key, next(iter(n.values())), token_shape)
+        return TensorDataset(xs, y, name)
+    x = _as_tensor(inputs, f"{key}: {inputs_what}{source}", "numbers")
+    y = _as_tensor(labels, f"{key}: {labels_what}{source}", "integer class indices")
+    if x.ndim == 0 or x.shape[0] == 0:
+        raise DataError(f"{key}: {name} is empty (shape {list(x.shape)}); it needs at least one row")
+    if y.ndim != 1:
+        raise DataError(f"{key}: {labels_what} must be 1-D class indices, got shape {list(y.shape)}")
+    if y.shape[0] != x.shape[0]:
+        raise DataError(
+            f"{key}: {x.shape[0]} inputs but {y.shape[0]} labels; {inputs_what.removeprefix('inputs ')} and "
+            f"{labels_what.removeprefix('labels ')} must have the same number of rows"
+        )
+    y = _labels(y, labels_what, source, key, x.shape[0])
+    return TensorDataset(x.to(torch.float32).contiguous(), y, name)
 
 
 def _dict_dataset(cfg: DatasetConfig, contents: dict[str, Any], key: str) -> TensorDataset:
@@ -113,15 +172,10 @@ def _dict_dataset(cfg: DatasetConfig, contents: dict[str, Any], key: str) -> Ten
         raise DataError(
             f"{key}: {cfg.path} has no key {', '.join(repr(m) for m in missing)}; its keys are {sorted(contents)}"
         )
-    xs = {k: _as_tensor(contents[k], f"{key}: inputs {k!r} of {cfg.path}", "numbers") for k in keys}
-    n = {k: (x.shape[0] if x.ndim else 0) for k, x in xs.items()}
-    if len(set(n.values())) != 1 or 0 in n.values():
-        raise DataError(f"{key}: the inputs {keys} must have the same number of rows (> 0); rows per key: {n}")
-    xs = {k: (x.to(torch.float32) if x.is_floating_point() else x).contiguous() for k, x in xs.items()}
-    ids = xs.get("input_ids")
-    token_shape = list(ids.shape) if ids is not None and ids.ndim == 2 else None
-    y = _labels(contents[cfg.labels], cfg, key, next(iter(n.values())), token_shape)
-    return TensorDataset(xs, y, f"{cfg.path}[{','.join(keys)}]")
+    return checked_dataset(
+        {k: contents[k] for k in keys}, contents[cfg.labels], key=key, name=f"{cfg.path}[{','.join(keys)}]",
+        labels_what=f"labels {cfg.labels!r}", source=f" of {cfg.path}",
+    )
 
 
 def load_dataset(cfg: DatasetConfig, *, key: str = "data.train") -> TensorDataset | TextDataset:
@@ -162,25 +216,7 @@ def load_dataset(cfg: DatasetConfig, *, key: str = "data.train") -> TensorDatase
             f"{key}: {cfg.path} has no key {', '.join(repr(m) for m in missing)}; "
             f"its keys are {sorted(contents)}"
         )
-    x = _as_tensor(contents[cfg.inputs], f"{key}: inputs {cfg.inputs!r} of {cfg.path}", "numbers")
-    y = _as_tensor(contents[cfg.labels], f"{key}: labels {cfg.labels!r} of {cfg.path}", "integer class indices")
-    name = f"{cfg.path}[{cfg.inputs}]"
-    if x.ndim == 0 or x.shape[0] == 0:
-        raise DataError(f"{key}: {name} is empty (shape {list(x.shape)}); it needs at least one row")
-    if y.ndim != 1:
-        raise DataError(f"{key}: labels {cfg.labels!r} must be 1-D class indices, got shape {list(y.shape)}")
-    if y.shape[0] != x.shape[0]:
-        raise DataError(
-            f"{key}: {x.shape[0]} inputs but {y.shape[0]} labels; {cfg.inputs!r} and {cfg.labels!r} "
-            "must have the same number of rows"
-        )
-    if y.is_floating_point():
-        if not torch.equal(y, y.round()):
-            raise DataError(f"{key}: labels {cfg.labels!r} must be integer class indices, got non-integer floats")
-    if y.dtype == torch.bool or y.is_complex():
-        raise DataError(f"{key}: labels {cfg.labels!r} must be integer class indices, got {y.dtype}")
-    if (y < 0).any():
-        bad = torch.nonzero(y < 0).flatten()[:5].tolist()
-        raise DataError(f"{key}: labels must be >= 0; rows {bad} have negative labels")
-    x = x.to(torch.float32).contiguous()
-    return TensorDataset(x, y.to(torch.int64).contiguous(), name)
+    return checked_dataset(
+        contents[cfg.inputs], contents[cfg.labels], key=key, name=f"{cfg.path}[{cfg.inputs}]",
+        inputs_what=f"inputs {cfg.inputs!r}", labels_what=f"labels {cfg.labels!r}", source=f" of {cfg.path}",
+    )

@@ -234,7 +234,8 @@ def featurize(
         skip_nonfinite: record examples whose gradients are not finite in
             ``nonfinite`` and store zero features for them (no influence on
             the kernel, zero scores) instead of stopping.
-        verify: read every done chunk and recompute those that are missing or fail their
+        verify: hash every checkpoint again (not trusting the hash cache); read every done chunk
+            and recompute those that are missing or fail their
             checksum; re-create unreadable array metadata (the chunks are then checked); read and
             verify the stored kernels too (a corrupt one is made again).
         reporter: progress bars and messages.
@@ -245,7 +246,7 @@ def featurize(
         StoreError (unwritable path, store in use, write failure),
         StoreMismatchError (store made with other settings).
     """
-    s = prepare(cfg, reporter=reporter)
+    s = prepare(cfg, rehash=verify, reporter=reporter)
     path = Path(cfg.store.path)
     first = None
     if s.dist.is_main and s.checkpoints and (overwrite or not path.exists()):

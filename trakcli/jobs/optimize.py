@@ -17,8 +17,8 @@ import torch
 from trakcli.config import Config, OptimizeConfig, check_files, recipe_identity
 from trakcli.data.load import load_dataset
 from trakcli.data.tensors import Inputs, TensorDataset, index_inputs, inputs_to
-from trakcli.errors import CheckpointError, ConfigError
-from trakcli.files import atomic_open, write_text
+from trakcli.errors import CheckpointError, ConfigError, TrainingError
+from trakcli.files import atomic_torch_save, write_text
 from trakcli.jobs.runtime import apply_threads, event, resolve_device
 from trakcli.jobs.train import check_init_checkpoint, check_recipe, evaluate, load_training_function, train_one
 from trakcli.models.build import build_model
@@ -140,10 +140,13 @@ def _train_model(
         resume.parent.rmdir()  # only when empty: no other model's state is pending
     except OSError:
         pass
-    # to a file object: torch names the archive inside after a path, and the temporary name is random,
-    # which would give a retrained model other bytes (and sha256) than the first training
-    with atomic_open(path, "wb") as f:
-        torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, f)
+    try:  # atomically, to a file object: a retrained model gets the bytes (and sha256) of the first training
+        atomic_torch_save({k: v.detach().cpu() for k, v in model.state_dict().items()}, path)
+    except OSError as e:
+        raise TrainingError(
+            f"model {i}: cannot write its checkpoint {path}: {e}; free disk space (or set optimize.out_dir "
+            "elsewhere) and rerun the same command: the models already written are kept"
+        ) from None
     return model, stats
 
 

@@ -179,7 +179,7 @@ def score(
         StoreMismatchError: train features made with other settings or checkpoints.
         StoreCorruptError: damaged train features (names ``trak featurize CONFIG --verify``).
     """
-    s = prepare(cfg, need_target=True, reporter=reporter)
+    s = prepare(cfg, need_target=True, rehash=verify, reporter=reporter)
     sc = cfg.score
     path = Path(cfg.store.path)
     target = load_dataset(cfg.data.target, key="data.target")  # type: ignore[arg-type]  # checked by check_files

@@ -256,8 +256,14 @@ def build_featurizer(
     return GradientFeaturizer(grads, make_projector(**projector.options(), grad_dim=grads.grad_dim), reporter)
 
 
-def prepare(cfg: Config, *, need_target: bool = False, reporter: Reporter = NULL_REPORTER) -> JobSetup:
+def prepare(
+    cfg: Config, *, need_target: bool = False, rehash: bool = False, reporter: Reporter = NULL_REPORTER
+) -> JobSetup:
     """Check the input files, build model, featurizer (gradients and projector), load the train data.
+
+    Each checkpoint's sha256 comes from the store's hash cache
+    (:class:`~trakcli.store.hashes.HashCache`) while its size and mtime are
+    unchanged; with ``rehash`` (``--verify``) every checkpoint is read and hashed again.
 
     With ``projector.kind: kronecker`` the featurizer's coverage (layers, the
     fraction of parameter entries covered, the parameters left out) goes to
@@ -268,9 +274,11 @@ def prepare(cfg: Config, *, need_target: bool = False, reporter: Reporter = NULL
         ConfigError: a missing file, ``cuda`` without a GPU, or a bad ``grad_wrt``.
         DataError, ModelError, ProjectorError: the data, model or projector cannot be built.
     """
+    hashes = HashCache.for_store(cfg.store.path)  # sha256s by (path, size, mtime_ns), beside the store
+    if rehash:
+        hashes.forget()
     check_files(cfg, need_checkpoints=True, need_target=need_target)
     apply_threads(cfg.num_threads)
-    hashes = HashCache.for_store(cfg.store.path)  # sha256s by (path, size, mtime_ns), beside the store
     checkpoints = resolve_checkpoints(cfg, hashes)
     dist = init_from_env()
     device = resolve_device(cfg.device, dist)

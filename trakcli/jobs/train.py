@@ -20,8 +20,8 @@ from torch import nn
 
 from trakcli.config import Config, OptimizeConfig
 from trakcli.data.tensors import Inputs, index_inputs, slice_inputs
-from trakcli.errors import ConfigError, ModelError, user_code
-from trakcli.files import atomic_open
+from trakcli.errors import ConfigError, ModelError, TrainingError, user_code
+from trakcli.files import atomic_torch_save
 from trakcli.tasks import BUILTIN, check_by_first, resolve_task
 from trakcli.jobs.divergence import check_loss, check_weights
 from trakcli.models.forward import forward, forward_errors
@@ -443,9 +443,14 @@ def _save_training_state(
         "history": history,
         "first_loss": first_loss,
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_open(path, "wb") as f:  # a file object: torch.save to a path names the archive after it
-        torch.save(state, f)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_torch_save(state, path)
+    except OSError as e:
+        raise TrainingError(
+            f"cannot write the training state {path}: {e}; free disk space and rerun the same command, "
+            "which resumes from the last state written"
+        ) from None
 
 
 def _load_training_state(path: Path, recipe, model, opt, gen) -> dict[str, Any]:

@@ -55,13 +55,22 @@ def file_sha256(path: str | Path) -> str:
 
     For a Hugging Face model directory: of its weight files' names and bytes,
     in sorted order (config and tokenizer files are not included).
+
+    Raises:
+        CheckpointError: the file cannot be read (permissions, an I/O error), naming it and the fix.
     """
     path = Path(path)
     if not path.is_dir():
         h = hashlib.sha256()
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
+        try:
+            with open(path, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    h.update(block)
+        except OSError as e:
+            raise CheckpointError(
+                f"cannot read {path}: {e.strerror or e}; make it readable by this user (e.g. chmod u+r) "
+                "or point the config at a readable copy"
+            ) from None
         return h.hexdigest()
     h = hashlib.sha256()
     for f in checkpoint_files(path):

@@ -33,13 +33,21 @@ The only part of trakcli that imports zarr. Layout (README, "The store")::
         done    [n_subsets]           uint8, set after row k of masks and outputs
     <store>.zarr.lock              JSON {host, pid, started}: the run using the store
 
-Rules: a chunk's data is written before its ``done`` flag; a resumed run
+Rules: the root and every group are created with their attributes in the
+same (atomic) ``zarr.json`` write, so a store or group is whole or absent;
+``featurize --overwrite`` renames the old store aside before deleting it. A
+chunk's data is written before its ``done`` flag; a resumed run
 recomputes only chunks not done; a run whose identity differs from the
 store's refuses (naming the differing keys) unless ``overwrite``. Every chunk
 carries a CRC32C checksum and every done chunk keeps its file (arrays are
 written with ``write_empty_chunks``), so a corrupt, truncated or missing chunk
 is reported with its array, chunk index and the command that repairs it
 instead of being read as wrong numbers (zarr reads a missing chunk as zeros).
+What the records imply is checked too (``trak inspect``, ``trak export``): an
+experiment's ``checkpoints`` imply ``train/<m>`` holding those checkpoints'
+features and ``targets/<experiment>/<m>``; every group has its arrays and every
+directory its ``zarr.json``. A plain ``trak featurize`` re-creates a lost array's
+metadata over its chunk files and recomputes done chunks whose files are gone.
 Train features are repaired by ``trak featurize CONFIG --verify``; the derived
 arrays (kernels, target features, scores) are verified when read and rebuilt
 by a plain ``trak score CONFIG``. Arrays are

@@ -35,18 +35,51 @@ def restore_eval(path: Path) -> None:
         os.replace(kept, path / "eval")
 
 
+#: The top-level groups of a store: a directory holding only these (and no root ``zarr.json``) is a
+#: store whose root metadata was lost.
+STORE_GROUPS = frozenset({"train", "targets", "scores", "eval"})
+
+
+def headless_store(path: Path) -> bool:
+    """Whether ``path`` is a directory holding store groups but no root ``zarr.json`` (its root metadata lost)."""
+    try:
+        names = {p.name for p in path.iterdir()}
+    except OSError:
+        return False
+    return bool(names) and "zarr.json" not in names and names <= STORE_GROUPS and any(
+        (path / n / "zarr.json").exists() or (path / n).is_dir() for n in names
+    )
+
+
+def being_deleted(path: Path) -> Path:
+    """Where ``featurize --overwrite`` moves the old store before deleting it."""
+    return path.with_name(f".{path.name}.deleting")
+
+
+def remove_leftovers(path: Path) -> None:
+    """Delete what a deletion killed midway left (:func:`being_deleted`); failures are ignored."""
+    trash = being_deleted(path)
+    if trash.exists():
+        shutil.rmtree(trash, ignore_errors=True)
+
+
 def delete_keeping_eval(path: Path) -> None:
     """Delete the store at ``path`` for ``featurize --overwrite``, keeping its ``eval/`` group aside.
 
-    The group waits at :func:`eval_kept` meanwhile.
-
-    Retraining does not depend on the features; :func:`restore_eval` moves the
-    group back into the re-created store.
+    The group waits at :func:`eval_kept` meanwhile; retraining does not depend on
+    the features, and :func:`restore_eval` moves the group back into the re-created
+    store. The store is first renamed out of the way (:func:`being_deleted`, atomic),
+    then deleted: a kill leaves either the whole old store or none at ``path``.
 
     Raises:
-        StoreError: ``path`` is a directory but not a Zarr store, or cannot be deleted.
+        StoreError: ``path`` is a file, or a directory but not a Zarr store, or cannot be deleted.
     """
-    if path.is_dir() and not ((path / "zarr.json").exists() or not any(path.iterdir())):
+    if path.exists() and not path.is_dir():
+        raise StoreError(
+            f"refusing to --overwrite {path}: it is a file, not a Zarr store; choose another store.path or "
+            "move the file away"
+        )
+    if path.is_dir() and not ((path / "zarr.json").exists() or not any(path.iterdir()) or headless_store(path)):
         raise StoreError(
             f"refusing to --overwrite {path}: it is a directory but not a Zarr store; choose another store path"
         )
@@ -56,7 +89,10 @@ def delete_keeping_eval(path: Path) -> None:
             if kept.exists():
                 shutil.rmtree(kept)  # older than the store's own eval group
             os.replace(path / "eval", kept)
-        shutil.rmtree(path) if path.is_dir() else path.unlink()
+        remove_leftovers(path)
+        trash = being_deleted(path)
+        os.replace(path, trash)
+        shutil.rmtree(trash)
     except OSError as e:
         raise StoreError(f"cannot delete {path} for --overwrite: {e}") from None
 

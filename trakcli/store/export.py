@@ -21,7 +21,7 @@ import numpy as np
 from trakcli.errors import StoreError
 from trakcli.files import atomic_open
 from trakcli.store.bfloat16 import logical_dtype
-from trakcli.store.integrity import StoreCorruptError, finishing_command, keys, node
+from trakcli.store.integrity import StoreCorruptError, finishing_command, keys, node, repair_command
 from trakcli.store.rows import SPARSE_ARRAYS, read_checked
 
 if TYPE_CHECKING:
@@ -81,6 +81,37 @@ def check_finished(store: "Store", name: str, arr: Any) -> bool:
     return leaf not in SPARSE_ARRAYS
 
 
+def check_sources(store: "Store", name: str) -> None:
+    """Refuse an experiment's array whose train features are gone or were replaced.
+
+    The target features and scores of ``targets/<experiment>`` and ``scores/<experiment>``
+    record the sha256 of each checkpoint (model_id 0..M-1) they were made from; each
+    ``train/<m>`` must still hold that checkpoint's features.
+
+    Raises:
+        StoreCorruptError: a train group is missing, or holds another checkpoint's features
+            (names the command that recomputes them).
+    """
+    parts = name.split("/")
+    if len(parts) < 2 or parts[0] not in ("targets", "scores"):
+        return
+    group = node(store.root, "/".join(parts[:2]))
+    recorded = group.attrs.get("checkpoints") if group is not None else None
+    for m, sha in enumerate(recorded if isinstance(recorded, list) else []):
+        train = node(store.root, f"train/{m}")
+        if train is None:
+            raise StoreCorruptError(
+                f"{'/'.join(parts[:2])} in {store.path} was made with the train features of model_id {m}, but "
+                f"store group train/{m} is missing; {repair_command(f'train/{m}')}", f"train/{m}",
+            )
+        if train.attrs.get("sha256") != sha:
+            raise StoreCorruptError(
+                f"{'/'.join(parts[:2])} in {store.path} was made from checkpoint sha256 {str(sha)[:12]} for model_id "
+                f"{m}, but train/{m} holds the features of sha256 {str(train.attrs.get('sha256'))[:12]}; "
+                f"{repair_command('/'.join(parts[:2]))}", "/".join(parts[:2]),
+            )
+
+
 def read(store: "Store", name: str, lo: int = 0, hi: int | None = None) -> np.ndarray:
     """Rows ``[lo, hi)`` (axis 0) of the finished array ``name``, every chunk checked.
 
@@ -88,10 +119,12 @@ def read(store: "Store", name: str, lo: int = 0, hi: int | None = None) -> np.nd
 
     Raises:
         StoreError: no such array, or an unfinished one (names the command that finishes it).
-        StoreCorruptError: a chunk is missing or fails its checksum (names the repair).
+        StoreCorruptError: a chunk is missing or fails its checksum, or the train features an
+            experiment's array was made from are gone (:func:`check_sources`); names the repair.
     """
     arr = array(store, name)
     stored = check_finished(store, name, arr)
+    check_sources(store, name)
     return read_checked(arr, slice(lo, hi), 0, stored=stored)
 
 
@@ -128,10 +161,12 @@ def export(store: "Store", name: str, out: Path, row_block: int = 4096) -> tuple
 
     Raises:
         StoreError: unknown or unfinished array (names the command that finishes it), unwritable output.
-        StoreCorruptError: a chunk is missing or fails its checksum (names the repair).
+        StoreCorruptError: a chunk is missing or fails its checksum, or (scores, target features) the
+            train features they were made from are gone (:func:`check_sources`); names the repair.
     """
     arr = array(store, name)
     stored = check_finished(store, name, arr)
+    check_sources(store, name)
     shape = tuple(int(n) for n in arr.shape)
     dtype = np.dtype(logical_dtype(arr))  # bfloat16 bits: float32 (numpy has no bfloat16)
     kept = f"; {out} is unchanged" if out.exists() else f"; nothing was written to {out}"

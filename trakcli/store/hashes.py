@@ -10,7 +10,8 @@ mtime_ns) of every file under it.
 
 As for git's index, a file modified within :data:`RACY_NS` of being hashed
 is not remembered (a second write in the same clock tick would keep its size
-and mtime). The cache is only a cache: a missing, unreadable or foreign
+and mtime). ``--verify`` trusts no signature and hashes every file again
+(:meth:`HashCache.forget`). The cache is only a cache: a missing, unreadable or foreign
 file means hashing again, and a failed write is ignored. Within one process
 the entries are also kept in memory, so a command that checks a manifest and
 then records the hashes reads each file once.
@@ -86,6 +87,11 @@ class HashCache:
         if key not in _OPEN:
             _OPEN[key] = cls(path)
         return _OPEN[key]
+
+    def forget(self) -> None:
+        """Drop every remembered sha256: each file is hashed again (``--verify``, which trusts no signature)."""
+        self.entries.clear()
+        self._dirty = True
 
     @staticmethod
     def _load(path: Path | None) -> dict[str, dict[str, Any]]:

@@ -5,6 +5,7 @@ Layout and rules: see the package docstring (:mod:`trakcli.store`).
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -19,7 +20,7 @@ from trakcli.store import export as store_export
 from trakcli.store import kernel as store_kernel
 from trakcli.store import summary as store_summary
 from trakcli.store.bfloat16 import array_attrs, is_bfloat16, storage_dtype
-from trakcli.store.evalgroup import delete_keeping_eval, restore_eval
+from trakcli.store.evalgroup import delete_keeping_eval, headless_store, remove_leftovers, restore_eval
 from trakcli.store.identity import check_same, jsonable, record_or_check
 from trakcli.store.integrity import (
     StoreMetadataError, delete, keys, node, repair_scope, writable,
@@ -43,6 +44,17 @@ def _open_group(path: Path, mode: str) -> Any:
     import zarr
 
     return zarr.open_group(str(path), mode=mode, zarr_format=3)
+
+
+def _bare_root(path: Path) -> bool:
+    """Whether ``path`` holds only a root ``zarr.json`` without attributes (a creation killed before its attributes)."""
+    try:
+        if [p.name for p in path.iterdir()] != ["zarr.json"]:
+            return False
+        meta = json.loads((path / "zarr.json").read_bytes())
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and meta.get("node_type") == "group" and not meta.get("attributes")
 
 
 class Store:
@@ -118,6 +130,10 @@ class Store:
         """
         path = Path(path)
         identity = jsonable(identity)
+        if create:
+            remove_leftovers(path)
+            if _bare_root(path):  # a root created without its attributes (and nothing else): never a store
+                os.remove(path / "zarr.json")
         if overwrite and create and path.exists():
             delete_keeping_eval(path)
         if (path / "zarr.json").exists():
@@ -159,19 +175,25 @@ class Store:
         Raises:
             StoreError: ``path`` holds something else, or cannot be created.
         """
+        if headless_store(path):
+            raise StoreError(
+                f"{path} holds store groups ({', '.join(sorted(p.name for p in path.iterdir()))}) but no root "
+                "metadata (zarr.json): a store whose creation or deletion was interrupted; rerun "
+                "`trak featurize CONFIG --overwrite` to start over"
+            )
         if path.exists() and (not path.is_dir() or any(path.iterdir())):
             raise StoreError(f"{path} exists and is not a trakcli store; choose another store path or remove it")
         cls.prepare_parent(path)
         try:
-            group = _open_group(path, "a")
-            group.attrs.update(
-                {
-                    "schema_version": SCHEMA_VERSION,
-                    "trakcli_version": __version__,
-                    **attrs,
-                    "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                }
-            )
+            import zarr
+
+            # the root's metadata and its attributes in one (atomic) write: a store is whole or absent
+            group = zarr.create_group(str(path), zarr_format=3, overwrite=path.exists(), attributes={
+                "schema_version": SCHEMA_VERSION,
+                "trakcli_version": __version__,
+                **attrs,
+                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            })
         except OSError as e:
             raise StoreError(f"cannot create the store at {path}: {e}; choose a writable store path") from None
         restore_eval(path)
@@ -203,6 +225,11 @@ class Store:
         """
         path = Path(path)
         if not (path / "zarr.json").exists():
+            if headless_store(path):
+                raise StoreError(
+                    f"{path} holds store groups but no root metadata (zarr.json): a store whose creation or deletion "
+                    "was interrupted; rerun `trak featurize CONFIG --overwrite` to start over"
+                )
             raise StoreError(f"no trakcli store at {path}; run `trak featurize CONFIG` first")
         try:
             group = _open_group(path, mode)
@@ -213,6 +240,12 @@ class Store:
                 "--overwrite` to start over"
             ) from None
         version = group.attrs.get("schema_version")
+        if version is None and not dict(group.attrs):
+            fix = ("rerun `trak featurize CONFIG`, which creates it" if _bare_root(path)
+                   else "rerun `trak featurize CONFIG --overwrite` to start over")
+            raise StoreError(
+                f"store {path} is incomplete: its creation was interrupted before its attributes were written; {fix}"
+            )
         if version != SCHEMA_VERSION:
             raise StoreError(
                 f"store {path} has schema_version {version!r}; this trakcli ({__version__}) reads {SCHEMA_VERSION}"
@@ -280,9 +313,13 @@ class Store:
         dims_of: dict[str, tuple[str, ...]] | None = None,
     ) -> tuple[dict[str, Any], Any]:
         data = {}
+        recreated = []  # arrays created now beside an existing done array: their done chunks must be checked
         array_codecs = codecs(self.layout.compressor)
         for name, (shape, dtype) in shape_of.items():
+            noted = len(self.notes)
             arr = self._node(f"{group.path}/{name}", repair and create)
+            if arr is None and create and len(self.notes) == noted:
+                recreated.append(name)
             if arr is not None:
                 if tuple(arr.shape) != shape:
                     raise StoreMismatchError(
@@ -311,16 +348,62 @@ class Store:
                                       compressors=[Crc32cCodec()], dimension_names=("chunk",))
         elif done is None:
             raise StoreError(f"store array {group.path}/done is missing; it is created by rank 0")
+        elif recreated:
+            self._recheck(group.path, {n: writable(data[n]) for n in recreated}, done, chunks_of, shape_of)
         return data, done
 
-    def _group(self, name: str, create: bool = True, repair: bool = False) -> Any:
+    def _recheck(
+        self, group: str, arrays: dict[str, Any], done: Any, chunks_of: dict[str, tuple[int, ...]],
+        shape_of: dict[str, tuple[tuple[int, ...], str]],
+    ) -> None:
+        """Clear the done flags of chunks whose files are missing from arrays whose metadata was lost and re-created.
+
+        A missing ``zarr.json`` (or a whole missing array) beside set done flags: the
+        array was re-created with the same shape and codecs over whatever chunk files
+        remain; every done chunk without its file in any of them is computed again. A
+        note names each such array.
+        """
+        from trakcli.store.rows import ChunkedRows
+
+        if not done.shape[0]:
+            return
+        first = next(iter(arrays))
+        axis = 1 if group.startswith("scores/") and first == "scores" else 0
+        rows = ChunkedRows(arrays, done, chunks_of[first][axis], shape_of[first][0][axis], axis, SPARSE_ARRAYS)
+        flags = rows.flags()
+        if not flags.any():
+            return
+        bad = sorted({c for lost in rows.damaged(read=False, flags=flags).values() for c in lost})
+        for c in bad:
+            done[c] = 0
+        for name in arrays:
+            self.notes.append(
+                f"{group}/{name}: its metadata (zarr.json) was missing; re-created over its chunk files"
+                + (f", done chunks {bad[:10]} without their files are recomputed" if bad else "")
+            )
+
+    def _group(self, name: str, create: bool = True, repair: bool = False, attrs: dict[str, Any] | None = None) -> Any:
+        """The group at ``name``; if absent and ``create``, created with ``attrs`` in the same (atomic) metadata write.
+
+        A directory left at ``name`` without the group's metadata, whose records cannot be
+        re-derived (:func:`repair_scope` ``"node"``), is deleted first and noted.
+
+        Raises:
+            StoreError: absent and not ``create``; the store cannot be written.
+        """
         group = self._node(name, repair and create)
         if group is not None:
             return group
         if not create:
             raise StoreError(f"store group {name} is missing; it is created by rank 0")
+        leftover = self.path / name
+        if leftover.is_dir() and any(leftover.iterdir()) and repair_scope(name) == "node":
+            # contents without the group's metadata, whose records (a checkpoint's sha256, an experiment's
+            # settings) are lost with it: nothing in it can be trusted, it is computed again
+            delete(self.root, name, metadata_only=False)
+            self.notes.append(f"{name}: its metadata (zarr.json) was missing; it is recomputed")
         try:
-            return self.root.require_group(name)
+            return self.root.create_group(name, attributes=jsonable(attrs or {}))
         except OSError as e:
             raise StoreError(f"cannot write group {name} in {self.path}: {e}") from None
 
@@ -350,11 +433,20 @@ class Store:
         """
         layout = self.layout
         n_train, proj_dim, rows = layout.n_train, layout.proj_dim, layout.chunk_rows
-        group = self._group(f"train/{model_id}", create, repair)
+        record = {"checkpoint": str(checkpoint), "sha256": sha256} if sha256 is not None else None
+        group = self._group(f"train/{model_id}", create, repair, attrs=record)
         if sha256 is not None:
             old = group.attrs.get("sha256")
+            if old is not None and old != sha256 and create and self._nothing_done(f"train/{model_id}"):
+                # nothing computed from the recorded checkpoint (a run that failed on it, e.g. a truncated
+                # file): the model_id is bound to this run's checkpoint instead
+                self.notes.append(
+                    f"model_id {model_id}: no features were computed from {group.attrs.get('checkpoint')} "
+                    f"(sha256 {old[:12]}); it now takes {checkpoint} (sha256 {sha256[:12]})"
+                )
+                old = None
             if old is None and create:
-                group.attrs.update({"checkpoint": str(checkpoint), "sha256": sha256})
+                group.attrs.update(record)
             elif old is not None and old != sha256:
                 raise StoreMismatchError(
                     f"model_id {model_id}: the store's features come from {group.attrs.get('checkpoint')} "
@@ -375,6 +467,18 @@ class Store:
             {"features": ("train", "proj"), "out_to_loss": ("train",), "nonfinite": ("train",)},
         )
         return ChunkedRows(data, done, rows, n_train, sparse=SPARSE_ARRAYS)
+
+    def _nothing_done(self, group: str) -> bool:
+        """Whether no chunk of ``group`` is done (no ``done`` array, or every flag 0) and it has no kernel."""
+        done = self._node(f"{group}/done")
+        if self._node(f"{group}/kernel") is not None:
+            return False
+        if done is None:
+            return True
+        try:
+            return not np.asarray(done[:]).any()
+        except Exception:  # noqa: BLE001 - unreadable flags: not provably empty
+            return False
 
     def read_kernel(
         self, model_id: int, settings: dict[str, Any], rebuild: bool = False
@@ -492,25 +596,25 @@ class Store:
             check_same(f"{name} in {self.path}", {"k": group.attrs.get("k")}, {"k": k},
                        "rerun with --overwrite to recompute the scores, or set score.experiment to a new name")
             return group
-        group = self._group(name, create)
-        if create:
-            group.attrs.update({"k": k})
-        return group
+        return self._group(name, create, attrs={"k": k})
 
     def _experiment_group(self, kind: str, experiment: str, attrs: dict[str, Any], create: bool, repair: bool) -> Any:
         name = f"{kind}/{experiment}"
         attrs = jsonable(attrs)
         group = self._node(name, repair and create)
+        if group is not None and create and not any(k in group.attrs for k in attrs):
+            # a group without any of its records (made by a run killed before writing them): nothing in it is
+            # known to come from these settings; it is computed again
+            self.drop(name)
+            self.notes.append(f"{name}: its settings were never recorded (an interrupted run); it is recomputed")
+            group = None
         if group is not None:
             check_same(
                 f"{kind} of experiment {experiment!r} in {self.path}", {k: group.attrs.get(k) for k in attrs}, attrs,
                 "rerun with --overwrite to recompute them, or set score.experiment to a new name",
             )
             return group
-        group = self._group(name, create)
-        if create:
-            group.attrs.update(attrs)
-        return group
+        return self._group(name, create, attrs=attrs)
 
     #: The ``eval/`` group of retrained models, created, checked or extended:
     #: :func:`trakcli.store.evalgroup.open_eval_rows` as a method (its arguments after ``store``, its errors).

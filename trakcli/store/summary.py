@@ -88,6 +88,7 @@ def summary(store: "Store", verify: bool = False) -> dict[str, Any]:
         entry = _train_entry(store, m, verify, corrupt)
         if entry is not None:
             out["train"].append(entry)
+    _implied(store, out, corrupt)
     ev = eval_summary(store, verify, corrupt)
     if ev is not None:
         out["eval"] = ev
@@ -175,19 +176,104 @@ def _experiment_entry(
 
 
 def _rows(store: "Store", group: str, names: list[str], axis: int) -> ChunkedRows:
-    """The done-tracked arrays of ``group`` as :class:`ChunkedRows` (shapes read from the arrays themselves)."""
+    """The done-tracked arrays of ``group`` as :class:`ChunkedRows` (shapes read from the arrays themselves).
+
+    Raises:
+        StoreCorruptError: one of the arrays or ``done`` is missing (its ``zarr.json`` or the whole array).
+    """
     data = {}
-    for name in names:
+    for name in [*names, "done"]:
         arr = node(store.root, f"{group}/{name}")
-        if arr is not None:
-            data[name] = arr
-    done = node(store.root, f"{group}/done")
-    if not data or done is None:
-        raise StoreCorruptError(
-            f"store group {group} lacks its arrays ({', '.join(names)}, done); {repair_command(group + '/done')}", group
-        )
+        if arr is None or not hasattr(arr, "shape"):
+            raise _lost(store, f"{group}/{name}", "array")
+        data[name] = arr
+    done = data.pop("done")
     first = next(iter(data.values()))
     return ChunkedRows(data, done, int(first.chunks[axis]), int(first.shape[axis]), axis, SPARSE_ARRAYS)
+
+
+def _lost(store: "Store", path: str, kind: str) -> StoreCorruptError:
+    """The error of a group or array the store's records imply that is missing (or has lost its ``zarr.json``)."""
+    what = "has lost its metadata (zarr.json)" if (store.path / path).exists() else "is missing"
+    return StoreCorruptError(f"store {kind} {path} {what}; {repair_command(path)}", path)
+
+
+def _implied(store: "Store", summary: dict[str, Any], corrupt: list[dict[str, Any]]) -> None:
+    """Append to ``corrupt`` every group the store's records imply that is missing or incomplete.
+
+    The records: an experiment's ``checkpoints`` (the sha256 of model_id 0..M-1 its target
+    features and scores were made from) implies ``train/<m>`` holding those checkpoints'
+    features and ``targets/<experiment>/<m>``; the train groups imply every smaller model_id
+    (model_ids count from 0); a directory under ``train``, ``targets/<experiment>`` or
+    ``scores`` is a group that must have its metadata; a train group must record its
+    checkpoint's sha256. Arrays missing inside a present group are found where the group is read.
+    """
+    known = {e["array"] for e in corrupt}
+
+    def add(e: StoreCorruptError) -> None:
+        if e.array not in known:
+            known.add(e.array)
+            corrupt.append(_entry(e.array, e.chunks, str(e)))
+
+    train_dirs = [int(k) for k in _dirs(store, "train") if k.isdigit()]
+    shas: dict[int, str | None] = {m: None for m in range(max(train_dirs) + 1)} if train_dirs else {}
+    experiments: dict[str, list[Any]] = {}
+    for kind in ("targets", "scores"):
+        for exp in _dirs(store, kind):
+            try:
+                g = node(store.root, f"{kind}/{exp}")
+            except StoreCorruptError:
+                continue  # reported where the experiment is read
+            if g is None:
+                add(_lost(store, f"{kind}/{exp}", "group"))
+                continue
+            recorded = g.attrs.get("checkpoints")
+            if not isinstance(recorded, list):
+                add(StoreCorruptError(
+                    f"store group {kind}/{exp} records no checkpoints (its creation was interrupted); "
+                    f"{repair_command(f'{kind}/{exp}')}", f"{kind}/{exp}"))
+                continue
+            experiments[f"{kind}/{exp}"] = recorded
+            for m, sha in enumerate(recorded):
+                shas[m] = shas.get(m) or sha
+            for name in _dirs(store, f"{kind}/{exp}"):  # arrays and subgroups, each with its metadata
+                if node(g, name) is None:
+                    add(_lost(store, f"{kind}/{exp}/{name}", "group" if kind == "targets" else "node"))
+            if kind == "targets":
+                for m in range(len(recorded)):
+                    if node(g, str(m)) is None:
+                        add(_lost(store, f"targets/{exp}/{m}", "group"))
+    for m in sorted(shas):
+        path = f"train/{m}"
+        try:
+            group = node(store.root, path)
+        except StoreCorruptError:
+            continue  # reported where the train group is read
+        if group is None:
+            add(_lost(store, path, "group"))
+            continue
+        for name in _dirs(store, path):
+            if node(group, name) is None:
+                add(_lost(store, f"{path}/{name}", "array"))
+        sha = group.attrs.get("sha256")
+        if sha is None:
+            add(StoreCorruptError(
+                f"store group {path} records no checkpoint sha256 (its features cannot be traced to a checkpoint); "
+                f"{repair_command(path)}", path))
+        for exp, recorded in experiments.items():
+            if m < len(recorded) and sha is not None and recorded[m] != sha:
+                add(StoreCorruptError(
+                    f"{exp} was made from checkpoint sha256 {str(recorded[m])[:12]} for model_id {m}, but {path} "
+                    f"holds the features of sha256 {sha[:12]}; {repair_command(exp)}", exp))
+
+
+def _dirs(store: "Store", path: str) -> list[str]:
+    """Names of the directories below store path ``path``, whatever their metadata (empty if ``path`` is absent)."""
+    base = store.path / path
+    try:
+        return sorted(p.name for p in base.iterdir() if p.is_dir())
+    except OSError:
+        return []
 
 
 def _intact(rows: ChunkedRows, group: str, verify: bool, corrupt: list[dict[str, Any]]) -> np.ndarray:
