@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -67,3 +68,23 @@ def user_project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def write_config(path: Path, cfg: dict) -> Path:
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> Path:
+    """A project whose store was featurized and scored without a fault (2 checkpoints, 15 chunks each)."""
+    from projects import make_project, run
+
+    root = make_project(tmp_path_factory.mktemp("finished"), n_models=2)
+    for cmd in (["featurize", "run.yaml", "-q"], ["score", "run.yaml", "-q"]):
+        res = run(root, *cmd)
+        assert res.returncode == 0, res.stderr
+    return root
+
+
+@pytest.fixture
+def project(tmp_path, finished) -> Path:
+    """A private copy of the finished project, to damage."""
+    root = tmp_path / "p"
+    shutil.copytree(finished, root)
+    return root

@@ -58,6 +58,11 @@ def make_project(root: Path, n_models: int = 3) -> Path:
     return root
 
 
+def msg(res) -> str:
+    """stderr on one line (rich wraps long messages)."""
+    return " ".join(res.stderr.split())
+
+
 def trak_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "trakcli.cli.main", *args]
 

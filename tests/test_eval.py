@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 from trakcli.cli.main import app
 from trakcli.config import load_config
 from trakcli.data import load_dataset
-from trakcli.errors import DataError, ModelError, StoreError, StoreMismatchError
+from trakcli.errors import DataError, StoreMismatchError
 from trakcli.jobs.eval import store_scores
 from trakcli.jobs.retrain import load_or_retrain, model_outputs, model_seed, retrain, subset_mask, subset_masks
 from trakcli.jobs.train import train_one

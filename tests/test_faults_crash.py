@@ -17,32 +17,9 @@ from pathlib import Path
 import pytest
 import zarr
 
-from projects import assert_same_store, make_project, run
+from projects import assert_same_store, make_project, msg, run
 
 STORE = Path("out") / "attrib.zarr"
-
-
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory) -> Path:
-    """A project whose store was featurized and scored without a fault (2 checkpoints)."""
-    root = make_project(tmp_path_factory.mktemp("finished"), n_models=2)
-    for cmd in (["featurize", "run.yaml", "-q"], ["score", "run.yaml", "-q"]):
-        res = run(root, *cmd)
-        assert res.returncode == 0, res.stderr
-    return root
-
-
-@pytest.fixture
-def project(tmp_path, finished) -> Path:
-    """A private copy of the finished project, to damage."""
-    root = tmp_path / "p"
-    shutil.copytree(finished, root)
-    return root
-
-
-def msg(res) -> str:
-    """stderr on one line (rich wraps long messages)."""
-    return " ".join(res.stderr.split())
 
 
 def clean_failure(res, code: int = 1) -> str:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import resource
-import shutil
 import signal
 import subprocess
 from pathlib import Path
@@ -18,32 +17,9 @@ from pathlib import Path
 import pytest
 import zarr
 
-from projects import CHUNK, N_TRAIN, assert_same_store, make_project, run, trak_cmd
+from projects import CHUNK, N_TRAIN, assert_same_store, msg, run, trak_cmd
 
 STORE = Path("out") / "attrib.zarr"
-
-
-@pytest.fixture(scope="module")
-def finished(tmp_path_factory) -> Path:
-    """A project whose store was featurized and scored without a fault (2 checkpoints, 15 chunks each)."""
-    root = make_project(tmp_path_factory.mktemp("finished"), n_models=2)
-    for cmd in (["featurize", "run.yaml", "-q"], ["score", "run.yaml", "-q"]):
-        res = run(root, *cmd)
-        assert res.returncode == 0, res.stderr
-    return root
-
-
-@pytest.fixture
-def project(tmp_path, finished) -> Path:
-    """A private copy of the finished project, to damage."""
-    root = tmp_path / "p"
-    shutil.copytree(finished, root)
-    return root
-
-
-def msg(res) -> str:
-    """stderr on one line (rich wraps long messages)."""
-    return " ".join(res.stderr.split())
 
 
 def flip(path: Path) -> None:
