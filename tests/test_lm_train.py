@@ -237,3 +237,32 @@ def test_optimize_featurize_score_eval_lds_of_a_tiny_lm_through_the_cli(lm_proje
 
     g = zarr.open_group("out/lm.zarr", mode="r")
     assert g["eval/masks"].shape == (3, 40) and int(g["eval/masks"][0].sum()) == 20
+
+
+class _Killed(Exception):
+    pass
+
+
+def test_an_lm_killed_mid_epoch_resumes_bit_identically(lm_project, tmp_path):
+    vocab = int(Path("vocab.txt").read_text())
+    data = TextDataset("train.jsonl", prompt="prompt", completion="completion", tokenizer="tok", max_length=16)
+    recipe = dict(task="language_modeling", epochs=2, batch_size=8, lr=1e-2, optimizer="adamw", max_tokens=48,
+                  schedule="linear", warmup_steps=2, seed=1)
+    ref = train_model(tiny_gpt2(vocab), DatasetRows(data), **recipe)
+    model, calls = tiny_gpt2(vocab), [0]
+
+    def bomb(module, args, kwargs):
+        calls[0] += 1
+        if calls[0] == 7:
+            raise _Killed
+
+    handle = model.register_forward_pre_hook(bomb, with_kwargs=True)
+    state = tmp_path / "resume.pt"
+    with pytest.raises(_Killed):
+        train_model(model, DatasetRows(data), **recipe, resume_path=state, checkpoint_every=3)
+    assert torch.load(state, weights_only=True)["step"] == 6
+    handle.remove()
+    resumed = train_model(tiny_gpt2(vocab, seed=5), DatasetRows(data), **recipe, resume_path=state)
+    for (k, a), b in zip(ref.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(a, b), k
+    assert not state.exists()
