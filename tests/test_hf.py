@@ -305,5 +305,8 @@ def test_language_modeling_featurize_and_score_a_checkpoint_directory(tiny_lm, t
     import zarr
 
     assert zarr.open_group("lm.zarr", mode="r").attrs["identity"]["task"] == "language_modeling"
-    res = trak("optimize", "lm.yaml", "optimize.out_dir=o")
-    assert res.exit_code == 1 and "task language_modeling is for featurize and score only" in res.output
+    # the built-in recipe finetunes the language model from its directory, with the next-token loss
+    res = trak("optimize", "lm.yaml", "optimize.out_dir=o", "optimize.n_models=1", "optimize.epochs=1",
+               "optimize.optimizer=adamw", "optimize.lr=1e-3")
+    assert res.exit_code == 0, res.output
+    assert np.isfinite(json.loads(Path("o/manifest.json").read_text())["models"][0]["metrics"]["final_loss"])

@@ -112,6 +112,32 @@ def language_modeling_margin(logits: torch.Tensor, labels: torch.Tensor) -> tupl
     return (margins * w).sum(-1), (q * w).sum(-1) / w.sum(-1).clamp(min=1.0)
 
 
+def classification_loss(logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """Cross-entropy of ``[n, C]`` logits at the class labels ``[n]`` int64: mean (or sum) over rows, a float scalar."""
+    return torch.nn.functional.cross_entropy(logits, labels, reduction=reduction)
+
+
+def language_modeling_loss(logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """Next-token cross-entropy over the target tokens of a causal LM (the loss its margin comes from).
+
+    Args:
+        logits: ``[n, L, V]`` float logits (position t predicts token t+1).
+        labels: ``[n, L]`` int64 unshifted per-token labels, ``-100`` where a token is not a target.
+        reduction: ``"mean"``: over the target tokens of the batch (0 when there are none);
+            ``"sum"``: their sum.
+
+    Returns:
+        A float scalar in nats, differentiable.
+    """
+    pred, nxt = logits[:, :-1, :], labels[:, 1:]  # [n, L-1, V], [n, L-1]
+    total = torch.nn.functional.cross_entropy(
+        pred.reshape(-1, pred.shape[-1]), nxt.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum"
+    )
+    if reduction == "sum":
+        return total
+    return total / (nxt != IGNORE_INDEX).sum().clamp(min=1)
+
+
 class Task:
     """A model output function: ``task(logits, batch) -> (f [n], Q [n])``.
 
@@ -134,6 +160,33 @@ class Task:
 
     def check(self, logits: torch.Tensor, batch: Batch, row_offset: int = 0) -> None:
         """Raise :class:`DataError` when ``logits`` or ``batch`` do not fit the task (before any gradient)."""
+
+    def loss(self, logits: torch.Tensor, batch: Batch, reduction: str = "mean") -> torch.Tensor:
+        """The training loss of a batch, the one the built-in recipe of `trak optimize` minimizes.
+
+        Token-level tasks: the next-token cross-entropy over the target tokens
+        (:func:`language_modeling_loss`, labels from :func:`token_labels`); others: the
+        cross-entropy of ``[n, C]`` logits at ``batch["labels"] [n]`` (:func:`classification_loss`).
+        Override it for another loss.
+
+        Args:
+            logits: the model's output for the batch.
+            batch: the batch (see the module docstring).
+            reduction: ``"mean"`` over the :meth:`loss_count` terms, or ``"sum"``.
+
+        Returns:
+            A float scalar in nats, differentiable.
+        """
+        if self.token_level:
+            labels = token_labels(batch)
+            return language_modeling_loss(logits.reshape(*labels.shape, -1), labels, reduction)
+        return classification_loss(logits, batch["labels"], reduction)
+
+    def loss_count(self, batch: Batch) -> int:
+        """How many terms the mean :meth:`loss` of ``batch`` is over: target tokens (token-level tasks) or rows."""
+        if self.token_level:
+            return int((token_labels(batch)[:, 1:] != IGNORE_INDEX).sum())
+        return _n(batch)
 
     def identity(self) -> dict[str, Any]:
         """``{"task", "output_function"}`` as the store records them."""

@@ -86,6 +86,28 @@ class _OptimizerSettings(StrictModel):
     projection: ProjectionConfig | None = Field(
         None, description="Run the optimizer in a random subspace (trakcli.optim.ProjectedOptimizer); unset: plain."
     )
+    schedule: Literal["constant", "linear", "cosine"] = Field(
+        "constant",
+        description="Learning rate after the warmup: constant (lr throughout), or a linear / cosine decay from lr "
+        "to 0 over the remaining steps of the training.",
+    )
+    warmup_steps: int = Field(
+        0, ge=0, description="Steps of linear warmup: step s (1-based) uses lr * s / warmup_steps (0: no warmup)."
+    )
+    warmup_fraction: float = Field(
+        0.0, ge=0, lt=1,
+        description="The warmup as a fraction of all training steps (rounded up to whole steps), in place of "
+        "warmup_steps: e.g. 0.05 for retrained models whose subsets have fewer steps.",
+    )
+
+    @model_validator(mode="after")
+    def _one_warmup(self) -> "_OptimizerSettings":
+        if self.warmup_steps and self.warmup_fraction:
+            raise ValueError(
+                f"warmup_steps ({self.warmup_steps}) and warmup_fraction ({self.warmup_fraction}) both set; "
+                "give one of them"
+            )
+        return self
 
 
 _OPTIMIZER_NAME = Field("sgd", description="torch.optim optimizer (the inner optimizer when `projection` is set).")
@@ -135,6 +157,11 @@ class TrainingConfig(StrictModel):
         "built (or init_checkpoint) model, it trains the model in place or returns the trained model.",
     )
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of `entrypoint`.")
+    save_optimizer_state: bool = Field(
+        False,
+        description="Also write each model's final optimizer state (torch.optim state_dict and the parameter "
+        "names in its order) to out_dir/optimizer_state/model_000.pt, ... (built-in recipe only).",
+    )
 
 
 class OptimizeConfig(TrainingConfig, _OptimizerSettings):
@@ -152,7 +179,7 @@ class OptimizeConfig(TrainingConfig, _OptimizerSettings):
 
 
 #: Recipe keys that never change what a model trains to: a rerun may change them and keep its models.
-RUN_ONLY_KEYS = ("n_models", "out_dir", "metrics", "checkpoint_every")
+RUN_ONLY_KEYS = ("n_models", "out_dir", "metrics", "checkpoint_every", "save_optimizer_state")
 
 
 def flat_recipe(sections: dict[str, Any]) -> OptimizeConfig:

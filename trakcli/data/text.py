@@ -34,7 +34,7 @@ import hashlib
 import json
 from array import array
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -109,7 +109,15 @@ class _JsonlRows:
         return [self._parse(line, lo + j) for j, line in enumerate(lines)]
 
     def take(self, indices: Sequence[int]) -> list[dict[str, Any]]:
-        return [self.read(i, i + 1)[0] for i in indices]
+        out = []
+        try:
+            with open(self.path, "rb") as f:
+                for i in indices:
+                    f.seek(int(self.offsets[i]))
+                    out.append(self._parse(f.readline(), int(i)))
+        except OSError as e:
+            raise DataError(f"{self.key}: cannot read {self.path}: {e}") from None
+        return out
 
     def _parse(self, line: bytes, row: int) -> dict[str, Any]:
         try:
@@ -360,6 +368,27 @@ def _tokenizer_files(tokenizer: Any) -> list[Path]:
 # --- the dataset ------------------------------------------------------------------------------------
 
 
+def _row_number(lo: int | Sequence[int], i: int) -> int:
+    """The dataset index of the ``i``-th row read: ``lo + i`` for consecutive rows, else ``lo[i]``."""
+    return lo + i if isinstance(lo, int) else int(lo[i])
+
+
+def _cut(windows: Iterable[list[Any]], batch_size: int, max_tokens: int | None) -> Iterator[list[Any]]:
+    """Tokenized rows (``row[0]`` the ids) cut greedily into batches (:func:`~trakcli.data.tensors.batch_fits`)."""
+    batch: list[Any] = []
+    longest = 1
+    for window in windows:
+        for row in window:
+            grown = max(longest, len(row[0]))
+            if batch and not batch_fits(len(batch) + 1, grown, batch_size, max_tokens):
+                yield batch
+                batch, grown = [], max(1, len(row[0]))
+            batch.append(row)
+            longest = grown
+    if batch:
+        yield batch
+
+
 #: One tokenized row: (input_ids, token_type_ids or None, label: class index or per-token labels).
 _Row = tuple[list[int], "list[int] | None", "int | list[int]"]
 
@@ -488,14 +517,15 @@ class TextDataset:
 
     # --- rows -> values -> tokens ---------------------------------------------------------------------
 
-    def _values(self, rows: list[dict[str, Any]], lo: int) -> list[Any]:
-        """The checked, JSON-able values of the named fields of rows ``lo, lo + 1, ...`` (what the fingerprint hashes).
+    def _values(self, rows: list[dict[str, Any]], lo: int | Sequence[int]) -> list[Any]:
+        """The checked, JSON-able values of the named fields of rows ``lo, lo + 1, ...`` (what the fingerprint hashes);
+        ``lo`` may also be the rows' indices, one per row (rows read out of order).
 
         Raises:
             DataError: a row lacks a field (``None`` counts as missing), or a value is malformed.
         """
         for field in self.fields:
-            bad = [lo + i for i, r in enumerate(rows) if r.get(field) is None]
+            bad = [_row_number(lo, i) for i, r in enumerate(rows) if r.get(field) is None]
             if bad:
                 raise DataError(
                     f"{self.key}: rows {bad[:5]} of {self.path} have no field {field!r}; the first row's fields are "
@@ -503,7 +533,7 @@ class TextDataset:
                 )
         key, out = self.key, []
         for i, r in enumerate(rows):
-            row = lo + i
+            row = _row_number(lo, i)
             if self.kind == "text":
                 label = _int_label(r[self.label_field], row, self.label_field, key) if self.label_field else None
                 out.append([str(r[self.text]), str(r[self.text_pair]) if self.text_pair else None, label])
@@ -531,8 +561,9 @@ class TextDataset:
                 out.append([ids, labels])
         return out
 
-    def _encode(self, rows: list[dict[str, Any]], lo: int) -> list[_Row]:
-        """Rows ``lo, lo + 1, ...`` tokenized and cut to ``max_length``: ``(input_ids, token_type_ids, label)``."""
+    def _encode(self, rows: list[dict[str, Any]], lo: int | Sequence[int]) -> list[_Row]:
+        """Rows ``lo, lo + 1, ...`` (or the rows of the indices ``lo``) tokenized and cut to ``max_length``:
+        ``(input_ids, token_type_ids, label)``."""
         values = self._values(rows, lo)
         if not values:
             return []
@@ -596,7 +627,7 @@ class TextDataset:
             spans.append((text_id(i, True), text_id(i + 1, False), i))
         return text_id(len(msgs), False), spans
 
-    def _encode_chats(self, chats: list[list[dict[str, Any]]], lo: int) -> list[_Row]:
+    def _encode_chats(self, chats: list[list[dict[str, Any]]], lo: int | Sequence[int]) -> list[_Row]:
         """Conversations rendered by the chat template; targets: the tokens of each assistant turn.
 
         Most chat templates mark no assistant spans (``{% generation %}``), so the span of
@@ -606,7 +637,7 @@ class TextDataset:
         included).
         """
         texts: list[str] = []
-        plans = [self._plan_chat(msgs, lo + j, texts) for j, msgs in enumerate(chats)]
+        plans = [self._plan_chat(msgs, _row_number(lo, j), texts) for j, msgs in enumerate(chats)]
         tokens = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
         out = []
         for j, (full_id, spans) in enumerate(plans):
@@ -621,7 +652,7 @@ class TextDataset:
                 for shorter, longer, what in checks:
                     if list(longer[: len(shorter)]) != list(shorter):
                         raise DataError(
-                            f"{self.key}: row {lo + j} of {self.path}: the chat template renders {what} as tokens "
+                            f"{self.key}: row {_row_number(lo, j)} of {self.path}: the chat template renders {what} as tokens "
                             "that do not start the longer conversation, so the assistant tokens cannot be found; "
                             "use a tokenizer whose chat template renders earlier turns the same whatever follows "
                             "(or give the data as prompt + completion)"
@@ -691,19 +722,54 @@ class TextDataset:
             raise ValueError(f"rows [{start}, {stop}) are not within the {len(self)} rows of {self.name}")
         if batch_size < 1 or (max_tokens is not None and max_tokens < 1):
             raise ValueError(f"batch_size {batch_size} and max_tokens {max_tokens} must be at least 1")
-        batch: list[_Row] = []
-        longest, offset = 1, start
-        for window in self._windows(start, stop):
-            for row in window:
-                grown = max(longest, len(row[0]))
-                if batch and not batch_fits(len(batch) + 1, grown, batch_size, max_tokens):
-                    yield offset, *self._collate(batch)
-                    offset += len(batch)
-                    batch, grown = [], max(1, len(row[0]))
-                batch.append(row)
-                longest = grown
-        if batch:
-            yield offset, *self._collate(batch)
+        offset = start
+        for rows in _cut(self._windows(start, stop), batch_size, max_tokens):
+            yield offset, *self._collate(rows)
+            offset += len(rows)
+
+    def batches_of(
+        self, indices: Sequence[int], batch_size: int, max_tokens: int | None = None
+    ) -> Iterator[tuple[int, dict[str, torch.Tensor], torch.Tensor]]:
+        """The rows ``indices``, in that order (a shuffled epoch, a subset), read, tokenized and cut into batches.
+
+        Like :meth:`batches` with the rows taken by index: read and tokenized
+        :data:`WINDOW_ROWS` at a time, cut greedily into batches of at most ``batch_size``
+        rows and ``max_tokens`` padded tokens, each padded to its own longest row.
+
+        Args:
+            indices: row indices, each in ``[0, len(self))``.
+            batch_size: most rows per batch (>= 1).
+            max_tokens: most padded tokens per batch; ``None``: rows only.
+
+        Yields:
+            ``(rows, inputs, labels)``: the number of rows of the batch (the next ``rows``
+            entries of ``indices``), and its tensors as :meth:`batches` gives them.
+
+        Raises:
+            DataError: a row that cannot be read or tokenized (naming it).
+            ValueError: bounds below 1.
+        """
+        if batch_size < 1 or (max_tokens is not None and max_tokens < 1):
+            raise ValueError(f"batch_size {batch_size} and max_tokens {max_tokens} must be at least 1")
+        for rows in _cut(self._windows_of(indices), batch_size, max_tokens):
+            yield len(rows), *self._collate(rows)
+
+    def token_lengths(self, indices: Sequence[int]) -> list[int]:
+        """Tokens of each of the rows ``indices`` (after cutting to ``max_length``), read :data:`WINDOW_ROWS` at a time.
+
+        Raises:
+            DataError: a row that cannot be read or tokenized (naming it).
+        """
+        return [len(r[0]) for window in self._windows_of(indices) for r in window]
+
+    def _windows_of(self, indices: Sequence[int]) -> Iterator[list[_Row]]:
+        idx = [int(i) for i in indices]
+        bad = [i for i in idx if not 0 <= i < len(self)]
+        if bad:
+            raise ValueError(f"rows {bad[:5]} are not among the {len(self)} rows of {self.name}")
+        for lo in range(0, len(idx), WINDOW_ROWS):
+            part = idx[lo : lo + WINDOW_ROWS]
+            yield self._encode(self._rows.take(part), part)
 
     @property
     def labels(self) -> torch.Tensor:

@@ -16,11 +16,15 @@ import torch
 
 from trakcli.config import Config, OptimizeConfig, check_files, recipe_identity
 from trakcli.data.load import load_dataset
-from trakcli.data.tensors import Inputs, TensorDataset, index_inputs, inputs_to
+from trakcli.data.tensors import TensorDataset, index_inputs, inputs_to
+from trakcli.data.text import TextDataset
 from trakcli.errors import CheckpointError, ConfigError, TrainingError
 from trakcli.files import atomic_torch_save, write_text
 from trakcli.jobs.runtime import apply_threads, event, resolve_device
-from trakcli.jobs.train import check_init_checkpoint, check_recipe, evaluate, load_training_function, train_one
+from trakcli.jobs.train import (
+    DatasetRows, TensorRows, TrainRows, check_init_checkpoint, check_recipe, evaluate, evaluate_dataset,
+    load_training_function, train_one,
+)
 from trakcli.models.build import build_model
 from trakcli.models.checkpoints import load_checkpoint, read_state_dict
 from trakcli.progress import NULL_REPORTER, Reporter
@@ -39,14 +43,18 @@ def manifest_identity(cfg: Config, train: TensorDataset) -> dict[str, Any]:
     (:data:`trakcli.config.RUN_ONLY_KEYS`) and the recipe's spelling do not count.
 
     Returns:
-        ``{"model", "task", "train_data", "recipe"}``, JSON-able.
+        ``{"model", "task", "train_data", "recipe"}``, JSON-able; with ``"batch_tokens"`` too when
+        ``data.batch_tokens`` bounds the training batches (text and language-model data).
     """
-    return {
+    out = {
         "model": cfg.model.model_dump(mode="json"),
         "task": cfg.task,
         "train_data": train.fingerprint(),
         "recipe": recipe_identity(cfg.recipe_sections()),
     }
+    if isinstance(train, TextDataset) and cfg.data.batch_tokens is not None:
+        out["batch_tokens"] = cfg.data.batch_tokens
+    return out
 
 
 def _previous_models(
@@ -68,6 +76,8 @@ def _previous_models(
     try:
         old = read_manifest(path, key="optimize.out_dir")
         old_identity = {k: old.get(k) for k in ("model", "task", "train_data")}
+        if old.get("batch_tokens") is not None:
+            old_identity["batch_tokens"] = old["batch_tokens"]
         old_identity["recipe"] = recipe_identity(old["recipe"])
     except (ConfigError, KeyError, TypeError, ValueError) as e:
         reporter.info(f"{path}: not a readable manifest ({str(e).splitlines()[0]}); it is written anew")
@@ -82,25 +92,44 @@ def _previous_models(
     return {m["model_id"]: m for m in old["models"]}
 
 
+def _evaluate(model: torch.nn.Module, data: Any, task: Any, batch_size: int, max_tokens: int | None) -> tuple:
+    """``(loss, accuracy or None)`` of tensors ``(inputs, labels)`` on the model's device, or of a dataset."""
+    if isinstance(data, tuple):
+        return evaluate(model, *data, batch_size=batch_size)
+    device = next(model.parameters()).device
+    return evaluate_dataset(model, data, task, batch_size=batch_size, max_tokens=max_tokens, device=device)
+
+
 def _final_metrics(
     model: torch.nn.Module,
     task: str,
-    train: tuple[Inputs, torch.Tensor],
-    target: tuple[Inputs, torch.Tensor] | None,
-    validation: tuple[Inputs, torch.Tensor] | None,
+    train: Any,
+    target: Any,
+    validation: Any,
     batch_size: int,
+    *,
+    max_tokens: int | None = None,
+    history: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    """Accuracy on all of data.train, on data.target and loss / accuracy on data.validation (classifiers).
+    """Accuracy on all of data.train, on data.target and loss / accuracy on data.validation (classifiers);
+    the validation loss (language models).
 
-    A language model (trained by a user's training function) gets no class accuracy: ``{}``.
+    Each of ``train``, ``target``, ``validation`` is ``(inputs, labels)`` on the model's device, a
+    dataset (read in batches of ``batch_size`` rows and ``max_tokens`` tokens) or None. A language
+    model gets no class accuracy: its validation loss (mean over target tokens) is the last epoch's
+    of ``history`` when there is one.
     """
-    if resolve_task(task).token_level:
-        return {}
-    out: dict[str, Any] = {"train_accuracy": evaluate(model, *train, batch_size=batch_size)[1]}
+    t = resolve_task(task)
+    if t.token_level:
+        if validation is None:
+            return {}
+        last = history[-1].get("val_loss") if history else None
+        return {"validation_loss": last if last is not None else _evaluate(model, validation, t, batch_size, max_tokens)[0]}
+    out: dict[str, Any] = {"train_accuracy": _evaluate(model, train, t, batch_size, max_tokens)[1]}
     if target is not None:
-        out["target_accuracy"] = evaluate(model, *target, batch_size=batch_size)[1]
+        out["target_accuracy"] = _evaluate(model, target, t, batch_size, max_tokens)[1]
     if validation is not None:
-        out["validation_loss"], out["validation_accuracy"] = evaluate(model, *validation, batch_size=batch_size)
+        out["validation_loss"], out["validation_accuracy"] = _evaluate(model, validation, t, batch_size, max_tokens)
     return out
 
 
@@ -117,24 +146,31 @@ def _write_metrics(path: Path, summary: dict[str, Any]) -> None:
         raise ConfigError(f"optimize.metrics: cannot write {str(path)!r}: {e}") from None
 
 
+#: The folder of out_dir that holds the models' optimizer states (``optimize.save_optimizer_state``).
+OPTIMIZER_STATE_DIR = "optimizer_state"
+
+
 def _train_model(
-    cfg: Config, oc: OptimizeConfig, i: int, path: Path, x: Inputs, y: torch.Tensor, *,
-    device: torch.device, overwrite: bool, validation: tuple[Inputs, torch.Tensor] | None, reporter: Reporter,
-) -> tuple[torch.nn.Module, dict[str, Any]]:
-    """Train model ``i`` (resuming from ``out_dir/.resume/``) and write its checkpoint atomically.
+    cfg: Config, oc: OptimizeConfig, i: int, path: Path, rows: TrainRows, *,
+    device: torch.device, overwrite: bool, validation: Any, reporter: Reporter,
+) -> tuple[torch.nn.Module, dict[str, Any], Path | None]:
+    """Train model ``i`` (resuming from ``out_dir/.resume/``) and write its checkpoint atomically, and with
+    ``save_optimizer_state`` its optimizer state to ``out_dir/optimizer_state/`` (same file name).
 
     Returns:
-        (the trained model, the recipe's metrics: ``final_loss``, ``optimizer_state_numel``, ``history``).
+        (the trained model, the recipe's metrics: ``final_loss``, ``optimizer_state_numel``, ``history``,
+        the optimizer state file or None).
     """
     stats: dict[str, Any] = {}
+    keep: dict[str, Any] | None = {} if oc.save_optimizer_state else None
     resume = oc.out_dir / ".resume" / f"model_{i:03d}.pt"
     if overwrite:
         resume.unlink(missing_ok=True)
     elif resume.exists():
         reporter.info(f"model {i}: resuming from {resume}")
     model = train_one(
-        cfg, x, y, seed=oc.seed + i, device=device, reporter=reporter,
-        description=f"train model {i}", metrics=stats, resume_path=resume, validation=validation, name=f"model {i}",
+        cfg, rows, seed=oc.seed + i, device=device, reporter=reporter, description=f"train model {i}",
+        metrics=stats, resume_path=resume, validation=validation, name=f"model {i}", optimizer_state=keep,
     )
     try:
         resume.parent.rmdir()  # only when empty: no other model's state is pending
@@ -147,7 +183,31 @@ def _train_model(
             f"model {i}: cannot write its checkpoint {path}: {e}; free disk space (or set optimize.out_dir "
             "elsewhere) and rerun the same command: the models already written are kept"
         ) from None
-    return model, stats
+    state_path = None
+    if keep:  # a training function keeps its optimizer to itself: nothing to write
+        state_path = path.parent / OPTIMIZER_STATE_DIR / path.name
+        state_path.parent.mkdir(parents=True, exist_ok=True)
+        state = {"optimizer": oc.optimizer, "projection": oc.projection.model_dump() if oc.projection else None,
+                 "param_names": keep["param_names"], "state_dict": _to_cpu(keep["state_dict"])}
+        try:
+            atomic_torch_save(state, state_path)
+        except OSError as e:
+            raise TrainingError(
+                f"model {i}: cannot write its optimizer state {state_path}: {e}; free disk space (or set "
+                "optimize.out_dir elsewhere) and rerun the same command: the models already written are kept"
+            ) from None
+    return model, stats, state_path
+
+
+def _to_cpu(obj: Any) -> Any:
+    """A nested state dict with every tensor moved to the CPU."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_cpu(v) for v in obj)
+    return obj
 
 
 def optimize(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_REPORTER) -> list[Path]:
@@ -217,6 +277,7 @@ def optimize(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_
         "task": cfg.task,
         "train_data": identity["train_data"],
         "validation_data": valset.fingerprint() if valset is not None else None,
+        **({"batch_tokens": identity["batch_tokens"]} if "batch_tokens" in identity else {}),
         "models": [],
     }
     if overwrite:
@@ -228,24 +289,32 @@ def optimize(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_
         manifest["models"].append(previous[m])
     paths = []
     rows: list[dict[str, Any]] = []
-    x, y = inputs_to(train.inputs, device), train.labels.to(device)
-    held = (inputs_to(heldout.inputs, device), heldout.labels.to(device)) if heldout is not None else None
-    val = (inputs_to(valset.inputs, device), valset.labels.to(device)) if valset is not None else None
+    # tensors go to the device once; text and language-model data are read batch by batch
+    lazy = isinstance(train, TextDataset)
+    x, y = (None, None) if lazy else (inputs_to(train.inputs, device), train.labels.to(device))
+    held = _on_device(heldout, device)
+    val = _on_device(valset, device)
 
-    def final_metrics(model: torch.nn.Module) -> dict[str, Any]:
-        return _final_metrics(model, cfg.task, (x, y), held, val, cfg.data.batch_size)
+    def final_metrics(model: torch.nn.Module, history: list | None = None) -> dict[str, Any]:
+        return _final_metrics(model, cfg.task, train if lazy else (x, y), held, val, cfg.data.batch_size,
+                              max_tokens=cfg.data.batch_tokens, history=history)
 
     for i in range(oc.n_models):
         path = oc.out_dir / f"model_{i:03d}.pt"
         paths.append(path)
         entry: dict[str, Any] = {"model_id": i, "checkpoint": path.name, "sha256": None, "seed": oc.seed + i}
-        xi, yi = x, y
+        subset = None
         if oc.subset_fraction < 1:
             gen = torch.Generator().manual_seed(oc.seed + i)
-            k = max(1, round(oc.subset_fraction * len(y)))
-            subset = torch.randperm(len(y), generator=gen)[:k].sort().values
+            k = max(1, round(oc.subset_fraction * len(train)))
+            subset = torch.randperm(len(train), generator=gen)[:k].sort().values
             entry["subset_indices"] = subset.tolist()
-            xi, yi = index_inputs(x, subset.to(device)), y[subset.to(device)]
+        if lazy:
+            source: TrainRows = DatasetRows(train, subset, device)
+        elif subset is not None:
+            source = TensorRows(index_inputs(x, subset.to(device)), y[subset.to(device)])
+        else:
+            source = TensorRows(x, y)
         kept = path.exists() and not overwrite
         if kept:
             sha = checkpoint_sha256(path)
@@ -267,14 +336,16 @@ def optimize(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_
                     "(use --overwrite to retrain)"
                 )
         if not kept:
-            model, stats = _train_model(
-                cfg, oc, i, path, xi, yi, device=device, overwrite=overwrite, validation=val, reporter=reporter
+            model, stats, state_path = _train_model(
+                cfg, oc, i, path, source, device=device, overwrite=overwrite, validation=val, reporter=reporter
             )
             history = stats.pop("history", None)
-            metrics = {**stats, **final_metrics(model)}
+            metrics = {**stats, **final_metrics(model, history)}
             if history is not None:
                 metrics["history"] = history
             entry.update(sha256=checkpoint_sha256(path), origin="trained", metrics=metrics)
+            if state_path is not None:
+                entry["optimizer_state"] = f"{OPTIMIZER_STATE_DIR}/{path.name}"
             reporter.info(_model_line(i, metrics, model) + f" -> {path}")
         if i < len(manifest["models"]):
             manifest["models"][i] = entry  # replaces the earlier run's entry
@@ -301,6 +372,13 @@ def optimize(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_
         reporter.info(f"metrics -> {oc.metrics}")
     reporter.info(f"manifest -> {manifest_path}")
     return paths
+
+
+def _on_device(data: Any, device: torch.device) -> Any:
+    """``(inputs, labels)`` of tensor data on ``device``; text data as it is (read in batches); None as None."""
+    if data is None or isinstance(data, TextDataset):
+        return data
+    return inputs_to(data.inputs, device), data.labels.to(device)
 
 
 def _unreadable(path: Path) -> str | None:

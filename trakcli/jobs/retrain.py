@@ -33,11 +33,12 @@ import torch
 from trakcli.config import Config, check_files
 from trakcli.data.load import load_dataset
 from trakcli.data.tensors import TensorDataset, index_inputs, inputs_to
+from trakcli.data.text import TextDataset
 from trakcli.errors import ArgumentError, ConfigError, StoreError
 from trakcli.tasks import make_batch, resolve_task, task_identity
 from trakcli.distributed import Dist
 from trakcli.jobs.runtime import apply_threads, event, locked_store, resolve_device
-from trakcli.jobs.train import check_init_checkpoint, check_recipe, load_training_function, train_one
+from trakcli.jobs.train import DatasetRows, check_init_checkpoint, check_recipe, load_training_function, train_one
 from trakcli.jobs.workers import WorkerLost, run_in_workers
 from trakcli.models.checkpoints import file_sha256
 from trakcli.models.forward import forward
@@ -180,6 +181,11 @@ def eval_identity(cfg: Config, train_fingerprint: dict[str, Any], target_fingerp
     else:
         dump = oc.model_dump(mode="json")
         recipe = {k: dump[k] for k in ("epochs", "batch_size", "optimizer", "lr", "momentum", "weight_decay", "projection")}
+        # recorded when set, so a constant learning rate keeps the identity it has without these keys
+        recipe.update({k: dump[k] for k in ("schedule", "warmup_steps", "warmup_fraction")
+                       if dump[k] != type(oc).model_fields[k].default})
+        if cfg.data.batch_tokens is not None and _lazy(cfg):
+            recipe["batch_tokens"] = cfg.data.batch_tokens
     recipe["init_checkpoint_sha256"] = file_sha256(oc.init_checkpoint) if oc.init_checkpoint is not None else None
     return {
         "task": cfg.task,
@@ -192,6 +198,11 @@ def eval_identity(cfg: Config, train_fingerprint: dict[str, Any], target_fingerp
         "seed": cfg.eval.seed,
         "model_seed": f"{MODEL_SEED_BASE} + {MODEL_SEED_STRIDE} * seed + k",
     }
+
+
+def _lazy(cfg: Config) -> bool:
+    """Whether data.train is text or language-model data (read in batches bounded by data.batch_tokens)."""
+    return cfg.data.train.text_source is not None
 
 
 def check_eval_config(cfg: Config) -> None:
@@ -229,10 +240,15 @@ def retrain_one(
         ``[n_target]`` float64 model outputs of ``target`` (:func:`model_outputs`).
     """
     mask = subset_mask(len(train), cfg.eval.subset_fraction, cfg.eval.seed, k)
-    idx = torch.from_numpy(np.flatnonzero(mask)).to(device)
-    x = index_inputs(inputs_to(train.inputs, device), idx)
-    y = train.labels.to(device)[idx]
-    model = train_one(cfg, x, y, seed=model_seed(cfg.eval.seed, k), device=device, description=f"retrain {k}")
+    rows = np.flatnonzero(mask)
+    if isinstance(train, TextDataset):  # read and tokenized batch by batch: the corpus is never in memory
+        model = train_one(cfg, DatasetRows(train, rows.tolist(), device), seed=model_seed(cfg.eval.seed, k),
+                          device=device, description=f"retrain {k}")
+    else:
+        idx = torch.from_numpy(rows).to(device)
+        x = index_inputs(inputs_to(train.inputs, device), idx)
+        y = train.labels.to(device)[idx]
+        model = train_one(cfg, x, y, seed=model_seed(cfg.eval.seed, k), device=device, description=f"retrain {k}")
     return model_outputs(
         model, target, cfg.task, batch_size=cfg.data.batch_size, device=device, memory_mb=cfg.data.grad_memory_mb
     )
