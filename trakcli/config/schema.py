@@ -461,7 +461,10 @@ class EvalConfig(StrictModel):
     subset_fraction: float = Field(
         0.5, gt=0, lt=1, description="Share of data.train in each subset (exactly round(fraction * n_train) rows)."
     )
-    seed: int = Field(0, ge=0, description="Seed of the subsets and of the retrained models' initializations.")
+    seed: int = Field(
+        0, ge=0, description="Seed of the subsets, of the retrained models' initializations and of the bootstrap "
+        "resamples (lds and recall)."
+    )
     bootstrap: PositiveInt = Field(
         1000, description="Bootstrap resamples of the targets for the 95% interval of the LDS (and of MRR and "
         "recall@k)."
