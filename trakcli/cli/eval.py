@@ -1,4 +1,5 @@
-"""`trak eval lds CONFIG`: the linear datamodeling score of the store's scores against retrained models.
+"""`trak eval lds CONFIG`: the linear datamodeling score of the store's scores against retrained models;
+`trak eval recall CONFIG`: fact tracing, MRR and recall@k of the top proponents against known sources.
 
 ``eval_app`` is the ``trak eval`` sub-app; other evaluation commands
 (``trak eval sweep``) register on it from their own modules.
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
 
 eval_app = typer.Typer(
     name="eval",
-    help="Measure attribution scores against counterfactual retraining (LDS).",
+    help="Measure attribution scores: counterfactual retraining (LDS), fact tracing (recall).",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -35,7 +36,7 @@ eval_app = typer.Typer(
 
 @eval_app.callback()
 def _eval_root() -> None:
-    """Measure attribution scores against models retrained on random subsets of the training set."""
+    """Measure attribution scores: against models retrained on random subsets (lds), or known source documents (recall)."""
 
 
 def _check_path(path: Path | None, flag: str, suffixes: tuple[str, ...], must_exist: bool) -> None:
@@ -221,5 +222,100 @@ def lds(
         sys.stdout.write(text)
     if not quiet:
         err_console.print(_table(data))
+        if out is not None:
+            err_console.print(f"[green]result -> {out}[/]")
+
+
+def _parse_ks(values: list[str] | None) -> list[int] | None:
+    """``--k 1 --k 5`` or ``--k 1,5,10`` -> [1, 5, 10]; None when not given."""
+    if not values:
+        return None
+    ks = []
+    for v in values:
+        for part in str(v).split(","):
+            part = part.strip()
+            if not part.isdigit() or int(part) < 1:
+                raise UsageError(f"--k {v}: expected positive integers, e.g. --k 1,5,10 or --k 1 --k 5")
+            ks.append(int(part))
+    return ks
+
+
+def _recall_table(data: dict[str, Any]) -> Table:
+    table = Table(title="Fact tracing: do the top proponents hold each query's source?", show_header=False)
+    table.add_column("", style="bold")
+    table.add_column("")
+    level = f"{data['confidence_level']:.0%}"
+
+    def cell(v: dict[str, Any]) -> str:
+        return f"{_fmt(v['value'])}  [{_fmt(v['ci_low'])}, {_fmt(v['ci_high'])}]"
+
+    table.add_row(f"MRR  ({level} interval)", cell(data["mrr"]))
+    for k, v in data["recall"].items():
+        table.add_row(f"recall@{k}", cell(v))
+    if data["max_sources"] > 1:
+        for k, v in data["source_recall"].items():
+            table.add_row(f"sources found @{k}", cell(v))
+    table.add_row(
+        "queries", f"{data['n_query']} ({data['n_not_found']} with no source in the top {data['k_max']})"
+    )
+    table.add_row("interval", f"percentile bootstrap over queries, {data['n_bootstrap']} resamples")
+    for key, value in data["inputs"].items():
+        table.add_row(key, value)
+    return table
+
+
+@eval_app.command("recall", cls=TrakCommand)
+@handle_errors
+def recall(
+    config: Annotated[
+        Path, typer.Argument(help="YAML config (configs/facts.yaml is the fact-tracing example).", show_default=False)
+    ],
+    overrides: OverridesArg = None,
+    k: Annotated[
+        Optional[list[str]],
+        typer.Option("--k", help="The k of recall@k: --k 1,5,10 or --k 1 --k 5 (default: eval.recall.k)."),
+    ] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")] = False,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Also write the result as JSON to this file.")] = None,
+    print_config: PrintConfigOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Fact tracing: MRR and recall@k of the experiment's top proponents against each query's known sources.
+
+    Each data.target row lists, in the field eval.recall.sources (default
+    "sources"), the 0-based data.train rows that hold its fact. The ranking
+    is the store's top-k of score.experiment (`trak score CONFIG
+    score.top_k=100`), or its full score matrix ranked. recall@k: the share
+    of queries with at least one source among their top k; MRR: the mean of
+    1/rank of the first source (0 when none is in the top K). Each with a
+    bootstrap interval over queries (eval.bootstrap resamples, eval.seed).
+    """
+    ks = _parse_ks(k)
+    _check_path(out, "--out", (".json",), must_exist=False)
+    cfg = load(config, overrides, print_config)
+    # imported after the config is valid: torch import is slow
+    from trakcli.jobs.recall import recall_inputs
+    from trakcli.metrics.recall import fact_recall
+
+    inputs = recall_inputs(cfg)
+    result = fact_recall(
+        inputs.ranked, inputs.sources, ks if ks is not None else cfg.eval.recall.k, n_train=inputs.n_train,
+        n_bootstrap=cfg.eval.bootstrap, seed=cfg.eval.seed,
+    )
+    data = {
+        **result.to_dict(),
+        "max_sources": int(result.n_sources.max()) if result.n_query else 0,
+        "inputs": {"ranking": f"{inputs.ranking} in {cfg.store.path}", "sources": inputs.sources_from},
+    }
+    text = json.dumps(data, indent=2) + "\n"
+    if out is not None:
+        try:
+            write_text(out, text)
+        except OSError as e:
+            raise UsageError(f"--out {out}: cannot write it ({e})") from None
+    if json_out:
+        sys.stdout.write(text)
+    if not quiet:
+        err_console.print(_recall_table(data))
         if out is not None:
             err_console.print(f"[green]result -> {out}[/]")

@@ -47,7 +47,7 @@ app.command("score", cls=TrakCommand)(_score.score)
 app.command("inspect", cls=TrakCommand)(_inspect.inspect)
 app.command("export", cls=TrakCommand)(_inspect.export)
 eval_app.command("sweep", cls=TrakCommand)(_sweep.sweep)
-app.add_typer(eval_app, name="eval", cls=TrakGroup, help="Measure the scores against counterfactual retraining (LDS).")
+app.add_typer(eval_app, name="eval", cls=TrakGroup, help="Measure the scores: counterfactual retraining (LDS), fact tracing (recall).")
 
 
 def main() -> None:

@@ -444,8 +444,33 @@ class SweepConfig(StrictModel):
         return v
 
 
+class RecallConfig(StrictModel):
+    """``eval.recall``: fact tracing (`trak eval recall`): do the top proponents hold each query's source?
+
+    Every row of data.target names, in the field ``sources``, the 0-based rows of
+    data.train that hold its fact; the ranking is the experiment's top-k
+    proponents (``score.top_k``), or its full score matrix ranked.
+    """
+
+    sources: str = Field(
+        "sources",
+        description="Field of each data.target row listing its source documents: 0-based row indices of "
+        "data.train (a JSON list of integers; in a .csv cell its JSON text, e.g. \"[3, 17]\").",
+    )
+    k: list[PositiveInt] | None = Field(
+        None,
+        description="The k of recall@k, each at most score.top_k. Unset: 1, 5, 10, 20, 50, 100 up to K, and K.",
+    )
+
+    @field_validator("k", mode="before")
+    @classmethod
+    def _one_k(cls, v: Any) -> Any:
+        return [v] if isinstance(v, (int, str)) else v
+
+
 class EvalConfig(StrictModel):
-    """``eval:``: counterfactual retraining for the linear datamodeling score (`trak eval lds`).
+    """``eval:``: counterfactual retraining for the linear datamodeling score (`trak eval lds`)
+    and fact tracing (`trak eval recall`).
 
     LDS (Park et al. 2023, "TRAK", Sec. 2.2; Ilyas et al. 2022, "Datamodels"):
     ``n_subsets`` models are trained with the config's training recipe on random
@@ -457,11 +482,16 @@ class EvalConfig(StrictModel):
     subset_fraction: float = Field(
         0.5, gt=0, lt=1, description="Share of data.train in each subset (exactly round(fraction * n_train) rows)."
     )
-    seed: int = Field(0, ge=0, description="Seed of the subsets and of the retrained models' initializations.")
+    seed: int = Field(
+        0, ge=0, description="Seed of the subsets, of the retrained models' initializations and of the bootstrap "
+        "resamples (lds and recall)."
+    )
     bootstrap: PositiveInt = Field(
-        1000, description="Bootstrap resamples of the targets for the 95% interval of the LDS."
+        1000, description="Bootstrap resamples of the targets for the 95% interval of the LDS (and of MRR and "
+        "recall@k)."
     )
     sweep: SweepConfig = Field(default_factory=SweepConfig)
+    recall: RecallConfig = Field(default_factory=RecallConfig)
 
 
 class Config(StrictModel):

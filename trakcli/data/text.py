@@ -889,6 +889,23 @@ class TextDataset:
         return out
 
 
+def field_values(path: Path, field: str, *, key: str = "data.target", block: int = 4096) -> list[Any]:
+    """The value of ``field`` in every row of a text data file, in row order (None where a row lacks it).
+
+    Reads ``.jsonl`` / ``.csv`` / ``.parquet`` / ``.arrow`` files and datasets folders as
+    :class:`TextDataset` does, ``block`` rows at a time; for extra per-row fields the model
+    never sees (e.g. the source documents of a fact-tracing query).
+
+    Raises:
+        DataError: the file cannot be read (names ``key`` and the file).
+    """
+    rows = _open_rows(Path(path), key, [field])
+    out: list[Any] = []
+    for lo in range(0, len(rows), block):
+        out += [rec.get(field) for rec in rows.read(lo, min(lo + block, len(rows)))]
+    return out
+
+
 def load_text(
     path: Path, text: str, labels: str | None, tokenizer: str, max_length: int, *, key: str = "data.train",
     text_pair: str | None = None,

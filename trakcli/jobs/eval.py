@@ -7,6 +7,7 @@ The retrained models are :mod:`trakcli.jobs.retrain`; the statistic is
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -37,7 +38,22 @@ def store_scores(cfg: Config) -> np.ndarray:
         )
     store = Store.open_existing(path, mode="r")
     scores, attrs = store.read_scores(exp)
-    train = load_dataset(cfg.data.train, key="data.train")
+    check_experiment_data(cfg, store, attrs, load_dataset(cfg.data.train, key="data.train"))
+    return np.asarray(scores, dtype=np.float32)
+
+
+def check_experiment_data(cfg: Config, store: Store, attrs: dict[str, Any], train: Any) -> None:
+    """Refuse scores made from other train or target data than the config's.
+
+    Args:
+        cfg: the config; store: its store; attrs: the attributes of ``scores/<score.experiment>``;
+        train: the loaded data.train (its fingerprint is compared with the store's).
+
+    Raises:
+        StoreMismatchError: data.train or data.target differs from what the experiment was scored on
+            (names ``--overwrite``).
+    """
+    exp = cfg.score.experiment
     problems = []
     if store.identity.get("train_data") != train.fingerprint():
         problems.append("data.train differs from the train data the store was featurized with")
@@ -47,8 +63,6 @@ def store_scores(cfg: Config) -> np.ndarray:
             problems.append(f"data.target differs from the targets of experiment {exp!r}")
     if problems:
         raise StoreMismatchError(
-            f"the scores in {path} do not belong to this config: " + "; ".join(problems)
+            f"the scores in {store.path} do not belong to this config: " + "; ".join(problems)
             + "; rerun `trak featurize CONFIG --overwrite` and `trak score CONFIG --overwrite`"
         )
-    return np.asarray(scores, dtype=np.float32)
-

@@ -1,0 +1,261 @@
+"""Fact-tracing retrieval statistics of ranked attributions: MRR and recall@k, pure numpy / scipy, no I/O.
+
+Fact tracing (Akyürek et al. 2022, "Towards Tracing Factual Knowledge in
+Language Models Back to the Training Data", FTRACE; Chang et al. 2025,
+"Scalable Influence and Fact Tracing for Large Language Model Pretraining",
+TrackStar; EleutherAI Bergson's recall evaluation): each query states a fact
+whose *source* training documents are known, and the attribution ranks the
+training set for the query (its proponents, best first). Per query:
+
+- reciprocal rank: ``1 / r`` where ``r`` is the 1-based rank of the first
+  (best-ranked) source among the ranked rows, 0 when no source is among them;
+  MRR is its mean over queries;
+- recall@k: 1 when at least one source is among the top ``k`` ranked rows,
+  else 0 (the "any source in the top k" form); recall@k is its mean over queries;
+- source_recall@k: the fraction of the query's sources among the top ``k``
+  (equal to recall@k when every query has one source).
+
+Every mean comes with a percentile bootstrap interval over queries
+(``scipy.stats.bootstrap``, one seed for all of them).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from trakcli.errors import DataError
+
+#: recall@k reported when the ks are not given: those of these at most K (and K itself).
+DEFAULT_KS = (1, 5, 10, 20, 50, 100)
+
+
+def default_ks(k_max: int) -> list[int]:
+    """The ks reported for a ranking of ``k_max`` rows per query: :data:`DEFAULT_KS` up to ``k_max``, and ``k_max``."""
+    return sorted({k for k in DEFAULT_KS if k <= k_max} | {k_max})
+
+
+def check_sources(sources: Sequence[Sequence[int]], n_train: int | None = None, *, what: str = "sources") -> list[np.ndarray]:
+    """Validate each query's source rows.
+
+    Args:
+        sources: per query, the 0-based train row indices holding its fact (at least one).
+        n_train: rows of the training set; indices must be below it (None: not checked).
+        what: how messages name the sources (e.g. the data file and field).
+
+    Returns:
+        Per query a ``[n_sources]`` int64 array of distinct indices.
+
+    Raises:
+        DataError: a query with no sources, a non-integer or negative index, or an index >= ``n_train``
+            (names the query row and the value).
+    """
+    out = []
+    for q, src in enumerate(sources):
+        try:
+            arr = np.asarray(src if isinstance(src, (list, tuple, np.ndarray)) else [src])
+        except (TypeError, ValueError):
+            arr = np.asarray([], dtype=object)
+        if arr.size == 0:
+            raise DataError(
+                f"{what}: query row {q} has no source rows ({src!r}); every query needs at least one train row "
+                "index holding its fact: fix the row or drop it from the targets"
+            )
+        if arr.ndim != 1 or not (np.issubdtype(arr.dtype, np.integer)
+                                 or (np.issubdtype(arr.dtype, np.floating) and np.all(arr == np.round(arr)))):
+            raise DataError(
+                f"{what}: query row {q} has sources {src!r}; expected a list of 0-based train row indices (integers)"
+            )
+        arr = arr.astype(np.int64)
+        bad = arr[(arr < 0) | (arr >= n_train)] if n_train is not None else arr[arr < 0]
+        if bad.size:
+            limit = f"0..{n_train - 1} (data.train has {n_train} rows)" if n_train is not None else ">= 0"
+            raise DataError(
+                f"{what}: query row {q} names train row {int(bad[0])}, out of range; source rows are 0-based "
+                f"indices of data.train, {limit}"
+            )
+        out.append(np.unique(arr))
+    return out
+
+
+def first_source_rank(ranked: np.ndarray, sources: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Per query, the 1-based rank of its first source among ``ranked``, and the rank of every source.
+
+    Args:
+        ranked: ``[n_query, K]`` int train row indices, best first.
+        sources: per query, ``[n_sources]`` int64 (from :func:`check_sources`).
+
+    Returns:
+        ``(first [n_query] int64, hits [n_query, K] bool)``: ``first`` is 0 where no source is in the
+        ranking; ``hits[q, j]`` is whether ``ranked[q, j]`` is a source of query q.
+    """
+    hits = np.zeros(ranked.shape, dtype=bool)
+    for q, src in enumerate(sources):
+        hits[q] = np.isin(ranked[q], src)
+    any_hit = hits.any(axis=1)
+    first = np.where(any_hit, hits.argmax(axis=1) + 1, 0).astype(np.int64)
+    return first, hits
+
+
+@dataclass
+class Interval:
+    """A mean over queries and its bootstrap interval (NaN bounds with fewer than 2 queries)."""
+
+    value: float
+    ci_low: float
+    ci_high: float
+
+    def to_dict(self) -> dict[str, float | None]:
+        def num(x: float) -> float | None:
+            return float(x) if np.isfinite(x) else None
+
+        return {"value": num(self.value), "ci_low": num(self.ci_low), "ci_high": num(self.ci_high)}
+
+
+@dataclass
+class RecallResult:
+    """MRR and recall@k of a ranking against known source documents.
+
+    Attributes:
+        mrr: mean reciprocal rank of the first source (0 for a query without a source in the top K).
+        recall: k -> recall@k, the share of queries with at least one source in the top k.
+        source_recall: k -> the mean over queries of the share of their sources in the top k.
+        first_rank: ``[n_query]`` int64, 1-based rank of each query's first source; 0: not in the top K.
+        n_sources: ``[n_query]`` int64, sources per query.
+        n_query, k_max: the ranking's shape ``[n_query, k_max]``.
+        n_bootstrap, confidence_level, seed: the bootstrap settings.
+    """
+
+    mrr: Interval
+    recall: dict[int, Interval]
+    source_recall: dict[int, Interval]
+    first_rank: np.ndarray
+    n_sources: np.ndarray
+    n_query: int
+    k_max: int
+    n_bootstrap: int
+    confidence_level: float
+    seed: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able data (NaN -> None)."""
+        return {
+            "mrr": self.mrr.to_dict(),
+            "recall": {str(k): v.to_dict() for k, v in self.recall.items()},
+            "source_recall": {str(k): v.to_dict() for k, v in self.source_recall.items()},
+            "n_query": self.n_query,
+            "k_max": self.k_max,
+            "n_not_found": int((self.first_rank == 0).sum()),
+            "confidence_level": self.confidence_level,
+            "n_bootstrap": self.n_bootstrap,
+            "bootstrap_seed": self.seed,
+            "first_rank": [int(r) for r in self.first_rank],
+        }
+
+
+def _interval(values: np.ndarray, n_bootstrap: int, seed: int, confidence_level: float) -> Interval:
+    from scipy.stats import bootstrap
+
+    mean = float(values.mean()) if values.size else float("nan")
+    if n_bootstrap <= 0 or values.size < 2:
+        return Interval(mean, float("nan"), float("nan"))
+    if np.ptp(values) == 0:  # every query the same: the interval is that value
+        return Interval(mean, mean, mean)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ci = bootstrap(
+            (values,), np.mean, n_resamples=n_bootstrap, confidence_level=confidence_level,
+            method="percentile", vectorized=True, rng=np.random.default_rng(seed),
+        ).confidence_interval
+    return Interval(mean, float(ci.low), float(ci.high))
+
+
+def fact_recall(
+    ranked: Any,
+    sources: Sequence[Sequence[int]],
+    ks: Sequence[int] | None = None,
+    *,
+    n_train: int | None = None,
+    n_bootstrap: int = 1000,
+    seed: int = 0,
+    confidence_level: float = 0.95,
+) -> RecallResult:
+    """MRR and recall@k of ranked train rows against each query's known source rows.
+
+    Definitions in the module docstring (recall@k: at least one source in the
+    top k, as in TrackStar's and Bergson's fact tracing). Each statistic's
+    interval is a percentile bootstrap of its mean over queries; every
+    statistic uses the same seed, hence the same resamples of the queries.
+
+    Args:
+        ranked: ``[n_query, K]`` integer train row indices per query, best first (e.g. the
+            ``proponents`` of ``trak score`` with ``score.top_k: K``). Entries past a query's real
+            ranking may be -1 (never a source).
+        sources: ``n_query`` lists of 0-based train row indices holding each query's fact.
+        ks: the k of recall@k, each in 1..K (None: :func:`default_ks`).
+        n_train: rows of the training set, to check the source indices (None: not checked).
+        n_bootstrap: bootstrap resamples (0: no intervals).
+        seed: seed of the resampling.
+        confidence_level: of the intervals.
+
+    Returns:
+        :class:`RecallResult`.
+
+    Raises:
+        DataError: ``ranked`` not a 2-D integer array, a number of rows other than ``len(sources)``,
+            a k outside 1..K, or bad sources (:func:`check_sources`).
+    """
+    r = np.asarray(ranked)
+    if r.ndim != 2 or not (np.issubdtype(r.dtype, np.integer) or r.size == 0):
+        raise DataError(
+            f"the ranking has shape {list(r.shape)} and dtype {r.dtype}; expected [n_query, K] integer train row "
+            "indices, best first"
+        )
+    r = r.astype(np.int64, copy=False)
+    n_query, k_max = r.shape
+    if len(sources) != n_query:
+        raise DataError(
+            f"the ranking has {n_query} query rows but the sources list {len(sources)} queries; give one list of "
+            "source rows per ranked query, in the same order"
+        )
+    if k_max < 1:
+        raise DataError("the ranking has K = 0 rows per query; rank at least one train row per query")
+    ks = default_ks(k_max) if ks is None else sorted({int(k) for k in ks})
+    bad = [k for k in ks if not 1 <= k <= k_max]
+    if bad:
+        raise DataError(
+            f"recall@k for k={bad[0]} needs the top {bad[0]} rows per query, but the ranking holds K={k_max}; "
+            f"choose k in 1..{k_max}, or rank more rows (trak score CONFIG score.top_k={max(bad)})"
+        )
+    src = check_sources(sources, n_train)
+    first, hits = first_source_rank(r, src)
+    n_sources = np.array([s.size for s in src], dtype=np.int64)
+    rr = np.where(first > 0, 1.0 / np.maximum(first, 1), 0.0)
+    found = np.cumsum(hits, axis=1)  # [n_query, K] sources within the top j+1
+    args = (n_bootstrap, seed, confidence_level)
+    recall = {k: _interval((found[:, k - 1] > 0).astype(np.float64), *args) for k in ks}
+    source_recall = {k: _interval(found[:, k - 1] / n_sources, *args) for k in ks}
+    return RecallResult(
+        mrr=_interval(rr, *args), recall=recall, source_recall=source_recall, first_rank=first,
+        n_sources=n_sources, n_query=int(n_query), k_max=int(k_max), n_bootstrap=n_bootstrap,
+        confidence_level=confidence_level, seed=seed,
+    )
+
+
+def rank_scores(scores: np.ndarray, k: int) -> np.ndarray:
+    """The ``k`` highest-scoring train rows per target, best first (equal scores by index).
+
+    Args:
+        scores: ``[n_target, n_train]`` real.
+        k: rows per target (at most n_train).
+
+    Returns:
+        ``[n_target, k]`` int64 train row indices.
+    """
+    s = np.asarray(scores, dtype=np.float64)
+    k = min(k, s.shape[1])
+    order = np.argsort(-s, axis=1, kind="stable")  # ties: lower index first
+    return order[:, :k].astype(np.int64)
