@@ -266,3 +266,26 @@ def test_an_lm_killed_mid_epoch_resumes_bit_identically(lm_project, tmp_path):
     for (k, a), b in zip(ref.state_dict().items(), resumed.state_dict().values()):
         assert torch.equal(a, b), k
     assert not state.exists()
+
+
+def test_a_command_on_a_transformers_model_prints_nothing_after_its_result(lm_project):
+    """The `trak` process ends with its result line: no messages from extension modules at the interpreter's exit."""
+    import subprocess
+    import sys
+
+    vocab = int(Path("vocab.txt").read_text())
+    lm = {"prompt": "prompt", "completion": "completion", "tokenizer": "tok", "max_length": 16}
+    torch.save(tiny_gpt2(vocab).state_dict(), "model.pt")
+    write_config(lm_project / "lm.yaml", {
+        "model": {"entrypoint": "lm_model.py:make_model", "kwargs": {"vocab_size": vocab}},
+        "task": "language_modeling", "checkpoints": ["model.pt"],
+        "data": {"train": {"path": "train.jsonl", **lm}, "target": {"path": "target.jsonl", **lm}},
+        "projector": {"kind": "kronecker", "proj_dim": 64, "seed": 0}, "store": {"path": "out/lm.zarr"},
+    })
+    for cmd in ("featurize", "score"):
+        res = subprocess.run([sys.executable, "-m", "trakcli.cli.main", cmd, "lm.yaml"], capture_output=True,
+                             text=True, timeout=300)
+        assert res.returncode == 0, res.stderr
+        last = res.stderr.strip().splitlines()[-1]
+        assert last.startswith(("features", "top", "scores")) or "->" in last, res.stderr[-2000:]
+        assert "leaked" not in res.stderr and "nanobind" not in res.stderr

@@ -1,4 +1,4 @@
-"""Start-up: each command imports only what it uses (issue 15, item 1).
+"""Start-up: each command imports only what it uses.
 
 Every command runs in a fresh Python process; at exit it prints which of the
 heavy optional modules it imported. Timings belong in scripts/, not here.
@@ -20,7 +20,7 @@ from trakcli.cli.main import app
 HEAVY = ["sklearn", "scipy", "matplotlib", "transformers", "torch._dynamo", "torch"]
 
 RUN = """
-import gc, json, runpy, sys
+import json, runpy, sys
 sys.argv = ["trak", *json.loads(sys.argv[1])]
 try:
     runpy.run_module("trakcli.cli.main", run_name="__main__")
@@ -28,13 +28,12 @@ except SystemExit as e:
     code = e.code
 else:
     code = 0
-print(json.dumps({"code": code, "loaded": [m for m in %r if m in sys.modules], "frozen": gc.get_freeze_count()}))
+print(json.dumps({"code": code, "loaded": [m for m in %r if m in sys.modules]}))
 """ % (HEAVY,)
 
 
 def run_trak(cwd: Path, *args: str, env: dict | None = None) -> dict:
-    """`trak ARGS` in a fresh process (asserting it succeeds): the HEAVY modules it imported
-    (``loaded``) and the objects in the collector's permanent generation at its end (``frozen``)."""
+    """`trak ARGS` in a fresh process (asserting it succeeds): the HEAVY modules it imported (``loaded``)."""
     res = subprocess.run(
         [sys.executable, "-c", RUN, json.dumps(list(args))], cwd=cwd, capture_output=True, text=True, timeout=300,
         env={**os.environ, **(env or {})},
@@ -104,16 +103,3 @@ def test_fresh_featurize_and_score_take_per_example_gradients_without_torch_dyna
     # the check can fail: vmap imports torch._dynamo on its first call
     vmap = ["store.path=out/vmap.zarr", "gradient_method=vmap"]
     assert loaded_by(user_project, "featurize", "run.yaml", "-q", *vmap) == ["torch._dynamo", "torch"]
-
-
-
-def test_the_trak_process_freezes_its_imports_and_a_host_process_does_not(user_project):
-    """`trak` moves its modules to the collector's permanent generation; the typer app run in a host does not."""
-    import gc
-
-    assert run_trak(user_project, "featurize", "run.yaml", "-q")["frozen"] > 100_000  # torch's objects and the rest
-
-    before = gc.get_freeze_count()
-    res = CliRunner().invoke(app, ["featurize", "run.yaml", "-q"])
-    assert res.exit_code == 0, res.output
-    assert gc.get_freeze_count() == before

@@ -8,7 +8,6 @@ rich's progress bars) is imported where it is used.
 from __future__ import annotations
 
 import functools
-import gc
 import os
 import sys
 from contextlib import contextmanager
@@ -54,39 +53,6 @@ VerifyOpt = Annotated[
 
 #: What to change when a run does not fit in memory (the keys that size its arrays).
 OUT_OF_MEMORY_FIX = "lower projector.proj_dim, data.batch_size, data.grad_memory_mb or store.chunk_rows"
-
-
-#: Whether :func:`heavy_imports` freezes what it imported (:func:`gc.freeze`): set by the ``trak``
-#: entry point (:func:`trakcli.cli.main.main`), which owns its process; a host that runs the typer
-#: app in its own process (tests, notebooks) keeps its collector as it was.
-FREEZE_IMPORTS = False
-
-
-@contextmanager
-def heavy_imports() -> Iterator[None]:
-    """Import a command's job (torch and the rest) with Python's cyclic garbage collector paused, then freeze them.
-
-    Importing torch creates ~200,000 objects the collector tracks, which live as
-    long as the process; every full collection walks all of them, and the import
-    triggers several (three of 0.03-0.12 s each in a `trak featurize` that has
-    nothing to do, measured with ``gc.callbacks`` on a 2-core CPU machine; none
-    with the collector paused). Modules, classes and functions are not garbage,
-    so once they are imported they are moved to the collector's permanent
-    generation (:func:`gc.freeze`) and collecting resumes for the objects the
-    command makes: without the freeze, the first collections after the import
-    walked them all again (in a `trak score` of digits, 10 collections of the
-    middle and one of the oldest generation, 0.25-0.35 s together). The freeze
-    happens only in the ``trak`` process itself (:data:`FREEZE_IMPORTS`).
-    """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if FREEZE_IMPORTS:
-            gc.freeze()
-        if enabled:
-            gc.enable()
 
 
 def _out_of_memory(e: BaseException) -> bool:

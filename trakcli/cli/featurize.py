@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from trakcli.cli.common import (
     ConfigArg, OverridesArg, OverwriteOpt, PrintConfigOpt, QuietOpt, RichReporter, SkipNonfiniteOpt, VerifyOpt,
-    err_console, handle_errors, heavy_imports, load,
+    err_console, handle_errors, load,
 )
 
 
@@ -20,8 +20,7 @@ def featurize(
 ) -> None:
     """Compute train features (projected gradients) for every checkpoint; resumes where it stopped."""
     cfg = load(config, overrides, print_config)
-    with heavy_imports():  # after the config is valid: importing torch is slow
-        from trakcli.jobs.featurize import featurize as run
+    from trakcli.jobs.featurize import featurize as run  # after the config is valid: importing torch is slow
 
     res = run(
         cfg, overwrite=overwrite, skip_nonfinite=skip_nonfinite, verify=verify, reporter=RichReporter(quiet)

@@ -11,7 +11,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from trakcli.cli.common import err_console, handle_errors, heavy_imports
+from trakcli.cli.common import err_console, handle_errors
 from trakcli.cli.score import check_out
 from trakcli.errors import UsageError
 
@@ -59,8 +59,7 @@ def inspect(
     """Show what a store holds: provenance, per-checkpoint progress, sizes, projector (kronecker: its layers)."""
     from trakcli.store import Store
 
-    with heavy_imports():  # zarr, imported by the first open
-        opened = Store.open_existing(store, mode="r")
+    opened = Store.open_existing(store, mode="r")
     info = opened.summary(verify=verify)
     if json_out:
         sys.stdout.write(json.dumps(info, indent=2) + "\n")

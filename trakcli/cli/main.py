@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import gc
 
 import typer
 
 from trakcli import __version__
-from trakcli.cli import common
 from trakcli.cli import featurize as _featurize
 from trakcli.cli import init as _init
 from trakcli.cli import inspect as _inspect
@@ -51,22 +49,8 @@ app.add_typer(eval_app, name="eval", cls=TrakGroup, help="Measure the scores: co
 
 
 def main() -> None:
-    """Console-script entry point.
-
-    When the command has finished (or failed), every object still alive is moved to the
-    collector's permanent generation (:func:`gc.freeze`), so the interpreter's shutdown does
-    not search them all for reference cycles once more: with torch loaded that search took
-    0.5-0.8 s of every command here (``python -c "import torch"``: 0.5-0.8 s from the end of
-    the script to the end of the process, 0.15 s with ``gc.freeze()``). Shutdown still runs
-    exit handlers and frees modules; objects are only not searched for cycles, which the
-    operating system reclaims with the process. For the same reason the command's job
-    modules are frozen once imported (:data:`trakcli.cli.common.FREEZE_IMPORTS`).
-    """
-    common.FREEZE_IMPORTS = True
-    try:
-        app()
-    finally:
-        gc.freeze()
+    """Console-script entry point."""
+    app()
 
 
 if __name__ == "__main__":

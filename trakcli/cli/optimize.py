@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from trakcli.cli.common import (
     ConfigArg, OverridesArg, OverwriteOpt, PrintConfigOpt, QuietOpt, RichReporter, err_console, handle_errors,
-    heavy_imports, load,
+    load,
 )
 
 
@@ -25,8 +25,7 @@ def optimize(
     optimizer.projection runs the optimizer in a random subspace (per_matrix or global); training.metrics names a JSON file for per-model metrics with per-epoch history. The flat optimize: section works too.
     """
     cfg = load(config, overrides, print_config)
-    with heavy_imports():  # after the config is valid: importing torch is slow
-        from trakcli.jobs.optimize import optimize as run
+    from trakcli.jobs.optimize import optimize as run  # after the config is valid: importing torch is slow
 
     paths = run(cfg, overwrite=overwrite, reporter=RichReporter(quiet))
     if not quiet:

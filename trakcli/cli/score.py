@@ -12,7 +12,7 @@ from rich.table import Table
 
 from trakcli.cli.common import (
     ConfigArg, OverridesArg, OverwriteOpt, PrintConfigOpt, QuietOpt, RichReporter, SkipNonfiniteOpt, VerifyOpt,
-    err_console, handle_errors, heavy_imports, load,
+    err_console, handle_errors, load,
 )
 from trakcli.errors import UsageError
 
@@ -156,8 +156,7 @@ def score(
     if out is not None and out.suffix.lower() in EXPORT_SUFFIXES and not full:
         raise UsageError(f"--out {out}: score.top_k is set, so no full score matrix is written; write the top-k "
                          "answer to a .jsonl file, or add score.full=true")
-    with heavy_imports():  # after the config is valid: importing torch is slow
-        from trakcli.jobs.score import score as run
+    from trakcli.jobs.score import score as run  # after the config is valid: importing torch is slow
     from trakcli.distributed import init_from_env
     from trakcli.store import Store
 
