@@ -1,4 +1,4 @@
-"""Start-up: each command imports only what it uses (issue 15, item 1).
+"""Start-up: each command imports only what it uses.
 
 Every command runs in a fresh Python process; at exit it prints which of the
 heavy optional modules it imported. Timings belong in scripts/, not here.
