@@ -1,4 +1,4 @@
-"""mkdocs hook: adds the generated pages (config reference, benchmarks) to the site.
+"""mkdocs hook: adds the generated pages (config reference, benchmarks, changelog) to the site.
 
 The pages are made by ``scripts/gen_docs.py`` at build time and never written to docs/,
 so they always follow the pydantic schema and the committed ``bench_results/*.json``.
@@ -31,4 +31,6 @@ def on_files(files, config):
     gen = _generator()
     for uri, fn in PAGES.items():
         files.append(File.generated(config, uri, content=getattr(gen, fn)()))
+    # CHANGELOG.md stays at the repository root, where people look for it
+    files.append(File.generated(config, "changelog.md", content=(REPO / "CHANGELOG.md").read_text()))
     return files

@@ -35,8 +35,8 @@ def md_text(text: str) -> str:
     parts = re.split(r"(`[^`]*`)", text)
     out = []
     for i, part in enumerate(parts):
-        if i % 2:  # a code span
-            out.append(part.replace("|", "\\|"))
+        if i % 2:  # a code span: kept as it is (a table cell's pipes inside code do not split it)
+            out.append(part)
         else:
             out.append(_SPECIAL.sub(r"\\\1", part).replace("<", "&lt;").replace(">", "&gt;"))
     return "".join(out)
@@ -44,7 +44,7 @@ def md_text(text: str) -> str:
 
 def md_code(text: str) -> str:
     """``text`` as an inline code span in a table cell."""
-    return "`" + str(text).replace("|", "\\|") + "`"
+    return f"`{text}`"
 
 
 def table(header: list[str], rows: list[list[str]], align: list[str] | None = None) -> str:
