@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
-# Set up .venv with the test and hf (transformers) extras and run the test suite. Extra arguments go to pytest.
+# Set up .venv with the test, hf (transformers) and docs extras, build the docs and run the test suite.
+# Extra arguments go to pytest.
 set -euo pipefail
-source "$(dirname "$0")/_env.sh" "test,hf,cuda"  # cuda: triton, so the kernel tests run under TRITON_INTERPRET=1
+source "$(dirname "$0")/_env.sh" "test,hf,cuda,docs"  # cuda: triton, so the kernel tests run under TRITON_INTERPRET=1
+# the docs site, strict: a broken link, a missing page or a docstring griffe cannot read fails (a few seconds)
+site="$(mktemp -d)"
+NO_MKDOCS_2_WARNING=1 python -m mkdocs build --strict --quiet --site-dir "$site"
+rm -rf "$site"
 set +e
 python -m pytest "$@"
 code=$?

@@ -1,4 +1,4 @@
-"""trakcli.Attributor over DataLoaders against the CLI, and custom model output functions (issue 16 items 1-2)."""
+"""trakcli.Attributor over DataLoaders against the CLI, and custom model output functions."""
 
 from __future__ import annotations
 

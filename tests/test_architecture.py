@@ -1,4 +1,4 @@
-"""The layering rules of the package (README "Architecture"), read from the source with ``ast``.
+"""The layering rules of the package (docs/development.md, "Architecture"), read from the source with ``ast``.
 
 Every import counts, module-level or inside a function: a lazy import is still a dependency.
 """

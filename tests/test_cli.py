@@ -218,7 +218,7 @@ def test_nonfinite_inputs_are_reported_by_example_index(user_project, kind):
 
 
 def test_the_default_kind_is_sjlt_and_a_rademacher_store_names_the_change(user_project):
-    """Issue 15 item 4: a config without projector.kind gets sjlt; a store featurized with the old default says how to keep it."""
+    """A config without projector.kind gets sjlt; a store featurized with the old default says how to keep it."""
     cfg = yaml.safe_load(Path("run.yaml").read_text())
     assert load_config(Path("run.yaml"), overrides=[]).projector.kind == "rademacher"  # the fixture pins it
     del cfg["projector"]["kind"]

@@ -109,7 +109,7 @@ def test_config_file_errors(tmp_path):
 
 
 def test_training_optimizer_sections_fill_optimize_and_round_trip():
-    """Issue 5's spelling (training: + optimizer:) gives the same recipe as the flat optimize: section."""
+    """The two-section spelling (training: + optimizer:) gives the same recipe as the flat optimize: section."""
     from trakcli.config.schema import Config
 
     base = {"checkpoints": "c/*.pt", "data": {"train": {"builtin": "digits", "split": "train"}}, "store": "s.zarr"}

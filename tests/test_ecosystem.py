@@ -1,4 +1,4 @@
-"""Issue 16 items 4-6: checkpoints of wrapped models, the store's named dimensions, CLI conveniences, packaging."""
+"""Checkpoints of wrapped models, the store's named dimensions, CLI conveniences, packaging."""
 
 from __future__ import annotations
 

@@ -508,6 +508,6 @@ def test_workers_die_with_their_parent_and_report_errors(user_project):
     res = trak("eval", "lds", "run.yaml", "--workers", "2", f"optimize.kwargs.fail_seed={model_seed(0, 2)}", "optimize.kwargs.sleep=0",
                "--overwrite")
     assert res.exit_code == 1
-    # the user's exception, named with the key that configured the function and the user's file and line (issue 14)
+    # the user's exception, named with the key that configured the function and the user's file and line
     assert (f"retraining model 2 failed in a worker process: optimize.entrypoint my_train.py:train raised "
             f"ValueError: bad seed {model_seed(0, 2)} (my_train.py, line 4)") in res.stderr

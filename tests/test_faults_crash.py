@@ -209,7 +209,7 @@ def test_another_batch_size_agrees_to_float32_rounding_and_the_same_one_bit_for_
     for name in a:
         if name.endswith("done"):
             np.testing.assert_array_equal(a[name], b[name], err_msg=name)
-        else:  # the README's promise: float32 rounding of the matrix products (a relative 5e-7 at most here)
+        else:  # the documented promise: float32 rounding of the matrix products (a relative 5e-7 at most here)
             np.testing.assert_allclose(a[name], b[name], rtol=1e-6, atol=1e-6 * np.abs(b[name]).max(), err_msg=name)
     again = make_project(tmp_path / "q", n_models=2)
     for cmd in (["featurize", "run.yaml", "-q"], ["score", "run.yaml", "-q"]):

@@ -1,4 +1,4 @@
-"""Failures a user can cause (issue 14, the user-input half): one error line each, never a traceback.
+"""Failures a user can cause: one error line each, never a traceback.
 
 Every test runs the CLI as a user does (``CliRunner``) on the tiny ``user_project``
 and checks the exact parts of the message, the exit code, that no traceback was

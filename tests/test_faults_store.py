@@ -1,4 +1,4 @@
-"""Fault injection on a finished store and on the files trakcli writes (issue 14, store integrity).
+"""Fault injection on a finished store and on the files trakcli writes: store integrity.
 
 Each test damages one thing the way a disk, a copy or a user does (a chunk file
 deleted or flipped, a garbage zarr.json, a full disk, a directory where the lock

@@ -1,4 +1,4 @@
-"""`trak featurize` on a finished store, and the first batch of a new one (issue 15, item 1).
+"""`trak featurize` on a finished store, and the first batch of a new one.
 
 A finished store is recognized from its metadata files without importing zarr
 (trakcli.store.finished). That answer is only a shortcut: for every store

@@ -1,4 +1,4 @@
-"""Checkpoint sha256s remembered by (path, size, mtime_ns) beside the store (issue 15, item 5)."""
+"""Checkpoint sha256s remembered by (path, size, mtime_ns) beside the store."""
 
 from __future__ import annotations
 

@@ -44,7 +44,7 @@ def _flat(raw: dict) -> dict:
 ])
 def test_sections_and_flat_spelling_resolve_to_the_same_recipe(overrides):
     raw = yaml.safe_load(Path("configs/digits_projected.yaml").read_text())
-    assert "optimize" not in raw and {"training", "optimizer"} <= set(raw)  # the shipped config uses issue 5's spelling
+    assert "optimize" not in raw and {"training", "optimizer"} <= set(raw)  # the shipped config uses the two-section spelling
     sections = load_config(raw, overrides[0])
     flat = load_config(_flat(raw), overrides[1])
     assert sections.optimize.model_dump() == flat.optimize.model_dump()

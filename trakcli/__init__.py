@@ -1,6 +1,6 @@
 """trakcli: gradient-based data attribution (TRAK) as a command-line tool and library.
 
-The library's entry points (README "Python API"), imported on first use so that
+The library's entry points (docs/guides/python-api.md), imported on first use so that
 ``import trakcli`` stays cheap (no torch):
 
 - :class:`Attributor` (:mod:`trakcli.api`): your ``nn.Module`` and batches (e.g. a DataLoader).

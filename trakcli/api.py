@@ -6,7 +6,7 @@ start_scoring_checkpoint → score → finalize_scores``; here it is two calls,
 checkpoint and ``Attributor.score(target_batches, checkpoints=[...])``, on the
 same jobs as ``trak featurize`` / ``trak score`` (:func:`trakcli.jobs.featurize.featurize_rows`,
 :func:`trakcli.jobs.score.score_targets`): the same store layout, resume (done
-chunks are never recomputed), identity checks and scores (README "Python API").
+chunks are never recomputed), identity checks and scores (docs/guides/python-api.md).
 
 Batches arrive in memory, not as a dataset of known length: each call reads its
 batches once into CPU memory (as ``trak featurize`` loads ``data.train``);
@@ -214,7 +214,7 @@ class Attributor:
         task: ``classification`` (the margin ``logit_y − logsumexp_{j≠y} logit_j``),
             ``text_classification``, ``language_modeling``, a ``"file.py:fn"`` / ``"pkg.mod:fn"`` spec,
             a callable ``fn(logits [n, ...], batch) -> (f [n], Q [n])`` (``batch``: the batch's tensors by name,
-            ``labels`` among them) or a :class:`trakcli.tasks.Task` (README "Custom model outputs").
+            ``labels`` among them) or a :class:`trakcli.tasks.Task` (docs/guides/own-models.md, "Custom model outputs").
         projector: the ``projector:`` section as a dict (``kind``, ``proj_dim``, ``seed``, ...).
         grad_wrt: fnmatch patterns of the parameters to differentiate (None: all).
         gradient_method: as the config key: ``auto`` (layer hooks where they cover the model, else

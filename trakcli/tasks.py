@@ -82,7 +82,7 @@ def token_labels(batch: Batch) -> torch.Tensor:
     if ids is None:
         raise DataError(
             "task language_modeling needs token data (input_ids): give data.*.text, prompt + completion, "
-            "messages or input_ids (README \"Language models\"), or use task classification for tensor inputs; "
+            "messages or input_ids (docs/guides/language-models.md), or use task classification for tensor inputs; "
             f"the batch has {sorted(batch)}"
         )
     labels = batch.get("labels")
@@ -332,7 +332,7 @@ class CustomTask(Task):
             raise DataError(
                 f"task {self.name} must return (f, Q), two tensors of shape [n] (one value per example); for logits "
                 f"{list(logits.shape)} and a batch of {given} it returned {shapes}; reduce over every dimension but "
-                'the first (README "Custom model outputs")'
+                'the first (docs/guides/own-models.md, "Custom model outputs")'
             )
         for what, t in zip(("f", "Q"), out):
             bad = ~torch.isfinite(t.detach())
@@ -364,7 +364,7 @@ def resolve_task(task: str | Callable[..., Any] | Task) -> Task:
         if ":" not in task:
             raise ConfigError(
                 f"task: {task!r} is not supported; use one of {', '.join(TASKS)}, or your own output function "
-                'as "path/to/file.py:fn" or "package.module:fn" (README "Custom model outputs")'
+                'as "path/to/file.py:fn" or "package.module:fn" (docs/guides/own-models.md, "Custom model outputs")'
             )
         from trakcli.models.build import load_function
 

@@ -251,7 +251,7 @@ class ProjectorConfig(NoBoolNumbers):
     kind: str = Field(
         "sjlt",
         description="sjlt (the default: sparse JL, the LDS of dense rademacher at a fraction of its cost; "
-        "README, Projectors), rademacher, normal, noop, kronecker (per-layer P_out ⊗ P_in from one forward + "
+        "docs/guides/projectors.md), rademacher, normal, noop, kronecker (per-layer P_out ⊗ P_in from one forward + "
         "backward).",
     )
     implementation: str = Field(
@@ -490,8 +490,12 @@ class EvalConfig(StrictModel):
         1000, description="Bootstrap resamples of the targets for the 95% interval of the LDS (and of MRR and "
         "recall@k)."
     )
-    sweep: SweepConfig = Field(default_factory=SweepConfig)
-    recall: RecallConfig = Field(default_factory=RecallConfig)
+    sweep: SweepConfig = Field(
+        default_factory=SweepConfig, description="The grid of `trak eval sweep` (one featurization per proj_dim)."
+    )
+    recall: RecallConfig = Field(
+        default_factory=RecallConfig, description="`trak eval recall`: where each query's sources are, the k of recall@k."
+    )
 
 
 class Config(StrictModel):
@@ -512,7 +516,7 @@ class Config(StrictModel):
         "of plain text, the completion, the assistant turns) of each next-token margin; "
         'or your own "path/to/file.py:fn" / "package.module:fn", fn(logits, batch) -> (f [n], Q [n]) where '
         'batch holds every tensor of the batch (input_ids, attention_mask, labels, ...) '
-        '(README "Custom model outputs").',
+        '(docs/guides/own-models.md, "Custom model outputs").',
     )
     grad_wrt: list[str] | None = Field(
         None, description="fnmatch patterns of parameter names to differentiate (unset: all)."

@@ -241,10 +241,14 @@ def featurize(
         reporter: progress bars and messages.
 
     Raises:
-        ConfigError, DataError, ModelError, CheckpointError, ProjectorError,
-        GradientError (non-finite gradients, with the example indices),
-        StoreError (unwritable path, store in use, write failure),
-        StoreMismatchError (store made with other settings).
+        ConfigError: a file the config names cannot be used.
+        DataError: the data cannot be read or does not fit the model.
+        ModelError: the model cannot be built or run.
+        CheckpointError: a checkpoint cannot be loaded.
+        ProjectorError: the projector cannot be made.
+        GradientError: non-finite gradients, with the example indices.
+        StoreError: unwritable path, store in use, write failure.
+        StoreMismatchError: the store was made with other settings.
     """
     s = prepare(cfg, rehash=verify, reporter=reporter)
     path = Path(cfg.store.path)

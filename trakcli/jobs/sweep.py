@@ -11,7 +11,7 @@ once (:func:`trakcli.scoring.solve_kernel`, as `trak score` does), and the
 scores of the first ``k`` checkpoints are :func:`trakcli.scoring.score_block`
 of their float32 target weights and features,
 ``[(1/k) Σ_{m<k} φ_m(t)ᵀ A_m(λ) Φ_mᵀ] ⊙ [(1/k) Σ_{m<k} Q_m]`` (Park et al. 2023,
-Eq. 17; README "What is computed"): the numbers `trak score` writes for that setting.
+Eq. 17; docs/concepts.md): the numbers `trak score` writes for that setting.
 When ``n_train < d`` the sweep solves in the dual (:func:`trakcli.scoring.dual_scores`,
 float64 terms summed over the first ``k`` checkpoints; `trak score` then multiplies the
 stored solved features in float32, which agrees to ~1e-7 of the largest score).

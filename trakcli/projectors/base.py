@@ -2,7 +2,7 @@
 
 A projector maps per-example gradients ``g`` (``[n, grad_dim]``) to features
 ``φ = P g`` (``[n, proj_dim]``) with a random Johnson-Lindenstrauss matrix ``P``
-of shape ``[proj_dim, grad_dim]`` (README, "What is computed"). In code we hold the
+of shape ``[proj_dim, grad_dim]`` (docs/concepts.md). In code we hold the
 transpose ``Pᵀ`` (``[grad_dim, proj_dim]``) and compute ``g @ Pᵀ``.
 
 Every entry of ``Pᵀ`` is a function of its coordinates, ``model_id`` and the

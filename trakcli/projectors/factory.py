@@ -97,7 +97,7 @@ def make_projector(
             CountSketch, ``s`` entries ±1/√s per column). All satisfy
             E‖Pg‖² = ‖g‖² (Johnson & Lindenstrauss 1984; Achlioptas 2003;
             Kane & Nelson 2014). The default, as for ``projector.kind`` in a config, is
-            ``sjlt``: the digits LDS of dense rademacher at a fraction of its cost (README, Projectors).
+            ``sjlt``: the digits LDS of dense rademacher at a fraction of its cost (docs/guides/projectors.md).
         implementation: how products are computed, never what they are:
             ``single_block`` (whole matrix at once), ``basic`` (block-wise,
             bounded memory, cached), ``chunked`` (per-parameter chunks of at

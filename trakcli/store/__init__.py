@@ -1,6 +1,6 @@
 """The Zarr v3 store: layout, resume, locking, provenance, checksums, export; the checkpoint manifest.
 
-The only part of trakcli that imports zarr. Layout (README, "The store")::
+The only part of trakcli that imports zarr. Layout (docs/guides/store.md)::
 
     <store>.zarr/                  attrs: schema_version, trakcli_version, config (resolved),
                                    identity (everything the train features depend on),

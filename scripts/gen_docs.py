@@ -1,0 +1,397 @@
+"""The generated pages of the docs site: the config reference and the benchmarks page.
+
+``docs/hooks.py`` calls :func:`config_reference` and :func:`benchmarks_page` while
+``mkdocs build`` runs, so the pages always follow the pydantic schema
+(``trakcli/config/schema.py``, ``trakcli/config/recipe.py``) and the committed
+``bench_results/*.json``. Run directly to write both pages to a folder for a look:
+
+    python scripts/gen_docs.py OUT_DIR
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import types
+import typing
+from pathlib import Path
+from typing import Any, Iterator
+
+from pydantic import BaseModel
+from pydantic_core import PydanticUndefined
+
+REPO = Path(__file__).resolve().parent.parent
+
+# --------------------------------------------------------------------------- markdown helpers
+
+_SPECIAL = re.compile(r"([\\*_\[\]|])")
+
+
+def md_text(text: str) -> str:
+    """``text`` as literal markdown in a table cell: code spans kept, ``* _ [ ] | \\`` escaped, ``< >`` as entities."""
+    text = re.sub(r":\w+:`~?([^`]+)`", r"`\1`", " ".join(text.split())).replace("``", "`")  # reST roles
+    parts = re.split(r"(`[^`]*`)", text)
+    out = []
+    for i, part in enumerate(parts):
+        if i % 2:  # a code span: kept as it is (a table cell's pipes inside code do not split it)
+            out.append(part)
+        else:
+            out.append(_SPECIAL.sub(r"\\\1", part).replace("<", "&lt;").replace(">", "&gt;"))
+    return "".join(out)
+
+
+def md_code(text: str) -> str:
+    """``text`` as an inline code span in a table cell."""
+    return f"`{text}`"
+
+
+def table(header: list[str], rows: list[list[str]], align: list[str] | None = None) -> str:
+    """A markdown table; ``align`` holds ``"l"`` or ``"r"`` per column."""
+    align = align or ["l"] * len(header)
+    sep = ["---:" if a == "r" else "---" for a in align]
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join(sep) + " |"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- config reference
+
+
+def type_name(annotation: Any) -> str:
+    """A short readable name of a field's type (``int > 0``, ``"a" | "b"``, ``list[str] | None`` ...)."""
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin is typing.Annotated:
+        base = type_name(args[0])
+        for meta in args[1:]:
+            gt = getattr(meta, "gt", None)
+            ge = getattr(meta, "ge", None)
+            if gt is not None:
+                base += f" > {gt}"
+            elif ge is not None:
+                base += f" ≥ {ge}"
+        return base
+    if origin is typing.Literal:
+        return " | ".join(json.dumps(a) for a in args)
+    if origin is typing.Union or origin is types.UnionType:
+        names = [type_name(a) for a in args if a is not type(None)]
+        if type(None) in args:
+            names.append("None")
+        return " | ".join(names)
+    if origin in (list, tuple, set):
+        return f"list[{', '.join(type_name(a) for a in args)}]"
+    if origin is dict:
+        return "mapping"
+    if annotation is Any:
+        return "any"
+    if isinstance(annotation, type) and issubclass(annotation, Path):
+        return "path"
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return "section"
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def _field_type(field: Any) -> str:
+    name = type_name(field.annotation)
+    for meta in field.metadata:  # constraints given as Field(gt=..., ge=...)
+        for attr, sign in (("gt", ">"), ("ge", "≥"), ("lt", "<"), ("le", "≤")):
+            value = getattr(meta, attr, None)
+            if value is not None:
+                name += f" {sign} {value}"
+    return name
+
+
+def _default(field: Any) -> str:
+    if field.default_factory is not None:
+        value = field.default_factory()
+    elif field.default is PydanticUndefined:
+        return "**required**"
+    else:
+        value = field.default
+    if isinstance(value, BaseModel):
+        return "(section)"
+    if isinstance(value, Path):
+        value = str(value)
+    return md_code(json.dumps(value, ensure_ascii=False))
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The pydantic model classes a field's annotation holds (``X``, ``X | None``)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for a in typing.get_args(annotation) for m in _models_in(a)]
+
+
+def walk_fields(model: type[BaseModel], prefix: str = "") -> Iterator[tuple[str, type[BaseModel], str, Any]]:
+    """Every field of ``model`` and of the sections it holds, depth first: ``(dotted key, model, name, FieldInfo)``."""
+    for name, field in model.model_fields.items():
+        key = f"{prefix}{name}"
+        yield key, model, name, field
+        for sub in _models_in(field.annotation):
+            yield from walk_fields(sub, key + ".")
+
+
+def _doc_summary(model: type[BaseModel]) -> str:
+    doc = (model.__doc__ or "").strip()
+    return doc.split("\n\n")[0] if doc else ""
+
+
+def config_reference() -> str:
+    """The markdown page listing every config key: dotted key, type, default and description.
+
+    Sections follow the schema (a model used at several keys, like the datasets, is one
+    table whose rows name every key). Descriptions are the fields' ``description=``.
+    """
+    from trakcli.config.schema import KRONECKER_OPTIONS, Config
+
+    # group rows by the model class that defines them, in order of first appearance
+    sections: dict[type[BaseModel], dict[str, list[str]]] = {}
+    where: dict[type[BaseModel], list[str]] = {Config: [""]}
+    fields: dict[tuple[type[BaseModel], str], Any] = {}
+    for key, model, name, field in walk_fields(Config):
+        sections.setdefault(model, {}).setdefault(name, []).append(key)
+        fields[(model, name)] = field
+        for sub in _models_in(field.annotation):
+            where.setdefault(sub, []).append(key)
+
+    lines = [
+        "# Config reference",
+        "",
+        "Every key of the YAML config, generated from the pydantic schema "
+        "(`trakcli/config/schema.py`, `trakcli/config/recipe.py`) when the docs are built. "
+        "Keys are dotted paths: `projector.proj_dim: 512` in YAML is `projector.proj_dim=512` "
+        "as an override on the command line (see [Getting started](../getting-started.md#config-and-overrides)). "
+        "Unknown keys are errors with a did-you-mean.",
+        "",
+        "`trak init digits run.yaml` writes a commented config to start from; "
+        "`trak featurize run.yaml --print-config` prints the resolved config.",
+        "",
+    ]
+    for model, names in sections.items():
+        keys = [k for k in where.get(model, []) if k]
+        title = "Top level" if model is Config else ", ".join(f"`{k}`" for k in keys)
+        lines += [f"## {title}", ""]
+        summary = _doc_summary(model)
+        if summary:
+            lines += [md_text(summary), ""]
+        rows = []
+        for name, paths in names.items():
+            field = fields[(model, name)]
+            description = field.description or ""
+            subs = _models_in(field.annotation)
+            if not description and subs:
+                description = _doc_summary(subs[0])
+            if subs:
+                description += " Its keys are listed below." if description else "A section; its keys are below."
+            rows.append([
+                "<br>".join(md_code(p) for p in paths),
+                md_code(_field_type(field)),
+                _default(field),
+                md_text(description),
+            ])
+        lines += [table(["key", "type", "default", "description"], rows), ""]
+        if model.__name__ == "ProjectorConfig":
+            lines += _projector_options(KRONECKER_OPTIONS)
+    return "\n".join(lines)
+
+
+def _projector_options(kronecker_options: dict[str, str]) -> list[str]:
+    """The kind-specific options ``projector:`` takes besides its fields (validated by the projector)."""
+    try:
+        from trakcli.projectors.factory import OPTIONS
+    except ImportError:  # torch missing: the options table needs the projector module
+        OPTIONS = {}
+    rows = [[md_code(f"projector.{k}"), "every kind but kronecker", md_text(v)] for k, v in OPTIONS.items()]
+    rows += [[md_code(f"projector.{k}"), "kronecker", md_text(v)] for k, v in kronecker_options.items()]
+    return [
+        "Besides these keys, `projector:` takes the options of its kind "
+        "(see [Projectors](../guides/projectors.md)):",
+        "",
+        table(["key", "kinds", "meaning"], rows),
+        "",
+    ]
+
+
+# --------------------------------------------------------------------------- benchmarks
+
+
+def committed_results() -> list[Path]:
+    """The ``bench_results/*.json`` files that are committed (the folder itself is ignored by git)."""
+    try:
+        out = subprocess.run(
+            ["git", "ls-files", "bench_results"], cwd=REPO, capture_output=True, text=True, check=True
+        ).stdout.split()
+    except (OSError, subprocess.CalledProcessError):  # not a git checkout: whatever JSON is there
+        return sorted((REPO / "bench_results").glob("*.json"))
+    return sorted(REPO / p for p in out if p.endswith(".json"))
+
+
+def _f(x: float, digits: int = 2) -> str:
+    return f"{x:,.{digits}f}"
+
+
+#: The commands of the committed results that do not record their own (their scripts' defaults otherwise).
+COMMANDS = {
+    "startup_cli_s5.json": "python scripts/bench_startup.py --part cli --cli-repeats 7 --bytecode-cache",
+    "lm.json": "python scripts/bench_lm.py --threads 2",
+}
+
+
+def _command(path: Path, data: dict[str, Any], script: str) -> str:
+    if "command" in data:
+        return data["command"]
+    if "argv" in data:
+        return " ".join(["python", f"scripts/{script}", *data["argv"]])
+    return COMMANDS.get(path.name, f"python scripts/{script}")
+
+
+def _lds_digits(data: dict[str, Any]) -> tuple[str, str, str]:
+    results = data["results"]
+    ours = [r for r in results if r["method"] != "traker"]
+    theirs = {(r["model"], r["proj_dim"]): r for r in results if r["method"] == "traker"}
+    rows = []
+    for r in ours:
+        model = data["models"][r["model"]]
+        kw = model["kwargs"]
+        t = theirs.get((r["model"], r["proj_dim"]), {})
+        rows.append([
+            f"{kw.get('depth', 2)}x{kw.get('hidden_dim', '?')}, {model['n_params']:,} params, "
+            f"{model['n_checkpoints']} ckpts",
+            str(r["proj_dim"]), _f(r["seconds"]),
+            f"{_f(r['featurize_seconds'])} / {_f(r['score_seconds'])}",
+            _f(r["score_compute_seconds"]), _f(r["lds"], 3),
+            _f(t["seconds"]) if t else "", _f(t["lds"], 3) if t else "",
+            f"{r['ratio_traker_over_trakcli']:.1f}x" if "ratio_traker_over_trakcli" in r else "",
+        ])
+    head = ["model", "proj_dim", "trakcli s", "featurize / score wall s", "score compute s", "LDS",
+            "traker s", "traker LDS", "traker / trakcli"]
+    env = data.get("env", {})
+    note = (
+        f"{data['n_train']} train / {data['n_target']} target digits, LDS over {data['n_subsets']} models "
+        f"retrained on random halves. Protocol: {data['protocol']}. Start-up median subtracted: "
+        f"{data['startup_median_seconds']:.2f} s. {env.get('cpu_count', '?')} CPUs, torch {env.get('torch', '?')}, "
+        f"traker {env.get('traker', '?')}."
+    )
+    return "trakcli against MadryLab's traker on digits", note, table(head, rows, ["l"] + ["r"] * 8)
+
+
+def _lm(data: dict[str, Any]) -> tuple[str, str, str]:
+    rows = []
+    for name, v in data["variants"].items():
+        label = "plain forward + backward (floor)" if name == "floor" else f"`trak featurize`, kind {name}"
+        rows.append([label, _f(v["seconds"], 1), f"{data['ratios_to_floor'][name]:.2f}",
+                     _f(v["peak_rss_gib"]), f"{v['tokens']:,} / {v['padded_tokens']:,}", _f(v["tokens_per_s"], 1)])
+    a = data["args"]
+    note = (
+        f"`{data['model']}` on {data['docs']['n_train']} BBC news articles (median {data['docs']['median_words']} "
+        f"words), max_length {a['max_length']}, batch {a['batch_size']}, proj_dim {a['proj_dim']}, "
+        f"{a['threads']} CPU threads."
+    )
+    head = ["variant", "seconds", "x floor", "peak RSS GiB", "tokens / padded", "tokens/s"]
+    return "Kronecker features of a language model (SmolLM2-135M)", note, table(head, rows, ["l"] + ["r"] * 5)
+
+
+def _startup(data: dict[str, Any]) -> tuple[str, str, str]:
+    cli = data["cli"]
+    rows = [[md_code(name), _f(v["wall_median_s"]), _f(v["wall_min_s"]), _f(v["cpu_median_s"])]
+            for name, v in cli["commands"].items()]
+    note = (f"Each command in {cli['repeats']} fresh processes, interleaved; load {cli['load_avg_1min']:.1f}; "
+            f"a {cli['config']} with {', '.join(cli['overrides'])}.")
+    head = ["command", "wall median s", "wall min s", "CPU median s"]
+    return "Command start-up", note, table(head, rows, ["l", "r", "r", "r"])
+
+
+def _store_dtype(data: dict[str, Any]) -> tuple[str, str, str]:
+    rows = []
+    for name, v in data["results"].items():
+        rows.append([name, f"{v['recall@100_proponents']:.4f} ({v['recall@100_proponents_min']:.2f})",
+                     f"{v['recall@100_opponents']:.4f} ({v['recall@100_opponents_min']:.2f})",
+                     f"{v['spearman']:.4f}", f"{v['rel_error']:.4f}"])
+    s = data["sizes"]
+    note = (f"{s['n_train']:,} train × {s['n_target']:,} target features at proj_dim {s['proj_dim']} "
+            f"({data['projector']['kind']}), top-{s['k']} against float32 storage; mean over targets "
+            "(worst target in parentheses).")
+    head = ["features", f"recall@{s['k']} proponents", f"recall@{s['k']} opponents", "Spearman",
+            "relative error"]
+    return "Half-precision features", note, table(head, rows, ["l", "r", "r", "r", "r"])
+
+
+def _text_rss(data: dict[str, Any]) -> tuple[str, str, str]:
+    rows = [[f"{r['n_docs']:,}", _f(r["corpus_mb"], 1), _f(r["seconds"], 1), _f(r["peak_rss_mb"], 0)]
+            for r in data["rows"]]
+    note = (f"Peak memory of `trak featurize` over text corpora of growing size; growth "
+            f"{data['growth_mb']:.0f} MB for 10x the documents ({data['machine']['cpus']} CPUs).")
+    head = ["documents", "corpus MB", "seconds", "peak RSS MB"]
+    return "Memory of text featurization", note, table(head, rows, ["r"] * 4)
+
+
+def _topk(data: dict[str, Any]) -> tuple[str, str, str]:
+    rows = []
+    for r in data["results"]:
+        floor = r["rows"]["floor"]["seconds"]
+        for name, v in r["rows"].items():
+            ov = v.get("overlap_with_floor")
+            rows.append([f"{r['n_train']:,}", name, _f(v["seconds"], 1), f"{v['seconds'] / floor:.2f}",
+                         _f(v["peak_rss_gib"]), _f(v["store_bytes"] / 1e6, 1) if "store_bytes" in v else "",
+                         f"{ov[0]:.4f} / {ov[1]:.4f}" if ov else ""])
+    first = data["results"][0]
+    note = (f"{first['n_target']:,} targets, proj_dim {first['proj_dim']}, top {first['k']}, one checkpoint; "
+            "wall seconds include each process's start-up; the floor reads the stored features into RAM and runs "
+            f"one torch matmul and `topk`; {data['machine']['cpus']} CPUs.")
+    head = ["n_train", "variant", "seconds", "x floor", "peak RSS GiB", "store MB", "top-k = floor (pro / opp)"]
+    return "Top-k at corpus scale", note, table(head, rows, ["r", "l", "r", "r", "r", "r", "r"])
+
+
+#: How each benchmark's JSON becomes a table: the key that identifies it, its script, its renderer.
+RENDERERS: list[tuple[Any, str, Any]] = [
+    (lambda d: d.get("benchmark") == "lds_digits", "bench_lds_digits.py", _lds_digits),
+    (lambda d: d.get("benchmark") == "bench_lm", "bench_lm.py", _lm),
+    (lambda d: "cli" in d and "commands" in d.get("cli", {}), "bench_startup.py", _startup),
+    (lambda d: "sizes" in d and "results" in d and "recall" in json.dumps(d["results"]), "bench_store_dtype.py",
+     _store_dtype),
+    (lambda d: d.get("benchmark") == "bench_text_rss", "bench_text_rss.py", _text_rss),
+    (lambda d: d.get("benchmark") == "bench_topk", "bench_topk.py", _topk),
+]
+
+
+def render_result(path: Path) -> str:
+    """One committed result as a section: title, the command that produced it, its main table."""
+    data = json.loads(path.read_text())
+    for matches, script, render in RENDERERS:
+        if matches(data):
+            title, note, body = render(data)
+            command = _command(path, data, script)
+            return "\n".join([
+                f"## {title} (`{path.name}`)", "", "Made by", "", "```bash", command, "```", "",
+                note, "", body, "",
+            ])
+    raise ValueError(f"{path}: no renderer for this benchmark result; add one to scripts/gen_docs.py RENDERERS")
+
+
+#: Where docs/benchmarks_intro.md wants the generated sections (else they go at its end).
+RESULTS_MARK = "{{ results }}"
+
+
+def benchmarks_page() -> str:
+    """The benchmarks page: docs/benchmarks_intro.md with one section per committed result at its mark."""
+    intro = (REPO / "docs" / "benchmarks_intro.md").read_text()
+    sections = "\n".join(render_result(p) for p in committed_results())
+    if RESULTS_MARK in intro:
+        return intro.replace(RESULTS_MARK, sections.rstrip())
+    return intro.rstrip() + "\n\n" + sections
+
+
+def main(argv: list[str]) -> int:
+    out = Path(argv[1]) if len(argv) > 1 else Path("site_gen")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.md").write_text(config_reference())
+    (out / "benchmarks.md").write_text(benchmarks_page())
+    print(f"wrote {out}/config.md and {out}/benchmarks.md", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(REPO))
+    sys.exit(main(sys.argv))
