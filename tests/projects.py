@@ -138,8 +138,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def invoke(*args, env: dict | None = None):
+    """`trak ARGS` in process through typer's CliRunner, in the current directory (its result, whatever the exit code)."""
+    return CliRunner().invoke(app, [str(a) for a in args], env=env)
+
+
 def trak(*args):
     """Run `trak ARGS` in process; it must succeed (its result, for stderr)."""
-    res = CliRunner().invoke(app, [str(a) for a in args])
+    res = invoke(*args)
     assert res.exit_code == 0, res.stderr
     return res

@@ -12,18 +12,16 @@ import torch
 import zarr
 from torch.utils.data import DataLoader
 from torch.utils.data import TensorDataset as TorchTensorDataset
-from typer.testing import CliRunner
 
 import trakcli
-from trakcli.cli.main import app
 from trakcli.config.schema import BUILTIN_TASKS
 from trakcli.errors import ConfigError, DataError, StoreMismatchError
 from trakcli.tasks import TASKS, classification_margin
 from trakcli.models import build_model
 
 from conftest import tiny_model
+from projects import invoke as trak
 
-runner = CliRunner()
 N_MODELS = 10
 
 MARGIN_FILE = '''
@@ -45,10 +43,6 @@ def not_finite(logits, batch):
     m, q = margin(logits, batch)
     return m / 0.0, q
 '''
-
-
-def trak(*args):
-    return runner.invoke(app, [str(a) for a in args])
 
 
 @pytest.fixture

@@ -16,12 +16,9 @@ from trakcli.gradients import PerExampleGradients
 from trakcli.models import build_model, load_checkpoint
 from trakcli.projectors import make_projector
 from trakcli.scoring import trak_scores
+from projects import invoke as trak
 
 runner = CliRunner()
-
-
-def trak(*args):
-    return runner.invoke(app, [str(a) for a in args])
 
 
 def reference_scores(cfg_path):

@@ -7,18 +7,12 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from typer.testing import CliRunner
 
 from conftest import tiny_model, write_config
-from trakcli.cli.main import app
 from trakcli.errors import CheckpointError
 from trakcli.models.checkpoints import load_checkpoint, read_state_dict
+from projects import invoke as trak
 
-runner = CliRunner()
-
-
-def trak(*args):
-    return runner.invoke(app, [str(a) for a in args])
 
 
 # --- checkpoints ------------------------------------------------------------------------------------

@@ -18,9 +18,7 @@ import torch
 import yaml
 import zarr
 from scipy.stats import spearmanr
-from typer.testing import CliRunner
 
-from trakcli.cli.main import app
 from trakcli.config import load_config
 from trakcli.data import load_dataset
 from trakcli.errors import DataError, StoreMismatchError
@@ -29,12 +27,9 @@ from trakcli.jobs.retrain import load_or_retrain, model_outputs, model_seed, ret
 from trakcli.jobs.train import train_one
 from trakcli.metrics.lds import lds, spearman_columns
 from trakcli.models import build_model
+from projects import invoke as trak
 
 N_SUBSETS = 4
-
-
-def trak(*args):
-    return CliRunner().invoke(app, [str(a) for a in args])
 
 
 def trak_cmd(*args: str) -> list[str]:

@@ -17,13 +17,12 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from typer.testing import CliRunner
 
-from trakcli.cli.main import app
 from trakcli.errors import DataError, ProjectorError, UserCodeError, user_code
 from trakcli.projectors import make_projector
 
 from test_optimize_manifest import store_arrays  # every array of a store, by path
+from projects import invoke as trak
 
 BAD_CODE = '''
 import torch
@@ -63,10 +62,6 @@ def nan_for_seed_1(model, inputs, labels, seed=0):
         with torch.no_grad():
             model[0].weight.fill_(float("nan"))
 '''
-
-
-def trak(*args, env=None):
-    return CliRunner().invoke(app, [str(a) for a in args], env=env)
 
 
 def line_of(text: str, path: str = "bad_code.py") -> int:

@@ -18,6 +18,7 @@ import trakcli.store.manifest as manifest
 from trakcli.cli.main import app
 from trakcli.store import hashes
 from trakcli.store.hashes import HashCache, hashes_path
+from projects import trak
 
 HOUR_AGO = time.time() - 3600
 
@@ -116,12 +117,6 @@ def new_process(monkeypatch) -> Counting:
     monkeypatch.setattr(setup, "file_sha256", count)
     monkeypatch.setattr(manifest, "checkpoint_sha256", count)
     return count
-
-
-def trak(*args):
-    res = CliRunner().invoke(app, [str(a) for a in args])
-    assert res.exit_code == 0, res.stderr
-    return res
 
 
 def test_commands_read_each_checkpoint_once_then_not_until_it_changes(user_project, monkeypatch):

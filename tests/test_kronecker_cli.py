@@ -21,9 +21,7 @@ import pytest
 import torch
 import zarr
 from torch import nn
-from typer.testing import CliRunner
 
-from trakcli.cli.main import app
 from trakcli.config import load_config
 from trakcli.data import load_dataset
 from trakcli.factors import KroneckerFeaturizer
@@ -31,6 +29,7 @@ from trakcli.jobs.setup import prepare
 from trakcli.models import build_model, load_checkpoint
 from trakcli.scoring import trak_scores
 from projects import assert_same_store, free_port, kill_at, make_project, run
+from projects import invoke as trak
 
 KRON = ("projector.kind=kronecker",)
 
@@ -40,10 +39,6 @@ from torch import nn
 def make_model(in_dim=6, hidden=8, num_classes=3):
     return nn.Sequential(nn.Linear(in_dim, hidden), nn.LayerNorm(hidden), nn.Tanh(), nn.Linear(hidden, num_classes))
 '''
-
-
-def trak(*args):
-    return CliRunner().invoke(app, [str(a) for a in args])
 
 
 def direct(overrides=()):

@@ -8,15 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from typer.testing import CliRunner
 
-from trakcli.cli.main import app
 from trakcli.config.load import load_config
 from trakcli.errors import ConfigError
-
-
-def trak(*args: str):
-    return CliRunner().invoke(app, list(args))
+from projects import invoke as trak
 
 
 def test_shipped_projected_config_validates():

@@ -18,18 +18,13 @@ import torch
 import yaml
 import zarr
 from rich.console import Console
-from typer.testing import CliRunner
 
 from conftest import tiny_model
-from trakcli.cli.main import app
 from trakcli.config import load_config, resolve_checkpoints
 from trakcli.errors import ConfigError
 from trakcli.models import file_sha256
 from trakcli.progress import Reporter, Task
-
-
-def trak(*args: str):
-    return CliRunner().invoke(app, list(args))
+from projects import invoke as trak
 
 
 def project(name: str = "opt.yaml", *, spelling: str = "optimize", validation: bool = False, **recipe) -> dict:
@@ -71,7 +66,7 @@ def store_arrays(store: str) -> dict[str, np.ndarray]:
 
 @pytest.mark.parametrize("spelling", ["optimize", "sections"])
 def test_manifest_records_the_run_and_featurize_reads_it_like_the_glob(user_project, spelling):
-    cfg = project(spelling=spelling, subset_fraction=0.5, metrics="metrics.json")
+    project(spelling=spelling, subset_fraction=0.5, metrics="metrics.json")
     res = trak("optimize", "opt.yaml")
     assert res.exit_code == 0, res.stderr
     assert "manifest -> trained/manifest.json" in res.stderr

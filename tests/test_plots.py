@@ -12,14 +12,13 @@ import matplotlib.image
 import numpy as np
 import pytest
 import torch
-from typer.testing import CliRunner
 
 from trakcli import plots
-from trakcli.cli.main import app
 from trakcli.config import DatasetConfig
 from trakcli.data import load_dataset
 from trakcli.errors import DataError, UsageError
 from trakcli.plots.common import OPP_FILL, PRO_FILL
+from projects import invoke as trak
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -279,11 +278,6 @@ def test_plot_sweep_bad_rows(tmp_path, rows, message):
 
 # --- trak score --plot -------------------------------------------------------
 
-runner = CliRunner()
-
-
-def trak(*args):
-    return runner.invoke(app, [str(a) for a in args])
 
 
 def test_score_plot_writes_the_picture_and_keeps_out(user_project):

@@ -10,9 +10,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from typer.testing import CliRunner
 
-from trakcli.cli.main import app
 from trakcli.config import load_config
 from trakcli.errors import StoreMismatchError
 from trakcli.jobs import sweep as sw
@@ -21,10 +19,7 @@ from trakcli.jobs.score import score
 from trakcli.metrics.lds import lds
 from trakcli.scoring import PRIMAL, trak_scores
 from trakcli.store import Store
-
-
-def trak(*args):
-    return CliRunner().invoke(app, [str(a) for a in args])
+from projects import invoke as trak
 
 
 @pytest.fixture
