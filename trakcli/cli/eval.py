@@ -212,6 +212,15 @@ def lds(
     result = linear_datamodeling_score(s_arr, m_arr, o_arr, n_bootstrap=n_bootstrap, seed=seed)
     sources = {"scores": names["scores"], "masks": names["masks"], "outputs": names["outputs"]}
     data = {**result.to_dict(), "sources": sources}
+    _report(data, _table(data), out, json_out, quiet)
+
+
+def _report(data: dict, table, out: Path | None, json_out: bool, quiet: bool) -> None:
+    """An evaluation's result: JSON to ``out`` (atomically) and, with ``json_out``, to stdout; the table on stderr.
+
+    Raises:
+        UsageError: ``out`` cannot be written.
+    """
     text = json.dumps(data, indent=2) + "\n"
     if out is not None:
         try:
@@ -221,7 +230,7 @@ def lds(
     if json_out:
         sys.stdout.write(text)
     if not quiet:
-        err_console.print(_table(data))
+        err_console.print(table)
         if out is not None:
             err_console.print(f"[green]result -> {out}[/]")
 
@@ -307,15 +316,4 @@ def recall(
         "max_sources": int(result.n_sources.max()) if result.n_query else 0,
         "inputs": {"ranking": f"{inputs.ranking} in {cfg.store.path}", "sources": inputs.sources_from},
     }
-    text = json.dumps(data, indent=2) + "\n"
-    if out is not None:
-        try:
-            write_text(out, text)
-        except OSError as e:
-            raise UsageError(f"--out {out}: cannot write it ({e})") from None
-    if json_out:
-        sys.stdout.write(text)
-    if not quiet:
-        err_console.print(_recall_table(data))
-        if out is not None:
-            err_console.print(f"[green]result -> {out}[/]")
+    _report(data, _recall_table(data), out, json_out, quiet)
