@@ -257,3 +257,23 @@ def test_config_refuses_adam_with_kronecker_and_takes_the_short_form():
     assert Config.model_validate(base).second_moment.kind is None
     with pytest.raises(Exception, match="kronecker never forms"):
         Config.model_validate({**base, "second_moment": "adam", "projector": {"kind": "kronecker"}})
+
+
+def test_featurize_reads_the_state_a_trak_optimize_manifest_records(user_project):
+    import yaml
+
+    cfg = yaml.safe_load(Path("run.yaml").read_text())
+    cfg.update(checkpoints="trained/manifest.json", projector={"kind": "kronecker", "proj_dim": 16},
+               training={"n_models": 1, "epochs": 2, "batch_size": 8, "out_dir": "trained"},
+               optimizer={"name": "adamw", "lr": 1e-2})
+    Path("opt.yaml").write_text(yaml.safe_dump(cfg))
+    assert trak("optimize", "opt.yaml", "-q").exit_code == 0
+    res = trak("featurize", "opt.yaml", "-q", "second_moment=adafactor")
+    assert res.exit_code == 1 and "training.save_optimizer_state: true" in res.stderr
+    assert trak("optimize", "opt.yaml", "-q", "training.save_optimizer_state=true", "--overwrite").exit_code == 0
+    res = trak("featurize", "opt.yaml", "-q", "second_moment=adafactor")
+    assert res.exit_code == 0, res.stderr
+    import zarr
+
+    attrs = zarr.open_group("out/attrib.zarr", mode="r")["train/0"].attrs
+    assert Path(attrs["optimizer_state"]) == Path("trained/optimizer_state/model_000.pt")
