@@ -255,6 +255,7 @@ def test_config_refuses_adam_with_kronecker_and_takes_the_short_form():
     base = {"checkpoints": "c.pt", "data": {"train": {"builtin": "digits", "split": "train"}}, "store": "s.zarr"}
     assert Config.model_validate({**base, "second_moment": "adafactor"}).second_moment.kind == "adafactor"
     assert Config.model_validate(base).second_moment.kind is None
+    assert Config.model_validate({**base, "second_moment": None}).second_moment.kind is None
     with pytest.raises(Exception, match="kronecker never forms"):
         Config.model_validate({**base, "second_moment": "adam", "projector": {"kind": "kronecker"}})
 

@@ -670,6 +670,12 @@ class Config(StrictModel):
         self.optimize = OptimizeConfig.from_sections(self.training, self.optimizer or OptimizerConfig())
         return self
 
+    @field_validator("second_moment", mode="before")
+    @classmethod
+    def _second_moment_off(cls, v: Any) -> Any:
+        """``second_moment: null`` is no correction."""
+        return {} if v is None else v
+
     @field_validator("store", mode="before")
     @classmethod
     def _store_path(cls, v: Any) -> Any:
