@@ -41,6 +41,7 @@ if TYPE_CHECKING:
         ModelConfig,
         ProjectorConfig,
         ScoreConfig,
+        SecondMomentConfig,
         StoreConfig,
         SweepConfig,
     )
@@ -57,7 +58,7 @@ _LAZY = {
     **dict.fromkeys(("check_files", "resolve_checkpoints"), "trakcli.config.resolve"),
     **dict.fromkeys(
         ("BUILTIN_DATASETS", "KRONECKER_OPTIONS", "Config", "DataConfig", "DatasetConfig", "EvalConfig", "ModelConfig",
-         "ProjectorConfig", "ScoreConfig", "StoreConfig", "SweepConfig"),
+         "ProjectorConfig", "ScoreConfig", "SecondMomentConfig", "StoreConfig", "SweepConfig"),
         "trakcli.config.schema",
     ),
 }
@@ -76,6 +77,7 @@ __all__ = [
     "ProjectionConfig",
     "ProjectorConfig",
     "ScoreConfig",
+    "SecondMomentConfig",
     "StoreConfig",
     "SweepConfig",
     "TrainingConfig",

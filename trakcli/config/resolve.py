@@ -76,6 +76,63 @@ def resolve_checkpoints(cfg: Config, hashes: "HashCache | None" = None) -> list[
     return [Path(p) for p in spec]
 
 
+#: The folder beside a checkpoint that holds its optimizer state (what `trak optimize` writes with
+#: ``save_optimizer_state``; ``trakcli.jobs.optimize.OPTIMIZER_STATE_DIR``).
+OPTIMIZER_STATE_DIR = "optimizer_state"
+
+
+def resolve_optimizer_states(cfg: Config, checkpoints: list[Path]) -> list[Path]:
+    """The optimizer state file of each checkpoint (``second_moment:``), in model_id order.
+
+    ``second_moment.optimizer_state`` given: its glob (sorted) or list, one file per
+    checkpoint. Unset: for ``checkpoints:`` naming a `trak optimize` manifest, the
+    ``optimizer_state`` each model's entry records (relative to the manifest); otherwise
+    ``<checkpoint's folder>/optimizer_state/<checkpoint's file name>``, where `trak
+    optimize` writes it with ``training.save_optimizer_state: true``.
+
+    Args:
+        cfg: the config (reads ``checkpoints`` and ``second_moment``).
+        checkpoints: the resolved checkpoints (:func:`resolve_checkpoints`).
+
+    Returns:
+        One existing file per checkpoint.
+
+    Raises:
+        ConfigError: one line: a checkpoint without a state file (the first, named with its
+            expected path and how many more lack one), or a glob / list whose count is not the
+            number of checkpoints.
+    """
+    from trakcli.factors.second_moment import SAVE_HINT
+    from trakcli.store.manifest import is_manifest_path, read_manifest
+
+    spec = cfg.second_moment.optimizer_state
+    if spec is not None:
+        states = [Path(p) for p in (sorted(glob.glob(spec)) or [spec] if isinstance(spec, str) else spec)]
+        if len(states) != len(checkpoints):
+            raise ConfigError(
+                f"second_moment.optimizer_state: {spec!r} names {len(states)} files for {len(checkpoints)} "
+                "checkpoints; give one optimizer state file per checkpoint, in model_id order"
+            )
+    elif is_manifest_path(cfg.checkpoints):
+        manifest = Path(cfg.checkpoints)  # type: ignore[arg-type]
+        states = []
+        for entry, ckpt in zip(read_manifest(manifest)["models"], checkpoints):
+            recorded = entry.get("optimizer_state")
+            states.append(manifest.parent / recorded if isinstance(recorded, str)
+                          else ckpt.parent / OPTIMIZER_STATE_DIR / ckpt.name)
+    else:
+        states = [Path(c).parent / OPTIMIZER_STATE_DIR / Path(c).name for c in checkpoints]
+    missing = [(i, s) for i, s in enumerate(states) if not s.is_file()]
+    if missing:
+        i, path = missing[0]
+        more = f", and {len(missing) - 1} more checkpoints lack theirs" if len(missing) > 1 else ""
+        raise ConfigError(
+            f"second_moment.kind {cfg.second_moment.kind}: no optimizer state {str(path)!r} for checkpoint "
+            f"{str(checkpoints[i])!r} (model_id {i}){more}; {SAVE_HINT}"
+        )
+    return states
+
+
 def _not_a_file(key: str, path: str | Path, wanted: str) -> str:
     """The problem line of a config key naming a path that is no readable file (:func:`trakcli.files.file_problem`)."""
     problem = file_problem(path)

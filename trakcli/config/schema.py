@@ -332,6 +332,53 @@ class ProjectorConfig(NoBoolNumbers):
         return {"proj_dim": self.proj_dim, "seed": self.seed, **extra}
 
 
+class SecondMomentConfig(StrictModel):
+    """``second_moment:``: the optimizer second-moment correction of the per-example gradients (TrackStar).
+
+    Each per-example gradient is divided elementwise by the square root of the
+    bias-corrected second-moment estimate ``v`` (``exp_avg_sq``) that Adam/AdamW kept for
+    that checkpoint, before it is projected, so the features live in the geometry the
+    optimizer used (Chang et al., ICLR 2025, "Scalable Influence and Fact Tracing for Large
+    Language Model Pretraining", Sec. 3). ``adafactor`` uses the rank-1 factorization of
+    ``v`` per layer (Shazeer & Stern 2018), a diagonal scaling on each side of the layer's
+    gradient matrix, which the Kronecker projection applies to its factors; ``adam`` the
+    exact ``1/sqrt(v + eps)`` (needs whole per-example gradients: not kind kronecker).
+    README "Optimizer second-moment correction" gives the formulas.
+    """
+
+    kind: Literal["adafactor", "adam"] | None = Field(
+        None,
+        description="null: no correction (TRAK). adafactor: G -> D_out G D_in per layer with D_out = (row means "
+        "of v + eps)^-1/2, D_in = (mean of v + eps)^1/2 (column means of v + eps)^-1/2 (the bias is one more "
+        "column; vectors outside layers: elementwise); every projector kind. adam: G / sqrt(v + eps) elementwise; "
+        "every kind but kronecker.",
+    )
+    optimizer_state: str | list[str] | None = Field(
+        None,
+        description="The optimizer state file of each checkpoint, in model_id order: a glob (sorted) or a list. "
+        "Unset: for checkpoints from a manifest.json, the file its entry records; otherwise "
+        "<checkpoint's folder>/optimizer_state/<checkpoint's file name>, where `trak optimize` with "
+        "training.save_optimizer_state: true writes it.",
+    )
+    eps: float | None = Field(
+        None,
+        ge=0,
+        description="Added to the second moments (inside the square root). Unset: the saved optimizer's eps "
+        "squared (AdamW adds eps to sqrt(v)), so 1e-16 for AdamW's default.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _kind_alone(cls, raw: Any) -> Any:
+        """``second_moment: adafactor`` is ``second_moment: {kind: adafactor}``."""
+        return {"kind": raw} if isinstance(raw, str) else raw
+
+    @field_validator("optimizer_state", mode="before")
+    @classmethod
+    def _paths(cls, v: Any) -> Any:
+        return str(v) if isinstance(v, Path) else v
+
+
 class StoreConfig(StrictModel):
     """Where and how features and scores are written."""
 
@@ -526,6 +573,10 @@ class Config(StrictModel):
         "(torch.func), auto (hooks where they cover the model, else vmap). Not in the store identity (same to rounding).",
     )
     projector: ProjectorConfig = Field(default_factory=ProjectorConfig)
+    second_moment: SecondMomentConfig = Field(
+        default_factory=SecondMomentConfig,
+        description="Optimizer second-moment correction of the gradients (TrackStar): kind null, adafactor or adam.",
+    )
     store: StoreConfig
     score: ScoreConfig = Field(default_factory=ScoreConfig)
     optimize: OptimizeConfig | None = Field(
@@ -567,6 +618,16 @@ class Config(StrictModel):
             if "model_class" not in kwargs:
                 raw["model"] = {**model, "kwargs": {**kwargs, "model_class": "causal_lm"}}
         return raw
+
+    @model_validator(mode="after")
+    def _second_moment_kind(self) -> "Config":
+        """``adam`` scales entries of the whole per-example gradient, which kind kronecker never forms."""
+        if self.second_moment.kind == "adam" and self.projector.kind == "kronecker":
+            raise ValueError(
+                "second_moment.kind: adam scales each entry of the whole per-example gradient, which projector.kind "
+                "kronecker never forms; use second_moment.kind: adafactor (factored per layer) or another projector kind"
+            )
+        return self
 
     @model_validator(mode="after")
     def _labels_for_task(self) -> "Config":
@@ -612,6 +673,12 @@ class Config(StrictModel):
             raise ValueError("optimizer: needs a training: section too (at least training.out_dir)")
         self.optimize = OptimizeConfig.from_sections(self.training, self.optimizer or OptimizerConfig())
         return self
+
+    @field_validator("second_moment", mode="before")
+    @classmethod
+    def _second_moment_off(cls, v: Any) -> Any:
+        """``second_moment: null`` is no correction."""
+        return {} if v is None else v
 
     @field_validator("store", mode="before")
     @classmethod

@@ -18,7 +18,8 @@ its input and output gradient give its gradients or Kronecker factors), :mod:`.l
 modules are covered, :func:`find_uses`), :mod:`.hooks` (one forward + backward with hooks on
 them, :class:`HookPass`), :mod:`.featurizer` (Kronecker factors, :class:`KroneckerFeaturizer`)
 and :mod:`.per_example` (exact per-example gradients, :class:`LayerGradients`, no torch.func;
-:func:`per_example_gradients` chooses it or torch.func.vmap).
+:func:`per_example_gradients` chooses it or torch.func.vmap); :mod:`.second_moment` (the optimizer
+second-moment correction of TrackStar, :class:`SecondMoment`, per layer or per entry).
 The projector itself is :class:`trakcli.projectors.kronecker.KroneckerProjector`.
 """
 
@@ -27,8 +28,9 @@ from trakcli.factors.hooks import HookPass
 from trakcli.factors.kinds import KINDS, KRONECKER_KINDS, Kind, kind_of
 from trakcli.factors.layers import HOOKED, SUPPORTED, Use, coverage_info, find_uses
 from trakcli.factors.per_example import METHODS, LayerGradients, check_method, per_example_gradients
+from trakcli.factors.second_moment import SecondMoment
 
 __all__ = [
     "HOOKED", "KINDS", "KRONECKER_KINDS", "METHODS", "SUPPORTED", "HookPass", "Kind", "KroneckerFeaturizer",
-    "LayerGradients", "Use", "check_method", "coverage_info", "find_uses", "kind_of", "per_example_gradients",
+    "LayerGradients", "SecondMoment", "Use", "check_method", "coverage_info", "find_uses", "kind_of", "per_example_gradients",
 ]

@@ -88,6 +88,10 @@ class KroneckerFeaturizer:
         probe_bytes: per kind of input (:meth:`_shape_key`), the bytes per row, or per token for
             token data, of the probe pass (with ``memory_mb``), which fix the rows per pass
             (:meth:`rows_per_pass`).
+        second_moment: None, or a :class:`~trakcli.factors.second_moment.SecondMoment` of kind
+            ``adafactor`` over :attr:`layers`: its per-layer diagonal scalings are folded into the
+            factors, so the features are ``(P_out ⊗ P_in) vec(D_out G D_in)`` (TrackStar's
+            optimizer second-moment correction, factored per layer).
 
     Raises:
         ConfigError: unknown task, bad ``grad_wrt`` or ``memory_mb``, or a
@@ -124,6 +128,7 @@ class KroneckerFeaturizer:
         self.param_names = self.projector.param_names
         self.row_bytes: dict[Any, int] = {}
         self.probe_bytes: dict[Any, int] = {}
+        self.second_moment: Any = None
 
     # ------------------------------------------------------------------ public
 
@@ -229,7 +234,10 @@ class KroneckerFeaturizer:
         model = self.model.eval()
         first = first_rows(inputs)
         n, device, proj = first.shape[0], first.device, self.projector
-        grids = _Grids(proj, proj.transposed_factors(model_id, device), n, device)
+        factors = proj.transposed_factors(model_id, device)
+        if self.second_moment is not None:  # (P_out D_out) ⊗ (P_in D_in): the correction folded into the factors
+            factors = self.second_moment.factors(factors, model_id)
+        grids = _Grids(proj, factors, n, device)
         with HookPass(model, self.uses, n, device, grids) as hooks:
             logits = logits_of(model, inputs)
             self._raise(hooks)

@@ -261,7 +261,7 @@ def featurize(
     with locked_store(path, s.dist, reporter):
         if first is None and not (overwrite or verify) and s.dist.world_size == 1:
             settings = ridge_settings(cfg.score.lambda_reg, cfg.score.lambda_rel) if s.checkpoints else None
-            if train_finished(path, s.identity, s.layout, s.shas, settings):  # nothing to do, found without zarr
+            if train_finished(path, s.identity, s.layout, s.shas, settings, s.state_shas):  # nothing to do, found without zarr
                 n_chunks = -(-s.layout.n_train // s.layout.chunk_rows)
                 return FeaturizeResult(
                     path, len(s.checkpoints), 0, n_chunks * len(s.checkpoints), s.grad_dim, s.proj_dim,
@@ -270,13 +270,15 @@ def featurize(
         if s.dist.is_main:
             store = Store.create_or_check(path, s.identity, cfg.resolved(), layout=s.layout, overwrite=overwrite)
             for model_id, ckpt in enumerate(s.checkpoints):
-                store.train(model_id, str(ckpt), s.shas[model_id], repair=verify)
+                store.train(model_id, str(ckpt), s.shas[model_id], repair=verify,
+                            optimizer_state=s.state_record(model_id))
             report_notes(store, reporter)  # unreadable metadata re-created (--verify)
         s.dist.barrier()
         if not s.dist.is_main:
             store = Store.create_or_check(path, s.identity, cfg.resolved(), layout=s.layout, create=False)
         for model_id, ckpt in enumerate(s.checkpoints):
-            rows = store.train(model_id, str(ckpt), s.shas[model_id], create=s.dist.is_main)
+            rows = store.train(model_id, str(ckpt), s.shas[model_id], create=s.dist.is_main,
+                               optimizer_state=s.state_record(model_id))
             if verify:
                 bad = [c for c in rows.verify() if c % s.dist.world_size == s.dist.rank]
                 repaired += len(bad)

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from trakcli.config import Config, OptimizeConfig, check_files, recipe_identity
+from trakcli.config.resolve import OPTIMIZER_STATE_DIR  # the folder of out_dir holding the optimizer states
 from trakcli.data.load import load_dataset
 from trakcli.data.tensors import TensorDataset, index_inputs, inputs_to
 from trakcli.data.text import TextDataset
@@ -146,8 +147,6 @@ def _write_metrics(path: Path, summary: dict[str, Any]) -> None:
         raise ConfigError(f"optimize.metrics: cannot write {str(path)!r}: {e}") from None
 
 
-#: The folder of out_dir that holds the models' optimizer states (``optimize.save_optimizer_state``).
-OPTIMIZER_STATE_DIR = "optimizer_state"
 
 
 def _train_model(

@@ -114,7 +114,8 @@ def _check_train_complete(s: JobSetup, store: Store) -> list[ChunkedRows]:
         )
     rows_all = []
     for model_id, ckpt in enumerate(s.checkpoints):
-        rows = store.train(model_id, str(ckpt), s.shas[model_id], create=False)
+        rows = store.train(model_id, str(ckpt), s.shas[model_id], create=False,
+                           optimizer_state=s.state_record(model_id))
         if not rows.is_complete():
             done = int((rows.flags() != 0).sum())
             raise StoreError(
@@ -249,6 +250,8 @@ def score_targets(
             f"{s.identity['train_data']['input_shape']}; targets must be examples of the same kind"
         )
     t_attrs = {"target_data": t_fp, "checkpoints": s.shas}
+    if s.state_shas is not None:  # target features carry the correction too
+        t_attrs["optimizer_states"] = s.state_shas
     settings = {"lambda_reg": lambda_reg, "lambda_rel": lambda_rel, **t_attrs, "normalize": normalize}
     full = top_k is None if full is None else full
     n_models = len(s.checkpoints)

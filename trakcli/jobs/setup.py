@@ -22,10 +22,12 @@ from typing import Any, Union
 import torch
 
 from trakcli.config import Config, ProjectorConfig, check_files, resolve_checkpoints
+from trakcli.config.resolve import resolve_optimizer_states
 from trakcli.data.load import load_dataset
 from trakcli.data.tensors import TensorDataset, inputs_to
 from trakcli.distributed import Dist, init_from_env
-from trakcli.factors import KroneckerFeaturizer, LayerGradients, check_method, per_example_gradients
+from trakcli.errors import ConfigError
+from trakcli.factors import KroneckerFeaturizer, LayerGradients, SecondMoment, check_method, per_example_gradients
 from trakcli.gradients import PerExampleGradients
 from trakcli.tasks import task_identity
 from trakcli.jobs.runtime import apply_threads, resolve_device
@@ -66,6 +68,7 @@ def run_identity(
     featurizer: Any,
     train: TensorDataset,
     layout: StoreLayout,
+    second_moment: SecondMoment | None = None,
 ) -> dict[str, Any]:
     """Everything the train features of a store depend on: recorded at creation, compared on every run.
 
@@ -82,11 +85,15 @@ def run_identity(
         train: the training set (its fingerprint: shape, dtype, sha256 of the rows).
         layout: the store layout (its ``chunk_rows``, ``dtype`` and ``compressor`` are recorded
             as ``storage``; ``n_train`` and ``proj_dim`` are already in ``train_data`` and ``projector``).
+        second_moment: the optimizer second-moment correction, if any (its ``spec()``: kind and eps;
+            the state files' sha256s are recorded per checkpoint, beside the checkpoint's).
 
     Returns:
         A JSON-able dict with the keys ``model``, ``task``, ``output_function``,
-        ``grad_wrt``, ``grad_dim``, ``param_names``, ``projector``, ``train_data``, ``storage``.
+        ``grad_wrt``, ``grad_dim``, ``param_names``, ``projector``, ``train_data``, ``storage``,
+        and ``second_moment`` with a correction.
     """
+    extra = {"second_moment": second_moment.spec()} if second_moment is not None else {}
     return {
         "model": model,
         **task_identity(task),
@@ -96,6 +103,7 @@ def run_identity(
         "projector": featurizer.projector.spec(),
         "train_data": train.fingerprint(),
         "storage": {"chunk_rows": layout.chunk_rows, "dtype": layout.dtype, "compressor": layout.compressor},
+        **extra,
     }
 
 
@@ -117,6 +125,8 @@ class GradientFeaturizer:
         projector: the projector (``spec()`` and ``proj_dim``).
         grad_dim, param_names: the selected parameters' entries and names, in order.
         proj_dim: feature width.
+        second_moment: None, or a :class:`~trakcli.factors.SecondMoment` whose elementwise scaling
+            multiplies each per-example gradient before it is projected (TrackStar's correction).
     """
 
     def __init__(self, grads: PerExampleGradients | LayerGradients, projector: Any, reporter: Reporter = NULL_REPORTER):
@@ -125,6 +135,7 @@ class GradientFeaturizer:
         self.param_names: list[str] = grads.param_names
         self.proj_dim: int = projector.proj_dim
         self.reported: str | None = None
+        self.second_moment: SecondMoment | None = None
         self._report()
 
     def _report(self) -> None:
@@ -150,8 +161,10 @@ class GradientFeaturizer:
         Raises:
             GradientError: the batch cannot be differentiated (see :class:`PerExampleGradients`).
         """
-        g, q = self.grads(inputs, labels, row_offset=row_offset)  # [n, grad_dim], [n]
+        g, q = self.grads(inputs, labels, row_offset=row_offset)  # g[name]: [n, *shape], [n]
         self._report()
+        if self.second_moment is not None:
+            g = self.second_moment.scale_gradients(g, model_id)
         return self.projector.project(g, model_id=model_id), q
 
 
@@ -171,6 +184,8 @@ class JobSetup:
         identity: the store identity (:func:`run_identity`).
         dist: this process's rank and world size.
         batch_tokens: ``data.batch_tokens``: most tokens per batch of token data (None: rows only).
+        states, state_shas: with ``second_moment.kind``, the optimizer state file of each
+            checkpoint and their sha256s, by model_id (recorded beside the checkpoints'); else None.
     """
 
     checkpoints: list[Path]
@@ -184,6 +199,14 @@ class JobSetup:
     identity: dict[str, Any]
     dist: Dist
     batch_tokens: int | None = None
+    states: list[Path] | None = None
+    state_shas: list[str] | None = None
+
+    def state_record(self, model_id: int) -> tuple[str, str] | None:
+        """``(optimizer state file, its sha256)`` of checkpoint ``model_id`` with a correction, else None."""
+        if self.states is None or self.state_shas is None:
+            return None
+        return str(self.states[model_id]), self.state_shas[model_id]
 
     def batches(self, data: Any, start: int, stop: int):
         """``data.batches`` of rows ``[start, stop)``: at most ``batch_rows`` rows and, for token data, at most
@@ -265,6 +288,10 @@ def prepare(
     (:class:`~trakcli.store.hashes.HashCache`) while its size and mtime are
     unchanged; with ``rehash`` (``--verify``) every checkpoint is read and hashed again.
 
+    With ``second_moment.kind`` set, each checkpoint's optimizer state file is found
+    (:func:`~trakcli.config.resolve.resolve_optimizer_states`), hashed like the checkpoints,
+    and the featurizer scales the gradients by it (:class:`~trakcli.factors.SecondMoment`).
+
     With ``projector.kind: kronecker`` the featurizer's coverage (layers, the
     fraction of parameter entries covered, the parameters left out) goes to
     ``reporter.info`` once, on rank 0; so does, with ``gradient_method: auto``,
@@ -285,6 +312,11 @@ def prepare(
     train = load_dataset(cfg.data.train, key="data.train")
     model = build_model(cfg.model.entrypoint, **cfg.model.kwargs)
     featurizer = make_featurizer(cfg, model, reporter if dist.is_main else NULL_REPORTER)
+    states = state_shas = second = None
+    if cfg.second_moment.kind is not None:
+        states = resolve_optimizer_states(cfg, checkpoints)
+        state_shas = [hashes.sha256(p, file_sha256) for p in states]
+        second = attach_second_moment(featurizer, model, cfg.second_moment.kind, states, cfg.second_moment.eps)
     if isinstance(featurizer, KroneckerFeaturizer):
         batch_rows = cfg.data.batch_size  # no [n, grad_dim] gradient: memory_mb bounds the passes instead
         if dist.is_main:
@@ -293,7 +325,42 @@ def prepare(
         batch_rows = rows_per_batch(cfg, featurizer.grad_dim)
     st = cfg.store
     layout = StoreLayout(len(train), featurizer.projector.proj_dim, st.chunk_rows, st.dtype, st.compressor)
-    identity = run_identity(cfg.model.model_dump(mode="json"), cfg.task, cfg.grad_wrt, featurizer, train, layout)
+    identity = run_identity(cfg.model.model_dump(mode="json"), cfg.task, cfg.grad_wrt, featurizer, train, layout,
+                            second)
     shas = [hashes.sha256(c, file_sha256) for c in checkpoints]  # saved by jobs.runtime.locked_store
     return JobSetup(checkpoints, shas, train, model, featurizer, batch_rows, device, layout, identity, dist,
-                    cfg.data.batch_tokens)
+                    cfg.data.batch_tokens, states, state_shas)
+
+
+def attach_second_moment(featurizer: Featurizer, model: torch.nn.Module, kind: str, states: list[Path],
+                         eps: float | None = None) -> SecondMoment:
+    """Give ``featurizer`` the optimizer second-moment correction of ``kind`` read from ``states`` (by model_id).
+
+    A :class:`~trakcli.factors.KroneckerFeaturizer` folds the per-layer Adafactor scaling into its
+    factors; a :class:`GradientFeaturizer` scales each per-example gradient before projecting it.
+
+    Args:
+        featurizer: from :func:`build_featurizer`.
+        model: its model.
+        kind: ``adafactor`` or ``adam`` (``adam``: not with a Kronecker featurizer).
+        states: the optimizer state file of each checkpoint, by model_id (read when a checkpoint's
+            features are first computed).
+        eps: ``second_moment.eps`` (None: the saved optimizer's eps squared).
+
+    Returns:
+        The :class:`~trakcli.factors.SecondMoment`, also set as ``featurizer.second_moment``.
+
+    Raises:
+        ConfigError: ``adam`` with a Kronecker featurizer, or a bad ``kind`` or ``eps``.
+    """
+    if isinstance(featurizer, KroneckerFeaturizer):
+        if kind != "adafactor":
+            raise ConfigError(
+                f"second_moment.kind: {kind} scales each entry of the whole per-example gradient, which projector.kind "
+                "kronecker never forms; use second_moment.kind: adafactor (factored per layer) or another projector kind"
+            )
+        second = SecondMoment(model, featurizer.param_names, kind, states, eps, layers=featurizer.layers)
+    else:
+        second = SecondMoment(model, featurizer.param_names, kind, states, eps)
+    featurizer.second_moment = second
+    return second

@@ -123,6 +123,7 @@ def train_finished(
     layout: StoreLayout,
     shas: Sequence[str],
     kernel_settings: dict[str, Any] | None = None,
+    state_shas: Sequence[str] | None = None,
 ) -> bool:
     """Whether the store at ``path`` holds the finished train features of this run, read without zarr.
 
@@ -142,6 +143,8 @@ def train_finished(
         kernel_settings: the ridge settings each checkpoint's kernel must have been made
             with (``trakcli.jobs.kernels.ridge_settings``; compared as
             :func:`trakcli.store.kernel.kernel_done` does); None: kernels are not looked at.
+        state_shas: with the second-moment correction, the sha256 of each checkpoint's optimizer
+            state, which ``train/<model_id>`` must record too.
 
     Returns:
         True if a featurize run would find nothing to compute and nothing to record;
@@ -167,6 +170,8 @@ def train_finished(
         group = path / "train" / str(model_id)
         meta = _meta(group, "group")
         if meta is None or meta.get("attributes", {}).get("sha256") != sha:
+            return False
+        if state_shas is not None and meta.get("attributes", {}).get("optimizer_state_sha256") != state_shas[model_id]:
             return False
         if not all(_data_array(group / name, *spec) for name, spec in arrays.items()):
             return False

@@ -416,24 +416,30 @@ class Store:
 
     def train(
         self, model_id: int, checkpoint: str | None = None, sha256: str | None = None, create: bool = True,
-        repair: bool = False,
+        repair: bool = False, optimizer_state: tuple[str, str] | None = None,
     ) -> ChunkedRows:
         """Train features of one checkpoint (created if absent and ``create``).
 
         Args:
             model_id: index of the checkpoint.
             checkpoint, sha256: recorded on creation and checked against the store.
+            optimizer_state: ``(path, sha256)`` of the checkpoint's optimizer state file when the
+                features carry the second-moment correction: recorded (``optimizer_state``,
+                ``optimizer_state_sha256``) and checked like the checkpoint's.
             create: whether this process may create arrays and attributes (rank 0).
             repair: re-create unreadable metadata (``featurize --verify``, with ``create``);
                 the caller then verifies the chunks.
 
         Raises:
-            StoreMismatchError: the store holds this model_id from a file with another sha256.
+            StoreMismatchError: the store holds this model_id from a file (checkpoint or optimizer
+                state) with another sha256.
             StoreMetadataError: unreadable metadata (without ``repair``).
         """
         layout = self.layout
         n_train, proj_dim, rows = layout.n_train, layout.proj_dim, layout.chunk_rows
         record = {"checkpoint": str(checkpoint), "sha256": sha256} if sha256 is not None else None
+        if record is not None and optimizer_state is not None:
+            record.update(optimizer_state=optimizer_state[0], optimizer_state_sha256=optimizer_state[1])
         group = self._group(f"train/{model_id}", create, repair, attrs=record)
         if sha256 is not None:
             old = group.attrs.get("sha256")
@@ -452,6 +458,14 @@ class Store:
                     f"model_id {model_id}: the store's features come from {group.attrs.get('checkpoint')} "
                     f"(sha256 {old[:12]}), this run's checkpoint {checkpoint} has sha256 {sha256[:12]}; "
                     "rerun with --overwrite to start over"
+                )
+            elif old is not None and optimizer_state is not None and (
+                    group.attrs.get("optimizer_state_sha256") != optimizer_state[1]):
+                was = group.attrs.get("optimizer_state_sha256")
+                raise StoreMismatchError(
+                    f"model_id {model_id}: the store's features were corrected with the optimizer state "
+                    f"{group.attrs.get('optimizer_state')} (sha256 {str(was)[:12]}), this run's "
+                    f"{optimizer_state[0]} has sha256 {optimizer_state[1][:12]}; rerun with --overwrite to start over"
                 )
         data, done = self._arrays(
             group,
