@@ -4,7 +4,7 @@
 For each corpus size, a jsonl file of that many documents (mixed length, 5 to 120
 words drawn from a fixed vocabulary) is featurized by ``trak featurize`` in its own
 process, with a tiny GPT-2 built from a transformers config (2 layers, hidden 16)
-and a word-level tokenizer of the same vocabulary (about 2,000 words), plain-text
+and a word-level tokenizer of the same vocabulary (2,000 seeded syllable words), plain-text
 language modeling, kronecker projection at proj_dim 256, max_length 128, batch 64.
 The peak RSS is that process's ru_maxrss; the wall seconds include start-up.
 
@@ -32,10 +32,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def vocabulary() -> list[str]:
-    """The corpus's words: the alphabetic words of this repository's README (a fixed, real vocabulary)."""
-    words = sorted({w.lower() for w in (REPO / "README.md").read_text().split() if w.isalpha()})
-    return words[:2000]
+def vocabulary(n: int = 2000) -> list[str]:
+    """A fixed vocabulary of ``n`` distinct pronounceable words (two or three seeded syllables)."""
+    rng = random.Random(0)
+    onsets, vowels = "b d f g k l m n p r s t v z".split(), "a e i o u".split()
+    words: set[str] = set()
+    while len(words) < n:
+        words.add("".join(rng.choice(onsets) + rng.choice(vowels) for _ in range(rng.randint(2, 3))))
+    return sorted(words)
 
 
 def make_model(folder: Path) -> None:
