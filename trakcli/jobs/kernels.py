@@ -45,8 +45,7 @@ def kernel_of(
 ) -> tuple[torch.Tensor, float]:
     """Checkpoint ``model_id``'s kernel: the stored one (verified), else computed from ``Φ_m`` and stored.
 
-    A corrupt or missing stored kernel, or one of a stale form, is deleted and made again
-    (noted in ``store.notes`` when it was damaged).
+    A corrupt or missing stored kernel is deleted and made again (noted in ``store.notes``).
 
     Args:
         store: the open store (rank 0, or the rank that owns ``model_id``).

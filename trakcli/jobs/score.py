@@ -339,8 +339,7 @@ def finalize_and_score(
     :data:`~trakcli.scoring.PRIMAL`), or when ``n_train < proj_dim`` the float32
     solved features ``X_m = (Φ_mΦ_mᵀ + λ_m I)⁻¹Φ_m`` (``[n_train, proj_dim]``, form
     :data:`~trakcli.scoring.DUAL`; :func:`~trakcli.scoring.kernel_form`). The form
-    is in the kernel's attributes and its shape; a primal kernel stored by an older
-    trakcli is reused as it is, an older dual one is made again. Scores are computed
+    is in the kernel's attributes and its shape. Scores are computed
     one block of ``chunk_rows`` train columns at a time:
     ``[(1/M) Σ_m W_m Φ_m[block]ᵀ] ⊙ [(1/M) Σ_m Q_m[block]]`` with
     ``W_m = Φ_m(targets) A_m`` (float32 products of float64 solves); a dual
@@ -507,8 +506,6 @@ class _BlockScores:
                 total = term if total.numel() == 0 else total.add_(term)
             return (total / len(self.train_rows)).to(torch.float32)
         qs = [torch.from_numpy(r.read("out_to_loss", lo, hi)) for r in self.train_rows]
-        if self.dual_total is None:
+        if self.dual_total is None:  # every checkpoint is of one form (kernel_form of n_train and proj_dim)
             return score_block(self.weights, feats, qs)
-        # dual terms, and primal ones of kernels an older trakcli stored (float32 products, as above)
-        total = self.dual_total[:, lo:hi] + sum((w @ f.T).double() for w, f in zip(self.weights, feats))
-        return ensemble_block(total, qs)
+        return ensemble_block(self.dual_total[:, lo:hi], qs)

@@ -5,7 +5,7 @@ The only part of trakcli that imports zarr. Layout (docs/guides/store.md)::
     <store>.zarr/                  attrs: schema_version, trakcli_version, config (resolved),
                                    identity (everything the train features depend on),
                                    layout (n_train, proj_dim, chunk_rows, dtype, compressor:
-                                   the StoreLayout featurize gave; absent in older stores)
+                                   the StoreLayout featurize gave)
       train/<model_id>/            attrs: checkpoint, sha256
         features    [n_train, proj_dim] float32 (or float16, or bfloat16 kept as uint16 bits with
                                         attrs logical_dtype, encoding: trakcli.store.bfloat16), chunked by rows

@@ -22,7 +22,7 @@ from trakcli.errors import StoreError
 from trakcli.files import atomic_open
 from trakcli.store.bfloat16 import logical_dtype
 from trakcli.store.integrity import StoreCorruptError, finishing_command, keys, node, repair_command
-from trakcli.store.rows import SPARSE_ARRAYS, read_checked
+from trakcli.store.rows import read_checked
 
 if TYPE_CHECKING:
     from trakcli.store.store import Store
@@ -78,7 +78,7 @@ def check_finished(store: "Store", name: str, arr: Any) -> bool:
             f"store array {name} in {store.path} is unfinished: {pending.size} of {flags.size} {unit} are not "
             f"computed yet ({first}); run {finishing_command(name)} to finish them"
         )
-    return leaf not in SPARSE_ARRAYS
+    return True
 
 
 def check_sources(store: "Store", name: str) -> None:

@@ -21,14 +21,21 @@ from trakcli.store import kernel as store_kernel
 from trakcli.store import summary as store_summary
 from trakcli.store.bfloat16 import array_attrs, is_bfloat16, storage_dtype
 from trakcli.store.evalgroup import delete_keeping_eval, headless_store, remove_leftovers, restore_eval
-from trakcli.store.identity import check_same, jsonable, record_or_check
+from trakcli.store.identity import check_same, jsonable
 from trakcli.store.integrity import (
     StoreMetadataError, delete, keys, node, repair_scope, writable,
 )
 from trakcli.store.layout import LAYOUT_ATTR, StoreLayout
-from trakcli.store.rows import SPARSE_ARRAYS, ChunkedRows, codecs
+from trakcli.store.rows import ChunkedRows, codecs
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""The store layout this trakcli reads and writes; a store of any other version is refused (:func:`schema_refusal`)."""
+
+
+def schema_refusal(path: Path, version: Any) -> str:
+    """The one message refusing a store of another schema version: re-featurize it."""
+    return (f"store {path} has schema_version {version!r}, this trakcli ({__version__}) reads schema_version "
+            f"{SCHEMA_VERSION}; re-featurize it: `trak featurize CONFIG --overwrite`")
 
 #: The arrays of a top-k result and their dtypes (:meth:`Store.top_k`).
 TOP_K_ARRAYS = {"proponents": "int64", "proponent_scores": "float32", "opponents": "int64", "opponent_scores": "float32"}
@@ -120,7 +127,7 @@ class Store:
             config: the resolved config, recorded in the attributes.
             layout: the shapes and storage of the arrays (n_train, proj_dim,
                 chunk_rows, dtype, compressor), recorded in the root attribute
-                ``layout`` (also into an older store that lacks it) and checked.
+                ``layout`` and checked.
             overwrite: delete an existing store first.
             create: whether this process may create it (False on ranks > 0).
 
@@ -152,12 +159,8 @@ class Store:
                 return store
             fix = "rerun with --overwrite to start over, or choose another store path"
             check_same(f"the contents of store {path}", old, identity, fix)
-            if LAYOUT_ATTR in store.root.attrs or create:  # an older store without one gets it recorded
-                try:
-                    record_or_check(store.root.attrs, LAYOUT_ATTR, layout.to_attrs(),
-                                    what=f"the arrays of store {path}", fix=fix, record=create)
-                except OSError as e:
-                    raise StoreError(f"cannot write the attributes of {path}: {e}") from None
+            check_same(f"the arrays of store {path}", store.root.attrs.get(LAYOUT_ATTR), jsonable(layout.to_attrs()),
+                       fix)
             store._layout = layout
             return store
         if not create:
@@ -247,9 +250,7 @@ class Store:
                 f"store {path} is incomplete: its creation was interrupted before its attributes were written; {fix}"
             )
         if version != SCHEMA_VERSION:
-            raise StoreError(
-                f"store {path} has schema_version {version!r}; this trakcli ({__version__}) reads {SCHEMA_VERSION}"
-            )
+            raise StoreError(schema_refusal(path, version))
         return cls(path, group)
 
     @property
@@ -261,19 +262,18 @@ class Store:
     def layout(self) -> StoreLayout:
         """The shapes and storage of the feature and score arrays.
 
-        The root attribute ``layout`` if recorded, else the one
-        :meth:`create_or_check` was given, else (a store written before the
-        attribute existed) the one its recorded identity implies.
+        The root attribute ``layout`` if recorded, else the one :meth:`create_or_check` was given.
 
         Raises:
-            StoreError: none of these is available (a store without train features), or the record is damaged.
+            StoreError: neither is available (a store made by `trak eval` without train
+                features yet), or the record is damaged.
         """
         recorded = self.root.attrs.get(LAYOUT_ATTR)
         if recorded is not None:
             return StoreLayout.from_attrs(recorded, str(self.path))
         if self._layout is not None:
             return self._layout
-        return StoreLayout.from_legacy_identity(self.identity, str(self.path))
+        raise StoreError(f"store {self.path} holds no train features yet; run `trak featurize CONFIG` first")
 
     # -- arrays ---------------------------------------------------------------
 
@@ -369,7 +369,7 @@ class Store:
             return
         first = next(iter(arrays))
         axis = 1 if group.startswith("scores/") and first == "scores" else 0
-        rows = ChunkedRows(arrays, done, chunks_of[first][axis], shape_of[first][0][axis], axis, SPARSE_ARRAYS)
+        rows = ChunkedRows(arrays, done, chunks_of[first][axis], shape_of[first][0][axis], axis)
         flags = rows.flags()
         if not flags.any():
             return
@@ -466,7 +466,7 @@ class Store:
             repair,
             {"features": ("train", "proj"), "out_to_loss": ("train",), "nonfinite": ("train",)},
         )
-        return ChunkedRows(data, done, rows, n_train, sparse=SPARSE_ARRAYS)
+        return ChunkedRows(data, done, rows, n_train)
 
     def _nothing_done(self, group: str) -> bool:
         """Whether no chunk of ``group`` is done (no ``done`` array, or every flag 0) and it has no kernel."""
