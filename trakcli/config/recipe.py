@@ -1,8 +1,8 @@
 """The training recipe of `trak optimize` (and of the retraining of `trak eval`).
 
-One recipe, two spellings in the YAML: the flat ``optimize:`` section
-(:class:`OptimizeConfig`), or ``training:`` (:class:`TrainingConfig`) with
-``optimizer:`` (:class:`OptimizerConfig`).
+The ``optimize:`` section (:class:`OptimizeConfig`): how many models, how
+they are trained, and the optimizer (with its optional random subspace,
+:class:`ProjectionConfig`).
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ class ProjectionConfig(StrictModel):
 
 
 class _OptimizerSettings(StrictModel):
-    """The optimizer settings shared by ``optimizer:`` and the flat ``optimize:`` section."""
+    """The optimizer keys of ``optimize:``."""
 
     lr: float = Field(0.05, gt=0, description="Learning rate.")
     momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum (ignored by adam).")
@@ -113,18 +113,8 @@ class _OptimizerSettings(StrictModel):
 _OPTIMIZER_NAME = Field("sgd", description="torch.optim optimizer (the inner optimizer when `projection` is set).")
 
 
-class OptimizerConfig(_OptimizerSettings):
-    """``optimizer:``: the optimizer of `trak optimize` (and of the retraining of `trak eval`).
-
-    Equivalent to the ``optimizer`` / ``lr`` / ``momentum`` / ``weight_decay`` /
-    ``projection`` keys of the flat ``optimize:`` section.
-    """
-
-    name: Literal["sgd", "adam", "adamw"] = _OPTIMIZER_NAME
-
-
-class TrainingConfig(StrictModel):
-    """``training:``: how `trak optimize` trains its N models (and `trak eval` its retrained ones)."""
+class _TrainingSettings(StrictModel):
+    """The training keys of ``optimize:``: how `trak optimize` trains its N models (and `trak eval` its retrained ones)."""
 
     n_models: PositiveInt = Field(10, description="How many models (checkpoints) to train.")
     epochs: PositiveInt = Field(30, description="Passes over the training set.")
@@ -164,59 +154,31 @@ class TrainingConfig(StrictModel):
     )
 
 
-class OptimizeConfig(TrainingConfig, _OptimizerSettings):
-    """The flat form of ``training:`` + ``optimizer:`` in one ``optimize:`` section (N seeded models)."""
+class OptimizeConfig(_TrainingSettings, _OptimizerSettings):
+    """``optimize:``: the training recipe of `trak optimize` (N seeded models) and of the retraining of `trak eval`."""
 
     optimizer: Literal["sgd", "adam", "adamw"] = _OPTIMIZER_NAME
-
-    @classmethod
-    def from_sections(cls, training: TrainingConfig, optimizer: OptimizerConfig) -> "OptimizeConfig":
-        """The flat section equivalent to ``training:`` + ``optimizer:``."""
-        opt = optimizer.model_dump()
-        opt["optimizer"] = opt.pop("name")
-        return cls.model_validate({**training.model_dump(), **opt})
-
 
 
 #: Recipe keys that never change what a model trains to: a rerun may change them and keep its models.
 RUN_ONLY_KEYS = ("n_models", "out_dir", "metrics", "checkpoint_every", "save_optimizer_state")
 
 
-def flat_recipe(sections: dict[str, Any]) -> OptimizeConfig:
-    """The flat recipe of recipe sections in either spelling (as :meth:`Config.recipe_sections` gives them).
+def recipe_identity(recipe: OptimizeConfig | dict[str, Any]) -> dict[str, Any]:
+    """The recipe without the run-only keys (:data:`RUN_ONLY_KEYS`), for comparing runs.
+
+    Two recipes with equal identities train the same models.
 
     Args:
-        sections: ``{"optimize": {...}}`` or ``{"training": {...}, "optimizer": {...}}``
-            (JSON-able, e.g. read back from a `trak optimize` manifest).
-
-    Returns:
-        The validated :class:`OptimizeConfig`.
-
-    Raises:
-        KeyError: neither ``optimize`` nor both ``training`` and ``optimizer`` are given.
-        pydantic.ValidationError: (a ``ValueError``) a section does not validate.
-    """
-    if "optimize" in sections:
-        return OptimizeConfig.model_validate(sections["optimize"])
-    return OptimizeConfig.from_sections(
-        TrainingConfig.model_validate(sections["training"]), OptimizerConfig.model_validate(sections["optimizer"])
-    )
-
-
-def recipe_identity(sections: dict[str, Any]) -> dict[str, Any]:
-    """The flat recipe of recipe sections without the run-only keys (:data:`RUN_ONLY_KEYS`), for comparing runs.
-
-    Two recipes with equal identities train the same models; the spelling
-    (``optimize:`` or ``training:`` + ``optimizer:``) does not count.
-
-    Args:
-        sections: recipe sections in either spelling (see :func:`flat_recipe`).
+        recipe: the ``optimize:`` section, validated or as plain data (e.g. read back from a
+            `trak optimize` manifest).
 
     Returns:
         A JSON-able dict (paths as strings).
 
     Raises:
-        KeyError, ValueError: as :func:`flat_recipe`.
+        pydantic.ValidationError: (a ``ValueError``) plain data that does not validate.
     """
-    flat = flat_recipe(sections)
-    return {k: v for k, v in flat.model_dump(mode="json").items() if k not in RUN_ONLY_KEYS}
+    if not isinstance(recipe, OptimizeConfig):
+        recipe = OptimizeConfig.model_validate(recipe)
+    return {k: v for k, v in recipe.model_dump(mode="json").items() if k not in RUN_ONLY_KEYS}

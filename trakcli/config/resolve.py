@@ -39,7 +39,6 @@ def resolve_checkpoints(cfg: Config, hashes: "HashCache | None" = None) -> list[
         oc = cfg.recipe
         if oc is not None and oc.out_dir.resolve() == path.parent.resolve():
             n_models = oc.n_models
-            key = f"{cfg.recipe_key}.n_models"
         return manifest_checkpoints(path, n_models=n_models, n_models_key=key, hashes=hashes)
     if isinstance(spec, str) and spec.startswith("hf:") or isinstance(spec, list) and any(
         p.startswith("hf:") for p in spec

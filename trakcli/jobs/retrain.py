@@ -167,7 +167,7 @@ def eval_identity(cfg: Config, train_fingerprint: dict[str, Any], target_fingerp
     Returns:
         A JSON-able dict: task, output function, model (entrypoint, kwargs and
         the sha256 of a ``.py`` entrypoint file), training recipe (the built-in
-        recipe's hyperparameters, or ``training.entrypoint``, its kwargs and
+        recipe's hyperparameters, or ``optimize.entrypoint``, its kwargs and
         file sha256; the sha256 of ``init_checkpoint``), train and target data
         fingerprints, subset_fraction, eval seed and the model seed rule.
     """
@@ -210,7 +210,7 @@ def check_eval_config(cfg: Config) -> None:
 
     Raises:
         ConfigError: no training recipe, no ``data.target``, missing files or
-            ``init_checkpoint``, a ``training.entrypoint`` that cannot be loaded.
+            ``init_checkpoint``, a ``optimize.entrypoint`` that cannot be loaded.
     """
     oc = check_recipe(cfg, purpose="trak eval")
     if cfg.data.target is None:
@@ -219,7 +219,7 @@ def check_eval_config(cfg: Config) -> None:
             "or a file (the targets of `trak score`)"
         )
     check_files(cfg, need_checkpoints=False, need_target=True)
-    check_init_checkpoint(oc, cfg.recipe_key)
+    check_init_checkpoint(oc)
     load_training_function(cfg)
 
 
