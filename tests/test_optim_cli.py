@@ -156,25 +156,27 @@ def test_a_training_override_is_refused_naming_optimize(user_project):
 @pytest.mark.parametrize("raw", [
     {}, {"mode": "global", "proj_dim": 40, "kind": "sjlt"}, {"rank": None}, {"rank": "4", "scale": "1e-3"},
     {"mode": "global", "kind": "noop"}, {"mode": "global"}, {"rank": 0}, {"on_refresh": "drop"}, {"rnk": 2},
-    {"seed": -1}, {"update_gap": 1.5}, {"implementation": "cuda"},
+    {"seed": -1}, {"update_gap": 1.5}, {"implementation": "cuda"}, {"rank": True}, {"proj_dim": False, "mode": "global"},
     {"kind": "kronecker"}, {"kind": "kronecker", "rank": 3, "update_gap": 5}, {"mode": "global", "kind": "kronecker"},
     {"mode": "global", "kind": "kronecker", "proj_dim": 40}, {"kind": "kronecker", "implementation": "chunked"},
 ])
 def test_the_optimizer_settings_validate_as_the_config_projection_section(raw):
-    """optim's plain ProjectionSettings and the config's ProjectionConfig: same keys, defaults and checks."""
-    from pydantic import ValidationError
-
-    from trakcli.config.recipe import ProjectionConfig
+    """The config's optimize.projection is the optimizer's ProjectionSettings: same keys, defaults, checks and words."""
     from trakcli.errors import OptimizerError
     from trakcli.optim.settings import resolve_projection
 
+    base = {"checkpoints": "c/*.pt", "data": {"train": {"builtin": "digits", "split": "train"}}, "store": "s.zarr"}
     try:
-        expected = ProjectionConfig.model_validate(raw).model_dump()
-    except ValidationError:
-        with pytest.raises(OptimizerError):
+        expected = load_config({**base, "optimize": {"out_dir": "o", "projection": raw}}).optimize.projection
+    except ConfigError as e:
+        with pytest.raises(OptimizerError) as o:
             resolve_projection(raw)
+        # the same keys refused (the config adds a did-you-mean to an unknown key)
+        said = ["projection" + ln.split("optimize.projection", 1)[1].split(":", 1)[0] + ":"
+                for ln in str(e).splitlines() if "optimize.projection" in ln]
+        assert said and all(s in str(o.value) for s in said), (str(e), str(o.value))
     else:
-        assert resolve_projection(raw) == expected
+        assert resolve_projection(raw) == expected.model_dump()
 
 
 def test_kronecker_projection_in_the_config_and_the_training_recipe():

@@ -24,7 +24,6 @@ if TYPE_CHECKING:
     from trakcli.config.recipe import (
         RUN_ONLY_KEYS,
         OptimizeConfig,
-        ProjectionConfig,
         recipe_identity,
     )
     from trakcli.config.resolve import check_files, resolve_checkpoints
@@ -47,7 +46,7 @@ if TYPE_CHECKING:
 _LAZY = {
     **dict.fromkeys(("load_config", "parse_overrides", "validate_section"), "trakcli.config.load"),
     **dict.fromkeys(
-        ("RUN_ONLY_KEYS", "OptimizeConfig", "ProjectionConfig", "recipe_identity"),
+        ("RUN_ONLY_KEYS", "OptimizeConfig", "recipe_identity"),
         "trakcli.config.recipe",
     ),
     **dict.fromkeys(("check_files", "resolve_checkpoints"), "trakcli.config.resolve"),
@@ -68,7 +67,6 @@ __all__ = [
     "EvalConfig",
     "ModelConfig",
     "OptimizeConfig",
-    "ProjectionConfig",
     "ProjectorConfig",
     "ScoreConfig",
     "StoreConfig",

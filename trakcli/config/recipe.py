@@ -2,7 +2,7 @@
 
 The ``optimize:`` section (:class:`OptimizeConfig`): how many models, how
 they are trained, and the optimizer (with its optional random subspace,
-:class:`ProjectionConfig`).
+:class:`trakcli.optim.ProjectionSettings`, the optimizer's own schema).
 """
 
 from __future__ import annotations
@@ -12,67 +12,8 @@ from typing import Any, Literal
 
 from pydantic import Field, PositiveInt, model_validator
 
-from trakcli.config.base import StrictModel
-
-class ProjectionConfig(StrictModel):
-    """``optimize.projection``: run the optimizer in a random subspace (:mod:`trakcli.optim`).
-
-    The gradient is projected with a projector of :mod:`trakcli.projectors`,
-    the optimizer's state lives in the projected space, and the update is
-    mapped back with the adjoint (GaLore, Zhao et al. 2024, with random JL
-    matrices as in Flora, Hao et al. 2024; ``global``: intrinsic dimension,
-    Li et al. 2018).
-    """
-
-    mode: Literal["per_matrix", "global"] = Field(
-        "per_matrix",
-        description="per_matrix: each parameter of >= 2 dims gets its own rank-`rank` projection of its "
-        "smaller side (kind kronecker: of both sides; 1-D parameters are not projected); global: the whole "
-        "parameter vector through one projection of `proj_dim`.",
-    )
-    kind: Literal["noop", "rademacher", "normal", "sjlt", "kronecker"] = Field(
-        "rademacher",
-        description="Projector kind (noop: no projection, the plain inner optimizer; kronecker, per_matrix only: "
-        "each [d_out, d_in] weight's gradient G projected from both sides, P_out G P_inᵀ of "
-        "[min(rank, d_out), min(rank, d_in)], rademacher factors).",
-    )
-    implementation: Literal["auto", "single_block", "basic", "chunked"] = Field(
-        "auto", description="Projector implementation (never changes the matrix; kronecker ignores it)."
-    )
-    rank: PositiveInt | None = Field(
-        None,
-        description="per_matrix only: projected size of each matrix's smaller side, with kind kronecker of "
-        "each side (default 8).",
-    )
-    proj_dim: PositiveInt | None = Field(
-        None, description="global only: dimension of the subspace (required in global mode)."
-    )
-    seed: int = Field(0, ge=0, description="Base seed; every matrix and refresh derives its own.")
-    update_gap: int = Field(
-        0, ge=0, description="Draw a new projection every this many steps (0: one fixed projection)."
-    )
-    on_refresh: Literal["keep", "reset", "transfer"] = Field(
-        "transfer",
-        description="What happens to the inner optimizer's state at a new projection: keep it as is, "
-        "reset it, or transfer first moments into the new subspace (never growing their norm).",
-    )
-    scale: float = Field(1.0, gt=0, description="Multiplies every unprojected update (GaLore's alpha).")
-
-    @model_validator(mode="after")
-    def _dims(self) -> "ProjectionConfig":
-        # rank is read in per_matrix mode only and proj_dim in global mode only, so one
-        # mapping can hold both and `mode=...` alone switches between them
-        if self.mode == "global" and self.kind == "kronecker":  # the same words as trakcli.optim.settings
-            raise ValueError(
-                "kind kronecker projects each weight matrix from both sides (P_out G P_inᵀ) and has no global "
-                "form; use mode: per_matrix with it (rank: the size of each side), or a global kind: rademacher, "
-                "normal or sjlt"
-            )
-        if self.mode == "global" and self.kind != "noop" and self.proj_dim is None:
-            raise ValueError("mode global needs proj_dim, e.g. proj_dim: 1000")
-        if self.rank is None:
-            self.rank = 8
-        return self
+from trakcli.optim.settings import ProjectionSettings
+from trakcli.strict import StrictModel
 
 
 class _OptimizerSettings(StrictModel):
@@ -83,7 +24,7 @@ class _OptimizerSettings(StrictModel):
     weight_decay: float = Field(
         5e-4, ge=0, description="Weight decay (with `projection`: decoupled, in the full parameter space)."
     )
-    projection: ProjectionConfig | None = Field(
+    projection: ProjectionSettings | None = Field(
         None, description="Run the optimizer in a random subspace (trakcli.optim.ProjectedOptimizer); unset: plain."
     )
     schedule: Literal["constant", "linear", "cosine"] = Field(

@@ -16,7 +16,7 @@ from pydantic import (
     model_validator,
 )
 
-from trakcli.config.base import NoBoolNumbers, StrictModel
+from trakcli.strict import NoBoolNumbers, StrictModel
 
 #: The built-in model output functions (``trakcli.gradients.TASKS``; config does not import torch).
 BUILTIN_TASKS = ("classification", "text_classification", "language_modeling")
