@@ -58,9 +58,10 @@ def inspect(
 ) -> None:
     """Show what a store holds: provenance, per-checkpoint progress, sizes, projector (kronecker: its layers)."""
     from trakcli.store import Store
+    from trakcli.store.summary import summary
 
     opened = Store.open_existing(store, mode="r")
-    info = opened.summary(verify=verify)
+    info = summary(opened, verify=verify)
     if json_out:
         sys.stdout.write(json.dumps(info, indent=2) + "\n")
     else:

@@ -9,7 +9,7 @@ score matrix is :func:`trakcli.metrics.lds.lds` (Park et al. 2023, "TRAK",
 Sec. 2.2; Ilyas et al. 2022, "Datamodels").
 
 Retraining (:func:`retrain`, :func:`load_or_retrain`) writes one row per model
-to the store's ``eval/`` group (:meth:`trakcli.store.Store.eval_rows`): a row
+to the store's ``eval/`` group (:func:`trakcli.store.evalgroup.open_eval_rows`): a row
 is written, then its done flag, so a killed run resumes at the models not done.
 With ``workers > 1`` the models are trained by worker processes (spawned,
 :mod:`trakcli.jobs.workers`), and the calling process is the only store
@@ -43,6 +43,7 @@ from trakcli.jobs.workers import WorkerLost, run_in_workers
 from trakcli.models.checkpoints import file_sha256
 from trakcli.models.forward import forward
 from trakcli.progress import NULL_REPORTER, Reporter
+from trakcli.store.evalgroup import open_eval_rows
 from trakcli.store.store import Store
 
 #: Model k of eval seed s is seeded with MODEL_SEED_BASE + MODEL_SEED_STRIDE * s + k (recorded in the store),
@@ -327,8 +328,8 @@ def retrain(
     path = Path(cfg.store.path)
     with locked_store(path, Dist(), reporter):
         store = Store.open_or_create(path)
-        rows = store.eval_rows(
-            identity, n, len(train), len(target), compressor=cfg.store.compressor, overwrite=overwrite
+        rows = open_eval_rows(
+            store, identity, n, len(train), len(target), compressor=cfg.store.compressor, overwrite=overwrite
         )
         repaired = rows.verify()
         if repaired:

@@ -29,6 +29,7 @@ from trakcli.scoring import (
     cosine_term, dual_target_sq_norms, ensemble_block, kernel_sq_norms, score_block, target_weights,
 )
 from trakcli.store import ChunkedRows, Store, StoreCorruptError, check_same
+from trakcli.store.kernel import kernel_nbytes, read_kernel
 from trakcli.store.store import TOP_K_ARRAYS
 
 
@@ -288,7 +289,7 @@ def score_targets(
         #    checkpoint's target features are computed
         kept: list[dict[int, np.ndarray]] = []
         kernels: dict[int, tuple[torch.Tensor, float]] = {}
-        prefetch = s.dist.world_size == 1 and sum(map(store.kernel_nbytes, range(n_models))) <= PREFETCH_BYTES
+        prefetch = s.dist.world_size == 1 and sum(kernel_nbytes(store, m) for m in range(n_models)) <= PREFETCH_BYTES
         ridge = ridge_settings(lambda_reg, lambda_rel)
         with ChunkWriter() as writer:
             for model_id, rows in enumerate(target_rows):
@@ -395,7 +396,7 @@ def _prefetch_kernel(store: Store, model_id: int, settings: dict, out: dict[int,
     :func:`~trakcli.jobs.kernels.kernel_of` then reads, repairs or makes it in the main thread.
     """
     try:
-        stored = store.read_kernel(model_id, settings)
+        stored = read_kernel(store, model_id, settings)
     except Exception:  # noqa: BLE001  # corrupt or unreadable: handled (and reported) by kernel_of
         return
     if stored is not None:
@@ -435,7 +436,7 @@ def _finalize_and_score(
         elif dist.world_size == 1:  # one process: a missing kernel is made here
             kernel, lam = kernel_of(store, train_rows[model_id], model_id, lambda_reg=lambda_reg, lambda_rel=lambda_rel)
         else:
-            stored = store.read_kernel(model_id, lam_key)
+            stored = read_kernel(store, model_id, lam_key)
             if stored is None:
                 raise StoreError(f"the kernel of model_id {model_id} is missing; rerun the same command")
             kernel, lam = torch.from_numpy(stored[0]), stored[1]
