@@ -50,7 +50,7 @@ def test_user_model_featurize_then_score_exports_float32_matrix(user_project):
     scores = np.load("scores.npy")
     assert scores.dtype == np.float32 and scores.shape == (7, 40)
     np.testing.assert_allclose(scores, reference_scores("run.yaml"), rtol=2e-4, atol=1e-6)
-    # the store holds the same scores, and the layout of design.md
+    # the store holds the same scores, in the layout of docs/guides/store.md
     root = zarr.open_group("out/attrib.zarr", mode="r")
     np.testing.assert_array_equal(np.asarray(root["scores/default/scores"][:]), scores)
     assert root["train/0/features"].shape == (40, 16)

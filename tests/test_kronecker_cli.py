@@ -3,7 +3,7 @@
 The reference is :class:`trakcli.factors.KroneckerFeaturizer` called directly
 on the whole training set (its own agreement with vmap per-example gradients
 is tests/test_kronecker.py's); the store-robustness helpers (kills, torchrun,
-store comparison) are tests/test_store_robust.py's.
+store comparison) are tests/projects.py's.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from trakcli.scoring import (
 
 
 def closed_form(train, q, target, lambdas):
-    """The design.md formula with explicit float64 inverses (numpy)."""
+    """The TRAK score (Park et al. 2023, eq. 5 ensembled over checkpoints) with explicit float64 inverses (numpy)."""
     m = len(train)
     acc = 0
     for phi, phi_t, lam in zip(train, target, lambdas):
