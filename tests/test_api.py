@@ -156,8 +156,11 @@ def test_other_train_batches_are_refused(project):
     train, _ = loaders()
     att.featurize(train, checkpoint="ckpts/model_0.pt", model_id=0)
     shuffled = DataLoader(train.dataset, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(1))
-    with pytest.raises(StoreMismatchError, match="train_data"):
+    with pytest.raises(StoreMismatchError, match="train_data") as e:
         att.featurize(shuffled, checkpoint="ckpts/model_0.pt", model_id=0)
+    # the fix is one the API can do: Attributor.featurize takes no --overwrite
+    assert "give Attributor another store path, or delete out/api.zarr to start over" in str(e.value)
+    assert "--overwrite" not in str(e.value)
 
 
 def test_builtin_task_names_agree_and_the_margin_is_the_documented_one():

@@ -30,7 +30,7 @@ from trakcli.config import DataConfig, ProjectorConfig, ScoreConfig, StoreConfig
 from trakcli.data.load import checked_dataset
 from trakcli.data.tensors import Inputs, TensorDataset
 from trakcli.distributed import Dist
-from trakcli.errors import CheckpointError, ConfigError, DataError, StoreError
+from trakcli.errors import CheckpointError, ConfigError, DataError, StoreError, StoreMismatchError
 from trakcli.factors import KroneckerFeaturizer
 from trakcli.tasks import resolve_task, task_identity
 from trakcli.jobs.featurize import featurize_rows
@@ -290,6 +290,21 @@ class Attributor:
             "device": str(self.device),
         }
 
+    def _api_fix(self, message: str) -> str:
+        """A store mismatch message with the fix said for the Python API (the CLI's flags and keys named as arguments)."""
+        fresh = f"give Attributor another store path, or delete {self.path} to start over"
+        for cli, api in (
+            ("rerun with --overwrite to start over, or choose another store path", fresh),
+            ("rerun with --overwrite to start over", fresh),
+            ("rerun with --overwrite to recompute them, or set score.experiment to a new name",
+             "pass overwrite=True to recompute them, or another experiment="),
+            ("rerun with --overwrite to recompute the scores, or set score.experiment to a new name",
+             "pass overwrite=True to recompute the scores, or another experiment="),
+        ):
+            if cli in message:
+                return message.replace(cli, api)
+        return message
+
     def featurize(self, batches: Iterable[Any], *, checkpoint: Any, model_id: int) -> int:
         """Train features of one checkpoint into ``train/<model_id>`` (traker's ``load_checkpoint`` + ``featurize``).
 
@@ -308,14 +323,18 @@ class Attributor:
         Raises:
             DataError, GradientError, CheckpointError: bad batches, inputs, labels or checkpoint.
             StoreMismatchError: the store was made with other settings or train data, or holds
-                ``model_id`` from another checkpoint.
+                ``model_id`` from another checkpoint (the message says to use another store path,
+                or to delete the store).
             StoreError: the store is in use or cannot be written.
         """
         train, first = collect_batches(batches, "train batches")
         s = self._setup(len(train), train, self.batch_size or first, {model_id: checkpoint})
         with locked_store(self.path, self.dist, self.reporter):
-            store = Store.create_or_check(self.path, s.identity, self._config(), layout=s.layout)
-            rows = store.train(model_id, s.checkpoints[0], s.shas[0])
+            try:
+                store = Store.create_or_check(self.path, s.identity, self._config(), layout=s.layout)
+                rows = store.train(model_id, s.checkpoints[0], s.shas[0])
+            except StoreMismatchError as e:
+                raise StoreMismatchError(self._api_fix(str(e))) from None
             n, _ = featurize_rows(
                 s, train, rows, model_id, with_out_to_loss=True, skip_nonfinite=False, reporter=self.reporter,
                 label="featurize",
@@ -413,8 +432,11 @@ class Attributor:
             raise StoreError(f"the store {self.path} holds no train features yet; call Attributor.featurize first")
         known = _KnownTrainData(stored.identity["train_data"])
         s = self._setup(stored.layout.n_train, known, self.batch_size or first, dict(enumerate(checkpoints)))
-        score_targets(
-            s, self.path, target, experiment=experiment, lambda_reg=lambda_reg, lambda_rel=lambda_rel,
-            top_k=top[0] if top else None, full=top[1] if top else True, normalize=normalize,
-            overwrite=overwrite, reporter=self.reporter,
-        )
+        try:
+            score_targets(
+                s, self.path, target, experiment=experiment, lambda_reg=lambda_reg, lambda_rel=lambda_rel,
+                top_k=top[0] if top else None, full=top[1] if top else True, normalize=normalize,
+                overwrite=overwrite, reporter=self.reporter,
+            )
+        except StoreMismatchError as e:
+            raise StoreMismatchError(self._api_fix(str(e))) from None
