@@ -275,6 +275,12 @@ def test_training_entrypoint_trains_optimize_and_eval_models(user_project):
     assert res.exit_code == 1 and "optimize.entrypoint 'my_train.py:train' returned a str" in res.stderr
     res = trak("optimize", "run.yaml", "optimize.entrypoint=my_train.py:trian", "--overwrite")
     assert res.exit_code == 1 and "optimize.entrypoint: 'my_train.py' has no function 'trian'; did you mean 'train'?" in res.stderr
+    # trak eval needs no optimize.out_dir (its retrained models live in the store); trak optimize does
+    before = sorted(p.name for p in Path(".").iterdir())
+    assert retrain(load_config("run.yaml", ["optimize.out_dir=null", "store.path=out/no_out_dir.zarr"])).trained == 3
+    assert sorted(p.name for p in Path(".").iterdir()) == before
+    res = trak("optimize", "run.yaml", "optimize.out_dir=null")
+    assert res.exit_code == 1 and "optimize.out_dir: required by trak optimize" in res.stderr
 
 
 # ----------------------------------------------------------------------------

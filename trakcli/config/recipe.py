@@ -61,7 +61,12 @@ class _TrainingSettings(StrictModel):
     epochs: PositiveInt = Field(30, description="Passes over the training set.")
     batch_size: PositiveInt = Field(64, description="Minibatch size.")
     seed: int = Field(0, description="Model i is initialized and shuffled with seed + i.")
-    out_dir: Path = Field(description="Directory for the checkpoints model_000.pt, model_001.pt, ...")
+    out_dir: Path | None = Field(
+        None,
+        description="Directory for the checkpoints model_000.pt, model_001.pt, ... and manifest.json of `trak "
+        "optimize` (required there); `trak eval` keeps its retrained models' outputs in the store and writes "
+        "nothing here.",
+    )
     metrics: Path | None = Field(
         None, description="Write per-model metrics (seed, loss, accuracy, optimizer state size) to this JSON file."
     )
@@ -84,8 +89,13 @@ class _TrainingSettings(StrictModel):
     entrypoint: str | None = Field(
         None,
         description='Your own training function, "path/to/file.py:function" or "package.module:function", used '
-        "instead of the built-in recipe: called as fn(model, inputs, labels, seed=seed, **kwargs) on a freshly "
-        "built (or init_checkpoint) model, it trains the model in place or returns the trained model.",
+        "instead of the built-in recipe: called as fn(model, inputs, labels, seed=seed, **kwargs); it trains the "
+        "model in place or returns the trained model. model: built by model.entrypoint after "
+        "torch.manual_seed(seed), so freshly initialized for a function entrypoint, but the pretrained weights "
+        "of DIR for hf:DIR; then init_checkpoint's weights if set. inputs: a float tensor [n, ...] for tensor "
+        "data; for text data a dict of [n, L] tensors (input_ids, attention_mask, ...; every row padded to the "
+        "longest). labels: [n] int64 class labels, or [n, L] per-token labels (-100: not a target) for "
+        "language-model data. trak optimize passes all rows, trak eval each retrained model's subset.",
     )
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of `entrypoint`.")
     save_optimizer_state: bool = Field(

@@ -37,7 +37,7 @@ def resolve_checkpoints(cfg: Config, hashes: "HashCache | None" = None) -> list[
         path = Path(spec)  # type: ignore[arg-type]
         n_models, key = None, "optimize.n_models"
         oc = cfg.recipe
-        if oc is not None and oc.out_dir.resolve() == path.parent.resolve():
+        if oc is not None and oc.out_dir is not None and oc.out_dir.resolve() == path.parent.resolve():
             n_models = oc.n_models
         return manifest_checkpoints(path, n_models=n_models, n_models_key=key, hashes=hashes)
     if isinstance(spec, str) and spec.startswith("hf:") or isinstance(spec, list) and any(

@@ -247,6 +247,9 @@ def optimize(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_
     from trakcli import __version__
 
     oc = check_recipe(cfg)
+    if oc.out_dir is None:
+        raise ConfigError("optimize.out_dir: required by trak optimize, the directory for its checkpoints and "
+                          "manifest.json; set e.g. optimize.out_dir=ckpts")
     check_files(cfg, need_checkpoints=False, need_validation=True)
     load_training_function(cfg)  # a bad optimize.entrypoint fails before any model trains
     apply_threads(cfg.num_threads)
