@@ -233,3 +233,25 @@ def test_top_k_through_the_api_is_the_top_of_the_scores(project):
         att.top_k(target, 0, checkpoints=ckpts)
     with pytest.raises(ConfigError, match="normalize='cosine'"):
         att.top_k(target, 3, checkpoints=ckpts, normalize="cosine")
+
+
+def test_progress_goes_to_a_terminal_by_default(project, monkeypatch):
+    import io
+
+    from trakcli.progress import NULL_REPORTER, StderrReporter
+
+    model = build_model("my_model.py:make_model")
+    assert trakcli.Attributor(model, store="out/p.zarr").reporter is NULL_REPORTER  # stderr is not a terminal here
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    term = Terminal()
+    monkeypatch.setattr("sys.stderr", term)
+    att = trakcli.Attributor(model, store="out/p.zarr", projector={"proj_dim": 16})
+    assert isinstance(att.reporter, StderrReporter)
+    train, _ = loaders()
+    att.featurize(train, checkpoint="ckpts/model_0.pt", model_id=0)
+    lines = term.getvalue().replace("\r", "\n").splitlines()
+    assert lines[-1] == "featurize model 0: 40/40", lines

@@ -38,7 +38,7 @@ from trakcli.jobs.runtime import locked_store, resolve_device
 from trakcli.jobs.score import score_targets
 from trakcli.jobs.setup import JobSetup, batch_rows_for, build_featurizer, run_identity
 from trakcli.models.checkpoints import file_sha256, load_checkpoint, nonfinite_parameters
-from trakcli.progress import NULL_REPORTER, Reporter
+from trakcli.progress import Reporter, default_reporter
 from trakcli.store import Store, StoreLayout
 from trakcli.store.store import TOP_K_ARRAYS
 
@@ -224,7 +224,9 @@ class Attributor:
         batch_size: rows per featurizer batch (None: the rows of the first batch given), lowered to fit
             ``grad_memory_mb`` like ``data.batch_size``.
         grad_memory_mb: as ``data.grad_memory_mb``.
-        reporter: progress and messages (default: silent).
+        reporter: progress and messages; None: plain progress lines on stderr when it is a terminal
+            (:class:`trakcli.progress.StderrReporter`), else silent. Pass ``trakcli.progress.NULL_REPORTER``
+            for none, or your own :class:`trakcli.progress.Reporter`.
 
     Raises:
         ConfigError: a bad ``store``, ``projector``, ``task``, ``grad_wrt`` or ``gradient_method``.
@@ -243,12 +245,13 @@ class Attributor:
         device: str = "cpu",
         batch_size: int | None = None,
         grad_memory_mb: int = _DEFAULT_MEMORY_MB,
-        reporter: Reporter = NULL_REPORTER,
+        reporter: Reporter | None = None,
     ):
         self.store: StoreConfig = validate_section(StoreConfig, {"path": store} if isinstance(store, (str, Path)) else store, "store")
         self.projector: ProjectorConfig = validate_section(ProjectorConfig, projector or {}, "projector")
         self.task = resolve_task(task)
         self.grad_wrt = [grad_wrt] if isinstance(grad_wrt, str) else grad_wrt
+        reporter = default_reporter() if reporter is None else reporter
         self.model, self.batch_size, self.grad_memory_mb, self.reporter = model, batch_size, grad_memory_mb, reporter
         self.dist = Dist()
         self.device = resolve_device(device, self.dist)
