@@ -28,7 +28,7 @@ def tiny_model(in_dim: int = 6, hidden: int = 8, num_classes: int = 3, seed: int
 def user_project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A user's own project in a fresh working directory: model file, 2 checkpoints, data, config.
 
-    Layout (relative to the cwd, like the issue's example)::
+    Layout (relative to the cwd, as a user lays out a project)::
 
         my_model.py                     make_model(in_dim=6, hidden=8, num_classes=3)
         ckpts/model_0.pt, model_1.pt    state dicts of two seeded models

@@ -156,8 +156,11 @@ def test_other_train_batches_are_refused(project):
     train, _ = loaders()
     att.featurize(train, checkpoint="ckpts/model_0.pt", model_id=0)
     shuffled = DataLoader(train.dataset, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(1))
-    with pytest.raises(StoreMismatchError, match="train_data"):
+    with pytest.raises(StoreMismatchError, match="train_data") as e:
         att.featurize(shuffled, checkpoint="ckpts/model_0.pt", model_id=0)
+    # the fix is one the API can do: Attributor.featurize takes no --overwrite
+    assert "give Attributor another store path, or delete out/api.zarr to start over" in str(e.value)
+    assert "--overwrite" not in str(e.value)
 
 
 def test_builtin_task_names_agree_and_the_margin_is_the_documented_one():
@@ -230,3 +233,25 @@ def test_top_k_through_the_api_is_the_top_of_the_scores(project):
         att.top_k(target, 0, checkpoints=ckpts)
     with pytest.raises(ConfigError, match="normalize='cosine'"):
         att.top_k(target, 3, checkpoints=ckpts, normalize="cosine")
+
+
+def test_progress_goes_to_a_terminal_by_default(project, monkeypatch):
+    import io
+
+    from trakcli.progress import NULL_REPORTER, StderrReporter
+
+    model = build_model("my_model.py:make_model")
+    assert trakcli.Attributor(model, store="out/p.zarr").reporter is NULL_REPORTER  # stderr is not a terminal here
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    term = Terminal()
+    monkeypatch.setattr("sys.stderr", term)
+    att = trakcli.Attributor(model, store="out/p.zarr", projector={"proj_dim": 16})
+    assert isinstance(att.reporter, StderrReporter)
+    train, _ = loaders()
+    att.featurize(train, checkpoint="ckpts/model_0.pt", model_id=0)
+    lines = term.getvalue().replace("\r", "\n").splitlines()
+    assert lines[-1] == "featurize model 0: 40/40", lines

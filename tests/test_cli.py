@@ -50,7 +50,7 @@ def test_user_model_featurize_then_score_exports_float32_matrix(user_project):
     scores = np.load("scores.npy")
     assert scores.dtype == np.float32 and scores.shape == (7, 40)
     np.testing.assert_allclose(scores, reference_scores("run.yaml"), rtol=2e-4, atol=1e-6)
-    # the store holds the same scores, and the layout of design.md
+    # the store holds the same scores, in the layout of docs/guides/store.md
     root = zarr.open_group("out/attrib.zarr", mode="r")
     np.testing.assert_array_equal(np.asarray(root["scores/default/scores"][:]), scores)
     assert root["train/0/features"].shape == (40, 16)
@@ -227,3 +227,13 @@ def test_the_default_kind_is_sjlt_and_a_rademacher_store_names_the_change(user_p
     assert res.exit_code != 0
     assert "projector.kind" in res.stderr and "set projector.kind: rademacher to go on with this store" in res.stderr
     assert runner.invoke(app, ["featurize", "default.yaml", "-q", "projector.kind=rademacher"]).exit_code == 0
+
+
+def test_proj_dim_above_grad_dim_gets_a_note(user_project):
+    res = trak("featurize", "run.yaml", "projector.proj_dim=128")  # the tiny MLP has grad_dim 83
+    note = ("projector.proj_dim 128 exceeds grad_dim 83: the features are a random embedding of the gradients into "
+            "more dimensions, which adds nothing; set projector.kind: noop (the gradients themselves) or "
+            "projector.proj_dim <= 83")
+    assert note in " ".join(res.stderr.split())
+    res = trak("featurize", "run.yaml", "projector.proj_dim=16", "store.path=out/small.zarr")
+    assert "exceeds grad_dim" not in res.stderr

@@ -108,47 +108,37 @@ def test_config_file_errors(tmp_path):
         load_config(lst)
 
 
-def test_training_optimizer_sections_fill_optimize_and_round_trip():
-    """The two-section spelling (training: + optimizer:) gives the same recipe as the flat optimize: section."""
+def test_the_recipe_is_the_optimize_section_and_round_trips():
+    """cfg.recipe is ``optimize:``; --print-config output loads back to the same config."""
+    from trakcli.config.recipe import RUN_ONLY_KEYS, recipe_identity
     from trakcli.config.schema import Config
 
     base = {"checkpoints": "c/*.pt", "data": {"train": {"builtin": "digits", "split": "train"}}, "store": "s.zarr"}
-    flat = load_config({**base, "optimize": {"out_dir": "o", "optimizer": "adamw", "lr": 1e-3, "epochs": 3}})
-    split = load_config({**base, "training": {"out_dir": "o", "epochs": 3}, "optimizer": {"name": "adamw", "lr": 1e-3}})
-    assert split.optimize == flat.optimize
-    for cfg in (flat, split):  # --print-config output loads back to the same config
-        assert Config.model_validate(cfg.resolved()).resolved() == cfg.resolved()
-    with pytest.raises(ConfigError, match="either optimize"):
-        load_config({**base, "optimize": {"out_dir": "o"}, "training": {"out_dir": "o"}})
-    with pytest.raises(ConfigError, match="training.out_dir: required"):
-        load_config({**base, "training": {"epochs": 3}})
-    with pytest.raises(ConfigError, match="needs a training: section"):
-        load_config({**base, "optimizer": {"name": "sgd"}})
-
-
-def test_one_normalized_recipe_whatever_the_spelling():
-    """cfg.recipe is the flat recipe, cfg.recipe_key and cfg.recipe_sections() keep the user's spelling."""
-    from trakcli.config.recipe import RUN_ONLY_KEYS, flat_recipe, recipe_identity
-
-    base = {"checkpoints": "c/*.pt", "data": {"train": {"builtin": "digits", "split": "train"}}, "store": "s.zarr"}
-    flat = load_config({**base, "optimize": {"out_dir": "o", "optimizer": "adamw", "lr": 1e-3, "n_models": 2}})
-    split = load_config({**base, "training": {"out_dir": "o", "n_models": 3}, "optimizer": {"name": "adamw", "lr": 1e-3}})
-    assert flat.recipe == flat.optimize and split.recipe is not None and split.recipe.optimizer == "adamw"
-    assert (flat.recipe_key, split.recipe_key) == ("optimize", "training")
-    assert set(flat.recipe_sections()) == {"optimize"} and set(split.recipe_sections()) == {"training", "optimizer"}
-    assert split.recipe_sections()["optimizer"]["name"] == "adamw"
-    for cfg in (flat, split):
-        assert flat_recipe(cfg.recipe_sections()) == cfg.recipe
-    # n_models is run-only: the two spellings train the same models
-    assert recipe_identity(flat.recipe_sections()) == recipe_identity(split.recipe_sections())
-    assert "n_models" in RUN_ONLY_KEYS and "n_models" not in recipe_identity(flat.recipe_sections())
+    cfg = load_config({**base, "optimize": {"out_dir": "o", "optimizer": "adamw", "lr": 1e-3, "n_models": 2}})
+    assert cfg.recipe == cfg.optimize and cfg.recipe.optimizer == "adamw"
+    assert Config.model_validate(cfg.resolved()).resolved() == cfg.resolved()
+    # n_models is run-only: more models of the same recipe train the same models
+    more = load_config({**base, "optimize": {"out_dir": "o", "optimizer": "adamw", "lr": 1e-3, "n_models": 3}})
+    assert recipe_identity(more.recipe) == recipe_identity(cfg.recipe) == recipe_identity(cfg.resolved()["optimize"])
+    assert "n_models" in RUN_ONLY_KEYS and "n_models" not in recipe_identity(cfg.recipe)
     slower = load_config({**base, "optimize": {"out_dir": "o", "optimizer": "adamw", "lr": 1e-4}})
-    assert recipe_identity(slower.recipe_sections()) != recipe_identity(flat.recipe_sections())
-    # an omitted optimizer: section is shown with its defaults; no recipe at all: optimize None
-    bare = load_config({**base, "training": {"out_dir": "o"}})
-    assert bare.recipe_sections()["optimizer"]["name"] == "sgd" and bare.recipe is not None
-    none = load_config(base)
-    assert none.recipe is None and none.recipe_key == "optimize" and none.recipe_sections() == {"optimize": None}
+    assert recipe_identity(slower.recipe) != recipe_identity(cfg.recipe)
+    assert load_config(base).recipe is None
+    # out_dir is for trak optimize's checkpoints; trak eval's retraining writes nothing there
+    assert load_config({**base, "optimize": {"entrypoint": "train.py:fn"}}).optimize.out_dir is None
+
+
+@pytest.mark.parametrize("section, fix", [
+    ({"training": {"out_dir": "o", "epochs": 3}}, "training: is not a config section; the training recipe is the "
+                                                   "optimize: section: write training.KEY as optimize.KEY"),
+    ({"optimizer": {"name": "adamw"}}, "optimizer: is not a config section; the optimizer is set in the optimize: "
+                                       "section: write optimizer.name as optimize.optimizer"),
+])
+def test_training_and_optimizer_sections_are_refused_naming_optimize(section, fix):
+    base = {"checkpoints": "c/*.pt", "data": {"train": {"builtin": "digits", "split": "train"}}, "store": "s.zarr"}
+    with pytest.raises(ConfigError) as e:
+        load_config({**base, **section})
+    assert fix in str(e.value) and len(str(e.value).splitlines()) <= 2, str(e.value)
 
 
 def test_data_validation_is_a_dataset_checked_only_for_optimize(tmp_path, monkeypatch):

@@ -52,8 +52,8 @@ def test_every_config_field_is_in_the_generated_reference(gen_docs):
     assert len(keys) > 80  # the walk reaches the nested sections (data.train.*, eval.sweep.*, ...)
     missing = [key for key, _ in keys if f"`{key}`" not in page]
     assert not missing, f"config keys missing from the generated reference: {missing}"
-    for key in ("data.validation.max_length", "eval.sweep.proj_dims", "optimizer.projection.update_gap",
-                "optimize.projection.rank", "training.out_dir", "store.dtype"):
+    for key in ("data.validation.max_length", "eval.sweep.proj_dims", "optimize.projection.update_gap",
+                "optimize.projection.rank", "optimize.out_dir", "store.dtype"):
         assert f"`{key}`" in page
 
 

@@ -1,5 +1,5 @@
 """`trak eval lds`: subsets, model outputs, the LDS against scipy, retraining into the store
-(resume after kill -9, workers, identity checks), external files through the CLI, training.entrypoint."""
+(resume after kill -9, workers, identity checks), external files through the CLI, optimize.entrypoint."""
 
 from __future__ import annotations
 
@@ -237,10 +237,10 @@ def train(model, inputs, labels, seed, steps=3, lr=0.5, log="calls.txt"):
 def test_training_entrypoint_trains_optimize_and_eval_models(user_project):
     (user_project / "my_train.py").write_text(TRAIN_FILE)
     cfg = yaml.safe_load(Path("run.yaml").read_text())
-    cfg["training"] = {
+    cfg["optimize"] = {
         "n_models": 1, "out_dir": "trained", "entrypoint": "my_train.py:train", "kwargs": {"steps": 4}, "seed": 5,
+        "optimizer": "sgd",
     }
-    cfg["optimizer"] = {"name": "sgd"}
     cfg["eval"] = {"n_subsets": 3, "bootstrap": 50}
     cfg["num_threads"] = 1
     Path("run.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
@@ -269,12 +269,18 @@ def test_training_entrypoint_trains_optimize_and_eval_models(user_project):
     np.testing.assert_array_equal(res.masks[1], mask)
     # the recipe the store records is the function's, and a changed kwarg refuses
     with pytest.raises(StoreMismatchError, match=r"recipe.kwargs.steps: store has 4, this run has 5"):
-        retrain(load_config("run.yaml", ["training.kwargs.steps=5"]))
+        retrain(load_config("run.yaml", ["optimize.kwargs.steps=5"]))
     # a function returning something else than a model
-    res = trak("eval", "lds", "run.yaml", "training.kwargs.steps=0", "--overwrite")
-    assert res.exit_code == 1 and "training.entrypoint 'my_train.py:train' returned a str" in res.stderr
-    res = trak("optimize", "run.yaml", "training.entrypoint=my_train.py:trian", "--overwrite")
-    assert res.exit_code == 1 and "training.entrypoint: 'my_train.py' has no function 'trian'; did you mean 'train'?" in res.stderr
+    res = trak("eval", "lds", "run.yaml", "optimize.kwargs.steps=0", "--overwrite")
+    assert res.exit_code == 1 and "optimize.entrypoint 'my_train.py:train' returned a str" in res.stderr
+    res = trak("optimize", "run.yaml", "optimize.entrypoint=my_train.py:trian", "--overwrite")
+    assert res.exit_code == 1 and "optimize.entrypoint: 'my_train.py' has no function 'trian'; did you mean 'train'?" in res.stderr
+    # trak eval needs no optimize.out_dir (its retrained models live in the store); trak optimize does
+    before = sorted(p.name for p in Path(".").iterdir())
+    assert retrain(load_config("run.yaml", ["optimize.out_dir=null", "store.path=out/no_out_dir.zarr"])).trained == 3
+    assert sorted(p.name for p in Path(".").iterdir()) == before
+    res = trak("optimize", "run.yaml", "optimize.out_dir=null")
+    assert res.exit_code == 1 and "optimize.out_dir: required by trak optimize" in res.stderr
 
 
 # ----------------------------------------------------------------------------

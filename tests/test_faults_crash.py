@@ -18,6 +18,7 @@ import pytest
 import zarr
 
 from projects import assert_same_store, make_project, msg, run
+from trakcli.store import SCHEMA_VERSION
 
 STORE = Path("out") / "attrib.zarr"
 
@@ -130,7 +131,7 @@ def test_new_store_root_is_written_with_its_attributes_in_one_write(tmp_path):
         assert run(root, "featurize", "run.yaml", "-q").returncode == 0
     finally:
         zarr.storage.LocalStore.set = real
-    assert writes and writes[0].get("schema_version") == 1 and "identity" in writes[0]
+    assert writes and writes[0].get("schema_version") == SCHEMA_VERSION and "identity" in writes[0]
 
 
 def test_overwrite_killed_while_deleting_leaves_a_store_or_nothing(project, finished):

@@ -230,9 +230,10 @@ def test_make_projector_kronecker_names_the_featurizer():
 # --- config -----------------------------------------------------------------------------------------------------
 
 
-def test_both_recipe_spellings(project):
+def test_a_training_section_names_optimize(project):
     msg = failed(trak("optimize", "run.yaml", "training.epochs=2"))
-    assert "optimize: and training: are both given; give one of optimize: or training:" in msg
+    assert "training: is not a config section; the training recipe is the optimize: section: write training.KEY as " \
+           "optimize.KEY" in msg
     assert "out_dir" not in msg
 
 

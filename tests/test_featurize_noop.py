@@ -154,12 +154,12 @@ DAMAGES = {
     "garbage train metadata": (lambda root: (root / STORE / "train/zarr.json").write_text("[1, 2"), []),
     "garbage root metadata": (lambda root: (root / STORE / "zarr.json").write_text("garbage"), []),
     "other schema version": (
-        lambda root: _rewrite(root / STORE / "zarr.json", lambda m: m["attributes"].update(schema_version=2)), []
+        lambda root: _rewrite(root / STORE / "zarr.json", lambda m: m["attributes"].update(schema_version=1)), []
     ),
-    "older store without layout": (
+    "store without layout": (
         lambda root: _rewrite(root / STORE / "zarr.json", lambda m: m["attributes"].pop("layout")), []
     ),
-    "older store without sha256": (
+    "train group without sha256": (
         lambda root: _rewrite(root / STORE / "train/0/zarr.json", lambda m: m["attributes"].pop("sha256")), []
     ),
     "other shape": (
@@ -175,10 +175,6 @@ DAMAGES = {
     "deleted kernel": (lambda root: shutil.rmtree(root / STORE / "train/1/kernel"), []),
     "kernel of another ridge": (lambda root: None, ["score.lambda_rel=2.0"]),
     "garbage kernel metadata": (lambda root: (root / STORE / "train/0/kernel/zarr.json").write_text("garbage"), []),
-    "kernel of a stale form": (  # an older trakcli's dual kernel: made again
-        lambda root: _rewrite(root / STORE / "train/1/kernel/zarr.json",
-                              lambda m: m["attributes"].update(form="dual_cholesky_lower")), []
-    ),
 }
 
 

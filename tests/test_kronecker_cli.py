@@ -3,7 +3,7 @@
 The reference is :class:`trakcli.factors.KroneckerFeaturizer` called directly
 on the whole training set (its own agreement with vmap per-example gradients
 is tests/test_kronecker.py's); the store-robustness helpers (kills, torchrun,
-store comparison) are tests/test_store_robust.py's.
+store comparison) are tests/projects.py's.
 """
 
 from __future__ import annotations
@@ -167,6 +167,8 @@ def test_inspect_shows_the_layers(user_project):
     for row in ("│ 0     │ linear │ 8 x 7        │ 3 x 3        │        8 │ weight, bias │",
                 "│ 2     │ linear │ 3 x 9        │ 3 x 3        │        8 │ weight, bias │"):
         assert row in res.stderr, res.stderr
+    # the grid holds more products than the layer's features: the caption says which ones are kept
+    assert "they are the first `features` entries of the k_out x k_in grid" in " ".join(res.stderr.split())
     res = trak("inspect", "out/attrib.zarr", "--json")
     assert res.exit_code == 0, res.stderr
     layers = json.loads(res.stdout)["identity"]["projector"]["layers"]

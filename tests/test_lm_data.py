@@ -431,3 +431,18 @@ def test_load_dataset_routes_language_model_data(tmp_path, chat_tok):
     assert isinstance(ds, TextDataset) and not ds.per_token_labels and ds.labels.tolist() == [2]
     off, x, y = next(ds.batches(0, 1, 4))
     assert y.tolist() == [2] and x["input_ids"].shape == (1, 3)
+
+
+def test_a_tokenizer_only_directory_is_taken_as_the_tokenizer(tmp_path, chat_tok):
+    """data.*.tokenizer may name a folder holding only a tokenizer (no config.json, no model)."""
+    from trakcli.config.load import load_config
+
+    assert not (chat_tok / "config.json").exists() and (chat_tok / "tokenizer_config.json").exists()
+    path = write_jsonl(tmp_path / "t.jsonl", [{"text": t} for t in random_texts(4)])
+    cfg = load_config({
+        "model": {"entrypoint": "my_model.py:make_model"}, "task": "language_modeling", "checkpoints": "c/*.pt",
+        "data": {"train": {"path": str(path), "text": "text", "tokenizer": str(chat_tok)}}, "store": "s.zarr",
+    })
+    ds = load_dataset(cfg.data.train, key="data.train")
+    [(_, x, _)] = list(ds.batches(0, 4, 8))
+    assert x["input_ids"].shape[0] == 4 and ds.tokenizer.eos_token == "[SEP]"

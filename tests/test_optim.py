@@ -425,7 +425,14 @@ def test_projection_settings_object_equals_its_mapping_and_invalid_values_are_al
         "projection.rnk: Extra inputs are not permitted (got 3)",
     ]
     with pytest.raises(OptimizerError, match="mode global needs proj_dim"):
-        ProjectedOptimizer(mlp().parameters(), projection=ProjectionSettings(mode="global"), lr=0.1)
+        ProjectedOptimizer(mlp().parameters(), projection={"mode": "global"}, lr=0.1)
+    # a settings object validates when it is made; a boolean is not an integer
+    with pytest.raises(ValueError, match="mode global needs proj_dim"):
+        ProjectionSettings(mode="global")
+    with pytest.raises(ValueError, match="rank\n.*must be an integer, not a boolean"):
+        ProjectionSettings(rank=True)
+    with pytest.raises(OptimizerError, match="projection.update_gap: must be an integer, not a boolean"):
+        ProjectedOptimizer(mlp().parameters(), projection={"update_gap": True}, lr=0.1)
 
 
 def test_optim_imports_neither_config_nor_store():

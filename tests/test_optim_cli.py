@@ -19,53 +19,30 @@ def test_shipped_projected_config_validates():
     p = cfg.optimize.projection
     assert (p.mode, p.kind, p.rank, p.update_gap, p.on_refresh) == ("per_matrix", "rademacher", 8, 50, "transfer")
     assert (cfg.optimize.optimizer, cfg.optimize.lr, cfg.optimize.n_models) == ("adamw", 3e-3, 10)
-    cfg = load_config("configs/digits_projected.yaml", ["optimizer.projection.mode=global"])
+    cfg = load_config("configs/digits_projected.yaml", ["optimize.projection.mode=global"])
     assert (cfg.optimize.projection.mode, cfg.optimize.projection.proj_dim) == ("global", 500)
 
 
-def _flat(raw: dict) -> dict:
-    """The same config with training: + optimizer: folded into one flat optimize: section."""
-    raw = dict(raw)
-    training, optimizer = raw.pop("training"), dict(raw.pop("optimizer"))
-    optimizer["optimizer"] = optimizer.pop("name")
-    raw["optimize"] = {**training, **optimizer}
-    return raw
-
-
-@pytest.mark.parametrize("overrides", [
-    ([], []),
-    (["optimizer.projection.mode=global", "optimizer.lr=0.01", "training.epochs=2"],
-     ["optimize.projection.mode=global", "optimize.lr=0.01", "optimize.epochs=2"]),
-])
-def test_sections_and_flat_spelling_resolve_to_the_same_recipe(overrides):
-    raw = yaml.safe_load(Path("configs/digits_projected.yaml").read_text())
-    assert "optimize" not in raw and {"training", "optimizer"} <= set(raw)  # the shipped config uses the two-section spelling
-    sections = load_config(raw, overrides[0])
-    flat = load_config(_flat(raw), overrides[1])
-    assert sections.optimize.model_dump() == flat.optimize.model_dump()
-    # what --print-config shows loads back to the same recipe, in the spelling the user wrote
-    shown = sections.resolved()
-    assert "optimize" not in shown and load_config(shown).optimize == sections.optimize
-
-
-def test_trak_optimize_prints_the_sections_config():
-    res = trak("optimize", "configs/digits_projected.yaml", "--print-config", "optimizer.projection.rank=4")
+def test_trak_optimize_prints_the_config_with_its_overrides():
+    res = trak("optimize", "configs/digits_projected.yaml", "--print-config", "optimize.projection.rank=4")
     assert res.exit_code == 0, res.stderr
     shown = yaml.safe_load(res.stdout)
-    assert shown["optimizer"]["projection"]["rank"] == 4 and shown["training"]["n_models"] == 10
+    assert shown["optimize"]["projection"]["rank"] == 4 and shown["optimize"]["n_models"] == 10
+    assert load_config(shown).optimize == load_config("configs/digits_projected.yaml",
+                                                      ["optimize.projection.rank=4"]).optimize
 
 
 def test_projection_config_errors_are_listed_with_their_keys():
     with pytest.raises(ConfigError) as e:
         load_config(
             "configs/digits_projected.yaml",
-            ["optimizer.projection.mode=global", "optimizer.projection.rnk=3", "optimizer.projection.on_refresh=drop"],
+            ["optimize.projection.mode=global", "optimize.projection.rnk=3", "optimize.projection.on_refresh=drop"],
         )
     msg = str(e.value)
-    assert "optimizer.projection.rnk: unknown key; did you mean optimizer.projection.rank?" in msg
-    assert "optimizer.projection.on_refresh" in msg
+    assert "optimize.projection.rnk: unknown key; did you mean optimize.projection.rank?" in msg
+    assert "optimize.projection.on_refresh" in msg
     with pytest.raises(ConfigError, match="mode global needs proj_dim"):
-        load_config("configs/digits_projected.yaml", ["optimizer.projection.mode=global", "optimizer.projection.proj_dim=null"])
+        load_config("configs/digits_projected.yaml", ["optimize.projection.mode=global", "optimize.projection.proj_dim=null"])
 
 
 def test_trak_optimize_with_projection_writes_checkpoints_featurize_consumes(user_project):
@@ -170,38 +147,36 @@ def test_optimize_finetunes_from_init_checkpoint_on_random_subsets(user_project)
     assert res.exit_code == 1 and "optimize.init_checkpoint: file 'missing.pt' does not exist" in res.stderr
 
 
-def test_missing_init_checkpoint_is_named_in_the_users_spelling(user_project):
-    cfg = yaml.safe_load(Path("run.yaml").read_text())
-    cfg["training"] = {"n_models": 1, "epochs": 1, "out_dir": "t", "init_checkpoint": "missing.pt"}
-    cfg["optimizer"] = {"name": "sgd", "lr": 0.1}
-    Path("t.yaml").write_text(yaml.safe_dump(cfg))
-    res = trak("optimize", "t.yaml")
+def test_a_training_override_is_refused_naming_optimize(user_project):
+    res = trak("optimize", "run.yaml", "training.init_checkpoint=missing.pt")
     assert res.exit_code == 1
-    assert "training.init_checkpoint: file 'missing.pt' does not exist" in " ".join(res.stderr.split())
+    assert "training: is not a config section; the training recipe is the optimize: section" in " ".join(res.stderr.split())
 
 
 @pytest.mark.parametrize("raw", [
     {}, {"mode": "global", "proj_dim": 40, "kind": "sjlt"}, {"rank": None}, {"rank": "4", "scale": "1e-3"},
     {"mode": "global", "kind": "noop"}, {"mode": "global"}, {"rank": 0}, {"on_refresh": "drop"}, {"rnk": 2},
-    {"seed": -1}, {"update_gap": 1.5}, {"implementation": "cuda"},
+    {"seed": -1}, {"update_gap": 1.5}, {"implementation": "cuda"}, {"rank": True}, {"proj_dim": False, "mode": "global"},
     {"kind": "kronecker"}, {"kind": "kronecker", "rank": 3, "update_gap": 5}, {"mode": "global", "kind": "kronecker"},
     {"mode": "global", "kind": "kronecker", "proj_dim": 40}, {"kind": "kronecker", "implementation": "chunked"},
 ])
 def test_the_optimizer_settings_validate_as_the_config_projection_section(raw):
-    """optim's plain ProjectionSettings and the config's ProjectionConfig: same keys, defaults and checks."""
-    from pydantic import ValidationError
-
-    from trakcli.config.recipe import ProjectionConfig
+    """The config's optimize.projection is the optimizer's ProjectionSettings: same keys, defaults, checks and words."""
     from trakcli.errors import OptimizerError
     from trakcli.optim.settings import resolve_projection
 
+    base = {"checkpoints": "c/*.pt", "data": {"train": {"builtin": "digits", "split": "train"}}, "store": "s.zarr"}
     try:
-        expected = ProjectionConfig.model_validate(raw).model_dump()
-    except ValidationError:
-        with pytest.raises(OptimizerError):
+        expected = load_config({**base, "optimize": {"out_dir": "o", "projection": raw}}).optimize.projection
+    except ConfigError as e:
+        with pytest.raises(OptimizerError) as o:
             resolve_projection(raw)
+        # the same keys refused (the config adds a did-you-mean to an unknown key)
+        said = ["projection" + ln.split("optimize.projection", 1)[1].split(":", 1)[0] + ":"
+                for ln in str(e).splitlines() if "optimize.projection" in ln]
+        assert said and all(s in str(o.value) for s in said), (str(e), str(o.value))
     else:
-        assert resolve_projection(raw) == expected
+        assert resolve_projection(raw) == expected.model_dump()
 
 
 def test_kronecker_projection_in_the_config_and_the_training_recipe():
@@ -210,12 +185,12 @@ def test_kronecker_projection_in_the_config_and_the_training_recipe():
 
     from trakcli.jobs.train import train_classifier
 
-    cfg = load_config("configs/digits_projected.yaml", ["optimizer.projection.kind=kronecker"])
+    cfg = load_config("configs/digits_projected.yaml", ["optimize.projection.kind=kronecker"])
     p = cfg.recipe.projection
     assert (p.kind, p.mode, p.rank) == ("kronecker", "per_matrix", 8)
     with pytest.raises(ConfigError, match="kind kronecker .* no global form; use mode: per_matrix"):
         load_config("configs/digits_projected.yaml",
-                    ["optimizer.projection.kind=kronecker", "optimizer.projection.mode=global"])
+                    ["optimize.projection.kind=kronecker", "optimize.projection.mode=global"])
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(40, 6, generator=g), torch.randint(0, 3, (40,), generator=g)
     torch.manual_seed(0)

@@ -27,16 +27,13 @@ from trakcli.progress import Reporter, Task
 from projects import invoke as trak
 
 
-def project(name: str = "opt.yaml", *, spelling: str = "optimize", validation: bool = False, **recipe) -> dict:
+def project(name: str = "opt.yaml", *, validation: bool = False, **recipe) -> dict:
     """The user_project config with a small training recipe writing to trained/ (checkpoints: its manifest)."""
     cfg = yaml.safe_load(Path("run.yaml").read_text())
     cfg["checkpoints"] = "trained/manifest.json"
     cfg["num_threads"] = 1
     train = {"n_models": 2, "epochs": 3, "batch_size": 8, "seed": 5, "out_dir": "trained", **recipe}
-    if spelling == "optimize":
-        cfg["optimize"] = {"optimizer": "sgd", "lr": 0.1, **train}
-    else:
-        cfg["training"], cfg["optimizer"] = train, {"name": "sgd", "lr": 0.1}
+    cfg["optimize"] = {"optimizer": "sgd", "lr": 0.1, **train}
     if validation:
         cfg["data"]["validation"] = {"path": "ckpts/data.pt", "inputs": "x_target", "labels": "y_target"}
     Path(name).write_text(yaml.safe_dump(cfg, sort_keys=False))
@@ -64,21 +61,17 @@ def store_arrays(store: str) -> dict[str, np.ndarray]:
 # the manifest
 
 
-@pytest.mark.parametrize("spelling", ["optimize", "sections"])
-def test_manifest_records_the_run_and_featurize_reads_it_like_the_glob(user_project, spelling):
-    project(spelling=spelling, subset_fraction=0.5, metrics="metrics.json")
+def test_manifest_records_the_run_and_featurize_reads_it_like_the_glob(user_project):
+    project(subset_fraction=0.5, metrics="metrics.json")
     res = trak("optimize", "opt.yaml")
     assert res.exit_code == 0, res.stderr
     assert "manifest -> trained/manifest.json" in res.stderr
     m = manifest()
     assert m["format"] == "trakcli.optimize.manifest" and m["n_models"] == 2 and m["complete"] is True
     assert m["model"] == {"entrypoint": "my_model.py:make_model", "kwargs": {}}
-    # the recipe in the spelling of the config
-    if spelling == "optimize":
-        assert set(m["recipe"]) == {"optimize"} and m["recipe"]["optimize"]["lr"] == 0.1
-    else:
-        assert set(m["recipe"]) == {"training", "optimizer"} and m["recipe"]["optimizer"]["name"] == "sgd"
-        assert m["recipe"]["training"]["subset_fraction"] == 0.5
+    # the recipe: the optimize: section
+    assert set(m["recipe"]) == {"optimize"} and m["recipe"]["optimize"]["lr"] == 0.1
+    assert m["recipe"]["optimize"]["optimizer"] == "sgd" and m["recipe"]["optimize"]["subset_fraction"] == 0.5
     models = m["models"]
     assert [e["model_id"] for e in models] == [0, 1] and [e["seed"] for e in models] == [5, 6]
     for e in models:
@@ -94,7 +87,7 @@ def test_manifest_records_the_run_and_featurize_reads_it_like_the_glob(user_proj
     assert models[0]["subset_indices"] != models[1]["subset_indices"]
     # the metrics JSON: the same recipe sections and per-model metrics, flat
     metrics = json.loads(Path("metrics.json").read_text())
-    assert {k: metrics[k] for k in m["recipe"]} == m["recipe"] and ("optimize" in metrics) == (spelling == "optimize")
+    assert {k: metrics[k] for k in m["recipe"]} == m["recipe"] and "optimize" in metrics
     assert [r["history"] for r in metrics["models"]] == [e["metrics"]["history"] for e in models]
     assert [r["subset_indices"] for r in metrics["models"]] == [e["subset_indices"] for e in models]
     # the manifest resolves to the checkpoints of the glob, in model_id order, from any working directory
@@ -175,12 +168,12 @@ def test_rerun_with_another_recipe_is_refused_and_more_models_extend_the_run(use
     assert msg in res.stderr
     assert "--overwrite" in res.stderr
     assert manifest() == first  # untouched
-    # the same recipe in the other spelling (training: + optimizer:) trained the same models: kept
-    project("sections.yaml", spelling="sections")
-    res = trak("optimize", "sections.yaml")
+    # the same recipe with a run-only key changed (metrics) trained the same models: kept
+    project("same.yaml", metrics="same.json")
+    res = trak("optimize", "same.yaml")
     assert res.exit_code == 0, res.stderr
     assert res.stderr.count("exists, kept") == 2
-    assert manifest()["models"] == first["models"] and set(manifest()["recipe"]) == {"training", "optimizer"}
+    assert manifest()["models"] == first["models"] and manifest()["recipe"]["optimize"]["metrics"] == "same.json"
     # more models: the finished ones are kept with their records, the new one is trained
     res = trak("optimize", "opt.yaml", "optimize.n_models=3", "optimize.checkpoint_every=2")
     assert res.exit_code == 0, res.stderr

@@ -1,4 +1,4 @@
-"""Projector contract (design.md, "Projector contract"): each promise is a test here."""
+"""The projector contract (docs/guides/projectors.md): each promise is a test here."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The Triton projector computes the matrix of its CPU reference (design.md promise 3).
+"""The Triton projector computes the matrix of its CPU reference (the projector contract: features made on a GPU score against targets projected on a CPU).
 
 Without a GPU the kernels run under ``TRITON_INTERPRET=1`` at small sizes; the
 tests skip when triton is not installed.

@@ -224,7 +224,7 @@ def test_a_missing_state_is_refused_in_one_line_naming_save_optimizer_state(with
     res = trak("featurize", "run.yaml", "-q", "second_moment=adafactor")
     assert res.exit_code == 1
     line = res.stderr.strip()
-    assert "\n" not in line and "training.save_optimizer_state: true" in line and "model_1.pt" in line
+    assert "\n" not in line and "optimize.save_optimizer_state: true" in line and "model_1.pt" in line
     assert "model_id 1" in line
 
 
@@ -265,13 +265,13 @@ def test_featurize_reads_the_state_a_trak_optimize_manifest_records(user_project
 
     cfg = yaml.safe_load(Path("run.yaml").read_text())
     cfg.update(checkpoints="trained/manifest.json", projector={"kind": "kronecker", "proj_dim": 16},
-               training={"n_models": 1, "epochs": 2, "batch_size": 8, "out_dir": "trained"},
-               optimizer={"name": "adamw", "lr": 1e-2})
+               optimize={"n_models": 1, "epochs": 2, "batch_size": 8, "out_dir": "trained", "optimizer": "adamw",
+                         "lr": 1e-2})
     Path("opt.yaml").write_text(yaml.safe_dump(cfg))
     assert trak("optimize", "opt.yaml", "-q").exit_code == 0
     res = trak("featurize", "opt.yaml", "-q", "second_moment=adafactor")
-    assert res.exit_code == 1 and "training.save_optimizer_state: true" in res.stderr
-    assert trak("optimize", "opt.yaml", "-q", "training.save_optimizer_state=true", "--overwrite").exit_code == 0
+    assert res.exit_code == 1 and "optimize.save_optimizer_state: true" in res.stderr
+    assert trak("optimize", "opt.yaml", "-q", "optimize.save_optimizer_state=true", "--overwrite").exit_code == 0
     res = trak("featurize", "opt.yaml", "-q", "second_moment=adafactor")
     assert res.exit_code == 0, res.stderr
     import zarr

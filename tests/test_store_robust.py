@@ -241,21 +241,23 @@ def test_inspect_and_export(tmp_path, reference):
     assert res.returncode == 1 and "no trakcli store at nowhere.zarr" in res.stderr
 
 
-def test_layout_is_recorded_and_an_older_store_without_it_is_read_then_given_it(tmp_path, reference):
+def test_layout_is_recorded_and_a_store_of_another_schema_version_is_refused(tmp_path):
+    from trakcli.store import SCHEMA_VERSION
+
     root = make_project(tmp_path / "p")
     assert run(root, "featurize", "run.yaml", "-q").returncode == 0
     path = root / "out" / "attrib.zarr"
     layout = {"n_train": N_TRAIN, "proj_dim": 32, "chunk_rows": CHUNK, "dtype": "float32", "compressor": "zstd"}
-    assert dict(zarr.open_group(str(path), mode="r").attrs)["layout"] == layout
-    g = zarr.open_group(str(path), mode="r+")  # as written by a trakcli before the layout attribute
-    del g.attrs["layout"]
-    res = run(root, "score", "run.yaml", "-q")  # reads the shapes from the store's recorded identity
-    assert res.returncode == 0, res.stderr
-    assert "layout" not in zarr.open_group(str(path), mode="r").attrs
-    assert_same_store(path, reference / "out" / "attrib.zarr")
-    assert run(root, "featurize", "run.yaml", "-q").returncode == 0  # a finished run records it
-    assert dict(zarr.open_group(str(path), mode="r").attrs)["layout"] == layout
-    assert json.loads(run(root, "inspect", "out/attrib.zarr", "--json").stdout)["train"][0]["rows_done"] == N_TRAIN
+    attrs = dict(zarr.open_group(str(path), mode="r").attrs)
+    assert attrs["layout"] == layout and attrs["schema_version"] == SCHEMA_VERSION
+    zarr.open_group(str(path), mode="r+").attrs["schema_version"] = SCHEMA_VERSION - 1
+    refusal = (f"has schema_version {SCHEMA_VERSION - 1}, this trakcli", f"reads schema_version {SCHEMA_VERSION}; "
+               "re-featurize it: `trak featurize CONFIG --overwrite`")
+    for cmd in (["featurize", "run.yaml", "-q"], ["score", "run.yaml", "-q"], ["inspect", "out/attrib.zarr"]):
+        res = run(root, *cmd)
+        assert res.returncode == 1 and all(part in res.stderr for part in refusal), (cmd, res.stderr)
+    assert run(root, "featurize", "run.yaml", "-q", "--overwrite").returncode == 0
+    assert dict(zarr.open_group(str(path), mode="r").attrs)["schema_version"] == SCHEMA_VERSION
 
 
 def test_store_is_told_its_layout_and_refuses_another(tmp_path):

@@ -30,7 +30,7 @@ from trakcli.config import DataConfig, ProjectorConfig, ScoreConfig, StoreConfig
 from trakcli.data.load import checked_dataset
 from trakcli.data.tensors import Inputs, TensorDataset
 from trakcli.distributed import Dist
-from trakcli.errors import CheckpointError, ConfigError, DataError, StoreError
+from trakcli.errors import CheckpointError, ConfigError, DataError, StoreError, StoreMismatchError
 from trakcli.factors import KroneckerFeaturizer
 from trakcli.tasks import resolve_task, task_identity
 from trakcli.jobs.featurize import featurize_rows
@@ -38,7 +38,7 @@ from trakcli.jobs.runtime import locked_store, resolve_device
 from trakcli.jobs.score import score_targets
 from trakcli.jobs.setup import JobSetup, batch_rows_for, build_featurizer, run_identity
 from trakcli.models.checkpoints import file_sha256, load_checkpoint, nonfinite_parameters
-from trakcli.progress import NULL_REPORTER, Reporter
+from trakcli.progress import Reporter, default_reporter
 from trakcli.store import Store, StoreLayout
 from trakcli.store.store import TOP_K_ARRAYS
 
@@ -224,7 +224,9 @@ class Attributor:
         batch_size: rows per featurizer batch (None: the rows of the first batch given), lowered to fit
             ``grad_memory_mb`` like ``data.batch_size``.
         grad_memory_mb: as ``data.grad_memory_mb``.
-        reporter: progress and messages (default: silent).
+        reporter: progress and messages; None: plain progress lines on stderr when it is a terminal
+            (:class:`trakcli.progress.StderrReporter`), else silent. Pass ``trakcli.progress.NULL_REPORTER``
+            for none, or your own :class:`trakcli.progress.Reporter`.
 
     Raises:
         ConfigError: a bad ``store``, ``projector``, ``task``, ``grad_wrt`` or ``gradient_method``.
@@ -243,12 +245,13 @@ class Attributor:
         device: str = "cpu",
         batch_size: int | None = None,
         grad_memory_mb: int = _DEFAULT_MEMORY_MB,
-        reporter: Reporter = NULL_REPORTER,
+        reporter: Reporter | None = None,
     ):
         self.store: StoreConfig = validate_section(StoreConfig, {"path": store} if isinstance(store, (str, Path)) else store, "store")
         self.projector: ProjectorConfig = validate_section(ProjectorConfig, projector or {}, "projector")
         self.task = resolve_task(task)
         self.grad_wrt = [grad_wrt] if isinstance(grad_wrt, str) else grad_wrt
+        reporter = default_reporter() if reporter is None else reporter
         self.model, self.batch_size, self.grad_memory_mb, self.reporter = model, batch_size, grad_memory_mb, reporter
         self.dist = Dist()
         self.device = resolve_device(device, self.dist)
@@ -290,6 +293,21 @@ class Attributor:
             "device": str(self.device),
         }
 
+    def _api_fix(self, message: str) -> str:
+        """A store mismatch message with the fix said for the Python API (the CLI's flags and keys named as arguments)."""
+        fresh = f"give Attributor another store path, or delete {self.path} to start over"
+        for cli, api in (
+            ("rerun with --overwrite to start over, or choose another store path", fresh),
+            ("rerun with --overwrite to start over", fresh),
+            ("rerun with --overwrite to recompute them, or set score.experiment to a new name",
+             "pass overwrite=True to recompute them, or another experiment="),
+            ("rerun with --overwrite to recompute the scores, or set score.experiment to a new name",
+             "pass overwrite=True to recompute the scores, or another experiment="),
+        ):
+            if cli in message:
+                return message.replace(cli, api)
+        return message
+
     def featurize(self, batches: Iterable[Any], *, checkpoint: Any, model_id: int) -> int:
         """Train features of one checkpoint into ``train/<model_id>`` (traker's ``load_checkpoint`` + ``featurize``).
 
@@ -308,14 +326,18 @@ class Attributor:
         Raises:
             DataError, GradientError, CheckpointError: bad batches, inputs, labels or checkpoint.
             StoreMismatchError: the store was made with other settings or train data, or holds
-                ``model_id`` from another checkpoint.
+                ``model_id`` from another checkpoint (the message says to use another store path,
+                or to delete the store).
             StoreError: the store is in use or cannot be written.
         """
         train, first = collect_batches(batches, "train batches")
         s = self._setup(len(train), train, self.batch_size or first, {model_id: checkpoint})
         with locked_store(self.path, self.dist, self.reporter):
-            store = Store.create_or_check(self.path, s.identity, self._config(), layout=s.layout)
-            rows = store.train(model_id, s.checkpoints[0], s.shas[0])
+            try:
+                store = Store.create_or_check(self.path, s.identity, self._config(), layout=s.layout)
+                rows = store.train(model_id, s.checkpoints[0], s.shas[0])
+            except StoreMismatchError as e:
+                raise StoreMismatchError(self._api_fix(str(e))) from None
             n, _ = featurize_rows(
                 s, train, rows, model_id, with_out_to_loss=True, skip_nonfinite=False, reporter=self.reporter,
                 label="featurize",
@@ -413,8 +435,11 @@ class Attributor:
             raise StoreError(f"the store {self.path} holds no train features yet; call Attributor.featurize first")
         known = _KnownTrainData(stored.identity["train_data"])
         s = self._setup(stored.layout.n_train, known, self.batch_size or first, dict(enumerate(checkpoints)))
-        score_targets(
-            s, self.path, target, experiment=experiment, lambda_reg=lambda_reg, lambda_rel=lambda_rel,
-            top_k=top[0] if top else None, full=top[1] if top else True, normalize=normalize,
-            overwrite=overwrite, reporter=self.reporter,
-        )
+        try:
+            score_targets(
+                s, self.path, target, experiment=experiment, lambda_reg=lambda_reg, lambda_rel=lambda_rel,
+                top_k=top[0] if top else None, full=top[1] if top else True, normalize=normalize,
+                overwrite=overwrite, reporter=self.reporter,
+            )
+        except StoreMismatchError as e:
+            raise StoreMismatchError(self._api_fix(str(e))) from None

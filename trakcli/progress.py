@@ -1,13 +1,16 @@
 """Progress reporting without a UI dependency.
 
 Library functions take a :class:`Reporter`; the CLI passes one that draws rich
-progress bars on stderr, tests and library users get the silent default.
+progress bars on stderr, tests get the silent default, and the Python API
+(:class:`trakcli.Attributor`) a :class:`StderrReporter` when stderr is a terminal.
 """
 
 from __future__ import annotations
 
+import sys
+import time
 from contextlib import contextmanager
-from typing import Iterator, Union
+from typing import IO, Iterator, Union
 
 Field = Union[float, int, str]
 """A live value shown beside a progress bar (floats are shown with 4 significant digits)."""
@@ -45,3 +48,63 @@ def format_fields(fields: dict[str, Field]) -> str:
 
 
 NULL_REPORTER = Reporter()
+
+
+class _LineTask(Task):
+    """A task that rewrites one stderr line (``description: done/total  fields``), at most every ``interval`` s."""
+
+    def __init__(self, reporter: "StderrReporter", description: str, total: int):
+        self.reporter, self.description, self.total = reporter, description, total
+        self.done, self.fields, self.shown = 0, {}, 0.0
+
+    def advance(self, n: int = 1) -> None:
+        self.done += n
+        self.show(self.done >= self.total)
+
+    def update(self, **fields: Field) -> None:
+        self.fields.update(fields)
+        self.show(False)
+
+    def show(self, force: bool) -> None:
+        now = time.monotonic()
+        if force or now - self.shown >= self.reporter.interval:
+            self.shown = now
+            extra = format_fields(self.fields)
+            self.reporter.stream.write(f"\r{self.description}: {self.done}/{self.total}{'  ' + extra if extra else ''}")
+            self.reporter.stream.flush()
+
+
+class StderrReporter(Reporter):
+    """Plain progress on a terminal: one line per task, rewritten in place, and messages.
+
+    What :class:`trakcli.Attributor` reports with by default when stderr is a terminal
+    (the CLI draws rich progress bars instead).
+
+    Args:
+        stream: where to write (default: ``sys.stderr``).
+        interval: seconds between redraws of a task's line.
+    """
+
+    def __init__(self, stream: IO[str] | None = None, interval: float = 0.5):
+        self.stream = stream if stream is not None else sys.stderr
+        self.interval = interval
+
+    @contextmanager
+    def task(self, description: str, total: int) -> Iterator[Task]:
+        task = _LineTask(self, description, total)
+        task.show(True)
+        try:
+            yield task
+        finally:
+            self.stream.write("\n")
+            self.stream.flush()
+
+    def info(self, message: str) -> None:
+        self.stream.write(message + "\n")
+        self.stream.flush()
+
+
+def default_reporter() -> Reporter:
+    """:class:`StderrReporter` when stderr is a terminal, else the silent :data:`NULL_REPORTER`."""
+    isatty = getattr(sys.stderr, "isatty", None)
+    return StderrReporter() if callable(isatty) and isatty() else NULL_REPORTER

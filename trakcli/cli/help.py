@@ -54,10 +54,6 @@ def relabel(param: Any) -> None:
         param.display_type_rich = lambda ctx: option_label(param, ctx)
 
 
-#: sections whose keys are the two-section spelling of ``optimize:`` (suggested as ``optimize.KEY``)
-SKIPPED_SECTIONS = ("training.", "optimizer.")
-
-
 @lru_cache(maxsize=1)
 def config_keys() -> tuple[str, ...]:
     """Every dotted config key (``projector.proj_dim``, ``data.train.path``, ...) from the config schema."""
@@ -74,7 +70,7 @@ def config_keys() -> tuple[str, ...]:
             else:
                 yield prefix + name
 
-    return tuple(k for k in walk(Config, "") if not k.startswith(SKIPPED_SECTIONS))
+    return tuple(walk(Config, ""))
 
 
 def override_hint(option: str, args: list[str]) -> str | None:

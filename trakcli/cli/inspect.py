@@ -28,7 +28,11 @@ def _size(n: int) -> str:
 
 def _layer_table(layers: list[dict]) -> Table:
     """The per-layer split of a kronecker projector's spec: gradient matrix d_out x d_in, grid k_out x k_in, width."""
-    table = Table(title=f"kronecker projection: {len(layers)} layers")
+    table = Table(
+        title=f"kronecker projection: {len(layers)} layers",
+        caption="features: the layer's share of proj_dim; they are the first `features` entries of the "
+        "k_out x k_in grid (row-major), the near-square grid that holds them",
+    )
     for col in ("layer", "kind", "d_out x d_in", "k_out x k_in", "features", "parameters"):
         # names are folded, never cut: they are what grad_wrt patterns match
         table.add_column(col, justify="right" if col == "features" else "left", overflow="fold")
@@ -58,9 +62,10 @@ def inspect(
 ) -> None:
     """Show what a store holds: provenance, per-checkpoint progress, sizes, projector (kronecker: its layers)."""
     from trakcli.store import Store
+    from trakcli.store.summary import summary
 
     opened = Store.open_existing(store, mode="r")
-    info = opened.summary(verify=verify)
+    info = summary(opened, verify=verify)
     if json_out:
         sys.stdout.write(json.dumps(info, indent=2) + "\n")
     else:

@@ -16,13 +16,13 @@ def optimize(
     overwrite: OverwriteOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
-    """Train training.n_models models with the config's recipe; write out_dir/model_NNN.pt and out_dir/manifest.json.
+    """Train optimize.n_models models with the config's recipe; write out_dir/model_NNN.pt and out_dir/manifest.json.
 
     The progress bar shows each epoch's running loss and accuracy, and data.validation's if given.
 
     The manifest (seed, subset indices, sha256, metrics per model) is rewritten after every finished model: point checkpoints: at it to featurize exactly these models. A rerun keeps finished models and resumes a killed one.
 
-    optimizer.projection runs the optimizer in a random subspace (per_matrix or global); training.metrics names a JSON file for per-model metrics with per-epoch history. The flat optimize: section works too.
+    optimize.projection runs the optimizer in a random subspace (per_matrix or global); optimize.metrics names a JSON file for per-model metrics with per-epoch history.
     """
     cfg = load(config, overrides, print_config)
     from trakcli.jobs.optimize import optimize as run  # after the config is valid: importing torch is slow

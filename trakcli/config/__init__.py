@@ -24,10 +24,6 @@ if TYPE_CHECKING:
     from trakcli.config.recipe import (
         RUN_ONLY_KEYS,
         OptimizeConfig,
-        OptimizerConfig,
-        ProjectionConfig,
-        TrainingConfig,
-        flat_recipe,
         recipe_identity,
     )
     from trakcli.config.resolve import check_files, resolve_checkpoints
@@ -51,8 +47,7 @@ if TYPE_CHECKING:
 _LAZY = {
     **dict.fromkeys(("load_config", "parse_overrides", "validate_section"), "trakcli.config.load"),
     **dict.fromkeys(
-        ("RUN_ONLY_KEYS", "OptimizeConfig", "OptimizerConfig", "ProjectionConfig", "TrainingConfig", "flat_recipe",
-         "recipe_identity"),
+        ("RUN_ONLY_KEYS", "OptimizeConfig", "recipe_identity"),
         "trakcli.config.recipe",
     ),
     **dict.fromkeys(("check_files", "resolve_checkpoints"), "trakcli.config.resolve"),
@@ -73,16 +68,12 @@ __all__ = [
     "EvalConfig",
     "ModelConfig",
     "OptimizeConfig",
-    "OptimizerConfig",
-    "ProjectionConfig",
     "ProjectorConfig",
     "ScoreConfig",
     "SecondMomentConfig",
     "StoreConfig",
     "SweepConfig",
-    "TrainingConfig",
     "check_files",
-    "flat_recipe",
     "load_config",
     "parse_overrides",
     "validate_section",

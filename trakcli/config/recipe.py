@@ -1,8 +1,8 @@
 """The training recipe of `trak optimize` (and of the retraining of `trak eval`).
 
-One recipe, two spellings in the YAML: the flat ``optimize:`` section
-(:class:`OptimizeConfig`), or ``training:`` (:class:`TrainingConfig`) with
-``optimizer:`` (:class:`OptimizerConfig`).
+The ``optimize:`` section (:class:`OptimizeConfig`): how many models, how
+they are trained, and the optimizer (with its optional random subspace,
+:class:`trakcli.optim.ProjectionSettings`, the optimizer's own schema).
 """
 
 from __future__ import annotations
@@ -12,78 +12,19 @@ from typing import Any, Literal
 
 from pydantic import Field, PositiveInt, model_validator
 
-from trakcli.config.base import StrictModel
-
-class ProjectionConfig(StrictModel):
-    """``optimize.projection``: run the optimizer in a random subspace (:mod:`trakcli.optim`).
-
-    The gradient is projected with a projector of :mod:`trakcli.projectors`,
-    the optimizer's state lives in the projected space, and the update is
-    mapped back with the adjoint (GaLore, Zhao et al. 2024, with random JL
-    matrices as in Flora, Hao et al. 2024; ``global``: intrinsic dimension,
-    Li et al. 2018).
-    """
-
-    mode: Literal["per_matrix", "global"] = Field(
-        "per_matrix",
-        description="per_matrix: each parameter of >= 2 dims gets its own rank-`rank` projection of its "
-        "smaller side (kind kronecker: of both sides; 1-D parameters are not projected); global: the whole "
-        "parameter vector through one projection of `proj_dim`.",
-    )
-    kind: Literal["noop", "rademacher", "normal", "sjlt", "kronecker"] = Field(
-        "rademacher",
-        description="Projector kind (noop: no projection, the plain inner optimizer; kronecker, per_matrix only: "
-        "each [d_out, d_in] weight's gradient G projected from both sides, P_out G P_inᵀ of "
-        "[min(rank, d_out), min(rank, d_in)], rademacher factors).",
-    )
-    implementation: Literal["auto", "single_block", "basic", "chunked"] = Field(
-        "auto", description="Projector implementation (never changes the matrix; kronecker ignores it)."
-    )
-    rank: PositiveInt | None = Field(
-        None,
-        description="per_matrix only: projected size of each matrix's smaller side, with kind kronecker of "
-        "each side (default 8).",
-    )
-    proj_dim: PositiveInt | None = Field(
-        None, description="global only: dimension of the subspace (required in global mode)."
-    )
-    seed: int = Field(0, ge=0, description="Base seed; every matrix and refresh derives its own.")
-    update_gap: int = Field(
-        0, ge=0, description="Draw a new projection every this many steps (0: one fixed projection)."
-    )
-    on_refresh: Literal["keep", "reset", "transfer"] = Field(
-        "transfer",
-        description="What happens to the inner optimizer's state at a new projection: keep it as is, "
-        "reset it, or transfer first moments into the new subspace (never growing their norm).",
-    )
-    scale: float = Field(1.0, gt=0, description="Multiplies every unprojected update (GaLore's alpha).")
-
-    @model_validator(mode="after")
-    def _dims(self) -> "ProjectionConfig":
-        # rank is read in per_matrix mode only and proj_dim in global mode only, so one
-        # mapping can hold both and `mode=...` alone switches between them
-        if self.mode == "global" and self.kind == "kronecker":  # the same words as trakcli.optim.settings
-            raise ValueError(
-                "kind kronecker projects each weight matrix from both sides (P_out G P_inᵀ) and has no global "
-                "form; use mode: per_matrix with it (rank: the size of each side), or a global kind: rademacher, "
-                "normal or sjlt"
-            )
-        if self.mode == "global" and self.kind != "noop" and self.proj_dim is None:
-            raise ValueError("mode global needs proj_dim, e.g. proj_dim: 1000")
-        if self.rank is None:
-            self.rank = 8
-        return self
+from trakcli.optim.settings import ProjectionSettings
+from trakcli.strict import StrictModel
 
 
 class _OptimizerSettings(StrictModel):
-    """The optimizer settings shared by ``optimizer:`` and the flat ``optimize:`` section."""
+    """The optimizer keys of ``optimize:``."""
 
     lr: float = Field(0.05, gt=0, description="Learning rate.")
     momentum: float = Field(0.9, ge=0, lt=1, description="SGD momentum (ignored by adam).")
     weight_decay: float = Field(
         5e-4, ge=0, description="Weight decay (with `projection`: decoupled, in the full parameter space)."
     )
-    projection: ProjectionConfig | None = Field(
+    projection: ProjectionSettings | None = Field(
         None, description="Run the optimizer in a random subspace (trakcli.optim.ProjectedOptimizer); unset: plain."
     )
     schedule: Literal["constant", "linear", "cosine"] = Field(
@@ -113,24 +54,19 @@ class _OptimizerSettings(StrictModel):
 _OPTIMIZER_NAME = Field("sgd", description="torch.optim optimizer (the inner optimizer when `projection` is set).")
 
 
-class OptimizerConfig(_OptimizerSettings):
-    """``optimizer:``: the optimizer of `trak optimize` (and of the retraining of `trak eval`).
-
-    Equivalent to the ``optimizer`` / ``lr`` / ``momentum`` / ``weight_decay`` /
-    ``projection`` keys of the flat ``optimize:`` section.
-    """
-
-    name: Literal["sgd", "adam", "adamw"] = _OPTIMIZER_NAME
-
-
-class TrainingConfig(StrictModel):
-    """``training:``: how `trak optimize` trains its N models (and `trak eval` its retrained ones)."""
+class _TrainingSettings(StrictModel):
+    """The training keys of ``optimize:``: how `trak optimize` trains its N models (and `trak eval` its retrained ones)."""
 
     n_models: PositiveInt = Field(10, description="How many models (checkpoints) to train.")
     epochs: PositiveInt = Field(30, description="Passes over the training set.")
     batch_size: PositiveInt = Field(64, description="Minibatch size.")
     seed: int = Field(0, description="Model i is initialized and shuffled with seed + i.")
-    out_dir: Path = Field(description="Directory for the checkpoints model_000.pt, model_001.pt, ...")
+    out_dir: Path | None = Field(
+        None,
+        description="Directory for the checkpoints model_000.pt, model_001.pt, ... and manifest.json of `trak "
+        "optimize` (required there); `trak eval` keeps its retrained models' outputs in the store and writes "
+        "nothing here.",
+    )
     metrics: Path | None = Field(
         None, description="Write per-model metrics (seed, loss, accuracy, optimizer state size) to this JSON file."
     )
@@ -153,8 +89,13 @@ class TrainingConfig(StrictModel):
     entrypoint: str | None = Field(
         None,
         description='Your own training function, "path/to/file.py:function" or "package.module:function", used '
-        "instead of the built-in recipe: called as fn(model, inputs, labels, seed=seed, **kwargs) on a freshly "
-        "built (or init_checkpoint) model, it trains the model in place or returns the trained model.",
+        "instead of the built-in recipe: called as fn(model, inputs, labels, seed=seed, **kwargs); it trains the "
+        "model in place or returns the trained model. model: built by model.entrypoint after "
+        "torch.manual_seed(seed), so freshly initialized for a function entrypoint, but the pretrained weights "
+        "of DIR for hf:DIR; then init_checkpoint's weights if set. inputs: a float tensor [n, ...] for tensor "
+        "data; for text data a dict of [n, L] tensors (input_ids, attention_mask, ...; every row padded to the "
+        "longest). labels: [n] int64 class labels, or [n, L] per-token labels (-100: not a target) for "
+        "language-model data. trak optimize passes all rows, trak eval each retrained model's subset.",
     )
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of `entrypoint`.")
     save_optimizer_state: bool = Field(
@@ -164,59 +105,31 @@ class TrainingConfig(StrictModel):
     )
 
 
-class OptimizeConfig(TrainingConfig, _OptimizerSettings):
-    """The flat form of ``training:`` + ``optimizer:`` in one ``optimize:`` section (N seeded models)."""
+class OptimizeConfig(_TrainingSettings, _OptimizerSettings):
+    """``optimize:``: the training recipe of `trak optimize` (N seeded models) and of the retraining of `trak eval`."""
 
     optimizer: Literal["sgd", "adam", "adamw"] = _OPTIMIZER_NAME
-
-    @classmethod
-    def from_sections(cls, training: TrainingConfig, optimizer: OptimizerConfig) -> "OptimizeConfig":
-        """The flat section equivalent to ``training:`` + ``optimizer:``."""
-        opt = optimizer.model_dump()
-        opt["optimizer"] = opt.pop("name")
-        return cls.model_validate({**training.model_dump(), **opt})
-
 
 
 #: Recipe keys that never change what a model trains to: a rerun may change them and keep its models.
 RUN_ONLY_KEYS = ("n_models", "out_dir", "metrics", "checkpoint_every", "save_optimizer_state")
 
 
-def flat_recipe(sections: dict[str, Any]) -> OptimizeConfig:
-    """The flat recipe of recipe sections in either spelling (as :meth:`Config.recipe_sections` gives them).
+def recipe_identity(recipe: OptimizeConfig | dict[str, Any]) -> dict[str, Any]:
+    """The recipe without the run-only keys (:data:`RUN_ONLY_KEYS`), for comparing runs.
+
+    Two recipes with equal identities train the same models.
 
     Args:
-        sections: ``{"optimize": {...}}`` or ``{"training": {...}, "optimizer": {...}}``
-            (JSON-able, e.g. read back from a `trak optimize` manifest).
-
-    Returns:
-        The validated :class:`OptimizeConfig`.
-
-    Raises:
-        KeyError: neither ``optimize`` nor both ``training`` and ``optimizer`` are given.
-        pydantic.ValidationError: (a ``ValueError``) a section does not validate.
-    """
-    if "optimize" in sections:
-        return OptimizeConfig.model_validate(sections["optimize"])
-    return OptimizeConfig.from_sections(
-        TrainingConfig.model_validate(sections["training"]), OptimizerConfig.model_validate(sections["optimizer"])
-    )
-
-
-def recipe_identity(sections: dict[str, Any]) -> dict[str, Any]:
-    """The flat recipe of recipe sections without the run-only keys (:data:`RUN_ONLY_KEYS`), for comparing runs.
-
-    Two recipes with equal identities train the same models; the spelling
-    (``optimize:`` or ``training:`` + ``optimizer:``) does not count.
-
-    Args:
-        sections: recipe sections in either spelling (see :func:`flat_recipe`).
+        recipe: the ``optimize:`` section, validated or as plain data (e.g. read back from a
+            `trak optimize` manifest).
 
     Returns:
         A JSON-able dict (paths as strings).
 
     Raises:
-        KeyError, ValueError: as :func:`flat_recipe`.
+        pydantic.ValidationError: (a ``ValueError``) plain data that does not validate.
     """
-    flat = flat_recipe(sections)
-    return {k: v for k, v in flat.model_dump(mode="json").items() if k not in RUN_ONLY_KEYS}
+    if not isinstance(recipe, OptimizeConfig):
+        recipe = OptimizeConfig.model_validate(recipe)
+    return {k: v for k, v in recipe.model_dump(mode="json").items() if k not in RUN_ONLY_KEYS}

@@ -37,9 +37,8 @@ def resolve_checkpoints(cfg: Config, hashes: "HashCache | None" = None) -> list[
         path = Path(spec)  # type: ignore[arg-type]
         n_models, key = None, "optimize.n_models"
         oc = cfg.recipe
-        if oc is not None and oc.out_dir.resolve() == path.parent.resolve():
+        if oc is not None and oc.out_dir is not None and oc.out_dir.resolve() == path.parent.resolve():
             n_models = oc.n_models
-            key = f"{cfg.recipe_key}.n_models"
         return manifest_checkpoints(path, n_models=n_models, n_models_key=key, hashes=hashes)
     if isinstance(spec, str) and spec.startswith("hf:") or isinstance(spec, list) and any(
         p.startswith("hf:") for p in spec
@@ -88,7 +87,7 @@ def resolve_optimizer_states(cfg: Config, checkpoints: list[Path]) -> list[Path]
     checkpoint. Unset: for ``checkpoints:`` naming a `trak optimize` manifest, the
     ``optimizer_state`` each model's entry records (relative to the manifest); otherwise
     ``<checkpoint's folder>/optimizer_state/<checkpoint's file name>``, where `trak
-    optimize` writes it with ``training.save_optimizer_state: true``.
+    optimize` writes it with ``optimize.save_optimizer_state: true``.
 
     Args:
         cfg: the config (reads ``checkpoints`` and ``second_moment``).

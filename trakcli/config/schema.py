@@ -16,11 +16,11 @@ from pydantic import (
     model_validator,
 )
 
-from trakcli.config.base import NoBoolNumbers, StrictModel
+from trakcli.strict import NoBoolNumbers, StrictModel
 
 #: The built-in model output functions (``trakcli.gradients.TASKS``; config does not import torch).
 BUILTIN_TASKS = ("classification", "text_classification", "language_modeling")
-from trakcli.config.recipe import OptimizeConfig, OptimizerConfig, TrainingConfig
+from trakcli.config.recipe import OptimizeConfig
 
 BUILTIN_DATASETS = ("digits",)
 
@@ -28,11 +28,12 @@ BUILTIN_DATASETS = ("digits",)
 #: like pydantic's ``extra_forbidden``, one line per key with a did-you-mean.
 UNKNOWN_KEYS = "unknown_keys"
 
-#: The fix when a config spells the training recipe twice.
-BOTH_RECIPES = (
-    "give one of optimize: or training: - either optimize: (the recipe in one flat section) or training: + "
-    "optimizer: (the same recipe in two sections), not both"
-)
+#: Top-level keys that are not sections, and what the user writes instead.
+NOT_SECTIONS = {
+    "training": "the training recipe is the optimize: section: write training.KEY as optimize.KEY",
+    "optimizer": "the optimizer is set in the optimize: section: write optimizer.name as optimize.optimizer and "
+                 "optimizer.KEY (lr, momentum, weight_decay, projection, ...) as optimize.KEY",
+}
 
 #: Options of ``projector:`` that kind ``kronecker`` takes besides proj_dim and seed (values checked by the projector).
 KRONECKER_OPTIONS = {
@@ -358,7 +359,7 @@ class SecondMomentConfig(StrictModel):
         description="The optimizer state file of each checkpoint, in model_id order: a glob (sorted) or a list. "
         "Unset: for checkpoints from a manifest.json, the file its entry records; otherwise "
         "<checkpoint's folder>/optimizer_state/<checkpoint's file name>, where `trak optimize` with "
-        "training.save_optimizer_state: true writes it.",
+        "optimize.save_optimizer_state: true writes it.",
     )
     eps: float | None = Field(
         None,
@@ -580,10 +581,8 @@ class Config(StrictModel):
     store: StoreConfig
     score: ScoreConfig = Field(default_factory=ScoreConfig)
     optimize: OptimizeConfig | None = Field(
-        None, description="The training recipe in one flat section; or give `training:` and `optimizer:` instead."
+        None, description="The training recipe of `trak optimize` (and of the retrained models of `trak eval`)."
     )
-    training: TrainingConfig | None = Field(None, description="How `trak optimize` trains (with `optimizer:`).")
-    optimizer: OptimizerConfig | None = Field(None, description="The optimizer of `trak optimize` (with `training:`).")
     eval: EvalConfig = Field(default_factory=EvalConfig)
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda if available, else cpu.")
     num_threads: PositiveInt | None = Field(
@@ -653,26 +652,14 @@ class Config(StrictModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _one_recipe(cls, raw: Any) -> Any:
-        """Refuse both spellings of the recipe before their fields are checked (a half ``training:`` would
-        otherwise be reported as missing keys)."""
-        if isinstance(raw, dict) and raw.get("optimize") is not None:
-            both = [k for k in ("training", "optimizer") if raw.get(k) is not None]
-            if both:
-                raise ValueError(f"optimize: and {' + '.join(f'{k}:' for k in both)} are both given; {BOTH_RECIPES}")
+    def _not_sections(cls, raw: Any) -> Any:
+        """Refuse ``training:`` and ``optimizer:`` naming the ``optimize:`` keys that replace them
+        (a did-you-mean would suggest ``optimize.optimizer`` for the whole section)."""
+        if isinstance(raw, dict):
+            for key, fix in NOT_SECTIONS.items():
+                if key in raw:
+                    raise ValueError(f"{key}: is not a config section; {fix}")
         return raw
-
-    @model_validator(mode="after")
-    def _recipe_sections(self) -> "Config":
-        """``training:`` + ``optimizer:`` fill the flat ``optimize:`` section (one recipe, two spellings)."""
-        if self.training is None and self.optimizer is None:
-            return self
-        if self.optimize is not None:
-            raise ValueError(BOTH_RECIPES)
-        if self.training is None:
-            raise ValueError("optimizer: needs a training: section too (at least training.out_dir)")
-        self.optimize = OptimizeConfig.from_sections(self.training, self.optimizer or OptimizerConfig())
-        return self
 
     @field_validator("second_moment", mode="before")
     @classmethod
@@ -705,44 +692,9 @@ class Config(StrictModel):
 
     @property
     def recipe(self) -> OptimizeConfig | None:
-        """The training recipe, flat, whichever spelling the YAML used; ``None``: the config has none.
-
-        ``training:`` + ``optimizer:`` are merged into one :class:`OptimizeConfig`
-        once, when the config is validated; this is the object every job reads.
-        """
+        """The training recipe (``optimize:``); ``None``: the config has none."""
         return self.optimize
 
-    @property
-    def recipe_key(self) -> str:
-        """The config key of the training recipe as the user spelled it, for messages: ``training`` or ``optimize``."""
-        return "training" if self.training is not None else "optimize"
-
-    def recipe_sections(self) -> dict[str, Any]:
-        """The training recipe as the user spelled it: ``{"training": ..., "optimizer": ...}`` or ``{"optimize": ...}``.
-
-        JSON-able (what a `trak optimize` manifest records); an omitted ``optimizer:``
-        (with ``training:``) is shown with its defaults; without a recipe: ``{"optimize": None}``.
-        :func:`trakcli.config.recipe.recipe_identity` turns it back into the flat recipe.
-        """
-        if self.training is not None:
-            return {
-                "training": self.training.model_dump(mode="json"),
-                "optimizer": (self.optimizer or OptimizerConfig()).model_dump(mode="json"),
-            }
-        return {"optimize": self.optimize.model_dump(mode="json") if self.optimize is not None else None}
-
     def resolved(self) -> dict[str, Any]:
-        """The config as plain JSON-able data (what `--print-config` shows and the store records).
-
-        Loading it again gives the same config: a recipe given as ``training:`` +
-        ``optimizer:`` is shown in that spelling only (not also as the ``optimize:`` it fills).
-        """
-        data = self.model_dump(mode="json")
-        if self.training is not None:
-            data.pop("optimize", None)
-        else:
-            data.pop("training", None)
-            data.pop("optimizer", None)
-        return data
-
-
+        """The config as plain JSON-able data (what `--print-config` shows and the store records)."""
+        return self.model_dump(mode="json")

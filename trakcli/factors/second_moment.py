@@ -27,7 +27,7 @@ Two kinds (``second_moment.kind``):
   selected parameter outside every layer is scaled elementwise (a vector: a norm's
   weight) or factored as ``param.reshape(shape[0], -1)`` (a matrix).
 
-The state file is what `trak optimize` writes with ``training.save_optimizer_state: true``:
+The state file is what `trak optimize` writes with ``optimize.save_optimizer_state: true``:
 ``{"optimizer", "projection", "param_names", "state_dict"}`` with the torch optimizer's
 ``state_dict`` (``state[i]["exp_avg_sq"]`` of parameter ``param_names[i]``).
 """
@@ -48,7 +48,7 @@ from trakcli.projectors.kronecker_layers import KroneckerLayer
 KINDS = ("adafactor", "adam")
 
 #: How a missing state is fixed (every message about one names it).
-SAVE_HINT = ("train with training.save_optimizer_state: true (optimize.save_optimizer_state: true) so `trak optimize` "
+SAVE_HINT = ("train with optimize.save_optimizer_state: true so `trak optimize` "
              "writes it, or name the files with second_moment.optimizer_state")
 
 

@@ -58,7 +58,7 @@ def check_weights(model: nn.Module, *, name: str, how: str, fix: str) -> None:
     Args:
         model: the trained model.
         name: the model, for the message (``"model 3"``).
-        how: what trained it (``"training"``, ``"training.entrypoint my_train.py:train"``).
+        how: what trained it (``"training"``, ``"optimize.entrypoint my_train.py:train"``).
         fix: what to change, e.g. ``"lower the learning rate (lr 0.1)"``.
 
     Raises:

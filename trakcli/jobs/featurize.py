@@ -254,6 +254,12 @@ def featurize(
     path = Path(cfg.store.path)
     first = None
     if s.dist.is_main and s.checkpoints and (overwrite or not path.exists()):
+        if s.proj_dim > s.grad_dim and cfg.projector.kind != "noop":
+            reporter.info(
+                f"projector.proj_dim {s.proj_dim} exceeds grad_dim {s.grad_dim}: the features are a random "
+                f"embedding of the gradients into more dimensions, which adds nothing; set projector.kind: noop "
+                f"(the gradients themselves) or projector.proj_dim <= {s.grad_dim}"
+            )
         first = first_batch(s, reporter, s.layout.chunk_rows)  # fails before the store exists
     computed = total = repaired = 0
     skipped: dict[int, list[int]] = {}

@@ -20,7 +20,7 @@ from trakcli.jobs.runtime import event, torch_threads
 from trakcli.progress import NULL_REPORTER, Reporter
 from trakcli.scoring import DUAL, dual_gram, dual_solved_features, gram_matrix, kernel_form, solve_kernel
 from trakcli.store import ChunkedRows, Store
-from trakcli.store.kernel import kernel_done
+from trakcli.store.kernel import kernel_done, read_kernel, write_kernel
 
 
 def ridge_settings(lambda_reg: float | None, lambda_rel: float) -> dict[str, float | None]:
@@ -45,8 +45,7 @@ def kernel_of(
 ) -> tuple[torch.Tensor, float]:
     """Checkpoint ``model_id``'s kernel: the stored one (verified), else computed from ``Φ_m`` and stored.
 
-    A corrupt or missing stored kernel, or one of a stale form, is deleted and made again
-    (noted in ``store.notes`` when it was damaged).
+    A corrupt or missing stored kernel is deleted and made again (noted in ``store.notes``).
 
     Args:
         store: the open store (rank 0, or the rank that owns ``model_id``).
@@ -66,7 +65,7 @@ def kernel_of(
         StoreError: the kernel could not be written.
     """
     settings = ridge_settings(lambda_reg, lambda_rel)
-    stored = store.read_kernel(model_id, settings, rebuild=True)
+    stored = read_kernel(store, model_id, settings, rebuild=True)
     if stored is not None:
         return torch.from_numpy(stored[0]), stored[1]
     event(f"start kernel {model_id}")
@@ -81,7 +80,7 @@ def kernel_of(
         gram = gram_matrix(torch.from_numpy(c.astype(np.float32, copy=False)) for _, _, c in rows.iter_chunks("features"))
         kernel, lam = solve_kernel(gram, rows.n_rows, lambda_reg, lambda_rel, proj_dim)
         del gram
-    store.write_kernel(model_id, kernel.numpy(), settings, lam, form=form)
+    write_kernel(store, model_id, kernel.numpy(), settings, lam, form=form)
     return kernel, lam
 
 
@@ -124,7 +123,7 @@ def finalize_kernels(
     if mine:
         with reporter.task("kernels", len(mine)) as task, torch_threads(linalg_threads):
             for model_id in mine:
-                if not (verify and store.read_kernel(model_id, settings, rebuild=True) is not None):
+                if not (verify and read_kernel(store, model_id, settings, rebuild=True) is not None):
                     kernel_of(store, train_rows[model_id], model_id, lambda_reg=lambda_reg, lambda_rel=lambda_rel)
                     made += 1
                 task.advance()

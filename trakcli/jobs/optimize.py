@@ -41,7 +41,7 @@ def manifest_identity(cfg: Config, train: TensorDataset) -> dict[str, Any]:
 
     Two runs with equal identities train the same models, so a rerun keeps the
     models of the earlier run's manifest; the run-only recipe keys
-    (:data:`trakcli.config.RUN_ONLY_KEYS`) and the recipe's spelling do not count.
+    (:data:`trakcli.config.RUN_ONLY_KEYS`) do not count.
 
     Returns:
         ``{"model", "task", "train_data", "recipe"}``, JSON-able; with ``"batch_tokens"`` too when
@@ -51,7 +51,7 @@ def manifest_identity(cfg: Config, train: TensorDataset) -> dict[str, Any]:
         "model": cfg.model.model_dump(mode="json"),
         "task": cfg.task,
         "train_data": train.fingerprint(),
-        "recipe": recipe_identity(cfg.recipe_sections()),
+        "recipe": recipe_identity(cfg.recipe),
     }
     if isinstance(train, TextDataset) and cfg.data.batch_tokens is not None:
         out["batch_tokens"] = cfg.data.batch_tokens
@@ -59,14 +59,14 @@ def manifest_identity(cfg: Config, train: TensorDataset) -> dict[str, Any]:
 
 
 def _previous_models(
-    path: Path, identity: dict[str, Any], *, key: str, out_dir: Path, reporter: Reporter
+    path: Path, identity: dict[str, Any], *, out_dir: Path, reporter: Reporter
 ) -> dict[int, dict]:
     """The entries of an earlier run's manifest at ``path``, by model_id, if it trained the same way.
 
     Args:
         path: ``out_dir/manifest.json`` (may not exist).
         identity: this run's :func:`manifest_identity`.
-        key, out_dir: the recipe section and its ``out_dir``, for the message.
+        out_dir: ``optimize.out_dir``, for the message.
 
     Raises:
         ConfigError: the manifest's models were trained with another recipe, model or data
@@ -79,7 +79,7 @@ def _previous_models(
         old_identity = {k: old.get(k) for k in ("model", "task", "train_data")}
         if old.get("batch_tokens") is not None:
             old_identity["batch_tokens"] = old["batch_tokens"]
-        old_identity["recipe"] = recipe_identity(old["recipe"])
+        old_identity["recipe"] = recipe_identity(old["recipe"]["optimize"])
     except (ConfigError, KeyError, TypeError, ValueError) as e:
         reporter.info(f"{path}: not a readable manifest ({str(e).splitlines()[0]}); it is written anew")
         return {}
@@ -87,7 +87,7 @@ def _previous_models(
     if diff:
         shown = ", ".join(d.replace("recipe.", "") for d in diff)
         raise ConfigError(
-            f"{key}.out_dir: {str(out_dir)!r} holds models that trak optimize trained differently "
+            f"optimize.out_dir: {str(out_dir)!r} holds models that trak optimize trained differently "
             f"(its manifest differs in: {shown}); rerun with --overwrite to retrain them, or choose another out_dir"
         )
     return {m["model_id"]: m for m in old["models"]}
@@ -214,7 +214,7 @@ def optimize(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_
 
     Model ``i`` is built, seeded with ``optimize.seed + i`` and trained by
     :func:`trakcli.jobs.train.train_one` (the built-in recipe, or the user's
-    ``training.entrypoint``), the same function that retrains the models of
+    ``optimize.entrypoint``), the same function that retrains the models of
     `trak eval`, on a random ``subset_fraction`` of ``data.train`` if below 1
     (drawn with ``optimize.seed + i``); it is written atomically to
     ``optimize.out_dir/model_{i:03d}.pt``. Existing files are kept (a rerun
@@ -226,14 +226,13 @@ def optimize(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_
     built-in recipe evaluates the model on it after every epoch.
 
     After every finished model, ``out_dir/manifest.json`` is written atomically
-    (:mod:`trakcli.store.manifest`): the recipe in the user's spelling, the model, and per
+    (:mod:`trakcli.store.manifest`): the recipe, the model, and per
     model its checkpoint (relative path), sha256, seed, subset indices and metrics
     (final loss, train / target / validation accuracy, optimizer state floats,
     per-epoch history); ``complete`` once all ``n_models`` are listed. A kept file
     reuses its entry of the previous manifest when its sha256 still matches, else
     its accuracies are measured and it is recorded with ``origin: found``. With
     ``optimize.metrics`` the same per-model metrics also go to that JSON file.
-    The recipe is read from ``cfg.recipe`` whichever spelling the YAML used.
 
     Returns:
         The checkpoint paths, in model_id order.
@@ -247,8 +246,11 @@ def optimize(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_
     from trakcli import __version__
 
     oc = check_recipe(cfg)
+    if oc.out_dir is None:
+        raise ConfigError("optimize.out_dir: required by trak optimize, the directory for its checkpoints and "
+                          "manifest.json; set e.g. optimize.out_dir=ckpts")
     check_files(cfg, need_checkpoints=False, need_validation=True)
-    load_training_function(cfg)  # a bad training.entrypoint fails before any model trains
+    load_training_function(cfg)  # a bad optimize.entrypoint fails before any model trains
     apply_threads(cfg.num_threads)
     train = load_dataset(cfg.data.train, key="data.train")
     heldout = load_dataset(cfg.data.target, key="data.target") if cfg.data.target is not None else None
@@ -258,12 +260,12 @@ def optimize(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_
         oc.out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ConfigError(f"optimize.out_dir: cannot create {str(oc.out_dir)!r}: {e}") from None
-    check_init_checkpoint(oc, cfg.recipe_key)
-    recipe = cfg.recipe_sections()
+    check_init_checkpoint(oc)
+    recipe = {"optimize": oc.model_dump(mode="json")}
     identity = manifest_identity(cfg, train)
     manifest_path = oc.out_dir / MANIFEST_NAME
     previous = {} if overwrite else _previous_models(
-        manifest_path, identity, key=cfg.recipe_key, out_dir=oc.out_dir, reporter=reporter
+        manifest_path, identity, out_dir=oc.out_dir, reporter=reporter
     )
     manifest: dict[str, Any] = {
         "format": FORMAT,

@@ -9,7 +9,7 @@ score matrix is :func:`trakcli.metrics.lds.lds` (Park et al. 2023, "TRAK",
 Sec. 2.2; Ilyas et al. 2022, "Datamodels").
 
 Retraining (:func:`retrain`, :func:`load_or_retrain`) writes one row per model
-to the store's ``eval/`` group (:meth:`trakcli.store.Store.eval_rows`): a row
+to the store's ``eval/`` group (:func:`trakcli.store.evalgroup.open_eval_rows`): a row
 is written, then its done flag, so a killed run resumes at the models not done.
 With ``workers > 1`` the models are trained by worker processes (spawned,
 :mod:`trakcli.jobs.workers`), and the calling process is the only store
@@ -43,6 +43,7 @@ from trakcli.jobs.workers import WorkerLost, run_in_workers
 from trakcli.models.checkpoints import file_sha256
 from trakcli.models.forward import forward
 from trakcli.progress import NULL_REPORTER, Reporter
+from trakcli.store.evalgroup import open_eval_rows
 from trakcli.store.store import Store
 
 #: Model k of eval seed s is seeded with MODEL_SEED_BASE + MODEL_SEED_STRIDE * s + k (recorded in the store),
@@ -167,7 +168,7 @@ def eval_identity(cfg: Config, train_fingerprint: dict[str, Any], target_fingerp
     Returns:
         A JSON-able dict: task, output function, model (entrypoint, kwargs and
         the sha256 of a ``.py`` entrypoint file), training recipe (the built-in
-        recipe's hyperparameters, or ``training.entrypoint``, its kwargs and
+        recipe's hyperparameters, or ``optimize.entrypoint``, its kwargs and
         file sha256; the sha256 of ``init_checkpoint``), train and target data
         fingerprints, subset_fraction, eval seed and the model seed rule.
     """
@@ -210,7 +211,7 @@ def check_eval_config(cfg: Config) -> None:
 
     Raises:
         ConfigError: no training recipe, no ``data.target``, missing files or
-            ``init_checkpoint``, a ``training.entrypoint`` that cannot be loaded.
+            ``init_checkpoint``, a ``optimize.entrypoint`` that cannot be loaded.
     """
     oc = check_recipe(cfg, purpose="trak eval")
     if cfg.data.target is None:
@@ -219,7 +220,7 @@ def check_eval_config(cfg: Config) -> None:
             "or a file (the targets of `trak score`)"
         )
     check_files(cfg, need_checkpoints=False, need_target=True)
-    check_init_checkpoint(oc, cfg.recipe_key)
+    check_init_checkpoint(oc)
     load_training_function(cfg)
 
 
@@ -327,8 +328,8 @@ def retrain(
     path = Path(cfg.store.path)
     with locked_store(path, Dist(), reporter):
         store = Store.open_or_create(path)
-        rows = store.eval_rows(
-            identity, n, len(train), len(target), compressor=cfg.store.compressor, overwrite=overwrite
+        rows = open_eval_rows(
+            store, identity, n, len(train), len(target), compressor=cfg.store.compressor, overwrite=overwrite
         )
         repaired = rows.verify()
         if repaired:

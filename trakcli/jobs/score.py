@@ -29,6 +29,7 @@ from trakcli.scoring import (
     cosine_term, dual_target_sq_norms, ensemble_block, kernel_sq_norms, score_block, target_weights,
 )
 from trakcli.store import ChunkedRows, Store, StoreCorruptError, check_same
+from trakcli.store.kernel import kernel_nbytes, read_kernel
 from trakcli.store.store import TOP_K_ARRAYS
 
 
@@ -291,7 +292,7 @@ def score_targets(
         #    checkpoint's target features are computed
         kept: list[dict[int, np.ndarray]] = []
         kernels: dict[int, tuple[torch.Tensor, float]] = {}
-        prefetch = s.dist.world_size == 1 and sum(map(store.kernel_nbytes, range(n_models))) <= PREFETCH_BYTES
+        prefetch = s.dist.world_size == 1 and sum(kernel_nbytes(store, m) for m in range(n_models)) <= PREFETCH_BYTES
         ridge = ridge_settings(lambda_reg, lambda_rel)
         with ChunkWriter() as writer:
             for model_id, rows in enumerate(target_rows):
@@ -342,8 +343,7 @@ def finalize_and_score(
     :data:`~trakcli.scoring.PRIMAL`), or when ``n_train < proj_dim`` the float32
     solved features ``X_m = (Φ_mΦ_mᵀ + λ_m I)⁻¹Φ_m`` (``[n_train, proj_dim]``, form
     :data:`~trakcli.scoring.DUAL`; :func:`~trakcli.scoring.kernel_form`). The form
-    is in the kernel's attributes and its shape; a primal kernel stored by an older
-    trakcli is reused as it is, an older dual one is made again. Scores are computed
+    is in the kernel's attributes and its shape. Scores are computed
     one block of ``chunk_rows`` train columns at a time:
     ``[(1/M) Σ_m W_m Φ_m[block]ᵀ] ⊙ [(1/M) Σ_m Q_m[block]]`` with
     ``W_m = Φ_m(targets) A_m`` (float32 products of float64 solves); a dual
@@ -399,7 +399,7 @@ def _prefetch_kernel(store: Store, model_id: int, settings: dict, out: dict[int,
     :func:`~trakcli.jobs.kernels.kernel_of` then reads, repairs or makes it in the main thread.
     """
     try:
-        stored = store.read_kernel(model_id, settings)
+        stored = read_kernel(store, model_id, settings)
     except Exception:  # noqa: BLE001  # corrupt or unreadable: handled (and reported) by kernel_of
         return
     if stored is not None:
@@ -439,7 +439,7 @@ def _finalize_and_score(
         elif dist.world_size == 1:  # one process: a missing kernel is made here
             kernel, lam = kernel_of(store, train_rows[model_id], model_id, lambda_reg=lambda_reg, lambda_rel=lambda_rel)
         else:
-            stored = store.read_kernel(model_id, lam_key)
+            stored = read_kernel(store, model_id, lam_key)
             if stored is None:
                 raise StoreError(f"the kernel of model_id {model_id} is missing; rerun the same command")
             kernel, lam = torch.from_numpy(stored[0]), stored[1]
@@ -510,8 +510,6 @@ class _BlockScores:
                 total = term if total.numel() == 0 else total.add_(term)
             return (total / len(self.train_rows)).to(torch.float32)
         qs = [torch.from_numpy(r.read("out_to_loss", lo, hi)) for r in self.train_rows]
-        if self.dual_total is None:
+        if self.dual_total is None:  # every checkpoint is of one form (kernel_form of n_train and proj_dim)
             return score_block(self.weights, feats, qs)
-        # dual terms, and primal ones of kernels an older trakcli stored (float32 products, as above)
-        total = self.dual_total[:, lo:hi] + sum((w @ f.T).double() for w, f in zip(self.weights, feats))
-        return ensemble_block(total, qs)
+        return ensemble_block(self.dual_total[:, lo:hi], qs)

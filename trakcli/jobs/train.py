@@ -10,8 +10,8 @@ Rows held as tensors (:class:`TensorRows`) are batched by index; text and
 language-model data (:class:`DatasetRows`) are read and tokenized batch by batch,
 each batch padded to its own longest row. :func:`train_classifier` is
 :func:`train_model` on tensors with the classification task. :func:`train_one` builds, seeds and trains one model with a config's
-recipe (``optimize:``, or ``training:`` + ``optimizer:``) or with the user's
-``training.entrypoint``; `trak optimize` (:func:`trakcli.jobs.optimize.optimize`)
+recipe (``optimize:``) or with the user's
+``optimize.entrypoint``; `trak optimize` (:func:`trakcli.jobs.optimize.optimize`)
 and the retraining of `trak eval` both call it. A model killed mid-training
 resumes from its training state file bit-identically.
 """
@@ -574,39 +574,38 @@ def check_recipe(cfg: Config, *, purpose: str = "trak optimize") -> OptimizeConf
         purpose: the command, for messages.
 
     Returns:
-        ``cfg.recipe``, the flat :class:`~trakcli.config.OptimizeConfig` recipe (either spelling).
+        ``cfg.recipe``, the :class:`~trakcli.config.OptimizeConfig` recipe.
 
     Raises:
-        ConfigError: no ``optimize:`` / ``training:`` section.
+        ConfigError: no ``optimize:`` section.
     """
     oc = cfg.recipe
     if oc is None:
         raise ConfigError(
             f"optimize: section missing; {purpose} needs the training recipe: add optimize: "
-            "{n_models: 10, out_dir: ckpts, ...} (or training: + optimizer:)"
+            "{n_models: 10, out_dir: ckpts, ...}"
         )
     return oc
 
 
-def check_init_checkpoint(oc: OptimizeConfig, key: str = "optimize") -> None:
+def check_init_checkpoint(oc: OptimizeConfig) -> None:
     """Refuse a recipe whose ``init_checkpoint`` names no file, before any model trains.
 
     Args:
-        oc: the flat recipe (``cfg.recipe``).
-        key: the config section the user wrote it in (``cfg.recipe_key``).
+        oc: the recipe (``cfg.recipe``).
 
     Raises:
         ConfigError: ``init_checkpoint`` is set and is not a file.
     """
     if oc.init_checkpoint is not None and not oc.init_checkpoint.is_file():
         raise ConfigError(
-            f"{key}.init_checkpoint: file {str(oc.init_checkpoint)!r} does not exist; give a state dict of "
+            f"optimize.init_checkpoint: file {str(oc.init_checkpoint)!r} does not exist; give a state dict of "
             "the model (.pt / .safetensors) or remove the key to train from scratch"
         )
 
 
 def load_training_function(cfg: Config) -> Callable[..., Any] | None:
-    """The user's training function of ``training.entrypoint`` (None: the built-in recipe).
+    """The user's training function of ``optimize.entrypoint`` (None: the built-in recipe).
 
     Resolved like ``model.entrypoint`` (:func:`trakcli.models.load_function`):
     ``"path/to/file.py:function"`` or ``"package.module:function"``.
@@ -619,7 +618,7 @@ def load_training_function(cfg: Config) -> Callable[..., Any] | None:
         return None
     from trakcli.models.build import load_function
 
-    return load_function(oc.entrypoint, key=f"{cfg.recipe_key}.entrypoint", builtins={})
+    return load_function(oc.entrypoint, key="optimize.entrypoint", builtins={})
 
 
 def train_one(
@@ -643,7 +642,7 @@ def train_one(
     ``model.kwargs`` on ``device``; load ``optimize.init_checkpoint`` if set;
     then train it on ``(inputs, labels)`` (or the rows ``inputs``):
 
-    * with ``optimize.entrypoint`` (``training.entrypoint``): call the user's
+    * with ``optimize.entrypoint``: call the user's
       function ``fn(model, inputs, labels, seed=seed, **optimize.kwargs)`` (lazily
       read rows are given to it padded, as tensors); it trains the model in place
       (returns None) or returns the trained model;
@@ -669,7 +668,7 @@ def train_one(
         resume_path: the built-in recipe's training-state file (see :func:`train_model`);
             the state is saved every ``optimize.checkpoint_every`` steps and at epoch ends.
         validation: ``(inputs, labels)`` on ``device`` or a dataset, evaluated after every epoch of the
-            built-in recipe (``data.validation``); ignored by a ``training.entrypoint``.
+            built-in recipe (``data.validation``); ignored by a ``optimize.entrypoint``.
         name: the model in messages (``"model 3"``); default ``description``.
         optimizer_state: filled by the built-in recipe with the final optimizer ``state_dict``
             and ``param_names`` (see :func:`train_model`).
@@ -705,13 +704,13 @@ def train_one(
             inputs, labels = inputs.padded()
         elif isinstance(inputs, TensorRows):
             inputs, labels = inputs.inputs, inputs.labels
-        with user_code(f"{cfg.recipe_key}.entrypoint {oc.entrypoint}"):
+        with user_code(f"optimize.entrypoint {oc.entrypoint}"):
             out = fn(model, inputs, labels, seed=seed, **oc.kwargs)
         if out is None:
             out = model
         if not isinstance(out, nn.Module):
             raise ModelError(
-                f"{cfg.recipe_key}.entrypoint {oc.entrypoint!r} returned a {type(out).__name__}; it must train "
+                f"optimize.entrypoint {oc.entrypoint!r} returned a {type(out).__name__}; it must train "
                 "the model in place and return None, or return the trained torch.nn.Module"
             )
         model = out.to(device).eval()
@@ -729,7 +728,7 @@ def train_one(
             optimizer_state=optimizer_state,
         )
     if fn is not None:
-        check_weights(model, name=name, how=f"{cfg.recipe_key}.entrypoint {oc.entrypoint}",
+        check_weights(model, name=name, how=f"optimize.entrypoint {oc.entrypoint}",
                       fix="check its learning rate and inputs")
     else:
         check_weights(model, name=name, how="training", fix=f"lower the learning rate (lr {oc.lr:g})")

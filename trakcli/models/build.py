@@ -55,11 +55,11 @@ def load_function(
 
     A ``.py`` file is imported under a module name derived from its resolved path
     (so one file is imported once per process); a module is imported normally.
-    Used for ``model.entrypoint`` and ``training.entrypoint``.
+    Used for ``model.entrypoint`` and ``optimize.entrypoint``.
 
     Args:
         entrypoint: the spec.
-        key: the config key, for messages (``model.entrypoint``, ``training.entrypoint``).
+        key: the config key, for messages (``model.entrypoint``, ``optimize.entrypoint``).
         builtins: built-in names (default: the built-in models).
 
     Raises:

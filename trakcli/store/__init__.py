@@ -5,7 +5,7 @@ The only part of trakcli that imports zarr. Layout (docs/guides/store.md)::
     <store>.zarr/                  attrs: schema_version, trakcli_version, config (resolved),
                                    identity (everything the train features depend on),
                                    layout (n_train, proj_dim, chunk_rows, dtype, compressor:
-                                   the StoreLayout featurize gave; absent in older stores)
+                                   the StoreLayout featurize gave)
       train/<model_id>/            attrs: checkpoint, sha256
         features    [n_train, proj_dim] float32 (or float16, or bfloat16 kept as uint16 bits with
                                         attrs logical_dtype, encoding: trakcli.store.bfloat16), chunked by rows
@@ -75,11 +75,12 @@ Modules:
 - :mod:`~trakcli.store.integrity`: missing chunk files, unreadable metadata, the
   repair command of each array, :class:`StoreCorruptError` (zarr imported lazily).
 - :mod:`~trakcli.store.rows`: :class:`ChunkedRows`, :class:`EvalRows`, the checked read.
-- :mod:`~trakcli.store.store`: :class:`Store`; :mod:`~trakcli.store.kernel`: the kernel array.
+- :mod:`~trakcli.store.store`: :class:`Store`, with the checked reads and ``trak export``;
+  :mod:`~trakcli.store.kernel`: the kernel array.
 - :mod:`~trakcli.store.finished`: :func:`train_finished`, whether a featurize rerun has
   nothing to do, read from the metadata files without zarr.
 - :mod:`~trakcli.store.evalgroup`: the ``eval/`` group; :mod:`~trakcli.store.summary`:
-  ``trak inspect``'s summary; :mod:`~trakcli.store.export`: finished reads and ``trak export``.
+  ``trak inspect``'s summary.
 
 The names of the modules that use zarr (:class:`Store`, :class:`ChunkedRows`, ...)
 are imported on first use, and those modules import zarr only when a store is

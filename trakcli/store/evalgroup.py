@@ -108,7 +108,7 @@ def open_eval_rows(
     overwrite: bool = False,
     create: bool = True,
 ) -> EvalRows:
-    """The ``eval/`` group of retrained models, created, checked or extended (:meth:`Store.eval_rows`).
+    """The ``eval/`` group of retrained models, created, checked or extended.
 
     Args:
         store: the open store.

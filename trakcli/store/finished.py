@@ -93,7 +93,7 @@ def _data_array(path: Path, shape: list[int], chunks: list[int], dtype: str) -> 
 
 
 def _kernel_done(path: Path, settings: dict[str, Any]) -> bool:
-    """Whether ``path`` is a kernel finished with ``settings`` (attributes ``settings`` and ``lambda_reg``; ``form`` not stale).
+    """Whether ``path`` is a kernel finished with ``settings`` (attributes ``settings`` and ``lambda_reg``).
 
     The same test as :func:`trakcli.store.kernel.kernel_done` (attributes only, no chunk read),
     on an array whose metadata has the fields zarr needs.

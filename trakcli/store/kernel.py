@@ -6,10 +6,7 @@ the ``[proj_dim, proj_dim]`` float64 lower Cholesky factor of ``ΦᵀΦ + λI``;
 (when ``n_train < proj_dim``). It is derived data: written by ``trak
 featurize`` or ``trak score`` (its attributes ``lambda_reg`` and ``settings``
 last, as the done marker), verified on every read, and rebuilt by ``trak
-score`` when corrupt, missing, unreadable or of a stale form
-(:data:`~trakcli.store.layout.STALE_KERNEL_FORMS`). The
-:class:`~trakcli.store.store.Store` methods ``read_kernel`` and
-``write_kernel`` call these functions.
+score`` when corrupt, missing or unreadable.
 """
 
 from __future__ import annotations
@@ -21,7 +18,6 @@ import numpy as np
 from trakcli.errors import StoreError
 from trakcli.store.identity import jsonable
 from trakcli.store.integrity import StoreCorruptError, delete, node, writable
-from trakcli.store.layout import STALE_KERNEL_FORMS
 from trakcli.store.rows import codecs, read_checked
 
 if TYPE_CHECKING:
@@ -33,7 +29,7 @@ def read_kernel(
 ) -> tuple[np.ndarray, float] | None:
     """The stored kernel (float64 factor or float32 solved features, as written) and λ if made with ``settings``.
 
-    None if there is none, or it was made with other settings or is of a stale form.
+    None if there is none, or it was made with other settings.
 
     Args:
         store: the open store.
@@ -68,13 +64,12 @@ KERNEL_CHUNK_BYTES = 64 << 20
 
 
 def kernel_attrs_done(attrs: dict[str, Any], settings: dict[str, Any]) -> bool:
-    """Whether kernel attributes mark a kernel finished with ``settings``, of a form this version uses.
+    """Whether kernel attributes mark a kernel finished with ``settings``.
 
     The one test of a finished kernel: :func:`read_kernel`, :func:`kernel_done` and the zarr-free
     :func:`trakcli.store.finished.train_finished` all apply it.
     """
-    return (attrs.get("settings") == jsonable(settings) and "lambda_reg" in attrs
-            and attrs.get("form") not in STALE_KERNEL_FORMS)
+    return attrs.get("settings") == jsonable(settings) and "lambda_reg" in attrs
 
 
 def write_kernel(
@@ -100,7 +95,7 @@ def write_kernel(
     chunks = (max(1, min(shape[0], KERNEL_CHUNK_BYTES // max(1, shape[1] * factor.itemsize))), shape[1])
     try:
         arr = node(group, "kernel")
-        if arr is not None and (tuple(arr.shape) != shape or str(arr.dtype) != dtype):  # another form
+        if arr is not None and (tuple(arr.shape) != shape or str(arr.dtype) != dtype):  # a damaged one
             delete(store.root, f"train/{model_id}/kernel", metadata_only=False)
             arr = None
         if arr is not None:

@@ -20,14 +20,8 @@ from trakcli.errors import StoreError
 STORAGE_DTYPES = ("float32", "float16", "bfloat16")
 COMPRESSORS = ("zstd", "blosc", "none")
 
-#: Kernel forms an earlier trakcli stored that this one no longer uses: such a kernel counts as
-#: missing and is made again (``dual_cholesky_lower``, the ``[n_train, n_train]`` factor that
-#: `trak score` applied to every target set, replaced by the solved features of
-#: :func:`trakcli.scoring.dual_solved_features`).
-STALE_KERNEL_FORMS = frozenset({"dual_cholesky_lower"})
-
 LAYOUT_ATTR = "layout"
-"""The root attribute holding the :class:`StoreLayout` (stores written before it have none)."""
+"""The root attribute holding the :class:`StoreLayout`."""
 
 
 @dataclass(frozen=True)
@@ -87,30 +81,4 @@ class StoreLayout:
             raise StoreError(
                 f"store {where}: its root attribute {LAYOUT_ATTR!r} is damaged ({e}); rerun `trak featurize CONFIG "
                 "--overwrite` to rebuild the store"
-            ) from None
-
-    @classmethod
-    def from_legacy_identity(cls, identity: dict[str, Any], where: str) -> "StoreLayout":
-        """The layout of a store written before the ``layout`` attribute, read from its recorded identity.
-
-        Those stores recorded ``train_data.n``, ``projector.proj_dim`` and
-        ``storage`` (chunk_rows, dtype, compressor) in their ``identity``
-        attribute; this is the only place the store reads them there.
-
-        Raises:
-            StoreError: the identity lacks them (names the store and the fix).
-        """
-        try:
-            storage = identity["storage"]
-            return cls(
-                n_train=identity["train_data"]["n"],
-                proj_dim=identity["projector"]["proj_dim"],
-                chunk_rows=storage["chunk_rows"],
-                dtype=storage["dtype"],
-                compressor=storage["compressor"],
-            )
-        except (KeyError, TypeError, StoreError):
-            raise StoreError(
-                f"store {where} records no array layout (no {LAYOUT_ATTR!r} attribute); run "
-                "`trak featurize CONFIG` to record it, or `trak featurize CONFIG --overwrite` to rebuild the store"
             ) from None

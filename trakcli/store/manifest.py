@@ -11,9 +11,9 @@ Layout (JSON)::
     {
       "format": "trakcli.optimize.manifest", "format_version": 1,
       "trakcli_version": "0.1.0",
-      "n_models": 10,                  # the run's optimize.n_models / training.n_models
+      "n_models": 10,                  # the run's optimize.n_models
       "complete": true,                # every one of the n_models models is listed
-      "recipe": {"training": {...}, "optimizer": {...}},   # or {"optimize": {...}}: the user's spelling
+      "recipe": {"optimize": {...}},   # the run's optimize: section
       "model": {"entrypoint": "mlp", "kwargs": {...}},
       "task": "classification",
       "train_data": {"n": 1437, "input_shape": [...], "input_dtype": "float32", "sha256": "..."},

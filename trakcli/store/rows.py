@@ -20,11 +20,7 @@ from trakcli.errors import StoreError
 from trakcli.store.bfloat16 import from_bits, is_bfloat16, round_to_bfloat16, to_bits
 from trakcli.store.integrity import StoreCorruptError, chunk_coords, missing_chunks, repair_command, settle
 
-__all__ = ["SPARSE_ARRAYS", "ChunkedRows", "EvalRows", "StoreCorruptError", "codecs", "read_checked"]
-
-SPARSE_ARRAYS = frozenset({"nonfinite"})
-"""Arrays whose all-zero chunks may have no file: ``nonfinite`` (informational; the skipped rows' features
-are stored as zeros), whose zero chunks stores written before every chunk was kept omit."""
+__all__ = ["ChunkedRows", "EvalRows", "StoreCorruptError", "codecs", "read_checked"]
 
 READ_ERRORS = (ValueError, RuntimeError, OSError, TypeError)  # what zarr raises for an undecodable chunk
 
@@ -47,9 +43,6 @@ class ChunkedRows:
         chunk_rows: entries per chunk along the chunk axis.
         n_rows: length of the chunk axis.
         axis: which axis of the arrays the chunks split (0 = rows; scores use 1).
-        sparse: names of arrays whose all-zero chunks may have no file (``nonfinite``:
-            stores written before every chunk was kept omit them); a missing chunk
-            of these reads as zeros, of any other array it is corrupt.
         bad_flags: chunks whose done flag itself is unreadable (found by :meth:`flags`).
     """
 
@@ -58,7 +51,6 @@ class ChunkedRows:
     chunk_rows: int
     n_rows: int
     axis: int = 0
-    sparse: frozenset[str] = frozenset()
     bad_flags: set[int] = field(default_factory=set)
 
     @property
@@ -137,11 +129,11 @@ class ChunkedRows:
             (:mod:`trakcli.store.bfloat16`).
 
         Raises:
-            StoreCorruptError: a chunk is missing (not for :attr:`sparse` arrays), fails its
+            StoreCorruptError: a chunk is missing, fails its
                 checksum or cannot be decoded; names the chunk and the command that repairs it.
         """
         sel = (slice(None),) * self.axis + (slice(lo, hi),)
-        return read_checked(self.data[name], sel, self.axis, stored=name not in self.sparse)
+        return read_checked(self.data[name], sel, self.axis)
 
     def iter_chunks(self, name: str) -> Iterator[tuple[int, int, np.ndarray]]:
         """Yield ``(lo, hi, block)`` of array ``name`` chunk by chunk."""
@@ -174,8 +166,6 @@ class ChunkedRows:
                         self.read(name, *self.rows(int(c)))
                     except StoreCorruptError:
                         bad.append(int(c))
-            elif name in self.sparse:
-                continue
             else:
                 sel = (slice(None),) * self.axis + (slice(0, self.n_rows),)
                 bad = sorted({int(c[self.axis]) for c in missing_chunks(self.data[name], sel) if flags[c[self.axis]]})
@@ -231,8 +221,8 @@ def read_checked(arr: Any, sel: Any, axis: int = 0, *, stored: bool = True) -> n
         sel: the selection (a slice, or a tuple of slices).
         axis: the axis along which chunks are counted (in the message and ``StoreCorruptError.chunks``).
         stored: every chunk of the selection must have a file (a done chunk,
-            or a finished array); False for ``done`` flags and :attr:`ChunkedRows.sparse`
-            arrays, whose missing chunks legitimately read as the fill value.
+            or a finished array); False for ``done`` flags, whose missing chunks
+            legitimately read as the fill value (a flag not set).
 
     Raises:
         StoreCorruptError: a chunk is missing, fails its checksum or cannot be decoded (names

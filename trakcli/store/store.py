@@ -1,6 +1,16 @@
-"""The :class:`Store`: opening, creating and checking a trakcli Zarr store, and its arrays.
+"""The :class:`Store`: opening, creating and checking a trakcli Zarr store, its arrays, and reading them.
 
-Layout and rules: see the package docstring (:mod:`trakcli.store`).
+An array is *finished* when every chunk of it is done: the ``done`` flags of
+its group (train and target features, scores, ``eval/``) are all set, or, for
+a kernel, its attributes (written last) are there. Reading or exporting an
+unfinished array refuses and names the missing chunks and the command that
+computes them; a finished array is read with every chunk's file and checksum
+checked (:func:`trakcli.store.rows.read_checked`).
+
+What is derived from a store is in functions over it: the kernel
+(:mod:`trakcli.store.kernel`), the ``eval/`` group (:mod:`trakcli.store.evalgroup`)
+and ``trak inspect``'s summary (:mod:`trakcli.store.summary`). Layout and rules:
+see the package docstring (:mod:`trakcli.store`).
 """
 
 from __future__ import annotations
@@ -15,20 +25,24 @@ import numpy as np
 
 from trakcli import __version__
 from trakcli.errors import StoreError, StoreMismatchError
-from trakcli.store import evalgroup
-from trakcli.store import export as store_export
-from trakcli.store import kernel as store_kernel
-from trakcli.store import summary as store_summary
-from trakcli.store.bfloat16 import array_attrs, is_bfloat16, storage_dtype
+from trakcli.files import atomic_open
+from trakcli.store.bfloat16 import array_attrs, is_bfloat16, logical_dtype, storage_dtype
 from trakcli.store.evalgroup import delete_keeping_eval, headless_store, remove_leftovers, restore_eval
-from trakcli.store.identity import check_same, jsonable, record_or_check
+from trakcli.store.identity import check_same, jsonable
 from trakcli.store.integrity import (
-    StoreMetadataError, delete, keys, node, repair_scope, writable,
+    StoreCorruptError, StoreMetadataError, delete, finishing_command, keys, node, repair_command, repair_scope, writable,
 )
 from trakcli.store.layout import LAYOUT_ATTR, StoreLayout
-from trakcli.store.rows import SPARSE_ARRAYS, ChunkedRows, codecs
+from trakcli.store.rows import ChunkedRows, codecs, read_checked
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+"""The store layout this trakcli reads and writes; a store of any other version is refused (:func:`schema_refusal`)."""
+
+
+def schema_refusal(path: Path, version: Any) -> str:
+    """The one message refusing a store of another schema version: re-featurize it."""
+    return (f"store {path} has schema_version {version!r}, this trakcli ({__version__}) reads schema_version "
+            f"{SCHEMA_VERSION}; re-featurize it: `trak featurize CONFIG --overwrite`")
 
 #: The arrays of a top-k result and their dtypes (:meth:`Store.top_k`).
 TOP_K_ARRAYS = {"proponents": "int64", "proponent_scores": "float32", "opponents": "int64", "opponent_scores": "float32"}
@@ -120,7 +134,7 @@ class Store:
             config: the resolved config, recorded in the attributes.
             layout: the shapes and storage of the arrays (n_train, proj_dim,
                 chunk_rows, dtype, compressor), recorded in the root attribute
-                ``layout`` (also into an older store that lacks it) and checked.
+                ``layout`` and checked.
             overwrite: delete an existing store first.
             create: whether this process may create it (False on ranks > 0).
 
@@ -152,12 +166,8 @@ class Store:
                 return store
             fix = "rerun with --overwrite to start over, or choose another store path"
             check_same(f"the contents of store {path}", old, identity, fix)
-            if LAYOUT_ATTR in store.root.attrs or create:  # an older store without one gets it recorded
-                try:
-                    record_or_check(store.root.attrs, LAYOUT_ATTR, layout.to_attrs(),
-                                    what=f"the arrays of store {path}", fix=fix, record=create)
-                except OSError as e:
-                    raise StoreError(f"cannot write the attributes of {path}: {e}") from None
+            check_same(f"the arrays of store {path}", store.root.attrs.get(LAYOUT_ATTR), jsonable(layout.to_attrs()),
+                       fix)
             store._layout = layout
             return store
         if not create:
@@ -247,9 +257,7 @@ class Store:
                 f"store {path} is incomplete: its creation was interrupted before its attributes were written; {fix}"
             )
         if version != SCHEMA_VERSION:
-            raise StoreError(
-                f"store {path} has schema_version {version!r}; this trakcli ({__version__}) reads {SCHEMA_VERSION}"
-            )
+            raise StoreError(schema_refusal(path, version))
         return cls(path, group)
 
     @property
@@ -261,19 +269,18 @@ class Store:
     def layout(self) -> StoreLayout:
         """The shapes and storage of the feature and score arrays.
 
-        The root attribute ``layout`` if recorded, else the one
-        :meth:`create_or_check` was given, else (a store written before the
-        attribute existed) the one its recorded identity implies.
+        The root attribute ``layout`` if recorded, else the one :meth:`create_or_check` was given.
 
         Raises:
-            StoreError: none of these is available (a store without train features), or the record is damaged.
+            StoreError: neither is available (a store made by `trak eval` without train
+                features yet), or the record is damaged.
         """
         recorded = self.root.attrs.get(LAYOUT_ATTR)
         if recorded is not None:
             return StoreLayout.from_attrs(recorded, str(self.path))
         if self._layout is not None:
             return self._layout
-        return StoreLayout.from_legacy_identity(self.identity, str(self.path))
+        raise StoreError(f"store {self.path} holds no train features yet; run `trak featurize CONFIG` first")
 
     # -- arrays ---------------------------------------------------------------
 
@@ -369,7 +376,7 @@ class Store:
             return
         first = next(iter(arrays))
         axis = 1 if group.startswith("scores/") and first == "scores" else 0
-        rows = ChunkedRows(arrays, done, chunks_of[first][axis], shape_of[first][0][axis], axis, SPARSE_ARRAYS)
+        rows = ChunkedRows(arrays, done, chunks_of[first][axis], shape_of[first][0][axis], axis)
         flags = rows.flags()
         if not flags.any():
             return
@@ -480,7 +487,7 @@ class Store:
             repair,
             {"features": ("train", "proj"), "out_to_loss": ("train",), "nonfinite": ("train",)},
         )
-        return ChunkedRows(data, done, rows, n_train, sparse=SPARSE_ARRAYS)
+        return ChunkedRows(data, done, rows, n_train)
 
     def _nothing_done(self, group: str) -> bool:
         """Whether no chunk of ``group`` is done (no ``done`` array, or every flag 0) and it has no kernel."""
@@ -493,23 +500,6 @@ class Store:
             return not np.asarray(done[:]).any()
         except Exception:  # noqa: BLE001 - unreadable flags: not provably empty
             return False
-
-    def read_kernel(
-        self, model_id: int, settings: dict[str, Any], rebuild: bool = False
-    ) -> tuple[np.ndarray, float] | None:
-        """The stored kernel factor and λ if made with ``settings``, else None (:mod:`trakcli.store.kernel`)."""
-        return store_kernel.read_kernel(self, model_id, settings, rebuild)
-
-    def kernel_nbytes(self, model_id: int) -> int:
-        """Bytes of the stored kernel by its metadata; 0 if absent or unreadable (:mod:`trakcli.store.kernel`)."""
-        return store_kernel.kernel_nbytes(self, model_id)
-
-    def write_kernel(
-        self, model_id: int, factor: np.ndarray, settings: dict[str, Any], lambda_reg: float,
-        form: str = "cholesky_lower",
-    ) -> None:
-        """Write the kernel's Cholesky factor of ``form``, then its attributes (the done marker)."""
-        store_kernel.write_kernel(self, model_id, factor, settings, lambda_reg, form)
 
     def targets(
         self, experiment: str, model_id: int, attrs: dict[str, Any], n_target: int, create: bool = True,
@@ -630,47 +620,170 @@ class Store:
             return group
         return self._group(name, create, attrs=attrs)
 
-    #: The ``eval/`` group of retrained models, created, checked or extended:
-    #: :func:`trakcli.store.evalgroup.open_eval_rows` as a method (its arguments after ``store``, its errors).
-    eval_rows = evalgroup.open_eval_rows
-
-    def read_scores(self, experiment: str) -> tuple[np.ndarray, dict[str, Any]]:
-        """The finished score matrix of an experiment and the attributes it was made with.
-
-        Returns:
-            (scores ``[n_target, n_train]`` float32, attrs: lambda settings, target data, checkpoints).
-
-        Raises:
-            StoreError: the experiment has no scores, or unfinished ones (names the command to run).
-            StoreCorruptError: a chunk is missing or fails its checksum.
-        """
-        return store_export.read_scores(self, experiment)
-
-    def eval_summary(self) -> dict[str, Any] | None:
-        """The ``eval/`` group's identity and progress (None if absent), as plain data."""
-        return store_summary.eval_summary(self)
-
     def drop(self, name: str) -> None:
         """Delete a group or array and everything under it (``--overwrite`` of derived data), even if unreadable."""
         delete(self.root, name, metadata_only=False)
 
-    # -- inspection and export (trakcli.store.summary, trakcli.store.export) ------
-    def summary(self, verify: bool = False) -> dict[str, Any]:
-        """Provenance, progress, sizes and damage, as plain data (``trak inspect [--verify]``)."""
-        return store_summary.summary(self, verify)
+    # -- finished arrays: checked reads and export ---------------------------------
 
     def array(self, name: str) -> Any:
-        """The zarr array at ``name`` (e.g. ``train/0/features``); StoreError naming what the store holds if none."""
-        return store_export.array(self, name)
-
-    def read(self, name: str, lo: int = 0, hi: int | None = None) -> np.ndarray:
-        """Rows ``[lo, hi)`` of the finished array ``name``, checked (:func:`trakcli.store.export.read`)."""
-        return store_export.read(self, name, lo, hi)
-
-    def export(self, name: str, out: Path, row_block: int = 4096) -> tuple[int, ...]:
-        """Stream the finished array ``name`` to ``out`` (.npy/.csv) atomically (:func:`trakcli.store.export.export`).
+        """The zarr array at ``name`` (e.g. ``train/0/features``, ``scores/default/scores``).
 
         Raises:
-            StoreError: unknown or unfinished array, unwritable output; StoreCorruptError: a bad chunk.
+            StoreError: no such array (lists what the store holds).
+            StoreMetadataError: its ``zarr.json`` is unreadable (names the repair).
         """
-        return store_export.export(self, name, out, row_block)
+        arr = node(self.root, name)
+        if arr is None or not hasattr(arr, "shape"):
+            have = [f"train/{m}/features" for m in self.model_ids()]
+            scores = node(self.root, "scores")
+            if scores is not None:
+                for e in keys(scores):
+                    have += [f"scores/{e}/{a}" for a in ("scores", "top_k") if node(scores, f"{e}/{a}") is not None]
+            if node(self.root, "eval") is not None:
+                have += ["eval/masks", "eval/outputs"]
+            raise StoreError(f"store {self.path} has no array {name!r}; it holds {', '.join(have) or 'nothing yet'}")
+        return arr
+
+    def _check_finished(self, name: str, arr: Any) -> bool:
+        """Refuse an array with chunks not computed yet; returns whether its chunks must all have files.
+
+        Raises:
+            StoreError: some chunks are not done (names how many, the first ones,
+                and the command that finishes them).
+        """
+        parts = name.split("/")
+        leaf = parts[-1]
+        if leaf == "done":
+            return False  # flags: a missing chunk is a flag not set
+        if leaf == "kernel":
+            if "lambda_reg" not in arr.attrs:
+                raise StoreError(
+                    f"store array {name} in {self.path} is unfinished (its kernel was never completed); run "
+                    f"{finishing_command(name)} to compute it"
+                )
+            return True
+        done = node(self.root, "/".join(parts[:-1] + ["done"]))
+        if done is None:
+            return True
+        flags = read_checked(done, slice(None), 0, stored=False)
+        pending = np.flatnonzero(flags == 0)
+        if pending.size:
+            unit = "column blocks" if parts[0] == "scores" else ("rows" if parts[0] == "eval" else "row chunks")
+            first = ", ".join(str(int(c)) for c in pending[:10]) + (", ..." if pending.size > 10 else "")
+            raise StoreError(
+                f"store array {name} in {self.path} is unfinished: {pending.size} of {flags.size} {unit} are not "
+                f"computed yet ({first}); run {finishing_command(name)} to finish them"
+            )
+        return True
+
+    def _check_sources(self, name: str) -> None:
+        """Refuse an experiment's array whose train features are gone or were replaced.
+
+        The target features and scores of ``targets/<experiment>`` and ``scores/<experiment>``
+        record the sha256 of each checkpoint (model_id 0..M-1) they were made from; each
+        ``train/<m>`` must still hold that checkpoint's features.
+
+        Raises:
+            StoreCorruptError: a train group is missing, or holds another checkpoint's features
+                (names the command that recomputes them).
+        """
+        parts = name.split("/")
+        if len(parts) < 2 or parts[0] not in ("targets", "scores"):
+            return
+        group = node(self.root, "/".join(parts[:2]))
+        recorded = group.attrs.get("checkpoints") if group is not None else None
+        for m, sha in enumerate(recorded if isinstance(recorded, list) else []):
+            train = node(self.root, f"train/{m}")
+            if train is None:
+                raise StoreCorruptError(
+                    f"{'/'.join(parts[:2])} in {self.path} was made with the train features of model_id {m}, but "
+                    f"store group train/{m} is missing; {repair_command(f'train/{m}')}", f"train/{m}",
+                )
+            if train.attrs.get("sha256") != sha:
+                raise StoreCorruptError(
+                    f"{'/'.join(parts[:2])} in {self.path} was made from checkpoint sha256 {str(sha)[:12]} for model_id "
+                    f"{m}, but train/{m} holds the features of sha256 {str(train.attrs.get('sha256'))[:12]}; "
+                    f"{repair_command('/'.join(parts[:2]))}", "/".join(parts[:2]),
+                )
+
+    def read(self, name: str, lo: int = 0, hi: int | None = None) -> np.ndarray:
+        """Rows ``[lo, hi)`` (axis 0) of the finished array ``name``, every chunk checked.
+
+        In the array's dtype; float32 for bfloat16 features (:mod:`trakcli.self.bfloat16`).
+
+        Raises:
+            StoreError: no such array, or an unfinished one (names the command that finishes it).
+            StoreCorruptError: a chunk is missing or fails its checksum, or the train features an
+                experiment's array was made from are gone (:meth:`_check_sources`); names the repair.
+        """
+        arr = self.array(name)
+        stored = self._check_finished(name, arr)
+        self._check_sources(name)
+        return read_checked(arr, slice(lo, hi), 0, stored=stored)
+
+    def read_scores(self, experiment: str) -> tuple[np.ndarray, dict[str, Any]]:
+        """The finished score matrix of an experiment and the attributes it was made with."""
+        name = f"scores/{experiment}"
+        group = node(self.root, name)
+        if group is not None and node(group, "scores") is None and node(group, "top_k") is not None:
+            raise StoreError(
+                f"experiment {experiment!r} in {self.path} holds only its top-k (score.top_k), not the full score "
+                "matrix this needs; run `trak score CONFIG score.full=true`"
+            )
+        if group is None or node(group, "scores") is None:
+            raise StoreError(
+                f"store {self.path} holds no scores of experiment {experiment!r} (score.experiment); "
+                "run `trak featurize CONFIG` and `trak score CONFIG` first"
+            )
+        return self.read(f"{name}/scores"), dict(group.attrs)
+
+    def export(self, name: str, out: Path, row_block: int = 4096) -> tuple[int, ...]:
+        """Stream the finished array ``name`` to ``out`` (.npy, or .csv for 1-D/2-D) block by block.
+
+        The .npy file has the array's dtype, except that bfloat16 features
+        (``self.dtype: bfloat16``, :mod:`trakcli.self.bfloat16`) are written as
+        float32: the same numbers exactly, at twice the bytes.
+
+        The file is written to a temporary file beside ``out`` and renamed into
+        place (:mod:`trakcli.files`): a failure (a corrupt chunk, a full disk)
+        leaves an existing ``out`` exactly as it was.
+
+        Returns:
+            The exported shape.
+
+        Raises:
+            StoreError: unknown or unfinished array (names the command that finishes it), unwritable output.
+            StoreCorruptError: a chunk is missing or fails its checksum, or (scores, target features) the
+                train features they were made from are gone (:meth:`_check_sources`); names the repair.
+        """
+        arr = self.array(name)
+        stored = self._check_finished(name, arr)
+        self._check_sources(name)
+        shape = tuple(int(n) for n in arr.shape)
+        dtype = np.dtype(logical_dtype(arr))  # bfloat16 bits: float32 (numpy has no bfloat16)
+        kept = f"; {out} is unchanged" if out.exists() else f"; nothing was written to {out}"
+
+        def blocks():
+            for lo in range(0, shape[0], row_block):
+                yield read_checked(arr, slice(lo, lo + row_block), 0, stored=stored)
+
+        try:
+            if out.suffix.lower() == ".npy":
+                with atomic_open(out, "wb") as f:
+                    header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape}
+                    try:
+                        np.lib.format.write_array_header_1_0(f, header)
+                    except ValueError:  # a header over 64 KiB
+                        np.lib.format.write_array_header_2_0(f, header)
+                    for block in blocks():
+                        f.write(np.ascontiguousarray(block, dtype=dtype).tobytes())
+            else:
+                with atomic_open(out, "w") as f:
+                    for block in blocks():
+                        np.savetxt(f, block.reshape(block.shape[0], -1), delimiter=",", fmt="%.7g")
+        except StoreCorruptError as e:
+            raise StoreCorruptError(f"{e}{kept}", e.array, e.chunks) from None
+        except OSError as e:
+            raise StoreError(f"cannot write {out}: {e}{kept}") from None
+        return shape

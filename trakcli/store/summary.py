@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from trakcli.store.integrity import StoreCorruptError, child_names, missing_chunks, node, repair_command
-from trakcli.store.rows import SPARSE_ARRAYS, ChunkedRows, read_checked
+from trakcli.store.rows import ChunkedRows, read_checked
 
 if TYPE_CHECKING:
     from trakcli.store.store import Store
@@ -189,7 +189,7 @@ def _rows(store: "Store", group: str, names: list[str], axis: int) -> ChunkedRow
         data[name] = arr
     done = data.pop("done")
     first = next(iter(data.values()))
-    return ChunkedRows(data, done, int(first.chunks[axis]), int(first.shape[axis]), axis, SPARSE_ARRAYS)
+    return ChunkedRows(data, done, int(first.chunks[axis]), int(first.shape[axis]), axis)
 
 
 def _lost(store: "Store", path: str, kind: str) -> StoreCorruptError:

@@ -1,4 +1,7 @@
-"""The base classes of the config sections: unknown keys are errors, and booleans are not numbers."""
+"""The pydantic base of the config sections and of the optimizer's projection settings.
+
+Unknown keys are errors, and booleans are not numbers. Imports nothing of trakcli.
+"""
 
 from __future__ import annotations
 
