@@ -17,6 +17,22 @@ from trakcli.errors import StoreError, StoreMismatchError
 from trakcli.store.store import Store
 
 
+def open_scored_store(cfg: Config, what: str, then: str) -> Store:
+    """The config's store, opened to read; a StoreError naming the commands to run when there is none.
+
+    Args:
+        what: what the evaluation reads (``"scores"``, ``"top-k"``), for the message.
+        then: the scoring command to run after `trak featurize CONFIG`, for the message.
+    """
+    path = Path(cfg.store.path)
+    if not (path / "zarr.json").exists():
+        raise StoreError(
+            f"no store at {path}, so no {what} of experiment {cfg.score.experiment!r} to evaluate; run "
+            f"`trak featurize CONFIG` and {then}"
+        )
+    return Store.open_existing(path, mode="r")
+
+
 def store_scores(cfg: Config) -> np.ndarray:
     """The scores of experiment ``score.experiment`` in the config's store, checked complete.
 
@@ -29,15 +45,8 @@ def store_scores(cfg: Config) -> np.ndarray:
         StoreMismatchError: the scores were computed on other train or target
             data than the config's.
     """
-    path = Path(cfg.store.path)
-    exp = cfg.score.experiment
-    if not (path / "zarr.json").exists():
-        raise StoreError(
-            f"no store at {path}, so no scores of experiment {exp!r} to evaluate; run `trak featurize CONFIG` and "
-            "`trak score CONFIG` first (or give --scores FILE)"
-        )
-    store = Store.open_existing(path, mode="r")
-    scores, attrs = store.read_scores(exp)
+    store = open_scored_store(cfg, "scores", "`trak score CONFIG` first (or give --scores FILE)")
+    scores, attrs = store.read_scores(cfg.score.experiment)
     check_experiment_data(cfg, store, attrs, load_dataset(cfg.data.train, key="data.train"))
     return np.asarray(scores, dtype=np.float32)
 

@@ -15,7 +15,7 @@ import numpy as np
 from trakcli.config import Config
 from trakcli.data.load import load_dataset
 from trakcli.errors import DataError, StoreError
-from trakcli.jobs.eval import check_experiment_data
+from trakcli.jobs.eval import check_experiment_data, open_scored_store
 from trakcli.metrics.recall import rank_scores
 from trakcli.store.integrity import node
 from trakcli.store.store import Store
@@ -118,15 +118,9 @@ def recall_inputs(cfg: Config) -> RecallInputs:
         DataError: the sources cannot be read (:func:`target_sources`), or their number differs from the
             ranking's targets.
     """
-    path = Path(cfg.store.path)
     exp = cfg.score.experiment
-    if not (path / "zarr.json").exists():
-        raise StoreError(
-            f"no store at {path}, so no top-k of experiment {exp!r} to evaluate; run `trak featurize CONFIG` and "
-            "`trak score CONFIG score.top_k=100` first"
-        )
+    store = open_scored_store(cfg, "top-k", "`trak score CONFIG score.top_k=100` first")
     sources, sources_from = target_sources(cfg)
-    store = Store.open_existing(path, mode="r")
     ranked, attrs, ranking = store_ranking(cfg, store)
     train = load_dataset(cfg.data.train, key="data.train")
     check_experiment_data(cfg, store, attrs, train)

@@ -181,6 +181,37 @@ class LDSResult:
         }
 
 
+def mean_interval(
+    values: np.ndarray, n_bootstrap: int, seed: int, confidence_level: float = 0.95
+) -> tuple[float, float, float]:
+    """The mean of ``values`` and its percentile bootstrap interval (scipy.stats.bootstrap).
+
+    Args:
+        values: ``[n]`` float64 per-target (LDS) or per-query (recall) values.
+        n_bootstrap: resamples; 0 gives no interval.
+        seed: seed of the resampling (the same seed resamples the same rows).
+        confidence_level: of the interval.
+
+    Returns:
+        ``(mean, low, high)``: NaN mean for no values; NaN bounds without resamples or with fewer
+        than 2 values; both bounds the mean when every value is the same.
+    """
+    mean = float(values.mean()) if values.size else float("nan")
+    if n_bootstrap <= 0 or values.size < 2:
+        return mean, float("nan"), float("nan")
+    if np.ptp(values) == 0:  # every value the same: the interval is that value
+        return mean, mean, mean
+    from scipy.stats import bootstrap
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ci = bootstrap(
+            (values,), np.mean, n_resamples=n_bootstrap, confidence_level=confidence_level,
+            method="percentile", vectorized=True, rng=np.random.default_rng(seed),
+        ).confidence_interval
+    return mean, float(ci.low), float(ci.high)
+
+
 def lds(
     scores: Any,
     masks: Any,
@@ -213,26 +244,12 @@ def lds(
     Raises:
         DataError: inputs of wrong shapes, dtypes or with non-finite values (:func:`check_lds_inputs`).
     """
-    from scipy.stats import bootstrap
-
     s, m, o = check_lds_inputs(scores, masks, outputs)
     pred = m.astype(np.float64) @ s.T  # [n_subsets, n_target]
     rhos = spearman_columns(pred, o)
     ok = np.isfinite(rhos)
     finite = rhos[ok]
-    mean = float(finite.mean()) if finite.size else float("nan")
-    lo = hi = float("nan")
-    if n_bootstrap > 0 and finite.size >= 2:
-        if np.ptp(finite) == 0:  # every target the same: the interval is that value
-            lo = hi = mean
-        else:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                ci = bootstrap(
-                    (finite,), np.mean, n_resamples=n_bootstrap, confidence_level=confidence_level,
-                    method="percentile", vectorized=True, rng=np.random.default_rng(seed),
-                ).confidence_interval
-            lo, hi = float(ci.low), float(ci.high)
+    mean, lo, hi = mean_interval(finite, n_bootstrap, seed, confidence_level)
     quantiles = {
         q: (float(np.quantile(finite, q)) if finite.size else float("nan")) for q in QUANTILES
     }

@@ -21,13 +21,13 @@ Every mean comes with a percentile bootstrap interval over queries
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 
 from trakcli.errors import DataError
+from trakcli.metrics.lds import mean_interval
 
 #: recall@k reported when the ks are not given: those of these at most K (and K itself).
 DEFAULT_KS = (1, 5, 10, 20, 50, 100)
@@ -157,20 +157,7 @@ class RecallResult:
 
 
 def _interval(values: np.ndarray, n_bootstrap: int, seed: int, confidence_level: float) -> Interval:
-    from scipy.stats import bootstrap
-
-    mean = float(values.mean()) if values.size else float("nan")
-    if n_bootstrap <= 0 or values.size < 2:
-        return Interval(mean, float("nan"), float("nan"))
-    if np.ptp(values) == 0:  # every query the same: the interval is that value
-        return Interval(mean, mean, mean)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        ci = bootstrap(
-            (values,), np.mean, n_resamples=n_bootstrap, confidence_level=confidence_level,
-            method="percentile", vectorized=True, rng=np.random.default_rng(seed),
-        ).confidence_interval
-    return Interval(mean, float(ci.low), float(ci.high))
+    return Interval(*mean_interval(values, n_bootstrap, seed, confidence_level))
 
 
 def fact_recall(
