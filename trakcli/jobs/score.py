@@ -272,8 +272,11 @@ def score_targets(
                 bad = target_rows[-1].verify()
                 if bad:
                     reporter.info(f"model {model_id}: target feature chunks {bad} were missing or corrupt; recomputed")
-            store.score_settings(exp, settings, repair=True)
-            out = store.scores(exp, len(target), settings, repair=True) if full else None
+            if full:  # records or checks the experiment's settings with the matrix
+                out = store.scores(exp, len(target), settings, repair=True)
+            else:
+                out = None
+                store.score_settings(exp, settings, repair=True)
             bad = out.verify() if full else []
             if bad:
                 reporter.info(f"score column blocks {bad} were missing or corrupt; recomputed")
