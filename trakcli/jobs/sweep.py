@@ -152,6 +152,92 @@ def _read_features(cfg: Config, n_models: int) -> tuple[list[np.ndarray], list[n
     return phi, q, phi_t
 
 
+Ridge = tuple[float | None, float | None]  # (lambda_rel, None) or (None, lambda_reg)
+
+
+def lds_grid(
+    cfg: Config,
+    masks: np.ndarray,
+    outputs: np.ndarray,
+    ks: list[int],
+    ridges: list[Ridge],
+    *,
+    own_store: bool = False,
+    reporter: Reporter = NULL_REPORTER,
+) -> list[dict[str, Any]]:
+    """The LDS of one featurization (``cfg``'s projector) for every ensemble size and ridge.
+
+    Featurizes ``cfg.checkpoints`` into ``cfg.store`` (done chunks are kept),
+    runs ``trak score`` for the target features, then for each ridge factors
+    each checkpoint's kernel once and scores the first ``k`` checkpoints for
+    every ``k`` in ``ks`` (the formula is in this module's docstring).
+
+    Args:
+        cfg: the config of one featurization; its checkpoints are the ensemble (at least ``max(ks)``).
+        masks: ``[n_subsets, n_train]`` bool, the retrained models' subsets.
+        outputs: ``[n_subsets, n_target]`` the targets' outputs under each retrained model.
+        ks: ensemble sizes (the first k checkpoints).
+        ridges: ``(lambda_rel, None)`` for a ridge relative to trace(Φᵀ Φ)/n_train, ``(None, lambda_reg)``
+            for an absolute one.
+        own_store: ``cfg.store`` is the user's own store: a store made with other settings is an error.
+            Otherwise the store is a cache, featurized again when its settings differ.
+        reporter: progress and messages.
+
+    Returns:
+        One row per (ridge, k): ``proj_dim``, ``n_checkpoints``, ``lambda_rel``, ``lambda_reg``, ``lds``,
+        ``ci_low``, ``ci_high``, ``n_targets_nan``.
+
+    Raises:
+        StoreMismatchError: ``own_store`` and the store was made with other settings; and what featurize
+            and score raise.
+    """
+    d = cfg.projector.proj_dim
+    n_models = max(ks)
+    reporter.info(f"sweep: proj_dim {d} -> {cfg.store.path}")
+    try:
+        featurize(cfg, reporter=reporter)
+    except StoreMismatchError:
+        if own_store:
+            raise  # the user's own store: never overwritten by a sweep
+        # a sweep store is a cache of this command: made for another model, data or projector, redo it
+        reporter.info(f"sweep: {cfg.store.path} was made with other settings; featurizing it again")
+        featurize(cfg, overwrite=True, reporter=reporter)
+    score(cfg, reporter=reporter)  # the target features (and the scores of the default ridge)
+    phi, q, phi_t = _read_features(cfg, n_models)
+    n_train = phi[0].shape[0]
+    phi_train = [torch.from_numpy(f) for f in phi]
+    dual = kernel_form(n_train, d) == DUAL
+    q_train = [torch.from_numpy(x) for x in q]
+    rows: list[dict[str, Any]] = []
+    with reporter.task(f"sweep proj_dim {d}", len(ridges)) as task, torch_threads(cfg.linalg_threads):
+        grams = [dual_gram(f) if dual else gram_matrix([f]) for f in phi_train]
+        for rel, absolute in ridges:
+            lams, weights, totals, total = [], [], {}, None
+            for m in range(n_models):
+                factor, lam = solve_kernel(grams[m], n_train, absolute, rel if rel is not None else 1.0, d)
+                if dual:  # float64 terms (`trak score`'s float32 Φ_t X_mᵀ differ by ~1e-7 of the largest)
+                    total = dual_scores(factor, torch.from_numpy(phi_t[m]), phi_train[m], out=total)
+                    if m + 1 in ks:
+                        totals[m + 1] = total.clone()
+                else:  # float32 weights, as the streamed scoring of `trak score` uses
+                    weights.append(target_weights(factor, torch.from_numpy(phi_t[m]), dtype=torch.float32))
+                lams.append(lam)
+            for k in ks:
+                if dual:
+                    scores = ensemble_block(totals[k], q_train[:k]).numpy()  # [n_target, n_train]
+                else:
+                    scores = score_block(weights[:k], phi_train[:k], q_train[:k]).numpy()
+                res = lds(scores, masks, outputs, n_bootstrap=cfg.eval.bootstrap, seed=cfg.eval.seed)
+                rows.append({
+                    "proj_dim": d, "n_checkpoints": k, "lambda_rel": rel,
+                    "lambda_reg": absolute if absolute is not None else float(np.mean(lams[:k])),
+                    "lds": float(res.lds), "ci_low": float(res.ci_low), "ci_high": float(res.ci_high),
+                    "n_targets_nan": int(res.n_targets_nan),
+                })
+            task.advance()
+    return rows
+
+
 def sweep(
     cfg: Config,
     *,
@@ -189,7 +275,7 @@ def sweep(
         abss = sorted(set(abss) | {cfg.score.lambda_reg})
     else:
         rels = sorted(set(rels) | {cfg.score.lambda_rel})
-    ridges: list[tuple[float | None, float | None]] = [(r, None) for r in rels] + [(None, a) for a in abss]
+    ridges: list[Ridge] = [(r, None) for r in rels] + [(None, a) for a in abss]
     n_models = max(ks)
 
     directory = sweep_dir(cfg)
@@ -201,48 +287,8 @@ def sweep(
         sub = _config_for(cfg, d, directory)
         if sub is not cfg:
             sub = sub.model_copy(update={"checkpoints": [str(p) for p in checkpoints[:n_models]]})
-        reporter.info(f"sweep: proj_dim {d} -> {sub.store.path}")
-        try:
-            featurize(sub, reporter=reporter)
-        except StoreMismatchError:
-            if sub is cfg:
-                raise  # the user's own store: never overwritten by a sweep
-            # a sweep store is a cache of this command: made for another model, data or projector, redo it
-            reporter.info(f"sweep: {sub.store.path} was made with other settings; featurizing it again")
-            featurize(sub, overwrite=True, reporter=reporter)
-        score(sub, reporter=reporter)  # the target features (and the scores of the default ridge)
+        rows += lds_grid(sub, masks, outputs, ks, ridges, own_store=sub is cfg, reporter=reporter)
         stores[d] = str(sub.store.path)
-        phi, q, phi_t = _read_features(sub, n_models)
-        n_train = phi[0].shape[0]
-        phi_train = [torch.from_numpy(f) for f in phi]
-        dual = kernel_form(n_train, d) == DUAL
-        q_train = [torch.from_numpy(x) for x in q]
-        with reporter.task(f"sweep proj_dim {d}", len(ridges)) as task, torch_threads(cfg.linalg_threads):
-            grams = [dual_gram(f) if dual else gram_matrix([f]) for f in phi_train]
-            for rel, absolute in ridges:
-                lams, weights, totals, total = [], [], {}, None
-                for m in range(n_models):
-                    factor, lam = solve_kernel(grams[m], n_train, absolute, rel if rel is not None else 1.0, d)
-                    if dual:  # float64 terms (`trak score`'s float32 Φ_t X_mᵀ differ by ~1e-7 of the largest)
-                        total = dual_scores(factor, torch.from_numpy(phi_t[m]), phi_train[m], out=total)
-                        if m + 1 in ks:
-                            totals[m + 1] = total.clone()
-                    else:  # float32 weights, as the streamed scoring of `trak score` uses
-                        weights.append(target_weights(factor, torch.from_numpy(phi_t[m]), dtype=torch.float32))
-                    lams.append(lam)
-                for k in ks:
-                    if dual:
-                        scores = ensemble_block(totals[k], q_train[:k]).numpy()  # [n_target, n_train]
-                    else:
-                        scores = score_block(weights[:k], phi_train[:k], q_train[:k]).numpy()
-                    res = lds(scores, masks, outputs, n_bootstrap=cfg.eval.bootstrap, seed=cfg.eval.seed)
-                    rows.append({
-                        "proj_dim": d, "n_checkpoints": k, "lambda_rel": rel,
-                        "lambda_reg": absolute if absolute is not None else float(np.mean(lams[:k])),
-                        "lds": float(res.lds), "ci_low": float(res.ci_low), "ci_high": float(res.ci_high),
-                        "n_targets_nan": int(res.n_targets_nan),
-                    })
-                task.advance()
     best = max(rows, key=lambda r: r["lds"])
     default_ridge = (
         {"lambda_rel": None, "lambda_reg": cfg.score.lambda_reg} if cfg.score.lambda_reg is not None

