@@ -19,7 +19,8 @@ What it runs, through trakcli's jobs (the CLI's code):
    recipe on random halves (:func:`trakcli.jobs.retrain.load_or_retrain`, what
    ``trak eval lds`` runs), and every target's output f under each: the sum of
    the next-token margins of its tokens (``task: language_modeling``).
-3. For each projector kind (``--kinds``) and proj_dim (``--proj-dims``): the
+3. For each projector kind (``--kinds``; ``kronecker-size`` is kind
+   kronecker with ``split: size``) and proj_dim (``--proj-dims``): the
    train and target features of every checkpoint, then the LDS (Park et al.
    2023, Eq. 5) of the scores of the first 1 and of all checkpoints, for every
    ridge of ``--lambda-rel`` (:func:`trakcli.jobs.sweep.lds_grid`, what
@@ -169,11 +170,17 @@ def unit_row(cfg: Any, masks: Any, outputs: Any, kind: str, proj_dim: int, n_mod
 
 
 def variant(cfg: Any, kind: str, proj_dim: int, n_models: int) -> Any:
-    """``cfg`` with another projector, its own store ``<kind>_<proj_dim>.zarr`` and the first checkpoints."""
+    """``cfg`` with another projector, its own store ``<kind>_<proj_dim>.zarr`` and the first checkpoints.
+
+    ``kind`` is a projector kind, or ``kronecker-size``: kind kronecker with ``split: size``.
+    """
     from trakcli.config import resolve_checkpoints
 
     ckpts = [str(p) for p in resolve_checkpoints(cfg)[:n_models]]
-    projector = cfg.projector.model_copy(update={"kind": kind, "proj_dim": proj_dim})
+    settings = {**cfg.projector.model_dump(), "kind": kind, "proj_dim": proj_dim}
+    if kind == "kronecker-size":
+        settings.update(kind="kronecker", split="size")
+    projector = type(cfg.projector)(**settings)
     store = cfg.store.model_copy(update={"path": Path(f"{kind}_{proj_dim}.zarr")})
     return cfg.model_copy(update={"projector": projector, "store": store, "checkpoints": ckpts})
 
@@ -201,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n-target", type=int, default=100)
     p.add_argument("--n-models", type=int, default=10, help="independently trained checkpoints")
     p.add_argument("--n-subsets", type=int, default=100, help="models retrained on random halves")
-    p.add_argument("--kinds", nargs="+", default=["sjlt", "kronecker"])
+    p.add_argument("--kinds", nargs="+", default=["sjlt", "kronecker", "kronecker-size"])
     p.add_argument("--proj-dims", nargs="+", type=int, default=[1024, 4096])
     p.add_argument("--lambda-rel", nargs="+", type=float, default=[0.01, 0.1, 1.0, 10.0])
     p.add_argument("--vocab-size", type=int, default=2048)

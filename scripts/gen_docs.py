@@ -344,6 +344,54 @@ def _topk(data: dict[str, Any]) -> tuple[str, str, str]:
     return "Top-k at corpus scale", note, table(head, rows, ["r", "l", "r", "r", "r", "r", "r"])
 
 
+def _lds_lm(data: dict[str, Any]) -> tuple[str, str, str]:
+    default_rel = data["default_lambda_rel"]
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for r in data["rows"]:
+        groups.setdefault((r.get("normalize") or "", r["kind"], r["proj_dim"], r["n_checkpoints"]), []).append(r)
+    rows = []
+    for (norm, kind, d, k), group in sorted(groups.items()):
+        default = next((r for r in group if r["lambda_rel"] == default_rel), group[0])
+        best = max(group, key=lambda r: r["lds"])
+        cell = lambda r: f"{r['lds']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}]"  # noqa: E731
+        rows.append([kind + (f", {norm}" if norm else ""), str(d), str(k), cell(default), cell(best),
+                     f"{best['lambda_rel']:g}"])
+    c = data["corpus"]
+    note = (
+        f"A GPT-2 of {c['n_params']:,} parameters trained from scratch ({data['recipe']['epochs']} epochs) on "
+        f"{c['n_train']:,} Shakespeare speeches (median {c['median_words']} words); {c['n_target']} held-out "
+        f"speeches are the targets (f: the sum of their next-token margins). LDS over {data['n_subsets']} models "
+        f"retrained on random halves, with 95% bootstrap intervals; the checkpoints are {data['n_models']} "
+        f"independently trained models."
+    )
+    head = ["projector", "proj_dim", "checkpoints", f"LDS, lambda_rel {default_rel:g}", "best LDS of the ridges",
+            "at lambda_rel"]
+    return "LDS of a language model trained from scratch", note, table(head, rows, ["l"] + ["r"] * 5)
+
+
+def _optimize_lm(data: dict[str, Any]) -> tuple[str, str, str]:
+    methods = data["methods"]
+    ref = methods.get("adamw")
+    rows = []
+    for name, r in methods.items():
+        rows.append([
+            name, f"{r['val_loss']:.4f}",
+            f"{100 * (r['val_loss'] / ref['val_loss'] - 1):+.2f}%" if ref else "",
+            _f(r["state_bytes"] / 2**20, 1), f"{100 * r['state_floats'] / ref['state_floats']:.1f}%" if ref else "",
+            _f(r["step_seconds_median"]),
+            f"{r['step_seconds_median'] / ref['step_seconds_median']:.2f}x" if ref else "",
+        ])
+    s = data["settings"]
+    note = (
+        f"`{data['model']}` finetuned on BBC news articles for {s['steps']} steps of {s['batch_size']} x "
+        f"{s['seq_len']} tokens (warmup, cosine decay); validation loss on {s['n_val']} held-out articles; both "
+        f"low-rank methods at rank {s['rank']}, a new projection every {s['update_gap']} steps; "
+        f"{data['machine']['cpus']} CPUs."
+    )
+    head = ["optimizer", "validation loss", "vs AdamW", "state MiB", "state vs AdamW", "s/step", "vs AdamW"]
+    return "Finetuning a language model in a projected subspace", note, table(head, rows, ["l"] + ["r"] * 6)
+
+
 #: How each benchmark's JSON becomes a table: the key that identifies it, its script, its renderer.
 RENDERERS: list[tuple[Any, str, Any]] = [
     (lambda d: d.get("benchmark") == "lds_digits", "bench_lds_digits.py", _lds_digits),
@@ -353,6 +401,8 @@ RENDERERS: list[tuple[Any, str, Any]] = [
      _store_dtype),
     (lambda d: d.get("benchmark") == "bench_text_rss", "bench_text_rss.py", _text_rss),
     (lambda d: d.get("benchmark") == "bench_topk", "bench_topk.py", _topk),
+    (lambda d: d.get("benchmark") == "lds_lm", "bench_lds_lm.py", _lds_lm),
+    (lambda d: d.get("benchmark") == "optimize_lm", "bench_optimize_lm.py", _optimize_lm),
 ]
 
 

@@ -328,6 +328,22 @@ def test_split_rule():
     assert KroneckerProjector(layers, widest).widths == [layer.d_out * layer.d_in for layer in layers]
 
 
+def test_size_split_is_proportional_to_the_layers_gradient_entries():
+    assert split_widths([10, 1000, 5, 1000], 100, "size") == [1, 49, 1, 49]  # the small ones lifted to 1
+    assert split_widths([100, 300], 8, "size") == [2, 6]
+    assert split_widths([1, 2, 3], 6, "size") == [1, 2, 3]  # every entry: the capacities
+    assert split_widths([1, 1, 10**6], 3, "size") == [1, 1, 1]
+    for caps, d in [([7, 13, 29, 1], 20), ([5, 5, 5], 4), ([1000, 3, 17, 400], 333)]:
+        widths = split_widths(caps, d, "size")
+        assert sum(widths) == d and all(1 <= w <= c for w, c in zip(widths, caps))
+    layers = small_layers()
+    equal, size = KroneckerProjector(layers, 40), KroneckerProjector(layers, 40, split="size")
+    assert size.widths == split_widths([la.d_out * la.d_in for la in layers], 40, "size") != equal.widths
+    assert size.spec() != equal.spec()  # the widths are in the spec: a store refuses the other split
+    with pytest.raises(ProjectorError, match="kronecker split must be one of equal, size, got 'sqrt'"):
+        KroneckerProjector(layers, 40, split="sqrt")
+
+
 def test_per_matrix_factors_for_two_sided_projection():
     layers = small_layers()
     proj = KroneckerProjector(layers, 4 + 9 + 4 + 4, seed=9)  # every width a full grid

@@ -99,6 +99,8 @@ def test_changed_split_is_refused_naming_the_difference_until_overwrite(user_pro
     assert re.search(r"projector\.layers\.\d\.k_(out|in): store has \d+, this run has \d+", res.stderr), res.stderr
     assert "projector.layers: store has" not in res.stderr
     assert "--overwrite" in res.stderr
+    res = trak("featurize", "run.yaml", *KRON, "projector.split=size")  # the other split rule, same proj_dim
+    assert res.exit_code == 1 and re.search(r"projector\.layers\.\d\.width: store has \d+", res.stderr), res.stderr
     res = trak("featurize", "run.yaml", *KRON, 'grad_wrt=["2.*"]')  # the same proj_dim on other layers
     assert res.exit_code == 1 and "projector.layers" in res.stderr and "grad_wrt" in res.stderr
     res = trak("featurize", "run.yaml", *KRON, "projector.proj_dim=12", "--overwrite", "-q")
@@ -116,6 +118,7 @@ def test_changed_split_is_refused_naming_the_difference_until_overwrite(user_pro
         ("projector.block_size=64", "projector: option block_size does not apply to kind kronecker; remove it"),
         ("projector.distribtion=normal", "distribtion (did you mean distribution?)"),
         ("projector.distribution=gaussian", "kronecker distribution must be one of rademacher, normal"),
+        ("projector.split=sqrt", "kronecker split must be one of equal, size"),
         ("projector.proj_dim=1", "smaller than the 2 layers"),
     ],
 )

@@ -39,6 +39,8 @@ NOT_SECTIONS = {
 KRONECKER_OPTIONS = {
     "dtype": "float32 (default) or float64 accumulation",
     "distribution": "rademacher (default, ±1/√k) or normal (N(0, 1/k)) factor entries",
+    "split": "how proj_dim is shared among the layers: equal (default, equal shares) or size (in proportion "
+    "to each layer's gradient entries d_out·d_in, as a projection of the whole gradient spreads them)",
 }
 
 

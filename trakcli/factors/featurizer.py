@@ -69,6 +69,8 @@ class KroneckerFeaturizer:
         seed: projection seed, an int >= 0.
         dtype: accumulation dtype, float32 (default) or float64.
         distribution: factor entries, ``rademacher`` (default) or ``normal``.
+        split: how ``proj_dim`` is shared among the layers, ``equal`` (default) or ``size``
+            (:func:`trakcli.projectors.kronecker_layers.split_widths`).
         grad_wrt: parameter name patterns (:func:`trakcli.gradients.select_parameters`);
             ``None`` selects all; parameters outside supported layers are left out.
         task: the model output function (:func:`trakcli.tasks.resolve_task`).
@@ -96,12 +98,13 @@ class KroneckerFeaturizer:
     Raises:
         ConfigError: unknown task, bad ``grad_wrt`` or ``memory_mb``, or a
             ``grad_wrt`` that matches only unsupported parameters (named).
-        ProjectorError: bad ``proj_dim``, ``seed``, ``dtype`` or ``distribution``.
+        ProjectorError: bad ``proj_dim``, ``seed``, ``dtype``, ``distribution`` or ``split``.
     """
 
     def __init__(
         self, model: nn.Module, *, proj_dim: int, seed: int = 0, dtype: torch.dtype | str = torch.float32,
-        distribution: str = "rademacher", grad_wrt: list[str] | None = None, task: Any = "classification",
+        distribution: str = "rademacher", split: str = "equal", grad_wrt: list[str] | None = None,
+        task: Any = "classification",
         memory_mb: float | None = None,
     ):
         task = resolve_task(task)
@@ -123,7 +126,7 @@ class KroneckerFeaturizer:
                 f"outside them: {shown}; select such layers with grad_wrt, or use projector kind rademacher, "
                 f"normal or sjlt"
             )
-        self.projector = KroneckerProjector(self.layers, proj_dim, seed, dtype, distribution)
+        self.projector = KroneckerProjector(self.layers, proj_dim, seed, dtype, distribution, split)
         self.grad_dim = self.projector.grad_dim
         self.param_names = self.projector.param_names
         self.row_bytes: dict[Any, int] = {}

@@ -40,7 +40,7 @@ import torch
 
 from trakcli.errors import ProjectorError
 from trakcli.projectors.base import Grads, Projector, as_float_dtype, check_int, check_model_id, derive_seed
-from trakcli.projectors.kronecker_layers import KroneckerLayer, LayerParam, choose_grid, split_widths
+from trakcli.projectors.kronecker_layers import SPLITS, KroneckerLayer, LayerParam, choose_grid, split_widths
 from trakcli.projectors.matrices import GENERATOR, DenseMatrix
 
 __all__ = [
@@ -117,6 +117,8 @@ class KroneckerProjector(Projector):
         seed: base seed, an int >= 0.
         dtype: accumulation dtype, ``float32`` (default) or ``float64`` (a torch dtype or its name).
         distribution: factor entries, ``rademacher`` (default) or ``normal``.
+        split: how ``proj_dim`` is shared among the layers, ``equal`` (default) or ``size``
+            (:func:`~trakcli.projectors.kronecker_layers.split_widths`).
 
     Attributes:
         widths, grids: per layer, the width and ``(k_out, k_in)``.
@@ -124,14 +126,14 @@ class KroneckerProjector(Projector):
 
     Raises:
         ProjectorError: no layers, a parameter in two layers, bad ``proj_dim``,
-            ``seed``, ``dtype`` or ``distribution``.
+            ``seed``, ``dtype``, ``distribution`` or ``split``.
     """
 
     implementation = "kronecker"
 
     def __init__(
         self, layers: Sequence[KroneckerLayer], proj_dim: int, seed: int = 0,
-        dtype: torch.dtype | str = torch.float32, distribution: str = "rademacher",
+        dtype: torch.dtype | str = torch.float32, distribution: str = "rademacher", split: str = "equal",
     ):
         layers = list(layers)
         if not layers or not all(isinstance(layer, KroneckerLayer) for layer in layers):
@@ -150,10 +152,12 @@ class KroneckerProjector(Projector):
             raise ProjectorError(
                 f"kronecker distribution must be one of {', '.join(DISTRIBUTIONS)}, got {distribution!r}"
             )
+        if split not in SPLITS:
+            raise ProjectorError(f"kronecker split must be one of {', '.join(SPLITS)}, got {split!r}")
         self.distribution = distribution
         self.layers = layers
         self.param_names = names
-        self.widths = split_widths([layer.d_out * layer.d_in for layer in layers], proj_dim)
+        self.widths = split_widths([layer.d_out * layer.d_in for layer in layers], proj_dim, split)
         self.grids = [choose_grid(w, layer.d_out, layer.d_in) for w, layer in zip(self.widths, layers)]
         self.offsets = [sum(self.widths[:i]) for i in range(len(layers))]
         self._index = {layer.name: i for i, layer in enumerate(layers)}

