@@ -19,8 +19,8 @@ from trakcli.errors import ConfigError, DataError, StoreMismatchError
 from trakcli.tasks import TASKS, classification_margin
 from trakcli.models import build_model
 
-from conftest import tiny_model
 from projects import invoke as trak
+from projects import tiny_model
 
 N_MODELS = 10
 

@@ -8,11 +8,10 @@ import pytest
 import torch
 import yaml
 
-from conftest import tiny_model, write_config
+from projects import invoke as trak
+from projects import tiny_model, write_config
 from trakcli.errors import CheckpointError
 from trakcli.models.checkpoints import load_checkpoint, read_state_dict
-from projects import invoke as trak
-
 
 
 # --- checkpoints ------------------------------------------------------------------------------------

@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -28,12 +27,9 @@ from trakcli.jobs.train import train_one
 from trakcli.metrics.lds import lds, spearman_columns
 from trakcli.models import build_model
 from projects import invoke as trak
+from projects import trak_cmd
 
 N_SUBSETS = 4
-
-
-def trak_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "trakcli.cli.main", *args]
 
 
 def eval_project(root: Path, **optimize) -> Path:

@@ -28,8 +28,7 @@ from trakcli.jobs.setup import JobSetup
 from trakcli.store import StoreLayout, train_finished
 from trakcli.store.finished import DONE_CHUNK, DONE_META
 
-from conftest import tiny_model, write_config
-from projects import CHUNK, N_TRAIN, make_project, run
+from projects import CHUNK, N_TRAIN, make_project, run, tiny_model, write_config
 
 featurize_job = importlib.import_module("trakcli.jobs.featurize")  # the module (trakcli.jobs.featurize is the function)
 STORE = Path("out") / "attrib.zarr"

