@@ -300,7 +300,7 @@ def test_nan_checkpoint_weights_name_model_id_and_file(project):
     assert arrays("out/attrib.zarr").keys() == clean.keys()
 
 
-# --- config values and files that used to surface as Python errors ----------------------------------------------
+# --- config values and files Python alone would reject with a traceback -----------------------------------------
 
 
 @pytest.mark.parametrize(
