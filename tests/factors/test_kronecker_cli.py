@@ -195,7 +195,7 @@ def test_kronecker_path_never_imports_torch_dynamo(user_project):
 
 @pytest.fixture(scope="module")
 def kron_reference(tmp_path_factory) -> Path:
-    """An uninterrupted kronecker featurize + score of projects.make_project's project (3 checkpoints, 15 chunks each)."""
+    """An uninterrupted kronecker featurize + score of make_project's project (3 checkpoints, 15 chunks each)."""
     root = make_project(tmp_path_factory.mktemp("kref"))
     for cmd in ("featurize", "score"):
         res = run(root, cmd, "run.yaml", *KRON, "-q")

@@ -1,5 +1,5 @@
 """`trak eval lds`: subsets, model outputs, retraining into the store (resume after kill -9, workers, identity
-checks), external files through the CLI, optimize.entrypoint. The LDS statistics themselves: tests/metrics/test_lds.py."""
+checks), external files through the CLI, optimize.entrypoint. The LDS statistics: tests/metrics/test_lds.py."""
 
 from __future__ import annotations
 

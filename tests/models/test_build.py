@@ -1,4 +1,4 @@
-"""Models from entrypoints: the built-in MLP on the digits, a user's file or module, and the errors that name the fix."""
+"""Models from entrypoints: the built-in MLP on the digits, a user's file or module, the errors that name the fix."""
 
 import pytest
 import torch
