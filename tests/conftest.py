@@ -1,4 +1,5 @@
-"""Shared fixtures: a tiny seeded model, its data and checkpoints, and a config writer."""
+"""Shared fixtures: a user's project of the tiny seeded model (its data, checkpoints and config), and a finished
+project. The helpers they are built from are in projects.py."""
 
 from __future__ import annotations
 
@@ -7,21 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
-from torch import nn
 
-MODEL_FILE = '''
-import torch
-from torch import nn
-
-def make_model(in_dim=6, hidden=8, num_classes=3):
-    return nn.Sequential(nn.Linear(in_dim, hidden), nn.Tanh(), nn.Linear(hidden, num_classes))
-'''
-
-
-def tiny_model(in_dim: int = 6, hidden: int = 8, num_classes: int = 3, seed: int = 0) -> nn.Module:
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(in_dim, hidden), nn.Tanh(), nn.Linear(hidden, num_classes))
+from projects import MODEL_FILE, make_project, run, tiny_model, write_config
 
 
 @pytest.fixture
@@ -65,16 +53,9 @@ def user_project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
-def write_config(path: Path, cfg: dict) -> Path:
-    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
-    return path
-
-
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory) -> Path:
     """A project whose store was featurized and scored without a fault (2 checkpoints, 15 chunks each)."""
-    from projects import make_project, run
-
     root = make_project(tmp_path_factory.mktemp("finished"), n_models=2)
     for cmd in (["featurize", "run.yaml", "-q"], ["score", "run.yaml", "-q"]):
         res = run(root, *cmd)

@@ -1,10 +1,13 @@
-"""Helpers shared by the test modules: a small project on disk, the `trak` CLI in process or in a
-subprocess, kills at test events, free ports, and store comparison. Not a test module.
+"""Helpers shared by the test modules: the tiny model, config files, a small project on disk, the `trak`
+CLI in process or in a subprocess, kills at test events, free ports, file-size limits and store comparison.
+Not a test module; the fixtures built on these are in conftest.py.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -15,11 +18,41 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import yaml
 import zarr
+from torch import nn
 from typer.testing import CliRunner
 
 from trakcli.cli.main import app
-from conftest import MODEL_FILE, tiny_model, write_config
+from trakcli.tasks import IGNORE_INDEX
+
+MODEL_FILE = '''
+import torch
+from torch import nn
+
+def make_model(in_dim=6, hidden=8, num_classes=3):
+    return nn.Sequential(nn.Linear(in_dim, hidden), nn.Tanh(), nn.Linear(hidden, num_classes))
+'''
+
+
+def tiny_model(in_dim: int = 6, hidden: int = 8, num_classes: int = 3, seed: int = 0) -> nn.Module:
+    """The model of MODEL_FILE, seeded."""
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(in_dim, hidden), nn.Tanh(), nn.Linear(hidden, num_classes))
+
+
+def write_config(path: Path, cfg: dict) -> Path:
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+ROOT = Path(__file__).resolve().parent.parent  # the repository
+FIXTURES = ROOT / "tests" / "fixtures"  # the data files of the tests
 
 N_TRAIN, N_TARGET, CHUNK = 600, 90, 40  # 15 train chunks per checkpoint, 3 target chunks
 
@@ -132,6 +165,16 @@ def kill_at(cwd: Path, args: list[str], log: Path, n_events: int) -> bool:
     return False
 
 
+def limit_file_size(nbytes: int):
+    """A subprocess preexec_fn: files of the child grow to at most nbytes (writes past it fail with EFBIG)."""
+
+    def apply():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of being killed
+        resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, nbytes))
+
+    return apply
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -148,3 +191,144 @@ def trak(*args):
     res = invoke(*args)
     assert res.exit_code == 0, res.stderr
     return res
+
+
+# --- tiny models and batches of the layer-hook tests (transformers imported on use) --------------------------------
+
+TOKEN_VOCAB = 23  # token ids of the tiny token models (0 is padding)
+
+
+class TokenModel(nn.Module):
+    """Embedding (padding_idx 0) -> Linear on [n, L, d] -> LayerNorm -> masked mean -> Linear.
+
+    Called like a transformers model (``input_ids``, a 4-D additive ``attention_mask``).
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(TOKEN_VOCAB, 8, padding_idx=0)
+        self.lin = nn.Linear(8, 8)
+        self.ln = nn.LayerNorm(8)
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, input_ids, attention_mask):
+        keep = (attention_mask[:, 0, 0, :] == 0).float()  # the 4-D additive mask: 0 on real tokens
+        h = self.ln(torch.tanh(self.lin(self.emb(input_ids))))
+        return self.head((h * keep[..., None]).sum(1) / keep.sum(1, keepdim=True))
+
+
+class HFConv1DModel(nn.Module):
+    """transformers Conv1D (weight [in, out]) on [n, T, 6] -> mean over T -> Linear."""
+
+    def __init__(self):
+        from transformers.pytorch_utils import Conv1D
+
+        super().__init__()
+        self.c = Conv1D(8, 6)
+        self.out = nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.out(torch.tanh(self.c(x)).mean(1))
+
+
+class TwiceModel(nn.Module):
+    """One Linear called twice in a forward (a shared weight: its gradient sums both calls)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(5, 5)
+        self.out = nn.Linear(5, 3)
+
+    def forward(self, x):
+        return self.out(torch.tanh(self.lin(torch.tanh(self.lin(x)))))
+
+
+class EmbeddingModel(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(TOKEN_VOCAB, 6)
+        self.out = nn.Linear(6, 3, bias=False)
+
+    def forward(self, ids):
+        return self.out(self.emb(ids).mean(1))
+
+
+def text_batch(n: int, length: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, TOKEN_VOCAB, (n, length), generator=g)
+    am = torch.ones(n, length, dtype=torch.long)
+    for i in range(n):
+        am[i, int(torch.randint(2, length + 1, (1,), generator=g)) :] = 0
+    ids[am == 0] = 0
+    ids[:, 1] = 0  # a real token (every text has at least 2) with the padding_idx of TokenModel.emb
+    return {"input_ids": ids, "attention_mask": am}
+
+
+def tiny_bert():
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=TOKEN_VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                     intermediate_size=32, max_position_embeddings=16, num_labels=3, attn_implementation="eager")
+    return BertForSequenceClassification(cfg)
+
+
+def tiny_gpt2():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    cfg = GPT2Config(vocab_size=TOKEN_VOCAB, n_embd=16, n_layer=2, n_head=2, n_positions=16,
+                     bos_token_id=1, eos_token_id=1, attn_implementation="eager")
+    return GPT2LMHeadModel(cfg)
+
+
+def conv2d_model():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
+                      nn.Conv2d(4, 3, 3, stride=2, padding=1, padding_mode="reflect"), nn.Flatten(), nn.Linear(48, 5))
+    with torch.no_grad():
+        m[1].running_mean.uniform_(-1, 1)
+    return m
+
+
+def conv1d_model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv1d(3, 4, 3, padding=1, dilation=1), nn.Tanh(),
+                         nn.Conv1d(4, 4, 2, stride=2, bias=False), nn.Flatten(), nn.Linear(20, 3))
+
+
+def labels(n, classes=3, seed=1):
+    return torch.randint(0, classes, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+LM_VOCAB = 29  # the tiny causal LMs' vocabulary (0 is padding)
+
+
+def tiny_llama():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=LM_VOCAB, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32,
+                      tie_word_embeddings=True, attn_implementation="eager")
+    return LlamaForCausalLM(cfg).eval()
+
+
+def masked_batch(kind: str, n: int = 5, length: int = 11, seed: int = 0):
+    """``(inputs, labels)`` right-padded to ``length``: prompt/completion (targets after a prompt of 2-5
+    tokens) or chat (two assistant spans among user turns)."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(2, LM_VOCAB, (n, length), generator=g)
+    am = torch.zeros(n, length, dtype=torch.long)
+    labels = torch.full((n, length), IGNORE_INDEX)
+    for i in range(n):
+        real = int(torch.randint(6, length + 1, (1,), generator=g))
+        am[i, :real] = 1
+        if kind == "completion":
+            start = int(torch.randint(2, real - 1, (1,), generator=g))
+            labels[i, start:real] = ids[i, start:real]
+        else:  # chat: two assistant turns
+            labels[i, 2:4] = ids[i, 2:4]
+            labels[i, real - 2:real] = ids[i, real - 2:real]
+    ids[am == 0] = 0
+    return {"input_ids": ids, "attention_mask": am}, labels

@@ -19,8 +19,8 @@ from trakcli.errors import ConfigError, DataError, StoreMismatchError
 from trakcli.tasks import TASKS, classification_margin
 from trakcli.models import build_model
 
-from conftest import tiny_model
 from projects import invoke as trak
+from projects import tiny_model
 
 N_MODELS = 10
 
@@ -54,7 +54,7 @@ def project(user_project: Path) -> Path:
 
 @pytest.fixture
 def project10(project: Path) -> Path:
-    """The project with 10 checkpoints (the issue's acceptance case)."""
+    """The project with 10 checkpoints: the API and the CLI agree over many models."""
     for i in range(2, N_MODELS):
         torch.save(tiny_model(seed=i).state_dict(), project / "ckpts" / f"model_{i}.pt")
     return project

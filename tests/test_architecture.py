@@ -115,3 +115,30 @@ def test_library_code_never_prints():
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print"
     )
     assert offenders == []
+
+
+# --- the tests' layout ----------------------------------------------------------------------------------------------
+
+TESTS = PKG.parent / "tests"
+
+
+def test_the_tests_mirror_the_package_with_one_helper_module():
+    """tests/<part>/test_*.py for a part of trakcli, top-level modules' tests in tests/; no __init__.py, so every
+    test module's basename is unique; the one helper module is projects.py, the fixtures are conftest.py's."""
+    parts = {p.name for p in PKG.iterdir() if (p / "__init__.py").is_file()}
+    folders = {p.name for p in TESTS.iterdir() if p.is_dir() and p.name not in ("fixtures", "__pycache__")}
+    assert folders <= parts, f"test folders that are no part of trakcli: {sorted(folders - parts)}"
+    modules = [p for p in TESTS.rglob("*.py") if "fixtures" not in p.relative_to(TESTS).parts]
+    assert not [p for p in modules if p.name == "__init__.py"]
+    tests = [p for p in modules if p.name.startswith("test_")]
+    names = [p.name for p in tests]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
+    others = sorted(str(p.relative_to(TESTS)) for p in modules if not p.name.startswith("test_"))
+    assert others == ["conftest.py", "projects.py"]
+    importing_tests = sorted(
+        str(p.relative_to(TESTS))
+        for p in modules
+        for mod, _ in _imports(p)
+        if mod.split(".")[0].startswith(("test_", "conftest"))
+    )
+    assert importing_tests == [], "a test module imports another test module or conftest: share through projects.py"

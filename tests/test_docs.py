@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 import subprocess
 import typing
@@ -163,3 +164,20 @@ def test_committed_results_lists_the_git_files():
     assert [p.relative_to(ROOT).as_posix() for p in module.committed_results()] == sorted(
         p for p in out.stdout.split() if p.endswith(".json")
     )
+
+
+def test_every_tests_path_named_in_the_repository_exists():
+    """A path under tests/ named in the code, the docs, the configs or the scripts is a file or folder (or a glob
+    that matches one)."""
+    named = re.compile(r"(?<![\w./-])tests/[\w./*-]*[\w*]")
+    skip = {"site", "build", "dist", "__pycache__", "node_modules"}
+    stale = []
+    for folder, dirs, files in os.walk(ROOT):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d not in skip and not d.endswith(".egg-info"))
+        for name in sorted(files):
+            path = Path(folder) / name
+            if path.suffix not in (".py", ".md", ".yaml", ".yml", ".sh", ".toml"):
+                continue
+            for i, line in enumerate(path.read_text().splitlines(), 1):
+                stale += [f"{path.relative_to(ROOT)}:{i}: {m}" for m in named.findall(line) if not list(ROOT.glob(m))]
+    assert stale == []

@@ -6,7 +6,7 @@ from trakcli.errors import ConfigError, DataError, GradientError
 from trakcli.gradients import PerExampleGradients, check_finite, select_parameters
 from trakcli.tasks import classification_margin
 
-from conftest import tiny_model
+from projects import tiny_model
 
 
 def loop_reference(model, names, x, y):

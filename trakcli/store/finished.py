@@ -36,7 +36,7 @@ from trakcli.store.layout import LAYOUT_ATTR, StoreLayout
 from trakcli.store.store import SCHEMA_VERSION
 
 #: The file of a set ``done`` flag: the uint8 value 1, then its CRC32C checksum (little-endian),
-#: as zarr writes it through the codecs ``[bytes, crc32c]`` (tests/test_featurize_noop.py checks zarr's bytes).
+#: as zarr writes it through the codecs ``[bytes, crc32c]`` (tests/jobs/test_featurize.py checks zarr's bytes).
 DONE_CHUNK = b"\x01\x52\xd0\x16\xa0"
 
 #: The metadata of a ``done`` array (one uint8 flag per chunk) besides its shape.

@@ -16,15 +16,14 @@ import numpy as np
 import pytest
 import torch
 import yaml
-import zarr
 from rich.console import Console
 
-from conftest import tiny_model
+from projects import arrays, tiny_model
+from projects import invoke as trak
 from trakcli.config import load_config, resolve_checkpoints
 from trakcli.errors import ConfigError
 from trakcli.models import file_sha256
 from trakcli.progress import Reporter, Task
-from projects import invoke as trak
 
 
 def project(name: str = "opt.yaml", *, validation: bool = False, **recipe) -> dict:
@@ -42,19 +41,6 @@ def project(name: str = "opt.yaml", *, validation: bool = False, **recipe) -> di
 
 def manifest(out_dir: str = "trained") -> dict:
     return json.loads((Path(out_dir) / "manifest.json").read_text())
-
-
-def store_arrays(store: str) -> dict[str, np.ndarray]:
-    out: dict[str, np.ndarray] = {}
-
-    def walk(group, prefix=""):
-        for name, arr in group.arrays():
-            out[prefix + name] = np.asarray(arr[:])
-        for name, sub in group.groups():
-            walk(sub, prefix + name + "/")
-
-    walk(zarr.open_group(store, mode="r"))
-    return out
 
 
 # ----------------------------------------------------------------------------
@@ -97,7 +83,7 @@ def test_manifest_records_the_run_and_featurize_reads_it_like_the_glob(user_proj
     assert trak("featurize", "opt.yaml", "-q", "store.path=out/m.zarr").exit_code == 0
     res = trak("featurize", "opt.yaml", "-q", "store.path=out/g.zarr", "checkpoints=trained/model_*.pt")
     assert res.exit_code == 0, res.stderr
-    a, b = store_arrays("out/m.zarr"), store_arrays("out/g.zarr")
+    a, b = arrays("out/m.zarr"), arrays("out/g.zarr")
     assert sorted(a) == sorted(b) and any(k.endswith("features") for k in a)
     for k in a:
         np.testing.assert_array_equal(a[k], b[k], err_msg=k)

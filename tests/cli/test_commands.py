@@ -95,7 +95,7 @@ def test_store_made_with_other_settings_refuses_and_names_keys(user_project):
 
 def test_changed_checkpoint_is_refused(user_project):
     assert trak("featurize", "run.yaml").exit_code == 0
-    from conftest import tiny_model
+    from projects import tiny_model
 
     torch.save(tiny_model(seed=7).state_dict(), "ckpts/model_1.pt")
     res = trak("featurize", "run.yaml")

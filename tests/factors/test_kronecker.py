@@ -22,114 +22,11 @@ from trakcli.projectors.kronecker import KroneckerProjector, factor_pair
 from trakcli.projectors.kronecker_layers import KroneckerLayer, LayerParam, choose_grid, split_widths
 
 transformers = pytest.importorskip("transformers")
-from transformers.pytorch_utils import Conv1D  # noqa: E402
 
-VOCAB = 23
-
-
-# ----------------------------------------------------------------------------- tiny models
-
-
-class TokenModel(nn.Module):
-    """Embedding (padding_idx 0) -> Linear on [n, L, d] -> LayerNorm -> masked mean -> Linear.
-
-    Called like a transformers model (``input_ids``, a 4-D additive ``attention_mask``).
-    """
-
-    def __init__(self):
-        super().__init__()
-        self.emb = nn.Embedding(VOCAB, 8, padding_idx=0)
-        self.lin = nn.Linear(8, 8)
-        self.ln = nn.LayerNorm(8)
-        self.head = nn.Linear(8, 3)
-
-    def forward(self, input_ids, attention_mask):
-        keep = (attention_mask[:, 0, 0, :] == 0).float()  # the 4-D additive mask: 0 on real tokens
-        h = self.ln(torch.tanh(self.lin(self.emb(input_ids))))
-        return self.head((h * keep[..., None]).sum(1) / keep.sum(1, keepdim=True))
-
-
-class HFConv1DModel(nn.Module):
-    """transformers Conv1D (weight [in, out]) on [n, T, 6] -> mean over T -> Linear."""
-
-    def __init__(self):
-        super().__init__()
-        self.c = Conv1D(8, 6)
-        self.out = nn.Linear(8, 3)
-
-    def forward(self, x):
-        return self.out(torch.tanh(self.c(x)).mean(1))
-
-
-class TwiceModel(nn.Module):
-    """One Linear called twice in a forward (a shared weight: its gradient sums both calls)."""
-
-    def __init__(self):
-        super().__init__()
-        self.lin = nn.Linear(5, 5)
-        self.out = nn.Linear(5, 3)
-
-    def forward(self, x):
-        return self.out(torch.tanh(self.lin(torch.tanh(self.lin(x)))))
-
-
-class EmbeddingModel(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.emb = nn.Embedding(VOCAB, 6)
-        self.out = nn.Linear(6, 3, bias=False)
-
-    def forward(self, ids):
-        return self.out(self.emb(ids).mean(1))
-
-
-def text_batch(n: int, length: int, seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(1, VOCAB, (n, length), generator=g)
-    am = torch.ones(n, length, dtype=torch.long)
-    for i in range(n):
-        am[i, int(torch.randint(2, length + 1, (1,), generator=g)) :] = 0
-    ids[am == 0] = 0
-    ids[:, 1] = 0  # a real token (every text has at least 2) with the padding_idx of TokenModel.emb
-    return {"input_ids": ids, "attention_mask": am}
-
-
-def tiny_bert():
-    from transformers import BertConfig, BertForSequenceClassification
-
-    torch.manual_seed(0)
-    cfg = BertConfig(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
-                     intermediate_size=32, max_position_embeddings=16, num_labels=3, attn_implementation="eager")
-    return BertForSequenceClassification(cfg)
-
-
-def tiny_gpt2():
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    torch.manual_seed(0)
-    cfg = GPT2Config(vocab_size=VOCAB, n_embd=16, n_layer=2, n_head=2, n_positions=16,
-                     bos_token_id=1, eos_token_id=1, attn_implementation="eager")
-    return GPT2LMHeadModel(cfg)
-
-
-def conv2d_model():
-    torch.manual_seed(0)
-    m = nn.Sequential(nn.Conv2d(2, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
-                      nn.Conv2d(4, 3, 3, stride=2, padding=1, padding_mode="reflect"), nn.Flatten(), nn.Linear(48, 5))
-    with torch.no_grad():
-        m[1].running_mean.uniform_(-1, 1)
-    return m
-
-
-def conv1d_model():
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Conv1d(3, 4, 3, padding=1, dilation=1), nn.Tanh(),
-                         nn.Conv1d(4, 4, 2, stride=2, bias=False), nn.Flatten(), nn.Linear(20, 3))
-
-
-def labels(n, classes=3, seed=1):
-    return torch.randint(0, classes, (n,), generator=torch.Generator().manual_seed(seed))
-
+from projects import (  # noqa: E402  (the tiny models, shared with the per-example hook tests)
+    TOKEN_VOCAB as VOCAB, EmbeddingModel, HFConv1DModel, TokenModel, TwiceModel, conv1d_model, conv2d_model, labels,
+    text_batch, tiny_bert, tiny_gpt2,
+)
 
 CASES = {
     # name: (model builder, batch builder, task, proj_dim)

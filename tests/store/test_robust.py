@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -20,10 +18,9 @@ import pytest
 import torch
 import zarr
 
-from conftest import tiny_model
 from projects import (
-    CHUNK, N_TARGET, N_TRAIN, arrays, assert_same_store, free_port, kill_at, make_project, run, run_subprocess,
-    trak_cmd,
+    CHUNK, N_TARGET, N_TRAIN, arrays, assert_same_store, free_port, kill_at, limit_file_size, make_project, run,
+    run_subprocess, tiny_model, trak_cmd,
 )
 
 
@@ -112,21 +109,13 @@ def test_second_run_on_store_in_use_refuses_naming_host_and_pid(tmp_path):
     )
 
 
-def _limit_file_size(nbytes: int):
-    def apply():
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # get EFBIG instead of being killed
-        resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, nbytes))
-
-    return apply
-
-
 def test_failing_writes_keep_store_consistent_and_resumable(tmp_path, reference):
     root = make_project(tmp_path / "p")
     # files over 4 KB cannot be written: zarr metadata (the root's, with the resolved config, is ~3 KB) fits,
     # feature chunks (40 x 32 floats, ~4.8 KB compressed) do not
     res = subprocess.run(
         trak_cmd("featurize", "run.yaml"), cwd=root, capture_output=True, text=True, timeout=300,
-        preexec_fn=_limit_file_size(4000),
+        preexec_fn=limit_file_size(4000),
     )
     assert res.returncode == 1
     msg = " ".join(res.stderr.split())

@@ -12,11 +12,10 @@ import numpy as np
 import pytest
 import yaml
 
-from projects import run
+from projects import ROOT, run
 from trakcli.errors import DataError
 from trakcli.metrics.recall import default_ks, fact_recall, rank_scores
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _load_script(name: str):

@@ -27,11 +27,12 @@ from trakcli.models.build import build_model
 
 pytestmark = pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel lengths")
 
-from test_kronecker import (  # noqa: E402  (tiny models shared with the Kronecker tests; skips without transformers)
-    EmbeddingModel, HFConv1DModel, TokenModel, TwiceModel, conv1d_model, conv2d_model, labels, text_batch, tiny_bert,
-    tiny_gpt2,
+transformers = pytest.importorskip("transformers")
+
+from projects import (  # noqa: E402  (the tiny models, shared with the Kronecker and language-model tests)
+    EmbeddingModel, HFConv1DModel, TokenModel, TwiceModel, conv1d_model, conv2d_model, labels, masked_batch,
+    text_batch, tiny_bert, tiny_gpt2, tiny_llama,
 )
-from test_lm import masked_batch, tiny_llama  # noqa: E402
 
 
 # ----------------------------------------------------------------------------- models

@@ -21,7 +21,7 @@ import yaml
 from trakcli.errors import DataError, ProjectorError, UserCodeError, user_code
 from trakcli.projectors import make_projector
 
-from test_optimize_manifest import store_arrays  # every array of a store, by path
+from projects import arrays
 from projects import invoke as trak
 
 BAD_CODE = '''
@@ -285,7 +285,7 @@ def test_training_function_leaving_nan_weights_keeps_earlier_models(project):
 
 def test_nan_checkpoint_weights_name_model_id_and_file(project):
     assert trak("featurize", "run.yaml").exit_code == 0
-    clean = store_arrays("out/attrib.zarr")
+    clean = arrays("out/attrib.zarr")
     sd = torch.load("ckpts/model_1.pt")
     sd["0.weight"][2, 3] = float("nan")
     torch.save(sd, "ckpts/model_1.pt")
@@ -294,13 +294,13 @@ def test_nan_checkpoint_weights_name_model_id_and_file(project):
         "checkpoint ckpts/model_1.pt (model_id 1) has non-finite weights: 0.weight (1 NaN, 0 inf)" in msg
     )
     assert "retrain it (with a lower learning rate) or remove it from checkpoints" in msg
-    partial = store_arrays("out/nan.zarr")
+    partial = arrays("out/nan.zarr")
     for name in ("train/0/features", "train/0/out_to_loss", "train/0/done"):  # model 0 was finished before
         np.testing.assert_array_equal(partial[name], clean[name])
-    assert store_arrays("out/attrib.zarr").keys() == clean.keys()
+    assert arrays("out/attrib.zarr").keys() == clean.keys()
 
 
-# --- config values and files that used to surface as Python errors ----------------------------------------------
+# --- config values and files Python alone would reject with a traceback -----------------------------------------
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,8 @@ from trakcli.config.load import load_config, parse_overrides
 from trakcli.config.resolve import check_files, resolve_checkpoints
 from trakcli.errors import ConfigError
 
-ROOT = Path(__file__).resolve().parents[1]
+from projects import ROOT
+
 
 BASE = {
     "checkpoints": "ckpts/*.pt",

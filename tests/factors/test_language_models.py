@@ -19,17 +19,7 @@ from trakcli.tasks import IGNORE_INDEX, LanguageModeling, language_modeling_marg
 
 transformers = pytest.importorskip("transformers")
 
-VOCAB = 29
-
-
-def tiny_llama():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32,
-                      tie_word_embeddings=True, attn_implementation="eager")
-    return LlamaForCausalLM(cfg).eval()
+from projects import LM_VOCAB as VOCAB, masked_batch, tiny_llama  # noqa: E402
 
 
 def tiny_gpt2():
@@ -42,26 +32,6 @@ def tiny_gpt2():
 
 
 MODELS = {"llama": tiny_llama, "gpt2": tiny_gpt2}
-
-
-def masked_batch(kind: str, n: int = 5, length: int = 11, seed: int = 0):
-    """``(inputs, labels)`` right-padded to ``length``: prompt/completion (targets after a prompt of 2-5
-    tokens) or chat (two assistant spans among user turns)."""
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(2, VOCAB, (n, length), generator=g)
-    am = torch.zeros(n, length, dtype=torch.long)
-    labels = torch.full((n, length), IGNORE_INDEX)
-    for i in range(n):
-        real = int(torch.randint(6, length + 1, (1,), generator=g))
-        am[i, :real] = 1
-        if kind == "completion":
-            start = int(torch.randint(2, real - 1, (1,), generator=g))
-            labels[i, start:real] = ids[i, start:real]
-        else:  # chat: two assistant turns
-            labels[i, 2:4] = ids[i, 2:4]
-            labels[i, real - 2:real] = ids[i, real - 2:real]
-    ids[am == 0] = 0
-    return {"input_ids": ids, "attention_mask": am}, labels
 
 
 def loop_margins(model, inputs, labels):

@@ -9,15 +9,13 @@ was lost: the other store arrays and any previous output file stay byte-identica
 from __future__ import annotations
 
 import json
-import resource
-import signal
 import subprocess
 from pathlib import Path
 
 import pytest
 import zarr
 
-from projects import CHUNK, N_TRAIN, assert_same_store, msg, run, trak_cmd
+from projects import CHUNK, N_TRAIN, assert_same_store, limit_file_size, msg, run, trak_cmd
 
 STORE = Path("out") / "attrib.zarr"
 
@@ -164,21 +162,13 @@ def test_export_refuses_unfinished_arrays_and_keeps_the_previous_file(project):
     assert sorted(p.name for p in project.iterdir()) == ["ckpts", "my_model.py", "out", "run.yaml", "s.npy"]
 
 
-def _limit_file_size(nbytes: int):
-    def apply():
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG instead of being killed
-        resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, nbytes))
-
-    return apply
-
-
 def test_failing_export_and_score_out_keep_the_previous_file_without_traceback(project):
     out = project / "s.npy"
     out.write_bytes(b"previous results")
     # a full disk while `trak score --out` writes (the scores are 90 x 600 float32, 216 KB)
     res = subprocess.run(
         trak_cmd("score", "run.yaml", "-q", "--out", "s.npy"), cwd=project, capture_output=True, text=True,
-        timeout=300, preexec_fn=_limit_file_size(100_000),
+        timeout=300, preexec_fn=limit_file_size(100_000),
     )
     assert res.returncode == 1
     assert "cannot write s.npy" in msg(res) and "s.npy is unchanged" in msg(res)

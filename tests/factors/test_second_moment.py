@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from typer.testing import CliRunner
 
-from conftest import tiny_model
+from projects import tiny_model
 from trakcli.cli.main import app
 from trakcli.config.schema import Config, ProjectorConfig
 from trakcli.errors import ConfigError
