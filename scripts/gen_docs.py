@@ -366,7 +366,19 @@ def _lds_lm(data: dict[str, Any]) -> tuple[str, str, str]:
     )
     head = ["projector", "proj_dim", "checkpoints", f"LDS, lambda_rel {default_rel:g}", "best LDS of the ridges",
             "at lambda_rel"]
-    return "LDS of a language model trained from scratch", note, table(head, rows, ["l"] + ["r"] * 5)
+    body = table(head, rows, ["l"] + ["r"] * 5)
+    if data.get("curvature"):
+        best: dict[tuple, dict[str, float]] = {}
+        for r in data["curvature"]:
+            cell = best.setdefault((r["kind"], r["proj_dim"], r["n_checkpoints"]), {})
+            cell[r["curvature"]] = max(cell.get(r["curvature"], -1.0), r["lds"])
+        curv = [[kind, str(d), str(k), f"{v['output']:.3f}", f"{v['fisher']:.3f}"]
+                for (kind, d, k), v in sorted(best.items())]
+        body += "\n\nThe curvature, best LDS over the same ridges (float64, dual form): TRAK's kernel of the output " \
+                "gradients ΦᵀΦ against the Fisher of the loss gradients Φᵀ diag(Q²) Φ.\n\n" + table(
+                    ["projector", "proj_dim", "checkpoints", "TRAK kernel", "loss-gradient Fisher"], curv,
+                    ["l", "r", "r", "r", "r"])
+    return "LDS of a language model trained from scratch", note, body
 
 
 def _optimize_lm(data: dict[str, Any]) -> tuple[str, str, str]:

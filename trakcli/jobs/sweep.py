@@ -137,7 +137,7 @@ def _check_proj_dims(cfg: Config, dims: list[int], directory: Path) -> None:
             raise ConfigError(f"eval.sweep.proj_dims: {d} cannot be used with projector kind kronecker: {e}") from None
 
 
-def _read_features(cfg: Config, n_models: int) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+def read_features(cfg: Config, n_models: int) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
     """Train features ``[n_train, d]``, out_to_loss ``[n_train]`` and target features ``[n_target, d]`` per model.
 
     Read through the store's checked reads: an unfinished, missing or corrupt chunk stops with the repair command.
@@ -203,7 +203,7 @@ def lds_grid(
         reporter.info(f"sweep: {cfg.store.path} was made with other settings; featurizing it again")
         featurize(cfg, overwrite=True, reporter=reporter)
     score(cfg, reporter=reporter)  # the target features (and the scores of the default ridge)
-    phi, q, phi_t = _read_features(cfg, n_models)
+    phi, q, phi_t = read_features(cfg, n_models)
     n_train = phi[0].shape[0]
     phi_train = [torch.from_numpy(f) for f in phi]
     dual = kernel_form(n_train, d) == DUAL
