@@ -404,6 +404,22 @@ def _optimize_lm(data: dict[str, Any]) -> tuple[str, str, str]:
     return "Finetuning a language model in a projected subspace", note, table(head, rows, ["l"] + ["r"] * 6)
 
 
+def _recall(data: dict[str, Any]) -> tuple[str, str, str]:
+    ks = ["1", "5", "10", "50"]
+    rows = []
+    for name, r in data["variants"].items():
+        m = r["mrr"]
+        rows.append([name, " ".join(f"`{o}`" for o in r["overrides"]) or "(the config)",
+                     f"{m['value']:.3f} [{m['ci_low']:.3f}, {m['ci_high']:.3f}]",
+                     *[f"{r['recall'][k]['value']:.3f}" for k in ks]])
+    c = data["corpus"]
+    note = (f"`{data['config']}`: {c['n_facts']} invented facts planted one each into {c['n_train']:,} BBC news "
+            f"articles, a tiny GPT-2 trained {c['epochs']} epochs on them; each query's top 100 documents against "
+            "the article that holds its fact, 95% bootstrap intervals over queries.")
+    head = ["variant", "overrides", "MRR", *[f"recall@{k}" for k in ks]]
+    return "Fact tracing on planted facts", note, table(head, rows, ["l", "l"] + ["r"] * 5)
+
+
 #: How each benchmark's JSON becomes a table: the key that identifies it, its script, its renderer.
 RENDERERS: list[tuple[Any, str, Any]] = [
     (lambda d: d.get("benchmark") == "lds_digits", "bench_lds_digits.py", _lds_digits),
@@ -415,6 +431,7 @@ RENDERERS: list[tuple[Any, str, Any]] = [
     (lambda d: d.get("benchmark") == "bench_topk", "bench_topk.py", _topk),
     (lambda d: d.get("benchmark") == "lds_lm", "bench_lds_lm.py", _lds_lm),
     (lambda d: d.get("benchmark") == "optimize_lm", "bench_optimize_lm.py", _optimize_lm),
+    (lambda d: d.get("benchmark") == "recall", "bench_recall.py", _recall),
 ]
 
 
