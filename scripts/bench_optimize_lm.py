@@ -20,8 +20,13 @@ Methods (``--methods``):
                 ``trak optimize``), a new projection every ``--update-gap`` steps with the moments
                 carried over (``on_refresh: transfer``); vectors (norm weights) with plain AdamW
     galore      GaLoreAdamW of ``galore-torch`` (the baseline; benchmark environment only): the same
-                matrices at rank ``--rank``, SVD projections every ``--update-gap`` steps, scale
-                ``--galore-scale``; vectors with plain AdamW
+                matrices at rank ``--rank``, SVD projections every ``--update-gap`` steps; vectors
+                with plain AdamW
+
+Every method has its own learning rate (``--lr-adamw``, ``--lr-projected``,
+``--lr-galore``, all 1e-4 by default) and both low-rank methods multiply their
+updates by ``--scale`` (GaLore's alpha; the projected optimizer's
+``projection.scale``).
 
 Equal state: both low-rank methods keep rank x (the longer side) moments per
 matrix, so at one rank their state is equal up to GaLore's stored projection
@@ -112,11 +117,11 @@ def build(method: str, model: Any, a: argparse.Namespace, galore_cls: Any) -> to
         return torch.optim.AdamW(model.parameters(), lr=a.lr_adamw, weight_decay=0.0)
     if method == "projected":
         proj = {"mode": "per_matrix", "kind": a.kind, "rank": a.rank, "update_gap": a.update_gap,
-                "on_refresh": "transfer", "seed": 0}
+                "on_refresh": "transfer", "seed": 0, "scale": a.scale}
         return ProjectedOptimizer(model.parameters(), torch.optim.AdamW, proj, lr=a.lr_projected, weight_decay=0.0)
     if method == "galore":
         groups = [{"params": rest}, {"params": mats, "rank": a.rank, "update_proj_gap": a.update_gap,
-                                     "scale": a.galore_scale, "proj_type": "std"}]
+                                     "scale": a.scale, "proj_type": "std"}]
         return galore_cls(groups, lr=a.lr_galore, weight_decay=0.0, no_deprecation_warning=True)
     raise SystemExit(f"unknown method {method!r}: use adamw, projected, galore")
 
@@ -185,10 +190,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rank", type=int, default=32, help="rank of both low-rank methods")
     p.add_argument("--update-gap", type=int, default=10, help="steps between new projections (both low-rank)")
     p.add_argument("--kind", default="rademacher", help="the projected optimizer's projection kind")
-    p.add_argument("--lr-adamw", type=float, default=3e-5)
-    p.add_argument("--lr-projected", type=float, default=3e-5)
-    p.add_argument("--lr-galore", type=float, default=3e-5)
-    p.add_argument("--galore-scale", type=float, default=1.0, help="GaLore's scale (alpha)")
+    p.add_argument("--lr-adamw", type=float, default=1e-4)
+    p.add_argument("--lr-projected", type=float, default=1e-4)
+    p.add_argument("--lr-galore", type=float, default=1e-4)
+    p.add_argument("--scale", type=float, default=1.0,
+                   help="multiplier of both low-rank methods' updates (GaLore's alpha, projection.scale)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--seed", type=int, default=0, help="seed of the article order")
     p.add_argument("--quick", action="store_true", help="6 steps, 8 validation articles")
