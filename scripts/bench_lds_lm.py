@@ -25,6 +25,9 @@ What it runs, through trakcli's jobs (the CLI's code):
    2023, Eq. 5) of the scores of the first 1 and of all checkpoints, for every
    ridge of ``--lambda-rel`` (:func:`trakcli.jobs.sweep.lds_grid`, what
    ``trak eval sweep`` runs).
+   And sjlt at ``--reference-dim`` (16,384), the stand-in for TRAK with
+   unprojected gradients: its inner products err by about √(2/16384) ≈ 1% of
+   the norms' product.
 4. The cosine scores ``score.normalize: unit`` (TrackStar) at the first
    proj_dim of the first kind, all checkpoints, the default ridge.
 
@@ -135,8 +138,8 @@ def prepare(work: Path, a: argparse.Namespace) -> dict[str, Any]:
     return info
 
 
-def config(work: Path, a: argparse.Namespace) -> dict[str, Any]:
-    """The run's config (paths relative to ``work``, where every job runs)."""
+def config(a: argparse.Namespace) -> dict[str, Any]:
+    """The run's config (paths relative to the work directory, where every job runs)."""
     return {
         "model": {"entrypoint": "hf:model", "kwargs": {"model_class": "causal_lm"}},
         "checkpoints": "ckpts/manifest.json",
@@ -263,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kinds", nargs="+", default=["sjlt", "kronecker", "kronecker-size"])
     p.add_argument("--proj-dims", nargs="+", type=int, default=[1024, 4096])
     p.add_argument("--lambda-rel", nargs="+", type=float, default=[0.01, 0.1, 1.0, 10.0])
+    p.add_argument("--reference-dim", type=int, default=16384,
+                   help="also sjlt at this proj_dim: the near-exact gradients' stand-in (0: not run)")
     p.add_argument("--vocab-size", type=int, default=2048)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--seed", type=int, default=0)
@@ -290,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     seconds: dict[str, float] = {}
     corpus = prepare(work, a)
     os.chdir(work)  # the config's paths are relative to the work directory
-    (work / "lm.yaml").write_text(yaml.safe_dump(config(work, a), sort_keys=False))
+    (work / "lm.yaml").write_text(yaml.safe_dump(config(a), sort_keys=False))
     cfg = load_config("lm.yaml", [])
     log(f"corpus: {corpus}")
 
@@ -306,14 +311,16 @@ def main(argv: list[str] | None = None) -> int:
     ridges = [(r, None) for r in a.lambda_rel]
     rows: list[dict[str, Any]] = []
     curvature: list[dict[str, Any]] = []
-    for kind in a.kinds:
-        for d in a.proj_dims:
-            t0 = time.perf_counter()
-            sub = variant(cfg, kind, d, a.n_models)
-            rows += [{"kind": kind, **r} for r in lds_grid(sub, masks, outputs, ks, ridges, reporter=reporter)]
-            curvature += curvature_rows(sub, masks, outputs, ks, a.lambda_rel, kind)
-            seconds[f"{kind}_{d}"] = time.perf_counter() - t0
-            log(f"{kind} proj_dim {d}: {seconds[f'{kind}_{d}']:.0f}s")
+    grid = [(kind, d) for kind in a.kinds for d in a.proj_dims]
+    if a.reference_dim and ("sjlt", a.reference_dim) not in grid:
+        grid.append(("sjlt", a.reference_dim))
+    for kind, d in grid:
+        t0 = time.perf_counter()
+        sub = variant(cfg, kind, d, a.n_models)
+        rows += [{"kind": kind, **r} for r in lds_grid(sub, masks, outputs, ks, ridges, reporter=reporter)]
+        curvature += curvature_rows(sub, masks, outputs, ks, a.lambda_rel, kind)
+        seconds[f"{kind}_{d}"] = time.perf_counter() - t0
+        log(f"{kind} proj_dim {d}: {seconds[f'{kind}_{d}']:.0f}s")
     rows.append(unit_row(cfg, masks, outputs, a.kinds[0], a.proj_dims[0], a.n_models))
 
     print_table(rows, cfg.score.lambda_rel)
