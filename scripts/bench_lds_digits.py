@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Quality and speed of trakcli against MadryLab's ``traker`` on digits MLPs, each as its users run it.
 
-What it measures (issues 2 and 15, "Benchmark protocol"):
+What it measures:
 
 * **Speed, trakcli as a user runs it**: ``trak featurize CONFIG ...`` and
   ``trak score CONFIG ...`` as two processes (the ``trak`` script of this
@@ -49,7 +49,7 @@ Run it in the benchmark environment (``./scripts/bench_env.sh`` makes it)::
 
 It prints a table (ratio = traker seconds / trakcli seconds) and writes JSON
 (``--out``) with both LDS values, every wall time, the start-up samples and
-the load average. Acceptance (issue 15), for the config's projector: trakcli
+the load average. Goals, for the config's projector: trakcli
 >= 2.5x faster than traker at proj_dim 256 and 2048, LDS >= traker's, and
 ``trak score`` at proj_dim 2048 <= 2 s of compute (its wall minus one
 start-up). ``--check`` makes a failed acceptance exit 1.
@@ -82,7 +82,7 @@ DEFAULT_CONFIG = REPO / "configs" / "digits.yaml"
 DEFAULT_WORK = REPO / "bench_results" / "lds_digits_work"
 DEFAULT_OUT = REPO / "bench_results" / "lds_digits.json"
 
-# Acceptance thresholds (issue 15).
+# The goals of the comparison.
 MIN_SPEEDUP = 2.5  # traker seconds / trakcli seconds (as users run them), default projector, proj_dim 256 and 2048
 MAX_SCORE_2048 = 2.0  # seconds of `trak score` compute at proj_dim 2048 (wall minus start-up)
 
@@ -497,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
 
     n_subsets = args.n_subsets or (20 if args.quick else 100)
     if n_subsets < 100 and not args.quick:
-        log(f"warning: {n_subsets} subset models; issue 2 asks for at least 100")
+        log(f"warning: {n_subsets} subset models; LDS needs at least 100 for a stable estimate")
     work_root = args.work_dir.resolve()
     config = args.config.resolve()
     t_start = time.perf_counter()

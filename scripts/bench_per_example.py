@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Per-example gradients: layer hooks against torch.func.vmap (issue 15, item 2).
+"""Per-example gradients: layer hooks against torch.func.vmap.
 
 Each (method, threads) pair runs in fresh Python processes on the digits MLP
 (``model: mlp`` with in_dim 64, hidden_dim 128, num_classes 10, depth 2: 26,122

@@ -13,7 +13,7 @@ table:
 
 Presets:
 
-* ``goals`` (default): the shapes of the goals in issue 3 — grad_dim 1e6,
+* ``goals`` (default): the shapes of the projector goals — grad_dim 1e6,
   proj_dim 1024, batch 32 for every kind and implementation and both
   baselines; chunked rademacher at grad_dim 1e7, proj_dim 2048, batch 32 for
   peak memory; the distortion table.
@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import subprocess

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Start-up: the CLI commands (issue 15, item 1) and per-example gradients, torch.func.vmap against alternatives (item 2).
+"""Start-up: the CLI commands, and per-example gradients: torch.func.vmap against alternatives.
 
 **CLI** (``--part cli``): wall and CPU seconds of fresh processes, each command
 run ``--cli-repeats`` times (interleaved, so a busy machine slows all alike):
