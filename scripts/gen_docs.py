@@ -435,18 +435,38 @@ RENDERERS: list[tuple[Any, str, Any]] = [
 ]
 
 
+def _renderer(data: dict[str, Any]) -> tuple[str, Any] | None:
+    """``(script, render)`` of the benchmark result ``data``, or None."""
+    for matches, script, render in RENDERERS:
+        if matches(data):
+            return script, render
+    return None
+
+
+def render_table(data: dict[str, Any]) -> str:
+    """A benchmark result's main table (Markdown), as the benchmarks page shows it: what a benchmark prints.
+
+    Raises:
+        ValueError: no renderer matches ``data``.
+    """
+    found = _renderer(data)
+    if found is None:
+        raise ValueError("no renderer for this benchmark result; add one to scripts/gen_docs.py RENDERERS")
+    return found[1](data)[2]
+
+
 def render_result(path: Path) -> str:
     """One committed result as a section: title, the command that produced it, its main table."""
     data = json.loads(path.read_text())
-    for matches, script, render in RENDERERS:
-        if matches(data):
-            title, note, body = render(data)
-            command = _command(path, data, script)
-            return "\n".join([
-                f"## {title} (`{path.name}`)", "", "Made by", "", "```bash", command, "```", "",
-                note, "", body, "",
-            ])
-    raise ValueError(f"{path}: no renderer for this benchmark result; add one to scripts/gen_docs.py RENDERERS")
+    found = _renderer(data)
+    if found is None:
+        raise ValueError(f"{path}: no renderer for this benchmark result; add one to scripts/gen_docs.py RENDERERS")
+    script, render = found
+    title, note, body = render(data)
+    return "\n".join([
+        f"## {title} (`{path.name}`)", "", "Made by", "", "```bash", _command(path, data, script), "```", "",
+        note, "", body, "",
+    ])
 
 
 #: Where docs/benchmarks_intro.md wants the generated sections (else they go at its end).
