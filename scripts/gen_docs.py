@@ -354,8 +354,8 @@ def _lds_lm(data: dict[str, Any]) -> tuple[str, str, str]:
         default = next((r for r in group if r["lambda_rel"] == default_rel), group[0])
         best = max(group, key=lambda r: r["lds"])
         cell = lambda r: f"{r['lds']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}]"  # noqa: E731
-        rows.append([kind + (f", {norm}" if norm else ""), str(d), str(k), cell(default), cell(best),
-                     f"{best['lambda_rel']:g}"])
+        ridge = "0 (traker's)" if kind == "traker" else f"{best['lambda_rel']:g}"  # traker: its own default, no ridge
+        rows.append([kind + (f", {norm}" if norm else ""), str(d), str(k), cell(default), cell(best), ridge])
     c = data["corpus"]
     note = (
         f"A GPT-2 of {c['n_params']:,} parameters trained from scratch ({data['recipe']['epochs']} epochs) on "
@@ -387,7 +387,7 @@ def _optimize_lm(data: dict[str, Any]) -> tuple[str, str, str]:
     rows = []
     for name, r in methods.items():
         rows.append([
-            name, f"{r['val_loss']:.4f}",
+            name, f"{r['lr']:g}" if "lr" in r else "", f"{r['val_loss']:.4f}",
             f"{100 * (r['val_loss'] / ref['val_loss'] - 1):+.2f}%" if ref else "",
             _f(r["state_bytes"] / 2**20, 1), f"{100 * r['state_floats'] / ref['state_floats']:.1f}%" if ref else "",
             _f(r["step_seconds_median"]),
@@ -400,8 +400,15 @@ def _optimize_lm(data: dict[str, Any]) -> tuple[str, str, str]:
         f"low-rank methods at rank {s['rank']}, a new projection every {s['update_gap']} steps; "
         f"{data['machine']['cpus']} CPUs."
     )
-    head = ["optimizer", "validation loss", "vs AdamW", "state MiB", "state vs AdamW", "s/step", "vs AdamW"]
-    return "Finetuning a language model in a projected subspace", note, table(head, rows, ["l"] + ["r"] * 6)
+    head = ["optimizer", "lr", "validation loss", "vs AdamW", "state MiB", "state vs AdamW", "s/step", "vs AdamW"]
+    body = table(head, rows, ["l"] + ["r"] * 7)
+    if data.get("lr_sweep"):
+        lrs = sorted({r["lr"] for r in data["lr_sweep"]})
+        loss = {(r["method"], r["lr"]): r["val_loss"] for r in data["lr_sweep"]}
+        grid = [[m] + [f"{loss[m, lr]:.4f}" if (m, lr) in loss else "" for lr in lrs] for m in methods]
+        note += " Each method at its best learning rate of the sweep below (final validation loss per rate)."
+        body += "\n\n" + table(["optimizer"] + [f"lr {lr:g}" for lr in lrs], grid, ["l"] + ["r"] * len(lrs))
+    return "Finetuning a language model in a projected subspace", note, body
 
 
 def _recall(data: dict[str, Any]) -> tuple[str, str, str]:
