@@ -34,7 +34,9 @@ updates by ``--scale`` (GaLore's alpha; the projected optimizer's
 
 Equal state: both low-rank methods keep rank x (the longer side) moments per
 matrix, so at one rank their state is equal up to GaLore's stored projection
-matrices (counted). The table gives the state as bytes and as a share of
+matrices (counted; the projected optimizer regenerates its matrices from a
+seed). ``--rank-projected`` gives the projected optimizer its own rank, e.g.
+the one at which its state equals GaLore's. The table gives the state as bytes and as a share of
 AdamW's, the final validation loss and its gap to AdamW's, and the median
 step time (forward + backward + step) against AdamW's.
 
@@ -121,7 +123,7 @@ def build(method: str, model: Any, a: argparse.Namespace, galore_cls: Any) -> to
     if method == "adamw":
         return torch.optim.AdamW(model.parameters(), lr=a.lr_adamw, weight_decay=0.0)
     if method == "projected":
-        proj = {"mode": "per_matrix", "kind": a.kind, "rank": a.rank, "update_gap": a.update_gap,
+        proj = {"mode": "per_matrix", "kind": a.kind, "rank": a.rank_projected or a.rank, "update_gap": a.update_gap,
                 "on_refresh": "transfer", "seed": 0, "scale": a.scale}
         return ProjectedOptimizer(model.parameters(), torch.optim.AdamW, proj, lr=a.lr_projected, weight_decay=0.0)
     if method == "galore":
@@ -218,6 +220,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n-val", type=int, default=32, help="held-out articles of the validation loss")
     p.add_argument("--eval-every", type=int, default=10)
     p.add_argument("--rank", type=int, default=32, help="rank of both low-rank methods")
+    p.add_argument("--rank-projected", type=int, default=None,
+                   help="the projected optimizer's rank, if not --rank: equal state with GaLore, which also "
+                        "stores its projections, is a higher rank")
     p.add_argument("--update-gap", type=int, default=10, help="steps between new projections (both low-rank)")
     p.add_argument("--kind", default="rademacher", help="the projected optimizer's projection kind")
     p.add_argument("--lr-adamw", type=float, default=1e-4)
