@@ -20,7 +20,7 @@ from trakcli.cli.main import app
 from trakcli.config.schema import Config, ProjectorConfig
 from trakcli.errors import ConfigError
 from trakcli.factors import KroneckerFeaturizer
-from trakcli.factors.second_moment import read_second_moments
+from trakcli.factors.second_moment import embedding_note, read_second_moments
 from trakcli.gradients import PerExampleGradients
 from trakcli.jobs.setup import attach_second_moment, build_featurizer
 from trakcli.tasks import IGNORE_INDEX
@@ -278,3 +278,13 @@ def test_featurize_reads_the_state_a_trak_optimize_manifest_records(user_project
 
     attrs = zarr.open_group("out/attrib.zarr", mode="r")["train/0"].attrs
     assert Path(attrs["optimizer_state"]) == Path("trained/optimizer_state/model_000.pt")
+
+
+def test_a_corrected_embedding_gets_a_note_naming_it_and_grad_wrt():
+    model = tiny_gpt2()
+    names = [n for n, _ in model.named_parameters()]
+    note = embedding_note(model, names)
+    assert note is not None and "\n" not in note
+    assert "transformer.wte.weight" in note and "transformer.wpe.weight" in note and "grad_wrt" in note
+    assert embedding_note(model, [n for n in names if n.startswith("transformer.h.")]) is None
+    assert embedding_note(tiny_model(), [n for n, _ in tiny_model().named_parameters()]) is None

@@ -125,6 +125,29 @@ def factored(v: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     return (v.mean(1) + eps).rsqrt(), (v.mean() + eps).sqrt() * (v.mean(0) + eps).rsqrt()
 
 
+def embedding_note(model: nn.Module, param_names: Sequence[str]) -> str | None:
+    """A one-line hint when the correction would scale an ``nn.Embedding`` weight, else None.
+
+    An embedding's rows of rare tokens get gradients in few steps, so their second moments
+    are near zero and their scalings ``1/sqrt(v)`` huge; with a tied output layer (GPT-2,
+    Llama) they enter every example's gradient through the softmax. On the fact-tracing
+    benchmark (``scripts/bench_recall.py``) this took retrieval to chance, where the
+    transformer blocks alone gave its best recall.
+
+    Args:
+        model: the model.
+        param_names: the selected parameters (``grad_wrt``).
+    """
+    chosen = set(param_names)
+    names = [f"{m}.weight" if m else "weight" for m, mod in model.named_modules()
+             if isinstance(mod, nn.Embedding) and (f"{m}.weight" if m else "weight") in chosen]
+    if not names:
+        return None
+    return (f"second_moment: the embedding weight(s) {', '.join(names)} are corrected too; rows of rare tokens "
+            "have second moments near zero and their scalings can swamp every example's features (with a tied "
+            "output layer, through the softmax); if retrieval looks random, leave them out with grad_wrt")
+
+
 class SecondMoment:
     """The second-moment correction of a model's selected parameters, per checkpoint.
 

@@ -23,6 +23,7 @@ import torch
 
 from trakcli.config import Config, ProjectorConfig, check_files, resolve_checkpoints
 from trakcli.config.resolve import resolve_optimizer_states
+from trakcli.factors.second_moment import embedding_note
 from trakcli.data.load import load_dataset
 from trakcli.data.tensors import TensorDataset, inputs_to
 from trakcli.distributed import Dist, init_from_env
@@ -317,6 +318,9 @@ def prepare(
         states = resolve_optimizer_states(cfg, checkpoints)
         state_shas = [hashes.sha256(p, file_sha256) for p in states]
         second = attach_second_moment(featurizer, model, cfg.second_moment.kind, states, cfg.second_moment.eps)
+        note = embedding_note(model, featurizer.param_names)
+        if note and dist.is_main:
+            reporter.info(note)
     if isinstance(featurizer, KroneckerFeaturizer):
         batch_rows = cfg.data.batch_size  # no [n, grad_dim] gradient: memory_mb bounds the passes instead
         if dist.is_main:
