@@ -181,7 +181,8 @@ def main() -> None:
         ratio = r["seconds"] / floor["seconds"] if floor else float("nan")
         print(f"{v:<18} {r['seconds']:8.1f} {r['tokens_per_s']:9.1f} {r['padded_tokens']:10d} "
               f"{r['peak_rss_gib']:9.2f} {ratio:8.2f}")
-    result = {"benchmark": "bench_lm", "model": MODEL_SPEC, "docs": docs, "args": a, "variants": rows,
+    shown = {**a, "work": os.path.relpath(a["work"], REPO)}  # the work directory relative to the repository
+    result = {"benchmark": "bench_lm", "model": MODEL_SPEC, "docs": docs, "args": shown, "variants": rows,
               "machine": {"platform": platform.platform(), "cpus": os.cpu_count()}}
     if floor:
         result["ratios_to_floor"] = {v: r["seconds"] / floor["seconds"] for v, r in rows.items()}

@@ -252,8 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.lrs:
         results: dict[str, dict[str, Any]] = {}
         for lr in a.lrs:  # every method at each learning rate, interleaved; each keeps its best
-            a.lr_adamw = a.lr_projected = a.lr_galore = lr
-            for m, r in train_interleaved(methods, a, train, val, galore_cls).items():
+            at = argparse.Namespace(**{**vars(a), "lr_adamw": lr, "lr_projected": lr, "lr_galore": lr})
+            for m, r in train_interleaved(methods, at, train, val, galore_cls).items():
                 sweep.append({"method": m, "lr": lr, "val_loss": r["val_loss"]})
                 if m not in results or r["val_loss"] < results[m]["val_loss"]:
                     results[m] = {**r, "lr": lr}
