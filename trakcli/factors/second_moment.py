@@ -130,7 +130,7 @@ def embedding_note(model: nn.Module, param_names: Sequence[str]) -> str | None:
 
     An embedding's rows of rare tokens get gradients in few steps, so their second moments
     are near zero and their scalings ``1/sqrt(v)`` huge; with a tied output layer (GPT-2,
-    Llama) they enter every example's gradient through the softmax. On the fact-tracing
+    SmolLM2) they enter every example's gradient through the softmax. On the fact-tracing
     benchmark (``scripts/bench_recall.py``) this took retrieval to chance, where the
     transformer blocks alone gave its best recall.
 
