@@ -221,7 +221,7 @@ def curvature_rows(
 
 
 class _TrakerLMOutput:
-    """traker's model output for a causal LM, written as a traker user writes one (its ``AbstractModelOutput``).
+    """traker's model output for a causal LM, as a traker user writes one (the methods of its ``AbstractModelOutput``).
 
     ``f`` = the sum over target tokens of the next-token margin
     ``logit(x_t) - logsumexp_{j != x_t} logit(j)``, ``Q`` = the mean of ``1 - p(x_t)``
