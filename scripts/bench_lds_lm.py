@@ -271,8 +271,9 @@ def traker_rows(cfg: Any, masks: Any, outputs: Any, ks: list[int], proj_dim: int
     (rademacher; its default CudaProjector needs a GPU), ``use_half_precision``
     off, the model output :class:`_TrakerLMOutput`, the same checkpoints, train and
     target token rows as trakcli's (``data.*.max_length`` 128), its default ridge
-    (none). Scores of the first k checkpoints for each k of ``ks`` (one TRAKer per k,
-    the features computed once). Returns ``[]`` when traker is not importable.
+    (none). One TRAKer featurizes and scores every checkpoint once; the scores of the
+    first k checkpoints, for each k of ``ks``, are its ``finalize_scores`` over those
+    model_ids. Returns ``[]`` when traker is not importable.
     """
     import logging
     import shutil
@@ -293,11 +294,9 @@ def traker_rows(cfg: Any, masks: Any, outputs: Any, ks: list[int], proj_dim: int
         return []
 
     def rows_of(data: Any) -> tuple[Any, Any]:
-        ids, labels = [], []
-        for _, x, y in data.batches(0, len(data), len(data)):
-            ids.append(x["input_ids"])
-            labels.append(y)
-        return ids[0], labels[0]
+        """``(input_ids [n, L], labels [n, L])`` of every row: one batch, right-padded to the longest."""
+        _, x, y = next(data.batches(0, len(data), len(data)))
+        return x["input_ids"], y
 
     train_ids, train_labels = rows_of(load_dataset(cfg.data.train, key="data.train"))
     target_ids, target_labels = rows_of(load_dataset(cfg.data.target, key="data.target"))

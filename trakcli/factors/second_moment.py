@@ -139,8 +139,8 @@ def embedding_note(model: nn.Module, param_names: Sequence[str]) -> str | None:
         param_names: the selected parameters (``grad_wrt``).
     """
     chosen = set(param_names)
-    names = [f"{m}.weight" if m else "weight" for m, mod in model.named_modules()
-             if isinstance(mod, nn.Embedding) and (f"{m}.weight" if m else "weight") in chosen]
+    weights = (f"{m}.weight" if m else "weight" for m, mod in model.named_modules() if isinstance(mod, nn.Embedding))
+    names = [w for w in weights if w in chosen]
     if not names:
         return None
     return (f"second_moment: the embedding weight(s) {', '.join(names)} are corrected too; rows of rare tokens "

@@ -23,12 +23,12 @@ import torch
 
 from trakcli.config import Config, ProjectorConfig, check_files, resolve_checkpoints
 from trakcli.config.resolve import resolve_optimizer_states
-from trakcli.factors.second_moment import embedding_note
 from trakcli.data.load import load_dataset
 from trakcli.data.tensors import TensorDataset, inputs_to
 from trakcli.distributed import Dist, init_from_env
 from trakcli.errors import ConfigError
 from trakcli.factors import KroneckerFeaturizer, LayerGradients, SecondMoment, check_method, per_example_gradients
+from trakcli.factors.second_moment import embedding_note
 from trakcli.gradients import PerExampleGradients
 from trakcli.tasks import task_identity
 from trakcli.jobs.runtime import apply_threads, resolve_device
