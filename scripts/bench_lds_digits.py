@@ -234,6 +234,20 @@ def run_trakcli(config: Path, overrides: list[str], store: Path) -> tuple[np.nda
 # ----------------------------------------------------------------------------
 
 
+def traker_featurize(traker: Any, states: list[dict[str, torch.Tensor]], rows: tuple[torch.Tensor, ...],
+                     batch_size: int) -> None:
+    """traker's featurize loop as its users write it: per checkpoint ``load_checkpoint``, then the train
+    rows in batches of ``batch_size`` (each batch a tuple of the ``rows`` tensors ``[n, ...]``, sliced
+    alike), then ``finalize_features`` (traker's kernel inverse)."""
+    n = len(rows[0])
+    for model_id, state in enumerate(states):
+        traker.load_checkpoint(state, model_id=model_id)
+        for i in range(0, n, batch_size):
+            batch = tuple(t[i : i + batch_size] for t in rows)
+            traker.featurize(batch=batch, num_samples=len(batch[0]))
+    traker.finalize_features()
+
+
 def run_traker(
     cfg,
     ckpt_paths: list[Path],
@@ -290,12 +304,7 @@ def run_traker(
         use_half_precision=False,
         logging_level=logging.WARNING,
     )
-    for model_id, state in enumerate(states):
-        traker.load_checkpoint(state, model_id=model_id)
-        for i in range(0, len(y_train), batch_size):
-            batch = (x_train[i : i + batch_size], y_train[i : i + batch_size])
-            traker.featurize(batch=batch, num_samples=len(batch[1]))
-    traker.finalize_features()
+    traker_featurize(traker, states, (x_train, y_train), batch_size)
     t1 = time.perf_counter()
     for model_id, state in enumerate(states):
         traker.start_scoring_checkpoint(

@@ -62,6 +62,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
+from bench_lds_digits import traker_featurize  # noqa: E402
 from gen_docs import render_table  # noqa: E402
 from plant_facts import write_model  # noqa: E402
 
@@ -311,12 +312,7 @@ def traker_rows(cfg: Any, masks: Any, outputs: Any, ks: list[int], proj_dim: int
     traker = TRAKer(model=model, task=_TrakerLMOutput(), train_set_size=len(train_ids), save_dir=str(save_dir),
                     load_from_save_dir=True, device="cpu", projector=projector, proj_dim=proj_dim,
                     use_half_precision=False, logging_level=logging.WARNING)
-    for model_id, state in enumerate(states):
-        traker.load_checkpoint(state, model_id=model_id)
-        for i in range(0, len(train_ids), batch_size):
-            batch = (train_ids[i: i + batch_size], train_labels[i: i + batch_size])
-            traker.featurize(batch=batch, num_samples=len(batch[0]))
-    traker.finalize_features()
+    traker_featurize(traker, states, (train_ids, train_labels), batch_size)
     for model_id, state in enumerate(states):
         traker.start_scoring_checkpoint(exp_name="lm", checkpoint=state, model_id=model_id,
                                         num_targets=len(target_ids))
