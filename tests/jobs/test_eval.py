@@ -114,6 +114,39 @@ def test_model_outputs_of_a_language_model_sum_the_next_token_margins():
     np.testing.assert_array_equal(model_outputs(model, data, "language_modeling", batch_size=4, memory_mb=0), out)
 
 
+class _WideLM(torch.nn.Module):
+    """A language model with 2**17 logits per token (1 MiB of float64 per token) that records its batch shapes."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb, self.head = torch.nn.Embedding(11, 4), torch.nn.Linear(4, 1 << 17)
+        self.shapes: list[tuple[int, int]] = []
+
+    def forward(self, input_ids, attention_mask=None):
+        self.shapes.append(tuple(input_ids.shape))
+        return self.head(self.emb(input_ids))
+
+
+def test_model_outputs_bound_the_tokens_of_every_batch_not_only_the_first_rows():
+    from trakcli.data import TensorDataset
+
+    ids = torch.randint(0, 11, (7, 6), generator=torch.Generator().manual_seed(1))
+    am = torch.ones(7, 6, dtype=torch.long)
+    am[0, 1:] = 0  # the first row has 1 token, the others 6
+    data = TensorDataset({"input_ids": ids, "attention_mask": am}, torch.zeros(7, dtype=torch.long), "t")
+    model = _WideLM()
+    want = model_outputs(model, data, "language_modeling", batch_size=1, memory_mb=64)
+    for memory_mb, max_tokens, most in [(4, None, 4), (64, 12, 12)]:  # 4 MiB: 4 tokens of 1 MiB logits
+        model.shapes.clear()
+        out = model_outputs(model, data, "language_modeling", batch_size=8, memory_mb=memory_mb, max_tokens=max_tokens)
+        np.testing.assert_allclose(out, want, rtol=1e-5)  # float32 logits: batch shapes change the rounding
+        batches = model.shapes[1:]  # after the probe of the first row
+        assert sum(b for b, _ in batches) == 7
+        assert all(b == 1 or b * length <= most for b, length in batches), batches
+        assert any(b > 1 for b, _ in batches) == (most >= 12), batches
+
+
 # ----------------------------------------------------------------------------
 # training: one implementation for trak optimize and the retraining
 

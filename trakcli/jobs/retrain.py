@@ -105,6 +105,7 @@ def model_outputs(
     batch_size: int = 128,
     device: torch.device | str = "cpu",
     memory_mb: int = 1024,
+    max_tokens: int | None = None,
 ) -> np.ndarray:
     """The model output function of every example: the margin that TRAK attributes.
 
@@ -122,7 +123,11 @@ def model_outputs(
         batch_size: most examples per forward pass.
         device: the model's device.
         memory_mb: most MiB of float64 logits per batch (a language model's
-            ``[n, L, vocab]`` logits are large): batches are cut to fit.
+            ``[n, L, vocab]`` logits are large): batches are cut to fit. For per-token
+            logits the bound is on padded tokens (``memory_mb`` MiB / (vocab x 8 bytes)), so
+            long rows later in the data are bounded as well as the first.
+        max_tokens: most padded tokens per batch of token data (``data.batch_tokens``; the
+            tighter of it and the memory bound applies); ``None``: the memory bound only.
 
     Returns:
         ``[n]`` float64 margins, on the CPU.
@@ -136,9 +141,13 @@ def model_outputs(
     with torch.no_grad():
         _, x1, _ = next(data.batches(0, 1, 1))
         first = forward(model, inputs_to(x1, device))
-        per_example = max(1, first.numel() * 8)  # bytes of one example's float64 logits
-        batch_size = max(1, min(batch_size, (memory_mb << 20) // per_example))
-        for off, x, y in data.batches(0, n, batch_size):
+        if first.dim() == 3:  # [1, L, vocab] per-token logits: bound the padded tokens of each batch
+            budget = max(1, (memory_mb << 20) // (first.shape[-1] * 8))
+            max_tokens = budget if max_tokens is None else min(max_tokens, budget)
+        else:
+            per_example = max(1, first.numel() * 8)  # bytes of one example's float64 logits
+            batch_size = max(1, min(batch_size, (memory_mb << 20) // per_example))
+        for off, x, y in data.batches(0, n, batch_size, max_tokens=max_tokens):
             x = inputs_to(x, device)
             m, _ = task(forward(model, x).double(), make_batch(x, y.to(device)))  # [n_batch]
             out[off : off + len(y)] = m.cpu().numpy()
@@ -251,7 +260,8 @@ def retrain_one(
         y = train.labels.to(device)[idx]
         model = train_one(cfg, x, y, seed=model_seed(cfg.eval.seed, k), device=device, description=f"retrain {k}")
     return model_outputs(
-        model, target, cfg.task, batch_size=cfg.data.batch_size, device=device, memory_mb=cfg.data.grad_memory_mb
+        model, target, cfg.task, batch_size=cfg.data.batch_size, device=device, memory_mb=cfg.data.grad_memory_mb,
+        max_tokens=cfg.data.batch_tokens,
     )
 
 
