@@ -12,13 +12,14 @@ runs them, each variant in its own store (``<work>/<name>.zarr``). Two setups
 ``smollm2`` (``configs/facts_smollm2.yaml``): SmolLM2-135M-Instruct finetuned
 4 epochs on 500 articles of ~60 words holding 100 facts.
 
-    kronecker-adafactor-blocks  the config: projector kronecker, cosine, second_moment adafactor,
-                    grad_wrt the transformer blocks (model.layers.*)
-    kronecker-unit  projector kronecker, cosine, every parameter, no correction
-    kronecker-unit-size  the same with projector.split size
-    kronecker-unit-blocks  cosine on the blocks, no correction
-    kronecker-adafactor  the correction on every parameter (the tied embedding included)
-    kronecker-trak  projector kronecker, TRAK's scores (no normalization), every parameter
+    kronecker-adafactor-blocks  the config: projector kronecker (split size), cosine, second_moment
+                    adafactor, grad_wrt the transformer blocks (model.layers.*)
+    kronecker-adafactor-blocks-equal  the config with projector.split equal
+    kronecker-unit  projector kronecker (split equal), cosine, every parameter, no correction
+    kronecker-unit-size  the same with split size
+    kronecker-unit-blocks  split equal, cosine on the blocks, no correction
+    kronecker-adafactor  split equal, the correction on every parameter (the tied embedding included)
+    kronecker-trak  split equal, TRAK's scores (no normalization), every parameter
 
 ``tiny`` (``configs/facts.yaml``): a seeded 0.72M-parameter GPT-2 trained from
 scratch 40 epochs on 1,000 articles of ~120 words holding 100 facts.
@@ -84,11 +85,13 @@ SETUPS: dict[str, Setup] = {
         quick=(100, 20, 4),
         variants={
             "kronecker-adafactor-blocks": [],
-            "kronecker-unit": ["second_moment.kind=null", "grad_wrt=null"],
-            "kronecker-unit-size": ["second_moment.kind=null", "grad_wrt=null", "projector.split=size"],
-            "kronecker-unit-blocks": ["second_moment.kind=null"],
-            "kronecker-adafactor": ["grad_wrt=null"],
-            "kronecker-trak": ["second_moment.kind=null", "grad_wrt=null", "score.normalize=null"],
+            "kronecker-adafactor-blocks-equal": ["projector.split=equal"],
+            "kronecker-unit": ["second_moment.kind=null", "grad_wrt=null", "projector.split=equal"],
+            "kronecker-unit-size": ["second_moment.kind=null", "grad_wrt=null"],
+            "kronecker-unit-blocks": ["second_moment.kind=null", "projector.split=equal"],
+            "kronecker-adafactor": ["grad_wrt=null", "projector.split=equal"],
+            "kronecker-trak": ["second_moment.kind=null", "grad_wrt=null", "score.normalize=null",
+                               "projector.split=equal"],
         }),
     "tiny": Setup(
         "configs/facts.yaml", n_train=1000, n_facts=100, words=120, epochs=40, tiny_model=True,
