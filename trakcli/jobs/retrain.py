@@ -141,12 +141,11 @@ def model_outputs(
     with torch.no_grad():
         _, x1, _ = next(data.batches(0, 1, 1))
         first = forward(model, inputs_to(x1, device))
-        if first.dim() == 3:  # [1, L, vocab] per-token logits: bound the padded tokens of each batch
+        per_example = max(1, first.numel() * 8)  # bytes of one example's float64 logits (exact for fixed shapes)
+        batch_size = max(1, min(batch_size, (memory_mb << 20) // per_example))
+        if first.dim() == 3:  # [1, L, vocab] per-token logits: rows vary in length, bound each batch's tokens
             budget = max(1, (memory_mb << 20) // (first.shape[-1] * 8))
             max_tokens = budget if max_tokens is None else min(max_tokens, budget)
-        else:
-            per_example = max(1, first.numel() * 8)  # bytes of one example's float64 logits
-            batch_size = max(1, min(batch_size, (memory_mb << 20) // per_example))
         for off, x, y in data.batches(0, n, batch_size, max_tokens=max_tokens):
             x = inputs_to(x, device)
             m, _ = task(forward(model, x).double(), make_batch(x, y.to(device)))  # [n_batch]
