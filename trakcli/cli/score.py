@@ -260,7 +260,7 @@ def write_answers(res, path: Path, k: int, target_texts, train_texts, block: int
                           top["opponent_scores"][r]) for r in range(hi - lo)]
             else:
                 sides = []
-                for row in res._read(lo, hi):
+                for row in res.rows(lo, hi):
                     pro, opp = top_indices(row, k)
                     sides.append((pro, row[pro], opp, row[opp]))
             for r, (pro, pro_s, opp, opp_s) in enumerate(sides):

@@ -82,15 +82,20 @@ class ScoreResult:
         Raises:
             StoreCorruptError: a chunk is missing or corrupt (names ``trak score CONFIG``).
         """
-        return self._read(0, min(n, self.n_target))
+        return self.rows(0, min(n, self.n_target))
 
-    def _read(self, lo: int, hi: int | None) -> np.ndarray:
+    def rows(self, lo: int = 0, hi: int | None = None) -> np.ndarray:
+        """Targets ``[lo, hi)`` of the full score matrix, ``[rows, n_train]`` float32 (chunks checked).
+
+        Raises:
+            StoreCorruptError: a chunk is missing or corrupt (names ``trak score CONFIG``).
+        """
         return Store.open_existing(self.store, mode="r").read(f"scores/{self.experiment}/scores", lo, hi)
 
     @property
     def scores(self) -> np.ndarray:
         """All scores ``[n_target, n_train]`` float32, read into memory (chunks checked)."""
-        return self._read(0, None)
+        return self.rows()
 
 
 def _check_train_complete(s: JobSetup, store: Store) -> list[ChunkedRows]:
