@@ -168,6 +168,17 @@ def test_targets_file_and_jsonl_answers(featurized):
     assert res.returncode == 2 and "score.full=true" in res.stderr
     res = run(root, "score", "run.yaml", "-q", "--targets", "nope.pt")
     assert res.returncode == 2 and "nope.pt" in res.stderr
+    # without a top-k, the answers are the score.show_top best of each full row
+    res = run(root, "score", "run.yaml", "-q", "store.path=out/primal.zarr", "score.experiment=dense",
+              "score.show_top=3", "--out", "dense.jsonl")
+    assert res.returncode == 0, res.stderr
+    _, full, _ = _read(root / "out/primal.zarr", "dense")
+    lines = [json.loads(line) for line in (root / "dense.jsonl").read_text().splitlines()]
+    assert len(lines) == full.shape[0]
+    for t in (0, full.shape[0] - 1):
+        best = np.argsort(-full[t], kind="stable")[:3]
+        assert [p["train"] for p in lines[t]["proponents"]] == best.tolist()
+        assert [p["score"] for p in lines[t]["proponents"]] == pytest.approx(full[t, best].tolist())
 
 
 def test_top_k_larger_than_n_train_keeps_every_row(user_project):
