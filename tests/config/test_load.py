@@ -185,5 +185,5 @@ def test_checkpoints_from_a_manifest_in_model_id_order_relative_to_it(tmp_path, 
     with pytest.raises(ConfigError) as e:
         check_files(cfg)
     msg = str(e.value)
-    assert "checkpoint 'runs/a/m0.pt' (model_id 0) changed since trak optimize wrote the manifest" in msg
-    assert "checkpoint 'runs/a/m1.pt' (model_id 1) of the manifest 'runs/a/manifest.json' does not exist" in msg
+    assert "checkpoint 'runs/a/m0.pt' (model 0) changed since trak optimize wrote the manifest" in msg
+    assert "checkpoint 'runs/a/m1.pt' (model 1) of the manifest 'runs/a/manifest.json' does not exist" in msg

@@ -103,11 +103,11 @@ def test_manifest_errors_name_the_problem_and_the_fix(user_project):
     torch.save(tiny_model(seed=9).state_dict(), "trained/model_001.pt")
     res = trak("featurize", "opt.yaml")
     assert res.exit_code == 1
-    assert "checkpoint 'trained/model_001.pt' (model_id 1) changed since trak optimize wrote the manifest" in res.stderr
+    assert "checkpoint 'trained/model_001.pt' (model 1) changed since trak optimize wrote the manifest" in res.stderr
     assert "rerun `trak optimize CONFIG`" in res.stderr
     # a missing one
     Path("trained/model_001.pt").unlink()
-    with pytest.raises(ConfigError, match=r"checkpoint 'trained/model_001.pt' \(model_id 1\) .* does not exist"):
+    with pytest.raises(ConfigError, match=r"checkpoint 'trained/model_001.pt' \(model 1\) .* does not exist"):
         resolve_checkpoints(cfg)
     Path("trained/model_001.pt").write_bytes(good)
     resolve_checkpoints(cfg)

@@ -103,6 +103,13 @@ class _TrainingSettings(StrictModel):
         description="Also write each model's final optimizer state (torch.optim state_dict and the parameter "
         "names in its order) to out_dir/optimizer_state/model_000.pt, ... (built-in recipe only).",
     )
+    epoch_checkpoints: bool = Field(
+        False,
+        description="Also write each model's checkpoint at the end of every epoch but the last "
+        "(out_dir/model_000_epoch1.pt, ...; with save_optimizer_state its optimizer state too), listed in the "
+        "manifest, so featurize and score ensemble over checkpoints along training: model 0's epochs 1, 2, ..., "
+        "its final checkpoint, then model 1's (TracIn, Pruthi et al. 2020). Built-in recipe only.",
+    )
 
 
 class OptimizeConfig(_TrainingSettings, _OptimizerSettings):
@@ -112,7 +119,9 @@ class OptimizeConfig(_TrainingSettings, _OptimizerSettings):
 
 
 #: Recipe keys that never change what a model trains to: a rerun may change them and keep its models.
-RUN_ONLY_KEYS = ("n_models", "out_dir", "metrics", "checkpoint_every", "save_optimizer_state")
+RUN_ONLY_KEYS = (
+    "n_models", "out_dir", "metrics", "checkpoint_every", "save_optimizer_state", "epoch_checkpoints",
+)
 
 
 def recipe_identity(recipe: OptimizeConfig | dict[str, Any]) -> dict[str, Any]:

@@ -102,7 +102,7 @@ def resolve_optimizer_states(cfg: Config, checkpoints: list[Path]) -> list[Path]
             number of checkpoints.
     """
     from trakcli.factors.second_moment import SAVE_HINT
-    from trakcli.store.manifest import is_manifest_path, read_manifest
+    from trakcli.store.manifest import is_manifest_path, manifest_entries, read_manifest
 
     spec = cfg.second_moment.optimizer_state
     if spec is not None:
@@ -115,7 +115,7 @@ def resolve_optimizer_states(cfg: Config, checkpoints: list[Path]) -> list[Path]
     elif is_manifest_path(cfg.checkpoints):
         manifest = Path(cfg.checkpoints)  # type: ignore[arg-type]
         states = []
-        for entry, ckpt in zip(read_manifest(manifest)["models"], checkpoints):
+        for entry, ckpt in zip(manifest_entries(read_manifest(manifest)), checkpoints):
             recorded = entry.get("optimizer_state")
             states.append(manifest.parent / recorded if isinstance(recorded, str)
                           else ckpt.parent / OPTIMIZER_STATE_DIR / ckpt.name)

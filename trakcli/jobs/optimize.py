@@ -149,12 +149,59 @@ def _write_metrics(path: Path, summary: dict[str, Any]) -> None:
 
 
 
+def epoch_checkpoint_name(i: int, epoch: int) -> str:
+    """File name of model ``i``'s checkpoint at the end of ``epoch`` (``optimize.epoch_checkpoints``)."""
+    return f"model_{i:03d}_epoch{epoch}.pt"
+
+
+def _write_checkpoint(model: torch.nn.Module, path: Path, i: int) -> None:
+    """Write the model's state dict (on the CPU) to ``path`` atomically.
+
+    Raises:
+        TrainingError: the file cannot be written (names it and the fix).
+    """
+    try:  # atomically, to a file object: a retrained model gets the bytes (and sha256) of the first training
+        atomic_torch_save({k: v.detach().cpu() for k, v in model.state_dict().items()}, path)
+    except OSError as e:
+        raise TrainingError(
+            f"model {i}: cannot write its checkpoint {path}: {e}; free disk space (or set optimize.out_dir "
+            "elsewhere) and rerun the same command: the models already written are kept"
+        ) from None
+
+
+def _write_optimizer_state(oc: OptimizeConfig, checkpoint: Path, state_dict: dict[str, Any],
+                           param_names: list[str], i: int) -> Path:
+    """Write an optimizer state to ``<checkpoint's folder>/optimizer_state/<checkpoint's name>`` atomically.
+
+    Returns:
+        The file written.
+
+    Raises:
+        TrainingError: the file cannot be written (names it and the fix).
+    """
+    state_path = checkpoint.parent / OPTIMIZER_STATE_DIR / checkpoint.name
+    state = {"optimizer": oc.optimizer, "projection": oc.projection.model_dump() if oc.projection else None,
+             "param_names": param_names, "state_dict": _to_cpu(state_dict)}
+    try:
+        state_path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_torch_save(state, state_path)
+    except OSError as e:
+        raise TrainingError(
+            f"model {i}: cannot write its optimizer state {state_path}: {e}; free disk space (or set "
+            "optimize.out_dir elsewhere) and rerun the same command: the models already written are kept"
+        ) from None
+    return state_path
+
+
 def _train_model(
     cfg: Config, oc: OptimizeConfig, i: int, path: Path, rows: TrainRows, *,
     device: torch.device, overwrite: bool, validation: Any, reporter: Reporter,
 ) -> tuple[torch.nn.Module, dict[str, Any], Path | None]:
     """Train model ``i`` (resuming from ``out_dir/.resume/``) and write its checkpoint atomically, and with
     ``save_optimizer_state`` its optimizer state to ``out_dir/optimizer_state/`` (same file name).
+
+    With ``epoch_checkpoints`` the model (and optimizer state) at the end of every epoch but the
+    last is written too, as :func:`epoch_checkpoint_name`.
 
     Returns:
         (the trained model, the recipe's metrics: ``final_loss``, ``optimizer_state_numel``, ``history``,
@@ -167,35 +214,57 @@ def _train_model(
         resume.unlink(missing_ok=True)
     elif resume.exists():
         reporter.info(f"model {i}: resuming from {resume}")
+
+    def save_epoch(epoch: int, model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+        if epoch >= oc.epochs:  # the last epoch's model is the final checkpoint
+            return
+        at = path.parent / epoch_checkpoint_name(i, epoch)
+        _write_checkpoint(model, at, i)
+        if oc.save_optimizer_state:
+            names = {id(p): k for k, p in model.named_parameters()}
+            param_names = [names.get(id(p), "") for g in opt.param_groups for p in g["params"]]
+            _write_optimizer_state(oc, at, opt.state_dict(), param_names, i)
+
     model = train_one(
         cfg, rows, seed=oc.seed + i, device=device, reporter=reporter, description=f"train model {i}",
         metrics=stats, resume_path=resume, validation=validation, name=f"model {i}", optimizer_state=keep,
+        epoch_end=save_epoch if oc.epoch_checkpoints else None,
     )
     try:
         resume.parent.rmdir()  # only when empty: no other model's state is pending
     except OSError:
         pass
-    try:  # atomically, to a file object: a retrained model gets the bytes (and sha256) of the first training
-        atomic_torch_save({k: v.detach().cpu() for k, v in model.state_dict().items()}, path)
-    except OSError as e:
-        raise TrainingError(
-            f"model {i}: cannot write its checkpoint {path}: {e}; free disk space (or set optimize.out_dir "
-            "elsewhere) and rerun the same command: the models already written are kept"
-        ) from None
+    _write_checkpoint(model, path, i)
     state_path = None
     if keep:  # a training function keeps its optimizer to itself: nothing to write
-        state_path = path.parent / OPTIMIZER_STATE_DIR / path.name
-        state_path.parent.mkdir(parents=True, exist_ok=True)
-        state = {"optimizer": oc.optimizer, "projection": oc.projection.model_dump() if oc.projection else None,
-                 "param_names": keep["param_names"], "state_dict": _to_cpu(keep["state_dict"])}
-        try:
-            atomic_torch_save(state, state_path)
-        except OSError as e:
-            raise TrainingError(
-                f"model {i}: cannot write its optimizer state {state_path}: {e}; free disk space (or set "
-                "optimize.out_dir elsewhere) and rerun the same command: the models already written are kept"
-            ) from None
+        state_path = _write_optimizer_state(oc, path, keep["state_dict"], keep["param_names"], i)
     return model, stats, state_path
+
+
+def _epoch_entries(oc: OptimizeConfig, i: int) -> list[dict[str, Any]]:
+    """The manifest's ``epoch_checkpoints`` of model ``i``: epoch, file, sha256 (and optimizer state) per epoch."""
+    out = []
+    for epoch in range(1, oc.epochs):
+        name = epoch_checkpoint_name(i, epoch)
+        item: dict[str, Any] = {"epoch": epoch, "checkpoint": name, "sha256": checkpoint_sha256(oc.out_dir / name)}
+        if oc.save_optimizer_state:
+            item["optimizer_state"] = f"{OPTIMIZER_STATE_DIR}/{name}"
+        out.append(item)
+    return out
+
+
+def _epochs_written(oc: OptimizeConfig, entry: dict[str, Any]) -> bool:
+    """Whether a kept model's manifest entry lists every epoch checkpoint ``oc`` asks for, unchanged on disk."""
+    listed = entry.get("epoch_checkpoints")
+    if not isinstance(listed, list) or len(listed) != oc.epochs - 1:
+        return False
+    for item in listed:
+        at = oc.out_dir / str(item.get("checkpoint"))
+        if not at.is_file() or checkpoint_sha256(at) != item.get("sha256"):
+            return False
+        if oc.save_optimizer_state and not (oc.out_dir / str(item.get("optimizer_state"))).is_file():
+            return False
+    return True
 
 
 def _to_cpu(obj: Any) -> Any:
@@ -223,7 +292,11 @@ def optimize(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_
     ``optimize.checkpoint_every`` steps and at epoch ends), bit-identically.
     With ``optimize.projection`` the optimizer runs in a random subspace
     (:class:`trakcli.optim.ProjectedOptimizer`). With ``data.validation`` the
-    built-in recipe evaluates the model on it after every epoch.
+    built-in recipe evaluates the model on it after every epoch. With
+    ``optimize.epoch_checkpoints`` it also writes model ``i`` at the end of every
+    epoch but the last (:func:`epoch_checkpoint_name`; and its optimizer state with
+    ``save_optimizer_state``), listed under the model's ``epoch_checkpoints`` in the
+    manifest; a kept model whose epoch checkpoints are missing or changed is trained again.
 
     After every finished model, ``out_dir/manifest.json`` is written atomically
     (:mod:`trakcli.store.manifest`): the recipe, the model, and per
@@ -251,6 +324,11 @@ def optimize(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_
                           "manifest.json; set e.g. optimize.out_dir=ckpts")
     check_files(cfg, need_checkpoints=False, need_validation=True)
     load_training_function(cfg)  # a bad optimize.entrypoint fails before any model trains
+    if oc.epoch_checkpoints and oc.entrypoint is not None:
+        raise ConfigError(
+            f"optimize.epoch_checkpoints: the built-in recipe writes them, but optimize.entrypoint "
+            f"{oc.entrypoint!r} trains the models; remove epoch_checkpoints, or the entrypoint to use the recipe"
+        )
     apply_threads(cfg.num_threads)
     train = load_dataset(cfg.data.train, key="data.train")
     heldout = load_dataset(cfg.data.target, key="data.target") if cfg.data.target is not None else None
@@ -325,16 +403,21 @@ def optimize(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_
                 kept = False
                 reporter.info(f"model {i}: {unreadable}; it is trained again")
             elif prev is not None and prev.get("sha256") == sha and prev.get("checkpoint") == path.name:
-                entry = prev
-                reporter.info(f"{path} exists, kept (use --overwrite to retrain)")
+                entry = {k: v for k, v in prev.items() if k != "epoch_checkpoints" or oc.epoch_checkpoints}
+                if oc.epoch_checkpoints and not _epochs_written(oc, prev):
+                    kept = False
+                    reporter.info(f"model {i}: its epoch checkpoints (optimize.epoch_checkpoints) are missing or "
+                                  "changed; it is trained again")
+                else:
+                    reporter.info(f"{path} exists, kept (use --overwrite to retrain)")
             else:
                 model = _load_found(cfg, path, i)
                 model.to(device).eval()
                 entry.update(sha256=sha, origin="found", metrics=final_metrics(model))
                 why = "changed since the manifest was written" if prev is not None else "not in a manifest"
                 reporter.info(
-                    f"{path} exists ({why}): kept and recorded as it is, without a training history "
-                    "(use --overwrite to retrain)"
+                    f"{path} exists ({why}): kept and recorded as it is, without a training history"
+                    + (" or epoch checkpoints" if oc.epoch_checkpoints else "") + " (use --overwrite to retrain)"
                 )
         if not kept:
             model, stats, state_path = _train_model(
@@ -347,6 +430,8 @@ def optimize(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_
             entry.update(sha256=checkpoint_sha256(path), origin="trained", metrics=metrics)
             if state_path is not None:
                 entry["optimizer_state"] = f"{OPTIMIZER_STATE_DIR}/{path.name}"
+            if oc.epoch_checkpoints:
+                entry["epoch_checkpoints"] = _epoch_entries(oc, i)
             reporter.info(_model_line(i, metrics, model) + f" -> {path}")
         if i < len(manifest["models"]):
             manifest["models"][i] = entry  # replaces the earlier run's entry

@@ -263,6 +263,7 @@ def train_model(
     validation: Any = None,
     name: str = "the model",
     optimizer_state: dict[str, Any] | None = None,
+    epoch_end: Callable[[int, nn.Module, torch.optim.Optimizer], None] | None = None,
 ) -> nn.Module:
     """Train ``model`` in place on ``data`` with the task's loss (:meth:`trakcli.tasks.Task.loss`).
 
@@ -306,6 +307,9 @@ def train_model(
         name: the model in messages, e.g. ``"model 3"``.
         optimizer_state: if given, filled with the final ``state_dict`` of the optimizer
             (``"state_dict"``) and the parameter names in its order (``"param_names"``).
+        epoch_end: if given, called as ``epoch_end(epoch, model, optimizer)`` (1-based epoch) after
+            every finished epoch, before its training state is saved: a resumed run calls it for
+            the epochs it trains, and a kill between the two repeats the call on resume.
 
     Returns:
         The same model, trained, in eval mode.
@@ -399,6 +403,9 @@ def train_model(
                             entry["val_accuracy"] = val_acc
                     history.append(entry)
                     _show_epoch(bar, entry)
+                    if epoch_end is not None:
+                        epoch_end(epoch + 1, model, opt)
+                        model.train()
                 if resume_path is not None and (end_of_epoch or (checkpoint_every and saves % checkpoint_every == 0)):
                     at = {"epoch": epoch + 1, "lo": 0} if end_of_epoch else {"epoch": epoch, "lo": lo}
                     _save_training_state(
@@ -635,6 +642,7 @@ def train_one(
     validation: Any = None,
     name: str | None = None,
     optimizer_state: dict[str, Any] | None = None,
+    epoch_end: Callable[[int, nn.Module, torch.optim.Optimizer], None] | None = None,
 ) -> nn.Module:
     """Build, seed and train one model with the config's recipe: what `trak optimize` does for model i.
 
@@ -672,6 +680,7 @@ def train_one(
         name: the model in messages (``"model 3"``); default ``description``.
         optimizer_state: filled by the built-in recipe with the final optimizer ``state_dict``
             and ``param_names`` (see :func:`train_model`).
+        epoch_end: called by the built-in recipe after every epoch (see :func:`train_model`).
 
     Returns:
         The trained model, in eval mode, on ``device``.
@@ -725,7 +734,7 @@ def train_one(
             warmup_fraction=oc.warmup_fraction, max_tokens=cfg.data.batch_tokens, seed=seed,
             reporter=reporter, description=description, projection=projection, metrics=metrics,
             resume_path=resume_path, checkpoint_every=oc.checkpoint_every, validation=validation, name=name,
-            optimizer_state=optimizer_state,
+            optimizer_state=optimizer_state, epoch_end=epoch_end,
         )
     if fn is not None:
         check_weights(model, name=name, how=f"optimize.entrypoint {oc.entrypoint}",

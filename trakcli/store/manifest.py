@@ -22,10 +22,18 @@ Layout (JSON)::
         {"model_id": 0, "checkpoint": "model_000.pt",     # relative to the manifest's directory
          "sha256": "...", "seed": 0, "subset_indices": [...],   # subset_indices only when subset_fraction < 1
          "metrics": {"final_loss": ..., "train_accuracy": ..., "target_accuracy": ...,
-                     "optimizer_state_numel": ..., "history": [{"epoch": 1, "loss": ..., ...}, ...]}},
+                     "optimizer_state_numel": ..., "history": [{"epoch": 1, "loss": ..., ...}, ...]},
+         "optimizer_state": "optimizer_state/model_000.pt",   # with optimize.save_optimizer_state
+         "epoch_checkpoints": [                               # with optimize.epoch_checkpoints
+           {"epoch": 1, "checkpoint": "model_000_epoch1.pt", "sha256": "...",
+            "optimizer_state": "optimizer_state/model_000_epoch1.pt"}, ...]},
         ...
       ]
     }
+
+The checkpoints of a manifest (:func:`manifest_checkpoints`, :func:`manifest_entries`)
+are model 0's epoch checkpoints in epoch order, then its final checkpoint, then model 1's, ...:
+without epoch checkpoints, the final checkpoints in model_id order.
 
 This module imports neither torch nor zarr at import time (the CLI reads
 configs before importing torch).
@@ -107,7 +115,7 @@ def read_manifest(path: Path, *, key: str = "checkpoints") -> dict[str, Any]:
     models = data.get("models")
     ok = isinstance(models, list) and all(
         isinstance(m, dict) and isinstance(m.get("model_id"), int) and isinstance(m.get("checkpoint"), str)
-        and isinstance(m.get("sha256"), str)
+        and isinstance(m.get("sha256"), str) and _epochs_ok(m.get("epoch_checkpoints"))
         for m in models
     )
     if ok:
@@ -116,17 +124,49 @@ def read_manifest(path: Path, *, key: str = "checkpoints") -> dict[str, Any]:
     if not ok or not isinstance(data.get("n_models"), int):
         raise ConfigError(
             f"{key}: the manifest {str(path)!r} is damaged (n_models, or models with model_id 0, 1, ... each "
-            "with checkpoint and sha256, expected); rerun `trak optimize CONFIG` to rewrite it"
+            "with checkpoint and sha256 and, if listed, epoch_checkpoints of epoch, checkpoint and sha256, "
+            "expected); rerun `trak optimize CONFIG` to rewrite it"
         )
     data["models"] = sorted(models, key=lambda m: m["model_id"])
     return data
+
+
+def _epochs_ok(epochs: Any) -> bool:
+    """Whether a model's ``epoch_checkpoints`` is absent or a list of ``{epoch, checkpoint, sha256}``."""
+    return epochs is None or isinstance(epochs, list) and all(
+        isinstance(e, dict) and isinstance(e.get("epoch"), int) and isinstance(e.get("checkpoint"), str)
+        and isinstance(e.get("sha256"), str) for e in epochs
+    )
+
+
+def manifest_entries(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every checkpoint a manifest lists, in the order featurize numbers them (their model_id in the store).
+
+    Args:
+        manifest: a manifest as :func:`read_manifest` returns it.
+
+    Returns:
+        Per checkpoint ``{"checkpoint", "sha256", "optimizer_state" (or None), "what"}``: each model's
+        ``epoch_checkpoints`` in epoch order, then its final checkpoint; ``what`` names it in
+        messages (``"model 3"``, ``"model 3, epoch 2"``).
+    """
+    out = []
+    for m in manifest["models"]:
+        epochs = m.get("epoch_checkpoints")
+        for item in epochs if isinstance(epochs, list) else []:
+            out.append({"checkpoint": item["checkpoint"], "sha256": item.get("sha256"),
+                        "optimizer_state": item.get("optimizer_state"),
+                        "what": f"model {m['model_id']}, epoch {item['epoch']}"})
+        out.append({"checkpoint": m["checkpoint"], "sha256": m.get("sha256"),
+                    "optimizer_state": m.get("optimizer_state"), "what": f"model {m['model_id']}"})
+    return out
 
 
 def manifest_checkpoints(
     path: Path, *, n_models: int | None = None, n_models_key: str = "optimize.n_models",
     hashes: HashCache | None = None,
 ) -> list[Path]:
-    """The checkpoints a finished `trak optimize` run lists in its manifest, in model_id order.
+    """The checkpoints a finished `trak optimize` run lists in its manifest, in the order of :func:`manifest_entries`.
 
     Paths in the manifest are relative to its directory. Every file must still
     have the sha256 the manifest recorded.
@@ -166,17 +206,17 @@ def manifest_checkpoints(
             )
         )
     out = []
-    for m in models:
+    for m in manifest_entries(data):
         ckpt = path.parent / m["checkpoint"]
         out.append(ckpt)
         if not ckpt.is_file():
             problems.append(
-                f"checkpoints: checkpoint {str(ckpt)!r} (model_id {m['model_id']}) of the manifest {str(path)!r} "
+                f"checkpoints: checkpoint {str(ckpt)!r} ({m['what']}) of the manifest {str(path)!r} "
                 "does not exist; rerun `trak optimize CONFIG` to train it again"
             )
         elif (sha := hashes.sha256(ckpt, checkpoint_sha256) if hashes else checkpoint_sha256(ckpt)) != m["sha256"]:
             problems.append(
-                f"checkpoints: checkpoint {str(ckpt)!r} (model_id {m['model_id']}) changed since trak optimize "
+                f"checkpoints: checkpoint {str(ckpt)!r} ({m['what']}) changed since trak optimize "
                 f"wrote the manifest (sha256 {m['sha256'][:12]} then, {sha[:12]} now); delete it "
                 "and rerun `trak optimize CONFIG` to train it again, or list the checkpoint files in checkpoints: "
                 "to use them as they are"
