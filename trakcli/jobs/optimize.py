@@ -24,7 +24,7 @@ from trakcli.files import atomic_torch_save, write_text
 from trakcli.jobs.runtime import apply_threads, event, resolve_device
 from trakcli.jobs.train import (
     DatasetRows, TensorRows, TrainRows, check_init_checkpoint, check_recipe, evaluate, evaluate_dataset,
-    load_training_function, train_one,
+    load_training_function, optimizer_param_names, train_one,
 )
 from trakcli.models.build import build_model
 from trakcli.models.checkpoints import load_checkpoint, read_state_dict
@@ -221,9 +221,7 @@ def _train_model(
         at = path.parent / epoch_checkpoint_name(i, epoch)
         _write_checkpoint(model, at, i)
         if oc.save_optimizer_state:
-            names = {id(p): k for k, p in model.named_parameters()}
-            param_names = [names.get(id(p), "") for g in opt.param_groups for p in g["params"]]
-            _write_optimizer_state(oc, at, opt.state_dict(), param_names, i)
+            _write_optimizer_state(oc, at, opt.state_dict(), optimizer_param_names(model, opt), i)
 
     model = train_one(
         cfg, rows, seed=oc.seed + i, device=device, reporter=reporter, description=f"train model {i}",

@@ -238,6 +238,12 @@ def train_classifier(
     return train_model(model, TensorRows(inputs, labels), **kwargs)
 
 
+def optimizer_param_names(model: nn.Module, opt: torch.optim.Optimizer) -> list[str]:
+    """The name of each parameter the optimizer holds, in its ``state_dict``'s order ("" for one not in ``model``)."""
+    names = {id(p): k for k, p in model.named_parameters()}
+    return [names.get(id(p), "") for g in opt.param_groups for p in g["params"]]
+
+
 def train_model(
     model: nn.Module,
     data: TrainRows,
@@ -418,9 +424,8 @@ def train_model(
         metrics["optimizer_state_numel"] = optimizer_state_numel(opt)
         metrics["history"] = history
     if optimizer_state is not None:
-        names = {id(p): k for k, p in model.named_parameters()}
         optimizer_state["state_dict"] = opt.state_dict()
-        optimizer_state["param_names"] = [names.get(id(p), "") for g in opt.param_groups for p in g["params"]]
+        optimizer_state["param_names"] = optimizer_param_names(model, opt)
     if resume_path is not None:
         Path(resume_path).unlink(missing_ok=True)
     return model.eval()
