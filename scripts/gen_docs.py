@@ -378,6 +378,22 @@ def _lds_lm(data: dict[str, Any]) -> tuple[str, str, str]:
                 "gradients ΦᵀΦ against the Fisher of the loss gradients Φᵀ diag(Q²) Φ.\n\n" + table(
                     ["projector", "proj_dim", "checkpoints", "TRAK kernel", "loss-gradient Fisher"], curv,
                     ["l", "r", "r", "r", "r"])
+    if data.get("trajectory"):
+        groups2: dict[tuple, list[dict[str, Any]]] = {}
+        for r in data["trajectory"]:
+            groups2.setdefault((r["features"], r["checkpoints"], r["n_checkpoints"]), []).append(r)
+        traj = []
+        for (features, label, k), group in groups2.items():
+            default = next((r for r in group if r["lambda_rel"] == default_rel), group[0])
+            best = max(group, key=lambda r: r["lds"])
+            cell = lambda r: f"{r['lds']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}]"  # noqa: E731
+            traj.append([features, label, str(k), cell(default), cell(best), f"{best['lambda_rel']:g}"])
+        d = data["trajectory"][0]["proj_dim"]
+        body += (f"\n\nCheckpoints along training (`optimize.epoch_checkpoints`), sjlt {d}: TRAK's features, and "
+                 "Adam-corrected ones (`second_moment: adam`, each checkpoint's saved AdamW state). Run r's epoch e "
+                 "is a checkpoint; its last epoch is its final checkpoint.\n\n") + table(
+                     ["features", "checkpoints", "n", f"LDS, lambda_rel {default_rel:g}", "best LDS of the ridges",
+                      "at lambda_rel"], traj, ["l", "l", "r", "r", "r", "r"])
     return "LDS of a language model trained from scratch", note, body
 
 
