@@ -394,7 +394,8 @@ def _lds_lm(data: dict[str, Any]) -> tuple[str, str, str]:
                  "is a checkpoint; its last epoch is its final checkpoint.\n\n") + table(
                      ["features", "checkpoints", "n", f"LDS, lambda_rel {default_rel:g}", "best LDS of the ridges",
                       "at lambda_rel"], traj, ["l", "l", "r", "r", "r", "r"])
-    return "LDS of a language model trained from scratch", note, body
+    title = "LDS of a language model trained from scratch"
+    return title + (", checkpoints along training" if data.get("trajectory") else ""), note, body
 
 
 def _optimize_lm(data: dict[str, Any]) -> tuple[str, str, str]:
