@@ -154,19 +154,30 @@ def epoch_checkpoint_name(i: int, epoch: int) -> str:
     return f"model_{i:03d}_epoch{epoch}.pt"
 
 
+def _save(obj: Any, path: Path, i: int, what: str) -> None:
+    """``torch.save`` ``obj`` to ``path`` atomically (its folder created), for model ``i``'s ``what``.
+
+    Raises:
+        TrainingError: the file cannot be written (names it and the fix).
+    """
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_torch_save(obj, path)
+    except OSError as e:
+        raise TrainingError(
+            f"model {i}: cannot write its {what} {path}: {e}; free disk space (or set optimize.out_dir "
+            "elsewhere) and rerun the same command: the models already written are kept"
+        ) from None
+
+
 def _write_checkpoint(model: torch.nn.Module, path: Path, i: int) -> None:
     """Write the model's state dict (on the CPU) to ``path`` atomically.
 
     Raises:
         TrainingError: the file cannot be written (names it and the fix).
     """
-    try:  # atomically, to a file object: a retrained model gets the bytes (and sha256) of the first training
-        atomic_torch_save({k: v.detach().cpu() for k, v in model.state_dict().items()}, path)
-    except OSError as e:
-        raise TrainingError(
-            f"model {i}: cannot write its checkpoint {path}: {e}; free disk space (or set optimize.out_dir "
-            "elsewhere) and rerun the same command: the models already written are kept"
-        ) from None
+    # atomically, to a file object: a retrained model gets the bytes (and sha256) of the first training
+    _save({k: v.detach().cpu() for k, v in model.state_dict().items()}, path, i, "checkpoint")
 
 
 def _write_optimizer_state(oc: OptimizeConfig, checkpoint: Path, state_dict: dict[str, Any],
@@ -182,14 +193,7 @@ def _write_optimizer_state(oc: OptimizeConfig, checkpoint: Path, state_dict: dic
     state_path = checkpoint.parent / OPTIMIZER_STATE_DIR / checkpoint.name
     state = {"optimizer": oc.optimizer, "projection": oc.projection.model_dump() if oc.projection else None,
              "param_names": param_names, "state_dict": _to_cpu(state_dict)}
-    try:
-        state_path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_torch_save(state, state_path)
-    except OSError as e:
-        raise TrainingError(
-            f"model {i}: cannot write its optimizer state {state_path}: {e}; free disk space (or set "
-            "optimize.out_dir elsewhere) and rerun the same command: the models already written are kept"
-        ) from None
+    _save(state, state_path, i, "optimizer state")
     return state_path
 
 
