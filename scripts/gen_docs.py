@@ -344,6 +344,14 @@ def _topk(data: dict[str, Any]) -> tuple[str, str, str]:
     return "Top-k at corpus scale", note, table(head, rows, ["r", "l", "r", "r", "r", "r", "r"])
 
 
+def _ridge_cells(group: list[dict[str, Any]], default_rel: float) -> list[str]:
+    """LDS rows of one setting over ridges -> the LDS (interval) at the default ridge, the best, and its lambda_rel."""
+    default = next((r for r in group if r["lambda_rel"] == default_rel), group[0])
+    best = max(group, key=lambda r: r["lds"])
+    cell = lambda r: f"{r['lds']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}]"  # noqa: E731
+    return [cell(default), cell(best), f"{best['lambda_rel']:g}"]
+
+
 def _lds_lm(data: dict[str, Any]) -> tuple[str, str, str]:
     default_rel = data["default_lambda_rel"]
     groups: dict[tuple, list[dict[str, Any]]] = {}
@@ -351,11 +359,9 @@ def _lds_lm(data: dict[str, Any]) -> tuple[str, str, str]:
         groups.setdefault((r.get("normalize") or "", r["kind"], r["proj_dim"], r["n_checkpoints"]), []).append(r)
     rows = []
     for (norm, kind, d, k), group in sorted(groups.items()):
-        default = next((r for r in group if r["lambda_rel"] == default_rel), group[0])
-        best = max(group, key=lambda r: r["lds"])
-        cell = lambda r: f"{r['lds']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}]"  # noqa: E731
-        ridge = "0 (traker's)" if kind == "traker" else f"{best['lambda_rel']:g}"  # traker: its own default, no ridge
-        rows.append([kind + (f", {norm}" if norm else ""), str(d), str(k), cell(default), cell(best), ridge])
+        at_default, best, ridge = _ridge_cells(group, default_rel)
+        ridge = "0 (traker's)" if kind == "traker" else ridge  # traker: its own default, no ridge
+        rows.append([kind + (f", {norm}" if norm else ""), str(d), str(k), at_default, best, ridge])
     c = data["corpus"]
     note = (
         f"A GPT-2 of {c['n_params']:,} parameters trained from scratch ({data['recipe']['epochs']} epochs) on "
@@ -382,12 +388,8 @@ def _lds_lm(data: dict[str, Any]) -> tuple[str, str, str]:
         groups2: dict[tuple, list[dict[str, Any]]] = {}
         for r in data["trajectory"]:
             groups2.setdefault((r["features"], r["checkpoints"], r["n_checkpoints"]), []).append(r)
-        traj = []
-        for (features, label, k), group in groups2.items():
-            default = next((r for r in group if r["lambda_rel"] == default_rel), group[0])
-            best = max(group, key=lambda r: r["lds"])
-            cell = lambda r: f"{r['lds']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}]"  # noqa: E731
-            traj.append([features, label, str(k), cell(default), cell(best), f"{best['lambda_rel']:g}"])
+        traj = [[features, label, str(k), *_ridge_cells(group, default_rel)]
+                for (features, label, k), group in groups2.items()]
         d = data["trajectory"][0]["proj_dim"]
         body += (f"\n\nCheckpoints along training (`optimize.epoch_checkpoints`), sjlt {d}: TRAK's features, and "
                  "Adam-corrected ones (`second_moment: adam`, each checkpoint's saved AdamW state). Run r's epoch e "
