@@ -252,11 +252,12 @@ def trajectory_rows(cfg_path: str, masks: Any, outputs: Any, a: argparse.Namespa
     checkpoints are those of ``ckpts/``), writing every epoch's model and AdamW state. Each
     of the ``n_models x epochs`` checkpoints is featurized with sjlt at ``--trajectory-dim``,
     without and with ``second_moment: adam`` (TrackStar's correction ``g / sqrt(v)`` from that
-    checkpoint's saved state). Per checkpoint m the dual-form solve ``Φ_t,m (Φ_mᵀΦ_m + λ_m I)⁻¹ Φ_mᵀ``,
-    ``λ_m = lambda_rel · tr(Φ_mᵀΦ_m)/n`` (float64); an ensemble (:func:`trajectory_subsets`)
-    averages them and multiplies by its mean Q, as ``trak score`` does.
+    checkpoint's saved state). Each ensemble of :func:`trajectory_subsets` is scored as
+    `trak score` scores its checkpoints (:mod:`trakcli.scoring`: per checkpoint the ridge
+    ``λ_m = lambda_rel · tr(Φ_mᵀΦ_m)/n`` and the term ``Φ_t,m (Φ_mᵀΦ_m + λ_m I)⁻¹ Φ_mᵀ``,
+    their mean times the mean Q).
     """
-    import numpy as np
+    import torch
 
     from trakcli.config import load_config, resolve_checkpoints
     from trakcli.jobs.featurize import featurize
@@ -264,6 +265,10 @@ def trajectory_rows(cfg_path: str, masks: Any, outputs: Any, a: argparse.Namespa
     from trakcli.jobs.score import score
     from trakcli.jobs.sweep import read_features
     from trakcli.metrics.lds import lds
+    from trakcli.scoring import (
+        DUAL, dual_gram, dual_scores, ensemble_block, gram_matrix, kernel_form, score_block, solve_kernel,
+        target_weights,
+    )
 
     base = ["optimize.out_dir=ckpts_epochs", "optimize.epoch_checkpoints=true",
             "optimize.save_optimizer_state=true", "checkpoints=ckpts_epochs/manifest.json",
@@ -273,27 +278,37 @@ def trajectory_rows(cfg_path: str, masks: Any, outputs: Any, a: argparse.Namespa
         optimize(cfg, reporter=reporter)
     n_ckpts = len(resolve_checkpoints(cfg))
     n_epochs = cfg.recipe.epochs
+    d = a.trajectory_dim
     rows = []
     for features, extra in (("TRAK", []), ("Adam-corrected", ["second_moment.kind=adam"])):
         name = "trak" if not extra else "adam"
-        sub = load_config(cfg_path, base + extra + [f"store=trajectory_{name}_{a.trajectory_dim}.zarr"])
+        sub = load_config(cfg_path, base + extra + [f"store=trajectory_{name}_{d}.zarr"])
         t0 = time.perf_counter()
         featurize(sub, reporter=reporter)
         score(sub)
         phi, q, phi_t = read_features(sub, n_ckpts)
         log(f"trajectory {features}: {n_ckpts} checkpoints featurized in {time.perf_counter() - t0:.0f}s")
+        n_train = phi[0].shape[0]
+        dual = kernel_form(n_train, d) == DUAL
+        train = [torch.from_numpy(f) for f in phi]
+        q_train = [torch.from_numpy(x) for x in q]
+        terms: dict[float, list[torch.Tensor]] = {rel: [] for rel in a.lambda_rel}  # per checkpoint
+        for m in range(n_ckpts):
+            gram = dual_gram(train[m]) if dual else gram_matrix([train[m]])
+            for rel in a.lambda_rel:
+                factor, _ = solve_kernel(gram, n_train, None, rel, d)
+                target = torch.from_numpy(phi_t[m])
+                terms[rel].append(dual_scores(factor, target, train[m]) if dual else target_weights(factor, target))
         for rel in a.lambda_rel:
-            solves = []
-            for m in range(n_ckpts):
-                f = phi[m].astype(np.float64)
-                g = f @ f.T
-                lam = rel * float(np.trace(g)) / len(g)
-                solves.append(np.linalg.solve(g + lam * np.eye(len(g)), (phi_t[m].astype(np.float64) @ f.T).T).T)
             for label, idx in trajectory_subsets(n_ckpts // n_epochs, n_epochs):
-                scores = np.mean([solves[i] for i in idx], axis=0) * np.mean([q[i] for i in idx], axis=0)[None, :]
-                res = lds(scores, masks, outputs, n_bootstrap=cfg.eval.bootstrap, seed=cfg.eval.seed)
+                qs = [q_train[i] for i in idx]
+                if dual:
+                    scores = ensemble_block(sum(terms[rel][i] for i in idx), qs)
+                else:
+                    scores = score_block([terms[rel][i] for i in idx], [train[i] for i in idx], qs)
+                res = lds(scores.numpy(), masks, outputs, n_bootstrap=cfg.eval.bootstrap, seed=cfg.eval.seed)
                 rows.append({"features": features, "checkpoints": label, "n_checkpoints": len(idx),
-                             "proj_dim": a.trajectory_dim, "lambda_rel": rel, "lds": float(res.lds),
+                             "proj_dim": d, "lambda_rel": rel, "lds": float(res.lds),
                              "ci_low": float(res.ci_low), "ci_high": float(res.ci_high),
                              "n_targets_nan": int(res.n_targets_nan)})
                 log(f"trajectory {features}, {label}, lambda_rel {rel:g}: LDS {res.lds:.3f}")
