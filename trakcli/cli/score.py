@@ -190,11 +190,13 @@ def score(
         err_console.print(scores_table(res, head, cfg.score.show_top, texts, labels=not _per_token(train),
                                        train_texts=_texts(train)))
     lam = ", ".join(f"{v:.3g}" for v in res.lambdas)
+    kernel = (f"lambda_reg per checkpoint: {lam}" if cfg.curvature.kind == "gram" else
+              f"curvature {cfg.curvature.kind} (damping {cfg.curvature.damping:g}) per checkpoint")
     what = ([f"top {res.top_k} [{res.n_target}, {res.top_k}]"] if res.top_k else []) + (
         [f"scores [{res.n_target}, {res.n_train}]"] if res.full else [])
     err_console.print(
         f"[green]{' and '.join(what)}[/] -> {res.store} (scores/{res.experiment})"
-        f"; lambda_reg per checkpoint: {lam}" + (f"; exported to {out}" if out else "")
+        f"; {kernel}" + (f"; exported to {out}" if out else "")
         + (f"; plot: {plot}" if plot else "")
     )
 

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
         BUILTIN_DATASETS,
         KRONECKER_OPTIONS,
         Config,
+        CurvatureConfig,
         DataConfig,
         DatasetConfig,
         EvalConfig,
@@ -53,7 +54,7 @@ _LAZY = {
     **dict.fromkeys(("check_files", "resolve_checkpoints"), "trakcli.config.resolve"),
     **dict.fromkeys(
         ("BUILTIN_DATASETS", "KRONECKER_OPTIONS", "Config", "DataConfig", "DatasetConfig", "EvalConfig", "ModelConfig",
-         "ProjectorConfig", "ScoreConfig", "SecondMomentConfig", "StoreConfig", "SweepConfig"),
+         "ProjectorConfig", "ScoreConfig", "SecondMomentConfig", "StoreConfig", "SweepConfig", "CurvatureConfig"),
         "trakcli.config.schema",
     ),
 }
@@ -71,6 +72,7 @@ __all__ = [
     "ProjectorConfig",
     "ScoreConfig",
     "SecondMomentConfig",
+    "CurvatureConfig",
     "StoreConfig",
     "SweepConfig",
     "check_files",

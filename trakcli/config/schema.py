@@ -382,6 +382,51 @@ class SecondMomentConfig(StrictModel):
         return str(v) if isinstance(v, Path) else v
 
 
+class CurvatureConfig(StrictModel):
+    """``curvature:``: the preconditioner of the scores (docs/guides/curvature.md).
+
+    ``gram`` is TRAK's kernel (Φᵀ Φ + λ I)⁻¹ of the projected train features (``score.lambda_*``).
+    ``kfac`` and ``ekfac`` fit, per checkpoint, per-layer Kronecker factors of the Fisher
+    (Martens & Grosse 2015) and, for ``ekfac``, its eigenvalues corrected in their eigenbasis
+    (George et al. 2018; Grosse et al. 2023); every gradient, train and target, is whitened by
+    the damped inverse before it is projected, so scores are inner products of ``proj_dim``
+    floats and approximate g_tᵀ (F + δ I)⁻¹ g_z. Fit over the training data, stored per
+    checkpoint in the store (resumable).
+    """
+
+    kind: Literal["gram", "kfac", "ekfac"] = Field(
+        "gram",
+        description="gram: TRAK's kernel over the projected features. kfac / ekfac: Kronecker-factored Fisher "
+        "(ekfac: eigenvalue-corrected) per linear, convolution or embedding layer, whitening every gradient "
+        "before the projection; every selected parameter must be in such a layer (grad_wrt), projector kind "
+        "not kronecker.",
+    )
+    damping: float = Field(
+        0.1,
+        gt=0,
+        description="kfac / ekfac: each layer's damping δ = damping x the mean of its eigenvalues (kronfluence's "
+        "heuristic at 0.1).",
+    )
+    fisher: Literal["true", "empirical"] = Field(
+        "true",
+        description="kfac / ekfac: true: gradients at labels sampled from the model's own predictions (the "
+        "Fisher); empirical: at the data's labels.",
+    )
+    seed: int = Field(0, ge=0, description="kfac / ekfac: seed of the sampled labels.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _kind_alone(cls, raw: Any) -> Any:
+        """``curvature: ekfac`` is ``curvature: {kind: ekfac}``."""
+        return {"kind": raw} if isinstance(raw, str) else raw
+
+    def spec(self) -> dict[str, Any] | None:
+        """What the features depend on (part of the store identity); None for ``gram``, which changes only the kernel."""
+        if self.kind == "gram":
+            return None
+        return {"kind": self.kind, "damping": self.damping, "fisher": self.fisher, "seed": self.seed}
+
+
 class StoreConfig(StrictModel):
     """Where and how features and scores are written."""
 
@@ -580,6 +625,11 @@ class Config(StrictModel):
         default_factory=SecondMomentConfig,
         description="Optimizer second-moment correction of the gradients (TrackStar): kind null, adafactor or adam.",
     )
+    curvature: CurvatureConfig = Field(
+        default_factory=CurvatureConfig,
+        description="The preconditioner: kind gram (TRAK's kernel, the default), kfac or ekfac (Kronecker-factored "
+        "Fisher per layer, fit per checkpoint).",
+    )
     store: StoreConfig
     score: ScoreConfig = Field(default_factory=ScoreConfig)
     optimize: OptimizeConfig | None = Field(
@@ -627,6 +677,16 @@ class Config(StrictModel):
             raise ValueError(
                 "second_moment.kind: adam scales each entry of the whole per-example gradient, which projector.kind "
                 "kronecker never forms; use second_moment.kind: adafactor (factored per layer) or another projector kind"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _curvature_projector(self) -> "Config":
+        """kfac / ekfac whiten the whole per-example gradient, which kind kronecker never forms."""
+        if self.curvature.kind != "gram" and self.projector.kind == "kronecker":
+            raise ValueError(
+                f"curvature.kind: {self.curvature.kind} whitens each layer's whole per-example gradient, which "
+                "projector.kind kronecker never forms; use projector.kind sjlt (or another kind), or curvature.kind gram"
             )
         return self
 

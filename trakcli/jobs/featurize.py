@@ -169,6 +169,7 @@ def first_batch(s: JobSetup, reporter: Reporter, chunk_rows: int) -> FirstBatch 
     s.model.to(s.device)
     if not len(s.train):
         return None
+    s.fit_curvature(0, None, reporter)  # in memory: written to the store once it exists
     off, x, y = next(s.batches(s.train, 0, min(len(s.train), chunk_rows)))
     phi, q = s.features(x, y, 0, off)
     return FirstBatch(0, off, phi, q)
@@ -267,6 +268,8 @@ def featurize(
     with locked_store(path, s.dist, reporter):
         if first is None and not (overwrite or verify) and s.dist.world_size == 1:
             settings = ridge_settings(cfg.score.lambda_reg, cfg.score.lambda_rel) if s.checkpoints else None
+            if s.curvature is not None:  # kfac / ekfac: no kernel (the curvature is stored before the features)
+                settings = None
             if train_finished(path, s.identity, s.layout, s.shas, settings, s.state_shas):  # nothing to do, found without zarr
                 n_chunks = -(-s.layout.n_train // s.layout.chunk_rows)
                 return FeaturizeResult(
@@ -291,6 +294,8 @@ def featurize(
                 if bad:
                     reporter.info(f"model {model_id}: chunks {bad} failed their checksum or are missing; recomputed")
             total += rows.n_chunks
+            if s.curvature is not None and rows.pending(0, 1):  # the features of this checkpoint need its curvature
+                s.fit_curvature(model_id, store, reporter)
             n, skip = featurize_rows(
                 s, s.train, rows, model_id, with_out_to_loss=True, skip_nonfinite=skip_nonfinite,
                 reporter=reporter, label="featurize", computed=first if model_id == 0 else None,
@@ -301,7 +306,7 @@ def featurize(
             train_rows.append(rows)
         s.dist.barrier()
         made = 0
-        if s.checkpoints:  # the train side of `trak score`, as TRAK's finalize_features
+        if s.checkpoints and s.curvature is None:  # the train side of `trak score`, as TRAK's finalize_features
             made = finalize_kernels(
                 store, train_rows, lambda_reg=cfg.score.lambda_reg, lambda_rel=cfg.score.lambda_rel, dist=s.dist,
                 reporter=reporter, verify=verify, linalg_threads=cfg.linalg_threads,

@@ -302,9 +302,13 @@ def score_targets(
         kernels: dict[int, tuple[torch.Tensor, float]] = {}
         prefetch = s.dist.world_size == 1 and sum(kernel_nbytes(store, m) for m in range(n_models)) <= PREFETCH_BYTES
         ridge = ridge_settings(lambda_reg, lambda_rel)
+        identity = s.curvature is not None  # kfac / ekfac: the whitened features' inner products, no kernel
+        prefetch = prefetch and not identity
         with ChunkWriter() as writer:
             for model_id, rows in enumerate(target_rows):
                 kept.append({})
+                if s.curvature is not None and rows.pending(s.dist.rank, s.dist.world_size):
+                    s.curvature.read(store, model_id)  # the targets are whitened by the train side's curvature
                 n, skip = featurize_rows(
                     s, target, rows, model_id, with_out_to_loss=False, skip_nonfinite=skip_nonfinite,
                     reporter=reporter, label="targets", keep=kept[-1], writer=writer,
@@ -320,7 +324,7 @@ def score_targets(
         lambdas, n = finalize_and_score(
             store, train_rows, target_rows, out, lambda_reg=lambda_reg, lambda_rel=lambda_rel,
             dist=s.dist, reporter=reporter, linalg_threads=linalg_threads, target_chunks=kept, kernels=kernels,
-            top=top, normalize=normalize,
+            top=top, normalize=normalize, identity=identity,
         )
         computed += n
     return lambdas, computed
@@ -341,6 +345,7 @@ def finalize_and_score(
     kernels: dict[int, tuple[torch.Tensor, float]] | None = None,
     top: TopK | None = None,
     normalize: str | None = None,
+    identity: bool = False,
 ) -> tuple[list[float], int]:
     """Finalize each checkpoint's kernel and write the pending score blocks.
 
@@ -381,6 +386,9 @@ def finalize_and_score(
             instead of reading them again (single process).
         top: the experiment's top-k (``score.top_k``), or None.
         normalize: ``score.normalize``: None (TRAK's scores) or ``"unit"``.
+        identity: no kernel: each checkpoint's term is ``Φ_m(targets) Φ_m[block]ᵀ`` (``curvature.kind`` kfac
+            or ekfac, whose features are already whitened by the curvature; :mod:`trakcli.curvature`);
+            λ_m is reported as 0.
 
     Returns:
         (λ_m per model_id, score blocks computed by this process).
@@ -392,7 +400,7 @@ def finalize_and_score(
     with torch_threads(linalg_threads):
         return _finalize_and_score(store, train_rows, target_rows, out, lambda_reg, lambda_rel, dist or Dist(),
                                    reporter, target_chunks or [{} for _ in target_rows], kernels or {}, top,
-                                   normalize == "unit")
+                                   normalize == "unit", identity)
 
 
 #: `trak score` reads the stored kernels in the background, during the target features, when
@@ -423,12 +431,12 @@ def _target_features(rows: ChunkedRows, kept: dict[int, np.ndarray]) -> torch.Te
 def _finalize_and_score(
     store: Store, train_rows: list[ChunkedRows], target_rows: list[ChunkedRows], out: ChunkedRows | None,
     lambda_reg: float | None, lambda_rel: float, dist: Dist, reporter: Reporter, kept: list[dict[int, np.ndarray]],
-    kernels: dict[int, tuple[torch.Tensor, float]], top: TopK | None, unit: bool,
+    kernels: dict[int, tuple[torch.Tensor, float]], top: TopK | None, unit: bool, identity: bool = False,
 ) -> tuple[list[float], int]:
     """:func:`finalize_and_score` in its thread setting."""
     n_models = len(train_rows)
     lam_key = ridge_settings(lambda_reg, lambda_rel)
-    if dist.world_size > 1:  # kernel m on rank m mod world_size, then every rank reads them all
+    if dist.world_size > 1 and not identity:  # kernel m on rank m mod world_size, then every rank reads them all
         finalize_kernels(store, train_rows, lambda_reg=lambda_reg, lambda_rel=lambda_rel, dist=dist, reporter=reporter)
     pending = out.pending(dist.rank, dist.world_size) if out is not None else []
     parts = None
@@ -442,7 +450,9 @@ def _finalize_and_score(
     scorer = _BlockScores(train_rows, unit)
     lambdas = []
     for model_id in range(n_models):
-        if model_id in kernels:
+        if identity:
+            kernel, lam = None, 0.0
+        elif model_id in kernels:
             kernel, lam = kernels.pop(model_id)
         elif dist.world_size == 1:  # one process: a missing kernel is made here
             kernel, lam = kernel_of(store, train_rows[model_id], model_id, lambda_reg=lambda_reg, lambda_rel=lambda_rel)
@@ -492,9 +502,14 @@ class _BlockScores:
         self.primal: list[tuple[ChunkedRows, torch.Tensor, torch.Tensor]] = []  # rows, factor, target norms²
         self.dual_total: torch.Tensor | None = None
 
-    def add(self, model_id: int, kernel: torch.Tensor, lam: float, phi_t: torch.Tensor) -> None:
-        """Add checkpoint ``model_id``: its kernel (primal factor or dual X), ridge and target features."""
+    def add(self, model_id: int, kernel: torch.Tensor | None, lam: float, phi_t: torch.Tensor) -> None:
+        """Add checkpoint ``model_id``: its kernel (primal factor, dual X, or None: no kernel), ridge and target features."""
         rows = self.train_rows[model_id]
+        if kernel is None:  # the features' own inner products (curvature kfac / ekfac)
+            t_sq = phi_t.double().square().sum(1) if self.unit else torch.empty(0)
+            self.weights.append(phi_t)
+            self.primal.append((rows, None, t_sq))
+            return
         if kernel.shape[0] == kernel.shape[1]:  # PRIMAL ([proj_dim, proj_dim]; the dual's X has n_train < proj_dim rows): Cholesky of ΦᵀΦ + λI
             w = target_weights(kernel, phi_t, dtype=torch.float32)
             self.weights.append(w)
@@ -514,7 +529,8 @@ class _BlockScores:
         if self.unit:
             total = torch.zeros(0) if self.dual_total is None else self.dual_total[:, lo:hi].clone()
             for w, f, (_, factor, t_sq) in zip(self.weights, feats, self.primal):
-                term = cosine_term(w @ f.T, t_sq, kernel_sq_norms(factor, f)).double()
+                z_sq = f.double().square().sum(1) if factor is None else kernel_sq_norms(factor, f)
+                term = cosine_term(w @ f.T, t_sq, z_sq).double()
                 total = term if total.numel() == 0 else total.add_(term)
             return (total / len(self.train_rows)).to(torch.float32)
         qs = [torch.from_numpy(r.read("out_to_loss", lo, hi)) for r in self.train_rows]

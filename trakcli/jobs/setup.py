@@ -23,6 +23,7 @@ import torch
 
 from trakcli.config import Config, ProjectorConfig, check_files, resolve_checkpoints
 from trakcli.config.resolve import resolve_optimizer_states
+from trakcli.curvature import Curvature
 from trakcli.data.load import load_dataset
 from trakcli.data.tensors import TensorDataset, inputs_to
 from trakcli.distributed import Dist, init_from_env
@@ -31,7 +32,7 @@ from trakcli.factors import KroneckerFeaturizer, LayerGradients, SecondMoment, c
 from trakcli.factors.second_moment import embedding_note
 from trakcli.gradients import PerExampleGradients
 from trakcli.tasks import task_identity
-from trakcli.jobs.runtime import apply_threads, resolve_device
+from trakcli.jobs.runtime import apply_threads, event, resolve_device
 from trakcli.models.build import build_model
 from trakcli.models.checkpoints import file_sha256, load_checkpoint
 from trakcli.progress import NULL_REPORTER, Reporter
@@ -70,6 +71,7 @@ def run_identity(
     train: TensorDataset,
     layout: StoreLayout,
     second_moment: SecondMoment | None = None,
+    curvature: Curvature | None = None,
 ) -> dict[str, Any]:
     """Everything the train features of a store depend on: recorded at creation, compared on every run.
 
@@ -88,13 +90,16 @@ def run_identity(
             as ``storage``; ``n_train`` and ``proj_dim`` are already in ``train_data`` and ``projector``).
         second_moment: the optimizer second-moment correction, if any (its ``spec()``: kind and eps;
             the state files' sha256s are recorded per checkpoint, beside the checkpoint's).
+        curvature: the K-FAC / EK-FAC curvature whitening the gradients, if any (its ``spec()``).
 
     Returns:
         A JSON-able dict with the keys ``model``, ``task``, ``output_function``,
         ``grad_wrt``, ``grad_dim``, ``param_names``, ``projector``, ``train_data``, ``storage``,
-        and ``second_moment`` with a correction.
+        ``second_moment`` with a correction and ``curvature`` with kind kfac or ekfac.
     """
-    extra = {"second_moment": second_moment.spec()} if second_moment is not None else {}
+    extra: dict[str, Any] = {"second_moment": second_moment.spec()} if second_moment is not None else {}
+    if curvature is not None:
+        extra["curvature"] = curvature.spec()
     return {
         "model": model,
         **task_identity(task),
@@ -128,6 +133,8 @@ class GradientFeaturizer:
         proj_dim: feature width.
         second_moment: None, or a :class:`~trakcli.factors.SecondMoment` whose elementwise scaling
             multiplies each per-example gradient before it is projected (TrackStar's correction).
+        curvature: None, or a :class:`~trakcli.curvature.Curvature` whose whitening is applied to each
+            per-example gradient (after ``second_moment``) before it is projected.
     """
 
     def __init__(self, grads: PerExampleGradients | LayerGradients, projector: Any, reporter: Reporter = NULL_REPORTER):
@@ -137,6 +144,7 @@ class GradientFeaturizer:
         self.proj_dim: int = projector.proj_dim
         self.reported: str | None = None
         self.second_moment: SecondMoment | None = None
+        self.curvature: Curvature | None = None
         self._report()
 
     def _report(self) -> None:
@@ -166,6 +174,8 @@ class GradientFeaturizer:
         self._report()
         if self.second_moment is not None:
             g = self.second_moment.scale_gradients(g, model_id)
+        if self.curvature is not None:
+            g = self.curvature.whiten(g, model_id)
         return self.projector.project(g, model_id=model_id), q
 
 
@@ -187,6 +197,8 @@ class JobSetup:
         batch_tokens: ``data.batch_tokens``: most tokens per batch of token data (None: rows only).
         states, state_shas: with ``second_moment.kind``, the optimizer state file of each
             checkpoint and their sha256s, by model_id (recorded beside the checkpoints'); else None.
+        curvature: with ``curvature.kind`` kfac or ekfac, the featurizer's
+            :class:`~trakcli.curvature.Curvature`; else None.
     """
 
     checkpoints: list[Path]
@@ -202,6 +214,7 @@ class JobSetup:
     batch_tokens: int | None = None
     states: list[Path] | None = None
     state_shas: list[str] | None = None
+    curvature: Curvature | None = None
 
     def state_record(self, model_id: int) -> tuple[str, str] | None:
         """``(optimizer state file, its sha256)`` of checkpoint ``model_id`` with a correction, else None."""
@@ -223,6 +236,33 @@ class JobSetup:
     def proj_dim(self) -> int:
         """Feature width: the store layout's, which is the projector's."""
         return self.layout.proj_dim
+
+    def fit_curvature(self, model_id: int, store: Any = None, reporter: Reporter = NULL_REPORTER) -> None:
+        """Fit (or read from ``store``) checkpoint ``model_id``'s curvature over the train data, if there is a curvature.
+
+        The checkpoint is loaded first. Under torchrun rank 0 fits and writes it; the other ranks
+        wait and read it (``store`` is required then).
+        """
+        if self.curvature is None:
+            return
+        if self.dist.is_main or store is None:
+            self.load(model_id)
+
+            def batches():
+                for _, x, y in self.batches(self.train, 0, len(self.train)):
+                    yield inputs_to(x, self.device), y.to(self.device)
+
+            def stage(name: str) -> None:
+                reporter.info(f"model {model_id}: fitting {self.curvature.kind} curvature ({name}) over "
+                              f"{len(self.train)} train rows")
+
+            event(f"start curvature {model_id}")
+            self.curvature.fit(model_id, batches, store, stage)
+            event(f"done curvature {model_id}")
+        if store is not None and self.dist.world_size > 1:
+            self.dist.barrier()
+            if not self.dist.is_main:
+                self.curvature.read(store, model_id)
 
     def load(self, model_id: int) -> None:
         """Load checkpoint ``model_id`` into the model and move it to the device."""
@@ -321,6 +361,14 @@ def prepare(
         note = embedding_note(model, featurizer.param_names)
         if note and dist.is_main:
             reporter.info(note)
+    curvature = None
+    if cfg.curvature.kind != "gram":
+        if not isinstance(featurizer, GradientFeaturizer):  # the config refuses kind kronecker; the API may not
+            raise ConfigError(f"curvature.kind {cfg.curvature.kind} needs whole per-example gradients: "
+                              "use projector.kind sjlt (or another kind but kronecker)")
+        c = cfg.curvature
+        curvature = Curvature(model, featurizer.param_names, cfg.task, c.kind, c.damping, c.fisher, c.seed)
+        featurizer.curvature = curvature
     if isinstance(featurizer, KroneckerFeaturizer):
         batch_rows = cfg.data.batch_size  # no [n, grad_dim] gradient: memory_mb bounds the passes instead
         if dist.is_main:
@@ -330,10 +378,10 @@ def prepare(
     st = cfg.store
     layout = StoreLayout(len(train), featurizer.projector.proj_dim, st.chunk_rows, st.dtype, st.compressor)
     identity = run_identity(cfg.model.model_dump(mode="json"), cfg.task, cfg.grad_wrt, featurizer, train, layout,
-                            second)
+                            second, curvature)
     shas = [hashes.sha256(c, file_sha256) for c in checkpoints]  # saved by jobs.runtime.locked_store
     return JobSetup(checkpoints, shas, train, model, featurizer, batch_rows, device, layout, identity, dist,
-                    cfg.data.batch_tokens, states, state_shas)
+                    cfg.data.batch_tokens, states, state_shas, curvature)
 
 
 def attach_second_moment(featurizer: Featurizer, model: torch.nn.Module, kind: str, states: list[Path],

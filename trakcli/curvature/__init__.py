@@ -1,0 +1,168 @@
+"""Curvature beyond TRAK's kernel: K-FAC and EK-FAC, fit per checkpoint and stored like the kernel.
+
+``curvature.kind: gram`` is TRAK's kernel over the projected features (:mod:`trakcli.scoring`).
+``kfac`` and ``ekfac`` (:mod:`.kfac`) fit per-layer Kronecker factors of the Fisher over
+the training data of each checkpoint, store them (``train/<model_id>/curvature``,
+:mod:`trakcli.store.curvature`), and whiten every per-example gradient by the damped
+inverse before it is projected; :class:`Curvature` holds the settings, the layers and the
+fitted factors of the checkpoints, and is what a featurizer consults.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+from torch import nn
+
+from trakcli.curvature.kfac import (
+    FISHERS,
+    KINDS,
+    CurvatureFactors,
+    LayerFactors,
+    correct_eigenvalues,
+    curvature_layers,
+    eigenbases,
+    fit,
+    fit_covariances,
+    fisher_loss,
+)
+from trakcli.errors import ConfigError, StoreError
+from trakcli.tasks import Task, resolve_task
+
+__all__ = [
+    "FISHERS", "KINDS", "Curvature", "CurvatureFactors", "LayerFactors", "correct_eigenvalues", "curvature_layers",
+    "eigenbases", "fisher_loss", "fit", "fit_covariances",
+]
+
+
+class Curvature:
+    """The K-FAC / EK-FAC curvature of a model's selected parameters, per checkpoint.
+
+    Args:
+        model: the model (its layers; checkpoints are loaded into it by the caller).
+        param_names: the selected parameters, every one in a linear, convolution or embedding layer.
+        task: the model output function (its :meth:`~trakcli.tasks.Task.loss` is what the Fisher is of).
+        kind: ``kfac`` or ``ekfac``.
+        damping: relative damping (δ = damping · mean eigenvalue, per layer), > 0.
+        fisher: ``true`` (sampled labels) or ``empirical``.
+        seed: seed of the sampled labels.
+
+    Raises:
+        ConfigError: a bad kind, damping or fisher; parameters outside such layers (:func:`curvature_layers`).
+    """
+
+    def __init__(self, model: nn.Module, param_names: Sequence[str], task: Any, kind: str, damping: float = 0.1,
+                 fisher: str = "true", seed: int = 0):
+        if kind not in KINDS:
+            raise ConfigError(f"curvature.kind must be gram, {' or '.join(KINDS)}, got {kind!r}")
+        if fisher not in FISHERS:
+            raise ConfigError(f"curvature.fisher must be one of {', '.join(FISHERS)}, got {fisher!r}")
+        if not (isinstance(damping, (int, float)) and damping > 0):
+            raise ConfigError(f"curvature.damping must be a number > 0, got {damping!r}")
+        self.kind, self.damping, self.fisher, self.seed = kind, float(damping), fisher, int(seed)
+        self.task: Task = resolve_task(task)
+        self.model = model
+        self.layers, self.uses = curvature_layers(model, param_names, kind)
+        self._factors: dict[int, CurvatureFactors] = {}
+
+    def spec(self) -> dict[str, Any]:
+        """``{"kind", "damping", "fisher", "seed"}``: what the features depend on besides the data and checkpoint."""
+        return {"kind": self.kind, "damping": self.damping, "fisher": self.fisher, "seed": self.seed}
+
+    def settings(self) -> dict[str, Any]:
+        """What a stored curvature is checked against: :meth:`spec` but the damping (applied when whitening,
+        so another damping reuses the fit) and each layer's name and shape."""
+        spec = {k: v for k, v in self.spec().items() if k != "damping"}
+        return {**spec, "layers": [[layer.name, layer.d_out, layer.d_in] for layer in self.layers]}
+
+    # ------------------------------------------------------------------ per checkpoint
+
+    def factors(self, model_id: int) -> CurvatureFactors:
+        """The fitted curvature of checkpoint ``model_id``.
+
+        Raises:
+            StoreError: it was neither fitted nor read in this process (run `trak featurize` first).
+        """
+        f = self._factors.get(model_id)
+        if f is None:
+            raise StoreError(f"the curvature of model_id {model_id} is not in the store; run `trak featurize CONFIG` "
+                             "first (it fits the curvature of each checkpoint before its features)")
+        return f
+
+    def whiten(self, grads: dict[str, torch.Tensor], model_id: int) -> dict[str, torch.Tensor]:
+        """Per-example gradients ``[n, *shape]`` whitened by checkpoint ``model_id``'s curvature
+        (:meth:`~trakcli.curvature.kfac.CurvatureFactors.whiten`)."""
+        return self.factors(model_id).whiten(grads)
+
+    def fit(self, model_id: int, batches: Callable[[], Iterable[Any]], store: Any = None,
+            on_stage: Callable[[str], None] | None = None) -> CurvatureFactors:
+        """Fit checkpoint ``model_id`` (loaded into the model) over ``batches()``, resuming from and writing to ``store``.
+
+        With a store: a finished curvature made with the same :meth:`settings` is read, not
+        fitted; stored covariances (pass 1) are reused; each stage is written when done
+        (:func:`trakcli.store.curvature.write_curvature`). Without: fitted in memory.
+
+        Args:
+            model_id: the checkpoint.
+            batches: called once per pass; yields ``(inputs, labels)`` on the model's device.
+            store: the open :class:`~trakcli.store.Store`, or None.
+            on_stage: called with ``"covariances"``, ``"eigenvalues"`` before each pass that runs.
+
+        Returns:
+            The factors (also kept for :meth:`whiten`).
+        """
+        from trakcli.store.curvature import read_curvature, write_curvature
+
+        settings = self.settings()
+        if store is not None:
+            done = read_curvature(store, model_id, settings, "done")
+            if done is not None:
+                return self._keep(model_id, CurvatureFactors.from_arrays(self.layers, done, self.damping))
+        if model_id in self._factors:  # fitted before the store existed (featurize's first batch)
+            f = self._factors[model_id]
+            if store is not None:
+                write_curvature(store, model_id, settings, "done", f.arrays())
+            return f
+        cov = read_curvature(store, model_id, settings, "covariances") if store is not None else None
+        if cov is not None:
+            a = [torch.as_tensor(cov[f"{i}/a"]) for i in range(len(self.layers))]
+            s = [torch.as_tensor(cov[f"{i}/s"]) for i in range(len(self.layers))]
+        else:
+            if on_stage:
+                on_stage("covariances")
+            a, s = fit_covariances(self.model, self.layers, self.uses, self.task, batches(), self.fisher,
+                                   self.seed + 2 * model_id)
+            if store is not None:
+                arrays = {f"{i}/a": x.numpy() for i, x in enumerate(a)}
+                arrays.update({f"{i}/s": x.numpy() for i, x in enumerate(s)})
+                write_curvature(store, model_id, settings, "covariances", arrays)
+        factors = eigenbases(self.layers, a, s)
+        if self.kind == "ekfac":
+            if on_stage:
+                on_stage("eigenvalues")
+            factors = correct_eigenvalues(self.model, self.layers, self.uses, self.task, factors, batches(),
+                                          self.fisher, self.seed + 2 * model_id + 1)
+        f = CurvatureFactors(list(self.layers), factors, self.damping)
+        if store is not None:
+            write_curvature(store, model_id, settings, "done", f.arrays())
+        return self._keep(model_id, f)
+
+    def read(self, store: Any, model_id: int) -> CurvatureFactors:
+        """Checkpoint ``model_id``'s finished curvature from ``store`` (kept for :meth:`whiten`).
+
+        Raises:
+            StoreError: none made with these settings is stored (run `trak featurize CONFIG`).
+        """
+        from trakcli.store.curvature import read_curvature
+
+        done = read_curvature(store, model_id, self.settings(), "done")
+        if done is None:
+            self._factors.pop(model_id, None)
+            return self.factors(model_id)
+        return self._keep(model_id, CurvatureFactors.from_arrays(self.layers, done, self.damping))
+
+    def _keep(self, model_id: int, f: CurvatureFactors) -> CurvatureFactors:
+        self._factors = {m: v for m, v in self._factors.items() if m == model_id}  # one checkpoint at a time
+        self._factors[model_id] = f
+        return f

@@ -1,0 +1,421 @@
+"""K-FAC and EK-FAC curvature of a checkpoint, fit from layer hooks, and the whitening of gradients by it.
+
+For a layer ``y_t = W a_t (+ b)`` (bias folded in, ``a_t ← [a_t, 1]``) applied at
+positions ``t``, an example's gradient is ``G = Σ_t g_t a_tᵀ`` ``[d_out, d_in]``. The
+Fisher of the per-example loss restricted to the layer, ``F = E_z[vec G vec Gᵀ]``
+(row-major ``vec``), is approximated by a Kronecker product (Martens & Grosse 2015,
+"Optimizing Neural Networks with Kronecker-factored Approximate Curvature"):
+
+    F ≈ S ⊗ A,   A = Σ_tokens a aᵀ / N_tokens   [d_in, d_in],
+                 S = Σ_tokens g gᵀ / N_examples  [d_out, d_out]
+
+(tokens: every real position, padding excluded by ``attention_mask``; an example
+without positions, a classifier's, has one). ``g`` is the gradient of the summed loss
+at labels sampled from the model's own distribution (``fisher: true``, the Fisher, as
+kronfluence fits it) or at the data's labels (``fisher: empirical``). With the
+eigendecompositions ``A = Q_A diag(λ_A) Q_Aᵀ``, ``S = Q_S diag(λ_S) Q_Sᵀ``:
+
+* K-FAC: ``F ≈ (Q_S ⊗ Q_A) diag(Λ) (Q_S ⊗ Q_A)ᵀ`` with ``Λ_ij = λ_S,i λ_A,j``;
+* EK-FAC (George et al. 2018, "Fast Approximate Natural Gradient Descent in a
+  Kronecker-factored Eigenbasis"; Grosse et al. 2023, "Studying Large Language Model
+  Generalization with Influence Functions", Sec. 2.2.3): the same eigenbasis, with the
+  eigenvalues corrected to the second moments of the examples' gradients in it,
+  ``Λ_ij = E_z[(Q_Sᵀ G Q_A)_ij²]`` (one more pass over the data).
+
+Each layer is damped by ``δ = damping · mean(Λ)`` (kronfluence's default heuristic with
+``damping = 0.1``), so that the inverse is ``(Q_S ⊗ Q_A) diag(1/(Λ + δ)) (Q_S ⊗ Q_A)ᵀ``.
+
+**Whitening.** :meth:`CurvatureFactors.whiten` maps an example's gradient to
+``W vec G = diag((Λ + δ)^-1/2) vec(Q_Sᵀ G Q_A)`` per layer, so that for any two examples
+
+    ⟨W g_t, W g_z⟩ = Σ_layers g_tᵀ (F + δ I)⁻¹ g_z,
+
+the influence of Koh & Liang (2017) with the block-diagonal (E)K-FAC inverse. Train and
+target features are JL projections of whitened gradients, so the store keeps
+``proj_dim`` floats per example and scores stay inner products (top-k at corpus scale
+works unchanged); the projection error is relative to the whitened norms, where
+the curvature has already evened out the directions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+from torch import nn
+
+from trakcli.errors import ConfigError, DataError, GradientError
+from trakcli.factors.hooks import HookPass, first_rows, logits_of
+from trakcli.factors.layers import Use, find_uses
+from trakcli.projectors.kronecker_layers import KroneckerLayer
+from trakcli.tasks import IGNORE_INDEX, Task, make_batch, token_labels
+
+#: The values of ``curvature.kind`` beyond TRAK's ``gram``.
+KINDS = ("kfac", "ekfac")
+
+#: The values of ``curvature.fisher``.
+FISHERS = ("true", "empirical")
+
+#: Largest side of a Kronecker factor (``d_out`` or ``d_in``): its eigendecomposition is dense.
+MAX_FACTOR = 8192
+
+
+@dataclass
+class LayerFactors:
+    """One layer's fitted curvature, float64 on the CPU.
+
+    Attributes:
+        name: the layer's module name.
+        q_out: ``[d_out, d_out]`` eigenvectors of ``S`` (columns).
+        q_in: ``[d_in, d_in]`` eigenvectors of ``A`` (columns).
+        eig: ``[d_out, d_in]`` eigenvalues ``Λ`` in that basis (K-FAC: ``λ_S λ_Aᵀ``; EK-FAC: corrected).
+    """
+
+    name: str
+    q_out: torch.Tensor
+    q_in: torch.Tensor
+    eig: torch.Tensor
+
+    def damping(self, relative: float) -> float:
+        """The absolute damping ``δ = relative · mean(Λ)`` of the layer."""
+        return float(relative * self.eig.mean())
+
+
+@dataclass
+class CurvatureFactors:
+    """The fitted curvature of one checkpoint: one :class:`LayerFactors` per Kronecker layer, and the damping.
+
+    Attributes:
+        layers: the :class:`~trakcli.projectors.kronecker_layers.KroneckerLayer` of each entry of ``factors``.
+        factors: per layer, its :class:`LayerFactors`.
+        damping: relative damping (module docstring).
+    """
+
+    layers: list[KroneckerLayer]
+    factors: list[LayerFactors]
+    damping: float
+
+    def __post_init__(self) -> None:
+        self._cache: dict[tuple[Any, Any], list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
+
+    def _on(self, device: torch.device, dtype: torch.dtype) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        key = (torch.device(device), dtype)
+        if key not in self._cache:
+            self._cache[key] = [
+                (f.q_out.to(device=device, dtype=dtype), f.q_in.to(device=device, dtype=dtype),
+                 (f.eig + f.damping(self.damping)).rsqrt().to(device=device, dtype=dtype))
+                for f in self.factors
+            ]
+        return self._cache[key]
+
+    def whiten(self, grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Whitened per-example gradients: per layer ``diag((Λ + δ)^-1/2) vec(Q_Sᵀ G Q_A)`` (module docstring).
+
+        Args:
+            grads: per selected parameter ``[n, *shape]`` (every one in a layer of :attr:`layers`).
+
+        Returns:
+            New tensors of the same names, shapes, dtype and device, holding the whitened
+            gradient in the layer's eigenbasis (rotations keep inner products, so the
+            parameters' entries are the eigenbasis coordinates, laid out as
+            :meth:`KroneckerLayer.from_matrix` lays out a matrix).
+        """
+        first = next(iter(grads.values()))
+        n, out = first.shape[0], dict(grads)
+        for layer, (q_out, q_in, scale) in zip(self.layers, self._on(first.device, first.dtype)):
+            g = layer.to_matrix(grads, n)  # [n, d_out, d_in]
+            rotated = q_out.T @ g @ q_in * scale
+            out.update(layer.from_matrix(rotated))
+        return out
+
+    def inverse_hvp(self, grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``(F + δ I)⁻¹ g`` per layer, in the parameters' own coordinates (float64 math, ``grads``' dtype out).
+
+        Args:
+            grads: per selected parameter ``[n, *shape]``.
+        """
+        first = next(iter(grads.values()))
+        n, out = first.shape[0], dict(grads)
+        for layer, f in zip(self.layers, self.factors):
+            g = layer.to_matrix(grads, n).to(torch.float64).cpu()
+            inv = 1.0 / (f.eig + f.damping(self.damping))
+            h = f.q_out @ ((f.q_out.T @ g @ f.q_in) * inv) @ f.q_in.T
+            out.update({k: v.to(device=first.device, dtype=first.dtype) for k, v in layer.from_matrix(h).items()})
+        return out
+
+    def arrays(self) -> dict[str, Any]:
+        """Plain float64 numpy arrays by name (``<i>/q_out``, ``<i>/q_in``, ``<i>/eig``) for the store."""
+        out = {}
+        for i, f in enumerate(self.factors):
+            out.update({f"{i}/q_out": f.q_out.numpy(), f"{i}/q_in": f.q_in.numpy(), f"{i}/eig": f.eig.numpy()})
+        return out
+
+    @classmethod
+    def from_arrays(cls, layers: Sequence[KroneckerLayer], arrays: dict[str, Any], damping: float) -> CurvatureFactors:
+        """The inverse of :meth:`arrays` (shapes checked against ``layers``).
+
+        Raises:
+            DataError: an array is missing or has another shape than its layer needs.
+        """
+        factors = []
+        for i, layer in enumerate(layers):
+            want = {"q_out": (layer.d_out, layer.d_out), "q_in": (layer.d_in, layer.d_in),
+                    "eig": (layer.d_out, layer.d_in)}
+            got = {}
+            for key, shape in want.items():
+                a = arrays.get(f"{i}/{key}")
+                if a is None or tuple(a.shape) != shape:
+                    raise DataError(f"curvature of layer {layer.name}: array {i}/{key} is "
+                                    f"{'missing' if a is None else f'of shape {list(a.shape)}'}, expected {list(shape)}")
+                got[key] = torch.as_tensor(a, dtype=torch.float64)
+            factors.append(LayerFactors(layer.name, **got))
+        return cls(list(layers), factors, damping)
+
+
+def curvature_layers(model: nn.Module, param_names: Sequence[str], kind: str) -> tuple[list[KroneckerLayer], list[Use]]:
+    """The Kronecker layers (and their module calls) a K-FAC curvature of the selected parameters has.
+
+    Args:
+        model: the model.
+        param_names: the selected parameters (every one must be in such a layer).
+        kind: ``kfac`` or ``ekfac`` (for messages).
+
+    Returns:
+        ``(layers, uses)``, one use per layer.
+
+    Raises:
+        ConfigError: a selected parameter outside every matrix layer (a norm, a bare parameter), a
+            weight shared by several modules (tied embeddings), or a factor wider than :data:`MAX_FACTOR`;
+            each names the parameters and says to leave them out with ``grad_wrt``.
+    """
+    layers, uses, left_out = find_uses(model, list(param_names))
+    fix = "leave them out with grad_wrt (e.g. grad_wrt: ['transformer.h.*'] for a GPT-2's blocks)"
+    if left_out:
+        shown = ", ".join(f"{n} ({why})" for n, why in list(left_out.items())[:6])
+        more = f" and {len(left_out) - 6} more" if len(left_out) > 6 else ""
+        raise ConfigError(
+            f"curvature.kind {kind} fits Kronecker factors of linear, convolution and embedding layers; these selected "
+            f"parameters are outside them: {shown}{more}; {fix}, or use curvature.kind gram"
+        )
+    counts: dict[int, list[str]] = {}
+    for use in uses:
+        counts.setdefault(use.layer, []).append(use.name)
+    shared = [f"{layers[j].name} (used by {', '.join(names)})" for j, names in counts.items() if len(names) > 1]
+    if shared:
+        raise ConfigError(f"curvature.kind {kind}: a weight shared by several modules has no Kronecker factorization: "
+                          f"{'; '.join(shared)}; {fix}")
+    wide = [f"{layer.name} [{layer.d_out}, {layer.d_in}]" for layer in layers if max(layer.d_out, layer.d_in) > MAX_FACTOR]
+    if wide:
+        raise ConfigError(f"curvature.kind {kind}: the factors of {', '.join(wide)} exceed {MAX_FACTOR} rows "
+                          f"(a dense eigendecomposition each); {fix}")
+    by_layer = {use.layer: use for use in uses}
+    return layers, [by_layer[j] for j in range(len(layers))]
+
+
+def fisher_loss(task: Task, logits: torch.Tensor, batch: dict[str, torch.Tensor], fisher: str,
+                generator: torch.Generator | None) -> torch.Tensor:
+    """The summed loss whose gradients the factors are fit on.
+
+    ``true``: labels drawn from the model's own predictive distribution (the Fisher; Martens &
+    Grosse 2015, Sec. 5): a class per row of ``[n, C]`` logits, a next token at every target
+    position of a language model. ``empirical``: the data's labels. Either way the task's
+    :meth:`~trakcli.tasks.Task.loss` with ``reduction="sum"``.
+
+    Raises:
+        ConfigError: ``true`` with a task that is neither token-level nor reads ``[n]`` class labels.
+    """
+    if fisher == "empirical":
+        return task.loss(logits, batch, reduction="sum")
+    probs = torch.softmax(logits.detach().double(), dim=-1)
+    if task.token_level:
+        labels = token_labels(batch)  # [n, L]
+        flat = probs.reshape(*labels.shape, -1)[:, :-1].reshape(-1, probs.shape[-1])
+        drawn = torch.multinomial(flat, 1, generator=generator).reshape(labels.shape[0], -1)
+        nxt = torch.where(labels[:, 1:] != IGNORE_INDEX, drawn.to(labels), labels[:, 1:])
+        sampled = torch.cat([labels[:, :1], nxt], dim=1)
+    else:
+        labels = batch.get("labels")
+        if labels is None or labels.dim() != 1 or logits.dim() != 2:
+            raise ConfigError(f"curvature.fisher true samples class labels of [n, C] logits or next tokens; task "
+                              f"{task.name} has neither; set curvature.fisher: empirical")
+        sampled = torch.multinomial(probs, 1, generator=generator).reshape(-1).to(labels)
+    return task.loss(logits, {**batch, "labels": sampled}, reduction="sum")
+
+
+def _token_mask(inputs: Any, positions: int) -> torch.Tensor | None:
+    """``[n, positions]`` bool of the real tokens (``attention_mask``), when the call's positions are the tokens."""
+    mask = inputs.get("attention_mask") if isinstance(inputs, dict) else None
+    if mask is None or mask.dim() != 2 or mask.shape[1] != positions:
+        return None
+    return mask != 0
+
+
+class _Covariances:
+    """Hook consumer of pass 1: adds ``Σ_t a aᵀ`` and ``Σ_t g gᵀ`` (float64) per layer, and counts the tokens."""
+
+    keeps_input = False
+
+    def __init__(self, layers: Sequence[KroneckerLayer], inputs: Any, device: torch.device):
+        self.layers, self.inputs = layers, inputs
+        self.eyes = [torch.eye(layer.d_in, dtype=torch.float64, device=device) for layer in layers]
+        self.a = [torch.zeros(layer.d_in, layer.d_in, dtype=torch.float64, device=device) for layer in layers]
+        self.s = [torch.zeros(layer.d_out, layer.d_out, dtype=torch.float64, device=device) for layer in layers]
+        self.tokens = [0] * len(layers)
+
+    def take_input(self, use: Use, x: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
+        eye = self.eyes[use.layer]
+        cols = self.layers[use.layer].weight_cols
+        p_w = eye[:cols] if use.weight is not None else None
+        p_b = eye[cols] if use.bias is not None else None
+        a = use.kind.project_input(use.module, x, output, p_w, p_b, torch.float64)  # [b, T, d_in]: a_t itself
+        rows = first_rows(self.inputs).shape[0]
+        if a.shape[0] != rows:  # a batch-broadcast call (position embeddings): the same a_t in every example
+            a = a.expand(rows, *a.shape[1:])
+        mask = _token_mask(self.inputs, a.shape[1])
+        if mask is not None:
+            a = a * mask.unsqueeze(-1).to(a)
+            self.tokens[use.layer] += int(mask.sum())
+        else:
+            self.tokens[use.layer] += a.shape[0] * a.shape[1]
+        flat = a.reshape(-1, a.shape[-1])
+        self.a[use.layer].addmm_(flat.T, flat)
+        return torch.empty(a.shape[0], 0, device=a.device)
+
+    def take_grad(self, use: Use, kept: torch.Tensor, g: torch.Tensor) -> None:
+        gt = use.kind.out_grads(g, kept.shape[0]).to(torch.float64)  # [n, T, d_out]
+        flat = gt.reshape(-1, gt.shape[-1])
+        self.s[use.layer].addmm_(flat.T, flat)
+
+
+class _Rotated:
+    """Hook consumer of the EK-FAC pass: per example ``Q_Sᵀ G Q_A`` ``[n, d_out, d_in]``, squared and summed."""
+
+    keeps_input = False
+
+    def __init__(self, factors: Sequence[LayerFactors], layers: Sequence[KroneckerLayer], n: int,
+                 device: torch.device):
+        self.layers = layers
+        self.q = [(f.q_out.to(device), f.q_in.to(device)) for f in factors]
+        self.grids = [torch.zeros(n, layer.d_out, layer.d_in, dtype=torch.float64, device=device) for layer in layers]
+
+    def take_input(self, use: Use, x: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
+        q_in = self.q[use.layer][1]
+        cols = self.layers[use.layer].weight_cols
+        p_w = q_in[:cols] if use.weight is not None else None
+        p_b = q_in[cols] if use.bias is not None else None
+        return use.kind.project_input(use.module, x, output, p_w, p_b, torch.float64)  # [b, T, d_in]: Q_Aᵀ a_t
+
+    def take_grad(self, use: Use, kept: torch.Tensor, g: torch.Tensor) -> None:
+        gq = use.kind.out_grads(g, kept.shape[0]).to(torch.float64) @ self.q[use.layer][0]  # [n, T, d_out]
+        self.grids[use.layer].baddbmm_(gq.transpose(1, 2), kept)
+
+
+#: One batch of the fitting data: ``(model inputs on the device, labels or None)``.
+Batch = tuple[Any, "torch.Tensor | None"]
+
+
+def _hook_pass(model: nn.Module, uses: Sequence[Use], task: Task, inputs: Any, labels: torch.Tensor | None,
+               consumer: Any, fisher: str, generator: torch.Generator | None) -> int:
+    """One forward + backward of the Fisher loss over a batch through the hooks; returns its rows."""
+    n = first_rows(inputs).shape[0]
+    device = first_rows(inputs).device
+    with HookPass(model, uses, n, device, consumer) as hooks:
+        logits = logits_of(model, inputs)
+        batch = make_batch(inputs, labels)
+        task.check(logits, batch)
+        loss = fisher_loss(task, logits, batch, fisher, generator)
+        if hooks.problem is None and loss.requires_grad:
+            hooks.backward(loss.reshape(1))
+        if hooks.problem is not None:
+            raise GradientError(f"{hooks.problem.text}; curvature factors cannot be taken there: leave it out with "
+                                "grad_wrt")
+    return n
+
+
+def fit_covariances(model: nn.Module, layers: Sequence[KroneckerLayer], uses: Sequence[Use], task: Task,
+                    batches: Iterable[Batch], fisher: str = "true", seed: int = 0
+                    ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Pass 1: the Kronecker factors ``A`` (per token) and ``S`` (per example) of every layer.
+
+    Args:
+        model: the model, loaded with the checkpoint (switched to eval mode).
+        layers, uses: from :func:`curvature_layers`.
+        task: the model output function (its :meth:`~trakcli.tasks.Task.loss` is differentiated).
+        batches: the fitting data, ``(inputs, labels)`` on the model's device.
+        fisher: ``true`` (sampled labels) or ``empirical``.
+        seed: seed of the label sampling.
+
+    Returns:
+        ``(A, S)``: per layer ``[d_in, d_in]`` and ``[d_out, d_out]`` float64 on the CPU
+        (module docstring: ``A = Σ a aᵀ / N_tokens``, ``S = Σ g gᵀ / N_examples``).
+
+    Raises:
+        DataError: no rows, or data the model or task refuses.
+        GradientError: a module whose calls cannot give per-example factors.
+    """
+    model.eval()
+    generator, acc, n_examples = None, None, 0
+    for inputs, labels in batches:
+        device = first_rows(inputs).device
+        if acc is None:
+            acc = _Covariances(layers, inputs, device)
+            generator = torch.Generator(device=device).manual_seed(seed)
+        acc.inputs = inputs
+        n_examples += _hook_pass(model, uses, task, inputs, labels, acc, fisher, generator)
+    if acc is None or n_examples == 0:
+        raise DataError("curvature: no training rows to fit the factors on")
+    a = [x.cpu() / max(1, t) for x, t in zip(acc.a, acc.tokens)]
+    s = [x.cpu() / n_examples for x in acc.s]
+    return a, s
+
+
+def eigenbases(layers: Sequence[KroneckerLayer], a: Sequence[torch.Tensor], s: Sequence[torch.Tensor]
+               ) -> list[LayerFactors]:
+    """K-FAC per layer: eigendecompositions of ``A`` and ``S`` and ``Λ = λ_S λ_Aᵀ`` (eigenvalues clamped at 0)."""
+    out = []
+    for layer, a_i, s_i in zip(layers, a, s):
+        la, qa = torch.linalg.eigh(a_i)
+        ls, qs = torch.linalg.eigh(s_i)
+        out.append(LayerFactors(layer.name, qs, qa, ls.clamp(min=0)[:, None] * la.clamp(min=0)[None, :]))
+    return out
+
+
+def correct_eigenvalues(model: nn.Module, layers: Sequence[KroneckerLayer], uses: Sequence[Use], task: Task,
+                        factors: Sequence[LayerFactors], batches: Iterable[Batch], fisher: str = "true",
+                        seed: int = 1) -> list[LayerFactors]:
+    """Pass 2 of EK-FAC: ``Λ = E_z[(Q_Sᵀ G_z Q_A)²]`` over the examples, in the K-FAC eigenbases.
+
+    Args:
+        As :func:`fit_covariances`; ``factors`` the K-FAC eigenbases (:func:`eigenbases`).
+
+    Returns:
+        New :class:`LayerFactors` with the same eigenvectors and corrected ``eig``.
+    """
+    model.eval()
+    sums = [torch.zeros_like(f.eig) for f in factors]
+    generator, n_examples = None, 0
+    for inputs, labels in batches:
+        device = first_rows(inputs).device
+        if generator is None:
+            generator = torch.Generator(device=device).manual_seed(seed)
+        n = first_rows(inputs).shape[0]
+        rot = _Rotated(factors, layers, n, device)
+        n_examples += _hook_pass(model, uses, task, inputs, labels, rot, fisher, generator)
+        for acc, grid in zip(sums, rot.grids):
+            acc += grid.square().sum(0).cpu()
+    if n_examples == 0:
+        raise DataError("curvature: no training rows to fit the factors on")
+    return [LayerFactors(f.name, f.q_out, f.q_in, acc / n_examples) for f, acc in zip(factors, sums)]
+
+
+def fit(model: nn.Module, layers: Sequence[KroneckerLayer], uses: Sequence[Use], task: Task,
+        batches: Callable[[], Iterable[Batch]], kind: str, damping: float, fisher: str = "true",
+        seed: int = 0) -> CurvatureFactors:
+    """K-FAC or EK-FAC of a checkpoint in one call (:func:`fit_covariances`, :func:`eigenbases`,
+    :func:`correct_eigenvalues` for ``ekfac``); ``batches()`` is called once per pass."""
+    a, s = fit_covariances(model, layers, uses, task, batches(), fisher, seed)
+    factors = eigenbases(layers, a, s)
+    if kind == "ekfac":
+        factors = correct_eigenvalues(model, layers, uses, task, factors, batches(), fisher, seed + 1)
+    return CurvatureFactors(list(layers), factors, damping)
