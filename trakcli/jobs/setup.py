@@ -253,6 +253,7 @@ class JobSetup:
                     yield inputs_to(x, self.device), y.to(self.device)
 
             def stage(name: str) -> None:
+                event(f"start curvature-{name} {model_id}")
                 reporter.info(f"model {model_id}: fitting {self.curvature.kind} curvature ({name}) over "
                               f"{len(self.train)} train rows")
 
