@@ -79,7 +79,7 @@ def selected_shapes(model: nn.Module, grad_wrt: list[str] | None) -> tuple[list[
     return names, shapes, int(sum(params[n].numel() for n in names))
 
 
-def _call(model: nn.Module, params: dict[str, torch.Tensor], x) -> torch.Tensor:
+def functional_logits(model: nn.Module, params: dict[str, torch.Tensor], x) -> torch.Tensor:
     """Logits of a batch through ``functional_call``: a tensor input, or a dict (transformers)."""
     if isinstance(x, dict):
         from trakcli.models.forward import logits_of, model_kwargs
@@ -154,7 +154,7 @@ class PerExampleGradients:
 
         def f(p: dict[str, torch.Tensor], x, y):
             one = {k: v.unsqueeze(0) for k, v in x.items()} if isinstance(x, dict) else x.unsqueeze(0)
-            logits = _call(model, {**p, **const}, one)
+            logits = functional_logits(model, {**p, **const}, one)
             margin, q = task(logits, make_batch(one, None if y is None else y.unsqueeze(0)))
             return margin.reshape(()), q.detach().reshape(())
 
@@ -172,7 +172,7 @@ class PerExampleGradients:
         """One plain forward pass of the first example, for clear messages on shapes and labels."""
         first = _first(inputs)
         with torch.no_grad(), forward_errors(self.model, inputs):
-            logits = _call(self.model, {**params, **const}, first)
+            logits = functional_logits(self.model, {**params, **const}, first)
         check_by_first(self.task, logits, inputs, labels, row_offset)
 
     def flatten(self, grads: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -176,3 +176,88 @@ def test_parameters_outside_matrix_layers_and_tied_weights_are_refused_by_name()
         Curvature(model, select_parameters(model, ["transformer.wte.*"]), "language_modeling", "ekfac")
     with pytest.raises(ConfigError, match="damping must be a number > 0"):
         Curvature(model, select_parameters(model, ["transformer.h.*.mlp.*"]), "language_modeling", "ekfac", damping=0)
+
+
+def dense_gauss_newton(model, names, batches, positions):
+    """(1/N) Σ_z J_zᵀ (diag p − p pᵀ) J_z over the loss positions, from the full Jacobian of the logits."""
+    from torch.func import functional_call, jacrev
+
+    params = {n: p.detach() for n, p in model.named_parameters() if n in names}
+    rest = {n: p.detach() for n, p in model.named_parameters() if n not in names}
+    total, count = 0.0, 0
+    for inputs, labels in batches:
+        def logits(flat):
+            p, at = {}, 0
+            for n in names:
+                p[n] = flat[at:at + params[n].numel()].reshape(params[n].shape)
+                at += params[n].numel()
+            call = functional_call(model, {**p, **rest}, args=(), kwargs=inputs) if isinstance(inputs, dict) \
+                else functional_call(model, {**p, **rest}, (inputs,))
+            return call.logits if hasattr(call, "logits") else call
+
+        flat = torch.cat([params[n].flatten() for n in names])
+        out = logits(flat)
+        jac = jacrev(logits)(flat)  # [*out.shape, grad_dim]
+        rows, keep = positions(out, jac, inputs, labels)
+        for (o, j), k in zip(rows, keep):
+            if k:
+                p = torch.softmax(o, -1)
+                total = total + j.T @ (torch.diag(p) - torch.outer(p, p)) @ j
+        count += out.shape[0]
+    return total / count
+
+
+def test_refined_inverse_hvp_is_the_dense_solve_of_the_damped_gauss_newton_matrix():
+    from trakcli.curvature.refine import GaussNewton, refine
+
+    model, (x, y) = mlp(), mlp_data()
+    names = select_parameters(model, None)
+    task = resolve_task("classification")
+    layers, ekfac, _ = check_factors(model, names, task, [(x, y)],
+                                     lambda m, i: nn.functional.cross_entropy(m(x[i:i + 1]), y[i:i + 1],
+                                                                              reduction="sum"), range(len(y)))
+    curv = CurvatureFactors(layers, ekfac, damping=0.2)
+    gn = GaussNewton(model, names, task, [(x[:9], y[:9]), (x[9:], y[9:])])
+    dense = dense_gauss_newton(model, names, [(x, y)],
+                               lambda out, jac, i, l: (zip(out, jac), [True] * len(out)))
+    damp = torch.cat([torch.full((p.numel,), f.damping(0.2), dtype=torch.float64)
+                      for layer, f in zip(layers, ekfac) for p in layer.params])
+    order = [p.name for layer in layers for p in layer.params]
+    g = {n: t for n, t in zip(names, torch.randn(sum(p.numel() for p in model.parameters()), dtype=torch.float64,
+                                                  generator=torch.Generator().manual_seed(4)).split(
+        [p.numel() for p in model.parameters()]))}
+    g = {n: g[n].reshape(dict(model.named_parameters())[n].shape) for n in names}
+    flat_g = torch.cat([g[n].flatten() for n in order])
+    dense_v = dense @ flat_g
+    gv = gn(g)
+    torch.testing.assert_close(torch.cat([gv[n].flatten() for n in order]), dense_v, rtol=1e-8, atol=1e-10)
+    want = torch.linalg.solve(dense + torch.diag(damp), flat_g)
+    x_ref = refine(curv, gn, g, iterations=200, tol=1e-13)
+    torch.testing.assert_close(torch.cat([x_ref[n].flatten() for n in order]), want, rtol=1e-6, atol=1e-9)
+    start = refine(curv, gn, g, iterations=0)  # the EK-FAC solution, whose dual feature is the whitened gradient
+    white = curv.whiten({n: t[None] for n, t in g.items()})
+    dual = curv.dual({n: t[None] for n, t in start.items()})
+    for n in names:
+        torch.testing.assert_close(dual[n], white[n], rtol=1e-8, atol=1e-10)
+
+
+def test_gauss_newton_products_of_an_lm_cover_exactly_the_target_positions():
+    from trakcli.curvature.refine import GaussNewton
+
+    model = tiny_gpt2().double().eval()
+    inputs, labels = masked_batch("completion", n=3, length=9)
+    inputs["input_ids"] = inputs["input_ids"] % model.config.vocab_size
+    labels = torch.where(labels == IGNORE_INDEX, labels, labels % model.config.vocab_size)
+    names = select_parameters(model, ["transformer.h.1.mlp.c_proj.*"])
+    task = resolve_task("language_modeling")
+
+    def positions(out, jac, inp, lab):
+        pred, pj = out[:, :-1].reshape(-1, out.shape[-1]), jac[:, :-1].reshape(-1, out.shape[-1], jac.shape[-1])
+        return zip(pred, pj), (lab[:, 1:] != IGNORE_INDEX).reshape(-1).tolist()
+
+    dense = dense_gauss_newton(model, names, [(inputs, labels)], positions)
+    gn = GaussNewton(model, names, task, [(inputs, labels)])
+    v = {n: torch.randn_like(p) for n, p in model.named_parameters() if n in names}
+    got = gn(v)
+    flat = torch.cat([v[n].flatten() for n in names])
+    torch.testing.assert_close(torch.cat([got[n].flatten() for n in names]), dense @ flat, rtol=1e-7, atol=1e-10)

@@ -382,6 +382,26 @@ class SecondMomentConfig(StrictModel):
         return str(v) if isinstance(v, Path) else v
 
 
+class RefineConfig(StrictModel):
+    """``curvature.refine``: conjugate gradients on each target's (G + D) x = g_t (docs/guides/curvature.md)."""
+
+    iterations: int = Field(
+        0, ge=0, description="Most conjugate-gradient steps per target (0: the curvature's own solve, no refinement). "
+        "Each step costs one Gauss-Newton-vector product over `samples` train rows.",
+    )
+    samples: PositiveInt = Field(
+        256, description="Train rows (a seeded random subset, curvature.seed) over which the Gauss-Newton matrix is "
+        "taken.",
+    )
+    tol: float = Field(1e-4, gt=0, lt=1, description="Stop a target's iterations when its residual norm is below "
+                       "tol times its gradient's.")
+
+    def spec(self) -> dict[str, Any] | None:
+        """What the target features depend on (None: no refinement)."""
+        return None if self.iterations == 0 else {"iterations": self.iterations, "samples": self.samples,
+                                                  "tol": self.tol}
+
+
 class CurvatureConfig(StrictModel):
     """``curvature:``: the preconditioner of the scores (docs/guides/curvature.md).
 
@@ -412,7 +432,12 @@ class CurvatureConfig(StrictModel):
         description="kfac / ekfac: true: gradients at labels sampled from the model's own predictions (the "
         "Fisher); empirical: at the data's labels.",
     )
-    seed: int = Field(0, ge=0, description="kfac / ekfac: seed of the sampled labels.")
+    seed: int = Field(0, ge=0, description="kfac / ekfac: seed of the sampled labels and of the refinement's sample.")
+    refine: RefineConfig = Field(
+        default_factory=lambda: RefineConfig(),
+        description="kfac / ekfac: conjugate-gradient refinement of each target's inverse-Hessian-vector product "
+        "with the Gauss-Newton matrix, preconditioned by the fitted curvature (`trak score`; iterations 0: off).",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -425,6 +450,13 @@ class CurvatureConfig(StrictModel):
         if self.kind == "gram":
             return None
         return {"kind": self.kind, "damping": self.damping, "fisher": self.fisher, "seed": self.seed}
+
+    @model_validator(mode="after")
+    def _refine_needs_curvature(self) -> "CurvatureConfig":
+        if self.kind == "gram" and self.refine.iterations:
+            raise ValueError("curvature.refine.iterations refines a kfac or ekfac solve; set curvature.kind: ekfac "
+                             "(or kfac), or curvature.refine.iterations: 0")
+        return self
 
 
 class StoreConfig(StrictModel):

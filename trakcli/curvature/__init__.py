@@ -27,12 +27,13 @@ from trakcli.curvature.kfac import (
     fit_covariances,
     fisher_loss,
 )
+from trakcli.curvature.refine import GaussNewton, refine
 from trakcli.errors import ConfigError, StoreError
 from trakcli.tasks import Task, resolve_task
 
 __all__ = [
     "FISHERS", "KINDS", "Curvature", "CurvatureFactors", "LayerFactors", "correct_eigenvalues", "curvature_layers",
-    "eigenbases", "fisher_loss", "fit", "fit_covariances",
+    "eigenbases", "fisher_loss", "fit", "fit_covariances", "GaussNewton", "refine",
 ]
 
 
@@ -65,6 +66,23 @@ class Curvature:
         self.model = model
         self.layers, self.uses = curvature_layers(model, param_names, kind)
         self._factors: dict[int, CurvatureFactors] = {}
+        self.refine_iterations, self.refine_tol = 0, 1e-4
+        self._refine_batches: Callable[[], Sequence[Any]] | None = None
+        self._gauss_newton: tuple[int, GaussNewton] | None = None
+
+    def refine_targets(self, batches: Callable[[], Sequence[Any]] | None, iterations: int = 0,
+                       tol: float = 1e-4) -> None:
+        """Refine, from now on, the features :meth:`whiten` gives (the targets') by ``iterations`` conjugate-gradient
+        steps on the Gauss-Newton matrix over ``batches()`` (:mod:`.refine`); ``batches=None`` turns it off.
+
+        Args:
+            batches: the training sample, ``(inputs, labels)`` on the model's device (called once per checkpoint).
+            iterations: most steps per target (0: off).
+            tol: relative residual at which a target's iterations stop.
+        """
+        self._refine_batches = batches if iterations > 0 else None
+        self.refine_iterations, self.refine_tol = iterations, tol
+        self._gauss_newton = None
 
     def spec(self) -> dict[str, Any]:
         """``{"kind", "damping", "fisher", "seed"}``: what the features depend on besides the data and checkpoint."""
@@ -92,8 +110,20 @@ class Curvature:
 
     def whiten(self, grads: dict[str, torch.Tensor], model_id: int) -> dict[str, torch.Tensor]:
         """Per-example gradients ``[n, *shape]`` whitened by checkpoint ``model_id``'s curvature
-        (:meth:`~trakcli.curvature.kfac.CurvatureFactors.whiten`)."""
-        return self.factors(model_id).whiten(grads)
+        (:meth:`~trakcli.curvature.kfac.CurvatureFactors.whiten`); with :meth:`refine_targets` on, the
+        duals ``W⁻ᵀ x`` of their refined inverse-Hessian-vector products ``x`` instead (:mod:`.refine`)."""
+        factors = self.factors(model_id)
+        if self._refine_batches is None:
+            return factors.whiten(grads)
+        if self._gauss_newton is None or self._gauss_newton[0] != model_id:  # the model holds checkpoint model_id
+            self._gauss_newton = (model_id, GaussNewton(self.model, list(grads), self.task, self._refine_batches()))
+        gn = self._gauss_newton[1]
+        first = next(iter(grads.values()))
+        rows = []
+        for i in range(first.shape[0]):
+            x = refine(factors, gn, {n: g[i] for n, g in grads.items()}, self.refine_iterations, self.refine_tol)
+            rows.append(factors.dual({n: t[None].to(first.dtype) for n, t in x.items()}))
+        return {n: torch.cat([r[n] for r in rows]) for n in grads}
 
     def fit(self, model_id: int, batches: Callable[[], Iterable[Any]], store: Any = None,
             on_stage: Callable[[str], None] | None = None) -> CurvatureFactors:

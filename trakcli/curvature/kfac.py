@@ -129,6 +129,23 @@ class CurvatureFactors:
             out.update(layer.from_matrix(rotated))
         return out
 
+    def dual(self, grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``W⁻ᵀ x`` per layer: ``diag((Λ + δ)^1/2) vec(Q_Sᵀ X Q_A)``, laid out as :meth:`whiten` lays out its result.
+
+        For a vector ``x`` in parameter space, ``⟨W⁻ᵀ x, W g⟩ = xᵀ g``: the feature of a target whose
+        inverse-Hessian-vector product ``x`` was computed otherwise (:mod:`trakcli.curvature.refine`),
+        to be compared with whitened train features. ``dual(inverse_hvp(g)) = whiten(g)``.
+
+        Args:
+            grads: per selected parameter ``[n, *shape]``.
+        """
+        first = next(iter(grads.values()))
+        n, out = first.shape[0], dict(grads)
+        for layer, (q_out, q_in, scale) in zip(self.layers, self._on(first.device, first.dtype)):
+            g = layer.to_matrix(grads, n)
+            out.update(layer.from_matrix(q_out.T @ g @ q_in / scale))
+        return out
+
     def inverse_hvp(self, grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """``(F + δ I)⁻¹ g`` per layer, in the parameters' own coordinates (float64 math, ``grads``' dtype out).
 

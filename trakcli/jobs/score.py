@@ -258,6 +258,8 @@ def score_targets(
     t_attrs = {"target_data": t_fp, "checkpoints": s.shas}
     if s.state_shas is not None:  # target features carry the correction too
         t_attrs["optimizer_states"] = s.state_shas
+    if s.refine is not None and s.refine.spec() is not None:  # and the refinement of their curvature solve
+        t_attrs["curvature_refine"] = s.refine.spec()
     settings = {"lambda_reg": lambda_reg, "lambda_rel": lambda_rel, **t_attrs, "normalize": normalize}
     full = top_k is None if full is None else full
     n_models = len(s.checkpoints)
@@ -309,6 +311,7 @@ def score_targets(
                 kept.append({})
                 if s.curvature is not None and rows.pending(s.dist.rank, s.dist.world_size):
                     s.curvature.read(store, model_id)  # the targets are whitened by the train side's curvature
+                    s.refine_targets()
                 n, skip = featurize_rows(
                     s, target, rows, model_id, with_out_to_loss=False, skip_nonfinite=skip_nonfinite,
                     reporter=reporter, label="targets", keep=kept[-1], writer=writer,

@@ -179,6 +179,19 @@ class GradientFeaturizer:
         return self.projector.project(g, model_id=model_id), q
 
 
+def rows_of(data: Any, indices: list[int], batch_rows: int, max_tokens: int | None = None) -> list[tuple[Any, torch.Tensor]]:
+    """The rows ``indices`` of a dataset as ``(inputs, labels)`` batches of at most ``batch_rows`` rows (CPU):
+    text data through its ``batches_of`` (``max_tokens`` padded tokens at most), tensors by indexing."""
+    if hasattr(data, "batches_of"):
+        return [(x, y) for _, x, y in data.batches_of(indices, batch_rows, max_tokens)]
+    out = []
+    for lo in range(0, len(indices), batch_rows):
+        idx = torch.tensor(indices[lo:lo + batch_rows], dtype=torch.long)
+        x = {k: v[idx] for k, v in data.inputs.items()} if isinstance(data.inputs, dict) else data.inputs[idx]
+        out.append((x, data.labels[idx]))
+    return out
+
+
 @dataclass
 class JobSetup:
     """Everything featurize and score share: model, featurizer, data, store identity, process group.
@@ -199,6 +212,7 @@ class JobSetup:
             checkpoint and their sha256s, by model_id (recorded beside the checkpoints'); else None.
         curvature: with ``curvature.kind`` kfac or ekfac, the featurizer's
             :class:`~trakcli.curvature.Curvature`; else None.
+        refine: ``curvature.refine`` of the config (:meth:`refine_targets`), with a curvature; else None.
     """
 
     checkpoints: list[Path]
@@ -215,6 +229,7 @@ class JobSetup:
     states: list[Path] | None = None
     state_shas: list[str] | None = None
     curvature: Curvature | None = None
+    refine: Any = None
 
     def state_record(self, model_id: int) -> tuple[str, str] | None:
         """``(optimizer state file, its sha256)`` of checkpoint ``model_id`` with a correction, else None."""
@@ -264,6 +279,21 @@ class JobSetup:
             self.dist.barrier()
             if not self.dist.is_main:
                 self.curvature.read(store, model_id)
+
+    def refine_targets(self) -> None:
+        """Turn on the curvature's conjugate-gradient refinement (``curvature.refine``) for the features computed
+        next (`trak score`'s targets), over a seeded random sample of ``refine.samples`` train rows."""
+        if self.curvature is None or self.refine is None or not self.refine.iterations:
+            return
+        n = len(self.train)
+        pick = torch.randperm(n, generator=torch.Generator().manual_seed(self.curvature.seed))[:self.refine.samples]
+        pick = sorted(pick.tolist())
+
+        def batches():
+            return [(inputs_to(x, self.device), y.to(self.device))
+                    for x, y in rows_of(self.train, pick, self.batch_rows, self.batch_tokens)]
+
+        self.curvature.refine_targets(batches, self.refine.iterations, self.refine.tol)
 
     def load(self, model_id: int) -> None:
         """Load checkpoint ``model_id`` into the model and move it to the device."""
@@ -382,7 +412,8 @@ def prepare(
                             second, curvature)
     shas = [hashes.sha256(c, file_sha256) for c in checkpoints]  # saved by jobs.runtime.locked_store
     return JobSetup(checkpoints, shas, train, model, featurizer, batch_rows, device, layout, identity, dist,
-                    cfg.data.batch_tokens, states, state_shas, curvature)
+                    cfg.data.batch_tokens, states, state_shas, curvature,
+                    cfg.curvature.refine if curvature is not None else None)
 
 
 def attach_second_moment(featurizer: Featurizer, model: torch.nn.Module, kind: str, states: list[Path],
