@@ -317,3 +317,56 @@ def recall(
         "inputs": {"ranking": f"{inputs.ranking} in {cfg.store.path}", "sources": inputs.sources_from},
     }
     _report(data, _recall_table(data), out, json_out, quiet)
+
+
+def _qld_table(data: dict[str, Any]) -> Table:
+    table = Table(title="Query loss difference (QLD): retraining without each query's top proponents", title_justify="left")
+    table.add_column("")
+    table.add_column("mean over queries [95% CI]")
+
+    def cell(v: dict[str, Any]) -> str:
+        return f"{_fmt(v['mean'])} [{_fmt(v['low'])}, {_fmt(v['high'])}]"
+
+    table.add_row(f"loss increase, top {data['n_dropped']} proponents left out", cell(data["qld_top"]))
+    table.add_row(f"loss increase, {data['n_dropped']} random rows left out", cell(data["qld_random"]))
+    table.add_row("top minus random", cell(data["qld_top_minus_random"]))
+    table.add_row("queries x seeds", f"{data['n_queries']} x {data['n_seeds']}")
+    return table
+
+
+@eval_app.command("qld", cls=TrakCommand)
+@handle_errors
+def qld(
+    config: Annotated[Path, typer.Argument(help="YAML config (after `trak score`).", show_default=False)],
+    overrides: OverridesArg = None,
+    workers: Annotated[
+        int, typer.Option("--workers", "-w", min=1, help="Processes that retrain models (each with its own torch threads).")
+    ] = 1,
+    scores: Annotated[
+        Optional[Path],
+        typer.Option("--scores", help="Scores \\[n_target, n_train] (.npy or .csv) instead of the store's."),
+    ] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")] = False,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Also write the result as JSON to this file.")] = None,
+    print_config: PrintConfigOpt = False,
+    quiet: QuietOpt = False,
+) -> None:
+    """Query loss difference: retrain without each query's top proponents and compare its loss increase with random.
+
+    For eval.qld.queries targets (a seeded choice), models are trained with the config's recipe on all
+    of data.train, on all but the query's top round(eval.qld.fraction * n_train) proponents, and on
+    all but as many random rows, with the same seed (eval.qld.seeds of them). The report: the mean
+    loss increase of the queries when their top proponents are left out, when random rows are, and
+    the difference, each with a bootstrap interval over queries.
+    """
+    _check_path(scores, "--scores", (".npy", ".csv"), must_exist=True)
+    _check_path(out, "--out", (".json",), must_exist=False)
+    cfg = load(config, overrides, print_config)
+    from trakcli.jobs.eval import store_scores
+    from trakcli.jobs.qld import qld as query_loss_difference
+
+    s_arr = _load_array(scores, "--scores") if scores is not None else store_scores(cfg)
+    result = query_loss_difference(cfg, s_arr, workers=workers, reporter=RichReporter(quiet))
+    data = {**result.to_dict(), "scores": str(scores) if scores else
+            f"the scores of experiment {cfg.score.experiment!r} in {cfg.store.path}"}
+    _report(data, _qld_table(data), out, json_out, quiet)

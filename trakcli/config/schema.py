@@ -571,6 +571,17 @@ class SweepConfig(StrictModel):
         return v
 
 
+class QLDConfig(StrictModel):
+    """``eval.qld``: `trak eval qld`, retraining without each query's top proponents (the query loss difference)."""
+
+    queries: PositiveInt = Field(20, description="Targets taken as queries (a seeded random choice, eval.seed).")
+    fraction: float = Field(
+        0.01, gt=0, lt=1, description="Share of data.train left out per query: its top proponents, and as many "
+        "random rows (round(fraction * n_train), at least 1).",
+    )
+    seeds: PositiveInt = Field(1, description="Training seeds per model (the three models of a query share each).")
+
+
 class RecallConfig(StrictModel):
     """``eval.recall``: fact tracing (`trak eval recall`): do the top proponents hold each query's source?
 
@@ -622,6 +633,9 @@ class EvalConfig(StrictModel):
     )
     recall: RecallConfig = Field(
         default_factory=RecallConfig, description="`trak eval recall`: where each query's sources are, the k of recall@k."
+    )
+    qld: QLDConfig = Field(
+        default_factory=QLDConfig, description="`trak eval qld`: queries, the share of rows left out, seeds."
     )
 
 

@@ -361,7 +361,7 @@ def retrain(
                     task.advance()
 
                 if n_workers == 1:
-                    state = _WorkerState(cfg, train, target, _setup_device(cfg, cfg.num_threads))
+                    state = _WorkerState(cfg, train, target, setup_device(cfg, cfg.num_threads))
                     for k in pending:
                         write(k, _retrain_task(state, k))
                 else:
@@ -402,7 +402,7 @@ class _WorkerState:
     device: torch.device
 
 
-def _setup_device(cfg: Config, threads: int | None) -> torch.device:
+def setup_device(cfg: Config, threads: int | None) -> torch.device:
     apply_threads(threads)
     return resolve_device(cfg.device)
 
@@ -410,7 +410,7 @@ def _setup_device(cfg: Config, threads: int | None) -> torch.device:
 def _worker_setup(arg: tuple[Config, int]) -> _WorkerState:
     """In a spawned worker: set its torch threads, resolve the device and load the data (once)."""
     cfg, threads = arg
-    device = _setup_device(cfg, threads)
+    device = setup_device(cfg, threads)
     train = load_dataset(cfg.data.train, key="data.train")
     target = load_dataset(cfg.data.target, key="data.target")  # type: ignore[arg-type]  # checked by the parent
     return _WorkerState(cfg, train, target, device)
@@ -422,7 +422,7 @@ def _retrain_task(state: _WorkerState, k: int) -> np.ndarray:
     return retrain_one(state.cfg, k, state.train, state.target, state.device)
 
 
-def _threads_per_worker(cfg: Config, workers: int) -> int:
+def threads_per_worker(cfg: Config, workers: int) -> int:
     """cfg.num_threads if set, else the cores shared out between the workers (at least 1)."""
     if cfg.num_threads is not None:
         return cfg.num_threads
@@ -438,7 +438,7 @@ def _retrain_in_workers(cfg: Config, pending: list[int], workers: int, write: An
     """
     try:
         run_in_workers(
-            pending, workers=workers, setup=_worker_setup, setup_arg=(cfg, _threads_per_worker(cfg, workers)),
+            pending, workers=workers, setup=_worker_setup, setup_arg=(cfg, threads_per_worker(cfg, workers)),
             task=_retrain_task, on_result=write, describe=lambda k: f"retraining model {k}", name="trak-eval-worker",
         )
     except WorkerLost as e:

@@ -1,0 +1,217 @@
+"""`trak eval qld`: the query loss difference, retraining without each query's top proponents.
+
+For a query (a target) ``q`` and a fraction ``ρ`` of the training set (``m = round(ρ · n_train)``
+rows, at least 1), three models are trained with the config's recipe and the same seed:
+on all rows, on all rows but ``q``'s ``m`` highest-scored proponents, and on all rows but ``m``
+random ones. The query's loss (the task's summed training loss on its row) under each gives
+
+    QLD_top(q)    = L_q(without top m)    − L_q(all rows)
+    QLD_random(q) = L_q(without random m) − L_q(all rows)
+
+and their mean over the queries with bootstrap intervals; an attribution that finds
+what the query depends on has ``QLD_top`` well above ``QLD_random`` (the filter
+validation of EleutherAI's Bergson; Koh & Liang 2017, Sec. 5.1, remove-and-retrain).
+Unlike the LDS, it asks only about each query's most influential rows, which is what a
+user acts on, and a method that ranks by word overlap gets no credit for rows that do
+not change the query's loss.
+
+Every model is a pure function of the config and its rows and seed: ``eval.seed`` fixes
+the queries, the random rows and the seeds (``eval.qld.seeds`` of them, each model of a
+query trained once per seed).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from trakcli.config import Config
+from trakcli.data.load import load_dataset
+from trakcli.data.tensors import TensorDataset, index_inputs, inputs_to
+from trakcli.data.text import TextDataset
+from trakcli.errors import ConfigError
+from trakcli.jobs.retrain import setup_device, threads_per_worker, check_eval_config, model_seed
+from trakcli.jobs.runtime import apply_threads, event, resolve_device
+from trakcli.jobs.train import DatasetRows, train_one
+from trakcli.jobs.workers import run_in_workers
+from trakcli.metrics.lds import mean_interval
+from trakcli.models.forward import forward
+from trakcli.progress import NULL_REPORTER, Reporter
+from trakcli.tasks import make_batch, resolve_task
+
+#: QLD models are seeded apart from the LDS's retrained models (which use eval.seed directly).
+QLD_SEED_OFFSET = 7919
+
+
+def query_losses(model: torch.nn.Module, target: Any, rows: list[int], task: Any, device: Any) -> np.ndarray:
+    """The task's summed training loss of each target row ``rows`` under ``model``: ``[len(rows)]`` float64."""
+    task = resolve_task(task)
+    model.eval()
+    out = np.empty(len(rows), dtype=np.float64)
+    with torch.no_grad():
+        for i, r in enumerate(rows):
+            _, x, y = next(target.batches(r, r + 1, 1))
+            x = inputs_to(x, device)
+            logits = forward(model, x).double()
+            out[i] = float(task.loss(logits, make_batch(x, y.to(device)), reduction="sum"))
+    return out
+
+
+@dataclass
+class QLDPlan:
+    """Which models a QLD run trains.
+
+    Attributes:
+        queries: ``[n_queries]`` target rows.
+        drop: per model, the train rows left out (empty for the full-data model).
+        seeds: per model, its training seed.
+        kinds: per model, ``("all", s, -1)``, ``("top", s, qi)`` or ``("random", s, qi)``.
+    """
+
+    queries: list[int]
+    drop: list[np.ndarray]
+    seeds: list[int]
+    kinds: list[tuple[str, int, int]]
+
+
+def plan(cfg: Config, scores: np.ndarray) -> QLDPlan:
+    """The models of a QLD run from the ``[n_target, n_train]`` scores (module docstring).
+
+    Raises:
+        ConfigError: more queries than targets.
+    """
+    q = cfg.eval.qld
+    n_target, n_train = scores.shape
+    if q.queries > n_target:
+        raise ConfigError(f"eval.qld.queries is {q.queries} but data.target has {n_target} rows; "
+                          f"use eval.qld.queries <= {n_target}")
+    rng = np.random.default_rng([cfg.eval.seed, 1])
+    queries = sorted(rng.choice(n_target, size=q.queries, replace=False).tolist())
+    m = max(1, round(q.fraction * n_train))
+    drop, seeds, kinds = [], [], []
+    for s in range(q.seeds):
+        seed = model_seed(cfg.eval.seed + QLD_SEED_OFFSET, s)
+        drop.append(np.zeros(0, dtype=np.int64))
+        seeds.append(seed)
+        kinds.append(("all", s, -1))
+        for qi, t in enumerate(queries):
+            top = np.argsort(-scores[t], kind="stable")[:m]
+            rand = np.random.default_rng([cfg.eval.seed, 2, s, t]).choice(n_train, size=m, replace=False)
+            for kind, rows in (("top", top), ("random", rand)):
+                drop.append(np.sort(rows))
+                seeds.append(seed)
+                kinds.append((kind, s, qi))
+    return QLDPlan(queries, drop, seeds, kinds)
+
+
+@dataclass
+class _State:
+    cfg: Config
+    train: Any
+    target: Any
+    device: torch.device
+    plan: QLDPlan
+
+
+def _setup(arg: tuple[Config, int, QLDPlan]) -> _State:
+    cfg, threads, p = arg
+    device = setup_device(cfg, threads)
+    train = load_dataset(cfg.data.train, key="data.train")
+    target = load_dataset(cfg.data.target, key="data.target")  # type: ignore[arg-type]
+    return _State(cfg, train, target, device, p)
+
+
+def _train_and_measure(state: _State, k: int) -> np.ndarray:
+    """Model ``k`` of the plan: trained without its dropped rows, the queries' losses under it."""
+    event(f"start qld {k} pid {os.getpid()}")
+    cfg, train, p = state.cfg, state.train, state.plan
+    keep = np.setdiff1d(np.arange(len(train)), p.drop[k])
+    if isinstance(train, TextDataset):
+        model = train_one(cfg, DatasetRows(train, keep.tolist(), state.device), seed=p.seeds[k], device=state.device,
+                          description=f"qld {k}")
+    else:
+        idx = torch.from_numpy(keep).to(state.device)
+        x = index_inputs(inputs_to(train.inputs, state.device), idx)
+        y = train.labels.to(state.device)[idx]
+        model = train_one(cfg, x, y, seed=p.seeds[k], device=state.device, description=f"qld {k}")
+    return query_losses(model, state.target, p.queries, cfg.task, state.device)
+
+
+@dataclass
+class QLDResult:
+    """A QLD run: per query and seed the losses, and the summary."""
+
+    queries: list[int]
+    fraction: float
+    n_dropped: int
+    loss_all: np.ndarray  # [seeds, queries]
+    loss_top: np.ndarray  # [seeds, queries]
+    loss_random: np.ndarray  # [seeds, queries]
+    n_bootstrap: int
+    seed: int
+
+    def to_dict(self) -> dict[str, Any]:
+        """Means over queries (of the seeds' means) with 95% bootstrap intervals, and the per-query values."""
+        top = (self.loss_top - self.loss_all).mean(0)
+        rand = (self.loss_random - self.loss_all).mean(0)
+
+        def summary(v: np.ndarray) -> dict[str, float]:
+            mean, lo, hi = mean_interval(v, self.n_bootstrap, self.seed)
+            return {"mean": mean, "low": lo, "high": hi}
+
+        return {
+            "metric": "qld",
+            "fraction": self.fraction, "n_dropped": self.n_dropped, "n_queries": len(self.queries),
+            "n_seeds": int(self.loss_all.shape[0]),
+            "qld_top": summary(top), "qld_random": summary(rand), "qld_top_minus_random": summary(top - rand),
+            "queries": self.queries,
+            "per_query": {"top": top.tolist(), "random": rand.tolist(), "loss_all": self.loss_all.mean(0).tolist()},
+        }
+
+
+def qld(cfg: Config, scores: np.ndarray, *, workers: int = 1, reporter: Reporter = NULL_REPORTER) -> QLDResult:
+    """Train the models of :func:`plan` and measure each query's loss under them.
+
+    Args:
+        cfg: the config (its training recipe, ``eval.qld`` and ``eval.seed``).
+        scores: ``[n_target, n_train]`` scores of the targets (the queries are among them).
+        workers: processes that train (spawned; each model is trained once).
+        reporter: a progress bar over the models.
+
+    Raises:
+        ConfigError: a recipe that cannot retrain, or more queries than targets.
+        TrakError: training failed.
+    """
+    check_eval_config(cfg)
+    p = plan(cfg, scores)
+    n = len(p.drop)
+    results: dict[int, np.ndarray] = {}
+    with reporter.task("qld models", n) as task:
+        def done(k: int, losses: np.ndarray) -> None:
+            results[k] = losses
+            task.advance()
+
+        if workers > 1:
+            run_in_workers(list(range(n)), workers=workers, setup=_setup,
+                           setup_arg=(cfg, threads_per_worker(cfg, workers), p), task=_train_and_measure,
+                           on_result=done, describe=lambda k: f"qld model {k}", name="trak-qld-worker")
+        else:
+            apply_threads(cfg.num_threads)
+            state = _State(cfg, load_dataset(cfg.data.train, key="data.train"),
+                           load_dataset(cfg.data.target, key="data.target"), resolve_device(cfg.device), p)
+            for k in range(n):
+                done(k, _train_and_measure(state, k))
+    q = cfg.eval.qld
+    shape = (q.seeds, len(p.queries))
+    out = {kind: np.zeros(shape) for kind in ("all", "top", "random")}
+    for k, (kind, s, qi) in enumerate(p.kinds):
+        if kind == "all":
+            out["all"][s] = results[k]
+        else:
+            out[kind][s, qi] = results[k][qi]
+    return QLDResult(p.queries, q.fraction, max(1, round(q.fraction * scores.shape[1])), out["all"], out["top"],
+                     out["random"], cfg.eval.bootstrap, cfg.eval.seed)
