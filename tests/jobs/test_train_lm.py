@@ -228,6 +228,7 @@ def test_optimize_featurize_score_eval_lds_of_a_tiny_lm_through_the_cli(lm_proje
     assert out["n_bootstrap"] == 200 and out["confidence_level"] == 0.95
     if out["lds"] is not None and out["ci_low"] is not None:
         assert out["ci_low"] <= out["lds"] <= out["ci_high"]
+    assert set(out["baselines"]["bm25"]) == {"lds", "ci_low", "ci_high"}  # the word-overlap row of text data
     import zarr
 
     g = zarr.open_group("out/lm.zarr", mode="r")

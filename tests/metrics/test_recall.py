@@ -188,6 +188,8 @@ def test_eval_recall_of_an_oracle_ranking_is_one(project):
     assert sorted(data["recall"]) == ["1", "5"] and all(v["value"] == 1.0 for v in data["recall"].values())
     assert data["first_rank"] == [1, 1, 1, 1] and data["n_query"] == 4 and data["k_max"] == 5
     assert "top_k/proponents (K=5)" in data["inputs"]["ranking"]
+    bm25 = data["baselines"]["bm25"]  # text data: BM25's ranking of the same queries, beside
+    assert 0 <= bm25["mrr"]["value"] <= 1 and sorted(bm25["recall"]) == ["1", "5"]
     # the source one place down: reciprocal rank 1/2, recall@1 0, recall@2 1
     shifted = np.concatenate([oracle[:, 1:2], oracle[:, :1], oracle[:, 2:]], axis=1)
     top.write(0, proponents=shifted, proponent_scores=np.ones((4, 5)), opponents=oracle[:, ::-1],

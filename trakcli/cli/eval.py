@@ -104,6 +104,10 @@ def _table(data: dict[str, Any]) -> Table:
                    ("95%", "0.95"), ("max", "1"))),
     )
     table.add_row("histogram", _histogram(data["histogram"]["counts"], data["histogram"]["edges"]))
+    if "bm25" in data.get("baselines", {}):
+        b = data["baselines"]["bm25"]
+        table.add_row("BM25 (word overlap)", f"LDS {_fmt(b['lds'])}  [{_fmt(b['ci_low'])}, {_fmt(b['ci_high'])}]  (bm25s, "
+                      "the same retrained models)")
     for key, value in data["sources"].items():
         table.add_row(key, value)
     return table
@@ -212,7 +216,21 @@ def lds(
     result = linear_datamodeling_score(s_arr, m_arr, o_arr, n_bootstrap=n_bootstrap, seed=seed)
     sources = {"scores": names["scores"], "masks": names["masks"], "outputs": names["outputs"]}
     data = {**result.to_dict(), "sources": sources}
+    bm25 = _bm25(cfg) if config is not None else None
+    if bm25 is not None and bm25.shape == s_arr.shape:
+        base = linear_datamodeling_score(bm25, m_arr, o_arr, n_bootstrap=n_bootstrap, seed=seed).to_dict()
+        data["baselines"] = {"bm25": {k: base[k] for k in ("lds", "ci_low", "ci_high")}}
     _report(data, _table(data), out, json_out, quiet)
+
+
+def _bm25(cfg: Any) -> "np.ndarray | None":
+    """BM25 scores ``[n_target, n_train]`` of the config's text data (``eval.bm25``), else None."""
+    if not cfg.eval.bm25 or cfg.data.target is None:
+        return None
+    from trakcli.data.load import load_dataset
+    from trakcli.metrics.bm25 import bm25_of
+
+    return bm25_of(load_dataset(cfg.data.train, key="data.train"), load_dataset(cfg.data.target, key="data.target"))
 
 
 def _report(data: dict, table, out: Path | None, json_out: bool, quiet: bool) -> None:
@@ -268,6 +286,11 @@ def _recall_table(data: dict[str, Any]) -> Table:
         "queries", f"{data['n_query']} ({data['n_not_found']} with no source in the top {data['k_max']})"
     )
     table.add_row("interval", f"percentile bootstrap over queries, {data['n_bootstrap']} resamples")
+    if "bm25" in data.get("baselines", {}):
+        b = data["baselines"]["bm25"]
+        table.add_row("BM25 MRR (word overlap)", cell(b["mrr"]))
+        for k, v in b["recall"].items():
+            table.add_row(f"BM25 recall@{k}", cell(v))
     for key, value in data["inputs"].items():
         table.add_row(key, value)
     return table
@@ -316,6 +339,14 @@ def recall(
         "max_sources": int(result.n_sources.max()) if result.n_query else 0,
         "inputs": {"ranking": f"{inputs.ranking} in {cfg.store.path}", "sources": inputs.sources_from},
     }
+    bm25 = _bm25(cfg)
+    if bm25 is not None:
+        from trakcli.metrics.recall import rank_scores
+
+        base = fact_recall(rank_scores(bm25, inputs.ranked.shape[1]), inputs.sources,
+                           ks if ks is not None else cfg.eval.recall.k, n_train=inputs.n_train,
+                           n_bootstrap=cfg.eval.bootstrap, seed=cfg.eval.seed).to_dict()
+        data["baselines"] = {"bm25": {"mrr": base["mrr"], "recall": base["recall"]}}
     _report(data, _recall_table(data), out, json_out, quiet)
 
 
@@ -330,6 +361,8 @@ def _qld_table(data: dict[str, Any]) -> Table:
     table.add_row(f"loss increase, top {data['n_dropped']} proponents left out", cell(data["qld_top"]))
     table.add_row(f"loss increase, {data['n_dropped']} random rows left out", cell(data["qld_random"]))
     table.add_row("top minus random", cell(data["qld_top_minus_random"]))
+    if "bm25" in data.get("baselines", {}):
+        table.add_row(f"loss increase, BM25's top {data['n_dropped']} left out (word overlap)", cell(data["baselines"]["bm25"]))
     table.add_row("queries x seeds", f"{data['n_queries']} x {data['n_seeds']}")
     return table
 
@@ -366,7 +399,9 @@ def qld(
     from trakcli.jobs.qld import qld as query_loss_difference
 
     s_arr = _load_array(scores, "--scores") if scores is not None else store_scores(cfg)
-    result = query_loss_difference(cfg, s_arr, workers=workers, reporter=RichReporter(quiet))
+    bm25 = _bm25(cfg)
+    baselines = {"bm25": bm25} if bm25 is not None and bm25.shape == s_arr.shape else None
+    result = query_loss_difference(cfg, s_arr, workers=workers, reporter=RichReporter(quiet), baselines=baselines)
     data = {**result.to_dict(), "scores": str(scores) if scores else
             f"the scores of experiment {cfg.score.experiment!r} in {cfg.store.path}"}
     _report(data, _qld_table(data), out, json_out, quiet)

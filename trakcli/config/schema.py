@@ -637,6 +637,10 @@ class EvalConfig(StrictModel):
     qld: QLDConfig = Field(
         default_factory=QLDConfig, description="`trak eval qld`: queries, the share of rows left out, seeds."
     )
+    bm25: bool = Field(
+        True, description="On text data, report BM25 word-overlap scores (bm25s) beside the scores' LDS, QLD and "
+        "recall: a result BM25 matches measures word overlap.",
+    )
 
 
 class Config(StrictModel):

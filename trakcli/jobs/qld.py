@@ -78,8 +78,11 @@ class QLDPlan:
     kinds: list[tuple[str, int, int]]
 
 
-def plan(cfg: Config, scores: np.ndarray) -> QLDPlan:
+def plan(cfg: Config, scores: np.ndarray, baselines: dict[str, np.ndarray] | None = None) -> QLDPlan:
     """The models of a QLD run from the ``[n_target, n_train]`` scores (module docstring).
+
+    ``baselines`` (name -> scores of the same shape, e.g. BM25's) add, per query and seed, one
+    model without the baseline's top rows (kind ``"top:<name>"``), sharing the others.
 
     Raises:
         ConfigError: more queries than targets.
@@ -101,7 +104,8 @@ def plan(cfg: Config, scores: np.ndarray) -> QLDPlan:
         for qi, t in enumerate(queries):
             top = np.argsort(-scores[t], kind="stable")[:m]
             rand = np.random.default_rng([cfg.eval.seed, 2, s, t]).choice(n_train, size=m, replace=False)
-            for kind, rows in (("top", top), ("random", rand)):
+            extra = [(f"top:{name}", np.argsort(-b[t], kind="stable")[:m]) for name, b in (baselines or {}).items()]
+            for kind, rows in (("top", top), ("random", rand), *extra):
                 drop.append(np.sort(rows))
                 seeds.append(seed)
                 kinds.append((kind, s, qi))
@@ -153,6 +157,7 @@ class QLDResult:
     loss_random: np.ndarray  # [seeds, queries]
     n_bootstrap: int
     seed: int
+    loss_baselines: dict[str, np.ndarray] | None = None  # name -> [seeds, queries]
 
     def to_dict(self) -> dict[str, Any]:
         """Means over queries (of the seeds' means) with 95% bootstrap intervals, and the per-query values."""
@@ -163,8 +168,10 @@ class QLDResult:
             mean, lo, hi = mean_interval(v, self.n_bootstrap, self.seed)
             return {"mean": mean, "low": lo, "high": hi}
 
+        base = {name: summary((v - self.loss_all).mean(0)) for name, v in (self.loss_baselines or {}).items()}
         return {
             "metric": "qld",
+            "baselines": base,
             "fraction": self.fraction, "n_dropped": self.n_dropped, "n_queries": len(self.queries),
             "n_seeds": int(self.loss_all.shape[0]),
             "qld_top": summary(top), "qld_random": summary(rand), "qld_top_minus_random": summary(top - rand),
@@ -173,7 +180,8 @@ class QLDResult:
         }
 
 
-def qld(cfg: Config, scores: np.ndarray, *, workers: int = 1, reporter: Reporter = NULL_REPORTER) -> QLDResult:
+def qld(cfg: Config, scores: np.ndarray, *, workers: int = 1, reporter: Reporter = NULL_REPORTER,
+        baselines: dict[str, np.ndarray] | None = None) -> QLDResult:
     """Train the models of :func:`plan` and measure each query's loss under them.
 
     Args:
@@ -181,13 +189,15 @@ def qld(cfg: Config, scores: np.ndarray, *, workers: int = 1, reporter: Reporter
         scores: ``[n_target, n_train]`` scores of the targets (the queries are among them).
         workers: processes that train (spawned; each model is trained once).
         reporter: a progress bar over the models.
+        baselines: other scores of the same shape (name -> scores) whose top rows are left out too
+            (:func:`plan`); their loss increases are in ``QLDResult.loss_baselines``.
 
     Raises:
         ConfigError: a recipe that cannot retrain, or more queries than targets.
         TrakError: training failed.
     """
     check_eval_config(cfg)
-    p = plan(cfg, scores)
+    p = plan(cfg, scores, baselines)
     n = len(p.drop)
     results: dict[int, np.ndarray] = {}
     with reporter.task("qld models", n) as task:
@@ -207,11 +217,12 @@ def qld(cfg: Config, scores: np.ndarray, *, workers: int = 1, reporter: Reporter
                 done(k, _train_and_measure(state, k))
     q = cfg.eval.qld
     shape = (q.seeds, len(p.queries))
-    out = {kind: np.zeros(shape) for kind in ("all", "top", "random")}
+    out = {kind: np.zeros(shape) for kind in ("all", "top", "random", *(f"top:{b}" for b in baselines or {}))}
     for k, (kind, s, qi) in enumerate(p.kinds):
         if kind == "all":
             out["all"][s] = results[k]
         else:
             out[kind][s, qi] = results[k][qi]
     return QLDResult(p.queries, q.fraction, max(1, round(q.fraction * scores.shape[1])), out["all"], out["top"],
-                     out["random"], cfg.eval.bootstrap, cfg.eval.seed)
+                     out["random"], cfg.eval.bootstrap, cfg.eval.seed,
+                     {b: out[f"top:{b}"] for b in baselines or {}})
