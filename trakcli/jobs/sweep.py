@@ -265,6 +265,12 @@ def sweep(
         ConfigError: a grid value the checkpoints cannot give; and whatever
             featurize, score and the retraining raise (StoreError, ...).
     """
+    if cfg.curvature.kind != "gram":
+        raise ConfigError(
+            f"trak eval sweep varies TRAK's kernel (its ridge) over proj_dim and checkpoints; curvature.kind "
+            f"{cfg.curvature.kind} has no kernel: sweep curvature.damping by running `trak featurize`, `trak score` "
+            "and `trak eval lds` per value (each with its own store.path), or set curvature.kind: gram"
+        )
     grid = cfg.eval.sweep
     dims = sorted(set(proj_dims or grid.proj_dims) | {cfg.projector.proj_dim})
     checkpoints = resolve_checkpoints(cfg)
