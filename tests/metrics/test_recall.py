@@ -117,6 +117,28 @@ def test_plant_facts_puts_each_fact_where_its_sources_say_and_is_deterministic()
         plant_facts.plant(docs, n_train=10, n_facts=6, copies=2)
 
 
+def test_paraphrased_facts_avoid_the_querys_words_and_distractors_carry_them():
+    from trakcli.metrics.bm25 import bm25_scores
+
+    docs = _fake_corpus(40)
+    train, queries = plant_facts.plant(docs, n_train=40, n_facts=8, copies=1, seed=5, words=40, paraphrase=True)
+    for f, q in enumerate(queries):
+        (src,) = q["sources"]
+        assert train[src]["facts"] == [f] and "capital" not in train[src]["text"].lower()
+        assert q["country"] in train[src]["text"] and q["city"] in train[src]["text"]
+        assert len(q["distractors"]) == 3 and src not in q["distractors"]
+        for r in q["distractors"]:
+            assert train[r]["distractor"] == f and not train[r]["facts"]
+            assert not (q["country"] in train[r]["text"] and q["city"] in train[r]["text"])  # never the fact
+    # word overlap ranks the "capital" + country distractor above the source
+    bm25 = bm25_scores([r["text"] for r in train], [q["prompt"] for q in queries])
+    top = bm25.argmax(1)
+    assert all(t in q["distractors"] for t, q in zip(top, queries))
+    assert not any(t in q["sources"] for t, q in zip(top, queries))
+    with pytest.raises(SystemExit, match="3 distractors"):
+        plant_facts.plant(docs, n_train=30, n_facts=8, copies=1, paraphrase=True)
+
+
 def test_sentences_keep_abbreviations_together():
     text = "Mr. Brown met Dr. Jones in the U.S. on Monday. They talked. J. Smith left!"
     assert plant_facts.sentences(text) == ["Mr. Brown met Dr. Jones in the U.S. on Monday.", "They talked.",
