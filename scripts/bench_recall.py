@@ -79,6 +79,9 @@ class Setup:
     variants: dict[str, list[str]] = field(default_factory=dict)  #: name -> overrides of the config
 
 
+#: The tiny GPT-2's block linears (what curvature.kind ekfac fits; its layer norms have no Kronecker factors).
+BLOCK_LINEARS = "[transformer.h.*.attn.c_*,transformer.h.*.mlp.*]"
+
 SETUPS: dict[str, Setup] = {
     "smollm2": Setup(
         "configs/facts_smollm2.yaml", n_train=500, n_facts=100, words=60, epochs=4, tiny_model=False,
@@ -104,6 +107,8 @@ SETUPS: dict[str, Setup] = {
             "sjlt-unit-blocks": ["grad_wrt=[transformer.h.*]"],
             "kronecker": ["projector.kind=kronecker"],
             "kronecker-size": ["projector.kind=kronecker", "projector.split=size"],
+            "sjlt-ekfac-blocks": ["curvature.kind=ekfac", f"grad_wrt={BLOCK_LINEARS}", "score.normalize=null"],
+            "sjlt-ekfac-blocks-unit": ["curvature.kind=ekfac", f"grad_wrt={BLOCK_LINEARS}"],
         }),
 }
 
@@ -131,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--epochs", type=int, help="training epochs (default: the setup's)")
     p.add_argument("--variants", nargs="+", help="default: all of the setup's")
     p.add_argument("--quick", action="store_true", help="the setup's small corpus (a fifth of the articles)")
+    p.add_argument("--paraphrase", action="store_true",
+                   help="plant_facts.py --paraphrase: facts in other words than the queries, names in distractors")
     a = p.parse_args(argv)
     setup = SETUPS[a.setup]
     n_train, n_facts, epochs = setup.quick if a.quick else (setup.n_train, setup.n_facts, setup.epochs)
@@ -139,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [v for v in variants if v not in setup.variants]
     if unknown:
         raise SystemExit(f"--variants {unknown}: setup {a.setup} has {list(setup.variants)}")
-    tag = a.setup + ("_quick" if a.quick else "")
+    tag = a.setup + ("_quick" if a.quick else "") + ("_paraphrase" if a.paraphrase else "")
     work = (a.work or REPO / "runs" / f"bench_recall_{tag}").resolve()
     out_path = a.out or REPO / "bench_results" / f"recall_{tag}.json"
     try:
@@ -149,7 +156,9 @@ def main(argv: list[str] | None = None) -> int:
     if not (work / "train.jsonl").exists():
         plant = [sys.executable, str(REPO / "scripts" / "plant_facts.py"), str(work), "--n-train", str(n_train),
                  "--n-facts", str(n_facts), "--words", str(setup.words)]
-        subprocess.run(plant + ([] if setup.tiny_model else ["--no-model"]), check=True, stdout=subprocess.DEVNULL)
+        plant += [] if setup.tiny_model else ["--no-model"]
+        plant += ["--paraphrase"] if a.paraphrase else []
+        subprocess.run(plant, check=True, stdout=subprocess.DEVNULL)
     base = [
         f"checkpoints={where}/ckpts/manifest.json",
         f"data.train.path={where}/train.jsonl", f"data.target.path={where}/queries.jsonl",
@@ -173,11 +182,17 @@ def main(argv: list[str] | None = None) -> int:
         res = json.loads(trak("eval", "recall", config, *over, "--json", "-q"))
         seconds[name] = time.perf_counter() - t0
         results[name] = {"overrides": setup.variants[name], **res}
+        bm25 = res.get("baselines", {}).get("bm25")
         log(f"{name}: MRR {res['mrr']['value']:.3f}, recall@10 {res['recall']['10']['value']:.3f} "
-            f"({seconds[name]:.0f}s)")
+            f"({seconds[name]:.0f}s)" + (f"; BM25 MRR {bm25['mrr']['value']:.3f}, recall@10 "
+                                        f"{bm25['recall']['10']['value']:.3f}" if bm25 else ""))
 
+    import trakcli
+
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     out = {
-        "benchmark": "recall", "setup": a.setup, "config": setup.config,
+        "benchmark": "recall", "setup": a.setup, "config": setup.config, "paraphrase": a.paraphrase,
+        "date": time.strftime("%Y-%m-%d"), "commit": commit, "version": trakcli.__version__,
         "corpus": {"n_train": n_train, "n_facts": n_facts, "words": setup.words, "epochs": epochs},
         "variants": results, "seconds": seconds,
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
