@@ -74,11 +74,11 @@ def cli_scores(*overrides: str) -> np.ndarray:
     return np.asarray(zarr.open_group("out/attrib.zarr", mode="r")["scores/default/scores"][:])
 
 
-def api_scores(task, store: str, checkpoints=None) -> np.ndarray:
+def api_scores(task, store: str, checkpoints=None, **kwargs) -> np.ndarray:
     model = build_model("my_model.py:make_model")
     att = trakcli.Attributor(
         model, store={"path": store, "chunk_rows": 16}, task=task,
-        projector={"kind": "rademacher", "proj_dim": 16, "seed": 0},
+        projector={"kind": "rademacher", "proj_dim": 16, "seed": 0}, **kwargs,
     )
     train, target = loaders()
     ckpts = checkpoints or sorted(Path("ckpts").glob("model_*.pt"))
@@ -99,6 +99,19 @@ def test_attributor_over_a_dataloader_gives_the_cli_scores(project10):
     got = api_scores("classification", "out/api.zarr")
     assert_close(got, expected)
     np.testing.assert_array_equal(got, expected)  # same batches, same jobs: bit for bit
+
+
+def test_attributor_with_ekfac_gives_the_cli_scores(project):
+    expected = cli_scores("curvature.kind=ekfac", "curvature.damping=0.2")
+    got = api_scores("classification", "out/api.zarr", curvature={"kind": "ekfac", "damping": 0.2})
+    np.testing.assert_array_equal(got, expected)  # same batches, same fit, same features
+    gram = api_scores("classification", "out/gram.zarr")
+    assert not np.allclose(got, gram, rtol=1e-2)
+    with pytest.raises(ConfigError, match="curvature.refine"):
+        trakcli.Attributor(build_model("my_model.py:make_model"), store="out/x.zarr",
+                           curvature={"kind": "ekfac", "refine": {"iterations": 2}})
+    with pytest.raises(ConfigError, match="curvature.kind"):
+        trakcli.Attributor(build_model("my_model.py:make_model"), store="out/x.zarr", curvature="shampoo")
 
 
 def test_custom_task_function_and_state_dicts_give_the_same_scores(project10):

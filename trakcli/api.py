@@ -26,10 +26,11 @@ from typing import Any, Callable, Iterable, Mapping
 import numpy as np
 import torch
 
-from trakcli.config import DataConfig, ProjectorConfig, ScoreConfig, StoreConfig, validate_section
+from trakcli.config import CurvatureConfig, DataConfig, ProjectorConfig, ScoreConfig, StoreConfig, validate_section
 from trakcli.data.load import checked_dataset
 from trakcli.data.tensors import Inputs, TensorDataset
 from trakcli.distributed import Dist
+from trakcli.curvature import Curvature
 from trakcli.errors import CheckpointError, ConfigError, DataError, StoreError, StoreMismatchError
 from trakcli.factors import KroneckerFeaturizer
 from trakcli.tasks import resolve_task, task_identity
@@ -227,9 +228,13 @@ class Attributor:
         reporter: progress and messages; None: plain progress lines on stderr when it is a terminal
             (:class:`trakcli.progress.StderrReporter`), else silent. Pass ``trakcli.progress.NULL_REPORTER``
             for none, or your own :class:`trakcli.progress.Reporter`.
+        curvature: the ``curvature:`` section as a dict or its kind (``"ekfac"``, ``{"kind": "kfac",
+            "damping": 0.1}``; docs/guides/curvature.md): fitted per checkpoint over the train batches by
+            :meth:`featurize`, stored, and used by :meth:`score` (no refinement here: `trak score` has it).
 
     Raises:
-        ConfigError: a bad ``store``, ``projector``, ``task``, ``grad_wrt`` or ``gradient_method``.
+        ConfigError: a bad ``store``, ``projector``, ``task``, ``grad_wrt``, ``gradient_method`` or ``curvature``
+            (parameters outside linear, convolution or embedding layers are named).
         ProjectorError, ModelError: the projector or a custom task function cannot be built or imported.
     """
 
@@ -246,6 +251,7 @@ class Attributor:
         batch_size: int | None = None,
         grad_memory_mb: int = _DEFAULT_MEMORY_MB,
         reporter: Reporter | None = None,
+        curvature: str | dict[str, Any] | None = None,
     ):
         self.store: StoreConfig = validate_section(StoreConfig, {"path": store} if isinstance(store, (str, Path)) else store, "store")
         self.projector: ProjectorConfig = validate_section(ProjectorConfig, projector or {}, "projector")
@@ -261,6 +267,19 @@ class Attributor:
         )
         if isinstance(self.featurizer, KroneckerFeaturizer):
             reporter.info(self.featurizer.info)
+        self.curvature_config: CurvatureConfig = validate_section(CurvatureConfig, curvature or {}, "curvature")
+        c = self.curvature_config
+        self.curvature: Curvature | None = None
+        if c.kind != "gram":
+            if c.refine.iterations:
+                raise ConfigError("curvature.refine: the conjugate-gradient refinement needs the training rows when "
+                                  "scoring, which Attributor.score does not see; use `trak score` with a config")
+            if isinstance(self.featurizer, KroneckerFeaturizer):
+                raise ConfigError(f"curvature kind {c.kind} whitens each layer's whole per-example gradient, which "
+                                  "projector kind kronecker never forms; use projector kind sjlt (or another kind)")
+            self.curvature = Curvature(model, self.featurizer.param_names, self.task, c.kind, c.damping, c.fisher,
+                                       c.seed)
+            self.featurizer.curvature = self.curvature
 
     @property
     def path(self) -> Path:
@@ -279,10 +298,10 @@ class Attributor:
         else:
             rows = batch_rows_for(batch_size, self.grad_memory_mb, f.grad_dim)
         model_desc = {"module": f"{type(self.model).__module__}.{type(self.model).__qualname__}", "api": True}
-        identity = run_identity(model_desc, self.task, self.grad_wrt, f, train, layout)
+        identity = run_identity(model_desc, self.task, self.grad_wrt, f, train, layout, curvature=self.curvature)
         return ApiSetup(
             [names[m] for m in ordered], [shas[m] for m in ordered], train, self.model, f, rows, self.device,
-            layout, identity, self.dist, sources=dict(sources),
+            layout, identity, self.dist, curvature=self.curvature, sources=dict(sources),
         )
 
     def _config(self) -> dict[str, Any]:
@@ -290,7 +309,7 @@ class Attributor:
         return {
             "api": "trakcli.Attributor", **task_identity(self.task), "grad_wrt": self.grad_wrt,
             "projector": self.projector.model_dump(mode="json"), "store": self.store.model_dump(mode="json"),
-            "device": str(self.device),
+            "curvature": self.curvature_config.model_dump(mode="json"), "device": str(self.device),
         }
 
     def _api_fix(self, message: str) -> str:
@@ -338,6 +357,8 @@ class Attributor:
                 rows = store.train(model_id, s.checkpoints[0], s.shas[0])
             except StoreMismatchError as e:
                 raise StoreMismatchError(self._api_fix(str(e))) from None
+            if s.curvature is not None and rows.pending(0, 1):  # fitted over the train batches before the features
+                s.fit_curvature(model_id, store, self.reporter)
             n, _ = featurize_rows(
                 s, train, rows, model_id, with_out_to_loss=True, skip_nonfinite=False, reporter=self.reporter,
                 label="featurize",
