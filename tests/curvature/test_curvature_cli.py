@@ -121,3 +121,24 @@ def test_parameters_outside_layers_are_named_before_the_store_exists(tmp_path):
     assert not _store(root).exists()
     res = run(root, "featurize", "run.yaml", "-q", "curvature.kind=ekfac", "grad_wrt=['0.*','3.*']")
     assert res.returncode == 0, res.stderr
+
+
+def test_torchrun_two_ranks_fit_and_featurize_the_store_of_one_process(tmp_path):
+    import sys
+
+    from projects import free_port
+
+    one = make_project(tmp_path / "one", n_models=2)
+    shutil.copytree(one, tmp_path / "two")
+    args = ["featurize", "run.yaml", "-q", "projector.kind=sjlt", "curvature.kind=ekfac"]
+    assert run(one, *args).returncode == 0
+    res = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+         "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m", "trakcli.cli.main", *args],
+        cwd=tmp_path / "two", capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert_same_store(_store(one), _store(tmp_path / "two"))
+    for root in (one, tmp_path / "two"):
+        assert run(root, "score", "run.yaml", "-q", "projector.kind=sjlt", "curvature.kind=ekfac").returncode == 0
+    assert_same_store(_store(one), _store(tmp_path / "two"))

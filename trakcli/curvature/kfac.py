@@ -102,9 +102,11 @@ class CurvatureFactors:
     def _on(self, device: torch.device, dtype: torch.dtype) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         key = (torch.device(device), dtype)
         if key not in self._cache:
+            # contiguous: factors fitted here (eigh gives column-major eigenvectors) and factors read from the
+            # store then take the same matmul path, so every process computes the same features bit for bit
             self._cache[key] = [
-                (f.q_out.to(device=device, dtype=dtype), f.q_in.to(device=device, dtype=dtype),
-                 (f.eig + f.damping(self.damping)).rsqrt().to(device=device, dtype=dtype))
+                (f.q_out.to(device=device, dtype=dtype).contiguous(), f.q_in.to(device=device, dtype=dtype).contiguous(),
+                 (f.eig + f.damping(self.damping)).rsqrt().to(device=device, dtype=dtype).contiguous())
                 for f in self.factors
             ]
         return self._cache[key]
@@ -394,7 +396,8 @@ def eigenbases(layers: Sequence[KroneckerLayer], a: Sequence[torch.Tensor], s: S
     for layer, a_i, s_i in zip(layers, a, s):
         la, qa = torch.linalg.eigh(a_i)
         ls, qs = torch.linalg.eigh(s_i)
-        out.append(LayerFactors(layer.name, qs, qa, ls.clamp(min=0)[:, None] * la.clamp(min=0)[None, :]))
+        out.append(LayerFactors(layer.name, qs.contiguous(), qa.contiguous(),
+                                ls.clamp(min=0)[:, None] * la.clamp(min=0)[None, :]))
     return out
 
 
