@@ -102,11 +102,14 @@ def test_attributor_over_a_dataloader_gives_the_cli_scores(project10):
 
 
 def test_attributor_with_ekfac_gives_the_cli_scores(project):
-    expected = cli_scores("curvature.kind=ekfac", "curvature.damping=0.2")
-    got = api_scores("classification", "out/api.zarr", curvature={"kind": "ekfac", "damping": 0.2})
+    expected = cli_scores("curvature.kind=ekfac", "curvature.feature_damping=0.2", "curvature.exact=false")
+    got = api_scores("classification", "out/api.zarr", curvature={"kind": "ekfac", "feature_damping": 0.2})
     np.testing.assert_array_equal(got, expected)  # same batches, same fit, same features
     gram = api_scores("classification", "out/gram.zarr")
     assert not np.allclose(got, gram, rtol=1e-2)
+    with pytest.raises(ConfigError, match="curvature.exact"):
+        trakcli.Attributor(build_model("my_model.py:make_model"), store="out/x.zarr",
+                           curvature={"kind": "ekfac", "exact": True})
     with pytest.raises(ConfigError, match="curvature.refine"):
         trakcli.Attributor(build_model("my_model.py:make_model"), store="out/x.zarr",
                            curvature={"kind": "ekfac", "refine": {"iterations": 2}})

@@ -229,8 +229,9 @@ class Attributor:
             (:class:`trakcli.progress.StderrReporter`), else silent. Pass ``trakcli.progress.NULL_REPORTER``
             for none, or your own :class:`trakcli.progress.Reporter`.
         curvature: the ``curvature:`` section as a dict or its kind (``"ekfac"``, ``{"kind": "kfac",
-            "damping": 0.1}``; docs/guides/curvature.md): fitted per checkpoint over the train batches by
-            :meth:`featurize`, stored, and used by :meth:`score` (no refinement here: `trak score` has it).
+            "feature_damping": 0.1}``; docs/guides/curvature.md): fitted per checkpoint over the train batches by
+            :meth:`featurize`, stored, and used by :meth:`score` through the stored features (``exact: false``;
+            exact scores and the refinement need the train rows while scoring: `trak score` has them).
 
     Raises:
         ConfigError: a bad ``store``, ``projector``, ``task``, ``grad_wrt``, ``gradient_method`` or ``curvature``
@@ -267,7 +268,11 @@ class Attributor:
         )
         if isinstance(self.featurizer, KroneckerFeaturizer):
             reporter.info(self.featurizer.info)
-        self.curvature_config: CurvatureConfig = validate_section(CurvatureConfig, curvature or {}, "curvature")
+        raw = {"kind": curvature} if isinstance(curvature, str) else dict(curvature or {})
+        if raw.get("exact"):
+            raise ConfigError("curvature.exact: exact scores recompute the train gradients while scoring, which "
+                              "Attributor.score does not see; use `trak score` with a config, or exact: false")
+        self.curvature_config: CurvatureConfig = validate_section(CurvatureConfig, {"exact": False, **raw}, "curvature")
         c = self.curvature_config
         self.curvature: Curvature | None = None
         if c.kind != "gram":
@@ -277,7 +282,7 @@ class Attributor:
             if isinstance(self.featurizer, KroneckerFeaturizer):
                 raise ConfigError(f"curvature kind {c.kind} whitens each layer's whole per-example gradient, which "
                                   "projector kind kronecker never forms; use projector kind sjlt (or another kind)")
-            self.curvature = Curvature(model, self.featurizer.param_names, self.task, c.kind, c.damping, c.fisher,
+            self.curvature = Curvature(model, self.featurizer.param_names, self.task, c.kind, c.feature_damping, c.fisher,
                                        c.seed)
             self.featurizer.curvature = self.curvature
 

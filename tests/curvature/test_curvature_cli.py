@@ -23,9 +23,12 @@ def _store(root: Path) -> Path:
     return root / "out" / "attrib.zarr"
 
 
-@pytest.mark.parametrize("kind", ["kfac", "ekfac"])
-def test_scores_are_the_mean_whitened_inner_products_times_q(user_project, kind):
-    args = ["projector.kind=noop", f"curvature.kind={kind}", "curvature.fisher=empirical", "curvature.damping=0.05"]
+@pytest.mark.parametrize("kind, exact", [("kfac", True), ("ekfac", True), ("ekfac", False)])
+def test_scores_are_the_mean_whitened_inner_products_times_q(user_project, kind, exact):
+    """Exact scores (damping) and scores of the stored noop features (feature_damping) are the same closed form."""
+    damping = ["curvature.damping=0.05", "curvature.feature_damping=0.3"] if exact else \
+        ["curvature.damping=0.3", "curvature.feature_damping=0.05", "curvature.exact=false"]
+    args = ["projector.kind=noop", f"curvature.kind={kind}", "curvature.fisher=empirical", *damping]
     for cmd in ("featurize", "score"):
         res = run(user_project, cmd, "run.yaml", "-q", *args)
         assert res.returncode == 0, res.stderr
@@ -81,12 +84,16 @@ def test_killed_in_the_eigenvalue_pass_resumes_from_the_stored_covariances(tmp_p
     assert_same_store(_store(one), _store(two))
 
 
-def test_features_of_another_damping_are_refused_naming_overwrite(user_project):
+def test_another_feature_damping_or_damping_is_refused_naming_overwrite(user_project):
     base = ["projector.kind=sjlt", "projector.proj_dim=32", "curvature.kind=ekfac"]
     assert run(user_project, "featurize", "run.yaml", "-q", *base).returncode == 0
-    res = run(user_project, "featurize", "run.yaml", "-q", *base, "curvature.damping=0.5")
+    res = run(user_project, "featurize", "run.yaml", "-q", *base, "curvature.feature_damping=0.5")
     assert res.returncode == 1
-    assert "curvature" in res.stderr and "--overwrite" in res.stderr
+    assert "feature_damping" in res.stderr and "--overwrite" in res.stderr
+    assert run(user_project, "score", "run.yaml", "-q", *base).returncode == 0
+    res = run(user_project, "score", "run.yaml", "-q", *base, "curvature.damping=0.5")  # the scores' own setting
+    assert res.returncode == 1 and "--overwrite" in res.stderr, res.stderr
+    assert run(user_project, "score", "run.yaml", "-q", *base, "curvature.damping=0.5", "--overwrite").returncode == 0
 
 
 @pytest.mark.parametrize("args, message", [
@@ -142,3 +149,21 @@ def test_torchrun_two_ranks_fit_and_featurize_the_store_of_one_process(tmp_path)
     for root in (one, tmp_path / "two"):
         assert run(root, "score", "run.yaml", "-q", "projector.kind=sjlt", "curvature.kind=ekfac").returncode == 0
     assert_same_store(_store(one), _store(tmp_path / "two"))
+
+
+def test_exact_scores_give_the_top_k_and_the_refinement_changes_them(user_project):
+    base = ["projector.kind=sjlt", "projector.proj_dim=32", "curvature.kind=ekfac"]
+    assert run(user_project, "featurize", "run.yaml", "-q", *base).returncode == 0
+    assert run(user_project, "score", "run.yaml", "-q", *base, "--out", "full.npy").returncode == 0
+    full = np.load(user_project / "full.npy")
+    res = run(user_project, "score", "run.yaml", "-q", *base, "score.top_k=5", "score.experiment=top")
+    assert res.returncode == 0, res.stderr
+    top = zarr.open_group(str(_store(user_project)), mode="r")["scores/top/top_k/proponents"][:]
+    np.testing.assert_array_equal(top, np.argsort(-full, axis=1, kind="stable")[:, :5])
+    res = run(user_project, "score", "run.yaml", "-q", *base, "curvature.refine.iterations=3",
+              "curvature.refine.samples=16", "score.experiment=refined", "--out", "refined.npy")
+    assert res.returncode == 0, res.stderr
+    refined = np.load(user_project / "refined.npy")
+    assert refined.shape == full.shape and np.isfinite(refined).all() and not np.allclose(refined, full, rtol=1e-3)
+    corr = np.mean([np.corrcoef(a, b)[0, 1] for a, b in zip(refined, full)])
+    assert corr > 0.5  # a refinement of the same solve, not another ranking

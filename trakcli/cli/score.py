@@ -190,8 +190,10 @@ def score(
         err_console.print(scores_table(res, head, cfg.score.show_top, texts, labels=not _per_token(train),
                                        train_texts=_texts(train)))
     lam = ", ".join(f"{v:.3g}" for v in res.lambdas)
-    kernel = (f"lambda_reg per checkpoint: {lam}" if cfg.curvature.kind == "gram" else
-              f"curvature {cfg.curvature.kind} (damping {cfg.curvature.damping:g}) per checkpoint")
+    c = cfg.curvature
+    kernel = (f"lambda_reg per checkpoint: {lam}" if c.kind == "gram" else
+              f"curvature {c.kind}: exact scores, damping {c.damping:g}" if c.exact else
+              f"curvature {c.kind}: scores of the stored features, feature_damping {c.feature_damping:g}")
     what = ([f"top {res.top_k} [{res.n_target}, {res.top_k}]"] if res.top_k else []) + (
         [f"scores [{res.n_target}, {res.n_train}]"] if res.full else [])
     err_console.print(

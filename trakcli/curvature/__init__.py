@@ -45,7 +45,9 @@ class Curvature:
         param_names: the selected parameters, every one in a linear, convolution or embedding layer.
         task: the model output function (its :meth:`~trakcli.tasks.Task.loss` is what the Fisher is of).
         kind: ``kfac`` or ``ekfac``.
-        damping: relative damping (δ = damping · mean eigenvalue, per layer), > 0.
+        damping: relative damping of the whitening (δ = damping · mean eigenvalue, per layer), > 0:
+            ``curvature.feature_damping`` for the stored features, ``curvature.damping`` for exact scores
+            (:meth:`with_damping`).
         fisher: ``true`` (sampled labels) or ``empirical``.
         seed: seed of the sampled labels.
 
@@ -60,7 +62,7 @@ class Curvature:
         if fisher not in FISHERS:
             raise ConfigError(f"curvature.fisher must be one of {', '.join(FISHERS)}, got {fisher!r}")
         if not (isinstance(damping, (int, float)) and damping > 0):
-            raise ConfigError(f"curvature.damping must be a number > 0, got {damping!r}")
+            raise ConfigError(f"curvature damping must be a number > 0, got {damping!r}")
         self.kind, self.damping, self.fisher, self.seed = kind, float(damping), fisher, int(seed)
         self.task: Task = resolve_task(task)
         self.model = model
@@ -85,13 +87,25 @@ class Curvature:
         self._gauss_newton = None
 
     def spec(self) -> dict[str, Any]:
-        """``{"kind", "damping", "fisher", "seed"}``: what the features depend on besides the data and checkpoint."""
-        return {"kind": self.kind, "damping": self.damping, "fisher": self.fisher, "seed": self.seed}
+        """``{"kind", "feature_damping", "fisher", "seed"}``: what the features depend on besides the data and
+        checkpoint (the config's :meth:`~trakcli.config.CurvatureConfig.spec`)."""
+        return {"kind": self.kind, "feature_damping": self.damping, "fisher": self.fisher, "seed": self.seed}
+
+    def with_damping(self, damping: float) -> Curvature:
+        """The same fitted curvature whitening with another damping (exact scores: ``curvature.damping``); the
+        fits already read are shared, the refinement is off."""
+        import copy
+
+        other = copy.copy(self)
+        other.damping = float(damping)
+        other._factors = {m: CurvatureFactors(f.layers, f.factors, other.damping) for m, f in self._factors.items()}
+        other._refine_batches, other._gauss_newton = None, None
+        return other
 
     def settings(self) -> dict[str, Any]:
         """What a stored curvature is checked against: :meth:`spec` but the damping (applied when whitening,
         so another damping reuses the fit) and each layer's name and shape."""
-        spec = {k: v for k, v in self.spec().items() if k != "damping"}
+        spec = {k: v for k, v in self.spec().items() if k != "feature_damping"}
         return {**spec, "layers": [[layer.name, layer.d_out, layer.d_in] for layer in self.layers]}
 
     # ------------------------------------------------------------------ per checkpoint

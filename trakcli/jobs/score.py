@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -18,7 +19,8 @@ from trakcli.config import Config
 from trakcli.data.load import load_dataset
 from trakcli.data.tensors import TensorDataset
 from trakcli.distributed import Dist
-from trakcli.errors import StoreError
+from trakcli.errors import ConfigError, StoreError
+from trakcli.jobs.exact import exact_scores
 from trakcli.jobs.featurize import featurize_rows
 from trakcli.jobs.kernels import finalize_kernels, kernel_of, report_notes, ridge_settings
 from trakcli.jobs.runtime import ChunkWriter, event, locked_store, torch_threads
@@ -194,7 +196,7 @@ def score(
         s, path, target, experiment=sc.experiment, lambda_reg=sc.lambda_reg, lambda_rel=sc.lambda_rel,
         top_k=sc.top_k, full=sc.full, normalize=sc.normalize,
         overwrite=overwrite, skip_nonfinite=skip_nonfinite, verify=verify, reporter=reporter,
-        linalg_threads=cfg.linalg_threads,
+        linalg_threads=cfg.linalg_threads, grad_memory_mb=cfg.data.grad_memory_mb,
     )
     return ScoreResult(
         store=path,
@@ -226,6 +228,7 @@ def score_targets(
     verify: bool = False,
     reporter: Reporter = NULL_REPORTER,
     linalg_threads: int | None = None,
+    grad_memory_mb: int = 1024,
 ) -> tuple[list[float], int]:
     """:func:`score` on a prepared setup and loaded targets (also :class:`trakcli.Attributor`'s score).
 
@@ -261,6 +264,12 @@ def score_targets(
     if s.refine is not None and s.refine.spec() is not None:  # and the refinement of their curvature solve
         t_attrs["curvature_refine"] = s.refine.spec()
     settings = {"lambda_reg": lambda_reg, "lambda_rel": lambda_rel, **t_attrs, "normalize": normalize}
+    exact = s.curvature is not None and s.exact_damping is not None
+    if exact:  # the scores are recomputed exactly (trakcli.jobs.exact), with their own damping
+        settings["curvature_exact"] = {"damping": s.exact_damping}
+        if normalize == "unit":
+            raise ConfigError("score.normalize: unit ranks by cosines of the stored features; with curvature.exact "
+                              "the scores are exact inner products: set curvature.exact: false, or score.normalize: null")
     full = top_k is None if full is None else full
     n_models = len(s.checkpoints)
     computed = 0
@@ -311,7 +320,8 @@ def score_targets(
                 kept.append({})
                 if s.curvature is not None and rows.pending(s.dist.rank, s.dist.world_size):
                     s.curvature.read(store, model_id)  # the targets are whitened by the train side's curvature
-                    s.refine_targets()
+                    if not exact:  # exact scores refine their own solves (trakcli.jobs.exact)
+                        s.refine_targets()
                 n, skip = featurize_rows(
                     s, target, rows, model_id, with_out_to_loss=False, skip_nonfinite=skip_nonfinite,
                     reporter=reporter, label="targets", keep=kept[-1], writer=writer,
@@ -328,6 +338,7 @@ def score_targets(
             store, train_rows, target_rows, out, lambda_reg=lambda_reg, lambda_rel=lambda_rel,
             dist=s.dist, reporter=reporter, linalg_threads=linalg_threads, target_chunks=kept, kernels=kernels,
             top=top, normalize=normalize, identity=identity,
+            exact=(lambda: exact_scores(s, store, target, s.exact_damping, grad_memory_mb, reporter)) if exact else None,
         )
         computed += n
     return lambdas, computed
@@ -349,6 +360,7 @@ def finalize_and_score(
     top: TopK | None = None,
     normalize: str | None = None,
     identity: bool = False,
+    exact: Callable[[], np.ndarray] | None = None,
 ) -> tuple[list[float], int]:
     """Finalize each checkpoint's kernel and write the pending score blocks.
 
@@ -392,6 +404,8 @@ def finalize_and_score(
         identity: no kernel: each checkpoint's term is ``Φ_m(targets) Φ_m[block]ᵀ`` (``curvature.kind`` kfac
             or ekfac, whose features are already whitened by the curvature; :mod:`trakcli.curvature`);
             λ_m is reported as 0.
+        exact: computes the whole ``[n_target, n_train]`` score matrix (exact curvature scores,
+            :mod:`trakcli.jobs.exact`), called once when a block is pending; the blocks and top-k come from it.
 
     Returns:
         (λ_m per model_id, score blocks computed by this process).
@@ -403,7 +417,7 @@ def finalize_and_score(
     with torch_threads(linalg_threads):
         return _finalize_and_score(store, train_rows, target_rows, out, lambda_reg, lambda_rel, dist or Dist(),
                                    reporter, target_chunks or [{} for _ in target_rows], kernels or {}, top,
-                                   normalize == "unit", identity)
+                                   normalize == "unit", identity, exact)
 
 
 #: `trak score` reads the stored kernels in the background, during the target features, when
@@ -435,6 +449,7 @@ def _finalize_and_score(
     store: Store, train_rows: list[ChunkedRows], target_rows: list[ChunkedRows], out: ChunkedRows | None,
     lambda_reg: float | None, lambda_rel: float, dist: Dist, reporter: Reporter, kept: list[dict[int, np.ndarray]],
     kernels: dict[int, tuple[torch.Tensor, float]], top: TopK | None, unit: bool, identity: bool = False,
+    exact: Callable[[], np.ndarray] | None = None,
 ) -> tuple[list[float], int]:
     """:func:`finalize_and_score` in its thread setting."""
     n_models = len(train_rows)
@@ -450,7 +465,10 @@ def _finalize_and_score(
         if not dist.is_main:
             parts = top.parts(create=False)
     segs = parts.pending(dist.rank, dist.world_size) if parts is not None and out is None else []
-    scorer = _BlockScores(train_rows, unit)
+    scorer: Any = _BlockScores(train_rows, unit)
+    if exact is not None and (pending or segs):
+        matrix = exact()
+        scorer = lambda lo, hi: torch.from_numpy(matrix[:, lo:hi])  # noqa: E731
     lambdas = []
     for model_id in range(n_models):
         if identity:
@@ -465,7 +483,7 @@ def _finalize_and_score(
                 raise StoreError(f"the kernel of model_id {model_id} is missing; rerun the same command")
             kernel, lam = torch.from_numpy(stored[0]), stored[1]
         lambdas.append(lam)
-        if pending or segs:  # a rank with nothing to compute computes no weights
+        if (pending or segs) and exact is None:  # a rank with nothing to compute computes no weights
             scorer.add(model_id, kernel, lam, _target_features(target_rows[model_id], kept[model_id]))
     report_notes(store, reporter)
 

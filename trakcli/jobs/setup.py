@@ -170,13 +170,25 @@ class GradientFeaturizer:
         Raises:
             GradientError: the batch cannot be differentiated (see :class:`PerExampleGradients`).
         """
+        g, q = self.transformed(inputs, labels, model_id, row_offset)
+        return self.projector.project(g, model_id=model_id), q
+
+    def transformed(self, inputs: Any, labels: torch.Tensor, model_id: int, row_offset: int,
+                    curvature: Curvature | None = None) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """The per-example gradients of a batch as they are projected: scaled by ``second_moment`` and whitened by
+        ``curvature`` (default: :attr:`curvature`), before the projection.
+
+        Returns:
+            ``(g, q)``: ``g[name]`` ``[n, *shape]`` in the parameters' dtype, ``q`` ``[n]`` float32.
+        """
         g, q = self.grads(inputs, labels, row_offset=row_offset)  # g[name]: [n, *shape], [n]
         self._report()
         if self.second_moment is not None:
             g = self.second_moment.scale_gradients(g, model_id)
-        if self.curvature is not None:
-            g = self.curvature.whiten(g, model_id)
-        return self.projector.project(g, model_id=model_id), q
+        curvature = curvature or self.curvature
+        if curvature is not None:
+            g = curvature.whiten(g, model_id)
+        return g, q
 
 
 def rows_of(data: Any, indices: list[int], batch_rows: int, max_tokens: int | None = None) -> list[tuple[Any, torch.Tensor]]:
@@ -213,6 +225,7 @@ class JobSetup:
         curvature: with ``curvature.kind`` kfac or ekfac, the featurizer's
             :class:`~trakcli.curvature.Curvature`; else None.
         refine: ``curvature.refine`` of the config (:meth:`refine_targets`), with a curvature; else None.
+        exact_damping: with ``curvature.exact``, the damping of the exact scores (``curvature.damping``); else None.
     """
 
     checkpoints: list[Path]
@@ -230,6 +243,7 @@ class JobSetup:
     state_shas: list[str] | None = None
     curvature: Curvature | None = None
     refine: Any = None
+    exact_damping: float | None = None
 
     def state_record(self, model_id: int) -> tuple[str, str] | None:
         """``(optimizer state file, its sha256)`` of checkpoint ``model_id`` with a correction, else None."""
@@ -280,10 +294,12 @@ class JobSetup:
             if not self.dist.is_main:
                 self.curvature.read(store, model_id)
 
-    def refine_targets(self) -> None:
-        """Turn on the curvature's conjugate-gradient refinement (``curvature.refine``) for the features computed
-        next (`trak score`'s targets), over a seeded random sample of ``refine.samples`` train rows."""
-        if self.curvature is None or self.refine is None or not self.refine.iterations:
+    def refine_targets(self, curvature: Curvature | None = None) -> None:
+        """Turn on the conjugate-gradient refinement (``curvature.refine``) of ``curvature`` (default: the
+        featurizer's) for the features computed next (`trak score`'s targets), over a seeded random sample of
+        ``refine.samples`` train rows."""
+        curvature = curvature or self.curvature
+        if curvature is None or self.refine is None or not self.refine.iterations:
             return
         n = len(self.train)
         pick = torch.randperm(n, generator=torch.Generator().manual_seed(self.curvature.seed))[:self.refine.samples]
@@ -293,7 +309,7 @@ class JobSetup:
             return [(inputs_to(x, self.device), y.to(self.device))
                     for x, y in rows_of(self.train, pick, self.batch_rows, self.batch_tokens)]
 
-        self.curvature.refine_targets(batches, self.refine.iterations, self.refine.tol)
+        curvature.refine_targets(batches, self.refine.iterations, self.refine.tol)
 
     def load(self, model_id: int) -> None:
         """Load checkpoint ``model_id`` into the model and move it to the device."""
@@ -398,7 +414,7 @@ def prepare(
             raise ConfigError(f"curvature.kind {cfg.curvature.kind} needs whole per-example gradients: "
                               "use projector.kind sjlt (or another kind but kronecker)")
         c = cfg.curvature
-        curvature = Curvature(model, featurizer.param_names, cfg.task, c.kind, c.damping, c.fisher, c.seed)
+        curvature = Curvature(model, featurizer.param_names, cfg.task, c.kind, c.feature_damping, c.fisher, c.seed)
         featurizer.curvature = curvature
     if isinstance(featurizer, KroneckerFeaturizer):
         batch_rows = cfg.data.batch_size  # no [n, grad_dim] gradient: memory_mb bounds the passes instead
@@ -413,7 +429,8 @@ def prepare(
     shas = [hashes.sha256(c, file_sha256) for c in checkpoints]  # saved by jobs.runtime.locked_store
     return JobSetup(checkpoints, shas, train, model, featurizer, batch_rows, device, layout, identity, dist,
                     cfg.data.batch_tokens, states, state_shas, curvature,
-                    cfg.curvature.refine if curvature is not None else None)
+                    cfg.curvature.refine if curvature is not None else None,
+                    cfg.curvature.damping if curvature is not None and cfg.curvature.exact else None)
 
 
 def attach_second_moment(featurizer: Featurizer, model: torch.nn.Module, kind: str, states: list[Path],
