@@ -443,8 +443,33 @@ def _recall(data: dict[str, Any]) -> tuple[str, str, str]:
     note = (f"`{data['config']}`: {c['n_facts']} invented facts planted one each into {c['n_train']:,} BBC news "
             f"articles of ~{c['words']} words, {model} {c['epochs']} epochs on them; each query's top 100 "
             "documents against the article that holds its fact, 95% bootstrap intervals over queries.")
+    if data.get("paraphrase"):
+        note += (" Paraphrased (`plant_facts.py --paraphrase`): each fact in other words than the query, and ten "
+                 "distractor articles per fact naming its country and city.")
+    bm25 = next((r["baselines"]["bm25"] for r in data["variants"].values() if r.get("baselines", {}).get("bm25")), None)
+    if bm25:
+        m = bm25["mrr"]
+        rows.append(["BM25 (bm25s, word overlap)", "-", f"{m['value']:.3f} [{m['ci_low']:.3f}, {m['ci_high']:.3f}]",
+                     *[f"{bm25['recall'][k]['value']:.3f}" if k in bm25["recall"] else "-" for k in ks]])
     head = ["variant", "overrides", "MRR", *[f"recall@{k}" for k in ks]]
     return f"Fact tracing on planted facts: {what}", note, table(head, rows, ["l", "l"] + ["r"] * 5)
+
+
+def _lds_finetune(data: dict[str, Any]) -> tuple[str, str, str]:
+    def cell(e: dict[str, Any]) -> str:
+        return f"{e['lds']:.3f} [{e['ci_low']:.3f}, {e['ci_high']:.3f}]"
+
+    rows = [[r["method"], str(r.get("checkpoints") or "-"), cell(r["lds"]["loss"]), cell(r["lds"]["margin"]),
+             f"{r.get('wall_s', 0.0):,.1f}"] for r in data["rows"]]
+    p = data["protocol"]
+    note = (f"A GPT-2 of {p['model']['n_layer']} layers, width {p['model']['n_embd']}, pretrained on Shakespeare and "
+            f"fine-tuned on {p['n_train']:,} BBC articles of {p['max_length']} tokens; ground truth: "
+            f"{p['n_retrain']} fine-tunes from the same pretrained weights on random halves. LDS over "
+            f"{p['n_target']} held-out targets with 95% bootstrap intervals, on each target's loss and margin; every "
+            "method scores the one fine-tuned checkpoint. Rows are cached and computed as they are added; each "
+            "records its commit in the JSON.")
+    head = ["method", "checkpoints", "LDS loss", "LDS margin", "wall s"]
+    return "LDS of a fine-tuned language model: curvature, kronfluence, BM25", note, table(head, rows, ["l"] + ["r"] * 4)
 
 
 #: scripts/bench_recall.py's setups: (the title's subject, the model and how it was trained).
@@ -466,6 +491,7 @@ RENDERERS: list[tuple[Any, str, Any]] = [
     (lambda d: d.get("benchmark") == "lds_lm", "bench_lds_lm.py", _lds_lm),
     (lambda d: d.get("benchmark") == "optimize_lm", "bench_optimize_lm.py", _optimize_lm),
     (lambda d: d.get("benchmark") == "recall", "bench_recall.py", _recall),
+    (lambda d: d.get("benchmark") == "lds_finetune", "bench_lds_finetune.py", _lds_finetune),
 ]
 
 
