@@ -125,18 +125,24 @@ def test_lm_factors_over_real_tokens_equal_the_per_token_closed_form(make, kind)
     check_factors(model, names, task, batches, loss_of, range(6))
 
 
-def dense_inverse(f, damping):
-    q = torch.kron(f.q_out, f.q_in)
-    return q @ torch.diag(1.0 / (f.eig.flatten() + f.damping(damping))) @ q.T
-
-
-def test_whitened_inner_products_and_inverse_hvp_equal_the_damped_dense_inverse():
+def mlp_ekfac():
+    """The MLP, its data, parameters, task, and its EK-FAC layers and factors (checked against the closed form)."""
     model, (x, y) = mlp(), mlp_data()
     names = select_parameters(model, None)
     task = resolve_task("classification")
     layers, ekfac, _ = check_factors(model, names, task, [(x, y)],
                                      lambda m, i: nn.functional.cross_entropy(m(x[i:i + 1]), y[i:i + 1],
                                                                               reduction="sum"), range(len(y)))
+    return model, (x, y), names, task, layers, ekfac
+
+
+def dense_inverse(f, damping):
+    q = torch.kron(f.q_out, f.q_in)
+    return q @ torch.diag(1.0 / (f.eig.flatten() + f.damping(damping))) @ q.T
+
+
+def test_whitened_inner_products_and_inverse_hvp_equal_the_damped_dense_inverse():
+    model, (x, y), names, task, layers, ekfac = mlp_ekfac()
     curv = CurvatureFactors(layers, ekfac, damping=0.3)
     grads = {n: torch.randn(7, *p.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
              for n, p in model.named_parameters()}
@@ -210,12 +216,7 @@ def dense_gauss_newton(model, names, batches, positions):
 def test_refined_inverse_hvp_is_the_dense_solve_of_the_damped_gauss_newton_matrix():
     from trakcli.curvature.refine import GaussNewton, refine
 
-    model, (x, y) = mlp(), mlp_data()
-    names = select_parameters(model, None)
-    task = resolve_task("classification")
-    layers, ekfac, _ = check_factors(model, names, task, [(x, y)],
-                                     lambda m, i: nn.functional.cross_entropy(m(x[i:i + 1]), y[i:i + 1],
-                                                                              reduction="sum"), range(len(y)))
+    model, (x, y), names, task, layers, ekfac = mlp_ekfac()
     curv = CurvatureFactors(layers, ekfac, damping=0.2)
     gn = GaussNewton(model, names, task, [(x[:9], y[:9]), (x[9:], y[9:])])
     dense = dense_gauss_newton(model, names, [(x, y)],

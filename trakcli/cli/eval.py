@@ -25,6 +25,16 @@ from trakcli.files import write_text
 if TYPE_CHECKING:
     import numpy as np
 
+#: Options several evaluation commands share.
+WorkersOpt = Annotated[
+    int, typer.Option("--workers", "-w", min=1, help="Processes that retrain models (each with its own torch threads).")
+]
+ScoresOpt = Annotated[
+    Optional[Path], typer.Option("--scores", help="Scores \\[n_target, n_train] (.npy or .csv) instead of the store's.")
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")]
+OutOpt = Annotated[Optional[Path], typer.Option("--out", "-o", help="Also write the result as JSON to this file.")]
+
 eval_app = typer.Typer(
     name="eval",
     help="Measure attribution scores: counterfactual retraining (LDS), fact tracing (recall).",
@@ -125,16 +135,11 @@ def lds(
         ),
     ] = None,
     overrides: OverridesArg = None,
-    workers: Annotated[
-        int, typer.Option("--workers", "-w", min=1, help="Processes that retrain models (each with its own torch threads).")
-    ] = 1,
+    workers: WorkersOpt = 1,
     overwrite: Annotated[
         bool, typer.Option("--overwrite", help="Discard the retrained models in the store and retrain them all.")
     ] = False,
-    scores: Annotated[
-        Optional[Path],
-        typer.Option("--scores", help="Scores \\[n_target, n_train] (.npy or .csv) instead of the store's."),
-    ] = None,
+    scores: ScoresOpt = None,
     masks: Annotated[
         Optional[Path],
         typer.Option("--masks", help="External retraining: subsets \\[n_subsets, n_train] bool (.npy); needs --outputs."),
@@ -143,8 +148,8 @@ def lds(
         Optional[Path],
         typer.Option("--outputs", help="External retraining: model outputs \\[n_subsets, n_target] float (.npy)."),
     ] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")] = False,
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Also write the result as JSON to this file.")] = None,
+    json_out: JsonOpt = False,
+    out: OutOpt = None,
     print_config: PrintConfigOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -307,8 +312,8 @@ def recall(
         Optional[list[str]],
         typer.Option("--k", help="The k of recall@k: --k 1,5,10 or --k 1 --k 5 (default: eval.recall.k)."),
     ] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")] = False,
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Also write the result as JSON to this file.")] = None,
+    json_out: JsonOpt = False,
+    out: OutOpt = None,
     print_config: PrintConfigOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
@@ -372,15 +377,10 @@ def _qld_table(data: dict[str, Any]) -> Table:
 def qld(
     config: Annotated[Path, typer.Argument(help="YAML config (after `trak score`).", show_default=False)],
     overrides: OverridesArg = None,
-    workers: Annotated[
-        int, typer.Option("--workers", "-w", min=1, help="Processes that retrain models (each with its own torch threads).")
-    ] = 1,
-    scores: Annotated[
-        Optional[Path],
-        typer.Option("--scores", help="Scores \\[n_target, n_train] (.npy or .csv) instead of the store's."),
-    ] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")] = False,
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Also write the result as JSON to this file.")] = None,
+    workers: WorkersOpt = 1,
+    scores: ScoresOpt = None,
+    json_out: JsonOpt = False,
+    out: OutOpt = None,
     print_config: PrintConfigOpt = False,
     quiet: QuietOpt = False,
 ) -> None:
