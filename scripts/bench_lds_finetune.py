@@ -104,6 +104,9 @@ TRAK_ROWS = {
                                                 "curvature.kind=ekfac curvature.exact=false",
     "trakcli ekfac, stored features sjlt 16384": f"projector.kind=sjlt projector.proj_dim=16384 {BLOCKS} "
                                                  "curvature.kind=ekfac curvature.exact=false",
+    "trakcli ekfac, 3 checkpoints along fine-tuning": f"projector.kind=sjlt projector.proj_dim=4096 {BLOCKS} "
+                                                      "curvature.kind=ekfac checkpoints=[finetuned/epoch_1.pt,"
+                                                      "finetuned/epoch_2.pt,finetuned/model.pt]",
 }
 KRONFLUENCE = ("identity", "kfac", "ekfac")
 N_BOOTSTRAP = 1000
@@ -271,8 +274,10 @@ def pretrain(work: Path, a: argparse.Namespace, tok: dict[str, Any]) -> dict[str
     return info
 
 
-def finetune(state: dict[str, Any], config: Any, tok: dict[str, Any], rows: Any, seed: int) -> tuple[Any, Any]:
-    """The pretrained weights fine-tuned with :data:`FINETUNE` on train ``rows`` (``[m]`` int64), data order from ``seed``.
+def finetune(state: dict[str, Any], config: Any, tok: dict[str, Any], rows: Any, seed: int,
+             epoch_end: Any = None) -> tuple[Any, Any]:
+    """The pretrained weights fine-tuned with :data:`FINETUNE` on train ``rows`` (``[m]`` int64), data order from ``seed``;
+    ``epoch_end(epoch, model)`` is called after each epoch (1-based).
 
     Returns:
         ``(model in eval mode, its AdamW optimizer)``.
@@ -288,7 +293,7 @@ def finetune(state: dict[str, Any], config: Any, tok: dict[str, Any], rows: Any,
     g = torch.Generator().manual_seed(seed)
     ids, mask, labels = tok["train_ids"], tok["train_mask"], tok["train_labels"]
     bs = FINETUNE["batch_size"]
-    for _ in range(FINETUNE["epochs"]):
+    for epoch in range(FINETUNE["epochs"]):
         order = rows[torch.randperm(len(rows), generator=g)]
         for i in range(0, len(order), bs):
             b = order[i: i + bs]
@@ -296,7 +301,33 @@ def finetune(state: dict[str, Any], config: Any, tok: dict[str, Any], rows: Any,
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
+        if epoch_end is not None:
+            epoch_end(epoch + 1, model)
     return model.eval(), opt
+
+
+def epoch_checkpoints(work: Path, tok: dict[str, Any], threads: int) -> list[str]:
+    """The fine-tune's weights at the end of every epoch but the last, ``finetuned/epoch_<e>.pt`` (the same run as
+    ``finetuned/model.pt``: its checkpoints along fine-tuning, for the trajectory rows), cached."""
+    import torch
+    from transformers import GPT2Config
+
+    from trakcli.files import atomic_torch_save
+
+    paths = [work / "finetuned" / f"epoch_{e}.pt" for e in range(1, FINETUNE["epochs"])]
+    if not all(p.exists() for p in paths):
+        torch.set_num_threads(threads)
+        config = GPT2Config.from_pretrained(work / "pretrained")
+
+        def save(epoch: int, model: Any) -> None:
+            if epoch < FINETUNE["epochs"]:
+                atomic_torch_save({k: v.detach().clone() for k, v in model.state_dict().items()}, paths[epoch - 1])
+
+        model, _ = finetune(pretrained_state(work), config, tok, torch.arange(len(tok["train_ids"])), 0, save)
+        final = torch.load(work / "finetuned" / "model.pt", weights_only=True)
+        if not all(torch.equal(final[k], v) for k, v in model.state_dict().items()):
+            raise SystemExit("the fine-tune did not reproduce finetuned/model.pt; delete finetuned/ and rerun")
+    return [str(p.relative_to(work)) for p in paths]
 
 
 def measure(model: Any, tok: dict[str, Any]) -> tuple[Any, Any]:
@@ -645,7 +676,9 @@ def trak_row(work: Path, a: argparse.Namespace, name: str, overrides: list[str])
             raise RuntimeError(f"{shlex.join(cmd[1:])} exited {proc.returncode}: {proc.stderr.strip()[-2000:]}")
     scores = np.load(scores_path)
     scores_path.unlink()
-    return {"checkpoints": 1, "wall_s": sum(seconds), "featurize_s": seconds[0], "score_s": seconds[1],
+    listed = re.search(r"checkpoints=\[([^\]]*)\]", " ".join(overrides))
+    return {"checkpoints": len(listed.group(1).split(",")) if listed else 1, "wall_s": sum(seconds),
+            "featurize_s": seconds[0], "score_s": seconds[1],
             "commands": [shlex.join(["trak", *c[1:]]) for c in cmds]}, scores
 
 
@@ -735,6 +768,7 @@ def main(argv: list[str] | None = None) -> int:
     ft = finetuned_checkpoint(work, tok, a.threads or torch.get_num_threads())
     log(f"fine-tuned checkpoint: target loss per token {ft['target_loss_per_token_pretrained']:.3f} -> "
         f"{ft['target_loss_per_token_finetuned']:.3f} ({ft['seconds']:.1f}s)")
+    epoch_checkpoints(work, tok, a.threads or torch.get_num_threads())  # for the rows along fine-tuning
     gt = ground_truth(work, a)
     noise = noise_summary(gt)
     log(f"ground truth: {len(gt['masks'])} retrains, {np.median(gt['seconds']):.1f}s median each; seed noise "
