@@ -326,7 +326,8 @@ def epoch_checkpoints(work: Path, tok: dict[str, Any], threads: int) -> list[str
         model, _ = finetune(pretrained_state(work), config, tok, torch.arange(len(tok["train_ids"])), 0, save)
         final = torch.load(work / "finetuned" / "model.pt", weights_only=True)
         if not all(torch.equal(final[k], v) for k, v in model.state_dict().items()):
-            raise SystemExit("the fine-tune did not reproduce finetuned/model.pt; delete finetuned/ and rerun")
+            raise SystemExit("the fine-tune did not reproduce finetuned/model.pt (another --threads than the run that "
+                             "made it?); rerun with its --threads, or delete finetuned/ and rerun")
     return [str(p.relative_to(work)) for p in paths]
 
 
