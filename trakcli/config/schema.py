@@ -335,7 +335,17 @@ class ProjectorConfig(NoBoolNumbers):
         return {"proj_dim": self.proj_dim, "seed": self.seed, **extra}
 
 
-class SecondMomentConfig(StrictModel):
+class KindSection(StrictModel):
+    """A section whose value may be its kind alone: ``second_moment: adafactor`` is
+    ``second_moment: {kind: adafactor}``, ``curvature: ekfac`` is ``curvature: {kind: ekfac}``."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _kind_alone(cls, raw: Any) -> Any:
+        return {"kind": raw} if isinstance(raw, str) else raw
+
+
+class SecondMomentConfig(KindSection):
     """``second_moment:``: the optimizer second-moment correction of the per-example gradients (TrackStar).
 
     Each per-example gradient is divided elementwise by the square root of the
@@ -370,11 +380,6 @@ class SecondMomentConfig(StrictModel):
         "squared (AdamW adds eps to sqrt(v)), so 1e-16 for AdamW's default.",
     )
 
-    @model_validator(mode="before")
-    @classmethod
-    def _kind_alone(cls, raw: Any) -> Any:
-        """``second_moment: adafactor`` is ``second_moment: {kind: adafactor}``."""
-        return {"kind": raw} if isinstance(raw, str) else raw
 
     @field_validator("optimizer_state", mode="before")
     @classmethod
@@ -402,7 +407,7 @@ class RefineConfig(StrictModel):
                                                   "tol": self.tol}
 
 
-class CurvatureConfig(StrictModel):
+class CurvatureConfig(KindSection):
     """``curvature:``: the preconditioner of the scores (docs/guides/curvature.md).
 
     ``gram`` is TRAK's kernel (Φᵀ Φ + λ I)⁻¹ of the projected train features (``score.lambda_*``).
@@ -452,11 +457,6 @@ class CurvatureConfig(StrictModel):
         "with the Gauss-Newton matrix, preconditioned by the fitted curvature (`trak score`; iterations 0: off).",
     )
 
-    @model_validator(mode="before")
-    @classmethod
-    def _kind_alone(cls, raw: Any) -> Any:
-        """``curvature: ekfac`` is ``curvature: {kind: ekfac}``."""
-        return {"kind": raw} if isinstance(raw, str) else raw
 
     def spec(self) -> dict[str, Any] | None:
         """What the stored features depend on (part of the store identity); None for ``gram``, which changes only the

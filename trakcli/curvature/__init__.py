@@ -23,7 +23,6 @@ from trakcli.curvature.kfac import (
     correct_eigenvalues,
     curvature_layers,
     eigenbases,
-    fit,
     fit_covariances,
     fisher_loss,
 )
@@ -33,7 +32,7 @@ from trakcli.tasks import Task, resolve_task
 
 __all__ = [
     "FISHERS", "KINDS", "Curvature", "CurvatureFactors", "LayerFactors", "correct_eigenvalues", "curvature_layers",
-    "eigenbases", "fisher_loss", "fit", "fit_covariances", "GaussNewton", "refine",
+    "eigenbases", "fisher_loss", "fit_covariances", "GaussNewton", "refine",
 ]
 
 

@@ -246,18 +246,20 @@ def fisher_loss(task: Task, logits: torch.Tensor, batch: dict[str, torch.Tensor]
     """
     if fisher == "empirical":
         return task.loss(logits, batch, reduction="sum")
-    probs = torch.softmax(logits.detach().double(), dim=-1)
     if task.token_level:
         labels = token_labels(batch)  # [n, L]
-        flat = probs.reshape(*labels.shape, -1)[:, :-1].reshape(-1, probs.shape[-1])
-        drawn = torch.multinomial(flat, 1, generator=generator).reshape(labels.shape[0], -1)
-        nxt = torch.where(labels[:, 1:] != IGNORE_INDEX, drawn.to(labels), labels[:, 1:])
+        nxt = labels[:, 1:].clone()
+        target = nxt != IGNORE_INDEX  # only the target positions are sampled: a copy of their logits, not of all
+        pred = logits.detach().reshape(*labels.shape, -1)[:, :-1][target]  # [n_targets, V]
+        probs = torch.softmax(pred.double(), dim=-1)
+        nxt[target] = torch.multinomial(probs, 1, generator=generator).reshape(-1).to(labels)
         sampled = torch.cat([labels[:, :1], nxt], dim=1)
     else:
         labels = batch.get("labels")
         if labels is None or labels.dim() != 1 or logits.dim() != 2:
             raise ConfigError(f"curvature.fisher true samples class labels of [n, C] logits or next tokens; task "
                               f"{task.name} has neither; set curvature.fisher: empirical")
+        probs = torch.softmax(logits.detach().double(), dim=-1)
         sampled = torch.multinomial(probs, 1, generator=generator).reshape(-1).to(labels)
     return task.loss(logits, {**batch, "labels": sampled}, reduction="sum")
 
@@ -427,15 +429,3 @@ def correct_eigenvalues(model: nn.Module, layers: Sequence[KroneckerLayer], uses
     if n_examples == 0:
         raise DataError("curvature: no training rows to fit the factors on")
     return [LayerFactors(f.name, f.q_out, f.q_in, acc / n_examples) for f, acc in zip(factors, sums)]
-
-
-def fit(model: nn.Module, layers: Sequence[KroneckerLayer], uses: Sequence[Use], task: Task,
-        batches: Callable[[], Iterable[Batch]], kind: str, damping: float, fisher: str = "true",
-        seed: int = 0) -> CurvatureFactors:
-    """K-FAC or EK-FAC of a checkpoint in one call (:func:`fit_covariances`, :func:`eigenbases`,
-    :func:`correct_eigenvalues` for ``ekfac``); ``batches()`` is called once per pass."""
-    a, s = fit_covariances(model, layers, uses, task, batches(), fisher, seed)
-    factors = eigenbases(layers, a, s)
-    if kind == "ekfac":
-        factors = correct_eigenvalues(model, layers, uses, task, factors, batches(), fisher, seed + 1)
-    return CurvatureFactors(list(layers), factors, damping)

@@ -65,20 +65,21 @@ def exact_scores(s: Any, store: Any, target: Any, damping: float, memory_mb: int
     for model_id in range(n_models):
         s.load(model_id)
         s.curvature.read(store, model_id)
-        view = s.curvature.with_damping(damping)
+        train_view = s.curvature.with_damping(damping)
+        target_view = s.curvature.with_damping(damping)
+        s.refine_targets(target_view)  # the targets' solves refined by conjugate gradients, if asked
         for t_lo in range(0, n_t, chunk):
             t_hi = min(n_t, t_lo + chunk)
             event(f"start exact {model_id} {t_lo}")
-            s.refine_targets(view)  # the targets' solve refined by conjugate gradients, if asked
             parts = []
             for off, x, y in s.batches(target, t_lo, t_hi):
-                g, _ = feat.transformed(inputs_to(x, s.device), y.to(s.device), model_id, off, curvature=view)
+                g, _ = feat.transformed(inputs_to(x, s.device), y.to(s.device), model_id, off, curvature=target_view)
                 parts.append(_flat(g, names).float())
-            view.refine_targets(None)
             w_t = torch.cat(parts)  # [chunk, grad_dim]
             with reporter.task(f"exact scores model {model_id}", n) as task:
                 for off, x, y in s.batches(s.train, 0, n):
-                    g, q = feat.transformed(inputs_to(x, s.device), y.to(s.device), model_id, off, curvature=view)
+                    g, q = feat.transformed(inputs_to(x, s.device), y.to(s.device), model_id, off,
+                                            curvature=train_view)
                     total[t_lo:t_hi, off:off + len(y)] += (w_t @ _flat(g, names).float().T).double().cpu().numpy()
                     if t_lo == 0:
                         q_sum[off:off + len(y)] += q.double().cpu().numpy()

@@ -267,9 +267,9 @@ def featurize(
     train_rows: list[ChunkedRows] = []
     with locked_store(path, s.dist, reporter):
         if first is None and not (overwrite or verify) and s.dist.world_size == 1:
-            settings = ridge_settings(cfg.score.lambda_reg, cfg.score.lambda_rel) if s.checkpoints else None
-            if s.curvature is not None:  # kfac / ekfac: no kernel (the curvature is stored before the features)
-                settings = None
+            # kfac / ekfac have no kernel (their curvature is stored before the features)
+            kernel = s.checkpoints and s.curvature is None
+            settings = ridge_settings(cfg.score.lambda_reg, cfg.score.lambda_rel) if kernel else None
             if train_finished(path, s.identity, s.layout, s.shas, settings, s.state_shas):  # nothing to do, found without zarr
                 n_chunks = -(-s.layout.n_train // s.layout.chunk_rows)
                 return FeaturizeResult(

@@ -31,12 +31,10 @@ import torch
 
 from trakcli.config import Config
 from trakcli.data.load import load_dataset
-from trakcli.data.tensors import TensorDataset, index_inputs, inputs_to
-from trakcli.data.text import TextDataset
+from trakcli.data.tensors import inputs_to
 from trakcli.errors import ConfigError
-from trakcli.jobs.retrain import setup_device, threads_per_worker, check_eval_config, model_seed
+from trakcli.jobs.retrain import check_eval_config, model_seed, setup_device, threads_per_worker, train_on_rows
 from trakcli.jobs.runtime import apply_threads, event, resolve_device
-from trakcli.jobs.train import DatasetRows, train_one
 from trakcli.jobs.workers import run_in_workers
 from trakcli.metrics.lds import mean_interval
 from trakcli.models.forward import forward
@@ -134,14 +132,7 @@ def _train_and_measure(state: _State, k: int) -> np.ndarray:
     event(f"start qld {k} pid {os.getpid()}")
     cfg, train, p = state.cfg, state.train, state.plan
     keep = np.setdiff1d(np.arange(len(train)), p.drop[k])
-    if isinstance(train, TextDataset):
-        model = train_one(cfg, DatasetRows(train, keep.tolist(), state.device), seed=p.seeds[k], device=state.device,
-                          description=f"qld {k}")
-    else:
-        idx = torch.from_numpy(keep).to(state.device)
-        x = index_inputs(inputs_to(train.inputs, state.device), idx)
-        y = train.labels.to(state.device)[idx]
-        model = train_one(cfg, x, y, seed=p.seeds[k], device=state.device, description=f"qld {k}")
+    model = train_on_rows(cfg, train, keep, p.seeds[k], state.device, f"qld {k}")
     return query_losses(model, state.target, p.queries, cfg.task, state.device)
 
 

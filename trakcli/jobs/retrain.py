@@ -236,6 +236,19 @@ def check_eval_config(cfg: Config) -> None:
 # retraining
 
 
+def train_on_rows(cfg: Config, train: TensorDataset, rows: np.ndarray, seed: int, device: torch.device | str,
+                  description: str) -> torch.nn.Module:
+    """A model trained by :func:`trakcli.jobs.train.train_one` with ``seed`` on the rows ``rows`` (``[m]`` int) of
+    ``train``: text read and tokenized batch by batch (the corpus is never in memory), tensors indexed on ``device``."""
+    if isinstance(train, TextDataset):
+        return train_one(cfg, DatasetRows(train, rows.tolist(), device), seed=seed, device=device,
+                         description=description)
+    idx = torch.from_numpy(rows).to(device)
+    x = index_inputs(inputs_to(train.inputs, device), idx)
+    y = train.labels.to(device)[idx]
+    return train_one(cfg, x, y, seed=seed, device=device, description=description)
+
+
 def retrain_one(
     cfg: Config, k: int, train: TensorDataset, target: TensorDataset, device: torch.device | str = "cpu"
 ) -> np.ndarray:
@@ -249,15 +262,7 @@ def retrain_one(
         ``[n_target]`` float64 model outputs of ``target`` (:func:`model_outputs`).
     """
     mask = subset_mask(len(train), cfg.eval.subset_fraction, cfg.eval.seed, k)
-    rows = np.flatnonzero(mask)
-    if isinstance(train, TextDataset):  # read and tokenized batch by batch: the corpus is never in memory
-        model = train_one(cfg, DatasetRows(train, rows.tolist(), device), seed=model_seed(cfg.eval.seed, k),
-                          device=device, description=f"retrain {k}")
-    else:
-        idx = torch.from_numpy(rows).to(device)
-        x = index_inputs(inputs_to(train.inputs, device), idx)
-        y = train.labels.to(device)[idx]
-        model = train_one(cfg, x, y, seed=model_seed(cfg.eval.seed, k), device=device, description=f"retrain {k}")
+    model = train_on_rows(cfg, train, np.flatnonzero(mask), model_seed(cfg.eval.seed, k), device, f"retrain {k}")
     return model_outputs(
         model, target, cfg.task, batch_size=cfg.data.batch_size, device=device, memory_mb=cfg.data.grad_memory_mb,
         max_tokens=cfg.data.batch_tokens,

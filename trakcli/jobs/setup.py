@@ -25,7 +25,7 @@ from trakcli.config import Config, ProjectorConfig, check_files, resolve_checkpo
 from trakcli.config.resolve import resolve_optimizer_states
 from trakcli.curvature import Curvature
 from trakcli.data.load import load_dataset
-from trakcli.data.tensors import TensorDataset, inputs_to
+from trakcli.data.tensors import TensorDataset, index_inputs, inputs_to
 from trakcli.distributed import Dist, init_from_env
 from trakcli.errors import ConfigError
 from trakcli.factors import KroneckerFeaturizer, LayerGradients, SecondMoment, check_method, per_example_gradients
@@ -199,8 +199,7 @@ def rows_of(data: Any, indices: list[int], batch_rows: int, max_tokens: int | No
     out = []
     for lo in range(0, len(indices), batch_rows):
         idx = torch.tensor(indices[lo:lo + batch_rows], dtype=torch.long)
-        x = {k: v[idx] for k, v in data.inputs.items()} if isinstance(data.inputs, dict) else data.inputs[idx]
-        out.append((x, data.labels[idx]))
+        out.append((index_inputs(data.inputs, idx), data.labels[idx]))
     return out
 
 
