@@ -167,3 +167,15 @@ def test_exact_scores_give_the_top_k_and_the_refinement_changes_them(user_projec
     assert refined.shape == full.shape and np.isfinite(refined).all() and not np.allclose(refined, full, rtol=1e-3)
     corr = np.mean([np.corrcoef(a, b)[0, 1] for a, b in zip(refined, full)])
     assert corr > 0.5  # a refinement of the same solve, not another ranking
+
+
+def test_cosines_need_the_stored_features_and_sweep_refuses_curvature_each_one_clear_error(user_project):
+    base = ["projector.kind=sjlt", "projector.proj_dim=32", "curvature.kind=ekfac"]
+    assert run(user_project, "featurize", "run.yaml", "-q", *base).returncode == 0
+    res = run(user_project, "score", "run.yaml", *base, "score.normalize=unit")
+    assert res.returncode == 1 and "curvature.exact: false" in res.stderr, res.stderr
+    assert "scores" not in zarr.open_group(str(_store(user_project)), mode="r")  # nothing written, nothing lost
+    res = run(user_project, "score", "run.yaml", "-q", *base, "score.normalize=unit", "curvature.exact=false")
+    assert res.returncode == 0, res.stderr
+    res = run(user_project, "eval", "sweep", "run.yaml", *base)
+    assert res.returncode == 1 and "curvature.kind ekfac has no kernel" in res.stderr, res.stderr
