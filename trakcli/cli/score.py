@@ -81,6 +81,7 @@ def scores_table(
 def _json(res, scores: np.ndarray, top_k: int, out: Path | None, plot: Path | None,
           train_texts: Sequence[str] | None = None) -> dict[str, Any]:
     """What ``--json`` prints: the run's shape, store, λ per checkpoint and the shown targets' top train indices."""
+    from trakcli.answers import answer_entry
     from trakcli.plots import top_indices
 
     k = min(top_k, scores.shape[1])
@@ -89,8 +90,8 @@ def _json(res, scores: np.ndarray, top_k: int, out: Path | None, plot: Path | No
         pro, opp = top_indices(row, k)
         top.append({
             "target": t,
-            "proponents": [_answer(i, row[i], train_texts) for i in pro],
-            "opponents": [_answer(i, row[i], train_texts) for i in opp],
+            "proponents": [answer_entry(i, row[i], train_texts) for i in pro],
+            "opponents": [answer_entry(i, row[i], train_texts) for i in opp],
         })
     return {
         "store": str(res.store), "experiment": res.experiment, "n_target": res.n_target, "n_train": res.n_train,
@@ -246,43 +247,15 @@ def shown_scores(res, n: int) -> np.ndarray:
     return rows
 
 
-def write_answers(res, path: Path, k: int, target_texts, train_texts, block: int = 1024) -> int:
-    """Write one JSON line per target: its top proponents and opponents with scores (and texts); returns targets.
-
-    From the top-k arrays when the experiment has them (all K), else the ``k`` best of each
-    row of the full matrix, read ``block`` targets at a time. Written atomically.
-    """
+def write_answers(res, path: Path, k: int, target_texts, train_texts, block: int = 1024, tokens=None) -> int:
+    """Write one JSON line per target (:func:`trakcli.answers.answer_records`), atomically; returns targets."""
+    from trakcli.answers import answer_records
     from trakcli.files import atomic_open
-    from trakcli.plots import top_indices
 
     with atomic_open(path, "w", encoding="utf-8") as f:
-        for lo in range(0, res.n_target, block):
-            hi = min(lo + block, res.n_target)
-            if res.top_k:
-                top = res.top(lo, hi)
-                sides = [(top["proponents"][r], top["proponent_scores"][r], top["opponents"][r],
-                          top["opponent_scores"][r]) for r in range(hi - lo)]
-            else:
-                sides = []
-                for row in res.rows(lo, hi):
-                    pro, opp = top_indices(row, k)
-                    sides.append((pro, row[pro], opp, row[opp]))
-            for r, (pro, pro_s, opp, opp_s) in enumerate(sides):
-                line: dict[str, Any] = {"target": lo + r}
-                if target_texts is not None:
-                    line["text"] = target_texts[lo + r]
-                line["proponents"] = [_answer(i, v, train_texts) for i, v in zip(pro, pro_s)]
-                line["opponents"] = [_answer(i, v, train_texts) for i, v in zip(opp, opp_s)]
-                f.write(json.dumps(line, ensure_ascii=False) + "\n")
+        for line in answer_records(res, k, target_texts, train_texts, block, tokens):
+            f.write(json.dumps(line, ensure_ascii=False) + "\n")
     return res.n_target
-
-
-def _answer(i: Any, score: Any, texts) -> dict[str, Any]:
-    """One proponent or opponent: its train index, score and (text data) text."""
-    entry: dict[str, Any] = {"train": int(i), "score": float(score)}
-    if texts is not None:
-        entry["text"] = texts[int(i)]
-    return entry
 
 
 def _per_token(ds) -> bool:

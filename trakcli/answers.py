@@ -1,0 +1,73 @@
+"""The answer of an experiment: per target, its top proponents and opponents with scores, texts and tokens.
+
+One record per target, the same for ``trak score --out answers.jsonl``, ``trak report`` and the Python API::
+
+    {"target": 0, "text": "...",                       # text data: a short rendering of the target
+     "proponents": [{"train": 17, "score": 3.2, "text": "...",
+                     "target_tokens": [["▁Paris", 0.8], ["!", -0.01], ...],   # with score.per_token
+                     "document_tokens": [["The", null], ["▁capital", 0.4], ...]}, ...],
+     "opponents": [...]}
+
+``target_tokens`` lists every token of the target and ``document_tokens`` every token of the train
+document, as ``[token text, contribution]``; the contribution is the share of the document's score
+that the token's next-token term carries (:mod:`trakcli.jobs.per_token`), ``null`` for a token that
+is not a target of the loss (a prompt, a user turn). Over the target tokens the contributions sum to
+the document's score.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator
+
+#: ``(target, side, rank) -> {"target_tokens": ..., "document_tokens": ...}`` of one top document, or None.
+TokenFields = Callable[[int, str, int], dict[str, Any] | None]
+
+
+def answer_records(res: Any, k: int, target_texts: Any = None, train_texts: Any = None, block: int = 1024,
+                   tokens: TokenFields | None = None) -> Iterator[dict[str, Any]]:
+    """Yield one record per target (module docstring), ``block`` targets read at a time.
+
+    Args:
+        res: a :class:`~trakcli.jobs.score.ScoreResult`.
+        k: documents per side when the experiment has only the full matrix (``score.show_top``);
+            with ``score.top_k`` all K are given.
+        target_texts, train_texts: indexable renderings of the rows (text data), or None.
+        block: targets read from the store at once.
+        tokens: per-token fields of a top document (``score.per_token``), or None.
+    """
+    from trakcli.plots import top_indices
+
+    for lo in range(0, res.n_target, block):
+        hi = min(lo + block, res.n_target)
+        if res.top_k:
+            top = res.top(lo, hi)
+            sides = [(top["proponents"][r], top["proponent_scores"][r], top["opponents"][r],
+                      top["opponent_scores"][r]) for r in range(hi - lo)]
+        else:
+            sides = []
+            for row in res.rows(lo, hi):
+                pro, opp = top_indices(row, k)
+                sides.append((pro, row[pro], opp, row[opp]))
+        for r, (pro, pro_s, opp, opp_s) in enumerate(sides):
+            t = lo + r
+            line: dict[str, Any] = {"target": t}
+            if target_texts is not None:
+                line["text"] = target_texts[t]
+            for side, idx, vals in (("proponents", pro, pro_s), ("opponents", opp, opp_s)):
+                line[side] = []
+                for rank, (i, v) in enumerate(zip(idx, vals)):
+                    entry = answer_entry(i, v, train_texts)
+                    extra = tokens(t, side, rank) if tokens is not None else None
+                    if extra:
+                        entry.update(extra)
+                    line[side].append(entry)
+            yield line
+
+
+def answer_entry(i: Any, score: Any, texts: Any) -> dict[str, Any]:
+    """One proponent or opponent: its train index, score and (text data) text."""
+    entry: dict[str, Any] = {"train": int(i), "score": float(score)}
+    if texts is not None:
+        entry["text"] = texts[int(i)]
+    return entry
+
