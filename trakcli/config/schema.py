@@ -533,6 +533,12 @@ class ScoreConfig(StrictModel):
         "without Q (TrackStar; for retrieving source documents). Unset: TRAK's scores (for predicting "
         "counterfactual retraining).",
     )
+    per_token: bool = Field(
+        False,
+        description="Language models: split each top document's score over the target's tokens and over the "
+        "document's tokens (which completion tokens it explains, which of its tokens carry it); needs top_k. "
+        "Stored beside the top-k; trak score --out answers.jsonl and trak report show them.",
+    )
     show_top: PositiveInt = Field(5, description="Proponents and opponents the summary table shows per target.")
     show_targets: int = Field(3, ge=0, description="How many targets the summary table shows.")
 

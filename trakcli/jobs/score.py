@@ -22,6 +22,7 @@ from trakcli.distributed import Dist
 from trakcli.errors import ConfigError, StoreError
 from trakcli.jobs.exact import exact_scores
 from trakcli.jobs.featurize import featurize_rows
+from trakcli.jobs.per_token import PerTokenScores, check_per_token, per_token_width
 from trakcli.jobs.kernels import finalize_kernels, kernel_of, report_notes, ridge_settings
 from trakcli.jobs.runtime import ChunkWriter, event, locked_store, torch_threads
 from trakcli.jobs.setup import JobSetup, prepare
@@ -48,6 +49,7 @@ class ScoreResult:
         notes: messages for the user.
         top_k: K of the stored top-k arrays (``score.top_k``, at most n_train), or None.
         full: whether the full score matrix is in the store.
+        per_token: whether the per-token scores of the top-k are in the store (``score.per_token``).
     """
 
     store: Path
@@ -61,6 +63,7 @@ class ScoreResult:
     notes: list[str] = field(default_factory=list)
     top_k: int | None = None
     full: bool = True
+    per_token: bool = False
 
     def top(self, lo: int = 0, hi: int | None = None) -> dict[str, np.ndarray]:
         """Targets ``[lo, hi)`` of the top-k arrays (chunks checked).
@@ -77,6 +80,25 @@ class ScoreResult:
         store = Store.open_existing(self.store, mode="r")
         hi = self.n_target if hi is None else min(hi, self.n_target)
         return {name: store.read(f"scores/{self.experiment}/top_k/{name}", lo, hi) for name in TOP_K_ARRAYS}
+
+    def tokens(self, lo: int = 0, hi: int | None = None) -> dict[str, np.ndarray]:
+        """Targets ``[lo, hi)`` of the per-token scores (``score.per_token``, :mod:`trakcli.jobs.per_token`).
+
+        Returns:
+            ``target_tokens`` / ``document_tokens``: ``[rows, 2, K, width]`` float32 (side 0 the proponents,
+            1 the opponents, in top-k order; NaN where a token is not a target).
+
+        Raises:
+            StoreError: the experiment has no per-token scores.
+            StoreCorruptError: a chunk is missing or corrupt (names ``trak score CONFIG``).
+        """
+        if not self.per_token:
+            raise StoreError(f"experiment {self.experiment!r} has no per-token scores; score it with "
+                             "score.per_token: true")
+        store = Store.open_existing(self.store, mode="r")
+        hi = self.n_target if hi is None else min(hi, self.n_target)
+        return {name: store.read(f"scores/{self.experiment}/per_token/{name}", lo, hi)
+                for name in ("target_tokens", "document_tokens")}
 
     def head(self, n: int) -> np.ndarray:
         """The first ``n`` target rows of the full score matrix, ``[n, n_train]`` float32 (chunks checked).
@@ -194,7 +216,7 @@ def score(
     target = load_dataset(cfg.data.target, key="data.target")  # type: ignore[arg-type]  # checked by check_files
     lambdas, computed = score_targets(
         s, path, target, experiment=sc.experiment, lambda_reg=sc.lambda_reg, lambda_rel=sc.lambda_rel,
-        top_k=sc.top_k, full=sc.full, normalize=sc.normalize,
+        top_k=sc.top_k, full=sc.full, normalize=sc.normalize, per_token=sc.per_token,
         overwrite=overwrite, skip_nonfinite=skip_nonfinite, verify=verify, reporter=reporter,
         linalg_threads=cfg.linalg_threads, grad_memory_mb=cfg.data.grad_memory_mb,
     )
@@ -209,6 +231,7 @@ def score(
         chunks_computed=computed,
         top_k=None if sc.top_k is None else min(sc.top_k, len(s.train)),
         full=sc.top_k is None if sc.full is None else sc.full,
+        per_token=sc.per_token,
     )
 
 
@@ -223,6 +246,7 @@ def score_targets(
     top_k: int | None = None,
     full: bool | None = None,
     normalize: str | None = None,
+    per_token: bool = False,
     overwrite: bool = False,
     skip_nonfinite: bool = False,
     verify: bool = False,
@@ -240,7 +264,7 @@ def score_targets(
         s: the setup (featurizer, checkpoints and their sha256s, identity, process group).
         path: the store.
         target: the target examples.
-        experiment, lambda_reg, lambda_rel, top_k, full, normalize: ``score:`` of the config
+        experiment, lambda_reg, lambda_rel, top_k, full, normalize, per_token: ``score:`` of the config
             (``full`` None: the full matrix when ``top_k`` is None).
         overwrite, skip_nonfinite, verify, reporter: as :func:`score`.
         linalg_threads: torch threads for the kernels and score products (:func:`finalize_and_score`).
@@ -271,6 +295,8 @@ def score_targets(
             raise ConfigError("score.normalize: unit ranks by cosines of the stored features; with curvature.exact "
                               "the scores are exact inner products: set curvature.exact: false, or score.normalize: null")
     full = top_k is None if full is None else full
+    if per_token:
+        check_per_token(s, top_k=top_k, normalize=normalize)
     n_models = len(s.checkpoints)
     computed = 0
     with locked_store(path, s.dist, reporter):
@@ -341,7 +367,33 @@ def score_targets(
             exact=(lambda: exact_scores(s, store, target, s.exact_damping, grad_memory_mb, reporter)) if exact else None,
         )
         computed += n
+        if per_token and s.dist.is_main:
+            computed += _per_token_scores(s, store, train_rows, target, exp, top_k, lambda_reg, lambda_rel,
+                                          s.exact_damping if exact else None, reporter)
+        s.dist.barrier()
     return lambdas, computed
+
+
+def _per_token_scores(s: JobSetup, store: Store, train_rows: list[ChunkedRows], target: TensorDataset, exp: str,
+                      top_k: int, lambda_reg: float | None, lambda_rel: float, exact_damping: float | None,
+                      reporter: Reporter) -> int:
+    """Compute the pending chunks of the experiment's per-token scores (:mod:`trakcli.jobs.per_token`); returns them."""
+    k = min(top_k, len(s.train))
+    width = per_token_width(s, target)
+    arrays = store.per_token(exp, len(target), k, width, create=True, repair=True)
+    bad = arrays.verify()
+    if bad:
+        reporter.info(f"per-token chunks {bad} were missing or corrupt; recomputed")
+    pending = arrays.pending()
+    if not pending:
+        return 0
+    top = TopK(store, exp, len(target), top_k, create=False)
+    scorer = PerTokenScores(s, store, train_rows, target, k, width, ridge_settings(lambda_reg, lambda_rel),
+                            exact_damping)
+    for chunk in pending:
+        lo, hi = arrays.rows(chunk)
+        arrays.write(chunk, **scorer.compute(lo, hi, top.read(lo, hi), reporter))
+    return len(pending)
 
 
 def finalize_and_score(

@@ -594,6 +594,34 @@ class Store:
         )
         return ChunkedRows(data, done, 1, n_segments)
 
+    def per_token(
+        self, experiment: str, n_target: int, k: int, width: int, create: bool = True, repair: bool = False
+    ) -> ChunkedRows:
+        """The per-token scores of an experiment's top-k (``scores/<experiment>/per_token``), chunked by target rows.
+
+        Arrays (:mod:`trakcli.jobs.per_token`): ``target_tokens`` and ``document_tokens``
+        ``[n_target, 2, k, width]`` float32 (side 0 proponents, 1 opponents; position in the sequence;
+        NaN where a token is not a target), with a done flag per chunk of target rows.
+
+        Raises:
+            StoreMismatchError: the stored arrays have another ``k`` or ``width`` (names ``--overwrite``).
+        """
+        name = f"scores/{experiment}/per_token"
+        group = self._node(name, repair and create)
+        if group is not None:
+            check_same(f"{name} in {self.path}", {"k": group.attrs.get("k"), "width": group.attrs.get("width")},
+                       {"k": k, "width": width}, "rerun with --overwrite to recompute the scores")
+        else:
+            group = self._group(name, create, attrs={"k": k, "width": width})
+        t_rows = min(n_target, max(1, (4 << 20) // (16 * k * width)))
+        arrays = ("target_tokens", "document_tokens")
+        data, done = self._arrays(
+            group, {a: ((n_target, 2, k, width), "float32") for a in arrays},
+            {a: (t_rows, 2, k, width) for a in arrays}, -(-n_target // t_rows), create, repair,
+            {a: ("target", "side", "rank", "position") for a in arrays},
+        )
+        return ChunkedRows(data, done, t_rows, n_target)
+
     def _top_k_group(self, name: str, k: int, create: bool, repair: bool) -> Any:
         group = self._node(name, repair and create)
         if group is not None:

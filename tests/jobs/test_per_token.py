@@ -1,0 +1,264 @@
+"""Per-token scores (``score.per_token``, trakcli.jobs.per_token): sums, vmap references, answers, errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.func import functional_call, grad, vmap
+
+from projects import LM_VOCAB, masked_batch, run, write_config, write_jsonl
+from trakcli.jobs.per_token import split_by_token, token_margins
+from trakcli.models.forward import logits_of, model_kwargs
+from trakcli.tasks import IGNORE_INDEX, language_modeling_margin
+
+MODEL_FILE = '''
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+
+def gpt2(vocab_size=29):
+    torch.manual_seed(0)
+    cfg = GPT2Config(vocab_size=vocab_size, n_embd=16, n_layer=1, n_head=2, n_positions=32,
+                     bos_token_id=1, eos_token_id=1, attn_implementation="eager")
+    return GPT2LMHeadModel(cfg)
+
+
+def llama(vocab_size=29):
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=16, intermediate_size=24, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32,
+                      tie_word_embeddings=True, attn_implementation="eager")
+    return LlamaForCausalLM(cfg)
+'''
+
+
+def test_token_margins_sum_to_the_sequence_margin_and_split_keeps_one_target_per_copy():
+    inputs, labels = masked_batch("chat", n=4, length=9)
+    logits = torch.randn(4, 9, LM_VOCAB, generator=torch.Generator().manual_seed(0))
+    per = token_margins(logits, labels)
+    f, _ = language_modeling_margin(logits, labels)
+    torch.testing.assert_close(per.sum(1), f)
+    assert (per[:, 0] == 0).all() and (per[labels == IGNORE_INDEX] == 0).all()
+    xs, ys, rows, positions = split_by_token(inputs, labels)
+    assert len(rows) == int((labels[:, 1:] != IGNORE_INDEX).sum())
+    assert ((ys != IGNORE_INDEX).sum(1) == 1).all()
+    for j, (r, t) in enumerate(zip(rows, positions)):
+        assert ys[j, t] == labels[r, t] and torch.equal(xs["input_ids"][j], inputs["input_ids"][r])
+
+
+def _rows(kind: str, n: int, seed: int) -> list[dict]:
+    inputs, labels = masked_batch(kind, n=n, length=10, seed=seed)
+    out = []
+    for ids, am, lab in zip(inputs["input_ids"], inputs["attention_mask"], labels):
+        real = int(am.sum())
+        out.append({"ids": ids[:real].tolist(), "labels": lab[:real].tolist()})
+    return out
+
+
+def _project(root: Path, arch: str, kind: str, extra: dict | None = None) -> None:
+    """A tiny causal LM (random init, one checkpoint), pre-tokenized train (24 rows) and target (3 rows) data."""
+    (root / "lm_model.py").write_text(MODEL_FILE)
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("lm_model_for_ckpt", root / "lm_model.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    torch.save(getattr(mod, arch)().state_dict(), root / "ck0.pt")
+    write_jsonl(root / "train.jsonl", _rows(kind, 24, 1))
+    write_jsonl(root / "target.jsonl", _rows(kind, 3, 2))
+    data = {"input_ids": "ids", "labels": "labels", "max_length": 10}
+    cfg = {
+        "model": {"entrypoint": f"lm_model.py:{arch}"},
+        "task": "language_modeling",
+        "checkpoints": ["ck0.pt"],
+        "data": {"train": {"path": "train.jsonl", **data}, "target": {"path": "target.jsonl", **data},
+                 "batch_size": 8},
+        "projector": {"kind": "noop"},
+        "store": {"path": "s.zarr", "chunk_rows": 8, "dtype": "float32"},
+        "score": {"top_k": 4, "per_token": True},
+        "num_threads": 1,
+    }
+    for key, value in (extra or {}).items():
+        section, _, name = key.partition(".")
+        if section == "top":
+            cfg[name] = value
+        else:
+            cfg.setdefault(section, {})[name] = value
+    write_config(root / "run.yaml", cfg)
+
+
+def _reference(root: Path, arch: str, kind: str, lam: float | None, damping: float | None = None):
+    """Per-token scores from per-token gradients of vmap (torch.func), written independently of trakcli:
+    TRAK's kernel on whole gradients (noop projector) or, with ``damping``, the exact EK-FAC curvature
+    from the store."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("lm_model_ref", root / "lm_model.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    model = getattr(mod, arch)().eval()
+    model.load_state_dict(torch.load(root / "ck0.pt"))
+    params = {n: p.detach() for n, p in model.named_parameters()}
+    names = list(params)
+
+    def batch(rows):
+        L = 10
+        ids = torch.zeros(len(rows), L, dtype=torch.long)
+        am = torch.zeros(len(rows), L, dtype=torch.long)
+        lab = torch.full((len(rows), L), IGNORE_INDEX)
+        for i, r in enumerate(rows):
+            ids[i, :len(r["ids"])] = torch.tensor(r["ids"])
+            am[i, :len(r["ids"])] = 1
+            lab[i, :len(r["labels"])] = torch.tensor(r["labels"])
+        return ids, am, lab
+
+    def f_of(p, ids, am, lab):  # one row, every token of `lab` a target
+        x = {"input_ids": ids[None], "attention_mask": am[None]}
+        logits = logits_of(functional_call(model, p, args=(), kwargs=model_kwargs(model, x)))
+        return token_margins(logits, lab[None]).sum()
+
+    def q_of(ids, am, lab):
+        with torch.no_grad():
+            logits = logits_of(model(**model_kwargs(model, {"input_ids": ids[None], "attention_mask": am[None]})))
+        return float(language_modeling_margin(logits, lab[None])[1])
+
+    def flat(g):
+        return torch.cat([g[n].reshape(g[n].shape[0], -1) for n in names], 1).double()
+
+    def per_token_grads(ids, am, lab):
+        """[L, grad_dim]: row t the gradient of f_t (0 where t is not a target)."""
+        L = lab.shape[0]
+        eye = torch.where(torch.eye(L, dtype=torch.bool), lab[None, :].expand(L, L), IGNORE_INDEX)
+        g = vmap(grad(f_of), in_dims=(None, None, None, 0))(params, ids, am, eye)
+        return flat(g)
+
+    train = [json.loads(line) for line in (root / "train.jsonl").read_text().splitlines()]
+    target = [json.loads(line) for line in (root / "target.jsonl").read_text().splitlines()]
+    t_ids, t_am, t_lab = batch(train)
+    phi = torch.stack([per_token_grads(t_ids[i], t_am[i], t_lab[i]).sum(0) for i in range(len(train))])
+    q = np.array([q_of(t_ids[i], t_am[i], t_lab[i]) for i in range(len(train))])
+    if damping is None:
+        inv = torch.linalg.inv(phi.T @ phi + lam * torch.eye(phi.shape[1], dtype=torch.float64))
+        apply = lambda g: g @ inv  # noqa: E731
+    else:
+        apply = _ekfac_inverse(root, names, params, damping)
+    x_ids, x_am, x_lab = batch(target)
+    out = []
+    for i in range(len(target)):
+        g_tok = per_token_grads(x_ids[i], x_am[i], x_lab[i])  # [L, d]
+        w_tok = apply(g_tok)  # [L, d]: each token's (F + λ)⁻¹ ∇f_t
+        out.append({"target_tokens": (w_tok @ phi.T).numpy() * q[None, :],  # [L, n_train]
+                    "train_grads": w_tok.sum(0)})
+    doc_tokens = lambda i, d: (per_token_grads(t_ids[d], t_am[d], t_lab[d]) @ out[i]["train_grads"]).numpy() * q[d]  # noqa: E731
+    return out, doc_tokens
+
+
+def _ekfac_inverse(root: Path, names, params, damping: float):
+    """g ↦ Wᵀ W g with the stored EK-FAC whitening W at ``damping`` (trakcli.curvature), as a map on flat rows."""
+    import yaml
+
+    from trakcli.config.load import load_config
+    from trakcli.jobs.setup import prepare
+    from trakcli.store import Store
+
+    cfg = load_config(yaml.safe_load((root / "run.yaml").read_text()))
+    s = prepare(cfg)
+    s.curvature.read(Store.open_existing(Path(cfg.store.path), mode="r"), 0)
+    view = s.curvature.with_damping(damping)
+    sel = s.featurizer.param_names
+
+    def apply(g_flat: torch.Tensor) -> torch.Tensor:
+        parts, at = {}, 0
+        for n in names:
+            size = params[n].numel()
+            parts[n] = g_flat[:, at:at + size].reshape(-1, *params[n].shape).float()
+            at += size
+        w = view.whiten({n: parts[n] for n in sel}, 0)
+        x = {n: torch.zeros_like(w[n], requires_grad=True) for n in sel}
+        y = view.whiten(x, 0)
+        back = torch.autograd.grad([y[n] for n in sel], [x[n] for n in sel], [w[n] for n in sel])
+        full = {n: torch.zeros_like(parts[n]) for n in names}
+        full.update(dict(zip(sel, back)))
+        return torch.cat([full[n].reshape(full[n].shape[0], -1) for n in names], 1).double()
+
+    return apply
+
+
+@pytest.mark.parametrize("arch,kind", [("gpt2", "completion"), ("llama", "chat")])
+def test_per_token_scores_sum_to_the_document_scores_and_match_vmap_references(tmp_path, monkeypatch, arch, kind):
+    monkeypatch.chdir(tmp_path)
+    _project(tmp_path, arch, kind)
+    for cmd in ("featurize", "score"):
+        res = run(tmp_path, cmd, "run.yaml", "-q")
+        assert res.returncode == 0, res.stderr
+    _check_against_reference(tmp_path, arch, kind, damping=None)
+
+
+def test_per_token_scores_of_exact_ekfac_match_the_vmap_reference(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _project(tmp_path, "gpt2", "completion", {"curvature.kind": "ekfac", "curvature.damping": 0.01,
+                                             "curvature.fisher": "empirical", "projector.kind": "sjlt",
+                                             "projector.proj_dim": 64,
+                                             "top.grad_wrt": ["transformer.h.0.attn.*", "transformer.h.0.mlp.*"]})
+    for cmd in ("featurize", "score"):
+        res = run(tmp_path, cmd, "run.yaml", "-q")
+        assert res.returncode == 0, res.stderr
+    _check_against_reference(tmp_path, "gpt2", "completion", damping=0.01)
+
+
+def _check_against_reference(root: Path, arch: str, kind: str, damping: float | None) -> None:
+    import zarr
+
+    g = zarr.open_group(str(root / "s.zarr"), mode="r")
+    top = {name: g[f"scores/default/top_k/{name}"][:] for name in ("proponents", "proponent_scores",
+                                                                    "opponents", "opponent_scores")}
+    tok = {name: g[f"scores/default/per_token/{name}"][:] for name in ("target_tokens", "document_tokens")}
+    lam = g["train/0/kernel"].attrs.get("lambda_reg") if damping is None else None
+    ref, doc_tokens = _reference(root, arch, kind, lam, damping)
+    docs = np.stack([top["proponents"], top["opponents"]], 1)  # [n_target, 2, K]
+    scores = np.stack([top["proponent_scores"], top["opponent_scores"]], 1)
+    scale = np.abs(scores).max()
+    for name in ("target_tokens", "document_tokens"):  # each side sums to the document's score
+        sums = np.nansum(tok[name], axis=-1)
+        np.testing.assert_allclose(sums, scores, rtol=1e-5, atol=1e-5 * scale)
+    for i in range(docs.shape[0]):
+        for side in range(2):
+            for r, d in enumerate(docs[i, side]):
+                want_t = ref[i]["target_tokens"][:, d]
+                got_t = tok["target_tokens"][i, side, r]
+                np.testing.assert_allclose(np.nan_to_num(got_t), want_t, rtol=1e-4, atol=1e-4 * scale)
+                assert np.isnan(got_t[want_t == 0]).all() or (want_t[np.isnan(got_t)] == 0).all()
+                want_d = doc_tokens(i, d)
+                got_d = tok["document_tokens"][i, side, r]
+                np.testing.assert_allclose(np.nan_to_num(got_d), want_d, rtol=1e-4, atol=1e-4 * scale)
+
+
+@pytest.mark.parametrize("extra", [
+    {"projector.kind": "kronecker", "projector.proj_dim": 32},
+    {"projector.kind": "sjlt", "projector.proj_dim": 48, "curvature.kind": "ekfac", "curvature.exact": False,
+     "top.grad_wrt": ["transformer.h.0.attn.*", "transformer.h.0.mlp.*"]},
+], ids=["kronecker-gram", "sjlt-ekfac-stored"])
+def test_both_sides_sum_to_the_ensembled_scores_of_two_checkpoints(tmp_path, monkeypatch, extra):
+    monkeypatch.chdir(tmp_path)
+    _project(tmp_path, "gpt2", "completion", extra)
+    state = torch.load(tmp_path / "ck0.pt")
+    torch.save({k: v + 0.05 * torch.randn_like(v) if v.is_floating_point() else v for k, v in state.items()},
+               tmp_path / "ck1.pt")
+    cfg = json.loads(json.dumps(__import__("yaml").safe_load((tmp_path / "run.yaml").read_text())))
+    cfg["checkpoints"] = ["ck0.pt", "ck1.pt"]
+    write_config(tmp_path / "run.yaml", cfg)
+    for cmd in ("featurize", "score"):
+        res = run(tmp_path, cmd, "run.yaml", "-q")
+        assert res.returncode == 0, res.stderr
+    import zarr
+
+    g = zarr.open_group(str(tmp_path / "s.zarr"), mode="r")
+    scores = np.stack([g["scores/default/top_k/proponent_scores"][:], g["scores/default/top_k/opponent_scores"][:]], 1)
+    for name in ("target_tokens", "document_tokens"):
+        got = g[f"scores/default/per_token/{name}"][:]
+        assert np.isfinite(got).any(axis=-1).all()  # every top document has target tokens on both sides
+        np.testing.assert_allclose(np.nansum(got, -1), scores, rtol=1e-5, atol=1e-5 * np.abs(scores).max())

@@ -1,0 +1,317 @@
+"""Per-token attribution (``score.per_token``): which tokens of a target, and of each top document, carry its score.
+
+A language model's output function is a sum over its target tokens, ``f = Σ_t f_t`` (``f_t`` the
+next-token margin of token ``t``, :func:`trakcli.tasks.language_modeling_margin`), and every map
+between a gradient and a score is linear in it. So the score of a target ``x`` and a train document
+``z`` of :mod:`trakcli.scoring` (TRAK, Park et al. 2023, Eq. 17),
+
+    τ(x, z) = [(1/M) Σ_m a_m(x) · b_m(z)] · Q̄(z),
+
+splits exactly over the tokens of either side:
+
+* **target side**, ``τ_t(x, z) = [(1/M) Σ_m a_m(x_t) · b_m(z)] · Q̄(z)`` with ``a_m(x_t)`` the same map
+  applied to the gradient of ``f_t(x)`` alone: the share of the document's score that the target's
+  token ``t`` carries. The gradient of each ``f_t`` is the featurizer's, on a copy of the target whose
+  labels keep token ``t`` only;
+* **train side**, ``τ_s(x, z) = [(1/M) Σ_m ⟨∇_θ f_s(z), v_m(x)⟩] · Q̄(z)``, with ``v_m(x) = Tᵀ a_m(x)``
+  the adjoint of the train features' linear map ``T`` (projection ``Pᵀ`` by the projector's
+  ``unproject``, whitening by its vector-Jacobian product, the diagonal second-moment scaling) applied
+  to the target's weights: the share of the document's token ``s``. One forward-mode Jacobian-vector
+  product of the document's per-token margins along ``v_m(x)`` gives every ``s`` at once
+  (:func:`torch.func.jvp`), for the top-k documents of each target only.
+
+``a`` and ``b`` per curvature: TRAK's kernel ``a_m(x) = (Φ_mᵀΦ_m + λ_m I)⁻¹ φ_m(x)`` (primal: the stored
+Cholesky factor; dual: Woodbury from the stored ``X_m``, ``a = (φ − Φ_mᵀ X_m φ) / λ_m``) and
+``b_m(z) = φ_m(z)`` the stored features; ``curvature.kind`` kfac / ekfac from stored features: ``a = φ(x)``,
+``b = φ(z)`` (already whitened); with ``curvature.exact``: ``a`` the target's whitened gradient and ``b``
+the document's, recomputed (:mod:`trakcli.jobs.exact`). Both sides sum to the document's score:
+``Σ_t τ_t = Σ_s τ_s = τ``.
+
+Stored under ``scores/<experiment>/per_token`` beside the top-k (:meth:`trakcli.store.Store.per_token`):
+``target_tokens`` and ``document_tokens`` ``[n_target, 2, K, width]`` float32 (side 0 the proponents,
+1 the opponents, in top-k order; position ``t`` of the sequence, NaN where a token is not a target of
+the loss or past the sequence's end), computed and resumed by chunks of targets.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch.func import functional_call, jvp
+
+from trakcli.data.tensors import inputs_to
+from trakcli.errors import ConfigError
+from trakcli.jobs.runtime import event
+from trakcli.jobs.setup import JobSetup, rows_of
+from trakcli.models.forward import logits_of, model_kwargs
+from trakcli.progress import NULL_REPORTER, Reporter
+from trakcli.scoring import target_weights
+from trakcli.store import ChunkedRows, Store
+from trakcli.store.kernel import read_kernel
+from trakcli.tasks import IGNORE_INDEX, LanguageModeling, classification_margin, token_labels
+
+#: The two sides of the top-k, in the order of the per-token arrays' second axis.
+SIDES = ("proponents", "opponents")
+
+
+def check_per_token(s: JobSetup, *, top_k: int | None, normalize: str | None) -> None:
+    """Refuse settings per-token scores cannot be computed with, naming the fix.
+
+    Raises:
+        ConfigError: no ``score.top_k``; a task other than ``language_modeling``; ``score.normalize: unit``;
+            ``curvature.refine``; ``second_moment`` with the kronecker projector.
+    """
+    if not top_k:
+        raise ConfigError("score.per_token: true splits the scores of each target's top documents over their tokens; "
+                          "set score.top_k (e.g. score.top_k=20)")
+    task = getattr(s.featurizer, "task", None) or getattr(getattr(s.featurizer, "grads", None), "task", None)
+    if not isinstance(task, LanguageModeling):
+        raise ConfigError(f"score.per_token: true needs task: language_modeling (a sum over tokens); this config's "
+                          f"task is {getattr(task, 'name', task)!r}")
+    if normalize == "unit":
+        raise ConfigError("score.per_token: true splits TRAK's and the curvature's scores; cosines "
+                          "(score.normalize: unit) do not split over tokens: set score.normalize: null")
+    if s.refine is not None and s.refine.iterations:
+        raise ConfigError("score.per_token: true needs scores linear in the target's gradient; conjugate-gradient "
+                          "refinement is not: set curvature.refine.iterations: 0")
+    if s.featurizer.second_moment is not None and not hasattr(s.featurizer, "grads"):
+        raise ConfigError("score.per_token: true with second_moment needs projector.kind rademacher, normal or "
+                          "sjlt (the kronecker projection folds the correction into its factors)")
+
+
+def token_margins(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Each target token's next-token margin, at the token's own position.
+
+    Args:
+        logits: ``[n, L, V]`` float logits of a causal LM.
+        labels: ``[n, L]`` int64 unshifted per-token labels (``-100``: not a target).
+
+    Returns:
+        ``[n, L]``: position ``t ≥ 1`` holds ``logit_{t−1}(x_t) − logsumexp_{j≠x_t} logit_{t−1}(j)`` where
+        ``labels[t]`` is a target, 0 elsewhere; the sum over ``t`` is
+        :func:`~trakcli.tasks.language_modeling_margin`'s ``f``.
+    """
+    nxt = labels[:, 1:]
+    valid = nxt != IGNORE_INDEX
+    margins, _ = classification_margin(logits[:, :-1, :], torch.where(valid, nxt, 0))
+    return torch.nn.functional.pad(margins * valid.to(margins.dtype), (1, 0))
+
+
+def split_by_token(inputs: dict[str, torch.Tensor], labels: torch.Tensor) -> tuple[dict, torch.Tensor, list, list]:
+    """One copy of each row per target token, whose labels keep that token only.
+
+    Returns:
+        ``(inputs, labels, rows, positions)``: the copies (``[N, L]`` each), the row and position of each copy.
+    """
+    rows, positions = [], []
+    for i in range(labels.shape[0]):
+        for t in torch.nonzero(labels[i, 1:] != IGNORE_INDEX).flatten().tolist():
+            rows.append(i)
+            positions.append(t + 1)
+    idx = torch.tensor(rows, dtype=torch.long)
+    out = torch.full((len(rows), labels.shape[1]), IGNORE_INDEX, dtype=labels.dtype)
+    if rows:
+        out[torch.arange(len(rows)), torch.tensor(positions)] = labels[idx, torch.tensor(positions)]
+    return {k: v[idx] for k, v in inputs.items()}, out, rows, positions
+
+
+class PerTokenScores:
+    """Computes the per-token arrays of one experiment's top-k (module docstring).
+
+    Args:
+        s: the setup `trak score` ran with.
+        store: the open store (kernels, curvature).
+        train_rows: per model_id, the complete train features (``features``, ``out_to_loss``).
+        target: the targets.
+        k: the top-k's K.
+        width: the arrays' last axis (the longest sequence of the train and target data).
+        lambda_key: the ridge settings of the stored kernels (:func:`trakcli.jobs.kernels.ridge_settings`).
+        exact_damping: with ``curvature.exact``, its damping; else None.
+    """
+
+    def __init__(self, s: JobSetup, store: Store, train_rows: list[ChunkedRows], target: Any, k: int, width: int,
+                 lambda_key: dict[str, Any], exact_damping: float | None):
+        self.s, self.store, self.train_rows, self.target, self.k, self.width = s, store, train_rows, target, k, width
+        self._views: dict[int, Any] = {}
+        self.lambda_key, self.exact_damping = lambda_key, exact_damping
+        self.names = list(s.featurizer.param_names)
+        self.rows_per_batch = max(1, s.batch_rows)
+
+    # ---------------------------------------------------------------- one chunk of targets
+
+    def compute(self, lo: int, hi: int, top: dict[str, np.ndarray], reporter: Reporter = NULL_REPORTER) -> dict:
+        """The per-token arrays of targets ``[lo, hi)`` given their top-k rows ``top`` (``[hi - lo, K]`` arrays).
+
+        Returns:
+            ``{"target_tokens", "document_tokens"}``: ``[hi - lo, 2, K, width]`` float32.
+        """
+        s, n_models = self.s, len(self.s.checkpoints)
+        docs = np.stack([top["proponents"], top["opponents"]], axis=1)  # [r, 2, K]
+        k = docs.shape[2]
+        t_acc = np.zeros((hi - lo, 2, k, self.width))
+        d_acc = np.zeros((hi - lo, 2, k, self.width))
+        t_mask = np.zeros((hi - lo, self.width), dtype=bool)
+        d_mask = np.zeros((hi - lo, 2, k, self.width), dtype=bool)
+        unique = sorted(set(docs.ravel().tolist()))
+        where = {d: i for i, d in enumerate(unique)}
+        q_bar = np.zeros(len(unique))
+        for model_id in range(n_models):
+            event(f"start per-token {model_id} {lo}")
+            s.load(model_id)
+            if s.curvature is not None and self.exact_damping is None:  # the stored features' whitening
+                s.curvature.read(self.store, model_id)
+            b = self._documents(model_id, unique)  # [n_docs, p] (or grad_dim, exact), float64
+            q_bar += self._out_to_loss(model_id, unique)
+            with reporter.task(f"per-token scores model {model_id}", hi - lo) as task:
+                for r, t in enumerate(range(lo, hi)):
+                    x, y = rows_of(self.target, [t], 1)[0]
+                    a_tok, positions = self._target_tokens(model_id, x, y, t)  # [T, p] float64
+                    idx = [where[d] for d in docs[r].ravel().tolist()]
+                    terms = (a_tok @ b[idx].T).reshape(len(positions), 2, k)  # [T, 2, K]
+                    t_acc[r][:, :, positions] += terms.transpose(1, 2, 0)
+                    t_mask[r, positions] = True
+                    v = self._adjoint(model_id, torch.from_numpy(a_tok.sum(0, keepdims=True)))
+                    got, valid = self._document_tokens(docs[r].ravel().tolist(), v)  # [2K, L]
+                    L = got.shape[1]
+                    d_acc[r, :, :, :L] += got.reshape(2, k, L)
+                    d_mask[r, :, :, :L] |= valid.reshape(2, k, L)
+                    task.advance()
+            event(f"done per-token {model_id} {lo}")
+        q = (q_bar / n_models)[[[[where[d] for d in side] for side in row] for row in docs.tolist()]]  # [r, 2, K]
+        t_out = t_acc / n_models * q[..., None]
+        d_out = d_acc / n_models * q[..., None]
+        t_out[~np.broadcast_to(t_mask[:, None, None, :], t_out.shape)] = np.nan
+        d_out[~d_mask] = np.nan
+        return {"target_tokens": t_out.astype(np.float32), "document_tokens": d_out.astype(np.float32)}
+
+    # ---------------------------------------------------------------- the two sides' vectors
+
+    def _out_to_loss(self, model_id: int, docs: list[int]) -> np.ndarray:
+        rows = self.train_rows[model_id]
+        return np.array([float(rows.read("out_to_loss", d, d + 1)[0]) for d in docs])
+
+    def _documents(self, model_id: int, docs: list[int]) -> np.ndarray:
+        """``b_m(z)`` of the documents ``[n_docs, p]`` float64: stored features, or (exact) whitened gradients."""
+        if self.exact_damping is not None:
+            view = self._view(model_id)
+            parts = []
+            for x, y in rows_of(self.s.train, docs, self.rows_per_batch, self.s.batch_tokens):
+                g, _ = self.s.featurizer.transformed(inputs_to(x, self.s.device), y.to(self.s.device), model_id, 0,
+                                                     curvature=view)
+                parts.append(_flat(g, self.names).double().cpu())
+            return torch.cat(parts).numpy()
+        rows = self.train_rows[model_id]
+        return np.concatenate([rows.read("features", d, d + 1) for d in docs]).astype(np.float64)
+
+    def _view(self, model_id: int) -> Any:
+        """Checkpoint ``model_id``'s curvature with the exact scores' damping (read once)."""
+        if model_id not in self._views:
+            self.s.curvature.read(self.store, model_id)
+            self._views[model_id] = self.s.curvature.with_damping(self.exact_damping)
+        return self._views[model_id]
+
+    def _target_tokens(self, model_id: int, x: Any, y: torch.Tensor, row: int) -> tuple[np.ndarray, list[int]]:
+        """``a_m(x_t)`` of each target token of one target ``[T, p]`` float64, and the tokens' positions."""
+        xs, ys, _, positions = split_by_token(x, token_labels({**x, "labels": y}))
+        parts = []
+        for b in range(0, len(positions), self.rows_per_batch):
+            xb = {k_: v[b:b + self.rows_per_batch] for k_, v in xs.items()}
+            yb = ys[b:b + self.rows_per_batch]
+            if self.exact_damping is not None:
+                g, _ = self.s.featurizer.transformed(inputs_to(xb, self.s.device), yb.to(self.s.device), model_id, row,
+                                                     curvature=self._view(model_id))
+                parts.append(_flat(g, self.names).double().cpu())
+            else:
+                phi, _ = self.s.features(xb, yb, model_id, row)
+                parts.append(phi.double().cpu())
+        phi = torch.cat(parts) if parts else torch.zeros(0, self.s.proj_dim, dtype=torch.float64)
+        return self._weights(model_id, phi).numpy(), positions
+
+    def _weights(self, model_id: int, phi: torch.Tensor) -> torch.Tensor:
+        """``a_m`` of features ``[r, p]`` float64: the kernel's solve (TRAK), or the features themselves."""
+        if self.s.curvature is not None:  # whitened already (stored features or exact gradients)
+            return phi
+        stored = read_kernel(self.store, model_id, self.lambda_key)
+        if stored is None:
+            raise ConfigError(f"the kernel of model_id {model_id} is missing; rerun `trak score CONFIG`")
+        kernel, lam = torch.from_numpy(stored[0]), stored[1]
+        if kernel.shape[0] == kernel.shape[1]:  # PRIMAL: Cholesky factor of ΦᵀΦ + λI
+            return target_weights(kernel, phi, dtype=torch.float64)
+        # DUAL: X = (ΦΦᵀ + λI)⁻¹Φ; (ΦᵀΦ + λI)⁻¹φ = (φ − Φᵀ X φ) / λ (Woodbury)
+        rows = self.train_rows[model_id]
+        big_phi = torch.from_numpy(rows.read("features", 0, rows.n_rows).astype(np.float64))
+        x = kernel.double()
+        return (phi - (phi @ x.T) @ big_phi) / lam
+
+    def _adjoint(self, model_id: int, a: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``v_m = Tᵀ a`` of one target's weights ``[1, p]``: per selected parameter ``[*shape]`` float32."""
+        feat, params = self.s.featurizer, dict(self.s.model.named_parameters())
+        if self.exact_damping is not None:
+            g = _split(a.float(), self.names, params)
+            curvature = self._view(model_id)
+        else:
+            z = a.to(torch.float32).to(self.s.device)
+            if hasattr(feat.projector, "unproject_params"):
+                g = {n: t.float() for n, t in feat.projector.unproject_params(z, model_id).items()}
+            else:
+                g = _split(feat.projector.unproject(z, model_id).float(), self.names, params)
+            curvature = getattr(feat, "curvature", None)
+        g = {n: t.to(self.s.device) for n, t in g.items()}
+        if curvature is not None:  # Wᵀ: the vector-Jacobian product of the (linear) whitening
+            x = {n: torch.zeros_like(t, requires_grad=True) for n, t in g.items()}
+            with torch.enable_grad():
+                y = curvature.whiten(x, model_id)
+                grads = torch.autograd.grad([y[n] for n in self.names], [x[n] for n in self.names],
+                                            [g[n] for n in self.names], allow_unused=True)
+            g = {n: (t if t is not None else torch.zeros_like(x[n])).detach() for n, t in zip(self.names, grads)}
+        if feat.second_moment is not None:  # a diagonal scaling: its own adjoint
+            g = feat.second_moment.scale_gradients(g, model_id)
+        return {n: t[0].to(params[n].dtype) for n, t in g.items()}
+
+    def _document_tokens(self, docs: list[int], v: dict[str, torch.Tensor]) -> tuple[np.ndarray, np.ndarray]:
+        """``⟨∇_θ f_s(z), v⟩`` of every token ``s`` of each document ``[n_docs, L]`` float64, and the targets' mask."""
+        model = self.s.model
+        primal = {n: p.detach() for n, p in model.named_parameters() if n in v}
+        outs, masks = [], []
+        width = 0
+        for x, y in rows_of(self.s.train, docs, self.rows_per_batch, self.s.batch_tokens):
+            x = inputs_to(x, self.s.device)
+            labels = token_labels({**x, "labels": y.to(self.s.device)})
+
+            def margins(p: dict[str, torch.Tensor]) -> torch.Tensor:
+                out = functional_call(model, p, args=(), kwargs=model_kwargs(model, x))
+                return token_margins(logits_of(out), labels)
+
+            _, tangent = jvp(margins, (primal,), (v,))
+            outs.append(tangent.detach().double().cpu().numpy())
+            masks.append(torch.nn.functional.pad(labels[:, 1:] != IGNORE_INDEX, (1, 0)).cpu().numpy())
+            width = max(width, outs[-1].shape[1])
+        out = np.zeros((len(docs), width))
+        mask = np.zeros((len(docs), width), dtype=bool)
+        at = 0
+        for o, m in zip(outs, masks):
+            out[at:at + len(o), :o.shape[1]] = o
+            mask[at:at + len(o), :o.shape[1]] = m
+            at += len(o)
+        return out, mask
+
+
+def _flat(g: dict[str, torch.Tensor], names: list[str]) -> torch.Tensor:
+    return torch.cat([g[n].reshape(g[n].shape[0], -1) for n in names], dim=1)
+
+
+def _split(flat: torch.Tensor, names: list[str], params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``[r, grad_dim]`` -> per parameter ``[r, *shape]``, in ``names`` order."""
+    out, at = {}, 0
+    for n in names:
+        size = params[n].numel()
+        out[n] = flat[:, at:at + size].reshape(flat.shape[0], *params[n].shape)
+        at += size
+    return out
+
+
+def per_token_width(s: JobSetup, target: Any) -> int:
+    """The per-token arrays' last axis: the longest ``max_length`` of the train and target data."""
+    return max(int(getattr(d, "max_length", 0) or 0) for d in (s.train, target)) or 1
