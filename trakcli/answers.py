@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator
 
+import numpy as np
+
 #: ``(target, side, rank) -> {"target_tokens": ..., "document_tokens": ...}`` of one top document, or None.
 TokenFields = Callable[[int, str, int], dict[str, Any] | None]
 
@@ -71,3 +73,67 @@ def answer_entry(i: Any, score: Any, texts: Any) -> dict[str, Any]:
         entry["text"] = texts[int(i)]
     return entry
 
+
+
+def token_fields(res: Any, target: Any, train: Any, block: int = 64) -> TokenFields:
+    """The per-token fields of the answers (``score.per_token``): ``(target, side, rank) -> {...}``.
+
+    Reads the stored per-token scores (:meth:`~trakcli.jobs.score.ScoreResult.tokens`) ``block`` targets
+    at a time and renders each sequence's tokens with its dataset's tokenizer (the ids without one).
+
+    Args:
+        res: the :class:`~trakcli.jobs.score.ScoreResult` (with ``per_token``).
+        target, train: the target and train datasets (token data).
+        block: targets read at once.
+    """
+    cache: dict[str, Any] = {"lo": -1, "hi": -1}
+    texts: dict[tuple[int, int], list[str]] = {}
+
+    def tokens_of(ds: Any, which: int, i: int) -> list[str]:
+        key = (which, i)
+        if key not in texts:
+            if len(texts) > 4096:
+                texts.clear()
+            texts[key] = token_texts(ds, i)
+        return texts[key]
+
+    def fields(t: int, side: str, rank: int) -> dict[str, Any]:
+        if not cache["lo"] <= t < cache["hi"]:
+            cache["lo"], cache["hi"] = t, min(t + block, res.n_target)
+            cache.update(res.tokens(cache["lo"], cache["hi"]))
+            cache["docs"] = res.top(cache["lo"], cache["hi"])
+        r, s = t - cache["lo"], SIDES.index(side)
+        doc = int(cache["docs"][side][r, rank])
+        return {
+            "target_tokens": _pairs(tokens_of(target, 0, t), cache["target_tokens"][r, s, rank]),
+            "document_tokens": _pairs(tokens_of(train, 1, doc), cache["document_tokens"][r, s, rank]),
+        }
+
+    return fields
+
+
+#: The sides of an answer, in the order of the per-token arrays' second axis.
+SIDES = ("proponents", "opponents")
+
+
+def _pairs(tokens: list[str], values: np.ndarray) -> list[list[Any]]:
+    """``[[token text, contribution or None], ...]`` of one sequence (NaN: not a target of the loss)."""
+    return [[tok, None if i >= len(values) or not np.isfinite(values[i]) else float(values[i])]
+            for i, tok in enumerate(tokens)]
+
+
+def token_texts(ds: Any, i: int) -> list[str]:
+    """The text of each token of row ``i`` of a token dataset, as the model sees them (padding left out).
+
+    Each token decoded alone with the dataset's tokenizer (so the texts joined give the row's text),
+    or the token ids as text without a tokenizer.
+    """
+    _, x, _ = next(iter(ds.batches_of([i], 1)))
+    ids = x["input_ids"][0]
+    mask = x.get("attention_mask")
+    if mask is not None:
+        ids = ids[: int(mask[0].sum())]
+    tok = getattr(ds, "tokenizer", None)
+    if tok is None:
+        return [str(int(v)) for v in ids]
+    return tok.batch_decode([[int(v)] for v in ids])

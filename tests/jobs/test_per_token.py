@@ -196,6 +196,21 @@ def test_per_token_scores_sum_to_the_document_scores_and_match_vmap_references(t
         res = run(tmp_path, cmd, "run.yaml", "-q")
         assert res.returncode == 0, res.stderr
     _check_against_reference(tmp_path, arch, kind, damping=None)
+    res = run(tmp_path, "score", "run.yaml", "-q", "--out", "answers.jsonl")  # the stored scores, with tokens
+    assert res.returncode == 0, res.stderr
+    answers = [json.loads(line) for line in Path("answers.jsonl").read_text().splitlines()]
+    target = [json.loads(line) for line in Path("target.jsonl").read_text().splitlines()]
+    train = [json.loads(line) for line in Path("train.jsonl").read_text().splitlines()]
+    for a, row in zip(answers, target):
+        for side in ("proponents", "opponents"):
+            for e in a[side]:
+                assert [t for t, _ in e["target_tokens"]] == [str(i) for i in row["ids"]]
+                assert [t for t, _ in e["document_tokens"]] == [str(i) for i in train[e["train"]]["ids"]]
+                scored = [i for i, lab in enumerate(row["labels"]) if lab != IGNORE_INDEX and i > 0]
+                assert [i for i, (_, c) in enumerate(e["target_tokens"]) if c is not None] == scored
+                for key in ("target_tokens", "document_tokens"):
+                    total = sum(c for _, c in e[key] if c is not None)
+                    assert total == pytest.approx(e["score"], rel=1e-4, abs=1e-6)
 
 
 def test_per_token_scores_of_exact_ekfac_match_the_vmap_reference(tmp_path, monkeypatch):
@@ -262,3 +277,21 @@ def test_both_sides_sum_to_the_ensembled_scores_of_two_checkpoints(tmp_path, mon
         got = g[f"scores/default/per_token/{name}"][:]
         assert np.isfinite(got).any(axis=-1).all()  # every top document has target tokens on both sides
         np.testing.assert_allclose(np.nansum(got, -1), scores, rtol=1e-5, atol=1e-5 * np.abs(scores).max())
+
+
+@pytest.mark.parametrize("args,message", [
+    (["score.per_token=true"], "score.top_k is unset"),
+    (["score.per_token=true", "score.top_k=3"], "task: language_modeling"),
+])
+def test_per_token_settings_it_cannot_split_are_one_clear_error(user_project, args, message):
+    res = run(user_project, "score", "run.yaml", "-q", *args)
+    assert res.returncode != 0 and message in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_cosines_and_refinement_do_not_split_over_tokens(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _project(tmp_path, "gpt2", "completion")
+    assert run(tmp_path, "featurize", "run.yaml", "-q").returncode == 0
+    res = run(tmp_path, "score", "run.yaml", "-q", "score.normalize=unit")
+    assert res.returncode == 1 and "score.normalize: null" in res.stderr, res.stderr

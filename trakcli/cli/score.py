@@ -173,7 +173,12 @@ def score(
         train = load_dataset(cfg.data.train, key="data.train")
         target = load_dataset(cfg.data.target, key="data.target")
     if out is not None and out.suffix.lower() in ANSWER_SUFFIXES:
-        n = write_answers(res, out, cfg.score.show_top, _texts(target), _texts(train))
+        tokens = None
+        if res.per_token:
+            from trakcli.answers import token_fields
+
+            tokens = token_fields(res, target, train)
+        n = write_answers(res, out, cfg.score.show_top, _texts(target), _texts(train), tokens=tokens)
         err_console.print(f"answers of {n} targets -> {out}") if not quiet else None
     elif out is not None:
         Store.open_existing(res.store, mode="r").export(f"scores/{res.experiment}/scores", out)

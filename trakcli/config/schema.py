@@ -558,6 +558,9 @@ class ScoreConfig(StrictModel):
         if self.full is False and self.top_k is None:
             raise ValueError("score.full is false and score.top_k is unset: nothing to compute; set score.top_k "
                              "(e.g. score.top_k=100) or leave score.full unset")
+        if self.per_token and self.top_k is None:
+            raise ValueError("score.per_token is true and score.top_k is unset: the scores of each target's top "
+                             "documents are split over tokens; set score.top_k (e.g. score.top_k=20)")
         return self
 
 

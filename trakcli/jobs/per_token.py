@@ -52,20 +52,14 @@ from trakcli.store import ChunkedRows, Store
 from trakcli.store.kernel import read_kernel
 from trakcli.tasks import IGNORE_INDEX, LanguageModeling, classification_margin, token_labels
 
-#: The two sides of the top-k, in the order of the per-token arrays' second axis.
-SIDES = ("proponents", "opponents")
-
-
-def check_per_token(s: JobSetup, *, top_k: int | None, normalize: str | None) -> None:
-    """Refuse settings per-token scores cannot be computed with, naming the fix.
+def check_per_token(s: JobSetup, *, normalize: str | None) -> None:
+    """Refuse settings per-token scores cannot be computed with, naming the fix (``score.top_k`` is checked by
+    the config).
 
     Raises:
-        ConfigError: no ``score.top_k``; a task other than ``language_modeling``; ``score.normalize: unit``;
+        ConfigError: a task other than ``language_modeling``; ``score.normalize: unit``;
             ``curvature.refine``; ``second_moment`` with the kronecker projector.
     """
-    if not top_k:
-        raise ConfigError("score.per_token: true splits the scores of each target's top documents over their tokens; "
-                          "set score.top_k (e.g. score.top_k=20)")
     task = getattr(s.featurizer, "task", None) or getattr(getattr(s.featurizer, "grads", None), "task", None)
     if not isinstance(task, LanguageModeling):
         raise ConfigError(f"score.per_token: true needs task: language_modeling (a sum over tokens); this config's "

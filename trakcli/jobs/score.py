@@ -296,7 +296,7 @@ def score_targets(
                               "the scores are exact inner products: set curvature.exact: false, or score.normalize: null")
     full = top_k is None if full is None else full
     if per_token:
-        check_per_token(s, top_k=top_k, normalize=normalize)
+        check_per_token(s, normalize=normalize)
     n_models = len(s.checkpoints)
     computed = 0
     with locked_store(path, s.dist, reporter):
