@@ -86,6 +86,9 @@ def _project(root: Path, arch: str, kind: str, extra: dict | None = None) -> Non
         section, _, name = key.partition(".")
         if section == "top":
             cfg[name] = value
+        elif "." in name:
+            sub, _, leaf = name.partition(".")
+            cfg.setdefault(section, {}).setdefault(sub, {})[leaf] = value
         else:
             cfg.setdefault(section, {})[name] = value
     write_config(root / "run.yaml", cfg)
@@ -295,3 +298,75 @@ def test_cosines_and_refinement_do_not_split_over_tokens(tmp_path, monkeypatch):
     assert run(tmp_path, "featurize", "run.yaml", "-q").returncode == 0
     res = run(tmp_path, "score", "run.yaml", "-q", "score.normalize=unit")
     assert res.returncode == 1 and "score.normalize: null" in res.stderr, res.stderr
+
+
+# -- per-token QLD ---------------------------------------------------------------------------------
+
+
+def test_the_token_plan_masks_each_querys_top_tokens_and_as_many_random_ones(tmp_path, monkeypatch):
+    from trakcli.config import load_config
+    from trakcli.jobs.qld import plan_tokens
+
+    monkeypatch.chdir(tmp_path)
+    _project(tmp_path, "gpt2", "completion", {"eval.qld": {"queries": 2, "fraction": 0.05, "seeds": 2}})
+    cfg = load_config(tmp_path / "run.yaml")
+    rng = np.random.default_rng(0)
+    scores = rng.normal(size=(2, 24, 10)).astype(np.float32)
+    scores[:, :, :3] = np.nan  # not targets
+    p = plan_tokens(cfg, [0, 2], scores)
+    m = round(0.05 * 24 * 7)  # 8 tokens
+    assert len(p.masked) == 2 * (1 + 2 * 2) and all(d.size == 0 for d in p.drop)
+    for (kind, s, qi), masked in zip(p.kinds, p.masked):
+        cells = {(r, t) for r, ts in masked.items() for t in ts}
+        if kind == "all":
+            assert not cells
+            continue
+        assert len(cells) == m and all(t >= 3 for _, t in cells)
+        if kind == "top":
+            best = np.argsort(-np.nan_to_num(scores[qi], nan=-np.inf).ravel(), kind="stable")[:m]
+            assert cells == {(int(c) // 10, int(c) % 10) for c in best}
+
+
+def test_masked_tokens_are_left_out_of_the_training_labels(tmp_path, monkeypatch):
+    from trakcli.config import load_config
+    from trakcli.data.load import load_dataset
+    from trakcli.jobs.train import DatasetRows
+
+    monkeypatch.chdir(tmp_path)
+    _project(tmp_path, "gpt2", "completion")
+    train = load_dataset(load_config(tmp_path / "run.yaml").data.train, key="data.train")
+    rows = DatasetRows(train, [1, 5, 6], masked={5: [4, 6], 1: [5]})
+    plain = DatasetRows(train, [1, 5, 6])
+    order = torch.tensor([2, 1, 0])
+    (_, _, y), = list(rows.batches(order, 0, 8))
+    (_, _, y0), = list(plain.batches(order, 0, 8))
+    changed = {(int(i), int(t)) for i, t in torch.nonzero(y != y0)}
+    want = {(1, t) for t in (4, 6) if y0[1, t] != IGNORE_INDEX} | ({(2, 5)} if y0[2, 5] != IGNORE_INDEX else set())
+    assert changed == want and want and (y[y != y0] == IGNORE_INDEX).all()
+
+
+def test_per_token_qld_end_to_end_and_its_token_scores_are_the_stored_ones(tmp_path, monkeypatch):
+    from trakcli.config import load_config
+    from trakcli.jobs.per_token import query_token_scores
+
+    monkeypatch.chdir(tmp_path)
+    _project(tmp_path, "gpt2", "completion", {
+        "eval.qld": {"queries": 2, "fraction": 0.05}, "eval.bootstrap": 100,
+        "optimize.epochs": 2, "optimize.batch_size": 8, "optimize.lr": 0.01, "optimize.optimizer": "adamw",
+        "optimize.n_models": 1, "optimize.out_dir": "ckpts"})
+    for cmd in ("featurize", "score"):
+        assert run(tmp_path, cmd, "run.yaml", "-q").returncode == 0
+    import zarr
+
+    g = zarr.open_group(str(tmp_path / "s.zarr"), mode="r")
+    stored = g["scores/default/per_token/document_tokens"][:]  # [3, 2, K, 10]
+    docs = g["scores/default/top_k/proponents"][:]
+    got = query_token_scores(load_config(tmp_path / "run.yaml"), [0, 2])  # [2, 24, 10]
+    for qi, t in enumerate([0, 2]):
+        np.testing.assert_allclose(got[qi][docs[t]], stored[t, 0], rtol=1e-5, atol=1e-6)
+    res = run(tmp_path, "eval", "qld", "run.yaml", "-q", "eval.qld.per_token=true", "--out", "qld.json")
+    assert res.returncode == 0, res.stderr
+    out = json.loads(Path("qld.json").read_text())
+    n_tokens = int(np.isfinite(got[0]).sum())
+    assert out["unit"] == "tokens" and out["n_dropped"] == round(0.05 * n_tokens) and out["n_queries"] == 2
+    assert np.isfinite(out["qld_top"]["mean"]) and np.isfinite(out["qld_random"]["mean"])

@@ -363,8 +363,10 @@ def _qld_table(data: dict[str, Any]) -> Table:
     def cell(v: dict[str, Any]) -> str:
         return f"{_fmt(v['mean'])} [{_fmt(v['low'])}, {_fmt(v['high'])}]"
 
-    table.add_row(f"loss increase, top {data['n_dropped']} proponents left out", cell(data["qld_top"]))
-    table.add_row(f"loss increase, {data['n_dropped']} random rows left out", cell(data["qld_random"]))
+    unit = data.get("unit", "rows")
+    top = "proponents" if unit == "rows" else "proponent tokens"
+    table.add_row(f"loss increase, top {data['n_dropped']} {top} left out", cell(data["qld_top"]))
+    table.add_row(f"loss increase, {data['n_dropped']} random {unit} left out", cell(data["qld_random"]))
     table.add_row("top minus random", cell(data["qld_top_minus_random"]))
     if "bm25" in data.get("baselines", {}):
         table.add_row(f"loss increase, BM25's top {data['n_dropped']} left out (word overlap)", cell(data["baselines"]["bm25"]))
@@ -398,10 +400,23 @@ def qld(
     from trakcli.jobs.eval import store_scores
     from trakcli.jobs.qld import qld as query_loss_difference
 
-    s_arr = _load_array(scores, "--scores") if scores is not None else store_scores(cfg)
-    bm25 = _bm25(cfg)
-    baselines = {"bm25": bm25} if bm25 is not None and bm25.shape == s_arr.shape else None
-    result = query_loss_difference(cfg, s_arr, workers=workers, reporter=RichReporter(quiet), baselines=baselines)
+    reporter = RichReporter(quiet)
+    if cfg.eval.qld.per_token:
+        if scores is not None:
+            raise UsageError("--scores gives document scores; eval.qld.per_token ranks training tokens by the "
+                             "per-token scores of the store: leave out --scores, or set eval.qld.per_token=false")
+        from trakcli.data.load import load_dataset
+        from trakcli.jobs.per_token import query_token_scores
+        from trakcli.jobs.qld import choose_queries
+
+        queries = choose_queries(cfg, len(load_dataset(cfg.data.target, key="data.target")))
+        tokens = (queries, query_token_scores(cfg, queries, reporter))
+        result = query_loss_difference(cfg, None, workers=workers, reporter=reporter, token_scores=tokens)
+    else:
+        s_arr = _load_array(scores, "--scores") if scores is not None else store_scores(cfg)
+        bm25 = _bm25(cfg)
+        baselines = {"bm25": bm25} if bm25 is not None and bm25.shape == s_arr.shape else None
+        result = query_loss_difference(cfg, s_arr, workers=workers, reporter=reporter, baselines=baselines)
     data = {**result.to_dict(), "scores": str(scores) if scores else
             f"the scores of experiment {cfg.score.experiment!r} in {cfg.store.path}"}
     _report(data, _qld_table(data), out, json_out, quiet)

@@ -603,6 +603,12 @@ class QLDConfig(StrictModel):
         "random rows (round(fraction * n_train), at least 1).",
     )
     seeds: PositiveInt = Field(1, description="Training seeds per model (the three models of a query share each).")
+    per_token: bool = Field(
+        False,
+        description="Leave out training tokens instead of rows: the round(fraction * n_tokens) train tokens with "
+        "the highest per-token scores for the query are masked out of the loss while retraining, against as many "
+        "random tokens (language models; needs the featurized and scored store).",
+    )
 
 
 class RecallConfig(StrictModel):

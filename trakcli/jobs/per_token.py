@@ -42,7 +42,7 @@ import torch
 from torch.func import functional_call, jvp
 
 from trakcli.data.tensors import inputs_to
-from trakcli.errors import ConfigError
+from trakcli.errors import ConfigError, StoreError
 from trakcli.jobs.runtime import event
 from trakcli.jobs.setup import JobSetup, rows_of
 from trakcli.models.forward import logits_of, model_kwargs
@@ -209,10 +209,14 @@ class PerTokenScores:
     def _target_tokens(self, model_id: int, x: Any, y: torch.Tensor, row: int) -> tuple[np.ndarray, list[int]]:
         """``a_m(x_t)`` of each target token of one target ``[T, p]`` float64, and the tokens' positions."""
         xs, ys, _, positions = split_by_token(x, token_labels({**x, "labels": y}))
+        return self.weights_of(model_id, xs, ys, row).numpy(), positions
+
+    def weights_of(self, model_id: int, x: Any, y: torch.Tensor, row: int) -> torch.Tensor:
+        """``a_m`` of rows ``(x, y)`` (targets, or copies of one): ``[r, p]`` float64 (``p`` grad_dim when exact)."""
         parts = []
-        for b in range(0, len(positions), self.rows_per_batch):
-            xb = {k_: v[b:b + self.rows_per_batch] for k_, v in xs.items()}
-            yb = ys[b:b + self.rows_per_batch]
+        for b in range(0, y.shape[0], self.rows_per_batch):
+            xb = {k_: v[b:b + self.rows_per_batch] for k_, v in x.items()}
+            yb = y[b:b + self.rows_per_batch]
             if self.exact_damping is not None:
                 g, _ = self.s.featurizer.transformed(inputs_to(xb, self.s.device), yb.to(self.s.device), model_id, row,
                                                      curvature=self._view(model_id))
@@ -221,7 +225,36 @@ class PerTokenScores:
                 phi, _ = self.s.features(xb, yb, model_id, row)
                 parts.append(phi.double().cpu())
         phi = torch.cat(parts) if parts else torch.zeros(0, self.s.proj_dim, dtype=torch.float64)
-        return self._weights(model_id, phi).numpy(), positions
+        return self._weights(model_id, phi)
+
+    def train_tokens(self, queries: list[int], reporter: Reporter = NULL_REPORTER) -> np.ndarray:
+        """The train-side per-token scores of every train document for each query (per-token QLD).
+
+        Returns:
+            ``[n_queries, n_train, width]`` float32: ``τ_s(x, z)`` at document ``z``'s position ``s``,
+            NaN where ``s`` is not a target of the loss.
+        """
+        s, n_models, n = self.s, len(self.s.checkpoints), len(self.s.train)
+        docs = list(range(n))
+        acc = np.zeros((len(queries), n, self.width))
+        mask = np.zeros((n, self.width), dtype=bool)
+        q_bar = np.zeros(n)
+        for model_id in range(n_models):
+            s.load(model_id)
+            if s.curvature is not None and self.exact_damping is None:
+                s.curvature.read(self.store, model_id)
+            q_bar += self._out_to_loss(model_id, docs)
+            with reporter.task(f"per-token train scores model {model_id}", len(queries)) as task:
+                for i, t in enumerate(queries):
+                    x, y = rows_of(self.target, [t], 1)[0]
+                    v = self._adjoint(model_id, self.weights_of(model_id, x, y, t))
+                    got, valid = self._document_tokens(docs, v)
+                    acc[i, :, :got.shape[1]] += got
+                    mask[:, :valid.shape[1]] |= valid
+                    task.advance()
+        out = acc / n_models * (q_bar / n_models)[None, :, None]
+        out[:, ~mask] = np.nan
+        return out.astype(np.float32)
 
     def _weights(self, model_id: int, phi: torch.Tensor) -> torch.Tensor:
         """``a_m`` of features ``[r, p]`` float64: the kernel's solve (TRAK), or the features themselves."""
@@ -229,7 +262,8 @@ class PerTokenScores:
             return phi
         stored = read_kernel(self.store, model_id, self.lambda_key)
         if stored is None:
-            raise ConfigError(f"the kernel of model_id {model_id} is missing; rerun `trak score CONFIG`")
+            raise StoreError(f"the kernel of model_id {model_id} with this config's score.lambda_reg / lambda_rel is not "
+                             f"in {self.store.path}; run `trak score CONFIG` first")
         kernel, lam = torch.from_numpy(stored[0]), stored[1]
         if kernel.shape[0] == kernel.shape[1]:  # PRIMAL: Cholesky factor of ΦᵀΦ + λI
             return target_weights(kernel, phi, dtype=torch.float64)
@@ -309,3 +343,32 @@ def _split(flat: torch.Tensor, names: list[str], params: dict[str, torch.Tensor]
 def per_token_width(s: JobSetup, target: Any) -> int:
     """The per-token arrays' last axis: the longest ``max_length`` of the train and target data."""
     return max(int(getattr(d, "max_length", 0) or 0) for d in (s.train, target)) or 1
+
+
+def query_token_scores(cfg: Any, queries: list[int], reporter: Reporter = NULL_REPORTER) -> np.ndarray:
+    """Per-token scores of every train document's tokens for the target rows ``queries`` (`trak eval qld` with
+    ``eval.qld.per_token``), from the config's featurized store (kernels of `trak score`).
+
+    Returns:
+        ``[n_queries, n_train, width]`` float32 (:meth:`PerTokenScores.train_tokens`).
+
+    Raises:
+        StoreError: no or incomplete train features, or no kernel (run `trak featurize` / `trak score`).
+        ConfigError: settings per-token scores cannot split (:func:`check_per_token`).
+    """
+    from pathlib import Path
+
+    from trakcli.data.load import load_dataset
+    from trakcli.jobs.kernels import ridge_settings
+    from trakcli.jobs.score import check_train_complete
+    from trakcli.jobs.setup import prepare
+
+    s = prepare(cfg, need_target=True, reporter=reporter)
+    check_per_token(s, normalize=cfg.score.normalize)
+    target = load_dataset(cfg.data.target, key="data.target")
+    store = Store.open_existing(Path(cfg.store.path), mode="r")
+    train_rows = check_train_complete(s, store)
+    exact = s.exact_damping if s.curvature is not None else None
+    scorer = PerTokenScores(s, store, train_rows, target, 0, per_token_width(s, target),
+                            ridge_settings(cfg.score.lambda_reg, cfg.score.lambda_rel), exact)
+    return scorer.train_tokens(queries, reporter)

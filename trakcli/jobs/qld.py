@@ -15,6 +15,12 @@ Unlike the LDS, it asks only about each query's most influential rows, which is 
 user acts on, and a method that ranks by word overlap gets no credit for rows that do
 not change the query's loss.
 
+With ``eval.qld.per_token`` the unit left out is a training *token* instead of a row: the
+``m = round(ρ · n_tokens)`` train tokens (targets of the loss) with the highest per-token scores
+for the query (:mod:`trakcli.jobs.per_token`, the train side over every document) are masked
+out of the loss while retraining (their labels set to ``-100``), against as many random
+target tokens (the per-token QLD of Bergson's leaderboard).
+
 Every model is a pure function of the config and its rows and seed: ``eval.seed`` fixes
 the queries, the random rows and the seeds (``eval.qld.seeds`` of them, each model of a
 query trained once per seed).
@@ -68,12 +74,70 @@ class QLDPlan:
         drop: per model, the train rows left out (empty for the full-data model).
         seeds: per model, its training seed.
         kinds: per model, ``("all", s, -1)``, ``("top", s, qi)`` or ``("random", s, qi)``.
+        masked: per model, the train tokens masked out of the loss, ``{row: [positions]}``
+            (``eval.qld.per_token``; empty otherwise).
     """
 
     queries: list[int]
     drop: list[np.ndarray]
     seeds: list[int]
     kinds: list[tuple[str, int, int]]
+    masked: list[dict[int, list[int]]] | None = None
+
+
+def choose_queries(cfg: Config, n_target: int) -> list[int]:
+    """The ``eval.qld.queries`` target rows of a QLD run, a seeded choice (``eval.seed``).
+
+    Raises:
+        ConfigError: more queries than targets.
+    """
+    q = cfg.eval.qld
+    if q.queries > n_target:
+        raise ConfigError(f"eval.qld.queries is {q.queries} but data.target has {n_target} rows; "
+                          f"use eval.qld.queries <= {n_target}")
+    rng = np.random.default_rng([cfg.eval.seed, 1])
+    return sorted(rng.choice(n_target, size=q.queries, replace=False).tolist())
+
+
+def plan_tokens(cfg: Config, queries: list[int], token_scores: np.ndarray) -> QLDPlan:
+    """The models of a per-token QLD run (module docstring) from the queries' per-token scores.
+
+    Args:
+        cfg: the config (``eval.qld``, ``eval.seed``).
+        queries: the target rows (:func:`choose_queries`).
+        token_scores: ``[n_queries, n_train, width]``, NaN where a token is not a target
+            (:func:`trakcli.jobs.per_token.query_token_scores`).
+    """
+    q = cfg.eval.qld
+    valid = ~np.isnan(token_scores[0])  # [n_train, width]: the train targets
+    cells = np.flatnonzero(valid.ravel())
+    width = valid.shape[1]
+    m = max(1, round(q.fraction * len(cells)))
+
+    def as_rows(flat: np.ndarray) -> dict[int, list[int]]:
+        out: dict[int, list[int]] = {}
+        for c in sorted(flat.tolist()):
+            out.setdefault(c // width, []).append(c % width)
+        return out
+
+    drop, seeds, kinds, masked = [], [], [], []
+    empty = np.zeros(0, dtype=np.int64)
+    for s in range(q.seeds):
+        seed = model_seed(cfg.eval.seed + QLD_SEED_OFFSET, s)
+        drop.append(empty)
+        seeds.append(seed)
+        kinds.append(("all", s, -1))
+        masked.append({})
+        for qi, t in enumerate(queries):
+            vals = token_scores[qi].ravel()[cells]
+            top = cells[np.argsort(-vals, kind="stable")[:m]]
+            rand = np.random.default_rng([cfg.eval.seed, 3, s, t]).choice(cells, size=m, replace=False)
+            for kind, flat in (("top", top), ("random", rand)):
+                drop.append(empty)
+                seeds.append(seed)
+                kinds.append((kind, s, qi))
+                masked.append(as_rows(flat))
+    return QLDPlan(queries, drop, seeds, kinds, masked)
 
 
 def plan(cfg: Config, scores: np.ndarray, baselines: dict[str, np.ndarray] | None = None) -> QLDPlan:
@@ -87,11 +151,7 @@ def plan(cfg: Config, scores: np.ndarray, baselines: dict[str, np.ndarray] | Non
     """
     q = cfg.eval.qld
     n_target, n_train = scores.shape
-    if q.queries > n_target:
-        raise ConfigError(f"eval.qld.queries is {q.queries} but data.target has {n_target} rows; "
-                          f"use eval.qld.queries <= {n_target}")
-    rng = np.random.default_rng([cfg.eval.seed, 1])
-    queries = sorted(rng.choice(n_target, size=q.queries, replace=False).tolist())
+    queries = choose_queries(cfg, n_target)
     m = max(1, round(q.fraction * n_train))
     drop, seeds, kinds = [], [], []
     for s in range(q.seeds):
@@ -132,7 +192,8 @@ def _train_and_measure(state: _State, k: int) -> np.ndarray:
     event(f"start qld {k} pid {os.getpid()}")
     cfg, train, p = state.cfg, state.train, state.plan
     keep = np.setdiff1d(np.arange(len(train)), p.drop[k])
-    model = train_on_rows(cfg, train, keep, p.seeds[k], state.device, f"qld {k}")
+    masked = p.masked[k] if p.masked is not None else None
+    model = train_on_rows(cfg, train, keep, p.seeds[k], state.device, f"qld {k}", masked_tokens=masked)
     return query_losses(model, state.target, p.queries, cfg.task, state.device)
 
 
@@ -149,6 +210,7 @@ class QLDResult:
     n_bootstrap: int
     seed: int
     loss_baselines: dict[str, np.ndarray] | None = None  # name -> [seeds, queries]
+    unit: str = "rows"  # what is left out: "rows" or "tokens" (eval.qld.per_token)
 
     def to_dict(self) -> dict[str, Any]:
         """Means over queries (of the seeds' means) with 95% bootstrap intervals, and the per-query values."""
@@ -163,7 +225,8 @@ class QLDResult:
         return {
             "metric": "qld",
             "baselines": base,
-            "fraction": self.fraction, "n_dropped": self.n_dropped, "n_queries": len(self.queries),
+            "fraction": self.fraction, "n_dropped": self.n_dropped, "unit": self.unit,
+            "n_queries": len(self.queries),
             "n_seeds": int(self.loss_all.shape[0]),
             "qld_top": summary(top), "qld_random": summary(rand), "qld_top_minus_random": summary(top - rand),
             "queries": self.queries,
@@ -171,8 +234,9 @@ class QLDResult:
         }
 
 
-def qld(cfg: Config, scores: np.ndarray, *, workers: int = 1, reporter: Reporter = NULL_REPORTER,
-        baselines: dict[str, np.ndarray] | None = None) -> QLDResult:
+def qld(cfg: Config, scores: np.ndarray | None, *, workers: int = 1, reporter: Reporter = NULL_REPORTER,
+        baselines: dict[str, np.ndarray] | None = None, token_scores: tuple[list[int], np.ndarray] | None = None
+        ) -> QLDResult:
     """Train the models of :func:`plan` and measure each query's loss under them.
 
     Args:
@@ -182,13 +246,18 @@ def qld(cfg: Config, scores: np.ndarray, *, workers: int = 1, reporter: Reporter
         reporter: a progress bar over the models.
         baselines: other scores of the same shape (name -> scores) whose top rows are left out too
             (:func:`plan`); their loss increases are in ``QLDResult.loss_baselines``.
+        token_scores: ``(queries, [n_queries, n_train, width] per-token scores)``: tokens are left out
+            instead of rows (:func:`plan_tokens`; ``scores`` and ``baselines`` are then unused).
 
     Raises:
         ConfigError: a recipe that cannot retrain, or more queries than targets.
         TrakError: training failed.
     """
     check_eval_config(cfg)
-    p = plan(cfg, scores, baselines)
+    if token_scores is not None:
+        p, baselines = plan_tokens(cfg, *token_scores), None
+    else:
+        p = plan(cfg, scores, baselines)
     n = len(p.drop)
     results: dict[int, np.ndarray] = {}
     with reporter.task("qld models", n) as task:
@@ -214,6 +283,8 @@ def qld(cfg: Config, scores: np.ndarray, *, workers: int = 1, reporter: Reporter
             out["all"][s] = results[k]
         else:
             out[kind][s, qi] = results[k][qi]
-    return QLDResult(p.queries, q.fraction, max(1, round(q.fraction * scores.shape[1])), out["all"], out["top"],
+    n_dropped = (sum(len(v) for v in p.masked[1].values()) if token_scores is not None
+                 else max(1, round(q.fraction * scores.shape[1])))
+    return QLDResult(p.queries, q.fraction, n_dropped, out["all"], out["top"],
                      out["random"], cfg.eval.bootstrap, cfg.eval.seed,
-                     {b: out[f"top:{b}"] for b in baselines or {}})
+                     {b: out[f"top:{b}"] for b in baselines or {}}, "tokens" if token_scores is not None else "rows")

@@ -237,12 +237,16 @@ def check_eval_config(cfg: Config) -> None:
 
 
 def train_on_rows(cfg: Config, train: TensorDataset, rows: np.ndarray, seed: int, device: torch.device | str,
-                  description: str) -> torch.nn.Module:
+                  description: str, masked_tokens: dict[int, list[int]] | None = None) -> torch.nn.Module:
     """A model trained by :func:`trakcli.jobs.train.train_one` with ``seed`` on the rows ``rows`` (``[m]`` int) of
-    ``train``: text read and tokenized batch by batch (the corpus is never in memory), tensors indexed on ``device``."""
+    ``train``: text read and tokenized batch by batch (the corpus is never in memory), tensors indexed on ``device``.
+    ``masked_tokens`` (``{row: [positions]}``, token data) are left out of the loss (labels ``-100``)."""
     if isinstance(train, TextDataset):
-        return train_one(cfg, DatasetRows(train, rows.tolist(), device), seed=seed, device=device,
-                         description=description)
+        return train_one(cfg, DatasetRows(train, rows.tolist(), device, masked=masked_tokens), seed=seed,
+                         device=device, description=description)
+    if masked_tokens:
+        raise ConfigError("eval.qld.per_token masks training tokens: it needs token data (data.train of a language "
+                          "model)")
     idx = torch.from_numpy(rows).to(device)
     x = index_inputs(inputs_to(train.inputs, device), idx)
     y = train.labels.to(device)[idx]

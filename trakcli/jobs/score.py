@@ -122,7 +122,7 @@ class ScoreResult:
         return self.rows()
 
 
-def _check_train_complete(s: JobSetup, store: Store) -> list[ChunkedRows]:
+def check_train_complete(s: JobSetup, store: Store) -> list[ChunkedRows]:
     """The complete train rows of every checkpoint, after checking the store was featurized with this setup.
 
     Raises:
@@ -301,7 +301,7 @@ def score_targets(
     computed = 0
     with locked_store(path, s.dist, reporter):
         store = Store.open_existing(path)
-        train_rows = _check_train_complete(s, store)
+        train_rows = check_train_complete(s, store)
         if s.dist.is_main:
             if verify:
                 _verify_train(train_rows)

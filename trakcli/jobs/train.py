@@ -29,7 +29,7 @@ from trakcli.config import Config, OptimizeConfig
 from trakcli.data.tensors import Inputs, TensorDataset, cut_batches, index_inputs, inputs_to, slice_inputs
 from trakcli.errors import ConfigError, ModelError, TrainingError, user_code
 from trakcli.files import atomic_torch_save
-from trakcli.tasks import BUILTIN, CustomTask, Task, check_by_first, make_batch, resolve_task
+from trakcli.tasks import BUILTIN, IGNORE_INDEX, CustomTask, Task, check_by_first, make_batch, resolve_task
 from trakcli.jobs.divergence import check_loss, check_weights
 from trakcli.models.forward import forward, forward_errors
 from trakcli.progress import NULL_REPORTER, Reporter
@@ -136,18 +136,27 @@ class DatasetRows(TrainRows):
         data: a :class:`~trakcli.data.text.TextDataset` (anything with ``batches_of`` and ``token_lengths``).
         rows: the dataset rows to train on (a subset), in dataset order; ``None``: all.
         device: where the batches go.
+        masked: tokens left out of the loss, ``{dataset row: [positions]}`` (their labels set to ``-100``).
     """
 
-    def __init__(self, data: Any, rows: Sequence[int] | torch.Tensor | None = None, device: torch.device | str = "cpu"):
+    def __init__(self, data: Any, rows: Sequence[int] | torch.Tensor | None = None, device: torch.device | str = "cpu",
+                 masked: dict[int, list[int]] | None = None):
         self.data = data
         self.rows = list(range(len(data))) if rows is None else [int(i) for i in rows]
         self.n = len(self.rows)
         self.device = device
+        self.masked = masked or {}
         self._lengths: list[int] | None = None
 
     def batches(self, order, start, batch_size, max_tokens=None):
         ids = [self.rows[i] for i in order[start:].tolist()]
+        at = 0
         for count, x, y in self.data.batches_of(ids, batch_size, max_tokens):
+            for j, row in enumerate(ids[at:at + count]):
+                for pos in self.masked.get(row, ()):
+                    if pos < y.shape[1]:
+                        y[j, pos] = IGNORE_INDEX
+            at += count
             yield count, inputs_to(x, self.device), y.to(self.device)
 
     def first(self):
