@@ -370,3 +370,22 @@ def test_per_token_qld_end_to_end_and_its_token_scores_are_the_stored_ones(tmp_p
     n_tokens = int(np.isfinite(got[0]).sum())
     assert out["unit"] == "tokens" and out["n_dropped"] == round(0.05 * n_tokens) and out["n_queries"] == 2
     assert np.isfinite(out["qld_top"]["mean"]) and np.isfinite(out["qld_random"]["mean"])
+
+
+def test_token_texts_decode_each_token_of_a_row_with_its_tokenizer(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from trakcli.answers import token_texts
+    from trakcli.data.text import TextDataset
+
+    words = ["[UNK]", "[PAD]", "[EOS]", "the", "capital", "of", "france", "is", "paris"]
+    core = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=core, unk_token="[UNK]", pad_token="[PAD]",
+                            eos_token="[EOS]").save_pretrained(tmp_path / "tok")
+    write_jsonl(tmp_path / "d.jsonl", [{"prompt": "the capital of france is", "completion": "paris"},
+                                       {"prompt": "paris is", "completion": "the capital"}])
+    ds = TextDataset(tmp_path / "d.jsonl", prompt="prompt", completion="completion", tokenizer=str(tmp_path / "tok"))
+    assert token_texts(ds, 0) == ["the", "capital", "of", "france", "is", "paris", "[EOS]"]
+    assert token_texts(ds, 1) == ["paris", "is", "the", "capital", "[EOS]"]  # padding left out
