@@ -99,3 +99,18 @@ def test_a_failed_write_is_a_store_error_that_keeps_what_was_done(tmp_path, monk
     with pytest.raises(StoreError, match=r"writing chunk 1 \(4:8\) of x failed.*No space left.*rerun the same command"):
         rows.write(1, x=block(4, 8))
     assert rows.pending() == [1, 2]  # chunk 0 stays done, chunk 1 is not marked
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_take_gives_rows_in_any_order_with_repeats_reading_each_chunk_once(tmp_path, axis, monkeypatch):
+    rows = rows_of(tmp_path / "s.zarr", axis=axis)
+    for c in range(rows.n_chunks):
+        rows.write(c, x=block(*rows.rows(c), axis=axis))
+    reads = []
+    real = ChunkedRows.read
+    monkeypatch.setattr(ChunkedRows, "read", lambda self, name, lo, hi: reads.append((lo, hi)) or real(self, name, lo, hi))
+    idx = [9, 0, 5, 9, 1]
+    got = rows.take("x", idx)
+    want = np.take(block(0, 10, axis=axis), idx, axis=axis)
+    np.testing.assert_array_equal(got, want)
+    assert sorted(reads) == [(0, 4), (4, 8), (8, 10)]

@@ -183,8 +183,7 @@ class PerTokenScores:
     # ---------------------------------------------------------------- the two sides' vectors
 
     def _out_to_loss(self, model_id: int, docs: list[int]) -> np.ndarray:
-        rows = self.train_rows[model_id]
-        return np.array([float(rows.read("out_to_loss", d, d + 1)[0]) for d in docs])
+        return self.train_rows[model_id].take("out_to_loss", docs).astype(np.float64)
 
     def _documents(self, model_id: int, docs: list[int]) -> np.ndarray:
         """``b_m(z)`` of the documents ``[n_docs, p]`` float64: stored features, or (exact) whitened gradients."""
@@ -196,8 +195,7 @@ class PerTokenScores:
                                                      curvature=view)
                 parts.append(_flat(g, self.names).double().cpu())
             return torch.cat(parts).numpy()
-        rows = self.train_rows[model_id]
-        return np.concatenate([rows.read("features", d, d + 1) for d in docs]).astype(np.float64)
+        return self.train_rows[model_id].take("features", docs).astype(np.float64)
 
     def _view(self, model_id: int) -> Any:
         """Checkpoint ``model_id``'s curvature with the exact scores' damping (read once)."""

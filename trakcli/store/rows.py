@@ -12,7 +12,7 @@ written from numpy, never from torch tensors.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -134,6 +134,26 @@ class ChunkedRows:
         """
         sel = (slice(None),) * self.axis + (slice(lo, hi),)
         return read_checked(self.data[name], sel, self.axis)
+
+    def take(self, name: str, indices: Sequence[int]) -> np.ndarray:
+        """Entries ``indices`` (any order, repeats allowed) along the chunk axis of array ``name``, each chunk
+        that holds one of them read once (checked as :meth:`read`).
+
+        Returns:
+            The entries in the order of ``indices`` along the chunk axis, in the array's dtype (float32 for bfloat16).
+        """
+        idx = np.asarray(list(indices), dtype=np.int64)
+        blocks = []
+        for c in np.unique(idx // self.chunk_rows).tolist():
+            lo, hi = self.rows(c)
+            blocks.append(self.read(name, lo, hi))
+        starts = np.unique(idx // self.chunk_rows) * self.chunk_rows
+        joined = np.concatenate(blocks, axis=self.axis) if blocks else self.read(name, 0, 0)
+        # position of each index in the joined blocks
+        offset = np.searchsorted(starts, idx // self.chunk_rows * self.chunk_rows)
+        before = np.concatenate([[0], np.cumsum([b.shape[self.axis] for b in blocks])])[:-1] if blocks else []
+        at = np.asarray(before, dtype=np.int64)[offset] + idx % self.chunk_rows if len(idx) else idx
+        return np.take(joined, at, axis=self.axis)
 
     def iter_chunks(self, name: str) -> Iterator[tuple[int, int, np.ndarray]]:
         """Yield ``(lo, hi, block)`` of array ``name`` chunk by chunk."""
