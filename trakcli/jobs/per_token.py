@@ -310,7 +310,8 @@ class PerTokenScores:
                 out = functional_call(model, p, args=(), kwargs=model_kwargs(model, x))
                 return token_margins(logits_of(out), labels)
 
-            _, tangent = jvp(margins, (primal,), (v,))
+            with torch.no_grad():  # forward mode only: no backward graph of the parameters left out of v
+                _, tangent = jvp(margins, (primal,), (v,))
             outs.append(tangent.detach().double().cpu().numpy())
             masks.append(torch.nn.functional.pad(labels[:, 1:] != IGNORE_INDEX, (1, 0)).cpu().numpy())
             width = max(width, outs[-1].shape[1])
