@@ -102,6 +102,7 @@ def main() -> None:
 
     out = {
         "benchmark": "per_token", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(["python", "scripts/bench_per_token.py", *sys.argv[1:]]),
         "commit": commit, "version": __version__, "machine": {"cpus": os.cpu_count(), "threads": a.threads,
                                                                "platform": platform.platform()},
         "config": a.config, "top_k": a.top_k, "top_documents": n_docs,

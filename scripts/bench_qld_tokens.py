@@ -96,6 +96,7 @@ def main() -> None:
 
     result = {
         "benchmark": "qld_tokens", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(["python", "scripts/bench_qld_tokens.py", *sys.argv[1:]]),
         "commit": commit, "version": __version__,
         "machine": {"cpus": os.cpu_count(), "threads": a.threads, "platform": platform.platform()},
         "queries": a.queries, "fraction": a.fraction, "recipe": RECIPE,

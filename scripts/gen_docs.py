@@ -472,6 +472,37 @@ def _lds_finetune(data: dict[str, Any]) -> tuple[str, str, str]:
     return "LDS of a fine-tuned language model: curvature, kronfluence, BM25", note, table(head, rows, ["l"] + ["r"] * 4)
 
 
+def _per_token(data: dict[str, Any]) -> tuple[str, str, str]:
+    sec = data["seconds"]
+    doc = sec["document"]
+    rows = [[label, _f(sec[key], 1), f"{sec[key] / doc:.2f}"] for label, key in (
+        ("document-level `trak score`", "document"), ("`trak score` with `score.per_token`", "per_token"),
+        ("per-token part (difference)", "per_token_part"), ("floor: forward + backward of the top documents",
+                                                            "floor_fwd_bwd"))]
+    m = data["machine"]
+    note = (f"SmolLM2-135M-Instruct (`{data['config']}`), the top {data['top_k']} proponents and opponents of each "
+            f"query ({data['top_documents']} top documents), {m['threads']} CPU threads; {data['date']}, commit "
+            f"{data['commit'][:8]}, trakcli {data['version']}.")
+    return "Per-token scores on a language model", note, table(["run", "seconds", "/ document-level"], rows,
+                                                              ["l", "r", "r"])
+
+
+def _qld_tokens(data: dict[str, Any]) -> tuple[str, str, str]:
+    def cell(v: dict[str, Any]) -> str:
+        return f"{v['mean']:.4f} [{v['low']:.4f}, {v['high']:.4f}]"
+
+    rows = [[name, cell(r["qld_top"]), cell(r["qld_random"]), cell(r["qld_top_minus_random"]), _f(r["seconds"], 0)]
+            for name, r in data["rows"].items()]
+    first = next(iter(data["rows"].values()))
+    note = (f"The fine-tuned GPT-2 of the LDS benchmark above; {data['queries']} queries, the top "
+            f"{data['fraction']:.0%} training tokens ({first['n_dropped']}) by each method's per-token scores masked "
+            "out of the loss while retraining, against as many random tokens, same seed; mean loss increase of the "
+            f"query with 95% bootstrap intervals. {data['date']}, commit {data['commit'][:8]}, trakcli "
+            f"{data['version']}.")
+    head = ["method", "top tokens left out", "random tokens left out", "top - random", "wall s"]
+    return "Per-token QLD of a fine-tuned language model", note, table(head, rows, ["l"] + ["r"] * 4)
+
+
 #: scripts/bench_recall.py's setups: (the title's subject, the model and how it was trained).
 _RECALL_SETUPS = {
     "smollm2": ("a finetuned pretrained LM", "SmolLM2-135M-Instruct finetuned"),
@@ -492,6 +523,8 @@ RENDERERS: list[tuple[Any, str, Any]] = [
     (lambda d: d.get("benchmark") == "optimize_lm", "bench_optimize_lm.py", _optimize_lm),
     (lambda d: d.get("benchmark") == "recall", "bench_recall.py", _recall),
     (lambda d: d.get("benchmark") == "lds_finetune", "bench_lds_finetune.py", _lds_finetune),
+    (lambda d: d.get("benchmark") == "per_token", "bench_per_token.py", _per_token),
+    (lambda d: d.get("benchmark") == "qld_tokens", "bench_qld_tokens.py", _qld_tokens),
 ]
 
 
