@@ -10,6 +10,7 @@ from trakcli.cli import featurize as _featurize
 from trakcli.cli import init as _init
 from trakcli.cli import inspect as _inspect
 from trakcli.cli import optimize as _optimize
+from trakcli.cli import report as _report
 from trakcli.cli import score as _score
 from trakcli.cli.eval import eval_app
 from trakcli.cli.help import TrakCommand, TrakGroup
@@ -42,6 +43,7 @@ app.command("init", cls=TrakCommand)(_init.init)
 app.command("optimize", cls=TrakCommand)(_optimize.optimize)
 app.command("featurize", cls=TrakCommand)(_featurize.featurize)
 app.command("score", cls=TrakCommand)(_score.score)
+app.command("report", cls=TrakCommand)(_report.report)
 app.command("inspect", cls=TrakCommand)(_inspect.inspect)
 app.command("export", cls=TrakCommand)(_inspect.export)
 eval_app.command("sweep", cls=TrakCommand)(_sweep.sweep)
