@@ -445,6 +445,45 @@ class Attributor:
         store = Store.open_existing(self.path, mode="r")
         return TopK(**{name: store.read(f"scores/{experiment}/top_k/{name}") for name in TOP_K_ARRAYS})
 
+    def report(
+        self, path: str | Path, *, experiment: str | None = None, k: int = 5, train: Any = None, target: Any = None,
+        title: str | None = None,
+    ) -> Path:
+        """Write one self-contained HTML page of an experiment's answers, as ``trak report`` does.
+
+        Per target its ``k`` proponents and opponents with their scores, read from the store (nothing is
+        recomputed): the top-k of :meth:`top_k`, else the score matrix of :meth:`score`. The page
+        (:func:`trakcli.report.render_report`) opens from the file in any browser.
+
+        Args:
+            path: the ``.html`` file to write (atomically).
+            experiment: the experiment to show; None: the one this Attributor scored last.
+            k: proponents and opponents per target (at most the ``k`` that :meth:`top_k` kept).
+            train, target: what to show of the rows: lists of texts, pictures ``[n, H, W]`` /
+                ``[n, C, H, W]``, or datasets; None: their indices only.
+            title: the page's heading (default: the experiment).
+
+        Returns:
+            ``path`` as a :class:`~pathlib.Path`.
+
+        Raises:
+            ConfigError: no ``experiment`` given and none scored by this Attributor, or ``k`` < 1.
+            StoreError: the store has no finished scores of the experiment.
+            DataError: rows that do not match the experiment's train or target rows.
+        """
+        from trakcli.report import experiment_page, write_page
+
+        experiment = experiment if experiment is not None else getattr(self, "_reported", None)
+        if experiment is None:
+            raise ConfigError("Attributor.report: this Attributor has scored nothing yet; call score or top_k first, "
+                              "or name the stored experiment (experiment=...)")
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ConfigError(f"k={k!r}: give a positive int, the proponents and opponents shown per target")
+        fix = "Attributor.score or Attributor.top_k"
+        page, _ = experiment_page(Store.open_existing(self.path, mode="r"), experiment, k, train=train, target=target,
+                                  title=title, fix=fix)
+        return write_page(path, page)
+
     def _score(
         self, batches: Iterable[Any], checkpoints: list[Any], experiment: str, lambda_reg: float | None,
         lambda_rel: float, normalize: str | None, top: tuple[int, bool] | None, overwrite: bool,
@@ -469,3 +508,4 @@ class Attributor:
             )
         except StoreMismatchError as e:
             raise StoreMismatchError(self._api_fix(str(e))) from None
+        self._reported = experiment  # what report() shows by default
