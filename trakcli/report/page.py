@@ -220,11 +220,17 @@ SCRIPT = r"""
     const keep = shown.findIndex((i) => Q[i].t === before);
     select(keep >= 0 ? keep : 0, false);
   }
+  let drawn = null;  // the list page on screen: [shown, page]; redrawn only when either changes
   function select(pos, scroll) {
     cur = Math.max(0, Math.min(pos, shown.length - 1));
     page = Math.floor(cur / PAGE);
     picked = null;
-    renderList();
+    if (!drawn || drawn[0] !== shown || drawn[1] !== page) {
+      renderList();
+      drawn = [shown, page];
+    } else {
+      for (const li of list.children) li.classList.toggle("sel", Number(li.dataset.pos) === cur);
+    }
     renderDetail();
     if (shown.length) {
       try { history.replaceState(null, "", "#" + Q[shown[cur]].t); } catch (e) { /* a page without history */ }
@@ -243,6 +249,7 @@ SCRIPT = r"""
       const q = Q[shown[i]];
       const li = el("li", i === cur ? "sel" : null);
       li.dataset.target = q.t;
+      li.dataset.pos = i;
       if (IMG && q.img) li.appendChild(picture(q.img, 26));
       li.appendChild(el("span", "idx", "#" + q.t));
       if (q.label != null) li.appendChild(el("span", "lab", "label " + q.label));
@@ -292,10 +299,12 @@ SCRIPT = r"""
   function renderDetail() {
     detail.textContent = "";
     if (!shown.length) {
+      delete detail.dataset.target;
       detail.appendChild(el("p", "empty-state", "No target matches the filter."));
       return;
     }
     const q = Q[shown[cur]];
+    detail.dataset.target = q.t;
     const head = el("div", "qhead");
     const prev = el("button", null, "\u2039 previous"), next = el("button", null, "next \u203a");
     prev.type = next.type = "button";
