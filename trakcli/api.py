@@ -467,16 +467,18 @@ class Attributor:
             ``path`` as a :class:`~pathlib.Path`.
 
         Raises:
-            ConfigError: no ``experiment`` given and none scored by this Attributor, or ``k`` < 1.
+            ArgumentError: no ``experiment`` given and none scored by this Attributor.
+            ConfigError: ``k`` is not a positive int.
             StoreError: the store has no finished scores of the experiment.
             DataError: rows that do not match the experiment's train or target rows.
         """
+        from trakcli.errors import ArgumentError
         from trakcli.report import experiment_page, write_page
 
         experiment = experiment if experiment is not None else getattr(self, "_reported", None)
         if experiment is None:
-            raise ConfigError("Attributor.report: this Attributor has scored nothing yet; call score or top_k first, "
-                              "or name the stored experiment (experiment=...)")
+            raise ArgumentError("Attributor.report: experiment=None, and this Attributor has scored nothing yet; call "
+                                "score or top_k first, or name the stored experiment (experiment=...)")
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ConfigError(f"k={k!r}: give a positive int, the proponents and opponents shown per target")
         fix = "Attributor.score or Attributor.top_k"

@@ -67,6 +67,8 @@ def test_report_of_a_top_k_experiment_shows_score_show_top_of_its_k(project):
     (["--out", "nowhere/r.html"], 2, "directory nowhere does not exist"),
     (["--out", "r.html", "--experiment", "nope"], 1,
      "holds no scores of experiment 'nope' (score.experiment); it holds 'default'; run `trak score CONFIG` first"),
+    (["--out", "r.html", "data.target=null"], 1,
+     "config: data.target: unset, so there are no targets to show; give data.target (or --targets FILE)"),
     (["--out", "r.html", "store.path=out/none.zarr"], 1,
      "store out/none.zarr does not exist; run `trak featurize CONFIG` and `trak score CONFIG` first"),
 ])
@@ -101,7 +103,7 @@ def test_attributor_report_shows_its_last_experiment(user_project):
     from torch.utils.data import DataLoader
     from torch.utils.data import TensorDataset as TorchTensorDataset
 
-    from trakcli.errors import ConfigError, DataError, StoreError
+    from trakcli.errors import ArgumentError, ConfigError, DataError, StoreError
     from trakcli.models import build_model
 
     data = torch.load("ckpts/data.pt")  # user_project is the working directory
@@ -109,7 +111,7 @@ def test_attributor_report_shows_its_last_experiment(user_project):
     target = DataLoader(TorchTensorDataset(data["x_target"], data["y_target"]), batch_size=8)
     att = trakcli.Attributor(build_model("my_model.py:make_model"), store="out/api.zarr",
                              projector={"kind": "rademacher", "proj_dim": 16, "seed": 0})
-    with pytest.raises(ConfigError, match="has scored nothing yet; call score or top_k first"):
+    with pytest.raises(ArgumentError, match="experiment=None, and this Attributor has scored nothing yet; call score"):
         att.report("r.html")
     ckpts = sorted(Path("ckpts").glob("model_*.pt"))
     for m, ck in enumerate(ckpts):
@@ -135,3 +137,5 @@ def test_attributor_report_shows_its_last_experiment(user_project):
     att.report("full.html", k=40, title="All of them")
     full = embedded(Path("full.html"))
     assert full["title"] == "All of them" and len(full["queries"][0]["p"]) == 40  # k: at most n_train
+    with pytest.raises(ConfigError, match="k=0: give a positive int"):
+        att.report("r.html", k=0)

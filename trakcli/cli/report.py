@@ -50,7 +50,7 @@ def report(
     from trakcli.report import experiment_page, write_page
     from trakcli.store import Store
     from trakcli.store.integrity import node
-    from trakcli.errors import StoreError
+    from trakcli.errors import ConfigError, StoreError
 
     exp = cfg.score.experiment
     path = Path(cfg.store.path)
@@ -58,8 +58,8 @@ def report(
         raise StoreError(f"store {path} does not exist; run `trak featurize CONFIG` and `trak score CONFIG` first")
     store = Store.open_existing(path, mode="r")
     if cfg.data.target is None:
-        raise StoreError("data.target is unset, so there are no targets to show; give data.target (or --targets) as "
-                         "`trak score CONFIG` ran with")
+        raise ConfigError("data.target: unset, so there are no targets to show; give data.target (or --targets FILE) "
+                          "as `trak score CONFIG` ran with")
     train = load_dataset(cfg.data.train, key="data.train")
     target = load_dataset(cfg.data.target, key="data.target")
     group = node(store.root, f"scores/{exp}")

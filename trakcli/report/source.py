@@ -19,7 +19,7 @@ from trakcli.jobs.score import ScoreResult
 from trakcli.plots import image_shape_of
 from trakcli.report.html import render_report
 from trakcli.store import Store
-from trakcli.store.integrity import node
+from trakcli.store.integrity import keys, node
 
 #: Characters of a row's text the page holds (whitespace collapsed); a document's full text up to this.
 TEXT_CHARS = 4000
@@ -105,7 +105,8 @@ def stored_result(store: Store, experiment: str, fix: str = "`trak score CONFIG`
     top = None if group is None else node(group, "top_k")
     full = None if group is None else node(group, "scores")
     if top is None and full is None:
-        have = sorted(node(store.root, "scores").group_keys()) if node(store.root, "scores") is not None else []
+        scores = node(store.root, "scores")
+        have = sorted(keys(scores)) if scores is not None else []
         listed = f"; it holds {', '.join(map(repr, have))}" if have else ""
         raise StoreError(f"store {store.path} holds no scores of experiment {experiment!r} (score.experiment)"
                          f"{listed}; run {fix} first")
