@@ -156,14 +156,16 @@ class PerTokenScores:
             s.load(model_id)
             if s.curvature is not None and self.exact_damping is None:  # the stored features' whitening
                 s.curvature.read(self.store, model_id)
-            b = self._documents(model_id, unique)  # [n_docs, p] (or grad_dim, exact), float64
+            # stored features of every document of the chunk at once; exact gradients ([2K, grad_dim]) per target
+            b_all = self._documents(model_id, unique) if self.exact_damping is None else None
             q_bar += self._out_to_loss(model_id, unique)
             with reporter.task(f"per-token scores model {model_id}", hi - lo) as task:
                 for r, t in enumerate(range(lo, hi)):
                     x, y = rows_of(self.target, [t], 1)[0]
                     a_tok, positions = self._target_tokens(model_id, x, y, t)  # [T, p] float64
-                    idx = [where[d] for d in docs[r].ravel().tolist()]
-                    terms = (a_tok @ b[idx].T).reshape(len(positions), 2, k)  # [T, 2, K]
+                    mine = docs[r].ravel().tolist()
+                    b = b_all[[where[d] for d in mine]] if b_all is not None else self._documents(model_id, mine)
+                    terms = (a_tok @ b.T).reshape(len(positions), 2, k)  # [T, 2, K]
                     t_acc[r][:, :, positions] += terms.transpose(1, 2, 0)
                     t_mask[r, positions] = True
                     v = self._adjoint(model_id, torch.from_numpy(a_tok.sum(0, keepdims=True)))
