@@ -370,6 +370,35 @@ def test_per_token_qld_end_to_end_and_its_token_scores_are_the_stored_ones(tmp_p
     n_tokens = int(np.isfinite(got[0]).sum())
     assert out["unit"] == "tokens" and out["n_dropped"] == round(0.05 * n_tokens) and out["n_queries"] == 2
     assert np.isfinite(out["qld_top"]["mean"]) and np.isfinite(out["qld_random"]["mean"])
+    assert np.isfinite(out["baselines"]["token_overlap"]["mean"])  # the lexical row, on the same queries
+
+
+def test_token_overlap_scores_the_querys_own_tokens_by_rarity(tmp_path, monkeypatch):
+    from trakcli.config import load_config
+    from trakcli.data.load import load_dataset
+    from trakcli.metrics.bm25 import token_overlap_scores
+
+    monkeypatch.chdir(tmp_path)
+    _project(tmp_path, "gpt2", "completion")
+    cfg = load_config(tmp_path / "run.yaml")
+    train, target = (load_dataset(d, key=k) for d, k in ((cfg.data.train, "data.train"), (cfg.data.target, "t")))
+    got = token_overlap_scores(train, target, [1], 10, seed=0)[0]  # [24, 10]
+    rows = [json.loads(line) for line in Path("train.jsonl").read_text().splitlines()]
+    query = json.loads(Path("target.jsonl").read_text().splitlines()[1])
+    mine = {v for i, v in enumerate(query["labels"]) if i > 0 and v != IGNORE_INDEX}
+    df = {}
+    for r in rows:
+        for v in {v for i, v in enumerate(r["labels"]) if i > 0 and v != IGNORE_INDEX}:
+            df[v] = df.get(v, 0) + 1
+    for d, r in enumerate(rows):
+        for t in range(10):
+            v = r["labels"][t] if t < len(r["labels"]) else IGNORE_INDEX
+            if t == 0 or v == IGNORE_INDEX:
+                assert np.isnan(got[d, t])
+            elif v in mine:
+                assert got[d, t] == pytest.approx(np.log(25 / (df[v] + 0.5)), abs=1e-5)
+            else:
+                assert 0 <= got[d, t] < 1e-6
 
 
 def test_token_texts_decode_each_token_of_a_row_with_its_tokenizer(tmp_path):

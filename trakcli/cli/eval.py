@@ -114,6 +114,9 @@ def _table(data: dict[str, Any]) -> Table:
                    ("95%", "0.95"), ("max", "1"))),
     )
     table.add_row("histogram", _histogram(data["histogram"]["counts"], data["histogram"]["edges"]))
+    if "token_overlap" in data.get("baselines", {}):
+        table.add_row(f"loss increase, the query's own tokens left out ({data['n_dropped']}, rarest first)",
+                      cell(data["baselines"]["token_overlap"]))
     if "bm25" in data.get("baselines", {}):
         b = data["baselines"]["bm25"]
         table.add_row("BM25 (word overlap)", f"LDS {_fmt(b['lds'])}  [{_fmt(b['ci_low'])}, {_fmt(b['ci_high'])}]  (bm25s, "
@@ -291,6 +294,9 @@ def _recall_table(data: dict[str, Any]) -> Table:
         "queries", f"{data['n_query']} ({data['n_not_found']} with no source in the top {data['k_max']})"
     )
     table.add_row("interval", f"percentile bootstrap over queries, {data['n_bootstrap']} resamples")
+    if "token_overlap" in data.get("baselines", {}):
+        table.add_row(f"loss increase, the query's own tokens left out ({data['n_dropped']}, rarest first)",
+                      cell(data["baselines"]["token_overlap"]))
     if "bm25" in data.get("baselines", {}):
         b = data["baselines"]["bm25"]
         table.add_row("BM25 MRR (word overlap)", cell(b["mrr"]))
@@ -368,6 +374,9 @@ def _qld_table(data: dict[str, Any]) -> Table:
     table.add_row(f"loss increase, top {data['n_dropped']} {top} left out", cell(data["qld_top"]))
     table.add_row(f"loss increase, {data['n_dropped']} random {unit} left out", cell(data["qld_random"]))
     table.add_row("top minus random", cell(data["qld_top_minus_random"]))
+    if "token_overlap" in data.get("baselines", {}):
+        table.add_row(f"loss increase, the query's own tokens left out ({data['n_dropped']}, rarest first)",
+                      cell(data["baselines"]["token_overlap"]))
     if "bm25" in data.get("baselines", {}):
         table.add_row(f"loss increase, BM25's top {data['n_dropped']} left out (word overlap)", cell(data["baselines"]["bm25"]))
     table.add_row("queries x seeds", f"{data['n_queries']} x {data['n_seeds']}")
@@ -409,9 +418,17 @@ def qld(
         from trakcli.jobs.per_token import query_token_scores
         from trakcli.jobs.qld import choose_queries
 
-        queries = choose_queries(cfg, len(load_dataset(cfg.data.target, key="data.target")))
+        target = load_dataset(cfg.data.target, key="data.target")
+        queries = choose_queries(cfg, len(target))
         tokens = (queries, query_token_scores(cfg, queries, reporter))
-        result = query_loss_difference(cfg, None, workers=workers, reporter=reporter, token_scores=tokens)
+        baselines = None
+        if cfg.eval.bm25:  # the lexical row: the query's own tokens in the train documents, rarest first
+            from trakcli.metrics.bm25 import token_overlap_scores
+
+            baselines = {"token_overlap": token_overlap_scores(load_dataset(cfg.data.train, key="data.train"),
+                                                               target, queries, tokens[1].shape[2], cfg.eval.seed)}
+        result = query_loss_difference(cfg, None, workers=workers, reporter=reporter, token_scores=tokens,
+                                       baselines=baselines)
     else:
         s_arr = _load_array(scores, "--scores") if scores is not None else store_scores(cfg)
         bm25 = _bm25(cfg)

@@ -99,7 +99,8 @@ def choose_queries(cfg: Config, n_target: int) -> list[int]:
     return sorted(rng.choice(n_target, size=q.queries, replace=False).tolist())
 
 
-def plan_tokens(cfg: Config, queries: list[int], token_scores: np.ndarray) -> QLDPlan:
+def plan_tokens(cfg: Config, queries: list[int], token_scores: np.ndarray,
+                baselines: dict[str, np.ndarray] | None = None) -> QLDPlan:
     """The models of a per-token QLD run (module docstring) from the queries' per-token scores.
 
     Args:
@@ -107,6 +108,9 @@ def plan_tokens(cfg: Config, queries: list[int], token_scores: np.ndarray) -> QL
         queries: the target rows (:func:`choose_queries`).
         token_scores: ``[n_queries, n_train, width]``, NaN where a token is not a target
             (:func:`trakcli.jobs.per_token.query_token_scores`).
+        baselines: other per-token scores of the same shape (name -> scores, e.g.
+            :func:`trakcli.metrics.bm25.token_overlap_scores`) whose top tokens are masked too (kind
+            ``"top:<name>"``).
     """
     q = cfg.eval.qld
     valid = ~np.isnan(token_scores[0])  # [n_train, width]: the train targets
@@ -132,7 +136,9 @@ def plan_tokens(cfg: Config, queries: list[int], token_scores: np.ndarray) -> QL
             vals = token_scores[qi].ravel()[cells]
             top = cells[np.argsort(-vals, kind="stable")[:m]]
             rand = np.random.default_rng([cfg.eval.seed, 3, s, t]).choice(cells, size=m, replace=False)
-            for kind, flat in (("top", top), ("random", rand)):
+            extra = [(f"top:{name}", cells[np.argsort(-b[qi].ravel()[cells], kind="stable")[:m]])
+                     for name, b in (baselines or {}).items()]
+            for kind, flat in (("top", top), ("random", rand), *extra):
                 drop.append(empty)
                 seeds.append(seed)
                 kinds.append((kind, s, qi))
@@ -247,7 +253,8 @@ def qld(cfg: Config, scores: np.ndarray | None, *, workers: int = 1, reporter: R
         baselines: other scores of the same shape (name -> scores) whose top rows are left out too
             (:func:`plan`); their loss increases are in ``QLDResult.loss_baselines``.
         token_scores: ``(queries, [n_queries, n_train, width] per-token scores)``: tokens are left out
-            instead of rows (:func:`plan_tokens`; ``scores`` and ``baselines`` are then unused).
+            instead of rows (:func:`plan_tokens`; ``scores`` is then unused and ``baselines`` are per-token
+            scores of the same shape).
 
     Raises:
         ConfigError: a recipe that cannot retrain, or more queries than targets.
@@ -255,7 +262,7 @@ def qld(cfg: Config, scores: np.ndarray | None, *, workers: int = 1, reporter: R
     """
     check_eval_config(cfg)
     if token_scores is not None:
-        p, baselines = plan_tokens(cfg, *token_scores), None
+        p = plan_tokens(cfg, *token_scores, baselines)
     else:
         p = plan(cfg, scores, baselines)
     n = len(p.drop)

@@ -66,3 +66,43 @@ def bm25_of(train: Any, target: Any) -> np.ndarray | None:
     if corpus is None or queries is None:
         return None
     return bm25_scores(corpus, queries)
+
+
+def token_overlap_scores(train: Any, target: Any, queries: Sequence[int], width: int, seed: int = 0,
+                         batch_rows: int = 64) -> np.ndarray:
+    """A lexical baseline of per-token scores: each train token that also is a target token of the query,
+    weighted by its rarity (the per-token counterpart of BM25's ranking, for the per-token QLD).
+
+    A train token ``x`` at position ``t`` (a target of the loss there) of document ``z`` scores
+    ``idf(x) = log((n_train + 1) / (df(x) + 0.5))`` when ``x`` is among the query's target tokens, else 0
+    (``df``: the documents holding ``x`` as a target), plus a seeded jitter below 1e-6 that breaks ties
+    at random.
+
+    Args:
+        train, target: token datasets (``batches``: per-token labels ``[b, L]``, the token where it is a target).
+        queries: target rows.
+        width: the last axis (the longest sequence, ``max_length``).
+        seed: the jitter's seed.
+        batch_rows: rows read at once.
+
+    Returns:
+        ``[len(queries), n_train, width]`` float32, NaN where a token is not a target.
+    """
+    n = len(train)
+    labels = np.full((n, width), -100, dtype=np.int64)
+    for off, _, y in train.batches(0, n, batch_rows):
+        y = y.numpy()
+        labels[off:off + len(y), :min(width, y.shape[1])] = y[:, :width]
+    labels[:, 0] = -100  # position 0 predicts nothing
+    valid = labels != -100
+    ids, df = np.unique(np.concatenate([np.unique(row[ok]) for row, ok in zip(labels, valid)]), return_counts=True)
+    idf = dict(zip(ids.tolist(), np.log((n + 1) / (df + 0.5)).tolist()))
+    weight = np.vectorize(lambda v: idf.get(int(v), 0.0), otypes=[np.float64])(np.where(valid, labels, 0))
+    jitter = np.random.default_rng(seed).uniform(0, 1e-6, size=(len(queries), n, width))
+    out = np.full((len(queries), n, width), np.nan, dtype=np.float32)
+    for i, q in enumerate(queries):
+        _, _, y = next(target.batches(q, q + 1, 1))
+        mine = set(y[0, 1:][y[0, 1:] != -100].tolist())
+        hit = np.isin(labels, list(mine)) & valid
+        out[i][valid] = (np.where(hit, weight, 0.0) + jitter[i])[valid]
+    return out
