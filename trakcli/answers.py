@@ -125,8 +125,10 @@ def _pairs(tokens: list[str], values: np.ndarray) -> list[list[Any]]:
 def token_texts(ds: Any, i: int) -> list[str]:
     """The text of each token of row ``i`` of a token dataset, as the model sees them (padding left out).
 
-    Each token decoded alone with the dataset's tokenizer (so the texts joined give the row's text),
-    or the token ids as text without a tokenizer.
+    Token ``i``'s text is what it adds to the decoded prefix (``decode(ids[:i + 1])`` less
+    ``decode(ids[:i])``), so the texts joined give the row's decoded text and a character that
+    byte-level BPE splits over several tokens shows whole at the token that completes it (the
+    others show ``""``); the token ids as text without a tokenizer.
     """
     _, x, _ = next(iter(ds.batches_of([i], 1)))
     ids = x["input_ids"][0]
@@ -136,4 +138,8 @@ def token_texts(ds: Any, i: int) -> list[str]:
     tok = getattr(ds, "tokenizer", None)
     if tok is None:
         return [str(int(v)) for v in ids]
-    return tok.batch_decode([[int(v)] for v in ids])
+    ids = [int(v) for v in ids]
+    # a prefix ending inside a character decodes to U+FFFD there: it is left to the token that completes it
+    prefixes = [p.rstrip("\ufffd") for p in tok.batch_decode([ids[:i] for i in range(len(ids) + 1)])]
+    return [b[len(a):] if b.startswith(a) else tok.decode([ids[i]]) for i, (a, b) in
+            enumerate(zip(prefixes, prefixes[1:]))]

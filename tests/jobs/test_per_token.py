@@ -401,7 +401,7 @@ def test_token_overlap_scores_the_querys_own_tokens_by_rarity(tmp_path, monkeypa
                 assert 0 <= got[d, t] < 1e-6
 
 
-def test_token_texts_decode_each_token_of_a_row_with_its_tokenizer(tmp_path):
+def test_token_texts_are_what_each_token_adds_to_the_decoded_row(tmp_path):
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -416,5 +416,27 @@ def test_token_texts_decode_each_token_of_a_row_with_its_tokenizer(tmp_path):
     write_jsonl(tmp_path / "d.jsonl", [{"prompt": "the capital of france is", "completion": "paris"},
                                        {"prompt": "paris is", "completion": "the capital"}])
     ds = TextDataset(tmp_path / "d.jsonl", prompt="prompt", completion="completion", tokenizer=str(tmp_path / "tok"))
-    assert token_texts(ds, 0) == ["the", "capital", "of", "france", "is", "paris", "[EOS]"]
-    assert token_texts(ds, 1) == ["paris", "is", "the", "capital", "[EOS]"]  # padding left out
+    # what each token adds to the decoded text (the word-level decoder joins words with spaces)
+    assert token_texts(ds, 0) == ["the", " capital", " of", " france", " is", " paris", " [EOS]"]
+    assert token_texts(ds, 1) == ["paris", " is", " the", " capital", " [EOS]"]  # padding left out
+
+
+def test_a_character_split_over_byte_level_tokens_shows_whole_at_the_token_that_completes_it():
+    from trakcli.answers import token_texts
+
+    class Bytes:  # a byte-level tokenizer: one token per UTF-8 byte
+        def batch_decode(self, seqs):
+            return [bytes(s).decode("utf-8", errors="replace") for s in seqs]
+
+        def decode(self, ids):
+            return self.batch_decode([ids])[0]
+
+    class Data:
+        tokenizer = Bytes()
+
+        def batches_of(self, rows, n):
+            ids = torch.tensor([list("£5 ok".encode())])
+            yield 1, {"input_ids": ids, "attention_mask": torch.ones_like(ids)}, ids
+
+    got = token_texts(Data(), 0)
+    assert "".join(got) == "£5 ok" and got[:2] == ["", "£"] and "\ufffd" not in "".join(got)
