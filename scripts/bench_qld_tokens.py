@@ -8,7 +8,8 @@ fine-tuned on 1,000 BBC snippets of 64 tokens; run it first, its work folder is 
 without the query's top 1% training tokens by each method's per-token scores, and without 1% random
 tokens, all with the same seed, and reports the query's loss increase with bootstrap intervals.
 Rows: trakcli ``curvature.kind: ekfac`` (exact scores), TRAK (sjlt 4096, TRAK's kernel); the random
-tokens are each run's own baseline. Token masking keeps every batch the same, so the models differ
+tokens and a lexical row (the query's own target tokens in the train documents, rarest first:
+:func:`trakcli.metrics.bm25.token_overlap_scores`) are each run's baselines. Token masking keeps every batch the same, so the models differ
 only by the masked tokens.
 
 Usage::
@@ -87,10 +88,12 @@ def main() -> None:
     def cell(v):
         return f"{v['mean']:.4f} [{v['low']:.4f}, {v['high']:.4f}]"
 
-    print(f"\n{'method':10s} {'top tokens left out':>28s} {'random tokens left out':>28s} {'top - random':>28s}")
+    print(f"\n{'method':10s} {'top tokens left out':>28s} {'random tokens left out':>28s} {'top - random':>28s} "
+          f"{'query tokens (lexical)':>28s}")
     for name, out in rows.items():
+        lexical = out.get("baselines", {}).get("token_overlap")
         print(f"{name:10s} {cell(out['qld_top']):>28s} {cell(out['qld_random']):>28s} "
-              f"{cell(out['qld_top_minus_random']):>28s}")
+              f"{cell(out['qld_top_minus_random']):>28s} {cell(lexical) if lexical else '':>28s}")
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     from trakcli import __version__
 
@@ -101,7 +104,7 @@ def main() -> None:
         "machine": {"cpus": os.cpu_count(), "threads": a.threads, "platform": platform.platform()},
         "queries": a.queries, "fraction": a.fraction, "recipe": RECIPE,
         "rows": {name: {k: out[k] for k in ("qld_top", "qld_random", "qld_top_minus_random", "n_dropped",
-                                             "n_queries", "seconds", "per_query")} for name, out in rows.items()},
+                                             "n_queries", "seconds", "per_query", "baselines")} for name, out in rows.items()},
     }
     (ROOT / a.out).parent.mkdir(parents=True, exist_ok=True)
     (ROOT / a.out).write_text(json.dumps(result, indent=2) + "\n")

@@ -491,16 +491,18 @@ def _qld_tokens(data: dict[str, Any]) -> tuple[str, str, str]:
     def cell(v: dict[str, Any]) -> str:
         return f"{v['mean']:.4f} [{v['low']:.4f}, {v['high']:.4f}]"
 
-    rows = [[name, cell(r["qld_top"]), cell(r["qld_random"]), cell(r["qld_top_minus_random"]), _f(r["seconds"], 0)]
-            for name, r in data["rows"].items()]
+    rows = [[name, cell(r["qld_top"]), cell(r["qld_random"]), cell(r["qld_top_minus_random"]),
+             cell(r["baselines"]["token_overlap"]) if "token_overlap" in r.get("baselines", {}) else "",
+             _f(r["seconds"], 0)] for name, r in data["rows"].items()]
     first = next(iter(data["rows"].values()))
     note = (f"The fine-tuned GPT-2 of the LDS benchmark above; {data['queries']} queries, the top "
             f"{data['fraction']:.0%} training tokens ({first['n_dropped']}) by each method's per-token scores masked "
             "out of the loss while retraining, against as many random tokens, same seed; mean loss increase of the "
             f"query with 95% bootstrap intervals. {data['date']}, commit {data['commit'][:8]}, trakcli "
             f"{data['version']}.")
-    head = ["method", "top tokens left out", "random tokens left out", "top - random", "wall s"]
-    return "Per-token QLD of a fine-tuned language model", note, table(head, rows, ["l"] + ["r"] * 4)
+    head = ["method", "top tokens left out", "random tokens left out", "top - random",
+            "the query's own tokens left out (lexical)", "wall s"]
+    return "Per-token QLD of a fine-tuned language model", note, table(head, rows, ["l"] + ["r"] * 5)
 
 
 #: scripts/bench_recall.py's setups: (the title's subject, the model and how it was trained).
