@@ -440,3 +440,22 @@ def test_a_character_split_over_byte_level_tokens_shows_whole_at_the_token_that_
 
     got = token_texts(Data(), 0)
     assert "".join(got) == "£5 ok" and got[:2] == ["", "£"] and "\ufffd" not in "".join(got)
+
+
+def test_a_target_without_target_tokens_has_no_target_tokens_and_zero_document_tokens(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _project(tmp_path, "gpt2", "completion", {"curvature.kind": "ekfac", "curvature.fisher": "empirical",
+                                             "projector.kind": "sjlt", "projector.proj_dim": 32,
+                                             "top.grad_wrt": ["transformer.h.0.mlp.*"]})
+    rows = [json.loads(line) for line in Path("target.jsonl").read_text().splitlines()]
+    rows[1]["labels"] = [IGNORE_INDEX] * len(rows[1]["labels"])  # a prompt alone: nothing to explain
+    write_jsonl(tmp_path / "target.jsonl", rows)
+    for cmd in ("featurize", "score"):
+        res = run(tmp_path, cmd, "run.yaml", "-q")
+        assert res.returncode == 0, res.stderr
+    import zarr
+
+    g = zarr.open_group(str(tmp_path / "s.zarr"), mode="r")
+    t_tok, d_tok = (g[f"scores/default/per_token/{n}"][:] for n in ("target_tokens", "document_tokens"))
+    assert np.isnan(t_tok[1]).all() and np.isfinite(t_tok[0]).any()
+    assert (np.nan_to_num(d_tok[1]) == 0).all() and np.isfinite(d_tok[1]).any()

@@ -224,7 +224,8 @@ class PerTokenScores:
             else:
                 phi, _ = self.s.features(xb, yb, model_id, row)
                 parts.append(phi.double().cpu())
-        phi = torch.cat(parts) if parts else torch.zeros(0, self.s.proj_dim, dtype=torch.float64)
+        width = self.s.grad_dim if self.exact_damping is not None else self.s.proj_dim
+        phi = torch.cat(parts) if parts else torch.zeros(0, width, dtype=torch.float64)  # a target without targets
         return self._weights(model_id, phi)
 
     def train_tokens(self, queries: list[int], reporter: Reporter = NULL_REPORTER) -> np.ndarray:
