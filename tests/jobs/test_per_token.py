@@ -280,6 +280,10 @@ def test_both_sides_sum_to_the_ensembled_scores_of_two_checkpoints(tmp_path, mon
         got = g[f"scores/default/per_token/{name}"][:]
         assert np.isfinite(got).any(axis=-1).all()  # every top document has target tokens on both sides
         np.testing.assert_allclose(np.nansum(got, -1), scores, rtol=1e-5, atol=1e-5 * np.abs(scores).max())
+    res = run(tmp_path, "inspect", "s.zarr", "--json", "--verify")
+    assert res.returncode == 0, res.stderr
+    shown = json.loads(res.stdout)["scores"]["default"]["per_token"]
+    assert shown == {"shape": [3, 2, 4, 10], "chunks_done": 1, "chunks_total": 1}
 
 
 @pytest.mark.parametrize("args,message", [

@@ -80,7 +80,8 @@ def repair_scope(path: str) -> str:
     ``"node"`` (everything under it, recomputed) when the node's attributes
     hold records a run cannot re-derive: a checkpoint's sha256
     (``train/<model_id>``), a kernel's settings, an experiment's target data and
-    checkpoints (``targets/<experiment>``, ``scores/<experiment>``), a top-k's ``k``, the
+    checkpoints (``targets/<experiment>``, ``scores/<experiment>``), a top-k's ``k`` (and the per-token
+    scores' ``k`` and ``width``), the
     ``eval`` identity. ``"metadata"`` (only ``zarr.json``, re-created with the
     same shape and codecs; the chunks are kept and checked by their checksums)
     for every other array and group.
@@ -88,7 +89,7 @@ def repair_scope(path: str) -> str:
     parts = [p for p in path.split("/") if p]
     if parts == ["eval"] or (len(parts) == 2 and parts[0] in ("train", "targets", "scores")):
         return "node"
-    if len(parts) == 3 and parts[0] == "scores" and parts[2] in ("top_k", "top_k_parts"):  # k in the attributes
+    if len(parts) == 3 and parts[0] == "scores" and parts[2] in ("top_k", "top_k_parts", "per_token"):  # k in attrs
         return "node"
     if parts and parts[0] == "train" and parts[-1] == "kernel":
         return "node"

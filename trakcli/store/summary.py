@@ -160,6 +160,11 @@ def _experiment_entry(
                 ok = _intact(rows, f"scores/{exp}/top_k", verify, corrupt)
                 info["top_k"] = {"shape": list(rows.data["proponents"].shape), "chunks_done": int((ok != 0).sum()),
                                  "chunks_total": int(ok.size)}
+            if node(g, "per_token") is not None:
+                rows = _rows(store, f"scores/{exp}/per_token", ["target_tokens", "document_tokens"], 0)
+                ok = _intact(rows, f"scores/{exp}/per_token", verify, corrupt)
+                info["per_token"] = {"shape": list(rows.data["target_tokens"].shape),
+                                     "chunks_done": int((ok != 0).sum()), "chunks_total": int(ok.size)}
             if node(g, "scores") is None:
                 return info
             rows = _rows(store, f"scores/{exp}", ["scores"], 1)
