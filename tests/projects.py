@@ -332,3 +332,35 @@ def masked_batch(kind: str, n: int = 5, length: int = 11, seed: int = 0):
             labels[i, real - 2:real] = ids[i, real - 2:real]
     ids[am == 0] = 0
     return {"input_ids": ids, "attention_mask": am}, labels
+
+
+# -- tiny language-model projects: a word-level tokenizer and invented facts --------------------------------------
+
+FACT_WORDS = ["the", "capital", "of", "is", "and", "a", "city", "country", "far", "north", "south"]
+
+
+def word_tokenizer(folder: Path, words: list[str]) -> int:
+    """A word-level tokenizer of ``words`` (+ [UNK], [PAD], [EOS]) saved to ``folder``; its vocabulary size."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {w: i for i, w in enumerate(["[UNK]", "[PAD]", "[EOS]", *words])}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    core.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=core, unk_token="[UNK]", pad_token="[PAD]",
+                            eos_token="[EOS]").save_pretrained(folder)
+    return len(vocab)
+
+
+def fact_rows(n: int, seed: int, countries: list[str], cities: list[str], max_filler: int = 4) -> list[dict]:
+    """Prompt/completion rows "the capital of <country> is" -> "<city>" (a fixed city per country), after
+    0 to ``max_filler`` filler words."""
+    import random
+
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        i = rng.randrange(len(countries))
+        filler = " ".join(rng.choices(FACT_WORDS, k=rng.randint(0, max_filler)))
+        rows.append({"prompt": f"{filler} the capital of {countries[i]} is".strip(), "completion": cities[i]})
+    return rows

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.func import functional_call, grad, vmap
 
-from projects import LM_VOCAB, masked_batch, run, write_config, write_jsonl
+from projects import LM_VOCAB, masked_batch, run, word_tokenizer, write_config, write_jsonl
 from trakcli.jobs.per_token import split_by_token, token_margins
 from trakcli.models.forward import logits_of, model_kwargs
 from trakcli.tasks import IGNORE_INDEX, language_modeling_margin
@@ -406,17 +406,10 @@ def test_token_overlap_scores_the_querys_own_tokens_by_rarity(tmp_path, monkeypa
 
 
 def test_token_texts_are_what_each_token_adds_to_the_decoded_row(tmp_path):
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
     from trakcli.answers import token_texts
     from trakcli.data.text import TextDataset
 
-    words = ["[UNK]", "[PAD]", "[EOS]", "the", "capital", "of", "france", "is", "paris"]
-    core = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
-    core.pre_tokenizer = pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=core, unk_token="[UNK]", pad_token="[PAD]",
-                            eos_token="[EOS]").save_pretrained(tmp_path / "tok")
+    word_tokenizer(tmp_path / "tok", ["the", "capital", "of", "france", "is", "paris"])
     write_jsonl(tmp_path / "d.jsonl", [{"prompt": "the capital of france is", "completion": "paris"},
                                        {"prompt": "paris is", "completion": "the capital"}])
     ds = TextDataset(tmp_path / "d.jsonl", prompt="prompt", completion="completion", tokenizer=str(tmp_path / "tok"))

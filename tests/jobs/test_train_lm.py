@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import math
-import random
 from pathlib import Path
 
 import numpy as np
@@ -23,11 +22,11 @@ from trakcli.data.text import IGNORE_INDEX, TextDataset  # noqa: E402
 from trakcli.jobs.train import DatasetRows, lr_at, train_model  # noqa: E402
 from trakcli.progress import Reporter, Task  # noqa: E402
 from trakcli.tasks import BUILTIN  # noqa: E402
-from projects import write_config, write_jsonl  # noqa: E402
+from projects import FACT_WORDS, fact_rows, word_tokenizer, write_config, write_jsonl  # noqa: E402
 
 COUNTRIES = "avalon brimor cestia dorun elvar fennic gorla hestra".split()
 CITIES = "ostrel pavin quorra ristel sulan tarvik umbra velor".split()
-WORDS = ["the", "capital", "of", "is", "and", "a", "city", "country", "far", "north", "south"]
+WORDS = FACT_WORDS
 
 MODEL_FILE = '''
 from transformers import GPT2Config, GPT2LMHeadModel
@@ -42,26 +41,12 @@ def make_model(vocab_size=32, n_embd=16, n_layer=1):
 
 def make_tokenizer(folder: Path) -> int:
     """A word-level tokenizer of the corpus words (+ [UNK], [PAD], [EOS]) saved to ``folder``; its vocabulary size."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {w: i for i, w in enumerate(["[UNK]", "[PAD]", "[EOS]", *WORDS, *COUNTRIES, *CITIES])}
-    core = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    core.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="[UNK]", pad_token="[PAD]", eos_token="[EOS]")
-    tok.save_pretrained(folder)
-    return len(vocab)
+    return word_tokenizer(folder, [*WORDS, *COUNTRIES, *CITIES])
 
 
 def facts(n: int, seed: int) -> list[dict]:
     """Prompt/completion rows "the capital of <country> is" -> "<city>" (a fixed city per country), with filler."""
-    rng = random.Random(seed)
-    rows = []
-    for _ in range(n):
-        i = rng.randrange(len(COUNTRIES))
-        filler = " ".join(rng.choices(WORDS, k=rng.randint(0, 4)))
-        rows.append({"prompt": f"{filler} the capital of {COUNTRIES[i]} is".strip(), "completion": CITIES[i]})
-    return rows
+    return fact_rows(n, seed, COUNTRIES, CITIES)
 
 
 @pytest.fixture

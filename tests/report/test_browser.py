@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import io
 import json
-import random
 import shutil
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 
-from projects import ROOT, run, write_config, write_jsonl
+from projects import FACT_WORDS, ROOT, fact_rows, run, word_tokenizer, write_config, write_jsonl
 from trakcli.report import render_report, write_page
 
 NASTY = '</script><script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2"> & <!--'
@@ -194,7 +193,7 @@ def test_digits_screenshot_shows_the_pictures(browser, digits, tmp_path):
 
 COUNTRIES = "avalon brimor cestia dorun elvar fennic".split()
 CITIES = "ostrel pavin quorra ristel sulan tarvik".split()
-WORDS = ["the", "capital", "of", "is", "and", "a", "city", "country", "far", "north", "south"]
+WORDS = FACT_WORDS
 
 LM_MODEL = '''
 from transformers import GPT2Config, GPT2LMHeadModel
@@ -208,39 +207,26 @@ def make_model(vocab_size=32):
 
 
 def _facts(n: int, seed: int) -> list[dict]:
-    rng = random.Random(seed)
-    rows = []
-    for _ in range(n):
-        i = rng.randrange(len(COUNTRIES))
-        filler = " ".join(rng.choices(WORDS, k=rng.randint(0, 3)))
-        rows.append({"prompt": f"{filler} the capital of {COUNTRIES[i]} is".strip(), "completion": CITIES[i]})
-    return rows
+    return fact_rows(n, seed, COUNTRIES, CITIES, max_filler=3)
 
 
 @pytest.fixture(scope="module")
 def lm(tmp_path_factory) -> tuple[Path, list[dict]]:
     """A random tiny GPT-2 (one checkpoint) scored with per-token answers (experiment default) and without (plain)."""
     pytest.importorskip("transformers")
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
     root = tmp_path_factory.mktemp("lm_report")
-    vocab = {w: i for i, w in enumerate(["[UNK]", "[PAD]", "[EOS]", *WORDS, *COUNTRIES, *CITIES])}
-    core = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    core.pre_tokenizer = pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=core, unk_token="[UNK]", pad_token="[PAD]",
-                            eos_token="[EOS]").save_pretrained(root / "tok")
+    n_vocab = word_tokenizer(root / "tok", [*WORDS, *COUNTRIES, *CITIES])
     (root / "lm_model.py").write_text(LM_MODEL)
     namespace: dict = {}
     exec(LM_MODEL, namespace)
     torch.manual_seed(0)
-    torch.save(namespace["make_model"](len(vocab)).state_dict(), root / "ck0.pt")
+    torch.save(namespace["make_model"](n_vocab).state_dict(), root / "ck0.pt")
     write_jsonl(root / "train.jsonl", _facts(30, 0))
     targets = _facts(6, 1)
     write_jsonl(root / "target.jsonl", targets)
     data = {"prompt": "prompt", "completion": "completion", "tokenizer": "tok", "max_length": 16}
     write_config(root / "lm.yaml", {
-        "model": {"entrypoint": "lm_model.py:make_model", "kwargs": {"vocab_size": len(vocab)}},
+        "model": {"entrypoint": "lm_model.py:make_model", "kwargs": {"vocab_size": n_vocab}},
         "task": "language_modeling",
         "checkpoints": ["ck0.pt"],
         "data": {"train": {"path": "train.jsonl", **data}, "target": {"path": "target.jsonl", **data},
