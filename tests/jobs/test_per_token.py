@@ -456,3 +456,41 @@ def test_a_target_without_target_tokens_has_no_target_tokens_and_zero_document_t
     t_tok, d_tok = (g[f"scores/default/per_token/{n}"][:] for n in ("target_tokens", "document_tokens"))
     assert np.isnan(t_tok[1]).all() and np.isfinite(t_tok[0]).any()
     assert (np.nan_to_num(d_tok[1]) == 0).all() and np.isfinite(d_tok[1]).any()
+
+
+@pytest.mark.parametrize("extra", [
+    {},
+    {"curvature.kind": "ekfac", "curvature.fisher": "empirical", "projector.kind": "sjlt", "projector.proj_dim": 32,
+     "top.grad_wrt": ["transformer.h.0.mlp.*"]},
+], ids=["gram", "exact-ekfac"])
+def test_the_target_side_by_one_jvp_per_document_equals_one_copy_per_token(tmp_path, monkeypatch, extra):
+    from trakcli.config import load_config
+    from trakcli.data.load import load_dataset
+    from trakcli.jobs.kernels import ridge_settings
+    from trakcli.jobs.per_token import PerTokenScores, per_token_width
+    from trakcli.jobs.score import check_train_complete
+    from trakcli.jobs.setup import prepare
+    from trakcli.store import Store
+
+    monkeypatch.chdir(tmp_path)
+    _project(tmp_path, "gpt2", "completion", extra)
+    for cmd in ("featurize", "score"):  # 8 top documents, at most 8 target tokens: one copy per token
+        assert run(tmp_path, cmd, "run.yaml", "-q").returncode == 0
+    import zarr
+
+    g = zarr.open_group(str(tmp_path / "s.zarr"), mode="r")
+    stored = {n: g[f"scores/default/per_token/{n}"][:] for n in ("target_tokens", "document_tokens")}
+    top = {n: g[f"scores/default/top_k/{n}"][:] for n in ("proponents", "opponents")}
+    cfg = load_config(tmp_path / "run.yaml")
+    s = prepare(cfg, need_target=True)
+    target = load_dataset(cfg.data.target, key="data.target")
+    store = Store.open_existing(Path(cfg.store.path), mode="r")
+    scorer = PerTokenScores(s, store, check_train_complete(s, store), target, 4, per_token_width(s, target),
+                            ridge_settings(None, 1.0), s.exact_damping if s.curvature is not None else None)
+    scorer.jvp_cost = 0.0  # always one JVP of the target per document
+    got = scorer.compute(0, 3, top)
+    scale = np.nanmax(np.abs(stored["target_tokens"]))
+    for name in ("target_tokens", "document_tokens"):
+        np.testing.assert_array_equal(np.isnan(got[name]), np.isnan(stored[name]))
+        np.testing.assert_allclose(np.nan_to_num(got[name]), np.nan_to_num(stored[name]), rtol=1e-4,
+                                   atol=1e-5 * scale)

@@ -12,7 +12,9 @@ splits exactly over the tokens of either side:
 * **target side**, ``τ_t(x, z) = [(1/M) Σ_m a_m(x_t) · b_m(z)] · Q̄(z)`` with ``a_m(x_t)`` the same map
   applied to the gradient of ``f_t(x)`` alone: the share of the document's score that the target's
   token ``t`` carries. The gradient of each ``f_t`` is the featurizer's, on a copy of the target whose
-  labels keep token ``t`` only;
+  labels keep token ``t`` only; or, when the target has many more tokens than top documents
+  (:attr:`PerTokenScores.jvp_cost`), one Jacobian-vector product of the target's per-token margins
+  along ``Tᵀ A b_m(z)`` per document gives every ``t`` at once (the same numbers);
 * **train side**, ``τ_s(x, z) = [(1/M) Σ_m ⟨∇_θ f_s(z), v_m(x)⟩] · Q̄(z)``, with ``v_m(x) = Tᵀ a_m(x)``
   the adjoint of the train features' linear map ``T`` (projection ``Pᵀ`` by the projector's
   ``unproject``, whitening by its vector-Jacobian product, the diagonal second-moment scaling) applied
@@ -125,10 +127,16 @@ class PerTokenScores:
         exact_damping: with ``curvature.exact``, its damping; else None.
     """
 
+    #: The target side takes one forward-mode pass of the target per top document instead of one copy of the
+    #: target per target token when ``2K · jvp_cost < T``: a JVP costs about two forward + backward passes of
+    #: the same tokens (SmolLM2-135M on 2 CPU cores, ``scripts/bench_per_token.py``).
+    jvp_cost = 2.0
+
     def __init__(self, s: JobSetup, store: Store, train_rows: list[ChunkedRows], target: Any, k: int, width: int,
                  lambda_key: dict[str, Any], exact_damping: float | None):
         self.s, self.store, self.train_rows, self.target, self.k, self.width = s, store, train_rows, target, k, width
         self._views: dict[int, Any] = {}
+        self._kernels: dict[int, Any] = {}
         self.lambda_key, self.exact_damping = lambda_key, exact_damping
         self.names = list(s.featurizer.param_names)
         self.rows_per_batch = max(1, s.batch_rows)
@@ -162,14 +170,25 @@ class PerTokenScores:
             with reporter.task(f"per-token scores model {model_id}", hi - lo) as task:
                 for r, t in enumerate(range(lo, hi)):
                     x, y = rows_of(self.target, [t], 1)[0]
-                    a_tok, positions = self._target_tokens(model_id, x, y, t)  # [T, p] float64
                     mine = docs[r].ravel().tolist()
                     b = b_all[[where[d] for d in mine]] if b_all is not None else self._documents(model_id, mine)
-                    terms = (a_tok @ b.T).reshape(len(positions), 2, k)  # [T, 2, K]
-                    t_acc[r][:, :, positions] += terms.transpose(1, 2, 0)
+                    positions = (torch.nonzero(token_labels({**x, "labels": y})[0, 1:] != IGNORE_INDEX).flatten()
+                                 + 1).tolist()
+                    if len(mine) * self.jvp_cost < len(positions):  # one JVP of the target per document
+                        a_q = self.weights_of(model_id, x, y, t)
+                        flat = t_acc[r].reshape(2 * k, self.width)  # a view
+                        for j in range(len(mine)):
+                            w = self._adjoint(model_id, self._weights(model_id, torch.from_numpy(b[j:j + 1])))
+                            got, _ = self._token_jvp(self.target, [t], w)
+                            flat[j, :got.shape[1]] += got[0]
+                    else:  # one copy of the target per target token
+                        a_tok, positions = self._target_tokens(model_id, x, y, t)  # [T, p] float64
+                        terms = (a_tok @ b.T).reshape(len(positions), 2, k)  # [T, 2, K]
+                        t_acc[r][:, :, positions] += terms.transpose(1, 2, 0)
+                        a_q = torch.from_numpy(a_tok.sum(0, keepdims=True))
                     t_mask[r, positions] = True
-                    v = self._adjoint(model_id, torch.from_numpy(a_tok.sum(0, keepdims=True)))
-                    got, valid = self._document_tokens(docs[r].ravel().tolist(), v)  # [2K, L]
+                    v = self._adjoint(model_id, a_q)
+                    got, valid = self._token_jvp(self.s.train, mine, v)  # [2K, L]
                     L = got.shape[1]
                     d_acc[r, :, :, :L] += got.reshape(2, k, L)
                     d_mask[r, :, :, :L] |= valid.reshape(2, k, L)
@@ -249,7 +268,7 @@ class PerTokenScores:
                 for i, t in enumerate(queries):
                     x, y = rows_of(self.target, [t], 1)[0]
                     v = self._adjoint(model_id, self.weights_of(model_id, x, y, t))
-                    got, valid = self._document_tokens(docs, v)
+                    got, valid = self._token_jvp(self.s.train, docs, v)
                     acc[i, :, :got.shape[1]] += got
                     mask[:, :valid.shape[1]] |= valid
                     task.advance()
@@ -261,7 +280,9 @@ class PerTokenScores:
         """``a_m`` of features ``[r, p]`` float64: the kernel's solve (TRAK), or the features themselves."""
         if self.s.curvature is not None:  # whitened already (stored features or exact gradients)
             return phi
-        stored = read_kernel(self.store, model_id, self.lambda_key)
+        if model_id not in self._kernels:
+            self._kernels[model_id] = read_kernel(self.store, model_id, self.lambda_key)
+        stored = self._kernels[model_id]
         if stored is None:
             raise StoreError(f"the kernel of model_id {model_id} with this config's score.lambda_reg / lambda_rel is not "
                              f"in {self.store.path}; run `trak score CONFIG` first")
@@ -299,13 +320,14 @@ class PerTokenScores:
             g = feat.second_moment.scale_gradients(g, model_id)
         return {n: t[0].to(params[n].dtype) for n, t in g.items()}
 
-    def _document_tokens(self, docs: list[int], v: dict[str, torch.Tensor]) -> tuple[np.ndarray, np.ndarray]:
-        """``⟨∇_θ f_s(z), v⟩`` of every token ``s`` of each document ``[n_docs, L]`` float64, and the targets' mask."""
+    def _token_jvp(self, data: Any, docs: list[int], v: dict[str, torch.Tensor]) -> tuple[np.ndarray, np.ndarray]:
+        """``⟨∇_θ f_s(z), v⟩`` of every token ``s`` of each row ``z`` of ``data`` ``[n_rows, L]`` float64 (one
+        forward-mode pass), and the targets' mask."""
         model = self.s.model
         primal = {n: p.detach() for n, p in model.named_parameters() if n in v}
         outs, masks = [], []
         width = 0
-        for x, y in rows_of(self.s.train, docs, self.rows_per_batch, self.s.batch_tokens):
+        for x, y in rows_of(data, docs, self.rows_per_batch, self.s.batch_tokens):
             x = inputs_to(x, self.s.device)
             labels = token_labels({**x, "labels": y.to(self.s.device)})
 
