@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -494,3 +495,38 @@ def test_the_target_side_by_one_jvp_per_document_equals_one_copy_per_token(tmp_p
         np.testing.assert_array_equal(np.isnan(got[name]), np.isnan(stored[name]))
         np.testing.assert_allclose(np.nan_to_num(got[name]), np.nan_to_num(stored[name]), rtol=1e-4,
                                    atol=1e-5 * scale)
+
+
+def test_killed_while_splitting_over_tokens_resumes_to_the_store_of_an_uninterrupted_run(tmp_path):
+    import shutil
+    import signal
+    import subprocess
+    import time
+
+    from projects import assert_same_store, trak_cmd
+
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir()
+    _project(one, "gpt2", "completion")
+    shutil.copytree(one, two)
+    for root in (one, two):
+        assert run(root, "featurize", "run.yaml", "-q").returncode == 0
+    assert run(one, "score", "run.yaml", "-q").returncode == 0
+    log = tmp_path / "events.log"
+    proc = subprocess.Popen(trak_cmd("score", "run.yaml", "-q"), cwd=two, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env={**os.environ, "TRAK_EVENT_LOG": str(log)})
+    deadline = time.time() + 120
+    while proc.poll() is None and time.time() < deadline:
+        if log.exists() and "start per-token 0 0" in log.read_text():
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.001)
+    proc.wait()
+    assert "start per-token 0 0" in log.read_text() and "done per-token 0 0" not in log.read_text()
+    log.unlink()
+    res = subprocess.run(trak_cmd("score", "run.yaml", "-q"), cwd=two, capture_output=True, text=True,
+                         env={**os.environ, "TRAK_EVENT_LOG": str(log)})
+    assert res.returncode == 0, res.stderr
+    rerun = log.read_text()
+    assert "done per-token 0 0" in rerun and "top-k segment" not in rerun  # the finished top-k is kept
+    assert_same_store(one / "s.zarr", two / "s.zarr")
