@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 from torch.func import functional_call, grad, vmap
 
 from projects import LM_VOCAB, masked_batch, run, word_tokenizer, write_config, write_jsonl
@@ -267,7 +268,7 @@ def test_both_sides_sum_to_the_ensembled_scores_of_two_checkpoints(tmp_path, mon
     state = torch.load(tmp_path / "ck0.pt")
     torch.save({k: v + 0.05 * torch.randn_like(v) if v.is_floating_point() else v for k, v in state.items()},
                tmp_path / "ck1.pt")
-    cfg = json.loads(json.dumps(__import__("yaml").safe_load((tmp_path / "run.yaml").read_text())))
+    cfg = yaml.safe_load((tmp_path / "run.yaml").read_text())
     cfg["checkpoints"] = ["ck0.pt", "ck1.pt"]
     write_config(tmp_path / "run.yaml", cfg)
     for cmd in ("featurize", "score"):
