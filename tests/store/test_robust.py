@@ -264,3 +264,19 @@ def test_store_is_told_its_layout_and_refuses_another(tmp_path):
         Store.create_or_check(tmp_path / "s.zarr", identity, {}, layout=StoreLayout(60, 8, 16))
     with pytest.raises(StoreError, match="compressor 'lz4' is not one of zstd, blosc, none"):
         StoreLayout(50, 8, 16, compressor="lz4")
+
+
+def test_scoring_after_a_checkpoint_changed_names_the_fixes_that_work(user_project):
+    from projects import tiny_model
+
+    assert run(user_project, "featurize", "run.yaml", "-q").returncode == 0
+    torch.save(tiny_model(seed=7).state_dict(), user_project / "ckpts" / "model_1.pt")  # retrained in place
+    for args in (["score", "run.yaml"], ["score", "run.yaml", "--overwrite"]):  # --overwrite of score cannot help
+        res = run(user_project, *args)
+        msg = " ".join(res.stderr.split())
+        assert res.returncode == 1 and "model_id 1: the store's features come from" in msg, msg
+        assert "trak featurize CONFIG --overwrite" in msg and "rerun with --overwrite" not in msg
+    res = run(user_project, "featurize", "run.yaml")  # featurize itself starts over with --overwrite
+    assert res.returncode == 1 and "rerun with --overwrite to start over" in " ".join(res.stderr.split())
+    assert run(user_project, "featurize", "run.yaml", "-q", "--overwrite").returncode == 0
+    assert run(user_project, "score", "run.yaml", "-q").returncode == 0

@@ -460,11 +460,14 @@ class Store:
                 old = None
             if old is None and create:
                 group.attrs.update(record)
-            elif old is not None and old != sha256:
+            # featurize starts over with --overwrite; a reader (trak score) cannot: the features must be remade
+            fix = ("rerun with --overwrite to start over" if create else
+                   "restore the checkpoint (and optimizer state) the store was featurized with, or featurize again with "
+                   "`trak featurize CONFIG --overwrite`")
+            if old is not None and old != sha256:
                 raise StoreMismatchError(
                     f"model_id {model_id}: the store's features come from {group.attrs.get('checkpoint')} "
-                    f"(sha256 {old[:12]}), this run's checkpoint {checkpoint} has sha256 {sha256[:12]}; "
-                    "rerun with --overwrite to start over"
+                    f"(sha256 {old[:12]}), this run's checkpoint {checkpoint} has sha256 {sha256[:12]}; {fix}"
                 )
             elif old is not None and optimizer_state is not None and (
                     group.attrs.get("optimizer_state_sha256") != optimizer_state[1]):
@@ -472,7 +475,7 @@ class Store:
                 raise StoreMismatchError(
                     f"model_id {model_id}: the store's features were corrected with the optimizer state "
                     f"{group.attrs.get('optimizer_state')} (sha256 {str(was)[:12]}), this run's "
-                    f"{optimizer_state[0]} has sha256 {optimizer_state[1][:12]}; rerun with --overwrite to start over"
+                    f"{optimizer_state[0]} has sha256 {optimizer_state[1][:12]}; {fix}"
                 )
         data, done = self._arrays(
             group,
