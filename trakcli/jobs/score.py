@@ -280,7 +280,8 @@ def score_targets(
     if t_fp["input_shape"] != s.identity["train_data"]["input_shape"]:
         raise StoreError(
             f"data.target inputs have shape {t_fp['input_shape']} per example but the train inputs have "
-            f"{s.identity['train_data']['input_shape']}; targets must be examples of the same kind"
+            f"{s.identity['train_data']['input_shape']}; targets must be examples of the same kind (text data: "
+            "data.target.max_length as data.train.max_length)"
         )
     t_attrs = {"target_data": t_fp, "checkpoints": s.shas}
     if s.state_shas is not None:  # target features carry the correction too

@@ -80,9 +80,26 @@ def diff_keys(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     return [f"{k}: store has {show(a.get(k, _UNSET))}, this run has {show(b.get(k, _UNSET))}" for k in keys]
 
 
+#: The config key that sets a store identity key, named beside a differing key (prefix -> key).
+CONFIG_KEYS = {
+    "train_data.input_shape.": "data.train.max_length for text data, else the train inputs' shape",
+    "train_data.max_length": "data.train.max_length",
+}
+
+
+def _with_config_key(line: str) -> str:
+    """A line of :func:`diff_keys` with the config key that sets its identity key, if one is known."""
+    key = line.split(":", 1)[0]
+    for prefix, config_key in CONFIG_KEYS.items():
+        if key.startswith(prefix):
+            return f"{line} (set by {config_key})"
+    return line
+
+
 def settings_mismatch(what: str, old: dict[str, Any] | None, new: dict[str, Any], fix: str) -> StoreMismatchError:
-    """The error for stored data made with other settings: ``what`` differs, key by key, and ``fix``."""
-    lines = diff_keys(old or {}, new) or ["(identity differs)"]
+    """The error for stored data made with other settings: ``what`` differs, key by key (with the config key that
+    sets it, where known: :data:`CONFIG_KEYS`), and ``fix``."""
+    lines = [_with_config_key(line) for line in diff_keys(old or {}, new)] or ["(identity differs)"]
     was = flatten(old or {})
     if any(was.get(k) == "rademacher" and v == "sjlt" for k, v in flatten(jsonable(new)).items() if k.endswith("kind")):
         fix += (" (sjlt became the default projector kind; it was rademacher: "
