@@ -370,8 +370,11 @@ def test_per_token_qld_end_to_end_and_its_token_scores_are_the_stored_ones(tmp_p
     got = query_token_scores(load_config(tmp_path / "run.yaml"), [0, 2])  # [2, 24, 10]
     for qi, t in enumerate([0, 2]):
         np.testing.assert_allclose(got[qi][docs[t]], stored[t, 0], rtol=1e-5, atol=1e-6)
-    res = run(tmp_path, "eval", "qld", "run.yaml", "-q", "eval.qld.per_token=true", "--out", "qld.json")
+    res = run(tmp_path, "eval", "qld", "run.yaml", "eval.qld.per_token=true", "--out", "qld.json")
     assert res.returncode == 0, res.stderr
+    table = " ".join(res.stderr.split())
+    assert "proponent tokens left out" in table and "random tokens left out" in table
+    assert "the query's own tokens left out" in table
     out = json.loads(Path("qld.json").read_text())
     n_tokens = int(np.isfinite(got[0]).sum())
     assert out["unit"] == "tokens" and out["n_dropped"] == round(0.05 * n_tokens) and out["n_queries"] == 2

@@ -114,9 +114,6 @@ def _table(data: dict[str, Any]) -> Table:
                    ("95%", "0.95"), ("max", "1"))),
     )
     table.add_row("histogram", _histogram(data["histogram"]["counts"], data["histogram"]["edges"]))
-    if "token_overlap" in data.get("baselines", {}):
-        table.add_row(f"loss increase, the query's own tokens left out ({data['n_dropped']}, rarest first)",
-                      cell(data["baselines"]["token_overlap"]))
     if "bm25" in data.get("baselines", {}):
         b = data["baselines"]["bm25"]
         table.add_row("BM25 (word overlap)", f"LDS {_fmt(b['lds'])}  [{_fmt(b['ci_low'])}, {_fmt(b['ci_high'])}]  (bm25s, "
@@ -294,9 +291,6 @@ def _recall_table(data: dict[str, Any]) -> Table:
         "queries", f"{data['n_query']} ({data['n_not_found']} with no source in the top {data['k_max']})"
     )
     table.add_row("interval", f"percentile bootstrap over queries, {data['n_bootstrap']} resamples")
-    if "token_overlap" in data.get("baselines", {}):
-        table.add_row(f"loss increase, the query's own tokens left out ({data['n_dropped']}, rarest first)",
-                      cell(data["baselines"]["token_overlap"]))
     if "bm25" in data.get("baselines", {}):
         b = data["baselines"]["bm25"]
         table.add_row("BM25 MRR (word overlap)", cell(b["mrr"]))
