@@ -32,10 +32,6 @@ from trakcli.jobs.runtime import event
 from trakcli.progress import NULL_REPORTER, Reporter
 
 
-def _flat(g: dict[str, torch.Tensor], names: list[str]) -> torch.Tensor:
-    return torch.cat([g[n].reshape(g[n].shape[0], -1) for n in names], dim=1)
-
-
 def exact_scores(s: Any, store: Any, target: Any, damping: float, memory_mb: int = 1024,
                  reporter: Reporter = NULL_REPORTER) -> np.ndarray:
     """The exact curvature scores of every target against every train row (module docstring).
@@ -56,7 +52,6 @@ def exact_scores(s: Any, store: Any, target: Any, damping: float, memory_mb: int
         GradientError, DataError: as featurize.
     """
     feat = s.featurizer
-    names = feat.param_names
     n_t, n = len(target), len(s.train)
     n_models = len(s.checkpoints)
     chunk = max(1, min(n_t, memory_mb * 2**20 // (4 * max(1, feat.grad_dim))))
@@ -74,13 +69,13 @@ def exact_scores(s: Any, store: Any, target: Any, damping: float, memory_mb: int
             parts = []
             for off, x, y in s.batches(target, t_lo, t_hi):
                 g, _ = feat.transformed(inputs_to(x, s.device), y.to(s.device), model_id, off, curvature=target_view)
-                parts.append(_flat(g, names).float())
+                parts.append(feat.grads.flatten(g).float())
             w_t = torch.cat(parts)  # [chunk, grad_dim]
             with reporter.task(f"exact scores model {model_id}", n) as task:
                 for off, x, y in s.batches(s.train, 0, n):
                     g, q = feat.transformed(inputs_to(x, s.device), y.to(s.device), model_id, off,
                                             curvature=train_view)
-                    total[t_lo:t_hi, off:off + len(y)] += (w_t @ _flat(g, names).float().T).double().cpu().numpy()
+                    total[t_lo:t_hi, off:off + len(y)] += (w_t @ feat.grads.flatten(g).float().T).double().cpu().numpy()
                     if t_lo == 0:
                         q_sum[off:off + len(y)] += q.double().cpu().numpy()
                     task.advance(len(y))
