@@ -258,10 +258,11 @@ def _check_against_reference(root: Path, arch: str, kind: str, damping: float | 
 
 
 @pytest.mark.parametrize("extra", [
-    {"projector.kind": "kronecker", "projector.proj_dim": 32},
+    {"projector.kind": "kronecker", "projector.proj_dim": 32},  # n_train 24 < proj_dim: the dual kernel
+    {"projector.kind": "sjlt", "projector.proj_dim": 16},  # the primal kernel
     {"projector.kind": "sjlt", "projector.proj_dim": 48, "curvature.kind": "ekfac", "curvature.exact": False,
      "top.grad_wrt": ["transformer.h.0.attn.*", "transformer.h.0.mlp.*"]},
-], ids=["kronecker-gram", "sjlt-ekfac-stored"])
+], ids=["kronecker-gram", "sjlt-gram-primal", "sjlt-ekfac-stored"])
 def test_both_sides_sum_to_the_ensembled_scores_of_two_checkpoints(tmp_path, monkeypatch, extra):
     monkeypatch.chdir(tmp_path)
     _project(tmp_path, "gpt2", "completion", extra)

@@ -214,7 +214,7 @@ class PerTokenScores:
             for x, y in rows_of(self.s.train, docs, self.rows_per_batch, self.s.batch_tokens):
                 g, _ = self.s.featurizer.transformed(inputs_to(x, self.s.device), y.to(self.s.device), model_id, 0,
                                                      curvature=view)
-                parts.append(_flat(g, self.names).double().cpu())
+                parts.append(self.s.featurizer.grads.flatten(g).double().cpu())
             return torch.cat(parts).numpy()
         return self.train_rows[model_id].take("features", docs).astype(np.float64)
 
@@ -239,7 +239,7 @@ class PerTokenScores:
             if self.exact_damping is not None:
                 g, _ = self.s.featurizer.transformed(inputs_to(xb, self.s.device), yb.to(self.s.device), model_id, row,
                                                      curvature=self._view(model_id))
-                parts.append(_flat(g, self.names).double().cpu())
+                parts.append(self.s.featurizer.grads.flatten(g).double().cpu())
             else:
                 phi, _ = self.s.features(xb, yb, model_id, row)
                 parts.append(phi.double().cpu())
@@ -280,20 +280,27 @@ class PerTokenScores:
         """``a_m`` of features ``[r, p]`` float64: the kernel's solve (TRAK), or the features themselves."""
         if self.s.curvature is not None:  # whitened already (stored features or exact gradients)
             return phi
-        if model_id not in self._kernels:
-            self._kernels[model_id] = read_kernel(self.store, model_id, self.lambda_key)
-        stored = self._kernels[model_id]
-        if stored is None:
-            raise StoreError(f"the kernel of model_id {model_id} with this config's score.lambda_reg / lambda_rel is not "
-                             f"in {self.store.path}; run `trak score CONFIG` first")
-        kernel, lam = torch.from_numpy(stored[0]), stored[1]
-        if kernel.shape[0] == kernel.shape[1]:  # PRIMAL: Cholesky factor of ΦᵀΦ + λI
+        kernel, lam, big_phi = self._kernel(model_id)
+        if big_phi is None:  # PRIMAL: Cholesky factor of ΦᵀΦ + λI
             return target_weights(kernel, phi, dtype=torch.float64)
         # DUAL: X = (ΦΦᵀ + λI)⁻¹Φ; (ΦᵀΦ + λI)⁻¹φ = (φ − Φᵀ X φ) / λ (Woodbury)
-        rows = self.train_rows[model_id]
-        big_phi = torch.from_numpy(rows.read("features", 0, rows.n_rows).astype(np.float64))
-        x = kernel.double()
-        return (phi - (phi @ x.T) @ big_phi) / lam
+        return (phi - (phi @ kernel.T) @ big_phi) / lam
+
+    def _kernel(self, model_id: int) -> tuple[torch.Tensor, float, torch.Tensor | None]:
+        """Checkpoint ``model_id``'s stored kernel, read once: ``(factor or X float64, λ, None)`` in the primal form,
+        ``(X, λ, Φ)`` with the train features ``Φ`` ``[n_train, p]`` float64 in the dual form."""
+        if model_id not in self._kernels:
+            stored = read_kernel(self.store, model_id, self.lambda_key)
+            if stored is None:
+                raise StoreError(f"the kernel of model_id {model_id} with this config's score.lambda_reg / "
+                                 f"lambda_rel is not in {self.store.path}; run `trak score CONFIG` first")
+            kernel, lam = torch.from_numpy(stored[0]).double(), stored[1]
+            big_phi = None
+            if kernel.shape[0] != kernel.shape[1]:  # DUAL: X [n_train, p]
+                rows = self.train_rows[model_id]
+                big_phi = torch.from_numpy(rows.read("features", 0, rows.n_rows).astype(np.float64))
+            self._kernels[model_id] = (kernel, lam, big_phi)
+        return self._kernels[model_id]
 
     def _adjoint(self, model_id: int, a: torch.Tensor) -> dict[str, torch.Tensor]:
         """``v_m = Tᵀ a`` of one target's weights ``[1, p]``: per selected parameter ``[*shape]`` float32."""
@@ -348,10 +355,6 @@ class PerTokenScores:
             mask[at:at + len(o), :o.shape[1]] = m
             at += len(o)
         return out, mask
-
-
-def _flat(g: dict[str, torch.Tensor], names: list[str]) -> torch.Tensor:
-    return torch.cat([g[n].reshape(g[n].shape[0], -1) for n in names], dim=1)
 
 
 def _split(flat: torch.Tensor, names: list[str], params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
