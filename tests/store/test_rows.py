@@ -114,3 +114,4 @@ def test_take_gives_rows_in_any_order_with_repeats_reading_each_chunk_once(tmp_p
     want = np.take(block(0, 10, axis=axis), idx, axis=axis)
     np.testing.assert_array_equal(got, want)
     assert sorted(reads) == [(0, 4), (4, 8), (8, 10)]
+    assert rows.take("x", []).shape == ((0, 3) if axis == 0 else (3, 0))

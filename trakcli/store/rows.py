@@ -143,16 +143,12 @@ class ChunkedRows:
             The entries in the order of ``indices`` along the chunk axis, in the array's dtype (float32 for bfloat16).
         """
         idx = np.asarray(list(indices), dtype=np.int64)
-        blocks = []
-        for c in np.unique(idx // self.chunk_rows).tolist():
-            lo, hi = self.rows(c)
-            blocks.append(self.read(name, lo, hi))
-        starts = np.unique(idx // self.chunk_rows) * self.chunk_rows
-        joined = np.concatenate(blocks, axis=self.axis) if blocks else self.read(name, 0, 0)
-        # position of each index in the joined blocks
-        offset = np.searchsorted(starts, idx // self.chunk_rows * self.chunk_rows)
-        before = np.concatenate([[0], np.cumsum([b.shape[self.axis] for b in blocks])])[:-1] if blocks else []
-        at = np.asarray(before, dtype=np.int64)[offset] + idx % self.chunk_rows if len(idx) else idx
+        chunks = np.unique(idx // self.chunk_rows)
+        if not len(chunks):
+            return self.read(name, 0, 0)
+        joined = np.concatenate([self.read(name, *self.rows(int(c))) for c in chunks.tolist()], axis=self.axis)
+        # every chunk but the array's last holds chunk_rows entries, and the last sorts last
+        at = np.searchsorted(chunks, idx // self.chunk_rows) * self.chunk_rows + idx % self.chunk_rows
         return np.take(joined, at, axis=self.axis)
 
     def iter_chunks(self, name: str) -> Iterator[tuple[int, int, np.ndarray]]:
