@@ -21,8 +21,8 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-#: ``(target, side, rank) -> {"target_tokens": ..., "document_tokens": ...}`` of one top document, or None.
-TokenFields = Callable[[int, str, int], dict[str, Any] | None]
+#: ``(target, side, rank, train row) -> {"target_tokens": ..., "document_tokens": ...}`` of one top document, or None.
+TokenFields = Callable[[int, str, int, int], dict[str, Any] | None]
 
 
 def answer_records(res: Any, k: int, target_texts: Any = None, train_texts: Any = None, block: int = 1024,
@@ -59,7 +59,7 @@ def answer_records(res: Any, k: int, target_texts: Any = None, train_texts: Any 
                 line[side] = []
                 for rank, (i, v) in enumerate(zip(idx, vals)):
                     entry = answer_entry(i, v, train_texts)
-                    extra = tokens(t, side, rank) if tokens is not None else None
+                    extra = tokens(t, side, rank, int(i)) if tokens is not None else None
                     if extra:
                         entry.update(extra)
                     line[side].append(entry)
@@ -74,9 +74,8 @@ def answer_entry(i: Any, score: Any, texts: Any) -> dict[str, Any]:
     return entry
 
 
-
 def token_fields(res: Any, target: Any, train: Any, block: int = 64) -> TokenFields:
-    """The per-token fields of the answers (``score.per_token``): ``(target, side, rank) -> {...}``.
+    """The per-token fields of the answers (``score.per_token``): ``(target, side, rank, train row) -> {...}``.
 
     Reads the stored per-token scores (:meth:`~trakcli.jobs.score.ScoreResult.tokens`) ``block`` targets
     at a time and renders each sequence's tokens with its dataset's tokenizer (the ids without one).
@@ -97,13 +96,11 @@ def token_fields(res: Any, target: Any, train: Any, block: int = 64) -> TokenFie
             texts[key] = token_texts(ds, i)
         return texts[key]
 
-    def fields(t: int, side: str, rank: int) -> dict[str, Any]:
+    def fields(t: int, side: str, rank: int, doc: int) -> dict[str, Any]:
         if not cache["lo"] <= t < cache["hi"]:
             cache["lo"], cache["hi"] = t, min(t + block, res.n_target)
             cache.update(res.tokens(cache["lo"], cache["hi"]))
-            cache["docs"] = res.top(cache["lo"], cache["hi"])
         r, s = t - cache["lo"], SIDES.index(side)
-        doc = int(cache["docs"][side][r, rank])
         return {
             "target_tokens": _pairs(tokens_of(target, 0, t), cache["target_tokens"][r, s, rank]),
             "document_tokens": _pairs(tokens_of(train, 1, doc), cache["document_tokens"][r, s, rank]),

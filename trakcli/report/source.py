@@ -143,7 +143,7 @@ def report_records(res: ScoreResult, k: int, train: Rows, target: Rows) -> list[
     tokens: TokenFields | None = None
     if res.per_token and train.tokens is not None and target.tokens is not None:
         fields = token_fields(res, target.tokens, train.tokens)
-        tokens = lambda t, side, rank: fields(t, side, rank) if rank < k else None  # noqa: E731
+        tokens = lambda t, side, rank, doc: fields(t, side, rank, doc) if rank < k else None  # noqa: E731
     records = []
     for record in answer_records(res, k, tokens=tokens):
         for side in ("proponents", "opponents"):
