@@ -567,7 +567,7 @@ class Store:
         Raises:
             StoreMismatchError: the stored top-k has another ``k`` (names ``--overwrite``).
         """
-        group = self._top_k_group(f"scores/{experiment}/top_k", k, create, repair)
+        group = self._top_k_group(f"scores/{experiment}/top_k", {"k": k}, create, repair)
         t_rows = min(n_target, max(1, (4 << 20) // (12 * k)))  # ~4 MB chunks of indices and scores
         shape_of = {name: ((n_target, k), dtype) for name, dtype in TOP_K_ARRAYS.items()}
         data, done = self._arrays(
@@ -588,7 +588,7 @@ class Store:
         Raises:
             StoreMismatchError: the parts were made with another ``k`` or segmentation.
         """
-        group = self._top_k_group(f"scores/{experiment}/top_k_parts", k, create, repair)
+        group = self._top_k_group(f"scores/{experiment}/top_k_parts", {"k": k}, create, repair)
         t_rows = min(n_target, max(1, (4 << 20) // (12 * k)))
         shape_of = {name: ((n_segments, n_target, k), dtype) for name, dtype in TOP_K_ARRAYS.items()}
         data, done = self._arrays(
@@ -609,13 +609,7 @@ class Store:
         Raises:
             StoreMismatchError: the stored arrays have another ``k`` or ``width`` (names ``--overwrite``).
         """
-        name = f"scores/{experiment}/per_token"
-        group = self._node(name, repair and create)
-        if group is not None:
-            check_same(f"{name} in {self.path}", {"k": group.attrs.get("k"), "width": group.attrs.get("width")},
-                       {"k": k, "width": width}, "rerun with --overwrite to recompute the scores")
-        else:
-            group = self._group(name, create, attrs={"k": k, "width": width})
+        group = self._top_k_group(f"scores/{experiment}/per_token", {"k": k, "width": width}, create, repair)
         t_rows = min(n_target, max(1, (4 << 20) // (16 * k * width)))
         arrays = ("target_tokens", "document_tokens")
         data, done = self._arrays(
@@ -625,13 +619,14 @@ class Store:
         )
         return ChunkedRows(data, done, t_rows, n_target)
 
-    def _top_k_group(self, name: str, k: int, create: bool, repair: bool) -> Any:
+    def _top_k_group(self, name: str, attrs: dict[str, int], create: bool, repair: bool) -> Any:
+        """A group of an experiment's top-k (or what is stored beside it), its sizes ``attrs`` recorded or checked."""
         group = self._node(name, repair and create)
         if group is not None:
-            check_same(f"{name} in {self.path}", {"k": group.attrs.get("k")}, {"k": k},
+            check_same(f"{name} in {self.path}", {a: group.attrs.get(a) for a in attrs}, attrs,
                        "rerun with --overwrite to recompute the scores, or set score.experiment to a new name")
             return group
-        return self._group(name, create, attrs={"k": k})
+        return self._group(name, create, attrs=attrs)
 
     def _experiment_group(self, kind: str, experiment: str, attrs: dict[str, Any], create: bool, repair: bool) -> Any:
         name = f"{kind}/{experiment}"
