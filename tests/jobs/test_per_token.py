@@ -299,12 +299,20 @@ def test_per_token_settings_it_cannot_split_are_one_clear_error(user_project, ar
     assert "Traceback" not in res.stderr
 
 
-def test_cosines_and_refinement_do_not_split_over_tokens(tmp_path, monkeypatch):
+def test_cosines_refinement_and_document_scores_for_token_qld_are_one_clear_error_each(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     _project(tmp_path, "gpt2", "completion")
     assert run(tmp_path, "featurize", "run.yaml", "-q").returncode == 0
     res = run(tmp_path, "score", "run.yaml", "-q", "score.normalize=unit")
     assert res.returncode == 1 and "score.normalize: null" in res.stderr, res.stderr
+    np.save(tmp_path / "x.npy", np.zeros((3, 24), dtype=np.float32))
+    res = run(tmp_path, "eval", "qld", "run.yaml", "-q", "eval.qld.per_token=true", "--scores", "x.npy")
+    assert res.returncode != 0 and "leave out --scores" in res.stderr, res.stderr
+    ekfac = ["curvature.kind=ekfac", "curvature.fisher=empirical", "projector.kind=sjlt", "projector.proj_dim=16",
+             "grad_wrt=[transformer.h.0.mlp.*]", "store.path=e.zarr"]
+    assert run(tmp_path, "featurize", "run.yaml", "-q", *ekfac).returncode == 0
+    res = run(tmp_path, "score", "run.yaml", "-q", *ekfac, "curvature.refine.iterations=2")
+    assert res.returncode == 1 and "curvature.refine.iterations: 0" in res.stderr, res.stderr
 
 
 # -- per-token QLD ---------------------------------------------------------------------------------
