@@ -41,7 +41,8 @@ def select_parameters(model: nn.Module, grad_wrt: list[str] | None) -> list[str]
 
     Args:
         model: the model.
-        grad_wrt: ``fnmatch`` patterns (``"2.*"``, ``"*.weight"``); ``None`` selects all.
+        grad_wrt: ``fnmatch`` patterns (``"2.*"``, ``"*.weight"``); ``None`` selects all, or for a
+            PEFT model (adapter checkpoints, :mod:`trakcli.models.peft`) the adapter's trainable parameters.
 
     Raises:
         ConfigError: a pattern that matches no parameter (names the parameters),
@@ -49,7 +50,8 @@ def select_parameters(model: nn.Module, grad_wrt: list[str] | None) -> list[str]
     """
     names = [n for n, p in model.named_parameters()]
     if grad_wrt is None:
-        selected = names
+        default = getattr(model, "trak_trainable", None)  # a PEFT model: its adapter's parameters
+        selected = [n for n in names if n in set(default)] if default else names
     else:
         unmatched = [pat for pat in grad_wrt if not any(fnmatch.fnmatchcase(n, pat) for n in names)]
         if unmatched:

@@ -51,6 +51,19 @@ class _OptimizerSettings(StrictModel):
         return self
 
 
+class LoraSettings(StrictModel):
+    """``optimize.lora``: train LoRA adapters (Hu et al. 2022) with ``peft`` instead of every weight."""
+
+    r: PositiveInt = Field(8, description="Rank of each adapter (LoRA's r).")
+    alpha: float = Field(16.0, gt=0, description="LoRA's alpha: the adapter's output is scaled by alpha / r.")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapter's input while training.")
+    target_modules: list[str] | str = Field(
+        "all-linear",
+        description='The layers that get adapters: peft\'s "all-linear" (every linear layer but the output '
+        'layer), or module names / name suffixes such as [q_proj, v_proj] or [c_attn] (GPT-2).',
+    )
+
+
 _OPTIMIZER_NAME = Field("sgd", description="torch.optim optimizer (the inner optimizer when `projection` is set).")
 
 
@@ -98,6 +111,13 @@ class _TrainingSettings(StrictModel):
         "language-model data. trak optimize passes all rows, trak eval each retrained model's subset.",
     )
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of `entrypoint`.")
+    lora: LoraSettings | None = Field(
+        None,
+        description="Train LoRA adapters (peft) on the frozen model.entrypoint instead of every weight: each "
+        "checkpoint is then an adapter folder (out_dir/model_000/, peft's save_pretrained), which featurize "
+        "and score read with model.entrypoint as the base model; features default to the adapter's "
+        "parameters. Not with init_checkpoint (the adapter is saved without the base weights).",
+    )
     save_optimizer_state: bool = Field(
         False,
         description="Also write each model's final optimizer state (torch.optim state_dict and the parameter "
@@ -116,6 +136,16 @@ class OptimizeConfig(_TrainingSettings, _OptimizerSettings):
     """``optimize:``: the training recipe of `trak optimize` (N seeded models) and of the retraining of `trak eval`."""
 
     optimizer: Literal["sgd", "adam", "adamw"] = _OPTIMIZER_NAME
+
+    @model_validator(mode="after")
+    def _lora_base(self) -> "OptimizeConfig":
+        if self.lora is not None and self.init_checkpoint is not None:
+            raise ValueError(
+                f"lora with init_checkpoint {str(self.init_checkpoint)!r}: an adapter is saved without the base "
+                "weights, and featurize builds the base from model.entrypoint alone; save the fine-tuned base as a "
+                "Hugging Face folder (model.save_pretrained(DIR)) and set model.entrypoint: hf:DIR instead"
+            )
+        return self
 
 
 #: Recipe keys that never change what a model trains to: a rerun may change them and keep its models.

@@ -28,6 +28,7 @@ from trakcli.jobs.train import (
 )
 from trakcli.models.build import build_model
 from trakcli.models.checkpoints import load_checkpoint, read_state_dict
+from trakcli.models.peft import is_peft_model, save_adapter, with_adapters
 from trakcli.progress import NULL_REPORTER, Reporter
 from trakcli.store import differing_keys
 from trakcli.tasks import resolve_task
@@ -149,9 +150,14 @@ def _write_metrics(path: Path, summary: dict[str, Any]) -> None:
 
 
 
-def epoch_checkpoint_name(i: int, epoch: int) -> str:
-    """File name of model ``i``'s checkpoint at the end of ``epoch`` (``optimize.epoch_checkpoints``)."""
-    return f"model_{i:03d}_epoch{epoch}.pt"
+def checkpoint_name(oc: OptimizeConfig, i: int, epoch: int | None = None) -> str:
+    """File name of model ``i``'s checkpoint, at the end of ``epoch`` (``optimize.epoch_checkpoints``) or final.
+
+    ``model_000.pt`` / ``model_000_epoch1.pt``; with ``optimize.lora`` adapter folders ``model_000`` /
+    ``model_000_epoch1``.
+    """
+    stem = f"model_{i:03d}" if epoch is None else f"model_{i:03d}_epoch{epoch}"
+    return stem if oc.lora is not None else f"{stem}.pt"
 
 
 def _save(obj: Any, path: Path, i: int, what: str) -> None:
@@ -171,11 +177,20 @@ def _save(obj: Any, path: Path, i: int, what: str) -> None:
 
 
 def _write_checkpoint(model: torch.nn.Module, path: Path, i: int) -> None:
-    """Write the model's state dict (on the CPU) to ``path`` atomically.
+    """Write the model's state dict (on the CPU) to ``path`` atomically; a PEFT model's adapter folder.
 
     Raises:
         TrainingError: the file cannot be written (names it and the fix).
     """
+    if is_peft_model(model):
+        try:
+            save_adapter(model, path)
+        except OSError as e:
+            raise TrainingError(
+                f"model {i}: cannot write its adapter folder {path}: {e}; free disk space (or set optimize.out_dir "
+                "elsewhere) and rerun the same command: the models already written are kept"
+            ) from None
+        return
     # atomically, to a file object: a retrained model gets the bytes (and sha256) of the first training
     _save({k: v.detach().cpu() for k, v in model.state_dict().items()}, path, i, "checkpoint")
 
@@ -205,7 +220,7 @@ def _train_model(
     ``save_optimizer_state`` its optimizer state to ``out_dir/optimizer_state/`` (same file name).
 
     With ``epoch_checkpoints`` the model (and optimizer state) at the end of every epoch but the
-    last is written too, as :func:`epoch_checkpoint_name`.
+    last is written too, as :func:`checkpoint_name`.
 
     Returns:
         (the trained model, the recipe's metrics: ``final_loss``, ``optimizer_state_numel``, ``history``,
@@ -222,7 +237,7 @@ def _train_model(
     def save_epoch(epoch: int, model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
         if epoch >= oc.epochs:  # the last epoch's model is the final checkpoint
             return
-        at = path.parent / epoch_checkpoint_name(i, epoch)
+        at = path.parent / checkpoint_name(oc, i, epoch)
         _write_checkpoint(model, at, i)
         if oc.save_optimizer_state:
             _write_optimizer_state(oc, at, opt.state_dict(), optimizer_param_names(model, opt), i)
@@ -247,7 +262,7 @@ def _epoch_entries(oc: OptimizeConfig, i: int) -> list[dict[str, Any]]:
     """The manifest's ``epoch_checkpoints`` of model ``i``: epoch, file, sha256 (and optimizer state) per epoch."""
     out = []
     for epoch in range(1, oc.epochs):
-        name = epoch_checkpoint_name(i, epoch)
+        name = checkpoint_name(oc, i, epoch)
         item: dict[str, Any] = {"epoch": epoch, "checkpoint": name, "sha256": checkpoint_sha256(oc.out_dir / name)}
         if oc.save_optimizer_state:
             item["optimizer_state"] = f"{OPTIMIZER_STATE_DIR}/{name}"
@@ -296,7 +311,7 @@ def optimize(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_
     (:class:`trakcli.optim.ProjectedOptimizer`). With ``data.validation`` the
     built-in recipe evaluates the model on it after every epoch. With
     ``optimize.epoch_checkpoints`` it also writes model ``i`` at the end of every
-    epoch but the last (:func:`epoch_checkpoint_name`; and its optimizer state with
+    epoch but the last (:func:`checkpoint_name`; and its optimizer state with
     ``save_optimizer_state``), listed under the model's ``epoch_checkpoints`` in the
     manifest; a kept model whose epoch checkpoints are missing or changed is trained again.
 
@@ -381,7 +396,7 @@ def optimize(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_
                               max_tokens=cfg.data.batch_tokens, history=history)
 
     for i in range(oc.n_models):
-        path = oc.out_dir / f"model_{i:03d}.pt"
+        path = oc.out_dir / checkpoint_name(oc, i)
         paths.append(path)
         entry: dict[str, Any] = {"model_id": i, "checkpoint": path.name, "sha256": None, "seed": oc.seed + i}
         subset = None
@@ -484,7 +499,7 @@ def _load_found(cfg: Config, path: Path, i: int) -> torch.nn.Module:
     Raises:
         CheckpointError: it does not fit the model or holds non-finite weights (with the fix).
     """
-    model = build_model(cfg.model.entrypoint, **cfg.model.kwargs)
+    model = with_adapters(build_model(cfg.model.entrypoint, **cfg.model.kwargs), [path])
     try:
         load_checkpoint(model, path, model_id=i)
     except CheckpointError as e:

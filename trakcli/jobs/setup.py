@@ -35,6 +35,7 @@ from trakcli.tasks import task_identity
 from trakcli.jobs.runtime import apply_threads, event, resolve_device
 from trakcli.models.build import build_model
 from trakcli.models.checkpoints import file_sha256, load_checkpoint
+from trakcli.models.peft import with_adapters
 from trakcli.progress import NULL_REPORTER, Reporter
 from trakcli.projectors import make_projector
 from trakcli.store import StoreLayout
@@ -379,6 +380,9 @@ def prepare(
     (:func:`~trakcli.config.resolve.resolve_optimizer_states`), hashed like the checkpoints,
     and the featurizer scales the gradients by it (:class:`~trakcli.factors.SecondMoment`).
 
+    PEFT adapter folders as checkpoints wrap the model with their adapter
+    (:func:`~trakcli.models.peft.with_adapters`); ``grad_wrt`` then defaults to the adapter's parameters.
+
     With ``projector.kind: kronecker`` the featurizer's coverage (layers, the
     fraction of parameter entries covered, the parameters left out) goes to
     ``reporter.info`` once, on rank 0; so does, with ``gradient_method: auto``,
@@ -397,7 +401,7 @@ def prepare(
     dist = init_from_env()
     device = resolve_device(cfg.device, dist)
     train = load_dataset(cfg.data.train, key="data.train")
-    model = build_model(cfg.model.entrypoint, **cfg.model.kwargs)
+    model = with_adapters(build_model(cfg.model.entrypoint, **cfg.model.kwargs), checkpoints)
     featurizer = make_featurizer(cfg, model, reporter if dist.is_main else NULL_REPORTER)
     states = state_shas = second = None
     if cfg.second_moment.kind is not None:

@@ -338,7 +338,7 @@ def train_model(
     task = resolve_task(task)
     gen = torch.Generator().manual_seed(seed)
     opt = make_optimizer(
-        optimizer, model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay, projection=projection
+        optimizer, [p for p in model.parameters() if p.requires_grad], lr=lr, momentum=momentum, weight_decay=weight_decay, projection=projection
     )
     n = data.n
     scheduled = schedule != "constant" or bool(warmup_steps) or bool(warmup_fraction)
@@ -720,6 +720,10 @@ def train_one(
     if oc.init_checkpoint is not None:
         load_checkpoint(model, oc.init_checkpoint)
         model.to(device)
+    if oc.lora is not None:
+        from trakcli.models.peft import add_lora
+
+        model = add_lora(model, **oc.lora.model_dump())
     name = name or description
     rows = inputs if isinstance(inputs, TrainRows) else TensorRows(inputs, labels)
     if fn is not None:

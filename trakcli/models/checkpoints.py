@@ -17,12 +17,14 @@ from torch import nn
 
 from trakcli.errors import CheckpointError, exception_text
 from trakcli.models.hf import fit_hf_state_dict, is_hf_model
+from trakcli.models.peft import is_adapter_dir, load_adapter
 
 #: key prefixes of wrapped models: ``DistributedDataParallel`` / ``DataParallel`` and ``torch.compile``
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")
 
-#: weight files of a Hugging Face directory, in the order they are looked for
-WEIGHT_PATTERNS = ("model.safetensors", "model-*.safetensors", "pytorch_model.bin", "pytorch_model-*.bin")
+#: weight files of a Hugging Face directory, in the order they are looked for (the last two: a PEFT adapter folder)
+WEIGHT_PATTERNS = ("model.safetensors", "model-*.safetensors", "pytorch_model.bin", "pytorch_model-*.bin",
+                   "adapter_model.safetensors", "adapter_model.bin")
 
 
 def _weight_files(path: Path) -> list[Path]:
@@ -198,6 +200,9 @@ def nonfinite_parameters(model: nn.Module, limit: int = 3) -> list[str]:
 def load_checkpoint(model: nn.Module, path: str | Path, *, model_id: int | None = None) -> list[str]:
     """Load a state dict into ``model`` in place, checking keys and shapes first, and finite weights after.
 
+    A PEFT adapter folder (:func:`trakcli.models.peft.is_adapter_dir`) sets the adapter weights of a
+    ``peft.PeftModel`` only (:func:`trakcli.models.peft.load_adapter`).
+
     The key prefixes of wrapped models (``module.`` from DDP, ``_orig_mod.``
     from ``torch.compile``) are stripped first (:func:`strip_wrapper_prefixes`).
 
@@ -217,7 +222,11 @@ def load_checkpoint(model: nn.Module, path: str | Path, *, model_id: int | None 
         CheckpointError: naming the file (and ``model_id``) and the first missing, unexpected
             and shape-mismatched keys, or the parameters holding NaN / inf values.
     """
-    stripped = _load_state(model, path)
+    if is_adapter_dir(path):
+        load_adapter(model, Path(path))
+        stripped: list[str] = []
+    else:
+        stripped = _load_state(model, path)
     bad = nonfinite_parameters(model)
     if bad:
         which = f"checkpoint {path}" + (f" (model_id {model_id})" if model_id is not None else "")

@@ -209,7 +209,7 @@ def manifest_checkpoints(
     for m in manifest_entries(data):
         ckpt = path.parent / m["checkpoint"]
         out.append(ckpt)
-        if not ckpt.is_file():
+        if not ckpt.exists():  # a file, or an adapter folder (optimize.lora)
             problems.append(
                 f"checkpoints: checkpoint {str(ckpt)!r} ({m['what']}) of the manifest {str(path)!r} "
                 "does not exist; rerun `trak optimize CONFIG` to train it again"
