@@ -27,6 +27,7 @@ from torch.func import functional_call, grad, vmap
 from trakcli.errors import ConfigError, GradientError, user_code
 from trakcli.models.build import model_name
 from trakcli.models.forward import forward_errors
+from trakcli.models.peft import is_peft_model
 from trakcli.tasks import CustomTask, check_by_first, make_batch, resolve_task
 
 #: How to fix a forward pass that runs on a batch but not under ``torch.func.vmap`` (per-example gradients).
@@ -50,8 +51,17 @@ def select_parameters(model: nn.Module, grad_wrt: list[str] | None) -> list[str]
     """
     names = [n for n, p in model.named_parameters()]
     if grad_wrt is None:
-        default = getattr(model, "trak_trainable", None)  # a PEFT model: its adapter's parameters
-        selected = [n for n in names if n in set(default)] if default else names
+        selected = names
+        if is_peft_model(model):  # its adapter's parameters (the base model's are frozen)
+            trainable = set(getattr(model, "trak_trainable", None) or
+                            [n for n, p in model.named_parameters() if p.requires_grad])
+            selected = [n for n in names if n in trainable]
+            if not selected:
+                raise ConfigError(
+                    "grad_wrt: the PEFT model has no trainable parameter to differentiate (loaded for inference); "
+                    "load it with peft.PeftModel.from_pretrained(base, folder, is_trainable=True), or name the "
+                    "parameters with grad_wrt (e.g. ['*lora_*'])"
+                )
     else:
         unmatched = [pat for pat in grad_wrt if not any(fnmatch.fnmatchcase(n, pat) for n in names)]
         if unmatched:

@@ -197,3 +197,23 @@ def test_lora_with_init_checkpoint_is_refused_naming_the_fix(tmp_path):
     })
     res = run(tmp_path, "optimize", "run.yaml")
     assert res.returncode == 1 and "lora with init_checkpoint" in msg(res) and "hf:DIR" in msg(res), msg(res)
+
+
+def test_a_peft_model_in_the_python_api_differentiates_its_adapter_and_loads_adapter_folders(tmp_path):
+    import trakcli
+    from trakcli.errors import ConfigError
+
+    ads = [_adapter(tmp_path / f"ad{k}", seed=10 + k) for k in range(2)]
+    ids, am, lab = _batch(_rows(6, 1))
+    batch = ({"input_ids": ids, "attention_mask": am}, lab)
+    frozen = peft.PeftModel.from_pretrained(tiny_llama(), str(ads[0]))  # inference mode: nothing trainable
+    with pytest.raises(ConfigError, match="is_trainable=True"):
+        trakcli.Attributor(frozen, store=tmp_path / "f.zarr", task="language_modeling", projector={"kind": "noop"})
+    model = peft.PeftModel.from_pretrained(tiny_llama(), str(ads[0]), is_trainable=True)
+    att = trakcli.Attributor(model, store=tmp_path / "a.zarr", task="language_modeling", projector={"kind": "noop"})
+    for k, ad in enumerate(ads):
+        att.featurize([batch], checkpoint=ad, model_id=k)
+    stored = arrays(tmp_path / "a.zarr")
+    for k in range(2):
+        assert stored[f"train/{k}/features"].shape == (6, 768)  # the adapter's parameters only
+    assert not np.allclose(stored["train/0/features"], stored["train/1/features"])
