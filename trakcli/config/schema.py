@@ -678,8 +678,10 @@ class Config(StrictModel):
     model: ModelConfig = Field(default_factory=ModelConfig)
     checkpoints: str | list[str] = Field(
         description="A glob or a list of .pt / .safetensors state dicts (or, for an hf: model, Hugging Face "
-        "model directories); model_id = index in sorted order. Or the manifest.json `trak optimize` writes "
-        "into its out_dir: its checkpoints in model_id order, checked against their recorded sha256."
+        "model directories, or PEFT adapter folders (adapter_config.json; model.entrypoint is then the base model "
+        "and features default to the adapter's parameters)); model_id = index in sorted order. Or the "
+        "manifest.json `trak optimize` writes into its out_dir: its checkpoints in model_id order, checked "
+        "against their recorded sha256."
     )
     data: DataConfig
     task: str = Field(
