@@ -144,6 +144,8 @@ def test_optimize_lora_writes_adapter_folders_whose_adam_state_corrects_the_feat
     for name in ("model_000_epoch1", "model_000"):
         assert (tmp_path / "out" / name / "adapter_config.json").is_file()
         assert (tmp_path / "out" / "optimizer_state" / name).is_file()
+    res = run(tmp_path, "optimize", "run.yaml")  # a rerun keeps the adapters and their epoch checkpoints
+    assert res.returncode == 0 and "out/model_000 exists, kept" in msg(res), msg(res)
     res = run(tmp_path, "featurize", "run.yaml")
     assert res.returncode == 0, msg(res)
     stored = arrays(tmp_path / "s.zarr")

@@ -277,7 +277,7 @@ def _epochs_written(oc: OptimizeConfig, entry: dict[str, Any]) -> bool:
         return False
     for item in listed:
         at = oc.out_dir / str(item.get("checkpoint"))
-        if not at.is_file() or checkpoint_sha256(at) != item.get("sha256"):
+        if not at.exists() or checkpoint_sha256(at) != item.get("sha256"):
             return False
         if oc.save_optimizer_state and not (oc.out_dir / str(item.get("optimizer_state"))).is_file():
             return False
