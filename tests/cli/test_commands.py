@@ -200,6 +200,9 @@ def test_optimize_writes_checkpoints_that_featurize_consumes(user_project):
 def test_optimize_without_section_is_a_config_error(user_project):
     res = trak("optimize", "run.yaml")
     assert res.exit_code == 1 and "optimize: section missing" in res.stderr
+    res = trak("eval", "lds", "run.yaml")  # retraining: the built-in recipe or the user's own training
+    assert res.exit_code == 1 and "optimize: section missing" in res.stderr and "optimize: {entrypoint:" in " ".join(
+        res.stderr.split()), res.stderr
 
 
 @pytest.mark.parametrize("kind", ["rademacher", "sjlt"])

@@ -38,6 +38,8 @@ def example_config_text(name: str) -> str:
 def write_example_config(name: str, path: str | Path | None = None, *, force: bool = False) -> Path:
     """Copy the shipped config ``name`` with its comments to ``path`` (default ``./NAME.yaml``), atomically.
 
+    Comment lines naming the shipped file (``configs/NAME.yaml``: the header's commands) name the copy.
+
     A directory ``path`` receives ``NAME.yaml``.
 
     Returns:
@@ -56,5 +58,8 @@ def write_example_config(name: str, path: str | Path | None = None, *, force: bo
         raise UsageError(f"{dest} already exists; choose another path or add --force to overwrite it")
     if not dest.parent.exists():
         raise UsageError(f"directory {dest.parent} does not exist; create it or choose another path")
+    shipped = f"configs/{stem}.yaml"  # the header's commands name the shipped file: name the copy instead
+    text = "".join(line.replace(shipped, str(dest)) if line.lstrip().startswith("#") else line
+                   for line in text.splitlines(keepends=True))
     write_text(dest, text)
     return dest

@@ -602,9 +602,11 @@ def check_recipe(cfg: Config, *, purpose: str = "trak optimize") -> OptimizeConf
     """
     oc = cfg.recipe
     if oc is None:
+        example = "{n_models: 10, out_dir: ckpts, ...}" if purpose == "trak optimize" else "{epochs: 20, lr: 0.05, ...}"
         raise ConfigError(
-            f"optimize: section missing; {purpose} needs the training recipe: add optimize: "
-            "{n_models: 10, out_dir: ckpts, ...}"
+            f"optimize: section missing; {purpose} needs the training recipe: add optimize: {example} for the "
+            "built-in recipe, or optimize: {entrypoint: train.py:train} to train with your own function "
+            "(called as train(model, inputs, labels, seed=...))"
         )
     return oc
 
