@@ -57,6 +57,9 @@ def test_lost_train_array_fails_inspect_and_plain_featurize_repairs_it(project, 
 
 def test_lost_features_metadata_is_noticed_by_plain_featurize(project):
     (project / STORE / "train" / "1" / "features" / "zarr.json").unlink()
+    res = run(project, "score", "run.yaml", "score.experiment=other")  # reading it names the command that repairs it
+    assert res.returncode == 1 and "store array train/1/features is missing (or its zarr.json metadata was deleted); " \
+        "rerun `trak featurize CONFIG`" in msg(res), msg(res)
     res = run(project, "featurize", "run.yaml")
     assert res.returncode == 0, res.stderr
     assert "train/1/features: its metadata (zarr.json) was missing; re-created over its chunk files" in msg(res)

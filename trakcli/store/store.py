@@ -71,6 +71,12 @@ def _bare_root(path: Path) -> bool:
     return isinstance(meta, dict) and meta.get("node_type") == "group" and not meta.get("attributes")
 
 
+
+def _missing(what: str) -> str:
+    """The message for a store array or group that is absent (or lost its ``zarr.json``) where it is only read."""
+    return (f"{what} is missing (or its zarr.json metadata was deleted); rerun `trak featurize CONFIG`, which "
+            "re-creates it and recomputes only chunks whose files are lost (under torchrun, rank 0 creates it)")
+
 class Store:
     """A trakcli Zarr store on disk.
 
@@ -345,7 +351,7 @@ class Store:
                     compressors=array_codecs, dimension_names=(dims_of or {}).get(name), attributes=array_attrs(dtype),
                 )
             else:
-                raise StoreError(f"store array {group.path}/{name} is missing; it is created by rank 0")
+                raise StoreError(_missing(f"store array {group.path}/{name}"))
             data[name] = writable(arr)
         done = self._node(f"{group.path}/done", repair and create)
         if done is None and create:
@@ -354,7 +360,7 @@ class Store:
             done = group.create_array("done", shape=(n_chunks,), chunks=(1,), dtype="uint8", fill_value=0,
                                       compressors=[Crc32cCodec()], dimension_names=("chunk",))
         elif done is None:
-            raise StoreError(f"store array {group.path}/done is missing; it is created by rank 0")
+            raise StoreError(_missing(f"store array {group.path}/done"))
         elif recreated:
             self._recheck(group.path, {n: writable(data[n]) for n in recreated}, done, chunks_of, shape_of)
         return data, done
@@ -402,7 +408,7 @@ class Store:
         if group is not None:
             return group
         if not create:
-            raise StoreError(f"store group {name} is missing; it is created by rank 0")
+            raise StoreError(_missing(f"store group {name}"))
         leftover = self.path / name
         if leftover.is_dir() and any(leftover.iterdir()) and repair_scope(name) == "node":
             # contents without the group's metadata, whose records (a checkpoint's sha256, an experiment's
