@@ -17,7 +17,8 @@ if TYPE_CHECKING:
 def resolve_checkpoints(cfg: Config, hashes: "HashCache | None" = None) -> list[Path]:
     """The checkpoint files of ``cfg`` in model_id order (sorted paths; a list keeps its order).
 
-    An entry ``hf:DIR`` (or ``hf:package/dir``) is a Hugging Face model directory,
+    An entry ``hf:DIR`` (or ``hf:package/dir``, or a Hub name ``hf:ORG/NAME[@REVISION][/FOLDER]``:
+    its snapshot in the Hugging Face cache) is a Hugging Face model or PEFT adapter directory,
     found as for ``model.entrypoint``. A single path ending in ``.json`` is the
     ``manifest.json`` of a `trak optimize` run: its checkpoints in model_id order,
     paths relative to the manifest (see :func:`trakcli.store.manifest.manifest_checkpoints`),
@@ -49,7 +50,7 @@ def resolve_checkpoints(cfg: Config, hashes: "HashCache | None" = None) -> list[
         out, problems = [], []
         for p in [spec] if isinstance(spec, str) else spec:
             try:
-                out.append(resolve_hf_path(p) if p.startswith("hf:") else Path(p))
+                out.append(resolve_hf_path(p, need="checkpoint") if p.startswith("hf:") else Path(p))
             except ModelError as e:
                 problems.append(f"checkpoints: {e}")
         missing = [p for p in out if not p.exists()]
@@ -169,7 +170,15 @@ def check_files(
             if name == "target" and need_target:
                 problems.append("data.target: required to score; give a builtin split or a file")
             continue
-        if ds.path is not None and file_problem(ds.path) is not None:
+        if isinstance(ds.path, str) and ds.path.startswith("hf://"):  # a Hub dataset: downloaded or in the cache
+            from trakcli.errors import DataError
+            from trakcli.models.hub import resolve_hub_dataset
+
+            try:
+                resolve_hub_dataset(ds.path, key=f"data.{name}")
+            except DataError as e:
+                problems.append(str(e))
+        elif ds.path is not None and file_problem(ds.path) is not None:
             problems.append(_not_a_file(f"data.{name}.path", ds.path, "a .pt, .npz or text data file"))
     ep = cfg.model.entrypoint
     if ep.startswith("hf:"):

@@ -52,7 +52,9 @@ class ModelConfig(StrictModel):
         description='A built-in model name ("mlp"), "path/to/file.py:function" or '
         '"package.module:function"; called with `kwargs` it returns a torch.nn.Module. '
         '"hf:DIR" loads a Hugging Face transformers model from a local directory (or package/dir of an '
-        "installed package); kwargs: num_labels, seed (of a head the checkpoint lacks), model_class "
+        'installed package), or, where no such directory exists, "hf:ORG/NAME[@REVISION]" from the Hugging Face '
+        "Hub (downloaded into the Hugging Face cache; read from it with HF_HUB_OFFLINE=1); "
+        "kwargs: num_labels, seed (of a head the checkpoint lacks), model_class "
         "(sequence_classification or causal_lm).",
     )
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the entrypoint.")
@@ -79,11 +81,20 @@ class DatasetConfig(StrictModel):
     split: Literal["train", "target"] | None = Field(
         None, description="Which split of the built-in dataset (train: 1437 rows, target: 360 rows)."
     )
-    path: Path | None = Field(
+    path: Path | str | None = Field(
         None,
         description="A .pt file holding a dict of tensors, an .npz file, or (with `text`, `prompt`, `messages` or "
-        "`input_ids`) a .jsonl / .csv / .parquet / .arrow file or a Hugging Face datasets save_to_disk folder.",
+        "`input_ids`) a .jsonl / .csv / .parquet / .arrow file or a Hugging Face datasets save_to_disk folder. "
+        "Or a Hugging Face Hub dataset, hf://datasets/ORG/NAME[@REVISION][/PATH] (PATH: a file, folder or glob; "
+        "without it the repo's only data file or its train split's), downloaded into the Hugging Face cache, "
+        "or read from it with HF_HUB_OFFLINE=1.",
     )
+
+    @field_validator("path", mode="before")
+    @classmethod
+    def _hub_url(cls, v: Any) -> Any:
+        """A Hub URL stays the string it is (``Path`` would turn ``hf://`` into ``hf:/``); other strings are paths."""
+        return Path(v) if isinstance(v, str) and not v.startswith("hf://") else v
     inputs: str | list[str] | None = Field(
         None,
         description="Key of the inputs tensor in `path`, shape [n, ...]; or a list of keys: a dict of tensors "
@@ -137,8 +148,9 @@ class DatasetConfig(StrictModel):
     )
     tokenizer: str | None = Field(
         None,
-        description="Text and language-model data: a local Hugging Face tokenizer directory (or package/dir); "
-        "default: the directory of model.entrypoint 'hf:DIR'. `messages` need one with a chat template.",
+        description="Text and language-model data: a local Hugging Face tokenizer directory (or package/dir), or "
+        "a Hub name ORG/NAME[@REVISION] (only its tokenizer files are downloaded); default: that of "
+        "model.entrypoint 'hf:DIR' / 'hf:ORG/NAME'. `messages` need one with a chat template.",
     )
 
     @property
@@ -189,7 +201,8 @@ class DatasetConfig(StrictModel):
                 )
             if self.path is None:
                 raise ValueError(f"a text dataset needs `path` (a .jsonl or .csv file) holding the `{kind}` field")
-            if self.path.suffix.lower() not in (".jsonl", ".csv", ".parquet", ".arrow", ""):  # "": a datasets folder
+            if isinstance(self.path, Path) and self.path.suffix.lower() not in (  # a Hub URL's files: checked when read
+                    ".jsonl", ".csv", ".parquet", ".arrow", ""):  # "": a datasets folder
                 raise ValueError(f"a text dataset reads .jsonl or .csv files (or .parquet, .arrow, a datasets "
                                  f"folder), not {self.path.suffix!r}"
                                  + ("; a tensor file takes inputs: [input_ids, attention_mask] (+ labels)"
@@ -678,10 +691,10 @@ class Config(StrictModel):
     model: ModelConfig = Field(default_factory=ModelConfig)
     checkpoints: str | list[str] = Field(
         description="A glob or a list of .pt / .safetensors state dicts (or, for an hf: model, Hugging Face "
-        "model directories, or PEFT adapter folders (adapter_config.json; model.entrypoint is then the base model "
-        "and features default to the adapter's parameters)); model_id = index in sorted order. Or the "
-        "manifest.json `trak optimize` writes into its out_dir: its checkpoints in model_id order, checked "
-        "against their recorded sha256."
+        "model directories or Hub names hf:ORG/NAME[@REVISION][/FOLDER], or PEFT adapter folders "
+        "(adapter_config.json; model.entrypoint is then the base model and features default to the adapter's "
+        "parameters)); model_id = index in sorted order. Or the manifest.json `trak optimize` writes into its "
+        "out_dir: its checkpoints in model_id order, checked against their recorded sha256."
     )
     data: DataConfig
     task: str = Field(

