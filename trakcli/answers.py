@@ -13,6 +13,9 @@ document, as ``[token text, contribution]``; the contribution is the share of th
 that the token's next-token term carries (:mod:`trakcli.jobs.per_token`), ``null`` for a token that
 is not a target of the loss (a prompt, a user turn). Over the target tokens the contributions sum to
 the document's score.
+
+Proponents are documents of positive score and opponents of negative score: the stored top-k's
+lowest K of a small training set may include positive scores, which are not listed as opponents.
 """
 
 from __future__ import annotations
@@ -58,6 +61,8 @@ def answer_records(res: Any, k: int, target_texts: Any = None, train_texts: Any 
             for side, idx, vals in (("proponents", pro, pro_s), ("opponents", opp, opp_s)):
                 line[side] = []
                 for rank, (i, v) in enumerate(zip(idx, vals)):
+                    if not (v > 0 if side == "proponents" else v < 0):  # the stored K lowest may be positive
+                        continue
                     entry = answer_entry(i, v, train_texts)
                     extra = tokens(t, side, rank, int(i)) if tokens is not None else None
                     if extra:

@@ -73,14 +73,16 @@ def test_top_indices_are_the_ends_of_argsort():
     # a tensor row gives the same; k larger than n_train gives every index
     pro_t, _ = plots.top_indices(torch.from_numpy(row), 7)
     np.testing.assert_array_equal(pro_t, pro)
-    pro_all, opp_all = plots.top_indices(row[:3], 10)
-    assert sorted(pro_all.tolist()) == [0, 1, 2] and opp_all.tolist() == pro_all.tolist()[::-1]
+    # k larger than n_train: every positive score a proponent, every negative one an opponent, none in both
+    small = np.array([0.3, -0.2, 1.5, -0.1], dtype=np.float32)
+    pro_all, opp_all = plots.top_indices(small, 10)
+    assert pro_all.tolist() == [2, 0] and opp_all.tolist() == [1, 3]
 
 
 def test_top_indices_skip_nonfinite_scores():
     row = np.array([0.5, np.nan, 2.0, -np.inf, -1.0, np.inf, 0.0])
     pro, opp = plots.top_indices(row, 2)
-    assert pro.tolist() == [2, 0] and opp.tolist() == [4, 6]
+    assert pro.tolist() == [2, 0] and opp.tolist() == [4]  # a score of 0 opposes nothing
 
 
 @pytest.mark.parametrize("row, k", [(np.zeros((2, 3)), 1), (np.zeros(3), 0)])
@@ -210,7 +212,7 @@ def test_unwritable_plot_file_is_a_usage_error(digits, tmp_path, monkeypatch):
     monkeypatch.setattr(Figure, "savefig", refuse)
     train, target = digits
     with pytest.raises(UsageError, match="cannot write the plot to .*top.png: Permission denied; choose a writable"):
-        plots.plot_top(tmp_path / "top.png", np.zeros((1, len(train))), train, target)
+        plots.plot_top(tmp_path / "top.png", np.linspace(-1, 1, len(train))[None], train, target)
     with pytest.raises(UsageError, match="cannot write the plot to .*s.png: Permission denied"):
         plots.plot_sweep(tmp_path / "s.png", sweep_rows())
 

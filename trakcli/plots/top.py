@@ -18,10 +18,12 @@ from trakcli.plots.common import (
 def top_indices(row: Any, k: int) -> tuple[np.ndarray, np.ndarray]:
     """The train indices a target's picture shows: its top-``k`` proponents and opponents.
 
-    Proponents are the ``k`` highest scores, highest first; opponents the ``k``
-    lowest, lowest first (``np.argsort(row, kind="stable")`` read from either
-    end). Non-finite scores (NaN, ±inf) are left out of both lists. With fewer
-    than ``2k`` train examples the two lists overlap.
+    Proponents are the ``k`` highest positive scores, highest first; opponents
+    the ``k`` lowest negative scores, lowest first (``np.argsort(row,
+    kind="stable")`` read from either end): a train example of score ≥ 0 never
+    opposes the target, nor one of score ≤ 0 supports it, so either list may be
+    shorter than ``k`` (on a small training set, or one whose scores are all of
+    one sign). Non-finite scores (NaN, ±inf) are left out of both lists.
 
     Args:
         row: ``[n_train]`` scores of one target (numpy array or CPU tensor, any float dtype).
@@ -40,7 +42,8 @@ def top_indices(row: Any, k: int) -> tuple[np.ndarray, np.ndarray]:
         raise ArgumentError(f"top_indices: k={k}; show at least 1 proponent and opponent")
     valid = np.flatnonzero(np.isfinite(row))
     order = valid[np.argsort(row[valid], kind="stable")]  # ascending score
-    return order[::-1][:k].astype(np.int64), order[:k].astype(np.int64)
+    pro, opp = order[::-1][:k], order[:k]
+    return pro[row[pro] > 0].astype(np.int64), opp[row[opp] < 0].astype(np.int64)
 
 
 def image_shape_of(dataset: Any) -> tuple[int, ...] | None:
@@ -228,7 +231,7 @@ def plot_top(
     picks = [(t, *top_indices(scores[t], top_k)) for t in ids]
     k = max(max(len(p), len(o)) for _, p, o in picks)
     if k == 0:
-        raise DataError(f"targets {ids} have no finite scores; nothing to draw")
+        raise DataError(f"targets {ids} have no finite nonzero scores; nothing to draw")
     title = title or (
         f"TRAK attribution: top {k} proponents (highest scores) and opponents (lowest scores) "
         f"of {len(ids)} target{'s' if len(ids) > 1 else ''}"
