@@ -12,6 +12,7 @@ from trakcli.cli import inspect as _inspect
 from trakcli.cli import optimize as _optimize
 from trakcli.cli import report as _report
 from trakcli.cli import score as _score
+from trakcli.cli import select as _select
 from trakcli.cli.eval import eval_app
 from trakcli.cli.help import TrakCommand, TrakGroup
 from trakcli.cli import sweep as _sweep
@@ -43,6 +44,7 @@ app.command("init", cls=TrakCommand)(_init.init)
 app.command("optimize", cls=TrakCommand)(_optimize.optimize)
 app.command("featurize", cls=TrakCommand)(_featurize.featurize)
 app.command("score", cls=TrakCommand)(_score.score)
+app.command("select", cls=TrakCommand)(_select.select)
 app.command("report", cls=TrakCommand)(_report.report)
 app.command("inspect", cls=TrakCommand)(_inspect.inspect)
 app.command("export", cls=TrakCommand)(_inspect.export)

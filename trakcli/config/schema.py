@@ -577,6 +577,66 @@ class ScoreConfig(StrictModel):
         return self
 
 
+class SelectConfig(StrictModel):
+    """``select:``: `trak select`, data selection for a target task (LESS: Xia et al. 2024, "LESS: Selecting
+    Influential Data for Targeted Instruction Tuning").
+
+    Every data.train row (the pool) gets one score against the data.target rows (a handful of examples of the
+    task): per checkpoint the cosine (``normalize: unit``) of its features with each target's, summed over
+    checkpoints, aggregated over the targets; the top rows are written to ``out`` in data.train's format.
+    """
+
+    fraction: float | None = Field(
+        None, gt=0, le=1, description="Share of data.train to keep: round(fraction * n_train) rows (Python's round, "
+        "at least 1). Unset together with count: 0.05 (LESS's 5%).",
+    )
+    count: PositiveInt | None = Field(None, description="Rows of data.train to keep (instead of fraction; at most "
+                                      "n_train).")
+    out: Path | None = Field(
+        None, description="The file the selected rows go to, in data.train's format: .jsonl lines (or .csv records) "
+        "copied verbatim, .parquet / .arrow tables, .pt / .npz tensors under data.train's keys, in pool order. Their "
+        "scores go beside it to <out stem>.scores.jsonl. Required by trak select.",
+    )
+    aggregate: Literal["max_mean", "mean", "sum"] = Field(
+        "max_mean", description="How a row's scores against the targets become one: max_mean, the highest over the "
+        "target groups (group_by) of the mean over the group's targets (LESS); mean or sum over all targets.",
+    )
+    group_by: str | None = Field(
+        None, description="max_mean: the field (text data) or key (tensor file, [n_target]) of data.target whose "
+        "values group the targets, e.g. one group per task. Unset: all targets are one group.",
+    )
+    normalize: Literal["unit"] | None = Field(
+        "unit", description="unit: cosines of the features (LESS). null: their inner products (longer or "
+        "higher-loss rows then weigh more).",
+    )
+    experiment: str = Field(
+        "select", description="Name of the target features in the store (targets/<experiment>); a rerun with the "
+        "same targets reuses them.",
+    )
+    show: int = Field(5, ge=0, description="Top selected rows the summary shows, with their texts.")
+
+    @field_validator("experiment")
+    @classmethod
+    def _experiment_name(cls, v: str) -> str:
+        """One store group name, as ``score.experiment``."""
+        if not v or "/" in v or "\\" in v or v in (".", "..") or v.startswith("__") or v != v.strip():
+            raise ValueError(
+                "must name one group of the store: a non-empty name without '/' or '\\', not '.' or '..', not "
+                "starting with '__' and without surrounding spaces, e.g. select.experiment=task_a"
+            )
+        return v
+
+    @model_validator(mode="after")
+    def _one_size(self) -> "SelectConfig":
+        if self.fraction is not None and self.count is not None:
+            raise ValueError(f"select.fraction ({self.fraction}) and select.count ({self.count}) are both set: give "
+                             "one, a share of data.train (fraction) or a number of rows (count)")
+        if self.group_by is not None and self.aggregate != "max_mean":
+            raise ValueError(f"select.group_by groups the targets of aggregate max_mean; aggregate {self.aggregate} "
+                             "takes every target alike: unset group_by, or set aggregate: max_mean")
+        return self
+
+
 
 class SweepConfig(StrictModel):
     """``eval.sweep``: the grid of `trak eval sweep` (one featurization per proj_dim)."""
@@ -726,6 +786,11 @@ class Config(StrictModel):
     )
     store: StoreConfig
     score: ScoreConfig = Field(default_factory=ScoreConfig)
+    select: SelectConfig = Field(
+        default_factory=SelectConfig,
+        description="`trak select`: the share of data.train to keep for the data.target task, how scores are "
+        "aggregated, where the selected rows go.",
+    )
     optimize: OptimizeConfig | None = Field(
         None, description="The training recipe of `trak optimize` (and of the retrained models of `trak eval`)."
     )

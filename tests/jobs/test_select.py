@@ -1,0 +1,224 @@
+"""`trak select` (trakcli.jobs.select): the selection against a float64 reference from the stored features, the
+output in the pool's own format, reuse of the store on a rerun, and one clear error per bad input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import zarr
+
+from projects import FACT_WORDS, fact_rows, run, word_tokenizer, write_config, write_jsonl
+from trakcli.jobs.select import n_selected, top_rows
+
+MODEL_FILE = '''
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+
+def gpt2(vocab_size=29, seed=0):
+    torch.manual_seed(seed)
+    cfg = GPT2Config(vocab_size=vocab_size, n_embd=16, n_layer=1, n_head=2, n_positions=32,
+                     bos_token_id=1, eos_token_id=1, attn_implementation="eager")
+    return GPT2LMHeadModel(cfg)
+'''
+
+COUNTRIES = ["norway", "chile", "kenya", "laos", "peru", "mali"]
+CITIES = ["oslo", "santiago", "nairobi", "vientiane", "lima", "bamako"]
+N_POOL = 30
+
+
+def _lm_project(root: Path) -> Path:
+    """A tiny GPT-2 of two checkpoints (two seeds), a pool of 30 prompt/completion rows with extra fields, and 4
+    target rows in two tasks (field ``task``)."""
+    import importlib.util
+
+    vocab = word_tokenizer(root / "tok", [*FACT_WORDS, *COUNTRIES, *CITIES])
+    (root / "lm_model.py").write_text(MODEL_FILE)
+    spec = importlib.util.spec_from_file_location("select_lm_model", root / "lm_model.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    for seed in range(2):
+        torch.save(mod.gpt2(vocab, seed).state_dict(), root / f"ck{seed}.pt")
+    pool = [{"id": f"doc-{i}", **r, "note": "ü" * (i % 3)} for i, r in enumerate(fact_rows(N_POOL, 1, COUNTRIES, CITIES))]
+    write_jsonl(root / "pool.jsonl", pool)
+    targets = [{**r, "task": "ab"[i % 2]} for i, r in enumerate(fact_rows(4, 2, COUNTRIES[:3], CITIES[:3]))]
+    write_jsonl(root / "target.jsonl", targets)
+    data = {"prompt": "prompt", "completion": "completion", "tokenizer": "tok", "max_length": 16}
+    return write_config(root / "run.yaml", {
+        "model": {"entrypoint": "lm_model.py:gpt2", "kwargs": {"vocab_size": vocab}},
+        "task": "language_modeling",
+        "checkpoints": ["ck0.pt", "ck1.pt"],
+        "data": {"train": {"path": "pool.jsonl", **data}, "target": {"path": "target.jsonl", **data},
+                 "batch_size": 8},
+        "projector": {"kind": "sjlt", "proj_dim": 48, "seed": 0},
+        "store": {"path": "s.zarr", "chunk_rows": 8},
+        "select": {"out": "selected.jsonl"},
+        "num_threads": 1,
+    })
+
+
+@pytest.fixture(scope="module")
+def lm(tmp_path_factory) -> Path:
+    """The project after one `trak select` (fraction 0.2, max_mean over the two tasks)."""
+    root = tmp_path_factory.mktemp("select_lm")
+    _lm_project(root)
+    res = run(root, "select", "run.yaml", "select.fraction=0.2", "select.group_by=task", "-q")
+    assert res.returncode == 0, res.stderr
+    return root
+
+
+def _features(store: Path, group: str, n_models: int = 2) -> list[np.ndarray]:
+    g = zarr.open_group(str(store), mode="r")
+    return [np.asarray(g[f"{group}/{m}/features"][:], dtype=np.float64) for m in range(n_models)]
+
+
+def _reference(root: Path, aggregate: str, groups: list | None, unit: bool = True, store: str = "s.zarr",
+               n_models: int = 2) -> np.ndarray:
+    """Every pool row's score in float64 from the stored features: the [n_target, n_train] matrix of cosines summed
+    over the checkpoints, then aggregated over the targets (written without trakcli's code)."""
+    total = 0.0
+    for t, z in zip(_features(root / store, "targets/select", n_models), _features(root / store, "train", n_models)):
+        if unit:
+            t = t / np.linalg.norm(t, axis=1, keepdims=True)
+            z = z / np.linalg.norm(z, axis=1, keepdims=True)
+        total = total + t @ z.T  # [n_target, n_train]
+    if aggregate == "sum":
+        return total.sum(0)
+    if aggregate == "mean" or groups is None:
+        return total.mean(0)
+    return np.max([total[[i for i, g in enumerate(groups) if g == name]].mean(0) for name in set(groups)], 0)
+
+
+def _want(scores: np.ndarray, k: int) -> list[int]:
+    return sorted(sorted(range(len(scores)), key=lambda i: (-scores[i], i))[:k])
+
+
+def _sidecar(root: Path, out: str = "selected.jsonl") -> list[dict]:
+    return [json.loads(x) for x in (root / out).with_name(Path(out).stem + ".scores.jsonl").read_text().splitlines()]
+
+
+def test_the_selected_rows_are_the_top_of_a_float64_reference_verbatim_in_the_pools_format(lm):
+    targets = [json.loads(x) for x in (lm / "target.jsonl").read_text().splitlines()]
+    ref = _reference(lm, "max_mean", [t["task"] for t in targets])
+    lines, side = (lm / "selected.jsonl").read_text(encoding="utf-8").splitlines(), _sidecar(lm)
+    k = round(0.2 * N_POOL)
+    want = _want(ref, k)
+    assert [e["row"] for e in side] == want  # pool order
+    pool = (lm / "pool.jsonl").read_text(encoding="utf-8").splitlines()
+    assert lines == [pool[i] for i in want]  # the pool's own lines, byte for byte
+    np.testing.assert_allclose([e["score"] for e in side], ref[want], rtol=1e-9, atol=1e-12)
+    assert sorted(e["rank"] for e in side) == list(range(1, k + 1))
+    best = max(side, key=lambda e: e["score"])
+    assert best["rank"] == 1 and best["group"] in ("a", "b")
+
+
+@pytest.mark.parametrize(("aggregate", "size"), [("mean", "select.count=7"), ("sum", "select.fraction=0.1")])
+def test_mean_and_sum_and_count_and_fraction_on_a_rerun_that_reuses_every_feature(lm, aggregate, size):
+    g = zarr.open_group(str(lm / "s.zarr"), mode="r")
+    before = {m: g[f"train/{m}/features"][:].copy() for m in range(2)}
+    res = run(lm, "select", "run.yaml", f"select.aggregate={aggregate}", size, f"select.out={aggregate}.jsonl",
+              "--json")
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    assert data["train_chunks_computed"] == 0 and data["target_chunks_computed"] == 0  # nothing recomputed
+    assert "reused" in res.stderr
+    k = 7 if "count" in size else round(0.1 * N_POOL)
+    assert data["n_selected"] == k and data["aggregate"] == aggregate and data["n_models"] == 2
+    ref = _reference(lm, aggregate, None)
+    side = _sidecar(lm, f"{aggregate}.jsonl")
+    assert [e["row"] for e in side] == _want(ref, k)
+    assert data["threshold"] == pytest.approx(min(ref[_want(ref, k)]), rel=1e-9)
+    assert data["top"][0]["text"] and data["top"][0]["row"] == int(np.argmax(ref))
+    for m in range(2):
+        np.testing.assert_array_equal(g[f"train/{m}/features"][:], before[m])
+
+
+def test_inner_products_and_a_csv_pool_written_as_csv(lm, tmp_path):
+    for name in ("run.yaml", "pool.jsonl", "target.jsonl", "lm_model.py", "ck0.pt", "ck1.pt"):
+        shutil.copy(lm / name, tmp_path / name)
+    shutil.copytree(lm / "tok", tmp_path / "tok")
+    import csv
+
+    rows = [json.loads(x) for x in (lm / "pool.jsonl").read_text().splitlines()]
+    rows[3]["prompt"] = 'a "quoted", two-line\nprompt'  # a record spanning two lines
+    with open(tmp_path / "pool.csv", "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    res = run(tmp_path, "select", "run.yaml", "data.train.path=pool.csv", "select.normalize=null",
+              "select.count=30", "select.out=sel.csv", "-q")
+    assert res.returncode == 0, res.stderr
+    with open(tmp_path / "sel.csv", newline="", encoding="utf-8") as f:
+        got = list(csv.DictReader(f))
+    assert got == [{k: str(v) for k, v in r.items()} for r in rows]  # every row kept: the whole pool, in pool order
+    side = _sidecar(tmp_path, "sel.csv")
+    ref = _reference(tmp_path, "max_mean", None, unit=False)  # the csv pool is a new store: its own features
+    np.testing.assert_allclose([e["score"] for e in side], ref, rtol=1e-9, atol=1e-9)
+
+
+def test_a_tensor_pool_selects_its_rows_tensors_under_the_same_keys(user_project):
+    res = run(user_project, "select", "run.yaml", "select.count=25", "select.out=sel.pt", "select.group_by=y_target")
+    assert res.returncode == 0, res.stderr
+    pool = torch.load(user_project / "ckpts" / "data.pt")
+    got = torch.load(user_project / "sel.pt")
+    rows = [e["row"] for e in _sidecar(user_project, "sel.pt")]
+    assert sorted(got) == ["x_train", "y_train"] and len(rows) == 25
+    assert torch.equal(got["x_train"], pool["x_train"][rows]) and torch.equal(got["y_train"], pool["y_train"][rows])
+    ref = _reference(user_project, "max_mean", pool["y_target"].tolist(), store="out/attrib.zarr")
+    assert rows == _want(ref, 25)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["select.fraction=0.1", "select.count=3"], "select.fraction (0.1) and select.count (3) are both set"),
+        (["select.fraction=1.5"], "select.fraction: Input should be less than or equal to 1"),
+        (["select.fraction=0"], "select.fraction: Input should be greater than 0"),
+        (["select.count=31"], "select.count is 31 but data.train has 30 rows"),
+        (["select.group_by=topic"], "data.target (target.jsonl) has no field 'topic'"),
+        (["select.out=nodir/sel.jsonl"], "directory nodir does not exist"),
+        (["select.out=sel.parquet"], "data.train is a .jsonl file, written as .jsonl"),
+        (["select.out=null"], "select.out is unset"),
+        (["select.aggregate=mean", "select.group_by=task"], "select.group_by groups the targets of aggregate max_mean"),
+    ],
+)
+def test_each_bad_input_is_one_clear_error(lm, args, message):
+    res = run(lm, "select", "run.yaml", *args)
+    assert res.returncode == 1, res.stderr
+    assert message in " ".join(res.stderr.split())
+
+
+def test_an_unwritable_out_path_is_one_clear_error(lm, tmp_path, monkeypatch):
+    import os
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    if os.access(locked, os.W_OK):  # root may write anywhere: the folder's mode is what a user would meet
+        real = os.access
+        monkeypatch.setattr("trakcli.jobs.select.os.access",
+                            lambda p, mode: real(p, mode) and not str(p).startswith(str(locked)))
+    try:
+        res = run(lm, "select", "run.yaml", f"select.out={locked}/sel.jsonl")
+    finally:
+        locked.chmod(0o700)
+    assert res.returncode == 1 and f"cannot write to {locked} (permission denied)" in " ".join(res.stderr.split())
+    res = run(lm, "select", "run.yaml", "select.out=pool.jsonl/sel.jsonl")
+    assert res.returncode == 1 and "pool.jsonl is a file, not a directory" in " ".join(res.stderr.split())
+
+
+def test_count_rounding_and_ties_by_row_index():
+    assert n_selected(30) == 2  # the default 5%: round(1.5), half to even
+    assert n_selected(100, fraction=0.05) == 5 and n_selected(10, fraction=0.01) == 1 and n_selected(7, count=7) == 7
+    assert n_selected(50, fraction=0.25) == 12  # round(12.5) = 12
+    scores = np.array([1.0, 3.0, 2.0, 3.0, 2.0, 2.0, 0.5])
+    assert top_rows(scores, 4).tolist() == [1, 3, 2, 4]
+    assert top_rows(scores, 7).tolist() == [1, 3, 2, 4, 5, 0, 6]
+    rng = np.random.default_rng(0)
+    many = rng.integers(0, 5, 1000).astype(float)
+    assert top_rows(many, 123).tolist() == sorted(range(1000), key=lambda i: (-many[i], i))[:123]

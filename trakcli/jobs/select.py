@@ -1,0 +1,645 @@
+"""`trak select` as a library function: choose the training rows that most help a target task.
+
+LESS (Xia et al., ICML 2024, "LESS: Selecting Influential Data for Targeted
+Instruction Tuning", Eq. 2 and Sec. 4.1) scores a candidate training row ``z``
+against a target task ``D_val`` (a handful of its examples, in groups, e.g. one
+per sub-task) by the cosine of projected gradient features, summed over the
+checkpoints of a short warmup run, averaged over each group's examples and
+maximised over the groups; it keeps the top 5% of the pool. Here, per pool row
+``z`` and checkpoint ``m`` of ``M``:
+
+    s_m(t, z) = cos(φ_m(t), φ_m(z))          (``normalize: unit``; else φ_m(t)ᵀφ_m(z))
+    s(t, z)   = Σ_m s_m(t, z)
+    max_mean: score(z) = max_g (1/|g|) Σ_{t∈g} s(t, z)
+    mean:     score(z) = (1/n_target) Σ_t s(t, z)
+    sum:      score(z) = Σ_t s(t, z)
+
+φ_m are the stored train features of `trak featurize` (any featurizer, projector,
+``second_moment`` correction or curvature the config sets up) and the target
+features computed the same way into ``targets/<select.experiment>``. Because the
+mean of cosines is the inner product with the mean of the unit target features,
+``(1/|g|) Σ_{t∈g} s_m(t, z) = ⟨c_{m,g}, φ_m(z)/‖φ_m(z)‖⟩`` with ``c_{m,g}`` the
+group's mean unit target feature: each pool row costs ``n_groups`` dot products per
+checkpoint, and the pool is streamed in row blocks, so memory is
+O(block · proj_dim + n_train) (one float64 score per pool row), never
+``[n_target, n_train]``.
+
+The ``k`` rows of highest score are kept (equal scores: the lower row index
+first) and written in the pool's own format (:func:`write_rows`), in pool order;
+their scores, ranks (and groups) go to a sidecar ``<out stem>.scores.jsonl``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from trakcli.config import Config
+from trakcli.data.load import load_dataset
+from trakcli.data.text import data_files, field_values
+from trakcli.errors import ConfigError, DataError, StoreError, StoreMismatchError
+from trakcli.files import atomic_open, atomic_path, atomic_torch_save
+from trakcli.jobs.featurize import featurize, featurize_rows
+from trakcli.jobs.runtime import locked_store, torch_threads
+from trakcli.jobs.score import check_train_complete
+from trakcli.jobs.setup import JobSetup, prepare
+from trakcli.progress import NULL_REPORTER, Reporter
+from trakcli.store import Store, train_finished
+
+#: ``select.fraction`` when neither it nor ``select.count`` is set: LESS keeps 5% of the pool.
+DEFAULT_FRACTION = 0.05
+#: Bytes of one block of pool features read at once (float64 while scored).
+BLOCK_BYTES = 64 << 20
+#: The output suffixes each kind of pool is written as.
+OUT_SUFFIXES = {"jsonl": (".jsonl",), "csv": (".csv",), "table": (".parquet", ".arrow"), "pt": (".pt", ".pth"),
+                "npz": (".npz",)}
+
+
+def n_selected(n_train: int, fraction: float | None = None, count: int | None = None) -> int:
+    """How many pool rows to keep: ``count``, or ``round(fraction · n_train)`` (Python's round, at least 1).
+
+    Args:
+        n_train: rows in the pool.
+        fraction: ``select.fraction`` (None with ``count`` None: :data:`DEFAULT_FRACTION`).
+        count: ``select.count``.
+
+    Raises:
+        ConfigError: both given, ``fraction`` outside (0, 1], or ``count`` not in 1..n_train.
+    """
+    if fraction is not None and count is not None:
+        raise ConfigError(f"select.fraction ({fraction}) and select.count ({count}) are both set: give one")
+    if count is not None:
+        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= n_train:
+            raise ConfigError(f"select.count is {count!r} but data.train has {n_train} rows; keep 1 to {n_train} "
+                              "rows, or give select.fraction instead")
+        return count
+    fraction = DEFAULT_FRACTION if fraction is None else fraction
+    if not 0 < fraction <= 1:
+        raise ConfigError(f"select.fraction is {fraction!r}; give a share of data.train in (0, 1], e.g. 0.05")
+    return min(n_train, max(1, round(fraction * n_train)))
+
+
+def top_rows(scores: np.ndarray, k: int) -> np.ndarray:
+    """The ``k`` rows of highest score, best first; equal scores in row order.
+
+    Args:
+        scores: ``[n]`` float scores (finite).
+        k: rows to keep, ``1 <= k <= n``.
+
+    Returns:
+        ``[k]`` int64 row indices. O(n) selection, then O(k log k) ordering.
+    """
+    n = scores.shape[0]
+    if k >= n:
+        return np.lexsort((np.arange(n), -scores)).astype(np.int64)
+    kth = scores[np.argpartition(-scores, k - 1)[:k]].min()  # the k-th highest value
+    above = np.flatnonzero(scores > kth)
+    ties = np.flatnonzero(scores == kth)[: k - above.size]  # the lowest indices among the equal ones
+    cand = np.concatenate([above, ties])
+    return cand[np.lexsort((cand, -scores[cand]))].astype(np.int64)
+
+
+def target_groups(section: Any, target: Any, group_by: str | None) -> tuple[np.ndarray, list[str]]:
+    """Each target's group (``select.group_by``): ``([n_target] int64 group index, group names)``.
+
+    Groups are numbered in the order they first appear; names are the values as text.
+    ``group_by`` None: one group ``"all"``.
+
+    Args:
+        section: ``data.target`` (its path and kind).
+        target: the loaded target dataset (``len``; class ``labels`` when ``group_by`` is its labels key).
+        group_by: a field of text data, or a key of a tensor file holding ``[n_target]`` values.
+
+    Raises:
+        DataError: no such field or key (naming the ones there are), rows without it, or a count that
+            is not n_target.
+    """
+    n = len(target)
+    if group_by is None:
+        return np.zeros(n, dtype=np.int64), ["all"]
+    where = f"select.group_by {group_by!r}"
+    if section.text_source is not None:
+        values = field_values(section.path, group_by, key="data.target")
+        missing = [i for i, v in enumerate(values) if v is None]
+        if len(missing) == len(values):
+            raise DataError(f"{where}: data.target ({section.path}) has no field {group_by!r}; name a field of its "
+                            "rows, or unset select.group_by (one group)")
+        if missing:
+            raise DataError(f"{where}: data.target rows {missing[:10]} have no {group_by!r} value; give every "
+                            "target row its group")
+    elif section.builtin is not None or group_by == section.labels:
+        if section.builtin is not None and group_by != "labels":
+            raise DataError(f"{where}: the built-in dataset's only per-row key is 'labels'")
+        values = target.labels.tolist()
+    else:
+        files = data_files(section.path, key="data.target")
+        contents = _read_tensors(files[0])
+        if group_by not in contents:
+            raise DataError(f"{where}: data.target ({section.path}) has no key {group_by!r}; its keys are "
+                            f"{sorted(contents)}")
+        values = np.asarray(contents[group_by]).reshape(-1).tolist()
+    if len(values) != n:
+        raise DataError(f"{where}: {len(values)} values for {n} data.target rows; give one per row")
+    names: dict[str, int] = {}
+    codes = np.array([names.setdefault(_group_name(v), len(names)) for v in values], dtype=np.int64)
+    return codes, list(names)
+
+
+def _group_name(v: Any) -> str:
+    return v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
+
+
+def group_centroids(features: np.ndarray, groups: np.ndarray, n_groups: int, *, unit: bool,
+                    total: bool = False) -> torch.Tensor:
+    """The mean (``total``: the sum) of each group's target features, unit-normalized first with ``unit``.
+
+    ``⟨c_g, ẑ⟩`` is then the mean over the group of the cosines (or inner products) with ``z``;
+    a target of zero features counts with cosine 0.
+
+    Args:
+        features: ``[n_target, proj_dim]`` target features of one checkpoint.
+        groups: ``[n_target]`` int64 group index.
+        n_groups: groups.
+        unit: divide each target's features by their norm.
+        total: sums instead of means (aggregate ``sum``).
+
+    Returns:
+        ``[n_groups, proj_dim]`` float64.
+    """
+    f = torch.from_numpy(np.asarray(features, dtype=np.float64))
+    if unit:
+        f = _unit(f)
+    c = torch.zeros(n_groups, f.shape[1], dtype=torch.float64).index_add_(0, torch.from_numpy(groups), f)
+    if not total:
+        c /= torch.bincount(torch.from_numpy(groups), minlength=n_groups).clamp(min=1)[:, None].double()
+    return c
+
+
+def _unit(f: torch.Tensor) -> torch.Tensor:
+    """Rows divided by their norm; zero rows stay zero."""
+    norm = f.norm(dim=1, keepdim=True)
+    return f / torch.where(norm > 0, norm, torch.ones_like(norm))
+
+
+def pool_scores(
+    train_rows: Sequence[Any], centroids: Sequence[torch.Tensor], *, unit: bool, reporter: Reporter = NULL_REPORTER,
+    linalg_threads: int | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Every pool row's score against the target groups, streamed over the stored features in row blocks.
+
+    ``score(z) = max_g Σ_m ⟨c_{m,g}, φ̂_m(z)⟩`` with ``φ̂`` the unit features (``unit``) or the features;
+    with one group, ``Σ_m ⟨c_m, φ̂_m(z)⟩``. float64 throughout.
+
+    Args:
+        train_rows: per model_id, the complete train features (:class:`~trakcli.store.ChunkedRows`).
+        centroids: per model_id, ``[n_groups, proj_dim]`` float64 (:func:`group_centroids`).
+        unit: unit-normalize each pool row's features.
+        reporter: progress of the blocks.
+        linalg_threads: torch threads of the products (None: the default).
+
+    Returns:
+        ``(scores [n_train] float64, best group [n_train] int64)``.
+
+    Raises:
+        StoreCorruptError: a feature chunk is missing or corrupt.
+    """
+    first = train_rows[0]
+    n, proj_dim, chunk = first.n_rows, centroids[0].shape[1], first.chunk_rows
+    block = chunk * max(1, BLOCK_BYTES // (8 * chunk * max(1, proj_dim)))
+    scores = np.empty(n, dtype=np.float64)
+    best = np.empty(n, dtype=np.int64)
+    starts = range(0, n, block)
+    with torch_threads(linalg_threads), reporter.task("select", len(starts)) as task:
+        for lo in starts:
+            hi = min(lo + block, n)
+            acc = torch.zeros(hi - lo, centroids[0].shape[0], dtype=torch.float64)  # [rows, n_groups]
+            for rows, c in zip(train_rows, centroids):
+                f = torch.from_numpy(np.asarray(rows.read("features", lo, hi), dtype=np.float64))
+                acc += (_unit(f) if unit else f) @ c.T
+            top, arg = acc.max(dim=1)
+            scores[lo:hi], best[lo:hi] = top.numpy(), arg.numpy()
+            task.advance()
+    return scores, best
+
+
+@dataclass
+class Selection:
+    """The pool's scores and the rows kept.
+
+    Attributes:
+        scores: ``[n_train]`` float64, every pool row's score.
+        ranked: ``[k]`` int64, the kept rows, best first (equal scores in row order).
+        best_group: ``[n_train]`` int64, the group of each row's highest group score (``max_mean``).
+        groups: the target groups' names; group_sizes: targets per group.
+        targets_computed: target feature chunks computed in this run.
+    """
+
+    scores: np.ndarray
+    ranked: np.ndarray
+    best_group: np.ndarray
+    groups: list[str]
+    group_sizes: list[int]
+    targets_computed: int = 0
+
+    @property
+    def rows(self) -> np.ndarray:
+        """``[k]`` int64, the kept rows in pool order."""
+        return np.sort(self.ranked)
+
+
+def select_rows(
+    s: JobSetup,
+    path: Path,
+    target: Any,
+    *,
+    k: int,
+    groups: np.ndarray | None = None,
+    group_names: list[str] | None = None,
+    aggregate: str = "max_mean",
+    normalize: str | None = "unit",
+    experiment: str = "select",
+    overwrite: bool = False,
+    skip_nonfinite: bool = False,
+    reporter: Reporter = NULL_REPORTER,
+    linalg_threads: int | None = None,
+) -> Selection | None:
+    """:func:`select` on a prepared setup, loaded targets and finished train features (also :class:`trakcli.Attributor`'s).
+
+    Under the store's lock: checks the train features (complete, same identity and checkpoints as
+    ``s``), featurizes the targets into ``targets/<experiment>`` (resumable; checked and repaired like
+    `trak score`'s), then scores the pool (:func:`pool_scores`) and keeps the top ``k``
+    (:func:`top_rows`).
+
+    Args:
+        s: the setup (featurizer, checkpoints and their sha256s, identity, process group).
+        path: the store.
+        target: the target examples (``[n_target]`` rows of the train data's kind).
+        k: rows to keep (:func:`n_selected`).
+        groups, group_names: each target's group index ``[n_target]`` int64 and the groups' names
+            (:func:`target_groups`); None: one group.
+        aggregate: ``max_mean``, ``mean`` or ``sum`` (module docstring).
+        normalize: ``"unit"`` (cosines) or None (inner products).
+        experiment: the store group of the target features.
+        overwrite: recompute the target features.
+        skip_nonfinite: give targets with non-finite gradients zero features.
+        reporter: progress and messages.
+        linalg_threads: torch threads of the score products.
+
+    Returns:
+        The :class:`Selection` on rank 0; None on the other ranks (under torchrun).
+
+    Raises:
+        StoreError: no train features or incomplete ones (run featurize); targets of another input shape.
+        StoreMismatchError: train features of other settings, or target features of other targets
+            (names ``--overwrite`` and ``select.experiment``).
+        ConfigError: a bad ``aggregate`` or ``normalize``, or ``k`` outside 1..n_train.
+    """
+    if aggregate not in ("max_mean", "mean", "sum"):
+        raise ConfigError(f"select.aggregate is {aggregate!r}; use max_mean, mean or sum")
+    if normalize not in (None, "unit"):
+        raise ConfigError(f"select.normalize is {normalize!r}; use unit (cosines) or null (inner products)")
+    n_train = len(s.train)
+    n_selected(n_train, count=k)
+    if groups is None or aggregate != "max_mean":
+        groups, group_names = np.zeros(len(target), dtype=np.int64), ["all"]
+    group_names = group_names or [str(g) for g in range(int(groups.max()) + 1)]
+    t_fp = target.fingerprint()
+    if t_fp["input_shape"] != s.identity["train_data"]["input_shape"]:
+        raise StoreError(
+            f"data.target inputs have shape {t_fp['input_shape']} per example but the train inputs have "
+            f"{s.identity['train_data']['input_shape']}; targets must be examples of the same kind (text data: "
+            "data.target.max_length as data.train.max_length)"
+        )
+    t_attrs: dict[str, Any] = {"target_data": t_fp, "checkpoints": s.shas}  # as `trak score`'s target features
+    if s.state_shas is not None:
+        t_attrs["optimizer_states"] = s.state_shas
+    if s.refine is not None and s.refine.spec() is not None:
+        t_attrs["curvature_refine"] = s.refine.spec()
+    n_models, computed = len(s.checkpoints), 0
+    with locked_store(path, s.dist, reporter):
+        store = Store.open_existing(path)
+        train_rows = check_train_complete(s, store)
+        try:
+            if s.dist.is_main:
+                if overwrite:
+                    store.drop(f"targets/{experiment}")
+                target_rows = [store.targets(experiment, m, t_attrs, len(target), repair=True) for m in range(n_models)]
+                for model_id, rows in enumerate(target_rows):
+                    bad = rows.verify()
+                    if bad:
+                        reporter.info(f"model {model_id}: target feature chunks {bad} were missing or corrupt; "
+                                      "recomputed")
+            s.dist.barrier()
+            if not s.dist.is_main:
+                target_rows = [store.targets(experiment, m, t_attrs, len(target), create=False)
+                               for m in range(n_models)]
+        except StoreMismatchError as e:
+            raise StoreMismatchError(str(e).replace("score.experiment", "select.experiment")) from None
+        for model_id, rows in enumerate(target_rows):
+            if s.curvature is not None and rows.pending(s.dist.rank, s.dist.world_size):
+                s.curvature.read(store, model_id)  # the targets are whitened by the train side's curvature
+                s.refine_targets()
+            n, skip = featurize_rows(s, target, rows, model_id, with_out_to_loss=False, skip_nonfinite=skip_nonfinite,
+                                     reporter=reporter, label="targets")
+            computed += n
+            if skip:
+                reporter.info(f"model {model_id}: targets {skip[:10]} have non-finite gradients; they count as 0")
+        s.dist.barrier()
+        if not s.dist.is_main:
+            return None
+        n_groups = len(group_names)
+        centroids = [group_centroids(rows.read("features", 0, len(target)), groups, n_groups,
+                                     unit=normalize == "unit", total=aggregate == "sum") for rows in target_rows]
+        scores, best = pool_scores(train_rows, centroids, unit=normalize == "unit", reporter=reporter,
+                                   linalg_threads=linalg_threads)
+    sizes = np.bincount(groups, minlength=len(group_names)).tolist()
+    return Selection(scores, top_rows(scores, k), best, list(group_names), sizes, computed)
+
+
+# --- the selected rows, in the pool's format ---------------------------------------------------------------------
+
+
+def pool_kind(section: Any) -> str:
+    """The kind of file a ``data.train`` section reads: ``jsonl``, ``csv``, ``table`` (.parquet, .arrow, a
+    datasets folder), ``pt`` (a .pt dict of tensors or the built-in digits) or ``npz``."""
+    if section.builtin is not None:
+        return "pt"
+    suffix = Path(str(section.path)).suffix.lower()
+    if section.text_source is None:
+        return "npz" if suffix == ".npz" else "pt"
+    return {".jsonl": "jsonl", ".csv": "csv"}.get(suffix, "table")
+
+
+def scores_path(out: Path) -> Path:
+    """Where the selected rows' scores go: ``<out stem>.scores.jsonl`` beside ``out``."""
+    return out.with_name(out.stem + ".scores.jsonl")
+
+
+def check_out(section: Any, out: Path | None) -> Path:
+    """``select.out`` checked before any work: set, in a writable folder, of a suffix of the pool's format, not the
+    pool itself.
+
+    Raises:
+        ConfigError: what is wrong with it and the fix.
+    """
+    if out is None:
+        raise ConfigError("select.out is unset: name the file the selected rows go to, e.g. select.out=selected"
+                          + OUT_SUFFIXES[pool_kind(section)][0])
+    kind = pool_kind(section)
+    where = f"select.out {out}"
+    if out.suffix.lower() not in OUT_SUFFIXES[kind]:
+        what = {"jsonl": "a .jsonl file", "csv": "a .csv file", "table": "a table (.parquet, .arrow or a datasets "
+                "folder)", "pt": "tensors (.pt)", "npz": "tensors (.npz)"}[kind]
+        raise ConfigError(f"{where}: data.train is {what}, written as {' or '.join(OUT_SUFFIXES[kind])}; give "
+                          f"select.out that suffix (the pool's own format, which its training tools read)")
+    parent = out.parent if str(out.parent) else Path(".")
+    if out.is_dir():
+        raise ConfigError(f"{where} is a directory; name a file")
+    if parent.exists() and not parent.is_dir():
+        raise ConfigError(f"{where}: {parent} is a file, not a directory; choose another path")
+    if not parent.is_dir():
+        raise ConfigError(f"{where}: directory {parent} does not exist; create it or choose another path")
+    if not os.access(parent, os.W_OK | os.X_OK) or (out.exists() and not os.access(out, os.W_OK)):
+        raise ConfigError(f"{where}: cannot write to {parent if not out.exists() else out} (permission denied); "
+                          "choose another path")
+    if section.path is not None and not str(section.path).startswith("hf://") and out.resolve() == Path(
+            section.path).resolve():
+        raise ConfigError(f"{where} is data.train itself; choose another path (the pool is read, never rewritten)")
+    return out
+
+
+def write_rows(section: Any, rows: np.ndarray, out: Path) -> None:
+    """Write pool rows ``rows`` (``[k]`` int64, ascending) to ``out`` in the pool's format, atomically.
+
+    * ``.jsonl``: the rows' lines, byte for byte; ``.csv``: the header and the rows' records, byte for byte;
+    * tables (``.parquet``, ``.arrow``, datasets folders, Hub shards): every column of the rows, as
+      ``.parquet`` or ``.arrow`` (an Arrow IPC stream, what ``datasets`` writes);
+    * tensor files: the keys ``data.train`` names (``inputs``, ``labels``), indexed by the rows, under the same
+      keys and dtypes (``.pt`` / ``.npz``); the built-in digits: ``{"inputs": [k, 64], "labels": [k]}``.
+
+    Raises:
+        DataError: the pool file cannot be read; pyarrow missing for a table.
+        ConfigError: ``out`` has no suffix of the pool's format (:func:`check_out`).
+    """
+    kind = pool_kind(section)
+    check_out(section, out)
+    if section.builtin is not None:
+        pool = load_dataset(section, key="data.train")
+        idx = torch.from_numpy(rows)
+        atomic_torch_save({"inputs": pool.inputs[idx], "labels": pool.labels[idx]}, out)
+        return
+    files = data_files(section.path, key="data.train")
+    if kind in ("pt", "npz"):
+        contents = _read_tensors(files[0])
+        keys = ([section.inputs] if isinstance(section.inputs, str) else list(section.inputs)) + [section.labels]
+        picked = {k: contents[k][torch.from_numpy(rows) if torch.is_tensor(contents[k]) else rows] for k in keys}
+        if kind == "pt":
+            atomic_torch_save(picked, out)
+        else:
+            with atomic_path(out) as tmp:
+                np.savez(tmp, **picked)
+        return
+    if kind == "jsonl" and len(files) == 1 and files[0].suffix.lower() == ".jsonl":
+        _copy_lines(files[0], rows, out)
+    elif kind == "csv" and len(files) == 1 and files[0].suffix.lower() == ".csv":
+        _copy_csv(files[0], rows, out)
+    else:
+        _write_table(files, rows, out)
+
+
+def _read_tensors(path: Path) -> dict[str, Any]:
+    """A ``.pt`` dict of tensors or an ``.npz`` file, as stored."""
+    try:
+        if path.suffix.lower() == ".npz":
+            with np.load(path, allow_pickle=False) as f:
+                return {k: f[k] for k in f.files}
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001  (unreadable or corrupt)
+        raise DataError(f"cannot read data file {path}: {type(e).__name__}: {e}") from None
+    if not isinstance(obj, dict):
+        raise DataError(f"{path} holds a {type(obj).__name__}, not a dict of tensors")
+    return obj
+
+
+def _copy_lines(path: Path, rows: np.ndarray, out: Path) -> None:
+    """The non-blank lines ``rows`` of a ``.jsonl`` file (its rows), byte for byte, each ending in a newline."""
+    keep = set(rows.tolist())
+    row = 0
+    with open(path, "rb") as src, atomic_open(out, "wb") as dst:
+        for line in src:
+            if not line.strip():
+                continue
+            if row in keep:
+                dst.write(line if line.endswith(b"\n") else line + b"\n")
+            row += 1
+
+
+def _copy_csv(path: Path, rows: np.ndarray, out: Path) -> None:
+    """The header and the records ``rows`` of a ``.csv`` file, byte for byte (a quoted field may span lines)."""
+    keep = set(rows.tolist())
+    with open(path, encoding="utf-8", newline="") as f:
+        lines = f.readlines()
+    reader = csv.reader(iter(lines))
+    with atomic_open(out, "w", encoding="utf-8", newline="") as dst:
+        start, row, header = 0, 0, True
+        for record in reader:
+            end = reader.line_num
+            if header:
+                dst.writelines(lines[start:end])
+                header = False
+            elif record:  # blank lines are no records (csv.DictReader skips them)
+                if row in keep:
+                    text = "".join(lines[start:end])
+                    dst.write(text if text.endswith(("\n", "\r")) else text + "\n")
+                row += 1
+            start = end
+
+
+def _write_table(files: Sequence[Path], rows: np.ndarray, out: Path) -> None:
+    """Every column of rows ``rows`` of one table (``.parquet`` / ``.arrow`` files, datasets folders) to ``out``."""
+    try:
+        import pyarrow as pa
+        import pyarrow.ipc as ipc
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise DataError("writing the selected rows of a table needs pyarrow: pip install pyarrow") from None
+
+    def read(path: Path) -> list[Any]:
+        if path.is_dir():
+            state = json.loads((path / "state.json").read_text(encoding="utf-8"))
+            return [t for f in state["_data_files"] for t in read(path / f["filename"])]
+        if path.suffix.lower() == ".parquet":
+            return [pq.read_table(path)]
+        try:
+            return [ipc.open_stream(pa.memory_map(str(path))).read_all()]
+        except Exception:  # noqa: BLE001  (the other Arrow IPC layout)
+            return [ipc.open_file(pa.memory_map(str(path))).read_all()]
+
+    try:
+        table = pa.concat_tables([t for f in files for t in read(f)]).take(pa.array(rows))
+    except Exception as e:  # noqa: BLE001
+        raise DataError(f"data.train: cannot read {', '.join(map(str, files))}: {type(e).__name__}: {e}") from None
+    with atomic_path(out) as tmp:
+        if out.suffix.lower() == ".parquet":
+            pq.write_table(table, tmp)
+        else:
+            with pa.OSFile(str(tmp), "wb") as sink, ipc.new_stream(sink, table.schema) as writer:
+                writer.write_table(table)
+
+
+def write_scores(path: Path, sel: Selection) -> None:
+    """The sidecar of the selected rows, one JSON line each in pool order: ``row`` (0-based in data.train),
+    ``rank`` (1 = best), ``score`` and, with several target groups, ``group`` (the one of the highest score)."""
+    rank = {int(r): i + 1 for i, r in enumerate(sel.ranked)}
+    with atomic_open(path, "w", encoding="utf-8") as f:
+        for r in sel.rows.tolist():
+            line: dict[str, Any] = {"row": r, "rank": rank[r], "score": float(sel.scores[r])}
+            if len(sel.groups) > 1:
+                line["group"] = sel.groups[int(sel.best_group[r])]
+            f.write(json.dumps(line, ensure_ascii=False) + "\n")
+
+
+# --- the command ---------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class SelectResult:
+    """What a select run did and chose.
+
+    Attributes:
+        store: the store path; out: the selected rows' file; scores_out: their scores (:func:`scores_path`).
+        n_train, n_target: pool rows and target examples.
+        selection: the scores and the kept rows (:class:`Selection`).
+        aggregate, normalize: ``select.aggregate`` and ``select.normalize``.
+        n_models: checkpoints summed over.
+        train_chunks_computed: train feature chunks computed by this run (0: all reused from the store).
+        texts: short renderings of the ``select.show`` best rows (text data), else None.
+    """
+
+    store: Path
+    out: Path
+    scores_out: Path
+    n_train: int
+    n_target: int
+    selection: Selection
+    aggregate: str
+    normalize: str | None
+    n_models: int
+    train_chunks_computed: int = 0
+    texts: list[str] | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def select(
+    cfg: Config,
+    *,
+    overwrite: bool = False,
+    skip_nonfinite: bool = False,
+    verify: bool = False,
+    reporter: Reporter = NULL_REPORTER,
+) -> SelectResult | None:
+    """Score every data.train row against the data.target task and write the best ``select.fraction`` / ``count``.
+
+    Train features come from the store: missing or unfinished ones are computed first by
+    :func:`trakcli.jobs.featurize.featurize` (resumable; it also makes TRAK's kernels for `trak score`), finished
+    ones are reused. Target features go to ``targets/<select.experiment>``, then the pool is scored in one
+    streamed pass (:func:`select_rows`; formulas in the module docstring) and the rows are written
+    (:func:`write_rows`, :func:`write_scores`). A rerun recomputes nothing but the cheap selection.
+
+    Args:
+        cfg: the config; ``data.target`` (the task's examples) and ``select.out`` are required.
+        overwrite: recompute the target features (the train features are `trak featurize --overwrite`'s).
+        skip_nonfinite: give rows with non-finite gradients zero features (score 0) instead of stopping.
+        verify: rehash the checkpoints and check every stored train chunk (recomputing damaged ones).
+        reporter: progress bars and messages.
+
+    Returns:
+        :class:`SelectResult` on rank 0; None on the other ranks (under torchrun).
+
+    Raises:
+        ConfigError: ``select.out`` unset, unwritable or not of the pool's format; ``select.count`` above n_train.
+        DataError: ``select.group_by`` names no field or key of data.target; unreadable data.
+        StoreMismatchError: the store was featurized with other settings, or ``select.experiment`` holds the
+            features of other targets.
+        As :func:`trakcli.jobs.featurize.featurize` otherwise.
+    """
+    sc = cfg.select
+    out = check_out(cfg.data.train, sc.out)
+    s = prepare(cfg, need_target=True, rehash=verify, reporter=reporter)
+    k = n_selected(len(s.train), sc.fraction, sc.count)
+    target = load_dataset(cfg.data.target, key="data.target")  # type: ignore[arg-type]  # checked by prepare
+    groups, names = target_groups(cfg.data.target, target, sc.group_by)
+    path = Path(cfg.store.path)
+    computed = 0
+    if verify or not train_finished(path, s.identity, s.layout, s.shas, None, s.state_shas):
+        res = featurize(cfg, skip_nonfinite=skip_nonfinite, verify=verify, reporter=reporter)
+        computed = res.chunks_computed
+    else:
+        reporter.info(f"train features of {len(s.checkpoints)} checkpoints x {len(s.train)} rows: reused from {path}")
+    if s.curvature is not None and s.exact_damping is not None:
+        reporter.info("curvature.exact: select ranks by the stored features (as curvature.exact: false)")
+    sel = select_rows(
+        s, path, target, k=k, groups=groups, group_names=names, aggregate=sc.aggregate, normalize=sc.normalize,
+        experiment=sc.experiment, overwrite=overwrite, skip_nonfinite=skip_nonfinite, reporter=reporter,
+        linalg_threads=cfg.linalg_threads,
+    )
+    if sel is None:
+        return None
+    try:
+        write_rows(cfg.data.train, sel.rows, out)
+        write_scores(scores_path(out), sel)
+    except OSError as e:
+        raise ConfigError(f"select.out {out}: cannot write it ({e.strerror or e}); choose another path (the "
+                          "features are in the store: the rerun only selects)") from None
+    texts = None
+    if sc.show and callable(getattr(s.train, "texts", None)):
+        texts = s.train.texts(sel.ranked[: sc.show].tolist(), max_chars=200)
+    return SelectResult(path, out, scores_path(out), len(s.train), len(target), sel, sc.aggregate, sc.normalize,
+                        len(s.checkpoints), computed, texts)
