@@ -3,6 +3,7 @@ project. The helpers they are built from are in projects.py."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -10,6 +11,9 @@ import pytest
 import torch
 
 from projects import MODEL_FILE, make_project, run, tiny_model, write_config
+
+# the tests never ask the Hugging Face Hub: a Hub name resolves from a cache the test populates, or fails at once
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -98,7 +97,7 @@ def target_sources(cfg: Config) -> tuple[list[Any], str]:
             "eval recall reads each query's source rows from a field of the data.target rows; data.target is not a "
             ".jsonl / .csv / .parquet file: give the queries as one (e.g. prompt + completion + sources)"
         )
-    values = field_values(Path(ds.path), field, key="data.target")
+    values = field_values(ds.path, field, key="data.target")
     for row, value in enumerate(values):
         if value is None:
             raise DataError(
