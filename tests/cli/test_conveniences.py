@@ -126,3 +126,18 @@ def test_init_errors(tmp_path, monkeypatch, args, message, fix):
     assert list(tmp_path.iterdir()) == []
 
 
+
+
+def test_progress_goes_to_a_log_as_lines_when_stderr_is_no_terminal(user_project, monkeypatch):
+    from trakcli.cli import common
+
+    monkeypatch.setattr(common, "LOG_FIRST", 0.0)  # a task of any length logs at once, then at its end
+    res = trak("featurize", "run.yaml")
+    assert res.exit_code == 0, res.stderr
+    lines = [ln for ln in res.stderr.splitlines() if " elapsed" in ln]
+    assert lines and any("(100%)" in ln for ln in lines), res.stderr
+    assert all("\r" not in ln and "━" not in ln for ln in lines)  # plain lines, no bar redrawn in place
+    monkeypatch.setattr(common, "LOG_FIRST", 3600.0)  # a task shorter than the first interval logs nothing
+    res = trak("featurize", "run.yaml", "--overwrite")
+    assert res.exit_code == 0 and "featurized" in res.stderr, res.stderr
+    assert not [ln for ln in res.stderr.splitlines() if " elapsed" in ln]

@@ -124,16 +124,75 @@ class _RichTask(Task):
         self.progress.update(self.task_id, status=format_fields(self.fields))
 
 
+#: Seconds a task runs before its first progress line when stderr is not a terminal (a log file, a batch
+#: job's output), and between later lines; ``TRAK_PROGRESS_INTERVAL`` sets the second.
+LOG_FIRST, LOG_EVERY = 10.0, 60.0
+
+
+class _LogTask(Task):
+    """Progress as plain log lines (``description: done/total (pct), elapsed, ~left  fields``) for a non-terminal.
+
+    A task done within ``LOG_FIRST`` seconds prints nothing; a longer one prints a line then, every
+    ``every`` seconds after, and one when it ends.
+    """
+
+    def __init__(self, description: str, total: int, every: float):
+        import time
+
+        self.clock = time.monotonic
+        self.description, self.total, self.every = description, total, every
+        self.done, self.fields = 0, {}
+        self.start = self.clock()
+        self.next, self.printed = self.start + LOG_FIRST, None  # printed: the (done, fields) last shown
+
+    def advance(self, n: int = 1) -> None:
+        self.done += n
+        self.maybe_print()
+
+    def update(self, **fields: Field) -> None:
+        self.fields.update(fields)
+        self.maybe_print()
+
+    def maybe_print(self, final: bool = False) -> None:
+        now = self.clock()
+        state = (self.done, format_fields(self.fields))
+        if not (now >= self.next or (final and self.printed and state != self.printed)):
+            return
+        self.next, self.printed = now + self.every, state
+        elapsed = now - self.start
+        pct = f" ({100 * self.done / self.total:.0f}%)" if self.total else ""
+        left = (f", ~{_duration(elapsed * (self.total - self.done) / self.done)} left"
+                if 0 < self.done < self.total else "")
+        extra = format_fields(self.fields)
+        err_console.print(f"{self.description}: {self.done}/{self.total}{pct}, {_duration(elapsed)} elapsed{left}"
+                          + (f"  {extra}" if extra else ""), highlight=False, markup=False)
+
+
+def _duration(seconds: float) -> str:
+    """``"42s"``, ``"3m05s"`` or ``"2h07m"``."""
+    s = int(round(seconds))
+    return f"{s}s" if s < 60 else f"{s // 60}m{s % 60:02d}s" if s < 3600 else f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
 class RichReporter(Reporter):
-    """Progress bars and messages on stderr; silent with ``quiet``."""
+    """Progress bars and messages on stderr (log lines when stderr is no terminal); silent with ``quiet``."""
 
     def __init__(self, quiet: bool = False):
         self.quiet = quiet
 
     @contextmanager
     def task(self, description: str, total: int) -> Iterator[Task]:
-        if self.quiet or not err_console.is_terminal:
+        if self.quiet:
             yield Task()
+            return
+        if not err_console.is_terminal:
+            try:
+                every = float(os.environ.get("TRAK_PROGRESS_INTERVAL", LOG_EVERY))
+            except ValueError:
+                every = LOG_EVERY
+            task = _LogTask(description, total, max(every, 1.0))
+            yield task
+            task.maybe_print(final=True)
             return
         from rich.progress import (
             BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn,
