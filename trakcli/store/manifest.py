@@ -35,6 +35,14 @@ The checkpoints of a manifest (:func:`manifest_checkpoints`, :func:`manifest_ent
 are model 0's epoch checkpoints in epoch order, then its final checkpoint, then model 1's, ...:
 without epoch checkpoints, the final checkpoints in model_id order.
 
+The callback for transformers' ``Trainer`` (:class:`trakcli.integrations.TrakCallback`)
+writes the same format with ``"source": "trainer"`` (absent: `trak optimize`), one
+model, ``recipe: {"trainer": {...}, "callback": {...}}``, and entries that carry the
+optimizer step: ``{"step": 500, "epoch": 1, "checkpoint": ..., ...}`` for a save at an
+epoch's end, ``{"step": 500, "checkpoint": ..., ...}`` (no ``epoch``) for a save every
+N steps; an entry of ``epoch_checkpoints`` has an integer ``epoch`` or ``step``, listed
+in training order.
+
 This module imports neither torch nor zarr at import time (the CLI reads
 configs before importing torch).
 """
@@ -52,6 +60,9 @@ from trakcli.store.hashes import HashCache
 MANIFEST_NAME = "manifest.json"
 FORMAT = "trakcli.optimize.manifest"
 FORMAT_VERSION = 1
+#: ``"source"`` of a manifest written by :class:`trakcli.integrations.TrakCallback` during ``Trainer`` training.
+SOURCE_TRAINER = "trainer"
+
 
 def checkpoint_sha256(path: Path) -> str:
     """:func:`trakcli.models.file_sha256` of ``path`` (imported here: this module must not import torch)."""
@@ -132,9 +143,9 @@ def read_manifest(path: Path, *, key: str = "checkpoints") -> dict[str, Any]:
 
 
 def _epochs_ok(epochs: Any) -> bool:
-    """Whether a model's ``epoch_checkpoints`` is absent or a list of ``{epoch, checkpoint, sha256}``."""
+    """Whether a model's ``epoch_checkpoints`` is absent or a list of ``{epoch or step, checkpoint, sha256}``."""
     return epochs is None or isinstance(epochs, list) and all(
-        isinstance(e, dict) and isinstance(e.get("epoch"), int) and isinstance(e.get("checkpoint"), str)
+        isinstance(e, dict) and isinstance(e.get("epoch", e.get("step")), int) and isinstance(e.get("checkpoint"), str)
         and isinstance(e.get("sha256"), str) for e in epochs
     )
 
@@ -148,15 +159,15 @@ def manifest_entries(manifest: dict[str, Any]) -> list[dict[str, Any]]:
     Returns:
         Per checkpoint ``{"checkpoint", "sha256", "optimizer_state" (or None), "what"}``: each model's
         ``epoch_checkpoints`` in epoch order, then its final checkpoint; ``what`` names it in
-        messages (``"model 3"``, ``"model 3, epoch 2"``).
+        messages (``"model 3"``, ``"model 3, epoch 2"``; a save every N steps: ``"model 0, step 500"``).
     """
     out = []
     for m in manifest["models"]:
         epochs = m.get("epoch_checkpoints")
         for item in epochs if isinstance(epochs, list) else []:
+            at = f"epoch {item['epoch']}" if "epoch" in item else f"step {item['step']}"
             out.append({"checkpoint": item["checkpoint"], "sha256": item.get("sha256"),
-                        "optimizer_state": item.get("optimizer_state"),
-                        "what": f"model {m['model_id']}, epoch {item['epoch']}"})
+                        "optimizer_state": item.get("optimizer_state"), "what": f"model {m['model_id']}, {at}"})
         out.append({"checkpoint": m["checkpoint"], "sha256": m.get("sha256"),
                     "optimizer_state": m.get("optimizer_state"), "what": f"model {m['model_id']}"})
     return out
@@ -189,7 +200,15 @@ def manifest_checkpoints(
     data = read_manifest(path)
     models = data["models"]
     problems: list[str] = []
-    if not data.get("complete") or len(models) < data["n_models"]:
+    trainer = data.get("source") == SOURCE_TRAINER
+    redo = "train the model again with TrakCallback" if trainer else "rerun `trak optimize CONFIG` to train it again"
+    if trainer and not data.get("complete"):
+        problems.append(
+            f"checkpoints: the manifest {str(path)!r} is of a Trainer training that did not end (TrakCallback marks "
+            "it complete in on_train_end; was it stopped?); let the training finish (or resume it with "
+            "trainer.train(resume_from_checkpoint=...)), or list the checkpoint files in checkpoints: to use them"
+        )
+    elif not data.get("complete") or len(models) < data["n_models"]:
         problems.append(
             f"checkpoints: the manifest {str(path)!r} lists {len(models)} of the {data['n_models']} models of its "
             "run: `trak optimize` did not finish (was it stopped?); rerun `trak optimize CONFIG` to train the "
@@ -212,13 +231,13 @@ def manifest_checkpoints(
         if not ckpt.exists():  # a file, or an adapter folder (optimize.lora)
             problems.append(
                 f"checkpoints: checkpoint {str(ckpt)!r} ({m['what']}) of the manifest {str(path)!r} "
-                "does not exist; rerun `trak optimize CONFIG` to train it again"
+                f"does not exist; {redo}"
             )
         elif (sha := hashes.sha256(ckpt, checkpoint_sha256) if hashes else checkpoint_sha256(ckpt)) != m["sha256"]:
             problems.append(
-                f"checkpoints: checkpoint {str(ckpt)!r} ({m['what']}) changed since trak optimize "
-                f"wrote the manifest (sha256 {m['sha256'][:12]} then, {sha[:12]} now); delete it "
-                "and rerun `trak optimize CONFIG` to train it again, or list the checkpoint files in checkpoints: "
+                f"checkpoints: checkpoint {str(ckpt)!r} ({m['what']}) changed since "
+                f"{'TrakCallback' if trainer else 'trak optimize'} wrote the manifest (sha256 {m['sha256'][:12]} then, "
+                f"{sha[:12]} now); delete it and {redo}, or list the checkpoint files in checkpoints: "
                 "to use them as they are"
             )
     if problems:
