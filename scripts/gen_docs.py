@@ -505,6 +505,24 @@ def _qld_tokens(data: dict[str, Any]) -> tuple[str, str, str]:
     return "Per-token QLD of a fine-tuned language model", note, table(head, rows, ["l"] + ["r"] * 5)
 
 
+def _callback(data: dict[str, Any]) -> tuple[str, str, str]:
+    med, cpu, s = data["median_seconds"], data["median_cpu_seconds"], data["setup"]
+    rows = [["Trainer", _f(med["plain"]), _f(cpu["plain"]), ""],
+            ["Trainer + TrakCallback, a save per epoch", _f(med["callback"]), _f(cpu["callback"]),
+             f"{data['overhead']:+.1%} (median of the repeats {data['overhead_paired_median']:+.1%})"],
+            ["inside the callback's events", _f(data["callback_seconds_median"]), "",
+             f"{data['overhead_inside']:.1%}"]]
+    m = data["machine"]
+    note = (f"A GPT-2 of {s['n_params'] / 1e6:.2f}M parameters ({s['layers']} layers, width {s['width']}), "
+            f"{s['epochs']} epochs of {s['steps_per_epoch']} steps (batch {s['batch_size']} x {s['seq_len']} tokens), "
+            f"median of {s['repeats']}; one save (checkpoint, AdamW state, manifest) {data['seconds_per_save']:.3f} s "
+            f"and {data['bytes_per_save'] / 2**20:.1f} MiB, a step {data['seconds_per_step']:.3f} s. {m['device']}, "
+            f"{m['threads']} thread(s), load average {data['load_average_1min']['before']:.1f}; {data['date']}, "
+            f"commit {data['commit'][:8]}, trakcli {data['version']}.")
+    return ("The cost of TrakCallback in transformers' Trainer", note,
+            table(["run", "wall s", "CPU s", "overhead"], rows, ["l", "r", "r", "r"]))
+
+
 #: scripts/bench_recall.py's setups: (the title's subject, the model and how it was trained).
 _RECALL_SETUPS = {
     "smollm2": ("a finetuned pretrained LM", "SmolLM2-135M-Instruct finetuned"),
@@ -527,6 +545,7 @@ RENDERERS: list[tuple[Any, str, Any]] = [
     (lambda d: d.get("benchmark") == "lds_finetune", "bench_lds_finetune.py", _lds_finetune),
     (lambda d: d.get("benchmark") == "per_token", "bench_per_token.py", _per_token),
     (lambda d: d.get("benchmark") == "qld_tokens", "bench_qld_tokens.py", _qld_tokens),
+    (lambda d: d.get("benchmark") == "callback", "bench_callback.py", _callback),
 ]
 
 
