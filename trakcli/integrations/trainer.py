@@ -153,6 +153,11 @@ class TrakCallback(TrainerCallback):
             last step, or at ``on_train_end``); False: the last save is the final checkpoint.
         task: the trakcli task the manifest records (``"language_modeling"`` for causal LMs).
 
+    Attributes:
+        out_dir, save, every, save_optimizer_state, final, task: as given.
+        saves: the manifest entries of this training's saves so far, in training order
+            (``{"step", "epoch" (epoch saves), "checkpoint", "sha256", "optimizer_state"}``; main process).
+
     Raises:
         ArgumentError: ``save`` not one of :data:`SAVE_WHEN`, ``every`` below 1, ``out_dir`` not a
             folder that can be written (at the first save, naming the file and the fix), training
