@@ -52,6 +52,34 @@ SAVE_HINT = ("train with optimize.save_optimizer_state: true so `trak optimize` 
              "writes it, or name the files with second_moment.optimizer_state")
 
 
+def optimizer_state_record(optimizer: str, projection: dict[str, Any] | None, param_names: list[str],
+                           state_dict: dict[str, Any]) -> dict[str, Any]:
+    """The optimizer state file's contents that :func:`read_second_moments` reads (written with ``torch.save``).
+
+    Args:
+        optimizer: the optimizer's name (``adamw``, ...), for messages.
+        projection: the projected optimizer's settings, or None.
+        param_names: the model's name of each parameter, in the optimizer's ``state_dict`` order.
+        state_dict: the torch optimizer's ``state_dict()``; its tensors are detached and copied to the CPU.
+
+    Returns:
+        ``{"optimizer", "projection", "param_names", "state_dict"}``.
+    """
+    return {"optimizer": optimizer, "projection": projection, "param_names": list(param_names),
+            "state_dict": _on_cpu(state_dict)}
+
+
+def _on_cpu(obj: Any) -> Any:
+    """A nested state dict with every tensor detached and on the CPU."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: _on_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_on_cpu(v) for v in obj)
+    return obj
+
+
 def read_second_moments(path: Path, param_names: Sequence[str], shapes: dict[str, tuple[int, ...]]
                         ) -> tuple[dict[str, torch.Tensor], float]:
     """The bias-corrected second moments ``v`` of the named parameters from a saved optimizer state.

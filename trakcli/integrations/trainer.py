@@ -36,6 +36,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 
 from trakcli.config.resolve import OPTIMIZER_STATE_DIR
 from trakcli.errors import ArgumentError, ConfigError
+from trakcli.factors.second_moment import optimizer_state_record
 from trakcli.files import atomic_torch_save
 from trakcli.jobs.train import optimizer_param_names
 from trakcli.models.peft import is_peft_model, save_adapter
@@ -74,17 +75,6 @@ def unwrap_optimizer(optimizer: Any) -> torch.optim.Optimizer | None:
     while isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer):
         optimizer = optimizer.optimizer
     return optimizer if isinstance(optimizer, torch.optim.Optimizer) else None
-
-
-def _cpu(obj: Any) -> Any:
-    """A nested state dict with every tensor detached and on the CPU."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().cpu()
-    if isinstance(obj, dict):
-        return {k: _cpu(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_cpu(v) for v in obj)
-    return obj
 
 
 def _plain(obj: Any) -> Any:
@@ -309,8 +299,8 @@ class TrakCallback(TrainerCallback):
                 "optim=\"adamw_torch\" (or another AdamW) to use them",
                 stacklevel=3,
             )
-        state = {"optimizer": type(optimizer).__name__.lower(), "projection": None,
-                 "param_names": optimizer_param_names(model, optimizer), "state_dict": _cpu(state_dict)}
+        state = optimizer_state_record(type(optimizer).__name__.lower(), None,
+                                       optimizer_param_names(model, optimizer), state_dict)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic_torch_save(state, path)

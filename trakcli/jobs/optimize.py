@@ -20,6 +20,7 @@ from trakcli.data.load import load_dataset
 from trakcli.data.tensors import TensorDataset, index_inputs, inputs_to
 from trakcli.data.text import TextDataset
 from trakcli.errors import CheckpointError, ConfigError, TrainingError
+from trakcli.factors.second_moment import optimizer_state_record
 from trakcli.files import atomic_torch_save, write_text
 from trakcli.jobs.runtime import apply_threads, event, resolve_device
 from trakcli.jobs.train import (
@@ -206,8 +207,8 @@ def _write_optimizer_state(oc: OptimizeConfig, checkpoint: Path, state_dict: dic
         TrainingError: the file cannot be written (names it and the fix).
     """
     state_path = checkpoint.parent / OPTIMIZER_STATE_DIR / checkpoint.name
-    state = {"optimizer": oc.optimizer, "projection": oc.projection.model_dump() if oc.projection else None,
-             "param_names": param_names, "state_dict": _to_cpu(state_dict)}
+    state = optimizer_state_record(oc.optimizer, oc.projection.model_dump() if oc.projection else None,
+                                   param_names, state_dict)
     _save(state, state_path, i, "optimizer state")
     return state_path
 
@@ -282,17 +283,6 @@ def _epochs_written(oc: OptimizeConfig, entry: dict[str, Any]) -> bool:
         if oc.save_optimizer_state and not (oc.out_dir / str(item.get("optimizer_state"))).is_file():
             return False
     return True
-
-
-def _to_cpu(obj: Any) -> Any:
-    """A nested state dict with every tensor moved to the CPU."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().cpu()
-    if isinstance(obj, dict):
-        return {k: _to_cpu(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_cpu(v) for v in obj)
-    return obj
 
 
 def optimize(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_REPORTER) -> list[Path]:
