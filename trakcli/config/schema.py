@@ -514,6 +514,21 @@ class StoreConfig(StrictModel):
         return v
 
 
+
+def group_name(v: str, example: str) -> str:
+    """``v`` if it names one group of the store: non-empty, no ``/`` or ``\\``, not ``.`` or ``..``, not
+    starting with ``__``, no surrounding spaces.
+
+    Raises:
+        ValueError: it does not (pydantic reports it with the key), naming ``example``.
+    """
+    if not v or "/" in v or "\\" in v or v in (".", "..") or v.startswith("__") or v != v.strip():
+        raise ValueError(
+            "must name one group of the store: a non-empty name without '/' or '\\', not '.' or '..', not "
+            f"starting with '__' and without surrounding spaces, e.g. {example}"
+        )
+    return v
+
 class ScoreConfig(StrictModel):
     """Kernel and scoring options."""
 
@@ -558,13 +573,7 @@ class ScoreConfig(StrictModel):
     @field_validator("experiment")
     @classmethod
     def _experiment_name(cls, v: str) -> str:
-        """A name of one store group: non-empty, no ``/`` or ``\\``, not ``.`` or ``..``, not starting with ``__``."""
-        if not v or "/" in v or "\\" in v or v in (".", "..") or v.startswith("__") or v != v.strip():
-            raise ValueError(
-                "must name one group of the store: a non-empty name without '/' or '\\', not '.' or '..', not "
-                "starting with '__' and without surrounding spaces, e.g. score.experiment=test_set"
-            )
-        return v
+        return group_name(v, "score.experiment=test_set")
 
     @model_validator(mode="after")
     def _something_to_write(self) -> "ScoreConfig":
@@ -618,13 +627,7 @@ class SelectConfig(StrictModel):
     @field_validator("experiment")
     @classmethod
     def _experiment_name(cls, v: str) -> str:
-        """One store group name, as ``score.experiment``."""
-        if not v or "/" in v or "\\" in v or v in (".", "..") or v.startswith("__") or v != v.strip():
-            raise ValueError(
-                "must name one group of the store: a non-empty name without '/' or '\\', not '.' or '..', not "
-                "starting with '__' and without surrounding spaces, e.g. select.experiment=task_a"
-            )
-        return v
+        return group_name(v, "select.experiment=task_a")
 
     @model_validator(mode="after")
     def _one_size(self) -> "SelectConfig":
