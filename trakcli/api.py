@@ -445,6 +445,60 @@ class Attributor:
         store = Store.open_existing(self.path, mode="r")
         return TopK(**{name: store.read(f"scores/{experiment}/top_k/{name}") for name in TOP_K_ARRAYS})
 
+    def select(
+        self,
+        batches: Iterable[Any],
+        *,
+        checkpoints: list[Any],
+        fraction: float | None = None,
+        count: int | None = None,
+        groups: Any = None,
+        aggregate: str = "max_mean",
+        normalize: str | None = "unit",
+        experiment: str = "select",
+        overwrite: bool = False,
+    ) -> Any:
+        """The train rows that most help the target batches' task (LESS: Xia et al. 2024), as ``trak select`` scores
+        them: cosines of the stored features summed over checkpoints, aggregated over the targets
+        (:mod:`trakcli.jobs.select`).
+
+        Args:
+            batches: the target batches (a handful of the task's examples).
+            checkpoints: the checkpoints of model_ids ``0..M-1``, as given to :meth:`featurize`.
+            fraction, count: how many rows to keep, as ``select.fraction`` / ``select.count`` (neither: 5%).
+            groups: ``[n_target]`` group of each target (any values; ``aggregate="max_mean"``), or None: one group.
+            aggregate, normalize, experiment: as ``select.aggregate``, ``select.normalize``, ``select.experiment``.
+            overwrite: recompute the target features.
+
+        Returns:
+            :class:`trakcli.jobs.select.Selection`: ``scores`` ``[n_train]`` float64, ``ranked`` ``[k]`` int64
+            (best first), ``rows`` (the same rows in train order).
+
+        Raises:
+            ConfigError: bad sizes, groups or options (as the ``select:`` keys).
+            As :meth:`score` otherwise.
+        """
+        from trakcli.config.schema import SelectConfig
+        from trakcli.jobs.select import group_codes, n_selected, select_rows
+
+        validate_section(SelectConfig, {"fraction": fraction, "count": count, "aggregate": aggregate,
+                                        "normalize": normalize, "experiment": experiment}, "select")
+        if not checkpoints:
+            raise ConfigError("checkpoints: give the checkpoints of model_ids 0..M-1, as featurized")
+        target, first = collect_batches(batches, "target batches")
+        stored = Store.open_existing(self.path, mode="r")
+        if not stored.identity:
+            raise StoreError(f"the store {self.path} holds no train features yet; call Attributor.featurize first")
+        s = self._setup(stored.layout.n_train, _KnownTrainData(stored.identity["train_data"]), self.batch_size or first,
+                        dict(enumerate(checkpoints)))
+        codes, names = group_codes(list(groups)) if groups is not None else (None, None)
+        try:
+            return select_rows(s, self.path, target, k=n_selected(stored.layout.n_train, fraction, count),
+                               groups=codes, group_names=names, aggregate=aggregate, normalize=normalize,
+                               experiment=experiment, overwrite=overwrite, reporter=self.reporter)
+        except StoreMismatchError as e:
+            raise StoreMismatchError(self._api_fix(str(e))) from None
+
     def report(
         self, path: str | Path, *, experiment: str | None = None, k: int = 5, train: Any = None, target: Any = None,
         title: str | None = None,

@@ -222,3 +222,28 @@ def test_count_rounding_and_ties_by_row_index():
     rng = np.random.default_rng(0)
     many = rng.integers(0, 5, 1000).astype(float)
     assert top_rows(many, 123).tolist() == sorted(range(1000), key=lambda i: (-many[i], i))[:123]
+
+
+def test_the_python_api_selects_what_the_cli_selects(user_project):
+    from torch.utils.data import DataLoader, TensorDataset
+
+    import trakcli
+    from trakcli.models import build_model
+    from trakcli.progress import NULL_REPORTER
+
+    res = run(user_project, "select", "run.yaml", "select.count=10", "select.out=sel.pt", "select.group_by=y_target",
+              "-q")
+    assert res.returncode == 0, res.stderr
+    data = torch.load(user_project / "ckpts" / "data.pt")
+    att = trakcli.Attributor(build_model("my_model.py:make_model"), store={"path": "api.zarr", "chunk_rows": 16},
+                             projector={"kind": "rademacher", "proj_dim": 16, "seed": 0}, reporter=NULL_REPORTER)
+    ckpts = sorted((user_project / "ckpts").glob("model_*.pt"))
+    for m, ckpt in enumerate(ckpts):
+        att.featurize(DataLoader(TensorDataset(data["x_train"], data["y_train"]), batch_size=8), checkpoint=ckpt,
+                      model_id=m)
+    target = DataLoader(TensorDataset(data["x_target"], data["y_target"]), batch_size=8)
+    sel = att.select(target, checkpoints=ckpts, count=10, groups=data["y_target"].tolist())
+    assert sel.rows.tolist() == [e["row"] for e in _sidecar(user_project, "sel.pt")]
+    assert sel.scores.shape == (40,) and sel.ranked[0] == int(np.argmax(sel.scores))
+    with pytest.raises(trakcli.errors.ConfigError, match="select.fraction"):
+        att.select(target, checkpoints=ckpts, fraction=2.0)

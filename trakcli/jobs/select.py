@@ -147,13 +147,16 @@ def target_groups(section: Any, target: Any, group_by: str | None) -> tuple[np.n
         values = np.asarray(contents[group_by]).reshape(-1).tolist()
     if len(values) != n:
         raise DataError(f"{where}: {len(values)} values for {n} data.target rows; give one per row")
+    return group_codes(values)
+
+
+def group_codes(values: Sequence[Any]) -> tuple[np.ndarray, list[str]]:
+    """Group indices of per-target values: ``([n_target] int64, names)``, numbered in order of first appearance,
+    names the values as text (strings as they are, other values as JSON)."""
     names: dict[str, int] = {}
-    codes = np.array([names.setdefault(_group_name(v), len(names)) for v in values], dtype=np.int64)
-    return codes, list(names)
-
-
-def _group_name(v: Any) -> str:
-    return v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
+    codes = [names.setdefault(v if isinstance(v, str) else json.dumps(v, ensure_ascii=False), len(names))
+             for v in values]
+    return np.asarray(codes, dtype=np.int64).reshape(-1), list(names)
 
 
 def group_centroids(features: np.ndarray, groups: np.ndarray, n_groups: int, *, unit: bool,
@@ -270,7 +273,7 @@ def select_rows(
     reporter: Reporter = NULL_REPORTER,
     linalg_threads: int | None = None,
 ) -> Selection | None:
-    """:func:`select` on a prepared setup, loaded targets and finished train features (also :class:`trakcli.Attributor`'s).
+    """:func:`select` on a prepared setup, loaded targets and finished train features (and ``Attributor.select``).
 
     Under the store's lock: checks the train features (complete, same identity and checkpoints as
     ``s``), featurizes the targets into ``targets/<experiment>`` (resumable; checked and repaired like
@@ -305,10 +308,12 @@ def select_rows(
         raise ConfigError(f"select.aggregate is {aggregate!r}; use max_mean, mean or sum")
     if normalize not in (None, "unit"):
         raise ConfigError(f"select.normalize is {normalize!r}; use unit (cosines) or null (inner products)")
-    n_train = len(s.train)
-    n_selected(n_train, count=k)
+    n_selected(s.layout.n_train, count=k)
     if groups is None or aggregate != "max_mean":
         groups, group_names = np.zeros(len(target), dtype=np.int64), ["all"]
+    groups = np.asarray(groups, dtype=np.int64)
+    if groups.shape != (len(target),) or groups.min() < 0:
+        raise ConfigError(f"groups: give one group index >= 0 per target ({len(target)}), got shape {list(groups.shape)}")
     group_names = group_names or [str(g) for g in range(int(groups.max()) + 1)]
     t_fp = target.fingerprint()
     if t_fp["input_shape"] != s.identity["train_data"]["input_shape"]:
