@@ -523,6 +523,24 @@ def _callback(data: dict[str, Any]) -> tuple[str, str, str]:
             table(["run", "wall s", "CPU s", "overhead"], rows, ["l", "r", "r", "r"]))
 
 
+def _select(data: dict[str, Any]) -> tuple[str, str, str]:
+    def cell(e: dict[str, Any]) -> str:
+        return f"{e['mean']:.4f} [{e['low']:.4f}, {e['high']:.4f}]"
+
+    rows = [[r["name"], f"{r['n_rows']:,}", f"{r['category_share']:.0%}", cell(r["loss"]),
+             _f(r["select_s"], 0) if "select_s" in r else ""] for r in data["rows"]]
+    p = data["protocol"]
+    note = (f"The pretrained GPT-2 of the LDS benchmark fine-tuned on {p['fraction']:.0%} of a pool of {p['n_pool']:,} "
+            f"rows (BBC articles of 5 categories and Shakespeare speeches, {p['max_length']} tokens each), chosen "
+            f"by each method for the target task `{p['category']}` from {p['n_examples']} examples; mean next-token "
+            f"loss of {p['n_heldout']} held-out `{p['category']}` articles after {p['finetune']['epochs']} epochs, "
+            f"mean over {p['seeds']} seeds with 95% intervals (before fine-tuning: "
+            f"{data['heldout_loss_pretrained']:.4f}). {data['date']}, commit {data['commit'][:8]}, trakcli "
+            f"{data['version']}.")
+    head = ["selection", "rows", f"of `{p['category']}`", "held-out loss (lower is better)", "select s"]
+    return "Data selection for a target task (trak select)", note, table(head, rows, ["l"] + ["r"] * 4)
+
+
 #: scripts/bench_recall.py's setups: (the title's subject, the model and how it was trained).
 _RECALL_SETUPS = {
     "smollm2": ("a finetuned pretrained LM", "SmolLM2-135M-Instruct finetuned"),
@@ -546,6 +564,7 @@ RENDERERS: list[tuple[Any, str, Any]] = [
     (lambda d: d.get("benchmark") == "per_token", "bench_per_token.py", _per_token),
     (lambda d: d.get("benchmark") == "qld_tokens", "bench_qld_tokens.py", _qld_tokens),
     (lambda d: d.get("benchmark") == "callback", "bench_callback.py", _callback),
+    (lambda d: d.get("benchmark") == "select", "bench_select.py", _select),
 ]
 
 
