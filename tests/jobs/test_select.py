@@ -44,7 +44,8 @@ def _lm_project(root: Path) -> Path:
     spec.loader.exec_module(mod)
     for seed in range(2):
         torch.save(mod.gpt2(vocab, seed).state_dict(), root / f"ck{seed}.pt")
-    pool = [{"id": f"doc-{i}", **r, "note": "ü" * (i % 3)} for i, r in enumerate(fact_rows(N_POOL, 1, COUNTRIES, CITIES))]
+    facts = fact_rows(N_POOL, 1, COUNTRIES, CITIES)
+    pool = [{"id": f"doc-{i}", **r, "note": "ü" * (i % 3)} for i, r in enumerate(facts)]
     write_jsonl(root / "pool.jsonl", pool)
     targets = [{**r, "task": "ab"[i % 2]} for i, r in enumerate(fact_rows(4, 2, COUNTRIES[:3], CITIES[:3]))]
     write_jsonl(root / "target.jsonl", targets)
@@ -247,3 +248,29 @@ def test_the_python_api_selects_what_the_cli_selects(user_project):
     assert sel.scores.shape == (40,) and sel.ranked[0] == int(np.argmax(sel.scores))
     with pytest.raises(trakcli.errors.ConfigError, match="select.fraction"):
         att.select(target, checkpoints=ckpts, fraction=2.0)
+
+
+def test_table_and_builtin_pools_are_written_in_their_own_format(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from trakcli.config.schema import DatasetConfig
+    from trakcli.data.load import load_dataset
+    from trakcli.errors import ConfigError
+    from trakcli.jobs.select import write_rows
+
+    table = pa.table({"text": [f"row {i}" for i in range(9)], "id": list(range(9)), "tags": [[i, i] for i in range(9)]})
+    pq.write_table(table, tmp_path / "pool.parquet")
+    section = DatasetConfig(path=tmp_path / "pool.parquet", text="text", tokenizer="tok")
+    rows = np.array([1, 4, 8])
+    for suffix in (".parquet", ".arrow"):
+        write_rows(section, rows, tmp_path / f"sel{suffix}")
+    assert pq.read_table(tmp_path / "sel.parquet").to_pylist() == table.take(rows).to_pylist()
+    with pa.memory_map(str(tmp_path / "sel.arrow")) as f:
+        assert pa.ipc.open_stream(f).read_all().to_pylist() == table.take(rows).to_pylist()
+    with pytest.raises(ConfigError, match="written as .parquet or .arrow"):
+        write_rows(section, rows, tmp_path / "sel.jsonl")
+    digits = DatasetConfig(builtin="digits", split="train")
+    write_rows(digits, rows, tmp_path / "digits.pt")
+    got, pool = torch.load(tmp_path / "digits.pt"), load_dataset(digits)
+    assert torch.equal(got["inputs"], pool.inputs[rows]) and torch.equal(got["labels"], pool.labels[rows])

@@ -313,7 +313,8 @@ def select_rows(
         groups, group_names = np.zeros(len(target), dtype=np.int64), ["all"]
     groups = np.asarray(groups, dtype=np.int64)
     if groups.shape != (len(target),) or groups.min() < 0:
-        raise ConfigError(f"groups: give one group index >= 0 per target ({len(target)}), got shape {list(groups.shape)}")
+        raise ConfigError(f"groups: give one group index >= 0 per target ({len(target)}), got shape "
+                          f"{list(groups.shape)}")
     group_names = group_names or [str(g) for g in range(int(groups.max()) + 1)]
     t_fp = target.fingerprint()
     if t_fp["input_shape"] != s.identity["train_data"]["input_shape"]:
