@@ -34,7 +34,7 @@ Prints a table and writes JSON (``--out``, default ``bench_results/select.json``
 commit, version, machine and the command.
 
     .venv/bin/python scripts/bench_select.py                 # about 25 minutes on 2 cores
-    .venv/bin/python scripts/bench_select.py --seeds 3 --quick   # a smaller pool, a smoke run
+    .venv/bin/python scripts/bench_select.py --seeds 2 --quick   # a smaller pool, one trak select row: ~4 minutes
 """
 
 from __future__ import annotations
@@ -285,7 +285,7 @@ def select_row(work: Path, name: str, ckpts: str, overrides: list[str], threads:
     features = [ckpts, *(o for o in overrides if not o.startswith("select."))]  # what the store's features depend on
     store = hashlib.sha1(json.dumps(features).encode()).hexdigest()[:10]  # rows of the same features share it
     args = ["select", config, f"store.path=stores/{store}.zarr", f"select.out=selections/{slug}.jsonl",
-            "data.train.path=pool.jsonl", f"data.batch_size=32", *overrides, "--json", "-q"]
+            "data.train.path=pool.jsonl", "data.batch_size=32", *overrides, "--json", "-q"]
     if threads:
         args.append(f"num_threads={threads}")
     (work / "selections").mkdir(exist_ok=True)
@@ -362,8 +362,10 @@ def interval(values: list[float]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--work", type=Path, default=DEFAULT_WORK)
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    p.add_argument("--work", type=Path, default=None,
+                   help=f"cache directory (default {DEFAULT_WORK.relative_to(REPO)}, with --quick its _quick sibling)")
+    p.add_argument("--out", type=Path, default=None,
+                   help=f"JSON result (default {DEFAULT_OUT.relative_to(REPO)}; with --quick <work>/result.json)")
     p.add_argument("--category", default="tech", help="the target task: a BBC category")
     p.add_argument("--n-examples", type=int, default=16, help="target examples every method sees")
     p.add_argument("--n-heldout", type=int, default=100, help="held-out articles of the category (the measure)")
@@ -376,10 +378,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None, help="torch threads (default torch's)")
     p.add_argument("--rows", nargs="*", default=None, help="only these trak select rows (names; default all)")
     p.add_argument("--no-full", action="store_true", help="leave out the full-pool fine-tunes (the slowest row)")
-    p.add_argument("--quick", action="store_true", help="smoke run: 300 speeches, 600 other articles")
+    p.add_argument("--quick", action="store_true", help="smoke run: 300 speeches and 600 other articles, the first trak select row (unless --rows), no "
+                   "full pool")
     a = p.parse_args(argv)
     if a.quick:
-        a.n_speeches, a.n_other = 300, 600
+        a.n_speeches, a.n_other, a.no_full = 300, 600, True
+        a.rows = a.rows if a.rows is not None else list(SELECT_ROWS)[:1]
     import numpy as np
     import torch
 
@@ -388,7 +392,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.threads:
         torch.set_num_threads(a.threads)
     started, load_start = time.strftime("%Y-%m-%dT%H:%M:%S%z"), os.getloadavg()
-    work, out = a.work.resolve(), a.out.resolve()
+    work = (a.work or (DEFAULT_WORK.with_name(DEFAULT_WORK.name + "_quick") if a.quick else DEFAULT_WORK)).resolve()
+    out = (a.out or (work / "result.json" if a.quick else DEFAULT_OUT)).resolve()
     work.mkdir(parents=True, exist_ok=True)
     os.chdir(work)  # the configs' paths are relative to the work directory
     pre = pretrained(work)
