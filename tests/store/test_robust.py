@@ -111,11 +111,15 @@ def test_second_run_on_store_in_use_refuses_naming_host_and_pid(tmp_path):
 
 def test_failing_writes_keep_store_consistent_and_resumable(tmp_path, reference):
     root = make_project(tmp_path / "p")
-    # files over 4.5 KB cannot be written: zarr metadata (the root's, with the resolved config, is ~4 KB) fits,
-    # feature chunks (40 x 32 floats, ~4.8 KB compressed) do not
+    # a file size limit between the largest zarr metadata (the root's, with the resolved config, ~4.5 KB) and the
+    # smallest feature chunk (40 x 32 floats, ~4.8 KB compressed) of the same run's reference store
+    ref = reference / "out" / "attrib.zarr"
+    meta = max(f.stat().st_size for f in ref.rglob("zarr.json"))
+    chunk = min(f.stat().st_size for f in ref.glob("train/*/features/c/*/*"))
+    assert meta < chunk, (meta, chunk)
     res = subprocess.run(
         trak_cmd("featurize", "run.yaml"), cwd=root, capture_output=True, text=True, timeout=300,
-        preexec_fn=limit_file_size(4500),
+        preexec_fn=limit_file_size((meta + chunk) // 2),
     )
     assert res.returncode == 1
     msg = " ".join(res.stderr.split())
