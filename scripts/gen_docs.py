@@ -527,18 +527,29 @@ def _select(data: dict[str, Any]) -> tuple[str, str, str]:
     def cell(e: dict[str, Any]) -> str:
         return f"{e['mean']:.4f} [{e['low']:.4f}, {e['high']:.4f}]"
 
-    rows = [[r["name"], f"{r['n_rows']:,}", f"{r['category_share']:.0%}", cell(r["loss"]),
+    fmt = data.get("task") == "format"
+    share = "upper_share" if fmt else "category_share"
+    rows = [[r["name"], f"{r['n_rows']:,}", f"{r[share]:.0%}", cell(r["loss"]),
              _f(r["select_s"], 0) if "select_s" in r else ""] for r in data["rows"]]
     p = data["protocol"]
+    if fmt:
+        task = (f"the target format UPPER CASE ({p['n_upper']:,} rows of the pool, {p['upper_fraction']:.0%}, drawn "
+                f"from every category and the speeches, are upper case) from {p['n_examples']} upper-case articles; "
+                f"mean next-token loss of {p['n_heldout']} held-out upper-case articles")
+    else:
+        task = (f"the target task `{p['category']}` from {p['n_examples']} examples; mean next-token "
+                f"loss of {p['n_heldout']} held-out `{p['category']}` articles")
     note = (f"The pretrained GPT-2 of the LDS benchmark fine-tuned on {p['fraction']:.0%} of a pool of {p['n_pool']:,} "
             f"rows (BBC articles of 5 categories and Shakespeare speeches, {p['max_length']} tokens each), chosen "
-            f"by each method for the target task `{p['category']}` from {p['n_examples']} examples; mean next-token "
-            f"loss of {p['n_heldout']} held-out `{p['category']}` articles after {p['finetune']['epochs']} epochs, "
+            f"by each method for {task} after {p['finetune']['epochs']} epochs, "
             f"mean over {p['seeds']} seeds with 95% intervals (before fine-tuning: "
             f"{data['heldout_loss_pretrained']:.4f}). {data['date']}, commit {data['commit'][:8]}, trakcli "
             f"{data['version']}.")
-    head = ["selection", "rows", f"of `{p['category']}`", "held-out loss (lower is better)", "select s"]
-    return "Data selection for a target task (trak select)", note, table(head, rows, ["l"] + ["r"] * 4)
+    head = ["selection", "rows", "upper case" if fmt else f"of `{p['category']}`", "held-out loss (lower is better)",
+            "select s"]
+    title = ("Data selection for a target format (trak select)" if fmt
+             else "Data selection for a target task (trak select)")
+    return title, note, table(head, rows, ["l"] + ["r"] * 4)
 
 
 #: scripts/bench_recall.py's setups: (the title's subject, the model and how it was trained).
