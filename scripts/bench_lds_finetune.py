@@ -201,8 +201,18 @@ def trak_config(work: Path, a: argparse.Namespace) -> None:
                + yaml.safe_dump(cfg, sort_keys=False))
 
 
-def tokens(work: Path) -> dict[str, Any]:
-    """Train, target and pretraining rows tokenized by trakcli's own loader (the tokens every method sees), cached."""
+def cached_tokens(work: Path, config: str, files: dict[str, str | None]) -> dict[str, Any]:
+    """Rows tokenized by trakcli's own loader (the tokens every method sees), cached in ``work/tokens.pt``.
+
+    Args:
+        work: the work directory.
+        config: the config file in ``work`` whose data sections tokenize the rows.
+        files: per name, a data file read with ``data.train``'s settings, or None for the config's
+            own ``data.<name>`` section.
+
+    Returns:
+        ``{name}_ids``, ``{name}_mask``, ``{name}_labels`` (``[n, L]``) per name.
+    """
     import torch
 
     path = work / "tokens.pt"
@@ -212,14 +222,19 @@ def tokens(work: Path) -> dict[str, Any]:
     from trakcli.data.load import load_dataset
     from trakcli.files import atomic_torch_save
 
-    cfg = load_config(str(work / "finetune.yaml"), [])
+    cfg = load_config(str(work / config), [])
     out = {}
-    for name, section in (("train", cfg.data.train), ("target", cfg.data.target),
-                          ("pretrain", cfg.data.train.model_copy(update={"path": Path("pretrain.jsonl")}))):
+    for name, file in files.items():
+        section = getattr(cfg.data, name) if file is None else cfg.data.train.model_copy(update={"path": Path(file)})
         x, y = load_dataset(section, key=f"data.{name}").padded()
         out[f"{name}_ids"], out[f"{name}_mask"], out[f"{name}_labels"] = x["input_ids"], x["attention_mask"], y
     atomic_torch_save(out, path)
     return out
+
+
+def tokens(work: Path) -> dict[str, Any]:
+    """Train, target and pretraining rows (:func:`cached_tokens` of ``finetune.yaml``)."""
+    return cached_tokens(work, "finetune.yaml", {"train": None, "target": None, "pretrain": "pretrain.jsonl"})
 
 
 # ------------------------------------------------------------------------------------------ training

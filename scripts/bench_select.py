@@ -277,23 +277,9 @@ def write_configs(work: Path, a: argparse.Namespace) -> None:
 
 def tokens(work: Path) -> dict[str, Any]:
     """Pool, held-out and example rows tokenized by trakcli's loader (the tokens every method trains on), cached."""
-    import torch
+    import bench_lds_finetune as blf
 
-    path = work / "tokens.pt"
-    if path.exists():
-        return torch.load(path, weights_only=True)
-    from trakcli.config import load_config
-    from trakcli.data.load import load_dataset
-    from trakcli.files import atomic_torch_save
-
-    cfg = load_config(str(work / "select.yaml"), [])
-    out = {}
-    for name in ("pool", "heldout", "target"):
-        section = cfg.data.train.model_copy(update={"path": Path(f"{name}.jsonl")})
-        x, y = load_dataset(section, key=f"data.{name}").padded()
-        out[f"{name}_ids"], out[f"{name}_mask"], out[f"{name}_labels"] = x["input_ids"], x["attention_mask"], y
-    atomic_torch_save(out, path)
-    return out
+    return blf.cached_tokens(work, "select.yaml", {name: f"{name}.jsonl" for name in ("pool", "heldout", "target")})
 
 
 # --------------------------------------------------------------------------------------- selections
