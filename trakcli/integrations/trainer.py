@@ -41,21 +41,15 @@ from trakcli.files import atomic_torch_save
 from trakcli.jobs.train import optimizer_param_names
 from trakcli.models.peft import is_peft_model, save_adapter
 from trakcli.store.manifest import (
-    FORMAT, FORMAT_VERSION, MANIFEST_NAME, SOURCE_TRAINER, checkpoint_sha256, read_manifest, write_manifest,
+    FORMAT, FORMAT_VERSION, MANIFEST_NAME, SOURCE_TRAINER, checkpoint_file_name, checkpoint_sha256, read_manifest, write_manifest,
 )
 
 #: The values of ``save``: after every ``every``-th epoch, or every ``every`` optimizer steps.
 SAVE_WHEN = ("epoch", "steps")
 
-#: The stem of every file the callback writes: the manifest's model 0.
-STEM = "model_000"
-
-
 def checkpoint_name(*, epoch: int | None = None, step: int | None = None, adapter: bool = False) -> str:
-    """The file (or adapter folder) name of a save: ``model_000_epoch{epoch}``, ``model_000_step{step}`` or, with
-    neither, the final ``model_000``; ``.pt`` appended unless ``adapter``."""
-    stem = f"{STEM}_epoch{epoch}" if epoch is not None else f"{STEM}_step{step}" if step is not None else STEM
-    return stem if adapter else f"{stem}.pt"
+    """The file (or adapter folder) name of a save: the manifest's model 0 (:func:`checkpoint_file_name`)."""
+    return checkpoint_file_name(0, epoch=epoch, step=step, adapter=adapter)
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:

@@ -34,7 +34,7 @@ from trakcli.progress import NULL_REPORTER, Reporter
 from trakcli.store import differing_keys
 from trakcli.tasks import resolve_task
 from trakcli.store.manifest import (
-    FORMAT, FORMAT_VERSION, MANIFEST_NAME, checkpoint_sha256, read_manifest, write_manifest,
+    FORMAT, FORMAT_VERSION, MANIFEST_NAME, checkpoint_file_name, checkpoint_sha256, read_manifest, write_manifest,
 )
 
 
@@ -157,8 +157,7 @@ def checkpoint_name(oc: OptimizeConfig, i: int, epoch: int | None = None) -> str
     ``model_000.pt`` / ``model_000_epoch1.pt``; with ``optimize.lora`` adapter folders ``model_000`` /
     ``model_000_epoch1``.
     """
-    stem = f"model_{i:03d}" if epoch is None else f"model_{i:03d}_epoch{epoch}"
-    return stem if oc.lora is not None else f"{stem}.pt"
+    return checkpoint_file_name(i, epoch=epoch, adapter=oc.lora is not None)
 
 
 def _save(obj: Any, path: Path, i: int, what: str) -> None:

@@ -64,6 +64,19 @@ FORMAT_VERSION = 1
 SOURCE_TRAINER = "trainer"
 
 
+def checkpoint_file_name(model_id: int, *, epoch: int | None = None, step: int | None = None,
+                         adapter: bool = False) -> str:
+    """The file (or adapter folder) name of a model's checkpoint in a manifest's folder.
+
+    ``model_000_epoch{epoch}`` at the end of an epoch, ``model_000_step{step}`` after an optimizer
+    step, ``model_000`` the final one (``000``: the model_id); ``.pt`` appended unless ``adapter``
+    (a PEFT adapter folder).
+    """
+    stem = f"model_{model_id:03d}"
+    stem += f"_epoch{epoch}" if epoch is not None else f"_step{step}" if step is not None else ""
+    return stem if adapter else f"{stem}.pt"
+
+
 def checkpoint_sha256(path: Path) -> str:
     """:func:`trakcli.models.file_sha256` of ``path`` (imported here: this module must not import torch)."""
     from trakcli.models import file_sha256
