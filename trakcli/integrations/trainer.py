@@ -41,7 +41,8 @@ from trakcli.files import atomic_torch_save
 from trakcli.jobs.train import optimizer_param_names
 from trakcli.models.peft import is_peft_model, save_adapter
 from trakcli.store.manifest import (
-    FORMAT, FORMAT_VERSION, MANIFEST_NAME, SOURCE_TRAINER, checkpoint_file_name, checkpoint_sha256, read_manifest, write_manifest,
+    FORMAT, FORMAT_VERSION, MANIFEST_NAME, SOURCE_TRAINER, checkpoint_file_name, checkpoint_sha256, read_manifest,
+    write_manifest,
 )
 
 #: The values of ``save``: after every ``every``-th epoch, or every ``every`` optimizer steps.
