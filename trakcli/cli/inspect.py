@@ -15,7 +15,10 @@ from trakcli.cli.common import err_console, handle_errors
 from trakcli.cli.score import check_out
 from trakcli.errors import UsageError
 
-StoreArg = Annotated[Path, typer.Argument(help="The Zarr store directory (store.path of the config).")]
+StoreArg = Annotated[str, typer.Argument(
+    help="The Zarr store: a directory or an s3:// URL (store.path of the config; the endpoint and "
+    "credentials from the AWS_* environment variables)."
+)]
 
 
 def _size(n: int) -> str:

@@ -53,7 +53,7 @@ def report(
     from trakcli.errors import ConfigError, StoreError
 
     exp = cfg.score.experiment
-    path = Path(cfg.store.path)
+    path = cfg.store.location
     if not path.exists():
         raise StoreError(f"store {path} does not exist; run `trak featurize CONFIG` and `trak score CONFIG` first")
     store = Store.open_existing(path, mode="r")

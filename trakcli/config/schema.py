@@ -12,6 +12,7 @@ from pydantic import (
     Field,
     PositiveInt,
     ValidationInfo,
+    field_serializer,
     field_validator,
     model_validator,
 )
@@ -489,7 +490,18 @@ class CurvatureConfig(KindSection):
 class StoreConfig(StrictModel):
     """Where and how features and scores are written."""
 
-    path: Path = Field(description="The Zarr store directory, e.g. out/attrib.zarr.")
+    path: Path | str = Field(
+        description="The Zarr store: a local directory (out/attrib.zarr) or an object store URL "
+        "(s3://bucket/prefix/attrib.zarr; credentials and endpoint from the AWS_* environment variables, see "
+        "storage_options)."
+    )
+    storage_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Keyword arguments of the file system of a store.path URL (fsspec; for s3:// those of "
+        "s3fs.S3FileSystem, e.g. {endpoint_url: http://127.0.0.1:8333, key: ..., secret: ...}); over the "
+        "AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_REGION environment variables. "
+        "Secrets are never written to the store or printed.",
+    )
     chunk_rows: PositiveInt = Field(
         512, description="Rows per chunk of features/scores; the unit of resume (done flags)."
     )
@@ -502,16 +514,60 @@ class StoreConfig(StrictModel):
         "zstd", description="Compression codec of every array (each chunk also carries a CRC32C checksum)."
     )
 
-    @field_validator("path")
+    @field_validator("path", mode="before")
     @classmethod
-    def _names_a_directory(cls, v: Path) -> Path:
-        """The store is a directory of its own: its lock and caches go beside it, named after it."""
-        if not v.name or v.name == "..":
+    def _names_a_directory(cls, v: Any) -> Any:
+        """The store is a directory (or prefix) of its own: its lock and caches go beside it, named after it.
+
+        A URL (``s3://...``) stays text and is opened, or refused with its reason, when a command uses the
+        store (:func:`trakcli.store.location.store_location`); anything else is a local :class:`Path`.
+        """
+        from trakcli.store.location import is_url
+
+        if isinstance(v, str) and v[:7].lower() == "file://":
+            v = v[7:]
+        if isinstance(v, str) and is_url(v):
+            name = v.split("://", 1)[1].rstrip("/").rsplit("/", 1)[-1]
+            if not name or name in (".", ".."):
+                raise ValueError("must name the store's own prefix below the bucket, e.g. "
+                                 "store.path=s3://bucket/attrib.zarr")
+            return v.rstrip("/")
+        if not isinstance(v, (str, Path)):
+            return v
+        path = Path(v)
+        if not path.name or path.name == "..":
             raise ValueError(
                 "must name the store's own directory (its lock file goes beside it), not '.', '..' or a root; "
                 "e.g. store.path=out/attrib.zarr"
             )
-        return v
+        return path
+
+    @field_serializer("storage_options")
+    def _hide_secrets(self, v: dict[str, Any]) -> dict[str, Any]:
+        """Credentials in ``storage_options`` are masked wherever the config is written or printed."""
+        return _masked(v)
+
+    @property
+    def location(self) -> Any:
+        """The store as a :class:`~pathlib.Path`, or a :class:`upath.UPath` for a URL.
+
+        Raises:
+            StoreError: a URL no installed file system opens (names the scheme or the package to install).
+        """
+        from trakcli.store.location import store_location
+
+        return store_location(self.path, self.storage_options)
+
+
+_SECRET = ("secret", "token", "password", "key", "credential")
+
+
+def _masked(v: Any) -> Any:
+    """``v`` with the values of secret-like keys (``key``, ``secret``, ``token``, ...) replaced by ``"***"``."""
+    if isinstance(v, dict):
+        return {k: "***" if isinstance(k, str) and any(s in k.lower() for s in _SECRET) and not isinstance(val, dict)
+                else _masked(val) for k, val in v.items()}
+    return v
 
 
 

@@ -24,7 +24,7 @@ def open_scored_store(cfg: Config, what: str, then: str) -> Store:
         what: what the evaluation reads (``"scores"``, ``"top-k"``), for the message.
         then: the scoring command to run after `trak featurize CONFIG`, for the message.
     """
-    path = Path(cfg.store.path)
+    path = cfg.store.location
     if not (path / "zarr.json").exists():
         raise StoreError(
             f"no store at {path}, so no {what} of experiment {cfg.score.experiment!r} to evaluate; run "

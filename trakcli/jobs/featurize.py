@@ -252,7 +252,7 @@ def featurize(
         StoreMismatchError: the store was made with other settings.
     """
     s = prepare(cfg, rehash=verify, reporter=reporter)
-    path = Path(cfg.store.path)
+    path = cfg.store.location
     first = None
     if s.dist.is_main and s.checkpoints and (overwrite or not path.exists()):
         if s.proj_dim > s.grad_dim and cfg.projector.kind != "noop":

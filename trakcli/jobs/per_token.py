@@ -393,7 +393,7 @@ def query_token_scores(cfg: Any, queries: list[int], reporter: Reporter = NULL_R
     s = prepare(cfg, need_target=True, reporter=reporter)
     check_per_token(s, normalize=cfg.score.normalize)
     target = load_dataset(cfg.data.target, key="data.target")
-    store = Store.open_existing(Path(cfg.store.path), mode="r")
+    store = Store.open_existing(cfg.store.location, mode="r")
     train_rows = check_train_complete(s, store)
     exact = s.exact_damping if s.curvature is not None else None
     scorer = PerTokenScores(s, store, train_rows, target, 0, per_token_width(s, target),

@@ -343,7 +343,7 @@ def retrain(
     target = load_dataset(cfg.data.target, key="data.target")  # type: ignore[arg-type]  # checked above
     identity = eval_identity(cfg, train.fingerprint(), target.fingerprint())
     n = cfg.eval.n_subsets
-    path = Path(cfg.store.path)
+    path = cfg.store.location
     with locked_store(path, Dist(), reporter):
         store = Store.open_or_create(path)
         rows = open_eval_rows(

@@ -19,6 +19,7 @@ from trakcli.errors import ConfigError
 from trakcli.progress import Reporter
 from trakcli.store import Store, StoreLock
 from trakcli.store.hashes import HashCache
+from trakcli.store.location import store_location
 
 
 def event(message: str) -> None:
@@ -98,9 +99,9 @@ def locked_store(path: str | Path, dist: Dist, reporter: Reporter) -> Iterator[N
     Raises:
         StoreError: the store is in use by a live run, or its parent cannot be created.
     """
-    lock = StoreLock.for_store(Path(path)) if dist.is_main else None
+    lock = StoreLock.for_store(store_location(path)) if dist.is_main else None
     if lock is not None:
-        Store.prepare_parent(Path(path))
+        Store.prepare_parent(store_location(path))
         note = lock.acquire()
         if note:
             reporter.info(note)

@@ -212,7 +212,7 @@ def score(
     """
     s = prepare(cfg, need_target=True, rehash=verify, reporter=reporter)
     sc = cfg.score
-    path = Path(cfg.store.path)
+    path = cfg.store.location
     target = load_dataset(cfg.data.target, key="data.target")  # type: ignore[arg-type]  # checked by check_files
     lambdas, computed = score_targets(
         s, path, target, experiment=sc.experiment, lambda_reg=sc.lambda_reg, lambda_rel=sc.lambda_rel,

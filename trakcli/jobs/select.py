@@ -622,7 +622,7 @@ def select(
     k = n_selected(len(s.train), sc.fraction, sc.count)
     target = load_dataset(cfg.data.target, key="data.target")  # type: ignore[arg-type]  # checked by prepare
     groups, names = target_groups(cfg.data.target, target, sc.group_by)
-    path = Path(cfg.store.path)
+    path = cfg.store.location
     computed = 0
     if verify or not train_finished(path, s.identity, s.layout, s.shas, None, s.state_shas):
         res = featurize(cfg, skip_nonfinite=skip_nonfinite, verify=verify, reporter=reporter)

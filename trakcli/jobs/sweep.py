@@ -91,7 +91,7 @@ def sweep_dir(cfg: Config) -> Path:
     """Where the sweep's per-proj_dim stores go: ``eval.sweep.dir`` or ``<store.path minus .zarr>.sweep``."""
     if cfg.eval.sweep.dir is not None:
         return Path(cfg.eval.sweep.dir)
-    path = Path(cfg.store.path)
+    path = cfg.store.location
     return path.with_name(path.stem + ".sweep")
 
 
@@ -117,7 +117,8 @@ def _config_for(cfg: Config, proj_dim: int, directory: Path) -> Config:
     if proj_dim == cfg.projector.proj_dim:
         return cfg
     projector = cfg.projector.model_copy(update={"proj_dim": proj_dim})
-    store = cfg.store.model_copy(update={"path": directory / f"{cfg.projector.kind}_{proj_dim}.zarr"})
+    sub = directory / f"{cfg.projector.kind}_{proj_dim}.zarr"
+    store = cfg.store.model_copy(update={"path": sub if isinstance(sub, Path) else str(sub)})
     return cfg.model_copy(update={"projector": projector, "store": store})
 
 
@@ -142,7 +143,7 @@ def read_features(cfg: Config, n_models: int) -> tuple[list[np.ndarray], list[np
 
     Read through the store's checked reads: an unfinished, missing or corrupt chunk stops with the repair command.
     """
-    store = Store.open_existing(cfg.store.path, mode="r")
+    store = Store.open_existing(cfg.store.location, mode="r")
     exp = cfg.score.experiment
     phi, q, phi_t = [], [], []
     for m in range(n_models):

@@ -8,31 +8,29 @@ the re-creation of the store (:func:`eval_kept`, :func:`restore_eval`).
 
 from __future__ import annotations
 
-import os
-import shutil
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from trakcli import __version__
 from trakcli.errors import StoreError, StoreMismatchError
 from trakcli.store.identity import check_same, jsonable
 from trakcli.store.integrity import StoreCorruptError, delete, node, writable
+from trakcli.store.location import Location, is_remote, replace, rmtree
 from trakcli.store.rows import EvalRows, codecs
 
 if TYPE_CHECKING:
     from trakcli.store.store import Store
 
 
-def eval_kept(path: Path) -> Path:
+def eval_kept(path: Location) -> Location:
     """Where ``featurize --overwrite`` keeps the ``eval/`` group while it re-creates the store."""
     return path.with_name(f".{path.name}.eval-kept")
 
 
-def restore_eval(path: Path) -> None:
+def restore_eval(path: Location) -> None:
     """Move a kept ``eval/`` group back into the store (also after a kill between the two moves)."""
     kept = eval_kept(path)
     if kept.is_dir() and not (path / "eval").exists() and (path / "zarr.json").exists():
-        os.replace(kept, path / "eval")
+        replace(kept, path / "eval")
 
 
 #: The top-level groups of a store: a directory holding only these (and no root ``zarr.json``) is a
@@ -40,7 +38,7 @@ def restore_eval(path: Path) -> None:
 STORE_GROUPS = frozenset({"train", "targets", "scores", "eval"})
 
 
-def headless_store(path: Path) -> bool:
+def headless_store(path: Location) -> bool:
     """Whether ``path`` is a directory holding store groups but no root ``zarr.json`` (its root metadata lost)."""
     try:
         names = {p.name for p in path.iterdir()}
@@ -51,25 +49,27 @@ def headless_store(path: Path) -> bool:
     )
 
 
-def being_deleted(path: Path) -> Path:
+def being_deleted(path: Location) -> Location:
     """Where ``featurize --overwrite`` moves the old store before deleting it."""
     return path.with_name(f".{path.name}.deleting")
 
 
-def remove_leftovers(path: Path) -> None:
+def remove_leftovers(path: Location) -> None:
     """Delete what a deletion killed midway left (:func:`being_deleted`); failures are ignored."""
     trash = being_deleted(path)
     if trash.exists():
-        shutil.rmtree(trash, ignore_errors=True)
+        rmtree(trash, ignore_errors=True)
 
 
-def delete_keeping_eval(path: Path) -> None:
+def delete_keeping_eval(path: Location) -> None:
     """Delete the store at ``path`` for ``featurize --overwrite``, keeping its ``eval/`` group aside.
 
     The group waits at :func:`eval_kept` meanwhile; retraining does not depend on
     the features, and :func:`restore_eval` moves the group back into the re-created
     store. The store is first renamed out of the way (:func:`being_deleted`, atomic),
-    then deleted: a kill leaves either the whole old store or none at ``path``.
+    then deleted: a kill leaves either the whole old store or none at ``path``. An
+    object store has no rename: its root ``zarr.json`` is deleted first (a kill then
+    leaves a store without root metadata, which ``--overwrite`` deletes again), then the rest.
 
     Raises:
         StoreError: ``path`` is a file, or a directory but not a Zarr store, or cannot be deleted.
@@ -87,12 +87,17 @@ def delete_keeping_eval(path: Path) -> None:
         if (path / "eval" / "zarr.json").exists():
             kept = eval_kept(path)
             if kept.exists():
-                shutil.rmtree(kept)  # older than the store's own eval group
-            os.replace(path / "eval", kept)
+                rmtree(kept)  # older than the store's own eval group
+            replace(path / "eval", kept)
+        if is_remote(path):
+            if (path / "zarr.json").exists():
+                (path / "zarr.json").unlink()
+            rmtree(path)
+            return
         remove_leftovers(path)
         trash = being_deleted(path)
-        os.replace(path, trash)
-        shutil.rmtree(trash)
+        replace(path, trash)
+        rmtree(trash)
     except OSError as e:
         raise StoreError(f"cannot delete {path} for --overwrite: {e}") from None
 

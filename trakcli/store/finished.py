@@ -33,6 +33,7 @@ from trakcli.store.evalgroup import eval_kept
 from trakcli.store.identity import jsonable
 from trakcli.store.kernel import kernel_attrs_done
 from trakcli.store.layout import LAYOUT_ATTR, StoreLayout
+from trakcli.store.location import is_remote, is_url
 from trakcli.store.store import SCHEMA_VERSION
 
 #: The file of a set ``done`` flag: the uint8 value 1, then its CRC32C checksum (little-endian),
@@ -151,6 +152,8 @@ def train_finished(
         False otherwise, including when any file is missing, unreadable or unexpected
         (the caller then opens the store through zarr, which says what is wrong).
     """
+    if is_url(str(path)) or is_remote(path):  # an object store: read through zarr, whose reads are concurrent
+        return False
     path = Path(path)
     root = _meta(path, "group")
     if root is None or (eval_kept(path).is_dir() and not (path / "eval").exists()):

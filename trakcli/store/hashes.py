@@ -19,6 +19,7 @@ then records the hashes reads each file once.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from trakcli.files import write_text
+from trakcli.store.location import is_url
 
 FORMAT = "trakcli.checkpoint_hashes"
 FORMAT_VERSION = 1
@@ -34,8 +36,17 @@ RACY_NS = 2_000_000_000  # 2 s: coarser than the mtime resolution of common file
 _OPEN: dict[str, "HashCache"] = {}
 
 
-def hashes_path(store_path: str | Path) -> Path:
-    """The cache file of a store: ``<store>.hashes.json`` beside it (like ``<store>.lock``)."""
+def hashes_path(store_path: Any) -> Path:
+    """The cache file of a store: ``<store>.hashes.json`` beside it (like ``<store>.lock``).
+
+    The signatures are of this machine's files, so the cache of a store on an object
+    store (a URL) is kept on this machine: ``$XDG_CACHE_HOME/trakcli/hashes/<sha256 of the URL>.json``
+    (``~/.cache`` when the variable is unset).
+    """
+    text = str(store_path)
+    if is_url(text):
+        cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "trakcli" / "hashes"
+        return cache / (hashlib.sha256(text.encode()).hexdigest()[:32] + ".json")
     store_path = Path(store_path)
     return store_path.with_name(store_path.name + ".hashes.json")
 
@@ -80,12 +91,17 @@ class HashCache:
         self._dirty = False
 
     @classmethod
-    def for_store(cls, store_path: str | Path) -> "HashCache":
+    def for_store(cls, store_path: Any) -> "HashCache":
         """The cache of the store at ``store_path``, shared by every caller in this process."""
         path = hashes_path(store_path)
         key = str(path.resolve())
         if key not in _OPEN:
             _OPEN[key] = cls(path)
+            if is_url(str(store_path)):  # the per-user cache folder: made on the first save
+                try:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                except OSError:
+                    pass
         return _OPEN[key]
 
     def forget(self) -> None:

@@ -1,5 +1,10 @@
 """The store's lock file ``<store>.lock``: one run uses a store at a time.
 
+Locally the lock is created with ``O_CREAT | O_EXCL``; on an object store
+with a conditional write (``If-None-Match: *``,
+:func:`trakcli.store.location.create_exclusive`), which a service without
+conditional writes cannot do (refused with a message then).
+
 Imports neither zarr nor torch.
 """
 
@@ -10,10 +15,10 @@ import os
 import socket
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from trakcli.errors import StoreError
+from trakcli.store.location import Location, create_exclusive, is_remote
 
 
 @dataclass
@@ -25,11 +30,11 @@ class StoreLock:
     refuses the second run.
     """
 
-    path: Path
+    path: Location
     held: bool = False
 
     @staticmethod
-    def for_store(store_path: Path) -> "StoreLock":
+    def for_store(store_path: Location) -> "StoreLock":
         return StoreLock(store_path.with_name(store_path.name + ".lock"))
 
     def acquire(self) -> str | None:
@@ -41,22 +46,25 @@ class StoreLock:
         """
         me = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
         note = None
-        if self.path.is_dir() or (self.path.exists() and not self.path.is_file()):
+        store = self.path.with_name(self.path.name[: -len(".lock")])
+        if not is_remote(self.path) and (self.path.is_dir() or (self.path.exists() and not self.path.is_file())):
             raise StoreError(
-                f"the lock path {self.path} of store {self.path.with_suffix('')} is a directory, not a lock file; "
+                f"the lock path {self.path} of store {store} is a directory, not a lock file; "
                 "remove it (or choose another store.path)"
             )
         for _ in range(3):
             try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
+                created = create_exclusive(self.path, json.dumps(me).encode())
+            except OSError as e:
+                raise StoreError(f"cannot create the lock file {self.path}: {e}; choose a writable store path") from None
+            if not created:
                 other = self._read()
                 if other is None:  # being written right now, or empty: retry shortly
                     time.sleep(0.05)
                     other = self._read()
                 if other is not None and not self._is_stale(other):
                     raise StoreError(
-                        f"store {self.path.with_suffix('')} is in use by another run (host {other.get('host')}, "
+                        f"store {store} is in use by another run (host {other.get('host')}, "
                         f"pid {other.get('pid')}); wait for it to finish, or if that run is gone delete {self.path}"
                     )
                 note = (
@@ -72,10 +80,6 @@ class StoreLock:
                         f"cannot take over the stale lock {self.path}: {e}; remove it by hand"
                     ) from None
                 continue
-            except OSError as e:
-                raise StoreError(f"cannot create the lock file {self.path}: {e}; choose a writable store path") from None
-            with os.fdopen(fd, "w") as f:
-                json.dump(me, f)
             self.held = True
             return note
         raise StoreError(f"could not take the lock {self.path}; another run keeps taking it")

@@ -33,6 +33,7 @@ from trakcli.store.integrity import (
     StoreCorruptError, StoreMetadataError, delete, finishing_command, keys, node, repair_command, repair_scope, writable,
 )
 from trakcli.store.layout import LAYOUT_ATTR, StoreLayout
+from trakcli.store.location import Location, check_reachable, is_remote, store_location, zarr_store
 from trakcli.store.rows import ChunkedRows, codecs, read_checked
 
 SCHEMA_VERSION = 2
@@ -48,8 +49,8 @@ def schema_refusal(path: Path, version: Any) -> str:
 TOP_K_ARRAYS = {"proponents": "int64", "proponent_scores": "float32", "opponents": "int64", "opponent_scores": "float32"}
 
 
-def _open_group(path: Path, mode: str) -> Any:
-    """``zarr.open_group`` of the Zarr v3 store at ``path``.
+def _open_group(path: Location, mode: str) -> Any:
+    """``zarr.open_group`` of the Zarr v3 store at ``path`` (a local directory or an object store URL).
 
     zarr is imported here, on the first open: importing this module (e.g. for
     :meth:`Store.prepare_parent`, or a run that finds its store finished through
@@ -57,10 +58,10 @@ def _open_group(path: Path, mode: str) -> Any:
     """
     import zarr
 
-    return zarr.open_group(str(path), mode=mode, zarr_format=3)
+    return zarr.open_group(store=zarr_store(path, read_only=mode == "r"), mode=mode, zarr_format=3)
 
 
-def _bare_root(path: Path) -> bool:
+def _bare_root(path: Location) -> bool:
     """Whether ``path`` holds only a root ``zarr.json`` without attributes (a creation killed before its attributes)."""
     try:
         if [p.name for p in path.iterdir()] != ["zarr.json"]:
@@ -88,7 +89,7 @@ class Store:
             re-created, a corrupt kernel dropped), one line each, for the job to report.
     """
 
-    def __init__(self, path: Path, group: Any, layout: StoreLayout | None = None):
+    def __init__(self, path: Location, group: Any, layout: StoreLayout | None = None):
         self.path = path
         self.root = group
         self._layout = layout  # told by create_or_check; the recorded attribute wins
@@ -97,12 +98,17 @@ class Store:
     # -- opening --------------------------------------------------------------
 
     @staticmethod
-    def prepare_parent(path: Path) -> None:
-        """Create the directory that will hold the store (and its lock file).
+    def prepare_parent(path: Location) -> None:
+        """Create the directory that will hold the store (and its lock file); on an object store, check
+        that it answers and holds the bucket (:func:`trakcli.store.location.check_reachable`).
 
         Raises:
-            StoreError: a path component is a file, or the directory is not writable.
+            StoreError: a path component is a file, or the directory is not writable; the object store
+                does not answer, refuses the credentials, or has no such bucket.
         """
+        if is_remote(path):
+            check_reachable(path)
+            return
         probe = path.parent
         while not probe.exists() and probe != probe.parent:
             probe = probe.parent
@@ -148,12 +154,12 @@ class Store:
             StoreMismatchError: the store exists with a different identity or layout (names the keys).
             StoreError: the path cannot be created or is not a trakcli store.
         """
-        path = Path(path)
+        path = store_location(path)
         identity = jsonable(identity)
         if create:
             remove_leftovers(path)
             if _bare_root(path):  # a root created without its attributes (and nothing else): never a store
-                os.remove(path / "zarr.json")
+                (path / "zarr.json").unlink()
         if overwrite and create and path.exists():
             delete_keeping_eval(path)
         if (path / "zarr.json").exists():
@@ -185,7 +191,7 @@ class Store:
         return store
 
     @classmethod
-    def _create_root(cls, path: Path, attrs: dict[str, Any]) -> "Store":
+    def _create_root(cls, path: Location, attrs: dict[str, Any]) -> "Store":
         """Create a new store at ``path`` (absent or an empty directory) with ``attrs`` plus version and date.
 
         Raises:
@@ -204,7 +210,7 @@ class Store:
             import zarr
 
             # the root's metadata and its attributes in one (atomic) write: a store is whole or absent
-            group = zarr.create_group(str(path), zarr_format=3, overwrite=path.exists(), attributes={
+            group = zarr.create_group(store=zarr_store(path), zarr_format=3, overwrite=path.exists(), attributes={
                 "schema_version": SCHEMA_VERSION,
                 "trakcli_version": __version__,
                 **attrs,
@@ -225,7 +231,7 @@ class Store:
         Raises:
             StoreError: the path cannot be created, or exists and is not a trakcli store.
         """
-        path = Path(path)
+        path = store_location(path)
         if (path / "zarr.json").exists():
             store = cls.open_existing(path)
             restore_eval(path)
@@ -239,7 +245,7 @@ class Store:
         Raises:
             StoreError: missing path, not a Zarr group, or an unknown schema version.
         """
-        path = Path(path)
+        path = store_location(path)
         if not (path / "zarr.json").exists():
             if headless_store(path):
                 raise StoreError(

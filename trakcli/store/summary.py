@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from trakcli.store.integrity import StoreCorruptError, child_names, missing_chunks, node, repair_command
+from trakcli.store.location import disk_usage
 from trakcli.store.rows import ChunkedRows, read_checked
 
 if TYPE_CHECKING:
@@ -308,13 +309,6 @@ def _guard(fn: Any, corrupt: list[dict[str, Any]]) -> Any:
         return None
 
 
-def du(path: Path) -> int:
+def du(path: Any) -> int:
     """Bytes of the files under ``path`` (0 if it is missing); files that vanish meanwhile count 0."""
-    total = 0
-    for dirpath, _, files in os.walk(path):
-        for f in files:
-            try:
-                total += os.path.getsize(os.path.join(dirpath, f))
-            except OSError:
-                pass
-    return total
+    return disk_usage(path)

@@ -1,0 +1,325 @@
+"""Where a store lives: a local directory, or a URL of an object store (``s3://bucket/prefix``).
+
+``store.path`` is a local path or a URL that fsspec opens: ``s3://`` (with
+``s3fs``: ``pip install 'trakcli[s3]'``), ``gs://``, ``az://``, ``memory://``
+and the other schemes fsspec knows. A local path stays a :class:`pathlib.Path`;
+a URL becomes a :class:`upath.UPath` (universal_pathlib), which offers the
+same methods over the object store (``/``, ``exists``, ``iterdir``,
+``read_bytes``, ``unlink``, ``with_name``), so the store's code reads the same
+for both. What a path cannot do on an object store is here:
+:func:`zarr_store` (the Zarr store of the location), :func:`replace`,
+:func:`rmtree`, :func:`create_exclusive` (the lock), :func:`check_reachable`
+and :func:`disk_usage`.
+
+Credentials and endpoint of ``s3://`` come the way the AWS tools take them:
+the environment variables ``AWS_ENDPOINT_URL`` (or ``AWS_ENDPOINT_URL_S3``),
+``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN`` and
+``AWS_REGION`` (or ``AWS_DEFAULT_REGION``), ``~/.aws/config`` profiles, and
+instance roles; ``store.storage_options`` in the config (the keyword
+arguments of the fsspec file system, e.g. ``{endpoint_url: ..., key: ...}``)
+adds to or overrides them.
+
+Imports neither zarr nor torch; fsspec and universal_pathlib only for a URL.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Union
+
+from trakcli.errors import StoreError
+
+if TYPE_CHECKING:
+    from upath import UPath
+
+#: A store's place: a local :class:`~pathlib.Path` or a :class:`upath.UPath` of an object store.
+Location = Union[Path, "UPath"]
+
+#: A URL's scheme: ``s3`` of ``s3://bucket/key``.
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+
+#: The package that opens a scheme, for the message when it is missing (fsspec's own table names most).
+_PACKAGE = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "adlfs", "abfs": "adlfs",
+            "abfss": "adlfs", "adl": "adlfs"}
+
+#: Schemes that name this machine's own file system.
+_LOCAL = {"file", "local"}
+
+
+def scheme(path: Any) -> str | None:
+    """The URL scheme of ``path`` (``"s3"``), or None for a local path (a :class:`~pathlib.Path` or plain text)."""
+    if isinstance(path, Path) and not is_remote(path):
+        return None
+    m = _SCHEME.match(str(path))
+    return m.group(1).lower() if m else None
+
+
+def is_url(text: str | Path) -> bool:
+    """Whether ``text`` is a URL (``scheme://...``) rather than a local path."""
+    return not isinstance(text, Path) and _SCHEME.match(str(text)) is not None
+
+
+def is_remote(path: Any) -> bool:
+    """Whether ``path`` is on an object store (a :class:`upath.UPath` of a non-local scheme)."""
+    if type(path).__module__.startswith("upath"):
+        return getattr(path, "protocol", "") not in ("", *_LOCAL)
+    return False
+
+
+def s3_options(storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The s3fs options of a store: the AWS environment variables, then ``storage_options`` over them.
+
+    botocore reads the keys and ``AWS_ENDPOINT_URL`` itself; they are also set here
+    so that a message can name the endpoint, and ``AWS_REGION`` (which botocore
+    leaves to ``AWS_DEFAULT_REGION``) is honoured. Listings are not cached
+    (``use_listings_cache: False``): other processes and nodes write the same store.
+
+    Args:
+        storage_options: the config's ``store.storage_options`` (s3fs keyword arguments), or None.
+
+    Returns:
+        keyword arguments of ``s3fs.S3FileSystem``.
+    """
+    opts: dict[str, Any] = {"use_listings_cache": False}
+    client: dict[str, Any] = {}
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        client["endpoint_url"] = endpoint
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if region:
+        client["region_name"] = region
+    given = dict(storage_options or {})
+    if "endpoint_url" in given:  # s3fs takes it at the top level too; keep one place
+        client["endpoint_url"] = given.pop("endpoint_url")
+    if "region_name" in given:
+        client["region_name"] = given.pop("region_name")
+    client.update(given.pop("client_kwargs", None) or {})
+    if client:
+        opts["client_kwargs"] = client
+    opts.update(given)
+    return opts
+
+
+def store_location(path: str | Location, storage_options: dict[str, Any] | None = None) -> Location:
+    """The store at ``path``: a :class:`~pathlib.Path`, or a :class:`upath.UPath` for a URL.
+
+    Args:
+        path: a local path (``out/attrib.zarr``, ``file:///data/a.zarr``), a URL
+            (``s3://bucket/prefix/attrib.zarr``) or an already opened location (returned as is).
+        storage_options: keyword arguments of the URL's fsspec file system (``store.storage_options``).
+
+    Raises:
+        StoreError: the URL's scheme is unknown, the package that opens it is not
+            installed, it names no store below the bucket, or its object store does not
+            answer or has no such bucket (:func:`check_reachable`); never taken as a local path.
+    """
+    if is_remote(path) or (isinstance(path, Path) and not storage_options):
+        return path
+    text = str(path)
+    found = scheme(text)
+    if found is None:
+        return Path(text)
+    if found in _LOCAL:
+        return Path(re.sub(r"^[A-Za-z]+://", "", text))
+    import fsspec
+    from fsspec.registry import known_implementations
+
+    if found not in known_implementations and found not in fsspec.available_protocols():
+        raise StoreError(
+            f"store.path {text!r} has the scheme {found!r}, which no file system opens; give a local directory, "
+            "s3://BUCKET/PREFIX/NAME.zarr (pip install 'trakcli[s3]'), or another fsspec URL (gs://, az://, memory://)"
+        )
+    try:
+        fsspec.get_filesystem_class(found)
+    except ImportError as e:
+        package = _PACKAGE.get(found) or _missing_module(e) or "its fsspec file system"
+        extra = " (pip install 'trakcli[s3]')" if found in ("s3", "s3a") else ""
+        raise StoreError(
+            f"store.path {text!r} needs {package}, which is not installed: pip install {package}{extra}"
+        ) from None
+    rest = text.split("://", 1)[1].strip("/")
+    if found not in ("memory",) and "/" not in rest:
+        raise StoreError(
+            f"store.path {text!r} names a bucket, not a store in it; give the store's own prefix, e.g. "
+            f"{found}://{rest or 'BUCKET'}/attrib.zarr (its lock and caches go beside it)"
+        )
+    options = s3_options(storage_options) if found in ("s3", "s3a") else dict(storage_options or {})
+    from upath import UPath
+
+    location = UPath(text.rstrip("/"), **options)
+    check_reachable(location)
+    return location
+
+
+#: (endpoint, bucket) pairs this process found reachable (:func:`check_reachable` asks once).
+_REACHED: set[tuple[str, str]] = set()
+
+
+def _missing_module(e: ImportError) -> str | None:
+    name = getattr(e, "name", None)
+    return name.split(".")[0] if name else None
+
+
+def endpoint(path: Location) -> str:
+    """Where the object store of ``path`` answers (for messages): the endpoint URL, or the scheme's default."""
+    opts = getattr(path, "storage_options", {}) or {}
+    url = (opts.get("client_kwargs") or {}).get("endpoint_url") or opts.get("endpoint_url")
+    return str(url) if url else f"the default endpoint of {scheme(path)}://"
+
+
+def zarr_store(path: Location, read_only: bool = False) -> Any:
+    """What ``zarr.open_group(store=...)`` takes for ``path``: the path's text, or an fsspec store of the URL.
+
+    Imports zarr (a URL only).
+    """
+    if not is_remote(path):
+        return str(path)
+    from zarr.storage import FsspecStore
+
+    return FsspecStore.from_url(str(path), storage_options=dict(path.storage_options), read_only=read_only)
+
+
+def replace(src: Location, dst: Location) -> None:
+    """Move ``src`` to ``dst`` (which must not exist): atomic ``os.replace`` locally; a copy then a delete
+    on an object store, which has no rename.
+
+    Raises:
+        OSError: the move failed.
+    """
+    if not is_remote(src):
+        os.replace(src, dst)
+        return
+    src.fs.mv(src.path, dst.path, recursive=True)
+
+
+def rmtree(path: Location, ignore_errors: bool = False) -> None:
+    """Delete ``path`` and everything under it (nothing if it is absent).
+
+    Raises:
+        OSError: it could not be deleted (unless ``ignore_errors``).
+    """
+    try:
+        if not is_remote(path):
+            shutil.rmtree(path)
+        elif path.fs.exists(path.path):
+            path.fs.rm(path.path, recursive=True)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        if not ignore_errors:
+            raise
+
+
+def create_exclusive(path: Location, data: bytes) -> bool:
+    """Write ``data`` to a new file ``path``; False if ``path`` already exists (nothing is written then).
+
+    Locally ``O_CREAT | O_EXCL``; on S3 a PUT with ``If-None-Match: *`` (a conditional
+    write: AWS S3, MinIO, SeaweedFS and R2 answer 412 when the key exists).
+
+    Raises:
+        StoreError: the object store does not do conditional writes (a second
+            conditional PUT of an existing key succeeded), or cannot be written.
+        OSError: a local file could not be created.
+    """
+    if not is_remote(path):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        return True
+    fs, key = path.fs, path.path
+    if not _put_if_absent(fs, key, data, path):
+        return False
+    # a store that ignores If-None-Match accepts a second conditional PUT: then nothing excludes two runs
+    if _put_if_absent(fs, key, data, path):
+        try:
+            fs.rm(key)
+        except OSError:
+            pass
+        raise StoreError(
+            f"the object store at {endpoint(path)} ignores conditional writes (a PUT with If-None-Match: * of an "
+            f"existing key {path} succeeded), so it cannot lock the store against a second run; use a service "
+            "that has them (AWS S3, MinIO, SeaweedFS, Cloudflare R2) or a local store.path"
+        )
+    return True
+
+
+def _put_if_absent(fs: Any, key: str, data: bytes, path: Location) -> bool:
+    """One conditional write of ``key``; False when it exists."""
+    try:
+        fs.pipe_file(key, data, mode="create")
+        return True
+    except FileExistsError:
+        return False
+    except (NotImplementedError, TypeError, ValueError) as e:
+        raise StoreError(
+            f"the file system of {path} cannot create a file only if it is absent ({e}), so it cannot lock the "
+            "store; use s3:// or a local store.path"
+        ) from None
+    except OSError as e:
+        if e.errno in (errno.EEXIST,) or "pre-condition" in str(e).lower() or "precondition" in str(e).lower():
+            return False
+        raise StoreError(f"cannot write {path} at {endpoint(path)}: {e}") from None
+
+
+def check_reachable(path: Location) -> None:
+    """Check that the object store of ``path`` answers and its bucket exists (nothing for a local path).
+
+    Raises:
+        StoreError: the endpoint does not answer, the credentials are refused, or
+            the bucket does not exist (names the endpoint and the fix).
+    """
+    if not is_remote(path):
+        return
+    bucket = path.path.split("/", 1)[0]
+    where = endpoint(path)
+    if (where, bucket) in _REACHED:
+        return
+    try:
+        if hasattr(path.fs, "call_s3"):  # s3fs: its exists() reads a refused connection as a missing bucket
+            try:
+                path.fs.call_s3("head_bucket", Bucket=bucket)
+                ok = True
+            except FileNotFoundError:
+                ok = False
+        else:
+            ok = path.fs.exists(bucket)
+    except PermissionError as e:
+        raise StoreError(
+            f"the object store at {where} refused access to bucket {bucket!r} of store.path {path} ({e}); set "
+            "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or store.storage_options: {key: ..., secret: ...})"
+        ) from None
+    except Exception as e:  # noqa: BLE001 - botocore/aiohttp raise their own connection errors
+        raise StoreError(
+            f"cannot reach the object store of store.path {path} at {where} ({e.__class__.__name__}: {e}); set "
+            "AWS_ENDPOINT_URL (or store.storage_options: {endpoint_url: ...}) to a running S3 service"
+        ) from None
+    if not ok:
+        raise StoreError(
+            f"bucket {bucket!r} of store.path {path} does not exist at {where}; create it (e.g. "
+            f"`aws s3 mb s3://{bucket}`) or choose another store.path"
+        )
+    _REACHED.add((where, bucket))
+
+
+def disk_usage(path: Location) -> int:
+    """Bytes stored under ``path`` (0 if it is missing); files that vanish meanwhile count 0."""
+    if is_remote(path):
+        try:
+            return int(path.fs.du(path.path, total=True))
+        except (OSError, ValueError):
+            return 0
+    total = 0
+    for dirpath, _, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.path.getsize(os.path.join(dirpath, f))
+            except OSError:
+                pass
+    return total
