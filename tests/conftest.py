@@ -73,3 +73,24 @@ def project(tmp_path, finished) -> Path:
     root = tmp_path / "p"
     shutil.copytree(finished, root)
     return root
+
+
+@pytest.fixture(scope="session")
+def seaweed(tmp_path_factory):
+    """A SeaweedFS S3 service on the loopback address for the session (skipped where `weed` is not installed)."""
+    from projects import SeaweedS3
+
+    try:
+        service = SeaweedS3(tmp_path_factory.mktemp("seaweedfs"))
+    except FileNotFoundError as e:
+        pytest.skip(f"needs {e}")
+    yield service
+    service.stop()
+
+
+@pytest.fixture
+def s3(seaweed, monkeypatch):
+    """The S3 service with its AWS_* variables set in this process's environment (subprocesses inherit them)."""
+    for k, v in seaweed.env.items():
+        monkeypatch.setenv(k, v)
+    return seaweed

