@@ -166,6 +166,17 @@ def kill_at(cwd: Path, args: list[str], log: Path, n_events: int) -> bool:
     return False
 
 
+def kill_tree(pid: int) -> None:
+    """SIGKILL a process and every descendant (torchrun's workers run in sessions of their own): a node failing."""
+    children = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout.split()
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    for child in children:
+        kill_tree(int(child))
+
+
 def limit_file_size(nbytes: int):
     """A subprocess preexec_fn: files of the child grow to at most nbytes (writes past it fail with EFBIG)."""
 

@@ -13,14 +13,15 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from projects import (
-    CHUNK, N_TARGET, N_TRAIN, arrays, free_port, kill_at, make_project, msg, run, run_subprocess, s3_arrays,
-    set_store,
+    CHUNK, N_TARGET, N_TRAIN, arrays, free_port, kill_at, kill_tree, make_project, msg, run, run_subprocess,
+    s3_arrays, set_store,
 )
 
 K = 5  # top-k of the top-k tests
@@ -213,3 +214,46 @@ def test_storage_options_in_the_config_reach_the_service_and_are_never_written(t
     assert "hunter2" not in res.stdout and "***" in res.stdout
     attrs = s3.fs.cat_file(url[len("s3://"):] + "/zarr.json").decode()
     assert "hunter2" not in attrs and s3.endpoint in attrs
+
+
+def test_two_nodes_over_s3_one_killed_and_restarted_write_the_store_of_one_process(tmp_path, s3, local_reference):
+    """torchrun --nnodes 2 (c10d rendezvous on 127.0.0.1), each node in a folder of its own (no shared file
+    system): node 1 dies mid-run with its workers, torchrun restarts node 0's ranks, node 1 comes back, and the
+    store on S3 is the one a single process writes."""
+    nodes = [make_project(tmp_path / f"node{i}") for i in range(2)]
+    url = s3.url()
+    for node in nodes:
+        set_store(node, url)
+    port = free_port()
+
+    def start(i: int, log: Path) -> subprocess.Popen:
+        return subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "trak-two-nodes",
+             "--max-restarts", "3", "--monitor-interval", "1", "-m", "trakcli.cli.main", "featurize", "run.yaml", "-q"],
+            cwd=nodes[i], stdout=subprocess.DEVNULL, stderr=(tmp_path / f"{log.name}.err").open("w"),
+            env={**os.environ, "TRAK_EVENT_LOG": str(log), "OMP_NUM_THREADS": "1",
+                 "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"},
+        )
+
+    first = start(0, tmp_path / "node0.log")
+    time.sleep(1)  # node 0 hosts the rendezvous
+    second = start(1, tmp_path / "node1.log")
+    log = tmp_path / "node1.log"
+    deadline = time.time() + 180
+    while (not log.exists() or log.read_text().count("start featurize") < 6) and time.time() < deadline:
+        assert second.poll() is None and first.poll() is None, (tmp_path / "node1.log.err").read_text()[-3000:]
+        time.sleep(0.01)
+    kill_tree(second.pid)
+    second.wait()
+    assert first.poll() is None  # node 0 lives on: torchrun restarts its ranks and waits for node 1
+    again = start(1, tmp_path / "node1-again.log")
+    for proc, name in ((first, "node0.log"), (again, "node1-again.log")):
+        assert proc.wait(timeout=300) == 0, (tmp_path / f"{name}.err").read_text()[-3000:]
+    assert "start featurize" in (tmp_path / "node1-again.log").read_text()
+    remote = s3_arrays(url)
+    local = arrays(local_reference / "out" / "attrib.zarr")
+    names = sorted(n for n in local if n.startswith("train/"))
+    assert sorted(n for n in remote if n.startswith("train/")) == names
+    for name in names:
+        np.testing.assert_allclose(remote[name], local[name], rtol=1e-6, atol=0, err_msg=name)

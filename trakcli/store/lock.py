@@ -25,9 +25,10 @@ from trakcli.store.location import Location, create_exclusive, is_remote
 class StoreLock:
     """An exclusive lock file ``<store>.lock`` naming the host and pid of the run.
 
-    A lock left by a killed run on this host (its pid no longer alive) is
-    stale and taken over. A lock held by a live process, or by another host,
-    refuses the second run.
+    A lock left by a killed run on this host (its pid no longer alive), or by
+    an earlier attempt of the same torchrun job (``--rdzv-id``, restarted after a
+    node failed), is stale and taken over. A lock held by a live process, or by
+    another host, refuses the second run.
     """
 
     path: Location
@@ -45,6 +46,9 @@ class StoreLock:
                 is a directory or cannot be created or removed.
         """
         me = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
+        job = _torchrun_job()
+        if job is not None:
+            me["torchrun_job"] = job
         note = None
         store = self.path.with_name(self.path.name[: -len(".lock")])
         if not is_remote(self.path) and (self.path.is_dir() or (self.path.exists() and not self.path.is_file())):
@@ -71,6 +75,9 @@ class StoreLock:
                     f"took over a stale lock of a run that is gone (host {other.get('host') if other else '?'}, "
                     f"pid {other.get('pid') if other else '?'})"
                 )
+                if other is not None and other.get("host") != socket.gethostname():
+                    note = (f"took over the lock of an earlier attempt of this torchrun job (rdzv id {job}) on host "
+                            f"{other.get('host')}, pid {other.get('pid')}")
                 try:
                     self.path.unlink()
                 except FileNotFoundError:
@@ -92,6 +99,9 @@ class StoreLock:
 
     @staticmethod
     def _is_stale(other: dict[str, Any]) -> bool:
+        job = _torchrun_job()
+        if job is not None and other.get("torchrun_job") == job:
+            return True  # an earlier attempt of this elastic job (torchrun restarts every rank together)
         if other.get("host") != socket.gethostname():
             return False  # cannot tell whether a process on another host lives
         pid = other.get("pid")
@@ -113,3 +123,15 @@ class StoreLock:
                 pass
             self.held = False
 
+
+
+def _torchrun_job() -> str | None:
+    """The rendezvous id of the torchrun job this process belongs to (``--rdzv-id``), or None.
+
+    torchrun's agent sets ``TORCHELASTIC_RUN_ID``; its default ``none`` (no ``--rdzv-id``)
+    names no job. When a node fails, torchrun restarts the ranks of every node in a new
+    rendezvous round; rank 0 may then run on another host, and the lock its earlier
+    attempt left is this job's own.
+    """
+    job = os.environ.get("TORCHELASTIC_RUN_ID")
+    return job if job and job != "none" else None
