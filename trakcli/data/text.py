@@ -855,7 +855,7 @@ class TextDataset:
         ``[n, L]`` int64. Loads the whole dataset (see :meth:`padded`); featurize and score use :meth:`batches`."""
         return self.padded()[0]
 
-    def fingerprint(self) -> dict[str, Any]:
+    def fingerprint(self, n: int | None = None) -> dict[str, Any]:
         """``n``, ``input_shape`` (``[max_length]`` per input key), ``input_dtype`` and a sha256 of the data.
 
         The sha256 covers the named fields' values of every row in order (streamed, not
@@ -866,38 +866,51 @@ class TextDataset:
         change to any value of the data or to the tokenization changes it. Computed
         once per dataset object (one pass over the file, which also checks every row).
 
+        Args:
+            n: fingerprint only the first ``n`` rows (``0 < n <= len(self)``; None: every row): what
+                a file holding just those rows gives, which is how an appended store proves its old
+                rows unchanged (:mod:`trakcli.store.append`). One more pass over those rows.
+
         Raises:
-            DataError: a row that cannot be read or lacks a field.
+            DataError: a row that cannot be read or lacks a field; ``n`` is not a row count of the data.
         """
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or not 0 < n <= len(self)):
+            raise DataError(f"{self.key}: cannot fingerprint the first {n!r} rows of the {len(self)} of {self.source}")
+        if n is not None and n != len(self):
+            return self._hash_rows(n)
         if self._fingerprint is None:
-            h = hashlib.sha256()
-            settings = {
-                "version": TOKENIZATION_VERSION, "kind": self.kind, "max_length": self.max_length,
-                "fields": {"text": self.text, "text_pair": self.text_pair, "labels": self.label_field,
-                           "prompt": self.prompt, "completion": self.completion, "messages": self.messages,
-                           "input_ids": self.input_ids_field},
-                "pad_token_id": self.pad_token_id, "eos_token_id": self.eos_token_id,
-                "input_keys": list(self.input_keys),
-            }
-            h.update(json.dumps(settings, sort_keys=True).encode())
-            if self.tokenizer is not None:
-                folder = Path(str(self.tokenizer.name_or_path))
-                for f in _tokenizer_files(self.tokenizer):
-                    h.update(f"\0{f.relative_to(folder).as_posix()}\0".encode())
-                    with open(f, "rb") as fh:
-                        for block in iter(lambda: fh.read(1 << 20), b""):
-                            h.update(block)
-            for lo in range(0, len(self), WINDOW_ROWS):
-                for v in self._values(self._rows.read(lo, min(lo + WINDOW_ROWS, len(self))), lo):
-                    h.update(json.dumps(v, ensure_ascii=False, sort_keys=True).encode())
-                    h.update(b"\n")
-            self._fingerprint = {
-                "n": len(self),
-                "input_shape": {k: [self.max_length] for k in self.input_keys},
-                "input_dtype": {k: "int64" for k in self.input_keys},
-                "sha256": h.hexdigest(),
-            }
+            self._fingerprint = self._hash_rows(len(self))
         return dict(self._fingerprint)
+
+    def _hash_rows(self, n: int) -> dict[str, Any]:
+        """The fingerprint of the first ``n`` rows (:meth:`fingerprint`)."""
+        h = hashlib.sha256()
+        settings = {
+            "version": TOKENIZATION_VERSION, "kind": self.kind, "max_length": self.max_length,
+            "fields": {"text": self.text, "text_pair": self.text_pair, "labels": self.label_field,
+                       "prompt": self.prompt, "completion": self.completion, "messages": self.messages,
+                       "input_ids": self.input_ids_field},
+            "pad_token_id": self.pad_token_id, "eos_token_id": self.eos_token_id,
+            "input_keys": list(self.input_keys),
+        }
+        h.update(json.dumps(settings, sort_keys=True).encode())
+        if self.tokenizer is not None:
+            folder = Path(str(self.tokenizer.name_or_path))
+            for f in _tokenizer_files(self.tokenizer):
+                h.update(f"\0{f.relative_to(folder).as_posix()}\0".encode())
+                with open(f, "rb") as fh:
+                    for block in iter(lambda: fh.read(1 << 20), b""):
+                        h.update(block)
+        for lo in range(0, n, WINDOW_ROWS):
+            for v in self._values(self._rows.read(lo, min(lo + WINDOW_ROWS, n)), lo):
+                h.update(json.dumps(v, ensure_ascii=False, sort_keys=True).encode())
+                h.update(b"\n")
+        return {
+            "n": n,
+            "input_shape": {k: [self.max_length] for k in self.input_keys},
+            "input_dtype": {k: "int64" for k in self.input_keys},
+            "sha256": h.hexdigest(),
+        }
 
     def texts(self, indices: Sequence[int], *, max_chars: int | None = 200) -> list[str]:
         """Short human-readable renderings of rows, for tables.
