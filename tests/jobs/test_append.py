@@ -255,3 +255,32 @@ def test_a_kfac_store_is_not_grown(tmp_path):
     assert res.returncode == 1
     assert "whitened by a kfac curvature fitted over all its train rows" in msg(res)
     assert "--overwrite" in msg(res)
+
+
+def test_a_second_data_file_is_appended(tmp_path, counted, at_once):
+    """data.train.path: data.pt, then [data.pt, more.pt]: the rows of more.pt are appended."""
+    import yaml
+
+    root = make(tmp_path, N_OLD, 16)
+    ok(root, "featurize", "run.yaml", "-q")
+    ok(root, "score", "run.yaml", "-q")
+    x, y, *_ = rows()
+    torch.save({"x_train": x[N_OLD:N_NEW].clone(), "y_train": y[N_OLD:N_NEW].clone()}, root / "more.pt")
+    cfg = yaml.safe_load((root / "run.yaml").read_text())
+    cfg["data"]["train"]["path"] = ["data.pt", "more.pt"]
+    write_config(root / "run.yaml", cfg)
+    counted.clear()
+    res = ok(root, "featurize", "run.yaml")
+    assert "appending 4 train rows to the 40" in msg(res)
+    assert sum(counted) == 2 * (N_NEW - N_OLD)
+    ok(root, "score", "run.yaml", "-q", "--overwrite")
+    np.testing.assert_allclose(scores(root), at_once[16], rtol=1e-5, atol=1e-6)
+
+    # a second file whose rows do not fit the first's: named, nothing changed
+    torch.save({"x_train": torch.zeros(3, 5), "y_train": torch.zeros(3, dtype=torch.long)}, root / "more.pt")
+    res = run(root, "featurize", "run.yaml", "-q")
+    assert res.returncode == 1
+    assert "'x_train' has rows of different shapes in the files of the list" in msg(res)
+    torch.save({"y_train": torch.zeros(3, dtype=torch.long)}, root / "more.pt")
+    res = run(root, "featurize", "run.yaml", "-q")
+    assert res.returncode == 1 and "more.pt has no key 'x_train'" in msg(res)
