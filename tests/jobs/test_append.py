@@ -11,6 +11,7 @@ import pytest
 import torch
 import zarr
 
+from trakcli.jobs import kernels
 from trakcli.jobs.setup import JobSetup
 
 from projects import MODEL_FILE, kill_at, msg, run, run_subprocess, tiny_model, write_config
@@ -19,7 +20,8 @@ N_OLD, N_NEW, N_TARGET = 40, 44, 6  # 10% more rows
 STORE = Path("out") / "attrib.zarr"
 
 
-def make(root: Path, n_train: int, chunk_rows: int = 16, extra: dict | None = None, **train) -> Path:
+def make(root: Path, n_train: int, chunk_rows: int = 16, extra: dict | None = None, proj_dim: int = 16,
+         **train) -> Path:
     """A project of 2 tiny checkpoints whose data.pt holds the first ``n_train`` of 64 seeded train rows."""
     root.mkdir(parents=True, exist_ok=True)
     (root / "my_model.py").write_text(MODEL_FILE)
@@ -35,7 +37,7 @@ def make(root: Path, n_train: int, chunk_rows: int = 16, extra: dict | None = No
             "target": {"path": "data.pt", "inputs": "x_target", "labels": "y_target"},
             "batch_size": 8,
         },
-        "projector": {"kind": "rademacher", "proj_dim": 16, "seed": 0},
+        "projector": {"kind": "rademacher", "proj_dim": proj_dim, "seed": 0},
         "store": {"path": str(STORE), "chunk_rows": chunk_rows},
         "num_threads": 1,
         **(extra or {}),
@@ -94,20 +96,23 @@ def counted(monkeypatch) -> list[int]:
 
 @pytest.fixture(scope="module")
 def at_once(tmp_path_factory) -> dict[int, np.ndarray]:
-    """By chunk_rows: the scores of a store featurized with all N_NEW rows at once."""
+    """By (chunk_rows, proj_dim): the scores of a store featurized with all N_NEW rows at once."""
     out = {}
-    for chunk_rows in (8, 16):
-        root = make(tmp_path_factory.mktemp(f"once{chunk_rows}"), N_NEW, chunk_rows)
+    for chunk_rows, proj_dim in ((8, 16), (16, 16), (16, 64)):
+        root = make(tmp_path_factory.mktemp(f"once{chunk_rows}"), N_NEW, chunk_rows, proj_dim=proj_dim)
         ok(root, "featurize", "run.yaml", "-q")
         ok(root, "score", "run.yaml", "-q")
-        out[chunk_rows] = scores(root)
+        out[chunk_rows, proj_dim] = scores(root)
+    for c in (8, 16):
+        out[c] = out[c, 16]
     return out
 
 
-@pytest.mark.parametrize("chunk_rows", [8, 16])  # 40 rows: whole chunks of 8; chunks of 16 end in a half-filled one
+# 40 rows: whole chunks of 8; chunks of 16 end in a half-filled one; proj_dim 64 > n_train: the dual kernel
+@pytest.mark.parametrize("chunk_rows,proj_dim", [(8, 16), (16, 16), (16, 64)])
 def test_appended_rows_are_featurized_alone_and_score_as_featurized_at_once(
-        tmp_path, monkeypatch, counted, at_once, chunk_rows):
-    root = make(tmp_path, N_OLD, chunk_rows)
+        tmp_path, monkeypatch, counted, at_once, chunk_rows, proj_dim):
+    root = make(tmp_path, N_OLD, chunk_rows, proj_dim=proj_dim)
     ok(root, "featurize", "run.yaml", "-q")
     ok(root, "score", "run.yaml", "-q")
     before = chunk_files(root)
@@ -119,9 +124,22 @@ def test_appended_rows_are_featurized_alone_and_score_as_featurized_at_once(
     log = tmp_path / "events.log"
     monkeypatch.setenv("TRAK_EVENT_LOG", str(log))
     counted.clear()
+    gram_rows = []
+    real_gram = kernels.gram_matrix
+
+    def gram_matrix(chunks):
+        chunks = list(chunks)
+        gram_rows.append(sum(c.shape[0] for c in chunks))
+        return real_gram(chunks)
+
+    monkeypatch.setattr(kernels, "gram_matrix", gram_matrix)
     res = ok(root, "featurize", "run.yaml")
     assert "appending 4 train rows to the 40" in msg(res)
     assert sum(counted) == 2 * (N_NEW - N_OLD)  # only the new rows, of each checkpoint
+    # the primal kernels add the new rows' products to the old rows' Gram; the dual ones (n_train < proj_dim)
+    # are solved over every row
+    assert gram_rows == ([N_NEW - N_OLD] * 2 if proj_dim < N_OLD else [])
+    assert not any((root / STORE / "train" / str(m) / "gram_prefix").exists() for m in range(2))
     started = [line.split() for line in log.read_text().splitlines() if line.startswith("start featurize")]
     assert sorted({int(c) for *_, c in started}) == list(range(n_full, -(-N_NEW // chunk_rows)))
     after = chunk_files(root)
@@ -152,7 +170,7 @@ def test_appended_rows_are_featurized_alone_and_score_as_featurized_at_once(
     counted.clear()
     ok(root, "score", "run.yaml", "-q", "--overwrite")
     assert counted == []  # the target features are kept: they depend on the checkpoints, not the train rows
-    np.testing.assert_allclose(scores(root), at_once[chunk_rows], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(scores(root), at_once[chunk_rows, proj_dim], rtol=1e-5, atol=1e-6)
     ok(root, "export", str(STORE), "-o", "s.npy")
     assert np.load(root / "s.npy").shape == (N_TARGET, N_NEW)
 

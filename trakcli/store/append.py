@@ -16,8 +16,11 @@ last and are what commits the append):
    its ``done`` flag cleared and then its kept rows recorded (attribute
    ``appended_into``: ``{"chunk", "kept_rows"}``): featurize computes only the rows
    after them (:func:`kept_rows`) and writes the chunk whole;
-2. its kernel (which sums over every row) is deleted: featurize makes it again
-   from the stored features;
+2. its kernel (which sums over every row) is deleted, after the Gram ``ΦᵀΦ`` of
+   the old rows is recovered from it (a primal kernel ``L``: ``L Lᵀ − λI``) and kept
+   as ``gram_prefix`` (:func:`trakcli.store.kernel.save_gram_prefix`): featurize
+   makes the kernel again adding only the new rows' products (a dual kernel: from
+   every stored feature);
 3. its arrays (``features``, ``out_to_loss``, ``nonfinite``, ``done``) are resized
    along the rows (new chunks are not done);
 4. every scored experiment (``scores/<experiment>``) is marked stale (attribute
@@ -41,6 +44,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from trakcli.errors import StoreError, StoreMismatchError
 from trakcli.store.identity import differing_keys, jsonable
 from trakcli.store.integrity import delete, keys, node, writable
+from trakcli.store.kernel import save_gram_prefix
 from trakcli.store.layout import LAYOUT_ATTR
 
 if TYPE_CHECKING:
@@ -184,6 +188,7 @@ def _grow_train(store: "Store", model_id: int, n_old: int, n_new: int, chunk_row
             done[chunk] = 0  # first: a kill after it recomputes the whole chunk, never trusts unwritten rows
             group.attrs.update({KEPT_ATTR: {"chunk": chunk, "kept_rows": partial}})
     if node(group, "kernel") is not None:
+        save_gram_prefix(store, model_id, n_old)  # the old rows' Gram, from the kernel: only new rows are added
         delete(store.root, f"{path}/kernel", metadata_only=False)
     n_chunks = -(-n_new // chunk_rows)
     for name in ("features", "out_to_loss", "nonfinite"):
