@@ -164,6 +164,7 @@ def test_appended_rows_are_featurized_alone_and_score_as_featurized_at_once(
     assert res.returncode == 1 and "stale" in msg(res) and not (root / "s.npy").exists()
     res = ok(root, "inspect", str(STORE))
     assert "stale" in msg(res) and "--overwrite" in msg(res)
+    assert "appended: 40 -> 44 train rows" in msg(res)
     info = json.loads(ok(root, "inspect", str(STORE), "--json").stdout)
     assert info["scores"]["default"]["stale"]["n_train"] == N_OLD
 
