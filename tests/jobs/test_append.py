@@ -303,3 +303,33 @@ def test_a_second_data_file_is_appended(tmp_path, counted, at_once):
     torch.save({"y_train": torch.zeros(3, dtype=torch.long)}, root / "more.pt")
     res = run(root, "featurize", "run.yaml", "-q")
     assert res.returncode == 1 and "more.pt has no key 'x_train'" in msg(res)
+
+
+def test_torchrun_two_ranks_append_as_one_process(tmp_path):
+    """Grown under torchrun: rank 0 grows the store, each rank featurizes its new chunks (rank 0 the half-filled
+    old one, keeping its rows); the features and rescored scores are those of one process featurizing all rows."""
+    import os
+    import subprocess
+    import sys
+
+    from projects import free_port
+
+    root = make(tmp_path / "grow", N_OLD, 16)
+    ok(root, "featurize", "run.yaml", "-q")
+    ok(root, "score", "run.yaml", "-q")
+    write_data(root, 64)
+    for args in (["featurize", "run.yaml", "-q"], ["score", "run.yaml", "-q", "--overwrite"]):
+        res = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+             "--master-port", str(free_port()), "-m", "trakcli.cli.main", *args],
+            cwd=root, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
+        assert res.returncode == 0, res.stderr[-3000:]
+    once = make(tmp_path / "once", 64, 16)
+    ok(once, "featurize", "run.yaml", "-q")
+    ok(once, "score", "run.yaml", "-q")
+    a, b = (zarr.open_group(str(r / STORE), mode="r") for r in (root, once))
+    for m in range(2):
+        np.testing.assert_allclose(np.asarray(a[f"train/{m}/features"][:]), np.asarray(b[f"train/{m}/features"][:]),
+                                   rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(scores(root), scores(once), rtol=1e-5, atol=1e-6)
