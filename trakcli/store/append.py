@@ -43,9 +43,10 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from trakcli.errors import StoreError, StoreMismatchError
 from trakcli.store.identity import differing_keys, jsonable
-from trakcli.store.integrity import delete, keys, node, writable
+from trakcli.store.integrity import StoreCorruptError, delete, keys, node, writable
 from trakcli.store.kernel import save_gram_prefix
 from trakcli.store.layout import LAYOUT_ATTR
+from trakcli.store.rows import read_checked
 
 if TYPE_CHECKING:
     from trakcli.store.layout import StoreLayout
@@ -178,13 +179,13 @@ def _grow_train(store: "Store", model_id: int, n_old: int, n_new: int, chunk_row
     if done is None:  # nothing computed yet: `Store.train` creates the arrays at the new size
         return
     kept = group.attrs.get(KEPT_ATTR)
-    if isinstance(kept, dict) and isinstance(kept.get("chunk"), int) and kept["chunk"] < done.shape[0] and int(
-            done[kept["chunk"]]):
+    if isinstance(kept, dict) and isinstance(kept.get("chunk"), int) and kept["chunk"] < done.shape[0] and _flag(
+            done, kept["chunk"]):
         del group.attrs[KEPT_ATTR]  # an earlier append's chunk, finished since
     partial = n_old % chunk_rows
     if partial and done.shape[0] == -(-n_old // chunk_rows):  # not resized yet: the old last chunk is partly filled
         chunk = n_old // chunk_rows
-        if int(done[chunk]):
+        if _flag(done, chunk):
             done[chunk] = 0  # first: a kill after it recomputes the whole chunk, never trusts unwritten rows
             group.attrs.update({KEPT_ATTR: {"chunk": chunk, "kept_rows": partial}})
     if node(group, "kernel") is not None:
@@ -197,6 +198,14 @@ def _grow_train(store: "Store", model_id: int, n_old: int, n_new: int, chunk_row
             writable(arr).resize((n_new, *arr.shape[1:]))
     if done.shape[0] != n_chunks:
         done.resize((n_chunks,))
+
+
+def _flag(done: Any, chunk: int) -> bool:
+    """Whether ``done[chunk]`` is set; an unreadable flag is not (its chunk is then computed whole)."""
+    try:
+        return bool(read_checked(done, slice(chunk, chunk + 1), 0, stored=False)[0])
+    except StoreCorruptError:
+        return False
 
 
 def _mark_stale(store: "Store", scored_over: dict[str, Any]) -> None:
