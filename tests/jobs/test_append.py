@@ -333,3 +333,79 @@ def test_torchrun_two_ranks_append_as_one_process(tmp_path):
         np.testing.assert_allclose(np.asarray(a[f"train/{m}/features"][:]), np.asarray(b[f"train/{m}/features"][:]),
                                    rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(scores(root), scores(once), rtol=1e-5, atol=1e-6)
+
+
+LM_FILE = '''
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+
+
+def gpt2(vocab_size=29):
+    torch.manual_seed(0)
+    cfg = GPT2Config(vocab_size=vocab_size, n_embd=16, n_layer=1, n_head=2, n_positions=32,
+                     bos_token_id=1, eos_token_id=1, attn_implementation="eager")
+    return GPT2LMHeadModel(cfg)
+'''
+
+
+def _lm_project(root: Path, n_train: int) -> Path:
+    """A tiny GPT-2 with pre-tokenized language-model rows: the first ``n_train`` of 24 in train.jsonl; top-k scores."""
+    pytest.importorskip("transformers")
+    from projects import masked_batch, write_jsonl
+
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "lm_model.py").write_text(LM_FILE)
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"lm_model_{root.name}", root / "lm_model.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    torch.save(mod.gpt2().state_dict(), root / "ck0.pt")
+
+    def lm_rows(n: int, seed: int) -> list[dict]:
+        inputs, labels = masked_batch("prompt", n=n, length=10, seed=seed)
+        return [{"ids": ids[:int(am.sum())].tolist(), "labels": lab[:int(am.sum())].tolist()}
+                for ids, am, lab in zip(inputs["input_ids"], inputs["attention_mask"], labels)]
+
+    write_jsonl(root / "train.jsonl", lm_rows(24, 1)[:n_train])
+    write_jsonl(root / "target.jsonl", lm_rows(3, 2))
+    data = {"input_ids": "ids", "labels": "labels", "max_length": 10}
+    write_config(root / "run.yaml", {
+        "model": {"entrypoint": "lm_model.py:gpt2"},
+        "task": "language_modeling",
+        "checkpoints": ["ck0.pt"],
+        "data": {"train": {"path": "train.jsonl", **data}, "target": {"path": "target.jsonl", **data},
+                 "batch_size": 8},
+        "projector": {"kind": "sjlt", "proj_dim": 32, "seed": 0},
+        "store": {"path": str(STORE), "chunk_rows": 8},
+        "score": {"top_k": 5},
+        "num_threads": 1,
+    })
+    return root
+
+
+def test_lines_appended_to_a_jsonl_file_are_featurized_alone_and_the_top_k_rescored(tmp_path, counted):
+    root = _lm_project(tmp_path / "grow", 20)  # 20 rows: chunks of 8, the last half filled
+    ok(root, "featurize", "run.yaml", "-q")
+    ok(root, "score", "run.yaml", "-q")
+    full = _lm_project(tmp_path / "full", 24)
+    (root / "train.jsonl").write_bytes((full / "train.jsonl").read_bytes())  # 4 lines appended
+    counted.clear()
+    ok(root, "featurize", "run.yaml", "-q")
+    assert sum(counted) == 4
+    res = run(root, "export", str(STORE), "--what", "proponents", "-o", "p.npy")
+    assert res.returncode == 1 and "computed over 20 train rows, and the store now holds 24" in msg(res)
+    ok(root, "score", "run.yaml", "-q", "--overwrite")
+    ok(full, "featurize", "run.yaml", "-q")
+    ok(full, "score", "run.yaml", "-q")
+    a, b = (zarr.open_group(str(r / STORE), mode="r")["scores/default/top_k"] for r in (root, full))
+    np.testing.assert_array_equal(np.asarray(a["proponents"][:]), np.asarray(b["proponents"][:]))
+    np.testing.assert_allclose(np.asarray(a["proponent_scores"][:]), np.asarray(b["proponent_scores"][:]),
+                               rtol=1e-5, atol=1e-6)
+
+    # a line changed in the middle of the file: refused, naming the fix
+    lines = (full / "train.jsonl").read_text().splitlines()
+    lines[5] = lines[6]
+    (root / "train.jsonl").write_text("\n".join(lines + lines[:2]) + "\n")
+    res = run(root, "featurize", "run.yaml", "-q")
+    assert res.returncode == 1 and "first 24 rows are not the rows the store was featurized with" in msg(res)
