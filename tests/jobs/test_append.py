@@ -305,6 +305,7 @@ def test_a_second_data_file_is_appended(tmp_path, counted, at_once):
     assert res.returncode == 1 and "more.pt has no key 'x_train'" in msg(res)
 
 
+@pytest.mark.slow
 def test_torchrun_two_ranks_append_as_one_process(tmp_path):
     """Grown under torchrun: rank 0 grows the store, each rank featurizes its new chunks (rank 0 the half-filled
     old one, keeping its rows); the features and rescored scores are those of one process featurizing all rows."""
@@ -409,3 +410,14 @@ def test_lines_appended_to_a_jsonl_file_are_featurized_alone_and_the_top_k_resco
     (root / "train.jsonl").write_text("\n".join(lines + lines[:2]) + "\n")
     res = run(root, "featurize", "run.yaml", "-q")
     assert res.returncode == 1 and "first 24 rows are not the rows the store was featurized with" in msg(res)
+
+
+def test_select_refuses_a_list_of_pool_files_naming_the_fix():
+    from trakcli.config.schema import DatasetConfig
+    from trakcli.errors import ConfigError
+    from trakcli.jobs.select import pool_kind
+
+    section = DatasetConfig(path=["a.pt", "b.pt"], inputs="x", labels="y")
+    with pytest.raises(ConfigError, match="is a list of 2 files; trak select writes the selected rows"):
+        pool_kind(section)
+    assert pool_kind(DatasetConfig(path=["a.pt"], inputs="x", labels="y")) == "pt"  # a list of one is that file
