@@ -218,7 +218,7 @@ def test_more_rows_with_other_settings_are_refused_naming_them(tmp_path):
     assert dict(zarr.open_group(str(root / STORE), mode="r").attrs)["layout"]["n_train"] == N_OLD
 
 
-def test_an_append_killed_in_the_middle_resumes(tmp_path, at_once):
+def test_an_append_killed_in_the_middle_resumes(tmp_path):
     root = make(tmp_path, N_OLD, 8)
     ok(root, "featurize", "run.yaml", "-q")
     # grown by 24 rows (3 new chunks of 8 per checkpoint); killed as the second new chunk starts
