@@ -552,6 +552,27 @@ def _select(data: dict[str, Any]) -> tuple[str, str, str]:
     return title, note, table(head, rows, ["l"] + ["r"] * 4)
 
 
+def _append(data: dict[str, Any]) -> tuple[str, str, str]:
+    sec, st = data["seconds"], data["setup"]
+    rows = []
+    for name, once, app in (("featurize (features + kernels)", "once_featurize", "append_featurize"),
+                            ("score (full matrix; the append rescores)", "once_score", "append_rescore")):
+        rows.append([name, _f(sec[once]), _f(sec[app]), f"{sec[app] / sec[once]:.3f}"])
+    total_once, total_app = sec["once_featurize"] + sec["once_score"], sec["append_featurize"] + sec["append_rescore"]
+    rows.append(["both", _f(total_once), _f(total_app), f"{total_app / total_once:.3f}"])
+    m = data["machine"]
+    note = (f"{st['n_old']:,} train rows featurized, then {st['n_appended']:,} more ({st['fraction']:.0%}) appended "
+            f"as a second file, against featurizing all {st['n_old'] + st['n_appended']:,} rows into a new store "
+            f"({st['model']}, {st['models']} checkpoint(s), {st['projector']} proj_dim {st['proj_dim']}, chunk_rows "
+            f"{st['chunk_rows']}, {st['targets']} targets; best of {st['repeats']}). The append featurized "
+            f"{data['append_chunks_computed']} chunk(s) and rewrote {data['old_full_chunk_files_rewritten']} chunk "
+            f"file(s) of the old full chunks; the largest score difference is {data['max_rel_score_difference']:.1e} "
+            f"of the largest score. {m['cpus']} CPUs, {m['threads']} thread(s); {data['date']}, commit "
+            f"{data['commit'][:8]}, trakcli {data['version']}.")
+    return ("Appending 10% more rows to a store", note,
+            table(["step", "at once s", "append s", "ratio"], rows, ["l", "r", "r", "r"]))
+
+
 #: scripts/bench_recall.py's setups: (the title's subject, the model and how it was trained).
 _RECALL_SETUPS = {
     "smollm2": ("a finetuned pretrained LM", "SmolLM2-135M-Instruct finetuned"),
@@ -576,6 +597,7 @@ RENDERERS: list[tuple[Any, str, Any]] = [
     (lambda d: d.get("benchmark") == "qld_tokens", "bench_qld_tokens.py", _qld_tokens),
     (lambda d: d.get("benchmark") == "callback", "bench_callback.py", _callback),
     (lambda d: d.get("benchmark") == "select", "bench_select.py", _select),
+    (lambda d: d.get("benchmark") == "append", "bench_append.py", _append),
 ]
 
 

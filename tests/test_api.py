@@ -271,3 +271,28 @@ def test_progress_goes_to_a_terminal_by_default(project, monkeypatch):
     att.featurize(train, checkpoint="ckpts/model_0.pt", model_id=0)
     lines = term.getvalue().replace("\r", "\n").splitlines()
     assert lines[-1] == "featurize model 0: 40/40", lines
+
+
+def test_attributor_appends_rows_and_rescores_as_featurized_at_once(project):
+    """Batches of the store's rows and more after them grow the store; the stale experiment is rescored."""
+    from trakcli.store import StoreStaleError
+
+    data = torch.load("ckpts/data.pt")
+    x, y = data["x_train"], data["y_train"]  # 40 rows: 32 featurized first, then 8 appended
+    _, target = loaders()
+    ckpts = sorted(Path("ckpts").glob("model_*.pt"))
+
+    def run(store: str, n: int) -> trakcli.Attributor:
+        att = trakcli.Attributor(build_model("my_model.py:make_model"), store={"path": store, "chunk_rows": 12},
+                                 projector={"kind": "rademacher", "proj_dim": 16, "seed": 0})
+        train = DataLoader(TorchTensorDataset(x[:n], y[:n]), batch_size=8, shuffle=False)
+        for m, ck in enumerate(ckpts):
+            att.featurize(train, checkpoint=ck, model_id=m)
+        return att
+
+    once = run("out/once.zarr", 40).score(target, checkpoints=ckpts)
+    run("out/grow.zarr", 32).score(target, checkpoints=ckpts)
+    att = run("out/grow.zarr", 40)
+    with pytest.raises(StoreStaleError, match=r"computed over 32 train rows.*rescore with overwrite=True"):
+        att.score(target, checkpoints=ckpts)
+    np.testing.assert_allclose(att.score(target, checkpoints=ckpts, overwrite=True), once, rtol=1e-5, atol=1e-6)

@@ -41,6 +41,7 @@ from trakcli.jobs.setup import JobSetup, batch_rows_for, build_featurizer, run_i
 from trakcli.models.checkpoints import file_sha256, load_checkpoint, nonfinite_parameters
 from trakcli.progress import Reporter, default_reporter
 from trakcli.store import Store, StoreLayout
+from trakcli.store.append import StoreStaleError, kept_rows
 from trakcli.store.store import TOP_K_ARRAYS
 
 @dataclass(frozen=True)
@@ -327,6 +328,7 @@ class Attributor:
              "pass overwrite=True to recompute them, or another experiment="),
             ("rerun with --overwrite to recompute the scores, or set score.experiment to a new name",
              "pass overwrite=True to recompute the scores, or another experiment="),
+            ("rescore with `trak score CONFIG --overwrite`", "rescore with overwrite=True"),
         ):
             if cli in message:
                 return message.replace(cli, api)
@@ -337,7 +339,9 @@ class Attributor:
 
         Creates the store on the first call and checks it on later ones (model, task, grad_wrt,
         projector, the train batches' fingerprint, storage); a chunk already done is not recomputed,
-        so an interrupted call resumes where it stopped.
+        so an interrupted call resumes where it stopped. Batches that hold the store's rows and more
+        after them grow the store: only the new rows are featurized (:mod:`trakcli.store.append`),
+        and experiments scored before are stale until scored again with ``overwrite=True``.
 
         Args:
             batches: the train batches, the same rows in the same order on every call (see the module doc).
@@ -358,15 +362,19 @@ class Attributor:
         s = self._setup(len(train), train, self.batch_size or first, {model_id: checkpoint})
         with locked_store(self.path, self.dist, self.reporter):
             try:
-                store = Store.create_or_check(self.path, s.identity, self._config(), layout=s.layout)
+                store = Store.create_or_check(self.path, s.identity, self._config(), layout=s.layout,
+                                              prefix=train.fingerprint)  # more rows after the old: grown
                 rows = store.train(model_id, s.checkpoints[0], s.shas[0])
             except StoreMismatchError as e:
                 raise StoreMismatchError(self._api_fix(str(e))) from None
+            for note in store.notes:
+                self.reporter.info(self._api_fix(note))
+            store.notes.clear()
             if s.curvature is not None and rows.pending(0, 1):  # fitted over the train batches before the features
                 s.fit_curvature(model_id, store, self.reporter)
             n, _ = featurize_rows(
                 s, train, rows, model_id, with_out_to_loss=True, skip_nonfinite=False, reporter=self.reporter,
-                label="featurize",
+                label="featurize", kept=kept_rows(store, model_id),
             )
         return n
 
@@ -401,6 +409,7 @@ class Attributor:
             ConfigError: an ``experiment`` that is not one store group name (empty, with ``/`` or ``..``).
             StoreError: no store, or train features missing / incomplete for a model_id.
             StoreMismatchError: the store was featurized with other settings or checkpoints.
+            StoreStaleError: the experiment was scored before train rows were appended (pass ``overwrite=True``).
             DataError, GradientError, CheckpointError: bad batches or checkpoints.
         """
         self._score(batches, checkpoints, experiment, lambda_reg, lambda_rel, normalize, None, overwrite)
@@ -564,4 +573,6 @@ class Attributor:
             )
         except StoreMismatchError as e:
             raise StoreMismatchError(self._api_fix(str(e))) from None
+        except StoreStaleError as e:
+            raise StoreStaleError(self._api_fix(str(e))) from None
         self._reported = experiment  # what report() shows by default

@@ -42,3 +42,21 @@ def test_fingerprint_depends_on_row_order():
     a = TensorDataset(x, y, "a").fingerprint()
     b = TensorDataset(x.flip(0), y.flip(0), "b").fingerprint()
     assert a["sha256"] != b["sha256"] and a["n"] == b["n"]
+
+
+def test_the_fingerprint_of_the_first_rows_is_that_of_those_rows_alone():
+    from trakcli.data.tensors import TensorDataset
+    from trakcli.errors import DataError
+
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(10, 3, generator=g), torch.randint(0, 3, (10,), generator=g)
+    whole = TensorDataset(x, y, "d")
+    assert whole.fingerprint(7) == TensorDataset(x[:7], y[:7], "d").fingerprint()
+    assert whole.fingerprint(10) == whole.fingerprint()
+    assert whole.fingerprint(7) != whole.fingerprint()
+    ids = {"input_ids": torch.arange(40).reshape(10, 4), "attention_mask": torch.ones(10, 4, dtype=torch.long)}
+    d = TensorDataset(ids, y, "t")
+    assert d.fingerprint(4) == TensorDataset({k: v[:4] for k, v in ids.items()}, y[:4], "t").fingerprint()
+    for bad in (0, 11, 2.5, True):
+        with pytest.raises(DataError, match="cannot fingerprint the first"):
+            whole.fingerprint(bad)

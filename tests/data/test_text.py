@@ -443,3 +443,23 @@ def test_a_tokenizer_only_directory_is_taken_as_the_tokenizer(tmp_path, chat_tok
     ds = load_dataset(cfg.data.train, key="data.train")
     [(_, x, _)] = list(ds.batches(0, 4, 8))
     assert x["input_ids"].shape[0] == 4 and ds.tokenizer.eos_token == "[SEP]"
+
+
+def test_a_list_of_files_reads_as_one_dataset_whose_first_rows_fingerprint_as_the_first_file(tmp_path):
+    rows = [{"ids": [i + 1, i + 2, i + 3][: 1 + i % 3]} for i in range(12)]
+    write_jsonl(tmp_path / "a.jsonl", rows[:8])
+    write_jsonl(tmp_path / "b.jsonl", rows[8:])
+    cfg = DatasetConfig(path=[str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")], input_ids="ids")
+    both = load_dataset(cfg)
+    whole = TextDataset(write_jsonl(tmp_path / "all.jsonl", rows), input_ids="ids")
+    first = TextDataset(tmp_path / "a.jsonl", input_ids="ids")
+    assert len(both) == 12 and both.fingerprint() == whole.fingerprint()
+    assert both.fingerprint(8) == first.fingerprint() != both.fingerprint()
+    assert both.texts([9, 0]) == whole.texts([9, 0])
+    x, y = both.padded()
+    np.testing.assert_array_equal(x["input_ids"], whole.padded()[0]["input_ids"])
+    with pytest.raises(DataError, match="cannot fingerprint the first 13 rows"):
+        both.fingerprint(13)
+    assert DatasetConfig(path=[str(tmp_path / "a.jsonl")], input_ids="ids").path == tmp_path / "a.jsonl"
+    with pytest.raises(ValueError, match="an empty list of files"):
+        DatasetConfig(path=[], input_ids="ids")

@@ -18,7 +18,7 @@ def featurize(
     skip_nonfinite: SkipNonfiniteOpt = False,
     verify: VerifyOpt = False,
 ) -> None:
-    """Compute train features (projected gradients) for every checkpoint; resumes where it stopped."""
+    """Compute train features (projected gradients) for every checkpoint; resumes, and featurizes appended rows alone."""
     cfg = load(config, overrides, print_config)
     from trakcli.jobs.featurize import featurize as run  # after the config is valid: importing torch is slow
 

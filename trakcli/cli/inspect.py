@@ -110,6 +110,8 @@ def _render(info: dict) -> None:
         err_console.print(_layer_table(layers))
     err_console.print(f"train data: n={data.get('n')} input_shape={data.get('input_shape')} "
                       f"sha256={str(data.get('sha256'))[:16]}  storage: {ident.get('storage')}")
+    for a in info.get("appends", []):
+        err_console.print(f"appended: {a.get('n_train_before')} -> {a.get('n_train')} train rows on {a.get('date')}")
     table = Table(title="train features per checkpoint (done and intact)")
     for col in ("model_id", "checkpoint", "sha256", "rows done", "skipped", "kernel λ", "on disk"):
         table.add_column(col)
@@ -129,6 +131,8 @@ def _render(info: dict) -> None:
         if "shape" in s:
             parts.append(f"shape {s['shape']}, {s.get('chunks_done')}/{s.get('chunks_total')} column chunks done")
         err_console.print(f"scores/{exp}: {'; '.join(parts) or 'nothing computed yet'}, {_size(s['bytes_on_disk'])}")
+        if "stale" in s:
+            err_console.print(f"[yellow]stale:[/] {escape(str(s['stale']['message']))}", highlight=False)
     for exp in info["targets"]:
         if exp not in info["scores"]:
             err_console.print(f"targets/{exp}: target features only (not scored yet)")

@@ -170,16 +170,17 @@ def check_files(
             if name == "target" and need_target:
                 problems.append("data.target: required to score; give a builtin split or a file")
             continue
-        if isinstance(ds.path, str) and ds.path.startswith("hf://"):  # a Hub dataset: downloaded or in the cache
-            from trakcli.errors import DataError
-            from trakcli.models.hub import resolve_hub_dataset
+        for path in ds.paths:
+            if isinstance(path, str) and path.startswith("hf://"):  # a Hub dataset: downloaded or in the cache
+                from trakcli.errors import DataError
+                from trakcli.models.hub import resolve_hub_dataset
 
-            try:
-                resolve_hub_dataset(ds.path, key=f"data.{name}")
-            except DataError as e:
-                problems.append(str(e))
-        elif ds.path is not None and file_problem(ds.path) is not None:
-            problems.append(_not_a_file(f"data.{name}.path", ds.path, "a .pt, .npz or text data file"))
+                try:
+                    resolve_hub_dataset(path, key=f"data.{name}")
+                except DataError as e:
+                    problems.append(str(e))
+            elif file_problem(path) is not None:
+                problems.append(_not_a_file(f"data.{name}.path", path, "a .pt, .npz or text data file"))
     ep = cfg.model.entrypoint
     if ep.startswith("hf:"):
         from trakcli.errors import ModelError

@@ -82,20 +82,36 @@ class DatasetConfig(StrictModel):
     split: Literal["train", "target"] | None = Field(
         None, description="Which split of the built-in dataset (train: 1437 rows, target: 360 rows)."
     )
-    path: Path | str | None = Field(
+    path: Path | str | list[Path | str] | None = Field(
         None,
         description="A .pt file holding a dict of tensors, an .npz file, or (with `text`, `prompt`, `messages` or "
         "`input_ids`) a .jsonl / .csv / .parquet / .arrow file or a Hugging Face datasets save_to_disk folder. "
         "Or a Hugging Face Hub dataset, hf://datasets/ORG/NAME[@REVISION][/PATH] (PATH: a file, folder or glob; "
         "without it the repo's only data file or its train split's), downloaded into the Hugging Face cache, "
-        "or read from it with HF_HUB_OFFLINE=1.",
+        "or read from it with HF_HUB_OFFLINE=1. Or a list of such files, read as one dataset in order (the rows "
+        "of the first, then of the second, ...): a corpus grown by a new file is appended to its store.",
     )
 
     @field_validator("path", mode="before")
     @classmethod
     def _hub_url(cls, v: Any) -> Any:
-        """A Hub URL stays the string it is (``Path`` would turn ``hf://`` into ``hf:/``); other strings are paths."""
-        return Path(v) if isinstance(v, str) and not v.startswith("hf://") else v
+        """A Hub URL stays the string it is (``Path`` would turn ``hf://`` into ``hf:/``); other strings are paths.
+        A list of one path is that path; a list must not be empty."""
+        def one(p: Any) -> Any:
+            return Path(p) if isinstance(p, str) and not p.startswith("hf://") else p
+
+        if isinstance(v, (list, tuple)):
+            if not v:
+                raise ValueError("an empty list of files; name at least one")
+            return one(v[0]) if len(v) == 1 else [one(p) for p in v]
+        return one(v)
+
+    @property
+    def paths(self) -> list[Path | str]:
+        """``path`` as a list of the files it names (``[]`` without a path)."""
+        if self.path is None:
+            return []
+        return list(self.path) if isinstance(self.path, list) else [self.path]
     inputs: str | list[str] | None = Field(
         None,
         description="Key of the inputs tensor in `path`, shape [n, ...]; or a list of keys: a dict of tensors "
@@ -202,12 +218,13 @@ class DatasetConfig(StrictModel):
                 )
             if self.path is None:
                 raise ValueError(f"a text dataset needs `path` (a .jsonl or .csv file) holding the `{kind}` field")
-            if isinstance(self.path, Path) and self.path.suffix.lower() not in (  # a Hub URL's files: checked when read
-                    ".jsonl", ".csv", ".parquet", ".arrow", ""):  # "": a datasets folder
-                raise ValueError(f"a text dataset reads .jsonl or .csv files (or .parquet, .arrow, a datasets "
-                                 f"folder), not {self.path.suffix!r}"
-                                 + ("; a tensor file takes inputs: [input_ids, attention_mask] (+ labels)"
-                                    if kind == "input_ids" else ""))
+            for path in self.paths:
+                if isinstance(path, Path) and path.suffix.lower() not in (  # a Hub URL's files: checked when read
+                        ".jsonl", ".csv", ".parquet", ".arrow", ""):  # "": a datasets folder
+                    raise ValueError(f"a text dataset reads .jsonl or .csv files (or .parquet, .arrow, a datasets "
+                                     f"folder), not {path.suffix!r}"
+                                     + ("; a tensor file takes inputs: [input_ids, attention_mask] (+ labels)"
+                                        if kind == "input_ids" else ""))
             if self.tokenizer is None and kind != "input_ids":
                 raise ValueError(
                     "a text dataset needs `tokenizer` (a local Hugging Face directory), or use "

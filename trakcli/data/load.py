@@ -27,6 +27,11 @@ def _tensor_file(path: str | Path, key: str) -> Path:
     return files[0]
 
 
+def _where(cfg: DatasetConfig) -> str:
+    """The file (or the files, comma-separated) a dataset section reads, for names and messages."""
+    return ", ".join(str(p) for p in cfg.paths) if isinstance(cfg.path, list) else str(cfg.path)
+
+
 def _read_file(path: Path) -> dict[str, Any]:
     suffix = path.suffix.lower()
     try:
@@ -175,16 +180,42 @@ def _dict_dataset(cfg: DatasetConfig, contents: dict[str, Any], key: str) -> Ten
     """
     keys = list(cfg.inputs or [])
     if not keys:
-        raise DataError(f"{key}.inputs: an empty list; name the keys of {cfg.path} the model takes")
+        raise DataError(f"{key}.inputs: an empty list; name the keys of {_where(cfg)} the model takes")
     missing = [k for k in keys + [cfg.labels] if k not in contents]
     if missing:
         raise DataError(
-            f"{key}: {cfg.path} has no key {', '.join(repr(m) for m in missing)}; its keys are {sorted(contents)}"
+            f"{key}: {_where(cfg)} has no key {', '.join(repr(m) for m in missing)}; its keys are {sorted(contents)}"
         )
     return checked_dataset(
-        {k: contents[k] for k in keys}, contents[cfg.labels], key=key, name=f"{cfg.path}[{','.join(keys)}]",
-        labels_what=f"labels {cfg.labels!r}", source=f" of {cfg.path}",
+        {k: contents[k] for k in keys}, contents[cfg.labels], key=key, name=f"{_where(cfg)}[{','.join(keys)}]",
+        labels_what=f"labels {cfg.labels!r}", source=f" of {_where(cfg)}",
     )
+
+
+def _concat_files(files: list[tuple[Any, dict[str, Any]]], needed: list[str], key: str) -> dict[str, Any]:
+    """The ``needed`` keys of several tensor files' contents, each concatenated along its rows in file order.
+
+    Raises:
+        DataError: a file lacks a key, or a key's rows have another shape or kind in another file
+            (names the files and shapes).
+    """
+    out: dict[str, Any] = {}
+    for name in dict.fromkeys(needed):
+        parts = []
+        for path, contents in files:
+            if name not in contents:
+                raise DataError(f"{key}: {path} has no key {name!r}; its keys are {sorted(contents)} (every file of "
+                                "a list of data files holds the same keys)")
+            parts.append((path, _as_tensor(contents[name], f"{key}: {name!r} of {path}", "numbers")))
+        shapes = {str(path): list(t.shape[1:]) for path, t in parts}
+        if len({str(v) for v in shapes.values()}) > 1 or any(t.ndim == 0 for _, t in parts):
+            raise DataError(f"{key}: {name!r} has rows of different shapes in the files of the list: {shapes}; every "
+                            "file's rows must have one shape (text token tensors: pad each file to the same width)")
+        try:
+            out[name] = torch.cat([t for _, t in parts])
+        except (RuntimeError, TypeError) as e:
+            raise DataError(f"{key}: the files' {name!r} cannot be joined: {exception_text(e)}") from None
+    return out
 
 
 def load_dataset(cfg: DatasetConfig, *, key: str = "data.train") -> TensorDataset | TextDataset:
@@ -192,7 +223,8 @@ def load_dataset(cfg: DatasetConfig, *, key: str = "data.train") -> TensorDatase
 
     Args:
         cfg: the dataset section (``builtin``+``split``, ``path``+``inputs``+``labels``, or
-            ``path`` + one of ``text`` / ``prompt`` + ``completion`` / ``messages`` / ``input_ids``).
+            ``path`` + one of ``text`` / ``prompt`` + ``completion`` / ``messages`` / ``input_ids``);
+            ``path`` may be a list of files, read as one dataset (the first file's rows, then the next's).
         key: the dotted config key, used in error messages.
 
     Returns:
@@ -203,7 +235,7 @@ def load_dataset(cfg: DatasetConfig, *, key: str = "data.train") -> TensorDatase
 
     Raises:
         DataError: unreadable file, missing key or field, empty data, mismatched lengths
-            or bad labels.
+            or bad labels, files of a list whose rows differ in shape.
     """
     if cfg.builtin == "digits":
         x_tr, y_tr, x_ta, y_ta = load_digits_split()
@@ -216,16 +248,20 @@ def load_dataset(cfg: DatasetConfig, *, key: str = "data.train") -> TensorDatase
         return TextDataset.from_config(cfg, key=key)
     if cfg.path is None or cfg.inputs is None or cfg.labels is None:  # the config model fills all three or refuses
         raise DataError(f"{key}: a file dataset needs `path`, `inputs` and `labels`")
-    contents = _read_file(_tensor_file(cfg.path, key))
+    if isinstance(cfg.path, list):
+        needed = ([cfg.inputs] if isinstance(cfg.inputs, str) else list(cfg.inputs)) + [cfg.labels]
+        contents = _concat_files([(p, _read_file(_tensor_file(p, key))) for p in cfg.path], needed, key)
+    else:
+        contents = _read_file(_tensor_file(cfg.path, key))
     if not isinstance(cfg.inputs, str):
         return _dict_dataset(cfg, contents, key)
     missing = [k for k in (cfg.inputs, cfg.labels) if k not in contents]
     if missing:
         raise DataError(
-            f"{key}: {cfg.path} has no key {', '.join(repr(m) for m in missing)}; "
+            f"{key}: {_where(cfg)} has no key {', '.join(repr(m) for m in missing)}; "
             f"its keys are {sorted(contents)}"
         )
     return checked_dataset(
-        contents[cfg.inputs], contents[cfg.labels], key=key, name=f"{cfg.path}[{cfg.inputs}]",
-        inputs_what=f"inputs {cfg.inputs!r}", labels_what=f"labels {cfg.labels!r}", source=f" of {cfg.path}",
+        contents[cfg.inputs], contents[cfg.labels], key=key, name=f"{_where(cfg)}[{cfg.inputs}]",
+        inputs_what=f"inputs {cfg.inputs!r}", labels_what=f"labels {cfg.labels!r}", source=f" of {_where(cfg)}",
     )

@@ -16,6 +16,8 @@ from typing import Any, Iterable, Iterator, Union
 import numpy as np
 import torch
 
+from trakcli.errors import DataError
+
 #: A batch of model inputs: a tensor ``[n, ...]`` or a dict of tensors ``[n, ...]`` (text).
 Inputs = Union[torch.Tensor, dict[str, torch.Tensor]]
 
@@ -147,28 +149,48 @@ class TensorDataset:
             yield lo, inputs, _token_rows(self.labels, lo, hi, width, longest)
             lo = hi
 
-    def fingerprint(self) -> dict[str, Any]:
+    def fingerprint(self, n: int | None = None) -> dict[str, Any]:
         """Shape, dtype and a sha256 of the rows in order (inputs then labels).
 
         Two datasets with equal fingerprints hold the same rows in the same order.
         For a dict of inputs, shape and dtype are dicts by key and the hash
         covers the tensors in sorted key order.
+
+        Args:
+            n: fingerprint only the first ``n`` rows (``0 < n <= len(self)``; None: every row):
+                the fingerprint this dataset's first ``n`` rows would have on their own, which is
+                how an appended store proves its old rows unchanged (:mod:`trakcli.store.append`).
+
+        Returns:
+            ``{"n", "input_shape", "input_dtype", "sha256"}``.
+
+        Raises:
+            DataError: ``n`` is not a row count of this dataset.
         """
+        n = self._prefix(n)
         h = hashlib.sha256()
         if isinstance(self.inputs, dict):
             for k in sorted(self.inputs):
                 h.update(k.encode())
-                h.update(np.ascontiguousarray(self.inputs[k].numpy()).tobytes())
+                h.update(np.ascontiguousarray(self.inputs[k][:n].numpy()).tobytes())
             shape: Any = {k: list(v.shape[1:]) for k, v in sorted(self.inputs.items())}
             dtype: Any = {k: str(v.dtype).removeprefix("torch.") for k, v in sorted(self.inputs.items())}
         else:
-            h.update(np.ascontiguousarray(self.inputs.numpy()).tobytes())
+            h.update(np.ascontiguousarray(self.inputs[:n].numpy()).tobytes())
             shape = list(self.inputs.shape[1:])
             dtype = str(self.inputs.dtype).removeprefix("torch.")
-        h.update(np.ascontiguousarray(self.labels.numpy()).tobytes())
+        h.update(np.ascontiguousarray(self.labels[:n].numpy()).tobytes())
         return {
-            "n": len(self),
+            "n": n,
             "input_shape": self.input_shape if self.input_shape is not None else shape,
             "input_dtype": dtype,
             "sha256": h.hexdigest(),
         }
+
+    def _prefix(self, n: int | None) -> int:
+        """``n`` checked as a count of leading rows (None: every row)."""
+        if n is None:
+            return len(self)
+        if isinstance(n, bool) or not isinstance(n, int) or not 0 < n <= len(self):
+            raise DataError(f"{self.name}: cannot fingerprint the first {n!r} rows of {len(self)}")
+        return n

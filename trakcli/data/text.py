@@ -194,6 +194,32 @@ class _ListRows:
         return [self.records[i] for i in indices]
 
 
+class _ConcatRows:
+    """The rows of several data files read as one dataset: those of the first file, then of the second, ..."""
+
+    def __init__(self, parts: list[Any]):
+        self.parts = parts
+        self.starts = np.cumsum([0] + [len(p) for p in parts])  # [n_files + 1] first row of each file, then n
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def fields(self) -> list[str]:
+        return self.parts[0].fields()
+
+    def read(self, lo: int, hi: int) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for part, start in zip(self.parts, self.starts[:-1].tolist()):
+            a, b = max(lo, start), min(hi, start + len(part))
+            if a < b:
+                out += part.read(a - start, b - start)
+        return out
+
+    def take(self, indices: Sequence[int]) -> list[dict[str, Any]]:
+        where = np.searchsorted(self.starts, np.asarray(list(indices), dtype=np.int64), side="right") - 1
+        return [self.parts[f].take([int(i) - int(self.starts[f])])[0] for i, f in zip(indices, where.tolist())]
+
+
 def _arrow_table(path: Path, key: str, needed: list[str]) -> tuple[Any, list[str]]:
     """The columns ``needed`` (those present) of a datasets folder, ``.parquet`` or ``.arrow`` file, and the
     names of all its columns.
@@ -254,16 +280,18 @@ def _concat_tables(files: Sequence[Path], key: str, needed: list[str], where: st
         raise DataError(f"{key}: the files of {where} do not hold the same columns: {e}") from None
 
 
-def data_files(path: str | Path, *, key: str = "data.train") -> list[Path]:
+def data_files(path: str | Path | Sequence[str | Path], *, key: str = "data.train") -> list[Path]:
     """The local files (or folder) a data path names: ``[Path(path)]``, or for a Hugging Face Hub
     dataset ``hf://datasets/ORG/NAME[@REVISION][/PATH]`` the files picked in its snapshot in the
     Hugging Face cache (downloaded first unless ``HF_HUB_OFFLINE`` is set; which files:
-    :func:`trakcli.models.hub.dataset_files`).
+    :func:`trakcli.models.hub.dataset_files`); for a list of paths, the files of each in order.
 
     Raises:
         DataError: a Hub URL that is malformed, names no usable files, or can neither be downloaded
             nor found in the cache (naming the repository, the cache folder and the fixes).
     """
+    if isinstance(path, (list, tuple)):
+        return [f for p in path for f in data_files(p, key=key)]
     if is_hub_url(path):
         return resolve_hub_dataset(str(path), key=key)
     return [Path(path)]
@@ -272,15 +300,14 @@ def data_files(path: str | Path, *, key: str = "data.train") -> list[Path]:
 def _open_rows(
     path: Path | Sequence[Path], key: str, needed: list[str], *, where: str | None = None,
 ) -> _JsonlRows | _TableRows | _ListRows:
-    """The rows of a data file or folder, or of several ``.parquet`` / ``.arrow`` shards read as one table."""
+    """The rows of a data file or folder, of several ``.parquet`` / ``.arrow`` shards read as one table, or
+    of several files of any kind read one after the other (:class:`_ConcatRows`)."""
     if not isinstance(path, Path):
         paths = list(path)
         if len(paths) != 1:
-            bad = [p for p in paths if p.suffix.lower() not in (".parquet", ".arrow")]
-            if bad:
-                raise DataError(f"{key}: {where or paths[0].parent} has {len(paths)} files; several are read "
-                                f"together only as .parquet or .arrow shards, not {bad[0].name}")
-            return _TableRows(*_concat_tables(paths, key, needed, where or str(paths[0].parent)), needed)
+            if all(p.suffix.lower() in (".parquet", ".arrow") for p in paths):
+                return _TableRows(*_concat_tables(paths, key, needed, where or str(paths[0].parent)), needed)
+            return _ConcatRows([_open_rows(p, key, needed) for p in paths])
         path = paths[0]
     suffix = path.suffix.lower()
     if path.is_dir() or suffix in (".parquet", ".arrow"):
@@ -444,7 +471,8 @@ class TextDataset:
 
     Args:
         path: a ``.jsonl`` / ``.csv`` / ``.parquet`` / ``.arrow`` file or a datasets ``save_to_disk`` folder,
-            or a Hub dataset ``hf://datasets/ORG/NAME[@REVISION][/PATH]`` (:func:`data_files`).
+            or a Hub dataset ``hf://datasets/ORG/NAME[@REVISION][/PATH]`` (:func:`data_files`); or a list of
+            them, whose rows are read one file after the other.
         text, text_pair, labels, prompt, completion, messages, input_ids: field names
             (as :class:`trakcli.config.DatasetConfig`).
         tokenizer: a tokenizer directory (:func:`load_tokenizer`) or a loaded tokenizer; optional
@@ -475,7 +503,7 @@ class TextDataset:
 
     def __init__(
         self,
-        path: str | Path,
+        path: str | Path | Sequence[str | Path],
         *,
         text: str | None = None,
         text_pair: str | None = None,
@@ -488,7 +516,10 @@ class TextDataset:
         max_length: int = 128,
         key: str = "data.train",
     ):
-        self.source = path if is_hub_url(path) else str(Path(path))
+        if isinstance(path, (list, tuple)):  # several files, read one after the other
+            self.source = ", ".join(p if is_hub_url(p) else str(Path(p)) for p in path)
+        else:
+            self.source = path if is_hub_url(path) else str(Path(path))
         self.key, self.max_length = key, int(max_length)
         given = {"text": text, "prompt": prompt if prompt is not None else completion,
                  "messages": messages, "input_ids": input_ids}
@@ -855,7 +886,7 @@ class TextDataset:
         ``[n, L]`` int64. Loads the whole dataset (see :meth:`padded`); featurize and score use :meth:`batches`."""
         return self.padded()[0]
 
-    def fingerprint(self) -> dict[str, Any]:
+    def fingerprint(self, n: int | None = None) -> dict[str, Any]:
         """``n``, ``input_shape`` (``[max_length]`` per input key), ``input_dtype`` and a sha256 of the data.
 
         The sha256 covers the named fields' values of every row in order (streamed, not
@@ -866,38 +897,51 @@ class TextDataset:
         change to any value of the data or to the tokenization changes it. Computed
         once per dataset object (one pass over the file, which also checks every row).
 
+        Args:
+            n: fingerprint only the first ``n`` rows (``0 < n <= len(self)``; None: every row): what
+                a file holding just those rows gives, which is how an appended store proves its old
+                rows unchanged (:mod:`trakcli.store.append`). One more pass over those rows.
+
         Raises:
-            DataError: a row that cannot be read or lacks a field.
+            DataError: a row that cannot be read or lacks a field; ``n`` is not a row count of the data.
         """
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or not 0 < n <= len(self)):
+            raise DataError(f"{self.key}: cannot fingerprint the first {n!r} rows of the {len(self)} of {self.source}")
+        if n is not None and n != len(self):
+            return self._hash_rows(n)
         if self._fingerprint is None:
-            h = hashlib.sha256()
-            settings = {
-                "version": TOKENIZATION_VERSION, "kind": self.kind, "max_length": self.max_length,
-                "fields": {"text": self.text, "text_pair": self.text_pair, "labels": self.label_field,
-                           "prompt": self.prompt, "completion": self.completion, "messages": self.messages,
-                           "input_ids": self.input_ids_field},
-                "pad_token_id": self.pad_token_id, "eos_token_id": self.eos_token_id,
-                "input_keys": list(self.input_keys),
-            }
-            h.update(json.dumps(settings, sort_keys=True).encode())
-            if self.tokenizer is not None:
-                folder = Path(str(self.tokenizer.name_or_path))
-                for f in _tokenizer_files(self.tokenizer):
-                    h.update(f"\0{f.relative_to(folder).as_posix()}\0".encode())
-                    with open(f, "rb") as fh:
-                        for block in iter(lambda: fh.read(1 << 20), b""):
-                            h.update(block)
-            for lo in range(0, len(self), WINDOW_ROWS):
-                for v in self._values(self._rows.read(lo, min(lo + WINDOW_ROWS, len(self))), lo):
-                    h.update(json.dumps(v, ensure_ascii=False, sort_keys=True).encode())
-                    h.update(b"\n")
-            self._fingerprint = {
-                "n": len(self),
-                "input_shape": {k: [self.max_length] for k in self.input_keys},
-                "input_dtype": {k: "int64" for k in self.input_keys},
-                "sha256": h.hexdigest(),
-            }
+            self._fingerprint = self._hash_rows(len(self))
         return dict(self._fingerprint)
+
+    def _hash_rows(self, n: int) -> dict[str, Any]:
+        """The fingerprint of the first ``n`` rows (:meth:`fingerprint`)."""
+        h = hashlib.sha256()
+        settings = {
+            "version": TOKENIZATION_VERSION, "kind": self.kind, "max_length": self.max_length,
+            "fields": {"text": self.text, "text_pair": self.text_pair, "labels": self.label_field,
+                       "prompt": self.prompt, "completion": self.completion, "messages": self.messages,
+                       "input_ids": self.input_ids_field},
+            "pad_token_id": self.pad_token_id, "eos_token_id": self.eos_token_id,
+            "input_keys": list(self.input_keys),
+        }
+        h.update(json.dumps(settings, sort_keys=True).encode())
+        if self.tokenizer is not None:
+            folder = Path(str(self.tokenizer.name_or_path))
+            for f in _tokenizer_files(self.tokenizer):
+                h.update(f"\0{f.relative_to(folder).as_posix()}\0".encode())
+                with open(f, "rb") as fh:
+                    for block in iter(lambda: fh.read(1 << 20), b""):
+                        h.update(block)
+        for lo in range(0, n, WINDOW_ROWS):
+            for v in self._values(self._rows.read(lo, min(lo + WINDOW_ROWS, n)), lo):
+                h.update(json.dumps(v, ensure_ascii=False, sort_keys=True).encode())
+                h.update(b"\n")
+        return {
+            "n": n,
+            "input_shape": {k: [self.max_length] for k in self.input_keys},
+            "input_dtype": {k: "int64" for k in self.input_keys},
+            "sha256": h.hexdigest(),
+        }
 
     def texts(self, indices: Sequence[int], *, max_chars: int | None = 200) -> list[str]:
         """Short human-readable renderings of rows, for tables.

@@ -21,7 +21,8 @@ from trakcli.jobs.runtime import ChunkWriter, event, locked_store
 from trakcli.jobs.setup import JobSetup, prepare
 from trakcli.models.checkpoints import load_checkpoint
 from trakcli.progress import NULL_REPORTER, Reporter
-from trakcli.store import ChunkedRows, Store, train_finished
+from trakcli.store import ChunkedRows, Store, StoreCorruptError, train_finished
+from trakcli.store.append import kept_rows
 
 
 def featurize_rows(
@@ -37,6 +38,7 @@ def featurize_rows(
     computed: FirstBatch | None = None,
     keep: dict[int, np.ndarray] | None = None,
     writer: ChunkWriter | None = None,
+    kept: dict[int, int] | None = None,
 ) -> tuple[int, list[int]]:
     """Compute and write this rank's pending chunks of one checkpoint (train rows or targets).
 
@@ -62,6 +64,10 @@ def featurize_rows(
             before computing the next chunk: `trak score`'s target features, derived data that a
             killed run recomputes. Train features are written in line, so a kill loses at most
             the chunk it interrupts.
+        kept: ``{chunk: rows}``: pending train chunks whose first ``rows`` rows are stored already (the old
+            partly filled chunk a store grown by an append keeps, :func:`trakcli.store.append.kept_rows`);
+            only the chunk's other rows are computed, and the chunk is written whole. If the kept rows
+            do not read back intact, the whole chunk is computed.
 
     Returns:
         (chunks computed, indices of examples skipped as non-finite).
@@ -74,7 +80,8 @@ def featurize_rows(
         return 0, []
     s.load(model_id)
     skipped: list[int] = []
-    n_rows = sum(rows.rows(c)[1] - rows.rows(c)[0] for c in pending)
+    kept = {c: k for c, k in (kept or {}).items() if c in pending and with_out_to_loss}
+    n_rows = sum(rows.rows(c)[1] - rows.rows(c)[0] for c in pending) - sum(kept.values())
     with reporter.task(f"{label} model {model_id}", n_rows) as task:
         for chunk in pending:
             event(f"start {label} {model_id} {chunk}")
@@ -82,7 +89,8 @@ def featurize_rows(
             feats = np.empty((hi - lo, s.proj_dim), dtype=np.float32)
             q_all = np.empty(hi - lo, dtype=np.float32)
             bad_all = np.zeros(hi - lo, dtype=np.uint8)
-            for off, x, y in s.batches(data, lo, hi):
+            start = lo + _read_kept(rows, lo, kept.get(chunk, 0), feats, q_all, bad_all)
+            for off, x, y in s.batches(data, start, hi):
                 if computed is not None and computed.key == (model_id, off, len(y)):
                     phi, q, computed = computed.phi, computed.q, None
                 else:
@@ -108,6 +116,19 @@ def featurize_rows(
             else:
                 writer.submit(write_chunk, rows, chunk, arrays, f"{label} {model_id} {chunk}")
     return len(pending), skipped
+
+
+def _read_kept(rows: ChunkedRows, lo: int, n: int, feats: np.ndarray, q: np.ndarray, bad: np.ndarray) -> int:
+    """Read the ``n`` kept rows from ``lo`` of a chunk into the chunk's buffers; returns ``n``, or 0 (nothing
+    read: the whole chunk is computed) if there are none or they do not read back intact."""
+    if n <= 0:
+        return 0
+    try:
+        old = {name: rows.read(name, lo, lo + n) for name in ("features", "out_to_loss", "nonfinite")}
+    except StoreCorruptError:
+        return 0
+    feats[:n], q[:n], bad[:n] = old["features"], old["out_to_loss"], old["nonfinite"]
+    return n
 
 
 def write_chunk(rows: ChunkedRows, chunk: int, arrays: dict[str, np.ndarray], what: str) -> None:
@@ -224,6 +245,12 @@ def featurize(
     world_size``), so that `trak score` computes only the target side; a score
     run with another ridge makes its own.
 
+    Train data that extends the store's rows (the same first ``n_old`` rows, new rows after them:
+    a file grown at its end) grows the store instead of being refused
+    (:mod:`trakcli.store.append`): only the new rows are featurized (the old partly filled last
+    chunk keeps its old rows), the kernels are made again from the stored features, and
+    the experiments scored before are marked stale until rescored.
+
     A store whose features and kernels are finished is recognized from its
     metadata files (:func:`trakcli.store.train_finished`) without importing
     zarr; anything else is opened through zarr (the checks and messages of
@@ -249,7 +276,8 @@ def featurize(
         ProjectorError: the projector cannot be made.
         GradientError: non-finite gradients, with the example indices.
         StoreError: unwritable path, store in use, write failure.
-        StoreMismatchError: the store was made with other settings.
+        StoreMismatchError: the store was made with other settings, or the train data has more rows
+            than the store but its first rows are not the featurized ones.
     """
     s = prepare(cfg, rehash=verify, reporter=reporter)
     path = cfg.store.location
@@ -277,7 +305,8 @@ def featurize(
                     len(s.train),
                 )
         if s.dist.is_main:
-            store = Store.create_or_check(path, s.identity, cfg.resolved(), layout=s.layout, overwrite=overwrite)
+            store = Store.create_or_check(path, s.identity, cfg.resolved(), layout=s.layout, overwrite=overwrite,
+                                          prefix=s.train.fingerprint)  # train rows appended: grown, not refused
             for model_id, ckpt in enumerate(s.checkpoints):
                 store.train(model_id, str(ckpt), s.shas[model_id], repair=verify,
                             optimizer_state=s.state_record(model_id))
@@ -299,6 +328,7 @@ def featurize(
             n, skip = featurize_rows(
                 s, s.train, rows, model_id, with_out_to_loss=True, skip_nonfinite=skip_nonfinite,
                 reporter=reporter, label="featurize", computed=first if model_id == 0 else None,
+                kept=kept_rows(store, model_id),
             )
             computed += n
             if skip:

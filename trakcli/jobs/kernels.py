@@ -20,7 +20,7 @@ from trakcli.jobs.runtime import event, torch_threads
 from trakcli.progress import NULL_REPORTER, Reporter
 from trakcli.scoring import DUAL, dual_gram, dual_solved_features, gram_matrix, kernel_form, solve_kernel
 from trakcli.store import ChunkedRows, Store
-from trakcli.store.kernel import kernel_done, read_kernel, write_kernel
+from trakcli.store.kernel import drop_gram_prefix, kernel_done, read_gram_prefix, read_kernel, write_kernel
 
 
 def ridge_settings(lambda_reg: float | None, lambda_rel: float) -> dict[str, float | None]:
@@ -44,6 +44,9 @@ def kernel_of(
     store: Store, rows: ChunkedRows, model_id: int, *, lambda_reg: float | None, lambda_rel: float,
 ) -> tuple[torch.Tensor, float]:
     """Checkpoint ``model_id``'s kernel: the stored one (verified), else computed from ``Φ_m`` and stored.
+
+    After train rows were appended, a primal kernel's Gram starts from the one kept of the old rows
+    (:func:`trakcli.store.kernel.save_gram_prefix`) and adds only the new rows' products.
 
     A corrupt or missing stored kernel is deleted and made again (noted in ``store.notes``).
 
@@ -77,11 +80,29 @@ def kernel_of(
         kernel = dual_solved_features(phi, factor)
         del phi, factor
     else:
-        gram = gram_matrix(torch.from_numpy(c.astype(np.float32, copy=False)) for _, _, c in rows.iter_chunks("features"))
+        gram = _gram(store, rows, model_id)
         kernel, lam = solve_kernel(gram, rows.n_rows, lambda_reg, lambda_rel, proj_dim)
         del gram
     write_kernel(store, model_id, kernel.numpy(), settings, lam, form=form)
+    drop_gram_prefix(store, model_id)
     return kernel, lam
+
+
+def _gram(store: Store, rows: ChunkedRows, model_id: int) -> torch.Tensor:
+    """``Φ_mᵀΦ_m`` ``[proj_dim, proj_dim]`` float64 over every train row: the Gram of the rows featurized before an
+    append (:func:`trakcli.store.kernel.read_gram_prefix`) plus the products of the rows after them, or, without
+    one, the products of every chunk."""
+    prefix = read_gram_prefix(store, model_id)
+    if prefix is None or not 0 < prefix[1] < rows.n_rows:
+        return gram_matrix(torch.from_numpy(c.astype(np.float32, copy=False)) for _, _, c in rows.iter_chunks("features"))
+    start = prefix[1]
+
+    def new_rows():
+        for c in range(start // rows.chunk_rows, rows.n_chunks):
+            lo, hi = rows.rows(c)
+            yield torch.from_numpy(rows.read("features", max(lo, start), hi).astype(np.float32, copy=False))
+
+    return torch.from_numpy(prefix[0]) + gram_matrix(new_rows())
 
 
 def finalize_kernels(

@@ -32,6 +32,7 @@ from trakcli.scoring import (
     cosine_term, dual_target_sq_norms, ensemble_block, kernel_sq_norms, score_block, target_weights,
 )
 from trakcli.store import ChunkedRows, Store, StoreCorruptError, check_same
+from trakcli.store.append import StoreStaleError, stale_message
 from trakcli.store.kernel import kernel_nbytes, read_kernel
 from trakcli.store.store import TOP_K_ARRAYS
 
@@ -190,7 +191,8 @@ def score(
     Args:
         cfg: config; ``data.target`` is required. ``score:`` gives the
             experiment and the ridge.
-        overwrite: recompute the experiment's target features and scores.
+        overwrite: recompute the experiment's target features and scores (only its scores when they are
+            stale: train rows were appended since, :mod:`trakcli.store.append`).
         skip_nonfinite: give targets with non-finite gradients zero features (zero scores).
         verify: recompute target and score chunks that fail their checksum.
         reporter: progress bars and messages.
@@ -209,6 +211,8 @@ def score(
             targets of another input shape than the train inputs.
         StoreMismatchError: train features made with other settings or checkpoints.
         StoreCorruptError: damaged train features (names ``trak featurize CONFIG --verify``).
+        StoreStaleError: the experiment was scored before train rows were appended, and ``overwrite``
+            is not set (names ``trak score CONFIG --overwrite``).
     """
     s = prepare(cfg, need_target=True, rehash=verify, reporter=reporter)
     sc = cfg.score
@@ -303,11 +307,15 @@ def score_targets(
     with locked_store(path, s.dist, reporter):
         store = Store.open_existing(path)
         train_rows = check_train_complete(s, store)
+        stale = stale_message(store, exp)  # scored before train rows were appended
+        if stale is not None and not overwrite:
+            raise StoreStaleError(stale)
         if s.dist.is_main:
             if verify:
                 _verify_train(train_rows)
             if overwrite:
-                store.drop(f"targets/{exp}")
+                if stale is None:  # a stale experiment's target features depend on the checkpoints only: kept
+                    store.drop(f"targets/{exp}")
                 store.drop(f"scores/{exp}")
             target_rows = []
             for model_id in range(n_models):  # derived data: checked on every run, damage recomputed

@@ -377,6 +377,9 @@ def pool_kind(section: Any) -> str:
     datasets folder), ``pt`` (a .pt dict of tensors or the built-in digits) or ``npz``."""
     if section.builtin is not None:
         return "pt"
+    if isinstance(section.path, list):
+        raise ConfigError(f"data.train.path is a list of {len(section.path)} files; trak select writes the selected "
+                          "rows in the format of one pool file: join the files into one, or select from each")
     suffix = Path(str(section.path)).suffix.lower()
     if section.text_source is None:
         return "npz" if suffix == ".npz" else "pt"

@@ -5,8 +5,10 @@ The only part of trakcli that imports zarr. Layout (docs/guides/store.md)::
     <store>.zarr/                  attrs: schema_version, trakcli_version, config (resolved),
                                    identity (everything the train features depend on),
                                    layout (n_train, proj_dim, chunk_rows, dtype, compressor:
-                                   the StoreLayout featurize gave)
-      train/<model_id>/            attrs: checkpoint, sha256
+                                   the StoreLayout featurize gave), appends (each growth of
+                                   the train rows: n_train_before, n_train, date)
+      train/<model_id>/            attrs: checkpoint, sha256 (and appended_into: the old partly
+                                   filled chunk an append grew, trakcli.store.append)
         features    [n_train, proj_dim] float32 (or float16, or bfloat16 kept as uint16 bits with
                                         attrs logical_dtype, encoding: trakcli.store.bfloat16), chunked by rows
         out_to_loss [n_train]           float32
@@ -18,7 +20,8 @@ The only part of trakcli that imports zarr. Layout (docs/guides/store.md)::
                                         its attrs (form, lambda_reg, settings) are written last
       targets/<experiment>/        attrs: target data fingerprint, checkpoints (sha256 per model_id)
         <model_id>/features [n_target, proj_dim], done [n_target_chunks]
-      scores/<experiment>/         attrs: lambda settings, normalize, checkpoints, target data
+      scores/<experiment>/         attrs: lambda settings, normalize, checkpoints, target data (and
+                                   stale: the train rows it was scored over, once rows were appended)
         scores [n_target, n_train] float32, chunked by train rows (columns);
         done   [n_train_chunks]    one flag per column block
         top_k/                     attrs: k (score.top_k; trakcli.jobs.topk)
@@ -106,6 +109,7 @@ from trakcli.store.layout import COMPRESSORS, STORAGE_DTYPES, StoreLayout
 from trakcli.store.lock import StoreLock
 
 if TYPE_CHECKING:
+    from trakcli.store.append import StoreStaleError
     from trakcli.store.finished import train_finished
     from trakcli.store.integrity import StoreCorruptError, StoreMetadataError
     from trakcli.store.rows import ChunkedRows, EvalRows
@@ -118,6 +122,7 @@ _LAZY = {
     "EvalRows": "trakcli.store.rows",
     "StoreCorruptError": "trakcli.store.integrity",
     "StoreMetadataError": "trakcli.store.integrity",
+    "StoreStaleError": "trakcli.store.append",
     "train_finished": "trakcli.store.finished",
 }
 
@@ -130,6 +135,7 @@ __all__ = [
     "Store",
     "StoreCorruptError",
     "StoreMetadataError",
+    "StoreStaleError",
     "StoreLayout",
     "StoreLock",
     "check_same",

@@ -133,3 +133,72 @@ def kernel_nbytes(store: "Store", model_id: int) -> int:
     except StoreCorruptError:
         return 0
     return int(np.prod(arr.shape)) * arr.dtype.itemsize if arr is not None else 0
+
+
+#: Array beside a kernel while train rows are appended: the Gram ``ΦᵀΦ`` of the rows featurized before.
+GRAM_PREFIX = "gram_prefix"
+
+
+def save_gram_prefix(store: "Store", model_id: int, n_rows: int) -> bool:
+    """Keep the Gram ``ΦᵀΦ`` of the first ``n_rows`` train rows, before the kernel is dropped for an append.
+
+    Recovered from the stored primal kernel ``L`` (the lower Cholesky factor of ``ΦᵀΦ + λI`` over
+    those rows, :func:`write_kernel`) as ``L Lᵀ − λI`` in float64 (``proj_dim³`` work instead of
+    ``n_rows · proj_dim²``; rounding ~1e-13 of the Gram's scale), and written as
+    ``train/<model_id>/gram_prefix`` ``[proj_dim, proj_dim]`` float64, its attribute ``n_rows`` last
+    (the done marker). The kernel of the grown rows then adds only the new rows' products
+    (:func:`read_gram_prefix`). An already kept prefix is left as it is.
+
+    Args:
+        store: the open store (rank 0).
+        model_id: the checkpoint.
+        n_rows: the rows the stored kernel was made over (the store's ``n_train`` before the append).
+
+    Returns:
+        Whether a prefix is kept: False when there is no finished primal kernel (a dual one, none, or
+        a corrupt one), and the grown kernel is then made from every row.
+
+    Raises:
+        OSError: the write failed (the caller names the store and the rerun).
+    """
+    if read_gram_prefix(store, model_id) is not None:
+        return True
+    arr = node(store.root, f"train/{model_id}/kernel")
+    attrs = dict(arr.attrs) if arr is not None else {}
+    if attrs.get("form") != "cholesky_lower" or "lambda_reg" not in attrs:
+        return False
+    try:
+        factor = read_checked(arr, slice(None), 0)
+    except StoreCorruptError:
+        return False
+    gram = factor @ factor.T
+    gram[np.diag_indices_from(gram)] -= float(attrs["lambda_reg"])
+    group = node(store.root, f"train/{model_id}")
+    if node(group, GRAM_PREFIX) is not None:
+        delete(store.root, f"train/{model_id}/{GRAM_PREFIX}", metadata_only=False)
+    out = group.create_array(GRAM_PREFIX, shape=gram.shape, chunks=gram.shape, dtype="float64", fill_value=0,
+                             compressors=codecs("none"), dimension_names=("proj_row", "proj_col"))
+    writable(out)[:] = gram
+    out.attrs.update({"n_rows": int(n_rows)})
+    return True
+
+
+def read_gram_prefix(store: "Store", model_id: int) -> tuple[np.ndarray, int] | None:
+    """The kept ``([proj_dim, proj_dim] float64 Gram, n_rows)`` of :func:`save_gram_prefix`, checksums verified;
+    None if there is none, it is unfinished, or it is corrupt (then it is deleted)."""
+    path = f"train/{model_id}/{GRAM_PREFIX}"
+    try:
+        arr = node(store.root, path)
+        n = arr.attrs.get("n_rows") if arr is not None else None
+        if not isinstance(n, int) or n < 1:
+            return None
+        return read_checked(arr, slice(None), 0), n
+    except StoreCorruptError:
+        delete(store.root, path, metadata_only=False)
+        return None
+
+
+def drop_gram_prefix(store: "Store", model_id: int) -> None:
+    """Delete ``train/<model_id>/gram_prefix`` (once the grown kernel is written), if there is one."""
+    if node(store.root, f"train/{model_id}/{GRAM_PREFIX}") is not None:
+        delete(store.root, f"train/{model_id}/{GRAM_PREFIX}", metadata_only=False)

@@ -19,13 +19,14 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from trakcli import __version__
 from trakcli.errors import StoreError, StoreMismatchError
 from trakcli.files import atomic_open
+from trakcli.store.append import StoreStaleError, grow_if_appended, stale_message
 from trakcli.store.bfloat16 import array_attrs, is_bfloat16, logical_dtype, storage_dtype
 from trakcli.store.evalgroup import delete_keeping_eval, headless_store, remove_leftovers, restore_eval
 from trakcli.store.identity import check_same, jsonable
@@ -136,6 +137,7 @@ class Store:
         layout: StoreLayout,
         overwrite: bool = False,
         create: bool = True,
+        prefix: Callable[[int], dict[str, Any]] | None = None,
     ) -> "Store":
         """Open the store for featurizing, creating it or checking it was made the same way.
 
@@ -151,9 +153,13 @@ class Store:
                 ``layout`` and checked.
             overwrite: delete an existing store first.
             create: whether this process may create it (False on ranks > 0).
+            prefix: the fingerprint of the first ``n`` rows of this run's train data: given, a store
+                whose train rows this run's extend (the same first rows, more after them) is grown
+                to them instead of refused (:func:`trakcli.store.append.grow_if_appended`).
 
         Raises:
-            StoreMismatchError: the store exists with a different identity or layout (names the keys).
+            StoreMismatchError: the store exists with a different identity or layout (names the keys),
+                or this run's train rows extend the store's but its old rows differ.
             StoreError: the path cannot be created or is not a trakcli store.
         """
         path = store_location(path)
@@ -179,6 +185,8 @@ class Store:
                     raise StoreError(f"cannot write the attributes of {path}: {e}") from None
                 return store
             fix = "rerun with --overwrite to start over, or choose another store path"
+            if create and prefix is not None and grow_if_appended(store, identity, layout, prefix):
+                old = store.root.attrs.get("identity")
             check_same(f"the contents of store {path}", old, identity, fix)
             check_same(f"the arrays of store {path}", store.root.attrs.get(LAYOUT_ATTR), jsonable(layout.to_attrs()),
                        fix)
@@ -747,6 +755,17 @@ class Store:
                     f"{repair_command('/'.join(parts[:2]))}", "/".join(parts[:2]),
                 )
 
+    def _check_fresh(self, name: str) -> None:
+        """Refuse an experiment's scores made before the store's train rows grew (:mod:`trakcli.store.append`).
+
+        Raises:
+            StoreStaleError: ``scores/<experiment>/...`` is stale (names ``trak score CONFIG --overwrite``).
+        """
+        parts = name.split("/")
+        why = stale_message(self, parts[1]) if len(parts) > 2 and parts[0] == "scores" else None
+        if why is not None:
+            raise StoreStaleError(why)
+
     def read(self, name: str, lo: int = 0, hi: int | None = None) -> np.ndarray:
         """Rows ``[lo, hi)`` (axis 0) of the finished array ``name``, every chunk checked.
 
@@ -756,8 +775,10 @@ class Store:
             StoreError: no such array, or an unfinished one (names the command that finishes it).
             StoreCorruptError: a chunk is missing or fails its checksum, or the train features an
                 experiment's array was made from are gone (:meth:`_check_sources`); names the repair.
+            StoreStaleError: an experiment's scores made before train rows were appended (names the rescore).
         """
         arr = self.array(name)
+        self._check_fresh(name)
         stored = self._check_finished(name, arr)
         self._check_sources(name)
         return read_checked(arr, slice(lo, hi), 0, stored=stored)
@@ -796,8 +817,10 @@ class Store:
             StoreError: unknown or unfinished array (names the command that finishes it), unwritable output.
             StoreCorruptError: a chunk is missing or fails its checksum, or (scores, target features) the
                 train features they were made from are gone (:meth:`_check_sources`); names the repair.
+            StoreStaleError: an experiment's scores made before train rows were appended (names the rescore).
         """
         arr = self.array(name)
+        self._check_fresh(name)
         stored = self._check_finished(name, arr)
         self._check_sources(name)
         shape = tuple(int(n) for n in arr.shape)

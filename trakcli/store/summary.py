@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from trakcli.store.append import APPENDS_ATTR, STALE_ATTR, stale_message
 from trakcli.store.integrity import StoreCorruptError, child_names, missing_chunks, node, repair_command
 from trakcli.store.location import disk_usage
 from trakcli.store.rows import ChunkedRows, read_checked
@@ -63,9 +64,11 @@ def summary(store: "Store", verify: bool = False) -> dict[str, Any]:
             check that the chunk files of done chunks exist.
 
     Returns:
-        A dict with the root attributes (``identity``, versions, ``created``),
+        A dict with the root attributes (``identity``, versions, ``created``, ``appends``: each growth
+        of the train rows, :mod:`trakcli.store.append`),
         ``train`` (one entry per checkpoint: rows and chunks done and intact,
-        kernel attributes), ``targets`` and ``scores`` per experiment, ``eval``,
+        kernel attributes), ``targets`` and ``scores`` per experiment (a stale experiment's entry has
+        ``stale``: the train rows it was scored over and the message naming the rescore), ``eval``,
         ``verified`` (= ``verify``) and ``corrupt``: one entry per damaged array,
         ``{"array", "chunks", "message", "repair"}``.
     """
@@ -77,6 +80,7 @@ def summary(store: "Store", verify: bool = False) -> dict[str, Any]:
         "trakcli_version": store.root.attrs.get("trakcli_version"),
         "created": store.root.attrs.get("created"),
         "identity": ident,
+        "appends": list(store.root.attrs.get(APPENDS_ATTR) or []),
         "bytes_on_disk": du(store.path),
         "train": [],
         "targets": {},
@@ -154,6 +158,8 @@ def _experiment_entry(
         if g is None:
             return None
         info: dict[str, Any] = {"attrs": dict(g.attrs), "bytes_on_disk": du(store.path / kind / exp)}
+        if kind == "scores" and isinstance(g.attrs.get(STALE_ATTR), dict):
+            info["stale"] = {**g.attrs[STALE_ATTR], "message": stale_message(store, exp)}
         if kind == "scores":
             if node(g, "top_k") is not None:
                 rows = _rows(store, f"scores/{exp}/top_k", ["proponents", "proponent_scores", "opponents",

@@ -1,0 +1,241 @@
+"""Growing a featurized store: train rows appended after the rows it was featurized with.
+
+A store records the fingerprint of its train data (``identity.train_data``: row
+count and a sha256 of the rows in order). A run whose train data holds *more*
+rows, whose first ``n_old`` rows have exactly that fingerprint, and whose other
+settings are the store's, is an *append*: :func:`grow_if_appended` grows the
+store in place instead of refusing it, so that `trak featurize` computes only the
+new rows. Anything else (a changed, removed or reordered old row, fewer rows,
+another model, projector, task or storage) is refused as before, naming what differs.
+
+Growing, in this order (each step can be repeated, so a run killed in the middle
+is finished by the next run with the same data; the root attributes are written
+last and are what commits the append):
+
+1. per checkpoint ``train/<m>``: the old last chunk, if partly filled and done, has
+   its ``done`` flag cleared and then its kept rows recorded (attribute
+   ``appended_into``: ``{"chunk", "kept_rows"}``): featurize computes only the rows
+   after them (:func:`kept_rows`) and writes the chunk whole;
+2. its kernel (which sums over every row) is deleted, after the Gram ``ΦᵀΦ`` of
+   the old rows is recovered from it (a primal kernel ``L``: ``L Lᵀ − λI``) and kept
+   as ``gram_prefix`` (:func:`trakcli.store.kernel.save_gram_prefix`): featurize
+   makes the kernel again adding only the new rows' products (a dual kernel: from
+   every stored feature);
+3. its arrays (``features``, ``out_to_loss``, ``nonfinite``, ``done``) are resized
+   along the rows (new chunks are not done);
+4. every scored experiment (``scores/<experiment>``) is marked stale (attribute
+   ``stale``: the ``n_train`` and train ``sha256`` it was scored over): reading or
+   exporting its scores refuses, naming ``trak score CONFIG --overwrite``
+   (:func:`stale_message`);
+5. the root attributes: the new ``identity`` and ``layout``, and one entry more in
+   ``appends`` (``n_train_before``, ``n_train``, ``date``).
+
+K-FAC / EK-FAC stores are not grown: their features are whitened by a curvature
+fitted over all train rows, so a new row changes every stored feature.
+
+Imports zarr only through the store it is given.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Callable
+
+from trakcli.errors import StoreError, StoreMismatchError
+from trakcli.store.identity import differing_keys, jsonable
+from trakcli.store.integrity import StoreCorruptError, delete, keys, node, writable
+from trakcli.store.kernel import save_gram_prefix
+from trakcli.store.layout import LAYOUT_ATTR
+from trakcli.store.rows import read_checked
+
+if TYPE_CHECKING:
+    from trakcli.store.layout import StoreLayout
+    from trakcli.store.store import Store
+
+#: Root attribute: the appends a store has grown by, oldest first.
+APPENDS_ATTR = "appends"
+#: Attribute of ``train/<m>``: the old partly filled chunk an append grew, and its rows kept.
+KEPT_ATTR = "appended_into"
+#: Attribute of ``scores/<experiment>``: the train rows the experiment was scored over, set when the store grew.
+STALE_ATTR = "stale"
+
+#: The identity keys an append may change (the train data's row count and hash).
+GROWING_KEYS = {"train_data.n", "train_data.sha256"}
+
+
+class StoreStaleError(StoreError):
+    """Scores read or rescored after the store's train rows grew, without ``--overwrite``."""
+
+
+def appended_rows(old: dict[str, Any] | None, new: dict[str, Any], old_layout: Any, layout: "StoreLayout") -> int | None:
+    """``n_old`` if ``new`` differs from the recorded ``old`` identity only by more train rows, else None.
+
+    Args:
+        old: the store's recorded identity (None: none recorded).
+        new: this run's identity (its ``train_data`` of ``n_new`` rows).
+        old_layout: the store's recorded layout attribute (a dict).
+        layout: this run's layout.
+
+    Returns:
+        The store's row count ``n_old < n_new`` when only ``train_data.n`` / ``train_data.sha256`` and the
+        layout's ``n_train`` differ; None otherwise (the ordinary identity check then decides). That the
+        first ``n_old`` rows are unchanged is not checked here (:func:`grow_if_appended` does).
+    """
+    if not isinstance(old, dict) or not isinstance(old_layout, dict):
+        return None
+    new = jsonable(new)
+    diff = set(differing_keys(old, new))
+    if not diff or not diff <= GROWING_KEYS:
+        return None
+    now = jsonable(layout.to_attrs())
+    if {k: v for k, v in old_layout.items() if k != "n_train"} != {k: v for k, v in now.items() if k != "n_train"}:
+        return None
+    n_old, n_new = old.get("train_data", {}).get("n"), new["train_data"].get("n")
+    if not isinstance(n_old, int) or not isinstance(n_new, int) or n_old != old_layout.get("n_train"):
+        return None
+    return n_old if n_new > n_old else None
+
+
+def grow_if_appended(
+    store: "Store", identity: dict[str, Any], layout: "StoreLayout", prefix: Callable[[int], dict[str, Any]],
+) -> bool:
+    """Grow ``store`` to this run's train rows if they extend the store's, else leave it as it is.
+
+    Args:
+        store: the open store (rank 0, under the store's lock).
+        identity: this run's identity (:func:`trakcli.jobs.setup.run_identity`).
+        layout: this run's layout (``n_train`` the new row count).
+        prefix: the fingerprint of the first ``n`` train rows of this run's data
+            (:meth:`trakcli.data.tensors.TensorDataset.fingerprint` with ``n``).
+
+    Returns:
+        True if the store was grown (its identity and layout are now this run's); False if this
+        run is not an append (same rows, or other settings: the caller's identity check decides).
+
+    Raises:
+        StoreMismatchError: the rows extend the store's count but the first ``n_old`` differ from
+            the featurized ones (a changed, removed or reordered row), or the store's features are
+            whitened by a K-FAC / EK-FAC curvature (names ``--overwrite``).
+        StoreError: the store cannot be written (nothing computed is lost; rerun to resume).
+    """
+    attrs = store.root.attrs
+    old = attrs.get("identity")
+    n_old = appended_rows(old, identity, attrs.get(LAYOUT_ATTR), layout)
+    if n_old is None:
+        return False
+    n_new = layout.n_train
+    where = f"store {store.path}"
+    if "curvature" in old:
+        raise StoreMismatchError(
+            f"data.train has {n_new} rows, {where} holds {n_old}: rows were appended, but the store's features are "
+            f"whitened by a {old['curvature'].get('kind')} curvature fitted over all its train rows, which new rows "
+            "change, and with it every stored feature; rerun with --overwrite to refit the curvature and featurize "
+            "every row (curvature.kind: gram stores grow by featurizing the new rows only)"
+        )
+    have = jsonable(prefix(n_old))
+    if have != old["train_data"]:
+        raise StoreMismatchError(
+            f"data.train has {n_new} rows and {where} holds {n_old}, but the data's first {n_old} rows are not the "
+            f"rows the store was featurized with (sha256 {str(have.get('sha256'))[:12]}, the store's "
+            f"{str(old['train_data'].get('sha256'))[:12]}): a row was changed, removed or reordered. Only rows added "
+            "after the featurized ones are appended: restore the old rows and put new documents after them, or "
+            "rerun with --overwrite to start over"
+        )
+    try:
+        for m in _model_ids(store):
+            _grow_train(store, m, n_old, n_new, layout.chunk_rows)
+        _mark_stale(store, {"n_train": n_old, "sha256": old["train_data"].get("sha256")})
+        appends = list(attrs.get(APPENDS_ATTR) or [])
+        appends.append({"n_train_before": n_old, "n_train": n_new,
+                        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+        attrs.update({"identity": jsonable(identity), LAYOUT_ATTR: layout.to_attrs(), APPENDS_ATTR: appends})
+    except OSError as e:
+        raise StoreError(f"growing {where} from {n_old} to {n_new} train rows failed: {e}; nothing computed is lost: "
+                         "fix the cause and rerun the same command to finish the append") from None
+    store.notes.append(
+        f"appending {n_new - n_old} train rows to the {n_old} of {where}: only the new rows are featurized; "
+        "the kernels are remade from the stored features"
+        + ("; scored experiments are stale until rescored (`trak score CONFIG --overwrite`)"
+           if _experiments(store) else "")
+    )
+    return True
+
+
+def _model_ids(store: "Store") -> list[int]:
+    train = node(store.root, "train")
+    return sorted(int(k) for k in keys(train) if k.isdigit()) if train is not None else []
+
+
+def _experiments(store: "Store") -> list[str]:
+    scores = node(store.root, "scores")
+    return keys(scores) if scores is not None else []
+
+
+def _grow_train(store: "Store", model_id: int, n_old: int, n_new: int, chunk_rows: int) -> None:
+    """Steps 1-3 of the module docstring for ``train/<model_id>`` (each may already have been done)."""
+    path = f"train/{model_id}"
+    group = node(store.root, path)
+    done = node(group, "done")
+    if done is None:  # nothing computed yet: `Store.train` creates the arrays at the new size
+        return
+    kept = group.attrs.get(KEPT_ATTR)
+    if isinstance(kept, dict) and isinstance(kept.get("chunk"), int) and kept["chunk"] < done.shape[0] and _flag(
+            done, kept["chunk"]):
+        del group.attrs[KEPT_ATTR]  # an earlier append's chunk, finished since
+    partial = n_old % chunk_rows
+    if partial and done.shape[0] == -(-n_old // chunk_rows):  # not resized yet: the old last chunk is partly filled
+        chunk = n_old // chunk_rows
+        if _flag(done, chunk):
+            done[chunk] = 0  # first: a kill after it recomputes the whole chunk, never trusts unwritten rows
+            group.attrs.update({KEPT_ATTR: {"chunk": chunk, "kept_rows": partial}})
+    if node(group, "kernel") is not None:
+        save_gram_prefix(store, model_id, n_old)  # the old rows' Gram, from the kernel: only new rows are added
+        delete(store.root, f"{path}/kernel", metadata_only=False)
+    n_chunks = -(-n_new // chunk_rows)
+    for name in ("features", "out_to_loss", "nonfinite"):
+        arr = node(group, name)
+        if arr is not None and arr.shape[0] != n_new:
+            writable(arr).resize((n_new, *arr.shape[1:]))
+    if done.shape[0] != n_chunks:
+        done.resize((n_chunks,))
+
+
+def _flag(done: Any, chunk: int) -> bool:
+    """Whether ``done[chunk]`` is set; an unreadable flag is not (its chunk is then computed whole)."""
+    try:
+        return bool(read_checked(done, slice(chunk, chunk + 1), 0, stored=False)[0])
+    except StoreCorruptError:
+        return False
+
+
+def _mark_stale(store: "Store", scored_over: dict[str, Any]) -> None:
+    """Step 4: every experiment's scores record the rows they were scored over (the earliest, if grown twice)."""
+    for exp in _experiments(store):
+        group = node(store.root, f"scores/{exp}")
+        if group is not None and STALE_ATTR not in group.attrs:
+            group.attrs.update({STALE_ATTR: scored_over})
+
+
+def kept_rows(store: "Store", model_id: int) -> dict[int, int]:
+    """``{chunk: rows}``: the leading rows of a pending chunk of ``train/<model_id>`` kept by an append.
+
+    Featurize computes only the chunk's other rows, if the kept ones read back intact
+    (:func:`trakcli.jobs.featurize.featurize_rows`); ``{}`` if there is none.
+    """
+    group = node(store.root, f"train/{model_id}")
+    kept = group.attrs.get(KEPT_ATTR) if group is not None else None
+    if not isinstance(kept, dict) or not isinstance(kept.get("chunk"), int) or not isinstance(kept.get("kept_rows"), int):
+        return {}
+    return {kept["chunk"]: kept["kept_rows"]}
+
+
+def stale_message(store: "Store", experiment: str) -> str | None:
+    """Why the scores of ``experiment`` are stale and how to rescore them; None if they are not stale."""
+    group = node(store.root, f"scores/{experiment}")
+    stale = group.attrs.get(STALE_ATTR) if group is not None else None
+    if not isinstance(stale, dict):
+        return None
+    n_now = store.layout.n_train
+    return (f"the scores of experiment {experiment!r} in {store.path} are stale: they were computed over "
+            f"{stale.get('n_train')} train rows, and the store now holds {n_now} (rows were appended); rescore with "
+            "`trak score CONFIG --overwrite` (the target features are kept)")
