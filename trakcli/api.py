@@ -288,9 +288,9 @@ class Attributor:
             self.featurizer.curvature = self.curvature
 
     @property
-    def path(self) -> Path:
-        """The store directory."""
-        return Path(self.store.path)
+    def path(self) -> Any:
+        """The store: a local :class:`~pathlib.Path`, or a :class:`upath.UPath` for an ``s3://`` URL."""
+        return self.store.location
 
     def _setup(self, n_train: int, train: Any, batch_size: int, sources: dict[int, Any]) -> ApiSetup:
         names, shas = {}, {}
