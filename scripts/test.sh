@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up .venv with the test, hf (transformers) and docs extras, build the docs and run the test suite.
-# Extra arguments go to pytest.
+# Extra arguments go to pytest (-n 0: one process).
 set -euo pipefail
 source "$(dirname "$0")/_env.sh" "test,hf,cuda,docs"  # cuda: triton, so the kernel tests run under TRITON_INTERPRET=1
 # the browser tests of `trak report` drive Debian's chromium through playwright (skipped without it; needs root)
@@ -14,7 +14,8 @@ site="$(mktemp -d)"
 NO_MKDOCS_2_WARNING=1 python -m mkdocs build --strict --quiet --site-dir "$site"
 rm -rf "$site"
 set +e
-python -m pytest "$@"
+# one pytest worker per core (pytest-xdist), each test module on one worker (its module fixtures made once)
+python -m pytest -n auto --dist loadfile "$@"
 code=$?
 set -e
 if [ "$code" -eq 5 ]; then
