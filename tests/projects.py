@@ -35,6 +35,27 @@ def make_model(in_dim=6, hidden=8, num_classes=3):
 '''
 
 
+#: A model file of two tiny causal LMs (vocabulary 29), as `model.entrypoint: lm_model.py:gpt2` / `:llama`.
+TINY_LMS_FILE = '''
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+
+def gpt2(vocab_size=29):
+    torch.manual_seed(0)
+    cfg = GPT2Config(vocab_size=vocab_size, n_embd=16, n_layer=1, n_head=2, n_positions=32,
+                     bos_token_id=1, eos_token_id=1, attn_implementation="eager")
+    return GPT2LMHeadModel(cfg)
+
+
+def llama(vocab_size=29):
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=16, intermediate_size=24, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32,
+                      tie_word_embeddings=True, attn_implementation="eager")
+    return LlamaForCausalLM(cfg)
+'''
+
 def tiny_model(in_dim: int = 6, hidden: int = 8, num_classes: int = 3, seed: int = 0) -> nn.Module:
     """The model of MODEL_FILE, seeded."""
     torch.manual_seed(seed)

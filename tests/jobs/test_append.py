@@ -14,7 +14,7 @@ import zarr
 from trakcli.jobs import kernels
 from trakcli.jobs.setup import JobSetup
 
-from projects import MODEL_FILE, kill_at, msg, run, run_subprocess, tiny_model, write_config
+from projects import MODEL_FILE, TINY_LMS_FILE, kill_at, msg, run, run_subprocess, tiny_model, write_config
 
 N_OLD, N_NEW, N_TARGET = 40, 44, 6  # 10% more rows
 STORE = Path("out") / "attrib.zarr"
@@ -336,26 +336,13 @@ def test_torchrun_two_ranks_append_as_one_process(tmp_path):
     np.testing.assert_allclose(scores(root), scores(once), rtol=1e-5, atol=1e-6)
 
 
-LM_FILE = '''
-import torch
-from transformers import GPT2Config, GPT2LMHeadModel
-
-
-def gpt2(vocab_size=29):
-    torch.manual_seed(0)
-    cfg = GPT2Config(vocab_size=vocab_size, n_embd=16, n_layer=1, n_head=2, n_positions=32,
-                     bos_token_id=1, eos_token_id=1, attn_implementation="eager")
-    return GPT2LMHeadModel(cfg)
-'''
-
-
 def _lm_project(root: Path, n_train: int) -> Path:
     """A tiny GPT-2 with pre-tokenized language-model rows: the first ``n_train`` of 24 in train.jsonl; top-k scores."""
     pytest.importorskip("transformers")
     from projects import masked_batch, write_jsonl
 
     root.mkdir(parents=True, exist_ok=True)
-    (root / "lm_model.py").write_text(LM_FILE)
+    (root / "lm_model.py").write_text(TINY_LMS_FILE)
     import importlib.util
 
     spec = importlib.util.spec_from_file_location(f"lm_model_{root.name}", root / "lm_model.py")

@@ -12,31 +12,10 @@ import torch
 import yaml
 from torch.func import functional_call, grad, vmap
 
-from projects import LM_VOCAB, masked_batch, run, word_tokenizer, write_config, write_jsonl
+from projects import LM_VOCAB, TINY_LMS_FILE, masked_batch, run, word_tokenizer, write_config, write_jsonl
 from trakcli.jobs.per_token import split_by_token, token_margins
 from trakcli.models.forward import logits_of, model_kwargs
 from trakcli.tasks import IGNORE_INDEX, language_modeling_margin
-
-MODEL_FILE = '''
-import torch
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
-
-
-def gpt2(vocab_size=29):
-    torch.manual_seed(0)
-    cfg = GPT2Config(vocab_size=vocab_size, n_embd=16, n_layer=1, n_head=2, n_positions=32,
-                     bos_token_id=1, eos_token_id=1, attn_implementation="eager")
-    return GPT2LMHeadModel(cfg)
-
-
-def llama(vocab_size=29):
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=16, intermediate_size=24, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32,
-                      tie_word_embeddings=True, attn_implementation="eager")
-    return LlamaForCausalLM(cfg)
-'''
-
 
 def test_token_margins_sum_to_the_sequence_margin_and_split_keeps_one_target_per_copy():
     inputs, labels = masked_batch("chat", n=4, length=9)
@@ -63,7 +42,7 @@ def _rows(kind: str, n: int, seed: int) -> list[dict]:
 
 def _project(root: Path, arch: str, kind: str, extra: dict | None = None) -> None:
     """A tiny causal LM (random init, one checkpoint), pre-tokenized train (24 rows) and target (3 rows) data."""
-    (root / "lm_model.py").write_text(MODEL_FILE)
+    (root / "lm_model.py").write_text(TINY_LMS_FILE)
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("lm_model_for_ckpt", root / "lm_model.py")
