@@ -257,3 +257,40 @@ def test_two_nodes_over_s3_one_killed_and_restarted_write_the_store_of_one_proce
     assert sorted(n for n in remote if n.startswith("train/")) == names
     for name in names:
         np.testing.assert_allclose(remote[name], local[name], rtol=1e-6, atol=0, err_msg=name)
+
+
+def _grow(root: Path, n_more: int = 60) -> None:
+    """Append ``n_more`` seeded rows to the project's train data (10% of N_TRAIN)."""
+    import torch
+
+    data = torch.load(root / "ckpts" / "data.pt")
+    g = torch.Generator().manual_seed(7)
+    data["x_train"] = torch.cat([data["x_train"], torch.randn(n_more, 6, generator=g)])
+    data["y_train"] = torch.cat([data["y_train"], torch.randint(0, 3, (n_more,), generator=g)])
+    torch.save(data, root / "ckpts" / "data.pt")
+
+
+def test_rows_appended_to_a_store_on_s3_are_featurized_alone(tmp_path, s3):
+    root = make_project(tmp_path / "p")
+    url = s3.url()
+    set_store(root, url)
+    assert run(root, "featurize", "run.yaml", "-q").returncode == 0
+    key = url[len("s3://"):]
+    old = {f: s3.fs.info(f)["ETag"] for f in s3.fs.find(f"{key}/train") if "/features/c/" in f}
+    assert len(old) == 3 * (N_TRAIN // CHUNK)
+    _grow(root)
+    res = run(root, "featurize", "run.yaml")
+    assert res.returncode == 0, res.stderr
+    assert "appending 60 train rows to the 600 of store" in msg(res) and "computed 6/51 chunks" in msg(res)
+    now = {f: s3.fs.info(f)["ETag"] for f in s3.fs.find(f"{key}/train") if "/features/c/" in f}
+    assert {f: now[f] for f in old} == old  # no old chunk was written again
+    assert len(now) == 3 * -(-(N_TRAIN + 60) // CHUNK)  # 15 full chunks, a 16th full and a 17th half
+    assert run(root, "score", "run.yaml", "-q").returncode == 0
+    once = make_project(tmp_path / "once")
+    _grow(once)
+    for cmd in ("featurize", "score"):
+        assert run(once, cmd, "run.yaml", "-q").returncode == 0
+    remote, local = s3_arrays(url), arrays(once / "out" / "attrib.zarr")
+    np.testing.assert_allclose(remote["scores/default/scores"], local["scores/default/scores"], rtol=1e-5, atol=1e-7)
+    for m in range(3):
+        np.testing.assert_array_equal(remote[f"train/{m}/features"], local[f"train/{m}/features"])
