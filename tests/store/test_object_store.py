@@ -8,6 +8,7 @@ The `trak` CLI runs for real (in process or in subprocesses); nothing is mocked.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import socket
@@ -183,6 +184,8 @@ def test_urls_the_store_cannot_open_are_refused_with_one_message(tmp_path, s3):
         f"s3://{s3.BUCKET}": "names a bucket, not a store in it",
         "s3://no-such-bucket/a.zarr": "bucket 'no-such-bucket' of store.path s3://no-such-bucket/a.zarr does not exist",
     }
+    if importlib.util.find_spec("gcsfs") is None:  # a scheme fsspec knows whose package is missing
+        cases["gs://bucket/a.zarr"] = "store.path 'gs://bucket/a.zarr' needs gcsfs, which is not installed: pip install gcsfs"
     for url, words in cases.items():
         res = run(root, "featurize", "run.yaml", f"store.path={url}")
         assert res.returncode == 1, url
