@@ -164,7 +164,7 @@ def main() -> None:
         "commit": git_commit(), "trakcli_version": __version__,
         "args": {"n_train": a.n_train, "n_target": a.n_target, "proj_dim": a.proj_dim, "top_k": K,
                  "repeats": a.repeats, "service": "seaweedfs on 127.0.0.1" if a.endpoint is None else "given"},
-        "rows": rows, "s3_over_local": ratio, "top_k_equal": equal,
+        "rows": rows, "s3_over_local": ratio, "top_k_equal": equal, "load_average_1min": os.getloadavg()[0],
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
     }, indent=2) + "\n")
     shutil.rmtree(a.work, ignore_errors=True)

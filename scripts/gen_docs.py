@@ -573,6 +573,22 @@ def _append(data: dict[str, Any]) -> tuple[str, str, str]:
             table(["step", "at once s", "append s", "ratio"], rows, ["l", "r", "r", "r"]))
 
 
+def _object_store(data: dict[str, Any]) -> tuple[str, str, str]:
+    rows = [[name, _f(r["featurize_s"], 1), _f(r["top_k_s"], 1),
+             _f(max(r["featurize_peak_rss_gib"], r["top_k_peak_rss_gib"]))] for name, r in data["rows"].items()]
+    ratio = data["s3_over_local"]
+    rows.append(["S3 / local disk", f"{ratio['featurize_s']:.2f}x", f"{ratio['top_k_s']:.2f}x", ""])
+    a, m = data["args"], data["machine"]
+    note = (f"The project of `bench_topk.py` ({a['n_train']:,} train rows, {a['n_target']:,} targets, proj_dim "
+            f"{a['proj_dim']}, top {a['top_k']}) featurized and scored with the store on local disk and on S3 "
+            f"({a['service']}), each command in its own process, `trak score` best of {a['repeats']}; the top-k of "
+            f"both stores {'are equal' if data['top_k_equal'] else 'DIFFER'}. {m['cpus']} CPUs, load average "
+            f"{data.get('load_average_1min', float('nan')):.1f}; {data['date']}, commit {data['commit'][:8]}, "
+            f"trakcli {data['trakcli_version']}.")
+    return ("The store on S3 against local disk", note,
+            table(["store", "featurize s", "trak score top-k s", "peak GiB"], rows, ["l", "r", "r", "r"]))
+
+
 #: scripts/bench_recall.py's setups: (the title's subject, the model and how it was trained).
 _RECALL_SETUPS = {
     "smollm2": ("a finetuned pretrained LM", "SmolLM2-135M-Instruct finetuned"),
@@ -598,6 +614,7 @@ RENDERERS: list[tuple[Any, str, Any]] = [
     (lambda d: d.get("benchmark") == "callback", "bench_callback.py", _callback),
     (lambda d: d.get("benchmark") == "select", "bench_select.py", _select),
     (lambda d: d.get("benchmark") == "append", "bench_append.py", _append),
+    (lambda d: d.get("benchmark") == "bench_object_store", "bench_object_store.py", _object_store),
 ]
 
 
