@@ -161,6 +161,8 @@ def main() -> None:
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps({
         "benchmark": "bench_object_store", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "command": (f"python scripts/bench_object_store.py --n-train {a.n_train} --n-target {a.n_target} "
+                    f"--proj-dim {a.proj_dim} --repeats {a.repeats}"),
         "commit": git_commit(), "trakcli_version": __version__,
         "args": {"n_train": a.n_train, "n_target": a.n_target, "proj_dim": a.proj_dim, "top_k": K,
                  "repeats": a.repeats, "service": "seaweedfs on 127.0.0.1" if a.endpoint is None else "given"},
