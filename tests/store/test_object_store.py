@@ -183,6 +183,9 @@ def test_urls_the_store_cannot_open_are_refused_with_one_message(tmp_path, s3):
         "nope://bucket/a.zarr": "has the scheme 'nope', which no file system opens",
         f"s3://{s3.BUCKET}": "names a bucket, not a store in it",
         "s3://no-such-bucket/a.zarr": "bucket 'no-such-bucket' of store.path s3://no-such-bucket/a.zarr does not exist",
+        f"s3:/{s3.BUCKET}/a.zarr": f"reads as a s3:// URL missing a slash; write s3://{s3.BUCKET}/a.zarr",
+        f"s3://{s3.BUCKET}/../a.zarr": "has an empty, '.' or '..' part",
+        "s3://Not_A_Bucket!/a.zarr": "'Not_A_Bucket!' is not a valid bucket name",
     }
     if importlib.util.find_spec("gcsfs") is None:  # a scheme fsspec knows whose package is missing
         cases["gs://bucket/a.zarr"] = "store.path 'gs://bucket/a.zarr' needs gcsfs, which is not installed: pip install gcsfs"

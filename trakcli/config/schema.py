@@ -539,8 +539,13 @@ class StoreConfig(StrictModel):
         A URL (``s3://...``) stays text and is opened, or refused with its reason, when a command uses the
         store (:func:`trakcli.store.location.store_location`); anything else is a local :class:`Path`.
         """
-        from trakcli.store.location import is_url
+        from trakcli.store.location import broken_url, is_url
 
+        if isinstance(v, str) and broken_url(v):
+            scheme = broken_url(v)
+            rest = v.split(":", 1)[1].lstrip("/")
+            raise ValueError(f"{v!r} reads as a {scheme}:// URL missing a slash; write {scheme}://{rest} (a local "
+                             f"folder named '{v.split(':', 1)[0]}:' is never made of it)")
         if isinstance(v, str) and v[:7].lower() == "file://":
             v = v[7:]
         if isinstance(v, str) and is_url(v):

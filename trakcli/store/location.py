@@ -63,6 +63,24 @@ def is_url(text: str | Path) -> bool:
     return not isinstance(text, Path) and _SCHEME.match(str(text)) is not None
 
 
+#: ``s3:/bucket/key`` or ``s3:bucket/key``: a URL that lost a slash (a local folder ``s3:`` would be made of it).
+_BROKEN_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/?(?!/)")
+
+
+def broken_url(text: str) -> str | None:
+    """The scheme of ``text`` if it reads as a URL of a known file system missing a slash (``s3:/b/k``), else None.
+
+    Single letters (``C:``, a Windows drive) never count.
+    """
+    m = _BROKEN_URL.match(text)
+    if m is None or is_url(text):
+        return None
+    name = m.group(1).lower()
+    from fsspec.registry import known_implementations
+
+    return name if name in known_implementations and name not in _LOCAL else None
+
+
 def is_remote(path: Any) -> bool:
     """Whether ``path`` is on an object store (a :class:`upath.UPath` of a non-local scheme)."""
     if type(path).__module__.startswith("upath"):
@@ -141,11 +159,21 @@ def store_location(path: str | Location, storage_options: dict[str, Any] | None 
         raise StoreError(
             f"store.path {text!r} needs {package}, which is not installed: pip install {package}{extra}"
         ) from None
-    rest = text.split("://", 1)[1].strip("/")
-    if found not in ("memory",) and "/" not in rest:
+    given = text
+    rest = text.split("://", 1)[1]
+    text = f"{found}://{rest.rstrip('/')}"  # the scheme in lower case, as fsspec registers it
+    parts = rest.strip("/").split("/")
+    if found not in ("memory",) and (rest.startswith("/") or not parts[0]):
+        raise StoreError(f"store.path {given!r} names no bucket; give {found}://BUCKET/PREFIX/NAME.zarr")
+    if found not in ("memory",) and len(parts) < 2:
         raise StoreError(
-            f"store.path {text!r} names a bucket, not a store in it; give the store's own prefix, e.g. "
-            f"{found}://{rest or 'BUCKET'}/attrib.zarr (its lock and caches go beside it)"
+            f"store.path {given!r} names a bucket, not a store in it; give the store's own prefix, e.g. "
+            f"{found}://{parts[0]}/attrib.zarr (its lock and caches go beside it)"
+        )
+    if any(p in ("", ".", "..") for p in parts):
+        raise StoreError(
+            f"store.path {given!r} has an empty, '.' or '..' part; object stores take keys as written: give the "
+            f"store's own prefix without them, e.g. {found}://{parts[0]}/attrib.zarr"
         )
     options = s3_options(storage_options) if found in ("s3", "s3a") else dict(storage_options or {})
     from upath import UPath
@@ -297,6 +325,11 @@ def check_reachable(path: Location) -> None:
             "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or store.storage_options: {key: ..., secret: ...})"
         ) from None
     except Exception as e:  # noqa: BLE001 - botocore/aiohttp raise their own connection errors
+        if e.__class__.__name__ == "ParamValidationError":
+            raise StoreError(
+                f"store.path {path}: {bucket!r} is not a valid bucket name ({' '.join(str(e).split())[:200]}); "
+                "bucket names are lower-case letters, digits, '.' and '-'"
+            ) from None
         if "Credentials" in e.__class__.__name__:
             raise StoreError(
                 f"the credentials for store.path {path} at {where} are incomplete ({e}); set both "
