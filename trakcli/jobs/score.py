@@ -27,12 +27,13 @@ from trakcli.jobs.kernels import finalize_kernels, kernel_of, report_notes, ridg
 from trakcli.jobs.runtime import ChunkWriter, event, locked_store, torch_threads
 from trakcli.jobs.setup import JobSetup, prepare
 from trakcli.progress import NULL_REPORTER, Reporter
-from trakcli.jobs.topk import TopK
+from trakcli.jobs.topk import TopK, TwoStage
 from trakcli.scoring import (
-    cosine_term, dual_target_sq_norms, ensemble_block, kernel_sq_norms, score_block, target_weights,
+    DUAL, cosine_term, kernel_form, dual_target_sq_norms, ensemble_block, kernel_sq_norms, score_block, target_weights,
 )
 from trakcli.store import ChunkedRows, Store, StoreCorruptError, check_same
 from trakcli.store.kernel import kernel_nbytes, read_kernel
+from trakcli.store.quantize import is_quantized, signs
 from trakcli.store.store import TOP_K_ARRAYS
 
 
@@ -50,6 +51,10 @@ class ScoreResult:
         top_k: K of the stored top-k arrays (``score.top_k``, at most n_train), or None.
         full: whether the full score matrix is in the store.
         per_token: whether the per-token scores of the top-k are in the store (``score.per_token``).
+        two_stage: for a two-stage top-k (``store.dtype`` int8 or binary, :mod:`trakcli.jobs.topk`): its
+            settings (``codes``, ``rescore_multiplier``, ``recall_queries``), ``k``, ``n_queries`` and the
+            measured ``recall`` ``{"proponents": r, "opponents": r}`` (recall@k against the exact top-k of the
+            sampled targets); else None.
     """
 
     store: Path
@@ -64,6 +69,7 @@ class ScoreResult:
     top_k: int | None = None
     full: bool = True
     per_token: bool = False
+    two_stage: dict[str, Any] | None = None
 
     def top(self, lo: int = 0, hi: int | None = None) -> dict[str, np.ndarray]:
         """Targets ``[lo, hi)`` of the top-k arrays (chunks checked).
@@ -217,7 +223,7 @@ def score(
     lambdas, computed = score_targets(
         s, path, target, experiment=sc.experiment, lambda_reg=sc.lambda_reg, lambda_rel=sc.lambda_rel,
         top_k=sc.top_k, full=sc.full, normalize=sc.normalize, per_token=sc.per_token,
-        overwrite=overwrite, skip_nonfinite=skip_nonfinite, verify=verify, reporter=reporter,
+        rescore_multiplier=sc.rescore_multiplier, recall_queries=sc.recall_queries, overwrite=overwrite, skip_nonfinite=skip_nonfinite, verify=verify, reporter=reporter,
         linalg_threads=cfg.linalg_threads, grad_memory_mb=cfg.data.grad_memory_mb,
     )
     return ScoreResult(
@@ -232,7 +238,16 @@ def score(
         top_k=None if sc.top_k is None else min(sc.top_k, len(s.train)),
         full=sc.top_k is None if sc.full is None else sc.full,
         per_token=sc.per_token,
+        two_stage=_recorded_recall(path, sc.experiment, len(target), sc.top_k),
     )
+
+
+def _recorded_recall(path: Path, experiment: str, n_target: int, top_k: int | None) -> dict[str, Any] | None:
+    """The two-stage record of the experiment's top-k (settings and measured recall), or None."""
+    if not top_k:
+        return None
+    store = Store.open_existing(path, mode="r")
+    return TopK(store, experiment, n_target, top_k, create=False).recorded_recall()
 
 
 def score_targets(
@@ -247,6 +262,8 @@ def score_targets(
     full: bool | None = None,
     normalize: str | None = None,
     per_token: bool = False,
+    rescore_multiplier: int | None = None,
+    recall_queries: int = 16,
     overwrite: bool = False,
     skip_nonfinite: bool = False,
     verify: bool = False,
@@ -264,8 +281,8 @@ def score_targets(
         s: the setup (featurizer, checkpoints and their sha256s, identity, process group).
         path: the store.
         target: the target examples.
-        experiment, lambda_reg, lambda_rel, top_k, full, normalize, per_token: ``score:`` of the config
-            (``full`` None: the full matrix when ``top_k`` is None).
+        experiment, lambda_reg, lambda_rel, top_k, full, normalize, per_token, rescore_multiplier,
+            recall_queries: ``score:`` of the config (``full`` None: the full matrix when ``top_k`` is None).
         overwrite, skip_nonfinite, verify, reporter: as :func:`score`.
         linalg_threads: torch threads for the kernels and score products (:func:`finalize_and_score`).
 
@@ -303,6 +320,10 @@ def score_targets(
     with locked_store(path, s.dist, reporter):
         store = Store.open_existing(path)
         train_rows = check_train_complete(s, store)
+        two = _two_stage_plan(store, s, top_k, full, normalize, exact, rescore_multiplier, recall_queries,
+                              len(target), reporter if s.dist.is_main else NULL_REPORTER)
+        if two is not None:  # the experiment's top-k depends on them: recorded and checked with the settings
+            settings["two_stage"] = two.settings()
         if s.dist.is_main:
             if verify:
                 _verify_train(train_rows)
@@ -323,7 +344,7 @@ def score_targets(
             bad = out.verify() if full else []
             if bad:
                 reporter.info(f"score column blocks {bad} were missing or corrupt; recomputed")
-            top = TopK(store, exp, len(target), top_k, create=True) if top_k else None
+            top = TopK(store, exp, len(target), top_k, create=True, two_stage=two) if top_k else None
             bad = top.verify() if top else []
             if bad:
                 reporter.info(f"top-k target chunks {bad} were missing or corrupt; recomputed")
@@ -332,7 +353,7 @@ def score_targets(
         if not s.dist.is_main:  # opened after rank 0 has created or repaired them
             target_rows = [store.targets(exp, m, t_attrs, len(target), create=False) for m in range(n_models)]
             out = store.scores(exp, len(target), settings, create=False) if full else None
-            top = TopK(store, exp, len(target), top_k, create=False) if top_k else None
+            top = TopK(store, exp, len(target), top_k, create=False, two_stage=two) if top_k else None
 
         # 1. target features: written, and the stored kernels read, in the background while the next
         #    checkpoint's target features are computed
@@ -373,6 +394,30 @@ def score_targets(
                                           s.exact_damping if exact else None, reporter)
         s.dist.barrier()
     return lambdas, computed
+
+
+def _two_stage_plan(store: Store, s: JobSetup, top_k: int | None, full: bool, normalize: str | None, exact: bool,
+                    rescore_multiplier: int | None, recall_queries: int, n_target: int,
+                    reporter: Reporter) -> TwoStage | None:
+    """The two-stage top-k of this run (:mod:`trakcli.jobs.topk`), or None: when the store has codes
+    (``store.dtype`` int8 or binary) and the top-k is streamed with TRAK's scores and primal kernels.
+
+    Otherwise, on a store with codes, one info line says why the top-k comes from the exact streamed
+    pass over the bfloat16 copy instead.
+    """
+    codes = store.layout.dtype
+    if not top_k or not is_quantized(codes):
+        return None
+    dual = s.curvature is None and kernel_form(store.layout.n_train, store.layout.proj_dim) == DUAL
+    why = ("score.full is set: the top-k is ranked from the full score matrix" if full else
+           "score.normalize unit ranks by cosines, which the codes do not approximate" if normalize == "unit" else
+           "curvature.exact recomputes the scores exactly" if exact else
+           f"n_train {store.layout.n_train} < proj_dim {store.layout.proj_dim}: the dual kernel scores every "
+           "row in one product" if dual else None)
+    if why is not None:
+        reporter.info(f"two-stage top-k not used ({why}); the top-k comes from the exact pass over the bfloat16 copy")
+        return None
+    return TwoStage.of(codes, rescore_multiplier, recall_queries, n_target)
 
 
 def _per_token_scores(s: JobSetup, store: Store, train_rows: list[ChunkedRows], target: TensorDataset, exp: str,
@@ -552,7 +597,13 @@ def _finalize_and_score(
     if parts is not None:
         if out is not None:  # ranked from the finished matrix
             scorer = lambda lo, hi: torch.from_numpy(out.read("scores", lo, hi))  # noqa: E731
-        computed += top.compute(scorer, parts, dist, reporter)
+        if top.two_stage is not None and out is None and exact is None and scorer.two_stage_ready():
+            computed += top.compute_two_stage(scorer, parts, dist, reporter)
+        elif top.two_stage is not None:  # refused at the start (score_targets); a guard against a wrong plan
+            raise StoreError("the two-stage top-k needs codes, TRAK's scores and primal kernels; rerun with "
+                             "--overwrite")
+        else:
+            computed += top.compute(scorer, parts, dist, reporter)
         dist.barrier()
         if dist.is_main:
             computed += top.merge(parts)
@@ -597,6 +648,69 @@ class _BlockScores:
             z_sq = (phi.double() * kernel.double()).sum(1)  # φᵀAφ = φ · X_i
             term = cosine_term(term.double(), dual_target_sq_norms(phi_t, term, phi, lam), z_sq)
         self.dual_total = term.double() if self.dual_total is None else self.dual_total.add_(term)
+
+    # -- two-stage top-k (trakcli.jobs.topk.TwoStageScores) over int8 / binary codes --------------------------
+
+    def two_stage_ready(self) -> bool:
+        """Whether :meth:`approx` can be used: every checkpoint has codes, TRAK's scores (not unit), primal kernels."""
+        return (not self.unit and self.dual_total is None and len(self.primal) == len(self.train_rows) > 0
+                and all(r.code_dtype is not None for r in self.train_rows))
+
+    def _mean_q(self, lo: int, hi: int) -> torch.Tensor:
+        """``[hi - lo]`` float32 mean out-to-loss over checkpoints (averaged in float64, as :func:`ensemble_block`)."""
+        q = sum(r.read("out_to_loss", lo, hi).astype(np.float64) for r in self.train_rows) / len(self.train_rows)
+        return torch.from_numpy(np.asarray(q, dtype=np.float32))
+
+    def approx(self, lo: int, hi: int) -> torch.Tensor:
+        """Approximate scores ``[n_target, hi - lo]`` float32 from the codes (:mod:`trakcli.store.quantize`).
+
+        Per checkpoint, ``W_m φ_i ≈ s_t s_i · (ŵ_t · c_i)``: the target weights ``W_m`` rounded to int8 with a
+        per-target scale ``s_t = max|W_m[t]| / 127``, the row's codes ``c_i`` (int8, or ±1 for binary) and scale
+        ``s_i``; the int8 product is exact in int32 (``torch._int_mm``). Summed over checkpoints, times the
+        mean Q of the row, as :func:`~trakcli.scoring.score_block`.
+        """
+        if not hasattr(self, "_qweights"):
+            self._qweights = []
+            for w in self.weights:  # [n_target, proj_dim] float32
+                s_t = w.abs().amax(1) / 127
+                safe = torch.where(s_t > 0, s_t, torch.ones_like(s_t))
+                self._qweights.append((torch.round(w / safe[:, None]).clamp_(-127, 127).to(torch.int8).T.contiguous(),
+                                       s_t))
+        acc = None
+        for (wq, s_t), (rows, _, _) in zip(self._qweights, self.primal):
+            codes = signs(rows.code_dtype, rows.read("codes", lo, hi), wq.shape[0])  # [rows, proj_dim] int8
+            s_i = torch.from_numpy(rows.read("scale", lo, hi).astype(np.float32, copy=False))
+            prod = torch._int_mm(torch.from_numpy(codes), wq).T.to(torch.float32)  # [n_target, rows]
+            term = prod.mul_(s_t[:, None]).mul_(s_i[None, :])
+            acc = term if acc is None else acc.add_(term)
+        return acc.mul_(self._mean_q(lo, hi)[None, :])
+
+    def load(self, lo: int, hi: int) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """The float copy of train rows ``lo .. hi``: per checkpoint ``[rows, proj_dim]`` float32, and the mean Q."""
+        feats = [torch.from_numpy(r.read("features", lo, hi).astype(np.float32, copy=False)) for r, _, _ in self.primal]
+        return feats, self._mean_q(lo, hi)
+
+    #: Target-row pairs scored at once by :meth:`pairs` (two ``[PAIRS, proj_dim]`` float32 temporaries).
+    PAIRS = 8192
+
+    def pairs(self, block: tuple[list[torch.Tensor], torch.Tensor], targets: torch.Tensor,
+              rows: torch.Tensor) -> torch.Tensor:
+        """Exact scores ``[P]`` float32 of targets ``targets[p]`` against rows ``rows[p]`` of ``block`` (int64 ``[P]``).
+
+        ``[(1/M) Σ_m W_m[t] · Φ_m[i]] · Q̄_i``: the formula of :func:`~trakcli.scoring.score_block`, per pair.
+        """
+        feats, q = block
+        out = torch.empty(len(targets), dtype=torch.float32)
+        for lo in range(0, len(targets), self.PAIRS):
+            t, i = targets[lo : lo + self.PAIRS], rows[lo : lo + self.PAIRS]
+            acc = sum((w[t] * f[i]).sum(1) for w, f in zip(self.weights, feats))
+            out[lo : lo + len(t)] = acc / len(feats) * q[i]
+        return out
+
+    def rows(self, block: tuple[list[torch.Tensor], torch.Tensor], targets: torch.Tensor) -> torch.Tensor:
+        """Exact scores ``[len(targets), rows]`` float32 of the targets ``targets`` against the whole block."""
+        feats, q = block
+        return score_block([w[targets] for w in self.weights], feats, [q] * len(feats))
 
     def __call__(self, lo: int, hi: int) -> torch.Tensor:
         feats = [torch.from_numpy(r.read("features", lo, hi).astype(np.float32, copy=False)) for r, _, _ in self.primal]

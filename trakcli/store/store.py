@@ -27,6 +27,7 @@ from trakcli import __version__
 from trakcli.errors import StoreError, StoreMismatchError
 from trakcli.files import atomic_open
 from trakcli.store.bfloat16 import array_attrs, is_bfloat16, logical_dtype, storage_dtype
+from trakcli.store.quantize import code_arrays, feature_dtype
 from trakcli.store.evalgroup import delete_keeping_eval, headless_store, remove_leftovers, restore_eval
 from trakcli.store.identity import check_same, jsonable
 from trakcli.store.integrity import (
@@ -483,18 +484,22 @@ class Store:
                     f"{group.attrs.get('optimizer_state')} (sha256 {str(was)[:12]}), this run's "
                     f"{optimizer_state[0]} has sha256 {optimizer_state[1][:12]}; {fix}"
                 )
+        codes = code_arrays(layout.dtype, n_train, proj_dim)
         data, done = self._arrays(
             group,
             {
-                "features": ((n_train, proj_dim), layout.dtype),
+                "features": ((n_train, proj_dim), feature_dtype(layout.dtype)),
                 "out_to_loss": ((n_train,), "float32"),
                 "nonfinite": ((n_train,), "uint8"),
+                **codes,  # int8 / binary stores: codes and scales, same chunks and done flag (trakcli.store.quantize)
             },
-            {"features": (rows, proj_dim), "out_to_loss": (rows,), "nonfinite": (rows,)},
+            {"features": (rows, proj_dim), "out_to_loss": (rows,), "nonfinite": (rows,),
+             **{name: (rows, *shape[1:]) for name, (shape, _) in codes.items()}},
             -(-n_train // rows),
             create,
             repair,
-            {"features": ("train", "proj"), "out_to_loss": ("train",), "nonfinite": ("train",)},
+            {"features": ("train", "proj"), "out_to_loss": ("train",), "nonfinite": ("train",),
+             "codes": ("train", "code"), "scale": ("train",)},
         )
         return ChunkedRows(data, done, rows, n_train)
 
@@ -529,7 +534,7 @@ class Store:
         self._experiment_group("targets", experiment, attrs, create, repair)
         group = self._group(f"targets/{experiment}/{model_id}", create, repair)
         data, done = self._arrays(
-            group, {"features": ((n_target, proj_dim), layout.dtype)},
+            group, {"features": ((n_target, proj_dim), feature_dtype(layout.dtype))},
             {"features": (min(rows, n_target), proj_dim)},  # fewer targets than a chunk: no padded partial chunk
             -(-n_target // rows), create, repair, {"features": ("target", "proj")},
         )
