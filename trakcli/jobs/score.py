@@ -555,13 +555,16 @@ def _finalize_and_score(
     if dist.world_size > 1 and not identity:  # kernel m on rank m mod world_size, then every rank reads them all
         finalize_kernels(store, train_rows, lambda_reg=lambda_reg, lambda_rel=lambda_rel, dist=dist, reporter=reporter)
     pending = out.pending(dist.rank, dist.world_size) if out is not None else []
-    parts = None
+    parts = cands = None
     if top is not None and not top.is_complete():
+        two_stage = top.two_stage is not None
         if dist.is_main:
             parts = top.parts(create=True)
+            cands = top.candidate_parts(create=True) if two_stage else None
         dist.barrier()
         if not dist.is_main:
             parts = top.parts(create=False)
+            cands = top.candidate_parts(create=False) if two_stage else None
     segs = parts.pending(dist.rank, dist.world_size) if parts is not None and out is None else []
     scorer: Any = _BlockScores(train_rows, unit)
     if exact is not None and (pending or segs):
@@ -597,11 +600,8 @@ def _finalize_and_score(
     if parts is not None:
         if out is not None:  # ranked from the finished matrix
             scorer = lambda lo, hi: torch.from_numpy(out.read("scores", lo, hi))  # noqa: E731
-        if top.two_stage is not None and out is None and exact is None and scorer.two_stage_ready():
-            computed += top.compute_two_stage(scorer, parts, dist, reporter)
-        elif top.two_stage is not None:  # refused at the start (score_targets); a guard against a wrong plan
-            raise StoreError("the two-stage top-k needs codes, TRAK's scores and primal kernels; rerun with "
-                             "--overwrite")
+        if top.two_stage is not None:  # planned by _two_stage_plan: codes, TRAK's scores, primal kernels, no matrix
+            computed += top.compute_two_stage(scorer, parts, cands, dist, reporter)
         else:
             computed += top.compute(scorer, parts, dist, reporter)
         dist.barrier()
@@ -651,11 +651,6 @@ class _BlockScores:
 
     # -- two-stage top-k (trakcli.jobs.topk.TwoStageScores) over int8 / binary codes --------------------------
 
-    def two_stage_ready(self) -> bool:
-        """Whether :meth:`approx` can be used: every checkpoint has codes, TRAK's scores (not unit), primal kernels."""
-        return (not self.unit and self.dual_total is None and len(self.primal) == len(self.train_rows) > 0
-                and all(r.code_dtype is not None for r in self.train_rows))
-
     def _mean_q(self, lo: int, hi: int) -> torch.Tensor:
         """``[hi - lo]`` float32 mean out-to-loss over checkpoints (averaged in float64, as :func:`ensemble_block`)."""
         q = sum(r.read("out_to_loss", lo, hi).astype(np.float64) for r in self.train_rows) / len(self.train_rows)
@@ -674,37 +669,56 @@ class _BlockScores:
             for w in self.weights:  # [n_target, proj_dim] float32
                 s_t = w.abs().amax(1) / 127
                 safe = torch.where(s_t > 0, s_t, torch.ones_like(s_t))
-                self._qweights.append((torch.round(w / safe[:, None]).clamp_(-127, 127).to(torch.int8).T.contiguous(),
-                                       s_t))
+                wq = torch.round(w / safe[:, None]).clamp_(-127, 127).to(torch.int8)  # [n_target, proj_dim]
+                self._qweights.append((wq, s_t))
+        q = self._mean_q(lo, hi)
         acc = None
         for (wq, s_t), (rows, _, _) in zip(self._qweights, self.primal):
-            codes = signs(rows.code_dtype, rows.read("codes", lo, hi), wq.shape[0])  # [rows, proj_dim] int8
+            codes = signs(rows.code_dtype, rows.read("codes", lo, hi), wq.shape[1])  # [rows, proj_dim] int8
             s_i = torch.from_numpy(rows.read("scale", lo, hi).astype(np.float32, copy=False))
-            prod = torch._int_mm(torch.from_numpy(codes), wq).T.to(torch.float32)  # [n_target, rows]
-            term = prod.mul_(s_t[:, None]).mul_(s_i[None, :])
+            term = torch._int_mm(wq, torch.from_numpy(codes).T.contiguous()).to(torch.float32)  # [n_target, rows]
+            term.mul_(s_t[:, None]).mul_((s_i * q)[None, :])
             acc = term if acc is None else acc.add_(term)
-        return acc.mul_(self._mean_q(lo, hi)[None, :])
+        return acc
 
     def load(self, lo: int, hi: int) -> tuple[list[torch.Tensor], torch.Tensor]:
-        """The float copy of train rows ``lo .. hi``: per checkpoint ``[rows, proj_dim]`` float32, and the mean Q."""
-        feats = [torch.from_numpy(r.read("features", lo, hi).astype(np.float32, copy=False)) for r, _, _ in self.primal]
+        """The float copy of train rows ``lo .. hi``: per checkpoint ``[rows, proj_dim]`` (bfloat16 as stored, else
+        float32), and the ``[rows]`` float32 mean Q."""
+        feats = []
+        for rows, _, _ in self.primal:
+            f = rows.read("features", lo, hi, decode=False)
+            feats.append(torch.from_numpy(f.view(np.int16)).view(torch.bfloat16) if f.dtype == np.uint16 else
+                         torch.from_numpy(f.astype(np.float32, copy=False)))
         return feats, self._mean_q(lo, hi)
 
-    #: Target-row pairs scored at once by :meth:`pairs` (two ``[PAIRS, proj_dim]`` float32 temporaries).
-    PAIRS = 8192
+    #: Bytes of the float32 rows gathered at once by :meth:`rescore`.
+    GATHER_BYTES = 64 << 20
 
-    def pairs(self, block: tuple[list[torch.Tensor], torch.Tensor], targets: torch.Tensor,
-              rows: torch.Tensor) -> torch.Tensor:
-        """Exact scores ``[P]`` float32 of targets ``targets[p]`` against rows ``rows[p]`` of ``block`` (int64 ``[P]``).
+    def rescore(self, block: tuple[list[torch.Tensor], torch.Tensor], targets: torch.Tensor,
+                rows: torch.Tensor) -> torch.Tensor:
+        """Exact scores ``[n, c]`` float32 of target ``targets[p]`` against its rows ``rows[p]`` of ``block``.
 
-        ``[(1/M) Σ_m W_m[t] · Φ_m[i]] · Q̄_i``: the formula of :func:`~trakcli.scoring.score_block`, per pair.
+        ``[(1/M) Σ_m W_m[t] · Φ_m[i]] · Q̄_i``, the formula of :func:`~trakcli.scoring.score_block` per pair:
+        the rows are gathered (``index_select``) and multiplied by ``bmm``, a group of targets at a time.
+
+        Args:
+            block: :meth:`load`'s float copy of a block of rows.
+            targets: ``[n]`` int64 target indices.
+            rows: ``[n, c]`` int64 row indices within the block (any valid index where unused).
         """
         feats, q = block
-        out = torch.empty(len(targets), dtype=torch.float32)
-        for lo in range(0, len(targets), self.PAIRS):
-            t, i = targets[lo : lo + self.PAIRS], rows[lo : lo + self.PAIRS]
-            acc = sum((w[t] * f[i]).sum(1) for w, f in zip(self.weights, feats))
-            out[lo : lo + len(t)] = acc / len(feats) * q[i]
+        n_t, c = rows.shape
+        d = feats[0].shape[1]
+        out = torch.empty(n_t, c, dtype=torch.float32)
+        group = max(1, self.GATHER_BYTES // (4 * max(c, 1) * d))
+        for g in range(0, n_t, group):
+            idx = rows[g : g + group]
+            acc = None
+            for w, f in zip(self.weights, feats):
+                got = f.index_select(0, idx.reshape(-1)).view(len(idx), c, d).to(torch.float32)  # [group, c, d]
+                term = torch.bmm(got, w[targets[g : g + group]].unsqueeze(2)).squeeze(2)
+                acc = term if acc is None else acc.add_(term)
+            out[g : g + group] = acc / len(feats) * q[idx]
         return out
 
     def rows(self, block: tuple[list[torch.Tensor], torch.Tensor], targets: torch.Tensor) -> torch.Tensor:

@@ -10,17 +10,22 @@ every segment is done, the candidates of all segments are merged per chunk of
 targets into ``scores/<experiment>/top_k`` (best first, equal scores by train
 index: :func:`trakcli.scoring.order_top_k`) and the parts are dropped.
 
-**Two-stage top-k** (``store.dtype`` int8 or binary, :mod:`trakcli.store.quantize`): per
-segment, a first pass over the compressed codes scores every target against every row
-approximately (:meth:`TwoStageScores.approx`) and keeps the K' = ``rescore_multiplier · K``
-highest and lowest per target (the candidates); a second pass over the segment's float
-copy (bfloat16) re-scores exactly the candidates of each block (:meth:`TwoStageScores.pairs`)
-and keeps the K best of them per side, as the one-stage pass would if the true top-K of
-the segment is among the candidates. When K' covers the segment every row is a candidate
-and the result is the exact top-k. The second pass also computes the exact scores of a few
-evenly spaced targets (``score.recall_queries``) against every row, so the recall of the
-two-stage top-k against the exact top-k is measured on every run, recorded in the
-attributes of ``top_k/proponents`` (``two_stage``) and reported.
+**Two-stage top-k** (``store.dtype`` int8 or binary, :mod:`trakcli.store.quantize`), three steps:
+
+1. per segment, a pass over the compressed codes scores every target against every row
+   approximately (:meth:`TwoStageScores.approx`) and keeps the K' = ``rescore_multiplier · K``
+   highest and lowest per target (``scores/<experiment>/top_k_candidates``, done per segment);
+2. the segments' candidates are merged into K' candidates per target and side (every rank
+   computes the same merge from the stored parts);
+3. per segment, a pass over the float copy (bfloat16) re-scores exactly the candidates that
+   lie in it (:meth:`TwoStageScores.rescore`, ``top_k_parts``, done per segment), and scores
+   a few evenly spaced targets (``score.recall_queries``) against every row, exactly.
+
+The merge keeps the K best exact scores among each target's candidates: the exact top-k
+whenever the true top-K rows are among the candidates (always when K' >= n_train). The
+sampled targets' exact top-k measures the recall of the result on every run; it is recorded
+in the attributes of ``top_k/proponents`` (``two_stage``) and reported. Exact re-ranking costs
+O(n_target · K' · proj_dim), whatever n_train.
 
 Memory is O(n_target · (K + block)) + O(block · proj_dim), whatever n_train;
 the store grows by O(n_segments · n_target · K) while the pass runs and keeps
@@ -55,6 +60,9 @@ BLOCK_BYTES = 128 << 20
 #: ``(lo, hi) -> [n_target, hi - lo]`` float32 scores of train rows ``lo .. hi``.
 BlockScores = Callable[[int, int], torch.Tensor]
 
+#: Targets re-scored together in a block (those with about as many candidates in it).
+RESCORE_GROUP = 64
+
 #: Default ``score.rescore_multiplier`` per ``store.dtype``: the smallest power of two that kept
 #: recall@100 >= 0.99 in ``scripts/bench_topk.py`` (docs/guides/store.md gives the measurements).
 DEFAULT_RESCORE_MULTIPLIER = {"int8": 2, "binary": 8}
@@ -67,10 +75,10 @@ class TwoStageScores(Protocol):
         """``[n_target, hi - lo]`` float32 approximate scores of train rows ``lo .. hi`` from the codes."""
 
     def load(self, lo: int, hi: int) -> Any:
-        """The float copy of train rows ``lo .. hi`` (whatever :meth:`pairs` and :meth:`rows` take)."""
+        """The float copy of train rows ``lo .. hi`` (whatever :meth:`rescore` and :meth:`rows` take)."""
 
-    def pairs(self, block: Any, targets: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """``[P]`` float32 exact scores of target ``targets[p]`` against row ``rows[p]`` of ``block`` (int64 ``[P]``)."""
+    def rescore(self, block: Any, targets: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """``[n, c]`` float32 exact scores of target ``targets[p]`` against row ``rows[p, j]`` of ``block`` (int64)."""
 
     def rows(self, block: Any, targets: torch.Tensor) -> torch.Tensor:
         """``[len(targets), rows]`` float32 exact scores of the targets ``targets`` against the whole block."""
@@ -160,68 +168,116 @@ class TopK:
     def parts(self, create: bool) -> ChunkedRows:
         """The per-segment arrays (created if absent and ``create``).
 
-        Two-stage: ``n_target + n_sample`` rows, the last ones the exact top-k of the sampled targets.
+        Two-stage (step 3): ``[n_segments, n_target + n_sample, K']``: per segment the exact scores of the
+        candidates in it (NaN elsewhere), then the exact top-k of the sampled targets (padded with index -1).
         """
-        rows = self.n_target + (len(self.two_stage.sample) if self.two_stage else 0)
-        return self.store.top_k_parts(self.experiment, rows, self.k, len(self.segments), create=create, repair=create)
+        if self.two_stage is None:
+            return self.store.top_k_parts(self.experiment, self.n_target, self.k, len(self.segments), create=create,
+                                          repair=create)
+        return self.store.top_k_parts(self.experiment, self.n_target + len(self.two_stage.sample), self.candidates,
+                                      len(self.segments), create=create, repair=create)
 
-    def compute_two_stage(self, scores: TwoStageScores, parts: ChunkedRows, dist: Dist, reporter: Reporter) -> int:
-        """Compute this rank's pending segments two-stage (module docstring) into ``parts``; returns how many."""
-        pending = parts.pending(dist.rank, dist.world_size)
-        sample = torch.tensor(self.two_stage.sample, dtype=torch.int64)
-        with reporter.task("top-k (two-stage)", len(pending)) as task:
+    @property
+    def candidates(self) -> int:
+        """K': candidates per target and side of a two-stage top-k (at most n_train)."""
+        return min(self.two_stage.multiplier * self.k, self.store.layout.n_train)
+
+    def candidate_parts(self, create: bool) -> ChunkedRows:
+        """Step 1 of a two-stage top-k: per segment, its K' candidates by approximate score (created if ``create``)."""
+        return self.store.top_k_parts(self.experiment, self.n_target, self.candidates, len(self.segments),
+                                      create=create, repair=create, name="top_k_candidates")
+
+    def compute_two_stage(self, scores: TwoStageScores, parts: ChunkedRows, cands: ChunkedRows, dist: Dist,
+                          reporter: Reporter) -> int:
+        """Steps 1 to 3 (module docstring) for this rank's pending segments; returns the segments computed.
+
+        Every rank calls it (it holds a barrier between steps 1 and 2).
+        """
+        kc, n = self.candidates, len(self.segments)
+        pending = cands.pending(dist.rank, dist.world_size)
+        with reporter.task("top-k candidates", len(pending)) as task:
             for seg in pending:
-                event(f"start top-k segment {seg}")
+                event(f"start top-k candidates {seg}")
                 lo, hi = self.segments[seg]
-                kc = min(self.two_stage.multiplier * self.k, hi - lo)  # K' candidates per side
-                cand: list[Any] = [None, None, None, None]  # top values, top rows, low values, low rows
+                got: list[Any] = [None, None, None, None]  # top values, top rows, low values, low rows
                 for b in range(lo, hi, self.block):
                     block = scores.approx(b, min(b + self.block, hi))
-                    cand[0], cand[1] = merge_top_k(cand[0], cand[1], block, b, kc, largest=True)
-                    cand[2], cand[3] = merge_top_k(cand[2], cand[3], block, b, kc, largest=False)
-                del block
-                exact = [torch.empty(cand[1].shape), torch.empty(cand[3].shape)]  # exact scores of the candidates
+                    got[0], got[1] = merge_top_k(got[0], got[1], block, b, kc, largest=True)
+                    got[2], got[3] = merge_top_k(got[2], got[3], block, b, kc, largest=False)
+                cands.write(seg, **_padded(*got, kc))
+                event(f"done top-k candidates {seg}")
+                task.advance()
+        dist.barrier()
+        pending_exact = parts.pending(dist.rank, dist.world_size)
+        if not pending_exact:
+            return len(pending)
+        cand = self._merged_candidates(cands)  # [n_target, K'] rows per side
+        sample = torch.tensor(self.two_stage.sample, dtype=torch.int64)
+        with reporter.task("top-k exact re-ranking", len(pending_exact)) as task:
+            for seg in pending_exact:
+                event(f"start top-k segment {seg}")
+                lo, hi = self.segments[seg]
+                exact = [torch.full(c.shape, float("nan")) for c in cand]
                 ref: list[Any] = [None, None, None, None]  # the sampled targets' exact top-k
                 for b in range(lo, hi, self.block):
                     e = min(b + self.block, hi)
                     floats = scores.load(b, e)
-                    for side, rows in ((0, cand[1]), (1, cand[3])):
-                        t, j = ((rows >= b) & (rows < e)).nonzero(as_tuple=True)
-                        exact[side][t, j] = scores.pairs(floats, t, rows[t, j] - b)
+                    for side in (0, 1):
+                        _rescore_block(scores, floats, cand[side], b, e, exact[side])
                     block = scores.rows(floats, sample)
                     ref[0], ref[1] = merge_top_k(ref[0], ref[1], block, b, self.k, largest=True)
                     ref[2], ref[3] = merge_top_k(ref[2], ref[3], block, b, self.k, largest=False)
-                top_v, sel = torch.topk(exact[0], min(self.k, kc), dim=1)
-                low_v, sel_low = torch.topk(exact[1], min(self.k, kc), dim=1, largest=False)
-                got = _padded(top_v, torch.gather(cand[1], 1, sel), low_v, torch.gather(cand[3], 1, sel_low), self.k)
-                want = _padded(*ref, self.k)
-                parts.write(seg, **{name: np.concatenate([got[name], want[name]], axis=1) for name in got})
+                mine = {"proponents": cand[0].numpy()[None], "proponent_scores": exact[0].numpy()[None],
+                        "opponents": cand[1].numpy()[None], "opponent_scores": exact[1].numpy()[None]}
+                want = _padded(*ref, kc)
+                parts.write(seg, **{name: np.concatenate([mine[name], want[name]], axis=1) for name in mine})
                 event(f"done top-k segment {seg}")
                 task.advance()
-        return len(pending)
+        return len(pending) + len(pending_exact)
+
+    def _merged_candidates(self, cands: ChunkedRows) -> list[torch.Tensor]:
+        """Step 2: the K' candidates per target of all segments, ``[proponent rows, opponent rows]`` ``[n_target, K']``
+        int64 (by approximate score; equal scores by row, so every rank computes the same)."""
+        got = {name: read_checked(arr, (slice(None),), 0) for name, arr in cands.data.items()}
+        out = []
+        for side, largest in (("proponent", True), ("opponent", False)):
+            vals = np.concatenate(list(got[f"{side}_scores"]), axis=1)  # [n_target, n_segments * K']
+            idx = np.concatenate(list(got[f"{side}s"]), axis=1)
+            vals = np.where(idx >= 0, vals, -np.inf if largest else np.inf).astype(np.float32)
+            out.append(torch.from_numpy(np.ascontiguousarray(order_top_k(vals, idx, self.candidates, largest)[1])))
+        return out
+
+    def _merge_exact(self, got: dict[str, np.ndarray], rows: Any) -> dict[str, np.ndarray]:
+        """The final top-k of targets ``rows`` from step 3's parts ``got`` (``[n_segments, n, K']`` arrays)."""
+        out = {}
+        for side, largest in (("proponent", True), ("opponent", False)):
+            vals = np.fmax.reduce(got[f"{side}_scores"][:, rows], axis=0)  # each candidate is exact in one segment
+            idx = got[f"{side}s"][0, rows]
+            vals = np.where(np.isnan(vals), -np.inf if largest else np.inf, vals).astype(np.float32)
+            out[f"{side}_scores"], out[f"{side}s"] = order_top_k(vals, idx, self.k, largest)
+        return out
 
     def recall(self, parts: ChunkedRows) -> dict[str, Any]:
         """The recall@K of the two-stage top-k of the sampled targets against their exact top-k (from ``parts``).
 
         Returns:
-            :meth:`TwoStage.settings` plus ``k``, ``recall`` ``{"proponents": r, "opponents": r}`` (mean over the
-            sampled targets of |two-stage ∩ exact| / K, Python floats) and ``n_queries``.
+            :meth:`TwoStage.settings` plus ``k``, ``candidates`` (K'), ``n_queries`` and ``recall``
+            ``{"proponents": r, "opponents": r}``: the mean over the sampled targets of |two-stage ∩ exact| / K
+            (Python floats).
         """
         n = len(self.two_stage.sample)
-        rows = np.asarray(self.two_stage.sample)
         got = {name: read_checked(arr, (slice(None),), 0) for name, arr in parts.data.items()}
+        mine = self._merge_exact(got, np.asarray(self.two_stage.sample))
         recall = {}
         for side, largest in (("proponent", True), ("opponent", False)):
-            sets = []
-            for lo, hi in ((rows, None), (self.n_target, self.n_target + n)):
-                sel = rows if hi is None else slice(lo, hi)
-                vals = np.concatenate(list(got[f"{side}_scores"][:, sel]), axis=1)  # [n, n_segments * k]
-                idx = np.concatenate(list(got[f"{side}s"][:, sel]), axis=1)
-                vals = np.where(idx >= 0, vals, -np.inf if largest else np.inf).astype(np.float32)
-                sets.append(order_top_k(vals, idx, self.k, largest)[1])
-            hits = [len(set(a.tolist()) & set(b.tolist())) / self.k for a, b in zip(*sets)]
+            vals = np.concatenate(list(got[f"{side}_scores"][:, self.n_target:]), axis=1)  # [n, n_segments * K']
+            idx = np.concatenate(list(got[f"{side}s"][:, self.n_target:]), axis=1)
+            vals = np.where(idx >= 0, vals, -np.inf if largest else np.inf).astype(np.float32)
+            exact = order_top_k(vals, idx, self.k, largest)[1]
+            hits = [len(set(a.tolist()) & set(b.tolist())) / self.k for a, b in zip(mine[f"{side}s"], exact)]
             recall[f"{side}s"] = float(np.mean(hits))
-        return {**self.two_stage.settings(), "k": self.k, "n_queries": n, "recall": recall}
+        return {**self.two_stage.settings(), "k": self.k, "candidates": self.candidates, "n_queries": n,
+                "recall": recall}
 
     def recorded_recall(self) -> dict[str, Any] | None:
         """The recall recorded by a two-stage run (:meth:`recall`), or None."""
@@ -255,6 +311,9 @@ class TopK:
         for c in pending:
             lo, hi = self.final.rows(c)
             got = {name: read_checked(arr, (slice(None), slice(lo, hi)), 0) for name, arr in parts.data.items()}
+            if self.two_stage is not None:
+                self.final.write(c, **self._merge_exact(got, slice(None)))
+                continue
             out = {}
             for side, largest in (("proponent", True), ("opponent", False)):
                 vals = np.concatenate(list(got[f"{side}_scores"]), axis=1)  # [rows, n_segments * k]
@@ -267,11 +326,35 @@ class TopK:
 
     def drop_parts(self) -> None:
         self.store.drop(f"scores/{self.experiment}/top_k_parts")
+        if self.two_stage is not None:
+            self.store.drop(f"scores/{self.experiment}/top_k_candidates")
 
     def read(self, lo: int = 0, hi: int | None = None) -> dict[str, np.ndarray]:
         """Targets ``[lo, hi)`` of the merged arrays (:data:`~trakcli.store.store.TOP_K_ARRAYS`), checked."""
         hi = self.n_target if hi is None else hi
         return {name: self.final.read(name, lo, hi) for name in TOP_K_ARRAYS}
+
+
+def _rescore_block(scores: TwoStageScores, floats: Any, rows: torch.Tensor, lo: int, hi: int,
+                   exact: torch.Tensor) -> None:
+    """Write into ``exact`` ``[n_target, K']`` the exact scores of the candidates ``rows`` ``[n_target, K']`` that
+    lie in the block ``lo .. hi`` (its float copy ``floats``): per target, its candidates in the block first, padded."""
+    inside = (rows >= lo) & (rows < hi)
+    count = inside.sum(1)
+    if not count.any():
+        return
+    order = torch.argsort((~inside).to(torch.int8), dim=1, stable=True)  # per target, its positions in the block first
+    by_count = torch.argsort(count, descending=True)  # targets of similar counts together: little padding
+    for g in range(0, len(by_count), RESCORE_GROUP):
+        t = by_count[g : g + RESCORE_GROUP]
+        c = int(count[t].max())
+        if c == 0:
+            break
+        pos = order[t, :c]
+        valid = torch.arange(c)[None, :] < count[t, None]
+        local = torch.where(valid, torch.gather(rows[t], 1, pos) - lo, 0)
+        vals = scores.rescore(floats, t, local)
+        exact[t[:, None], pos] = torch.where(valid, vals, exact[t[:, None], pos])
 
 
 def _padded(top_v, top_i, low_v, low_i, k: int) -> dict[str, np.ndarray]:

@@ -588,7 +588,8 @@ class Store:
         return ChunkedRows(data, done, t_rows, n_target)
 
     def top_k_parts(
-        self, experiment: str, n_target: int, k: int, n_segments: int, create: bool = True, repair: bool = False
+        self, experiment: str, n_target: int, k: int, n_segments: int, create: bool = True, repair: bool = False,
+        name: str = "top_k_parts",
     ) -> ChunkedRows:
         """Per segment of train rows, its own top-k (``scores/<experiment>/top_k_parts``), chunked by segment.
 
@@ -596,10 +597,12 @@ class Store:
         and a done flag per segment: the resumable state of a streamed top-k pass, merged
         into :meth:`top_k` when every segment is done, then dropped.
 
+        ``name``: the group (``top_k_candidates`` holds the first stage of a two-stage top-k).
+
         Raises:
             StoreMismatchError: the parts were made with another ``k`` or segmentation.
         """
-        group = self._top_k_group(f"scores/{experiment}/top_k_parts", {"k": k}, create, repair)
+        group = self._top_k_group(f"scores/{experiment}/{name}", {"k": k}, create, repair)
         t_rows = min(n_target, max(1, (4 << 20) // (12 * k)))
         shape_of = {name: ((n_segments, n_target, k), dtype) for name, dtype in TOP_K_ARRAYS.items()}
         data, done = self._arrays(
