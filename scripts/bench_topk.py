@@ -275,7 +275,8 @@ def main() -> None:
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     a.out.write_text(json.dumps({
         "benchmark": "bench_topk", "date": time.strftime("%Y-%m-%d"), "commit": commit, "version": trakcli.__version__,
-        "argv": sys.argv[1:], "results": results,
+        "args": {k: getattr(a, k) for k in ("n_train", "n_target", "proj_dim", "dtypes", "multipliers",
+                                             "binary_multipliers", "skip")}, "results": results,
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
     }, indent=2))
     print(f"-> {a.out}")
