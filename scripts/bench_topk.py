@@ -263,7 +263,8 @@ def main() -> None:
     for n in a.n_train:
         work = a.work / f"n{n}"
         shutil.rmtree(work, ignore_errors=True)
-        mult = {"int8": a.multipliers, "binary": a.multipliers if a.binary_multipliers is None else a.binary_multipliers}
+        binary = a.multipliers if a.binary_multipliers is None else a.binary_multipliers
+        mult = {"int8": a.multipliers, "binary": binary}
         results.append(bench(n, a.n_target, a.proj_dim, work, a.dtypes, mult, a.skip))
         print(table(results[-1:]), flush=True)
         if not a.keep:

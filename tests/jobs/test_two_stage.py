@@ -36,7 +36,8 @@ def project(tmp_path_factory):
 
 def _top(root, dtype, exp):
     g = zarr.open_group(str(root / "out" / f"{dtype}.zarr"), mode="r")[f"scores/{exp}"]
-    top = {n: np.asarray(g[f"top_k/{n}"][:]) for n in ("proponents", "proponent_scores", "opponents", "opponent_scores")}
+    names = ("proponents", "proponent_scores", "opponents", "opponent_scores")
+    top = {n: np.asarray(g[f"top_k/{n}"][:]) for n in names}
     return top, dict(g["top_k/proponents"].attrs).get("two_stage")
 
 
@@ -155,3 +156,14 @@ def test_bad_two_stage_settings_are_refused(project):
     res = run(project, "score", "run.yaml", "-q", *_dtype("int8"), f"score.top_k={K}", "score.experiment=again",
               "score.rescore_multiplier=3")
     assert res.returncode == 1 and "rescore_multiplier" in res.stderr and "--overwrite" in res.stderr, res.stderr
+
+
+def test_a_top_k_the_codes_cannot_approximate_is_exact_and_says_so(project):
+    # cosines (score.normalize unit): the exact streamed pass over the bfloat16 copy, one line saying why
+    res = run(project, "score", "run.yaml", *_dtype("int8"), f"score.top_k={K}", "score.normalize=unit",
+              "score.experiment=unit", "score.show_targets=0")
+    assert res.returncode == 0, res.stderr
+    assert "two-stage top-k not used (score.normalize unit ranks by cosines" in res.stderr
+    assert "recall@" not in res.stderr
+    top, rec = _top(project, "int8", "unit")
+    assert rec is None and top["proponents"].shape == (90, K)

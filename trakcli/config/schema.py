@@ -574,9 +574,9 @@ class ScoreConfig(StrictModel):
         None,
         description="Two-stage top-k (store.dtype int8 or binary), K' = rescore_multiplier · top_k: per target, "
         "the K' train rows with the highest (and lowest) scores from the compressed codes are re-scored exactly "
-        "from the bfloat16 copy (FAISS's k_factor, sentence-transformers' rescore_multiplier). Larger: higher recall, slower. Unset: the default of the "
-        "store's dtype: int8 2 (recall@100 1.0 measured at 10^6 rows), binary 16 (recall@100 only 0.35 / 0.10 "
-        "there: prefer int8). Every run reports its measured recall.",
+        "from the bfloat16 copy (FAISS's k_factor, sentence-transformers' rescore_multiplier). Larger: higher "
+        "recall, slower. Unset: the default of the store's dtype: int8 2 (recall@100 1.0 measured at 10^6 "
+        "rows), binary 16 (recall@100 only 0.35 / 0.10 there: prefer int8). Every run reports its measured recall.",
     )
     recall_queries: PositiveInt = Field(
         16,

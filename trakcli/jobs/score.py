@@ -29,7 +29,8 @@ from trakcli.jobs.setup import JobSetup, prepare
 from trakcli.progress import NULL_REPORTER, Reporter
 from trakcli.jobs.topk import TopK, TwoStage
 from trakcli.scoring import (
-    DUAL, cosine_term, kernel_form, dual_target_sq_norms, ensemble_block, kernel_sq_norms, score_block, target_weights,
+    DUAL, cosine_term, dual_target_sq_norms, ensemble_block, kernel_form, kernel_sq_norms, score_block,
+    target_weights,
 )
 from trakcli.store import ChunkedRows, Store, StoreCorruptError, check_same
 from trakcli.store.kernel import kernel_nbytes, read_kernel
@@ -223,7 +224,8 @@ def score(
     lambdas, computed = score_targets(
         s, path, target, experiment=sc.experiment, lambda_reg=sc.lambda_reg, lambda_rel=sc.lambda_rel,
         top_k=sc.top_k, full=sc.full, normalize=sc.normalize, per_token=sc.per_token,
-        rescore_multiplier=sc.rescore_multiplier, recall_queries=sc.recall_queries, overwrite=overwrite, skip_nonfinite=skip_nonfinite, verify=verify, reporter=reporter,
+        rescore_multiplier=sc.rescore_multiplier, recall_queries=sc.recall_queries, overwrite=overwrite,
+        skip_nonfinite=skip_nonfinite, verify=verify, reporter=reporter,
         linalg_threads=cfg.linalg_threads, grad_memory_mb=cfg.data.grad_memory_mb,
     )
     return ScoreResult(
