@@ -27,9 +27,10 @@ sampled targets' exact top-k measures the recall of the result on every run; it 
 in the attributes of ``top_k/proponents`` (``two_stage``) and reported. Exact re-ranking costs
 O(n_target · K' · proj_dim), whatever n_train.
 
-Memory is O(n_target · (K + block)) + O(block · proj_dim), whatever n_train;
-the store grows by O(n_segments · n_target · K) while the pass runs and keeps
-O(n_target · K). A killed run resumes at its first segment not done. Under
+Memory is O(n_target · (K + block)) + O(block · proj_dim), whatever n_train
+(two-stage: K' for K, plus the merge of step 2, O(n_segments · n_target · K'));
+the store grows by O(n_segments · n_target · K) (two-stage: K') while the pass runs
+and keeps O(n_target · K). A killed run resumes at its first segment not done. Under
 ``torchrun`` rank r computes the segments ≡ r (mod world_size) and rank 0
 merges, so the arrays are the same as a single process writes.
 """
@@ -92,7 +93,7 @@ class TwoStage:
 
     Attributes:
         codes: ``int8`` or ``binary`` (the store's dtype).
-        multiplier: ``score.rescore_multiplier``: K' = multiplier · K candidates per segment and side.
+        multiplier: ``score.rescore_multiplier``: K' = multiplier · K candidates per target and side.
         sample: ``[n_sample]`` target indices whose exact top-k is computed too (for the recall).
     """
 
