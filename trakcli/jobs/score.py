@@ -654,9 +654,16 @@ class _BlockScores:
     # -- two-stage top-k (trakcli.jobs.topk.TwoStageScores) over int8 / binary codes --------------------------
 
     def _mean_q(self, lo: int, hi: int) -> torch.Tensor:
-        """``[hi - lo]`` float32 mean out-to-loss over checkpoints (averaged in float64, as :func:`ensemble_block`)."""
-        q = sum(r.read("out_to_loss", lo, hi).astype(np.float64) for r in self.train_rows) / len(self.train_rows)
-        return torch.from_numpy(np.asarray(q, dtype=np.float32))
+        """``[hi - lo]`` float32 mean out-to-loss over checkpoints (averaged in float64, as :func:`ensemble_block`).
+
+        Read once for every row (``[n_train]`` float32, 4 bytes a row) and kept: both passes of the two-stage
+        top-k need it.
+        """
+        if getattr(self, "_q_all", None) is None:
+            rows = self.train_rows
+            q = sum(r.read("out_to_loss", 0, r.n_rows).astype(np.float64) for r in rows) / len(rows)
+            self._q_all = torch.from_numpy(np.asarray(q, dtype=np.float32))
+        return self._q_all[lo:hi]
 
     def approx(self, lo: int, hi: int) -> torch.Tensor:
         """Approximate scores ``[n_target, hi - lo]`` float32 from the codes (:mod:`trakcli.store.quantize`).
@@ -684,43 +691,41 @@ class _BlockScores:
         return acc
 
     def load(self, lo: int, hi: int) -> tuple[list[torch.Tensor], torch.Tensor]:
-        """The float copy of train rows ``lo .. hi``: per checkpoint ``[rows, proj_dim]`` (bfloat16 as stored, else
-        float32), and the ``[rows]`` float32 mean Q."""
+        """The float copy of train rows ``lo .. hi``: per checkpoint ``[rows, proj_dim]`` float32 (bfloat16 as stored,
+        converted once here for both :meth:`pairs` and :meth:`rows`), and the ``[rows]`` float32 mean Q."""
         feats = []
         for rows, _, _ in self.primal:
             f = rows.read("features", lo, hi, decode=False)
-            feats.append(torch.from_numpy(f.view(np.int16)).view(torch.bfloat16) if f.dtype == np.uint16 else
-                         torch.from_numpy(f.astype(np.float32, copy=False)))
+            feats.append(torch.from_numpy(f.view(np.int16)).view(torch.bfloat16).to(torch.float32)
+                         if f.dtype == np.uint16 else torch.from_numpy(f.astype(np.float32, copy=False)))
         return feats, self._mean_q(lo, hi)
 
-    #: Bytes of the float32 rows gathered at once by :meth:`rescore`.
-    GATHER_BYTES = 64 << 20
+    #: Pairs scored at once by :meth:`pairs` (their gathered rows: ``PAIR_GROUP · proj_dim`` float32).
+    PAIR_GROUP = 8192
 
-    def rescore(self, block: tuple[list[torch.Tensor], torch.Tensor], targets: torch.Tensor,
-                rows: torch.Tensor) -> torch.Tensor:
-        """Exact scores ``[n, c]`` float32 of target ``targets[p]`` against its rows ``rows[p]`` of ``block``.
+    def pairs(self, block: tuple[list[torch.Tensor], torch.Tensor], targets: torch.Tensor,
+              rows: torch.Tensor) -> torch.Tensor:
+        """Exact scores ``[p]`` float32 of target ``targets[j]`` against row ``rows[j]`` of ``block``, pair by pair.
 
-        ``[(1/M) Σ_m W_m[t] · Φ_m[i]] · Q̄_i``, the formula of :func:`~trakcli.scoring.score_block` per pair:
-        the rows are gathered (``index_select``) and multiplied by ``bmm``, a group of targets at a time.
+        ``[(1/M) Σ_m W_m[t] · Φ_m[i]] · Q̄_i``, the formula of :func:`~trakcli.scoring.score_block` for one
+        pair: the rows and the target weights are gathered (``index_select``)
+        and multiplied entry by entry and summed (float32), :data:`PAIR_GROUP` pairs at a time: only the pairs
+        asked for, not the block's product.
 
         Args:
             block: :meth:`load`'s float copy of a block of rows.
-            targets: ``[n]`` int64 target indices.
-            rows: ``[n, c]`` int64 row indices within the block (any valid index where unused).
+            targets: ``[p]`` int64 target indices.
+            rows: ``[p]`` int64 row indices within the block.
         """
         feats, q = block
-        n_t, c = rows.shape
-        d = feats[0].shape[1]
-        out = torch.empty(n_t, c, dtype=torch.float32)
-        group = max(1, self.GATHER_BYTES // (4 * max(c, 1) * d))
-        for g in range(0, n_t, group):
-            idx = rows[g : g + group]
+        out = torch.empty(len(rows), dtype=torch.float32)
+        for g in range(0, len(rows), self.PAIR_GROUP):
+            r, t = rows[g : g + self.PAIR_GROUP], targets[g : g + self.PAIR_GROUP]
             acc = None
             for w, f in zip(self.weights, feats):
-                got = f.index_select(0, idx.reshape(-1)).view(len(idx), c, d).to(torch.float32)  # [group, c, d]
-                term = torch.bmm(got, w[targets[g : g + group]].unsqueeze(2)).squeeze(2)
+                term = f.index_select(0, r).mul_(w.index_select(0, t)).sum(1)  # [group]
                 acc = term if acc is None else acc.add_(term)
-            out[g : g + group] = acc / len(feats) * q[idx]
+            out[g : g + self.PAIR_GROUP] = acc.div_(len(feats)).mul_(q[r])
         return out
 
     def rows(self, block: tuple[list[torch.Tensor], torch.Tensor], targets: torch.Tensor) -> torch.Tensor:

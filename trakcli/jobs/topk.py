@@ -58,11 +58,11 @@ MIN_SEGMENTS = 8
 #: Bytes of one block's float32 scores ``[n_target, block]`` and of its features ``[block, proj_dim]``.
 BLOCK_BYTES = 128 << 20
 
+#: Every how many columns of a first block :func:`merge_top_k_filtered` estimates its threshold from.
+SEED_STRIDE = 8
+
 #: ``(lo, hi) -> [n_target, hi - lo]`` float32 scores of train rows ``lo .. hi``.
 BlockScores = Callable[[int, int], torch.Tensor]
-
-#: Targets re-scored together in a block (those with about as many candidates in it).
-RESCORE_GROUP = 64
 
 #: Default ``score.rescore_multiplier`` per ``store.dtype`` (docs/guides/store.md gives the measurements of
 #: ``scripts/bench_topk.py``, 10^6 rows, proj_dim 1024, top 100). int8: 2, the smallest that kept recall@100 at
@@ -78,10 +78,10 @@ class TwoStageScores(Protocol):
         """``[n_target, hi - lo]`` float32 approximate scores of train rows ``lo .. hi`` from the codes."""
 
     def load(self, lo: int, hi: int) -> Any:
-        """The float copy of train rows ``lo .. hi`` (whatever :meth:`rescore` and :meth:`rows` take)."""
+        """The float copy of train rows ``lo .. hi`` (whatever :meth:`pairs` and :meth:`rows` take)."""
 
-    def rescore(self, block: Any, targets: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """``[n, c]`` float32 exact scores of target ``targets[p]`` against row ``rows[p, j]`` of ``block`` (int64)."""
+    def pairs(self, block: Any, targets: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """``[p]`` float32 exact scores of target ``targets[p]`` against row ``rows[p]`` of ``block`` (int64)."""
 
     def rows(self, block: Any, targets: torch.Tensor) -> torch.Tensor:
         """``[len(targets), rows]`` float32 exact scores of the targets ``targets`` against the whole block."""
@@ -205,8 +205,8 @@ class TopK:
                 got: list[Any] = [None, None, None, None]  # top values, top rows, low values, low rows
                 for b in range(lo, hi, self.block):
                     block = scores.approx(b, min(b + self.block, hi))
-                    got[0], got[1] = merge_top_k(got[0], got[1], block, b, kc, largest=True)
-                    got[2], got[3] = merge_top_k(got[2], got[3], block, b, kc, largest=False)
+                    got[0], got[1] = merge_top_k_filtered(got[0], got[1], block, b, kc, largest=True)
+                    got[2], got[3] = merge_top_k_filtered(got[2], got[3], block, b, kc, largest=False)
                 cands.write(seg, **_padded(*got, kc))
                 event(f"done top-k candidates {seg}")
                 task.advance()
@@ -215,21 +215,24 @@ class TopK:
         if not pending_exact:
             return len(pending)
         cand = self._merged_candidates(cands)  # [n_target, K'] rows per side
+        pairs = _CandidatePairs(cand)
         sample = torch.tensor(self.two_stage.sample, dtype=torch.int64)
         with reporter.task("top-k exact re-ranking", len(pending_exact)) as task:
             for seg in pending_exact:
                 event(f"start top-k segment {seg}")
                 lo, hi = self.segments[seg]
-                exact = [torch.full(c.shape, float("nan")) for c in cand]
+                exact = torch.full((2 * self.n_target * kc,), float("nan"))  # [side, target, K'] flat
                 ref: list[Any] = [None, None, None, None]  # the sampled targets' exact top-k
                 for b in range(lo, hi, self.block):
                     e = min(b + self.block, hi)
                     floats = scores.load(b, e)
-                    for side in (0, 1):
-                        _rescore_block(scores, floats, cand[side], b, e, exact[side])
+                    t, r, slot = pairs.within(b, e)
+                    if len(t):  # only the (target, row) pairs that are candidates: n_target · K' dot products in all
+                        exact[slot] = scores.pairs(floats, t, r - b)
                     block = scores.rows(floats, sample)
                     ref[0], ref[1] = merge_top_k(ref[0], ref[1], block, b, self.k, largest=True)
                     ref[2], ref[3] = merge_top_k(ref[2], ref[3], block, b, self.k, largest=False)
+                exact = exact.view(2, self.n_target, kc)
                 mine = {"proponents": cand[0].numpy()[None], "proponent_scores": exact[0].numpy()[None],
                         "opponents": cand[1].numpy()[None], "opponent_scores": exact[1].numpy()[None]}
                 want = _padded(*ref, kc)
@@ -338,26 +341,72 @@ class TopK:
         return {name: self.final.read(name, lo, hi) for name in TOP_K_ARRAYS}
 
 
-def _rescore_block(scores: TwoStageScores, floats: Any, rows: torch.Tensor, lo: int, hi: int,
-                   exact: torch.Tensor) -> None:
-    """Write into ``exact`` ``[n_target, K']`` the exact scores of the candidates ``rows`` ``[n_target, K']`` that
-    lie in the block ``lo .. hi`` (its float copy ``floats``): per target, its candidates in the block first, padded."""
-    inside = (rows >= lo) & (rows < hi)
-    count = inside.sum(1)
-    if not count.any():
-        return
-    order = torch.argsort((~inside).to(torch.int8), dim=1, stable=True)  # per target, its positions in the block first
-    by_count = torch.argsort(count, descending=True)  # targets of similar counts together: little padding
-    for g in range(0, len(by_count), RESCORE_GROUP):
-        t = by_count[g : g + RESCORE_GROUP]
-        c = int(count[t].max())
-        if c == 0:
-            break
-        pos = order[t, :c]
-        valid = torch.arange(c)[None, :] < count[t, None]
-        local = torch.where(valid, torch.gather(rows[t], 1, pos) - lo, 0)
-        vals = scores.rescore(floats, t, local)
-        exact[t[:, None], pos] = torch.where(valid, vals, exact[t[:, None], pos])
+class _CandidatePairs:
+    """The ``(target, row)`` pairs of the merged candidates of both sides, sorted by row once, so that each block
+    of the re-ranking pass takes its pairs as one slice (:meth:`within`).
+
+    Args:
+        cand: ``[proponent rows, opponent rows]``, each ``[n_target, K']`` int64.
+    """
+
+    def __init__(self, cand: list[torch.Tensor]):
+        rows = torch.cat([c.reshape(-1) for c in cand])  # flat position: side · n_target · K' + target · K' + slot
+        self.rows, order = torch.sort(rows, stable=True)
+        self.slot = order
+        self.target = (order % cand[0].numel()) // cand[0].shape[1]
+
+    def within(self, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(targets, rows, flat positions)`` of the pairs whose row lies in ``lo .. hi``."""
+        a, b = (int(i) for i in torch.searchsorted(self.rows, torch.tensor([lo, hi])))
+        return self.target[a:b], self.rows[a:b], self.slot[a:b]
+
+
+def merge_top_k_filtered(
+    values: torch.Tensor | None, indices: torch.Tensor | None, block: torch.Tensor, offset: int, k: int,
+    largest: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`~trakcli.scoring.merge_top_k` that looks only at the block's scores beyond the kept k-th best.
+
+    Once ``k`` finite values are kept, a score of the block can only enter the top-k if it beats the
+    target's current k-th best (strictly: a tie with it keeps the kept row); those are found by one comparison
+    over the block, and only they (few after the first blocks) are merged by ``topk``. For the first block
+    the threshold is the (2k / :data:`SEED_STRIDE`)-th best of every :data:`SEED_STRIDE`-th column, kept only
+    when at least k scores of every target beat it (then the top-k of the block is among them). Otherwise,
+    and when many pass, the block goes to :func:`~trakcli.scoring.merge_top_k`.
+    """
+    if values is None:  # a threshold from every SEED_STRIDE-th column, that about 2k of the block's scores pass
+        if block.shape[1] < 4 * SEED_STRIDE * k:
+            return merge_top_k(values, indices, block, offset, k, largest)
+        sub = block[:, ::SEED_STRIDE].contiguous()
+        thr = torch.topk(sub, max(1, 2 * k // SEED_STRIDE), dim=1, largest=largest, sorted=False).values
+        thr = thr.amin(1) if largest else thr.amax(1)
+    elif values.shape[1] < k:
+        return merge_top_k(values, indices, block, offset, k, largest)
+    else:
+        thr = values.amin(1) if largest else values.amax(1)
+    if not torch.isfinite(thr).all():
+        return merge_top_k(values, indices, block, offset, k, largest)
+    mask = block > thr[:, None] if largest else block < thr[:, None]
+    t, j = mask.nonzero(as_tuple=True)  # by target, then column
+    if len(t) == 0 and values is not None:
+        return values, indices
+    if 4 * len(t) > block.numel():
+        return merge_top_k(values, indices, block, offset, k, largest)
+    count = torch.bincount(t, minlength=block.shape[0])
+    if values is None:  # the seeded threshold must leave k per target
+        if int(count.min()) < k:
+            return merge_top_k(values, indices, block, offset, k, largest)
+        values = torch.empty(block.shape[0], 0)
+        indices = torch.empty(block.shape[0], 0, dtype=torch.int64)
+    pos = torch.arange(len(t)) - (torch.cumsum(count, 0) - count)[t]  # rank of each passing score in its target
+    width = int(count.max())
+    got = torch.full((block.shape[0], width), float("-inf") if largest else float("inf"))
+    got[t, pos] = block[t, j]
+    rows = torch.zeros((block.shape[0], width), dtype=torch.int64)  # a filler (±inf) never beats a kept value
+    rows[t, pos] = j + offset
+    both, both_idx = torch.cat([values, got], dim=1), torch.cat([indices, rows], dim=1)
+    kept, sel = torch.topk(both, k, dim=1, largest=largest, sorted=False)
+    return kept, torch.gather(both_idx, 1, sel)
 
 
 def _padded(top_v, top_i, low_v, low_i, k: int) -> dict[str, np.ndarray]:
