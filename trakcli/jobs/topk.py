@@ -37,8 +37,10 @@ merges, so the arrays are the same as a single process writes.
 
 from __future__ import annotations
 
+import itertools
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Iterator, Protocol
 
 import numpy as np
 import torch
@@ -198,13 +200,13 @@ class TopK:
         """
         kc, n = self.candidates, len(self.segments)
         pending = cands.pending(dist.rank, dist.world_size)
+        spans = self._spans(pending)
+        blocks = _ahead(scores.approx, [span[1:] for span in spans])  # the next block's product while this one merges
         with reporter.task("top-k candidates", len(pending)) as task:
-            for seg in pending:
+            for seg, group in itertools.groupby(zip(spans, blocks), key=lambda x: x[0][0]):
                 event(f"start top-k candidates {seg}")
-                lo, hi = self.segments[seg]
                 got: list[Any] = [None, None, None, None]  # top values, top rows, low values, low rows
-                for b in range(lo, hi, self.block):
-                    block = scores.approx(b, min(b + self.block, hi))
+                for (_, b, _), block in group:
                     got[0], got[1] = merge_top_k_filtered(got[0], got[1], block, b, kc, largest=True)
                     got[2], got[3] = merge_top_k_filtered(got[2], got[3], block, b, kc, largest=False)
                 cands.write(seg, **_padded(*got, kc))
@@ -217,15 +219,14 @@ class TopK:
         cand = self._merged_candidates(cands)  # [n_target, K'] rows per side
         pairs = _CandidatePairs(cand)
         sample = torch.tensor(self.two_stage.sample, dtype=torch.int64)
+        spans = self._spans(pending_exact)
+        loaded = _ahead(scores.load, [span[1:] for span in spans])  # the next block read while this one is scored
         with reporter.task("top-k exact re-ranking", len(pending_exact)) as task:
-            for seg in pending_exact:
+            for seg, group in itertools.groupby(zip(spans, loaded), key=lambda x: x[0][0]):
                 event(f"start top-k segment {seg}")
-                lo, hi = self.segments[seg]
                 exact = torch.full((2 * self.n_target * kc,), float("nan"))  # [side, target, K'] flat
                 ref: list[Any] = [None, None, None, None]  # the sampled targets' exact top-k
-                for b in range(lo, hi, self.block):
-                    e = min(b + self.block, hi)
-                    floats = scores.load(b, e)
+                for (_, b, e), floats in group:
                     t, r, slot = pairs.within(b, e)
                     if len(t):  # only the (target, row) pairs that are candidates: n_target · K' dot products in all
                         exact[slot] = scores.pairs(floats, t, r - b)
@@ -240,6 +241,11 @@ class TopK:
                 event(f"done top-k segment {seg}")
                 task.advance()
         return len(pending) + len(pending_exact)
+
+    def _spans(self, pending: list[int]) -> list[tuple[int, int, int]]:
+        """``(segment, lo, hi)`` of every block of the segments ``pending``, in order."""
+        return [(seg, b, min(b + self.block, self.segments[seg][1]))
+                for seg in pending for b in range(self.segments[seg][0], self.segments[seg][1], self.block)]
 
     def _merged_candidates(self, cands: ChunkedRows) -> list[torch.Tensor]:
         """Step 2: the K' candidates per target of all segments, ``[proponent rows, opponent rows]`` ``[n_target, K']``
@@ -339,6 +345,18 @@ class TopK:
         """Targets ``[lo, hi)`` of the merged arrays (:data:`~trakcli.store.store.TOP_K_ARRAYS`), checked."""
         hi = self.n_target if hi is None else hi
         return {name: self.final.read(name, lo, hi) for name in TOP_K_ARRAYS}
+
+
+def _ahead(fn: Callable[[int, int], Any], spans: list[tuple[int, int]]) -> Iterator[Any]:
+    """``fn(lo, hi)`` of each span in order, the next one computed by a background thread while the caller uses
+    this one (reading and decompressing a block, or its product, overlap the caller's work on the previous block:
+    at most two blocks in memory)."""
+    with ThreadPoolExecutor(1) as pool:
+        nxt = pool.submit(fn, *spans[0]) if spans else None
+        for i in range(len(spans)):
+            cur = nxt.result()
+            nxt = pool.submit(fn, *spans[i + 1]) if i + 1 < len(spans) else None
+            yield cur
 
 
 class _CandidatePairs:
