@@ -1,5 +1,6 @@
 """Two-stage top-k over int8 / binary codes (trakcli.jobs.topk): the store's layout, exactness when the
-candidates cover every row, the recall each run measures and records, kill and resume, torchrun, bad config."""
+candidates cover every row, the recall each run measures and records, kill and resume, torchrun, bad config;
+the filtered running top-k and the candidate pairs of the re-ranking against their plain equivalents."""
 
 from __future__ import annotations
 
@@ -167,3 +168,52 @@ def test_a_top_k_the_codes_cannot_approximate_is_exact_and_says_so(project):
     assert "recall@" not in res.stderr
     top, rec = _top(project, "int8", "unit")
     assert rec is None and top["proponents"].shape == (90, K)
+
+
+def _as_sets(values, indices):
+    return [dict(zip(i.tolist(), v.tolist())) for v, i in zip(values, indices)]
+
+
+@pytest.mark.parametrize("largest", [True, False])
+def test_filtered_running_top_k_keeps_what_a_topk_of_every_column_keeps(largest):
+    import torch
+
+    from trakcli.jobs.topk import SEED_STRIDE, merge_top_k_filtered
+    from trakcli.scoring import merge_top_k
+
+    k = 20
+    g = torch.Generator().manual_seed(0)
+    wide = 4 * SEED_STRIDE * k  # a first block this wide takes the seeded threshold
+    blocks = [torch.randn(6, wide + 13, generator=g), torch.randn(6, 50, generator=g) * 3,
+              torch.randn(6, 300, generator=g), torch.full((6, 40), 0.0)]
+    # target 0: its best scores sit on every SEED_STRIDE-th column of the first block, so that the seeded threshold
+    # leaves fewer than k of them: the block must be merged whole
+    first = blocks[0]
+    first[0, ::SEED_STRIDE] += 100.0 if largest else -100.0
+    want = got = (None, None)
+    offset = 0
+    for block in blocks:
+        want = merge_top_k(*want, block, offset, k, largest)
+        got = merge_top_k_filtered(*got, block, offset, k, largest)
+        assert got[0].shape == (6, k)
+        assert _as_sets(*got) == _as_sets(*want)
+        offset += block.shape[1]
+
+
+def test_candidate_pairs_of_a_block_are_its_rows_and_nothing_else():
+    import torch
+
+    from trakcli.jobs.topk import _CandidatePairs
+
+    g = torch.Generator().manual_seed(1)
+    cand = [torch.randint(0, 1000, (5, 9), generator=g), torch.randint(0, 1000, (5, 9), generator=g)]
+    pairs = _CandidatePairs(cand)
+    flat = torch.cat([c.reshape(-1) for c in cand])
+    seen = torch.zeros(len(flat), dtype=torch.int64)
+    for lo in range(0, 1000, 128):
+        t, r, slot = pairs.within(lo, lo + 128)
+        assert ((r >= lo) & (r < lo + 128)).all()
+        assert torch.equal(flat[slot], r)  # each pair's flat position holds its row
+        assert torch.equal(t, (slot % cand[0].numel()) // cand[0].shape[1])
+        seen[slot] += 1
+    assert (seen == 1).all()  # every candidate of both sides in exactly one block
