@@ -178,14 +178,17 @@ def _as_sets(values, indices):
 def test_filtered_running_top_k_keeps_what_a_topk_of_every_column_keeps(largest):
     import torch
 
-    from trakcli.jobs.topk import SEED_STRIDE, merge_top_k_filtered
+    from trakcli.jobs.topk import FILTER_GROUP, SEED_STRIDE, merge_top_k_filtered
     from trakcli.scoring import merge_top_k
 
     k = 20
     g = torch.Generator().manual_seed(0)
     wide = 4 * SEED_STRIDE * k  # a first block this wide takes the seeded threshold
-    blocks = [torch.randn(6, wide + 13, generator=g), torch.randn(6, 50, generator=g) * 3,
-              torch.randn(6, 300, generator=g), torch.full((6, 40), 0.0)]
+    assert wide % FILTER_GROUP == 0
+    # runs of FILTER_GROUP columns compared first (widths divisible by it), or every column (50)
+    blocks = [torch.randn(6, wide, generator=g), torch.randn(6, 50, generator=g) * 3,
+              torch.randn(6, 5 * FILTER_GROUP, generator=g), torch.full((6, FILTER_GROUP), 0.0),
+              torch.randn(6, 2 * FILTER_GROUP, generator=g) * 4]
     # target 0: its best scores sit on every SEED_STRIDE-th column of the first block, so that the seeded threshold
     # leaves fewer than k of them: the block must be merged whole
     first = blocks[0]

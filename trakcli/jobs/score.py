@@ -671,7 +671,9 @@ class _BlockScores:
         Per checkpoint, ``W_m φ_i ≈ s_t s_i · (ŵ_t · c_i)``: the target weights ``W_m`` rounded to int8 with a
         per-target scale ``s_t = max|W_m[t]| / 127``, the row's codes ``c_i`` (int8, or ±1 for binary) and scale
         ``s_i``; the int8 product is exact in int32 (``torch._int_mm``). Summed over checkpoints, times the
-        mean Q of the row, as :func:`~trakcli.scoring.score_block`.
+        mean Q of the row, as :func:`~trakcli.scoring.score_block`. The row scales are read once for every
+        row (``[n_train]`` float32 per checkpoint) and kept; the codes are multiplied as stored, transposed by
+        strides (no copy).
         """
         if not hasattr(self, "_qweights"):
             self._qweights = []
@@ -680,13 +682,14 @@ class _BlockScores:
                 safe = torch.where(s_t > 0, s_t, torch.ones_like(s_t))
                 wq = torch.round(w / safe[:, None]).clamp_(-127, 127).to(torch.int8)  # [n_target, proj_dim]
                 self._qweights.append((wq, s_t))
+            self._scales = [torch.from_numpy(rows.read("scale", 0, rows.n_rows).astype(np.float32, copy=False))
+                            for rows, _, _ in self.primal]
         q = self._mean_q(lo, hi)
         acc = None
-        for (wq, s_t), (rows, _, _) in zip(self._qweights, self.primal):
+        for (wq, s_t), (rows, _, _), scale in zip(self._qweights, self.primal, self._scales):
             codes = signs(rows.code_dtype, rows.read("codes", lo, hi), wq.shape[1])  # [rows, proj_dim] int8
-            s_i = torch.from_numpy(rows.read("scale", lo, hi).astype(np.float32, copy=False))
-            term = torch._int_mm(wq, torch.from_numpy(codes).T.contiguous()).to(torch.float32)  # [n_target, rows]
-            term.mul_(s_t[:, None]).mul_((s_i * q)[None, :])
+            term = torch._int_mm(wq, torch.from_numpy(codes).T).to(torch.float32)  # [n_target, rows]
+            term.mul_(s_t[:, None]).mul_((scale[lo:hi] * q)[None, :])
             acc = term if acc is None else acc.add_(term)
         return acc
 

@@ -14,12 +14,17 @@ index: :func:`trakcli.scoring.order_top_k`) and the parts are dropped.
 
 1. per segment, a pass over the compressed codes scores every target against every row
    approximately (:meth:`TwoStageScores.approx`) and keeps the K' = ``rescore_multiplier · K``
-   highest and lowest per target (``scores/<experiment>/top_k_candidates``, done per segment);
+   highest and lowest per target (``scores/<experiment>/top_k_candidates``, done per segment;
+   :func:`merge_top_k_filtered`: only the scores that beat the current K'-th best are merged);
 2. the segments' candidates are merged into K' candidates per target and side (every rank
-   computes the same merge from the stored parts);
-3. per segment, a pass over the float copy (bfloat16) re-scores exactly the candidates that
-   lie in it (:meth:`TwoStageScores.rescore`, ``top_k_parts``, done per segment), and scores
-   a few evenly spaced targets (``score.recall_queries``) against every row, exactly.
+   computes the same merge from the stored parts), their (target, row) pairs sorted by row;
+3. per segment, a pass over the float copy (bfloat16) re-scores exactly the candidate pairs
+   whose row lies in each block (:meth:`TwoStageScores.pairs`: gathered dot products, not a
+   product over the block; ``top_k_parts``, done per segment), and scores a few evenly spaced
+   targets (``score.recall_queries``) against every row, exactly.
+
+Both passes compute the next block (its product, or its float copy read) in a background
+thread while the current one is merged (:func:`_ahead`).
 
 The merge keeps the K best exact scores among each target's candidates: the exact top-k
 whenever the true top-K rows are among the candidates (always when K' >= n_train). The
@@ -28,7 +33,8 @@ in the attributes of ``top_k/proponents`` (``two_stage``) and reported. Exact re
 O(n_target · K' · proj_dim), whatever n_train.
 
 Memory is O(n_target · (K + block)) + O(block · proj_dim), whatever n_train
-(two-stage: K' for K, plus the merge of step 2, O(n_segments · n_target · K'));
+(two-stage: K' for K, two blocks at once, plus the merge of step 2,
+O(n_segments · n_target · K'), and the mean Q of every row, 4 bytes a row);
 the store grows by O(n_segments · n_target · K) (two-stage: K') while the pass runs
 and keeps O(n_target · K). A killed run resumes at its first segment not done. Under
 ``torchrun`` rank r computes the segments ≡ r (mod world_size) and rank 0
@@ -379,6 +385,28 @@ class _CandidatePairs:
         return self.target[a:b], self.rows[a:b], self.slot[a:b]
 
 
+#: Columns of a block whose best score is compared first by :func:`_beyond`.
+FILTER_GROUP = 64
+
+
+def _beyond(block: torch.Tensor, thr: torch.Tensor, largest: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(targets, columns)`` of the scores of ``block`` beyond ``thr`` per target (above, or below when not
+    ``largest``), by target then column.
+
+    The best score of each run of :data:`FILTER_GROUP` columns is compared first (one reduction over the block),
+    then the columns of the runs that pass: little more than one read of the block when few pass.
+    """
+    n, c = block.shape
+    if c % FILTER_GROUP:
+        return (block > thr[:, None] if largest else block < thr[:, None]).nonzero(as_tuple=True)
+    runs = block.view(n, c // FILTER_GROUP, FILTER_GROUP)
+    best = runs.amax(2) if largest else runs.amin(2)
+    rt, rg = (best > thr[:, None] if largest else best < thr[:, None]).nonzero(as_tuple=True)
+    vals = runs[rt, rg]  # [passing runs, FILTER_GROUP]
+    pi, pj = (vals > thr[rt, None] if largest else vals < thr[rt, None]).nonzero(as_tuple=True)
+    return rt[pi], rg[pi] * FILTER_GROUP + pj
+
+
 def merge_top_k_filtered(
     values: torch.Tensor | None, indices: torch.Tensor | None, block: torch.Tensor, offset: int, k: int,
     largest: bool,
@@ -404,8 +432,7 @@ def merge_top_k_filtered(
         thr = values.amin(1) if largest else values.amax(1)
     if not torch.isfinite(thr).all():
         return merge_top_k(values, indices, block, offset, k, largest)
-    mask = block > thr[:, None] if largest else block < thr[:, None]
-    t, j = mask.nonzero(as_tuple=True)  # by target, then column
+    t, j = _beyond(block, thr, largest)
     if len(t) == 0 and values is not None:
         return values, indices
     if 4 * len(t) > block.numel():
