@@ -18,6 +18,14 @@ is the process's ru_maxrss):
   over the rows ``Q_i φ_i`` queried with ``W`` and ``-W`` (faiss-cpu: a baseline installed
   in the benchmark environment, never a trakcli dependency).
 * ``trak score full``: ``trak score CONFIG`` writing the full ``[n_target, n_train]`` matrix.
+* ``two-stage <dtype> xM``: the same project featurized again with ``store.dtype`` int8 or binary
+  (codes beside a bfloat16 copy, through the real featurize path; the featurize time is its own
+  row), then ``trak score CONFIG score.top_k=100 score.rescore_multiplier=M``: candidates from the
+  codes, exact re-rank from the bfloat16 copy. Each row gives the recall the run measured and
+  recorded itself (sampled targets, against the exact top-100 of the bfloat16 copy) and the
+  overlap of all 1,000 targets' top-100 with the float32 floor (which also counts the bfloat16
+  rounding of the float copy). ``x exact`` is the wall time over ``trak score top_k``'s (the exact
+  streamed pass of the float32 store, same run).
 
 For each it reports wall seconds, peak RSS, the bytes the result adds to the store,
 and the top-100 overlap with the floor (proponents and opponents).
@@ -155,33 +163,51 @@ def overlap(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.mean([len(set(x) & set(y)) / a.shape[1] for x, y in zip(a, b)]))
 
 
-def bench(n_train: int, n_target: int, proj_dim: int, work: Path) -> dict:
+def bench(n_train: int, n_target: int, proj_dim: int, work: Path, dtypes: list[str],
+          multipliers: dict[str, list[int]], skip: list[str]) -> dict:
     import zarr
 
     trak = [sys.executable, "-m", "trakcli.cli.main"]
     proj = make_project(work, n_train, n_target, proj_dim)
     store = proj / "store.zarr"
     rows = {"featurize": timed([*trak, "featurize", "run.yaml", "-q"], proj)}
+    rows["featurize"]["store_bytes"] = du(store / "train")
     rows["trak score top_k"] = timed([*trak, "score", "run.yaml", "-q", f"score.top_k={K}", "score.experiment=topk"],
                                      proj)
     rows["trak score top_k"]["store_bytes"] = du(store / "scores" / "topk")
     me = sys.executable, str(Path(__file__).resolve())
     rows["floor"] = timed([*me, "--child", "floor", "--store", str(store)], proj)
-    if shutil.which("true") and _has_faiss():
+    if "faiss" not in skip and _has_faiss():
         rows["faiss IndexFlatIP"] = timed([*me, "--child", "faiss", "--store", str(store)], proj)
-    rows["trak score full"] = timed([*trak, "score", "run.yaml", "-q", "score.experiment=full"], proj)
-    rows["trak score full"]["store_bytes"] = du(store / "scores" / "full")
+    if "full" not in skip:
+        rows["trak score full"] = timed([*trak, "score", "run.yaml", "-q", "score.experiment=full"], proj)
+        rows["trak score full"]["store_bytes"] = du(store / "scores" / "full")
+    floor_pro, floor_opp = np.load(proj / "floor_pro.npy"), np.load(proj / "floor_opp.npy")
+    for dtype in dtypes:  # two-stage: a store of codes beside a bfloat16 copy, through the real featurize path
+        other = [f"store.dtype={dtype}", f"store.path={dtype}.zarr"]
+        rows[f"featurize {dtype}"] = timed([*trak, "featurize", "run.yaml", "-q", *other], proj)
+        rows[f"featurize {dtype}"]["store_bytes"] = du(proj / f"{dtype}.zarr" / "train")
+        for m in multipliers[dtype]:
+            name, exp = f"two-stage {dtype} x{m}", f"ts{m}"
+            rows[name] = timed([*trak, "score", "run.yaml", "-q", *other, f"score.top_k={K}",
+                                f"score.rescore_multiplier={m}", f"score.experiment={exp}"], proj)
+            g = zarr.open_group(str(proj / f"{dtype}.zarr"), mode="r")[f"scores/{exp}/top_k"]
+            rec = dict(g["proponents"].attrs)["two_stage"]
+            rows[name]["recall_recorded"] = [rec["recall"]["proponents"], rec["recall"]["opponents"]]
+            rows[name]["recall_queries"] = rec["n_queries"]
+            rows[name]["overlap_with_floor"] = [overlap(np.asarray(g["proponents"][:]), floor_pro),
+                                                overlap(np.asarray(g["opponents"][:]), floor_opp)]
     root = zarr.open_group(str(store), mode="r")
     pro = np.asarray(root["scores/topk/top_k/proponents"][:])
     opp = np.asarray(root["scores/topk/top_k/opponents"][:])
-    floor_pro, floor_opp = np.load(proj / "floor_pro.npy"), np.load(proj / "floor_opp.npy")
     rows["trak score top_k"]["overlap_with_floor"] = [overlap(pro, floor_pro), overlap(opp, floor_opp)]
     if "faiss IndexFlatIP" in rows:
         rows["faiss IndexFlatIP"]["overlap_with_floor"] = [
             overlap(np.load(proj / "faiss_pro.npy"), floor_pro), overlap(np.load(proj / "faiss_opp.npy"), floor_opp)]
-    full = np.asarray(root["scores/full/scores"][:8])
-    rows["trak score full"]["overlap_with_floor"] = [
-        overlap(np.argsort(-full, 1)[:, :K], floor_pro[:8]), overlap(np.argsort(full, 1)[:, :K], floor_opp[:8])]
+    if "trak score full" in rows:
+        full = np.asarray(root["scores/full/scores"][:8])
+        rows["trak score full"]["overlap_with_floor"] = [
+            overlap(np.argsort(-full, 1)[:, :K], floor_pro[:8]), overlap(np.argsort(full, 1)[:, :K], floor_opp[:8])]
     return {"n_train": n_train, "n_target": n_target, "proj_dim": proj_dim, "k": K,
             "features_bytes": du(store / "train"), "rows": rows}
 
@@ -195,16 +221,19 @@ def _has_faiss() -> bool:
 
 
 def table(results: list[dict]) -> str:
-    lines = [f"{'n_train':>9} {'variant':<20} {'wall s':>8} {'x floor':>8} {'peak GiB':>9} {'store MB':>9} "
-             f"{'top-100 = floor (pro, opp)':>27}"]
+    lines = [f"{'n_train':>9} {'variant':<22} {'wall s':>8} {'x floor':>8} {'x exact':>8} {'peak GiB':>9} "
+             f"{'store MB':>9} {'top-100 = floor (pro, opp)':>27} {'recorded recall (pro, opp)':>27}"]
     for r in results:
         floor = r["rows"]["floor"]["seconds"]
+        exact = r["rows"]["trak score top_k"]["seconds"]
         for name, row in r["rows"].items():
             ov = row.get("overlap_with_floor")
             ov = f"{ov[0]:.4f}, {ov[1]:.4f}" if ov else ""
+            rec = row.get("recall_recorded")
+            rec = f"{rec[0]:.4f}, {rec[1]:.4f}" if rec else ""
             mb = f"{row['store_bytes'] / 1e6:.1f}" if "store_bytes" in row else ""
-            lines.append(f"{r['n_train']:>9} {name:<20} {row['seconds']:>8.1f} {row['seconds'] / floor:>8.2f} "
-                         f"{row['peak_rss_gib']:>9.2f} {mb:>9} {ov:>27}")
+            lines.append(f"{r['n_train']:>9} {name:<22} {row['seconds']:>8.1f} {row['seconds'] / floor:>8.2f} "
+                         f"{row['seconds'] / exact:>8.2f} {row['peak_rss_gib']:>9.2f} {mb:>9} {ov:>27} {rec:>27}")
     return "\n".join(lines)
 
 
@@ -216,6 +245,13 @@ def main() -> None:
     p.add_argument("--work", type=Path, default=REPO / "bench_results" / "topk_work")
     p.add_argument("--out", type=Path, default=REPO / "bench_results" / "topk.json")
     p.add_argument("--keep", action="store_true", help="keep the work directories (stores)")
+    p.add_argument("--dtypes", nargs="*", default=["int8", "binary"], choices=["int8", "binary"],
+                   help="store.dtype of the two-stage rows (none: no two-stage rows)")
+    p.add_argument("--multipliers", type=int, nargs="*", default=[1, 2, 4, 8],
+                   help="score.rescore_multiplier values of the two-stage rows")
+    p.add_argument("--binary-multipliers", type=int, nargs="*", default=None,
+                   help="score.rescore_multiplier values of the binary rows (default: --multipliers)")
+    p.add_argument("--skip", nargs="*", default=[], choices=["faiss", "full"], help="rows to leave out")
     p.add_argument("--child", choices=["floor", "faiss"], help=argparse.SUPPRESS)
     p.add_argument("--store", type=Path, help=argparse.SUPPRESS)
     a = p.parse_args()
@@ -227,14 +263,21 @@ def main() -> None:
     for n in a.n_train:
         work = a.work / f"n{n}"
         shutil.rmtree(work, ignore_errors=True)
-        results.append(bench(n, a.n_target, a.proj_dim, work))
+        binary = a.multipliers if a.binary_multipliers is None else a.binary_multipliers
+        mult = {"int8": a.multipliers, "binary": binary}
+        results.append(bench(n, a.n_target, a.proj_dim, work, a.dtypes, mult, a.skip))
         print(table(results[-1:]), flush=True)
         if not a.keep:
             shutil.rmtree(work, ignore_errors=True)
     print(table(results))
     a.out.parent.mkdir(parents=True, exist_ok=True)
+    import trakcli
+
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     a.out.write_text(json.dumps({
-        "benchmark": "bench_topk", "results": results,
+        "benchmark": "bench_topk", "date": time.strftime("%Y-%m-%d"), "commit": commit, "version": trakcli.__version__,
+        "args": {k: getattr(a, k) for k in ("n_train", "n_target", "proj_dim", "dtypes", "multipliers",
+                                             "binary_multipliers", "skip")}, "results": results,
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
     }, indent=2))
     print(f"-> {a.out}")

@@ -98,8 +98,17 @@ def _json(res, scores: np.ndarray, top_k: int, out: Path | None, plot: Path | No
         "lambda_reg": [float(v) for v in res.lambdas],
         "scores": f"scores/{res.experiment}/scores" if res.full else None,
         "top_k": f"scores/{res.experiment}/top_k" if res.top_k else None,
-        "exported": str(out) if out else None, "plot": str(plot) if plot else None, "top": top,
+        "exported": str(out) if out else None, "plot": str(plot) if plot else None,
+        "two_stage": res.two_stage, "top": top,
     }
+
+
+def recall_line(two_stage: dict[str, Any]) -> str:
+    """The one line reporting a two-stage top-k's measured recall (printed even with ``-q``)."""
+    r, k = two_stage["recall"], two_stage["k"]
+    return (f"two-stage top-k ({two_stage['codes']} candidates, rescore_multiplier {two_stage['rescore_multiplier']}): "
+            f"recall@{k} against the exact top-{k} of {two_stage['n_queries']} targets: proponents "
+            f"{r['proponents']:.4f}, opponents {r['opponents']:.4f}")
 
 
 @handle_errors
@@ -184,6 +193,11 @@ def score(
         Store.open_existing(res.store, mode="r").export(f"scores/{res.experiment}/scores", out)
     if plot is not None:
         _plot(cfg, res, plot, train, target)
+    if res.two_stage is not None:
+        r = res.two_stage["recall"]
+        style = "yellow" if min(r["proponents"], r["opponents"]) < 0.99 else "green"
+        err_console.print(f"[{style}]{recall_line(res.two_stage)}[/]"
+                          + (" (below 0.99: raise score.rescore_multiplier)" if style == "yellow" else ""))
     if json_out:
         head = shown_scores(res, cfg.score.show_targets)
         sys.stdout.write(json.dumps(_json(res, head, cfg.score.show_top, out, plot, _texts(train)), indent=2) + "\n")

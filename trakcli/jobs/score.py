@@ -27,13 +27,15 @@ from trakcli.jobs.kernels import finalize_kernels, kernel_of, report_notes, ridg
 from trakcli.jobs.runtime import ChunkWriter, event, locked_store, torch_threads
 from trakcli.jobs.setup import JobSetup, prepare
 from trakcli.progress import NULL_REPORTER, Reporter
-from trakcli.jobs.topk import TopK
+from trakcli.jobs.topk import TopK, TwoStage
 from trakcli.scoring import (
-    cosine_term, dual_target_sq_norms, ensemble_block, kernel_sq_norms, score_block, target_weights,
+    DUAL, cosine_term, dual_target_sq_norms, ensemble_block, kernel_form, kernel_sq_norms, score_block,
+    target_weights,
 )
 from trakcli.store import ChunkedRows, Store, StoreCorruptError, check_same
 from trakcli.store.append import StoreStaleError, stale_message
 from trakcli.store.kernel import kernel_nbytes, read_kernel
+from trakcli.store.quantize import is_quantized, signs
 from trakcli.store.store import TOP_K_ARRAYS
 
 
@@ -51,6 +53,10 @@ class ScoreResult:
         top_k: K of the stored top-k arrays (``score.top_k``, at most n_train), or None.
         full: whether the full score matrix is in the store.
         per_token: whether the per-token scores of the top-k are in the store (``score.per_token``).
+        two_stage: for a two-stage top-k (``store.dtype`` int8 or binary, :mod:`trakcli.jobs.topk`): its
+            settings (``codes``, ``rescore_multiplier``, ``recall_queries``), ``k``, ``n_queries`` and the
+            measured ``recall`` ``{"proponents": r, "opponents": r}`` (recall@k against the exact top-k of the
+            sampled targets); else None.
     """
 
     store: Path
@@ -65,6 +71,7 @@ class ScoreResult:
     top_k: int | None = None
     full: bool = True
     per_token: bool = False
+    two_stage: dict[str, Any] | None = None
 
     def top(self, lo: int = 0, hi: int | None = None) -> dict[str, np.ndarray]:
         """Targets ``[lo, hi)`` of the top-k arrays (chunks checked).
@@ -221,7 +228,8 @@ def score(
     lambdas, computed = score_targets(
         s, path, target, experiment=sc.experiment, lambda_reg=sc.lambda_reg, lambda_rel=sc.lambda_rel,
         top_k=sc.top_k, full=sc.full, normalize=sc.normalize, per_token=sc.per_token,
-        overwrite=overwrite, skip_nonfinite=skip_nonfinite, verify=verify, reporter=reporter,
+        rescore_multiplier=sc.rescore_multiplier, recall_queries=sc.recall_queries, overwrite=overwrite,
+        skip_nonfinite=skip_nonfinite, verify=verify, reporter=reporter,
         linalg_threads=cfg.linalg_threads, grad_memory_mb=cfg.data.grad_memory_mb,
     )
     return ScoreResult(
@@ -236,7 +244,16 @@ def score(
         top_k=None if sc.top_k is None else min(sc.top_k, len(s.train)),
         full=sc.top_k is None if sc.full is None else sc.full,
         per_token=sc.per_token,
+        two_stage=_recorded_recall(path, sc.experiment, len(target), sc.top_k),
     )
+
+
+def _recorded_recall(path: Path, experiment: str, n_target: int, top_k: int | None) -> dict[str, Any] | None:
+    """The two-stage record of the experiment's top-k (settings and measured recall), or None."""
+    if not top_k:
+        return None
+    store = Store.open_existing(path, mode="r")
+    return TopK(store, experiment, n_target, top_k, create=False).recorded_recall()
 
 
 def score_targets(
@@ -251,6 +268,8 @@ def score_targets(
     full: bool | None = None,
     normalize: str | None = None,
     per_token: bool = False,
+    rescore_multiplier: int | None = None,
+    recall_queries: int = 16,
     overwrite: bool = False,
     skip_nonfinite: bool = False,
     verify: bool = False,
@@ -268,8 +287,8 @@ def score_targets(
         s: the setup (featurizer, checkpoints and their sha256s, identity, process group).
         path: the store.
         target: the target examples.
-        experiment, lambda_reg, lambda_rel, top_k, full, normalize, per_token: ``score:`` of the config
-            (``full`` None: the full matrix when ``top_k`` is None).
+        experiment, lambda_reg, lambda_rel, top_k, full, normalize, per_token, rescore_multiplier,
+            recall_queries: ``score:`` of the config (``full`` None: the full matrix when ``top_k`` is None).
         overwrite, skip_nonfinite, verify, reporter: as :func:`score`.
         linalg_threads: torch threads for the kernels and score products (:func:`finalize_and_score`).
 
@@ -310,6 +329,10 @@ def score_targets(
         stale = stale_message(store, exp)  # scored before train rows were appended
         if stale is not None and not overwrite:
             raise StoreStaleError(stale)
+        two = _two_stage_plan(store, s, top_k, full, normalize, exact, rescore_multiplier, recall_queries,
+                              len(target), reporter if s.dist.is_main else NULL_REPORTER)
+        if two is not None:  # the experiment's top-k depends on them: recorded and checked with the settings
+            settings["two_stage"] = two.settings()
         if s.dist.is_main:
             if verify:
                 _verify_train(train_rows)
@@ -331,7 +354,7 @@ def score_targets(
             bad = out.verify() if full else []
             if bad:
                 reporter.info(f"score column blocks {bad} were missing or corrupt; recomputed")
-            top = TopK(store, exp, len(target), top_k, create=True) if top_k else None
+            top = TopK(store, exp, len(target), top_k, create=True, two_stage=two) if top_k else None
             bad = top.verify() if top else []
             if bad:
                 reporter.info(f"top-k target chunks {bad} were missing or corrupt; recomputed")
@@ -340,7 +363,7 @@ def score_targets(
         if not s.dist.is_main:  # opened after rank 0 has created or repaired them
             target_rows = [store.targets(exp, m, t_attrs, len(target), create=False) for m in range(n_models)]
             out = store.scores(exp, len(target), settings, create=False) if full else None
-            top = TopK(store, exp, len(target), top_k, create=False) if top_k else None
+            top = TopK(store, exp, len(target), top_k, create=False, two_stage=two) if top_k else None
 
         # 1. target features: written, and the stored kernels read, in the background while the next
         #    checkpoint's target features are computed
@@ -381,6 +404,30 @@ def score_targets(
                                           s.exact_damping if exact else None, reporter)
         s.dist.barrier()
     return lambdas, computed
+
+
+def _two_stage_plan(store: Store, s: JobSetup, top_k: int | None, full: bool, normalize: str | None, exact: bool,
+                    rescore_multiplier: int | None, recall_queries: int, n_target: int,
+                    reporter: Reporter) -> TwoStage | None:
+    """The two-stage top-k of this run (:mod:`trakcli.jobs.topk`), or None: when the store has codes
+    (``store.dtype`` int8 or binary) and the top-k is streamed with TRAK's scores and primal kernels.
+
+    Otherwise, on a store with codes, one info line says why the top-k comes from the exact streamed
+    pass over the bfloat16 copy instead.
+    """
+    codes = store.layout.dtype
+    if not top_k or not is_quantized(codes):
+        return None
+    dual = s.curvature is None and kernel_form(store.layout.n_train, store.layout.proj_dim) == DUAL
+    why = ("score.full is set: the top-k is ranked from the full score matrix" if full else
+           "score.normalize unit ranks by cosines, which the codes do not approximate" if normalize == "unit" else
+           "curvature.exact recomputes the scores exactly" if exact else
+           f"n_train {store.layout.n_train} < proj_dim {store.layout.proj_dim}: the dual kernel scores every "
+           "row in one product" if dual else None)
+    if why is not None:
+        reporter.info(f"two-stage top-k not used ({why}); the top-k comes from the exact pass over the bfloat16 copy")
+        return None
+    return TwoStage.of(codes, rescore_multiplier, recall_queries, n_target)
 
 
 def _per_token_scores(s: JobSetup, store: Store, train_rows: list[ChunkedRows], target: TensorDataset, exp: str,
@@ -518,13 +565,16 @@ def _finalize_and_score(
     if dist.world_size > 1 and not identity:  # kernel m on rank m mod world_size, then every rank reads them all
         finalize_kernels(store, train_rows, lambda_reg=lambda_reg, lambda_rel=lambda_rel, dist=dist, reporter=reporter)
     pending = out.pending(dist.rank, dist.world_size) if out is not None else []
-    parts = None
+    parts = cands = None
     if top is not None and not top.is_complete():
+        two_stage = top.two_stage is not None
         if dist.is_main:
             parts = top.parts(create=True)
+            cands = top.candidate_parts(create=True) if two_stage else None
         dist.barrier()
         if not dist.is_main:
             parts = top.parts(create=False)
+            cands = top.candidate_parts(create=False) if two_stage else None
     segs = parts.pending(dist.rank, dist.world_size) if parts is not None and out is None else []
     scorer: Any = _BlockScores(train_rows, unit)
     if exact is not None and (pending or segs):
@@ -560,7 +610,10 @@ def _finalize_and_score(
     if parts is not None:
         if out is not None:  # ranked from the finished matrix
             scorer = lambda lo, hi: torch.from_numpy(out.read("scores", lo, hi))  # noqa: E731
-        computed += top.compute(scorer, parts, dist, reporter)
+        if top.two_stage is not None:  # planned by _two_stage_plan: codes, TRAK's scores, primal kernels, no matrix
+            computed += top.compute_two_stage(scorer, parts, cands, dist, reporter)
+        else:
+            computed += top.compute(scorer, parts, dist, reporter)
         dist.barrier()
         if dist.is_main:
             computed += top.merge(parts)
@@ -605,6 +658,91 @@ class _BlockScores:
             z_sq = (phi.double() * kernel.double()).sum(1)  # φᵀAφ = φ · X_i
             term = cosine_term(term.double(), dual_target_sq_norms(phi_t, term, phi, lam), z_sq)
         self.dual_total = term.double() if self.dual_total is None else self.dual_total.add_(term)
+
+    # -- two-stage top-k (trakcli.jobs.topk.TwoStageScores) over int8 / binary codes --------------------------
+
+    def _mean_q(self, lo: int, hi: int) -> torch.Tensor:
+        """``[hi - lo]`` float32 mean out-to-loss over checkpoints (averaged in float64, as :func:`ensemble_block`).
+
+        Read once for every row (``[n_train]`` float32, 4 bytes a row) and kept: both passes of the two-stage
+        top-k need it.
+        """
+        if getattr(self, "_q_all", None) is None:
+            rows = self.train_rows
+            q = sum(r.read("out_to_loss", 0, r.n_rows).astype(np.float64) for r in rows) / len(rows)
+            self._q_all = torch.from_numpy(np.asarray(q, dtype=np.float32))
+        return self._q_all[lo:hi]
+
+    def approx(self, lo: int, hi: int) -> torch.Tensor:
+        """Approximate scores ``[n_target, hi - lo]`` float32 from the codes (:mod:`trakcli.store.quantize`).
+
+        Per checkpoint, ``W_m φ_i ≈ s_t s_i · (ŵ_t · c_i)``: the target weights ``W_m`` rounded to int8 with a
+        per-target scale ``s_t = max|W_m[t]| / 127``, the row's codes ``c_i`` (int8, or ±1 for binary) and scale
+        ``s_i``; the int8 product is exact in int32 (``torch._int_mm``). Summed over checkpoints, times the
+        mean Q of the row, as :func:`~trakcli.scoring.score_block`. The row scales are read once for every
+        row (``[n_train]`` float32 per checkpoint) and kept; the codes are multiplied as stored, transposed by
+        strides (no copy).
+        """
+        if not hasattr(self, "_qweights"):
+            self._qweights = []
+            for w in self.weights:  # [n_target, proj_dim] float32
+                s_t = w.abs().amax(1) / 127
+                safe = torch.where(s_t > 0, s_t, torch.ones_like(s_t))
+                wq = torch.round(w / safe[:, None]).clamp_(-127, 127).to(torch.int8)  # [n_target, proj_dim]
+                self._qweights.append((wq, s_t))
+            self._scales = [torch.from_numpy(rows.read("scale", 0, rows.n_rows).astype(np.float32, copy=False))
+                            for rows, _, _ in self.primal]
+        q = self._mean_q(lo, hi)
+        acc = None
+        for (wq, s_t), (rows, _, _), scale in zip(self._qweights, self.primal, self._scales):
+            codes = signs(rows.code_dtype, rows.read("codes", lo, hi), wq.shape[1])  # [rows, proj_dim] int8
+            term = torch._int_mm(wq, torch.from_numpy(codes).T).to(torch.float32)  # [n_target, rows]
+            term.mul_(s_t[:, None]).mul_((scale[lo:hi] * q)[None, :])
+            acc = term if acc is None else acc.add_(term)
+        return acc
+
+    def load(self, lo: int, hi: int) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """The float copy of train rows ``lo .. hi``: per checkpoint ``[rows, proj_dim]`` float32 (bfloat16 as stored,
+        converted once here for both :meth:`pairs` and :meth:`rows`), and the ``[rows]`` float32 mean Q."""
+        feats = []
+        for rows, _, _ in self.primal:
+            f = rows.read("features", lo, hi, decode=False)
+            feats.append(torch.from_numpy(f.view(np.int16)).view(torch.bfloat16).to(torch.float32)
+                         if f.dtype == np.uint16 else torch.from_numpy(f.astype(np.float32, copy=False)))
+        return feats, self._mean_q(lo, hi)
+
+    #: Pairs scored at once by :meth:`pairs` (their gathered rows: ``PAIR_GROUP · proj_dim`` float32).
+    PAIR_GROUP = 8192
+
+    def pairs(self, block: tuple[list[torch.Tensor], torch.Tensor], targets: torch.Tensor,
+              rows: torch.Tensor) -> torch.Tensor:
+        """Exact scores ``[p]`` float32 of target ``targets[j]`` against row ``rows[j]`` of ``block``, pair by pair.
+
+        ``[(1/M) Σ_m W_m[t] · Φ_m[i]] · Q̄_i``, the formula of :func:`~trakcli.scoring.score_block` for one
+        pair: the rows and the target weights are gathered (``index_select``)
+        and multiplied entry by entry and summed (float32), :data:`PAIR_GROUP` pairs at a time: only the pairs
+        asked for, not the block's product.
+
+        Args:
+            block: :meth:`load`'s float copy of a block of rows.
+            targets: ``[p]`` int64 target indices.
+            rows: ``[p]`` int64 row indices within the block.
+        """
+        feats, q = block
+        out = torch.empty(len(rows), dtype=torch.float32)
+        for g in range(0, len(rows), self.PAIR_GROUP):
+            r, t = rows[g : g + self.PAIR_GROUP], targets[g : g + self.PAIR_GROUP]
+            acc = None
+            for w, f in zip(self.weights, feats):
+                term = f.index_select(0, r).mul_(w.index_select(0, t)).sum(1)  # [group]
+                acc = term if acc is None else acc.add_(term)
+            out[g : g + self.PAIR_GROUP] = acc.div_(len(feats)).mul_(q[r])
+        return out
+
+    def rows(self, block: tuple[list[torch.Tensor], torch.Tensor], targets: torch.Tensor) -> torch.Tensor:
+        """Exact scores ``[len(targets), rows]`` float32 of the targets ``targets`` against the whole block."""
+        feats, q = block
+        return score_block([w[targets] for w in self.weights], feats, [q] * len(feats))
 
     def __call__(self, lo: int, hi: int) -> torch.Tensor:
         feats = [torch.from_numpy(r.read("features", lo, hi).astype(np.float32, copy=False)) for r, _, _ in self.primal]

@@ -10,21 +10,49 @@ every segment is done, the candidates of all segments are merged per chunk of
 targets into ``scores/<experiment>/top_k`` (best first, equal scores by train
 index: :func:`trakcli.scoring.order_top_k`) and the parts are dropped.
 
-Memory is O(n_target · (K + block)) + O(block · proj_dim), whatever n_train;
-the store grows by O(n_segments · n_target · K) while the pass runs and keeps
-O(n_target · K). A killed run resumes at its first segment not done. Under
+**Two-stage top-k** (``store.dtype`` int8 or binary, :mod:`trakcli.store.quantize`), three steps:
+
+1. per segment, a pass over the compressed codes scores every target against every row
+   approximately (:meth:`TwoStageScores.approx`) and keeps the K' = ``rescore_multiplier · K``
+   highest and lowest per target (``scores/<experiment>/top_k_candidates``, done per segment;
+   :func:`merge_top_k_filtered`: only the scores that beat the current K'-th best are merged);
+2. the segments' candidates are merged into K' candidates per target and side (every rank
+   computes the same merge from the stored parts), their (target, row) pairs sorted by row;
+3. per segment, a pass over the float copy (bfloat16) re-scores exactly the candidate pairs
+   whose row lies in each block (:meth:`TwoStageScores.pairs`: gathered dot products, not a
+   product over the block; ``top_k_parts``, done per segment), and scores a few evenly spaced
+   targets (``score.recall_queries``) against every row, exactly.
+
+Both passes compute the next block (its product, or its float copy read) in a background
+thread while the current one is merged (:func:`_ahead`).
+
+The merge keeps the K best exact scores among each target's candidates: the exact top-k
+whenever the true top-K rows are among the candidates (always when K' >= n_train). The
+sampled targets' exact top-k measures the recall of the result on every run; it is recorded
+in the attributes of ``top_k/proponents`` (``two_stage``) and reported. Exact re-ranking costs
+O(n_target · K' · proj_dim), whatever n_train.
+
+Memory is O(n_target · (K + block)) + O(block · proj_dim), whatever n_train
+(two-stage: K' for K, two blocks at once, plus the merge of step 2,
+O(n_segments · n_target · K'), and the mean Q of every row, 4 bytes a row);
+the store grows by O(n_segments · n_target · K) (two-stage: K') while the pass runs
+and keeps O(n_target · K). A killed run resumes at its first segment not done. Under
 ``torchrun`` rank r computes the segments ≡ r (mod world_size) and rank 0
 merges, so the arrays are the same as a single process writes.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+import itertools
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Protocol
 
 import numpy as np
 import torch
 
 from trakcli.distributed import Dist
+from trakcli.errors import StoreError
 from trakcli.jobs.runtime import event
 from trakcli.progress import Reporter
 from trakcli.scoring import merge_top_k, order_top_k
@@ -38,8 +66,68 @@ MIN_SEGMENTS = 8
 #: Bytes of one block's float32 scores ``[n_target, block]`` and of its features ``[block, proj_dim]``.
 BLOCK_BYTES = 128 << 20
 
+#: Every how many columns of a first block :func:`merge_top_k_filtered` estimates its threshold from.
+SEED_STRIDE = 8
+
 #: ``(lo, hi) -> [n_target, hi - lo]`` float32 scores of train rows ``lo .. hi``.
 BlockScores = Callable[[int, int], torch.Tensor]
+
+#: Default ``score.rescore_multiplier`` per ``store.dtype`` (docs/guides/store.md gives the measurements of
+#: ``scripts/bench_topk.py``, 10^6 rows, proj_dim 1024, top 100). int8: 2, the smallest that kept recall@100 at
+#: 1.0 (1 gave 0.97 / 0.93). binary: no multiplier up to 16 came near 0.99 (16 gave 0.35 / 0.10): sign codes of
+#: these features do not find the top 100; 16 bounds the re-ranking cost, and the run reports the recall.
+DEFAULT_RESCORE_MULTIPLIER = {"int8": 2, "binary": 16}
+
+
+class TwoStageScores(Protocol):
+    """What the two-stage top-k needs of the scores (``trakcli.jobs.score`` implements it)."""
+
+    def approx(self, lo: int, hi: int) -> torch.Tensor:
+        """``[n_target, hi - lo]`` float32 approximate scores of train rows ``lo .. hi`` from the codes."""
+
+    def load(self, lo: int, hi: int) -> Any:
+        """The float copy of train rows ``lo .. hi`` (whatever :meth:`pairs` and :meth:`rows` take)."""
+
+    def pairs(self, block: Any, targets: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """``[p]`` float32 exact scores of target ``targets[p]`` against row ``rows[p]`` of ``block`` (int64)."""
+
+    def rows(self, block: Any, targets: torch.Tensor) -> torch.Tensor:
+        """``[len(targets), rows]`` float32 exact scores of the targets ``targets`` against the whole block."""
+
+
+@dataclass(frozen=True)
+class TwoStage:
+    """Settings of a two-stage top-k.
+
+    Attributes:
+        codes: ``int8`` or ``binary`` (the store's dtype).
+        multiplier: ``score.rescore_multiplier``: K' = multiplier · K candidates per target and side.
+        sample: ``[n_sample]`` target indices whose exact top-k is computed too (for the recall).
+    """
+
+    codes: str
+    multiplier: int
+    sample: tuple[int, ...]
+
+    @classmethod
+    def of(cls, codes: str, multiplier: int | None, recall_queries: int, n_target: int) -> "TwoStage":
+        """The settings of a run: ``multiplier`` None takes :data:`DEFAULT_RESCORE_MULTIPLIER`; ``recall_queries``
+        evenly spaced targets (all of them when there are fewer).
+
+        Raises:
+            StoreError: ``multiplier`` or ``recall_queries`` is not a positive integer.
+        """
+        multiplier = DEFAULT_RESCORE_MULTIPLIER[codes] if multiplier is None else multiplier
+        for name, value in (("score.rescore_multiplier", multiplier), ("score.recall_queries", recall_queries)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise StoreError(f"{name} must be a positive integer, got {value!r}; e.g. {name}=4")
+        n = min(recall_queries, n_target)
+        sample = tuple(int(i) for i in np.unique(np.linspace(0, n_target - 1, n).round().astype(np.int64)))
+        return cls(codes, multiplier, sample)
+
+    def settings(self) -> dict[str, Any]:
+        """What the experiment's results depend on (recorded and checked with the score settings)."""
+        return {"codes": self.codes, "rescore_multiplier": self.multiplier, "recall_queries": list(self.sample)}
 
 
 def segments(n_train: int, chunk_rows: int) -> list[tuple[int, int]]:
@@ -70,10 +158,12 @@ class TopK:
         create: this process may create arrays (rank 0).
     """
 
-    def __init__(self, store: Store, experiment: str, n_target: int, k: int, create: bool):
+    def __init__(self, store: Store, experiment: str, n_target: int, k: int, create: bool,
+                 two_stage: TwoStage | None = None):
         layout = store.layout
         self.store, self.experiment = store, experiment
         self.n_target, self.k = n_target, min(k, layout.n_train)
+        self.two_stage = two_stage
         self.segments = segments(layout.n_train, layout.chunk_rows)
         self.block = block_rows(n_target, layout.proj_dim, layout.chunk_rows)
         self.final = store.top_k(experiment, n_target, self.k, create=create, repair=create)
@@ -87,9 +177,129 @@ class TopK:
         return self.final.is_complete()
 
     def parts(self, create: bool) -> ChunkedRows:
-        """The per-segment arrays (created if absent and ``create``)."""
-        return self.store.top_k_parts(self.experiment, self.n_target, self.k, len(self.segments),
-                                      create=create, repair=create)
+        """The per-segment arrays (created if absent and ``create``).
+
+        Two-stage (step 3): ``[n_segments, n_target + n_sample, K']``: per segment the exact scores of the
+        candidates in it (NaN elsewhere), then the exact top-k of the sampled targets (padded with index -1).
+        """
+        if self.two_stage is None:
+            return self.store.top_k_parts(self.experiment, self.n_target, self.k, len(self.segments), create=create,
+                                          repair=create)
+        return self.store.top_k_parts(self.experiment, self.n_target + len(self.two_stage.sample), self.candidates,
+                                      len(self.segments), create=create, repair=create)
+
+    @property
+    def candidates(self) -> int:
+        """K': candidates per target and side of a two-stage top-k (at most n_train)."""
+        return min(self.two_stage.multiplier * self.k, self.store.layout.n_train)
+
+    def candidate_parts(self, create: bool) -> ChunkedRows:
+        """Step 1 of a two-stage top-k: per segment, its K' candidates by approximate score (created if ``create``)."""
+        return self.store.top_k_parts(self.experiment, self.n_target, self.candidates, len(self.segments),
+                                      create=create, repair=create, name="top_k_candidates")
+
+    def compute_two_stage(self, scores: TwoStageScores, parts: ChunkedRows, cands: ChunkedRows, dist: Dist,
+                          reporter: Reporter) -> int:
+        """Steps 1 to 3 (module docstring) for this rank's pending segments; returns the segments computed.
+
+        Every rank calls it (it holds a barrier between steps 1 and 2).
+        """
+        kc, n = self.candidates, len(self.segments)
+        pending = cands.pending(dist.rank, dist.world_size)
+        spans = self._spans(pending)
+        blocks = _ahead(scores.approx, [span[1:] for span in spans])  # the next block's product while this one merges
+        with reporter.task("top-k candidates", len(pending)) as task:
+            for seg, group in itertools.groupby(zip(spans, blocks), key=lambda x: x[0][0]):
+                event(f"start top-k candidates {seg}")
+                got: list[Any] = [None, None, None, None]  # top values, top rows, low values, low rows
+                for (_, b, _), block in group:
+                    got[0], got[1] = merge_top_k_filtered(got[0], got[1], block, b, kc, largest=True)
+                    got[2], got[3] = merge_top_k_filtered(got[2], got[3], block, b, kc, largest=False)
+                cands.write(seg, **_padded(*got, kc))
+                event(f"done top-k candidates {seg}")
+                task.advance()
+        dist.barrier()
+        pending_exact = parts.pending(dist.rank, dist.world_size)
+        if not pending_exact:
+            return len(pending)
+        cand = self._merged_candidates(cands)  # [n_target, K'] rows per side
+        pairs = _CandidatePairs(cand)
+        sample = torch.tensor(self.two_stage.sample, dtype=torch.int64)
+        spans = self._spans(pending_exact)
+        loaded = _ahead(scores.load, [span[1:] for span in spans])  # the next block read while this one is scored
+        with reporter.task("top-k exact re-ranking", len(pending_exact)) as task:
+            for seg, group in itertools.groupby(zip(spans, loaded), key=lambda x: x[0][0]):
+                event(f"start top-k segment {seg}")
+                exact = torch.full((2 * self.n_target * kc,), float("nan"))  # [side, target, K'] flat
+                ref: list[Any] = [None, None, None, None]  # the sampled targets' exact top-k
+                for (_, b, e), floats in group:
+                    t, r, slot = pairs.within(b, e)
+                    if len(t):  # only the (target, row) pairs that are candidates: n_target · K' dot products in all
+                        exact[slot] = scores.pairs(floats, t, r - b)
+                    block = scores.rows(floats, sample)
+                    ref[0], ref[1] = merge_top_k(ref[0], ref[1], block, b, self.k, largest=True)
+                    ref[2], ref[3] = merge_top_k(ref[2], ref[3], block, b, self.k, largest=False)
+                exact = exact.view(2, self.n_target, kc)
+                mine = {"proponents": cand[0].numpy()[None], "proponent_scores": exact[0].numpy()[None],
+                        "opponents": cand[1].numpy()[None], "opponent_scores": exact[1].numpy()[None]}
+                want = _padded(*ref, kc)
+                parts.write(seg, **{name: np.concatenate([mine[name], want[name]], axis=1) for name in mine})
+                event(f"done top-k segment {seg}")
+                task.advance()
+        return len(pending) + len(pending_exact)
+
+    def _spans(self, pending: list[int]) -> list[tuple[int, int, int]]:
+        """``(segment, lo, hi)`` of every block of the segments ``pending``, in order."""
+        return [(seg, b, min(b + self.block, self.segments[seg][1]))
+                for seg in pending for b in range(self.segments[seg][0], self.segments[seg][1], self.block)]
+
+    def _merged_candidates(self, cands: ChunkedRows) -> list[torch.Tensor]:
+        """Step 2: the K' candidates per target of all segments, ``[proponent rows, opponent rows]`` ``[n_target, K']``
+        int64 (by approximate score; equal scores by row, so every rank computes the same)."""
+        got = {name: read_checked(arr, (slice(None),), 0) for name, arr in cands.data.items()}
+        out = []
+        for side, largest in (("proponent", True), ("opponent", False)):
+            vals = np.concatenate(list(got[f"{side}_scores"]), axis=1)  # [n_target, n_segments * K']
+            idx = np.concatenate(list(got[f"{side}s"]), axis=1)
+            vals = np.where(idx >= 0, vals, -np.inf if largest else np.inf).astype(np.float32)
+            out.append(torch.from_numpy(np.ascontiguousarray(order_top_k(vals, idx, self.candidates, largest)[1])))
+        return out
+
+    def _merge_exact(self, got: dict[str, np.ndarray], rows: Any) -> dict[str, np.ndarray]:
+        """The final top-k of targets ``rows`` from step 3's parts ``got`` (``[n_segments, n, K']`` arrays)."""
+        out = {}
+        for side, largest in (("proponent", True), ("opponent", False)):
+            vals = np.fmax.reduce(got[f"{side}_scores"][:, rows], axis=0)  # each candidate is exact in one segment
+            idx = got[f"{side}s"][0, rows]
+            vals = np.where(np.isnan(vals), -np.inf if largest else np.inf, vals).astype(np.float32)
+            out[f"{side}_scores"], out[f"{side}s"] = order_top_k(vals, idx, self.k, largest)
+        return out
+
+    def recall(self, parts: ChunkedRows) -> dict[str, Any]:
+        """The recall@K of the two-stage top-k of the sampled targets against their exact top-k (from ``parts``).
+
+        Returns:
+            :meth:`TwoStage.settings` plus ``k``, ``candidates`` (K'), ``n_queries`` and ``recall``
+            ``{"proponents": r, "opponents": r}``: the mean over the sampled targets of |two-stage ∩ exact| / K
+            (Python floats).
+        """
+        n = len(self.two_stage.sample)
+        got = {name: read_checked(arr, (slice(None),), 0) for name, arr in parts.data.items()}
+        mine = self._merge_exact(got, np.asarray(self.two_stage.sample))
+        recall = {}
+        for side, largest in (("proponent", True), ("opponent", False)):
+            vals = np.concatenate(list(got[f"{side}_scores"][:, self.n_target:]), axis=1)  # [n, n_segments * K']
+            idx = np.concatenate(list(got[f"{side}s"][:, self.n_target:]), axis=1)
+            vals = np.where(idx >= 0, vals, -np.inf if largest else np.inf).astype(np.float32)
+            exact = order_top_k(vals, idx, self.k, largest)[1]
+            hits = [len(set(a.tolist()) & set(b.tolist())) / self.k for a, b in zip(mine[f"{side}s"], exact)]
+            recall[f"{side}s"] = float(np.mean(hits))
+        return {**self.two_stage.settings(), "k": self.k, "candidates": self.candidates, "n_queries": n,
+                "recall": recall}
+
+    def recorded_recall(self) -> dict[str, Any] | None:
+        """The recall recorded by a two-stage run (:meth:`recall`), or None."""
+        return self.final.attrs("proponents").get("two_stage")
 
     def compute(self, scores: BlockScores, parts: ChunkedRows, dist: Dist, reporter: Reporter) -> int:
         """Compute this rank's pending segments into ``parts``; returns how many."""
@@ -109,11 +319,19 @@ class TopK:
         return len(pending)
 
     def merge(self, parts: ChunkedRows) -> int:
-        """Merge every segment's candidates into the final arrays, chunk of targets by chunk; returns chunks."""
+        """Merge every segment's candidates into the final arrays, chunk of targets by chunk; returns chunks.
+
+        Two-stage: the recall (:meth:`recall`) is recorded first, so a merged top-k always has it.
+        """
         pending = self.final.pending()
+        if self.two_stage is not None and pending:
+            self.final.set_attrs("proponents", two_stage=self.recall(parts))
         for c in pending:
             lo, hi = self.final.rows(c)
             got = {name: read_checked(arr, (slice(None), slice(lo, hi)), 0) for name, arr in parts.data.items()}
+            if self.two_stage is not None:
+                self.final.write(c, **self._merge_exact(got, slice(None)))
+                continue
             out = {}
             for side, largest in (("proponent", True), ("opponent", False)):
                 vals = np.concatenate(list(got[f"{side}_scores"]), axis=1)  # [rows, n_segments * k]
@@ -126,11 +344,114 @@ class TopK:
 
     def drop_parts(self) -> None:
         self.store.drop(f"scores/{self.experiment}/top_k_parts")
+        if self.two_stage is not None:
+            self.store.drop(f"scores/{self.experiment}/top_k_candidates")
 
     def read(self, lo: int = 0, hi: int | None = None) -> dict[str, np.ndarray]:
         """Targets ``[lo, hi)`` of the merged arrays (:data:`~trakcli.store.store.TOP_K_ARRAYS`), checked."""
         hi = self.n_target if hi is None else hi
         return {name: self.final.read(name, lo, hi) for name in TOP_K_ARRAYS}
+
+
+def _ahead(fn: Callable[[int, int], Any], spans: list[tuple[int, int]]) -> Iterator[Any]:
+    """``fn(lo, hi)`` of each span in order, the next one computed by a background thread while the caller uses
+    this one (reading and decompressing a block, or its product, overlap the caller's work on the previous block:
+    at most two blocks in memory)."""
+    with ThreadPoolExecutor(1) as pool:
+        nxt = pool.submit(fn, *spans[0]) if spans else None
+        for i in range(len(spans)):
+            cur = nxt.result()
+            nxt = pool.submit(fn, *spans[i + 1]) if i + 1 < len(spans) else None
+            yield cur
+
+
+class _CandidatePairs:
+    """The ``(target, row)`` pairs of the merged candidates of both sides, sorted by row once, so that each block
+    of the re-ranking pass takes its pairs as one slice (:meth:`within`).
+
+    Args:
+        cand: ``[proponent rows, opponent rows]``, each ``[n_target, K']`` int64.
+    """
+
+    def __init__(self, cand: list[torch.Tensor]):
+        rows = torch.cat([c.reshape(-1) for c in cand])  # flat position: side · n_target · K' + target · K' + slot
+        self.rows, order = torch.sort(rows, stable=True)
+        self.slot = order
+        self.target = (order % cand[0].numel()) // cand[0].shape[1]
+
+    def within(self, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(targets, rows, flat positions)`` of the pairs whose row lies in ``lo .. hi``."""
+        a, b = (int(i) for i in torch.searchsorted(self.rows, torch.tensor([lo, hi])))
+        return self.target[a:b], self.rows[a:b], self.slot[a:b]
+
+
+#: Columns of a block whose best score is compared first by :func:`_beyond`.
+FILTER_GROUP = 64
+
+
+def _beyond(block: torch.Tensor, thr: torch.Tensor, largest: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(targets, columns)`` of the scores of ``block`` beyond ``thr`` per target (above, or below when not
+    ``largest``), by target then column.
+
+    The best score of each run of :data:`FILTER_GROUP` columns is compared first (one reduction over the block),
+    then the columns of the runs that pass: little more than one read of the block when few pass.
+    """
+    n, c = block.shape
+    if c % FILTER_GROUP:
+        return (block > thr[:, None] if largest else block < thr[:, None]).nonzero(as_tuple=True)
+    runs = block.view(n, c // FILTER_GROUP, FILTER_GROUP)
+    best = runs.amax(2) if largest else runs.amin(2)
+    rt, rg = (best > thr[:, None] if largest else best < thr[:, None]).nonzero(as_tuple=True)
+    vals = runs[rt, rg]  # [passing runs, FILTER_GROUP]
+    pi, pj = (vals > thr[rt, None] if largest else vals < thr[rt, None]).nonzero(as_tuple=True)
+    return rt[pi], rg[pi] * FILTER_GROUP + pj
+
+
+def merge_top_k_filtered(
+    values: torch.Tensor | None, indices: torch.Tensor | None, block: torch.Tensor, offset: int, k: int,
+    largest: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`~trakcli.scoring.merge_top_k` that looks only at the block's scores beyond the kept k-th best.
+
+    Once ``k`` finite values are kept, a score of the block can only enter the top-k if it beats the
+    target's current k-th best (strictly: a tie with it keeps the kept row); those are found by one comparison
+    over the block, and only they (few after the first blocks) are merged by ``topk``. For the first block
+    the threshold is the (2k / :data:`SEED_STRIDE`)-th best of every :data:`SEED_STRIDE`-th column, kept only
+    when at least k scores of every target beat it (then the top-k of the block is among them). Otherwise,
+    and when many pass, the block goes to :func:`~trakcli.scoring.merge_top_k`.
+    """
+    if values is None:  # a threshold from every SEED_STRIDE-th column, that about 2k of the block's scores pass
+        if block.shape[1] < 4 * SEED_STRIDE * k:
+            return merge_top_k(values, indices, block, offset, k, largest)
+        sub = block[:, ::SEED_STRIDE].contiguous()
+        thr = torch.topk(sub, max(1, 2 * k // SEED_STRIDE), dim=1, largest=largest, sorted=False).values
+        thr = thr.amin(1) if largest else thr.amax(1)
+    elif values.shape[1] < k:
+        return merge_top_k(values, indices, block, offset, k, largest)
+    else:
+        thr = values.amin(1) if largest else values.amax(1)
+    if not torch.isfinite(thr).all():
+        return merge_top_k(values, indices, block, offset, k, largest)
+    t, j = _beyond(block, thr, largest)
+    if len(t) == 0 and values is not None:
+        return values, indices
+    if 4 * len(t) > block.numel():
+        return merge_top_k(values, indices, block, offset, k, largest)
+    count = torch.bincount(t, minlength=block.shape[0])
+    if values is None:  # the seeded threshold must leave k per target
+        if int(count.min()) < k:
+            return merge_top_k(values, indices, block, offset, k, largest)
+        values = torch.empty(block.shape[0], 0)
+        indices = torch.empty(block.shape[0], 0, dtype=torch.int64)
+    pos = torch.arange(len(t)) - (torch.cumsum(count, 0) - count)[t]  # rank of each passing score in its target
+    width = int(count.max())
+    got = torch.full((block.shape[0], width), float("-inf") if largest else float("inf"))
+    got[t, pos] = block[t, j]
+    rows = torch.zeros((block.shape[0], width), dtype=torch.int64)  # a filler (±inf) never beats a kept value
+    rows[t, pos] = j + offset
+    both, both_idx = torch.cat([values, got], dim=1), torch.cat([indices, rows], dim=1)
+    kept, sel = torch.topk(both, k, dim=1, largest=largest, sorted=False)
+    return kept, torch.gather(both_idx, 1, sel)
 
 
 def _padded(top_v, top_i, low_v, low_i, k: int) -> dict[str, np.ndarray]:

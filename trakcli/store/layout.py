@@ -17,7 +17,7 @@ from typing import Any
 
 from trakcli.errors import StoreError
 
-STORAGE_DTYPES = ("float32", "float16", "bfloat16")
+STORAGE_DTYPES = ("float32", "float16", "bfloat16", "int8", "binary")
 COMPRESSORS = ("zstd", "blosc", "none")
 
 LAYOUT_ATTR = "layout"
@@ -35,7 +35,8 @@ class StoreLayout:
         chunk_rows: rows per chunk of the features (and train columns per chunk of the scores).
         dtype: storage dtype of the train and target features, one of :data:`STORAGE_DTYPES`
             (``bfloat16`` is stored as ``uint16`` bits and read back as float32:
-            :mod:`trakcli.store.bfloat16`).
+            :mod:`trakcli.store.bfloat16`; ``int8`` and ``binary`` keep a bfloat16 copy
+            and codes beside it: :mod:`trakcli.store.quantize`).
         compressor: codec of the feature and score chunks, one of :data:`COMPRESSORS`
             (each chunk also carries a CRC32C checksum).
 

@@ -19,6 +19,7 @@ import numpy as np
 from trakcli.errors import StoreError
 from trakcli.store.bfloat16 import from_bits, is_bfloat16, round_to_bfloat16, to_bits
 from trakcli.store.integrity import StoreCorruptError, chunk_coords, missing_chunks, repair_command, settle
+from trakcli.store.quantize import BINARY, INT8, encode
 
 __all__ = ["ChunkedRows", "EvalRows", "StoreCorruptError", "codecs", "read_checked"]
 
@@ -89,13 +90,18 @@ class ChunkedRows:
             chunk: the chunk index.
             **arrays: per array name, the chunk's entries (numpy, any real dtype): cast to
                 the array's dtype, or for a bfloat16 array rounded to bfloat16 bits
-                (:func:`trakcli.store.bfloat16.to_bits`).
+                (:func:`trakcli.store.bfloat16.to_bits`). When the rows have ``codes``
+                (``store.dtype`` int8 or binary) and only ``features`` are given, the codes
+                and scales are derived from them (:func:`trakcli.store.quantize.encode`)
+                and written in the same chunk, before the one done flag.
 
         Raises:
             StoreError: the write failed (disk full, permissions); chunks
                 already done stay done and the run can be resumed.
         """
         lo, hi = self.rows(chunk)
+        if "codes" in self.data and "features" in arrays and "codes" not in arrays:  # int8 / binary store
+            arrays = {**arrays, **encode(self.code_dtype, arrays["features"])}
         encoded = {name: _encode(self.data[name], arr) for name, arr in arrays.items()}  # before any write
         try:
             for name, arr in encoded.items():
@@ -110,6 +116,21 @@ class ChunkedRows:
                 "command to resume"
             ) from None
 
+    @property
+    def code_dtype(self) -> str | None:
+        """``int8`` or ``binary`` when the rows carry codes (:mod:`trakcli.store.quantize`), else None."""
+        if "codes" not in self.data:
+            return None
+        return INT8 if np.dtype(self.data["codes"].dtype) == np.int8 else BINARY
+
+    def set_attrs(self, name: str, **attrs: Any) -> None:
+        """Record JSON-able ``attrs`` on array ``name`` (e.g. the recall of a two-stage top-k)."""
+        self.data[name].attrs.update(attrs)
+
+    def attrs(self, name: str) -> dict[str, Any]:
+        """The attributes of array ``name``."""
+        return dict(self.data[name].attrs)
+
     def as_stored(self, name: str, arr: np.ndarray) -> np.ndarray:
         """``arr`` as :meth:`read` returns it once :meth:`write` has stored it in array ``name``.
 
@@ -121,19 +142,22 @@ class ChunkedRows:
             return round_to_bfloat16(arr)
         return np.asarray(arr).astype(target.dtype, copy=False)
 
-    def read(self, name: str, lo: int, hi: int) -> np.ndarray:
+    def read(self, name: str, lo: int, hi: int, decode: bool = True) -> np.ndarray:
         """Entries ``[lo, hi)`` along the chunk axis of array ``name`` (chunk files present, checksums verified).
+
+        Args:
+            decode: decode bfloat16 bits to float32 (False: the ``uint16`` bits as stored).
 
         Returns:
             The entries in the array's dtype; float32 for a bfloat16 array
-            (:mod:`trakcli.store.bfloat16`).
+            (:mod:`trakcli.store.bfloat16`) unless ``decode`` is False.
 
         Raises:
             StoreCorruptError: a chunk is missing, fails its
                 checksum or cannot be decoded; names the chunk and the command that repairs it.
         """
         sel = (slice(None),) * self.axis + (slice(lo, hi),)
-        return read_checked(self.data[name], sel, self.axis)
+        return read_checked(self.data[name], sel, self.axis, decode=decode)
 
     def take(self, name: str, indices: Sequence[int]) -> np.ndarray:
         """Entries ``indices`` (any order, repeats allowed) along the chunk axis of array ``name``, each chunk
@@ -227,7 +251,7 @@ def _flags(done: Any, bad: set[int]) -> np.ndarray:
         return out
 
 
-def read_checked(arr: Any, sel: Any, axis: int = 0, *, stored: bool = True) -> np.ndarray:
+def read_checked(arr: Any, sel: Any, axis: int = 0, *, stored: bool = True, decode: bool = True) -> np.ndarray:
     """``arr[sel]`` as numpy, every chunk's checksum verified (and, if ``stored``, its file present).
 
     A bfloat16 array (:mod:`trakcli.store.bfloat16`) is decoded: the result is float32.
@@ -279,7 +303,7 @@ def read_checked(arr: Any, sel: Any, axis: int = 0, *, stored: bool = True) -> n
             f"({e}); {repair_command(arr.path)}",
             arr.path, [] if first is None else [int(first[axis])],
         ) from None
-    return from_bits(out) if is_bfloat16(arr) else out
+    return from_bits(out) if decode and is_bfloat16(arr) else out
 
 
 @dataclass

@@ -28,6 +28,7 @@ from trakcli.errors import StoreError, StoreMismatchError
 from trakcli.files import atomic_open
 from trakcli.store.append import StoreStaleError, grow_if_appended, stale_message
 from trakcli.store.bfloat16 import array_attrs, is_bfloat16, logical_dtype, storage_dtype
+from trakcli.store.quantize import code_arrays, feature_dtype
 from trakcli.store.evalgroup import delete_keeping_eval, headless_store, remove_leftovers, restore_eval
 from trakcli.store.identity import check_same, jsonable
 from trakcli.store.integrity import (
@@ -499,18 +500,22 @@ class Store:
                     f"{group.attrs.get('optimizer_state')} (sha256 {str(was)[:12]}), this run's "
                     f"{optimizer_state[0]} has sha256 {optimizer_state[1][:12]}; {fix}"
                 )
+        codes = code_arrays(layout.dtype, n_train, proj_dim)
         data, done = self._arrays(
             group,
             {
-                "features": ((n_train, proj_dim), layout.dtype),
+                "features": ((n_train, proj_dim), feature_dtype(layout.dtype)),
                 "out_to_loss": ((n_train,), "float32"),
                 "nonfinite": ((n_train,), "uint8"),
+                **codes,  # int8 / binary stores: codes and scales, same chunks and done flag (trakcli.store.quantize)
             },
-            {"features": (rows, proj_dim), "out_to_loss": (rows,), "nonfinite": (rows,)},
+            {"features": (rows, proj_dim), "out_to_loss": (rows,), "nonfinite": (rows,),
+             **{name: (rows, *shape[1:]) for name, (shape, _) in codes.items()}},
             -(-n_train // rows),
             create,
             repair,
-            {"features": ("train", "proj"), "out_to_loss": ("train",), "nonfinite": ("train",)},
+            {"features": ("train", "proj"), "out_to_loss": ("train",), "nonfinite": ("train",),
+             "codes": ("train", "code"), "scale": ("train",)},
         )
         return ChunkedRows(data, done, rows, n_train)
 
@@ -545,7 +550,7 @@ class Store:
         self._experiment_group("targets", experiment, attrs, create, repair)
         group = self._group(f"targets/{experiment}/{model_id}", create, repair)
         data, done = self._arrays(
-            group, {"features": ((n_target, proj_dim), layout.dtype)},
+            group, {"features": ((n_target, proj_dim), feature_dtype(layout.dtype))},
             {"features": (min(rows, n_target), proj_dim)},  # fewer targets than a chunk: no padded partial chunk
             -(-n_target // rows), create, repair, {"features": ("target", "proj")},
         )
@@ -599,7 +604,8 @@ class Store:
         return ChunkedRows(data, done, t_rows, n_target)
 
     def top_k_parts(
-        self, experiment: str, n_target: int, k: int, n_segments: int, create: bool = True, repair: bool = False
+        self, experiment: str, n_target: int, k: int, n_segments: int, create: bool = True, repair: bool = False,
+        name: str = "top_k_parts",
     ) -> ChunkedRows:
         """Per segment of train rows, its own top-k (``scores/<experiment>/top_k_parts``), chunked by segment.
 
@@ -607,10 +613,12 @@ class Store:
         and a done flag per segment: the resumable state of a streamed top-k pass, merged
         into :meth:`top_k` when every segment is done, then dropped.
 
+        ``name``: the group (``top_k_candidates`` holds the first stage of a two-stage top-k).
+
         Raises:
             StoreMismatchError: the parts were made with another ``k`` or segmentation.
         """
-        group = self._top_k_group(f"scores/{experiment}/top_k_parts", {"k": k}, create, repair)
+        group = self._top_k_group(f"scores/{experiment}/{name}", {"k": k}, create, repair)
         t_rows = min(n_target, max(1, (4 << 20) // (12 * k)))
         shape_of = {name: ((n_segments, n_target, k), dtype) for name, dtype in TOP_K_ARRAYS.items()}
         data, done = self._arrays(

@@ -1,0 +1,222 @@
+"""Two-stage top-k over int8 / binary codes (trakcli.jobs.topk): the store's layout, exactness when the
+candidates cover every row, the recall each run measures and records, kill and resume, torchrun, bad config;
+the filtered running top-k and the candidate pairs of the re-ranking against their plain equivalents."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import zarr
+
+from projects import N_TRAIN, assert_same_store, free_port, kill_at, make_project, run
+from trakcli.store.quantize import decode
+
+K = 7
+
+
+def _dtype(dtype):
+    return [f"store.dtype={dtype}", f"store.path=out/{dtype}.zarr"]
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    root = make_project(tmp_path_factory.mktemp("two_stage") / "p")
+    for dtype in ("int8", "binary"):
+        res = run(root, "featurize", "run.yaml", "-q", *_dtype(dtype))
+        assert res.returncode == 0, res.stderr
+        # the full matrix of the same store (from its bfloat16 copy): the exact scores the top-k is checked against
+        res = run(root, "score", "run.yaml", "-q", *_dtype(dtype), "score.experiment=full")
+        assert res.returncode == 0, res.stderr
+    return root
+
+
+def _top(root, dtype, exp):
+    g = zarr.open_group(str(root / "out" / f"{dtype}.zarr"), mode="r")[f"scores/{exp}"]
+    names = ("proponents", "proponent_scores", "opponents", "opponent_scores")
+    top = {n: np.asarray(g[f"top_k/{n}"][:]) for n in names}
+    return top, dict(g["top_k/proponents"].attrs).get("two_stage")
+
+
+def _full(root, dtype):
+    return np.asarray(zarr.open_group(str(root / "out" / f"{dtype}.zarr"), mode="r")["scores/full/scores"][:])
+
+
+@pytest.mark.parametrize("dtype", ["int8", "binary"])
+def test_store_keeps_codes_beside_a_bfloat16_copy_in_the_same_chunks(project, dtype):
+    g = zarr.open_group(str(project / "out" / f"{dtype}.zarr"), mode="r")
+    feats = g["train/0/features"]
+    assert feats.dtype == np.uint16 and feats.attrs["logical_dtype"] == "bfloat16"
+    codes, scale = np.asarray(g["train/0/codes"][:]), np.asarray(g["train/0/scale"][:])
+    assert codes.shape[0] == scale.shape[0] == N_TRAIN and g["train/0/codes"].chunks[0] == feats.chunks[0]
+    assert g["targets/full/0/features"].dtype == np.uint16  # the targets: bfloat16, no codes
+    phi = (np.asarray(feats[:]).astype(np.uint32) << 16).view(np.float32)
+    back = decode(dtype, codes, scale, phi.shape[1])
+    if dtype == "int8":  # codes of the float32 features, within half a step (+ the bfloat16 rounding of the copy)
+        assert (np.abs(back - phi).max(1) <= np.abs(phi).max(1) * (1 / 254 + 2**-8)).all()
+    else:
+        assert (np.sign(back) == np.where(phi > 0, 1, -1)).all()
+
+
+@pytest.mark.parametrize("dtype", ["int8", "binary"])
+def test_candidates_covering_every_row_give_the_exact_top_k(project, dtype):
+    m = -(-N_TRAIN // K)  # K' = m · K >= n_train: every row is a candidate
+    res = run(project, "score", "run.yaml", *_dtype(dtype), f"score.top_k={K}", f"score.rescore_multiplier={m}",
+              "score.experiment=cover", "score.show_targets=0")
+    assert res.returncode == 0, res.stderr
+    top, rec = _top(project, dtype, "cover")
+    full = _full(project, dtype)
+    for side, sign in (("proponent", -1), ("opponent", 1)):
+        order = np.argsort(sign * full, axis=1, kind="stable")[:, :K]
+        np.testing.assert_array_equal(top[f"{side}s"], order)
+        np.testing.assert_allclose(top[f"{side}_scores"], np.take_along_axis(full, order, 1), rtol=1e-5, atol=1e-7)
+    assert rec["recall"] == {"proponents": 1.0, "opponents": 1.0} and rec["rescore_multiplier"] == m
+    assert f"recall@{K} against the exact top-{K} of 16 targets: proponents 1.0000, opponents 1.0000" in res.stderr
+
+
+def test_recall_is_measured_on_the_sampled_targets_recorded_and_reported(project):
+    # binary codes with K' = K: some true top-k rows are missed
+    res = run(project, "score", "run.yaml", *_dtype("binary"), f"score.top_k={K}", "score.rescore_multiplier=1",
+              "score.recall_queries=30", "score.experiment=tight", "score.show_targets=0", "--json")
+    assert res.returncode == 0, res.stderr
+    top, rec = _top(project, "binary", "tight")
+    full = _full(project, "binary")
+    sample = np.array(rec["recall_queries"])
+    assert len(sample) == rec["n_queries"] == 30 and sample[0] == 0 and sample[-1] == full.shape[0] - 1
+    want = {}
+    for side, sign in (("proponent", -1), ("opponent", 1)):
+        exact = np.argsort(sign * full[sample], axis=1, kind="stable")[:, :K]
+        want[f"{side}s"] = float(np.mean([len(set(a) & set(b)) / K for a, b in zip(top[f"{side}s"][sample], exact)]))
+        # every kept score is the exact score of its row (re-ranked from the float copy)
+        np.testing.assert_allclose(top[f"{side}_scores"], np.take_along_axis(full, top[f"{side}s"], 1),
+                                   rtol=1e-5, atol=1e-7)
+    assert rec["recall"] == pytest.approx(want, abs=1e-12)
+    assert min(want.values()) < 1  # the test can see a miss
+    r = rec["recall"]
+    assert f"proponents {r['proponents']:.4f}, opponents {r['opponents']:.4f}" in res.stderr
+    assert "below 0.99: raise score.rescore_multiplier" in res.stderr
+    import json
+
+    assert json.loads(res.stdout)["two_stage"]["recall"] == r
+
+
+def test_kill_during_two_stage_then_rerun_gives_identical_arrays(tmp_path):
+    one = make_project(tmp_path / "one")
+    args = ["run.yaml", "-q", *_dtype("int8")]
+    assert run(one, "featurize", *args).returncode == 0
+    shutil.copytree(one, tmp_path / "two")
+    assert run(one, "score", *args, f"score.top_k={K}").returncode == 0
+    two, log = tmp_path / "two", tmp_path / "events.log"
+    # 9 target chunks, 8 candidate segments, 8 re-ranked segments: killed in the candidates, then in the re-ranking
+    for n in (13, 20):
+        assert kill_at(two, ["score", *args, f"score.top_k={K}"], log, n)
+    text = log.read_text()
+    assert "done top-k candidates 3" in text and "start top-k segment 1" in text and "done top-k segment 7" not in text
+    res = run(two, "score", *args, f"score.top_k={K}")
+    assert res.returncode == 0, res.stderr
+    assert_same_store(one / "out" / "int8.zarr", two / "out" / "int8.zarr")
+    _, rec = _top(two, "int8", "default")
+    assert set(rec["recall"]) == {"proponents", "opponents"}
+
+
+def test_torchrun_two_ranks_write_the_two_stage_top_k_of_one_process(tmp_path):
+    one = make_project(tmp_path / "one")
+    args = ["run.yaml", "-q", *_dtype("binary"), f"score.top_k={K}"]
+    assert run(one, "featurize", *args).returncode == 0
+    shutil.copytree(one, tmp_path / "two")
+    assert run(one, "score", *args).returncode == 0
+    res = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+         "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m", "trakcli.cli.main", "score", *args],
+        cwd=tmp_path / "two", capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert_same_store(one / "out" / "binary.zarr", tmp_path / "two" / "out" / "binary.zarr")
+
+
+def test_bad_two_stage_settings_are_refused(project):
+    cases = [
+        (["score.top_k=5", "score.rescore_multiplier=4"],
+         "score.rescore_multiplier (4) sets the candidates of the two-stage top-k, which finds them from int8 or "
+         "binary codes, but store.dtype is float32; set store.dtype: int8"),
+        ([*_dtype("int8"), "score.rescore_multiplier=4"], "but score.top_k is unset; set score.top_k"),
+        ([*_dtype("int8"), "score.top_k=5", "score.rescore_multiplier=0"], "score.rescore_multiplier"),
+        ([*_dtype("int8"), "score.top_k=5", "score.recall_queries=0"], "score.recall_queries"),
+        (["store.dtype=int4"], "store.dtype"),
+    ]
+    for args, message in cases:
+        res = run(project, "score", "run.yaml", "-q", *args)
+        assert res.returncode != 0 and message in res.stderr, (args, res.stderr)
+    # another multiplier on a finished experiment: refused with the difference, not silently mixed
+    res = run(project, "score", "run.yaml", "-q", *_dtype("int8"), f"score.top_k={K}", "score.experiment=again")
+    assert res.returncode == 0, res.stderr
+    res = run(project, "score", "run.yaml", "-q", *_dtype("int8"), f"score.top_k={K}", "score.experiment=again",
+              "score.rescore_multiplier=3")
+    assert res.returncode == 1 and "rescore_multiplier" in res.stderr and "--overwrite" in res.stderr, res.stderr
+
+
+def test_a_top_k_the_codes_cannot_approximate_is_exact_and_says_so(project):
+    # cosines (score.normalize unit): the exact streamed pass over the bfloat16 copy, one line saying why
+    res = run(project, "score", "run.yaml", *_dtype("int8"), f"score.top_k={K}", "score.normalize=unit",
+              "score.experiment=unit", "score.show_targets=0")
+    assert res.returncode == 0, res.stderr
+    assert "two-stage top-k not used (score.normalize unit ranks by cosines" in res.stderr
+    assert "recall@" not in res.stderr
+    top, rec = _top(project, "int8", "unit")
+    assert rec is None and top["proponents"].shape == (90, K)
+
+
+def _as_sets(values, indices):
+    return [dict(zip(i.tolist(), v.tolist())) for v, i in zip(values, indices)]
+
+
+@pytest.mark.parametrize("largest", [True, False])
+def test_filtered_running_top_k_keeps_what_a_topk_of_every_column_keeps(largest):
+    import torch
+
+    from trakcli.jobs.topk import FILTER_GROUP, SEED_STRIDE, merge_top_k_filtered
+    from trakcli.scoring import merge_top_k
+
+    k = 20
+    g = torch.Generator().manual_seed(0)
+    wide = 4 * SEED_STRIDE * k  # a first block this wide takes the seeded threshold
+    assert wide % FILTER_GROUP == 0
+    # runs of FILTER_GROUP columns compared first (widths divisible by it), or every column (50)
+    blocks = [torch.randn(6, wide, generator=g), torch.randn(6, 50, generator=g) * 3,
+              torch.randn(6, 5 * FILTER_GROUP, generator=g), torch.full((6, FILTER_GROUP), 0.0),
+              torch.randn(6, 2 * FILTER_GROUP, generator=g) * 4]
+    # target 0: its best scores sit on every SEED_STRIDE-th column of the first block, so that the seeded threshold
+    # leaves fewer than k of them: the block must be merged whole
+    first = blocks[0]
+    first[0, ::SEED_STRIDE] += 100.0 if largest else -100.0
+    want = got = (None, None)
+    offset = 0
+    for block in blocks:
+        want = merge_top_k(*want, block, offset, k, largest)
+        got = merge_top_k_filtered(*got, block, offset, k, largest)
+        assert got[0].shape == (6, k)
+        assert _as_sets(*got) == _as_sets(*want)
+        offset += block.shape[1]
+
+
+def test_candidate_pairs_of_a_block_are_its_rows_and_nothing_else():
+    import torch
+
+    from trakcli.jobs.topk import _CandidatePairs
+
+    g = torch.Generator().manual_seed(1)
+    cand = [torch.randint(0, 1000, (5, 9), generator=g), torch.randint(0, 1000, (5, 9), generator=g)]
+    pairs = _CandidatePairs(cand)
+    flat = torch.cat([c.reshape(-1) for c in cand])
+    seen = torch.zeros(len(flat), dtype=torch.int64)
+    for lo in range(0, 1000, 128):
+        t, r, slot = pairs.within(lo, lo + 128)
+        assert ((r >= lo) & (r < lo + 128)).all()
+        assert torch.equal(flat[slot], r)  # each pair's flat position holds its row
+        assert torch.equal(t, (slot % cand[0].numel()) // cand[0].shape[1])
+        seen[slot] += 1
+    assert (seen == 1).all()  # every candidate of both sides in exactly one block

@@ -1,0 +1,137 @@
+"""Compressed train features: int8 codes with a per-row scale, and 1-bit (sign) codes, beside a bfloat16 copy.
+
+A store whose ``store.dtype`` is ``int8`` or ``binary`` keeps three arrays per
+checkpoint under ``train/<model_id>/``, written in the same chunk and marked by
+the same ``done`` flag (:meth:`trakcli.store.rows.ChunkedRows.write` derives the
+codes from the features it is given):
+
+* ``features`` ``[n_train, proj_dim]``: the float copy, stored as bfloat16
+  (:mod:`trakcli.store.bfloat16`) and read back as float32. Everything that
+  needs float features (the kernel, the full score matrix, the exact re-ranking
+  of the two-stage top-k, ``trak export``) reads this copy, so those results are
+  the ones of a ``bfloat16`` store.
+* ``codes``: ``int8`` ``[n_train, proj_dim]`` (``int8``) or ``uint8``
+  ``[n_train, ceil(proj_dim / 8)]`` sign bits packed big-endian along the row
+  (``binary``, numpy's :func:`numpy.packbits`: bit 1 where the feature is > 0).
+* ``scale`` ``[n_train]`` float32: per row, ``max|φ| / 127`` (int8; the decoded
+  row is ``codes · scale``) or ``mean|φ|`` (binary; the decoded row is
+  ``(2·bits − 1) · scale``, the scale that minimizes the squared error of a
+  sign code, Rastegari et al. 2016, "XNOR-Net", Eq. 4).
+
+The codes feed the candidate stage of the two-stage top-k
+(:mod:`trakcli.jobs.topk`). Target features of such a store are kept as
+bfloat16 (no codes: the targets are the queries).
+
+Error bounds (tested): an int8 row decodes within ``scale / 2 = max|φ| / 254`` of
+each entry (round to nearest); a binary row keeps every entry's sign (0 decodes
+as ``−scale``).
+
+Imports neither zarr nor torch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from trakcli.errors import StoreError
+
+INT8 = "int8"
+BINARY = "binary"
+QUANTIZED = (INT8, BINARY)
+"""``store.dtype`` values that keep codes beside a bfloat16 copy."""
+
+FLOAT_COPY = "bfloat16"
+"""The dtype of the float copy kept beside the codes."""
+
+INT8_MAX = 127
+
+
+def is_quantized(dtype: str) -> bool:
+    """Whether ``store.dtype`` ``dtype`` keeps codes (``int8``, ``binary``)."""
+    return dtype in QUANTIZED
+
+
+def feature_dtype(dtype: str) -> str:
+    """The dtype of the ``features`` arrays of a store of ``store.dtype`` ``dtype`` (the float copy: bfloat16)."""
+    return FLOAT_COPY if is_quantized(dtype) else dtype
+
+
+def code_width(dtype: str, proj_dim: int) -> int:
+    """Columns of the ``codes`` array: ``proj_dim`` (int8) or ``ceil(proj_dim / 8)`` bytes of bits (binary)."""
+    return proj_dim if dtype == INT8 else -(-proj_dim // 8)
+
+
+def code_arrays(dtype: str, n_rows: int, proj_dim: int) -> dict[str, tuple[tuple[int, ...], str]]:
+    """The extra arrays ``{name: (shape, zarr dtype)}`` of a store of ``store.dtype`` ``dtype`` ({} if none)."""
+    if not is_quantized(dtype):
+        return {}
+    return {"codes": ((n_rows, code_width(dtype, proj_dim)), "int8" if dtype == INT8 else "uint8"),
+            "scale": ((n_rows,), "float32")}
+
+
+def _float_rows(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x)
+    if x.ndim != 2 or x.dtype.kind != "f":
+        raise StoreError(f"features to compress must be a 2-D floating-point array [rows, proj_dim], got shape "
+                         f"{list(x.shape)} and dtype {x.dtype}")
+    return np.ascontiguousarray(x, dtype=np.float32)
+
+
+def encode(dtype: str, x: np.ndarray) -> dict[str, np.ndarray]:
+    """The codes and per-row scales of the features ``x``.
+
+    Args:
+        dtype: ``int8`` or ``binary``.
+        x: ``[rows, proj_dim]`` float features (float16/float64 are cast to float32).
+            Non-finite entries are coded as 0 (int8) or as their sign (binary) with a
+            scale taken over the finite entries.
+
+    Returns:
+        ``{"codes": [rows, proj_dim] int8 | [rows, ceil(proj_dim/8)] uint8, "scale": [rows] float32}``.
+
+    Raises:
+        StoreError: ``dtype`` is not one of :data:`QUANTIZED`, or ``x`` is not a 2-D float array.
+    """
+    x = _float_rows(x)
+    finite = np.where(np.isfinite(x), x, np.float32(0))
+    if dtype == INT8:
+        scale = (np.abs(finite).max(axis=1) / INT8_MAX).astype(np.float32)  # [rows]
+        safe = np.where(scale > 0, scale, np.float32(1))
+        codes = np.clip(np.rint(finite / safe[:, None]), -INT8_MAX, INT8_MAX).astype(np.int8)
+        return {"codes": codes, "scale": scale}
+    if dtype == BINARY:
+        scale = np.abs(finite).mean(axis=1, dtype=np.float64).astype(np.float32)
+        return {"codes": np.packbits(x > 0, axis=1), "scale": scale}
+    raise StoreError(f"no codes for store.dtype {dtype!r}; choose one of {', '.join(QUANTIZED)}")
+
+
+def decode(dtype: str, codes: np.ndarray, scale: np.ndarray, proj_dim: int) -> np.ndarray:
+    """The float32 features the codes stand for: ``codes · scale`` (int8) or ``(2·bit − 1) · scale`` (binary).
+
+    Args:
+        dtype: ``int8`` or ``binary``.
+        codes: ``[rows, proj_dim]`` int8 or ``[rows, ceil(proj_dim/8)]`` uint8.
+        scale: ``[rows]`` float32.
+        proj_dim: columns of the decoded features.
+
+    Returns:
+        ``[rows, proj_dim]`` float32.
+
+    Raises:
+        StoreError: ``dtype`` is not one of :data:`QUANTIZED`.
+    """
+    return signs(dtype, codes, proj_dim).astype(np.float32) * np.asarray(scale, np.float32)[:, None]
+
+
+def signs(dtype: str, codes: np.ndarray, proj_dim: int) -> np.ndarray:
+    """The integer part of the codes as ``[rows, proj_dim]`` int8: the codes themselves (int8) or ±1 (binary).
+
+    Raises:
+        StoreError: ``dtype`` is not one of :data:`QUANTIZED`.
+    """
+    if dtype == INT8:
+        return np.asarray(codes, np.int8)
+    if dtype == BINARY:
+        bits = np.unpackbits(np.asarray(codes, np.uint8), axis=1, count=proj_dim).view(np.int8)
+        return bits * np.int8(2) - np.int8(1)
+    raise StoreError(f"no codes for store.dtype {dtype!r}; choose one of {', '.join(QUANTIZED)}")
