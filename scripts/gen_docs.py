@@ -602,6 +602,21 @@ def _object_store(data: dict[str, Any]) -> tuple[str, str, str]:
             table(["store", "featurize s", "trak score top-k s", "peak GiB"], rows, ["l", "r", "r", "r"]))
 
 
+def _sketch_probe(data: dict[str, Any]) -> tuple[str, str, str]:
+    res = data["result"]
+    rows = [[r["sketch"], str(r["r"]), f"{r['k_prime']:,}", f"{r['recall'][0]:.3f} / {r['recall'][1]:.3f}"]
+            for r in res["rows"]]
+    energy = ", ".join(f"r = {k}: {v:.0%}" for k, v in res["pca_energy"].items())
+    note = (f"Recall@{res['k']} (proponents / opponents) of the exact TRAK top-{res['k']} among the top K' of "
+            f"int8 codes of r-dimensional sketches of the train features ({res['n_train']:,} rows, "
+            f"{res['n_target']:,} targets, proj_dim {res['proj_dim']}): a fixed random rotation, or the top "
+            f"eigenvectors of the train features (share of their energy: {energy}). A low-dimensional sketch does "
+            f"not find the candidates, which is why the two-stage top-k takes its candidates from full-width codes. "
+            f"{data['date']}, commit {data['commit'][:8]}, trakcli {data['version']}.")
+    return ("Low-dimensional sketches as top-k candidates (a negative result)", note,
+            table(["sketch", "r", "K'", "recall@100"], rows, ["l", "r", "r", "r"]))
+
+
 #: scripts/bench_recall.py's setups: (the title's subject, the model and how it was trained).
 _RECALL_SETUPS = {
     "smollm2": ("a finetuned pretrained LM", "SmolLM2-135M-Instruct finetuned"),
@@ -628,6 +643,7 @@ RENDERERS: list[tuple[Any, str, Any]] = [
     (lambda d: d.get("benchmark") == "select", "bench_select.py", _select),
     (lambda d: d.get("benchmark") == "append", "bench_append.py", _append),
     (lambda d: d.get("benchmark") == "bench_object_store", "bench_object_store.py", _object_store),
+    (lambda d: d.get("benchmark") == "probe_sketch", "probe_sketch.py", _sketch_probe),
 ]
 
 
