@@ -408,3 +408,29 @@ def test_select_refuses_a_list_of_pool_files_naming_the_fix():
     with pytest.raises(ConfigError, match="is a list of 2 files; trak select writes the selected rows"):
         pool_kind(section)
     assert pool_kind(DatasetConfig(path=["a.pt"], inputs="x", labels="y")) == "pt"  # a list of one is that file
+
+
+@pytest.mark.parametrize("dtype", ["int8", "binary"])
+def test_rows_appended_to_a_compressed_store_get_codes_and_its_two_stage_top_k_equals_featurizing_at_once(
+        tmp_path, dtype):
+    """An int8 or binary store grows its codes and row scales with the features; the two-stage top-k over the
+    grown store (K' covering every row: exact) equals the one of a store featurized with every row at once."""
+    store = {"path": str(STORE), "chunk_rows": 16, "dtype": dtype}
+    root = make(tmp_path / "grown", N_OLD, extra={"store": store})
+    ok(root, "featurize", "run.yaml", "-q")
+    write_data(root, N_NEW)
+    assert "appending 4 train rows to the 40" in msg(ok(root, "featurize", "run.yaml"))
+    once = make(tmp_path / "once", N_NEW, extra={"store": store})
+    ok(once, "featurize", "run.yaml", "-q")
+    a, b = (zarr.open_group(str(r / STORE), mode="r") for r in (root, once))
+    for m in range(2):
+        for name in ("codes", "scale", "features"):
+            assert a[f"train/{m}/{name}"].shape == b[f"train/{m}/{name}"].shape
+            np.testing.assert_array_equal(np.asarray(a[f"train/{m}/{name}"][:]), np.asarray(b[f"train/{m}/{name}"][:]))
+    top = ("score.top_k=3", f"score.rescore_multiplier={N_NEW}")  # K' >= n_train: the two-stage top-k is exact
+    for r in (root, once):
+        ok(r, "score", "run.yaml", "-q", *top)
+    for name in ("proponents", "opponents"):
+        np.testing.assert_array_equal(
+            np.asarray(zarr.open_group(str(root / STORE), mode="r")[f"scores/default/top_k/{name}"][:]),
+            np.asarray(zarr.open_group(str(once / STORE), mode="r")[f"scores/default/top_k/{name}"][:]))

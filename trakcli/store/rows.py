@@ -92,8 +92,10 @@ class ChunkedRows:
                 the array's dtype, or for a bfloat16 array rounded to bfloat16 bits
                 (:func:`trakcli.store.bfloat16.to_bits`). When the rows have ``codes``
                 (``store.dtype`` int8 or binary) and only ``features`` are given, the codes
-                and scales are derived from them (:func:`trakcli.store.quantize.encode`)
-                and written in the same chunk, before the one done flag.
+                and scales are derived from the features as stored (rounded to bfloat16:
+                a chunk rewritten from read-back rows gets the same codes,
+                :func:`trakcli.store.quantize.encode`) and written in the same chunk,
+                before the one done flag.
 
         Raises:
             StoreError: the write failed (disk full, permissions); chunks
@@ -101,7 +103,9 @@ class ChunkedRows:
         """
         lo, hi = self.rows(chunk)
         if "codes" in self.data and "features" in arrays and "codes" not in arrays:  # int8 / binary store
-            arrays = {**arrays, **encode(self.code_dtype, arrays["features"])}
+            # the codes of the stored (bfloat16) features: the same whether a row is computed or read back
+            stored = round_to_bfloat16(arrays["features"]) if is_bfloat16(self.data["features"]) else arrays["features"]
+            arrays = {**arrays, **encode(self.code_dtype, stored)}
         encoded = {name: _encode(self.data[name], arr) for name, arr in arrays.items()}  # before any write
         try:
             for name, arr in encoded.items():
