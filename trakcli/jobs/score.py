@@ -745,7 +745,22 @@ class _BlockScores:
         return score_block([w[targets] for w in self.weights], feats, [q] * len(feats))
 
     def __call__(self, lo: int, hi: int) -> torch.Tensor:
+        return self.score_read(self.read_block(lo, hi), lo, hi)
+
+    def read_block(self, lo: int, hi: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """The stored rows ``lo .. hi`` that :meth:`score_read` needs: per primal checkpoint its features
+        ``[hi - lo, proj_dim]`` float32, and per checkpoint its out-to-loss ``[hi - lo]`` (none with ``unit``).
+
+        Only reads, so that a background thread reads the next block while this one is scored (on an object
+        store the read is most of a block's time).
+        """
         feats = [torch.from_numpy(r.read("features", lo, hi).astype(np.float32, copy=False)) for r, _, _ in self.primal]
+        qs = [] if self.unit else [torch.from_numpy(r.read("out_to_loss", lo, hi)) for r in self.train_rows]
+        return feats, qs
+
+    def score_read(self, read: tuple[list[torch.Tensor], list[torch.Tensor]], lo: int, hi: int) -> torch.Tensor:
+        """The scores ``[n_target, hi - lo]`` of rows ``lo .. hi`` from their :meth:`read_block`."""
+        feats, qs = read
         if self.unit:
             total = torch.zeros(0) if self.dual_total is None else self.dual_total[:, lo:hi].clone()
             for w, f, (_, factor, t_sq) in zip(self.weights, feats, self.primal):
@@ -753,7 +768,6 @@ class _BlockScores:
                 term = cosine_term(w @ f.T, t_sq, z_sq).double()
                 total = term if total.numel() == 0 else total.add_(term)
             return (total / len(self.train_rows)).to(torch.float32)
-        qs = [torch.from_numpy(r.read("out_to_loss", lo, hi)) for r in self.train_rows]
         if self.dual_total is None:  # every checkpoint is of one form (kernel_form of n_train and proj_dim)
             return score_block(self.weights, feats, qs)
         return ensemble_block(self.dual_total[:, lo:hi], qs)

@@ -309,8 +309,8 @@ class TopK:
                 event(f"start top-k segment {seg}")
                 lo, hi = self.segments[seg]
                 top_v = top_i = low_v = low_i = None
-                for b in range(lo, hi, self.block):
-                    block = scores(b, min(b + self.block, hi))
+                spans = [(b, min(b + self.block, hi)) for b in range(lo, hi, self.block)]
+                for (b, _), block in zip(spans, _blocks(scores, spans)):
                     top_v, top_i = merge_top_k(top_v, top_i, block, b, self.k, largest=True)
                     low_v, low_i = merge_top_k(low_v, low_i, block, b, self.k, largest=False)
                 parts.write(seg, **_padded(top_v, top_i, low_v, low_i, self.k))
@@ -351,6 +351,18 @@ class TopK:
         """Targets ``[lo, hi)`` of the merged arrays (:data:`~trakcli.store.store.TOP_K_ARRAYS`), checked."""
         hi = self.n_target if hi is None else hi
         return {name: self.final.read(name, lo, hi) for name in TOP_K_ARRAYS}
+
+
+def _blocks(scores: BlockScores, spans: list[tuple[int, int]]) -> Iterator[torch.Tensor]:
+    """The scores of each span in order; when ``scores`` reads apart from scoring (``read_block`` and
+    ``score_read``, as :class:`trakcli.jobs.score` has), the next span is read by a background thread while
+    this one is scored and merged (at most two blocks of features in memory)."""
+    read = getattr(scores, "read_block", None)
+    if read is None:
+        yield from (scores(lo, hi) for lo, hi in spans)
+        return
+    for (lo, hi), got in zip(spans, _ahead(read, spans)):
+        yield scores.score_read(got, lo, hi)
 
 
 def _ahead(fn: Callable[[int, int], Any], spans: list[tuple[int, int]]) -> Iterator[Any]:
