@@ -14,7 +14,7 @@ from trakcli import __version__
 from trakcli.errors import StoreError, StoreMismatchError
 from trakcli.store.identity import check_same, jsonable
 from trakcli.store.integrity import StoreCorruptError, delete, node, writable
-from trakcli.store.location import Location, holds_objects, is_remote, replace, rmtree
+from trakcli.store.location import Location, entries, holds_objects, is_remote, replace, rmtree
 from trakcli.store.rows import EvalRows, codecs
 
 if TYPE_CHECKING:
@@ -41,11 +41,9 @@ STORE_GROUPS = frozenset({"train", "targets", "scores", "eval"})
 def headless_store(path: Location) -> bool:
     """Whether ``path`` is a directory holding store groups but no root ``zarr.json`` (its root metadata lost)."""
     try:
-        names = {p.name for p in path.iterdir()}
+        names = set(entries(path))
     except OSError:
         return False
-    if is_remote(path):  # an object store may list emptied "folders": only stored objects count
-        names = {n for n in names if n == "zarr.json" or holds_objects(path / n)}
     return bool(names) and "zarr.json" not in names and names <= STORE_GROUPS and any(
         (path / n / "zarr.json").exists() or (path / n).is_dir() for n in names
     )

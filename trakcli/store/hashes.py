@@ -97,7 +97,7 @@ class HashCache:
         key = str(path.resolve())
         if key not in _OPEN:
             _OPEN[key] = cls(path)
-            if is_url(str(store_path)):  # the per-user cache folder: made on the first save
+            if is_url(str(store_path)):  # the per-user cache folder, made now: save() writes only into a folder
                 try:
                     path.parent.mkdir(parents=True, exist_ok=True)
                 except OSError:

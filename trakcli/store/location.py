@@ -161,7 +161,7 @@ def store_location(path: str | Location, storage_options: dict[str, Any] | None 
         ) from None
     given = text
     rest = text.split("://", 1)[1]
-    text = f"{found}://{rest.rstrip('/')}"  # the scheme in lower case, as fsspec registers it
+    text = f"{found}://{rest.rstrip('/')}"  # the scheme in lower case, as fsspec registers it; no trailing "/"
     parts = rest.strip("/").split("/")
     if found not in ("memory",) and (rest.startswith("/") or not parts[0]):
         raise StoreError(f"store.path {given!r} names no bucket; give {found}://BUCKET/PREFIX/NAME.zarr")
@@ -178,7 +178,7 @@ def store_location(path: str | Location, storage_options: dict[str, Any] | None 
     options = s3_options(storage_options) if found in ("s3", "s3a") else dict(storage_options or {})
     from upath import UPath
 
-    location = UPath(text.rstrip("/"), **options)
+    location = UPath(text, **options)
     check_reachable(location)
     return location
 
@@ -359,9 +359,31 @@ def holds_objects(path: Location) -> bool:
     fs, key = path.fs, path.path.rstrip("/")
     if hasattr(fs, "call_s3"):
         bucket, _, prefix = key.partition("/")
-        listed = fs.call_s3("list_objects_v2", Bucket=bucket, Prefix=prefix + "/", MaxKeys=2)
-        return any(not o["Key"].endswith("/") for o in listed.get("Contents", []))
+        page: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix + "/"}
+        while True:  # "folder" keys (ending in "/") sort before the objects below them: read on past them
+            listed = fs.call_s3("list_objects_v2", **page)
+            if any(not o["Key"].endswith("/") for o in listed.get("Contents", [])):
+                return True
+            if not listed.get("IsTruncated"):
+                return False
+            page["ContinuationToken"] = listed["NextContinuationToken"]
     return bool(fs.find(key, withdirs=False))
+
+
+def entries(path: Location) -> list[str]:
+    """The names of what ``path`` holds: its files, and its folders that hold a file somewhere below.
+
+    Locally every entry of the directory; on an object store, a "folder" a service lists
+    after its objects were deleted (SeaweedFS does) is not one of them.
+
+    Raises:
+        OSError: ``path`` cannot be listed (absent, or not a directory).
+    """
+    if not is_remote(path):
+        return [p.name for p in path.iterdir()]
+    listed = path.fs.ls(path.path, detail=True)
+    return [info["name"].rstrip("/").rsplit("/", 1)[-1] for info in listed
+            if info.get("type") != "directory" or holds_objects(path / info["name"].rstrip("/").rsplit("/", 1)[-1])]
 
 
 def disk_usage(path: Location) -> int:

@@ -35,7 +35,9 @@ from trakcli.store.integrity import (
     StoreCorruptError, StoreMetadataError, delete, finishing_command, keys, node, repair_command, repair_scope, writable,
 )
 from trakcli.store.layout import LAYOUT_ATTR, StoreLayout
-from trakcli.store.location import Location, check_reachable, holds_objects, is_remote, store_location, zarr_store
+from trakcli.store.location import (
+    Location, check_reachable, entries, holds_objects, is_remote, store_location, zarr_store,
+)
 from trakcli.store.rows import ChunkedRows, codecs, read_checked
 
 SCHEMA_VERSION = 2
@@ -66,10 +68,7 @@ def _open_group(path: Location, mode: str) -> Any:
 def _bare_root(path: Location) -> bool:
     """Whether ``path`` holds only a root ``zarr.json`` without attributes (a creation killed before its attributes)."""
     try:
-        names = [p.name for p in path.iterdir()]
-        if is_remote(path):  # an object store may list emptied "folders": only stored objects count
-            names = [n for n in names if n == "zarr.json" or holds_objects(path / n)]
-        if names != ["zarr.json"]:
+        if entries(path) != ["zarr.json"]:
             return False
         meta = json.loads((path / "zarr.json").read_bytes())
     except (OSError, ValueError):
@@ -210,7 +209,7 @@ class Store:
         """
         if headless_store(path):
             raise StoreError(
-                f"{path} holds store groups ({', '.join(sorted(p.name for p in path.iterdir()))}) but no root "
+                f"{path} holds store groups ({', '.join(sorted(entries(path)))}) but no root "
                 "metadata (zarr.json): a store whose creation or deletion was interrupted; rerun "
                 "`trak featurize CONFIG --overwrite` to start over"
             )

@@ -13,8 +13,6 @@ The :class:`~trakcli.store.store.Store` methods ``summary`` and
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -45,13 +43,13 @@ def eval_summary(
         rows = _rows(store, "eval", ["masks", "outputs"], 0)
     except StoreCorruptError as e:
         corrupt.append(_entry(e.array, e.chunks, str(e)))
-        return {"identity": None, "n_subsets": 0, "done": 0, "bytes_on_disk": du(store.path / "eval")}
+        return {"identity": None, "n_subsets": 0, "done": 0, "bytes_on_disk": disk_usage(store.path / "eval")}
     ok = _intact(rows, "eval", verify, corrupt)
     return {
         "identity": group.attrs.get("identity"),
         "n_subsets": int(ok.size),
         "done": int((ok != 0).sum()),
-        "bytes_on_disk": du(store.path / "eval"),
+        "bytes_on_disk": disk_usage(store.path / "eval"),
     }
 
 
@@ -81,7 +79,7 @@ def summary(store: "Store", verify: bool = False) -> dict[str, Any]:
         "created": store.root.attrs.get("created"),
         "identity": ident,
         "appends": list(store.root.attrs.get(APPENDS_ATTR) or []),
-        "bytes_on_disk": du(store.path),
+        "bytes_on_disk": disk_usage(store.path),
         "train": [],
         "targets": {},
         "scores": {},
@@ -128,7 +126,7 @@ def _train_entry(store: "Store", m: int, verify: bool, corrupt: list[dict[str, A
         "chunks_total": rows.n_chunks,
         "nonfinite_skipped": skipped,
         "kernel": _kernel(store, m, verify, corrupt),
-        "bytes_on_disk": du(store.path / "train" / str(m)),
+        "bytes_on_disk": disk_usage(store.path / "train" / str(m)),
     }
 
 
@@ -157,7 +155,7 @@ def _experiment_entry(
         g = node(store.root, f"{kind}/{exp}")
         if g is None:
             return None
-        info: dict[str, Any] = {"attrs": dict(g.attrs), "bytes_on_disk": du(store.path / kind / exp)}
+        info: dict[str, Any] = {"attrs": dict(g.attrs), "bytes_on_disk": disk_usage(store.path / kind / exp)}
         if kind == "scores" and isinstance(g.attrs.get(STALE_ATTR), dict):
             info["stale"] = {**g.attrs[STALE_ATTR], "message": stale_message(store, exp)}
         if kind == "scores":
@@ -313,8 +311,3 @@ def _guard(fn: Any, corrupt: list[dict[str, Any]]) -> Any:
     except StoreCorruptError as e:
         corrupt.append(_entry(e.array, e.chunks, str(e)))
         return None
-
-
-def du(path: Any) -> int:
-    """Bytes of the files under ``path`` (0 if it is missing); files that vanish meanwhile count 0."""
-    return disk_usage(path)
