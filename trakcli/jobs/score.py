@@ -636,6 +636,11 @@ class _BlockScores:
         self.weights: list[torch.Tensor] = []  # per primal checkpoint: W_m [n_target, proj_dim] float32
         self.primal: list[tuple[ChunkedRows, torch.Tensor, torch.Tensor]] = []  # rows, factor, target norms²
         self.dual_total: torch.Tensor | None = None
+        # two-stage top-k, made on first use: mean Q [n_train]; per primal checkpoint the int8 target weights
+        # with their per-target scales, and the row scales [n_train]
+        self._q_all: torch.Tensor | None = None
+        self._qweights: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        self._scales: list[torch.Tensor] = []
 
     def add(self, model_id: int, kernel: torch.Tensor | None, lam: float, phi_t: torch.Tensor) -> None:
         """Add checkpoint ``model_id``: its kernel (primal factor, dual X, or None: no kernel), ridge and target features."""
@@ -667,7 +672,7 @@ class _BlockScores:
         Read once for every row (``[n_train]`` float32, 4 bytes a row) and kept: both passes of the two-stage
         top-k need it.
         """
-        if getattr(self, "_q_all", None) is None:
+        if self._q_all is None:
             rows = self.train_rows
             q = sum(r.read("out_to_loss", 0, r.n_rows).astype(np.float64) for r in rows) / len(rows)
             self._q_all = torch.from_numpy(np.asarray(q, dtype=np.float32))
@@ -683,7 +688,7 @@ class _BlockScores:
         row (``[n_train]`` float32 per checkpoint) and kept; the codes are multiplied as stored, transposed by
         strides (no copy).
         """
-        if not hasattr(self, "_qweights"):
+        if self._qweights is None:
             self._qweights = []
             for w in self.weights:  # [n_target, proj_dim] float32
                 s_t = w.abs().amax(1) / 127
@@ -704,11 +709,8 @@ class _BlockScores:
     def load(self, lo: int, hi: int) -> tuple[list[torch.Tensor], torch.Tensor]:
         """The float copy of train rows ``lo .. hi``: per checkpoint ``[rows, proj_dim]`` float32 (bfloat16 as stored,
         converted once here for both :meth:`pairs` and :meth:`rows`), and the ``[rows]`` float32 mean Q."""
-        feats = []
-        for rows, _, _ in self.primal:
-            f = rows.read("features", lo, hi, decode=False)
-            feats.append(torch.from_numpy(f.view(np.int16)).view(torch.bfloat16).to(torch.float32)
-                         if f.dtype == np.uint16 else torch.from_numpy(f.astype(np.float32, copy=False)))
+        feats = [torch.from_numpy(rows.read("features", lo, hi).astype(np.float32, copy=False))
+                 for rows, _, _ in self.primal]
         return feats, self._mean_q(lo, hi)
 
     #: Pairs scored at once by :meth:`pairs` (their gathered rows: ``PAIR_GROUP · proj_dim`` float32).

@@ -146,22 +146,19 @@ class ChunkedRows:
             return round_to_bfloat16(arr)
         return np.asarray(arr).astype(target.dtype, copy=False)
 
-    def read(self, name: str, lo: int, hi: int, decode: bool = True) -> np.ndarray:
+    def read(self, name: str, lo: int, hi: int) -> np.ndarray:
         """Entries ``[lo, hi)`` along the chunk axis of array ``name`` (chunk files present, checksums verified).
-
-        Args:
-            decode: decode bfloat16 bits to float32 (False: the ``uint16`` bits as stored).
 
         Returns:
             The entries in the array's dtype; float32 for a bfloat16 array
-            (:mod:`trakcli.store.bfloat16`) unless ``decode`` is False.
+            (:mod:`trakcli.store.bfloat16`).
 
         Raises:
             StoreCorruptError: a chunk is missing, fails its
                 checksum or cannot be decoded; names the chunk and the command that repairs it.
         """
         sel = (slice(None),) * self.axis + (slice(lo, hi),)
-        return read_checked(self.data[name], sel, self.axis, decode=decode)
+        return read_checked(self.data[name], sel, self.axis)
 
     def take(self, name: str, indices: Sequence[int]) -> np.ndarray:
         """Entries ``indices`` (any order, repeats allowed) along the chunk axis of array ``name``, each chunk
@@ -255,7 +252,7 @@ def _flags(done: Any, bad: set[int]) -> np.ndarray:
         return out
 
 
-def read_checked(arr: Any, sel: Any, axis: int = 0, *, stored: bool = True, decode: bool = True) -> np.ndarray:
+def read_checked(arr: Any, sel: Any, axis: int = 0, *, stored: bool = True) -> np.ndarray:
     """``arr[sel]`` as numpy, every chunk's checksum verified (and, if ``stored``, its file present).
 
     A bfloat16 array (:mod:`trakcli.store.bfloat16`) is decoded: the result is float32.
@@ -307,7 +304,7 @@ def read_checked(arr: Any, sel: Any, axis: int = 0, *, stored: bool = True, deco
             f"({e}); {repair_command(arr.path)}",
             arr.path, [] if first is None else [int(first[axis])],
         ) from None
-    return from_bits(out) if decode and is_bfloat16(arr) else out
+    return from_bits(out) if is_bfloat16(arr) else out
 
 
 @dataclass
