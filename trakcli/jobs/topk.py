@@ -257,13 +257,9 @@ class TopK:
         """Step 2: the K' candidates per target of all segments, ``[proponent rows, opponent rows]`` ``[n_target, K']``
         int64 (by approximate score; equal scores by row, so every rank computes the same)."""
         got = {name: read_checked(arr, (slice(None),), 0) for name, arr in cands.data.items()}
-        out = []
-        for side, largest in (("proponent", True), ("opponent", False)):
-            vals = np.concatenate(list(got[f"{side}_scores"]), axis=1)  # [n_target, n_segments * K']
-            idx = np.concatenate(list(got[f"{side}s"]), axis=1)
-            vals = np.where(idx >= 0, vals, -np.inf if largest else np.inf).astype(np.float32)
-            out.append(torch.from_numpy(np.ascontiguousarray(order_top_k(vals, idx, self.candidates, largest)[1])))
-        return out
+        return [torch.from_numpy(np.ascontiguousarray(
+                    _merge_parts(got[f"{side}_scores"], got[f"{side}s"], self.candidates, largest)[1]))
+                for side, largest in (("proponent", True), ("opponent", False))]
 
     def _merge_exact(self, got: dict[str, np.ndarray], rows: Any) -> dict[str, np.ndarray]:
         """The final top-k of targets ``rows`` from step 3's parts ``got`` (``[n_segments, n, K']`` arrays)."""
@@ -288,10 +284,8 @@ class TopK:
         mine = self._merge_exact(got, np.asarray(self.two_stage.sample))
         recall = {}
         for side, largest in (("proponent", True), ("opponent", False)):
-            vals = np.concatenate(list(got[f"{side}_scores"][:, self.n_target:]), axis=1)  # [n, n_segments * K']
-            idx = np.concatenate(list(got[f"{side}s"][:, self.n_target:]), axis=1)
-            vals = np.where(idx >= 0, vals, -np.inf if largest else np.inf).astype(np.float32)
-            exact = order_top_k(vals, idx, self.k, largest)[1]
+            exact = _merge_parts(got[f"{side}_scores"][:, self.n_target:], got[f"{side}s"][:, self.n_target:],
+                                 self.k, largest)[1]
             hits = [len(set(a.tolist()) & set(b.tolist())) / self.k for a, b in zip(mine[f"{side}s"], exact)]
             recall[f"{side}s"] = float(np.mean(hits))
         return {**self.two_stage.settings(), "k": self.k, "candidates": self.candidates, "n_queries": n,
@@ -334,11 +328,8 @@ class TopK:
                 continue
             out = {}
             for side, largest in (("proponent", True), ("opponent", False)):
-                vals = np.concatenate(list(got[f"{side}_scores"]), axis=1)  # [rows, n_segments * k]
-                idx = np.concatenate(list(got[f"{side}s"]), axis=1)
-                keep = idx >= 0  # segments shorter than k pad with -1
-                vals = np.where(keep, vals, -np.inf if largest else np.inf).astype(np.float32)
-                out[f"{side}_scores"], out[f"{side}s"] = order_top_k(vals, idx, self.k, largest)
+                out[f"{side}_scores"], out[f"{side}s"] = _merge_parts(got[f"{side}_scores"], got[f"{side}s"],
+                                                                      self.k, largest)
             self.final.write(c, **out)
         return len(pending)
 
@@ -351,6 +342,16 @@ class TopK:
         """Targets ``[lo, hi)`` of the merged arrays (:data:`~trakcli.store.store.TOP_K_ARRAYS`), checked."""
         hi = self.n_target if hi is None else hi
         return {name: self.final.read(name, lo, hi) for name in TOP_K_ARRAYS}
+
+
+def _merge_parts(vals: np.ndarray, idx: np.ndarray, k: int, largest: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The best ``k`` (scores, train rows) of each target over the segments' parts ``[n_segments, n, K]``
+    (float32 scores, int64 rows; a segment shorter than K pads with row -1, never kept), best first
+    (:func:`trakcli.scoring.order_top_k`)."""
+    vals = np.concatenate(list(vals), axis=1)  # [n, n_segments * K]
+    idx = np.concatenate(list(idx), axis=1)
+    vals = np.where(idx >= 0, vals, -np.inf if largest else np.inf).astype(np.float32)
+    return order_top_k(vals, idx, k, largest)
 
 
 def _blocks(scores: BlockScores, spans: list[tuple[int, int]]) -> Iterator[torch.Tensor]:
