@@ -52,6 +52,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from trakcli.files import write_text  # atomic: a killed run keeps the previous result
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
@@ -206,7 +208,7 @@ def main(argv: list[str]) -> None:
         "max_rel_score_difference": diff,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    write_text(args.out, json.dumps(out, indent=2) + "\n")
     log(f"wrote {args.out}")
 
 

@@ -35,6 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
+from trakcli.files import write_text  # atomic: a killed run keeps the previous result
+
 from bench_topk import K, make_project, timed  # the same project and timing as the top-k benchmark
 
 REPO = Path(__file__).resolve().parent.parent
@@ -159,7 +161,7 @@ def main() -> None:
     print("\n".join(lines))
     print(f"top-{K} of both stores equal: {equal}")
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps({
+    write_text(a.out, json.dumps({
         "benchmark": "bench_object_store", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "command": (f"python scripts/bench_object_store.py --n-train {a.n_train} --n-target {a.n_target} "
                     f"--proj-dim {a.proj_dim} --repeats {a.repeats}"),
