@@ -256,11 +256,14 @@ def test_spec_is_json_and_excludes_implementation():
     assert make(kind="normal").spec() != a.spec()
 
 
-def test_auto_picks_basic_and_logs(caplog):
+def test_auto_picks_cuda_where_it_runs_else_basic_and_logs(caplog):
+    from trakcli.projectors.factory import _cuda_unavailable
+
     with caplog.at_level(logging.INFO, logger="trakcli.projectors"):
         proj = make(impl="auto")
-    assert proj.implementation == "basic"
-    assert "picked 'basic'" in caplog.text
+    picked = "basic" if _cuda_unavailable("rademacher") else "cuda"  # a GPU machine with triton picks cuda
+    assert proj.implementation == picked
+    assert f"picked '{picked}'" in caplog.text
     if not torch.cuda.is_available():
         assert "skipped 'cuda': no CUDA GPU" in caplog.text
 
