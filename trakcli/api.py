@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterable, Mapping
 import numpy as np
 import torch
 
-from trakcli.config import CurvatureConfig, DataConfig, ProjectorConfig, ScoreConfig, StoreConfig, validate_section
+from trakcli.config import CurvatureConfig, ProjectorConfig, ScoreConfig, StoreConfig, validate_section
 from trakcli.data.load import checked_dataset
 from trakcli.data.tensors import Inputs, TensorDataset
 from trakcli.distributed import Dist
@@ -35,7 +35,7 @@ from trakcli.errors import CheckpointError, ConfigError, DataError, StoreError, 
 from trakcli.factors import KroneckerFeaturizer
 from trakcli.tasks import resolve_task, task_identity
 from trakcli.jobs.featurize import featurize_rows
-from trakcli.jobs.runtime import locked_store, resolve_device
+from trakcli.jobs.runtime import grad_memory_for, locked_store, resolve_device
 from trakcli.jobs.score import score_targets
 from trakcli.jobs.setup import JobSetup, batch_rows_for, build_featurizer, run_identity
 from trakcli.models.checkpoints import file_sha256, load_checkpoint, nonfinite_parameters
@@ -61,7 +61,6 @@ class TopK:
     opponent_scores: np.ndarray
 
 
-_DEFAULT_MEMORY_MB: int = DataConfig.model_fields["grad_memory_mb"].default
 _DEFAULT_LAMBDA_REL: float = ScoreConfig.model_fields["lambda_rel"].default
 
 
@@ -225,7 +224,8 @@ class Attributor:
         device: ``cpu``, ``cuda`` or ``auto``.
         batch_size: rows per featurizer batch (None: the rows of the first batch given), lowered to fit
             ``grad_memory_mb`` like ``data.batch_size``.
-        grad_memory_mb: as ``data.grad_memory_mb``.
+        grad_memory_mb: as ``data.grad_memory_mb`` (None: 1024 on a CPU, a quarter of the GPU's memory on
+            a CUDA GPU).
         reporter: progress and messages; None: plain progress lines on stderr when it is a terminal
             (:class:`trakcli.progress.StderrReporter`), else silent. Pass ``trakcli.progress.NULL_REPORTER``
             for none, or your own :class:`trakcli.progress.Reporter`.
@@ -251,7 +251,7 @@ class Attributor:
         gradient_method: str = "auto",
         device: str = "cpu",
         batch_size: int | None = None,
-        grad_memory_mb: int = _DEFAULT_MEMORY_MB,
+        grad_memory_mb: int | None = None,
         reporter: Reporter | None = None,
         curvature: str | dict[str, Any] | None = None,
     ):
@@ -260,9 +260,10 @@ class Attributor:
         self.task = resolve_task(task)
         self.grad_wrt = [grad_wrt] if isinstance(grad_wrt, str) else grad_wrt
         reporter = default_reporter() if reporter is None else reporter
-        self.model, self.batch_size, self.grad_memory_mb, self.reporter = model, batch_size, grad_memory_mb, reporter
+        self.model, self.batch_size, self.reporter = model, batch_size, reporter
         self.dist = Dist()
         self.device = resolve_device(device, self.dist)
+        self.grad_memory_mb = grad_memory_mb = grad_memory_for(grad_memory_mb, self.device)
         self.featurizer = build_featurizer(
             model, self.projector, grad_wrt=self.grad_wrt, task=self.task, memory_mb=grad_memory_mb,
             gradient_method=gradient_method, reporter=reporter,

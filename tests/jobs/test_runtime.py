@@ -101,3 +101,21 @@ def test_chunk_writer_keeps_order_waits_for_all_and_raises_the_first_error():
         w.submit(write, 5)
         raise KeyError("computing failed")
     assert done == [5]
+
+
+def test_unset_grad_memory_is_1024_mib_on_a_cpu_and_a_quarter_of_the_gpu(monkeypatch):
+    from types import SimpleNamespace
+
+    from trakcli.jobs import runtime
+    from trakcli.jobs.setup import rows_per_batch
+
+    assert runtime.grad_memory_for(None, "cpu") == 1024
+    assert runtime.grad_memory_for(7, "cpu") == runtime.grad_memory_for(7, "cuda") == 7  # a set value is kept
+    # an 80 GB GPU: 20 GB; the total memory, never the free memory, so every run on that GPU cuts batches alike
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: SimpleNamespace(total_memory=80 * 2**30))
+    assert runtime.grad_memory_for(None, "cuda") == 20 * 1024
+    cfg = SimpleNamespace(data=SimpleNamespace(batch_size=64, grad_memory_mb=None))  # what rows_per_batch reads
+    grad_dim = 100_000_000  # 400 MB per example in float32
+    assert rows_per_batch(cfg, grad_dim) == 2 and rows_per_batch(cfg, grad_dim, "cuda") == 53
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: SimpleNamespace(total_memory=2 * 2**30))
+    assert runtime.grad_memory_for(None, "cuda") == 1024  # a small GPU gets no less than a CPU

@@ -257,12 +257,13 @@ class DataConfig(StrictModel):
         "longest sequence (each batch is padded to its own longest row); a single row longer than this is a "
         "batch of its own. None: rows only (data.batch_size). Changes the features only by float32 rounding.",
     )
-    grad_memory_mb: PositiveInt = Field(
-        1024,
+    grad_memory_mb: PositiveInt | None = Field(
+        None,
         description="Most MiB of per-example gradients (batch rows x grad_dim float32) held at once: a batch "
         "is cut into smaller ones to fit (the features change only by float32 rounding). Bounds the memory of big models. "
         "projector.kind kronecker forms no per-example gradient: it bounds the layer inputs, outputs and "
-        "output gradients of one forward + backward instead.",
+        "output gradients of one forward + backward instead. Unset: 1024 on a CPU, a quarter of the GPU's "
+        "memory on a CUDA GPU.",
     )
 
 

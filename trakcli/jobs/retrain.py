@@ -37,7 +37,7 @@ from trakcli.data.text import TextDataset
 from trakcli.errors import ArgumentError, ConfigError, StoreError
 from trakcli.tasks import make_batch, resolve_task, task_identity
 from trakcli.distributed import Dist
-from trakcli.jobs.runtime import apply_threads, event, locked_store, resolve_device
+from trakcli.jobs.runtime import apply_threads, event, grad_memory_for, locked_store, resolve_device
 from trakcli.jobs.train import DatasetRows, check_init_checkpoint, check_recipe, load_training_function, train_one
 from trakcli.jobs.workers import WorkerLost, run_in_workers
 from trakcli.models.checkpoints import file_sha256
@@ -268,7 +268,7 @@ def retrain_one(
     mask = subset_mask(len(train), cfg.eval.subset_fraction, cfg.eval.seed, k)
     model = train_on_rows(cfg, train, np.flatnonzero(mask), model_seed(cfg.eval.seed, k), device, f"retrain {k}")
     return model_outputs(
-        model, target, cfg.task, batch_size=cfg.data.batch_size, device=device, memory_mb=cfg.data.grad_memory_mb,
+        model, target, cfg.task, batch_size=cfg.data.batch_size, device=device, memory_mb=grad_memory_for(cfg.data.grad_memory_mb, device),
         max_tokens=cfg.data.batch_tokens,
     )
 

@@ -52,6 +52,35 @@ def resolve_device(name: str, dist: Dist | None = None) -> torch.device:
     return torch.device(name)
 
 
+#: ``data.grad_memory_mb`` when it is unset and the job runs on a CPU (MiB).
+CPU_GRAD_MEMORY_MB = 1024
+
+
+def grad_memory_for(value: int | None, device: torch.device | str) -> int:
+    """``data.grad_memory_mb`` in MiB: ``value`` when set; unset, 1024 on a CPU and a quarter of a CUDA GPU's memory.
+
+    The GPU's *total* memory (``torch.cuda.get_device_properties``), not its free memory: the passes a batch is
+    cut into must not depend on what else holds memory, so that a resumed run or another torchrun rank on the
+    same kind of GPU computes the same features bit for bit. A quarter leaves room for the model, the
+    autograd graph of the forward + backward and the caching allocator. On an 80 GB H100 a language
+    model's batches then run in one pass where the CPU budget cut them into one document per pass.
+
+    Args:
+        value: ``data.grad_memory_mb`` (a positive int) or None.
+        device: where the gradients are computed.
+
+    Returns:
+        A positive int of MiB.
+    """
+    if value is not None:
+        return value
+    device = torch.device(device)
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory
+        return max(CPU_GRAD_MEMORY_MB, total // 4 // 2**20)
+    return CPU_GRAD_MEMORY_MB
+
+
 #: torch's intra-op thread count when the jobs were first imported, before any ``num_threads``
 #: setting: one per core, or ``OMP_NUM_THREADS`` (which torchrun sets to 1 when it starts
 #: several processes). The default of :func:`torch_threads`.

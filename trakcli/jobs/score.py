@@ -24,7 +24,7 @@ from trakcli.jobs.exact import exact_scores
 from trakcli.jobs.featurize import featurize_rows
 from trakcli.jobs.per_token import PerTokenScores, check_per_token, per_token_width
 from trakcli.jobs.kernels import finalize_kernels, kernel_of, report_notes, ridge_settings
-from trakcli.jobs.runtime import ChunkWriter, event, locked_store, torch_threads
+from trakcli.jobs.runtime import ChunkWriter, event, grad_memory_for, locked_store, torch_threads
 from trakcli.jobs.setup import JobSetup, prepare
 from trakcli.progress import NULL_REPORTER, Reporter
 from trakcli.jobs.topk import TopK, TwoStage
@@ -230,7 +230,7 @@ def score(
         top_k=sc.top_k, full=sc.full, normalize=sc.normalize, per_token=sc.per_token,
         rescore_multiplier=sc.rescore_multiplier, recall_queries=sc.recall_queries, overwrite=overwrite,
         skip_nonfinite=skip_nonfinite, verify=verify, reporter=reporter,
-        linalg_threads=cfg.linalg_threads, grad_memory_mb=cfg.data.grad_memory_mb,
+        linalg_threads=cfg.linalg_threads, grad_memory_mb=grad_memory_for(cfg.data.grad_memory_mb, s.device),
     )
     return ScoreResult(
         store=path,

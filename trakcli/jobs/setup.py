@@ -32,7 +32,7 @@ from trakcli.factors import KroneckerFeaturizer, LayerGradients, SecondMoment, c
 from trakcli.factors.second_moment import embedding_note
 from trakcli.gradients import PerExampleGradients
 from trakcli.tasks import task_identity
-from trakcli.jobs.runtime import apply_threads, event, resolve_device
+from trakcli.jobs.runtime import apply_threads, event, grad_memory_for, resolve_device
 from trakcli.models.build import build_model
 from trakcli.models.checkpoints import file_sha256, load_checkpoint
 from trakcli.models.peft import with_adapters
@@ -45,17 +45,19 @@ from trakcli.store.hashes import HashCache
 Featurizer = Union["GradientFeaturizer", KroneckerFeaturizer]
 
 
-def rows_per_batch(cfg: Config, grad_dim: int) -> int:
+def rows_per_batch(cfg: Config, grad_dim: int, device: torch.device | str = "cpu") -> int:
     """``data.batch_size``, lowered so that ``rows x grad_dim`` float32 gradients fit ``data.grad_memory_mb``.
 
     Args:
         cfg: the config (reads ``data.batch_size`` and ``data.grad_memory_mb`` only).
         grad_dim: entries of one example's gradient.
+        device: where the gradients are made (an unset ``grad_memory_mb`` depends on it:
+            :func:`~trakcli.jobs.runtime.grad_memory_for`).
 
     Returns:
         At least 1 (a single example's gradient is never split).
     """
-    return batch_rows_for(cfg.data.batch_size, cfg.data.grad_memory_mb, grad_dim)
+    return batch_rows_for(cfg.data.batch_size, grad_memory_for(cfg.data.grad_memory_mb, device), grad_dim)
 
 
 def batch_rows_for(batch_size: int, grad_memory_mb: int, grad_dim: int) -> int:
@@ -327,7 +329,8 @@ class JobSetup:
         return self.featurizer(inputs_to(inputs, self.device), labels.to(self.device), model_id, row_offset)
 
 
-def make_featurizer(cfg: Config, model: torch.nn.Module, reporter: Reporter = NULL_REPORTER) -> Featurizer:
+def make_featurizer(cfg: Config, model: torch.nn.Module, reporter: Reporter = NULL_REPORTER,
+                    device: torch.device | str = "cpu") -> Featurizer:
     """The featurizer of ``projector.kind``.
 
     ``kronecker``: a :class:`~trakcli.factors.KroneckerFeaturizer` over the layers
@@ -336,7 +339,8 @@ def make_featurizer(cfg: Config, model: torch.nn.Module, reporter: Reporter = NU
     Every other kind: :class:`GradientFeaturizer` over the per-example gradients of
     ``gradient_method`` (:func:`~trakcli.factors.per_example_gradients`) with the
     projector of :func:`~trakcli.projectors.make_projector`; ``reporter`` gets why
-    ``auto`` uses vmap, once.
+    ``auto`` uses vmap, once. ``device``: where the features are computed (an unset
+    ``data.grad_memory_mb`` depends on it: :func:`~trakcli.jobs.runtime.grad_memory_for`).
 
     Raises:
         ConfigError: a bad ``grad_wrt``, or (kronecker) one that selects only
@@ -344,8 +348,8 @@ def make_featurizer(cfg: Config, model: torch.nn.Module, reporter: Reporter = NU
             one that selects parameters outside the hooked layers.
         ProjectorError: bad projector options.
     """
-    return build_featurizer(model, cfg.projector, grad_wrt=cfg.grad_wrt, task=cfg.task, memory_mb=cfg.data.grad_memory_mb,
-                            gradient_method=cfg.gradient_method, reporter=reporter)
+    return build_featurizer(model, cfg.projector, grad_wrt=cfg.grad_wrt, task=cfg.task,
+                            memory_mb=grad_memory_for(cfg.data.grad_memory_mb, device), gradient_method=cfg.gradient_method, reporter=reporter)
 
 
 def build_featurizer(
@@ -402,7 +406,7 @@ def prepare(
     device = resolve_device(cfg.device, dist)
     train = load_dataset(cfg.data.train, key="data.train")
     model = with_adapters(build_model(cfg.model.entrypoint, **cfg.model.kwargs), checkpoints)
-    featurizer = make_featurizer(cfg, model, reporter if dist.is_main else NULL_REPORTER)
+    featurizer = make_featurizer(cfg, model, reporter if dist.is_main else NULL_REPORTER, device)
     states = state_shas = second = None
     if cfg.second_moment.kind is not None:
         states = resolve_optimizer_states(cfg, checkpoints)
@@ -424,7 +428,7 @@ def prepare(
         if dist.is_main:
             reporter.info(featurizer.info)
     else:
-        batch_rows = rows_per_batch(cfg, featurizer.grad_dim)
+        batch_rows = rows_per_batch(cfg, featurizer.grad_dim, device)
     st = cfg.store
     layout = StoreLayout(len(train), featurizer.projector.proj_dim, st.chunk_rows, st.dtype, st.compressor)
     identity = run_identity(cfg.model.model_dump(mode="json"), cfg.task, cfg.grad_wrt, featurizer, train, layout,
