@@ -617,6 +617,46 @@ def _sketch_probe(data: dict[str, Any]) -> tuple[str, str, str]:
             table(["sketch", "r", "K'", "recall@100"], rows, ["l", "r", "r", "r"]))
 
 
+def _gpu(data: dict[str, Any]) -> tuple[str, str, str]:
+    sec, gpu = data["sections"], data["gpu"]
+    rows = []
+    for r in sec["projector"]["speed"]:
+        rows.append([f"project, {r['kind']}, grad_dim {r['grad_dim']:.0e}, proj_dim {r['proj_dim']}, batch {r['batch']}",
+                     f"{r['cuda_examples_per_s']:,.0f} ex/s", f"{r['floor_examples_per_s']:,.0f} ex/s (GEMM)",
+                     f"{r['x_floor']:.1f}x"])
+    feat = sec["featurize"]
+    fl, kr = feat["floor"], feat["kronecker"]
+    kr_s = f"> {kr['seconds_at_least']:.0f} s (timed out)" if "seconds_at_least" in kr else f"{kr['seconds']:.1f} s"
+    kr_x = f"> {kr['x_floor_at_least']:.1f}x" if "x_floor_at_least" in kr else f"{kr['x_floor']:.2f}x"
+    rows.append([f"kronecker featurize, {fl['docs']:,} docs, proj_dim {data['args']['proj_dim']}", kr_s,
+                 f"{fl['seconds']:.1f} s (forward + backward)", kr_x])
+    tk = sec["topk"]
+    g = tk["gpu_floor"]
+    rows.append([f"top-{g['k']} of {g['n_target']:,} targets over {g['n_train']:,} rows", "(CPU: below)",
+                 f"{g['seconds']:.2f} s (GEMM + topk, bfloat16 in GPU memory)", ""])
+    res = tk.get("bench_topk_cpu", {}).get("result", {}).get("results", [{}])[0].get("rows", {})
+    if res:
+        rows.append([f"trak score top-k, {tk['bench_topk_cpu']['result']['args']['n_train'][0]:,} rows, "
+                     f"{data['cpus']} CPU cores", f"{res['trak score top_k']['seconds']:.1f} s",
+                     f"{res['floor']['seconds']:.1f} s (CPU floor process)",
+                     f"{res['trak score top_k']['seconds'] / res['floor']['seconds']:.2f}x"])
+    m = [r for r in sec["projector"]["match"] if "matrix_bit_identical" in r]
+    match = "; ".join(f"{r['kind']}: matrix {'bit-identical' if r['matrix_bit_identical'] else 'max diff %.1e' % r['matrix_max_abs_diff']}"
+                      for r in m)
+    feats = max(r["features_max_rel_diff"] for r in sec["projector"]["match"])
+    fm = feat["match"]
+    prof = sec.get("featurize_profile", {})
+    note = (f"{gpu['name']} ({gpu['memory_gib']:.0f} GiB), {data['cpus']} CPU cores, torch {data['torch']}, triton "
+            f"{data.get('triton', '?')}. The CUDA projector against its CPU reference: {match}; features within "
+            f"{feats:.1e} (relative). Kronecker features of the first {fm['docs']} documents on the GPU against the "
+            f"CPU: largest difference {fm['max_rel_diff']:.1e} of the largest entry, smallest row cosine "
+            f"{fm['min_row_cosine']:.7f}. The LM is a LlamaForCausalLM with SmolLM2-135M's config and seeded random "
+            f"weights, float32. {prof.get('reading', '')} (cProfile: {prof.get('forward_and_backward_passes', '?')} "
+            f"passes for 64 documents); `data.grad_memory_mb` unset now takes a quarter of the GPU's memory. "
+            f"{data['date']}, commit {data['commit'][:8]}, trakcli {data['version']}.")
+    return ("trakcli on a GPU", note, table(["what", "trakcli", "floor", "x floor"], rows, ["l", "r", "r", "r"]))
+
+
 #: scripts/bench_recall.py's setups: (the title's subject, the model and how it was trained).
 _RECALL_SETUPS = {
     "smollm2": ("a finetuned pretrained LM", "SmolLM2-135M-Instruct finetuned"),
@@ -644,6 +684,7 @@ RENDERERS: list[tuple[Any, str, Any]] = [
     (lambda d: d.get("benchmark") == "append", "bench_append.py", _append),
     (lambda d: d.get("benchmark") == "bench_object_store", "bench_object_store.py", _object_store),
     (lambda d: d.get("benchmark") == "probe_sketch", "probe_sketch.py", _sketch_probe),
+    (lambda d: d.get("benchmark") == "bench_gpu", "bench_gpu.py", _gpu),
 ]
 
 
