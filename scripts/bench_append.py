@@ -39,12 +39,8 @@ Prints a table and writes JSON (``--out``, default bench_results/append.json).
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
-import platform
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -53,10 +49,11 @@ from typing import Any
 
 import numpy as np
 
-from trakcli.files import write_text  # atomic: a killed run keeps the previous result
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "scripts"))
+from benchjson import write_result  # noqa: E402  (atomic: a killed run keeps the previous result)
 MLP = {"in_dim": 64, "hidden_dim": 128, "num_classes": 10, "depth": 2}  # configs/digits.yaml
 
 
@@ -64,17 +61,11 @@ def log(msg: str) -> None:
     print(f"[bench] {msg}", file=sys.stderr, flush=True)
 
 
-def provenance(argv: list[str], threads: int) -> dict[str, Any]:
-    """Date, command, commit, trakcli version and machine of this run."""
-    from trakcli import __version__
-
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+def run_info(argv: list[str], threads: int) -> dict[str, Any]:
+    """The command and the run's threads and load (write_result adds date, commit, version and machine)."""
     return {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join(["python", "scripts/bench_append.py", *argv]),
-        "commit": commit, "version": __version__,
-        "machine": {"cpus": os.cpu_count(), "threads": threads, "platform": platform.platform(),
-                    "torch": torch.__version__, "load_average_1min": os.getloadavg()[0]},
+        "machine": {"threads": threads, "load_average_1min": os.getloadavg()[0]},
     }
 
 
@@ -198,7 +189,7 @@ def main(argv: list[str]) -> None:
           f"{rewritten}; max |score difference| / max |score| = {diff:.2e}")
     out = {
         "benchmark": "append",
-        **provenance(argv, args.threads),
+        **run_info(argv, args.threads),
         "setup": {"n_old": args.n_old, "n_appended": n_new, "fraction": args.fraction, "models": args.models,
                   "proj_dim": 1024, "chunk_rows": 512, "batch_size": 128, "targets": args.targets,
                   "projector": "sjlt", "model": "digits MLP 64-128-128-10", "repeats": args.repeats},
@@ -207,8 +198,7 @@ def main(argv: list[str]) -> None:
         "old_full_chunk_files_rewritten": rewritten,
         "max_rel_score_difference": diff,
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    write_text(args.out, json.dumps(out, indent=2) + "\n")
+    write_result(args.out, out)
     log(f"wrote {args.out}")
 
 

@@ -31,13 +31,10 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -45,25 +42,20 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "scripts"))
+from benchjson import write_result  # noqa: E402  (atomic: a killed run keeps the previous result)
+
 DEFAULT_OUT = REPO / "bench_results" / "callback.json"
 
 
-def provenance(argv: list[str], threads: int, device: str) -> dict[str, Any]:
-    """Date, command, commit, trakcli version and machine of this run."""
+def run_info(argv: list[str], threads: int, device: str) -> dict[str, Any]:
+    """The command and the run's threads and device (write_result adds date, commit, version and machine)."""
     import torch
 
-    from trakcli import __version__
-
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    machine = {"cpus": os.cpu_count(), "threads": threads, "platform": platform.platform(), "device": device,
-               "torch": torch.__version__}
+    machine = {"threads": threads, "device": device}
     if device.startswith("cuda"):
         machine["gpu"] = torch.cuda.get_device_name(0)
-    return {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join(["python", "scripts/bench_callback.py", *argv]),
-        "commit": commit, "version": __version__, "machine": machine,
-    }
+    return {"command": " ".join(["python", "scripts/bench_callback.py", *argv]), "machine": machine}
 
 
 class Rows:
@@ -198,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     saves = runs["callback"][0]["saves"]
     steps = runs["plain"][0]["steps"]
     result = {
-        "benchmark": "callback", **provenance(argv, a.threads, a.device),
+        "benchmark": "callback", **run_info(argv, a.threads, a.device),
         "setup": {"model": "GPT-2", "layers": a.layers, "width": a.width, "vocab": a.vocab, "n_params": n_params,
                   "seq_len": a.seq_len, "batch_size": a.batch_size, "rows": a.rows, "epochs": a.epochs,
                   "steps": steps, "steps_per_epoch": steps // a.epochs, "repeats": a.repeats, "save": "epoch"},
@@ -230,8 +222,7 @@ def main(argv: list[str] | None = None) -> int:
           f"({inside / saves:.3f} s per save, {result['bytes_per_save'] / 2**20:.1f} MiB each; "
           f"a step takes {plain / steps:.3f} s)")
     out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(out, result)
     print(f"-> {out}", file=sys.stderr)
     return 0
 

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -43,6 +42,9 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "scripts"))
+from benchjson import write_result  # noqa: E402
+
 GIB = 2**30
 HF_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json", "chat_template.jinja")
 
@@ -349,20 +351,11 @@ def _child(name: str, a: dict[str, Any], timeout: int) -> dict[str, Any]:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def provenance() -> dict[str, Any]:
-    def git(*args: str) -> str:
-        try:
-            return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
-        except OSError:
-            return ""
-
+def accelerator() -> dict[str, Any]:
+    """The GPU (name, memory, multiprocessors) and triton's version, where present (write_result adds the rest)."""
     import torch
 
-    from trakcli import __version__
-
-    info = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": git("rev-parse", "HEAD"),
-            "dirty": bool(git("status", "--porcelain", "--untracked-files=no")), "version": __version__,
-            "torch": torch.__version__, "platform": platform.platform(), "cpus": os.cpu_count()}
+    info: dict[str, Any] = {}
     if torch.cuda.is_available():
         p = torch.cuda.get_device_properties(0)
         info["gpu"] = {"name": p.name, "memory_gib": p.total_memory / GIB, "multiprocessors": p.multi_processor_count}
@@ -430,7 +423,7 @@ def main() -> None:
          "batch_size": args.batch_size, "proj_dim": args.proj_dim, "match_docs": args.match_docs,
          "topk_rows": args.topk_rows, "topk_store_rows": args.topk_store_rows, "reps": args.reps,
          "timeout": args.timeout, "device": args.device}
-    result: dict[str, Any] = {"benchmark": "bench_gpu", **provenance(), "args": {**a, "assets": "assets"},
+    result: dict[str, Any] = {"benchmark": "bench_gpu", **accelerator(), "args": {**a, "assets": "assets"},
                               "docs": json.loads((args.assets / "docs.json").read_text()), "sections": {}}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for name in args.sections:
@@ -440,9 +433,7 @@ def main() -> None:
         except Exception:  # the harness itself: record and go on with the next section
             result["sections"][name] = {"error": traceback.format_exc()[-2000:]}
         result["sections"][name]["section_wall_s"] = time.perf_counter() - t0
-        tmp = args.out.with_suffix(".tmp")
-        tmp.write_text(json.dumps(result, indent=2) + "\n")
-        os.replace(tmp, args.out)
+        write_result(args.out, result)  # after every section: a killed run keeps the sections done
         print(f"section {name} done in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     report(result)
     print(f"wrote {args.out}", file=sys.stderr)

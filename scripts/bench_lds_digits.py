@@ -66,7 +66,6 @@ import importlib.metadata as md
 import json
 import logging
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -78,6 +77,9 @@ import numpy as np
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "scripts"))
+from benchjson import write_result  # noqa: E402  (atomic; adds date, commit, version, machine)
+
 DEFAULT_CONFIG = REPO / "configs" / "digits.yaml"
 DEFAULT_WORK = REPO / "bench_results" / "lds_digits_work"
 DEFAULT_OUT = REPO / "bench_results" / "lds_digits.json"
@@ -403,7 +405,7 @@ def print_table(rows: list[dict[str, Any]]) -> None:
 
 def versions() -> dict[str, str]:
     out = {}
-    for pkg in ("trakcli", "traker", "torch", "numpy", "scipy", "zarr"):
+    for pkg in ("traker", "numpy", "scipy", "zarr"):  # trakcli's and torch's: write_result records them
         try:
             out[pkg] = md.version(pkg)
         except md.PackageNotFoundError:
@@ -668,17 +670,13 @@ def main(argv: list[str] | None = None) -> int:
         "checks": checks,
         "env": {
             **versions(),
-            "python": platform.python_version(),
-            "machine": platform.machine(),
-            "cpu_count": os.cpu_count(),
             "loadavg_1_5_15_at_start": load_start,
             "loadavg_1_5_15_at_end": list(os.getloadavg()),
         },
         "total_seconds": time.perf_counter() - t_start,
     }
     out = (args.out or (DEFAULT_OUT.with_name("lds_digits_quick.json") if args.quick else DEFAULT_OUT)).resolve()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(out, result)
     log(f"wrote {rel(out)} ({result['total_seconds']:.0f}s in all)")
     if args.check and not all(c["pass"] for c in checks.values()):
         return 1

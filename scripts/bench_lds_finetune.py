@@ -61,10 +61,10 @@ date, commit, version, machine and protocol.
 from __future__ import annotations
 
 import argparse
+import datetime
 import fnmatch
 import json
 import os
-import platform
 import random
 import re
 import shlex
@@ -78,6 +78,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
 from bbc_docs import bbc_articles  # noqa: E402
+from benchjson import provenance, write_result  # noqa: E402
 from bench_lds_lm import fetch_sdist, speeches  # noqa: E402
 from plant_facts import write_model  # noqa: E402
 
@@ -727,11 +728,6 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def git_commit() -> str:
-    proc = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
-    return proc.stdout.strip()
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -780,10 +776,7 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
     import torch
 
-    import trakcli
-    from trakcli.files import write_text
-
-    started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     load_start = os.getloadavg()
     corpus = prepare(work, a)
     os.chdir(work)  # the config's paths are relative to the work directory
@@ -831,7 +824,7 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"{name} FAILED: {failures[name]}")
                 continue
             info = {"method": name, "kind": kind, "spec": spec, "computed": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                    "commit": git_commit(), **info}
+                    "commit": provenance()["commit"], **info}
             save_row(work, name, info, scores)
         else:
             log(f"{name}: not cached and not selected: left out")
@@ -847,10 +840,9 @@ def main(argv: list[str] | None = None) -> int:
 
     result = {
         "benchmark": "lds_finetune",
-        "date": started, "commit": git_commit(), "version": trakcli.__version__,
+        "started": started,
         "command": "python scripts/bench_lds_finetune.py " + shlex.join(argv if argv is not None else sys.argv[1:]),
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__,
-                    "threads": a.threads, "workers": a.workers, "loadavg_start": load_start,
+        "machine": {"threads": a.threads, "workers": a.workers, "loadavg_start": load_start,
                     "loadavg_end": os.getloadavg()},
         "protocol": {**protocol_of(a), "n_retrain": int(len(gt["masks"])), "n_repeat": noise["n_repeat"],
                      "measurements": {"loss": "summed next-token cross-entropy over the target's tokens; LDS "
@@ -873,8 +865,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nground truth: {len(gt['masks'])} fine-tunes on halves, {np.median(gt['seconds']):.1f}s each (median, "
           f"1 thread); seed-noise share of the variance: loss {noise['loss'].get('noise_fraction', float('nan')):.3f}, "
           f"margin {noise['margin'].get('noise_fraction', float('nan')):.3f} ({noise['n_repeat']} repeats)")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_text(out, json.dumps(result, indent=1))
+    write_result(out, result, indent=1)
     log(f"wrote {out}")
     return 1 if failures else 0
 

@@ -56,7 +56,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import random
 import re
 import subprocess
@@ -69,6 +68,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
 from bench_lds_digits import traker_featurize  # noqa: E402
+from benchjson import write_result  # noqa: E402
 from gen_docs import render_table  # noqa: E402
 from trakcli.files import write_text  # noqa: E402
 from plant_facts import write_model  # noqa: E402
@@ -530,13 +530,11 @@ def main(argv: list[str] | None = None) -> int:
         "task": "language_modeling (sum of next-token margins of the target text)",
         "default_lambda_rel": cfg.score.lambda_rel, "rows": rows, "curvature": curvature,
         "trajectory": trajectory, "seconds": seconds,
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-                    "torch": torch.__version__},
+        "machine": {"torch_threads": torch.get_num_threads()},
         "command": "python scripts/bench_lds_lm.py " + " ".join(argv if argv is not None else sys.argv[1:]),
     }
+    result = write_result(out, result, indent=1)
     print(render_table(result))  # the benchmarks page's tables
-    out.parent.mkdir(parents=True, exist_ok=True)
-    write_text(out, json.dumps(result, indent=1))
     log(f"wrote {out}")
     return 0
 

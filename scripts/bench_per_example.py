@@ -34,6 +34,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "scripts"))
+from benchjson import write_result  # noqa: E402  (atomic; adds date, commit, version, machine)
+
 METHODS = ("hooks", "vmap")
 BATCH = 128
 
@@ -119,10 +122,9 @@ def main() -> None:
         extra = f" {statistics.median(cli[key]):17.2f}" if cli else ""
         print(f"{key:15} {r['first_call_s']:13.3f} {1000 * r['steady_s']:16.2f} "
               f"{'yes' if r['dynamo_imported'] else 'no':>7}{extra}")
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as fh:
-        json.dump({"batch": BATCH, "repeats": args.repeats, "batches": args.batches, "load_avg_1min": load,
-                   "gradients": table, "trak_featurize_s": cli}, fh, indent=2)
+    write_result(args.out, {"benchmark": "bench_per_example", "batch": BATCH, "repeats": args.repeats,
+                            "batches": args.batches, "load_avg_1min": load, "gradients": table,
+                            "trak_featurize_s": cli})
     print(f"wrote {args.out}")
 
 

@@ -25,16 +25,15 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
-import platform
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+from benchjson import write_result  # noqa: E402  (atomic; adds date, commit, version, machine)
 
 
 def _trak(*args: str) -> float:
@@ -97,20 +96,15 @@ def main() -> None:
     print(f"\n{'':40s} {'seconds':>9s} {'/ document':>11s}")
     for name, sec in rows:
         print(f"{name:40s} {sec:9.1f} {sec / doc:11.2f}")
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    from trakcli import __version__
-
     out = {
-        "benchmark": "per_token", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "benchmark": "per_token",
         "command": " ".join(["python", "scripts/bench_per_token.py", *sys.argv[1:]]),
-        "commit": commit, "version": __version__, "machine": {"cpus": os.cpu_count(), "threads": a.threads,
-                                                               "platform": platform.platform()},
+        "machine": {"threads": a.threads},
         "config": a.config, "top_k": a.top_k, "top_documents": n_docs,
         "seconds": {"document": doc, "per_token": tok, "per_token_part": tok - doc, "floor_fwd_bwd": floor},
         "ratio_per_token_to_document": tok / doc,
     }
-    Path(ROOT / a.out).parent.mkdir(parents=True, exist_ok=True)
-    (ROOT / a.out).write_text(json.dumps(out, indent=2) + "\n")
+    write_result(ROOT / a.out, out)
     print(f"-> {a.out}")
 
 

@@ -43,6 +43,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "scripts"))
+from benchjson import write_result  # noqa: E402  (atomic; adds date, commit, version, machine)
 
 
 # -- child side ------------------------------------------------------------------------------------
@@ -346,13 +348,13 @@ def main() -> None:
             else:
                 print(f"{name:<16} {res.get('error')}")
     payload = {
+        "benchmark": "bench_projectors",
         "preset": args.preset,
-        "cpu_count": os.cpu_count(),
         "load_average_end": os.getloadavg()[0],
         "speed": [{**job, **res} for job, res in rows],
         "distortion": [{**job, **res} for job, res in distortion],
     }
-    Path(args.out).write_text(json.dumps(payload, indent=2))
+    write_result(args.out, payload)
     print(f"\nwrote {args.out}")
 
 

@@ -24,10 +24,7 @@ commit, trakcli version and machine.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import platform
 import subprocess
 import sys
 import time
@@ -36,6 +33,8 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+from benchjson import write_result  # noqa: E402  (atomic; adds date, commit, version, machine)
 
 #: The fine-tune's recipe (scripts/bench_lds_finetune.py FINETUNE), as `trak optimize` runs it.
 RECIPE = {"n_models": 1, "epochs": 3, "batch_size": 16, "lr": 5.0e-4, "weight_decay": 0.0, "optimizer": "adamw",
@@ -94,20 +93,15 @@ def main() -> None:
         lexical = out.get("baselines", {}).get("token_overlap")
         print(f"{name:10s} {cell(out['qld_top']):>28s} {cell(out['qld_random']):>28s} "
               f"{cell(out['qld_top_minus_random']):>28s} {cell(lexical) if lexical else '':>28s}")
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    from trakcli import __version__
-
     result = {
-        "benchmark": "qld_tokens", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "benchmark": "qld_tokens",
         "command": " ".join(["python", "scripts/bench_qld_tokens.py", *sys.argv[1:]]),
-        "commit": commit, "version": __version__,
-        "machine": {"cpus": os.cpu_count(), "threads": a.threads, "platform": platform.platform()},
+        "machine": {"threads": a.threads},
         "queries": a.queries, "fraction": a.fraction, "recipe": RECIPE,
         "rows": {name: {k: out[k] for k in ("qld_top", "qld_random", "qld_top_minus_random", "n_dropped",
                                              "n_queries", "seconds", "per_query", "baselines")} for name, out in rows.items()},
     }
-    (ROOT / a.out).parent.mkdir(parents=True, exist_ok=True)
-    (ROOT / a.out).write_text(json.dumps(result, indent=2) + "\n")
+    write_result(ROOT / a.out, result)
     print(f"-> {a.out}")
 
 

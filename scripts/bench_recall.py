@@ -50,8 +50,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import subprocess
 import sys
 import time
@@ -61,8 +59,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
+from benchjson import write_result  # noqa: E402
 from gen_docs import render_table  # noqa: E402
-from trakcli.files import write_text  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -187,20 +185,14 @@ def main(argv: list[str] | None = None) -> int:
             f"({seconds[name]:.0f}s)" + (f"; BM25 MRR {bm25['mrr']['value']:.3f}, recall@10 "
                                         f"{bm25['recall']['10']['value']:.3f}" if bm25 else ""))
 
-    import trakcli
-
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     out = {
         "benchmark": "recall", "setup": a.setup, "config": setup.config, "paraphrase": a.paraphrase,
-        "date": time.strftime("%Y-%m-%d"), "commit": commit, "version": trakcli.__version__,
         "corpus": {"n_train": n_train, "n_facts": n_facts, "words": setup.words, "epochs": epochs},
         "variants": results, "seconds": seconds,
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count()},
         "command": "python scripts/bench_recall.py " + " ".join(argv if argv is not None else sys.argv[1:]),
     }
+    out = write_result(out_path, out, indent=1)
     print(render_table(out))  # the benchmarks page's table
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    write_text(out_path, json.dumps(out, indent=1))
     log(f"wrote {out_path}")
     return 0
 

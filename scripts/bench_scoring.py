@@ -34,6 +34,9 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchjson import write_result  # noqa: E402  (atomic; adds date, commit, version, machine)
+
 LAMBDA_REL = 1.0
 
 
@@ -181,8 +184,7 @@ def main() -> None:
     if "time_ratio_trakcli_over_numpy" in results:
         print(f"time trakcli / numpy: {results['time_ratio_trakcli_over_numpy']:.2f}; "
               f"max relative difference of the first {n_head} targets' scores: {results['max_rel_diff_first_targets']:.1e}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"sizes": sizes, "results": results}, indent=2))
+    write_result(args.out, {"benchmark": "bench_scoring", "sizes": sizes, "results": results})
     print(f"wrote {args.out}")
 
 

@@ -53,11 +53,11 @@ commit, version, machine and the command.
 from __future__ import annotations
 
 import argparse
+import datetime
 import hashlib
 import json
 import math
 import os
-import platform
 import random
 import shlex
 import shutil
@@ -71,6 +71,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
 from bbc_docs import bbc_articles  # noqa: E402
 from bench_lds_lm import fetch_sdist, speeches  # noqa: E402
+from benchjson import write_result  # noqa: E402
 from gen_docs import render_table  # noqa: E402
 
 DEFAULT_WORK = REPO / "runs" / "bench_select"
@@ -100,10 +101,6 @@ SELECT_ROWS: dict[str, tuple[str, list[str]]] = {
 
 def log(msg: str) -> None:
     print(f"[bench] {msg}", file=sys.stderr, flush=True)
-
-
-def git_commit() -> str:
-    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
 
 
 def write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
@@ -436,11 +433,10 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
     import torch
 
-    import trakcli
-
     if a.threads:
         torch.set_num_threads(a.threads)
-    started, load_start = time.strftime("%Y-%m-%dT%H:%M:%S%z"), os.getloadavg()
+    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    load_start = os.getloadavg()
     fmt = a.task == "format"
     default_work, default_out = (FORMAT_WORK, FORMAT_OUT) if fmt else (DEFAULT_WORK, DEFAULT_OUT)
     work = (a.work or (default_work.with_name(default_work.name + "_quick") if a.quick else default_work)).resolve()
@@ -500,11 +496,9 @@ def main(argv: list[str] | None = None) -> int:
         log(f"{name}: {rows[-1]['loss']['mean']:.4f} [{rows[-1]['loss']['low']:.4f}, {rows[-1]['loss']['high']:.4f}]")
 
     result = {
-        "benchmark": "select", **({"task": "format"} if fmt else {}), "date": started, "commit": git_commit(),
-        "version": trakcli.__version__,
+        "benchmark": "select", **({"task": "format"} if fmt else {}), "started": started,
         "command": "python scripts/bench_select.py " + shlex.join(argv if argv is not None else sys.argv[1:]),
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__,
-                    "threads": a.threads or torch.get_num_threads(), "loadavg_start": load_start,
+        "machine": {"threads": a.threads or torch.get_num_threads(), "loadavg_start": load_start,
                     "loadavg_end": os.getloadavg()},
         "protocol": {**protocol_of(a), "seeds": a.seeds, **data,
                      "measure": "mean next-token cross-entropy per token of the held-out "
@@ -512,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
                                 "the pretrained weights on the selection; mean over seeds, 95% Student-t interval"},
         "pretrained": pre, "heldout_loss_pretrained": base, "rows": rows,
     }
-    write_text(out, json.dumps(result, indent=1))
+    result = write_result(out, result, indent=1)
     print(render_table(result))
     return 0
 

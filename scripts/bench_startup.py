@@ -60,6 +60,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchjson import write_result  # noqa: E402  (atomic; adds date, commit, version, machine)
+
 VARIANTS = ("dynamo", "vmap", "loop", "hooks", "kronecker")
 BATCH = 128
 
@@ -289,14 +292,12 @@ def main() -> None:
         out = subprocess.run(cmd, check=True, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
         return json.loads(out.stdout.strip().splitlines()[-1])
 
-    result: dict = {}
+    result: dict = {"benchmark": "bench_startup"}
     if args.part in ("all", "cli"):
         result["cli"] = cli(args)
     if args.part in ("all", "gradients"):
         result.update(gradients(args, run))
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    with open(args.out, "w") as fh:
-        json.dump(result, fh, indent=2)
+    write_result(args.out, result)
     print(f"wrote {args.out}")
 
 

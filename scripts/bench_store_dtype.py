@@ -46,9 +46,7 @@ Prints a table and writes JSON (``--out``, default bench_results/store_dtype.jso
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -56,7 +54,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from trakcli import __version__
 from trakcli.data.digits import load_digits_split
 from trakcli.gradients import PerExampleGradients
 from trakcli.models.build import make_mlp
@@ -65,6 +62,9 @@ from trakcli.scoring import gram_matrix, solve_kernel, target_weights
 from trakcli.store.bfloat16 import round_to_bfloat16
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "scripts"))
+from benchjson import write_result  # noqa: E402  (atomic; adds date, commit, version, machine)
+
 MLP = {"in_dim": 64, "hidden_dim": 128, "num_classes": 10, "depth": 2}  # configs/digits.yaml
 RECIPE = {"epochs": 30, "batch_size": 64, "lr": 0.05, "momentum": 0.9, "weight_decay": 5e-4, "seed": 0}
 SCORE_BLOCK = 200  # targets per block of the [n_target, n_train] scores
@@ -238,8 +238,8 @@ def main() -> None:
         print(f"| {name} | {' | '.join(cells)} |")
     print(f"total {timings['total_s']:.0f} s")
 
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({
+    write_result(args.out, {
+        "benchmark": "bench_store_dtype",
         "command": "python scripts/bench_store_dtype.py" + (" --quick" if args.quick else ""),
         "sizes": {"n_train": args.n_train, "proj_dim": args.proj_dim, "n_target": args.n_target, "k": k},
         "model": {**MLP, "held_out_accuracy": acc, "recipe": RECIPE},
@@ -247,9 +247,8 @@ def main() -> None:
         "lambda_rel": 1.0,
         "results": rows,
         "timings": timings,
-        "env": {"trakcli": __version__, "torch": torch.__version__, "numpy": np.__version__,
-                "python": platform.python_version(), "threads": args.threads, "loadavg": os.getloadavg()},
-    }, indent=2))
+        "env": {"numpy": np.__version__, "threads": args.threads, "loadavg": os.getloadavg()},
+    })
     log(f"wrote {args.out}")
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import shutil
 import subprocess
@@ -30,6 +29,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "scripts"))
+from benchjson import write_result  # noqa: E402  (atomic; adds date, commit, version, machine)
 
 
 def vocabulary(n: int = 2000) -> list[str]:
@@ -108,9 +109,7 @@ def main() -> None:
               f"peak RSS {r['peak_rss_mb']:7.1f} MB", flush=True)
     growth = rows[-1]["peak_rss_mb"] - rows[0]["peak_rss_mb"]
     print(f"peak RSS growth from {rows[0]['n_docs']} to {rows[-1]['n_docs']} documents: {growth:+.1f} MB")
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(json.dumps({"benchmark": "bench_text_rss", "rows": rows, "growth_mb": growth,
-                                 "machine": {"cpus": os.cpu_count(), "platform": platform.platform()}}, indent=2))
+    write_result(a.out, {"benchmark": "bench_text_rss", "rows": rows, "growth_mb": growth})
     shutil.rmtree(a.work, ignore_errors=True)
     print(f"-> {a.out}")
 

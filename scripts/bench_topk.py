@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -53,6 +52,8 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "scripts"))
+from benchjson import write_result  # noqa: E402  (atomic; adds date, commit, version, machine)
 K = 100
 MODEL = '''import torch.nn as nn
 
@@ -270,16 +271,11 @@ def main() -> None:
         if not a.keep:
             shutil.rmtree(work, ignore_errors=True)
     print(table(results))
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    import trakcli
-
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    a.out.write_text(json.dumps({
-        "benchmark": "bench_topk", "date": time.strftime("%Y-%m-%d"), "commit": commit, "version": trakcli.__version__,
+    write_result(a.out, {
+        "benchmark": "bench_topk",
         "args": {k: getattr(a, k) for k in ("n_train", "n_target", "proj_dim", "dtypes", "multipliers",
                                              "binary_multipliers", "skip")}, "results": results,
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
-    }, indent=2))
+    })
     print(f"-> {a.out}")
 
 

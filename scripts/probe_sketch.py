@@ -21,15 +21,14 @@ Usage (the store of ``scripts/bench_topk.py``, kept, whose experiment ``topk`` h
 from __future__ import annotations
 
 import argparse
-import json
-import platform
-import subprocess
-import time
+import sys
 from pathlib import Path
 
 import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "scripts"))
+from benchjson import write_result  # noqa: E402  (atomic; adds date, commit, version, machine)
 
 
 def recall(exact: "torch.Tensor", approx: "torch.Tensor", k_prime: int, largest: bool) -> float:  # noqa: F821
@@ -88,15 +87,11 @@ def main() -> None:
     a = p.parse_args()
     res = probe(a.store, a.experiment, a.k, a.dims, a.k_primes, a.seed)
     if a.out:
-        import trakcli
-
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-        a.out.write_text(json.dumps({
-            "benchmark": "probe_sketch", "date": time.strftime("%Y-%m-%d"), "commit": commit,
-            "version": trakcli.__version__, "args": {k: getattr(a, k) for k in ("experiment", "k", "dims", "k_primes",
-                                                                                  "seed")},
-            "result": res, "machine": {"platform": platform.platform(), "python": platform.python_version()},
-        }, indent=2))
+        write_result(a.out, {
+            "benchmark": "probe_sketch",
+            "args": {k: getattr(a, k) for k in ("experiment", "k", "dims", "k_primes", "seed")},
+            "result": res,
+        })
         print(f"-> {a.out}")
 
 
