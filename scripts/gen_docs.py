@@ -232,9 +232,25 @@ def _f(x: float, digits: int = 2) -> str:
     return f"{x:,.{digits}f}"
 
 
+def _machine(data: dict[str, Any], key: str, default: Any = "?") -> Any:
+    """A machine fact of a result (``cpus``, ``torch``, ...): top level (scripts/benchjson.py), else ``machine``."""
+    if key in data:
+        return data[key]
+    return data.get("machine", {}).get(key, default)
+
+
+def _made(data: dict[str, Any]) -> str:
+    """Where a result comes from: its date, commit and trakcli version (and, for a result that did not record
+    them when it ran, that they come from the git log of its file)."""
+    made = f"Recorded {data['date']}, commit {data['commit'][:8]}, trakcli {data['version']}"
+    source = data.get("provenance_source")
+    return made + (f" (from the {source})." if source else ".")
+
+
 #: The commands of the committed results that do not record their own (their scripts' defaults otherwise).
 COMMANDS = {
-    "startup_cli_s5.json": "python scripts/bench_startup.py --part cli --cli-repeats 7 --bytecode-cache",
+    "startup_cli.json": ("python scripts/bench_startup.py --part cli --cli-repeats 7 --bytecode-cache "
+                         "--out bench_results/startup_cli.json"),
     "lm.json": "python scripts/bench_lm.py --threads 2",
 }
 
@@ -271,7 +287,8 @@ def _lds_digits(data: dict[str, Any]) -> tuple[str, str, str]:
     note = (
         f"{data['n_train']} train / {data['n_target']} target digits, LDS over {data['n_subsets']} models "
         f"retrained on random halves. Protocol: {data['protocol']}. Start-up median subtracted: "
-        f"{data['startup_median_seconds']:.2f} s. {env.get('cpu_count', '?')} CPUs, torch {env.get('torch', '?')}, "
+        f"{data['startup_median_seconds']:.2f} s. {_machine(data, 'cpus', env.get('cpu_count', '?'))} CPUs, torch "
+        f"{_machine(data, 'torch', env.get('torch', '?'))}, "
         f"traker {env.get('traker', '?')}."
     )
     return "trakcli against MadryLab's traker on digits", note, table(head, rows, ["l"] + ["r"] * 8)
@@ -322,7 +339,7 @@ def _text_rss(data: dict[str, Any]) -> tuple[str, str, str]:
     rows = [[f"{r['n_docs']:,}", _f(r["corpus_mb"], 1), _f(r["seconds"], 1), _f(r["peak_rss_mb"], 0)]
             for r in data["rows"]]
     note = (f"Peak memory of `trak featurize` over text corpora of growing size; growth "
-            f"{data['growth_mb']:.0f} MB for 10x the documents ({data['machine']['cpus']} CPUs).")
+            f"{data['growth_mb']:.0f} MB for 10x the documents ({_machine(data, 'cpus')} CPUs).")
     head = ["documents", "corpus MB", "seconds", "peak RSS MB"]
     return "Memory of text featurization", note, table(head, rows, ["r"] * 4)
 
@@ -343,7 +360,7 @@ def _topk(data: dict[str, Any]) -> tuple[str, str, str]:
     first = data["results"][0]
     note = (f"{first['n_target']:,} targets, proj_dim {first['proj_dim']}, top {first['k']}, one checkpoint; "
             "wall seconds include each process's start-up; the floor reads the stored features into RAM and runs "
-            f"one torch matmul and `topk`; {data['machine']['cpus']} CPUs.")
+            f"one torch matmul and `topk`; {_machine(data, 'cpus')} CPUs.")
     head = ["n_train", "variant", "seconds", "x floor", "peak RSS GiB", "store MB", "top-k = floor (pro / opp)"]
     align = ["r", "l", "r", "r", "r", "r", "r"]
     if not two_stage:
@@ -430,7 +447,7 @@ def _optimize_lm(data: dict[str, Any]) -> tuple[str, str, str]:
         f"`{data['model']}` finetuned on BBC news articles for {s['steps']} steps of {s['batch_size']} x "
         f"{s['seq_len']} tokens (warmup, cosine decay); validation loss on {s['n_val']} held-out articles; both "
         f"low-rank methods at rank {s['rank']}, a new projection every {s['update_gap']} steps; "
-        f"{data['machine']['cpus']} CPUs."
+        f"{_machine(data, 'cpus')} CPUs."
     )
     head = ["optimizer", "lr", "validation loss", "vs AdamW", "state MiB", "state vs AdamW", "s/step", "vs AdamW"]
     body = table(head, rows, ["l"] + ["r"] * 7)
@@ -494,8 +511,7 @@ def _per_token(data: dict[str, Any]) -> tuple[str, str, str]:
                                                             "floor_fwd_bwd"))]
     m = data["machine"]
     note = (f"SmolLM2-135M-Instruct (`{data['config']}`), the top {data['top_k']} proponents and opponents of each "
-            f"query ({data['top_documents']} top documents), {m['threads']} CPU threads; {data['date']}, commit "
-            f"{data['commit'][:8]}, trakcli {data['version']}.")
+            f"query ({data['top_documents']} top documents), {m['threads']} CPU threads.")
     return "Per-token scores on a language model", note, table(["run", "seconds", "/ document-level"], rows,
                                                               ["l", "r", "r"])
 
@@ -511,8 +527,7 @@ def _qld_tokens(data: dict[str, Any]) -> tuple[str, str, str]:
     note = (f"The fine-tuned GPT-2 of the LDS benchmark above; {data['queries']} queries, the top "
             f"{data['fraction']:.0%} training tokens ({first['n_dropped']}) by each method's per-token scores masked "
             "out of the loss while retraining, against as many random tokens, same seed; mean loss increase of the "
-            f"query with 95% bootstrap intervals. {data['date']}, commit {data['commit'][:8]}, trakcli "
-            f"{data['version']}.")
+            f"query with 95% bootstrap intervals.")
     head = ["method", "top tokens left out", "random tokens left out", "top - random",
             "the query's own tokens left out (lexical)", "wall s"]
     return "Per-token QLD of a fine-tuned language model", note, table(head, rows, ["l"] + ["r"] * 5)
@@ -530,8 +545,7 @@ def _callback(data: dict[str, Any]) -> tuple[str, str, str]:
             f"{s['epochs']} epochs of {s['steps_per_epoch']} steps (batch {s['batch_size']} x {s['seq_len']} tokens), "
             f"median of {s['repeats']}; one save (checkpoint, AdamW state, manifest) {data['seconds_per_save']:.3f} s "
             f"and {data['bytes_per_save'] / 2**20:.1f} MiB, a step {data['seconds_per_step']:.3f} s. {m['device']}, "
-            f"{m['threads']} thread(s), load average {data['load_average_1min']['before']:.1f}; {data['date']}, "
-            f"commit {data['commit'][:8]}, trakcli {data['version']}.")
+            f"{m['threads']} thread(s), load average {data['load_average_1min']['before']:.1f}.")
     return ("The cost of TrakCallback in transformers' Trainer", note,
             table(["run", "wall s", "CPU s", "overhead"], rows, ["l", "r", "r", "r"]))
 
@@ -556,8 +570,7 @@ def _select(data: dict[str, Any]) -> tuple[str, str, str]:
             f"rows (BBC articles of 5 categories and Shakespeare speeches, {p['max_length']} tokens each), chosen "
             f"by each method for {task} after {p['finetune']['epochs']} epochs, "
             f"mean over {p['seeds']} seeds with 95% intervals (before fine-tuning: "
-            f"{data['heldout_loss_pretrained']:.4f}). {data['date']}, commit {data['commit'][:8]}, trakcli "
-            f"{data['version']}.")
+            f"{data['heldout_loss_pretrained']:.4f}).")
     head = ["selection", "rows", "upper case" if fmt else f"of `{p['category']}`", "held-out loss (lower is better)",
             "select s"]
     title = ("Data selection for a target format (trak select)" if fmt
@@ -580,8 +593,7 @@ def _append(data: dict[str, Any]) -> tuple[str, str, str]:
             f"{st['chunk_rows']}, {st['targets']} targets; best of {st['repeats']}). The append featurized "
             f"{data['append_chunks_computed']} chunk(s) and rewrote {data['old_full_chunk_files_rewritten']} chunk "
             f"file(s) of the old full chunks; the largest score difference is {data['max_rel_score_difference']:.1e} "
-            f"of the largest score. {m['cpus']} CPUs, {m['threads']} thread(s); {data['date']}, commit "
-            f"{data['commit'][:8]}, trakcli {data['version']}.")
+            f"of the largest score. {_machine(data, 'cpus')} CPUs, {m['threads']} thread(s).")
     return ("Appending 10% more rows to a store", note,
             table(["step", "at once s", "append s", "ratio"], rows, ["l", "r", "r", "r"]))
 
@@ -595,9 +607,8 @@ def _object_store(data: dict[str, Any]) -> tuple[str, str, str]:
     note = (f"The project of `bench_topk.py` ({a['n_train']:,} train rows, {a['n_target']:,} targets, proj_dim "
             f"{a['proj_dim']}, top {a['top_k']}) featurized and scored with the store on local disk and on S3 "
             f"({a['service']}), each command in its own process, `trak score` best of {a['repeats']}; the top-k of "
-            f"both stores {'are equal' if data['top_k_equal'] else 'DIFFER'}. {m['cpus']} CPUs, load average "
-            f"{data.get('load_average_1min', float('nan')):.1f}; {data['date']}, commit {data['commit'][:8]}, "
-            f"trakcli {data['trakcli_version']}.")
+            f"both stores {'are equal' if data['top_k_equal'] else 'DIFFER'}. {_machine(data, 'cpus')} CPUs, load average "
+            f"{data.get('load_average_1min', float('nan')):.1f}.")
     return ("The store on S3 against local disk", note,
             table(["store", "featurize s", "trak score top-k s", "peak GiB"], rows, ["l", "r", "r", "r"]))
 
@@ -611,8 +622,7 @@ def _sketch_probe(data: dict[str, Any]) -> tuple[str, str, str]:
             f"int8 codes of r-dimensional sketches of the train features ({res['n_train']:,} rows, "
             f"{res['n_target']:,} targets, proj_dim {res['proj_dim']}): a fixed random rotation, or the top "
             f"eigenvectors of the train features (share of their energy: {energy}). A low-dimensional sketch does "
-            f"not find the candidates, which is why the two-stage top-k takes its candidates from full-width codes. "
-            f"{data['date']}, commit {data['commit'][:8]}, trakcli {data['version']}.")
+            f"not find the candidates, which is why the two-stage top-k takes its candidates from full-width codes.")
     return ("Low-dimensional sketches as top-k candidates (a negative result)", note,
             table(["sketch", "r", "K'", "recall@100"], rows, ["l", "r", "r", "r"]))
 
@@ -652,8 +662,7 @@ def _gpu(data: dict[str, Any]) -> tuple[str, str, str]:
             f"CPU: largest difference {fm['max_rel_diff']:.1e} of the largest entry, smallest row cosine "
             f"{fm['min_row_cosine']:.7f}. The LM is a LlamaForCausalLM with SmolLM2-135M's config and seeded random "
             f"weights, float32. {prof.get('reading', '')} (cProfile: {prof.get('forward_and_backward_passes', '?')} "
-            f"passes for 64 documents); `data.grad_memory_mb` unset now takes a quarter of the GPU's memory. "
-            f"{data['date']}, commit {data['commit'][:8]}, trakcli {data['version']}.")
+            f"passes for 64 documents); `data.grad_memory_mb` unset takes a quarter of the GPU's memory.")
     return ("trakcli on a GPU", note, table(["what", "trakcli", "floor", "x floor"], rows, ["l", "r", "r", "r"]))
 
 
@@ -714,11 +723,15 @@ def render_result(path: Path) -> str:
     found = _renderer(data)
     if found is None:
         raise ValueError(f"{path}: no renderer for this benchmark result; add one to scripts/gen_docs.py RENDERERS")
+    missing = [k for k in ("date", "commit", "version") if not data.get(k)]
+    if missing:
+        raise ValueError(f"{path}: no {', '.join(missing)} in this benchmark result; write it with "
+                         "scripts/benchjson.py write_result (it adds date, commit and version)")
     script, render = found
     title, note, body = render(data)
     return "\n".join([
         f"## {title} (`{path.name}`)", "", "Made by", "", "```bash", _command(path, data, script), "```", "",
-        note, "", body, "",
+        note, "", _made(data), "", body, "",
     ])
 
 

@@ -93,11 +93,91 @@ def test_the_benchmarks_page_has_a_table_for_every_committed_result(gen_docs):
     for path in results:
         assert f"(`{path.name}`)" in page
     # numbers from the JSON, rendered: the LDS of the digits benchmark and the LM's time
-    lds = json.loads((ROOT / "bench_results" / "lds_digits_s5.json").read_text())
+    lds = json.loads((ROOT / "bench_results" / "lds_digits.json").read_text())
     first = next(r for r in lds["results"] if r["method"] != "traker")
     assert f"{first['lds']:.3f}" in page
     lm = json.loads((ROOT / "bench_results" / "lm.json").read_text())
     assert f"{lm['variants']['kronecker']['seconds']:,.1f}" in page
+
+
+def test_every_committed_result_records_its_date_commit_and_version(gen_docs):
+    results = gen_docs.committed_results()
+    assert results, "no committed bench_results/*.json"
+    bad = []
+    for path in results:
+        data = json.loads(path.read_text())
+        date, commit, version = data.get("date"), data.get("commit"), data.get("version")
+        if not (isinstance(date, str) and re.match(r"\d{4}-\d{2}-\d{2}", date)):
+            bad.append(f"{path.name}: date {date!r}")
+        if not (isinstance(commit, str) and re.fullmatch(r"[0-9a-f]{7,40}", commit)):
+            bad.append(f"{path.name}: commit {commit!r}")
+        if not (isinstance(version, str) and re.fullmatch(r"\d+\.\d+\.\d+\S*", version)):
+            bad.append(f"{path.name}: version {version!r}")
+        if data.get("provenance_source", "git log of this file") != "git log of this file":
+            bad.append(f"{path.name}: provenance_source {data['provenance_source']!r}")
+    assert not bad, f"results without their date, commit or trakcli version (scripts/benchjson.py): {bad}"
+
+
+def test_committed_results_are_named_by_what_they_measure(gen_docs):
+    history = re.compile(r"_s\d+\b|session|_v\d+\b|_old\b|_new\b", re.IGNORECASE)
+    named = [p.name for p in gen_docs.committed_results() if history.search(p.stem)]
+    assert not named, f"result files named by when they were made, not by what they measure: {named}"
+
+
+def test_the_benchmarks_page_gives_each_results_date_commit_and_version(gen_docs):
+    page = gen_docs.benchmarks_page()
+    for path in gen_docs.committed_results():
+        data = json.loads(path.read_text())
+        section = page[page.index(f"(`{path.name}`)"):]
+        section = section[: section.find("\n## ", 1) if "\n## " in section[1:] else len(section)]
+        assert f"Recorded {data['date']}, commit {data['commit'][:8]}, trakcli {data['version']}" in section
+        if "provenance_source" in data:
+            assert "(from the git log of this file)" in section
+
+
+def test_a_result_without_its_provenance_is_an_error_naming_the_fix(gen_docs, tmp_path):
+    path = tmp_path / "topk.json"
+    path.write_text(json.dumps({"benchmark": "bench_topk", "results": []}))
+    with pytest.raises(ValueError, match="no date, commit, version .*benchjson.py write_result"):
+        gen_docs.render_result(path)
+
+
+@pytest.fixture(scope="module")
+def benchjson():
+    spec = importlib.util.spec_from_file_location("benchjson", ROOT / "scripts" / "benchjson.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_write_result_adds_the_provenance_and_keeps_the_result(benchjson, tmp_path):
+    out = tmp_path / "sub" / "r.json"
+    written = benchjson.write_result(out, {"benchmark": "b", "seconds": 1.25, "machine": {"threads": 2}})
+    data = json.loads(out.read_text())
+    assert data == written
+    assert list(data)[:2] == ["benchmark", "date"]
+    assert set(benchjson.PROVENANCE_KEYS) <= set(data)
+    assert data["seconds"] == 1.25 and data["machine"] == {"threads": 2}
+    assert re.fullmatch(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\+00:00", data["date"])
+    import trakcli
+
+    assert data["version"] == trakcli.__version__
+    assert data["cpus"] == os.cpu_count()
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    if head.returncode == 0:
+        assert data["commit"] == head.stdout.strip() and isinstance(data["dirty"], bool)
+    assert [p.name for p in out.parent.iterdir()] == ["r.json"]  # no temporary file left
+
+
+def test_write_result_keeps_the_previous_file_when_the_result_cannot_be_written(benchjson, tmp_path):
+    out = tmp_path / "r.json"
+    out.write_text('{"old": 1}\n')
+    with pytest.raises(TypeError):
+        benchjson.write_result(out, {"benchmark": "b", "bad": object()})
+    assert out.read_text() == '{"old": 1}\n'
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
+    with pytest.raises(TypeError, match="must be a dict"):
+        benchjson.write_result(out, [1, 2])
 
 
 def test_a_result_without_a_renderer_is_an_error_naming_the_fix(gen_docs, tmp_path):
