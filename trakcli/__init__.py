@@ -1,7 +1,7 @@
 """trakcli: gradient-based data attribution (TRAK) as a command-line tool and library.
 
-The library's entry points (docs/guides/python-api.md), imported on first use so that
-``import trakcli`` stays cheap (no torch):
+The library's entry points (docs/guides/python-api.md), imported on first use: every
+``trak`` command imports this package, and ``trak --help`` must not import torch:
 
 - :class:`Attributor` (:mod:`trakcli.api`): your ``nn.Module`` and batches (e.g. a DataLoader).
 - :func:`load_config`, :func:`featurize`, :func:`score`: the ``trak featurize`` / ``trak score``

@@ -12,7 +12,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from typer.testing import CliRunner
 
 from trakcli.cli.main import app
@@ -61,39 +60,6 @@ def test_inspect_and_noop_featurize_and_score_import_only_what_they_use(user_pro
     assert loaded_by(user_project, "inspect", "out/attrib.zarr") == []  # no torch either
     assert loaded_by(user_project, "featurize", "run.yaml", "-q") == ["torch"]  # a finished store: nothing to do
     assert loaded_by(user_project, "score", "run.yaml", "-q") == ["torch"]
-
-
-def test_bundled_digits_import_sklearn_once_then_read_the_cached_split(tmp_path):
-    code = """
-import json, sys
-from trakcli.data.digits import load_digits_split
-x_tr, y_tr, x_ta, y_ta = load_digits_split()
-print(json.dumps({"sklearn": "sklearn" in sys.modules, "sums": [float(x_tr.sum()), int(y_tr.sum()), float(x_ta.sum()),
-                  int(y_ta.sum())], "shapes": [list(t.shape) for t in (x_tr, y_tr, x_ta, y_ta)]}))
-"""
-    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
-    runs = [
-        json.loads(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                                  check=True, timeout=300).stdout)
-        for _ in range(2)
-    ]
-    assert [r["sklearn"] for r in runs] == [True, False]
-    assert runs[0]["sums"] == runs[1]["sums"] and runs[0]["shapes"] == [[1437, 64], [1437], [360, 64], [360]]
-    assert len(list((tmp_path / "cache" / "trakcli").glob("digits-split-sklearn*.npz"))) == 1
-
-
-@pytest.mark.parametrize("damage", ["truncated", "not a zip"])
-def test_a_damaged_digits_cache_is_recomputed(tmp_path, monkeypatch, damage):
-    from trakcli.data import digits
-
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    first = digits.load_digits_split()
-    (path,) = (tmp_path / "trakcli").glob("*.npz")
-    good = path.read_bytes()
-    path.write_bytes(good[:200] if damage == "truncated" else b"garbage")
-    again = digits.load_digits_split()
-    assert all(a.equal(b) for a, b in zip(first, again))
-    assert path.read_bytes() == good
 
 
 def test_fresh_featurize_and_score_take_per_example_gradients_without_torch_dynamo(user_project):

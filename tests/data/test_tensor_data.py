@@ -1,10 +1,13 @@
-"""Tensor data files (.pt, .npz): dtypes, the errors that name the problem, and the fingerprint."""
+"""Tensor data files (.pt, .npz): dtypes, the errors that name the problem, and the fingerprint; the bundled digits."""
+
+import hashlib
 
 import numpy as np
 import pytest
 import torch
 
 from trakcli.config.schema import DatasetConfig
+from trakcli.data.digits import load_digits_split
 from trakcli.data.load import load_dataset
 from trakcli.errors import DataError
 
@@ -60,3 +63,17 @@ def test_the_fingerprint_of_the_first_rows_is_that_of_those_rows_alone():
     for bad in (0, 11, 2.5, True):
         with pytest.raises(DataError, match="cannot fingerprint the first"):
             whole.fingerprint(bad)
+
+
+def test_bundled_digits_split_is_the_same_rows_every_run():
+    x_tr, y_tr, x_ta, y_ta = split = load_digits_split()
+    assert [list(t.shape) for t in split] == [[1437, 64], [1437], [360, 64], [360]]
+    # the rows, in order, that every trakcli version gives (a store's data fingerprint depends on them)
+    digest = hashlib.sha256(b"".join(t.numpy().tobytes() for t in split)).hexdigest()
+    assert digest == "dd82963602a00ec7a5acb3d83ef540e3a20b54d2e70797c745a817e4328ba5e4"
+    assert np.bincount(y_ta.numpy()).tolist() == [36, 36, 35, 37, 36, 37, 36, 36, 35, 36]  # stratified by label
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)  # together, the two splits are every row once
+    rows = lambda a, b: sorted(map(tuple, np.column_stack([a, b]).tolist()))  # noqa: E731
+    assert rows(torch.cat([x_tr, x_ta]).numpy() * 16, torch.cat([y_tr, y_ta]).numpy()) == rows(x, y)

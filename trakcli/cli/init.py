@@ -8,7 +8,6 @@ from typing import Annotated, Optional
 import typer
 
 from trakcli.cli.common import err_console, handle_errors
-from trakcli.config.examples import example_configs, write_example_config
 from trakcli.errors import UsageError
 
 
@@ -25,6 +24,8 @@ def init(
     list_: Annotated[bool, typer.Option("--list", help="List the shipped example configs and exit.")] = False,
 ) -> None:
     """Write a commented example config to edit (trak init digits run.yaml); --list shows them."""
+    from trakcli.config.examples import example_configs, write_example_config
+
     if list_:
         for stem, summary in example_configs().items():
             typer.echo(f"{stem:<20} {summary}")

@@ -15,49 +15,28 @@ Relative paths in the config are relative to the current working directory.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from trakcli.lazy import lazy_getattr
-
-if TYPE_CHECKING:
-    from trakcli.config.load import load_config, parse_overrides, validate_section
-    from trakcli.config.recipe import (
-        RUN_ONLY_KEYS,
-        OptimizeConfig,
-        recipe_identity,
-    )
-    from trakcli.config.resolve import check_files, resolve_checkpoints
-    from trakcli.config.schema import (
-        BUILTIN_DATASETS,
-        KRONECKER_OPTIONS,
-        Config,
-        CurvatureConfig,
-        DataConfig,
-        DatasetConfig,
-        EvalConfig,
-        ModelConfig,
-        ProjectorConfig,
-        ScoreConfig,
-        SecondMomentConfig,
-        StoreConfig,
-        SweepConfig,
-    )
-
-#: Public name -> the module that defines it (imported on first use: pydantic and the schema
-#: cost ~0.2 s, which `trak --help`, `trak init` and `trak inspect` do not need).
-_LAZY = {
-    **dict.fromkeys(("load_config", "parse_overrides", "validate_section"), "trakcli.config.load"),
-    **dict.fromkeys(
-        ("RUN_ONLY_KEYS", "OptimizeConfig", "recipe_identity"),
-        "trakcli.config.recipe",
-    ),
-    **dict.fromkeys(("check_files", "resolve_checkpoints"), "trakcli.config.resolve"),
-    **dict.fromkeys(
-        ("BUILTIN_DATASETS", "KRONECKER_OPTIONS", "Config", "DataConfig", "DatasetConfig", "EvalConfig", "ModelConfig",
-         "ProjectorConfig", "ScoreConfig", "SecondMomentConfig", "StoreConfig", "SweepConfig", "CurvatureConfig"),
-        "trakcli.config.schema",
-    ),
-}
+from trakcli.config.load import load_config, parse_overrides, validate_section
+from trakcli.config.recipe import (
+    RUN_ONLY_KEYS,
+    OptimizeConfig,
+    recipe_identity,
+)
+from trakcli.config.resolve import check_files, resolve_checkpoints
+from trakcli.config.schema import (
+    BUILTIN_DATASETS,
+    KRONECKER_OPTIONS,
+    Config,
+    CurvatureConfig,
+    DataConfig,
+    DatasetConfig,
+    EvalConfig,
+    ModelConfig,
+    ProjectorConfig,
+    ScoreConfig,
+    SecondMomentConfig,
+    StoreConfig,
+    SweepConfig,
+)
 
 __all__ = [
     "BUILTIN_DATASETS",
@@ -83,9 +62,3 @@ __all__ = [
     "resolve_checkpoints",
 ]
 
-
-__getattr__ = lazy_getattr(__name__, _LAZY, globals())
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_LAZY])

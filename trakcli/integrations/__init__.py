@@ -4,17 +4,11 @@
   ``transformers.Trainer`` and TRL's ``SFTTrainer`` that writes checkpoints along training, their
   AdamW state and a manifest, in the layout of `trak optimize` (``checkpoints: OUT/manifest.json``).
 
-Imported on first use: ``import trakcli.integrations`` imports neither torch nor transformers.
+Importing this package imports transformers (and torch).
 """
 
 from __future__ import annotations
 
-from trakcli.lazy import lazy_getattr
+from trakcli.integrations.trainer import TrakCallback
 
 __all__ = ["TrakCallback"]
-
-__getattr__ = lazy_getattr(__name__, {"TrakCallback": "trakcli.integrations.trainer"}, globals())
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *__all__])

@@ -18,8 +18,7 @@ TRL's ``SFTTrainer``, into ``out_dir``, in the layout of `trak optimize`::
 in training order (the final one last), and ``second_moment.kind: adam`` finds each
 one's optimizer state through the manifest.
 
-This module imports transformers; ``trakcli.integrations.TrakCallback`` imports it on
-first use.
+This module imports transformers.
 """
 
 from __future__ import annotations

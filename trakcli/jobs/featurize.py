@@ -16,12 +16,12 @@ import torch
 from trakcli.config import Config
 from trakcli.data.tensors import TensorDataset
 from trakcli.gradients import check_finite
-from trakcli.jobs.kernels import finalize_kernels, report_notes, ridge_settings
+from trakcli.jobs.kernels import finalize_kernels, report_notes
 from trakcli.jobs.runtime import ChunkWriter, event, locked_store
 from trakcli.jobs.setup import JobSetup, prepare
 from trakcli.models.checkpoints import load_checkpoint
 from trakcli.progress import NULL_REPORTER, Reporter
-from trakcli.store import ChunkedRows, Store, StoreCorruptError, train_finished
+from trakcli.store import ChunkedRows, Store, StoreCorruptError
 from trakcli.store.append import kept_rows
 
 
@@ -251,10 +251,8 @@ def featurize(
     chunk keeps its old rows), the kernels are made again from the stored features, and
     the experiments scored before are marked stale until rescored.
 
-    A store whose features and kernels are finished is recognized from its
-    metadata files (:func:`trakcli.store.train_finished`) without importing
-    zarr; anything else is opened through zarr (the checks and messages of
-    :meth:`Store.create_or_check`, :meth:`Store.train` and the kernels').
+    The store is opened and checked by :meth:`Store.create_or_check` and :meth:`Store.train`
+    (identity, layout, checkpoints, done flags), so a finished store is found to need nothing.
 
     Args:
         cfg: the validated config.
@@ -294,16 +292,6 @@ def featurize(
     skipped: dict[int, list[int]] = {}
     train_rows: list[ChunkedRows] = []
     with locked_store(path, s.dist, reporter):
-        if first is None and not (overwrite or verify) and s.dist.world_size == 1:
-            # kfac / ekfac have no kernel (their curvature is stored before the features)
-            kernel = s.checkpoints and s.curvature is None
-            settings = ridge_settings(cfg.score.lambda_reg, cfg.score.lambda_rel) if kernel else None
-            if train_finished(path, s.identity, s.layout, s.shas, settings, s.state_shas):  # nothing to do, found without zarr
-                n_chunks = -(-s.layout.n_train // s.layout.chunk_rows)
-                return FeaturizeResult(
-                    path, len(s.checkpoints), 0, n_chunks * len(s.checkpoints), s.grad_dim, s.proj_dim,
-                    len(s.train),
-                )
         if s.dist.is_main:
             store = Store.create_or_check(path, s.identity, cfg.resolved(), layout=s.layout, overwrite=overwrite,
                                           prefix=s.train.fingerprint)  # train rows appended: grown, not refused

@@ -51,7 +51,7 @@ from trakcli.jobs.runtime import locked_store, torch_threads
 from trakcli.jobs.score import check_train_complete
 from trakcli.jobs.setup import JobSetup, prepare
 from trakcli.progress import NULL_REPORTER, Reporter
-from trakcli.store import Store, train_finished
+from trakcli.store import Store
 
 #: ``select.fraction`` when neither it nor ``select.count`` is set: LESS keeps 5% of the pool.
 DEFAULT_FRACTION = 0.05
@@ -626,11 +626,8 @@ def select(
     target = load_dataset(cfg.data.target, key="data.target")  # type: ignore[arg-type]  # checked by prepare
     groups, names = target_groups(cfg.data.target, target, sc.group_by)
     path = cfg.store.location
-    computed = 0
-    if verify or not train_finished(path, s.identity, s.layout, s.shas, None, s.state_shas):
-        res = featurize(cfg, skip_nonfinite=skip_nonfinite, verify=verify, reporter=reporter)
-        computed = res.chunks_computed
-    else:
+    computed = featurize(cfg, skip_nonfinite=skip_nonfinite, verify=verify, reporter=reporter).chunks_computed
+    if computed == 0 and not verify:
         reporter.info(f"train features of {len(s.checkpoints)} checkpoints x {len(s.train)} rows: reused from {path}")
     if s.curvature is not None and s.exact_damping is not None:
         reporter.info("curvature.exact: select ranks by the stored features (as curvature.exact: false)")

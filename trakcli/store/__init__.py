@@ -80,22 +80,15 @@ Modules:
 - :mod:`~trakcli.store.rows`: :class:`ChunkedRows`, :class:`EvalRows`, the checked read.
 - :mod:`~trakcli.store.store`: :class:`Store`, with the checked reads and ``trak export``;
   :mod:`~trakcli.store.kernel`: the kernel array.
-- :mod:`~trakcli.store.finished`: :func:`train_finished`, whether a featurize rerun has
-  nothing to do, read from the metadata files without zarr.
 - :mod:`~trakcli.store.evalgroup`: the ``eval/`` group; :mod:`~trakcli.store.summary`:
   ``trak inspect``'s summary.
 
-The names of the modules that use zarr (:class:`Store`, :class:`ChunkedRows`, ...)
-are imported on first use, and those modules import zarr only when a store is
-opened or an array created, so that importing the store (the config reading a
-manifest, a lock, a finished store found by :func:`train_finished`) does not import zarr.
+The modules that use zarr import it when a store is opened or an array created.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from trakcli.lazy import lazy_getattr
+from trakcli.store.append import StoreStaleError
 from trakcli.store.identity import (
     check_same,
     diff_keys,
@@ -105,26 +98,11 @@ from trakcli.store.identity import (
     record_or_check,
     settings_mismatch,
 )
+from trakcli.store.integrity import StoreCorruptError, StoreMetadataError
 from trakcli.store.layout import COMPRESSORS, STORAGE_DTYPES, StoreLayout
 from trakcli.store.lock import StoreLock
-
-if TYPE_CHECKING:
-    from trakcli.store.append import StoreStaleError
-    from trakcli.store.finished import train_finished
-    from trakcli.store.integrity import StoreCorruptError, StoreMetadataError
-    from trakcli.store.rows import ChunkedRows, EvalRows
-    from trakcli.store.store import SCHEMA_VERSION, Store
-
-_LAZY = {
-    "Store": "trakcli.store.store",
-    "SCHEMA_VERSION": "trakcli.store.store",
-    "ChunkedRows": "trakcli.store.rows",
-    "EvalRows": "trakcli.store.rows",
-    "StoreCorruptError": "trakcli.store.integrity",
-    "StoreMetadataError": "trakcli.store.integrity",
-    "StoreStaleError": "trakcli.store.append",
-    "train_finished": "trakcli.store.finished",
-}
+from trakcli.store.rows import ChunkedRows, EvalRows
+from trakcli.store.store import SCHEMA_VERSION, Store
 
 __all__ = [
     "COMPRESSORS",
@@ -145,8 +123,4 @@ __all__ = [
     "jsonable",
     "record_or_check",
     "settings_mismatch",
-    "train_finished",
 ]
-
-
-__getattr__ = lazy_getattr(__name__, _LAZY, globals())

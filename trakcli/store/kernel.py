@@ -66,8 +66,7 @@ KERNEL_CHUNK_BYTES = 64 << 20
 def kernel_attrs_done(attrs: dict[str, Any], settings: dict[str, Any]) -> bool:
     """Whether kernel attributes mark a kernel finished with ``settings``.
 
-    The one test of a finished kernel: :func:`read_kernel`, :func:`kernel_done` and the zarr-free
-    :func:`trakcli.store.finished.train_finished` all apply it.
+    The one test of a finished kernel: :func:`read_kernel` and :func:`kernel_done` both apply it.
     """
     return attrs.get("settings") == jsonable(settings) and "lambda_reg" in attrs
 

@@ -57,8 +57,7 @@ def _open_group(path: Location, mode: str) -> Any:
     """``zarr.open_group`` of the Zarr v3 store at ``path`` (a local directory or an object store URL).
 
     zarr is imported here, on the first open: importing this module (e.g. for
-    :meth:`Store.prepare_parent`, or a run that finds its store finished through
-    :mod:`trakcli.store.finished`) does not import it (~0.3 s).
+    :meth:`Store.prepare_parent`) does not import it.
     """
     import zarr
 
