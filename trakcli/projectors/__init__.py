@@ -25,28 +25,55 @@ Implementations (``implementation``), same matrix for one spec:
     ``cuda`` a Triton kernel generating the matrix on the fly (dense kinds,
     ``pip install 'trakcli[cuda]'``); ``auto`` cuda when it can run, else basic.
 
-Modules: :mod:`.philox` (the generator), :mod:`.matrices` (kinds),
-:mod:`.dense` and :mod:`.chunked` (CPU/GPU implementations), :mod:`.cuda`
-(Triton), :mod:`.factory` (``make_projector``), :mod:`.base` (input handling).
+Kinds are registered classes (:mod:`.registry`): a kind is one
+:class:`~trakcli.projectors.registry.ProjectorKind` subclass carrying its name, its
+options, its implementations, its memory check and how it builds the projector, and
+one ``register_projector_kind(cls)`` call; ``make_projector`` and the config's
+``projector.kind`` then take it. The built-in kinds are in :mod:`.kinds`.
+
+Modules: :mod:`.philox` (the generator), :mod:`.matrices` (kinds' matrices),
+:mod:`.registry` and :mod:`.kinds` (the kinds), :mod:`.dense` and :mod:`.chunked`
+(CPU/GPU implementations), :mod:`.cuda` (Triton), :mod:`.factory` (``make_projector``),
+:mod:`.base` (input handling). Names are imported on first use: the registry (which
+the config reads) needs no torch.
 """
 
-from trakcli.projectors.base import Projector
-from trakcli.projectors.chunked import ChunkedProjector
-from trakcli.projectors.dense import BasicProjector, BasicSingleBlockProjector, NoopProjector
-from trakcli.projectors.factory import IMPLEMENTATIONS, KINDS, OPTIONS, make_projector
-from trakcli.projectors.matrices import GEN_ROWS, DenseMatrix, SJLTMatrix
+from __future__ import annotations
 
-__all__ = [
-    "GEN_ROWS",
-    "IMPLEMENTATIONS",
-    "KINDS",
-    "OPTIONS",
-    "BasicProjector",
-    "BasicSingleBlockProjector",
-    "ChunkedProjector",
-    "DenseMatrix",
-    "NoopProjector",
-    "Projector",
-    "SJLTMatrix",
-    "make_projector",
-]
+import importlib
+from typing import Any
+
+#: Public name -> the module that defines it.
+_LAZY = {
+    "GEN_ROWS": "trakcli.projectors.matrices",
+    "IMPLEMENTATIONS": "trakcli.projectors.registry",
+    "KINDS": "trakcli.projectors.factory",
+    "OPTIONS": "trakcli.projectors.registry",
+    "BasicProjector": "trakcli.projectors.dense",
+    "BasicSingleBlockProjector": "trakcli.projectors.dense",
+    "ChunkedProjector": "trakcli.projectors.chunked",
+    "DenseMatrix": "trakcli.projectors.matrices",
+    "NoopProjector": "trakcli.projectors.dense",
+    "Projector": "trakcli.projectors.base",
+    "ProjectorKind": "trakcli.projectors.registry",
+    "SJLTMatrix": "trakcli.projectors.matrices",
+    "make_projector": "trakcli.projectors.factory",
+    "projector_kind": "trakcli.projectors.registry",
+    "register_projector_kind": "trakcli.projectors.registry",
+    "unregister_projector_kind": "trakcli.projectors.registry",
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    """Import :data:`_LAZY` names on first access."""
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'trakcli.projectors' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])
