@@ -40,39 +40,42 @@ the config reads) needs no torch.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from typing import TYPE_CHECKING
 
-#: Public name -> the module that defines it.
+from trakcli.lazy import lazy_getattr
+
+if TYPE_CHECKING:
+    from trakcli.projectors.base import Projector
+    from trakcli.projectors.chunked import ChunkedProjector
+    from trakcli.projectors.dense import BasicProjector, BasicSingleBlockProjector, NoopProjector
+    from trakcli.projectors.factory import KINDS, make_projector
+    from trakcli.projectors.matrices import GEN_ROWS, DenseMatrix, SJLTMatrix
+    from trakcli.projectors.registry import (
+        IMPLEMENTATIONS,
+        OPTIONS,
+        ProjectorKind,
+        projector_kind,
+        register_projector_kind,
+        unregister_projector_kind,
+    )
+
+#: Public name -> the module that defines it (imported on first use: the registry needs no torch).
 _LAZY = {
-    "GEN_ROWS": "trakcli.projectors.matrices",
-    "IMPLEMENTATIONS": "trakcli.projectors.registry",
-    "KINDS": "trakcli.projectors.factory",
-    "OPTIONS": "trakcli.projectors.registry",
-    "BasicProjector": "trakcli.projectors.dense",
-    "BasicSingleBlockProjector": "trakcli.projectors.dense",
+    **dict.fromkeys(("GEN_ROWS", "DenseMatrix", "SJLTMatrix"), "trakcli.projectors.matrices"),
+    **dict.fromkeys(("BasicProjector", "BasicSingleBlockProjector", "NoopProjector"), "trakcli.projectors.dense"),
+    **dict.fromkeys(("KINDS", "make_projector"), "trakcli.projectors.factory"),
+    **dict.fromkeys(
+        ("IMPLEMENTATIONS", "OPTIONS", "ProjectorKind", "projector_kind", "register_projector_kind",
+         "unregister_projector_kind"),
+        "trakcli.projectors.registry",
+    ),
     "ChunkedProjector": "trakcli.projectors.chunked",
-    "DenseMatrix": "trakcli.projectors.matrices",
-    "NoopProjector": "trakcli.projectors.dense",
     "Projector": "trakcli.projectors.base",
-    "ProjectorKind": "trakcli.projectors.registry",
-    "SJLTMatrix": "trakcli.projectors.matrices",
-    "make_projector": "trakcli.projectors.factory",
-    "projector_kind": "trakcli.projectors.registry",
-    "register_projector_kind": "trakcli.projectors.registry",
-    "unregister_projector_kind": "trakcli.projectors.registry",
 }
 
 __all__ = sorted(_LAZY)
 
-
-def __getattr__(name: str) -> Any:
-    """Import :data:`_LAZY` names on first access."""
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'trakcli.projectors' has no attribute {name!r}")
+__getattr__ = lazy_getattr(__name__, _LAZY, globals())
 
 
 def __dir__() -> list[str]:

@@ -29,7 +29,7 @@ class Noop(ProjectorKind):
     """The identity: features are the ``grad_dim`` gradient entries; ``proj_dim`` is ignored."""
 
     name = "noop"
-    summary = "the identity (proj_dim = grad_dim)"
+    summary = "the identity: proj_dim = grad_dim"
     needs_proj_dim = False
 
     def __init__(self, *, grad_dim: int, proj_dim: int | None, seed: int, dtype: Any, **options: Any):
