@@ -16,8 +16,12 @@ Adding a kind::
         options = {"scale": "factor of every feature (default 1.0)"}
         implementations = ("basic",)
 
+        def __init__(self, *, scale=1.0, **common):   # grad_dim, proj_dim, seed, dtype (checked)
+            super().__init__(**common)
+            self.scale = float(scale)
+
         def build(self, implementation, *, cache_bytes, block_size, max_chunk_size):
-            return MyProjector(self.grad_dim, self.proj_dim, self.options.get("scale", 1.0))
+            return MyProjector(self.grad_dim, self.proj_dim, self.scale)   # a Projector subclass
 
     register_projector_kind(Truncate)    # make_projector(kind="truncate", ...), projector.kind: truncate
 
@@ -80,7 +84,7 @@ class ProjectorKind:
         proj_dim: features, an int >= 1 (checked), or None for a kind with ``needs_proj_dim`` False.
         seed: base seed, an int >= 0 (checked).
         dtype: the accumulation dtype, ``torch.float32`` or ``torch.float64``.
-        **options: the given options of :attr:`options` (only those).
+        **options: the given values of the kind's :attr:`options` (only those), kept in ``given``.
 
     Raises:
         ProjectorError: (subclasses) a bad option value.
