@@ -144,7 +144,7 @@ def config_reference() -> str:
     Sections follow the schema (a model used at several keys, like the datasets, is one
     table whose rows name every key). Descriptions are the fields' ``description=``.
     """
-    from trakcli.config.schema import KRONECKER_OPTIONS, Config
+    from trakcli.config.schema import Config
 
     # group rows by the model class that defines them, in order of first appearance
     sections: dict[type[BaseModel], dict[str, list[str]]] = {}
@@ -193,18 +193,19 @@ def config_reference() -> str:
             ])
         lines += [table(["key", "type", "default", "description"], rows), ""]
         if model.__name__ == "ProjectorConfig":
-            lines += _projector_options(KRONECKER_OPTIONS)
+            lines += _projector_options()
     return "\n".join(lines)
 
 
-def _projector_options(kronecker_options: dict[str, str]) -> list[str]:
-    """The kind-specific options ``projector:`` takes besides its fields (validated by the projector)."""
-    try:
-        from trakcli.projectors.factory import OPTIONS
-    except ImportError:  # torch missing: the options table needs the projector module
-        OPTIONS = {}
-    rows = [[md_code(f"projector.{k}"), "every kind but kronecker", md_text(v)] for k, v in OPTIONS.items()]
-    rows += [[md_code(f"projector.{k}"), "kronecker", md_text(v)] for k, v in kronecker_options.items()]
+def _projector_options() -> list[str]:
+    """The options ``projector:`` takes besides its fields, per registered kind (validated by the projector)."""
+    from trakcli.projectors.registry import COMMON_OPTIONS, kind_names, projector_kind
+
+    kinds = [projector_kind(n) for n in kind_names()]
+    from_model = [k.name for k in kinds if k.built_from_model is not None]
+    every = "every kind" + (f" but {', '.join(from_model)}" if from_model else "")
+    rows = [[md_code(f"projector.{k}"), every, md_text(v)] for k, v in COMMON_OPTIONS.items()]
+    rows += [[md_code(f"projector.{k}"), kind.name, md_text(v)] for kind in kinds for k, v in kind.options.items()]
     return [
         "Besides these keys, `projector:` takes the options of its kind "
         "(see [Projectors](../guides/projectors.md)):",

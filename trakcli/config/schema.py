@@ -17,6 +17,9 @@ from pydantic import (
     model_validator,
 )
 
+from trakcli.errors import ProjectorError
+from trakcli.projectors.kinds import KRONECKER_OPTIONS as _KRONECKER_OPTIONS
+from trakcli.projectors.registry import DEFAULT_KIND, IMPLEMENTATIONS, OPTIONS, kind_names, projector_kind
 from trakcli.strict import NoBoolNumbers, StrictModel
 
 #: The built-in model output functions (``trakcli.gradients.TASKS``; config does not import torch).
@@ -36,13 +39,8 @@ NOT_SECTIONS = {
                  "optimizer.KEY (lr, momentum, weight_decay, projection, ...) as optimize.KEY",
 }
 
-#: Options of ``projector:`` that kind ``kronecker`` takes besides proj_dim and seed (values checked by the projector).
-KRONECKER_OPTIONS = {
-    "dtype": "float32 (default) or float64 accumulation",
-    "distribution": "rademacher (default, ±1/√k) or normal (N(0, 1/k)) factor entries",
-    "split": "how proj_dim is shared among the layers: equal (default, equal shares) or size (in proportion "
-    "to each layer's gradient entries d_out·d_in, as a projection of the whole gradient spreads them)",
-}
+#: Options of ``projector:`` that kind ``kronecker`` takes besides proj_dim and seed (that kind's ``options``).
+KRONECKER_OPTIONS = _KRONECKER_OPTIONS
 
 
 class ModelConfig(StrictModel):
@@ -267,71 +265,89 @@ class DataConfig(StrictModel):
     )
 
 
+def _kind_description() -> str:
+    """The ``projector.kind`` description: the registered kinds at import, the default first."""
+    default = "; the default: the LDS of dense rademacher at a fraction of its cost, docs/guides/projectors.md"
+    kinds = sorted(kind_names(), key=lambda n: n != DEFAULT_KIND)
+    described = [f"{n} ({projector_kind(n).summary}{default if n == DEFAULT_KIND else ''})" for n in kinds]
+    return "; ".join(described) + ". A kind registered with trakcli.projectors.register_projector_kind is accepted too."
+
+
 class ProjectorConfig(NoBoolNumbers):
     """The random projection.
 
-    For every kind but ``kronecker`` the mapping is passed to ``make_projector``;
-    keys beyond those listed are kind-specific options (``block_size``,
-    ``max_chunk_size``, ``s`` ...) validated by the projector itself.
+    ``kind`` names a registered projector kind (:mod:`trakcli.projectors.registry`). For a kind
+    built from a gradient dimension the mapping is passed to ``make_projector``; keys beyond
+    those listed are options (``block_size``, ``max_chunk_size``, a kind's own ones such as
+    sjlt's ``s`` ...) validated by the projector itself.
 
-    ``kind: kronecker`` (LoGra, Choe et al. 2024) projects each covered layer's
-    gradient with ``P_out ⊗ P_in`` from the layer's inputs and output gradients
-    (:class:`trakcli.factors.KroneckerFeaturizer`): it has a single
-    implementation, so ``implementation`` other than ``auto`` is refused, and
-    its only options are those of :data:`KRONECKER_OPTIONS`.
+    A kind built from the model (``kind: kronecker``, LoGra, Choe et al. 2024, projects each
+    covered layer's gradient with ``P_out ⊗ P_in`` from the layer's inputs and output
+    gradients, :class:`trakcli.factors.KroneckerFeaturizer`) checks ``implementation`` itself
+    (kronecker has a single one, so ``implementation`` other than ``auto`` is refused), and
+    its only options are the kind's own (:data:`KRONECKER_OPTIONS`).
     """
 
     model_config = ConfigDict(extra="allow")
 
-    kind: str = Field(
-        "sjlt",
-        description="sjlt (the default: sparse JL, the LDS of dense rademacher at a fraction of its cost; "
-        "docs/guides/projectors.md), rademacher, normal, noop, kronecker (per-layer P_out ⊗ P_in from one forward + "
-        "backward).",
-    )
+    kind: str = Field(DEFAULT_KIND, description=_kind_description())
     implementation: str = Field(
-        "auto", description="auto, single_block, basic, chunked, cuda (kind kronecker: auto only)."
+        "auto", description=f"{', '.join(IMPLEMENTATIONS)} (each kind supports some; kind kronecker: auto only)."
     )
     proj_dim: PositiveInt = Field(2048, description="Output dimension of the projection.")
     seed: int = Field(0, description="Seed of the random matrix (per model_id matrices derive from it).")
 
+    @field_validator("kind")
+    @classmethod
+    def _registered_kind(cls, v: str) -> str:
+        try:
+            projector_kind(v)
+        except ProjectorError as e:
+            raise ValueError(str(e)) from None
+        return v
+
     @field_validator("implementation")
     @classmethod
-    def _kronecker_implementation(cls, v: str, info: ValidationInfo) -> str:
-        if info.data.get("kind") == "kronecker" and v != "auto":
-            raise ValueError(
-                "kind kronecker has one implementation (factors from layer hooks in one forward + backward, "
-                "no [n, grad_dim] gradient); remove projector.implementation or set it to auto"
-            )
+    def _kind_implementation(cls, v: str, info: ValidationInfo) -> str:
+        kind = info.data.get("kind")
+        problem = projector_kind(kind).implementation_error(v) if kind is not None else None
+        if problem:
+            raise ValueError(problem)
         return v
+
+    @property
+    def built_from_model(self) -> bool:
+        """Whether ``kind`` is built from the model (``kronecker``), not by ``make_projector``."""
+        return projector_kind(self.kind).built_from_model is not None
 
     @model_validator(mode="after")
     def _known_options(self) -> "ProjectorConfig":
         """Unknown keys get the did-you-mean of every other config key (:func:`trakcli.config.load.load_config`).
 
         A key is unknown if it is no field and no option of the kind: the options of
-        :data:`trakcli.projectors.OPTIONS`, or for kind ``kronecker`` (whose other
-        options :meth:`_kronecker_options` refuses with its own message) a key closer to
-        a field than to any option.
+        :data:`trakcli.projectors.OPTIONS`, or for a kind built from the model (whose other
+        options :meth:`_model_kind_options` refuses with its own message) a key closer to
+        a field than to any of its options.
         """
         extra = list(self.model_extra or {})
         if not extra:
             return self
         fields = list(type(self).model_fields)
-        if self.kind == "kronecker":
-            choices = fields + list(KRONECKER_OPTIONS)
-            closest = {k: difflib.get_close_matches(k, choices, n=1) for k in extra if k not in KRONECKER_OPTIONS}
+        own = projector_kind(self.kind).options
+        if self.built_from_model:
+            choices = fields + list(own)
+            closest = {k: difflib.get_close_matches(k, choices, n=1) for k in extra if k not in own}
             unknown = [k for k, close in closest.items() if close and close[0] in fields]
         else:
-            from trakcli.projectors.factory import OPTIONS  # torch: only for a config with options
-
             choices = fields + list(OPTIONS)
             unknown = [k for k in extra if k not in OPTIONS]
-            elsewhere = [k for k in unknown if k in KRONECKER_OPTIONS]
-            if elsewhere:
-                raise ValueError(
-                    f"option {elsewhere[0]} applies to kind kronecker only; remove it or set projector.kind: kronecker"
-                )
+            for k in unknown:
+                owners = [n for n in kind_names() if projector_kind(n).built_from_model and k in projector_kind(n).options]
+                if owners:
+                    raise ValueError(
+                        f"option {k} applies to kind {' or '.join(owners)} only; remove it or set projector.kind: "
+                        f"{owners[0]}"
+                    )
         if unknown:
             raise PydanticCustomError(
                 UNKNOWN_KEYS, "unknown keys {keys}", {"keys": unknown, "choices": choices}
@@ -339,31 +355,33 @@ class ProjectorConfig(NoBoolNumbers):
         return self
 
     @model_validator(mode="after")
-    def _kronecker_options(self) -> "ProjectorConfig":
-        if self.kind != "kronecker":
+    def _model_kind_options(self) -> "ProjectorConfig":
+        if not self.built_from_model:
             return self
-        unknown = [k for k in (self.model_extra or {}) if k not in KRONECKER_OPTIONS]
+        own = projector_kind(self.kind).options
+        unknown = [k for k in (self.model_extra or {}) if k not in own]
         if unknown:
             shown = []
             for k in unknown:
-                close = difflib.get_close_matches(k, list(KRONECKER_OPTIONS), n=1)
+                close = difflib.get_close_matches(k, list(own), n=1)
                 shown.append(f"{k} (did you mean {close[0]}?)" if close else k)
-            known = "; ".join(f"{k}: {v}" for k, v in KRONECKER_OPTIONS.items())
+            known = "; ".join(f"{k}: {v}" for k, v in own.items())
             if len(unknown) == 1:
-                head = f"option {shown[0]} does not apply to kind kronecker; remove it"
+                head = f"option {shown[0]} does not apply to kind {self.kind}; remove it"
             else:
-                head = f"options {', '.join(shown)} do not apply to kind kronecker; remove them"
-            raise ValueError(f"{head}. kind kronecker takes proj_dim, seed and {known}")
+                head = f"options {', '.join(shown)} do not apply to kind {self.kind}; remove them"
+            raise ValueError(f"{head}. kind {self.kind} takes proj_dim, seed and {known}")
         return self
 
     def options(self) -> dict[str, Any]:
-        """All keys, as the keyword arguments of ``make_projector`` (not for kind ``kronecker``)."""
+        """All keys, as the keyword arguments of ``make_projector`` (not for a kind built from the model)."""
         return self.model_dump()
 
     def kronecker_options(self) -> dict[str, Any]:
-        """``proj_dim``, ``seed`` and the given :data:`KRONECKER_OPTIONS`, as keyword arguments of
-        :class:`trakcli.factors.KroneckerFeaturizer` (kind ``kronecker``)."""
-        extra = {k: v for k, v in (self.model_extra or {}).items() if k in KRONECKER_OPTIONS}
+        """``proj_dim``, ``seed`` and the given options of the kind (kind ``kronecker``: :data:`KRONECKER_OPTIONS`),
+        as keyword arguments of :class:`trakcli.factors.KroneckerFeaturizer`."""
+        own = projector_kind(self.kind).options
+        extra = {k: v for k, v in (self.model_extra or {}).items() if k in own}
         return {"proj_dim": self.proj_dim, "seed": self.seed, **extra}
 
 
@@ -929,11 +947,12 @@ class Config(StrictModel):
 
     @model_validator(mode="after")
     def _second_moment_kind(self) -> "Config":
-        """``adam`` scales entries of the whole per-example gradient, which kind kronecker never forms."""
-        if self.second_moment.kind == "adam" and self.projector.kind == "kronecker":
+        """``adam`` scales entries of the whole per-example gradient, which a kind built from the model
+        (kronecker) never forms."""
+        if self.second_moment.kind == "adam" and self.projector.built_from_model:
             raise ValueError(
                 "second_moment.kind: adam scales each entry of the whole per-example gradient, which projector.kind "
-                "kronecker never forms; use second_moment.kind: adafactor (factored per layer) or another projector kind"
+                f"{self.projector.kind} never forms; use second_moment.kind: adafactor (factored per layer) or another projector kind"
             )
         return self
 
@@ -958,11 +977,13 @@ class Config(StrictModel):
 
     @model_validator(mode="after")
     def _curvature_projector(self) -> "Config":
-        """kfac / ekfac whiten the whole per-example gradient, which kind kronecker never forms."""
-        if self.curvature.kind != "gram" and self.projector.kind == "kronecker":
+        """kfac / ekfac whiten the whole per-example gradient, which a kind built from the model (kronecker) never
+        forms."""
+        if self.curvature.kind != "gram" and self.projector.built_from_model:
             raise ValueError(
                 f"curvature.kind: {self.curvature.kind} whitens each layer's whole per-example gradient, which "
-                "projector.kind kronecker never forms; use projector.kind sjlt (or another kind), or curvature.kind gram"
+                f"projector.kind {self.projector.kind} never forms; use projector.kind {DEFAULT_KIND} (or another "
+                "kind), or curvature.kind gram"
             )
         return self
 

@@ -1,8 +1,12 @@
-"""``make_projector``: validate the ``projector:`` config mapping and build a projector."""
+"""``make_projector``: validate the ``projector:`` config mapping and build a projector of a registered kind.
+
+The kinds are :class:`~trakcli.projectors.registry.ProjectorKind` classes looked up by
+name in :mod:`trakcli.projectors.registry`; this module checks the arguments every
+kind shares and names no kind.
+"""
 
 from __future__ import annotations
 
-import difflib
 import importlib.util
 import logging
 import os
@@ -12,27 +16,30 @@ import torch
 
 from trakcli.errors import ProjectorError
 from trakcli.projectors.base import Projector, check_int
-from trakcli.projectors.dense import BasicProjector, BasicSingleBlockProjector, NoopProjector
-from trakcli.projectors.chunked import ChunkedProjector
-from trakcli.projectors.matrices import GEN_ROWS, DenseMatrix, SJLTMatrix
+from trakcli.projectors.registry import (
+    ARGUMENTS,
+    COMMON_OPTIONS,
+    DEFAULT_KIND,
+    IMPLEMENTATIONS,
+    OPTIONS,
+    KindNames,
+    ProjectorKind,
+    did_you_mean,
+    option_owner,
+    projector_kind,
+)
 
 logger = logging.getLogger("trakcli.projectors")
 
-KINDS = ("noop", "rademacher", "normal", "sjlt")
-DENSE_KINDS = ("rademacher", "normal")
-IMPLEMENTATIONS = ("auto", "single_block", "basic", "chunked", "cuda")
+#: The kinds ``make_projector`` builds (a live view of the registry; kinds built from a model are not among them).
+KINDS = KindNames(lambda cls: cls.built_from_model is None)
+#: The kinds with a ``cuda`` implementation (a live view of the registry).
+DENSE_KINDS = KindNames(lambda cls: "cuda" in cls.implementations)
 
-#: Options ``make_projector`` accepts beyond kind, implementation, grad_dim, proj_dim, seed.
-OPTIONS = {
-    "dtype": "accumulation dtype: float32 (default) or float64",
-    "s": "sjlt: nonzeros per gradient coordinate, 1 <= s <= proj_dim (default 1)",
-    "block_size": "basic: gradient columns processed per step (default 262144)",
-    "max_chunk_size": "chunked: most gradient entries per chunk (default 262144)",
-    "cache_bytes": (
-        "basic/chunked: byte budget for caching generated matrix blocks; 'auto' (default) caches "
-        "the whole matrix of a model when it fits min(4 GiB, RAM/4), else nothing; 0 disables"
-    ),
-}
+__all__ = [
+    "DENSE_KINDS", "IMPLEMENTATIONS", "KINDS", "OPTIONS", "auto_cache_bytes", "check_memory", "format_bytes",
+    "make_projector", "pick_auto", "refuse_over_memory",
+]
 
 DEFAULT_BLOCK_SIZE = 2**18
 DEFAULT_MAX_CHUNK_SIZE = 2**18
@@ -55,8 +62,7 @@ def auto_cache_bytes(matrix_bytes: int) -> int:
 
 
 def _did_you_mean(value: str, choices: tuple[str, ...] | list[str]) -> str:
-    close = difflib.get_close_matches(str(value), list(choices), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    return did_you_mean(value, choices)
 
 
 def _choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
@@ -81,7 +87,7 @@ def _dtype(value: Any) -> torch.dtype:
 
 
 def make_projector(
-    kind: str = "sjlt",
+    kind: str = DEFAULT_KIND,
     implementation: str = "auto",
     *,
     grad_dim: int,
@@ -92,9 +98,9 @@ def make_projector(
     """Build a projector from the ``projector:`` config mapping.
 
     Args:
-        kind: the matrix: ``noop`` (identity), ``rademacher`` (±1/√proj_dim),
-            ``normal`` (N(0, 1/proj_dim)) or ``sjlt`` (sparse JL /
-            CountSketch, ``s`` entries ±1/√s per column). All satisfy
+        kind: a registered kind (:mod:`trakcli.projectors.registry`); built in: ``noop``
+            (identity), ``rademacher`` (±1/√proj_dim), ``normal`` (N(0, 1/proj_dim)) or
+            ``sjlt`` (sparse JL / CountSketch, ``s`` entries ±1/√s per column). All satisfy
             E‖Pg‖² = ‖g‖² (Johnson & Lindenstrauss 1984; Achlioptas 2003;
             Kane & Nelson 2014). The default, as for ``projector.kind`` in a config, is
             ``sjlt``: the digits LDS of dense rademacher at a fraction of its cost (docs/guides/projectors.md).
@@ -104,15 +110,16 @@ def make_projector(
             most ``max_chunk_size`` entries), ``cuda`` (fused Triton kernel,
             dense kinds, needs a CUDA GPU and ``pip install trakcli[cuda]``) or
             ``auto`` (the best available; logs its choice and why the others
-            were skipped on the ``trakcli.projectors`` logger).
+            were skipped on the ``trakcli.projectors`` logger). Each kind lists
+            the ones it supports (``ProjectorKind.implementations``).
         grad_dim: gradient coordinates, an int > 0 (from the model).
         proj_dim: features, an int > 0. Ignored by ``noop`` (whose features
             are the ``grad_dim`` gradient entries; a warning is logged when
             it differs).
         seed: base seed, an int >= 0. Each ``model_id`` derives its own
             independent matrix from it.
-        **options: see :data:`OPTIONS`: ``dtype``, ``s``, ``block_size``,
-            ``max_chunk_size``, ``cache_bytes``.
+        **options: see :data:`OPTIONS`: ``dtype``, ``block_size``, ``max_chunk_size``,
+            ``cache_bytes`` and the kinds' own options (``s`` of ``sjlt``).
 
     Returns:
         A :class:`~trakcli.projectors.base.Projector`; its ``spec()`` fixes the
@@ -120,26 +127,24 @@ def make_projector(
 
     Raises:
         ProjectorError: unknown kind, implementation or option (with a
-            suggestion), kind ``kronecker`` (built from a model instead), non-integer
-            or non-positive dims, bad option values, ``cuda`` asked for where it
-            cannot run, or a ``proj_dim`` whose smallest working set exceeds this
-            machine's memory (:func:`check_memory`).
+            suggestion), an option of another kind, a kind built from a model
+            (``kronecker``), non-integer or non-positive dims, bad option values, an
+            implementation the kind lacks, ``cuda`` asked for where it cannot run, or a
+            ``proj_dim`` whose smallest working set exceeds this machine's memory
+            (:func:`check_memory`).
     """
-    if kind == "kronecker":
-        raise ProjectorError(
-            "projector kind 'kronecker' is built from the model, not from a gradient dimension: use "
-            "trakcli.factors.KroneckerFeaturizer(model, proj_dim=..., seed=...) (projector.kind: kronecker in a "
-            "config), or trakcli.projectors.kronecker.KroneckerProjector(layers, proj_dim) for given layer shapes"
-        )
-    kind = _choice("kind", kind, KINDS)
+    cls = projector_kind(kind)
+    if cls.built_from_model is not None:
+        raise ProjectorError(cls.built_from_model)
     implementation = _choice("implementation", implementation, IMPLEMENTATIONS)
-    unknown = [k for k in options if k not in OPTIONS]
+    known = list(OPTIONS)
+    unknown = [k for k in options if k not in known]
     if unknown:
         k = unknown[0]
-        arguments = ["kind", "implementation", "grad_dim", "proj_dim", "seed"]
+        arguments = list(ARGUMENTS)
         raise ProjectorError(
-            f"unknown projector option {k!r}{_did_you_mean(k, arguments + list(OPTIONS))}; "
-            f"known options: {', '.join(arguments + list(OPTIONS))}"
+            f"unknown projector option {k!r}{_did_you_mean(k, arguments + known)}; "
+            f"known options: {', '.join(arguments + known)}"
         )
     grad_dim = check_int("grad_dim", grad_dim, 1, "it is the number of selected parameters")
     seed = check_int("seed", seed, 0, "use a non-negative integer such as 0")
@@ -157,41 +162,23 @@ def make_projector(
             "cache_bytes", cache_bytes, 0,
             "use 'auto', 0 to disable the cache, or a byte count such as 4294967296 (4 GiB)",
         )
-    if "s" in options and kind != "sjlt":
-        raise ProjectorError(
-            f"projector option s={options['s']!r} only applies to kind 'sjlt', not {kind!r}; "
-            f"remove it or set kind: sjlt"
-        )
-
-    if kind == "noop":
-        if proj_dim is not None and proj_dim != grad_dim:
-            # a config always carries a proj_dim (default 2048): say it is unused, do not fail
-            logger.warning(
-                "projector kind 'noop' keeps every gradient coordinate: features have "
-                "grad_dim=%d columns, proj_dim=%r is ignored", grad_dim, proj_dim,
-            )
-        if implementation == "cuda":
-            raise ProjectorError("kind 'noop' has no cuda implementation; use implementation: auto")
-        return NoopProjector(grad_dim, dtype)
-
-    if proj_dim is None:
-        raise ProjectorError(f"projector kind {kind!r} needs proj_dim, e.g. proj_dim: 2048")
-    proj_dim = check_int("proj_dim", proj_dim, 1, "e.g. proj_dim: 2048")
-
-    if kind == "sjlt":
-        s = check_int("s", options.get("s", 1), 1, "e.g. s: 1 (CountSketch) or s: 4")
-        if s > proj_dim:
+    for k in options:
+        if k not in COMMON_OPTIONS and k not in cls.options:
+            owner = option_owner(k)
             raise ProjectorError(
-                f"projector option s={s} is larger than proj_dim={proj_dim}; sjlt puts s nonzeros "
-                f"in distinct features, so use s <= proj_dim"
+                f"projector option {k}={options[k]!r} only applies to kind {owner!r}, not {kind!r}; "
+                f"remove it or set kind: {owner}"
             )
-        matrix_bytes = s * grad_dim * 8
-    else:
-        matrix_bytes = grad_dim * proj_dim * (4 if dtype == torch.float32 else 8)
 
-    if implementation == "auto":
-        implementation = _pick_auto(kind, dtype)
-    check_memory(kind, implementation, grad_dim, proj_dim, dtype, matrix_bytes)
+    if cls.needs_proj_dim:
+        if proj_dim is None:
+            raise ProjectorError(f"projector kind {kind!r} needs proj_dim, e.g. proj_dim: 2048")
+        proj_dim = check_int("proj_dim", proj_dim, 1, "e.g. proj_dim: 2048")
+    own = {k: v for k, v in options.items() if k in cls.options}
+    spec = cls(grad_dim=grad_dim, proj_dim=proj_dim, seed=seed, dtype=dtype, **own)
+
+    implementation = spec.resolve_implementation(implementation)
+    spec.check_memory(implementation)
     if implementation == "cuda":
         reason = _cuda_unavailable(kind)
         if reason is None and dtype != torch.float32:
@@ -203,6 +190,7 @@ def make_projector(
             )
 
     if cache_bytes == "auto":
+        matrix_bytes = spec.matrix_bytes()
         cache_bytes = auto_cache_bytes(matrix_bytes)
         if implementation in ("basic", "chunked"):
             if cache_bytes:
@@ -213,21 +201,7 @@ def make_projector(
                     "are regenerated for every batch (set cache_bytes to cache part of it)",
                     matrix_bytes / 2**30,
                 )
-
-    def matrix(cache: int):
-        if kind == "sjlt":
-            return SJLTMatrix(grad_dim, proj_dim, seed, dtype, cache, s=s)
-        return DenseMatrix(kind, grad_dim, proj_dim, seed, dtype, cache)
-
-    if implementation == "single_block":
-        return BasicSingleBlockProjector(matrix(0))
-    if implementation == "chunked":
-        return ChunkedProjector(matrix(cache_bytes), max_chunk_size)
-    if implementation == "cuda":
-        from trakcli.projectors.cuda import CudaProjector
-
-        return CudaProjector(matrix(0))
-    return BasicProjector(matrix(cache_bytes), block_size)
+    return spec.build(implementation, cache_bytes=cache_bytes, block_size=block_size, max_chunk_size=max_chunk_size)
 
 
 def format_bytes(n: float) -> str:
@@ -239,40 +213,44 @@ def format_bytes(n: float) -> str:
     return f"{n:.1f} TiB"  # not reached
 
 
-def check_memory(
-    kind: str, implementation: str, grad_dim: int, proj_dim: int, dtype: torch.dtype, matrix_bytes: int
-) -> None:
-    """Refuse a projector that cannot project even one example in this machine's memory.
-
-    The least a projector holds at once: one example's accumulator (``proj_dim``
-    entries, ``2 * proj_dim`` for sjlt) and a piece of the matrix: all of it for
-    ``single_block``, else one generated block of ``GEN_ROWS`` gradient coordinates
-    (dense kinds; sjlt's block is ``s`` indices per coordinate, small).
-
-    Args:
-        kind, implementation: as resolved by :func:`make_projector` (not ``auto``).
-        grad_dim, proj_dim: the dimensions.
-        dtype: the accumulation dtype.
-        matrix_bytes: bytes of the whole matrix (sjlt: its indices).
+def refuse_over_memory(proj_dim: int, need: int, what: str) -> None:
+    """Raise if ``need`` bytes (``what``: the piece a projector holds) exceed this machine's memory.
 
     Raises:
         ProjectorError: naming ``proj_dim``, the memory it would need and the memory here.
     """
-    item = torch.empty((), dtype=dtype).element_size()
-    row = proj_dim * item * (2 if kind == "sjlt" else 1)
-    if implementation == "single_block":
-        piece, what = matrix_bytes, f"the whole {grad_dim} x {proj_dim} matrix"
-    elif kind == "sjlt":
-        piece, what = 0, f"a {proj_dim}-wide accumulator per example"
-    else:
-        rows = min(GEN_ROWS, grad_dim)
-        piece, what = rows * proj_dim * item, f"a {rows} x {proj_dim} block of the matrix"
-    need, ram = row + piece, _total_ram()
+    ram = _total_ram()
     if need > ram:
         raise ProjectorError(
             f"projector proj_dim={proj_dim} needs at least {format_bytes(need)} of memory to project one example "
             f"({what}), more than this machine's {format_bytes(ram)}; use a smaller proj_dim, e.g. 2048"
         )
+
+
+def check_memory(
+    kind: str, implementation: str, grad_dim: int, proj_dim: int, dtype: torch.dtype = torch.float32, **options: Any
+) -> None:
+    """Refuse a projector that cannot project even one example in this machine's memory.
+
+    The least a projector holds at once is its kind's ``memory_floor``: for the built-in
+    kinds one example's accumulator (``proj_dim`` entries, ``2 * proj_dim`` for sjlt) and a
+    piece of the matrix: all of it for ``single_block``, else one generated block of
+    ``GEN_ROWS`` gradient coordinates (dense kinds; sjlt's block is ``s`` indices per
+    coordinate, small).
+
+    Args:
+        kind, implementation: as resolved by :func:`make_projector` (not ``auto``).
+        grad_dim, proj_dim: the dimensions.
+        dtype: the accumulation dtype.
+        **options: the kind's own options (sjlt: ``s``).
+
+    Raises:
+        ProjectorError: naming ``proj_dim``, the memory it would need and the memory here;
+            an unknown kind or a bad option.
+    """
+    projector_kind(kind)(grad_dim=grad_dim, proj_dim=proj_dim, seed=0, dtype=dtype, **options).check_memory(
+        implementation
+    )
 
 
 def _cuda_unavailable(kind: str) -> str | None:
@@ -290,16 +268,20 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _pick_auto(kind: str, dtype: torch.dtype) -> str:
+def pick_auto(spec: ProjectorKind) -> str:
+    """What ``implementation: auto`` builds for the kind ``spec``: ``cuda`` where it runs, else ``basic`` (else
+    the kind's first implementation); logs the choice and why ``cuda`` was skipped."""
+    kind, dtype = spec.name, spec.dtype
     reason = _cuda_unavailable(kind)
     if reason is None and dtype != torch.float32:
         reason = f"it accumulates in float32, not {_dtype_name(dtype)}"
     if reason is None:
         logger.info("projector implementation 'auto' picked 'cuda' for kind %r", kind)
         return "cuda"
+    fallback = "basic" if "basic" in spec.implementations else spec.implementations[0]
     logger.info(
-        "projector implementation 'auto' picked 'basic' for kind %r (block-wise, cached); "
+        "projector implementation 'auto' picked %r for kind %r (block-wise, cached); "
         "skipped 'cuda': %s; 'single_block' and 'chunked' are never picked automatically "
-        "(same matrix, choose them for tiny models or for memory)", kind, reason,
+        "(same matrix, choose them for tiny models or for memory)", fallback, kind, reason,
     )
-    return "basic"
+    return fallback
