@@ -34,49 +34,27 @@ one ``register_projector_kind(cls)`` call; ``make_projector`` and the config's
 Modules: :mod:`.philox` (the generator), :mod:`.matrices` (kinds' matrices),
 :mod:`.registry` and :mod:`.kinds` (the kinds), :mod:`.dense` and :mod:`.chunked`
 (CPU/GPU implementations), :mod:`.cuda` (Triton), :mod:`.factory` (``make_projector``),
-:mod:`.base` (input handling). Names are imported on first use: the registry (which
-the config reads) needs no torch.
+:mod:`.base` (input handling).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from trakcli.projectors.base import Projector
+from trakcli.projectors.chunked import ChunkedProjector
+from trakcli.projectors.dense import BasicProjector, BasicSingleBlockProjector, NoopProjector
+from trakcli.projectors.factory import KINDS, make_projector
+from trakcli.projectors.matrices import GEN_ROWS, DenseMatrix, SJLTMatrix
+from trakcli.projectors.registry import (
+    IMPLEMENTATIONS,
+    OPTIONS,
+    ProjectorKind,
+    projector_kind,
+    register_projector_kind,
+    unregister_projector_kind,
+)
 
-from trakcli.lazy import lazy_getattr
-
-if TYPE_CHECKING:
-    from trakcli.projectors.base import Projector
-    from trakcli.projectors.chunked import ChunkedProjector
-    from trakcli.projectors.dense import BasicProjector, BasicSingleBlockProjector, NoopProjector
-    from trakcli.projectors.factory import KINDS, make_projector
-    from trakcli.projectors.matrices import GEN_ROWS, DenseMatrix, SJLTMatrix
-    from trakcli.projectors.registry import (
-        IMPLEMENTATIONS,
-        OPTIONS,
-        ProjectorKind,
-        projector_kind,
-        register_projector_kind,
-        unregister_projector_kind,
-    )
-
-#: Public name -> the module that defines it (imported on first use: the registry needs no torch).
-_LAZY = {
-    **dict.fromkeys(("GEN_ROWS", "DenseMatrix", "SJLTMatrix"), "trakcli.projectors.matrices"),
-    **dict.fromkeys(("BasicProjector", "BasicSingleBlockProjector", "NoopProjector"), "trakcli.projectors.dense"),
-    **dict.fromkeys(("KINDS", "make_projector"), "trakcli.projectors.factory"),
-    **dict.fromkeys(
-        ("IMPLEMENTATIONS", "OPTIONS", "ProjectorKind", "projector_kind", "register_projector_kind",
-         "unregister_projector_kind"),
-        "trakcli.projectors.registry",
-    ),
-    "ChunkedProjector": "trakcli.projectors.chunked",
-    "Projector": "trakcli.projectors.base",
-}
-
-__all__ = sorted(_LAZY)
-
-__getattr__ = lazy_getattr(__name__, _LAZY, globals())
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_LAZY])
+__all__ = [
+    "GEN_ROWS", "IMPLEMENTATIONS", "KINDS", "OPTIONS", "BasicProjector", "BasicSingleBlockProjector",
+    "ChunkedProjector", "DenseMatrix", "NoopProjector", "Projector", "ProjectorKind", "SJLTMatrix",
+    "make_projector", "projector_kind", "register_projector_kind", "unregister_projector_kind",
+]
