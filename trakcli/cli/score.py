@@ -40,6 +40,12 @@ def _short(text: str, width: int = 60) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+#: What the table shows for a side without any train example: proponents are positive scores, opponents negative
+#: ones, so the lowest scores of a small training set (or of a target every example helps) may be no opponents.
+NO_PROPONENTS = "none: no train example has a positive score"
+NO_OPPONENTS = "none: no train example has a negative score"
+
+
 def scores_table(
     res, scores: np.ndarray, top_k: int, target_texts: Sequence[str] | None = None, labels: bool = True,
     train_texts: Sequence[str] | None = None,
@@ -53,6 +59,9 @@ def scores_table(
         target_texts: the shown targets' texts (text data): a text column.
         labels: show labels (False for language-model data, whose per-token labels are not classes).
         train_texts: the train examples' texts (text data): an excerpt after each proponent and opponent.
+
+    Proponents are the highest positive scores and opponents the lowest negative ones
+    (:func:`trakcli.plots.top_indices`): a side without any reads :data:`NO_PROPONENTS` / :data:`NO_OPPONENTS`.
     """
     from trakcli.plots import top_indices
 
@@ -74,7 +83,7 @@ def scores_table(
         )
         cells = [str(t)] + ([str(res.target_labels[t])] if labels else [])
         cells += [_short(target_texts[t])] if target_texts is not None else []
-        table.add_row(*cells, fmt(pro), fmt(opp))
+        table.add_row(*cells, fmt(pro) or NO_PROPONENTS, fmt(opp) or NO_OPPONENTS)
     return table
 
 
