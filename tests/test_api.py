@@ -257,7 +257,9 @@ def test_progress_goes_to_a_terminal_by_default(project, monkeypatch):
     from trakcli.progress import NULL_REPORTER, StderrReporter
 
     model = build_model("my_model.py:make_model")
-    assert trakcli.Attributor(model, store="out/p.zarr").reporter is NULL_REPORTER  # stderr is not a terminal here
+    logged = trakcli.Attributor(model, store="out/p.zarr").reporter  # stderr is not a terminal here
+    assert isinstance(logged, StderrReporter) and logged.lines  # plain lines, rate-limited
+    assert trakcli.Attributor(model, store="out/p.zarr", reporter=NULL_REPORTER).reporter is NULL_REPORTER
 
     class Terminal(io.StringIO):
         def isatty(self):
@@ -271,6 +273,20 @@ def test_progress_goes_to_a_terminal_by_default(project, monkeypatch):
     att.featurize(train, checkpoint="ckpts/model_0.pt", model_id=0)
     lines = term.getvalue().replace("\r", "\n").splitlines()
     assert lines[-1] == "featurize model 0: 40/40", lines
+
+
+def test_progress_goes_to_a_log_as_plain_lines(project, monkeypatch):
+    import io
+
+    log = io.StringIO()  # no isatty: a log file, a batch job's output
+    monkeypatch.setattr("sys.stderr", log)
+    model = build_model("my_model.py:make_model")
+    att = trakcli.Attributor(model, store="out/p.zarr", projector={"proj_dim": 16})
+    train, _ = loaders()
+    att.featurize(train, checkpoint="ckpts/model_0.pt", model_id=0)
+    lines = log.getvalue().splitlines()
+    assert "\r" not in log.getvalue()
+    assert lines[0] == "featurize model 0: 0/40 (0%)" and lines[-1] == "featurize model 0: 40/40 (100%)", lines
 
 
 def test_attributor_appends_rows_and_rescores_as_featurized_at_once(project):

@@ -226,9 +226,10 @@ class Attributor:
             ``grad_memory_mb`` like ``data.batch_size``.
         grad_memory_mb: as ``data.grad_memory_mb`` (None: 1024 on a CPU, a quarter of the GPU's memory on
             a CUDA GPU).
-        reporter: progress and messages; None: plain progress lines on stderr when it is a terminal
-            (:class:`trakcli.progress.StderrReporter`), else silent. Pass ``trakcli.progress.NULL_REPORTER``
-            for none, or your own :class:`trakcli.progress.Reporter`.
+        reporter: progress and messages; None: plain progress on stderr
+            (:class:`trakcli.progress.StderrReporter`: one line rewritten in place on a terminal, else a line
+            at the start and end of each step, at each tenth of its work and at least every 30 s). Pass
+            ``trakcli.progress.NULL_REPORTER`` for none, or your own :class:`trakcli.progress.Reporter`.
         curvature: the ``curvature:`` section as a dict or its kind (``"ekfac"``, ``{"kind": "kfac",
             "feature_damping": 0.1}``; docs/guides/curvature.md): fitted per checkpoint over the train batches by
             :meth:`featurize`, stored, and used by :meth:`score` through the stored features (``exact: false``;

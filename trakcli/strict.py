@@ -5,11 +5,32 @@ Unknown keys are errors, and booleans are not numbers. Imports nothing of trakcl
 
 from __future__ import annotations
 
+import re
 import types
 import typing
-from typing import Any
+from pathlib import Path
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationInfo, field_validator
+
+
+def _local_path(value: Any) -> Any:
+    """A local path as given; a URL string (``hf://...``, ``s3://...``) is refused naming it as the user wrote it
+    (``Path`` would collapse its ``//`` into ``/``).
+
+    Raises:
+        ValueError: ``value`` is a string of the form ``SCHEME://...``.
+    """
+    if isinstance(value, str) and re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", value):
+        raise ValueError(
+            "this key takes a local file or folder path, not a URL (Hugging Face Hub datasets "
+            "hf://datasets/ORG/NAME go in data paths such as data.train.path; object storage in store.path)"
+        )
+    return value
+
+
+#: A config key that names a local file or folder (a :class:`~pathlib.Path`); a URL is refused as written.
+LocalPath = Annotated[Path, BeforeValidator(_local_path)]
 
 
 def admits_bool(annotation: Any) -> bool:

@@ -78,6 +78,24 @@ def test_language_model_table_shows_texts_not_labels():
     assert "label" not in shown and "(0)" not in shown
 
 
+def test_the_table_shows_no_positive_score_as_an_opponent():
+    import numpy as np
+    from rich.console import Console
+
+    from trakcli.cli.score import scores_table
+
+    class Res:
+        experiment, train_labels, target_labels = "default", np.arange(4), np.zeros(2, int)
+
+    # target 0: every score positive (a small training set); target 1: one negative score among positive ones
+    scores = np.array([[0.5, 0.25, 0.125, 2.0], [0.5, -0.75, 0.125, 2.0]], dtype=np.float32)
+    console = Console(width=200, record=True)
+    console.print(scores_table(Res(), scores, 3, labels=True))
+    rows = [line for line in console.export_text().splitlines() if "│" in line]
+    opponents = [line.split("│")[4].strip() for line in rows if line.split("│")[4].strip()]
+    assert opponents == ["none: no train example has a negative score", "1 (1) -0.75"]  # +0.125 is no opponent
+
+
 # --- trak init ---------------------------------------------------------------------------------------
 
 

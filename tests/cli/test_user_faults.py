@@ -466,3 +466,12 @@ def test_api_experiment_names_are_checked_as_in_a_config(tmp_path):
     with pytest.raises(ConfigError, match="score.experiment: must name one group of the store"):
         attributor.score([batch], checkpoints=[model.state_dict()], experiment="../x")
     assert sorted(p.name for p in (tmp_path / "s.zarr").iterdir()) == ["train", "zarr.json"]
+
+
+def test_a_hub_url_given_to_targets_is_named_as_typed(user_project):
+    res = trak("score", "run.yaml", "-q", "--targets", "hf://datasets/foo/bar/queries.pt")
+    msg = " ".join(res.stderr.split())
+    assert res.exit_code != 0 and "'hf://datasets/foo/bar/queries.pt'" in msg, msg
+    assert "hf:/datasets" not in msg
+    res = trak("score", "run.yaml", "-q", "--targets", "nope.pt")
+    assert res.exit_code == 2 and "--targets nope.pt: no such file or directory" in res.stderr

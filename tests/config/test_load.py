@@ -187,3 +187,14 @@ def test_checkpoints_from_a_manifest_in_model_id_order_relative_to_it(tmp_path, 
     msg = str(e.value)
     assert "checkpoint 'runs/a/m0.pt' (model 0) changed since trak optimize wrote the manifest" in msg
     assert "checkpoint 'runs/a/m1.pt' (model 1) of the manifest 'runs/a/manifest.json' does not exist" in msg
+
+
+@pytest.mark.parametrize("key", ["optimize.init_checkpoint", "optimize.out_dir", "optimize.metrics", "select.out",
+                                 "eval.sweep.dir"])
+def test_a_url_where_a_local_path_goes_is_refused_as_typed(key):
+    with pytest.raises(ConfigError) as e:
+        load_config(BASE, [f"{key}=hf://datasets/foo/bar"])
+    msg = str(e.value)
+    assert f"{key}: this key takes a local file or folder path, not a URL" in msg and "'hf://datasets/foo/bar'" in msg
+    assert "hf:/datasets" not in msg
+    assert load_config(BASE, [f"{key}=runs/x"]) is not None  # a local path is taken

@@ -534,3 +534,13 @@ def test_another_max_length_is_refused_naming_the_config_key(tmp_path, monkeypat
         "data.train.max_length for text data" in msg, msg
     res = run(tmp_path, "score", "run.yaml", "-q", "data.target.max_length=12")
     assert res.returncode == 1 and "data.target.max_length as data.train.max_length" in " ".join(res.stderr.split())
+
+
+def test_featurize_with_another_max_length_is_refused_naming_the_config_key(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _project(tmp_path, "gpt2", "completion")
+    assert run(tmp_path, "featurize", "run.yaml", "-q").returncode == 0
+    res = run(tmp_path, "featurize", "run.yaml", "-q", "data.train.max_length=12")
+    msg = " ".join(res.stderr.split())
+    assert res.returncode == 1 and "train_data.input_shape.input_ids: store has [10], this run has [12] (set by " \
+        "data.train.max_length" in msg, msg

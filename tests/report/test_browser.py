@@ -376,6 +376,13 @@ def test_texts_are_shown_as_text_never_run(browser, constructed_page):
     opened.close()
 
 
+def test_a_target_without_opponents_says_no_score_is_negative(browser, constructed_page):
+    opened = Opened(browser, constructed_page, "#1")  # target 1: one proponent, no opponent
+    assert opened.page.inner_text("#detail .side.opp .cards") == "none: no train example has a negative score"
+    assert opened.page.locator("#detail .side.pro .card").count() == 1
+    opened.close()
+
+
 def test_thousands_of_targets_stay_quick_one_page_of_the_list_at_a_time(browser, tmp_path):
     rng = np.random.default_rng(0)
     records = [{"target": t, "text": f"query {t} " + " ".join(rng.choice(WORDS, 30)),

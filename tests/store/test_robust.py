@@ -284,3 +284,23 @@ def test_scoring_after_a_checkpoint_changed_names_the_fixes_that_work(user_proje
     assert res.returncode == 1 and "rerun with --overwrite to start over" in " ".join(res.stderr.split())
     assert run(user_project, "featurize", "run.yaml", "-q", "--overwrite").returncode == 0
     assert run(user_project, "score", "run.yaml", "-q").returncode == 0
+
+
+def test_a_missing_array_names_trak_featurize_and_rank_0_only_for_a_distributed_reader(tmp_path):
+    from trakcli.errors import StoreError
+    from trakcli.store import Store, StoreLayout
+
+    identity = {"train_data": {"n": 50}}
+    store = Store.create_or_check(tmp_path / "s.zarr", identity, {}, layout=StoreLayout(50, 8, 16))
+    store.train(0, "m0.pt", "0" * 64)
+    (tmp_path / "s.zarr" / "train" / "0" / "features" / "zarr.json").unlink()
+    reader = Store.create_or_check(tmp_path / "s.zarr", identity, {}, layout=StoreLayout(50, 8, 16), create=False)
+    with pytest.raises(StoreError) as single:
+        reader.train(0, create=False)
+    msg = " ".join(str(single.value).split())
+    assert "store array train/0/features is missing (or its zarr.json metadata was deleted); " \
+        "rerun `trak featurize CONFIG`, which re-creates it" in msg
+    assert "rank 0" not in msg and "torchrun" not in msg
+    reader.distributed = True  # a rank > 0 of a distributed featurize
+    with pytest.raises(StoreError, match="rank 0 creates it before the other ranks read it"):
+        reader.train(0, create=False)

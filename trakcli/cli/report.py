@@ -28,7 +28,7 @@ def report(
                      show_default=False),
     ] = None,
     targets: Annotated[
-        Optional[Path],
+        Optional[str],  # not a Path, which would make hf://datasets/... hf:/datasets/...
         typer.Option("--targets", "-t", help="The targets file `trak score --targets` scored (its experiment is "
                      "named after the file unless score.experiment or --experiment is given).", show_default=False),
     ] = None,

@@ -40,6 +40,12 @@ def _short(text: str, width: int = 60) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+#: What the table shows for a side without any train example: proponents are positive scores, opponents negative
+#: ones, so the lowest scores of a small training set (or of a target every example helps) may be no opponents.
+NO_PROPONENTS = "none: no train example has a positive score"
+NO_OPPONENTS = "none: no train example has a negative score"
+
+
 def scores_table(
     res, scores: np.ndarray, top_k: int, target_texts: Sequence[str] | None = None, labels: bool = True,
     train_texts: Sequence[str] | None = None,
@@ -53,6 +59,9 @@ def scores_table(
         target_texts: the shown targets' texts (text data): a text column.
         labels: show labels (False for language-model data, whose per-token labels are not classes).
         train_texts: the train examples' texts (text data): an excerpt after each proponent and opponent.
+
+    Proponents are the highest positive scores and opponents the lowest negative ones
+    (:func:`trakcli.plots.top_indices`): a side without any reads :data:`NO_PROPONENTS` / :data:`NO_OPPONENTS`.
     """
     from trakcli.plots import top_indices
 
@@ -74,7 +83,7 @@ def scores_table(
         )
         cells = [str(t)] + ([str(res.target_labels[t])] if labels else [])
         cells += [_short(target_texts[t])] if target_texts is not None else []
-        table.add_row(*cells, fmt(pro), fmt(opp))
+        table.add_row(*cells, fmt(pro) or NO_PROPONENTS, fmt(opp) or NO_OPPONENTS)
     return table
 
 
@@ -116,12 +125,12 @@ def score(
     config: ConfigArg,
     overrides: OverridesArg = None,
     targets: Annotated[
-        Optional[Path],
+        Optional[str],  # not a Path, which would make hf://datasets/... hf:/datasets/...
         typer.Option(
             "--targets", "-t",
             help="Score these targets instead of data.target: a file of the same format (data.target's settings, "
-            "or data.train's, with this path). The experiment is named after the file unless score.experiment is "
-            "given.",
+            "or data.train's, with this path), or a Hub dataset hf://datasets/ORG/NAME/FILE. The experiment is "
+            "named after the file unless score.experiment is given.",
         ),
     ] = None,
     out: Annotated[
@@ -223,23 +232,35 @@ def score(
     )
 
 
-def _target_overrides(cfg, path: Path) -> list[str]:
+def _target_overrides(cfg, target: str) -> list[str]:
     """The overrides of ``--targets PATH``: data.target with this path (settings of data.target, else data.train),
-    and the experiment named after the file unless the config or the overrides name one."""
+    and the experiment named after the file unless the config or the overrides name one.
+
+    ``target`` is the user's string: a local file, or a Hub dataset ``hf://datasets/ORG/NAME[/PATH]`` kept as given
+    (messages name it as typed).
+
+    Raises:
+        UsageError: a local file that does not exist; data.target (else data.train) is a built-in dataset.
+    """
     import re
+    from pathlib import PurePosixPath
 
     import yaml
 
-    if not path.exists():
-        raise UsageError(f"--targets {path}: no such file or directory")
+    from trakcli.models.hub import is_hub_url
+
+    hub = is_hub_url(target)
+    path = PurePosixPath(target) if hub else Path(target)
+    if not hub and not path.exists():
+        raise UsageError(f"--targets {target}: no such file or directory")
     base = cfg.data.target or cfg.data.train
     if base.builtin is not None:
         raise UsageError(
-            f"--targets {path}: data.{'target' if cfg.data.target else 'train'} is the built-in dataset "
+            f"--targets {target}: data.{'target' if cfg.data.target else 'train'} is the built-in dataset "
             f"{base.builtin!r}, so the file's keys are unknown; give data.target in the config (path and keys)"
         )
     given = base.model_dump(exclude_unset=True, exclude={"path", "builtin", "split"}, mode="json")
-    out = [f"data.target.path={path.resolve()}"]
+    out = [f"data.target.path={target if hub else path.resolve()}"]
     if cfg.data.target is None:
         out += [f"data.target.{k}={yaml.safe_dump(v, default_flow_style=True).strip()}" for k, v in given.items()
                 if v is not None]

@@ -7,13 +7,12 @@ they are trained, and the optimizer (with its optional random subspace,
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, PositiveInt, model_validator
 
 from trakcli.optim.settings import ProjectionSettings
-from trakcli.strict import StrictModel
+from trakcli.strict import LocalPath, StrictModel
 
 
 class _OptimizerSettings(StrictModel):
@@ -74,16 +73,16 @@ class _TrainingSettings(StrictModel):
     epochs: PositiveInt = Field(30, description="Passes over the training set.")
     batch_size: PositiveInt = Field(64, description="Minibatch size.")
     seed: int = Field(0, description="Model i is initialized and shuffled with seed + i.")
-    out_dir: Path | None = Field(
+    out_dir: LocalPath | None = Field(
         None,
         description="Directory for the checkpoints model_000.pt, model_001.pt, ... and manifest.json of `trak "
         "optimize` (required there); `trak eval` keeps its retrained models' outputs in the store and writes "
         "nothing here.",
     )
-    metrics: Path | None = Field(
+    metrics: LocalPath | None = Field(
         None, description="Write per-model metrics (seed, loss, accuracy, optimizer state size) to this JSON file."
     )
-    init_checkpoint: Path | None = Field(
+    init_checkpoint: LocalPath | None = Field(
         None, description="Start every model from this state dict (finetuning) instead of a fresh initialization."
     )
     subset_fraction: float = Field(

@@ -20,7 +20,7 @@ from pydantic import (
 from trakcli.errors import ProjectorError
 from trakcli.projectors.kinds import KRONECKER_OPTIONS as _KRONECKER_OPTIONS
 from trakcli.projectors.registry import DEFAULT_KIND, IMPLEMENTATIONS, OPTIONS, kind_names, projector_kind
-from trakcli.strict import NoBoolNumbers, StrictModel
+from trakcli.strict import LocalPath, NoBoolNumbers, StrictModel
 
 #: The built-in model output functions (``trakcli.gradients.TASKS``; config does not import torch).
 BUILTIN_TASKS = ("classification", "text_classification", "language_modeling")
@@ -714,7 +714,7 @@ class SelectConfig(StrictModel):
     )
     count: PositiveInt | None = Field(None, description="Rows of data.train to keep (instead of fraction; at most "
                                       "n_train).")
-    out: Path | None = Field(
+    out: LocalPath | None = Field(
         None, description="The file the selected rows go to, in data.train's format: .jsonl lines (or .csv records) "
         "copied verbatim, .parquet / .arrow tables, .pt / .npz tensors under data.train's keys, in pool order. Their "
         "scores go beside it to <out stem>.scores.jsonl. Required by trak select.",
@@ -770,7 +770,7 @@ class SweepConfig(StrictModel):
     lambda_reg: list[float] = Field(
         default_factory=list, description="Absolute ridges to add to the grid (see score.lambda_reg)."
     )
-    dir: Path | None = Field(
+    dir: LocalPath | None = Field(
         None, description="Where the sweep's per-proj_dim stores go; unset: <store.path>.sweep/ beside the store."
     )
 

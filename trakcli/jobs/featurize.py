@@ -302,6 +302,7 @@ def featurize(
         s.dist.barrier()
         if not s.dist.is_main:
             store = Store.create_or_check(path, s.identity, cfg.resolved(), layout=s.layout, create=False)
+            store.distributed = True  # what it misses, rank 0 was to create
         for model_id, ckpt in enumerate(s.checkpoints):
             rows = store.train(model_id, str(ckpt), s.shas[model_id], create=s.dist.is_main,
                                optimizer_state=s.state_record(model_id))

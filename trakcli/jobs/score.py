@@ -361,6 +361,7 @@ def score_targets(
             report_notes(store, reporter)
         s.dist.barrier()
         if not s.dist.is_main:  # opened after rank 0 has created or repaired them
+            store.distributed = True
             target_rows = [store.targets(exp, m, t_attrs, len(target), create=False) for m in range(n_models)]
             out = store.scores(exp, len(target), settings, create=False) if full else None
             top = TopK(store, exp, len(target), top_k, create=False, two_stage=two) if top_k else None

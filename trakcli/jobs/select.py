@@ -344,6 +344,7 @@ def select_rows(
                                       "recomputed")
             s.dist.barrier()
             if not s.dist.is_main:
+                store.distributed = True  # what it misses, rank 0 was to create
                 target_rows = [store.targets(experiment, m, t_attrs, len(target), create=False)
                                for m in range(n_models)]
         except StoreMismatchError as e:

@@ -102,8 +102,8 @@ SCRIPT = r"""
   const PAGE = 100;  // targets per page of the list
   const $ = (id) => document.getElementById(id);
   const search = $("search"), list = $("list"), detail = $("detail"), count = $("count");
-  const SIDE = {p: {name: "Proponents", cls: "pro", what: "highest scores"},
-                o: {name: "Opponents", cls: "opp", what: "lowest scores"}};
+  const SIDE = {p: {name: "Proponents", cls: "pro", what: "highest scores", none: "no train example has a positive score"},
+                o: {name: "Opponents", cls: "opp", what: "lowest scores", none: "no train example has a negative score"}};
   let shown = Q.map((_, i) => i);  // positions in Q that pass the filter
   let cur = 0;                     // the selected position in `shown`
   let page = 0;                    // the list's page
@@ -370,7 +370,7 @@ SCRIPT = r"""
       sec.appendChild(el("h3", null, SIDE[key].name + ": " + SIDE[key].what));
       const cards = el("div", IMG ? "cards pics" : "cards");
       q[key].forEach((e, r) => cards.appendChild(card(q, key, e, r, top)));
-      if (!q[key].length) cards.appendChild(el("p", null, "none"));
+      if (!q[key].length) cards.appendChild(el("p", null, "none: " + SIDE[key].none));
       sec.appendChild(cards);
       sides.appendChild(sec);
     }

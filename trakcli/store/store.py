@@ -75,10 +75,13 @@ def _bare_root(path: Location) -> bool:
     return isinstance(meta, dict) and meta.get("node_type") == "group" and not meta.get("attributes")
 
 
-def _missing(what: str) -> str:
-    """The message for a store array or group that is absent (or lost its ``zarr.json``) where it is only read."""
+def _missing(what: str, distributed: bool = False) -> str:
+    """The message for a store array or group that is absent (or lost its ``zarr.json``) where it is only read;
+    ``distributed``: read by a rank > 0 of a distributed featurize, which waits for rank 0 to create it."""
     return (f"{what} is missing (or its zarr.json metadata was deleted); rerun `trak featurize CONFIG`, which "
-            "re-creates it and recomputes only chunks whose files are lost (under torchrun, rank 0 creates it)")
+            "re-creates it and recomputes only chunks whose files are lost"
+            + ("; rank 0 creates it before the other ranks read it: every rank must see the same store.path"
+               if distributed else ""))
 
 class Store:
     """A trakcli Zarr store on disk.
@@ -89,6 +92,8 @@ class Store:
     Attributes:
         notes: what this process repaired in the store (unreadable metadata
             re-created, a corrupt kernel dropped), one line each, for the job to report.
+        distributed: set by a rank > 0 of a distributed featurize, which only reads what rank 0
+            created: a missing array or group is then reported with rank 0's part in it.
     """
 
     def __init__(self, path: Location, group: Any, layout: StoreLayout | None = None):
@@ -96,6 +101,7 @@ class Store:
         self.root = group
         self._layout = layout  # told by create_or_check; the recorded attribute wins
         self.notes: list[str] = []
+        self.distributed = False  # read by a rank > 0 of a distributed featurize (named in messages)
 
     # -- opening --------------------------------------------------------------
 
@@ -366,7 +372,7 @@ class Store:
                     compressors=array_codecs, dimension_names=(dims_of or {}).get(name), attributes=array_attrs(dtype),
                 )
             else:
-                raise StoreError(_missing(f"store array {group.path}/{name}"))
+                raise StoreError(_missing(f"store array {group.path}/{name}", self.distributed))
             data[name] = writable(arr)
         done = self._node(f"{group.path}/done", repair and create)
         if done is None and create:
@@ -375,7 +381,7 @@ class Store:
             done = group.create_array("done", shape=(n_chunks,), chunks=(1,), dtype="uint8", fill_value=0,
                                       compressors=[Crc32cCodec()], dimension_names=("chunk",))
         elif done is None:
-            raise StoreError(_missing(f"store array {group.path}/done"))
+            raise StoreError(_missing(f"store array {group.path}/done", self.distributed))
         elif recreated:
             self._recheck(group.path, {n: writable(data[n]) for n in recreated}, done, chunks_of, shape_of)
         return data, done
@@ -423,7 +429,7 @@ class Store:
         if group is not None:
             return group
         if not create:
-            raise StoreError(_missing(f"store group {name}"))
+            raise StoreError(_missing(f"store group {name}", self.distributed))
         leftover = self.path / name
         if leftover.is_dir() and any(leftover.iterdir()) and repair_scope(name) == "node":
             # contents without the group's metadata, whose records (a checkpoint's sha256, an experiment's
