@@ -184,14 +184,14 @@ def score(
     )
     if not init_from_env().is_main:
         return
-    train = target = None
-    if out is not None or plot is not None or json_out or (not quiet and cfg.score.show_targets):
-        from trakcli.data.load import load_dataset
+    train, target = res.train_data, res.target_data  # the rows the job read (a StoredRows: its file is gone)
+    from trakcli.data.stored import StoredRows
 
-        train = load_dataset(cfg.data.train, key="data.train")
-        target = load_dataset(cfg.data.target, key="data.target")
+    stored = isinstance(train, StoredRows)
     if out is not None and out.suffix.lower() in ANSWER_SUFFIXES:
         tokens = None
+        if res.per_token and stored:
+            raise train.unavailable(f"--out {out} with score.per_token (the train tokens; the scores are in the store)")
         if res.per_token:
             from trakcli.answers import token_fields
 
@@ -201,6 +201,8 @@ def score(
     elif out is not None:
         Store.open_existing(res.store, mode="r").export(f"scores/{res.experiment}/scores", out)
     if plot is not None:
+        if stored:
+            raise train.unavailable(f"--plot {plot} (the scores are in the store)")
         _plot(cfg, res, plot, train, target)
     if res.two_stage is not None:
         r = res.two_stage["recall"]
@@ -216,7 +218,8 @@ def score(
         head = shown_scores(res, cfg.score.show_targets)
         texts = _texts(target)
         texts = None if texts is None else [texts[i] for i in range(len(head))]
-        err_console.print(scores_table(res, head, cfg.score.show_top, texts, labels=not _per_token(train),
+        err_console.print(scores_table(res, head, cfg.score.show_top, texts,
+                                       labels=res.train_labels is not None and not _per_token(train),
                                        train_texts=_texts(train)))
     lam = ", ".join(f"{v:.3g}" for v in res.lambdas)
     c = cfg.curvature

@@ -141,8 +141,19 @@ def _not_a_file(key: str, path: str | Path, wanted: str) -> str:
     return f"{key}: {str(path)!r} {problem}; give {wanted}"
 
 
+def missing_train_files(cfg: Config) -> list[str]:
+    """The local files of ``data.train`` that are not there (Hub datasets and built-in splits are never missing).
+
+    Returns:
+        The missing paths as written in the config, in order; empty when every file is there.
+    """
+    paths = cfg.data.train.paths if cfg.data.train is not None else []
+    return [str(p) for p in paths if not (isinstance(p, str) and "://" in p) and file_problem(p) is not None]
+
+
 def check_files(
-    cfg: Config, *, need_checkpoints: bool = True, need_target: bool = False, need_validation: bool = False
+    cfg: Config, *, need_checkpoints: bool = True, need_target: bool = False, need_validation: bool = False,
+    need_train: bool = True,
 ) -> None:
     """Check that every file the config names exists; report all missing ones at once.
 
@@ -152,6 +163,8 @@ def check_files(
         need_target: ``data.target`` must be given (score).
         need_validation: check ``data.validation``'s file too, if given (optimize; the
             other commands ignore it).
+        need_train: check ``data.train``'s files (False: `trak score` of a store whose train data file
+            is gone reads what it needs from the store, :func:`missing_train_files`).
 
     Raises:
         ConfigError: one line per missing file or glob matching nothing.
@@ -165,6 +178,8 @@ def check_files(
         except ConfigError as e:
             problems += e.problems
     for name in ("train", "target", "validation") if need_validation else ("train", "target"):
+        if name == "train" and not need_train:
+            continue
         ds = getattr(cfg.data, name)
         if ds is None:
             if name == "target" and need_target:

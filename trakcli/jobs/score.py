@@ -47,12 +47,15 @@ class ScoreResult:
         store: the store path; experiment: the experiment name.
         n_target, n_train: the score matrix shape.
         lambdas: the ridge λ_m used per checkpoint.
-        train_labels, target_labels: ``[n_train]``, ``[n_target]`` int64 labels (for display).
+        train_labels, target_labels: ``[n_train]``, ``[n_target]`` labels (for display); ``train_labels`` is
+            None when the train rows were not read (their file is gone: :class:`~trakcli.data.stored.StoredRows`).
         chunks_computed: target and score chunks computed in this run.
         notes: messages for the user.
         top_k: K of the stored top-k arrays (``score.top_k``, at most n_train), or None.
         full: whether the full score matrix is in the store.
         per_token: whether the per-token scores of the top-k are in the store (``score.per_token``).
+        train_data, target_data: the datasets the run read (``train_data`` a
+            :class:`~trakcli.data.stored.StoredRows` when the train file is gone), or None.
         two_stage: for a two-stage top-k (``store.dtype`` int8 or binary, :mod:`trakcli.jobs.topk`): its
             settings (``codes``, ``rescore_multiplier``, ``recall_queries``), ``k``, ``n_queries`` and the
             measured ``recall`` ``{"proponents": r, "opponents": r}`` (recall@k against the exact top-k of the
@@ -64,7 +67,7 @@ class ScoreResult:
     n_target: int
     n_train: int
     lambdas: list[float]
-    train_labels: np.ndarray
+    train_labels: np.ndarray | None
     target_labels: np.ndarray
     chunks_computed: int = 0
     notes: list[str] = field(default_factory=list)
@@ -72,6 +75,8 @@ class ScoreResult:
     full: bool = True
     per_token: bool = False
     two_stage: dict[str, Any] | None = None
+    train_data: Any = field(default=None, repr=False)
+    target_data: Any = field(default=None, repr=False)
 
     def top(self, lo: int = 0, hi: int | None = None) -> dict[str, np.ndarray]:
         """Targets ``[lo, hi)`` of the top-k arrays (chunks checked).
@@ -221,7 +226,7 @@ def score(
         StoreStaleError: the experiment was scored before train rows were appended, and ``overwrite``
             is not set (names ``trak score CONFIG --overwrite``).
     """
-    s = prepare(cfg, need_target=True, rehash=verify, reporter=reporter)
+    s = prepare(cfg, need_target=True, rehash=verify, reporter=reporter, train_from_store=True)
     sc = cfg.score
     path = cfg.store.location
     target = load_dataset(cfg.data.target, key="data.target")  # type: ignore[arg-type]  # checked by check_files
@@ -238,8 +243,10 @@ def score(
         n_target=len(target),
         n_train=len(s.train),
         lambdas=lambdas,
-        train_labels=s.train.labels.numpy(),
+        train_labels=None if s.train.labels is None else s.train.labels.numpy(),
         target_labels=target.labels.numpy(),
+        train_data=s.train,
+        target_data=target,
         chunks_computed=computed,
         top_k=None if sc.top_k is None else min(sc.top_k, len(s.train)),
         full=sc.top_k is None if sc.full is None else sc.full,

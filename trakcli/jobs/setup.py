@@ -22,6 +22,8 @@ from typing import Any, Union
 import torch
 
 from trakcli.config import Config, ProjectorConfig, check_files, resolve_checkpoints
+from trakcli.config.resolve import missing_train_files
+from trakcli.data.stored import StoredRows
 from trakcli.config.resolve import resolve_optimizer_states
 from trakcli.curvature import Curvature
 from trakcli.data.load import load_dataset
@@ -372,7 +374,8 @@ def build_featurizer(
 
 
 def prepare(
-    cfg: Config, *, need_target: bool = False, rehash: bool = False, reporter: Reporter = NULL_REPORTER
+    cfg: Config, *, need_target: bool = False, rehash: bool = False, reporter: Reporter = NULL_REPORTER,
+    train_from_store: bool = False,
 ) -> JobSetup:
     """Check the input files, build model, featurizer (gradients and projector), load the train data.
 
@@ -399,12 +402,14 @@ def prepare(
     hashes = HashCache.for_store(cfg.store.path)  # sha256s by (path, size, mtime_ns), beside the store
     if rehash:
         hashes.forget()
-    check_files(cfg, need_checkpoints=True, need_target=need_target)
+    missing = missing_train_files(cfg) if train_from_store else []
+    check_files(cfg, need_checkpoints=True, need_target=need_target, need_train=not missing)
     apply_threads(cfg.num_threads)
     checkpoints = resolve_checkpoints(cfg, hashes)
     dist = init_from_env()
     device = resolve_device(cfg.device, dist)
-    train = load_dataset(cfg.data.train, key="data.train")
+    train = _stored_train(cfg, missing, reporter if dist.is_main else NULL_REPORTER) if missing else \
+        load_dataset(cfg.data.train, key="data.train")
     model = with_adapters(build_model(cfg.model.entrypoint, **cfg.model.kwargs), checkpoints)
     featurizer = make_featurizer(cfg, model, reporter if dist.is_main else NULL_REPORTER, device)
     states = state_shas = second = None
@@ -438,6 +443,27 @@ def prepare(
                     cfg.data.batch_tokens, states, state_shas, curvature,
                     cfg.curvature.refine if curvature is not None else None,
                     cfg.curvature.damping if curvature is not None and cfg.curvature.exact else None)
+
+
+def _stored_train(cfg: Config, missing: list[str], reporter: Reporter) -> StoredRows:
+    """The train rows as the store recorded them (count and fingerprint) when ``data.train``'s files are gone.
+
+    Raises:
+        ConfigError: the store has no recorded train rows (no store, or one without features): the missing
+            files are reported as :func:`~trakcli.config.check_files` reports them.
+    """
+    from trakcli.errors import StoreError
+    from trakcli.store import Store
+
+    try:
+        fingerprint = Store.open_existing(cfg.store.location, mode="r").identity.get("train_data")
+    except StoreError:
+        fingerprint = None
+    if not fingerprint:
+        check_files(cfg, need_checkpoints=False)  # raises: the missing file, as without a store
+    reporter.info(f"data.train's file {', '.join(missing)} is missing: the train features and their fingerprint "
+                  f"are read from the store (n_train {fingerprint['n']}); train texts and labels are unavailable")
+    return StoredRows(fingerprint, missing)
 
 
 def attach_second_moment(featurizer: Featurizer, model: torch.nn.Module, kind: str, states: list[Path],
