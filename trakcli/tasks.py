@@ -32,10 +32,15 @@ Built-in tasks (Park et al. 2023, TRAK, Sec. 3 and App. E):
 
 A user's task is a function ``fn(logits, batch) -> (f, Q)`` (``task: "file.py:fn"``,
 ``"pkg.mod:fn"`` or a callable from Python) or a :class:`Task` subclass.
+
+A store records the task's identity (:meth:`Task.identity`): a function's file and its
+sha256, a class's name, formula and the sha256 of its source (and of its bases'), so a
+store made with one version of a task refuses features or scores of another.
 """
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -189,11 +194,40 @@ class Task:
         return _n(batch)
 
     def identity(self) -> dict[str, Any]:
-        """``{"task", "output_function"}`` as the store records them."""
-        return {"task": self.name, "output_function": self.formula or f"{type(self).__module__}.{type(self).__qualname__}"}
+        """``{"task", "output_function"}`` as the store records them.
+
+        ``output_function`` is ``{"class", "formula", "sha256"}``: the class's qualified name, its
+        :attr:`formula` and the sha256 of its source (:func:`source_sha256`), so that a store made
+        with one version of a task refuses another (``output_function.sha256: store has …``).
+        """
+        cls = type(self)
+        name = self.name if self.name != Task.name else cls.__qualname__
+        return {"task": name, "output_function": {"class": cls.__qualname__, "formula": self.formula,
+                                                       "sha256": source_sha256(cls)}}
 
     def __repr__(self) -> str:
         return f"<task {self.name}>"
+
+
+def source_sha256(cls: type) -> str:
+    """sha256 of the source of ``cls`` and of its bases up to :class:`Task` (what its results depend on).
+
+    A class whose source cannot be read (defined in an interactive session, or from a
+    compiled file) is hashed by its qualified name instead, so its identity still names it.
+
+    Returns:
+        64 hex digits.
+    """
+    h = hashlib.sha256()
+    for c in cls.__mro__:
+        if c in (Task, object):
+            break
+        try:
+            text = inspect.getsource(c)
+        except (OSError, TypeError):  # no source file: the name is all there is
+            text = f"{c.__module__}.{c.__qualname__}"
+        h.update(text.encode())
+    return h.hexdigest()
 
 
 def _n(batch: Batch) -> int:
@@ -370,8 +404,11 @@ def resolve_task(task: str | Callable[..., Any] | Task) -> Task:
 
         fn = load_function(task, key="task", builtins={})
         if isinstance(fn, type) and issubclass(fn, Task):
-            fn = fn()
+            with user_code(f"task {task}: {fn.__qualname__}()", error=ConfigError):
+                fn = fn()
         if isinstance(fn, Task):
+            if fn.name == Task.name:  # a subclass that names itself nothing else is named by its spec
+                fn.name = task
             return fn
         return CustomTask(fn, spec=task)
     if callable(task):
