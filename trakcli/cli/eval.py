@@ -235,7 +235,8 @@ def _bm25(cfg: Any) -> "np.ndarray | None":
     from trakcli.data.load import load_dataset
     from trakcli.metrics.bm25 import bm25_of
 
-    return bm25_of(load_dataset(cfg.data.train, key="data.train"), load_dataset(cfg.data.target, key="data.target"))
+    return bm25_of(load_dataset(cfg.data.train, key="data.train", task=cfg.task),
+                   load_dataset(cfg.data.target, key="data.target", task=cfg.task))
 
 
 def _report(data: dict, table, out: Path | None, json_out: bool, quiet: bool) -> None:
@@ -412,14 +413,14 @@ def qld(
         from trakcli.jobs.per_token import query_token_scores
         from trakcli.jobs.qld import choose_queries
 
-        target = load_dataset(cfg.data.target, key="data.target")
+        target = load_dataset(cfg.data.target, key="data.target", task=cfg.task)
         queries = choose_queries(cfg, len(target))
         tokens = (queries, query_token_scores(cfg, queries, reporter))
         baselines = None
         if cfg.eval.bm25:  # the lexical row: the query's own tokens in the train documents, rarest first
             from trakcli.metrics.bm25 import token_overlap_scores
 
-            baselines = {"token_overlap": token_overlap_scores(load_dataset(cfg.data.train, key="data.train"),
+            baselines = {"token_overlap": token_overlap_scores(load_dataset(cfg.data.train, key="data.train", task=cfg.task),
                                                                target, queries, tokens[1].shape[2], cfg.eval.seed)}
         result = query_loss_difference(cfg, None, workers=workers, reporter=reporter, token_scores=tokens,
                                        baselines=baselines)

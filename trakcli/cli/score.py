@@ -179,8 +179,8 @@ def score(
     if out is not None or plot is not None or json_out or (not quiet and cfg.score.show_targets):
         from trakcli.data.load import load_dataset
 
-        train = load_dataset(cfg.data.train, key="data.train")
-        target = load_dataset(cfg.data.target, key="data.target")
+        train = load_dataset(cfg.data.train, key="data.train", task=cfg.task)
+        target = load_dataset(cfg.data.target, key="data.target", task=cfg.task)
     if out is not None and out.suffix.lower() in ANSWER_SUFFIXES:
         tokens = None
         if res.per_token:

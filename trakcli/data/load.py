@@ -80,23 +80,27 @@ def _as_tensor(value: Any, what: str, expected: str) -> torch.Tensor:
     return torch.as_tensor(arr)
 
 
-def _labels(value: Any, what: str, source: str, key: str, n: int, token_shape: list[int] | None = None) -> torch.Tensor:
-    """Checked int64 labels (raises DataError as :func:`load_dataset`).
+def class_labels(value: Any, what: str, source: str, key: str, n: int,
+                 token_shape: list[int] | None = None) -> torch.Tensor:
+    """Checked int64 class labels, the labels of the built-in tasks (raises DataError as :func:`load_dataset`).
 
-    ``[n]`` class indices >= 0; or, when ``token_shape`` (the shape ``[n, L]`` of the
-    ``input_ids`` input) is given, also ``[n, L]`` per-token labels: -100 (not a target)
-    or a token id >= 0. ``what`` names the labels in messages (``"labels 'y'"``), ``source``
-    where they come from (``" of data.pt"``).
+    ``[n]`` class indices >= 0 (``[n, 1]`` is taken as ``[n]``); or, when ``token_shape`` (the
+    shape ``[n, L]`` of the ``input_ids`` input) is given, also ``[n, L]`` per-token labels: -100
+    (not a target) or a token id >= 0. ``what`` names the labels in messages (``"labels 'y'"``),
+    ``source`` where they come from (``" of data.pt"``).
     """
     y = _as_tensor(value, f"{key}: {what}{source}", "integer class indices")
-    per_token = token_shape is not None and y.ndim == 2
+    per_token = token_shape is not None and y.ndim == 2 and (y.shape[1] != 1 or token_shape[1] == 1)
     if per_token and list(y.shape) != token_shape:
         raise DataError(
             f"{key}: per-token {what} must have the shape of input_ids {token_shape}, got {list(y.shape)}"
         )
+    if not per_token and y.ndim == 2 and y.shape[1] == 1:
+        y = y[:, 0]
     if not per_token and (y.ndim != 1 or y.shape[0] != n):
         also = f", or [n, L] per-token labels shaped like input_ids {token_shape}" if token_shape is not None else ""
-        raise DataError(f"{key}: {what} must be 1-D with one per row ({n}){also}, got shape {list(y.shape)}")
+        raise DataError(f"{key}: {what} must be 1-D class indices with one per row ({n}){also}, got shape "
+                        f"{list(y.shape)}")
     if y.dtype == torch.bool or y.is_complex() or (y.is_floating_point() and not torch.equal(y, y.round())):
         kind = "integer per-token labels" if per_token else "integer class indices"
         got = "non-integer floats" if y.is_floating_point() else f"{y.dtype} values"
@@ -113,6 +117,37 @@ def _labels(value: Any, what: str, source: str, key: str, n: int, token_shape: l
     return y.to(torch.int64).contiguous()
 
 
+def any_labels(value: Any, what: str, source: str, key: str, n: int,
+               token_shape: list[int] | None = None) -> torch.Tensor:
+    """Labels of any shape ``[n, ...]``, numbers: what a task that does not check its labels gets.
+
+    Floats become float32 (regression targets), integers int64, bools stay bool. The task
+    checks their values (:meth:`trakcli.tasks.Task.check_labels`, :meth:`~trakcli.tasks.Task.check`).
+
+    Raises:
+        DataError: values that are not real numbers, or not one row per example (``n``).
+    """
+    del token_shape  # any shape is taken
+    y = _as_tensor(value, f"{key}: {what}{source}", "numbers")
+    if y.is_complex():
+        raise DataError(f"{key}: {what}{source} must be real numbers, got {y.dtype} values")
+    if y.ndim == 0 or y.shape[0] != n:
+        raise DataError(f"{key}: {what} must have one row per example, [n, ...] with n = {n}, got shape "
+                        f"{list(y.shape)}")
+    if y.is_floating_point():
+        y = y.to(torch.float32)
+    elif y.dtype != torch.bool:
+        y = y.to(torch.int64)
+    return y.contiguous()
+
+
+def _task(task: Any) -> Any:
+    """The task whose :meth:`~trakcli.tasks.Task.check_labels` checks the labels (None: classification)."""
+    from trakcli.tasks import resolve_task
+
+    return resolve_task("classification" if task is None else task)
+
+
 def _first_bad(y: torch.Tensor) -> Any:
     """The first label that is not an integer (for messages)."""
     if y.is_floating_point():
@@ -124,27 +159,33 @@ def _first_bad(y: torch.Tensor) -> Any:
 
 def checked_dataset(
     inputs: Any, labels: Any, *, key: str, name: str, inputs_what: str = "inputs", labels_what: str = "labels",
-    source: str = "",
+    source: str = "", task: Any = None,
 ) -> TensorDataset:
     """Inputs and labels validated as every tensor dataset is (a file's and the Python API's batches alike).
 
     Args:
         inputs: ``[n, ...]`` numbers, or a dict of them (the model's keyword inputs; the same ``n`` each).
-        labels: ``[n]`` integer class indices >= 0, or beside an ``input_ids`` input ``[n, L]`` per-token
-            labels (token ids, -100 for positions that are not targets).
+        labels: ``[n, ...]``, checked by the task (:meth:`trakcli.tasks.Task.check_labels`): for the
+            built-in tasks ``[n]`` integer class indices >= 0, or beside an ``input_ids`` input ``[n, L]``
+            per-token labels (token ids, -100 for positions that are not targets); for a task of one's
+            own any ``[n, ...]`` numbers (float targets as float32, integers as int64).
         key: what the data is, for messages (``"data.train"``, ``"train batches"``).
         name: the dataset's name (its fingerprint's ``name``).
         inputs_what, labels_what: how messages name the inputs and labels (``"inputs 'x'"``).
         source: where they come from, for messages (``" of data.pt"``).
+        task: the task reading the labels (a :class:`~trakcli.tasks.Task`, a name or spec; None:
+            ``classification``).
 
     Returns:
         The dataset: float inputs as float32 (integer and bool ones keep their dtype in a dict),
-        int64 labels.
+        the labels as the task's :meth:`~trakcli.tasks.Task.check_labels` returns them.
 
     Raises:
         DataError: values that are not numbers, empty inputs, inputs and labels (or several inputs)
-            of different numbers of rows, labels that are not integers >= 0 (names the first bad one).
+            of different numbers of rows, labels the task refuses (for the built-in tasks: not
+            integers >= 0, naming the first bad one).
     """
+    t = _task(task)
     if isinstance(inputs, dict):
         keys = list(inputs)
         if not keys:
@@ -156,24 +197,23 @@ def checked_dataset(
         xs = {k: (x.to(torch.float32) if x.is_floating_point() else x).contiguous() for k, x in xs.items()}
         ids = xs.get("input_ids")
         token_shape = list(ids.shape) if ids is not None and ids.ndim == 2 else None
-        y = _labels(labels, labels_what, source, key, next(iter(n.values())), token_shape)
+        y = t.check_labels(labels, what=labels_what, source=source, key=key, n=next(iter(n.values())),
+                           token_shape=token_shape)
         return TensorDataset(xs, y, name)
     x = _as_tensor(inputs, f"{key}: {inputs_what}{source}", "numbers")
-    y = _as_tensor(labels, f"{key}: {labels_what}{source}", "integer class indices")
+    y = _as_tensor(labels, f"{key}: {labels_what}{source}", t.label_values)
     if x.ndim == 0 or x.shape[0] == 0:
         raise DataError(f"{key}: {name} is empty (shape {list(x.shape)}); it needs at least one row")
-    if y.ndim != 1:
-        raise DataError(f"{key}: {labels_what} must be 1-D class indices, got shape {list(y.shape)}")
-    if y.shape[0] != x.shape[0]:
+    if y.ndim >= 1 and y.shape[0] != x.shape[0]:
         raise DataError(
             f"{key}: {x.shape[0]} inputs but {y.shape[0]} labels; {inputs_what.removeprefix('inputs ')} and "
             f"{labels_what.removeprefix('labels ')} must have the same number of rows"
         )
-    y = _labels(y, labels_what, source, key, x.shape[0])
+    y = t.check_labels(y, what=labels_what, source=source, key=key, n=x.shape[0])
     return TensorDataset(x.to(torch.float32).contiguous(), y, name)
 
 
-def _dict_dataset(cfg: DatasetConfig, contents: dict[str, Any], key: str) -> TensorDataset:
+def _dict_dataset(cfg: DatasetConfig, contents: dict[str, Any], key: str, task: Any = None) -> TensorDataset:
     """Several input tensors (``inputs: [a, b]``): a dict passed to the model as keyword arguments.
 
     Floating tensors become float32; integer and bool tensors (ids, masks) keep their dtype.
@@ -188,7 +228,7 @@ def _dict_dataset(cfg: DatasetConfig, contents: dict[str, Any], key: str) -> Ten
         )
     return checked_dataset(
         {k: contents[k] for k in keys}, contents[cfg.labels], key=key, name=f"{_where(cfg)}[{','.join(keys)}]",
-        labels_what=f"labels {cfg.labels!r}", source=f" of {_where(cfg)}",
+        labels_what=f"labels {cfg.labels!r}", source=f" of {_where(cfg)}", task=task,
     )
 
 
@@ -218,7 +258,7 @@ def _concat_files(files: list[tuple[Any, dict[str, Any]]], needed: list[str], ke
     return out
 
 
-def load_dataset(cfg: DatasetConfig, *, key: str = "data.train") -> TensorDataset | TextDataset:
+def load_dataset(cfg: DatasetConfig, *, key: str = "data.train", task: Any = None) -> TensorDataset | TextDataset:
     """Load one dataset described by the config.
 
     Args:
@@ -226,10 +266,14 @@ def load_dataset(cfg: DatasetConfig, *, key: str = "data.train") -> TensorDatase
             ``path`` + one of ``text`` / ``prompt`` + ``completion`` / ``messages`` / ``input_ids``);
             ``path`` may be a list of files, read as one dataset (the first file's rows, then the next's).
         key: the dotted config key, used in error messages.
+        task: the task reading the labels of a tensor file (``cfg.task``: a name, spec or
+            :class:`~trakcli.tasks.Task`; None: ``classification``), which checks them
+            (:meth:`~trakcli.tasks.Task.check_labels`).
 
     Returns:
         A :class:`TensorDataset` (built-in data and tensor files: float32 inputs or a dict of
-        tensors, int64 labels ``[n]``, or ``[n, L]`` per-token labels beside ``input_ids``), or
+        tensors; for the built-in tasks int64 labels ``[n]``, or ``[n, L]`` per-token labels beside
+        ``input_ids``; for a task of one's own any ``[n, ...]`` labels), or
         for text and language-model data a :class:`~trakcli.data.text.TextDataset`, which
         reads and tokenizes rows as its batches need them.
 
@@ -254,7 +298,7 @@ def load_dataset(cfg: DatasetConfig, *, key: str = "data.train") -> TensorDatase
     else:
         contents = _read_file(_tensor_file(cfg.path, key))
     if not isinstance(cfg.inputs, str):
-        return _dict_dataset(cfg, contents, key)
+        return _dict_dataset(cfg, contents, key, task)
     missing = [k for k in (cfg.inputs, cfg.labels) if k not in contents]
     if missing:
         raise DataError(
@@ -264,4 +308,5 @@ def load_dataset(cfg: DatasetConfig, *, key: str = "data.train") -> TensorDatase
     return checked_dataset(
         contents[cfg.inputs], contents[cfg.labels], key=key, name=f"{_where(cfg)}[{cfg.inputs}]",
         inputs_what=f"inputs {cfg.inputs!r}", labels_what=f"labels {cfg.labels!r}", source=f" of {_where(cfg)}",
+        task=task,
     )

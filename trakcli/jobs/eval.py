@@ -47,7 +47,7 @@ def store_scores(cfg: Config) -> np.ndarray:
     """
     store = open_scored_store(cfg, "scores", "`trak score CONFIG` first (or give --scores FILE)")
     scores, attrs = store.read_scores(cfg.score.experiment)
-    check_experiment_data(cfg, store, attrs, load_dataset(cfg.data.train, key="data.train"))
+    check_experiment_data(cfg, store, attrs, load_dataset(cfg.data.train, key="data.train", task=cfg.task))
     return np.asarray(scores, dtype=np.float32)
 
 
@@ -67,7 +67,7 @@ def check_experiment_data(cfg: Config, store: Store, attrs: dict[str, Any], trai
     if store.identity.get("train_data") != train.fingerprint():
         problems.append("data.train differs from the train data the store was featurized with")
     if cfg.data.target is not None:
-        target = load_dataset(cfg.data.target, key="data.target")
+        target = load_dataset(cfg.data.target, key="data.target", task=cfg.task)
         if attrs.get("target_data") != target.fingerprint():
             problems.append(f"data.target differs from the targets of experiment {exp!r}")
     if problems:

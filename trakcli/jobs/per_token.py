@@ -392,7 +392,7 @@ def query_token_scores(cfg: Any, queries: list[int], reporter: Reporter = NULL_R
 
     s = prepare(cfg, need_target=True, reporter=reporter)
     check_per_token(s, normalize=cfg.score.normalize)
-    target = load_dataset(cfg.data.target, key="data.target")
+    target = load_dataset(cfg.data.target, key="data.target", task=cfg.task)
     store = Store.open_existing(cfg.store.location, mode="r")
     train_rows = check_train_complete(s, store)
     exact = s.exact_damping if s.curvature is not None else None

@@ -121,7 +121,7 @@ def recall_inputs(cfg: Config) -> RecallInputs:
     store = open_scored_store(cfg, "top-k", "`trak score CONFIG score.top_k=100` first")
     sources, sources_from = target_sources(cfg)
     ranked, attrs, ranking = store_ranking(cfg, store)
-    train = load_dataset(cfg.data.train, key="data.train")
+    train = load_dataset(cfg.data.train, key="data.train", task=cfg.task)
     check_experiment_data(cfg, store, attrs, train)
     if len(sources) != ranked.shape[0]:
         raise DataError(

@@ -224,7 +224,7 @@ def score(
     s = prepare(cfg, need_target=True, rehash=verify, reporter=reporter)
     sc = cfg.score
     path = cfg.store.location
-    target = load_dataset(cfg.data.target, key="data.target")  # type: ignore[arg-type]  # checked by check_files
+    target = load_dataset(cfg.data.target, key="data.target", task=cfg.task)  # type: ignore[arg-type]  # checked by check_files
     lambdas, computed = score_targets(
         s, path, target, experiment=sc.experiment, lambda_reg=sc.lambda_reg, lambda_rel=sc.lambda_rel,
         top_k=sc.top_k, full=sc.full, normalize=sc.normalize, per_token=sc.per_token,

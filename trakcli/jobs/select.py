@@ -623,7 +623,7 @@ def select(
     out = check_out(cfg.data.train, sc.out)
     s = prepare(cfg, need_target=True, rehash=verify, reporter=reporter)
     k = n_selected(len(s.train), sc.fraction, sc.count)
-    target = load_dataset(cfg.data.target, key="data.target")  # type: ignore[arg-type]  # checked by prepare
+    target = load_dataset(cfg.data.target, key="data.target", task=cfg.task)  # type: ignore[arg-type]  # checked by prepare
     groups, names = target_groups(cfg.data.target, target, sc.group_by)
     path = cfg.store.location
     computed = 0

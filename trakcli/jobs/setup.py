@@ -404,7 +404,7 @@ def prepare(
     checkpoints = resolve_checkpoints(cfg, hashes)
     dist = init_from_env()
     device = resolve_device(cfg.device, dist)
-    train = load_dataset(cfg.data.train, key="data.train")
+    train = load_dataset(cfg.data.train, key="data.train", task=cfg.task)
     model = with_adapters(build_model(cfg.model.entrypoint, **cfg.model.kwargs), checkpoints)
     featurizer = make_featurizer(cfg, model, reporter if dist.is_main else NULL_REPORTER, device)
     states = state_shas = second = None
