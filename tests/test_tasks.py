@@ -237,3 +237,18 @@ def test_every_task_has_its_outputs_checked():
         check_outputs(_Own(), (torch.zeros(3), torch.tensor([0.0, 0.0, float("inf")])), logits, batch, row_offset=10)
     with pytest.raises(DataError, match="task classification must return"):
         check_outputs(BUILTIN["classification"], (torch.zeros(3),), logits, batch)
+
+
+def test_the_config_knows_the_builtin_tasks_labels_as_the_tasks_do():
+    from trakcli.config.schema import BUILTIN_TASK_LABELS
+
+    assert set(BUILTIN_TASK_LABELS) == set(BUILTIN)
+    for name, task in BUILTIN.items():
+        assert BUILTIN_TASK_LABELS[name] == ("tokens" if task.token_level else "classes"), name
+    # the built-in losses are methods of their classes: a language model's is the next-token cross-entropy
+    logits, ids = torch.randn(2, 4, 5), torch.tensor([[1, 2, 3, -100], [4, 0, 2, 1]])
+    lm = BUILTIN["language_modeling"]
+    batch = {"input_ids": ids.clamp(min=0), "labels": ids}
+    want = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 5), ids[:, 1:].reshape(-1), ignore_index=-100)
+    torch.testing.assert_close(lm.loss(logits, batch), want)
+    assert lm.loss_count(batch) == 5 and BUILTIN["classification"].loss_count({"labels": torch.zeros(3)}) == 3

@@ -7,8 +7,10 @@ one ``f`` (differentiable) and one ``Q`` per example::
 
 The batch is every tensor the data yields, with the examples as the first dimension:
 
-* tensor data: ``{"inputs": [n, ...], "labels": [n]}``;
-* several input tensors (``data.*.inputs: [a, b]``): ``{"a": ..., "b": ..., "labels": [n]}``;
+* tensor data: ``{"inputs": [n, ...], "labels": [n, ...]}``, the labels as the data holds them
+  (class indices ``[n]`` for the built-in tasks; float targets, several columns, a choice's
+  index for a task of one's own, which checks them: :meth:`Task.check_labels`);
+* several input tensors (``data.*.inputs: [a, b]``): ``{"a": ..., "b": ..., "labels": [n, ...]}``;
 * text: ``{"input_ids": [n, L], "attention_mask": [n, L], ("token_type_ids"), "labels": ...}``
   with ``labels`` the class indices ``[n]`` (text classification) or the per-token
   labels ``[n, L]`` of language modeling, ``-100`` where a token is not a target
@@ -218,10 +220,9 @@ class Task:
     def loss(self, logits: torch.Tensor, batch: Batch, reduction: str = "mean") -> torch.Tensor:
         """The training loss of a batch, the one the built-in recipe of `trak optimize` minimizes.
 
-        Token-level tasks: the next-token cross-entropy over the target tokens
-        (:func:`language_modeling_loss`, labels from :func:`token_labels`); others: the
-        cross-entropy of ``[n, C]`` logits at ``batch["labels"] [n]`` (:func:`classification_loss`).
-        Override it for another loss.
+        The cross-entropy of ``[n, C]`` logits at ``batch["labels"] [n]`` (:func:`classification_loss`);
+        :class:`LanguageModeling` overrides it with the next-token cross-entropy. Override it for
+        another loss (and :meth:`loss_count` when its mean is not over rows).
 
         Args:
             logits: the model's output for the batch.
@@ -231,9 +232,6 @@ class Task:
         Returns:
             A float scalar in nats, differentiable.
         """
-        if self.token_level:
-            labels = token_labels(batch)
-            return language_modeling_loss(logits.reshape(*labels.shape, -1), labels, reduction)
         return classification_loss(logits, batch["labels"], reduction)
 
     #: Whether training reports an accuracy (:meth:`correct`): classifiers do, a language model or a
@@ -246,9 +244,8 @@ class Task:
         return int((logits.detach().argmax(-1) == batch["labels"]).sum())
 
     def loss_count(self, batch: Batch) -> int:
-        """How many terms the mean :meth:`loss` of ``batch`` is over: target tokens (token-level tasks) or rows."""
-        if self.token_level:
-            return int((token_labels(batch)[:, 1:] != IGNORE_INDEX).sum())
+        """How many terms the mean :meth:`loss` of ``batch`` is over: its rows (target tokens for
+        :class:`LanguageModeling`)."""
         return _n(batch)
 
     def identity(self) -> dict[str, Any]:
@@ -359,6 +356,16 @@ class LanguageModeling(Task):
         labels = token_labels(batch)
         return language_modeling_margin(logits.reshape(*labels.shape, -1), labels)
 
+    def loss(self, logits, batch, reduction="mean"):
+        """The next-token cross-entropy over the target tokens (:func:`language_modeling_loss`, labels from
+        :func:`token_labels`)."""
+        labels = token_labels(batch)
+        return language_modeling_loss(logits.reshape(*labels.shape, -1), labels, reduction)
+
+    def loss_count(self, batch):
+        """The target tokens of the batch (labels != -100 after the first position)."""
+        return int((token_labels(batch)[:, 1:] != IGNORE_INDEX).sum())
+
     def check(self, logits, batch, row_offset=0):
         labels = token_labels(batch)
         n = labels.shape[0]
@@ -423,6 +430,18 @@ class CustomTask(Task):
 
     def __call__(self, logits, batch):
         return self.fn(logits, batch)
+
+    def trained_as(self) -> Task:
+        """The built-in task whose loss trains a function's model (a function declares no loss)."""
+        return BUILTIN["language_modeling" if self.token_level else "classification"]
+
+    def loss(self, logits, batch, reduction="mean"):
+        """The loss of the built-in task of the function's kind: next-token cross-entropy when the function has
+        ``token_level = True``, else the cross-entropy at class labels."""
+        return self.trained_as().loss(logits, batch, reduction)
+
+    def loss_count(self, batch):
+        return self.trained_as().loss_count(batch)
 
 
 def is_builtin(task: Task) -> bool:

@@ -99,7 +99,7 @@ def _evaluate(model: torch.nn.Module, data: Any, task: Any, batch_size: int, max
     """``(loss, accuracy or None)`` of tensors ``(inputs, labels)`` on the model's device, or of a dataset."""
     task = resolve_task(task)
     if isinstance(data, tuple):
-        if not task.token_level and type(task).loss is Task.loss:  # the cross-entropy of a classifier
+        if task.has_accuracy and type(task).loss is Task.loss:  # a classifier's cross-entropy
             return evaluate(model, *data, batch_size=batch_size)
         data = TensorDataset(data[0], data[1], "data")
     device = next(model.parameters()).device

@@ -29,7 +29,7 @@ from trakcli.config import Config, OptimizeConfig
 from trakcli.data.tensors import Inputs, TensorDataset, cut_batches, index_inputs, inputs_to, slice_inputs
 from trakcli.errors import ConfigError, ModelError, TrainingError, user_code
 from trakcli.files import atomic_torch_save
-from trakcli.tasks import BUILTIN, IGNORE_INDEX, CustomTask, Task, check_by_first, make_batch, resolve_task
+from trakcli.tasks import IGNORE_INDEX, CustomTask, Task, check_by_first, make_batch, resolve_task
 from trakcli.jobs.divergence import check_loss, check_weights
 from trakcli.models.forward import forward, forward_errors
 from trakcli.progress import NULL_REPORTER, Reporter
@@ -453,7 +453,7 @@ def _validate(
 ) -> tuple[float, float | None]:
     """``(loss, accuracy or None)`` of the validation data: tensors ``(inputs, labels)`` or a dataset."""
     if isinstance(validation, tuple):
-        if task.has_accuracy and not task.token_level and type(task).loss is Task.loss:  # the cross-entropy
+        if task.has_accuracy and type(task).loss is Task.loss:  # a classifier's cross-entropy
             return evaluate(model, validation[0], validation[1], batch_size=batch_size)
         validation = TensorDataset(validation[0], validation[1], "validation")
     device = next(model.parameters()).device
@@ -574,7 +574,7 @@ def check_forward(
     rows = inputs if isinstance(inputs, TrainRows) else TensorRows(inputs, labels)
     task = resolve_task(task)
     # the loss reads the labels as the built-in task of its kind does
-    checker = BUILTIN["language_modeling" if task.token_level else "classification"] if isinstance(task, CustomTask) else task
+    checker = task.trained_as() if isinstance(task, CustomTask) else task
     was_training = model.training
     model.eval()
     try:
