@@ -219,7 +219,7 @@ def test_labels_of_any_shape_pass_to_a_task_of_ones_own():
 def test_the_builtin_tasks_keep_class_indices():
     x = torch.randn(5, 3)
     with pytest.raises(DataError, match="data.train: labels must be integer class indices, got non-integer floats"):
-        checked_dataset(x, torch.rand(5) + 0.1, key="data.train", name="t", task="classification")
+        checked_dataset(x, torch.rand(5) + 0.1, key="data.train", name="t", task=BUILTIN["classification"])
     with pytest.raises(DataError, match=r"labels must be 1-D class indices with one per row \(5\), got shape \[5, 2\]"):
         checked_dataset(x, torch.zeros(5, 2, dtype=torch.long), key="data.train", name="t")
     one_column = checked_dataset(x, torch.tensor([[0], [1], [2], [1], [0]]), key="k", name="t")

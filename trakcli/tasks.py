@@ -50,6 +50,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from trakcli.errors import ConfigError, DataError, user_code
+from trakcli.labels import any_labels, class_labels
 
 #: Per-token labels that are not targets (transformers' ``ignore_index``).
 IGNORE_INDEX = -100
@@ -184,9 +185,9 @@ class Task:
                      token_shape: list[int] | None = None) -> torch.Tensor:
         """The labels of a dataset as the task reads them, checked once when the data is loaded.
 
-        The default takes any numbers of shape ``[n, ...]`` (:func:`trakcli.data.load.any_labels`:
+        The default takes any numbers of shape ``[n, ...]`` (:func:`trakcli.labels.any_labels`:
         floats as float32, integers as int64); the built-in tasks take class indices
-        (:func:`trakcli.data.load.class_labels`). Override it to refuse labels early, with the
+        (:func:`trakcli.labels.class_labels`). Override it to refuse labels early, with the
         ``key``, ``what`` and ``source`` given for messages.
 
         Args:
@@ -201,8 +202,6 @@ class Task:
         Raises:
             DataError: labels the task cannot read.
         """
-        from trakcli.data.load import any_labels
-
         return any_labels(labels, what, source, key, n, token_shape)
 
     def check(self, logits: torch.Tensor, batch: Batch, row_offset: int = 0) -> None:
@@ -301,10 +300,8 @@ class Classification(Task):
         self.formula = formula or self.formula
 
     def check_labels(self, labels, *, n, key="data", what="labels", source="", token_shape=None):
-        """Class indices ``[n]`` int64 >= 0 (:func:`trakcli.data.load.class_labels`; ``[n, L]`` per-token
+        """Class indices ``[n]`` int64 >= 0 (:func:`trakcli.labels.class_labels`; ``[n, L]`` per-token
         labels beside ``input_ids``, which the config refuses for this task)."""
-        from trakcli.data.load import class_labels
-
         return class_labels(labels, what, source, key, n, token_shape)
 
     def __call__(self, logits, batch):
@@ -347,9 +344,7 @@ class LanguageModeling(Task):
 
     def check_labels(self, labels, *, n, key="data", what="labels", source="", token_shape=None):
         """Per-token labels ``[n, L]`` int64 (token ids or -100) beside ``input_ids``, or ``[n]`` ints
-        (:func:`trakcli.data.load.class_labels`)."""
-        from trakcli.data.load import class_labels
-
+        (:func:`trakcli.labels.class_labels`)."""
         return class_labels(labels, what, source, key, n, token_shape)
 
     def __call__(self, logits, batch):

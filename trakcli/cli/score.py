@@ -178,9 +178,10 @@ def score(
     train = target = None
     if out is not None or plot is not None or json_out or (not quiet and cfg.score.show_targets):
         from trakcli.data.load import load_dataset
+        from trakcli.tasks import resolve_task
 
-        train = load_dataset(cfg.data.train, key="data.train", task=cfg.task)
-        target = load_dataset(cfg.data.target, key="data.target", task=cfg.task)
+        train = load_dataset(cfg.data.train, key="data.train", task=resolve_task(cfg.task))
+        target = load_dataset(cfg.data.target, key="data.target", task=resolve_task(cfg.task))
     if out is not None and out.suffix.lower() in ANSWER_SUFFIXES:
         tokens = None
         if res.per_token:

@@ -339,9 +339,9 @@ def optimize(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_
             f"{oc.entrypoint!r} trains the models; remove epoch_checkpoints, or the entrypoint to use the recipe"
         )
     apply_threads(cfg.num_threads)
-    train = load_dataset(cfg.data.train, key="data.train", task=cfg.task)
-    heldout = load_dataset(cfg.data.target, key="data.target", task=cfg.task) if cfg.data.target is not None else None
-    valset = load_dataset(cfg.data.validation, key="data.validation", task=cfg.task) if cfg.data.validation is not None else None
+    train = load_dataset(cfg.data.train, key="data.train", task=resolve_task(cfg.task))
+    heldout = load_dataset(cfg.data.target, key="data.target", task=resolve_task(cfg.task)) if cfg.data.target is not None else None
+    valset = load_dataset(cfg.data.validation, key="data.validation", task=resolve_task(cfg.task)) if cfg.data.validation is not None else None
     device = resolve_device(cfg.device)
     try:
         oc.out_dir.mkdir(parents=True, exist_ok=True)
