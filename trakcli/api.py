@@ -89,25 +89,29 @@ def split_batch(batch: Any, index: int) -> tuple[Inputs, torch.Tensor]:
     )
 
 
-def collect_batches(batches: Iterable[Any], name: str) -> tuple[TensorDataset, int]:
-    """Read all batches into one CPU dataset (float inputs as float32, integer labels as int64).
+def collect_batches(batches: Iterable[Any], name: str, task: Any = None) -> tuple[TensorDataset, int]:
+    """Read all batches into one CPU dataset (float inputs as float32, labels as the task reads them).
 
     Args:
         batches: an iterable of batches (:func:`split_batch`), e.g. a ``torch.utils.data.DataLoader``.
         name: what the batches are, for messages (``"train batches"``).
+        task: the task reading the labels (None: ``classification``), which checks them
+            (:meth:`trakcli.tasks.Task.check_labels`).
 
     Returns:
         (the dataset, the rows of the first batch).
 
     The whole is then checked as ``trak featurize`` checks a data file
     (:func:`trakcli.data.load.checked_dataset`): as many labels as inputs (and
-    rows in every keyword input), integer labels >= 0 (or per-token labels beside
-    ``input_ids``).
+    rows in every keyword input), labels ``[n, ...]`` the task takes (the built-in
+    tasks: integer labels >= 0, ``[n]`` or ``[n, 1]``, or per-token labels beside
+    ``input_ids``; a task of one's own: any numbers, e.g. float regression targets).
 
     Raises:
         DataError: no batches, a batch that is not tensors, batches that do not concatenate
             (e.g. text padded to another length per batch: pad to one ``max_length``), inputs
-            and labels of different lengths, or labels that are not integer class indices.
+            and labels of different lengths, or labels the task refuses (the built-in tasks: not
+            integer class indices).
     """
     xs: list[Inputs] = []
     ys: list[torch.Tensor] = []
@@ -116,9 +120,8 @@ def collect_batches(batches: Iterable[Any], name: str) -> tuple[TensorDataset, i
         tensors = list(x.values()) if isinstance(x, dict) else [x]
         if not all(isinstance(t, torch.Tensor) for t in [*tensors, y]):
             raise DataError(f"{name}: batch {i} holds {type(x).__name__} inputs / {type(y).__name__} labels; give tensors")
-        ids = x.get("input_ids") if isinstance(x, dict) else None
-        per_token = ids is not None and tuple(y.shape) == tuple(ids.shape)  # [n, L] labels, -100 = not a target
-        y = y.detach().cpu() if per_token else y.detach().cpu().reshape(-1)
+        y = y.detach().cpu()
+        y = y.reshape(1) if y.ndim == 0 else y  # [n, ...]: the task reads (and checks) them as they are
         rows = (tensors[0].shape[0] if tensors[0].ndim else 0)
         if y.shape[0] != rows:
             raise DataError(f"{name}: batch {i} has {rows} inputs but {y.shape[0]} labels; give one label per example "
@@ -143,7 +146,7 @@ def collect_batches(batches: Iterable[Any], name: str) -> tuple[TensorDataset, i
     else:
         inputs = cat(xs, "inputs")  # type: ignore[arg-type]
     labels = cat(ys, "labels")
-    return checked_dataset(inputs, labels, key=name, name=name), int(ys[0].shape[0])
+    return checked_dataset(inputs, labels, key=name, name=name, task=task), int(ys[0].shape[0])
 
 
 def checkpoint_name_and_sha(checkpoint: Any) -> tuple[str, str]:
@@ -360,7 +363,7 @@ class Attributor:
                 or to delete the store).
             StoreError: the store is in use or cannot be written.
         """
-        train, first = collect_batches(batches, "train batches")
+        train, first = collect_batches(batches, "train batches", self.task)
         s = self._setup(len(train), train, self.batch_size or first, {model_id: checkpoint})
         with locked_store(self.path, self.dist, self.reporter):
             try:
@@ -496,7 +499,7 @@ class Attributor:
                                         "normalize": normalize, "experiment": experiment}, "select")
         if not checkpoints:
             raise ConfigError("checkpoints: give the checkpoints of model_ids 0..M-1, as featurized")
-        target, first = collect_batches(batches, "target batches")
+        target, first = collect_batches(batches, "target batches", self.task)
         stored = Store.open_existing(self.path, mode="r")
         if not stored.identity:
             raise StoreError(f"the store {self.path} holds no train features yet; call Attributor.featurize first")
@@ -561,7 +564,7 @@ class Attributor:
             raise ConfigError("checkpoints: give the checkpoints of model_ids 0..M-1, as featurized")
         if normalize not in (None, "unit"):
             raise ConfigError(f"normalize={normalize!r}: use None (TRAK's scores) or 'unit' (cosine scores)")
-        target, first = collect_batches(batches, "target batches")
+        target, first = collect_batches(batches, "target batches", self.task)
         stored = Store.open_existing(self.path, mode="r")
         if not stored.identity:
             raise StoreError(f"the store {self.path} holds no train features yet; call Attributor.featurize first")

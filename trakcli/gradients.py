@@ -28,7 +28,7 @@ from trakcli.errors import ConfigError, GradientError, user_code
 from trakcli.models.build import model_name
 from trakcli.models.forward import forward_errors
 from trakcli.models.peft import is_peft_model
-from trakcli.tasks import CustomTask, check_by_first, make_batch, resolve_task
+from trakcli.tasks import check_by_first, is_builtin, make_batch, resolve_task
 
 #: How to fix a forward pass that runs on a batch but not under ``torch.func.vmap`` (per-example gradients).
 VMAP_HINT = (
@@ -171,12 +171,12 @@ class PerExampleGradients:
             return margin.reshape(()), q.detach().reshape(())
 
         self._check_batch(inputs, labels, params, const, row_offset)
-        of_task = f" and task {task.name}" if isinstance(task, CustomTask) else ""
+        of_task = "" if is_builtin(task) else f" and task {task.name}"
         what = lambda: f"per-example gradients (torch.func.vmap) of the forward pass of {model_name(model)}{of_task}"  # noqa: E731
         with user_code(what, hint=VMAP_HINT, error=GradientError):
             grads, q = vmap(grad(f, has_aux=True), in_dims=(None, 0, None if labels is None else 0))(
                 params, inputs, labels)
-        if isinstance(task, CustomTask):
+        if not is_builtin(task):  # a built-in Q is finite where the features are
             check_finite(q, row_offset, what=f"out-to-loss terms Q of task {task.name}")
         return grads, q.to(torch.float32)
 

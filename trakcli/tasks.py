@@ -7,8 +7,10 @@ one ``f`` (differentiable) and one ``Q`` per example::
 
 The batch is every tensor the data yields, with the examples as the first dimension:
 
-* tensor data: ``{"inputs": [n, ...], "labels": [n]}``;
-* several input tensors (``data.*.inputs: [a, b]``): ``{"a": ..., "b": ..., "labels": [n]}``;
+* tensor data: ``{"inputs": [n, ...], "labels": [n, ...]}``, the labels as the data holds them
+  (class indices ``[n]`` for the built-in tasks; float targets, several columns, a choice's
+  index for a task of one's own, which checks them: :meth:`Task.check_labels`);
+* several input tensors (``data.*.inputs: [a, b]``): ``{"a": ..., "b": ..., "labels": [n, ...]}``;
 * text: ``{"input_ids": [n, L], "attention_mask": [n, L], ("token_type_ids"), "labels": ...}``
   with ``labels`` the class indices ``[n]`` (text classification) or the per-token
   labels ``[n, L]`` of language modeling, ``-100`` where a token is not a target
@@ -32,10 +34,15 @@ Built-in tasks (Park et al. 2023, TRAK, Sec. 3 and App. E):
 
 A user's task is a function ``fn(logits, batch) -> (f, Q)`` (``task: "file.py:fn"``,
 ``"pkg.mod:fn"`` or a callable from Python) or a :class:`Task` subclass.
+
+A store records the task's identity (:meth:`Task.identity`): a function's file and its
+sha256, a class's name, formula and the sha256 of its source (and of its bases'), so a
+store made with one version of a task refuses features or scores of another.
 """
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -43,6 +50,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from trakcli.errors import ConfigError, DataError, user_code
+from trakcli.labels import any_labels, class_labels
 
 #: Per-token labels that are not targets (transformers' ``ignore_index``).
 IGNORE_INDEX = -100
@@ -141,11 +149,19 @@ def language_modeling_loss(logits: torch.Tensor, labels: torch.Tensor, reduction
 class Task:
     """A model output function: ``task(logits, batch) -> (f [n], Q [n])``.
 
-    Subclass it and override :meth:`__call__` (and :meth:`check` for clear shape errors)
-    for a new loss; the built-in tasks are subclasses too.
+    Subclass it for a new loss; the built-in tasks are subclasses too. A subclass overrides
+    :meth:`__call__` (``f`` and ``Q``, row-wise and vmap-safe) and, as it needs:
+    :meth:`loss` (what `trak optimize` and `trak eval` retraining minimize; default the
+    cross-entropy of ``[n, C]`` logits at class labels), :meth:`check_labels` (the dataset's
+    labels when they are loaded; default any ``[n, ...]`` numbers), :meth:`check` (the logits and
+    labels of each batch, for clear errors), :attr:`has_accuracy` and :meth:`correct` (the
+    accuracy training reports). Whatever it overrides, its ``(f, Q)`` are checked to be two
+    tensors ``[n]`` of finite values (:func:`check_outputs`), and its store identity holds the
+    sha256 of its source (:meth:`identity`).
 
     Attributes:
-        name: the task's name (a built-in name, or the ``"file.py:fn"`` spec).
+        name: the task's name (a built-in name, the ``"file.py:fn"`` / ``"file.py:Class"`` spec, or a
+            subclass's class name).
         formula: the formula the store records as ``output_function``.
         token_level: whether the task reads per-token labels (language modeling).
     """
@@ -153,21 +169,59 @@ class Task:
     name = "task"
     formula = ""
     token_level = False
+    #: What the labels must be, as messages on labels that are not numbers name it.
+    label_values = "numbers"
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "name" not in cls.__dict__:  # a subclass that names itself nothing else: its class name
+            cls.name = cls.__qualname__
 
     def __call__(self, logits: torch.Tensor, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """``(f [n], Q [n])`` of a batch: ``f`` differentiable, ``Q`` the out-to-loss term (∂loss/∂f)."""
         raise NotImplementedError
 
+    def check_labels(self, labels: Any, *, n: int, key: str = "data", what: str = "labels", source: str = "",
+                     token_shape: list[int] | None = None) -> torch.Tensor:
+        """The labels of a dataset as the task reads them, checked once when the data is loaded.
+
+        The default takes any numbers of shape ``[n, ...]`` (:func:`trakcli.labels.any_labels`:
+        floats as float32, integers as int64); the built-in tasks take class indices
+        (:func:`trakcli.labels.class_labels`). Override it to refuse labels early, with the
+        ``key``, ``what`` and ``source`` given for messages.
+
+        Args:
+            labels: a tensor, array or nested list of numbers.
+            n: the number of examples (rows of the inputs).
+            key, what, source: for messages: ``"data.train"``, ``"labels 'y'"``, ``" of data.pt"``.
+            token_shape: ``[n, L]`` of the ``input_ids`` input, for token data (None otherwise).
+
+        Returns:
+            The labels as a tensor ``[n, ...]``.
+
+        Raises:
+            DataError: labels the task cannot read.
+        """
+        return any_labels(labels, what, source, key, n, token_shape)
+
     def check(self, logits: torch.Tensor, batch: Batch, row_offset: int = 0) -> None:
-        """Raise :class:`DataError` when ``logits`` or ``batch`` do not fit the task (before any gradient)."""
+        """Raise :class:`DataError` when ``logits`` or ``batch`` do not fit the task (before any gradient).
+
+        Called on every batch before the task, with the whole batch's logits (or the first
+        example's, expanded to the batch). The default refuses logits without the examples as their
+        first dimension. Whatever it checks, the task's ``(f, Q)`` are then checked to be two
+        tensors ``[n]`` of finite values (:func:`check_outputs`).
+        """
+        n = _n(batch)
+        if logits.ndim < 1 or logits.shape[0] != n:
+            raise DataError(f"the model must return logits [n, ...]; for a batch of {n} it returned {list(logits.shape)}")
 
     def loss(self, logits: torch.Tensor, batch: Batch, reduction: str = "mean") -> torch.Tensor:
         """The training loss of a batch, the one the built-in recipe of `trak optimize` minimizes.
 
-        Token-level tasks: the next-token cross-entropy over the target tokens
-        (:func:`language_modeling_loss`, labels from :func:`token_labels`); others: the
-        cross-entropy of ``[n, C]`` logits at ``batch["labels"] [n]`` (:func:`classification_loss`).
-        Override it for another loss.
+        The cross-entropy of ``[n, C]`` logits at ``batch["labels"] [n]`` (:func:`classification_loss`);
+        :class:`LanguageModeling` overrides it with the next-token cross-entropy. Override it for
+        another loss (and :meth:`loss_count` when its mean is not over rows).
 
         Args:
             logits: the model's output for the batch.
@@ -177,23 +231,56 @@ class Task:
         Returns:
             A float scalar in nats, differentiable.
         """
-        if self.token_level:
-            labels = token_labels(batch)
-            return language_modeling_loss(logits.reshape(*labels.shape, -1), labels, reduction)
         return classification_loss(logits, batch["labels"], reduction)
 
+    #: Whether training reports an accuracy (:meth:`correct`): classifiers do, a language model or a
+    #: regression does not.
+    has_accuracy = False
+
+    def correct(self, logits: torch.Tensor, batch: Batch) -> int:
+        """How many rows of a batch the model gets right (read when :attr:`has_accuracy`): the rows whose
+        argmax logit (``[n, C]`` logits) is the class label ``batch["labels"] [n]``."""
+        return int((logits.detach().argmax(-1) == batch["labels"]).sum())
+
     def loss_count(self, batch: Batch) -> int:
-        """How many terms the mean :meth:`loss` of ``batch`` is over: target tokens (token-level tasks) or rows."""
-        if self.token_level:
-            return int((token_labels(batch)[:, 1:] != IGNORE_INDEX).sum())
+        """How many terms the mean :meth:`loss` of ``batch`` is over: its rows (target tokens for
+        :class:`LanguageModeling`)."""
         return _n(batch)
 
     def identity(self) -> dict[str, Any]:
-        """``{"task", "output_function"}`` as the store records them."""
-        return {"task": self.name, "output_function": self.formula or f"{type(self).__module__}.{type(self).__qualname__}"}
+        """``{"task", "output_function"}`` as the store records them.
+
+        ``output_function`` is ``{"class", "formula", "sha256"}``: the class's qualified name, its
+        :attr:`formula` and the sha256 of its source (:func:`source_sha256`), so that a store made
+        with one version of a task refuses another (``output_function.sha256: store has …``).
+        """
+        cls = type(self)
+        return {"task": self.name, "output_function": {"class": cls.__qualname__, "formula": self.formula,
+                                                       "sha256": source_sha256(cls)}}
 
     def __repr__(self) -> str:
         return f"<task {self.name}>"
+
+
+def source_sha256(cls: type) -> str:
+    """sha256 of the source of ``cls`` and of its bases up to :class:`Task` (what its results depend on).
+
+    A class whose source cannot be read (defined in an interactive session, or from a
+    compiled file) is hashed by its qualified name instead, so its identity still names it.
+
+    Returns:
+        64 hex digits.
+    """
+    h = hashlib.sha256()
+    for c in cls.__mro__:
+        if c in (Task, object):
+            break
+        try:
+            text = inspect.getsource(c)
+        except (OSError, TypeError):  # no source file: the name is all there is
+            text = f"{c.__module__}.{c.__qualname__}"
+        h.update(text.encode())
+    return h.hexdigest()
 
 
 def _n(batch: Batch) -> int:
@@ -205,9 +292,17 @@ class Classification(Task):
 
     formula = "margin: logit_y - logsumexp_{j!=y} logit_j; out_to_loss 1 - p_y"
 
+    label_values = "integer class indices"
+    has_accuracy = True
+
     def __init__(self, name: str = "classification", formula: str | None = None):
         self.name = name
         self.formula = formula or self.formula
+
+    def check_labels(self, labels, *, n, key="data", what="labels", source="", token_shape=None):
+        """Class indices ``[n]`` int64 >= 0 (:func:`trakcli.labels.class_labels`; ``[n, L]`` per-token
+        labels beside ``input_ids``, which the config refuses for this task)."""
+        return class_labels(labels, what, source, key, n, token_shape)
 
     def __call__(self, logits, batch):
         labels = batch["labels"]
@@ -223,6 +318,9 @@ class Classification(Task):
         if labels is None or labels.ndim != 1:
             got = "none" if labels is None else f"shape {list(labels.shape)}"
             raise DataError(f"task {self.name} needs class labels [n] (data.*.labels); the batch has {got}")
+        if labels.is_floating_point() or labels.is_complex() or labels.dtype == torch.bool:
+            raise DataError(f"task {self.name} needs integer class labels [n]; the batch has {labels.dtype} labels: "
+                            "give class indices 0, 1, ... (or write a task of your own for other targets)")
         n_classes = logits.shape[1]
         bad = (labels < 0) | (labels >= n_classes)
         if bad.any():
@@ -242,10 +340,26 @@ class LanguageModeling(Task):
         "out_to_loss mean over them of 1 - p_{t-1}(x_t)"
     )
     token_level = True
+    label_values = "integer class indices"
+
+    def check_labels(self, labels, *, n, key="data", what="labels", source="", token_shape=None):
+        """Per-token labels ``[n, L]`` int64 (token ids or -100) beside ``input_ids``, or ``[n]`` ints
+        (:func:`trakcli.labels.class_labels`)."""
+        return class_labels(labels, what, source, key, n, token_shape)
 
     def __call__(self, logits, batch):
         labels = token_labels(batch)
         return language_modeling_margin(logits.reshape(*labels.shape, -1), labels)
+
+    def loss(self, logits, batch, reduction="mean"):
+        """The next-token cross-entropy over the target tokens (:func:`language_modeling_loss`, labels from
+        :func:`token_labels`)."""
+        labels = token_labels(batch)
+        return language_modeling_loss(logits.reshape(*labels.shape, -1), labels, reduction)
+
+    def loss_count(self, batch):
+        """The target tokens of the batch (labels != -100 after the first position)."""
+        return int((token_labels(batch)[:, 1:] != IGNORE_INDEX).sum())
 
     def check(self, logits, batch, row_offset=0):
         labels = token_labels(batch)
@@ -304,6 +418,7 @@ class CustomTask(Task):
         self.file = file
         self.sha256 = file_sha256(file) if file is not None and Path(file).is_file() else None
         self.token_level = bool(getattr(fn, "token_level", False))
+        self.has_accuracy = not self.token_level  # trained with the classification loss
 
     def identity(self) -> dict[str, Any]:
         return {"task": self.name, "output_function": {"function": self.name, "file": self.file, "sha256": self.sha256}}
@@ -311,37 +426,75 @@ class CustomTask(Task):
     def __call__(self, logits, batch):
         return self.fn(logits, batch)
 
-    def check(self, logits, batch, row_offset=0):
-        """Call the function on the batch and refuse results of the wrong shape or not finite.
+    def trained_as(self) -> Task:
+        """The built-in task whose loss trains a function's model (a function declares no loss)."""
+        return BUILTIN["language_modeling" if self.token_level else "classification"]
 
-        Raises:
-            DataError: ``fn`` raised (its file and line), did not return a pair of tensors of shape
-                ``[n]``, or returned NaN / inf (naming the first examples).
-        """
-        n = _n(batch)
-        if logits.ndim < 1 or logits.shape[0] != n:
-            raise DataError(f"the model must return logits [n, ...]; for a batch of {n} it returned {list(logits.shape)}")
-        with user_code(lambda: f"task {self.name}", error=DataError):
-            out = self.fn(logits, batch)
-        ok = (isinstance(out, (tuple, list)) and len(out) == 2 and all(isinstance(t, torch.Tensor) for t in out)
-              and all(tuple(t.shape) == (n,) for t in out))
-        if not ok:
-            shapes = ([list(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__ for t in out]
-                      if isinstance(out, (tuple, list)) else type(out).__name__)
-            given = ", ".join(f"{k} {list(v.shape)}" for k, v in batch.items())
+    def loss(self, logits, batch, reduction="mean"):
+        """The loss of the built-in task of the function's kind: next-token cross-entropy when the function has
+        ``token_level = True``, else the cross-entropy at class labels."""
+        return self.trained_as().loss(logits, batch, reduction)
+
+    def loss_count(self, batch):
+        return self.trained_as().loss_count(batch)
+
+
+def is_builtin(task: Task) -> bool:
+    """Whether ``task`` is one of :data:`BUILTIN` (messages name a task of one's own, a built-in goes unnamed)."""
+    return any(task is t for t in BUILTIN.values())
+
+
+def check_outputs(task: Task, out: Any, logits: torch.Tensor, batch: Batch, row_offset: int = 0) -> None:
+    """Refuse a task's result that is not ``(f [n], Q [n])`` of finite values: every task's outputs are checked so.
+
+    A built-in task's outputs are checked for their shape only: they are finite wherever the
+    logits are, and non-finite logits make non-finite features, which are refused naming the rows.
+
+    Args:
+        task: the task (named in messages).
+        out: what ``task(logits, batch)`` returned.
+        logits, batch: what it got (their shapes are named in messages).
+        row_offset: dataset index of the batch's first row (for messages).
+
+    Raises:
+        DataError: not a pair of tensors of shape ``[n]``, or NaN / inf (naming the first examples).
+    """
+    n = _n(batch)
+    ok = (isinstance(out, (tuple, list)) and len(out) == 2 and all(isinstance(t, torch.Tensor) for t in out)
+          and all(tuple(t.shape) == (n,) for t in out))
+    if not ok:
+        shapes = ([list(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__ for t in out]
+                  if isinstance(out, (tuple, list)) else type(out).__name__)
+        given = ", ".join(f"{k} {list(v.shape)}" for k, v in batch.items())
+        raise DataError(
+            f"task {task.name} must return (f, Q), two tensors of shape [n] (one value per example); for logits "
+            f"{list(logits.shape)} and a batch of {given} it returned {shapes}; reduce over every dimension but "
+            'the first (docs/guides/own-models.md, "Custom model outputs")'
+        )
+    if is_builtin(task):  # a built-in f is finite where the logits are: the features' own check names the rows
+        return
+    for what, t in zip(("f", "Q"), out):
+        bad = ~torch.isfinite(t.detach())
+        if bad.any():
+            rows = (torch.nonzero(bad).flatten()[:5] + row_offset).tolist()
             raise DataError(
-                f"task {self.name} must return (f, Q), two tensors of shape [n] (one value per example); for logits "
-                f"{list(logits.shape)} and a batch of {given} it returned {shapes}; reduce over every dimension but "
-                'the first (docs/guides/own-models.md, "Custom model outputs")'
+                f"task {task.name} returned non-finite {what} for examples {rows}; "
+                "compute it stably (e.g. torch.logsumexp, torch.sigmoid) and check those inputs"
             )
-        for what, t in zip(("f", "Q"), out):
-            bad = ~torch.isfinite(t.detach())
-            if bad.any():
-                rows = (torch.nonzero(bad).flatten()[:5] + row_offset).tolist()
-                raise DataError(
-                    f"task {self.name} returned non-finite {what} for examples {rows}; "
-                    "compute it stably (e.g. torch.logsumexp, torch.sigmoid) and check those inputs"
-                )
+
+
+def checked_outputs(task: Task, logits: torch.Tensor, batch: Batch, row_offset: int = 0
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``task.check`` on the batch, then ``(f [n], Q [n])`` of the task, checked (:func:`check_outputs`).
+
+    Raises:
+        DataError: as ``task.check`` and :func:`check_outputs`; the task raised (its file and line).
+    """
+    task.check(logits, batch, row_offset)
+    with user_code(lambda: f"task {task.name}", error=DataError):
+        out = task(logits, batch)
+    check_outputs(task, out, logits, batch, row_offset)
+    return out[0], out[1]
 
 
 def resolve_task(task: str | Callable[..., Any] | Task) -> Task:
@@ -370,8 +523,11 @@ def resolve_task(task: str | Callable[..., Any] | Task) -> Task:
 
         fn = load_function(task, key="task", builtins={})
         if isinstance(fn, type) and issubclass(fn, Task):
-            fn = fn()
+            with user_code(f"task {task}: {fn.__qualname__}()", error=ConfigError):
+                fn = fn()
         if isinstance(fn, Task):
+            if fn.name == type(fn).__qualname__:  # a subclass that names itself nothing else: by its spec
+                fn.name = task
             return fn
         return CustomTask(fn, spec=task)
     if callable(task):
@@ -402,8 +558,9 @@ def check_by_first(task: Task, logits: torch.Tensor, inputs: torch.Tensor | Mapp
                    labels: torch.Tensor | None, row_offset: int = 0) -> None:
     """Check a whole batch against the logits of its first example alone (one cheap forward pass).
 
-    A custom task is called on the first example, as ``torch.func.vmap`` will call it; a built-in task
-    checks every row's labels against the first example's logits, expanded to the batch (a view, no copy).
+    ``task.check`` sees every row's labels against the first example's logits, expanded to the batch
+    (a view, no copy); then the task is called on the first example, as ``torch.func.vmap`` will call
+    it, and its ``(f, Q)`` checked (:func:`checked_outputs`).
 
     Args:
         task: the task.
@@ -415,7 +572,5 @@ def check_by_first(task: Task, logits: torch.Tensor, inputs: torch.Tensor | Mapp
         DataError: as ``task.check``.
     """
     batch = make_batch(inputs, labels)
-    if isinstance(task, CustomTask):
-        task.check(logits[:1], {k: v[:1] for k, v in batch.items()}, row_offset)
-        return
     task.check(logits.expand(_n(batch), *logits.shape[1:]), batch, row_offset)
+    checked_outputs(task, logits[:1], {k: v[:1] for k, v in batch.items()}, row_offset)

@@ -233,9 +233,11 @@ def _bm25(cfg: Any) -> "np.ndarray | None":
     if not cfg.eval.bm25 or cfg.data.target is None:
         return None
     from trakcli.data.load import load_dataset
+    from trakcli.tasks import resolve_task
     from trakcli.metrics.bm25 import bm25_of
 
-    return bm25_of(load_dataset(cfg.data.train, key="data.train"), load_dataset(cfg.data.target, key="data.target"))
+    return bm25_of(load_dataset(cfg.data.train, key="data.train", task=resolve_task(cfg.task)),
+                   load_dataset(cfg.data.target, key="data.target", task=resolve_task(cfg.task)))
 
 
 def _report(data: dict, table, out: Path | None, json_out: bool, quiet: bool) -> None:
@@ -409,17 +411,18 @@ def qld(
             raise UsageError("--scores gives document scores; eval.qld.per_token ranks training tokens by the "
                              "per-token scores of the store: leave out --scores, or set eval.qld.per_token=false")
         from trakcli.data.load import load_dataset
+        from trakcli.tasks import resolve_task
         from trakcli.jobs.per_token import query_token_scores
         from trakcli.jobs.qld import choose_queries
 
-        target = load_dataset(cfg.data.target, key="data.target")
+        target = load_dataset(cfg.data.target, key="data.target", task=resolve_task(cfg.task))
         queries = choose_queries(cfg, len(target))
         tokens = (queries, query_token_scores(cfg, queries, reporter))
         baselines = None
         if cfg.eval.bm25:  # the lexical row: the query's own tokens in the train documents, rarest first
             from trakcli.metrics.bm25 import token_overlap_scores
 
-            baselines = {"token_overlap": token_overlap_scores(load_dataset(cfg.data.train, key="data.train"),
+            baselines = {"token_overlap": token_overlap_scores(load_dataset(cfg.data.train, key="data.train", task=resolve_task(cfg.task)),
                                                                target, queries, tokens[1].shape[2], cfg.eval.seed)}
         result = query_loss_difference(cfg, None, workers=workers, reporter=reporter, token_scores=tokens,
                                        baselines=baselines)

@@ -21,10 +21,19 @@ from trakcli.errors import ProjectorError
 from trakcli.projectors.kinds import KRONECKER_OPTIONS as _KRONECKER_OPTIONS
 from trakcli.projectors.registry import DEFAULT_KIND, IMPLEMENTATIONS, OPTIONS, kind_names, projector_kind
 from trakcli.strict import LocalPath, NoBoolNumbers, StrictModel
-
-#: The built-in model output functions (``trakcli.gradients.TASKS``; config does not import torch).
-BUILTIN_TASKS = ("classification", "text_classification", "language_modeling")
 from trakcli.config.recipe import OptimizeConfig
+
+#: The built-in tasks by name (``trakcli.tasks.BUILTIN``; config does not import torch) and the labels
+#: each reads: ``"classes"`` (class indices ``[n]``) or ``"tokens"`` (per-token labels of a causal LM).
+BUILTIN_TASK_LABELS = {"classification": "classes", "text_classification": "classes", "language_modeling": "tokens"}
+#: The built-in model output functions (``trakcli.tasks.TASKS``).
+BUILTIN_TASKS = tuple(BUILTIN_TASK_LABELS)
+
+
+def builtin_task_labels(task: Any) -> str | None:
+    """The labels a built-in task reads (:data:`BUILTIN_TASK_LABELS`); None for a task of one's own."""
+    return BUILTIN_TASK_LABELS.get(task) if isinstance(task, str) else None
+
 
 BUILTIN_DATASETS = ("digits",)
 
@@ -939,7 +948,7 @@ class Config(StrictModel):
                         and any(ds.get(k) is not None for k in ("text", "prompt", "completion", "messages", "input_ids"))):
                     data[name] = {**ds, "tokenizer": ep.removeprefix("hf:")}
             raw["data"] = data
-        if raw.get("task") == "language_modeling":
+        if builtin_task_labels(raw.get("task")) == "tokens":
             kwargs = model.get("kwargs") if isinstance(model.get("kwargs"), dict) else {}
             if "model_class" not in kwargs:
                 raw["model"] = {**model, "kwargs": {**kwargs, "model_class": "causal_lm"}}
@@ -991,7 +1000,7 @@ class Config(StrictModel):
     def _labels_for_task(self) -> "Config":
         """A built-in classification task needs class labels: text without ``labels``, prompt + completion,
         chat and token data carry per-token labels, which only ``language_modeling`` (or a custom task) reads."""
-        if self.task not in ("classification", "text_classification"):
+        if builtin_task_labels(self.task) != "classes":
             return self
         for name in ("train", "target", "validation"):
             ds = getattr(self.data, name)

@@ -1,12 +1,14 @@
 """Datasets: the bundled digits data, user tensor files, and text and language-model data.
 
-Every dataset has ``__len__``, ``name``, ``labels`` (``[n]`` int64), ``fingerprint()``
+Every dataset has ``__len__``, ``name``, ``labels`` (``[n, ...]``), ``fingerprint()``
 and ``batches(start, stop, batch_size, max_tokens=None)`` yielding
 ``(row_offset, inputs, labels)``:
 
 * :class:`TensorDataset` (:mod:`trakcli.data.tensors`) holds its rows in memory:
-  ``inputs`` a tensor ``[n, ...]`` (float32) or a dict of tensors, ``labels`` ``[n]``
-  class indices (or ``[n, L]`` per-token labels beside ``input_ids``). Batching is
+  ``inputs`` a tensor ``[n, ...]`` (float32) or a dict of tensors, ``labels`` as the
+  task reads them (:meth:`trakcli.tasks.Task.check_labels`): ``[n]`` int64 class indices
+  (or ``[n, L]`` per-token labels beside ``input_ids``) for the built-in tasks, any
+  ``[n, ...]`` numbers for a task of one's own (float targets as float32). Batching is
   slicing rows.
 * :class:`TextDataset` (:mod:`trakcli.data.text`) reads text and language-model
   files (``text``, ``prompt`` + ``completion``, ``messages``, ``input_ids``) and

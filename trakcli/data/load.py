@@ -11,8 +11,9 @@ import torch
 
 from trakcli.data.digits import DIGITS_IMAGE_SHAPE, load_digits_split
 from trakcli.data.tensors import TensorDataset
-from trakcli.data.text import IGNORE_INDEX, TextDataset, data_files
+from trakcli.data.text import TextDataset, data_files
 from trakcli.errors import DataError, exception_text
+from trakcli.labels import as_tensor, class_labels
 
 if TYPE_CHECKING:  # the config schema is only read here (attributes), never built
     from trakcli.config import DatasetConfig
@@ -53,127 +54,73 @@ def _read_file(path: Path) -> dict[str, Any]:
     raise DataError(f"data file {path} has suffix {suffix!r}; use a .pt dict of tensors or an .npz file")
 
 
-def _as_tensor(value: Any, what: str, expected: str) -> torch.Tensor:
-    """A tensor, array or (nested) list of numbers as a tensor.
-
-    Raises:
-        DataError: the values are not numbers (strings, objects, ragged lists), naming ``what``
-            and an example value.
-    """
-    if torch.is_tensor(value):
-        return value
-    try:
-        arr = np.asarray(value)
-    except ValueError as e:  # ragged nested lists
-        reason = str(e).split(". ")[0]
-        raise DataError(f"{what} must be an array of {expected}; it cannot be made one ({reason})") from None
-    if arr.dtype.kind not in "biuf":  # bool, int, uint, float: what torch takes
-        example = arr.reshape(-1)[0] if arr.size else None
-        example = example.item() if isinstance(example, np.generic) else example
-        kinds = {"U": "strings", "S": "bytes", "O": "Python objects", "c": "complex numbers"}
-        kind = kinds.get(arr.dtype.kind, str(arr.dtype))
-        fix = (
-            "; map each class name to an index 0, 1, ... before saving (e.g. sorted(set(names)).index(name))"
-            if expected.startswith("integer") and arr.dtype.kind in "USO" else ""
-        )
-        raise DataError(f"{what} must be {expected}, got {kind} (e.g. {example!r}){fix}")
-    return torch.as_tensor(arr)
-
-
-def _labels(value: Any, what: str, source: str, key: str, n: int, token_shape: list[int] | None = None) -> torch.Tensor:
-    """Checked int64 labels (raises DataError as :func:`load_dataset`).
-
-    ``[n]`` class indices >= 0; or, when ``token_shape`` (the shape ``[n, L]`` of the
-    ``input_ids`` input) is given, also ``[n, L]`` per-token labels: -100 (not a target)
-    or a token id >= 0. ``what`` names the labels in messages (``"labels 'y'"``), ``source``
-    where they come from (``" of data.pt"``).
-    """
-    y = _as_tensor(value, f"{key}: {what}{source}", "integer class indices")
-    per_token = token_shape is not None and y.ndim == 2
-    if per_token and list(y.shape) != token_shape:
-        raise DataError(
-            f"{key}: per-token {what} must have the shape of input_ids {token_shape}, got {list(y.shape)}"
-        )
-    if not per_token and (y.ndim != 1 or y.shape[0] != n):
-        also = f", or [n, L] per-token labels shaped like input_ids {token_shape}" if token_shape is not None else ""
-        raise DataError(f"{key}: {what} must be 1-D with one per row ({n}){also}, got shape {list(y.shape)}")
-    if y.dtype == torch.bool or y.is_complex() or (y.is_floating_point() and not torch.equal(y, y.round())):
-        kind = "integer per-token labels" if per_token else "integer class indices"
-        got = "non-integer floats" if y.is_floating_point() else f"{y.dtype} values"
-        raise DataError(f"{key}: {what} must be {kind}, got {got} (e.g. {_first_bad(y)})")
-    bad_mask = (y < 0) & (y != IGNORE_INDEX) if per_token else y < 0
-    if bad_mask.any():
-        bad = torch.nonzero(bad_mask)[:5].tolist() if per_token else torch.nonzero(bad_mask).flatten()[:5].tolist()
-        if per_token:
-            raise DataError(
-                f"{key}: per-token {what} must be token ids >= 0 or {IGNORE_INDEX} (not a target); "
-                f"positions [row, token] {bad} hold other negative values"
-            )
-        raise DataError(f"{key}: labels must be >= 0; rows {bad} have negative labels")
-    return y.to(torch.int64).contiguous()
-
-
-def _first_bad(y: torch.Tensor) -> Any:
-    """The first label that is not an integer (for messages)."""
-    if y.is_floating_point():
-        flat = y.reshape(-1)
-        bad = torch.nonzero(flat != flat.round())
-        return flat[bad[0, 0]].item() if bad.numel() else flat[0].item()
-    return y.reshape(-1)[0].item() if y.numel() else None
-
-
 def checked_dataset(
     inputs: Any, labels: Any, *, key: str, name: str, inputs_what: str = "inputs", labels_what: str = "labels",
-    source: str = "",
+    source: str = "", task: Any = None,
 ) -> TensorDataset:
     """Inputs and labels validated as every tensor dataset is (a file's and the Python API's batches alike).
 
     Args:
         inputs: ``[n, ...]`` numbers, or a dict of them (the model's keyword inputs; the same ``n`` each).
-        labels: ``[n]`` integer class indices >= 0, or beside an ``input_ids`` input ``[n, L]`` per-token
-            labels (token ids, -100 for positions that are not targets).
+        labels: ``[n, ...]``, checked by the task (:meth:`trakcli.tasks.Task.check_labels`): for the
+            built-in tasks ``[n]`` integer class indices >= 0, or beside an ``input_ids`` input ``[n, L]``
+            per-token labels (token ids, -100 for positions that are not targets); for a task of one's
+            own any ``[n, ...]`` numbers (float targets as float32, integers as int64).
         key: what the data is, for messages (``"data.train"``, ``"train batches"``).
         name: the dataset's name (its fingerprint's ``name``).
         inputs_what, labels_what: how messages name the inputs and labels (``"inputs 'x'"``).
         source: where they come from, for messages (``" of data.pt"``).
+        task: the :class:`~trakcli.tasks.Task` reading the labels (None: class indices, as the built-in
+            tasks read them).
 
     Returns:
         The dataset: float inputs as float32 (integer and bool ones keep their dtype in a dict),
-        int64 labels.
+        the labels as the task's :meth:`~trakcli.tasks.Task.check_labels` returns them.
 
     Raises:
         DataError: values that are not numbers, empty inputs, inputs and labels (or several inputs)
-            of different numbers of rows, labels that are not integers >= 0 (names the first bad one).
+            of different numbers of rows, labels the task refuses (for the built-in tasks: not
+            integers >= 0, naming the first bad one).
     """
+    t = _ClassLabels() if task is None else task
     if isinstance(inputs, dict):
         keys = list(inputs)
         if not keys:
             raise DataError(f"{key}: no inputs; name the tensors the model takes")
-        xs = {k: _as_tensor(v, f"{key}: inputs {k!r}{source}", "numbers") for k, v in inputs.items()}
+        xs = {k: as_tensor(v, f"{key}: inputs {k!r}{source}", "numbers") for k, v in inputs.items()}
         n = {k: (x.shape[0] if x.ndim else 0) for k, x in xs.items()}
         if len(set(n.values())) != 1 or 0 in n.values():
             raise DataError(f"{key}: the inputs {keys} must have the same number of rows (> 0); rows per key: {n}")
         xs = {k: (x.to(torch.float32) if x.is_floating_point() else x).contiguous() for k, x in xs.items()}
         ids = xs.get("input_ids")
         token_shape = list(ids.shape) if ids is not None and ids.ndim == 2 else None
-        y = _labels(labels, labels_what, source, key, next(iter(n.values())), token_shape)
+        y = t.check_labels(labels, what=labels_what, source=source, key=key, n=next(iter(n.values())),
+                           token_shape=token_shape)
         return TensorDataset(xs, y, name)
-    x = _as_tensor(inputs, f"{key}: {inputs_what}{source}", "numbers")
-    y = _as_tensor(labels, f"{key}: {labels_what}{source}", "integer class indices")
+    x = as_tensor(inputs, f"{key}: {inputs_what}{source}", "numbers")
+    y = as_tensor(labels, f"{key}: {labels_what}{source}", t.label_values)
     if x.ndim == 0 or x.shape[0] == 0:
         raise DataError(f"{key}: {name} is empty (shape {list(x.shape)}); it needs at least one row")
-    if y.ndim != 1:
-        raise DataError(f"{key}: {labels_what} must be 1-D class indices, got shape {list(y.shape)}")
-    if y.shape[0] != x.shape[0]:
+    if y.ndim >= 1 and y.shape[0] != x.shape[0]:
         raise DataError(
             f"{key}: {x.shape[0]} inputs but {y.shape[0]} labels; {inputs_what.removeprefix('inputs ')} and "
             f"{labels_what.removeprefix('labels ')} must have the same number of rows"
         )
-    y = _labels(y, labels_what, source, key, x.shape[0])
+    y = t.check_labels(y, what=labels_what, source=source, key=key, n=x.shape[0])
     return TensorDataset(x.to(torch.float32).contiguous(), y, name)
 
 
-def _dict_dataset(cfg: DatasetConfig, contents: dict[str, Any], key: str) -> TensorDataset:
+class _ClassLabels:
+    """Labels read as the built-in tasks read them, where no task is given (:func:`~trakcli.labels.class_labels`)."""
+
+    label_values = "integer class indices"
+
+    def check_labels(self, labels: Any, *, n: int, key: str = "data", what: str = "labels", source: str = "",
+                     token_shape: list[int] | None = None) -> torch.Tensor:
+        return class_labels(labels, what, source, key, n, token_shape)
+
+
+def _dict_dataset(cfg: DatasetConfig, contents: dict[str, Any], key: str, task: Any = None) -> TensorDataset:
     """Several input tensors (``inputs: [a, b]``): a dict passed to the model as keyword arguments.
 
     Floating tensors become float32; integer and bool tensors (ids, masks) keep their dtype.
@@ -188,7 +135,7 @@ def _dict_dataset(cfg: DatasetConfig, contents: dict[str, Any], key: str) -> Ten
         )
     return checked_dataset(
         {k: contents[k] for k in keys}, contents[cfg.labels], key=key, name=f"{_where(cfg)}[{','.join(keys)}]",
-        labels_what=f"labels {cfg.labels!r}", source=f" of {_where(cfg)}",
+        labels_what=f"labels {cfg.labels!r}", source=f" of {_where(cfg)}", task=task,
     )
 
 
@@ -206,7 +153,7 @@ def _concat_files(files: list[tuple[Any, dict[str, Any]]], needed: list[str], ke
             if name not in contents:
                 raise DataError(f"{key}: {path} has no key {name!r}; its keys are {sorted(contents)} (every file of "
                                 "a list of data files holds the same keys)")
-            parts.append((path, _as_tensor(contents[name], f"{key}: {name!r} of {path}", "numbers")))
+            parts.append((path, as_tensor(contents[name], f"{key}: {name!r} of {path}", "numbers")))
         shapes = {str(path): list(t.shape[1:]) for path, t in parts}
         if len({str(v) for v in shapes.values()}) > 1 or any(t.ndim == 0 for _, t in parts):
             raise DataError(f"{key}: {name!r} has rows of different shapes in the files of the list: {shapes}; every "
@@ -218,7 +165,7 @@ def _concat_files(files: list[tuple[Any, dict[str, Any]]], needed: list[str], ke
     return out
 
 
-def load_dataset(cfg: DatasetConfig, *, key: str = "data.train") -> TensorDataset | TextDataset:
+def load_dataset(cfg: DatasetConfig, *, key: str = "data.train", task: Any = None) -> TensorDataset | TextDataset:
     """Load one dataset described by the config.
 
     Args:
@@ -226,10 +173,14 @@ def load_dataset(cfg: DatasetConfig, *, key: str = "data.train") -> TensorDatase
             ``path`` + one of ``text`` / ``prompt`` + ``completion`` / ``messages`` / ``input_ids``);
             ``path`` may be a list of files, read as one dataset (the first file's rows, then the next's).
         key: the dotted config key, used in error messages.
+        task: the :class:`~trakcli.tasks.Task` reading the labels of a tensor file
+            (``resolve_task(cfg.task)``; None: class indices, as the built-in tasks read them), which
+            checks them (:meth:`~trakcli.tasks.Task.check_labels`).
 
     Returns:
         A :class:`TensorDataset` (built-in data and tensor files: float32 inputs or a dict of
-        tensors, int64 labels ``[n]``, or ``[n, L]`` per-token labels beside ``input_ids``), or
+        tensors; for the built-in tasks int64 labels ``[n]``, or ``[n, L]`` per-token labels beside
+        ``input_ids``; for a task of one's own any ``[n, ...]`` labels), or
         for text and language-model data a :class:`~trakcli.data.text.TextDataset`, which
         reads and tokenizes rows as its batches need them.
 
@@ -254,7 +205,7 @@ def load_dataset(cfg: DatasetConfig, *, key: str = "data.train") -> TensorDatase
     else:
         contents = _read_file(_tensor_file(cfg.path, key))
     if not isinstance(cfg.inputs, str):
-        return _dict_dataset(cfg, contents, key)
+        return _dict_dataset(cfg, contents, key, task)
     missing = [k for k in (cfg.inputs, cfg.labels) if k not in contents]
     if missing:
         raise DataError(
@@ -264,4 +215,5 @@ def load_dataset(cfg: DatasetConfig, *, key: str = "data.train") -> TensorDatase
     return checked_dataset(
         contents[cfg.inputs], contents[cfg.labels], key=key, name=f"{_where(cfg)}[{cfg.inputs}]",
         inputs_what=f"inputs {cfg.inputs!r}", labels_what=f"labels {cfg.labels!r}", source=f" of {_where(cfg)}",
+        task=task,
     )

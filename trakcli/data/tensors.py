@@ -1,5 +1,6 @@
 """In-memory datasets: ``inputs`` and ``labels`` (``[n]`` int64 class indices, or ``[n, L]`` per-token
-labels of token data), and batching by row slices.
+labels of token data, for the built-in tasks; any ``[n, ...]`` labels for a task of one's own), and
+batching by row slices.
 
 ``inputs`` is a tensor ``[n, ...]`` (float32), or a dict of tensors such as
 ``{"input_ids": [n, L], "attention_mask": [n, L]}`` (int64). Batching is slicing
@@ -90,7 +91,8 @@ class TensorDataset:
         inputs: ``[n, ...]`` float32 tensor on the CPU, or a dict of ``[n, L]``
             int64 tensors (text: ``input_ids``, ``attention_mask``).
         labels: ``[n]`` int64 class indices on the CPU, or for token data (a dict with
-            ``input_ids``) ``[n, L]`` int64 per-token labels (-100: not a target).
+            ``input_ids``) ``[n, L]`` int64 per-token labels (-100: not a target); for a task of
+            one's own any ``[n, ...]`` tensor (float targets float32, integers int64).
         name: human-readable origin, used in messages.
         input_shape: the per-example shape the fingerprint reports; ``None``:
             ``inputs.shape[1:]`` (text: ``[max_length]`` per key, since the

@@ -51,7 +51,7 @@ from trakcli.factors.layers import SUPPORTED, Use, coverage_info, find_uses
 from trakcli.gradients import select_parameters
 from trakcli.projectors.base import check_model_id
 from trakcli.projectors.kronecker import KroneckerProjector
-from trakcli.tasks import make_batch, resolve_task
+from trakcli.tasks import checked_outputs, make_batch, resolve_task
 
 
 class KroneckerFeaturizer:
@@ -273,9 +273,7 @@ class KroneckerFeaturizer:
 
     def _output(self, logits: torch.Tensor, inputs, labels: torch.Tensor | None, n: int, row_offset: int):
         """Per-example margins ``[n]`` (differentiable) and out-to-loss ``[n]`` of the task on the batch."""
-        batch = make_batch(inputs, labels)
-        self.task.check(logits, batch, row_offset)
-        return self.task(logits, batch)
+        return checked_outputs(self.task, logits, make_batch(inputs, labels), row_offset)
 
 
 class _Grids:

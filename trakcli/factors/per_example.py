@@ -34,7 +34,7 @@ from trakcli.factors.hooks import HookPass, batch_rows, first_rows, grad_flags, 
 from trakcli.factors.kinds import KINDS
 from trakcli.factors.layers import HOOKED, Use, find_uses
 from trakcli.gradients import PerExampleGradients, check_finite, select_parameters, selected_shapes
-from trakcli.tasks import CustomTask, make_batch, resolve_task
+from trakcli.tasks import checked_outputs, is_builtin, make_batch, resolve_task
 
 #: The values of ``gradient_method`` (config key and :func:`per_example_gradients`).
 METHODS = ("auto", "hooks", "vmap")
@@ -149,7 +149,7 @@ class LayerGradients:
             self._vmap = PerExampleGradients(self.model, self.param_names, self.task)
             return self._vmap(inputs, labels, row_offset)
         self.checked = True
-        if isinstance(self.task, CustomTask):
+        if not is_builtin(self.task):  # a built-in Q is finite where the features are
             check_finite(q, row_offset, what=f"out-to-loss terms Q of task {self.task.name}")
         return grads, q
 
@@ -197,10 +197,9 @@ class LayerGradients:
         example, as :class:`PerExampleGradients` does, then on the batch)."""
         logits = logits_of(self.model, inputs)
         batch = make_batch(inputs, labels)
-        if isinstance(self.task, CustomTask) and logits.ndim >= 1 and logits.shape[0] == n:
-            self.task.check(logits[:1], {k: v[:1] for k, v in batch.items()}, row_offset)
-        self.task.check(logits, batch, row_offset)
-        return self.task(logits, batch)
+        if logits.ndim >= 1 and logits.shape[0] == n:
+            checked_outputs(self.task, logits[:1], {k: v[:1] for k, v in batch.items()}, row_offset)
+        return checked_outputs(self.task, logits, batch, row_offset)
 
     def _alone(self, inputs, labels: torch.Tensor | None, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Plain autograd gradient of ``f`` of one example alone (no hooks), per selected parameter."""

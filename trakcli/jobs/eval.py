@@ -15,6 +15,7 @@ from trakcli.config import Config
 from trakcli.data.load import load_dataset
 from trakcli.errors import StoreError, StoreMismatchError
 from trakcli.store.store import Store
+from trakcli.tasks import resolve_task
 
 
 def open_scored_store(cfg: Config, what: str, then: str) -> Store:
@@ -47,7 +48,7 @@ def store_scores(cfg: Config) -> np.ndarray:
     """
     store = open_scored_store(cfg, "scores", "`trak score CONFIG` first (or give --scores FILE)")
     scores, attrs = store.read_scores(cfg.score.experiment)
-    check_experiment_data(cfg, store, attrs, load_dataset(cfg.data.train, key="data.train"))
+    check_experiment_data(cfg, store, attrs, load_dataset(cfg.data.train, key="data.train", task=resolve_task(cfg.task)))
     return np.asarray(scores, dtype=np.float32)
 
 
@@ -67,7 +68,7 @@ def check_experiment_data(cfg: Config, store: Store, attrs: dict[str, Any], trai
     if store.identity.get("train_data") != train.fingerprint():
         problems.append("data.train differs from the train data the store was featurized with")
     if cfg.data.target is not None:
-        target = load_dataset(cfg.data.target, key="data.target")
+        target = load_dataset(cfg.data.target, key="data.target", task=resolve_task(cfg.task))
         if attrs.get("target_data") != target.fingerprint():
             problems.append(f"data.target differs from the targets of experiment {exp!r}")
     if problems:

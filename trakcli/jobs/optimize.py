@@ -32,7 +32,7 @@ from trakcli.models.checkpoints import load_checkpoint, read_state_dict
 from trakcli.models.peft import is_peft_model, save_adapter, with_adapters
 from trakcli.progress import NULL_REPORTER, Reporter
 from trakcli.store import differing_keys
-from trakcli.tasks import resolve_task
+from trakcli.tasks import Task, resolve_task
 from trakcli.store.manifest import (
     FORMAT, FORMAT_VERSION, MANIFEST_NAME, checkpoint_file_name, checkpoint_sha256, read_manifest, write_manifest,
 )
@@ -97,8 +97,11 @@ def _previous_models(
 
 def _evaluate(model: torch.nn.Module, data: Any, task: Any, batch_size: int, max_tokens: int | None) -> tuple:
     """``(loss, accuracy or None)`` of tensors ``(inputs, labels)`` on the model's device, or of a dataset."""
+    task = resolve_task(task)
     if isinstance(data, tuple):
-        return evaluate(model, *data, batch_size=batch_size)
+        if task.has_accuracy and type(task).loss is Task.loss:  # a classifier's cross-entropy
+            return evaluate(model, *data, batch_size=batch_size)
+        data = TensorDataset(data[0], data[1], "data")
     device = next(model.parameters()).device
     return evaluate_dataset(model, data, task, batch_size=batch_size, max_tokens=max_tokens, device=device)
 
@@ -123,7 +126,7 @@ def _final_metrics(
     of ``history`` when there is one.
     """
     t = resolve_task(task)
-    if t.token_level:
+    if not t.has_accuracy:
         if validation is None:
             return {}
         last = history[-1].get("val_loss") if history else None
@@ -336,9 +339,9 @@ def optimize(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_
             f"{oc.entrypoint!r} trains the models; remove epoch_checkpoints, or the entrypoint to use the recipe"
         )
     apply_threads(cfg.num_threads)
-    train = load_dataset(cfg.data.train, key="data.train")
-    heldout = load_dataset(cfg.data.target, key="data.target") if cfg.data.target is not None else None
-    valset = load_dataset(cfg.data.validation, key="data.validation") if cfg.data.validation is not None else None
+    train = load_dataset(cfg.data.train, key="data.train", task=resolve_task(cfg.task))
+    heldout = load_dataset(cfg.data.target, key="data.target", task=resolve_task(cfg.task)) if cfg.data.target is not None else None
+    valset = load_dataset(cfg.data.validation, key="data.validation", task=resolve_task(cfg.task)) if cfg.data.validation is not None else None
     device = resolve_device(cfg.device)
     try:
         oc.out_dir.mkdir(parents=True, exist_ok=True)

@@ -52,7 +52,7 @@ from trakcli.progress import NULL_REPORTER, Reporter
 from trakcli.scoring import target_weights
 from trakcli.store import ChunkedRows, Store
 from trakcli.store.kernel import read_kernel
-from trakcli.tasks import IGNORE_INDEX, LanguageModeling, classification_margin, token_labels
+from trakcli.tasks import IGNORE_INDEX, LanguageModeling, classification_margin, resolve_task, token_labels
 
 def check_per_token(s: JobSetup, *, normalize: str | None) -> None:
     """Refuse settings per-token scores cannot be computed with, naming the fix (``score.top_k`` is checked by
@@ -392,7 +392,7 @@ def query_token_scores(cfg: Any, queries: list[int], reporter: Reporter = NULL_R
 
     s = prepare(cfg, need_target=True, reporter=reporter)
     check_per_token(s, normalize=cfg.score.normalize)
-    target = load_dataset(cfg.data.target, key="data.target")
+    target = load_dataset(cfg.data.target, key="data.target", task=resolve_task(cfg.task))
     store = Store.open_existing(cfg.store.location, mode="r")
     train_rows = check_train_complete(s, store)
     exact = s.exact_damping if s.curvature is not None else None

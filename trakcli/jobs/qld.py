@@ -188,8 +188,8 @@ class _State:
 def _setup(arg: tuple[Config, int, QLDPlan]) -> _State:
     cfg, threads, p = arg
     device = setup_device(cfg, threads)
-    train = load_dataset(cfg.data.train, key="data.train")
-    target = load_dataset(cfg.data.target, key="data.target")  # type: ignore[arg-type]
+    train = load_dataset(cfg.data.train, key="data.train", task=resolve_task(cfg.task))
+    target = load_dataset(cfg.data.target, key="data.target", task=resolve_task(cfg.task))  # type: ignore[arg-type]
     return _State(cfg, train, target, device, p)
 
 
@@ -278,8 +278,8 @@ def qld(cfg: Config, scores: np.ndarray | None, *, workers: int = 1, reporter: R
                            on_result=done, describe=lambda k: f"qld model {k}", name="trak-qld-worker")
         else:
             apply_threads(cfg.num_threads)
-            state = _State(cfg, load_dataset(cfg.data.train, key="data.train"),
-                           load_dataset(cfg.data.target, key="data.target"), resolve_device(cfg.device), p)
+            state = _State(cfg, load_dataset(cfg.data.train, key="data.train", task=resolve_task(cfg.task)),
+                           load_dataset(cfg.data.target, key="data.target", task=resolve_task(cfg.task)), resolve_device(cfg.device), p)
             for k in range(n):
                 done(k, _train_and_measure(state, k))
     q = cfg.eval.qld

@@ -18,6 +18,7 @@ from trakcli.jobs.eval import check_experiment_data, open_scored_store
 from trakcli.metrics.recall import rank_scores
 from trakcli.store.integrity import node
 from trakcli.store.store import Store
+from trakcli.tasks import resolve_task
 
 
 @dataclass
@@ -121,7 +122,7 @@ def recall_inputs(cfg: Config) -> RecallInputs:
     store = open_scored_store(cfg, "top-k", "`trak score CONFIG score.top_k=100` first")
     sources, sources_from = target_sources(cfg)
     ranked, attrs, ranking = store_ranking(cfg, store)
-    train = load_dataset(cfg.data.train, key="data.train")
+    train = load_dataset(cfg.data.train, key="data.train", task=resolve_task(cfg.task))
     check_experiment_data(cfg, store, attrs, train)
     if len(sources) != ranked.shape[0]:
         raise DataError(

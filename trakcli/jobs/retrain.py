@@ -339,8 +339,8 @@ def retrain(
     if workers < 1:
         raise ArgumentError(f"workers={workers}: give 1 or more processes")
     check_eval_config(cfg)
-    train = load_dataset(cfg.data.train, key="data.train")
-    target = load_dataset(cfg.data.target, key="data.target")  # type: ignore[arg-type]  # checked above
+    train = load_dataset(cfg.data.train, key="data.train", task=resolve_task(cfg.task))
+    target = load_dataset(cfg.data.target, key="data.target", task=resolve_task(cfg.task))  # type: ignore[arg-type]  # checked above
     identity = eval_identity(cfg, train.fingerprint(), target.fingerprint())
     n = cfg.eval.n_subsets
     path = cfg.store.location
@@ -420,8 +420,8 @@ def _worker_setup(arg: tuple[Config, int]) -> _WorkerState:
     """In a spawned worker: set its torch threads, resolve the device and load the data (once)."""
     cfg, threads = arg
     device = setup_device(cfg, threads)
-    train = load_dataset(cfg.data.train, key="data.train")
-    target = load_dataset(cfg.data.target, key="data.target")  # type: ignore[arg-type]  # checked by the parent
+    train = load_dataset(cfg.data.train, key="data.train", task=resolve_task(cfg.task))
+    target = load_dataset(cfg.data.target, key="data.target", task=resolve_task(cfg.task))  # type: ignore[arg-type]  # checked by the parent
     return _WorkerState(cfg, train, target, device)
 
 

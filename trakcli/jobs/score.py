@@ -37,6 +37,7 @@ from trakcli.store.append import StoreStaleError, stale_message
 from trakcli.store.kernel import kernel_nbytes, read_kernel
 from trakcli.store.quantize import is_quantized, signs
 from trakcli.store.store import TOP_K_ARRAYS
+from trakcli.tasks import resolve_task
 
 
 @dataclass
@@ -229,7 +230,7 @@ def score(
     s = prepare(cfg, need_target=True, rehash=verify, reporter=reporter, train_from_store=True)
     sc = cfg.score
     path = cfg.store.location
-    target = load_dataset(cfg.data.target, key="data.target")  # type: ignore[arg-type]  # checked by check_files
+    target = load_dataset(cfg.data.target, key="data.target", task=resolve_task(cfg.task))  # type: ignore[arg-type]  # checked by check_files
     lambdas, computed = score_targets(
         s, path, target, experiment=sc.experiment, lambda_reg=sc.lambda_reg, lambda_rel=sc.lambda_rel,
         top_k=sc.top_k, full=sc.full, normalize=sc.normalize, per_token=sc.per_token,

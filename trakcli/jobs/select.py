@@ -52,6 +52,7 @@ from trakcli.jobs.score import check_train_complete
 from trakcli.jobs.setup import JobSetup, prepare
 from trakcli.progress import NULL_REPORTER, Reporter
 from trakcli.store import Store
+from trakcli.tasks import resolve_task
 
 #: ``select.fraction`` when neither it nor ``select.count`` is set: LESS keeps 5% of the pool.
 DEFAULT_FRACTION = 0.05
@@ -624,7 +625,7 @@ def select(
     out = check_out(cfg.data.train, sc.out)
     s = prepare(cfg, need_target=True, rehash=verify, reporter=reporter)
     k = n_selected(len(s.train), sc.fraction, sc.count)
-    target = load_dataset(cfg.data.target, key="data.target")  # type: ignore[arg-type]  # checked by prepare
+    target = load_dataset(cfg.data.target, key="data.target", task=resolve_task(cfg.task))  # type: ignore[arg-type]  # checked by prepare
     groups, names = target_groups(cfg.data.target, target, sc.group_by)
     path = cfg.store.location
     computed = featurize(cfg, skip_nonfinite=skip_nonfinite, verify=verify, reporter=reporter).chunks_computed

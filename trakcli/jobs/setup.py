@@ -33,7 +33,7 @@ from trakcli.errors import ConfigError
 from trakcli.factors import KroneckerFeaturizer, LayerGradients, SecondMoment, check_method, per_example_gradients
 from trakcli.factors.second_moment import embedding_note
 from trakcli.gradients import PerExampleGradients
-from trakcli.tasks import task_identity
+from trakcli.tasks import resolve_task, task_identity
 from trakcli.jobs.runtime import apply_threads, event, grad_memory_for, resolve_device
 from trakcli.models.build import build_model
 from trakcli.models.checkpoints import file_sha256, load_checkpoint
@@ -409,7 +409,7 @@ def prepare(
     dist = init_from_env()
     device = resolve_device(cfg.device, dist)
     train = _stored_train(cfg, missing, reporter if dist.is_main else NULL_REPORTER) if missing else \
-        load_dataset(cfg.data.train, key="data.train")
+        load_dataset(cfg.data.train, key="data.train", task=resolve_task(cfg.task))
     model = with_adapters(build_model(cfg.model.entrypoint, **cfg.model.kwargs), checkpoints)
     featurizer = make_featurizer(cfg, model, reporter if dist.is_main else NULL_REPORTER, device)
     states = state_shas = second = None

@@ -29,7 +29,7 @@ from trakcli.config import Config, OptimizeConfig
 from trakcli.data.tensors import Inputs, TensorDataset, cut_batches, index_inputs, inputs_to, slice_inputs
 from trakcli.errors import ConfigError, ModelError, TrainingError, user_code
 from trakcli.files import atomic_torch_save
-from trakcli.tasks import BUILTIN, IGNORE_INDEX, CustomTask, Task, check_by_first, make_batch, resolve_task
+from trakcli.tasks import IGNORE_INDEX, CustomTask, Task, check_by_first, make_batch, resolve_task
 from trakcli.jobs.divergence import check_loss, check_weights
 from trakcli.models.forward import forward, forward_errors
 from trakcli.progress import NULL_REPORTER, Reporter
@@ -347,7 +347,7 @@ def train_model(
         total_steps = count_steps(data, epochs=epochs, batch_size=batch_size, max_tokens=max_tokens, seed=seed)
         if warmup_fraction:
             warmup_steps = math.ceil(warmup_fraction * total_steps)
-    with_acc = not task.token_level
+    with_acc = task.has_accuracy
     recipe: dict[str, Any] = {
         "epochs": epochs, "batch_size": batch_size, "lr": lr, "weight_decay": weight_decay, "momentum": momentum,
         "optimizer": optimizer, "seed": seed, "projection": projection, "n": n,
@@ -394,11 +394,11 @@ def train_model(
                 check_loss(value, first_loss, name=name, step=step, epoch=epoch + 1, lr=step_lr)
                 loss.backward()
                 opt.step()
-                count = task.loss_count(batch) if task.token_level else rows
+                count = task.loss_count(batch)
                 total += value * count
                 units += count
                 if with_acc:
-                    correct += int((logits.detach().argmax(1) == y).sum())
+                    correct += task.correct(logits, batch)
                 lo += rows
                 shown: dict[str, Any] = {"loss": total / max(units, 1)}
                 if with_acc:
@@ -453,7 +453,7 @@ def _validate(
 ) -> tuple[float, float | None]:
     """``(loss, accuracy or None)`` of the validation data: tensors ``(inputs, labels)`` or a dataset."""
     if isinstance(validation, tuple):
-        if not task.token_level:
+        if task.has_accuracy and type(task).loss is Task.loss:  # a classifier's cross-entropy
             return evaluate(model, validation[0], validation[1], batch_size=batch_size)
         validation = TensorDataset(validation[0], validation[1], "validation")
     device = next(model.parameters()).device
@@ -505,12 +505,12 @@ def evaluate_dataset(
                 batch = make_batch(x, y)
                 loss_sum += task.loss(logits, batch, reduction="sum").item()
                 count += task.loss_count(batch)
-                if not task.token_level:
-                    right += int((logits.argmax(1) == y).sum())
+                if task.has_accuracy:
+                    right += task.correct(logits, batch)
                 rows += len(y)
     finally:
         model.train(was_training)
-    return loss_sum / max(count, 1), (None if task.token_level else right / max(rows, 1))
+    return loss_sum / max(count, 1), (right / max(rows, 1) if task.has_accuracy else None)
 
 
 def evaluate(
@@ -574,7 +574,7 @@ def check_forward(
     rows = inputs if isinstance(inputs, TrainRows) else TensorRows(inputs, labels)
     task = resolve_task(task)
     # the loss reads the labels as the built-in task of its kind does
-    checker = BUILTIN["language_modeling" if task.token_level else "classification"] if isinstance(task, CustomTask) else task
+    checker = task.trained_as() if isinstance(task, CustomTask) else task
     was_training = model.training
     model.eval()
     try:
