@@ -38,7 +38,9 @@ def test_a_task_class_is_identified_by_its_source():
     assert ident["task"] == Plain.__qualname__
     assert ident["output_function"] == {"class": Plain.__qualname__, "formula": "", "sha256": source_sha256(Plain)}
     assert len(source_sha256(Plain)) == 64
-    assert BUILTIN["classification"].identity()["output_function"]["sha256"] == source_sha256(type(BUILTIN["classification"]))
+    # a built-in task is identified by its formula, so stores do not depend on how trakcli's source is written
+    builtin = BUILTIN["classification"]
+    assert builtin.identity() == {"task": "classification", "output_function": builtin.formula}
 
     class Sub(Plain):  # the base's source counts: Sub alone says nothing about what it computes
         pass

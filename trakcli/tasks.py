@@ -250,11 +250,15 @@ class Task:
     def identity(self) -> dict[str, Any]:
         """``{"task", "output_function"}`` as the store records them.
 
-        ``output_function`` is ``{"class", "formula", "sha256"}``: the class's qualified name, its
-        :attr:`formula` and the sha256 of its source (:func:`source_sha256`), so that a store made
-        with one version of a task refuses another (``output_function.sha256: store has …``).
+        A task of one's own: ``output_function`` is ``{"class", "formula", "sha256"}``: the class's qualified
+        name, its :attr:`formula` and the sha256 of its source (:func:`source_sha256`), so that a store
+        made with one version of a task refuses another (``output_function.sha256: store has …``).
+        A built-in task (a class of this module): ``output_function`` is its :attr:`formula`, which names
+        what its results follow, so stores do not depend on how this module is written.
         """
         cls = type(self)
+        if cls.__module__ == __name__:
+            return {"task": self.name, "output_function": self.formula or f"{cls.__module__}.{cls.__qualname__}"}
         return {"task": self.name, "output_function": {"class": cls.__qualname__, "formula": self.formula,
                                                        "sha256": source_sha256(cls)}}
 
@@ -263,17 +267,19 @@ class Task:
 
 
 def source_sha256(cls: type) -> str:
-    """sha256 of the source of ``cls`` and of its bases up to :class:`Task` (what its results depend on).
+    """sha256 of the source of ``cls`` and of its bases up to the first built-in one (what its results depend on).
 
-    A class whose source cannot be read (defined in an interactive session, or from a
-    compiled file) is hashed by its qualified name instead, so its identity still names it.
+    A built-in base (a class of this module, :class:`Task` or a built-in task) counts by its name and
+    :attr:`~Task.formula`, not its source. A class whose source cannot be read (defined in an interactive
+    session, or from a compiled file) is hashed by its qualified name instead, so its identity still names it.
 
     Returns:
         64 hex digits.
     """
     h = hashlib.sha256()
     for c in cls.__mro__:
-        if c in (Task, object):
+        if c.__module__ == __name__ or c is object:
+            h.update(f"{c.__qualname__}: {getattr(c, 'formula', None)}".encode())
             break
         try:
             text = inspect.getsource(c)
