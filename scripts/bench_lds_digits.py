@@ -196,15 +196,15 @@ def checkpoints(cfg, config: Path, work: Path, base_overrides: list[str]) -> lis
 
 
 def recipe_matches_checkpoint(cfg, data: tuple[torch.Tensor, ...], ckpt: Path) -> float:
-    """Retrain checkpoint 0 with ``trakcli.jobs.train.train_one`` and compare: max |weight difference|.
+    """Retrain checkpoint 0 with ``trakcli.train.train_one`` and compare: max |weight difference|.
 
     0 shows the subset models of ``trakcli.jobs.retrain`` (trained by the same function) are
     trained exactly as ``trak optimize`` trains the checkpoints, only on fewer rows.
     """
-    from trakcli.jobs.train import train_one
+    from trakcli.train import train_one
 
     with torch_threads(1):
-        model = train_one(cfg, data[0], data[1], seed=int(cfg.optimize.seed))
+        model = train_one(cfg, data[0], data[1], seed=int(cfg.optimize.seed)).model
     saved = torch.load(ckpt, map_location="cpu", weights_only=True)
     mine = model.state_dict()
     if saved.keys() != mine.keys():

@@ -21,7 +21,7 @@ from trakcli.data import load_dataset
 from trakcli.errors import StoreMismatchError
 from trakcli.jobs.eval import store_scores
 from trakcli.jobs.retrain import load_or_retrain, model_outputs, model_seed, retrain, subset_mask, subset_masks
-from trakcli.jobs.train import train_one
+from trakcli.train import train_one
 from trakcli.metrics.lds import lds
 from trakcli.models import build_model
 from projects import invoke as trak
@@ -157,7 +157,7 @@ def test_train_one_reproduces_trak_optimize_checkpoints(user_project):
     cfg = load_config("run.yaml")
     train = load_dataset(cfg.data.train)
     torch.set_num_threads(1)
-    model = train_one(cfg, train.inputs, train.labels, seed=cfg.optimize.seed + 1)
+    model = train_one(cfg, train.inputs, train.labels, seed=cfg.optimize.seed + 1).model
     saved = torch.load("trained/model_001.pt")
     for k, v in model.state_dict().items():
         assert torch.equal(v, saved[k]), k

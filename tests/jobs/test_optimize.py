@@ -284,14 +284,15 @@ class RecordingReporter(Reporter):
 
 
 def test_training_shows_running_loss_and_accuracy_and_validation():
-    from trakcli.jobs.train import train_classifier
+    from trakcli.train import Recipe, TensorRows, Trainer
 
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(30, 6, generator=g), torch.randint(0, 3, (30,), generator=g)
     xv, yv = torch.randn(9, 6, generator=g), torch.randint(0, 3, (9,), generator=g)
-    rep, stats = RecordingReporter(), {}
-    train_classifier(tiny_model(), x, y, epochs=2, batch_size=8, lr=0.1, reporter=rep, description="m",
-                     validation=(xv, yv), metrics=stats)
+    rep = RecordingReporter()
+    trainer = Trainer(tiny_model(), TensorRows(x, y), Recipe(epochs=2, batch_size=8, lr=0.1), validation=(xv, yv))
+    trainer.fit(reporter=rep, description="m")
+    stats = trainer.metrics()
     log = rep.updates["m"]
     steps = [u for u in log if "loss" in u]
     assert len(steps) == 2 * 4  # one per minibatch: 4 per epoch

@@ -77,19 +77,27 @@ class _Killed(Exception):
 def test_training_killed_mid_epoch_resumes_bit_identically(tmp_path):
     from torch import nn
 
-    from trakcli.jobs.train import train_classifier
+    import dataclasses
+
+    from trakcli.train import Recipe, TensorRows, Trainer
 
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(50, 6, generator=g), torch.randint(0, 3, (50,), generator=g)
-    recipe = dict(epochs=3, batch_size=8, lr=0.01, optimizer="adamw", weight_decay=0.01, seed=4,
-                  projection={"mode": "per_matrix", "kind": "rademacher", "implementation": "auto", "rank": 2,
-                              "proj_dim": None, "seed": 0, "update_gap": 4, "on_refresh": "transfer", "scale": 1.0})
+    recipe = Recipe(epochs=3, batch_size=8, lr=0.01, optimizer="adamw", weight_decay=0.01,
+                    projection={"mode": "per_matrix", "kind": "rademacher", "implementation": "auto", "rank": 2,
+                                "proj_dim": None, "seed": 0, "update_gap": 4, "on_refresh": "transfer", "scale": 1.0})
+    every5 = dataclasses.replace(recipe, checkpoint_every=5)
+
+    def fit_classifier(model, recipe, resume_path=None):
+        trainer = Trainer(model, TensorRows(x, y), recipe, seed=4)
+        trainer.fit(resume_path=resume_path)
+        return trainer
 
     def fresh():
         torch.manual_seed(0)
         return nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
 
-    ref = train_classifier(fresh(), x, y, **recipe)
+    ref = fit_classifier(fresh(), recipe).model
 
     def bomb(model: nn.Module) -> nn.Module:
         """The model, dying in the forward pass of step 12 (7 steps per epoch)."""
@@ -106,22 +114,21 @@ def test_training_killed_mid_epoch_resumes_bit_identically(tmp_path):
     model = fresh()
     state = tmp_path / ".resume" / "model_000.pt"
     with pytest.raises(_Killed):
-        train_classifier(bomb(model), x, y, **recipe, resume_path=state, checkpoint_every=5)
+        fit_classifier(bomb(model), every5, resume_path=state)
     assert torch.load(state, weights_only=True)["lo"] == 24  # saved after step 10 = epoch 1, batch 3
     resumed = fresh()
-    stats: dict = {}
-    train_classifier(resumed, x, y, **recipe, resume_path=state, checkpoint_every=5, metrics=stats)
+    stats = fit_classifier(resumed, every5, resume_path=state).metrics()
     assert not state.exists()
     for a, b in zip(ref.state_dict().values(), resumed.state_dict().values()):
         assert torch.equal(a, b)
     assert stats["final_loss"] > 0
     # a state made with another recipe is refused, naming the difference
     with pytest.raises(_Killed):
-        train_classifier(bomb(fresh()), x, y, **recipe, resume_path=state, checkpoint_every=5)
+        fit_classifier(bomb(fresh()), every5, resume_path=state)
     from trakcli.errors import CheckpointError
 
     with pytest.raises(CheckpointError, match="differs in: lr"):
-        train_classifier(fresh(), x, y, **{**recipe, "lr": 0.02}, resume_path=state)
+        fit_classifier(fresh(), dataclasses.replace(recipe, lr=0.02), resume_path=state)
 
 
 def test_optimize_finetunes_from_init_checkpoint_on_random_subsets(user_project):
@@ -183,7 +190,7 @@ def test_kronecker_projection_in_the_config_and_the_training_recipe():
     """optimize.projection.kind: kronecker (per_matrix, two-sided) validates and trains; global is refused."""
     from torch import nn
 
-    from trakcli.jobs.train import train_classifier
+    from trakcli.train import Recipe, TensorRows, Trainer
 
     cfg = load_config("configs/digits_projected.yaml", ["optimize.projection.kind=kronecker"])
     p = cfg.recipe.projection
@@ -195,9 +202,10 @@ def test_kronecker_projection_in_the_config_and_the_training_recipe():
     x, y = torch.randn(40, 6, generator=g), torch.randint(0, 3, (40,), generator=g)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3))
-    stats: dict = {}
     projection = p.model_copy(update={"rank": 2, "update_gap": 3}).model_dump()
-    train_classifier(model, x, y, epochs=2, batch_size=8, lr=0.01, optimizer="adamw", projection=projection,
-                     metrics=stats)
+    trainer = Trainer(model, TensorRows(x, y), Recipe(epochs=2, batch_size=8, lr=0.01, optimizer="adamw",
+                                                      projection=projection))
+    trainer.fit()
+    stats = trainer.metrics()
     # AdamW moments: [8, 6] -> [2, 2] and [3, 8] -> [2, 2], biases 8 + 3 unprojected
     assert stats["optimizer_state_numel"] == 2 * (4 + 4 + 8 + 3)

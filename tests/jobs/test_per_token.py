@@ -324,7 +324,7 @@ def test_the_token_plan_masks_each_querys_top_tokens_and_as_many_random_ones(tmp
 def test_masked_tokens_are_left_out_of_the_training_labels(tmp_path, monkeypatch):
     from trakcli.config import load_config
     from trakcli.data.load import load_dataset
-    from trakcli.jobs.train import DatasetRows
+    from trakcli.train import DatasetRows
 
     monkeypatch.chdir(tmp_path)
     _project(tmp_path, "gpt2", "completion")

@@ -4,6 +4,7 @@ retrains them: a tiny GPT-2 (transformers config) with a word-level tokenizer (t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -19,7 +20,7 @@ from typer.testing import CliRunner  # noqa: E402
 
 from trakcli.cli.main import app  # noqa: E402
 from trakcli.data.text import IGNORE_INDEX, TextDataset  # noqa: E402
-from trakcli.jobs.train import DatasetRows, lr_at, train_model  # noqa: E402
+from trakcli.train import DatasetRows, Recipe, Trainer, lr_at  # noqa: E402
 from trakcli.progress import Reporter, Task  # noqa: E402
 from trakcli.tasks import BUILTIN  # noqa: E402
 from projects import FACT_WORDS, fact_rows, word_tokenizer, write_config, write_jsonl  # noqa: E402
@@ -115,11 +116,13 @@ def test_the_recipe_trains_a_tiny_lm_whose_loss_falls(lm_project, projection):
     data = TextDataset("train.jsonl", prompt="prompt", completion="completion", tokenizer="tok", max_length=16)
     model = tiny_gpt2(vocab)
     wte = model.transformer.wte.weight.detach().clone()
-    rec, stats, state = Recording(), {}, {}
+    rec = Recording()
     val = TextDataset("val.jsonl", prompt="prompt", completion="completion", tokenizer="tok", max_length=16)
-    train_model(model, DatasetRows(data), task="language_modeling", epochs=6, batch_size=8, lr=1e-2,
-                optimizer="adamw", projection=projection, max_tokens=48, seed=0, reporter=rec, description="lm",
-                metrics=stats, validation=val, optimizer_state=state)
+    trainer = Trainer(model, DatasetRows(data),
+                      Recipe(epochs=6, batch_size=8, lr=1e-2, optimizer="adamw", projection=projection, max_tokens=48),
+                      task="language_modeling", seed=0, validation=val)
+    trainer.fit(reporter=rec, description="lm")
+    stats, state = trainer.metrics(), trainer.optimizer_state()
     hist = stats["history"]
     assert [set(h) for h in hist] == [{"epoch", "loss", "val_loss"}] * 6
     assert hist[-1]["loss"] < 0.7 * hist[0]["loss"], hist
@@ -162,8 +165,9 @@ def test_warmup_and_decay_give_the_expected_learning_rates(lm_project):
     data = TextDataset("train.jsonl", prompt="prompt", completion="completion", tokenizer="tok", max_length=16)
     rec = Recording()
     model = tiny_gpt2(vocab)
-    train_model(model, DatasetRows(data, rows=range(20)), task="language_modeling", epochs=2, batch_size=8, lr=0.01,
-                optimizer="adamw", schedule="cosine", warmup_fraction=0.3, seed=0, reporter=rec, description="s")
+    Trainer(model, DatasetRows(data, rows=range(20)),
+            Recipe(epochs=2, batch_size=8, lr=0.01, optimizer="adamw", schedule="cosine", warmup_fraction=0.3),
+            task="language_modeling", seed=0).fit(reporter=rec, description="s")
     seen_lr = [u["lr"] for u in rec.updates["s"] if "lr" in u]
     assert seen_lr == pytest.approx([lr_at(s, lr=0.01, total_steps=6, schedule="cosine", warmup_steps=2)
                                      for s in range(1, 7)])
@@ -227,9 +231,10 @@ class _Killed(Exception):
 def test_an_lm_killed_mid_epoch_resumes_bit_identically(lm_project, tmp_path):
     vocab = int(Path("vocab.txt").read_text())
     data = TextDataset("train.jsonl", prompt="prompt", completion="completion", tokenizer="tok", max_length=16)
-    recipe = dict(task="language_modeling", epochs=2, batch_size=8, lr=1e-2, optimizer="adamw", max_tokens=48,
-                  schedule="linear", warmup_steps=2, seed=1)
-    ref = train_model(tiny_gpt2(vocab), DatasetRows(data), **recipe)
+    recipe = Recipe(epochs=2, batch_size=8, lr=1e-2, optimizer="adamw", max_tokens=48, schedule="linear",
+                    warmup_steps=2)
+    every3 = dataclasses.replace(recipe, checkpoint_every=3)
+    ref = Trainer(tiny_gpt2(vocab), DatasetRows(data), recipe, task="language_modeling", seed=1).fit()
     model, calls = tiny_gpt2(vocab), [0]
 
     def bomb(module, args, kwargs):
@@ -240,10 +245,11 @@ def test_an_lm_killed_mid_epoch_resumes_bit_identically(lm_project, tmp_path):
     handle = model.register_forward_pre_hook(bomb, with_kwargs=True)
     state = tmp_path / "resume.pt"
     with pytest.raises(_Killed):
-        train_model(model, DatasetRows(data), **recipe, resume_path=state, checkpoint_every=3)
+        Trainer(model, DatasetRows(data), every3, task="language_modeling", seed=1).fit(resume_path=state)
     assert torch.load(state, weights_only=True)["step"] == 6
     handle.remove()
-    resumed = train_model(tiny_gpt2(vocab, seed=5), DatasetRows(data), **recipe, resume_path=state)
+    resumed = Trainer(tiny_gpt2(vocab, seed=5), DatasetRows(data), recipe, task="language_modeling",
+                      seed=1).fit(resume_path=state)
     for (k, a), b in zip(ref.state_dict().items(), resumed.state_dict().values()):
         assert torch.equal(a, b), k
     assert not state.exists()

@@ -37,7 +37,7 @@ from trakcli.config.resolve import OPTIMIZER_STATE_DIR
 from trakcli.errors import ArgumentError, ConfigError
 from trakcli.factors.second_moment import optimizer_state_record
 from trakcli.files import atomic_torch_save
-from trakcli.jobs.train import optimizer_param_names
+from trakcli.train import optimizer_param_names
 from trakcli.models.peft import is_peft_model, save_adapter
 from trakcli.store.manifest import (
     FORMAT, FORMAT_VERSION, MANIFEST_NAME, SOURCE_TRAINER, checkpoint_file_name, checkpoint_sha256, read_manifest,

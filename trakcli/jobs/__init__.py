@@ -13,9 +13,8 @@ Modules:
   the run identity shared by featurize and score; the featurizer of a batch.
 - :mod:`~trakcli.jobs.featurize`: train features, chunk by chunk, into the store.
 - :mod:`~trakcli.jobs.score`: target features, kernels, the score matrix.
-- :mod:`~trakcli.jobs.train`: the training recipe (one model), resumable.
-- :mod:`~trakcli.jobs.divergence`: a diverged loss or non-finite weights stop training.
-- :mod:`~trakcli.jobs.optimize`: N seeded models, checkpoints and their manifest.
+- :mod:`~trakcli.jobs.optimize`: N seeded models (trained by :mod:`trakcli.train`), checkpoints and
+  their manifest.
 - :mod:`~trakcli.jobs.retrain`: `trak eval`'s models retrained on random subsets,
   row by row into the store (:mod:`~trakcli.jobs.workers`: their worker processes).
 - :mod:`~trakcli.jobs.eval`: the store's scores that `trak eval lds` measures.

@@ -1,14 +1,17 @@
 """`trak optimize` as a library function: N seeded models, their checkpoints and the manifest.
 
-Model ``i`` is trained by :func:`trakcli.jobs.train.train_one` (the same
-function that retrains the models of `trak eval`); after every finished model
-``out_dir/manifest.json`` is rewritten atomically (layout:
+Per model, three steps: plan (:meth:`_Run.plan`: its rows, and whether an existing checkpoint is
+kept or the model is trained), train (:meth:`_Run.train`: :func:`trakcli.train.train_one`, the same
+function that retrains the models of `trak eval`, with the config's
+:class:`~trakcli.train.Trainer`), and write the manifest (:meth:`_Run.record`:
+``out_dir/manifest.json`` rewritten atomically after every finished model; layout:
 :mod:`trakcli.store.manifest`).
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +26,6 @@ from trakcli.errors import CheckpointError, ConfigError, TrainingError
 from trakcli.factors.second_moment import optimizer_state_record
 from trakcli.files import atomic_torch_save, write_text
 from trakcli.jobs.runtime import apply_threads, event, resolve_device
-from trakcli.jobs.train import (
-    DatasetRows, TensorRows, TrainRows, check_init_checkpoint, check_recipe, evaluate, evaluate_dataset,
-    load_training_function, optimizer_param_names, train_one,
-)
 from trakcli.models.build import build_model
 from trakcli.models.checkpoints import load_checkpoint, read_state_dict
 from trakcli.models.peft import is_peft_model, save_adapter, with_adapters
@@ -35,6 +34,10 @@ from trakcli.store import differing_keys
 from trakcli.tasks import Task, resolve_task
 from trakcli.store.manifest import (
     FORMAT, FORMAT_VERSION, MANIFEST_NAME, checkpoint_file_name, checkpoint_sha256, read_manifest, write_manifest,
+)
+from trakcli.train import (
+    DatasetRows, TensorRows, TrainRows, check_init_checkpoint, check_recipe, evaluate, evaluate_dataset,
+    load_training_function, optimizer_param_names, train_one,
 )
 
 
@@ -229,8 +232,6 @@ def _train_model(
         (the trained model, the recipe's metrics: ``final_loss``, ``optimizer_state_numel``, ``history``,
         the optimizer state file or None).
     """
-    stats: dict[str, Any] = {}
-    keep: dict[str, Any] | None = {} if oc.save_optimizer_state else None
     resume = oc.out_dir / ".resume" / f"model_{i:03d}.pt"
     if overwrite:
         resume.unlink(missing_ok=True)
@@ -245,20 +246,21 @@ def _train_model(
         if oc.save_optimizer_state:
             _write_optimizer_state(oc, at, opt.state_dict(), optimizer_param_names(model, opt), i)
 
-    model = train_one(
+    trained = train_one(
         cfg, rows, seed=oc.seed + i, device=device, reporter=reporter, description=f"train model {i}",
-        metrics=stats, resume_path=resume, validation=validation, name=f"model {i}", optimizer_state=keep,
+        resume_path=resume, validation=validation, name=f"model {i}",
         epoch_end=save_epoch if oc.epoch_checkpoints else None,
     )
     try:
         resume.parent.rmdir()  # only when empty: no other model's state is pending
     except OSError:
         pass
-    _write_checkpoint(model, path, i)
+    _write_checkpoint(trained.model, path, i)
     state_path = None
-    if keep:  # a training function keeps its optimizer to itself: nothing to write
+    keep = trained.optimizer_state
+    if oc.save_optimizer_state and keep:  # a training function keeps its optimizer to itself: nothing to write
         state_path = _write_optimizer_state(oc, path, keep["state_dict"], keep["param_names"], i)
-    return model, stats, state_path
+    return trained.model, dict(trained.metrics), state_path
 
 
 def _epoch_entries(oc: OptimizeConfig, i: int) -> list[dict[str, Any]]:
@@ -291,7 +293,7 @@ def optimize(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_
     """Train ``optimize.n_models`` independently seeded models and write their checkpoints and manifest.
 
     Model ``i`` is built, seeded with ``optimize.seed + i`` and trained by
-    :func:`trakcli.jobs.train.train_one` (the built-in recipe, or the user's
+    :func:`trakcli.train.train_one` (the built-in recipe, or the user's
     ``optimize.entrypoint``), the same function that retrains the models of
     `trak eval`, on a random ``subset_fraction`` of ``data.train`` if below 1
     (drawn with ``optimize.seed + i``); it is written atomically to
@@ -327,69 +329,147 @@ def optimize(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_
     """
     from trakcli import __version__
 
-    oc = check_recipe(cfg)
-    if oc.out_dir is None:
-        raise ConfigError("optimize.out_dir: required by trak optimize, the directory for its checkpoints and "
-                          "manifest.json; set e.g. optimize.out_dir=ckpts")
-    check_files(cfg, need_checkpoints=False, need_validation=True)
-    load_training_function(cfg)  # a bad optimize.entrypoint fails before any model trains
-    if oc.epoch_checkpoints and oc.entrypoint is not None:
-        raise ConfigError(
-            f"optimize.epoch_checkpoints: the built-in recipe writes them, but optimize.entrypoint "
-            f"{oc.entrypoint!r} trains the models; remove epoch_checkpoints, or the entrypoint to use the recipe"
+    run = _Run.start(cfg, overwrite=overwrite, reporter=reporter)
+    for i in range(run.oc.n_models):
+        plan = run.plan(i)  # its rows; an existing checkpoint kept, or the model trained
+        entry = plan.entry if plan.kept else run.train(plan)
+        run.record(plan, entry)  # the manifest, after every finished model
+    oc, manifest_path = run.oc, run.manifest_path
+    if oc.metrics is not None:
+        _write_metrics(oc.metrics, {
+            "trakcli_version": __version__,
+            **run.manifest["recipe"],
+            "model": run.manifest["model"],
+            "n_params": sum(p.numel() for p in build_model(cfg.model.entrypoint, **cfg.model.kwargs).parameters()),
+            "manifest": str(manifest_path),
+            "models": run.rows,
+        })
+        reporter.info(f"metrics -> {oc.metrics}")
+    reporter.info(f"manifest -> {manifest_path}")
+    return run.paths
+
+
+@dataclass
+class _Plan:
+    """What `trak optimize` does with model ``i``: the rows it trains on, and whether its checkpoint is kept.
+
+    Attributes:
+        i: the model_id.
+        path: its checkpoint.
+        rows: the rows it trains on (all of data.train, or its subset).
+        entry: its manifest entry: model_id, checkpoint, seed, subset indices; the whole entry of a kept model.
+        kept: whether the checkpoint at ``path`` is kept (not trained).
+    """
+
+    i: int
+    path: Path
+    rows: TrainRows
+    entry: dict[str, Any]
+    kept: bool
+
+
+@dataclass
+class _Run:
+    """One `trak optimize` run: the checked config, the data on the device, the manifest being written."""
+
+    cfg: Config
+    oc: OptimizeConfig
+    overwrite: bool
+    reporter: Reporter
+    train_data: Any
+    x: Any
+    y: Any
+    held: Any
+    val: Any
+    device: torch.device
+    previous: dict[int, dict]
+    manifest: dict[str, Any]
+    manifest_path: Path
+    paths: list[Path] = field(default_factory=list)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def start(cls, cfg: Config, *, overwrite: bool, reporter: Reporter) -> _Run:
+        """Check the config, load the data, create out_dir and read the earlier run's manifest (see :func:`optimize`)."""
+        from trakcli import __version__
+
+        oc = check_recipe(cfg)
+        if oc.out_dir is None:
+            raise ConfigError("optimize.out_dir: required by trak optimize, the directory for its checkpoints and "
+                              "manifest.json; set e.g. optimize.out_dir=ckpts")
+        check_files(cfg, need_checkpoints=False, need_validation=True)
+        load_training_function(cfg)  # a bad optimize.entrypoint fails before any model trains
+        if oc.epoch_checkpoints and oc.entrypoint is not None:
+            raise ConfigError(
+                f"optimize.epoch_checkpoints: the built-in recipe writes them, but optimize.entrypoint "
+                f"{oc.entrypoint!r} trains the models; remove epoch_checkpoints, or the entrypoint to use the recipe"
+            )
+        apply_threads(cfg.num_threads)
+        train = load_dataset(cfg.data.train, key="data.train", task=resolve_task(cfg.task))
+        heldout = load_dataset(cfg.data.target, key="data.target", task=resolve_task(cfg.task)) if cfg.data.target is not None else None
+        valset = load_dataset(cfg.data.validation, key="data.validation", task=resolve_task(cfg.task)) if cfg.data.validation is not None else None
+        device = resolve_device(cfg.device)
+        try:
+            oc.out_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"optimize.out_dir: cannot create {str(oc.out_dir)!r}: {e}") from None
+        check_init_checkpoint(oc)
+        recipe = {"optimize": oc.model_dump(mode="json")}
+        identity = manifest_identity(cfg, train)
+        manifest_path = oc.out_dir / MANIFEST_NAME
+        previous = {} if overwrite else _previous_models(
+            manifest_path, identity, out_dir=oc.out_dir, reporter=reporter
         )
-    apply_threads(cfg.num_threads)
-    train = load_dataset(cfg.data.train, key="data.train", task=resolve_task(cfg.task))
-    heldout = load_dataset(cfg.data.target, key="data.target", task=resolve_task(cfg.task)) if cfg.data.target is not None else None
-    valset = load_dataset(cfg.data.validation, key="data.validation", task=resolve_task(cfg.task)) if cfg.data.validation is not None else None
-    device = resolve_device(cfg.device)
-    try:
-        oc.out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ConfigError(f"optimize.out_dir: cannot create {str(oc.out_dir)!r}: {e}") from None
-    check_init_checkpoint(oc)
-    recipe = {"optimize": oc.model_dump(mode="json")}
-    identity = manifest_identity(cfg, train)
-    manifest_path = oc.out_dir / MANIFEST_NAME
-    previous = {} if overwrite else _previous_models(
-        manifest_path, identity, out_dir=oc.out_dir, reporter=reporter
-    )
-    manifest: dict[str, Any] = {
-        "format": FORMAT,
-        "format_version": FORMAT_VERSION,
-        "trakcli_version": __version__,
-        "n_models": oc.n_models,
-        "complete": False,
-        "recipe": recipe,
-        "model": identity["model"],
-        "task": cfg.task,
-        "train_data": identity["train_data"],
-        "validation_data": valset.fingerprint() if valset is not None else None,
-        **({"batch_tokens": identity["batch_tokens"]} if "batch_tokens" in identity else {}),
-        "models": [],
-    }
-    if overwrite:
-        write_manifest(manifest_path, manifest)  # the old manifest no longer describes the files
-    # entries of the earlier run stay until their model is checked or retrained (a killed or failed run keeps them)
-    for m in range(oc.n_models):
-        if m not in previous:
-            break
-        manifest["models"].append(previous[m])
-    paths = []
-    rows: list[dict[str, Any]] = []
-    # tensors go to the device once; text and language-model data are read batch by batch
-    lazy = isinstance(train, TextDataset)
-    x, y = (None, None) if lazy else (inputs_to(train.inputs, device), train.labels.to(device))
-    held = _on_device(heldout, device)
-    val = _on_device(valset, device)
+        manifest: dict[str, Any] = {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "trakcli_version": __version__,
+            "n_models": oc.n_models,
+            "complete": False,
+            "recipe": recipe,
+            "model": identity["model"],
+            "task": cfg.task,
+            "train_data": identity["train_data"],
+            "validation_data": valset.fingerprint() if valset is not None else None,
+            **({"batch_tokens": identity["batch_tokens"]} if "batch_tokens" in identity else {}),
+            "models": [],
+        }
+        if overwrite:
+            write_manifest(manifest_path, manifest)  # the old manifest no longer describes the files
+        # entries of the earlier run stay until their model is checked or retrained (a killed or failed run keeps them)
+        for m in range(oc.n_models):
+            if m not in previous:
+                break
+            manifest["models"].append(previous[m])
+        # tensors go to the device once; text and language-model data are read batch by batch
+        lazy = isinstance(train, TextDataset)
+        x, y = (None, None) if lazy else (inputs_to(train.inputs, device), train.labels.to(device))
+        return cls(cfg=cfg, oc=oc, overwrite=overwrite, reporter=reporter, train_data=train, x=x, y=y,
+                   held=_on_device(heldout, device), val=_on_device(valset, device), device=device,
+                   previous=previous, manifest=manifest, manifest_path=manifest_path)
 
-    def final_metrics(model: torch.nn.Module, history: list | None = None) -> dict[str, Any]:
-        return _final_metrics(model, cfg.task, train if lazy else (x, y), held, val, cfg.data.batch_size,
-                              max_tokens=cfg.data.batch_tokens, history=history)
+    @property
+    def lazy(self) -> bool:
+        """Whether data.train is text read batch by batch (else tensors on the device)."""
+        return isinstance(self.train_data, TextDataset)
 
-    for i in range(oc.n_models):
+    def final_metrics(self, model: torch.nn.Module, history: list | None = None) -> dict[str, Any]:
+        """Train / target / validation accuracy (or validation loss) of a finished model (:func:`_final_metrics`)."""
+        cfg = self.cfg
+        return _final_metrics(model, cfg.task, self.train_data if self.lazy else (self.x, self.y), self.held,
+                              self.val, cfg.data.batch_size, max_tokens=cfg.data.batch_tokens, history=history)
+
+    def plan(self, i: int) -> _Plan:
+        """Model ``i``'s rows (its subset drawn with ``optimize.seed + i``), and whether its checkpoint is kept:
+        a file whose sha256 matches the earlier manifest (with its epoch checkpoints), or one found without a
+        matching entry (recorded as found, its metrics measured); an unreadable one is trained again.
+
+        Raises:
+            CheckpointError: a found checkpoint does not fit the model (names the fix).
+        """
+        oc, reporter, train, device = self.oc, self.reporter, self.train_data, self.device
         path = oc.out_dir / checkpoint_name(oc, i)
-        paths.append(path)
+        self.paths.append(path)
         entry: dict[str, Any] = {"model_id": i, "checkpoint": path.name, "sha256": None, "seed": oc.seed + i}
         subset = None
         if oc.subset_fraction < 1:
@@ -397,16 +477,16 @@ def optimize(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_
             k = max(1, round(oc.subset_fraction * len(train)))
             subset = torch.randperm(len(train), generator=gen)[:k].sort().values
             entry["subset_indices"] = subset.tolist()
-        if lazy:
+        if self.lazy:
             source: TrainRows = DatasetRows(train, subset, device)
         elif subset is not None:
-            source = TensorRows(index_inputs(x, subset.to(device)), y[subset.to(device)])
+            source = TensorRows(index_inputs(self.x, subset.to(device)), self.y[subset.to(device)])
         else:
-            source = TensorRows(x, y)
-        kept = path.exists() and not overwrite
+            source = TensorRows(self.x, self.y)
+        kept = path.exists() and not self.overwrite
         if kept:
             sha = checkpoint_sha256(path)
-            prev = previous.get(i)
+            prev = self.previous.get(i)
             unreadable = None if prev is not None and prev.get("sha256") == sha else _unreadable(path)
             if unreadable is not None:
                 kept = False
@@ -420,53 +500,57 @@ def optimize(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_
                 else:
                     reporter.info(f"{path} exists, kept (use --overwrite to retrain)")
             else:
-                model = _load_found(cfg, path, i)
+                model = _load_found(self.cfg, path, i)
                 model.to(device).eval()
-                entry.update(sha256=sha, origin="found", metrics=final_metrics(model))
+                entry.update(sha256=sha, origin="found", metrics=self.final_metrics(model))
                 why = "changed since the manifest was written" if prev is not None else "not in a manifest"
                 reporter.info(
                     f"{path} exists ({why}): kept and recorded as it is, without a training history"
                     + (" or epoch checkpoints" if oc.epoch_checkpoints else "") + " (use --overwrite to retrain)"
                 )
-        if not kept:
-            model, stats, state_path = _train_model(
-                cfg, oc, i, path, source, device=device, overwrite=overwrite, validation=val, reporter=reporter
-            )
-            history = stats.pop("history", None)
-            metrics = {**stats, **final_metrics(model, history)}
-            if history is not None:
-                metrics["history"] = history
-            entry.update(sha256=checkpoint_sha256(path), origin="trained", metrics=metrics)
-            if state_path is not None:
-                entry["optimizer_state"] = f"{OPTIMIZER_STATE_DIR}/{path.name}"
-            if oc.epoch_checkpoints:
-                entry["epoch_checkpoints"] = _epoch_entries(oc, i)
-            reporter.info(_model_line(i, metrics, model) + f" -> {path}")
+        return _Plan(i=i, path=path, rows=source, entry=entry, kept=kept)
+
+    def train(self, plan: _Plan) -> dict[str, Any]:
+        """Train the planned model, write its checkpoint (:func:`_train_model`) and report its line.
+
+        Returns:
+            Its manifest entry: the plan's, with sha256, ``origin: trained`` and metrics (and the optimizer
+            state file and epoch checkpoints when the recipe writes them).
+        """
+        oc, i, path = self.oc, plan.i, plan.path
+        model, stats, state_path = _train_model(
+            self.cfg, oc, i, path, plan.rows, device=self.device, overwrite=self.overwrite, validation=self.val,
+            reporter=self.reporter,
+        )
+        history = stats.pop("history", None)
+        metrics = {**stats, **self.final_metrics(model, history)}
+        if history is not None:
+            metrics["history"] = history
+        entry = dict(plan.entry)
+        entry.update(sha256=checkpoint_sha256(path), origin="trained", metrics=metrics)
+        if state_path is not None:
+            entry["optimizer_state"] = f"{OPTIMIZER_STATE_DIR}/{path.name}"
+        if oc.epoch_checkpoints:
+            entry["epoch_checkpoints"] = _epoch_entries(oc, i)
+        self.reporter.info(_model_line(i, metrics, model) + f" -> {path}")
+        return entry
+
+    def record(self, plan: _Plan, entry: dict[str, Any]) -> None:
+        """Put model ``i``'s entry in the manifest (replacing the earlier run's) and write it atomically."""
+        i, manifest = plan.i, self.manifest
         if i < len(manifest["models"]):
             manifest["models"][i] = entry  # replaces the earlier run's entry
         else:
             manifest["models"].append(entry)
-        manifest["complete"] = len(manifest["models"]) == oc.n_models
-        write_manifest(manifest_path, manifest)
+        manifest["complete"] = len(manifest["models"]) == self.oc.n_models
+        write_manifest(self.manifest_path, manifest)
         event(f"manifest {i}")
-        rows.append({
-            "model_id": i, "seed": entry["seed"], "checkpoint": str(path), "sha256": entry["sha256"],
+        self.rows.append({
+            "model_id": i, "seed": entry["seed"], "checkpoint": str(plan.path), "sha256": entry["sha256"],
             **({"subset_indices": entry["subset_indices"]} if "subset_indices" in entry else {}),
             **entry.get("metrics", {}),
-            **({"kept": True} if kept else {}),
+            **({"kept": True} if plan.kept else {}),
         })
-    if oc.metrics is not None:
-        _write_metrics(oc.metrics, {
-            "trakcli_version": __version__,
-            **recipe,
-            "model": identity["model"],
-            "n_params": sum(p.numel() for p in build_model(cfg.model.entrypoint, **cfg.model.kwargs).parameters()),
-            "manifest": str(manifest_path),
-            "models": rows,
-        })
-        reporter.info(f"metrics -> {oc.metrics}")
-    reporter.info(f"manifest -> {manifest_path}")
-    return paths
 
 
 def _on_device(data: Any, device: torch.device) -> Any:

@@ -38,7 +38,7 @@ from trakcli.errors import ArgumentError, ConfigError, StoreError
 from trakcli.tasks import make_batch, resolve_task, task_identity
 from trakcli.distributed import Dist
 from trakcli.jobs.runtime import apply_threads, event, grad_memory_for, locked_store, resolve_device
-from trakcli.jobs.train import DatasetRows, check_init_checkpoint, check_recipe, load_training_function, train_one
+from trakcli.train import DatasetRows, check_init_checkpoint, check_recipe, load_training_function, train_one
 from trakcli.jobs.workers import WorkerLost, run_in_workers
 from trakcli.models.checkpoints import file_sha256
 from trakcli.models.forward import forward
@@ -238,19 +238,19 @@ def check_eval_config(cfg: Config) -> None:
 
 def train_on_rows(cfg: Config, train: TensorDataset, rows: np.ndarray, seed: int, device: torch.device | str,
                   description: str, masked_tokens: dict[int, list[int]] | None = None) -> torch.nn.Module:
-    """A model trained by :func:`trakcli.jobs.train.train_one` with ``seed`` on the rows ``rows`` (``[m]`` int) of
+    """A model trained by :func:`trakcli.train.train_one` with ``seed`` on the rows ``rows`` (``[m]`` int) of
     ``train``: text read and tokenized batch by batch (the corpus is never in memory), tensors indexed on ``device``.
     ``masked_tokens`` (``{row: [positions]}``, token data) are left out of the loss (labels ``-100``)."""
     if isinstance(train, TextDataset):
         return train_one(cfg, DatasetRows(train, rows.tolist(), device, masked=masked_tokens), seed=seed,
-                         device=device, description=description)
+                         device=device, description=description).model
     if masked_tokens:
         raise ConfigError("eval.qld.per_token masks training tokens: it needs token data (data.train of a language "
                           "model)")
     idx = torch.from_numpy(rows).to(device)
     x = index_inputs(inputs_to(train.inputs, device), idx)
     y = train.labels.to(device)[idx]
-    return train_one(cfg, x, y, seed=seed, device=device, description=description)
+    return train_one(cfg, x, y, seed=seed, device=device, description=description).model
 
 
 def retrain_one(
@@ -259,7 +259,7 @@ def retrain_one(
     """Train model k on its subset with the config's recipe and return the targets' outputs.
 
     Model k: rows :func:`subset_mask` ``(n_train, eval.subset_fraction, eval.seed, k)``
-    of ``train``, trained by :func:`trakcli.jobs.train.train_one` with seed
+    of ``train``, trained by :func:`trakcli.train.train_one` with seed
     :func:`model_seed` ``(eval.seed, k)``.
 
     Returns:

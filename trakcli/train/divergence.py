@@ -1,9 +1,9 @@
 """When training has gone wrong: a diverged loss, non-finite weights. Both stop with a :class:`TrainingError`.
 
 `trak optimize` (and the retraining of `trak eval`) checks every step's loss
-(:func:`check_loss`, called by :func:`trakcli.jobs.train.train_classifier`) and
+(:func:`check_loss`, called by :meth:`trakcli.train.trainer.Trainer.fit`) and
 the weights of every trained model (:func:`check_weights`, called by
-:func:`trakcli.jobs.train.train_one`) before a checkpoint is written, so a
+:func:`trakcli.train.recipe.train_one`) before a checkpoint is written, so a
 diverged run never leaves a NaN checkpoint behind.
 """
 

@@ -1,0 +1,387 @@
+"""The built-in recipe: a :class:`Trainer` trains one model with the task's loss, resumably.
+
+A :class:`Recipe` holds the settings of the ``optimize:`` section that shape the steps
+(epochs, batch size, optimizer, learning rate and its schedule, projection); a
+:class:`Trainer` sets up the optimizer, the schedule and the shuffling generator of one
+model once, holds the position of its training (:class:`TrainState`: step, epoch, the
+epoch's order and running sums, the history) and runs the steps in :meth:`Trainer.fit`,
+saving and resuming that position through a training-state file. A model killed
+mid-training resumes from its file bit-identically.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from trakcli.config import OptimizeConfig
+from trakcli.errors import CheckpointError, TrainingError
+from trakcli.files import atomic_torch_save
+from trakcli.models.forward import forward
+from trakcli.progress import NULL_REPORTER, Reporter
+from trakcli.tasks import Task, make_batch, resolve_task
+from trakcli.train.divergence import check_loss
+from trakcli.train.evaluate import validate
+from trakcli.train.optimizers import lr_at, make_optimizer, optimizer_param_names, optimizer_state_numel
+from trakcli.train.rows import DatasetRows, TrainRows, count_steps
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """The settings of the built-in recipe that shape its steps (the ``optimize:`` section's).
+
+    Attributes:
+        epochs: passes over the rows.
+        batch_size: rows per minibatch.
+        lr: the (peak) learning rate.
+        optimizer: ``sgd`` (with ``momentum``), ``adam`` or ``adamw``.
+        momentum: SGD's momentum.
+        weight_decay: weight decay (decoupled, in the full space, with a projection).
+        schedule: ``constant``, ``linear`` or ``cosine`` (:func:`~trakcli.train.optimizers.lr_at`).
+        warmup_steps: steps of linear warmup.
+        warmup_fraction: the share of all steps (rounded up) warmed up, in place of ``warmup_steps``.
+        projection: the ``optimize.projection`` mapping: the optimizer steps in a random subspace
+            (:class:`~trakcli.optim.ProjectedOptimizer`); ``None``: plain.
+        max_tokens: most padded tokens per batch of :class:`~trakcli.train.rows.DatasetRows`
+            (``data.batch_tokens``); ``None``: no bound.
+        checkpoint_every: steps between training-state saves (0: at epoch ends only).
+    """
+
+    epochs: int
+    batch_size: int
+    lr: float
+    optimizer: str = "sgd"
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    schedule: str = "constant"
+    warmup_steps: int = 0
+    warmup_fraction: float = 0.0
+    projection: dict[str, Any] | None = None
+    max_tokens: int | None = None
+    checkpoint_every: int = 0
+
+    @classmethod
+    def from_config(cls, oc: OptimizeConfig, *, max_tokens: int | None = None) -> Recipe:
+        """The recipe of a validated ``optimize:`` section, with the data's token budget ``data.batch_tokens``."""
+        return cls(
+            epochs=oc.epochs, batch_size=oc.batch_size, lr=oc.lr, optimizer=oc.optimizer, momentum=oc.momentum,
+            weight_decay=oc.weight_decay, schedule=oc.schedule, warmup_steps=oc.warmup_steps,
+            warmup_fraction=oc.warmup_fraction,
+            projection=oc.projection.model_dump() if oc.projection is not None else None,
+            max_tokens=max_tokens, checkpoint_every=oc.checkpoint_every,
+        )
+
+
+@dataclass
+class TrainState:
+    """Where a training stands: what a training-state file holds besides the model, optimizer and generators.
+
+    Attributes:
+        epoch: epochs finished (0-based index of the current epoch).
+        lo: rows of the current epoch done (0: at the epoch's start).
+        total: the current epoch's summed loss (loss x its terms).
+        correct: the current epoch's right predictions (classifiers).
+        units: the current epoch's loss terms (rows, or target tokens).
+        step: optimizer steps taken, over all epochs.
+        order: the current epoch's row order (``[n]`` int64); ``None`` at an epoch's start.
+        history: one dict per finished epoch (see :meth:`Trainer.metrics`).
+        first_loss: the first step's loss (the divergence check's reference); ``None`` before it.
+    """
+
+    epoch: int = 0
+    lo: int = 0
+    total: float = 0.0
+    correct: int = 0
+    units: int = 0
+    step: int = 0
+    order: torch.Tensor | None = None
+    history: list[dict[str, Any]] = field(default_factory=list)
+    first_loss: float | None = None
+
+
+class Trainer:
+    """Train ``model`` in place on ``data`` with the task's loss (:meth:`trakcli.tasks.Task.loss`).
+
+    Classification: cross-entropy of ``[n, C]`` logits; language modeling: the mean
+    next-token cross-entropy over the target tokens of ``[n, L, V]`` logits. The
+    minibatch order is drawn from a ``torch.Generator`` seeded with ``seed`` (one
+    permutation per epoch), so a run is reproducible on one machine. The learning
+    rate follows :func:`~trakcli.train.optimizers.lr_at` (warmup, then ``schedule``).
+    The optimizer, the schedule's step count and the generator are set up here, once;
+    :meth:`fit` runs the steps.
+
+    Args:
+        model: the model, on the device of ``data``'s batches (initialize it before: the
+            trainer draws no numbers from the global generator).
+        data: the rows (:class:`~trakcli.train.rows.TensorRows`, :class:`~trakcli.train.rows.DatasetRows`).
+        recipe: the settings (:class:`Recipe`).
+        task: the task whose loss is minimized (a :class:`~trakcli.tasks.Task` or a name).
+        seed: seed of the shuffling generator.
+        validation: ``(inputs, labels)`` tensors or a dataset (``batches(start, stop, batch_size,
+            max_tokens)``: :class:`~trakcli.data.tensors.TensorDataset`, :class:`~trakcli.data.text.TextDataset`)
+            evaluated after every epoch (eval mode, no gradients); never changes the training.
+        name: the model in messages, e.g. ``"model 3"``.
+
+    Attributes:
+        state: the position of the training (:class:`TrainState`), restored by :meth:`fit` from its file.
+        optimizer: the ``torch.optim`` optimizer.
+
+    Raises:
+        ValueError: an unknown optimizer or schedule.
+        OptimizerError: projection settings the model cannot use.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        data: TrainRows,
+        recipe: Recipe,
+        *,
+        task: Task | str = "classification",
+        seed: int = 0,
+        validation: Any = None,
+        name: str = "the model",
+    ):
+        r = recipe
+        self.model, self.data, self.recipe, self.seed = model, data, recipe, seed
+        self.task = resolve_task(task)
+        self.validation, self.name = validation, name
+        self.generator = torch.Generator().manual_seed(seed)
+        self.optimizer = make_optimizer(
+            r.optimizer, [p for p in model.parameters() if p.requires_grad], lr=r.lr, momentum=r.momentum,
+            weight_decay=r.weight_decay, projection=r.projection,
+        )
+        self.scheduled = r.schedule != "constant" or bool(r.warmup_steps) or bool(r.warmup_fraction)
+        self.total_steps = 0
+        self.warmup_steps = r.warmup_steps
+        if self.scheduled:
+            self.total_steps = count_steps(data, epochs=r.epochs, batch_size=r.batch_size, max_tokens=r.max_tokens,
+                                           seed=seed)
+            if r.warmup_fraction:
+                self.warmup_steps = math.ceil(r.warmup_fraction * self.total_steps)
+        self.state = TrainState()
+
+    def identity(self) -> dict[str, Any]:
+        """What a training-state file records of the recipe; a file with another identity is not resumed."""
+        r = self.recipe
+        out: dict[str, Any] = {
+            "epochs": r.epochs, "batch_size": r.batch_size, "lr": r.lr, "weight_decay": r.weight_decay,
+            "momentum": r.momentum, "optimizer": r.optimizer, "seed": self.seed, "projection": r.projection,
+            "n": self.data.n,
+        }
+        # the schedule and the token budget are recorded when they shape the training
+        if self.scheduled:
+            out.update(schedule=r.schedule, warmup_steps=self.warmup_steps)
+        if r.max_tokens is not None and isinstance(self.data, DatasetRows):
+            out["max_tokens"] = r.max_tokens
+        return out
+
+    def fit(
+        self,
+        *,
+        reporter: Reporter = NULL_REPORTER,
+        description: str = "train",
+        resume_path: str | Path | None = None,
+        epoch_end: Callable[[int, nn.Module, torch.optim.Optimizer], None] | None = None,
+    ) -> nn.Module:
+        """Run the training's steps: all of them, or those left after the training-state file's position.
+
+        The progress task (one step per epoch) shows after every step the epoch's running mean
+        ``loss`` (per row; per target token for language models), for classifiers the training
+        accuracy ``acc`` (of the minibatches' own forward passes, in train mode: no extra pass),
+        with a schedule the step's ``lr``, and with ``validation`` the ``val_loss`` (/ ``val_acc``)
+        of the last finished epoch.
+
+        Args:
+            reporter, description: where the progress goes, and its task's name.
+            resume_path: a file for the training state (model, optimizer, shuffling
+                generator, position), written atomically every ``recipe.checkpoint_every``
+                steps and at every epoch end, and deleted when training ends. If it
+                exists at the start, training resumes from it, and the result is
+                bit-identical to an uninterrupted run.
+            epoch_end: if given, called as ``epoch_end(epoch, model, optimizer)`` (1-based epoch) after
+                every finished epoch, before its training state is saved: a resumed run calls it for
+                the epochs it trains, and a kill between the two repeats the call on resume.
+
+        Returns:
+            The same model, trained, in eval mode.
+
+        Raises:
+            CheckpointError: the resume file cannot be read or was made with another recipe.
+            TrainingError: a step's loss is not finite or above ``DIVERGED_FACTOR`` times
+                the first step's (:func:`trakcli.train.divergence.check_loss`): names the model and the step;
+                or the training state cannot be written.
+            DataError: a row of lazily read data cannot be read or tokenized.
+        """
+        model, data, r, task, s = self.model, self.data, self.recipe, self.task, self.state
+        opt, n = self.optimizer, data.n
+        if resume_path is not None and Path(resume_path).exists():
+            self.load_state(Path(resume_path))
+            s = self.state
+        model.train()
+        saves = 0  # steps since this call started, for checkpoint_every
+        with_acc = task.has_accuracy
+        with reporter.task(description, r.epochs) as bar:
+            bar.advance(s.epoch)
+            if s.history:
+                _show_epoch(bar, s.history[-1])
+            for epoch in range(s.epoch, r.epochs):
+                if s.order is None:
+                    s.order, s.lo, s.total, s.correct, s.units = torch.randperm(n, generator=self.generator), 0, 0.0, 0, 0
+                s.epoch = epoch
+                for rows, x, y in data.batches(s.order, s.lo, r.batch_size, r.max_tokens):
+                    s.step += 1
+                    saves += 1
+                    step_lr = r.lr
+                    if self.scheduled:
+                        step_lr = lr_at(s.step, lr=r.lr, total_steps=self.total_steps, schedule=r.schedule,
+                                        warmup_steps=self.warmup_steps)
+                        for group in opt.param_groups:
+                            group["lr"] = step_lr
+                    opt.zero_grad(set_to_none=True)
+                    logits = forward(model, x)  # [b, C] or [b, L, V]
+                    batch = make_batch(x, y)
+                    loss = task.loss(logits, batch)
+                    value = loss.item()
+                    s.first_loss = value if s.first_loss is None else s.first_loss
+                    check_loss(value, s.first_loss, name=self.name, step=s.step, epoch=epoch + 1, lr=step_lr)
+                    loss.backward()
+                    opt.step()
+                    count = task.loss_count(batch)
+                    s.total += value * count
+                    s.units += count
+                    if with_acc:
+                        s.correct += task.correct(logits, batch)
+                    s.lo += rows
+                    shown: dict[str, Any] = {"loss": s.total / max(s.units, 1)}
+                    if with_acc:
+                        shown["acc"] = s.correct / s.lo
+                    if self.scheduled:
+                        shown["lr"] = step_lr
+                    bar.update(**shown)
+                    end_of_epoch = s.lo >= n
+                    if end_of_epoch:
+                        entry: dict[str, Any] = {"epoch": epoch + 1, "loss": s.total / max(s.units, 1)}
+                        if with_acc:
+                            entry["accuracy"] = s.correct / n
+                        if self.validation is not None:
+                            val_loss, val_acc = validate(model, self.validation, task, r.batch_size, r.max_tokens)
+                            entry["val_loss"] = val_loss
+                            if val_acc is not None:
+                                entry["val_accuracy"] = val_acc
+                        s.history.append(entry)
+                        _show_epoch(bar, entry)
+                        if epoch_end is not None:
+                            epoch_end(epoch + 1, model, opt)
+                            model.train()
+                    if resume_path is not None and (end_of_epoch or (r.checkpoint_every and saves % r.checkpoint_every == 0)):
+                        at = (epoch + 1, 0) if end_of_epoch else (epoch, s.lo)
+                        self.save_state(Path(resume_path), epoch=at[0], lo=at[1])
+                s.epoch, s.order = epoch + 1, None
+                bar.advance()
+        if resume_path is not None:
+            Path(resume_path).unlink(missing_ok=True)
+        return model.eval()
+
+    def metrics(self) -> dict[str, Any]:
+        """The training's metrics: ``final_loss`` (mean loss of the last epoch), ``optimizer_state_numel``
+        (floats of optimizer state) and ``history``: one dict per epoch with ``epoch`` (1-based), ``loss``
+        (mean minibatch loss) and, for classifiers, ``accuracy`` (share of the epoch's minibatch predictions
+        that were right, in train mode), plus ``val_loss`` (and ``val_accuracy``) with ``validation``."""
+        s = self.state
+        return {
+            "final_loss": s.total / max(s.units, 1),
+            "optimizer_state_numel": optimizer_state_numel(self.optimizer),
+            "history": s.history,
+        }
+
+    def optimizer_state(self) -> dict[str, Any]:
+        """The optimizer's ``state_dict`` (``"state_dict"``) and the parameter names in its order (``"param_names"``)."""
+        return {"state_dict": self.optimizer.state_dict(),
+                "param_names": optimizer_param_names(self.model, self.optimizer)}
+
+    def save_state(self, path: Path, *, epoch: int, lo: int) -> None:
+        """Write the training state atomically at position ``(epoch, lo)`` (plain tensors and numbers: loads
+        with ``weights_only=True``).
+
+        Raises:
+            TrainingError: the file cannot be written (names it and the fix).
+        """
+        s = self.state
+        state = {
+            "recipe": self.identity(),
+            "model": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
+            "optimizer": self.optimizer.state_dict(),
+            "generator": self.generator.get_state(),
+            "torch_rng": torch.get_rng_state(),
+            "order": s.order.cpu(),
+            "epoch": epoch,
+            "lo": lo,
+            "total": s.total,
+            "correct": s.correct,
+            "units": s.units,
+            "step": s.step,
+            "history": s.history,
+            "first_loss": s.first_loss,
+        }
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_torch_save(state, path)
+        except OSError as e:
+            raise TrainingError(
+                f"cannot write the training state {path}: {e}; free disk space and rerun the same command, "
+                "which resumes from the last state written"
+            ) from None
+
+    def load_state(self, path: Path) -> None:
+        """Restore the model, optimizer, generators and :attr:`state` from a training-state file.
+
+        Raises:
+            CheckpointError: the file cannot be read or was made with another recipe (names the differing keys).
+        """
+        recipe = self.identity()
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001 - any unreadable file is the same problem for the user
+            raise CheckpointError(
+                f"cannot read the training state {str(path)!r} ({e.__class__.__name__}: {e}); delete it or "
+                "rerun with --overwrite to start the model over"
+            ) from None
+        if state.get("recipe") != recipe:
+            saved = state.get("recipe") or {}
+            diff = sorted(k for k in set(saved) | set(recipe) if saved.get(k) != recipe.get(k))
+            raise CheckpointError(
+                f"the training state {str(path)!r} was made with another recipe (differs in: {', '.join(diff)}); "
+                "rerun with the same settings to resume, or with --overwrite to start over"
+            )
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.generator.set_state(state["generator"])
+        torch.set_rng_state(state["torch_rng"])
+        at_epoch_start = state["lo"] == 0
+        per_epoch = -(-recipe["n"] // recipe["batch_size"])
+        self.state = TrainState(
+            epoch=state["epoch"],
+            lo=state["lo"],
+            total=state["total"],
+            correct=state.get("correct", 0),  # states written before trakcli recorded accuracy
+            # states without these counted rows and fixed-size batches
+            units=state.get("units", state["lo"]),
+            step=state.get("step", state["epoch"] * per_epoch + -(-state["lo"] // recipe["batch_size"])),
+            order=None if at_epoch_start else state["order"],
+            history=list(state.get("history", [])),
+            first_loss=state.get("first_loss"),  # states written before the divergence check: the next step's
+        )
+
+
+def _show_epoch(task: Any, entry: dict[str, Any]) -> None:
+    """Put a finished epoch's values on the progress bar (validation ones only when present)."""
+    if "val_accuracy" in entry:
+        task.update(val_loss=entry["val_loss"], val_acc=entry["val_accuracy"])
+    elif "val_loss" in entry:
+        task.update(val_loss=entry["val_loss"])
