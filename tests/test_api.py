@@ -312,3 +312,94 @@ def test_attributor_appends_rows_and_rescores_as_featurized_at_once(project):
     with pytest.raises(StoreStaleError, match=r"computed over 32 train rows.*rescore with overwrite=True"):
         att.score(target, checkpoints=ckpts)
     np.testing.assert_allclose(att.score(target, checkpoints=ckpts, overwrite=True), once, rtol=1e-5, atol=1e-6)
+
+
+def test_each_refusal_says_its_fix_as_the_api_takes_it_and_the_cli_as_its_flags(project):
+    """The errors that carry a Fix word it per front end: the API's arguments here, the CLI's flags and keys in str()
+    of the same error as the CLI raises it (test_the_cli_says_the_same_refusals_with_its_flags)."""
+    from trakcli.progress import Reporter
+    from trakcli.store import StoreStaleError
+
+    class Lines(Reporter):
+        def __init__(self):
+            self.lines: list[str] = []
+
+        def info(self, message: str) -> None:
+            self.lines.append(message)
+
+    data = torch.load("ckpts/data.pt")
+    ckpts = sorted(Path("ckpts").glob("model_*.pt"))
+    train, target = loaders()
+    other_target = DataLoader(TorchTensorDataset(data["x_train"][:5], data["y_train"][:5]), batch_size=8)
+    reporter = Lines()
+    att = trakcli.Attributor(build_model("my_model.py:make_model"), store="out/fix.zarr", reporter=reporter,
+                             projector={"kind": "rademacher", "proj_dim": 16, "seed": 0})
+
+    def refused(error: type, call) -> StoreMismatchError:
+        with pytest.raises(error) as e:
+            call()
+        assert "--overwrite" not in str(e.value) and "score.experiment" not in str(e.value), str(e.value)
+        assert e.value.fix is not None and e.value.fix.store == "out/fix.zarr"
+        return e.value
+
+    for m, ck in enumerate(ckpts):
+        att.featurize(train, checkpoint=ck, model_id=m)
+    e = refused(StoreMismatchError, lambda: att.featurize(train, checkpoint=ckpts[1], model_id=0))
+    assert e.fix.kind == "start_over"
+    assert str(e).endswith("; give Attributor another store path, or delete out/fix.zarr to start over")
+    assert e.worded("cli").endswith("; rerun with --overwrite to start over")
+
+    att.score(target, checkpoints=ckpts)
+    e = refused(StoreMismatchError, lambda: att.score(other_target, checkpoints=ckpts))
+    assert e.fix.kind == "recompute_experiment" and "target_data" in str(e)
+    assert str(e).endswith("\npass overwrite=True to recompute them, or another experiment=")
+    assert e.worded("cli").endswith("\nrerun with --overwrite to recompute them, or set score.experiment to a new name")
+
+    att.top_k(target, 3, checkpoints=ckpts, experiment="top")
+    e = refused(StoreMismatchError, lambda: att.top_k(target, 4, checkpoints=ckpts, experiment="top"))
+    assert e.fix.kind == "recompute_scores"
+    assert str(e).endswith("\npass overwrite=True to recompute the scores, or another experiment=")
+    assert att.top_k(target, 4, checkpoints=ckpts, experiment="top", overwrite=True).proponents.shape == (7, 4)
+
+    att.select(target, checkpoints=ckpts, count=4)
+    e = refused(StoreMismatchError, lambda: att.select(other_target, checkpoints=ckpts, count=4))
+    assert e.fix.kind == "recompute_experiment" and e.fix.experiment_key == "select.experiment"
+    assert str(e).endswith("\npass overwrite=True to recompute them, or another experiment=")
+    assert e.worded("cli").endswith("or set select.experiment to a new name")
+
+    more = DataLoader(TorchTensorDataset(torch.cat([data["x_train"], data["x_target"]]),
+                                         torch.cat([data["y_train"], data["y_target"]])), batch_size=8)
+    for m, ck in enumerate(ckpts):
+        att.featurize(more, checkpoint=ck, model_id=m)
+    appended = [line for line in reporter.lines if line.startswith("appending 7 train rows")]
+    assert len(appended) == 1 and appended[0].endswith("scored experiments are stale until rescored (overwrite=True)")
+    e = refused(StoreStaleError, lambda: att.score(target, checkpoints=ckpts))
+    assert e.fix.kind == "rescore"
+    assert str(e).endswith("rows were appended); rescore with overwrite=True (the target features are kept)")
+    assert e.worded("cli").endswith("rescore with `trak score CONFIG --overwrite` (the target features are kept)")
+    e = refused(StoreStaleError, lambda: att.report("out/page.html", experiment="default"))
+    assert "rescore with overwrite=True" in str(e)
+
+
+def test_the_cli_says_the_same_refusals_with_its_flags(project):
+    """The CLI's words of the fixes that the API words its own way (the test above)."""
+    def done(*args: str) -> None:
+        res = trak(*args)
+        assert res.exit_code == 0, res.output
+
+    def refused(*args: str) -> str:
+        res = trak(*args)
+        assert res.exit_code == 1, res.output
+        return " ".join(res.stderr.split())
+
+    other_target = ("data.target.inputs=x_train", "data.target.labels=y_train")
+    done("featurize", "run.yaml")
+    done("score", "run.yaml")
+    assert refused("score", "run.yaml", *other_target).endswith(
+        "rerun with --overwrite to recompute them, or set score.experiment to a new name")
+    done("score", "run.yaml", "score.top_k=3", "score.experiment=top")
+    assert refused("score", "run.yaml", "score.top_k=4", "score.experiment=top").endswith(
+        "rerun with --overwrite to recompute the scores, or set score.experiment to a new name")
+    done("select", "run.yaml", "select.count=4", "select.out=out/sel.pt")
+    assert refused("select", "run.yaml", "select.count=4", "select.out=out/sel.pt", *other_target).endswith(
+        "rerun with --overwrite to recompute them, or set select.experiment to a new name")

@@ -21,7 +21,8 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from contextlib import contextmanager
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 import torch
@@ -31,7 +32,7 @@ from trakcli.data.load import checked_dataset
 from trakcli.data.tensors import Inputs, TensorDataset
 from trakcli.distributed import Dist
 from trakcli.curvature import Curvature
-from trakcli.errors import CheckpointError, ConfigError, DataError, StoreError, StoreMismatchError
+from trakcli.errors import CheckpointError, ConfigError, DataError, StoreError, TrakError, worded
 from trakcli.factors import KroneckerFeaturizer
 from trakcli.tasks import resolve_task, task_identity
 from trakcli.jobs.featurize import featurize_rows
@@ -41,7 +42,7 @@ from trakcli.jobs.setup import JobSetup, batch_rows_for, build_featurizer, run_i
 from trakcli.models.checkpoints import file_sha256, load_checkpoint, nonfinite_parameters
 from trakcli.progress import Reporter, default_reporter
 from trakcli.store import Store, StoreLayout
-from trakcli.store.append import StoreStaleError, kept_rows
+from trakcli.store.append import kept_rows
 from trakcli.store.store import TOP_K_ARRAYS
 
 @dataclass(frozen=True)
@@ -62,6 +63,19 @@ class TopK:
 
 
 _DEFAULT_LAMBDA_REL: float = ScoreConfig.model_fields["lambda_rel"].default
+
+
+@contextmanager
+def api_wording() -> Iterator[None]:
+    """Raise a :class:`~trakcli.errors.TrakError` that carries a :class:`~trakcli.errors.Fix` with the fix worded
+    for the Python API (``overwrite=True``, another store path or ``experiment=``), not the CLI's flags and keys:
+    the same class and fix (:meth:`~trakcli.errors.TrakError.for_front`). Other exceptions pass unchanged."""
+    try:
+        yield
+    except TrakError as e:
+        if e.fix is None:
+            raise
+        raise e.for_front("api") from None
 
 
 def split_batch(batch: Any, index: int) -> tuple[Inputs, torch.Tensor]:
@@ -323,22 +337,6 @@ class Attributor:
             "curvature": self.curvature_config.model_dump(mode="json"), "device": str(self.device),
         }
 
-    def _api_fix(self, message: str) -> str:
-        """A store mismatch message with the fix said for the Python API (the CLI's flags and keys named as arguments)."""
-        fresh = f"give Attributor another store path, or delete {self.path} to start over"
-        for cli, api in (
-            ("rerun with --overwrite to start over, or choose another store path", fresh),
-            ("rerun with --overwrite to start over", fresh),
-            ("rerun with --overwrite to recompute them, or set score.experiment to a new name",
-             "pass overwrite=True to recompute them, or another experiment="),
-            ("rerun with --overwrite to recompute the scores, or set score.experiment to a new name",
-             "pass overwrite=True to recompute the scores, or another experiment="),
-            ("rescore with `trak score CONFIG --overwrite`", "rescore with overwrite=True"),
-        ):
-            if cli in message:
-                return message.replace(cli, api)
-        return message
-
     def featurize(self, batches: Iterable[Any], *, checkpoint: Any, model_id: int) -> int:
         """Train features of one checkpoint into ``train/<model_id>`` (traker's ``load_checkpoint`` + ``featurize``).
 
@@ -366,14 +364,12 @@ class Attributor:
         train, first = collect_batches(batches, "train batches", self.task)
         s = self._setup(len(train), train, self.batch_size or first, {model_id: checkpoint})
         with locked_store(self.path, self.dist, self.reporter):
-            try:
+            with api_wording():
                 store = Store.create_or_check(self.path, s.identity, self._config(), layout=s.layout,
                                               prefix=train.fingerprint)  # more rows after the old: grown
                 rows = store.train(model_id, s.checkpoints[0], s.shas[0])
-            except StoreMismatchError as e:
-                raise StoreMismatchError(self._api_fix(str(e))) from None
             for note in store.notes:
-                self.reporter.info(self._api_fix(note))
+                self.reporter.info(worded(note, "api"))
             store.notes.clear()
             if s.curvature is not None and rows.pending(0, 1):  # fitted over the train batches before the features
                 s.fit_curvature(model_id, store, self.reporter)
@@ -506,12 +502,10 @@ class Attributor:
         s = self._setup(stored.layout.n_train, _KnownTrainData(stored.identity["train_data"]), self.batch_size or first,
                         dict(enumerate(checkpoints)))
         codes, names = group_codes(list(groups)) if groups is not None else (None, None)
-        try:
+        with api_wording():
             return select_rows(s, self.path, target, k=n_selected(stored.layout.n_train, fraction, count),
                                groups=codes, group_names=names, aggregate=aggregate, normalize=normalize,
                                experiment=experiment, overwrite=overwrite, reporter=self.reporter)
-        except StoreMismatchError as e:
-            raise StoreMismatchError(self._api_fix(str(e))) from None
 
     def report(
         self, path: str | Path, *, experiment: str | None = None, k: int = 5, train: Any = None, target: Any = None,
@@ -538,6 +532,8 @@ class Attributor:
             ArgumentError: no ``experiment`` given and none scored by this Attributor.
             ConfigError: ``k`` is not a positive int.
             StoreError: the store has no finished scores of the experiment.
+            StoreStaleError: its scores were made before train rows were appended (the message says to rescore
+                with ``overwrite=True``).
             DataError: rows that do not match the experiment's train or target rows.
         """
         from trakcli.errors import ArgumentError
@@ -550,8 +546,9 @@ class Attributor:
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ConfigError(f"k={k!r}: give a positive int, the proponents and opponents shown per target")
         fix = "Attributor.score or Attributor.top_k"
-        page, _ = experiment_page(Store.open_existing(self.path, mode="r"), experiment, k, train=train, target=target,
-                                  title=title, fix=fix)
+        with api_wording():  # stale scores: rescore with overwrite=True
+            page, _ = experiment_page(Store.open_existing(self.path, mode="r"), experiment, k, train=train,
+                                      target=target, title=title, fix=fix)
         return write_page(path, page)
 
     def _score(
@@ -570,14 +567,10 @@ class Attributor:
             raise StoreError(f"the store {self.path} holds no train features yet; call Attributor.featurize first")
         known = _KnownTrainData(stored.identity["train_data"])
         s = self._setup(stored.layout.n_train, known, self.batch_size or first, dict(enumerate(checkpoints)))
-        try:
+        with api_wording():
             score_targets(
                 s, self.path, target, experiment=experiment, lambda_reg=lambda_reg, lambda_rel=lambda_rel,
                 top_k=top[0] if top else None, full=top[1] if top else True, normalize=normalize,
                 overwrite=overwrite, reporter=self.reporter,
             )
-        except StoreMismatchError as e:
-            raise StoreMismatchError(self._api_fix(str(e))) from None
-        except StoreStaleError as e:
-            raise StoreStaleError(self._api_fix(str(e))) from None
         self._reported = experiment  # what report() shows by default

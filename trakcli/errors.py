@@ -4,6 +4,12 @@ Every error a user can cause is a :class:`TrakError` whose message says what
 happened, the offending value, and how to fix it. The CLI prints the message
 as one red line on stderr and exits with :attr:`TrakError.exit_code`
 (``TRAK_DEBUG=1`` shows the traceback). Library code never calls ``sys.exit``.
+
+A fix that differs by front end (the CLI reruns a command with ``--overwrite``,
+the Python API passes ``overwrite=True``) is carried as data, a :class:`Fix`:
+``str(error)`` words it for the CLI, :meth:`TrakError.for_front` for the
+Python API (:class:`trakcli.Attributor`). A :class:`Note` (a line a job reports,
+not an error) carries its fix the same way.
 """
 
 from __future__ import annotations
@@ -11,18 +17,155 @@ from __future__ import annotations
 import sysconfig
 import traceback
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
+
+#: The front ends that word a :class:`Fix`: ``"cli"`` (the ``trak`` commands), ``"api"`` (:class:`trakcli.Attributor`).
+FRONTS = ("cli", "api")
+
+#: Per kind of :class:`Fix`, its wording per front end (``{store}``, ``{experiment_key}``: the fix's fields).
+FIX_WORDS: dict[str, dict[str, str]] = {
+    "start_over": {
+        "cli": "rerun with --overwrite to start over",
+        "api": "give Attributor another store path, or delete {store} to start over",
+    },
+    "start_over_or_new_path": {
+        "cli": "rerun with --overwrite to start over, or choose another store path",
+        "api": "give Attributor another store path, or delete {store} to start over",
+    },
+    "recompute_experiment": {
+        "cli": "rerun with --overwrite to recompute them, or set {experiment_key} to a new name",
+        "api": "pass overwrite=True to recompute them, or another experiment=",
+    },
+    "recompute_scores": {
+        "cli": "rerun with --overwrite to recompute the scores, or set {experiment_key} to a new name",
+        "api": "pass overwrite=True to recompute the scores, or another experiment=",
+    },
+    "rescore": {
+        "cli": "rescore with `trak score CONFIG --overwrite`",
+        "api": "rescore with overwrite=True",
+    },
+    "rescore_call": {
+        "cli": "`trak score CONFIG --overwrite`",
+        "api": "overwrite=True",
+    },
+}
+
+
+@dataclass(frozen=True)
+class Fix:
+    """How to fix an error, said by no front end: each front end words it (:meth:`words`).
+
+    Attributes:
+        kind: what to do, one of :data:`FIX_WORDS`: ``"start_over"`` (discard the store and make it
+            again; ``"start_over_or_new_path"`` also names another store), ``"recompute_experiment"``
+            (an experiment's stored targets or settings made again, or another experiment),
+            ``"recompute_scores"`` (its scores), ``"rescore"`` (score the experiment again after train
+            rows were appended; ``"rescore_call"``: the bare command or argument).
+        store: the store it concerns, as the user named it (the API names it to delete).
+        experiment_key: the config key that names the experiment (``score.experiment``,
+            ``select.experiment``), for the CLI's wording.
+
+    Raises:
+        ValueError: an unknown ``kind`` (a programming error, not the user's).
+    """
+
+    kind: str
+    store: str = ""
+    experiment_key: str = "score.experiment"
+
+    def __post_init__(self) -> None:
+        if self.kind not in FIX_WORDS:
+            raise ValueError(f"Fix kind {self.kind!r} is not one of {sorted(FIX_WORDS)}")
+
+    def words(self, front: str = "cli") -> str:
+        """The fix as ``front`` (one of :data:`FRONTS`) says it, e.g. ``"rerun with --overwrite to start over"``.
+
+        Raises:
+            ValueError: an unknown ``front``.
+        """
+        if front not in FRONTS:
+            raise ValueError(f"front {front!r} is not one of {list(FRONTS)}")
+        return FIX_WORDS[self.kind][front].format(store=self.store, experiment_key=self.experiment_key)
 
 
 class TrakError(Exception):
     """Base class of every user-facing trakcli error.
 
+    ``TrakError(message)``: the message says the fix. ``TrakError(head, fix=Fix(...), after=tail)``:
+    the message is ``head``, the fix worded for the CLI, then ``tail``; :meth:`for_front` words it for
+    another front end.
+
     Attributes:
         exit_code: process exit status the CLI uses for this error (1).
+        fix: the :class:`Fix` of the message, or None (the message says it in its own words, or there is none).
     """
 
     exit_code: int = 1
+    fix: Fix | None = None
+
+    def __init__(self, *args: Any, fix: Fix | None = None, after: str = "") -> None:
+        if fix is not None:
+            self.fix, self._around = fix, (str(args[0]) if args else "", after)
+            args = (self.worded("cli"), *args[1:])
+        super().__init__(*args)
+
+    def worded(self, front: str) -> str:
+        """The message with its fix worded for ``front`` (one of :data:`FRONTS`); ``str(self)`` without a fix."""
+        if self.fix is None:
+            return str(self)
+        head, after = self._around
+        return head + self.fix.words(front) + after
+
+    def for_front(self, front: str) -> "TrakError":
+        """This error as ``front`` words it: of the same class, with the same :attr:`fix`; itself without a fix."""
+        return self if self.fix is None else self._copy(self.fix, front)
+
+    def with_fix(self, fix: Fix) -> "TrakError":
+        """This error (of the same class, the same message around the fix) with ``fix`` instead of its own.
+
+        Raises:
+            ValueError: the error has no fix to replace.
+        """
+        if self.fix is None:
+            raise ValueError(f"{type(self).__name__} has no fix to replace: {self}")
+        return self._copy(fix, "cli")
+
+    def _copy(self, fix: Fix, front: str) -> "TrakError":
+        other = type(self).__new__(type(self))
+        other.__dict__.update(self.__dict__)
+        other.fix = fix
+        other.args = (other.worded(front),)
+        return other
+
+
+class Note(str):
+    """A line a job reports (``Store.notes``) whose fix is data, as a :class:`TrakError`'s.
+
+    ``Note(head, Fix(...), after)`` is the string ``head + fix.words("cli") + after``;
+    :meth:`worded` says it for another front end.
+    """
+
+    fix: Fix
+
+    def __new__(cls, head: str, fix: Fix, after: str = "") -> "Note":
+        note = super().__new__(cls, head + fix.words("cli") + after)
+        note.fix, note._around = fix, (head, after)
+        return note
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (Note, (self._around[0], self.fix, self._around[1]))
+
+    def worded(self, front: str) -> str:
+        """The note with its fix worded for ``front`` (one of :data:`FRONTS`)."""
+        head, after = self._around
+        return head + self.fix.words(front) + after
+
+
+def worded(text: str | Note, front: str) -> str:
+    """``text`` as ``front`` words it: a :class:`Note`'s fix worded for ``front``, any other string as it is."""
+    return text.worded(front) if isinstance(text, Note) else str(text)
 
 
 class ConfigError(TrakError):

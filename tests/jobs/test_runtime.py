@@ -107,15 +107,17 @@ def test_unset_grad_memory_is_1024_mib_on_a_cpu_and_a_quarter_of_the_gpu(monkeyp
     from types import SimpleNamespace
 
     from trakcli.jobs import runtime
-    from trakcli.jobs.setup import rows_per_batch
+    from trakcli.jobs.setup import batch_rows_for
 
     assert runtime.grad_memory_for(None, "cpu") == 1024
     assert runtime.grad_memory_for(7, "cpu") == runtime.grad_memory_for(7, "cuda") == 7  # a set value is kept
     # an 80 GB GPU: 20 GB; the total memory, never the free memory, so every run on that GPU cuts batches alike
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: SimpleNamespace(total_memory=80 * 2**30))
     assert runtime.grad_memory_for(None, "cuda") == 20 * 1024
-    cfg = SimpleNamespace(data=SimpleNamespace(batch_size=64, grad_memory_mb=None))  # what rows_per_batch reads
+    def rows_per_batch(device: str) -> int:  # data.batch_size 64, data.grad_memory_mb unset, as prepare resolves them
+        return batch_rows_for(64, runtime.grad_memory_for(None, device), grad_dim)
+
     grad_dim = 100_000_000  # 400 MB per example in float32
-    assert rows_per_batch(cfg, grad_dim) == 2 and rows_per_batch(cfg, grad_dim, "cuda") == 53
+    assert rows_per_batch("cpu") == 2 and rows_per_batch("cuda") == 53
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: SimpleNamespace(total_memory=2 * 2**30))
     assert runtime.grad_memory_for(None, "cuda") == 1024  # a small GPU gets no less than a CPU

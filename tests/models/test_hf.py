@@ -259,10 +259,13 @@ def test_optimize_featurize_score_minilm(tmp_path, monkeypatch):
     assert not torch.equal(sd["classifier.weight"], build_model(f"hf:{MINILM}").classifier.weight)
     # featurizing with other batches changes nothing (a different store, same features): here
     # data.grad_memory_mb=1 holds the gradients of one example at a time (0.6M entries, 2.4 MB)
-    from trakcli.jobs.setup import rows_per_batch
+    from trakcli.jobs.setup import batch_rows_for
 
-    assert rows_per_batch(load_config("run.yaml", ["data.grad_memory_mb=1"]), 591_362) == 1
-    assert rows_per_batch(load_config("run.yaml", ["data.grad_memory_mb=10"]), 591_362) == 4
+    def rows_per_batch(cfg) -> int:
+        return batch_rows_for(cfg.data.batch_size, cfg.data.grad_memory_mb, 591_362)
+
+    assert rows_per_batch(load_config("run.yaml", ["data.grad_memory_mb=1"])) == 1
+    assert rows_per_batch(load_config("run.yaml", ["data.grad_memory_mb=10"])) == 4
     res = trak("featurize", "run.yaml", "data.grad_memory_mb=1", "store.path=out/b7.zarr")
     assert res.exit_code == 0, res.output
     import zarr

@@ -33,7 +33,7 @@ from trakcli.scoring import (
     target_weights,
 )
 from trakcli.store import ChunkedRows, Store, StoreCorruptError, check_same
-from trakcli.store.append import StoreStaleError, stale_message
+from trakcli.store.append import stale_error
 from trakcli.store.kernel import kernel_nbytes, read_kernel
 from trakcli.store.quantize import is_quantized, signs
 from trakcli.store.store import TOP_K_ARRAYS
@@ -334,9 +334,9 @@ def score_targets(
     with locked_store(path, s.dist, reporter):
         store = Store.open_existing(path)
         train_rows = check_train_complete(s, store)
-        stale = stale_message(store, exp)  # scored before train rows were appended
+        stale = stale_error(store, exp)  # scored before train rows were appended
         if stale is not None and not overwrite:
-            raise StoreStaleError(stale)
+            raise stale
         two = _two_stage_plan(store, s, top_k, full, normalize, exact, rescore_multiplier, recall_queries,
                               len(target), reporter if s.dist.is_main else NULL_REPORTER)
         if two is not None:  # the experiment's top-k depends on them: recorded and checked with the settings

@@ -34,7 +34,7 @@ from __future__ import annotations
 import csv
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -349,7 +349,9 @@ def select_rows(
                 target_rows = [store.targets(experiment, m, t_attrs, len(target), create=False)
                                for m in range(n_models)]
         except StoreMismatchError as e:
-            raise StoreMismatchError(str(e).replace("score.experiment", "select.experiment")) from None
+            if e.fix is None:
+                raise
+            raise e.with_fix(replace(e.fix, experiment_key="select.experiment")) from None
         for model_id, rows in enumerate(target_rows):
             if s.curvature is not None and rows.pending(s.dist.rank, s.dist.world_size):
                 s.curvature.read(store, model_id)  # the targets are whitened by the train side's curvature

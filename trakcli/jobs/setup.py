@@ -5,7 +5,7 @@ The featurizer is :class:`GradientFeaturizer` (per-example gradients of
 torch.func.vmap; then a projector of :func:`trakcli.projectors.make_projector`) or, for
 ``projector.kind: kronecker``, :class:`trakcli.factors.KroneckerFeaturizer`
 (per-layer ``P_out ⊗ P_in`` features from one ordinary forward + backward per
-batch: no ``torch.func``, no ``[n, grad_dim]`` tensor); :func:`make_featurizer`
+batch: no ``torch.func``, no ``[n, grad_dim]`` tensor); :func:`build_featurizer`
 picks it.
 
 :func:`run_identity` is the one place the identity of a store is built (what
@@ -47,23 +47,19 @@ from trakcli.store.hashes import HashCache
 Featurizer = Union["GradientFeaturizer", KroneckerFeaturizer]
 
 
-def rows_per_batch(cfg: Config, grad_dim: int, device: torch.device | str = "cpu") -> int:
-    """``data.batch_size``, lowered so that ``rows x grad_dim`` float32 gradients fit ``data.grad_memory_mb``.
+def batch_rows_for(batch_size: int, grad_memory_mb: int, grad_dim: int) -> int:
+    """``batch_size`` (``data.batch_size``), lowered so that ``rows x grad_dim`` float32 gradients fit
+    ``grad_memory_mb`` MiB.
 
     Args:
-        cfg: the config (reads ``data.batch_size`` and ``data.grad_memory_mb`` only).
+        batch_size: rows per batch asked for.
+        grad_memory_mb: MiB the gradients of one batch may take (a config's ``data.grad_memory_mb``
+            resolved for its device by :func:`~trakcli.jobs.runtime.grad_memory_for`).
         grad_dim: entries of one example's gradient.
-        device: where the gradients are made (an unset ``grad_memory_mb`` depends on it:
-            :func:`~trakcli.jobs.runtime.grad_memory_for`).
 
     Returns:
         At least 1 (a single example's gradient is never split).
     """
-    return batch_rows_for(cfg.data.batch_size, grad_memory_for(cfg.data.grad_memory_mb, device), grad_dim)
-
-
-def batch_rows_for(batch_size: int, grad_memory_mb: int, grad_dim: int) -> int:
-    """:func:`rows_per_batch` on plain values: ``batch_size`` lowered so ``rows x grad_dim`` float32 fit ``grad_memory_mb`` MiB (at least 1)."""
     fit = (grad_memory_mb * 2**20) // (4 * max(1, grad_dim))
     return max(1, min(batch_size, fit))
 
@@ -218,7 +214,7 @@ class JobSetup:
         model: the model (checkpoints are loaded into it in turn).
         featurizer: computes ``(phi, q)`` of a batch (:class:`GradientFeaturizer` or
             :class:`~trakcli.factors.KroneckerFeaturizer`).
-        batch_rows: rows per batch (:func:`rows_per_batch`; kronecker: ``data.batch_size``).
+        batch_rows: rows per batch (:func:`batch_rows_for`; kronecker: ``data.batch_size``).
         device: the model's device.
         layout: the shapes and storage of the store's arrays (``proj_dim`` from the projector).
         identity: the store identity (:func:`run_identity`).
@@ -331,38 +327,32 @@ class JobSetup:
         return self.featurizer(inputs_to(inputs, self.device), labels.to(self.device), model_id, row_offset)
 
 
-def make_featurizer(cfg: Config, model: torch.nn.Module, reporter: Reporter = NULL_REPORTER,
-                    device: torch.device | str = "cpu") -> Featurizer:
-    """The featurizer of ``projector.kind``.
+def build_featurizer(
+    model: torch.nn.Module, projector: ProjectorConfig, *, grad_wrt: list[str] | None, task: Any, memory_mb: int,
+    gradient_method: str = "auto", reporter: Reporter = NULL_REPORTER,
+) -> Featurizer:
+    """The featurizer of ``projector.kind`` (a config's ``projector:`` section).
 
     ``kronecker``: a :class:`~trakcli.factors.KroneckerFeaturizer` over the layers
     ``grad_wrt`` selects, bounding the activations and output gradients it holds
-    at once by ``data.grad_memory_mb`` (it cuts a batch into passes itself).
-    Every other kind: :class:`GradientFeaturizer` over the per-example gradients of
-    ``gradient_method`` (:func:`~trakcli.factors.per_example_gradients`) with the
-    projector of :func:`~trakcli.projectors.make_projector`; ``reporter`` gets why
-    ``auto`` uses vmap, once. ``device``: where the features are computed (an unset
-    ``data.grad_memory_mb`` depends on it: :func:`~trakcli.jobs.runtime.grad_memory_for`).
+    at once by ``memory_mb`` (it cuts a batch into passes itself). Every other kind:
+    :class:`GradientFeaturizer` over the per-example gradients of ``gradient_method``
+    (:func:`~trakcli.factors.per_example_gradients`) with the projector of
+    :func:`~trakcli.projectors.make_projector`; ``reporter`` gets why ``auto`` uses vmap, once.
+
+    Args:
+        model: the model whose gradients are featurized.
+        projector: the ``projector:`` section.
+        grad_wrt, task, gradient_method: as the config's keys (``gradient_method`` is ignored by kind kronecker).
+        memory_mb: ``data.grad_memory_mb`` resolved for the device that computes the features
+            (:func:`~trakcli.jobs.runtime.grad_memory_for`).
+        reporter: gets the reason of a fallback to vmap.
 
     Raises:
         ConfigError: a bad ``grad_wrt``, or (kronecker) one that selects only
             parameters outside the supported layers (named), or (``gradient_method: hooks``)
             one that selects parameters outside the hooked layers.
         ProjectorError: bad projector options.
-    """
-    return build_featurizer(model, cfg.projector, grad_wrt=cfg.grad_wrt, task=cfg.task,
-                            memory_mb=grad_memory_for(cfg.data.grad_memory_mb, device), gradient_method=cfg.gradient_method, reporter=reporter)
-
-
-def build_featurizer(
-    model: torch.nn.Module, projector: ProjectorConfig, *, grad_wrt: list[str] | None, task: Any, memory_mb: int,
-    gradient_method: str = "auto", reporter: Reporter = NULL_REPORTER,
-) -> Featurizer:
-    """:func:`make_featurizer` on plain values: ``projector:`` section, ``grad_wrt``, ``task``, ``data.grad_memory_mb``,
-    ``gradient_method`` (ignored by kind kronecker) and the reporter of its fallback reason.
-
-    Raises:
-        ConfigError, ProjectorError: as :func:`make_featurizer`.
     """
     check_method(gradient_method)
     if projector.kind == "kronecker":
@@ -411,7 +401,10 @@ def prepare(
     train = _stored_train(cfg, missing, reporter if dist.is_main else NULL_REPORTER) if missing else \
         load_dataset(cfg.data.train, key="data.train", task=resolve_task(cfg.task))
     model = with_adapters(build_model(cfg.model.entrypoint, **cfg.model.kwargs), checkpoints)
-    featurizer = make_featurizer(cfg, model, reporter if dist.is_main else NULL_REPORTER, device)
+    memory_mb = grad_memory_for(cfg.data.grad_memory_mb, device)
+    featurizer = build_featurizer(model, cfg.projector, grad_wrt=cfg.grad_wrt, task=cfg.task, memory_mb=memory_mb,
+                                  gradient_method=cfg.gradient_method,
+                                  reporter=reporter if dist.is_main else NULL_REPORTER)
     states = state_shas = second = None
     if cfg.second_moment.kind is not None:
         states = resolve_optimizer_states(cfg, checkpoints)
@@ -433,7 +426,7 @@ def prepare(
         if dist.is_main:
             reporter.info(featurizer.info)
     else:
-        batch_rows = rows_per_batch(cfg, featurizer.grad_dim, device)
+        batch_rows = batch_rows_for(cfg.data.batch_size, memory_mb, featurizer.grad_dim)
     st = cfg.store
     layout = StoreLayout(len(train), featurizer.projector.proj_dim, st.chunk_rows, st.dtype, st.compressor)
     identity = run_identity(cfg.model.model_dump(mode="json"), cfg.task, cfg.grad_wrt, featurizer, train, layout,

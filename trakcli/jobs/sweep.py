@@ -34,9 +34,9 @@ from trakcli.config import Config, resolve_checkpoints
 from trakcli.errors import ConfigError, ProjectorError, StoreMismatchError
 from trakcli.jobs.featurize import featurize
 from trakcli.jobs.retrain import load_or_retrain
-from trakcli.jobs.runtime import torch_threads
+from trakcli.jobs.runtime import grad_memory_for, torch_threads
 from trakcli.jobs.score import score
-from trakcli.jobs.setup import make_featurizer
+from trakcli.jobs.setup import build_featurizer
 from trakcli.metrics.lds import lds
 from trakcli.models.build import build_model
 from trakcli.progress import NULL_REPORTER, Reporter
@@ -133,7 +133,9 @@ def _check_proj_dims(cfg: Config, dims: list[int], directory: Path) -> None:
     model = build_model(cfg.model.entrypoint, **cfg.model.kwargs)
     for d in dims:
         try:
-            make_featurizer(_config_for(cfg, d, directory), model)
+            c = _config_for(cfg, d, directory)
+            build_featurizer(model, c.projector, grad_wrt=c.grad_wrt, task=c.task,
+                             memory_mb=grad_memory_for(c.data.grad_memory_mb, "cpu"), gradient_method=c.gradient_method)
         except ProjectorError as e:
             raise ConfigError(f"eval.sweep.proj_dims: {d} cannot be used with projector kind kronecker: {e}") from None
 

@@ -27,7 +27,7 @@ last and are what commits the append):
 4. every scored experiment (``scores/<experiment>``) is marked stale (attribute
    ``stale``: the ``n_train`` and train ``sha256`` it was scored over): reading or
    exporting its scores refuses, naming ``trak score CONFIG --overwrite``
-   (:func:`stale_message`);
+   (:func:`stale_error`);
 5. the root attributes: the new ``identity`` and ``layout``, and one entry more in
    ``appends`` (``n_train_before``, ``n_train``, ``date``).
 
@@ -42,7 +42,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, Callable
 
-from trakcli.errors import StoreError, StoreMismatchError
+from trakcli.errors import Fix, Note, StoreError, StoreMismatchError
 from trakcli.store.identity import differing_keys, jsonable
 from trakcli.store.integrity import StoreCorruptError, delete, keys, node, writable
 from trakcli.store.kernel import save_gram_prefix
@@ -139,8 +139,8 @@ def grow_if_appended(
             f"data.train has {n_new} rows and {where} holds {n_old}, but the data's first {n_old} rows are not the "
             f"rows the store was featurized with (sha256 {str(have.get('sha256'))[:12]}, the store's "
             f"{str(old['train_data'].get('sha256'))[:12]}): a row was changed, removed or reordered. Only rows added "
-            "after the featurized ones are appended: restore the old rows and put new documents after them, or "
-            "rerun with --overwrite to start over"
+            "after the featurized ones are appended: restore the old rows and put new documents after them, or ",
+            fix=Fix("start_over", store=str(store.path)),
         )
     try:
         for m in _model_ids(store):
@@ -153,12 +153,11 @@ def grow_if_appended(
     except OSError as e:
         raise StoreError(f"growing {where} from {n_old} to {n_new} train rows failed: {e}; nothing computed is lost: "
                          "fix the cause and rerun the same command to finish the append") from None
-    store.notes.append(
-        f"appending {n_new - n_old} train rows to the {n_old} of {where}: only the new rows are featurized; "
-        "the kernels are remade from the stored features"
-        + ("; scored experiments are stale until rescored (`trak score CONFIG --overwrite`)"
-           if _experiments(store) else "")
-    )
+    note = (f"appending {n_new - n_old} train rows to the {n_old} of {where}: only the new rows are featurized; "
+            "the kernels are remade from the stored features")
+    if _experiments(store):
+        note = Note(note + "; scored experiments are stale until rescored (", Fix("rescore_call", str(store.path)), ")")
+    store.notes.append(note)
     return True
 
 
@@ -230,13 +229,23 @@ def kept_rows(store: "Store", model_id: int) -> dict[int, int]:
     return {kept["chunk"]: kept["kept_rows"]}
 
 
-def stale_message(store: "Store", experiment: str) -> str | None:
-    """Why the scores of ``experiment`` are stale and how to rescore them; None if they are not stale."""
+def stale_error(store: "Store", experiment: str) -> StoreStaleError | None:
+    """The error for reading or rescoring the stale scores of ``experiment`` (its fix: ``Fix("rescore")``);
+    None if they are not stale."""
     group = node(store.root, f"scores/{experiment}")
     stale = group.attrs.get(STALE_ATTR) if group is not None else None
     if not isinstance(stale, dict):
         return None
     n_now = store.layout.n_train
-    return (f"the scores of experiment {experiment!r} in {store.path} are stale: they were computed over "
-            f"{stale.get('n_train')} train rows, and the store now holds {n_now} (rows were appended); rescore with "
-            "`trak score CONFIG --overwrite` (the target features are kept)")
+    return StoreStaleError(
+        f"the scores of experiment {experiment!r} in {store.path} are stale: they were computed over "
+        f"{stale.get('n_train')} train rows, and the store now holds {n_now} (rows were appended); ",
+        fix=Fix("rescore", store=str(store.path)), after=" (the target features are kept)",
+    )
+
+
+def stale_message(store: "Store", experiment: str) -> str | None:
+    """Why the scores of ``experiment`` are stale and how to rescore them, as the CLI says it; None if they are not
+    stale (:func:`stale_error`)."""
+    error = stale_error(store, experiment)
+    return None if error is None else str(error)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any, MutableMapping
 
-from trakcli.errors import StoreMismatchError
+from trakcli.errors import Fix, StoreMismatchError
 
 
 def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
@@ -96,26 +96,34 @@ def _with_config_key(line: str) -> str:
     return line
 
 
-def settings_mismatch(what: str, old: dict[str, Any] | None, new: dict[str, Any], fix: str) -> StoreMismatchError:
+def settings_mismatch(
+    what: str, old: dict[str, Any] | None, new: dict[str, Any], fix: str | Fix
+) -> StoreMismatchError:
     """The error for stored data made with other settings: ``what`` differs, key by key (with the config key that
-    sets it, where known: :data:`CONFIG_KEYS`), and ``fix``."""
+    sets it, where known: :data:`CONFIG_KEYS`), and ``fix`` (a sentence, or a :class:`~trakcli.errors.Fix`
+    each front end words)."""
     lines = [_with_config_key(line) for line in diff_keys(old or {}, new)] or ["(identity differs)"]
     was = flatten(old or {})
+    after = ""
     if any(was.get(k) == "rademacher" and v == "sjlt" for k, v in flatten(jsonable(new)).items() if k.endswith("kind")):
-        fix += (" (sjlt became the default projector kind; it was rademacher: "
-                "set projector.kind: rademacher to go on with this store)")
-    return StoreMismatchError(f"{what} were made with different settings:\n  " + "\n  ".join(lines) + f"\n{fix}")
+        after = (" (sjlt became the default projector kind; it was rademacher: "
+                 "set projector.kind: rademacher to go on with this store)")
+    head = f"{what} were made with different settings:\n  " + "\n  ".join(lines) + "\n"
+    if isinstance(fix, Fix):
+        return StoreMismatchError(head, fix=fix, after=after)
+    return StoreMismatchError(head + fix + after)
 
 
 
-def check_same(what: str, old: Any, new: Any, fix: str) -> None:
+def check_same(what: str, old: Any, new: Any, fix: str | Fix) -> None:
     """Refuse a run whose settings differ from the recorded ones.
 
     Args:
         what: what was made with the recorded settings (``"the contents of store out.zarr"``).
         old: the recorded settings (as read back from JSON; None if none were recorded).
         new: this run's settings (any JSON-able value; compared after :func:`jsonable`).
-        fix: the sentence telling the user what to do.
+        fix: the sentence telling the user what to do, or a :class:`~trakcli.errors.Fix` (its
+            :attr:`~trakcli.errors.TrakError.fix`, worded by each front end).
 
     Raises:
         StoreMismatchError: ``old != jsonable(new)``; names every differing key (:func:`settings_mismatch`).
@@ -126,7 +134,7 @@ def check_same(what: str, old: Any, new: Any, fix: str) -> None:
 
 
 def record_or_check(
-    attrs: MutableMapping[str, Any], key: str, value: Any, *, what: str, fix: str, record: bool = True
+    attrs: MutableMapping[str, Any], key: str, value: Any, *, what: str, fix: str | Fix, record: bool = True
 ) -> bool:
     """Record ``value`` under ``attrs[key]`` if nothing is recorded there, else check it is the recorded one.
 

@@ -24,9 +24,9 @@ from typing import Any, Callable
 import numpy as np
 
 from trakcli import __version__
-from trakcli.errors import StoreError, StoreMismatchError
+from trakcli.errors import Fix, StoreError, StoreMismatchError
 from trakcli.files import atomic_open
-from trakcli.store.append import StoreStaleError, grow_if_appended, stale_message
+from trakcli.store.append import grow_if_appended, stale_error
 from trakcli.store.bfloat16 import array_attrs, is_bfloat16, logical_dtype, storage_dtype
 from trakcli.store.quantize import code_arrays, feature_dtype
 from trakcli.store.evalgroup import delete_keeping_eval, headless_store, remove_leftovers, restore_eval
@@ -82,6 +82,11 @@ def _missing(what: str, distributed: bool = False) -> str:
             "re-creates it and recomputes only chunks whose files are lost"
             + ("; rank 0 creates it before the other ranks read it: every rank must see the same store.path"
                if distributed else ""))
+
+def _with_fix(head: str, fix: str | Fix) -> StoreMismatchError:
+    """A :class:`StoreMismatchError` saying ``head`` then ``fix`` (a sentence, or a :class:`Fix`)."""
+    return StoreMismatchError(head, fix=fix) if isinstance(fix, Fix) else StoreMismatchError(head + fix)
+
 
 class Store:
     """A trakcli Zarr store on disk.
@@ -189,7 +194,7 @@ class Store:
                 except OSError as e:
                     raise StoreError(f"cannot write the attributes of {path}: {e}") from None
                 return store
-            fix = "rerun with --overwrite to start over, or choose another store path"
+            fix = Fix("start_over_or_new_path", store=str(path))
             if create and prefix is not None and grow_if_appended(store, identity, layout, prefix):
                 old = store.root.attrs.get("identity")
             check_same(f"the contents of store {path}", old, identity, fix)
@@ -357,14 +362,14 @@ class Store:
             if arr is not None:
                 if tuple(arr.shape) != shape:
                     raise StoreMismatchError(
-                        f"store array {arr.path} has shape {list(arr.shape)}, this run needs {list(shape)}; "
-                        "rerun with --overwrite to start over"
+                        f"store array {arr.path} has shape {list(arr.shape)}, this run needs {list(shape)}; ",
+                        fix=Fix("start_over", store=str(self.path)),
                     )
                 held = "bfloat16" if is_bfloat16(arr) else str(arr.dtype)
                 if str(arr.dtype) != storage_dtype(dtype) or held != dtype:
                     raise StoreMismatchError(
-                        f"store array {arr.path} holds {held}, this run stores {dtype}; "
-                        "rerun with --overwrite to start over"
+                        f"store array {arr.path} holds {held}, this run stores {dtype}; ",
+                        fix=Fix("start_over", store=str(self.path)),
                     )
             elif create:
                 arr = group.create_array(
@@ -488,21 +493,21 @@ class Store:
             if old is None and create:
                 group.attrs.update(record)
             # featurize starts over with --overwrite; a reader (trak score) cannot: the features must be remade
-            fix = ("rerun with --overwrite to start over" if create else
+            fix = (Fix("start_over", store=str(self.path)) if create else
                    "restore the checkpoint (and optimizer state) the store was featurized with, or featurize again with "
                    "`trak featurize CONFIG --overwrite`")
             if old is not None and old != sha256:
-                raise StoreMismatchError(
+                raise _with_fix(
                     f"model_id {model_id}: the store's features come from {group.attrs.get('checkpoint')} "
-                    f"(sha256 {old[:12]}), this run's checkpoint {checkpoint} has sha256 {sha256[:12]}; {fix}"
+                    f"(sha256 {old[:12]}), this run's checkpoint {checkpoint} has sha256 {sha256[:12]}; ", fix
                 )
             elif old is not None and optimizer_state is not None and (
                     group.attrs.get("optimizer_state_sha256") != optimizer_state[1]):
                 was = group.attrs.get("optimizer_state_sha256")
-                raise StoreMismatchError(
+                raise _with_fix(
                     f"model_id {model_id}: the store's features were corrected with the optimizer state "
                     f"{group.attrs.get('optimizer_state')} (sha256 {str(was)[:12]}), this run's "
-                    f"{optimizer_state[0]} has sha256 {optimizer_state[1][:12]}; {fix}"
+                    f"{optimizer_state[0]} has sha256 {optimizer_state[1][:12]}; ", fix
                 )
         codes = code_arrays(layout.dtype, n_train, proj_dim)
         data, done = self._arrays(
@@ -658,7 +663,7 @@ class Store:
         group = self._node(name, repair and create)
         if group is not None:
             check_same(f"{name} in {self.path}", {a: group.attrs.get(a) for a in attrs}, attrs,
-                       "rerun with --overwrite to recompute the scores, or set score.experiment to a new name")
+                       Fix("recompute_scores", store=str(self.path)))
             return group
         return self._group(name, create, attrs=attrs)
 
@@ -675,7 +680,7 @@ class Store:
         if group is not None:
             check_same(
                 f"{kind} of experiment {experiment!r} in {self.path}", {k: group.attrs.get(k) for k in attrs}, attrs,
-                "rerun with --overwrite to recompute them, or set score.experiment to a new name",
+                Fix("recompute_experiment", store=str(self.path)),
             )
             return group
         return self._group(name, create, attrs=attrs)
@@ -774,9 +779,9 @@ class Store:
             StoreStaleError: ``scores/<experiment>/...`` is stale (names ``trak score CONFIG --overwrite``).
         """
         parts = name.split("/")
-        why = stale_message(self, parts[1]) if len(parts) > 2 and parts[0] == "scores" else None
-        if why is not None:
-            raise StoreStaleError(why)
+        stale = stale_error(self, parts[1]) if len(parts) > 2 and parts[0] == "scores" else None
+        if stale is not None:
+            raise stale
 
     def read(self, name: str, lo: int = 0, hi: int | None = None) -> np.ndarray:
         """Rows ``[lo, hi)`` (axis 0) of the finished array ``name``, every chunk checked.
