@@ -274,3 +274,15 @@ def test_table_and_builtin_pools_are_written_in_their_own_format(tmp_path):
     write_rows(digits, rows, tmp_path / "digits.pt")
     got, pool = torch.load(tmp_path / "digits.pt"), load_dataset(digits)
     assert torch.equal(got["inputs"], pool.inputs[rows]) and torch.equal(got["labels"], pool.labels[rows])
+
+
+def test_select_reads_and_hashes_the_pool_once(user_project, monkeypatch):
+    """`trak select` featurizes with the setup it made: the pool is loaded once, not again by featurize."""
+    import trakcli.jobs.setup as setup
+
+    loads = []
+    real = setup.load_dataset
+    monkeypatch.setattr(setup, "load_dataset", lambda ds, key, **kw: loads.append(key) or real(ds, key=key, **kw))
+    res = run(user_project, "select", "run.yaml", "select.count=5", "select.out=sel.pt")
+    assert res.returncode == 0, res.stderr
+    assert loads == ["data.train"]

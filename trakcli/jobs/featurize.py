@@ -231,6 +231,7 @@ def featurize(
     skip_nonfinite: bool = False,
     verify: bool = False,
     reporter: Reporter = NULL_REPORTER,
+    setup: JobSetup | None = None,
 ) -> FeaturizeResult:
     """Project the per-example gradients of every training example for every checkpoint, then make the kernels.
 
@@ -265,6 +266,8 @@ def featurize(
             checksum; re-create unreadable array metadata (the chunks are then checked); read and
             verify the stored kernels too (a corrupt one is made again).
         reporter: progress bars and messages.
+        setup: the :func:`~trakcli.jobs.setup.prepare` of ``cfg`` (with ``rehash=verify``) when the caller
+            made it already (`trak select`): the train set is then neither loaded nor hashed again.
 
     Raises:
         ConfigError: a file the config names cannot be used.
@@ -277,7 +280,7 @@ def featurize(
         StoreMismatchError: the store was made with other settings, or the train data has more rows
             than the store but its first rows are not the featurized ones.
     """
-    s = prepare(cfg, rehash=verify, reporter=reporter)
+    s = setup if setup is not None else prepare(cfg, rehash=verify, reporter=reporter)
     path = cfg.store.location
     first = None
     if s.dist.is_main and s.checkpoints and (overwrite or not path.exists()):

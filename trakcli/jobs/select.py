@@ -630,7 +630,7 @@ def select(
     target = load_dataset(cfg.data.target, key="data.target", task=resolve_task(cfg.task))  # type: ignore[arg-type]  # checked by prepare
     groups, names = target_groups(cfg.data.target, target, sc.group_by)
     path = cfg.store.location
-    computed = featurize(cfg, skip_nonfinite=skip_nonfinite, verify=verify, reporter=reporter).chunks_computed
+    computed = featurize(cfg, skip_nonfinite=skip_nonfinite, verify=verify, reporter=reporter, setup=s).chunks_computed
     if computed == 0 and not verify:
         reporter.info(f"train features of {len(s.checkpoints)} checkpoints x {len(s.train)} rows: reused from {path}")
     if s.curvature is not None and s.exact_damping is not None:
