@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @pytest.fixture(scope="module")
 def gen_docs():
-    spec = importlib.util.spec_from_file_location("gen_docs", ROOT / "scripts" / "gen_docs.py")
+    spec = importlib.util.spec_from_file_location("gen_docs", ROOT / "docs" / "gen_docs.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -115,7 +115,7 @@ def test_every_committed_result_records_its_date_commit_and_version(gen_docs):
             bad.append(f"{path.name}: version {version!r}")
         if data.get("provenance_source", "git log of this file") != "git log of this file":
             bad.append(f"{path.name}: provenance_source {data['provenance_source']!r}")
-    assert not bad, f"results without their date, commit or trakcli version (scripts/benchjson.py): {bad}"
+    assert not bad, f"results without their date, commit or trakcli version (benchmarks/benchjson.py): {bad}"
 
 
 def test_committed_results_are_named_by_what_they_measure(gen_docs):
@@ -135,6 +135,27 @@ def test_the_benchmarks_page_gives_each_results_date_commit_and_version(gen_docs
             assert "(from the git log of this file)" in section
 
 
+def test_each_result_is_made_by_a_module_of_the_benchmarks_package(gen_docs):
+    """The "Made by" command runs the result's benchmark as ``python -m benchmarks.NAME``, whichever way the
+    result recorded the command (a file path or the module), with the recorded arguments."""
+    page = gen_docs.benchmarks_page()
+    commands = re.findall(r"Made by\n\n```bash\n(.*)\n```", page)
+    assert len(commands) == len(gen_docs.committed_results())
+    for command in commands:
+        module = re.match(r"python -m benchmarks\.(\w+)(?: |$)", command)
+        assert module, f"not a command of the benchmarks package: {command}"
+        assert (ROOT / "benchmarks" / f"{module.group(1)}.py").is_file(), command
+    for path in gen_docs.committed_results():
+        recorded = json.loads(path.read_text()).get("command", "")
+        words = recorded.split(" ")
+        if words[0] != "python":
+            continue
+        name, args = (words[2], words[3:]) if words[1] == "-m" else (Path(words[1]).stem, words[2:])
+        name = name.removeprefix("benchmarks.")
+        assert gen_docs.shown_command(recorded) == " ".join(["python", "-m", f"benchmarks.{name}", *args]), path.name
+    assert gen_docs.shown_command("trak select a.yaml --json") == "trak select a.yaml --json"
+
+
 def test_a_result_without_its_provenance_is_an_error_naming_the_fix(gen_docs, tmp_path):
     path = tmp_path / "topk.json"
     path.write_text(json.dumps({"benchmark": "bench_topk", "results": []}))
@@ -144,10 +165,9 @@ def test_a_result_without_its_provenance_is_an_error_naming_the_fix(gen_docs, tm
 
 @pytest.fixture(scope="module")
 def benchjson():
-    spec = importlib.util.spec_from_file_location("benchjson", ROOT / "scripts" / "benchjson.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from benchmarks import benchjson
+
+    return benchjson
 
 
 def test_write_result_adds_the_provenance_and_keeps_the_result(benchjson, tmp_path):
@@ -238,7 +258,7 @@ def test_committed_results_lists_the_git_files():
     out = subprocess.run(["git", "ls-files", "bench_results"], cwd=ROOT, capture_output=True, text=True)
     if out.returncode != 0:
         pytest.skip("not a git checkout")
-    spec = importlib.util.spec_from_file_location("gen_docs_2", ROOT / "scripts" / "gen_docs.py")
+    spec = importlib.util.spec_from_file_location("gen_docs_2", ROOT / "docs" / "gen_docs.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert [p.relative_to(ROOT).as_posix() for p in module.committed_results()] == sorted(

@@ -16,7 +16,7 @@ the mean squared norm of a train feature. Since E‖P g‖² = ‖g‖², this �
 not depend on proj_dim; it keeps the kernel well-posed when
 ``proj_dim >= n_train``, where the unregularized Gram matrix is singular
 (MadryLab's default λ = 0). On the digits benchmark (10 MLP checkpoints,
-LDS against retrained half-subset models, ``scripts/bench_lds_digits.py``)
+LDS against retrained half-subset models, ``benchmarks/bench_lds_digits.py``)
 ``lambda_rel = 1`` was within noise of the best ridge at proj_dim 256 and
 2048 alike, where a ridge relative to trace/proj_dim needed a different
 constant at each proj_dim.

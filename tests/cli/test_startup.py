@@ -1,7 +1,7 @@
 """Start-up: each command imports only what it uses.
 
 Every command runs in a fresh Python process; at exit it prints which of the
-heavy optional modules it imported. Timings belong in scripts/, not here.
+heavy optional modules it imported. Timings belong in benchmarks/, not here.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Fact tracing: MRR and recall@k (trakcli.metrics.recall), `trak eval recall`, and scripts/plant_facts.py."""
+"""Fact tracing: MRR and recall@k (trakcli.metrics.recall), `trak eval recall`, and examples/plant_facts.py."""
 
 from __future__ import annotations
 
@@ -12,20 +12,10 @@ import numpy as np
 import pytest
 import yaml
 
-from projects import ROOT, run
+from examples import plant_facts
+from projects import run
 from trakcli.errors import DataError
 from trakcli.metrics.recall import default_ks, fact_recall, rank_scores
-
-
-
-def _load_script(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-plant_facts = _load_script("plant_facts")
 
 # -- the metric ------------------------------------------------------------------------------------
 

@@ -159,7 +159,7 @@ def embedding_note(model: nn.Module, param_names: Sequence[str]) -> str | None:
     An embedding's rows of rare tokens get gradients in few steps, so their second moments
     are near zero and their scalings ``1/sqrt(v)`` huge; with a tied output layer (GPT-2,
     SmolLM2) they enter every example's gradient through the softmax. On the fact-tracing
-    benchmarks (``scripts/bench_recall.py``) correcting every parameter took retrieval to
+    benchmarks (``benchmarks/bench_recall.py``) correcting every parameter took retrieval to
     chance on a tiny GPT-2 (MRR 0.007) and lowered SmolLM2's recall@10 to 0.52, where the
     transformer blocks alone gave 0.53 (sjlt) and 0.94 (kronecker, ``split: equal``).
 

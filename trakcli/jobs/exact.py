@@ -11,7 +11,7 @@ ensembled over checkpoints like TRAK's scores:
 
     τ(t, z) = [(1/M) Σ_m ⟨W_m g_m(t), W_m g_m(z)⟩] · [(1/M) Σ_m Q_m(z)]
 
-Measured on a fine-tuned GPT-2 (``scripts/bench_lds_finetune.py``), the projection to 4,096
+Measured on a fine-tuned GPT-2 (``benchmarks/bench_lds_finetune.py``), the projection to 4,096
 dimensions cost a third of the exact scores' LDS; the stored features stay what top-k over a large
 corpus needs (``curvature.exact: false``).
 

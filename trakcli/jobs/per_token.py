@@ -129,7 +129,7 @@ class PerTokenScores:
 
     #: The target side takes one forward-mode pass of the target per top document instead of one copy of the
     #: target per target token when ``2K · jvp_cost < T``: a JVP costs about two forward + backward passes of
-    #: the same tokens (SmolLM2-135M on 2 CPU cores, ``scripts/bench_per_token.py``).
+    #: the same tokens (SmolLM2-135M on 2 CPU cores, ``benchmarks/bench_per_token.py``).
     jvp_cost = 2.0
 
     def __init__(self, s: JobSetup, store: Store, train_rows: list[ChunkedRows], target: Any, k: int, width: int,

@@ -73,7 +73,7 @@ SEED_STRIDE = 8
 BlockScores = Callable[[int, int], torch.Tensor]
 
 #: Default ``score.rescore_multiplier`` per ``store.dtype`` (docs/guides/store.md gives the measurements of
-#: ``scripts/bench_topk.py``, 10^6 rows, proj_dim 1024, top 100). int8: 2, the smallest that kept recall@100 at
+#: ``benchmarks/bench_topk.py``, 10^6 rows, proj_dim 1024, top 100). int8: 2, the smallest that kept recall@100 at
 #: 1.0 (1 gave 0.97 / 0.93). binary: no multiplier up to 16 came near 0.99 (16 gave 0.35 / 0.10): sign codes of
 #: these features do not find the top 100; 16 bounds the re-ranking cost, and the run reports the recall.
 DEFAULT_RESCORE_MULTIPLIER = {"int8": 2, "binary": 16}

