@@ -85,7 +85,7 @@ def api_scores(task, store: str, checkpoints=None, **kwargs) -> np.ndarray:
     for m, ck in enumerate(ckpts):
         assert att.featurize(train, checkpoint=ck, model_id=m) > 0
     assert att.featurize(train, checkpoint=ckpts[0], model_id=0) == 0  # resumed: nothing left to do
-    return att.score(target, checkpoints=ckpts)
+    return att.score(target, checkpoints=ckpts).scores
 
 
 def assert_close(a: np.ndarray, b: np.ndarray) -> None:
@@ -237,7 +237,7 @@ def test_top_k_through_the_api_is_the_top_of_the_scores(project):
     for m, ck in enumerate(ckpts):
         att.featurize(train, checkpoint=ck, model_id=m)
     top = att.top_k(target, 4, checkpoints=ckpts, experiment="top")
-    scores = att.score(target, checkpoints=ckpts)
+    scores = att.score(target, checkpoints=ckpts).scores
     assert top.proponents.shape == top.opponents.shape == (scores.shape[0], 4)
     np.testing.assert_array_equal(top.proponents, np.argsort(-scores, 1, kind="stable")[:, :4])
     np.testing.assert_array_equal(top.opponents, np.argsort(scores, 1, kind="stable")[:, :4])
@@ -306,12 +306,12 @@ def test_attributor_appends_rows_and_rescores_as_featurized_at_once(project):
             att.featurize(train, checkpoint=ck, model_id=m)
         return att
 
-    once = run("out/once.zarr", 40).score(target, checkpoints=ckpts)
+    once = run("out/once.zarr", 40).score(target, checkpoints=ckpts).scores
     run("out/grow.zarr", 32).score(target, checkpoints=ckpts)
     att = run("out/grow.zarr", 40)
     with pytest.raises(StoreStaleError, match=r"computed over 32 train rows.*rescore with overwrite=True"):
         att.score(target, checkpoints=ckpts)
-    np.testing.assert_allclose(att.score(target, checkpoints=ckpts, overwrite=True), once, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(att.score(target, checkpoints=ckpts, overwrite=True).scores, once, rtol=1e-5, atol=1e-6)
 
 
 def test_each_refusal_says_its_fix_as_the_api_takes_it_and_the_cli_as_its_flags(project):

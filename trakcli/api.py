@@ -37,7 +37,8 @@ from trakcli.factors import KroneckerFeaturizer
 from trakcli.tasks import resolve_task, task_identity
 from trakcli.jobs.featurize import featurize_rows
 from trakcli.jobs.runtime import grad_memory_for, locked_store, resolve_device
-from trakcli.jobs.score import score_targets
+from trakcli.data.stored import StoredRows
+from trakcli.jobs.score import ScoreResult, recorded_recall, score_targets
 from trakcli.jobs.setup import JobSetup, batch_rows_for, build_featurizer, run_identity
 from trakcli.models.checkpoints import file_sha256, load_checkpoint, nonfinite_parameters
 from trakcli.progress import Reporter, default_reporter
@@ -177,16 +178,6 @@ def checkpoint_name_and_sha(checkpoint: Any) -> tuple[str, str]:
             h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
         return "<state dict>", h.hexdigest()
     return str(checkpoint), file_sha256(checkpoint)
-
-
-@dataclass
-class _KnownTrainData:
-    """Stands in for the train set when only its recorded fingerprint is known (scoring)."""
-
-    recorded: dict[str, Any]
-
-    def fingerprint(self) -> dict[str, Any]:
-        return self.recorded
 
 
 @dataclass
@@ -403,7 +394,9 @@ class Attributor:
             overwrite: recompute this experiment's target features and scores.
 
         Returns:
-            ``[n_target, n_train]`` float32 scores (also in the store). For the top of each
+            :class:`~trakcli.jobs.score.ScoreResult`, the result ``trak score`` and :func:`trakcli.score` return,
+            read from the store when asked: ``.scores`` (``[n_target, n_train]`` float32, all in memory),
+            ``.rows(lo, hi)`` (some targets' rows), ``n_target``, ``n_train``, ``lambdas``. For the top of each
             target at corpus scale, :meth:`top_k`.
 
         Raises:
@@ -413,8 +406,7 @@ class Attributor:
             StoreStaleError: the experiment was scored before train rows were appended (pass ``overwrite=True``).
             DataError, GradientError, CheckpointError: bad batches or checkpoints.
         """
-        self._score(batches, checkpoints, experiment, lambda_reg, lambda_rel, normalize, None, overwrite)
-        return Store.open_existing(self.path, mode="r").read(f"scores/{experiment}/scores")
+        return self._score(batches, checkpoints, experiment, lambda_reg, lambda_rel, normalize, None, overwrite)
 
     def top_k(
         self,
@@ -499,7 +491,7 @@ class Attributor:
         stored = Store.open_existing(self.path, mode="r")
         if not stored.identity:
             raise StoreError(f"the store {self.path} holds no train features yet; call Attributor.featurize first")
-        s = self._setup(stored.layout.n_train, _KnownTrainData(stored.identity["train_data"]), self.batch_size or first,
+        s = self._setup(stored.layout.n_train, StoredRows(stored.identity["train_data"], []), self.batch_size or first,
                         dict(enumerate(checkpoints)))
         codes, names = group_codes(list(groups)) if groups is not None else (None, None)
         with api_wording():
@@ -554,8 +546,8 @@ class Attributor:
     def _score(
         self, batches: Iterable[Any], checkpoints: list[Any], experiment: str, lambda_reg: float | None,
         lambda_rel: float, normalize: str | None, top: tuple[int, bool] | None, overwrite: bool,
-    ) -> None:
-        """Featurize the target batches and score them (:func:`~trakcli.jobs.score.score_targets`)."""
+    ) -> ScoreResult:
+        """Featurize the target batches and score them (:func:`~trakcli.jobs.score.score_targets`); the lazy result."""
         validate_section(ScoreConfig, {"experiment": experiment}, "score")  # one store group name, as in a config
         if not checkpoints:
             raise ConfigError("checkpoints: give the checkpoints of model_ids 0..M-1, as featurized")
@@ -565,12 +557,19 @@ class Attributor:
         stored = Store.open_existing(self.path, mode="r")
         if not stored.identity:
             raise StoreError(f"the store {self.path} holds no train features yet; call Attributor.featurize first")
-        known = _KnownTrainData(stored.identity["train_data"])
+        known = StoredRows(stored.identity["train_data"], [])
         s = self._setup(stored.layout.n_train, known, self.batch_size or first, dict(enumerate(checkpoints)))
         with api_wording():
-            score_targets(
+            lambdas, computed = score_targets(
                 s, self.path, target, experiment=experiment, lambda_reg=lambda_reg, lambda_rel=lambda_rel,
                 top_k=top[0] if top else None, full=top[1] if top else True, normalize=normalize,
                 overwrite=overwrite, reporter=self.reporter,
             )
         self._reported = experiment  # what report() shows by default
+        top_k = None if top is None else min(top[0], len(known))
+        return ScoreResult(
+            store=self.path, experiment=experiment, n_target=len(target), n_train=len(known), lambdas=lambdas,
+            train_labels=None, target_labels=target.labels.numpy(), chunks_computed=computed, top_k=top_k,
+            full=top is None or top[1], two_stage=recorded_recall(self.path, experiment, len(target), top_k),
+            train_data=known, target_data=target,
+        )

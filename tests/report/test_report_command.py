@@ -136,7 +136,7 @@ def test_attributor_report_shows_its_last_experiment(user_project):
     att.score(target, checkpoints=ckpts, experiment="full")
     att.report("full.html", k=40, title="All of them")
     full = embedded(Path("full.html"))
-    n_positive = int((att.score(target, checkpoints=ckpts, experiment="full")[0] > 0).sum())
+    n_positive = int((att.score(target, checkpoints=ckpts, experiment="full").scores[0] > 0).sum())
     assert 0 < n_positive < 40  # k: at most n_train, and proponents are the positive scores
     assert full["title"] == "All of them" and len(full["queries"][0]["p"]) == n_positive
     with pytest.raises(ConfigError, match="k=0: give a positive int"):

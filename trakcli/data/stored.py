@@ -18,7 +18,8 @@ class StoredRows:
 
     Args:
         fingerprint: the store's ``identity["train_data"]``: ``{"n", "input_shape", "input_dtype", "sha256"}``.
-        missing: the missing data file(s), as written in the config (named by every error).
+        missing: the missing data file(s), as written in the config (named by every error); empty where the
+            rows were never given (:meth:`trakcli.Attributor.score`).
 
     Attributes:
         labels: None (the labels are not stored).
@@ -46,6 +47,9 @@ class StoredRows:
 
     def unavailable(self, what: str) -> DataError:
         """The error of a step that needs the rows: names the missing file and the fixes."""
+        if not self.missing:  # Attributor.score: the train rows are not given to it, only recorded by the store
+            return DataError(f"{what} needs the train rows, which scoring reads only as the store recorded them "
+                             "(count and fingerprint); use the train batches you featurized")
         files = ", ".join(self.missing)
         return DataError(
             f"{what} needs the train rows, but data.train's file {files} is missing (the store's features were "

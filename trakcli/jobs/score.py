@@ -27,7 +27,7 @@ from trakcli.jobs.kernels import finalize_kernels, kernel_of, report_notes, ridg
 from trakcli.jobs.runtime import ChunkWriter, event, grad_memory_for, locked_store, torch_threads
 from trakcli.jobs.setup import JobSetup, prepare
 from trakcli.progress import NULL_REPORTER, Reporter
-from trakcli.jobs.topk import TopK, TwoStage
+from trakcli.jobs.topk import StoredTopK, TwoStage
 from trakcli.scoring import (
     DUAL, cosine_term, dual_target_sq_norms, ensemble_block, kernel_form, kernel_sq_norms, score_block,
     target_weights,
@@ -252,16 +252,16 @@ def score(
         top_k=None if sc.top_k is None else min(sc.top_k, len(s.train)),
         full=sc.top_k is None if sc.full is None else sc.full,
         per_token=sc.per_token,
-        two_stage=_recorded_recall(path, sc.experiment, len(target), sc.top_k),
+        two_stage=recorded_recall(path, sc.experiment, len(target), sc.top_k),
     )
 
 
-def _recorded_recall(path: Path, experiment: str, n_target: int, top_k: int | None) -> dict[str, Any] | None:
+def recorded_recall(path: Path, experiment: str, n_target: int, top_k: int | None) -> dict[str, Any] | None:
     """The two-stage record of the experiment's top-k (settings and measured recall), or None."""
     if not top_k:
         return None
     store = Store.open_existing(path, mode="r")
-    return TopK(store, experiment, n_target, top_k, create=False).recorded_recall()
+    return StoredTopK(store, experiment, n_target, top_k, create=False).recorded_recall()
 
 
 def score_targets(
@@ -362,7 +362,7 @@ def score_targets(
             bad = out.verify() if full else []
             if bad:
                 reporter.info(f"score column blocks {bad} were missing or corrupt; recomputed")
-            top = TopK(store, exp, len(target), top_k, create=True, two_stage=two) if top_k else None
+            top = StoredTopK(store, exp, len(target), top_k, create=True, two_stage=two) if top_k else None
             bad = top.verify() if top else []
             if bad:
                 reporter.info(f"top-k target chunks {bad} were missing or corrupt; recomputed")
@@ -372,7 +372,7 @@ def score_targets(
             store.distributed = True
             target_rows = [store.targets(exp, m, t_attrs, len(target), create=False) for m in range(n_models)]
             out = store.scores(exp, len(target), settings, create=False) if full else None
-            top = TopK(store, exp, len(target), top_k, create=False, two_stage=two) if top_k else None
+            top = StoredTopK(store, exp, len(target), top_k, create=False, two_stage=two) if top_k else None
 
         # 1. target features: written, and the stored kernels read, in the background while the next
         #    checkpoint's target features are computed
@@ -452,7 +452,7 @@ def _per_token_scores(s: JobSetup, store: Store, train_rows: list[ChunkedRows], 
     pending = arrays.pending()
     if not pending:
         return 0
-    top = TopK(store, exp, len(target), top_k, create=False)
+    top = StoredTopK(store, exp, len(target), top_k, create=False)
     scorer = PerTokenScores(s, store, train_rows, target, k, width, ridge_settings(lambda_reg, lambda_rel),
                             exact_damping)
     for chunk in pending:
@@ -474,7 +474,7 @@ def finalize_and_score(
     linalg_threads: int | None = None,
     target_chunks: list[dict[int, np.ndarray]] | None = None,
     kernels: dict[int, tuple[torch.Tensor, float]] | None = None,
-    top: TopK | None = None,
+    top: StoredTopK | None = None,
     normalize: str | None = None,
     identity: bool = False,
     exact: Callable[[], np.ndarray] | None = None,
@@ -565,7 +565,7 @@ def _target_features(rows: ChunkedRows, kept: dict[int, np.ndarray]) -> torch.Te
 def _finalize_and_score(
     store: Store, train_rows: list[ChunkedRows], target_rows: list[ChunkedRows], out: ChunkedRows | None,
     lambda_reg: float | None, lambda_rel: float, dist: Dist, reporter: Reporter, kept: list[dict[int, np.ndarray]],
-    kernels: dict[int, tuple[torch.Tensor, float]], top: TopK | None, unit: bool, identity: bool = False,
+    kernels: dict[int, tuple[torch.Tensor, float]], top: StoredTopK | None, unit: bool, identity: bool = False,
     exact: Callable[[], np.ndarray] | None = None,
 ) -> tuple[list[float], int]:
     """:func:`finalize_and_score` in its thread setting."""

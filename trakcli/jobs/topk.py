@@ -147,7 +147,7 @@ def block_rows(n_target: int, proj_dim: int, chunk_rows: int) -> int:
     return chunk_rows * max(1, BLOCK_BYTES // (4 * chunk_rows * max(n_target, proj_dim)))
 
 
-class TopK:
+class StoredTopK:
     """The top-k of one experiment: its segments, their parts and the merged arrays in the store.
 
     Args:
