@@ -403,3 +403,25 @@ def test_the_cli_says_the_same_refusals_with_its_flags(project):
     done("select", "run.yaml", "select.count=4", "select.out=out/sel.pt")
     assert refused("select", "run.yaml", "select.count=4", "select.out=out/sel.pt", *other_target).endswith(
         "rerun with --overwrite to recompute them, or set select.experiment to a new name")
+
+
+def test_attributor_score_returns_the_lazy_result_of_trak_score(project):
+    from trakcli.jobs.score import ScoreResult
+
+    model = build_model("my_model.py:make_model")
+    att = trakcli.Attributor(model, store={"path": "out/lazy.zarr", "chunk_rows": 16},
+                             projector={"kind": "rademacher", "proj_dim": 16, "seed": 0})
+    train, target = loaders()
+    ckpts = sorted(Path("ckpts").glob("model_*.pt"))
+    for m, ck in enumerate(ckpts):
+        att.featurize(train, checkpoint=ck, model_id=m)
+    res = att.score(target, checkpoints=ckpts)
+    cfg = trakcli.load_config("run.yaml")
+    trakcli.featurize(cfg)
+    cfg_res = trakcli.score(cfg)
+    assert type(res) is type(cfg_res) is ScoreResult
+    assert (res.n_target, res.n_train, res.full, res.top_k) == (7, 40, True, None) and len(res.lambdas) == len(ckpts)
+    np.testing.assert_array_equal(res.rows(2, 5), res.scores[2:5])
+    assert res.train_labels is None and res.target_labels.shape == (7,)
+    with pytest.raises(DataError, match="needs the train rows"):
+        res.train_data.batches(0, 1, 1)
