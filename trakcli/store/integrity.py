@@ -4,8 +4,9 @@ Three things a read must check that zarr does not:
 
 - **Missing chunk files.** zarr returns the fill value (zeros) for a chunk
   whose file is missing, so a ``done`` flag says a chunk was written, not that
-  it is still there. :func:`missing_chunks` asks the store which chunk files of
-  a selection exist (one batch of ``exists`` calls through zarr's store API).
+  it is still there. A read asks the store only about the chunks that came back
+  all fill value (:func:`fill_chunks`), which exist (one batch of ``exists``
+  calls through zarr's store API, :func:`missing_chunks`).
   Arrays are written with ``write_empty_chunks`` on (:func:`writable`), so
   every done chunk of an array made by this version has a file.
 - **Unreadable metadata.** A garbage ``zarr.json`` makes zarr raise a JSON or
@@ -28,6 +29,8 @@ import asyncio
 import itertools
 import warnings
 from typing import Any
+
+import numpy as np
 
 from trakcli.errors import StoreError
 
@@ -213,15 +216,47 @@ def chunk_coords(arr: Any, sel: Any) -> list[tuple[int, ...]]:
     return list(itertools.product(*ranges))
 
 
-def missing_chunks(arr: Any, sel: Any = slice(None)) -> list[tuple[int, ...]]:
-    """Grid coordinates of the chunks of a selection whose file is missing from the store.
+def fill_chunks(arr: Any, sel: Any, values: np.ndarray) -> list[tuple[int, ...]]:
+    """Grid coordinates of the chunks of a selection whose values, as read, are all the array's fill value.
+
+    Only such a chunk can be missing from the store (zarr reads a missing chunk as its fill value), so a read
+    asks the store about these alone (:func:`missing_chunks`) instead of one request per chunk: on an object
+    store a HEAD request each.
+
+    Args:
+        arr: a zarr array.
+        sel: the selection read (a slice or a tuple of slices, steps of 1).
+        values: ``arr[sel]`` as read (raw: before any decoding).
+    """
+    sel = sel if isinstance(sel, tuple) else (sel,)
+    sel = sel + (slice(None),) * (len(arr.shape) - len(sel))
+    starts = [s.indices(n)[0] for s, n in zip(sel, arr.shape)]
+    stops = [s.indices(n)[1] for s, n in zip(sel, arr.shape)]
+    fill = arr.fill_value
+    is_nan = isinstance(fill, float) and np.isnan(fill)
+    out = []
+    for coords in chunk_coords(arr, sel):
+        region = tuple(slice(max(i * c, a) - a, min((i + 1) * c, b) - a)
+                       for i, c, a, b in zip(coords, arr.chunks, starts, stops))
+        part = values[region]
+        first = part.flat[0] if part.size else fill
+        if not (np.isnan(first) if is_nan else first == fill):  # the cheap test rules out nearly every chunk
+            continue
+        if (np.isnan(part).all() if is_nan else (part == fill).all()):
+            out.append(coords)
+    return out
+
+
+def missing_chunks(arr: Any, sel: Any = slice(None), among: list[tuple[int, ...]] | None = None,
+                   ) -> list[tuple[int, ...]]:
+    """Grid coordinates of the chunks of a selection (or of the chunks ``among``) whose file is missing from the store.
 
     Raises:
         StoreError: the store cannot be listed.
     """
     from zarr.core.sync import sync
 
-    coords = chunk_coords(arr, sel)
+    coords = chunk_coords(arr, sel) if among is None else among
     if not coords:
         return []
     names = [f"{arr.path}/{arr.metadata.encode_chunk_key(c)}" for c in coords]

@@ -18,7 +18,14 @@ import numpy as np
 
 from trakcli.errors import StoreError
 from trakcli.store.bfloat16 import from_bits, is_bfloat16, round_to_bfloat16, to_bits
-from trakcli.store.integrity import StoreCorruptError, chunk_coords, missing_chunks, repair_command, settle
+from trakcli.store.integrity import (
+    StoreCorruptError,
+    chunk_coords,
+    fill_chunks,
+    missing_chunks,
+    repair_command,
+    settle,
+)
 from trakcli.store.quantize import BINARY, INT8, encode
 
 __all__ = ["ChunkedRows", "EvalRows", "StoreCorruptError", "codecs", "read_checked"]
@@ -276,16 +283,6 @@ def read_checked(arr: Any, sel: Any, axis: int = 0, *, stored: bool = True) -> n
             return f" chunk {coords[axis]} (entries {spans[axis]} along axis {axis})"
         return f" chunk {tuple(int(i) for i in coords)} (entries [{', '.join(spans)}])"
 
-    if stored:
-        gone = missing_chunks(arr, sel)
-        if gone:
-            bad = sorted({int(c[axis]) for c in gone})
-            key = arr.metadata.encode_chunk_key(gone[0])
-            raise StoreCorruptError(
-                f"store array {arr.path}{where(gone[0])} is missing (its file {arr.path}/{key} is gone"
-                f"{f'; {len(gone)} chunks in all' if len(gone) > 1 else ''}); {repair_command(arr.path)}",
-                arr.path, bad,
-            )
     try:
         out = np.asarray(arr[sel])
     except READ_ERRORS as e:
@@ -304,6 +301,17 @@ def read_checked(arr: Any, sel: Any, axis: int = 0, *, stored: bool = True) -> n
             f"({e}); {repair_command(arr.path)}",
             arr.path, [] if first is None else [int(first[axis])],
         ) from None
+    if stored:  # a missing chunk reads as the fill value: only chunks read so are asked about
+        candidates = fill_chunks(arr, sel, out)
+        gone = missing_chunks(arr, among=candidates) if candidates else []
+        if gone:
+            bad = sorted({int(c[axis]) for c in gone})
+            key = arr.metadata.encode_chunk_key(gone[0])
+            raise StoreCorruptError(
+                f"store array {arr.path}{where(gone[0])} is missing (its file {arr.path}/{key} is gone"
+                f"{f'; {len(gone)} chunks in all' if len(gone) > 1 else ''}); {repair_command(arr.path)}",
+                arr.path, bad,
+            )
     return from_bits(out) if is_bfloat16(arr) else out
 
 
