@@ -212,3 +212,18 @@ def test_inspect_export_and_eval_know_the_top_k(featurized):
 
     with pytest.raises(StoreError, match="only its top-k.*score.full=true"):  # what `trak eval lds` reads
         Store.open_existing(root / "out/primal.zarr", mode="r").read_scores("shown")
+
+
+def test_the_shown_top_of_a_top_k_run_is_the_full_matrix_runs(featurized):
+    """--json and the table read a top-k run's stored arrays; they show what ranking the full rows shows."""
+    args = ["run.yaml", "store.path=out/primal.zarr", "score.show_targets=4", "score.show_top=5", "--json"]
+    full = run(featurized, "score", *args, "score.experiment=shown_full")
+    top = run(featurized, "score", *args, "score.experiment=shown_top", "score.top_k=20")
+    assert full.returncode == 0 and top.returncode == 0, full.stderr + top.stderr
+    a, b = json.loads(full.stdout)["top"], json.loads(top.stdout)["top"]
+    assert len(a) == len(b) == 4
+    for x, y in zip(a, b):
+        for side in ("proponents", "opponents"):
+            assert [e["train"] for e in x[side]] == [e["train"] for e in y[side]] and len(x[side]) <= 5
+            np.testing.assert_allclose([e["score"] for e in x[side]], [e["score"] for e in y[side]], rtol=1e-5)
+            assert all((e["score"] > 0) == (side == "proponents") for e in y[side])

@@ -19,6 +19,9 @@ from trakcli.errors import UsageError
 if TYPE_CHECKING:
     import numpy as np
 
+    #: One shown target's top: proponent indices and scores, opponent indices and scores (int64, float32 arrays).
+    Shown = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
+
 EXPORT_SUFFIXES = (".npy", ".csv")
 ANSWER_SUFFIXES = (".jsonl",)
 
@@ -46,15 +49,47 @@ NO_PROPONENTS = "none: no train example has a positive score"
 NO_OPPONENTS = "none: no train example has a negative score"
 
 
+def top_of_rows(scores: np.ndarray, k: int) -> list[Shown]:
+    """Each row's top ``k`` proponents and opponents (:func:`trakcli.plots.top_indices`) with their scores."""
+    from trakcli.plots import top_indices
+
+    out = []
+    for row in scores:
+        pro, opp = top_indices(row, min(k, len(row)))
+        out.append((pro, row[pro], opp, row[opp]))
+    return out
+
+
+def shown_top(res, n: int, k: int) -> list[Shown]:
+    """The first ``n`` targets' top ``k`` proponents (positive scores) and opponents (negative), best first.
+
+    From the stored top-k arrays when there are some (nothing else is read or ranked again); else from the
+    rows of the full matrix (:func:`top_of_rows`).
+    """
+    import numpy as np
+
+    n = min(n, res.n_target)
+    if not res.top_k:
+        return top_of_rows(res.head(n), k)
+    top, out = res.top(0, n), []
+    for t in range(n):
+        pi, ps = top["proponents"][t][:k], top["proponent_scores"][t][:k]
+        oi, os_ = top["opponents"][t][:k], top["opponent_scores"][t][:k]
+        keep_p, keep_o = np.isfinite(ps) & (ps > 0), np.isfinite(os_) & (os_ < 0)
+        out.append((pi[keep_p], ps[keep_p], oi[keep_o], os_[keep_o]))
+    return out
+
+
 def scores_table(
-    res, scores: np.ndarray, top_k: int, target_texts: Sequence[str] | None = None, labels: bool = True,
-    train_texts: Sequence[str] | None = None,
+    res, scores: np.ndarray | list[Shown], top_k: int, target_texts: Sequence[str] | None = None,
+    labels: bool = True, train_texts: Sequence[str] | None = None,
 ) -> Table:
     """The table of each shown target's top proponents and opponents.
 
     Args:
         res: the :class:`~trakcli.jobs.score.ScoreResult` (experiment, labels).
-        scores: ``[n_shown, n_train]`` float32, the first targets' scores.
+        scores: per shown target its top (:func:`shown_top`), or ``[n_shown, n_train]`` float32 scores
+            (ranked by :func:`top_of_rows`).
         top_k: train examples per side.
         target_texts: the shown targets' texts (text data): a text column.
         labels: show labels (False for language-model data, whose per-token labels are not classes).
@@ -63,8 +98,9 @@ def scores_table(
     Proponents are the highest positive scores and opponents the lowest negative ones
     (:func:`trakcli.plots.top_indices`): a side without any reads :data:`NO_PROPONENTS` / :data:`NO_OPPONENTS`.
     """
-    from trakcli.plots import top_indices
+    import numpy as np
 
+    shown = top_of_rows(scores, top_k) if isinstance(scores, np.ndarray) else scores
     table = Table(title=f"TRAK scores, experiment {res.experiment!r}: top {top_k} proponents and opponents")
     table.add_column("target", justify="right")
     if labels:
@@ -74,34 +110,26 @@ def scores_table(
     what = "train index (label) score" if labels else "train index score"
     table.add_column(f"proponents: {what}")
     table.add_column(f"opponents: {what}")
-    k = min(top_k, scores.shape[1])
-    for t, row in enumerate(scores):
-        pro, opp = top_indices(row, k)
-        fmt = lambda idx: "\n".join(  # noqa: E731
-            (f"{i} ({res.train_labels[i]}) {row[i]:+.4g}" if labels else f"{i} {row[i]:+.4g}")
-            + (f" {_short(train_texts[i], 48)}" if train_texts is not None else "") for i in idx
+    for t, (pro, pro_s, opp, opp_s) in enumerate(shown):
+        fmt = lambda idx, vals: "\n".join(  # noqa: E731
+            (f"{i} ({res.train_labels[i]}) {v:+.4g}" if labels else f"{i} {v:+.4g}")
+            + (f" {_short(train_texts[i], 48)}" if train_texts is not None else "") for i, v in zip(idx, vals)
         )
         cells = [str(t)] + ([str(res.target_labels[t])] if labels else [])
         cells += [_short(target_texts[t])] if target_texts is not None else []
-        table.add_row(*cells, fmt(pro) or NO_PROPONENTS, fmt(opp) or NO_OPPONENTS)
+        table.add_row(*cells, fmt(pro, pro_s) or NO_PROPONENTS, fmt(opp, opp_s) or NO_OPPONENTS)
     return table
 
 
-def _json(res, scores: np.ndarray, top_k: int, out: Path | None, plot: Path | None,
+def _json(res, shown: list[Shown], out: Path | None, plot: Path | None,
           train_texts: Sequence[str] | None = None) -> dict[str, Any]:
     """What ``--json`` prints: the run's shape, store, λ per checkpoint and the shown targets' top train indices."""
     from trakcli.answers import answer_entry
-    from trakcli.plots import top_indices
 
-    k = min(top_k, scores.shape[1])
-    top = []
-    for t, row in enumerate(scores):
-        pro, opp = top_indices(row, k)
-        top.append({
-            "target": t,
-            "proponents": [answer_entry(i, row[i], train_texts) for i in pro],
-            "opponents": [answer_entry(i, row[i], train_texts) for i in opp],
-        })
+    top = [{"target": t,
+            "proponents": [answer_entry(i, v, train_texts) for i, v in zip(pro, pro_s)],
+            "opponents": [answer_entry(i, v, train_texts) for i, v in zip(opp, opp_s)]}
+           for t, (pro, pro_s, opp, opp_s) in enumerate(shown)]
     return {
         "store": str(res.store), "experiment": res.experiment, "n_target": res.n_target, "n_train": res.n_train,
         "lambda_reg": [float(v) for v in res.lambdas],
@@ -210,15 +238,15 @@ def score(
         err_console.print(f"[{style}]{recall_line(res.two_stage)}[/]"
                           + (" (below 0.99: raise score.rescore_multiplier)" if style == "yellow" else ""))
     if json_out:
-        head = shown_scores(res, cfg.score.show_targets)
-        sys.stdout.write(json.dumps(_json(res, head, cfg.score.show_top, out, plot, _texts(train)), indent=2) + "\n")
+        shown = shown_top(res, cfg.score.show_targets, cfg.score.show_top)
+        sys.stdout.write(json.dumps(_json(res, shown, out, plot, _texts(train)), indent=2) + "\n")
     if quiet:
         return
     if cfg.score.show_targets:
-        head = shown_scores(res, cfg.score.show_targets)
+        shown = shown_top(res, cfg.score.show_targets, cfg.score.show_top)
         texts = _texts(target)
-        texts = None if texts is None else [texts[i] for i in range(len(head))]
-        err_console.print(scores_table(res, head, cfg.score.show_top, texts,
+        texts = None if texts is None else [texts[i] for i in range(len(shown))]
+        err_console.print(scores_table(res, shown, cfg.score.show_top, texts,
                                        labels=res.train_labels is not None and not _per_token(train),
                                        train_texts=_texts(train)))
     lam = ", ".join(f"{v:.3g}" for v in res.lambdas)
