@@ -286,3 +286,27 @@ def test_select_reads_and_hashes_the_pool_once(user_project, monkeypatch):
     res = run(user_project, "select", "run.yaml", "select.count=5", "select.out=sel.pt")
     assert res.returncode == 0, res.stderr
     assert loads == ["data.train"]
+
+
+def test_torchrun_two_ranks_select_what_one_process_selects(tmp_path):
+    """Under torchrun the ranks featurize and score their share of the pool; rank 0 writes the same selection."""
+    import os
+    import subprocess
+    import sys
+
+    from projects import assert_same_store, free_port, make_project
+
+    one = make_project(tmp_path / "one", n_models=2)
+    shutil.copytree(one, tmp_path / "two")
+    args = ["select", "run.yaml", "-q", "select.count=25", "select.out=sel.pt"]
+    res = run(one, *args)
+    assert res.returncode == 0, res.stderr
+    res = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+         "--master-port", str(free_port()), "-m", "trakcli.cli.main", *args],
+        cwd=tmp_path / "two", capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert (tmp_path / "two" / "sel.pt").read_bytes() == (one / "sel.pt").read_bytes()
+    assert _sidecar(tmp_path / "two", "sel.pt") == _sidecar(one, "sel.pt")
+    assert_same_store(one / "out" / "attrib.zarr", tmp_path / "two" / "out" / "attrib.zarr")
