@@ -310,3 +310,15 @@ def test_torchrun_two_ranks_select_what_one_process_selects(tmp_path):
     assert (tmp_path / "two" / "sel.pt").read_bytes() == (one / "sel.pt").read_bytes()
     assert _sidecar(tmp_path / "two", "sel.pt") == _sidecar(one, "sel.pt")
     assert_same_store(one / "out" / "attrib.zarr", tmp_path / "two" / "out" / "attrib.zarr")
+
+
+def test_select_makes_no_kernel_and_a_later_score_makes_it(user_project):
+    """Selection reads no kernel, so trak select leaves it out; trak score on the same store makes the one it needs."""
+    res = run(user_project, "select", "run.yaml", "select.count=5", "select.out=sel.pt")
+    assert res.returncode == 0, res.stderr
+    root = zarr.open_group(str(user_project / "out" / "attrib.zarr"), mode="r")
+    assert "features" in root["train/0"] and "kernel" not in root["train/0"]
+    res = run(user_project, "score", "run.yaml", "-q")
+    assert res.returncode == 0, res.stderr
+    root = zarr.open_group(str(user_project / "out" / "attrib.zarr"), mode="r")
+    assert "kernel" in root["train/0"] and "kernel" in root["train/1"]

@@ -232,6 +232,7 @@ def featurize(
     verify: bool = False,
     reporter: Reporter = NULL_REPORTER,
     setup: JobSetup | None = None,
+    kernels: bool = True,
 ) -> FeaturizeResult:
     """Project the per-example gradients of every training example for every checkpoint, then make the kernels.
 
@@ -268,6 +269,8 @@ def featurize(
         reporter: progress bars and messages.
         setup: the :func:`~trakcli.jobs.setup.prepare` of ``cfg`` (with ``rehash=verify``) when the caller
             made it already (`trak select`): the train set is then neither loaded nor hashed again.
+        kernels: make TRAK's kernels after the features (False: `trak select`, which does not use them;
+            a later `trak score` makes the missing ones).
 
     Raises:
         ConfigError: a file the config names cannot be used.
@@ -328,7 +331,7 @@ def featurize(
             train_rows.append(rows)
         s.dist.barrier()
         made = 0
-        if s.checkpoints and s.curvature is None:  # the train side of `trak score`, as TRAK's finalize_features
+        if kernels and s.checkpoints and s.curvature is None:  # the train side of `trak score` (TRAK's finalize_features)
             made = finalize_kernels(
                 store, train_rows, lambda_reg=cfg.score.lambda_reg, lambda_rel=cfg.score.lambda_rel, dist=s.dist,
                 reporter=reporter, verify=verify, linalg_threads=cfg.linalg_threads,

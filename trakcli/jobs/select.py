@@ -601,7 +601,7 @@ def select(
     """Score every data.train row against the data.target task and write the best ``select.fraction`` / ``count``.
 
     Train features come from the store: missing or unfinished ones are computed first by
-    :func:`trakcli.jobs.featurize.featurize` (resumable; it also makes TRAK's kernels for `trak score`), finished
+    :func:`trakcli.jobs.featurize.featurize` (resumable; without TRAK's kernels, which `trak score` makes), finished
     ones are reused. Target features go to ``targets/<select.experiment>``, then the pool is scored in one
     streamed pass (:func:`select_rows`; formulas in the module docstring) and the rows are written
     (:func:`write_rows`, :func:`write_scores`). A rerun recomputes nothing but the cheap selection.
@@ -630,7 +630,8 @@ def select(
     target = load_dataset(cfg.data.target, key="data.target", task=resolve_task(cfg.task))  # type: ignore[arg-type]  # checked by prepare
     groups, names = target_groups(cfg.data.target, target, sc.group_by)
     path = cfg.store.location
-    computed = featurize(cfg, skip_nonfinite=skip_nonfinite, verify=verify, reporter=reporter, setup=s).chunks_computed
+    computed = featurize(cfg, skip_nonfinite=skip_nonfinite, verify=verify, reporter=reporter, setup=s,
+                         kernels=False).chunks_computed  # selection reads no kernel; `trak score` makes its own
     if computed == 0 and not verify:
         reporter.info(f"train features of {len(s.checkpoints)} checkpoints x {len(s.train)} rows: reused from {path}")
     if s.curvature is not None and s.exact_damping is not None:
