@@ -228,14 +228,20 @@ def test_attributor_settings_are_checked_like_a_config(tmp_path):
         trakcli.Attributor(model, store=tmp_path / "s.zarr", projector={"kind": "rademacher", "proj_dims": 8})
 
 
-def test_top_k_through_the_api_is_the_top_of_the_scores(project):
+def featurized_attributor(store: str):
+    """An Attributor over the project's model with both checkpoints featurized; it, the target loader, the checkpoints."""
     model = build_model("my_model.py:make_model")
-    att = trakcli.Attributor(model, store={"path": "out/top.zarr", "chunk_rows": 16},
+    att = trakcli.Attributor(model, store={"path": store, "chunk_rows": 16},
                              projector={"kind": "rademacher", "proj_dim": 16, "seed": 0})
     train, target = loaders()
     ckpts = sorted(Path("ckpts").glob("model_*.pt"))
     for m, ck in enumerate(ckpts):
         att.featurize(train, checkpoint=ck, model_id=m)
+    return att, target, ckpts
+
+
+def test_top_k_through_the_api_is_the_top_of_the_scores(project):
+    att, target, ckpts = featurized_attributor("out/top.zarr")
     top = att.top_k(target, 4, checkpoints=ckpts, experiment="top")
     scores = att.score(target, checkpoints=ckpts).scores
     assert top.proponents.shape == top.opponents.shape == (scores.shape[0], 4)
@@ -408,13 +414,7 @@ def test_the_cli_says_the_same_refusals_with_its_flags(project):
 def test_attributor_score_returns_the_lazy_result_of_trak_score(project):
     from trakcli.jobs.score import ScoreResult
 
-    model = build_model("my_model.py:make_model")
-    att = trakcli.Attributor(model, store={"path": "out/lazy.zarr", "chunk_rows": 16},
-                             projector={"kind": "rademacher", "proj_dim": 16, "seed": 0})
-    train, target = loaders()
-    ckpts = sorted(Path("ckpts").glob("model_*.pt"))
-    for m, ck in enumerate(ckpts):
-        att.featurize(train, checkpoint=ck, model_id=m)
+    att, target, ckpts = featurized_attributor("out/lazy.zarr")
     res = att.score(target, checkpoints=ckpts)
     cfg = trakcli.load_config("run.yaml")
     trakcli.featurize(cfg)
