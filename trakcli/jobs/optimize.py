@@ -36,8 +36,8 @@ from trakcli.store.manifest import (
     FORMAT, FORMAT_VERSION, MANIFEST_NAME, checkpoint_file_name, checkpoint_sha256, read_manifest, write_manifest,
 )
 from trakcli.train import (
-    DatasetRows, TensorRows, TrainRows, check_init_checkpoint, check_recipe, evaluate, evaluate_dataset,
-    load_training_function, optimizer_param_names, train_one,
+    DatasetRows, TensorRows, TrainRows, check_init_checkpoint, check_recipe,
+    load_training_function, optimizer_param_names, train_one, validate,
 )
 
 
@@ -98,15 +98,9 @@ def _previous_models(
     return {m["model_id"]: m for m in old["models"]}
 
 
-def _evaluate(model: torch.nn.Module, data: Any, task: Any, batch_size: int, max_tokens: int | None) -> tuple:
+def _evaluate(model: torch.nn.Module, data: Any, task: Task, batch_size: int, max_tokens: int | None) -> tuple:
     """``(loss, accuracy or None)`` of tensors ``(inputs, labels)`` on the model's device, or of a dataset."""
-    task = resolve_task(task)
-    if isinstance(data, tuple):
-        if task.has_accuracy and type(task).loss is Task.loss:  # a classifier's cross-entropy
-            return evaluate(model, *data, batch_size=batch_size)
-        data = TensorDataset(data[0], data[1], "data")
-    device = next(model.parameters()).device
-    return evaluate_dataset(model, data, task, batch_size=batch_size, max_tokens=max_tokens, device=device)
+    return validate(model, data, task, batch_size, max_tokens, name="data")
 
 
 def _final_metrics(

@@ -20,17 +20,19 @@ from trakcli.train.rows import TensorRows, TrainRows
 
 
 def validate(
-    model: nn.Module, validation: Any, task: Task, batch_size: int, max_tokens: int | None
+    model: nn.Module, validation: Any, task: Task, batch_size: int, max_tokens: int | None,
+    name: str = "validation",
 ) -> tuple[float, float | None]:
     """``(loss, accuracy or None)`` of the validation data: tensors ``(inputs, labels)`` or a dataset.
 
     Tensors are on the model's device; a classifier's cross-entropy on tensors is :func:`evaluate`, anything
     else :func:`evaluate_dataset` in batches of ``batch_size`` rows and ``max_tokens`` padded tokens.
+    ``name`` names tensors given as such in messages.
     """
     if isinstance(validation, tuple):
         if task.has_accuracy and type(task).loss is Task.loss:  # a classifier's cross-entropy
             return evaluate(model, validation[0], validation[1], batch_size=batch_size)
-        validation = TensorDataset(validation[0], validation[1], "validation")
+        validation = TensorDataset(validation[0], validation[1], name)
     device = next(model.parameters()).device
     return evaluate_dataset(model, validation, task, batch_size=batch_size, max_tokens=max_tokens, device=device)
 
