@@ -38,7 +38,7 @@ from trakcli.tasks import resolve_task, task_identity
 from trakcli.jobs.featurize import featurize_rows
 from trakcli.jobs.runtime import grad_memory_for, locked_store, resolve_device
 from trakcli.data.stored import StoredRows
-from trakcli.jobs.score import ScoreResult, recorded_recall, score_targets
+from trakcli.jobs.score import ScoreResult, score_result, score_targets
 from trakcli.jobs.setup import JobSetup, batch_rows_for, build_featurizer, run_identity
 from trakcli.models.checkpoints import file_sha256, load_checkpoint, nonfinite_parameters
 from trakcli.progress import Reporter, default_reporter
@@ -566,10 +566,5 @@ class Attributor:
                 overwrite=overwrite, reporter=self.reporter,
             )
         self._reported = experiment  # what report() shows by default
-        top_k = None if top is None else min(top[0], len(known))
-        return ScoreResult(
-            store=self.path, experiment=experiment, n_target=len(target), n_train=len(known), lambdas=lambdas,
-            train_labels=None, target_labels=target.labels.numpy(), chunks_computed=computed, top_k=top_k,
-            full=top is None or top[1], two_stage=recorded_recall(self.path, experiment, len(target), top_k),
-            train_data=known, target_data=target,
-        )
+        return score_result(self.path, experiment, known, target, lambdas, computed,
+                            top_k=top[0] if top else None, full=top is None or top[1])

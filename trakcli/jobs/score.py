@@ -238,25 +238,28 @@ def score(
         skip_nonfinite=skip_nonfinite, verify=verify, reporter=reporter,
         linalg_threads=cfg.linalg_threads, grad_memory_mb=grad_memory_for(cfg.data.grad_memory_mb, s.device),
     )
+    return score_result(path, sc.experiment, s.train, target, lambdas, computed, top_k=sc.top_k,
+                        full=sc.top_k is None if sc.full is None else sc.full, per_token=sc.per_token)
+
+
+def score_result(path: Path, experiment: str, train: Any, target: Any, lambdas: list[float], computed: int, *,
+                 top_k: int | None, full: bool, per_token: bool = False) -> ScoreResult:
+    """The :class:`ScoreResult` of an experiment :func:`score_targets` just scored (`trak score` and the API).
+
+    Args:
+        train, target: the datasets scored (``train`` may be a :class:`~trakcli.data.stored.StoredRows`).
+        top_k: ``score.top_k`` as asked (the result's ``top_k`` is at most n_train); full, per_token: as stored.
+    """
     return ScoreResult(
-        store=path,
-        experiment=sc.experiment,
-        n_target=len(target),
-        n_train=len(s.train),
-        lambdas=lambdas,
-        train_labels=None if s.train.labels is None else s.train.labels.numpy(),
-        target_labels=target.labels.numpy(),
-        train_data=s.train,
-        target_data=target,
-        chunks_computed=computed,
-        top_k=None if sc.top_k is None else min(sc.top_k, len(s.train)),
-        full=sc.top_k is None if sc.full is None else sc.full,
-        per_token=sc.per_token,
-        two_stage=recorded_recall(path, sc.experiment, len(target), sc.top_k),
+        store=path, experiment=experiment, n_target=len(target), n_train=len(train), lambdas=lambdas,
+        train_labels=None if train.labels is None else train.labels.numpy(), target_labels=target.labels.numpy(),
+        train_data=train, target_data=target, chunks_computed=computed,
+        top_k=None if top_k is None else min(top_k, len(train)), full=full, per_token=per_token,
+        two_stage=_recorded_recall(path, experiment, len(target), top_k),
     )
 
 
-def recorded_recall(path: Path, experiment: str, n_target: int, top_k: int | None) -> dict[str, Any] | None:
+def _recorded_recall(path: Path, experiment: str, n_target: int, top_k: int | None) -> dict[str, Any] | None:
     """The two-stage record of the experiment's top-k (settings and measured recall), or None."""
     if not top_k:
         return None

@@ -22,14 +22,13 @@ from typing import Any, Union
 import torch
 
 from trakcli.config import Config, ProjectorConfig, check_files, resolve_checkpoints
-from trakcli.config.resolve import missing_train_files
-from trakcli.data.stored import StoredRows
-from trakcli.config.resolve import resolve_optimizer_states
+from trakcli.config.resolve import missing_train_files, resolve_optimizer_states
 from trakcli.curvature import Curvature
 from trakcli.data.load import load_dataset
+from trakcli.data.stored import StoredRows
 from trakcli.data.tensors import TensorDataset, index_inputs, inputs_to
 from trakcli.distributed import Dist, init_from_env
-from trakcli.errors import ConfigError
+from trakcli.errors import ConfigError, StoreError
 from trakcli.factors import KroneckerFeaturizer, LayerGradients, SecondMoment, check_method, per_example_gradients
 from trakcli.factors.second_moment import embedding_note
 from trakcli.gradients import PerExampleGradients
@@ -40,7 +39,7 @@ from trakcli.models.checkpoints import file_sha256, load_checkpoint
 from trakcli.models.peft import with_adapters
 from trakcli.progress import NULL_REPORTER, Reporter
 from trakcli.projectors import make_projector
-from trakcli.store import StoreLayout
+from trakcli.store import Store, StoreLayout
 from trakcli.store.hashes import HashCache
 
 #: What computes ``(phi, q)`` of a batch in the featurize row loop.
@@ -445,9 +444,6 @@ def _stored_train(cfg: Config, missing: list[str], reporter: Reporter) -> Stored
         ConfigError: the store has no recorded train rows (no store, or one without features): the missing
             files are reported as :func:`~trakcli.config.check_files` reports them.
     """
-    from trakcli.errors import StoreError
-    from trakcli.store import Store
-
     try:
         fingerprint = Store.open_existing(cfg.store.location, mode="r").identity.get("train_data")
     except StoreError:
