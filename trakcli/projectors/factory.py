@@ -61,14 +61,10 @@ def auto_cache_bytes(matrix_bytes: int) -> int:
     return budget if matrix_bytes <= budget else 0
 
 
-def _did_you_mean(value: str, choices: tuple[str, ...] | list[str]) -> str:
-    return did_you_mean(value, choices)
-
-
 def _choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
     if not isinstance(value, str) or value not in choices:
         raise ProjectorError(
-            f"unknown projector {name} {value!r}{_did_you_mean(value, choices)}; "
+            f"unknown projector {name} {value!r}{did_you_mean(value, choices)}; "
             f"choose one of {', '.join(choices)}"
         )
     return value
@@ -80,7 +76,7 @@ def _dtype(value: Any) -> torch.dtype:
     if value not in _DTYPES:
         raise ProjectorError(
             f"projector dtype must be one of {', '.join(_DTYPES)}, got {value!r}"
-            f"{_did_you_mean(str(value), tuple(_DTYPES))}; half-precision gradients are "
+            f"{did_you_mean(str(value), tuple(_DTYPES))}; half-precision gradients are "
             f"accepted as input but always accumulated in float32"
         )
     return _DTYPES[value]
@@ -143,7 +139,7 @@ def make_projector(
         k = unknown[0]
         arguments = list(ARGUMENTS)
         raise ProjectorError(
-            f"unknown projector option {k!r}{_did_you_mean(k, arguments + known)}; "
+            f"unknown projector option {k!r}{did_you_mean(k, arguments + known)}; "
             f"known options: {', '.join(arguments + known)}"
         )
     grad_dim = check_int("grad_dim", grad_dim, 1, "it is the number of selected parameters")
