@@ -39,7 +39,7 @@ def test_score_reads_the_train_rows_from_the_store_when_their_file_is_gone(user_
 
     # what needs the rows says which file is missing; the scores it follows are kept
     res = run(root, "score", "run.yaml", "score.experiment=b", "score.top_k=5", "--plot", "top.png")
-    assert res.returncode != 0
+    assert res.returncode == 1
     assert "--plot top.png" in res.stderr and "train.pt is missing" in res.stderr and "restore the file" in res.stderr
     assert not (root / "top.png").exists()
     assert any(k.startswith("scores/b/") for k in arrays(root / "out" / "attrib.zarr"))
@@ -51,5 +51,5 @@ def test_a_missing_train_file_without_a_store_is_the_usual_missing_file_error(us
     (root / "train.pt").unlink()
     for cmd in ("featurize", "score"):
         res = run(root, cmd, "run.yaml")
-        assert res.returncode != 0
+        assert res.returncode == 1
         assert "data.train.path" in res.stderr and "train.pt" in res.stderr, res.stderr
