@@ -220,3 +220,102 @@ def test_candidate_pairs_of_a_block_are_its_rows_and_nothing_else():
         assert torch.equal(t, (slot % cand[0].numel()) // cand[0].shape[1])
         seen[slot] += 1
     assert (seen == 1).all()  # every candidate of both sides in exactly one block
+
+
+@pytest.mark.parametrize("largest", [True, False])
+def test_running_top_k_keeps_what_a_topk_of_every_row_keeps(largest):
+    import torch
+
+    from trakcli.jobs.topk import FILTER_GROUP, RunningTopK
+    from trakcli.scoring import merge_top_k
+
+    k, n = 15, 7
+    g = torch.Generator().manual_seed(3)
+    # blocks laid out train row first: a wide first block, widths not divisible by FILTER_GROUP, a constant
+    # block (ties with nothing kept), a block where most scores pass (merged at once), then many small ones
+    # whose passing scores are set aside and merged later
+    blocks = [torch.randn(40 * FILTER_GROUP, n, generator=g), torch.randn(37, n, generator=g),
+              torch.zeros(FILTER_GROUP, n), torch.randn(8 * FILTER_GROUP, n, generator=g) * 10,
+              *[torch.randn(4 * FILTER_GROUP, n, generator=g) * (1 + i / 4) for i in range(30)]]
+    want, running, offset = (None, None), RunningTopK(k, largest), 0
+    for block in blocks:
+        want = merge_top_k(*want, block.T.contiguous(), offset, k, largest)
+        running.add(block, offset)
+        offset += block.shape[0]
+    got = running.result()
+    assert got[0].shape == (n, k)
+    assert _as_sets(*got) == _as_sets(*want)
+
+
+def test_the_float_copy_is_uncompressed_and_its_rows_are_read_one_by_one_checked(project):
+    import torch  # noqa: F401  (trakcli.store imports it on use)
+
+    from trakcli.store import Store
+    from trakcli.store.rowread import local_chunk_file, row_checksums
+
+    store = Store.open_existing(project / "out" / "int8.zarr", mode="r")
+    rows = store.train(0, create=False)
+    feats = rows.data["features"]
+    assert [type(c).__name__ for c in feats.metadata.codecs] == ["BytesCodec", "Crc32cCodec"]
+    assert local_chunk_file(feats, 0) is not None and local_chunk_file(rows.data["codes"], 0) is None  # zstd
+    bits = np.asarray(feats[:])
+    np.testing.assert_array_equal(np.asarray(rows.data["features_crc32c"][:]), row_checksums(bits))
+    pick = np.array([0, 1, 39, 40, 41, 333, N_TRAIN - 1])
+    np.testing.assert_array_equal(rows.read_rows("features", pick), rows.read("features", 0, N_TRAIN)[pick])
+
+
+def test_a_corrupt_candidate_row_is_reported_and_featurize_verify_repairs_it(tmp_path):
+    root = make_project(tmp_path / "p")
+    args = ["run.yaml", "-q", *_dtype("int8")]
+    assert run(root, "featurize", *args).returncode == 0
+    every = [f"score.top_k={K}", f"score.rescore_multiplier={-(-N_TRAIN // K)}"]  # every row a candidate
+    assert run(root, "score", *args, *every, "score.experiment=before").returncode == 0
+    feats = zarr.open_group(str(root / "out" / "int8.zarr"), mode="r")["train/0/features"]
+    chunk_file = root / "out" / "int8.zarr" / "train" / "0" / "features" / feats.metadata.encode_chunk_key((3, 0))
+    raw = bytearray(chunk_file.read_bytes())
+    row_bytes = feats.shape[1] * 2
+    raw[5 * row_bytes + 7] ^= 0x40  # row 3 · 40 + 5 = 125: one bit of one entry
+    chunk_file.write_bytes(bytes(raw))
+    res = run(root, "score", *args, *every, "score.experiment=after")
+    assert res.returncode != 0
+    assert "train/0/features chunk 3 is corrupt (row 125 fails its checksum)" in res.stderr
+    assert "trak featurize CONFIG --verify" in res.stderr
+    assert run(root, "featurize", *args, "--verify").returncode == 0
+    assert run(root, "score", *args, *every, "score.experiment=after").returncode == 0
+    a, _ = _top(root, "int8", "before")
+    b, _ = _top(root, "int8", "after")
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name])
+
+
+def test_recall_over_a_sample_of_the_rows_is_estimated_and_says_so(project, monkeypatch):
+    import trakcli.jobs.topk as topk
+
+    monkeypatch.setattr(topk, "RECALL_ROWS", 150)  # 3 of the 8 segments (the last holds 40 rows)
+    segs = topk.segments(N_TRAIN, 40, topk.TWO_STAGE_SEGMENT_ROWS)
+    measured = topk.measured_segments(segs, 150)
+    assert len(segs) == 8 and measured == [0, 4, 7]
+    rows = np.concatenate([np.arange(*segs[s]) for s in measured])
+    res = run(project, "score", "run.yaml", *_dtype("binary"), f"score.top_k={K}", "score.rescore_multiplier=1",
+              "score.recall_queries=30", "score.experiment=sampled", "score.show_targets=0")
+    assert res.returncode == 0, res.stderr
+    top, rec = _top(project, "binary", "sampled")
+    full = _full(project, "binary")
+    frac = len(rows) / N_TRAIN
+    assert rec["rows_measured"] == pytest.approx(frac)
+    sample = np.array(rec["recall_queries"])
+    for side, sign in (("proponent", -1), ("opponent", 1)):
+        est = []
+        for t in sample:  # rows of the measured segments that beat the K-th kept score and were not kept
+            kept, tau = top[f"{side}s"][t], top[f"{side}_scores"][t, -1]
+            beyond = rows[(full[t, rows] > tau) if sign < 0 else (full[t, rows] < tau)]
+            u = len(set(beyond.tolist()) - set(kept.tolist()))
+            est.append(1 - min(K, u / frac) / K)
+        assert rec["recall"][f"{side}s"] == pytest.approx(float(np.mean(est)), abs=1e-12)
+    assert min(rec["recall"].values()) < 1  # the sample sees a miss
+    assert f"of 30 targets, estimated over {frac:.1%} of the train rows" in res.stderr
+    # every row a candidate: nothing is missed, and the estimate says so
+    res = run(project, "score", "run.yaml", *_dtype("binary"), f"score.top_k={K}",
+              f"score.rescore_multiplier={-(-N_TRAIN // K)}", "score.experiment=sampled_all", "score.show_targets=0")
+    assert res.returncode == 0, res.stderr
+    assert _top(project, "binary", "sampled_all")[1]["recall"] == {"proponents": 1.0, "opponents": 1.0}

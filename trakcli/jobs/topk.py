@@ -18,19 +18,24 @@ index: :func:`trakcli.scoring.order_top_k`) and the parts are dropped.
    :func:`merge_top_k_filtered`: only the scores that beat the current K'-th best are merged);
 2. the segments' candidates are merged into K' candidates per target and side (every rank
    computes the same merge from the stored parts), their (target, row) pairs sorted by row;
-3. per segment, a pass over the float copy (bfloat16) re-scores exactly the candidate pairs
-   whose row lies in each block (:meth:`TwoStageScores.pairs`: gathered dot products, not a
-   product over the block; ``top_k_parts``, done per segment), and scores a few evenly spaced
-   targets (``score.recall_queries``) against every row, exactly.
+3. per segment, the float copy (bfloat16) of the segment's candidate rows is read, row by row
+   (:meth:`TwoStageScores.gather`; :mod:`trakcli.store.rowread`: ``proj_dim · 2`` bytes a row, not
+   the segment's chunks), and the candidate pairs are re-scored exactly
+   (:meth:`TwoStageScores.pairs`: gathered dot products, not a product over the rows;
+   ``top_k_parts``, done per segment). In the segments of :meth:`StoredTopK.recall_segments`
+   (at least :data:`RECALL_ROWS` rows, evenly spaced; all of them for a smaller store) a few
+   evenly spaced targets (``score.recall_queries``) are also scored exactly against every row.
 
-Both passes compute the next block (its product, or its float copy read) in a background
-thread while the current one is merged (:func:`_ahead`).
+Two-stage segments hold :data:`TWO_STAGE_SEGMENT_ROWS` rows. The candidate pass computes the
+next block's product, and the re-ranking reads the next segment's rows, in a background thread
+while the current one is merged (:func:`_ahead`).
 
 The merge keeps the K best exact scores among each target's candidates: the exact top-k
 whenever the true top-K rows are among the candidates (always when K' >= n_train). The
-sampled targets' exact top-k measures the recall of the result on every run; it is recorded
+sampled targets' exact scores measure the recall of the result on every run (exactly when
+every row was measured, else an estimate: :meth:`StoredTopK.recall`); it is recorded
 in the attributes of ``top_k/proponents`` (``two_stage``) and reported. Exact re-ranking costs
-O(n_target · K' · proj_dim), whatever n_train.
+O(n_target · K' · proj_dim) in reads and products, whatever n_train.
 
 Memory is O(n_target · (K + block)) + O(block · proj_dim), whatever n_train
 (two-stage: K' for K, two blocks at once, plus the merge of step 2,
@@ -62,9 +67,22 @@ from trakcli.store.store import TOP_K_ARRAYS
 
 #: Train rows per segment (the unit of resume and of work between ranks), at least :data:`MIN_SEGMENTS` of them.
 SEGMENT_ROWS = 1 << 17
+#: Train rows per segment of a two-stage top-k. Each segment's candidate pass starts from no threshold, and
+#: its first blocks cost the most to filter (most of their scores pass); larger segments pay that less often
+#: (measured: 0.6 s of filtering per 131,072-row segment, 1,000 targets, K' = 200).
+TWO_STAGE_SEGMENT_ROWS = 1 << 20
 MIN_SEGMENTS = 8
 #: Bytes of one block's float32 scores ``[n_target, block]`` and of its features ``[block, proj_dim]``.
 BLOCK_BYTES = 128 << 20
+#: Bytes of one block's approximate scores in the candidate pass of a two-stage top-k: small enough that the
+#: scaling and filtering of a block's int8 product stay in the processor's cache (measured on the candidate
+#: pass, 10^6 rows, 1,000 targets: 4,096-row blocks took a third of the time of 32,768-row ones outside the
+#: product itself).
+APPROX_BLOCK_BYTES = 16 << 20
+
+#: Train rows (whole segments, evenly spaced) whose exact scores against the sampled targets measure the recall
+#: of a two-stage top-k: all rows when there are fewer, else an estimate (:meth:`StoredTopK.recall`).
+RECALL_ROWS = 1_000_000
 
 #: Every how many columns of a first block :func:`merge_top_k_filtered` estimates its threshold from.
 SEED_STRIDE = 8
@@ -87,6 +105,9 @@ class TwoStageScores(Protocol):
 
     def load(self, lo: int, hi: int) -> Any:
         """The float copy of train rows ``lo .. hi`` (whatever :meth:`pairs` and :meth:`rows` take)."""
+
+    def gather(self, rows: np.ndarray) -> Any:
+        """The float copy of train rows ``rows`` (int64, sorted, unique), as :meth:`load` gives a block."""
 
     def pairs(self, block: Any, targets: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """``[p]`` float32 exact scores of target ``targets[p]`` against row ``rows[p]`` of ``block`` (int64)."""
@@ -130,21 +151,32 @@ class TwoStage:
         return {"codes": self.codes, "rescore_multiplier": self.multiplier, "recall_queries": list(self.sample)}
 
 
-def segments(n_train: int, chunk_rows: int) -> list[tuple[int, int]]:
-    """The segments ``[(lo, hi), ...]`` of ``n_train`` rows: runs of whole chunks, a pure function of both.
+def segments(n_train: int, chunk_rows: int, rows: int = SEGMENT_ROWS) -> list[tuple[int, int]]:
+    """The segments ``[(lo, hi), ...]`` of ``n_train`` rows: runs of whole chunks, a pure function of the three.
 
-    ``max(MIN_SEGMENTS, n_train / SEGMENT_ROWS)`` segments (fewer when there are fewer chunks), each
+    ``max(MIN_SEGMENTS, n_train / rows)`` segments (fewer when there are fewer chunks), each
     the same number of chunks but the last.
     """
     n_chunks = -(-n_train // chunk_rows)
-    want = min(n_chunks, max(MIN_SEGMENTS, -(-n_train // SEGMENT_ROWS)))
+    want = min(n_chunks, max(MIN_SEGMENTS, -(-n_train // rows)))
     per = -(-n_chunks // want) * chunk_rows
     return [(lo, min(lo + per, n_train)) for lo in range(0, n_train, per)]
 
 
-def block_rows(n_target: int, proj_dim: int, chunk_rows: int) -> int:
-    """Train rows scored at once: whole chunks, about :data:`BLOCK_BYTES` of scores and of features."""
-    return chunk_rows * max(1, BLOCK_BYTES // (4 * chunk_rows * max(n_target, proj_dim)))
+def measured_segments(segs: list[tuple[int, int]], rows: int) -> list[int]:
+    """The fewest evenly spaced segments of ``segs`` that hold at least ``rows`` rows (all when fewer are there)."""
+    sizes = [hi - lo for lo, hi in segs]
+    want, n = min(rows, sum(sizes)), len(sizes)
+    for m in range(1, n + 1):
+        pick = sorted({int(i) for i in np.linspace(0, n - 1, m).round()})
+        if sum(sizes[i] for i in pick) >= want:
+            return pick
+    return list(range(n))
+
+
+def block_rows(n_target: int, proj_dim: int, chunk_rows: int, budget: int = BLOCK_BYTES) -> int:
+    """Train rows scored at once: whole chunks, about ``budget`` bytes of float32 scores and of features."""
+    return chunk_rows * max(1, budget // (4 * chunk_rows * max(n_target, proj_dim)))
 
 
 class StoredTopK:
@@ -164,8 +196,10 @@ class StoredTopK:
         self.store, self.experiment = store, experiment
         self.n_target, self.k = n_target, min(k, layout.n_train)
         self.two_stage = two_stage
-        self.segments = segments(layout.n_train, layout.chunk_rows)
+        self.segments = segments(layout.n_train, layout.chunk_rows,
+                                 SEGMENT_ROWS if two_stage is None else TWO_STAGE_SEGMENT_ROWS)
         self.block = block_rows(n_target, layout.proj_dim, layout.chunk_rows)
+        self.approx_block = block_rows(n_target, 0, layout.chunk_rows, APPROX_BLOCK_BYTES)
         self.final = store.top_k(experiment, n_target, self.k, create=create, repair=create)
         self._create = create
 
@@ -206,16 +240,16 @@ class StoredTopK:
         """
         kc, n = self.candidates, len(self.segments)
         pending = cands.pending(dist.rank, dist.world_size)
-        spans = self._spans(pending)
+        spans = self._spans(pending, self.approx_block)
         blocks = _ahead(scores.approx, [span[1:] for span in spans])  # the next block's product while this one merges
         with reporter.task("top-k candidates", len(pending)) as task:
             for seg, group in itertools.groupby(zip(spans, blocks), key=lambda x: x[0][0]):
                 event(f"start top-k candidates {seg}")
-                got: list[Any] = [None, None, None, None]  # top values, top rows, low values, low rows
+                top, low = RunningTopK(kc, largest=True), RunningTopK(kc, largest=False)
                 for (_, b, _), block in group:
-                    got[0], got[1] = merge_top_k_filtered(got[0], got[1], block, b, kc, largest=True)
-                    got[2], got[3] = merge_top_k_filtered(got[2], got[3], block, b, kc, largest=False)
-                cands.write(seg, **_padded(*got, kc))
+                    top.add(block, b)
+                    low.add(block, b)
+                cands.write(seg, **_padded(*top.result(), *low.result(), kc))
                 event(f"done top-k candidates {seg}")
                 task.advance()
         dist.barrier()
@@ -225,33 +259,49 @@ class StoredTopK:
         cand = self._merged_candidates(cands)  # [n_target, K'] rows per side
         pairs = _CandidatePairs(cand)
         sample = torch.tensor(self.two_stage.sample, dtype=torch.int64)
-        spans = self._spans(pending_exact)
-        loaded = _ahead(scores.load, [span[1:] for span in spans])  # the next block read while this one is scored
+        measured = set(self.recall_segments())
+
+        def candidates_of(seg: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any]:
+            """The candidate pairs of a segment and the float copy of their rows (read row by row)."""
+            t, r, slot = pairs.within(*self.segments[seg])
+            rows, at = torch.unique(r, return_inverse=True)  # sorted: each row read once
+            return t, at, slot, scores.gather(rows.numpy())
+
         with reporter.task("top-k exact re-ranking", len(pending_exact)) as task:
-            for seg, group in itertools.groupby(zip(spans, loaded), key=lambda x: x[0][0]):
+            for seg, (t, at, slot, floats) in zip(pending_exact, _ahead(candidates_of, [(s,) for s in pending_exact])):
                 event(f"start top-k segment {seg}")
                 exact = torch.full((2 * self.n_target * kc,), float("nan"))  # [side, target, K'] flat
-                ref: list[Any] = [None, None, None, None]  # the sampled targets' exact top-k
-                for (_, b, e), floats in group:
-                    t, r, slot = pairs.within(b, e)
-                    if len(t):  # only the (target, row) pairs that are candidates: n_target · K' dot products in all
-                        exact[slot] = scores.pairs(floats, t, r - b)
-                    block = scores.rows(floats, sample)
-                    ref[0], ref[1] = merge_top_k(ref[0], ref[1], block, b, self.k, largest=True)
-                    ref[2], ref[3] = merge_top_k(ref[2], ref[3], block, b, self.k, largest=False)
+                if len(t):  # only the (target, row) pairs that are candidates: n_target · K' dot products in all
+                    exact[slot] = scores.pairs(floats, t, at)
                 exact = exact.view(2, self.n_target, kc)
                 mine = {"proponents": cand[0].numpy()[None], "proponent_scores": exact[0].numpy()[None],
                         "opponents": cand[1].numpy()[None], "opponent_scores": exact[1].numpy()[None]}
-                want = _padded(*ref, kc)
+                if seg in measured:  # the sampled targets' exact top-k over the segment's every row
+                    ref: list[Any] = [None, None, None, None]
+                    spans = [span[1:] for span in self._spans([seg])]
+                    for (b, _), block_floats in zip(spans, _ahead(scores.load, spans)):
+                        block = scores.rows(block_floats, sample)
+                        ref[0], ref[1] = merge_top_k(ref[0], ref[1], block, b, self.k, largest=True)
+                        ref[2], ref[3] = merge_top_k(ref[2], ref[3], block, b, self.k, largest=False)
+                    want = _padded(*ref, kc)
+                else:  # not read whole: no exact top-k here (row -1)
+                    idx, val = np.full((1, len(sample), kc), -1, np.int64), np.zeros((1, len(sample), kc), np.float32)
+                    want = {"proponents": idx, "proponent_scores": val, "opponents": idx, "opponent_scores": val}
                 parts.write(seg, **{name: np.concatenate([mine[name], want[name]], axis=1) for name in mine})
                 event(f"done top-k segment {seg}")
                 task.advance()
         return len(pending) + len(pending_exact)
 
-    def _spans(self, pending: list[int]) -> list[tuple[int, int, int]]:
-        """``(segment, lo, hi)`` of every block of the segments ``pending``, in order."""
-        return [(seg, b, min(b + self.block, self.segments[seg][1]))
-                for seg in pending for b in range(self.segments[seg][0], self.segments[seg][1], self.block)]
+    def recall_segments(self) -> list[int]:
+        """The segments whose every row is read for the recall (:func:`measured_segments` of :data:`RECALL_ROWS`)."""
+        return measured_segments(self.segments, RECALL_ROWS)
+
+    def _spans(self, pending: list[int], block: int | None = None) -> list[tuple[int, int, int]]:
+        """``(segment, lo, hi)`` of every block (``block`` rows, default :attr:`block`) of the segments ``pending``,
+        in order."""
+        block = block or self.block
+        return [(seg, b, min(b + block, self.segments[seg][1]))
+                for seg in pending for b in range(self.segments[seg][0], self.segments[seg][1], block)]
 
     def _merged_candidates(self, cands: ChunkedRows) -> list[torch.Tensor]:
         """Step 2: the K' candidates per target of all segments, ``[proponent rows, opponent rows]`` ``[n_target, K']``
@@ -274,22 +324,40 @@ class StoredTopK:
     def recall(self, parts: ChunkedRows) -> dict[str, Any]:
         """The recall@K of the two-stage top-k of the sampled targets against their exact top-k (from ``parts``).
 
+        The sampled targets' exact scores are known over the rows of :meth:`recall_segments`, a fraction f of
+        the train rows. With f = 1 the recall is exact: the mean over the sampled targets of
+        |two-stage ∩ exact| / K. With f < 1 it is estimated: a row that the two-stage top-k R missed but that
+        belongs to the exact top-k beats R's K-th score τ, so ``1 - u / K`` bounds the recall from below, u the
+        rows outside R that beat τ; u is counted over the sampled rows and divided by f (an unbiased estimate of
+        u for rows sampled by whole segments, in which candidates are spread as anywhere).
+
         Returns:
-            :meth:`TwoStage.settings` plus ``k``, ``candidates`` (K'), ``n_queries`` and ``recall``
-            ``{"proponents": r, "opponents": r}``: the mean over the sampled targets of |two-stage ∩ exact| / K
-            (Python floats).
+            :meth:`TwoStage.settings` plus ``k``, ``candidates`` (K'), ``n_queries``, ``rows_measured`` (f, a
+            float) and ``recall`` ``{"proponents": r, "opponents": r}`` (Python floats in [0, 1]).
         """
         n = len(self.two_stage.sample)
+        measured = self.recall_segments()
+        frac = sum(self.segments[s][1] - self.segments[s][0] for s in measured) / self.store.layout.n_train
         got = {name: read_checked(arr, (slice(None),), 0) for name, arr in parts.data.items()}
         mine = self._merge_exact(got, np.asarray(self.two_stage.sample))
         recall = {}
         for side, largest in (("proponent", True), ("opponent", False)):
-            exact = _merge_parts(got[f"{side}_scores"][:, self.n_target:], got[f"{side}s"][:, self.n_target:],
-                                 self.k, largest)[1]
-            hits = [len(set(a.tolist()) & set(b.tolist())) / self.k for a, b in zip(mine[f"{side}s"], exact)]
-            recall[f"{side}s"] = float(np.mean(hits))
+            ref_vals, ref_rows = got[f"{side}_scores"][:, self.n_target:], got[f"{side}s"][:, self.n_target:]
+            if frac >= 1:
+                exact = _merge_parts(ref_vals, ref_rows, self.k, largest)[1]
+                hits = [len(set(a.tolist()) & set(b.tolist())) / self.k for a, b in zip(mine[f"{side}s"], exact)]
+                recall[f"{side}s"] = float(np.mean(hits))
+                continue
+            est = []
+            for j in range(n):  # the rows of the measured segments beyond the K-th score of the two-stage top-k
+                tau, kept = mine[f"{side}_scores"][j, -1], set(mine[f"{side}s"][j].tolist())
+                vals, rows = ref_vals[measured, j].ravel(), ref_rows[measured, j].ravel()
+                beyond = (vals > tau) if largest else (vals < tau)
+                u = sum(1 for r in rows[beyond & (rows >= 0)].tolist() if r not in kept)
+                est.append(1.0 - min(self.k, u / frac) / self.k)
+            recall[f"{side}s"] = float(np.mean(est))
         return {**self.two_stage.settings(), "k": self.k, "candidates": self.candidates, "n_queries": n,
-                "recall": recall}
+                "rows_measured": float(min(frac, 1.0)), "recall": recall}
 
     def recorded_recall(self) -> dict[str, Any] | None:
         """The recall recorded by a two-stage run (:meth:`recall`), or None."""
@@ -399,25 +467,48 @@ class _CandidatePairs:
 
 
 #: Columns of a block whose best score is compared first by :func:`_beyond`.
-FILTER_GROUP = 64
+FILTER_GROUP = 16
 
 
 def _beyond(block: torch.Tensor, thr: torch.Tensor, largest: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """``(targets, columns)`` of the scores of ``block`` beyond ``thr`` per target (above, or below when not
-    ``largest``), by target then column.
+    ``largest``), by target.
 
-    The best score of each run of :data:`FILTER_GROUP` columns is compared first (one reduction over the block),
-    then the columns of the runs that pass: little more than one read of the block when few pass.
+    The columns are cut into ``c / FILTER_GROUP`` groups of :data:`FILTER_GROUP` columns, group g holding columns
+    g, g + c / FILTER_GROUP, g + 2c / FILTER_GROUP, ...; the best score of each group is compared first (one
+    reduction over the block, across its rows of groups: an order of magnitude faster than over contiguous
+    runs of 64 columns, measured), then the columns of the groups that pass: little more than one read of the
+    block when few pass.
     """
     n, c = block.shape
     if c % FILTER_GROUP:
         return (block > thr[:, None] if largest else block < thr[:, None]).nonzero(as_tuple=True)
-    runs = block.view(n, c // FILTER_GROUP, FILTER_GROUP)
-    best = runs.amax(2) if largest else runs.amin(2)
+    stride = c // FILTER_GROUP
+    groups = block.view(n, FILTER_GROUP, stride)  # groups[t, m, g] = block[t, m · stride + g]
+    best = groups.amax(1) if largest else groups.amin(1)  # [n, stride]
     rt, rg = (best > thr[:, None] if largest else best < thr[:, None]).nonzero(as_tuple=True)
-    vals = runs[rt, rg]  # [passing runs, FILTER_GROUP]
-    pi, pj = (vals > thr[rt, None] if largest else vals < thr[rt, None]).nonzero(as_tuple=True)
-    return rt[pi], rg[pi] * FILTER_GROUP + pj
+    vals = groups[rt, :, rg]  # [passing groups, FILTER_GROUP]
+    pi, pm = (vals > thr[rt, None] if largest else vals < thr[rt, None]).nonzero(as_tuple=True)
+    return rt[pi], pm * stride + rg[pi]
+
+
+def _beyond_by_row(block: torch.Tensor, thr: torch.Tensor, largest: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(columns, targets)`` of the scores of ``block`` ``[cols, n_target]`` beyond ``thr`` ``[n_target]`` (above,
+    or below when not ``largest``): :func:`_beyond` for a block laid out train row first.
+
+    Group g holds rows g, g + cols / FILTER_GROUP, ...; the best of each group (a reduction over the outer axis,
+    vectorized along the targets) is compared first, then the rows of the groups that pass.
+    """
+    c, n = block.shape
+    if c % FILTER_GROUP:
+        return (block > thr[None, :] if largest else block < thr[None, :]).nonzero(as_tuple=True)
+    stride = c // FILTER_GROUP
+    groups = block.view(FILTER_GROUP, stride, n)  # groups[m, g, t] = block[m · stride + g, t]
+    best = groups.amax(0) if largest else groups.amin(0)  # [stride, n]
+    rg, rt = (best > thr[None, :] if largest else best < thr[None, :]).nonzero(as_tuple=True)
+    vals = groups[:, rg, rt]  # [FILTER_GROUP, passing groups]
+    pm, pi = (vals > thr[rt][None, :] if largest else vals < thr[rt][None, :]).nonzero(as_tuple=True)
+    return pm * stride + rg[pi], rt[pi]
 
 
 def merge_top_k_filtered(
@@ -465,6 +556,85 @@ def merge_top_k_filtered(
     both, both_idx = torch.cat([values, got], dim=1), torch.cat([indices, rows], dim=1)
     kept, sel = torch.topk(both, k, dim=1, largest=largest, sorted=False)
     return kept, torch.gather(both_idx, 1, sel)
+
+
+class RunningTopK:
+    """The running top-k of one side over blocks of scores, whose merges are batched.
+
+    A block's scores beyond the kept k-th best (:func:`_beyond`) are set aside; they are merged with the kept
+    ones (one ``topk`` over ``[n_target, k + passed]``) only once ``n_target · k`` have been set aside, or at
+    :meth:`result`. Between merges the threshold is the one of the last merge: lower than the current k-th
+    best, so more scores pass, never fewer; the result is that of :func:`~trakcli.scoring.merge_top_k` over
+    every block. Until k finite scores per target are kept (the first blocks), and for a block where more than
+    a quarter pass, blocks go to :func:`merge_top_k_filtered` / :func:`~trakcli.scoring.merge_top_k` at once.
+
+    Args:
+        k: how many to keep per target.
+        largest: keep the highest (proponents) or the lowest (opponents).
+    """
+
+    def __init__(self, k: int, largest: bool):
+        self.k, self.largest = k, largest
+        self.values: torch.Tensor | None = None  # [n_target, <= k] float32
+        self.indices: torch.Tensor | None = None  # [n_target, <= k] int64 train rows
+        self.thr: torch.Tensor | None = None  # [n_target]: the kept k-th best at the last merge (None: not yet)
+        self._passed: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # (targets, rows, scores)
+        self._n_passed = 0
+
+    def add(self, block: torch.Tensor, offset: int) -> None:
+        """Take the scores ``[cols, n_target]`` (train rows first, as :meth:`TwoStageScores.approx` gives them) of
+        train rows ``offset .. offset + cols``."""
+        if self.thr is None:
+            self.values, self.indices = merge_top_k_filtered(self.values, self.indices, block.T.contiguous(),
+                                                             offset, self.k, self.largest)
+            self._threshold()
+            return
+        j, t = _beyond_by_row(block, self.thr, self.largest)
+        if 4 * len(t) > block.numel():
+            self._merge()
+            self.values, self.indices = merge_top_k(self.values, self.indices, block.T.contiguous(), offset, self.k,
+                                                    self.largest)
+            self._threshold()
+            return
+        if len(t):
+            self._passed.append((t, j + offset, block[j, t]))
+            self._n_passed += len(t)
+            if self._n_passed >= block.shape[1] * self.k:
+                self._merge()
+
+    def result(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``([n_target, k] scores, [n_target, k] int64 rows)`` of every block taken, in no particular order
+        (fewer than k columns when fewer rows were taken)."""
+        self._merge()
+        return self.values, self.indices
+
+    def _threshold(self) -> None:
+        v = self.values
+        if v is None or v.shape[1] < self.k:
+            self.thr = None
+            return
+        thr = v.amin(1) if self.largest else v.amax(1)
+        self.thr = thr if bool(torch.isfinite(thr).all()) else None
+
+    def _merge(self) -> None:
+        if not self._passed:
+            return
+        t, rows, vals = (torch.cat(x) for x in zip(*self._passed))
+        self._passed, self._n_passed = [], 0
+        order = torch.argsort(t, stable=True)  # by target, each target's scores in the order they came
+        t, rows, vals = t[order], rows[order], vals[order]
+        n = self.values.shape[0]
+        count = torch.bincount(t, minlength=n)
+        pos = torch.arange(len(t)) - (torch.cumsum(count, 0) - count)[t]  # rank of each score in its target
+        width = int(count.max())
+        got = torch.full((n, width), float("-inf") if self.largest else float("inf"))
+        got[t, pos] = vals
+        idx = torch.zeros((n, width), dtype=torch.int64)  # a filler (±inf) never beats a kept (finite) value
+        idx[t, pos] = rows
+        both, both_idx = torch.cat([self.values, got], dim=1), torch.cat([self.indices, idx], dim=1)
+        kept, sel = torch.topk(both, self.k, dim=1, largest=self.largest, sorted=False)
+        self.values, self.indices = kept, torch.gather(both_idx, 1, sel)
+        self._threshold()
 
 
 def _padded(top_v, top_i, low_v, low_i, k: int) -> dict[str, np.ndarray]:

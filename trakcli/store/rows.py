@@ -26,7 +26,8 @@ from trakcli.store.integrity import (
     repair_command,
     settle,
 )
-from trakcli.store.quantize import BINARY, INT8, encode
+from trakcli.store.quantize import BINARY, INT8, ROW_CRC, encode
+from trakcli.store.rowread import ROW_CRC_SUFFIX, read_rows, row_checksums
 
 __all__ = ["ChunkedRows", "EvalRows", "StoreCorruptError", "codecs", "read_checked"]
 
@@ -114,6 +115,8 @@ class ChunkedRows:
             stored = round_to_bfloat16(arrays["features"]) if is_bfloat16(self.data["features"]) else arrays["features"]
             arrays = {**arrays, **encode(self.code_dtype, stored)}
         encoded = {name: _encode(self.data[name], arr) for name, arr in arrays.items()}  # before any write
+        if ROW_CRC in self.data and "features" in encoded and ROW_CRC not in encoded:  # the rows as stored
+            encoded[ROW_CRC] = row_checksums(encoded["features"])
         try:
             for name, arr in encoded.items():
                 sel = (slice(None),) * self.axis + (slice(lo, hi),)
@@ -182,6 +185,27 @@ class ChunkedRows:
         # every chunk but the array's last holds chunk_rows entries, and the last sorts last
         at = np.searchsorted(chunks, idx // self.chunk_rows) * self.chunk_rows + idx % self.chunk_rows
         return np.take(joined, at, axis=self.axis)
+
+    def read_rows(self, name: str, rows: np.ndarray) -> np.ndarray:
+        """Rows ``rows`` (int64, sorted, unique) of the 2-D array ``name``: one by one, each checked by its own
+        checksum, where the array allows it (:mod:`trakcli.store.rowread`: the uncompressed float copy of an
+        int8 / binary store on a local file system), else the chunks that hold them (:meth:`take`).
+
+        Returns:
+            ``[len(rows), width]`` in the array's dtype (float32 for bfloat16).
+
+        Raises:
+            StoreCorruptError: a row or chunk is missing or fails its checksum.
+        """
+        rows = np.asarray(rows, dtype=np.int64)
+        crc_name = name + ROW_CRC_SUFFIX
+        if crc_name in self.data and len(rows):
+            lo, hi = int(rows[0]), int(rows[-1]) + 1
+            crc = self.read(crc_name, lo, hi)[rows - lo]
+            got = read_rows(self.data[name], crc, rows, self.chunk_rows)
+            if got is not None:
+                return got
+        return self.take(name, rows)
 
     def iter_chunks(self, name: str) -> Iterator[tuple[int, int, np.ndarray]]:
         """Yield ``(lo, hi, block)`` of array ``name`` chunk by chunk."""

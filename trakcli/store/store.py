@@ -28,7 +28,7 @@ from trakcli.errors import Fix, StoreError, StoreMismatchError
 from trakcli.files import atomic_open
 from trakcli.store.append import grow_if_appended, stale_error
 from trakcli.store.bfloat16 import array_attrs, is_bfloat16, logical_dtype, storage_dtype
-from trakcli.store.quantize import code_arrays, feature_dtype
+from trakcli.store.quantize import ROW_CRC, code_arrays, feature_dtype
 from trakcli.store.evalgroup import delete_keeping_eval, headless_store, remove_leftovers, restore_eval
 from trakcli.store.identity import check_same, jsonable
 from trakcli.store.integrity import (
@@ -350,10 +350,12 @@ class Store:
         create: bool,
         repair: bool = False,
         dims_of: dict[str, tuple[str, ...]] | None = None,
+        compressors: dict[str, str] | None = None,
     ) -> tuple[dict[str, Any], Any]:
+        """The arrays ``shape_of`` of ``group`` and its ``done`` flags (created when absent and ``create``), each
+        compressed with the store's compressor unless ``compressors`` names another for it."""
         data = {}
         recreated = []  # arrays created now beside an existing done array: their done chunks must be checked
-        array_codecs = codecs(self.layout.compressor)
         for name, (shape, dtype) in shape_of.items():
             noted = len(self.notes)
             arr = self._node(f"{group.path}/{name}", repair and create)
@@ -374,7 +376,7 @@ class Store:
             elif create:
                 arr = group.create_array(
                     name, shape=shape, chunks=chunks_of[name], dtype=storage_dtype(dtype), fill_value=0,
-                    compressors=array_codecs, dimension_names=(dims_of or {}).get(name), attributes=array_attrs(dtype),
+                    compressors=codecs((compressors or {}).get(name, self.layout.compressor)), dimension_names=(dims_of or {}).get(name), attributes=array_attrs(dtype),
                 )
             else:
                 raise StoreError(_missing(f"store array {group.path}/{name}", self.distributed))
@@ -510,6 +512,11 @@ class Store:
                     f"{optimizer_state[0]} has sha256 {optimizer_state[1][:12]}; ", fix
                 )
         codes = code_arrays(layout.dtype, n_train, proj_dim)
+        plain = {}
+        if codes and "features" in group and ROW_CRC not in group:
+            del codes[ROW_CRC]  # a float copy written before the row checksums: read by chunks, as written
+        elif codes:
+            plain = {"features": "none"}  # the float copy: uncompressed, read row by row (trakcli.store.rowread)
         data, done = self._arrays(
             group,
             {
@@ -524,7 +531,8 @@ class Store:
             create,
             repair,
             {"features": ("train", "proj"), "out_to_loss": ("train",), "nonfinite": ("train",),
-             "codes": ("train", "code"), "scale": ("train",)},
+             "codes": ("train", "code"), "scale": ("train",), ROW_CRC: ("train",)},
+            compressors=plain,
         )
         return ChunkedRows(data, done, rows, n_train)
 
