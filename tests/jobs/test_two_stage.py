@@ -319,3 +319,29 @@ def test_recall_over_a_sample_of_the_rows_is_estimated_and_says_so(project, monk
               f"score.rescore_multiplier={-(-N_TRAIN // K)}", "score.experiment=sampled_all", "score.show_targets=0")
     assert res.returncode == 0, res.stderr
     assert _top(project, "binary", "sampled_all")[1]["recall"] == {"proponents": 1.0, "opponents": 1.0}
+
+
+def test_a_store_without_row_checksums_reads_its_candidates_by_chunks(project, tmp_path):
+    # an int8 store written before the float copy carried row checksums: same top-k, read chunk by chunk
+    import json
+
+    from trakcli.store import Store
+
+    root = make_project(tmp_path / "p")
+    shutil.copytree(project / "out" / "int8.zarr", root / "out" / "int8.zarr")
+    train = root / "out" / "int8.zarr" / "train" / "0"
+    shutil.rmtree(train / "features_crc32c")
+    meta = json.loads((train / "zarr.json").read_text())
+    if "consolidated_metadata" in meta and meta["consolidated_metadata"]:
+        meta["consolidated_metadata"]["metadata"].pop("features_crc32c", None)
+        (train / "zarr.json").write_text(json.dumps(meta))
+    rows = Store.open_existing(root / "out" / "int8.zarr", mode="r").train(0, create=False)
+    assert "features_crc32c" not in rows.data
+    args = ["run.yaml", *_dtype("int8"), f"score.top_k={K}", "score.experiment=old", "score.show_targets=0"]
+    for where in (project, root):
+        res = run(where, "score", *args)
+        assert res.returncode == 0, res.stderr
+    new, _ = _top(project, "int8", "old")
+    old, _ = _top(root, "int8", "old")
+    for name in new:
+        np.testing.assert_array_equal(old[name], new[name])
