@@ -32,6 +32,8 @@ from trakcli.store.rowread import ROW_CRC_SUFFIX, read_rows, row_checksums
 __all__ = ["ChunkedRows", "EvalRows", "StoreCorruptError", "codecs", "read_checked"]
 
 READ_ERRORS = (ValueError, RuntimeError, OSError, TypeError)  # what zarr raises for an undecodable chunk
+#: Chunks read at once by :meth:`ChunkedRows.read_rows` where rows cannot be read one by one.
+READ_RUN_CHUNKS = 32
 
 
 def codecs(compressor: str) -> list[Any]:
@@ -189,7 +191,8 @@ class ChunkedRows:
     def read_rows(self, name: str, rows: np.ndarray) -> np.ndarray:
         """Rows ``rows`` (int64, sorted, unique) of the 2-D array ``name``: one by one, each checked by its own
         checksum, where the array allows it (:mod:`trakcli.store.rowread`: the uncompressed float copy of an
-        int8 / binary store on a local file system), else the chunks that hold them (:meth:`take`).
+        int8 / binary store on a local file system), else the chunks that hold them, read in runs of
+        :data:`READ_RUN_CHUNKS` (on an object store, fetched concurrently).
 
         Returns:
             ``[len(rows), width]`` in the array's dtype (float32 for bfloat16).
@@ -205,7 +208,17 @@ class ChunkedRows:
             got = read_rows(self.data[name], crc, rows, self.chunk_rows)
             if got is not None:
                 return got
-        return self.take(name, rows)
+        if not len(rows):
+            return self.take(name, rows)
+        # by runs of at most READ_RUN_CHUNKS chunks, each one read (its chunks fetched concurrently, as a block
+        # of a streamed pass), skipping runs without a row asked for
+        span = self.chunk_rows * READ_RUN_CHUNKS
+        parts = []
+        for lo in range(int(rows[0]) // span * span, int(rows[-1]) + 1, span):
+            a, b = np.searchsorted(rows, [lo, lo + span])
+            if a < b:
+                parts.append(self.read(name, lo, min(lo + span, self.n_rows))[rows[a:b] - lo])
+        return np.concatenate(parts)
 
     def iter_chunks(self, name: str) -> Iterator[tuple[int, int, np.ndarray]]:
         """Yield ``(lo, hi, block)`` of array ``name`` chunk by chunk."""
