@@ -140,6 +140,25 @@ def test_top_k_killed_and_resumed_on_s3_equals_the_local_top_k(tmp_path, s3, loc
     _same_as_local(url, local_reference, ("scores/top", "targets/top"))
 
 
+def test_two_stage_top_k_on_s3_equals_the_local_one(tmp_path, s3):
+    # the float copy's candidate rows are read in runs of chunks on S3, one by one on a local disk
+    local = make_project(tmp_path / "local")
+    remote = make_project(tmp_path / "remote")
+    url = s3.url()
+    set_store(remote, url)
+    args = ["run.yaml", "-q", "store.dtype=int8", f"score.top_k={K}", "score.experiment=top"]
+    for root in (local, remote):
+        for cmd in ("featurize", "score"):
+            res = run(root, cmd, *args)
+            assert res.returncode == 0, res.stderr
+    got = {n: a for n, a in s3_arrays(url).items() if n.startswith("scores/top/top_k/")}
+    want = arrays(local / "out" / "attrib.zarr")
+    assert sorted(got) == [f"scores/top/top_k/{n}" for n in
+                           ("done", "opponent_scores", "opponents", "proponent_scores", "proponents")]
+    for name, arr in got.items():
+        np.testing.assert_array_equal(arr, want[name], err_msg=name)
+
+
 def test_torchrun_two_ranks_on_s3_write_the_local_store(tmp_path, s3, local_reference):
     root = make_project(tmp_path / "p")
     url = s3.url()
