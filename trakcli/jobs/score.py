@@ -649,11 +649,9 @@ class _BlockScores:
         self.weights: list[torch.Tensor] = []  # per primal checkpoint: W_m [n_target, proj_dim] float32
         self.primal: list[tuple[ChunkedRows, torch.Tensor, torch.Tensor]] = []  # rows, factor, target norms²
         self.dual_total: torch.Tensor | None = None
-        # two-stage top-k, made on first use: mean Q [n_train]; per primal checkpoint the int8 target weights
-        # with their per-target scales, and the row scales [n_train]
-        self._q_all: torch.Tensor | None = None
+        # two-stage top-k, made on first use: per primal checkpoint the int8 target weights with their
+        # per-target scales
         self._qweights: list[tuple[torch.Tensor, torch.Tensor]] | None = None
-        self._scales: list[torch.Tensor] = []
 
     def add(self, model_id: int, kernel: torch.Tensor | None, lam: float, phi_t: torch.Tensor) -> None:
         """Add checkpoint ``model_id``: its kernel (primal factor, dual X, or None: no kernel), ridge and target features."""
@@ -682,14 +680,13 @@ class _BlockScores:
     def _mean_q(self, lo: int, hi: int) -> torch.Tensor:
         """``[hi - lo]`` float32 mean out-to-loss over checkpoints (averaged in float64, as :func:`ensemble_block`).
 
-        Read once for every row (``[n_train]`` float32, 4 bytes a row) and kept: both passes of the two-stage
-        top-k need it.
+        Read with each block, in the thread that reads the block: a per-row array of 512-row chunks costs
+        zarr about 0.35 ms a chunk (7 s for 10^7 rows, measured), which a read of every row before the first
+        block would add to the run, and which a block's read overlaps with the product of the block before.
         """
-        if self._q_all is None:
-            rows = self.train_rows
-            q = sum(r.read("out_to_loss", 0, r.n_rows).astype(np.float64) for r in rows) / len(rows)
-            self._q_all = torch.from_numpy(np.asarray(q, dtype=np.float32))
-        return self._q_all[lo:hi]
+        rows = self.train_rows
+        q = sum(r.read("out_to_loss", lo, hi).astype(np.float64) for r in rows) / len(rows)
+        return torch.from_numpy(np.asarray(q, dtype=np.float32))
 
     def approx(self, lo: int, hi: int) -> torch.Tensor:
         """Approximate scores ``[hi - lo, n_target]`` float32 (train rows first) from the codes
@@ -698,8 +695,8 @@ class _BlockScores:
         Per checkpoint, ``W_m φ_i ≈ s_t s_i · (ŵ_t · c_i)``: the target weights ``W_m`` rounded to int8 with a
         per-target scale ``s_t = max|W_m[t]| / 127``, the row's codes ``c_i`` (int8, or ±1 for binary) and scale
         ``s_i``; the int8 product is exact in int32 (``torch._int_mm``). Summed over checkpoints, times the
-        mean Q of the row, as :func:`~trakcli.scoring.score_block`. The row scales are read once for every
-        row (``[n_train]`` float32 per checkpoint) and kept. The product is ``codes · ŵᵀ`` with the codes as
+        mean Q of the row, as :func:`~trakcli.scoring.score_block`. The row scales and Q are read with the
+        block's codes. The product is ``codes · ŵᵀ`` with the codes as
         stored: on AVX-512 VNNI, 770 against 610 GOPS for ``ŵ · codesᵀ`` (1,000 targets, 4,096 rows, measured).
         """
         if self._qweights is None:
@@ -709,14 +706,13 @@ class _BlockScores:
                 safe = torch.where(s_t > 0, s_t, torch.ones_like(s_t))
                 wq = torch.round(w / safe[:, None]).clamp_(-127, 127).to(torch.int8)  # [n_target, proj_dim]
                 self._qweights.append((wq, s_t))
-            self._scales = [torch.from_numpy(rows.read("scale", 0, rows.n_rows).astype(np.float32, copy=False))
-                            for rows, _, _ in self.primal]
         q = self._mean_q(lo, hi)
         acc = None
-        for (wq, s_t), (rows, _, _), scale in zip(self._qweights, self.primal, self._scales):
+        for (wq, s_t), (rows, _, _) in zip(self._qweights, self.primal):
             codes = signs(rows.code_dtype, rows.read("codes", lo, hi), wq.shape[1])  # [rows, proj_dim] int8
+            scale = torch.from_numpy(rows.read("scale", lo, hi).astype(np.float32, copy=False))  # [rows]
             term = torch._int_mm(torch.from_numpy(codes), wq.T)  # [rows, n_target] int32
-            term = torch.mul(term, (scale[lo:hi] * q)[:, None]).mul_(s_t[None, :])  # float32
+            term = torch.mul(term, (scale * q)[:, None]).mul_(s_t[None, :])  # float32
             acc = term if acc is None else acc.add_(term)
         return acc
 
@@ -726,7 +722,10 @@ class _BlockScores:
         (:meth:`~trakcli.store.rows.ChunkedRows.read_rows`), and their ``[len(rows)]`` float32 mean Q."""
         feats = [torch.from_numpy(r.read_rows("features", rows).astype(np.float32, copy=False))
                  for r, _, _ in self.primal]
-        return feats, self._mean_q(0, self.train_rows[0].n_rows)[torch.from_numpy(rows)]
+        if not len(rows):
+            return feats, torch.zeros(0)
+        lo = int(rows[0])
+        return feats, self._mean_q(lo, int(rows[-1]) + 1)[torch.from_numpy(rows - lo)]
 
     def load(self, lo: int, hi: int) -> tuple[list[torch.Tensor], torch.Tensor]:
         """The float copy of train rows ``lo .. hi``: per checkpoint ``[rows, proj_dim]`` float32 (bfloat16 as stored,
