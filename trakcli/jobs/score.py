@@ -635,6 +635,14 @@ def _finalize_and_score(
     return lambdas, computed
 
 
+def _as_tensor(arr: np.ndarray) -> torch.Tensor:
+    """A stored feature array as a torch tensor: bfloat16 bits (uint16) viewed as ``torch.bfloat16`` (no copy),
+    anything else as float32."""
+    if arr.dtype == np.uint16:
+        return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(arr.astype(np.float32, copy=False))
+
+
 class _BlockScores:
     """The ensembled scores of every target against a block of train rows, ``(lo, hi) -> [n_target, hi - lo]``.
 
@@ -717,11 +725,11 @@ class _BlockScores:
         return acc
 
     def gather(self, rows: np.ndarray) -> tuple[list[torch.Tensor], torch.Tensor]:
-        """The float copy of train rows ``rows`` (int64, sorted, unique), as :meth:`load` gives a block: per
-        checkpoint ``[len(rows), proj_dim]`` float32, read row by row where the store allows
-        (:meth:`~trakcli.store.rows.ChunkedRows.read_rows`), and their ``[len(rows)]`` float32 mean Q."""
-        feats = [torch.from_numpy(r.read_rows("features", rows).astype(np.float32, copy=False))
-                 for r, _, _ in self.primal]
+        """The float copy of train rows ``rows`` (int64, sorted, unique) for :meth:`pairs`: per checkpoint
+        ``[len(rows), proj_dim]``, read row by row where the store allows
+        (:meth:`~trakcli.store.rows.ChunkedRows.read_rows`), kept as stored (torch bfloat16: 2 bytes a feature,
+        converted by :meth:`pairs` as it gathers), and their ``[len(rows)]`` float32 mean Q."""
+        feats = [_as_tensor(r.read_rows("features", rows, decode=False)) for r, _, _ in self.primal]
         if not len(rows):
             return feats, torch.zeros(0)
         lo = int(rows[0])
@@ -747,7 +755,8 @@ class _BlockScores:
         asked for, not the block's product.
 
         Args:
-            block: :meth:`load`'s float copy of a block of rows.
+            block: :meth:`load`'s or :meth:`gather`'s float copy of rows (float32 or bfloat16, converted to
+                float32 as they are gathered).
             targets: ``[p]`` int64 target indices.
             rows: ``[p]`` int64 row indices within the block.
         """
@@ -757,7 +766,7 @@ class _BlockScores:
             r, t = rows[g : g + self.PAIR_GROUP], targets[g : g + self.PAIR_GROUP]
             acc = None
             for w, f in zip(self.weights, feats):
-                term = f.index_select(0, r).mul_(w.index_select(0, t)).sum(1)  # [group]
+                term = f.index_select(0, r).float().mul_(w.index_select(0, t)).sum(1)  # [group]
                 acc = term if acc is None else acc.add_(term)
             out[g : g + self.PAIR_GROUP] = acc.div_(len(feats)).mul_(q[r])
         return out

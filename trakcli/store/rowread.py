@@ -65,7 +65,7 @@ def local_chunk_file(arr: Any, chunk: int) -> Path | None:
     return Path(store.root) / arr.store_path.path / key
 
 
-def read_rows(arr: Any, crc: np.ndarray, rows: np.ndarray, chunk_rows: int) -> np.ndarray | None:
+def read_rows(arr: Any, crc: np.ndarray, rows: np.ndarray, chunk_rows: int, decode: bool = True) -> np.ndarray | None:
     """Rows ``rows`` of the uncompressed 2-D zarr array ``arr``, each checked against its CRC32C.
 
     Args:
@@ -73,9 +73,10 @@ def read_rows(arr: Any, crc: np.ndarray, rows: np.ndarray, chunk_rows: int) -> n
         crc: ``[len(rows)]`` uint32, the stored checksum of each row asked for.
         rows: ``[r]`` int64 row indices, sorted, unique.
         chunk_rows: rows per chunk.
+        decode: bfloat16 bits are returned as float32 (True) or as the stored uint16 (False).
 
     Returns:
-        ``[r, width]`` in the array's dtype (float32 for bfloat16 bits), or None when ``arr`` is not an
+        ``[r, width]`` in the array's dtype (float32 for bfloat16 bits when ``decode``), or None when ``arr`` is not an
         uncompressed array on a local file system (:func:`local_chunk_file`).
 
     Raises:
@@ -124,4 +125,5 @@ def read_rows(arr: Any, crc: np.ndarray, rows: np.ndarray, chunk_rows: int) -> n
             f"store array {arr.path} chunk {row // chunk_rows} is corrupt (row {row} fails its checksum"
             f"{f'; {len(bad)} rows in all' if len(bad) > 1 else ''}); {repair_command(arr.path)}",
             arr.path, sorted({int(rows[i]) // chunk_rows for i in bad}))
-    return from_bits(out.astype(np.uint16, copy=False)) if is_bfloat16(arr) else out
+    out = out.astype(np.dtype(arr.dtype), copy=False)  # native byte order
+    return from_bits(out) if decode and is_bfloat16(arr) else out

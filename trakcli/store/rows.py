@@ -188,14 +188,17 @@ class ChunkedRows:
         at = np.searchsorted(chunks, idx // self.chunk_rows) * self.chunk_rows + idx % self.chunk_rows
         return np.take(joined, at, axis=self.axis)
 
-    def read_rows(self, name: str, rows: np.ndarray) -> np.ndarray:
+    def read_rows(self, name: str, rows: np.ndarray, decode: bool = True) -> np.ndarray:
         """Rows ``rows`` (int64, sorted, unique) of the 2-D array ``name``: one by one, each checked by its own
         checksum, where the array allows it (:mod:`trakcli.store.rowread`: the uncompressed float copy of an
         int8 / binary store on a local file system), else the chunks that hold them, read in runs of
         :data:`READ_RUN_CHUNKS` (on an object store, fetched concurrently).
 
+        Args:
+            decode: bfloat16 arrays give float32 (True) or their stored uint16 bits (False: half the memory).
+
         Returns:
-            ``[len(rows), width]`` in the array's dtype (float32 for bfloat16).
+            ``[len(rows), width]`` in the array's dtype (for bfloat16: float32, or uint16 bits if not ``decode``).
 
         Raises:
             StoreCorruptError: a row or chunk is missing or fails its checksum.
@@ -205,7 +208,7 @@ class ChunkedRows:
         if crc_name in self.data and len(rows):
             lo, hi = int(rows[0]), int(rows[-1]) + 1
             crc = self.read(crc_name, lo, hi)[rows - lo]
-            got = read_rows(self.data[name], crc, rows, self.chunk_rows)
+            got = read_rows(self.data[name], crc, rows, self.chunk_rows, decode=decode)
             if got is not None:
                 return got
         if not len(rows):
