@@ -21,8 +21,8 @@ last and are what commits the append):
    as ``gram_prefix`` (:func:`trakcli.store.kernel.save_gram_prefix`): featurize
    makes the kernel again adding only the new rows' products (a dual kernel: from
    every stored feature);
-3. its arrays (``features``, ``out_to_loss``, ``nonfinite``, an int8 or binary store's ``codes`` and
-   ``scale``, ``done``) are resized
+3. its arrays (``features``, ``out_to_loss``, ``nonfinite``, an int8 or binary store's ``codes``,
+   ``scale`` and ``features_crc32c``, ``done``) are resized
    along the rows (new chunks are not done);
 4. every scored experiment (``scores/<experiment>``) is marked stale (attribute
    ``stale``: the ``n_train`` and train ``sha256`` it was scored over): reading or
@@ -47,6 +47,7 @@ from trakcli.store.identity import differing_keys, jsonable
 from trakcli.store.integrity import StoreCorruptError, delete, keys, node, writable
 from trakcli.store.kernel import save_gram_prefix
 from trakcli.store.layout import LAYOUT_ATTR
+from trakcli.store.quantize import CODE_ARRAYS
 from trakcli.store.rows import read_checked
 
 if TYPE_CHECKING:
@@ -192,7 +193,7 @@ def _grow_train(store: "Store", model_id: int, n_old: int, n_new: int, chunk_row
         save_gram_prefix(store, model_id, n_old)  # the old rows' Gram, from the kernel: only new rows are added
         delete(store.root, f"{path}/kernel", metadata_only=False)
     n_chunks = -(-n_new // chunk_rows)
-    for name in ("features", "out_to_loss", "nonfinite", "codes", "scale"):  # codes, scale: int8 / binary stores
+    for name in ("features", "out_to_loss", "nonfinite", *CODE_ARRAYS):  # codes: int8 / binary stores
         arr = node(group, name)
         if arr is not None and arr.shape[0] != n_new:
             writable(arr).resize((n_new, *arr.shape[1:]))

@@ -70,6 +70,9 @@ def code_width(dtype: str, proj_dim: int) -> int:
 ROW_CRC = "features_crc32c"
 """The per-row checksums of the float copy (:mod:`trakcli.store.rowread`)."""
 
+CODE_ARRAYS = ("codes", "scale", ROW_CRC)
+"""The train arrays a store of a quantized dtype has beside ``features``, ``out_to_loss`` and ``nonfinite``."""
+
 
 def code_arrays(dtype: str, n_rows: int, proj_dim: int) -> dict[str, tuple[tuple[int, ...], str]]:
     """The extra arrays ``{name: (shape, zarr dtype)}`` of a store of ``store.dtype`` ``dtype`` ({} if none):
