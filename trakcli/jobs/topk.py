@@ -278,7 +278,7 @@ class StoredTopK:
                         "opponents": cand[1].numpy()[None], "opponent_scores": exact[1].numpy()[None]}
                 if seg in measured:  # the sampled targets' exact top-k over the segment's every row
                     ref: list[Any] = [None, None, None, None]
-                    spans = [span[1:] for span in self._spans([seg])]
+                    spans = [span[1:] for span in self._spans([seg], self.approx_block)]  # 16 targets: small blocks
                     for (b, _), block_floats in zip(spans, _ahead(scores.load, spans)):
                         block = scores.rows(block_floats, sample)
                         ref[0], ref[1] = merge_top_k(ref[0], ref[1], block, b, self.k, largest=True)
