@@ -16,7 +16,7 @@ its own checksum, as a chunk read is against the chunk's.
 
 This holds for a store on a local file system; on an object store (or for a
 float copy written compressed, or without the row checksums) the rows are read
-chunk by chunk (:meth:`trakcli.store.rows.ChunkedRows.take`).
+by the chunks that hold them (:meth:`trakcli.store.rows.ChunkedRows.read_rows`).
 """
 
 from __future__ import annotations
@@ -49,9 +49,9 @@ def row_checksums(bits: np.ndarray) -> np.ndarray:
     return np.fromiter((google_crc32c.value(r.tobytes()) for r in rows), dtype=np.uint32, count=len(rows))
 
 
-def local_chunk_file(arr: Any, chunk: int) -> Path | None:
-    """The file of chunk ``chunk`` (along axis 0) of the zarr array ``arr`` when the array is uncompressed
-    (codecs ``bytes``, ``crc32c``) on a local file system, else None (read it chunk by chunk)."""
+def _local_folder(arr: Any) -> Path | None:
+    """The folder of the zarr array ``arr`` when the array is uncompressed (codecs ``bytes``, ``crc32c``) on a
+    local file system, else None (read it chunk by chunk)."""
     from zarr.codecs import BytesCodec, Crc32cCodec
     from zarr.storage import LocalStore
 
@@ -61,8 +61,19 @@ def local_chunk_file(arr: Any, chunk: int) -> Path | None:
         return None
     if not isinstance(codecs[0], BytesCodec) or not isinstance(codecs[1], Crc32cCodec):
         return None
-    key = arr.metadata.encode_chunk_key((chunk,) + (0,) * (arr.ndim - 1))
-    return Path(store.root) / arr.store_path.path / key
+    return Path(store.root) / arr.store_path.path
+
+
+def local_chunk_file(arr: Any, chunk: int) -> Path | None:
+    """The file of chunk ``chunk`` (along axis 0) of the zarr array ``arr`` when the array is uncompressed
+    (codecs ``bytes``, ``crc32c``) on a local file system, else None (read it chunk by chunk)."""
+    folder = _local_folder(arr)
+    return None if folder is None else folder / _chunk_key(arr, chunk)
+
+
+def _chunk_key(arr: Any, chunk: int) -> str:
+    """The store key of chunk ``chunk`` along axis 0 of ``arr``, below the array's folder."""
+    return arr.metadata.encode_chunk_key((chunk,) + (0,) * (arr.ndim - 1))
 
 
 def read_rows(arr: Any, crc: np.ndarray, rows: np.ndarray, chunk_rows: int, decode: bool = True) -> np.ndarray | None:
@@ -84,7 +95,8 @@ def read_rows(arr: Any, crc: np.ndarray, rows: np.ndarray, chunk_rows: int, deco
             (names the array, the chunk and the command that repairs it). A chunk file that is absent holds
             fill values (zarr writes no chunk of zeros): its rows read as zeros and are checked as such.
     """
-    if local_chunk_file(arr, 0) is None:
+    folder = _local_folder(arr)
+    if folder is None:
         return None
     width = int(arr.shape[1])
     dtype = np.dtype(arr.dtype).newbyteorder("<")
@@ -98,7 +110,7 @@ def read_rows(arr: Any, crc: np.ndarray, rows: np.ndarray, chunk_rows: int, deco
     def one_chunk(span: tuple[int, int]) -> None:
         a, b = span
         chunk = int(chunks[a])
-        path = local_chunk_file(arr, chunk)
+        path = folder / _chunk_key(arr, chunk)
         try:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:
