@@ -198,7 +198,8 @@ class ChunkedRows:
             decode: bfloat16 arrays give float32 (True) or their stored uint16 bits (False: half the memory).
 
         Returns:
-            ``[len(rows), width]`` in the array's dtype (for bfloat16: float32, or uint16 bits if not ``decode``).
+            ``[len(rows), width]`` in the array's dtype; for bfloat16, float32, or the stored uint16 bits when not
+            ``decode`` and the rows were read one by one (read by chunks, they come decoded, float32).
 
         Raises:
             StoreCorruptError: a row or chunk is missing or fails its checksum.

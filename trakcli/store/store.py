@@ -376,7 +376,8 @@ class Store:
             elif create:
                 arr = group.create_array(
                     name, shape=shape, chunks=chunks_of[name], dtype=storage_dtype(dtype), fill_value=0,
-                    compressors=codecs((compressors or {}).get(name, self.layout.compressor)), dimension_names=(dims_of or {}).get(name), attributes=array_attrs(dtype),
+                    compressors=codecs((compressors or {}).get(name, self.layout.compressor)),
+                    dimension_names=(dims_of or {}).get(name), attributes=array_attrs(dtype),
                 )
             else:
                 raise StoreError(_missing(f"store array {group.path}/{name}", self.distributed))
