@@ -248,8 +248,6 @@ def test_running_top_k_keeps_what_a_topk_of_every_row_keeps(largest):
 
 
 def test_the_float_copy_is_uncompressed_and_its_rows_are_read_one_by_one_checked(project):
-    import torch  # noqa: F401  (trakcli.store imports it on use)
-
     from trakcli.store import Store
     from trakcli.store.rowread import local_chunk_file, row_checksums
 
