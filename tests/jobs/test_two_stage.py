@@ -275,7 +275,7 @@ def test_a_corrupt_candidate_row_is_reported_and_featurize_verify_repairs_it(tmp
     raw[5 * row_bytes + 7] ^= 0x40  # row 3 · 40 + 5 = 125: one bit of one entry
     chunk_file.write_bytes(bytes(raw))
     res = run(root, "score", *args, *every, "score.experiment=after")
-    assert res.returncode != 0
+    assert res.returncode == 1
     assert "train/0/features chunk 3 is corrupt (row 125 fails its checksum)" in res.stderr
     assert "trak featurize CONFIG --verify" in res.stderr
     assert run(root, "featurize", *args, "--verify").returncode == 0
