@@ -319,3 +319,43 @@ def test_rows_appended_to_a_store_on_s3_are_featurized_alone(tmp_path, s3):
     np.testing.assert_allclose(remote["scores/default/scores"], local["scores/default/scores"], rtol=1e-5, atol=1e-7)
     for m in range(3):
         np.testing.assert_array_equal(remote[f"train/{m}/features"], local[f"train/{m}/features"])
+
+
+def test_a_chunk_read_from_s3_is_one_request(tmp_path, s3):
+    # s3fs asks for an object's size (a HEAD) before every GET unless max_concurrency is 1; a store's chunk
+    # objects are a few MB, under the size s3fs splits a download at, so the store turns it off
+    import zarr
+
+    from trakcli.store.location import store_location, zarr_store
+
+    root = make_project(tmp_path / "p")
+    url = s3.url()
+    set_store(root, url)
+    assert run(root, "featurize", "run.yaml", "-q").returncode == 0
+    store = zarr_store(store_location(url), read_only=True)
+    calls: list[str] = []
+    call_s3 = store.fs._call_s3
+
+    async def counted(method, *args, **kwargs):
+        calls.append(method)
+        return await call_s3(method, *args, **kwargs)
+
+    store.fs._call_s3 = counted
+    group = zarr.open_group(store=store, mode="r")
+    arr = group[_feature_arrays(group)[0]]
+    np.asarray(arr[:])
+    n_chunks = -(-arr.shape[0] // arr.chunks[0])
+    assert n_chunks > 1 and calls.count("get_object") >= n_chunks
+    assert "head_object" not in calls
+
+
+def _feature_arrays(group) -> list[str]:
+    """The paths of the train features arrays under ``train/``."""
+    return [f"train/{m}/features" for m in group["train"].group_keys() if "features" in group[f"train/{m}"]]
+
+
+def test_storage_options_override_the_store_s_s3_defaults():
+    from trakcli.store.location import s3_options
+
+    assert s3_options()["max_concurrency"] == 1
+    assert s3_options({"max_concurrency": 8})["max_concurrency"] == 8

@@ -95,6 +95,11 @@ def s3_options(storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
     so that a message can name the endpoint, and ``AWS_REGION`` (which botocore
     leaves to ``AWS_DEFAULT_REGION``) is honoured. Listings are not cached
     (``use_listings_cache: False``): other processes and nodes write the same store.
+    ``max_concurrency: 1``: s3fs splits a download into concurrent ranges only past 50 MiB, and a
+    store's chunk objects are a few MB, yet with a larger value it sends a HEAD before every GET to
+    learn an object's size; zarr already fetches a block's chunks concurrently. One request per
+    chunk: ``trak score score.top_k`` over S3 takes 1.4x local disk at 200,000 rows against 1.7x
+    with the HEADs (``benchmarks/bench_object_store.py``).
 
     Args:
         storage_options: the config's ``store.storage_options`` (s3fs keyword arguments), or None.
@@ -102,7 +107,7 @@ def s3_options(storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
     Returns:
         keyword arguments of ``s3fs.S3FileSystem``.
     """
-    opts: dict[str, Any] = {"use_listings_cache": False}
+    opts: dict[str, Any] = {"use_listings_cache": False, "max_concurrency": 1}
     client: dict[str, Any] = {}
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     if endpoint:
