@@ -362,7 +362,7 @@ class Attributor:
             for note in store.notes:
                 self.reporter.info(worded(note, "api"))
             store.notes.clear()
-            if s.curvature is not None and rows.pending(0, 1):  # fitted over the train batches before the features
+            if s.curvature is not None and rows.pending(0, 1, marked=False):  # fitted over the train batches before the features
                 s.fit_curvature(model_id, store, self.reporter)
             n, _ = featurize_rows(
                 s, train, rows, model_id, with_out_to_loss=True, skip_nonfinite=False, reporter=self.reporter,

@@ -152,6 +152,7 @@ def test_appended_rows_are_featurized_alone_and_score_as_featurized_at_once(
     assert [a["n_train_before"] for a in grown.attrs["appends"]] == [N_OLD]
     for m in range(2):
         np.testing.assert_array_equal(np.asarray(grown[f"train/{m}/done"][:]), 1)
+        assert grown[f"train/{m}/done"].attrs["all_done"] == -(-N_NEW // chunk_rows)  # marked over the grown flags
         np.testing.assert_array_equal(np.asarray(grown[f"train/{m}/features"][:N_OLD]), old_features[m])
         assert "lambda_reg" in grown[f"train/{m}/kernel"].attrs  # made again over all rows
 
@@ -260,6 +261,7 @@ def test_a_crash_while_growing_is_finished_by_the_next_run(tmp_path, monkeypatch
     assert res.returncode == 1 and "rerun the same command to finish the append" in msg(res)
     g = zarr.open_group(str(root / STORE), mode="r")
     assert g["train/0/features"].shape[0] == N_NEW and g.attrs["layout"]["n_train"] == N_OLD
+    assert "all_done" not in g["train/0/done"].attrs  # dropped before the half-filled chunk's flag was cleared
     monkeypatch.undo()
     ok(root, "featurize", "run.yaml", "-q")
     ok(root, "score", "run.yaml", "-q", "--overwrite")

@@ -63,6 +63,24 @@ def test_finished_store_is_recognized_and_a_rerun_changes_nothing(finished):
     assert store_files(finished) == before
 
 
+def test_a_finished_pass_marks_its_flags_and_an_append_or_verify_drops_the_mark(tmp_path, finished):
+    import shutil as _shutil
+
+    root = tmp_path / "p"
+    _shutil.copytree(finished, root)
+    done = [zarr.open_group(str(root / STORE), mode="r")[f"train/{m}/done"] for m in (0, 1)]
+    assert [d.attrs.get("all_done") for d in done] == [15, 15]
+    flags = sorted((root / STORE / "train/0/done/c").iterdir())
+    for f in flags:
+        f.unlink()  # every flag of model 0 lost: a reader trusts the mark, the next featurize recomputes
+    res = run(root, "score", "run.yaml", "-q")
+    assert res.returncode == 0, res.stderr
+    res = run(root, "featurize", "run.yaml", "--verify", "-q")
+    assert res.returncode == 0, res.stderr
+    assert len(list((root / STORE / "train/0/done/c").iterdir())) == len(flags)
+    assert zarr.open_group(str(root / STORE), mode="r")["train/0/done"].attrs.get("all_done") == 15  # marked again
+
+
 IMPORTED = """
 import json, runpy, sys
 sys.argv = ["trak", *json.loads(sys.argv[1])]

@@ -359,3 +359,6 @@ def test_storage_options_override_the_store_s_s3_defaults():
 
     assert s3_options()["max_concurrency"] == 1
     assert s3_options({"max_concurrency": 8})["max_concurrency"] == 8
+    assert s3_options()["config_kwargs"] == {"response_checksum_validation": "when_required"}
+    given = s3_options({"config_kwargs": {"response_checksum_validation": "when_supported", "connect_timeout": 5}})
+    assert given["config_kwargs"] == {"response_checksum_validation": "when_supported", "connect_timeout": 5}

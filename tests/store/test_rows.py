@@ -76,6 +76,24 @@ def test_a_lost_or_corrupt_done_chunk_is_found_and_verify_makes_it_pending(tmp_p
     np.testing.assert_array_equal(rows.read("x", 0, 10), block(0, 10))
 
 
+def test_the_all_done_mark_spares_reading_each_flag_until_a_flag_is_cleared(tmp_path):
+    rows = rows_of(tmp_path / "s.zarr")
+    rows.write(0, x=block(0, 4))
+    assert not rows.mark_complete() and "all_done" not in rows.done.attrs  # a chunk is pending: no mark
+    for c in rows.pending():
+        rows.write(c, x=block(*rows.rows(c)))
+    assert rows.mark_complete() and rows_of(tmp_path / "s.zarr").done.attrs["all_done"] == 3
+    flag = tmp_path / "s.zarr" / "done" / "c" / "1"
+    flag.unlink()  # a lost flag, after the mark
+    again = rows_of(tmp_path / "s.zarr")  # another process
+    assert again.is_complete() and again.pending() == []  # a reader takes the mark: no flag is read
+    assert again.pending(marked=False) == [1]  # a pass that writes reads every flag
+    assert again.verify() == [] and "all_done" not in again.done.attrs  # verify drops the mark, then checks
+    assert again.pending() == [1] and not again.mark_complete()
+    again.write(1, x=block(4, 8))
+    assert again.mark_complete() and again.pending() == []
+
+
 def test_chunks_along_the_second_axis(tmp_path):
     rows = rows_of(tmp_path / "s.zarr", axis=1)
     rows.write(2, x=block(8, 10, axis=1))

@@ -75,7 +75,7 @@ def featurize_rows(
     Raises:
         GradientError: an example has non-finite features (without ``skip_nonfinite``).
     """
-    pending = rows.pending(s.dist.rank, s.dist.world_size)
+    pending = rows.pending(s.dist.rank, s.dist.world_size, marked=False)
     if not pending:
         return 0, []
     s.load(model_id)
@@ -302,8 +302,10 @@ def featurize(
             store = Store.create_or_check(path, s.identity, cfg.resolved(), layout=s.layout, overwrite=overwrite,
                                           prefix=s.train.fingerprint)  # train rows appended: grown, not refused
             for model_id, ckpt in enumerate(s.checkpoints):
-                store.train(model_id, str(ckpt), s.shas[model_id], repair=verify,
-                            optimizer_state=s.state_record(model_id))
+                opened = store.train(model_id, str(ckpt), s.shas[model_id], repair=verify,
+                                     optimizer_state=s.state_record(model_id))
+                if verify:  # every flag is read and checked, none taken from the mark (one process drops it)
+                    opened.unmark()
             report_notes(store, reporter)  # unreadable metadata re-created (--verify)
         s.dist.barrier()
         if not s.dist.is_main:
@@ -318,7 +320,7 @@ def featurize(
                 if bad:
                     reporter.info(f"model {model_id}: chunks {bad} failed their checksum or are missing; recomputed")
             total += rows.n_chunks
-            if s.curvature is not None and rows.pending(0, 1):  # the features of this checkpoint need its curvature
+            if s.curvature is not None and rows.pending(0, 1, marked=False):  # the features of this checkpoint need its curvature
                 s.fit_curvature(model_id, store, reporter)
             n, skip = featurize_rows(
                 s, s.train, rows, model_id, with_out_to_loss=True, skip_nonfinite=skip_nonfinite,
@@ -336,6 +338,9 @@ def featurize(
                 store, train_rows, lambda_reg=cfg.score.lambda_reg, lambda_rel=cfg.score.lambda_rel, dist=s.dist,
                 reporter=reporter, verify=verify, linalg_threads=cfg.linalg_threads,
             )
+        if s.dist.is_main:  # every rank has passed the barrier above: later passes need not read each flag
+            for rows in train_rows:
+                rows.mark_complete()
     return FeaturizeResult(
         path, len(s.checkpoints), computed, total, s.grad_dim, s.proj_dim, len(s.train), skipped, repaired, made,
     )

@@ -48,7 +48,7 @@ from trakcli.store.integrity import StoreCorruptError, delete, keys, node, writa
 from trakcli.store.kernel import save_gram_prefix
 from trakcli.store.layout import LAYOUT_ATTR
 from trakcli.store.quantize import CODE_ARRAYS
-from trakcli.store.rows import read_checked
+from trakcli.store.rows import drop_all_done, read_checked
 
 if TYPE_CHECKING:
     from trakcli.store.layout import StoreLayout
@@ -179,6 +179,7 @@ def _grow_train(store: "Store", model_id: int, n_old: int, n_new: int, chunk_row
     done = node(group, "done")
     if done is None:  # nothing computed yet: `Store.train` creates the arrays at the new size
         return
+    drop_all_done(done)  # before a flag is cleared or the flags grow
     kept = group.attrs.get(KEPT_ATTR)
     if isinstance(kept, dict) and isinstance(kept.get("chunk"), int) and kept["chunk"] < done.shape[0] and _flag(
             done, kept["chunk"]):

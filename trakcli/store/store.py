@@ -412,10 +412,12 @@ class Store:
         first = next(iter(arrays))
         axis = 1 if group.startswith("scores/") and first == "scores" else 0
         rows = ChunkedRows(arrays, done, chunks_of[first][axis], shape_of[first][0][axis], axis)
-        flags = rows.flags()
+        flags = rows.flags(marked=False)
         if not flags.any():
             return
         bad = sorted({c for lost in rows.damaged(read=False, flags=flags).values() for c in lost})
+        if bad:
+            rows.unmark()
         for c in bad:
             done[c] = 0
         for name in arrays:
