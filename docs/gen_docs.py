@@ -626,7 +626,7 @@ def _object_store(data: dict[str, Any]) -> tuple[str, str, str]:
              _f(max(r["featurize_peak_rss_gib"], r["top_k_peak_rss_gib"]))] for name, r in data["rows"].items()]
     ratio = data["s3_over_local"]
     rows.append(["S3 / local disk", f"{ratio['featurize_s']:.2f}x", f"{ratio['top_k_s']:.2f}x", ""])
-    a, m = data["args"], data["machine"]
+    a = data["args"]
     note = (f"The project of `bench_topk.py` ({a['n_train']:,} train rows, {a['n_target']:,} targets, proj_dim "
             f"{a['proj_dim']}, top {a['top_k']}) featurized and scored with the store on local disk and on S3 "
             f"({a['service']}), each command in its own process, `trak score` best of {a['repeats']}; the top-k of "
