@@ -247,6 +247,48 @@ def test_running_top_k_keeps_what_a_topk_of_every_row_keeps(largest):
     assert _as_sets(*got) == _as_sets(*want)
 
 
+@pytest.mark.parametrize("largest", [True, False])
+def test_segments_filtered_by_the_kth_best_of_those_before_merge_to_the_top_k_of_every_row(largest):
+    import torch
+
+    from trakcli.jobs.topk import FILTER_GROUP, RunningTopK, _KthBest, _merge_parts
+    from trakcli.scoring import merge_top_k
+
+    k, n = 12, 5
+    g = torch.Generator().manual_seed(5)
+    # segments as the candidate pass makes them, each of blocks laid out train row first; the later segments
+    # hold a target whose scores mostly beat the floor, and one where none do
+    segs = []
+    for s in range(4):
+        blocks = [torch.randn(4 * FILTER_GROUP, n, generator=g) for _ in range(6)]
+        if s == 2:
+            blocks[3][:, 1] += 5 if largest else -5
+            blocks = [b.clone() for b in blocks]
+            for b in blocks:
+                b[:, 3] = -50 if largest else 50
+        segs.append(blocks)
+    want, offset, seen, parts = (None, None), 0, _KthBest(k, largest), []
+    for s, blocks in enumerate(segs):
+        running = RunningTopK(k, largest, floor=seen.kth)
+        assert (seen.kth is None) == (s == 0)
+        for block in blocks:
+            want = merge_top_k(*want, block.T.contiguous(), offset, k, largest)
+            running.add(block, offset)
+            offset += block.shape[0]
+        values, rows = running.result()
+        assert ((rows == -1) == ~torch.isfinite(values)).all()  # a target with fewer than k beyond the floor
+        seen.add(values)
+        pad = k - values.shape[1]
+        fill = float("-inf") if largest else float("inf")
+        parts.append((torch.nn.functional.pad(values, (0, pad), value=fill),
+                      torch.nn.functional.pad(rows, (0, pad), value=-1)))
+    assert any((p[1] == -1).any() for p in parts[1:])  # the floor left some target fewer than k in a segment
+    vals = np.stack([p[0].numpy() for p in parts])
+    idx = np.stack([p[1].numpy() for p in parts])
+    got = _merge_parts(vals, idx, k, largest)
+    assert _as_sets(torch.from_numpy(got[0]), torch.from_numpy(got[1])) == _as_sets(*want)
+
+
 def test_the_float_copy_is_uncompressed_and_its_rows_are_read_one_by_one_checked(project):
     from trakcli.store import Store
     from trakcli.store.rowread import local_chunk_file, row_checksums

@@ -242,14 +242,18 @@ class StoredTopK:
         pending = cands.pending(dist.rank, dist.world_size)
         spans = self._spans(pending, self.approx_block)
         blocks = _ahead(scores.approx, [span[1:] for span in spans])  # the next block's product while this one merges
+        seen = [_KthBest(kc, largest=True), _KthBest(kc, largest=False)]  # over the segments computed here
         with reporter.task("top-k candidates", len(pending)) as task:
             for seg, group in itertools.groupby(zip(spans, blocks), key=lambda x: x[0][0]):
                 event(f"start top-k candidates {seg}")
-                top, low = RunningTopK(kc, largest=True), RunningTopK(kc, largest=False)
+                top, low = (RunningTopK(kc, side.largest, floor=side.kth) for side in seen)
                 for (_, b, _), block in group:
                     top.add(block, b)
                     low.add(block, b)
-                cands.write(seg, **_padded(*top.result(), *low.result(), kc))
+                found = (top.result(), low.result())
+                for side, (values, _) in zip(seen, found):
+                    side.add(values)
+                cands.write(seg, **_padded(*found[0], *found[1], kc))
                 event(f"done top-k candidates {seg}")
                 task.advance()
         dist.barrier()
@@ -552,6 +556,27 @@ def merge_top_k_filtered(
     return kept, torch.gather(both_idx, 1, sel)
 
 
+class _KthBest:
+    """The k-th best score per target of the values merged so far (:meth:`add`), or None before k are.
+
+    A segment's candidate pass needs only the scores beyond it (:class:`RunningTopK`'s ``floor``): the
+    candidates of every segment merged then give the same K' per target as without it.
+    """
+
+    def __init__(self, k: int, largest: bool):
+        self.k, self.largest = k, largest
+        self.values: torch.Tensor | None = None  # [n_target, <= k] the best k so far
+        self.kth: torch.Tensor | None = None  # [n_target]
+
+    def add(self, values: torch.Tensor) -> None:
+        """Merge ``[n_target, c]`` scores (±inf where a target has none)."""
+        both = values if self.values is None else torch.cat([self.values, values], dim=1)
+        self.values = torch.topk(both, min(self.k, both.shape[1]), dim=1, largest=self.largest, sorted=False).values
+        if self.values.shape[1] == self.k:
+            kth = self.values.amin(1) if self.largest else self.values.amax(1)
+            self.kth = kth if bool(torch.isfinite(kth).all()) else None
+
+
 class RunningTopK:
     """The running top-k of one side over blocks of scores, whose merges are batched.
 
@@ -562,16 +587,26 @@ class RunningTopK:
     every block. Until k finite scores per target are kept (the first blocks), and for a block where more than
     a quarter pass, blocks go to :func:`merge_top_k_filtered` / :func:`~trakcli.scoring.merge_top_k` at once.
 
+    With a ``floor``, only scores beyond it count (strictly): the result is the k best of those, fewer for a
+    target where fewer pass (padded with -inf / +inf and row -1). A floor that is the k-th best of rows already
+    seen elsewhere (:meth:`StoredTopK.compute_two_stage`: the segments before) leaves the top-k over both
+    unchanged, and spares filtering most of the scores of the first blocks.
+
     Args:
         k: how many to keep per target.
         largest: keep the highest (proponents) or the lowest (opponents).
+        floor: ``[n_target]`` float32 scores to beat, or None.
     """
 
-    def __init__(self, k: int, largest: bool):
+    def __init__(self, k: int, largest: bool, floor: torch.Tensor | None = None):
         self.k, self.largest = k, largest
+        self.floor = floor if floor is not None and bool(torch.isfinite(floor).all()) else None
         self.values: torch.Tensor | None = None  # [n_target, <= k] float32
         self.indices: torch.Tensor | None = None  # [n_target, <= k] int64 train rows
-        self.thr: torch.Tensor | None = None  # [n_target]: the kept k-th best at the last merge (None: not yet)
+        self.thr: torch.Tensor | None = self.floor  # [n_target]: the kept k-th best at the last merge, or the floor
+        if self.floor is not None:
+            self.values = torch.empty(len(self.floor), 0)
+            self.indices = torch.empty(len(self.floor), 0, dtype=torch.int64)
         self._passed: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # (targets, rows, scores)
         self._n_passed = 0
 
@@ -584,7 +619,7 @@ class RunningTopK:
             self._threshold()
             return
         t, j = _beyond(block, self.thr, self.largest, rows_first=True)
-        if 4 * len(t) > block.numel():
+        if 4 * len(t) > block.numel() and self.floor is None:
             self._merge()
             self.values, self.indices = merge_top_k(self.values, self.indices, block.T.contiguous(), offset, self.k,
                                                     self.largest)
@@ -598,17 +633,23 @@ class RunningTopK:
 
     def result(self) -> tuple[torch.Tensor, torch.Tensor]:
         """``([n_target, k] scores, [n_target, k] int64 rows)`` of every block taken, in no particular order
-        (fewer than k columns when fewer rows were taken)."""
+        (fewer than k columns when fewer rows were taken or passed the floor; a target's missing ones are
+        -inf / +inf with row -1)."""
         self._merge()
+        if self.floor is not None:
+            self.indices = torch.where(torch.isfinite(self.values), self.indices, -1)
         return self.values, self.indices
 
     def _threshold(self) -> None:
         v = self.values
-        if v is None or v.shape[1] < self.k:
-            self.thr = None
+        own = None
+        if v is not None and v.shape[1] >= self.k:
+            own = v.amin(1) if self.largest else v.amax(1)
+            own = own if bool(torch.isfinite(own).all()) else None
+        if self.floor is None or own is None:
+            self.thr = own if self.floor is None else self.floor
             return
-        thr = v.amin(1) if self.largest else v.amax(1)
-        self.thr = thr if bool(torch.isfinite(thr).all()) else None
+        self.thr = torch.maximum(own, self.floor) if self.largest else torch.minimum(own, self.floor)
 
     def _merge(self) -> None:
         if not self._passed:
@@ -626,7 +667,7 @@ class RunningTopK:
         idx = torch.zeros((n, width), dtype=torch.int64)  # a filler (±inf) never beats a kept (finite) value
         idx[t, pos] = rows
         both, both_idx = torch.cat([self.values, got], dim=1), torch.cat([self.indices, idx], dim=1)
-        kept, sel = torch.topk(both, self.k, dim=1, largest=self.largest, sorted=False)
+        kept, sel = torch.topk(both, min(self.k, both.shape[1]), dim=1, largest=self.largest, sorted=False)
         self.values, self.indices = kept, torch.gather(both_idx, 1, sel)
         self._threshold()
 
