@@ -20,17 +20,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 if not __package__:  # run as a file, not with -m: put the repository root on sys.path
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.bench_topk import timed  # noqa: E402  (wall time and the command's own peak RSS)
 from benchmarks.benchjson import write_result  # noqa: E402  (atomic; adds date, commit, version, machine)
 
 
@@ -83,14 +81,10 @@ def run(work: Path, n: int) -> dict:
         "store": {"path": str(work / f"store_{n}.zarr")},
     }
     (work / f"run_{n}.yaml").write_text(yaml.safe_dump(cfg))
-    t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "trakcli.cli.main", "featurize", str(work / f"run_{n}.yaml"), "-q"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - t0
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(proc.stderr.read()[-3000:])
-    return {"n_docs": n, "seconds": wall, "peak_rss_mb": usage.ru_maxrss / 1024, "corpus_mb": corpus.stat().st_size / 1e6}
+    # under bench_topk's launcher: the peak RSS is featurize's own, not the corpus this process wrote
+    got = timed([sys.executable, "-m", "trakcli.cli.main", "featurize", str(work / f"run_{n}.yaml"), "-q"], work)
+    return {"n_docs": n, "seconds": got["seconds"], "peak_rss_mb": got["peak_rss_gib"] * 1024,
+            "corpus_mb": corpus.stat().st_size / 1e6}
 
 
 def main() -> None:
