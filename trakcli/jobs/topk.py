@@ -556,6 +556,15 @@ def merge_top_k_filtered(
     return kept, torch.gather(both_idx, 1, sel)
 
 
+def _kth(values: torch.Tensor | None, k: int, largest: bool) -> torch.Tensor | None:
+    """The k-th best ``[n_target]`` of ``values`` ``[n_target, c]`` (a running top-k: its k best), or None when
+    c < k or a target's k-th best is not finite."""
+    if values is None or values.shape[1] < k:
+        return None
+    kth = values.amin(1) if largest else values.amax(1)
+    return kth if bool(torch.isfinite(kth).all()) else None
+
+
 class _KthBest:
     """The k-th best score per target of the values merged so far (:meth:`add`), or None before k are.
 
@@ -572,9 +581,7 @@ class _KthBest:
         """Merge ``[n_target, c]`` scores (±inf where a target has none)."""
         both = values if self.values is None else torch.cat([self.values, values], dim=1)
         self.values = torch.topk(both, min(self.k, both.shape[1]), dim=1, largest=self.largest, sorted=False).values
-        if self.values.shape[1] == self.k:
-            kth = self.values.amin(1) if self.largest else self.values.amax(1)
-            self.kth = kth if bool(torch.isfinite(kth).all()) else None
+        self.kth = _kth(self.values, self.k, self.largest)
 
 
 class RunningTopK:
@@ -641,11 +648,7 @@ class RunningTopK:
         return self.values, self.indices
 
     def _threshold(self) -> None:
-        v = self.values
-        own = None
-        if v is not None and v.shape[1] >= self.k:
-            own = v.amin(1) if self.largest else v.amax(1)
-            own = own if bool(torch.isfinite(own).all()) else None
+        own = _kth(self.values, self.k, self.largest)
         if self.floor is None or own is None:
             self.thr = own if self.floor is None else self.floor
             return
