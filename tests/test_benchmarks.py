@@ -67,3 +67,27 @@ def test_a_module_that_imports_its_siblings_runs_as_a_module_and_as_a_file(modul
     assert as_file.returncode == 0, as_file.stderr
     for out in (as_module.stdout, as_file.stdout):
         assert out.startswith("usage:") and "--help" in out
+
+
+def test_run_measured_reports_the_commands_own_peak_rss_its_exit_and_kills_its_group_on_timeout(tmp_path):
+    from benchmarks.launch import run_measured
+
+    held = bytearray(400 * 2**20)  # this process holds 400 MiB, which a directly forked child would count
+    held[::4096] = b"x" * len(held[::4096])
+    small = run_measured([sys.executable, "-c", "print('hi')"], cwd=tmp_path)
+    assert small["exit"] == 0 and small["stdout"].strip() == "hi" and not small["timed_out"]
+    assert small["peak_rss_gib"] < 0.2
+    big = run_measured([sys.executable, "-c", "b = bytearray(300 * 2**20); b[::4096] = b'x' * len(b[::4096])"],
+                       cwd=tmp_path)
+    assert 0.25 < big["peak_rss_gib"] < 0.5
+    assert run_measured([sys.executable, "-c", "raise SystemExit(3)"], cwd=tmp_path)["exit"] == 3
+    marker = tmp_path / "grandchild"
+    with open(tmp_path / "log", "w") as log:
+        got = run_measured(["sh", "-c", f"(sleep 3; touch {marker}) & sleep 30"], cwd=tmp_path, stdout=log,
+                           timeout=1)
+    assert got["timed_out"] and got["seconds"] < 10
+    import time
+
+    time.sleep(3.5)
+    assert not marker.exists(), "the command's background child outlived the timeout"
+    del held
