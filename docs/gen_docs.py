@@ -589,15 +589,24 @@ def _select(data: dict[str, Any]) -> tuple[str, str, str]:
     else:
         task = (f"the target task `{p['category']}` from {p['n_examples']} examples; mean next-token "
                 f"loss of {p['n_heldout']} held-out `{p['category']}` articles")
-    note = (f"The pretrained GPT-2 of the LDS benchmark fine-tuned on {p['fraction']:.0%} of a pool of {p['n_pool']:,} "
+    lm = p.get("model")
+    if lm:
+        lora = p["lora"]
+        who = (f"SmolLM2-135M-Instruct (`{lm}`) with fresh LoRA adapters (rank {lora['r']}, alpha "
+               f"{lora['alpha']:g}, {', '.join(lora['target_modules'])}) fine-tuned")
+    else:
+        who = "The pretrained GPT-2 of the LDS benchmark fine-tuned"
+    note = (f"{who} on {p['fraction']:.0%} of a pool of {p['n_pool']:,} "
             f"rows (BBC articles of 5 categories and Shakespeare speeches, {p['max_length']} tokens each), chosen "
-            f"by each method for {task} after {p['finetune']['epochs']} epochs, "
-            f"mean over {p['seeds']} seeds with 95% intervals (before fine-tuning: "
-            f"{data['heldout_loss_pretrained']:.4f}).")
+            f"by each method for {task} after {p['finetune']['epochs']} epochs (lr {p['finetune']['lr']:g}, batches "
+            f"of {p['finetune']['batch_size']}), mean over {p['seeds']} seeds with 95% intervals (before "
+            f"fine-tuning: {data['heldout_loss_pretrained']:.4f}).")
     head = ["selection", "rows", "upper case" if fmt else f"of `{p['category']}`", "held-out loss (lower is better)",
             "select s"]
     title = ("Data selection for a target format (trak select)" if fmt
              else "Data selection for a target task (trak select)")
+    if lm:
+        title += ", SmolLM2-135M with LoRA"
     return title, note, table(head, rows, ["l"] + ["r"] * 4)
 
 
