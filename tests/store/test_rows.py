@@ -94,6 +94,22 @@ def test_the_all_done_mark_spares_reading_each_flag_until_a_flag_is_cleared(tmp_
     assert again.mark_complete() and again.pending() == []
 
 
+def test_a_pass_that_knows_every_chunk_is_done_marks_without_reading_the_flags(tmp_path, monkeypatch):
+    import trakcli.store.rows as rows_module
+
+    rows = rows_of(tmp_path / "s.zarr")
+    for c in rows.pending():
+        rows.write(c, x=block(*rows.rows(c)))
+
+    def no_read(*args, **kwargs):
+        raise AssertionError("a flag was read")
+
+    monkeypatch.setattr(rows_module, "_flags", no_read)
+    assert rows.mark_complete(known=True) and rows_of(tmp_path / "s.zarr").done.attrs["all_done"] == 3
+    with pytest.raises(AssertionError, match="a flag was read"):
+        rows_of(tmp_path / "t.zarr").mark_complete()  # not known: the flags are read
+
+
 def test_chunks_along_the_second_axis(tmp_path):
     rows = rows_of(tmp_path / "s.zarr", axis=1)
     rows.write(2, x=block(8, 10, axis=1))

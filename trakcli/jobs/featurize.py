@@ -339,8 +339,8 @@ def featurize(
                 reporter=reporter, verify=verify, linalg_threads=cfg.linalg_threads,
             )
         if s.dist.is_main:  # every rank has passed the barrier above: later passes need not read each flag
-            for rows in train_rows:
-                rows.mark_complete()
+            for rows in train_rows:  # one process wrote every chunk it found not done: no second read
+                rows.mark_complete(known=s.dist.world_size == 1)
     return FeaturizeResult(
         path, len(s.checkpoints), computed, total, s.grad_dim, s.proj_dim, len(s.train), skipped, repaired, made,
     )

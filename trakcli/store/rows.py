@@ -94,12 +94,17 @@ class ChunkedRows:
             return np.ones(n, dtype=np.uint8)
         return _flags(self.done, self.bad_flags)
 
-    def mark_complete(self) -> bool:
+    def mark_complete(self, known: bool = False) -> bool:
         """Record on the done array that every chunk is done (:data:`ALL_DONE`), once every flag reads set.
 
         Called by one process when a pass has finished (``trak featurize`` on its main rank), so that
         later passes skip reading the flags. An appended row changes the array's length, which the mark
         no longer matches; :meth:`verify` and the repair of lost metadata drop it before they clear a flag.
+
+        Args:
+            known: the caller knows every chunk is done without reading the flags again: a single
+                process (under the store's lock) whose pass read every flag and wrote each chunk not
+                done. Under torchrun the other ranks' chunks are not known, so the flags are read.
 
         Returns:
             Whether the mark is set.
@@ -107,8 +112,10 @@ class ChunkedRows:
         n = int(self.done.shape[0])
         if self.done.attrs.get(ALL_DONE) == n:
             return True
+        if not n:
+            return False
         bad: set[int] = set()
-        if not n or not (_flags(self.done, bad) != 0).all() or bad:
+        if not known and (not (_flags(self.done, bad) != 0).all() or bad):
             return False
         self.done.attrs.update({ALL_DONE: n})
         return True
