@@ -122,12 +122,17 @@ SMOLLM2_ROWS: dict[str, tuple[str, list[str]]] = {
 
 
 def settings(a: argparse.Namespace) -> dict[str, Any]:
-    """The model-dependent settings of a run: fine-tune, warmup, LoRA, `trak select` rows, batch size."""
-    if a.model == "smollm2":
+    """The model-dependent settings of a run: fine-tune, warmup, LoRA, `trak select` rows, batch size, and the
+    configs' model, checkpoint and projectors (``lora_projector``: the LoRA warmup rows', None: the same)."""
+    if a.model == "smollm2":  # configs/smollm2_bbc.yaml's model and featurizer; LESS's projection for LoRA
         return {"finetune": SMOLLM2_FINETUNE, "warmup": SMOLLM2_FINETUNE, "lora": SMOLLM2_LORA,
-                "finetune_lora": True, "rows": SMOLLM2_ROWS, "batch_size": 8}
+                "finetune_lora": True, "rows": SMOLLM2_ROWS, "batch_size": 8,
+                "model": {"entrypoint": SMOLLM2, "kwargs": {"model_class": "causal_lm"}}, "checkpoint": SMOLLM2,
+                "projector": {"kind": "kronecker", "proj_dim": 4096, "split": "size", "seed": 0},
+                "lora_projector": {"kind": "sjlt", "proj_dim": 8192, "seed": 0}}
     return {"finetune": FINETUNE, "warmup": WARMUP, "lora": LORA, "finetune_lora": False, "rows": SELECT_ROWS,
-            "batch_size": 32}
+            "batch_size": 32, "model": {"entrypoint": "hf:pretrained"}, "checkpoint": "pretrained",
+            "projector": {"kind": "sjlt", "proj_dim": 8192, "seed": 0}, "lora_projector": None}
 
 
 def log(msg: str) -> None:
@@ -287,19 +292,13 @@ def write_configs(work: Path, a: argparse.Namespace) -> None:
 
     st = settings(a)
     text = {"text": "text", "max_length": a.max_length}
-    if a.model == "smollm2":  # configs/smollm2_bbc.yaml's model and featurizer
-        model, ckpt = {"entrypoint": SMOLLM2, "kwargs": {"model_class": "causal_lm"}}, SMOLLM2
-        projector = {"kind": "kronecker", "proj_dim": 4096, "split": "size", "seed": 0}
-    else:
-        model, ckpt = {"entrypoint": "hf:pretrained"}, "pretrained"
-        projector = {"kind": "sjlt", "proj_dim": 8192, "seed": 0}
     base = {
-        "model": model,
-        "checkpoints": [ckpt],
+        "model": st["model"],
+        "checkpoints": [st["checkpoint"]],
         "task": "language_modeling",
         "data": {"train": {"path": "pool.jsonl", **text}, "target": {"path": "target.jsonl", **text},
                  "batch_size": st["batch_size"]},
-        "projector": projector,
+        "projector": st["projector"],
         "store": "stores/default.zarr",
         "select": {"fraction": a.fraction, "out": "selections/default.jsonl", "show": 3},
     }
@@ -311,8 +310,8 @@ def write_configs(work: Path, a: argparse.Namespace) -> None:
             "checkpoints": "warmup/manifest.json", "optimize": opt}
     write_text(work / "warmup.yaml", "# written by benchmarks/bench_select.py\n" + yaml.safe_dump(warm, sort_keys=False))
     lora = {**warm, "checkpoints": "lora/manifest.json", "optimize": {**opt, "out_dir": "lora", "lora": st["lora"]}}
-    if a.model == "smollm2":  # LESS: per-example adapter gradients, Adam-corrected, projected to 8,192
-        lora["projector"] = {"kind": "sjlt", "proj_dim": 8192, "seed": 0}
+    if st["lora_projector"] is not None:
+        lora["projector"] = st["lora_projector"]
     write_text(work / "lora.yaml", "# written by benchmarks/bench_select.py\n" + yaml.safe_dump(lora, sort_keys=False))
 
 
