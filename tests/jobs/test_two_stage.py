@@ -62,13 +62,14 @@ def test_store_keeps_codes_beside_a_bfloat16_copy_in_the_same_chunks(project, dt
         assert (np.sign(back) == np.where(phi > 0, 1, -1)).all()
 
 
-@pytest.mark.parametrize("dtype", ["int8", "binary"])
-def test_candidates_covering_every_row_give_the_exact_top_k(project, dtype):
+@pytest.mark.parametrize("dtype,rerank", [("int8", "scan"), ("binary", "scan"), ("int8", "rows")])
+def test_candidates_covering_every_row_give_the_exact_top_k(project, dtype, rerank):
     m = -(-N_TRAIN // K)  # K' = m · K >= n_train: every row is a candidate
+    exp = f"cover_{rerank}"
     res = run(project, "score", "run.yaml", *_dtype(dtype), f"score.top_k={K}", f"score.rescore_multiplier={m}",
-              "score.experiment=cover", "score.show_targets=0")
+              f"score.experiment={exp}", "score.show_targets=0", f"score.rerank={rerank}")
     assert res.returncode == 0, res.stderr
-    top, rec = _top(project, dtype, "cover")
+    top, rec = _top(project, dtype, exp)
     full = _full(project, dtype)
     for side, sign in (("proponent", -1), ("opponent", 1)):
         order = np.argsort(sign * full, axis=1, kind="stable")[:, :K]
@@ -104,23 +105,30 @@ def test_recall_is_measured_on_the_sampled_targets_recorded_and_reported(project
     assert json.loads(res.stdout)["two_stage"]["recall"] == r
 
 
-def test_kill_during_two_stage_then_rerun_gives_identical_arrays(tmp_path):
+@pytest.mark.parametrize("rerank", ["rows", "scan"])
+def test_kill_during_two_stage_then_rerun_gives_identical_arrays(tmp_path, rerank):
     one = make_project(tmp_path / "one")
     args = ["run.yaml", "-q", *_dtype("int8")]
     assert run(one, "featurize", *args).returncode == 0
     shutil.copytree(one, tmp_path / "two")
-    assert run(one, "score", *args, f"score.top_k={K}").returncode == 0
+    top = [f"score.top_k={K}", f"score.rerank={rerank}"]
+    assert run(one, "score", *args, *top).returncode == 0
     two, log = tmp_path / "two", tmp_path / "events.log"
-    # 9 target chunks, 8 candidate segments, 8 re-ranked segments: killed in the candidates, then in the re-ranking
-    for n in (13, 20):
-        assert kill_at(two, ["score", *args, f"score.top_k={K}"], log, n)
+    # rows: 9 target chunks, 8 candidate segments, 8 re-ranked segments: killed in the candidates, then in the
+    # re-ranking; scan: 9 target chunks, 8 one-pass segments: killed in segment 3, then in segment 5
+    for n in (13, 20) if rerank == "rows" else (13, 16):
+        assert kill_at(two, ["score", *args, *top], log, n)
     text = log.read_text()
-    assert "done top-k candidates 3" in text and "start top-k segment 1" in text and "done top-k segment 7" not in text
-    res = run(two, "score", *args, f"score.top_k={K}")
+    if rerank == "rows":
+        assert "done top-k candidates 3" in text and "start top-k segment 1" in text
+    else:
+        assert "done top-k segment 2" in text and "done top-k segment 5" not in text
+    assert "done top-k segment 7" not in text
+    res = run(two, "score", *args, *top)
     assert res.returncode == 0, res.stderr
     assert_same_store(one / "out" / "int8.zarr", two / "out" / "int8.zarr")
     _, rec = _top(two, "int8", "default")
-    assert set(rec["recall"]) == {"proponents", "opponents"}
+    assert set(rec["recall"]) == {"proponents", "opponents"} and rec["rerank"] == rerank
 
 
 def test_torchrun_two_ranks_write_the_two_stage_top_k_of_one_process(tmp_path):
@@ -304,11 +312,13 @@ def test_the_float_copy_is_uncompressed_and_its_rows_are_read_one_by_one_checked
     np.testing.assert_array_equal(rows.read_rows("features", pick), rows.read("features", 0, N_TRAIN)[pick])
 
 
-def test_a_corrupt_candidate_row_is_reported_and_featurize_verify_repairs_it(tmp_path):
+@pytest.mark.parametrize("rerank", ["rows", "scan"])
+def test_a_corrupt_candidate_row_is_reported_and_featurize_verify_repairs_it(tmp_path, rerank):
     root = make_project(tmp_path / "p")
     args = ["run.yaml", "-q", *_dtype("int8")]
     assert run(root, "featurize", *args).returncode == 0
-    every = [f"score.top_k={K}", f"score.rescore_multiplier={-(-N_TRAIN // K)}"]  # every row a candidate
+    every = [f"score.top_k={K}", f"score.rescore_multiplier={-(-N_TRAIN // K)}",  # every row a candidate
+             f"score.rerank={rerank}"]
     assert run(root, "score", *args, *every, "score.experiment=before").returncode == 0
     feats = zarr.open_group(str(root / "out" / "int8.zarr"), mode="r")["train/0/features"]
     chunk_file = root / "out" / "int8.zarr" / "train" / "0" / "features" / feats.metadata.encode_chunk_key((3, 0))
@@ -318,7 +328,10 @@ def test_a_corrupt_candidate_row_is_reported_and_featurize_verify_repairs_it(tmp
     chunk_file.write_bytes(bytes(raw))
     res = run(root, "score", *args, *every, "score.experiment=after")
     assert res.returncode == 1
-    assert "train/0/features chunk 3 is corrupt (row 125 fails its checksum)" in res.stderr
+    if rerank == "rows":  # the row is read alone, checked by its own checksum
+        assert "train/0/features chunk 3 is corrupt (row 125 fails its checksum)" in res.stderr
+    else:  # the chunk is read whole, checked by the chunk's
+        assert "train/0/features chunk 3 (entries 120:160 along axis 0) fails its checksum" in res.stderr
     assert "trak featurize CONFIG --verify" in res.stderr
     assert run(root, "featurize", *args, "--verify").returncode == 0
     assert run(root, "score", *args, *every, "score.experiment=after").returncode == 0
@@ -377,7 +390,8 @@ def test_a_store_without_row_checksums_reads_its_candidates_by_chunks(project, t
         (train / "zarr.json").write_text(json.dumps(meta))
     rows = Store.open_existing(root / "out" / "int8.zarr", mode="r").train(0, create=False)
     assert "features_crc32c" not in rows.data
-    args = ["run.yaml", *_dtype("int8"), f"score.top_k={K}", "score.experiment=old", "score.show_targets=0"]
+    args = ["run.yaml", *_dtype("int8"), f"score.top_k={K}", "score.experiment=old", "score.show_targets=0",
+            "score.rerank=rows"]
     for where in (project, root):
         res = run(where, "score", *args)
         assert res.returncode == 0, res.stderr

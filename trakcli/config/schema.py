@@ -684,6 +684,14 @@ class ScoreConfig(StrictModel):
         "recall, slower. Unset: the default of the store's dtype: int8 2 (recall@100 1.0 measured at 10^6 "
         "rows), binary 16 (recall@100 only 0.35 / 0.10 there: prefer int8). Every run reports its measured recall.",
     )
+    rerank: Literal["auto", "scan", "rows"] = Field(
+        "auto",
+        description="Two-stage top-k: how the candidates' float copy is read for their exact scores. scan: one "
+        "pass reads each row's codes and float copy together, in order, and scores every candidate as its block "
+        "passes (no second pass; the whole float copy is read). rows: a pass over the codes, then the "
+        "candidate rows alone (fewer bytes when few rows are candidates: few targets over many rows). auto: "
+        "scan when the candidate pairs number at least 8 per chunk of train rows, else rows.",
+    )
     recall_queries: PositiveInt = Field(
         16,
         description="Two-stage top-k: targets (evenly spaced) whose exact top-k is also computed from the bfloat16 "
@@ -967,7 +975,14 @@ class Config(StrictModel):
 
     @model_validator(mode="after")
     def _rescore_needs_codes(self) -> "Config":
-        """``score.rescore_multiplier`` tunes the two-stage top-k, which needs codes and a top-k."""
+        """``score.rescore_multiplier`` and ``score.rerank`` tune the two-stage top-k, which needs codes and a
+        top-k."""
+        if self.score.rescore_multiplier is None and self.score.rerank != "auto":
+            if self.store.dtype not in ("int8", "binary") or self.score.top_k is None:
+                raise ValueError(
+                    f"score.rerank ({self.score.rerank}) sets how the two-stage top-k re-ranks its candidates, which "
+                    f"needs store.dtype int8 or binary (here {self.store.dtype}) and score.top_k "
+                    f"(here {self.score.top_k}); set both, or unset score.rerank")
         if self.score.rescore_multiplier is None:
             return self
         if self.store.dtype not in ("int8", "binary"):

@@ -8,6 +8,7 @@ attributes.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -34,6 +35,8 @@ from trakcli.scoring import (
 )
 from trakcli.store import ChunkedRows, Store, StoreCorruptError, check_same
 from trakcli.store.append import stale_error
+from trakcli.store.bfloat16 import from_bits, is_bfloat16
+from trakcli.store.chunkread import chunk_files
 from trakcli.store.kernel import kernel_nbytes, read_kernel
 from trakcli.store.quantize import is_quantized, signs
 from trakcli.store.store import TOP_K_ARRAYS
@@ -235,7 +238,8 @@ def score(
     lambdas, computed = score_targets(
         s, path, target, experiment=sc.experiment, lambda_reg=sc.lambda_reg, lambda_rel=sc.lambda_rel,
         top_k=sc.top_k, full=sc.full, normalize=sc.normalize, per_token=sc.per_token,
-        rescore_multiplier=sc.rescore_multiplier, recall_queries=sc.recall_queries, overwrite=overwrite,
+        rescore_multiplier=sc.rescore_multiplier, recall_queries=sc.recall_queries, rerank=sc.rerank,
+        overwrite=overwrite,
         skip_nonfinite=skip_nonfinite, verify=verify, reporter=reporter,
         linalg_threads=cfg.linalg_threads, grad_memory_mb=grad_memory_for(cfg.data.grad_memory_mb, s.device),
     )
@@ -282,6 +286,7 @@ def score_targets(
     per_token: bool = False,
     rescore_multiplier: int | None = None,
     recall_queries: int = 16,
+    rerank: str = "auto",
     overwrite: bool = False,
     skip_nonfinite: bool = False,
     verify: bool = False,
@@ -300,7 +305,7 @@ def score_targets(
         path: the store.
         target: the target examples.
         experiment, lambda_reg, lambda_rel, top_k, full, normalize, per_token, rescore_multiplier,
-            recall_queries: ``score:`` of the config (``full`` None: the full matrix when ``top_k`` is None).
+            recall_queries, rerank: ``score:`` of the config (``full`` None: the full matrix when ``top_k`` is None).
         overwrite, skip_nonfinite, verify, reporter: as :func:`score`.
         linalg_threads: torch threads for the kernels and score products (:func:`finalize_and_score`).
 
@@ -342,7 +347,7 @@ def score_targets(
         if stale is not None and not overwrite:
             raise stale
         two = _two_stage_plan(store, s, top_k, full, normalize, exact, rescore_multiplier, recall_queries,
-                              len(target), reporter if s.dist.is_main else NULL_REPORTER)
+                              len(target), reporter if s.dist.is_main else NULL_REPORTER, rerank)
         if two is not None:  # the experiment's top-k depends on them: recorded and checked with the settings
             settings["two_stage"] = two.settings()
         if s.dist.is_main:
@@ -421,7 +426,7 @@ def score_targets(
 
 def _two_stage_plan(store: Store, s: JobSetup, top_k: int | None, full: bool, normalize: str | None, exact: bool,
                     rescore_multiplier: int | None, recall_queries: int, n_target: int,
-                    reporter: Reporter) -> TwoStage | None:
+                    reporter: Reporter, rerank: str = "auto") -> TwoStage | None:
     """The two-stage top-k of this run (:mod:`trakcli.jobs.topk`), or None: when the store has codes
     (``store.dtype`` int8 or binary) and the top-k is streamed with TRAK's scores and primal kernels.
 
@@ -440,7 +445,8 @@ def _two_stage_plan(store: Store, s: JobSetup, top_k: int | None, full: bool, no
     if why is not None:
         reporter.info(f"two-stage top-k not used ({why}); the top-k comes from the exact pass over the bfloat16 copy")
         return None
-    return TwoStage.of(codes, rescore_multiplier, recall_queries, n_target)
+    return TwoStage.of(codes, rescore_multiplier, recall_queries, n_target, top_k, store.layout.n_train,
+                       store.layout.chunk_rows, rerank)
 
 
 def _per_token_scores(s: JobSetup, store: Store, train_rows: list[ChunkedRows], target: TensorDataset, exp: str,
@@ -660,9 +666,11 @@ class _BlockScores:
         # two-stage top-k, made on first use: per primal checkpoint the int8 target weights with their
         # per-target scales
         self._qweights: list[tuple[torch.Tensor, torch.Tensor]] | None = None
-        self._approx_out: list[torch.Tensor] = []  # APPROX_BUFFERS float32 [rows, n_target], reused in turn
-        self._approx_tmp: tuple[torch.Tensor, torch.Tensor] | None = None  # int32 product, float32 term
+        # APPROX_BUFFERS (float32 output, int32 product, float32 term) [rows, n_target], reused in turn
+        self._approx_out: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         self._approx_turn = 0
+        self._local = threading.local()  # per thread: the chunk-file readers of :meth:`_read`
+        self._buffers: dict[tuple[int, str], list[np.ndarray | None]] = {}  # :meth:`_read`'s reused buffers
 
     def add(self, model_id: int, kernel: torch.Tensor | None, lam: float, phi_t: torch.Tensor) -> None:
         """Add checkpoint ``model_id``: its kernel (primal factor, dual X, or None: no kernel), ridge and target features."""
@@ -688,7 +696,35 @@ class _BlockScores:
 
     # -- two-stage top-k (trakcli.jobs.topk.TwoStageScores) over int8 / binary codes --------------------------
 
-    def _mean_q(self, lo: int, hi: int) -> torch.Tensor:
+    def _read(self, rows: ChunkedRows, name: str, lo: int, hi: int, raw: bool = False,
+              slot: int | None = None) -> np.ndarray:
+        """Entries ``lo .. hi`` (whole chunks) of array ``name`` of ``rows``, checked: straight from the chunk files
+        where the store keeps them so (:mod:`trakcli.store.chunkread`: a local store; each thread its own
+        reader), else through zarr (:meth:`~trakcli.store.rows.ChunkedRows.read`). With ``raw`` a bfloat16 array
+        gives its stored uint16 bits (through zarr: decoded, float32). With ``slot``, read from the chunk files
+        into the reused buffer ``slot`` of the array (:data:`SCAN_SLOTS` of them: a block's buffers are reused
+        by a block that many reads later; fresh ones cost a page fault per 4 KiB each time)."""
+        files = self._local.__dict__.setdefault("files", {})
+        key = (id(rows), name)
+        if key not in files:
+            files[key] = chunk_files(rows.data[name])
+        reader = files[key]
+        if reader is None:
+            return rows.read(name, lo, hi)
+        shape = (hi - lo, *rows.data[name].shape[1:])
+        if slot is None:
+            out = np.empty(shape, dtype=reader.dtype)
+        else:
+            ring = self._buffers.setdefault(key, [None] * self.SCAN_SLOTS)
+            if ring[slot] is None or ring[slot].shape[0] < shape[0]:
+                ring[slot] = np.empty(shape, dtype=reader.dtype)
+            out = ring[slot][: shape[0]]
+        reader.read(lo, hi, out)
+        if not raw and is_bfloat16(rows.data[name]):
+            return from_bits(out)
+        return out
+
+    def _mean_q(self, lo: int, hi: int, slot: int | None = None) -> torch.Tensor:
         """``[hi - lo]`` float32 mean out-to-loss over checkpoints (averaged in float64, as :func:`ensemble_block`).
 
         Read with each block, in the thread that reads the block: a per-row array of 512-row chunks costs
@@ -696,45 +732,81 @@ class _BlockScores:
         block would add to the run, and which a block's read overlaps with the product of the block before.
         """
         rows = self.train_rows
-        q = sum(r.read("out_to_loss", lo, hi).astype(np.float64) for r in rows) / len(rows)
+        q = sum(self._read(r, "out_to_loss", lo, hi, slot=slot).astype(np.float64) for r in rows) / len(rows)
         return torch.from_numpy(np.asarray(q, dtype=np.float32))
 
-    def approx(self, lo: int, hi: int) -> torch.Tensor:
-        """Approximate scores ``[hi - lo, n_target]`` float32 (train rows first) from the codes
-        (:mod:`trakcli.store.quantize`).
-
-        Per checkpoint, ``W_m φ_i ≈ s_t s_i · (ŵ_t · c_i)``: the target weights ``W_m`` rounded to int8 with a
-        per-target scale ``s_t = max|W_m[t]| / 127``, the row's codes ``c_i`` (int8, or ±1 for binary) and scale
-        ``s_i``; the int8 product is exact in int32 (``torch._int_mm``). Summed over checkpoints, times the
-        mean Q of the row, as :func:`~trakcli.scoring.score_block`. The row scales and Q are read with the
-        block's codes. The product is ``codes · ŵᵀ`` with the codes as
-        stored: on AVX-512 VNNI, 770 against 610 GOPS for ``ŵ · codesᵀ`` (1,000 targets, 4,096 rows, measured).
-        The block returned is one of :data:`APPROX_BUFFERS` reused ones: valid until the call after the next.
-        """
-        if self._qweights is None:
-            self._qweights = []
+    def _quantized_weights(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per primal checkpoint ``(ŵ [n_target, proj_dim] int8, s_t [n_target] float32)``: the target weights
+        ``W_m`` rounded with a per-target scale ``s_t = max|W_m[t]| / 127`` (made on first use)."""
+        if self._qweights is None:  # threads may race here: each makes the same list, one is kept
+            made = []
             for w in self.weights:  # [n_target, proj_dim] float32
                 s_t = w.abs().amax(1) / 127
                 safe = torch.where(s_t > 0, s_t, torch.ones_like(s_t))
                 wq = torch.round(w / safe[:, None]).clamp_(-127, 127).to(torch.int8)  # [n_target, proj_dim]
-                self._qweights.append((wq, s_t))
-        q = self._mean_q(lo, hi)
-        n, n_target = hi - lo, self._qweights[0][0].shape[0]
-        if not self._approx_out or self._approx_out[0].shape[0] < n:
-            self._approx_out = [torch.empty(n, n_target) for _ in range(self.APPROX_BUFFERS)]
-            self._approx_tmp = (torch.empty(n, n_target, dtype=torch.int32), torch.empty(n, n_target))
-        acc = self._approx_out[self._approx_turn][:n]
-        self._approx_turn = (self._approx_turn + 1) % self.APPROX_BUFFERS
-        prod, tmp = (t[:n] for t in self._approx_tmp)
-        for m, ((wq, s_t), (rows, _, _)) in enumerate(zip(self._qweights, self.primal)):
-            codes = signs(rows.code_dtype, rows.read("codes", lo, hi), wq.shape[1])  # [rows, proj_dim] int8
-            scale = torch.from_numpy(rows.read("scale", lo, hi).astype(np.float32, copy=False))  # [rows]
-            torch._int_mm(torch.from_numpy(codes), wq.T, out=prod)  # [rows, n_target] int32
+                made.append((wq, s_t))
+            self._qweights = made
+        return self._qweights
+
+    def read_codes(self, lo: int, hi: int, slot: int | None = None
+                   ) -> tuple[list[np.ndarray], list[np.ndarray], torch.Tensor]:
+        """What :meth:`product` needs of train rows ``lo .. hi`` (whole chunks): per primal checkpoint the codes
+        ``[rows, proj_dim]`` int8 (±1 for binary) and the row scales ``[rows]`` float32, and the ``[rows]`` mean Q
+        (``slot``: :meth:`_read`)."""
+        proj_dim = self.weights[0].shape[1]
+        codes = [signs(rows.code_dtype, self._read(rows, "codes", lo, hi, slot=slot), proj_dim)
+                 for rows, _, _ in self.primal]
+        scales = [self._read(rows, "scale", lo, hi, slot=slot).astype(np.float32, copy=False)
+                  for rows, _, _ in self.primal]
+        return codes, scales, self._mean_q(lo, hi, slot)
+
+    def approx(self, lo: int, hi: int) -> torch.Tensor:
+        """Approximate scores ``[hi - lo, n_target]`` float32 (train rows first) from the codes
+        (:mod:`trakcli.store.quantize`): :meth:`product` of :meth:`read_codes`."""
+        return self.product(*self.read_codes(lo, hi))
+
+    def product(self, codes: list[np.ndarray], scales: list[np.ndarray], q: torch.Tensor,
+                slot: int | None = None) -> torch.Tensor:
+        """Approximate scores ``[rows, n_target]`` float32 (train rows first) from :meth:`read_codes`.
+
+        Per checkpoint, ``W_m φ_i ≈ s_t s_i · (ŵ_t · c_i)``: the target weights ``W_m`` rounded to int8 with a
+        per-target scale ``s_t = max|W_m[t]| / 127``, the row's codes ``c_i`` (int8, or ±1 for binary) and scale
+        ``s_i``; the int8 product is exact in int32 (``torch._int_mm``). Summed over checkpoints, times the
+        mean Q of the row, as :func:`~trakcli.scoring.score_block`. The product is ``codes · ŵᵀ`` with the codes
+        as stored: on AVX-512 VNNI, 770 against 610 GOPS for ``ŵ · codesᵀ`` (1,000 targets, 4,096 rows, measured).
+
+        With one checkpoint the scores are left divided by ``s_t`` (``s_i Q_i · (ŵ_t · c_i)``: one pass over the
+        block fewer): a positive factor per target, which orders each target's rows as the scores do; the
+        candidates, their thresholds and their merge across segments all stay in these units.
+        The block returned is one of :data:`APPROX_BUFFERS` reused ones: valid until the call after the next;
+        with ``slot`` (:meth:`scan_read`'s, products computed in several threads at once), buffer ``slot``.
+        """
+        qweights = self._quantized_weights()
+        n, n_target = len(q), qweights[0][0].shape[0]
+        if slot is None:
+            if not self._approx_out or self._approx_out[0][0].shape[0] < n:
+                self._approx_out = [self._product_buffers(n, n_target) for _ in range(self.APPROX_BUFFERS)]
+            acc, prod, tmp = (t[:n] for t in self._approx_out[self._approx_turn])
+            self._approx_turn = (self._approx_turn + 1) % self.APPROX_BUFFERS
+        else:
+            ring = self._buffers.setdefault((0, "approx"), [None] * self.SCAN_SLOTS)
+            if ring[slot] is None or ring[slot][0].shape[0] < n:
+                ring[slot] = self._product_buffers(n, n_target)
+            acc, prod, tmp = (t[:n] for t in ring[slot])
+        for m, ((wq, s_t), c, scale) in enumerate(zip(qweights, codes, scales)):
+            torch._int_mm(torch.from_numpy(c), wq.T, out=prod)  # [rows, n_target] int32
             term = acc if m == 0 else tmp
-            torch.mul(prod, (scale * q)[:, None], out=term).mul_(s_t[None, :])  # float32
+            torch.mul(prod, (torch.from_numpy(scale) * q)[:, None], out=term)  # float32
+            if len(qweights) > 1:
+                term.mul_(s_t[None, :])
             if m:
                 acc.add_(term)
         return acc
+
+    @staticmethod
+    def _product_buffers(n: int, n_target: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The output, the int32 product and a float32 term of :meth:`product` for ``n`` rows."""
+        return torch.empty(n, n_target), torch.empty(n, n_target, dtype=torch.int32), torch.empty(n, n_target)
 
     #: Output blocks of :meth:`approx` used in turn: a block stays valid until the call after the next
     #: (the caller filters one block while the next is computed). Reusing them keeps the process's memory
@@ -759,6 +831,28 @@ class _BlockScores:
         feats = [torch.from_numpy(rows.read("features", lo, hi).astype(np.float32, copy=False))
                  for rows, _, _ in self.primal]
         return feats, self._mean_q(lo, hi)
+
+    #: Buffers of each array that :meth:`scan_read` reads in turn (the ``i``-th read of a pass uses buffer
+    #: ``i mod SCAN_SLOTS``): more than the blocks held at once by the reads ahead, the product and the caller
+    #: (:func:`trakcli.jobs.topk._pipeline`: its ``depth + 2``).
+    SCAN_SLOTS = 8
+
+    def scan_read(self, lo: int, hi: int, slot: int | None = None
+                  ) -> tuple[tuple[list[np.ndarray], list[np.ndarray], torch.Tensor], Any]:
+        """Everything a one-pass two-stage top-k needs of train rows ``lo .. hi`` (whole chunks), read only (a
+        thread reads the next blocks while the product of this one is computed): :meth:`read_codes`, and the
+        float copy as :meth:`load` gives it, bfloat16 kept as stored (torch bfloat16; :meth:`pairs` and
+        :meth:`rows` convert what they use). ``slot``: :meth:`_read`'s reused buffers."""
+        slot = None if slot is None else slot % self.SCAN_SLOTS
+        codes = self.read_codes(lo, hi, slot)
+        feats = [_as_tensor(self._read(rows, "features", lo, hi, raw=True, slot=slot)) for rows, _, _ in self.primal]
+        return (*codes, slot), (feats, codes[2])
+
+    def scan_product(self, read: tuple[tuple[list[np.ndarray], list[np.ndarray], torch.Tensor], Any]
+                     ) -> tuple[torch.Tensor, Any]:
+        """``(approximate scores [rows, n_target], float copy)`` of a :meth:`scan_read` (:meth:`product`)."""
+        codes, floats = read
+        return self.product(*codes), floats
 
     #: Pairs scored at once by :meth:`pairs` (their gathered rows: ``PAIR_GROUP · proj_dim`` float32).
     PAIR_GROUP = 8192

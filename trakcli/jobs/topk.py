@@ -48,6 +48,7 @@ merges, so the arrays are the same as a single process writes.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -65,6 +66,8 @@ from trakcli.store import ChunkedRows, Store
 from trakcli.store.rows import read_checked
 from trakcli.store.store import TOP_K_ARRAYS
 
+import collections as _c
+PROF = _c.Counter()
 #: Train rows per segment (the unit of resume and of work between ranks), at least :data:`MIN_SEGMENTS` of them.
 SEGMENT_ROWS = 1 << 17
 #: Train rows per segment of a two-stage top-k. Each segment's candidate pass starts from no threshold, and
@@ -115,6 +118,14 @@ class TwoStageScores(Protocol):
     def rows(self, block: Any, targets: torch.Tensor) -> torch.Tensor:
         """``[len(targets), rows]`` float32 exact scores of the targets ``targets`` against the whole block."""
 
+    def scan_read(self, lo: int, hi: int, slot: int) -> Any:
+        """Everything :meth:`scan_product` needs of train rows ``lo .. hi``, read only (the codes, the float copy),
+        for the ``slot``-th read of the pass (buffers may be reused by a read many slots later)."""
+
+    def scan_product(self, read: Any) -> tuple[torch.Tensor, Any]:
+        """``(approximate scores [rows, n_target] as :meth:`approx`, float copy as :meth:`load`)`` of a
+        :meth:`scan_read`."""
+
 
 @dataclass(frozen=True)
 class TwoStage:
@@ -124,16 +135,22 @@ class TwoStage:
         codes: ``int8`` or ``binary`` (the store's dtype).
         multiplier: ``score.rescore_multiplier``: K' = multiplier · K candidates per target and side.
         sample: ``[n_sample]`` target indices whose exact top-k is computed too (for the recall).
+        rerank: ``scan`` (one pass reads the codes and the float copy of every row: :meth:`StoredTopK.compute_scan`)
+            or ``rows`` (a pass over the codes, then the float copy of the candidate rows alone), by
+            :func:`rerank_mode`.
     """
 
     codes: str
     multiplier: int
     sample: tuple[int, ...]
+    rerank: str = "rows"
 
     @classmethod
-    def of(cls, codes: str, multiplier: int | None, recall_queries: int, n_target: int) -> "TwoStage":
+    def of(cls, codes: str, multiplier: int | None, recall_queries: int, n_target: int, k: int, n_train: int,
+           chunk_rows: int, rerank: str = "auto") -> "TwoStage":
         """The settings of a run: ``multiplier`` None takes :data:`DEFAULT_RESCORE_MULTIPLIER`; ``recall_queries``
-        evenly spaced targets (all of them when there are fewer).
+        evenly spaced targets (all of them when there are fewer); ``rerank`` ``scan`` or ``rows``, or ``auto``:
+        :func:`rerank_mode` of K' = min(multiplier · k, n_train) candidates.
 
         Raises:
             StoreError: ``multiplier`` or ``recall_queries`` is not a positive integer.
@@ -144,11 +161,31 @@ class TwoStage:
                 raise StoreError(f"{name} must be a positive integer, got {value!r}; e.g. {name}=4")
         n = min(recall_queries, n_target)
         sample = tuple(int(i) for i in np.unique(np.linspace(0, n_target - 1, n).round().astype(np.int64)))
-        return cls(codes, multiplier, sample)
+        if rerank == "auto":
+            rerank = rerank_mode(n_target, min(multiplier * min(k, n_train), n_train), n_train, chunk_rows)
+        elif rerank not in ("scan", "rows"):
+            raise StoreError(f"score.rerank must be auto, scan or rows, got {rerank!r}")
+        return cls(codes, multiplier, sample, rerank)
 
     def settings(self) -> dict[str, Any]:
-        """What the experiment's results depend on (recorded and checked with the score settings)."""
-        return {"codes": self.codes, "rescore_multiplier": self.multiplier, "recall_queries": list(self.sample)}
+        """What the experiment's results depend on (recorded and checked with the score settings; the re-ranking
+        too, as the stored parts of an unfinished run are laid out by it)."""
+        return {"codes": self.codes, "rescore_multiplier": self.multiplier, "recall_queries": list(self.sample),
+                "rerank": self.rerank}
+
+
+#: A two-stage top-k re-ranks in one pass over every row (``scan``) when its candidate pairs number at least this
+#: many per chunk of train rows: reading the candidates row by row would then touch nearly every chunk, one
+#: request a row (each costs about 60 µs of processor time on a virtual disk and 50 µs of waiting at the most
+#: concurrency, measured), while the scan reads each chunk's float copy in one request, overlapped with the
+#: products of the blocks before it.
+SCAN_PAIRS_PER_CHUNK = 8
+
+
+def rerank_mode(n_target: int, candidates: int, n_train: int, chunk_rows: int) -> str:
+    """``scan`` or ``rows`` (:class:`TwoStage`) for ``2 · n_target · candidates`` pairs over ``n_train`` rows."""
+    n_chunks = -(-n_train // chunk_rows)
+    return "scan" if 2 * n_target * candidates >= SCAN_PAIRS_PER_CHUNK * n_chunks else "rows"
 
 
 def segments(n_train: int, chunk_rows: int, rows: int = SEGMENT_ROWS) -> list[tuple[int, int]]:
@@ -236,8 +273,11 @@ class StoredTopK:
                           reporter: Reporter) -> int:
         """Steps 1 to 3 (module docstring) for this rank's pending segments; returns the segments computed.
 
-        Every rank calls it (it holds a barrier between steps 1 and 2).
+        Every rank calls it (it holds a barrier between steps 1 and 2). With ``rerank`` ``scan``,
+        :meth:`compute_scan` instead.
         """
+        if self.two_stage.rerank == "scan":
+            return self.compute_scan(scores, parts, cands, dist, reporter)
         kc, n = self.candidates, len(self.segments)
         pending = cands.pending(dist.rank, dist.world_size)
         spans = self._spans(pending, self.approx_block)
@@ -296,6 +336,69 @@ class StoredTopK:
                 task.advance()
         return len(pending) + len(pending_exact)
 
+    def compute_scan(self, scores: TwoStageScores, parts: ChunkedRows, cands: ChunkedRows, dist: Dist,
+                     reporter: Reporter) -> int:
+        """The two-stage top-k in one pass (``rerank`` ``scan``) over this rank's pending segments; returns them.
+
+        Per block of a segment, the codes and the float copy of its rows are read together (a thread reads the
+        blocks ahead, another computes the next block's product: :func:`_pipeline`), the candidates are
+        filtered from the approximate scores as in step 1, and every pair the running top-K' takes in is scored
+        exactly at once from the block's float copy (:meth:`TwoStageScores.pairs`), as are the sampled targets
+        against every row of a measured segment. A segment writes its candidates with their approximate
+        scores (``top_k_candidates``) and, in the same slots, their exact ones (``top_k_parts``), then the
+        sampled targets' exact top-k. The merge (:meth:`merge`) takes the K' best approximate scores of all
+        segments per target and side, as step 2 does, and among them the K best exact ones, as step 3 does:
+        the same top-k as the two passes, each row's float copy read once, in order.
+        """
+        kc = self.candidates
+        pending = parts.pending(dist.rank, dist.world_size)
+        sample = torch.tensor(self.two_stage.sample, dtype=torch.int64)
+        measured = set(self.recall_segments())
+        spans = self._spans(pending, self.approx_block)
+        seen = [_KthBest(kc, largest=True), _KthBest(kc, largest=False)]
+        blocks = _pipeline(scores.scan_read, scores.scan_product, [span[1:] for span in spans])
+        with reporter.task("top-k (one pass)", len(pending)) as task, _one_thread():
+            for seg, group in itertools.groupby(zip(spans, blocks), key=lambda x: x[0][0]):
+                event(f"start top-k segment {seg}")
+                sides = [RunningTopK(kc, side.largest, floor=side.kth, batch=SCAN_MERGE_BATCH) for side in seen]
+                exact = _PairScores(self.store.layout.n_train)
+                ref: list[Any] = [None, None, None, None]
+                import time as _tm
+                _t0 = _tm.perf_counter()
+                for (_, b, _), (approx, floats) in group:
+                    _t1 = _tm.perf_counter(); PROF["wait"] += _t1 - _t0
+                    for side in sides:
+                        side.add(approx, b)
+                    t, r = (torch.cat(x) for x in zip(*(side.take_fresh() for side in sides)))
+                    _t2 = _tm.perf_counter(); PROF["filter"] += _t2 - _t1; PROF["pairs_n"] += len(t)
+                    exact.add(t, r, lambda t, r: scores.pairs(floats, t, r - b))
+                    _t0 = _tm.perf_counter(); PROF["pairs"] += _t0 - _t2
+                    if seg in measured:  # the sampled targets' exact top-k over the segment's every row
+                        block = scores.rows(floats, sample)
+                        ref[0], ref[1] = merge_top_k(ref[0], ref[1], block, b, self.k, largest=True)
+                        ref[2], ref[3] = merge_top_k(ref[2], ref[3], block, b, self.k, largest=False)
+                _t3 = _tm.perf_counter()
+                found = [side.result() for side in sides]
+                for side, (values, _) in zip(seen, found):
+                    side.add(values)
+                got = _padded(*found[0], *found[1], kc)
+                cands.write(seg, **got)
+                mine = {name: got[name] for name in ("proponents", "opponents")}
+                for side in ("proponent", "opponent"):
+                    mine[f"{side}_scores"] = exact.lookup(got[f"{side}s"][0])[None]
+                if seg in measured:
+                    want = _padded(*ref, kc)
+                else:  # not read whole: no exact top-k here (row -1)
+                    idx = np.full((1, len(sample), kc), -1, np.int64)
+                    val = np.zeros((1, len(sample), kc), np.float32)
+                    want = {"proponents": idx, "proponent_scores": val, "opponents": idx, "opponent_scores": val}
+                parts.write(seg, **{name: np.concatenate([mine[name], want[name]], axis=1) for name in mine})
+                event(f"done top-k segment {seg}")
+                task.advance()
+                PROF["segend"] += _tm.perf_counter() - _t3
+        import sys as _s; print("PROF", dict(PROF), file=_s.stderr)
+        return len(pending)
+
     def recall_segments(self) -> list[int]:
         """The segments whose every row is read for the recall (:func:`measured_segments` of :data:`RECALL_ROWS`)."""
         return measured_segments(self.segments, RECALL_ROWS)
@@ -315,8 +418,13 @@ class StoredTopK:
                     _merge_parts(got[f"{side}_scores"], got[f"{side}s"], self.candidates, largest)[1]))
                 for side, largest in (("proponent", True), ("opponent", False))]
 
-    def _merge_exact(self, got: dict[str, np.ndarray], rows: Any) -> dict[str, np.ndarray]:
-        """The final top-k of targets ``rows`` from step 3's parts ``got`` (``[n_segments, n, K']`` arrays)."""
+    def _merge_exact(self, got: dict[str, np.ndarray], rows: Any,
+                     cands: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """The final top-k of targets ``rows`` from step 3's parts ``got`` (``[n_segments, n, K']`` arrays), or,
+        with ``rerank`` ``scan``, from the segments' candidates ``cands`` and the exact scores of the same slots
+        in ``got`` (:meth:`compute_scan`)."""
+        if self.two_stage.rerank == "scan":
+            return self._merge_scan(got, rows, cands)
         out = {}
         for side, largest in (("proponent", True), ("opponent", False)):
             vals = np.fmax.reduce(got[f"{side}_scores"][:, rows], axis=0)  # each candidate is exact in one segment
@@ -324,6 +432,30 @@ class StoredTopK:
             vals = np.where(np.isnan(vals), -np.inf if largest else np.inf, vals).astype(np.float32)
             out[f"{side}_scores"], out[f"{side}s"] = order_top_k(vals, idx, self.k, largest)
         return out
+
+    def _merge_scan(self, got: dict[str, np.ndarray], rows: Any, cands: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """:meth:`_merge_exact` of a one-pass top-k: per target and side the K' best approximate scores over the
+        segments (equal ones by row, as :meth:`_merged_candidates`), then the K best exact scores among them."""
+        out = {}
+        for side, largest in (("proponent", True), ("opponent", False)):
+            idx = np.concatenate(list(cands[f"{side}s"][:, rows]), axis=1)  # [n, n_segments · K']
+            approx = np.concatenate(list(cands[f"{side}_scores"][:, rows]), axis=1)
+            exact = np.concatenate(list(got[f"{side}_scores"][:, rows]), axis=1)
+            worst = -np.inf if largest else np.inf
+            key = np.where(idx >= 0, -approx if largest else approx, np.inf)
+            pick = np.lexsort((idx, key), axis=-1)[:, : self.candidates]  # the merged K' candidates
+            idx, exact = np.take_along_axis(idx, pick, 1), np.take_along_axis(exact, pick, 1)
+            exact = np.where((idx >= 0) & ~np.isnan(exact), exact, worst).astype(np.float32)
+            out[f"{side}_scores"], out[f"{side}s"] = order_top_k(exact, idx, self.k, largest)
+        return out
+
+    def _scan_candidates(self, targets: slice) -> dict[str, np.ndarray] | None:
+        """The stored candidates ``[n_segments, targets, K']`` of a one-pass top-k (:meth:`compute_scan`), else
+        None."""
+        if self.two_stage is None or self.two_stage.rerank != "scan":
+            return None
+        return {name: read_checked(arr, (slice(None), targets), 0)
+                for name, arr in self.candidate_parts(create=False).data.items()}
 
     def recall(self, parts: ChunkedRows) -> dict[str, Any]:
         """The recall@K of the two-stage top-k of the sampled targets against their exact top-k (from ``parts``).
@@ -343,7 +475,8 @@ class StoredTopK:
         measured = self.recall_segments()
         frac = sum(self.segments[s][1] - self.segments[s][0] for s in measured) / self.store.layout.n_train
         got = {name: read_checked(arr, (slice(None),), 0) for name, arr in parts.data.items()}
-        mine = self._merge_exact(got, np.asarray(self.two_stage.sample))
+        sample = np.asarray(self.two_stage.sample)
+        mine = self._merge_exact(got, sample, self._scan_candidates(slice(None)))
         recall = {}
         for side, largest in (("proponent", True), ("opponent", False)):
             ref_vals, ref_rows = got[f"{side}_scores"][:, self.n_target:], got[f"{side}s"][:, self.n_target:]
@@ -396,7 +529,7 @@ class StoredTopK:
             lo, hi = self.final.rows(c)
             got = {name: read_checked(arr, (slice(None), slice(lo, hi)), 0) for name, arr in parts.data.items()}
             if self.two_stage is not None:
-                self.final.write(c, **self._merge_exact(got, slice(None)))
+                self.final.write(c, **self._merge_exact(got, slice(None), self._scan_candidates(slice(lo, hi))))
                 continue
             out = {}
             for side, largest in (("proponent", True), ("opponent", False)):
@@ -448,6 +581,98 @@ def _ahead(fn: Callable[[int, int], Any], spans: list[tuple[int, int]]) -> Itera
             cur = nxt.result()
             nxt = pool.submit(fn, *spans[i + 1]) if i + 1 < len(spans) else None
             yield cur
+
+
+#: :class:`RunningTopK`'s ``batch`` in a one-pass top-k: every score that passes the threshold is also scored
+#: exactly, so the threshold is kept fresher than in a pass over the codes alone.
+SCAN_MERGE_BATCH = 0.25
+
+@contextlib.contextmanager
+def _one_thread() -> Iterator[None]:
+    """Torch ops of the calling thread on one thread (restored after): the filtering of a block is many small ops,
+    each a parallel region that waits on threads the next block's product keeps busy (the setting is the calling
+    thread's own; the product's thread keeps its threads). Measured, 10^7 rows: 51 s of filtering under
+    contention, against 2.4 s alone."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _pipeline(read: Callable[[int, int, int], Any], compute: Callable[[Any], Any], spans: list[tuple[int, int]],
+              depth: int = 4, workers: int = 2) -> Iterator[Any]:
+    """``compute(read(lo, hi, i))`` of each span ``i`` in order, in background threads: ``depth`` of them read up
+    to ``depth`` spans ahead, each its own (waiting on the disk or the network, not the processor; one request
+    at a time each), and ``workers`` compute the next spans, each on one torch thread, while the caller uses
+    this one. At most ``depth + workers + 1`` spans' reads are held at once.
+
+    One torch thread a product, not one product on every core: the caller's filtering and the reads share the
+    cores, and a product split over threads waits for its slowest one (measured, 10^7 rows: 23.8 ms a block in
+    a busy pass against 11.9 ms alone)."""
+    import time as _tm
+    def _w(f):
+        t0 = _tm.perf_counter(); r = f.result(); t1 = _tm.perf_counter(); out = compute(r)
+        PROF["w_wait"] += t1 - t0; PROF["w_comp"] += _tm.perf_counter() - t1
+        return out
+    def _r(*a):
+        t0 = _tm.perf_counter(); out = read(*a); PROF["r_time"] += _tm.perf_counter() - t0; return out
+    with ThreadPoolExecutor(depth) as reader, \
+            ThreadPoolExecutor(workers, initializer=torch.set_num_threads, initargs=(1,)) as worker:
+        reads = [reader.submit(_r, *span, i) for i, span in enumerate(spans[: depth + workers])]
+        products = [worker.submit(_w, reads[i]) for i in range(min(workers, len(spans)))]
+        for i in range(len(spans)):
+            cur = products[i].result()
+            products[i] = reads[i] = None
+            if i + workers < len(spans):
+                products.append(worker.submit(_w, reads[i + workers]))
+            if i + depth + workers < len(spans):
+                reads.append(reader.submit(_r, *spans[i + depth + workers], i + depth + workers))
+            yield cur
+
+
+class _PairScores:
+    """Exact scores of (target, row) pairs, computed once each as their block passes (:meth:`StoredTopK.compute_scan`).
+
+    Args:
+        n_train: train rows (pairs are keyed ``target · n_train + row``).
+    """
+
+    def __init__(self, n_train: int):
+        self.n_train = n_train
+        self._keys: list[torch.Tensor] = []
+        self._values: list[torch.Tensor] = []
+
+    def add(self, targets: torch.Tensor, rows: torch.Tensor,
+            score: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> None:
+        """Score the pairs ``(targets[j], rows[j])`` (int64, repeats allowed) with ``score(targets, rows)`` (``[p]``
+        float32), each distinct pair once."""
+        if not len(targets):
+            return
+        keys = torch.unique(targets * self.n_train + rows)
+        self._keys.append(keys)
+        self._values.append(score(keys // self.n_train, keys % self.n_train))
+
+    def lookup(self, rows: np.ndarray) -> np.ndarray:
+        """``[n_target, c]`` float32 exact scores of target t against ``rows[t, j]`` (NaN where the row is -1).
+
+        Raises:
+            RuntimeError: a pair was never scored (a defect: every candidate is scored as its block passes).
+        """
+        out = np.full(rows.shape, np.nan, dtype=np.float32)
+        t, j = np.nonzero(rows >= 0)
+        if not len(t):
+            return out
+        keys = torch.cat(self._keys) if self._keys else torch.empty(0, dtype=torch.int64)
+        values = torch.cat(self._values) if self._values else torch.empty(0)
+        keys, order = torch.sort(keys)
+        want = torch.from_numpy(t.astype(np.int64) * self.n_train + rows[t, j])
+        at = torch.searchsorted(keys, want).clamp_(max=max(len(keys) - 1, 0))
+        if not len(keys) or not bool((keys[at] == want).all()):
+            raise RuntimeError("a candidate of the one-pass top-k has no exact score")
+        out[t, j] = values[order[at]].numpy()
+        return out
 
 
 class _CandidatePairs:
@@ -603,10 +828,12 @@ class RunningTopK:
         k: how many to keep per target.
         largest: keep the highest (proponents) or the lowest (opponents).
         floor: ``[n_target]`` float32 scores to beat, or None.
+        batch: merge once ``batch · n_target · k`` scores are set aside (smaller: a fresher threshold, so fewer
+            scores pass it, for more merges).
     """
 
-    def __init__(self, k: int, largest: bool, floor: torch.Tensor | None = None):
-        self.k, self.largest = k, largest
+    def __init__(self, k: int, largest: bool, floor: torch.Tensor | None = None, batch: float = 1.0):
+        self.k, self.largest, self.batch = k, largest, batch
         self.floor = floor if floor is not None and bool(torch.isfinite(floor).all()) else None
         self.values: torch.Tensor | None = None  # [n_target, <= k] float32
         self.indices: torch.Tensor | None = None  # [n_target, <= k] int64 train rows
@@ -616,6 +843,20 @@ class RunningTopK:
             self.indices = torch.empty(len(self.floor), 0, dtype=torch.int64)
         self._passed: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # (targets, rows, scores)
         self._n_passed = 0
+        self._fresh: list[tuple[torch.Tensor, torch.Tensor]] = []  # (targets, rows) taken since take_fresh()
+
+    def take_fresh(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(targets, rows)`` int64 of the scores that :meth:`add` took in since the last call: every pair kept
+        now or set aside to be merged (a superset of the pairs of the blocks since then in :meth:`result`)."""
+        got, self._fresh = self._fresh, []
+        if not got:
+            return torch.empty(0, dtype=torch.int64), torch.empty(0, dtype=torch.int64)
+        return torch.cat([t for t, _ in got]), torch.cat([r for _, r in got])
+
+    def _kept_from(self, offset: int) -> None:
+        """Note the kept pairs of rows from ``offset`` on (the block just merged whole) as fresh."""
+        t, c = (self.indices >= offset).nonzero(as_tuple=True)
+        self._fresh.append((t, self.indices[t, c]))
 
     def add(self, block: torch.Tensor, offset: int) -> None:
         """Take the scores ``[cols, n_target]`` (train rows first, as :meth:`TwoStageScores.approx` gives them) of
@@ -624,6 +865,7 @@ class RunningTopK:
             self.values, self.indices = merge_top_k_filtered(self.values, self.indices, block.T.contiguous(),
                                                              offset, self.k, self.largest)
             self._threshold()
+            self._kept_from(offset)
             return
         t, j = _beyond(block, self.thr, self.largest, rows_first=True)
         if 4 * len(t) > block.numel() and self.floor is None:
@@ -631,11 +873,13 @@ class RunningTopK:
             self.values, self.indices = merge_top_k(self.values, self.indices, block.T.contiguous(), offset, self.k,
                                                     self.largest)
             self._threshold()
+            self._kept_from(offset)
             return
         if len(t):
+            self._fresh.append((t, j + offset))
             self._passed.append((t, j + offset, block[j, t]))
             self._n_passed += len(t)
-            if self._n_passed >= block.shape[1] * self.k:
+            if self._n_passed >= self.batch * block.shape[1] * self.k:
                 self._merge()
 
     def result(self) -> tuple[torch.Tensor, torch.Tensor]:
