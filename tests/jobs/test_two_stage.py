@@ -305,7 +305,10 @@ def test_the_float_copy_is_uncompressed_and_its_rows_are_read_one_by_one_checked
     rows = store.train(0, create=False)
     feats = rows.data["features"]
     assert [type(c).__name__ for c in feats.metadata.codecs] == ["BytesCodec", "Crc32cCodec"]
-    assert local_chunk_file(feats, 0) is not None and local_chunk_file(rows.data["codes"], 0) is None  # zstd
+    assert local_chunk_file(feats, 0) is not None
+    # the codes too are uncompressed, read whole by the one-pass scan
+    assert [type(c).__name__ for c in rows.data["codes"].metadata.codecs] == ["BytesCodec", "Crc32cCodec"]
+    assert [type(c).__name__ for c in rows.data["scale"].metadata.codecs] == ["BytesCodec", "ZstdCodec", "Crc32cCodec"]
     bits = np.asarray(feats[:])
     np.testing.assert_array_equal(np.asarray(rows.data["features_crc32c"][:]), row_checksums(bits))
     pick = np.array([0, 1, 39, 40, 41, 333, N_TRAIN - 1])
@@ -399,3 +402,53 @@ def test_a_store_without_row_checksums_reads_its_candidates_by_chunks(project, t
     old, _ = _top(root, "int8", "old")
     for name in new:
         np.testing.assert_array_equal(old[name], new[name])
+
+
+def _small_blocks(monkeypatch):
+    """One-pass blocks of one chunk, so that the test store (8 chunks) has blocks to sample a floor from."""
+    import trakcli.jobs.topk as topk
+
+    monkeypatch.setattr(topk, "APPROX_BLOCK_BYTES", 1)  # block_rows() rounds up to one chunk
+    monkeypatch.setattr(topk, "SEED_STRIDE_BLOCKS", 2)
+    monkeypatch.setattr(topk, "SEED_MIN", 1)
+    return topk
+
+
+def test_the_sampled_floor_of_the_one_pass_leaves_the_top_k_unchanged(project, monkeypatch):
+    topk = _small_blocks(monkeypatch)
+    seeds = []
+    real = topk.StoredTopK._seed_floors
+    monkeypatch.setattr(topk.StoredTopK, "_seed_floors", lambda self, s: seeds.append(real(self, s)) or seeds[-1])
+    args = ["run.yaml", *_dtype("int8"), "score.top_k=1", "score.rerank=scan", "score.show_targets=0"]
+    assert run(project, "score", *args, "score.experiment=seeded").returncode == 0
+    assert seeds and all(f is not None for f in seeds[0])  # K' = 2: a floor from 4 sampled chunks of 8
+    monkeypatch.setattr(topk, "SEED_MIN", 10**9)  # no floor
+    assert run(project, "score", *args, "score.experiment=unseeded").returncode == 0
+    a, _ = _top(project, "int8", "seeded")
+    b, _ = _top(project, "int8", "unseeded")
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name])
+    full = _full(project, "int8")
+    np.testing.assert_array_equal(a["proponents"][:, 0], full.argmax(1))  # K' = 2 finds these rows' top 1
+
+
+def test_a_floor_above_a_targets_kth_best_is_found_and_the_pass_runs_again_without_it(project, monkeypatch):
+    import torch
+
+    topk = _small_blocks(monkeypatch)
+    full = _full(project, "int8")
+    # a floor no score beats for target 0's proponents: it keeps no candidate, which the check after the pass sees
+    too_high = torch.full((full.shape[0],), -1e30)
+    too_high[0] = 1e30
+    low = torch.full((full.shape[0],), 1e30)
+    monkeypatch.setattr(topk.StoredTopK, "_seed_floors", lambda self, s: [too_high, low])
+    args = ["run.yaml", *_dtype("int8"), f"score.top_k={K}", "score.rerank=scan", "score.show_targets=0"]
+    res = run(project, "score", *args, "score.experiment=bad_floor")
+    assert res.returncode == 0, res.stderr
+    assert "scanning again without it" in res.stderr
+    monkeypatch.setattr(topk.StoredTopK, "_seed_floors", lambda self, s: [None, None])
+    assert run(project, "score", *args, "score.experiment=no_floor").returncode == 0
+    a, _ = _top(project, "int8", "bad_floor")
+    b, _ = _top(project, "int8", "no_floor")
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name])

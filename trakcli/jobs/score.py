@@ -788,11 +788,14 @@ class _BlockScores:
                 self._approx_out = [self._product_buffers(n, n_target) for _ in range(self.APPROX_BUFFERS)]
             acc, prod, tmp = (t[:n] for t in self._approx_out[self._approx_turn])
             self._approx_turn = (self._approx_turn + 1) % self.APPROX_BUFFERS
-        else:
+        else:  # the output in the slot's buffer, the int32 product and the term in the thread's own
             ring = self._buffers.setdefault((0, "approx"), [None] * self.SCAN_SLOTS)
-            if ring[slot] is None or ring[slot][0].shape[0] < n:
-                ring[slot] = self._product_buffers(n, n_target)
-            acc, prod, tmp = (t[:n] for t in ring[slot])
+            if ring[slot] is None or ring[slot].shape[0] < n:
+                ring[slot] = torch.empty(n, n_target)
+            own = self._local.__dict__.get("product")
+            if own is None or own[0].shape[0] < n:
+                own = self._local.product = self._product_buffers(n, n_target)
+            acc, (prod, tmp) = ring[slot][:n], (t[:n] for t in own[1:])
         for m, ((wq, s_t), c, scale) in enumerate(zip(qweights, codes, scales)):
             torch._int_mm(torch.from_numpy(c), wq.T, out=prod)  # [rows, n_target] int32
             term = acc if m == 0 else tmp

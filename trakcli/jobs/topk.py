@@ -66,8 +66,6 @@ from trakcli.store import ChunkedRows, Store
 from trakcli.store.rows import read_checked
 from trakcli.store.store import TOP_K_ARRAYS
 
-import collections as _c
-PROF = _c.Counter()
 #: Train rows per segment (the unit of resume and of work between ranks), at least :data:`MIN_SEGMENTS` of them.
 SEGMENT_ROWS = 1 << 17
 #: Train rows per segment of a two-stage top-k. Each segment's candidate pass starts from no threshold, and
@@ -337,7 +335,7 @@ class StoredTopK:
         return len(pending) + len(pending_exact)
 
     def compute_scan(self, scores: TwoStageScores, parts: ChunkedRows, cands: ChunkedRows, dist: Dist,
-                     reporter: Reporter) -> int:
+                     reporter: Reporter, seed: bool = True) -> int:
         """The two-stage top-k in one pass (``rerank`` ``scan``) over this rank's pending segments; returns them.
 
         Per block of a segment, the codes and the float copy of its rows are read together (a thread reads the
@@ -349,13 +347,21 @@ class StoredTopK:
         sampled targets' exact top-k. The merge (:meth:`merge`) takes the K' best approximate scores of all
         segments per target and side, as step 2 does, and among them the K best exact ones, as step 3 does:
         the same top-k as the two passes, each row's float copy read once, in order.
+
+        Every pair that enters a running top-K' is scored exactly, and a running top-K' that starts from nothing
+        takes in about K' · ln(blocks) per target (1,700 of 2,400 blocks at 10^7 rows). With ``seed``, each side
+        starts instead from a floor that leaves about three times K' rows above it (:meth:`_seed_floors`, from
+        a sample of the rows). A floor that leaves fewer than K' rows above it for some target would lose
+        candidates: then every target has fewer than K' (checked when every segment is done), and the pass
+        runs again without the seed. The candidates, and so the top-k, are the same with or without it.
         """
         kc = self.candidates
         pending = parts.pending(dist.rank, dist.world_size)
         sample = torch.tensor(self.two_stage.sample, dtype=torch.int64)
         measured = set(self.recall_segments())
         spans = self._spans(pending, self.approx_block)
-        seen = [_KthBest(kc, largest=True), _KthBest(kc, largest=False)]
+        floors = self._seed_floors(scores) if seed and pending else [None, None]
+        seen = [_KthBest(kc, largest=True, base=floors[0]), _KthBest(kc, largest=False, base=floors[1])]
         blocks = _pipeline(scores.scan_read, scores.scan_product, [span[1:] for span in spans])
         with reporter.task("top-k (one pass)", len(pending)) as task, _one_thread():
             for seg, group in itertools.groupby(zip(spans, blocks), key=lambda x: x[0][0]):
@@ -363,21 +369,15 @@ class StoredTopK:
                 sides = [RunningTopK(kc, side.largest, floor=side.kth, batch=SCAN_MERGE_BATCH) for side in seen]
                 exact = _PairScores(self.store.layout.n_train)
                 ref: list[Any] = [None, None, None, None]
-                import time as _tm
-                _t0 = _tm.perf_counter()
                 for (_, b, _), (approx, floats) in group:
-                    _t1 = _tm.perf_counter(); PROF["wait"] += _t1 - _t0
                     for side in sides:
                         side.add(approx, b)
                     t, r = (torch.cat(x) for x in zip(*(side.take_fresh() for side in sides)))
-                    _t2 = _tm.perf_counter(); PROF["filter"] += _t2 - _t1; PROF["pairs_n"] += len(t)
                     exact.add(t, r, lambda t, r: scores.pairs(floats, t, r - b))
-                    _t0 = _tm.perf_counter(); PROF["pairs"] += _t0 - _t2
                     if seg in measured:  # the sampled targets' exact top-k over the segment's every row
                         block = scores.rows(floats, sample)
                         ref[0], ref[1] = merge_top_k(ref[0], ref[1], block, b, self.k, largest=True)
                         ref[2], ref[3] = merge_top_k(ref[2], ref[3], block, b, self.k, largest=False)
-                _t3 = _tm.perf_counter()
                 found = [side.result() for side in sides]
                 for side, (values, _) in zip(seen, found):
                     side.add(values)
@@ -395,9 +395,50 @@ class StoredTopK:
                 parts.write(seg, **{name: np.concatenate([mine[name], want[name]], axis=1) for name in mine})
                 event(f"done top-k segment {seg}")
                 task.advance()
-                PROF["segend"] += _tm.perf_counter() - _t3
-        import sys as _s; print("PROF", dict(PROF), file=_s.stderr)
-        return len(pending)
+        if not seed:
+            return len(pending)
+        dist.barrier()
+        short = bool(((self._merged_candidates(cands)[0] >= 0).sum(1) < kc).any()
+                     or ((self._merged_candidates(cands)[1] >= 0).sum(1) < kc).any())
+        if not short:
+            return len(pending)
+        reporter.info("the sampled floor of the one-pass top-k left a target fewer than K' candidates; "
+                      "scanning again without it")
+        if dist.is_main:
+            for arrays in (cands, parts):
+                arrays.unmark()
+                for c in range(len(self.segments)):
+                    arrays.done[c] = 0
+        dist.barrier()
+        return len(pending) + self.compute_scan(scores, parts, cands, dist, reporter, seed=False)
+
+    def _seed_floors(self, scores: TwoStageScores) -> list[torch.Tensor | None]:
+        """Per side (highest, lowest) ``[n_target]`` approximate scores to start the running top-K' from, or None.
+
+        Every :data:`SEED_STRIDE_BLOCKS`-th block of ``approx_block`` rows is scored from its codes; a fraction f
+        of the chunks. Per target the best score of each sampled chunk is taken (one per chunk: rows that rank
+        together are often stored together), and the floor is the m-th best of those, m = 3 · K' · f: about
+        3 · K' rows lie above it, and for fewer than K' to lie above it the sample would have to hold three
+        times its share of the chunks that hold a target's top K'. None when m < :data:`SEED_MIN` (too small
+        a sample to say).
+        """
+        layout = self.store.layout
+        rows_per = self.approx_block
+        starts = list(range(0, layout.n_train - rows_per + 1, rows_per * SEED_STRIDE_BLOCKS))
+        chunks_per = rows_per // layout.chunk_rows
+        n_chunks = -(-layout.n_train // layout.chunk_rows)
+        m = int(np.ceil(3 * self.candidates * len(starts) * chunks_per / n_chunks))
+        if m < SEED_MIN or m > len(starts) * chunks_per:
+            return [None, None]
+        best, worst = [], []
+        for approx, _ in _pipeline(scores.scan_read, scores.scan_product, [(a, a + rows_per) for a in starts]):
+            per_chunk = approx.view(chunks_per, layout.chunk_rows, -1)
+            best.append(per_chunk.amax(1))
+            worst.append(per_chunk.amin(1))
+        top = torch.topk(torch.cat(best), m, dim=0).values[-1]  # [n_target]: the m-th best chunk
+        low = torch.topk(torch.cat(worst), m, dim=0, largest=False).values[-1]
+        # one step outward: a score equal to the floor passes it (a floor is beaten strictly)
+        return [torch.nextafter(top, torch.tensor(-np.inf)), torch.nextafter(low, torch.tensor(np.inf))]
 
     def recall_segments(self) -> list[int]:
         """The segments whose every row is read for the recall (:func:`measured_segments` of :data:`RECALL_ROWS`)."""
@@ -583,6 +624,10 @@ def _ahead(fn: Callable[[int, int], Any], spans: list[tuple[int, int]]) -> Itera
             yield cur
 
 
+#: The one-pass top-k samples every this many blocks for its starting floor (:meth:`StoredTopK._seed_floors`).
+SEED_STRIDE_BLOCKS = 16
+#: The fewest sampled chunks above a starting floor (:meth:`StoredTopK._seed_floors`): below it, no floor.
+SEED_MIN = 8
 #: :class:`RunningTopK`'s ``batch`` in a one-pass top-k: every score that passes the threshold is also scored
 #: exactly, so the threshold is kept fresher than in a pass over the codes alone.
 SCAN_MERGE_BATCH = 0.25
@@ -590,9 +635,8 @@ SCAN_MERGE_BATCH = 0.25
 @contextlib.contextmanager
 def _one_thread() -> Iterator[None]:
     """Torch ops of the calling thread on one thread (restored after): the filtering of a block is many small ops,
-    each a parallel region that waits on threads the next block's product keeps busy (the setting is the calling
-    thread's own; the product's thread keeps its threads). Measured, 10^7 rows: 51 s of filtering under
-    contention, against 2.4 s alone."""
+    and the products of the next blocks keep the cores busy meanwhile (:func:`_pipeline`); the setting is the
+    calling thread's own."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -609,26 +653,20 @@ def _pipeline(read: Callable[[int, int, int], Any], compute: Callable[[Any], Any
     this one. At most ``depth + workers + 1`` spans' reads are held at once.
 
     One torch thread a product, not one product on every core: the caller's filtering and the reads share the
-    cores, and a product split over threads waits for its slowest one (measured, 10^7 rows: 23.8 ms a block in
-    a busy pass against 11.9 ms alone)."""
-    import time as _tm
-    def _w(f):
-        t0 = _tm.perf_counter(); r = f.result(); t1 = _tm.perf_counter(); out = compute(r)
-        PROF["w_wait"] += t1 - t0; PROF["w_comp"] += _tm.perf_counter() - t1
-        return out
-    def _r(*a):
-        t0 = _tm.perf_counter(); out = read(*a); PROF["r_time"] += _tm.perf_counter() - t0; return out
+    cores, and a product split over threads waits for its slowest one (measured, one-pass top-k at 10^7 rows on
+    two cores: 23.8 ms a block with one product on two threads, 18.6 ms with two products on one each, against
+    11.9 ms for a product alone)."""
     with ThreadPoolExecutor(depth) as reader, \
             ThreadPoolExecutor(workers, initializer=torch.set_num_threads, initargs=(1,)) as worker:
-        reads = [reader.submit(_r, *span, i) for i, span in enumerate(spans[: depth + workers])]
-        products = [worker.submit(_w, reads[i]) for i in range(min(workers, len(spans)))]
+        reads = [reader.submit(read, *span, i) for i, span in enumerate(spans[: depth + workers])]
+        products = [worker.submit(lambda f: compute(f.result()), reads[i]) for i in range(min(workers, len(spans)))]
         for i in range(len(spans)):
             cur = products[i].result()
             products[i] = reads[i] = None
             if i + workers < len(spans):
-                products.append(worker.submit(_w, reads[i + workers]))
+                products.append(worker.submit(lambda f: compute(f.result()), reads[i + workers]))
             if i + depth + workers < len(spans):
-                reads.append(reader.submit(_r, *spans[i + depth + workers], i + depth + workers))
+                reads.append(reader.submit(read, *spans[i + depth + workers], i + depth + workers))
             yield cur
 
 
@@ -797,16 +835,24 @@ class _KthBest:
     candidates of every segment merged then give the same K' per target as without it.
     """
 
-    def __init__(self, k: int, largest: bool):
-        self.k, self.largest = k, largest
+    def __init__(self, k: int, largest: bool, base: torch.Tensor | None = None):
+        self.k, self.largest, self.base = k, largest, base
         self.values: torch.Tensor | None = None  # [n_target, <= k] the best k so far
-        self.kth: torch.Tensor | None = None  # [n_target]
+        self.kth: torch.Tensor | None = base  # [n_target]
 
     def add(self, values: torch.Tensor) -> None:
         """Merge ``[n_target, c]`` scores (±inf where a target has none)."""
         both = values if self.values is None else torch.cat([self.values, values], dim=1)
         self.values = torch.topk(both, min(self.k, both.shape[1]), dim=1, largest=self.largest, sorted=False).values
-        self.kth = _kth(self.values, self.k, self.largest)
+        if self.base is None:
+            self.kth = _kth(self.values, self.k, self.largest)
+            return
+        # with a base floor (finite): the better of it and the k-th best, where a target has k finite ones
+        worst = torch.tensor(float("-inf") if self.largest else float("inf"))
+        own = (self.values.amin(1) if self.largest else self.values.amax(1)) if self.values.shape[1] >= self.k \
+            else worst.expand(self.values.shape[0])
+        own = torch.where(torch.isfinite(own), own, worst)
+        self.kth = torch.maximum(own, self.base) if self.largest else torch.minimum(own, self.base)
 
 
 class RunningTopK:

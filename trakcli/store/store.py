@@ -519,7 +519,10 @@ class Store:
         if codes and "features" in group and ROW_CRC not in group:
             del codes[ROW_CRC]  # a float copy written before the row checksums: read by chunks, as written
         elif codes:
-            plain = {"features": "none"}  # the float copy: uncompressed, read row by row (trakcli.store.rowread)
+            # the float copy: uncompressed, read row by row (trakcli.store.rowread); the codes: uncompressed, read
+            # straight from their files by a scan (trakcli.store.chunkread), so that their reading costs the
+            # processor no decompression beside the scan's products
+            plain = {"features": "none", "codes": "none"}
         data, done = self._arrays(
             group,
             {
