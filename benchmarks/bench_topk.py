@@ -25,7 +25,9 @@ is the process's ru_maxrss):
   recorded itself (sampled targets, against the exact top-100 of the bfloat16 copy) and the
   overlap of all 1,000 targets' top-100 with the float32 floor (which also counts the bfloat16
   rounding of the float copy). ``x exact`` is the wall time over ``trak score top_k``'s (the exact
-  streamed pass of the float32 store, same run).
+  streamed pass of the float32 store, same run). ``--rerank scan rows`` adds a row per
+  ``score.rerank`` (named ``two-stage <dtype> xM scan`` / ``rows``; the default, ``auto``, picks one
+  and the row records which).
 
 For each it reports wall seconds, peak RSS, the bytes the result adds to the store,
 and the top-100 overlap with the floor (proponents and opponents).
@@ -175,7 +177,8 @@ def overlap(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def bench(n_train: int, n_target: int, proj_dim: int, work: Path, dtypes: list[str],
-          multipliers: dict[str, list[int]], skip: list[str], reuse: bool = False) -> dict:
+          multipliers: dict[str, list[int]], skip: list[str], reuse: bool = False,
+          reranks: tuple[str, ...] = ("auto",)) -> dict:
     import zarr
 
     trak = [sys.executable, "-m", "trakcli.cli.main"]
@@ -210,13 +213,16 @@ def bench(n_train: int, n_target: int, proj_dim: int, work: Path, dtypes: list[s
         rows[f"featurize {dtype}"] = timed([*trak, "featurize", "run.yaml", "-q", *other], proj)
         rows[f"featurize {dtype}"]["reused_store"] = reused
         rows[f"featurize {dtype}"]["store_bytes"] = du(proj / f"{dtype}.zarr" / "train")
-        for m in multipliers[dtype]:
-            name, exp = f"two-stage {dtype} x{m}", f"ts{m}"
+        for m, rerank in ((m, rr) for m in multipliers[dtype] for rr in reranks):
+            name = f"two-stage {dtype} x{m}" + ("" if rerank == "auto" else f" {rerank}")
+            exp = f"ts{m}" + ("" if rerank == "auto" else rerank)
             shutil.rmtree(proj / f"{dtype}.zarr" / "scores" / exp, ignore_errors=True)
             rows[name] = timed([*trak, "score", "run.yaml", "-q", *other, f"score.top_k={K}",
-                                f"score.rescore_multiplier={m}", f"score.experiment={exp}"], proj)
+                                f"score.rescore_multiplier={m}", f"score.experiment={exp}",
+                                f"score.rerank={rerank}"], proj)
             g = zarr.open_group(str(proj / f"{dtype}.zarr"), mode="r")[f"scores/{exp}/top_k"]
             rec = dict(g["proponents"].attrs)["two_stage"]
+            rows[name]["rerank"] = rec.get("rerank", "rows")
             rows[name]["recall_recorded"] = [rec["recall"]["proponents"], rec["recall"]["opponents"]]
             rows[name]["recall_queries"] = rec["n_queries"]
             rows[name]["recall_rows_measured"] = rec.get("rows_measured", 1.0)
@@ -275,6 +281,8 @@ def main() -> None:
                    help="score.rescore_multiplier values of the two-stage rows")
     p.add_argument("--binary-multipliers", type=int, nargs="*", default=None,
                    help="score.rescore_multiplier values of the binary rows (default: --multipliers)")
+    p.add_argument("--rerank", nargs="+", default=["auto"], choices=["auto", "scan", "rows"],
+                   help="score.rerank of the two-stage rows (each its own row)")
     p.add_argument("--skip", nargs="*", default=[], choices=["faiss", "full", "floor"],
                    help="rows to leave out (floor: it holds every feature in memory, 40 GB at 10^7 rows; the "
                         "overlaps are then taken against trak score top_k, the exact streamed pass)")
@@ -294,7 +302,7 @@ def main() -> None:
             shutil.rmtree(work, ignore_errors=True)
         binary = a.multipliers if a.binary_multipliers is None else a.binary_multipliers
         mult = {"int8": a.multipliers, "binary": binary}
-        results.append(bench(n, a.n_target, a.proj_dim, work, a.dtypes, mult, a.skip, a.reuse))
+        results.append(bench(n, a.n_target, a.proj_dim, work, a.dtypes, mult, a.skip, a.reuse, tuple(a.rerank)))
         print(table(results[-1:]), flush=True)
         if not a.keep:
             shutil.rmtree(work, ignore_errors=True)
@@ -302,7 +310,7 @@ def main() -> None:
     write_result(a.out, {
         "benchmark": "bench_topk",
         "args": {k: getattr(a, k) for k in ("n_train", "n_target", "proj_dim", "dtypes", "multipliers",
-                                             "binary_multipliers", "skip", "reuse")}, "results": results,
+                                             "binary_multipliers", "rerank", "skip", "reuse")}, "results": results,
     })
     print(f"-> {a.out}")
 

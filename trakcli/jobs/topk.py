@@ -10,7 +10,10 @@ every segment is done, the candidates of all segments are merged per chunk of
 targets into ``scores/<experiment>/top_k`` (best first, equal scores by train
 index: :func:`trakcli.scoring.order_top_k`) and the parts are dropped.
 
-**Two-stage top-k** (``store.dtype`` int8 or binary, :mod:`trakcli.store.quantize`), three steps:
+**Two-stage top-k** (``store.dtype`` int8 or binary, :mod:`trakcli.store.quantize`). With
+``score.rerank`` ``scan`` (:meth:`StoredTopK.compute_scan`), one pass reads each block's codes and float
+copy together and scores every candidate exactly as its block passes; the merge then keeps, per target
+and side, the K' best approximate scores and among them the K best exact ones. With ``rows``, three steps:
 
 1. per segment, a pass over the compressed codes scores every target against every row
    approximately (:meth:`TwoStageScores.approx`) and keeps the K' = ``rescore_multiplier · K``
