@@ -87,3 +87,23 @@ def test_no_reader_for_codecs_it_does_not_read(tmp_path):
     assert chunk_files(arr) is None
     plain, _ = _array(tmp_path / "b.zarr", "zstd")  # no checksum codec
     assert chunk_files(plain) is None
+
+
+def test_whole_chunks_read_into_a_page_aligned_buffer_are_checked_as_any(tmp_path):
+    from trakcli.store.chunkread import aligned_empty
+
+    arr, data = _with_crc(tmp_path / "s.zarr", "none", dtype="uint16", shape=(100, 2048), chunk_rows=4)
+    files = chunk_files(arr)  # 16 KiB chunks: whole pages, read in place
+    out = aligned_empty((100, 2048), np.uint16)
+    assert out.ctypes.data % 4096 == 0
+    files.read(0, 100, out)
+    np.testing.assert_array_equal(out, data)
+    chunk = tmp_path / "s.zarr" / "x" / arr.metadata.encode_chunk_key((5, 0))
+    raw = bytearray(chunk.read_bytes())
+    raw[-7] ^= 0x01
+    chunk.write_bytes(bytes(raw))
+    with pytest.raises(StoreCorruptError, match=r"chunk 5 \(entries 20:24 along axis 0\) fails its checksum"):
+        files.read(0, 100, out)
+    chunk.write_bytes(bytes(raw[:-100]))
+    with pytest.raises(StoreCorruptError, match="chunk 5 .* holds 16288 bytes, not 16388"):
+        files.read(20, 24, out[20:24])

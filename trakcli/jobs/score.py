@@ -36,7 +36,7 @@ from trakcli.scoring import (
 from trakcli.store import ChunkedRows, Store, StoreCorruptError, check_same
 from trakcli.store.append import stale_error
 from trakcli.store.bfloat16 import from_bits, is_bfloat16
-from trakcli.store.chunkread import chunk_files
+from trakcli.store.chunkread import aligned_empty, chunk_files
 from trakcli.store.kernel import kernel_nbytes, read_kernel
 from trakcli.store.quantize import is_quantized, signs
 from trakcli.store.store import TOP_K_ARRAYS
@@ -717,7 +717,7 @@ class _BlockScores:
         else:
             ring = self._buffers.setdefault(key, [None] * self.SCAN_SLOTS)
             if ring[slot] is None or ring[slot].shape[0] < shape[0]:
-                ring[slot] = np.empty(shape, dtype=reader.dtype)
+                ring[slot] = aligned_empty(shape, reader.dtype)  # whole chunks are read straight into it
             out = ring[slot][: shape[0]]
         reader.read(lo, hi, out)
         if not raw and is_bfloat16(rows.data[name]):
