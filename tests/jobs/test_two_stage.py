@@ -76,6 +76,7 @@ def test_candidates_covering_every_row_give_the_exact_top_k(project, dtype, rera
         np.testing.assert_array_equal(top[f"{side}s"], order)
         np.testing.assert_allclose(top[f"{side}_scores"], np.take_along_axis(full, order, 1), rtol=1e-5, atol=1e-7)
     assert rec["recall"] == {"proponents": 1.0, "opponents": 1.0} and rec["rescore_multiplier"] == m
+    assert rec["rerank"] == rerank and f"rescore_multiplier {m}, rerank {rerank})" in res.stderr
     assert f"recall@{K} against the exact top-{K} of 16 targets: proponents 1.0000, opponents 1.0000" in res.stderr
 
 

@@ -145,7 +145,9 @@ def recall_line(two_stage: dict[str, Any]) -> str:
     r, k = two_stage["recall"], two_stage["k"]
     rows = two_stage.get("rows_measured", 1.0)
     over = "" if rows >= 1 else f", estimated over {rows:.1%} of the train rows"
-    return (f"two-stage top-k ({two_stage['codes']} candidates, rescore_multiplier {two_stage['rescore_multiplier']}): "
+    rerank = f", rerank {two_stage['rerank']}" if "rerank" in two_stage else ""
+    return (f"two-stage top-k ({two_stage['codes']} candidates, rescore_multiplier {two_stage['rescore_multiplier']}"
+            f"{rerank}): "
             f"recall@{k} against the exact top-{k} of {two_stage['n_queries']} targets{over}: proponents "
             f"{r['proponents']:.4f}, opponents {r['opponents']:.4f}")
 
