@@ -453,3 +453,17 @@ def test_a_floor_above_a_targets_kth_best_is_found_and_the_pass_runs_again_witho
     b, _ = _top(project, "int8", "no_floor")
     for name in a:
         np.testing.assert_array_equal(a[name], b[name])
+
+
+def test_auto_scans_a_local_store_and_an_object_store_only_when_candidates_fill_its_chunks():
+    from trakcli.jobs.topk import SCAN_PAIRS_PER_CHUNK, TwoStage, rerank_mode
+
+    n_train, chunk_rows = 10_000_000, 512  # 19,532 chunks
+    assert rerank_mode(5, 200, n_train, chunk_rows, local=True) == "scan"
+    assert rerank_mode(5, 200, n_train, chunk_rows, local=False) == "rows"  # 2,000 pairs
+    need = SCAN_PAIRS_PER_CHUNK * 19_532
+    assert rerank_mode(-(-need // 400), 200, n_train, chunk_rows, local=False) == "scan"
+    assert rerank_mode(need // 400 - 1, 200, n_train, chunk_rows, local=False) == "rows"
+    two = TwoStage.of("int8", None, 16, 1000, 100, n_train, chunk_rows, "auto", local=False)
+    assert two.rerank == "scan" and two.settings()["rerank"] == "scan"
+    assert TwoStage.of("int8", None, 16, 1000, 100, n_train, chunk_rows, "rows").rerank == "rows"

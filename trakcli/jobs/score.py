@@ -445,8 +445,9 @@ def _two_stage_plan(store: Store, s: JobSetup, top_k: int | None, full: bool, no
     if why is not None:
         reporter.info(f"two-stage top-k not used ({why}); the top-k comes from the exact pass over the bfloat16 copy")
         return None
+    local = chunk_files(store.train(0, create=False).data["features"]) is not None
     return TwoStage.of(codes, rescore_multiplier, recall_queries, n_target, top_k, store.layout.n_train,
-                       store.layout.chunk_rows, rerank)
+                       store.layout.chunk_rows, rerank, local)
 
 
 def _per_token_scores(s: JobSetup, store: Store, train_rows: list[ChunkedRows], target: TensorDataset, exp: str,
