@@ -107,6 +107,10 @@ def main() -> None:
     p.add_argument("--endpoint", help="a running S3 service (default: start SeaweedFS here)")
     p.add_argument("--bucket", default="trak-bench")
     p.add_argument("--repeats", type=int, default=2, help="runs of `trak score` per store (the best is kept)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "int8", "binary"],
+                   help="store.dtype of both stores (int8 / binary: the top-k is two-stage)")
+    p.add_argument("--rerank", default="auto", choices=["auto", "scan", "rows"],
+                   help="score.rerank of a two-stage top-k")
     p.add_argument("--work", type=Path, default=REPO / "bench_results" / "object_store_work")
     p.add_argument("--out", type=Path, default=REPO / "bench_results" / "object_store.json")
     a = p.parse_args()
@@ -126,10 +130,13 @@ def main() -> None:
         stores = {"local disk": "store.zarr", "s3": f"s3://{a.bucket}/run-{os.getpid()}/store.zarr"}
         trak = [sys.executable, "-m", "trakcli.cli.main"]
         rows: dict[str, dict] = {}
+        dtype = [f"store.dtype={a.dtype}"]
+        rerank = [f"score.rerank={a.rerank}"] if a.dtype in ("int8", "binary") else []
         for name, store in stores.items():
-            feat = timed([*trak, "featurize", "run.yaml", "-q", f"store.path={store}"], proj)
+            feat = timed([*trak, "featurize", "run.yaml", "-q", f"store.path={store}", *dtype], proj)
             score = min((timed([*trak, "score", "run.yaml", "-q", f"store.path={store}", f"score.top_k={K}",
-                                "score.experiment=topk", "--overwrite"], proj) for _ in range(a.repeats)),
+                                "score.experiment=topk", "--overwrite", *dtype, *rerank], proj)
+                         for _ in range(a.repeats)),
                         key=lambda r: r["seconds"])
             rows[name] = {"featurize_s": feat["seconds"], "featurize_peak_rss_gib": feat["peak_rss_gib"],
                           "top_k_s": score["seconds"], "top_k_peak_rss_gib": score["peak_rss_gib"]}
@@ -152,9 +159,10 @@ def main() -> None:
     write_result(a.out, {
         "benchmark": "bench_object_store",
         "command": (f"python -m benchmarks.bench_object_store --n-train {a.n_train} --n-target {a.n_target} "
-                    f"--proj-dim {a.proj_dim} --repeats {a.repeats}"),
+                    f"--proj-dim {a.proj_dim} --repeats {a.repeats} --dtype {a.dtype} --rerank {a.rerank}"),
         "args": {"n_train": a.n_train, "n_target": a.n_target, "proj_dim": a.proj_dim, "top_k": K,
-                 "repeats": a.repeats, "service": "seaweedfs on 127.0.0.1" if a.endpoint is None else "given"},
+                 "repeats": a.repeats, "dtype": a.dtype, "rerank": a.rerank,
+                 "service": "seaweedfs on 127.0.0.1" if a.endpoint is None else "given"},
         "rows": rows, "s3_over_local": ratio, "top_k_equal": equal, "load_average_1min": os.getloadavg()[0],
     })
     shutil.rmtree(a.work, ignore_errors=True)
