@@ -134,7 +134,7 @@ def test_kill_during_two_stage_then_rerun_gives_identical_arrays(tmp_path, reran
 
 def test_torchrun_two_ranks_write_the_two_stage_top_k_of_one_process(tmp_path):
     one = make_project(tmp_path / "one")
-    args = ["run.yaml", "-q", *_dtype("binary"), f"score.top_k={K}"]
+    args = ["run.yaml", "-q", *_dtype("binary"), f"score.top_k={K}", "score.rerank=scan"]
     assert run(one, "featurize", *args).returncode == 0
     shutil.copytree(one, tmp_path / "two")
     assert run(one, "score", *args).returncode == 0
@@ -467,3 +467,6 @@ def test_auto_scans_a_local_store_and_an_object_store_only_when_candidates_fill_
     two = TwoStage.of("int8", None, 16, 1000, 100, n_train, chunk_rows, "auto", local=False)
     assert two.rerank == "scan" and two.settings()["rerank"] == "scan"
     assert TwoStage.of("int8", None, 16, 1000, 100, n_train, chunk_rows, "rows").rerank == "rows"
+    # a store too small for a sampled starting floor (391 chunks, K' = 200) is re-ranked by rows; 10^6 rows scanned
+    assert TwoStage.of("int8", None, 16, 1000, 100, 200_000, chunk_rows, proj_dim=1024).rerank == "rows"
+    assert TwoStage.of("int8", None, 16, 1000, 100, 1_000_000, chunk_rows, proj_dim=1024).rerank == "scan"

@@ -690,8 +690,9 @@ class ScoreConfig(StrictModel):
         "pass reads each row's codes and float copy together, in order, and scores every candidate as its block "
         "passes (no second pass; the whole float copy is read). rows: a pass over the codes, then the "
         "candidate rows alone (fewer bytes when few rows are candidates: few targets over many rows). auto: "
-        "scan on a local store (faster there at every size measured, down to 5 targets over 10^7 rows); on an "
-        "object store, scan when the candidate pairs number at least 8 per chunk of train rows, else rows.",
+        "rows for a store of fewer chunks than about 3 · K' (there a scan has no sampled starting floor and "
+        "scores several times more pairs); else scan on a local store (faster there from 10^6 to 10^7 rows, "
+        "down to 5 targets), and on an object store scan when the candidate pairs number at least 8 per chunk.",
     )
     recall_queries: PositiveInt = Field(
         16,

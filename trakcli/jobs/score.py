@@ -447,7 +447,7 @@ def _two_stage_plan(store: Store, s: JobSetup, top_k: int | None, full: bool, no
         return None
     local = chunk_files(store.train(0, create=False).data["features"]) is not None
     return TwoStage.of(codes, rescore_multiplier, recall_queries, n_target, top_k, store.layout.n_train,
-                       store.layout.chunk_rows, rerank, local)
+                       store.layout.chunk_rows, rerank, local, store.layout.proj_dim)
 
 
 def _per_token_scores(s: JobSetup, store: Store, train_rows: list[ChunkedRows], target: TensorDataset, exp: str,
