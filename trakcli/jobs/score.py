@@ -347,7 +347,7 @@ def score_targets(
         if stale is not None and not overwrite:
             raise stale
         two = _two_stage_plan(store, s, top_k, full, normalize, exact, rescore_multiplier, recall_queries,
-                              len(target), reporter if s.dist.is_main else NULL_REPORTER, rerank)
+                              len(target), reporter if s.dist.is_main else NULL_REPORTER, rerank, train_rows[0])
         if two is not None:  # the experiment's top-k depends on them: recorded and checked with the settings
             settings["two_stage"] = two.settings()
         if s.dist.is_main:
@@ -426,12 +426,13 @@ def score_targets(
 
 def _two_stage_plan(store: Store, s: JobSetup, top_k: int | None, full: bool, normalize: str | None, exact: bool,
                     rescore_multiplier: int | None, recall_queries: int, n_target: int,
-                    reporter: Reporter, rerank: str = "auto") -> TwoStage | None:
+                    reporter: Reporter, rerank: str, train: ChunkedRows) -> TwoStage | None:
     """The two-stage top-k of this run (:mod:`trakcli.jobs.topk`), or None: when the store has codes
     (``store.dtype`` int8 or binary) and the top-k is streamed with TRAK's scores and primal kernels.
 
     Otherwise, on a store with codes, one info line says why the top-k comes from the exact streamed
-    pass over the bfloat16 copy instead.
+    pass over the bfloat16 copy instead. ``rerank``: ``score.rerank``; ``train``: the first checkpoint's train
+    rows (whether their chunk files are read directly decides ``auto``).
     """
     codes = store.layout.dtype
     if not top_k or not is_quantized(codes):
@@ -445,7 +446,7 @@ def _two_stage_plan(store: Store, s: JobSetup, top_k: int | None, full: bool, no
     if why is not None:
         reporter.info(f"two-stage top-k not used ({why}); the top-k comes from the exact pass over the bfloat16 copy")
         return None
-    local = chunk_files(store.train(0, create=False).data["features"]) is not None
+    local = chunk_files(train.data["features"]) is not None  # the scan reads its chunk files directly
     return TwoStage.of(codes, rescore_multiplier, recall_queries, n_target, top_k, store.layout.n_train,
                        store.layout.chunk_rows, rerank, local, store.layout.proj_dim)
 
@@ -837,8 +838,8 @@ class _BlockScores:
         return feats, self._mean_q(lo, hi)
 
     #: Buffers of each array that :meth:`scan_read` reads in turn (the ``i``-th read of a pass uses buffer
-    #: ``i mod SCAN_SLOTS``): more than the blocks held at once by the reads ahead, the product and the caller
-    #: (:func:`trakcli.jobs.topk._pipeline`: its ``depth + 2``).
+    #: ``i mod SCAN_SLOTS``): more than the blocks held at once by the reads ahead, the products and the caller
+    #: (:func:`trakcli.jobs.topk._pipeline`: its ``depth + workers + 1``, 7).
     SCAN_SLOTS = 8
 
     def scan_read(self, lo: int, hi: int, slot: int | None = None

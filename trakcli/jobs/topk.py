@@ -352,12 +352,10 @@ class StoredTopK:
                     spans = [span[1:] for span in self._spans([seg], self.approx_block)]  # 16 targets: small blocks
                     for (b, _), block_floats in zip(spans, _ahead(scores.load, spans)):
                         block = scores.rows(block_floats, sample)
-                        ref[0], ref[1] = merge_top_k(ref[0], ref[1], block, b, self.k, largest=True)
-                        ref[2], ref[3] = merge_top_k(ref[2], ref[3], block, b, self.k, largest=False)
+                        ref = _merge_sides(ref, block, b, self.k)
                     want = _padded(*ref, kc)
-                else:  # not read whole: no exact top-k here (row -1)
-                    idx, val = np.full((1, len(sample), kc), -1, np.int64), np.zeros((1, len(sample), kc), np.float32)
-                    want = {"proponents": idx, "proponent_scores": val, "opponents": idx, "opponent_scores": val}
+                else:  # not read whole: no exact top-k here
+                    want = _unmeasured(len(sample), kc)
                 parts.write(seg, **{name: np.concatenate([mine[name], want[name]], axis=1) for name in mine})
                 event(f"done top-k segment {seg}")
                 task.advance()
@@ -378,7 +376,8 @@ class StoredTopK:
         the same top-k as the two passes, each row's float copy read once, in order.
 
         Every pair that enters a running top-K' is scored exactly, and a running top-K' that starts from nothing
-        takes in about K' · ln(blocks) per target (1,700 of 2,400 blocks at 10^7 rows). With ``seed``, each side
+        takes in about K' · ln(blocks) per target and side (1,700 over the 2,441 blocks of 10^7 rows, K' = 200).
+        With ``seed``, each side
         starts instead from a floor that leaves about three times K' rows above it (:meth:`_seed_floors`, from
         a sample of the rows). A floor that leaves fewer than K' rows above it for some target would lose
         candidates: then every target has fewer than K' (checked when every segment is done), and the pass
@@ -405,8 +404,7 @@ class StoredTopK:
                     exact.add(t, r, lambda t, r: scores.pairs(floats, t, r - b))
                     if seg in measured:  # the sampled targets' exact top-k over the segment's every row
                         block = scores.rows(floats, sample)
-                        ref[0], ref[1] = merge_top_k(ref[0], ref[1], block, b, self.k, largest=True)
-                        ref[2], ref[3] = merge_top_k(ref[2], ref[3], block, b, self.k, largest=False)
+                        ref = _merge_sides(ref, block, b, self.k)
                 found = [side.result() for side in sides]
                 for side, (values, _) in zip(seen, found):
                     side.add(values)
@@ -415,20 +413,14 @@ class StoredTopK:
                 mine = {name: got[name] for name in ("proponents", "opponents")}
                 for side in ("proponent", "opponent"):
                     mine[f"{side}_scores"] = exact.lookup(got[f"{side}s"][0])[None]
-                if seg in measured:
-                    want = _padded(*ref, kc)
-                else:  # not read whole: no exact top-k here (row -1)
-                    idx = np.full((1, len(sample), kc), -1, np.int64)
-                    val = np.zeros((1, len(sample), kc), np.float32)
-                    want = {"proponents": idx, "proponent_scores": val, "opponents": idx, "opponent_scores": val}
+                want = _padded(*ref, kc) if seg in measured else _unmeasured(len(sample), kc)
                 parts.write(seg, **{name: np.concatenate([mine[name], want[name]], axis=1) for name in mine})
                 event(f"done top-k segment {seg}")
                 task.advance()
         if not seed:
             return len(pending)
         dist.barrier()
-        short = bool(((self._merged_candidates(cands)[0] >= 0).sum(1) < kc).any()
-                     or ((self._merged_candidates(cands)[1] >= 0).sum(1) < kc).any())
+        short = any(bool(((rows >= 0).sum(1) < kc).any()) for rows in self._merged_candidates(cands))
         if not short:
             return len(pending)
         reporter.info("the sampled floor of the one-pass top-k left a target fewer than K' candidates; "
@@ -991,6 +983,20 @@ class RunningTopK:
         kept, sel = torch.topk(both, min(self.k, both.shape[1]), dim=1, largest=self.largest, sorted=False)
         self.values, self.indices = kept, torch.gather(both_idx, 1, sel)
         self._threshold()
+
+
+def _merge_sides(ref: list[Any], block: torch.Tensor, offset: int, k: int) -> list[Any]:
+    """``[top values, top rows, low values, low rows]`` of ``ref`` merged with ``block`` ``[n, cols]`` of rows
+    ``offset ..`` (:func:`~trakcli.scoring.merge_top_k` of both sides)."""
+    top = merge_top_k(ref[0], ref[1], block, offset, k, largest=True)
+    low = merge_top_k(ref[2], ref[3], block, offset, k, largest=False)
+    return [*top, *low]
+
+
+def _unmeasured(n: int, k: int) -> dict[str, np.ndarray]:
+    """The parts of ``n`` sampled targets in a segment not read whole: no exact top-k (row -1)."""
+    idx, val = np.full((1, n, k), -1, np.int64), np.zeros((1, n, k), np.float32)
+    return {"proponents": idx, "proponent_scores": val, "opponents": idx, "opponent_scores": val}
 
 
 def _padded(top_v, top_i, low_v, low_i, k: int) -> dict[str, np.ndarray]:

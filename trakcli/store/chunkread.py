@@ -98,6 +98,9 @@ class ChunkFiles:
         self._size = -(-(self.chunk_bytes + slack + CRC_BYTES) // ALIGN) * ALIGN
         self._buf = mmap.mmap(-1, self._size)  # page-aligned, as O_DIRECT needs
         self._direct = getattr(os, "O_DIRECT", 0)
+        from google_crc32c import cext  # zarr's own dependency for its crc32c codec
+
+        self._crc32c = cext.value
         self._zstd = None
         if codec == "zstd":
             from numcodecs import Zstd
@@ -130,20 +133,18 @@ class ChunkFiles:
         None when they were decoded straight into ``into`` (``[chunk_bytes]`` uint8, contiguous)."""
         key = self.arr.metadata.encode_chunk_key((c,) + (0,) * (self.arr.ndim - 1))
         path = self.folder / key
-        from google_crc32c import cext
-
         if self.codec == "raw" and into is not None and into.ctypes.data % ALIGN == 0 and not self.chunk_bytes % ALIGN:
             # straight into place (O_DIRECT: no copy at all), the checksum into this reader's buffer
             size = self._load(path, c, into)
             if size != self.chunk_bytes + CRC_BYTES:
                 raise self._corrupt(c, f"holds {size} bytes, not {self.chunk_bytes + CRC_BYTES}")
-            if cext.value(into) != int.from_bytes(self._buf[:CRC_BYTES], "little"):
+            if self._crc32c(into) != int.from_bytes(self._buf[:CRC_BYTES], "little"):
                 raise self._corrupt(c, "fails its checksum")
             return None
         size = self._load(path, c)
         raw = np.frombuffer(self._buf, dtype=np.uint8, count=size)
         body = raw[: size - CRC_BYTES]
-        if size < CRC_BYTES or cext.value(body) != int.from_bytes(raw[size - CRC_BYTES:size].tobytes(), "little"):
+        if size < CRC_BYTES or self._crc32c(body) != int.from_bytes(raw[size - CRC_BYTES:size].tobytes(), "little"):
             raise self._corrupt(c, "fails its checksum" if size >= CRC_BYTES else "is truncated")
         if self.codec == "raw":
             if size - CRC_BYTES != self.chunk_bytes:
