@@ -156,16 +156,25 @@ def test_bad_two_stage_settings_are_refused(project):
         ([*_dtype("int8"), "score.top_k=5", "score.rescore_multiplier=0"], "score.rescore_multiplier"),
         ([*_dtype("int8"), "score.top_k=5", "score.recall_queries=0"], "score.recall_queries"),
         (["store.dtype=int4"], "store.dtype"),
+        (["score.top_k=5", "score.rerank=scan"],
+         "score.rerank (scan) sets how the two-stage top-k re-ranks its candidates, which needs store.dtype int8 or "
+         "binary (here float32) and score.top_k (here 5); set both, or unset score.rerank"),
+        ([*_dtype("int8"), "score.rerank=rows"], "and score.top_k (here None)"),
+        ([*_dtype("int8"), "score.top_k=5", "score.rerank=fast"], "score.rerank"),
     ]
     for args, message in cases:
         res = run(project, "score", "run.yaml", "-q", *args)
-        assert res.returncode != 0 and message in res.stderr, (args, res.stderr)
+        assert res.returncode == 1 and message in res.stderr, (args, res.returncode, res.stderr)
     # another multiplier on a finished experiment: refused with the difference, not silently mixed
     res = run(project, "score", "run.yaml", "-q", *_dtype("int8"), f"score.top_k={K}", "score.experiment=again")
     assert res.returncode == 0, res.stderr
     res = run(project, "score", "run.yaml", "-q", *_dtype("int8"), f"score.top_k={K}", "score.experiment=again",
               "score.rescore_multiplier=3")
     assert res.returncode == 1 and "rescore_multiplier" in res.stderr and "--overwrite" in res.stderr, res.stderr
+    # another re-ranking likewise: the unfinished parts of the one are laid out differently from the other's
+    res = run(project, "score", "run.yaml", "-q", *_dtype("int8"), f"score.top_k={K}", "score.experiment=again",
+              "score.rerank=scan")
+    assert res.returncode == 1 and "rerank" in res.stderr and "--overwrite" in res.stderr, res.stderr
 
 
 def test_a_top_k_the_codes_cannot_approximate_is_exact_and_says_so(project):
