@@ -445,6 +445,88 @@ class CustomTask(Task):
         return self.trained_as().loss_count(batch)
 
 
+def example_losses(task: Task, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """Each example's training loss ``[n]``, summed over its terms (vmap-safe for the built-in tasks).
+
+    A task that defines ``example_loss(logits, batch) -> [n]`` gives its own. Otherwise: for a
+    token-level task the next-token cross-entropy summed over each row's target tokens (labels
+    != -100), for any other the cross-entropy of ``[n, C]`` logits at the class labels ``[n]``
+    (a :class:`CustomTask` is trained with one of those two, :meth:`CustomTask.trained_as`); a
+    subclass of :class:`Task` with its own :meth:`Task.loss` is called row by row
+    (``reduction="sum"``).
+
+    Returns:
+        ``[n]`` float, differentiable, in nats.
+    """
+    own = getattr(task, "example_loss", None)
+    if callable(own):
+        return own(logits, batch)
+    base = task.trained_as() if isinstance(task, CustomTask) else task
+    if base.token_level:
+        labels = token_labels(batch)
+        pred = logits.reshape(*labels.shape, -1)[..., :-1, :]  # [n, L-1, V]
+        nxt = labels[..., 1:]
+        valid = nxt != IGNORE_INDEX
+        logp = torch.log_softmax(pred, dim=-1)
+        tok = torch.where(valid, nxt, torch.zeros_like(nxt)).unsqueeze(-1)
+        nll = -logp.gather(-1, tok).squeeze(-1)  # [n, L-1]
+        return (nll * valid.to(nll.dtype)).sum(-1)
+    if type(base).loss is Task.loss or isinstance(base, Classification):
+        labels = batch["labels"]
+        logp = torch.log_softmax(logits.reshape(*labels.shape, -1), dim=-1)
+        return -logp.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    return torch.stack([base.loss(logits[i:i + 1], {k: v[i:i + 1] for k, v in batch.items()}, reduction="sum")
+                        for i in range(_n(batch))])
+
+
+class LossOutput(Task):
+    """The output function of influence functions: ``f = −loss(z)`` per example, ``Q = 1``.
+
+    Influence functions (Koh & Liang 2017; kronfluence; Grosse et al. 2023) differentiate the
+    training loss on both sides, g(t)ᵀ (F + δ)⁻¹ g(z) with g = ∇ loss; TRAK's margin and its
+    out-to-loss weighting belong to TRAK's kernel. With ``f = −loss`` the sign stays trakcli's
+    (a positive score: upweighting z lowers the target's loss), since the two minus signs cancel
+    in the product. The loss is :func:`example_losses` of the wrapped task. What `trak featurize`
+    and `trak score` use for ``curvature.kind`` kfac / ekfac with ``curvature.output: loss``.
+
+    Args:
+        task: the configured task (its labels, checks and loss).
+    """
+
+    formula = "f = -(training loss of the example, summed over its target tokens); out_to_loss 1"
+
+    def __init__(self, task: Task):
+        self.task = task
+        self.name = f"loss of {task.name}"
+        self.token_level = task.token_level
+        self.label_values = task.label_values
+        self.has_accuracy = task.has_accuracy
+
+    def identity(self) -> dict[str, Any]:
+        inner = self.task.identity()
+        return {"task": inner["task"], "output_function": {"loss_of": inner["output_function"],
+                                                           "formula": self.formula}}
+
+    def check_labels(self, labels, **kwargs):
+        return self.task.check_labels(labels, **kwargs)
+
+    def check(self, logits, batch, row_offset=0):
+        self.task.check(logits, batch, row_offset)
+
+    def __call__(self, logits, batch):
+        f = -example_losses(self.task, logits, batch)
+        return f, torch.ones_like(f.detach())
+
+    def loss(self, logits, batch, reduction="mean"):
+        return self.task.loss(logits, batch, reduction)
+
+    def loss_count(self, batch):
+        return self.task.loss_count(batch)
+
+    def correct(self, logits, batch):
+        return self.task.correct(logits, batch)
+
+
 def is_builtin(task: Task) -> bool:
     """Whether ``task`` is one of :data:`BUILTIN` (messages name a task of one's own, a built-in goes unnamed)."""
     return any(task is t for t in BUILTIN.values())

@@ -25,10 +25,12 @@ def _store(root: Path) -> Path:
 
 @pytest.mark.parametrize("kind, exact", [("kfac", True), ("ekfac", True), ("ekfac", False)])
 def test_scores_are_the_mean_whitened_inner_products_times_q(user_project, kind, exact):
-    """Exact scores (damping) and scores of the stored noop features (feature_damping) are the same closed form."""
+    """With whole per-example gradients (projector kind noop) and TRAK's margin, exact scores (damping) and scores of
+    the stored noop features (feature_damping) are the same closed form."""
     damping = ["curvature.damping=0.05", "curvature.feature_damping=0.3"] if exact else \
         ["curvature.damping=0.3", "curvature.feature_damping=0.05", "curvature.exact=false"]
-    args = ["projector.kind=noop", f"curvature.kind={kind}", "curvature.fisher=empirical", *damping]
+    args = ["projector.kind=noop", f"curvature.kind={kind}", "curvature.fisher=empirical", "curvature.output=margin",
+            *damping]
     for cmd in ("featurize", "score"):
         res = run(user_project, cmd, "run.yaml", "-q", *args)
         assert res.returncode == 0, res.stderr
@@ -97,7 +99,7 @@ def test_another_feature_damping_or_damping_is_refused_naming_overwrite(user_pro
 
 
 @pytest.mark.parametrize("args, message", [
-    (["curvature.kind=ekfac", "projector.kind=kronecker"], "projector.kind kronecker never forms"),
+    (["curvature.kind=ekfac", "projector.kind=kronecker", "curvature.refine.iterations=2"], "projector.kind kronecker never forms"),
     (["curvature=shampoo"], "curvature.kind"),
     (["curvature.kind=kfac", "curvature.damping=0"], "curvature.damping"),
 ])
@@ -122,7 +124,7 @@ def test_parameters_outside_layers_are_named_before_the_store_exists(tmp_path):
     model = torch.nn.Sequential(torch.nn.Linear(6, 32), torch.nn.LayerNorm(32), torch.nn.Tanh(), torch.nn.Linear(32, 3))
     torch.save(model.state_dict(), root / "ckpts" / "model_0.pt")
     write_config(root / "run.yaml", cfg)
-    res = run(root, "featurize", "run.yaml", "curvature.kind=ekfac")
+    res = run(root, "featurize", "run.yaml", "curvature.kind=ekfac", "grad_wrt=['*']")
     assert res.returncode == 1
     assert "1.weight (LayerNorm)" in res.stderr and "grad_wrt" in res.stderr, res.stderr
     assert not _store(root).exists()

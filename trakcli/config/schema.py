@@ -481,9 +481,29 @@ class CurvatureConfig(KindSection):
     kind: Literal["gram", "kfac", "ekfac"] = Field(
         "gram",
         description="gram: TRAK's kernel over the projected features. kfac / ekfac: Kronecker-factored Fisher "
-        "(ekfac: eigenvalue-corrected) per linear, convolution or embedding layer, whitening every gradient "
-        "before the projection; every selected parameter must be in such a layer (grad_wrt), projector kind "
-        "not kronecker.",
+        "(ekfac: eigenvalue-corrected) per linear, convolution or embedding layer, fitted from layer hooks; with "
+        "grad_wrt unset, every linear and convolution layer it can factor (one info line names what is left out). "
+        "The projector is kind kronecker unless set (the curvature folded into its per-layer factors).",
+    )
+    output: Literal["loss", "margin"] = Field(
+        "loss",
+        description="kfac / ekfac: the function whose gradients are scored. loss: each example's training loss "
+        "(summed token cross-entropy for a language model, cross-entropy for a classifier), as influence "
+        "functions and kronfluence define them, no out-to-loss weighting. margin: TRAK's margin times its "
+        "out-to-loss term.",
+    )
+    query_rank: int | None = Field(
+        None,
+        ge=1,
+        description="kfac / ekfac exact scores: rank each target's preconditioned per-layer gradient is kept at "
+        "(truncated SVD; kronfluence's query_gradient_low_rank). None: full rank where every target fits "
+        "data.grad_memory_mb, else the largest rank that fits (said in an info line).",
+    )
+    fit_rows: int | None = Field(
+        None,
+        ge=1,
+        description="kfac / ekfac: fit the curvature on a seeded random sample of this many train rows "
+        "(curvature.seed) instead of all of them; None: every train row.",
     )
     damping: float = Field(
         1e-5,
@@ -522,7 +542,12 @@ class CurvatureConfig(KindSection):
         kernel. ``damping`` and ``exact`` change only the scores (the experiment's settings)."""
         if self.kind == "gram":
             return None
-        return {"kind": self.kind, "feature_damping": self.feature_damping, "fisher": self.fisher, "seed": self.seed}
+        spec = {"kind": self.kind, "feature_damping": self.feature_damping, "fisher": self.fisher, "seed": self.seed}
+        if self.output != "margin":  # stores made before the key existed scored the margin
+            spec["output"] = self.output
+        if self.fit_rows is not None:
+            spec["fit_rows"] = self.fit_rows
+        return spec
 
     @model_validator(mode="after")
     def _refine_needs_curvature(self) -> "CurvatureConfig":
@@ -1003,13 +1028,18 @@ class Config(StrictModel):
 
     @model_validator(mode="after")
     def _curvature_projector(self) -> "Config":
-        """kfac / ekfac whiten the whole per-example gradient, which a kind built from the model (kronecker) never
-        forms."""
-        if self.curvature.kind != "gram" and self.projector.built_from_model:
+        """kfac / ekfac take projector kind kronecker unless a kind is set: its per-layer factors carry the
+        curvature, with no whole per-example gradient. Another kind whitens whole per-example gradients (what
+        ``curvature.refine`` needs)."""
+        if self.curvature.kind == "gram":
+            return self
+        if "kind" not in self.projector.model_fields_set and not self.projector.built_from_model:
+            self.projector = self.projector.model_copy(update={"kind": "kronecker"})
+        if self.curvature.refine.iterations and self.projector.built_from_model:
             raise ValueError(
-                f"curvature.kind: {self.curvature.kind} whitens each layer's whole per-example gradient, which "
-                f"projector.kind {self.projector.kind} never forms; use projector.kind {DEFAULT_KIND} (or another "
-                "kind), or curvature.kind gram"
+                f"curvature.refine.iterations refines each target's solve over whole per-example gradients, which "
+                f"projector.kind {self.projector.kind} never forms; set projector.kind: {DEFAULT_KIND} with the "
+                "refinement, or curvature.refine.iterations: 0"
             )
         return self
 

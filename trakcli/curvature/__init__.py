@@ -68,8 +68,12 @@ class Curvature:
         self.layers, self.uses = curvature_layers(model, param_names, kind)
         self._factors: dict[int, CurvatureFactors] = {}
         self.refine_iterations, self.refine_tol = 0, 1e-4
+        #: ``curvature.output`` (``loss``: ``task`` is a :class:`~trakcli.tasks.LossOutput`) and ``curvature.fit_rows``.
+        self.output: str = "margin"
+        self.fit_rows: int | None = None
         self._refine_batches: Callable[[], Sequence[Any]] | None = None
         self._gauss_newton: tuple[int, GaussNewton] | None = None
+        self._folded: tuple[Any, list[tuple[torch.Tensor, torch.Tensor]]] | None = None
 
     def refine_targets(self, batches: Callable[[], Sequence[Any]] | None, iterations: int = 0,
                        tol: float = 1e-4) -> None:
@@ -86,9 +90,15 @@ class Curvature:
         self._gauss_newton = None
 
     def spec(self) -> dict[str, Any]:
-        """``{"kind", "feature_damping", "fisher", "seed"}``: what the features depend on besides the data and
-        checkpoint (the config's :meth:`~trakcli.config.CurvatureConfig.spec`)."""
-        return {"kind": self.kind, "feature_damping": self.damping, "fisher": self.fisher, "seed": self.seed}
+        """``{"kind", "feature_damping", "fisher", "seed"}`` (and ``output`` unless ``margin``, ``fit_rows`` when
+        set): what the features depend on besides the data and checkpoint (the config's
+        :meth:`~trakcli.config.CurvatureConfig.spec`)."""
+        spec = {"kind": self.kind, "feature_damping": self.damping, "fisher": self.fisher, "seed": self.seed}
+        if self.output != "margin":
+            spec["output"] = self.output
+        if self.fit_rows is not None:
+            spec["fit_rows"] = self.fit_rows
+        return spec
 
     def with_damping(self, damping: float) -> Curvature:
         """The same fitted curvature whitening with another damping (exact scores: ``curvature.damping``); the
@@ -98,13 +108,13 @@ class Curvature:
         other = copy.copy(self)
         other.damping = float(damping)
         other._factors = {m: CurvatureFactors(f.layers, f.factors, other.damping) for m, f in self._factors.items()}
-        other._refine_batches, other._gauss_newton = None, None
+        other._refine_batches, other._gauss_newton, other._folded = None, None, None
         return other
 
     def settings(self) -> dict[str, Any]:
         """What a stored curvature is checked against: :meth:`spec` but the damping (applied when whitening,
         so another damping reuses the fit) and each layer's name and shape."""
-        spec = {k: v for k, v in self.spec().items() if k != "feature_damping"}
+        spec = {k: v for k, v in self.spec().items() if k not in ("feature_damping", "output")}
         return {**spec, "layers": [[layer.name, layer.d_out, layer.d_in] for layer in self.layers]}
 
     # ------------------------------------------------------------------ per checkpoint
@@ -191,6 +201,45 @@ class Curvature:
             write_curvature(store, model_id, settings, "done", f.arrays())
         return self._keep(model_id, f)
 
+    def fold(self, factors: list[tuple[torch.Tensor, torch.Tensor]], model_id: int
+             ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Kronecker projection factors with checkpoint ``model_id``'s whitening folded in (stored features).
+
+        The whitening ``diag((Λ + δ)^-1/2)`` in the eigenbasis ``Q_S ⊗ Q_A`` does not separate for
+        EK-FAC (nor, with its damping, for K-FAC); its closest separable form ``u_i v_j`` is fitted in
+        the log domain (least squares of ``log (Λ_ij + δ)^-1/2 ≈ α_i + β_j``: row and column means),
+        which keeps every direction's relative weight within the fit's error. Then
+        ``W G = diag(u) Q_Sᵀ G Q_A diag(v)`` and ``(P_out ⊗ P_in) vec(W G)`` is the Kronecker
+        projection with ``P_out ← P_out diag(u) Q_Sᵀ`` and ``P_in ← P_in diag(v) Q_Aᵀ`` (Bergson folds
+        K-FAC into its projection the same way), so the features cost what TRAK's Kronecker features
+        cost. Damping: ``feature_damping`` (:meth:`with_damping`).
+
+        Args:
+            factors: per layer ``(P_outᵀ [d_out, k_out], P_inᵀ [d_in, k_in])`` (the projector's), in order of
+                :attr:`layers`.
+            model_id: the checkpoint (its curvature fitted or read first).
+
+        Returns:
+            Per layer ``(Q_S diag(u) P_outᵀ, Q_A diag(v) P_inᵀ)`` in the factors' dtype and device.
+        """
+        key = (model_id, str(factors[0][0].device), factors[0][0].dtype, self.damping)
+        if self._folded is not None and self._folded[0] == key:
+            return self._folded[1]
+        fitted = self.factors(model_id)
+        if len(factors) != len(fitted.factors):
+            raise StoreError(f"the projection has {len(factors)} layers and the curvature {len(fitted.factors)}; "
+                             "rerun `trak featurize CONFIG --overwrite`")
+        out = []
+        for (p_out_t, p_in_t), f in zip(factors, fitted.factors):
+            log_m = -0.5 * torch.log(f.eig.clamp(min=0) + f.damping(self.damping))  # [d_out, d_in]
+            row, col = log_m.mean(1), log_m.mean(0)
+            u, v = torch.exp(row - 0.5 * log_m.mean()), torch.exp(col - 0.5 * log_m.mean())
+            w_out = (f.q_out * u[None, :]).to(p_out_t)  # [d_out, d_out]: Q_S diag(u)
+            w_in = (f.q_in * v[None, :]).to(p_in_t)
+            out.append((w_out @ p_out_t, w_in @ p_in_t))
+        self._folded = (key, out)
+        return out
+
     def read(self, store: Any, model_id: int) -> CurvatureFactors:
         """Checkpoint ``model_id``'s finished curvature from ``store`` (kept for :meth:`whiten`).
 
@@ -208,4 +257,5 @@ class Curvature:
     def _keep(self, model_id: int, f: CurvatureFactors) -> CurvatureFactors:
         self._factors = {m: v for m, v in self._factors.items() if m == model_id}  # one checkpoint at a time
         self._factors[model_id] = f
+        self._folded = None
         return f

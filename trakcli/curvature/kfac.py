@@ -232,6 +232,62 @@ def curvature_layers(model: nn.Module, param_names: Sequence[str], kind: str) ->
     return layers, [by_layer[j] for j in range(len(layers))]
 
 
+def default_curvature_params(model: nn.Module, kind: str) -> tuple[list[str], str]:
+    """The parameters a curvature fits when ``grad_wrt`` is unset, and one line saying what it leaves out.
+
+    Every linear and convolution layer (``nn.Linear``, transformers' ``Conv1D``, ``nn.Conv1d``/``2d``;
+    the modules kronfluence tracks) whose weight no other module shares and whose factors are at most
+    :data:`MAX_FACTOR` wide: their weights and biases. Left out, counted by why: normalizations and
+    other parameters outside such layers, embeddings (select them with ``grad_wrt``), tied weights
+    (a shared weight has no Kronecker factorization) and layers too wide to factor (a language
+    model's output head over its vocabulary).
+
+    Args:
+        model: the model.
+        kind: ``kfac`` or ``ekfac`` (for the line).
+
+    Returns:
+        ``(param_names, info)``.
+
+    Raises:
+        ConfigError: the model has no such layer.
+    """
+    from trakcli.gradients import select_parameters
+
+    names = select_parameters(model, None)  # a PEFT model: its adapter's parameters
+    layers, uses, left_out = find_uses(model, names)
+    counts: dict[int, int] = {}
+    for use in uses:
+        counts[use.layer] = counts.get(use.layer, 0) + 1
+    why: dict[str, list[str]] = {}
+    for n, reason in left_out.items():
+        why.setdefault(reason, []).append(n)
+    keep: list[str] = []
+    covered = 0
+    for j, layer in enumerate(layers):
+        params = [p.name for p in layer.params]
+        if layer.kind == "embedding":
+            why.setdefault("embeddings (select them with grad_wrt)", []).extend(params)
+        elif counts.get(j, 0) > 1:
+            why.setdefault("tied weights", []).extend(params)
+        elif max(layer.d_out, layer.d_in) > MAX_FACTOR:
+            why.setdefault(f"layers wider than {MAX_FACTOR}", []).extend(params)
+        else:
+            keep.extend(params)
+            covered += layer.grad_dim
+    if not keep:
+        raise ConfigError(f"curvature.kind {kind}: the model has no linear or convolution layer it can factor "
+                          f"(left out: {'; '.join(f'{r}: {len(v)}' for r, v in why.items())}); select layers with "
+                          "grad_wrt, or use curvature.kind gram")
+    params = dict(model.named_parameters())
+    total = sum(params[n].numel() for n in names)
+    line = (f"curvature {kind}: {len(keep)} parameters of linear and convolution layers, {covered:,} of the model's "
+            f"{total:,} selectable parameter entries ({100.0 * covered / max(1, total):.1f}%)")
+    if why:
+        line += "; left out: " + "; ".join(f"{len(v)} parameters ({r})" for r, v in why.items())
+    return keep, line
+
+
 def fisher_loss(task: Task, logits: torch.Tensor, batch: dict[str, torch.Tensor], fisher: str,
                 generator: torch.Generator | None) -> torch.Tensor:
     """The summed loss whose gradients the factors are fit on.
@@ -310,17 +366,24 @@ class _Covariances:
 
 
 class _Rotated:
-    """Hook consumer of the EK-FAC pass: per example ``Q_Sᵀ G Q_A`` ``[n, d_out, d_in]``, squared and summed."""
+    """Hook consumer of the EK-FAC pass: per example ``Q_Sᵀ G Q_A`` ``[n, d_out, d_in]``, squared and added to ``sums``.
+
+    A layer's rotated gradients exist only while its output gradient is handled (one layer at a time,
+    never the whole model's); a layer whose module runs more than once in the pass keeps its grid
+    until :meth:`finish`, since its square is of the sum over the calls.
+    """
 
     keeps_input = False
 
-    def __init__(self, factors: Sequence[LayerFactors], layers: Sequence[KroneckerLayer], n: int,
+    def __init__(self, factors: Sequence[LayerFactors], layers: Sequence[KroneckerLayer], sums: list[torch.Tensor],
                  device: torch.device):
-        self.layers = layers
+        self.layers, self.sums = layers, sums
         self.q = [(f.q_out.to(device), f.q_in.to(device)) for f in factors]
-        self.grids = [torch.zeros(n, layer.d_out, layer.d_in, dtype=torch.float64, device=device) for layer in layers]
+        self.calls = [0] * len(layers)
+        self.grids: dict[int, torch.Tensor] = {}
 
     def take_input(self, use: Use, x: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
+        self.calls[use.layer] += 1
         q_in = self.q[use.layer][1]
         cols = self.layers[use.layer].weight_cols
         p_w = q_in[:cols] if use.weight is not None else None
@@ -329,7 +392,19 @@ class _Rotated:
 
     def take_grad(self, use: Use, kept: torch.Tensor, g: torch.Tensor) -> None:
         gq = use.kind.out_grads(g, kept.shape[0]).to(torch.float64) @ self.q[use.layer][0]  # [n, T, d_out]
-        self.grids[use.layer].baddbmm_(gq.transpose(1, 2), kept)
+        grid = gq.transpose(1, 2) @ kept  # [n, d_out, d_in]
+        if self.calls[use.layer] == 1:
+            self.sums[use.layer] += grid.square().sum(0).cpu()
+        elif use.layer in self.grids:
+            self.grids[use.layer] += grid
+        else:
+            self.grids[use.layer] = grid
+
+    def finish(self) -> None:
+        """Add the squares of the layers called more than once."""
+        for j, grid in self.grids.items():
+            self.sums[j] += grid.square().sum(0).cpu()
+        self.grids = {}
 
 
 #: One batch of the fitting data: ``(model inputs on the device, labels or None)``.
@@ -421,11 +496,9 @@ def correct_eigenvalues(model: nn.Module, layers: Sequence[KroneckerLayer], uses
         device = first_rows(inputs).device
         if generator is None:
             generator = torch.Generator(device=device).manual_seed(seed)
-        n = first_rows(inputs).shape[0]
-        rot = _Rotated(factors, layers, n, device)
+        rot = _Rotated(factors, layers, sums, device)
         n_examples += _hook_pass(model, uses, task, inputs, labels, rot, fisher, generator)
-        for acc, grid in zip(sums, rot.grids):
-            acc += grid.square().sum(0).cpu()
+        rot.finish()
     if n_examples == 0:
         raise DataError("curvature: no training rows to fit the factors on")
     return [LayerFactors(f.name, f.q_out, f.q_in, acc / n_examples) for f, acc in zip(factors, sums)]

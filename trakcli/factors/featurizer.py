@@ -132,6 +132,9 @@ class KroneckerFeaturizer:
         self.row_bytes: dict[Any, int] = {}
         self.probe_bytes: dict[Any, int] = {}
         self.second_moment: Any = None
+        #: None, or a :class:`~trakcli.curvature.Curvature` whose whitening is folded into the factors
+        #: (:meth:`~trakcli.curvature.Curvature.fold`), after ``second_moment``.
+        self.curvature: Any = None
 
     # ------------------------------------------------------------------ public
 
@@ -240,6 +243,8 @@ class KroneckerFeaturizer:
         factors = proj.transposed_factors(model_id, device)
         if self.second_moment is not None:  # (P_out D_out) ⊗ (P_in D_in): the correction folded into the factors
             factors = self.second_moment.factors(factors, model_id)
+        if self.curvature is not None:  # (P_out W_out) ⊗ (P_in W_in): the curvature's whitening folded in
+            factors = self.curvature.fold(factors, model_id)
         grids = _Grids(proj, factors, n, device)
         with HookPass(model, self.uses, n, device, grids) as hooks:
             logits = logits_of(model, inputs)

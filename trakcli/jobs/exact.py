@@ -1,4 +1,14 @@
-"""Exact curvature scores: the targets' whitened gradients against every train example's, recomputed while scoring.
+"""Exact curvature scores, recomputed while scoring: per layer from hooks (:class:`ExactInfluence`), or from whole
+per-example gradients (:func:`exact_scores`, what ``curvature.refine`` needs).
+
+:class:`ExactInfluence` (projector kind kronecker, the default with a curvature) takes each target's
+preconditioned per-layer gradient once per checkpoint (:func:`trakcli.curvature.influence.query_gradients`,
+full rank or ``curvature.query_rank``), then scores every block of train rows it is asked for in one hooked
+forward + backward of those rows (:class:`trakcli.curvature.influence.InfluencePass`): all targets meet each
+train example in the same pass, no whole-model per-example gradient is formed, and the blocks stream into
+the top-k or the score matrix like TRAK's (resumable per segment or chunk, split over torchrun ranks).
+
+The legacy path below (:func:`exact_scores`):
 
 With ``curvature.exact`` (the default of the kinds ``kfac`` and ``ekfac``), `trak score` does not score
 through the stored ``proj_dim`` features: per checkpoint it whitens each target's gradient (or, with
@@ -22,14 +32,122 @@ float64.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
+from trakcli.curvature.influence import (
+    QueryGradients, QueryLayerGrads, fitting_rank, hooked_pass, InfluencePass, precondition, query_bytes,
+)
 from trakcli.data.tensors import inputs_to
+from trakcli.factors.hooks import first_rows
 from trakcli.jobs.runtime import event
 from trakcli.progress import NULL_REPORTER, Reporter
+
+
+class ExactInfluence:
+    """Exact (E)K-FAC influence of every target on train rows ``[lo, hi)``: ``(lo, hi) -> [n_target, hi - lo]``.
+
+    ``τ(t, z) = [(1/M) Σ_m Σ_layers ⟨H_m(t), G_m(z)⟩] · [(1/M) Σ_m Q_m(z)]`` (``Q = 1`` for the loss
+    output; :mod:`trakcli.curvature.influence` for ``H`` and ``G``), float32 out of float64 sums.
+
+    Args:
+        s: the :class:`~trakcli.jobs.setup.JobSetup` (its ``curvature``, model, train data, batches).
+        store: the open store (each checkpoint's fitted curvature is read from it).
+        target: the targets.
+        damping: ``curvature.damping``.
+        memory_mb: MiB the targets' preconditioned gradients may take, all checkpoints together
+            (``data.grad_memory_mb``): full rank when they fit and ``rank`` is None, else the largest rank
+            that fits.
+        rank: ``curvature.query_rank`` (None: as ``memory_mb`` allows).
+        reporter: one info line with the rank kept, and progress over the targets.
+
+    Attributes:
+        rank: the rank kept (None: full).
+
+    Raises:
+        StoreError: a checkpoint's curvature is not in the store (run `trak featurize`).
+        GradientError, DataError: as featurize.
+    """
+
+    def __init__(self, s: Any, store: Any, target: Any, damping: float, memory_mb: int = 1024,
+                 rank: int | None = None, reporter: Reporter = NULL_REPORTER):
+        self.s, self.n_target = s, len(target)
+        curv = s.curvature
+        self.layers, self.uses, self.task = curv.layers, curv.uses, curv.task
+        n_models = len(s.checkpoints)
+        budget = memory_mb * 2**20 // max(1, n_models)
+        self.rank = rank if rank is not None else fitting_rank(self.layers, self.n_target, budget)
+        held = query_bytes(self.layers, self.n_target, self.rank) * n_models
+        form = "full rank" if self.rank is None else f"rank {self.rank}"
+        reporter.info(f"exact {curv.kind} influence: {self.n_target} targets' preconditioned layer gradients kept at "
+                      f"{form} ({held / 2**20:,.0f} MiB over {n_models} checkpoint(s)); one hooked pass over the "
+                      "train rows scores them all")
+        self.queries: list[QueryGradients] = []
+        for model_id in range(n_models):
+            s.load(model_id)
+            factors = curv.read(store, model_id)
+            factors = type(factors)(factors.layers, factors.factors, float(damping))
+            parts = []
+            with reporter.task(f"model {model_id}: targets' layer gradients", self.n_target) as task:
+                for off, x, y in s.batches(target, 0, self.n_target):
+                    x, y = inputs_to(x, s.device), y.to(s.device)
+                    grads = QueryLayerGrads(self.layers, s.device)
+                    hooked_pass(s.model, self.uses, self.task, x, y, grads, off)
+                    parts.append(precondition(factors, grads.grads, len(y), self.rank))
+                    task.advance(len(y))
+            self.queries.append(_concat(parts).to(s.device))
+        self._loaded = n_models - 1
+
+    def __call__(self, lo: int, hi: int) -> torch.Tensor:
+        """Scores of every target against train rows ``[lo, hi)``: ``[n_target, hi - lo]`` float32 (CPU)."""
+        s = self.s
+        n_models = len(self.queries)
+        total = torch.zeros(self.n_target, hi - lo, dtype=torch.float64)
+        q_sum = torch.zeros(hi - lo, dtype=torch.float64)
+        event(f"start exact {lo}")
+        for model_id, queries in enumerate(self.queries):
+            if self._loaded != model_id:
+                s.load(model_id)
+                self._loaded = model_id
+            for off, x, y in s.batches(s.train, lo, hi):
+                x, y = inputs_to(x, s.device), y.to(s.device)
+                n = first_rows(x).shape[0]
+                acc = InfluencePass(self.layers, queries, n, s.device)
+                q = hooked_pass(s.model, self.uses, self.task, x, y, acc, off)
+                total[:, off - lo:off - lo + n] += acc.finish().T.cpu()
+                q_sum[off - lo:off - lo + n] += q.double().cpu()
+        event(f"done exact {lo}")
+        return (total / n_models * (q_sum / n_models)[None, :]).float()
+
+
+def exact_scorer(s: Any, store: Any, target: Any, memory_mb: int = 1024,
+                 reporter: Reporter = NULL_REPORTER) -> Callable[[int, int], torch.Tensor]:
+    """The exact scores of `trak score` as ``(lo, hi) -> [n_target, hi - lo]`` float32: per layer from hooks
+    (:class:`ExactInfluence`) with a Kronecker featurizer and no refinement, else from whole per-example gradients
+    (:func:`exact_scores`, the whole matrix computed once)."""
+    from trakcli.factors import KroneckerFeaturizer
+
+    refine = s.refine is not None and s.refine.iterations
+    if isinstance(s.featurizer, KroneckerFeaturizer) and not refine:
+        return ExactInfluence(s, store, target, s.exact_damping, memory_mb, s.query_rank, reporter)
+    matrix = exact_scores(s, store, target, s.exact_damping, memory_mb, reporter)
+    return lambda lo, hi: torch.from_numpy(matrix[:, lo:hi])
+
+
+def _concat(parts: list[QueryGradients]) -> QueryGradients:
+    """Queries of consecutive batches as one :class:`QueryGradients` (query-major columns kept in order)."""
+    first = parts[0]
+    cat = lambda ts, dim: None if ts[0] is None else torch.cat(ts, dim=dim)  # noqa: E731
+    layers = range(len(first.ranks))
+    return QueryGradients(
+        sum(p.n_query for p in parts),
+        [cat([p.full[j] for p in parts], 0) for j in layers],
+        [cat([p.left[j] for p in parts], 1) for j in layers],
+        [cat([p.right[j] for p in parts], 1) for j in layers],
+        first.ranks,
+    )
 
 
 def exact_scores(s: Any, store: Any, target: Any, damping: float, memory_mb: int = 1024,

@@ -21,7 +21,7 @@ from trakcli.data.load import load_dataset
 from trakcli.data.tensors import TensorDataset
 from trakcli.distributed import Dist
 from trakcli.errors import ConfigError, StoreError
-from trakcli.jobs.exact import exact_scores
+from trakcli.jobs.exact import exact_scorer
 from trakcli.jobs.featurize import featurize_rows
 from trakcli.jobs.per_token import PerTokenScores, check_per_token, per_token_width
 from trakcli.jobs.kernels import finalize_kernels, kernel_of, report_notes, ridge_settings
@@ -414,7 +414,7 @@ def score_targets(
             store, train_rows, target_rows, out, lambda_reg=lambda_reg, lambda_rel=lambda_rel,
             dist=s.dist, reporter=reporter, linalg_threads=linalg_threads, target_chunks=kept, kernels=kernels,
             top=top, normalize=normalize, identity=identity,
-            exact=(lambda: exact_scores(s, store, target, s.exact_damping, grad_memory_mb, reporter)) if exact else None,
+            exact=(lambda: exact_scorer(s, store, target, grad_memory_mb, reporter)) if exact else None,
         )
         computed += n
         if per_token and s.dist.is_main:
@@ -489,7 +489,7 @@ def finalize_and_score(
     top: StoredTopK | None = None,
     normalize: str | None = None,
     identity: bool = False,
-    exact: Callable[[], np.ndarray] | None = None,
+    exact: Callable[[], Callable[[int, int], torch.Tensor]] | None = None,
 ) -> tuple[list[float], int]:
     """Finalize each checkpoint's kernel and write the pending score blocks.
 
@@ -533,8 +533,8 @@ def finalize_and_score(
         identity: no kernel: each checkpoint's term is ``Φ_m(targets) Φ_m[block]ᵀ`` (``curvature.kind`` kfac
             or ekfac, whose features are already whitened by the curvature; :mod:`trakcli.curvature`);
             λ_m is reported as 0.
-        exact: computes the whole ``[n_target, n_train]`` score matrix (exact curvature scores,
-            :mod:`trakcli.jobs.exact`), called once when a block is pending; the blocks and top-k come from it.
+        exact: makes the exact curvature scorer ``(lo, hi) -> [n_target, hi - lo]`` (:func:`trakcli.jobs.exact.exact_scorer`),
+            called once when a block is pending; the blocks and top-k come from it.
 
     Returns:
         (λ_m per model_id, score blocks computed by this process).
@@ -578,7 +578,7 @@ def _finalize_and_score(
     store: Store, train_rows: list[ChunkedRows], target_rows: list[ChunkedRows], out: ChunkedRows | None,
     lambda_reg: float | None, lambda_rel: float, dist: Dist, reporter: Reporter, kept: list[dict[int, np.ndarray]],
     kernels: dict[int, tuple[torch.Tensor, float]], top: StoredTopK | None, unit: bool, identity: bool = False,
-    exact: Callable[[], np.ndarray] | None = None,
+    exact: Callable[[], Callable[[int, int], torch.Tensor]] | None = None,
 ) -> tuple[list[float], int]:
     """:func:`finalize_and_score` in its thread setting."""
     n_models = len(train_rows)
@@ -599,8 +599,7 @@ def _finalize_and_score(
     segs = parts.pending(dist.rank, dist.world_size) if parts is not None and out is None else []
     scorer: Any = _BlockScores(train_rows, unit)
     if exact is not None and (pending or segs):
-        matrix = exact()
-        scorer = lambda lo, hi: torch.from_numpy(matrix[:, lo:hi])  # noqa: E731
+        scorer = exact()
     lambdas = []
     for model_id in range(n_models):
         if identity:

@@ -31,8 +31,9 @@ from trakcli.distributed import Dist, init_from_env
 from trakcli.errors import ConfigError, StoreError
 from trakcli.factors import KroneckerFeaturizer, LayerGradients, SecondMoment, check_method, per_example_gradients
 from trakcli.factors.second_moment import embedding_note
-from trakcli.gradients import PerExampleGradients
-from trakcli.tasks import resolve_task, task_identity
+from trakcli.gradients import PerExampleGradients, select_parameters
+from trakcli.curvature.kfac import curvature_layers, default_curvature_params
+from trakcli.tasks import LossOutput, resolve_task, task_identity
 from trakcli.jobs.runtime import apply_threads, event, grad_memory_for, resolve_device
 from trakcli.models.build import build_model
 from trakcli.models.checkpoints import file_sha256, load_checkpoint
@@ -225,6 +226,8 @@ class JobSetup:
             :class:`~trakcli.curvature.Curvature`; else None.
         refine: ``curvature.refine`` of the config (:meth:`refine_targets`), with a curvature; else None.
         exact_damping: with ``curvature.exact``, the damping of the exact scores (``curvature.damping``); else None.
+        query_rank: ``curvature.query_rank`` (the exact scores' rank of each target's layer gradients; None: as
+            memory allows).
     """
 
     checkpoints: list[Path]
@@ -243,6 +246,7 @@ class JobSetup:
     curvature: Curvature | None = None
     refine: Any = None
     exact_damping: float | None = None
+    query_rank: int | None = None
 
     def state_record(self, model_id: int) -> tuple[str, str] | None:
         """``(optimizer state file, its sha256)`` of checkpoint ``model_id`` with a correction, else None."""
@@ -275,15 +279,29 @@ class JobSetup:
             return
         if self.dist.is_main or store is None:
             self.load(model_id)
+            n = len(self.train)
+            fit_rows = self.curvature.fit_rows
+            pick = None
+            if fit_rows is not None and fit_rows < n:  # a seeded sample, the same for every pass and rerun
+                gen = torch.Generator().manual_seed(self.curvature.seed)
+                pick = sorted(torch.randperm(n, generator=gen)[:fit_rows].tolist())
+            rows = n if pick is None else len(pick)
+            stages: list[str] = []
 
             def batches():
-                for _, x, y in self.batches(self.train, 0, len(self.train)):
-                    yield inputs_to(x, self.device), y.to(self.device)
+                chunks = (((x, y) for _, x, y in self.batches(self.train, 0, n)) if pick is None else
+                          iter(rows_of(self.train, pick, self.batch_rows, self.batch_tokens)))
+                label = f"model {model_id}: {self.curvature.kind} {stages[-1] if stages else 'fit'}"
+                with reporter.task(label, rows) as task:
+                    for x, y in chunks:
+                        yield inputs_to(x, self.device), y.to(self.device)
+                        task.advance(len(y))
 
             def stage(name: str) -> None:
+                stages.append(name)
                 event(f"start curvature-{name} {model_id}")
                 reporter.info(f"model {model_id}: fitting {self.curvature.kind} curvature ({name}) over "
-                              f"{len(self.train)} train rows")
+                              f"{rows} train rows{'' if pick is None else f' (a sample of {n}, curvature.fit_rows)'}")
 
             event(f"start curvature {model_id}")
             self.curvature.fit(model_id, batches, store, stage)
@@ -401,9 +419,19 @@ def prepare(
         load_dataset(cfg.data.train, key="data.train", task=resolve_task(cfg.task))
     model = with_adapters(build_model(cfg.model.entrypoint, **cfg.model.kwargs), checkpoints)
     memory_mb = grad_memory_for(cfg.data.grad_memory_mb, device)
-    featurizer = build_featurizer(model, cfg.projector, grad_wrt=cfg.grad_wrt, task=cfg.task, memory_mb=memory_mb,
-                                  gradient_method=cfg.gradient_method,
-                                  reporter=reporter if dist.is_main else NULL_REPORTER)
+    main_reporter = reporter if dist.is_main else NULL_REPORTER
+    c = cfg.curvature
+    grad_wrt, task = cfg.grad_wrt, cfg.task
+    if c.kind != "gram":
+        if c.output == "loss":  # influence functions' gradient: the training loss on both sides, Q = 1
+            task = LossOutput(resolve_task(cfg.task))
+        if grad_wrt is None:  # every linear and convolution layer it can factor, and what it leaves out
+            grad_wrt, line = default_curvature_params(model, c.kind)
+            main_reporter.info(line)
+        else:  # a selected parameter it cannot factor is refused, named, before anything is computed
+            curvature_layers(model, select_parameters(model, grad_wrt), c.kind)
+    featurizer = build_featurizer(model, cfg.projector, grad_wrt=grad_wrt, task=task, memory_mb=memory_mb,
+                                  gradient_method=cfg.gradient_method, reporter=main_reporter)
     states = state_shas = second = None
     if cfg.second_moment.kind is not None:
         states = resolve_optimizer_states(cfg, checkpoints)
@@ -413,13 +441,14 @@ def prepare(
         if note and dist.is_main:
             reporter.info(note)
     curvature = None
-    if cfg.curvature.kind != "gram":
-        if not isinstance(featurizer, GradientFeaturizer):  # the config refuses kind kronecker; the API may not
-            raise ConfigError(f"curvature.kind {cfg.curvature.kind} needs whole per-example gradients: "
-                              "use projector.kind sjlt (or another kind but kronecker)")
-        c = cfg.curvature
-        curvature = Curvature(model, featurizer.param_names, cfg.task, c.kind, c.feature_damping, c.fisher, c.seed)
+    if c.kind != "gram":
+        curvature = Curvature(model, featurizer.param_names, task, c.kind, c.feature_damping, c.fisher, c.seed)
+        curvature.output, curvature.fit_rows = c.output, c.fit_rows
         featurizer.curvature = curvature
+        if not isinstance(featurizer, KroneckerFeaturizer) and dist.is_main:
+            reporter.info(f"curvature {c.kind} with projector.kind {cfg.projector.kind}: whole per-example gradients "
+                          "are whitened before the projection (projector.kind kronecker folds the curvature into "
+                          "its per-layer factors instead, much faster on a large model)")
     if isinstance(featurizer, KroneckerFeaturizer):
         batch_rows = cfg.data.batch_size  # no [n, grad_dim] gradient: memory_mb bounds the passes instead
         if dist.is_main:
@@ -434,7 +463,8 @@ def prepare(
     return JobSetup(checkpoints, shas, train, model, featurizer, batch_rows, device, layout, identity, dist,
                     cfg.data.batch_tokens, states, state_shas, curvature,
                     cfg.curvature.refine if curvature is not None else None,
-                    cfg.curvature.damping if curvature is not None and cfg.curvature.exact else None)
+                    cfg.curvature.damping if curvature is not None and cfg.curvature.exact else None,
+                    cfg.curvature.query_rank)
 
 
 def _stored_train(cfg: Config, missing: list[str], reporter: Reporter) -> StoredRows:

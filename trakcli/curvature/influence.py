@@ -1,0 +1,243 @@
+"""Exact (E)K-FAC influence of many queries on every train example, per layer, from layer hooks.
+
+For a layer ``y_t = W a_t (+ b)`` (bias folded in, ``a_t ← [a_t, 1]``) an example's gradient is
+``G = Σ_t g_t a_tᵀ`` ``[d_out, d_in]``; with the layer's fitted curvature (``Q_S``, ``Q_A``, ``Λ``,
+:mod:`.kfac`) and damping ``δ`` the influence of train example ``z`` on query ``q`` is
+
+    I(q, z) = Σ_layers ⟨H_q, G_z⟩,   H_q = Q_S [(Q_Sᵀ G_q Q_A) / (Λ + δ)] Q_Aᵀ
+
+(Koh & Liang 2017 with the block-diagonal EK-FAC inverse; Grosse et al. 2023, Eq. 15-16).
+Nothing here forms a whole-model per-example gradient:
+
+* :func:`query_gradients` takes each query's ``G_q`` per layer from one hooked forward +
+  backward (:class:`QueryLayerGrads`), preconditions it, and keeps it at full rank or, with a
+  ``rank``, as ``U Vᵀ`` from its truncated SVD (kronfluence's ``query_gradient_low_rank``;
+  per layer the smaller of the two forms, exact when ``rank >= min(d_out, d_in)``).
+* :class:`InfluencePass` is the hook consumer of a train batch: each layer's ``(a_t, g_t)`` meet
+  every query at once, ``⟨H_q, G_z⟩`` from ``G_z = Σ_t g_t a_tᵀ`` (one batched product, then a
+  GEMM against all queries) or, for low-rank queries, ``Σ_t (Uᵀ g_t)·(Vᵀ a_t)`` when that costs
+  fewer operations (``T (d_out + d_in) R`` against ``T d_out d_in + d_out d_in R`` per example,
+  ``R = n_query · rank``). One pass over the train rows scores every query.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from trakcli.curvature.kfac import CurvatureFactors
+from trakcli.errors import GradientError
+from trakcli.factors.hooks import HookPass, first_rows, logits_of
+from trakcli.factors.layers import Use
+from trakcli.projectors.kronecker_layers import KroneckerLayer
+from trakcli.tasks import Task, checked_outputs, make_batch
+
+
+def _identity_input(layer: KroneckerLayer, use: Use, x: torch.Tensor, output: torch.Tensor,
+                    eye: torch.Tensor) -> torch.Tensor:
+    """``a_t`` itself ``[b, T, d_in]`` (bias column included) of one call, float32."""
+    cols = layer.weight_cols
+    p_w = eye[:cols] if use.weight is not None else None
+    p_b = eye[cols] if use.bias is not None else None
+    return use.kind.project_input(use.module, x, output, p_w, p_b, torch.float32)
+
+
+class _Inputs:
+    """What both consumers share: each layer's ``a_t`` kept from its forward call (identity "projection")."""
+
+    keeps_input = False
+
+    def __init__(self, layers: Sequence[KroneckerLayer], device: torch.device):
+        self.layers = layers
+        self._eyes: dict[int, torch.Tensor] = {}
+        self.device = device
+
+    def take_input(self, use: Use, x: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
+        layer = self.layers[use.layer]
+        eye = self._eyes.get(layer.d_in)
+        if eye is None:
+            eye = self._eyes[layer.d_in] = torch.eye(layer.d_in, dtype=torch.float32, device=x.device)
+        return _identity_input(layer, use, x, output, eye)
+
+
+class QueryLayerGrads(_Inputs):
+    """Per example and layer ``G = Σ_t g_t a_tᵀ`` ``[n, d_out, d_in]`` float32 (a few queries' worth)."""
+
+    def __init__(self, layers: Sequence[KroneckerLayer], device: torch.device):
+        super().__init__(layers, device)
+        self.grads: dict[int, torch.Tensor] = {}
+
+    def take_grad(self, use: Use, kept: torch.Tensor, g: torch.Tensor) -> None:
+        gt = use.kind.out_grads(g, kept.shape[0]).to(torch.float32)  # [n, T, d_out]
+        grid = gt.transpose(1, 2) @ kept  # [n, d_out, d_in]
+        self.grads[use.layer] = grid if use.layer not in self.grads else self.grads[use.layer] + grid
+
+
+def hooked_pass(model: torch.nn.Module, uses: Sequence[Use], task: Task, inputs: Any, labels: torch.Tensor | None,
+                consumer: Any, row_offset: int = 0) -> torch.Tensor:
+    """One forward + backward of ``Σ_i f_i`` (the task's output function) through the hooks.
+
+    Returns:
+        ``[n]`` float32 out-to-loss terms ``Q`` of the batch (1 for :class:`~trakcli.tasks.LossOutput`).
+
+    Raises:
+        DataError: data the model or task refuses.
+        GradientError: a module whose calls cannot give per-example terms.
+    """
+    n = first_rows(inputs).shape[0]
+    device = first_rows(inputs).device
+    model.eval()
+    with HookPass(model, uses, n, device, consumer) as hooks:
+        logits = logits_of(model, inputs)
+        f, q = checked_outputs(task, logits, make_batch(inputs, labels), row_offset)
+        if hooks.problem is None and f.requires_grad:
+            hooks.backward(f)
+        if hooks.problem is not None:
+            raise GradientError(f"{hooks.problem.text}; exact curvature scores cannot be taken there: leave it out "
+                                "with grad_wrt")
+    return q.detach().to(torch.float32)
+
+
+@dataclass
+class QueryGradients:
+    """Every query's preconditioned gradient ``H_q`` per layer, at full or low rank (module docstring).
+
+    Attributes:
+        n_query: the queries.
+        full: per layer ``[n_query, d_out · d_in]`` float32, or None where the layer is kept at low rank.
+        left, right: per layer ``[d_out, n_query · r]`` and ``[d_in, n_query · r]`` float32 (query-major
+            columns, ``U Σ`` and ``V``), or None where the layer is at full rank.
+        ranks: per layer the rank kept (``min(d_out, d_in)`` at full rank).
+    """
+
+    n_query: int
+    full: list[torch.Tensor | None]
+    left: list[torch.Tensor | None]
+    right: list[torch.Tensor | None]
+    ranks: list[int]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held."""
+        return sum(t.numel() * 4 for part in (self.full, self.left, self.right) for t in part if t is not None)
+
+    def to(self, device: torch.device) -> QueryGradients:
+        """The same on ``device``."""
+        move = lambda ts: [None if t is None else t.to(device) for t in ts]  # noqa: E731
+        return QueryGradients(self.n_query, move(self.full), move(self.left), move(self.right), self.ranks)
+
+
+def query_bytes(layers: Sequence[KroneckerLayer], n_query: int, rank: int | None) -> int:
+    """Bytes of :class:`QueryGradients` of ``n_query`` queries at ``rank`` (None: full rank)."""
+    total = 0
+    for layer in layers:
+        full = layer.d_out * layer.d_in
+        total += full if rank is None else min(full, rank * (layer.d_out + layer.d_in))
+    return 4 * n_query * total
+
+
+def fitting_rank(layers: Sequence[KroneckerLayer], n_query: int, budget_bytes: int) -> int | None:
+    """The rank :func:`query_gradients` keeps by default: None (full) when every query fits ``budget_bytes``,
+    else the largest rank that fits (at least 1)."""
+    if query_bytes(layers, n_query, None) <= budget_bytes:
+        return None
+    per_rank = 4 * n_query * sum(layer.d_out + layer.d_in for layer in layers)
+    return max(1, budget_bytes // max(1, per_rank))
+
+
+def precondition(factors: CurvatureFactors, grads: dict[int, torch.Tensor], n: int,
+                 rank: int | None) -> QueryGradients:
+    """``H = Q_S [(Q_Sᵀ G Q_A) / (Λ + δ)] Q_Aᵀ`` per layer (float64 math), kept at ``rank`` (None: full).
+
+    Args:
+        factors: the checkpoint's fitted curvature, with the damping of the scores.
+        grads: per layer index, ``[n, d_out, d_in]`` gradients of the queries (a layer no call reached: zeros).
+        n: the queries.
+        rank: the low rank, or None.
+    """
+    full, left, right, ranks = [], [], [], []
+    for j, (layer, f) in enumerate(zip(factors.layers, factors.factors)):
+        g = grads.get(j)
+        g = torch.zeros(n, layer.d_out, layer.d_in, dtype=torch.float64) if g is None else g.double().cpu()
+        inv = 1.0 / (f.eig + f.damping(factors.damping))  # [d_out, d_in]
+        h = f.q_out @ ((f.q_out.T @ g @ f.q_in) * inv) @ f.q_in.T  # [n, d_out, d_in]
+        r_max = min(layer.d_out, layer.d_in)
+        if rank is None or rank * (layer.d_out + layer.d_in) >= layer.d_out * layer.d_in:
+            full.append(h.reshape(n, -1).float())
+            left.append(None)
+            right.append(None)
+            ranks.append(r_max)
+            continue
+        r = min(rank, r_max)
+        u, s, vh = torch.linalg.svd(h, full_matrices=False)  # [n, d_out, k], [n, k], [n, k, d_in]
+        us = (u[..., :r] * s[:, None, :r])  # [n, d_out, r]
+        v = vh[:, :r, :].transpose(1, 2)  # [n, d_in, r]
+        full.append(None)
+        left.append(us.permute(1, 0, 2).reshape(layer.d_out, n * r).float().contiguous())
+        right.append(v.permute(1, 0, 2).reshape(layer.d_in, n * r).float().contiguous())
+        ranks.append(r)
+    return QueryGradients(n, full, left, right, ranks)
+
+
+class InfluencePass(_Inputs):
+    """Hook consumer of a train batch: adds ``Σ_layers ⟨H_q, G_z⟩`` to ``scores`` ``[n, n_query]`` (float64).
+
+    Args:
+        layers: the curvature's layers.
+        queries: :class:`QueryGradients` on the batch's device.
+        n: rows of the batch.
+        device: their device.
+    """
+
+    def __init__(self, layers: Sequence[KroneckerLayer], queries: QueryGradients, n: int, device: torch.device):
+        super().__init__(layers, device)
+        self.queries = queries
+        self.scores = torch.zeros(n, queries.n_query, dtype=torch.float64, device=device)
+        self.calls = [0] * len(layers)
+        self._grids: dict[int, torch.Tensor] = {}
+
+    def take_input(self, use: Use, x: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
+        self.calls[use.layer] += 1
+        return super().take_input(use, x, output)
+
+    def take_grad(self, use: Use, kept: torch.Tensor, g: torch.Tensor) -> None:
+        j, q = use.layer, self.queries
+        gt = use.kind.out_grads(g, kept.shape[0]).to(torch.float32)  # [n, T, d_out]
+        n, t = gt.shape[0], gt.shape[1]
+        if self.calls[j] > 1:  # a module run several times: its G is the sum over the calls
+            grid = gt.transpose(1, 2) @ kept
+            self._grids[j] = grid if j not in self._grids else self._grids[j] + grid
+            return
+        if q.full[j] is not None:
+            grid = gt.transpose(1, 2) @ kept  # [n, d_out, d_in]
+            self.scores += (grid.reshape(n, -1) @ q.full[j].T).double()
+            return
+        layer = self.layers[j]
+        r = q.ranks[j]
+        big_r = q.n_query * r
+        token_cost = t * (layer.d_out + layer.d_in) * big_r
+        grid_cost = t * layer.d_out * layer.d_in + layer.d_out * layer.d_in * big_r
+        if token_cost <= grid_cost:
+            prod = (gt @ q.left[j]) * (kept @ q.right[j])  # [n, T, n_query · r]
+            self.scores += prod.sum(1).reshape(n, q.n_query, r).sum(-1).double()
+        else:
+            self.scores += self._grid_scores(j, gt.transpose(1, 2) @ kept)
+
+    def _grid_scores(self, j: int, grid: torch.Tensor) -> torch.Tensor:
+        """``⟨H_q, G⟩`` ``[n, n_query]`` float64 of whole per-example layer gradients ``[n, d_out, d_in]``."""
+        q = self.queries
+        n = grid.shape[0]
+        if q.full[j] is not None:
+            return (grid.reshape(n, -1) @ q.full[j].T).double()
+        r = q.ranks[j]
+        gv = grid @ q.right[j]  # [n, d_out, n_query · r]
+        return (gv * q.left[j]).sum(1).reshape(n, q.n_query, r).sum(-1).double()
+
+    def finish(self) -> torch.Tensor:
+        """The batch's scores ``[n, n_query]`` float64 (layers called more than once added now)."""
+        for j, grid in self._grids.items():
+            self.scores += self._grid_scores(j, grid)
+        self._grids = {}
+        return self.scores
