@@ -75,10 +75,11 @@ def _project(root: Path, arch: str, kind: str, extra: dict | None = None) -> Non
     write_config(root / "run.yaml", cfg)
 
 
-def _reference(root: Path, arch: str, kind: str, lam: float | None, damping: float | None = None):
+def _reference(root: Path, arch: str, kind: str, lam: float | None, damping: float | None = None,
+               output: str = "margin"):
     """Per-token scores from per-token gradients of vmap (torch.func), written independently of trakcli:
     TRAK's kernel on whole gradients (noop projector) or, with ``damping``, the exact EK-FAC curvature
-    from the store."""
+    from the store; ``output`` ``loss``: each token's term is minus its next-token cross-entropy, Q = 1."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("lm_model_ref", root / "lm_model.py")
@@ -103,9 +104,16 @@ def _reference(root: Path, arch: str, kind: str, lam: float | None, damping: flo
     def f_of(p, ids, am, lab):  # one row, every token of `lab` a target
         x = {"input_ids": ids[None], "attention_mask": am[None]}
         logits = logits_of(functional_call(model, p, args=(), kwargs=model_kwargs(model, x)))
+        if output == "loss":
+            nxt = lab[1:]
+            logp = torch.log_softmax(logits[0, :-1], dim=-1)
+            picked = logp.gather(-1, torch.where(nxt != IGNORE_INDEX, nxt, 0)[:, None])[:, 0]
+            return (picked * (nxt != IGNORE_INDEX)).sum()
         return token_margins(logits, lab[None]).sum()
 
     def q_of(ids, am, lab):
+        if output == "loss":
+            return 1.0
         with torch.no_grad():
             logits = logits_of(model(**model_kwargs(model, {"input_ids": ids[None], "attention_mask": am[None]})))
         return float(language_modeling_margin(logits, lab[None])[1])
@@ -197,19 +205,21 @@ def test_per_token_scores_sum_to_the_document_scores_and_match_vmap_references(t
                     assert total == pytest.approx(e["score"], rel=1e-4, abs=1e-6)
 
 
-def test_per_token_scores_of_exact_ekfac_match_the_vmap_reference(tmp_path, monkeypatch):
+@pytest.mark.parametrize("output", ["loss", "margin"])
+def test_per_token_scores_of_exact_ekfac_match_the_vmap_reference(tmp_path, monkeypatch, output):
     monkeypatch.chdir(tmp_path)
     _project(tmp_path, "gpt2", "completion", {"curvature.kind": "ekfac", "curvature.damping": 0.01,
+                                             "curvature.output": output,
                                              "curvature.fisher": "empirical", "projector.kind": "sjlt",
                                              "projector.proj_dim": 64,
                                              "top.grad_wrt": ["transformer.h.0.attn.*", "transformer.h.0.mlp.*"]})
     for cmd in ("featurize", "score"):
         res = run(tmp_path, cmd, "run.yaml", "-q")
         assert res.returncode == 0, res.stderr
-    _check_against_reference(tmp_path, "gpt2", "completion", damping=0.01)
+    _check_against_reference(tmp_path, "gpt2", "completion", damping=0.01, output=output)
 
 
-def _check_against_reference(root: Path, arch: str, kind: str, damping: float | None) -> None:
+def _check_against_reference(root: Path, arch: str, kind: str, damping: float | None, output: str = "margin") -> None:
     import zarr
 
     g = zarr.open_group(str(root / "s.zarr"), mode="r")
@@ -217,7 +227,7 @@ def _check_against_reference(root: Path, arch: str, kind: str, damping: float | 
                                                                     "opponents", "opponent_scores")}
     tok = {name: g[f"scores/default/per_token/{name}"][:] for name in ("target_tokens", "document_tokens")}
     lam = g["train/0/kernel"].attrs.get("lambda_reg") if damping is None else None
-    ref, doc_tokens = _reference(root, arch, kind, lam, damping)
+    ref, doc_tokens = _reference(root, arch, kind, lam, damping, output)
     docs = np.stack([top["proponents"], top["opponents"]], 1)  # [n_target, 2, K]
     scores = np.stack([top["proponent_scores"], top["opponent_scores"]], 1)
     scale = np.abs(scores).max()

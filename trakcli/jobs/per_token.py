@@ -52,7 +52,7 @@ from trakcli.progress import NULL_REPORTER, Reporter
 from trakcli.scoring import target_weights
 from trakcli.store import ChunkedRows, Store
 from trakcli.store.kernel import read_kernel
-from trakcli.tasks import IGNORE_INDEX, LanguageModeling, classification_margin, resolve_task, token_labels
+from trakcli.tasks import IGNORE_INDEX, LanguageModeling, LossOutput, classification_margin, resolve_task, token_labels
 
 def check_per_token(s: JobSetup, *, normalize: str | None) -> None:
     """Refuse settings per-token scores cannot be computed with, naming the fix (``score.top_k`` is checked by
@@ -63,9 +63,14 @@ def check_per_token(s: JobSetup, *, normalize: str | None) -> None:
             ``curvature.refine``; ``second_moment`` with the kronecker projector.
     """
     task = getattr(s.featurizer, "task", None) or getattr(getattr(s.featurizer, "grads", None), "task", None)
-    if not isinstance(task, LanguageModeling):
+    base = task.task if isinstance(task, LossOutput) else task  # curvature.output loss: its token losses split
+    if not isinstance(base, LanguageModeling):
         raise ConfigError(f"score.per_token: true needs task: language_modeling (a sum over tokens); this config's "
-                          f"task is {getattr(task, 'name', task)!r}")
+                          f"task is {getattr(base, 'name', base)!r}")
+    if s.curvature is not None and not hasattr(s.featurizer, "grads"):
+        raise ConfigError(f"score.per_token: true with curvature.kind {s.curvature.kind} splits whole per-example "
+                          "gradients over tokens, which projector.kind kronecker never forms: set projector.kind: sjlt "
+                          "for this experiment's store")
     if normalize == "unit":
         raise ConfigError("score.per_token: true splits TRAK's and the curvature's scores; cosines "
                           "(score.normalize: unit) do not split over tokens: set score.normalize: null")
@@ -75,6 +80,20 @@ def check_per_token(s: JobSetup, *, normalize: str | None) -> None:
     if s.featurizer.second_moment is not None and not hasattr(s.featurizer, "grads"):
         raise ConfigError("score.per_token: true with second_moment needs projector.kind rademacher, normal or "
                           "sjlt (the kronecker projection folds the correction into its factors)")
+
+
+def token_outputs(task: Any, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Each target token's term of the task's output function ``[n, L]``: its next-token margin
+    (:func:`token_margins`), or for :class:`~trakcli.tasks.LossOutput` minus its next-token cross-entropy; the
+    sum over ``t`` is the task's ``f``."""
+    if not isinstance(task, LossOutput):
+        return token_margins(logits, labels)
+    nxt = labels[:, 1:]
+    valid = nxt != IGNORE_INDEX
+    logp = torch.log_softmax(logits[:, :-1, :], dim=-1)
+    tok = torch.where(valid, nxt, torch.zeros_like(nxt)).unsqueeze(-1)
+    terms = logp.gather(-1, tok).squeeze(-1) * valid.to(logp.dtype)  # -CE of each target token
+    return torch.nn.functional.pad(terms, (1, 0))
 
 
 def token_margins(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -331,6 +350,8 @@ class PerTokenScores:
         """``⟨∇_θ f_s(z), v⟩`` of every token ``s`` of each row ``z`` of ``data`` ``[n_rows, L]`` float64 (one
         forward-mode pass), and the targets' mask."""
         model = self.s.model
+        feat = self.s.featurizer
+        task = getattr(feat, "task", None) or getattr(getattr(feat, "grads", None), "task", None)
         primal = {n: p.detach() for n, p in model.named_parameters() if n in v}
         outs, masks = [], []
         width = 0
@@ -340,7 +361,7 @@ class PerTokenScores:
 
             def margins(p: dict[str, torch.Tensor]) -> torch.Tensor:
                 out = functional_call(model, p, args=(), kwargs=model_kwargs(model, x))
-                return token_margins(logits_of(out), labels)
+                return token_outputs(task, logits_of(out), labels)
 
             with torch.no_grad():  # forward mode only: no backward graph of the parameters left out of v
                 _, tangent = jvp(margins, (primal,), (v,))
