@@ -222,3 +222,25 @@ def test_exact_top_k_killed_mid_pass_resumes_to_the_same_top_k_and_two_ranks_giv
         for side in ("proponents", "opponents"):
             np.testing.assert_array_equal(got[side][:], want[side][:])
             np.testing.assert_allclose(got[f"{side[:-1]}_scores"][:], want[f"{side[:-1]}_scores"][:], rtol=1e-5)
+
+
+def test_two_stage_exact_top_k_rescoring_candidates_of_the_stored_features(tmp_path):
+    """`score.rescore_multiplier` with exact scores: candidates from the stored features, re-scored exactly; the
+    top-k equals the one-pass exact top-k where the candidates hold it, and the recall is estimated and recorded."""
+    root = _project(tmp_path / "p", n_models=2)
+    base = ["curvature.kind=ekfac", "score.top_k=5", "projector.proj_dim=64"]
+    assert run(root, "featurize", "run.yaml", "-q", *base).returncode == 0
+    assert run(root, "score", "run.yaml", "-q", *base).returncode == 0
+    res = run(root, "score", "run.yaml", *base, "score.rescore_multiplier=8", "score.experiment=two")
+    assert res.returncode == 0, res.stderr
+    assert "two-stage exact top-5" in res.stderr and "estimated recall" in res.stderr, res.stderr
+    g = zarr.open_group(str(_store(root)), mode="r")
+    one, two = g["scores/default/top_k"], g["scores/two/top_k"]
+    info = two["proponents"].attrs["exact_two_stage"]
+    assert info["candidates"] == 40 and 0.0 <= info["recall"]["proponents"] <= 1.0
+    got, want = two["proponents"][:], one["proponents"][:]
+    same = np.mean([len(set(a) & set(b)) / 5 for a, b in zip(got, want)])
+    assert abs(same - info["recall"]["proponents"]) < 0.1, (same, info)  # the estimate is near the true recall
+    hit = np.all(got == want, axis=1)  # where the candidates hold the exact top-k, it is the same, same order
+    np.testing.assert_allclose(two["proponent_scores"][:][hit], one["proponent_scores"][:][hit], rtol=1e-4)
+    assert hit.mean() > 0.5

@@ -703,7 +703,9 @@ class ScoreConfig(StrictModel):
     )
     rescore_multiplier: PositiveInt | None = Field(
         None,
-        description="Two-stage top-k (store.dtype int8 or binary), K' = rescore_multiplier · top_k: per target, "
+        description="Two-stage top-k (store.dtype int8 or binary; or curvature kfac / ekfac with exact scores, "
+        "whose candidates come from the stored features and are re-scored by exact influence), "
+        "K' = rescore_multiplier · top_k: per target, "
         "the K' train rows with the highest (and lowest) scores from the compressed codes are re-scored exactly "
         "from the bfloat16 copy (FAISS's k_factor, sentence-transformers' rescore_multiplier). Larger: higher "
         "recall, slower. Unset: the default of the store's dtype: int8 2 (recall@100 1.0 measured at 10^6 "
@@ -1012,7 +1014,8 @@ class Config(StrictModel):
                     f"(here {self.score.top_k}); set both, or unset score.rerank")
         if self.score.rescore_multiplier is None:
             return self
-        if self.store.dtype not in ("int8", "binary"):
+        exact_curvature = self.curvature.kind != "gram" and self.curvature.exact
+        if self.store.dtype not in ("int8", "binary") and not exact_curvature:
             raise ValueError(
                 f"score.rescore_multiplier ({self.score.rescore_multiplier}) sets the candidates of the two-stage "
                 f"top-k, which finds them from int8 or binary codes, but store.dtype is {self.store.dtype}; set "

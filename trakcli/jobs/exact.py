@@ -41,9 +41,11 @@ from trakcli.curvature.influence import (
     QueryGradients, QueryLayerGrads, fitting_rank, hooked_pass, InfluencePass, precondition, query_bytes,
 )
 from trakcli.data.tensors import inputs_to
+from trakcli.jobs.setup import rows_of
 from trakcli.factors.hooks import first_rows
 from trakcli.jobs.runtime import event
 from trakcli.progress import NULL_REPORTER, Reporter
+from trakcli.scoring import merge_top_k, order_top_k
 
 
 class ExactInfluence:
@@ -102,24 +104,109 @@ class ExactInfluence:
 
     def __call__(self, lo: int, hi: int) -> torch.Tensor:
         """Scores of every target against train rows ``[lo, hi)``: ``[n_target, hi - lo]`` float32 (CPU)."""
+        event(f"start exact {lo}")
+        out = self._score(lambda: ((x, y, off) for off, x, y in self.s.batches(self.s.train, lo, hi)), hi - lo)
+        event(f"done exact {lo}")
+        return out
+
+    def score_rows(self, rows: list[int], reporter: Reporter = NULL_REPORTER) -> torch.Tensor:
+        """Scores of every target against the train rows ``rows`` (any order): ``[n_target, len(rows)]`` float32."""
+        s = self.s
+
+        def batches():
+            at = 0
+            for x, y in rows_of(s.train, rows, s.batch_rows, s.batch_tokens):
+                yield x, y, rows[at]
+                at += len(y)
+
+        with reporter.task("exact influence of the candidates", len(rows) * len(self.queries)) as task:
+            return self._score(batches, len(rows), task)
+
+    def _score(self, batches: Callable[[], Any], n: int, task: Any = None) -> torch.Tensor:
+        """``τ`` of the rows the batches of ``batches()`` give (``(inputs, labels, first row)``, in order)."""
         s = self.s
         n_models = len(self.queries)
-        total = torch.zeros(self.n_target, hi - lo, dtype=torch.float64)
-        q_sum = torch.zeros(hi - lo, dtype=torch.float64)
-        event(f"start exact {lo}")
+        total = torch.zeros(self.n_target, n, dtype=torch.float64)
+        q_sum = torch.zeros(n, dtype=torch.float64)
         for model_id, queries in enumerate(self.queries):
             if self._loaded != model_id:
                 s.load(model_id)
                 self._loaded = model_id
-            for off, x, y in s.batches(s.train, lo, hi):
+            at = 0
+            for x, y, first in batches():
                 x, y = inputs_to(x, s.device), y.to(s.device)
-                n = first_rows(x).shape[0]
-                acc = InfluencePass(self.layers, queries, n, s.device)
-                q = hooked_pass(s.model, self.uses, self.task, x, y, acc, off)
-                total[:, off - lo:off - lo + n] += acc.finish().T.cpu()
-                q_sum[off - lo:off - lo + n] += q.double().cpu()
-        event(f"done exact {lo}")
+                rows = first_rows(x).shape[0]
+                acc = InfluencePass(self.layers, queries, rows, s.device)
+                q = hooked_pass(s.model, self.uses, self.task, x, y, acc, first)
+                total[:, at:at + rows] += acc.finish().T.cpu()
+                q_sum[at:at + rows] += q.double().cpu()
+                at += rows
+                if task is not None:
+                    task.advance(rows)
         return (total / n_models * (q_sum / n_models)[None, :]).float()
+
+
+#: The recall of a two-stage exact top-k is estimated on a seeded sample of the train rows that are not
+#: candidates: at least this many rows, or :data:`RECALL_FRACTION` of the train rows if more.
+RECALL_ROWS = 256
+RECALL_FRACTION = 0.02
+
+
+def two_stage_exact(exact: ExactInfluence, approx: Callable[[int, int], torch.Tensor], n_train: int, k: int,
+                    multiplier: int, block: int, seed: int = 0, reporter: Reporter = NULL_REPORTER
+                    ) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """The exact top-k of every target from candidates of the stored features (``score.rescore_multiplier``).
+
+    1. One streamed pass over the stored (curvature-folded) features: per target its K' = ``multiplier`` · k
+       highest and lowest approximate scores (``approx``, blocks of ``block`` rows).
+    2. The union U of every target's candidates, and a seeded sample S of the other rows (:data:`RECALL_ROWS`,
+       :data:`RECALL_FRACTION`), scored exactly for every target in one hooked pass over U ∪ S
+       (:meth:`ExactInfluence.score_rows`): the cost is that of |U ∪ S| rows, not of the corpus.
+    3. Per target, the k best exact scores among U (every target's candidates, not only its own).
+    4. Recall of the exact top-k, estimated per target and side: a sampled row outside U that beats the
+       target's k-th exact score stands for ``(n_train − |U|) / |S|`` rows the top-k missed;
+       ``recall = 1 − min(k, missed) / k``, averaged over the targets (exact when S holds every row outside U).
+
+    Returns:
+        ``(arrays, recall)``: the top-k arrays (``proponents``, ``proponent_scores``, ``opponents``,
+        ``opponent_scores``, ``[n_target, k]``, best first) and ``{"candidates", "rows_scored", "sample_rows",
+        "recall": {"proponents", "opponents"}}``.
+    """
+    k = min(k, n_train)
+    k_c = min(n_train, multiplier * k)
+    kept = {True: (None, None), False: (None, None)}
+    with reporter.task("candidates from the stored features", -(-n_train // block)) as task:
+        for lo in range(0, n_train, block):
+            scores = approx(lo, min(n_train, lo + block)).float()
+            for largest in (True, False):
+                kept[largest] = merge_top_k(*kept[largest], scores, lo, k_c, largest)
+            task.advance()
+    union = sorted(set(kept[True][1].reshape(-1).tolist()) | set(kept[False][1].reshape(-1).tolist()))
+    others = np.setdiff1d(np.arange(n_train), np.asarray(union, dtype=np.int64))
+    m = min(len(others), max(RECALL_ROWS, int(RECALL_FRACTION * n_train)))
+    sample = np.sort(np.random.default_rng(seed).choice(others, size=m, replace=False)) if m else others[:0]
+    rows = union + sample.tolist()
+    reporter.info(f"two-stage exact top-{k}: {k_c} candidates per target and side from the stored features, "
+                  f"{len(union):,} distinct rows, and {m:,} sampled rows for the recall, scored exactly "
+                  f"({len(rows):,} of {n_train:,} train rows)")
+    got = exact.score_rows(rows, reporter).numpy().astype(np.float64)  # [n_t, |U| + |S|]
+    cand, samp = got[:, :len(union)], got[:, len(union):]
+    idx = np.broadcast_to(np.asarray(union, dtype=np.int64), cand.shape)
+    arrays, recall = {}, {}
+    for side, largest in (("proponent", True), ("opponent", False)):
+        vals, top = order_top_k(cand, idx, k, largest)
+        arrays[f"{side}s"], arrays[f"{side}_scores"] = top, vals.astype(np.float32)
+        if m:
+            kth = vals[:, -1:]
+            beats = (samp > kth) if largest else (samp < kth)
+            missed = beats.sum(1) * (len(others) / m)
+            recall[f"{side}s"] = float(np.mean(1.0 - np.minimum(k, missed) / k))
+        else:  # every row was a candidate
+            recall[f"{side}s"] = 1.0
+    info = {"candidates": k_c, "rows_scored": len(union), "sample_rows": int(m), "recall": recall}
+    reporter.info(f"two-stage exact top-{k}: estimated recall of the exact top-k, proponents "
+                  f"{recall['proponents']:.3f}, opponents {recall['opponents']:.3f} (sample of {m:,} rows)")
+    return arrays, info
 
 
 def exact_scorer(s: Any, store: Any, target: Any, memory_mb: int = 1024,

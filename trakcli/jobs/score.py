@@ -21,7 +21,7 @@ from trakcli.data.load import load_dataset
 from trakcli.data.tensors import TensorDataset
 from trakcli.distributed import Dist
 from trakcli.errors import ConfigError, StoreError
-from trakcli.jobs.exact import exact_scorer
+from trakcli.jobs.exact import exact_scorer, two_stage_exact
 from trakcli.jobs.featurize import featurize_rows
 from trakcli.jobs.per_token import PerTokenScores, check_per_token, per_token_width
 from trakcli.jobs.kernels import finalize_kernels, kernel_of, report_notes, ridge_settings
@@ -330,8 +330,11 @@ def score_targets(
         t_attrs["curvature_refine"] = s.refine.spec()
     settings = {"lambda_reg": lambda_reg, "lambda_rel": lambda_rel, **t_attrs, "normalize": normalize}
     exact = s.curvature is not None and s.exact_damping is not None
+    exact_two = rescore_multiplier if exact and top_k and not full else None
     if exact:  # the scores are recomputed exactly (trakcli.jobs.exact), with their own damping
         settings["curvature_exact"] = {"damping": s.exact_damping}
+        if exact_two:  # candidates from the stored features, re-scored exactly
+            settings["curvature_exact"]["rescore_multiplier"] = exact_two
         if normalize == "unit":
             raise ConfigError("score.normalize: unit ranks by cosines of the stored features; with curvature.exact "
                               "the scores are exact inner products: set curvature.exact: false, or score.normalize: null")
@@ -346,7 +349,7 @@ def score_targets(
         stale = stale_error(store, exp)  # scored before train rows were appended
         if stale is not None and not overwrite:
             raise stale
-        two = _two_stage_plan(store, s, top_k, full, normalize, exact, rescore_multiplier, recall_queries,
+        two = None if exact_two else _two_stage_plan(store, s, top_k, full, normalize, exact, rescore_multiplier, recall_queries,
                               len(target), reporter if s.dist.is_main else NULL_REPORTER, rerank, train_rows[0])
         if two is not None:  # the experiment's top-k depends on them: recorded and checked with the settings
             settings["two_stage"] = two.settings()
@@ -415,6 +418,7 @@ def score_targets(
             dist=s.dist, reporter=reporter, linalg_threads=linalg_threads, target_chunks=kept, kernels=kernels,
             top=top, normalize=normalize, identity=identity,
             exact=(lambda: exact_scorer(s, store, target, grad_memory_mb, reporter)) if exact else None,
+            exact_two_stage=exact_two,
         )
         computed += n
         if per_token and s.dist.is_main:
@@ -490,6 +494,7 @@ def finalize_and_score(
     normalize: str | None = None,
     identity: bool = False,
     exact: Callable[[], Callable[[int, int], torch.Tensor]] | None = None,
+    exact_two_stage: int | None = None,
 ) -> tuple[list[float], int]:
     """Finalize each checkpoint's kernel and write the pending score blocks.
 
@@ -535,6 +540,8 @@ def finalize_and_score(
             λ_m is reported as 0.
         exact: makes the exact curvature scorer ``(lo, hi) -> [n_target, hi - lo]`` (:func:`trakcli.jobs.exact.exact_scorer`),
             called once when a block is pending; the blocks and top-k come from it.
+        exact_two_stage: with ``exact`` and ``top``, ``score.rescore_multiplier``: the top-k is the exact re-scoring
+            of candidates from the stored features (:func:`trakcli.jobs.exact.two_stage_exact`), on rank 0.
 
     Returns:
         (λ_m per model_id, score blocks computed by this process).
@@ -546,7 +553,7 @@ def finalize_and_score(
     with torch_threads(linalg_threads):
         return _finalize_and_score(store, train_rows, target_rows, out, lambda_reg, lambda_rel, dist or Dist(),
                                    reporter, target_chunks or [{} for _ in target_rows], kernels or {}, top,
-                                   normalize == "unit", identity, exact)
+                                   normalize == "unit", identity, exact, exact_two_stage)
 
 
 #: `trak score` reads the stored kernels in the background, during the target features, when
@@ -578,10 +585,13 @@ def _finalize_and_score(
     store: Store, train_rows: list[ChunkedRows], target_rows: list[ChunkedRows], out: ChunkedRows | None,
     lambda_reg: float | None, lambda_rel: float, dist: Dist, reporter: Reporter, kept: list[dict[int, np.ndarray]],
     kernels: dict[int, tuple[torch.Tensor, float]], top: StoredTopK | None, unit: bool, identity: bool = False,
-    exact: Callable[[], Callable[[int, int], torch.Tensor]] | None = None,
+    exact: Callable[[], Callable[[int, int], torch.Tensor]] | None = None, exact_two_stage: int | None = None,
 ) -> tuple[list[float], int]:
     """:func:`finalize_and_score` in its thread setting."""
     n_models = len(train_rows)
+    if exact is not None and exact_two_stage and top is not None:
+        return [0.0] * n_models, _exact_two_stage(store, train_rows, target_rows, kept, top, dist, reporter,
+                                                  exact, exact_two_stage)
     lam_key = ridge_settings(lambda_reg, lambda_rel)
     if dist.world_size > 1 and not identity:  # kernel m on rank m mod world_size, then every rank reads them all
         finalize_kernels(store, train_rows, lambda_reg=lambda_reg, lambda_rel=lambda_rel, dist=dist, reporter=reporter)
@@ -640,6 +650,28 @@ def _finalize_and_score(
             top.drop_parts()
         dist.barrier()
     return lambdas, computed
+
+
+def _exact_two_stage(store: Store, train_rows: list[ChunkedRows], target_rows: list[ChunkedRows],
+                     kept: list[dict[int, np.ndarray]], top: StoredTopK, dist: Dist, reporter: Reporter,
+                     exact: Callable[[], Any], multiplier: int) -> int:
+    """The two-stage exact top-k (:func:`trakcli.jobs.exact.two_stage_exact`) on rank 0, written to the top-k arrays
+    with its recall; returns the target chunks written."""
+    written = 0
+    if dist.is_main and not top.is_complete():
+        approx = _BlockScores(train_rows, False)
+        for model_id in range(len(train_rows)):  # the stored features' own inner products, no kernel
+            approx.add(model_id, None, 0.0, _target_features(target_rows[model_id], kept[model_id]))
+        layout = store.layout
+        arrays, info = two_stage_exact(exact(), approx, layout.n_train,
+                                       top.k, multiplier, layout.chunk_rows, reporter=reporter)
+        top.final.set_attrs("proponents", exact_two_stage=info)
+        for chunk in top.final.pending():
+            lo, hi = top.final.rows(chunk)
+            top.final.write(chunk, **{name: a[lo:hi] for name, a in arrays.items()})
+            written += 1
+    dist.barrier()
+    return written
 
 
 def _as_tensor(arr: np.ndarray) -> torch.Tensor:
