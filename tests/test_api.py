@@ -74,11 +74,11 @@ def cli_scores(*overrides: str) -> np.ndarray:
     return np.asarray(zarr.open_group("out/attrib.zarr", mode="r")["scores/default/scores"][:])
 
 
-def api_scores(task, store: str, checkpoints=None, **kwargs) -> np.ndarray:
+def api_scores(task, store: str, checkpoints=None, projector=None, **kwargs) -> np.ndarray:
     model = build_model("my_model.py:make_model")
     att = trakcli.Attributor(
         model, store={"path": store, "chunk_rows": 16}, task=task,
-        projector={"kind": "rademacher", "proj_dim": 16, "seed": 0}, **kwargs,
+        projector=projector or {"kind": "rademacher", "proj_dim": 16, "seed": 0}, **kwargs,
     )
     train, target = loaders()
     ckpts = checkpoints or sorted(Path("ckpts").glob("model_*.pt"))
@@ -115,6 +115,16 @@ def test_attributor_with_ekfac_gives_the_cli_scores(project):
                            curvature={"kind": "ekfac", "refine": {"iterations": 2}})
     with pytest.raises(ConfigError, match="curvature.kind"):
         trakcli.Attributor(build_model("my_model.py:make_model"), store="out/x.zarr", curvature="shampoo")
+
+
+def test_attributor_with_ekfac_alone_picks_the_kronecker_projector_and_the_loss_as_the_cli(project):
+    expected = cli_scores("curvature.kind=ekfac", "curvature.exact=false", "projector.kind=kronecker")
+    got = api_scores("classification", "out/api.zarr", projector={"proj_dim": 16, "seed": 0},
+                     curvature={"kind": "ekfac"})
+    np.testing.assert_array_equal(got, expected)
+    margin = api_scores("classification", "out/margin.zarr", projector={"proj_dim": 16, "seed": 0},
+                        curvature={"kind": "ekfac", "output": "margin"})
+    assert not np.allclose(got, margin, rtol=1e-2)
 
 
 def test_custom_task_function_and_state_dicts_give_the_same_scores(project10):

@@ -32,9 +32,11 @@ from trakcli.data.load import checked_dataset
 from trakcli.data.tensors import Inputs, TensorDataset
 from trakcli.distributed import Dist
 from trakcli.curvature import Curvature
+from trakcli.curvature.kfac import curvature_layers, default_curvature_params
 from trakcli.errors import CheckpointError, ConfigError, DataError, StoreError, TrakError, worded
 from trakcli.factors import KroneckerFeaturizer
-from trakcli.tasks import resolve_task, task_identity
+from trakcli.gradients import select_parameters
+from trakcli.tasks import LossOutput, resolve_task, task_identity
 from trakcli.jobs.featurize import featurize_rows
 from trakcli.jobs.runtime import grad_memory_for, locked_store, resolve_device
 from trakcli.data.stored import StoredRows
@@ -273,28 +275,37 @@ class Attributor:
         self.dist = Dist()
         self.device = resolve_device(device, self.dist)
         self.grad_memory_mb = grad_memory_mb = grad_memory_for(grad_memory_mb, self.device)
-        self.featurizer = build_featurizer(
-            model, self.projector, grad_wrt=self.grad_wrt, task=self.task, memory_mb=grad_memory_mb,
-            gradient_method=gradient_method, reporter=reporter,
-        )
-        if isinstance(self.featurizer, KroneckerFeaturizer):
-            reporter.info(self.featurizer.info)
         raw = {"kind": curvature} if isinstance(curvature, str) else dict(curvature or {})
         if raw.get("exact"):
             raise ConfigError("curvature.exact: exact scores recompute the train gradients while scoring, which "
                               "Attributor.score does not see; use `trak score` with a config, or exact: false")
         self.curvature_config: CurvatureConfig = validate_section(CurvatureConfig, {"exact": False, **raw}, "curvature")
         c = self.curvature_config
-        self.curvature: Curvature | None = None
-        if c.kind != "gram":
+        grad_wrt, task = self.grad_wrt, self.task
+        if c.kind != "gram":  # as `trak featurize`: kronecker unless a kind is given, the loss, the layers it factors
             if c.refine.iterations:
                 raise ConfigError("curvature.refine: the conjugate-gradient refinement needs the training rows when "
                                   "scoring, which Attributor.score does not see; use `trak score` with a config")
-            if isinstance(self.featurizer, KroneckerFeaturizer):
-                raise ConfigError(f"curvature kind {c.kind} whitens each layer's whole per-example gradient, which "
-                                  "projector kind kronecker never forms; use projector kind sjlt (or another kind)")
-            self.curvature = Curvature(model, self.featurizer.param_names, self.task, c.kind, c.feature_damping, c.fisher,
+            if "kind" not in (projector or {}):
+                self.projector = self.projector.model_copy(update={"kind": "kronecker"})
+            if c.output == "loss":
+                task = LossOutput(self.task)
+            if grad_wrt is None:
+                grad_wrt, line = default_curvature_params(model, c.kind)
+                reporter.info(line)
+            else:
+                curvature_layers(model, select_parameters(model, grad_wrt), c.kind)
+        self.featurizer = build_featurizer(
+            model, self.projector, grad_wrt=grad_wrt, task=task, memory_mb=grad_memory_mb,
+            gradient_method=gradient_method, reporter=reporter,
+        )
+        if isinstance(self.featurizer, KroneckerFeaturizer):
+            reporter.info(self.featurizer.info)
+        self.curvature: Curvature | None = None
+        if c.kind != "gram":
+            self.curvature = Curvature(model, self.featurizer.param_names, task, c.kind, c.feature_damping, c.fisher,
                                        c.seed)
+            self.curvature.output, self.curvature.fit_rows = c.output, c.fit_rows
             self.featurizer.curvature = self.curvature
 
     @property
