@@ -513,10 +513,12 @@ class CurvatureConfig(KindSection):
     )
     exact: bool = Field(
         True,
-        description="kfac / ekfac: `trak score` recomputes each train example's whitened gradient and takes exact "
-        "inner products with the targets' (one pass of per-example gradients over data.train per checkpoint, as "
-        "kronfluence scores; memory n_target x n_train). false: inner products of the stored proj_dim features "
-        "(corpus scale, streamed top-k), whitened with feature_damping.",
+        description="kfac / ekfac: `trak score` takes exact influences g(t)ᵀ (F + δ)⁻¹ g(z): each target's "
+        "preconditioned layer gradients once (query_rank), then one hooked forward + backward over the train rows "
+        "meets every target per layer and streams into the top-k or the score matrix (resumable by chunk, split "
+        "over torchrun ranks); with score.rescore_multiplier only the candidates of the stored features are "
+        "re-scored so. false: inner products of the stored proj_dim features (corpus scale), whitened with "
+        "feature_damping.",
     )
     feature_damping: float = Field(
         0.1,
