@@ -9,8 +9,8 @@ For a layer ``y_t = W a_t (+ b)`` (bias folded in, ``a_t ← [a_t, 1]``) an exam
 (Koh & Liang 2017 with the block-diagonal EK-FAC inverse; Grosse et al. 2023, Eq. 15-16).
 Nothing here forms a whole-model per-example gradient:
 
-* :func:`query_gradients` takes each query's ``G_q`` per layer from one hooked forward +
-  backward (:class:`QueryLayerGrads`), preconditions it, and keeps it at full rank or, with a
+* :class:`QueryLayerGrads` takes each query's ``G_q`` per layer from one hooked forward +
+  backward, preconditions it (:func:`precondition_layer`), and keeps it at full rank or, with a
   ``rank``, as ``U Vᵀ`` from its truncated SVD (kronfluence's ``query_gradient_low_rank``;
   per layer the smaller of the two forms, exact when ``rank >= min(d_out, d_in)``).
 * :class:`InfluencePass` is the hook consumer of a train batch: each layer's ``(a_t, g_t)`` meet
@@ -63,16 +63,50 @@ class _Inputs:
 
 
 class QueryLayerGrads(_Inputs):
-    """Per example and layer ``G = Σ_t g_t a_tᵀ`` ``[n, d_out, d_in]`` float32 (a few queries' worth)."""
+    """Hook consumer of the queries' pass: each layer's ``G = Σ_t g_t a_tᵀ`` ``[n, d_out, d_in]``, preconditioned
+    and cut to ``rank`` (:func:`precondition_layer`) as soon as its output gradient arrives, so that one layer's
+    gradients exist at a time, never the whole model's (a module run more than once waits for :meth:`finish`).
 
-    def __init__(self, layers: Sequence[KroneckerLayer], device: torch.device):
+    Args:
+        layers: the curvature's layers.
+        factors: the checkpoint's fitted curvature, with the damping of the scores.
+        n: the queries of the batch.
+        rank: the low rank, or None (full).
+    """
+
+    def __init__(self, layers: Sequence[KroneckerLayer], factors: CurvatureFactors, n: int, rank: int | None,
+                 device: torch.device):
         super().__init__(layers, device)
-        self.grads: dict[int, torch.Tensor] = {}
+        self.factors, self.n, self.rank = factors, n, rank
+        self.calls = [0] * len(layers)
+        self.done: dict[int, tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, int]] = {}
+        self._grids: dict[int, torch.Tensor] = {}
+
+    def take_input(self, use: Use, x: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
+        self.calls[use.layer] += 1
+        return super().take_input(use, x, output)
 
     def take_grad(self, use: Use, kept: torch.Tensor, g: torch.Tensor) -> None:
+        j = use.layer
         gt = use.kind.out_grads(g, kept.shape[0]).to(torch.float32)  # [n, T, d_out]
         grid = gt.transpose(1, 2) @ kept  # [n, d_out, d_in]
-        self.grads[use.layer] = grid if use.layer not in self.grads else self.grads[use.layer] + grid
+        if self.calls[j] == 1:
+            self.done[j] = precondition_layer(self.layers[j], self.factors, j, grid, self.rank)
+        else:
+            self._grids[j] = grid if j not in self._grids else self._grids[j] + grid
+
+    def finish(self) -> QueryGradients:
+        """The batch's :class:`QueryGradients` (a layer no call reached: zeros)."""
+        for j, grid in self._grids.items():
+            self.done[j] = precondition_layer(self.layers[j], self.factors, j, grid, self.rank)
+        self._grids = {}
+        for j, layer in enumerate(self.layers):
+            if j not in self.done:
+                zero = torch.zeros(self.n, layer.d_out, layer.d_in)
+                self.done[j] = precondition_layer(layer, self.factors, j, zero, self.rank)
+        parts = [self.done[j] for j in range(len(self.layers))]
+        return QueryGradients(self.n, [p[0] for p in parts], [p[1] for p in parts], [p[2] for p in parts],
+                              [p[3] for p in parts])
 
 
 def hooked_pass(model: torch.nn.Module, uses: Sequence[Use], task: Task, inputs: Any, labels: torch.Tensor | None,
@@ -139,7 +173,7 @@ def query_bytes(layers: Sequence[KroneckerLayer], n_query: int, rank: int | None
 
 
 def fitting_rank(layers: Sequence[KroneckerLayer], n_query: int, budget_bytes: int) -> int | None:
-    """The rank :func:`query_gradients` keeps by default: None (full) when every query fits ``budget_bytes``,
+    """The rank :class:`QueryLayerGrads` keeps by default: None (full) when every query fits ``budget_bytes``,
     else the largest rank that fits (at least 1)."""
     if query_bytes(layers, n_query, None) <= budget_bytes:
         return None
@@ -147,38 +181,35 @@ def fitting_rank(layers: Sequence[KroneckerLayer], n_query: int, budget_bytes: i
     return max(1, budget_bytes // max(1, per_rank))
 
 
-def precondition(factors: CurvatureFactors, grads: dict[int, torch.Tensor], n: int,
-                 rank: int | None) -> QueryGradients:
-    """``H = Q_S [(Q_Sᵀ G Q_A) / (Λ + δ)] Q_Aᵀ`` per layer (float64 math), kept at ``rank`` (None: full).
+def precondition_layer(layer: KroneckerLayer, factors: CurvatureFactors, j: int, grads: torch.Tensor,
+                       rank: int | None) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, int]:
+    """``H = Q_S [(Q_Sᵀ G Q_A) / (Λ + δ)] Q_Aᵀ`` of layer ``j`` (float64 math), kept at ``rank`` (None: full).
 
     Args:
+        layer: the layer.
         factors: the checkpoint's fitted curvature, with the damping of the scores.
-        grads: per layer index, ``[n, d_out, d_in]`` gradients of the queries (a layer no call reached: zeros).
-        n: the queries.
+        j: the layer's index in ``factors``.
+        grads: ``[n, d_out, d_in]`` the queries' gradients of the layer.
         rank: the low rank, or None.
+
+    Returns:
+        ``(full [n, d_out · d_in], None, None, min(d_out, d_in))`` at full rank (also when ``rank`` would not
+        save memory), else ``(None, U Σ [d_out, n · r], V [d_in, n · r], r)`` with query-major columns; float32.
     """
-    full, left, right, ranks = [], [], [], []
-    for j, (layer, f) in enumerate(zip(factors.layers, factors.factors)):
-        g = grads.get(j)
-        g = torch.zeros(n, layer.d_out, layer.d_in, dtype=torch.float64) if g is None else g.double().cpu()
-        inv = 1.0 / (f.eig + f.damping(factors.damping))  # [d_out, d_in]
-        h = f.q_out @ ((f.q_out.T @ g @ f.q_in) * inv) @ f.q_in.T  # [n, d_out, d_in]
-        r_max = min(layer.d_out, layer.d_in)
-        if rank is None or rank * (layer.d_out + layer.d_in) >= layer.d_out * layer.d_in:
-            full.append(h.reshape(n, -1).float())
-            left.append(None)
-            right.append(None)
-            ranks.append(r_max)
-            continue
-        r = min(rank, r_max)
-        u, s, vh = torch.linalg.svd(h, full_matrices=False)  # [n, d_out, k], [n, k], [n, k, d_in]
-        us = (u[..., :r] * s[:, None, :r])  # [n, d_out, r]
-        v = vh[:, :r, :].transpose(1, 2)  # [n, d_in, r]
-        full.append(None)
-        left.append(us.permute(1, 0, 2).reshape(layer.d_out, n * r).float().contiguous())
-        right.append(v.permute(1, 0, 2).reshape(layer.d_in, n * r).float().contiguous())
-        ranks.append(r)
-    return QueryGradients(n, full, left, right, ranks)
+    f = factors.factors[j]
+    n = grads.shape[0]
+    g = grads.double().cpu()
+    inv = 1.0 / (f.eig + f.damping(factors.damping))  # [d_out, d_in]
+    h = f.q_out @ ((f.q_out.T @ g @ f.q_in) * inv) @ f.q_in.T  # [n, d_out, d_in]
+    r_max = min(layer.d_out, layer.d_in)
+    if rank is None or rank * (layer.d_out + layer.d_in) >= layer.d_out * layer.d_in:
+        return h.reshape(n, -1).float(), None, None, r_max
+    r = min(rank, r_max)
+    u, s, vh = torch.linalg.svd(h, full_matrices=False)  # [n, d_out, k], [n, k], [n, k, d_in]
+    us = u[..., :r] * s[:, None, :r]  # [n, d_out, r]
+    v = vh[:, :r, :].transpose(1, 2)  # [n, d_in, r]
+    return (None, us.permute(1, 0, 2).reshape(layer.d_out, n * r).float().contiguous(),
+            v.permute(1, 0, 2).reshape(layer.d_in, n * r).float().contiguous(), r)
 
 
 class InfluencePass(_Inputs):

@@ -2,7 +2,7 @@
 per-example gradients (:func:`exact_scores`, what ``curvature.refine`` needs).
 
 :class:`ExactInfluence` (projector kind kronecker, the default with a curvature) takes each target's
-preconditioned per-layer gradient once per checkpoint (:func:`trakcli.curvature.influence.query_gradients`,
+preconditioned per-layer gradient once per checkpoint (:class:`trakcli.curvature.influence.QueryLayerGrads`,
 full rank or ``curvature.query_rank``), then scores every block of train rows it is asked for in one hooked
 forward + backward of those rows (:class:`trakcli.curvature.influence.InfluencePass`): all targets meet each
 train example in the same pass, no whole-model per-example gradient is formed, and the blocks stream into
@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from trakcli.curvature.influence import (
-    QueryGradients, QueryLayerGrads, fitting_rank, hooked_pass, InfluencePass, precondition, query_bytes,
+    InfluencePass, QueryGradients, QueryLayerGrads, fitting_rank, hooked_pass, query_bytes,
 )
 from trakcli.data.tensors import inputs_to
 from trakcli.jobs.setup import rows_of
@@ -95,9 +95,10 @@ class ExactInfluence:
             with reporter.task(f"model {model_id}: targets' layer gradients", self.n_target) as task:
                 for off, x, y in s.batches(target, 0, self.n_target):
                     x, y = inputs_to(x, s.device), y.to(s.device)
-                    grads = QueryLayerGrads(self.layers, s.device)
+                    n = first_rows(x).shape[0]
+                    grads = QueryLayerGrads(self.layers, factors, n, self.rank, s.device)
                     hooked_pass(s.model, self.uses, self.task, x, y, grads, off)
-                    parts.append(precondition(factors, grads.grads, len(y), self.rank))
+                    parts.append(grads.finish())
                     task.advance(len(y))
             self.queries.append(_concat(parts).to(s.device))
         self._loaded = n_models - 1
