@@ -228,6 +228,18 @@ class StoreError(TrakError):
     """The Zarr store cannot be written, or holds data made with other settings."""
 
 
+class MissingModuleError(TrakError):
+    """An optional module a feature imports is not installed; the message names it and the install command.
+
+    Attributes:
+        module: the module that is missing (``"upath"``), as ``import`` names it.
+    """
+
+    def __init__(self, message: str, module: str = ""):
+        super().__init__(message)
+        self.module = module
+
+
 class StoreMismatchError(StoreError):
     """The store was made with a different config; ``--overwrite`` starts over."""
 

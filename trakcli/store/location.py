@@ -1,7 +1,8 @@
 """Where a store lives: a local directory, or a URL of an object store (``s3://bucket/prefix``).
 
-``store.path`` is a local path or a URL that fsspec opens: ``s3://`` (with
-``s3fs``: ``pip install 'trakcli[s3]'``), ``gs://``, ``az://``, ``memory://``
+``store.path`` is a local path or a URL that fsspec opens: ``s3://`` (the ``s3``
+extra: ``pip install 'trakcli-attribution[s3]'``, which installs every module of
+:data:`S3_MODULES`), ``gs://``, ``az://``, ``memory://``
 and the other schemes fsspec knows. A local path stays a :class:`pathlib.Path`;
 a URL becomes a :class:`upath.UPath` (universal_pathlib), which offers the
 same methods over the object store (``/``, ``exists``, ``iterdir``,
@@ -19,19 +20,22 @@ instance roles; ``store.storage_options`` in the config (the keyword
 arguments of the fsspec file system, e.g. ``{endpoint_url: ..., key: ...}``)
 adds to or overrides them.
 
-Imports neither zarr nor torch; fsspec and universal_pathlib only for a URL.
+Imports neither zarr nor torch; fsspec and universal_pathlib only for a URL. A module a URL
+needs that is not installed is one :class:`~trakcli.errors.MissingModuleError` naming it and
+the command that installs it (:func:`require_modules`), never an ``ImportError``.
 """
 
 from __future__ import annotations
 
 import errno
+import importlib
 import os
 import re
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
 
-from trakcli.errors import StoreError
+from trakcli.errors import MissingModuleError, StoreError
 
 if TYPE_CHECKING:
     from upath import UPath
@@ -48,6 +52,45 @@ _PACKAGE = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "az": "a
 
 #: Schemes that name this machine's own file system.
 _LOCAL = {"file", "local"}
+
+#: What an ``s3://`` store imports (here, and zarr's ``FsspecStore``): (module, the distribution that installs it).
+#: The ``s3`` extra of pyproject.toml installs each (tests/store/test_extras.py checks both lists agree).
+S3_MODULES = (("fsspec", "fsspec"), ("upath", "universal-pathlib"), ("s3fs", "s3fs"))
+
+#: How to install :data:`S3_MODULES`: the distribution is trakcli-attribution (``trakcli`` on the package
+#: index is an unrelated time tracker).
+S3_INSTALL = "pip install 'trakcli-attribution[s3]' (from a checkout: pip install -e '.[s3]')"
+
+#: What any other URL imports besides its scheme's own package.
+URL_MODULES = (("fsspec", "fsspec"), ("upath", "universal-pathlib"))
+
+#: Schemes fsspec knows, for :func:`broken_url` when fsspec itself is not installed.
+_KNOWN_WITHOUT_FSSPEC = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "memory", "http", "https", "hf",
+                         "ftp", "sftp", "ssh", "hdfs", "webhdfs", "oci", "oss", "r2"}
+
+
+def require_modules(modules: tuple[tuple[str, str], ...], needed_by: str, install: str) -> None:
+    """Import each of ``modules``; the first that cannot be imported is one error naming it and ``install``.
+
+    Args:
+        modules: (module, distribution) pairs, e.g. ``(("upath", "universal-pathlib"),)``.
+        needed_by: what needs them, the start of the message (``"store.path 's3://b/a.zarr'"``).
+        install: the command that installs them (:data:`S3_INSTALL`).
+
+    Raises:
+        MissingModuleError: a module is not installed, or one it imports is not (both named).
+    """
+    for module, distribution in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            missing = _missing_module(e) or module
+            named = distribution if distribution == module else f"{distribution} (module {module})"
+            if missing == module:
+                what = f"needs {named}, which is not installed"
+            else:
+                what = f"needs {named}, which cannot be imported: the module {missing} it imports is not installed"
+            raise MissingModuleError(f"{needed_by} {what}; install it with {install}", module=missing) from None
 
 
 def scheme(path: Any) -> str | None:
@@ -76,8 +119,10 @@ def broken_url(text: str) -> str | None:
     if m is None or is_url(text):
         return None
     name = m.group(1).lower()
-    from fsspec.registry import known_implementations
-
+    try:
+        from fsspec.registry import known_implementations
+    except ImportError:  # the message still reads the URL; opening it names what to install
+        known_implementations = _KNOWN_WITHOUT_FSSPEC
     return name if name in known_implementations and name not in _LOCAL else None
 
 
@@ -141,9 +186,11 @@ def store_location(path: str | Location, storage_options: dict[str, Any] | None 
         storage_options: keyword arguments of the URL's fsspec file system (``store.storage_options``).
 
     Raises:
-        StoreError: the URL's scheme is unknown, the package that opens it is not
-            installed, it names no store below the bucket, or its object store does not
-            answer or has no such bucket (:func:`check_reachable`); never taken as a local path.
+        MissingModuleError: a module the URL needs is not installed (for ``s3://`` any of
+            :data:`S3_MODULES`: the message names it and :data:`S3_INSTALL`).
+        StoreError: the URL's scheme is unknown, it names no store below the bucket, or its
+            object store does not answer or has no such bucket (:func:`check_reachable`);
+            never taken as a local path.
     """
     if is_remote(path) or (isinstance(path, Path) and not storage_options):
         return path
@@ -153,21 +200,26 @@ def store_location(path: str | Location, storage_options: dict[str, Any] | None 
         return Path(text)
     if found in _LOCAL:
         return Path(re.sub(r"^[A-Za-z]+://", "", text))
+    given_as = f"store.path {text!r}"
+    if found in ("s3", "s3a"):
+        require_modules(S3_MODULES, given_as, S3_INSTALL)
+    else:
+        require_modules(URL_MODULES, given_as, "pip install fsspec universal-pathlib")
     import fsspec
     from fsspec.registry import known_implementations
 
     if found not in known_implementations and found not in fsspec.available_protocols():
         raise StoreError(
             f"store.path {text!r} has the scheme {found!r}, which no file system opens; give a local directory, "
-            "s3://BUCKET/PREFIX/NAME.zarr (pip install 'trakcli[s3]'), or another fsspec URL (gs://, az://, memory://)"
+            f"s3://BUCKET/PREFIX/NAME.zarr ({S3_INSTALL}), or another fsspec URL (gs://, az://, memory://)"
         )
     try:
         fsspec.get_filesystem_class(found)
     except ImportError as e:
         package = _PACKAGE.get(found) or _missing_module(e) or "its fsspec file system"
-        extra = " (pip install 'trakcli[s3]')" if found in ("s3", "s3a") else ""
-        raise StoreError(
-            f"store.path {text!r} needs {package}, which is not installed: pip install {package}{extra}"
+        raise MissingModuleError(
+            f"store.path {text!r} needs {package}, which is not installed: pip install {package}",
+            module=_missing_module(e) or package,
         ) from None
     given = text
     rest = text.split("://", 1)[1]
