@@ -92,3 +92,121 @@ def test_nonfinite_gradients_name_the_examples():
     with pytest.raises(GradientError, match=r"examples \[12\]"):
         check_finite(pg.flatten(grads), row_offset=10)
     check_finite(pg.flatten(grads)[[0, 1, 3]], row_offset=0)  # the finite rows pass
+
+
+# --- grad_wrt patterns that match no parameter: the pattern that would, and every name, grouped -----------------
+
+def _expand(line: str) -> list[str]:
+    """The names one line of :func:`group_names` stands for: ``a.{0..2,5}.w`` -> a.0.w, a.1.w, a.2.w, a.5.w."""
+    import itertools
+    import re
+
+    line = re.sub(r" \(\d+\)$", "", line)
+    slots = []
+    for text, braced in re.findall(r"([^{]+)|\{([^}]*)\}", line):
+        if text:
+            slots.append([text])
+            continue
+        values = []
+        for piece in braced.split(","):
+            lo, _, hi = piece.partition("..")
+            values += [str(v) for v in range(int(lo), int(hi or lo) + 1)]
+        slots.append(values)
+    return ["".join(p) for p in itertools.product(*slots)]
+
+
+def test_group_names_collapses_index_parts_and_leaves_no_name_out():
+    from trakcli.gradients import group_names
+
+    names = [f"model.layers.{i}.mlp.up_proj.weight" for i in range(30)] + ["model.norm.weight", "lm_head.weight"]
+    assert group_names(names) == ["model.layers.{0..29}.mlp.up_proj.weight", "model.norm.weight", "lm_head.weight"]
+    assert group_names(["h.1.w", "h.2.w", "h.4.w", "h.5.w", "h.6.w"]) == ["h.{1,2,4..6}.w"]
+    # several index parts that are not a full grid say how many names they stand for
+    odd = ["b.0.m.0.weight", "b.0.m.2.weight", "b.1.m.0.weight"]
+    assert group_names(odd) == ["b.{0,1}.m.{0,2}.weight (3)"]
+    assert group_names(["conv1.weight", "conv2.weight", "0.weight"]) == ["conv1.weight", "conv2.weight", "0.weight"]
+
+
+def test_grad_wrt_suggests_the_pattern_that_would_match_on_a_tiny_model():
+    with pytest.raises(ConfigError) as e:
+        select_parameters(tiny_model(), ["2", "0.weight", "enc.*"])
+    assert e.value.problems[0] == "grad_wrt: pattern '2' matches no parameter; did you mean '2.*'? it matches 2 parameters"
+    assert len(e.value.problems) == 2  # '0.weight' matches: not a problem
+    assert e.value.problems[1].startswith("grad_wrt: pattern 'enc.*' matches no parameter; the model's")
+    assert "did you mean" not in e.value.problems[1]
+    # a few parameters: each named, on the last problem's line
+    assert e.value.problems[1].endswith("; the model's parameters are: 0.weight, 0.bias, 2.weight, 2.bias")
+
+
+@pytest.mark.parametrize("n_layers", [2, 30])
+def test_grad_wrt_on_a_llama_suggests_the_trailing_star_and_groups_every_name(n_layers):
+    pytest.importorskip("transformers")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(
+        vocab_size=29, hidden_size=8, intermediate_size=12, num_hidden_layers=n_layers, num_attention_heads=2,
+        num_key_value_heads=1, max_position_embeddings=16, tie_word_embeddings=False))
+    names = [n for n, _ in model.named_parameters()]
+    last = n_layers - 1
+    with pytest.raises(ConfigError) as e:
+        select_parameters(model, [f"model.layers.{last}.self_attn.*_proj", "layers.0.mlp", "nope"])
+    problems = e.value.problems
+    assert problems[0] == (f"grad_wrt: pattern 'model.layers.{last}.self_attn.*_proj' matches no parameter; did you "
+                           f"mean 'model.layers.{last}.self_attn.*_proj.*'? it matches 4 parameters")
+    assert problems[1] == ("grad_wrt: pattern 'layers.0.mlp' matches no parameter; did you mean '*layers.0.mlp.*'? "
+                           "it matches 3 parameters")
+    head, *lines = problems[2].split("\n")
+    assert head == (f"grad_wrt: pattern 'nope' matches no parameter; the model's {len(names)} parameters, in 12 "
+                    "groups (index parts collapsed):")
+    lines = [line.strip() for line in lines]
+    rng = "{0,1}" if n_layers == 2 else "{0..29}"
+    assert lines[1] == f"model.layers.{rng}.self_attn.q_proj.weight" and len(lines) == 12
+    assert sorted(n for line in lines for n in _expand(line)) == sorted(names)  # every name, none cut off
+    # the CLI's one error: its first line, then one problem per line
+    text = str(e.value)
+    assert text.startswith("3 problems with the config:\n  - grad_wrt: pattern 'model.layers.")
+    assert "..." not in text.replace("{0..29}", "")
+
+
+GROUPED_LLAMA_FILE = '''
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+
+def llama(n_layers=4):
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(vocab_size=29, hidden_size=8, intermediate_size=12, num_hidden_layers=n_layers,
+                                        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=16))
+'''
+
+
+def test_grad_wrt_error_through_the_cli_on_a_language_model(tmp_path):
+    pytest.importorskip("transformers")
+    from projects import run, write_config, write_jsonl
+
+    (tmp_path / "lm_model.py").write_text(GROUPED_LLAMA_FILE)
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("grouped_llama_for_ckpt", tmp_path / "lm_model.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    torch.save(mod.llama().state_dict(), tmp_path / "ck0.pt")
+    rows = [{"ids": list(range(1, 9)), "labels": list(range(1, 9))} for _ in range(4)]
+    write_jsonl(tmp_path / "train.jsonl", rows)
+    data = {"path": "train.jsonl", "input_ids": "ids", "labels": "labels", "max_length": 8}
+    write_config(tmp_path / "run.yaml", {
+        "model": {"entrypoint": "lm_model.py:llama"}, "task": "language_modeling", "checkpoints": ["ck0.pt"],
+        "data": {"train": data, "target": data, "batch_size": 4}, "projector": {"kind": "noop"},
+        "store": {"path": "s.zarr"}, "num_threads": 1, "grad_wrt": ["model.layers.3.self_attn.*_proj"],
+    })
+    res = run(tmp_path, "featurize", "run.yaml", "-q")
+    assert res.returncode == 1, res.stderr
+    lines = res.stderr.splitlines()
+    assert lines[0].startswith("error: config") and "Traceback" not in res.stderr
+    one = " ".join(res.stderr.split())
+    assert ("pattern 'model.layers.3.self_attn.*_proj' matches no parameter; did you mean "
+            "'model.layers.3.self_attn.*_proj.*'? it matches 4 parameters") in one
+    assert f"the model's {len(list(mod.llama().parameters()))} parameters, in 12 groups" in one
+    assert "      model.layers.{0..3}.mlp.down_proj.weight" in lines  # one group per line
+    assert not (tmp_path / "s.zarr").exists()

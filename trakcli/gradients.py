@@ -18,6 +18,7 @@ imports torch._dynamo, 1-3 s), are :class:`trakcli.factors.LayerGradients`;
 from __future__ import annotations
 
 import fnmatch
+import re
 from typing import Any, Callable
 
 import torch
@@ -46,8 +47,8 @@ def select_parameters(model: nn.Module, grad_wrt: list[str] | None) -> list[str]
             PEFT model (adapter checkpoints, :mod:`trakcli.models.peft`) the adapter's trainable parameters.
 
     Raises:
-        ConfigError: a pattern that matches no parameter (names the parameters),
-            or a selection that is empty.
+        ConfigError: a pattern that matches no parameter (:func:`unmatched_problems`: the pattern that
+            would match, and every parameter name, grouped), or a selection that is empty.
     """
     names = [n for n, p in model.named_parameters()]
     if grad_wrt is None:
@@ -65,14 +66,99 @@ def select_parameters(model: nn.Module, grad_wrt: list[str] | None) -> list[str]
     else:
         unmatched = [pat for pat in grad_wrt if not any(fnmatch.fnmatchcase(n, pat) for n in names)]
         if unmatched:
-            shown = ", ".join(names[:12]) + (" ..." if len(names) > 12 else "")
-            raise ConfigError(
-                [f"grad_wrt: pattern {pat!r} matches no parameter; the model's parameters are: {shown}" for pat in unmatched]
-            )
+            raise ConfigError(unmatched_problems(unmatched, names))
         selected = [n for n in names if any(fnmatch.fnmatchcase(n, pat) for pat in grad_wrt)]
     if not selected:
         raise ConfigError("grad_wrt: no parameter selected; the model has no parameters to differentiate")
     return selected
+
+
+#: A model with at most this many parameters has each named in a ``grad_wrt`` error; more are grouped (:func:`group_names`).
+LISTED_PARAMETERS = 12
+
+#: A whole dotted part of a parameter name that is an index (``layers.28.``, ``0.weight``).
+_INDEX = re.compile(r"0|[1-9][0-9]*")
+
+
+def _ranges(values: list[int]) -> str:
+    """``[0, 1, 2, 3, 5, 7, 8]`` -> ``"0..3,5,7,8"``: runs of three or more as ``a..b``."""
+    values, out, i = sorted(set(values)), [], 0
+    while i < len(values):
+        j = i
+        while j + 1 < len(values) and values[j + 1] == values[j] + 1:
+            j += 1
+        out.append(f"{values[i]}..{values[j]}" if j - i >= 2 else ",".join(str(v) for v in values[i : j + 1]))
+        i = j + 1
+    return ",".join(out)
+
+
+def group_names(names: list[str]) -> list[str]:
+    """Parameter names with their index parts collapsed, one line per kind of parameter, in first-seen order.
+
+    ``model.layers.0.self_attn.q_proj.weight`` ... ``model.layers.29.self_attn.q_proj.weight`` become
+    ``model.layers.{0..29}.self_attn.q_proj.weight``; a name with several index parts that do not form
+    a full grid says how many names it stands for (``blocks.{0,1}.mlp.{0,2}.weight (3)``). A name alone
+    in its group is shown as it is. Nothing is left out: every name is in exactly one line.
+    """
+    groups: dict[tuple[str | None, ...], list[tuple[int, ...]]] = {}
+    for name in names:
+        parts = name.split(".")
+        key = tuple(None if _INDEX.fullmatch(p) else p for p in parts)
+        groups.setdefault(key, []).append(tuple(int(p) for p in parts if _INDEX.fullmatch(p)))
+    lines = []
+    for key, indices in groups.items():
+        per_slot = [sorted({ix[k] for ix in indices}) for k in range(len(indices[0]))]
+        slots = iter(per_slot)
+        parts = []
+        for p in key:
+            if p is not None:
+                parts.append(p)
+                continue
+            values = next(slots)
+            parts.append(str(values[0]) if len(values) == 1 else "{" + _ranges(values) + "}")
+        grid = 1
+        for values in per_slot:
+            grid *= len(values)
+        lines.append(".".join(parts) + (f" ({len(indices)})" if grid != len(indices) else ""))
+    return lines
+
+
+def _did_you_mean(pattern: str, names: list[str]) -> tuple[str, int] | None:
+    """The pattern nearest ``pattern`` that matches a parameter (a trailing ``.*`` or ``*``, a leading ``*``,
+    as a name ending in ``.weight`` or a PEFT model's ``base_model.model.`` prefix needs) and how many it matches."""
+    for candidate in (f"{pattern}.*", f"{pattern}*", f"*{pattern}", f"*{pattern}.*", f"*{pattern}*"):
+        if "**" in candidate or candidate == pattern:
+            continue
+        n = sum(fnmatch.fnmatchcase(name, candidate) for name in names)
+        if n:
+            return candidate, n
+    return None
+
+
+def unmatched_problems(unmatched: list[str], names: list[str]) -> list[str]:
+    """The lines of a ``grad_wrt`` error: per pattern that matches no parameter, the pattern that would
+    (:func:`_did_you_mean`); after the last, every parameter name of the model (grouped past
+    :data:`LISTED_PARAMETERS`, :func:`group_names`), never a cut-off list.
+
+    Args:
+        unmatched: the ``grad_wrt`` patterns that match no parameter.
+        names: every parameter name of the model, in ``named_parameters()`` order.
+    """
+    problems = []
+    for pat in unmatched:
+        line = f"grad_wrt: pattern {pat!r} matches no parameter"
+        near = _did_you_mean(pat, names)
+        if near is not None:
+            fix, n = near
+            line += f"; did you mean {fix!r}? it matches {n} parameter{'s' if n != 1 else ''}"
+        problems.append(line)
+    if len(names) <= LISTED_PARAMETERS:
+        problems[-1] += f"; the model's parameters are: {', '.join(names)}"
+    else:
+        grouped = group_names(names)
+        problems[-1] += (f"; the model's {len(names)} parameters, in {len(grouped)} groups (index parts "
+                         "collapsed):" + "".join(f"\n      {line}" for line in grouped))
+    return problems
 
 
 def selected_shapes(model: nn.Module, grad_wrt: list[str] | None) -> tuple[list[str], dict[str, tuple[int, ...]], int]:
