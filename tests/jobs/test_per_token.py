@@ -554,3 +554,131 @@ def test_featurize_with_another_max_length_is_refused_naming_the_config_key(tmp_
     msg = " ".join(res.stderr.split())
     assert res.returncode == 1 and "train_data.input_shape.input_ids: store has [10], this run has [12] (set by " \
         "data.train.max_length" in msg, msg
+
+
+# -- forward mode under every attention implementation -----------------------------------------------
+
+#: The tiny LMs of TINY_LMS_FILE (the same weights) as a user's entrypoint builds them: transformers' default
+#: attention (``sdpa``: fused kernels without a forward-mode derivative), no ``attn_implementation``.
+SDPA_LMS_FILE = '''
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+
+def gpt2(vocab_size=29):
+    torch.manual_seed(0)
+    cfg = GPT2Config(vocab_size=vocab_size, n_embd=16, n_layer=1, n_head=2, n_positions=32,
+                     bos_token_id=1, eos_token_id=1)
+    return GPT2LMHeadModel(cfg)
+
+
+def llama(vocab_size=29):
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=16, intermediate_size=24, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32,
+                      tie_word_embeddings=True)
+    return LlamaForCausalLM(cfg)
+'''
+
+
+@pytest.mark.parametrize("arch,kind", [("gpt2", "completion"), ("llama", "chat")])
+def test_per_token_scores_of_a_default_sdpa_attention_model_match_the_references(tmp_path, monkeypatch, arch, kind):
+    import importlib.util
+
+    monkeypatch.chdir(tmp_path)
+    # top_k 1: 2 top documents, so a target of more than 4 target tokens (gpt2's third) takes its target side by JVP
+    _project(tmp_path, arch, kind, {"score.top_k": 1})
+    (tmp_path / "lm_model.py").write_text(SDPA_LMS_FILE)
+    spec = importlib.util.spec_from_file_location("lm_model_sdpa", tmp_path / "lm_model.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    model = getattr(mod, arch)()
+    assert model.config._attn_implementation == "sdpa"  # the default the issue met
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), torch.load("ck0.pt").values()))
+    for cmd in ("featurize", "score"):
+        res = run(tmp_path, cmd, "run.yaml", "-q")
+        assert res.returncode == 0, res.stderr
+    _check_against_reference(tmp_path, arch, kind, damping=None)  # the vmap reference of the same sdpa model
+    (tmp_path / "lm_model.py").write_text(TINY_LMS_FILE)  # and of the eager model (float32 rounding apart)
+    _check_against_reference(tmp_path, arch, kind, damping=None)
+
+
+def test_forward_mode_restores_the_sdpa_kernels_and_equals_eager_attention():
+    from torch.func import jvp
+
+    from trakcli.jobs.per_token import forward_mode
+
+    ns: dict = {}
+    exec(SDPA_LMS_FILE, ns)
+    eager_ns: dict = {}
+    exec(TINY_LMS_FILE, eager_ns)
+    inputs, labels = masked_batch("chat", n=3, length=9)
+    for arch in ("gpt2", "llama"):
+        sdpa, eager = ns[arch]().eval(), eager_ns[arch]().eval()
+        primal = {n: p.detach() for n, p in sdpa.named_parameters()}
+        v = {n: torch.randn(p.shape, generator=torch.Generator().manual_seed(1)) for n, p in primal.items()}
+
+        def f(model):
+            return lambda p: token_margins(logits_of(functional_call(model, p, args=(),
+                                                                     kwargs=model_kwargs(model, inputs))), labels)
+
+        before = (torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.mem_efficient_sdp_enabled(),
+                  torch.backends.cuda.math_sdp_enabled())
+        with torch.no_grad(), forward_mode(sdpa):
+            got = jvp(f(sdpa), (primal,), (v,))
+        assert (torch.backends.cuda.flash_sdp_enabled(), torch.backends.cuda.mem_efficient_sdp_enabled(),
+                torch.backends.cuda.math_sdp_enabled()) == before
+        with torch.no_grad():
+            want = jvp(f(eager), (primal,), (v,))
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5 * float(w.abs().max()))
+
+
+#: The tiny GPT-2 with its MLP's activation a custom autograd.Function that has a backward (and a vmap rule: the
+#: featurizer's per-example gradients work) but no jvp: forward mode cannot go through it.
+NO_JVP_FILE = TINY_LMS_FILE + '''
+
+class NoJvpTanh(torch.autograd.Function):
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x):
+        return torch.tanh(x)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(output)
+
+    @staticmethod
+    def backward(ctx, g):
+        (y,) = ctx.saved_tensors
+        return g * (1 - y * y)
+
+
+class Act(torch.nn.Module):
+    def forward(self, x):
+        return NoJvpTanh.apply(x)
+
+
+def no_jvp(vocab_size=29):
+    model = gpt2(vocab_size)
+    model.transformer.h[0].mlp.act = Act()
+    return model
+'''
+
+
+def test_an_operation_without_forward_ad_is_one_clear_error_naming_it_and_its_module(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    _project(tmp_path, "gpt2", "completion")
+    (tmp_path / "lm_model.py").write_text(NO_JVP_FILE)
+    cfg = yaml.safe_load((tmp_path / "run.yaml").read_text())
+    cfg["model"]["entrypoint"] = "lm_model.py:no_jvp"
+    write_config(tmp_path / "run.yaml", cfg)
+    res = run(tmp_path, "featurize", "run.yaml", "-q")
+    assert res.returncode == 0, res.stderr  # per-example gradients (reverse mode) go through it
+    res = run(tmp_path, "score", "run.yaml", "-q")
+    msg = " ".join(res.stderr.split())
+    assert res.returncode == 1, res.stderr
+    assert "Traceback" not in res.stderr
+    assert "NoJvpTanh" in msg and "'transformer.h.0.mlp.act' (Act)" in msg, msg
+    assert "lm_model.py:no_jvp" in msg and "give it a jvp staticmethod" in msg and "score.per_token: false" in msg, msg

@@ -20,7 +20,9 @@ splits exactly over the tokens of either side:
   ``unproject``, whitening by its vector-Jacobian product, the diagonal second-moment scaling) applied
   to the target's weights: the share of the document's token ``s``. One forward-mode Jacobian-vector
   product of the document's per-token margins along ``v_m(x)`` gives every ``s`` at once
-  (:func:`torch.func.jvp`), for the top-k documents of each target only.
+  (:func:`torch.func.jvp`), for the top-k documents of each target only. Every forward-mode pass runs in
+  :func:`forward_mode`: scaled dot-product attention (transformers' default ``sdpa``) on its math kernel, an
+  operation without a forward-mode derivative one :class:`~trakcli.errors.GradientError` naming it and its module.
 
 ``a`` and ``b`` per curvature: TRAK's kernel ``a_m(x) = (Φ_mᵀΦ_m + λ_m I)⁻¹ φ_m(x)`` (primal: the stored
 Cholesky factor; dual: Woodbury from the stored ``X_m``, ``a = (φ − Φ_mᵀ X_m φ) / λ_m``) and
@@ -37,16 +39,22 @@ the loss or past the sequence's end), computed and resumed by chunks of targets.
 
 from __future__ import annotations
 
-from typing import Any
+import re
+from contextlib import contextmanager
+from types import TracebackType
+from typing import Any, Iterator
 
 import numpy as np
 import torch
+from torch import nn
 from torch.func import functional_call, jvp
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from trakcli.data.tensors import inputs_to
-from trakcli.errors import ConfigError, StoreError
+from trakcli.errors import ConfigError, GradientError, StoreError, exception_text
 from trakcli.jobs.runtime import event
 from trakcli.jobs.setup import JobSetup, rows_of
+from trakcli.models.build import model_name
 from trakcli.models.forward import logits_of, model_kwargs
 from trakcli.progress import NULL_REPORTER, Reporter
 from trakcli.scoring import target_weights
@@ -363,7 +371,8 @@ class PerTokenScores:
                 out = functional_call(model, p, args=(), kwargs=model_kwargs(model, x))
                 return token_outputs(task, logits_of(out), labels)
 
-            with torch.no_grad():  # forward mode only: no backward graph of the parameters left out of v
+            # forward mode only: no backward graph of the parameters left out of v
+            with torch.no_grad(), forward_mode(model):
                 _, tangent = jvp(margins, (primal,), (v,))
             outs.append(tangent.detach().double().cpu().numpy())
             masks.append(torch.nn.functional.pad(labels[:, 1:] != IGNORE_INDEX, (1, 0)).cpu().numpy())
@@ -376,6 +385,77 @@ class PerTokenScores:
             mask[at:at + len(o), :o.shape[1]] = m
             at += len(o)
         return out, mask
+
+
+#: The messages of torch's operations without a forward-mode derivative: a built-in operator (its name in
+#: group 1), a custom ``torch.autograd.Function`` without a ``jvp`` staticmethod.
+_NO_FORWARD_AD = (re.compile(r"forward AD with (\S+) that does not support it"),
+                  re.compile(r"implement the jvp function for custom autograd\.Function"))
+
+
+@contextmanager
+def forward_mode(model: nn.Module) -> Iterator[None]:
+    """Run a forward-mode pass (:func:`torch.func.jvp`) of ``model`` inside this context.
+
+    Scaled dot-product attention (``torch.nn.functional.scaled_dot_product_attention``, the attention of
+    transformers' default ``attn_implementation="sdpa"``) runs on its math kernel: the fused kernels (flash
+    attention on CPU and CUDA, memory-efficient attention) have no forward-mode derivative, while the math
+    kernel is composed of operations that have one and computes the eager attention's formula,
+    ``softmax(q kᵀ / √d + mask) v`` (the same numbers up to float32 rounding). Nothing of the model is changed.
+
+    An operation without a forward-mode derivative raises :class:`~trakcli.errors.GradientError` naming the
+    operation, the model's module that ran it and the fix, chained to torch's exception.
+
+    Raises:
+        GradientError: an operation of the model's forward pass has no forward-mode derivative.
+    """
+    try:
+        with sdpa_kernel(SDPBackend.MATH):
+            yield
+    except (NotImplementedError, RuntimeError) as e:
+        found = [m for m in (p.search(str(e)) for p in _NO_FORWARD_AD) if m]
+        if not found:
+            raise
+        raise _no_forward_ad(model, e, found[0]) from e
+
+
+def _no_forward_ad(model: nn.Module, exc: BaseException, match: re.Match) -> GradientError:
+    """The :class:`GradientError` of :func:`forward_mode` for ``exc``, torch's error of an operation without a
+    forward-mode derivative."""
+    module, function = _where(model, exc.__traceback__)
+    if match.groups():  # a built-in operator
+        what = f"the operation {match.group(1)}"
+        fix = "replace it in the model by operations with a forward-mode derivative"
+        impl = getattr(getattr(model, "config", None), "_attn_implementation", None)
+        if isinstance(impl, str) and impl not in ("eager", "sdpa"):  # flash_attention_2, flex_attention, ...
+            fix = f"build the model with attn_implementation=\"eager\" (it has {impl!r})"
+    else:
+        what = f"the custom autograd.Function {function or ''}".rstrip()
+        fix = ("give it a jvp staticmethod (https://pytorch.org/docs/stable/notes/extending.func.html) or replace "
+               "it in the model")
+    where = f" in module {module[0]!r} ({type(module[1]).__name__})" if module else ""
+    return GradientError(
+        f"score.per_token: true takes forward-mode derivatives (torch.func.jvp) of the per-token outputs of "
+        f"{model_name(model)}, and {what}{where} has none ({exception_text(exc)}): {fix}, or set "
+        f"score.per_token: false")
+
+
+def _where(model: nn.Module, tb: TracebackType | None) -> tuple[tuple[str, nn.Module] | None, str | None]:
+    """The innermost module of ``model`` whose ``forward`` was running at the traceback's end, as
+    ``(name, module)`` (the model itself named ``"model"``), and the innermost custom ``autograd.Function``'s
+    class name; None where there is none."""
+    names = {id(m): n or "model" for n, m in model.named_modules()}
+    module, function = None, None
+    while tb is not None:
+        local = tb.tb_frame.f_locals
+        me = local.get("self")
+        if isinstance(me, nn.Module) and id(me) in names:
+            module = (names[id(me)], me)
+        cls = local.get("cls")
+        if isinstance(cls, type) and issubclass(cls, torch.autograd.Function):
+            function = cls.__name__
+        tb = tb.tb_next
+    return module, function
 
 
 def _split(flat: torch.Tensor, names: list[str], params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
