@@ -18,6 +18,7 @@ import sysconfig
 import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -273,6 +274,17 @@ _LIBRARY_DIRS = tuple(
 
 def _under(path: Path, folder: Path) -> bool:
     return path == folder or folder in path.parents
+
+
+@lru_cache(maxsize=4096)
+def in_library(filename: str) -> bool:
+    """Whether ``filename`` is a file of the Python standard library or of an installed package other than trakcli
+    (site-packages): a third party's code, not trakcli's nor the user's. ``<frozen ...>`` names count as the standard
+    library's."""
+    if filename.startswith("<"):
+        return filename.startswith("<frozen")
+    path = Path(filename).resolve()
+    return not _under(path, _PACKAGE_DIR) and any(_under(path, folder) for folder in _LIBRARY_DIRS)
 
 
 def _shown_path(path: Path) -> str:

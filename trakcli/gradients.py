@@ -73,7 +73,8 @@ def select_parameters(model: nn.Module, grad_wrt: list[str] | None) -> list[str]
     return selected
 
 
-#: A model with at most this many parameters has each named in a ``grad_wrt`` error; more are grouped (:func:`group_names`).
+#: A model with at most this many parameters has each named in a ``grad_wrt`` error; more are grouped
+#: (:func:`group_names`).
 LISTED_PARAMETERS = 12
 
 #: A whole dotted part of a parameter name that is an index (``layers.28.``, ``0.weight``).
