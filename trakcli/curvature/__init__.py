@@ -231,11 +231,11 @@ class Curvature:
                              "rerun `trak featurize CONFIG --overwrite`")
         out = []
         for (p_out_t, p_in_t), f in zip(factors, fitted.factors):
-            log_m = -0.5 * torch.log(f.eig.clamp(min=0) + f.damping(self.damping))  # [d_out, d_in]
+            log_m = -0.5 * torch.log(f.eig.double().clamp(min=0) + f.damping(self.damping))  # [d_out, d_in]
             row, col = log_m.mean(1), log_m.mean(0)
             u, v = torch.exp(row - 0.5 * log_m.mean()), torch.exp(col - 0.5 * log_m.mean())
-            w_out = (f.q_out * u[None, :]).to(p_out_t)  # [d_out, d_out]: Q_S diag(u)
-            w_in = (f.q_in * v[None, :]).to(p_in_t)
+            w_out = (f.q_out.double() * u[None, :]).to(p_out_t)  # [d_out, d_out]: Q_S diag(u)
+            w_in = (f.q_in.double() * v[None, :]).to(p_in_t)
             out.append((w_out @ p_out_t, w_in @ p_in_t))
         self._folded = (key, out)
         return out

@@ -199,8 +199,9 @@ def precondition_layer(layer: KroneckerLayer, factors: CurvatureFactors, j: int,
     f = factors.factors[j]
     n = grads.shape[0]
     g = grads.double().cpu()
-    inv = 1.0 / (f.eig + f.damping(factors.damping))  # [d_out, d_in]
-    h = f.q_out @ ((f.q_out.T @ g @ f.q_in) * inv) @ f.q_in.T  # [n, d_out, d_in]
+    q_out, q_in = f.q_out.double(), f.q_in.double()
+    inv = 1.0 / (f.eig.double() + f.damping(factors.damping))  # [d_out, d_in]
+    h = q_out @ ((q_out.T @ g @ q_in) * inv) @ q_in.T  # [n, d_out, d_in]
     r_max = min(layer.d_out, layer.d_in)
     if rank is None or rank * (layer.d_out + layer.d_in) >= layer.d_out * layer.d_in:
         return h.reshape(n, -1).float(), None, None, r_max

@@ -63,7 +63,7 @@ MAX_FACTOR = 8192
 
 @dataclass
 class LayerFactors:
-    """One layer's fitted curvature, float64 on the CPU.
+    """One layer's fitted curvature on the CPU, in :func:`factor_dtype` (float32 for a float32 model).
 
     Attributes:
         name: the layer's module name.
@@ -79,7 +79,7 @@ class LayerFactors:
 
     def damping(self, relative: float) -> float:
         """The absolute damping ``δ = relative · mean(Λ)`` of the layer."""
-        return float(relative * self.eig.mean())
+        return float(relative * self.eig.mean(dtype=torch.float64))
 
 
 @dataclass
@@ -158,13 +158,14 @@ class CurvatureFactors:
         n, out = first.shape[0], dict(grads)
         for layer, f in zip(self.layers, self.factors):
             g = layer.to_matrix(grads, n).to(torch.float64).cpu()
-            inv = 1.0 / (f.eig + f.damping(self.damping))
-            h = f.q_out @ ((f.q_out.T @ g @ f.q_in) * inv) @ f.q_in.T
+            q_out, q_in, eig = f.q_out.double(), f.q_in.double(), f.eig.double()
+            inv = 1.0 / (eig + f.damping(self.damping))
+            h = q_out @ ((q_out.T @ g @ q_in) * inv) @ q_in.T
             out.update({k: v.to(device=first.device, dtype=first.dtype) for k, v in layer.from_matrix(h).items()})
         return out
 
     def arrays(self) -> dict[str, Any]:
-        """Plain float64 numpy arrays by name (``<i>/q_out``, ``<i>/q_in``, ``<i>/eig``) for the store."""
+        """Plain numpy arrays (the factors' dtype) by name (``<i>/q_out``, ``<i>/q_in``, ``<i>/eig``) for the store."""
         out = {}
         for i, f in enumerate(self.factors):
             out.update({f"{i}/q_out": f.q_out.numpy(), f"{i}/q_in": f.q_in.numpy(), f"{i}/eig": f.eig.numpy()})
@@ -187,7 +188,8 @@ class CurvatureFactors:
                 if a is None or tuple(a.shape) != shape:
                     raise DataError(f"curvature of layer {layer.name}: array {i}/{key} is "
                                     f"{'missing' if a is None else f'of shape {list(a.shape)}'}, expected {list(shape)}")
-                got[key] = torch.as_tensor(a, dtype=torch.float64)
+                t = torch.as_tensor(a)
+                got[key] = t if t.dtype in (torch.float32, torch.float64) else t.float()
             factors.append(LayerFactors(layer.name, **got))
         return cls(list(layers), factors, damping)
 
@@ -329,15 +331,17 @@ def _token_mask(inputs: Any, positions: int) -> torch.Tensor | None:
 
 
 class _Covariances:
-    """Hook consumer of pass 1: adds ``Σ_t a aᵀ`` and ``Σ_t g gᵀ`` (float64) per layer, and counts the tokens."""
+    """Hook consumer of pass 1: adds ``Σ_t a aᵀ`` and ``Σ_t g gᵀ`` per layer in ``dtype`` (:func:`factor_dtype`), and
+    counts the tokens."""
 
     keeps_input = False
 
-    def __init__(self, layers: Sequence[KroneckerLayer], inputs: Any, device: torch.device):
-        self.layers, self.inputs = layers, inputs
-        self.eyes = [torch.eye(layer.d_in, dtype=torch.float64, device=device) for layer in layers]
-        self.a = [torch.zeros(layer.d_in, layer.d_in, dtype=torch.float64, device=device) for layer in layers]
-        self.s = [torch.zeros(layer.d_out, layer.d_out, dtype=torch.float64, device=device) for layer in layers]
+    def __init__(self, layers: Sequence[KroneckerLayer], inputs: Any, device: torch.device,
+                 dtype: torch.dtype = torch.float32):
+        self.layers, self.inputs, self.dtype = layers, inputs, dtype
+        self.eyes = [torch.eye(layer.d_in, dtype=dtype, device=device) for layer in layers]
+        self.a = [torch.zeros(layer.d_in, layer.d_in, dtype=dtype, device=device) for layer in layers]
+        self.s = [torch.zeros(layer.d_out, layer.d_out, dtype=dtype, device=device) for layer in layers]
         self.tokens = [0] * len(layers)
 
     def take_input(self, use: Use, x: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
@@ -345,7 +349,7 @@ class _Covariances:
         cols = self.layers[use.layer].weight_cols
         p_w = eye[:cols] if use.weight is not None else None
         p_b = eye[cols] if use.bias is not None else None
-        a = use.kind.project_input(use.module, x, output, p_w, p_b, torch.float64)  # [b, T, d_in]: a_t itself
+        a = use.kind.project_input(use.module, x, output, p_w, p_b, self.dtype)  # [b, T, d_in]: a_t itself
         rows = first_rows(self.inputs).shape[0]
         if a.shape[0] != rows:  # a batch-broadcast call (position embeddings): the same a_t in every example
             a = a.expand(rows, *a.shape[1:])
@@ -360,7 +364,7 @@ class _Covariances:
         return torch.empty(a.shape[0], 0, device=a.device)
 
     def take_grad(self, use: Use, kept: torch.Tensor, g: torch.Tensor) -> None:
-        gt = use.kind.out_grads(g, kept.shape[0]).to(torch.float64)  # [n, T, d_out]
+        gt = use.kind.out_grads(g, kept.shape[0]).to(self.dtype)  # [n, T, d_out]
         flat = gt.reshape(-1, gt.shape[-1])
         self.s[use.layer].addmm_(flat.T, flat)
 
@@ -378,7 +382,8 @@ class _Rotated:
     def __init__(self, factors: Sequence[LayerFactors], layers: Sequence[KroneckerLayer], sums: list[torch.Tensor],
                  device: torch.device):
         self.layers, self.sums = layers, sums
-        self.q = [(f.q_out.to(device), f.q_in.to(device)) for f in factors]
+        self.dtype = sums[0].dtype if sums else torch.float32
+        self.q = [(f.q_out.to(device, self.dtype), f.q_in.to(device, self.dtype)) for f in factors]
         self.calls = [0] * len(layers)
         self.grids: dict[int, torch.Tensor] = {}
 
@@ -388,10 +393,10 @@ class _Rotated:
         cols = self.layers[use.layer].weight_cols
         p_w = q_in[:cols] if use.weight is not None else None
         p_b = q_in[cols] if use.bias is not None else None
-        return use.kind.project_input(use.module, x, output, p_w, p_b, torch.float64)  # [b, T, d_in]: Q_Aᵀ a_t
+        return use.kind.project_input(use.module, x, output, p_w, p_b, self.dtype)  # [b, T, d_in]: Q_Aᵀ a_t
 
     def take_grad(self, use: Use, kept: torch.Tensor, g: torch.Tensor) -> None:
-        gq = use.kind.out_grads(g, kept.shape[0]).to(torch.float64) @ self.q[use.layer][0]  # [n, T, d_out]
+        gq = use.kind.out_grads(g, kept.shape[0]).to(self.dtype) @ self.q[use.layer][0]  # [n, T, d_out]
         grid = gq.transpose(1, 2) @ kept  # [n, d_out, d_in]
         if self.calls[use.layer] == 1:
             self.sums[use.layer] += grid.square().sum(0).cpu()
@@ -405,6 +410,14 @@ class _Rotated:
         for j, grid in self.grids.items():
             self.sums[j] += grid.square().sum(0).cpu()
         self.grids = {}
+
+
+def factor_dtype(model: nn.Module) -> torch.dtype:
+    """The dtype the factors are accumulated and kept in: float64 for a float64 model (the closed-form tests),
+    else float32 (as kronfluence keeps them: a language model's factors are gigabytes; each eigendecomposition
+    runs in float64)."""
+    p = next(model.parameters(), None)
+    return torch.float64 if p is not None and p.dtype == torch.float64 else torch.float32
 
 
 #: One batch of the fitting data: ``(model inputs on the device, labels or None)``.
@@ -443,7 +456,7 @@ def fit_covariances(model: nn.Module, layers: Sequence[KroneckerLayer], uses: Se
         seed: seed of the label sampling.
 
     Returns:
-        ``(A, S)``: per layer ``[d_in, d_in]`` and ``[d_out, d_out]`` float64 on the CPU
+        ``(A, S)``: per layer ``[d_in, d_in]`` and ``[d_out, d_out]`` on the CPU, in :func:`factor_dtype`
         (module docstring: ``A = Σ a aᵀ / N_tokens``, ``S = Σ g gᵀ / N_examples``).
 
     Raises:
@@ -455,7 +468,7 @@ def fit_covariances(model: nn.Module, layers: Sequence[KroneckerLayer], uses: Se
     for inputs, labels in batches:
         device = first_rows(inputs).device
         if acc is None:
-            acc = _Covariances(layers, inputs, device)
+            acc = _Covariances(layers, inputs, device, factor_dtype(model))
             generator = torch.Generator(device=device).manual_seed(seed)
         acc.inputs = inputs
         n_examples += _hook_pass(model, uses, task, inputs, labels, acc, fisher, generator)
@@ -471,10 +484,11 @@ def eigenbases(layers: Sequence[KroneckerLayer], a: Sequence[torch.Tensor], s: S
     """K-FAC per layer: eigendecompositions of ``A`` and ``S`` and ``Λ = λ_S λ_Aᵀ`` (eigenvalues clamped at 0)."""
     out = []
     for layer, a_i, s_i in zip(layers, a, s):
-        la, qa = torch.linalg.eigh(a_i)
-        ls, qs = torch.linalg.eigh(s_i)
-        out.append(LayerFactors(layer.name, qs.contiguous(), qa.contiguous(),
-                                ls.clamp(min=0)[:, None] * la.clamp(min=0)[None, :]))
+        la, qa = torch.linalg.eigh(a_i.double())
+        ls, qs = torch.linalg.eigh(s_i.double())
+        dtype = a_i.dtype
+        out.append(LayerFactors(layer.name, qs.to(dtype).contiguous(), qa.to(dtype).contiguous(),
+                                (ls.clamp(min=0)[:, None] * la.clamp(min=0)[None, :]).to(dtype)))
     return out
 
 

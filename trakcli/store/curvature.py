@@ -1,6 +1,6 @@
 """The per-checkpoint curvature ``train/<model_id>/curvature``: K-FAC / EK-FAC factors, written in stages.
 
-Layout (every array float64, one chunk each; ``i`` the layer's index)::
+Layout (every array in the factors' own dtype, float32 or float64, one chunk each; ``i`` the layer's index)::
 
     train/<model_id>/curvature/        attrs: settings (kind, fisher, damping, ...), stage
         cov/<i>/a  [d_in, d_in]        stage "covariances": the factors A and S of pass 1
@@ -98,7 +98,7 @@ def write_curvature(store: "Store", model_id: int, settings: dict[str, Any], sta
         settings: what the curvature is made with (compared on every read).
         stage: ``covariances`` (``arrays`` named ``<i>/a``, ``<i>/s``, stored under ``cov/``) or
             ``done`` (``<i>/q_out``, ``<i>/q_in``, ``<i>/eig``).
-        arrays: float64 numpy arrays by name.
+        arrays: float32 or float64 numpy arrays by name (written in their dtype; any other as float64).
 
     Raises:
         StoreError: the write failed (rerun to resume), or the checkpoint's group is missing.
@@ -116,11 +116,12 @@ def write_curvature(store: "Store", model_id: int, settings: dict[str, Any], sta
         group.attrs.update({"settings": jsonable(settings)})
         prefix = "cov/" if stage == "covariances" else ""
         for name, a in arrays.items():
-            a = np.ascontiguousarray(a, dtype=np.float64)
+            a = np.asarray(a)
+            a = np.ascontiguousarray(a, dtype=a.dtype if a.dtype in (np.float32, np.float64) else np.float64)
             full = f"{prefix}{name}"
             if node(group, full) is not None:
                 delete(group, full, metadata_only=False)
-            arr = group.create_array(full, shape=a.shape, chunks=a.shape or None, dtype="float64", fill_value=0,
+            arr = group.create_array(full, shape=a.shape, chunks=a.shape or None, dtype=a.dtype.name, fill_value=0,
                                      compressors=codecs("none"))
             writable(arr)[...] = a
         group.attrs.update({"stage": stage})
