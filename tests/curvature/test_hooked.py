@@ -244,3 +244,27 @@ def test_two_stage_exact_top_k_rescoring_candidates_of_the_stored_features(tmp_p
     hit = np.all(got == want, axis=1)  # where the candidates hold the exact top-k, it is the same, same order
     np.testing.assert_allclose(two["proponent_scores"][:][hit], one["proponent_scores"][:][hit], rtol=1e-4)
     assert hit.mean() > 0.5
+
+
+def test_low_rank_queries_are_near_the_truncated_svd_also_when_randomized():
+    """A rank far below the layer's smaller side takes the randomized SVD: its error is that of the truncated SVD."""
+    from trakcli.curvature.influence import precondition_layer
+
+    torch.manual_seed(0)
+    d_out, d_in, n = 64, 80, 3
+    layer = KroneckerLayer("l", "linear", d_out, (LayerParam("l.weight", (d_out, d_in), "weight"),))
+    q_out = torch.linalg.qr(torch.randn(d_out, d_out))[0]
+    q_in = torch.linalg.qr(torch.randn(d_in, d_in))[0]
+    eig = torch.rand(d_out, d_in) + 0.1
+    factors = CurvatureFactors([layer], [LayerFactors("l", q_out, q_in, eig)], 1e-3)
+    g = torch.randn(n, d_out, 5) @ torch.randn(n, 5, d_in) + 0.01 * torch.randn(n, d_out, d_in)
+    full, _, _, _ = precondition_layer(layer, factors, 0, g, None)
+    h = full.reshape(n, d_out, d_in).double()
+    for rank in (2, 30):  # 2: randomized (2 + 10 < 64 // 4); 30: the full SVD
+        _, left, right, r = precondition_layer(layer, factors, 0, g, rank)
+        assert r == rank
+        approx = torch.einsum("oqr,iqr->qoi", left.reshape(d_out, n, r), right.reshape(d_in, n, r)).double()
+        s = torch.linalg.svdvals(h)
+        best = s[:, rank:].square().sum(1).sqrt()
+        err = (h - approx).flatten(1).norm(dim=1)
+        assert torch.all(err <= 1.05 * best + 1e-6), (err, best)
