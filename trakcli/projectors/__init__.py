@@ -23,7 +23,7 @@ Implementations (``implementation``), same matrix for one spec:
     matrix if it fits min(4 GiB, RAM/4)); ``chunked`` per-parameter chunks of
     at most ``max_chunk_size`` entries, never building ``[n, grad_dim]``;
     ``cuda`` a Triton kernel generating the matrix on the fly (dense kinds,
-    ``pip install 'trakcli[cuda]'``); ``auto`` cuda when it can run, else basic.
+    ``pip install 'trakcli-attribution[cuda]'``); ``auto`` cuda when it can run, else basic.
 
 Kinds are registered classes (:mod:`.registry`): a kind is one
 :class:`~trakcli.projectors.registry.ProjectorKind` subclass carrying its name, its

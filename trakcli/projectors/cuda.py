@@ -11,7 +11,7 @@ agree to a few float32 ulps (``log``/``cos``/``sin`` differ between libdevice
 and the CPU math library). Features computed on a GPU can therefore be scored
 against targets projected on a CPU with ``basic`` or ``chunked``.
 
-Triton is optional (``pip install 'trakcli[cuda]'``) and imported only when a
+Triton is optional (``pip install 'trakcli-attribution[cuda]'``) and imported only when a
 kernel is first built. Under ``TRITON_INTERPRET=1`` the kernels run on CPU
 tensors (slowly); that is how they are tested without a GPU. Given CPU tensors
 without the interpreter, :class:`CudaProjector` computes the same product with
@@ -43,7 +43,7 @@ def _build_kernels():
     """Load the kernel module afresh, so the current ``TRITON_INTERPRET`` setting applies."""
     if importlib.util.find_spec("triton") is None:
         raise ProjectorError(
-            "the cuda projector needs triton, which is not installed: pip install 'trakcli[cuda]' "
+            "the cuda projector needs triton, which is not installed: pip install 'trakcli-attribution[cuda]' "
             "(or use implementation: basic, same matrix)"
         )
     spec = importlib.util.find_spec("trakcli.projectors._triton_kernels")

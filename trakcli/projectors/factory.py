@@ -104,7 +104,7 @@ def make_projector(
             ``single_block`` (whole matrix at once), ``basic`` (block-wise,
             bounded memory, cached), ``chunked`` (per-parameter chunks of at
             most ``max_chunk_size`` entries), ``cuda`` (fused Triton kernel,
-            dense kinds, needs a CUDA GPU and ``pip install trakcli[cuda]``) or
+            dense kinds, needs a CUDA GPU and ``pip install 'trakcli-attribution[cuda]'``) or
             ``auto`` (the best available; logs its choice and why the others
             were skipped on the ``trakcli.projectors`` logger). Each kind lists
             the ones it supports (``ProjectorKind.implementations``).
@@ -256,7 +256,7 @@ def _cuda_unavailable(kind: str) -> str | None:
     if not torch.cuda.is_available():
         return "no CUDA GPU (torch.cuda.is_available() is False)"
     if importlib.util.find_spec("triton") is None:
-        return "triton is not installed (pip install 'trakcli[cuda]')"
+        return "triton is not installed (pip install 'trakcli-attribution[cuda]')"
     return None
 
 
