@@ -515,7 +515,9 @@ def _lds_finetune(data: dict[str, Any]) -> tuple[str, str, str]:
     rows = [[r["method"], str(r.get("checkpoints") or "-"), cell(r["lds"]["loss"]), cell(r["lds"]["margin"]),
              f"{r.get('wall_s', 0.0):,.1f}"] for r in data["rows"]]
     p = data["protocol"]
-    note = (f"A GPT-2 of {p['model']['n_layer']} layers, width {p['model']['n_embd']}, pretrained on Shakespeare and "
+    pre = ("Shakespeare and other BBC news articles" if p.get("shape") == "deep" else "Shakespeare")
+    note = (f"A GPT-2 of {p['model']['n_layer']} layers, width {p['model']['n_embd']}, vocabulary "
+            f"{p['model']['vocab_size']:,}, pretrained on {pre} and "
             f"fine-tuned on {p['n_train']:,} BBC articles of {p['max_length']} tokens; ground truth: "
             f"{p['n_retrain']} fine-tunes from the same pretrained weights on random halves. LDS over "
             f"{p['n_target']} held-out targets with 95% bootstrap intervals, on each target's loss and margin; every "
@@ -523,6 +525,30 @@ def _lds_finetune(data: dict[str, Any]) -> tuple[str, str, str]:
             "records its commit in the JSON.")
     head = ["method", "checkpoints", "LDS loss", "LDS margin", "wall s"]
     return "LDS of a fine-tuned language model: curvature, kronfluence, BM25", note, table(head, rows, ["l"] + ["r"] * 4)
+
+
+def _ekfac_lm(data: dict[str, Any]) -> tuple[str, str, str]:
+    rows_in = data["variants"]
+    base = rows_in.get("trak-kronecker")
+    rows = []
+    for v, r in rows_in.items():
+        if "failed" in r:
+            rows.append([v, "failed", "", "", "", "", ""])
+            continue
+        feat = r["floor"]["seconds"] if v == "floor" else r["featurize"]["seconds"]
+        score = "-" if v == "floor" else _f(r["score"]["seconds"], 1)
+        ratio_t = f"{r['total_seconds'] / base['total_seconds']:.2f}" if base and "failed" not in base else "-"
+        ratio_m = f"{r['peak_rss_gib'] / base['peak_rss_gib']:.2f}" if base and "failed" not in base else "-"
+        rows.append([v, _f(feat, 1), score, _f(r["total_seconds"], 1), ratio_t, f"{r['peak_rss_gib']:.2f}", ratio_m])
+    a = data["args"]
+    load = data.get("load_average", {})
+    note = (f"SmolLM2-135M-Instruct, {a['n_docs']} BBC articles and {a['n_queries']} queries of {a['max_length']} "
+            f"tokens, top-{a['top_k']}, {a['threads']} CPU threads: `trak featurize` then `trak score` as two "
+            "processes per variant, wall seconds and peak RSS of each; trak-kronecker is TRAK's Kronecker recipe on "
+            "the blocks' linears, ekfac-exact `curvature: {kind: ekfac}` alone, ekfac-stored the same with "
+            f"`curvature.exact: false`. Load average before and after: {load.get('before')} / {load.get('after')}.")
+    head = ["variant", "featurize s", "score s", "total s", "x TRAK", "peak GiB", "x TRAK"]
+    return "EK-FAC on a real language model against TRAK's Kronecker recipe", note, table(head, rows, ["l"] + ["r"] * 6)
 
 
 def _per_token(data: dict[str, Any]) -> tuple[str, str, str]:
@@ -727,6 +753,7 @@ RENDERERS: list[tuple[Any, str, Any]] = [
     (lambda d: d.get("benchmark") == "bench_object_store", "benchmarks.bench_object_store", _object_store),
     (lambda d: d.get("benchmark") == "probe_sketch", "benchmarks.probe_sketch", _sketch_probe),
     (lambda d: d.get("benchmark") == "bench_gpu", "benchmarks.bench_gpu", _gpu),
+    (lambda d: d.get("benchmark") == "bench_ekfac_lm", "benchmarks.bench_ekfac_lm", _ekfac_lm),
 ]
 
 
