@@ -377,7 +377,7 @@ class Attributor:
                 s.fit_curvature(model_id, store, self.reporter)
             n, _ = featurize_rows(
                 s, train, rows, model_id, with_out_to_loss=True, skip_nonfinite=False, reporter=self.reporter,
-                label="featurize", kept=kept_rows(store, model_id),
+                label="featurize", kept=kept_rows(store, model_id), save_every_s=self.store.save_every_s,
             )
         return n
 

@@ -129,8 +129,8 @@ def test_print_config_shows_resolved_overrides(user_project):
     assert res.exit_code == 0
     cfg = yaml.safe_load(res.stdout)
     assert cfg["projector"]["proj_dim"] == 512 and cfg["data"]["batch_size"] == 8
-    assert cfg["store"] == {"path": "out/attrib.zarr", "storage_options": {}, "chunk_rows": 16, "dtype": "float32",
-                            "compressor": "zstd"}
+    assert cfg["store"] == {"path": "out/attrib.zarr", "storage_options": {}, "chunk_rows": 16, "save_every_s": 30.0,
+                            "dtype": "float32", "compressor": "zstd"}
     assert not Path("out").exists()
 
 

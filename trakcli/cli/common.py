@@ -152,8 +152,9 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             _print_error(f"out of memory: {first}; {OUT_OF_MEMORY_FIX}")
             raise typer.Exit(1) from None
-        except KeyboardInterrupt:
-            err_console.print("[yellow]interrupted; rerun the same command to resume[/]")
+        except KeyboardInterrupt as e:
+            kept = "".join(f"{note}; " for note in getattr(e, "__notes__", []))  # what the job kept, e.g. featurize's rows
+            err_console.print(f"[yellow]interrupted; {escape(kept)}rerun the same command to resume[/]")
             raise typer.Exit(130) from None
 
     return wrapper

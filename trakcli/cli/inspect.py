@@ -95,6 +95,14 @@ def _report_damage(info: dict) -> None:
     )
 
 
+def _rows_done(t: dict) -> str:
+    """``done/total`` rows of a checkpoint, and the rows a rerun keeps of its unfinished chunks."""
+    partial = t.get("rows_partial") or 0
+    if not partial:
+        return f"{t['rows_done']}/{t['rows_total']}"
+    return f"{t['rows_done'] + partial}/{t['rows_total']} ({partial} partial)"
+
+
 def _render(info: dict) -> None:
     """The human summary on stderr: provenance, projector, per-checkpoint table, scores, eval."""
     ident = info["identity"]
@@ -119,7 +127,7 @@ def _render(info: dict) -> None:
         kernel, skipped = t["kernel"], t["nonfinite_skipped"]
         table.add_row(
             str(t["model_id"]), str(t["checkpoint"]), str(t["sha256"])[:12],
-            f"{t['rows_done']}/{t['rows_total']}", "?" if skipped is None else str(skipped),
+            _rows_done(t), "?" if skipped is None else str(skipped),
             f"{kernel['lambda_reg']:.3g}" if kernel else "-", _size(t["bytes_on_disk"]),
         )
     err_console.print(table)

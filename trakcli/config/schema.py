@@ -577,6 +577,14 @@ class StoreConfig(StrictModel):
     chunk_rows: PositiveInt = Field(
         512, description="Rows per chunk of features/scores; the unit of resume (done flags)."
     )
+    save_every_s: float = Field(
+        30.0,
+        ge=0,
+        description="Seconds of work between two saves of the train rows computed so far in a chunk not yet done "
+        "(their count goes to train/<model_id>/rows_done), so that a killed `trak featurize` loses at most about "
+        "this much work and the rerun starts after the saved rows; Ctrl-C saves them at once. 0: after every "
+        "batch. Each save rewrites the chunk's file: keep it well above the time one save takes.",
+    )
     dtype: Literal["float32", "float16", "bfloat16", "int8", "binary"] = Field(
         "float32",
         description="Storage dtype of train and target features: float16 or bfloat16 halve the disk (bfloat16 "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from time import monotonic
 
 import numpy as np
 import torch
@@ -25,6 +26,10 @@ from trakcli.store import ChunkedRows, Store, StoreCorruptError
 from trakcli.store.append import kept_rows
 
 
+#: ``store.save_every_s`` when a job does not say: seconds of work between two saves of a chunk's rows so far.
+SAVE_EVERY_S = 30.0
+
+
 def featurize_rows(
     s: JobSetup,
     data: TensorDataset,
@@ -39,12 +44,23 @@ def featurize_rows(
     keep: dict[int, np.ndarray] | None = None,
     writer: ChunkWriter | None = None,
     kept: dict[int, int] | None = None,
+    save_every_s: float = SAVE_EVERY_S,
 ) -> tuple[int, list[int]]:
     """Compute and write this rank's pending chunks of one checkpoint (train rows or targets).
 
     Each batch goes through ``s.featurizer`` (``(phi, q)`` of the batch, :meth:`JobSetup.features`); a
     chunk's ``features`` (and ``out_to_loss``, ``nonfinite``) are written as
     float32 numpy before its done flag.
+
+    Train rows also save a chunk's progress before it is done (when ``rows`` keeps it: ``rows.progress``):
+    once ``save_every_s`` seconds of work have passed since the chunk started or was last saved, the rows
+    of the batches finished so far are written, then their count (:meth:`ChunkedRows.write_partial`);
+    a Ctrl-C (KeyboardInterrupt) saves them at once before it goes on. A resumed chunk reads those rows
+    back and starts at the next one, which is where a batch of an uninterrupted run starts too (the
+    batches are cut greedily from the chunk's first row, :meth:`JobSetup.batches`, and a save follows a
+    whole batch), so the resumed run computes exactly the batches the uninterrupted one would have: the
+    store is the same, bit for bit. A KeyboardInterrupt leaves with a note (``add_note``) of the train
+    rows stored.
 
     Args:
         s: the shared setup (featurizer, batch size, process group).
@@ -63,11 +79,14 @@ def featurize_rows(
         writer: write the chunks in this background writer (the caller waits for it) instead of
             before computing the next chunk: `trak score`'s target features, derived data that a
             killed run recomputes. Train features are written in line, so a kill loses at most
-            the chunk it interrupts.
+            the work since the last save of the chunk it interrupts.
         kept: ``{chunk: rows}``: pending train chunks whose first ``rows`` rows are stored already (the old
             partly filled chunk a store grown by an append keeps, :func:`trakcli.store.append.kept_rows`);
             only the chunk's other rows are computed, and the chunk is written whole. If the kept rows
-            do not read back intact, the whole chunk is computed.
+            do not read back intact, the whole chunk is computed. Rows saved by an interrupted run
+            (``rows_done``) are kept the same way.
+        save_every_s: seconds of work between two saves of a chunk's rows so far (``store.save_every_s``;
+            0: after every batch).
 
     Returns:
         (chunks computed, indices of examples skipped as non-finite).
@@ -80,41 +99,79 @@ def featurize_rows(
         return 0, []
     s.load(model_id)
     skipped: list[int] = []
+    partial = with_out_to_loss and writer is None and rows.progress is not None  # train rows, written in line
+    saved = rows.partial(pending) if partial else {}  # rows an interrupted run saved, per chunk
     kept = {c: k for c, k in (kept or {}).items() if c in pending and with_out_to_loss}
+    kept = {c: max(kept.get(c, 0), saved.get(c, 0)) for c in {*kept, *saved}}
     n_rows = sum(rows.rows(c)[1] - rows.rows(c)[0] for c in pending) - sum(kept.values())
-    with reporter.task(f"{label} model {model_id}", n_rows) as task:
-        for chunk in pending:
-            event(f"start {label} {model_id} {chunk}")
-            lo, hi = rows.rows(chunk)
-            feats = np.empty((hi - lo, s.proj_dim), dtype=np.float32)
-            q_all = np.empty(hi - lo, dtype=np.float32)
-            bad_all = np.zeros(hi - lo, dtype=np.uint8)
-            start = lo + _read_kept(rows, lo, kept.get(chunk, 0), feats, q_all, bad_all)
-            for off, x, y in s.batches(data, start, hi):
-                if computed is not None and computed.key == (model_id, off, len(y)):
-                    phi, q, computed = computed.phi, computed.q, None
+    stored = {c: kept.get(c, 0) for c in pending}  # rows of each pending chunk in the store, for the note
+    counted = set(saved)  # chunks whose rows_done count may be set: cleared once they are done
+    try:
+        with reporter.task(f"{label} model {model_id}", n_rows) as task:
+            for chunk in pending:
+                event(f"start {label} {model_id} {chunk}")
+                lo, hi = rows.rows(chunk)
+                feats = np.empty((hi - lo, s.proj_dim), dtype=np.float32)
+                q_all = np.empty(hi - lo, dtype=np.float32)
+                bad_all = np.zeros(hi - lo, dtype=np.uint8)
+                start = lo + _read_kept(rows, lo, kept.get(chunk, 0), feats, q_all, bad_all)
+                if start - lo < kept.get(chunk, 0):  # the kept rows did not read back: computed again
+                    stored[chunk] = 0
+                if start > lo:
+                    event(f"resume {label} {model_id} {chunk} {start - lo}")
+                arrays = {"features": feats}
+                if with_out_to_loss:
+                    arrays.update(out_to_loss=q_all, nonfinite=bad_all)
+                end, last_save = start, monotonic()
+
+                def save() -> None:  # the rows of the batches finished so far, then their count
+                    nonlocal last_save
+                    counted.add(chunk)
+                    rows.write_partial(chunk, end - lo, **arrays)
+                    stored[chunk] = end - lo
+                    event(f"partial {label} {model_id} {chunk} {end - lo}")
+                    last_save = monotonic()
+
+                try:
+                    for off, x, y in s.batches(data, start, hi):
+                        if computed is not None and computed.key == (model_id, off, len(y)):
+                            phi, q, computed = computed.phi, computed.q, None
+                        else:
+                            phi, q = s.features(x, y, model_id, off)  # [b, proj_dim], [b] on s.device
+                        if skip_nonfinite:
+                            bad = ~(torch.isfinite(phi).all(dim=1) & torch.isfinite(q))
+                            if bad.any():
+                                phi[bad], q[bad] = 0.0, 0.0
+                                bad_all[off - lo : off - lo + len(y)] = bad.cpu().numpy()
+                                skipped += (torch.nonzero(bad).flatten() + off).tolist()
+                        else:
+                            check_finite(phi, off)
+                        feats[off - lo : off - lo + len(y)] = phi.detach().cpu().numpy()
+                        q_all[off - lo : off - lo + len(y)] = q.detach().cpu().numpy()
+                        task.advance(len(y))
+                        end = off + len(y)
+                        event(f"batch {label} {model_id} {chunk} {off} {end}")
+                        if partial and end < hi and monotonic() - last_save >= save_every_s:
+                            save()
+                except KeyboardInterrupt:
+                    if partial and end - lo > stored[chunk]:  # Ctrl-C: keep the batches finished
+                        save()
+                    raise
+                if keep is not None:  # as stored (float16 and bfloat16 stores round), so a reader sees the same values
+                    keep[chunk] = rows.as_stored("features", feats)
+                if writer is None:  # a chunk with saved rows clears their count after its flag (as if never interrupted)
+                    write_chunk(rows, chunk, arrays, f"{label} {model_id} {chunk}", chunk in counted)
+                    stored[chunk] = hi - lo
                 else:
-                    phi, q = s.features(x, y, model_id, off)  # [b, proj_dim], [b] on s.device
-                if skip_nonfinite:
-                    bad = ~(torch.isfinite(phi).all(dim=1) & torch.isfinite(q))
-                    if bad.any():
-                        phi[bad], q[bad] = 0.0, 0.0
-                        bad_all[off - lo : off - lo + len(y)] = bad.cpu().numpy()
-                        skipped += (torch.nonzero(bad).flatten() + off).tolist()
-                else:
-                    check_finite(phi, off)
-                feats[off - lo : off - lo + len(y)] = phi.detach().cpu().numpy()
-                q_all[off - lo : off - lo + len(y)] = q.detach().cpu().numpy()
-                task.advance(len(y))
-            arrays = {"features": feats}
-            if with_out_to_loss:
-                arrays.update(out_to_loss=q_all, nonfinite=bad_all)
-            if keep is not None:  # as stored (float16 and bfloat16 stores round), so a reader sees the same values
-                keep[chunk] = rows.as_stored("features", feats)
-            if writer is None:
-                write_chunk(rows, chunk, arrays, f"{label} {model_id} {chunk}")
-            else:
-                writer.submit(write_chunk, rows, chunk, arrays, f"{label} {model_id} {chunk}")
+                    writer.submit(write_chunk, rows, chunk, arrays, f"{label} {model_id} {chunk}")
+    except KeyboardInterrupt as e:
+        if partial:
+            total = rows.n_rows
+            have = total - sum(rows.rows(c)[1] - rows.rows(c)[0] - stored[c] for c in pending)
+            e.add_note(f"{have} of {total} train rows of model {model_id} are stored"
+                       + (f" (models 0-{model_id - 1} are complete)" if model_id > 1 else
+                          " (model 0 is complete)" if model_id == 1 else ""))
+        raise
     return len(pending), skipped
 
 
@@ -131,9 +188,11 @@ def _read_kept(rows: ChunkedRows, lo: int, n: int, feats: np.ndarray, q: np.ndar
     return n
 
 
-def write_chunk(rows: ChunkedRows, chunk: int, arrays: dict[str, np.ndarray], what: str) -> None:
-    """Write one chunk's arrays, then its done flag (:meth:`ChunkedRows.write`), then the test event ``done <what>``."""
-    rows.write(chunk, **arrays)
+def write_chunk(rows: ChunkedRows, chunk: int, arrays: dict[str, np.ndarray], what: str,
+                clear_partial: bool = False) -> None:
+    """Write one chunk's arrays, then its done flag (:meth:`ChunkedRows.write`; with ``clear_partial``, then
+    its ``rows_done`` count reset), then the test event ``done <what>``."""
+    rows.write(chunk, clear_partial, **arrays)
     event(f"done {what}")
 
 
@@ -238,7 +297,9 @@ def featurize(
 
     Writes ``train/<model_id>/{features, out_to_loss, nonfinite, done}`` chunk
     by chunk; a rerun recomputes only chunks not done (a finished store is a
-    no-op), whatever the batch size. A new store's first batch is computed
+    no-op), whatever the batch size. Within a chunk, the rows computed so far are saved
+    every ``store.save_every_s`` seconds of work and on Ctrl-C (``rows_done``), and a rerun
+    starts after them (:func:`featurize_rows`). A new store's first batch is computed
     once, by :func:`first_batch`, and reused by the row loop.
 
     Then each checkpoint's kernel (the factor of ``Φ_mᵀΦ_m + λ_m I`` or its
@@ -325,7 +386,7 @@ def featurize(
             n, skip = featurize_rows(
                 s, s.train, rows, model_id, with_out_to_loss=True, skip_nonfinite=skip_nonfinite,
                 reporter=reporter, label="featurize", computed=first if model_id == 0 else None,
-                kept=kept_rows(store, model_id),
+                kept=kept_rows(store, model_id), save_every_s=cfg.store.save_every_s,
             )
             computed += n
             if skip:

@@ -22,7 +22,7 @@ last and are what commits the append):
    makes the kernel again adding only the new rows' products (a dual kernel: from
    every stored feature);
 3. its arrays (``features``, ``out_to_loss``, ``nonfinite``, an int8 or binary store's ``codes``,
-   ``scale`` and ``features_crc32c``, ``done``) are resized
+   ``scale`` and ``features_crc32c``, ``rows_done``, ``done``) are resized
    along the rows (new chunks are not done);
 4. every scored experiment (``scores/<experiment>``) is marked stale (attribute
    ``stale``: the ``n_train`` and train ``sha256`` it was scored over): reading or
@@ -198,6 +198,9 @@ def _grow_train(store: "Store", model_id: int, n_old: int, n_new: int, chunk_row
         arr = node(group, name)
         if arr is not None and arr.shape[0] != n_new:
             writable(arr).resize((n_new, *arr.shape[1:]))
+    progress = node(group, "rows_done")  # partial-chunk counts (trakcli.store.rows): one per chunk, like done
+    if progress is not None and progress.shape[0] != n_chunks:
+        progress.resize((n_chunks,))
     if done.shape[0] != n_chunks:
         done.resize((n_chunks,))
 

@@ -1,7 +1,9 @@
 """Row-chunked arrays with ``done`` flags, and the checked read.
 
 A chunk's data is written before its ``done`` flag; a resumed run recomputes
-only chunks not done. Every chunk carries a CRC32C checksum (:func:`codecs`),
+only chunks not done. Train rows also keep the progress of a chunk not yet done
+(``rows_done``, :meth:`ChunkedRows.write_partial`): its first rows, written before
+their count, so that a run killed inside a chunk resumes after them. Every chunk carries a CRC32C checksum (:func:`codecs`),
 and a done chunk must still have its file (zarr would read a missing one as
 zeros: :mod:`trakcli.store.integrity`), so a corrupt, truncated or lost chunk
 is reported by :func:`read_checked` with its array, its chunk index and the
@@ -55,6 +57,9 @@ class ChunkedRows:
         n_rows: length of the chunk axis.
         axis: which axis of the arrays the chunks split (0 = rows; scores use 1).
         bad_flags: chunks whose done flag itself is unreadable (found by :meth:`flags`).
+        progress: ``[n_chunks]`` int32 ``rows_done``: of a chunk not done, how many of its first rows are
+            written (:meth:`write_partial`); 0 when none or when the chunk is done. None: the rows keep no
+            partial progress (target features, scores, a store made before it, opened read-only).
     """
 
     data: dict[str, Any]
@@ -63,6 +68,7 @@ class ChunkedRows:
     n_rows: int
     axis: int = 0
     bad_flags: set[int] = field(default_factory=set)
+    progress: Any = None
 
     @property
     def n_chunks(self) -> int:
@@ -136,11 +142,13 @@ class ChunkedRows:
     def is_complete(self) -> bool:
         return bool((self.flags() != 0).all())
 
-    def write(self, chunk: int, **arrays: np.ndarray) -> None:
+    def write(self, chunk: int, clear_partial: bool = False, **arrays: np.ndarray) -> None:
         """Write a chunk of every array, then mark it done.
 
         Args:
             chunk: the chunk index.
+            clear_partial: then reset the chunk's ``rows_done`` count to 0 (it had partial rows,
+                :meth:`write_partial`), so that a store equals one whose chunk was never interrupted.
             **arrays: per array name, the chunk's entries (numpy, any real dtype): cast to
                 the array's dtype, or for a bfloat16 array rounded to bfloat16 bits
                 (:func:`trakcli.store.bfloat16.to_bits`). When the rows have ``codes``
@@ -155,22 +163,91 @@ class ChunkedRows:
                 already done stay done and the run can be resumed.
         """
         lo, hi = self.rows(chunk)
-        if "codes" in self.data and "features" in arrays and "codes" not in arrays:  # int8 / binary store
-            # the codes of the stored (bfloat16) features: the same whether a row is computed or read back
-            stored = round_to_bfloat16(arrays["features"]) if is_bfloat16(self.data["features"]) else arrays["features"]
-            arrays = {**arrays, **encode(self.code_dtype, stored)}
-        encoded = {name: _encode(self.data[name], arr) for name, arr in arrays.items()}  # before any write
-        if ROW_CRC in self.data and "features" in encoded and ROW_CRC not in encoded:  # the rows as stored
-            encoded[ROW_CRC] = row_checksums(encoded["features"])
+        encoded = self._encoded(arrays)  # before any write
         try:
             for name, arr in encoded.items():
                 sel = (slice(None),) * self.axis + (slice(lo, hi),)
                 self.data[name][sel] = arr
             self.done[chunk] = 1
+            if clear_partial and self.progress is not None:
+                self.progress[chunk] = 0  # after the flag: a done chunk never reads its count
         except OSError as e:
             settle()
             raise StoreError(
                 f"writing chunk {chunk} ({lo}:{hi}) of {self.path} failed: {e}; "
+                "chunks written before are kept: free disk space or fix permissions, then rerun the same "
+                "command to resume"
+            ) from None
+
+    def _encoded(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """``arrays`` as written (:meth:`write`): derived codes and row checksums added, each cast to its array."""
+        if "codes" in self.data and "features" in arrays and "codes" not in arrays:  # int8 / binary store
+            # the codes of the stored (bfloat16) features: the same whether a row is computed or read back
+            stored = round_to_bfloat16(arrays["features"]) if is_bfloat16(self.data["features"]) else arrays["features"]
+            arrays = {**arrays, **encode(self.code_dtype, stored)}
+        encoded = {name: _encode(self.data[name], arr) for name, arr in arrays.items()}
+        if ROW_CRC in self.data and "features" in encoded and ROW_CRC not in encoded:  # the rows as stored
+            encoded[ROW_CRC] = row_checksums(encoded["features"])
+        return encoded
+
+    def partial(self, chunks: Sequence[int]) -> dict[int, int]:
+        """``{chunk: rows}``: of the chunks ``chunks`` (not done), those whose first ``rows`` rows are written
+        (:meth:`write_partial`); a chunk without any, or whose count is unreadable or out of range, is left out.
+
+        The rows themselves are not read here: the caller reads them back, checked
+        (:meth:`read`), and computes the whole chunk if they are damaged.
+        """
+        if self.progress is None or not len(chunks):
+            return {}
+        n_chunks = int(self.progress.shape[0])
+        listed = _stored_chunks(self.progress)  # a count of 0 has no file: one listing, not a read per chunk
+        candidates = [int(c) for c in chunks if int(c) < n_chunks and (listed is None or int(c) in listed)]
+        if len(candidates) > READ_RUN_CHUNKS:
+            counts = _flags(self.progress, set())  # one count per chunk, like the flags; unreadable reads 0
+        else:
+            counts = {c: _count(self.progress, c) for c in candidates}
+        out = {}
+        for c in candidates:
+            lo, hi = self.rows(c)
+            n = int(counts[c])
+            if 0 < n <= hi - lo:
+                out[c] = n
+        return out
+
+    def write_partial(self, chunk: int, n: int, **arrays: np.ndarray) -> None:
+        """Write the first ``n`` rows of a chunk not done, then record ``n`` in its ``rows_done`` count.
+
+        The chunk stays not done: a resumed run reads these rows back and computes only the
+        others (:meth:`partial`), then writes the chunk whole and its ``done`` flag (:meth:`write`).
+        The whole chunk is written, its rows from ``n`` on as zeros, so that zarr never has to
+        read back (and decode) an older, possibly damaged, file of the chunk. Rows only (axis 0).
+
+        Args:
+            chunk: the chunk index.
+            n: rows written, ``0 < n <= `` the chunk's rows.
+            **arrays: per array name, the chunk's entries (as :meth:`write`; at least the first ``n`` rows
+                filled, the rest are not read).
+
+        Raises:
+            StoreError: the write failed (the count is then not recorded: the rows are computed again).
+        """
+        if self.progress is None or self.axis != 0:
+            return
+        lo, hi = self.rows(chunk)
+        head = {}
+        for name, arr in arrays.items():
+            part = np.zeros_like(arr)
+            part[:n] = arr[:n]
+            head[name] = part
+        encoded = self._encoded(head)
+        try:
+            for name, arr in encoded.items():
+                self.data[name][lo:hi] = arr
+            self.progress[chunk] = n  # after the rows it counts
+        except OSError as e:
+            settle()
+            raise StoreError(
+                f"writing the first {n} rows of chunk {chunk} ({lo}:{hi}) of {self.path} failed: {e}; "
                 "chunks written before are kept: free disk space or fix permissions, then rerun the same "
                 "command to resume"
             ) from None
@@ -340,12 +417,33 @@ def _encode(arr: Any, values: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(values, dtype=arr.dtype)
 
 
+def _count(arr: Any, c: int) -> int:
+    """Entry ``c`` of the 1-D zarr array ``arr`` (0 if it is unreadable)."""
+    try:
+        return int(read_checked(arr, slice(c, c + 1), 0, stored=False)[0])
+    except StoreCorruptError:
+        return 0
+
+
+def _stored_chunks(arr: Any) -> set[int] | None:
+    """Indices of the chunks of the 1-D zarr array ``arr`` that have a file (from one listing of the store);
+    None if the store cannot be listed."""
+    from zarr.core.sync import collect_aiterator
+
+    try:
+        keys = set(collect_aiterator(arr.store.list_prefix(arr.path + "/")))
+    except Exception:  # noqa: BLE001 - no listing: the caller reads every entry
+        return None
+    return {c for c in range(int(arr.shape[0])) if f"{arr.path}/{arr.metadata.encode_chunk_key((c,))}" in keys}
+
+
 def _flags(done: Any, bad: set[int]) -> np.ndarray:
-    """The uint8 done flags of ``done`` (one flag per chunk); unreadable flags read 0 and are added to ``bad``."""
+    """The done flags of ``done`` (one entry per chunk, uint8; or the int32 ``rows_done`` counts); unreadable
+    entries read 0 and are added to ``bad``."""
     try:
         return read_checked(done, slice(None), 0, stored=False)
     except StoreCorruptError:
-        out = np.zeros(done.shape[0], dtype=np.uint8)
+        out = np.zeros(done.shape[0], dtype=done.dtype)
         for c in range(done.shape[0]):
             try:
                 out[c] = read_checked(done, slice(c, c + 1), 0, stored=False)[0]

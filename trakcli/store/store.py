@@ -494,6 +494,7 @@ class Store:
                     f"model_id {model_id}: no features were computed from {group.attrs.get('checkpoint')} "
                     f"(sha256 {old[:12]}); it now takes {checkpoint} (sha256 {sha256[:12]})"
                 )
+                self._clear_partial(f"train/{model_id}")  # rows of the old checkpoint: before it is rebound
                 old = None
             if old is None and create:
                 group.attrs.update(record)
@@ -540,10 +541,40 @@ class Store:
              "codes": ("train", "code"), "scale": ("train",), ROW_CRC: ("train",)},
             compressors=plain,
         )
-        return ChunkedRows(data, done, rows, n_train)
+        progress = self._rows_done(group, done.shape[0], create, repair)
+        return ChunkedRows(data, done, rows, n_train, progress=progress)
+
+    def _rows_done(self, group: Any, n_chunks: int, create: bool, repair: bool) -> Any | None:
+        """The ``rows_done`` counts of a train group (:meth:`ChunkedRows.write_partial`), created when absent and
+        ``create`` (a store made before them gains them); None when absent and not ``create`` (no partial progress).
+
+        ``[n_chunks]`` int32, one count per chunk file like ``done`` (torchrun ranks write disjoint chunks); a
+        count of 0 is not stored (zarr skips a chunk equal to the fill value), so an uninterrupted run leaves
+        no file.
+        """
+        arr = self._node(f"{group.path}/rows_done", repair and create)
+        if arr is None and create:
+            from zarr.codecs import Crc32cCodec
+
+            arr = group.create_array("rows_done", shape=(n_chunks,), chunks=(1,), dtype="int32", fill_value=0,
+                                     compressors=[Crc32cCodec()], dimension_names=("chunk",))
+        if arr is not None and tuple(arr.shape) != (n_chunks,):  # an append resized done and not this yet
+            if not create:
+                return None
+            arr.resize((n_chunks,))
+        return arr
+
+    def _clear_partial(self, path: str) -> None:
+        """Set every ``rows_done`` count of the train group ``path`` to 0 (its rows are not to be read back)."""
+        arr = self._node(f"{path}/rows_done")
+        if arr is not None and arr.shape[0]:
+            arr[:] = np.zeros(arr.shape[0], dtype=np.int32)
 
     def _nothing_done(self, group: str) -> bool:
-        """Whether no chunk of ``group`` is done (no ``done`` array, or every flag 0) and it has no kernel."""
+        """Whether no chunk of ``group`` is done (no ``done`` array, or every flag 0) and it has no kernel.
+
+        Rows of a chunk not done (``rows_done``) do not count: a checkpoint rebound to the group clears them first.
+        """
         done = self._node(f"{group}/done")
         if self._node(f"{group}/kernel") is not None:
             return False

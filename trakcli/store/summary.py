@@ -121,6 +121,7 @@ def _train_entry(store: "Store", m: int, verify: bool, corrupt: list[dict[str, A
         "checkpoint": group.attrs.get("checkpoint"),
         "sha256": group.attrs.get("sha256"),
         "rows_done": int(sum(rows.rows(int(c))[1] - rows.rows(int(c))[0] for c in np.flatnonzero(ok))),
+        "rows_partial": _partial_rows(store, group, rows, ok, verify),
         "rows_total": rows.n_rows,
         "chunks_done": int((ok != 0).sum()),
         "chunks_total": rows.n_chunks,
@@ -128,6 +129,31 @@ def _train_entry(store: "Store", m: int, verify: bool, corrupt: list[dict[str, A
         "kernel": _kernel(store, m, verify, corrupt),
         "bytes_on_disk": disk_usage(store.path / "train" / str(m)),
     }
+
+
+def _partial_rows(store: "Store", group: Any, rows: ChunkedRows, ok: np.ndarray, verify: bool) -> int:
+    """Rows saved in train chunks not done (``rows_done``, :meth:`ChunkedRows.write_partial`) that a rerun of
+    `trak featurize` keeps: their chunk files present (with ``verify``, read back intact). Rows that are not are
+    not counted (the rerun computes them again), and are no damage: nothing marks them done."""
+    try:
+        rows.progress = node(group, "rows_done")
+    except StoreCorruptError:
+        return 0
+    if rows.progress is None or int(rows.progress.shape[0]) != len(ok):
+        return 0
+    kept = 0
+    for c, n in rows.partial([int(c) for c in np.flatnonzero(ok == 0)]).items():
+        lo = rows.rows(c)[0]
+        try:
+            if verify:
+                for name in rows.data:
+                    rows.read(name, lo, lo + n)
+            elif any(missing_chunks(arr, (slice(lo, lo + n),)) for arr in rows.data.values()):
+                continue
+        except StoreCorruptError:
+            continue
+        kept += n
+    return kept
 
 
 def _kernel(store: "Store", m: int, verify: bool, corrupt: list[dict[str, Any]]) -> dict[str, Any] | None:
