@@ -78,6 +78,19 @@ FIXTURES = ROOT / "tests" / "fixtures"  # the data files of the tests
 N_TRAIN, N_TARGET, CHUNK = 600, 90, 40  # 15 train chunks per checkpoint, 3 target chunks
 
 
+def kill_at_line(cwd: Path, args: list[str], log: Path, line: str, timeout: float = 120) -> None:
+    """Run `trak ARGS` in a fresh process with ``TRAK_EVENT_LOG=log`` and SIGKILL it once ``line`` is in the log."""
+    proc = subprocess.Popen(trak_cmd(*args), cwd=cwd, env={**os.environ, "TRAK_EVENT_LOG": str(log)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + timeout
+    while proc.poll() is None and time.time() < deadline:
+        if log.exists() and line in log.read_text():
+            proc.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.001)
+    proc.wait()
+
+
 def make_project(root: Path, n_models: int = 3) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     (root / "my_model.py").write_text(MODEL_FILE)

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
-import time
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +12,7 @@ import pytest
 import torch
 import zarr
 
-from projects import arrays, assert_same_store, make_project, run, tiny_model, trak_cmd
+from projects import arrays, assert_same_store, kill_at_line, make_project, run, tiny_model, trak_cmd
 from trakcli.curvature import Curvature
 from trakcli.gradients import PerExampleGradients, select_parameters
 
@@ -54,18 +52,6 @@ def test_scores_are_the_mean_whitened_inner_products_times_q(user_project, kind,
     assert "train/0/curvature/0/eig" in stored and not any(k.endswith("/kernel") for k in stored)
 
 
-def _kill_at_line(cwd: Path, args: list[str], log: Path, line: str) -> None:
-    proc = subprocess.Popen(trak_cmd(*args), cwd=cwd, env={**os.environ, "TRAK_EVENT_LOG": str(log)},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 120
-    while proc.poll() is None and time.time() < deadline:
-        if log.exists() and line in log.read_text():
-            proc.send_signal(signal.SIGKILL)
-            break
-        time.sleep(0.001)
-    proc.wait()
-
-
 def test_killed_in_the_eigenvalue_pass_resumes_from_the_stored_covariances(tmp_path):
     one = make_project(tmp_path / "one", n_models=2)
     shutil.copytree(one, tmp_path / "two")
@@ -73,7 +59,7 @@ def test_killed_in_the_eigenvalue_pass_resumes_from_the_stored_covariances(tmp_p
     args = ["featurize", "run.yaml", "-q", "projector.kind=sjlt", "curvature.kind=ekfac"]
     assert run(one, *args).returncode == 0
     log = tmp_path / "events.log"
-    _kill_at_line(two, args, log, "start curvature-eigenvalues 1")
+    kill_at_line(two, args, log, "start curvature-eigenvalues 1")
     assert "start curvature-eigenvalues 1" in log.read_text()
     assert "done featurize 1" not in log.read_text()
     log.unlink()
@@ -109,7 +95,7 @@ def test_bad_curvature_settings_are_one_clear_error(user_project, args, message)
     assert not _store(user_project).exists()
 
 
-def test_parameters_outside_layers_are_named_before_the_store_exists(tmp_path):
+def test_parameters_outside_layers_are_left_out_by_default_and_named_when_selected(tmp_path):
     from projects import write_config
     import yaml
 
@@ -124,6 +110,9 @@ def test_parameters_outside_layers_are_named_before_the_store_exists(tmp_path):
     model = torch.nn.Sequential(torch.nn.Linear(6, 32), torch.nn.LayerNorm(32), torch.nn.Tanh(), torch.nn.Linear(32, 3))
     torch.save(model.state_dict(), root / "ckpts" / "model_0.pt")
     write_config(root / "run.yaml", cfg)
+    res = run(root, "featurize", "run.yaml", "curvature.kind=ekfac", "store.path=out/default.zarr")
+    assert res.returncode == 0, res.stderr  # grad_wrt unset: the layers it factors, the norm named in one line
+    assert "left out: 2 parameters (LayerNorm)" in res.stderr, res.stderr
     res = run(root, "featurize", "run.yaml", "curvature.kind=ekfac", "grad_wrt=['*']")
     assert res.returncode == 1
     assert "1.weight (LayerNorm)" in res.stderr and "grad_wrt" in res.stderr, res.stderr

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +15,7 @@ import pytest
 import torch
 import zarr
 
-from projects import make_project, run, tiny_model, trak_cmd
+from projects import kill_at_line, make_project, run, tiny_model, trak_cmd
 from trakcli.curvature import Curvature
 from trakcli.curvature.kfac import CurvatureFactors, LayerFactors
 from trakcli.gradients import PerExampleGradients, select_parameters
@@ -146,29 +144,6 @@ def test_stored_features_keep_the_curvature(tmp_path):
     assert corr > 0.75, corr  # 0.86 measured
 
 
-def test_default_layers_leave_norms_out_in_one_line_and_explicit_ones_are_refused(tmp_path):
-    import yaml
-
-    from projects import write_config
-
-    root = _project(tmp_path / "p", n_models=1)
-    cfg = yaml.safe_load((root / "run.yaml").read_text())
-    cfg["model"] = {"entrypoint": "norm_model.py:make_model"}
-    (root / "norm_model.py").write_text(
-        "from torch import nn\n"
-        "def make_model():\n"
-        "    return nn.Sequential(nn.Linear(6, 32), nn.LayerNorm(32), nn.Tanh(), nn.Linear(32, 3))\n")
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(6, 32), torch.nn.LayerNorm(32), torch.nn.Tanh(), torch.nn.Linear(32, 3))
-    torch.save(model.state_dict(), root / "ckpts" / "model_0.pt")
-    write_config(root / "run.yaml", cfg)
-    res = run(root, "featurize", "run.yaml", "curvature.kind=ekfac")
-    assert res.returncode == 0, res.stderr
-    assert "left out: 2 parameters (LayerNorm)" in res.stderr, res.stderr
-    res = run(root, "featurize", "run.yaml", "curvature.kind=ekfac", "grad_wrt=['*']", "store.path=out/b.zarr")
-    assert res.returncode == 1 and "1.weight (LayerNorm)" in res.stderr, res.stderr
-
-
 def test_fit_rows_fits_on_a_sample_and_counts_it(tmp_path):
     root = _project(tmp_path / "p", n_models=1)
     res = run(root, "featurize", "run.yaml", "curvature.kind=ekfac", "curvature.fit_rows=100")
@@ -176,18 +151,6 @@ def test_fit_rows_fits_on_a_sample_and_counts_it(tmp_path):
     assert "over 100 train rows (a sample of 600" in res.stderr, res.stderr
     res = run(root, "featurize", "run.yaml", "curvature.kind=ekfac")  # another fit: another store identity
     assert res.returncode == 1 and "fit_rows" in res.stderr and "--overwrite" in res.stderr, res.stderr
-
-
-def _kill_at_line(cwd: Path, args: list[str], log: Path, line: str) -> None:
-    proc = subprocess.Popen(trak_cmd(*args), cwd=cwd, env={**os.environ, "TRAK_EVENT_LOG": str(log)},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 120
-    while proc.poll() is None and time.time() < deadline:
-        if log.exists() and line in log.read_text():
-            proc.send_signal(signal.SIGKILL)
-            break
-        time.sleep(0.001)
-    proc.wait()
 
 
 @pytest.mark.slow
@@ -203,7 +166,7 @@ def test_exact_top_k_killed_mid_pass_resumes_to_the_same_top_k_and_two_ranks_giv
         assert run(root, "featurize", "run.yaml", "-q", *base).returncode == 0
     assert run(one, "score", "run.yaml", "-q", *base).returncode == 0
     log = tmp_path / "events.log"
-    _kill_at_line(two, ["score", "run.yaml", "-q", *base], log, "done top-k segment 2")
+    kill_at_line(two, ["score", "run.yaml", "-q", *base], log, "done top-k segment 2")
     assert "done top-k segment 2" in log.read_text() and "done top-k segment 7" not in log.read_text()
     log.unlink()
     res = subprocess.run(trak_cmd("score", "run.yaml", "-q", *base), cwd=two,
