@@ -11,9 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
-import time
 from pathlib import Path
 
 import numpy as np
@@ -22,25 +20,12 @@ import torch
 import zarr
 
 from projects import (
-    TINY_LMS_FILE, assert_same_store, make_project, msg, run, run_subprocess, s3_arrays, set_store, tiny_model,
+    TINY_LMS_FILE, assert_same_store, kill_at_line, make_project, msg, run, run_subprocess, s3_arrays, set_store, tiny_model,
     trak_cmd, write_config, write_jsonl,
 )
 
 STORE = Path("out") / "attrib.zarr"
 BIG_CHUNK = ["store.chunk_rows=400"]  # 600 rows: chunks [0, 400) and [400, 600), batches of 16 rows
-
-
-def _kill_at_line(cwd: Path, args: list[str], log: Path, line: str) -> None:
-    """Run `trak ARGS` and SIGKILL it as soon as the event log holds ``line``."""
-    proc = subprocess.Popen(trak_cmd(*args), cwd=cwd, env={**os.environ, "TRAK_EVENT_LOG": str(log)},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 120
-    while proc.poll() is None and time.time() < deadline:
-        if log.exists() and line in log.read_text():
-            proc.send_signal(signal.SIGKILL)
-            break
-        time.sleep(0.001)
-    proc.wait()
 
 
 def _events(log: Path, kind: str, model_id: int = 0) -> list[list[int]]:
@@ -72,7 +57,7 @@ def test_killed_inside_the_first_chunk_resumes_after_the_saved_rows(tmp_path, re
     root = make_project(tmp_path / "p", n_models=2)
     args = ["featurize", "run.yaml", "-q", *BIG_CHUNK, "store.save_every_s=0"]  # a save after every batch
     log = tmp_path / "events.log"
-    _kill_at_line(root, args, log, "partial featurize 0 0 48")
+    kill_at_line(root, args, log, "partial featurize 0 0 48")
     assert "done featurize 0 0" not in log.read_text()  # killed inside chunk 0 (400 rows, 25 batches)
     saved = int(np.asarray(zarr.open_group(str(root / STORE), mode="r")["train/0/rows_done"][0]))
     assert saved >= 48 and saved % 16 == 0
@@ -95,10 +80,10 @@ def test_killed_again_after_a_resume_loses_nothing_saved(tmp_path, reference):
     root = make_project(tmp_path / "p", n_models=2)
     args = ["featurize", "run.yaml", "-q", *BIG_CHUNK, "store.save_every_s=0"]
     log = tmp_path / "events.log"
-    _kill_at_line(root, args, log, "partial featurize 0 0 32")
+    kill_at_line(root, args, log, "partial featurize 0 0 32")
     first = int(np.asarray(zarr.open_group(str(root / STORE), mode="r")["train/0/rows_done"][0]))
     log.unlink()
-    _kill_at_line(root, args, log, f"partial featurize 0 0 {first + 32}")  # the resumed run, killed in turn
+    kill_at_line(root, args, log, f"partial featurize 0 0 {first + 32}")  # the resumed run, killed in turn
     assert _events(log, "resume") == [[0, first]]
     second = int(np.asarray(zarr.open_group(str(root / STORE), mode="r")["train/0/rows_done"][0]))
     assert second >= first + 32
@@ -256,7 +241,7 @@ def test_killed_inside_a_chunk_on_s3_resumes_after_the_saved_rows(tmp_path, s3, 
     set_store(root, url)
     args = ["featurize", "run.yaml", "-q", *BIG_CHUNK, "store.save_every_s=0"]
     log = tmp_path / "events.log"
-    _kill_at_line(root, args, log, "partial featurize 0 0 48")
+    kill_at_line(root, args, log, "partial featurize 0 0 48")
     assert "done featurize 0 0" not in log.read_text()
     saved = _inspect(root, url)[0]["rows_partial"]
     assert saved >= 48
@@ -315,7 +300,7 @@ def test_a_language_model_killed_inside_its_chunk_resumes_to_the_uninterrupted_s
     once, root = _lm_project(tmp_path / "once"), _lm_project(tmp_path / "p")
     assert run(once, "featurize", "run.yaml", "-q").returncode == 0
     log = tmp_path / "events.log"
-    _kill_at_line(root, ["featurize", "run.yaml", "-q"], log, "partial featurize 0 0")
+    kill_at_line(root, ["featurize", "run.yaml", "-q"], log, "partial featurize 0 0")
     uninterrupted = [b[1:] for b in _events(log, "batch")]
     assert "done featurize 0 0" not in log.read_text()
     saved = int(np.asarray(zarr.open_group(str(root / "s.zarr"), mode="r")["train/0/rows_done"][0]))
