@@ -88,17 +88,24 @@ class QueryLayerGrads(_Inputs):
 
     def take_grad(self, use: Use, kept: torch.Tensor, g: torch.Tensor) -> None:
         j = use.layer
-        gt = use.kind.out_grads(g, kept.shape[0]).to(torch.float32)  # [n, T, d_out]
-        grid = gt.transpose(1, 2) @ kept  # [n, d_out, d_in]
-        if self.calls[j] == 1:
-            self.done[j] = precondition_layer(self.layers[j], self.factors, j, grid, self.rank)
+        f = self.factors.factors[j]
+        dtype = f.q_out.dtype
+        gt = use.kind.out_grads(g, kept.shape[0]).to(dtype=dtype, device="cpu")  # [n, T, d_out]
+        a = kept.to(dtype=dtype, device="cpu")  # [n, T, d_in]
+        d_out, d_in, t = f.q_out.shape[0], f.q_in.shape[0], gt.shape[1]
+        if t * (d_out * d_out + d_in * d_in) < d_out * d_in * (d_out + d_in):  # few tokens: rotate them, not G
+            x = (gt @ f.q_out).transpose(1, 2) @ (a @ f.q_in)  # Q_Sᵀ G Q_A  [n, d_out, d_in]
         else:
-            self._grids[j] = grid if j not in self._grids else self._grids[j] + grid
+            x = f.q_out.T @ (gt.transpose(1, 2) @ a) @ f.q_in
+        if self.calls[j] == 1:
+            self.done[j] = precondition_layer(self.layers[j], self.factors, j, x, self.rank, rotated=True)
+        else:
+            self._grids[j] = x if j not in self._grids else self._grids[j] + x
 
     def finish(self) -> QueryGradients:
         """The batch's :class:`QueryGradients` (a layer no call reached: zeros)."""
-        for j, grid in self._grids.items():
-            self.done[j] = precondition_layer(self.layers[j], self.factors, j, grid, self.rank)
+        for j, x in self._grids.items():
+            self.done[j] = precondition_layer(self.layers[j], self.factors, j, x, self.rank, rotated=True)
         self._grids = {}
         for j, layer in enumerate(self.layers):
             if j not in self.done:
@@ -187,15 +194,18 @@ LOWRANK_OVERSAMPLE = 10
 
 
 def precondition_layer(layer: KroneckerLayer, factors: CurvatureFactors, j: int, grads: torch.Tensor,
-                       rank: int | None) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, int]:
+                       rank: int | None, rotated: bool = False
+                       ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, int]:
     """``H = Q_S [(Q_Sᵀ G Q_A) / (Λ + δ)] Q_Aᵀ`` of layer ``j`` (in the factors' dtype), kept at ``rank`` (None: full):
-    the truncated SVD, randomized where the rank is far below the layer's smaller side.
+    the truncated SVD of the bracket (the rotations keep singular values), randomized where the rank is far
+    below the layer's smaller side, its factors then rotated back (``Q_S U Σ``, ``Q_A V``: no full back-rotation).
 
     Args:
         layer: the layer.
         factors: the checkpoint's fitted curvature, with the damping of the scores.
         j: the layer's index in ``factors``.
-        grads: ``[n, d_out, d_in]`` the queries' gradients of the layer.
+        grads: ``[n, d_out, d_in]`` the queries' gradients of the layer, or with ``rotated`` already
+            ``Q_Sᵀ G Q_A``.
         rank: the low rank, or None.
 
     Returns:
@@ -205,21 +215,23 @@ def precondition_layer(layer: KroneckerLayer, factors: CurvatureFactors, j: int,
     f = factors.factors[j]
     n = grads.shape[0]
     dtype = f.q_out.dtype  # the factors' (float32 for a float32 model: half the time of float64)
-    g = grads.to(dtype=dtype, device="cpu")
     q_out, q_in = f.q_out, f.q_in
-    inv = 1.0 / (f.eig + f.damping(factors.damping))  # [d_out, d_in]
-    h = q_out @ ((q_out.T @ g @ q_in) * inv) @ q_in.T  # [n, d_out, d_in]
+    x = grads.to(dtype=dtype, device="cpu")
+    if not rotated:
+        x = q_out.T @ x @ q_in
+    x = x / (f.eig + f.damping(factors.damping))  # [n, d_out, d_in], in the eigenbasis
     r_max = min(layer.d_out, layer.d_in)
     if rank is None or rank * (layer.d_out + layer.d_in) >= layer.d_out * layer.d_in:
-        return h.reshape(n, -1).float(), None, None, r_max
+        return (q_out @ x @ q_in.T).reshape(n, -1).float(), None, None, r_max
     r = min(rank, r_max)
     if r + LOWRANK_OVERSAMPLE < r_max // 4:  # a randomized range finder: O(d_out d_in r), not O(d_out d_in²)
-        u, s, v = torch.svd_lowrank(h, q=r + LOWRANK_OVERSAMPLE, niter=2)  # [n, d_out, q], [n, q], [n, d_in, q]
+        u, s, v = torch.svd_lowrank(x, q=r + LOWRANK_OVERSAMPLE, niter=2)  # [n, d_out, q], [n, q], [n, d_in, q]
         us, v = u[..., :r] * s[:, None, :r], v[..., :r]
     else:
-        u, s, vh = torch.linalg.svd(h, full_matrices=False)  # [n, d_out, k], [n, k], [n, k, d_in]
+        u, s, vh = torch.linalg.svd(x, full_matrices=False)  # [n, d_out, k], [n, k], [n, k, d_in]
         us = u[..., :r] * s[:, None, :r]  # [n, d_out, r]
         v = vh[:, :r, :].transpose(1, 2)  # [n, d_in, r]
+    us, v = q_out @ us, q_in @ v  # back to the parameters' coordinates
     return (None, us.permute(1, 0, 2).reshape(layer.d_out, n * r).float().contiguous(),
             v.permute(1, 0, 2).reshape(layer.d_in, n * r).float().contiguous(), r)
 
