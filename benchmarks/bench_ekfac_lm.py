@@ -334,7 +334,7 @@ def main(argv: list[str] | None = None) -> None:
     base = rows.get(TRAK)
     result: dict[str, Any] = {
         "benchmark": "bench_ekfac_lm",
-        "command": shlex.join(getattr(sys, "orig_argv", [sys.executable, *sys.argv])),
+        "command": shlex.join(["python", "-m", "benchmarks.bench_ekfac_lm", *(sys.argv[1:] if argv is None else argv)]),
         "model": MODEL_SPEC,
         "docs": docs,
         "args": {"n_docs": a.n_docs, "n_queries": a.n_queries, "max_length": a.max_length,
