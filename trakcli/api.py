@@ -32,16 +32,16 @@ from trakcli.data.load import checked_dataset
 from trakcli.data.tensors import Inputs, TensorDataset
 from trakcli.distributed import Dist
 from trakcli.curvature import Curvature
-from trakcli.curvature.kfac import curvature_layers, default_curvature_params
 from trakcli.errors import CheckpointError, ConfigError, DataError, StoreError, TrakError, worded
 from trakcli.factors import KroneckerFeaturizer
-from trakcli.gradients import select_parameters
-from trakcli.tasks import LossOutput, resolve_task, task_identity
+from trakcli.tasks import resolve_task, task_identity
 from trakcli.jobs.featurize import featurize_rows
 from trakcli.jobs.runtime import grad_memory_for, locked_store, resolve_device
 from trakcli.data.stored import StoredRows
 from trakcli.jobs.score import ScoreResult, score_result, score_targets
-from trakcli.jobs.setup import JobSetup, batch_rows_for, build_featurizer, run_identity
+from trakcli.jobs.setup import (
+    JobSetup, attach_curvature, batch_rows_for, build_featurizer, curvature_selection, run_identity,
+)
 from trakcli.models.checkpoints import file_sha256, load_checkpoint, nonfinite_parameters
 from trakcli.progress import Reporter, default_reporter
 from trakcli.store import Store, StoreLayout
@@ -281,32 +281,20 @@ class Attributor:
                               "Attributor.score does not see; use `trak score` with a config, or exact: false")
         self.curvature_config: CurvatureConfig = validate_section(CurvatureConfig, {"exact": False, **raw}, "curvature")
         c = self.curvature_config
-        grad_wrt, task = self.grad_wrt, self.task
         if c.kind != "gram":  # as `trak featurize`: kronecker unless a kind is given, the loss, the layers it factors
             if c.refine.iterations:
                 raise ConfigError("curvature.refine: the conjugate-gradient refinement needs the training rows when "
                                   "scoring, which Attributor.score does not see; use `trak score` with a config")
             if "kind" not in (projector or {}):
                 self.projector = self.projector.model_copy(update={"kind": "kronecker"})
-            if c.output == "loss":
-                task = LossOutput(self.task)
-            if grad_wrt is None:
-                grad_wrt, line = default_curvature_params(model, c.kind)
-                reporter.info(line)
-            else:
-                curvature_layers(model, select_parameters(model, grad_wrt), c.kind)
+        grad_wrt, task = curvature_selection(model, c, self.grad_wrt, self.task, reporter)
         self.featurizer = build_featurizer(
             model, self.projector, grad_wrt=grad_wrt, task=task, memory_mb=grad_memory_mb,
             gradient_method=gradient_method, reporter=reporter,
         )
         if isinstance(self.featurizer, KroneckerFeaturizer):
             reporter.info(self.featurizer.info)
-        self.curvature: Curvature | None = None
-        if c.kind != "gram":
-            self.curvature = Curvature(model, self.featurizer.param_names, task, c.kind, c.feature_damping, c.fisher,
-                                       c.seed)
-            self.curvature.output, self.curvature.fit_rows = c.output, c.fit_rows
-            self.featurizer.curvature = self.curvature
+        self.curvature: Curvature | None = attach_curvature(self.featurizer, model, c, task)
 
     @property
     def path(self) -> Any:

@@ -445,6 +445,24 @@ class CustomTask(Task):
         return self.trained_as().loss_count(batch)
 
 
+def token_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Each position's next-token cross-entropy over the target tokens of a causal LM (vmap-safe).
+
+    Args:
+        logits: ``[..., L, V]`` float logits (position t predicts token t+1).
+        labels: ``[..., L]`` int64 unshifted per-token labels, ``-100`` where a token is not a target.
+
+    Returns:
+        ``[..., L-1]``: at ``t`` the loss ``−log p_t(x_{t+1})`` in nats where ``labels[t+1]`` is a target, 0 elsewhere.
+    """
+    nxt = labels[..., 1:]
+    valid = nxt != IGNORE_INDEX
+    logp = torch.log_softmax(logits[..., :-1, :], dim=-1)
+    tok = torch.where(valid, nxt, torch.zeros_like(nxt)).unsqueeze(-1)
+    nll = -logp.gather(-1, tok).squeeze(-1)
+    return nll * valid.to(nll.dtype)
+
+
 def example_losses(task: Task, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
     """Each example's training loss ``[n]``, summed over its terms (vmap-safe for the built-in tasks).
 
@@ -464,13 +482,7 @@ def example_losses(task: Task, logits: torch.Tensor, batch: Batch) -> torch.Tens
     base = task.trained_as() if isinstance(task, CustomTask) else task
     if base.token_level:
         labels = token_labels(batch)
-        pred = logits.reshape(*labels.shape, -1)[..., :-1, :]  # [n, L-1, V]
-        nxt = labels[..., 1:]
-        valid = nxt != IGNORE_INDEX
-        logp = torch.log_softmax(pred, dim=-1)
-        tok = torch.where(valid, nxt, torch.zeros_like(nxt)).unsqueeze(-1)
-        nll = -logp.gather(-1, tok).squeeze(-1)  # [n, L-1]
-        return (nll * valid.to(nll.dtype)).sum(-1)
+        return token_losses(logits.reshape(*labels.shape, -1), labels).sum(-1)
     if type(base).loss is Task.loss or isinstance(base, Classification):
         labels = batch["labels"]
         logp = torch.log_softmax(logits.reshape(*labels.shape, -1), dim=-1)

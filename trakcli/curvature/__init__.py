@@ -49,13 +49,15 @@ class Curvature:
             (:meth:`with_damping`).
         fisher: ``true`` (sampled labels) or ``empirical``.
         seed: seed of the sampled labels.
+        output: ``curvature.output`` (``loss``: ``task`` is a :class:`~trakcli.tasks.LossOutput`; part of :meth:`spec`).
+        fit_rows: ``curvature.fit_rows``, the size of the fit's sample (None: every row; part of :meth:`spec`).
 
     Raises:
         ConfigError: a bad kind, damping or fisher; parameters outside such layers (:func:`curvature_layers`).
     """
 
     def __init__(self, model: nn.Module, param_names: Sequence[str], task: Any, kind: str, damping: float = 0.1,
-                 fisher: str = "true", seed: int = 0):
+                 fisher: str = "true", seed: int = 0, output: str = "margin", fit_rows: int | None = None):
         if kind not in KINDS:
             raise ConfigError(f"curvature.kind must be gram, {' or '.join(KINDS)}, got {kind!r}")
         if fisher not in FISHERS:
@@ -68,9 +70,7 @@ class Curvature:
         self.layers, self.uses = curvature_layers(model, param_names, kind)
         self._factors: dict[int, CurvatureFactors] = {}
         self.refine_iterations, self.refine_tol = 0, 1e-4
-        #: ``curvature.output`` (``loss``: ``task`` is a :class:`~trakcli.tasks.LossOutput`) and ``curvature.fit_rows``.
-        self.output: str = "margin"
-        self.fit_rows: int | None = None
+        self.output, self.fit_rows = output, fit_rows
         self._refine_batches: Callable[[], Sequence[Any]] | None = None
         self._gauss_newton: tuple[int, GaussNewton] | None = None
         self._folded: tuple[Any, list[tuple[torch.Tensor, torch.Tensor]]] | None = None

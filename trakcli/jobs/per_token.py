@@ -60,7 +60,9 @@ from trakcli.progress import NULL_REPORTER, Reporter
 from trakcli.scoring import target_weights
 from trakcli.store import ChunkedRows, Store
 from trakcli.store.kernel import read_kernel
-from trakcli.tasks import IGNORE_INDEX, LanguageModeling, LossOutput, classification_margin, resolve_task, token_labels
+from trakcli.tasks import (
+    IGNORE_INDEX, LanguageModeling, LossOutput, classification_margin, resolve_task, token_labels, token_losses,
+)
 
 def check_per_token(s: JobSetup, *, normalize: str | None) -> None:
     """Refuse settings per-token scores cannot be computed with, naming the fix (``score.top_k`` is checked by
@@ -96,12 +98,7 @@ def token_outputs(task: Any, logits: torch.Tensor, labels: torch.Tensor) -> torc
     sum over ``t`` is the task's ``f``."""
     if not isinstance(task, LossOutput):
         return token_margins(logits, labels)
-    nxt = labels[:, 1:]
-    valid = nxt != IGNORE_INDEX
-    logp = torch.log_softmax(logits[:, :-1, :], dim=-1)
-    tok = torch.where(valid, nxt, torch.zeros_like(nxt)).unsqueeze(-1)
-    terms = logp.gather(-1, tok).squeeze(-1) * valid.to(logp.dtype)  # -CE of each target token
-    return torch.nn.functional.pad(terms, (1, 0))
+    return torch.nn.functional.pad(-token_losses(logits, labels), (1, 0))
 
 
 def token_margins(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -421,15 +421,7 @@ def prepare(
     memory_mb = grad_memory_for(cfg.data.grad_memory_mb, device)
     main_reporter = reporter if dist.is_main else NULL_REPORTER
     c = cfg.curvature
-    grad_wrt, task = cfg.grad_wrt, cfg.task
-    if c.kind != "gram":
-        if c.output == "loss":  # influence functions' gradient: the training loss on both sides, Q = 1
-            task = LossOutput(resolve_task(cfg.task))
-        if grad_wrt is None:  # every linear and convolution layer it can factor, and what it leaves out
-            grad_wrt, line = default_curvature_params(model, c.kind)
-            main_reporter.info(line)
-        else:  # a selected parameter it cannot factor is refused, named, before anything is computed
-            curvature_layers(model, select_parameters(model, grad_wrt), c.kind)
+    grad_wrt, task = curvature_selection(model, c, cfg.grad_wrt, cfg.task, main_reporter)
     featurizer = build_featurizer(model, cfg.projector, grad_wrt=grad_wrt, task=task, memory_mb=memory_mb,
                                   gradient_method=cfg.gradient_method, reporter=main_reporter)
     states = state_shas = second = None
@@ -440,11 +432,8 @@ def prepare(
         note = embedding_note(model, featurizer.param_names)
         if note and dist.is_main:
             reporter.info(note)
-    curvature = None
-    if c.kind != "gram":
-        curvature = Curvature(model, featurizer.param_names, task, c.kind, c.feature_damping, c.fisher, c.seed)
-        curvature.output, curvature.fit_rows = c.output, c.fit_rows
-        featurizer.curvature = curvature
+    curvature = attach_curvature(featurizer, model, c, task)
+    if curvature is not None:
         if not isinstance(featurizer, KroneckerFeaturizer) and dist.is_main:
             reporter.info(f"curvature {c.kind} with projector.kind {cfg.projector.kind}: whole per-example gradients "
                           "are whitened before the projection (projector.kind kronecker folds the curvature into "
@@ -465,6 +454,41 @@ def prepare(
                     cfg.curvature.refine if curvature is not None else None,
                     cfg.curvature.damping if curvature is not None and cfg.curvature.exact else None,
                     cfg.curvature.query_rank)
+
+
+def curvature_selection(model: torch.nn.Module, curvature: Any, grad_wrt: list[str] | None, task: Any,
+                        reporter: Reporter = NULL_REPORTER) -> tuple[list[str] | None, Any]:
+    """The ``grad_wrt`` and task the featurizer of a ``curvature:`` section takes (unchanged for ``gram``).
+
+    ``output: loss`` wraps the task in :class:`~trakcli.tasks.LossOutput`. With ``grad_wrt`` unset, the
+    parameters of every layer the curvature can factor (:func:`~trakcli.curvature.kfac.default_curvature_params`,
+    its line to ``reporter``); set, a selected parameter it cannot factor is refused before anything is computed.
+
+    Raises:
+        ConfigError: no layer to factor, or a selected parameter outside them (named).
+    """
+    if curvature.kind == "gram":
+        return grad_wrt, task
+    if curvature.output == "loss":  # influence functions' gradient: the training loss on both sides, Q = 1
+        task = LossOutput(resolve_task(task))
+    if grad_wrt is None:
+        grad_wrt, line = default_curvature_params(model, curvature.kind)
+        reporter.info(line)
+    else:
+        curvature_layers(model, select_parameters(model, grad_wrt), curvature.kind)
+    return grad_wrt, task
+
+
+def attach_curvature(featurizer: Featurizer, model: torch.nn.Module, curvature: Any, task: Any) -> Curvature | None:
+    """The :class:`~trakcli.curvature.Curvature` of a ``curvature:`` section over ``featurizer``'s parameters, set as
+    its ``curvature`` (None for ``gram``); ``task`` as :func:`curvature_selection` returned it."""
+    if curvature.kind == "gram":
+        return None
+    c = curvature
+    out = Curvature(model, featurizer.param_names, task, c.kind, c.feature_damping, c.fisher, c.seed,
+                    output=c.output, fit_rows=c.fit_rows)
+    featurizer.curvature = out
+    return out
 
 
 def _stored_train(cfg: Config, missing: list[str], reporter: Reporter) -> StoredRows:
