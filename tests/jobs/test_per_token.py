@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import numpy as np
+import zarr
 import pytest
 import torch
 import yaml
@@ -682,3 +683,18 @@ def test_an_operation_without_forward_ad_is_one_clear_error_naming_it_and_its_mo
     assert "Traceback" not in res.stderr
     assert "NoJvpTanh" in msg and "'transformer.h.0.mlp.act' (Act)" in msg, msg
     assert "lm_model.py:no_jvp" in msg and "give it a jvp staticmethod" in msg and "score.per_token: false" in msg, msg
+
+
+def test_per_token_with_a_curvature_on_the_kronecker_projector_is_one_error_naming_sjlt(tmp_path, monkeypatch):
+    """The curvature's default projector (kronecker) forms no whole per-example gradient to split: refused with the
+    fix before anything is scored, and the stored features stay."""
+    monkeypatch.chdir(tmp_path)
+    _project(tmp_path, "gpt2", "completion", {"curvature.kind": "ekfac", "projector.kind": "kronecker",
+                                             "projector.proj_dim": 32})
+    assert run(tmp_path, "featurize", "run.yaml", "-q").returncode == 0
+    before = zarr.open_group(str(tmp_path / "s.zarr"), mode="r")["train/0/features"][:]
+    res = run(tmp_path, "score", "run.yaml")
+    assert res.returncode == 1, res.stderr
+    assert "score.per_token: true with curvature.kind ekfac" in res.stderr and "projector.kind: sjlt" in res.stderr
+    after = zarr.open_group(str(tmp_path / "s.zarr"), mode="r")["train/0/features"][:]
+    np.testing.assert_array_equal(before, after)
