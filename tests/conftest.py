@@ -15,6 +15,23 @@ from projects import MODEL_FILE, make_project, run, tiny_model, write_config
 # the tests never ask the Hugging Face Hub: a Hub name resolves from a cache the test populates, or fails at once
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+#: Words whose presence in a test module means its tests start child processes (`trak` in a subprocess, kill -9,
+#: torchrun, retraining workers, a server): the module's tests get the ``subprocess`` marker, so
+#: ``pytest -m "not subprocess"`` is the quick in-process loop.
+CHILD_PROCESS_WORDS = ("subprocess", "run_subprocess", "kill_at_line", "torchrun", "Popen")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test of a module that starts child processes with ``subprocess`` (see :data:`CHILD_PROCESS_WORDS`)."""
+    starts: dict[Path, bool] = {}
+    for item in items:
+        path = Path(str(item.fspath))
+        if path not in starts:
+            text = path.read_text(encoding="utf-8") if path.suffix == ".py" else ""
+            starts[path] = any(word in text for word in CHILD_PROCESS_WORDS)
+        if starts[path]:
+            item.add_marker(pytest.mark.subprocess)
+
 
 @pytest.fixture
 def user_project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:

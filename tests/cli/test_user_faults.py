@@ -351,9 +351,19 @@ def test_a_directory_where_a_file_is_expected(project):
     assert "data.train.path: 'ckpts' is a directory, not a file; give a .pt, .npz or text data file" in msg
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their permissions")
-def test_checkpoint_the_user_cannot_read(project):
+def test_checkpoint_the_user_cannot_read(project, monkeypatch):
     Path("ckpts/model_1.pt").chmod(0)
+    if os.geteuid() == 0:  # root reads files whatever their permissions: the open fails as it would for a user
+        import builtins
+
+        real_open = builtins.open
+
+        def denied(file, *args, **kwargs):
+            if str(file).endswith("model_1.pt"):
+                raise PermissionError(13, "Permission denied", str(file))
+            return real_open(file, *args, **kwargs)
+
+        monkeypatch.setattr(builtins, "open", denied)
     try:
         msg = failed(trak("featurize", "run.yaml"))
     finally:
