@@ -14,7 +14,7 @@ import torch
 
 from trakcli.errors import DataError
 
-#: Per-token labels that are not targets (transformers' ``ignore_index``; as :data:`trakcli.tasks.IGNORE_INDEX`).
+#: Label of a token that is not a target (PyTorch's ``cross_entropy`` ``ignore_index``, as in transformers).
 IGNORE_INDEX = -100
 
 

@@ -50,10 +50,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from trakcli.errors import ConfigError, DataError, user_code
-from trakcli.labels import any_labels, class_labels
-
-#: Per-token labels that are not targets (transformers' ``ignore_index``).
-IGNORE_INDEX = -100
+from trakcli.labels import IGNORE_INDEX, any_labels, class_labels
 
 #: A batch: every tensor the data yields, examples first.
 Batch = Mapping[str, torch.Tensor]

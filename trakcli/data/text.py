@@ -44,11 +44,9 @@ import torch
 
 from trakcli.data.tensors import batch_fits
 from trakcli.errors import DataError, ModelError
+from trakcli.labels import IGNORE_INDEX
 from trakcli.models.hf import import_transformers, resolve_hf_path
 from trakcli.models.hub import is_hub_url, resolve_hub_dataset
-
-#: Label of a token that is not a target (PyTorch's ``cross_entropy`` ``ignore_index``, as in transformers).
-IGNORE_INDEX = -100
 
 #: Rows read and tokenized at once inside :meth:`TextDataset.batches` (bounds the memory of one call).
 WINDOW_ROWS = 1024

@@ -134,6 +134,11 @@ class BlockCache:
         return self._bytes
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """A torch dtype as the config spells it: ``torch.float32`` -> ``"float32"``."""
+    return str(dtype).removeprefix("torch.")
+
+
 def as_float_dtype(t: torch.Tensor, what: str) -> None:
     """Raise :class:`ProjectorError` unless ``t`` has a supported floating dtype."""
     if t.dtype not in _FLOAT_DTYPES:

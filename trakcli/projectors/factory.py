@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from trakcli.errors import ProjectorError
-from trakcli.projectors.base import Projector, check_int
+from trakcli.projectors.base import Projector, check_int, dtype_name
 from trakcli.projectors.registry import (
     ARGUMENTS,
     COMMON_OPTIONS,
@@ -178,7 +178,7 @@ def make_projector(
     if implementation == "cuda":
         reason = _cuda_unavailable(kind)
         if reason is None and dtype != torch.float32:
-            reason = f"it accumulates in float32, not {_dtype_name(dtype)}"
+            reason = f"it accumulates in float32, not {dtype_name(dtype)}"
         if reason:
             raise ProjectorError(
                 f"projector implementation 'cuda' cannot run here: {reason}. Use implementation: "
@@ -260,17 +260,13 @@ def _cuda_unavailable(kind: str) -> str | None:
     return None
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
 def pick_auto(spec: ProjectorKind) -> str:
     """What ``implementation: auto`` builds for the kind ``spec``: ``cuda`` where it runs, else ``basic`` (else
     the kind's first implementation); logs the choice and why ``cuda`` was skipped."""
     kind, dtype = spec.name, spec.dtype
     reason = _cuda_unavailable(kind)
     if reason is None and dtype != torch.float32:
-        reason = f"it accumulates in float32, not {_dtype_name(dtype)}"
+        reason = f"it accumulates in float32, not {dtype_name(dtype)}"
     if reason is None:
         logger.info("projector implementation 'auto' picked 'cuda' for kind %r", kind)
         return "cuda"

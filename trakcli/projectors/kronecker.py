@@ -39,7 +39,9 @@ from typing import Any
 import torch
 
 from trakcli.errors import ProjectorError
-from trakcli.projectors.base import Grads, Projector, as_float_dtype, check_int, check_model_id, derive_seed
+from trakcli.projectors.base import (
+    Grads, Projector, as_float_dtype, check_int, check_model_id, derive_seed, dtype_name,
+)
 from trakcli.projectors.kronecker_layers import SPLITS, KroneckerLayer, LayerParam, choose_grid, split_widths
 from trakcli.projectors.matrices import GENERATOR, DenseMatrix
 
@@ -56,10 +58,6 @@ KRONECKER_TAG = 0x4B524F4E
 OUT, IN = 0, 1
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def kronecker_factor(
@@ -145,7 +143,7 @@ class KroneckerProjector(Projector):
         proj_dim = check_int("proj_dim", proj_dim, 1, "e.g. proj_dim: 2048")
         self.seed = check_int("seed", seed, 0, "use a non-negative integer such as 0")
         if isinstance(dtype, torch.dtype):
-            dtype = _dtype_name(dtype)
+            dtype = dtype_name(dtype)
         if dtype not in _DTYPES:
             raise ProjectorError(f"projector dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
         if distribution not in DISTRIBUTIONS:
@@ -179,7 +177,7 @@ class KroneckerProjector(Projector):
             "grad_dim": self.grad_dim,
             "proj_dim": self.proj_dim,
             "seed": self.seed,
-            "dtype": _dtype_name(self.dtype),
+            "dtype": dtype_name(self.dtype),
             "distribution": self.distribution,
             "generator": GENERATOR,
             "layers": [

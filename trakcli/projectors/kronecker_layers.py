@@ -47,10 +47,6 @@ import torch
 
 from trakcli.errors import ProjectorError
 
-#: Roles of a parameter in its layer's ``[d_out, d_in]`` gradient matrix (see :class:`LayerParam`).
-ROLES = ("weight", "weight_t", "bias")
-
-
 @dataclass(frozen=True)
 class LayerParam:
     """One parameter of a layer and where it sits in the layer's gradient matrix ``[d_out, d_in]``.

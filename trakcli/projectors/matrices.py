@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from trakcli.projectors.base import BlockCache, scale_for
+from trakcli.projectors.base import BlockCache, dtype_name, scale_for
 from trakcli.projectors.philox import M32, box_muller, matrix_key, philox4x32, uniform_from_bits
 
 #: Cached blocks hold a multiple of GEN_ROWS rows of ``Pᵀ`` and about BLOCK_ENTRIES entries
@@ -56,10 +56,6 @@ LITTLE_ENDIAN = sys.byteorder == "little"
 _SIGN_LUT = torch.tensor(
     [[1.0 if (b >> i) & 1 else -1.0 for i in range(8)] for b in range(256)], dtype=torch.float32
 )
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def _rows_counter(start: int, stop: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -120,7 +116,7 @@ class _Matrix:
             "grad_dim": self.grad_dim,
             "proj_dim": self.proj_dim,
             "seed": self.seed,
-            "dtype": _dtype_name(self.dtype),
+            "dtype": dtype_name(self.dtype),
             "generator": GENERATOR,
         }
 

@@ -296,11 +296,6 @@ class _Options(Mapping[str, str]):
 OPTIONS: Mapping[str, str] = _Options()
 
 
-def buildable_kinds() -> tuple[str, ...]:
-    """The registered kinds :func:`~trakcli.projectors.make_projector` builds (not those built from a model)."""
-    return tuple(n for n, cls in _REGISTRY.items() if cls.built_from_model is None)
-
-
 class KindNames(Sequence[str]):
     """A live, tuple-like view of the registered kind names that ``select(cls)`` accepts."""
 

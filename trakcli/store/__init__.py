@@ -66,8 +66,8 @@ and ``featurize --overwrite`` keeps it across the re-creation of the store.
 Modules:
 
 - :mod:`~trakcli.store.identity`: ``flatten``, ``jsonable``, ``differing_keys``,
-  ``diff_keys``, ``settings_mismatch``, ``check_same``, ``record_or_check``: the one
-  key-by-key diff of settings and the one record-or-check (no zarr).
+  ``diff_keys``, ``settings_mismatch``, ``check_same``: the one
+  key-by-key diff of settings and the one check of recorded settings (no zarr).
 - :mod:`~trakcli.store.layout`: :class:`StoreLayout`, the array shapes and storage
   the caller tells the store (n_train, proj_dim, chunk_rows, dtype, compressor) (no zarr).
 - :mod:`~trakcli.store.bfloat16`: bfloat16 features as ``uint16`` bits, rounded on write
@@ -95,7 +95,6 @@ from trakcli.store.identity import (
     differing_keys,
     flatten,
     jsonable,
-    record_or_check,
     settings_mismatch,
 )
 from trakcli.store.integrity import StoreCorruptError, StoreMetadataError
@@ -121,6 +120,5 @@ __all__ = [
     "differing_keys",
     "flatten",
     "jsonable",
-    "record_or_check",
     "settings_mismatch",
 ]

@@ -12,7 +12,7 @@ Imports neither zarr nor torch.
 from __future__ import annotations
 
 import json
-from typing import Any, MutableMapping
+from typing import Any
 
 from trakcli.errors import Fix, StoreMismatchError
 
@@ -131,31 +131,3 @@ def check_same(what: str, old: Any, new: Any, fix: str | Fix) -> None:
     new = jsonable(new)
     if old != new:
         raise settings_mismatch(what, old, new, fix)
-
-
-def record_or_check(
-    attrs: MutableMapping[str, Any], key: str, value: Any, *, what: str, fix: str | Fix, record: bool = True
-) -> bool:
-    """Record ``value`` under ``attrs[key]`` if nothing is recorded there, else check it is the recorded one.
-
-    Args:
-        attrs: where settings are recorded (zarr attributes, or any mapping).
-        key: the attribute.
-        value: this run's settings (stored as :func:`jsonable` of it).
-        what, fix: for the error (see :func:`check_same`).
-        record: whether this process may record (False on ranks > 0: an absent record then refuses).
-
-    Returns:
-        True if ``value`` was recorded now, False if it matched the recorded one.
-
-    Raises:
-        StoreMismatchError: the recorded settings differ, or none are recorded and ``record`` is False.
-        OSError: the attribute cannot be written (the caller names its store).
-    """
-    value = jsonable(value)
-    old = attrs.get(key)
-    if old is None and record:
-        attrs[key] = value
-        return True
-    check_same(what, old, value, fix)
-    return False
