@@ -11,7 +11,6 @@ import functools
 import logging
 import os
 import sys
-import warnings
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Callable, Iterator, Optional
@@ -20,8 +19,11 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from trakcli.errors import TrakError, in_library
-from trakcli.progress import Field, Reporter, Task, format_fields
+from trakcli.errors import TrakError
+from trakcli.library_warnings import library_warnings_to_log, warnings_log  # noqa: F401 - warnings_log: re-exported
+from trakcli.progress import (
+    PHASE_DELAY, Estimate, Field, PhaseLines, Reporter, Task, end_phases, format_duration, format_fields,
+)
 
 if TYPE_CHECKING:
     from rich.progress import Progress
@@ -71,61 +73,40 @@ def _print_error(message: str) -> None:
         err_console.print(escape(rest), highlight=False, soft_wrap=True)
 
 
-#: Where the warnings of other libraries go during a command (:func:`library_warnings_to_log`), at debug level.
-warnings_log = logging.getLogger("trakcli.warnings")
+#: The loggers whose INFO records (a model downloaded from the Hub, a GGUF file converted) start a phase line.
+PHASE_LOGGERS = ("trakcli.models",)
 
-#: The files of the ``warnings`` machinery, whose frames are skipped when looking for the code that issued a warning.
-_WARNING_FILES = {os.path.realpath(f) for f in (warnings.__file__, getattr(sys.modules.get("_py_warnings"), "__file__", None))
-                  if f}
+_reporter: RichReporter | None = None  # the running command's reporter (the last one it made)
 
 
-def _issued_by_library(filename: str) -> bool:
-    """Whether the warning being shown was issued by a library (torch, transformers, peft, numpy, ...).
+class _PhaseHandler(logging.Handler):
+    """A log record of :data:`PHASE_LOGGERS` at INFO or above becomes a phase of the command's reporter."""
 
-    Called inside ``warnings.showwarning``, while the code that warned is still on the stack: its frame is
-    the first one outside the ``warnings`` module. A library issued it when that frame is a library's, or
-    the warning's own ``filename`` is (whatever ``stacklevel`` it chose), or when the frame (trakcli's or
-    the user's) never calls ``warnings.warn`` itself: then a C extension warned (torch's C++ ``TORCH_WARN``)
-    inside an operation that frame ran.
-    """
-    if in_library(filename):
-        return True
-    frame = sys._getframe(2)  # the caller of showwarning (below: the frame that warned)
-    while frame is not None and os.path.realpath(frame.f_code.co_filename) in _WARNING_FILES:
-        frame = frame.f_back
-    if frame is None:
-        return False
-    code = frame.f_code
-    return in_library(code.co_filename) or not {"warn", "warn_explicit"} & set(code.co_names)
+    def emit(self, record: logging.LogRecord) -> None:
+        if _reporter is not None:
+            _reporter.phase(f"{record.getMessage()} …")
 
 
 @contextmanager
-def library_warnings_to_log() -> Iterator[None]:
-    """During a command, the Python warnings of other libraries go to :data:`warnings_log` at debug level.
-
-    peft's ``UserWarning: fan_in_fan_out is set to False ...``, transformers' and torch's deprecations
-    say nothing a ``trak`` user can act on; warnings that trakcli's or the user's own code issues
-    (``warnings.warn`` in a model file) still reach stderr. ``TRAK_DEBUG=1`` shows every warning, as
-    Python does; a ``logging`` handler at DEBUG on ``trakcli.warnings`` receives them too.
-    """
-    if os.environ.get("TRAK_DEBUG"):
-        yield
-        return
-    shown = warnings.showwarning
-
-    def show(message: Any, category: type[Warning], filename: str, lineno: int, file: Any = None,
-             line: str | None = None) -> None:
-        if _issued_by_library(filename):
-            warnings_log.debug("%s:%s: %s: %s", filename, lineno, category.__name__, message)
-        else:
-            shown(message, category, filename, lineno, file, line)
-
-    warnings.showwarning = show
+def _phases_of_library_logs() -> Iterator[None]:
+    """During a command: the INFO records of :data:`PHASE_LOGGERS` are phases (:class:`RichReporter`), and no
+    phase line is printed after the command ends."""
+    global _reporter
+    handler = _PhaseHandler(logging.INFO)
+    loggers = [logging.getLogger(name) for name in PHASE_LOGGERS]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.addHandler(handler)
+        if lg.getEffectiveLevel() > logging.INFO:
+            lg.setLevel(logging.INFO)
     try:
         yield
     finally:
-        if warnings.showwarning is show:  # a nested catch_warnings restored it already otherwise
-            warnings.showwarning = shown
+        end_phases()  # a phase line still pending would come after the command's last line
+        _reporter = None
+        for lg, level in zip(loggers, levels):
+            lg.removeHandler(handler)
+            lg.setLevel(level)
 
 
 def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -139,7 +120,7 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            with library_warnings_to_log():
+            with library_warnings_to_log(), _phases_of_library_logs():
                 return fn(*args, **kwargs)
         except TrakError as e:
             if os.environ.get("TRAK_DEBUG"):
@@ -174,12 +155,16 @@ def load(config: Path, overrides: list[str] | None, print_config: bool) -> Confi
 
 
 class _RichTask(Task):
-    def __init__(self, progress: Progress, task_id: Any):
-        self.progress, self.task_id = progress, task_id
+    def __init__(self, progress: Progress, task_id: Any, estimate: Estimate):
+        self.progress, self.task_id, self.estimate = progress, task_id, estimate
         self.fields: dict[str, Field] = {}
 
     def advance(self, n: int = 1) -> None:
+        self.estimate.advance(n)
         self.progress.advance(self.task_id, n)
+
+    def warmed_up(self) -> None:
+        self.estimate.warmed_up()
 
     def update(self, **fields: Field) -> None:
         self.fields.update(fields)
@@ -195,7 +180,8 @@ class _LogTask(Task):
     """Progress as plain log lines (``description: done/total (pct), elapsed, ~left  fields``) for a non-terminal.
 
     A task done within ``LOG_FIRST`` seconds prints nothing; a longer one prints a line then, every
-    ``every`` seconds after, and one when it ends.
+    ``every`` seconds after, and one when it ends. The time left is :class:`~trakcli.progress.Estimate`'s:
+    measured after the first step, never extrapolated from it.
     """
 
     def __init__(self, description: str, total: int, every: float):
@@ -205,11 +191,16 @@ class _LogTask(Task):
         self.description, self.total, self.every = description, total, every
         self.done, self.fields = 0, {}
         self.start = self.clock()
+        self.estimate = Estimate(total, self.clock)
         self.next, self.printed = self.start + LOG_FIRST, None  # printed: the (done, fields) last shown
 
     def advance(self, n: int = 1) -> None:
         self.done += n
+        self.estimate.advance(n)
         self.maybe_print()
+
+    def warmed_up(self) -> None:
+        self.estimate.warmed_up()
 
     def update(self, **fields: Field) -> None:
         self.fields.update(fields)
@@ -223,30 +214,72 @@ class _LogTask(Task):
         self.next, self.printed = now + self.every, state
         elapsed = now - self.start
         pct = f" ({100 * self.done / self.total:.0f}%)" if self.total else ""
-        left = (f", ~{_duration(elapsed * (self.total - self.done) / self.done)} left"
-                if 0 < self.done < self.total else "")
+        estimate = self.estimate.left() if 0 < self.done < self.total else None
+        left = f", ~{_duration(estimate)} left" if estimate is not None else ""
         extra = format_fields(self.fields)
         err_console.print(f"{self.description}: {self.done}/{self.total}{pct}, {_duration(elapsed)} elapsed{left}"
                           + (f"  {extra}" if extra else ""), highlight=False, markup=False)
 
 
-def _duration(seconds: float) -> str:
-    """``"42s"``, ``"3m05s"`` or ``"2h07m"``."""
-    s = int(round(seconds))
-    return f"{s}s" if s < 60 else f"{s // 60}m{s % 60:02d}s" if s < 3600 else f"{s // 3600}h{s % 3600 // 60:02d}m"
+_duration = format_duration
+
+
+def phase_delay() -> float:
+    """Seconds a phase runs before its line is printed: ``TRAK_PHASE_DELAY`` if set, else
+    :data:`~trakcli.progress.PHASE_DELAY`."""
+    try:
+        return max(0.0, float(os.environ.get("TRAK_PHASE_DELAY", PHASE_DELAY)))
+    except ValueError:
+        return PHASE_DELAY
+
+
+def _time_left_column() -> Any:
+    """A rich progress column of :class:`~trakcli.progress.Estimate`'s time left (``~1m05s left``; blank
+    until the rate after the first step is known)."""
+    from rich.progress import ProgressColumn
+    from rich.table import Column
+    from rich.text import Text
+
+    class TimeLeft(ProgressColumn):
+        def __init__(self) -> None:
+            super().__init__(table_column=Column(no_wrap=True))
+
+        def render(self, task: Any) -> Text:
+            estimate = task.fields.get("estimate")
+            left = estimate.left() if estimate is not None and not task.finished else None
+            return Text(f"~{_duration(left)} left" if left is not None else "", style="progress.remaining")
+
+    return TimeLeft()
 
 
 class RichReporter(Reporter):
-    """Progress bars and messages on stderr (log lines when stderr is no terminal); silent with ``quiet``."""
+    """Progress bars and messages on stderr (log lines when stderr is no terminal); silent with ``quiet``.
+
+    A phase (:meth:`~trakcli.progress.Reporter.phase`) prints its message, dimmed, once it has run
+    :func:`phase_delay` seconds.
+    """
 
     def __init__(self, quiet: bool = False):
+        global _reporter
         self.quiet = quiet
+        self.phases = PhaseLines(self._phase_line, phase_delay())
+        _reporter = self  # the command's: library log records that start a phase go to it
+
+    @staticmethod
+    def _phase_line(message: str) -> None:
+        err_console.print(f"[dim]{escape(message)}[/]", highlight=False)
+
+    def phase(self, message: str) -> Any:
+        if self.quiet:
+            return super().phase(message)
+        return self.phases.begin(message)
 
     @contextmanager
     def task(self, description: str, total: int) -> Iterator[Task]:
         if self.quiet:
             yield Task()
             return
+        self.phases.end()
         if not err_console.is_terminal:
             try:
                 every = float(os.environ.get("TRAK_PROGRESS_INTERVAL", LOG_EVERY))
@@ -256,9 +289,7 @@ class RichReporter(Reporter):
             yield task
             task.maybe_print(final=True)
             return
-        from rich.progress import (
-            BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn,
-        )
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
         from rich.table import Column
 
         # the live values of Task.update (loss, accuracy, ...) take the width left over and are cut
@@ -269,7 +300,7 @@ class RichReporter(Reporter):
             BarColumn(bar_width=max(10, min(40, err_console.width - 100)), table_column=fixed()),
             MofNCompleteColumn(table_column=fixed()),
             TimeElapsedColumn(table_column=fixed()),
-            TimeRemainingColumn(table_column=fixed()),
+            _time_left_column(),
             TextColumn(
                 "{task.fields[status]}", markup=False,
                 table_column=Column(ratio=1, no_wrap=True, overflow="ellipsis"),
@@ -278,9 +309,12 @@ class RichReporter(Reporter):
             transient=True,
             expand=True,
         )
+        estimate = Estimate(total)
         with progress:
-            yield _RichTask(progress, progress.add_task(description, total=total, status=""))
+            yield _RichTask(progress, progress.add_task(description, total=total, status="", estimate=estimate),
+                            estimate)
 
     def info(self, message: str) -> None:
         if not self.quiet:
+            self.phases.end()
             err_console.print(escape(message), highlight=False)

@@ -181,8 +181,10 @@ def lds(
     from trakcli.config import EvalConfig
 
     n_bootstrap, seed = EvalConfig().bootstrap, EvalConfig().seed
+    reporter = RichReporter(quiet)
     if config is not None:
         cfg = load(config, overrides, print_config)
+        reporter.phase("importing torch …")  # the command's first line, before the slow imports
         # imported after the config is valid: torch import is slow
         from trakcli.jobs.eval import store_scores
         from trakcli.jobs.retrain import retrain
@@ -192,7 +194,8 @@ def lds(
         s_arr = external.get("--scores")
         if s_arr is None:
             try:
-                s_arr = store_scores(cfg)
+                with reporter.phase(f"reading the scores of experiment {cfg.score.experiment!r} …"):
+                    s_arr = store_scores(cfg)
             except StoreError as e:
                 if masks is not None:
                     raise
@@ -201,7 +204,7 @@ def lds(
                     err_console.print(f"[yellow]{e}; retraining only[/]", highlight=False)
             names["scores"] = f"the scores of experiment {cfg.score.experiment!r} in {cfg.store.path}"
         if masks is None:
-            res = retrain(cfg, workers=workers, overwrite=overwrite, reporter=RichReporter(quiet))
+            res = retrain(cfg, workers=workers, overwrite=overwrite, reporter=reporter)
             m_arr, o_arr = res.masks, res.outputs
             names["masks"] = f"eval/masks in {res.store}"
             names["outputs"] = f"eval/outputs in {res.store}"
@@ -218,7 +221,8 @@ def lds(
     from trakcli.metrics.lds import lds as linear_datamodeling_score
 
     s_arr, m_arr, o_arr = check_lds_inputs(s_arr, m_arr, o_arr, names=names)
-    result = linear_datamodeling_score(s_arr, m_arr, o_arr, n_bootstrap=n_bootstrap, seed=seed)
+    with reporter.phase(f"computing the LDS ({n_bootstrap} bootstrap resamples) …"):
+        result = linear_datamodeling_score(s_arr, m_arr, o_arr, n_bootstrap=n_bootstrap, seed=seed)
     sources = {"scores": names["scores"], "masks": names["masks"], "outputs": names["outputs"]}
     data = {**result.to_dict(), "sources": sources}
     bm25 = _bm25(cfg) if config is not None else None
@@ -332,15 +336,19 @@ def recall(
     ks = _parse_ks(k)
     _check_path(out, "--out", (".json",), must_exist=False)
     cfg = load(config, overrides, print_config)
+    reporter = RichReporter(quiet)
+    reporter.phase("importing torch …")  # the command's first line, before the slow imports
     # imported after the config is valid: torch import is slow
     from trakcli.jobs.recall import recall_inputs
     from trakcli.metrics.recall import fact_recall
 
-    inputs = recall_inputs(cfg)
-    result = fact_recall(
-        inputs.ranked, inputs.sources, ks if ks is not None else cfg.eval.recall.k, n_train=inputs.n_train,
-        n_bootstrap=cfg.eval.bootstrap, seed=cfg.eval.seed,
-    )
+    with reporter.phase("reading the scores and the facts' sources …"):
+        inputs = recall_inputs(cfg)
+    with reporter.phase("computing the recall …"):
+        result = fact_recall(
+            inputs.ranked, inputs.sources, ks if ks is not None else cfg.eval.recall.k, n_train=inputs.n_train,
+            n_bootstrap=cfg.eval.bootstrap, seed=cfg.eval.seed,
+        )
     data = {
         **result.to_dict(),
         "max_sources": int(result.n_sources.max()) if result.n_query else 0,
@@ -402,10 +410,11 @@ def qld(
     _check_path(scores, "--scores", (".npy", ".csv"), must_exist=True)
     _check_path(out, "--out", (".json",), must_exist=False)
     cfg = load(config, overrides, print_config)
+    reporter = RichReporter(quiet)
+    reporter.phase("importing torch …")  # the command's first line, before the slow imports
     from trakcli.jobs.eval import store_scores
     from trakcli.jobs.qld import qld as query_loss_difference
 
-    reporter = RichReporter(quiet)
     if cfg.eval.qld.per_token:
         if scores is not None:
             raise UsageError("--scores gives document scores; eval.qld.per_token ranks training tokens by the "

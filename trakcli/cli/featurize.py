@@ -20,11 +20,11 @@ def featurize(
 ) -> None:
     """Compute train features (projected gradients) for every checkpoint; resumes, and featurizes appended rows alone."""
     cfg = load(config, overrides, print_config)
+    reporter = RichReporter(quiet)
+    reporter.phase("importing torch …")  # the command's first line, before the slow imports
     from trakcli.jobs.featurize import featurize as run  # after the config is valid: importing torch is slow
 
-    res = run(
-        cfg, overwrite=overwrite, skip_nonfinite=skip_nonfinite, verify=verify, reporter=RichReporter(quiet)
-    )
+    res = run(cfg, overwrite=overwrite, skip_nonfinite=skip_nonfinite, verify=verify, reporter=reporter)
     if quiet:
         return
     for model_id, rows in res.skipped.items():

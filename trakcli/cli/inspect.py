@@ -11,7 +11,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from trakcli.cli.common import err_console, handle_errors
+from trakcli.cli.common import RichReporter, err_console, handle_errors
 from trakcli.cli.score import check_out
 from trakcli.errors import UsageError
 
@@ -67,8 +67,9 @@ def inspect(
     from trakcli.store import Store
     from trakcli.store.summary import summary
 
-    opened = Store.open_existing(store, mode="r")
-    info = summary(opened, verify=verify)
+    with RichReporter().phase(f"reading every chunk of {store} …" if verify else f"reading {store} …"):
+        opened = Store.open_existing(store, mode="r")
+        info = summary(opened, verify=verify)
     if json_out:
         sys.stdout.write(json.dumps(info, indent=2) + "\n")
     else:
@@ -188,5 +189,6 @@ def export(
     else:
         raise UsageError(f"--what {what!r}: use 'scores', 'features', {', '.join(map(repr, TOP_K_NAMES))} or an "
                          "array path such as train/0/out_to_loss")
-    shape = Store.open_existing(store, mode="r").export(name, out)
+    with RichReporter().phase(f"exporting {name} of {store} to {out} …"):
+        shape = Store.open_existing(store, mode="r").export(name, out)
     err_console.print(f"[green]exported[/] {name} {list(shape)} -> {out}")

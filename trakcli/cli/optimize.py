@@ -18,15 +18,18 @@ def optimize(
 ) -> None:
     """Train optimize.n_models models with the config's recipe; write out_dir/model_NNN.pt and out_dir/manifest.json.
 
-    The progress bar shows each epoch's running loss and accuracy, and data.validation's if given.
+    The progress bar counts optimizer steps over all epochs, with the time left (measured after the first step),
+    and shows the epoch, its running loss and accuracy, and data.validation's if given.
 
     The manifest (seed, subset indices, sha256, metrics per model) is rewritten after every finished model: point checkpoints: at it to featurize exactly these models. A rerun keeps finished models and resumes a killed one.
 
     optimize.projection runs the optimizer in a random subspace (per_matrix or global); optimize.metrics names a JSON file for per-model metrics with per-epoch history.
     """
     cfg = load(config, overrides, print_config)
+    reporter = RichReporter(quiet)
+    reporter.phase("importing torch …")  # the command's first line, before the slow imports
     from trakcli.jobs.optimize import optimize as run  # after the config is valid: importing torch is slow
 
-    paths = run(cfg, overwrite=overwrite, reporter=RichReporter(quiet))
+    paths = run(cfg, overwrite=overwrite, reporter=reporter)
     if not quiet:
         err_console.print(f"[green]{len(paths)} checkpoints in {cfg.recipe.out_dir}[/]")  # type: ignore[union-attr]

@@ -7,7 +7,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from trakcli.cli.common import ConfigArg, OverridesArg, PrintConfigOpt, QuietOpt, err_console, handle_errors, load
+from trakcli.cli.common import (
+    ConfigArg, OverridesArg, PrintConfigOpt, QuietOpt, RichReporter, err_console, handle_errors, load,
+)
 from trakcli.cli.score import _target_overrides, check_out
 
 REPORT_SUFFIXES = (".html", ".htm")
@@ -45,6 +47,8 @@ def report(
     if experiment is not None:
         overrides.append(f"score.experiment={experiment}")
     cfg = load(config, overrides, print_config)
+    reporter = RichReporter(quiet)
+    reporter.phase("importing torch …")  # the command's first line, before the slow imports
     from trakcli.data.load import load_dataset
     from trakcli.tasks import resolve_task
     from trakcli.jobs.eval import check_experiment_data
@@ -57,6 +61,7 @@ def report(
     path = cfg.store.location
     if not path.exists():
         raise StoreError(f"store {path} does not exist; run `trak featurize CONFIG` and `trak score CONFIG` first")
+    reporter.phase(f"reading {path} and the data …")
     store = Store.open_existing(path, mode="r")
     if cfg.data.target is None:
         raise ConfigError("data.target: unset, so there are no targets to show; give data.target (or --targets FILE) "
@@ -67,7 +72,8 @@ def report(
     if group is not None:  # the texts and pictures shown must be the rows that were scored
         check_experiment_data(cfg, store, dict(group.attrs), train)
     title = f"{config.stem}: experiment {exp!r}"
-    page, n = experiment_page(store, exp, cfg.score.show_top, train=train, target=target, title=title)
-    write_page(out, page)
+    with reporter.phase(f"writing the page of experiment {exp!r} …"):
+        page, n = experiment_page(store, exp, cfg.score.show_top, train=train, target=target, title=title)
+        write_page(out, page)
     if not quiet:
         err_console.print(f"report of {n} targets -> {out}", highlight=False)

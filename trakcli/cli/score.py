@@ -207,13 +207,13 @@ def score(
     if out is not None and out.suffix.lower() in EXPORT_SUFFIXES and not full:
         raise UsageError(f"--out {out}: score.top_k is set, so no full score matrix is written; write the top-k "
                          "answer to a .jsonl file, or add score.full=true")
+    reporter = RichReporter(quiet)
+    reporter.phase("importing torch …")  # the command's first line, before the slow imports
     from trakcli.jobs.score import score as run  # after the config is valid: importing torch is slow
     from trakcli.distributed import init_from_env
     from trakcli.store import Store
 
-    res = run(
-        cfg, overwrite=overwrite, skip_nonfinite=skip_nonfinite, verify=verify, reporter=RichReporter(quiet)
-    )
+    res = run(cfg, overwrite=overwrite, skip_nonfinite=skip_nonfinite, verify=verify, reporter=reporter)
     if not init_from_env().is_main:
         return
     train, target = res.train_data, res.target_data  # the rows the job read (a StoredRows: its file is gone)

@@ -98,9 +98,11 @@ def select(
     """Keep the data.train rows whose features best match the data.target examples (LESS): select.fraction or
     select.count of them, written to select.out in data.train's format, their scores beside it."""
     cfg = load(config, overrides, print_config)
+    reporter = RichReporter(quiet)
+    reporter.phase("importing torch …")  # the command's first line, before the slow imports
     from trakcli.jobs.select import select as run  # after the config is valid: importing torch is slow
 
-    res = run(cfg, overwrite=overwrite, skip_nonfinite=skip_nonfinite, verify=verify, reporter=RichReporter(quiet))
+    res = run(cfg, overwrite=overwrite, skip_nonfinite=skip_nonfinite, verify=verify, reporter=reporter)
     if res is None:  # not rank 0 under torchrun
         return
     data = summary(res)

@@ -135,12 +135,13 @@ def sweep(
         check_plot_path(plot, "--plot")
     _check_suffix(out, "--out", ".json")
     cfg = load(config, overrides, print_config)
+    reporter = RichReporter(quiet)
+    reporter.phase("importing torch …")  # the command's first line, before the slow imports
     from trakcli.jobs.sweep import sweep as run_sweep
     from trakcli.jobs.sweep import sweep_dir
 
     res = run_sweep(
-        cfg, workers=workers, proj_dims=dims, n_checkpoints=ks, lambda_rel=rels, lambda_reg=abss,
-        reporter=RichReporter(quiet),
+        cfg, workers=workers, proj_dims=dims, n_checkpoints=ks, lambda_rel=rels, lambda_reg=abss, reporter=reporter,
     )
     directory = sweep_dir(cfg)
     directory.mkdir(parents=True, exist_ok=True)

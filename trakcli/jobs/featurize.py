@@ -97,6 +97,7 @@ def featurize_rows(
     pending = rows.pending(s.dist.rank, s.dist.world_size, marked=False)
     if not pending:
         return 0, []
+    reporter.phase(f"loading checkpoint {model_id} ({s.checkpoints[model_id]}) …")
     s.load(model_id)
     skipped: list[int] = []
     partial = with_out_to_loss and writer is None and rows.progress is not None  # train rows, written in line
@@ -240,6 +241,7 @@ def first_batch(s: JobSetup, reporter: Reporter, chunk_rows: int) -> FirstBatch 
     Raises:
         CheckpointError, ModelError, GradientError, ...: whatever the first batch raises.
     """
+    reporter.phase(f"loading checkpoint 0 ({s.checkpoints[0]}) …")
     stripped = load_checkpoint(s.model, s.checkpoints[0], model_id=0)
     if stripped:
         reporter.info(
@@ -250,6 +252,7 @@ def first_batch(s: JobSetup, reporter: Reporter, chunk_rows: int) -> FirstBatch 
     if not len(s.train):
         return None
     s.fit_curvature(0, None, reporter)  # in memory: written to the store once it exists
+    reporter.phase("the first batch: reading it and its per-example gradients …")
     off, x, y = next(s.batches(s.train, 0, min(len(s.train), chunk_rows)))
     phi, q = s.features(x, y, 0, off)
     return FirstBatch(0, off, phi, q)

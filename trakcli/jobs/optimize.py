@@ -399,7 +399,9 @@ class _Run:
                 f"{oc.entrypoint!r} trains the models; remove epoch_checkpoints, or the entrypoint to use the recipe"
             )
         apply_threads(cfg.num_threads)
+        reporter.phase("loading data.train …")
         train = load_dataset(cfg.data.train, key="data.train", task=resolve_task(cfg.task))
+        reporter.phase("loading data.target and data.validation …")
         heldout = load_dataset(cfg.data.target, key="data.target", task=resolve_task(cfg.task)) if cfg.data.target is not None else None
         valset = load_dataset(cfg.data.validation, key="data.validation", task=resolve_task(cfg.task)) if cfg.data.validation is not None else None
         device = resolve_device(cfg.device)
@@ -494,9 +496,10 @@ class _Run:
                 else:
                     reporter.info(f"{path} exists, kept (use --overwrite to retrain)")
             else:
-                model = _load_found(self.cfg, path, i)
-                model.to(device).eval()
-                entry.update(sha256=sha, origin="found", metrics=self.final_metrics(model))
+                with reporter.phase(f"model {i}: measuring the checkpoint found at {path} …"):
+                    model = _load_found(self.cfg, path, i)
+                    model.to(device).eval()
+                    entry.update(sha256=sha, origin="found", metrics=self.final_metrics(model))
                 why = "changed since the manifest was written" if prev is not None else "not in a manifest"
                 reporter.info(
                     f"{path} exists ({why}): kept and recorded as it is, without a training history"
@@ -517,7 +520,8 @@ class _Run:
             reporter=self.reporter,
         )
         history = stats.pop("history", None)
-        metrics = {**stats, **self.final_metrics(model, history)}
+        with self.reporter.phase(f"model {i}: measuring it on the data …"):
+            metrics = {**stats, **self.final_metrics(model, history)}
         if history is not None:
             metrics["history"] = history
         entry = dict(plan.entry)

@@ -323,7 +323,8 @@ def retrain(
             using ``cfg.num_threads`` torch threads (unset: the cores divided
             by ``workers``), and this process writes every finished row.
         overwrite: discard the stored retrained models and start over.
-        reporter: progress (one step per model) and messages.
+        reporter: progress (one step per model; the time left is measured after each worker's first
+            model, which carries its start-up) and messages.
 
     Returns:
         :class:`RetrainResult` with the first ``eval.n_subsets`` rows.
@@ -339,6 +340,7 @@ def retrain(
     if workers < 1:
         raise ArgumentError(f"workers={workers}: give 1 or more processes")
     check_eval_config(cfg)
+    reporter.phase("loading data.train and data.target …")
     train = load_dataset(cfg.data.train, key="data.train", task=resolve_task(cfg.task))
     target = load_dataset(cfg.data.target, key="data.target", task=resolve_task(cfg.task))  # type: ignore[arg-type]  # checked above
     identity = eval_identity(cfg, train.fingerprint(), target.fingerprint())
@@ -363,11 +365,16 @@ def retrain(
                 + (f", {n_workers} worker processes" if n_workers > 1 else "")
             )
             with reporter.task("retrain", len(pending)) as task:
+                written = 0
 
                 def write(k: int, outputs: np.ndarray) -> None:
+                    nonlocal written
                     rows.write(k, subset_mask(len(train), cfg.eval.subset_fraction, cfg.eval.seed, k), outputs)
                     event(f"done eval {k}")
                     task.advance()
+                    written += 1
+                    if written == n_workers > 1:  # each worker's first model carried its start-up: not timed
+                        task.warmed_up()
 
                 if n_workers == 1:
                     state = _WorkerState(cfg, train, target, setup_device(cfg, cfg.num_threads))

@@ -415,11 +415,13 @@ def prepare(
     checkpoints = resolve_checkpoints(cfg, hashes)
     dist = init_from_env()
     device = resolve_device(cfg.device, dist)
+    (reporter if dist.is_main else NULL_REPORTER).phase("loading data.train …")
     train = _stored_train(cfg, missing, reporter if dist.is_main else NULL_REPORTER) if missing else \
         load_dataset(cfg.data.train, key="data.train", task=resolve_task(cfg.task))
+    main_reporter = reporter if dist.is_main else NULL_REPORTER
+    main_reporter.phase(f"loading the model {cfg.model.entrypoint} …")
     model = with_adapters(build_model(cfg.model.entrypoint, **cfg.model.kwargs), checkpoints)
     memory_mb = grad_memory_for(cfg.data.grad_memory_mb, device)
-    main_reporter = reporter if dist.is_main else NULL_REPORTER
     c = cfg.curvature
     grad_wrt, task = curvature_selection(model, c, cfg.grad_wrt, cfg.task, main_reporter)
     featurizer = build_featurizer(model, cfg.projector, grad_wrt=grad_wrt, task=task, memory_mb=memory_mb,
@@ -448,7 +450,8 @@ def prepare(
     layout = StoreLayout(len(train), featurizer.projector.proj_dim, st.chunk_rows, st.dtype, st.compressor)
     identity = run_identity(cfg.model.model_dump(mode="json"), cfg.task, cfg.grad_wrt, featurizer, train, layout,
                             second, curvature)
-    shas = [hashes.sha256(c, file_sha256) for c in checkpoints]  # saved by jobs.runtime.locked_store
+    with main_reporter.phase(f"hashing {len(checkpoints)} checkpoints (once per file) …"):
+        shas = [hashes.sha256(c, file_sha256) for c in checkpoints]  # saved by jobs.runtime.locked_store
     return JobSetup(checkpoints, shas, train, model, featurizer, batch_rows, device, layout, identity, dist,
                     cfg.data.batch_tokens, states, state_shas, curvature,
                     cfg.curvature.refine if curvature is not None else None,

@@ -21,6 +21,10 @@ What the pool guarantees, and why it is not :mod:`concurrent.futures` or
   the caller waits forever;
 - a task's exception reaches the caller as its message (a :class:`TrakError`)
   or its type, message and the worker's traceback (anything else).
+
+A worker treats the warnings of other libraries as its parent does: when the parent runs inside
+:func:`trakcli.library_warnings.library_warnings_to_log` (every `trak` command), so does the worker,
+and torch's or numpy's warnings go to its debug log instead of the terminal they share.
 """
 
 from __future__ import annotations
@@ -29,9 +33,11 @@ import multiprocessing as mp
 import os
 import queue
 import traceback
+from contextlib import nullcontext
 from typing import Any, Callable
 
 from trakcli.errors import TrakError
+from trakcli.library_warnings import library_warnings_to_log, routing
 
 
 class WorkerLost(Exception):
@@ -71,17 +77,25 @@ def describe_exception(e: BaseException) -> str:
 
 
 def _worker_main(setup: Callable[[Any], Any], setup_arg: Any, task: Callable[[Any, int], Any], tasks: Any,
-                 results: Any) -> None:
+                 results: Any, library_warnings: bool = False) -> None:
     """A worker: ``state = setup(setup_arg)``, then ``task(state, k)`` for each ``k`` of ``tasks`` until ``None``.
 
     Puts ``("ok", k, result)`` or ``("error", k, message)`` on ``results``
-    (``k = -1``: the setup failed); stops at its first error.
+    (``k = -1``: the setup failed); stops at its first error. With ``library_warnings``, the warnings
+    of other libraries go to the debug log (:func:`~trakcli.library_warnings.library_warnings_to_log`).
     """
     import signal
     import threading
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it terminates the workers
     threading.Thread(target=_exit_with_parent, daemon=True).start()
+    with library_warnings_to_log() if library_warnings else nullcontext():
+        _work(setup, setup_arg, task, tasks, results)
+
+
+def _work(setup: Callable[[Any], Any], setup_arg: Any, task: Callable[[Any, int], Any], tasks: Any,
+          results: Any) -> None:
+    """The loop of :func:`_worker_main`."""
     try:
         state = setup(setup_arg)
     except BaseException as e:  # noqa: BLE001 - reported to the parent
@@ -113,7 +127,9 @@ def run_in_workers(
 
     Results arrive in the order they finish; ``on_result(k, result)`` is
     called for each, in this process. The workers are terminated when this
-    function leaves: after the last result, on an error, or on Ctrl-C.
+    function leaves: after the last result, on an error, or on Ctrl-C. The
+    workers route the warnings of other libraries as this process does now
+    (:func:`trakcli.library_warnings.routing`).
 
     Args:
         items: task indices (each run once).
@@ -140,7 +156,8 @@ def run_in_workers(
     for _ in range(workers):
         tasks.put(None)
     procs = [
-        ctx.Process(target=_worker_main, args=(setup, setup_arg, task, tasks, results), name=f"{name}-{i}", daemon=True)
+        ctx.Process(target=_worker_main, args=(setup, setup_arg, task, tasks, results, routing()), name=f"{name}-{i}",
+                    daemon=True)
         for i in range(workers)
     ]
     remaining = set(items)

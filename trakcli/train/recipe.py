@@ -141,8 +141,9 @@ def train_one(
         labels: ``[n]`` int64 class labels or ``[n, L]`` per-token labels on ``device`` (with tensor ``inputs``).
         seed: seed of the initialization and of the minibatch order.
         device: where the model lives.
-        reporter, description: progress of the built-in recipe (one step per epoch, with
-            the running loss and accuracy).
+        reporter, description: progress of the built-in recipe (one step per optimizer step, with
+            the epoch and its running loss and accuracy), and a line for each slow phase (building
+            the model, a training function's whole run).
         resume_path: the built-in recipe's training-state file (see
             :meth:`Trainer.fit <trakcli.train.trainer.Trainer.fit>`); the state is saved every
             ``optimize.checkpoint_every`` steps and at epoch ends.
@@ -173,22 +174,26 @@ def train_one(
     oc = check_recipe(cfg)
     fn = load_training_function(cfg)
     torch.manual_seed(seed)
+    name = name or description
+    reporter.phase(f"{name}: building the model {cfg.model.entrypoint} …")
     model = build_model(cfg.model.entrypoint, **cfg.model.kwargs).to(device)
     if oc.init_checkpoint is not None:
+        reporter.phase(f"{name}: loading optimize.init_checkpoint {oc.init_checkpoint} …")
         load_checkpoint(model, oc.init_checkpoint)
         model.to(device)
     if oc.lora is not None:
         from trakcli.models.peft import add_lora
 
         model = add_lora(model, **oc.lora.model_dump())
-    name = name or description
     rows = inputs if isinstance(inputs, TrainRows) else TensorRows(inputs, labels)
     if fn is not None:
         if isinstance(inputs, DatasetRows):
             inputs, labels = inputs.padded()
         elif isinstance(inputs, TensorRows):
             inputs, labels = inputs.inputs, inputs.labels
-        with user_code(f"optimize.entrypoint {oc.entrypoint}"):
+        with user_code(f"optimize.entrypoint {oc.entrypoint}"), reporter.phase(
+            f"{name}: training with optimize.entrypoint {oc.entrypoint} …"
+        ):
             out = fn(model, inputs, labels, seed=seed, **oc.kwargs)
         if out is None:
             out = model
@@ -202,6 +207,7 @@ def train_one(
                       fix="check its learning rate and inputs")
         return Trained(model)
     task = resolve_task(cfg.task)
+    reporter.phase(f"{name}: a first forward pass, and counting the optimizer steps …")
     check_forward(model, rows, task=task)
     trainer = Trainer(model, rows, Recipe.from_config(oc, max_tokens=cfg.data.batch_tokens), task=task, seed=seed,
                       validation=validation, name=name)

@@ -191,8 +191,10 @@ class Trainer:
     ) -> nn.Module:
         """Run the training's steps: all of them, or those left after the training-state file's position.
 
-        The progress task (one step per epoch) shows after every step the epoch's running mean
-        ``loss`` (per row; per target token for language models), for classifiers the training
+        The progress task counts optimizer steps over all epochs (:func:`~trakcli.train.rows.count_steps`:
+        with a token budget, one tokenizing pass over the rows' lengths first), so its time left is
+        known within the first epoch; it shows the ``epoch`` (``2/3``) and after every step the epoch's
+        running mean ``loss`` (per row; per target token for language models), for classifiers the training
         accuracy ``acc`` (of the minibatches' own forward passes, in train mode: no extra pass),
         with a schedule the step's ``lr``, and with ``validation`` the ``val_loss`` (/ ``val_acc``)
         of the last finished epoch.
@@ -226,11 +228,14 @@ class Trainer:
         model.train()
         saves = 0  # steps since this call started, for checkpoint_every
         with_acc = task.has_accuracy
-        with reporter.task(description, r.epochs) as bar:
-            bar.advance(s.epoch)
+        total_steps = self.total_steps or count_steps(data, epochs=r.epochs, batch_size=r.batch_size,
+                                                      max_tokens=r.max_tokens, seed=self.seed)
+        with reporter.task(description, total_steps) as bar:
+            bar.advance(min(s.step, total_steps))  # a resumed training's steps done
             if s.history:
                 _show_epoch(bar, s.history[-1])
             for epoch in range(s.epoch, r.epochs):
+                bar.update(epoch=f"{epoch + 1}/{r.epochs}")
                 if s.order is None:
                     s.order, s.lo, s.total, s.correct, s.units = torch.randperm(n, generator=self.generator), 0, 0.0, 0, 0
                 s.epoch = epoch
@@ -264,6 +269,7 @@ class Trainer:
                     if self.scheduled:
                         shown["lr"] = step_lr
                     bar.update(**shown)
+                    bar.advance()
                     end_of_epoch = s.lo >= n
                     if end_of_epoch:
                         entry: dict[str, Any] = {"epoch": epoch + 1, "loss": s.total / max(s.units, 1)}
@@ -283,7 +289,6 @@ class Trainer:
                         at = (epoch + 1, 0) if end_of_epoch else (epoch, s.lo)
                         self.save_state(Path(resume_path), epoch=at[0], lo=at[1])
                 s.epoch, s.order = epoch + 1, None
-                bar.advance()
         if resume_path is not None:
             Path(resume_path).unlink(missing_ok=True)
         return model.eval()
