@@ -76,6 +76,7 @@ def make_store(path: Path, n_train: int, n_target: int, proj_dim: int, n_models:
 
 
 def worker_trakcli(path: Path, n_models: int, n_head: int, out: Path) -> dict:
+    from trakcli.jobs.plan import ScorePlan
     from trakcli.jobs.score import finalize_and_score
     from trakcli.store import Store
 
@@ -86,7 +87,7 @@ def worker_trakcli(path: Path, n_models: int, n_head: int, out: Path) -> dict:
     t_attrs = {"target_data": {"n": n_target}, "checkpoints": list(range(n_models))}
     target_rows = [store.targets("bench", m, t_attrs, n_target, create=False) for m in range(n_models)]
     scores = store.scores("bench", n_target, {"lambda_rel": LAMBDA_REL}, create=False)
-    finalize_and_score(store, train_rows, target_rows, scores, lambda_reg=None, lambda_rel=LAMBDA_REL)
+    finalize_and_score(store, train_rows, target_rows, scores, ScorePlan(lambda_rel=LAMBDA_REL))
     seconds = time.perf_counter() - t0
     np.save(out, np.asarray(scores.data["scores"][:n_head]))
     return {"seconds": seconds, "peak_rss_gib": _rss_gib()}

@@ -38,6 +38,7 @@ from trakcli.tasks import resolve_task, task_identity
 from trakcli.jobs.featurize import featurize_rows
 from trakcli.jobs.runtime import grad_memory_for, locked_store, resolve_device
 from trakcli.data.stored import StoredRows
+from trakcli.jobs.plan import RunFlags, ScorePlan
 from trakcli.jobs.score import ScoreResult, score_result, score_targets
 from trakcli.jobs.setup import (
     JobSetup, attach_curvature, batch_rows_for, build_featurizer, curvature_selection, run_identity,
@@ -379,7 +380,7 @@ class Attributor:
         lambda_rel: float = _DEFAULT_LAMBDA_REL,
         normalize: str | None = None,
         overwrite: bool = False,
-    ) -> np.ndarray:
+    ) -> ScoreResult:
         """Scores of the target batches against the featurized train set (traker's ``start_scoring_checkpoint``
         + ``score`` per checkpoint, then ``finalize_scores``), as ``trak score`` computes them.
 
@@ -558,12 +559,9 @@ class Attributor:
             raise StoreError(f"the store {self.path} holds no train features yet; call Attributor.featurize first")
         known = StoredRows(stored.identity["train_data"], [])
         s = self._setup(stored.layout.n_train, known, self.batch_size or first, dict(enumerate(checkpoints)))
+        plan = ScorePlan(experiment=experiment, lambda_reg=lambda_reg, lambda_rel=lambda_rel,
+                         top_k=top[0] if top else None, full=top is None or top[1], normalize=normalize)
         with api_wording():
-            lambdas, computed = score_targets(
-                s, self.path, target, experiment=experiment, lambda_reg=lambda_reg, lambda_rel=lambda_rel,
-                top_k=top[0] if top else None, full=top[1] if top else True, normalize=normalize,
-                overwrite=overwrite, reporter=self.reporter,
-            )
+            lambdas, computed = score_targets(s, self.path, target, plan, RunFlags(overwrite=overwrite), self.reporter)
         self._reported = experiment  # what report() shows by default
-        return score_result(self.path, experiment, known, target, lambdas, computed,
-                            top_k=top[0] if top else None, full=top is None or top[1])
+        return score_result(self.path, plan, known, target, lambdas, computed)

@@ -24,7 +24,8 @@ from trakcli.errors import ConfigError, StoreError
 from trakcli.jobs.exact import exact_scorer, two_stage_exact
 from trakcli.jobs.featurize import featurize_rows
 from trakcli.jobs.per_token import PerTokenScores, check_per_token, per_token_width
-from trakcli.jobs.kernels import finalize_kernels, kernel_of, report_notes, ridge_settings
+from trakcli.jobs.plan import RunFlags, ScorePlan
+from trakcli.jobs.kernels import finalize_kernels, kernel_of, report_notes
 from trakcli.jobs.runtime import ChunkWriter, event, grad_memory_for, locked_store, torch_threads
 from trakcli.jobs.setup import JobSetup, prepare
 from trakcli.progress import NULL_REPORTER, Reporter
@@ -36,6 +37,7 @@ from trakcli.scoring import (
 from trakcli.store import ChunkedRows, Store, StoreCorruptError, check_same
 from trakcli.store.append import stale_error
 from trakcli.store.bfloat16 import from_bits, is_bfloat16
+from trakcli.store.curvature import drop_exact_rows
 from trakcli.store.chunkread import aligned_empty, chunk_files
 from trakcli.store.kernel import kernel_nbytes, read_kernel
 from trakcli.store.quantize import is_quantized, signs
@@ -207,11 +209,8 @@ def score(
 
     Args:
         cfg: config; ``data.target`` is required. ``score:`` gives the
-            experiment and the ridge.
-        overwrite: recompute the experiment's target features and scores (only its scores when they are
-            stale: train rows were appended since, :mod:`trakcli.store.append`).
-        skip_nonfinite: give targets with non-finite gradients zero features (zero scores).
-        verify: recompute target and score chunks that fail their checksum.
+            experiment and the ridge (one :class:`~trakcli.jobs.plan.ScorePlan`).
+        overwrite, skip_nonfinite, verify: the run's :class:`~trakcli.jobs.plan.RunFlags`.
         reporter: progress bars and messages.
 
     Derived data is verified on every run: target features and score chunks
@@ -232,35 +231,28 @@ def score(
             is not set (names ``trak score CONFIG --overwrite``).
     """
     s = prepare(cfg, need_target=True, rehash=verify, reporter=reporter, train_from_store=True)
-    sc = cfg.score
+    plan = ScorePlan.of(cfg.score, linalg_threads=cfg.linalg_threads,
+                        grad_memory_mb=grad_memory_for(cfg.data.grad_memory_mb, s.device))
     path = cfg.store.location
     target = load_dataset(cfg.data.target, key="data.target", task=resolve_task(cfg.task))  # type: ignore[arg-type]  # checked by check_files
-    lambdas, computed = score_targets(
-        s, path, target, experiment=sc.experiment, lambda_reg=sc.lambda_reg, lambda_rel=sc.lambda_rel,
-        top_k=sc.top_k, full=sc.full, normalize=sc.normalize, per_token=sc.per_token,
-        rescore_multiplier=sc.rescore_multiplier, recall_queries=sc.recall_queries, rerank=sc.rerank,
-        overwrite=overwrite,
-        skip_nonfinite=skip_nonfinite, verify=verify, reporter=reporter,
-        linalg_threads=cfg.linalg_threads, grad_memory_mb=grad_memory_for(cfg.data.grad_memory_mb, s.device),
-    )
-    return score_result(path, sc.experiment, s.train, target, lambdas, computed, top_k=sc.top_k,
-                        full=sc.top_k is None if sc.full is None else sc.full, per_token=sc.per_token)
+    lambdas, computed = score_targets(s, path, target, plan, RunFlags(overwrite, skip_nonfinite, verify), reporter)
+    return score_result(path, plan, s.train, target, lambdas, computed)
 
 
-def score_result(path: Path, experiment: str, train: Any, target: Any, lambdas: list[float], computed: int, *,
-                 top_k: int | None, full: bool, per_token: bool = False) -> ScoreResult:
+def score_result(path: Path, plan: ScorePlan, train: Any, target: Any, lambdas: list[float],
+                 computed: int) -> ScoreResult:
     """The :class:`ScoreResult` of an experiment :func:`score_targets` just scored (`trak score` and the API).
 
     Args:
         train, target: the datasets scored (``train`` may be a :class:`~trakcli.data.stored.StoredRows`).
-        top_k: ``score.top_k`` as asked (the result's ``top_k`` is at most n_train); full, per_token: as stored.
     """
+    top_k = None if plan.top_k is None else min(plan.top_k, len(train))
     return ScoreResult(
-        store=path, experiment=experiment, n_target=len(target), n_train=len(train), lambdas=lambdas,
+        store=path, experiment=plan.experiment, n_target=len(target), n_train=len(train), lambdas=lambdas,
         train_labels=None if train.labels is None else train.labels.numpy(), target_labels=target.labels.numpy(),
         train_data=train, target_data=target, chunks_computed=computed,
-        top_k=None if top_k is None else min(top_k, len(train)), full=full, per_token=per_token,
-        two_stage=_recorded_recall(path, experiment, len(target), top_k),
+        top_k=top_k, full=plan.full, per_token=plan.per_token,
+        two_stage=_recorded_recall(path, plan.experiment, len(target), plan.top_k),
     )
 
 
@@ -272,27 +264,23 @@ def _recorded_recall(path: Path, experiment: str, n_target: int, top_k: int | No
     return StoredTopK(store, experiment, n_target, top_k, create=False).recorded_recall()
 
 
+@dataclass
+class _Arrays:
+    """One experiment's arrays in the store: per model_id its target features, the score matrix (``score.full``)
+    and the top-k (``score.top_k``)."""
+
+    targets: list[ChunkedRows]
+    out: ChunkedRows | None
+    top: StoredTopK | None
+
+
 def score_targets(
     s: JobSetup,
     path: Path,
     target: TensorDataset,
-    *,
-    experiment: str,
-    lambda_reg: float | None,
-    lambda_rel: float,
-    top_k: int | None = None,
-    full: bool | None = None,
-    normalize: str | None = None,
-    per_token: bool = False,
-    rescore_multiplier: int | None = None,
-    recall_queries: int = 16,
-    rerank: str = "auto",
-    overwrite: bool = False,
-    skip_nonfinite: bool = False,
-    verify: bool = False,
+    plan: ScorePlan,
+    flags: RunFlags = RunFlags(),
     reporter: Reporter = NULL_REPORTER,
-    linalg_threads: int | None = None,
-    grad_memory_mb: int = 1024,
 ) -> tuple[list[float], int]:
     """:func:`score` on a prepared setup and loaded targets (also :class:`trakcli.Attributor`'s score).
 
@@ -304,18 +292,58 @@ def score_targets(
         s: the setup (featurizer, checkpoints and their sha256s, identity, process group).
         path: the store.
         target: the target examples.
-        experiment, lambda_reg, lambda_rel, top_k, full, normalize, per_token, rescore_multiplier,
-            recall_queries, rerank: ``score:`` of the config (``full`` None: the full matrix when ``top_k`` is None).
-        overwrite, skip_nonfinite, verify, reporter: as :func:`score`.
-        linalg_threads: torch threads for the kernels and score products (:func:`finalize_and_score`).
+        plan: what to compute (``score:`` of the config); flags: how to treat what is stored; reporter: as :func:`score`.
 
     Returns:
         (λ_m per model_id, target and score chunks computed by this process).
 
     Raises:
-        As :func:`score`.
+        As :func:`score`; ConfigError: ``score.normalize: unit`` with exact curvature scores.
     """
-    exp = experiment
+    plan = plan.for_setup(s)
+    t_attrs = _target_attrs(s, target)
+    settings = plan.settings(t_attrs)
+    if plan.exact and plan.unit:
+        raise ConfigError("score.normalize: unit ranks by cosines of the stored features; with curvature.exact "
+                          "the scores are exact inner products: set curvature.exact: false, or score.normalize: null")
+    if plan.per_token:
+        check_per_token(s, normalize=plan.normalize)
+    with locked_store(path, s.dist, reporter):
+        store = Store.open_existing(path)
+        train_rows = check_train_complete(s, store)
+        stale = stale_error(store, plan.experiment)  # scored before train rows were appended
+        if stale is not None and not flags.overwrite:
+            raise stale
+        two = None if plan.exact_two_stage else _two_stage_plan(
+            store, s, plan, len(target), reporter if s.dist.is_main else NULL_REPORTER, train_rows[0])
+        if two is not None:  # the experiment's top-k depends on them: recorded and checked with the settings
+            settings["two_stage"] = two.settings()
+        arrays = _open_arrays(store, s, plan, flags, settings, t_attrs, len(target), two, stale is not None,
+                              train_rows, reporter)
+        kept, kernels, computed = _featurize_targets(s, store, plan, target, arrays.targets, flags, reporter)
+        s.dist.barrier()
+        lambdas, n = finalize_and_score(
+            store, train_rows, arrays.targets, arrays.out, plan, top=arrays.top, dist=s.dist, reporter=reporter,
+            target_chunks=kept, kernels=kernels,
+            exact=(lambda: exact_scorer(s, store, target, plan.grad_memory_mb, reporter, plan.experiment))
+            if plan.exact else None,
+        )
+        computed += n
+        if plan.exact and s.dist.is_main:  # every rank is done: the exact blocks' saved progress is not needed
+            drop_exact_rows(store, plan.experiment)
+        if plan.per_token and s.dist.is_main:
+            computed += _per_token_scores(s, store, train_rows, target, plan, reporter)
+        s.dist.barrier()
+    return lambdas, computed
+
+
+def _target_attrs(s: JobSetup, target: TensorDataset) -> dict[str, Any]:
+    """What the target features depend on (recorded with them): the target data, the checkpoints and, where the
+    setup has them, the optimizer states and the curvature solve's refinement.
+
+    Raises:
+        StoreError: targets of another input shape than the train inputs.
+    """
     t_fp = target.fingerprint()
     if t_fp["input_shape"] != s.identity["train_data"]["input_shape"]:
         raise StoreError(
@@ -328,137 +356,111 @@ def score_targets(
         t_attrs["optimizer_states"] = s.state_shas
     if s.refine is not None and s.refine.spec() is not None:  # and the refinement of their curvature solve
         t_attrs["curvature_refine"] = s.refine.spec()
-    settings = {"lambda_reg": lambda_reg, "lambda_rel": lambda_rel, **t_attrs, "normalize": normalize}
-    exact = s.curvature is not None and s.exact_damping is not None
-    exact_two = rescore_multiplier if exact and top_k and not full else None
-    if exact:  # the scores are recomputed exactly (trakcli.jobs.exact), with their own damping
-        settings["curvature_exact"] = {"damping": s.exact_damping}
-        if exact_two:  # candidates from the stored features, re-scored exactly
-            settings["curvature_exact"]["rescore_multiplier"] = exact_two
-        if normalize == "unit":
-            raise ConfigError("score.normalize: unit ranks by cosines of the stored features; with curvature.exact "
-                              "the scores are exact inner products: set curvature.exact: false, or score.normalize: null")
-    full = top_k is None if full is None else full
-    if per_token:
-        check_per_token(s, normalize=normalize)
-    n_models = len(s.checkpoints)
-    computed = 0
-    with locked_store(path, s.dist, reporter):
-        store = Store.open_existing(path)
-        train_rows = check_train_complete(s, store)
-        stale = stale_error(store, exp)  # scored before train rows were appended
-        if stale is not None and not overwrite:
-            raise stale
-        two = None if exact_two else _two_stage_plan(store, s, top_k, full, normalize, exact, rescore_multiplier, recall_queries,
-                              len(target), reporter if s.dist.is_main else NULL_REPORTER, rerank, train_rows[0])
-        if two is not None:  # the experiment's top-k depends on them: recorded and checked with the settings
-            settings["two_stage"] = two.settings()
-        if s.dist.is_main:
-            if verify:
-                _verify_train(train_rows)
-            if overwrite:
-                if stale is None:  # a stale experiment's target features depend on the checkpoints only: kept
-                    store.drop(f"targets/{exp}")
-                store.drop(f"scores/{exp}")
-            target_rows = []
-            for model_id in range(n_models):  # derived data: checked on every run, damage recomputed
-                target_rows.append(store.targets(exp, model_id, t_attrs, len(target), repair=True))
-                bad = target_rows[-1].verify()
-                if bad:
-                    reporter.info(f"model {model_id}: target feature chunks {bad} were missing or corrupt; recomputed")
-            if full:  # records or checks the experiment's settings with the matrix
-                out = store.scores(exp, len(target), settings, repair=True)
-            else:
-                out = None
-                store.score_settings(exp, settings, repair=True)
-            bad = out.verify() if full else []
+    return t_attrs
+
+
+def _open_arrays(store: Store, s: JobSetup, plan: ScorePlan, flags: RunFlags, settings: dict[str, Any],
+                 t_attrs: dict[str, Any], n_target: int, two: TwoStage | None, stale: bool,
+                 train_rows: list[ChunkedRows], reporter: Reporter) -> _Arrays:
+    """The experiment's arrays: created, checked and repaired by rank 0 (one info line per repair), then opened by
+    the other ranks."""
+    exp, n_models = plan.experiment, len(s.checkpoints)
+    if s.dist.is_main:
+        if flags.verify:
+            _verify_train(train_rows)
+        if flags.overwrite:
+            if not stale:  # a stale experiment's target features depend on the checkpoints only: kept
+                store.drop(f"targets/{exp}")
+            store.drop(f"scores/{exp}")
+        targets = []
+        for model_id in range(n_models):  # derived data: checked on every run, damage recomputed
+            targets.append(store.targets(exp, model_id, t_attrs, n_target, repair=True))
+            bad = targets[-1].verify()
+            if bad:
+                reporter.info(f"model {model_id}: target feature chunks {bad} were missing or corrupt; recomputed")
+        if plan.full:  # records or checks the experiment's settings with the matrix
+            out = store.scores(exp, n_target, settings, repair=True)
+            bad = out.verify()
             if bad:
                 reporter.info(f"score column blocks {bad} were missing or corrupt; recomputed")
-            top = StoredTopK(store, exp, len(target), top_k, create=True, two_stage=two) if top_k else None
-            bad = top.verify() if top else []
-            if bad:
-                reporter.info(f"top-k target chunks {bad} were missing or corrupt; recomputed")
-            report_notes(store, reporter)
-        s.dist.barrier()
-        if not s.dist.is_main:  # opened after rank 0 has created or repaired them
-            store.distributed = True
-            target_rows = [store.targets(exp, m, t_attrs, len(target), create=False) for m in range(n_models)]
-            out = store.scores(exp, len(target), settings, create=False) if full else None
-            top = StoredTopK(store, exp, len(target), top_k, create=False, two_stage=two) if top_k else None
-
-        # 1. target features: written, and the stored kernels read, in the background while the next
-        #    checkpoint's target features are computed
-        kept: list[dict[int, np.ndarray]] = []
-        kernels: dict[int, tuple[torch.Tensor, float]] = {}
-        prefetch = s.dist.world_size == 1 and sum(kernel_nbytes(store, m) for m in range(n_models)) <= PREFETCH_BYTES
-        ridge = ridge_settings(lambda_reg, lambda_rel)
-        identity = s.curvature is not None  # kfac / ekfac: the whitened features' inner products, no kernel
-        prefetch = prefetch and not identity
-        with ChunkWriter() as writer:
-            for model_id, rows in enumerate(target_rows):
-                kept.append({})
-                if s.curvature is not None and rows.pending(s.dist.rank, s.dist.world_size):
-                    s.curvature.read(store, model_id)  # the targets are whitened by the train side's curvature
-                    if not exact:  # exact scores refine their own solves (trakcli.jobs.exact)
-                        s.refine_targets()
-                n, skip = featurize_rows(
-                    s, target, rows, model_id, with_out_to_loss=False, skip_nonfinite=skip_nonfinite,
-                    reporter=reporter, label="targets", keep=kept[-1], writer=writer,
-                )
-                computed += n
-                if skip:
-                    reporter.info(f"model {model_id}: targets {skip[:10]} have non-finite gradients; their scores are 0")
-                if prefetch:
-                    writer.submit(_prefetch_kernel, store, model_id, ridge, kernels)
-        s.dist.barrier()
-
-        # 2. kernels and scores
-        lambdas, n = finalize_and_score(
-            store, train_rows, target_rows, out, lambda_reg=lambda_reg, lambda_rel=lambda_rel,
-            dist=s.dist, reporter=reporter, linalg_threads=linalg_threads, target_chunks=kept, kernels=kernels,
-            top=top, normalize=normalize, identity=identity,
-            exact=(lambda: exact_scorer(s, store, target, grad_memory_mb, reporter)) if exact else None,
-            exact_two_stage=exact_two,
-        )
-        computed += n
-        if per_token and s.dist.is_main:
-            computed += _per_token_scores(s, store, train_rows, target, exp, top_k, lambda_reg, lambda_rel,
-                                          s.exact_damping if exact else None, reporter)
-        s.dist.barrier()
-    return lambdas, computed
+        else:
+            out = None
+            store.score_settings(exp, settings, repair=True)
+        top = StoredTopK(store, exp, n_target, plan.top_k, create=True, two_stage=two) if plan.top_k else None
+        bad = top.verify() if top else []
+        if bad:
+            reporter.info(f"top-k target chunks {bad} were missing or corrupt; recomputed")
+        report_notes(store, reporter)
+    s.dist.barrier()
+    if not s.dist.is_main:  # opened after rank 0 has created or repaired them
+        store.distributed = True
+        targets = [store.targets(exp, m, t_attrs, n_target, create=False) for m in range(n_models)]
+        out = store.scores(exp, n_target, settings, create=False) if plan.full else None
+        top = StoredTopK(store, exp, n_target, plan.top_k, create=False, two_stage=two) if plan.top_k else None
+    return _Arrays(targets, out, top)
 
 
-def _two_stage_plan(store: Store, s: JobSetup, top_k: int | None, full: bool, normalize: str | None, exact: bool,
-                    rescore_multiplier: int | None, recall_queries: int, n_target: int,
-                    reporter: Reporter, rerank: str, train: ChunkedRows) -> TwoStage | None:
+def _featurize_targets(s: JobSetup, store: Store, plan: ScorePlan, target: TensorDataset, target_rows: list[ChunkedRows],
+                       flags: RunFlags, reporter: Reporter
+                       ) -> tuple[list[dict[int, np.ndarray]], dict[int, tuple[torch.Tensor, float]], int]:
+    """The pending target features of every checkpoint, written (and the stored kernels read) in the background
+    while the next checkpoint's are computed. Returns (per model_id the chunks written, kept for the scores;
+    the kernels read ahead; chunks computed)."""
+    kept: list[dict[int, np.ndarray]] = []
+    kernels: dict[int, tuple[torch.Tensor, float]] = {}
+    n_models = len(target_rows)
+    prefetch = (s.dist.world_size == 1 and not plan.curvature
+                and sum(kernel_nbytes(store, m) for m in range(n_models)) <= PREFETCH_BYTES)
+    computed = 0
+    with ChunkWriter() as writer:
+        for model_id, rows in enumerate(target_rows):
+            kept.append({})
+            if s.curvature is not None and rows.pending(s.dist.rank, s.dist.world_size):
+                s.curvature.read(store, model_id)  # the targets are whitened by the train side's curvature
+                if not plan.exact:  # exact scores refine their own solves (trakcli.jobs.exact)
+                    s.refine_targets()
+            n, skip = featurize_rows(
+                s, target, rows, model_id, with_out_to_loss=False, skip_nonfinite=flags.skip_nonfinite,
+                reporter=reporter, label="targets", keep=kept[-1], writer=writer,
+            )
+            computed += n
+            if skip:
+                reporter.info(f"model {model_id}: targets {skip[:10]} have non-finite gradients; their scores are 0")
+            if prefetch:
+                writer.submit(_prefetch_kernel, store, model_id, plan.ridge(), kernels)
+    return kept, kernels, computed
+
+
+def _two_stage_plan(store: Store, s: JobSetup, plan: ScorePlan, n_target: int, reporter: Reporter,
+                    train: ChunkedRows) -> TwoStage | None:
     """The two-stage top-k of this run (:mod:`trakcli.jobs.topk`), or None: when the store has codes
     (``store.dtype`` int8 or binary) and the top-k is streamed with TRAK's scores and primal kernels.
 
     Otherwise, on a store with codes, one info line says why the top-k comes from the exact streamed
-    pass over the bfloat16 copy instead. ``rerank``: ``score.rerank``; ``train``: the first checkpoint's train
-    rows (whether their chunk files are read directly decides ``auto``).
+    pass over the bfloat16 copy instead. ``train``: the first checkpoint's train rows (whether their chunk files
+    are read directly decides ``score.rerank: auto``).
     """
-    codes = store.layout.dtype
-    if not top_k or not is_quantized(codes):
+    codes, layout = store.layout.dtype, store.layout
+    if not plan.top_k or not is_quantized(codes):
         return None
-    dual = s.curvature is None and kernel_form(store.layout.n_train, store.layout.proj_dim) == DUAL
-    why = ("score.full is set: the top-k is ranked from the full score matrix" if full else
-           "score.normalize unit ranks by cosines, which the codes do not approximate" if normalize == "unit" else
-           "curvature.exact recomputes the scores exactly" if exact else
-           f"n_train {store.layout.n_train} < proj_dim {store.layout.proj_dim}: the dual kernel scores every "
+    dual = not plan.curvature and kernel_form(layout.n_train, layout.proj_dim) == DUAL
+    why = ("score.full is set: the top-k is ranked from the full score matrix" if plan.full else
+           "score.normalize unit ranks by cosines, which the codes do not approximate" if plan.unit else
+           "curvature.exact recomputes the scores exactly" if plan.exact else
+           f"n_train {layout.n_train} < proj_dim {layout.proj_dim}: the dual kernel scores every "
            "row in one product" if dual else None)
     if why is not None:
         reporter.info(f"two-stage top-k not used ({why}); the top-k comes from the exact pass over the bfloat16 copy")
         return None
-    local = chunk_files(train.data["features"]) is not None  # the scan reads its chunk files directly
-    return TwoStage.of(codes, rescore_multiplier, recall_queries, n_target, top_k, store.layout.n_train,
-                       store.layout.chunk_rows, rerank, local, store.layout.proj_dim)
+    return TwoStage.of(codes, plan.rescore_multiplier, plan.recall_queries, n_target, plan.top_k, layout.n_train,
+                       layout.chunk_rows, plan.rerank, chunk_files(train.data["features"]) is not None,
+                       layout.proj_dim)
 
 
-def _per_token_scores(s: JobSetup, store: Store, train_rows: list[ChunkedRows], target: TensorDataset, exp: str,
-                      top_k: int, lambda_reg: float | None, lambda_rel: float, exact_damping: float | None,
-                      reporter: Reporter) -> int:
+def _per_token_scores(s: JobSetup, store: Store, train_rows: list[ChunkedRows], target: TensorDataset,
+                      plan: ScorePlan, reporter: Reporter) -> int:
     """Compute the pending chunks of the experiment's per-token scores (:mod:`trakcli.jobs.per_token`); returns them."""
+    exp, top_k = plan.experiment, plan.top_k
     k = min(top_k, len(s.train))
     width = per_token_width(s, target)
     arrays = store.per_token(exp, len(target), k, width, create=True, repair=True)
@@ -469,8 +471,7 @@ def _per_token_scores(s: JobSetup, store: Store, train_rows: list[ChunkedRows], 
     if not pending:
         return 0
     top = StoredTopK(store, exp, len(target), top_k, create=False)
-    scorer = PerTokenScores(s, store, train_rows, target, k, width, ridge_settings(lambda_reg, lambda_rel),
-                            exact_damping)
+    scorer = PerTokenScores(s, store, train_rows, target, k, width, plan.ridge(), plan.exact_damping)
     for chunk in pending:
         lo, hi = arrays.rows(chunk)
         arrays.write(chunk, **scorer.compute(lo, hi, top.read(lo, hi), reporter))
@@ -482,19 +483,14 @@ def finalize_and_score(
     train_rows: list[ChunkedRows],
     target_rows: list[ChunkedRows],
     out: ChunkedRows | None,
+    plan: ScorePlan,
     *,
-    lambda_reg: float | None,
-    lambda_rel: float,
+    top: StoredTopK | None = None,
     dist: Dist | None = None,
     reporter: Reporter = NULL_REPORTER,
-    linalg_threads: int | None = None,
     target_chunks: list[dict[int, np.ndarray]] | None = None,
     kernels: dict[int, tuple[torch.Tensor, float]] | None = None,
-    top: StoredTopK | None = None,
-    normalize: str | None = None,
-    identity: bool = False,
     exact: Callable[[], Callable[[int, int], torch.Tensor]] | None = None,
-    exact_two_stage: int | None = None,
 ) -> tuple[list[float], int]:
     """Finalize each checkpoint's kernel and write the pending score blocks.
 
@@ -515,33 +511,29 @@ def finalize_and_score(
 
     With ``top``, the K highest and lowest scores per target are found in one streamed
     pass (:mod:`trakcli.jobs.topk`), from the score matrix when ``out`` is given (after
-    it is finished), else from the blocks as they are computed. With ``normalize``
+    it is finished), else from the blocks as they are computed. With ``plan.normalize``
     ``"unit"`` the scores are the mean over checkpoints of the cosines in the kernel's
-    space (:mod:`trakcli.scoring`, TrackStar), without Q.
+    space (:mod:`trakcli.scoring`, TrackStar), without Q. With ``plan.curvature`` there is no kernel:
+    each checkpoint's term is ``Φ_m(targets) Φ_m[block]ᵀ`` (features already whitened by the curvature,
+    :mod:`trakcli.curvature`) and λ_m is reported as 0.
 
     Args:
         store: the open store.
         train_rows: per model_id, complete train features (``features``, ``out_to_loss``).
         target_rows: per model_id, complete target features.
         out: the scores array of the experiment (chunked by train columns), or None (top-k only).
-        lambda_reg, lambda_rel: the ridge (see :func:`trakcli.scoring.resolve_lambda`).
+        plan: the ridge, normalization, threads (``linalg_threads``) and curvature of the scores.
+        top: the experiment's top-k (``score.top_k``), or None.
         dist: the process group (default: a single process).
         reporter: progress of the score blocks.
-        linalg_threads: torch threads for this function's dense linear algebra (the
-            ``linalg_threads`` setting; None: :data:`trakcli.jobs.runtime.DEFAULT_THREADS`).
         target_chunks: per model_id, target feature chunks this process has just written
             (chunk index -> ``[rows, proj_dim]`` float32), used instead of reading them back.
         kernels: stored kernels already read and verified (model_id -> (kernel, λ)), used
             instead of reading them again (single process).
-        top: the experiment's top-k (``score.top_k``), or None.
-        normalize: ``score.normalize``: None (TRAK's scores) or ``"unit"``.
-        identity: no kernel: each checkpoint's term is ``Φ_m(targets) Φ_m[block]ᵀ`` (``curvature.kind`` kfac
-            or ekfac, whose features are already whitened by the curvature; :mod:`trakcli.curvature`);
-            λ_m is reported as 0.
         exact: makes the exact curvature scorer ``(lo, hi) -> [n_target, hi - lo]`` (:func:`trakcli.jobs.exact.exact_scorer`),
-            called once when a block is pending; the blocks and top-k come from it.
-        exact_two_stage: with ``exact`` and ``top``, ``score.rescore_multiplier``: the top-k is the exact re-scoring
-            of candidates from the stored features (:func:`trakcli.jobs.exact.two_stage_exact`), on rank 0.
+            called once when a block is pending; the blocks and top-k come from it. With ``top`` and
+            ``plan.exact_two_stage``, the top-k is the exact re-scoring of candidates from the stored features
+            (:func:`trakcli.jobs.exact.two_stage_exact`), on rank 0.
 
     Returns:
         (λ_m per model_id, score blocks computed by this process).
@@ -550,10 +542,9 @@ def finalize_and_score(
         StoreError: a kernel another rank should have written is missing.
         TrakError: a kernel is not positive definite (see :func:`trakcli.scoring.kernel_factor`).
     """
-    with torch_threads(linalg_threads):
-        return _finalize_and_score(store, train_rows, target_rows, out, lambda_reg, lambda_rel, dist or Dist(),
-                                   reporter, target_chunks or [{} for _ in target_rows], kernels or {}, top,
-                                   normalize == "unit", identity, exact, exact_two_stage)
+    with torch_threads(plan.linalg_threads):
+        return _finalize_and_score(store, train_rows, target_rows, out, plan, dist or Dist(), reporter,
+                                   target_chunks or [{} for _ in target_rows], kernels or {}, top, exact)
 
 
 #: `trak score` reads the stored kernels in the background, during the target features, when
@@ -583,18 +574,19 @@ def _target_features(rows: ChunkedRows, kept: dict[int, np.ndarray]) -> torch.Te
 
 def _finalize_and_score(
     store: Store, train_rows: list[ChunkedRows], target_rows: list[ChunkedRows], out: ChunkedRows | None,
-    lambda_reg: float | None, lambda_rel: float, dist: Dist, reporter: Reporter, kept: list[dict[int, np.ndarray]],
-    kernels: dict[int, tuple[torch.Tensor, float]], top: StoredTopK | None, unit: bool, identity: bool = False,
-    exact: Callable[[], Callable[[int, int], torch.Tensor]] | None = None, exact_two_stage: int | None = None,
+    plan: ScorePlan, dist: Dist, reporter: Reporter, kept: list[dict[int, np.ndarray]],
+    kernels: dict[int, tuple[torch.Tensor, float]], top: StoredTopK | None,
+    exact: Callable[[], Callable[[int, int], torch.Tensor]] | None,
 ) -> tuple[list[float], int]:
     """:func:`finalize_and_score` in its thread setting."""
     n_models = len(train_rows)
-    if exact is not None and exact_two_stage and top is not None:
+    if exact is not None and plan.exact_two_stage and top is not None:
         return [0.0] * n_models, _exact_two_stage(store, train_rows, target_rows, kept, top, dist, reporter,
-                                                  exact, exact_two_stage)
-    lam_key = ridge_settings(lambda_reg, lambda_rel)
-    if dist.world_size > 1 and not identity:  # kernel m on rank m mod world_size, then every rank reads them all
-        finalize_kernels(store, train_rows, lambda_reg=lambda_reg, lambda_rel=lambda_rel, dist=dist, reporter=reporter)
+                                                  exact, plan.exact_two_stage)
+    lam_key = plan.ridge()
+    if dist.world_size > 1 and not plan.curvature:  # kernel m on rank m mod world_size, then every rank reads them all
+        finalize_kernels(store, train_rows, lambda_reg=plan.lambda_reg, lambda_rel=plan.lambda_rel, dist=dist,
+                          reporter=reporter)
     pending = out.pending(dist.rank, dist.world_size) if out is not None else []
     parts = cands = None
     if top is not None and not top.is_complete():
@@ -607,17 +599,18 @@ def _finalize_and_score(
             parts = top.parts(create=False)
             cands = top.candidate_parts(create=False) if two_stage else None
     segs = parts.pending(dist.rank, dist.world_size) if parts is not None and out is None else []
-    scorer: Any = _BlockScores(train_rows, unit)
+    scorer: Any = _BlockScores(train_rows, plan.unit)
     if exact is not None and (pending or segs):
         scorer = exact()
     lambdas = []
     for model_id in range(n_models):
-        if identity:
+        if plan.curvature:
             kernel, lam = None, 0.0
         elif model_id in kernels:
             kernel, lam = kernels.pop(model_id)
         elif dist.world_size == 1:  # one process: a missing kernel is made here
-            kernel, lam = kernel_of(store, train_rows[model_id], model_id, lambda_reg=lambda_reg, lambda_rel=lambda_rel)
+            kernel, lam = kernel_of(store, train_rows[model_id], model_id, lambda_reg=plan.lambda_reg,
+                                    lambda_rel=plan.lambda_rel)
         else:
             stored = read_kernel(store, model_id, lam_key)
             if stored is None:
