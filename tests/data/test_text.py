@@ -463,3 +463,67 @@ def test_a_list_of_files_reads_as_one_dataset_whose_first_rows_fingerprint_as_th
     assert DatasetConfig(path=[str(tmp_path / "a.jsonl")], input_ids="ids").path == tmp_path / "a.jsonl"
     with pytest.raises(ValueError, match="an empty list of files"):
         DatasetConfig(path=[], input_ids="ids")
+
+
+# --- targets of their own max_length --------------------------------------------------------------
+
+
+def test_max_length_none_keeps_every_row_whole_up_to_the_models_positions(tmp_path, tok):
+    texts = random_texts(12, seed=3, lo=20, hi=60)
+    path = write_jsonl(tmp_path / "d.jsonl", [{"text": t} for t in texts])
+    whole = [len(tok(t)["input_ids"]) for t in texts]  # [CLS] ... [SEP], uncut
+    assert max(whole) > 24
+    ds = TextDataset(path, text="text", tokenizer=MINILM, max_length=None)
+    assert [len(ids) for ids, _ in rows_of(ds, 0, 12, 5)] == whole
+    assert ds.longest() == max(whole) and ds.token_lengths(range(12)) == whole
+    assert ds.fingerprint()["input_shape"] == {"attention_mask": [None], "input_ids": [None]}
+    cut = TextDataset(path, text="text", tokenizer=MINILM, max_length=24)
+    assert cut.longest() == 24 and cut.fingerprint()["sha256"] != ds.fingerprint()["sha256"]
+    assert DatasetConfig(path=path, text="text", tokenizer=MINILM, max_length=None).max_length is None
+    # a row longer than the positions of the model (the tokenizer's model_max_length) is refused, not cut
+    assert ds.length_limit == tok.model_max_length == 512
+    long_rows = [{"text": "the soup"}] * 9 + [{"text": " ".join(["soup"] * 600)}]
+    long = TextDataset(write_jsonl(tmp_path / "long.jsonl", long_rows), text="text", tokenizer=MINILM,
+                       max_length=None, key="data.target")
+    message = (r"data.target: row 9 of .*long.jsonl has 602 tokens, more than the 512 its model takes .*; "
+               r"set data.target.max_length \(e.g. 512\) to cut longer rows")
+    with pytest.raises(DataError, match=message):
+        list(long.batches(0, 10, 4))
+    assert len(list(long.batches(0, 9, 4))) == 3  # the short rows are fine
+    with pytest.raises(DataError, match=message.replace("row 9", "row 0").replace("long.jsonl", "first.jsonl")):  # checked at once
+        TextDataset(write_jsonl(tmp_path / "first.jsonl", long_rows[::-1]), text="text", tokenizer=MINILM,
+                    max_length=None, key="data.target")
+
+
+def test_targets_of_another_max_length_are_of_the_train_datas_kind(tmp_path, tok):
+    path = write_jsonl(tmp_path / "d.jsonl", [{"text": t, "b": t[::-1]} for t in random_texts(6, seed=4)])
+    train = TextDataset(path, text="text", tokenizer=MINILM, max_length=128).fingerprint()
+    for ml in (16, None, 512):
+        text_module.check_target_inputs(TextDataset(path, text="text", tokenizer=MINILM, max_length=ml).fingerprint(),
+                                        train)
+    pairs = TextDataset(path, text="text", text_pair="b", tokenizer=MINILM, max_length=16).fingerprint()
+    with pytest.raises(text_module.StoreError, match=r"data.target inputs are \['attention_mask', 'input_ids', "
+                                                     r"'token_type_ids'\] .* but the train inputs are "
+                                                     r"\['attention_mask', 'input_ids'\]"):
+        text_module.check_target_inputs(pairs, train)
+    # tensors of token ids [n, L] of another L are of the same kind too; other tensors must match in shape
+    ids = {"input_ids": torch.zeros(3, 7, dtype=torch.int64), "attention_mask": torch.ones(3, 7, dtype=torch.int64)}
+    text_module.check_target_inputs(TensorDataset(ids, torch.zeros(3, dtype=torch.int64), "t").fingerprint(), train)
+    images = TensorDataset(torch.zeros(4, 8, 8), torch.zeros(4, dtype=torch.int64), "i").fingerprint()
+    text_module.check_target_inputs(images, images)
+    with pytest.raises(text_module.StoreError, match=r"shape \[8, 9\] \(float32\) per example but the train "
+                                                     r"inputs have \[8, 8\]"):
+        text_module.check_target_inputs(
+            TensorDataset(torch.zeros(4, 8, 9), torch.zeros(4, dtype=torch.int64), "j").fingerprint(), images)
+    with pytest.raises(text_module.StoreError, match="shape"):
+        text_module.check_target_inputs(images, train)
+
+
+def test_sequence_width_is_the_most_tokens_a_row_can_have(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", [{"text": t} for t in random_texts(5, seed=5, lo=3, hi=9)])
+    assert text_module.sequence_width(TextDataset(path, text="text", tokenizer=MINILM, max_length=40)) == 40
+    whole = TextDataset(path, text="text", tokenizer=MINILM, max_length=None)
+    assert text_module.sequence_width(whole) == max(whole.token_lengths(range(5)))
+    ids = {"input_ids": torch.zeros(3, 7, dtype=torch.int64), "attention_mask": torch.ones(3, 7, dtype=torch.int64)}
+    assert text_module.sequence_width(TensorDataset(ids, torch.zeros(3, 7, dtype=torch.int64), "t")) == 7
+    assert text_module.sequence_width(TensorDataset(torch.zeros(3, 4), torch.zeros(3, dtype=torch.int64), "x")) == 0

@@ -165,10 +165,12 @@ class DatasetConfig(StrictModel):
         "(see `labels` for per-token labels). `tokenizer` is optional (its pad token and decoding; "
         "without one rows are padded with id 0).",
     )
-    max_length: PositiveInt = Field(
+    max_length: PositiveInt | None = Field(
         128,
         description="Text and language-model data: most tokens per row (longer rows are cut on the right, "
-        "pre-tokenized `input_ids` too).",
+        "pre-tokenized `input_ids` too); null: no cut (a row longer than the tokenizer's model_max_length is an "
+        "error). data.target may have its own (queries are often shorter than training documents): features are "
+        "per example, so target and train lengths need not match.",
     )
     tokenizer: str | None = Field(
         None,

@@ -23,6 +23,11 @@ Per-token labels follow the convention of transformers, TRL and Bergson: they ar
 elsewhere (padding included); the model's prediction at ``t - 1`` is scored against
 ``labels[t]``.
 
+``max_length`` cuts each row on the right; ``None`` keeps every row whole (each row its own length,
+up to what the tokenizer says its model takes). The train and target data may have different
+``max_length``: every gradient is one example's, so a short query and long training documents
+are scored together (:func:`check_target_inputs`).
+
 Memory does not grow with ``n x max_length``: a ``.jsonl`` file is held as the
 byte offsets of its lines (``[n]`` int64, from one streaming pass), Arrow and
 Parquet data as a (memory-mapped where possible) columnar table with only the
@@ -43,7 +48,7 @@ import numpy as np
 import torch
 
 from trakcli.data.tensors import batch_fits
-from trakcli.errors import DataError, ModelError
+from trakcli.errors import DataError, ModelError, StoreError
 from trakcli.labels import IGNORE_INDEX
 from trakcli.models.hf import import_transformers, resolve_hf_path
 from trakcli.models.hub import is_hub_url, resolve_hub_dataset
@@ -61,6 +66,9 @@ TOKENIZATION_VERSION = 1
 _TOKENIZER_PREFIXES = ("tokenizer", "vocab", "merges", "special_tokens_map", "added_tokens", "chat_template",
                        "spiece", "sentencepiece", "spm")
 _TOKENIZER_SUFFIXES = (".model", ".tiktoken", ".jinja")
+
+#: Tokenizers without a real length limit report this many tokens or more as ``model_max_length``.
+NO_LENGTH_LIMIT = 10**9
 
 #: How each kind of data is named in messages.
 _KIND_NAMES = {"text": "text", "prompt": "prompt + completion", "messages": "messages", "input_ids": "input_ids"}
@@ -475,7 +483,9 @@ class TextDataset:
             (as :class:`trakcli.config.DatasetConfig`).
         tokenizer: a tokenizer directory (:func:`load_tokenizer`) or a loaded tokenizer; optional
             for ``input_ids`` only (padding with id 0, texts shown as ids).
-        max_length: most tokens per row; longer rows are cut on the right.
+        max_length: most tokens per row; longer rows are cut on the right. ``None``: no cut, each row
+            keeps all its tokens; a row longer than the tokenizer's ``model_max_length`` (the
+            positions its model has) is then a :class:`DataError` naming it.
         key: the dotted config key, used in error messages.
 
     Attributes:
@@ -511,14 +521,15 @@ class TextDataset:
         messages: str | None = None,
         input_ids: str | None = None,
         tokenizer: Any = None,
-        max_length: int = 128,
+        max_length: int | None = 128,
         key: str = "data.train",
     ):
         if isinstance(path, (list, tuple)):  # several files, read one after the other
             self.source = ", ".join(p if is_hub_url(p) else str(Path(p)) for p in path)
         else:
             self.source = path if is_hub_url(path) else str(Path(path))
-        self.key, self.max_length = key, int(max_length)
+        self.key = key
+        self.max_length: int | None = None if max_length is None else int(max_length)
         given = {"text": text, "prompt": prompt if prompt is not None else completion,
                  "messages": messages, "input_ids": input_ids}
         kinds = [k for k, v in given.items() if v is not None]
@@ -532,8 +543,8 @@ class TextDataset:
             raise DataError(f"{key}: text_pair is the second text of `text`")
         if labels is not None and self.kind in ("prompt", "messages"):
             raise DataError(f"{key}: labels are not read with {_KIND_NAMES[self.kind]} data")
-        if self.max_length < 1:
-            raise DataError(f"{key}.max_length: {max_length}; it must be at least 1")
+        if self.max_length is not None and self.max_length < 1:
+            raise DataError(f"{key}.max_length: {max_length}; it must be at least 1 (or null: no cut)")
         self.text, self.text_pair, self.label_field = text, text_pair, labels
         self.prompt, self.completion, self.messages, self.input_ids_field = prompt, completion, messages, input_ids
         self.per_token_labels = not (self.kind == "text" and labels is not None)
@@ -572,6 +583,10 @@ class TextDataset:
         self._labels: torch.Tensor | None = None
         self._fingerprint: dict[str, Any] | None = None
         self._padded: tuple[dict[str, torch.Tensor], torch.Tensor] | None = None
+        self._longest: int | None = None
+        limit = getattr(tokenizer, "model_max_length", None) if tokenizer is not None else None
+        #: Most tokens a row may have with ``max_length`` None: the tokenizer's ``model_max_length``, if real.
+        self.length_limit: int | None = int(limit) if isinstance(limit, int) and 0 < limit < NO_LENGTH_LIMIT else None
         self._encode(self._rows.read(0, min(CHECKED_ROWS, len(self))), 0)
 
     @classmethod
@@ -641,14 +656,29 @@ class TextDataset:
     def _encode(self, rows: list[dict[str, Any]], lo: int | Sequence[int]) -> list[_Row]:
         """Rows ``lo, lo + 1, ...`` (or the rows of the indices ``lo``) tokenized and cut to ``max_length``:
         ``(input_ids, token_type_ids, label)``."""
-        values = self._values(rows, lo)
+        return self._check_lengths(self._encode_values(self._values(rows, lo), lo), lo)
+
+    def _check_lengths(self, encoded: list[_Row], lo: int | Sequence[int]) -> list[_Row]:
+        """Rows of ``max_length`` None longer than :attr:`length_limit` refused, naming the first and the fix."""
+        if self.max_length is None and self.length_limit is not None:
+            for i, row in enumerate(encoded):
+                if len(row[0]) > self.length_limit:
+                    raise DataError(
+                        f"{self.key}: row {_row_number(lo, i)} of {self.source} has {len(row[0])} tokens, more than "
+                        f"the {self.length_limit} its model takes (the tokenizer's model_max_length); set "
+                        f"{self.key}.max_length (e.g. {self.length_limit}) to cut longer rows"
+                    )
+        return encoded
+
+    def _encode_values(self, values: list[Any], lo: int | Sequence[int]) -> list[_Row]:
+        """Checked values (:meth:`_values`) of rows ``lo, lo + 1, ...`` tokenized and cut to ``max_length``."""
         if not values:
             return []
         tok, ml = self.tokenizer, self.max_length
         if self.kind == "text":
             texts = [v[0] for v in values]
             pairs = [v[1] for v in values] if self.text_pair else None
-            enc = tok(texts, pairs, truncation=True, max_length=ml)
+            enc = tok(texts, pairs, truncation=ml is not None, max_length=ml)
             ids = [list(x) for x in enc["input_ids"]]
             tts = enc["token_type_ids"] if "token_type_ids" in self.input_keys else [None] * len(ids)
             if self.label_field:
@@ -839,6 +869,18 @@ class TextDataset:
         """
         return [len(r[0]) for window in self._windows_of(indices) for r in window]
 
+    def longest(self) -> int:
+        """Tokens of the longest row (after cutting to ``max_length``): one pass over every row, then kept.
+
+        The width of per-token arrays when ``max_length`` is None (:func:`sequence_width`).
+
+        Raises:
+            DataError: a row that cannot be read or tokenized (naming it).
+        """
+        if self._longest is None:
+            self._longest = max(len(r[0]) for window in self._windows(0, len(self)) for r in window)
+        return self._longest
+
     def _windows_of(self, indices: Sequence[int]) -> Iterator[list[_Row]]:
         idx = [int(i) for i in indices]
         bad = [i for i in idx if not 0 <= i < len(self)]
@@ -885,7 +927,8 @@ class TextDataset:
         return self.padded()[0]
 
     def fingerprint(self, n: int | None = None) -> dict[str, Any]:
-        """``n``, ``input_shape`` (``[max_length]`` per input key), ``input_dtype`` and a sha256 of the data.
+        """``n``, ``input_shape`` (``[max_length]`` per input key, ``[None]`` without a cut), ``input_dtype`` and
+        a sha256 of the data.
 
         The sha256 covers the named fields' values of every row in order (streamed, not
         tokenized; the same rows give the same hash from a ``.jsonl``, ``.csv`` or
@@ -994,6 +1037,49 @@ def field_values(path: str | Path, field: str, *, key: str = "data.target", bloc
     for lo in range(0, len(rows), block):
         out += [rec.get(field) for rec in rows.read(lo, min(lo + block, len(rows)))]
     return out
+
+
+def sequence_width(data: Any) -> int:
+    """Most tokens a row of token data has: ``max_length`` for text data (with ``max_length`` None the
+    longest row, :meth:`TextDataset.longest`), ``L`` for ``[n, L]`` tensors of ``input_ids``; 0 for data
+    without tokens."""
+    if isinstance(data, TextDataset):
+        return data.max_length if data.max_length is not None else data.longest()
+    inputs = getattr(data, "inputs", None)
+    if isinstance(inputs, dict) and "input_ids" in inputs and getattr(inputs["input_ids"], "ndim", 0) == 2:
+        return int(inputs["input_ids"].shape[1])
+    return int(getattr(data, "max_length", 0) or 0)
+
+
+def check_target_inputs(target: dict[str, Any], train: dict[str, Any]) -> None:
+    """Refuse targets whose inputs are not of the train data's kind, from the two fingerprints
+    (:meth:`TextDataset.fingerprint`, :meth:`~trakcli.data.tensors.TensorDataset.fingerprint`).
+
+    Token data (inputs a dict holding ``input_ids``) must have the same input keys and dtypes; the
+    sequence lengths may differ (``data.target.max_length`` need not be ``data.train.max_length``, and
+    either may be None), since every gradient, and so every feature, is one example's. Other data
+    must have the same per-example shape and dtype.
+
+    Args:
+        target: the target data's fingerprint; train: the train data's (the store's ``train_data``).
+
+    Raises:
+        StoreError: inputs of another kind, naming both and the fix.
+    """
+    t_shape, s_shape = target.get("input_shape"), train.get("input_shape")
+    t_type, s_type = target.get("input_dtype"), train.get("input_dtype")
+    tokens = all(isinstance(v, dict) and "input_ids" in v for v in (t_shape, s_shape))
+    if tokens and (sorted(t_shape) != sorted(s_shape) or t_type != s_type):
+        raise StoreError(
+            f"data.target inputs are {sorted(t_shape)} of dtypes {t_type} but the train inputs are {sorted(s_shape)} "
+            f"of dtypes {s_type}; give targets of the train data's kind (the same fields, e.g. text_pair on both "
+            "or on neither)"
+        )
+    if not tokens and (t_shape != s_shape or t_type != s_type):
+        raise StoreError(
+            f"data.target inputs have shape {t_shape} ({t_type}) per example but the train inputs have {s_shape} "
+            f"({s_type}); targets must be examples of the train data's kind"
+        )
 
 
 def load_text(

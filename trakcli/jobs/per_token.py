@@ -51,6 +51,7 @@ from torch.func import functional_call, jvp
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from trakcli.data.tensors import inputs_to
+from trakcli.data.text import sequence_width
 from trakcli.errors import ConfigError, GradientError, StoreError, exception_text
 from trakcli.jobs.runtime import event
 from trakcli.jobs.setup import JobSetup, rows_of
@@ -466,8 +467,8 @@ def _split(flat: torch.Tensor, names: list[str], params: dict[str, torch.Tensor]
 
 
 def per_token_width(s: JobSetup, target: Any) -> int:
-    """The per-token arrays' last axis: the longest ``max_length`` of the train and target data."""
-    return max(int(getattr(d, "max_length", 0) or 0) for d in (s.train, target)) or 1
+    """The per-token arrays' last axis: the most tokens a train or target row has (:func:`sequence_width`)."""
+    return max(sequence_width(d) for d in (s.train, target)) or 1
 
 
 def query_token_scores(cfg: Any, queries: list[int], reporter: Reporter = NULL_REPORTER) -> np.ndarray:

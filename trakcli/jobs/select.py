@@ -43,8 +43,8 @@ import torch
 
 from trakcli.config import Config
 from trakcli.data.load import load_dataset
-from trakcli.data.text import data_files, field_values
-from trakcli.errors import ConfigError, DataError, StoreError, StoreMismatchError
+from trakcli.data.text import check_target_inputs, data_files, field_values
+from trakcli.errors import ConfigError, DataError, StoreMismatchError
 from trakcli.files import atomic_open, atomic_path, atomic_torch_save
 from trakcli.jobs.featurize import featurize, featurize_rows
 from trakcli.jobs.runtime import locked_store, torch_threads
@@ -300,7 +300,8 @@ def select_rows(
         The :class:`Selection` on rank 0; None on the other ranks (under torchrun).
 
     Raises:
-        StoreError: no train features or incomplete ones (run featurize); targets of another input shape.
+        StoreError: no train features or incomplete ones (run featurize); targets of another input kind
+            (:func:`~trakcli.data.text.check_target_inputs`: text targets may have any max_length).
         StoreMismatchError: train features of other settings, or target features of other targets
             (names ``--overwrite`` and ``select.experiment``).
         ConfigError: a bad ``aggregate`` or ``normalize``, or ``k`` outside 1..n_train.
@@ -318,12 +319,7 @@ def select_rows(
                           f"{list(groups.shape)}")
     group_names = group_names or [str(g) for g in range(int(groups.max()) + 1)]
     t_fp = target.fingerprint()
-    if t_fp["input_shape"] != s.identity["train_data"]["input_shape"]:
-        raise StoreError(
-            f"data.target inputs have shape {t_fp['input_shape']} per example but the train inputs have "
-            f"{s.identity['train_data']['input_shape']}; targets must be examples of the same kind (text data: "
-            "data.target.max_length as data.train.max_length)"
-        )
+    check_target_inputs(t_fp, s.identity["train_data"])  # text: any max_length
     t_attrs: dict[str, Any] = {"target_data": t_fp, "checkpoints": s.shas}  # as `trak score`'s target features
     if s.state_shas is not None:
         t_attrs["optimizer_states"] = s.state_shas
