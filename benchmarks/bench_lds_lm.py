@@ -259,7 +259,8 @@ def trajectory_rows(cfg_path: str, masks: Any, outputs: Any, a: argparse.Namespa
     """
     import torch
 
-    from trakcli.config import load_config, resolve_checkpoints
+    from trakcli.config import load_config
+    from trakcli.jobs.inputs import resolve_checkpoints
     from trakcli.jobs.featurize import featurize
     from trakcli.jobs.optimize import optimize
     from trakcli.jobs.score import score
@@ -377,7 +378,7 @@ def traker_rows(cfg: Any, masks: Any, outputs: Any, ks: list[int], proj_dim: int
     import torch
     from transformers import AutoModelForCausalLM
 
-    from trakcli.config import resolve_checkpoints
+    from trakcli.jobs.inputs import resolve_checkpoints
     from trakcli.data.load import load_dataset
     from trakcli.metrics.lds import lds
 
@@ -430,7 +431,7 @@ def variant(cfg: Any, kind: str, proj_dim: int, n_models: int) -> Any:
 
     ``kind`` is a projector kind, or ``kronecker-size``: kind kronecker with ``split: size``.
     """
-    from trakcli.config import resolve_checkpoints
+    from trakcli.jobs.inputs import resolve_checkpoints
 
     ckpts = [str(p) for p in resolve_checkpoints(cfg)[:n_models]]
     settings = {**cfg.projector.model_dump(), "kind": kind, "proj_dim": proj_dim}

@@ -254,3 +254,10 @@ def test_the_config_knows_the_builtin_tasks_labels_as_the_tasks_do():
     want = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 5), ids[:, 1:].reshape(-1), ignore_index=-100)
     torch.testing.assert_close(lm.loss(logits, batch), want)
     assert lm.loss_count(batch) == 5 and BUILTIN["classification"].loss_count({"labels": torch.zeros(3)}) == 3
+
+
+def test_the_built_in_tasks_are_the_configs_names():
+    from trakcli.config.schema import BUILTIN_TASKS
+    from trakcli.tasks import BUILTIN
+
+    assert tuple(BUILTIN) == BUILTIN_TASKS

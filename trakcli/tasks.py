@@ -50,6 +50,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from trakcli.errors import ConfigError, DataError, user_code
+from trakcli.config.schema import BUILTIN_TASKS
 from trakcli.labels import IGNORE_INDEX, any_labels, class_labels
 
 #: A batch: every tensor the data yields, examples first.
@@ -384,7 +385,7 @@ class LanguageModeling(Task):
         del n
 
 
-#: The built-in tasks by name.
+#: The built-in tasks by name (the names and the labels they read: :data:`trakcli.config.schema.BUILTIN_TASK_LABELS`).
 BUILTIN = {
     "classification": Classification(),
     "text_classification": Classification(
@@ -395,7 +396,7 @@ BUILTIN = {
 }
 
 #: Names of the built-in tasks.
-TASKS = tuple(BUILTIN)
+TASKS = BUILTIN_TASKS  # one table of names: the config's, which validates `task:` without importing torch
 
 
 class CustomTask(Task):

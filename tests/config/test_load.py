@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from trakcli.config.load import load_config, parse_overrides
-from trakcli.config.resolve import check_files, resolve_checkpoints
+from trakcli.jobs.inputs import check_files, resolve_checkpoints
 from trakcli.errors import ConfigError
 
 from projects import ROOT

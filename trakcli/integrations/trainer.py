@@ -33,7 +33,7 @@ import torch
 from torch import nn
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
-from trakcli.config.resolve import OPTIMIZER_STATE_DIR
+from trakcli.jobs.inputs import OPTIMIZER_STATE_DIR
 from trakcli.errors import ArgumentError, ConfigError
 from trakcli.factors.second_moment import optimizer_state_record
 from trakcli.files import atomic_torch_save

@@ -1,4 +1,7 @@
-"""Resolving the files a config names: checkpoints (globs, lists, hf: directories, manifests) and data files."""
+"""Resolving the files a config names: checkpoints (globs, lists, hf: directories, manifests) and data files.
+
+The jobs resolve their inputs here; :mod:`trakcli.config` only validates the YAML.
+"""
 
 from __future__ import annotations
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from trakcli.config import Config, OptimizeConfig, check_files, recipe_identity
-from trakcli.config.resolve import OPTIMIZER_STATE_DIR  # the folder of out_dir holding the optimizer states
+from trakcli.config import Config, OptimizeConfig, recipe_identity
+from trakcli.jobs.inputs import OPTIMIZER_STATE_DIR, check_files  # OPTIMIZER_STATE_DIR: out_dir's optimizer states
 from trakcli.data.load import load_dataset
 from trakcli.data.tensors import TensorDataset, index_inputs, inputs_to
 from trakcli.data.text import TextDataset

@@ -30,7 +30,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from trakcli.config import Config, check_files
+from trakcli.config import Config
+from trakcli.jobs.inputs import check_files
 from trakcli.data.load import load_dataset
 from trakcli.data.tensors import TensorDataset, index_inputs, inputs_to
 from trakcli.data.text import TextDataset

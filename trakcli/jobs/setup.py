@@ -21,8 +21,8 @@ from typing import Any, Union
 
 import torch
 
-from trakcli.config import Config, ProjectorConfig, check_files, resolve_checkpoints
-from trakcli.config.resolve import missing_train_files, resolve_optimizer_states
+from trakcli.config import Config, ProjectorConfig
+from trakcli.jobs.inputs import check_files, missing_train_files, resolve_checkpoints, resolve_optimizer_states
 from trakcli.curvature import Curvature
 from trakcli.data.load import load_dataset
 from trakcli.data.stored import StoredRows
@@ -391,7 +391,7 @@ def prepare(
     unchanged; with ``rehash`` (``--verify``) every checkpoint is read and hashed again.
 
     With ``second_moment.kind`` set, each checkpoint's optimizer state file is found
-    (:func:`~trakcli.config.resolve.resolve_optimizer_states`), hashed like the checkpoints,
+    (:func:`~trakcli.jobs.inputs.resolve_optimizer_states`), hashed like the checkpoints,
     and the featurizer scales the gradients by it (:class:`~trakcli.factors.SecondMoment`).
 
     PEFT adapter folders as checkpoints wrap the model with their adapter
@@ -499,7 +499,7 @@ def _stored_train(cfg: Config, missing: list[str], reporter: Reporter) -> Stored
 
     Raises:
         ConfigError: the store has no recorded train rows (no store, or one without features): the missing
-            files are reported as :func:`~trakcli.config.check_files` reports them.
+            files are reported as :func:`~trakcli.jobs.inputs.check_files` reports them.
     """
     try:
         fingerprint = Store.open_existing(cfg.store.location, mode="r").identity.get("train_data")

@@ -30,7 +30,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from trakcli.config import Config, resolve_checkpoints
+from trakcli.config import Config
+from trakcli.jobs.inputs import resolve_checkpoints
 from trakcli.errors import ConfigError, ProjectorError, StoreMismatchError
 from trakcli.jobs.featurize import featurize
 from trakcli.jobs.retrain import load_or_retrain
