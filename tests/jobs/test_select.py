@@ -13,7 +13,7 @@ import torch
 import zarr
 
 from projects import FACT_WORDS, fact_rows, run, word_tokenizer, write_config, write_jsonl
-from trakcli.jobs.select import n_selected, top_rows
+from trakcli.jobs.select import n_selected, quota_rows, top_rows
 
 MODEL_FILE = '''
 import torch
@@ -322,3 +322,117 @@ def test_select_makes_no_kernel_and_a_later_score_makes_it(user_project):
     assert res.returncode == 0, res.stderr
     root = zarr.open_group(str(user_project / "out" / "attrib.zarr"), mode="r")
     assert "kernel" in root["train/0"] and "kernel" in root["train/1"]
+
+
+# -- group_by and quota: what each guarantees ---------------------------------------------------------------------
+
+
+def _round_robin(group_scores: np.ndarray, k: int) -> tuple[list[int], list[int]]:
+    """The groups take turns (0, 1, ...), each its highest-scoring row not yet taken (ties: lower row)."""
+    orders = [sorted(range(len(col)), key=lambda i: (-col[i], i)) for col in group_scores.T]
+    taken: list[int] = []
+    groups: list[int] = []
+    while len(taken) < k:
+        for g, order in enumerate(orders):
+            if len(taken) < k:
+                taken.append(next(i for i in order if i not in taken))
+                groups.append(g)
+    return taken, groups
+
+
+@pytest.mark.parametrize("n,n_groups,k,seed", [(50, 3, 10, 0), (40, 4, 4, 1), (30, 2, 30, 2), (200, 5, 37, 3),
+                                               (12, 3, 7, 4)])
+def test_quota_rows_give_every_group_its_share_of_its_best_rows(n, n_groups, k, seed):
+    rng = np.random.default_rng(seed)
+    scores = rng.normal(size=(n, n_groups))
+    scores[:, 0] += 3.0  # group 0 matches every row best: without a quota it would take all k
+    scores[rng.integers(0, n, 5), 1] = scores[0, 1]  # equal scores
+    assert np.bincount(scores.argmax(1)[top_rows(scores.max(1), k)], minlength=n_groups)[0] >= min(k, n - 5)
+    rows, groups = quota_rows(scores, k)
+    want_rows, want_groups = _round_robin(scores, k)
+    assert rows.tolist() == want_rows and groups.tolist() == want_groups
+    assert len(set(rows.tolist())) == k  # no row twice
+    counts = np.bincount(groups, minlength=n_groups)
+    assert counts.tolist() == [k // n_groups + (g < k % n_groups) for g in range(n_groups)]
+    left_out = np.setdiff1d(np.arange(n), rows)
+    for g in range(n_groups):  # no row left out scores higher for a group than a row that group kept
+        if left_out.size:
+            assert scores[left_out, g].max() <= scores[rows[groups == g], g].min()
+
+
+def test_quota_needs_a_row_per_group():
+    from trakcli.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"shares 2 rows among 3 target groups, so some group would keep none; "
+                                          r"keep at least 3 rows \(select.count=3 or more\)"):
+        quota_rows(np.zeros((10, 3)), 2)
+
+
+def test_group_by_alone_may_keep_one_groups_rows_and_quota_equal_shares_them(lm):
+    targets = [json.loads(x) for x in (lm / "target.jsonl").read_text().splitlines()]
+    tasks = [t["task"] for t in targets]
+    res = run(lm, "select", "run.yaml", "select.count=6", "select.group_by=task", "select.quota=equal",
+              "select.out=quota.jsonl")
+    assert res.returncode == 0, res.stderr
+    assert "rows kept per target group (each group its share (select.quota: equal)): a: 3, b: 3" in \
+        " ".join(res.stderr.split())
+    side = _sidecar(lm, "quota.jsonl")
+    # the reference: per group, the mean over its targets of the cosines summed over checkpoints
+    total = 0.0
+    for t, z in zip(_features(lm / "s.zarr", "targets/select"), _features(lm / "s.zarr", "train")):
+        total = total + (t / np.linalg.norm(t, axis=1, keepdims=True)) @ (z / np.linalg.norm(z, axis=1,
+                                                                                            keepdims=True)).T
+    names = list(dict.fromkeys(tasks))
+    per_group = np.stack([total[[i for i, g in enumerate(tasks) if g == name]].mean(0) for name in names], 1)
+    rows, groups = _round_robin(per_group, 6)
+    assert [e["row"] for e in side] == sorted(rows)
+    by_row = dict(zip(rows, groups))
+    assert [e["group"] for e in side] == [names[by_row[e["row"]]] for e in side]
+    np.testing.assert_allclose([e["score"] for e in side], [per_group[e["row"], by_row[e["row"]]] for e in side],
+                               rtol=1e-9, atol=1e-12)
+    assert sorted(e["rank"] for e in side) == list(range(1, 7))
+    # without the quota: one ranking by the best group, whatever the groups keep
+    res = run(lm, "select", "run.yaml", "select.count=6", "select.group_by=task", "select.out=plain.jsonl", "--json")
+    assert res.returncode == 0, res.stderr
+    data = json.loads(res.stdout)
+    best = per_group.max(1)
+    assert [e["row"] for e in _sidecar(lm, "plain.jsonl")] == _want(best, 6)
+    kept = per_group.argmax(1)[_want(best, 6)]
+    assert data["quota"] is None
+    assert data["selected_per_group"] == {name: int((kept == g).sum()) for g, name in enumerate(names)}
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["select.quota=equal"], "select.quota: equal shares the kept rows among the target groups of select.group_by, "
+                                 "which is unset"),
+        (["select.quota=equal", "select.group_by=task", "select.count=1"], "shares 1 rows among 2 target groups"),
+        (["select.quota=most"], "select.quota: Input should be 'equal'"),
+    ],
+)
+def test_bad_quotas_are_one_clear_error(lm, args, message):
+    res = run(lm, "select", "run.yaml", *args)
+    assert res.returncode == 1, res.stderr
+    assert message in " ".join(res.stderr.split())
+
+
+def test_text_targets_of_another_max_length_select_as_those_of_the_train_length(lm, tmp_path):
+    """Features are per example: targets cut at another length (or not at all) are scored against the same pool.
+    The targets are shorter than 16 tokens, so every max_length at or above their longest gives the same rows."""
+    shutil.copytree(lm, tmp_path / "p")
+    root = tmp_path / "p"
+    res = run(root, "select", "run.yaml", "select.count=6", "select.out=same.jsonl")
+    assert res.returncode == 0, res.stderr
+    for value, name in (("null", "whole"), ("40", "long")):
+        res = run(root, "select", "run.yaml", "select.count=6", f"select.out={name}.jsonl",
+                  f"data.target.max_length={value}", f"select.experiment={name}")
+        assert res.returncode == 0, res.stderr
+        assert (root / f"{name}.jsonl").read_text() == (root / "same.jsonl").read_text()
+        np.testing.assert_allclose([e["score"] for e in _sidecar(root, f"{name}.jsonl")],
+                                   [e["score"] for e in _sidecar(root, "same.jsonl")], rtol=1e-6)
+    res = run(root, "select", "run.yaml", "select.count=6", "select.out=short.jsonl", "data.target.max_length=4",
+              "select.experiment=short")
+    assert res.returncode == 0, res.stderr
+    cut = [e["score"] for e in _sidecar(root, "short.jsonl")]
+    assert not np.allclose(cut, [e["score"] for e in _sidecar(root, "same.jsonl")][:len(cut)])

@@ -44,7 +44,8 @@ def summary(res) -> dict[str, Any]:
         "out": str(res.out), "scores_out": str(res.scores_out), "store": str(res.store),
         "n_train": res.n_train, "n_target": res.n_target, "n_selected": int(sel.ranked.size),
         "fraction": sel.ranked.size / res.n_train, "aggregate": res.aggregate, "normalize": res.normalize,
-        "n_models": res.n_models, "groups": dict(zip(sel.groups, sel.group_sizes)),
+        "n_models": res.n_models, "groups": dict(zip(sel.groups, sel.group_sizes)), "quota": sel.quota,
+        "selected_per_group": dict(zip(sel.groups, sel.kept_per_group())),
         "threshold": float(chosen.min()), "scores": {"pool": _stats(sel.scores), "selected": _stats(chosen)},
         "train_chunks_computed": res.train_chunks_computed, "target_chunks_computed": sel.targets_computed,
         "top": top,
@@ -97,9 +98,9 @@ def select(
 ) -> None:
     """Keep the data.train rows whose features best match the data.target examples (LESS): select.fraction or
     select.count of them, written to select.out in data.train's format, their scores beside it."""
-    cfg = load(config, overrides, print_config)
     reporter = RichReporter(quiet)
-    reporter.phase("importing torch …")  # the command's first line, before the slow imports
+    reporter.phase("reading the config, importing torch …")  # the first line, before the slow imports
+    cfg = load(config, overrides, print_config)
     from trakcli.jobs.select import select as run  # after the config is valid: importing torch is slow
 
     res = run(cfg, overwrite=overwrite, skip_nonfinite=skip_nonfinite, verify=verify, reporter=reporter)
@@ -111,6 +112,11 @@ def select(
     if quiet:
         return
     err_console.print(_table(data))
+    if len(data["groups"]) > 1:
+        kept = ", ".join(f"{g}: {n}" for g, n in data["selected_per_group"].items())
+        how = ("each group its share (select.quota: equal)" if data["quota"] else
+               "by each row's best group; select.quota=equal gives every group its share")
+        err_console.print(f"rows kept per target group ({how}): {kept}")
     if data["top"] and res.texts is not None:
         err_console.print(_top_table(data))
     err_console.print(f"[green]selected {data['n_selected']} rows[/] -> {res.out} (scores: {res.scores_out}); "

@@ -783,7 +783,16 @@ class SelectConfig(StrictModel):
     )
     group_by: str | None = Field(
         None, description="max_mean: the field (text data) or key (tensor file, [n_target]) of data.target whose "
-        "values group the targets, e.g. one group per task. Unset: all targets are one group.",
+        "values group the targets, e.g. one group per task; a row's score is its best group's. It groups the "
+        "targets, not the pool, and does not by itself give every group rows: quota: equal does. Unset: all "
+        "targets are one group.",
+    )
+    quota: Literal["equal"] | None = Field(
+        None, description="With group_by. equal: every target group gets an equal share of the kept rows (k // "
+        "n_groups each, one more for the first k % n_groups groups in order of appearance; at least one row per "
+        "group, so k >= n_groups), the groups taking turns, each its highest-scoring row (mean over its targets) "
+        "not yet taken. null: one ranking by each row's best group score (LESS), so a group whose targets match the "
+        "pool more closely may take most or all of the rows.",
     )
     normalize: Literal["unit"] | None = Field(
         "unit", description="unit: cosines of the features (LESS). null: their inner products (longer or "
@@ -808,6 +817,9 @@ class SelectConfig(StrictModel):
         if self.group_by is not None and self.aggregate != "max_mean":
             raise ValueError(f"select.group_by groups the targets of aggregate max_mean; aggregate {self.aggregate} "
                              "takes every target alike: unset group_by, or set aggregate: max_mean")
+        if self.quota is not None and self.group_by is None:
+            raise ValueError(f"select.quota: {self.quota} shares the kept rows among the target groups of "
+                             "select.group_by, which is unset: set group_by (e.g. a task field), or unset quota")
         return self
 
 

@@ -27,6 +27,14 @@ O(block · proj_dim + n_train) (one float64 score per pool row), never
 The ``k`` rows of highest score are kept (equal scores: the lower row index
 first) and written in the pool's own format (:func:`write_rows`), in pool order;
 their scores, ranks (and groups) go to a sidecar ``<out stem>.scores.jsonl``.
+
+``group_by`` groups the *targets*: it makes a row's score that of the group it
+matches best, so a task with few examples is not drowned by one with many. It
+does not share the kept rows among the groups: a group whose targets match the
+pool more closely (tighter features, higher cosines) can take most or all of the
+``k`` rows. ``quota: equal`` (:func:`quota_rows`) does: the groups take turns, each
+keeping its highest-scoring row (by its own mean score) not yet kept, so every group
+gets ``k // n_groups`` or one more rows.
 """
 
 from __future__ import annotations
@@ -194,7 +202,7 @@ def _unit(f: torch.Tensor) -> torch.Tensor:
 
 def pool_scores(
     train_rows: Sequence[Any], centroids: Sequence[torch.Tensor], *, unit: bool, reporter: Reporter = NULL_REPORTER,
-    linalg_threads: int | None = None,
+    linalg_threads: int | None = None, per_group: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Every pool row's score against the target groups, streamed over the stored features in row blocks.
 
@@ -207,9 +215,11 @@ def pool_scores(
         unit: unit-normalize each pool row's features.
         reporter: progress of the blocks.
         linalg_threads: torch threads of the products (None: the default).
+        per_group: give every group's score, ``[n_train, n_groups]`` (for :func:`quota_rows`), not the best.
 
     Returns:
-        ``(scores [n_train] float64, best group [n_train] int64)``.
+        ``(scores [n_train] float64, best group [n_train] int64)``; with ``per_group``, the scores are
+        ``[n_train, n_groups]`` float64.
 
     Raises:
         StoreCorruptError: a feature chunk is missing or corrupt.
@@ -217,7 +227,7 @@ def pool_scores(
     first = train_rows[0]
     n, proj_dim, chunk = first.n_rows, centroids[0].shape[1], first.chunk_rows
     block = chunk * max(1, BLOCK_BYTES // (8 * chunk * max(1, proj_dim)))
-    scores = np.empty(n, dtype=np.float64)
+    scores = np.empty((n, centroids[0].shape[0]) if per_group else n, dtype=np.float64)
     best = np.empty(n, dtype=np.int64)
     starts = range(0, n, block)
     with torch_threads(linalg_threads), reporter.task("select", len(starts)) as task:
@@ -228,9 +238,62 @@ def pool_scores(
                 f = torch.from_numpy(np.asarray(rows.read("features", lo, hi), dtype=np.float64))
                 acc += (_unit(f) if unit else f) @ c.T
             top, arg = acc.max(dim=1)
-            scores[lo:hi], best[lo:hi] = top.numpy(), arg.numpy()
+            scores[lo:hi], best[lo:hi] = (acc if per_group else top).numpy(), arg.numpy()
             task.advance()
     return scores, best
+
+
+def check_quota(k: int, n_groups: int) -> None:
+    """Refuse ``select.quota: equal`` with fewer kept rows than target groups (a group would keep none).
+
+    Raises:
+        ConfigError: ``k < n_groups``, naming the count that works.
+    """
+    if k < n_groups:
+        raise ConfigError(f"select.quota: equal shares {k} rows among {n_groups} target groups, so some group would "
+                          f"keep none; keep at least {n_groups} rows (select.count={n_groups} or more), or unset "
+                          "select.quota")
+
+
+def quota_rows(group_scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """``k`` rows shared equally among the groups (``select.quota: equal``): the groups take turns in index
+    order, each keeping its highest-scoring row not yet kept (equal scores: the lower row index first).
+
+    Guarantees: every group keeps ``k // n_groups`` rows, the first ``k % n_groups`` groups one more; no row
+    is kept twice; and no row left out scores higher for a group than a row that group kept.
+
+    Args:
+        group_scores: ``[n, n_groups]`` float scores (finite) of every row against every group.
+        k: rows to keep, ``n_groups <= k <= n``.
+
+    Returns:
+        ``(rows [k] int64, group [k] int64)``: the kept rows in the order they were taken and the group
+        that took each. O(n_groups · n) selection of each group's candidates, then O(k) turns.
+
+    Raises:
+        ConfigError: ``k`` below the number of groups (a group would keep nothing) or above ``n``.
+    """
+    n, n_groups = group_scores.shape
+    check_quota(k, n_groups)
+    if k > n:
+        raise ConfigError(f"select.count is {k} but data.train has {n} rows; keep 1 to {n} rows")
+    share = -(-k // n_groups)  # the most a group keeps; it skips at most k - 1 rows others took
+    ranked = [top_rows(group_scores[:, g], min(n, k - 1 + share)).tolist() for g in range(n_groups)]
+    taken = np.zeros(n, dtype=bool)
+    at = [0] * n_groups
+    rows: list[int] = []
+    groups: list[int] = []
+    while len(rows) < k:
+        for g in range(n_groups):
+            if len(rows) == k:
+                break
+            while taken[ranked[g][at[g]]]:
+                at[g] += 1
+            r = ranked[g][at[g]]
+            taken[r] = True
+            rows.append(r)
+            groups.append(g)
+    return np.asarray(rows, dtype=np.int64), np.asarray(groups, dtype=np.int64)
 
 
 @dataclass
@@ -238,11 +301,14 @@ class Selection:
     """The pool's scores and the rows kept.
 
     Attributes:
-        scores: ``[n_train]`` float64, every pool row's score.
+        scores: ``[n_train]`` float64, every pool row's score: its best group's (``max_mean``); with
+            ``quota`` a kept row's is that of the group that kept it.
         ranked: ``[k]`` int64, the kept rows, best first (equal scores in row order).
-        best_group: ``[n_train]`` int64, the group of each row's highest group score (``max_mean``).
+        best_group: ``[n_train]`` int64, the group of each row's highest group score (``max_mean``); with
+            ``quota`` a kept row's is the group that kept it.
         groups: the target groups' names; group_sizes: targets per group.
         targets_computed: target feature chunks computed in this run.
+        quota: ``select.quota`` (``"equal"``) or None.
     """
 
     scores: np.ndarray
@@ -251,11 +317,16 @@ class Selection:
     groups: list[str]
     group_sizes: list[int]
     targets_computed: int = 0
+    quota: str | None = None
 
     @property
     def rows(self) -> np.ndarray:
         """``[k]`` int64, the kept rows in pool order."""
         return np.sort(self.ranked)
+
+    def kept_per_group(self) -> list[int]:
+        """Kept rows per target group (by :attr:`best_group`), in the order of :attr:`groups`."""
+        return np.bincount(self.best_group[self.ranked], minlength=len(self.groups)).tolist()
 
 
 def select_rows(
@@ -268,6 +339,7 @@ def select_rows(
     group_names: list[str] | None = None,
     aggregate: str = "max_mean",
     normalize: str | None = "unit",
+    quota: str | None = None,
     experiment: str = "select",
     overwrite: bool = False,
     skip_nonfinite: bool = False,
@@ -290,6 +362,8 @@ def select_rows(
             (:func:`target_groups`); None: one group.
         aggregate: ``max_mean``, ``mean`` or ``sum`` (module docstring).
         normalize: ``"unit"`` (cosines) or None (inner products).
+        quota: ``"equal"``: the ``k`` rows shared equally among the groups (:func:`quota_rows`); None: the top
+            ``k`` by the best group's score (:func:`top_rows`).
         experiment: the store group of the target features.
         overwrite: recompute the target features.
         skip_nonfinite: give targets with non-finite gradients zero features.
@@ -304,10 +378,13 @@ def select_rows(
             (:func:`~trakcli.data.text.check_target_inputs`: text targets may have any max_length).
         StoreMismatchError: train features of other settings, or target features of other targets
             (names ``--overwrite`` and ``select.experiment``).
-        ConfigError: a bad ``aggregate`` or ``normalize``, or ``k`` outside 1..n_train.
+        ConfigError: a bad ``aggregate``, ``normalize`` or ``quota``, ``k`` outside 1..n_train, or with
+            ``quota`` fewer than one row per group.
     """
     if aggregate not in ("max_mean", "mean", "sum"):
         raise ConfigError(f"select.aggregate is {aggregate!r}; use max_mean, mean or sum")
+    if quota not in (None, "equal"):
+        raise ConfigError(f"select.quota is {quota!r}; use equal (every target group its share) or null")
     if normalize not in (None, "unit"):
         raise ConfigError(f"select.normalize is {normalize!r}; use unit (cosines) or null (inner products)")
     n_selected(s.layout.n_train, count=k)
@@ -318,6 +395,10 @@ def select_rows(
         raise ConfigError(f"groups: give one group index >= 0 per target ({len(target)}), got shape "
                           f"{list(groups.shape)}")
     group_names = group_names or [str(g) for g in range(int(groups.max()) + 1)]
+    n_groups = len(group_names)
+    shared = quota == "equal" and n_groups > 1
+    if shared:
+        check_quota(k, n_groups)  # before any feature is computed
     t_fp = target.fingerprint()
     check_target_inputs(t_fp, s.identity["train_data"])  # text: any max_length
     t_attrs: dict[str, Any] = {"target_data": t_fp, "checkpoints": s.shas}  # as `trak score`'s target features
@@ -360,13 +441,18 @@ def select_rows(
         s.dist.barrier()
         if not s.dist.is_main:
             return None
-        n_groups = len(group_names)
         centroids = [group_centroids(rows.read("features", 0, len(target)), groups, n_groups,
                                      unit=normalize == "unit", total=aggregate == "sum") for rows in target_rows]
         scores, best = pool_scores(train_rows, centroids, unit=normalize == "unit", reporter=reporter,
-                                   linalg_threads=linalg_threads)
+                                   linalg_threads=linalg_threads, per_group=shared)
     sizes = np.bincount(groups, minlength=len(group_names)).tolist()
-    return Selection(scores, top_rows(scores, k), best, list(group_names), sizes, computed)
+    if not shared:
+        return Selection(scores, top_rows(scores, k), best, list(group_names), sizes, computed, quota)
+    kept, by = quota_rows(scores, k)
+    best_scores = scores[np.arange(scores.shape[0]), best]
+    best_scores[kept], best[kept] = scores[kept, by], by  # a kept row: the score of the group that kept it
+    ranked = kept[np.lexsort((kept, -best_scores[kept]))]
+    return Selection(best_scores, ranked, best, list(group_names), sizes, computed, quota)
 
 
 # --- the selected rows, in the pool's format ---------------------------------------------------------------------
@@ -545,7 +631,8 @@ def _write_table(files: Sequence[Path], rows: np.ndarray, out: Path) -> None:
 
 def write_scores(path: Path, sel: Selection) -> None:
     """The sidecar of the selected rows, one JSON line each in pool order: ``row`` (0-based in data.train),
-    ``rank`` (1 = best), ``score`` and, with several target groups, ``group`` (the one of the highest score)."""
+    ``rank`` (1 = best), ``score`` and, with several target groups, ``group`` (the one of the highest score;
+    with ``select.quota`` the one that kept the row, whose score ``score`` is)."""
     rank = {int(r): i + 1 for i, r in enumerate(sel.ranked)}
     with atomic_open(path, "w", encoding="utf-8") as f:
         for r in sel.rows.tolist():
@@ -625,6 +712,8 @@ def select(
     k = n_selected(len(s.train), sc.fraction, sc.count)
     target = load_dataset(cfg.data.target, key="data.target", task=resolve_task(cfg.task))  # type: ignore[arg-type]  # checked by prepare
     groups, names = target_groups(cfg.data.target, target, sc.group_by)
+    if sc.quota is not None and len(names) > 1:
+        check_quota(k, len(names))  # before the train features are computed
     path = cfg.store.location
     computed = featurize(cfg, skip_nonfinite=skip_nonfinite, verify=verify, reporter=reporter, setup=s,
                          kernels=False).chunks_computed  # selection reads no kernel; `trak score` makes its own
@@ -634,7 +723,7 @@ def select(
         reporter.info("curvature.exact: select ranks by the stored features (as curvature.exact: false)")
     sel = select_rows(
         s, path, target, k=k, groups=groups, group_names=names, aggregate=sc.aggregate, normalize=sc.normalize,
-        experiment=sc.experiment, overwrite=overwrite, skip_nonfinite=skip_nonfinite, reporter=reporter,
+        quota=sc.quota, experiment=sc.experiment, overwrite=overwrite, skip_nonfinite=skip_nonfinite, reporter=reporter,
         linalg_threads=cfg.linalg_threads,
     )
     if sel is None:

@@ -450,7 +450,7 @@ def prepare(
     layout = StoreLayout(len(train), featurizer.projector.proj_dim, st.chunk_rows, st.dtype, st.compressor)
     identity = run_identity(cfg.model.model_dump(mode="json"), cfg.task, cfg.grad_wrt, featurizer, train, layout,
                             second, curvature)
-    with main_reporter.phase(f"hashing {len(checkpoints)} checkpoints (once per file) …"):
+    with main_reporter.phase("hashing the checkpoint files (once per file) …"):
         shas = [hashes.sha256(c, file_sha256) for c in checkpoints]  # saved by jobs.runtime.locked_store
     return JobSetup(checkpoints, shas, train, model, featurizer, batch_rows, device, layout, identity, dist,
                     cfg.data.batch_tokens, states, state_shas, curvature,
