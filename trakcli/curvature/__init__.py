@@ -20,6 +20,8 @@ from trakcli.curvature.kfac import (
     KINDS,
     CurvatureFactors,
     LayerFactors,
+    PassState,
+    ResumeMismatch,
     correct_eigenvalues,
     curvature_layers,
     eigenbases,
@@ -31,7 +33,7 @@ from trakcli.errors import ConfigError, StoreError
 from trakcli.tasks import Task, resolve_task
 
 __all__ = [
-    "FISHERS", "KINDS", "Curvature", "CurvatureFactors", "LayerFactors", "correct_eigenvalues", "curvature_layers",
+    "FISHERS", "KINDS", "Curvature", "CurvatureFactors", "LayerFactors", "PassState", "correct_eigenvalues", "curvature_layers",
     "eigenbases", "fisher_loss", "fit_covariances", "GaussNewton", "refine",
 ]
 
@@ -149,18 +151,29 @@ class Curvature:
         return {n: torch.cat([r[n] for r in rows]) for n in grads}
 
     def fit(self, model_id: int, batches: Callable[[], Iterable[Any]], store: Any = None,
-            on_stage: Callable[[str], None] | None = None) -> CurvatureFactors:
+            on_stage: Callable[[str], None] | None = None, save_every_s: float = 30.0,
+            on_event: Callable[[str, str, int, int], None] | None = None) -> CurvatureFactors:
         """Fit checkpoint ``model_id`` (loaded into the model) over ``batches()``, resuming from and writing to ``store``.
 
         With a store: a finished curvature made with the same :meth:`settings` is read, not
         fitted; stored covariances (pass 1) are reused; each stage is written when done
-        (:func:`trakcli.store.curvature.write_curvature`). Without: fitted in memory.
+        (:func:`trakcli.store.curvature.write_curvature`); within a pass, the running sums are saved
+        once ``save_every_s`` seconds of work have passed since the pass started or was last saved
+        (:func:`trakcli.store.curvature.write_partial`), and a pass resumes after the rows of its last
+        save, ending with the factors of an uninterrupted fit bit for bit (the same batches, sums and
+        sampler state). A save that does not fit the batches (another ``data.batch_size``) is
+        dropped and the pass starts over. Without a store: fitted in memory.
 
         Args:
             model_id: the checkpoint.
-            batches: called once per pass; yields ``(inputs, labels)`` on the model's device.
+            batches: called once per pass; yields ``(inputs, labels)`` on the model's device, the same batches
+                on every call.
             store: the open :class:`~trakcli.store.Store`, or None.
             on_stage: called with ``"covariances"``, ``"eigenvalues"`` before each pass that runs.
+            save_every_s: seconds of work between two saves of a pass's sums (0: after every batch).
+            on_event: called as ``on_event(kind, pass, a, b)``: ``("batch", pass, lo, hi)`` after the rows
+                ``[lo, hi)`` are added, ``("partial", pass, rows, 0)`` after a save, ``("resume", pass, rows, 0)``
+                when a pass starts after saved rows.
 
         Returns:
             The factors (also kept for :meth:`whiten`).
@@ -172,11 +185,6 @@ class Curvature:
             done = read_curvature(store, model_id, settings, "done")
             if done is not None:
                 return self._keep(model_id, CurvatureFactors.from_arrays(self.layers, done, self.damping))
-        if model_id in self._factors:  # fitted before the store existed (featurize's first batch)
-            f = self._factors[model_id]
-            if store is not None:
-                write_curvature(store, model_id, settings, "done", f.arrays())
-            return f
         cov = read_curvature(store, model_id, settings, "covariances") if store is not None else None
         if cov is not None:
             a = [torch.as_tensor(cov[f"{i}/a"]) for i in range(len(self.layers))]
@@ -184,8 +192,10 @@ class Curvature:
         else:
             if on_stage:
                 on_stage("covariances")
-            a, s = fit_covariances(self.model, self.layers, self.uses, self.task, batches(), self.fisher,
-                                   self.seed + 2 * model_id)
+            a, s = self._pass("covariances", model_id, store, save_every_s, on_event,
+                              lambda resume, on_batch: fit_covariances(
+                                  self.model, self.layers, self.uses, self.task, batches(), self.fisher,
+                                  self.seed + 2 * model_id, resume, on_batch))
             if store is not None:
                 arrays = {f"{i}/a": x.numpy() for i, x in enumerate(a)}
                 arrays.update({f"{i}/s": x.numpy() for i, x in enumerate(s)})
@@ -194,12 +204,61 @@ class Curvature:
         if self.kind == "ekfac":
             if on_stage:
                 on_stage("eigenvalues")
-            factors = correct_eigenvalues(self.model, self.layers, self.uses, self.task, factors, batches(),
-                                          self.fisher, self.seed + 2 * model_id + 1)
+            bases = factors
+            factors = self._pass("eigenvalues", model_id, store, save_every_s, on_event,
+                                 lambda resume, on_batch: correct_eigenvalues(
+                                     self.model, self.layers, self.uses, self.task, bases, batches(), self.fisher,
+                                     self.seed + 2 * model_id + 1, resume, on_batch))
         f = CurvatureFactors(list(self.layers), factors, self.damping)
         if store is not None:
             write_curvature(store, model_id, settings, "done", f.arrays())
         return self._keep(model_id, f)
+
+    def _pass(self, name: str, model_id: int, store: Any, save_every_s: float,
+              on_event: Callable[[str, str, int, int], None] | None,
+              run: Callable[[PassState | None, Any], Any]) -> Any:
+        """``run(resume, on_batch)`` of one fitting pass: from the store's saved sums, saving them every
+        ``save_every_s`` seconds of work (:meth:`fit`)."""
+        from time import monotonic
+
+        from trakcli.store.curvature import read_partial, write_partial
+
+        settings = self.settings()
+        emit = on_event or (lambda *args: None)
+        resume = None
+        if store is not None:
+            saved = read_partial(store, model_id, settings, name)
+            if saved is not None:
+                rng = saved["rng"]
+                resume = PassState(saved["rows"], {k: torch.from_numpy(v) for k, v in saved["sums"].items()},
+                                   saved["tokens"], None if rng is None else torch.from_numpy(rng), saved["device"])
+                emit("resume", name, resume.rows, 0)
+        last = [monotonic()]
+
+        def on_batch(lo: int, hi: int, state: Callable[[], PassState]) -> None:
+            emit("batch", name, lo, hi)
+            if store is None or monotonic() - last[0] < save_every_s:
+                return
+            st = state()
+            write_partial(store, model_id, settings, name, st.rows, {k: v.numpy() for k, v in st.sums.items()},
+                          st.tokens, None if st.rng is None else st.rng.numpy(), st.device)
+            emit("partial", name, st.rows, 0)
+            last[0] = monotonic()
+
+        try:
+            return run(resume, on_batch)
+        except ResumeMismatch as e:
+            if resume is None:
+                raise
+            store.notes.append(f"model_id {model_id}: the saved sums of the curvature's {name} pass do not fit this "
+                               f"run's batches ({e}); the pass starts over")
+            last[0] = monotonic()
+            return run(None, on_batch)
+
+    def forget(self, model_id: int) -> None:
+        """Drop checkpoint ``model_id``'s factors from memory (a trial fit, :meth:`~trakcli.jobs.setup.JobSetup.check_curvature`)."""
+        self._factors.pop(model_id, None)
+        self._folded, self._gauss_newton = None, None
 
     def fold(self, factors: list[tuple[torch.Tensor, torch.Tensor]], model_id: int
              ) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -40,7 +40,7 @@ the curvature has already evened out the directions.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -344,6 +344,19 @@ class _Covariances:
         self.s = [torch.zeros(layer.d_out, layer.d_out, dtype=dtype, device=device) for layer in layers]
         self.tokens = [0] * len(layers)
 
+    def load(self, state: PassState, device: torch.device) -> None:
+        """Start from the sums of ``state`` (:class:`PassState` of pass 1)."""
+        self.a = [state.sums[f"{i}/a"].to(device=device, dtype=self.dtype).clone() for i in range(len(self.layers))]
+        self.s = [state.sums[f"{i}/s"].to(device=device, dtype=self.dtype).clone() for i in range(len(self.layers))]
+        self.tokens = list(state.tokens)
+
+    def state(self, rows: int, generator: torch.Generator) -> PassState:
+        """The :class:`PassState` after ``rows`` rows (CPU copies)."""
+        sums = {f"{i}/a": x.detach().cpu().clone() for i, x in enumerate(self.a)}
+        sums.update({f"{i}/s": x.detach().cpu().clone() for i, x in enumerate(self.s)})
+        return PassState(rows, sums, list(self.tokens), generator.get_state(), self.eyes[0].device.type
+                         if self.eyes else "cpu")
+
     def take_input(self, use: Use, x: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
         eye = self.eyes[use.layer]
         cols = self.layers[use.layer].weight_cols
@@ -442,8 +455,74 @@ def _hook_pass(model: nn.Module, uses: Sequence[Use], task: Task, inputs: Any, l
     return n
 
 
+@dataclass
+class PassState:
+    """The running sums of a fitting pass over its first ``rows`` rows: what a resumed pass starts from.
+
+    Saved at batch boundaries (:func:`fit_covariances`, :func:`correct_eigenvalues` hand one to ``on_batch``); a
+    pass resumed from it skips the batches of those rows and adds the others to the sums as an uninterrupted
+    pass would, so it ends with the same factors bit for bit.
+
+    Attributes:
+        rows: rows (examples) in the sums, the end of a batch.
+        sums: the running sums on the CPU in :func:`factor_dtype`, by name: pass 1 ``<i>/a`` ``[d_in, d_in]``
+            (``Σ_tokens a aᵀ``) and ``<i>/s`` ``[d_out, d_out]`` (``Σ_tokens g gᵀ``); pass 2 ``<i>/eig``
+            ``[d_out, d_in]`` (``Σ_z (Q_Sᵀ G_z Q_A)²``).
+        tokens: pass 1: per layer, the tokens counted in ``A``; pass 2: empty.
+        rng: the label sampler's state after those rows (``torch.Generator.get_state()``, ``[k]`` uint8), or None.
+        device: the type of the sampler's device (``cpu``, ``cuda``): a state resumes only on the same.
+    """
+
+    rows: int
+    sums: dict[str, torch.Tensor]
+    tokens: list[int]
+    rng: torch.Tensor | None
+    device: str
+
+
+class ResumeMismatch(Exception):
+    """A saved :class:`PassState` does not fit this pass's batches (another batching, device or data): the pass
+    starts over."""
+
+
+#: ``on_batch(lo, hi, state)``: called after the rows ``[lo, hi)`` of a pass are added; ``state()`` gives the
+#: :class:`PassState` after them (copies on the CPU, made only when called).
+OnBatch = Callable[[int, int, Callable[[], PassState]], None]
+
+
+def _skip(batches: Iterable[Batch], resume: PassState | None) -> Iterator[tuple[int, Any, Any]]:
+    """``(first row, inputs, labels)`` of the batches after ``resume.rows`` (all without ``resume``).
+
+    Raises:
+        ResumeMismatch: a batch straddles ``resume.rows``, or there are fewer rows.
+    """
+    rows, want = 0, resume.rows if resume is not None else 0
+    for inputs, labels in batches:
+        n = first_rows(inputs).shape[0]
+        if rows < want:
+            rows += n
+            if rows > want:
+                raise ResumeMismatch(f"a batch ends at row {rows}, the saved sums at row {want}")
+            continue
+        yield rows, inputs, labels
+        rows += n
+    if rows < want:
+        raise ResumeMismatch(f"{rows} rows, the saved sums hold {want}")
+
+
+def _sampler(device: torch.device, seed: int, resume: PassState | None) -> torch.Generator:
+    """The label sampler of a pass: seeded, or at the saved state of ``resume``."""
+    generator = torch.Generator(device=device).manual_seed(seed)
+    if resume is not None and resume.rng is not None:
+        if resume.device != device.type:
+            raise ResumeMismatch(f"the saved sampler ran on {resume.device}, this pass on {device.type}")
+        generator.set_state(resume.rng)
+    return generator
+
+
 def fit_covariances(model: nn.Module, layers: Sequence[KroneckerLayer], uses: Sequence[Use], task: Task,
-                    batches: Iterable[Batch], fisher: str = "true", seed: int = 0
+                    batches: Iterable[Batch], fisher: str = "true", seed: int = 0,
+                    resume: PassState | None = None, on_batch: OnBatch | None = None
                     ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Pass 1: the Kronecker factors ``A`` (per token) and ``S`` (per example) of every layer.
 
@@ -451,9 +530,11 @@ def fit_covariances(model: nn.Module, layers: Sequence[KroneckerLayer], uses: Se
         model: the model, loaded with the checkpoint (switched to eval mode).
         layers, uses: from :func:`curvature_layers`.
         task: the model output function (its :meth:`~trakcli.tasks.Task.loss` is differentiated).
-        batches: the fitting data, ``(inputs, labels)`` on the model's device.
+        batches: the fitting data, ``(inputs, labels)`` on the model's device, the same batches on every call.
         fisher: ``true`` (sampled labels) or ``empirical``.
         seed: seed of the label sampling.
+        resume: the sums of an interrupted pass over the first batches (those are skipped, not computed).
+        on_batch: called after each batch computed (:data:`OnBatch`), e.g. to save the sums.
 
     Returns:
         ``(A, S)``: per layer ``[d_in, d_in]`` and ``[d_out, d_out]`` on the CPU, in :func:`factor_dtype`
@@ -462,18 +543,27 @@ def fit_covariances(model: nn.Module, layers: Sequence[KroneckerLayer], uses: Se
     Raises:
         DataError: no rows, or data the model or task refuses.
         GradientError: a module whose calls cannot give per-example factors.
+        ResumeMismatch: ``resume`` does not fit the batches (its rows end inside a batch, another device).
     """
     model.eval()
-    generator, acc, n_examples = None, None, 0
-    for inputs, labels in batches:
+    dtype = factor_dtype(model)
+    generator, acc, n_examples = None, None, resume.rows if resume is not None else 0
+    for lo, inputs, labels in _skip(batches, resume):
         device = first_rows(inputs).device
         if acc is None:
-            acc = _Covariances(layers, inputs, device, factor_dtype(model))
-            generator = torch.Generator(device=device).manual_seed(seed)
+            acc = _Covariances(layers, inputs, device, dtype)
+            if resume is not None:
+                acc.load(resume, device)
+            generator = _sampler(device, seed, resume)
         acc.inputs = inputs
         n_examples += _hook_pass(model, uses, task, inputs, labels, acc, fisher, generator)
-    if acc is None or n_examples == 0:
+        if on_batch is not None:
+            on_batch(lo, n_examples, lambda: acc.state(n_examples, generator))
+    if n_examples == 0:
         raise DataError("curvature: no training rows to fit the factors on")
+    if acc is None:  # every row was in the saved sums
+        a = [resume.sums[f"{i}/a"].to(dtype) / max(1, t) for i, t in enumerate(resume.tokens)]
+        return a, [resume.sums[f"{i}/s"].to(dtype) / n_examples for i in range(len(layers))]
     a = [x.cpu() / max(1, t) for x, t in zip(acc.a, acc.tokens)]
     s = [x.cpu() / n_examples for x in acc.s]
     return a, s
@@ -494,25 +584,37 @@ def eigenbases(layers: Sequence[KroneckerLayer], a: Sequence[torch.Tensor], s: S
 
 def correct_eigenvalues(model: nn.Module, layers: Sequence[KroneckerLayer], uses: Sequence[Use], task: Task,
                         factors: Sequence[LayerFactors], batches: Iterable[Batch], fisher: str = "true",
-                        seed: int = 1) -> list[LayerFactors]:
+                        seed: int = 1, resume: PassState | None = None, on_batch: OnBatch | None = None
+                        ) -> list[LayerFactors]:
     """Pass 2 of EK-FAC: ``Λ = E_z[(Q_Sᵀ G_z Q_A)²]`` over the examples, in the K-FAC eigenbases.
 
     Args:
-        As :func:`fit_covariances`; ``factors`` the K-FAC eigenbases (:func:`eigenbases`).
+        As :func:`fit_covariances`; ``factors`` the K-FAC eigenbases (:func:`eigenbases`); ``resume`` holds
+        the sums ``<i>/eig``.
 
     Returns:
         New :class:`LayerFactors` with the same eigenvectors and corrected ``eig``.
+
+    Raises:
+        As :func:`fit_covariances`.
     """
     model.eval()
-    sums = [torch.zeros_like(f.eig) for f in factors]
-    generator, n_examples = None, 0
-    for inputs, labels in batches:
+    if resume is not None:
+        sums = [resume.sums[f"{i}/eig"].clone() for i in range(len(factors))]
+    else:
+        sums = [torch.zeros_like(f.eig) for f in factors]
+    generator, n_examples = None, resume.rows if resume is not None else 0
+    for lo, inputs, labels in _skip(batches, resume):
         device = first_rows(inputs).device
         if generator is None:
-            generator = torch.Generator(device=device).manual_seed(seed)
+            generator = _sampler(device, seed, resume)
         rot = _Rotated(factors, layers, sums, device)
         n_examples += _hook_pass(model, uses, task, inputs, labels, rot, fisher, generator)
         rot.finish()
+        if on_batch is not None:
+            on_batch(lo, n_examples, lambda: PassState(
+                n_examples, {f"{i}/eig": x.clone() for i, x in enumerate(sums)}, [], generator.get_state(),
+                device.type))
     if n_examples == 0:
         raise DataError("curvature: no training rows to fit the factors on")
     return [LayerFactors(f.name, f.q_out, f.q_in, acc / n_examples) for f, acc in zip(factors, sums)]

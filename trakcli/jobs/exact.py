@@ -6,7 +6,10 @@ preconditioned per-layer gradient once per checkpoint (:class:`trakcli.curvature
 full rank or ``curvature.query_rank``), then scores every block of train rows it is asked for in one hooked
 forward + backward of those rows (:class:`trakcli.curvature.influence.InfluencePass`): all targets meet each
 train example in the same pass, no whole-model per-example gradient is formed, and the blocks stream into
-the top-k or the score matrix like TRAK's (resumable per segment or chunk, split over torchrun ranks).
+the top-k or the score matrix like TRAK's (resumable per segment or chunk, split over torchrun ranks). Within
+a block, the scores' running sums are saved every ``store.save_every_s`` seconds of work
+(``scores/<experiment>/exact_rows``, :func:`trakcli.store.curvature.write_exact_rows`), so a killed run
+redoes at most that much work: its rerun starts the block after the rows saved, with the same sums.
 
 The legacy path below (:func:`exact_scores`):
 
@@ -63,19 +66,27 @@ class ExactInfluence:
             (``data.grad_memory_mb``): full rank when they fit and ``rank`` is None, else the largest rank
             that fits.
         rank: ``curvature.query_rank`` (None: as ``memory_mb`` allows).
-        reporter: one info line with the rank kept, and progress over the targets.
+        reporter: one info line with the rank kept, and progress over the targets and over the train rows
+            of each block (rows × checkpoints).
+        experiment: the experiment whose blocks' progress is saved in the store (None: nothing saved).
 
     Attributes:
         rank: the rank kept (None: full).
+        whole_segments: a top-k asks for each of its segments in one call (:meth:`StoredTopK.compute`), so
+            that a call's saved progress is what a rerun resumes.
 
     Raises:
         StoreError: a checkpoint's curvature is not in the store (run `trak featurize`).
         GradientError, DataError: as featurize.
     """
 
+    whole_segments = True
+
     def __init__(self, s: Any, store: Any, target: Any, damping: float, memory_mb: int = 1024,
-                 rank: int | None = None, reporter: Reporter = NULL_REPORTER):
+                 rank: int | None = None, reporter: Reporter = NULL_REPORTER, experiment: str | None = None):
         self.s, self.n_target = s, len(target)
+        self.store, self.experiment, self.reporter = store, experiment, reporter
+        self._last: tuple[int, int] | None = None  # the block of the previous call (its saved progress is dropped)
         curv = s.curvature
         self.layers, self.uses, self.task = curv.layers, curv.uses, curv.task
         n_models = len(s.checkpoints)
@@ -104,9 +115,23 @@ class ExactInfluence:
         self._loaded = n_models - 1
 
     def __call__(self, lo: int, hi: int) -> torch.Tensor:
-        """Scores of every target against train rows ``[lo, hi)``: ``[n_target, hi - lo]`` float32 (CPU)."""
+        """Scores of every target against train rows ``[lo, hi)``: ``[n_target, hi - lo]`` float32 (CPU).
+
+        With an experiment, the block's running sums are saved every ``save_every_s`` seconds of work and once
+        it is done, and a call for a block with saved sums starts after them (the same sums, the same batches:
+        the scores of an uninterrupted call bit for bit). The saved sums of this process's previous block are
+        dropped first: its caller has stored what it returned.
+        """
+        from trakcli.store.curvature import drop_exact_rows
+
         event(f"start exact {lo}")
-        out = self._score(lambda: ((x, y, off) for off, x, y in self.s.batches(self.s.train, lo, hi)), hi - lo)
+        if self.experiment is not None and self._last is not None and self._last != (lo, hi):
+            drop_exact_rows(self.store, self.experiment, *self._last)
+        self._last = (lo, hi)
+        n_models = len(self.queries)
+        with self.reporter.task(f"exact influence, train rows {lo}-{hi}", (hi - lo) * n_models) as task:
+            out = self._score(lambda: ((x, y, off) for off, x, y in self.s.batches(self.s.train, lo, hi)), hi - lo,
+                              task, block=(lo, hi) if self.experiment is not None else None)
         event(f"done exact {lo}")
         return out
 
@@ -123,28 +148,78 @@ class ExactInfluence:
         with reporter.task("exact influence of the candidates", len(rows) * len(self.queries)) as task:
             return self._score(batches, len(rows), task)
 
-    def _score(self, batches: Callable[[], Any], n: int, task: Any = None) -> torch.Tensor:
-        """``τ`` of the rows the batches of ``batches()`` give (``(inputs, labels, first row)``, in order)."""
+    def _score(self, batches: Callable[[], Any], n: int, task: Any = None,
+               block: tuple[int, int] | None = None) -> torch.Tensor:
+        """``τ`` of the rows the batches of ``batches()`` give (``(inputs, labels, first row)``, in order); with
+        ``block`` ``(lo, hi)``, resumed from and saved to the store's progress of those rows (:meth:`__call__`)."""
+        from time import monotonic
+
         s = self.s
         n_models = len(self.queries)
         total = torch.zeros(self.n_target, n, dtype=torch.float64)
         q_sum = torch.zeros(n, dtype=torch.float64)
-        for model_id, queries in enumerate(self.queries):
+        start_model, start_row = 0, 0
+        saved = self._resume(block, n) if block is not None else None
+        if saved is not None:
+            start_model, start_row, sums = saved
+            total, q_sum = sums[:-1].clone(), sums[-1].clone()
+            if task is not None:
+                task.advance(start_model * n + start_row)
+        mark, last = start_row, monotonic()
+
+        def save(model_id: int, at: int) -> None:
+            nonlocal mark, last
+            from trakcli.store.curvature import write_exact_rows
+
+            piece = torch.cat([total[:, mark:at], q_sum[None, mark:at]]).numpy()
+            write_exact_rows(self.store, self.experiment, *block, n_models, self.n_target, model_id, mark, at, piece)
+            event(f"partial exact {block[0]} {model_id} {at}")
+            mark, last = (at, monotonic()) if at < n else (0, monotonic())
+
+        for model_id in range(start_model, n_models):
+            queries = self.queries[model_id]
             if self._loaded != model_id:
                 s.load(model_id)
                 self._loaded = model_id
-            at = 0
+            at, skip = 0, start_row if model_id == start_model else 0
             for x, y, first in batches():
-                x, y = inputs_to(x, s.device), y.to(s.device)
                 rows = first_rows(x).shape[0]
+                if at < skip:  # scored before the run that saved these sums was stopped
+                    at += rows
+                    continue
+                x, y = inputs_to(x, s.device), y.to(s.device)
                 acc = InfluencePass(self.layers, queries, rows, s.device)
                 q = hooked_pass(s.model, self.uses, self.task, x, y, acc, first)
                 total[:, at:at + rows] += acc.finish().T.cpu()
                 q_sum[at:at + rows] += q.double().cpu()
                 at += rows
+                event(f"batch exact {model_id} {first} {first + rows}")
                 if task is not None:
                     task.advance(rows)
+                if block is not None and (at == n or monotonic() - last >= s.save_every_s):
+                    save(model_id, at)
         return (total / n_models * (q_sum / n_models)[None, :]).float()
+
+    def _resume(self, block: tuple[int, int], n: int) -> tuple[int, int, torch.Tensor] | None:
+        """``(model_id, rows, sums [n_target + 1, n] float64)`` saved for ``block``, or None (nothing saved, or
+        saved at a row that is not the end of a batch of this run: then dropped)."""
+        from trakcli.store.curvature import drop_exact_rows, read_exact_rows
+
+        got = read_exact_rows(self.store, self.experiment, *block, len(self.queries), self.n_target)
+        if got is None:
+            return None
+        model_id, rows, sums = got
+        ends, at = {0}, 0
+        for _, x, y in self.s.batches(self.s.train, *block):
+            at += len(y)
+            ends.add(at)
+        if model_id >= len(self.queries) or rows not in ends or at != n:  # another batching: scored again
+            drop_exact_rows(self.store, self.experiment, *block)
+            return None
+        if rows == n:  # the checkpoint's rows are done: the next one starts
+            model_id, rows = model_id + 1, 0
+        event(f"resume exact {block[0]} {model_id} {rows}")
+        return model_id, rows, torch.from_numpy(sums)
 
 
 #: The recall of a two-stage exact top-k is estimated on a seeded sample of the train rows that are not
@@ -211,15 +286,15 @@ def two_stage_exact(exact: ExactInfluence, approx: Callable[[int, int], torch.Te
 
 
 def exact_scorer(s: Any, store: Any, target: Any, memory_mb: int = 1024,
-                 reporter: Reporter = NULL_REPORTER) -> Callable[[int, int], torch.Tensor]:
+                 reporter: Reporter = NULL_REPORTER, experiment: str | None = None) -> Callable[[int, int], torch.Tensor]:
     """The exact scores of `trak score` as ``(lo, hi) -> [n_target, hi - lo]`` float32: per layer from hooks
-    (:class:`ExactInfluence`) with a Kronecker featurizer and no refinement, else from whole per-example gradients
-    (:func:`exact_scores`, the whole matrix computed once)."""
+    (:class:`ExactInfluence`, its blocks' progress saved under ``experiment``) with a Kronecker featurizer and no
+    refinement, else from whole per-example gradients (:func:`exact_scores`, the whole matrix computed once)."""
     from trakcli.factors import KroneckerFeaturizer
 
     refine = s.refine is not None and s.refine.iterations
     if isinstance(s.featurizer, KroneckerFeaturizer) and not refine:
-        return ExactInfluence(s, store, target, s.exact_damping, memory_mb, s.query_rank, reporter)
+        return ExactInfluence(s, store, target, s.exact_damping, memory_mb, s.query_rank, reporter, experiment)
     matrix = exact_scores(s, store, target, s.exact_damping, memory_mb, reporter)
     return lambda lo, hi: torch.from_numpy(matrix[:, lo:hi])
 

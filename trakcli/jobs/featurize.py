@@ -236,7 +236,7 @@ def first_batch(s: JobSetup, reporter: Reporter, chunk_rows: int) -> FirstBatch 
         chunk_rows: rows per chunk of the store (a batch never crosses a chunk).
 
     Returns:
-        The batch's features, or None without training rows.
+        The batch's features, or None without training rows or with a curvature (its trial features are not kept).
 
     Raises:
         CheckpointError, ModelError, GradientError, ...: whatever the first batch raises.
@@ -251,7 +251,9 @@ def first_batch(s: JobSetup, reporter: Reporter, chunk_rows: int) -> FirstBatch 
     s.model.to(s.device)
     if not len(s.train):
         return None
-    s.fit_curvature(0, None, reporter)  # in memory: written to the store once it exists
+    if s.curvature is not None:  # tried on the batch here; fit with the store, whose passes keep partial sums
+        s.check_curvature(chunk_rows)
+        return None
     reporter.phase("the first batch: reading it and its per-example gradients …")
     off, x, y = next(s.batches(s.train, 0, min(len(s.train), chunk_rows)))
     phi, q = s.features(x, y, 0, off)

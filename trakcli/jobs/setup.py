@@ -228,6 +228,8 @@ class JobSetup:
         exact_damping: with ``curvature.exact``, the damping of the exact scores (``curvature.damping``); else None.
         query_rank: ``curvature.query_rank`` (the exact scores' rank of each target's layer gradients; None: as
             memory allows).
+        save_every_s: ``store.save_every_s``: seconds of work between two saves of a curvature pass's running sums
+            (:meth:`fit_curvature`) and of the exact scores' rows (:class:`~trakcli.jobs.exact.ExactInfluence`).
     """
 
     checkpoints: list[Path]
@@ -247,6 +249,7 @@ class JobSetup:
     refine: Any = None
     exact_damping: float | None = None
     query_rank: int | None = None
+    save_every_s: float = 30.0
 
     def state_record(self, model_id: int) -> tuple[str, str] | None:
         """``(optimizer state file, its sha256)`` of checkpoint ``model_id`` with a correction, else None."""
@@ -272,19 +275,17 @@ class JobSetup:
     def fit_curvature(self, model_id: int, store: Any = None, reporter: Reporter = NULL_REPORTER) -> None:
         """Fit (or read from ``store``) checkpoint ``model_id``'s curvature over the train data, if there is a curvature.
 
-        The checkpoint is loaded first. Under torchrun rank 0 fits and writes it; the other ranks
-        wait and read it (``store`` is required then).
+        The checkpoint is loaded first. Each pass shows its rows done out of the fit's rows through ``reporter``
+        and saves its running sums to ``store`` every :attr:`save_every_s` seconds of work, so a killed fit
+        resumes after the rows of the last save (:meth:`~trakcli.curvature.Curvature.fit`). Under torchrun rank 0
+        fits and writes it; the other ranks wait and read it (``store`` is required then).
         """
         if self.curvature is None:
             return
         if self.dist.is_main or store is None:
             self.load(model_id)
             n = len(self.train)
-            fit_rows = self.curvature.fit_rows
-            pick = None
-            if fit_rows is not None and fit_rows < n:  # a seeded sample, the same for every pass and rerun
-                gen = torch.Generator().manual_seed(self.curvature.seed)
-                pick = sorted(torch.randperm(n, generator=gen)[:fit_rows].tolist())
+            pick = self._fit_pick()
             rows = n if pick is None else len(pick)
             stages: list[str] = []
 
@@ -303,13 +304,47 @@ class JobSetup:
                 reporter.info(f"model {model_id}: fitting {self.curvature.kind} curvature ({name}) over "
                               f"{rows} train rows{'' if pick is None else f' (a sample of {n}, curvature.fit_rows)'}")
 
+            def on_event(kind: str, name: str, a: int, b: int) -> None:
+                event(f"{kind} curvature-{name} {model_id} {a}" + (f" {b}" if kind == "batch" else ""))
+                if kind == "resume":
+                    reporter.info(f"model {model_id}: the {name} pass resumes after its {a} saved rows of {rows}")
+
             event(f"start curvature {model_id}")
-            self.curvature.fit(model_id, batches, store, stage)
+            self.curvature.fit(model_id, batches, store, stage, self.save_every_s, on_event)
             event(f"done curvature {model_id}")
         if store is not None and self.dist.world_size > 1:
             self.dist.barrier()
             if not self.dist.is_main:
                 self.curvature.read(store, model_id)
+
+    def _fit_pick(self) -> list[int] | None:
+        """The train rows the curvature is fit on: a seeded sample of ``curvature.fit_rows`` rows, the same for
+        every pass and rerun (None: every row)."""
+        n, fit_rows = len(self.train), self.curvature.fit_rows
+        if fit_rows is None or fit_rows >= n:
+            return None
+        gen = torch.Generator().manual_seed(self.curvature.seed)
+        return sorted(torch.randperm(n, generator=gen)[:fit_rows].tolist())
+
+    def check_curvature(self, rows: int) -> None:
+        """A trial of the curvature and its features on the first ``rows`` train rows (one batch), kept nowhere.
+
+        Checkpoint 0 (loaded) is fit on that batch alone and the batch is featurized with the trial fit, so a model,
+        task or layer the curvature cannot use fails as the whole fit would, before a store exists; the real fit
+        then runs with the store (:meth:`fit_curvature`), where its passes keep their partial sums.
+
+        Raises:
+            GradientError, DataError, ConfigError, ...: whatever the fit or the features of the batch raise.
+        """
+        if self.curvature is None or not len(self.train) or rows <= 0:
+            return
+        off, x, y = next(self.batches(self.train, 0, min(len(self.train), rows)))
+        batch = [(inputs_to(x, self.device), y.to(self.device))]
+        try:
+            self.curvature.fit(0, lambda: iter(batch))
+            self.features(x, y, 0, off)
+        finally:
+            self.curvature.forget(0)
 
     def refine_targets(self, curvature: Curvature | None = None) -> None:
         """Turn on the conjugate-gradient refinement (``curvature.refine``) of ``curvature`` (default: the
@@ -456,7 +491,7 @@ def prepare(
                     cfg.data.batch_tokens, states, state_shas, curvature,
                     cfg.curvature.refine if curvature is not None else None,
                     cfg.curvature.damping if curvature is not None and cfg.curvature.exact else None,
-                    cfg.curvature.query_rank)
+                    cfg.curvature.query_rank, cfg.store.save_every_s)
 
 
 def curvature_selection(model: torch.nn.Module, curvature: Any, grad_wrt: list[str] | None, task: Any,

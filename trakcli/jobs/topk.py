@@ -569,7 +569,8 @@ class StoredTopK:
                 event(f"start top-k segment {seg}")
                 lo, hi = self.segments[seg]
                 top_v = top_i = low_v = low_i = None
-                spans = [(b, min(b + self.block, hi)) for b in range(lo, hi, self.block)]
+                step = hi - lo if getattr(scores, "whole_segments", False) else self.block  # exact: saves its own rows
+                spans = [(b, min(b + step, hi)) for b in range(lo, hi, step)]
                 for (b, _), block in zip(spans, _blocks(scores, spans)):
                     top_v, top_i = merge_top_k(top_v, top_i, block, b, self.k, largest=True)
                     low_v, low_i = merge_top_k(low_v, low_i, block, b, self.k, largest=False)
