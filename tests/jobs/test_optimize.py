@@ -323,3 +323,69 @@ def test_rich_reporter_renders_task_fields(monkeypatch, user_project):
     res = trak("optimize", "opt.yaml")
     assert res.exit_code == 0, res.stderr
     assert "model 1: loss" in res.stderr and "manifest -> trained/manifest.json" in res.stderr
+
+
+class StepRecorder(Reporter):
+    """Keeps each task's total, its steps advanced and its updates."""
+
+    def __init__(self):
+        self.totals: dict[str, int] = {}
+        self.done: dict[str, int] = {}
+        self.updates: list[dict] = []
+
+    @contextmanager
+    def task(self, description, total):
+        self.totals[description], self.done[description] = total, 0
+        rec = self
+
+        class Steps(Task):
+            def advance(self, n=1):
+                rec.done[description] += n
+
+            def update(self, **fields):
+                rec.updates.append(fields)
+
+        yield Steps()
+
+
+def test_training_progress_counts_optimizer_steps_and_shows_the_epoch():
+    from trakcli.train import Recipe, TensorRows, Trainer
+
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(30, 6, generator=g), torch.randint(0, 3, (30,), generator=g)
+    rep = StepRecorder()
+    Trainer(tiny_model(), TensorRows(x, y), Recipe(epochs=3, batch_size=8, lr=0.1)).fit(reporter=rep, description="m")
+    assert rep.totals == {"m": 3 * 4} and rep.done == {"m": 3 * 4}  # 4 minibatches an epoch, not 3 epochs
+    assert [u["epoch"] for u in rep.updates if "epoch" in u] == ["1/3", "2/3", "3/3"]
+
+
+def test_a_resumed_training_counts_the_steps_it_had_done(tmp_path):
+    from trakcli.train import Recipe, TensorRows, Trainer
+
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(30, 6, generator=g), torch.randint(0, 3, (30,), generator=g)
+    state = tmp_path / "state.pt"
+    recipe = Recipe(epochs=2, batch_size=8, lr=0.1)
+
+    def killed(epoch, model, opt):
+        if epoch == 2:
+            raise KeyboardInterrupt  # after epoch 1's state was saved
+
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(tiny_model(), TensorRows(x, y), recipe).fit(resume_path=state, epoch_end=killed)
+    rep = StepRecorder()
+    Trainer(tiny_model(), TensorRows(x, y), recipe).fit(reporter=rep, description="m", resume_path=state)
+    assert rep.totals == {"m": 8} and rep.done == {"m": 8}  # epoch 1's 4 steps at once, then epoch 2's
+    assert [u["epoch"] for u in rep.updates if "epoch" in u] == ["2/2"]
+
+
+def test_trak_optimize_logs_steps_with_the_epoch(user_project, monkeypatch):
+    from trakcli.cli import common
+
+    monkeypatch.setattr(common, "LOG_FIRST", 0.0)  # a task of any length logs at once, then at its end
+    project(n_models=1)
+    res = trak("optimize", "opt.yaml")
+    assert res.exit_code == 0, res.stderr
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("train model 0:")]
+    # 40 rows in batches of 8: 5 steps an epoch, 3 epochs
+    assert lines and lines[-1].startswith("train model 0: 15/15 (100%)") and "epoch 3/3" in lines[-1], res.stderr

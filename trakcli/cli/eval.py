@@ -183,8 +183,8 @@ def lds(
     n_bootstrap, seed = EvalConfig().bootstrap, EvalConfig().seed
     reporter = RichReporter(quiet)
     if config is not None:
+        reporter.phase("reading the config, importing torch …")  # the first line, before the slow imports
         cfg = load(config, overrides, print_config)
-        reporter.phase("importing torch …")  # the command's first line, before the slow imports
         # imported after the config is valid: torch import is slow
         from trakcli.jobs.eval import store_scores
         from trakcli.jobs.retrain import retrain
@@ -335,9 +335,9 @@ def recall(
     """
     ks = _parse_ks(k)
     _check_path(out, "--out", (".json",), must_exist=False)
-    cfg = load(config, overrides, print_config)
     reporter = RichReporter(quiet)
-    reporter.phase("importing torch …")  # the command's first line, before the slow imports
+    reporter.phase("reading the config, importing torch …")  # the first line, before the slow imports
+    cfg = load(config, overrides, print_config)
     # imported after the config is valid: torch import is slow
     from trakcli.jobs.recall import recall_inputs
     from trakcli.metrics.recall import fact_recall
@@ -409,9 +409,9 @@ def qld(
     """
     _check_path(scores, "--scores", (".npy", ".csv"), must_exist=True)
     _check_path(out, "--out", (".json",), must_exist=False)
-    cfg = load(config, overrides, print_config)
     reporter = RichReporter(quiet)
-    reporter.phase("importing torch …")  # the command's first line, before the slow imports
+    reporter.phase("reading the config, importing torch …")  # the first line, before the slow imports
+    cfg = load(config, overrides, print_config)
     from trakcli.jobs.eval import store_scores
     from trakcli.jobs.qld import qld as query_loss_difference
 

@@ -19,9 +19,9 @@ def featurize(
     verify: VerifyOpt = False,
 ) -> None:
     """Compute train features (projected gradients) for every checkpoint; resumes, and featurizes appended rows alone."""
-    cfg = load(config, overrides, print_config)
     reporter = RichReporter(quiet)
-    reporter.phase("importing torch …")  # the command's first line, before the slow imports
+    reporter.phase("reading the config, importing torch …")  # the first line, before the slow imports
+    cfg = load(config, overrides, print_config)
     from trakcli.jobs.featurize import featurize as run  # after the config is valid: importing torch is slow
 
     res = run(cfg, overwrite=overwrite, skip_nonfinite=skip_nonfinite, verify=verify, reporter=reporter)

@@ -25,9 +25,9 @@ def optimize(
 
     optimize.projection runs the optimizer in a random subspace (per_matrix or global); optimize.metrics names a JSON file for per-model metrics with per-epoch history.
     """
-    cfg = load(config, overrides, print_config)
     reporter = RichReporter(quiet)
-    reporter.phase("importing torch …")  # the command's first line, before the slow imports
+    reporter.phase("reading the config, importing torch …")  # the first line, before the slow imports
+    cfg = load(config, overrides, print_config)
     from trakcli.jobs.optimize import optimize as run  # after the config is valid: importing torch is slow
 
     paths = run(cfg, overwrite=overwrite, reporter=reporter)

@@ -41,14 +41,14 @@ def report(
     a side) with their scores, texts or pictures, and per-token contributions when score.per_token ran. Reads what
     `trak score CONFIG` stored; computes nothing."""
     check_out(out, suffixes=REPORT_SUFFIXES)
+    reporter = RichReporter(quiet)
+    reporter.phase("reading the config, importing torch …")  # the first line, before the slow imports
     overrides = list(overrides or [])
     if targets is not None:
         overrides += _target_overrides(load(config, overrides, False), targets)
     if experiment is not None:
         overrides.append(f"score.experiment={experiment}")
     cfg = load(config, overrides, print_config)
-    reporter = RichReporter(quiet)
-    reporter.phase("importing torch …")  # the command's first line, before the slow imports
     from trakcli.data.load import load_dataset
     from trakcli.tasks import resolve_task
     from trakcli.jobs.eval import check_experiment_data

@@ -194,6 +194,8 @@ def score(
     """Score the targets against every train example: per target its top proponents and opponents (score.top_k),
     and/or the full n_target x n_train score matrix."""
     check_out(out, suffixes=EXPORT_SUFFIXES + ANSWER_SUFFIXES)
+    reporter = RichReporter(quiet)
+    reporter.phase("reading the config, importing torch …")  # the first line, before the slow imports
     if plot is not None:
         from trakcli.plots import check_plot_path
 
@@ -207,8 +209,6 @@ def score(
     if out is not None and out.suffix.lower() in EXPORT_SUFFIXES and not full:
         raise UsageError(f"--out {out}: score.top_k is set, so no full score matrix is written; write the top-k "
                          "answer to a .jsonl file, or add score.full=true")
-    reporter = RichReporter(quiet)
-    reporter.phase("importing torch …")  # the command's first line, before the slow imports
     from trakcli.jobs.score import score as run  # after the config is valid: importing torch is slow
     from trakcli.distributed import init_from_env
     from trakcli.store import Store

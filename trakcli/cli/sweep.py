@@ -128,6 +128,8 @@ def sweep(
     ks = _numbers(checkpoints, "--checkpoints", int)
     rels = _numbers(lambda_rel, "--lambda-rel", float)
     abss = _numbers(lambda_reg, "--lambda-reg", float)
+    reporter = RichReporter(quiet)
+    reporter.phase("reading the config, importing torch …")  # the first line, before the slow imports
     from trakcli.plots.common import check_plot_path
     from trakcli.plots.sweep import plot_sweep
 
@@ -135,8 +137,6 @@ def sweep(
         check_plot_path(plot, "--plot")
     _check_suffix(out, "--out", ".json")
     cfg = load(config, overrides, print_config)
-    reporter = RichReporter(quiet)
-    reporter.phase("importing torch …")  # the command's first line, before the slow imports
     from trakcli.jobs.sweep import sweep as run_sweep
     from trakcli.jobs.sweep import sweep_dir
 
