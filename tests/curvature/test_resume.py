@@ -188,31 +188,33 @@ def _interrupt_after(monkeypatch, module: str, line: str) -> None:
     monkeypatch.setattr(mod, "event", event)
 
 
-@pytest.mark.parametrize("stop", ["partial exact 0 1 32", "partial exact 0 0 40"])
-def test_interrupted_exact_matrix_of_two_checkpoints_resumes_to_the_same_scores(tmp_path, monkeypatch, stop):
-    """The full matrix (one score chunk of 40 train rows a call): stopped in checkpoint 1's rows (the sums hold
-    checkpoint 1 for the first rows and checkpoint 0 for the rest) or at the end of checkpoint 0's."""
+def test_interrupted_exact_matrix_of_two_checkpoints_resumes_to_the_same_scores(tmp_path, monkeypatch):
+    """The full matrix (one score chunk of 40 train rows a call, batches of 16): stopped at the end of checkpoint 0's
+    rows of the first chunk (the rerun starts checkpoint 1), then inside checkpoint 1's (the saved sums hold
+    checkpoint 1 for the first 32 rows and checkpoint 0 for the others); the third run ends with the scores of an
+    uninterrupted one."""
     import yaml
 
     once, root = (make_project(tmp_path / name, n_models=2) for name in ("once", "p"))
     for r in (once, root):
         cfg = yaml.safe_load((r / "run.yaml").read_text())
         cfg["projector"] = {"proj_dim": 32, "seed": 0}
-        cfg["curvature"] = {"kind": "ekfac"}
+        cfg["curvature"] = {"kind": "ekfac", "fit_rows": 64}
         cfg["store"]["save_every_s"] = 0
         write_config(r / "run.yaml", cfg)
         assert run(r, "featurize", "run.yaml", *ARGS).returncode == 0
     assert run(once, "score", "run.yaml", *ARGS).returncode == 0
     log = tmp_path / "events.log"
-    monkeypatch.setenv("TRAK_EVENT_LOG", str(log))
-    _interrupt_after(monkeypatch, "trakcli.jobs.exact", stop)
-    assert run(root, "score", "run.yaml", *ARGS).returncode == 130
-    monkeypatch.undo()
-    log.unlink()
-    monkeypatch.setenv("TRAK_EVENT_LOG", str(log))
-    assert run(root, "score", "run.yaml", *ARGS).returncode == 0
-    model_id, rows = (1, 32) if stop.endswith("1 32") else (1, 0)  # at a checkpoint's end: the next one starts
-    assert _events(log, "resume", "exact") == [[0, model_id, rows]]
-    batches = _events(log, "batch", "exact")
-    assert batches[0][:2] == [model_id, rows] and not any(m == 0 and lo < 40 for m, lo, _ in batches)
+    for stop, resumed in (("partial exact 0 0 40", None), ("partial exact 0 1 32", [0, 1, 0]), (None, [0, 1, 32])):
+        monkeypatch.setenv("TRAK_EVENT_LOG", str(log))
+        if stop is not None:
+            _interrupt_after(monkeypatch, "trakcli.jobs.exact", stop)
+        assert run(root, "score", "run.yaml", *ARGS).returncode == (130 if stop else 0)
+        monkeypatch.undo()
+        assert _events(log, "resume", "exact") == ([resumed] if resumed else [])
+        if resumed:  # the rows of the saved sums are not scored again
+            batches = _events(log, "batch", "exact")
+            assert batches[0][:2] == resumed[1:]
+            assert not any(m < resumed[1] and lo < 40 or m == resumed[1] and lo < resumed[2] for m, lo, _ in batches)
+        log.unlink()
     assert_same_store(root / "out" / "attrib.zarr", once / "out" / "attrib.zarr")
