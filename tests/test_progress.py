@@ -210,3 +210,23 @@ def test_the_silent_reporter_takes_phases():
     with NULL_REPORTER.phase("anything …"):
         pass
     NULL_REPORTER.phase("more …")
+
+
+def test_the_models_log_of_a_download_or_conversion_is_a_phase_line_of_the_command(tmp_path, monkeypatch):
+    """trakcli.models logs "converting ... (once)" at INFO; during a command it is a phase line, and -q keeps quiet."""
+    from projects import MODEL_FILE, make_project, run
+
+    root = make_project(tmp_path / "p", n_models=1)
+    (root / "my_model.py").write_text(MODEL_FILE.replace(
+        "    return nn.Sequential",
+        "    import logging\n    logging.getLogger('trakcli.models').info('converting x.gguf')\n    return nn.Sequential"))
+    monkeypatch.setenv("TRAK_PHASE_DELAY", "0")
+    res = run(root, "featurize", "run.yaml")
+    assert res.returncode == 0, res.stderr
+    lines = res.stderr.splitlines()
+    assert lines.index("converting x.gguf …") == lines.index("loading the model my_model.py:make_model …") + 1
+    res = run(root, "featurize", "run.yaml", "-q", "--overwrite")
+    assert res.returncode == 0 and res.stderr == "", res.stderr
+    import logging
+
+    assert not logging.getLogger("trakcli.models").handlers  # the command's handler is gone with it
