@@ -8,11 +8,12 @@ same jobs as ``trak featurize`` / ``trak score`` (:func:`trakcli.jobs.featurize.
 :func:`trakcli.jobs.score.score_targets`): the same store layout, resume (done
 chunks are never recomputed), identity checks and scores (docs/guides/python-api.md).
 
-Batches arrive in memory, not as a dataset of known length: each call reads its
-batches once into CPU memory (as ``trak featurize`` loads ``data.train``);
-``n_train`` is the total of their rows and the train data fingerprint of the
-store identity is computed from them. Row ``i`` of the store is the ``i``-th
-example the batches yield, so iterate train loaders in a fixed order
+Train rows are read as the jobs need them, never all at once when they can be read again:
+a rows object (a :class:`~trakcli.data.text.TextDataset` or :class:`~trakcli.data.tensors.TensorDataset`) is
+read directly, and a re-iterable of batches (a ``DataLoader``, a list) is streamed one store chunk at a time
+(:class:`~trakcli.data.loader.LoaderRows`, fingerprinted once per Attributor); a one-shot iterable (a
+generator) or a shuffling DataLoader is read into CPU memory. Target batches are read into memory. Row ``i``
+of the store is the ``i``-th example the batches yield, so iterate train loaders in a fixed order
 (``shuffle=False``): a reshuffled loader is another dataset and is refused.
 """
 
@@ -27,8 +28,8 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 import numpy as np
 import torch
 
-from trakcli.config import CurvatureConfig, ProjectorConfig, ScoreConfig, StoreConfig, validate_section
-from trakcli.data.load import checked_dataset
+from trakcli.config import CurvatureConfig, DataConfig, ProjectorConfig, ScoreConfig, StoreConfig, validate_section
+from trakcli.data.loader import LoaderRows, concat_batches, in_fixed_order, is_reiterable, tensor_batches
 from trakcli.data.tensors import Inputs, TensorDataset
 from trakcli.distributed import Dist
 from trakcli.curvature import Curvature
@@ -67,6 +68,8 @@ class TopK:
 
 
 _DEFAULT_LAMBDA_REL: float = ScoreConfig.model_fields["lambda_rel"].default
+#: The featurizer batch size of a rows object given to :meth:`Attributor.featurize` (``data.batch_size``'s default).
+DEFAULT_BATCH_SIZE: int = DataConfig.model_fields["batch_size"].default
 
 
 @contextmanager
@@ -82,36 +85,12 @@ def api_wording() -> Iterator[None]:
         raise e.for_front("api") from None
 
 
-def split_batch(batch: Any, index: int) -> tuple[Inputs, torch.Tensor]:
-    """``(inputs, labels)`` of one batch: a pair, or a dict with ``labels`` (and ``inputs`` or model keyword inputs).
-
-    Args:
-        batch: ``(inputs, labels)`` (a tuple or list, as a ``TensorDataset`` DataLoader yields), or a
-            dict: ``{"inputs": x, "labels": y}``, or ``{"labels": y, **kwargs}`` whose other keys are
-            the model's keyword inputs (``input_ids``, ``attention_mask``).
-        index: the batch's index, for messages.
-
-    Raises:
-        DataError: any other form.
-    """
-    if isinstance(batch, Mapping):
-        if "labels" not in batch:
-            raise DataError(f"batch {index} is a dict without 'labels' (keys {sorted(batch)}); add the labels")
-        x = batch["inputs"] if "inputs" in batch else {k: v for k, v in batch.items() if k != "labels"}
-        return x, batch["labels"]
-    if isinstance(batch, (tuple, list)) and len(batch) == 2:
-        return batch[0], batch[1]
-    raise DataError(
-        f"batch {index} is a {type(batch).__name__}{f' of {len(batch)}' if isinstance(batch, (tuple, list)) else ''}; "
-        "give (inputs, labels) pairs or dicts with 'labels'"
-    )
-
-
 def collect_batches(batches: Iterable[Any], name: str, task: Any = None) -> tuple[TensorDataset, int]:
     """Read all batches into one CPU dataset (float inputs as float32, labels as the task reads them).
 
     Args:
-        batches: an iterable of batches (:func:`split_batch`), e.g. a ``torch.utils.data.DataLoader``.
+        batches: an iterable of batches (:func:`~trakcli.data.loader.split_batch`), e.g. a
+            ``torch.utils.data.DataLoader``.
         name: what the batches are, for messages (``"train batches"``).
         task: the task reading the labels (None: ``classification``), which checks them
             (:meth:`trakcli.tasks.Task.check_labels`).
@@ -131,40 +110,14 @@ def collect_batches(batches: Iterable[Any], name: str, task: Any = None) -> tupl
             and labels of different lengths, or labels the task refuses (the built-in tasks: not
             integer class indices).
     """
-    xs: list[Inputs] = []
-    ys: list[torch.Tensor] = []
-    for i, b in enumerate(batches):
-        x, y = split_batch(b, i)
-        tensors = list(x.values()) if isinstance(x, dict) else [x]
-        if not all(isinstance(t, torch.Tensor) for t in [*tensors, y]):
-            raise DataError(f"{name}: batch {i} holds {type(x).__name__} inputs / {type(y).__name__} labels; give tensors")
-        y = y.detach().cpu()
-        y = y.reshape(1) if y.ndim == 0 else y  # [n, ...]: the task reads (and checks) them as they are
-        rows = (tensors[0].shape[0] if tensors[0].ndim else 0)
-        if y.shape[0] != rows:
-            raise DataError(f"{name}: batch {i} has {rows} inputs but {y.shape[0]} labels; give one label per example "
-                            "(or per-token labels of the shape of input_ids)")
-        xs.append(x)
-        ys.append(y)
-    if not ys:
-        raise DataError(f"{name}: the iterable yielded no batch")
+    parts = list(tensor_batches(batches, name))
+    return concat_batches(parts, name, task), int(parts[0][1].shape[0])
 
-    def cat(parts: list[torch.Tensor], what: str) -> torch.Tensor:
-        try:
-            t = torch.cat([p.detach().cpu() for p in parts])
-        except RuntimeError as e:
-            raise DataError(
-                f"{name}: the {what} of the batches do not stack ({str(e).splitlines()[0]}); give every batch the "
-                "same per-example shape (text: pad to one max_length, padding='max_length')"
-            ) from None
-        return t.to(torch.float32) if t.is_floating_point() else t.contiguous()
 
-    if isinstance(xs[0], dict):
-        inputs: Inputs = {k: cat([x[k] for x in xs], f"inputs {k!r}") for k in xs[0]}  # type: ignore[index]
-    else:
-        inputs = cat(xs, "inputs")  # type: ignore[arg-type]
-    labels = cat(ys, "labels")
-    return checked_dataset(inputs, labels, key=name, name=name, task=task), int(ys[0].shape[0])
+def is_rows(data: Any) -> bool:
+    """Whether ``data`` is a rows object the jobs read directly (``__len__``, ``batches``, ``fingerprint``: the
+    text and tensor datasets, stored rows, :class:`~trakcli.data.loader.LoaderRows`)."""
+    return all(hasattr(data, a) for a in ("__len__", "batches", "fingerprint"))
 
 
 def checkpoint_name_and_sha(checkpoint: Any) -> tuple[str, str]:
@@ -273,6 +226,7 @@ class Attributor:
         self.grad_wrt = [grad_wrt] if isinstance(grad_wrt, str) else grad_wrt
         reporter = default_reporter() if reporter is None else reporter
         self.model, self.batch_size, self.reporter = model, batch_size, reporter
+        self._streamed: dict[int, tuple[Any, LoaderRows]] = {}  # train batches by id: each fingerprinted once
         self.dist = Dist()
         self.device = resolve_device(device, self.dist)
         self.grad_memory_mb = grad_memory_mb = grad_memory_for(grad_memory_mb, self.device)
@@ -296,6 +250,20 @@ class Attributor:
         if isinstance(self.featurizer, KroneckerFeaturizer):
             reporter.info(self.featurizer.info)
         self.curvature: Curvature | None = attach_curvature(self.featurizer, model, c, task)
+
+    def _train_rows(self, batches: Any) -> tuple[Any, int]:
+        """The train rows of ``batches`` and the default batch size: a rows object as it is (its batch size
+        ``data.batch_size``'s default), a re-iterable of batches streamed (:class:`~trakcli.data.loader.LoaderRows`,
+        made and fingerprinted once per Attributor), anything else (a generator, a shuffling DataLoader) read into
+        memory."""
+        if is_rows(batches):
+            return batches, DEFAULT_BATCH_SIZE
+        if not is_reiterable(batches) or not in_fixed_order(batches):  # read once: one order, checked as a dataset
+            return collect_batches(batches, "train batches", self.task)
+        held = self._streamed.get(id(batches))
+        if held is None or held[0] is not batches:
+            held = self._streamed[id(batches)] = (batches, LoaderRows(batches, "train batches", self.task))
+        return held[1], held[1].first_rows
 
     @property
     def path(self) -> Any:
@@ -352,7 +320,7 @@ class Attributor:
                 or to delete the store).
             StoreError: the store is in use or cannot be written.
         """
-        train, first = collect_batches(batches, "train batches", self.task)
+        train, first = self._train_rows(batches)
         s = self._setup(len(train), train, self.batch_size or first, {model_id: checkpoint})
         with locked_store(self.path, self.dist, self.reporter):
             with api_wording():
