@@ -459,3 +459,36 @@ def test_workers_die_with_their_parent_and_report_errors(user_project):
     # the user's exception, named with the key that configured the function and the user's file and line
     assert (f"retraining model 2 failed in a worker process: optimize.entrypoint my_train.py:train raised "
             f"ValueError: bad seed {model_seed(0, 2)} (my_train.py, line 4)") in res.stderr
+
+
+def test_the_time_left_of_retraining_in_workers_is_measured_after_each_workers_first_model(user_project):
+    """Each worker's first model carries its start-up (spawn, imports, data): the estimate starts after them."""
+    from contextlib import contextmanager
+
+    from trakcli.progress import Reporter, Task
+
+    class Steps(Reporter):
+        def __init__(self):
+            self.events: list[str] = []
+
+        @contextmanager
+        def task(self, description, total):
+            events = self.events
+
+            class Recorded(Task):
+                def advance(self, n=1):
+                    events.append("advance")
+
+                def warmed_up(self):
+                    events.append("warmed_up")
+
+            yield Recorded()
+
+    eval_project(user_project, epochs=1)
+    cfg = load_config("run.yaml")
+    two = Steps()
+    retrain(cfg, workers=2, reporter=two)
+    assert two.events == ["advance", "advance", "warmed_up"] + ["advance"] * (N_SUBSETS - 2)
+    one = Steps()  # one process: its first model alone is warm-up, which the estimate skips by itself
+    retrain(cfg.model_copy(update={"store": cfg.store.model_copy(update={"path": Path("one.zarr")})}), reporter=one)
+    assert one.events == ["advance"] * N_SUBSETS
