@@ -20,7 +20,7 @@ from trakcli.tasks import TASKS, classification_margin
 from trakcli.models import build_model
 
 from projects import invoke as trak
-from projects import tiny_model
+from projects import assert_same_store, tiny_model
 
 N_MODELS = 10
 
@@ -435,3 +435,22 @@ def test_attributor_score_returns_the_lazy_result_of_trak_score(project):
     assert res.train_labels is None and res.target_labels.shape == (7,)
     with pytest.raises(DataError, match="needs the train rows"):
         res.train_data.batches(0, 1, 1)
+
+
+def test_config_objects_a_generator_and_a_dataset_give_the_dataloaders_store(project):
+    from trakcli.config import ProjectorConfig
+    from trakcli.data.tensors import TensorDataset
+
+    model = build_model("my_model.py:make_model")
+    train, _ = loaders()
+    ref = trakcli.Attributor(model, store="out/loader.zarr", projector={"proj_dim": 16, "seed": 3})
+    ref.featurize(train, checkpoint="ckpts/model_0.pt", model_id=0)
+    data = torch.load("ckpts/data.pt")
+    rows = TensorDataset(data["x_train"], data["y_train"], name="train")
+    for store, batches, projector in [
+        ("out/gen.zarr", (b for b in train), ProjectorConfig(proj_dim=16, seed=3)),
+        ("out/rows.zarr", rows, {"proj_dim": 16, "seed": 3}),
+    ]:
+        att = trakcli.Attributor(model, store=store, projector=projector, batch_size=8)
+        assert att.featurize(batches, checkpoint="ckpts/model_0.pt", model_id=0) > 0
+        assert_same_store(Path("out/loader.zarr"), Path(store))

@@ -180,7 +180,8 @@ class Attributor:
             ``text_classification``, ``language_modeling``, a ``"file.py:fn"`` / ``"pkg.mod:fn"`` spec,
             a callable ``fn(logits [n, ...], batch) -> (f [n], Q [n])`` (``batch``: the batch's tensors by name,
             ``labels`` among them) or a :class:`trakcli.tasks.Task` (docs/guides/own-models.md, "Custom model outputs").
-        projector: the ``projector:`` section as a dict (``kind``, ``proj_dim``, ``seed``, ...).
+        projector: the ``projector:`` section as a dict (``kind``, ``proj_dim``, ``seed``, ...) or a
+            :class:`~trakcli.config.ProjectorConfig`.
         grad_wrt: fnmatch patterns of the parameters to differentiate (None: all).
         gradient_method: as the config key: ``auto`` (layer hooks where they cover the model, else
             torch.func.vmap; the reason goes to ``reporter.info`` once), ``hooks`` or ``vmap``. Not part
@@ -194,7 +195,7 @@ class Attributor:
             (:class:`trakcli.progress.StderrReporter`: one line rewritten in place on a terminal, else a line
             at the start and end of each step, at each tenth of its work and at least every 30 s). Pass
             ``trakcli.progress.NULL_REPORTER`` for none, or your own :class:`trakcli.progress.Reporter`.
-        curvature: the ``curvature:`` section as a dict or its kind (``"ekfac"``, ``{"kind": "kfac",
+        curvature: the ``curvature:`` section as a dict, a :class:`~trakcli.config.CurvatureConfig` or its kind (``"ekfac"``, ``{"kind": "kfac",
             "feature_damping": 0.1}``; docs/guides/curvature.md): fitted per checkpoint over the train batches by
             :meth:`featurize`, stored, and used by :meth:`score` through the stored features (``exact: false``;
             exact scores and the refinement need the train rows while scoring: `trak score` has them).
@@ -211,16 +212,20 @@ class Attributor:
         *,
         store: str | Path | dict[str, Any],
         task: str | Callable[..., Any] = "classification",
-        projector: dict[str, Any] | None = None,
+        projector: dict[str, Any] | ProjectorConfig | None = None,
         grad_wrt: str | list[str] | None = None,
         gradient_method: str = "auto",
-        device: str = "cpu",
+        device: str = "auto",
         batch_size: int | None = None,
         grad_memory_mb: int | None = None,
         reporter: Reporter | None = None,
-        curvature: str | dict[str, Any] | None = None,
+        curvature: str | dict[str, Any] | CurvatureConfig | None = None,
     ):
         self.store: StoreConfig = validate_section(StoreConfig, {"path": store} if isinstance(store, (str, Path)) else store, "store")
+        if isinstance(projector, ProjectorConfig):  # a config object is its fields as given
+            projector = projector.model_dump(exclude_unset=True)
+        if isinstance(curvature, CurvatureConfig):
+            curvature = curvature.model_dump(exclude_unset=True)
         self.projector: ProjectorConfig = validate_section(ProjectorConfig, projector or {}, "projector")
         self.task = resolve_task(task)
         self.grad_wrt = [grad_wrt] if isinstance(grad_wrt, str) else grad_wrt

@@ -97,7 +97,8 @@ def featurize_rows(
     pending = rows.pending(s.dist.rank, s.dist.world_size, marked=False)
     if not pending:
         return 0, []
-    reporter.phase(f"loading checkpoint {model_id} ({s.checkpoints[model_id]}) …")
+    names = dict(zip(sorted(s.sources), s.checkpoints)) if getattr(s, "sources", None) else dict(enumerate(s.checkpoints))
+    reporter.phase(f"loading checkpoint {model_id} ({names.get(model_id, model_id)}) …")  # the API's setup: its own
     s.load(model_id)
     skipped: list[int] = []
     partial = with_out_to_loss and writer is None and rows.progress is not None  # train rows, written in line
