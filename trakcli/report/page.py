@@ -84,7 +84,9 @@ canvas.pic { image-rendering: pixelated; image-rendering: crisp-edges; display: 
 .opp canvas.pic { border-color: var(--opp); }
 .query canvas.pic { border-color: var(--target); margin: 0; }
 #list canvas.pic { border-width: 1px; margin: 0; flex: none; }
-.tok { border-radius: 3px; padding: 0 1px; }
+.tok { border-radius: 3px; }
+.tok[data-cont] { border-top-left-radius: 0; border-bottom-left-radius: 0; box-shadow: inset 1px 0 rgba(255,255,255,.85); }
+.tok[data-cont].tx, .tok[data-cont].tz { box-shadow: none; }
 .tok.tx { color: #9aa3ab; }
 .tok.strong { color: #fff; }
 .tok.empty { color: #9aa3ab; }
@@ -137,19 +139,23 @@ SCRIPT = r"""
     return c;
   }
   // tokens shaded by their contributions: green positive, red negative, the intensity scaled to the
-  // sequence's largest absolute contribution; null (not a target of the loss) grey
+  // sequence's largest absolute contribution; null (not a target of the loss) grey. The texts are joined
+  // as they are (each token's piece of the decoded text): the pieces of one word touch, with no gap, and
+  // a token that continues a word gets a thin left edge; a tokenizer's own space marks (U+2581, U+0120
+  // "Ġ") read as spaces.
   function tokens(texts, values) {
     const box = el("div", "doc-text toks");
     let max = 0;
     for (const v of values) if (v != null) max = Math.max(max, Math.abs(v));
-    const spaced = texts.length > 1 && !texts.some((t) => /^[\s\u2581\u0120]|\s$/.test(t));
+    let joined = true;  // the text so far ends inside a word
     texts.forEach((t, i) => {
-      if (spaced && i) box.appendChild(document.createTextNode(" "));
       const text = t.replace(/\u2581/g, " ").replace(/^\u0120/, " ").replace(/\n/g, "\u21b5\n");
       const m = /^(\s*)([\s\S]*?)(\s*)$/.exec(text);
       const core = m[2] || text;  // white space around a word stays outside its shading
       if (m[2] && m[1] && i) box.appendChild(document.createTextNode(m[1]));
       const s = el("span", "tok", core === "" ? "\u00b7" : core);
+      if (i && m[2] && !m[1] && joined) s.dataset.cont = "";
+      joined = !!m[2] && !m[3];
       if (core === "") s.classList.add("empty");
       const v = values[i];
       if (v == null) {
