@@ -16,11 +16,15 @@ the document's score.
 
 Proponents are documents of positive score and opponents of negative score: the stored top-k's
 lowest K of a small training set may include positive scores, which are not listed as opponents.
+
+What a score means, in which units and why its size varies, depends on the method:
+:func:`score_meaning` says it for an experiment (``trak score`` and ``trak report`` print it), and
+:func:`ridge_meaning` says what TRAK's ridge λ is.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -145,3 +149,80 @@ def token_texts(ds: Any, i: int) -> list[str]:
     prefixes = [p.rstrip("\ufffd") for p in tok.batch_decode([ids[:i] for i in range(len(ids) + 1)])]
     return [b[len(a):] if b.startswith(a) else tok.decode([ids[i]]) for i, (a, b) in
             enumerate(zip(prefixes, prefixes[1:]))]
+
+
+def score_meaning(identity: Mapping[str, Any], settings: Mapping[str, Any] | None = None, *,
+                  per_token: bool = False) -> str:
+    """What one score of an experiment is, in words: the quantity, its units, and why its size varies.
+
+    Args:
+        identity: the store's run identity (:attr:`trakcli.store.Store.identity`: ``task``, ``curvature``).
+        settings: the experiment's score settings (the attributes of ``scores/<experiment>``:
+            ``normalize``, ``curvature_exact``), or None.
+        per_token: the experiment has per-token scores (``score.per_token``): say what a token's value is.
+
+    Returns:
+        A few sentences, plain text.
+    """
+    settings = settings or {}
+    lm = identity.get("task") == "language_modeling"
+    curvature = identity.get("curvature") or {}
+    kind = curvature.get("kind")
+    output = curvature.get("output", "margin") if kind else "margin"
+    if output == "loss":
+        quantity = "log-likelihood (minus its cross-entropy loss, in nats)"
+    elif identity.get("task") in ("classification", "language_modeling"):
+        quantity = "margin (log-odds of the right answer against the rest, in nats)"
+    else:
+        quantity = "output (the task's output function, in its units)"
+    if lm:
+        quantity = quantity.replace("log-likelihood", "log-likelihood of its target tokens").replace(
+            "margin (", "margin summed over its target tokens (")
+    if settings.get("normalize") == "unit":
+        text = ("A score is a cosine: the target's and the train example's features compared by direction only "
+                "(each between -1 and 1 per checkpoint), for ranking; it has no units.")
+    elif kind:
+        exact = settings.get("curvature_exact") or {}
+        damping = exact.get("damping", curvature.get("feature_damping"))
+        how = "exactly" if exact else "from the stored projected features"
+        bound = (f"the damping ({damping:g} x each layer's mean eigenvalue)" if isinstance(damping, (int, float))
+                 else "the damping")
+        text = (f"A score is an influence (Koh & Liang 2017), computed {how}: how fast the target's {quantity} rises "
+                "per unit of extra weight on the train example's loss in the mean training loss; one more copy of "
+                "the example (weight 1/n_train) moves it by about score / n_train. Positive: training on the "
+                "example helps the target. Sizes can reach 1e3 to 1e6: the Kronecker-factored curvature "
+                f"(Fisher) of the mean loss has small eigenvalues, which only {bound} bounds")
+        text += ", and a language model's gradients sum over many tokens." if lm else "."
+        text += " Compare scores within one experiment."
+    else:
+        text = (f"A score is TRAK's estimate (Park et al. 2023) of how much training on the train example raised the "
+                f"target's {quantity}: the target's output with the example minus without it, in the output's "
+                "units; positive: the example helps the target. It is an estimate for ranking, not a calibrated "
+                "difference: its size also depends on the ridge lambda (a larger one, smaller scores) and on "
+                "TRAK's out-to-loss term (1 - p of the train example). Compare scores within one experiment.")
+    if per_token:
+        text += (" A token's value is its share of the document's score, in the same units: a document's values sum "
+                 "to its score.")
+    return text
+
+
+def ridge_meaning(lambdas: Sequence[float], lambda_rel: float | None = 1.0, lambda_reg: float | None = None) -> str:
+    """What TRAK's ridge λ_m of each checkpoint is, in words (``curvature.kind: gram``).
+
+    Args:
+        lambdas: the ridge λ_m used per checkpoint.
+        lambda_rel, lambda_reg: ``score.lambda_rel`` and ``score.lambda_reg`` (``lambda_reg`` set: λ as given).
+
+    Returns:
+        One sentence, plain text, e.g. "lambda_reg per checkpoint: 3.95e+12 (lambda_rel 1 x the mean squared
+        norm of a train feature; ...)".
+    """
+    lam = ", ".join(f"{v:.3g}" for v in lambdas)
+    if lambda_reg is not None:
+        source = "score.lambda_reg, as given"
+    else:
+        rel = 1.0 if lambda_rel is None else lambda_rel
+        source = f"lambda_rel {rel:g} x the mean squared norm of a train feature"
+    return (f"lambda_reg per checkpoint: {lam} ({source}; the ridge is in the squared units of the gradients, so "
+            "large gradients, as a language model's summed over many tokens or LoRA's, make it large, and "
+            "scaling every gradient by c scales it by c^2 and leaves the scores as they are)")

@@ -141,3 +141,22 @@ def test_attributor_report_shows_its_last_experiment(user_project):
     assert full["title"] == "All of them" and len(full["queries"][0]["p"]) == n_positive
     with pytest.raises(ConfigError, match="k=0: give a positive int"):
         att.report("r.html", k=0)
+
+
+def test_the_page_says_what_a_score_is_and_the_ridge_of_each_checkpoint(project):
+    res = run(project, "report", "run.yaml", "--out", "report.html")
+    assert res.returncode == 0, res.stderr
+    page = (project / "report.html").read_text()
+    m = re.search(r'<p class="about scale">(.*?)</p>', page, re.S)
+    assert m is not None
+    scale = m.group(1)
+    assert scale.startswith("A score is TRAK&#x27;s estimate") and "(log-odds of the right answer" in scale
+    g = zarr.open_group(str(project / "out" / "attrib.zarr"), mode="r")
+    lambdas = [g[f"train/{m}/kernel"].attrs["lambda_reg"] for m in range(2)]
+    assert f"lambda_reg per checkpoint: {lambdas[0]:.3g}, {lambdas[1]:.3g} (lambda_rel 1 x the mean squared" in scale
+    res = run(project, "score", "run.yaml", "-q", "score.normalize=unit", "score.experiment=cos", "score.top_k=3")
+    assert res.returncode == 0, res.stderr
+    res = run(project, "report", "run.yaml", "--experiment", "cos", "--out", "cos.html", "-q")
+    assert res.returncode == 0, res.stderr
+    cos = re.search(r'<p class="about scale">(.*?)</p>', (project / "cos.html").read_text(), re.S).group(1)
+    assert "A score is a cosine" in cos and "lambda_reg" not in cos

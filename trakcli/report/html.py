@@ -40,6 +40,7 @@ def render_report(
     title: str,
     images: tuple[Any, Any] | None = None,
     about: str = "",
+    scale: str = "",
 ) -> str:
     """The HTML page of an experiment's answers, one record per target (:mod:`trakcli.answers`).
 
@@ -62,6 +63,8 @@ def render_report(
             (C = 1 or 3; numpy arrays or CPU tensors, any real dtype), row ``i`` the picture of index
             ``i``. All pictures of the page share one intensity range (as :func:`trakcli.plots.plot_top`).
         about: a line under the heading (the experiment, the store, ...).
+        scale: what a score is, its units and size (:func:`trakcli.answers.score_meaning`), shown under
+            ``about``; empty: not shown.
 
     Returns:
         The page, a ``str`` (UTF-8 when written).
@@ -82,8 +85,9 @@ def render_report(
         image = _embed_images(images, queries, docs)
     data = {"title": title, "about": about, "k": k, "image": image, "queries": queries,
             "docs": {str(d): v for d, v in docs.items()}}
-    return PAGE.format(title=html.escape(title), about=html.escape(about), style=STYLE, script=SCRIPT,
-                       data=embed_json(data))
+    scale_line = f'<p class="about scale">{html.escape(scale)}</p>' if scale else ""
+    return PAGE.format(title=html.escape(title), about=html.escape(about), scale=scale_line, style=STYLE,
+                       script=SCRIPT, data=embed_json(data))
 
 
 def embed_json(data: Any) -> str:
@@ -226,7 +230,7 @@ PAGE = """<!DOCTYPE html>
 <style>{style}</style>
 </head>
 <body>
-<header class="top"><h1>{title}</h1><p class="about">{about}</p></header>
+<header class="top"><h1>{title}</h1><p class="about">{about}</p>{scale}</header>
 <div id="app">
 <aside id="side" aria-label="targets">
 <input id="search" type="search" placeholder="Filter: index, text, label:7" autocomplete="off" aria-label="filter the targets">

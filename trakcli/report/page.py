@@ -15,6 +15,7 @@ body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, "DejaVu San
 header.top { padding: 10px 18px; background: #fff; border-bottom: 1px solid var(--line); }
 header.top h1 { margin: 0; font-size: 18px; font-weight: 600; }
 header.top .about { margin: 2px 0 0; color: var(--muted); font-size: 13px; }
+header.top .about.scale { font-size: 12px; max-width: 110ch; }
 #app { flex: 1; min-height: 0; display: flex; }
 #side { width: 300px; flex: none; display: flex; flex-direction: column; background: #fff;
   border-right: 1px solid var(--line); min-height: 0; }

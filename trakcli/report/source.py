@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from trakcli.answers import TokenFields, answer_records, token_fields
+from trakcli.answers import TokenFields, answer_records, ridge_meaning, score_meaning, token_fields
 from trakcli.errors import DataError, StoreError
 from trakcli.jobs.score import ScoreResult
 from trakcli.plots import image_shape_of
@@ -205,8 +205,30 @@ def experiment_page(
         f"store {store.path} · {res.n_target} targets, {res.n_train} train rows · top {shown} proponents and "
         f"opponents of each ({stored})" + (" · per-token contributions" if res.per_token else ""))
     page = render_report(records, title=title or f"Experiment {experiment!r}: proponents and opponents",
-                         images=images, about=about)
+                         images=images, about=about, scale=scale_of(store, experiment, res.per_token))
     return page, res.n_target
+
+
+def scale_of(store: Store, experiment: str, per_token: bool = False) -> str:
+    """What a score of ``experiment`` is (:func:`~trakcli.answers.score_meaning`), from the store's identity and
+    the experiment's settings, and for TRAK's kernel the ridge of each checkpoint (:func:`~trakcli.answers.ridge_meaning`)."""
+    group = node(store.root, f"scores/{experiment}")
+    settings = dict(group.attrs) if group is not None else {}
+    identity = store.identity
+    text = score_meaning(identity, settings, per_token=per_token)
+    if (identity.get("curvature") or {}).get("kind") or settings.get("normalize") == "unit":
+        return text
+    lambdas = []
+    for m in range(len(settings.get("checkpoints") or [])):
+        kernel = node(store.root, f"train/{m}/kernel")
+        lam = None if kernel is None else kernel.attrs.get("lambda_reg")
+        made = {} if kernel is None else dict(kernel.attrs.get("settings") or {})
+        if not isinstance(lam, (int, float)) or any(made.get(k) != settings.get(k) for k in ("lambda_reg", "lambda_rel")):
+            return text  # no kernel, or one of another ridge: the ridge is not said
+        lambdas.append(float(lam))
+    if lambdas:
+        text += " Ridge " + ridge_meaning(lambdas, settings.get("lambda_rel"), settings.get("lambda_reg")) + "."
+    return text
 
 
 def write_page(path: str | Path, page: str) -> Path:
