@@ -218,3 +218,57 @@ def test_interrupted_exact_matrix_of_two_checkpoints_resumes_to_the_same_scores(
             assert not any(m < resumed[1] and lo < 40 or m == resumed[1] and lo < resumed[2] for m, lo, _ in batches)
         log.unlink()
     assert_same_store(root / "out" / "attrib.zarr", once / "out" / "attrib.zarr")
+
+
+class _Recorder:
+    """A reporter that keeps every task's description, total and the steps it advanced."""
+
+    def __init__(self):
+        self.tasks: list[list] = []
+
+    def task(self, description: str, total: int):
+        import contextlib
+
+        from trakcli.progress import Task
+
+        entry = [description, total, 0]
+        self.tasks.append(entry)
+
+        class Counting(Task):
+            def advance(self, n: int = 1) -> None:
+                entry[2] += n
+
+        return contextlib.nullcontext(Counting())
+
+    def info(self, message: str) -> None:
+        pass
+
+
+def test_each_fitting_pass_and_each_exact_block_counts_its_rows(tmp_path, monkeypatch):
+    import yaml
+
+    from trakcli.config.load import load_config
+    from trakcli.data.load import load_dataset
+    from trakcli.jobs.exact import ExactInfluence
+    from trakcli.jobs.setup import prepare
+    from trakcli.store import Store
+    from trakcli.tasks import resolve_task
+
+    root = make_project(tmp_path / "p", n_models=2)
+    cfg = yaml.safe_load((root / "run.yaml").read_text())
+    cfg["projector"] = {"proj_dim": 32, "seed": 0}
+    cfg["curvature"] = {"kind": "ekfac", "fit_rows": 100}
+    write_config(root / "run.yaml", cfg)
+    assert run(root, "featurize", "run.yaml", *ARGS).returncode == 0
+    monkeypatch.chdir(root)
+    conf = load_config(cfg)
+    s = prepare(conf, need_target=True)
+    rec = _Recorder()
+    s.fit_curvature(1, None, rec)  # in memory: both passes run
+    assert rec.tasks == [["model 1: ekfac covariances", 100, 100], ["model 1: ekfac eigenvalues", 100, 100]]
+    target = load_dataset(conf.data.target, key="data.target", task=resolve_task(conf.task))
+    store = Store.open_existing(Path(conf.store.path), mode="r")
+    exact = ExactInfluence(s, store, target, 0.1, reporter=rec)
+    rec.tasks.clear()
+    assert exact(40, 80).shape == (len(target), 40)
+    assert rec.tasks == [["exact influence, train rows 40-80", 80, 80]]  # 40 rows of each of 2 checkpoints
