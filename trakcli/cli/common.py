@@ -114,7 +114,9 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     Running out of memory (``MemoryError``, torch's ``OutOfMemoryError``) is reported
     the same way, exit code 1, with the config keys that size the arrays. Warnings of
-    other libraries go to the debug log (:func:`library_warnings_to_log`).
+    other libraries go to the debug log (:func:`library_warnings_to_log`). A model download or
+    GGUF conversion logged by ``trakcli.models`` is a phase line, and no phase line comes after
+    the command ends (:func:`_phases_of_library_logs`).
     """
 
     @functools.wraps(fn)
