@@ -291,6 +291,7 @@ class Attributor:
         return ApiSetup(
             [names[m] for m in ordered], [shas[m] for m in ordered], train, self.model, f, rows, self.device,
             layout, identity, self.dist, curvature=self.curvature, sources=dict(sources),
+            save_every_s=self.store.save_every_s,
         )
 
     def _config(self) -> dict[str, Any]:
