@@ -19,6 +19,7 @@ import torch
 from trakcli.config import Config
 from trakcli.data.load import load_dataset
 from trakcli.data.tensors import TensorDataset
+from trakcli.data.text import check_target_inputs
 from trakcli.distributed import Dist
 from trakcli.errors import ConfigError, StoreError
 from trakcli.jobs.exact import exact_scorer, two_stage_exact
@@ -342,15 +343,10 @@ def _target_attrs(s: JobSetup, target: TensorDataset) -> dict[str, Any]:
     setup has them, the optimizer states and the curvature solve's refinement.
 
     Raises:
-        StoreError: targets of another input shape than the train inputs.
+        StoreError: targets of another kind than the train inputs (:func:`trakcli.data.text.check_target_inputs`).
     """
     t_fp = target.fingerprint()
-    if t_fp["input_shape"] != s.identity["train_data"]["input_shape"]:
-        raise StoreError(
-            f"data.target inputs have shape {t_fp['input_shape']} per example but the train inputs have "
-            f"{s.identity['train_data']['input_shape']}; targets must be examples of the same kind (text data: "
-            "data.target.max_length as data.train.max_length)"
-        )
+    check_target_inputs(t_fp, s.identity["train_data"])  # token data: any length; other data: the train's shape
     t_attrs = {"target_data": t_fp, "checkpoints": s.shas}
     if s.state_shas is not None:  # target features carry the correction too
         t_attrs["optimizer_states"] = s.state_shas
