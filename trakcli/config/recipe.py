@@ -129,6 +129,21 @@ class _TrainingSettings(StrictModel):
         "manifest, so featurize and score ensemble over checkpoints along training: model 0's epochs 1, 2, ..., "
         "its final checkpoint, then model 1's (TracIn, Pruthi et al. 2020). Built-in recipe only.",
     )
+    replay: bool = Field(
+        False,
+        description="Record what an exact replay of each model's training needs, for `score.method: unroll` "
+        "(metagradients through the training): the data order of every epoch and the model and optimizer "
+        "state every replay_every steps, in out_dir/replay/model_000/, ... (listed in the manifest), with "
+        "deterministic kernels. Disk: about (total_steps / replay_every + 1) x (parameters + optimizer state) "
+        "floats per model. Built-in recipe, float32, sgd / adam / adamw without projection.",
+    )
+    replay_every: int = Field(
+        0,
+        ge=0,
+        description="With replay: steps between two recorded states (the segment length of the unrolled "
+        "scoring, whose memory holds one segment's states). 0: ceil(sqrt(total_steps)), which minimizes "
+        "states on disk plus states in memory.",
+    )
 
 
 class OptimizeConfig(_TrainingSettings, _OptimizerSettings):
@@ -150,6 +165,7 @@ class OptimizeConfig(_TrainingSettings, _OptimizerSettings):
 #: Recipe keys that never change what a model trains to: a rerun may change them and keep its models.
 RUN_ONLY_KEYS = (
     "n_models", "out_dir", "metrics", "checkpoint_every", "save_optimizer_state", "epoch_checkpoints",
+    "replay", "replay_every",
 )
 
 

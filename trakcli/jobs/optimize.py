@@ -11,6 +11,7 @@ function that retrains the models of `trak eval`, with the config's
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,9 +37,10 @@ from trakcli.store.manifest import (
     FORMAT, FORMAT_VERSION, MANIFEST_NAME, checkpoint_file_name, checkpoint_sha256, read_manifest, write_manifest,
 )
 from trakcli.train import (
-    DatasetRows, TensorRows, TrainRows, check_init_checkpoint, check_recipe,
-    load_training_function, optimizer_param_names, train_one, validate,
+    DatasetRows, ReplayRecorder, TensorRows, TrainRows, check_init_checkpoint, check_recipe,
+    load_training_function, optimizer_param_names, record_dir, train_one, validate,
 )
+from trakcli.train.replay import RECORD_NAME, REPLAY_DIR
 
 
 def manifest_identity(cfg: Config, train: TensorDataset) -> dict[str, Any]:
@@ -231,6 +233,12 @@ def _train_model(
         resume.unlink(missing_ok=True)
     elif resume.exists():
         reporter.info(f"model {i}: resuming from {resume}")
+    replay = None
+    if oc.replay:
+        folder = record_dir(oc.out_dir, i)
+        if not resume.exists():  # a fresh training: an older record is not this run's
+            shutil.rmtree(folder, ignore_errors=True)
+        replay = ReplayRecorder(folder, oc.replay_every)
 
     def save_epoch(epoch: int, model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
         if epoch >= oc.epochs:  # the last epoch's model is the final checkpoint
@@ -243,7 +251,7 @@ def _train_model(
     trained = train_one(
         cfg, rows, seed=oc.seed + i, device=device, reporter=reporter, description=f"train model {i}",
         resume_path=resume, validation=validation, name=f"model {i}",
-        epoch_end=save_epoch if oc.epoch_checkpoints else None,
+        epoch_end=save_epoch if oc.epoch_checkpoints else None, replay=replay,
     )
     try:
         resume.parent.rmdir()  # only when empty: no other model's state is pending
@@ -398,6 +406,7 @@ class _Run:
                 f"optimize.epoch_checkpoints: the built-in recipe writes them, but optimize.entrypoint "
                 f"{oc.entrypoint!r} trains the models; remove epoch_checkpoints, or the entrypoint to use the recipe"
             )
+        _check_replay(oc)
         apply_threads(cfg.num_threads)
         reporter.phase("loading data.train …")
         train = load_dataset(cfg.data.train, key="data.train", task=resolve_task(cfg.task))
@@ -505,6 +514,9 @@ class _Run:
                     f"{path} exists ({why}): kept and recorded as it is, without a training history"
                     + (" or epoch checkpoints" if oc.epoch_checkpoints else "") + " (use --overwrite to retrain)"
                 )
+        if kept and oc.replay and not (record_dir(oc.out_dir, i) / RECORD_NAME).is_file():
+            kept = False
+            reporter.info(f"model {i}: it has no replay record (optimize.replay); it is trained again")
         return _Plan(i=i, path=path, rows=source, entry=entry, kept=kept)
 
     def train(self, plan: _Plan) -> dict[str, Any]:
@@ -530,6 +542,8 @@ class _Run:
             entry["optimizer_state"] = f"{OPTIMIZER_STATE_DIR}/{path.name}"
         if oc.epoch_checkpoints:
             entry["epoch_checkpoints"] = _epoch_entries(oc, i)
+        if oc.replay:
+            entry["replay"] = f"{REPLAY_DIR}/{record_dir(oc.out_dir, i).name}"
         self.reporter.info(_model_line(i, metrics, model) + f" -> {path}")
         return entry
 
@@ -549,6 +563,28 @@ class _Run:
             **entry.get("metrics", {}),
             **({"kept": True} if plan.kept else {}),
         })
+
+
+def _check_replay(oc: OptimizeConfig) -> None:
+    """Refuse ``optimize.replay`` with a recipe the replay record cannot describe.
+
+    Raises:
+        ConfigError: replay with ``optimize.entrypoint`` (the user's function keeps its steps to itself) or
+            with ``optimize.projection`` (the projected optimizer's random subspaces are not replayed).
+    """
+    if not oc.replay:
+        return
+    if oc.entrypoint is not None:
+        raise ConfigError(
+            f"optimize.replay: the built-in recipe records the steps, but optimize.entrypoint {oc.entrypoint!r} "
+            "trains the models; remove the entrypoint to train with the recipe, or optimize.replay"
+        )
+    if oc.projection is not None:
+        raise ConfigError(
+            f"optimize.replay with optimize.projection (kind {oc.projection.kind!r}): the unrolled scoring "
+            "differentiates sgd, adam and adamw steps, not the projected optimizer's; remove optimize.projection "
+            "or optimize.replay"
+        )
 
 
 def _on_device(data: Any, device: torch.device) -> Any:

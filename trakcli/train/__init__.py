@@ -21,10 +21,13 @@ Modules:
 - :mod:`~trakcli.train.optimizers`: the optimizer by name and the learning-rate schedule.
 - :mod:`~trakcli.train.evaluate`: loss and accuracy without gradients; the first forward pass's check.
 - :mod:`~trakcli.train.divergence`: a diverged loss or non-finite weights stop training.
+- :mod:`~trakcli.train.replay`: the replay record of a training (``optimize.replay``), read by
+  :mod:`trakcli.unroll` for metagradients.
 """
 
 from trakcli.train.evaluate import check_forward, evaluate, evaluate_dataset, validate
 from trakcli.train.optimizers import lr_at, make_optimizer, optimizer_param_names, optimizer_state_numel
+from trakcli.train.replay import ReplayRecorder, record_dir
 from trakcli.train.recipe import Trained, check_init_checkpoint, check_recipe, load_training_function, train_one
 from trakcli.train.rows import DatasetRows, TensorRows, TrainRows, count_steps
 from trakcli.train.trainer import Recipe, Trainer, TrainState
@@ -32,6 +35,7 @@ from trakcli.train.trainer import Recipe, Trainer, TrainState
 __all__ = [
     "DatasetRows",
     "Recipe",
+    "ReplayRecorder",
     "TensorRows",
     "TrainRows",
     "TrainState",
@@ -48,6 +52,7 @@ __all__ = [
     "make_optimizer",
     "optimizer_param_names",
     "optimizer_state_numel",
+    "record_dir",
     "train_one",
     "validate",
 ]

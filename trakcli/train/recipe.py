@@ -22,6 +22,7 @@ from trakcli.errors import ConfigError, ModelError, user_code
 from trakcli.progress import NULL_REPORTER, Reporter
 from trakcli.tasks import resolve_task
 from trakcli.train.divergence import check_weights
+from trakcli.train.replay import ReplayRecorder
 from trakcli.train.evaluate import check_forward
 from trakcli.train.rows import DatasetRows, TensorRows, TrainRows
 from trakcli.train.trainer import Recipe, Trainer
@@ -115,6 +116,7 @@ def train_one(
     validation: Any = None,
     name: str | None = None,
     epoch_end: Callable[[int, nn.Module, torch.optim.Optimizer], None] | None = None,
+    replay: ReplayRecorder | None = None,
 ) -> Trained:
     """Build, seed and train one model with the config's recipe: what `trak optimize` does for model i.
 
@@ -152,6 +154,8 @@ def train_one(
         name: the model in messages (``"model 3"``); default ``description``.
         epoch_end: called by the built-in recipe after every epoch (see
             :meth:`Trainer.fit <trakcli.train.trainer.Trainer.fit>`).
+        replay: the built-in recipe's replay recorder (``optimize.replay``, :mod:`trakcli.train.replay`); None:
+            no record.
 
     Returns:
         The trained model (in eval mode, on ``device``), with the built-in recipe's metrics and
@@ -211,6 +215,7 @@ def train_one(
     check_forward(model, rows, task=task)
     trainer = Trainer(model, rows, Recipe.from_config(oc, max_tokens=cfg.data.batch_tokens), task=task, seed=seed,
                       validation=validation, name=name)
-    model = trainer.fit(reporter=reporter, description=description, resume_path=resume_path, epoch_end=epoch_end)
+    model = trainer.fit(reporter=reporter, description=description, resume_path=resume_path, epoch_end=epoch_end,
+                        replay=replay)
     check_weights(model, name=name, how="training", fix=f"lower the learning rate (lr {oc.lr:g})")
     return Trained(model, trainer.metrics(), trainer.optimizer_state())

@@ -28,6 +28,7 @@ from trakcli.tasks import Task, make_batch, resolve_task
 from trakcli.train.divergence import check_loss
 from trakcli.train.evaluate import validate
 from trakcli.train.optimizers import lr_at, make_optimizer, optimizer_param_names, optimizer_state_numel
+from trakcli.train.replay import ReplayRecorder
 from trakcli.train.rows import DatasetRows, TrainRows, count_steps
 
 
@@ -188,6 +189,7 @@ class Trainer:
         description: str = "train",
         resume_path: str | Path | None = None,
         epoch_end: Callable[[int, nn.Module, torch.optim.Optimizer], None] | None = None,
+        replay: ReplayRecorder | None = None,
     ) -> nn.Module:
         """Run the training's steps: all of them, or those left after the training-state file's position.
 
@@ -209,6 +211,9 @@ class Trainer:
             epoch_end: if given, called as ``epoch_end(epoch, model, optimizer)`` (1-based epoch) after
                 every finished epoch, before its training state is saved: a resumed run calls it for
                 the epochs it trains, and a kill between the two repeats the call on resume.
+            replay: if given, records what an exact replay needs (:mod:`trakcli.train.replay`: each epoch's
+                order, the state every ``replay.every`` steps, then the record) and trains with
+                ``torch.use_deterministic_algorithms`` (restored after).
 
         Returns:
             The same model, trained, in eval mode.
@@ -220,16 +225,52 @@ class Trainer:
                 or the training state cannot be written.
             DataError: a row of lazily read data cannot be read or tokenized.
         """
-        model, data, r, task, s = self.model, self.data, self.recipe, self.task, self.state
-        opt, n = self.optimizer, data.n
+        model, data, r = self.model, self.data, self.recipe
         if resume_path is not None and Path(resume_path).exists():
             self.load_state(Path(resume_path))
-            s = self.state
         model.train()
-        saves = 0  # steps since this call started, for checkpoint_every
-        with_acc = task.has_accuracy
         total_steps = self.total_steps or count_steps(data, epochs=r.epochs, batch_size=r.batch_size,
                                                       max_tokens=r.max_tokens, seed=self.seed)
+        deterministic = torch.are_deterministic_algorithms_enabled()
+        if replay is not None:
+            replay.start(total_steps)
+            torch.use_deterministic_algorithms(True, warn_only=True)
+        try:
+            self._steps(reporter, description, resume_path, epoch_end, replay, total_steps)
+        finally:
+            torch.use_deterministic_algorithms(deterministic)
+        if replay is not None:
+            replay.finish(self.replay_info(total_steps))
+        if resume_path is not None:
+            Path(resume_path).unlink(missing_ok=True)
+        return model.eval()
+
+    def replay_info(self, total_steps: int) -> dict[str, Any]:
+        """What a replay record says of the steps (:meth:`ReplayRecorder.finish`): the recipe, the learning rate
+        of every step (``lrs``, step 1 first), the row count and the trainable parameters (in the optimizer's
+        order: name, dtype, shape)."""
+        r = self.recipe
+        lrs = [lr_at(t, lr=r.lr, total_steps=self.total_steps, schedule=r.schedule, warmup_steps=self.warmup_steps)
+               if self.scheduled else r.lr for t in range(1, total_steps + 1)]
+        names = optimizer_param_names(self.model, self.optimizer)
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        return {
+            "recipe": {**self.identity(), "schedule": r.schedule, "warmup_steps": self.warmup_steps,
+                       "max_tokens": r.max_tokens},
+            "total_steps": total_steps, "n": self.data.n, "lrs": lrs,
+            "params": [{"name": k, "dtype": str(p.dtype).replace("torch.", ""), "shape": list(p.shape)}
+                       for k, p in zip(names, params)],
+        }
+
+    def _steps(self, reporter: Reporter, description: str, resume_path: str | Path | None,
+               epoch_end: Callable[[int, nn.Module, torch.optim.Optimizer], None] | None,
+               replay: ReplayRecorder | None, total_steps: int) -> None:
+        """The loop of :meth:`fit` (see there)."""
+        model, data, r, task, s = self.model, self.data, self.recipe, self.task, self.state
+        opt, n = self.optimizer, data.n
+        saves = 0  # steps since this call started, for checkpoint_every
+        with_acc = task.has_accuracy
+        device = next(iter(model.parameters())).device if replay is not None else None
         with reporter.task(description, total_steps) as bar:
             bar.advance(min(s.step, total_steps))  # a resumed training's steps done
             if s.history:
@@ -239,7 +280,11 @@ class Trainer:
                 if s.order is None:
                     s.order, s.lo, s.total, s.correct, s.units = torch.randperm(n, generator=self.generator), 0, 0.0, 0, 0
                 s.epoch = epoch
+                if replay is not None:
+                    replay.epoch_order(epoch + 1, s.order)
                 for rows, x, y in data.batches(s.order, s.lo, r.batch_size, r.max_tokens):
+                    if replay is not None:
+                        replay.before_step(s.step, epoch, s.lo, model, opt, device)
                     s.step += 1
                     saves += 1
                     step_lr = r.lr
@@ -289,9 +334,6 @@ class Trainer:
                         at = (epoch + 1, 0) if end_of_epoch else (epoch, s.lo)
                         self.save_state(Path(resume_path), epoch=at[0], lo=at[1])
                 s.epoch, s.order = epoch + 1, None
-        if resume_path is not None:
-            Path(resume_path).unlink(missing_ok=True)
-        return model.eval()
 
     def metrics(self) -> dict[str, Any]:
         """The training's metrics: ``final_loss`` (mean loss of the last epoch), ``optimizer_state_numel``

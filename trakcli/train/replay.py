@@ -1,0 +1,139 @@
+"""The replay record of one training (``optimize.replay``): what an exact replay of its steps needs.
+
+A :class:`ReplayRecorder`, given to :meth:`trakcli.train.Trainer.fit`, writes into one folder
+(``out_dir/replay/model_000/`` for `trak optimize`'s model 0):
+
+* ``order_001.pt``, ``order_002.pt``, ...: each epoch's row order, ``[n]`` int64 (the rows of a step
+  are ``order[lo:lo + rows]``, its batches those of :meth:`TrainRows.batches
+  <trakcli.train.rows.TrainRows.batches>` over that order);
+* ``step_000000.pt``, ``step_000050.pt``, ...: the state *before* step ``s + 1`` for every ``s``
+  divisible by ``every`` (the model's ``state_dict``, the optimizer's ``state_dict``, the global
+  RNG states, the position ``epoch`` / ``lo``), float tensors as trained;
+* ``record.json`` (written last, when the training ends): the recipe of the steps, the learning
+  rate of every step, ``every``, ``total_steps``, the states written and the trainable
+  parameters' names, dtypes and shapes.
+
+Disk: ``(ceil(total_steps / every) + 1) × (parameters + optimizer state)`` floats, plus
+``epochs × n`` int64. With ``every = 0`` the recorder uses ``ceil(sqrt(total_steps))``: states on
+disk plus one segment's states in memory, ``T/every + every``, are then smallest (the classic
+checkpointing trade-off of reverse-mode through a long loop; Griewank & Walther 2000, and MAGIC,
+Ilyas & Engstrom 2025, which stores states at regular intervals and replays each segment).
+
+Every file is written atomically; a training resumed from its training-state file keeps
+the files written before the kill (they are the same run's) and writes the rest.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trakcli.errors import TrainingError
+from trakcli.files import atomic_torch_save, write_text
+
+#: Folder of the replay records in `trak optimize`'s out_dir.
+REPLAY_DIR = "replay"
+#: The record's description file, written when the training ends.
+RECORD_NAME = "record.json"
+#: ``format`` of :data:`RECORD_NAME`.
+RECORD_FORMAT = "trakcli.replay"
+RECORD_VERSION = 1
+
+
+def record_dir(out_dir: Path, model_id: int) -> Path:
+    """The replay record folder of model ``model_id`` of a `trak optimize` run: ``out_dir/replay/model_000``."""
+    return Path(out_dir) / REPLAY_DIR / f"model_{model_id:03d}"
+
+
+def default_every(total_steps: int) -> int:
+    """``ceil(sqrt(total_steps))`` (at least 1): the interval between recorded states when ``replay_every`` is 0."""
+    return max(1, math.ceil(math.sqrt(max(1, total_steps))))
+
+
+def state_name(step: int) -> str:
+    """File of the state before step ``step + 1`` (after ``step`` steps): ``step_000050.pt``."""
+    return f"step_{step:06d}.pt"
+
+
+def order_name(epoch: int) -> str:
+    """File of the row order of ``epoch`` (1-based): ``order_001.pt``."""
+    return f"order_{epoch:03d}.pt"
+
+
+def rng_states(device: torch.device | None = None) -> dict[str, Any]:
+    """The global RNG states a step may draw from (dropout): the CPU one, and CUDA's when ``device`` is CUDA."""
+    out: dict[str, Any] = {"cpu": torch.get_rng_state()}
+    if device is not None and device.type == "cuda":
+        out["cuda"] = torch.cuda.get_rng_state(device)
+    return out
+
+
+def set_rng_states(states: dict[str, Any], device: torch.device | None = None) -> None:
+    """Restore what :func:`rng_states` returned."""
+    torch.set_rng_state(states["cpu"])
+    if "cuda" in states and device is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(states["cuda"], device)
+
+
+class ReplayRecorder:
+    """Writes a training's replay record (see the module docstring) as :meth:`Trainer.fit` runs.
+
+    Args:
+        folder: the record folder (created).
+        every: steps between recorded states; 0: :func:`default_every` of the training's steps.
+
+    Raises (from its methods):
+        TrainingError: a file cannot be written (names it and the fix).
+    """
+
+    def __init__(self, folder: Path, every: int = 0):
+        self.folder = Path(folder)
+        self.every = every
+
+    def start(self, total_steps: int) -> None:
+        """Fix the interval from the training's ``total_steps`` (before the first step)."""
+        if not self.every:
+            self.every = default_every(total_steps)
+
+    def _save(self, obj: Any, name: str) -> None:
+        path = self.folder / name
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_torch_save(obj, path)
+        except OSError as e:
+            raise TrainingError(
+                f"cannot write the replay record file {path}: {e}; free disk space (optimize.replay_every larger "
+                "writes fewer states) and rerun the same command, which resumes"
+            ) from None
+
+    def epoch_order(self, epoch: int, order: torch.Tensor) -> None:
+        """Record the row order of ``epoch`` (1-based), ``[n]`` int64."""
+        if not (self.folder / order_name(epoch)).exists():
+            self._save(order.detach().cpu().clone(), order_name(epoch))
+
+    def before_step(self, step: int, epoch: int, lo: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                    device: torch.device | None) -> None:
+        """Record the state after ``step`` steps when ``step`` is a multiple of ``every`` (not yet written)."""
+        if step % self.every or (self.folder / state_name(step)).exists():
+            return
+        self._save({
+            "step": step, "epoch": epoch, "lo": lo,
+            "model": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
+            "optimizer": optimizer.state_dict(),
+            "rng": rng_states(device),
+        }, state_name(step))
+
+    def finish(self, info: dict[str, Any]) -> None:
+        """Write :data:`RECORD_NAME` (last): ``info`` (the recipe, lrs, parameters) with the states on disk."""
+        states = sorted(int(p.stem.split("_")[1]) for p in self.folder.glob("step_*.pt"))
+        record = {"format": RECORD_FORMAT, "format_version": RECORD_VERSION, "every": self.every,
+                  "states": states, **info}
+        try:
+            write_text(self.folder / RECORD_NAME, json.dumps(record, indent=1) + "\n")
+        except OSError as e:
+            raise TrainingError(f"cannot write the replay record {self.folder / RECORD_NAME}: {e}; free disk space "
+                                "and rerun the same command") from None
