@@ -679,6 +679,13 @@ class ScoreConfig(StrictModel):
     """Kernel and scoring options."""
 
     experiment: str = Field("default", description="Name of this set of targets in the store.")
+    method: Literal["kernel", "unroll"] = Field(
+        "kernel",
+        description="kernel: the scores of the stored features (TRAK's kernel, or the curvature's influence). "
+        "unroll: metagradients through the recorded training of each checkpoint, -d loss(target) / d w_i with "
+        "w_i the weight of example i's loss in every step (MAGIC; needs checkpoints: <out_dir>/manifest.json "
+        "of a trak optimize run with optimize.replay: true, and no trak featurize; docs/guides/unroll.md).",
+    )
     lambda_reg: float | None = Field(
         None,
         ge=0,

@@ -1,0 +1,237 @@
+"""`trak score` with ``score.method: unroll``: metagradient scores of the runs `trak optimize` recorded.
+
+For every checkpoint of a `trak optimize` manifest whose models were trained with
+``optimize.replay: true``, and every target z, :class:`trakcli.unroll.Unroller` computes
+``∂ℓ_z(θ_T)/∂w_i`` for every train row i by reverse mode through the recorded steps (Ilyas &
+Engstrom 2025, "MAGIC"); the score is minus its mean over the checkpoints,
+``τ(z, i) = −(1/M) Σ_m ∂ℓ_z(θ_T^m)/∂w_i`` (positive: upweighting i lowers the target's loss;
+0 for a row outside a model's ``subset_fraction`` subset), in nats of the target's loss per unit
+of weight on the example's loss (one more copy of it in every epoch: weight 2).
+
+The targets are scored ``data.batch_size`` at a time (one replay of every model per chunk of
+targets, the targets' adjoints stacked). Each finished chunk is written with its done flag to
+``scores/<experiment>/unroll_rows`` (the store's per-segment top-k part arrays, one segment per
+chunk of targets: ``[n_chunks, batch_size, n_train]`` float32), so a killed run resumes at the
+first chunk not done. When every chunk is done, the ``[n_target, n_train]`` matrix
+(``scores/<experiment>/scores``, by column blocks as :func:`trakcli.jobs.score.score` writes it)
+and, with ``score.top_k``, the top-k arrays are written from them, and the chunks are dropped;
+`trak report`, ``answers.jsonl`` and `trak eval lds` read them as any scores.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from trakcli.config import Config
+from trakcli.data.load import load_dataset
+from trakcli.data.tensors import index_inputs, inputs_to, slice_inputs
+from trakcli.data.text import TextDataset
+from trakcli.distributed import Dist
+from trakcli.errors import ConfigError, GradientError, StoreMismatchError
+from trakcli.jobs.inputs import resolve_checkpoints
+from trakcli.jobs.runtime import apply_threads, event, locked_store, resolve_device
+from trakcli.progress import NULL_REPORTER, Reporter
+from trakcli.store import Store
+from trakcli.store.layout import StoreLayout
+from trakcli.store.manifest import is_manifest_path, read_manifest
+from trakcli.tasks import resolve_task
+from trakcli.train import DatasetRows, TensorRows
+from trakcli.unroll import ReplayRecord, Unroller, no_record
+
+try:  # the top-k's home
+    from trakcli.topk import StoredTopK
+except ImportError:  # pragma: no cover - before the top-k package
+    from trakcli.jobs.topk import StoredTopK
+
+#: The group of finished chunks of targets (``scores/<experiment>/unroll_rows``), dropped once the matrix is written.
+ROWS_GROUP = "unroll_rows"
+
+
+def unroll_score(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_REPORTER) -> Any:
+    """Score ``data.target`` against ``data.train`` by metagradients of the recorded trainings (module docstring).
+
+    Args:
+        cfg: a config with ``score.method: unroll``, ``checkpoints: <optimize.out_dir>/manifest.json`` of a
+            run trained with ``optimize.replay: true``, and ``data.target``.
+        overwrite: drop the experiment's scores first.
+        reporter: progress (one bar per replay) and messages.
+
+    Returns:
+        A :class:`trakcli.jobs.score.ScoreResult` (``lambdas`` all 0: no ridge).
+
+    Raises:
+        ConfigError: no data.target; a recipe or model the steps cannot be differentiated through (named).
+        CheckpointError: checkpoints not from a `trak optimize` manifest, or without replay records (names
+            ``trak optimize CONFIG optimize.replay=true --overwrite``); a record that does not reproduce its checkpoint.
+        StoreMismatchError: the store holds other train data, or the experiment was scored with other
+            settings (names ``--overwrite``).
+        GradientError: non-finite metagradients (names the model and the targets).
+    """
+    from trakcli.jobs.score import ScoreResult
+
+    if cfg.data.target is None:
+        raise ConfigError("data.target: required by trak score (the targets to attribute); add data.target")
+    if not is_manifest_path(cfg.checkpoints):
+        raise no_record(f"checkpoints {cfg.checkpoints!r}", "they are not the manifest.json of a `trak optimize` run")
+    apply_threads(cfg.num_threads)
+    manifest_path = Path(cfg.checkpoints)  # type: ignore[arg-type]
+    checkpoints = resolve_checkpoints(cfg)  # complete and unchanged since trained
+    manifest = read_manifest(manifest_path)
+    if (manifest["recipe"]["optimize"] or {}).get("lora"):
+        raise ConfigError("optimize.lora: score.method: unroll differentiates the training of every weight, not "
+                          "LoRA adapters; train without optimize.lora")
+    task = resolve_task(cfg.task)
+    device = resolve_device(cfg.device)
+    reporter.phase("loading data.train and data.target …")
+    train = load_dataset(cfg.data.train, key="data.train", task=task)
+    target = load_dataset(cfg.data.target, key="data.target", task=task)
+    n_train, n_target = len(train), len(target)
+    chunk = cfg.data.batch_size
+    exp = cfg.score.experiment
+    full = cfg.score.full if cfg.score.full is not None else cfg.score.top_k is None
+    top_k = None if cfg.score.top_k is None else min(cfg.score.top_k, n_train)
+    entries = manifest["models"][:len(checkpoints)]
+    settings = {
+        "method": "unroll", "target_data": target.fingerprint(), "checkpoints": [e["sha256"] for e in entries],
+        "targets_per_replay": chunk, "output": "loss",
+    }
+    path = cfg.store.location
+    computed = 0
+    with locked_store(path, Dist(), reporter):
+        store = _open_store(cfg, path, train)
+        if overwrite:
+            store.drop(f"scores/{exp}")
+        store.score_settings(exp, settings, repair=True)
+        n_chunks = -(-n_target // chunk)
+        rows = store.top_k_parts(exp, chunk, n_train, n_chunks, repair=True, name=ROWS_GROUP)
+        done_matrix = full and store.scores(exp, n_target, settings, repair=True).is_complete()
+        done_top = top_k is None or StoredTopK(store, exp, n_target, top_k, create=True).is_complete()
+        pending = [] if done_matrix and done_top else rows.pending()
+        if pending:
+            unrollers = [_unroller(cfg, manifest_path, e, ckpt, train, device, reporter)
+                         for e, ckpt in zip(entries, checkpoints)]
+            for c in pending:
+                lo, hi = c * chunk, min((c + 1) * chunk, n_target)
+                event(f"start unroll {c}")
+                block = np.zeros((1, chunk, n_train), dtype=np.float32)
+                block[0, :hi - lo] = _chunk_scores(unrollers, target, lo, hi, n_train, device, reporter)
+                rows.write(c, proponent_scores=block)
+                event(f"done unroll {c}")
+                computed += 1
+        if not (done_matrix and done_top):
+            computed += _write_results(store, rows, exp, settings, n_target, chunk, full, top_k, reporter)
+        store.drop(f"scores/{exp}/{ROWS_GROUP}")
+    return ScoreResult(
+        store=path, experiment=exp, n_target=n_target, n_train=n_train, lambdas=[0.0] * len(checkpoints),
+        train_labels=None if train.labels is None else train.labels.numpy(), target_labels=target.labels.numpy(),
+        train_data=train, target_data=target, chunks_computed=computed, top_k=top_k, full=full,
+    )
+
+
+def _open_store(cfg: Config, path: Any, train: Any) -> Store:
+    """The config's store: an existing one whose train data is ``train``, or a new one for the unrolled scores.
+
+    Raises:
+        StoreMismatchError: an existing store of other train data.
+    """
+    fp = train.fingerprint()
+    if (Path(str(path)) / "zarr.json").exists():
+        store = Store.open_existing(path)
+        if store.identity and store.identity.get("train_data") != fp:
+            raise StoreMismatchError(
+                f"the store {path} holds features of other train data than data.train; score.method: unroll writes "
+                "its scores beside them only for the same data: set another store.path"
+            )
+        return store
+    identity = {"method": "unroll", "model": cfg.model.model_dump(mode="json"), "task": cfg.task, "train_data": fp}
+    layout = StoreLayout(n_train=len(train), proj_dim=1, chunk_rows=cfg.store.chunk_rows, dtype="float32",
+                         compressor=cfg.store.compressor)
+    return Store.create_or_check(path, identity, cfg.resolved(), layout)
+
+
+def _unroller(cfg: Config, manifest_path: Path, entry: dict[str, Any], checkpoint: Path, train: Any,
+              device: torch.device, reporter: Reporter) -> tuple[Unroller, torch.Tensor | None]:
+    """One model's :class:`Unroller` (its record checked against its checkpoint) and its subset (or None).
+
+    Raises:
+        CheckpointError: no replay record, or one whose replay does not reproduce the checkpoint.
+    """
+    from trakcli.models.build import build_model
+    from trakcli.models.checkpoints import read_state_dict
+
+    i = entry["model_id"]
+    what = f"model {i} ({checkpoint})"
+    if not entry.get("replay"):
+        raise no_record(what, "its manifest entry lists no replay record")
+    record = ReplayRecord(manifest_path.parent / entry["replay"], what)
+    subset = entry.get("subset_indices")
+    subset_t = None if subset is None else torch.tensor(subset, dtype=torch.int64)
+    if isinstance(train, TextDataset):
+        rows: Any = DatasetRows(train, subset_t, device)
+    else:
+        x, y = inputs_to(train.inputs, device), train.labels.to(device)
+        rows = TensorRows(x, y) if subset_t is None else TensorRows(index_inputs(x, subset_t.to(device)),
+                                                                       y[subset_t.to(device)])
+    torch.manual_seed(entry.get("seed", 0))
+    model = build_model(cfg.model.entrypoint, **cfg.model.kwargs).to(device)
+    unroller = Unroller(model, rows, record, resolve_task(cfg.task))
+    with reporter.phase(f"{what}: checking that its record replays to the checkpoint …"):
+        final = unroller.final_params()
+        saved = read_state_dict(checkpoint)
+        worst = max(float((final[k].cpu() - saved[k].float()).abs().max() / (saved[k].float().abs().max() + 1e-12))
+                    for k in final)
+    if worst > 1e-3:
+        raise no_record(what, f"its replay record does not reproduce the checkpoint (relative difference "
+                              f"{worst:.2g}): the record is of another training")
+    return unroller, subset_t
+
+
+def _chunk_scores(unrollers: list[tuple[Unroller, torch.Tensor | None]], target: Any, lo: int, hi: int,
+                  n_train: int, device: torch.device, reporter: Reporter) -> np.ndarray:
+    """Scores of targets ``[lo, hi)``: ``−(1/M) Σ_m`` metagradients, ``[hi - lo, n_train]`` float32.
+
+    Raises:
+        GradientError: a non-finite metagradient (names the model and the targets).
+    """
+    x = inputs_to(slice_inputs(target.inputs, lo, hi), device)
+    y = target.labels[lo:hi].to(device)
+    total = torch.zeros(hi - lo, n_train, dtype=torch.float64)
+    for m, (unroller, subset) in enumerate(unrollers):
+        mg = unroller.metagradients(x, y, reporter, description=f"unroll targets {lo}-{hi} model {m}").cpu()
+        if not torch.isfinite(mg).all():
+            raise GradientError(
+                f"model {m}: the metagradients of targets {lo}-{hi} are not finite; the recorded training is "
+                "unstable to differentiate through (lower optimize.lr, or use fewer epochs)"
+            )
+        if subset is None:
+            total += mg.double()
+        else:
+            total[:, subset] += mg.double()
+    return (-total / len(unrollers)).float().numpy()
+
+
+def _write_results(store: Store, rows: Any, exp: str, settings: dict[str, Any], n_target: int, chunk: int,
+                   full: bool, top_k: int | None, reporter: Reporter) -> int:
+    """Write the matrix (``full``) and the top-k from the finished chunks of targets; returns chunks written."""
+    n_chunks = -(-n_target // chunk)
+    matrix = np.concatenate([rows.read("proponent_scores", c, c + 1)[0] for c in range(n_chunks)])[:n_target]
+    written = 0
+    if full:
+        out = store.scores(exp, n_target, settings, repair=True)
+        for c in out.pending():
+            lo, hi = out.rows(c)
+            out.write(c, scores=matrix[:, lo:hi])
+            written += 1
+    if top_k is not None:
+        top = StoredTopK(store, exp, n_target, top_k, create=True)
+        if not top.is_complete():
+            parts = top.parts(create=True)
+            scorer = lambda lo, hi: torch.from_numpy(np.ascontiguousarray(matrix[:, lo:hi]))  # noqa: E731
+            written += top.compute(scorer, parts, Dist(), reporter)
+            written += top.merge(parts)
+            top.drop_parts()
+    return written
