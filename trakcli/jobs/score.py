@@ -231,6 +231,10 @@ def score(
         StoreStaleError: the experiment was scored before train rows were appended, and ``overwrite``
             is not set (names ``trak score CONFIG --overwrite``).
     """
+    if cfg.score.method == "unroll":  # metagradients of the recorded trainings: no features
+        from trakcli.jobs.unroll import unroll_score
+
+        return unroll_score(cfg, overwrite=overwrite, reporter=reporter)
     s = prepare(cfg, need_target=True, rehash=verify, reporter=reporter, train_from_store=True)
     plan = ScorePlan.of(cfg.score, linalg_threads=cfg.linalg_threads,
                         grad_memory_mb=grad_memory_for(cfg.data.grad_memory_mb, s.device))
