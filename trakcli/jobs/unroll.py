@@ -96,7 +96,7 @@ def unroll_score(cfg: Config, *, overwrite: bool = False, reporter: Reporter = N
     top_k = None if cfg.score.top_k is None else min(cfg.score.top_k, n_train)
     entries = manifest["models"][:len(checkpoints)]
     settings = {
-        "method": "unroll", "target_data": target.fingerprint(), "checkpoints": [e["sha256"] for e in entries],
+        "method": "unroll", "target_data": target.fingerprint(), "trained_checkpoints": [e["sha256"] for e in entries],
         "targets_per_replay": chunk, "output": "loss",
     }
     path = cfg.store.location

@@ -1,0 +1,104 @@
+"""`trak optimize` with optimize.replay, then `trak score` with score.method: unroll, through the store:
+the scores equal the Unroller's, the top-k ranks the matrix, a kill -9 resumes to the same store, and
+checkpoints without a record are refused naming the command."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+import yaml
+
+from projects import assert_same_store, kill_at_line
+from projects import invoke as trak
+from trakcli.config import load_config
+from trakcli.tasks import resolve_task
+from trakcli.train import TensorRows
+from trakcli.unroll import ReplayRecord, Unroller
+
+
+def project(**score) -> dict:
+    """user_project (40 train rows, 7 targets) trained by trak optimize with replay; targets 3 per replay."""
+    cfg = yaml.safe_load(Path("run.yaml").read_text())
+    cfg["checkpoints"] = "trained/manifest.json"
+    cfg["num_threads"] = 1
+    cfg["data"]["batch_size"] = 3
+    cfg["optimize"] = {"optimizer": "adamw", "lr": 0.02, "weight_decay": 0.01, "schedule": "cosine", "n_models": 2,
+                       "epochs": 2, "batch_size": 8, "seed": 5, "out_dir": "trained", "replay": True,
+                       "subset_fraction": 0.75}
+    cfg["score"] = {"method": "unroll", "experiment": "unrolled", **score}
+    Path("opt.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return cfg
+
+
+def test_unrolled_scores_through_the_store(user_project):
+    project(top_k=4, full=True)
+    res = trak("optimize", "opt.yaml")
+    assert res.exit_code == 0, res.stderr
+    entries = json.loads(Path("trained/manifest.json").read_text())["models"]
+    assert [e["replay"] for e in entries] == ["replay/model_000", "replay/model_001"]
+    res = trak("score", "opt.yaml")
+    assert res.exit_code == 0, res.stderr
+    from trakcli.store import Store
+
+    store = Store.open_existing("out/attrib.zarr", mode="r")
+    scores, attrs = store.read_scores("unrolled")
+    assert scores.shape == (7, 40) and attrs["method"] == "unroll"
+    # the matrix: minus the mean over both models of each one's metagradients, on its subset's columns
+    cfg = load_config("opt.yaml")
+    data = torch.load("ckpts/data.pt")
+    x, y = data["x_train"], data["y_train"]
+    from trakcli.models.build import build_model
+
+    want = torch.zeros(7, 40, dtype=torch.float64)
+    for e in entries:
+        sub = torch.tensor(e["subset_indices"])
+        torch.manual_seed(0)
+        u = Unroller(build_model(cfg.model.entrypoint, **cfg.model.kwargs), TensorRows(x[sub], y[sub]),
+                     ReplayRecord(Path("trained") / e["replay"]), resolve_task("classification"))
+        want[:, sub] -= u.metagradients(data["x_target"], data["y_target"]).double() / 2
+    np.testing.assert_allclose(scores, want.numpy(), rtol=1e-5, atol=1e-7 * float(want.abs().max()))
+    assert (scores == 0).sum() > 0  # rows outside both subsets
+    top = store.read("scores/unrolled/top_k/proponents")
+    np.testing.assert_array_equal(top[:, 0], scores.argmax(1))
+    assert "unroll_rows" not in store.root["scores/unrolled"]  # the chunks are dropped once written
+
+
+def test_kill_9_resumes_to_the_same_store(user_project, monkeypatch):
+    project()
+    assert trak("optimize", "opt.yaml").exit_code == 0
+    res = trak("score", "opt.yaml")
+    assert res.exit_code == 0, res.stderr
+    shutil.move("out/attrib.zarr", "whole.zarr")
+    kill_at_line(Path.cwd(), ["score", "opt.yaml"], Path("events.log"), "done unroll 1")
+    assert "done unroll 1" in Path("events.log").read_text()
+    assert Path("out/attrib.zarr/scores/unrolled/unroll_rows").is_dir()  # killed before the matrix
+    Path("events.log").unlink()
+    monkeypatch.setenv("TRAK_EVENT_LOG", str(Path("events.log").resolve()))
+    res = trak("score", "opt.yaml")
+    assert res.exit_code == 0, res.stderr
+    log = Path("events.log").read_text()
+    assert "start unroll 0" not in log and "start unroll 1" not in log and "start unroll 2" in log
+    assert_same_store(Path("whole.zarr"), Path("out/attrib.zarr"))
+
+
+def test_checkpoints_without_a_record_are_refused_with_the_command(user_project):
+    cfg = project()
+    cfg["checkpoints"] = "ckpts/model_*.pt"
+    Path("glob.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    res = trak("score", "glob.yaml")
+    assert res.exit_code == 1
+    assert "optimize.replay=true" in res.stderr and "manifest.json" in res.stderr
+    cfg["checkpoints"] = "trained/manifest.json"
+    cfg["optimize"]["replay"] = False
+    Path("plain.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    assert trak("optimize", "plain.yaml").exit_code == 0
+    res = trak("score", "plain.yaml")
+    assert res.exit_code == 1 and "model 0" in res.stderr and "optimize.replay=true" in res.stderr
+    cfg["optimize"].update(replay=True, projection={"mode": "global", "proj_dim": 8})
+    Path("proj.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    res = trak("optimize", "proj.yaml")
+    assert res.exit_code == 1 and "optimize.projection" in res.stderr
