@@ -6,6 +6,7 @@ Every import counts, module-level or inside a function: a lazy import is still a
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -142,3 +143,39 @@ def test_the_tests_mirror_the_package_with_one_helper_module():
         if mod.split(".")[0].startswith(("test_", "conftest"))
     )
     assert importing_tests == [], "a test module imports another test module or conftest: share through projects.py"
+
+
+def _map_entries() -> dict[str, set[str]]:
+    """The architecture map of docs/development.md: folder (``""`` for the top level) -> the module files it names."""
+    text = (PKG.parent / "docs" / "development.md").read_text()
+    block = text[text.index("```\ntrakcli/\n") + len("```\ntrakcli/\n"):]
+    block = block[: block.index("```")]
+    entries: dict[str, set[str]] = {"": set()}
+    current = ""
+    for line in block.splitlines():
+        folder = re.match(r"^  (\w+)/(\s|$)", line)
+        top = re.match(r"^  (\w+\.py)\b", line)
+        if folder:
+            current = folder.group(1)
+            entries.setdefault(current, set())
+        elif top:
+            current = ""
+            entries[""].add(top.group(1))
+        if not top:  # a folder's lines name its modules
+            entries[current].update(re.findall(r"\b(\w+\.py)\b", line))
+    return entries
+
+
+def test_the_map_in_development_md_names_every_module():
+    entries = _map_entries()
+    missing = []
+    for path in sorted(PKG.rglob("*.py")):
+        rel = path.relative_to(PKG)
+        folder = rel.parent.as_posix() if rel.parent != Path(".") else ""
+        if "__pycache__" in rel.parts or (folder and rel.name == "__init__.py" and folder in entries):
+            continue  # a package's __init__ is named by its folder's line
+        if rel.name not in entries.get(folder, set()):
+            missing.append(rel.as_posix())
+    assert missing == [], f"docs/development.md's map does not name {missing}"
+    named_folders = {f for f in entries if f}
+    assert named_folders == {p.name for p in PKG.iterdir() if p.is_dir() and (p / "__init__.py").exists()}

@@ -397,7 +397,7 @@ class Attributor:
     ) -> TopK:
         """Per target, the ``k`` highest- and lowest-scoring train rows, as ``trak score`` with ``score.top_k``.
 
-        One streamed pass over the stored train features (:mod:`trakcli.jobs.topk`): memory does not
+        One streamed pass over the stored train features (:mod:`trakcli.topk`): memory does not
         grow with n_train, and the dense ``[n_target, n_train]`` matrix is neither formed nor stored
         unless ``full``.
 

@@ -154,7 +154,7 @@ def test_print_config_shows_resolved_overrides(user_project):
          "40 inputs but 7 labels; 'x_train' and 'y_target' must have the same number of rows"),
         (["featurize", "run.yaml", "data.train.inputs=x_wide"], 1, "the model cannot take inputs of shape [5] per example"),
         (["score", "run.yaml", "data.target.inputs=x_wide", "data.target.labels=y_train"], 1,
-         "data.target inputs have shape [5] per example"),
+         "data.target inputs have shape [5] (float32) per example but the train inputs have [6] (float32)"),
     ],
 )
 def test_bad_input_exit_codes_and_messages(user_project, args, code, message):

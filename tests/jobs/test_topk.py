@@ -15,7 +15,7 @@ import torch
 import zarr
 
 from projects import N_TRAIN, assert_same_store, free_port, kill_at, make_project, run
-from trakcli.jobs.topk import segments
+from trakcli.topk import segments
 
 K = 7
 

@@ -1,4 +1,4 @@
-"""Two-stage top-k over int8 / binary codes (trakcli.jobs.topk): the store's layout, exactness when the
+"""Two-stage top-k over int8 / binary codes (trakcli.topk): the store's layout, exactness when the
 candidates cover every row, the recall each run measures and records, kill and resume, torchrun, bad config;
 the filtered running top-k and the candidate pairs of the re-ranking against their plain equivalents."""
 
@@ -12,6 +12,8 @@ import sys
 import numpy as np
 import pytest
 import zarr
+
+from trakcli.topk import StoredTopK
 
 from projects import N_TRAIN, assert_same_store, free_port, kill_at, make_project, run
 from trakcli.store.quantize import decode
@@ -196,7 +198,7 @@ def _as_sets(values, indices):
 def test_filtered_running_top_k_keeps_what_a_topk_of_every_column_keeps(largest):
     import torch
 
-    from trakcli.jobs.topk import FILTER_GROUP, SEED_STRIDE, merge_top_k_filtered
+    from trakcli.topk.stream import FILTER_GROUP, SEED_STRIDE, merge_top_k_filtered
     from trakcli.scoring import merge_top_k
 
     k = 20
@@ -224,7 +226,7 @@ def test_filtered_running_top_k_keeps_what_a_topk_of_every_column_keeps(largest)
 def test_candidate_pairs_of_a_block_are_its_rows_and_nothing_else():
     import torch
 
-    from trakcli.jobs.topk import _CandidatePairs
+    from trakcli.topk.stream import _CandidatePairs
 
     g = torch.Generator().manual_seed(1)
     cand = [torch.randint(0, 1000, (5, 9), generator=g), torch.randint(0, 1000, (5, 9), generator=g)]
@@ -244,7 +246,7 @@ def test_candidate_pairs_of_a_block_are_its_rows_and_nothing_else():
 def test_running_top_k_keeps_what_a_topk_of_every_row_keeps(largest):
     import torch
 
-    from trakcli.jobs.topk import FILTER_GROUP, RunningTopK
+    from trakcli.topk.stream import FILTER_GROUP, RunningTopK
     from trakcli.scoring import merge_top_k
 
     k, n = 15, 7
@@ -269,7 +271,7 @@ def test_running_top_k_keeps_what_a_topk_of_every_row_keeps(largest):
 def test_segments_filtered_by_the_kth_best_of_those_before_merge_to_the_top_k_of_every_row(largest):
     import torch
 
-    from trakcli.jobs.topk import FILTER_GROUP, RunningTopK, _KthBest, _merge_parts
+    from trakcli.topk.stream import FILTER_GROUP, RunningTopK, _KthBest, _merge_parts
     from trakcli.scoring import merge_top_k
 
     k, n = 12, 5
@@ -355,7 +357,7 @@ def test_a_corrupt_candidate_row_is_reported_and_featurize_verify_repairs_it(tmp
 
 
 def test_recall_over_a_sample_of_the_rows_is_estimated_and_says_so(project, monkeypatch):
-    import trakcli.jobs.topk as topk
+    import trakcli.topk.plan as topk
 
     monkeypatch.setattr(topk, "RECALL_ROWS", 150)  # 3 of the 8 segments (the last holds 40 rows)
     segs = topk.segments(N_TRAIN, 40, topk.TWO_STAGE_SEGMENT_ROWS)
@@ -416,7 +418,7 @@ def test_a_store_without_row_checksums_reads_its_candidates_by_chunks(project, t
 
 def _small_blocks(monkeypatch):
     """One-pass blocks of one chunk, so that the test store (8 chunks) has blocks to sample a floor from."""
-    import trakcli.jobs.topk as topk
+    import trakcli.topk.plan as topk
 
     monkeypatch.setattr(topk, "APPROX_BLOCK_BYTES", 1)  # block_rows() rounds up to one chunk
     monkeypatch.setattr(topk, "SEED_STRIDE_BLOCKS", 2)
@@ -427,8 +429,8 @@ def _small_blocks(monkeypatch):
 def test_the_sampled_floor_of_the_one_pass_leaves_the_top_k_unchanged(project, monkeypatch):
     topk = _small_blocks(monkeypatch)
     seeds = []
-    real = topk.StoredTopK._seed_floors
-    monkeypatch.setattr(topk.StoredTopK, "_seed_floors", lambda self, s: seeds.append(real(self, s)) or seeds[-1])
+    real = StoredTopK._seed_floors
+    monkeypatch.setattr(StoredTopK, "_seed_floors", lambda self, s: seeds.append(real(self, s)) or seeds[-1])
     args = ["run.yaml", *_dtype("int8"), "score.top_k=1", "score.rerank=scan", "score.show_targets=0"]
     assert run(project, "score", *args, "score.experiment=seeded").returncode == 0
     assert seeds and all(f is not None for f in seeds[0])  # K' = 2: a floor from 4 sampled chunks of 8
@@ -451,12 +453,12 @@ def test_a_floor_above_a_targets_kth_best_is_found_and_the_pass_runs_again_witho
     too_high = torch.full((full.shape[0],), -1e30)
     too_high[0] = 1e30
     low = torch.full((full.shape[0],), 1e30)
-    monkeypatch.setattr(topk.StoredTopK, "_seed_floors", lambda self, s: [too_high, low])
+    monkeypatch.setattr(StoredTopK, "_seed_floors", lambda self, s: [too_high, low])
     args = ["run.yaml", *_dtype("int8"), f"score.top_k={K}", "score.rerank=scan", "score.show_targets=0"]
     res = run(project, "score", *args, "score.experiment=bad_floor")
     assert res.returncode == 0, res.stderr
     assert "scanning again without it" in res.stderr
-    monkeypatch.setattr(topk.StoredTopK, "_seed_floors", lambda self, s: [None, None])
+    monkeypatch.setattr(StoredTopK, "_seed_floors", lambda self, s: [None, None])
     assert run(project, "score", *args, "score.experiment=no_floor").returncode == 0
     a, _ = _top(project, "int8", "bad_floor")
     b, _ = _top(project, "int8", "no_floor")
@@ -465,7 +467,7 @@ def test_a_floor_above_a_targets_kth_best_is_found_and_the_pass_runs_again_witho
 
 
 def test_auto_scans_a_local_store_and_an_object_store_only_when_candidates_fill_its_chunks():
-    from trakcli.jobs.topk import SCAN_PAIRS_PER_CHUNK, TwoStage, rerank_mode
+    from trakcli.topk.plan import SCAN_PAIRS_PER_CHUNK, TwoStage, rerank_mode
 
     n_train, chunk_rows = 10_000_000, 512  # 19,532 chunks
     assert rerank_mode(5, 200, n_train, chunk_rows, local=True) == "scan"

@@ -42,7 +42,7 @@ class ScorePlan:
         full: whether the full ``[n_target, n_train]`` matrix is stored (``score.full``; unset: when ``top_k`` is None).
         normalize: ``score.normalize``: None (TRAK's scores) or ``"unit"`` (cosines).
         per_token: ``score.per_token``.
-        rescore_multiplier, recall_queries, rerank: the two-stage top-k's settings (:mod:`trakcli.jobs.topk`).
+        rescore_multiplier, recall_queries, rerank: the two-stage top-k's settings (:mod:`trakcli.topk`).
         linalg_threads: torch threads of the kernels and score products (None: the runtime's default).
         grad_memory_mb: memory of the exact curvature scores' per-layer query gradients (resolved for the device).
         curvature: the features are whitened by a curvature (``curvature.kind`` kfac or ekfac): no kernel,

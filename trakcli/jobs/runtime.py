@@ -6,7 +6,6 @@ uses, so `trak eval`'s worker processes and the jobs share it.
 
 from __future__ import annotations
 
-import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,22 +15,11 @@ import torch
 
 from trakcli.distributed import Dist
 from trakcli.errors import ConfigError
+from trakcli.files import event  # noqa: F401  (the jobs' events: trakcli.files.event)
 from trakcli.progress import Reporter
 from trakcli.store import Store, StoreLock
 from trakcli.store.hashes import HashCache
 from trakcli.store.location import store_location
-
-
-def event(message: str) -> None:
-    """Append a line to the file named by ``$TRAK_EVENT_LOG``, if set (how the kill-and-resume tests count work).
-
-    Jobs write ``start <what> <model_id> <chunk>`` before and ``done ...`` after
-    each unit of work; without the variable this does nothing.
-    """
-    path = os.environ.get("TRAK_EVENT_LOG")
-    if path:
-        with open(path, "a") as f:
-            f.write(message + "\n")
 
 
 def resolve_device(name: str, dist: Dist | None = None) -> torch.device:

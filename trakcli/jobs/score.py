@@ -8,7 +8,6 @@ attributes.
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -30,20 +29,16 @@ from trakcli.jobs.kernels import finalize_kernels, kernel_of, report_notes
 from trakcli.jobs.runtime import ChunkWriter, event, grad_memory_for, locked_store, torch_threads
 from trakcli.jobs.setup import JobSetup, prepare
 from trakcli.progress import NULL_REPORTER, Reporter
-from trakcli.jobs.topk import StoredTopK, TwoStage
-from trakcli.scoring import (
-    DUAL, cosine_term, dual_target_sq_norms, ensemble_block, kernel_form, kernel_sq_norms, score_block,
-    target_weights,
-)
+from trakcli.scoring import DUAL, kernel_form
 from trakcli.store import ChunkedRows, Store, StoreCorruptError, check_same
 from trakcli.store.append import stale_error
-from trakcli.store.bfloat16 import from_bits, is_bfloat16
 from trakcli.store.curvature import drop_exact_rows
-from trakcli.store.chunkread import aligned_empty, chunk_files
 from trakcli.store.kernel import kernel_nbytes, read_kernel
-from trakcli.store.quantize import is_quantized, signs
+from trakcli.store.quantize import is_quantized
 from trakcli.store.store import TOP_K_ARRAYS
 from trakcli.tasks import resolve_task
+from trakcli.topk import StoredTopK, TwoStage
+from trakcli.topk.features import FeatureScores
 
 
 @dataclass
@@ -63,11 +58,11 @@ class ScoreResult:
         per_token: whether the per-token scores of the top-k are in the store (``score.per_token``).
         train_data, target_data: the datasets the run read (``train_data`` a
             :class:`~trakcli.data.stored.StoredRows` when the train file is gone), or None.
-        two_stage: for a two-stage top-k (``store.dtype`` int8 or binary, :mod:`trakcli.jobs.topk`): its
+        two_stage: for a two-stage top-k (``store.dtype`` int8 or binary, :mod:`trakcli.topk`): its
             settings (``codes``, ``rescore_multiplier``, ``recall_queries``), ``k``, ``n_queries``, the
             fraction of train rows the recall was measured over (``rows_measured``; 1.0: exact) and the
             measured ``recall`` ``{"proponents": r, "opponents": r}`` (recall@k against the exact top-k of the
-            sampled targets, :meth:`trakcli.jobs.topk.StoredTopK.recall`); else None.
+            sampled targets, :meth:`trakcli.topk.StoredTopK.recall`); else None.
     """
 
     store: Path
@@ -433,7 +428,7 @@ def _featurize_targets(s: JobSetup, store: Store, plan: ScorePlan, target: Tenso
 
 def _two_stage_plan(store: Store, s: JobSetup, plan: ScorePlan, n_target: int, reporter: Reporter,
                     train: ChunkedRows) -> TwoStage | None:
-    """The two-stage top-k of this run (:mod:`trakcli.jobs.topk`), or None: when the store has codes
+    """The two-stage top-k of this run (:mod:`trakcli.topk`), or None: when the store has codes
     (``store.dtype`` int8 or binary) and the top-k is streamed with TRAK's scores and primal kernels.
 
     Otherwise, on a store with codes, one info line says why the top-k comes from the exact streamed
@@ -453,7 +448,7 @@ def _two_stage_plan(store: Store, s: JobSetup, plan: ScorePlan, n_target: int, r
         reporter.info(f"two-stage top-k not used ({why}); the top-k comes from the exact pass over the bfloat16 copy")
         return None
     return TwoStage.of(codes, plan.rescore_multiplier, plan.recall_queries, n_target, plan.top_k, layout.n_train,
-                       layout.chunk_rows, plan.rerank, chunk_files(train.data["features"]) is not None,
+                       layout.chunk_rows, plan.rerank, train.reads_chunk_files("features"),
                        layout.proj_dim)
 
 
@@ -510,7 +505,7 @@ def finalize_and_score(
     A rank with no pending block computes no weights.
 
     With ``top``, the K highest and lowest scores per target are found in one streamed
-    pass (:mod:`trakcli.jobs.topk`), from the score matrix when ``out`` is given (after
+    pass (:mod:`trakcli.topk`), from the score matrix when ``out`` is given (after
     it is finished), else from the blocks as they are computed. With ``plan.normalize``
     ``"unit"`` the scores are the mean over checkpoints of the cosines in the kernel's
     space (:mod:`trakcli.scoring`, TrackStar), without Q. With ``plan.curvature`` there is no kernel:
@@ -599,7 +594,7 @@ def _finalize_and_score(
             parts = top.parts(create=False)
             cands = top.candidate_parts(create=False) if two_stage else None
     segs = parts.pending(dist.rank, dist.world_size) if parts is not None and out is None else []
-    scorer: Any = _BlockScores(train_rows, plan.unit)
+    scorer: Any = FeatureScores(train_rows, plan.unit)
     if exact is not None and (pending or segs):
         scorer = exact()
     lambdas = []
@@ -652,7 +647,7 @@ def _exact_two_stage(store: Store, train_rows: list[ChunkedRows], target_rows: l
     with its recall; returns the target chunks written."""
     written = 0
     if dist.is_main and not top.is_complete():
-        approx = _BlockScores(train_rows, False)
+        approx = FeatureScores(train_rows, False)
         for model_id in range(len(train_rows)):  # the stored features' own inner products, no kernel
             approx.add(model_id, None, 0.0, _target_features(target_rows[model_id], kept[model_id]))
         layout = store.layout
@@ -665,282 +660,3 @@ def _exact_two_stage(store: Store, train_rows: list[ChunkedRows], target_rows: l
             written += 1
     dist.barrier()
     return written
-
-
-def _as_tensor(arr: np.ndarray) -> torch.Tensor:
-    """A stored feature array as a torch tensor: bfloat16 bits (uint16) viewed as ``torch.bfloat16`` (no copy),
-    anything else as float32."""
-    if arr.dtype == np.uint16:
-        return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(arr.astype(np.float32, copy=False))
-
-
-class _BlockScores:
-    """The ensembled scores of every target against a block of train rows, ``(lo, hi) -> [n_target, hi - lo]``.
-
-    TRAK's (:func:`~trakcli.scoring.score_block`: float32 products ``W_m Φ_m[block]ᵀ`` of float64
-    solves, times the mean Q), or with ``unit`` the mean over checkpoints of the cosines in each
-    kernel's space (:func:`~trakcli.scoring.cosine_term`). A dual checkpoint's term ``Φ_m(targets) X_mᵀ``
-    is one float32 product for all columns (summed over checkpoints in float64, ``[n_target, n_train]``).
-    """
-
-    def __init__(self, train_rows: list[ChunkedRows], unit: bool):
-        self.train_rows, self.unit = train_rows, unit
-        self.weights: list[torch.Tensor] = []  # per primal checkpoint: W_m [n_target, proj_dim] float32
-        self.primal: list[tuple[ChunkedRows, torch.Tensor, torch.Tensor]] = []  # rows, factor, target norms²
-        self.dual_total: torch.Tensor | None = None
-        # two-stage top-k, made on first use: per primal checkpoint the int8 target weights with their
-        # per-target scales
-        self._qweights: list[tuple[torch.Tensor, torch.Tensor]] | None = None
-        # APPROX_BUFFERS (float32 output, int32 product, float32 term) [rows, n_target], reused in turn
-        self._approx_out: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
-        self._approx_turn = 0
-        self._local = threading.local()  # per thread: the chunk-file readers of :meth:`_read`
-        self._buffers: dict[tuple[int, str], list[np.ndarray | None]] = {}  # :meth:`_read`'s reused buffers
-
-    def add(self, model_id: int, kernel: torch.Tensor | None, lam: float, phi_t: torch.Tensor) -> None:
-        """Add checkpoint ``model_id``: its kernel (primal factor, dual X, or None: no kernel), ridge and target features."""
-        rows = self.train_rows[model_id]
-        if kernel is None:  # the features' own inner products (curvature kfac / ekfac)
-            t_sq = phi_t.double().square().sum(1) if self.unit else torch.empty(0)
-            self.weights.append(phi_t)
-            self.primal.append((rows, None, t_sq))
-            return
-        if kernel.shape[0] == kernel.shape[1]:  # PRIMAL ([proj_dim, proj_dim]; the dual's X has n_train < proj_dim rows): Cholesky of ΦᵀΦ + λI
-            w = target_weights(kernel, phi_t, dtype=torch.float32)
-            self.weights.append(w)
-            t_sq = (w.double() * phi_t.double()).sum(1) if self.unit else torch.empty(0)
-            self.primal.append((rows, kernel, t_sq))
-            return
-        # DUAL: X_m = (Φ_mΦ_mᵀ + λI)⁻¹Φ_m [n_train, proj_dim], n_train < proj_dim; the term Φ_t X_mᵀ
-        term = phi_t @ kernel.T  # float32, as the primal products
-        if self.unit:
-            phi = torch.from_numpy(rows.read("features", 0, rows.n_rows).astype(np.float32, copy=False))
-            z_sq = (phi.double() * kernel.double()).sum(1)  # φᵀAφ = φ · X_i
-            term = cosine_term(term.double(), dual_target_sq_norms(phi_t, term, phi, lam), z_sq)
-        self.dual_total = term.double() if self.dual_total is None else self.dual_total.add_(term)
-
-    # -- two-stage top-k (trakcli.jobs.topk.TwoStageScores) over int8 / binary codes --------------------------
-
-    def _read(self, rows: ChunkedRows, name: str, lo: int, hi: int, raw: bool = False,
-              slot: int | None = None) -> np.ndarray:
-        """Entries ``lo .. hi`` (whole chunks) of array ``name`` of ``rows``, checked: straight from the chunk files
-        where the store keeps them so (:mod:`trakcli.store.chunkread`: a local store; each thread its own
-        reader), else through zarr (:meth:`~trakcli.store.rows.ChunkedRows.read`). With ``raw`` a bfloat16 array
-        gives its stored uint16 bits (through zarr: decoded, float32). With ``slot``, read from the chunk files
-        into the reused buffer ``slot`` of the array (:data:`SCAN_SLOTS` of them: a block's buffers are reused
-        by a block that many reads later; fresh ones cost a page fault per 4 KiB each time)."""
-        files = self._local.__dict__.setdefault("files", {})
-        key = (id(rows), name)
-        if key not in files:
-            files[key] = chunk_files(rows.data[name])
-        reader = files[key]
-        if reader is None:
-            return rows.read(name, lo, hi)
-        shape = (hi - lo, *rows.data[name].shape[1:])
-        if slot is None:
-            out = np.empty(shape, dtype=reader.dtype)
-        else:
-            ring = self._buffers.setdefault(key, [None] * self.SCAN_SLOTS)
-            if ring[slot] is None or ring[slot].shape[0] < shape[0]:
-                ring[slot] = aligned_empty(shape, reader.dtype)  # whole chunks are read straight into it
-            out = ring[slot][: shape[0]]
-        reader.read(lo, hi, out)
-        if not raw and is_bfloat16(rows.data[name]):
-            return from_bits(out)
-        return out
-
-    def _mean_q(self, lo: int, hi: int, slot: int | None = None) -> torch.Tensor:
-        """``[hi - lo]`` float32 mean out-to-loss over checkpoints (averaged in float64, as :func:`ensemble_block`).
-
-        Read with each block, in the thread that reads the block: a per-row array of 512-row chunks costs
-        zarr about 0.35 ms a chunk (7 s for 10^7 rows, measured), which a read of every row before the first
-        block would add to the run, and which a block's read overlaps with the product of the block before.
-        """
-        rows = self.train_rows
-        q = sum(self._read(r, "out_to_loss", lo, hi, slot=slot).astype(np.float64) for r in rows) / len(rows)
-        return torch.from_numpy(np.asarray(q, dtype=np.float32))
-
-    def _quantized_weights(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per primal checkpoint ``(ŵ [n_target, proj_dim] int8, s_t [n_target] float32)``: the target weights
-        ``W_m`` rounded with a per-target scale ``s_t = max|W_m[t]| / 127`` (made on first use)."""
-        if self._qweights is None:  # threads may race here: each makes the same list, one is kept
-            made = []
-            for w in self.weights:  # [n_target, proj_dim] float32
-                s_t = w.abs().amax(1) / 127
-                safe = torch.where(s_t > 0, s_t, torch.ones_like(s_t))
-                wq = torch.round(w / safe[:, None]).clamp_(-127, 127).to(torch.int8)  # [n_target, proj_dim]
-                made.append((wq, s_t))
-            self._qweights = made
-        return self._qweights
-
-    def read_codes(self, lo: int, hi: int, slot: int | None = None
-                   ) -> tuple[list[np.ndarray], list[np.ndarray], torch.Tensor]:
-        """What :meth:`product` needs of train rows ``lo .. hi`` (whole chunks): per primal checkpoint the codes
-        ``[rows, proj_dim]`` int8 (±1 for binary) and the row scales ``[rows]`` float32, and the ``[rows]`` mean Q
-        (``slot``: :meth:`_read`)."""
-        proj_dim = self.weights[0].shape[1]
-        codes = [signs(rows.code_dtype, self._read(rows, "codes", lo, hi, slot=slot), proj_dim)
-                 for rows, _, _ in self.primal]
-        scales = [self._read(rows, "scale", lo, hi, slot=slot).astype(np.float32, copy=False)
-                  for rows, _, _ in self.primal]
-        return codes, scales, self._mean_q(lo, hi, slot)
-
-    def approx(self, lo: int, hi: int) -> torch.Tensor:
-        """Approximate scores ``[hi - lo, n_target]`` float32 (train rows first) from the codes
-        (:mod:`trakcli.store.quantize`): :meth:`product` of :meth:`read_codes`."""
-        return self.product(*self.read_codes(lo, hi))
-
-    def product(self, codes: list[np.ndarray], scales: list[np.ndarray], q: torch.Tensor,
-                slot: int | None = None) -> torch.Tensor:
-        """Approximate scores ``[rows, n_target]`` float32 (train rows first) from :meth:`read_codes`.
-
-        Per checkpoint, ``W_m φ_i ≈ s_t s_i · (ŵ_t · c_i)``: the target weights ``W_m`` rounded to int8 with a
-        per-target scale ``s_t = max|W_m[t]| / 127``, the row's codes ``c_i`` (int8, or ±1 for binary) and scale
-        ``s_i``; the int8 product is exact in int32 (``torch._int_mm``). Summed over checkpoints, times the
-        mean Q of the row, as :func:`~trakcli.scoring.score_block`. The product is ``codes · ŵᵀ`` with the codes
-        as stored: on AVX-512 VNNI, 770 against 610 GOPS for ``ŵ · codesᵀ`` (1,000 targets, 4,096 rows, measured).
-
-        With one checkpoint the scores are left divided by ``s_t`` (``s_i Q_i · (ŵ_t · c_i)``: one pass over the
-        block fewer): a positive factor per target, which orders each target's rows as the scores do; the
-        candidates, their thresholds and their merge across segments all stay in these units.
-        The block returned is one of :data:`APPROX_BUFFERS` reused ones: valid until the call after the next;
-        with ``slot`` (:meth:`scan_read`'s, products computed in several threads at once), buffer ``slot``.
-        """
-        qweights = self._quantized_weights()
-        n, n_target = len(q), qweights[0][0].shape[0]
-        if slot is None:
-            if not self._approx_out or self._approx_out[0][0].shape[0] < n:
-                self._approx_out = [self._product_buffers(n, n_target) for _ in range(self.APPROX_BUFFERS)]
-            acc, prod, tmp = (t[:n] for t in self._approx_out[self._approx_turn])
-            self._approx_turn = (self._approx_turn + 1) % self.APPROX_BUFFERS
-        else:  # the output in the slot's buffer, the int32 product and the term in the thread's own
-            ring = self._buffers.setdefault((0, "approx"), [None] * self.SCAN_SLOTS)
-            if ring[slot] is None or ring[slot].shape[0] < n:
-                ring[slot] = torch.empty(n, n_target)
-            own = self._local.__dict__.get("product")
-            if own is None or own[0].shape[0] < n:
-                own = self._local.product = self._product_buffers(n, n_target)
-            acc, (prod, tmp) = ring[slot][:n], (t[:n] for t in own[1:])
-        for m, ((wq, s_t), c, scale) in enumerate(zip(qweights, codes, scales)):
-            torch._int_mm(torch.from_numpy(c), wq.T, out=prod)  # [rows, n_target] int32
-            term = acc if m == 0 else tmp
-            torch.mul(prod, (torch.from_numpy(scale) * q)[:, None], out=term)  # float32
-            if len(qweights) > 1:
-                term.mul_(s_t[None, :])
-            if m:
-                acc.add_(term)
-        return acc
-
-    @staticmethod
-    def _product_buffers(n: int, n_target: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The output, the int32 product and a float32 term of :meth:`product` for ``n`` rows."""
-        return torch.empty(n, n_target), torch.empty(n, n_target, dtype=torch.int32), torch.empty(n, n_target)
-
-    #: Output blocks of :meth:`approx` used in turn: a block stays valid until the call after the next
-    #: (the caller filters one block while the next is computed). Reusing them keeps the process's memory
-    #: flat: fresh 16 MB blocks, allocated in the reading thread and freed in the filtering one, take the
-    #: candidate pass's peak RSS at 10^7 rows to 3.0 GiB against 1.6 GiB (measured).
-    APPROX_BUFFERS = 3
-
-    def gather(self, rows: np.ndarray) -> tuple[list[torch.Tensor], torch.Tensor]:
-        """The float copy of train rows ``rows`` (int64, sorted, unique) for :meth:`pairs`: per checkpoint
-        ``[len(rows), proj_dim]``, read row by row where the store allows
-        (:meth:`~trakcli.store.rows.ChunkedRows.read_rows`), kept as stored (torch bfloat16: 2 bytes a feature,
-        converted by :meth:`pairs` as it gathers), and their ``[len(rows)]`` float32 mean Q."""
-        feats = [_as_tensor(r.read_rows("features", rows, decode=False)) for r, _, _ in self.primal]
-        if not len(rows):
-            return feats, torch.zeros(0)
-        lo = int(rows[0])
-        return feats, self._mean_q(lo, int(rows[-1]) + 1)[torch.from_numpy(rows - lo)]
-
-    def load(self, lo: int, hi: int) -> tuple[list[torch.Tensor], torch.Tensor]:
-        """The float copy of train rows ``lo .. hi``: per checkpoint ``[rows, proj_dim]`` float32 (bfloat16 as stored,
-        converted once here for both :meth:`pairs` and :meth:`rows`), and the ``[rows]`` float32 mean Q."""
-        feats = [torch.from_numpy(rows.read("features", lo, hi).astype(np.float32, copy=False))
-                 for rows, _, _ in self.primal]
-        return feats, self._mean_q(lo, hi)
-
-    #: Buffers of each array that :meth:`scan_read` reads in turn (the ``i``-th read of a pass uses buffer
-    #: ``i mod SCAN_SLOTS``): more than the blocks held at once by the reads ahead, the products and the caller
-    #: (:func:`trakcli.jobs.topk._pipeline`: its ``depth + workers + 1``, 7).
-    SCAN_SLOTS = 8
-
-    def scan_read(self, lo: int, hi: int, slot: int | None = None
-                  ) -> tuple[tuple[list[np.ndarray], list[np.ndarray], torch.Tensor], Any]:
-        """Everything a one-pass two-stage top-k needs of train rows ``lo .. hi`` (whole chunks), read only (a
-        thread reads the next blocks while the product of this one is computed): :meth:`read_codes`, and the
-        float copy as :meth:`load` gives it, bfloat16 kept as stored (torch bfloat16; :meth:`pairs` and
-        :meth:`rows` convert what they use). ``slot``: :meth:`_read`'s reused buffers."""
-        slot = None if slot is None else slot % self.SCAN_SLOTS
-        codes = self.read_codes(lo, hi, slot)
-        feats = [_as_tensor(self._read(rows, "features", lo, hi, raw=True, slot=slot)) for rows, _, _ in self.primal]
-        return (*codes, slot), (feats, codes[2])
-
-    def scan_product(self, read: tuple[tuple[list[np.ndarray], list[np.ndarray], torch.Tensor], Any]
-                     ) -> tuple[torch.Tensor, Any]:
-        """``(approximate scores [rows, n_target], float copy)`` of a :meth:`scan_read` (:meth:`product`)."""
-        codes, floats = read
-        return self.product(*codes), floats
-
-    #: Pairs scored at once by :meth:`pairs` (their gathered rows: ``PAIR_GROUP · proj_dim`` float32).
-    PAIR_GROUP = 8192
-
-    def pairs(self, block: tuple[list[torch.Tensor], torch.Tensor], targets: torch.Tensor,
-              rows: torch.Tensor) -> torch.Tensor:
-        """Exact scores ``[p]`` float32 of target ``targets[j]`` against row ``rows[j]`` of ``block``, pair by pair.
-
-        ``[(1/M) Σ_m W_m[t] · Φ_m[i]] · Q̄_i``, the formula of :func:`~trakcli.scoring.score_block` for one
-        pair: the rows and the target weights are gathered (``index_select``)
-        and multiplied entry by entry and summed (float32), :data:`PAIR_GROUP` pairs at a time: only the pairs
-        asked for, not the block's product.
-
-        Args:
-            block: :meth:`load`'s or :meth:`gather`'s float copy of rows (float32 or bfloat16, converted to
-                float32 as they are gathered).
-            targets: ``[p]`` int64 target indices.
-            rows: ``[p]`` int64 row indices within the block.
-        """
-        feats, q = block
-        out = torch.empty(len(rows), dtype=torch.float32)
-        for g in range(0, len(rows), self.PAIR_GROUP):
-            r, t = rows[g : g + self.PAIR_GROUP], targets[g : g + self.PAIR_GROUP]
-            acc = None
-            for w, f in zip(self.weights, feats):
-                term = f.index_select(0, r).float().mul_(w.index_select(0, t)).sum(1)  # [group]
-                acc = term if acc is None else acc.add_(term)
-            out[g : g + self.PAIR_GROUP] = acc.div_(len(feats)).mul_(q[r])
-        return out
-
-    def rows(self, block: tuple[list[torch.Tensor], torch.Tensor], targets: torch.Tensor) -> torch.Tensor:
-        """Exact scores ``[len(targets), rows]`` float32 of the targets ``targets`` against the whole block."""
-        feats, q = block
-        return score_block([w[targets] for w in self.weights], feats, [q] * len(feats))
-
-    def __call__(self, lo: int, hi: int) -> torch.Tensor:
-        return self.score_read(self.read_block(lo, hi), lo, hi)
-
-    def read_block(self, lo: int, hi: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """The stored rows ``lo .. hi`` that :meth:`score_read` needs: per primal checkpoint its features
-        ``[hi - lo, proj_dim]`` float32, and per checkpoint its out-to-loss ``[hi - lo]`` (none with ``unit``).
-
-        Only reads, so that a background thread reads the next block while this one is scored (on an object
-        store the read is most of a block's time).
-        """
-        feats = [torch.from_numpy(r.read("features", lo, hi).astype(np.float32, copy=False)) for r, _, _ in self.primal]
-        qs = [] if self.unit else [torch.from_numpy(r.read("out_to_loss", lo, hi)) for r in self.train_rows]
-        return feats, qs
-
-    def score_read(self, read: tuple[list[torch.Tensor], list[torch.Tensor]], lo: int, hi: int) -> torch.Tensor:
-        """The scores ``[n_target, hi - lo]`` of rows ``lo .. hi`` from their :meth:`read_block`."""
-        feats, qs = read
-        if self.unit:
-            total = torch.zeros(0) if self.dual_total is None else self.dual_total[:, lo:hi].clone()
-            for w, f, (_, factor, t_sq) in zip(self.weights, feats, self.primal):
-                z_sq = f.double().square().sum(1) if factor is None else kernel_sq_norms(factor, f)
-                term = cosine_term(w @ f.T, t_sq, z_sq).double()
-                total = term if total.numel() == 0 else total.add_(term)
-            return (total / len(self.train_rows)).to(torch.float32)
-        if self.dual_total is None:  # every checkpoint is of one form (kernel_form of n_train and proj_dim)
-            return score_block(self.weights, feats, qs)
-        return ensemble_block(self.dual_total[:, lo:hi], qs)

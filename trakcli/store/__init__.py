@@ -24,7 +24,7 @@ The only part of trakcli that imports zarr. Layout (docs/guides/store.md)::
                                    stale: the train rows it was scored over, once rows were appended)
         scores [n_target, n_train] float32, chunked by train rows (columns);
         done   [n_train_chunks]    one flag per column block
-        top_k/                     attrs: k (score.top_k; trakcli.jobs.topk)
+        top_k/                     attrs: k (score.top_k; trakcli.topk)
           proponents, opponents [n_target, k] int64 train indices, best first;
           proponent_scores, opponent_scores [n_target, k] float32; done [n_target_chunks]
         top_k_parts/               while a top-k pass runs: the same arrays per segment of train

@@ -1,7 +1,7 @@
 """Runs of whole chunks of a local zarr array, read straight from their files.
 
 A scan over every row of a large store (the one-pass two-stage top-k,
-:mod:`trakcli.jobs.topk`) reads tens of thousands of chunks: 19,532 of 512 rows
+:mod:`trakcli.topk`) reads tens of thousands of chunks: 19,532 of 512 rows
 per array at 10^7 rows. Through zarr each chunk costs about 0.35 ms of processor
 time beyond its bytes (measured on its small per-row arrays), and buffered reads
 of an uncompressed chunk cost the page cache's copy (about 0.44 s of processor

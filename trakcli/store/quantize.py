@@ -25,7 +25,7 @@ codes from the features it is given):
   candidates are read chunk by chunk.
 
 The codes feed the candidate stage of the two-stage top-k
-(:mod:`trakcli.jobs.topk`). Target features of such a store are kept as
+(:mod:`trakcli.topk`). Target features of such a store are kept as
 bfloat16 (no codes: the targets are the queries).
 
 Error bounds (tested): an int8 row decodes within ``scale / 2 = max|φ| / 254`` of

@@ -1,6 +1,6 @@
 """Single rows of an uncompressed feature array, read by byte range and checked by their own CRC32C.
 
-The exact re-ranking of a two-stage top-k (:mod:`trakcli.jobs.topk`) needs the
+The exact re-ranking of a two-stage top-k (:mod:`trakcli.topk`) needs the
 float copy of its candidate rows only: a few hundred thousand rows spread over
 every chunk of a store of millions. Read chunk by chunk, that is the whole
 float copy again; read row by row, it is ``proj_dim · 2`` bytes a candidate.

@@ -13,6 +13,7 @@ written from numpy, never from torch tensors.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
@@ -20,6 +21,7 @@ import numpy as np
 
 from trakcli.errors import StoreError
 from trakcli.store.bfloat16 import from_bits, is_bfloat16, round_to_bfloat16, to_bits
+from trakcli.store.chunkread import aligned_empty, chunk_files
 from trakcli.store.integrity import (
     StoreCorruptError,
     chunk_coords,
@@ -291,6 +293,47 @@ class ChunkedRows:
         """
         sel = (slice(None),) * self.axis + (slice(lo, hi),)
         return read_checked(self.data[name], sel, self.axis)
+
+    #: Buffers per array that :meth:`read_direct` reads into in turn when asked (``slot``).
+    DIRECT_SLOTS = 8
+
+    def read_direct(self, name: str, lo: int, hi: int, *, raw: bool = False, slot: int | None = None) -> np.ndarray:
+        """Entries ``[lo, hi)`` (whole chunks) of array ``name``, checked: straight from the chunk files where the
+        store keeps them so (:mod:`trakcli.store.chunkread`: a local store, uncompressed or zstd; one reader per
+        thread), else as :meth:`read`.
+
+        Args:
+            raw: a bfloat16 array gives its stored uint16 bits (through zarr: decoded, float32).
+            slot: read the chunk files into this array's reused buffer ``slot mod DIRECT_SLOTS`` (a fresh buffer
+                costs a page fault per 4 KiB each time); the result is valid until a later read reuses the slot.
+
+        Raises:
+            StoreCorruptError: a chunk is missing or fails its checksum (naming the chunk and the repair command).
+        """
+        local = self.__dict__.setdefault("_direct", threading.local())
+        files = local.__dict__.setdefault("files", {})
+        if name not in files:
+            files[name] = chunk_files(self.data[name])
+        reader = files[name]
+        if reader is None:
+            return self.read(name, lo, hi)
+        shape = (hi - lo, *self.data[name].shape[1:])
+        if slot is None:
+            out = np.empty(shape, dtype=reader.dtype)
+        else:
+            ring = self.__dict__.setdefault("_slots", {}).setdefault(name, [None] * self.DIRECT_SLOTS)
+            slot %= self.DIRECT_SLOTS
+            if ring[slot] is None or ring[slot].shape[0] < shape[0]:
+                ring[slot] = aligned_empty(shape, reader.dtype)  # whole chunks are read straight into it
+            out = ring[slot][: shape[0]]
+        reader.read(lo, hi, out)
+        if not raw and is_bfloat16(self.data[name]):
+            return from_bits(out)
+        return out
+
+    def reads_chunk_files(self, name: str) -> bool:
+        """Whether :meth:`read_direct` reads array ``name`` from its chunk files (a local store)."""
+        return chunk_files(self.data[name]) is not None
 
     def take(self, name: str, indices: Sequence[int]) -> np.ndarray:
         """Entries ``indices`` (any order, repeats allowed) along the chunk axis of array ``name``, each chunk

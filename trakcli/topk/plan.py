@@ -1,0 +1,196 @@
+"""The plan of a top-k: its segments, blocks and, over a store with codes, the two-stage settings
+(:class:`TwoStage`) and the protocol of the scores it reads (:class:`TwoStageScores`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+
+import numpy as np
+import torch
+
+from trakcli.errors import StoreError
+
+#: Train rows per segment (the unit of resume and of work between ranks), at least :data:`MIN_SEGMENTS` of them.
+SEGMENT_ROWS = 1 << 17
+#: Train rows per segment of a two-stage top-k. Each segment's candidate pass starts from no threshold, and
+#: its first blocks cost the most to filter (most of their scores pass); larger segments pay that less often
+#: (measured: 0.6 s of filtering per 131,072-row segment, 1,000 targets, K' = 200).
+TWO_STAGE_SEGMENT_ROWS = 1 << 20
+MIN_SEGMENTS = 8
+#: Bytes of one block's float32 scores ``[n_target, block]`` and of its features ``[block, proj_dim]``.
+BLOCK_BYTES = 128 << 20
+#: Bytes of one block's approximate scores in the candidate pass of a two-stage top-k: small enough that the
+#: scaling and filtering of a block's int8 product stay in the processor's cache (measured on the candidate
+#: pass, 10^6 rows, 1,000 targets: 4,096-row blocks took a third of the time of 32,768-row ones outside the
+#: product itself).
+APPROX_BLOCK_BYTES = 16 << 20
+
+#: Train rows (whole segments, evenly spaced) whose exact scores against the sampled targets measure the recall
+#: of a two-stage top-k: all rows when there are fewer, else an estimate (:meth:`StoredTopK.recall`).
+RECALL_ROWS = 1_000_000
+
+#: Every how many columns of a first block :func:`merge_top_k_filtered` estimates its threshold from.
+SEED_STRIDE = 8
+
+#: ``(lo, hi) -> [n_target, hi - lo]`` float32 scores of train rows ``lo .. hi``.
+BlockScores = Callable[[int, int], torch.Tensor]
+
+#: Default ``score.rescore_multiplier`` per ``store.dtype`` (docs/guides/store.md gives the measurements of
+#: ``benchmarks/bench_topk.py``, 10^6 rows, proj_dim 1024, top 100). int8: 2, the smallest that kept recall@100 at
+#: 1.0 (1 gave 0.97 / 0.93). binary: no multiplier up to 16 came near 0.99 (16 gave 0.35 / 0.10): sign codes of
+#: these features do not find the top 100; 16 bounds the re-ranking cost, and the run reports the recall.
+DEFAULT_RESCORE_MULTIPLIER = {"int8": 2, "binary": 16}
+
+
+#: The one-pass top-k samples every this many blocks for its starting floor (:meth:`StoredTopK._seed_floors`).
+SEED_STRIDE_BLOCKS = 16
+#: The fewest sampled chunks above a starting floor (:meth:`StoredTopK._seed_floors`): below it, no floor.
+SEED_MIN = 8
+#: :class:`RunningTopK`'s ``batch`` in a one-pass top-k: every score that passes the threshold is also scored
+#: exactly, so the threshold is kept fresher than in a pass over the codes alone.
+SCAN_MERGE_BATCH = 0.25
+
+
+class TwoStageScores(Protocol):
+    """What the two-stage top-k needs of the scores (``trakcli.jobs.score`` implements it)."""
+
+    def approx(self, lo: int, hi: int) -> torch.Tensor:
+        """``[n_target, hi - lo]`` float32 approximate scores of train rows ``lo .. hi`` from the codes."""
+
+    def load(self, lo: int, hi: int) -> Any:
+        """The float copy of train rows ``lo .. hi`` (whatever :meth:`pairs` and :meth:`rows` take)."""
+
+    def gather(self, rows: np.ndarray) -> Any:
+        """The float copy of train rows ``rows`` (int64, sorted, unique), as :meth:`load` gives a block."""
+
+    def pairs(self, block: Any, targets: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """``[p]`` float32 exact scores of target ``targets[p]`` against row ``rows[p]`` of ``block`` (int64)."""
+
+    def rows(self, block: Any, targets: torch.Tensor) -> torch.Tensor:
+        """``[len(targets), rows]`` float32 exact scores of the targets ``targets`` against the whole block."""
+
+    def scan_read(self, lo: int, hi: int, slot: int) -> Any:
+        """Everything :meth:`scan_product` needs of train rows ``lo .. hi``, read only (the codes, the float copy),
+        for the ``slot``-th read of the pass (buffers may be reused by a read many slots later)."""
+
+    def scan_product(self, read: Any) -> tuple[torch.Tensor, Any]:
+        """``(approximate scores [rows, n_target] as :meth:`approx`, float copy as :meth:`load`)`` of a
+        :meth:`scan_read`."""
+
+
+@dataclass(frozen=True)
+class TwoStage:
+    """Settings of a two-stage top-k.
+
+    Attributes:
+        codes: ``int8`` or ``binary`` (the store's dtype).
+        multiplier: ``score.rescore_multiplier``: K' = multiplier · K candidates per target and side.
+        sample: ``[n_sample]`` target indices whose exact top-k is computed too (for the recall).
+        rerank: ``scan`` (one pass reads the codes and the float copy of every row: :meth:`StoredTopK.compute_scan`)
+            or ``rows`` (a pass over the codes, then the float copy of the candidate rows alone), by
+            :func:`rerank_mode`.
+    """
+
+    codes: str
+    multiplier: int
+    sample: tuple[int, ...]
+    rerank: str = "rows"
+
+    @classmethod
+    def of(cls, codes: str, multiplier: int | None, recall_queries: int, n_target: int, k: int, n_train: int,
+           chunk_rows: int, rerank: str = "auto", local: bool = True, proj_dim: int | None = None) -> "TwoStage":
+        """The settings of a run: ``multiplier`` None takes :data:`DEFAULT_RESCORE_MULTIPLIER`; ``recall_queries``
+        evenly spaced targets (all of them when there are fewer); ``rerank`` ``scan`` or ``rows``, or ``auto``:
+        :func:`rerank_mode` of K' = min(multiplier · k, n_train) candidates (``local``: the store's float copy is
+        read from its chunk files directly; ``proj_dim``: the one-pass blocks' width, for its sampled floor).
+
+        Raises:
+            StoreError: ``multiplier`` or ``recall_queries`` is not a positive integer.
+        """
+        multiplier = DEFAULT_RESCORE_MULTIPLIER[codes] if multiplier is None else multiplier
+        for name, value in (("score.rescore_multiplier", multiplier), ("score.recall_queries", recall_queries)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise StoreError(f"{name} must be a positive integer, got {value!r}; e.g. {name}=4")
+        n = min(recall_queries, n_target)
+        sample = tuple(int(i) for i in np.unique(np.linspace(0, n_target - 1, n).round().astype(np.int64)))
+        if rerank == "auto":
+            block = None if proj_dim is None else block_rows(n_target, proj_dim, chunk_rows, APPROX_BLOCK_BYTES)
+            rerank = rerank_mode(n_target, min(multiplier * min(k, n_train), n_train), n_train, chunk_rows, local,
+                                 block)
+        elif rerank not in ("scan", "rows"):
+            raise StoreError(f"score.rerank must be auto, scan or rows, got {rerank!r}")
+        return cls(codes, multiplier, sample, rerank)
+
+    def settings(self) -> dict[str, Any]:
+        """What the experiment's results depend on (recorded and checked with the score settings; the re-ranking
+        too, as the stored parts of an unfinished run are laid out by it)."""
+        return {"codes": self.codes, "rescore_multiplier": self.multiplier, "recall_queries": list(self.sample),
+                "rerank": self.rerank}
+
+
+#: On an object store, a two-stage top-k re-ranks in one pass over every row (``scan``) when its candidate pairs
+#: number at least this many per chunk of train rows: reading the candidates' chunks would then fetch nearly every
+#: chunk of the float copy anyway, after a pass over the codes.
+SCAN_PAIRS_PER_CHUNK = 8
+
+
+def seed_sample(n_train: int, chunk_rows: int, block: int, candidates: int) -> tuple[list[int], int] | None:
+    """The sample of a one-pass top-k's starting floor (:meth:`StoredTopK._seed_floors`): the first rows of the
+    sampled blocks of ``block`` rows (every :data:`SEED_STRIDE_BLOCKS`-th) and m, or None when the sample cannot
+    give a floor (m < :data:`SEED_MIN`, or more than the sampled chunks: a store of fewer than about
+    3 · candidates chunks)."""
+    starts = list(range(0, n_train - block + 1, block * SEED_STRIDE_BLOCKS))
+    sampled = len(starts) * (block // chunk_rows)
+    m = int(np.ceil(3 * candidates * sampled / -(-n_train // chunk_rows)))
+    return None if m < SEED_MIN or m > sampled else (starts, m)
+
+
+def rerank_mode(n_target: int, candidates: int, n_train: int, chunk_rows: int, local: bool = True,
+                block: int | None = None) -> str:
+    """``scan`` or ``rows`` (:class:`TwoStage`) for ``2 · n_target · candidates`` pairs over ``n_train`` rows.
+
+    ``scan`` where its starting floor can be sampled (:func:`seed_sample` of blocks of ``block`` rows, when
+    given): without it a scan scores about K' · ln(blocks) pairs per target exactly, and ``rows`` was faster
+    (200,000 rows, 1,000 targets: 7.2 against 13.7 s, measured). Then on a store whose chunk files are read
+    directly (``local``: :mod:`trakcli.store.chunkread`); there it was faster than ``rows`` at every size
+    measured from 10^6 rows (1,000 targets: 10.0 against 14.8 s) to 10^7 rows, down to 5 targets (33.7 against
+    40.5 s: its parallel, ``O_DIRECT`` reads of 30 GB against a pass over the 10 GB of codes and 2,000 row
+    reads). On an object store, ``scan`` from :data:`SCAN_PAIRS_PER_CHUNK` pairs a chunk.
+    """
+    if block is not None and seed_sample(n_train, chunk_rows, block, candidates) is None:
+        return "rows"
+    if local:
+        return "scan"
+    n_chunks = -(-n_train // chunk_rows)
+    return "scan" if 2 * n_target * candidates >= SCAN_PAIRS_PER_CHUNK * n_chunks else "rows"
+
+
+def segments(n_train: int, chunk_rows: int, rows: int = SEGMENT_ROWS) -> list[tuple[int, int]]:
+    """The segments ``[(lo, hi), ...]`` of ``n_train`` rows: runs of whole chunks, a pure function of the three.
+
+    ``max(MIN_SEGMENTS, n_train / rows)`` segments (fewer when there are fewer chunks), each
+    the same number of chunks but the last.
+    """
+    n_chunks = -(-n_train // chunk_rows)
+    want = min(n_chunks, max(MIN_SEGMENTS, -(-n_train // rows)))
+    per = -(-n_chunks // want) * chunk_rows
+    return [(lo, min(lo + per, n_train)) for lo in range(0, n_train, per)]
+
+
+def measured_segments(segs: list[tuple[int, int]], rows: int) -> list[int]:
+    """The fewest evenly spaced segments of ``segs`` that hold at least ``rows`` rows (all when fewer are there)."""
+    sizes = [hi - lo for lo, hi in segs]
+    want, n = min(rows, sum(sizes)), len(sizes)
+    for m in range(1, n + 1):
+        pick = sorted({int(i) for i in np.linspace(0, n - 1, m).round()})
+        if sum(sizes[i] for i in pick) >= want:
+            return pick
+    return list(range(n))
+
+
+def block_rows(n_target: int, proj_dim: int, chunk_rows: int, budget: int = BLOCK_BYTES) -> int:
+    """Train rows scored at once: whole chunks, about ``budget`` bytes of float32 scores and of features."""
+    return chunk_rows * max(1, budget // (4 * chunk_rows * max(n_target, proj_dim)))
+
+
