@@ -17,7 +17,7 @@ from projects import invoke as trak
 from trakcli.config import load_config
 from trakcli.tasks import resolve_task
 from trakcli.train import TensorRows
-from trakcli.unroll import ReplayRecord, Unroller
+from trakcli.unroll import ReplayRecord, Unroller, replay
 
 
 def project(**score) -> dict:
@@ -65,6 +65,13 @@ def test_unrolled_scores_through_the_store(user_project):
     top = store.read("scores/unrolled/top_k/proponents")
     np.testing.assert_array_equal(top[:, 0], scores.argmax(1))
     assert "unroll_rows" not in store.root["scores/unrolled"]  # the chunks are dropped once written
+    # the record replays model 0's training to its checkpoint bit for bit
+    sub = torch.tensor(entries[0]["subset_indices"])
+    torch.manual_seed(0)
+    again = replay(build_model(cfg.model.entrypoint, **cfg.model.kwargs), TensorRows(x[sub], y[sub]),
+                   ReplayRecord(Path("trained/replay/model_000")), resolve_task("classification"))
+    saved = torch.load("trained/model_000.pt")
+    assert all(torch.equal(saved[k], v) for k, v in again.state_dict().items())
 
 
 def test_kill_9_resumes_to_the_same_store(user_project, monkeypatch):
