@@ -231,14 +231,18 @@ class Trainer:
         model.train()
         total_steps = self.total_steps or count_steps(data, epochs=r.epochs, batch_size=r.batch_size,
                                                       max_tokens=r.max_tokens, seed=self.seed)
-        deterministic = torch.are_deterministic_algorithms_enabled()
+        import torch.utils.deterministic as det
+
+        deterministic, fill = torch.are_deterministic_algorithms_enabled(), det.fill_uninitialized_memory
         if replay is not None:
             replay.start(total_steps)
             torch.use_deterministic_algorithms(True, warn_only=True)
+            det.fill_uninitialized_memory = False  # NaN-filling every empty tensor changes no result, only time
         try:
             self._steps(reporter, description, resume_path, epoch_end, replay, total_steps)
         finally:
             torch.use_deterministic_algorithms(deterministic)
+            det.fill_uninitialized_memory = fill
         if replay is not None:
             replay.finish(self.replay_info(total_steps))
         if resume_path is not None:

@@ -90,8 +90,11 @@ def replay(model: nn.Module, data: TrainRows, record: ReplayRecord, task: Task, 
                          momentum=r["momentum"], weight_decay=r["weight_decay"], projection=r.get("projection"))
     opt.load_state_dict(snap["optimizer"])
     set_rng_states(snap["rng"], device)
-    deterministic = torch.are_deterministic_algorithms_enabled()
+    import torch.utils.deterministic as det
+
+    deterministic, fill = torch.are_deterministic_algorithms_enabled(), det.fill_uninitialized_memory
     torch.use_deterministic_algorithms(True, warn_only=True)
+    det.fill_uninitialized_memory = False  # as the recorded training ran
     model.train()
     try:
         for step in record.steps(data, snap):
@@ -103,6 +106,7 @@ def replay(model: nn.Module, data: TrainRows, record: ReplayRecord, task: Task, 
             opt.step()
     finally:
         torch.use_deterministic_algorithms(deterministic)
+        det.fill_uninitialized_memory = fill
     return model.eval()
 
 
