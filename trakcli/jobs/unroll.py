@@ -40,12 +40,8 @@ from trakcli.store.layout import StoreLayout
 from trakcli.store.manifest import is_manifest_path, read_manifest
 from trakcli.tasks import resolve_task
 from trakcli.train import DatasetRows, TensorRows
+from trakcli.topk import StoredTopK
 from trakcli.unroll import ReplayRecord, Unroller, no_record
-
-try:  # the top-k's home
-    from trakcli.topk import StoredTopK
-except ImportError:  # pragma: no cover - before the top-k package
-    from trakcli.jobs.topk import StoredTopK
 
 #: The group of finished chunks of targets (``scores/<experiment>/unroll_rows``), dropped once the matrix is written.
 ROWS_GROUP = "unroll_rows"
