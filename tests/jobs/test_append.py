@@ -429,7 +429,7 @@ def test_rows_appended_to_a_compressed_store_get_codes_and_its_two_stage_top_k_e
         for name in ("codes", "scale", "features"):
             assert a[f"train/{m}/{name}"].shape == b[f"train/{m}/{name}"].shape
             np.testing.assert_array_equal(np.asarray(a[f"train/{m}/{name}"][:]), np.asarray(b[f"train/{m}/{name}"][:]))
-    top = ("score.top_k=3", f"score.rescore_multiplier={N_NEW}")  # K' >= n_train: the two-stage top-k is exact
+    top = ("score.top_k=3", f"score.rescore_multiplier={N_NEW}", "score.rerank=scan")  # K' >= n_train: exact
     for r in (root, once):
         ok(r, "score", "run.yaml", "-q", *top)
     for name in ("proponents", "opponents"):

@@ -64,12 +64,12 @@ def test_store_keeps_codes_beside_a_bfloat16_copy_in_the_same_chunks(project, dt
         assert (np.sign(back) == np.where(phi > 0, 1, -1)).all()
 
 
-@pytest.mark.parametrize("dtype,rerank", [("int8", "scan"), ("binary", "scan"), ("int8", "rows")])
-def test_candidates_covering_every_row_give_the_exact_top_k(project, dtype, rerank):
+@pytest.mark.parametrize("dtype", ["int8", "binary"])
+def test_candidates_covering_every_row_give_the_exact_top_k(project, dtype):
     m = -(-N_TRAIN // K)  # K' = m · K >= n_train: every row is a candidate
-    exp = f"cover_{rerank}"
-    res = run(project, "score", "run.yaml", *_dtype(dtype), f"score.top_k={K}", f"score.rescore_multiplier={m}",
-              f"score.experiment={exp}", "score.show_targets=0", f"score.rerank={rerank}")
+    exp = "cover"
+    res = run(project, "score", "run.yaml", *_dtype(dtype), f"score.top_k={K}", "score.rerank=scan", f"score.rescore_multiplier={m}",
+              f"score.experiment={exp}", "score.show_targets=0")
     assert res.returncode == 0, res.stderr
     top, rec = _top(project, dtype, exp)
     full = _full(project, dtype)
@@ -78,13 +78,14 @@ def test_candidates_covering_every_row_give_the_exact_top_k(project, dtype, rera
         np.testing.assert_array_equal(top[f"{side}s"], order)
         np.testing.assert_allclose(top[f"{side}_scores"], np.take_along_axis(full, order, 1), rtol=1e-5, atol=1e-7)
     assert rec["recall"] == {"proponents": 1.0, "opponents": 1.0} and rec["rescore_multiplier"] == m
-    assert rec["rerank"] == rerank and f"rescore_multiplier {m}, rerank {rerank})" in res.stderr
-    assert f"recall@{K} against the exact top-{K} of 16 targets: proponents 1.0000, opponents 1.0000" in res.stderr
+    assert rec["rerank"] == "scan" and f"rescore_multiplier {m}, rerank scan)" in res.stderr
+    assert (f"recall@{K} against the exact top-{K} (the bfloat16 copy's scores) of 16 targets: proponents 1.0000, "
+            "opponents 1.0000") in res.stderr
 
 
 def test_recall_is_measured_on_the_sampled_targets_recorded_and_reported(project):
     # binary codes with K' = K: some true top-k rows are missed
-    res = run(project, "score", "run.yaml", *_dtype("binary"), f"score.top_k={K}", "score.rescore_multiplier=1",
+    res = run(project, "score", "run.yaml", *_dtype("binary"), f"score.top_k={K}", "score.rerank=scan", "score.rescore_multiplier=1",
               "score.recall_queries=30", "score.experiment=tight", "score.show_targets=0", "--json")
     assert res.returncode == 0, res.stderr
     top, rec = _top(project, "binary", "tight")
@@ -108,30 +109,25 @@ def test_recall_is_measured_on_the_sampled_targets_recorded_and_reported(project
     assert json.loads(res.stdout)["two_stage"]["recall"] == r
 
 
-@pytest.mark.parametrize("rerank", ["rows", "scan"])
-def test_kill_during_two_stage_then_rerun_gives_identical_arrays(tmp_path, rerank):
+def test_kill_during_two_stage_then_rerun_gives_identical_arrays(tmp_path):
     one = make_project(tmp_path / "one")
     args = ["run.yaml", "-q", *_dtype("int8")]
     assert run(one, "featurize", *args).returncode == 0
     shutil.copytree(one, tmp_path / "two")
-    top = [f"score.top_k={K}", f"score.rerank={rerank}"]
+    top = [f"score.top_k={K}", "score.rerank=scan"]
     assert run(one, "score", *args, *top).returncode == 0
     two, log = tmp_path / "two", tmp_path / "events.log"
-    # rows: 9 target chunks, 8 candidate segments, 8 re-ranked segments: killed in the candidates, then in the
-    # re-ranking; scan: 9 target chunks, 8 one-pass segments: killed in segment 3, then in segment 5
-    for n in (13, 20) if rerank == "rows" else (13, 16):
+    # 9 target chunks, 8 one-pass segments: killed in segment 3, then in segment 5
+    for n in (13, 16):
         assert kill_at(two, ["score", *args, *top], log, n)
     text = log.read_text()
-    if rerank == "rows":
-        assert "done top-k candidates 3" in text and "start top-k segment 1" in text
-    else:
-        assert "done top-k segment 2" in text and "done top-k segment 5" not in text
+    assert "done top-k segment 2" in text and "done top-k segment 5" not in text
     assert "done top-k segment 7" not in text
     res = run(two, "score", *args, *top)
     assert res.returncode == 0, res.stderr
     assert_same_store(one / "out" / "int8.zarr", two / "out" / "int8.zarr")
     _, rec = _top(two, "int8", "default")
-    assert set(rec["recall"]) == {"proponents", "opponents"} and rec["rerank"] == rerank
+    assert set(rec["recall"]) == {"proponents", "opponents"} and rec["rerank"] == "scan"
 
 
 def test_torchrun_two_ranks_write_the_two_stage_top_k_of_one_process(tmp_path):
@@ -161,22 +157,19 @@ def test_bad_two_stage_settings_are_refused(project):
         (["score.top_k=5", "score.rerank=scan"],
          "score.rerank (scan) sets how the two-stage top-k re-ranks its candidates, which needs store.dtype int8 or "
          "binary (here float32) and score.top_k (here 5); set both, or unset score.rerank"),
-        ([*_dtype("int8"), "score.rerank=rows"], "and score.top_k (here None)"),
+        ([*_dtype("int8"), "score.rerank=scan"], "and score.top_k (here None)"),
         ([*_dtype("int8"), "score.top_k=5", "score.rerank=fast"], "score.rerank"),
+        ([*_dtype("int8"), "score.top_k=5", "score.rerank=rows"], "score.rerank"),
     ]
     for args, message in cases:
         res = run(project, "score", "run.yaml", "-q", *args)
         assert res.returncode == 1 and message in res.stderr, (args, res.returncode, res.stderr)
     # another multiplier on a finished experiment: refused with the difference, not silently mixed
-    res = run(project, "score", "run.yaml", "-q", *_dtype("int8"), f"score.top_k={K}", "score.experiment=again")
+    res = run(project, "score", "run.yaml", "-q", *_dtype("int8"), f"score.top_k={K}", "score.rerank=scan", "score.experiment=again")
     assert res.returncode == 0, res.stderr
-    res = run(project, "score", "run.yaml", "-q", *_dtype("int8"), f"score.top_k={K}", "score.experiment=again",
+    res = run(project, "score", "run.yaml", "-q", *_dtype("int8"), f"score.top_k={K}", "score.rerank=scan", "score.experiment=again",
               "score.rescore_multiplier=3")
     assert res.returncode == 1 and "rescore_multiplier" in res.stderr and "--overwrite" in res.stderr, res.stderr
-    # another re-ranking likewise: the unfinished parts of the one are laid out differently from the other's
-    res = run(project, "score", "run.yaml", "-q", *_dtype("int8"), f"score.top_k={K}", "score.experiment=again",
-              "score.rerank=scan")
-    assert res.returncode == 1 and "rerank" in res.stderr and "--overwrite" in res.stderr, res.stderr
 
 
 def test_a_top_k_the_codes_cannot_approximate_is_exact_and_says_so(project):
@@ -221,25 +214,6 @@ def test_filtered_running_top_k_keeps_what_a_topk_of_every_column_keeps(largest)
         assert got[0].shape == (6, k)
         assert _as_sets(*got) == _as_sets(*want)
         offset += block.shape[1]
-
-
-def test_candidate_pairs_of_a_block_are_its_rows_and_nothing_else():
-    import torch
-
-    from trakcli.topk.stream import _CandidatePairs
-
-    g = torch.Generator().manual_seed(1)
-    cand = [torch.randint(0, 1000, (5, 9), generator=g), torch.randint(0, 1000, (5, 9), generator=g)]
-    pairs = _CandidatePairs(cand)
-    flat = torch.cat([c.reshape(-1) for c in cand])
-    seen = torch.zeros(len(flat), dtype=torch.int64)
-    for lo in range(0, 1000, 128):
-        t, r, slot = pairs.within(lo, lo + 128)
-        assert ((r >= lo) & (r < lo + 128)).all()
-        assert torch.equal(flat[slot], r)  # each pair's flat position holds its row
-        assert torch.equal(t, (slot % cand[0].numel()) // cand[0].shape[1])
-        seen[slot] += 1
-    assert (seen == 1).all()  # every candidate of both sides in exactly one block
 
 
 @pytest.mark.parametrize("largest", [True, False])
@@ -309,31 +283,30 @@ def test_segments_filtered_by_the_kth_best_of_those_before_merge_to_the_top_k_of
     assert _as_sets(torch.from_numpy(got[0]), torch.from_numpy(got[1])) == _as_sets(*want)
 
 
-def test_the_float_copy_is_uncompressed_and_its_rows_are_read_one_by_one_checked(project):
+def test_the_float_copy_and_the_codes_are_uncompressed_and_read_from_their_chunk_files(project):
     from trakcli.store import Store
-    from trakcli.store.rowread import local_chunk_file, row_checksums
+    from trakcli.store.chunkread import chunk_files
 
     store = Store.open_existing(project / "out" / "int8.zarr", mode="r")
     rows = store.train(0, create=False)
     feats = rows.data["features"]
     assert [type(c).__name__ for c in feats.metadata.codecs] == ["BytesCodec", "Crc32cCodec"]
-    assert local_chunk_file(feats, 0) is not None
     # the codes too are uncompressed, read whole by the one-pass scan
     assert [type(c).__name__ for c in rows.data["codes"].metadata.codecs] == ["BytesCodec", "Crc32cCodec"]
     assert [type(c).__name__ for c in rows.data["scale"].metadata.codecs] == ["BytesCodec", "ZstdCodec", "Crc32cCodec"]
-    bits = np.asarray(feats[:])
-    np.testing.assert_array_equal(np.asarray(rows.data["features_crc32c"][:]), row_checksums(bits))
-    pick = np.array([0, 1, 39, 40, 41, 333, N_TRAIN - 1])
-    np.testing.assert_array_equal(rows.read_rows("features", pick), rows.read("features", 0, N_TRAIN)[pick])
+    assert chunk_files(feats) is not None and rows.reads_chunk_files("codes")
+    assert "features_crc32c" not in rows.data
+    bits = rows.read_direct("features", 40, 120, raw=True)
+    assert bits.dtype == np.uint16
+    np.testing.assert_array_equal(rows.read_direct("features", 40, 120), rows.read("features", 40, 120))
 
 
-@pytest.mark.parametrize("rerank", ["rows", "scan"])
-def test_a_corrupt_candidate_row_is_reported_and_featurize_verify_repairs_it(tmp_path, rerank):
+def test_a_corrupt_candidate_row_is_reported_and_featurize_verify_repairs_it(tmp_path):
     root = make_project(tmp_path / "p")
     args = ["run.yaml", "-q", *_dtype("int8")]
     assert run(root, "featurize", *args).returncode == 0
-    every = [f"score.top_k={K}", f"score.rescore_multiplier={-(-N_TRAIN // K)}",  # every row a candidate
-             f"score.rerank={rerank}"]
+    every = [f"score.top_k={K}", f"score.rescore_multiplier={-(-N_TRAIN // K)}",
+             "score.rerank=scan"]  # every row a candidate
     assert run(root, "score", *args, *every, "score.experiment=before").returncode == 0
     feats = zarr.open_group(str(root / "out" / "int8.zarr"), mode="r")["train/0/features"]
     chunk_file = root / "out" / "int8.zarr" / "train" / "0" / "features" / feats.metadata.encode_chunk_key((3, 0))
@@ -343,10 +316,8 @@ def test_a_corrupt_candidate_row_is_reported_and_featurize_verify_repairs_it(tmp
     chunk_file.write_bytes(bytes(raw))
     res = run(root, "score", *args, *every, "score.experiment=after")
     assert res.returncode == 1
-    if rerank == "rows":  # the row is read alone, checked by its own checksum
-        assert "train/0/features chunk 3 is corrupt (row 125 fails its checksum)" in res.stderr
-    else:  # the chunk is read whole, checked by the chunk's
-        assert "train/0/features chunk 3 (entries 120:160 along axis 0) fails its checksum" in res.stderr
+    # the chunk is read whole, checked by the chunk's checksum
+    assert "train/0/features chunk 3 (entries 120:160 along axis 0) fails its checksum" in res.stderr
     assert "trak featurize CONFIG --verify" in res.stderr
     assert run(root, "featurize", *args, "--verify").returncode == 0
     assert run(root, "score", *args, *every, "score.experiment=after").returncode == 0
@@ -364,7 +335,7 @@ def test_recall_over_a_sample_of_the_rows_is_estimated_and_says_so(project, monk
     measured = topk.measured_segments(segs, 150)
     assert len(segs) == 8 and measured == [0, 4, 7]
     rows = np.concatenate([np.arange(*segs[s]) for s in measured])
-    res = run(project, "score", "run.yaml", *_dtype("binary"), f"score.top_k={K}", "score.rescore_multiplier=1",
+    res = run(project, "score", "run.yaml", *_dtype("binary"), f"score.top_k={K}", "score.rerank=scan", "score.rescore_multiplier=1",
               "score.recall_queries=30", "score.experiment=sampled", "score.show_targets=0")
     assert res.returncode == 0, res.stderr
     top, rec = _top(project, "binary", "sampled")
@@ -383,30 +354,23 @@ def test_recall_over_a_sample_of_the_rows_is_estimated_and_says_so(project, monk
     assert min(rec["recall"].values()) < 1  # the sample sees a miss
     assert f"of 30 targets, estimated over {frac:.1%} of the train rows" in res.stderr
     # every row a candidate: nothing is missed, and the estimate says so
-    res = run(project, "score", "run.yaml", *_dtype("binary"), f"score.top_k={K}",
+    res = run(project, "score", "run.yaml", *_dtype("binary"), f"score.top_k={K}", "score.rerank=scan",
               f"score.rescore_multiplier={-(-N_TRAIN // K)}", "score.experiment=sampled_all", "score.show_targets=0")
     assert res.returncode == 0, res.stderr
     assert _top(project, "binary", "sampled_all")[1]["recall"] == {"proponents": 1.0, "opponents": 1.0}
 
 
-def test_a_store_without_row_checksums_reads_its_candidates_by_chunks(project, tmp_path):
-    # an int8 store written before the float copy carried row checksums: same top-k, read chunk by chunk
-    import json
-
+def test_a_store_with_row_checksums_of_an_earlier_layout_scores_the_same(project, tmp_path):
+    # an int8 store whose float copy carries per-row checksums (features_crc32c): not read, the same top-k
     from trakcli.store import Store
 
     root = make_project(tmp_path / "p")
     shutil.copytree(project / "out" / "int8.zarr", root / "out" / "int8.zarr")
-    train = root / "out" / "int8.zarr" / "train" / "0"
-    shutil.rmtree(train / "features_crc32c")
-    meta = json.loads((train / "zarr.json").read_text())
-    if "consolidated_metadata" in meta and meta["consolidated_metadata"]:
-        meta["consolidated_metadata"]["metadata"].pop("features_crc32c", None)
-        (train / "zarr.json").write_text(json.dumps(meta))
+    group = zarr.open_group(str(root / "out" / "int8.zarr" / "train" / "0"), mode="a")
+    group.create_array("features_crc32c", shape=(N_TRAIN,), chunks=(40,), dtype="uint32", fill_value=0)
     rows = Store.open_existing(root / "out" / "int8.zarr", mode="r").train(0, create=False)
     assert "features_crc32c" not in rows.data
-    args = ["run.yaml", *_dtype("int8"), f"score.top_k={K}", "score.experiment=old", "score.show_targets=0",
-            "score.rerank=rows"]
+    args = ["run.yaml", *_dtype("int8"), f"score.top_k={K}", "score.rerank=scan", "score.experiment=old", "score.show_targets=0"]
     for where in (project, root):
         res = run(where, "score", *args)
         assert res.returncode == 0, res.stderr
@@ -466,18 +430,29 @@ def test_a_floor_above_a_targets_kth_best_is_found_and_the_pass_runs_again_witho
         np.testing.assert_array_equal(a[name], b[name])
 
 
-def test_auto_scans_a_local_store_and_an_object_store_only_when_candidates_fill_its_chunks():
-    from trakcli.topk.plan import SCAN_PAIRS_PER_CHUNK, TwoStage, rerank_mode
+def test_two_stage_settings_re_rank_in_one_pass():
+    from trakcli.errors import StoreError
+    from trakcli.topk.plan import TwoStage
 
-    n_train, chunk_rows = 10_000_000, 512  # 19,532 chunks
-    assert rerank_mode(5, 200, n_train, chunk_rows, local=True) == "scan"
-    assert rerank_mode(5, 200, n_train, chunk_rows, local=False) == "rows"  # 2,000 pairs
-    need = SCAN_PAIRS_PER_CHUNK * 19_532
-    assert rerank_mode(-(-need // 400), 200, n_train, chunk_rows, local=False) == "scan"
-    assert rerank_mode(need // 400 - 1, 200, n_train, chunk_rows, local=False) == "rows"
-    two = TwoStage.of("int8", None, 16, 1000, 100, n_train, chunk_rows, "auto", local=False)
-    assert two.rerank == "scan" and two.settings()["rerank"] == "scan"
-    assert TwoStage.of("int8", None, 16, 1000, 100, n_train, chunk_rows, "rows").rerank == "rows"
-    # a store too small for a sampled starting floor (391 chunks, K' = 200) is re-ranked by rows; 10^6 rows scanned
-    assert TwoStage.of("int8", None, 16, 1000, 100, 200_000, chunk_rows, proj_dim=1024).rerank == "rows"
-    assert TwoStage.of("int8", None, 16, 1000, 100, 1_000_000, chunk_rows, proj_dim=1024).rerank == "scan"
+    two = TwoStage.of("int8", None, 16, 1000, 100, "auto")
+    assert two.rerank == "scan" and two.settings()["rerank"] == "scan" and two.multiplier == 2
+    assert TwoStage.of("binary", None, 16, 1000, 100, "scan").multiplier == 16
+    with pytest.raises(StoreError, match="score.rerank must be auto or scan, got 'rows'"):
+        TwoStage.of("int8", None, 16, 1000, 100, "rows")
+
+
+def test_auto_takes_the_plain_pass_on_a_store_too_small_for_the_scans_floor(project):
+    from trakcli.topk.plan import scan_has_floor
+
+    assert not scan_has_floor(None, "int8", 90, K, N_TRAIN, 40, 32)  # this store: 9 chunks
+    assert not scan_has_floor(None, "int8", 1000, 100, 200_000, 512, 1024)  # 391 chunks, K' = 200
+    assert scan_has_floor(None, "int8", 1000, 100, 1_000_000, 512, 1024)
+    res = run(project, "score", "run.yaml", *_dtype("int8"), f"score.top_k={K}", "score.experiment=auto_small",
+              "score.show_targets=0")
+    assert res.returncode == 0, res.stderr
+    assert "too few for the one-pass scan's sampled floor" in res.stderr and "recall@" not in res.stderr
+    top, rec = _top(project, "int8", "auto_small")
+    full = _full(project, "int8")
+    assert rec is None
+    order = np.argsort(-full, axis=1, kind="stable")[:, :K]
+    np.testing.assert_array_equal(top["proponents"], order)

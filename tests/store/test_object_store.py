@@ -141,7 +141,7 @@ def test_top_k_killed_and_resumed_on_s3_equals_the_local_top_k(tmp_path, s3, loc
 
 
 def test_two_stage_top_k_on_s3_equals_the_local_one(tmp_path, s3):
-    # the float copy's candidate rows are read in runs of chunks on S3, one by one on a local disk
+    # the one-pass scan reads the codes and the float copy through zarr on S3, from their chunk files locally
     local = make_project(tmp_path / "local")
     remote = make_project(tmp_path / "remote")
     url = s3.url()
@@ -149,7 +149,7 @@ def test_two_stage_top_k_on_s3_equals_the_local_one(tmp_path, s3):
     args = ["run.yaml", "-q", "store.dtype=int8", f"score.top_k={K}", "score.experiment=top"]
     for root in (local, remote):
         for cmd in ("featurize", "score"):
-            res = run(root, cmd, *args)
+            res = run(root, cmd, *args, *(["score.rerank=scan"] if cmd == "score" else []))
             assert res.returncode == 0, res.stderr
     got = {n: a for n, a in s3_arrays(url).items() if n.startswith("scores/top/top_k/")}
     want = arrays(local / "out" / "attrib.zarr")

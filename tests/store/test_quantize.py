@@ -57,9 +57,8 @@ def test_non_finite_entries_do_not_spoil_the_scale():
 
 def test_layout_of_the_codes():
     assert feature_dtype("int8") == feature_dtype("binary") == "bfloat16" and feature_dtype("float16") == "float16"
-    crc = {"features_crc32c": ((10,), "uint32")}
-    assert code_arrays("int8", 10, 33) == {"codes": ((10, 33), "int8"), "scale": ((10,), "float32"), **crc}
-    assert code_arrays("binary", 10, 33) == {"codes": ((10, 5), "uint8"), "scale": ((10,), "float32"), **crc}
+    assert code_arrays("int8", 10, 33) == {"codes": ((10, 33), "int8"), "scale": ((10,), "float32")}
+    assert code_arrays("binary", 10, 33) == {"codes": ((10, 5), "uint8"), "scale": ((10,), "float32")}
     assert code_arrays("float32", 10, 33) == {}
 
 

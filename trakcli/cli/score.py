@@ -148,7 +148,8 @@ def recall_line(two_stage: dict[str, Any]) -> str:
     rerank = f", rerank {two_stage['rerank']}" if "rerank" in two_stage else ""
     return (f"two-stage top-k ({two_stage['codes']} candidates, rescore_multiplier {two_stage['rescore_multiplier']}"
             f"{rerank}): "
-            f"recall@{k} against the exact top-{k} of {two_stage['n_queries']} targets{over}: proponents "
+            f"recall@{k} against the exact top-{k} (the bfloat16 copy's scores) of {two_stage['n_queries']} "
+            f"targets{over}: proponents "
             f"{r['proponents']:.4f}, opponents {r['opponents']:.4f}")
 
 

@@ -730,15 +730,12 @@ class ScoreConfig(StrictModel):
         "recall, slower. Unset: the default of the store's dtype: int8 2 (recall@100 1.0 measured at 10^6 "
         "rows), binary 16 (recall@100 only 0.35 / 0.10 there: prefer int8). Every run reports its measured recall.",
     )
-    rerank: Literal["auto", "scan", "rows"] = Field(
+    rerank: Literal["auto", "scan"] = Field(
         "auto",
-        description="Two-stage top-k: how the candidates' float copy is read for their exact scores. scan: one "
-        "pass reads each row's codes and float copy together, in order, and scores every candidate as its block "
-        "passes (no second pass; the whole float copy is read). rows: a pass over the codes, then the "
-        "candidate rows alone (fewer bytes when few rows are candidates: few targets over many rows). auto: "
-        "rows for a store of fewer chunks than about 3 · K' (there a scan has no sampled starting floor and "
-        "scores several times more pairs); else scan on a local store (faster there from 10^6 to 10^7 rows, "
-        "down to 5 targets), and on an object store scan when the candidate pairs number at least 8 per chunk.",
+        description="Two-stage top-k: how the candidates are re-ranked. scan: one pass reads each row's codes and "
+        "float copy together, in order, and scores every candidate exactly as its block passes. auto: scan where "
+        "it can start from a sampled floor (a store of more than about 3 · K' chunks); on a smaller store the "
+        "plain streamed pass over the float copy, which is faster there (one info line says so).",
     )
     recall_queries: PositiveInt = Field(
         16,

@@ -39,6 +39,7 @@ from trakcli.store.store import TOP_K_ARRAYS
 from trakcli.tasks import resolve_task
 from trakcli.topk import StoredTopK, TwoStage
 from trakcli.topk.features import FeatureScores
+from trakcli.topk.plan import scan_has_floor
 
 
 @dataclass
@@ -315,7 +316,7 @@ def score_targets(
         if stale is not None and not flags.overwrite:
             raise stale
         two = None if plan.exact_two_stage else _two_stage_plan(
-            store, s, plan, len(target), reporter if s.dist.is_main else NULL_REPORTER, train_rows[0])
+            store, s, plan, len(target), reporter if s.dist.is_main else NULL_REPORTER)
         if two is not None:  # the experiment's top-k depends on them: recorded and checked with the settings
             settings["two_stage"] = two.settings()
         arrays = _open_arrays(store, s, plan, flags, settings, t_attrs, len(target), two, stale is not None,
@@ -426,14 +427,12 @@ def _featurize_targets(s: JobSetup, store: Store, plan: ScorePlan, target: Tenso
     return kept, kernels, computed
 
 
-def _two_stage_plan(store: Store, s: JobSetup, plan: ScorePlan, n_target: int, reporter: Reporter,
-                    train: ChunkedRows) -> TwoStage | None:
+def _two_stage_plan(store: Store, s: JobSetup, plan: ScorePlan, n_target: int, reporter: Reporter) -> TwoStage | None:
     """The two-stage top-k of this run (:mod:`trakcli.topk`), or None: when the store has codes
     (``store.dtype`` int8 or binary) and the top-k is streamed with TRAK's scores and primal kernels.
 
     Otherwise, on a store with codes, one info line says why the top-k comes from the exact streamed
-    pass over the bfloat16 copy instead. ``train``: the first checkpoint's train rows (whether their chunk files
-    are read directly decides ``score.rerank: auto``).
+    pass over the bfloat16 copy instead.
     """
     codes, layout = store.layout.dtype, store.layout
     if not plan.top_k or not is_quantized(codes):
@@ -443,13 +442,15 @@ def _two_stage_plan(store: Store, s: JobSetup, plan: ScorePlan, n_target: int, r
            "score.normalize unit ranks by cosines, which the codes do not approximate" if plan.unit else
            "curvature.exact recomputes the scores exactly" if plan.exact else
            f"n_train {layout.n_train} < proj_dim {layout.proj_dim}: the dual kernel scores every "
-           "row in one product" if dual else None)
+           "row in one product" if dual else
+           f"{layout.n_train} rows are too few for the one-pass scan's sampled floor, and the plain pass is "
+           "faster here; score.rerank: scan forces it" if plan.rerank == "auto" and not scan_has_floor(
+               plan.rescore_multiplier, codes, n_target, plan.top_k, layout.n_train, layout.chunk_rows,
+               layout.proj_dim) else None)
     if why is not None:
         reporter.info(f"two-stage top-k not used ({why}); the top-k comes from the exact pass over the bfloat16 copy")
         return None
-    return TwoStage.of(codes, plan.rescore_multiplier, plan.recall_queries, n_target, plan.top_k, layout.n_train,
-                       layout.chunk_rows, plan.rerank, train.reads_chunk_files("features"),
-                       layout.proj_dim)
+    return TwoStage.of(codes, plan.rescore_multiplier, plan.recall_queries, n_target, plan.top_k, plan.rerank)
 
 
 def _per_token_scores(s: JobSetup, store: Store, train_rows: list[ChunkedRows], target: TensorDataset,
@@ -629,7 +630,7 @@ def _finalize_and_score(
         if out is not None:  # ranked from the finished matrix
             scorer = lambda lo, hi: torch.from_numpy(out.read("scores", lo, hi))  # noqa: E731
         if top.two_stage is not None:  # planned by _two_stage_plan: codes, TRAK's scores, primal kernels, no matrix
-            computed += top.compute_two_stage(scorer, parts, cands, dist, reporter)
+            computed += top.compute_scan(scorer, parts, cands, dist, reporter)
         else:
             computed += top.compute(scorer, parts, dist, reporter)
         dist.barrier()

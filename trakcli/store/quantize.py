@@ -17,12 +17,11 @@ codes from the features it is given):
   row is ``codes · scale``) or ``mean|φ|`` (binary; the decoded row is
   ``(2·bits − 1) · scale``, the scale that minimizes the squared error of a
   sign code, Rastegari et al. 2016, "XNOR-Net", Eq. 4).
-* ``features_crc32c`` ``[n_train]`` uint32: the CRC32C of each row of the float
-  copy as stored. The float copy is written uncompressed, whatever
-  ``store.compressor``, so that the exact re-ranking reads its candidate rows
-  one by one, each checked by its own checksum (:mod:`trakcli.store.rowread`).
-  Stores written before the row checksums existed have neither: their
-  candidates are read chunk by chunk.
+* The float copy and the codes are written uncompressed, whatever ``store.compressor``: the one-pass
+  scan reads them straight from their chunk files (:mod:`trakcli.store.chunkread`) with no decompression
+  beside its products. (Stores of an earlier layout may hold a compressed float copy and a
+  ``features_crc32c`` array of per-row checksums: the float copy is read through zarr, the checksums are
+  not read.)
 
 The codes feed the candidate stage of the two-stage top-k
 (:mod:`trakcli.topk`). Target features of such a store are kept as
@@ -67,20 +66,17 @@ def code_width(dtype: str, proj_dim: int) -> int:
     return proj_dim if dtype == INT8 else -(-proj_dim // 8)
 
 
-ROW_CRC = "features_crc32c"
-"""The per-row checksums of the float copy (:mod:`trakcli.store.rowread`)."""
-
-CODE_ARRAYS = ("codes", "scale", ROW_CRC)
+CODE_ARRAYS = ("codes", "scale")
 """The train arrays a store of a quantized dtype has beside ``features``, ``out_to_loss`` and ``nonfinite``."""
 
 
 def code_arrays(dtype: str, n_rows: int, proj_dim: int) -> dict[str, tuple[tuple[int, ...], str]]:
     """The extra arrays ``{name: (shape, zarr dtype)}`` of a store of ``store.dtype`` ``dtype`` ({} if none):
-    the codes, their scales and the float copy's per-row checksums (:data:`ROW_CRC`)."""
+    the codes and their scales."""
     if not is_quantized(dtype):
         return {}
     return {"codes": ((n_rows, code_width(dtype, proj_dim)), "int8" if dtype == INT8 else "uint8"),
-            "scale": ((n_rows,), "float32"), ROW_CRC: ((n_rows,), "uint32")}
+            "scale": ((n_rows,), "float32")}
 
 
 def _float_rows(x: np.ndarray) -> np.ndarray:

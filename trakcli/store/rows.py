@@ -30,13 +30,12 @@ from trakcli.store.integrity import (
     repair_command,
     settle,
 )
-from trakcli.store.quantize import BINARY, INT8, ROW_CRC, encode
-from trakcli.store.rowread import ROW_CRC_SUFFIX, read_rows, row_checksums
+from trakcli.store.quantize import BINARY, INT8, encode
 
 __all__ = ["ChunkedRows", "EvalRows", "StoreCorruptError", "codecs", "read_checked"]
 
 READ_ERRORS = (ValueError, RuntimeError, OSError, TypeError)  # what zarr raises for an undecodable chunk
-#: Chunks read at once by :meth:`ChunkedRows.read_rows` where rows cannot be read one by one.
+#: Chunks above which :meth:`ChunkedRows.partial` reads every chunk's count at once rather than one by one.
 READ_RUN_CHUNKS = 32
 
 
@@ -182,15 +181,12 @@ class ChunkedRows:
             ) from None
 
     def _encoded(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """``arrays`` as written (:meth:`write`): derived codes and row checksums added, each cast to its array."""
+        """``arrays`` as written (:meth:`write`): derived codes added, each cast to its array."""
         if "codes" in self.data and "features" in arrays and "codes" not in arrays:  # int8 / binary store
             # the codes of the stored (bfloat16) features: the same whether a row is computed or read back
             stored = round_to_bfloat16(arrays["features"]) if is_bfloat16(self.data["features"]) else arrays["features"]
             arrays = {**arrays, **encode(self.code_dtype, stored)}
-        encoded = {name: _encode(self.data[name], arr) for name, arr in arrays.items()}
-        if ROW_CRC in self.data and "features" in encoded and ROW_CRC not in encoded:  # the rows as stored
-            encoded[ROW_CRC] = row_checksums(encoded["features"])
-        return encoded
+        return {name: _encode(self.data[name], arr) for name, arr in arrays.items()}
 
     def partial(self, chunks: Sequence[int]) -> dict[int, int]:
         """``{chunk: rows}``: of the chunks ``chunks`` (not done), those whose first ``rows`` rows are written
@@ -350,42 +346,6 @@ class ChunkedRows:
         # every chunk but the array's last holds chunk_rows entries, and the last sorts last
         at = np.searchsorted(chunks, idx // self.chunk_rows) * self.chunk_rows + idx % self.chunk_rows
         return np.take(joined, at, axis=self.axis)
-
-    def read_rows(self, name: str, rows: np.ndarray, decode: bool = True) -> np.ndarray:
-        """Rows ``rows`` (int64, sorted, unique) of the 2-D array ``name``: one by one, each checked by its own
-        checksum, where the array allows it (:mod:`trakcli.store.rowread`: the uncompressed float copy of an
-        int8 / binary store on a local file system), else the chunks that hold them, read in runs of
-        :data:`READ_RUN_CHUNKS` (on an object store, fetched concurrently).
-
-        Args:
-            decode: bfloat16 arrays give float32 (True) or their stored uint16 bits (False: half the memory).
-
-        Returns:
-            ``[len(rows), width]`` in the array's dtype; for bfloat16, float32, or the stored uint16 bits when not
-            ``decode`` and the rows were read one by one (read by chunks, they come decoded, float32).
-
-        Raises:
-            StoreCorruptError: a row or chunk is missing or fails its checksum.
-        """
-        rows = np.asarray(rows, dtype=np.int64)
-        crc_name = name + ROW_CRC_SUFFIX
-        if crc_name in self.data and len(rows):
-            lo, hi = int(rows[0]), int(rows[-1]) + 1
-            crc = self.read(crc_name, lo, hi)[rows - lo]
-            got = read_rows(self.data[name], crc, rows, self.chunk_rows, decode=decode)
-            if got is not None:
-                return got
-        if not len(rows):
-            return self.take(name, rows)
-        # by runs of at most READ_RUN_CHUNKS chunks, each one read (its chunks fetched concurrently, as a block
-        # of a streamed pass), skipping runs without a row asked for
-        span = self.chunk_rows * READ_RUN_CHUNKS
-        parts = []
-        for lo in range(int(rows[0]) // span * span, int(rows[-1]) + 1, span):
-            a, b = np.searchsorted(rows, [lo, lo + span])
-            if a < b:
-                parts.append(self.read(name, lo, min(lo + span, self.n_rows))[rows[a:b] - lo])
-        return np.concatenate(parts)
 
     def iter_chunks(self, name: str) -> Iterator[tuple[int, int, np.ndarray]]:
         """Yield ``(lo, hi, block)`` of array ``name`` chunk by chunk."""

@@ -28,7 +28,7 @@ from trakcli.errors import Fix, StoreError, StoreMismatchError
 from trakcli.files import atomic_open
 from trakcli.store.append import grow_if_appended, stale_error
 from trakcli.store.bfloat16 import array_attrs, is_bfloat16, logical_dtype, storage_dtype
-from trakcli.store.quantize import ROW_CRC, code_arrays, feature_dtype
+from trakcli.store.quantize import code_arrays, feature_dtype
 from trakcli.store.evalgroup import delete_keeping_eval, headless_store, remove_leftovers, restore_eval
 from trakcli.store.identity import check_same, jsonable
 from trakcli.store.integrity import (
@@ -517,12 +517,10 @@ class Store:
                 )
         codes = code_arrays(layout.dtype, n_train, proj_dim)
         plain = {}
-        if codes and "features" in group and ROW_CRC not in group:
-            del codes[ROW_CRC]  # a float copy written before the row checksums: read by chunks, as written
-        elif codes:
-            # the float copy: uncompressed, read row by row (trakcli.store.rowread); the codes: uncompressed, read
-            # straight from their files by a scan (trakcli.store.chunkread), so that their reading costs the
-            # processor no decompression beside the scan's products
+        if codes and not ("features" in group and _compressed(group["features"])):
+            # the float copy and the codes: uncompressed, read straight from their files by a scan
+            # (trakcli.store.chunkread), so that their reading costs the processor no decompression beside the
+            # scan's products (a float copy of an earlier layout may be compressed: a repair keeps it so)
             plain = {"features": "none", "codes": "none"}
         data, done = self._arrays(
             group,
@@ -538,7 +536,7 @@ class Store:
             create,
             repair,
             {"features": ("train", "proj"), "out_to_loss": ("train",), "nonfinite": ("train",),
-             "codes": ("train", "code"), "scale": ("train",), ROW_CRC: ("train",)},
+             "codes": ("train", "code"), "scale": ("train",)},
             compressors=plain,
         )
         progress = self._rows_done(group, done.shape[0], create, repair)
@@ -912,3 +910,8 @@ class Store:
         except OSError as e:
             raise StoreError(f"cannot write {out}: {e}{kept}") from None
         return shape
+
+
+def _compressed(arr: Any) -> bool:
+    """Whether a zarr array's chunks are compressed (a codec beside the bytes and the checksum)."""
+    return any(type(c).__name__ not in ("BytesCodec", "Crc32cCodec") for c in getattr(arr.metadata, "codecs", ()))

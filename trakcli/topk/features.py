@@ -111,11 +111,6 @@ class FeatureScores:
                   for rows, _, _ in self.primal]
         return codes, scales, self._mean_q(lo, hi, slot)
 
-    def approx(self, lo: int, hi: int) -> torch.Tensor:
-        """Approximate scores ``[hi - lo, n_target]`` float32 (train rows first) from the codes
-        (:mod:`trakcli.store.quantize`): :meth:`product` of :meth:`read_codes`."""
-        return self.product(*self.read_codes(lo, hi))
-
     def product(self, codes: list[np.ndarray], scales: list[np.ndarray], q: torch.Tensor,
                 slot: int | None = None) -> torch.Tensor:
         """Approximate scores ``[rows, n_target]`` float32 (train rows first) from :meth:`read_codes`.
@@ -162,29 +157,11 @@ class FeatureScores:
         """The output, the int32 product and a float32 term of :meth:`product` for ``n`` rows."""
         return torch.empty(n, n_target), torch.empty(n, n_target, dtype=torch.int32), torch.empty(n, n_target)
 
-    #: Output blocks of :meth:`approx` used in turn: a block stays valid until the call after the next
+    #: Output blocks of :meth:`product` used in turn (without ``slot``): a block stays valid until the call after the next
     #: (the caller filters one block while the next is computed). Reusing them keeps the process's memory
     #: flat: fresh 16 MB blocks, allocated in the reading thread and freed in the filtering one, take the
     #: candidate pass's peak RSS at 10^7 rows to 3.0 GiB against 1.6 GiB (measured).
     APPROX_BUFFERS = 3
-
-    def gather(self, rows: np.ndarray) -> tuple[list[torch.Tensor], torch.Tensor]:
-        """The float copy of train rows ``rows`` (int64, sorted, unique) for :meth:`pairs`: per checkpoint
-        ``[len(rows), proj_dim]``, read row by row where the store allows
-        (:meth:`~trakcli.store.rows.ChunkedRows.read_rows`), kept as stored (torch bfloat16: 2 bytes a feature,
-        converted by :meth:`pairs` as it gathers), and their ``[len(rows)]`` float32 mean Q."""
-        feats = [_as_tensor(r.read_rows("features", rows, decode=False)) for r, _, _ in self.primal]
-        if not len(rows):
-            return feats, torch.zeros(0)
-        lo = int(rows[0])
-        return feats, self._mean_q(lo, int(rows[-1]) + 1)[torch.from_numpy(rows - lo)]
-
-    def load(self, lo: int, hi: int) -> tuple[list[torch.Tensor], torch.Tensor]:
-        """The float copy of train rows ``lo .. hi``: per checkpoint ``[rows, proj_dim]`` float32 (bfloat16 as stored,
-        converted once here for both :meth:`pairs` and :meth:`rows`), and the ``[rows]`` float32 mean Q."""
-        feats = [torch.from_numpy(rows.read("features", lo, hi).astype(np.float32, copy=False))
-                 for rows, _, _ in self.primal]
-        return feats, self._mean_q(lo, hi)
 
     #: Buffers of each array that :meth:`scan_read` reads in turn (the ``i``-th read of a pass uses buffer
     #: ``i mod SCAN_SLOTS``): more than the blocks held at once by the reads ahead, the products and the caller
@@ -195,7 +172,7 @@ class FeatureScores:
                   ) -> tuple[tuple[list[np.ndarray], list[np.ndarray], torch.Tensor], Any]:
         """Everything a one-pass two-stage top-k needs of train rows ``lo .. hi`` (whole chunks), read only (a
         thread reads the next blocks while the product of this one is computed): :meth:`read_codes`, and the
-        float copy as :meth:`load` gives it, bfloat16 kept as stored (torch bfloat16; :meth:`pairs` and
+        float copy of the rows, bfloat16 kept as stored (torch bfloat16; :meth:`pairs` and
         :meth:`rows` convert what they use). ``slot``: :meth:`~trakcli.store.rows.ChunkedRows.read_direct`'s reused buffers."""
         slot = None if slot is None else slot % self.SCAN_SLOTS
         codes = self.read_codes(lo, hi, slot)
@@ -221,7 +198,7 @@ class FeatureScores:
         asked for, not the block's product.
 
         Args:
-            block: :meth:`load`'s or :meth:`gather`'s float copy of rows (float32 or bfloat16, converted to
+            block: :meth:`scan_product`'s float copy of rows (float32 or bfloat16, converted to
                 float32 as they are gathered).
             targets: ``[p]`` int64 target indices.
             rows: ``[p]`` int64 row indices within the block.

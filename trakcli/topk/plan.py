@@ -53,19 +53,11 @@ SCAN_MERGE_BATCH = 0.25
 
 
 class TwoStageScores(Protocol):
-    """What the two-stage top-k needs of the scores (``trakcli.jobs.score`` implements it)."""
-
-    def approx(self, lo: int, hi: int) -> torch.Tensor:
-        """``[n_target, hi - lo]`` float32 approximate scores of train rows ``lo .. hi`` from the codes."""
-
-    def load(self, lo: int, hi: int) -> Any:
-        """The float copy of train rows ``lo .. hi`` (whatever :meth:`pairs` and :meth:`rows` take)."""
-
-    def gather(self, rows: np.ndarray) -> Any:
-        """The float copy of train rows ``rows`` (int64, sorted, unique), as :meth:`load` gives a block."""
+    """What the two-stage top-k needs of the scores (:class:`trakcli.topk.features.FeatureScores` implements it)."""
 
     def pairs(self, block: Any, targets: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """``[p]`` float32 exact scores of target ``targets[p]`` against row ``rows[p]`` of ``block`` (int64)."""
+        """``[p]`` float32 exact scores of target ``targets[p]`` against row ``rows[p]`` of ``block`` (int64), a
+        float copy as :meth:`scan_product` gives it."""
 
     def rows(self, block: Any, targets: torch.Tensor) -> torch.Tensor:
         """``[len(targets), rows]`` float32 exact scores of the targets ``targets`` against the whole block."""
@@ -75,7 +67,7 @@ class TwoStageScores(Protocol):
         for the ``slot``-th read of the pass (buffers may be reused by a read many slots later)."""
 
     def scan_product(self, read: Any) -> tuple[torch.Tensor, Any]:
-        """``(approximate scores [rows, n_target] as :meth:`approx`, float copy as :meth:`load`)`` of a
+        """``(approximate scores [rows, n_target] from the codes, the float copy of the rows)`` of a
         :meth:`scan_read`."""
 
 
@@ -87,26 +79,24 @@ class TwoStage:
         codes: ``int8`` or ``binary`` (the store's dtype).
         multiplier: ``score.rescore_multiplier``: K' = multiplier · K candidates per target and side.
         sample: ``[n_sample]`` target indices whose exact top-k is computed too (for the recall).
-        rerank: ``scan`` (one pass reads the codes and the float copy of every row: :meth:`StoredTopK.compute_scan`)
-            or ``rows`` (a pass over the codes, then the float copy of the candidate rows alone), by
-            :func:`rerank_mode`.
+        rerank: ``scan``: one pass reads the codes and the float copy of every row
+            (:meth:`~trakcli.topk.stored.StoredTopK.compute_scan`).
     """
 
     codes: str
     multiplier: int
     sample: tuple[int, ...]
-    rerank: str = "rows"
+    rerank: str = "scan"
 
     @classmethod
-    def of(cls, codes: str, multiplier: int | None, recall_queries: int, n_target: int, k: int, n_train: int,
-           chunk_rows: int, rerank: str = "auto", local: bool = True, proj_dim: int | None = None) -> "TwoStage":
+    def of(cls, codes: str, multiplier: int | None, recall_queries: int, n_target: int, k: int,
+           rerank: str = "auto") -> "TwoStage":
         """The settings of a run: ``multiplier`` None takes :data:`DEFAULT_RESCORE_MULTIPLIER`; ``recall_queries``
-        evenly spaced targets (all of them when there are fewer); ``rerank`` ``scan`` or ``rows``, or ``auto``:
-        :func:`rerank_mode` of K' = min(multiplier · k, n_train) candidates (``local``: the store's float copy is
-        read from its chunk files directly; ``proj_dim``: the one-pass blocks' width, for its sampled floor).
+        evenly spaced targets (all of them when there are fewer); ``rerank`` ``auto`` or ``scan`` (the one-pass
+        re-ranking, :meth:`~trakcli.topk.stored.StoredTopK.compute_scan`).
 
         Raises:
-            StoreError: ``multiplier`` or ``recall_queries`` is not a positive integer.
+            StoreError: ``multiplier`` or ``recall_queries`` is not a positive integer; another ``rerank``.
         """
         multiplier = DEFAULT_RESCORE_MULTIPLIER[codes] if multiplier is None else multiplier
         for name, value in (("score.rescore_multiplier", multiplier), ("score.recall_queries", recall_queries)):
@@ -114,25 +104,15 @@ class TwoStage:
                 raise StoreError(f"{name} must be a positive integer, got {value!r}; e.g. {name}=4")
         n = min(recall_queries, n_target)
         sample = tuple(int(i) for i in np.unique(np.linspace(0, n_target - 1, n).round().astype(np.int64)))
-        if rerank == "auto":
-            block = None if proj_dim is None else block_rows(n_target, proj_dim, chunk_rows, APPROX_BLOCK_BYTES)
-            rerank = rerank_mode(n_target, min(multiplier * min(k, n_train), n_train), n_train, chunk_rows, local,
-                                 block)
-        elif rerank not in ("scan", "rows"):
-            raise StoreError(f"score.rerank must be auto, scan or rows, got {rerank!r}")
-        return cls(codes, multiplier, sample, rerank)
+        if rerank not in ("auto", "scan"):
+            raise StoreError(f"score.rerank must be auto or scan, got {rerank!r}")
+        return cls(codes, multiplier, sample)
 
     def settings(self) -> dict[str, Any]:
         """What the experiment's results depend on (recorded and checked with the score settings; the re-ranking
-        too, as the stored parts of an unfinished run are laid out by it)."""
+        too, as the stored parts of an unfinished run are laid out by it: always ``scan``)."""
         return {"codes": self.codes, "rescore_multiplier": self.multiplier, "recall_queries": list(self.sample),
                 "rerank": self.rerank}
-
-
-#: On an object store, a two-stage top-k re-ranks in one pass over every row (``scan``) when its candidate pairs
-#: number at least this many per chunk of train rows: reading the candidates' chunks would then fetch nearly every
-#: chunk of the float copy anyway, after a pass over the codes.
-SCAN_PAIRS_PER_CHUNK = 8
 
 
 def seed_sample(n_train: int, chunk_rows: int, block: int, candidates: int) -> tuple[list[int], int] | None:
@@ -146,24 +126,18 @@ def seed_sample(n_train: int, chunk_rows: int, block: int, candidates: int) -> t
     return None if m < SEED_MIN or m > sampled else (starts, m)
 
 
-def rerank_mode(n_target: int, candidates: int, n_train: int, chunk_rows: int, local: bool = True,
-                block: int | None = None) -> str:
-    """``scan`` or ``rows`` (:class:`TwoStage`) for ``2 · n_target · candidates`` pairs over ``n_train`` rows.
+def scan_has_floor(multiplier: int | None, codes: str, n_target: int, k: int, n_train: int, chunk_rows: int,
+                   proj_dim: int) -> bool:
+    """Whether the one-pass scan of a two-stage top-k can start from a sampled floor (:func:`seed_sample`).
 
-    ``scan`` where its starting floor can be sampled (:func:`seed_sample` of blocks of ``block`` rows, when
-    given): without it a scan scores about K' · ln(blocks) pairs per target exactly, and ``rows`` was faster
-    (200,000 rows, 1,000 targets: 7.2 against 13.7 s, measured). Then on a store whose chunk files are read
-    directly (``local``: :mod:`trakcli.store.chunkread`); there it was faster than ``rows`` at every size
-    measured from 10^6 rows (1,000 targets: 10.0 against 14.8 s) to 10^7 rows, down to 5 targets (33.7 against
-    40.5 s: its parallel, ``O_DIRECT`` reads of 30 GB against a pass over the 10 GB of codes and 2,000 row
-    reads). On an object store, ``scan`` from :data:`SCAN_PAIRS_PER_CHUNK` pairs a chunk.
+    Without one, a scan scores about K' · ln(blocks) pairs per target and side exactly, and the two-stage top-k
+    costs more than the plain streamed pass over the float copy: at 200,000 rows (391 chunks of 512) and 1,000
+    targets, K' = 200, 13.7 s against about 7 s (measured). ``score.rerank: auto`` then takes the plain pass.
     """
-    if block is not None and seed_sample(n_train, chunk_rows, block, candidates) is None:
-        return "rows"
-    if local:
-        return "scan"
-    n_chunks = -(-n_train // chunk_rows)
-    return "scan" if 2 * n_target * candidates >= SCAN_PAIRS_PER_CHUNK * n_chunks else "rows"
+    multiplier = DEFAULT_RESCORE_MULTIPLIER[codes] if multiplier is None else multiplier
+    candidates = min(multiplier * min(k, n_train), n_train)
+    block = block_rows(n_target, proj_dim, chunk_rows, APPROX_BLOCK_BYTES)
+    return seed_sample(n_train, chunk_rows, block, candidates) is not None
 
 
 def segments(n_train: int, chunk_rows: int, rows: int = SEGMENT_ROWS) -> list[tuple[int, int]]:

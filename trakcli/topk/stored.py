@@ -19,7 +19,7 @@ from trakcli.store.store import TOP_K_ARRAYS
 from trakcli.topk import plan  # its sizes are read at each use (tests set them small)
 from trakcli.topk.plan import BlockScores, TwoStage, TwoStageScores, block_rows, measured_segments, seed_sample, segments
 from trakcli.topk.stream import (
-    RunningTopK, _ahead, _blocks, _CandidatePairs, _KthBest, _merge_parts, _merge_sides, _one_thread, _padded,
+    RunningTopK, _blocks, _KthBest, _merge_parts, _merge_sides, _one_thread, _padded,
     _pipeline, _PairScores, _unmeasured,
 )
 
@@ -77,78 +77,13 @@ class StoredTopK:
         return self.store.top_k_parts(self.experiment, self.n_target, self.candidates, len(self.segments),
                                       create=create, repair=create, name="top_k_candidates")
 
-    def compute_two_stage(self, scores: TwoStageScores, parts: ChunkedRows, cands: ChunkedRows, dist: Dist,
-                          reporter: Reporter) -> int:
-        """Steps 1 to 3 (module docstring) for this rank's pending segments; returns the segments computed.
-
-        Every rank calls it (it holds a barrier between steps 1 and 2). With ``rerank`` ``scan``,
-        :meth:`compute_scan` instead.
-        """
-        if self.two_stage.rerank == "scan":
-            return self.compute_scan(scores, parts, cands, dist, reporter)
-        kc = self.candidates
-        pending = cands.pending(dist.rank, dist.world_size)
-        spans = self._spans(pending, self.approx_block)
-        blocks = _ahead(scores.approx, [span[1:] for span in spans])  # the next block's product while this one merges
-        seen = [_KthBest(kc, largest=True), _KthBest(kc, largest=False)]  # over the segments computed here
-        with reporter.task("top-k candidates", len(pending)) as task:
-            for seg, group in itertools.groupby(zip(spans, blocks), key=lambda x: x[0][0]):
-                event(f"start top-k candidates {seg}")
-                top, low = (RunningTopK(kc, side.largest, floor=side.kth) for side in seen)
-                for (_, b, _), block in group:
-                    top.add(block, b)
-                    low.add(block, b)
-                found = (top.result(), low.result())
-                for side, (values, _) in zip(seen, found):
-                    side.add(values)
-                cands.write(seg, **_padded(*found[0], *found[1], kc))
-                event(f"done top-k candidates {seg}")
-                task.advance()
-        dist.barrier()
-        pending_exact = parts.pending(dist.rank, dist.world_size)
-        if not pending_exact:
-            return len(pending)
-        cand = self._merged_candidates(cands)  # [n_target, K'] rows per side
-        pairs = _CandidatePairs(cand)
-        sample = torch.tensor(self.two_stage.sample, dtype=torch.int64)
-        measured = set(self.recall_segments())
-
-        def candidates_of(seg: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any]:
-            """The candidate pairs of a segment and the float copy of their rows (read row by row)."""
-            t, r, slot = pairs.within(*self.segments[seg])
-            rows, at = torch.unique(r, return_inverse=True)  # sorted: each row read once
-            return t, at, slot, scores.gather(rows.numpy())
-
-        with reporter.task("top-k exact re-ranking", len(pending_exact)) as task:
-            for seg, (t, at, slot, floats) in zip(pending_exact, _ahead(candidates_of, [(s,) for s in pending_exact])):
-                event(f"start top-k segment {seg}")
-                exact = torch.full((2 * self.n_target * kc,), float("nan"))  # [side, target, K'] flat
-                if len(t):  # only the (target, row) pairs that are candidates: n_target · K' dot products in all
-                    exact[slot] = scores.pairs(floats, t, at)
-                exact = exact.view(2, self.n_target, kc)
-                mine = {"proponents": cand[0].numpy()[None], "proponent_scores": exact[0].numpy()[None],
-                        "opponents": cand[1].numpy()[None], "opponent_scores": exact[1].numpy()[None]}
-                if seg in measured:  # the sampled targets' exact top-k over the segment's every row
-                    ref: list[Any] = [None, None, None, None]
-                    spans = [span[1:] for span in self._spans([seg], self.approx_block)]  # 16 targets: small blocks
-                    for (b, _), block_floats in zip(spans, _ahead(scores.load, spans)):
-                        block = scores.rows(block_floats, sample)
-                        ref = _merge_sides(ref, block, b, self.k)
-                    want = _padded(*ref, kc)
-                else:  # not read whole: no exact top-k here
-                    want = _unmeasured(len(sample), kc)
-                parts.write(seg, **{name: np.concatenate([mine[name], want[name]], axis=1) for name in mine})
-                event(f"done top-k segment {seg}")
-                task.advance()
-        return len(pending) + len(pending_exact)
-
     def compute_scan(self, scores: TwoStageScores, parts: ChunkedRows, cands: ChunkedRows, dist: Dist,
                      reporter: Reporter, seed: bool = True) -> int:
-        """The two-stage top-k in one pass (``rerank`` ``scan``) over this rank's pending segments; returns them.
+        """The two-stage top-k in one pass over this rank's pending segments; returns them. Every rank calls it.
 
         Per block of a segment, the codes and the float copy of its rows are read together (a thread reads the
         blocks ahead, another computes the next block's product: :func:`_pipeline`), the candidates are
-        filtered from the approximate scores as in step 1, and every pair the running top-K' takes in is scored
+        filtered from the approximate scores (a running top-K' per target and side), and every pair it takes in is scored
         exactly at once from the block's float copy (:meth:`TwoStageScores.pairs`), as are the sampled targets
         against every row of a measured segment. A segment writes its candidates with their approximate
         scores (``top_k_candidates``) and, in the same slots, their exact ones (``top_k_parts``), then the
@@ -260,24 +195,10 @@ class StoredTopK:
                     _merge_parts(got[f"{side}_scores"], got[f"{side}s"], self.candidates, largest)[1]))
                 for side, largest in (("proponent", True), ("opponent", False))]
 
-    def _merge_exact(self, got: dict[str, np.ndarray], rows: Any,
-                     cands: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
-        """The final top-k of targets ``rows`` from step 3's parts ``got`` (``[n_segments, n, K']`` arrays), or,
-        with ``rerank`` ``scan``, from the segments' candidates ``cands`` and the exact scores of the same slots
-        in ``got`` (:meth:`compute_scan`)."""
-        if self.two_stage.rerank == "scan":
-            return self._merge_scan(got, rows, cands)
-        out = {}
-        for side, largest in (("proponent", True), ("opponent", False)):
-            vals = np.fmax.reduce(got[f"{side}_scores"][:, rows], axis=0)  # each candidate is exact in one segment
-            idx = got[f"{side}s"][0, rows]
-            vals = np.where(np.isnan(vals), -np.inf if largest else np.inf, vals).astype(np.float32)
-            out[f"{side}_scores"], out[f"{side}s"] = order_top_k(vals, idx, self.k, largest)
-        return out
-
     def _merge_scan(self, got: dict[str, np.ndarray], rows: Any, cands: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """:meth:`_merge_exact` of a one-pass top-k: per target and side the K' best approximate scores over the
-        segments (equal ones by row, as :meth:`_merged_candidates`), then the K best exact scores among them."""
+        """The final top-k of targets ``rows`` of a two-stage top-k: per target and side the K' best approximate
+        scores over the segments' candidates ``cands`` (equal ones by row, as :meth:`_merged_candidates`), then
+        the K best exact ones among them (``got``: the exact scores of the same slots, :meth:`compute_scan`)."""
         out = {}
         for side, largest in (("proponent", True), ("opponent", False)):
             idx = np.concatenate(list(cands[f"{side}s"][:, rows]), axis=1)  # [n, n_segments · K']
@@ -294,7 +215,7 @@ class StoredTopK:
     def _scan_candidates(self, targets: slice) -> dict[str, np.ndarray] | None:
         """The stored candidates ``[n_segments, targets, K']`` of a one-pass top-k (:meth:`compute_scan`), else
         None."""
-        if self.two_stage is None or self.two_stage.rerank != "scan":
+        if self.two_stage is None:
             return None
         return {name: read_checked(arr, (slice(None), targets), 0)
                 for name, arr in self.candidate_parts(create=False).data.items()}
@@ -318,7 +239,7 @@ class StoredTopK:
         frac = sum(self.segments[s][1] - self.segments[s][0] for s in measured) / self.store.layout.n_train
         got = {name: read_checked(arr, (slice(None),), 0) for name, arr in parts.data.items()}
         sample = np.asarray(self.two_stage.sample)
-        mine = self._merge_exact(got, sample, self._scan_candidates(slice(None)))
+        mine = self._merge_scan(got, sample, self._scan_candidates(slice(None)))
         recall = {}
         for side, largest in (("proponent", True), ("opponent", False)):
             ref_vals, ref_rows = got[f"{side}_scores"][:, self.n_target:], got[f"{side}s"][:, self.n_target:]
@@ -372,7 +293,7 @@ class StoredTopK:
             lo, hi = self.final.rows(c)
             got = {name: read_checked(arr, (slice(None), slice(lo, hi)), 0) for name, arr in parts.data.items()}
             if self.two_stage is not None:
-                self.final.write(c, **self._merge_exact(got, slice(None), self._scan_candidates(slice(lo, hi))))
+                self.final.write(c, **self._merge_scan(got, slice(None), self._scan_candidates(slice(lo, hi))))
                 continue
             out = {}
             for side, largest in (("proponent", True), ("opponent", False)):

@@ -129,26 +129,6 @@ class _PairScores:
         return out
 
 
-class _CandidatePairs:
-    """The ``(target, row)`` pairs of the merged candidates of both sides, sorted by row once, so that each block
-    of the re-ranking pass takes its pairs as one slice (:meth:`within`).
-
-    Args:
-        cand: ``[proponent rows, opponent rows]``, each ``[n_target, K']`` int64.
-    """
-
-    def __init__(self, cand: list[torch.Tensor]):
-        rows = torch.cat([c.reshape(-1) for c in cand])  # flat position: side · n_target · K' + target · K' + slot
-        self.rows, order = torch.sort(rows, stable=True)
-        self.slot = order
-        self.target = (order % cand[0].numel()) // cand[0].shape[1]
-
-    def within(self, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(targets, rows, flat positions)`` of the pairs whose row lies in ``lo .. hi``."""
-        a, b = (int(i) for i in torch.searchsorted(self.rows, torch.tensor([lo, hi])))
-        return self.target[a:b], self.rows[a:b], self.slot[a:b]
-
-
 #: Columns of a block whose best score is compared first by :func:`_beyond`.
 FILTER_GROUP = 16
 
