@@ -109,7 +109,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2, help="runs of `trak score` per store (the best is kept)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "int8", "binary"],
                    help="store.dtype of both stores (int8 / binary: the top-k is two-stage)")
-    p.add_argument("--rerank", default="auto", choices=["auto", "scan", "rows"],
+    p.add_argument("--rerank", default="auto", choices=["auto", "scan"],
                    help="score.rerank of a two-stage top-k")
     p.add_argument("--work", type=Path, default=REPO / "bench_results" / "object_store_work")
     p.add_argument("--out", type=Path, default=REPO / "bench_results" / "object_store.json")
