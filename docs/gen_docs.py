@@ -551,6 +551,36 @@ def _ekfac_lm(data: dict[str, Any]) -> tuple[str, str, str]:
     return "EK-FAC on a real language model against TRAK's Kronecker recipe", note, table(head, rows, ["l"] + ["r"] * 6)
 
 
+
+def _examples(data: dict[str, Any]) -> tuple[str, str, str]:
+    def output(name: str, r: dict[str, Any]) -> str:
+        out = r.get("output", {})
+        if "failed" in r or not out or "error" in out:
+            return "failed"
+        if "selected_upper" in out:
+            return (f"{out['selected_upper']} of {out['n_selected']} kept rows upper case (pool: "
+                    f"{out['pool_upper']} of {out['n_pool']})")
+        rc = out["recall"]
+        bm25 = f"; BM25 MRR {out['bm25']['mrr']['value']:.3f}" if "bm25" in out else ""
+        return (f"MRR {out['mrr']['value']:.3f}, recall@1 {rc['1']['value']:.2f}, recall@5 {rc['5']['value']:.2f}"
+                f"{bm25}")
+
+    d = data["data"]
+    rows = [["`python -m examples.news_lm runs/news` (data, base model)", "", _f(d["seconds"], 1), ""]]
+    for name, r in data["examples"].items():
+        cmds = ", ".join(md_code(" ".join(c["command"].split()[:2])) for c in r["commands"])
+        rows.append([f"`configs/{name}.yaml`", cmds, _f(r["seconds"], 1) if "seconds" in r else "failed",
+                     output(name, r)])
+    for name, alts in data.get("alternatives", {}).items():
+        for label, r in alts.items():
+            rows.append([f"`{name}`, {label} (untimed)", "", "", output(name, r)])
+    load = data.get("load_average", {})
+    note = (f"Each example's header commands as its own processes from a new folder, wall seconds summed; its "
+            f"output read afterwards. {_machine(data, 'cpus')} CPUs; load average before and after: "
+            f"{load.get('before')} / {load.get('after')}.")
+    head = ["example", "commands", "seconds", "what it finds"]
+    return "The runnable examples, as shipped", note, table(head, rows, ["l", "l", "r", "l"])
+
 def _per_token(data: dict[str, Any]) -> tuple[str, str, str]:
     sec = data["seconds"]
     doc = sec["document"]
@@ -754,6 +784,7 @@ RENDERERS: list[tuple[Any, str, Any]] = [
     (lambda d: d.get("benchmark") == "probe_sketch", "benchmarks.probe_sketch", _sketch_probe),
     (lambda d: d.get("benchmark") == "bench_gpu", "benchmarks.bench_gpu", _gpu),
     (lambda d: d.get("benchmark") == "bench_ekfac_lm", "benchmarks.bench_ekfac_lm", _ekfac_lm),
+    (lambda d: d.get("benchmark") == "examples", "benchmarks.bench_examples", _examples),
 ]
 
 
