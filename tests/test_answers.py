@@ -47,3 +47,20 @@ def test_the_ridge_says_where_it_comes_from_and_why_it_can_be_large():
                            "train feature; the ridge is in the squared units of the gradients")
     assert "scaling every gradient by c scales it by c^2 and leaves the scores as they are" in text
     assert "score.lambda_reg, as given" in ridge_meaning([0.5], None, 0.5)
+
+
+def test_trak_score_says_what_a_score_is_and_its_ridge(project):
+    import json
+
+    from projects import run
+
+    res = run(project, "score", "run.yaml", "--json")
+    assert res.returncode == 0, res.stderr
+    meaning = json.loads(res.stdout)["meaning"]
+    assert meaning.startswith("A score is TRAK's estimate") and "Ridge lambda_reg per checkpoint: " in meaning
+    assert " ".join(meaning.split()[:6]) in " ".join(res.stderr.split())
+
+
+def test_unrolled_scores_are_metagradients_without_a_ridge():
+    text = score_meaning({"task": "classification"}, {"method": "unroll"})
+    assert text.startswith("A score is a metagradient") and "No ridge or damping" in text

@@ -433,6 +433,7 @@ class Attributor:
         normalize: str | None = "unit",
         experiment: str = "select",
         overwrite: bool = False,
+        quota: str | None = None,
     ) -> Any:
         """The train rows that most help the target batches' task (LESS: Xia et al. 2024), as ``trak select`` scores
         them: cosines of the stored features summed over checkpoints, aggregated over the targets
@@ -445,6 +446,8 @@ class Attributor:
             groups: ``[n_target]`` group of each target (any values; ``aggregate="max_mean"``), or None: one group.
             aggregate, normalize, experiment: as ``select.aggregate``, ``select.normalize``, ``select.experiment``.
             overwrite: recompute the target features.
+            quota: ``"equal"``: every group of ``groups`` keeps an equal share of the rows (``select.quota``); None:
+                the rows are ranked together by their best group's score.
 
         Returns:
             :class:`trakcli.jobs.select.Selection`: ``scores`` ``[n_train]`` float64, ``ranked`` ``[k]`` int64
@@ -458,7 +461,8 @@ class Attributor:
         from trakcli.jobs.select import group_codes, n_selected, select_rows
 
         validate_section(SelectConfig, {"fraction": fraction, "count": count, "aggregate": aggregate,
-                                        "normalize": normalize, "experiment": experiment}, "select")
+                                        "normalize": normalize, "experiment": experiment, "quota": quota,
+                                        "group_by": None if groups is None else "groups"}, "select")
         if not checkpoints:
             raise ConfigError("checkpoints: give the checkpoints of model_ids 0..M-1, as featurized")
         target, first = collect_batches(batches, "target batches", self.task)
@@ -471,7 +475,7 @@ class Attributor:
         with api_wording():
             return select_rows(s, self.path, target, k=n_selected(stored.layout.n_train, fraction, count),
                                groups=codes, group_names=names, aggregate=aggregate, normalize=normalize,
-                               experiment=experiment, overwrite=overwrite, reporter=self.reporter)
+                               experiment=experiment, overwrite=overwrite, reporter=self.reporter, quota=quota)
 
     def report(
         self, path: str | Path, *, experiment: str | None = None, k: int = 5, train: Any = None, target: Any = None,

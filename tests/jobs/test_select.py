@@ -248,6 +248,15 @@ def test_the_python_api_selects_what_the_cli_selects(user_project):
     assert sel.scores.shape == (40,) and sel.ranked[0] == int(np.argmax(sel.scores))
     with pytest.raises(trakcli.errors.ConfigError, match="select.fraction"):
         att.select(target, checkpoints=ckpts, fraction=2.0)
+    # quota equal through the API: the rows trak select keeps with select.quota=equal
+    res = run(user_project, "select", "run.yaml", "select.count=9", "select.out=quota.pt", "select.group_by=y_target",
+              "select.quota=equal", "select.experiment=quota", "-q")
+    assert res.returncode == 0, res.stderr
+    sel = att.select(target, checkpoints=ckpts, count=9, groups=data["y_target"].tolist(), quota="equal",
+                     experiment="quota")
+    assert sel.rows.tolist() == [e["row"] for e in _sidecar(user_project, "quota.pt")]
+    with pytest.raises(trakcli.errors.ConfigError, match="quota"):
+        att.select(target, checkpoints=ckpts, count=9, quota="equal")
 
 
 def test_table_and_builtin_pools_are_written_in_their_own_format(tmp_path):

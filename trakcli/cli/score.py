@@ -136,7 +136,7 @@ def _json(res, shown: list[Shown], out: Path | None, plot: Path | None,
         "scores": f"scores/{res.experiment}/scores" if res.full else None,
         "top_k": f"scores/{res.experiment}/top_k" if res.top_k else None,
         "exported": str(out) if out else None, "plot": str(plot) if plot else None,
-        "two_stage": res.two_stage, "top": top,
+        "two_stage": res.two_stage, "top": top, "meaning": _meaning(res),
     }
 
 
@@ -261,11 +261,23 @@ def score(
               f"curvature {c.kind}: scores of the stored features, feature_damping {c.feature_damping:g}")
     what = ([f"top {res.top_k} [{res.n_target}, {res.top_k}]"] if res.top_k else []) + (
         [f"scores [{res.n_target}, {res.n_train}]"] if res.full else [])
+    meaning = _meaning(res)
+    if "lambda_reg per checkpoint" in meaning or getattr(cfg.score, "method", "kernel") != "kernel":
+        kernel = ""  # the meaning says the ridge (and an unrolled score has none)
     err_console.print(
         f"[green]{' and '.join(what)}[/] -> {res.store} (scores/{res.experiment})"
-        f"; {kernel}" + (f"; exported to {out}" if out else "")
+        + (f"; {kernel}" if kernel else "") + (f"; exported to {out}" if out else "")
         + (f"; plot: {plot}" if plot else "")
     )
+    err_console.print(meaning, highlight=False, markup=False)
+
+
+def _meaning(res: Any) -> str:
+    """What a score of the result's experiment is, its units and size (:func:`trakcli.report.source.scale_of`)."""
+    from trakcli.report.source import scale_of
+    from trakcli.store import Store
+
+    return scale_of(Store.open_existing(res.store, mode="r"), res.experiment, res.per_token)
 
 
 def _target_overrides(cfg, target: str) -> list[str]:
