@@ -16,6 +16,12 @@ first chunk not done. When every chunk is done, the ``[n_target, n_train]`` matr
 (``scores/<experiment>/scores``, by column blocks as :func:`trakcli.jobs.score.score` writes it)
 and, with ``score.top_k``, the top-k arrays are written from them, and the chunks are dropped;
 `trak report`, ``answers.jsonl`` and `trak eval lds` read them as any scores.
+
+Under ``torchrun --nproc-per-node N``, rank r scores the chunks of targets ``c ≡ r (mod N)``
+(:meth:`ChunkedRows.pending <trakcli.store.rows.ChunkedRows.pending>`); rank 0 holds the store's
+lock, creates (or repairs) the arrays before the other ranks open them, and writes the matrix and
+the top-k once every rank is done. A chunk's scores do not depend on which rank computed it, so
+the store equals one process's bit for bit (the same device kind and thread count).
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from trakcli.config import Config
 from trakcli.data.load import load_dataset
 from trakcli.data.tensors import index_inputs, inputs_to, slice_inputs
 from trakcli.data.text import TextDataset
-from trakcli.distributed import Dist
+from trakcli.distributed import Dist, init_from_env
 from trakcli.errors import ConfigError, GradientError, StoreMismatchError
 from trakcli.jobs.inputs import resolve_checkpoints
 from trakcli.jobs.runtime import apply_threads, event, locked_store, resolve_device
@@ -81,8 +87,10 @@ def unroll_score(cfg: Config, *, overwrite: bool = False, reporter: Reporter = N
         raise ConfigError("optimize.lora: score.method: unroll differentiates the training of every weight, not "
                           "LoRA adapters; train without optimize.lora")
     task = resolve_task(cfg.task)
-    device = resolve_device(cfg.device)
-    reporter.phase("loading data.train and data.target …")
+    dist = init_from_env()
+    device = resolve_device(cfg.device, dist)
+    main_reporter = reporter if dist.is_main else NULL_REPORTER
+    main_reporter.phase("loading data.train and data.target …")
     train = load_dataset(cfg.data.train, key="data.train", task=task)
     target = load_dataset(cfg.data.target, key="data.target", task=task)
     n_train, n_target = len(train), len(target)
@@ -96,36 +104,57 @@ def unroll_score(cfg: Config, *, overwrite: bool = False, reporter: Reporter = N
         "targets_per_replay": chunk, "output": "loss",
     }
     path = cfg.store.location
+    n_chunks = -(-n_target // chunk)
     computed = 0
-    with locked_store(path, Dist(), reporter):
-        store = _open_store(cfg, path, train)
-        if overwrite:
-            store.drop(f"scores/{exp}")
-        store.score_settings(exp, settings, repair=True)
-        n_chunks = -(-n_target // chunk)
-        rows = store.top_k_parts(exp, chunk, n_train, n_chunks, repair=True, name=ROWS_GROUP)
-        done_matrix = full and store.scores(exp, n_target, settings, repair=True).is_complete()
-        done_top = top_k is None or StoredTopK(store, exp, n_target, top_k, create=True).is_complete()
-        pending = [] if done_matrix and done_top else rows.pending()
+    with locked_store(path, dist, reporter):
+        todo = False
+        if dist.is_main:  # creates or repairs every array before the other ranks open them
+            store = _open_store(cfg, path, train)
+            if overwrite:
+                store.drop(f"scores/{exp}")
+            store.score_settings(exp, settings, repair=True)
+            done_matrix = full and store.scores(exp, n_target, settings, repair=True).is_complete()
+            done_top = top_k is None or StoredTopK(store, exp, n_target, top_k, create=True).is_complete()
+            todo = not (done_matrix and done_top)
+            if todo:
+                rows = store.top_k_parts(exp, chunk, n_train, n_chunks, repair=True, name=ROWS_GROUP)
+        todo = _from_main(dist, todo)
+        if todo and not dist.is_main:  # opened after rank 0 has created them
+            store = Store.open_existing(path)
+            store.distributed = True
+            rows = store.top_k_parts(exp, chunk, n_train, n_chunks, create=False, name=ROWS_GROUP)
+        pending = rows.pending(dist.rank, dist.world_size, marked=False) if todo else []
         if pending:
-            unrollers = [_unroller(cfg, manifest_path, e, ckpt, train, device, reporter)
+            unrollers = [_unroller(cfg, manifest_path, e, ckpt, train, device, main_reporter)
                          for e, ckpt in zip(entries, checkpoints)]
             for c in pending:
                 lo, hi = c * chunk, min((c + 1) * chunk, n_target)
                 event(f"start unroll {c}")
                 block = np.zeros((1, chunk, n_train), dtype=np.float32)
-                block[0, :hi - lo] = _chunk_scores(unrollers, target, lo, hi, n_train, device, reporter)
+                block[0, :hi - lo] = _chunk_scores(unrollers, target, lo, hi, n_train, device, main_reporter)
                 rows.write(c, proponent_scores=block)
                 event(f"done unroll {c}")
                 computed += 1
-        if not (done_matrix and done_top):
-            computed += _write_results(store, rows, exp, settings, n_target, chunk, full, top_k, reporter)
-        store.drop(f"scores/{exp}/{ROWS_GROUP}")
+        dist.barrier()
+        if dist.is_main:
+            if todo:
+                computed += _write_results(store, rows, exp, settings, n_target, chunk, full, top_k, reporter)
+            store.drop(f"scores/{exp}/{ROWS_GROUP}")
+        dist.barrier()
     return ScoreResult(
         store=path, experiment=exp, n_target=n_target, n_train=n_train, lambdas=[0.0] * len(checkpoints),
         train_labels=None if train.labels is None else train.labels.numpy(), target_labels=target.labels.numpy(),
         train_data=train, target_data=target, chunks_computed=computed, top_k=top_k, full=full,
     )
+
+
+def _from_main(dist: Dist, value: bool) -> bool:
+    """Rank 0's ``value`` on every rank (``torch.distributed.broadcast_object_list``; a single process: itself)."""
+    if dist.world_size == 1:
+        return value
+    box = [value]
+    torch.distributed.broadcast_object_list(box, src=0)
+    return bool(box[0])
 
 
 def _open_store(cfg: Config, path: Any, train: Any) -> Store:
