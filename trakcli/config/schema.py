@@ -294,7 +294,7 @@ class ProjectorConfig(NoBoolNumbers):
 
     A kind built from the model (``kind: kronecker``, LoGra, Choe et al. 2024, projects each
     covered layer's gradient with ``P_out ⊗ P_in`` from the layer's inputs and output
-    gradients, :class:`trakcli.factors.KroneckerFeaturizer`) checks ``implementation`` itself
+    gradients, :class:`trakcli.gradients.KroneckerFeaturizer`) checks ``implementation`` itself
     (kronecker has a single one, so ``implementation`` other than ``auto`` is refused), and
     its only options are the kind's own (:data:`KRONECKER_OPTIONS`).
     """
@@ -390,7 +390,7 @@ class ProjectorConfig(NoBoolNumbers):
 
     def kronecker_options(self) -> dict[str, Any]:
         """``proj_dim``, ``seed`` and the given options of the kind (kind ``kronecker``: :data:`KRONECKER_OPTIONS`),
-        as keyword arguments of :class:`trakcli.factors.KroneckerFeaturizer`."""
+        as keyword arguments of :class:`trakcli.gradients.KroneckerFeaturizer`."""
         own = projector_kind(self.kind).options
         extra = {k: v for k, v in (self.model_extra or {}).items() if k in own}
         return {"proj_dim": self.proj_dim, "seed": self.seed, **extra}

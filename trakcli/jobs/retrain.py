@@ -4,7 +4,7 @@
 training set (``mask[k]``, exactly ``round(subset_fraction * n_train)`` rows),
 with the config's training recipe; its row holds the mask and the targets'
 model outputs under it (the margin the scores attribute,
-:func:`trakcli.gradients.output_function`). The LDS of those rows against a
+:func:`trakcli.gradients.vmap.output_function`). The LDS of those rows against a
 score matrix is :func:`trakcli.metrics.lds.lds` (Park et al. 2023, "TRAK",
 Sec. 2.2; Ilyas et al. 2022, "Datamodels").
 
