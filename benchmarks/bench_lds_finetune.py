@@ -16,7 +16,7 @@ WikiText, LDS over retrained fine-tunes), at a size two CPU cores run:
 * **The checkpoint**: the pretrained weights fine-tuned on all train documents with
   :data:`FINETUNE` (AdamW, constant lr, seed 0), ``<work>/finetuned/model.pt`` (a state dict),
   and its AdamW state in ``finetuned/optimizer_state/model.pt`` (the format
-  :mod:`trakcli.factors.second_moment` reads, so ``second_moment.kind=adam`` rows work).
+  :mod:`trakcli.gradients.second_moment` reads, so ``second_moment.kind=adam`` rows work).
 * **Ground truth**: ``--n-retrain`` (100) fine-tunes from the same pretrained weights with the
   same recipe on random halves of the train documents (retrain k: subset and data order seeded
   by k), run by a pool of ``--workers`` processes of one torch thread each, each cached as

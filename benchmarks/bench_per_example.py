@@ -3,7 +3,7 @@
 
 Each (method, threads) pair runs in fresh Python processes on the digits MLP
 (``model: mlp`` with in_dim 64, hidden_dim 128, num_classes 10, depth 2: 26,122
-parameters) at batch 128, through ``trakcli.factors.per_example_gradients`` as
+parameters) at batch 128, through ``trakcli.gradients.per_example_gradients`` as
 ``trak featurize`` calls it, and reports:
 
 * ``first call``: wall seconds of the first batch, including what the call imports
@@ -46,7 +46,7 @@ def child(method: str, threads: int, batches: int) -> dict:
     import torch
 
     torch.set_num_threads(threads)
-    from trakcli.factors import per_example_gradients
+    from trakcli.gradients import per_example_gradients
     from trakcli.models.build import build_model
 
     torch.manual_seed(0)

@@ -27,15 +27,15 @@ on the digits MLP (64-128-128-10, ReLU, 26,122 parameters) at batch 128 and repo
 Variants:
 
 * ``vmap``: ``torch.func.vmap(torch.func.grad(f))`` with ``functional_call``, the
-  shape of ``trakcli.gradients.PerExampleGradients`` (margin output function);
+  shape of ``trakcli.gradients.vmap.PerExampleGradients`` (margin output function);
 * ``loop``: one ``torch.autograd.grad`` per example (ordinary autograd);
 * ``hooks``: one batched forward + backward with hooks; each ``nn.Linear``'s
   per-example gradient is ``g_i a_iᵀ`` (and ``g_i`` for the bias): the same
   ``[n, grad_dim]`` gradients as vmap, for models made only of ``nn.Linear`` layers
   acting once per example;
-* ``kronecker``: ``trakcli.factors.KroneckerFeaturizer`` (``--proj-dim``), which
+* ``kronecker``: ``trakcli.gradients.KroneckerFeaturizer`` (``--proj-dim``), which
   returns projected features, not gradients (its first call includes importing
-  ``trakcli.factors``);
+  ``trakcli.gradients``);
 * ``dynamo``: ``import torch._dynamo`` alone (first call = the import).
 
 A separate untimed process checks that ``loop`` and ``hooks`` give vmap's gradients.
@@ -143,7 +143,7 @@ def _make(variant: str, model, proj_dim: int):
 
         def kron(x, y):
             if "f" not in state:
-                from trakcli.factors import KroneckerFeaturizer
+                from trakcli.gradients import KroneckerFeaturizer
 
                 state["f"] = KroneckerFeaturizer(model, proj_dim=proj_dim, seed=0)
             return state["f"](x, y)

@@ -6,7 +6,7 @@ What it measures: how much of the top-100 proponents and opponents of a target
 float32 features give, on real projected gradients at corpus scale.
 
 Features (float32, ``[n_train, proj_dim]``, default 100,000 × 1024): per-example
-gradients (``trakcli.gradients.PerExampleGradients``, torch.func.vmap) of the
+gradients (``trakcli.gradients.vmap.PerExampleGradients``, torch.func.vmap) of the
 margin of the digits MLP of ``configs/digits.yaml`` (64-128-128-10, 26,122
 parameters, trained here with that config's recipe: 30 epochs SGD, lr 0.05,
 momentum 0.9, weight decay 5e-4, batch 64), projected with the config's
@@ -55,7 +55,7 @@ import numpy as np
 import torch
 
 from trakcli.data.digits import load_digits_split
-from trakcli.gradients import PerExampleGradients
+from trakcli.gradients.vmap import PerExampleGradients
 from trakcli.models.build import make_mlp
 from trakcli.projectors import make_projector
 from trakcli.scoring import gram_matrix, solve_kernel, target_weights

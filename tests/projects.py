@@ -5,6 +5,7 @@ Not a test module; the fixtures built on these are in conftest.py.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import resource
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from typing import Any
 from pathlib import Path
 
 import numpy as np
@@ -502,3 +504,43 @@ def set_store(root: Path, path: str) -> None:
     cfg = yaml.safe_load((root / "run.yaml").read_text())
     cfg["store"]["path"] = path
     write_config(root / "run.yaml", cfg)
+
+
+def token_rows(n: int, min_len: int, max_len: int, seed: int) -> list[dict]:
+    """``n`` pre-tokenized language-model rows of ``min_len`` to ``max_len`` token ids in [2, 29) (the tiny LMs'
+    vocabulary), each with its next-token labels (``ids``, ``labels``: -100 at the first position)."""
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for _ in range(n):
+        k = int(torch.randint(min_len, max_len + 1, (1,), generator=g))
+        ids = torch.randint(2, 29, (k,), generator=g).tolist()
+        rows.append({"ids": ids, "labels": [-100] + ids[1:]})
+    return rows
+
+
+def tiny_lm_project(root: Path, train: list[dict], target: list[dict], *, max_length: int, batch_size: int,
+                    **config: Any) -> Path:
+    """A project of the tiny GPT-2 of :data:`TINY_LMS_FILE` (one checkpoint, ``ck0.pt``) on pre-tokenized rows
+    (``train.jsonl``, ``target.jsonl``: ``ids`` and ``labels``, :func:`token_rows`), language modeling, one torch
+    thread; ``config``: the other sections of ``run.yaml`` (``projector``, ``store``, ``score``, ``curvature``, and
+    ``data`` keys beside ``batch_size`` as ``data_extra``)."""
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "lm_model.py").write_text(TINY_LMS_FILE)
+    spec = importlib.util.spec_from_file_location(f"lm_model_{root.name}", root / "lm_model.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    torch.save(mod.gpt2().state_dict(), root / "ck0.pt")
+    write_jsonl(root / "train.jsonl", train)
+    write_jsonl(root / "target.jsonl", target)
+    data = {"input_ids": "ids", "labels": "labels", "max_length": max_length}
+    extra = config.pop("data_extra", {})
+    write_config(root / "run.yaml", {
+        "model": {"entrypoint": "lm_model.py:gpt2"},
+        "task": "language_modeling",
+        "checkpoints": ["ck0.pt"],
+        "data": {"train": {"path": "train.jsonl", **data}, "target": {"path": "target.jsonl", **data},
+                 "batch_size": batch_size, **extra},
+        "num_threads": 1,
+        **config,
+    })
+    return root

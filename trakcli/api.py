@@ -34,7 +34,7 @@ from trakcli.data.tensors import Inputs, TensorDataset
 from trakcli.distributed import Dist
 from trakcli.curvature import Curvature
 from trakcli.errors import CheckpointError, ConfigError, DataError, StoreError, TrakError, worded
-from trakcli.factors import KroneckerFeaturizer
+from trakcli.gradients import KroneckerFeaturizer
 from trakcli.tasks import resolve_task, task_identity
 from trakcli.jobs.featurize import featurize_rows
 from trakcli.jobs.runtime import grad_memory_for, locked_store, resolve_device

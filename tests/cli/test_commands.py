@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from trakcli.cli.main import app
 from trakcli.config import load_config
 from trakcli.data import load_dataset
-from trakcli.gradients import PerExampleGradients
+from trakcli.gradients.vmap import PerExampleGradients
 from trakcli.models import build_model, load_checkpoint
 from trakcli.projectors import make_projector
 from trakcli.scoring import trak_scores

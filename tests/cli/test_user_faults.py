@@ -221,7 +221,7 @@ def test_projector_option_typo_gets_did_you_mean(project):
 
 
 def test_make_projector_kronecker_names_the_featurizer():
-    with pytest.raises(ProjectorError, match="built from the model.*trakcli.factors.KroneckerFeaturizer"):
+    with pytest.raises(ProjectorError, match="built from the model.*trakcli.gradients.KroneckerFeaturizer"):
         make_projector(kind="kronecker", grad_dim=10, proj_dim=4)
     with pytest.raises(ProjectorError, match="did you mean 'proj_dim'"):
         make_projector(grad_dim=10, proj_dim=4, proj_dims=4)

@@ -14,7 +14,7 @@ import zarr
 
 from projects import arrays, assert_same_store, kill_at_line, make_project, run, tiny_model, trak_cmd
 from trakcli.curvature import Curvature
-from trakcli.gradients import PerExampleGradients, select_parameters
+from trakcli.gradients.vmap import PerExampleGradients, select_parameters
 
 
 def _store(root: Path) -> Path:

@@ -18,7 +18,7 @@ import zarr
 from projects import kill_at_line, make_project, run, tiny_model, trak_cmd
 from trakcli.curvature import Curvature
 from trakcli.curvature.kfac import CurvatureFactors, LayerFactors
-from trakcli.gradients import PerExampleGradients, select_parameters
+from trakcli.gradients.vmap import PerExampleGradients, select_parameters
 from trakcli.projectors.kronecker_layers import KroneckerLayer, LayerParam
 from trakcli.tasks import LossOutput, resolve_task
 

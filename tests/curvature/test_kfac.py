@@ -14,7 +14,7 @@ from projects import masked_batch, tiny_gpt2, tiny_llama
 from trakcli.curvature import Curvature, correct_eigenvalues, curvature_layers, eigenbases, fit_covariances
 from trakcli.curvature.kfac import CurvatureFactors
 from trakcli.errors import ConfigError
-from trakcli.gradients import select_parameters
+from trakcli.gradients.vmap import select_parameters
 from trakcli.tasks import IGNORE_INDEX, resolve_task
 
 torch.set_default_dtype(torch.float32)

@@ -12,16 +12,14 @@ save, ``resume ...`` when a pass starts after saved rows; ``batch exact <m> <lo>
 from __future__ import annotations
 
 import importlib
-import importlib.util
 from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 import zarr
 
 from projects import (
-    TINY_LMS_FILE, assert_same_store, kill_at_line, make_project, run, run_subprocess, write_config, write_jsonl,
+    assert_same_store, kill_at_line, make_project, run, run_subprocess, tiny_lm_project, token_rows, write_config,
 )
 
 N_DOCS, BATCH = 48, 4  # the LM corpus; rows per batch: the most a rerun may redo (one batch, save_every_s 0)
@@ -31,34 +29,10 @@ ARGS = ["-q"]
 def _lm_project(root: Path) -> Path:
     """A tiny GPT-2 (one checkpoint) with an EK-FAC curvature (the true Fisher: sampled labels) on 48 pre-tokenized
     documents of 3 to 12 tokens, one store chunk, batches of 4 rows, every save after each batch."""
-    root.mkdir(parents=True)
-    (root / "lm_model.py").write_text(TINY_LMS_FILE)
-    spec = importlib.util.spec_from_file_location("lm_model_resume", root / "lm_model.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    torch.save(mod.gpt2().state_dict(), root / "ck0.pt")
-    g = torch.Generator().manual_seed(5)
-    rows = []
-    for _ in range(N_DOCS):
-        n = int(torch.randint(3, 13, (1,), generator=g))
-        ids = torch.randint(2, 29, (n,), generator=g).tolist()
-        rows.append({"ids": ids, "labels": [-100] + ids[1:]})
-    write_jsonl(root / "train.jsonl", rows)
-    write_jsonl(root / "target.jsonl", rows[:3])
-    data = {"input_ids": "ids", "labels": "labels", "max_length": 12}
-    write_config(root / "run.yaml", {
-        "model": {"entrypoint": "lm_model.py:gpt2"},
-        "task": "language_modeling",
-        "checkpoints": ["ck0.pt"],
-        "data": {"train": {"path": "train.jsonl", **data}, "target": {"path": "target.jsonl", **data},
-                 "batch_size": BATCH},
-        "projector": {"proj_dim": 32, "seed": 0},
-        "curvature": {"kind": "ekfac"},
-        "score": {"top_k": 5},
-        "store": {"path": "s.zarr", "chunk_rows": N_DOCS, "save_every_s": 0},
-        "num_threads": 1,
-    })
-    return root
+    rows = token_rows(N_DOCS, 3, 12, seed=5)
+    return tiny_lm_project(root, rows, rows[:3], max_length=12, batch_size=BATCH,
+                           projector={"proj_dim": 32, "seed": 0}, curvature={"kind": "ekfac"}, score={"top_k": 5},
+                           store={"path": "s.zarr", "chunk_rows": N_DOCS, "save_every_s": 0})
 
 
 def _events(log: Path, word: str, what: str) -> list[list[int]]:

@@ -21,7 +21,7 @@ def test_sentence_pairs_tokenize_as_pairs_and_their_gradients_match_single_examp
 
     from trakcli.config import DatasetConfig
     from trakcli.data import load_dataset
-    from trakcli.gradients import PerExampleGradients
+    from trakcli.gradients.vmap import PerExampleGradients
     from trakcli.models import build_model
 
     rows = [("a cat sat", "the cat was sitting", 1), ("rain today", "the sun is out all day long", 0),

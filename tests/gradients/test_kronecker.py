@@ -1,7 +1,7 @@
 """Kronecker-factored projection (LoGra): projector math, and hook-based features against vmap per-example gradients.
 
 The reference for every model is ``KroneckerProjector.project`` of the
-examples' own gradients from :class:`trakcli.gradients.PerExampleGradients`
+examples' own gradients from :class:`trakcli.gradients.vmap.PerExampleGradients`
 (``torch.func.vmap``), and ``project`` itself is checked against the dense
 matrix ``torch.kron(P_out, P_in)``.
 """
@@ -16,8 +16,8 @@ import torch
 from torch import nn
 
 from trakcli.errors import ConfigError, DataError, GradientError, ProjectorError
-from trakcli.factors import KroneckerFeaturizer
-from trakcli.gradients import PerExampleGradients
+from trakcli.gradients import KroneckerFeaturizer
+from trakcli.gradients.vmap import PerExampleGradients
 from trakcli.projectors.kronecker import KroneckerProjector, factor_pair
 from trakcli.projectors.kronecker_layers import KroneckerLayer, LayerParam, choose_grid, split_widths
 

@@ -1,8 +1,8 @@
 """`projector: {kind: kronecker}` end to end: config, featurize, score, inspect, resume, torchrun.
 
-The reference is :class:`trakcli.factors.KroneckerFeaturizer` called directly
+The reference is :class:`trakcli.gradients.KroneckerFeaturizer` called directly
 on the whole training set (its own agreement with vmap per-example gradients
-is tests/factors/test_kronecker.py's); the store-robustness helpers (kills, torchrun,
+is tests/gradients/test_kronecker.py's); the store-robustness helpers (kills, torchrun,
 store comparison) are tests/projects.py's.
 """
 
@@ -24,7 +24,7 @@ from torch import nn
 
 from trakcli.config import load_config
 from trakcli.data import load_dataset
-from trakcli.factors import KroneckerFeaturizer
+from trakcli.gradients import KroneckerFeaturizer
 from trakcli.jobs.setup import prepare
 from trakcli.models import build_model, load_checkpoint
 from trakcli.scoring import trak_scores

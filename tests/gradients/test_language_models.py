@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trakcli.factors import KroneckerFeaturizer
-from trakcli.gradients import PerExampleGradients
+from trakcli.gradients import KroneckerFeaturizer
+from trakcli.gradients.vmap import PerExampleGradients
 from trakcli.jobs.setup import build_featurizer
 from trakcli.config.schema import ProjectorConfig
 from trakcli.tasks import IGNORE_INDEX, LanguageModeling, language_modeling_margin

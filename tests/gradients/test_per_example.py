@@ -1,8 +1,8 @@
-"""Exact per-example gradients from layer hooks (trakcli.factors.LayerGradients) against torch.func.vmap.
+"""Exact per-example gradients from layer hooks (trakcli.gradients.LayerGradients) against torch.func.vmap.
 
-The reference for every model is :class:`trakcli.gradients.PerExampleGradients`
+The reference for every model is :class:`trakcli.gradients.vmap.PerExampleGradients`
 (``vmap(grad(f))``, itself checked against a per-example loop in
-tests/test_gradients.py). Also: the ``auto`` chooser's fallback to vmap (an
+tests/gradients/test_vmap.py). Also: the ``auto`` chooser's fallback to vmap (an
 uncovered parameter, a weight used outside its module, examples that interact,
 a module run without the batch first), ``gradient_method: hooks``'s errors, and
 the config key.
@@ -19,8 +19,8 @@ from typer.testing import CliRunner
 from trakcli.cli.main import app
 from trakcli.config import load_config
 from trakcli.errors import ConfigError, GradientError
-from trakcli.factors import LayerGradients, per_example_gradients
-from trakcli.gradients import PerExampleGradients
+from trakcli.gradients import LayerGradients, per_example_gradients
+from trakcli.gradients.vmap import PerExampleGradients
 from trakcli.tasks import classification_margin
 from trakcli.jobs.setup import build_featurizer
 from trakcli.models.build import build_model

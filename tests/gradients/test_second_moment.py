@@ -19,9 +19,9 @@ from projects import tiny_model
 from trakcli.cli.main import app
 from trakcli.config.schema import Config, ProjectorConfig
 from trakcli.errors import ConfigError
-from trakcli.factors import KroneckerFeaturizer
-from trakcli.factors.second_moment import embedding_note, read_second_moments
-from trakcli.gradients import PerExampleGradients
+from trakcli.gradients import KroneckerFeaturizer
+from trakcli.gradients.second_moment import embedding_note, read_second_moments
+from trakcli.gradients.vmap import PerExampleGradients
 from trakcli.jobs.setup import attach_second_moment, build_featurizer
 from trakcli.tasks import IGNORE_INDEX
 

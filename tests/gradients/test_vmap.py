@@ -3,7 +3,7 @@ import torch
 from torch import nn
 
 from trakcli.errors import ConfigError, DataError, GradientError
-from trakcli.gradients import PerExampleGradients, check_finite, select_parameters
+from trakcli.gradients.vmap import PerExampleGradients, check_finite, select_parameters
 from trakcli.tasks import classification_margin
 
 from projects import tiny_model
@@ -116,7 +116,7 @@ def _expand(line: str) -> list[str]:
 
 
 def test_group_names_collapses_index_parts_and_leaves_no_name_out():
-    from trakcli.gradients import group_names
+    from trakcli.gradients.vmap import group_names
 
     names = [f"model.layers.{i}.mlp.up_proj.weight" for i in range(30)] + ["model.norm.weight", "lm_head.weight"]
     assert group_names(names) == ["model.layers.{0..29}.mlp.up_proj.weight", "model.norm.weight", "lm_head.weight"]

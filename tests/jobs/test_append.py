@@ -14,7 +14,7 @@ import zarr
 from trakcli.jobs import kernels
 from trakcli.jobs.setup import JobSetup
 
-from projects import MODEL_FILE, TINY_LMS_FILE, kill_at, msg, run, run_subprocess, tiny_model, write_config
+from projects import MODEL_FILE, kill_at, msg, run, run_subprocess, tiny_model, write_config
 
 N_OLD, N_NEW, N_TARGET = 40, 44, 6  # 10% more rows
 STORE = Path("out") / "attrib.zarr"
@@ -341,37 +341,16 @@ def test_torchrun_two_ranks_append_as_one_process(tmp_path):
 def _lm_project(root: Path, n_train: int) -> Path:
     """A tiny GPT-2 with pre-tokenized language-model rows: the first ``n_train`` of 24 in train.jsonl; top-k scores."""
     pytest.importorskip("transformers")
-    from projects import masked_batch, write_jsonl
-
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "lm_model.py").write_text(TINY_LMS_FILE)
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(f"lm_model_{root.name}", root / "lm_model.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    torch.save(mod.gpt2().state_dict(), root / "ck0.pt")
+    from projects import masked_batch, tiny_lm_project
 
     def lm_rows(n: int, seed: int) -> list[dict]:
         inputs, labels = masked_batch("prompt", n=n, length=10, seed=seed)
         return [{"ids": ids[:int(am.sum())].tolist(), "labels": lab[:int(am.sum())].tolist()}
                 for ids, am, lab in zip(inputs["input_ids"], inputs["attention_mask"], labels)]
 
-    write_jsonl(root / "train.jsonl", lm_rows(24, 1)[:n_train])
-    write_jsonl(root / "target.jsonl", lm_rows(3, 2))
-    data = {"input_ids": "ids", "labels": "labels", "max_length": 10}
-    write_config(root / "run.yaml", {
-        "model": {"entrypoint": "lm_model.py:gpt2"},
-        "task": "language_modeling",
-        "checkpoints": ["ck0.pt"],
-        "data": {"train": {"path": "train.jsonl", **data}, "target": {"path": "target.jsonl", **data},
-                 "batch_size": 8},
-        "projector": {"kind": "sjlt", "proj_dim": 32, "seed": 0},
-        "store": {"path": str(STORE), "chunk_rows": 8},
-        "score": {"top_k": 5},
-        "num_threads": 1,
-    })
-    return root
+    return tiny_lm_project(root, lm_rows(24, 1)[:n_train], lm_rows(3, 2), max_length=10, batch_size=8,
+                           projector={"kind": "sjlt", "proj_dim": 32, "seed": 0},
+                           store={"path": str(STORE), "chunk_rows": 8}, score={"top_k": 5})
 
 
 def test_lines_appended_to_a_jsonl_file_are_featurized_alone_and_the_top_k_rescored(tmp_path, counted):

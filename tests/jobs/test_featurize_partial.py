@@ -20,8 +20,8 @@ import torch
 import zarr
 
 from projects import (
-    TINY_LMS_FILE, assert_same_store, kill_at_line, make_project, msg, run, run_subprocess, s3_arrays, set_store, tiny_model,
-    trak_cmd, write_config, write_jsonl,
+    assert_same_store, kill_at_line, make_project, msg, run, run_subprocess, s3_arrays, set_store, tiny_lm_project,
+    tiny_model, token_rows,
 )
 
 STORE = Path("out") / "attrib.zarr"
@@ -266,34 +266,10 @@ def _arrays(store: Path) -> dict[str, np.ndarray]:
 def _lm_project(root: Path) -> Path:
     """A tiny GPT-2 (one checkpoint) on 40 pre-tokenized documents of 2 to 10 tokens, in one chunk of 40 rows, cut
     into batches of at most 4 rows and 24 padded tokens (so a batch's rows depend on the documents' lengths)."""
-    root.mkdir(parents=True)
-    (root / "lm_model.py").write_text(TINY_LMS_FILE)
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("lm_model_partial", root / "lm_model.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    torch.save(mod.gpt2().state_dict(), root / "ck0.pt")
-    g = torch.Generator().manual_seed(3)
-    rows = []
-    for _ in range(40):
-        n = int(torch.randint(2, 11, (1,), generator=g))
-        ids = torch.randint(2, 29, (n,), generator=g).tolist()
-        rows.append({"ids": ids, "labels": [-100] + ids[1:]})
-    write_jsonl(root / "train.jsonl", rows)
-    write_jsonl(root / "target.jsonl", rows[:2])
-    data = {"input_ids": "ids", "labels": "labels", "max_length": 10}
-    write_config(root / "run.yaml", {
-        "model": {"entrypoint": "lm_model.py:gpt2"},
-        "task": "language_modeling",
-        "checkpoints": ["ck0.pt"],
-        "data": {"train": {"path": "train.jsonl", **data}, "target": {"path": "target.jsonl", **data},
-                 "batch_size": 4, "batch_tokens": 24},
-        "projector": {"kind": "kronecker", "proj_dim": 64, "seed": 0},
-        "store": {"path": "s.zarr", "chunk_rows": 40, "save_every_s": 0},
-        "num_threads": 1,
-    })
-    return root
+    rows = token_rows(40, 2, 10, seed=3)
+    return tiny_lm_project(root, rows, rows[:2], max_length=10, batch_size=4, data_extra={"batch_tokens": 24},
+                           projector={"kind": "kronecker", "proj_dim": 64, "seed": 0},
+                           store={"path": "s.zarr", "chunk_rows": 40, "save_every_s": 0})
 
 
 def test_a_language_model_killed_inside_its_chunk_resumes_to_the_uninterrupted_store(tmp_path):

@@ -23,7 +23,7 @@ from trakcli.jobs.inputs import check_files, resolve_checkpoints  # noqa: E402
 from trakcli.config.schema import DatasetConfig  # noqa: E402
 from trakcli.data.load import load_dataset  # noqa: E402
 from trakcli.errors import CheckpointError, ConfigError, DataError, ModelError  # noqa: E402
-from trakcli.gradients import PerExampleGradients  # noqa: E402
+from trakcli.gradients.vmap import PerExampleGradients  # noqa: E402
 from trakcli.models.build import build_model  # noqa: E402
 from trakcli.models.checkpoints import file_sha256, load_checkpoint  # noqa: E402
 from trakcli.models.hf import resolve_hf_path  # noqa: E402

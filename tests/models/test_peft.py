@@ -18,8 +18,8 @@ peft = pytest.importorskip("peft")
 pytest.importorskip("transformers")
 
 from projects import arrays, masked_batch, msg, run, tiny_llama, word_tokenizer, write_config, write_jsonl  # noqa: E402
-from trakcli.factors import KroneckerFeaturizer  # noqa: E402
-from trakcli.gradients import PerExampleGradients  # noqa: E402
+from trakcli.gradients import KroneckerFeaturizer  # noqa: E402
+from trakcli.gradients.vmap import PerExampleGradients  # noqa: E402
 from trakcli.models.forward import logits_of, model_kwargs  # noqa: E402
 from trakcli.models.peft import with_adapters  # noqa: E402
 from trakcli.tasks import language_modeling_margin  # noqa: E402

@@ -29,8 +29,8 @@ import torch
 
 from trakcli.curvature.kfac import CurvatureFactors
 from trakcli.errors import GradientError
-from trakcli.factors.hooks import HookPass, first_rows, logits_of
-from trakcli.factors.layers import Use
+from trakcli.gradients.hooks import HookPass, first_rows, logits_of
+from trakcli.gradients.layers import Use
 from trakcli.projectors.kronecker_layers import KroneckerLayer
 from trakcli.tasks import Task, checked_outputs, make_batch
 

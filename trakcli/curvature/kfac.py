@@ -46,8 +46,8 @@ import torch
 from torch import nn
 
 from trakcli.errors import ConfigError, DataError, GradientError
-from trakcli.factors.hooks import HookPass, first_rows, logits_of
-from trakcli.factors.layers import Use, find_uses
+from trakcli.gradients.hooks import HookPass, first_rows, logits_of
+from trakcli.gradients.layers import Use, find_uses
 from trakcli.projectors.kronecker_layers import KroneckerLayer
 from trakcli.tasks import IGNORE_INDEX, Task, make_batch, token_labels
 
@@ -254,7 +254,7 @@ def default_curvature_params(model: nn.Module, kind: str) -> tuple[list[str], st
     Raises:
         ConfigError: the model has no such layer.
     """
-    from trakcli.gradients import select_parameters
+    from trakcli.gradients.vmap import select_parameters
 
     names = select_parameters(model, None)  # a PEFT model: its adapter's parameters
     layers, uses, left_out = find_uses(model, names)

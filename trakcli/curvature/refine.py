@@ -31,7 +31,7 @@ from torch import nn
 from torch.func import jvp, vjp
 
 from trakcli.curvature.kfac import CurvatureFactors
-from trakcli.gradients import functional_logits
+from trakcli.gradients.vmap import functional_logits
 from trakcli.tasks import IGNORE_INDEX, Task, make_batch, token_labels
 
 Vector = dict[str, torch.Tensor]

@@ -1,14 +1,15 @@
-"""Per-layer factors of per-example gradients: Kronecker projections (LoGra, Choe et al. 2024) and exact gradients.
+"""Per-example gradients and their per-layer factors: exact gradients from layer hooks or torch.func.vmap, and
+Kronecker projections from layer factors (LoGra, Choe et al. 2024) without any per-example gradient.
 
 Public API::
 
-    from trakcli.factors import KroneckerFeaturizer
+    from trakcli.gradients import KroneckerFeaturizer
     feat = KroneckerFeaturizer(model, proj_dim=2048, seed=0, grad_wrt=None, task="classification")
     print(feat.info)                               # covered layers, left-out parameters, fraction covered
     phi, q = feat(inputs, labels, model_id=0)      # [n, proj_dim] float32, [n] float32
     feat.projector.spec()                          # kind "kronecker": the store identity
 
-    from trakcli.factors import per_example_gradients
+    from trakcli.gradients import per_example_gradients
     grads = per_example_gradients(model, grad_wrt=None, task="classification", method="auto")
     g, q = grads(inputs, labels)                   # g[name]: [n, *param.shape]; q: [n] float32
     grads.method, grads.reason                     # "hooks" / "vmap", and why vmap (auto), to report once
@@ -19,16 +20,17 @@ modules are covered, :func:`find_uses`), :mod:`.hooks` (one forward + backward w
 them, :class:`HookPass`), :mod:`.featurizer` (Kronecker factors, :class:`KroneckerFeaturizer`)
 and :mod:`.per_example` (exact per-example gradients, :class:`LayerGradients`, no torch.func;
 :func:`per_example_gradients` chooses it or torch.func.vmap); :mod:`.second_moment` (the optimizer
-second-moment correction of TrackStar, :class:`SecondMoment`, per layer or per entry).
+second-moment correction of TrackStar, :class:`SecondMoment`, per layer or per entry); :mod:`.vmap`
+(per-example gradients by torch.func.vmap, the fallback; the parameter selection of ``grad_wrt``).
 The projector itself is :class:`trakcli.projectors.kronecker.KroneckerProjector`.
 """
 
-from trakcli.factors.featurizer import KroneckerFeaturizer
-from trakcli.factors.hooks import HookPass
-from trakcli.factors.kinds import KINDS, KRONECKER_KINDS, Kind, kind_of
-from trakcli.factors.layers import HOOKED, SUPPORTED, Use, coverage_info, find_uses
-from trakcli.factors.per_example import METHODS, LayerGradients, check_method, per_example_gradients
-from trakcli.factors.second_moment import SecondMoment
+from trakcli.gradients.featurizer import KroneckerFeaturizer
+from trakcli.gradients.hooks import HookPass
+from trakcli.gradients.kinds import KINDS, KRONECKER_KINDS, Kind, kind_of
+from trakcli.gradients.layers import HOOKED, SUPPORTED, Use, coverage_info, find_uses
+from trakcli.gradients.per_example import METHODS, LayerGradients, check_method, per_example_gradients
+from trakcli.gradients.second_moment import SecondMoment
 
 __all__ = [
     "HOOKED", "KINDS", "KRONECKER_KINDS", "METHODS", "SUPPORTED", "HookPass", "Kind", "KroneckerFeaturizer",

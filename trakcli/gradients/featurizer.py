@@ -9,13 +9,13 @@ gradient of the model output function is ``G = Σ_t g_t a_tᵀ`` (``g_t = ∂f/�
 (Choe et al. 2024, "What is Your Data Worth to GPT?", Sec. 3). A
 :class:`KroneckerFeaturizer` gets every factor from ONE ordinary batched
 forward pass and ONE backward pass of ``Σ_examples f``
-(:class:`~trakcli.factors.hooks.HookPass`):
+(:class:`~trakcli.gradients.hooks.HookPass`):
 
 * when a covered module runs, its input is projected right away
   (``P_in a_t``, ``[n, T, k_in]``; for ``nn.Embedding`` ``a_t`` is one-hot, so
   ``P_in a_t`` is a column of ``P_in``; for ``nn.Conv*d`` ``a_t`` is the patch
   at output position ``t`` and ``P_in a_t`` for every ``t`` is one convolution
-  with ``P_in`` as its filters: :meth:`trakcli.factors.kinds.Kind.project_input`);
+  with ``P_in`` as its filters: :meth:`trakcli.gradients.kinds.Kind.project_input`);
 * when its output gradient ``g_t`` arrives during the backward, it is projected
   right away (``P_out g_t``), adding ``Σ_t (P_out g_t)(P_in a_t)ᵀ`` to the
   example's ``[k_out, k_in]`` grid.
@@ -46,9 +46,9 @@ import torch
 from torch import nn
 
 from trakcli.errors import ConfigError, GradientError
-from trakcli.factors.hooks import HookPass, batch_rows, first_rows, logits_of
-from trakcli.factors.layers import SUPPORTED, Use, coverage_info, find_uses
-from trakcli.gradients import select_parameters
+from trakcli.gradients.hooks import HookPass, batch_rows, first_rows, logits_of
+from trakcli.gradients.layers import SUPPORTED, Use, coverage_info, find_uses
+from trakcli.gradients.vmap import select_parameters
 from trakcli.projectors.base import check_model_id
 from trakcli.projectors.kronecker import KroneckerProjector
 from trakcli.tasks import checked_outputs, make_batch, resolve_task
@@ -57,7 +57,7 @@ from trakcli.tasks import checked_outputs, make_batch, resolve_task
 class KroneckerFeaturizer:
     """Kronecker-projected per-example gradients ``φ`` and out-to-loss terms ``Q`` of batches.
 
-    Same output functions as :class:`trakcli.gradients.PerExampleGradients`
+    Same output functions as :class:`trakcli.gradients.vmap.PerExampleGradients`
     (classification margin, language-modeling margin, ``Q = out_to_loss``),
     computed from one batched forward and one backward (see the module
     docstring for how, and when it is exact).
@@ -71,7 +71,7 @@ class KroneckerFeaturizer:
         distribution: factor entries, ``rademacher`` (default) or ``normal``.
         split: how ``proj_dim`` is shared among the layers, ``equal`` (default) or ``size``
             (:func:`trakcli.projectors.kronecker_layers.split_widths`).
-        grad_wrt: parameter name patterns (:func:`trakcli.gradients.select_parameters`);
+        grad_wrt: parameter name patterns (:func:`trakcli.gradients.vmap.select_parameters`);
             ``None`` selects all; parameters outside supported layers are left out.
         task: the model output function (:func:`trakcli.tasks.resolve_task`).
         memory_mb: if set, the rows of a batch go through in passes whose
@@ -82,7 +82,7 @@ class KroneckerFeaturizer:
 
     Attributes:
         projector: the :class:`~trakcli.projectors.kronecker.KroneckerProjector`.
-        layers, uses, left_out: from :func:`~trakcli.factors.layers.find_uses`.
+        layers, uses, left_out: from :func:`~trakcli.gradients.layers.find_uses`.
         info: one line naming the left-out parameters and the fraction covered.
         grad_dim: covered parameter entries; param_names: their order.
         row_bytes: per kind of input, the largest bytes per row a pass has held
@@ -90,7 +90,7 @@ class KroneckerFeaturizer:
         probe_bytes: per kind of input (:meth:`_shape_key`), the bytes per row, or per token for
             token data, of the probe pass (with ``memory_mb``), which fix the rows per pass
             (:meth:`rows_per_pass`).
-        second_moment: None, or a :class:`~trakcli.factors.second_moment.SecondMoment` of kind
+        second_moment: None, or a :class:`~trakcli.gradients.second_moment.SecondMoment` of kind
             ``adafactor`` over :attr:`layers`: its per-layer diagonal scalings are folded into the
             factors, so the features are ``(P_out ⊗ P_in) vec(D_out G D_in)`` (TrackStar's
             optimizer second-moment correction, factored per layer).
@@ -263,7 +263,7 @@ class KroneckerFeaturizer:
             self._raise(hooks)
         return proj.features_from_grids(grids.grids), q.detach().to(torch.float32), hooks.nbytes // max(1, n)
 
-    #: What each :class:`~trakcli.factors.hooks.Problem` means for Kronecker factors, after its text.
+    #: What each :class:`~trakcli.gradients.hooks.Problem` means for Kronecker factors, after its text.
     HINTS = {
         "input": "; it cannot be kronecker-projected",
         "batch": ": kronecker factors need the batch as the first dimension; leave it out with grad_wrt",
@@ -282,7 +282,7 @@ class KroneckerFeaturizer:
 
 
 class _Grids:
-    """The :class:`~trakcli.factors.hooks.Consumer` of Kronecker factors: keeps each call's projected input
+    """The :class:`~trakcli.gradients.hooks.Consumer` of Kronecker factors: keeps each call's projected input
     ``P a_t`` ``[b, T, k]`` and adds ``Σ_t (P g_t)(P a_t)ᵀ`` to each example's grid ``[n, k_out, k_in]`` of its layer.
 
     Args:

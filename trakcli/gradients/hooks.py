@@ -1,7 +1,7 @@
 """One forward + backward with hooks on the covered modules: each call's input ``a`` and output gradient ``g``.
 
-Both exact per-example gradients (:class:`trakcli.factors.LayerGradients`) and
-Kronecker-projected ones (:class:`trakcli.factors.KroneckerFeaturizer`) are sums over
+Both exact per-example gradients (:class:`trakcli.gradients.LayerGradients`) and
+Kronecker-projected ones (:class:`trakcli.gradients.KroneckerFeaturizer`) are sums over
 a module's calls and positions of terms in ``(a_t, g_t)`` (Goodfellow 2015; Choe et
 al. 2024, Sec. 3). A :class:`HookPass` gets them from ONE ordinary batched forward
 and ONE backward of ``Σ_i f_i``, and hands each call to a :class:`Consumer`:
@@ -35,7 +35,7 @@ from typing import Any, Iterator, Protocol, Sequence
 import torch
 from torch import nn
 
-from trakcli.factors.layers import Use
+from trakcli.gradients.layers import Use
 from trakcli.models.forward import forward, forward_errors
 
 #: A batch's model inputs: ``[n, ...]``, or a dict of ``[n, L]`` tensors (transformers models).
@@ -119,7 +119,7 @@ class HookPass:
 
     Args:
         model: the model (its parameters' ``requires_grad`` flags are set for the pass and restored).
-        uses: the covered module calls (:func:`trakcli.factors.layers.find_uses`).
+        uses: the covered module calls (:func:`trakcli.gradients.layers.find_uses`).
         n: rows of the batch.
         device: the batch's device.
         consumer: receives each call (:class:`Consumer`).

@@ -285,7 +285,7 @@ class HFRMSNorm(Norm):
     parameter ``weight`` ``[d]``, an attribute ``variance_epsilon`` and a forward taking the hidden
     states alone. A variant with another formula under these names (Gemma's ``(1 + weight)`` keeps
     ``eps``, not ``variance_epsilon``, so it is refused) is caught by the exactness guard of
-    :class:`trakcli.factors.LayerGradients`.
+    :class:`trakcli.gradients.LayerGradients`.
     """
 
     name, label = "hf_rms_norm", "transformers' Llama-style RMSNorm"

@@ -1,6 +1,6 @@
 """Which modules the hooks cover, and how their calls feed the selected parameters and Kronecker layers.
 
-The covered modules are those of a kind in :mod:`trakcli.factors.kinds` (with the
+The covered modules are those of a kind in :mod:`trakcli.gradients.kinds` (with the
 ``forward`` of its class). A Kronecker-factored projection covers the matrix kinds
 (:data:`SUPPORTED`); exact per-example gradients also the normalizations (:data:`HOOKED`).
 Every other selected parameter (a bare ``nn.Parameter``, a refused module) is left
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from trakcli.factors.kinds import KINDS, KRONECKER_KINDS, Kind, describe, kind_of
+from trakcli.gradients.kinds import KINDS, KRONECKER_KINDS, Kind, describe, kind_of
 from trakcli.projectors.kronecker_layers import KroneckerLayer, LayerParam
 
 #: What the kronecker projection covers (for messages).
@@ -30,7 +30,7 @@ class Use:
     Attributes:
         name: the module's name in the model.
         module: the module.
-        kind: its :class:`~trakcli.factors.kinds.Kind`.
+        kind: its :class:`~trakcli.gradients.kinds.Kind`.
         weight: name of the selected parameter its weight feeds (a tied weight: the owner's name), or None.
         bias: name of the selected parameter its bias feeds, or None.
         layer: index of the Kronecker layer it feeds; None for a normalization (exact gradients only).
@@ -58,9 +58,9 @@ def find_uses(model: nn.Module, selected: list[str], kinds: tuple[Kind, ...] = K
 
     Args:
         model: the model.
-        selected: names of the selected parameters (:func:`trakcli.gradients.select_parameters`).
-        kinds: the covered kinds: :data:`~trakcli.factors.kinds.KRONECKER_KINDS` (the Kronecker
-            projection) or :data:`~trakcli.factors.kinds.KINDS` (exact gradients, normalizations too).
+        selected: names of the selected parameters (:func:`trakcli.gradients.vmap.select_parameters`).
+        kinds: the covered kinds: :data:`~trakcli.gradients.kinds.KRONECKER_KINDS` (the Kronecker
+            projection) or :data:`~trakcli.gradients.kinds.KINDS` (exact gradients, normalizations too).
 
     Returns:
         ``(layers, uses, left_out)`` with ``left_out`` mapping each selected

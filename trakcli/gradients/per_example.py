@@ -6,12 +6,12 @@ w.r.t. its parameters is a sum over positions of terms in the module's output
 gradient ``g_{i,t} = ∂f_i/∂y_{i,t}`` and its input ``a_{i,t}`` (Goodfellow 2015,
 "Efficient per-example gradient computations"; Rochette et al. 2019): ``G_i = Σ_t
 g_{i,t} a_{i,t}ᵀ`` for a linear map, ``Σ_t g_{i,t} ⊙ x̂_{i,t}`` for a normalization's
-weight; each kind's formula is in :mod:`trakcli.factors.kinds` (:data:`HOOKED`).
-:class:`~trakcli.factors.hooks.HookPass` gives every ``(a, g)`` of one backward of
+weight; each kind's formula is in :mod:`trakcli.gradients.kinds` (:data:`HOOKED`).
+:class:`~trakcli.gradients.hooks.HookPass` gives every ``(a, g)`` of one backward of
 ``Σ_i f_i``; calls of one module, and weights tied between modules (GPT-2's
 ``lm_head`` and ``wte``), accumulate.
 
-This equals ``torch.func.vmap(grad(f))`` (:class:`trakcli.gradients.PerExampleGradients`)
+This equals ``torch.func.vmap(grad(f))`` (:class:`trakcli.gradients.vmap.PerExampleGradients`)
 when every selected parameter is used only inside its module's call and
 examples do not interact (eval mode). :class:`LayerGradients` checks both on
 the first batch it sees (the exactness guard) and, chosen by
@@ -30,10 +30,10 @@ import torch
 from torch import nn
 
 from trakcli.errors import ConfigError, GradientError
-from trakcli.factors.hooks import HookPass, batch_rows, first_rows, grad_flags, logits_of
-from trakcli.factors.kinds import KINDS
-from trakcli.factors.layers import HOOKED, Use, find_uses
-from trakcli.gradients import PerExampleGradients, check_finite, select_parameters, selected_shapes
+from trakcli.gradients.hooks import HookPass, batch_rows, first_rows, grad_flags, logits_of
+from trakcli.gradients.kinds import KINDS
+from trakcli.gradients.layers import HOOKED, Use, find_uses
+from trakcli.gradients.vmap import PerExampleGradients, check_finite, select_parameters, selected_shapes
 from trakcli.tasks import checked_outputs, is_builtin, make_batch, resolve_task
 
 #: The values of ``gradient_method`` (config key and :func:`per_example_gradients`).
@@ -51,7 +51,7 @@ class NotPerExample(Exception):
 
 
 class _Exact:
-    """The :class:`~trakcli.factors.hooks.Consumer` of exact gradients: keeps each call's input and adds
+    """The :class:`~trakcli.gradients.hooks.Consumer` of exact gradients: keeps each call's input and adds
     each call's per-example gradients ``[n, *param.shape]`` to ``grads`` (by parameter name)."""
 
     keeps_input = True
@@ -73,7 +73,7 @@ class LayerGradients:
     """``∇_θ f(z; θ)`` for each example of a batch, and ``Q(z)``, from layer hooks (no torch.func).
 
     The same interface and results (to float32 rounding) as
-    :class:`trakcli.gradients.PerExampleGradients`; see the module docstring for
+    :class:`trakcli.gradients.vmap.PerExampleGradients`; see the module docstring for
     the formulas. On the first batch it sees, the exactness guard compares the
     sum of the per-example gradients with the batch gradient of ``Σ_i f_i`` and
     example 0's gradient with its gradient computed alone (plain autograd); a
@@ -85,13 +85,13 @@ class LayerGradients:
 
     Args:
         model: the model; switched to eval mode.
-        grad_wrt: parameter name patterns (:func:`trakcli.gradients.select_parameters`).
+        grad_wrt: parameter name patterns (:func:`trakcli.gradients.vmap.select_parameters`).
         task: the model output function (:func:`trakcli.tasks.resolve_task`).
         fallback: on a failed guard, use vmap (True) or raise :class:`GradientError` (False).
 
     Attributes:
         param_names, param_shapes, grad_dim, task, model: as :class:`PerExampleGradients`.
-        uses: the covered module calls (:func:`~trakcli.factors.layers.find_uses` over every kind).
+        uses: the covered module calls (:func:`~trakcli.gradients.layers.find_uses` over every kind).
         method: ``"hooks"``, or ``"vmap"`` after a fallback.
         reason: why vmap is used (None while on hooks).
 
@@ -243,12 +243,12 @@ def per_example_gradients(model: nn.Module, grad_wrt: list[str] | None = None, t
 
     Args:
         model: the model; switched to eval mode.
-        grad_wrt: parameter name patterns (:func:`trakcli.gradients.select_parameters`).
-        task: the model output function (:func:`trakcli.gradients.resolve_task`).
+        grad_wrt: parameter name patterns (:func:`trakcli.gradients.vmap.select_parameters`).
+        task: the model output function (:func:`trakcli.gradients.vmap.resolve_task`).
         method: ``auto``: :class:`LayerGradients` when every selected parameter is in a covered
             module (:data:`HOOKED`), falling back to vmap for good if its first-batch guard fails,
-            else :class:`~trakcli.gradients.PerExampleGradients`; ``hooks``: :class:`LayerGradients`,
-            raising instead of falling back; ``vmap``: :class:`~trakcli.gradients.PerExampleGradients`.
+            else :class:`~trakcli.gradients.vmap.PerExampleGradients`; ``hooks``: :class:`LayerGradients`,
+            raising instead of falling back; ``vmap``: :class:`~trakcli.gradients.vmap.PerExampleGradients`.
 
     Returns:
         An object with ``__call__(inputs, labels, row_offset) -> (grads, out_to_loss)``,

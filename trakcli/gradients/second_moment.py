@@ -41,7 +41,7 @@ import torch
 from torch import nn
 
 from trakcli.errors import ConfigError
-from trakcli.factors.layers import find_uses
+from trakcli.gradients.layers import find_uses
 from trakcli.projectors.kronecker_layers import KroneckerLayer
 
 #: The values of ``second_moment.kind`` that correct (None: no correction).
@@ -187,7 +187,7 @@ class SecondMoment:
         states: the optimizer state file of each checkpoint, by model_id.
         eps: added to the second moments; None: the saved optimizer's ``eps`` squared.
         layers: the Kronecker layers the parameters are factored by (default:
-            :func:`~trakcli.factors.layers.find_uses` of ``param_names``).
+            :func:`~trakcli.gradients.layers.find_uses` of ``param_names``).
 
     Attributes:
         kind, eps, states, layers: as given.

@@ -11,8 +11,8 @@ model is put in eval mode, so dropout and batch-norm statistics are fixed.
 Gradients are returned per parameter, as a dict of named tensors, so that a
 projector can consume them chunk by chunk. The same gradients from layer hooks,
 one ordinary batched forward + backward without torch.func (whose first call
-imports torch._dynamo, 1-3 s), are :class:`trakcli.factors.LayerGradients`;
-``gradient_method`` chooses (:func:`trakcli.factors.per_example_gradients`).
+imports torch._dynamo, 1-3 s), are :class:`trakcli.gradients.LayerGradients`;
+``gradient_method`` chooses (:func:`trakcli.gradients.per_example_gradients`).
 """
 
 from __future__ import annotations
@@ -204,8 +204,8 @@ class PerExampleGradients:
         param_names: the differentiated parameters, in order.
         param_shapes: their shapes.
         grad_dim: total number of differentiated entries.
-        method: ``"vmap"`` (:class:`trakcli.factors.LayerGradients` has ``"hooks"``).
-        reason: why vmap was chosen over layer hooks (set by :func:`trakcli.factors.per_example_gradients`
+        method: ``"vmap"`` (:class:`trakcli.gradients.LayerGradients` has ``"hooks"``).
+        reason: why vmap was chosen over layer hooks (set by :func:`trakcli.gradients.per_example_gradients`
             under ``gradient_method: auto``), for the caller to report once; None otherwise.
     """
 

@@ -35,7 +35,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 
 from trakcli.jobs.inputs import OPTIMIZER_STATE_DIR
 from trakcli.errors import ArgumentError, ConfigError
-from trakcli.factors.second_moment import optimizer_state_record
+from trakcli.gradients.second_moment import optimizer_state_record
 from trakcli.files import atomic_torch_save
 from trakcli.train import optimizer_param_names
 from trakcli.models.peft import is_peft_model, save_adapter
@@ -112,7 +112,7 @@ class TrakCallback(TrainerCallback):
       (inside accelerate's wrapper) on the CPU, and ``param_names[i]`` the name in the unwrapped
       model's ``named_parameters()`` of optimizer index ``i`` (a PeftModel's names, e.g.
       ``base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight``): what
-      ``second_moment.kind: adam`` reads (:func:`trakcli.factors.second_moment.read_second_moments`);
+      ``second_moment.kind: adam`` reads (:func:`trakcli.gradients.second_moment.read_second_moments`);
     * ``manifest.json`` (:mod:`trakcli.store.manifest`, with ``"source": "trainer"``), rewritten after
       every save: one model (model_id 0) whose ``epoch_checkpoints`` list the saves in training order
       and whose final checkpoint is the last save; ``complete: true`` once training ends

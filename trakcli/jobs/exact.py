@@ -45,7 +45,7 @@ from trakcli.curvature.influence import (
 )
 from trakcli.data.tensors import inputs_to
 from trakcli.jobs.setup import rows_of
-from trakcli.factors.hooks import first_rows
+from trakcli.gradients.hooks import first_rows
 from trakcli.jobs.runtime import event
 from trakcli.progress import NULL_REPORTER, Reporter
 from trakcli.scoring import merge_top_k, order_top_k
@@ -290,7 +290,7 @@ def exact_scorer(s: Any, store: Any, target: Any, memory_mb: int = 1024,
     """The exact scores of `trak score` as ``(lo, hi) -> [n_target, hi - lo]`` float32: per layer from hooks
     (:class:`ExactInfluence`, its blocks' progress saved under ``experiment``) with a Kronecker featurizer and no
     refinement, else from whole per-example gradients (:func:`exact_scores`, the whole matrix computed once)."""
-    from trakcli.factors import KroneckerFeaturizer
+    from trakcli.gradients import KroneckerFeaturizer
 
     refine = s.refine is not None and s.refine.iterations
     if isinstance(s.featurizer, KroneckerFeaturizer) and not refine:

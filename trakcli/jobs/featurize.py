@@ -16,7 +16,7 @@ import torch
 
 from trakcli.config import Config
 from trakcli.data.tensors import TensorDataset
-from trakcli.gradients import check_finite
+from trakcli.gradients.vmap import check_finite
 from trakcli.jobs.kernels import finalize_kernels, report_notes
 from trakcli.jobs.runtime import ChunkWriter, event, locked_store
 from trakcli.jobs.setup import JobSetup, prepare

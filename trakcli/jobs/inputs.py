@@ -105,7 +105,7 @@ def resolve_optimizer_states(cfg: Config, checkpoints: list[Path]) -> list[Path]
             expected path and how many more lack one), or a glob / list whose count is not the
             number of checkpoints.
     """
-    from trakcli.factors.second_moment import SAVE_HINT
+    from trakcli.gradients.second_moment import SAVE_HINT
     from trakcli.store.manifest import is_manifest_path, manifest_entries, read_manifest
 
     spec = cfg.second_moment.optimizer_state

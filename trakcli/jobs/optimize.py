@@ -24,7 +24,7 @@ from trakcli.data.load import load_dataset
 from trakcli.data.tensors import TensorDataset, index_inputs, inputs_to
 from trakcli.data.text import TextDataset
 from trakcli.errors import CheckpointError, ConfigError, TrainingError
-from trakcli.factors.second_moment import optimizer_state_record
+from trakcli.gradients.second_moment import optimizer_state_record
 from trakcli.files import atomic_torch_save, write_text
 from trakcli.jobs.runtime import apply_threads, event, resolve_device
 from trakcli.models.build import build_model

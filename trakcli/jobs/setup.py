@@ -1,9 +1,9 @@
 """What featurize and score share: the model, its gradients, the projector, the data, and the run identity.
 
 The featurizer is :class:`GradientFeaturizer` (per-example gradients of
-``gradient_method``, :func:`trakcli.factors.per_example_gradients`: layer hooks or
+``gradient_method``, :func:`trakcli.gradients.per_example_gradients`: layer hooks or
 torch.func.vmap; then a projector of :func:`trakcli.projectors.make_projector`) or, for
-``projector.kind: kronecker``, :class:`trakcli.factors.KroneckerFeaturizer`
+``projector.kind: kronecker``, :class:`trakcli.gradients.KroneckerFeaturizer`
 (per-layer ``P_out ⊗ P_in`` features from one ordinary forward + backward per
 batch: no ``torch.func``, no ``[n, grad_dim]`` tensor); :func:`build_featurizer`
 picks it.
@@ -29,9 +29,9 @@ from trakcli.data.stored import StoredRows
 from trakcli.data.tensors import TensorDataset, index_inputs, inputs_to
 from trakcli.distributed import Dist, init_from_env
 from trakcli.errors import ConfigError, StoreError
-from trakcli.factors import KroneckerFeaturizer, LayerGradients, SecondMoment, check_method, per_example_gradients
-from trakcli.factors.second_moment import embedding_note
-from trakcli.gradients import PerExampleGradients, select_parameters
+from trakcli.gradients import KroneckerFeaturizer, LayerGradients, SecondMoment, check_method, per_example_gradients
+from trakcli.gradients.second_moment import embedding_note
+from trakcli.gradients.vmap import PerExampleGradients, select_parameters
 from trakcli.curvature.kfac import curvature_layers, default_curvature_params
 from trakcli.tasks import LossOutput, resolve_task, task_identity
 from trakcli.jobs.runtime import apply_threads, event, grad_memory_for, resolve_device
@@ -83,7 +83,7 @@ def run_identity(
             (:func:`trakcli.tasks.task_identity`: the formula, or the function's file and sha256).
         grad_wrt: ``grad_wrt`` of the config, as written (None: every parameter).
         featurizer: what computes the features (:class:`GradientFeaturizer` or
-            :class:`~trakcli.factors.KroneckerFeaturizer`): its selected (for kronecker:
+            :class:`~trakcli.gradients.KroneckerFeaturizer`): its selected (for kronecker:
             covered) ``param_names``, ``grad_dim`` and ``projector`` (whose ``spec()`` fixes
             the matrix, ``proj_dim`` included; kronecker's also the per-layer split).
         train: the training set (its fingerprint: shape, dtype, sha256 of the rows).
@@ -119,7 +119,7 @@ class GradientFeaturizer:
 
     The step of the featurize row loop that a different kind of features (e.g.
     Kronecker-factored projections from layer hooks,
-    :class:`trakcli.factors.KroneckerFeaturizer`) replaces: anything with this
+    :class:`trakcli.gradients.KroneckerFeaturizer`) replaces: anything with this
     ``__call__`` and the attributes below can stand in.
 
     Args:
@@ -132,7 +132,7 @@ class GradientFeaturizer:
         projector: the projector (``spec()`` and ``proj_dim``).
         grad_dim, param_names: the selected parameters' entries and names, in order.
         proj_dim: feature width.
-        second_moment: None, or a :class:`~trakcli.factors.SecondMoment` whose elementwise scaling
+        second_moment: None, or a :class:`~trakcli.gradients.SecondMoment` whose elementwise scaling
             multiplies each per-example gradient before it is projected (TrackStar's correction).
         curvature: None, or a :class:`~trakcli.curvature.Curvature` whose whitening is applied to each
             per-example gradient (after ``second_moment``) before it is projected.
@@ -213,7 +213,7 @@ class JobSetup:
         train: the training set.
         model: the model (checkpoints are loaded into it in turn).
         featurizer: computes ``(phi, q)`` of a batch (:class:`GradientFeaturizer` or
-            :class:`~trakcli.factors.KroneckerFeaturizer`).
+            :class:`~trakcli.gradients.KroneckerFeaturizer`).
         batch_rows: rows per batch (:func:`batch_rows_for`; kronecker: ``data.batch_size``).
         device: the model's device.
         layout: the shapes and storage of the store's arrays (``proj_dim`` from the projector).
@@ -385,11 +385,11 @@ def build_featurizer(
 ) -> Featurizer:
     """The featurizer of ``projector.kind`` (a config's ``projector:`` section).
 
-    ``kronecker``: a :class:`~trakcli.factors.KroneckerFeaturizer` over the layers
+    ``kronecker``: a :class:`~trakcli.gradients.KroneckerFeaturizer` over the layers
     ``grad_wrt`` selects, bounding the activations and output gradients it holds
     at once by ``memory_mb`` (it cuts a batch into passes itself). Every other kind:
     :class:`GradientFeaturizer` over the per-example gradients of ``gradient_method``
-    (:func:`~trakcli.factors.per_example_gradients`) with the projector of
+    (:func:`~trakcli.gradients.per_example_gradients`) with the projector of
     :func:`~trakcli.projectors.make_projector`; ``reporter`` gets why ``auto`` uses vmap, once.
 
     Args:
@@ -427,7 +427,7 @@ def prepare(
 
     With ``second_moment.kind`` set, each checkpoint's optimizer state file is found
     (:func:`~trakcli.jobs.inputs.resolve_optimizer_states`), hashed like the checkpoints,
-    and the featurizer scales the gradients by it (:class:`~trakcli.factors.SecondMoment`).
+    and the featurizer scales the gradients by it (:class:`~trakcli.gradients.SecondMoment`).
 
     PEFT adapter folders as checkpoints wrap the model with their adapter
     (:func:`~trakcli.models.peft.with_adapters`); ``grad_wrt`` then defaults to the adapter's parameters.
@@ -551,7 +551,7 @@ def attach_second_moment(featurizer: Featurizer, model: torch.nn.Module, kind: s
                          eps: float | None = None) -> SecondMoment:
     """Give ``featurizer`` the optimizer second-moment correction of ``kind`` read from ``states`` (by model_id).
 
-    A :class:`~trakcli.factors.KroneckerFeaturizer` folds the per-layer Adafactor scaling into its
+    A :class:`~trakcli.gradients.KroneckerFeaturizer` folds the per-layer Adafactor scaling into its
     factors; a :class:`GradientFeaturizer` scales each per-example gradient before projecting it.
 
     Args:
@@ -563,7 +563,7 @@ def attach_second_moment(featurizer: Featurizer, model: torch.nn.Module, kind: s
         eps: ``second_moment.eps`` (None: the saved optimizer's eps squared).
 
     Returns:
-        The :class:`~trakcli.factors.SecondMoment`, also set as ``featurizer.second_moment``.
+        The :class:`~trakcli.gradients.SecondMoment`, also set as ``featurizer.second_moment``.
 
     Raises:
         ConfigError: ``adam`` with a Kronecker featurizer, or a bad ``kind`` or ``eps``.

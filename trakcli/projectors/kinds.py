@@ -129,7 +129,7 @@ class SJLT(ProjectorKind):
 class Kronecker(ProjectorKind):
     """Per layer ``P_out ⊗ P_in`` from the layer's inputs and output gradients (LoGra, Choe et al. 2024).
 
-    Built from the model (:class:`trakcli.factors.KroneckerFeaturizer`), never by ``make_projector``.
+    Built from the model (:class:`trakcli.gradients.KroneckerFeaturizer`), never by ``make_projector``.
     """
 
     name = "kronecker"
@@ -138,7 +138,7 @@ class Kronecker(ProjectorKind):
     implementations = ()
     built_from_model = (
         "projector kind 'kronecker' is built from the model, not from a gradient dimension: use "
-        "trakcli.factors.KroneckerFeaturizer(model, proj_dim=..., seed=...) (projector.kind: kronecker in a "
+        "trakcli.gradients.KroneckerFeaturizer(model, proj_dim=..., seed=...) (projector.kind: kronecker in a "
         "config), or trakcli.projectors.kronecker.KroneckerProjector(layers, proj_dim) for given layer shapes"
     )
 

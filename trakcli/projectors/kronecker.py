@@ -13,7 +13,7 @@ With a Kronecker-structured matrix ``P = P_out ⊗ P_in`` (``P_out``
 
 (``vec`` row-major: entry ``(i, j)`` of the ``[k_out, k_in]`` grid is feature
 ``i · k_in + j``). The right-hand side needs only the layer's inputs and output
-gradients (:mod:`trakcli.factors`), never ``G``. A model's features are the
+gradients (:mod:`trakcli.gradients`), never ``G``. A model's features are the
 layers' features concatenated, in layer order.
 
 The split of ``proj_dim`` over layers and factors (equal widths, near-square
@@ -110,7 +110,7 @@ class KroneckerProjector(Projector):
     :meth:`unproject_params` the dict.
 
     Args:
-        layers: the layers, e.g. from :class:`trakcli.factors.KroneckerFeaturizer`.
+        layers: the layers, e.g. from :class:`trakcli.gradients.KroneckerFeaturizer`.
         proj_dim: total feature width (all layers together), an int >= number of layers.
         seed: base seed, an int >= 0.
         dtype: accumulation dtype, ``float32`` (default) or ``float64`` (a torch dtype or its name).
