@@ -30,10 +30,10 @@ import torch
 
 from trakcli.config import CurvatureConfig, DataConfig, ProjectorConfig, ScoreConfig, StoreConfig, validate_section
 from trakcli.data.loader import LoaderRows, concat_batches, in_fixed_order, is_reiterable, tensor_batches
-from trakcli.data.tensors import Inputs, TensorDataset
+from trakcli.data.tensors import TensorDataset
 from trakcli.distributed import Dist
 from trakcli.curvature import Curvature
-from trakcli.errors import CheckpointError, ConfigError, DataError, StoreError, TrakError, worded
+from trakcli.errors import CheckpointError, ConfigError, StoreError, TrakError, worded
 from trakcli.gradients import KroneckerFeaturizer
 from trakcli.tasks import resolve_task, task_identity
 from trakcli.jobs.featurize import featurize_rows
@@ -48,7 +48,7 @@ from trakcli.models.checkpoints import file_sha256, load_checkpoint, nonfinite_p
 from trakcli.progress import Reporter, default_reporter
 from trakcli.store import Store, StoreLayout
 from trakcli.store.append import kept_rows
-from trakcli.store.store import TOP_K_ARRAYS
+from trakcli.topk import TOP_K_ARRAYS
 
 @dataclass(frozen=True)
 class TopK:

@@ -190,10 +190,11 @@ def _recall_json(root: Path, *args: str) -> dict:
 
 def test_eval_recall_of_an_oracle_ranking_is_one(project):
     from trakcli.store import Store
+    from trakcli.topk import top_k_arrays
 
     root, queries = project
     store = Store.open_existing(root / "s.zarr", mode="r+")
-    top = store.top_k("default", len(queries), 5, create=False)
+    top = top_k_arrays(store, "default", len(queries), 5, create=False)
     assert top.n_chunks == 1
     oracle = np.array([q["sources"] + [i for i in range(12) if i not in q["sources"]][:4] for q in queries])
     top.write(0, proponents=oracle, proponent_scores=np.ones((4, 5)), opponents=oracle[:, ::-1],

@@ -498,3 +498,22 @@ def query_token_scores(cfg: Any, queries: list[int], reporter: Reporter = NULL_R
     scorer = PerTokenScores(s, store, train_rows, target, 0, per_token_width(s, target),
                             ridge_settings(cfg.score.lambda_reg, cfg.score.lambda_rel), exact)
     return scorer.train_tokens(queries, reporter)
+
+
+def per_token_arrays(store: Store, experiment: str, n_target: int, k: int, width: int, create: bool = True,
+                     repair: bool = False) -> ChunkedRows:
+    """The per-token scores of an experiment's top-k (``scores/<experiment>/per_token``), chunked by target rows.
+
+    Arrays: ``target_tokens`` and ``document_tokens`` ``[n_target, 2, k, width]`` float32 (side 0 proponents, 1
+    opponents; position in the sequence; NaN where a token is not a target), with a done flag per chunk of target
+    rows (about 4 MB).
+
+    Raises:
+        StoreMismatchError: the stored arrays have another ``k`` or ``width`` (names ``--overwrite``).
+    """
+    t_rows = min(n_target, max(1, (4 << 20) // (16 * k * width)))
+    return store.sized_rows(
+        f"scores/{experiment}/per_token", {"k": k, "width": width},
+        {a: ((n_target, 2, k, width), "float32", (t_rows, 2, k, width), ("target", "side", "rank", "position"))
+         for a in ("target_tokens", "document_tokens")},
+        n_target, t_rows, create, repair)

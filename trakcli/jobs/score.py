@@ -23,7 +23,7 @@ from trakcli.distributed import Dist
 from trakcli.errors import ConfigError, StoreError
 from trakcli.jobs.exact import exact_scorer, two_stage_exact
 from trakcli.jobs.featurize import featurize_rows
-from trakcli.jobs.per_token import PerTokenScores, check_per_token, per_token_width
+from trakcli.jobs.per_token import PerTokenScores, check_per_token, per_token_arrays, per_token_width
 from trakcli.jobs.plan import RunFlags, ScorePlan
 from trakcli.jobs.kernels import finalize_kernels, kernel_of, report_notes
 from trakcli.jobs.runtime import ChunkWriter, event, grad_memory_for, locked_store, torch_threads
@@ -35,9 +35,8 @@ from trakcli.store.append import stale_error
 from trakcli.store.curvature import drop_exact_rows
 from trakcli.store.kernel import kernel_nbytes, read_kernel
 from trakcli.store.quantize import is_quantized
-from trakcli.store.store import TOP_K_ARRAYS
 from trakcli.tasks import resolve_task
-from trakcli.topk import StoredTopK, TwoStage
+from trakcli.topk import TOP_K_ARRAYS, StoredTopK, TwoStage
 from trakcli.topk.features import FeatureScores
 from trakcli.topk.plan import scan_has_floor
 
@@ -459,7 +458,7 @@ def _per_token_scores(s: JobSetup, store: Store, train_rows: list[ChunkedRows], 
     exp, top_k = plan.experiment, plan.top_k
     k = min(top_k, len(s.train))
     width = per_token_width(s, target)
-    arrays = store.per_token(exp, len(target), k, width, create=True, repair=True)
+    arrays = per_token_arrays(store, exp, len(target), k, width, create=True, repair=True)
     bad = arrays.verify()
     if bad:
         reporter.info(f"per-token chunks {bad} were missing or corrupt; recomputed")

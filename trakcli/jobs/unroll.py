@@ -46,7 +46,7 @@ from trakcli.store.layout import StoreLayout
 from trakcli.store.manifest import is_manifest_path, read_manifest
 from trakcli.tasks import resolve_task
 from trakcli.train import DatasetRows, TensorRows
-from trakcli.topk import StoredTopK
+from trakcli.topk import StoredTopK, top_k_parts
 from trakcli.unroll import ReplayRecord, Unroller, no_record
 
 #: The group of finished chunks of targets (``scores/<experiment>/unroll_rows``), dropped once the matrix is written.
@@ -117,12 +117,12 @@ def unroll_score(cfg: Config, *, overwrite: bool = False, reporter: Reporter = N
             done_top = top_k is None or StoredTopK(store, exp, n_target, top_k, create=True).is_complete()
             todo = not (done_matrix and done_top)
             if todo:
-                rows = store.top_k_parts(exp, chunk, n_train, n_chunks, repair=True, name=ROWS_GROUP)
+                rows = top_k_parts(store, exp, chunk, n_train, n_chunks, repair=True, name=ROWS_GROUP)
         todo = _from_main(dist, todo)
         if todo and not dist.is_main:  # opened after rank 0 has created them
             store = Store.open_existing(path)
             store.distributed = True
-            rows = store.top_k_parts(exp, chunk, n_train, n_chunks, create=False, name=ROWS_GROUP)
+            rows = top_k_parts(store, exp, chunk, n_train, n_chunks, create=False, name=ROWS_GROUP)
         pending = rows.pending(dist.rank, dist.world_size, marked=False) if todo else []
         if pending:
             unrollers = [_unroller(cfg, manifest_path, e, ckpt, train, device, main_reporter)

@@ -49,9 +49,6 @@ def schema_refusal(path: Path, version: Any) -> str:
     return (f"store {path} has schema_version {version!r}, this trakcli ({__version__}) reads schema_version "
             f"{SCHEMA_VERSION}; re-featurize it: `trak featurize CONFIG --overwrite`")
 
-#: The arrays of a top-k result and their dtypes (:meth:`Store.top_k`).
-TOP_K_ARRAYS = {"proponents": "int64", "proponent_scores": "float32", "opponents": "int64", "opponent_scores": "float32"}
-
 
 def _open_group(path: Location, mode: str) -> Any:
     """``zarr.open_group`` of the Zarr v3 store at ``path`` (a local directory or an object store URL).
@@ -633,76 +630,32 @@ class Store:
         """
         self._experiment_group("scores", experiment, settings, create, repair)
 
-    def top_k(
-        self, experiment: str, n_target: int, k: int, create: bool = True, repair: bool = False
+    def sized_rows(
+        self, name: str, sizes: dict[str, int], arrays: dict[str, tuple[tuple[int, ...], str, tuple[int, ...], tuple[str, ...]]],
+        n_rows: int, chunk_rows: int, create: bool = True, repair: bool = False,
     ) -> ChunkedRows:
-        """The top-k arrays of an experiment (``scores/<experiment>/top_k``), chunked by target rows.
+        """Arrays of the derived group ``name`` chunked along their first axis, with a done flag per chunk (each job
+        declares its own: the top-k's in :mod:`trakcli.topk.stored`, the per-token scores' in
+        :mod:`trakcli.jobs.per_token`).
 
-        Arrays: ``proponents`` / ``opponents`` ``[n_target, k]`` int64 train indices
-        (highest / lowest scores first) and ``proponent_scores`` / ``opponent_scores``
-        ``[n_target, k]`` float32, with a done flag per chunk of target rows.
-        Call after :meth:`score_settings`, which checks the experiment.
+        Args:
+            sizes: what the arrays' shapes depend on (e.g. ``{"k": 100}``): recorded on creation, checked on open.
+            arrays: name -> (shape, zarr dtype, chunk shape, dimension names); the first axis holds ``n_rows``
+                entries in chunks of ``chunk_rows``.
 
         Raises:
-            StoreMismatchError: the stored top-k has another ``k`` (names ``--overwrite``).
+            StoreMismatchError: the stored group has other ``sizes`` (names ``--overwrite``).
         """
-        group = self._top_k_group(f"scores/{experiment}/top_k", {"k": k}, create, repair)
-        t_rows = min(n_target, max(1, (4 << 20) // (12 * k)))  # ~4 MB chunks of indices and scores
-        shape_of = {name: ((n_target, k), dtype) for name, dtype in TOP_K_ARRAYS.items()}
+        group = self._top_k_group(name, sizes, create, repair)
         data, done = self._arrays(
-            group, shape_of, {name: (t_rows, k) for name in TOP_K_ARRAYS}, -(-n_target // t_rows), create, repair,
-            {name: ("target", "rank") for name in TOP_K_ARRAYS},
+            group, {a: (shape, dtype) for a, (shape, dtype, _, _) in arrays.items()},
+            {a: chunks for a, (_, _, chunks, _) in arrays.items()}, -(-n_rows // chunk_rows), create, repair,
+            {a: dims for a, (_, _, _, dims) in arrays.items()},
         )
-        return ChunkedRows(data, done, t_rows, n_target)
-
-    def top_k_parts(
-        self, experiment: str, n_target: int, k: int, n_segments: int, create: bool = True, repair: bool = False,
-        name: str = "top_k_parts",
-    ) -> ChunkedRows:
-        """Per segment of train rows, its own top-k (``scores/<experiment>/top_k_parts``), chunked by segment.
-
-        The arrays of :meth:`top_k` with a leading segment axis, ``[n_segments, n_target, k]``,
-        and a done flag per segment: the resumable state of a streamed top-k pass, merged
-        into :meth:`top_k` when every segment is done, then dropped.
-
-        ``name``: the group (``top_k_candidates`` holds the first stage of a two-stage top-k).
-
-        Raises:
-            StoreMismatchError: the parts were made with another ``k`` or segmentation.
-        """
-        group = self._top_k_group(f"scores/{experiment}/{name}", {"k": k}, create, repair)
-        t_rows = min(n_target, max(1, (4 << 20) // (12 * k)))
-        shape_of = {name: ((n_segments, n_target, k), dtype) for name, dtype in TOP_K_ARRAYS.items()}
-        data, done = self._arrays(
-            group, shape_of, {name: (1, t_rows, k) for name in TOP_K_ARRAYS}, n_segments, create, repair,
-            {name: ("segment", "target", "rank") for name in TOP_K_ARRAYS},
-        )
-        return ChunkedRows(data, done, 1, n_segments)
-
-    def per_token(
-        self, experiment: str, n_target: int, k: int, width: int, create: bool = True, repair: bool = False
-    ) -> ChunkedRows:
-        """The per-token scores of an experiment's top-k (``scores/<experiment>/per_token``), chunked by target rows.
-
-        Arrays (:mod:`trakcli.jobs.per_token`): ``target_tokens`` and ``document_tokens``
-        ``[n_target, 2, k, width]`` float32 (side 0 proponents, 1 opponents; position in the sequence;
-        NaN where a token is not a target), with a done flag per chunk of target rows.
-
-        Raises:
-            StoreMismatchError: the stored arrays have another ``k`` or ``width`` (names ``--overwrite``).
-        """
-        group = self._top_k_group(f"scores/{experiment}/per_token", {"k": k, "width": width}, create, repair)
-        t_rows = min(n_target, max(1, (4 << 20) // (16 * k * width)))
-        arrays = ("target_tokens", "document_tokens")
-        data, done = self._arrays(
-            group, {a: ((n_target, 2, k, width), "float32") for a in arrays},
-            {a: (t_rows, 2, k, width) for a in arrays}, -(-n_target // t_rows), create, repair,
-            {a: ("target", "side", "rank", "position") for a in arrays},
-        )
-        return ChunkedRows(data, done, t_rows, n_target)
+        return ChunkedRows(data, done, chunk_rows, n_rows)
 
     def _top_k_group(self, name: str, attrs: dict[str, int], create: bool, repair: bool) -> Any:
-        """A group of an experiment's top-k (or what is stored beside it), its sizes ``attrs`` recorded or checked."""
+        """A derived group (:meth:`sized_rows`), its sizes ``attrs`` recorded or checked."""
         group = self._node(name, repair and create)
         if group is not None:
             check_same(f"{name} in {self.path}", {a: group.attrs.get(a) for a in attrs}, attrs,

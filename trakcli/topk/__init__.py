@@ -43,7 +43,8 @@ and keeps O(n_target · K). A killed run resumes at its first segment not done. 
 merges, so the arrays are the same as a single process writes.
 """
 
-from trakcli.topk.plan import DEFAULT_RESCORE_MULTIPLIER, TwoStage, segments
-from trakcli.topk.stored import StoredTopK
+from trakcli.topk.plan import DEFAULT_RESCORE_MULTIPLIER, TOP_K_ARRAYS, TwoStage, segments
+from trakcli.topk.stored import StoredTopK, top_k_arrays, top_k_parts
 
-__all__ = ["DEFAULT_RESCORE_MULTIPLIER", "StoredTopK", "TwoStage", "segments"]
+__all__ = ["DEFAULT_RESCORE_MULTIPLIER", "TOP_K_ARRAYS", "StoredTopK", "TwoStage", "segments", "top_k_arrays",
+           "top_k_parts"]

@@ -36,6 +36,10 @@ SEED_STRIDE = 8
 #: ``(lo, hi) -> [n_target, hi - lo]`` float32 scores of train rows ``lo .. hi``.
 BlockScores = Callable[[int, int], torch.Tensor]
 
+#: The arrays of a top-k (``scores/<experiment>/top_k``, and per segment its parts) and their dtypes:
+#: ``proponents`` / ``opponents`` ``[n_target, k]`` train rows (highest / lowest scores first) and their scores.
+TOP_K_ARRAYS = {"proponents": "int64", "proponent_scores": "float32", "opponents": "int64", "opponent_scores": "float32"}
+
 #: Default ``score.rescore_multiplier`` per ``store.dtype`` (docs/guides/store.md gives the measurements of
 #: ``benchmarks/bench_topk.py``, 10^6 rows, proj_dim 1024, top 100). int8: 2, the smallest that kept recall@100 at
 #: 1.0 (1 gave 0.97 / 0.93). binary: no multiplier up to 16 came near 0.99 (16 gave 0.35 / 0.10): sign codes of

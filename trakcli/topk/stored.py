@@ -15,13 +15,50 @@ from trakcli.progress import Reporter
 from trakcli.scoring import merge_top_k, order_top_k
 from trakcli.store import ChunkedRows, Store
 from trakcli.store.rows import read_checked
-from trakcli.store.store import TOP_K_ARRAYS
 from trakcli.topk import plan  # its sizes are read at each use (tests set them small)
-from trakcli.topk.plan import BlockScores, TwoStage, TwoStageScores, block_rows, measured_segments, seed_sample, segments
+from trakcli.topk.plan import TOP_K_ARRAYS, BlockScores, TwoStage, TwoStageScores, block_rows, measured_segments, seed_sample, segments
 from trakcli.topk.stream import (
     RunningTopK, _blocks, _KthBest, _merge_parts, _merge_sides, _one_thread, _padded,
     _pipeline, _PairScores, _unmeasured,
 )
+
+
+def top_k_arrays(store: Store, experiment: str, n_target: int, k: int, create: bool = True,
+                 repair: bool = False) -> ChunkedRows:
+    """The top-k arrays of an experiment (``scores/<experiment>/top_k``), chunked by target rows.
+
+    Arrays: ``proponents`` / ``opponents`` ``[n_target, k]`` int64 train indices (highest / lowest scores first)
+    and ``proponent_scores`` / ``opponent_scores`` ``[n_target, k]`` float32 (:data:`TOP_K_ARRAYS`), with a done
+    flag per chunk of target rows (about 4 MB). Call after :meth:`~trakcli.store.Store.score_settings`, which
+    checks the experiment.
+
+    Raises:
+        StoreMismatchError: the stored top-k has another ``k`` (names ``--overwrite``).
+    """
+    t_rows = min(n_target, max(1, (4 << 20) // (12 * k)))  # ~4 MB chunks of indices and scores
+    return store.sized_rows(
+        f"scores/{experiment}/top_k", {"k": k},
+        {name: ((n_target, k), dtype, (t_rows, k), ("target", "rank")) for name, dtype in TOP_K_ARRAYS.items()},
+        n_target, t_rows, create, repair)
+
+
+def top_k_parts(store: Store, experiment: str, n_target: int, k: int, n_segments: int, create: bool = True,
+                repair: bool = False, name: str = "top_k_parts") -> ChunkedRows:
+    """Per segment of train rows, its own top-k (``scores/<experiment>/<name>``), chunked by segment.
+
+    The arrays of :func:`top_k_arrays` with a leading segment axis, ``[n_segments, n_target, k]``, and a done flag
+    per segment: the resumable state of a streamed top-k pass, merged into the top-k when every segment is done,
+    then dropped. ``name``: the group (``top_k_candidates`` holds the candidates of a two-stage top-k).
+
+    Raises:
+        StoreMismatchError: the parts were made with another ``k`` or segmentation.
+    """
+    t_rows = min(n_target, max(1, (4 << 20) // (12 * k)))
+    return store.sized_rows(
+        f"scores/{experiment}/{name}", {"k": k},
+        {a: ((n_segments, n_target, k), dtype, (1, t_rows, k), ("segment", "target", "rank"))
+         for a, dtype in TOP_K_ARRAYS.items()},
+        n_segments, 1, create, repair)
 
 
 class StoredTopK:
@@ -45,7 +82,7 @@ class StoredTopK:
                                  plan.SEGMENT_ROWS if two_stage is None else plan.TWO_STAGE_SEGMENT_ROWS)
         self.block = block_rows(n_target, layout.proj_dim, layout.chunk_rows)
         self.approx_block = block_rows(n_target, layout.proj_dim, layout.chunk_rows, plan.APPROX_BLOCK_BYTES)
-        self.final = store.top_k(experiment, n_target, self.k, create=create, repair=create)
+        self.final = top_k_arrays(store, experiment, n_target, self.k, create=create, repair=create)
         self._create = create
 
     def verify(self) -> list[int]:
@@ -62,9 +99,9 @@ class StoredTopK:
         candidates in it (NaN elsewhere), then the exact top-k of the sampled targets (padded with index -1).
         """
         if self.two_stage is None:
-            return self.store.top_k_parts(self.experiment, self.n_target, self.k, len(self.segments), create=create,
+            return top_k_parts(self.store, self.experiment, self.n_target, self.k, len(self.segments), create=create,
                                           repair=create)
-        return self.store.top_k_parts(self.experiment, self.n_target + len(self.two_stage.sample), self.candidates,
+        return top_k_parts(self.store, self.experiment, self.n_target + len(self.two_stage.sample), self.candidates,
                                       len(self.segments), create=create, repair=create)
 
     @property
@@ -74,7 +111,7 @@ class StoredTopK:
 
     def candidate_parts(self, create: bool) -> ChunkedRows:
         """Step 1 of a two-stage top-k: per segment, its K' candidates by approximate score (created if ``create``)."""
-        return self.store.top_k_parts(self.experiment, self.n_target, self.candidates, len(self.segments),
+        return top_k_parts(self.store, self.experiment, self.n_target, self.candidates, len(self.segments),
                                       create=create, repair=create, name="top_k_candidates")
 
     def compute_scan(self, scores: TwoStageScores, parts: ChunkedRows, cands: ChunkedRows, dist: Dist,
@@ -308,7 +345,7 @@ class StoredTopK:
             self.store.drop(f"scores/{self.experiment}/top_k_candidates")
 
     def read(self, lo: int = 0, hi: int | None = None) -> dict[str, np.ndarray]:
-        """Targets ``[lo, hi)`` of the merged arrays (:data:`~trakcli.store.store.TOP_K_ARRAYS`), checked."""
+        """Targets ``[lo, hi)`` of the merged arrays (:data:`~trakcli.topk.plan.TOP_K_ARRAYS`), checked."""
         hi = self.n_target if hi is None else hi
         return {name: self.final.read(name, lo, hi) for name in TOP_K_ARRAYS}
 
