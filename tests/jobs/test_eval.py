@@ -276,6 +276,26 @@ def test_retrain_resumes_extends_and_checks_identity(user_project):
     np.testing.assert_array_equal(other.masks, full.masks)
 
 
+def test_retrain_seed_same_reuses_the_checkpoints_seeds(user_project):
+    """eval.retrain_seed: same trains model k with optimize.seed + k mod n_models: the attributed model itself,
+    but on its subset; other (the default) with seeds unlike any checkpoint's. The stores' identities differ."""
+    eval_project(user_project, seed=5)
+    cfg = load_config("run.yaml", ["eval.retrain_seed=same", "eval.n_subsets=3"])
+    same = retrain(cfg)
+    train, target = load_dataset(cfg.data.train), load_dataset(cfg.data.target)
+    for k, seed in enumerate([5, 6, 5]):  # optimize.seed 5, n_models 2
+        idx = torch.from_numpy(np.flatnonzero(same.masks[k]))
+        model = train_one(cfg, train.inputs[idx], train.labels[idx], seed=seed, device="cpu").model
+        np.testing.assert_array_equal(same.outputs[k], model_outputs(model, target, "classification"))
+    with pytest.raises(StoreMismatchError, match="model_seed: store has 'optimize.seed"):
+        retrain(load_config("run.yaml", ["eval.n_subsets=3"]))  # other: the default
+    other = retrain(load_config("run.yaml", ["eval.n_subsets=3"]), overwrite=True)
+    np.testing.assert_array_equal(other.masks, same.masks)
+    assert all(not np.array_equal(a, b) for a, b in zip(other.outputs, same.outputs))
+    res = trak("eval", "lds", "run.yaml", "eval.retrain_seed=mine")
+    assert res.exit_code == 1 and "eval.retrain_seed" in res.stderr
+
+
 def test_eval_before_featurize_then_featurize_overwrite_keeps_the_retraining(user_project):
     eval_project(user_project)
     # no store yet: eval retrains into a new store, then asks for scores

@@ -102,6 +102,9 @@ def _table(data: dict[str, Any]) -> Table:
         f"(percentile bootstrap over targets, {data['n_bootstrap']} resamples)",
     )
     table.add_row("retrained models", str(data["n_subsets"]))
+    if "retrain_seed" in data:
+        table.add_row("their seeds", "the checkpoints' own (eval.retrain_seed: same)" if data["retrain_seed"] == "same"
+                      else "unlike the checkpoints' (eval.retrain_seed: other)")
     nan = data["n_targets_nan"]
     table.add_row(
         "targets", f"{data['n_target']}" + (f" ({nan} with constant predictions or outputs: left out)" if nan else "")
@@ -225,6 +228,8 @@ def lds(
         result = linear_datamodeling_score(s_arr, m_arr, o_arr, n_bootstrap=n_bootstrap, seed=seed)
     sources = {"scores": names["scores"], "masks": names["masks"], "outputs": names["outputs"]}
     data = {**result.to_dict(), "sources": sources}
+    if config is not None and masks is None:  # retrained by this config: whose seeds (eval.retrain_seed)
+        data["retrain_seed"] = cfg.eval.retrain_seed
     bm25 = _bm25(cfg) if config is not None else None
     if bm25 is not None and bm25.shape == s_arr.shape:
         base = linear_datamodeling_score(bm25, m_arr, o_arr, n_bootstrap=n_bootstrap, seed=seed).to_dict()

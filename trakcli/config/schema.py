@@ -920,6 +920,13 @@ class EvalConfig(StrictModel):
         1000, description="Bootstrap resamples of the targets for the 95% interval of the LDS (and of MRR and "
         "recall@k)."
     )
+    retrain_seed: Literal["other", "same"] = Field(
+        "other", description="Seed of each retrained model. other: model k gets 10**6 + 100003 * eval.seed + k, "
+        "unlike any checkpoint's (the LDS of the question 'what if the data were different and the run "
+        "retrained'). same: model k reuses the seed of checkpoint k mod optimize.n_models, optimize.seed + "
+        "(k mod n_models): the attributed run's initialization and order generator, only the rows differ "
+        "(toward the same-seed LDS of MAGIC, Ilyas & Engstrom 2025; docs/guides/unroll.md measures both)."
+    )
     sweep: SweepConfig = Field(
         default_factory=SweepConfig, description="The grid of `trak eval sweep` (one featurization per proj_dim)."
     )

@@ -94,6 +94,20 @@ def model_seed(seed: int, k: int) -> int:
     return MODEL_SEED_BASE + MODEL_SEED_STRIDE * seed + k
 
 
+def retrain_seed(cfg: Config, k: int) -> int:
+    """Seed of retrained model k under ``eval.retrain_seed``.
+
+    ``other``: :func:`model_seed` ``(eval.seed, k)``, unlike any checkpoint's seed. ``same``: the seed
+    `trak optimize` gave checkpoint ``k mod optimize.n_models``, ``optimize.seed + (k mod n_models)``:
+    the attributed model's initialization and minibatch-order generator (the order itself differs, as
+    it permutes the subset's rows), so the retrained models differ from it by their rows only.
+    """
+    if cfg.eval.retrain_seed == "same":
+        oc = check_recipe(cfg, purpose="trak eval")
+        return oc.seed + k % oc.n_models
+    return model_seed(cfg.eval.seed, k)
+
+
 # ----------------------------------------------------------------------------
 # model outputs
 
@@ -179,7 +193,8 @@ def eval_identity(cfg: Config, train_fingerprint: dict[str, Any], target_fingerp
         the sha256 of a ``.py`` entrypoint file), training recipe (the built-in
         recipe's hyperparameters, or ``optimize.entrypoint``, its kwargs and
         file sha256; the sha256 of ``init_checkpoint``), train and target data
-        fingerprints, subset_fraction, eval seed and the model seed rule.
+        fingerprints, subset_fraction, eval seed and the model seed rule (with ``eval.retrain_seed: same``,
+        ``optimize.seed`` and ``optimize.n_models``, which then choose the seeds).
     """
     oc = check_recipe(cfg, purpose="trak eval")
     if oc.entrypoint is not None:
@@ -206,7 +221,8 @@ def eval_identity(cfg: Config, train_fingerprint: dict[str, Any], target_fingerp
         "target_data": target_fingerprint,
         "subset_fraction": cfg.eval.subset_fraction,
         "seed": cfg.eval.seed,
-        "model_seed": f"{MODEL_SEED_BASE} + {MODEL_SEED_STRIDE} * seed + k",
+        "model_seed": f"{MODEL_SEED_BASE} + {MODEL_SEED_STRIDE} * seed + k" if cfg.eval.retrain_seed == "other"
+        else f"optimize.seed + k mod optimize.n_models: {oc.seed} + k mod {oc.n_models}",
     }
 
 
@@ -261,13 +277,13 @@ def retrain_one(
 
     Model k: rows :func:`subset_mask` ``(n_train, eval.subset_fraction, eval.seed, k)``
     of ``train``, trained by :func:`trakcli.train.train_one` with seed
-    :func:`model_seed` ``(eval.seed, k)``.
+    :func:`retrain_seed` ``(cfg, k)`` (``eval.retrain_seed``).
 
     Returns:
         ``[n_target]`` float64 model outputs of ``target`` (:func:`model_outputs`).
     """
     mask = subset_mask(len(train), cfg.eval.subset_fraction, cfg.eval.seed, k)
-    model = train_on_rows(cfg, train, np.flatnonzero(mask), model_seed(cfg.eval.seed, k), device, f"retrain {k}")
+    model = train_on_rows(cfg, train, np.flatnonzero(mask), retrain_seed(cfg, k), device, f"retrain {k}")
     return model_outputs(
         model, target, cfg.task, batch_size=cfg.data.batch_size, device=device, memory_mb=grad_memory_for(cfg.data.grad_memory_mb, device),
         max_tokens=cfg.data.batch_tokens,
