@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from trakcli.errors import ConfigError
+from trakcli.errors import ArgumentError, ConfigError
 from trakcli.tasks import resolve_task
 from trakcli.train import Recipe, ReplayRecorder, TensorRows, Trainer
 from trakcli.unroll import ReplayRecord, Unroller, replay, update
@@ -118,6 +118,26 @@ def test_metagradients_equal_finite_differences_of_weighted_trainings(tmp_path, 
             losses.append(nn.functional.cross_entropy(m(tx.double()), ty, reduction="none").detach())
         fd = (losses[0] - losses[1]) / (2 * eps)
         torch.testing.assert_close(got[:, i].double(), fd, rtol=2e-3, atol=2e-3 * float(fd.abs().max()) + 1e-7)
+
+
+@pytest.mark.parametrize("name", ["sgd", "adamw"])
+def test_reweighted_training_equals_torch_optim_with_rows_dropped(tmp_path, name):
+    """Weights 0 on a third of the rows: the recorded batches and order without them, as torch.optim trains it."""
+    trained, record = train(tmp_path, name)
+    x, y, tx, _ = data()
+    u = Unroller(model(), TensorRows(x, y), record, TASK)
+    ones = u.reweighted_params(torch.ones(N))
+    for k, v in trained.named_parameters():
+        torch.testing.assert_close(ones[k], v.detach(), rtol=1e-5, atol=1e-6)
+    w = (torch.arange(N) % 3 != 0).double()
+    want = {k: v.detach() for k, v in _weighted_training(name, w, record).named_parameters()}
+    got = u.reweighted_params(w)
+    moved = max(float((want[k].float() - ones[k]).abs().max()) for k in want)
+    assert moved > 1e-3  # dropping rows changed the run
+    for k, v in want.items():
+        torch.testing.assert_close(got[k], v.float(), rtol=1e-4, atol=1e-5)
+    with pytest.raises(ArgumentError, match=r"\[24\]"):
+        u.reweighted_params(torch.ones(N + 1))
 
 
 def test_batched_targets_equal_one_at_a_time_and_the_loop(tmp_path):

@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 import yaml
 
@@ -109,3 +110,59 @@ def test_checkpoints_without_a_record_are_refused_with_the_command(user_project)
     Path("proj.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     res = trak("optimize", "proj.yaml")
     assert res.exit_code == 1 and "optimize.projection" in res.stderr
+
+
+def test_torchrun_two_ranks_score_as_one_process(user_project, tmp_path_factory):
+    """Under torchrun each rank scores its chunks of targets (c ≡ rank mod 2), each once; the store is bit-identical
+    to one process's."""
+    import os
+    import subprocess
+    import sys
+
+    from projects import free_port
+
+    project(top_k=4, full=True)
+    assert trak("optimize", "opt.yaml").exit_code == 0
+    two = tmp_path_factory.mktemp("two")
+    shutil.copytree(Path.cwd(), two, dirs_exist_ok=True)
+    res = trak("score", "opt.yaml", "-q")
+    assert res.exit_code == 0, res.stderr
+    log = two / "events.log"
+    res = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+         "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+         "-m", "trakcli.cli.main", "score", "opt.yaml", "-q"],
+        cwd=two, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "TRAK_EVENT_LOG": str(log)},
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    starts = sorted(line for line in log.read_text().splitlines() if line.startswith("start unroll"))
+    assert starts == ["start unroll 0", "start unroll 1", "start unroll 2"]  # 7 targets, 3 a chunk: each chunk once
+    assert_same_store(Path("out/attrib.zarr"), two / "out" / "attrib.zarr")
+
+
+def test_report_answers_and_lds_read_unrolled_scores(user_project):
+    """Everything scores go through: `trak score --out answers.jsonl`, `trak report` and `trak eval lds` (both
+    retrain seeds) on an unrolled experiment."""
+    cfg = project(top_k=4, full=True)
+    cfg["eval"] = {"n_subsets": 4, "bootstrap": 50}
+    Path("opt.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    assert trak("optimize", "opt.yaml").exit_code == 0
+    res = trak("score", "opt.yaml", "--out", "answers.jsonl")
+    assert res.exit_code == 0, res.stderr
+    from trakcli.store import Store
+
+    scores, _ = Store.open_existing("out/attrib.zarr", mode="r").read_scores("unrolled")
+    answers = [json.loads(line) for line in Path("answers.jsonl").read_text().splitlines()]
+    assert len(answers) == 7
+    for t, answer in enumerate(answers):  # each target's first proponent: its highest unrolled score
+        top = answer["proponents"][0]
+        assert top["train"] == int(scores[t].argmax()) and top["score"] == pytest.approx(float(scores[t].max()))
+    res = trak("report", "opt.yaml", "--out", "report.html")
+    assert res.exit_code == 0, res.stderr
+    assert Path("report.html").stat().st_size > 1000
+    for seed in ("other", "same"):
+        res = trak("eval", "lds", "opt.yaml", f"eval.retrain_seed={seed}", "--json", "--overwrite")
+        assert res.exit_code == 0, res.stderr
+        out = json.loads(res.stdout)
+        assert out["n_subsets"] == 4 and -1 <= out["lds"] <= 1 and out["retrain_seed"] == seed, out

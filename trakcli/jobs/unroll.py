@@ -10,8 +10,8 @@ of weight on the example's loss (one more copy of it in every epoch: weight 2).
 
 The targets are scored ``data.batch_size`` at a time (one replay of every model per chunk of
 targets, the targets' adjoints stacked). Each finished chunk is written with its done flag to
-``scores/<experiment>/unroll_rows`` (the store's per-segment top-k part arrays, one segment per
-chunk of targets: ``[n_chunks, batch_size, n_train]`` float32), so a killed run resumes at the
+``scores/<experiment>/unroll_rows`` (``[n_chunks, batch_size, n_train]`` float32, a done flag per
+chunk of targets), so a killed run resumes at the
 first chunk not done. When every chunk is done, the ``[n_target, n_train]`` matrix
 (``scores/<experiment>/scores``, by column blocks as :func:`trakcli.jobs.score.score` writes it)
 and, with ``score.top_k``, the top-k arrays are written from them, and the chunks are dropped;
@@ -44,9 +44,10 @@ from trakcli.progress import NULL_REPORTER, Reporter
 from trakcli.store import Store
 from trakcli.store.layout import StoreLayout
 from trakcli.store.manifest import is_manifest_path, read_manifest
+from trakcli.store.rows import ChunkedRows
 from trakcli.tasks import resolve_task
 from trakcli.train import DatasetRows, TensorRows
-from trakcli.topk import StoredTopK, top_k_parts
+from trakcli.topk import StoredTopK
 from trakcli.unroll import ReplayRecord, Unroller, no_record
 
 #: The group of finished chunks of targets (``scores/<experiment>/unroll_rows``), dropped once the matrix is written.
@@ -117,12 +118,12 @@ def unroll_score(cfg: Config, *, overwrite: bool = False, reporter: Reporter = N
             done_top = top_k is None or StoredTopK(store, exp, n_target, top_k, create=True).is_complete()
             todo = not (done_matrix and done_top)
             if todo:
-                rows = top_k_parts(store, exp, chunk, n_train, n_chunks, repair=True, name=ROWS_GROUP)
+                rows = _chunk_rows(store, exp, chunk, n_train, n_chunks, create=True)
         todo = _from_main(dist, todo)
         if todo and not dist.is_main:  # opened after rank 0 has created them
             store = Store.open_existing(path)
             store.distributed = True
-            rows = top_k_parts(store, exp, chunk, n_train, n_chunks, create=False, name=ROWS_GROUP)
+            rows = _chunk_rows(store, exp, chunk, n_train, n_chunks, create=False)
         pending = rows.pending(dist.rank, dist.world_size, marked=False) if todo else []
         if pending:
             unrollers = [_unroller(cfg, manifest_path, e, ckpt, train, device, main_reporter)
@@ -132,7 +133,7 @@ def unroll_score(cfg: Config, *, overwrite: bool = False, reporter: Reporter = N
                 event(f"start unroll {c}")
                 block = np.zeros((1, chunk, n_train), dtype=np.float32)
                 block[0, :hi - lo] = _chunk_scores(unrollers, target, lo, hi, n_train, device, main_reporter)
-                rows.write(c, proponent_scores=block)
+                rows.write(c, scores=block)
                 event(f"done unroll {c}")
                 computed += 1
         dist.barrier()
@@ -146,6 +147,19 @@ def unroll_score(cfg: Config, *, overwrite: bool = False, reporter: Reporter = N
         train_labels=None if train.labels is None else train.labels.numpy(), target_labels=target.labels.numpy(),
         train_data=train, target_data=target, chunks_computed=computed, top_k=top_k, full=full,
     )
+
+
+def _chunk_rows(store: Store, exp: str, chunk: int, n_train: int, n_chunks: int, create: bool) -> ChunkedRows:
+    """The finished chunks of targets, ``scores/<exp>/unroll_rows``: ``scores`` ``[n_chunks, chunk, n_train]``
+    float32 (a chunk's last rows 0 past n_target), a done flag per chunk of targets (created or repaired when
+    ``create``: rank 0).
+
+    Raises:
+        StoreMismatchError: the stored chunks hold another number of targets each (names ``--overwrite``).
+    """
+    t_rows = min(chunk, max(1, (4 << 20) // (4 * n_train)))  # zarr chunks of ~4 MB, within one chunk of targets
+    arrays = {"scores": ((n_chunks, chunk, n_train), "float32", (1, t_rows, n_train), ("chunk", "target", "train"))}
+    return store.sized_rows(f"scores/{exp}/{ROWS_GROUP}", {"targets": chunk}, arrays, n_chunks, 1, create, create)
 
 
 def _from_main(dist: Dist, value: bool) -> bool:
@@ -243,7 +257,7 @@ def _write_results(store: Store, rows: Any, exp: str, settings: dict[str, Any], 
                    full: bool, top_k: int | None, reporter: Reporter) -> int:
     """Write the matrix (``full``) and the top-k from the finished chunks of targets; returns chunks written."""
     n_chunks = -(-n_target // chunk)
-    matrix = np.concatenate([rows.read("proponent_scores", c, c + 1)[0] for c in range(n_chunks)])[:n_target]
+    matrix = np.concatenate([rows.read("scores", c, c + 1)[0] for c in range(n_chunks)])[:n_target]
     written = 0
     if full:
         out = store.scores(exp, n_target, settings, repair=True)

@@ -27,7 +27,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from trakcli.errors import ConfigError
+from trakcli.errors import ArgumentError, ConfigError
 from trakcli.models.forward import logits_of, model_kwargs
 from trakcli.progress import NULL_REPORTER, Reporter
 from trakcli.tasks import Task, example_losses, make_batch
@@ -206,8 +206,39 @@ class Unroller:
             count += 1
         return params
 
-    def _advance(self, params: Tensors, state: dict, step: Any, count: int) -> tuple[Tensors, dict]:
-        w = torch.ones(len(step.rows), device=self.device)
+    def reweighted_params(self, weights: torch.Tensor) -> Tensors:
+        """The final weights of the recorded training rerun with example weights ``weights`` from its first state.
+
+        Every step keeps its batch, learning rate and loss count ``c_t`` (module docstring); example i's loss
+        is multiplied by ``weights[i]``. ``weights`` 0 on a set of rows is the counterfactual the
+        metagradients linearize (MAGIC's same-seed retraining: the same initialization and order, those
+        rows dropped from their batches); all ones recomputes the recorded run.
+
+        Args:
+            weights: ``[n]`` float (the trained rows, in the recorded numbering), on any device.
+
+        Returns:
+            ``{name: tensor}`` of the trainable parameters, float32, on the device.
+
+        Raises:
+            ArgumentError: ``weights`` is not ``[n]``.
+        """
+        if tuple(weights.shape) != (self.data.n,):
+            raise ArgumentError(f"weights of shape {list(weights.shape)}: give one weight per trained row, "
+                                f"[{self.data.n}]")
+        weights = weights.to(self.device, torch.float32)
+        params, state, count, snap = self._load(0)
+        set_rng_states(snap["rng"], self.device)
+        self.model.train()
+        for step in self.record.steps(self.data, snap):
+            params, state = self._advance(params, state, step, count, weights[step.rows.to(self.device)])
+            count += 1
+        self.model.eval()
+        return params
+
+    def _advance(self, params: Tensors, state: dict, step: Any, count: int,
+                 w: torch.Tensor | None = None) -> tuple[Tensors, dict]:
+        w = torch.ones(len(step.rows), device=self.device) if w is None else w
         new_p, new_s = self._step_fn(step.inputs, step.labels, step.lr, count + 1)(params, state, w)
         detach = lambda d: {k: v.detach() for k, v in d.items()}  # noqa: E731
         return detach(new_p), {name: detach(part) for name, part in new_s.items()}
