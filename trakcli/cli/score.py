@@ -264,12 +264,12 @@ def score(
     meaning = _meaning(res)
     if "lambda_reg per checkpoint" in meaning or getattr(cfg.score, "method", "kernel") != "kernel":
         kernel = ""  # the meaning says the ridge (and an unrolled score has none)
+    err_console.print(meaning, highlight=False, markup=False)  # before the result line, which comes last
     err_console.print(
         f"[green]{' and '.join(what)}[/] -> {res.store} (scores/{res.experiment})"
         + (f"; {kernel}" if kernel else "") + (f"; exported to {out}" if out else "")
         + (f"; plot: {plot}" if plot else "")
     )
-    err_console.print(meaning, highlight=False, markup=False)
 
 
 def _meaning(res: Any) -> str:

@@ -11,8 +11,9 @@ import torch
 
 from trakcli.data.digits import DIGITS_IMAGE_SHAPE, load_digits_split
 from trakcli.data.tensors import TensorDataset
-from trakcli.data.text import TextDataset, data_files
-from trakcli.errors import DataError, exception_text
+from trakcli.data.sources import data_files
+from trakcli.data.text import TextDataset
+from trakcli.errors import DataError, StoreError, exception_text
 from trakcli.labels import as_tensor, class_labels
 
 if TYPE_CHECKING:  # the config schema is only read here (attributes), never built
@@ -217,3 +218,46 @@ def load_dataset(cfg: DatasetConfig, *, key: str = "data.train", task: Any = Non
         inputs_what=f"inputs {cfg.inputs!r}", labels_what=f"labels {cfg.labels!r}", source=f" of {_where(cfg)}",
         task=task,
     )
+
+
+def sequence_width(data: Any) -> int:
+    """Most tokens a row of token data has: ``max_length`` for text data (with ``max_length`` None the
+    longest row, :meth:`TextDataset.longest`), ``L`` for ``[n, L]`` tensors of ``input_ids``; 0 for data
+    without tokens."""
+    if isinstance(data, TextDataset):
+        return data.max_length if data.max_length is not None else data.longest()
+    inputs = getattr(data, "inputs", None)
+    if isinstance(inputs, dict) and "input_ids" in inputs and getattr(inputs["input_ids"], "ndim", 0) == 2:
+        return int(inputs["input_ids"].shape[1])
+    return int(getattr(data, "max_length", 0) or 0)
+
+
+def check_target_inputs(target: dict[str, Any], train: dict[str, Any]) -> None:
+    """Refuse targets whose inputs are not of the train data's kind, from the two fingerprints
+    (:meth:`TextDataset.fingerprint`, :meth:`~trakcli.data.tensors.TensorDataset.fingerprint`).
+
+    Token data (inputs a dict holding ``input_ids``) must have the same input keys and dtypes; the
+    sequence lengths may differ (``data.target.max_length`` need not be ``data.train.max_length``, and
+    either may be None), since every gradient, and so every feature, is one example's. Other data
+    must have the same per-example shape and dtype.
+
+    Args:
+        target: the target data's fingerprint; train: the train data's (the store's ``train_data``).
+
+    Raises:
+        StoreError: inputs of another kind, naming both and the fix.
+    """
+    t_shape, s_shape = target.get("input_shape"), train.get("input_shape")
+    t_type, s_type = target.get("input_dtype"), train.get("input_dtype")
+    tokens = all(isinstance(v, dict) and "input_ids" in v for v in (t_shape, s_shape))
+    if tokens and (sorted(t_shape) != sorted(s_shape) or t_type != s_type):
+        raise StoreError(
+            f"data.target inputs are {sorted(t_shape)} of dtypes {t_type} but the train inputs are {sorted(s_shape)} "
+            f"of dtypes {s_type}; give targets of the train data's kind (the same fields, e.g. text_pair on both "
+            "or on neither)"
+        )
+    if not tokens and (t_shape != s_shape or t_type != s_type):
+        raise StoreError(
+            f"data.target inputs have shape {t_shape} ({t_type}) per example but the train inputs have {s_shape} "
+            f"({s_type}); targets must be examples of the train data's kind"
+        )

@@ -51,7 +51,7 @@ from torch.func import functional_call, jvp
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from trakcli.data.tensors import inputs_to
-from trakcli.data.text import sequence_width
+from trakcli.data.load import sequence_width
 from trakcli.errors import ConfigError, GradientError, StoreError, exception_text
 from trakcli.jobs.runtime import event
 from trakcli.jobs.setup import JobSetup, rows_of

@@ -84,7 +84,7 @@ def target_sources(cfg: Config) -> tuple[list[Any], str]:
         DataError: no data.target, a target that is not a text / language-model data file (the
             sources are a field of its rows), or a row without the field (names the row and the fix).
     """
-    from trakcli.data.text import field_values
+    from trakcli.data.sources import field_values
 
     field = cfg.eval.recall.sources
     ds = cfg.data.target

@@ -18,7 +18,7 @@ import torch
 from trakcli.config import Config
 from trakcli.data.load import load_dataset
 from trakcli.data.tensors import TensorDataset
-from trakcli.data.text import check_target_inputs
+from trakcli.data.load import check_target_inputs
 from trakcli.distributed import Dist
 from trakcli.errors import ConfigError, StoreError
 from trakcli.jobs.exact import exact_scorer, two_stage_exact
@@ -342,7 +342,7 @@ def _target_attrs(s: JobSetup, target: TensorDataset) -> dict[str, Any]:
     setup has them, the optimizer states and the curvature solve's refinement.
 
     Raises:
-        StoreError: targets of another kind than the train inputs (:func:`trakcli.data.text.check_target_inputs`).
+        StoreError: targets of another kind than the train inputs (:func:`trakcli.data.load.check_target_inputs`).
     """
     t_fp = target.fingerprint()
     check_target_inputs(t_fp, s.identity["train_data"])  # token data: any length; other data: the train's shape

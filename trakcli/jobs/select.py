@@ -51,7 +51,8 @@ import torch
 
 from trakcli.config import Config
 from trakcli.data.load import load_dataset
-from trakcli.data.text import check_target_inputs, data_files, field_values
+from trakcli.data.sources import data_files, field_values
+from trakcli.data.load import check_target_inputs
 from trakcli.errors import ConfigError, DataError, StoreMismatchError
 from trakcli.files import atomic_open, atomic_path, atomic_torch_save
 from trakcli.jobs.featurize import featurize, featurize_rows
@@ -375,7 +376,7 @@ def select_rows(
 
     Raises:
         StoreError: no train features or incomplete ones (run featurize); targets of another input kind
-            (:func:`~trakcli.data.text.check_target_inputs`: text targets may have any max_length).
+            (:func:`~trakcli.data.load.check_target_inputs`: text targets may have any max_length).
         StoreMismatchError: train features of other settings, or target features of other targets
             (names ``--overwrite`` and ``select.experiment``).
         ConfigError: a bad ``aggregate``, ``normalize`` or ``quota``, ``k`` outside 1..n_train, or with

@@ -53,7 +53,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trakcli.errors import ModelError
+from trakcli.errors import DataError, ModelError
 from trakcli.models.hub import parse_model_name, resolve_hub_model
 
 logger = logging.getLogger("trakcli.models")
@@ -504,3 +504,45 @@ def fit_hf_state_dict(
         if k not in mapped and k in initial:
             mapped[k] = initial[k]
     return mapped, missing, unexpected
+
+
+#: Files of a tokenizer directory that fix its tokenization (hashed by :meth:`trakcli.data.text.TextDataset.fingerprint`).
+_TOKENIZER_PREFIXES = ("tokenizer", "vocab", "merges", "special_tokens_map", "added_tokens", "chat_template",
+                       "spiece", "sentencepiece", "spm")
+_TOKENIZER_SUFFIXES = (".model", ".tiktoken", ".jinja")
+
+
+def load_tokenizer(spec: str, *, key: str = "data.train.tokenizer") -> Any:
+    """A tokenizer from a local directory (see :func:`trakcli.models.hf.resolve_hf_path`), padding on the right.
+
+    A tokenizer without a pad token (GPT-2) pads with its end-of-sequence token.
+
+    Raises:
+        DataError: transformers missing, or no tokenizer in the directory.
+    """
+    try:
+        tf = import_transformers()
+        path = resolve_hf_path(spec, need="tokenizer")
+    except ModelError as e:
+        raise DataError(f"{key}: {e}") from None
+    try:
+        tok = tf.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except Exception as e:  # noqa: BLE001
+        raise DataError(f"{key}: no tokenizer can be loaded from {path}: {e.__class__.__name__}: {e}") from None
+    tok.padding_side = "right"
+    if tok.pad_token is None:
+        if tok.eos_token is None:
+            raise DataError(f"{key}: the tokenizer in {path} has neither a pad nor an end-of-sequence token")
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def tokenizer_files(tokenizer: Any) -> list[Path]:
+    """The files of the tokenizer's directory that fix its tokenization, sorted by name."""
+    folder = Path(str(getattr(tokenizer, "name_or_path", "") or ""))
+    if not folder.is_dir():
+        return []
+    files = [p for p in folder.rglob("*") if p.is_file() and (
+        p.name.lower().startswith(_TOKENIZER_PREFIXES) or p.suffix.lower() in _TOKENIZER_SUFFIXES
+        or p.parent.name == "additional_chat_templates")]
+    return sorted(files, key=lambda p: p.relative_to(folder).as_posix())
