@@ -166,3 +166,39 @@ def test_report_answers_and_lds_read_unrolled_scores(user_project):
         assert res.exit_code == 0, res.stderr
         out = json.loads(res.stdout)
         assert out["n_subsets"] == 4 and -1 <= out["lds"] <= 1 and out["retrain_seed"] == seed, out
+
+
+def test_eval_retrain_seed_replay_reruns_the_recorded_trainings_reweighted(user_project):
+    """eval.retrain_seed: replay: row k is checkpoint k mod 2's recorded training rerun with the rows outside subset k
+    weighted 0 (each model on its own optimize subset); refused without replay records."""
+    cfg = project(full=True)
+    cfg["eval"] = {"n_subsets": 3, "bootstrap": 50, "retrain_seed": "replay"}
+    Path("opt.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    assert trak("optimize", "opt.yaml").exit_code == 0
+    assert trak("score", "opt.yaml").exit_code == 0
+    from trakcli.jobs.retrain import model_outputs, retrain
+    from trakcli.models.build import build_model
+
+    res = retrain(load_config("opt.yaml"))
+    entries = json.loads(Path("trained/manifest.json").read_text())["models"]
+    data = torch.load("ckpts/data.pt")
+    from trakcli.data import TensorDataset
+
+    target = TensorDataset(data["x_target"], data["y_target"], "t")
+    c = load_config("opt.yaml")
+    for k in range(3):
+        e = entries[k % 2]
+        sub = torch.tensor(e["subset_indices"])
+        torch.manual_seed(0)
+        u = Unroller(build_model(c.model.entrypoint, **c.model.kwargs), TensorRows(data["x_train"][sub],
+                     data["y_train"][sub]), ReplayRecord(Path("trained") / e["replay"]), resolve_task("classification"))
+        w = torch.from_numpy(res.masks[k]).float()[sub]
+        assert 0 < w.sum() < len(sub)  # some of the model's rows are dropped, some kept
+        u.model.load_state_dict({**u.model.state_dict(), **u.reweighted_params(w)})
+        np.testing.assert_array_equal(res.outputs[k], model_outputs(u.model, target, "classification",
+                                                                    batch_size=c.data.batch_size))
+    out = trak("eval", "lds", "opt.yaml", "--json")
+    assert out.exit_code == 0, out.stderr
+    assert json.loads(out.stdout)["retrain_seed"] == "replay"
+    res = trak("eval", "lds", "opt.yaml", "checkpoints=ckpts/model_*.pt", "store.path=out/other.zarr")
+    assert res.exit_code == 1 and "optimize.replay=true" in res.stderr and "eval.retrain_seed: replay" in res.stderr

@@ -103,8 +103,10 @@ def _table(data: dict[str, Any]) -> Table:
     )
     table.add_row("retrained models", str(data["n_subsets"]))
     if "retrain_seed" in data:
-        table.add_row("their seeds", "the checkpoints' own (eval.retrain_seed: same)" if data["retrain_seed"] == "same"
-                      else "unlike the checkpoints' (eval.retrain_seed: other)")
+        table.add_row("their seeds", {
+            "same": "the checkpoints' own (eval.retrain_seed: same)",
+            "replay": "the recorded runs rerun, the other rows weighted 0 (eval.retrain_seed: replay)",
+        }.get(data["retrain_seed"], "unlike the checkpoints' (eval.retrain_seed: other)"))
     nan = data["n_targets_nan"]
     table.add_row(
         "targets", f"{data['n_target']}" + (f" ({nan} with constant predictions or outputs: left out)" if nan else "")

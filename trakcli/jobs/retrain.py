@@ -102,7 +102,7 @@ def retrain_seed(cfg: Config, k: int) -> int:
     the attributed model's initialization and minibatch-order generator (the order itself differs, as
     it permutes the subset's rows), so the retrained models differ from it by their rows only.
     """
-    if cfg.eval.retrain_seed == "same":
+    if cfg.eval.retrain_seed != "other":
         oc = check_recipe(cfg, purpose="trak eval")
         return oc.seed + k % oc.n_models
     return model_seed(cfg.eval.seed, k)
@@ -223,7 +223,15 @@ def eval_identity(cfg: Config, train_fingerprint: dict[str, Any], target_fingerp
         "seed": cfg.eval.seed,
         "model_seed": f"{MODEL_SEED_BASE} + {MODEL_SEED_STRIDE} * seed + k" if cfg.eval.retrain_seed == "other"
         else f"optimize.seed + k mod optimize.n_models: {oc.seed} + k mod {oc.n_models}",
+        **({"replay_of": _replayed(cfg)} if cfg.eval.retrain_seed == "replay" else {}),
     }
+
+
+def _replayed(cfg: Config) -> list[str]:
+    """``eval.retrain_seed: replay``: the sha256s of the recorded checkpoints (:mod:`trakcli.jobs.unroll`)."""
+    from trakcli.jobs.unroll import replayed_checkpoints
+
+    return replayed_checkpoints(cfg)
 
 
 def _lazy(cfg: Config) -> bool:
@@ -277,13 +285,21 @@ def retrain_one(
 
     Model k: rows :func:`subset_mask` ``(n_train, eval.subset_fraction, eval.seed, k)``
     of ``train``, trained by :func:`trakcli.train.train_one` with seed
-    :func:`retrain_seed` ``(cfg, k)`` (``eval.retrain_seed``).
+    :func:`retrain_seed` ``(cfg, k)`` (``eval.retrain_seed``); with ``eval.retrain_seed: replay``, checkpoint
+    ``k mod optimize.n_models``'s recorded training rerun with the other rows weighted 0
+    (:func:`trakcli.jobs.unroll.reweighted_model`).
 
     Returns:
         ``[n_target]`` float64 model outputs of ``target`` (:func:`model_outputs`).
     """
     mask = subset_mask(len(train), cfg.eval.subset_fraction, cfg.eval.seed, k)
-    model = train_on_rows(cfg, train, np.flatnonzero(mask), retrain_seed(cfg, k), device, f"retrain {k}")
+    if cfg.eval.retrain_seed == "replay":  # no new training: the recorded run, the rows outside the subset weighted 0
+        from trakcli.jobs.unroll import reweighted_model
+
+        n_models = check_recipe(cfg, purpose="trak eval").n_models
+        model = reweighted_model(cfg, k % n_models, mask, train, torch.device(device))
+    else:
+        model = train_on_rows(cfg, train, np.flatnonzero(mask), retrain_seed(cfg, k), device, f"retrain {k}")
     return model_outputs(
         model, target, cfg.task, batch_size=cfg.data.batch_size, device=device, memory_mb=grad_memory_for(cfg.data.grad_memory_mb, device),
         max_tokens=cfg.data.batch_tokens,

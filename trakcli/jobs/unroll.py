@@ -149,6 +149,64 @@ def unroll_score(cfg: Config, *, overwrite: bool = False, reporter: Reporter = N
     )
 
 
+def replayed_checkpoints(cfg: Config) -> list[str]:
+    """The sha256s of the checkpoints whose recorded trainings ``eval.retrain_seed: replay`` reruns, in model_id order.
+
+    Raises:
+        CheckpointError: checkpoints that are not a `trak optimize` manifest, or a model without a replay
+            record (names ``trak optimize CONFIG optimize.replay=true --overwrite``); a changed checkpoint.
+    """
+    if not is_manifest_path(cfg.checkpoints):
+        raise no_record(f"checkpoints {cfg.checkpoints!r}", "eval.retrain_seed: replay reruns recorded trainings, "
+                                                            "and they are not the manifest.json of a `trak optimize` run")
+    checkpoints = resolve_checkpoints(cfg)
+    entries = read_manifest(Path(cfg.checkpoints))["models"][:len(checkpoints)]  # type: ignore[arg-type]
+    for e, ckpt in zip(entries, checkpoints):
+        if not e.get("replay"):
+            raise no_record(f"model {e['model_id']} ({ckpt})", "its manifest entry lists no replay record, which "
+                            "eval.retrain_seed: replay reruns")
+    return [e["sha256"] for e in entries]
+
+
+#: The Unroller (and subset) of each recorded training rerun by :func:`reweighted_model` in this process.
+_REPLAYS: dict[tuple[str, int, str], tuple[Unroller, torch.Tensor | None]] = {}
+
+
+def reweighted_model(cfg: Config, model_id: int, mask: np.ndarray, train: Any, device: torch.device) -> torch.nn.Module:
+    """Checkpoint ``model_id``'s recorded training rerun with the rows outside ``mask`` weighted 0.
+
+    The same initialization, order, batches and learning rates as the recorded run
+    (:meth:`Unroller.reweighted_params <trakcli.unroll.Unroller.reweighted_params>`): the counterfactual
+    whose derivative at weight 1 ``score.method: unroll`` computes. The record is checked against its
+    checkpoint once per process.
+
+    Args:
+        model_id: the checkpoint (a `trak optimize` manifest entry with a replay record).
+        mask: ``[n_train]`` bool over data.train, True for the rows kept.
+        train: data.train as loaded. device: where to rerun.
+
+    Returns:
+        The model (eval mode, on ``device``) with the rerun's final weights.
+
+    Raises:
+        CheckpointError: as :func:`replayed_checkpoints`, or a record that does not reproduce its checkpoint.
+        ConfigError: a recipe or model the steps cannot be rerun through (as ``score.method: unroll``).
+    """
+    path = Path(cfg.checkpoints)  # type: ignore[arg-type]
+    key = (str(path.resolve()), model_id, str(device))
+    if key not in _REPLAYS:
+        replayed_checkpoints(cfg)
+        entry = read_manifest(path)["models"][model_id]
+        _REPLAYS[key] = _unroller(cfg, path, entry, resolve_checkpoints(cfg)[model_id], train, device, NULL_REPORTER)
+    unroller, subset = _REPLAYS[key]
+    weights = torch.from_numpy(np.asarray(mask, dtype=np.float32))
+    if subset is not None:  # the model trained on its own subset of data.train: its rows, in its numbering
+        weights = weights[subset]
+    params = unroller.reweighted_params(weights)
+    unroller.model.load_state_dict({**unroller.model.state_dict(), **params})
+    return unroller.model.eval()
+
+
 def _chunk_rows(store: Store, exp: str, chunk: int, n_train: int, n_chunks: int, create: bool) -> ChunkedRows:
     """The finished chunks of targets, ``scores/<exp>/unroll_rows``: ``scores`` ``[n_chunks, chunk, n_train]``
     float32 (a chunk's last rows 0 past n_target), a done flag per chunk of targets (created or repaired when
