@@ -383,7 +383,7 @@ def test_lines_appended_to_a_jsonl_file_are_featurized_alone_and_the_top_k_resco
 def test_select_refuses_a_list_of_pool_files_naming_the_fix():
     from trakcli.config.schema import DatasetConfig
     from trakcli.errors import ConfigError
-    from trakcli.jobs.select import pool_kind
+    from trakcli.jobs.pool_files import pool_kind
 
     section = DatasetConfig(path=["a.pt", "b.pt"], inputs="x", labels="y")
     with pytest.raises(ConfigError, match="is a list of 2 files; trak select writes the selected rows"):

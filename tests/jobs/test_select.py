@@ -202,7 +202,7 @@ def test_an_unwritable_out_path_is_one_clear_error(lm, tmp_path, monkeypatch):
     locked.chmod(0o500)
     if os.access(locked, os.W_OK):  # root may write anywhere: the folder's mode is what a user would meet
         real = os.access
-        monkeypatch.setattr("trakcli.jobs.select.os.access",
+        monkeypatch.setattr("trakcli.jobs.pool_files.os.access",
                             lambda p, mode: real(p, mode) and not str(p).startswith(str(locked)))
     try:
         res = run(lm, "select", "run.yaml", f"select.out={locked}/sel.jsonl")
@@ -266,7 +266,7 @@ def test_table_and_builtin_pools_are_written_in_their_own_format(tmp_path):
     from trakcli.config.schema import DatasetConfig
     from trakcli.data.load import load_dataset
     from trakcli.errors import ConfigError
-    from trakcli.jobs.select import write_rows
+    from trakcli.jobs.pool_files import write_rows
 
     table = pa.table({"text": [f"row {i}" for i in range(9)], "id": list(range(9)), "tags": [[i, i] for i in range(9)]})
     pq.write_table(table, tmp_path / "pool.parquet")
