@@ -16,6 +16,7 @@ import yaml
 from projects import assert_same_store, kill_at_line
 from projects import invoke as trak
 from trakcli.config import load_config
+from trakcli.errors import StoreMismatchError
 from trakcli.tasks import resolve_task
 from trakcli.train import TensorRows
 from trakcli.unroll import ReplayRecord, Unroller, replay
@@ -179,25 +180,38 @@ def test_eval_retrain_seed_replay_reruns_the_recorded_trainings_reweighted(user_
     from trakcli.jobs.retrain import model_outputs, retrain
     from trakcli.models.build import build_model
 
-    res = retrain(load_config("opt.yaml"))
-    entries = json.loads(Path("trained/manifest.json").read_text())["models"]
     data = torch.load("ckpts/data.pt")
     from trakcli.data import TensorDataset
 
     target = TensorDataset(data["x_target"], data["y_target"], "t")
-    c = load_config("opt.yaml")
-    for k in range(3):
-        e = entries[k % 2]
-        sub = torch.tensor(e["subset_indices"])
-        torch.manual_seed(0)
-        u = Unroller(build_model(c.model.entrypoint, **c.model.kwargs), TensorRows(data["x_train"][sub],
-                     data["y_train"][sub]), ReplayRecord(Path("trained") / e["replay"]), resolve_task("classification"))
-        w = torch.from_numpy(res.masks[k]).float()[sub]
-        assert 0 < w.sum() < len(sub)  # some of the model's rows are dropped, some kept
-        u.model.load_state_dict({**u.model.state_dict(), **u.reweighted_params(w)})
-        np.testing.assert_array_equal(res.outputs[k], model_outputs(u.model, target, "classification",
-                                                                    batch_size=c.data.batch_size))
-    out = trak("eval", "lds", "opt.yaml", "--json")
+
+    def check(res, overrides=()):
+        entries = json.loads(Path("trained/manifest.json").read_text())["models"]
+        c = load_config("opt.yaml", list(overrides))
+        for k in range(3):
+            e = entries[k % 2]
+            sub = torch.tensor(e["subset_indices"])
+            torch.manual_seed(0)
+            u = Unroller(build_model(c.model.entrypoint, **c.model.kwargs), TensorRows(
+                data["x_train"][sub], data["y_train"][sub]), ReplayRecord(Path("trained") / e["replay"]),
+                resolve_task("classification"))
+            w = torch.from_numpy(res.masks[k]).float()[sub]
+            assert 0 < w.sum() < len(sub)  # some of the model's rows are dropped, some kept
+            u.model.load_state_dict({**u.model.state_dict(), **u.reweighted_params(w)})
+            want = model_outputs(u.model, target, "classification", batch_size=c.data.batch_size)
+            np.testing.assert_array_equal(res.outputs[k], want)
+
+    first = retrain(load_config("opt.yaml"))
+    check(first)
+    # retrained checkpoints: new reruns in the same process (of the new records), and the store refuses the old rows
+    assert trak("optimize", "opt.yaml", "optimize.lr=0.03", "--overwrite").exit_code == 0
+    with pytest.raises(StoreMismatchError, match="replay_of"):
+        retrain(load_config("opt.yaml", ["optimize.lr=0.03"]))
+    again = retrain(load_config("opt.yaml", ["optimize.lr=0.03"]), overwrite=True)
+    check(again, ["optimize.lr=0.03"])
+    assert not np.array_equal(again.outputs, first.outputs)
+    assert trak("optimize", "opt.yaml", "--overwrite").exit_code == 0
+    out = trak("eval", "lds", "opt.yaml", "--json", "--overwrite")
     assert out.exit_code == 0, out.stderr
     assert json.loads(out.stdout)["retrain_seed"] == "replay"
     res = trak("eval", "lds", "opt.yaml", "checkpoints=ckpts/model_*.pt", "store.path=out/other.zarr")

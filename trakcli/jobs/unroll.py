@@ -168,8 +168,9 @@ def replayed_checkpoints(cfg: Config) -> list[str]:
     return [e["sha256"] for e in entries]
 
 
-#: The Unroller (and subset) of each recorded training rerun by :func:`reweighted_model` in this process.
-_REPLAYS: dict[tuple[str, int, str], tuple[Unroller, torch.Tensor | None]] = {}
+#: The Unroller (and subset) of each recorded training rerun by :func:`reweighted_model` in this process, by
+#: (manifest, model_id, checkpoint sha256, device).
+_REPLAYS: dict[tuple[str, int, str, str], tuple[Unroller, torch.Tensor | None]] = {}
 
 
 def reweighted_model(cfg: Config, model_id: int, mask: np.ndarray, train: Any, device: torch.device) -> torch.nn.Module:
@@ -193,10 +194,12 @@ def reweighted_model(cfg: Config, model_id: int, mask: np.ndarray, train: Any, d
         ConfigError: a recipe or model the steps cannot be rerun through (as ``score.method: unroll``).
     """
     path = Path(cfg.checkpoints)  # type: ignore[arg-type]
-    key = (str(path.resolve()), model_id, str(device))
-    if key not in _REPLAYS:
+    if not is_manifest_path(cfg.checkpoints):
+        replayed_checkpoints(cfg)  # raises, naming the command
+    entry = read_manifest(path)["models"][model_id]
+    key = (str(path.resolve()), model_id, str(entry.get("sha256")), str(device))
+    if key not in _REPLAYS:  # first use of this checkpoint here: its file's sha256 and record are checked
         replayed_checkpoints(cfg)
-        entry = read_manifest(path)["models"][model_id]
         _REPLAYS[key] = _unroller(cfg, path, entry, resolve_checkpoints(cfg)[model_id], train, device, NULL_REPORTER)
     unroller, subset = _REPLAYS[key]
     weights = torch.from_numpy(np.asarray(mask, dtype=np.float32))
