@@ -264,27 +264,30 @@ def _arrays(store: Path) -> dict[str, np.ndarray]:
 # --- a tiny language model: batches cut by a token budget ---------------------------------------------------------
 
 def _lm_project(root: Path) -> Path:
-    """A tiny GPT-2 (one checkpoint) on 40 pre-tokenized documents of 2 to 10 tokens, in one chunk of 40 rows, cut
+    """A tiny GPT-2 (one checkpoint) on 48 pre-tokenized documents of 2 to 10 tokens, in one chunk of 48 rows, cut
     into batches of at most 4 rows and 24 padded tokens (so a batch's rows depend on the documents' lengths)."""
-    rows = token_rows(40, 2, 10, seed=3)
+    rows = token_rows(48, 2, 10, seed=3)
     return tiny_lm_project(root, rows, rows[:2], max_length=10, batch_size=4, data_extra={"batch_tokens": 24},
                            projector={"kind": "kronecker", "proj_dim": 64, "seed": 0},
-                           store={"path": "s.zarr", "chunk_rows": 40, "save_every_s": 0})
+                           store={"path": "s.zarr", "chunk_rows": 48, "save_every_s": 0})
 
 
-def test_a_language_model_killed_inside_its_chunk_resumes_to_the_uninterrupted_store(tmp_path):
+def test_a_language_model_killed_after_20_of_48_documents_redoes_at_most_one_batch(tmp_path):
     once, root = _lm_project(tmp_path / "once"), _lm_project(tmp_path / "p")
-    assert run(once, "featurize", "run.yaml", "-q").returncode == 0
+    ref = tmp_path / "once.log"
+    res = run_subprocess(once, "featurize", "run.yaml", "-q", env={"TRAK_EVENT_LOG": str(ref)})
+    assert res.returncode == 0, res.stderr
+    bounds = [hi for _, hi in (b[1:] for b in _events(ref, "batch"))]
+    after_20 = next(b for b in bounds if b >= 20)  # the first save with at least 20 rows done
     log = tmp_path / "events.log"
-    kill_at_line(root, ["featurize", "run.yaml", "-q"], log, "partial featurize 0 0")
-    uninterrupted = [b[1:] for b in _events(log, "batch")]
+    kill_at_line(root, ["featurize", "run.yaml", "-q"], log, f"partial featurize 0 0 {after_20}\n")
     assert "done featurize 0 0" not in log.read_text()
     saved = int(np.asarray(zarr.open_group(str(root / "s.zarr"), mode="r")["train/0/rows_done"][0]))
-    assert saved > 0 and saved in {hi for _, hi in uninterrupted}  # a batch boundary
+    assert after_20 <= saved < 48 and saved in bounds  # the kill lost at most the batch after the save (<= 4 rows)
     log.unlink()
     res = run_subprocess(root, "featurize", "run.yaml", "-q", env={"TRAK_EVENT_LOG": str(log)})
     assert res.returncode == 0, res.stderr
     assert _events(log, "resume") == [[0, saved]]
     resumed = [b[1:] for b in _events(log, "batch")]
-    assert resumed[0][0] == saved and all(lo >= saved for lo, _ in resumed)
+    assert resumed[0][0] == saved and all(lo >= saved for lo, _ in resumed)  # no saved row computed again
     assert_same_store(root / "s.zarr", once / "s.zarr")
