@@ -21,13 +21,13 @@ What it measures:
   and ``proj_dim``. torch._dynamo (imported by the first ``torch.func`` call)
   is imported before traker's timer: that favours the baseline.
 * **Quality**: the linear datamodeling score (LDS, Park et al. 2023, Sec. 2.2),
-  computed by ``trakcli.jobs.retrain`` and ``trakcli.metrics.lds`` exactly as ``trak eval lds`` computes it:
+  computed by ``trakcli.evaluation.retrain`` and ``trakcli.evaluation.lds`` exactly as ``trak eval lds`` computes it:
   ``n_subsets`` models are retrained with the config's recipe (the same
   hyperparameters as the checkpoints) on random halves of the training set
-  (``trakcli.jobs.retrain.retrain``); for every target the Spearman correlation between
+  (``trakcli.evaluation.retrain.retrain``); for every target the Spearman correlation between
   the predicted margins ``mask @ scores[t]`` and the retrained models' actual
   margins ``logit_y - logsumexp_{j != y} logit_j`` is taken, and LDS is their
-  mean (``trakcli.metrics.lds.lds``).
+  mean (``trakcli.evaluation.lds.lds``).
 
 Models (``--models``): ``small``, the config's MLP (digits.yaml: 2 hidden
 layers of 128, 26k parameters, all ``optimize.n_models`` checkpoints), and
@@ -199,7 +199,7 @@ def checkpoints(cfg, config: Path, work: Path, base_overrides: list[str]) -> lis
 def recipe_matches_checkpoint(cfg, data: tuple[torch.Tensor, ...], ckpt: Path) -> float:
     """Retrain checkpoint 0 with ``trakcli.train.train_one`` and compare: max |weight difference|.
 
-    0 shows the subset models of ``trakcli.jobs.retrain`` (trained by the same function) are
+    0 shows the subset models of ``trakcli.evaluation.retrain`` (trained by the same function) are
     trained exactly as ``trak optimize`` trains the checkpoints, only on fewer rows.
     """
     from trakcli.train import train_one
@@ -322,7 +322,7 @@ def run_traker(
 
 
 # ----------------------------------------------------------------------------
-# LDS: trakcli.jobs.retrain + trakcli.metrics.lds (the code of `trak eval lds`)
+# LDS: trakcli.evaluation.retrain + trakcli.evaluation.lds (the code of `trak eval lds`)
 # ----------------------------------------------------------------------------
 
 
@@ -331,12 +331,12 @@ def retrain_subsets(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Masks [n_subsets, n_train] bool and target margins [n_subsets, n_target] float64.
 
-    ``trakcli.jobs.retrain.retrain`` with the config's recipe, ``eval.n_subsets=n_subsets``,
+    ``trakcli.evaluation.retrain.retrain`` with the config's recipe, ``eval.n_subsets=n_subsets``,
     ``eval.seed=subset_seed`` and the default ``eval.subset_fraction`` (0.5); the
     models are kept in the ``eval/`` group of ``eval_store`` (resumable, extended
     when more are asked for).
     """
-    from trakcli.jobs.retrain import retrain
+    from trakcli.evaluation.retrain import retrain
 
     cfg = load_cfg(config, [*overrides, f"eval.n_subsets={n_subsets}", f"eval.seed={subset_seed}", f"store.path={eval_store}"])
     t0 = time.perf_counter()
@@ -351,14 +351,14 @@ def retrain_subsets(
 
 
 def lds(scores: np.ndarray, masks: np.ndarray, margins: np.ndarray, n_bootstrap: int = 1000) -> dict[str, Any]:
-    """``trakcli.metrics.lds.lds`` (the LDS of ``trak eval lds``), with the standard error of the mean added.
+    """``trakcli.evaluation.lds.lds`` (the LDS of ``trak eval lds``), with the standard error of the mean added.
 
     Args:
         scores: [n_target, n_train] attribution scores.
         masks: [n_subsets, n_train] bool, the training rows of each retrained model.
         margins: [n_subsets, n_target] margins of the targets under each retrained model.
     """
-    from trakcli.metrics.lds import lds as trak_lds
+    from trakcli.evaluation.lds import lds as trak_lds
 
     res = trak_lds(scores, masks, margins, n_bootstrap=n_bootstrap, seed=0)
     finite = res.rhos[np.isfinite(res.rhos)]

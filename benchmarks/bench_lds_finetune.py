@@ -24,7 +24,7 @@ WikiText, LDS over retrained fine-tunes), at a size two CPU cores run:
   margin ``logit(x_t) - logsumexp_{j != x_t} logit(j)`` (trakcli's ``language_modeling`` f). A
   rerun trains only the missing ones. ``--n-repeat`` (5) retrains redo the first subsets with
   other seeds (``repeats/``): the share of the outputs' variance that is seed noise.
-* **LDS** (Park et al. 2023, Eq. 5; :func:`trakcli.metrics.lds.lds`): per target, the Spearman
+* **LDS** (Park et al. 2023, Eq. 5; :func:`trakcli.evaluation.lds.lds`): per target, the Spearman
   correlation over the retrains between ``mask_k @ scores[t]`` and the measurement, mean over
   targets, 95% percentile bootstrap over targets. Measured on the margin and on the negative
   loss: every method's convention is "higher score = the train document helps the target"
@@ -621,7 +621,7 @@ def lds_entry(scores: Any, gt: dict[str, Any]) -> dict[str, Any]:
     and on each half of the retrains."""
     import numpy as np
 
-    from trakcli.metrics.lds import lds
+    from trakcli.evaluation.lds import lds
 
     out: dict[str, Any] = {}
     k = len(gt["masks"])

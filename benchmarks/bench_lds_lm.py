@@ -16,14 +16,14 @@ What it runs, through trakcli's jobs (the CLI's code):
    recipe, seeds ``optimize.seed + i``) on all training documents, their final
    checkpoints the ensemble TRAK averages over.
 2. The ground truth: ``--n-subsets`` (100) models retrained with the same
-   recipe on random halves (:func:`trakcli.jobs.retrain.load_or_retrain`, what
+   recipe on random halves (:func:`trakcli.evaluation.retrain.load_or_retrain`, what
    ``trak eval lds`` runs), and every target's output f under each: the sum of
    the next-token margins of its tokens (``task: language_modeling``).
 3. For each projector kind (``--kinds``; ``kronecker-size`` is kind
    kronecker with ``split: size``) and proj_dim (``--proj-dims``): the
    train and target features of every checkpoint, then the LDS (Park et al.
    2023, Eq. 5) of the scores of the first 1 and of all checkpoints, for every
-   ridge of ``--lambda-rel`` (:func:`trakcli.jobs.sweep.lds_grid`, what
+   ridge of ``--lambda-rel`` (:func:`trakcli.evaluation.sweep.lds_grid`, what
    ``trak eval sweep`` runs).
    And sjlt at ``--reference-dim`` (16,384), the stand-in for TRAK with
    unprojected gradients: its inner products err by about √(2/16384) ≈ 1% of
@@ -173,9 +173,9 @@ def config(a: argparse.Namespace) -> dict[str, Any]:
 
 def unit_row(cfg: Any, masks: Any, outputs: Any, kind: str, proj_dim: int, n_models: int) -> dict[str, Any]:
     """LDS of the cosine scores (``score.normalize: unit``) of ``kind`` at ``proj_dim``, all checkpoints."""
-    from trakcli.jobs.eval import store_scores
+    from trakcli.evaluation.scores import store_scores
     from trakcli.jobs.score import score
-    from trakcli.metrics.lds import lds
+    from trakcli.evaluation.lds import lds
 
     sub = variant(cfg, kind, proj_dim, n_models)
     sub = sub.model_copy(update={"score": sub.score.model_copy(update={"experiment": "unit", "normalize": "unit"})})
@@ -198,12 +198,12 @@ def curvature_rows(
     ``λ = lambda_rel · tr(ΦᵀWΦ)/n``. Scores ``Φ_t Φᵀ (W G + λI)⁻¹`` (``G = ΦΦᵀ``,
     equal to ``Φ_t (ΦᵀWΦ + λI)⁻¹ Φᵀ``) averaged over the first k checkpoints,
     times the mean ``Q`` (Park et al. 2023, Eq. 17). The ``output`` rows repeat
-    :func:`trakcli.jobs.sweep.lds_grid`'s rows (a check of both).
+    :func:`trakcli.evaluation.sweep.lds_grid`'s rows (a check of both).
     """
     import numpy as np
 
-    from trakcli.jobs.sweep import read_features
-    from trakcli.metrics.lds import lds
+    from trakcli.evaluation.sweep import read_features
+    from trakcli.evaluation.lds import lds
 
     phi, q, phi_t = read_features(sub, max(ks))
     settings = [(c, r) for c in ("output", "fisher") for r in rels]
@@ -264,8 +264,8 @@ def trajectory_rows(cfg_path: str, masks: Any, outputs: Any, a: argparse.Namespa
     from trakcli.jobs.featurize import featurize
     from trakcli.jobs.optimize import optimize
     from trakcli.jobs.score import score
-    from trakcli.jobs.sweep import read_features
-    from trakcli.metrics.lds import lds
+    from trakcli.evaluation.sweep import read_features
+    from trakcli.evaluation.lds import lds
     from trakcli.scoring import (
         DUAL, dual_gram, dual_scores, ensemble_block, gram_matrix, kernel_form, score_block, solve_kernel,
         target_weights,
@@ -380,7 +380,7 @@ def traker_rows(cfg: Any, masks: Any, outputs: Any, ks: list[int], proj_dim: int
 
     from trakcli.jobs.inputs import resolve_checkpoints
     from trakcli.data.load import load_dataset
-    from trakcli.metrics.lds import lds
+    from trakcli.evaluation.lds import lds
 
     try:
         from trak import TRAKer
@@ -479,8 +479,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from trakcli.config import load_config
     from trakcli.jobs.optimize import optimize
-    from trakcli.jobs.retrain import load_or_retrain
-    from trakcli.jobs.sweep import lds_grid
+    from trakcli.evaluation.retrain import load_or_retrain
+    from trakcli.evaluation.sweep import lds_grid
     from trakcli.progress import StderrReporter
 
     reporter = StderrReporter(interval=10.0)

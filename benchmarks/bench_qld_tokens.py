@@ -9,7 +9,7 @@ without the query's top 1% training tokens by each method's per-token scores, an
 tokens, all with the same seed, and reports the query's loss increase with bootstrap intervals.
 Rows: trakcli ``curvature.kind: ekfac`` (exact scores), TRAK (sjlt 4096, TRAK's kernel); the random
 tokens and a lexical row (the query's own target tokens in the train documents, rarest first:
-:func:`trakcli.metrics.bm25.token_overlap_scores`) are each run's baselines. Token masking keeps every batch the same, so the models differ
+:func:`trakcli.evaluation.bm25.token_overlap_scores`) are each run's baselines. Token masking keeps every batch the same, so the models differ
 only by the masked tokens.
 
 Usage::

@@ -2,7 +2,7 @@
 
 peft's ``UserWarning: fan_in_fan_out is set to False ...``, transformers' and torch's deprecations say
 nothing a ``trak`` user can act on. Every `trak` command (:func:`trakcli.cli.common.handle_errors`) and
-every worker process of `trak eval` (:mod:`trakcli.jobs.workers`) runs inside
+every worker process of `trak eval` (:mod:`trakcli.evaluation.workers`) runs inside
 :func:`library_warnings_to_log`.
 """
 

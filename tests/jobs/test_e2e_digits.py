@@ -52,8 +52,8 @@ def test_digits_rerun_is_noop_and_scores_are_stable(digits_run):
 @pytest.mark.slow
 def test_digits_lds_is_far_above_shuffled_scores(digits_run):
     """The product's own check on real data: retrained-subset LDS of the scores vs scores of shuffled rows."""
-    from trakcli.jobs.retrain import load_or_retrain
-    from trakcli.metrics.lds import lds
+    from trakcli.evaluation.retrain import load_or_retrain
+    from trakcli.evaluation.lds import lds
 
     cfg, _, res = digits_run
     cfg = cfg.model_copy(update={"eval": cfg.eval.model_copy(update={"n_subsets": 20})})

@@ -310,7 +310,7 @@ def test_cosines_refinement_and_document_scores_for_token_qld_are_one_clear_erro
 
 def test_the_token_plan_masks_each_querys_top_tokens_and_as_many_random_ones(tmp_path, monkeypatch):
     from trakcli.config import load_config
-    from trakcli.jobs.qld import plan_tokens
+    from trakcli.evaluation.qld import plan_tokens
 
     monkeypatch.chdir(tmp_path)
     _project(tmp_path, "gpt2", "completion", {"eval.qld": {"queries": 2, "fraction": 0.05, "seeds": 2}})
@@ -384,7 +384,7 @@ def test_per_token_qld_end_to_end_and_its_token_scores_are_the_stored_ones(tmp_p
 def test_token_overlap_scores_the_querys_own_tokens_by_rarity(tmp_path, monkeypatch):
     from trakcli.config import load_config
     from trakcli.data.load import load_dataset
-    from trakcli.metrics.bm25 import token_overlap_scores
+    from trakcli.evaluation.bm25 import token_overlap_scores
 
     monkeypatch.chdir(tmp_path)
     _project(tmp_path, "gpt2", "completion")

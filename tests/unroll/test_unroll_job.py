@@ -177,7 +177,7 @@ def test_eval_retrain_seed_replay_reruns_the_recorded_trainings_reweighted(user_
     Path("opt.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     assert trak("optimize", "opt.yaml").exit_code == 0
     assert trak("score", "opt.yaml").exit_code == 0
-    from trakcli.jobs.retrain import model_outputs, retrain
+    from trakcli.evaluation.retrain import model_outputs, retrain
     from trakcli.models.build import build_model
 
     data = torch.load("ckpts/data.pt")

@@ -191,8 +191,8 @@ def lds(
         reporter.phase("reading the config, importing torch …")  # the first line, before the slow imports
         cfg = load(config, overrides, print_config)
         # imported after the config is valid: torch import is slow
-        from trakcli.jobs.eval import store_scores
-        from trakcli.jobs.retrain import retrain
+        from trakcli.evaluation.scores import store_scores
+        from trakcli.evaluation.retrain import retrain
 
         n_bootstrap, seed = cfg.eval.bootstrap, cfg.eval.seed
         store_note: StoreError | None = None
@@ -222,8 +222,8 @@ def lds(
             m_arr, o_arr = external["--masks"], external["--outputs"]
     else:
         s_arr, m_arr, o_arr = external["--scores"], external["--masks"], external["--outputs"]
-    from trakcli.metrics.lds import check_lds_inputs
-    from trakcli.metrics.lds import lds as linear_datamodeling_score
+    from trakcli.evaluation.lds import check_lds_inputs
+    from trakcli.evaluation.lds import lds as linear_datamodeling_score
 
     s_arr, m_arr, o_arr = check_lds_inputs(s_arr, m_arr, o_arr, names=names)
     with reporter.phase(f"computing the LDS ({n_bootstrap} bootstrap resamples) …"):
@@ -245,7 +245,7 @@ def _bm25(cfg: Any) -> "np.ndarray | None":
         return None
     from trakcli.data.load import load_dataset
     from trakcli.tasks import resolve_task
-    from trakcli.metrics.bm25 import bm25_of
+    from trakcli.evaluation.bm25 import bm25_of
 
     return bm25_of(load_dataset(cfg.data.train, key="data.train", task=resolve_task(cfg.task)),
                    load_dataset(cfg.data.target, key="data.target", task=resolve_task(cfg.task)))
@@ -346,8 +346,8 @@ def recall(
     reporter.phase("reading the config, importing torch …")  # the first line, before the slow imports
     cfg = load(config, overrides, print_config)
     # imported after the config is valid: torch import is slow
-    from trakcli.jobs.recall import recall_inputs
-    from trakcli.metrics.recall import fact_recall
+    from trakcli.evaluation.recall import recall_inputs
+    from trakcli.evaluation.ranking import fact_recall
 
     with reporter.phase("reading the scores and the facts' sources …"):
         inputs = recall_inputs(cfg)
@@ -363,7 +363,7 @@ def recall(
     }
     bm25 = _bm25(cfg)
     if bm25 is not None:
-        from trakcli.metrics.recall import rank_scores
+        from trakcli.evaluation.ranking import rank_scores
 
         base = fact_recall(rank_scores(bm25, inputs.ranked.shape[1]), inputs.sources,
                            ks if ks is not None else cfg.eval.recall.k, n_train=inputs.n_train,
@@ -419,8 +419,8 @@ def qld(
     reporter = RichReporter(quiet)
     reporter.phase("reading the config, importing torch …")  # the first line, before the slow imports
     cfg = load(config, overrides, print_config)
-    from trakcli.jobs.eval import store_scores
-    from trakcli.jobs.qld import qld as query_loss_difference
+    from trakcli.evaluation.scores import store_scores
+    from trakcli.evaluation.qld import qld as query_loss_difference
 
     if cfg.eval.qld.per_token:
         if scores is not None:
@@ -429,14 +429,14 @@ def qld(
         from trakcli.data.load import load_dataset
         from trakcli.tasks import resolve_task
         from trakcli.jobs.per_token import query_token_scores
-        from trakcli.jobs.qld import choose_queries
+        from trakcli.evaluation.qld import choose_queries
 
         target = load_dataset(cfg.data.target, key="data.target", task=resolve_task(cfg.task))
         queries = choose_queries(cfg, len(target))
         tokens = (queries, query_token_scores(cfg, queries, reporter))
         baselines = None
         if cfg.eval.bm25:  # the lexical row: the query's own tokens in the train documents, rarest first
-            from trakcli.metrics.bm25 import token_overlap_scores
+            from trakcli.evaluation.bm25 import token_overlap_scores
 
             baselines = {"token_overlap": token_overlap_scores(load_dataset(cfg.data.train, key="data.train", task=resolve_task(cfg.task)),
                                                                target, queries, tokens[1].shape[2], cfg.eval.seed)}

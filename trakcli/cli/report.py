@@ -51,7 +51,7 @@ def report(
     cfg = load(config, overrides, print_config)
     from trakcli.data.load import load_dataset
     from trakcli.tasks import resolve_task
-    from trakcli.jobs.eval import check_experiment_data
+    from trakcli.evaluation.scores import check_experiment_data
     from trakcli.report import experiment_page, write_page
     from trakcli.store import Store
     from trakcli.store.integrity import node

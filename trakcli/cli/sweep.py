@@ -137,8 +137,8 @@ def sweep(
         check_plot_path(plot, "--plot")
     _check_suffix(out, "--out", ".json")
     cfg = load(config, overrides, print_config)
-    from trakcli.jobs.sweep import sweep as run_sweep
-    from trakcli.jobs.sweep import sweep_dir
+    from trakcli.evaluation.sweep import sweep as run_sweep
+    from trakcli.evaluation.sweep import sweep_dir
 
     res = run_sweep(
         cfg, workers=workers, proj_dims=dims, n_checkpoints=ks, lambda_rel=rels, lambda_reg=abss, reporter=reporter,

@@ -15,10 +15,8 @@ Modules:
 - :mod:`~trakcli.jobs.score`: target features, kernels, the score matrix.
 - :mod:`~trakcli.jobs.optimize`: N seeded models (trained by :mod:`trakcli.train`), checkpoints and
   their manifest.
-- :mod:`~trakcli.jobs.retrain`: `trak eval`'s models retrained on random subsets,
-  row by row into the store (:mod:`~trakcli.jobs.workers`: their worker processes).
-- :mod:`~trakcli.jobs.eval`: the store's scores that `trak eval lds` measures.
-- :mod:`~trakcli.jobs.sweep`: `trak eval sweep`, the LDS over proj_dim, checkpoints and ridge.
+
+`trak eval` (retraining, LDS, QLD, recall, sweep) is :mod:`trakcli.evaluation`.
 """
 
 from trakcli.jobs.featurize import FeaturizeResult, featurize

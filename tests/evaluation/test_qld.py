@@ -12,7 +12,7 @@ import yaml
 from projects import run, tiny_model, write_config
 from trakcli.config import load_config
 from trakcli.data.load import load_dataset
-from trakcli.jobs.qld import plan, query_losses
+from trakcli.evaluation.qld import plan, query_losses
 
 
 def _digits_config(root: Path) -> Path:

@@ -1,12 +1,11 @@
 """What `trak eval lds` reads from a config's store: the scores of an experiment, checked against the config.
 
-The retrained models are :mod:`trakcli.jobs.retrain`; the statistic is
-:func:`trakcli.metrics.lds.lds`.
+The retrained models are :mod:`trakcli.evaluation.retrain`; the statistic is
+:func:`trakcli.evaluation.lds.lds`.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np

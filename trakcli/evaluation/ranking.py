@@ -27,7 +27,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from trakcli.errors import DataError
-from trakcli.metrics.lds import mean_interval
+from trakcli.evaluation.lds import mean_interval
 
 #: recall@k reported when the ks are not given: those of these at most K (and K itself).
 DEFAULT_KS = (1, 5, 10, 20, 50, 100)

@@ -39,10 +39,10 @@ from trakcli.config import Config
 from trakcli.data.load import load_dataset
 from trakcli.data.tensors import inputs_to
 from trakcli.errors import ConfigError
-from trakcli.jobs.retrain import check_eval_config, model_seed, setup_device, threads_per_worker, train_on_rows
+from trakcli.evaluation.retrain import check_eval_config, model_seed, setup_device, threads_per_worker, train_on_rows
 from trakcli.jobs.runtime import apply_threads, event, resolve_device
-from trakcli.jobs.workers import run_in_workers
-from trakcli.metrics.lds import mean_interval
+from trakcli.evaluation.workers import run_in_workers
+from trakcli.evaluation.lds import mean_interval
 from trakcli.models.forward import forward
 from trakcli.progress import NULL_REPORTER, Reporter
 from trakcli.tasks import make_batch, resolve_task
@@ -109,7 +109,7 @@ def plan_tokens(cfg: Config, queries: list[int], token_scores: np.ndarray,
         token_scores: ``[n_queries, n_train, width]``, NaN where a token is not a target
             (:func:`trakcli.jobs.per_token.query_token_scores`).
         baselines: other per-token scores of the same shape (name -> scores, e.g.
-            :func:`trakcli.metrics.bm25.token_overlap_scores`) whose top tokens are masked too (kind
+            :func:`trakcli.evaluation.bm25.token_overlap_scores`) whose top tokens are masked too (kind
             ``"top:<name>"``).
     """
     q = cfg.eval.qld

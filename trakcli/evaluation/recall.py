@@ -1,6 +1,6 @@
 """What `trak eval recall` reads: the experiment's ranking of the train rows and each target's source rows.
 
-The statistic is :func:`trakcli.metrics.recall.fact_recall`.
+The statistic is :func:`trakcli.evaluation.ranking.fact_recall`.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import numpy as np
 from trakcli.config import Config
 from trakcli.data.load import load_dataset
 from trakcli.errors import DataError, StoreError
-from trakcli.jobs.eval import check_experiment_data, open_scored_store
-from trakcli.metrics.recall import rank_scores
+from trakcli.evaluation.scores import check_experiment_data, open_scored_store
+from trakcli.evaluation.ranking import rank_scores
 from trakcli.store.integrity import node
 from trakcli.store.store import Store
 from trakcli.tasks import resolve_task
@@ -23,7 +23,7 @@ from trakcli.tasks import resolve_task
 
 @dataclass
 class RecallInputs:
-    """The two inputs of :func:`trakcli.metrics.recall.fact_recall`, and where they came from.
+    """The two inputs of :func:`trakcli.evaluation.ranking.fact_recall`, and where they came from.
 
     Attributes:
         ranked: ``[n_target, K]`` int64 train row indices per target, best first.

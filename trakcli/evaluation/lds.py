@@ -8,7 +8,7 @@ model output under S_k as the sum of the scores of the rows in S_k,
 rank correlation over k between ``pred[:, t]`` and the retrained models'
 actual outputs ``outputs[k, t]`` (the margin the scores attribute, see
 :func:`trakcli.gradients.vmap.output_function`), and the LDS is its mean over
-targets. The retraining itself is :mod:`trakcli.jobs.retrain`.
+targets. The retraining itself is :mod:`trakcli.evaluation.retrain`.
 
 scipy is imported inside the functions that use it, so importing this module
 costs only numpy.

@@ -1,4 +1,4 @@
-"""Fact tracing: MRR and recall@k (trakcli.metrics.recall), `trak eval recall`, and examples/plant_facts.py."""
+"""Fact tracing: MRR and recall@k (trakcli.evaluation.ranking), `trak eval recall`, and examples/plant_facts.py."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import yaml
 from examples import plant_facts
 from projects import run
 from trakcli.errors import DataError
-from trakcli.metrics.recall import default_ks, fact_recall, rank_scores
+from trakcli.evaluation.ranking import default_ks, fact_recall, rank_scores
 
 # -- the metric ------------------------------------------------------------------------------------
 
@@ -108,7 +108,7 @@ def test_plant_facts_puts_each_fact_where_its_sources_say_and_is_deterministic()
 
 
 def test_paraphrased_facts_avoid_the_querys_words_and_distractors_carry_them():
-    from trakcli.metrics.bm25 import bm25_scores
+    from trakcli.evaluation.bm25 import bm25_scores
 
     docs = _fake_corpus(120, sentences=(14, 18))  # about 110 words, as the BBC articles cut to --words 120
     assert not any("capital" in p.lower() for p in plant_facts.PARAPHRASES)

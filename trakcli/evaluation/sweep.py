@@ -1,7 +1,7 @@
 """`trak eval sweep`: the LDS as a function of proj_dim, number of checkpoints and the ridge.
 
 One set of retrained models (the ``eval/`` group of the config's store, made
-by :func:`trakcli.jobs.retrain.load_or_retrain`) serves every point of the grid, and
+by :func:`trakcli.evaluation.retrain.load_or_retrain`) serves every point of the grid, and
 each proj_dim is featurized once (into ``<store>.sweep/<kind>_<d>.zarr``, or the
 config's own store for the config's proj_dim): the number of checkpoints and
 the ridge only change the cheap last step, so they are swept in memory.
@@ -34,11 +34,11 @@ from trakcli.config import Config
 from trakcli.jobs.inputs import resolve_checkpoints
 from trakcli.errors import ConfigError, ProjectorError, StoreMismatchError
 from trakcli.jobs.featurize import featurize
-from trakcli.jobs.retrain import load_or_retrain
+from trakcli.evaluation.retrain import load_or_retrain
 from trakcli.jobs.runtime import grad_memory_for, torch_threads
 from trakcli.jobs.score import score
 from trakcli.jobs.setup import build_featurizer
-from trakcli.metrics.lds import lds
+from trakcli.evaluation.lds import lds
 from trakcli.models.build import build_model
 from trakcli.progress import NULL_REPORTER, Reporter
 from trakcli.scoring import (

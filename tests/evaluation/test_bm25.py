@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from trakcli.metrics.bm25 import bm25_of, bm25_scores
+from trakcli.evaluation.bm25 import bm25_of, bm25_scores
 
 
 def test_bm25_ranks_documents_by_shared_rare_words():

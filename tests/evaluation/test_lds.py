@@ -1,4 +1,4 @@
-"""The LDS statistics (trakcli.metrics.lds): Spearman correlations per column and the LDS against scipy's
+"""The LDS statistics (trakcli.evaluation.lds): Spearman correlations per column and the LDS against scipy's
 spearmanr, its bootstrap interval, and the inputs it refuses."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 from scipy.stats import spearmanr
 
 from trakcli.errors import DataError
-from trakcli.jobs.retrain import subset_masks
-from trakcli.metrics.lds import lds, spearman_columns
+from trakcli.evaluation.retrain import subset_masks
+from trakcli.evaluation.lds import lds, spearman_columns
 
 
 def test_spearman_columns_equals_scipy_spearmanr_per_column():

@@ -1,5 +1,5 @@
 """`trak eval lds`: subsets, model outputs, retraining into the store (resume after kill -9, workers, identity
-checks), external files through the CLI, optimize.entrypoint. The LDS statistics: tests/metrics/test_lds.py."""
+checks), external files through the CLI, optimize.entrypoint. The LDS statistics: tests/evaluation/test_lds.py."""
 
 from __future__ import annotations
 
@@ -19,10 +19,10 @@ import zarr
 from trakcli.config import load_config
 from trakcli.data import load_dataset
 from trakcli.errors import StoreMismatchError
-from trakcli.jobs.eval import store_scores
-from trakcli.jobs.retrain import load_or_retrain, model_outputs, model_seed, retrain, subset_mask, subset_masks
+from trakcli.evaluation.scores import store_scores
+from trakcli.evaluation.retrain import load_or_retrain, model_outputs, model_seed, retrain, subset_mask, subset_masks
 from trakcli.train import train_one
-from trakcli.metrics.lds import lds
+from trakcli.evaluation.lds import lds
 from trakcli.models import build_model
 from projects import invoke as trak
 from projects import trak_cmd

@@ -1,6 +1,6 @@
 """Run indexed tasks in spawned worker processes; the calling process gets every result and writes it.
 
-Used by the retraining of `trak eval` (:mod:`trakcli.jobs.retrain`) with
+Used by the retraining of `trak eval` (:mod:`trakcli.evaluation.retrain`) with
 ``--workers N``. Each worker runs ``setup(setup_arg)`` once (load data, set
 threads), then ``task(state, k)`` for the indices it takes from a shared
 queue, and sends ``(k, result)`` back; the caller's ``on_result(k, result)``

@@ -5,14 +5,14 @@ training set (``mask[k]``, exactly ``round(subset_fraction * n_train)`` rows),
 with the config's training recipe; its row holds the mask and the targets'
 model outputs under it (the margin the scores attribute,
 :func:`trakcli.gradients.vmap.output_function`). The LDS of those rows against a
-score matrix is :func:`trakcli.metrics.lds.lds` (Park et al. 2023, "TRAK",
+score matrix is :func:`trakcli.evaluation.lds.lds` (Park et al. 2023, "TRAK",
 Sec. 2.2; Ilyas et al. 2022, "Datamodels").
 
 Retraining (:func:`retrain`, :func:`load_or_retrain`) writes one row per model
 to the store's ``eval/`` group (:func:`trakcli.store.evalgroup.open_eval_rows`): a row
 is written, then its done flag, so a killed run resumes at the models not done.
 With ``workers > 1`` the models are trained by worker processes (spawned,
-:mod:`trakcli.jobs.workers`), and the calling process is the only store
+:mod:`trakcli.evaluation.workers`), and the calling process is the only store
 writer. Every row is a pure function of the config and k: the subset is drawn
 with ``(eval.seed, k)`` and model k is seeded with :func:`model_seed`, so any
 number of workers, any kill and resume gives the same rows bit for bit (on
@@ -40,7 +40,7 @@ from trakcli.tasks import make_batch, resolve_task, task_identity
 from trakcli.distributed import Dist
 from trakcli.jobs.runtime import apply_threads, event, grad_memory_for, locked_store, resolve_device
 from trakcli.train import DatasetRows, check_init_checkpoint, check_recipe, load_training_function, train_one
-from trakcli.jobs.workers import WorkerLost, run_in_workers
+from trakcli.evaluation.workers import WorkerLost, run_in_workers
 from trakcli.models.checkpoints import file_sha256
 from trakcli.models.forward import forward
 from trakcli.progress import NULL_REPORTER, Reporter
@@ -429,7 +429,7 @@ def load_or_retrain(
 
     Returns:
         ``(masks [n_subsets, n_train] bool, outputs [n_subsets, n_target] float64)``,
-        ``n_subsets = eval.n_subsets``; the arguments of :func:`trakcli.metrics.lds.lds`.
+        ``n_subsets = eval.n_subsets``; the arguments of :func:`trakcli.evaluation.lds.lds`.
 
     Raises:
         What :func:`retrain` raises.

@@ -13,10 +13,10 @@ import yaml
 
 from trakcli.config import load_config
 from trakcli.errors import StoreMismatchError
-from trakcli.jobs import sweep as sw
-from trakcli.jobs.retrain import load_or_retrain
+from trakcli.evaluation import sweep as sw
+from trakcli.evaluation.retrain import load_or_retrain
 from trakcli.jobs.score import score
-from trakcli.metrics.lds import lds
+from trakcli.evaluation.lds import lds
 from trakcli.scoring import PRIMAL, trak_scores
 from trakcli.store import Store
 from projects import invoke as trak
