@@ -70,7 +70,7 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 if not __package__:  # run as a file, not with -m: put the repository root on sys.path
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.benchjson import write_result  # noqa: E402  (atomic; adds date, commit, version, machine)
+from benchmarks.benchjson import relative_paths, write_result  # noqa: E402  (atomic; adds date, commit, version, machine)
 from benchmarks.launch import run_measured  # noqa: E402  (wall time and the command's own peak RSS)
 
 DEFAULT_OUT = REPO / "bench_results" / "ekfac_lm.json"
@@ -289,19 +289,6 @@ PROTOCOL = (
 )
 
 
-def _relative(value: Any, roots: dict[str, str]) -> Any:
-    """``value`` with every string's machine paths (the work directory, the repository) written relative."""
-    if isinstance(value, str):
-        for root, name in roots.items():
-            value = value.replace(root, name)
-        return value
-    if isinstance(value, dict):
-        return {k: _relative(v, roots) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_relative(v, roots) for v in value]
-    return value
-
-
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--n-docs", type=int, default=256, help="train documents (default 256)")
@@ -354,7 +341,7 @@ def main(argv: list[str] | None = None) -> None:
         result["ratios_to_trak"] = {v: {"total": r["total_seconds"] / base["total_seconds"],
                                         "peak_rss": r["peak_rss_gib"] / base["peak_rss_gib"]}
                                     for v, r in rows.items() if "failed" not in r}
-    write_result(a.out, _relative(result, {str(work): "<work>", str(REPO): "."}))
+    write_result(a.out, relative_paths(result, {str(work): "<work>", str(REPO): "."}))
     print(f"wrote {a.out}", file=sys.stderr)
     failed = [v for v, r in rows.items() if "failed" in r]
     if failed:

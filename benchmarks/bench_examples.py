@@ -41,7 +41,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 if not __package__:  # run as a file, not with -m: put the repository root on sys.path
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.benchjson import write_result  # noqa: E402  (atomic; adds date, commit, version, machine)
+from benchmarks.benchjson import relative_paths, write_result  # noqa: E402  (atomic; adds date, commit, version, machine)
 from benchmarks.launch import run_measured  # noqa: E402  (wall time and the command's own peak RSS)
 
 EXAMPLES = ("news_ekfac", "news_lora", "news_select")
@@ -164,19 +164,6 @@ def table(data_row: dict[str, Any], rows: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def _relative(value: Any, roots: dict[str, str]) -> Any:
-    """``value`` with every string's machine paths (the work folder, the repository, the interpreter's) relative."""
-    if isinstance(value, str):
-        for root, name in roots.items():
-            value = value.replace(root, name)
-        return value
-    if isinstance(value, dict):
-        return {k: _relative(v, roots) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_relative(v, roots) for v in value]
-    return value
-
-
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--examples", nargs="+", default=list(EXAMPLES), choices=EXAMPLES,
@@ -217,7 +204,7 @@ def main(argv: list[str] | None = None) -> None:
         "table": text,
     }
     roots = {str(work): "<work>", str(REPO): ".", str(Path(sys.executable).parent) + "/": ""}
-    write_result(a.out, _relative(result, roots))
+    write_result(a.out, relative_paths(result, roots))
     print(f"wrote {a.out}", file=sys.stderr)
     if any("failed" in r for r in rows.values()):
         sys.exit(1)

@@ -154,3 +154,17 @@ def render_table(result: dict[str, Any]) -> str:
         ValueError: docs/gen_docs.py has no renderer for ``result``.
     """
     return _gen_docs().render_table(result)
+
+
+def relative_paths(value, roots: dict):
+    """``value`` (a result: dicts, lists, strings) with every string's machine paths ``roots`` (path -> the name
+    written instead, e.g. ``{"/tmp/work": "<work>", REPO: "."}``) replaced, so a committed result names none."""
+    if isinstance(value, str):
+        for root, name in roots.items():
+            value = value.replace(root, name)
+        return value
+    if isinstance(value, dict):
+        return {k: relative_paths(v, roots) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [relative_paths(v, roots) for v in value]
+    return value
