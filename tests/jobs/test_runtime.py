@@ -44,7 +44,7 @@ def test_featurize_and_score_use_each_setting_where_it_belongs(user_project, mon
     from projects import trak
 
     kernels = importlib.import_module("trakcli.jobs.kernels")
-    score_job = importlib.import_module("trakcli.jobs.score")
+    block_scores = importlib.import_module("trakcli.topk.features")  # the score products of every block
     setup = importlib.import_module("trakcli.jobs.setup")
     seen: dict[str, set[int]] = {"gradients": set(), "kernel": set(), "score": set()}
 
@@ -56,7 +56,7 @@ def test_featurize_and_score_use_each_setting_where_it_belongs(user_project, mon
 
     monkeypatch.setattr(setup.JobSetup, "features", spy("gradients", setup.JobSetup.features))
     monkeypatch.setattr(kernels, "dual_solved_features", spy("kernel", kernels.dual_solved_features))
-    monkeypatch.setattr(score_job, "ensemble_block", spy("score", score_job.ensemble_block))
+    monkeypatch.setattr(block_scores, "ensemble_block", spy("score", block_scores.ensemble_block))
     args = ["run.yaml", "projector.proj_dim=64", "num_threads=1", "linalg_threads=2", "-q"]  # n_train 40 < 64: dual
     trak("featurize", *args)
     trak("score", *args)
