@@ -179,11 +179,11 @@ def score_meaning(identity: Mapping[str, Any], settings: Mapping[str, Any] | Non
         quantity = quantity.replace("log-likelihood", "log-likelihood of its target tokens").replace(
             "margin (", "margin summed over its target tokens (")
     if settings.get("method") == "unroll":
-        text = (f"A score is a metagradient (MAGIC, Ilyas & Engstrom 2025): minus the derivative of the target's loss "
+        text = ("A score is a metagradient (MAGIC, Ilyas & Engstrom 2025): minus the derivative of the target's loss "
                 "after training with respect to the weight of the train example's loss in every step of the recorded "
-                "training run, averaged over the checkpoints, in nats of the target's loss per unit weight; one "
-                "more copy of the example in a batch moves the target's loss by about -score / batch_size per "
-                "appearance. Positive: up-weighting the example lowers the target's loss. No ridge or damping: "
+                "training run, averaged over the checkpoints, in nats of the target's loss per unit weight: raising "
+                "the example's weight from 1 to 1 + e in every step it appears in moves the target's loss by about "
+                "-e x score. Positive: up-weighting the example lowers the target's loss. No ridge or damping: "
                 "the derivative is exact for the recorded run. Compare scores within one experiment.")
     elif settings.get("normalize") == "unit":
         text = ("A score is a cosine: the target's and the train example's features compared by direction only "

@@ -411,7 +411,7 @@ def test_the_sampled_floor_of_the_one_pass_leaves_the_top_k_unchanged(project, m
 def test_a_floor_above_a_targets_kth_best_is_found_and_the_pass_runs_again_without_it(project, monkeypatch):
     import torch
 
-    topk = _small_blocks(monkeypatch)
+    _small_blocks(monkeypatch)
     full = _full(project, "int8")
     # a floor no score beats for target 0's proponents: it keeps no candidate, which the check after the pass sees
     too_high = torch.full((full.shape[0],), -1e30)

@@ -482,8 +482,6 @@ def query_token_scores(cfg: Any, queries: list[int], reporter: Reporter = NULL_R
         StoreError: no or incomplete train features, or no kernel (run `trak featurize` / `trak score`).
         ConfigError: settings per-token scores cannot split (:func:`check_per_token`).
     """
-    from pathlib import Path
-
     from trakcli.data.load import load_dataset
     from trakcli.jobs.kernels import ridge_settings
     from trakcli.jobs.score import check_train_complete
