@@ -166,7 +166,9 @@ def test_cosines_need_the_stored_features_and_sweep_refuses_curvature_each_one_c
     res = run(user_project, "score", "run.yaml", *base, "score.normalize=unit")
     assert res.returncode == 1 and "curvature.exact: false" in res.stderr, res.stderr
     assert "scores" not in zarr.open_group(str(_store(user_project)), mode="r")  # nothing written, nothing lost
-    res = run(user_project, "score", "run.yaml", "-q", *base, "score.normalize=unit", "curvature.exact=false")
+    res = run(user_project, "score", "run.yaml", *base, "score.normalize=unit", "curvature.exact=false",
+              "score.show_targets=1")
     assert res.returncode == 0, res.stderr
+    assert "EK-FAC scores, experiment 'default'" in res.stderr and "TRAK scores" not in res.stderr
     res = run(user_project, "eval", "sweep", "run.yaml", *base)
     assert res.returncode == 1 and "curvature.kind ekfac has no kernel" in res.stderr, res.stderr

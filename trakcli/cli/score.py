@@ -82,7 +82,7 @@ def shown_top(res, n: int, k: int) -> list[Shown]:
 
 def scores_table(
     res, scores: np.ndarray | list[Shown], top_k: int, target_texts: Sequence[str] | None = None,
-    labels: bool = True, train_texts: Sequence[str] | None = None,
+    labels: bool = True, train_texts: Sequence[str] | None = None, method: str = "TRAK",
 ) -> Table:
     """The table of each shown target's top proponents and opponents.
 
@@ -94,6 +94,7 @@ def scores_table(
         target_texts: the shown targets' texts (text data): a text column.
         labels: show labels (False for language-model data, whose per-token labels are not classes).
         train_texts: the train examples' texts (text data): an excerpt after each proponent and opponent.
+        method: what made the scores, for the title (``TRAK``, ``EK-FAC``, ``unrolled``, ...).
 
     Proponents are the highest positive scores and opponents the lowest negative ones
     (:func:`trakcli.plots.top_indices`): a side without any reads :data:`NO_PROPONENTS` / :data:`NO_OPPONENTS`.
@@ -101,7 +102,7 @@ def scores_table(
     import numpy as np
 
     shown = top_of_rows(scores, top_k) if isinstance(scores, np.ndarray) else scores
-    table = Table(title=f"TRAK scores, experiment {res.experiment!r}: top {top_k} proponents and opponents")
+    table = Table(title=f"{method} scores, experiment {res.experiment!r}: top {top_k} proponents and opponents")
     table.add_column("target", justify="right")
     if labels:
         table.add_column("label", justify="right")
@@ -253,7 +254,7 @@ def score(
         texts = None if texts is None else [texts[i] for i in range(len(shown))]
         err_console.print(scores_table(res, shown, cfg.score.show_top, texts,
                                        labels=res.train_labels is not None and not _per_token(train),
-                                       train_texts=_texts(train)))
+                                       train_texts=_texts(train), method=_method(cfg)))
     lam = ", ".join(f"{v:.3g}" for v in res.lambdas)
     c = cfg.curvature
     kernel = (f"lambda_reg per checkpoint: {lam}" if c.kind == "gram" else
@@ -270,6 +271,14 @@ def score(
         + (f"; {kernel}" if kernel else "") + (f"; exported to {out}" if out else "")
         + (f"; plot: {plot}" if plot else "")
     )
+
+
+def _method(cfg: Any) -> str:
+    """What made the scores, for the table's title."""
+    if getattr(cfg.score, "method", "kernel") == "unroll":
+        return "Unrolled"
+    kind = cfg.curvature.kind
+    return {"kfac": "K-FAC", "ekfac": "EK-FAC"}.get(kind, "TRAK")
 
 
 def _meaning(res: Any) -> str:
