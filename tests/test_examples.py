@@ -43,7 +43,7 @@ def test_each_example_header_names_its_commands_time_and_output(name):
     header = [line for line in text.splitlines() if line.startswith("#")][:16]
     assert any("python -m examples.news_lm runs/news" in line for line in header)
     assert any(line.startswith("#   trak ") and f"configs/{name}.yaml" in line for line in header)
-    assert any("Wall time on 2 CPU cores:" in line for line in header)
+    assert any("Wall time on 2 idle CPU cores:" in line for line in header)
     assert any("What you should see:" in line for line in header)
     assert "TIME_" not in text and "RESULT_" not in text  # measured numbers, not placeholders
     cfg = load_config(yaml.safe_load(text))
