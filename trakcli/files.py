@@ -115,6 +115,23 @@ def atomic_torch_save(obj: Any, path: str | Path) -> None:
             raise OSError(f"the write failed ({first}); is the disk full?") from None
 
 
+def save_training_file(obj: Any, path: str | Path, head: str, fix: str) -> None:
+    """:func:`atomic_torch_save` of a file `trak optimize` writes (a checkpoint, an optimizer or training state, a
+    replay record), its folder made first.
+
+    Raises:
+        TrainingError: the file cannot be written: ``"{head} {path}: {the cause}; {fix}"``.
+    """
+    from trakcli.errors import TrainingError
+
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_torch_save(obj, path)
+    except OSError as e:
+        raise TrainingError(f"{head} {path}: {e}; {fix}") from None
+
+
 def write_text(path: str | Path, text: str) -> None:
     """Write ``text`` (UTF-8) to ``path`` atomically.
 

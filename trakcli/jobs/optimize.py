@@ -25,7 +25,7 @@ from trakcli.data.tensors import TensorDataset, index_inputs, inputs_to
 from trakcli.data.text import TextDataset
 from trakcli.errors import CheckpointError, ConfigError, TrainingError
 from trakcli.gradients.second_moment import optimizer_state_record
-from trakcli.files import atomic_torch_save, write_text
+from trakcli.files import save_training_file, write_text
 from trakcli.jobs.runtime import apply_threads, event, resolve_device
 from trakcli.models.build import build_model
 from trakcli.models.checkpoints import load_checkpoint, read_state_dict
@@ -168,14 +168,9 @@ def _save(obj: Any, path: Path, i: int, what: str) -> None:
     Raises:
         TrainingError: the file cannot be written (names it and the fix).
     """
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_torch_save(obj, path)
-    except OSError as e:
-        raise TrainingError(
-            f"model {i}: cannot write its {what} {path}: {e}; free disk space (or set optimize.out_dir "
-            "elsewhere) and rerun the same command: the models already written are kept"
-        ) from None
+    save_training_file(obj, path, f"model {i}: cannot write its {what}",
+                       "free disk space (or set optimize.out_dir elsewhere) and rerun the same command: the models "
+                       "already written are kept")
 
 
 def _write_checkpoint(model: torch.nn.Module, path: Path, i: int) -> None:

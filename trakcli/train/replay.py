@@ -33,7 +33,7 @@ from typing import Any
 import torch
 
 from trakcli.errors import TrainingError
-from trakcli.files import atomic_torch_save, write_text
+from trakcli.files import save_training_file, write_text
 
 #: Folder of the replay records in `trak optimize`'s out_dir.
 REPLAY_DIR = "replay"
@@ -100,15 +100,9 @@ class ReplayRecorder:
             self.every = default_every(total_steps)
 
     def _save(self, obj: Any, name: str) -> None:
-        path = self.folder / name
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_torch_save(obj, path)
-        except OSError as e:
-            raise TrainingError(
-                f"cannot write the replay record file {path}: {e}; free disk space (optimize.replay_every larger "
-                "writes fewer states) and rerun the same command, which resumes"
-            ) from None
+        save_training_file(obj, self.folder / name, "cannot write the replay record file",
+                           "free disk space (optimize.replay_every larger writes fewer states) and rerun the same "
+                           "command, which resumes")
 
     def epoch_order(self, epoch: int, order: torch.Tensor) -> None:
         """Record the row order of ``epoch`` (1-based), ``[n]`` int64."""

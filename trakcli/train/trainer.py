@@ -20,8 +20,8 @@ import torch
 from torch import nn
 
 from trakcli.config import OptimizeConfig
-from trakcli.errors import CheckpointError, TrainingError
-from trakcli.files import atomic_torch_save
+from trakcli.errors import CheckpointError
+from trakcli.files import save_training_file
 from trakcli.models.forward import forward
 from trakcli.progress import NULL_REPORTER, Reporter
 from trakcli.tasks import Task, make_batch, resolve_task
@@ -380,14 +380,8 @@ class Trainer:
             "history": s.history,
             "first_loss": s.first_loss,
         }
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_torch_save(state, path)
-        except OSError as e:
-            raise TrainingError(
-                f"cannot write the training state {path}: {e}; free disk space and rerun the same command, "
-                "which resumes from the last state written"
-            ) from None
+        save_training_file(state, path, "cannot write the training state",
+                           "free disk space and rerun the same command, which resumes from the last state written")
 
     def load_state(self, path: Path) -> None:
         """Restore the model, optimizer, generators and :attr:`state` from a training-state file.
