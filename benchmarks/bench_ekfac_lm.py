@@ -71,7 +71,7 @@ REPO = Path(__file__).resolve().parent.parent
 if not __package__:  # run as a file, not with -m: put the repository root on sys.path
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.benchjson import relative_paths, write_result  # noqa: E402  (atomic; adds date, commit, version, machine)
-from benchmarks.launch import run_measured  # noqa: E402  (wall time and the command's own peak RSS)
+from benchmarks.launch import run_measured, trak_command  # noqa: E402  (wall time and the command's own peak RSS)
 
 DEFAULT_OUT = REPO / "bench_results" / "ekfac_lm.json"
 DEFAULT_WORK = REPO / "bench_results" / "ekfac_lm_work"  # bench_results/ is ignored by git
@@ -166,14 +166,6 @@ def variant_config(variant: str, work: Path, a: argparse.Namespace) -> dict[str,
     cfg["score"] = {"top_k": TOP_K, "show_top": 3, "show_targets": 4}
     cfg["num_threads"] = a.threads
     return cfg
-
-
-def trak_command() -> list[str]:
-    """The ``trak`` console script of this interpreter's environment (what a user types)."""
-    exe = Path(sys.executable).parent / "trak"
-    if not exe.exists():
-        sys.exit(f"no `trak` script next to {sys.executable}; install trakcli in this environment")
-    return [str(exe)]
 
 
 BOX = set("┃│┏┓┗┛┡┩└┘┌┐━─╇┳┻╋├┤┬┴┼")  # the answer table `trak score` draws on stderr

@@ -42,7 +42,7 @@ REPO = Path(__file__).resolve().parent.parent
 if not __package__:  # run as a file, not with -m: put the repository root on sys.path
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.benchjson import relative_paths, write_result  # noqa: E402  (atomic; adds date, commit, version, machine)
-from benchmarks.launch import run_measured  # noqa: E402  (wall time and the command's own peak RSS)
+from benchmarks.launch import run_measured, trak_command  # noqa: E402  (wall time and the command's own peak RSS)
 
 EXAMPLES = ("news_ekfac", "news_lora", "news_select")
 DEFAULT_OUT = REPO / "bench_results" / "examples.json"
@@ -78,14 +78,6 @@ def header_commands(name: str) -> list[list[str]]:
             args = shlex.split(text.split("  #")[0].split(" #")[0])
             out.append([a if a != f"configs/{name}.yaml" else str(config_path(name)) for a in args[1:]])
     return out
-
-
-def trak_command() -> list[str]:
-    """The ``trak`` console script of this interpreter's environment (what a user types)."""
-    exe = Path(sys.executable).parent / "trak"
-    if not exe.exists():
-        sys.exit(f"no `trak` script next to {sys.executable}; install trakcli in this environment")
-    return [str(exe)]
 
 
 def measured(cmd: list[str], work: Path) -> dict[str, Any]:

@@ -80,6 +80,7 @@ REPO = Path(__file__).resolve().parent.parent
 if not __package__:  # run as a file, not with -m: put the repository root on sys.path
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.benchjson import write_result  # noqa: E402  (atomic; adds date, commit, version, machine)
+from benchmarks.launch import trak_command  # noqa: E402
 
 DEFAULT_CONFIG = REPO / "configs" / "digits.yaml"
 DEFAULT_WORK = REPO / "bench_results" / "lds_digits_work"
@@ -414,15 +415,6 @@ def versions() -> dict[str, str]:
     return out
 
 
-def trak_command() -> list[str]:
-    """The ``trak`` console script of this interpreter's environment (what a user types)."""
-    exe = Path(sys.executable).parent / "trak"
-    if not exe.exists():
-        raise SystemExit(f"no `trak` script next to {sys.executable}; install trakcli in this environment "
-                         "(./benchmarks/env.sh does)")
-    return [str(exe)]
-
-
 #: The children's environment: Python's default bytecode caching, as a user's shell has it. (A
 #: PYTHONDONTWRITEBYTECODE=1 in the benchmark's own environment, as in some sandboxes, would make
 #: every CLI run recompile trakcli's modules, ~0.1-0.2 s that no user pays.)
@@ -454,7 +446,7 @@ def run_cli(config: Path, overrides: list[str], store: Path) -> tuple[np.ndarray
     from trakcli.store import Store
 
     shutil.rmtree(store, ignore_errors=True)
-    trak = trak_command()
+    trak = trak_command(" (./benchmarks/env.sh does)")
     t_feat = wall(trak + ["featurize", str(config), *overrides])
     t_score = wall(trak + ["score", str(config), *overrides])
     cfg = load_cfg(config, overrides)
@@ -530,7 +522,7 @@ def main(argv: list[str] | None = None) -> int:
     vmap(grad(lambda w, x: (w * x).sum()), in_dims=(None, 0))(torch.ones(3), torch.ones(2, 3))
 
     wall([sys.executable, "-m", "compileall", "-q", str(REPO / "trakcli")])  # .pyc files, as an installed package has
-    wall(trak_command() + ["--help"])  # warm the file cache for the CLI as for the start-up runs below
+    wall(trak_command(" (./benchmarks/env.sh does)") + ["--help"])  # warm the file cache for the CLI as for the start-up runs below
     startup = startup_seconds(args.startup_repeats)
     log(f"python -c 'import torch': {', '.join(f'{t:.2f}' for t in startup)} s")
     data = load_digits_split()

@@ -93,3 +93,12 @@ def run_measured(cmd: list[str], *, cwd: str | Path, stdout: IO[str] | None = No
         os.unlink(result)
     return {"seconds": got["seconds"], "peak_rss_gib": got["maxrss_kib"] / 2**20, "exit": got["exit"],
             "timed_out": got["timed_out"], **captured}
+
+
+def trak_command(hint: str = "") -> list[str]:
+    """The ``trak`` console script of this interpreter's environment (what a user types); exits naming the fix
+    (and ``hint``) when there is none."""
+    exe = Path(sys.executable).parent / "trak"
+    if not exe.exists():
+        raise SystemExit(f"no `trak` script next to {sys.executable}; install trakcli in this environment{hint}")
+    return [str(exe)]
