@@ -86,3 +86,11 @@ def test_batches_that_change_between_passes_are_an_error():
     del batches[-1]
     with pytest.raises(DataError, match="give the same rows on every pass"):
         list(rows.batches(0, 20, 5))
+
+
+def test_many_windows_in_order_read_one_pass_without_piling_up():
+    x, y = torch.arange(3000.0)[:, None], torch.zeros(3000, dtype=torch.int64)
+    batches = [(x[i:i + 7], y[i:i + 7]) for i in range(0, 3000, 7)]
+    rows = LoaderRows(batches, "train batches")
+    got = torch.cat([rows.window(i, i + 1).inputs for i in range(3000)])  # every batch cut by a window
+    assert torch.equal(got, x)

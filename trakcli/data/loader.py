@@ -147,7 +147,8 @@ class LoaderRows:
         self._n = sum(sizes)
         self._first = first
         self._fingerprints: dict[int, dict[str, Any]] = {}
-        self._cursor: tuple[Iterator[tuple[Inputs, torch.Tensor]], int, list[tuple[Inputs, torch.Tensor]]] | None = None
+        # the pass a window goes on with: its pieces, the row it is at, and the rest of a piece cut by the last window
+        self._cursor: tuple[Iterator[tuple[Inputs, torch.Tensor]], int, tuple[Inputs, torch.Tensor] | None] | None = None
 
     def __len__(self) -> int:
         return self._n
@@ -211,23 +212,25 @@ class LoaderRows:
         if not 0 <= start < stop <= self._n:
             raise DataError(f"{self.name}: rows [{start}, {stop}) are not within the {self._n} rows")
         if self._cursor is None or self._cursor[1] != start:
-            self._cursor = (self._rows(start, self._n), start, [])
-        it, at, _ = self._cursor
+            self._cursor = (self._rows(start, self._n), start, None)
+        it, at, rest = self._cursor
         parts = []
         while at < stop:
-            try:
-                x, y = next(it)
-            except StopIteration:
-                raise DataError(f"{self.name}: the batches ended at row {at}, before row {stop}; give the same rows "
-                                "on every pass") from None
+            if rest is not None:
+                (x, y), rest = rest, None
+            else:
+                try:
+                    x, y = next(it)
+                except StopIteration:
+                    raise DataError(f"{self.name}: the batches ended at row {at}, before row {stop}; give the same "
+                                    "rows on every pass") from None
             rows = int(y.shape[0])
             cut = min(rows, stop - at)
             parts.append((slice_inputs(x, 0, cut), y[:cut]))
             if cut < rows:  # the rest of this piece starts the next window
                 rest = (slice_inputs(x, cut, rows), y[cut:rows])
-                it = _prepend(rest, it)
             at += cut
-        self._cursor = (it, at, [])
+        self._cursor = (it, at, rest)
         return concat_batches(parts, self.name, self.task)
 
     def batches(self, start: int, stop: int, batch_size: int, max_tokens: int | None = None
@@ -257,11 +260,6 @@ class LoaderRows:
             lo += rows
         picked = TensorDataset(*_stack([got[int(r)] for r in want]), name=self.name)
         yield from picked.batches(0, len(want), batch_rows, max_tokens)
-
-
-def _prepend(first: Any, rest: Iterator[Any]) -> Iterator[Any]:
-    yield first
-    yield from rest
 
 
 def _stack(parts: list[tuple[Inputs, torch.Tensor]]) -> tuple[Inputs, torch.Tensor]:
