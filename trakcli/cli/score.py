@@ -123,8 +123,9 @@ def scores_table(
 
 
 def _json(res, shown: list[Shown], out: Path | None, plot: Path | None,
-          train_texts: Sequence[str] | None = None) -> dict[str, Any]:
-    """What ``--json`` prints: the run's shape, store, λ per checkpoint and the shown targets' top train indices."""
+          train_texts: Sequence[str] | None = None, meaning: str | None = None) -> dict[str, Any]:
+    """What ``--json`` prints: the run's shape, store, λ per checkpoint, the shown targets' top train indices and
+    what a score means (``meaning``, :func:`_meaning`)."""
     from trakcli.answers import answer_entry
 
     top = [{"target": t,
@@ -137,7 +138,7 @@ def _json(res, shown: list[Shown], out: Path | None, plot: Path | None,
         "scores": f"scores/{res.experiment}/scores" if res.full else None,
         "top_k": f"scores/{res.experiment}/top_k" if res.top_k else None,
         "exported": str(out) if out else None, "plot": str(plot) if plot else None,
-        "two_stage": res.two_stage, "top": top, "meaning": _meaning(res),
+        "two_stage": res.two_stage, "top": top, "meaning": meaning,
     }
 
 
@@ -243,9 +244,10 @@ def score(
         style = "yellow" if min(r["proponents"], r["opponents"]) < 0.99 else "green"
         err_console.print(f"[{style}]{recall_line(res.two_stage)}[/]"
                           + (" (below 0.99: raise score.rescore_multiplier)" if style == "yellow" else ""))
+    meaning = _meaning(res) if json_out or not quiet else ""  # read from the store once
     if json_out:
         shown = shown_top(res, cfg.score.show_targets, cfg.score.show_top)
-        sys.stdout.write(json.dumps(_json(res, shown, out, plot, _texts(train)), indent=2) + "\n")
+        sys.stdout.write(json.dumps(_json(res, shown, out, plot, _texts(train), meaning), indent=2) + "\n")
     if quiet:
         return
     if cfg.score.show_targets:
@@ -262,7 +264,6 @@ def score(
               f"curvature {c.kind}: scores of the stored features, feature_damping {c.feature_damping:g}")
     what = ([f"top {res.top_k} [{res.n_target}, {res.top_k}]"] if res.top_k else []) + (
         [f"scores [{res.n_target}, {res.n_train}]"] if res.full else [])
-    meaning = _meaning(res)
     if "lambda_reg per checkpoint" in meaning or getattr(cfg.score, "method", "kernel") != "kernel":
         kernel = ""  # the meaning says the ridge (and an unrolled score has none)
     err_console.print(meaning, highlight=False, markup=False)  # before the result line, which comes last
