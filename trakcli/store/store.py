@@ -646,7 +646,7 @@ class Store(FinishedArrays):
         Raises:
             StoreMismatchError: the stored group has other ``sizes`` (names ``--overwrite``).
         """
-        group = self._top_k_group(name, sizes, create, repair)
+        group = self._sized_group(name, sizes, create, repair)
         data, done = self._arrays(
             group, {a: (shape, dtype) for a, (shape, dtype, _, _) in arrays.items()},
             {a: chunks for a, (_, _, chunks, _) in arrays.items()}, -(-n_rows // chunk_rows), create, repair,
@@ -654,7 +654,7 @@ class Store(FinishedArrays):
         )
         return ChunkedRows(data, done, chunk_rows, n_rows)
 
-    def _top_k_group(self, name: str, attrs: dict[str, int], create: bool, repair: bool) -> Any:
+    def _sized_group(self, name: str, attrs: dict[str, int], create: bool, repair: bool) -> Any:
         """A derived group (:meth:`sized_rows`), its sizes ``attrs`` recorded or checked."""
         group = self._node(name, repair and create)
         if group is not None:
