@@ -40,6 +40,19 @@ from trakcli.unroll.steps import Hyper, initial_state, update
 Tensors = dict[str, torch.Tensor]
 
 
+def differentiable_attention() -> Any:
+    """A context in which ``F.scaled_dot_product_attention`` runs its math kernel (plain differentiable ops).
+
+    The fused kernels torch picks by default (flash / memory-efficient attention; on a CPU
+    ``_scaled_dot_product_flash_attention_for_cpu``) have no derivative of their backward, which the
+    double-backward of a step through a transformer needs. The math kernel computes the same attention
+    (to float32 rounding) and can be differentiated any number of times.
+    """
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.MATH])
+
+
 def check_model(model: nn.Module, what: str) -> None:
     """Refuse a model whose training :mod:`trakcli.unroll` cannot differentiate.
 
@@ -142,7 +155,11 @@ class Unroller:
             raise ConfigError(f"{record.what}: the optimizer had {len(groups)} parameter groups; score.method: "
                               "unroll differentiates one")
         self.hyper = Hyper.of(record.recipe["optimizer"], groups[0])
-        self.fixed = {k: v for k, v in model.state_dict(keep_vars=True).items() if k not in set(self.names)}
+        # the buffers and frozen parameters; a key tied to a trainable parameter (GPT-2's lm_head.weight is
+        # transformer.wte.weight) is left out: functional_call sets it through the trainable name
+        trainable = {id(p) for p in model.parameters() if p.requires_grad}
+        self.fixed = {k: v for k, v in model.state_dict(keep_vars=True).items()
+                      if k not in set(self.names) and id(v) not in trainable}
         self.vmapped = True
         self._checked = False
 
@@ -306,8 +323,9 @@ class Unroller:
                 for step, p, st, c, rng in reversed(saved):  # reverse mode through the segment
                     set_rng_states(rng, self.device)
                     w = torch.ones(len(step.rows), device=self.device)
-                    _, vjp_fn = torch.func.vjp(self._step_fn(step.inputs, step.labels, step.lr, c + 1), p, st, w)
-                    a_p, a_s, a_w = self._vjp(vjp_fn, adj)
+                    with differentiable_attention():  # the step's graph is differentiated twice
+                        _, vjp_fn = torch.func.vjp(self._step_fn(step.inputs, step.labels, step.lr, c + 1), p, st, w)
+                        a_p, a_s, a_w = self._vjp(vjp_fn, adj)
                     out.index_add_(1, step.rows.to(self.device), a_w.detach())
                     adj = ({n: v.detach() for n, v in a_p.items()},
                            {name: {n: v.detach() for n, v in part.items()} for name, part in a_s.items()})
