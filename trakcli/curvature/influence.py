@@ -27,7 +27,7 @@ from typing import Any, Sequence
 
 import torch
 
-from trakcli.curvature.kfac import CurvatureFactors
+from trakcli.curvature.kfac import CurvatureFactors, SameInput
 from trakcli.errors import GradientError
 from trakcli.gradients.hooks import HookPass, first_rows, logits_of
 from trakcli.gradients.layers import Use
@@ -35,31 +35,27 @@ from trakcli.projectors.kronecker_layers import KroneckerLayer
 from trakcli.tasks import Task, checked_outputs, make_batch
 
 
-def _identity_input(layer: KroneckerLayer, use: Use, x: torch.Tensor, output: torch.Tensor,
-                    eye: torch.Tensor) -> torch.Tensor:
-    """``a_t`` itself ``[b, T, d_in]`` (bias column included) of one call, float32."""
-    cols = layer.weight_cols
-    p_w = eye[:cols] if use.weight is not None else None
-    p_b = eye[cols] if use.bias is not None else None
-    return use.kind.project_input(use.module, x, output, p_w, p_b, torch.float32)
-
-
 class _Inputs:
-    """What both consumers share: each layer's ``a_t`` kept from its forward call (identity "projection")."""
+    """What both consumers share: each layer's ``a_t`` ``[b, T, d_in]`` float32 (bias column included) kept from its
+    forward call (:meth:`~trakcli.gradients.kinds.Kind.layer_input`)."""
 
     keeps_input = False
 
     def __init__(self, layers: Sequence[KroneckerLayer], device: torch.device):
         self.layers = layers
-        self._eyes: dict[int, torch.Tensor] = {}
         self.device = device
+        self.same = SameInput()  # one copy of an input several layers read (read, never changed)
 
     def take_input(self, use: Use, x: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
         layer = self.layers[use.layer]
-        eye = self._eyes.get(layer.d_in)
-        if eye is None:
-            eye = self._eyes[layer.d_in] = torch.eye(layer.d_in, dtype=torch.float32, device=x.device)
-        return _identity_input(layer, use, x, output, eye)
+        flags = (use.kind.name, layer.d_in, layer.weight_cols, use.weight is not None, use.bias is not None)
+        key = self.same.key(x, *flags)
+        hit = self.same.get(key)
+        if hit is not None:
+            return hit
+        return self.same.put(key, x, use.kind.layer_input(use.module, x, output, layer.d_in, layer.weight_cols,
+                                                          use.weight is not None, use.bias is not None,
+                                                          torch.float32))
 
 
 class QueryLayerGrads(_Inputs):
@@ -107,6 +103,7 @@ class QueryLayerGrads(_Inputs):
         for j, x in self._grids.items():
             self.done[j] = precondition_layer(self.layers[j], self.factors, j, x, self.rank, rotated=True)
         self._grids = {}
+        self.same.clear()
         for j, layer in enumerate(self.layers):
             if j not in self.done:
                 zero = torch.zeros(self.n, layer.d_out, layer.d_in)
@@ -295,4 +292,5 @@ class InfluencePass(_Inputs):
         for j, grid in self._grids.items():
             self.scores += self._grid_scores(j, grid)
         self._grids = {}
+        self.same.clear()
         return self.scores

@@ -322,6 +322,32 @@ def fisher_loss(task: Task, logits: torch.Tensor, batch: dict[str, torch.Tensor]
     return task.loss(logits, {**batch, "labels": sampled}, reduction="sum")
 
 
+class SameInput:
+    """What one batch's layers that read the same input tensor share (a transformer's query, key and value
+    projections; its gate and up projections): a result computed for the first of them is reused by the others.
+
+    Keys hold the input tensor itself, so its memory cannot be reused for another tensor while the key lives;
+    :meth:`clear` after each batch."""
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[Any, ...], tuple[torch.Tensor, Any]] = {}
+
+    @staticmethod
+    def key(x: torch.Tensor, *more: Any) -> tuple[Any, ...]:
+        return (x.data_ptr(), tuple(x.shape), x.stride(), x._version, *more)
+
+    def get(self, key: tuple[Any, ...]) -> Any:
+        hit = self._seen.get(key)
+        return None if hit is None else hit[1]
+
+    def put(self, key: tuple[Any, ...], x: torch.Tensor, value: Any) -> Any:
+        self._seen[key] = (x, value)
+        return value
+
+    def clear(self) -> None:
+        self._seen = {}
+
+
 def _token_mask(inputs: Any, positions: int) -> torch.Tensor | None:
     """``[n, positions]`` bool of the real tokens (``attention_mask``), when the call's positions are the tokens."""
     mask = inputs.get("attention_mask") if isinstance(inputs, dict) else None
@@ -339,10 +365,16 @@ class _Covariances:
     def __init__(self, layers: Sequence[KroneckerLayer], inputs: Any, device: torch.device,
                  dtype: torch.dtype = torch.float32):
         self.layers, self.inputs, self.dtype = layers, inputs, dtype
-        self.eyes = [torch.eye(layer.d_in, dtype=dtype, device=device) for layer in layers]
+        self.device = device
         self.a = [torch.zeros(layer.d_in, layer.d_in, dtype=dtype, device=device) for layer in layers]
         self.s = [torch.zeros(layer.d_out, layer.d_out, dtype=dtype, device=device) for layer in layers]
         self.tokens = [0] * len(layers)
+        self.same = SameInput()  # Σ_t a aᵀ of an input several layers read, taken once per batch
+
+    def batch(self, inputs: Any) -> None:
+        """Start a batch with model inputs ``inputs``."""
+        self.inputs = inputs
+        self.same.clear()
 
     def load(self, state: PassState, device: torch.device) -> None:
         """Start from the sums of ``state`` (:class:`PassState` of pass 1)."""
@@ -354,27 +386,36 @@ class _Covariances:
         """The :class:`PassState` after ``rows`` rows (CPU copies)."""
         sums = {f"{i}/a": x.detach().cpu().clone() for i, x in enumerate(self.a)}
         sums.update({f"{i}/s": x.detach().cpu().clone() for i, x in enumerate(self.s)})
-        return PassState(rows, sums, list(self.tokens), generator.get_state(), self.eyes[0].device.type
-                         if self.eyes else "cpu")
+        return PassState(rows, sums, list(self.tokens), generator.get_state(), self.device.type)
 
     def take_input(self, use: Use, x: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
-        eye = self.eyes[use.layer]
-        cols = self.layers[use.layer].weight_cols
-        p_w = eye[:cols] if use.weight is not None else None
-        p_b = eye[cols] if use.bias is not None else None
-        a = use.kind.project_input(use.module, x, output, p_w, p_b, self.dtype)  # [b, T, d_in]: a_t itself
+        layer = self.layers[use.layer]
+        flags = (use.kind.name, layer.d_in, layer.weight_cols, use.weight is not None, use.bias is not None)
+        key = self.same.key(x, *flags)
+        hit = self.same.get(key)
+        if hit is None:
+            hit = self.same.put(key, x, self._second_moment(use, x, output))
+        product, tokens, n = hit
+        self.a[use.layer] += product
+        self.tokens[use.layer] += tokens
+        return torch.empty(n, 0, device=x.device)
+
+    def _second_moment(self, use: Use, x: torch.Tensor, output: torch.Tensor) -> tuple[torch.Tensor, int, int]:
+        """``(Σ_t a aᵀ [d_in, d_in], tokens counted, rows)`` of one call."""
+        layer = self.layers[use.layer]
+        a = use.kind.layer_input(use.module, x, output, layer.d_in, layer.weight_cols, use.weight is not None,
+                                 use.bias is not None, self.dtype)  # [b, T, d_in]: a_t itself
         rows = first_rows(self.inputs).shape[0]
         if a.shape[0] != rows:  # a batch-broadcast call (position embeddings): the same a_t in every example
             a = a.expand(rows, *a.shape[1:])
         mask = _token_mask(self.inputs, a.shape[1])
         if mask is not None:
             a = a * mask.unsqueeze(-1).to(a)
-            self.tokens[use.layer] += int(mask.sum())
+            tokens = int(mask.sum())
         else:
-            self.tokens[use.layer] += a.shape[0] * a.shape[1]
+            tokens = a.shape[0] * a.shape[1]
         flat = a.reshape(-1, a.shape[-1])
-        self.a[use.layer].addmm_(flat.T, flat)
-        return torch.empty(a.shape[0], 0, device=a.device)
+        return flat.T @ flat, tokens, a.shape[0]
 
     def take_grad(self, use: Use, kept: torch.Tensor, g: torch.Tensor) -> None:
         gt = use.kind.out_grads(g, kept.shape[0]).to(self.dtype)  # [n, T, d_out]
@@ -399,14 +440,20 @@ class _Rotated:
         self.q = [(f.q_out.to(device, self.dtype), f.q_in.to(device, self.dtype)) for f in factors]
         self.calls = [0] * len(layers)
         self.grids: dict[int, torch.Tensor] = {}
+        self.same = SameInput()  # layers reading the same input in the same eigenbasis rotate it once
 
     def take_input(self, use: Use, x: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
         self.calls[use.layer] += 1
         q_in = self.q[use.layer][1]
+        key = self.same.key(x, use.kind.name, id(q_in), use.weight is not None, use.bias is not None)
+        hit = self.same.get(key)
+        if hit is not None:
+            return hit
         cols = self.layers[use.layer].weight_cols
         p_w = q_in[:cols] if use.weight is not None else None
         p_b = q_in[cols] if use.bias is not None else None
-        return use.kind.project_input(use.module, x, output, p_w, p_b, self.dtype)  # [b, T, d_in]: Q_Aᵀ a_t
+        # [b, T, d_in]: Q_Aᵀ a_t (read, never changed, by each layer that shares it)
+        return self.same.put(key, x, use.kind.project_input(use.module, x, output, p_w, p_b, self.dtype))
 
     def take_grad(self, use: Use, kept: torch.Tensor, g: torch.Tensor) -> None:
         gq = use.kind.out_grads(g, kept.shape[0]).to(self.dtype) @ self.q[use.layer][0]  # [n, T, d_out]
@@ -423,6 +470,7 @@ class _Rotated:
         for j, grid in self.grids.items():
             self.sums[j] += grid.square().sum(0).cpu()
         self.grids = {}
+        self.same.clear()
 
 
 def factor_dtype(model: nn.Module) -> torch.dtype:
@@ -555,7 +603,7 @@ def fit_covariances(model: nn.Module, layers: Sequence[KroneckerLayer], uses: Se
             if resume is not None:
                 acc.load(resume, device)
             generator = _sampler(device, seed, resume)
-        acc.inputs = inputs
+        acc.batch(inputs)
         n_examples += _hook_pass(model, uses, task, inputs, labels, acc, fisher, generator)
         if on_batch is not None:
             on_batch(lo, n_examples, lambda: acc.state(n_examples, generator))
@@ -571,14 +619,27 @@ def fit_covariances(model: nn.Module, layers: Sequence[KroneckerLayer], uses: Se
 
 def eigenbases(layers: Sequence[KroneckerLayer], a: Sequence[torch.Tensor], s: Sequence[torch.Tensor]
                ) -> list[LayerFactors]:
-    """K-FAC per layer: eigendecompositions of ``A`` and ``S`` and ``Λ = λ_S λ_Aᵀ`` (eigenvalues clamped at 0)."""
+    """K-FAC per layer: eigendecompositions of ``A`` and ``S`` (in float64) and ``Λ = λ_S λ_Aᵀ`` (eigenvalues
+    clamped at 0). A factor equal to one decomposed already (layers that read the same input, as a
+    transformer's query, key and value projections do) reuses that decomposition.
+    """
+    done: dict[tuple[Any, ...], list[tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]]] = {}
+
+    def eigh(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        key = (tuple(m.shape), float(m.diagonal().sum()), float(m[0].sum()))  # equal matrices, equal keys
+        for seen, result in done.get(key, []):
+            if torch.equal(seen, m):
+                return result
+        values, vectors = torch.linalg.eigh(m.double())
+        result = (values.double(), vectors.to(m.dtype).contiguous())
+        done.setdefault(key, []).append((m, result))
+        return result
+
     out = []
     for layer, a_i, s_i in zip(layers, a, s):
-        la, qa = torch.linalg.eigh(a_i.double())
-        ls, qs = torch.linalg.eigh(s_i.double())
-        dtype = a_i.dtype
-        out.append(LayerFactors(layer.name, qs.to(dtype).contiguous(), qa.to(dtype).contiguous(),
-                                (ls.clamp(min=0)[:, None] * la.clamp(min=0)[None, :]).to(dtype)))
+        la, qa = eigh(a_i)
+        ls, qs = eigh(s_i)
+        out.append(LayerFactors(layer.name, qs, qa, (ls.clamp(min=0)[:, None] * la.clamp(min=0)[None, :]).to(a_i.dtype)))
     return out
 
 

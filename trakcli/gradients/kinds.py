@@ -94,6 +94,25 @@ class Kind:
         a = xr.to(dtype) @ p_w
         return a + p_b if p_b is not None else a
 
+    def layer_input(self, module: nn.Module, x: torch.Tensor, output: torch.Tensor, width: int, cols: int,
+                    weight: bool, bias: bool, dtype: torch.dtype) -> torch.Tensor:
+        """``a_t`` itself at every position, ``[b, T, width]`` in ``dtype``: the input in columns ``[0, cols)`` when
+        ``weight``, 1 in column ``cols`` when ``bias`` (the folded-in bias), zeros elsewhere.
+
+        It equals :meth:`project_input` with the identity as ``P`` (the default computes it so); a kind whose
+        ``a_t`` is at hand overrides it with a copy, which costs ``T · width`` instead of ``T · width²``.
+
+        Args:
+            module, x, output: as :meth:`project_input`.
+            width: the layer's ``d_in`` (bias column included).
+            cols: the layer's weight columns (:attr:`~trakcli.projectors.kronecker_layers.KroneckerLayer.weight_cols`).
+            weight, bias: whether the call's weight and bias columns are filled.
+            dtype: the result's dtype.
+        """
+        eye = torch.eye(width, dtype=dtype, device=x.device)
+        return self.project_input(module, x, output, eye[:cols] if weight else None, eye[cols] if bias else None,
+                                  dtype)
+
     # ------------------------------------------------------------ exact per-example gradients
 
     def exact(self, module: nn.Module, x: torch.Tensor, g: torch.Tensor, weight: bool
@@ -108,6 +127,19 @@ class Kind:
         raise NotImplementedError
 
 
+def _filled(a: torch.Tensor, width: int, cols: int, weight: bool, bias: bool, dtype: torch.dtype) -> torch.Tensor:
+    """``[b, T, width]`` in ``dtype``: ``a`` ``[b, T, cols]`` in columns ``[0, cols)`` (when ``weight``), 1 in column
+    ``cols`` (when ``bias``), zeros elsewhere (:meth:`Kind.layer_input`); always a new tensor."""
+    if weight and not bias and width == cols:
+        return a.to(dtype, copy=True)
+    out = a.new_zeros(*a.shape[:2], width, dtype=dtype)
+    if weight:
+        out[..., :cols] = a
+    if bias:
+        out[..., cols] = 1
+    return out
+
+
 class Linear(Kind):
     """``nn.Linear``: ``y_t = W a_t + b`` on the last dim, any leading dims."""
 
@@ -118,6 +150,9 @@ class Linear(Kind):
 
     def _sides(self, gt, a):
         return gt, a  # G = Σ_t g_t a_tᵀ: [out, in], the weight's layout
+
+    def layer_input(self, module, x, output, width, cols, weight, bias, dtype):
+        return _filled(x.detach().reshape(x.shape[0], -1, x.shape[-1]), width, cols, weight, bias, dtype)
 
     def exact(self, module, x, g, weight):
         n = x.shape[0]
@@ -178,6 +213,9 @@ class Conv(Kind):
         # the module's own convolution (stride, padding, padding_mode, dilation) with P_in as its weight
         a = module._conv_forward(x.detach().to(dtype), weight, p_b)  # [b, k, *positions]
         return a.reshape(b, k, positions).transpose(1, 2)
+
+    def layer_input(self, module, x, output, width, cols, weight, bias, dtype):
+        return _filled(self.patches(module, x.detach()).transpose(1, 2), width, cols, weight, bias, dtype)
 
     def exact(self, module, x, g, weight):
         n = x.shape[0]
