@@ -383,9 +383,9 @@ class _Covariances:
         self.tokens = list(state.tokens)
 
     def state(self, rows: int, generator: torch.Generator) -> PassState:
-        """The :class:`PassState` after ``rows`` rows (CPU copies)."""
-        sums = {f"{i}/a": x.detach().cpu().clone() for i, x in enumerate(self.a)}
-        sums.update({f"{i}/s": x.detach().cpu().clone() for i, x in enumerate(self.s)})
+        """The :class:`PassState` after ``rows`` rows (on the CPU: :data:`OnBatch`)."""
+        sums = {f"{i}/a": x.detach().cpu() for i, x in enumerate(self.a)}
+        sums.update({f"{i}/s": x.detach().cpu() for i, x in enumerate(self.s)})
         return PassState(rows, sums, list(self.tokens), generator.get_state(), self.device.type)
 
     def take_input(self, use: Use, x: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
@@ -534,7 +534,8 @@ class ResumeMismatch(Exception):
 
 
 #: ``on_batch(lo, hi, state)``: called after the rows ``[lo, hi)`` of a pass are added; ``state()`` gives the
-#: :class:`PassState` after them (copies on the CPU, made only when called).
+#: :class:`PassState` after them, made only when called: on the CPU, where a CPU pass's running sums are the
+#: tensors themselves (no copy of gigabytes of factors per save), valid until the next batch is added.
 OnBatch = Callable[[int, int, Callable[[], PassState]], None]
 
 
@@ -674,7 +675,7 @@ def correct_eigenvalues(model: nn.Module, layers: Sequence[KroneckerLayer], uses
         rot.finish()
         if on_batch is not None:
             on_batch(lo, n_examples, lambda: PassState(
-                n_examples, {f"{i}/eig": x.clone() for i, x in enumerate(sums)}, [], generator.get_state(),
+                n_examples, {f"{i}/eig": x for i, x in enumerate(sums)}, [], generator.get_state(),
                 device.type))
     if n_examples == 0:
         raise DataError("curvature: no training rows to fit the factors on")
