@@ -59,6 +59,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import shutil
 import sys
@@ -190,6 +191,20 @@ def measured(cmd: list[str], folder: Path, name: str, env: dict[str, str] | None
     return out
 
 
+PHASE = re.compile(r"^(?P<label>.+?): (?P<done>\d+)/(?P=done) \(100%\), (?:(?P<h>\d+)h)?(?:(?P<m>\d+)m)?(?P<s>\d+)s elapsed")
+
+
+def phases(info_lines: list[str]) -> dict[str, float]:
+    """Seconds of each finished progress task of a process (its last line ``label: n/n (100%), XmYs elapsed``):
+    for ``ekfac-exact`` the covariance and eigenvalue passes, the features, the targets and the exact pass."""
+    out: dict[str, float] = {}
+    for line in info_lines:
+        m = PHASE.match(line)
+        if m:
+            out[m["label"]] = 3600 * int(m["h"] or 0) + 60 * int(m["m"] or 0) + int(m["s"])
+    return out
+
+
 def run_variant(variant: str, work: Path, a: argparse.Namespace) -> dict[str, Any]:
     """``trak featurize`` then ``trak score`` of ``variant``'s config on a new store."""
     folder = work / variant
@@ -208,6 +223,7 @@ def run_variant(variant: str, work: Path, a: argparse.Namespace) -> dict[str, An
         if row[phase]["exit"] != 0:
             row["failed"] = phase
             return row
+    row["phases_seconds"] = {**phases(row["featurize"]["info_lines"]), **phases(row["score"]["info_lines"])}
     row["total_seconds"] = row["featurize"]["seconds"] + row["score"]["seconds"]
     row["peak_rss_gib"] = max(row["featurize"]["peak_rss_gib"], row["score"]["peak_rss_gib"])
     row["left_out_line"] = next((x for x in row["featurize"]["info_lines"] if "left out" in x), None)
@@ -306,6 +322,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\nSmolLM2-135M-Instruct, {a.n_docs} BBC train docs and {a.n_queries} queries of {a.max_length} tokens, "
           f"batch {a.batch_size}, proj_dim {PROJ_DIM}, top_k {TOP_K}, {a.threads} threads")
     print(table(rows))
+    for v, r in rows.items():
+        if r.get("phases_seconds"):
+            print(f"  {v} phases (s): " + ", ".join(f"{k} {x:.0f}" for k, x in r["phases_seconds"].items()))
     goals = acceptance(rows)
     for name, g in goals.items():
         state = "not measured" if g["met"] is None else f"{g['ratio']:.2f}x: {'met' if g['met'] else 'MISSED'}"
