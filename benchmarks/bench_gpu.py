@@ -45,7 +45,7 @@ Usage::
 
 It prints a table per section and writes JSON (date, commit, version, machine) to ``--out``
 (default bench_results/gpu.json). With ``--keep`` an earlier result's sections (and variants) this run does not
-measure are kept, each marked with where it was measured (``measured``: date, commit, GPU).
+measure are kept, each marked with where it was measured (``measured``: date, commit, GPU, CPU count).
 """
 
 from __future__ import annotations
@@ -281,6 +281,8 @@ def section_featurize(a: dict[str, Any]) -> dict[str, Any]:
         rows["kronecker"]["x_floor"] = rows["kronecker"]["seconds"] / rows["floor"]["seconds"]
         rows["kronecker"]["x_floor_compute"] = (rows["kronecker"]["seconds"] - rows["floor"]["load_seconds"]) / (
             rows["floor"]["seconds"] - rows["floor"]["load_seconds"])
+    elif "seconds" in rows.get("floor", {}) and "seconds_at_least" in rows.get("kronecker", {}):  # timed out
+        rows["kronecker"]["x_floor_at_least"] = rows["kronecker"]["seconds_at_least"] / rows["floor"]["seconds"]
     return rows
 
 
@@ -852,11 +854,12 @@ def report(result: dict[str, Any]) -> None:
 
 def _kept_sections(path: Path | None, run: list[str]) -> dict[str, Any]:
     """The sections of an earlier result ``path`` that this run does not measure, each with where it was measured
-    (``measured``: date, commit, GPU), so that one JSON keeps the figures of every section."""
+    (``measured``: date, commit, GPU, CPU count), so that one JSON keeps the figures of every section."""
     if path is None or not path.exists():
         return {}
     old = json.loads(path.read_text())
-    origin = {"date": old.get("date"), "commit": old.get("commit"), "gpu": old.get("gpu", {}).get("name")}
+    origin = {"date": old.get("date"), "commit": old.get("commit"), "gpu": old.get("gpu", {}).get("name"),
+              "cpus": old.get("cpus")}
     kept = {}
     for name, sec in old.get("sections", {}).items():
         if name not in run:

@@ -715,43 +715,177 @@ def _sketch_probe(data: dict[str, Any]) -> tuple[str, str, str]:
             table(["sketch", "r", "K'", "recall@100"], rows, ["l", "r", "r", "r"]))
 
 
+def _gpu_measured(sec: dict[str, Any]) -> str:
+    """`` (GPU, date, commit)`` of a section or variant kept from an earlier run (``measured``), else ``""``."""
+    m = sec.get("measured")
+    if not m:
+        return ""
+    gpu = (m.get("gpu") or "?").replace("NVIDIA ", "")
+    return f" ({gpu}, {str(m.get('date') or '?')[:10]}, commit {str(m.get('commit') or '?')[:8]})"
+
+
+def _gpu_failed(what: str, r: dict[str, Any]) -> list[str]:
+    """A table row for a section or variant that failed or timed out."""
+    return [what, f"failed: {md_text(str(r.get('error', '?')).splitlines()[-1][:80])}", "", ""]
+
+
+#: The steps of `trak featurize` / `trak score` that bench_gpu's curvature section times (its ``steps`` keys).
+_GPU_STEPS = (("featurize", "load_and_trial", "checkpoint loaded (with a curvature: its trial on the first batch)"),
+              ("featurize", "fit", "curvature fit (covariance and eigenvalue passes, eigendecompositions)"),
+              ("featurize", "first_batch", "first batch"), ("featurize", "features", "train features"),
+              ("featurize", "kernels", "kernel"), ("featurize", "other", "data, model, hashing, store"),
+              ("score", "load_and_trial", "checkpoint loaded"),
+              ("score", "queries", "queries (features; exact: preconditioned layer gradients)"),
+              ("score", "exact_pass", "exact pass over the train rows"), ("score", "other", "data, model, store"))
+
+
+def _gpu_curvature(cv: dict[str, Any], rows: list[list[str]]) -> tuple[str, list[str]]:
+    """The curvature section's rows of the main table (appended to ``rows``), its table of steps, its notes."""
+    notes: list[str] = []
+    fl = cv.get("curv_floor", {})
+    floor = (f"{fl['seconds']:.1f} s (forward + backward, docs and queries)" if "seconds" in fl else "")
+    for v, name in (("curv_trak", "TRAK kronecker recipe"), ("curv_ekfac", "`curvature: {kind: ekfac}`, exact")):
+        r = cv.get(v)
+        if r is None:
+            continue
+        if "seconds" not in r:
+            rows.append(_gpu_failed(f"{name}: featurize + score", r))
+            continue
+        rows.append([f"{name}: featurize + score, {r['docs']:,} docs, {r['targets']} queries{_gpu_measured(r)}",
+                     f"{r['seconds']:.1f} s ({r['featurize']['seconds']:.1f} + {r['score']['seconds']:.1f}), "
+                     f"{r['peak_gpu_gib'] or 0:.1f} GiB", floor,
+                     f"{r['x_floor']:.1f}x" if "x_floor" in r else ""])
+    e, t = cv.get("curv_ekfac", {}), cv.get("curv_trak", {})
+    steps = ""
+    if "seconds" in e and "seconds" in t:
+        srows = []
+        for job, key, what in _GPU_STEPS:
+            a, b = t[job]["steps"].get(key), e[job]["steps"].get(key)
+            if a is None and b is None:
+                continue
+            srows.append([f"{job}: {what}", "" if a is None else f"{a:.1f}", "" if b is None else f"{b:.1f}"])
+        for job in ("featurize", "score"):
+            srows.append([f"**{job}** (peak GPU GiB)", f"**{t[job]['seconds']:.1f}** ({t[job]['peak_gpu_gib'] or 0:.1f})",
+                          f"**{e[job]['seconds']:.1f}** ({e[job]['peak_gpu_gib'] or 0:.1f})"])
+        steps = table(["step (seconds)", "TRAK kronecker", "EK-FAC exact"], srows, ["l", "r", "r"])
+        ratio = cv.get("ekfac_over_trak", {})
+        notes.append(f"EK-FAC against TRAK: {ratio.get('seconds', float('nan')):.2f}x the seconds "
+                     f"(featurize {ratio.get('featurize_seconds', float('nan')):.2f}x, score "
+                     f"{ratio.get('score_seconds', float('nan')):.2f}x), {ratio.get('peak_gpu', float('nan')):.2f}x "
+                     "the peak GPU memory.")
+        info = [ev["info"] for ev in e["score"].get("events", []) if "info" in ev and "exact" in ev["info"]]
+        if info:
+            notes.append(f"`trak score` said: \"{md_text(info[0])}\".")
+    m = cv.get("curv_match")
+    if m is not None and "max_rel_diff" in m:
+        notes.append(f"Exact EK-FAC scores of {m['docs']} documents and {m['queries']} queries on the GPU against the "
+                     f"CPU (the same config, the linear layers of blocks {', '.join(map(str, m['blocks']))}): largest "
+                     f"difference {m['max_rel_diff']:.1e} of the largest score, Spearman per query at least "
+                     f"{m['min_spearman']:.4f}, top-{m['top_k']} overlap at least {m['min_top_k_overlap']:.2f}, "
+                     f"top-1 equal for {m['top1_equal']:.0%} of the queries.")
+    elif m is not None:
+        notes.append(f"The GPU-against-CPU check of the exact EK-FAC scores failed: "
+                     f"{md_text(str(m.get('error', '?')))}.")
+    return steps, notes
+
+
+def _gpu_replay(rp: dict[str, Any], rows: list[list[str]]) -> list[str]:
+    """The replay section's row of the main table (appended to ``rows``) and its notes."""
+    if "score_run_b" not in rp and "score_run_a" not in rp:
+        rows.append(_gpu_failed("unrolled scores (`score.method: unroll`)", rp))
+        return []
+    run = "run_b" if "score_run_b" in rp else "run_a"  # the second run: CUDA and the data already warm
+    sc, tr = rp[f"score_{run}"], rp[f"train_{run}"]
+    cfg = rp.get("config", {}).get("optimize", {})
+    rows.append([f"unrolled scores (`score.method: unroll`), digits MLP, {sc['targets']} targets, "
+                 f"{cfg.get('epochs', '?')} epochs of {cfg.get('optimizer', '?')}{_gpu_measured(rp)}",
+                 f"{sc['seconds_per_target'] * 1e3:,.0f} ms a target ({sc['seconds']:.1f} s)",
+                 f"{tr['seconds']:.1f} s (one training, `trak optimize`)",
+                 f"{sc['per_target_x_training']:.2f}x a target"])
+
+    def said(flag: str) -> str:
+        return "bit for bit" if rp.get(flag) else "NOT bit for bit"
+
+    return [f"Unrolled attribution on the GPU: two `trak optimize` runs with `optimize.replay` end on the same weights "
+            f"{said('trainings_bit_identical')}; the record replayed from its first state gives the checkpoint "
+            f"{said('replay_bit_identical')}, from step {rp.get('replay_from_step')} "
+            f"{said('replay_from_step_bit_identical')}; the unrolled scores of the two runs are equal "
+            f"{said('scores_bit_identical')} (largest difference {rp.get('scores_max_rel_diff', float('nan')):.1e}); "
+            f"{rp.get('record', {}).get('total_steps', '?')} steps, {sc['targets']} targets scored "
+            f"{rp.get('config', {}).get('data', {}).get('batch_size', '?')} per replay."]
+
+
 def _gpu(data: dict[str, Any]) -> tuple[str, str, str]:
-    sec, gpu = data["sections"], data["gpu"]
-    rows = []
-    for r in sec["projector"]["speed"]:
-        rows.append([f"project, {r['kind']}, grad_dim {r['grad_dim']:.0e}, proj_dim {r['proj_dim']}, batch {r['batch']}",
+    sec, gpu = data["sections"], data.get("gpu", {})
+    rows: list[list[str]] = []
+    notes: list[str] = []
+    proj = sec.get("projector", {})
+    for r in proj.get("speed", []):
+        rows.append([f"project, {r['kind']}, grad_dim {r['grad_dim']:.0e}, proj_dim {r['proj_dim']}, batch {r['batch']}"
+                     f"{_gpu_measured(proj)}",
                      f"{r['cuda_examples_per_s']:,.0f} ex/s", f"{r['floor_examples_per_s']:,.0f} ex/s (GEMM)",
                      f"{r['x_floor']:.1f}x"])
-    feat = sec["featurize"]
-    fl, kr = feat["floor"], feat["kronecker"]
-    kr_s = f"> {kr['seconds_at_least']:.0f} s (timed out)" if "seconds_at_least" in kr else f"{kr['seconds']:.1f} s"
-    kr_x = f"> {kr['x_floor_at_least']:.1f}x" if "x_floor_at_least" in kr else f"{kr['x_floor']:.2f}x"
-    rows.append([f"kronecker featurize, {fl['docs']:,} docs, proj_dim {data['args']['proj_dim']}", kr_s,
-                 f"{fl['seconds']:.1f} s (forward + backward)", kr_x])
-    tk = sec["topk"]
-    g = tk["gpu_floor"]
-    rows.append([f"top-{g['k']} of {g['n_target']:,} targets over {g['n_train']:,} rows", "(CPU: below)",
-                 f"{g['seconds']:.2f} s (GEMM + topk, bfloat16 in GPU memory)", ""])
+    feat = sec.get("featurize", {})
+    fl, kr = feat.get("floor", {}), feat.get("kronecker", {})
+    if "seconds" in fl and kr:
+        kr_s = (f"> {kr['seconds_at_least']:.0f} s (timed out)" if "seconds_at_least" in kr else
+                f"{kr['seconds']:.1f} s, {kr.get('peak_gpu_gib') or 0:.1f} GiB")
+        kr_x = f"> {kr['x_floor_at_least']:.1f}x" if "x_floor_at_least" in kr else (
+            f"{kr['x_floor']:.2f}x" if "x_floor" in kr else "")
+        rows.append([f"kronecker featurize, {fl['docs']:,} docs, proj_dim {data['args']['proj_dim']}{_gpu_measured(kr)}",
+                     kr_s, f"{fl['seconds']:.1f} s (forward + backward), {fl.get('peak_gpu_gib') or 0:.1f} GiB", kr_x])
+    elif "error" in feat:
+        rows.append(_gpu_failed("kronecker featurize", feat))
+    steps = ""
+    if "curvature" in sec:
+        cv = sec["curvature"]
+        if "error" in cv and not any(k.startswith("curv_") for k in cv):
+            rows.append(_gpu_failed("curvature (EK-FAC against TRAK)", cv))
+        else:
+            steps, more = _gpu_curvature(cv, rows)
+            notes += more
+    if "replay" in sec:
+        notes += _gpu_replay(sec["replay"], rows)
+    tk = sec.get("topk", {})
+    g = tk.get("gpu_floor")
+    if g:
+        rows.append([f"top-{g['k']} of {g['n_target']:,} targets over {g['n_train']:,} rows{_gpu_measured(tk)}",
+                     "(CPU: below)", f"{g['seconds']:.2f} s (GEMM + topk, bfloat16 in GPU memory)", ""])
     res = tk.get("bench_topk_cpu", {}).get("result", {}).get("results", [{}])[0].get("rows", {})
     if res:
         rows.append([f"trak score top-k, {tk['bench_topk_cpu']['result']['args']['n_train'][0]:,} rows, "
-                     f"{data['cpus']} CPU cores", f"{res['trak score top_k']['seconds']:.1f} s",
+                     f"{tk.get('measured', {}).get('cpus') or data['cpus']} CPU cores{_gpu_measured(tk)}",
+                     f"{res['trak score top_k']['seconds']:.1f} s",
                      f"{res['floor']['seconds']:.1f} s (CPU floor process)",
                      f"{res['trak score top_k']['seconds'] / res['floor']['seconds']:.2f}x"])
-    m = [r for r in sec["projector"]["match"] if "matrix_bit_identical" in r]
-    match = "; ".join(f"{r['kind']}: matrix {'bit-identical' if r['matrix_bit_identical'] else 'max diff %.1e' % r['matrix_max_abs_diff']}"
-                      for r in m)
-    feats = max(r["features_max_rel_diff"] for r in sec["projector"]["match"])
-    fm = feat["match"]
+    m = [r for r in proj.get("match", []) if "matrix_bit_identical" in r]
+    if m:
+        match = "; ".join(f"{r['kind']}: matrix {'bit-identical' if r['matrix_bit_identical'] else 'max diff %.1e' % r['matrix_max_abs_diff']}"
+                          for r in m)
+        feats = max(r["features_max_rel_diff"] for r in proj["match"])
+        notes.insert(0, f"The CUDA projector against its CPU reference: {match}; features within {feats:.1e} "
+                        "(relative).")
+    fm = feat.get("match", {})
+    if "max_rel_diff" in fm:
+        notes.append(f"Kronecker features of the first {fm['docs']} documents on the GPU against the CPU"
+                     f"{_gpu_measured(fm)}: largest difference {fm['max_rel_diff']:.1e} of the largest entry, "
+                     f"smallest row cosine {fm['min_row_cosine']:.7f}.")
     prof = sec.get("featurize_profile", {})
-    note = (f"{gpu['name']} ({gpu['memory_gib']:.0f} GiB), {data['cpus']} CPU cores, torch {data['torch']}, triton "
-            f"{data.get('triton', '?')}. The CUDA projector against its CPU reference: {match}; features within "
-            f"{feats:.1e} (relative). Kronecker features of the first {fm['docs']} documents on the GPU against the "
-            f"CPU: largest difference {fm['max_rel_diff']:.1e} of the largest entry, smallest row cosine "
-            f"{fm['min_row_cosine']:.7f}. The LM is a LlamaForCausalLM with SmolLM2-135M's config and seeded random "
-            f"weights, float32. {prof.get('reading', '')} (cProfile: {prof.get('forward_and_backward_passes', '?')} "
-            f"passes for 64 documents); `data.grad_memory_mb` unset takes a quarter of the GPU's memory.")
-    return ("trakcli on a GPU", note, table(["what", "trakcli", "floor", "x floor"], rows, ["l", "r", "r", "r"]))
+    if prof.get("reading"):
+        notes.append(f"{prof['reading']}{_gpu_measured(prof)} (cProfile: {prof.get('forward_and_backward_passes', '?')} "
+                     "passes for 64 documents); `data.grad_memory_mb` unset takes a quarter of the GPU's memory.")
+    kept = any(isinstance(v, dict) and ("measured" in v or any(isinstance(x, dict) and "measured" in x
+                                                               for x in v.values())) for v in sec.values())
+    machine = (f"{gpu.get('name', 'no GPU')} ({gpu.get('memory_gib', 0):.0f} GiB), {data['cpus']} CPU cores, torch "
+               f"{data['torch']}, triton {data.get('triton', '?')}. The LM is a LlamaForCausalLM with SmolLM2-135M's "
+               "config and seeded random weights, float32, on BBC prompt/completion documents"
+               + ("; a row marked with a GPU and date was measured by an earlier run of the benchmark (`--keep`)."
+                  if kept else "."))
+    note = " ".join([machine] + notes)
+    body = table(["what", "trakcli", "floor", "x floor"], rows, ["l", "r", "r", "r"])
+    if steps:
+        body += "\n\nThe steps of `trak featurize` and `trak score` in the curvature rows (seconds):\n\n" + steps
+    return ("trakcli on a GPU", note, body)
 
 
 #: benchmarks/bench_recall.py's setups: (the title's subject, the model and how it was trained).
