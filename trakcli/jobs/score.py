@@ -399,14 +399,17 @@ def _featurize_targets(s: JobSetup, store: Store, plan: ScorePlan, target: Tenso
                        flags: RunFlags, reporter: Reporter
                        ) -> tuple[list[dict[int, np.ndarray]], dict[int, tuple[torch.Tensor, float]], int]:
     """The pending target features of every checkpoint, written (and the stored kernels read) in the background
-    while the next checkpoint's are computed. Returns (per model_id the chunks written, kept for the scores;
-    the kernels read ahead; chunks computed)."""
+    while the next checkpoint's are computed; none for exact curvature scores without a two-stage top-k (they
+    never read them). Returns (per model_id the chunks written, kept for the scores; the kernels read ahead;
+    chunks computed)."""
     kept: list[dict[int, np.ndarray]] = []
     kernels: dict[int, tuple[torch.Tensor, float]] = {}
     n_models = len(target_rows)
     prefetch = (s.dist.world_size == 1 and not plan.curvature
                 and sum(kernel_nbytes(store, m) for m in range(n_models)) <= PREFETCH_BYTES)
     computed = 0
+    if plan.exact and not plan.exact_two_stage:  # exact influence takes the targets' own layer gradients instead
+        return [{} for _ in target_rows], kernels, computed
     with ChunkWriter() as writer:
         for model_id, rows in enumerate(target_rows):
             kept.append({})
