@@ -64,3 +64,29 @@ def test_query_key_and_value_projections_share_their_input_factor_and_basis_and_
         one = correct_eigenvalues(model, one_layers, one_uses, task, eigenbases(one_layers, a1, s1), batches,
                                   fisher="empirical")
         torch.testing.assert_close(one[0].eig, shared[j].eig, rtol=1e-9, atol=1e-14)
+
+
+def test_a_trial_fit_runs_every_pass_without_an_eigendecomposition(monkeypatch):
+    """`trak featurize`'s trial of the curvature on its first batch (JobSetup.check_curvature) runs both passes and
+    the whitening in the standard basis: a language model's hundreds of decompositions are made once, by the fit."""
+    from trakcli.curvature import Curvature
+
+    model = tiny_llama().double().eval()
+    inputs, labels = masked_batch("completion", n=4, length=9)
+    inputs["input_ids"] = inputs["input_ids"] % model.config.vocab_size
+    labels = torch.where(labels == IGNORE_INDEX, labels, labels % model.config.vocab_size)
+    names = select_parameters(model, ["model.layers.*.mlp.*"])
+    curv = Curvature(model, names, "language_modeling", "ekfac", output="loss")
+
+    def refused(*args, **kwargs):
+        raise AssertionError("an eigendecomposition in a trial fit")
+
+    monkeypatch.setattr(torch.linalg, "eigh", refused)
+    f = curv.fit(0, lambda: iter([(inputs, labels)]), trial=True)
+    for layer, lf in zip(curv.layers, f.factors):
+        assert torch.equal(lf.q_in, torch.eye(layer.d_in, dtype=lf.q_in.dtype))
+        assert lf.eig.shape == (layer.d_out, layer.d_in) and bool((lf.eig > 0).any())
+    monkeypatch.undo()
+    curv.forget(0)
+    full = curv.fit(0, lambda: iter([(inputs, labels)]))  # the fit itself decomposes
+    assert not torch.equal(full.factors[0].q_in, f.factors[0].q_in)

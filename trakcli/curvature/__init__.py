@@ -152,7 +152,7 @@ class Curvature:
 
     def fit(self, model_id: int, batches: Callable[[], Iterable[Any]], store: Any = None,
             on_stage: Callable[[str], None] | None = None, save_every_s: float = 30.0,
-            on_event: Callable[[str, str, int, int], None] | None = None) -> CurvatureFactors:
+            on_event: Callable[[str, str, int, int], None] | None = None, trial: bool = False) -> CurvatureFactors:
         """Fit checkpoint ``model_id`` (loaded into the model) over ``batches()``, resuming from and writing to ``store``.
 
         With a store: a finished curvature made with the same :meth:`settings` is read, not
@@ -174,6 +174,8 @@ class Curvature:
             on_event: called as ``on_event(kind, pass, a, b)``: ``("batch", pass, lo, hi)`` after the rows
                 ``[lo, hi)`` are added, ``("partial", pass, rows, 0)`` after a save, ``("resume", pass, rows, 0)``
                 when a pass starts after saved rows.
+            trial: every pass, with the standard basis in place of the eigendecompositions (a trial of the
+                passes, not factors to use: :func:`~trakcli.curvature.kfac.eigenbases`); without a store.
 
         Returns:
             The factors (also kept for :meth:`whiten`).
@@ -200,7 +202,7 @@ class Curvature:
                 arrays = {f"{i}/a": x.numpy() for i, x in enumerate(a)}
                 arrays.update({f"{i}/s": x.numpy() for i, x in enumerate(s)})
                 write_curvature(store, model_id, settings, "covariances", arrays)
-        factors = eigenbases(self.layers, a, s)
+        factors = eigenbases(self.layers, a, s, decompose=not trial)
         if self.kind == "ekfac":
             if on_stage:
                 on_stage("eigenvalues")

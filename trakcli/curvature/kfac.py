@@ -618,15 +618,21 @@ def fit_covariances(model: nn.Module, layers: Sequence[KroneckerLayer], uses: Se
     return a, s
 
 
-def eigenbases(layers: Sequence[KroneckerLayer], a: Sequence[torch.Tensor], s: Sequence[torch.Tensor]
-               ) -> list[LayerFactors]:
+def eigenbases(layers: Sequence[KroneckerLayer], a: Sequence[torch.Tensor], s: Sequence[torch.Tensor],
+               decompose: bool = True) -> list[LayerFactors]:
     """K-FAC per layer: eigendecompositions of ``A`` and ``S`` (in float64) and ``Λ = λ_S λ_Aᵀ`` (eigenvalues
     clamped at 0). A factor equal to one decomposed already (layers that read the same input, as a
     transformer's query, key and value projections do) reuses that decomposition.
+
+    With ``decompose`` False: the standard basis and each factor's diagonal, no decomposition (a trial of the
+    passes and features, :meth:`trakcli.jobs.setup.JobSetup.check_curvature`: a language model's hundreds of
+    decompositions take minutes).
     """
     done: dict[tuple[Any, ...], list[tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]]] = {}
 
     def eigh(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if not decompose:
+            return m.diagonal().double(), torch.eye(m.shape[0], dtype=m.dtype, device=m.device)
         key = (tuple(m.shape), float(m.diagonal().sum()), float(m[0].sum()))  # equal matrices, equal keys
         for seen, result in done.get(key, []):
             if torch.equal(seen, m):

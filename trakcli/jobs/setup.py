@@ -329,9 +329,10 @@ class JobSetup:
     def check_curvature(self, rows: int) -> None:
         """A trial of the curvature and its features on the first ``rows`` train rows (one batch), kept nowhere.
 
-        Checkpoint 0 (loaded) is fit on that batch alone and the batch is featurized with the trial fit, so a model,
-        task or layer the curvature cannot use fails as the whole fit would, before a store exists; the real fit
-        then runs with the store (:meth:`fit_curvature`), where its passes keep their partial sums.
+        Checkpoint 0 (loaded) is fit on that batch alone (every pass, the standard basis in place of the
+        eigendecompositions) and the batch is featurized with the trial fit, so a model, task or layer the
+        curvature cannot use fails as the whole fit would, before a store exists; the real fit then runs with
+        the store (:meth:`fit_curvature`), where its passes keep their partial sums.
 
         Raises:
             GradientError, DataError, ConfigError, ...: whatever the fit or the features of the batch raise.
@@ -341,7 +342,7 @@ class JobSetup:
         off, x, y = next(self.batches(self.train, 0, min(len(self.train), rows)))
         batch = [(inputs_to(x, self.device), y.to(self.device))]
         try:
-            self.curvature.fit(0, lambda: iter(batch))
+            self.curvature.fit(0, lambda: iter(batch), trial=True)
             self.features(x, y, 0, off)
         finally:
             self.curvature.forget(0)
