@@ -46,6 +46,24 @@ Rows, each as its users run it, the same checkpoint for all:
   ``--trak-row NAME "key=value key=value"`` (repeatable; any override passes through, e.g.
   ``curvature.kind=ekfac``).
 
+* ``trakcli unroll (trak optimize, replay)`` (``--unroll``): exact metagradients through the fine-tune
+  (``score.method: unroll``, MAGIC-class; docs/guides/unroll.md). The fine-tune is redone by ``trak optimize
+  finetune.yaml`` with :data:`UNROLL_OPTIMIZE` (``optimize.replay=true``: its order and a state every
+  ceil(sqrt(189)) = 14 steps recorded), then ``trak score finetune.yaml score.method=unroll
+  data.batch_size=<--unroll-batch>``, two processes, each timed with its own peak RSS; ``--unroll-targets M``
+  scores the first M targets only (every row's LDS on those M is then printed and written beside it).
+  The attributed model is `trak optimize`'s fine-tune, not ``finetuned/model.pt``: the same pretrained weights,
+  train rows, AdamW (lr 5e-4, no weight decay, torch's betas and eps), batch size 16, 3 epochs, constant lr and
+  seed-0 order (the trainer draws each epoch's ``torch.randperm`` from a generator seeded with 0, as
+  :func:`finetune` does); its loss is trakcli's ``language_modeling`` loss (summed next-token losses over the
+  batch's target tokens / their count) where :func:`finetune` takes transformers' mean (equal up to float32
+  rounding), and it trains with deterministic algorithms. The row records its weights' largest difference
+  from ``finetuned/model.pt`` and both models' target loss; every other row attributes ``finetuned/model.pt``.
+  The ground truth is the same (retrain k seeded 1000 + k: other seeds than the attributed run's 0). Its
+  cost: seconds per target, and the `trak score` run over the ground truth's median fine-tune (1 thread) and over
+  its own `trak optimize` run; its gap closure ``(unroll - ekfac) / (ceiling - ekfac)`` against each of
+  :data:`GAP_REFERENCES`, the ceiling being the seed-noise one printed under the table.
+
 Every row's score matrix is cached in ``<work>/rows/<slug>/`` (``scores.npy``, ``row.json``): a
 rerun computes only rows not cached (``--redo NAME`` recomputes one; ``--only NAME`` computes
 only those, showing the other cached rows; names may be globs such as ``"kronfluence*"``;
@@ -68,6 +86,7 @@ like the pretraining's, with a deeper model and a larger vocabulary:
     .venv/bin/python -m benchmarks.bench_lds_finetune --quick            # smoke run, ~3 minutes
     .venv/bin/python -m benchmarks.bench_lds_finetune --workers 1 --threads 1
     .venv/bin/python -m benchmarks.bench_lds_finetune --shape deep --no-default-trak-rows --kronfluence ekfac
+    .venv/bin/python -m benchmarks.bench_lds_finetune --unroll --only "trakcli unroll*" --scores-only  # no retrains
     .venv/bin/python -m benchmarks.bench_lds_finetune --only "trak ekfac sjlt 4096" \\
         --trak-row "trak ekfac sjlt 4096" "projector.kind=sjlt projector.proj_dim=4096 curvature.kind=ekfac"
 """
@@ -137,6 +156,17 @@ TRAK_ROWS = {
                                                                  "curvature.feature_damping=0.01",
     "trakcli ekfac, stored kronecker 16384": f"{EKFAC} curvature.exact=false projector.proj_dim=16384",
 }
+#: ``--unroll``'s row: the fine-tune redone by `trak optimize` with the replay recorded, scored by `trak score` with
+#: ``score.method: unroll`` (metagradients through its 189 recorded steps).
+UNROLL_ROW = "trakcli unroll (trak optimize, replay)"
+#: :data:`FINETUNE` as `trak optimize` overrides (one model, seed 0: its data order is the fine-tune's, see
+#: :func:`unroll_row`), with the replay recorded (a state every ceil(sqrt(steps)) steps).
+UNROLL_OPTIMIZE = (f"optimize.optimizer=adamw optimize.lr={FINETUNE['lr']} optimize.weight_decay={FINETUNE['weight_decay']} "
+                   f"optimize.epochs={FINETUNE['epochs']} optimize.batch_size={FINETUNE['batch_size']} "
+                   "optimize.schedule=constant optimize.n_models=1 optimize.seed=0 optimize.replay=true "
+                   "optimize.out_dir=unroll/ckpts")
+#: The rows the unrolled row's gap closure is measured against (the seed-noise ceiling minus each).
+GAP_REFERENCES = ("trakcli ekfac (curvature.kind alone)", "kronfluence ekfac")
 KRONFLUENCE = ("identity", "kfac", "ekfac")
 N_BOOTSTRAP = 1000
 
@@ -634,6 +664,84 @@ def lds_entry(scores: Any, gt: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def target_columns(gt: dict[str, Any], n: int) -> dict[str, Any]:
+    """The ground truth of the first ``n`` targets (every ``[K, n_target]`` measurement cut to ``[K, n]``)."""
+    if n == gt["loss"].shape[1]:
+        return gt
+    keys = ("loss", "margin", "repeat_loss", "repeat_margin")
+    return {k: (v[:, :n] if k in keys and len(v) else v) for k, v in gt.items()}
+
+
+def compare_unrolled(rows: list[dict[str, Any]], gt: dict[str, Any], a: argparse.Namespace,
+                     noise: dict[str, Any]) -> None:
+    """Add to each unrolled row its cost against one training and its gap closure, in place.
+
+    Cost: ``seconds_per_target``, and the `trak score` run over the ground truth's median fine-tune
+    (``ratio_score_to_one_finetune``; one torch thread) and over its own `trak optimize` run
+    (``ratio_score_to_trak_optimize``; that process's wall time, start-up included).
+    Gap closure against each of :data:`GAP_REFERENCES` present: ``(unroll - ref) / (ceiling - ref)`` per
+    measurement, the ceiling being :func:`noise_summary`'s ``sqrt(1 - seed-noise share)``. With fewer targets
+    scored (``--unroll-targets``), every row's LDS and the ceiling are taken on those targets
+    (``lds_first_targets`` of each row).
+    """
+    import numpy as np
+
+    by_name = {r["method"]: r for r in rows}
+    per_ft = float(np.median(gt["seconds"]))
+    for r in rows:
+        if r["kind"] != "unroll":
+            continue
+        n = r["n_targets_scored"]
+        r.update({"seconds_per_finetune_median": per_ft, "ratio_score_to_one_finetune": r["score_s"] / per_ft,
+                  "ratio_score_to_trak_optimize": r["score_s"] / r["optimize_s"],
+                  "finetunes_per_target": r["seconds_per_target"] / per_ft})
+        sub = target_columns(gt, n)
+        ceiling = noise if n == a.n_target else noise_summary(sub)
+        if n < a.n_target:
+            for other in rows:
+                if other is not r:
+                    other.setdefault("lds_first_targets", {})[str(n)] = lds_entry(other["_scores"][:n], sub)
+        gap: dict[str, Any] = {}
+        for ref_name in GAP_REFERENCES:
+            ref = by_name.get(ref_name)
+            if ref is None:
+                continue
+            ref_lds = ref["lds"] if n == a.n_target else ref["lds_first_targets"][str(n)]
+            gap[ref_name] = {}
+            for key in ("loss", "margin"):
+                if "ceiling" not in ceiling.get(key, {}):
+                    continue
+                u, e, c = r["lds"][key]["lds"], ref_lds[key]["lds"], ceiling[key]["ceiling"]
+                gap[ref_name][key] = {"unroll": u, "reference": e, "ceiling": c, "closure": (u - e) / (c - e)}
+        r["gap_closure"] = gap
+        r["n_targets_of_gap"] = n
+        r["n_target_all"] = a.n_target
+
+
+def unroll_summary(r: dict[str, Any]) -> str:
+    """The unrolled row's cost, memory, attributed run and gap closure, as printed under the table."""
+    w = r["weights_vs_finetuned"]
+    lines = [
+        f"{r['method']}: attributed run = trak optimize's fine-tune; its weights differ from finetuned/model.pt's by "
+        f"at most {w['max_abs_diff']:.2g} (fine-tuning moved them by up to {w['max_abs_change_in_finetuning']:.2g}); "
+        f"target loss per token {w['target_loss_per_token']:.4f} (finetuned/model.pt: "
+        f"{w['target_loss_per_token_finetuned']:.4f})",
+        f"  data order equal to the benchmark fine-tune's: {r['data_order_equals_finetune']}",
+        f"  trak optimize (replay recorded, {r['total_steps']} steps, a state every {r['replay_every']}): "
+        f"{r['optimize_s']:.1f}s, peak RSS {r['peak_rss_gib_optimize']:.2f} GiB, record {r['record_mib']:.0f} MiB",
+        f"  trak score (score.method=unroll, {r['n_targets_scored']} targets, {r['targets_per_replay']} per replay): "
+        f"{r['score_s']:.1f}s = {r['seconds_per_target']:.1f}s per target, peak RSS {r['peak_rss_gib_score']:.2f} GiB; "
+        f"{r['ratio_score_to_one_finetune']:.1f}x one fine-tune of the ground truth "
+        f"({r['seconds_per_finetune_median']:.1f}s median, 1 thread), {r['ratio_score_to_trak_optimize']:.1f}x the "
+        "trak optimize run",
+    ]
+    for ref, entry in r.get("gap_closure", {}).items():
+        parts = [f"{k} {v['closure']:.2f} (unroll {v['unroll']:.3f}, {v['reference']:.3f}, ceiling {v['ceiling']:.3f})"
+                 for k, v in entry.items()]
+        lines.append(f"  gap closure against {ref} on {r['n_targets_of_gap']} targets: " + "; ".join(parts))
+    return "\n".join(lines)
+
+
 def row_cache(work: Path, name: str) -> Path:
     return work / "rows" / slug(name)
 
@@ -798,6 +906,100 @@ def trak_row(work: Path, a: argparse.Namespace, name: str, overrides: list[str])
             "commands": [shlex.join(["trak", *c[1:]]) for c in cmds]}, scores
 
 
+def unroll_overrides(a: argparse.Namespace) -> list[str]:
+    """The unrolled row's overrides (both commands get them all): :data:`UNROLL_OPTIMIZE`, the manifest as the
+    checkpoints, ``score.method=unroll``, ``--unroll-batch`` targets per replay, and with ``--unroll-targets`` M
+    the file of the first M targets."""
+    over = [*UNROLL_OPTIMIZE.split(), "checkpoints=unroll/ckpts/manifest.json", "score.method=unroll",
+            f"data.batch_size={a.unroll_batch}"]
+    if a.unroll_targets and a.unroll_targets < a.n_target:
+        over.append(f"data.target.path=target_first{a.unroll_targets}.jsonl")
+    return over
+
+
+def unroll_row(work: Path, a: argparse.Namespace, name: str, overrides: list[str]) -> tuple[dict[str, Any], Any]:
+    """``trak optimize`` (the fine-tune, its replay recorded) then ``trak score --out`` (``score.method: unroll``) as
+    two processes, each timed with its own peak RSS (:func:`benchmarks.launch.run_measured`).
+
+    The attributed model is `trak optimize`'s fine-tune (``unroll/ckpts/model_000.pt``), not
+    ``finetuned/model.pt``: the same pretrained weights, rows, AdamW settings, batches of 16 in the same order
+    (the trainer draws each epoch's ``torch.randperm`` from a generator seeded with ``optimize.seed`` 0, as
+    :func:`finetune` does), constant lr, 3 epochs. What differs: its loss is trakcli's ``language_modeling``
+    loss (the summed next-token losses over the batch's target tokens, divided by their count) where the
+    benchmark's fine-tune takes transformers' mean, the same value up to float32 rounding, and it runs with
+    deterministic algorithms; the row records how far its final weights and targets' losses are from
+    ``finetuned/model.pt``'s.
+
+    Returns:
+        ``(info, scores [n, n_train])`` with n the targets scored (``--unroll-targets``, default all).
+    """
+    import numpy as np
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from benchmarks.launch import run_measured, trak_command
+    from trakcli.models.checkpoints import read_state_dict
+
+    store = f"stores/{slug(name)}.zarr"
+    for old in ("unroll", store):  # a fresh training and store: the timed run computes everything
+        shutil.rmtree(work / old, ignore_errors=True)
+    n = a.unroll_targets if a.unroll_targets and a.unroll_targets < a.n_target else a.n_target
+    if n < a.n_target:
+        write_jsonl(work / f"target_first{n}.jsonl", texts(work / "target.jsonl")[:n])
+    scores_path = row_cache(work, name) / "scores_trak.npy"
+    scores_path.parent.mkdir(parents=True, exist_ok=True)
+    scores_path.unlink(missing_ok=True)
+    common = [f"store={store}", *([f"num_threads={a.threads}"] if a.threads else []), *overrides]
+    exe = trak_command()
+    cmds = [[*exe, "optimize", "finetune.yaml", *common, "-q"],
+            [*exe, "score", "finetune.yaml", "--out", str(scores_path.relative_to(work)), *common, "-q"]]
+    runs = []
+    for cmd in cmds:
+        load = os.getloadavg()
+        got = run_measured(cmd, cwd=work)
+        if got["exit"] != 0:
+            raise RuntimeError(f"{shlex.join(cmd[1:])} exited {got['exit']}: {got['stderr'].strip()[-2000:]}")
+        runs.append({"seconds": got["seconds"], "peak_rss_gib": got["peak_rss_gib"], "loadavg_start": load,
+                     "loadavg_end": os.getloadavg()})
+        log(f"{name}: {cmd[1]} {got['seconds']:.1f}s, peak RSS {got['peak_rss_gib']:.2f} GiB")
+    scores = np.load(scores_path)
+    scores_path.unlink()
+    # the attributed run against the benchmark's fine-tune: weights and the targets' losses
+    mine, ref = read_state_dict(work / "unroll" / "ckpts" / "model_000.pt"), read_state_dict(work / "finetuned" / "model.pt")
+    keys = sorted(set(mine) & set(ref))
+    diff = max(float((mine[k].float() - ref[k].float()).abs().max()) for k in keys)
+    moved = max(float((ref[k].float() - v.float()).abs().max()) for k, v in pretrained_state(work).items() if k in ref)
+    tok = tokens(work)
+    model = GPT2LMHeadModel(GPT2Config.from_pretrained(work / "pretrained"))
+    model.load_state_dict({**model.state_dict(), **{k: mine[k] for k in keys}})
+    loss, _ = measure(model.eval(), tok)
+    model.load_state_dict({**model.state_dict(), **{k: ref[k] for k in keys}})
+    ref_loss, _ = measure(model.eval(), tok)
+    n_tok = int((tok["target_labels"][:, 1:] != -100).sum())
+    record = work / "unroll" / "ckpts" / "replay"
+    record_meta = json.loads((record / "model_000" / "record.json").read_text())
+    g = torch.Generator().manual_seed(0)  # the orders finetune() draws for seed 0 over all train rows
+    same_order = all(torch.equal(torch.load(record / "model_000" / f"order_{e + 1:03d}.pt", weights_only=True),
+                                 torch.randperm(a.n_train, generator=g)) for e in range(FINETUNE["epochs"]))
+    return {
+        "checkpoints": 1, "wall_s": runs[1]["seconds"], "optimize_s": runs[0]["seconds"], "score_s": runs[1]["seconds"],
+        "peak_rss_gib_optimize": runs[0]["peak_rss_gib"], "peak_rss_gib_score": runs[1]["peak_rss_gib"],
+        "processes": runs, "n_targets_scored": int(n), "targets_per_replay": a.unroll_batch,
+        "seconds_per_target": runs[1]["seconds"] / n,
+        "total_steps": int(record_meta["total_steps"]), "replay_every": int(record_meta["every"]),
+        "record_mib": sum(f.stat().st_size for f in record.rglob("*") if f.is_file()) / 2**20,
+        "attributed": "trak optimize's own fine-tune (unroll/ckpts/model_000.pt), not finetuned/model.pt: the same "
+                      "pretrained weights, rows, AdamW settings, batches and order; trakcli's language_modeling loss "
+                      "(sum over the batch's target tokens / their count) in place of transformers' mean, "
+                      "deterministic algorithms",
+        "data_order_equals_finetune": same_order,
+        "weights_vs_finetuned": {"max_abs_diff": diff, "max_abs_change_in_finetuning": moved,
+                                 "target_loss_per_token": float(loss.sum() / n_tok),
+                                 "target_loss_per_token_finetuned": float(ref_loss.sum() / n_tok)},
+        "commands": [shlex.join(["trak", *c[1:]]) for c in cmds],
+    }, scores
+
+
 # -------------------------------------------------------------------------------------------- output
 
 
@@ -805,12 +1007,16 @@ def fmt_lds(e: dict[str, Any]) -> str:
     return f"{e['lds']:.3f} [{e['ci_low']:.3f}, {e['ci_high']:.3f}]"
 
 
-def table(rows: list[dict[str, Any]]) -> str:
+def table(rows: list[dict[str, Any]], first: str | None = None) -> str:
+    """The rows' LDS on their targets (an unrolled row of ``--unroll-targets`` M: on its M), or with ``first`` = M
+    every row's LDS on the first M targets."""
     lines = ["| method | checkpoints | LDS loss [95% CI] | LDS margin [95% CI] | wall s |", "|---|---|---|---|---|"]
     for r in rows:
+        lds = r.get("lds_first_targets", {}).get(first, r["lds"]) if first else r["lds"]
+        name = r["method"] + (f" (first {r['n_targets_scored']} targets)" if r["kind"] == "unroll" and first is None
+                              and r.get("n_targets_of_gap") != r.get("n_target_all") else "")
         ck = str(r["checkpoints"]) if r["checkpoints"] else "-"
-        lines.append(f"| {r['method']} | {ck} | {fmt_lds(r['lds']['loss'])} | {fmt_lds(r['lds']['margin'])} | "
-                     f"{r['wall_s']:.1f} |")
+        lines.append(f"| {name} | {ck} | {fmt_lds(lds['loss'])} | {fmt_lds(lds['margin'])} | {r['wall_s']:.1f} |")
     return "\n".join(lines)
 
 
@@ -848,6 +1054,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--only", nargs="+", default=None, metavar="NAME",
                    help="compute only these rows (names or globs); the others are shown from the cache if there")
     p.add_argument("--redo", nargs="+", default=[], metavar="NAME", help="recompute these rows (names or globs)")
+    p.add_argument("--unroll", action="store_true",
+                   help=f"add the row {UNROLL_ROW!r}: the fine-tune redone by trak optimize with optimize.replay, "
+                        "scored with score.method=unroll (unroll_row)")
+    p.add_argument("--unroll-batch", type=int, default=20, help="targets per replay of the unrolled row (data.batch_size)")
+    p.add_argument("--unroll-targets", type=int, default=None,
+                   help="the unrolled row scores only the first M targets (default all); every row's LDS on those "
+                        "targets is then reported beside it")
+    p.add_argument("--scores-only", action="store_true",
+                   help="compute and cache the selected rows' scores, then stop: no ground truth, no LDS, no JSON")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true",
                    help="smoke run: 2,000 speeches x 1 epoch, 200 train / 20 targets of 32 tokens, 8 retrains")
@@ -868,6 +1083,8 @@ def main(argv: list[str] | None = None) -> int:
     trak_rows = {} if a.no_default_trak_rows else dict(TRAK_ROWS)
     trak_rows.update({name: over for name, over in a.trak_row})
     specs += [(name, "trak", over.split()) for name, over in trak_rows.items()]
+    if a.unroll:
+        specs.append((UNROLL_ROW, "unroll", unroll_overrides(a)))
 
     def matches(name: str, patterns: list[str]) -> bool:
         return any(fnmatch.fnmatchcase(name.lower(), pat.lower()) for pat in patterns)
@@ -890,11 +1107,15 @@ def main(argv: list[str] | None = None) -> int:
     log(f"fine-tuned checkpoint: target loss per token {ft['target_loss_per_token_pretrained']:.3f} -> "
         f"{ft['target_loss_per_token_finetuned']:.3f} ({ft['seconds']:.1f}s)")
     epoch_checkpoints(work, tok, a.threads or torch.get_num_threads())  # for the rows along fine-tuning
-    gt = ground_truth(work, a)
-    noise = noise_summary(gt)
-    log(f"ground truth: {len(gt['masks'])} retrains, {np.median(gt['seconds']):.1f}s median each; seed noise "
-        f"fraction loss {noise['loss'].get('noise_fraction', float('nan')):.3f}, "
-        f"margin {noise['margin'].get('noise_fraction', float('nan')):.3f}")
+    if a.scores_only:
+        gt = None
+    else:
+        gt = ground_truth(work, a)
+    noise = noise_summary(gt) if gt is not None else {}
+    if gt is not None:
+            log(f"ground truth: {len(gt['masks'])} retrains, {np.median(gt['seconds']):.1f}s median each; seed noise "
+            f"fraction loss {noise['loss'].get('noise_fraction', float('nan')):.3f}, "
+            f"margin {noise['margin'].get('noise_fraction', float('nan')):.3f}")
 
     rows: list[dict[str, Any]] = []
     failures: dict[str, str] = {}
@@ -916,6 +1137,8 @@ def main(argv: list[str] | None = None) -> int:
                     info, scores = bm25_row(work, a)
                 elif kind == "kronfluence":
                     info, scores = kronfluence_row(work, a, spec)
+                elif kind == "unroll":
+                    info, scores = unroll_row(work, a, name, spec)
                 else:
                     info, scores = trak_row(work, a, name, spec)
             except Exception as e:  # noqa: BLE001 - one failed row must not lose the others
@@ -928,14 +1151,24 @@ def main(argv: list[str] | None = None) -> int:
         else:
             log(f"{name}: not cached and not selected: left out")
             continue
-        if scores.shape != (a.n_target, a.n_train):
-            failures[name] = f"scores of shape {list(scores.shape)}, expected [{a.n_target}, {a.n_train}]"
+        n_scored = info.get("n_targets_scored", a.n_target)
+        if scores.shape != (n_scored, a.n_train):
+            failures[name] = f"scores of shape {list(scores.shape)}, expected [{n_scored}, {a.n_train}]"
             log(f"{name} FAILED: {failures[name]}")
             continue
-        row = {**info, "lds": lds_entry(scores, gt)}
+        if gt is None:
+            continue
+        row = {**info, "lds": lds_entry(scores, target_columns(gt, n_scored))}
+        row["_scores"] = scores
         rows.append(row)
         log(f"{name}: LDS loss {fmt_lds(row['lds']['loss'])}, margin {fmt_lds(row['lds']['margin'])}, "
             f"{row['wall_s']:.1f}s")
+    if gt is None:
+        log(f"--scores-only: rows cached in {work / 'rows'}" + (f"; failed: {failures}" if failures else ""))
+        return 1 if failures else 0
+    compare_unrolled(rows, gt, a, noise)
+    for r in rows:
+        del r["_scores"]
 
     result = {
         "benchmark": "lds_finetune",
@@ -956,12 +1189,18 @@ def main(argv: list[str] | None = None) -> int:
                          "seconds_total": float(np.sum(gt["seconds"]) + np.sum(gt["repeat_seconds"])),
                          "wall_s_this_run": gt["wall_s_this_run"], "trained_this_run": gt["trained_this_run"],
                          "noise": noise, "cache": str(work.relative_to(REPO) if work.is_relative_to(REPO) else work)},
-        "rows": [{k: v for k, v in r.items() if k != "spec"} | {"overrides": r["spec"]} if r["kind"] == "trak"
+        "rows": [{k: v for k, v in r.items() if k != "spec"} | {"overrides": r["spec"]} if r["kind"] in ("trak", "unroll")
                  else {k: v for k, v in r.items() if k != "spec"} | ({"strategy": r["spec"]} if r["spec"] else {})
                  for r in rows],
         "failures": failures,
     }
     print(table(rows))
+    partial = sorted({str(r["n_targets_scored"]) for r in rows if r["kind"] == "unroll" and r["n_targets_scored"] < a.n_target})
+    for m in partial:
+        print(f"\nLDS on the first {m} targets (those the unrolled row scored):\n" + table(rows, first=m))
+    for r in rows:
+        if r["kind"] == "unroll":
+            print("\n" + unroll_summary(r))
     print(f"\nground truth: {len(gt['masks'])} fine-tunes on halves, {np.median(gt['seconds']):.1f}s each (median, "
           f"1 thread); seed-noise share of the variance: loss {noise['loss'].get('noise_fraction', float('nan')):.3f}, "
           f"margin {noise['margin'].get('noise_fraction', float('nan')):.3f} ({noise['n_repeat']} repeats)")
