@@ -112,6 +112,7 @@ class ExactInfluence:
                     parts.append(grads.finish())
                     task.advance(len(y))
             self.queries.append(_concat(parts).to(s.device))
+            curv.forget(model_id)  # the pass over the train rows needs the queries alone, not the factors
         self._loaded = n_models - 1
 
     def __call__(self, lo: int, hi: int) -> torch.Tensor:
@@ -300,17 +301,22 @@ def exact_scorer(s: Any, store: Any, target: Any, memory_mb: int = 1024,
 
 
 def _concat(parts: list[QueryGradients]) -> QueryGradients:
-    """Queries of consecutive batches as one :class:`QueryGradients` (query-major columns kept in order)."""
+    """Queries of consecutive batches as one :class:`QueryGradients` (query-major columns kept in order).
+
+    Layer by layer, each part's tensors of a layer released once copied: the queries are held about once, not
+    twice, at the end of the targets' pass (``parts`` is emptied)."""
+    if len(parts) == 1:
+        return parts.pop()
     first = parts[0]
-    cat = lambda ts, dim: None if ts[0] is None else torch.cat(ts, dim=dim)  # noqa: E731
-    layers = range(len(first.ranks))
-    return QueryGradients(
-        sum(p.n_query for p in parts),
-        [cat([p.full[j] for p in parts], 0) for j in layers],
-        [cat([p.left[j] for p in parts], 1) for j in layers],
-        [cat([p.right[j] for p in parts], 1) for j in layers],
-        first.ranks,
-    )
+    out = QueryGradients(sum(p.n_query for p in parts), [], [], [], first.ranks)
+    for j in range(len(first.ranks)):
+        for side, dim in (("full", 0), ("left", 1), ("right", 1)):
+            pieces = [getattr(p, side)[j] for p in parts]
+            getattr(out, side).append(None if pieces[0] is None else torch.cat(pieces, dim=dim))
+            for p in parts:
+                getattr(p, side)[j] = None
+    parts.clear()
+    return out
 
 
 def exact_scores(s: Any, store: Any, target: Any, damping: float, memory_mb: int = 1024,
