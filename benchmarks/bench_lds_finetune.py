@@ -62,7 +62,10 @@ Rows, each as its users run it, the same checkpoint for all:
   The ground truth is the same (retrain k seeded 1000 + k: other seeds than the attributed run's 0). Its
   cost: seconds per target, and the `trak score` run over the ground truth's median fine-tune (1 thread) and over
   its own `trak optimize` run; its gap closure ``(unroll - ekfac) / (ceiling - ekfac)`` against each of
-  :data:`GAP_REFERENCES`, the ceiling being the seed-noise one printed under the table.
+  :data:`GAP_REFERENCES`, the ceiling being the seed-noise one printed under the table. ``--replay-truth N``
+  adds a second ground truth, the counterfactual the metagradients linearize: the recorded fine-tune rerun with
+  the rows outside retrain k's subset weighted 0 (same batches, order and loss counts; :func:`replay_truth`),
+  and every row's LDS against it.
 
 Every row's score matrix is cached in ``<work>/rows/<slug>/`` (``scores.npy``, ``row.json``): a
 rerun computes only rows not cached (``--redo NAME`` recomputes one; ``--only NAME`` computes
@@ -620,6 +623,80 @@ def ground_truth(work: Path, a: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+_REPLAY: dict[str, Any] = {}
+
+
+def _init_replay_worker(work: str, threads: int) -> None:
+    """A pool process of :func:`replay_truth`: the unrolled row's recorded fine-tune, ready to rerun reweighted."""
+    import torch
+    from transformers import GPT2LMHeadModel
+
+    from trakcli.tasks import resolve_task
+    from trakcli.train import TensorRows
+    from trakcli.unroll import ReplayRecord, Unroller
+
+    torch.set_num_threads(threads)
+    w = Path(work)
+    tok = tokens(w)
+    rows = TensorRows({"input_ids": tok["train_ids"], "attention_mask": tok["train_mask"]}, tok["train_labels"])
+    record = ReplayRecord(w / "unroll" / "ckpts" / "replay" / "model_000")
+    _REPLAY["unroller"] = Unroller(GPT2LMHeadModel.from_pretrained(w / "pretrained"), rows, record,
+                                   resolve_task("language_modeling"))
+    _REPLAY["tok"] = tok
+
+
+def _replay_one(path: str, mask: Any) -> float:
+    """The recorded fine-tune rerun with the rows outside ``mask`` weighted 0; the targets measured into ``path``."""
+    import numpy as np
+    import torch
+
+    t0 = time.perf_counter()
+    u = _REPLAY["unroller"]
+    params = u.reweighted_params(torch.from_numpy(mask.astype(np.float32)))
+    u.model.load_state_dict({**u.model.state_dict(), **params})
+    loss, margin = measure(u.model.eval(), _REPLAY["tok"])
+    seconds = time.perf_counter() - t0
+    save_npz(Path(path), loss=loss, margin=margin, mask=mask, seconds=seconds)
+    return seconds
+
+
+def replay_truth(work: Path, a: argparse.Namespace) -> dict[str, Any]:
+    """``--replay-truth N``: the unrolled row's recorded fine-tune rerun N times, rerun k with the rows outside
+    retrain k's subset weighted 0 (:meth:`trakcli.unroll.Unroller.reweighted_params`: the same pretrained
+    weights, batches, order and learning rates; each batch's loss still divided by its full token count), the
+    counterfactual the metagradients linearize (MAGIC's same-seed retraining). Cached as
+    ``<work>/replays/rNNNN.npz``; trained by ``--workers`` processes of one thread.
+
+    Returns:
+        ``{"masks" [N, n_train], "loss" / "margin" [N, n_target], "seconds" [N]}``.
+    """
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    import numpy as np
+
+    jobs = [(work / "replays" / f"r{k:04d}.npz", subset_mask(a.seed, k, a.n_train)) for k in range(a.replay_truth)]
+    missing = [j for j in jobs if not j[0].exists()]
+    (work / "replays").mkdir(exist_ok=True)
+    t0 = time.perf_counter()
+    if missing:
+        log(f"replay truth: {len(missing)} of {len(jobs)} reweighted reruns, {a.workers} workers x 1 thread")
+        ctx = mp.get_context("spawn")
+        with ProcessPoolExecutor(a.workers, mp_context=ctx, initializer=_init_replay_worker,
+                                 initargs=(str(work), 1)) as pool:
+            futures = [pool.submit(_replay_one, str(p), m) for p, m in missing]
+            for i, f in enumerate(as_completed(futures), 1):
+                sec = f.result()
+                if i % 5 == 0 or i == len(missing):
+                    log(f"replay truth: {i}/{len(missing)} done (last {sec:.1f}s, {time.perf_counter() - t0:.0f}s)")
+    files = [np.load(p) for p, _ in jobs]
+    for f, (p, m) in zip(files, jobs):
+        if not np.array_equal(f["mask"], m):
+            raise SystemExit(f"{p} was rerun on another subset: delete it and rerun")
+    return {"masks": np.stack([m for _, m in jobs]), **{k: np.stack([f[k] for f in files])
+                                                          for k in ("loss", "margin", "seconds")}}
+
+
 def noise_summary(gt: dict[str, Any]) -> dict[str, Any]:
     """Seed noise against the subsets' effect, per measurement (mean over targets).
 
@@ -726,7 +803,7 @@ def unroll_summary(r: dict[str, Any]) -> str:
         f"at most {w['max_abs_diff']:.2g} (fine-tuning moved them by up to {w['max_abs_change_in_finetuning']:.2g}); "
         f"target loss per token {w['target_loss_per_token']:.4f} (finetuned/model.pt: "
         f"{w['target_loss_per_token_finetuned']:.4f})",
-        f"  data order equal to the benchmark fine-tune's: {r['data_order_equals_finetune']}",
+        f"  data order equal to the benchmark fine-tune's: {r.get('data_order_equals_finetune', 'not recorded')}",
         f"  trak optimize (replay recorded, {r['total_steps']} steps, a state every {r['replay_every']}): "
         f"{r['optimize_s']:.1f}s, peak RSS {r['peak_rss_gib_optimize']:.2f} GiB, record {r['record_mib']:.0f} MiB",
         f"  trak score (score.method=unroll, {r['n_targets_scored']} targets, {r['targets_per_replay']} per replay): "
@@ -1061,6 +1138,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--unroll-targets", type=int, default=None,
                    help="the unrolled row scores only the first M targets (default all); every row's LDS on those "
                         "targets is then reported beside it")
+    p.add_argument("--replay-truth", type=int, default=0, metavar="N",
+                   help="also the LDS of every row against N reruns of the unrolled row's recorded fine-tune with the "
+                        "rows outside retrain k's subset weighted 0 (replay_truth; needs --unroll's row)")
     p.add_argument("--scores-only", action="store_true",
                    help="compute and cache the selected rows' scores, then stop: no ground truth, no LDS, no JSON")
     p.add_argument("--seed", type=int, default=0)
@@ -1167,6 +1247,16 @@ def main(argv: list[str] | None = None) -> int:
         log(f"--scores-only: rows cached in {work / 'rows'}" + (f"; failed: {failures}" if failures else ""))
         return 1 if failures else 0
     compare_unrolled(rows, gt, a, noise)
+    replays = None
+    if a.replay_truth and (work / "unroll" / "ckpts" / "replay" / "model_000" / "record.json").exists():
+        replays = replay_truth(work, a)
+        for r in rows:
+            n = r.get("n_targets_scored", a.n_target)
+            r["lds_replay_truth"] = lds_entry(r["_scores"], target_columns(replays, n))
+            if r["kind"] != "unroll" and a.unroll_targets and a.unroll_targets < a.n_target:
+                r["lds_replay_truth_first_targets"] = {
+                    str(a.unroll_targets): lds_entry(r["_scores"][:a.unroll_targets],
+                                                     target_columns(replays, a.unroll_targets))}
     for r in rows:
         del r["_scores"]
 
@@ -1194,7 +1284,20 @@ def main(argv: list[str] | None = None) -> int:
                  for r in rows],
         "failures": failures,
     }
+    if replays is not None:
+        result["replay_truth"] = {
+            "n": int(len(replays["masks"])), "seconds_median": float(np.median(replays["seconds"])),
+            "what": "the unrolled row's recorded fine-tune (trak optimize's) rerun with the rows outside retrain k's "
+                    "subset weighted 0: same pretrained weights, batches, order, learning rates and loss counts "
+                    "(Unroller.reweighted_params); subsets those of the retrains; rows' lds_replay_truth"}
     print(table(rows))
+    if replays is not None:
+        m = str(a.unroll_targets) if a.unroll_targets and a.unroll_targets < a.n_target else None
+        shown = [r | {"lds": (r.get("lds_replay_truth_first_targets", {}).get(m) if m else None) or r["lds_replay_truth"]}
+                 for r in rows]
+        print(f"\nLDS against {len(replays['masks'])} reruns of the recorded fine-tune with the rows left out weighted 0 "
+              f"({np.median(replays['seconds']):.1f}s median each)" + (f", on the first {m} targets" if m else "")
+              + ":\n" + table(shown))
     partial = sorted({str(r["n_targets_scored"]) for r in rows if r["kind"] == "unroll" and r["n_targets_scored"] < a.n_target})
     for m in partial:
         print(f"\nLDS on the first {m} targets (those the unrolled row scored):\n" + table(rows, first=m))
