@@ -202,7 +202,9 @@ class Curvature:
                 arrays = {f"{i}/a": x.numpy() for i, x in enumerate(a)}
                 arrays.update({f"{i}/s": x.numpy() for i, x in enumerate(s)})
                 write_curvature(store, model_id, settings, "covariances", arrays)
+                del arrays
         factors = eigenbases(self.layers, a, s, decompose=not trial)
+        del a, s, cov  # decomposed: the eigenvalue pass needs the bases alone (a language model's are gigabytes)
         if self.kind == "ekfac":
             if on_stage:
                 on_stage("eigenvalues")

@@ -629,10 +629,14 @@ def eigenbases(layers: Sequence[KroneckerLayer], a: Sequence[torch.Tensor], s: S
     decompositions take minutes).
     """
     done: dict[tuple[Any, ...], list[tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]]] = {}
+    eyes: dict[tuple[int, torch.dtype, torch.device], torch.Tensor] = {}  # one per size: bases are only read
 
     def eigh(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if not decompose:
-            return m.diagonal().double(), torch.eye(m.shape[0], dtype=m.dtype, device=m.device)
+            key = (m.shape[0], m.dtype, m.device)
+            if key not in eyes:
+                eyes[key] = torch.eye(m.shape[0], dtype=m.dtype, device=m.device)
+            return m.diagonal().double(), eyes[key]
         key = (tuple(m.shape), float(m.diagonal().sum()), float(m[0].sum()))  # equal matrices, equal keys
         for seen, result in done.get(key, []):
             if torch.equal(seen, m):
