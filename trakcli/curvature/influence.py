@@ -27,7 +27,7 @@ from typing import Any, Sequence
 
 import torch
 
-from trakcli.curvature.kfac import CurvatureFactors, SameInput
+from trakcli.curvature.kfac import CurvatureFactors, SameInput, input_how
 from trakcli.errors import GradientError
 from trakcli.gradients.hooks import HookPass, first_rows, logits_of
 from trakcli.gradients.layers import Use
@@ -48,14 +48,9 @@ class _Inputs:
 
     def take_input(self, use: Use, x: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
         layer = self.layers[use.layer]
-        flags = (use.kind.name, layer.d_in, layer.weight_cols, use.weight is not None, use.bias is not None)
-        key = self.same.key(x, *flags)
-        hit = self.same.get(key)
-        if hit is not None:
-            return hit
-        return self.same.put(key, x, use.kind.layer_input(use.module, x, output, layer.d_in, layer.weight_cols,
-                                                          use.weight is not None, use.bias is not None,
-                                                          torch.float32))
+        return self.same.take(x, input_how(layer, use), lambda: use.kind.layer_input(
+            use.module, x, output, layer.d_in, layer.weight_cols, use.weight is not None, use.bias is not None,
+            torch.float32))
 
 
 class QueryLayerGrads(_Inputs):

@@ -326,26 +326,27 @@ class SameInput:
     """What one batch's layers that read the same input tensor share (a transformer's query, key and value
     projections; its gate and up projections): a result computed for the first of them is reused by the others.
 
-    Keys hold the input tensor itself, so its memory cannot be reused for another tensor while the key lives;
+    Entries hold the input tensor itself, so its memory cannot be reused for another tensor while they live;
     :meth:`clear` after each batch."""
 
     def __init__(self) -> None:
         self._seen: dict[tuple[Any, ...], tuple[torch.Tensor, Any]] = {}
 
-    @staticmethod
-    def key(x: torch.Tensor, *more: Any) -> tuple[Any, ...]:
-        return (x.data_ptr(), tuple(x.shape), x.stride(), x._version, *more)
-
-    def get(self, key: tuple[Any, ...]) -> Any:
+    def take(self, x: torch.Tensor, how: tuple[Any, ...], make: Callable[[], Any]) -> Any:
+        """The result for input ``x`` (that tensor, unchanged since) computed ``how``: ``make()`` on first use."""
+        key = (x.data_ptr(), tuple(x.shape), x.stride(), x._version, *how)
         hit = self._seen.get(key)
-        return None if hit is None else hit[1]
-
-    def put(self, key: tuple[Any, ...], x: torch.Tensor, value: Any) -> Any:
-        self._seen[key] = (x, value)
-        return value
+        if hit is None:
+            hit = self._seen[key] = (x, make())
+        return hit[1]
 
     def clear(self) -> None:
         self._seen = {}
+
+
+def input_how(layer: KroneckerLayer, use: Use) -> tuple[Any, ...]:
+    """What a layer's ``a_t`` depends on besides its input tensor (:meth:`~trakcli.gradients.kinds.Kind.layer_input`)."""
+    return use.kind.name, layer.d_in, layer.weight_cols, use.weight is not None, use.bias is not None
 
 
 def _token_mask(inputs: Any, positions: int) -> torch.Tensor | None:
@@ -389,13 +390,8 @@ class _Covariances:
         return PassState(rows, sums, list(self.tokens), generator.get_state(), self.device.type)
 
     def take_input(self, use: Use, x: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
-        layer = self.layers[use.layer]
-        flags = (use.kind.name, layer.d_in, layer.weight_cols, use.weight is not None, use.bias is not None)
-        key = self.same.key(x, *flags)
-        hit = self.same.get(key)
-        if hit is None:
-            hit = self.same.put(key, x, self._second_moment(use, x, output))
-        product, tokens, n = hit
+        how = input_how(self.layers[use.layer], use)
+        product, tokens, n = self.same.take(x, how, lambda: self._second_moment(use, x, output))
         self.a[use.layer] += product
         self.tokens[use.layer] += tokens
         return torch.empty(n, 0, device=x.device)
@@ -445,15 +441,12 @@ class _Rotated:
     def take_input(self, use: Use, x: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
         self.calls[use.layer] += 1
         q_in = self.q[use.layer][1]
-        key = self.same.key(x, use.kind.name, id(q_in), use.weight is not None, use.bias is not None)
-        hit = self.same.get(key)
-        if hit is not None:
-            return hit
         cols = self.layers[use.layer].weight_cols
         p_w = q_in[:cols] if use.weight is not None else None
         p_b = q_in[cols] if use.bias is not None else None
         # [b, T, d_in]: Q_Aᵀ a_t (read, never changed, by each layer that shares it)
-        return self.same.put(key, x, use.kind.project_input(use.module, x, output, p_w, p_b, self.dtype))
+        return self.same.take(x, (*input_how(self.layers[use.layer], use), id(q_in)),
+                              lambda: use.kind.project_input(use.module, x, output, p_w, p_b, self.dtype))
 
     def take_grad(self, use: Use, kept: torch.Tensor, g: torch.Tensor) -> None:
         gq = use.kind.out_grads(g, kept.shape[0]).to(self.dtype) @ self.q[use.layer][0]  # [n, T, d_out]
@@ -642,7 +635,7 @@ def eigenbases(layers: Sequence[KroneckerLayer], a: Sequence[torch.Tensor], s: S
             if torch.equal(seen, m):
                 return result
         values, vectors = torch.linalg.eigh(m.double())
-        result = (values.double(), vectors.to(m.dtype).contiguous())
+        result = (values, vectors.to(m.dtype).contiguous())
         done.setdefault(key, []).append((m, result))
         return result
 
@@ -650,7 +643,8 @@ def eigenbases(layers: Sequence[KroneckerLayer], a: Sequence[torch.Tensor], s: S
     for layer, a_i, s_i in zip(layers, a, s):
         la, qa = eigh(a_i)
         ls, qs = eigh(s_i)
-        out.append(LayerFactors(layer.name, qs, qa, (ls.clamp(min=0)[:, None] * la.clamp(min=0)[None, :]).to(a_i.dtype)))
+        eig = ls.clamp(min=0)[:, None] * la.clamp(min=0)[None, :]
+        out.append(LayerFactors(layer.name, qs, qa, eig.to(a_i.dtype)))
     return out
 
 
