@@ -12,7 +12,6 @@ its memory blocking, chunking or batch size, sees the same matrix.
 
 from __future__ import annotations
 
-import math
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
@@ -100,10 +99,6 @@ class BlockCache:
         self._items: OrderedDict[Any, torch.Tensor] = OrderedDict()
         self._bytes = 0
 
-    @staticmethod
-    def _size(t: torch.Tensor) -> int:
-        return t.numel() * t.element_size()
-
     def get(self, key: Any) -> torch.Tensor | None:
         item = self._items.get(key)
         if item is not None:
@@ -111,13 +106,13 @@ class BlockCache:
         return item
 
     def put(self, key: Any, item: torch.Tensor) -> None:
-        size = self._size(item)
+        size = item.nbytes
         if size > self.max_bytes or key in self._items:
             return
         if self._bytes + size > self.max_bytes:
             owner = (key[0], key[-1])
             for other in [k for k in self._items if (k[0], k[-1]) != owner]:
-                self._bytes -= self._size(self._items.pop(other))
+                self._bytes -= self._items.pop(other).nbytes
                 if self._bytes + size <= self.max_bytes:
                     break
         if self._bytes + size <= self.max_bytes:
@@ -323,8 +318,3 @@ class Projector:
     def __repr__(self) -> str:
         spec = ", ".join(f"{k}={v!r}" for k, v in self.spec().items())
         return f"{type(self).__name__}({spec}, implementation={self.implementation!r})"
-
-
-def scale_for(proj_dim: int) -> float:
-    """Entry scale ``1/√proj_dim`` so that ``E‖Pg‖² = ‖g‖²`` for ±1 or N(0, 1) entries."""
-    return 1.0 / math.sqrt(proj_dim)

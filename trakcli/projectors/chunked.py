@@ -90,9 +90,4 @@ class ChunkedProjector(_MatrixProjector):
         return self.matrix.finish(acc)
 
     def _unproject(self, z: torch.Tensor, model_id: int) -> torch.Tensor:
-        z = z.to(self.dtype)
-        out = torch.empty(z.shape[0], self.grad_dim, dtype=self.dtype, device=z.device)
-        for a in range(0, self.grad_dim, self.max_chunk_size):
-            b = min(self.grad_dim, a + self.max_chunk_size)
-            out[:, a:b] = self.matrix.unproject_range(z, a, b, model_id)
-        return out
+        return self._unproject_in_steps(z, model_id, self.max_chunk_size)

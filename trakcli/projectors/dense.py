@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from trakcli.projectors.base import Grads, Projector, flatten_grads, grad_items
+from trakcli.projectors.base import Grads, Projector, dtype_name, flatten_grads, grad_items
 
 
 class NoopProjector(Projector):
@@ -27,7 +27,7 @@ class NoopProjector(Projector):
             "grad_dim": self.grad_dim,
             "proj_dim": self.proj_dim,
             "seed": 0,
-            "dtype": str(self.dtype).removeprefix("torch."),
+            "dtype": dtype_name(self.dtype),
         }
 
     def _project(self, grads: Grads, model_id: int) -> torch.Tensor:
@@ -47,6 +47,15 @@ class _MatrixProjector(Projector):
 
     def spec(self) -> dict[str, Any]:
         return self.matrix.spec()
+
+    def _unproject_in_steps(self, z: torch.Tensor, model_id: int, step: int) -> torch.Tensor:
+        """``z P`` computed ``step`` gradient coordinates at a time."""
+        z = z.to(self.dtype)
+        out = torch.empty(z.shape[0], self.grad_dim, dtype=self.dtype, device=z.device)
+        for a in range(0, self.grad_dim, step):
+            b = min(self.grad_dim, a + step)
+            out[:, a:b] = self.matrix.unproject_range(z, a, b, model_id)
+        return out
 
 
 class BasicSingleBlockProjector(_MatrixProjector):
@@ -121,9 +130,4 @@ class BasicProjector(_MatrixProjector):
         return self.matrix.finish(acc)
 
     def _unproject(self, z: torch.Tensor, model_id: int) -> torch.Tensor:
-        z = z.to(self.dtype)
-        out = torch.empty(z.shape[0], self.grad_dim, dtype=self.dtype, device=z.device)
-        for a in range(0, self.grad_dim, self.block_size):
-            b = min(self.grad_dim, a + self.block_size)
-            out[:, a:b] = self.matrix.unproject_range(z, a, b, model_id)
-        return out
+        return self._unproject_in_steps(z, model_id, self.block_size)

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from trakcli.projectors.base import BlockCache, dtype_name, scale_for
+from trakcli.projectors.base import BlockCache, dtype_name
 from trakcli.projectors.philox import M32, box_muller, matrix_key, philox4x32, uniform_from_bits
 
 #: Cached blocks hold a multiple of GEN_ROWS rows of ``Pᵀ`` and about BLOCK_ENTRIES entries
@@ -64,14 +64,10 @@ def _rows_counter(start: int, stop: int, device: torch.device) -> tuple[torch.Te
 
 
 def run_steps(fn, start: int, stop: int, step: int, device) -> None:
-    """Call ``fn(a, b)`` for consecutive ranges ``[a, b)`` of ``[start, stop)``, in parallel on a CPU.
+    """Call ``fn(a, b)`` for consecutive ranges ``[a, b)`` of ``[start, stop)`` (disjoint rows, any order).
 
-    Generation is hundreds of small elementwise ops per step. With torch's
-    intra-op threads each op synchronizes the pool, which costs more than the
-    op (and collapses when the cores are shared with other processes), so on a
-    CPU the steps run single-threaded in a pool of ``torch.get_num_threads()``
-    Python threads instead (torch ops release the GIL). The result does not
-    depend on the order: steps write disjoint rows.
+    On a CPU the steps run single-threaded in a pool of ``torch.get_num_threads()`` Python threads:
+    their many small elementwise ops cost less that way than synchronizing torch's intra-op pool.
     """
     ranges = [(a, min(stop, a + step)) for a in range(start, stop, step)]
     threads = torch.get_num_threads()
@@ -94,21 +90,18 @@ def _to_int32(x: torch.Tensor) -> torch.Tensor:
 
 
 class _Matrix:
-    """Common parts: dims, key, LRU cache of generated blocks."""
+    """Common parts: dims, key, cache of generated blocks (of about BLOCK_ENTRIES, ``row_entries`` per row)."""
 
     kind = ""
 
-    def __init__(self, grad_dim, proj_dim, seed, dtype=torch.float32, cache_bytes=0):
+    def __init__(self, grad_dim, proj_dim, seed, dtype, cache_bytes, row_entries):
         self.grad_dim = grad_dim
         self.proj_dim = proj_dim
         self.seed = seed
         self.dtype = dtype
-        self.scale = scale_for(proj_dim)
+        self.scale = 1.0 / math.sqrt(proj_dim)  # E‖Pg‖² = ‖g‖² for ±1 or N(0, 1) entries
         self.cache = BlockCache(cache_bytes)
-        self.block_rows = self._block_rows()
-
-    def _block_rows(self) -> int:
-        return max(GEN_ROWS, BLOCK_ENTRIES // self.proj_dim // GEN_ROWS * GEN_ROWS)
+        self.block_rows = max(GEN_ROWS, BLOCK_ENTRIES // row_entries // GEN_ROWS * GEN_ROWS)
 
     def spec(self) -> dict[str, Any]:
         return {
@@ -126,6 +119,10 @@ class _Matrix:
 
     def generate(self, model_id: int, start: int, stop: int, device: torch.device):
         raise NotImplementedError
+
+    def full(self, model_id: int, device: torch.device) -> torch.Tensor:
+        """All of the matrix, generated at once (not cached): what :meth:`generate` returns for every row."""
+        return self.generate(model_id, 0, self.grad_dim, device)
 
     def block(self, model_id: int, b: int, device: torch.device):
         """Rows ``[b·block_rows, min((b+1)·block_rows, grad_dim))`` of ``Pᵀ``, from the cache if there."""
@@ -175,7 +172,7 @@ class DenseMatrix(_Matrix):
     """
 
     def __init__(self, kind, grad_dim, proj_dim, seed, dtype=torch.float32, cache_bytes=0):
-        super().__init__(grad_dim, proj_dim, seed, dtype, cache_bytes)
+        super().__init__(grad_dim, proj_dim, seed, dtype, cache_bytes, proj_dim)
         self.kind = kind
 
     def generate(self, model_id: int, start: int, stop: int, device: torch.device) -> torch.Tensor:
@@ -217,11 +214,6 @@ class DenseMatrix(_Matrix):
         run_steps(fill, start, stop, step, device)
         return out
 
-    def rows(self, model_id: int, start: int, stop: int, device: torch.device) -> torch.Tensor:
-        """Rows ``[start, stop)`` of ``Pᵀ``: ``[stop - start, proj_dim]`` (through the cache)."""
-        parts = [self.block(model_id, b, device)[lo:hi] for b, lo, hi, _ in self.pieces(start, stop)]
-        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
-
     def accumulator(self, n: int, device: torch.device) -> torch.Tensor:
         """A zero ``[n, proj_dim]`` accumulator for :meth:`add_into`."""
         return torch.zeros(n, self.proj_dim, dtype=self.dtype, device=device)
@@ -242,10 +234,6 @@ class DenseMatrix(_Matrix):
     def finish(self, acc: torch.Tensor) -> torch.Tensor:
         """The features held by an accumulator (the accumulator itself for a dense matrix)."""
         return acc
-
-    def full(self, model_id: int, device: torch.device) -> torch.Tensor:
-        """All of ``Pᵀ``, ``[grad_dim, proj_dim]``, generated at once (not cached)."""
-        return self.generate(model_id, 0, self.grad_dim, device)
 
     def project_full(self, full: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
         """``g @ Pᵀ`` with ``full`` from :meth:`full`: ``[n, grad_dim] -> [n, proj_dim]``."""
@@ -289,13 +277,10 @@ class SJLTMatrix(_Matrix):
 
     def __init__(self, grad_dim, proj_dim, seed, dtype=torch.float32, cache_bytes=0, s=1):
         self.s = s
-        super().__init__(grad_dim, proj_dim, seed, dtype, cache_bytes)
+        super().__init__(grad_dim, proj_dim, seed, dtype, cache_bytes, s)
 
     def spec(self) -> dict[str, Any]:
         return {**super().spec(), "s": self.s}
-
-    def _block_rows(self) -> int:
-        return max(GEN_ROWS, BLOCK_ENTRIES // max(1, self.s) // GEN_ROWS * GEN_ROWS)
 
     def generate(self, model_id: int, start: int, stop: int, device: torch.device) -> torch.Tensor:
         """``[s, stop - start]`` int64 columns of the ``2·proj_dim`` accumulator (sign folded in)."""
@@ -315,26 +300,6 @@ class SJLTMatrix(_Matrix):
             out[:, a - start : b - start] = feature + k * (1 - (w1 & 1))
 
         run_steps(fill, start, stop, step, device)
-        return out
-
-    def signed_index(self, model_id: int, start: int, stop: int, device: torch.device) -> torch.Tensor:
-        """Columns ``[s, stop - start]`` of the ``[n, 2·proj_dim]`` accumulator (through the cache)."""
-        parts = [self.block(model_id, b, device)[:, lo:hi] for b, lo, hi, _ in self.pieces(start, stop)]
-        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
-
-    def entries(self, model_id: int, start: int, stop: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(feature [s, L] int64, value [s, L] float32)``: the nonzeros of ``Pᵀ[start:stop]``."""
-        idx = self.signed_index(model_id, start, stop, device)
-        k = self.proj_dim
-        value = torch.where(idx < k, 1.0, -1.0).to(torch.float32) / math.sqrt(self.s)
-        return idx % k, value
-
-    def rows(self, model_id: int, start: int, stop: int, device: torch.device) -> torch.Tensor:
-        """Dense rows ``[start, stop)`` of ``Pᵀ`` (for tests and small models only)."""
-        feature, value = self.entries(model_id, start, stop, device)
-        out = torch.zeros(stop - start, self.proj_dim, dtype=self.dtype, device=device)
-        r = torch.arange(stop - start, device=device).expand(self.s, -1)
-        out.index_put_((r.flatten(), feature.flatten()), value.flatten().to(self.dtype), accumulate=True)
         return out
 
     def accumulator(self, n: int, device: torch.device) -> torch.Tensor:
@@ -358,10 +323,6 @@ class SJLTMatrix(_Matrix):
             out.mul_(1.0 / math.sqrt(self.s))
         return out
 
-    def full(self, model_id: int, device: torch.device) -> torch.Tensor:
-        """Signed indices of all of ``Pᵀ``, ``[s, grad_dim]`` int64, generated at once."""
-        return self.generate(model_id, 0, self.grad_dim, device)
-
     def project_full(self, full: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
         """``g @ Pᵀ`` with ``full`` from :meth:`full`: ``[n, grad_dim] -> [n, proj_dim]``."""
         g = g.to(self.dtype)
@@ -370,25 +331,24 @@ class SJLTMatrix(_Matrix):
             acc.index_add_(1, full[i], g)
         return self.finish(acc)
 
-    def unproject_full(self, full: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        """``z @ P`` with ``full`` from :meth:`full`: ``[n, proj_dim] -> [n, grad_dim]``."""
-        z = z.to(self.dtype)
-        z2 = torch.cat([z, -z], dim=1)
-        out = z2.index_select(1, full[0])
+    def _gather(self, z2: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """``z @ P`` over the columns of the signed indices ``idx`` ``[s, L]``, with ``z2 = [z, -z]`` ``[n, 2k]``."""
+        out = z2.index_select(1, idx[0])
         for i in range(1, self.s):
-            out += z2.index_select(1, full[i])
+            out += z2.index_select(1, idx[i])
         if self.s > 1:
             out.mul_(1.0 / math.sqrt(self.s))
         return out
 
+    def unproject_full(self, full: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """``z @ P`` with ``full`` from :meth:`full`: ``[n, proj_dim] -> [n, grad_dim]``."""
+        z = z.to(self.dtype)
+        return self._gather(torch.cat([z, -z], dim=1), full)
+
     def unproject_range(self, z: torch.Tensor, start: int, stop: int, model_id: int) -> torch.Tensor:
         """``z @ Pᵀ[start:stop]ᵀ``: ``[n, stop - start]``; ``z`` ``[n, proj_dim]`` in the accumulation dtype."""
-        z2 = torch.cat([z, -z], dim=1)  # [n, 2k]: signed columns
-        out = torch.zeros(z.shape[0], stop - start, dtype=self.dtype, device=z.device)
+        z2 = torch.cat([z, -z], dim=1)
+        out = torch.empty(z.shape[0], stop - start, dtype=self.dtype, device=z.device)
         for b, lo, hi, off in self.pieces(start, stop):
-            idx = self.block(model_id, b, z.device)
-            for i in range(self.s):
-                out[:, off : off + hi - lo] += z2.index_select(1, idx[i, lo:hi])
-        if self.s > 1:
-            out.mul_(1.0 / math.sqrt(self.s))
+            out[:, off : off + hi - lo] = self._gather(z2, self.block(model_id, b, z.device)[:, lo:hi])
         return out
