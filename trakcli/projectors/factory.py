@@ -36,11 +36,6 @@ KINDS = KindNames(lambda cls: cls.built_from_model is None)
 #: The kinds with a ``cuda`` implementation (a live view of the registry).
 DENSE_KINDS = KindNames(lambda cls: "cuda" in cls.implementations)
 
-__all__ = [
-    "DENSE_KINDS", "IMPLEMENTATIONS", "KINDS", "OPTIONS", "auto_cache_bytes", "check_memory", "format_bytes",
-    "make_projector", "pick_auto", "refuse_over_memory",
-]
-
 DEFAULT_BLOCK_SIZE = 2**18
 DEFAULT_MAX_CHUNK_SIZE = 2**18
 AUTO_CACHE_LIMIT = 4 * 2**30
@@ -127,7 +122,7 @@ def make_projector(
             (``kronecker``), non-integer or non-positive dims, bad option values, an
             implementation the kind lacks, ``cuda`` asked for where it cannot run, or a
             ``proj_dim`` whose smallest working set exceeds this machine's memory
-            (:func:`check_memory`).
+            (:meth:`~trakcli.projectors.registry.ProjectorKind.check_memory`).
     """
     cls = projector_kind(kind)
     if cls.built_from_model is not None:
@@ -176,9 +171,7 @@ def make_projector(
     implementation = spec.resolve_implementation(implementation)
     spec.check_memory(implementation)
     if implementation == "cuda":
-        reason = _cuda_unavailable(kind)
-        if reason is None and dtype != torch.float32:
-            reason = f"it accumulates in float32, not {dtype_name(dtype)}"
+        reason = _cuda_unavailable(kind, dtype)
         if reason:
             raise ProjectorError(
                 f"projector implementation 'cuda' cannot run here: {reason}. Use implementation: "
@@ -202,11 +195,11 @@ def make_projector(
 
 def format_bytes(n: float) -> str:
     """``n`` bytes in binary units: ``"3.0 GiB"``, ``"5.8 TiB"``."""
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024:
             return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
         n /= 1024
-    return f"{n:.1f} TiB"  # not reached
+    return f"{n:.1f} TiB"
 
 
 def refuse_over_memory(proj_dim: int, need: int, what: str) -> None:
@@ -223,50 +216,24 @@ def refuse_over_memory(proj_dim: int, need: int, what: str) -> None:
         )
 
 
-def check_memory(
-    kind: str, implementation: str, grad_dim: int, proj_dim: int, dtype: torch.dtype = torch.float32, **options: Any
-) -> None:
-    """Refuse a projector that cannot project even one example in this machine's memory.
-
-    The least a projector holds at once is its kind's ``memory_floor``: for the built-in
-    kinds one example's accumulator (``proj_dim`` entries, ``2 * proj_dim`` for sjlt) and a
-    piece of the matrix: all of it for ``single_block``, else one generated block of
-    ``GEN_ROWS`` gradient coordinates (dense kinds; sjlt's block is ``s`` indices per
-    coordinate, small).
-
-    Args:
-        kind, implementation: as resolved by :func:`make_projector` (not ``auto``).
-        grad_dim, proj_dim: the dimensions.
-        dtype: the accumulation dtype.
-        **options: the kind's own options (sjlt: ``s``).
-
-    Raises:
-        ProjectorError: naming ``proj_dim``, the memory it would need and the memory here;
-            an unknown kind or a bad option.
-    """
-    projector_kind(kind)(grad_dim=grad_dim, proj_dim=proj_dim, seed=0, dtype=dtype, **options).check_memory(
-        implementation
-    )
-
-
-def _cuda_unavailable(kind: str) -> str | None:
-    """Why the cuda implementation cannot run for ``kind`` here, or None if it can."""
+def _cuda_unavailable(kind: str, dtype: torch.dtype = torch.float32) -> str | None:
+    """Why the cuda implementation cannot run for ``kind`` accumulating in ``dtype`` here, or None if it can."""
     if kind not in DENSE_KINDS:
         return f"it implements the dense kinds {', '.join(DENSE_KINDS)}, not {kind!r}"
     if not torch.cuda.is_available():
         return "no CUDA GPU (torch.cuda.is_available() is False)"
     if importlib.util.find_spec("triton") is None:
         return "triton is not installed (pip install 'trakcli-attribution[cuda]')"
+    if dtype != torch.float32:
+        return f"it accumulates in float32, not {dtype_name(dtype)}"
     return None
 
 
 def pick_auto(spec: ProjectorKind) -> str:
     """What ``implementation: auto`` builds for the kind ``spec``: ``cuda`` where it runs, else ``basic`` (else
     the kind's first implementation); logs the choice and why ``cuda`` was skipped."""
-    kind, dtype = spec.name, spec.dtype
-    reason = _cuda_unavailable(kind)
-    if reason is None and dtype != torch.float32:
-        reason = f"it accumulates in float32, not {dtype_name(dtype)}"
+    kind = spec.name
+    reason = _cuda_unavailable(kind, spec.dtype)
     if reason is None:
         logger.info("projector implementation 'auto' picked 'cuda' for kind %r", kind)
         return "cuda"

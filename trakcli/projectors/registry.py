@@ -31,7 +31,8 @@ This module imports no torch: the config validates ``projector.kind`` with it.
 from __future__ import annotations
 
 import difflib
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator, Mapping, Sequence
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, Sequence
 
 from trakcli.errors import ProjectorError
 
@@ -220,6 +221,7 @@ def register_projector_kind(cls: type[ProjectorKind]) -> type[ProjectorKind]:
             f"projector kind {name!r} declares option {clash[0]!r}, which every kind has; remove it from its options"
         )
     _REGISTRY[name] = cls
+    _registry_changed()
     return cls
 
 
@@ -232,6 +234,7 @@ def unregister_projector_kind(name: str) -> None:
     if name not in _REGISTRY:
         raise ProjectorError(f"no projector kind {name!r} is registered; registered: {', '.join(_REGISTRY)}")
     del _REGISTRY[name]
+    _registry_changed()
 
 
 def kind_names() -> tuple[str, ...]:
@@ -268,32 +271,19 @@ def option_owner(option: str) -> str | None:
     return None
 
 
-class _Options(Mapping[str, str]):
-    """The options ``make_projector`` accepts: :data:`COMMON_OPTIONS` and every registered kind's own ones."""
-
-    def _all(self) -> dict[str, str]:
-        out = dict(COMMON_OPTIONS)
-        for cls in _REGISTRY.values():
-            if cls.built_from_model is None:
-                for k, v in cls.options.items():
-                    out.setdefault(k, f"{cls.name}: {v}")
-        return out
-
-    def __getitem__(self, key: str) -> str:
-        return self._all()[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._all())
-
-    def __len__(self) -> int:
-        return len(self._all())
-
-    def __repr__(self) -> str:
-        return repr(self._all())
+_options: dict[str, str] = {}
+#: Options ``make_projector`` accepts beyond kind, implementation, grad_dim, proj_dim, seed (a live view):
+#: :data:`COMMON_OPTIONS` and every registered kind's own ones.
+OPTIONS: Mapping[str, str] = MappingProxyType(_options)
 
 
-#: Options ``make_projector`` accepts beyond kind, implementation, grad_dim, proj_dim, seed (a live view).
-OPTIONS: Mapping[str, str] = _Options()
+def _registry_changed() -> None:
+    _options.clear()
+    _options.update(COMMON_OPTIONS)
+    for cls in _REGISTRY.values():
+        if cls.built_from_model is None:
+            for k, v in cls.options.items():
+                _options.setdefault(k, f"{cls.name}: {v}")
 
 
 class KindNames(Sequence[str]):
@@ -310,9 +300,6 @@ class KindNames(Sequence[str]):
 
     def __len__(self) -> int:
         return len(self._names())
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._names()
 
     def __eq__(self, other: object) -> bool:
         return tuple(self) == (tuple(other) if isinstance(other, (tuple, list, KindNames)) else other)
