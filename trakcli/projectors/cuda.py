@@ -49,11 +49,11 @@ def _build_kernels():
     spec = importlib.util.find_spec("trakcli.projectors._triton_kernels")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.triton, module.project_kernel, module.unproject_kernel
+    return module
 
 
 def kernels():
-    """``(triton, project_kernel, unproject_kernel)``, built once per interpreter setting."""
+    """The kernel module (``project_kernel``, ``unproject_kernel``), loaded once per interpreter setting."""
     mode = interpreting()
     if mode not in _KERNELS:
         _KERNELS[mode] = _build_kernels()
@@ -84,38 +84,27 @@ class CudaProjector(_MatrixProjector):
         self.blocks = (block_m, block_n, block_k)
         self._kind_code = 0 if matrix.kind == "rademacher" else 1
 
-    def _use_kernel(self, t: torch.Tensor) -> bool:
-        return t.is_cuda or interpreting()
+    def _launch(self, kernel: str, x: torch.Tensor, out_dim: int, tile: int, model_id: int) -> torch.Tensor:
+        """Run ``kernel`` on the rows of ``x`` into a new ``[n, out_dim]`` float32 tensor (``out_dim`` in tiles)."""
+        n = x.shape[0]
+        out = torch.empty(n, out_dim, dtype=torch.float32, device=x.device)
+        bm, bn, bk = self.blocks
+        k0, k1 = self.matrix.key(model_id)
+        grid = (-(-n // bm), -(-out_dim // tile))
+        getattr(kernels(), kernel)[grid](
+            x, out, n, self.grad_dim, self.proj_dim, x.stride(0), x.stride(1),
+            out.stride(0), out.stride(1), k0, k1, self.matrix.scale, KIND=self._kind_code,
+            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
+        )
+        return out
 
     def _project(self, grads: Grads, model_id: int) -> torch.Tensor:
         g = flatten_grads(grads, self.grad_dim)
-        if not self._use_kernel(g):
+        if not (g.is_cuda or interpreting()):
             return self.matrix.project_full(self.matrix.full(model_id, g.device), g)
-        triton, project_kernel, _ = kernels()
-        n = g.shape[0]
-        out = torch.empty(n, self.proj_dim, dtype=torch.float32, device=g.device)
-        bm, bn, bk = self.blocks
-        k0, k1 = self.matrix.key(model_id)
-        grid = (triton.cdiv(n, bm), triton.cdiv(self.proj_dim, bn))
-        project_kernel[grid](
-            g, out, n, self.grad_dim, self.proj_dim, g.stride(0), g.stride(1),
-            out.stride(0), out.stride(1), k0, k1, self.matrix.scale, KIND=self._kind_code,
-            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-        )
-        return out
+        return self._launch("project_kernel", g, self.proj_dim, self.blocks[1], model_id)
 
     def _unproject(self, z: torch.Tensor, model_id: int) -> torch.Tensor:
-        if not self._use_kernel(z):
+        if not (z.is_cuda or interpreting()):
             return self.matrix.unproject_full(self.matrix.full(model_id, z.device), z)
-        triton, _, unproject_kernel = kernels()
-        n = z.shape[0]
-        out = torch.empty(n, self.grad_dim, dtype=torch.float32, device=z.device)
-        bm, bn, bk = self.blocks
-        k0, k1 = self.matrix.key(model_id)
-        grid = (triton.cdiv(n, bm), triton.cdiv(self.grad_dim, bk))
-        unproject_kernel[grid](
-            z, out, n, self.grad_dim, self.proj_dim, z.stride(0), z.stride(1),
-            out.stride(0), out.stride(1), k0, k1, self.matrix.scale, KIND=self._kind_code,
-            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-        )
-        return out
+        return self._launch("unproject_kernel", z, self.grad_dim, self.blocks[2], model_id)
