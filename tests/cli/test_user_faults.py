@@ -250,7 +250,7 @@ def test_truncated_checkpoint_is_retrained_and_its_entry_kept_until_replaced(pro
         raise KeyboardInterrupt
 
     with monkeypatch.context() as m:  # killed while retraining it: the old entry stays
-        m.setattr(importlib.import_module("trakcli.jobs.optimize"), "_train_model", interrupted)
+        m.setattr(importlib.import_module("trakcli.jobs.optimize"), "train_one", interrupted)
         res = trak("optimize", "run.yaml")
     assert res.exit_code == 130
     assert json.loads(Path("trained/manifest.json").read_text()) == before

@@ -2,8 +2,7 @@
 
 Per model, three steps: plan (:meth:`_Run.plan`: its rows, and whether an existing checkpoint is
 kept or the model is trained), train (:meth:`_Run.train`: :func:`trakcli.train.train_one`, the same
-function that retrains the models of `trak eval`, with the config's
-:class:`~trakcli.train.Trainer`), and write the manifest (:meth:`_Run.record`:
+function that retrains the models of `trak eval`), and write the manifest (:meth:`_Run.record`:
 ``out_dir/manifest.json`` rewritten atomically after every finished model; layout:
 :mod:`trakcli.store.manifest`).
 """
@@ -32,7 +31,7 @@ from trakcli.models.checkpoints import load_checkpoint, read_state_dict
 from trakcli.models.peft import is_peft_model, save_adapter, with_adapters
 from trakcli.progress import NULL_REPORTER, Reporter
 from trakcli.store import differing_keys
-from trakcli.tasks import Task, resolve_task
+from trakcli.tasks import resolve_task
 from trakcli.store.manifest import (
     FORMAT, FORMAT_VERSION, MANIFEST_NAME, checkpoint_file_name, checkpoint_sha256, read_manifest, write_manifest,
 )
@@ -44,16 +43,9 @@ from trakcli.train.replay import RECORD_NAME, REPLAY_DIR
 
 
 def manifest_identity(cfg: Config, train: TensorDataset) -> dict[str, Any]:
-    """What the models of a `trak optimize` run were trained with: model, task, train data and recipe.
-
-    Two runs with equal identities train the same models, so a rerun keeps the
-    models of the earlier run's manifest; the run-only recipe keys
-    (:data:`trakcli.config.RUN_ONLY_KEYS`) do not count.
-
-    Returns:
-        ``{"model", "task", "train_data", "recipe"}``, JSON-able; with ``"batch_tokens"`` too when
-        ``data.batch_tokens`` bounds the training batches (text and language-model data).
-    """
+    """What the models of a run were trained with (equal identities: a rerun keeps the earlier models):
+    ``{"model", "task", "train_data", "recipe"}`` without the run-only recipe keys
+    (:data:`trakcli.config.RUN_ONLY_KEYS`), and ``"batch_tokens"`` when it bounds text batches."""
     out = {
         "model": cfg.model.model_dump(mode="json"),
         "task": cfg.task,
@@ -65,19 +57,11 @@ def manifest_identity(cfg: Config, train: TensorDataset) -> dict[str, Any]:
     return out
 
 
-def _previous_models(
-    path: Path, identity: dict[str, Any], *, out_dir: Path, reporter: Reporter
-) -> dict[int, dict]:
-    """The entries of an earlier run's manifest at ``path``, by model_id, if it trained the same way.
-
-    Args:
-        path: ``out_dir/manifest.json`` (may not exist).
-        identity: this run's :func:`manifest_identity`.
-        out_dir: ``optimize.out_dir``, for the message.
+def _previous_models(path: Path, identity: dict[str, Any], *, out_dir: Path, reporter: Reporter) -> dict[int, dict]:
+    """The entries of the earlier run's manifest at ``path`` (may not exist), by model_id.
 
     Raises:
-        ConfigError: the manifest's models were trained with another recipe, model or data
-            (names the differing keys; --overwrite retrains).
+        ConfigError: its models were trained with another :func:`manifest_identity` (names the differing keys).
     """
     if not path.exists():
         return {}
@@ -100,50 +84,8 @@ def _previous_models(
     return {m["model_id"]: m for m in old["models"]}
 
 
-def _evaluate(model: torch.nn.Module, data: Any, task: Task, batch_size: int, max_tokens: int | None) -> tuple:
-    """``(loss, accuracy or None)`` of tensors ``(inputs, labels)`` on the model's device, or of a dataset."""
-    return validate(model, data, task, batch_size, max_tokens, name="data")
-
-
-def _final_metrics(
-    model: torch.nn.Module,
-    task: str,
-    train: Any,
-    target: Any,
-    validation: Any,
-    batch_size: int,
-    *,
-    max_tokens: int | None = None,
-    history: list[dict[str, Any]] | None = None,
-) -> dict[str, Any]:
-    """Accuracy on all of data.train, on data.target and loss / accuracy on data.validation (classifiers);
-    the validation loss (language models).
-
-    Each of ``train``, ``target``, ``validation`` is ``(inputs, labels)`` on the model's device, a
-    dataset (read in batches of ``batch_size`` rows and ``max_tokens`` tokens) or None. A language
-    model gets no class accuracy: its validation loss (mean over target tokens) is the last epoch's
-    of ``history`` when there is one.
-    """
-    t = resolve_task(task)
-    if not t.has_accuracy:
-        if validation is None:
-            return {}
-        last = history[-1].get("val_loss") if history else None
-        return {"validation_loss": last if last is not None else _evaluate(model, validation, t, batch_size, max_tokens)[0]}
-    out: dict[str, Any] = {"train_accuracy": _evaluate(model, train, t, batch_size, max_tokens)[1]}
-    if target is not None:
-        out["target_accuracy"] = _evaluate(model, target, t, batch_size, max_tokens)[1]
-    if validation is not None:
-        out["validation_loss"], out["validation_accuracy"] = _evaluate(model, validation, t, batch_size, max_tokens)
-    return out
-
-
 def _write_metrics(path: Path, summary: dict[str, Any]) -> None:
-    """Write ``optimize.metrics`` atomically.
-
-    Raises:
-        ConfigError: the file cannot be written (names the path).
-    """
+    """Write ``optimize.metrics`` atomically (ConfigError naming the path when it cannot be written)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_text(path, json.dumps(summary, indent=2) + "\n")
@@ -151,113 +93,41 @@ def _write_metrics(path: Path, summary: dict[str, Any]) -> None:
         raise ConfigError(f"optimize.metrics: cannot write {str(path)!r}: {e}") from None
 
 
-
-
 def checkpoint_name(oc: OptimizeConfig, i: int, epoch: int | None = None) -> str:
-    """File name of model ``i``'s checkpoint, at the end of ``epoch`` (``optimize.epoch_checkpoints``) or final.
-
-    ``model_000.pt`` / ``model_000_epoch1.pt``; with ``optimize.lora`` adapter folders ``model_000`` /
-    ``model_000_epoch1``.
-    """
+    """Model ``i``'s checkpoint at the end of ``epoch``, or final: ``model_000.pt`` / ``model_000_epoch1.pt``
+    (``optimize.lora``: adapter folders ``model_000`` / ``model_000_epoch1``)."""
     return checkpoint_file_name(i, epoch=epoch, adapter=oc.lora is not None)
 
 
-def _save(obj: Any, path: Path, i: int, what: str) -> None:
-    """``torch.save`` ``obj`` to ``path`` atomically (its folder created), for model ``i``'s ``what``.
-
-    Raises:
-        TrainingError: the file cannot be written (names it and the fix).
-    """
-    save_training_file(obj, path, f"model {i}: cannot write its {what}",
-                       "free disk space (or set optimize.out_dir elsewhere) and rerun the same command: the models "
-                       "already written are kept")
+#: How to get past a checkpoint or optimizer state that cannot be written.
+_WRITE_FIX = ("free disk space (or set optimize.out_dir elsewhere) and rerun the same command: the models already "
+              "written are kept")
 
 
 def _write_checkpoint(model: torch.nn.Module, path: Path, i: int) -> None:
-    """Write the model's state dict (on the CPU) to ``path`` atomically; a PEFT model's adapter folder.
+    """Write the model's state dict (on the CPU; a PEFT model: its adapter folder) to ``path`` atomically.
 
     Raises:
         TrainingError: the file cannot be written (names it and the fix).
     """
-    if is_peft_model(model):
-        try:
-            save_adapter(model, path)
-        except OSError as e:
-            raise TrainingError(
-                f"model {i}: cannot write its adapter folder {path}: {e}; free disk space (or set optimize.out_dir "
-                "elsewhere) and rerun the same command: the models already written are kept"
-            ) from None
+    if not is_peft_model(model):  # a retrained model gets the bytes (and sha256) of the first training
+        state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+        save_training_file(state, path, f"model {i}: cannot write its checkpoint", _WRITE_FIX)
         return
-    # atomically, to a file object: a retrained model gets the bytes (and sha256) of the first training
-    _save({k: v.detach().cpu() for k, v in model.state_dict().items()}, path, i, "checkpoint")
+    try:
+        save_adapter(model, path)
+    except OSError as e:
+        raise TrainingError(f"model {i}: cannot write its adapter folder {path}: {e}; {_WRITE_FIX}") from None
 
 
 def _write_optimizer_state(oc: OptimizeConfig, checkpoint: Path, state_dict: dict[str, Any],
-                           param_names: list[str], i: int) -> Path:
-    """Write an optimizer state to ``<checkpoint's folder>/optimizer_state/<checkpoint's name>`` atomically.
-
-    Returns:
-        The file written.
-
-    Raises:
-        TrainingError: the file cannot be written (names it and the fix).
-    """
-    state_path = checkpoint.parent / OPTIMIZER_STATE_DIR / checkpoint.name
+                           param_names: list[str], i: int) -> None:
+    """Write an optimizer state to ``<checkpoint's folder>/optimizer_state/<checkpoint's name>`` atomically
+    (TrainingError naming the file and the fix when it cannot be written)."""
     state = optimizer_state_record(oc.optimizer, oc.projection.model_dump() if oc.projection else None,
                                    param_names, state_dict)
-    _save(state, state_path, i, "optimizer state")
-    return state_path
-
-
-def _train_model(
-    cfg: Config, oc: OptimizeConfig, i: int, path: Path, rows: TrainRows, *,
-    device: torch.device, overwrite: bool, validation: Any, reporter: Reporter,
-) -> tuple[torch.nn.Module, dict[str, Any], Path | None]:
-    """Train model ``i`` (resuming from ``out_dir/.resume/``) and write its checkpoint atomically, and with
-    ``save_optimizer_state`` its optimizer state to ``out_dir/optimizer_state/`` (same file name).
-
-    With ``epoch_checkpoints`` the model (and optimizer state) at the end of every epoch but the
-    last is written too, as :func:`checkpoint_name`.
-
-    Returns:
-        (the trained model, the recipe's metrics: ``final_loss``, ``optimizer_state_numel``, ``history``,
-        the optimizer state file or None).
-    """
-    resume = oc.out_dir / ".resume" / f"model_{i:03d}.pt"
-    if overwrite:
-        resume.unlink(missing_ok=True)
-    elif resume.exists():
-        reporter.info(f"model {i}: resuming from {resume}")
-    replay = None
-    if oc.replay:
-        folder = record_dir(oc.out_dir, i)
-        if not resume.exists():  # a fresh training: an older record is not this run's
-            shutil.rmtree(folder, ignore_errors=True)
-        replay = ReplayRecorder(folder, oc.replay_every)
-
-    def save_epoch(epoch: int, model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
-        if epoch >= oc.epochs:  # the last epoch's model is the final checkpoint
-            return
-        at = path.parent / checkpoint_name(oc, i, epoch)
-        _write_checkpoint(model, at, i)
-        if oc.save_optimizer_state:
-            _write_optimizer_state(oc, at, opt.state_dict(), optimizer_param_names(model, opt), i)
-
-    trained = train_one(
-        cfg, rows, seed=oc.seed + i, device=device, reporter=reporter, description=f"train model {i}",
-        resume_path=resume, validation=validation, name=f"model {i}",
-        epoch_end=save_epoch if oc.epoch_checkpoints else None, replay=replay,
-    )
-    try:
-        resume.parent.rmdir()  # only when empty: no other model's state is pending
-    except OSError:
-        pass
-    _write_checkpoint(trained.model, path, i)
-    state_path = None
-    keep = trained.optimizer_state
-    if oc.save_optimizer_state and keep:  # a training function keeps its optimizer to itself: nothing to write
-        state_path = _write_optimizer_state(oc, path, keep["state_dict"], keep["param_names"], i)
-    return trained.model, dict(trained.metrics), state_path
+    save_training_file(state, checkpoint.parent / OPTIMIZER_STATE_DIR / checkpoint.name,
+                       f"model {i}: cannot write its optimizer state", _WRITE_FIX)
 
 
 def _epoch_entries(oc: OptimizeConfig, i: int) -> list[dict[str, Any]]:
@@ -374,8 +244,7 @@ class _Run:
     overwrite: bool
     reporter: Reporter
     train_data: Any
-    x: Any
-    y: Any
+    train_xy: Any  # data.train as the metrics read it: (inputs, labels) on the device, or text data as it is
     held: Any
     val: Any
     device: torch.device
@@ -396,18 +265,17 @@ class _Run:
                               "manifest.json; set e.g. optimize.out_dir=ckpts")
         check_files(cfg, need_checkpoints=False, need_validation=True)
         load_training_function(cfg)  # a bad optimize.entrypoint fails before any model trains
-        if oc.epoch_checkpoints and oc.entrypoint is not None:
-            raise ConfigError(
-                f"optimize.epoch_checkpoints: the built-in recipe writes them, but optimize.entrypoint "
-                f"{oc.entrypoint!r} trains the models; remove epoch_checkpoints, or the entrypoint to use the recipe"
-            )
-        _check_replay(oc)
+        _check_entrypoint(oc)
         apply_threads(cfg.num_threads)
+
+        def load(name: str) -> Any:
+            section = getattr(cfg.data, name)
+            return None if section is None else load_dataset(section, key=f"data.{name}", task=resolve_task(cfg.task))
+
         reporter.phase("loading data.train …")
-        train = load_dataset(cfg.data.train, key="data.train", task=resolve_task(cfg.task))
+        train = load("train")
         reporter.phase("loading data.target and data.validation …")
-        heldout = load_dataset(cfg.data.target, key="data.target", task=resolve_task(cfg.task)) if cfg.data.target is not None else None
-        valset = load_dataset(cfg.data.validation, key="data.validation", task=resolve_task(cfg.task)) if cfg.data.validation is not None else None
+        heldout, valset = load("target"), load("validation")
         device = resolve_device(cfg.device)
         try:
             oc.out_dir.mkdir(parents=True, exist_ok=True)
@@ -441,23 +309,29 @@ class _Run:
             if m not in previous:
                 break
             manifest["models"].append(previous[m])
-        # tensors go to the device once; text and language-model data are read batch by batch
-        lazy = isinstance(train, TextDataset)
-        x, y = (None, None) if lazy else (inputs_to(train.inputs, device), train.labels.to(device))
-        return cls(cfg=cfg, oc=oc, overwrite=overwrite, reporter=reporter, train_data=train, x=x, y=y,
-                   held=_on_device(heldout, device), val=_on_device(valset, device), device=device,
-                   previous=previous, manifest=manifest, manifest_path=manifest_path)
-
-    @property
-    def lazy(self) -> bool:
-        """Whether data.train is text read batch by batch (else tensors on the device)."""
-        return isinstance(self.train_data, TextDataset)
+        return cls(cfg=cfg, oc=oc, overwrite=overwrite, reporter=reporter, train_data=train,
+                   train_xy=_on_device(train, device), held=_on_device(heldout, device), val=_on_device(valset, device),
+                   device=device, previous=previous, manifest=manifest, manifest_path=manifest_path)
 
     def final_metrics(self, model: torch.nn.Module, history: list | None = None) -> dict[str, Any]:
-        """Train / target / validation accuracy (or validation loss) of a finished model (:func:`_final_metrics`)."""
-        cfg = self.cfg
-        return _final_metrics(model, cfg.task, self.train_data if self.lazy else (self.x, self.y), self.held,
-                              self.val, cfg.data.batch_size, max_tokens=cfg.data.batch_tokens, history=history)
+        """Accuracy on all of data.train, on data.target and loss / accuracy on data.validation (classifiers);
+        the validation loss, the last epoch's of ``history`` when there is one (language models)."""
+        t, data = resolve_task(self.cfg.task), self.cfg.data
+
+        def measure(rows: Any) -> tuple:
+            return validate(model, rows, t, data.batch_size, data.batch_tokens, name="data")
+
+        if not t.has_accuracy:
+            if self.val is None:
+                return {}
+            last = history[-1].get("val_loss") if history else None
+            return {"validation_loss": last if last is not None else measure(self.val)[0]}
+        out: dict[str, Any] = {"train_accuracy": measure(self.train_xy)[1]}
+        if self.held is not None:
+            out["target_accuracy"] = measure(self.held)[1]
+        if self.val is not None:
+            out["validation_loss"], out["validation_accuracy"] = measure(self.val)
+        return out
 
     def plan(self, i: int) -> _Plan:
         """Model ``i``'s rows (its subset drawn with ``optimize.seed + i``), and whether its checkpoint is kept:
@@ -477,12 +351,13 @@ class _Run:
             k = max(1, round(oc.subset_fraction * len(train)))
             subset = torch.randperm(len(train), generator=gen)[:k].sort().values
             entry["subset_indices"] = subset.tolist()
-        if self.lazy:
+        if isinstance(train, TextDataset):
             source: TrainRows = DatasetRows(train, subset, device)
         elif subset is not None:
-            source = TensorRows(index_inputs(self.x, subset.to(device)), self.y[subset.to(device)])
+            x, y = self.train_xy
+            source = TensorRows(index_inputs(x, subset.to(device)), y[subset.to(device)])
         else:
-            source = TensorRows(self.x, self.y)
+            source = TensorRows(*self.train_xy)
         kept = path.exists() and not self.overwrite
         if kept:
             sha = checkpoint_sha256(path)
@@ -515,31 +390,63 @@ class _Run:
         return _Plan(i=i, path=path, rows=source, entry=entry, kept=kept)
 
     def train(self, plan: _Plan) -> dict[str, Any]:
-        """Train the planned model, write its checkpoint (:func:`_train_model`) and report its line.
+        """Train the planned model (resuming from ``out_dir/.resume/``), write its checkpoint (with
+        ``save_optimizer_state`` its optimizer state; with ``epoch_checkpoints`` those of every epoch but the
+        last too) and report its line.
 
         Returns:
             Its manifest entry: the plan's, with sha256, ``origin: trained`` and metrics (and the optimizer
             state file and epoch checkpoints when the recipe writes them).
         """
-        oc, i, path = self.oc, plan.i, plan.path
-        model, stats, state_path = _train_model(
-            self.cfg, oc, i, path, plan.rows, device=self.device, overwrite=self.overwrite, validation=self.val,
-            reporter=self.reporter,
+        oc, i, path, reporter = self.oc, plan.i, plan.path, self.reporter
+        resume = oc.out_dir / ".resume" / f"model_{i:03d}.pt"
+        if self.overwrite:
+            resume.unlink(missing_ok=True)
+        elif resume.exists():
+            reporter.info(f"model {i}: resuming from {resume}")
+        replay = None
+        if oc.replay:
+            folder = record_dir(oc.out_dir, i)
+            if not resume.exists():  # a fresh training: an older record is not this run's
+                shutil.rmtree(folder, ignore_errors=True)
+            replay = ReplayRecorder(folder, oc.replay_every)
+
+        def save_epoch(epoch: int, model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+            if epoch >= oc.epochs:  # the last epoch's model is the final checkpoint
+                return
+            at = path.parent / checkpoint_name(oc, i, epoch)
+            _write_checkpoint(model, at, i)
+            if oc.save_optimizer_state:
+                _write_optimizer_state(oc, at, opt.state_dict(), optimizer_param_names(model, opt), i)
+
+        trained = train_one(
+            self.cfg, plan.rows, seed=oc.seed + i, device=self.device, reporter=reporter,
+            description=f"train model {i}", resume_path=resume, validation=self.val, name=f"model {i}",
+            epoch_end=save_epoch if oc.epoch_checkpoints else None, replay=replay,
         )
-        history = stats.pop("history", None)
-        with self.reporter.phase(f"model {i}: measuring it on the data …"):
-            metrics = {**stats, **self.final_metrics(model, history)}
+        try:
+            resume.parent.rmdir()  # only when empty: no other model's state is pending
+        except OSError:
+            pass
+        model, metrics = trained.model, dict(trained.metrics)
+        _write_checkpoint(model, path, i)
+        keep = trained.optimizer_state  # None: a training function keeps its optimizer to itself
+        if oc.save_optimizer_state and keep:
+            _write_optimizer_state(oc, path, keep["state_dict"], keep["param_names"], i)
+        history = metrics.pop("history", None)
+        with reporter.phase(f"model {i}: measuring it on the data …"):
+            metrics.update(self.final_metrics(model, history))
         if history is not None:
             metrics["history"] = history
         entry = dict(plan.entry)
         entry.update(sha256=checkpoint_sha256(path), origin="trained", metrics=metrics)
-        if state_path is not None:
+        if oc.save_optimizer_state and keep:
             entry["optimizer_state"] = f"{OPTIMIZER_STATE_DIR}/{path.name}"
         if oc.epoch_checkpoints:
             entry["epoch_checkpoints"] = _epoch_entries(oc, i)
         if oc.replay:
             entry["replay"] = f"{REPLAY_DIR}/{record_dir(oc.out_dir, i).name}"
-        self.reporter.info(_model_line(i, metrics, model) + f" -> {path}")
+        reporter.info(_model_line(i, metrics, model) + f" -> {path}")
         return entry
 
     def record(self, plan: _Plan, entry: dict[str, Any]) -> None:
@@ -560,13 +467,18 @@ class _Run:
         })
 
 
-def _check_replay(oc: OptimizeConfig) -> None:
-    """Refuse ``optimize.replay`` with a recipe the replay record cannot describe.
+def _check_entrypoint(oc: OptimizeConfig) -> None:
+    """Refuse what only the built-in recipe does (``epoch_checkpoints``, ``replay``) with ``optimize.entrypoint``,
+    and ``optimize.replay`` with ``optimize.projection`` (its random subspaces are not replayed).
 
     Raises:
-        ConfigError: replay with ``optimize.entrypoint`` (the user's function keeps its steps to itself) or
-            with ``optimize.projection`` (the projected optimizer's random subspaces are not replayed).
+        ConfigError: naming both keys and the fix.
     """
+    if oc.epoch_checkpoints and oc.entrypoint is not None:
+        raise ConfigError(
+            f"optimize.epoch_checkpoints: the built-in recipe writes them, but optimize.entrypoint "
+            f"{oc.entrypoint!r} trains the models; remove epoch_checkpoints, or the entrypoint to use the recipe"
+        )
     if not oc.replay:
         return
     if oc.entrypoint is not None:
@@ -583,7 +495,7 @@ def _check_replay(oc: OptimizeConfig) -> None:
 
 
 def _on_device(data: Any, device: torch.device) -> Any:
-    """``(inputs, labels)`` of tensor data on ``device``; text data as it is (read in batches); None as None."""
+    """``(inputs, labels)`` of tensor data on ``device`` (moved once); text data as it is (read in batches); None."""
     if data is None or isinstance(data, TextDataset):
         return data
     return inputs_to(data.inputs, device), data.labels.to(device)
@@ -599,11 +511,8 @@ def _unreadable(path: Path) -> str | None:
 
 
 def _load_found(cfg: Config, path: Path, i: int) -> torch.nn.Module:
-    """The model of a readable checkpoint found in out_dir without a matching manifest entry.
-
-    Raises:
-        CheckpointError: it does not fit the model or holds non-finite weights (with the fix).
-    """
+    """The model of a readable checkpoint found in out_dir without a matching manifest entry (CheckpointError
+    with the fix when it does not fit the model or holds non-finite weights)."""
     model = with_adapters(build_model(cfg.model.entrypoint, **cfg.model.kwargs), [path])
     try:
         load_checkpoint(model, path, model_id=i)
@@ -615,7 +524,7 @@ def _load_found(cfg: Config, path: Path, i: int) -> torch.nn.Module:
 
 
 def _model_line(i: int, metrics: dict[str, Any], model: torch.nn.Module) -> str:
-    """The one line `trak optimize` reports per trained model, as it finishes (through the reporter)."""
+    """The line `trak optimize` reports per trained model."""
     parts = [f"model {i}:"]
     if "final_loss" in metrics:
         parts.append(f"loss {metrics['final_loss']:.4f},")
