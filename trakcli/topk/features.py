@@ -1,6 +1,6 @@
 """The scores of every target against blocks of stored train rows, from the stored features
 (:class:`FeatureScores`): TRAK's ensembled scores, cosines, a curvature's whitened inner products, and, over a
-store with codes, the approximate and exact scores a two-stage top-k asks for (:class:`~trakcli.topk.plan.TwoStageScores`).
+store with codes, the approximate and exact scores of a two-stage top-k.
 
 Formula: :mod:`trakcli.scoring` (Park et al. 2023, Eq. 17).
 """
@@ -42,14 +42,10 @@ class FeatureScores:
         self.weights: list[torch.Tensor] = []  # per primal checkpoint: W_m [n_target, proj_dim] float32
         self.primal: list[tuple[ChunkedRows, torch.Tensor, torch.Tensor]] = []  # rows, factor, target norms²
         self.dual_total: torch.Tensor | None = None
-        # two-stage top-k, made on first use: per primal checkpoint the int8 target weights with their
-        # per-target scales
+        # two-stage top-k: per primal checkpoint the int8 target weights and their scales (made on first use)
         self._qweights: list[tuple[torch.Tensor, torch.Tensor]] | None = None
-        # APPROX_BUFFERS (float32 output, int32 product, float32 term) [rows, n_target], reused in turn
-        self._approx_out: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
-        self._approx_turn = 0
-        self._local = threading.local()  # per thread: the buffers of :meth:`product`
-        self._buffers: dict[tuple[int, str], list[torch.Tensor | None]] = {}  # :meth:`product`'s output slots
+        self._local = threading.local()  # per thread: the int32 product and a term of :meth:`scan_product`
+        self._ring: list[torch.Tensor | None] = [None] * self.SCAN_SLOTS  # :meth:`scan_product`'s outputs
 
     def add(self, model_id: int, kernel: torch.Tensor | None, lam: float, phi_t: torch.Tensor) -> None:
         """Add checkpoint ``model_id``: its kernel (primal factor, dual X, or None: no kernel), ridge and target features."""
@@ -73,15 +69,11 @@ class FeatureScores:
             term = cosine_term(term.double(), dual_target_sq_norms(phi_t, term, phi, lam), z_sq)
         self.dual_total = term.double() if self.dual_total is None else self.dual_total.add_(term)
 
-    # -- two-stage top-k (trakcli.topk.plan.TwoStageScores) over int8 / binary codes --------------------------
+    # -- two-stage top-k over int8 / binary codes ---------------------------------------------------------------
 
-    def _mean_q(self, lo: int, hi: int, slot: int | None = None) -> torch.Tensor:
-        """``[hi - lo]`` float32 mean out-to-loss over checkpoints (averaged in float64, as :func:`ensemble_block`).
-
-        Read with each block, in the thread that reads the block: a per-row array of 512-row chunks costs
-        zarr about 0.35 ms a chunk (7 s for 10^7 rows, measured), which a read of every row before the first
-        block would add to the run, and which a block's read overlaps with the product of the block before.
-        """
+    def _mean_q(self, lo: int, hi: int, slot: int) -> torch.Tensor:
+        """``[hi - lo]`` float32 mean out-to-loss over checkpoints (averaged in float64, as :func:`ensemble_block`),
+        read with each block (a read of every row up front would add to the run)."""
         rows = self.train_rows
         q = sum(r.read_direct("out_to_loss", lo, hi, slot=slot).astype(np.float64) for r in rows) / len(rows)
         return torch.from_numpy(np.asarray(q, dtype=np.float32))
@@ -99,49 +91,53 @@ class FeatureScores:
             self._qweights = made
         return self._qweights
 
-    def read_codes(self, lo: int, hi: int, slot: int | None = None
-                   ) -> tuple[list[np.ndarray], list[np.ndarray], torch.Tensor]:
-        """What :meth:`product` needs of train rows ``lo .. hi`` (whole chunks): per primal checkpoint the codes
-        ``[rows, proj_dim]`` int8 (±1 for binary) and the row scales ``[rows]`` float32, and the ``[rows]`` mean Q
-        (``slot``: :meth:`~trakcli.store.rows.ChunkedRows.read_direct`)."""
+    #: Buffers of each array that :meth:`scan_read` reads in turn (the ``i``-th read of a pass uses buffer
+    #: ``i mod SCAN_SLOTS``): more than the blocks held at once by the reads ahead, the products and the caller
+    #: (:func:`trakcli.topk.stream._pipeline`: its ``depth + workers + 1``, 7).
+    SCAN_SLOTS = 8
+
+    def scan_read(self, lo: int, hi: int, slot: int) -> tuple[tuple[list[np.ndarray], list[np.ndarray],
+                                                                     torch.Tensor, int], Any]:
+        """Everything a one-pass two-stage top-k needs of train rows ``lo .. hi`` (whole chunks), read only (a
+        thread reads the next blocks while the product of this one is computed), for the ``slot``-th read of the
+        pass (:meth:`~trakcli.store.rows.ChunkedRows.read_direct`'s reused buffers).
+
+        Returns:
+            ``((codes, scales, q, slot), (features, q))``: per primal checkpoint the codes ``[rows, proj_dim]``
+            int8 (±1 for binary) and the row scales ``[rows]`` float32, the ``[rows]`` mean Q, and the float copy
+            of the rows (bfloat16 kept as stored; :meth:`pairs` and :meth:`rows` convert what they use).
+        """
+        slot %= self.SCAN_SLOTS
         proj_dim = self.weights[0].shape[1]
         codes = [signs(rows.code_dtype, rows.read_direct("codes", lo, hi, slot=slot), proj_dim)
                  for rows, _, _ in self.primal]
         scales = [rows.read_direct("scale", lo, hi, slot=slot).astype(np.float32, copy=False)
                   for rows, _, _ in self.primal]
-        return codes, scales, self._mean_q(lo, hi, slot)
+        q = self._mean_q(lo, hi, slot)
+        feats = [_as_tensor(rows.read_direct("features", lo, hi, raw=True, slot=slot)) for rows, _, _ in self.primal]
+        return (codes, scales, q, slot), (feats, q)
 
-    def product(self, codes: list[np.ndarray], scales: list[np.ndarray], q: torch.Tensor,
-                slot: int | None = None) -> torch.Tensor:
-        """Approximate scores ``[rows, n_target]`` float32 (train rows first) from :meth:`read_codes`.
+    def scan_product(self, read: tuple[tuple[list[np.ndarray], list[np.ndarray], torch.Tensor, int], Any]
+                     ) -> tuple[torch.Tensor, Any]:
+        """``(approximate scores [rows, n_target] float32, the float copy)`` of a :meth:`scan_read`.
 
-        Per checkpoint, ``W_m φ_i ≈ s_t s_i · (ŵ_t · c_i)``: the target weights ``W_m`` rounded to int8 with a
-        per-target scale ``s_t = max|W_m[t]| / 127``, the row's codes ``c_i`` (int8, or ±1 for binary) and scale
-        ``s_i``; the int8 product is exact in int32 (``torch._int_mm``). Summed over checkpoints, times the
-        mean Q of the row, as :func:`~trakcli.scoring.score_block`. The product is ``codes · ŵᵀ`` with the codes
-        as stored: on AVX-512 VNNI, 770 against 610 GOPS for ``ŵ · codesᵀ`` (1,000 targets, 4,096 rows, measured).
-
-        With one checkpoint the scores are left divided by ``s_t`` (``s_i Q_i · (ŵ_t · c_i)``: one pass over the
-        block fewer): a positive factor per target, which orders each target's rows as the scores do; the
-        candidates, their thresholds and their merge across segments all stay in these units.
-        The block returned is one of :data:`APPROX_BUFFERS` reused ones: valid until the call after the next;
-        with ``slot`` (:meth:`scan_read`'s, products computed in several threads at once), buffer ``slot``.
+        Per checkpoint, ``W_m φ_i ≈ s_t s_i · (ŵ_t · c_i)``: the target weights rounded to int8
+        (:meth:`_quantized_weights`), the row's codes ``c_i`` and scale ``s_i``; the int8 product is exact in int32
+        (``torch._int_mm``, the codes as stored on the left: faster on AVX-512 VNNI). Summed over checkpoints,
+        times the mean Q of the row, as :func:`~trakcli.scoring.score_block`. With one checkpoint the scores are
+        left divided by ``s_t``: a positive factor per target, which orders each target's rows as the scores do
+        (the candidates, their thresholds and their merge all stay in these units). The scores are the slot's
+        reused buffer: valid until the read ``SCAN_SLOTS`` later.
         """
+        (codes, scales, q, slot), floats = read
         qweights = self._quantized_weights()
         n, n_target = len(q), qweights[0][0].shape[0]
-        if slot is None:
-            if not self._approx_out or self._approx_out[0][0].shape[0] < n:
-                self._approx_out = [self._product_buffers(n, n_target) for _ in range(self.APPROX_BUFFERS)]
-            acc, prod, tmp = (t[:n] for t in self._approx_out[self._approx_turn])
-            self._approx_turn = (self._approx_turn + 1) % self.APPROX_BUFFERS
-        else:  # the output in the slot's buffer, the int32 product and the term in the thread's own
-            ring = self._buffers.setdefault((0, "approx"), [None] * self.SCAN_SLOTS)
-            if ring[slot] is None or ring[slot].shape[0] < n:
-                ring[slot] = torch.empty(n, n_target)
-            own = self._local.__dict__.get("product")
-            if own is None or own[0].shape[0] < n:
-                own = self._local.product = self._product_buffers(n, n_target)
-            acc, (prod, tmp) = ring[slot][:n], (t[:n] for t in own[1:])
+        if self._ring[slot] is None or self._ring[slot].shape[0] < n:
+            self._ring[slot] = torch.empty(n, n_target)
+        own = self._local.__dict__.get("product")  # the int32 product and a term, the thread's own
+        if own is None or own[0].shape[0] < n:
+            own = self._local.product = (torch.empty(n, n_target, dtype=torch.int32), torch.empty(n, n_target))
+        acc, prod, tmp = self._ring[slot][:n], own[0][:n], own[1][:n]
         for m, ((wq, s_t), c, scale) in enumerate(zip(qweights, codes, scales)):
             torch._int_mm(torch.from_numpy(c), wq.T, out=prod)  # [rows, n_target] int32
             term = acc if m == 0 else tmp
@@ -150,40 +146,7 @@ class FeatureScores:
                 term.mul_(s_t[None, :])
             if m:
                 acc.add_(term)
-        return acc
-
-    @staticmethod
-    def _product_buffers(n: int, n_target: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The output, the int32 product and a float32 term of :meth:`product` for ``n`` rows."""
-        return torch.empty(n, n_target), torch.empty(n, n_target, dtype=torch.int32), torch.empty(n, n_target)
-
-    #: Output blocks of :meth:`product` used in turn (without ``slot``): a block stays valid until the call after the next
-    #: (the caller filters one block while the next is computed). Reusing them keeps the process's memory
-    #: flat: fresh 16 MB blocks, allocated in the reading thread and freed in the filtering one, take the
-    #: candidate pass's peak RSS at 10^7 rows to 3.0 GiB against 1.6 GiB (measured).
-    APPROX_BUFFERS = 3
-
-    #: Buffers of each array that :meth:`scan_read` reads in turn (the ``i``-th read of a pass uses buffer
-    #: ``i mod SCAN_SLOTS``): more than the blocks held at once by the reads ahead, the products and the caller
-    #: (:func:`trakcli.topk.stream._pipeline`: its ``depth + workers + 1``, 7).
-    SCAN_SLOTS = 8
-
-    def scan_read(self, lo: int, hi: int, slot: int | None = None
-                  ) -> tuple[tuple[list[np.ndarray], list[np.ndarray], torch.Tensor], Any]:
-        """Everything a one-pass two-stage top-k needs of train rows ``lo .. hi`` (whole chunks), read only (a
-        thread reads the next blocks while the product of this one is computed): :meth:`read_codes`, and the
-        float copy of the rows, bfloat16 kept as stored (torch bfloat16; :meth:`pairs` and
-        :meth:`rows` convert what they use). ``slot``: :meth:`~trakcli.store.rows.ChunkedRows.read_direct`'s reused buffers."""
-        slot = None if slot is None else slot % self.SCAN_SLOTS
-        codes = self.read_codes(lo, hi, slot)
-        feats = [_as_tensor(rows.read_direct("features", lo, hi, raw=True, slot=slot)) for rows, _, _ in self.primal]
-        return (*codes, slot), (feats, codes[2])
-
-    def scan_product(self, read: tuple[tuple[list[np.ndarray], list[np.ndarray], torch.Tensor], Any]
-                     ) -> tuple[torch.Tensor, Any]:
-        """``(approximate scores [rows, n_target], float copy)`` of a :meth:`scan_read` (:meth:`product`)."""
-        codes, floats = read
-        return self.product(*codes), floats
+        return acc, floats
 
     #: Pairs scored at once by :meth:`pairs` (their gathered rows: ``PAIR_GROUP · proj_dim`` float32).
     PAIR_GROUP = 8192
@@ -192,10 +155,8 @@ class FeatureScores:
               rows: torch.Tensor) -> torch.Tensor:
         """Exact scores ``[p]`` float32 of target ``targets[j]`` against row ``rows[j]`` of ``block``, pair by pair.
 
-        ``[(1/M) Σ_m W_m[t] · Φ_m[i]] · Q̄_i``, the formula of :func:`~trakcli.scoring.score_block` for one
-        pair: the rows and the target weights are gathered (``index_select``)
-        and multiplied entry by entry and summed (float32), :data:`PAIR_GROUP` pairs at a time: only the pairs
-        asked for, not the block's product.
+        ``[(1/M) Σ_m W_m[t] · Φ_m[i]] · Q̄_i``, the formula of :func:`~trakcli.scoring.score_block` for one pair,
+        from gathered rows and target weights (float32), :data:`PAIR_GROUP` pairs at a time.
 
         Args:
             block: :meth:`scan_product`'s float copy of rows (float32 or bfloat16, converted to
@@ -223,12 +184,9 @@ class FeatureScores:
         return self.score_read(self.read_block(lo, hi), lo, hi)
 
     def read_block(self, lo: int, hi: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """The stored rows ``lo .. hi`` that :meth:`score_read` needs: per primal checkpoint its features
-        ``[hi - lo, proj_dim]`` float32, and per checkpoint its out-to-loss ``[hi - lo]`` (none with ``unit``).
-
-        Only reads, so that a background thread reads the next block while this one is scored (on an object
-        store the read is most of a block's time).
-        """
+        """The stored rows ``lo .. hi`` that :meth:`score_read` needs (only reads: a background thread reads the
+        next block while this one is scored): per primal checkpoint its features ``[hi - lo, proj_dim]`` float32,
+        and per checkpoint its out-to-loss ``[hi - lo]`` (none with ``unit``)."""
         feats = [torch.from_numpy(r.read("features", lo, hi).astype(np.float32, copy=False)) for r, _, _ in self.primal]
         qs = [] if self.unit else [torch.from_numpy(r.read("out_to_loss", lo, hi)) for r in self.train_rows]
         return feats, qs

@@ -1,10 +1,9 @@
-"""The plan of a top-k: its segments, blocks and, over a store with codes, the two-stage settings
-(:class:`TwoStage`) and the protocol of the scores it reads (:class:`TwoStageScores`)."""
+"""The plan of a top-k: its segments, blocks and, over a store with codes, the two-stage settings (:class:`TwoStage`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -13,17 +12,14 @@ from trakcli.errors import StoreError
 
 #: Train rows per segment (the unit of resume and of work between ranks), at least :data:`MIN_SEGMENTS` of them.
 SEGMENT_ROWS = 1 << 17
-#: Train rows per segment of a two-stage top-k. Each segment's candidate pass starts from no threshold, and
-#: its first blocks cost the most to filter (most of their scores pass); larger segments pay that less often
-#: (measured: 0.6 s of filtering per 131,072-row segment, 1,000 targets, K' = 200).
+#: Train rows per segment of a two-stage top-k: each segment's candidate pass starts from no threshold, so larger
+#: segments pay the costly first blocks less often.
 TWO_STAGE_SEGMENT_ROWS = 1 << 20
 MIN_SEGMENTS = 8
 #: Bytes of one block's float32 scores ``[n_target, block]`` and of its features ``[block, proj_dim]``.
 BLOCK_BYTES = 128 << 20
-#: Bytes of one block's approximate scores in the candidate pass of a two-stage top-k: small enough that the
-#: scaling and filtering of a block's int8 product stay in the processor's cache (measured on the candidate
-#: pass, 10^6 rows, 1,000 targets: 4,096-row blocks took a third of the time of 32,768-row ones outside the
-#: product itself).
+#: Bytes of one block's approximate scores in a two-stage candidate pass: small enough that the filtering of a
+#: block stays in the processor's cache.
 APPROX_BLOCK_BYTES = 16 << 20
 
 #: Train rows (whole segments, evenly spaced) whose exact scores against the sampled targets measure the recall
@@ -40,39 +36,18 @@ BlockScores = Callable[[int, int], torch.Tensor]
 #: ``proponents`` / ``opponents`` ``[n_target, k]`` train rows (highest / lowest scores first) and their scores.
 TOP_K_ARRAYS = {"proponents": "int64", "proponent_scores": "float32", "opponents": "int64", "opponent_scores": "float32"}
 
-#: Default ``score.rescore_multiplier`` per ``store.dtype`` (docs/guides/store.md gives the measurements of
-#: ``benchmarks/bench_topk.py``, 10^6 rows, proj_dim 1024, top 100). int8: 2, the smallest that kept recall@100 at
-#: 1.0 (1 gave 0.97 / 0.93). binary: no multiplier up to 16 came near 0.99 (16 gave 0.35 / 0.10): sign codes of
-#: these features do not find the top 100; 16 bounds the re-ranking cost, and the run reports the recall.
+#: Default ``score.rescore_multiplier`` per ``store.dtype`` (measured in docs/guides/store.md with
+#: ``benchmarks/bench_topk.py``): int8 2 kept recall@100 at 1.0; binary 16 bounds the re-ranking cost (sign codes
+#: do not find the top 100 at any multiplier; the run reports the recall).
 DEFAULT_RESCORE_MULTIPLIER = {"int8": 2, "binary": 16}
-
 
 #: The one-pass top-k samples every this many blocks for its starting floor (:meth:`StoredTopK._seed_floors`).
 SEED_STRIDE_BLOCKS = 16
 #: The fewest sampled chunks above a starting floor (:meth:`StoredTopK._seed_floors`): below it, no floor.
 SEED_MIN = 8
-#: :class:`RunningTopK`'s ``batch`` in a one-pass top-k: every score that passes the threshold is also scored
-#: exactly, so the threshold is kept fresher than in a pass over the codes alone.
+#: :class:`RunningTopK`'s ``batch`` in a one-pass top-k: a fresher threshold, as every passing score is also
+#: scored exactly.
 SCAN_MERGE_BATCH = 0.25
-
-
-class TwoStageScores(Protocol):
-    """What the two-stage top-k needs of the scores (:class:`trakcli.topk.features.FeatureScores` implements it)."""
-
-    def pairs(self, block: Any, targets: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """``[p]`` float32 exact scores of target ``targets[p]`` against row ``rows[p]`` of ``block`` (int64), a
-        float copy as :meth:`scan_product` gives it."""
-
-    def rows(self, block: Any, targets: torch.Tensor) -> torch.Tensor:
-        """``[len(targets), rows]`` float32 exact scores of the targets ``targets`` against the whole block."""
-
-    def scan_read(self, lo: int, hi: int, slot: int) -> Any:
-        """Everything :meth:`scan_product` needs of train rows ``lo .. hi``, read only (the codes, the float copy),
-        for the ``slot``-th read of the pass (buffers may be reused by a read many slots later)."""
-
-    def scan_product(self, read: Any) -> tuple[torch.Tensor, Any]:
-        """``(approximate scores [rows, n_target] from the codes, the float copy of the rows)`` of a
-        :meth:`scan_read`."""
 
 
 @dataclass(frozen=True)
@@ -134,9 +109,8 @@ def scan_has_floor(multiplier: int | None, codes: str, n_target: int, k: int, n_
                    proj_dim: int) -> bool:
     """Whether the one-pass scan of a two-stage top-k can start from a sampled floor (:func:`seed_sample`).
 
-    Without one, a scan scores about K' · ln(blocks) pairs per target and side exactly, and the two-stage top-k
-    costs more than the plain streamed pass over the float copy: at 200,000 rows (391 chunks of 512) and 1,000
-    targets, K' = 200, 13.7 s against about 7 s (measured). ``score.rerank: auto`` then takes the plain pass.
+    Without one, a scan scores about K' · ln(blocks) pairs per target and side exactly and costs more than the
+    plain streamed pass over the float copy, which ``score.rerank: auto`` then takes.
     """
     multiplier = DEFAULT_RESCORE_MULTIPLIER[codes] if multiplier is None else multiplier
     candidates = min(multiplier * min(k, n_train), n_train)

@@ -16,7 +16,8 @@ from trakcli.scoring import merge_top_k, order_top_k
 from trakcli.store import ChunkedRows, Store
 from trakcli.store.rows import read_checked
 from trakcli.topk import plan  # its sizes are read at each use (tests set them small)
-from trakcli.topk.plan import TOP_K_ARRAYS, BlockScores, TwoStage, TwoStageScores, block_rows, measured_segments, seed_sample, segments
+from trakcli.topk.features import FeatureScores
+from trakcli.topk.plan import TOP_K_ARRAYS, BlockScores, TwoStage, block_rows, measured_segments, seed_sample, segments
 from trakcli.topk.stream import (
     RunningTopK, _blocks, _KthBest, _merge_parts, _merge_sides, _one_thread, _padded,
     _pipeline, _PairScores, _unmeasured,
@@ -83,7 +84,6 @@ class StoredTopK:
         self.block = block_rows(n_target, layout.proj_dim, layout.chunk_rows)
         self.approx_block = block_rows(n_target, layout.proj_dim, layout.chunk_rows, plan.APPROX_BLOCK_BYTES)
         self.final = top_k_arrays(store, experiment, n_target, self.k, create=create, repair=create)
-        self._create = create
 
     def verify(self) -> list[int]:
         """Reset the done flags of merged chunks that are missing or corrupt; returns them (recomputed)."""
@@ -99,10 +99,10 @@ class StoredTopK:
         candidates in it (NaN elsewhere), then the exact top-k of the sampled targets (padded with index -1).
         """
         if self.two_stage is None:
-            return top_k_parts(self.store, self.experiment, self.n_target, self.k, len(self.segments), create=create,
-                                          repair=create)
-        return top_k_parts(self.store, self.experiment, self.n_target + len(self.two_stage.sample), self.candidates,
-                                      len(self.segments), create=create, repair=create)
+            n, k = self.n_target, self.k
+        else:
+            n, k = self.n_target + len(self.two_stage.sample), self.candidates
+        return top_k_parts(self.store, self.experiment, n, k, len(self.segments), create=create, repair=create)
 
     @property
     def candidates(self) -> int:
@@ -112,29 +112,23 @@ class StoredTopK:
     def candidate_parts(self, create: bool) -> ChunkedRows:
         """Step 1 of a two-stage top-k: per segment, its K' candidates by approximate score (created if ``create``)."""
         return top_k_parts(self.store, self.experiment, self.n_target, self.candidates, len(self.segments),
-                                      create=create, repair=create, name="top_k_candidates")
+                           create=create, repair=create, name="top_k_candidates")
 
-    def compute_scan(self, scores: TwoStageScores, parts: ChunkedRows, cands: ChunkedRows, dist: Dist,
+    def compute_scan(self, scores: FeatureScores, parts: ChunkedRows, cands: ChunkedRows, dist: Dist,
                      reporter: Reporter, seed: bool = True) -> int:
         """The two-stage top-k in one pass over this rank's pending segments; returns them. Every rank calls it.
 
-        Per block of a segment, the codes and the float copy of its rows are read together (a thread reads the
-        blocks ahead, another computes the next block's product: :func:`_pipeline`), the candidates are
-        filtered from the approximate scores (a running top-K' per target and side), and every pair it takes in is scored
-        exactly at once from the block's float copy (:meth:`TwoStageScores.pairs`), as are the sampled targets
-        against every row of a measured segment. A segment writes its candidates with their approximate
-        scores (``top_k_candidates``) and, in the same slots, their exact ones (``top_k_parts``), then the
-        sampled targets' exact top-k. The merge (:meth:`merge`) takes the K' best approximate scores of all
-        segments per target and side, as step 2 does, and among them the K best exact ones, as step 3 does:
-        the same top-k as the two passes, each row's float copy read once, in order.
+        Per block, the codes and the float copy of its rows are read together (:func:`_pipeline`); a running
+        top-K' per target and side takes candidates from the approximate scores, and every pair it takes in is
+        scored exactly from the block's float copy (:meth:`FeatureScores.pairs`), as are the sampled targets
+        against every row of a measured segment. A segment writes its candidates with their approximate scores
+        (``top_k_candidates``), their exact ones in the same slots (``top_k_parts``), then the sampled targets'
+        exact top-k; :meth:`merge` keeps the K' best approximate scores per target and side, and among them the
+        K best exact ones.
 
-        Every pair that enters a running top-K' is scored exactly, and a running top-K' that starts from nothing
-        takes in about K' · ln(blocks) per target and side (1,700 over the 2,441 blocks of 10^7 rows, K' = 200).
-        With ``seed``, each side
-        starts instead from a floor that leaves about three times K' rows above it (:meth:`_seed_floors`, from
-        a sample of the rows). A floor that leaves fewer than K' rows above it for some target would lose
-        candidates: then every target has fewer than K' (checked when every segment is done), and the pass
-        runs again without the seed. The candidates, and so the top-k, are the same with or without it.
+        With ``seed``, each side starts from a floor that leaves about 3 K' rows above it (:meth:`_seed_floors`).
+        Should it leave fewer than K' for a target (checked when every segment is done), the pass runs again
+        without it: the top-k is the same either way.
         """
         kc = self.candidates
         pending = parts.pending(dist.rank, dist.world_size)
@@ -186,15 +180,12 @@ class StoredTopK:
         dist.barrier()
         return len(pending) + self.compute_scan(scores, parts, cands, dist, reporter, seed=False)
 
-    def _seed_floors(self, scores: TwoStageScores) -> list[torch.Tensor | None]:
+    def _seed_floors(self, scores: FeatureScores) -> list[torch.Tensor | None]:
         """Per side (highest, lowest) ``[n_target]`` approximate scores to start the running top-K' from, or None.
 
-        Every :data:`SEED_STRIDE_BLOCKS`-th block of ``approx_block`` rows is scored from its codes; a fraction f
-        of the chunks. Per target the best score of each sampled chunk is taken (one per chunk: rows that rank
-        together are often stored together), and the floor is the m-th best of those, m = 3 · K' · f: about
-        3 · K' rows lie above it, and for fewer than K' to lie above it the sample would have to hold three
-        times its share of the chunks that hold a target's top K'. None when m < :data:`SEED_MIN` (too small
-        a sample to say).
+        From every :data:`SEED_STRIDE_BLOCKS`-th block (a fraction f of the chunks), per target the best score of
+        each sampled chunk; the floor is the m-th best of those, m = 3 · K' · f (:func:`seed_sample`), so that
+        about 3 · K' rows lie above it.
         """
         layout = self.store.layout
         rows_per = self.approx_block
@@ -250,22 +241,17 @@ class StoredTopK:
         return out
 
     def _scan_candidates(self, targets: slice) -> dict[str, np.ndarray] | None:
-        """The stored candidates ``[n_segments, targets, K']`` of a one-pass top-k (:meth:`compute_scan`), else
-        None."""
-        if self.two_stage is None:
-            return None
+        """The stored candidates ``[n_segments, targets, K']`` of a two-stage top-k (:meth:`compute_scan`)."""
         return {name: read_checked(arr, (slice(None), targets), 0)
                 for name, arr in self.candidate_parts(create=False).data.items()}
 
     def recall(self, parts: ChunkedRows) -> dict[str, Any]:
         """The recall@K of the two-stage top-k of the sampled targets against their exact top-k (from ``parts``).
 
-        The sampled targets' exact scores are known over the rows of :meth:`recall_segments`, a fraction f of
-        the train rows. With f = 1 the recall is exact: the mean over the sampled targets of
-        |two-stage ∩ exact| / K. With f < 1 it is estimated: a row that the two-stage top-k R missed but that
-        belongs to the exact top-k beats R's K-th score τ, so ``1 - u / K`` bounds the recall from below, u the
-        rows outside R that beat τ; u is counted over the sampled rows and divided by f (an unbiased estimate of
-        u for rows sampled by whole segments, in which candidates are spread as anywhere).
+        Over the rows of :meth:`recall_segments`, a fraction f of the train rows: with f = 1 the mean over the
+        sampled targets of |two-stage ∩ exact| / K; with f < 1 the estimate ``1 - u / K`` (a lower bound), u the
+        rows outside the two-stage top-k that beat its K-th score, counted over the sampled rows and divided by f
+        (docs/guides/store.md).
 
         Returns:
             :meth:`TwoStage.settings` plus ``k``, ``candidates`` (K'), ``n_queries``, ``rows_measured`` (f, a

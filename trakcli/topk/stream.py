@@ -26,26 +26,18 @@ def _merge_parts(vals: np.ndarray, idx: np.ndarray, k: int, largest: bool) -> tu
 
 def _blocks(scores: BlockScores, spans: list[tuple[int, int]]) -> Iterator[torch.Tensor]:
     """The scores of each span in order; when ``scores`` reads apart from scoring (``read_block`` and
-    ``score_read``, as :class:`trakcli.jobs.score` has), the next span is read by a background thread while
-    this one is scored and merged (at most two blocks of features in memory)."""
+    ``score_read``, as :class:`~trakcli.topk.features.FeatureScores`), the next span is read by a background
+    thread while this one is scored and merged (at most two blocks of features in memory)."""
     read = getattr(scores, "read_block", None)
     if read is None:
         yield from (scores(lo, hi) for lo, hi in spans)
         return
-    for (lo, hi), got in zip(spans, _ahead(read, spans)):
-        yield scores.score_read(got, lo, hi)
-
-
-def _ahead(fn: Callable[[int, int], Any], spans: list[tuple[int, int]]) -> Iterator[Any]:
-    """``fn(lo, hi)`` of each span in order, the next one computed by a background thread while the caller uses
-    this one (reading and decompressing a block, or its product, overlap the caller's work on the previous block:
-    at most two blocks in memory)."""
     with ThreadPoolExecutor(1) as pool:
-        nxt = pool.submit(fn, *spans[0]) if spans else None
-        for i in range(len(spans)):
-            cur = nxt.result()
-            nxt = pool.submit(fn, *spans[i + 1]) if i + 1 < len(spans) else None
-            yield cur
+        nxt = pool.submit(read, *spans[0]) if spans else None
+        for i, (lo, hi) in enumerate(spans):
+            got = nxt.result()
+            nxt = pool.submit(read, *spans[i + 1]) if i + 1 < len(spans) else None
+            yield scores.score_read(got, lo, hi)
 
 
 @contextlib.contextmanager
@@ -66,12 +58,8 @@ def _pipeline(read: Callable[[int, int, int], Any], compute: Callable[[Any], Any
     """``compute(read(lo, hi, i))`` of each span ``i`` in order, in background threads: ``depth`` of them read up
     to ``depth`` spans ahead, each its own (waiting on the disk or the network, not the processor; one request
     at a time each), and ``workers`` compute the next spans, each on one torch thread, while the caller uses
-    this one. At most ``depth + workers + 1`` spans' reads are held at once.
-
-    One torch thread a product, not one product on every core: the caller's filtering and the reads share the
-    cores, and a product split over threads waits for its slowest one (measured, one-pass top-k at 10^7 rows on
-    two cores: 23.8 ms a block with one product on two threads, 18.6 ms with two products on one each, against
-    11.9 ms for a product alone)."""
+    this one. At most ``depth + workers + 1`` spans' reads are held at once. One torch thread a product: the
+    caller's filtering and the reads share the cores, and a product split over threads waits for its slowest."""
     with ThreadPoolExecutor(depth) as reader, \
             ThreadPoolExecutor(workers, initializer=torch.set_num_threads, initargs=(1,)) as worker:
         reads = [reader.submit(read, *span, i) for i, span in enumerate(spans[: depth + workers])]
@@ -140,14 +128,11 @@ def _beyond(block: torch.Tensor, thr: torch.Tensor, largest: bool,
 
     Args:
         block: ``[n_target, cols]`` scores, or ``[cols, n_target]`` with ``rows_first`` (as
-            :meth:`TwoStageScores.approx` gives them); the pairs come by target in the first layout.
+            :meth:`~trakcli.topk.features.FeatureScores.scan_product` gives them); the pairs come by target in the first layout.
 
-    The columns are cut into ``cols / FILTER_GROUP`` groups of :data:`FILTER_GROUP` columns, group g holding
-    columns g, g + cols / FILTER_GROUP, g + 2 cols / FILTER_GROUP, ...; the best score of each group is compared
-    first (one reduction over the block, across its rows of groups: an order of magnitude faster than over
-    contiguous runs of 64 columns, measured), then the columns of the groups that pass: little more than one
-    read of the block when few pass. Each layout is reduced and indexed along its own axes: a transposed view
-    of the other layout takes 5 to 9 times as long (measured, 4,096 × 1,000 blocks).
+    The columns are cut into ``cols / FILTER_GROUP`` strided groups (group g: columns g, g + cols / FILTER_GROUP,
+    ...); the best score of each group is compared first, then the columns of the groups that pass: little more
+    than one read of the block when few pass. Each layout is reduced and indexed along its own axes.
     """
     beats = torch.gt if largest else torch.lt
     c = block.shape[0] if rows_first else block.shape[1]
@@ -198,20 +183,28 @@ def merge_top_k_filtered(
         return values, indices
     if 4 * len(t) > block.numel():
         return merge_top_k(values, indices, block, offset, k, largest)
-    count = torch.bincount(t, minlength=block.shape[0])
     if values is None:  # the seeded threshold must leave k per target
-        if int(count.min()) < k:
+        if int(torch.bincount(t, minlength=block.shape[0]).min()) < k:
             return merge_top_k(values, indices, block, offset, k, largest)
         values = torch.empty(block.shape[0], 0)
         indices = torch.empty(block.shape[0], 0, dtype=torch.int64)
-    pos = torch.arange(len(t)) - (torch.cumsum(count, 0) - count)[t]  # rank of each passing score in its target
+    return _merge_pairs(values, indices, t, j + offset, block[t, j], k, largest)
+
+
+def _merge_pairs(values: torch.Tensor, indices: torch.Tensor, t: torch.Tensor, rows: torch.Tensor,
+                 scores: torch.Tensor, k: int, largest: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The best ``k`` of the kept ``values`` / ``indices`` ``[n_target, c]`` and the ``scores`` of the pairs
+    (target ``t``, train row ``rows``), ``t`` ascending."""
+    n = values.shape[0]
+    count = torch.bincount(t, minlength=n)
+    pos = torch.arange(len(t)) - (torch.cumsum(count, 0) - count)[t]  # rank of each score in its target
     width = int(count.max())
-    got = torch.full((block.shape[0], width), float("-inf") if largest else float("inf"))
-    got[t, pos] = block[t, j]
-    rows = torch.zeros((block.shape[0], width), dtype=torch.int64)  # a filler (±inf) never beats a kept value
-    rows[t, pos] = j + offset
-    both, both_idx = torch.cat([values, got], dim=1), torch.cat([indices, rows], dim=1)
-    kept, sel = torch.topk(both, k, dim=1, largest=largest, sorted=False)
+    got = torch.full((n, width), float("-inf") if largest else float("inf"))
+    got[t, pos] = scores
+    idx = torch.zeros((n, width), dtype=torch.int64)  # a filler (±inf) never beats a kept (finite) value
+    idx[t, pos] = rows
+    both, both_idx = torch.cat([values, got], dim=1), torch.cat([indices, idx], dim=1)
+    kept, sel = torch.topk(both, min(k, both.shape[1]), dim=1, largest=largest, sorted=False)
     return kept, torch.gather(both_idx, 1, sel)
 
 
@@ -263,7 +256,7 @@ class RunningTopK:
 
     With a ``floor``, only scores beyond it count (strictly): the result is the k best of those, fewer for a
     target where fewer pass (padded with -inf / +inf and row -1). A floor that is the k-th best of rows already
-    seen elsewhere (:meth:`StoredTopK.compute_two_stage`: the segments before) leaves the top-k over both
+    seen elsewhere (:meth:`StoredTopK.compute_scan`: the segments before) leaves the top-k over both
     unchanged, and spares filtering most of the scores of the first blocks.
 
     Args:
@@ -301,7 +294,7 @@ class RunningTopK:
         self._fresh.append((t, self.indices[t, c]))
 
     def add(self, block: torch.Tensor, offset: int) -> None:
-        """Take the scores ``[cols, n_target]`` (train rows first, as :meth:`TwoStageScores.approx` gives them) of
+        """Take the scores ``[cols, n_target]`` (train rows first, as :meth:`~trakcli.topk.features.FeatureScores.scan_product` gives them) of
         train rows ``offset .. offset + cols``."""
         if self.thr is None:
             self.values, self.indices = merge_top_k_filtered(self.values, self.indices, block.T.contiguous(),
@@ -346,18 +339,8 @@ class RunningTopK:
         t, rows, vals = (torch.cat(x) for x in zip(*self._passed))
         self._passed, self._n_passed = [], 0
         order = torch.argsort(t, stable=True)  # by target, each target's scores in the order they came
-        t, rows, vals = t[order], rows[order], vals[order]
-        n = self.values.shape[0]
-        count = torch.bincount(t, minlength=n)
-        pos = torch.arange(len(t)) - (torch.cumsum(count, 0) - count)[t]  # rank of each score in its target
-        width = int(count.max())
-        got = torch.full((n, width), float("-inf") if self.largest else float("inf"))
-        got[t, pos] = vals
-        idx = torch.zeros((n, width), dtype=torch.int64)  # a filler (±inf) never beats a kept (finite) value
-        idx[t, pos] = rows
-        both, both_idx = torch.cat([self.values, got], dim=1), torch.cat([self.indices, idx], dim=1)
-        kept, sel = torch.topk(both, min(self.k, both.shape[1]), dim=1, largest=self.largest, sorted=False)
-        self.values, self.indices = kept, torch.gather(both_idx, 1, sel)
+        self.values, self.indices = _merge_pairs(self.values, self.indices, t[order], rows[order], vals[order],
+                                                 self.k, self.largest)
         self._threshold()
 
 
