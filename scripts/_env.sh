@@ -16,7 +16,18 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     # this project was installed as distribution "trakcli" before it became trakcli-attribution
     "$VENV/bin/python" -m pip uninstall -qq -y --disable-pip-version-check trakcli 2>/dev/null || true
     # torch==2.13.0 on the same command line: the metadata's range alone would pull a CUDA build
-    "$VENV/bin/python" -m pip install -qq --disable-pip-version-check -e ".${EXTRAS:+[$EXTRAS]}" "torch==2.13.0"
+    # uv installs the same set in seconds where pip takes a minute or more; pip stays the fallback
+    uv_ok=0
+    if "$VENV/bin/python" -m pip install -qq --disable-pip-version-check "uv==0.13.9" 2>/dev/null; then
+        mapfile -t sources < <("$VENV/bin/python" scripts/_pip_to_uv.py)
+        # unsafe-best-match: every index is searched for every package, as pip does
+        "$VENV/bin/uv" pip install -q --python "$VENV/bin/python" --index-strategy unsafe-best-match \
+            "${sources[@]}" -e ".${EXTRAS:+[$EXTRAS]}" "torch==2.13.0" && uv_ok=1 \
+            || echo "uv could not install trakcli: pip installs it" >&2
+    fi
+    if [ "$uv_ok" -eq 0 ]; then
+        "$VENV/bin/python" -m pip install -qq --disable-pip-version-check -e ".${EXTRAS:+[$EXTRAS]}" "torch==2.13.0"
+    fi
     echo "$want" > "$stamp"
 fi
 export PATH="$ROOT/$VENV/bin:$PATH"
