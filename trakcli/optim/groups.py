@@ -8,7 +8,9 @@ import torch
 
 from trakcli.errors import OptimizerError
 from trakcli.optim.kronecker_slot import KroneckerSlot
-from trakcli.optim.slots import GlobalSlot, IdentitySlot, MatrixSlot, Slot, build_projector, derive_slot_seed
+from trakcli.optim.slots import (
+    GlobalSlot, IdentitySlot, MatrixSlot, Slot, build_projector, derive_slot_seed, global_projectors,
+)
 from trakcli.projectors import Projector
 
 
@@ -47,15 +49,9 @@ def build_slots(
                     f"{grad_dim} entries; make it with grad_dim={grad_dim} or pass a mapping "
                     "{'mode': 'global', 'proj_dim': ...}"
                 )
-            return [GlobalSlot(params, projector.dtype, single=projector)]
-        if settings["kind"] == "noop":
-            single = build_projector(settings, grad_dim, None, 0, dtype)
-            return [GlobalSlot(params, single.dtype, single=single)]
-        blocks = [
-            build_projector(settings, p.numel(), settings["proj_dim"], derive_slot_seed(settings["seed"], group_index, i), dtype)
-            for i, p in enumerate(params)
-        ]
-        return [GlobalSlot(params, blocks[0].dtype, blocks=blocks)]
+            return [GlobalSlot(params, single=projector)]
+        single, blocks = global_projectors(settings, [p.numel() for p in params], group_index, dtype)
+        return [GlobalSlot(params, single=single, blocks=blocks)]
     rank = settings["rank"]
     slots: list[Slot] = []
     for i, p in enumerate(params):

@@ -25,7 +25,7 @@ from typing import Any, Callable
 import torch
 
 from trakcli.errors import OptimizerError
-from trakcli.optim.settings import ProjectionSettings, projection_mapping, resolve_projection
+from trakcli.optim.settings import ProjectionSettings, resolve_projection
 from trakcli.optim.groups import build_slots
 from trakcli.optim.slots import LINEAR_STATE_KEYS, Slot, _ProjectedSlot
 from trakcli.optim.transforms import Transform, apply_transform
@@ -107,8 +107,6 @@ class ProjectedOptimizer(torch.optim.Optimizer):
             ) from None
         if not isinstance(probe, torch.optim.Optimizer):
             raise OptimizerError(f"inner must build a torch.optim.Optimizer, got {type(probe).__name__}")
-        self._inner_factory = inner
-        self._inner_kwargs = dict(inner_kwargs)
         self._inner_keys = set(probe.defaults)
         self._default_projector: Projector | None = None
         if isinstance(projection, Projector):
@@ -149,9 +147,8 @@ class ProjectedOptimizer(torch.optim.Optimizer):
         elif proj is not None:
             # a group's mapping overrides the keys it names; the others come from the default projection
             base = {} if default.get("external") else dict(default)
-            group["projection"] = resolve_projection(
-                {**base, **projection_mapping(proj)}, where=f"param_groups[{gi}].projection"
-            )
+            own = proj.model_dump() if isinstance(proj, ProjectionSettings) else proj  # a settings object sets all keys
+            group["projection"] = resolve_projection({**base, **own}, where=f"param_groups[{gi}].projection")
         if group["weight_decay_mode"] not in ("decoupled", "l2"):
             raise OptimizerError(
                 f"weight_decay_mode must be 'decoupled' or 'l2', got {group['weight_decay_mode']!r}"
@@ -167,8 +164,7 @@ class ProjectedOptimizer(torch.optim.Optimizer):
         else:
             self.inner.add_param_group(inner_group)
         if self._projected[gi]:
-            anchor = self._anchor(gi)
-            st = self.state[anchor]
+            st = self.state[self._anchor(gi)]
             st.setdefault("step", 0)
             st.setdefault("proj_index", 0)
 

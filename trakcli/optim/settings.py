@@ -127,11 +127,3 @@ def resolve_projection(value: Any, where: str = "projection") -> dict[str, Any] 
         return ProjectionSettings.model_validate(raw).model_dump()
     except ValidationError as e:
         raise OptimizerError(_problems(e, where, raw)) from None
-
-
-def projection_mapping(value: Any) -> Any:
-    """A group's ``projection`` as a mapping of the keys it sets (a settings object gives all its keys).
-
-    Mappings and anything else (projector objects, ``None``) are returned as they are.
-    """
-    return value.model_dump() if isinstance(value, ProjectionSettings) else value

@@ -84,6 +84,19 @@ def build_projector(settings: dict[str, Any], grad_dim: int, proj_dim: int | Non
         raise OptimizerError(f"cannot build the optimizer's projector: {e}") from None
 
 
+def global_projectors(
+    settings: dict[str, Any], numels: list[int], group_index: int, dtype: torch.dtype
+) -> tuple[Projector | None, list[Projector] | None]:
+    """``(single, blocks)`` of mode global: kind noop one projector of ``Σ numels``, else one per parameter."""
+    if settings["kind"] == "noop":
+        return build_projector(settings, sum(numels), None, 0, dtype), None
+    seed = settings["seed"]
+    proj_dim = settings["proj_dim"]
+    return None, [
+        build_projector(settings, n, proj_dim, derive_slot_seed(seed, group_index, i), dtype) for i, n in enumerate(numels)
+    ]
+
+
 def _clip_norm(new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
     """Scale ``new`` down so that its norm does not exceed ``old``'s (never up)."""
     n_old = float(old.double().norm())
@@ -266,12 +279,12 @@ class GlobalSlot(_ProjectedSlot):
             object, or ``noop``).
     """
 
-    def __init__(self, params, dtype, *, blocks: list[Projector] | None = None, single: Projector | None = None):
+    def __init__(self, params, *, blocks: list[Projector] | None = None, single: Projector | None = None):
         self.blocks, self.single = blocks, single
-        proj_dim = single.proj_dim if single is not None else blocks[0].proj_dim  # type: ignore[index]
+        first = single or blocks[0]  # type: ignore[index]
         self.grad_dim = sum(p.numel() for p in params)
-        self.proj_dtype = (single or blocks[0]).dtype  # type: ignore[index]
-        super().__init__(list(params), (proj_dim,), dtype)
+        self.proj_dtype = first.dtype
+        super().__init__(list(params), (first.proj_dim,), first.dtype)
 
     def project(self, grads, k):
         if any(g is not None and g.is_sparse for g in grads):

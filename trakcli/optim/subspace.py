@@ -38,7 +38,7 @@ from torch.nn.utils import parametrize
 
 from trakcli.errors import OptimizerError
 from trakcli.optim.settings import ProjectionSettings, resolve_projection
-from trakcli.optim.slots import build_projector, derive_slot_seed
+from trakcli.optim.slots import global_projectors
 from trakcli.projectors import Projector
 
 
@@ -84,7 +84,6 @@ class Subspace(nn.Module):
         object.__setattr__(self, "model", model)
         params = dict(model.named_parameters())
         self.names = names
-        shapes = [params[n].shape for n in names]
         self.numels = [params[n].numel() for n in names]
         self.grad_dim = sum(self.numels)
         dtype = params[names[0]].dtype
@@ -97,7 +96,6 @@ class Subspace(nn.Module):
                     f"{self.grad_dim} entries; make it with grad_dim={self.grad_dim}"
                 )
             self._single = projection
-            proj_dim = projection.proj_dim
         else:
             settings = resolve_projection(projection, where="subspace projection")
             if settings is None:
@@ -110,17 +108,9 @@ class Subspace(nn.Module):
                     "subspace training needs mode 'global' (one z for the whole model), got "
                     f"{settings['mode']!r}; set mode: global and proj_dim"
                 )
-            if settings["kind"] == "noop":
-                self._single = build_projector(settings, self.grad_dim, None, 0, dtype)
-                proj_dim = self.grad_dim
-            else:
-                proj_dim = settings["proj_dim"]
-                self._blocks = [
-                    build_projector(settings, n, proj_dim, derive_slot_seed(settings["seed"], 0, i), dtype)
-                    for i, n in enumerate(self.numels)
-                ]
+            self._single, self._blocks = global_projectors(settings, self.numels, 0, dtype)
+        proj_dim = (self._single or self._blocks[0]).proj_dim  # type: ignore[index]
         self.z = nn.Parameter(torch.zeros(proj_dim, dtype=dtype, device=params[names[0]].device))
-        self._shapes = shapes
         self._offsets = [sum(self.numels[:i]) for i in range(len(self.numels))]
 
     def delta(self, i: int) -> torch.Tensor:
