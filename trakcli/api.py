@@ -74,9 +74,8 @@ DEFAULT_BATCH_SIZE: int = DataConfig.model_fields["batch_size"].default
 
 @contextmanager
 def api_wording() -> Iterator[None]:
-    """Raise a :class:`~trakcli.errors.TrakError` that carries a :class:`~trakcli.errors.Fix` with the fix worded
-    for the Python API (``overwrite=True``, another store path or ``experiment=``), not the CLI's flags and keys:
-    the same class and fix (:meth:`~trakcli.errors.TrakError.for_front`). Other exceptions pass unchanged."""
+    """Re-raise a :class:`~trakcli.errors.TrakError` with its :class:`~trakcli.errors.Fix` worded for the Python
+    API (``overwrite=True``, not the CLI's flags); other exceptions pass unchanged."""
     try:
         yield
     except TrakError as e:
@@ -86,29 +85,13 @@ def api_wording() -> Iterator[None]:
 
 
 def collect_batches(batches: Iterable[Any], name: str, task: Any = None) -> tuple[TensorDataset, int]:
-    """Read all batches into one CPU dataset (float inputs as float32, labels as the task reads them).
-
-    Args:
-        batches: an iterable of batches (:func:`~trakcli.data.loader.split_batch`), e.g. a
-            ``torch.utils.data.DataLoader``.
-        name: what the batches are, for messages (``"train batches"``).
-        task: the task reading the labels (None: ``classification``), which checks them
-            (:meth:`trakcli.tasks.Task.check_labels`).
-
-    Returns:
-        (the dataset, the rows of the first batch).
-
-    The whole is then checked as ``trak featurize`` checks a data file
-    (:func:`trakcli.data.load.checked_dataset`): as many labels as inputs (and
-    rows in every keyword input), labels ``[n, ...]`` the task takes (the built-in
-    tasks: integer labels >= 0, ``[n]`` or ``[n, 1]``, or per-token labels beside
-    ``input_ids``; a task of one's own: any numbers, e.g. float regression targets).
+    """All batches read into one CPU dataset, checked as ``trak featurize`` checks a data file; ``(the dataset,
+    the rows of the first batch)``. ``name`` names the batches in messages; ``task`` (None: classification)
+    checks the labels.
 
     Raises:
-        DataError: no batches, a batch that is not tensors, batches that do not concatenate
-            (e.g. text padded to another length per batch: pad to one ``max_length``), inputs
-            and labels of different lengths, or labels the task refuses (the built-in tasks: not
-            integer class indices).
+        DataError: no batches, a batch that is not tensors, batches that do not concatenate, inputs and labels
+            of different lengths, or labels the task refuses.
     """
     parts = list(tensor_batches(batches, name))
     return concat_batches(parts, name, task), int(parts[0][1].shape[0])
@@ -121,11 +104,8 @@ def is_rows(data: Any) -> bool:
 
 
 def checkpoint_name_and_sha(checkpoint: Any) -> tuple[str, str]:
-    """What the store records of a checkpoint: its path (or ``"<state dict>"``) and sha256.
-
-    A state dict in memory is hashed over its keys in sorted order with each tensor's dtype,
-    shape and bytes.
-    """
+    """What the store records of a checkpoint: its path (or ``"<state dict>"``) and sha256 (of a state dict: over
+    its sorted keys with each tensor's dtype, shape and bytes)."""
     if isinstance(checkpoint, Mapping):
         h = hashlib.sha256()
         for k in sorted(checkpoint):
@@ -138,16 +118,12 @@ def checkpoint_name_and_sha(checkpoint: Any) -> tuple[str, str]:
 
 @dataclass
 class ApiSetup(JobSetup):
-    """A :class:`~trakcli.jobs.setup.JobSetup` whose checkpoints may be state dicts in memory.
-
-    Attributes:
-        sources: per model_id, the checkpoint as given (a path or a state dict).
-    """
+    """A :class:`~trakcli.jobs.setup.JobSetup` whose checkpoints (``sources``, per model_id) may be state dicts."""
 
     sources: dict[int, Any] = field(default_factory=dict)
 
     def load(self, model_id: int) -> None:
-        """Load checkpoint ``model_id`` (a file as ``trak featurize`` does, or a state dict) onto the device.
+        """Load checkpoint ``model_id`` (a file, or a state dict) onto the device.
 
         Raises:
             CheckpointError: the state dict does not fit the model, or has NaN / inf weights.
@@ -257,10 +233,7 @@ class Attributor:
         self.curvature: Curvature | None = attach_curvature(self.featurizer, model, c, task)
 
     def _train_rows(self, batches: Any) -> tuple[Any, int]:
-        """The train rows of ``batches`` and the default batch size: a rows object as it is (its batch size
-        ``data.batch_size``'s default), a re-iterable of batches streamed (:class:`~trakcli.data.loader.LoaderRows`,
-        made and fingerprinted once per Attributor), anything else (a generator, a shuffling DataLoader) read into
-        memory."""
+        """The train rows of ``batches`` (module docstring) and the default batch size."""
         if is_rows(batches):
             return batches, DEFAULT_BATCH_SIZE
         if not is_reiterable(batches) or not in_fixed_order(batches):  # read once: one order, checked as a dataset
@@ -463,14 +436,7 @@ class Attributor:
         validate_section(SelectConfig, {"fraction": fraction, "count": count, "aggregate": aggregate,
                                         "normalize": normalize, "experiment": experiment, "quota": quota,
                                         "group_by": None if groups is None else "groups"}, "select")
-        if not checkpoints:
-            raise ConfigError("checkpoints: give the checkpoints of model_ids 0..M-1, as featurized")
-        target, first = collect_batches(batches, "target batches", self.task)
-        stored = Store.open_existing(self.path, mode="r")
-        if not stored.identity:
-            raise StoreError(f"the store {self.path} holds no train features yet; call Attributor.featurize first")
-        s = self._setup(stored.layout.n_train, StoredRows(stored.identity["train_data"], []), self.batch_size or first,
-                        dict(enumerate(checkpoints)))
+        target, stored, s = self._targets(batches, checkpoints)
         codes, names = group_codes(list(groups)) if groups is not None else (None, None)
         with api_wording():
             return select_rows(s, self.path, target, k=n_selected(stored.layout.n_train, fraction, count),
@@ -527,19 +493,24 @@ class Attributor:
     ) -> ScoreResult:
         """Featurize the target batches and score them (:func:`~trakcli.jobs.score.score_targets`); the lazy result."""
         validate_section(ScoreConfig, {"experiment": experiment}, "score")  # one store group name, as in a config
-        if not checkpoints:
-            raise ConfigError("checkpoints: give the checkpoints of model_ids 0..M-1, as featurized")
         if normalize not in (None, "unit"):
             raise ConfigError(f"normalize={normalize!r}: use None (TRAK's scores) or 'unit' (cosine scores)")
-        target, first = collect_batches(batches, "target batches", self.task)
-        stored = Store.open_existing(self.path, mode="r")
-        if not stored.identity:
-            raise StoreError(f"the store {self.path} holds no train features yet; call Attributor.featurize first")
-        known = StoredRows(stored.identity["train_data"], [])
-        s = self._setup(stored.layout.n_train, known, self.batch_size or first, dict(enumerate(checkpoints)))
+        target, _, s = self._targets(batches, checkpoints)
         plan = ScorePlan(experiment=experiment, lambda_reg=lambda_reg, lambda_rel=lambda_rel,
                          top_k=top[0] if top else None, full=top is None or top[1], normalize=normalize)
         with api_wording():
             lambdas, computed = score_targets(s, self.path, target, plan, RunFlags(overwrite=overwrite), self.reporter)
         self._reported = experiment  # what report() shows by default
-        return score_result(self.path, plan, known, target, lambdas, computed)
+        return score_result(self.path, plan, s.train, target, lambdas, computed)
+
+    def _targets(self, batches: Iterable[Any], checkpoints: list[Any]) -> tuple[TensorDataset, Store, ApiSetup]:
+        """The target batches read, the store opened and the setup of its featurized train rows."""
+        if not checkpoints:
+            raise ConfigError("checkpoints: give the checkpoints of model_ids 0..M-1, as featurized")
+        target, first = collect_batches(batches, "target batches", self.task)
+        stored = Store.open_existing(self.path, mode="r")
+        if not stored.identity:
+            raise StoreError(f"the store {self.path} holds no train features yet; call Attributor.featurize first")
+        known = StoredRows(stored.identity["train_data"], [])
+        return target, stored, self._setup(stored.layout.n_train, known, self.batch_size or first,
+                                           dict(enumerate(checkpoints)))

@@ -300,13 +300,8 @@ def _shown_path(path: Path) -> str:
 
 
 def user_frame(exc: BaseException) -> tuple[str, int] | None:
-    """Where in the user's code ``exc`` was raised: ``(file, line)`` of its deepest frame outside trakcli and libraries.
-
-    The Python standard library and installed packages (site-packages) count as
-    libraries. Without such a frame (e.g. a torch operation of the built-in
-    model rejected a shape), the deepest frame outside trakcli; None if every
-    frame is trakcli's.
-    """
+    """Where in the user's code ``exc`` was raised: ``(file, line)`` of its deepest frame outside trakcli and
+    libraries (else outside trakcli; None if every frame is trakcli's)."""
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<")]
     ours = [(f, Path(f.filename).resolve()) for f in frames]
     outside = [(f, p) for f, p in ours if not _under(p, _PACKAGE_DIR)]
@@ -351,21 +346,14 @@ def user_code(
 ) -> Iterator[None]:
     """Run the user's code and report any exception it raises as one :class:`TrakError` line.
 
-    ``with user_code("model.entrypoint my_model.py:make_model"): model = fn(**kwargs)``
-    turns a ``RuntimeError("boom")`` raised at line 4 of ``my_model.py`` into
-    ``UserCodeError("model.entrypoint my_model.py:make_model raised RuntimeError: boom (my_model.py, line 4)")``,
-    chained to the original exception (``TRAK_DEBUG=1`` shows both tracebacks).
-    A :class:`TrakError` passes through unchanged; ``KeyboardInterrupt`` and
-    ``SystemExit`` are not caught.
+    ``with user_code("model.entrypoint my_model.py:make_model"): ...`` turns a ``RuntimeError("boom")`` at line 4
+    of ``my_model.py`` into ``UserCodeError("model.entrypoint my_model.py:make_model raised RuntimeError: boom
+    (my_model.py, line 4)")``, chained to it. A :class:`TrakError`, ``KeyboardInterrupt`` and ``SystemExit`` pass.
 
     Args:
-        what: the code that ran, as the user wrote it (config key and value); or a function
-            returning it, called only when an exception is reported.
-        hint: appended after ``"; "``: how to fix it, when the call site knows.
-        error: the :class:`TrakError` class raised (e.g. ``DataError`` where bad inputs are the likely cause).
-
-    Raises:
-        error: with ``"{what} raised {describe_exception(exc)}"``.
+        what: the code that ran, as the user wrote it; or a function returning it (called only on an exception).
+        hint: appended after ``"; "``: how to fix it.
+        error: the :class:`TrakError` class raised.
     """
     try:
         yield

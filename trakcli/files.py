@@ -1,15 +1,9 @@
-"""Atomic writes of every file trakcli makes outside the store.
+"""Atomic writes of every file trakcli makes outside the store (exports, ``--out``, plots, manifests, checkpoints).
 
-Exports, ``--out``, plots, JSON reports, manifests and checkpoints alike:
-a file is written to a temporary file in the same directory, flushed to disk
-(``fsync``) and renamed onto its path (``os.replace``, atomic on POSIX and
-Windows). A write that fails (disk full, permissions, an exception, Ctrl-C)
-removes the temporary file and leaves the previous file exactly as it was;
-readers never see a half-written file. A process killed with ``kill -9``
-mid-write may leave a hidden ``.<stem>-<token>.tmp<suffix>`` file beside the
-path, never a damaged target.
-
-Imports nothing from trakcli (every part may use it).
+A file is written to a temporary file beside it, fsynced and renamed onto its path (``os.replace``): a
+failed write (disk full, an exception, Ctrl-C) removes the temporary file and leaves the previous file as
+it was; ``kill -9`` may leave a hidden ``.<stem>-<token>.tmp<suffix>`` file, never a damaged target.
+Imports nothing from trakcli at load time (every part may use it).
 """
 
 from __future__ import annotations
@@ -23,21 +17,11 @@ from typing import IO, Any, Iterator
 
 @contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
-    """A temporary path beside ``path`` to write to; renamed onto ``path`` when the block succeeds.
+    """A temporary path beside ``path`` to write to (``with atomic_path(out) as tmp: fig.savefig(tmp)``); renamed
+    onto ``path`` when the block succeeds, removed on any exception.
 
-    The temporary name keeps the suffix of ``path`` (``.npy``, ``.png``, ...),
-    so writers that read the format from the name work unchanged; a writer
-    that records the name in the file (``torch.save`` to a path names its zip
-    archive after it) must write to :func:`atomic_open`'s file object instead,
-    or the bytes would change with the random name. On success
-    the file is fsynced, renamed onto ``path``, and the directory fsynced; on
-    any exception (also ``KeyboardInterrupt``) the temporary file is removed
-    and the exception propagates.
-
-    Example::
-
-        with atomic_path(out) as tmp:
-            fig.savefig(tmp, format="png")
+    The temporary name keeps the suffix of ``path``; a writer that records the name in the file
+    (``torch.save`` to a path) must write to :func:`atomic_open`'s file object instead.
 
     Raises:
         OSError: the temporary file cannot be written, synced or renamed
@@ -64,16 +48,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
 
 @contextmanager
 def atomic_open(path: str | Path, mode: str = "w", **kwargs: Any) -> Iterator[IO[Any]]:
-    """``open(path, mode)`` through :func:`atomic_path`: the file appears complete or not at all.
-
-    Args:
-        path: the file to (re)write.
-        mode: ``"w"`` or ``"wb"`` (the temporary file is new; it is created exclusively).
-        kwargs: passed to :func:`open` (``encoding``, ``newline``).
-
-    Raises:
-        OSError: as :func:`atomic_path`.
-    """
+    """``open(path, mode)`` (``"w"`` or ``"wb"``, ``kwargs`` to :func:`open`) through :func:`atomic_path`."""
     if not mode.startswith("w"):
         raise ValueError(f"atomic_open writes a new file: mode {mode!r} must start with 'w'")
     with atomic_path(path) as tmp:
@@ -95,15 +70,10 @@ def file_problem(path: str | Path) -> str | None:
 
 
 def atomic_torch_save(obj: Any, path: str | Path) -> None:
-    """``torch.save(obj)`` to ``path`` through :func:`atomic_open`: the file appears complete or not at all.
-
-    Written to the file object, not to the temporary path: torch names the
-    archive inside after a path, and a random name would change the bytes.
+    """``torch.save(obj)`` to ``path`` through :func:`atomic_open`.
 
     Raises:
-        OSError: the file cannot be written (``path`` is then unchanged). torch's
-            writer reports a failed write (a full disk, a file size limit) as a
-            ``RuntimeError``; it is raised as an ``OSError`` naming that cause.
+        OSError: the file cannot be written (also torch's ``RuntimeError`` of a failed write, a full disk).
     """
     import torch
 
@@ -133,11 +103,7 @@ def save_training_file(obj: Any, path: str | Path, head: str, fix: str) -> None:
 
 
 def write_text(path: str | Path, text: str) -> None:
-    """Write ``text`` (UTF-8) to ``path`` atomically.
-
-    Raises:
-        OSError: as :func:`atomic_path` (``path`` is then unchanged).
-    """
+    """Write ``text`` (UTF-8) to ``path`` atomically (:class:`OSError` as :func:`atomic_path`)."""
     with atomic_open(path, "w", encoding="utf-8") as f:
         f.write(text)
 
@@ -157,11 +123,8 @@ def _sync_dir(directory: Path) -> None:
 
 
 def event(message: str) -> None:
-    """Append a line to the file named by ``$TRAK_EVENT_LOG``, if set (how the kill-and-resume tests count work).
-
-    Jobs write ``start <what> <model_id> <chunk>`` before and ``done ...`` after
-    each unit of work; without the variable this does nothing.
-    """
+    """Append a line (``start <what> <model_id> <chunk>``, ``done ...``) to the file named by ``$TRAK_EVENT_LOG``,
+    if set: how the kill-and-resume tests count work."""
     path = os.environ.get("TRAK_EVENT_LOG")
     if path:
         with open(path, "a") as f:

@@ -1,10 +1,5 @@
-"""Warnings of other libraries go to a debug log, not to the user's terminal.
-
-peft's ``UserWarning: fan_in_fan_out is set to False ...``, transformers' and torch's deprecations say
-nothing a ``trak`` user can act on. Every `trak` command (:func:`trakcli.cli.common.handle_errors`) and
-every worker process of `trak eval` (:mod:`trakcli.evaluation.workers`) runs inside
-:func:`library_warnings_to_log`.
-"""
+"""Warnings of other libraries go to a debug log, not to the user's terminal (:func:`library_warnings_to_log`,
+around every `trak` command and `trak eval`'s worker processes)."""
 
 from __future__ import annotations
 
@@ -29,14 +24,9 @@ _WARNING_FILES = {os.path.realpath(f) for f in (warnings.__file__, getattr(sys.m
 
 
 def _issued_by_library(filename: str) -> bool:
-    """Whether the warning being shown was issued by a library (torch, transformers, peft, numpy, ...).
-
-    Called inside ``warnings.showwarning``, while the code that warned is still on the stack: its frame is
-    the first one outside the ``warnings`` module. A library issued it when that frame is a library's, or
-    the warning's own ``filename`` is (whatever ``stacklevel`` it chose), or when the frame (trakcli's or
-    the user's) never calls ``warnings.warn`` itself: then a C extension warned (torch's C++ ``TORCH_WARN``)
-    inside an operation that frame ran.
-    """
+    """Whether the warning being shown (inside ``warnings.showwarning``) was issued by a library: the warning's
+    ``filename`` or the first frame outside ``warnings`` is a library's, or that frame never calls
+    ``warnings.warn`` (a C extension warned inside an operation it ran)."""
     if in_library(filename):
         return True
     frame = sys._getframe(2)  # the caller of showwarning (below: the frame that warned)

@@ -1,14 +1,9 @@
 """Progress reporting without a UI dependency.
 
-Library functions take a :class:`Reporter`; the CLI passes one that draws rich
-progress bars on stderr, tests get the silent default, and the Python API
-(:class:`trakcli.Attributor`) a :class:`StderrReporter`: a line rewritten in place on a
-terminal, rate-limited plain lines on anything else (a log file, a batch job's output).
-
-Three kinds of report: a *task* (a known number of steps: a bar, or lines, with the time left
-from :class:`Estimate`), a *phase* (a slow step without a bar, e.g. ``loading model gpt2 …``:
-one line once it has run :data:`PHASE_DELAY` seconds, so quick steps print nothing), and a
-one-line *message* (``info``).
+Library functions take a :class:`Reporter`: the CLI's draws rich progress bars, tests get the silent
+default, the Python API a :class:`StderrReporter`. Three kinds of report: a *task* (a known number of
+steps, with the time left from :class:`Estimate`), a *phase* (a slow step without a bar: one line once it
+has run :data:`PHASE_DELAY` seconds) and a one-line *message* (``info``).
 """
 
 from __future__ import annotations
@@ -35,18 +30,12 @@ class Task:
         """Count ``n`` more steps as done."""
 
     def warmed_up(self) -> None:
-        """Say that the steps done so far were warm-up (worker start-up, a first compile, caches filling).
-
-        The time left is then estimated from the steps done after this call only. Without a call,
-        the task's first step counts as warm-up (:class:`Estimate`).
-        """
+        """Say that the steps done so far were warm-up: the time left is estimated from the later steps only
+        (without a call, the first step counts as warm-up)."""
 
     def update(self, **fields: Field) -> None:
-        """Show live values beside the bar, e.g. ``task.update(loss=0.31, acc=0.92)``.
-
-        A field keeps its value until the next call that names it; fields show in
-        the order they were first given.
-        """
+        """Show live values beside the bar, e.g. ``task.update(loss=0.31, acc=0.92)``; each keeps its value until
+        a call names it again."""
 
 
 class Reporter:
@@ -63,16 +52,8 @@ class Reporter:
     def phase(self, message: str) -> AbstractContextManager[Any]:
         """Say that a slow step without a progress bar begins, e.g. ``"loading model gpt2 …"``.
 
-        Reporters that print show ``message`` once the step has run :data:`PHASE_DELAY` seconds
-        (a quick step prints nothing). The phase ends at the reporter's next phase, task or
-        message, or at the exit of the returned context manager
-        (``with reporter.phase("converting checkpoint …"): ...``).
-
-        Args:
-            message: what is being done, in the progressive (``"building the train data …"``).
-
-        Returns:
-            A context manager that ends the phase at its exit (the silent default's does nothing).
+        Reporters that print show ``message`` once the step has run :data:`PHASE_DELAY` seconds. The phase
+        ends at the reporter's next phase, task or message, or at the exit of the returned context manager.
         """
         return nullcontext()
 
@@ -86,14 +67,9 @@ def format_duration(seconds: float) -> str:
 class Estimate:
     """The time left of a task of ``total`` steps, from its rate after warm-up.
 
-    The first step of a task is often far slower than the others (a model loaded, a kernel
-    compiled, a worker process started), so it is not extrapolated from: the rate is measured
-    from the end of the first :meth:`advance` (or of the last :meth:`warmed_up`) to the latest
-    advance, and until a step has been done after that point there is no estimate.
-
-    Args:
-        total: steps of the task.
-        clock: seconds, monotonic (default ``time.monotonic``).
+    The first step is often far slower than the others (a model loaded, a worker started), so the rate
+    is measured from the end of the first :meth:`advance` (or of the last :meth:`warmed_up`) to the
+    latest advance; there is no estimate before a step after that point. ``clock``: monotonic seconds.
     """
 
     def __init__(self, total: int, clock: Callable[[], float] | None = None):
@@ -133,16 +109,8 @@ _LIVE: "weakref.WeakSet[PhaseLines]" = weakref.WeakSet()
 
 
 class PhaseLines:
-    """The phases of one reporter: the line of a phase is written once it has run ``delay`` seconds.
-
-    A phase ends at the next :meth:`begin`, at :meth:`end` (the reporter's next task or
-    message), or at the exit of the context manager :meth:`begin` returns; a line not written by
-    then never is. The line is written from a timer thread, under a lock that :meth:`end` takes.
-
-    Args:
-        write: writes one line (no newline given).
-        delay: seconds before a phase's line is written (0: at once, in the calling thread).
-    """
+    """The phases of one reporter: a phase's line is written (by ``write``, from a timer thread under a lock)
+    once it has run ``delay`` seconds (0: at once); a phase ended before never writes it."""
 
     def __init__(self, write: Callable[[str], None], delay: float = PHASE_DELAY):
         self.write, self.delay = write, delay
@@ -166,8 +134,7 @@ class PhaseLines:
         return _PhaseEnd(self, serial)
 
     def end(self, serial: int | None = None) -> None:
-        """End the current phase (or phase ``serial``, if it is still the current one): its line, if not
-        written yet, never is."""
+        """End the current phase (or phase ``serial``, if it is still the current one)."""
         with self.lock:
             if serial is None or serial == self.serial:
                 self._cancel()
@@ -208,13 +175,7 @@ NULL_REPORTER = Reporter()
 
 
 class _LineTask(Task):
-    """A task shown as ``description: done/total  fields``.
-
-    On a terminal one line is rewritten in place, at most every ``interval`` s. Elsewhere
-    (``reporter.lines``) whole lines are printed: one when the task starts, one at each further
-    tenth of the work or after ``every`` s without one (never two within ``min_gap`` s), and one
-    when it ends.
-    """
+    """A task shown as ``description: done/total  fields`` (see :class:`StderrReporter`)."""
 
     def __init__(self, reporter: "StderrReporter", description: str, total: int):
         self.reporter, self.description, self.total = reporter, description, total
@@ -240,10 +201,11 @@ class _LineTask(Task):
         extra = format_fields(self.fields)
         left = self.estimate.left() if 0 < self.done < self.total else None
         eta = f", ~{format_duration(left)} left" if left is not None else ""
+        tail = f"{eta}{'  ' + extra if extra else ''}"
         if not self.reporter.lines:
             if force or now - self.shown >= self.reporter.interval:
                 self.shown = now
-                line = f"{self.description}: {self.done}/{self.total}{eta}{'  ' + extra if extra else ''}"
+                line = f"{self.description}: {self.done}/{self.total}{tail}"
                 clear = f"\r{' ' * self.width}" if len(line) < self.width else ""  # the longer line drawn before
                 self.width = max(self.width, len(line))
                 self.reporter.stream.write(f"{clear}\r{line}")
@@ -257,9 +219,7 @@ class _LineTask(Task):
             return
         self.shown, self.tenth, self.printed = now, tenth, state
         pct = f" ({100 * self.done // self.total}%)" if self.total > 0 else ""
-        self.reporter.stream.write(
-            f"{self.description}: {self.done}/{self.total}{pct}{eta}{'  ' + extra if extra else ''}\n"
-        )
+        self.reporter.stream.write(f"{self.description}: {self.done}/{self.total}{pct}{tail}\n")
         self.reporter.stream.flush()
 
 
@@ -320,6 +280,5 @@ class StderrReporter(Reporter):
 
 
 def default_reporter() -> Reporter:
-    """A :class:`StderrReporter` on ``sys.stderr``: a line rewritten in place on a terminal, else rate-limited
-    plain lines."""
+    """A :class:`StderrReporter` on ``sys.stderr``."""
     return StderrReporter()

@@ -15,11 +15,7 @@ is a triangular solve. The ridge ``λ_m`` defaults to
 the mean squared norm of a train feature. Since E‖P g‖² = ‖g‖², this λ does
 not depend on proj_dim; it keeps the kernel well-posed when
 ``proj_dim >= n_train``, where the unregularized Gram matrix is singular
-(MadryLab's default λ = 0). On the digits benchmark (10 MLP checkpoints,
-LDS against retrained half-subset models, ``benchmarks/bench_lds_digits.py``)
-``lambda_rel = 1`` was within noise of the best ridge at proj_dim 256 and
-2048 alike, where a ridge relative to trace/proj_dim needed a different
-constant at each proj_dim.
+(MadryLab's default λ = 0; ``benchmarks/bench_lds_digits.py`` measures the ridge).
 
 When ``n_train < proj_dim`` the same scores come from the dual (the
 push-through identity ``(ΦᵀΦ + λI)⁻¹Φᵀ = Φᵀ(ΦΦᵀ + λI)⁻¹``)::
@@ -75,9 +71,7 @@ def add_lower_product(gram: torch.Tensor, a: torch.Tensor, block: int = 256) -> 
 
     ``a aᵀ`` is symmetric, so about half of its products are skipped: with
     blocks of ``block`` rows the work is ``(1 + 1/n_blocks)/2`` of a full
-    product (measured on 2 cores, float64, ``[1437, 2048]``: 74 ms against
-    136 ms for ``a @ a.T``, the speed of a float32 product without its
-    rounding). Entries above the block diagonal are left as they were; call
+    product. Entries above the block diagonal are left as they were; call
     :func:`mirror_lower` when the product is complete.
 
     Args:
@@ -149,11 +143,7 @@ def dual_gram(features: torch.Tensor, col_chunk: int | None = None) -> torch.Ten
     :func:`float64_columns`: 64 MiB) is cast to float64 and multiplied, so
     the float64 copy in memory is ``[n_train, col_chunk]``, never
     ``[n_train, proj_dim]``; only the block lower triangle is multiplied
-    (:func:`add_lower_product`) and then mirrored, which makes it as fast as
-    a full float32 product. (Float32 products of the blocks moved the scores
-    by 2.8e-7 of their largest value at ``lambda_rel = 1``, 2e-6 at 0.1 and
-    1.7e-5 at 0.01 on digits features; rounding the features themselves to
-    float32 moves them by 6e-9 to 3e-8.)
+    (:func:`add_lower_product`) and then mirrored.
 
     Args:
         features: ``Φ``, ``[n_train, proj_dim]`` (any float dtype, e.g. the stored float32).
@@ -335,10 +325,7 @@ def dual_solved_features(
     A checkpoint's score term is then ``Φ_t Xᵀ`` (``φ(t)ᵀ A φ(z_i) = φ(t) · X_i``):
     the same as :func:`dual_scores`, with the solve done once for the train
     side instead of for every set of targets. Solved in float64 over blocks of
-    ``col_chunk`` columns, rounded to float32: on digits features (10
-    checkpoints, proj_dim 2048, n_train 1437) the float32 product ``Φ_t Xᵀ``
-    then differs from the float64 :func:`dual_scores` by 4e-8 of the largest
-    score at ``lambda_rel`` 1 and 6e-8 at 0.01, as the primal's float32 products do.
+    ``col_chunk`` columns, rounded to float32.
 
     Args:
         train_features: ``Φ``, ``[n_train, proj_dim]`` (any float dtype).

@@ -367,7 +367,6 @@ class LanguageModeling(Task):
 
     def check(self, logits, batch, row_offset=0):
         labels = token_labels(batch)
-        n = labels.shape[0]
         if logits.ndim != 3 or logits.shape[:2] != labels.shape:
             raise DataError(
                 f"task language_modeling needs a causal LM returning logits [n, L, vocab]; for input_ids "
@@ -382,7 +381,6 @@ class LanguageModeling(Task):
                 f"token labels out of range in examples {rows} (e.g. {labels[bad][:5].tolist()}): labels must be a "
                 f"token id in [0, {vocab - 1}] or -100 (not a target)"
             )
-        del n
 
 
 #: The built-in tasks by name (the names and the labels they read: :data:`trakcli.config.schema.BUILTIN_TASK_LABELS`).

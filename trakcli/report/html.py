@@ -28,6 +28,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from trakcli.errors import ArgumentError, DataError
+from trakcli.plots.common import as_numpy
 from trakcli.report.page import SCRIPT, STYLE
 
 #: The sides of an answer and their keys in the embedded data.
@@ -177,9 +178,7 @@ def _query(record: Mapping[str, Any], docs: dict[int, dict[str, Any]]) -> tuple[
 
 def _image_rows(x: Any, what: str) -> np.ndarray:
     """``[n, C, H, W]`` float64 of ``[n, H, W]`` / ``[n, C, H, W]`` images."""
-    if hasattr(x, "detach"):
-        x = x.detach().cpu().numpy()
-    a = np.asarray(x)
+    a = as_numpy(x)
     if a.ndim == 3:
         a = a[:, None]
     if a.ndim != 4 or a.shape[1] not in (1, 3) or not np.issubdtype(a.dtype, np.number):

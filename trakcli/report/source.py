@@ -17,6 +17,7 @@ from trakcli.answers import TokenFields, answer_records, ridge_meaning, score_me
 from trakcli.errors import DataError, StoreError
 from trakcli.jobs.score import ScoreResult
 from trakcli.plots import image_shape_of
+from trakcli.plots.common import as_numpy
 from trakcli.report.html import render_report
 from trakcli.store import Store
 from trakcli.store.integrity import keys, node
@@ -56,23 +57,17 @@ def rows_of(data: Any) -> Rows:
         shape = image_shape_of(data)
         images = None
         if shape is not None:
-            x = _numpy(data.inputs)
+            x = as_numpy(data.inputs)
             images = x.reshape(len(x), *shape)
         return Rows(images=images, labels=_class_labels(data), n=len(data))
     if isinstance(data, (list, tuple)) and all(isinstance(t, str) for t in data):
         texts = list(data)
         return Rows(texts=lambda idx: [texts[i] for i in idx], n=len(texts))
-    x = _numpy(data)
+    x = as_numpy(data)
     if x.ndim in (3, 4):
         return Rows(images=x, n=len(x))
     raise DataError(f"cannot show rows of {type(data).__name__} with shape {list(x.shape)}: give a dataset, a list "
                     "of texts, or pictures [n, H, W] / [n, C, H, W]")
-
-
-def _numpy(x: Any) -> np.ndarray:
-    if hasattr(x, "detach"):
-        x = x.detach().cpu().numpy()
-    return np.asarray(x)
 
 
 def _class_labels(ds: Any) -> np.ndarray | None:
@@ -82,7 +77,7 @@ def _class_labels(ds: Any) -> np.ndarray | None:
     labels = getattr(ds, "labels", None)
     if labels is None:
         return None
-    labels = _numpy(labels)
+    labels = as_numpy(labels)
     return labels if labels.ndim == 1 else None
 
 

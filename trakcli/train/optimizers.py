@@ -1,9 +1,4 @@
-"""The optimizer of the built-in recipe and its learning-rate schedule.
-
-:func:`make_optimizer` builds a ``torch.optim`` optimizer by name, or that optimizer run in a
-random subspace by :class:`trakcli.optim.ProjectedOptimizer`; :func:`lr_at` is the learning rate
-of a step (linear warmup, then constant, linear or cosine decay).
-"""
+"""The optimizer of the built-in recipe by name (:func:`make_optimizer`) and its learning-rate schedule (:func:`lr_at`)."""
 
 from __future__ import annotations
 
@@ -55,16 +50,6 @@ def lr_at(step: int, *, lr: float, total_steps: int, schedule: str = "constant",
     ``lr``. The first step after the warmup uses ``lr``, the last one ``lr / (total_steps - warmup_steps)``
     (linear).
 
-    Args:
-        step: 1-based step over the whole training.
-        lr: the peak learning rate.
-        total_steps: steps of the whole training (all epochs).
-        schedule: ``constant``, ``linear`` or ``cosine``.
-        warmup_steps: steps of linear warmup (0: none).
-
-    Returns:
-        The learning rate, a float >= 0.
-
     Raises:
         ValueError: an unknown schedule.
     """
@@ -84,8 +69,6 @@ def optimizer_param_names(model: nn.Module, opt: torch.optim.Optimizer) -> list[
     """The name of each parameter the optimizer holds, in its ``state_dict``'s order ("" for one not in ``model``)."""
     names = {id(p): k for k, p in model.named_parameters()}
     return [names.get(id(p), "") for g in opt.param_groups for p in g["params"]]
-
-
 
 def optimizer_state_numel(opt: torch.optim.Optimizer) -> int:
     """Floats an optimizer holds as state (tensors other than step counters)."""

@@ -1,11 +1,5 @@
-"""One model trained with a config's recipe: what `trak optimize` does for model i, and `trak eval` retrains.
-
-:func:`train_one` builds, seeds and trains one model with a config's recipe (``optimize:``,
-through a :class:`~trakcli.train.trainer.Trainer`) or with the user's ``optimize.entrypoint``;
-`trak optimize` (:func:`trakcli.jobs.optimize.optimize`) and the retraining of `trak eval` both
-call it. :func:`check_recipe`, :func:`check_init_checkpoint` and :func:`load_training_function`
-refuse a recipe that cannot train before any model trains.
-"""
+"""One model trained with a config's recipe (:func:`train_one`): what `trak optimize` does for model i, and
+`trak eval` retrains; the checks that refuse a recipe that cannot train before any model trains."""
 
 from __future__ import annotations
 
@@ -29,18 +23,7 @@ from trakcli.train.trainer import Recipe, Trainer
 
 
 def check_recipe(cfg: Config, *, purpose: str = "trak optimize") -> OptimizeConfig:
-    """Refuse configs whose recipe cannot train: no recipe section.
-
-    Args:
-        cfg: a :class:`~trakcli.config.Config`.
-        purpose: the command, for messages.
-
-    Returns:
-        ``cfg.recipe``, the :class:`~trakcli.config.OptimizeConfig` recipe.
-
-    Raises:
-        ConfigError: no ``optimize:`` section.
-    """
+    """``cfg.recipe``; a :class:`ConfigError` (naming the command ``purpose``) without an ``optimize:`` section."""
     oc = cfg.recipe
     if oc is None:
         example = "{n_models: 10, out_dir: ckpts, ...}" if purpose == "trak optimize" else "{epochs: 20, lr: 0.05, ...}"
@@ -53,14 +36,7 @@ def check_recipe(cfg: Config, *, purpose: str = "trak optimize") -> OptimizeConf
 
 
 def check_init_checkpoint(oc: OptimizeConfig) -> None:
-    """Refuse a recipe whose ``init_checkpoint`` names no file, before any model trains.
-
-    Args:
-        oc: the recipe (``cfg.recipe``).
-
-    Raises:
-        ConfigError: ``init_checkpoint`` is set and is not a file.
-    """
+    """Refuse (:class:`ConfigError`) a recipe whose ``init_checkpoint`` names no file, before any model trains."""
     if oc.init_checkpoint is not None and not oc.init_checkpoint.is_file():
         raise ConfigError(
             f"optimize.init_checkpoint: file {str(oc.init_checkpoint)!r} does not exist; give a state dict of "
@@ -69,10 +45,8 @@ def check_init_checkpoint(oc: OptimizeConfig) -> None:
 
 
 def load_training_function(cfg: Config) -> Callable[..., Any] | None:
-    """The user's training function of ``optimize.entrypoint`` (None: the built-in recipe).
-
-    Resolved like ``model.entrypoint`` (:func:`trakcli.models.load_function`):
-    ``"path/to/file.py:function"`` or ``"package.module:function"``.
+    """The user's training function of ``optimize.entrypoint``, resolved like ``model.entrypoint`` (None: the
+    built-in recipe).
 
     Raises:
         ModelError: the file or module cannot be imported, or has no such function.
@@ -87,16 +61,9 @@ def load_training_function(cfg: Config) -> Callable[..., Any] | None:
 
 @dataclass
 class Trained:
-    """One model trained by :func:`train_one`.
-
-    Attributes:
-        model: the trained model, in eval mode, on the training device.
-        metrics: the built-in recipe's ``final_loss``, ``optimizer_state_numel`` and per-epoch
-            ``history`` (:meth:`~trakcli.train.trainer.Trainer.metrics`); empty for an ``optimize.entrypoint``.
-        optimizer_state: the built-in recipe's final optimizer ``state_dict`` and ``param_names``
-            (:meth:`~trakcli.train.trainer.Trainer.optimizer_state`); ``None`` for an ``optimize.entrypoint``,
-            which keeps its optimizer to itself.
-    """
+    """One model trained by :func:`train_one` (in eval mode, on the training device), with the built-in recipe's
+    :meth:`~trakcli.train.trainer.Trainer.metrics` and :meth:`~trakcli.train.trainer.Trainer.optimizer_state`
+    (empty and None for an ``optimize.entrypoint``)."""
 
     model: nn.Module
     metrics: dict[str, Any] = field(default_factory=dict)
@@ -120,57 +87,31 @@ def train_one(
 ) -> Trained:
     """Build, seed and train one model with the config's recipe: what `trak optimize` does for model i.
 
-    Steps: ``torch.manual_seed(seed)``; build ``model.entrypoint`` with
-    ``model.kwargs`` on ``device``; load ``optimize.init_checkpoint`` if set;
-    then train it on ``(inputs, labels)`` (or the rows ``inputs``):
-
-    * with ``optimize.entrypoint``: call the user's
-      function ``fn(model, inputs, labels, seed=seed, **optimize.kwargs)`` (lazily
-      read rows are given to it padded, as tensors); it trains the model in place
-      (returns None) or returns the trained model;
-    * else a :class:`~trakcli.train.trainer.Trainer` with the task's loss (``cfg.task``) and the
-      recipe (:meth:`Recipe.from_config <trakcli.train.trainer.Recipe.from_config>`: epochs, batch size,
-      optimizer, lr and its schedule, momentum, weight decay and projection), its minibatch order drawn
-      with ``seed``; batches of lazily read text hold at most ``data.batch_tokens`` padded tokens.
-
-    `trak optimize` trains model i with ``seed = optimize.seed + i``, so
-    calling this with the same seed and rows reproduces its checkpoint.
+    ``torch.manual_seed(seed)``; build ``model.entrypoint`` with ``model.kwargs`` on ``device``; load
+    ``optimize.init_checkpoint`` if set; add LoRA if set; then train on ``(inputs, labels)`` (or the rows
+    ``inputs``): with ``optimize.entrypoint`` by ``fn(model, inputs, labels, seed=seed, **optimize.kwargs)``
+    (lazily read rows given padded, as tensors), which trains in place (returning None) or returns the trained
+    model; else by a :class:`~trakcli.train.trainer.Trainer` with the task's loss and the recipe, its order drawn
+    with ``seed``. `trak optimize` trains model i with ``seed = optimize.seed + i``.
 
     Args:
-        cfg: a validated :class:`~trakcli.config.Config` with a recipe (``cfg.recipe``).
-        inputs: ``[n, ...]`` float32 inputs on ``device`` (or a dict of ``[n, L]`` tensors for text), or the
-            rows (:class:`TensorRows`; :class:`DatasetRows` of lazily read text, batches moved to ``device``).
-        labels: ``[n]`` int64 class labels or ``[n, L]`` per-token labels on ``device`` (with tensor ``inputs``).
+        cfg: a validated :class:`~trakcli.config.Config` with a recipe.
+        inputs, labels: ``[n, ...]`` inputs (or a dict of ``[n, L]`` tensors) and ``[n]`` / ``[n, L]`` labels on
+            ``device``, or the rows (:class:`TensorRows`, :class:`DatasetRows`) without labels.
         seed: seed of the initialization and of the minibatch order.
-        device: where the model lives.
-        reporter, description: progress of the built-in recipe (one step per optimizer step, with
-            the epoch and its running loss and accuracy), and a line for each slow phase (building
-            the model, a training function's whole run).
-        resume_path: the built-in recipe's training-state file (see
-            :meth:`Trainer.fit <trakcli.train.trainer.Trainer.fit>`); the state is saved every
-            ``optimize.checkpoint_every`` steps and at epoch ends.
-        validation: ``(inputs, labels)`` on ``device`` or a dataset, evaluated after every epoch of the
-            built-in recipe (``data.validation``); ignored by a ``optimize.entrypoint``.
+        reporter, description: progress, and a line for each slow phase.
+        resume_path, epoch_end, replay: the built-in recipe's, as :meth:`Trainer.fit
+            <trakcli.train.trainer.Trainer.fit>`.
+        validation: evaluated after every epoch of the built-in recipe (``data.validation``).
         name: the model in messages (``"model 3"``); default ``description``.
-        epoch_end: called by the built-in recipe after every epoch (see
-            :meth:`Trainer.fit <trakcli.train.trainer.Trainer.fit>`).
-        replay: the built-in recipe's replay recorder (``optimize.replay``, :mod:`trakcli.train.replay`); None:
-            no record.
-
-    Returns:
-        The trained model (in eval mode, on ``device``), with the built-in recipe's metrics and
-        optimizer state (:class:`Trained`).
 
     Raises:
-        ConfigError: no recipe (see :func:`check_recipe`).
-        ModelError: the model or the training function cannot be loaded, or the
-            training function returned something that is not an ``nn.Module``.
-        UserCodeError: the model's entrypoint or the training function raised (file and line named).
+        ConfigError: no recipe.
+        ModelError: the model or the training function cannot be loaded, or the function returned no ``nn.Module``.
+        UserCodeError: the model's entrypoint or the training function raised.
         CheckpointError: ``init_checkpoint`` or the resume file cannot be read.
-        DataError: the built-in recipe's first forward pass fails, or a label does not fit the
-            model's logits (:func:`~trakcli.train.evaluate.check_forward`).
-        TrainingError: the training diverged (see :meth:`Trainer.fit <trakcli.train.trainer.Trainer.fit>`),
-            or it left non-finite weights (named).
+        DataError: the first forward pass fails, or a label does not fit the logits.
+        TrainingError: the training diverged, or left non-finite weights.
     """
     from trakcli.models.build import build_model
     from trakcli.models.checkpoints import load_checkpoint

@@ -80,15 +80,8 @@ def set_rng_states(states: dict[str, Any], device: torch.device | None = None) -
 
 
 class ReplayRecorder:
-    """Writes a training's replay record (see the module docstring) as :meth:`Trainer.fit` runs.
-
-    Args:
-        folder: the record folder (created).
-        every: steps between recorded states; 0: :func:`default_every` of the training's steps.
-
-    Raises (from its methods):
-        TrainingError: a file cannot be written (names it and the fix).
-    """
+    """Writes a training's replay record (module docstring) into ``folder`` as :meth:`Trainer.fit` runs, a state
+    every ``every`` steps (0: :func:`default_every`); its methods raise :class:`TrainingError` on a failed write."""
 
     def __init__(self, folder: Path, every: int = 0):
         self.folder = Path(folder)

@@ -1,9 +1,5 @@
-"""The rows the built-in recipe trains on: tensors batched by index, or text read and tokenized batch by batch.
-
-:class:`TensorRows` holds its rows as tensors on the training device; :class:`DatasetRows`
-reads a text or language-model dataset lazily, each batch padded to its own longest row.
-:func:`count_steps` counts the optimizer steps of a whole training (for the learning-rate schedule).
-"""
+"""The rows the built-in recipe trains on: tensors batched by index (:class:`TensorRows`), or text read and
+tokenized batch by batch (:class:`DatasetRows`); :func:`count_steps` for the learning-rate schedule."""
 
 from __future__ import annotations
 
@@ -16,23 +12,15 @@ from trakcli.tasks import IGNORE_INDEX
 
 
 class TrainRows:
-    """The rows the built-in recipe trains on, batched in a given order.
-
-    Attributes:
-        n: number of rows.
-    """
+    """The rows the built-in recipe trains on (``n`` of them), batched in a given order."""
 
     n: int
 
     def batches(
         self, order: torch.Tensor, start: int, batch_size: int, max_tokens: int | None = None
     ) -> Iterator[tuple[int, Inputs, torch.Tensor]]:
-        """Batches of the rows ``order[start:]`` (``order``: ``[n]`` int64, a permutation of ``range(n)``).
-
-        Yields:
-            ``(rows, inputs, labels)``: the batch's number of rows (the next entries of
-            ``order``), its inputs and labels on the training device.
-        """
+        """``(rows, inputs, labels)`` of each batch of the rows ``order[start:]`` (``order``: a permutation of
+        ``range(n)``): its number of rows, its inputs and labels on the training device."""
         raise NotImplementedError
 
     def first(self) -> tuple[Inputs, torch.Tensor]:
@@ -49,20 +37,14 @@ class TrainRows:
 
 
 class TensorRows(TrainRows):
-    """Rows held as tensors (on the training device): minibatches are ``batch_size`` rows of ``order``.
-
-    Args:
-        inputs: ``[n, ...]`` float32, or a dict of ``[n, L]`` tensors (``input_ids``, ``attention_mask``).
-        labels: ``[n]`` int64 class labels, or ``[n, L]`` int64 per-token labels (-100: not a target).
-    """
+    """Rows held as tensors on the training device (``inputs`` ``[n, ...]`` or a dict of ``[n, L]`` tensors,
+    ``labels`` ``[n]`` or ``[n, L]``): minibatches are ``batch_size`` rows of ``order``."""
 
     def __init__(self, inputs: Inputs, labels: torch.Tensor):
         self.inputs, self.labels = inputs, labels
         self.n = int(labels.shape[0])
 
     def batches(self, order, start, batch_size, max_tokens=None):
-        """Consecutive ``batch_size`` slices of ``order[start:]`` (``max_tokens`` is not used: the rows are
-        already padded)."""
         for lo in range(start, self.n, batch_size):
             idx = order[lo : lo + batch_size]
             yield len(idx), index_inputs(self.inputs, idx), self.labels[idx]
@@ -75,17 +57,11 @@ class TensorRows(TrainRows):
 
 
 class DatasetRows(TrainRows):
-    """Rows of a lazily read text or language-model dataset, tokenized as their batches are needed.
+    """Rows of a lazily read text dataset (``batches_of``, ``token_lengths``), tokenized as their batches are needed.
 
-    Every batch is padded to its own longest row and holds at most ``batch_size`` rows
-    and ``max_tokens`` padded tokens (``data.batch_tokens``), as featurize batches
-    (:meth:`trakcli.data.text.TextDataset.batches_of`); the corpus is never held in memory.
-
-    Args:
-        data: a :class:`~trakcli.data.text.TextDataset` (anything with ``batches_of`` and ``token_lengths``).
-        rows: the dataset rows to train on (a subset), in dataset order; ``None``: all.
-        device: where the batches go.
-        masked: tokens left out of the loss, ``{dataset row: [positions]}`` (their labels set to ``-100``).
+    Every batch is padded to its own longest row and holds at most ``batch_size`` rows and ``max_tokens``
+    padded tokens, as featurize batches. ``rows``: the dataset rows trained on (None: all); ``masked``:
+    tokens left out of the loss, ``{dataset row: [positions]}``.
     """
 
     def __init__(self, data: Any, rows: Sequence[int] | torch.Tensor | None = None, device: torch.device | str = "cpu",
@@ -126,13 +102,8 @@ class DatasetRows(TrainRows):
         return x, y
 
 
-
 def count_steps(data: TrainRows, *, epochs: int, batch_size: int, max_tokens: int | None, seed: int) -> int:
-    """Optimizer steps of a whole training: the epochs' batches in the orders the seeded generator draws.
-
-    With fixed-size batches ``epochs * ceil(n / batch_size)``; with a token budget each
-    epoch's order is drawn as training draws it and its batches counted from the rows' lengths.
-    """
+    """Optimizer steps of a whole training: the epochs' batches in the orders the seeded generator draws."""
     gen = torch.Generator().manual_seed(seed)
     total = 0
     for _ in range(epochs):

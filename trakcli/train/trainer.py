@@ -1,13 +1,5 @@
-"""The built-in recipe: a :class:`Trainer` trains one model with the task's loss, resumably.
-
-A :class:`Recipe` holds the settings of the ``optimize:`` section that shape the steps
-(epochs, batch size, optimizer, learning rate and its schedule, projection); a
-:class:`Trainer` sets up the optimizer, the schedule and the shuffling generator of one
-model once, holds the position of its training (:class:`TrainState`: step, epoch, the
-epoch's order and running sums, the history) and runs the steps in :meth:`Trainer.fit`,
-saving and resuming that position through a training-state file. A model killed
-mid-training resumes from its file bit-identically.
-"""
+"""The built-in recipe: a :class:`Trainer` trains one model with the task's loss (:class:`Recipe`: the steps'
+settings), holding its position (:class:`TrainState`) and resuming it bit-identically from a training-state file."""
 
 from __future__ import annotations
 
@@ -34,24 +26,8 @@ from trakcli.train.rows import DatasetRows, TrainRows, count_steps
 
 @dataclass(frozen=True)
 class Recipe:
-    """The settings of the built-in recipe that shape its steps (the ``optimize:`` section's).
-
-    Attributes:
-        epochs: passes over the rows.
-        batch_size: rows per minibatch.
-        lr: the (peak) learning rate.
-        optimizer: ``sgd`` (with ``momentum``), ``adam`` or ``adamw``.
-        momentum: SGD's momentum.
-        weight_decay: weight decay (decoupled, in the full space, with a projection).
-        schedule: ``constant``, ``linear`` or ``cosine`` (:func:`~trakcli.train.optimizers.lr_at`).
-        warmup_steps: steps of linear warmup.
-        warmup_fraction: the share of all steps (rounded up) warmed up, in place of ``warmup_steps``.
-        projection: the ``optimize.projection`` mapping: the optimizer steps in a random subspace
-            (:class:`~trakcli.optim.ProjectedOptimizer`); ``None``: plain.
-        max_tokens: most padded tokens per batch of :class:`~trakcli.train.rows.DatasetRows`
-            (``data.batch_tokens``); ``None``: no bound.
-        checkpoint_every: steps between training-state saves (0: at epoch ends only).
-    """
+    """The settings of the built-in recipe that shape its steps: the ``optimize:`` keys of the same names, and
+    ``max_tokens`` (``data.batch_tokens``: most padded tokens per batch of :class:`~trakcli.train.rows.DatasetRows`)."""
 
     epochs: int
     batch_size: int
@@ -80,57 +56,26 @@ class Recipe:
 
 @dataclass
 class TrainState:
-    """Where a training stands: what a training-state file holds besides the model, optimizer and generators.
+    """Where a training stands: what a training-state file holds besides the model, optimizer and generators."""
 
-    Attributes:
-        epoch: epochs finished (0-based index of the current epoch).
-        lo: rows of the current epoch done (0: at the epoch's start).
-        total: the current epoch's summed loss (loss x its terms).
-        correct: the current epoch's right predictions (classifiers).
-        units: the current epoch's loss terms (rows, or target tokens).
-        step: optimizer steps taken, over all epochs.
-        order: the current epoch's row order (``[n]`` int64); ``None`` at an epoch's start.
-        history: one dict per finished epoch (see :meth:`Trainer.metrics`).
-        first_loss: the first step's loss (the divergence check's reference); ``None`` before it.
-    """
-
-    epoch: int = 0
-    lo: int = 0
-    total: float = 0.0
-    correct: int = 0
-    units: int = 0
-    step: int = 0
-    order: torch.Tensor | None = None
-    history: list[dict[str, Any]] = field(default_factory=list)
-    first_loss: float | None = None
+    epoch: int = 0  # epochs finished
+    lo: int = 0  # rows of the current epoch done
+    total: float = 0.0  # the current epoch's summed loss (loss x its terms)
+    correct: int = 0  # the current epoch's right predictions (classifiers)
+    units: int = 0  # the current epoch's loss terms (rows, or target tokens)
+    step: int = 0  # optimizer steps over all epochs
+    order: torch.Tensor | None = None  # the current epoch's row order; None at an epoch's start
+    history: list[dict[str, Any]] = field(default_factory=list)  # one dict per finished epoch
+    first_loss: float | None = None  # the divergence check's reference
 
 
 class Trainer:
     """Train ``model`` in place on ``data`` with the task's loss (:meth:`trakcli.tasks.Task.loss`).
 
-    Classification: cross-entropy of ``[n, C]`` logits; language modeling: the mean
-    next-token cross-entropy over the target tokens of ``[n, L, V]`` logits. The
-    minibatch order is drawn from a ``torch.Generator`` seeded with ``seed`` (one
-    permutation per epoch), so a run is reproducible on one machine. The learning
-    rate follows :func:`~trakcli.train.optimizers.lr_at` (warmup, then ``schedule``).
-    The optimizer, the schedule's step count and the generator are set up here, once;
-    :meth:`fit` runs the steps.
-
-    Args:
-        model: the model, on the device of ``data``'s batches (initialize it before: the
-            trainer draws no numbers from the global generator).
-        data: the rows (:class:`~trakcli.train.rows.TensorRows`, :class:`~trakcli.train.rows.DatasetRows`).
-        recipe: the settings (:class:`Recipe`).
-        task: the task whose loss is minimized (a :class:`~trakcli.tasks.Task` or a name).
-        seed: seed of the shuffling generator.
-        validation: ``(inputs, labels)`` tensors or a dataset (``batches(start, stop, batch_size,
-            max_tokens)``: :class:`~trakcli.data.tensors.TensorDataset`, :class:`~trakcli.data.text.TextDataset`)
-            evaluated after every epoch (eval mode, no gradients); never changes the training.
-        name: the model in messages, e.g. ``"model 3"``.
-
-    Attributes:
-        state: the position of the training (:class:`TrainState`), restored by :meth:`fit` from its file.
-        optimizer: the ``torch.optim`` optimizer.
+    The optimizer, the schedule's step count and the shuffling generator (seeded with ``seed``, one
+    permutation per epoch) are set up here, once; :meth:`fit` runs the steps. ``validation`` (tensors
+    ``(inputs, labels)`` or a dataset) is evaluated after every epoch without changing the training;
+    ``name`` names the model in messages. The model draws no numbers from the global generator here.
 
     Raises:
         ValueError: an unknown optimizer or schedule.
@@ -193,26 +138,17 @@ class Trainer:
     ) -> nn.Module:
         """Run the training's steps: all of them, or those left after the training-state file's position.
 
-        The progress task counts optimizer steps over all epochs (:func:`~trakcli.train.rows.count_steps`:
-        with a token budget, one tokenizing pass over the rows' lengths first), so its time left is
-        known within the first epoch; it shows the ``epoch`` (``2/3``) and after every step the epoch's
-        running mean ``loss`` (per row; per target token for language models), for classifiers the training
-        accuracy ``acc`` (of the minibatches' own forward passes, in train mode: no extra pass),
-        with a schedule the step's ``lr``, and with ``validation`` the ``val_loss`` (/ ``val_acc``)
-        of the last finished epoch.
+        The progress task counts optimizer steps over all epochs and shows the ``epoch``, the epoch's running
+        mean ``loss``, for classifiers the training ``acc`` (of the minibatches' own forward passes), with a
+        schedule the ``lr``, and with ``validation`` the last epoch's ``val_loss`` (/ ``val_acc``).
 
         Args:
             reporter, description: where the progress goes, and its task's name.
-            resume_path: a file for the training state (model, optimizer, shuffling
-                generator, position), written atomically every ``recipe.checkpoint_every``
-                steps and at every epoch end, and deleted when training ends. If it
-                exists at the start, training resumes from it, and the result is
-                bit-identical to an uninterrupted run.
-            epoch_end: if given, called as ``epoch_end(epoch, model, optimizer)`` (1-based epoch) after
-                every finished epoch, before its training state is saved: a resumed run calls it for
-                the epochs it trains, and a kill between the two repeats the call on resume.
-            replay: if given, records what an exact replay needs (:mod:`trakcli.train.replay`: each epoch's
-                order, the state every ``replay.every`` steps, then the record) and trains with
+            resume_path: the training-state file, written atomically every ``recipe.checkpoint_every`` steps
+                and at every epoch end, deleted when training ends; resumed from (bit-identically) if it exists.
+            epoch_end: called as ``epoch_end(epoch, model, optimizer)`` (1-based) after every finished epoch,
+                before its state is saved (a kill between the two repeats the call on resume).
+            replay: records what an exact replay needs (:mod:`trakcli.train.replay`), training with
                 ``torch.use_deterministic_algorithms`` (restored after).
 
         Returns:
@@ -220,9 +156,8 @@ class Trainer:
 
         Raises:
             CheckpointError: the resume file cannot be read or was made with another recipe.
-            TrainingError: a step's loss is not finite or above ``DIVERGED_FACTOR`` times
-                the first step's (:func:`trakcli.train.divergence.check_loss`): names the model and the step;
-                or the training state cannot be written.
+            TrainingError: a step's loss diverged (:func:`trakcli.train.divergence.check_loss`), or the training
+                state cannot be written.
             DataError: a row of lazily read data cannot be read or tokenized.
         """
         model, data, r = self.model, self.data, self.recipe
@@ -250,9 +185,8 @@ class Trainer:
         return model.eval()
 
     def replay_info(self, total_steps: int) -> dict[str, Any]:
-        """What a replay record says of the steps (:meth:`ReplayRecorder.finish`): the recipe, the learning rate
-        of every step (``lrs``, step 1 first), the row count and the trainable parameters (in the optimizer's
-        order: name, dtype, shape)."""
+        """What a replay record says of the steps: the recipe, every step's learning rate, the row count and the
+        trainable parameters (name, dtype, shape, in the optimizer's order)."""
         r = self.recipe
         lrs = [lr_at(t, lr=r.lr, total_steps=self.total_steps, schedule=r.schedule, warmup_steps=self.warmup_steps)
                if self.scheduled else r.lr for t in range(1, total_steps + 1)]
@@ -269,7 +203,6 @@ class Trainer:
     def _steps(self, reporter: Reporter, description: str, resume_path: str | Path | None,
                epoch_end: Callable[[int, nn.Module, torch.optim.Optimizer], None] | None,
                replay: ReplayRecorder | None, total_steps: int) -> None:
-        """The loop of :meth:`fit` (see there)."""
         model, data, r, task, s = self.model, self.data, self.recipe, self.task, self.state
         opt, n = self.optimizer, data.n
         saves = 0  # steps since this call started, for checkpoint_every
@@ -340,10 +273,8 @@ class Trainer:
                 s.epoch, s.order = epoch + 1, None
 
     def metrics(self) -> dict[str, Any]:
-        """The training's metrics: ``final_loss`` (mean loss of the last epoch), ``optimizer_state_numel``
-        (floats of optimizer state) and ``history``: one dict per epoch with ``epoch`` (1-based), ``loss``
-        (mean minibatch loss) and, for classifiers, ``accuracy`` (share of the epoch's minibatch predictions
-        that were right, in train mode), plus ``val_loss`` (and ``val_accuracy``) with ``validation``."""
+        """``final_loss`` (the last epoch's mean), ``optimizer_state_numel`` and ``history``: per epoch ``epoch``
+        (1-based), ``loss``, for classifiers ``accuracy`` (in train mode), and ``val_loss`` / ``val_accuracy``."""
         s = self.state
         return {
             "final_loss": s.total / max(s.units, 1),
@@ -357,12 +288,7 @@ class Trainer:
                 "param_names": optimizer_param_names(self.model, self.optimizer)}
 
     def save_state(self, path: Path, *, epoch: int, lo: int) -> None:
-        """Write the training state atomically at position ``(epoch, lo)`` (plain tensors and numbers: loads
-        with ``weights_only=True``).
-
-        Raises:
-            TrainingError: the file cannot be written (names it and the fix).
-        """
+        """Write the training state atomically at position ``(epoch, lo)`` (loads with ``weights_only=True``)."""
         s = self.state
         state = {
             "recipe": self.identity(),
@@ -370,15 +296,7 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "generator": self.generator.get_state(),
             "torch_rng": torch.get_rng_state(),
-            "order": s.order.cpu(),
-            "epoch": epoch,
-            "lo": lo,
-            "total": s.total,
-            "correct": s.correct,
-            "units": s.units,
-            "step": s.step,
-            "history": s.history,
-            "first_loss": s.first_loss,
+            **vars(s), "order": s.order.cpu(), "epoch": epoch, "lo": lo,
         }
         save_training_file(state, path, "cannot write the training state",
                            "free disk space and rerun the same command, which resumes from the last state written")
