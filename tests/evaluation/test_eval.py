@@ -20,7 +20,7 @@ from trakcli.config import load_config
 from trakcli.data import load_dataset
 from trakcli.errors import StoreMismatchError
 from trakcli.evaluation.scores import store_scores
-from trakcli.evaluation.retrain import load_or_retrain, model_outputs, model_seed, retrain, subset_mask, subset_masks
+from trakcli.evaluation.retrain import load_or_retrain, model_outputs, model_seed, retrain, subset_mask
 from trakcli.train import train_one
 from trakcli.evaluation.lds import lds
 from trakcli.models import build_model
@@ -47,6 +47,11 @@ def eval_arrays(store: str | Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 # ----------------------------------------------------------------------------
 # subsets and outputs: pure functions
+
+
+def subset_masks(n_train: int, fraction: float, seed: int, n_subsets: int) -> np.ndarray:
+    """The masks of retrained models 0..n_subsets-1, as `retrain` stores them."""
+    return np.stack([subset_mask(n_train, fraction, seed, k) for k in range(n_subsets)])
 
 
 @pytest.mark.parametrize("n_train, fraction", [(1437, 0.5), (40, 0.5), (41, 0.3), (10, 0.95), (7, 0.01)])

@@ -11,7 +11,7 @@ import pytest
 from scipy.stats import spearmanr
 
 from trakcli.errors import DataError
-from trakcli.evaluation.retrain import subset_masks
+from trakcli.evaluation.retrain import subset_mask
 from trakcli.evaluation.lds import lds, spearman_columns
 
 
@@ -64,7 +64,7 @@ def test_lds_of_a_planted_linear_datamodel_is_one_and_of_random_scores_zero():
     rng = np.random.default_rng(2)
     n_subsets, n_train, n_target = 80, 300, 40
     weights = rng.normal(size=(n_target, n_train))  # the true linear datamodel of each target
-    masks = subset_masks(n_train, 0.5, seed=0, n_subsets=n_subsets)
+    masks = np.stack([subset_mask(n_train, 0.5, 0, k) for k in range(n_subsets)])
     outputs = masks @ weights.T + rng.normal(scale=0.01, size=(n_subsets, n_target))
     good = lds(weights, masks, outputs, n_bootstrap=300)
     assert good.lds > 0.99 and good.ci_low > 0.98

@@ -30,19 +30,17 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from trakcli.config import Config
-from trakcli.data.load import load_dataset
 from trakcli.data.tensors import inputs_to
 from trakcli.errors import ConfigError
-from trakcli.evaluation.retrain import check_eval_config, model_seed, setup_device, threads_per_worker, train_on_rows
-from trakcli.jobs.runtime import apply_threads, event, resolve_device
-from trakcli.evaluation.workers import run_in_workers
 from trakcli.evaluation.lds import mean_interval
+from trakcli.evaluation.retrain import WorkerState, check_eval_config, model_seed, run_models, train_on_rows
+from trakcli.jobs.runtime import event
 from trakcli.models.forward import forward
 from trakcli.progress import NULL_REPORTER, Reporter
 from trakcli.tasks import make_batch, resolve_task
@@ -75,7 +73,8 @@ class QLDPlan:
         seeds: per model, its training seed.
         kinds: per model, ``("all", s, -1)``, ``("top", s, qi)`` or ``("random", s, qi)``.
         masked: per model, the train tokens masked out of the loss, ``{row: [positions]}``
-            (``eval.qld.per_token``; empty otherwise).
+            (``eval.qld.per_token``; None otherwise).
+        n_dropped: the rows (tokens) each model but the full-data one leaves out.
     """
 
     queries: list[int]
@@ -83,6 +82,7 @@ class QLDPlan:
     seeds: list[int]
     kinds: list[tuple[str, int, int]]
     masked: list[dict[int, list[int]]] | None = None
+    n_dropped: int = 0
 
 
 def choose_queries(cfg: Config, n_target: int) -> list[int]:
@@ -99,6 +99,36 @@ def choose_queries(cfg: Config, n_target: int) -> list[int]:
     return sorted(rng.choice(n_target, size=q.queries, replace=False).tolist())
 
 
+def _plan(cfg: Config, queries: list[int], units: np.ndarray, ranked: dict[str, np.ndarray], stream: int,
+          as_masked: Callable[[np.ndarray], dict[int, list[int]]] | None) -> QLDPlan:
+    """Per seed, the full-data model and, per query, the models without its top ``m`` units (rows or token
+    cells) of each score in ``ranked`` (``[n_queries, len(units)]``: ``"top"``, then ``"top:<baseline>"``) and
+    without ``m`` random ones (``eval.seed``, ``stream``). ``as_masked``: units are tokens, masked from the loss."""
+    q = cfg.eval.qld
+    m = max(1, round(q.fraction * len(units)))
+    empty = np.zeros(0, dtype=np.int64)
+    p = QLDPlan(queries, [], [], [], [] if as_masked else None, m)
+
+    def add(kind: tuple[str, int, int], seed: int, left_out: np.ndarray | None) -> None:
+        p.kinds.append(kind)
+        p.seeds.append(seed)
+        p.drop.append(empty if as_masked or left_out is None else np.sort(left_out))
+        if as_masked:
+            p.masked.append({} if left_out is None else as_masked(left_out))
+
+    for s in range(q.seeds):
+        seed = model_seed(cfg.eval.seed + QLD_SEED_OFFSET, s)
+        add(("all", s, -1), seed, None)
+        for qi, t in enumerate(queries):
+            top = {kind: units[np.argsort(-v[qi], kind="stable")[:m]] for kind, v in ranked.items()}
+            add(("top", s, qi), seed, top.pop("top"))
+            add(("random", s, qi), seed, np.random.default_rng([cfg.eval.seed, stream, s, t]).choice(
+                units, size=m, replace=False))
+            for kind, left_out in top.items():
+                add((kind, s, qi), seed, left_out)
+    return p
+
+
 def plan_tokens(cfg: Config, queries: list[int], token_scores: np.ndarray,
                 baselines: dict[str, np.ndarray] | None = None) -> QLDPlan:
     """The models of a per-token QLD run (module docstring) from the queries' per-token scores.
@@ -112,11 +142,9 @@ def plan_tokens(cfg: Config, queries: list[int], token_scores: np.ndarray,
             :func:`trakcli.evaluation.bm25.token_overlap_scores`) whose top tokens are masked too (kind
             ``"top:<name>"``).
     """
-    q = cfg.eval.qld
     valid = ~np.isnan(token_scores[0])  # [n_train, width]: the train targets
     cells = np.flatnonzero(valid.ravel())
     width = valid.shape[1]
-    m = max(1, round(q.fraction * len(cells)))
 
     def as_rows(flat: np.ndarray) -> dict[int, list[int]]:
         out: dict[int, list[int]] = {}
@@ -124,26 +152,9 @@ def plan_tokens(cfg: Config, queries: list[int], token_scores: np.ndarray,
             out.setdefault(c // width, []).append(c % width)
         return out
 
-    drop, seeds, kinds, masked = [], [], [], []
-    empty = np.zeros(0, dtype=np.int64)
-    for s in range(q.seeds):
-        seed = model_seed(cfg.eval.seed + QLD_SEED_OFFSET, s)
-        drop.append(empty)
-        seeds.append(seed)
-        kinds.append(("all", s, -1))
-        masked.append({})
-        for qi, t in enumerate(queries):
-            vals = token_scores[qi].ravel()[cells]
-            top = cells[np.argsort(-vals, kind="stable")[:m]]
-            rand = np.random.default_rng([cfg.eval.seed, 3, s, t]).choice(cells, size=m, replace=False)
-            extra = [(f"top:{name}", cells[np.argsort(-b[qi].ravel()[cells], kind="stable")[:m]])
-                     for name, b in (baselines or {}).items()]
-            for kind, flat in (("top", top), ("random", rand), *extra):
-                drop.append(empty)
-                seeds.append(seed)
-                kinds.append((kind, s, qi))
-                masked.append(as_rows(flat))
-    return QLDPlan(queries, drop, seeds, kinds, masked)
+    ranked = {"top": token_scores, **{f"top:{name}": b for name, b in (baselines or {}).items()}}
+    ranked = {kind: v.reshape(len(v), -1)[:, cells] for kind, v in ranked.items()}
+    return _plan(cfg, queries, cells, ranked, 3, as_rows)
 
 
 def plan(cfg: Config, scores: np.ndarray, baselines: dict[str, np.ndarray] | None = None) -> QLDPlan:
@@ -155,45 +166,12 @@ def plan(cfg: Config, scores: np.ndarray, baselines: dict[str, np.ndarray] | Non
     Raises:
         ConfigError: more queries than targets.
     """
-    q = cfg.eval.qld
-    n_target, n_train = scores.shape
-    queries = choose_queries(cfg, n_target)
-    m = max(1, round(q.fraction * n_train))
-    drop, seeds, kinds = [], [], []
-    for s in range(q.seeds):
-        seed = model_seed(cfg.eval.seed + QLD_SEED_OFFSET, s)
-        drop.append(np.zeros(0, dtype=np.int64))
-        seeds.append(seed)
-        kinds.append(("all", s, -1))
-        for qi, t in enumerate(queries):
-            top = np.argsort(-scores[t], kind="stable")[:m]
-            rand = np.random.default_rng([cfg.eval.seed, 2, s, t]).choice(n_train, size=m, replace=False)
-            extra = [(f"top:{name}", np.argsort(-b[t], kind="stable")[:m]) for name, b in (baselines or {}).items()]
-            for kind, rows in (("top", top), ("random", rand), *extra):
-                drop.append(np.sort(rows))
-                seeds.append(seed)
-                kinds.append((kind, s, qi))
-    return QLDPlan(queries, drop, seeds, kinds)
+    queries = choose_queries(cfg, scores.shape[0])
+    ranked = {"top": scores, **{f"top:{name}": b for name, b in (baselines or {}).items()}}
+    return _plan(cfg, queries, np.arange(scores.shape[1]), {kind: v[queries] for kind, v in ranked.items()}, 2, None)
 
 
-@dataclass
-class _State:
-    cfg: Config
-    train: Any
-    target: Any
-    device: torch.device
-    plan: QLDPlan
-
-
-def _setup(arg: tuple[Config, int, QLDPlan]) -> _State:
-    cfg, threads, p = arg
-    device = setup_device(cfg, threads)
-    train = load_dataset(cfg.data.train, key="data.train", task=resolve_task(cfg.task))
-    target = load_dataset(cfg.data.target, key="data.target", task=resolve_task(cfg.task))  # type: ignore[arg-type]
-    return _State(cfg, train, target, device, p)
-
-
-def _train_and_measure(state: _State, k: int) -> np.ndarray:
+def _train_and_measure(state: WorkerState, k: int) -> np.ndarray:
     """Model ``k`` of the plan: trained without its dropped rows, the queries' losses under it."""
     event(f"start qld {k} pid {os.getpid()}")
     cfg, train, p = state.cfg, state.train, state.plan
@@ -261,10 +239,7 @@ def qld(cfg: Config, scores: np.ndarray | None, *, workers: int = 1, reporter: R
         TrakError: training failed.
     """
     check_eval_config(cfg)
-    if token_scores is not None:
-        p = plan_tokens(cfg, *token_scores, baselines)
-    else:
-        p = plan(cfg, scores, baselines)
+    p = plan_tokens(cfg, *token_scores, baselines) if token_scores is not None else plan(cfg, scores, baselines)
     n = len(p.drop)
     results: dict[int, np.ndarray] = {}
     with reporter.task("qld models", n) as task:
@@ -272,16 +247,7 @@ def qld(cfg: Config, scores: np.ndarray | None, *, workers: int = 1, reporter: R
             results[k] = losses
             task.advance()
 
-        if workers > 1:
-            run_in_workers(list(range(n)), workers=workers, setup=_setup,
-                           setup_arg=(cfg, threads_per_worker(cfg, workers), p), task=_train_and_measure,
-                           on_result=done, describe=lambda k: f"qld model {k}", name="trak-qld-worker")
-        else:
-            apply_threads(cfg.num_threads)
-            state = _State(cfg, load_dataset(cfg.data.train, key="data.train", task=resolve_task(cfg.task)),
-                           load_dataset(cfg.data.target, key="data.target", task=resolve_task(cfg.task)), resolve_device(cfg.device), p)
-            for k in range(n):
-                done(k, _train_and_measure(state, k))
+        run_models(cfg, list(range(n)), workers, _train_and_measure, done, "qld model", "trak-qld-worker", plan=p)
     q = cfg.eval.qld
     shape = (q.seeds, len(p.queries))
     out = {kind: np.zeros(shape) for kind in ("all", "top", "random", *(f"top:{b}" for b in baselines or {}))}
@@ -290,8 +256,6 @@ def qld(cfg: Config, scores: np.ndarray | None, *, workers: int = 1, reporter: R
             out["all"][s] = results[k]
         else:
             out[kind][s, qi] = results[k][qi]
-    n_dropped = (sum(len(v) for v in p.masked[1].values()) if token_scores is not None
-                 else max(1, round(q.fraction * scores.shape[1])))
-    return QLDResult(p.queries, q.fraction, n_dropped, out["all"], out["top"],
+    return QLDResult(p.queries, q.fraction, p.n_dropped, out["all"], out["top"],
                      out["random"], cfg.eval.bootstrap, cfg.eval.seed,
                      {b: out[f"top:{b}"] for b in baselines or {}}, "tokens" if token_scores is not None else "rows")

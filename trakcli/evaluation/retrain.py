@@ -23,16 +23,15 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from trakcli.config import Config
 from trakcli.jobs.inputs import check_files
-from trakcli.data.load import load_dataset
 from trakcli.data.tensors import TensorDataset, index_inputs, inputs_to
 from trakcli.data.text import TextDataset
 from trakcli.errors import ArgumentError, ConfigError, StoreError
@@ -40,6 +39,7 @@ from trakcli.tasks import make_batch, resolve_task, task_identity
 from trakcli.distributed import Dist
 from trakcli.jobs.runtime import apply_threads, event, grad_memory_for, locked_store, resolve_device
 from trakcli.train import DatasetRows, check_init_checkpoint, check_recipe, load_training_function, train_one
+from trakcli.evaluation.scores import dataset
 from trakcli.evaluation.workers import WorkerLost, run_in_workers
 from trakcli.models.checkpoints import file_sha256
 from trakcli.models.forward import forward
@@ -57,11 +57,6 @@ MODEL_SEED_STRIDE = 100_003
 # subsets and seeds
 
 
-def subset_size(n_train: int, subset_fraction: float) -> int:
-    """Rows per subset: ``round(subset_fraction * n_train)`` (Python's round), at least 1 and at most n_train."""
-    return min(n_train, max(1, round(subset_fraction * n_train)))
-
-
 def subset_mask(n_train: int, subset_fraction: float, seed: int, k: int) -> np.ndarray:
     """The training rows of retrained model k: a pure function of ``(seed, k)``.
 
@@ -76,17 +71,13 @@ def subset_mask(n_train: int, subset_fraction: float, seed: int, k: int) -> np.n
         k: index of the retrained model.
 
     Returns:
-        ``[n_train]`` bool with exactly :func:`subset_size` True entries.
+        ``[n_train]`` bool with exactly ``round(subset_fraction * n_train)`` (Python's round) True entries, at
+        least 1 and at most n_train.
     """
     rng = np.random.default_rng([seed, k])
     mask = np.zeros(n_train, dtype=bool)
-    mask[rng.choice(n_train, size=subset_size(n_train, subset_fraction), replace=False)] = True
+    mask[rng.choice(n_train, size=min(n_train, max(1, round(subset_fraction * n_train))), replace=False)] = True
     return mask
-
-
-def subset_masks(n_train: int, subset_fraction: float, seed: int, n_subsets: int) -> np.ndarray:
-    """Masks ``[n_subsets, n_train]`` bool, row k = :func:`subset_mask` ``(..., k)``."""
-    return np.stack([subset_mask(n_train, subset_fraction, seed, k) for k in range(n_subsets)])
 
 
 def model_seed(seed: int, k: int) -> int:
@@ -209,10 +200,10 @@ def eval_identity(cfg: Config, train_fingerprint: dict[str, Any], target_fingerp
         # recorded when set, so a constant learning rate keeps the identity it has without these keys
         recipe.update({k: dump[k] for k in ("schedule", "warmup_steps", "warmup_fraction")
                        if dump[k] != type(oc).model_fields[k].default})
-        if cfg.data.batch_tokens is not None and _lazy(cfg):
+        if cfg.data.batch_tokens is not None and cfg.data.train.text_source is not None:  # text: read in batches
             recipe["batch_tokens"] = cfg.data.batch_tokens
     recipe["init_checkpoint_sha256"] = file_sha256(oc.init_checkpoint) if oc.init_checkpoint is not None else None
-    return {
+    identity = {
         "task": cfg.task,
         "output_function": task_identity(cfg.task)["output_function"],
         "model": {**cfg.model.model_dump(mode="json"), "entrypoint_sha256": _entrypoint_file_sha256(cfg.model.entrypoint)},
@@ -223,20 +214,12 @@ def eval_identity(cfg: Config, train_fingerprint: dict[str, Any], target_fingerp
         "seed": cfg.eval.seed,
         "model_seed": f"{MODEL_SEED_BASE} + {MODEL_SEED_STRIDE} * seed + k" if cfg.eval.retrain_seed == "other"
         else f"optimize.seed + k mod optimize.n_models: {oc.seed} + k mod {oc.n_models}",
-        **({"replay_of": _replayed(cfg)} if cfg.eval.retrain_seed == "replay" else {}),
     }
+    if cfg.eval.retrain_seed == "replay":  # the sha256s of the recorded checkpoints
+        from trakcli.jobs.unroll import replayed_checkpoints
 
-
-def _replayed(cfg: Config) -> list[str]:
-    """``eval.retrain_seed: replay``: the sha256s of the recorded checkpoints (:mod:`trakcli.jobs.unroll`)."""
-    from trakcli.jobs.unroll import replayed_checkpoints
-
-    return replayed_checkpoints(cfg)
-
-
-def _lazy(cfg: Config) -> bool:
-    """Whether data.train is text or language-model data (read in batches bounded by data.batch_tokens)."""
-    return cfg.data.train.text_source is not None
+        identity["replay_of"] = replayed_checkpoints(cfg)
+    return identity
 
 
 def check_eval_config(cfg: Config) -> None:
@@ -315,18 +298,14 @@ class RetrainResult:
         masks: ``[n_subsets, n_train]`` bool, the training rows of each retrained model.
         outputs: ``[n_subsets, n_target]`` float64, the targets' outputs under each model.
         trained: models trained by this run (the others were in the store).
-        repaired: rows whose checksum failed and that were retrained.
         workers: processes that trained.
-        seconds: wall-clock time of this run's training.
     """
 
     store: Path
     masks: np.ndarray
     outputs: np.ndarray
     trained: int = 0
-    repaired: list[int] = field(default_factory=list)
     workers: int = 1
-    seconds: float = 0.0
 
     @property
     def n_subsets(self) -> int:
@@ -374,8 +353,7 @@ def retrain(
         raise ArgumentError(f"workers={workers}: give 1 or more processes")
     check_eval_config(cfg)
     reporter.phase("loading data.train and data.target …")
-    train = load_dataset(cfg.data.train, key="data.train", task=resolve_task(cfg.task))
-    target = load_dataset(cfg.data.target, key="data.target", task=resolve_task(cfg.task))  # type: ignore[arg-type]  # checked above
+    train, target = dataset(cfg), dataset(cfg, "target")
     identity = eval_identity(cfg, train.fingerprint(), target.fingerprint())
     n = cfg.eval.n_subsets
     path = cfg.store.location
@@ -389,8 +367,8 @@ def retrain(
             reporter.info(f"retrained models {repaired} failed their checksum and are retrained")
         pending = rows.pending(n)
         n_workers = max(1, min(workers, len(pending)))
-        t0 = time.perf_counter()
         if pending:
+            t0 = time.perf_counter()
             have = n - len(pending)
             reporter.info(
                 f"retraining {len(pending)} of {n} models on random {cfg.eval.subset_fraction:g} subsets of "
@@ -409,17 +387,19 @@ def retrain(
                     if written == n_workers > 1:  # each worker's first model carried its start-up: not timed
                         task.warmed_up()
 
-                if n_workers == 1:
-                    state = _WorkerState(cfg, train, target, setup_device(cfg, cfg.num_threads))
-                    for k in pending:
-                        write(k, _retrain_task(state, k))
-                else:
-                    _retrain_in_workers(cfg, pending, n_workers, write)
-        seconds = time.perf_counter() - t0
-        if pending:
+                try:
+                    run_models(cfg, pending, n_workers, _retrain_task, write, "retraining model", "trak-eval-worker",
+                               data=(train, target))
+                except WorkerLost as e:
+                    raise StoreError(
+                        f"a retraining worker process exited (exit code {e.exitcode}) with models "
+                        f"{e.unfinished[:10]} unfinished; the finished ones are in the store: rerun the same "
+                        "command to resume (with fewer --workers if it ran out of memory)"
+                    ) from None
+            seconds = time.perf_counter() - t0
             reporter.info(f"retrained {len(pending)} models in {seconds:.1f}s ({seconds / len(pending):.2f}s per model)")
         masks, outputs = rows.read(n)
-    return RetrainResult(path, masks, outputs, len(pending), repaired, n_workers, seconds)
+    return RetrainResult(path, masks, outputs, len(pending), n_workers)
 
 
 def load_or_retrain(
@@ -438,61 +418,51 @@ def load_or_retrain(
     return res.masks, res.outputs
 
 
-# -- the work of one process (this one, or a spawned worker) -------------------
+# -- the models of `trak eval` (lds, qld), trained in this process or in spawned workers ----------
 
 
 @dataclass
-class _WorkerState:
-    """What a process trains with: the config, the train and target data, the device."""
+class WorkerState:
+    """What a process trains with: the config, the train and target data, the device, and the task's ``plan``."""
 
     cfg: Config
     train: TensorDataset
     target: TensorDataset
     device: torch.device
+    plan: Any = None
 
 
-def setup_device(cfg: Config, threads: int | None) -> torch.device:
+def _worker_setup(arg: tuple[Config, int | None, Any, Any]) -> WorkerState:
+    """Set the torch threads, resolve the device and load the data unless given (once per process)."""
+    cfg, threads, plan, data = arg
     apply_threads(threads)
-    return resolve_device(cfg.device)
+    device = resolve_device(cfg.device)
+    train, target = data or (dataset(cfg), dataset(cfg, "target"))
+    return WorkerState(cfg, train, target, device, plan)
 
 
-def _worker_setup(arg: tuple[Config, int]) -> _WorkerState:
-    """In a spawned worker: set its torch threads, resolve the device and load the data (once)."""
-    cfg, threads = arg
-    device = setup_device(cfg, threads)
-    train = load_dataset(cfg.data.train, key="data.train", task=resolve_task(cfg.task))
-    target = load_dataset(cfg.data.target, key="data.target", task=resolve_task(cfg.task))  # type: ignore[arg-type]  # checked by the parent
-    return _WorkerState(cfg, train, target, device)
+def run_models(cfg: Config, items: list[int], workers: int, task: Callable[[WorkerState, int], Any],
+               on_result: Callable[[int, Any], None], what: str, name: str, *, plan: Any = None,
+               data: tuple[Any, Any] | None = None) -> None:
+    """``on_result(k, task(state, k))`` for every ``k`` of ``items``, in this process (``workers == 1``,
+    ``cfg.num_threads``; ``data``: the train and target data already loaded) or in ``workers`` spawned
+    processes (:func:`~trakcli.evaluation.workers.run_in_workers`; ``cfg.num_threads`` each, unset: the cores
+    divided by ``workers``). ``what`` names a task in error messages, ``name`` the processes.
+
+    Raises:
+        WorkerLost: a worker process died. TrakError: a task failed in a worker.
+    """
+    if workers == 1:
+        state = _worker_setup((cfg, cfg.num_threads, plan, data))
+        for k in items:
+            on_result(k, task(state, k))
+        return
+    threads = cfg.num_threads if cfg.num_threads is not None else max(1, (os.cpu_count() or 1) // workers)
+    run_in_workers(items, workers=workers, setup=_worker_setup, setup_arg=(cfg, threads, plan, None), task=task,
+                   on_result=on_result, describe=lambda k: f"{what} {k}", name=name)
 
 
-def _retrain_task(state: _WorkerState, k: int) -> np.ndarray:
+def _retrain_task(state: WorkerState, k: int) -> np.ndarray:
     """Train model k: :func:`retrain_one` (with the event the kill-and-resume tests count)."""
     event(f"start eval {k} pid {os.getpid()}")
     return retrain_one(state.cfg, k, state.train, state.target, state.device)
-
-
-def threads_per_worker(cfg: Config, workers: int) -> int:
-    """cfg.num_threads if set, else the cores shared out between the workers (at least 1)."""
-    if cfg.num_threads is not None:
-        return cfg.num_threads
-    return max(1, (os.cpu_count() or 1) // workers)
-
-
-def _retrain_in_workers(cfg: Config, pending: list[int], workers: int, write: Any) -> None:
-    """Train the ``pending`` models in ``workers`` spawned processes; ``write(k, outputs)`` each as it finishes.
-
-    Raises:
-        StoreError: a worker process died (the finished models are in the store).
-        TrakError: training failed in a worker.
-    """
-    try:
-        run_in_workers(
-            pending, workers=workers, setup=_worker_setup, setup_arg=(cfg, threads_per_worker(cfg, workers)),
-            task=_retrain_task, on_result=write, describe=lambda k: f"retraining model {k}", name="trak-eval-worker",
-        )
-    except WorkerLost as e:
-        raise StoreError(
-            f"a retraining worker process exited (exit code {e.exitcode}) with models {e.unfinished[:10]} "
-            "unfinished; the finished ones are in the store: rerun the same command to resume "
-            "(with fewer --workers if it ran out of memory)"
-        ) from None

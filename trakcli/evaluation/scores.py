@@ -17,6 +17,11 @@ from trakcli.store.store import Store
 from trakcli.tasks import resolve_task
 
 
+def dataset(cfg: Config, which: str = "train") -> Any:
+    """``data.train`` or ``data.target`` (``which``) of the config, loaded for its task."""
+    return load_dataset(getattr(cfg.data, which), key=f"data.{which}", task=resolve_task(cfg.task))
+
+
 def open_scored_store(cfg: Config, what: str, then: str) -> Store:
     """The config's store, opened to read; a StoreError naming the commands to run when there is none.
 
@@ -47,7 +52,7 @@ def store_scores(cfg: Config) -> np.ndarray:
     """
     store = open_scored_store(cfg, "scores", "`trak score CONFIG` first (or give --scores FILE)")
     scores, attrs = store.read_scores(cfg.score.experiment)
-    check_experiment_data(cfg, store, attrs, load_dataset(cfg.data.train, key="data.train", task=resolve_task(cfg.task)))
+    check_experiment_data(cfg, store, attrs, dataset(cfg))
     return np.asarray(scores, dtype=np.float32)
 
 
@@ -66,10 +71,8 @@ def check_experiment_data(cfg: Config, store: Store, attrs: dict[str, Any], trai
     problems = []
     if store.identity.get("train_data") != train.fingerprint():
         problems.append("data.train differs from the train data the store was featurized with")
-    if cfg.data.target is not None:
-        target = load_dataset(cfg.data.target, key="data.target", task=resolve_task(cfg.task))
-        if attrs.get("target_data") != target.fingerprint():
-            problems.append(f"data.target differs from the targets of experiment {exp!r}")
+    if cfg.data.target is not None and attrs.get("target_data") != dataset(cfg, "target").fingerprint():
+        problems.append(f"data.target differs from the targets of experiment {exp!r}")
     if problems:
         raise StoreMismatchError(
             f"the scores in {store.path} do not belong to this config: " + "; ".join(problems)

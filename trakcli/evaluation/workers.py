@@ -66,11 +66,9 @@ def _exit_with_parent() -> None:
     os._exit(1)
 
 
-def describe_exception(e: BaseException) -> str:
-    """What the caller shows of a worker's exception: a TrakError's message, else its type, message and traceback.
-
-    Call it inside the ``except`` block (it formats the exception being handled).
-    """
+def _describe(e: BaseException) -> str:
+    """A worker's exception as the caller shows it: a TrakError's message, else its type, message and traceback
+    (called inside the ``except`` block)."""
     if isinstance(e, TrakError):
         return str(e)
     return f"{e.__class__.__name__}: {e}\n{traceback.format_exc().rstrip()}"
@@ -89,27 +87,14 @@ def _worker_main(setup: Callable[[Any], Any], setup_arg: Any, task: Callable[[An
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it terminates the workers
     threading.Thread(target=_exit_with_parent, daemon=True).start()
+    k = -1
     with library_warnings_to_log() if library_warnings else nullcontext():
-        _work(setup, setup_arg, task, tasks, results)
-
-
-def _work(setup: Callable[[Any], Any], setup_arg: Any, task: Callable[[Any, int], Any], tasks: Any,
-          results: Any) -> None:
-    """The loop of :func:`_worker_main`."""
-    try:
-        state = setup(setup_arg)
-    except BaseException as e:  # noqa: BLE001 - reported to the parent
-        results.put(("error", -1, describe_exception(e)))
-        return
-    while True:
-        k = tasks.get()
-        if k is None:
-            return
         try:
-            results.put(("ok", k, task(state, k)))
+            state = setup(setup_arg)
+            while (k := tasks.get()) is not None:
+                results.put(("ok", k, task(state, k)))
         except BaseException as e:  # noqa: BLE001 - reported to the parent
-            results.put(("error", k, describe_exception(e)))
-            return
+            results.put(("error", k, _describe(e)))
 
 
 def run_in_workers(
@@ -145,7 +130,7 @@ def run_in_workers(
 
     Raises:
         TrakError: ``setup`` or a task raised (``"<describe(k)> failed in a
-            worker process: <message>"``, the message of :func:`describe_exception`).
+            worker process: <message>"``: a TrakError's message, else the type, message and traceback).
         WorkerLost: a worker process exited with tasks unfinished.
         Whatever ``on_result`` raises.
     """
