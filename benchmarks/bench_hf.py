@@ -144,7 +144,7 @@ def run_traker(mask: str, a: dict[str, Any]) -> dict[str, Any]:
     from trak import TRAKer
     from trak.projectors import BasicProjector, ProjectionType
 
-    from trakcli.data.text import load_text
+    from trakcli.data.text import TextDataset
     from trakcli.models.forward import additive_mask
     from trakcli.models import build_model
 
@@ -161,7 +161,7 @@ def run_traker(mask: str, a: dict[str, Any]) -> dict[str, Any]:
             return self.model(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask).logits
 
     def batches(path):
-        inputs, labels, _ = load_text(Path(path), "text", "label", MODEL_SPEC, 128)
+        inputs, labels = TextDataset(path, text="text", labels="label", tokenizer=MODEL_SPEC, max_length=128).padded()
         ids, am = inputs["input_ids"], inputs["attention_mask"]
         tt = torch.zeros_like(ids)
         bs = a["batch_size"]

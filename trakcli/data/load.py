@@ -121,25 +121,6 @@ class _ClassLabels:
         return class_labels(labels, what, source, key, n, token_shape)
 
 
-def _dict_dataset(cfg: DatasetConfig, contents: dict[str, Any], key: str, task: Any = None) -> TensorDataset:
-    """Several input tensors (``inputs: [a, b]``): a dict passed to the model as keyword arguments.
-
-    Floating tensors become float32; integer and bool tensors (ids, masks) keep their dtype.
-    """
-    keys = list(cfg.inputs or [])
-    if not keys:
-        raise DataError(f"{key}.inputs: an empty list; name the keys of {_where(cfg)} the model takes")
-    missing = [k for k in keys + [cfg.labels] if k not in contents]
-    if missing:
-        raise DataError(
-            f"{key}: {_where(cfg)} has no key {', '.join(repr(m) for m in missing)}; its keys are {sorted(contents)}"
-        )
-    return checked_dataset(
-        {k: contents[k] for k in keys}, contents[cfg.labels], key=key, name=f"{_where(cfg)}[{','.join(keys)}]",
-        labels_what=f"labels {cfg.labels!r}", source=f" of {_where(cfg)}", task=task,
-    )
-
-
 def _concat_files(files: list[tuple[Any, dict[str, Any]]], needed: list[str], key: str) -> dict[str, Any]:
     """The ``needed`` keys of several tensor files' contents, each concatenated along its rows in file order.
 
@@ -197,24 +178,29 @@ def load_dataset(cfg: DatasetConfig, *, key: str = "data.train", task: Any = Non
     if any(getattr(cfg, f) is not None for f in ("text", "prompt", "completion", "messages", "input_ids")):
         if cfg.path is None or (cfg.tokenizer is None and cfg.input_ids is None):  # the config model refuses
             raise DataError(f"{key}: a text dataset needs `path` and `tokenizer`")
-        return TextDataset.from_config(cfg, key=key)
+        return TextDataset(
+            cfg.path, text=cfg.text, text_pair=cfg.text_pair, labels=cfg.labels, prompt=cfg.prompt,
+            completion=cfg.completion, messages=cfg.messages, input_ids=cfg.input_ids, tokenizer=cfg.tokenizer,
+            max_length=cfg.max_length, key=key,
+        )
     if cfg.path is None or cfg.inputs is None or cfg.labels is None:  # the config model fills all three or refuses
         raise DataError(f"{key}: a file dataset needs `path`, `inputs` and `labels`")
+    keys = [cfg.inputs] if isinstance(cfg.inputs, str) else list(cfg.inputs)
+    if not keys:
+        raise DataError(f"{key}.inputs: an empty list; name the keys of {_where(cfg)} the model takes")
     if isinstance(cfg.path, list):
-        needed = ([cfg.inputs] if isinstance(cfg.inputs, str) else list(cfg.inputs)) + [cfg.labels]
-        contents = _concat_files([(p, _read_file(_tensor_file(p, key))) for p in cfg.path], needed, key)
+        contents = _concat_files([(p, _read_file(_tensor_file(p, key))) for p in cfg.path], keys + [cfg.labels], key)
     else:
         contents = _read_file(_tensor_file(cfg.path, key))
-    if not isinstance(cfg.inputs, str):
-        return _dict_dataset(cfg, contents, key, task)
-    missing = [k for k in (cfg.inputs, cfg.labels) if k not in contents]
+    missing = [k for k in dict.fromkeys(keys + [cfg.labels]) if k not in contents]
     if missing:
         raise DataError(
-            f"{key}: {_where(cfg)} has no key {', '.join(repr(m) for m in missing)}; "
-            f"its keys are {sorted(contents)}"
+            f"{key}: {_where(cfg)} has no key {', '.join(repr(m) for m in missing)}; its keys are {sorted(contents)}"
         )
+    # several input tensors (inputs: [a, b]) are a dict passed to the model as keyword arguments
+    inputs = contents[cfg.inputs] if isinstance(cfg.inputs, str) else {k: contents[k] for k in keys}
     return checked_dataset(
-        contents[cfg.inputs], contents[cfg.labels], key=key, name=f"{_where(cfg)}[{cfg.inputs}]",
+        inputs, contents[cfg.labels], key=key, name=f"{_where(cfg)}[{','.join(keys)}]",
         inputs_what=f"inputs {cfg.inputs!r}", labels_what=f"labels {cfg.labels!r}", source=f" of {_where(cfg)}",
         task=task,
     )

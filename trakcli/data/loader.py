@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from trakcli.data.load import checked_dataset
-from trakcli.data.tensors import Inputs, TensorDataset, slice_inputs
+from trakcli.data.tensors import Inputs, TensorDataset, fingerprint_rows, slice_inputs
 from trakcli.errors import DataError
 
 
@@ -164,9 +164,7 @@ class LoaderRows:
         Raises:
             DataError: ``n`` is not a row count of these rows; the batches changed between passes.
         """
-        n = self._n if n is None else n
-        if isinstance(n, bool) or not isinstance(n, int) or not 0 < n <= self._n:
-            raise DataError(f"{self.name}: cannot fingerprint the first {n!r} rows of {self._n}")
+        n = fingerprint_rows(n, self._n, self.name)
         if n not in self._fingerprints:
             self._fingerprints[n] = self._hash(n)
         return self._fingerprints[n]
@@ -258,14 +256,6 @@ class LoaderRows:
             for r in wanted[np.searchsorted(wanted, lo):np.searchsorted(wanted, lo + rows)]:
                 got[r] = (slice_inputs(x, r - lo, r - lo + 1), y[r - lo:r - lo + 1])
             lo += rows
-        picked = TensorDataset(*_stack([got[int(r)] for r in want]), name=self.name)
+        picked = concat_batches([got[int(r)] for r in want], self.name, self.task)
         yield from picked.batches(0, len(want), batch_rows, max_tokens)
 
-
-def _stack(parts: list[tuple[Inputs, torch.Tensor]]) -> tuple[Inputs, torch.Tensor]:
-    """Concatenate checked one-row pieces (already float32 / the task's labels)."""
-    if isinstance(parts[0][0], dict):
-        inputs: Inputs = {k: torch.cat([x[k] for x, _ in parts]) for k in parts[0][0]}  # type: ignore[index]
-    else:
-        inputs = torch.cat([x for x, _ in parts])  # type: ignore[misc]
-    return inputs, torch.cat([y for _, y in parts])

@@ -77,15 +77,14 @@ class _JsonlRows:
         try:
             rec = json.loads(line)
         except json.JSONDecodeError as e:
-            where = f"{self.key}: {self.path} line {self._line_number(row)}"
-            raise DataError(f"{where} is not valid JSON ({e.msg})") from None
+            problem = f"is not valid JSON ({e.msg})"
         except UnicodeDecodeError as e:
-            where = f"{self.key}: {self.path} line {self._line_number(row)}"
-            raise DataError(f"{where} is not UTF-8 ({e.reason})") from None
-        if not isinstance(rec, dict):
-            raise DataError(f"{self.key}: {self.path} line {self._line_number(row)} is a {type(rec).__name__}, "
-                            "not a JSON object")
-        return rec
+            problem = f"is not UTF-8 ({e.reason})"
+        else:
+            if isinstance(rec, dict):
+                return rec
+            problem = f"is a {type(rec).__name__}, not a JSON object"
+        raise DataError(f"{self.key}: {self.path} line {self._line_number(row)} {problem}") from None
 
     def _line_number(self, row: int) -> int:
         """1-based line number of ``row`` (counts the newlines before it; only for messages)."""
@@ -291,35 +290,38 @@ def int_label(value: Any, row: int, field: str, key: str) -> int:
     )
 
 
-def int_list(value: Any, row: int, field: str, key: str, what: str) -> list[int]:
-    """A list of integers (a list, array, or for ``.csv`` cells its JSON text)."""
+def _cell(value: Any) -> Any:
+    """A value as read, or for ``.csv`` cells the JSON its text holds."""
     if isinstance(value, str):
         try:
-            value = json.loads(value)
+            return json.loads(value)
         except json.JSONDecodeError:
             pass
+    return value
+
+
+def _shown(value: Any, limit: int) -> str:
+    return repr(value) if len(repr(value)) <= limit else repr(value)[: limit - 3] + "..."
+
+
+def int_list(value: Any, row: int, field: str, key: str, what: str) -> list[int]:
+    """A list of integers (a list, array, or for ``.csv`` cells its JSON text)."""
+    value = _cell(value)
     arr = np.asarray(value) if isinstance(value, (list, tuple, np.ndarray)) else None
-    if arr is not None and arr.ndim == 1 and arr.size and arr.dtype.kind in "iu":
+    if arr is not None and arr.ndim == 1 and arr.size and (
+            arr.dtype.kind in "iu" or arr.dtype.kind == "f" and np.all(arr == np.round(arr))):
         return arr.astype(np.int64).tolist()
-    if arr is not None and arr.ndim == 1 and arr.size and arr.dtype.kind == "f" and np.all(arr == np.round(arr)):
-        return arr.astype(np.int64).tolist()
-    shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
-    raise DataError(f"{key}: row {row} has {field}={shown}; {what} must be a non-empty list of integers")
+    raise DataError(f"{key}: row {row} has {field}={_shown(value, 60)}; {what} must be a non-empty list of integers")
 
 
 def chat_messages(value: Any, row: int, field: str, key: str) -> list[dict[str, Any]]:
     """A conversation: a non-empty list of ``{role, content}`` dicts with at least one assistant turn."""
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError:
-            pass
+    value = _cell(value)
     ok = isinstance(value, (list, tuple)) and len(value) > 0 and all(
         isinstance(m, dict) and isinstance(m.get("role"), str) and "content" in m for m in value
     )
     if not ok:
-        shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
-        raise DataError(f"{key}: row {row} has {field}={shown}; messages must be a non-empty list of "
+        raise DataError(f"{key}: row {row} has {field}={_shown(value, 80)}; messages must be a non-empty list of "
                         '{"role": ..., "content": ...} objects')
     if not any(m["role"] == "assistant" for m in value):
         roles = [m["role"] for m in value]
@@ -341,8 +343,6 @@ def message_text(content: Any) -> str:
     if isinstance(content, list):  # content parts: [{"type": "text", "text": ...}, ...]
         return " ".join(str(p.get("text", "")) if isinstance(p, dict) else str(p) for p in content)
     return "" if content is None else str(content)
-
-
 
 
 def field_values(path: str | Path, field: str, *, key: str = "data.target", block: int = 4096) -> list[Any]:

@@ -60,6 +60,4 @@ class StoredRows:
         """Refused: names the missing file (:meth:`unavailable`)."""
         raise self.unavailable("this step")
 
-    def batches_of(self, *args: Any, **kwargs: Any):
-        """Refused: names the missing file (:meth:`unavailable`)."""
-        raise self.unavailable("this step")
+    batches_of = batches

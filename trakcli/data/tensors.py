@@ -1,18 +1,13 @@
-"""In-memory datasets: ``inputs`` and ``labels`` (``[n]`` int64 class indices, or ``[n, L]`` per-token
-labels of token data, for the built-in tasks; any ``[n, ...]`` labels for a task of one's own), and
-batching by row slices.
-
-``inputs`` is a tensor ``[n, ...]`` (float32), or a dict of tensors such as
-``{"input_ids": [n, L], "attention_mask": [n, L]}`` (int64). Batching is slicing
-rows (of every tensor of the dict). Text and language-model files are read
-lazily instead, by :class:`trakcli.data.text.TextDataset` (same interface).
+"""In-memory datasets (:class:`TensorDataset`, batched by slicing rows) and helpers on model inputs: a tensor
+``[n, ...]`` or a dict of tensors ``[n, ...]`` (``{"input_ids": [n, L], "attention_mask": [n, L]}`` int64).
+Text and language-model files are read lazily instead, by :class:`trakcli.data.text.TextDataset`.
 """
 
 from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Union
+from typing import Any, Callable, Iterable, Iterator, Union
 
 import numpy as np
 import torch
@@ -44,38 +39,37 @@ def inputs_to(inputs: Inputs, device: torch.device | str) -> Inputs:
     return inputs.to(device)
 
 
-def batch_fits(rows: int, longest: int, batch_size: int, max_tokens: int | None) -> bool:
-    """Whether a batch of ``rows`` rows padded to ``longest`` tokens keeps within the bounds.
+def cut_batches(
+    items: Iterable[Any], batch_size: int, max_tokens: int | None, length: Callable[[Any], int] = int,
+) -> Iterator[list[Any]]:
+    """Consecutive items cut greedily into batches: at most ``batch_size`` items and, with ``max_tokens``, at
+    most ``max_tokens`` padded tokens (items x the batch's longest ``length(item)``, at least 1); a single item
+    longer than ``max_tokens`` is a batch of its own. ``length`` defaults to the items being token counts."""
+    batch: list[Any] = []
+    longest = 1
+    for item in items:
+        n = length(item)
+        grown = max(longest, n)
+        if batch and (len(batch) >= batch_size or max_tokens is not None and (len(batch) + 1) * grown > max_tokens):
+            yield batch
+            batch, grown = [], max(1, n)
+        batch.append(item)
+        longest = grown
+    if batch:
+        yield batch
 
-    A batch holds at most ``batch_size`` rows and, with ``max_tokens``, at most ``max_tokens``
-    padded tokens (``rows x longest``); a single row always fits (a row longer than
-    ``max_tokens`` is a batch of its own).
+
+def fingerprint_rows(n: int | None, total: int, what: str) -> int:
+    """``n`` checked as a count of leading rows to fingerprint (None: all ``total``).
+
+    Raises:
+        DataError: ``n`` is not an int in ``(0, total]``.
     """
-    if rows <= 1:
-        return True
-    return rows <= batch_size and (max_tokens is None or rows * longest <= max_tokens)
-
-
-def cut_batches(lengths: Iterable[int], batch_size: int, max_tokens: int | None) -> Iterator[tuple[int, int]]:
-    """Cut consecutive rows of the given token lengths into batches, greedily (see :func:`batch_fits`).
-
-    Args:
-        lengths: tokens of each row, in order.
-        batch_size: most rows per batch.
-        max_tokens: most padded tokens (rows x the batch's longest row) per batch; ``None``: rows only.
-
-    Yields:
-        ``(rows, longest)`` of each batch, in order; ``longest`` is at least 1.
-    """
-    rows, longest = 0, 1
-    for n in lengths:
-        grown = max(longest, n, 1)
-        if rows and not batch_fits(rows + 1, grown, batch_size, max_tokens):
-            yield rows, longest
-            rows, grown = 0, max(n, 1)
-        rows, longest = rows + 1, grown
-    if rows:
-        yield rows, longest
+    if n is None:
+        return total
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 < n <= total:
+        raise DataError(f"{what}: cannot fingerprint the first {n!r} rows of {total}")
+    return n
 
 
 def _token_rows(v: torch.Tensor, lo: int, hi: int, width: int, longest: int) -> torch.Tensor:
@@ -145,8 +139,8 @@ class TensorDataset:
         last = width - real.flip(1).to(torch.int8).argmax(1)  # one past the last attended position
         lengths = torch.where(real.any(1), last, torch.zeros_like(last)).tolist()
         lo = start
-        for size, longest in cut_batches(lengths, batch_size, max_tokens):
-            hi = lo + size
+        for rows in cut_batches(lengths, batch_size, max_tokens):
+            hi, longest = lo + len(rows), max(1, *rows)
             inputs = {k: _token_rows(v, lo, hi, width, longest) for k, v in self.inputs.items()}
             yield lo, inputs, _token_rows(self.labels, lo, hi, width, longest)
             lo = hi
@@ -169,7 +163,7 @@ class TensorDataset:
         Raises:
             DataError: ``n`` is not a row count of this dataset.
         """
-        n = self._prefix(n)
+        n = fingerprint_rows(n, len(self), self.name)
         h = hashlib.sha256()
         if isinstance(self.inputs, dict):
             for k in sorted(self.inputs):
@@ -188,11 +182,3 @@ class TensorDataset:
             "input_dtype": dtype,
             "sha256": h.hexdigest(),
         }
-
-    def _prefix(self, n: int | None) -> int:
-        """``n`` checked as a count of leading rows (None: every row)."""
-        if n is None:
-            return len(self)
-        if isinstance(n, bool) or not isinstance(n, int) or not 0 < n <= len(self):
-            raise DataError(f"{self.name}: cannot fingerprint the first {n!r} rows of {len(self)}")
-        return n

@@ -1,11 +1,7 @@
 """Text and language-model data, read and tokenized lazily: :class:`TextDataset`.
 
-Sources: a ``.jsonl`` file (one JSON object per line), a ``.csv`` file (a header
-row), a ``.parquet`` or ``.arrow`` file, or a Hugging Face datasets
-``save_to_disk`` folder; or any of them on the Hugging Face Hub,
-``hf://datasets/ORG/NAME[@REVISION][/PATH]`` (:func:`~trakcli.data.sources.data_files`; several
-``.parquet`` / ``.arrow`` shards are read as one table). Rows name their fields
-in one of four ways:
+The rows of ``.jsonl``, ``.csv``, ``.parquet`` and ``.arrow`` files, datasets folders and Hub datasets
+(:mod:`trakcli.data.sources`) name their fields in one of these ways:
 
 * ``text`` + ``labels``: text classification; the text (with ``text_pair``, the
   tokenizer's pair) is the input, the label a class index (labels ``[b]``).
@@ -23,16 +19,9 @@ Per-token labels follow the convention of transformers, TRL and Bergson: they ar
 elsewhere (padding included); the model's prediction at ``t - 1`` is scored against
 ``labels[t]``.
 
-``max_length`` cuts each row on the right; ``None`` keeps every row whole (each row its own length,
-up to what the tokenizer says its model takes). The train and target data may have different
-``max_length``: every gradient is one example's, so a short query and long training documents
-are scored together (:func:`~trakcli.data.load.check_target_inputs`).
-
-Memory does not grow with ``n x max_length``: a ``.jsonl`` file is held as the
-byte offsets of its lines (``[n]`` int64, from one streaming pass), Arrow and
-Parquet data as a (memory-mapped where possible) columnar table with only the
-fields read, a ``.csv`` file as its records. Rows are read and tokenized when a
-batch needs them and padded to the batch's own longest row.
+The train and target data may have different ``max_length``: every gradient is one example's
+(:func:`~trakcli.data.load.check_target_inputs`). Memory does not grow with ``n x max_length``: rows
+are read and tokenized when a batch needs them and padded to the batch's own longest row.
 """
 
 from __future__ import annotations
@@ -40,14 +29,14 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 
 from trakcli.data.sources import (
     chat_messages, data_files, int_label, int_list, message_text, open_rows, shorten,
 )
-from trakcli.data.tensors import batch_fits
+from trakcli.data.tensors import cut_batches, fingerprint_rows
 from trakcli.errors import DataError
 from trakcli.labels import IGNORE_INDEX
 from trakcli.models.hf import load_tokenizer, tokenizer_files
@@ -70,27 +59,6 @@ _KIND_NAMES = {"text": "text", "prompt": "prompt + completion", "messages": "mes
 
 
 # --- the dataset ------------------------------------------------------------------------------------
-
-
-def _row_number(lo: int | Sequence[int], i: int) -> int:
-    """The dataset index of the ``i``-th row read: ``lo + i`` for consecutive rows, else ``lo[i]``."""
-    return lo + i if isinstance(lo, int) else int(lo[i])
-
-
-def _cut(windows: Iterable[list[Any]], batch_size: int, max_tokens: int | None) -> Iterator[list[Any]]:
-    """Tokenized rows (``row[0]`` the ids) cut greedily into batches (:func:`~trakcli.data.tensors.batch_fits`)."""
-    batch: list[Any] = []
-    longest = 1
-    for window in windows:
-        for row in window:
-            grown = max(longest, len(row[0]))
-            if batch and not batch_fits(len(batch) + 1, grown, batch_size, max_tokens):
-                yield batch
-                batch, grown = [], max(1, len(row[0]))
-            batch.append(row)
-            longest = grown
-    if batch:
-        yield batch
 
 
 #: One tokenized row: (input_ids, token_type_ids or None, label: class index or per-token labels).
@@ -218,19 +186,7 @@ class TextDataset:
         limit = getattr(tokenizer, "model_max_length", None) if tokenizer is not None else None
         #: Most tokens a row may have with ``max_length`` None: the tokenizer's ``model_max_length``, if real.
         self.length_limit: int | None = int(limit) if isinstance(limit, int) and 0 < limit < NO_LENGTH_LIMIT else None
-        self._encode(self._rows.read(0, min(CHECKED_ROWS, len(self))), 0)
-
-    @classmethod
-    def from_config(cls, cfg: Any, *, key: str = "data.train") -> "TextDataset":
-        """The dataset of a :class:`trakcli.config.DatasetConfig` section with ``text``, ``prompt``,
-        ``messages`` or ``input_ids`` (raises as the constructor)."""
-        if cfg.path is None:
-            raise DataError(f"{key}: a text dataset needs `path`")
-        return cls(
-            cfg.path, text=cfg.text, text_pair=cfg.text_pair, labels=cfg.labels, prompt=cfg.prompt,
-            completion=cfg.completion, messages=cfg.messages, input_ids=cfg.input_ids, tokenizer=cfg.tokenizer,
-            max_length=cfg.max_length, key=key,
-        )
+        self._encode(range(min(CHECKED_ROWS, len(self))))
 
     def __len__(self) -> int:
         return len(self._rows)
@@ -240,23 +196,28 @@ class TextDataset:
 
     # --- rows -> values -> tokens ---------------------------------------------------------------------
 
-    def _values(self, rows: list[dict[str, Any]], lo: int | Sequence[int]) -> list[Any]:
-        """The checked, JSON-able values of the named fields of rows ``lo, lo + 1, ...`` (what the fingerprint hashes);
-        ``lo`` may also be the rows' indices, one per row (rows read out of order).
+    def _read(self, idx: Sequence[int]) -> list[dict[str, Any]]:
+        """The raw rows ``idx`` (a ``range`` read as one slice)."""
+        if isinstance(idx, range) and idx.step == 1:
+            return self._rows.read(idx.start, idx.stop)
+        return self._rows.take(idx)
+
+    def _values(self, idx: Sequence[int]) -> list[Any]:
+        """The checked, JSON-able values of the named fields of the rows ``idx`` (what the fingerprint hashes).
 
         Raises:
             DataError: a row lacks a field (``None`` counts as missing), or a value is malformed.
         """
+        rows = self._read(idx)
         for field in self.fields:
-            bad = [_row_number(lo, i) for i, r in enumerate(rows) if r.get(field) is None]
+            bad = [idx[i] for i, r in enumerate(rows) if r.get(field) is None]
             if bad:
                 raise DataError(
                     f"{self.key}: rows {bad[:5]} of {self.source} have no field {field!r}; the first row's fields are "
                     f"{self._rows.fields()}"
                 )
         key, out = self.key, []
-        for i, r in enumerate(rows):
-            row = _row_number(lo, i)
+        for row, r in zip(idx, rows):
             if self.kind == "text":
                 label = int_label(r[self.label_field], row, self.label_field, key) if self.label_field else None
                 out.append([str(r[self.text]), str(r[self.text_pair]) if self.text_pair else None, label])
@@ -284,25 +245,32 @@ class TextDataset:
                 out.append([ids, labels])
         return out
 
-    def _encode(self, rows: list[dict[str, Any]], lo: int | Sequence[int]) -> list[_Row]:
-        """Rows ``lo, lo + 1, ...`` (or the rows of the indices ``lo``) tokenized and cut to ``max_length``:
-        ``(input_ids, token_type_ids, label)``."""
-        return self._check_lengths(self._encode_values(self._values(rows, lo), lo), lo)
-
-    def _check_lengths(self, encoded: list[_Row], lo: int | Sequence[int]) -> list[_Row]:
-        """Rows of ``max_length`` None longer than :attr:`length_limit` refused, naming the first and the fix."""
+    def _encode(self, idx: Sequence[int]) -> list[_Row]:
+        """The rows ``idx`` tokenized and cut to ``max_length``: ``(input_ids, token_type_ids, label)``; with
+        ``max_length`` None a row longer than :attr:`length_limit` is refused, naming it and the fix."""
+        encoded = self._encode_values(self._values(idx), idx)
         if self.max_length is None and self.length_limit is not None:
-            for i, row in enumerate(encoded):
-                if len(row[0]) > self.length_limit:
+            for row, (ids, _, _) in zip(idx, encoded):
+                if len(ids) > self.length_limit:
                     raise DataError(
-                        f"{self.key}: row {_row_number(lo, i)} of {self.source} has {len(row[0])} tokens, more than "
+                        f"{self.key}: row {row} of {self.source} has {len(ids)} tokens, more than "
                         f"the {self.length_limit} its model takes (the tokenizer's model_max_length); set "
                         f"{self.key}.max_length (e.g. {self.length_limit}) to cut longer rows"
                     )
         return encoded
 
-    def _encode_values(self, values: list[Any], lo: int | Sequence[int]) -> list[_Row]:
-        """Checked values (:meth:`_values`) of rows ``lo, lo + 1, ...`` tokenized and cut to ``max_length``."""
+    def _windows(self, idx: Sequence[int]) -> Iterator[Sequence[int]]:
+        """``idx`` in parts of :data:`WINDOW_ROWS` rows (ranges stay ranges)."""
+        for lo in range(0, len(idx), WINDOW_ROWS):
+            yield idx[lo : lo + WINDOW_ROWS]
+
+    def _encoded(self, idx: Sequence[int]) -> Iterator[_Row]:
+        """The rows ``idx`` tokenized, :data:`WINDOW_ROWS` at a time as they are consumed."""
+        for part in self._windows(idx):
+            yield from self._encode(part)
+
+    def _encode_values(self, values: list[Any], idx: Sequence[int]) -> list[_Row]:
+        """Checked values (:meth:`_values`) of the rows ``idx`` tokenized and cut to ``max_length``."""
         if not values:
             return []
         tok, ml = self.tokenizer, self.max_length
@@ -326,7 +294,7 @@ class TextDataset:
                 out.append(((list(p) + c)[:ml], None, ([IGNORE_INDEX] * len(p) + c)[:ml]))
             return out
         if self.kind == "messages":
-            return self._encode_chats(values, lo)
+            return self._encode_chats(values, idx)
         return [(ids[:ml], None, (labels if labels is not None else ids)[:ml]) for ids, labels in values]
 
     def _render(self, messages: list[dict[str, Any]], generation: bool, row: int) -> str:
@@ -365,7 +333,7 @@ class TextDataset:
             spans.append((text_id(i, True), text_id(i + 1, False), i))
         return text_id(len(msgs), False), spans
 
-    def _encode_chats(self, chats: list[list[dict[str, Any]]], lo: int | Sequence[int]) -> list[_Row]:
+    def _encode_chats(self, chats: list[list[dict[str, Any]]], idx: Sequence[int]) -> list[_Row]:
         """Conversations rendered by the chat template; targets: the tokens of each assistant turn.
 
         Most chat templates mark no assistant spans (``{% generation %}``), so the span of
@@ -375,10 +343,10 @@ class TextDataset:
         included).
         """
         texts: list[str] = []
-        plans = [self._plan_chat(msgs, _row_number(lo, j), texts) for j, msgs in enumerate(chats)]
+        plans = [self._plan_chat(msgs, row, texts) for row, msgs in zip(idx, chats)]
         tokens = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
         out = []
-        for j, (full_id, spans) in enumerate(plans):
+        for row, (full_id, spans) in zip(idx, plans):
             ids = list(tokens[full_id])
             labels = [IGNORE_INDEX] * len(ids)
             for pre_id, upto_id, turn in spans:
@@ -390,7 +358,7 @@ class TextDataset:
                 for shorter, longer, what in checks:
                     if list(longer[: len(shorter)]) != list(shorter):
                         raise DataError(
-                            f"{self.key}: row {_row_number(lo, j)} of {self.source}: the chat template renders {what} as tokens "
+                            f"{self.key}: row {row} of {self.source}: the chat template renders {what} as tokens "
                             "that do not start the longer conversation, so the assistant tokens cannot be found; "
                             "use a tokenizer whose chat template renders earlier turns the same whatever follows "
                             "(or give the data as prompt + completion)"
@@ -421,10 +389,6 @@ class TextDataset:
         if labels is None:
             labels = torch.tensor([r[2] for r in rows], dtype=torch.int64)
         return inputs, labels
-
-    def _windows(self, start: int, stop: int) -> Iterator[list[_Row]]:
-        for lo in range(start, stop, WINDOW_ROWS):
-            yield self._encode(self._rows.read(lo, min(lo + WINDOW_ROWS, stop)), lo)
 
     # --- the TensorDataset interface ------------------------------------------------------------------
 
@@ -458,26 +422,16 @@ class TextDataset:
         """
         if not 0 <= start <= stop <= len(self):
             raise ValueError(f"rows [{start}, {stop}) are not within the {len(self)} rows of {self.name}")
-        if batch_size < 1 or (max_tokens is not None and max_tokens < 1):
-            raise ValueError(f"batch_size {batch_size} and max_tokens {max_tokens} must be at least 1")
         offset = start
-        for rows in _cut(self._windows(start, stop), batch_size, max_tokens):
-            yield offset, *self._collate(rows)
-            offset += len(rows)
+        for size, inputs, labels in self._batches(range(start, stop), batch_size, max_tokens):
+            yield offset, inputs, labels
+            offset += size
 
     def batches_of(
         self, indices: Sequence[int], batch_size: int, max_tokens: int | None = None
     ) -> Iterator[tuple[int, dict[str, torch.Tensor], torch.Tensor]]:
-        """The rows ``indices``, in that order (a shuffled epoch, a subset), read, tokenized and cut into batches.
-
-        Like :meth:`batches` with the rows taken by index: read and tokenized
-        :data:`WINDOW_ROWS` at a time, cut greedily into batches of at most ``batch_size``
-        rows and ``max_tokens`` padded tokens, each padded to its own longest row.
-
-        Args:
-            indices: row indices, each in ``[0, len(self))``.
-            batch_size: most rows per batch (>= 1).
-            max_tokens: most padded tokens per batch; ``None``: rows only.
+        """The rows ``indices``, in that order (a shuffled epoch, a subset), cut into batches as :meth:`batches`
+        cuts its rows.
 
         Yields:
             ``(rows, inputs, labels)``: the number of rows of the batch (the next ``rows``
@@ -485,12 +439,24 @@ class TextDataset:
 
         Raises:
             DataError: a row that cannot be read or tokenized (naming it).
-            ValueError: bounds below 1.
+            ValueError: indices outside ``[0, len(self))`` or bounds below 1.
         """
+        yield from self._batches(self._checked(indices, ValueError), batch_size, max_tokens)
+
+    def _batches(self, idx: Sequence[int], batch_size: int, max_tokens: int | None
+                 ) -> Iterator[tuple[int, dict[str, torch.Tensor], torch.Tensor]]:
         if batch_size < 1 or (max_tokens is not None and max_tokens < 1):
             raise ValueError(f"batch_size {batch_size} and max_tokens {max_tokens} must be at least 1")
-        for rows in _cut(self._windows_of(indices), batch_size, max_tokens):
+        for rows in cut_batches(self._encoded(idx), batch_size, max_tokens, length=lambda r: len(r[0])):
             yield len(rows), *self._collate(rows)
+
+    def _checked(self, indices: Sequence[int], error: type[Exception]) -> list[int]:
+        """``indices`` as ints, each in ``[0, len(self))``, else ``error`` naming the first bad ones."""
+        idx = [int(i) for i in indices]
+        bad = [i for i in idx if not 0 <= i < len(self)]
+        if bad:
+            raise error(f"{self.key}: rows {bad[:5]} are not among the {len(self)} rows of {self.source}")
+        return idx
 
     def token_lengths(self, indices: Sequence[int]) -> list[int]:
         """Tokens of each of the rows ``indices`` (after cutting to ``max_length``), read :data:`WINDOW_ROWS` at a time.
@@ -498,7 +464,7 @@ class TextDataset:
         Raises:
             DataError: a row that cannot be read or tokenized (naming it).
         """
-        return [len(r[0]) for window in self._windows_of(indices) for r in window]
+        return [len(r[0]) for r in self._encoded(self._checked(indices, ValueError))]
 
     def longest(self) -> int:
         """Tokens of the longest row (after cutting to ``max_length``): one pass over every row, then kept.
@@ -509,17 +475,8 @@ class TextDataset:
             DataError: a row that cannot be read or tokenized (naming it).
         """
         if self._longest is None:
-            self._longest = max(len(r[0]) for window in self._windows(0, len(self)) for r in window)
+            self._longest = max(len(r[0]) for r in self._encoded(range(len(self))))
         return self._longest
-
-    def _windows_of(self, indices: Sequence[int]) -> Iterator[list[_Row]]:
-        idx = [int(i) for i in indices]
-        bad = [i for i in idx if not 0 <= i < len(self)]
-        if bad:
-            raise ValueError(f"rows {bad[:5]} are not among the {len(self)} rows of {self.name}")
-        for lo in range(0, len(idx), WINDOW_ROWS):
-            part = idx[lo : lo + WINDOW_ROWS]
-            yield self._encode(self._rows.take(part), part)
 
     @property
     def labels(self) -> torch.Tensor:
@@ -529,9 +486,7 @@ class TextDataset:
             if self.per_token_labels:
                 self._labels = torch.zeros(len(self), dtype=torch.int64)
             else:
-                ys: list[int] = []
-                for lo in range(0, len(self), WINDOW_ROWS):
-                    ys += [v[2] for v in self._values(self._rows.read(lo, min(lo + WINDOW_ROWS, len(self))), lo)]
+                ys = [v[2] for part in self._windows(range(len(self))) for v in self._values(part)]
                 self._labels = torch.tensor(ys, dtype=torch.int64)
         return self._labels
 
@@ -547,8 +502,7 @@ class TextDataset:
             per-token labels (-100: not a target, padding included).
         """
         if self._padded is None:
-            rows = [r for window in self._windows(0, len(self)) for r in window]
-            self._padded = self._collate(rows)
+            self._padded = self._collate(list(self._encoded(range(len(self)))))
         return self._padded
 
     @property
@@ -577,9 +531,8 @@ class TextDataset:
         Raises:
             DataError: a row that cannot be read or lacks a field; ``n`` is not a row count of the data.
         """
-        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or not 0 < n <= len(self)):
-            raise DataError(f"{self.key}: cannot fingerprint the first {n!r} rows of the {len(self)} of {self.source}")
-        if n is not None and n != len(self):
+        n = fingerprint_rows(n, len(self), f"{self.key} ({self.source})")
+        if n != len(self):
             return self._hash_rows(n)
         if self._fingerprint is None:
             self._fingerprint = self._hash_rows(len(self))
@@ -604,8 +557,8 @@ class TextDataset:
                 with open(f, "rb") as fh:
                     for block in iter(lambda: fh.read(1 << 20), b""):
                         h.update(block)
-        for lo in range(0, n, WINDOW_ROWS):
-            for v in self._values(self._rows.read(lo, min(lo + WINDOW_ROWS, n)), lo):
+        for part in self._windows(range(n)):
+            for v in self._values(part):
                 h.update(json.dumps(v, ensure_ascii=False, sort_keys=True).encode())
                 h.update(b"\n")
         return {
@@ -629,13 +582,8 @@ class TextDataset:
         Raises:
             DataError: a row that cannot be read or lacks a field.
         """
-        idx = [int(i) for i in indices]
-        bad = [i for i in idx if not 0 <= i < len(self)]
-        if bad:
-            raise DataError(f"{self.key}: rows {bad[:5]} are not among the {len(self)} rows of {self.source}")
         out = []
-        for i, r in zip(idx, self._rows.take(idx)):
-            v = self._values([r], i)[0]
+        for v in self._values(self._checked(indices, DataError)):
             if self.kind == "text":
                 s = v[0] if v[1] is None else f"{v[0]} / {v[1]}"
             elif self.kind == "prompt":
@@ -652,36 +600,3 @@ class TextDataset:
             out.append(shorten(s, max_chars))
         return out
 
-
-def load_text(
-    path: Path, text: str, labels: str | None, tokenizer: str, max_length: int, *, key: str = "data.train",
-    text_pair: str | None = None,
-) -> tuple[dict[str, torch.Tensor], torch.Tensor, str]:
-    """Read and tokenize a whole text dataset at once (:class:`TextDataset` reads it lazily).
-
-    Each text is truncated to ``max_length`` tokens and padded on the right to
-    the longest text of the file (at most ``max_length``).
-
-    Args:
-        path: the file; ``.jsonl`` holds one JSON object per line, ``.csv`` a header row
-            (or ``.parquet``, ``.arrow``, a datasets folder).
-        text: the field holding the text.
-        labels: the field holding integer class labels; ``None`` (language
-            modeling): all labels 0.
-        tokenizer: tokenizer directory (see :func:`load_tokenizer`).
-        max_length: most tokens per text (per pair with ``text_pair``).
-        text_pair: the field holding the second text of each pair (sentence pairs), tokenized
-            together with ``text`` as the tokenizer's pair (``[CLS] a [SEP] b [SEP]`` for BERT).
-
-    Returns:
-        ``({"input_ids": [n, L] int64, "attention_mask": [n, L] int64}, labels [n] int64, name)``
-        with ``L <= max_length``; pairs also give ``token_type_ids [n, L]`` int64 when the
-        tokenizer makes them (0 for the first text, 1 for the second).
-
-    Raises:
-        DataError: unreadable file, missing fields (naming the rows and the fields
-            there are), empty file, non-integer labels, or no tokenizer.
-    """
-    ds = TextDataset(path, text=text, text_pair=text_pair, labels=labels, tokenizer=tokenizer,
-                     max_length=max_length, key=key)
-    return ds.inputs, ds.labels, ds.name

@@ -18,12 +18,9 @@ from trakcli.plots.common import (
 def top_indices(row: Any, k: int) -> tuple[np.ndarray, np.ndarray]:
     """The train indices a target's picture shows: its top-``k`` proponents and opponents.
 
-    Proponents are the ``k`` highest positive scores, highest first; opponents
-    the ``k`` lowest negative scores, lowest first (``np.argsort(row,
-    kind="stable")`` read from either end): a train example of score ≥ 0 never
-    opposes the target, nor one of score ≤ 0 supports it, so either list may be
-    shorter than ``k`` (on a small training set, or one whose scores are all of
-    one sign). Non-finite scores (NaN, ±inf) are left out of both lists.
+    Proponents are the ``k`` highest positive scores, highest first; opponents the ``k`` lowest negative
+    scores, lowest first (a stable argsort read from either end), so either list may be shorter than ``k``.
+    Non-finite scores are left out.
 
     Args:
         row: ``[n_train]`` scores of one target (numpy array or CPU tensor, any float dtype).
@@ -47,24 +44,13 @@ def top_indices(row: Any, k: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def image_shape_of(dataset: Any) -> tuple[int, ...] | None:
-    """The per-example image shape of a dataset, or ``None`` if it does not hold images.
+    """The per-example image shape ``(H, W)`` / ``(C, H, W)`` of a dataset (``inputs``), or ``None``: not images.
 
-    A dataset holds images when it declares an ``image_shape`` attribute
-    (``(H, W)`` or ``(C, H, W)``, e.g. the flat digits declare ``(8, 8)``), or
-    when its ``inputs`` tensor has shape ``[n, H, W]`` or ``[n, C, H, W]`` with
-    ``C`` in 1 or 3 (channels first, as torch models take them). Text (a dict
-    of token tensors) and tabular data (``[n, d]``) are not images.
-
-    Args:
-        dataset: an object with ``inputs`` (``[n, ...]`` tensor/array or a dict
-            of tensors), such as :class:`trakcli.data.TensorDataset`.
-
-    Returns:
-        ``(H, W)``, ``(C, H, W)`` or ``None``.
+    A dataset holds images when it declares an ``image_shape`` (the flat digits: ``(8, 8)``), or when its
+    ``inputs`` have shape ``[n, H, W]`` or ``[n, C, H, W]`` with ``C`` in 1 or 3.
 
     Raises:
-        DataError: a declared ``image_shape`` that is malformed or does not hold
-            as many values as one row of ``inputs``.
+        DataError: a declared ``image_shape`` that is malformed or does not hold one row of ``inputs``.
     """
     if callable(getattr(dataset, "texts", None)):  # text data (read lazily: never load its inputs here)
         return None
@@ -93,17 +79,8 @@ def image_shape_of(dataset: Any) -> tuple[int, ...] | None:
 
 
 class DecodedTexts(Sequence[str]):
-    """The texts of a tokenized dataset, decoded one row at a time when a plot shows it.
-
-    A plot shows a few dozen examples of a possibly large dataset, so nothing
-    is decoded up front. The text is the tokenizer's decoding with special
-    tokens (padding included) dropped, so it may differ from the file in case
-    or spacing (e.g. an uncased tokenizer lowercases).
-
-    Args:
-        input_ids: ``[n, L]`` int64 token ids (:func:`trakcli.data.text.load_text`).
-        tokenizer: a Hugging Face tokenizer with ``decode``.
-    """
+    """The texts of tokenized rows (``input_ids`` ``[n, L]``), decoded by ``tokenizer`` one row at a time when a
+    plot shows it, special tokens dropped (so case or spacing may differ from the file)."""
 
     def __init__(self, input_ids: Any, tokenizer: Any):
         self.input_ids = input_ids
@@ -120,12 +97,8 @@ class DecodedTexts(Sequence[str]):
 
 
 class RowTexts(Sequence[str]):
-    """Short renderings of a text dataset's rows (``dataset.texts``: the text, ``prompt → completion``,
-    the last user turn → the reply), read one row at a time when a table or plot shows it.
-
-    Args:
-        dataset: a :class:`~trakcli.data.TextDataset` (anything with ``texts(indices) -> list[str]`` and ``len``).
-    """
+    """Short renderings of a text dataset's rows (``dataset.texts(indices)``), read when a table or plot shows
+    them."""
 
     def __init__(self, dataset: Any):
         self.dataset = dataset
@@ -154,45 +127,32 @@ def plot_top(
     cmap: str = "gray",
     dpi: int = 100,
 ) -> Path:
-    """Draw targets beside their top proponents and opponents, and write the figure.
+    """Draw targets beside their top proponents and opponents (:func:`top_indices`), and write the figure.
 
-    Image data (see :func:`image_shape_of`): one row per target, the target
-    image (titled with its index and label) then, on a green panel, its
-    ``top_k`` proponents (highest scores first) and, on a red panel, its
-    ``top_k`` opponents (lowest scores first), each titled with train index,
-    label and score. One channel is drawn with ``cmap``; all images share one
-    intensity range. Other data (text, tabular): one table per target listing
-    the proponents and opponents (index, label, score and, given texts, the
-    text truncated to fit).
-
-    Which examples are shown is :func:`top_indices` of each target's row.
+    Image data (:func:`image_shape_of`): one row per target, the target image, then its ``top_k`` proponents
+    on a green panel and opponents on a red one, each titled with train index, label and score (one channel
+    drawn with ``cmap``, one intensity range). Other data: one table per target (index, label, score and,
+    given texts, the text cut to fit).
 
     Args:
         path: file to write, ``.png`` / ``.pdf`` / ``.svg``.
-        scores: ``[n, n_train]`` float scores (numpy array or tensor), row ``t``
-            for target ``t`` of ``target``; may hold only the first rows
-            (e.g. :meth:`trakcli.jobs.score.ScoreResult.head`).
-        train: the train dataset (``inputs``, ``labels [n_train]``; e.g. a
-            :class:`trakcli.data.TensorDataset`).
-        target: the target dataset, same kind of inputs as ``train``.
-        target_ids: which targets to draw, in order (indices into the rows of
-            ``scores``); default: the first ``min(3, n)``.
+        scores: ``[n, n_train]`` float scores (numpy array or tensor), row ``t`` for target ``t``; may hold
+            only the first rows.
+        train, target: the datasets (``inputs``, ``labels``), the same kind of inputs.
+        target_ids: which targets to draw, in order; default: the first ``min(3, n)``.
         top_k: proponents and opponents shown per target.
-        train_texts, target_texts: the text of each example (text data), shown
-            in the table; ``None``: indices only.
-        class_names: names of the labels (``class_names[label]``); default: the label number.
+        train_texts, target_texts: the text of each example (text data); ``None``: indices only.
+        class_names: names of the labels; default: the label number.
         title: figure title; default: a description of what is shown.
         cmap: matplotlib colormap for one-channel images.
-        dpi: resolution of raster output (pixels per inch).
+        dpi: resolution of raster output.
 
     Returns:
         ``path`` as a :class:`~pathlib.Path`.
 
     Raises:
-        ArgumentError: bad path or suffix (see :func:`check_plot_path`), the file
-            cannot be written, ``top_k < 1``, or a target id outside ``scores``/``target``.
-        DataError: ``scores`` does not have one column per train example, or
-            the texts / class names do not match the datasets.
+        ArgumentError: bad path or suffix, the file cannot be written, ``top_k < 1``, or a target id out of range.
+        DataError: ``scores`` without one column per train example, or texts / class names that do not match.
     """
     path = check_plot_path(path)
     scores = as_numpy(scores)
