@@ -72,5 +72,5 @@ def build_slots(
             slots.append(IdentitySlot([p]))
             continue
         proj = build_projector(settings, short, rank, derive_slot_seed(settings["seed"], group_index, i), dtype)
-        slots.append(MatrixSlot(p, proj, proj.dtype))
+        slots.append(MatrixSlot(p, proj))
     return slots

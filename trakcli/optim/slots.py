@@ -1,35 +1,13 @@
-"""How a piece of the parameters is projected: seeds, projectors and the slots.
+"""The slots: what the inner optimizer sees as one parameter (:func:`trakcli.optim.groups.build_slots` picks them).
 
-A *slot* is what the inner optimizer sees as one parameter (which slots a
-parameter group gets: :func:`trakcli.optim.groups.build_slots`):
+:class:`IdentitySlot` (a real parameter), :class:`MatrixSlot` (one-sided, per matrix), :class:`GlobalSlot` (a
+group as one vector) and :class:`~trakcli.optim.kronecker_slot.KroneckerSlot` (two-sided, kind ``kronecker``).
 
-* :class:`IdentitySlot`: a real parameter, handed to the inner optimizer as is
-  (1-D parameters in ``per_matrix`` mode, matrices whose smaller side is not
-  larger than ``rank``, every parameter with a ``noop`` projection).
-* :class:`MatrixSlot`: one parameter ``W`` viewed as a matrix ``[a, b]``
-  (``W.reshape(a, -1)``), oriented as ``[L, s]`` with ``L = max(a, b)`` and
-  ``s = min(a, b)``; its gradient ``G`` becomes ``R = G Pᵀ`` of shape
-  ``[L, rank]`` with ``P`` a ``[rank, s]`` JL matrix, and an update ``U``
-  returns as ``U P`` (GaLore's shape, Zhao et al. 2024, Alg. 1, with a random
-  projection instead of an SVD as in Flora, Hao et al. 2024).
-* :class:`GlobalSlot`: all parameters of a group as one vector of
-  ``grad_dim`` entries, projected to ``proj_dim`` (intrinsic dimension,
-  Li et al. 2018; Aghajanyan et al. 2021). With a mapping, the matrix is
-  ``[P_1 | P_2 | ...]``, one independent block per parameter (all entries
-  i.i.d., so it is one JL matrix, and each parameter's part of the update is
-  computed without forming the others).
-* :class:`~trakcli.optim.kronecker_slot.KroneckerSlot` (kind ``kronecker``):
-  one parameter projected from both sides, ``R = P_out G P_inᵀ``.
-
-Every matrix comes from :func:`trakcli.projectors.make_projector` (the
-kronecker factors from :mod:`trakcli.projectors.kronecker`): the slot's
-seed is derived from the projection seed and the slot's position, and the
-``k``-th projection drawn (after ``k`` refreshes) is the projector's
-``model_id = k``. So a matrix is a pure function of (settings, position, k):
-the optimizer state stores integers, never matrices.
-
-Because ``E[PᵀP] = I`` for the projectors' scaling (E‖Pg‖² = ‖g‖²), the
-unprojected SGD update ``-lr·PᵀPg`` is an unbiased estimate of ``-lr·g``.
+Every matrix comes from :func:`trakcli.projectors.make_projector` (the kronecker factors from
+:mod:`trakcli.projectors.kronecker`) with a seed derived from the projection seed and the slot's position;
+the ``k``-th projection drawn (after ``k`` refreshes) is the projector's ``model_id = k``. So a matrix is a
+pure function of (settings, position, k): the optimizer state stores integers, never matrices. Since
+``E[PᵀP] = I`` (E‖Pg‖² = ‖g‖²), the unprojected SGD update ``-lr·PᵀPg`` is an unbiased estimate of ``-lr·g``.
 """
 
 from __future__ import annotations
@@ -61,7 +39,7 @@ def _proj_dtype(dtype: torch.dtype) -> str:
 
 
 def build_projector(settings: dict[str, Any], grad_dim: int, proj_dim: int | None, seed: int, dtype: torch.dtype) -> Projector:
-    """A projector of the settings' kind for one slot (its cache holds about two of its matrices).
+    """A projector of the settings' kind for one slot, caching about two of its matrices.
 
     Raises:
         OptimizerError: the projector cannot be built (the projector's message, wrapped).
@@ -69,7 +47,7 @@ def build_projector(settings: dict[str, Any], grad_dim: int, proj_dim: int | Non
     kind = settings["kind"]
     implementation = settings.get("implementation", "auto")
     if implementation == "auto" and kind == "sjlt":
-        implementation = "chunked"  # the same matrix; measured 3-4x faster than basic for one row per step
+        implementation = "chunked"  # the same matrix, faster than basic for one row per step
     options: dict[str, Any] = {"dtype": _proj_dtype(dtype)}
     if kind != "noop":
         # room for two draws (a refresh's transfer reads the old and the new one), at most CACHE_LIMIT:
@@ -90,11 +68,8 @@ def global_projectors(
     """``(single, blocks)`` of mode global: kind noop one projector of ``Σ numels``, else one per parameter."""
     if settings["kind"] == "noop":
         return build_projector(settings, sum(numels), None, 0, dtype), None
-    seed = settings["seed"]
-    proj_dim = settings["proj_dim"]
-    return None, [
-        build_projector(settings, n, proj_dim, derive_slot_seed(seed, group_index, i), dtype) for i, n in enumerate(numels)
-    ]
+    seeds = [derive_slot_seed(settings["seed"], group_index, i) for i in range(len(numels))]
+    return None, [build_projector(settings, n, settings["proj_dim"], seed, dtype) for n, seed in zip(numels, seeds)]
 
 
 def _clip_norm(new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
@@ -120,7 +95,8 @@ class Slot:
 
 
 class IdentitySlot(Slot):
-    """A real parameter stepped by the inner optimizer directly."""
+    """A real parameter stepped by the inner optimizer directly (1-D in ``per_matrix`` mode, no smaller when
+    projected, or kind ``noop``)."""
 
 
 class _ProjectedSlot(Slot):
@@ -181,41 +157,35 @@ class _ProjectedSlot(Slot):
 
 
 class MatrixSlot(_ProjectedSlot):
-    """One parameter of >= 2 dims, projected along its smaller side to ``rank`` (see module doc).
+    """One parameter of >= 2 dims, projected along its smaller side to ``rank``.
 
-    The shadow (and so every state tensor the inner optimizer makes with
-    ``zeros_like``) has the shape ``[L, rank]`` but is stored rank-major, as
-    the transpose of a contiguous ``[rank, L]`` tensor: ``Rᵀ = P Gᵀ`` is the
-    product a CPU BLAS computes 2-3x faster than ``G Pᵀ`` for a small rank
-    (measured with MKL on 256 x 256 weights); values are the same.
+    ``W`` is viewed as ``[a, b]`` (``W.reshape(a, -1)``) oriented as ``[L, s]``, ``L = max(a, b)``,
+    ``s = min(a, b)``; its gradient ``G`` becomes ``R = G Pᵀ`` ``[L, rank]`` with ``P`` a ``[rank, s]`` JL
+    matrix and an update ``U`` returns as ``U P`` (GaLore's shape, Zhao et al. 2024, Alg. 1, with a random
+    projection instead of an SVD as in Flora, Hao et al. 2024). The shadow (and every state tensor the inner
+    optimizer makes with ``zeros_like``) is stored rank-major, the transpose of a contiguous ``[rank, L]``
+    tensor: a CPU BLAS computes ``Rᵀ = P Gᵀ`` faster than ``G Pᵀ`` for a small rank.
 
     Args:
         param: the parameter, viewed as ``[a, b] = [shape[0], numel / shape[0]]``.
-        projector: ``grad_dim = min(a, b)``, ``proj_dim = rank``.
-        dtype: of the shadow (the projector's accumulation dtype).
+        projector: ``grad_dim = min(a, b)``, ``proj_dim = rank``; its dtype is the shadow's.
     """
 
-    def __init__(self, param: torch.Tensor, projector: Projector, dtype: torch.dtype):
+    def __init__(self, param: torch.Tensor, projector: Projector):
         a = param.shape[0]
         b = param.numel() // a
         self.transposed = a < b
         self.long, self.short = max(a, b), min(a, b)
         self.projector = projector
         self._dense: tuple[int, torch.Tensor] | None = None
-        super().__init__([param], (self.long, projector.proj_dim), dtype)
+        super().__init__([param], (self.long, projector.proj_dim), projector.dtype)
 
     def _short_major(self, g: torch.Tensor) -> torch.Tensor:  # [*shape] -> [s, L] (a view when g is contiguous)
         m = g.reshape(g.shape[0], -1)
         return m if self.transposed else m.T
 
     def matrix(self, k: int) -> torch.Tensor:
-        """The projector's matrix ``P`` (``[rank, s]``) of draw ``k``, read once through its adjoint.
-
-        ``unproject(I)`` returns the rows of ``P`` exactly (products with 1, sums
-        with 0), so the per-step products below use the projector's matrix with
-        none of its per-call overhead, which dominates for small layers. Only the
-        current draw is kept: ``rank · s`` floats.
-        """
+        """The projector's matrix ``P`` ``[rank, s]`` of draw ``k``: ``unproject(I)``, exact; the latest is kept."""
         if self._dense is not None and self._dense[0] == k:
             return self._dense[1]
         eye = torch.eye(self.projector.proj_dim, dtype=self.projector.dtype, device=self.shadow.device)
@@ -246,11 +216,7 @@ class MatrixSlot(_ProjectedSlot):
         return [full.view(self.params[0].shape) if full.is_contiguous() else full.reshape(self.params[0].shape)]
 
     def apply_update(self, k, alpha):
-        """``W += alpha · (u P)`` as one in-place addmm on the parameter's oriented view.
-
-        The same sum as :meth:`unproject` followed by ``add_``, without the
-        ``[L, s]`` temporary (the per-step overhead that matters for small layers).
-        """
+        """``W += alpha · (u P)`` as one in-place addmm on the parameter's oriented view (no ``[L, s]`` temporary)."""
         param = self.params[0]
         p = self.matrix(k)
         if param.grad is None or param.dtype != p.dtype or not param.is_contiguous():
@@ -269,7 +235,11 @@ class MatrixSlot(_ProjectedSlot):
 
 
 class GlobalSlot(_ProjectedSlot):
-    """All parameters of a group as one vector, projected to ``proj_dim``.
+    """All parameters of a group as one vector, projected to ``proj_dim`` (intrinsic dimension, Li et al. 2018;
+    Aghajanyan et al. 2021).
+
+    With one projector per parameter the matrix is ``[P_1 | P_2 | ...]``: all entries i.i.d., so one JL matrix,
+    and each parameter's part of the update is computed without forming the others.
 
     Args:
         params: the parameters, flattened and concatenated in order (``grad_dim`` entries).

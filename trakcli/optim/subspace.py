@@ -1,21 +1,13 @@
 """Intrinsic-dimension training by reparametrization: ``W = W0 + unproject(z)``, only ``z`` trainable.
 
-Li et al. 2018 ("Measuring the intrinsic dimension of objective landscapes")
-and Aghajanyan et al. 2021 ("Intrinsic dimensionality explains the
-effectiveness of language model fine-tuning"): every selected parameter is
-replaced, through :mod:`torch.nn.utils.parametrize`, by its frozen initial
-value plus its part of ``Pᵀ z``, with ``z`` a ``[proj_dim]`` vector (zeros at
-the start, so the model is unchanged) and ``P`` a ``[proj_dim, grad_dim]``
-random JL matrix of :mod:`trakcli.projectors`. The gradient with respect to
-``z`` is ``P g`` (the projected full gradient): the map is a custom autograd
-function whose backward is the projector's ``project``, the exact adjoint of
-its ``unproject``.
-
-With a projection mapping, ``P = [P_1 | P_2 | ...]`` has one block per
-parameter, the same matrix as :class:`~trakcli.optim.ProjectedOptimizer` in
-``global`` mode for a group of the same parameters in the same order (group
-0, before any refresh), so SGD on ``z`` and that optimizer with SGD take the
-same steps.
+Li et al. 2018 ("Measuring the intrinsic dimension of objective landscapes") and Aghajanyan et al. 2021
+("Intrinsic dimensionality explains the effectiveness of language model fine-tuning"): every selected
+parameter becomes, through :mod:`torch.nn.utils.parametrize`, its frozen initial value plus its part of
+``Pᵀ z``, with ``z`` ``[proj_dim]`` (zeros at the start) and ``P`` a ``[proj_dim, grad_dim]`` JL matrix of
+:mod:`trakcli.projectors`. The gradient with respect to ``z`` is ``P g``: the backward is the projector's
+``project``, the exact adjoint of its ``unproject``. With a projection mapping, ``P = [P_1 | P_2 | ...]`` is
+the matrix of :class:`~trakcli.optim.ProjectedOptimizer` in ``global`` mode for a group of the same parameters
+(group 0, before any refresh), so SGD on ``z`` and that optimizer with SGD take the same steps.
 
 Example::
 
@@ -133,7 +125,7 @@ class Subspace(nn.Module):
                         continue
                     prefix, _, rest = key.partition("parametrizations.")
                     own = prefix + rest.removesuffix(".original")
-                    value = _get(self.model, own)  # type: ignore[arg-type]
+                    value = getattr(*_owner(self.model, own))  # type: ignore[arg-type]
                     key = own
                 out[key] = value.detach().clone()
         return out
@@ -155,11 +147,6 @@ class Subspace(nn.Module):
 def _owner(model: nn.Module, name: str) -> tuple[nn.Module, str]:
     path, _, attr = name.rpartition(".")
     return (model.get_submodule(path) if path else model), attr
-
-
-def _get(model: nn.Module, name: str) -> torch.Tensor:
-    module, attr = _owner(model, name)
-    return getattr(module, attr)
 
 
 def attach(
