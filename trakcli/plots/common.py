@@ -1,10 +1,5 @@
-"""What the pictures share: the output path check, an off-screen figure, saving, colors, text helpers.
-
-matplotlib is imported inside the functions (``import trakcli`` stays fast)
-and figures are drawn off-screen on its non-interactive Agg canvas: no window,
-no pyplot global state, safe in a headless job. A figure is written as
-``.png``, ``.pdf`` or ``.svg``, chosen by the path's suffix.
-"""
+"""What the pictures share: the output path check, an off-screen figure (matplotlib's Agg canvas, imported when
+drawing; no pyplot state), saving, colors, text helpers."""
 
 from __future__ import annotations
 
@@ -70,13 +65,8 @@ def new_figure(**kwargs: Any) -> Any:
 
 
 def save_figure(fig: Any, path: Path, dpi: int) -> None:
-    """Write ``fig`` to ``path`` in the format of its suffix, on white, at ``dpi``.
-
-    Written atomically (:mod:`trakcli.files`): a failed write leaves an existing file as it was.
-
-    Raises:
-        ArgumentError: the file system refuses the file (names the path; choose a writable one).
-    """
+    """Write ``fig`` atomically to ``path`` in the format of its suffix, on white, at ``dpi``
+    (:class:`ArgumentError`: the file system refuses it)."""
     try:
         with atomic_path(path) as tmp:
             fig.savefig(tmp, dpi=dpi, format=path.suffix.lower().lstrip("."), facecolor="white")

@@ -22,28 +22,17 @@ def plot_sweep(
 ) -> Path:
     """Draw the curves of an LDS sweep over proj_dim, checkpoints and lambda, and write the figure.
 
-    Three panels, each point with its 95% bootstrap interval as an error bar:
-
-    1. LDS against ``proj_dim`` (log2 axis), one line per number of
-       checkpoints, each point at the best lambda of that (proj_dim, checkpoints) pair;
-    2. LDS against the number of checkpoints, one line per ``proj_dim``, best lambda per point;
-    3. LDS against ``lambda_rel`` (log axis), one line per ``proj_dim``, at the
-       largest number of checkpoints of the sweep (against the absolute
-       ``lambda_reg`` if no row has a ``lambda_rel``).
-
-    The best row of the whole sweep is marked with a gold star, the
-    ``default`` settings (if they are among the rows) with a black diamond;
-    both are described in the title and marked on each panel they fall on.
+    Three panels, each point with its 95% bootstrap interval as an error bar: LDS against ``proj_dim``
+    (one line per number of checkpoints) and against the number of checkpoints (one line per proj_dim),
+    each point at its best lambda; and LDS against ``lambda_rel`` (else ``lambda_reg``) at the largest
+    number of checkpoints. The best row is marked with a gold star, the ``default`` settings with a
+    black diamond.
 
     Args:
         path: file to write, ``.png`` / ``.pdf`` / ``.svg``.
-        rows: one dict per evaluated setting with ``proj_dim`` (int),
-            ``n_checkpoints`` (int), ``lambda_rel`` (float or None when an
-            absolute lambda was used), ``lambda_reg`` (float or None), ``lds``
-            (float, the linear datamodeling score) and ``ci_low``, ``ci_high``
-            (floats, 95% bootstrap interval; None: no error bar).
-        default: the default settings, a dict with ``proj_dim``,
-            ``n_checkpoints``, ``lambda_rel`` (and optionally ``lambda_reg``).
+        rows: one dict per evaluated setting: ``proj_dim``, ``n_checkpoints``, ``lambda_rel`` and ``lambda_reg``
+            (float or None), ``lds`` and ``ci_low``, ``ci_high`` (the 95% bootstrap interval; None: no bar).
+        default: the default settings (``proj_dim``, ``n_checkpoints``, ``lambda_rel`` or ``lambda_reg``).
         title: figure title; default: names the best setting.
         dpi: resolution of raster output.
 
@@ -154,15 +143,11 @@ def _find_default(pts: list[dict], default: Mapping[str, Any]) -> dict | None:
     (or, if the default gives no lambda_rel, the same absolute lambda_reg)."""
     key = "lambda_rel" if default.get("lambda_rel") is not None else "lambda_reg"
     want = default.get(key)
+    at = (int(default.get("proj_dim", -1)), int(default.get("n_checkpoints", -1)))
     for p in pts:
-        if p["proj_dim"] != int(default.get("proj_dim", -1)):
-            continue
-        if p["n_checkpoints"] != int(default.get("n_checkpoints", -1)):
-            continue
         have = p[key]
-        if (want is None and have is None) or (
-            want is not None and have is not None and math.isclose(have, float(want), rel_tol=1e-6)
-        ):
+        if (p["proj_dim"], p["n_checkpoints"]) == at and (have is None) == (want is None) and (
+                want is None or math.isclose(have, float(want), rel_tol=1e-6)):
             return p
     return None
 
@@ -188,11 +173,7 @@ def _shade(i: int, n: int) -> Any:
 
 
 def _lambda_ticks(ax: Any, values: list[float], most: int = 6) -> None:
-    """Ticks at the swept λ values (at most ``most``, every k-th), ``%.3g``, slanted; no minor tick labels.
-
-    matplotlib's log axis labels minor ticks when the λ range spans less than a
-    couple of decades, and those labels overlap.
-    """
+    """Ticks at the swept λ values (at most ``most``), ``%.3g``, slanted; no minor tick labels (they overlap)."""
     vals = sorted(set(v for v in values if v is not None))
     if not vals:
         return
