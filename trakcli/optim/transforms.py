@@ -26,15 +26,7 @@ Transform = Callable[[torch.Tensor], "torch.Tensor | None"]
 
 
 def batch_view(x: torch.Tensor, param_ndim: int | None) -> torch.Tensor:
-    """``x`` as a batch ``[B, *item_shape]`` of the items a transform acts on (see module doc).
-
-    Args:
-        x: any tensor ``[*shape]``.
-        param_ndim: item dimensionality (``None``: whole tensor).
-
-    Returns:
-        ``x.reshape(B, *item_shape)`` (a view when ``x`` is contiguous).
-    """
+    """``x`` as ``[B, *item_shape]``, the items a transform acts on (module doc); a view when ``x`` is contiguous."""
     if param_ndim is None:
         return x.reshape(1, *x.shape)
     k = param_ndim if param_ndim >= 0 else x.dim() + param_ndim

@@ -28,14 +28,7 @@ _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def splitmix64(x: int) -> int:
-    """One step of the SplitMix64 mixer (Steele, Lea, Flood 2014) on a Python int.
-
-    Args:
-        x: any integer; taken modulo 2**64.
-
-    Returns:
-        A well-mixed 64-bit unsigned integer.
-    """
+    """One step of the SplitMix64 mixer (Steele, Lea, Flood 2014): ``x`` modulo 2**64 -> a mixed 64-bit int."""
     x = (x + 0x9E3779B97F4A7C15) & _MASK64
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
@@ -43,14 +36,7 @@ def splitmix64(x: int) -> int:
 
 
 def derive_seed(*values: int) -> int:
-    """Hash a tuple of non-negative integers into a seed for ``torch.Generator``.
-
-    Args:
-        *values: e.g. ``(tag, seed, model_id, block)``.
-
-    Returns:
-        An integer in ``[0, 2**63)``.
-    """
+    """Hash non-negative integers (e.g. ``(tag, seed, model_id)``) into a seed in ``[0, 2**63)``."""
     h = 0x6A09E667F3BCC909
     for v in values:
         h = splitmix64(h ^ (int(v) & _MASK64))
@@ -58,19 +44,12 @@ def derive_seed(*values: int) -> int:
 
 
 def check_int(name: str, value: Any, minimum: int, hint: str) -> int:
-    """Return ``value`` as an int, or raise :class:`ProjectorError` naming the problem.
-
-    Args:
-        name: option name shown in the message (e.g. ``"proj_dim"``).
-        value: the user's value.
-        minimum: smallest allowed value.
-        hint: how to fix it, appended to the message.
+    """``value`` as an int >= ``minimum``, else :class:`ProjectorError` naming option ``name`` and ``hint``.
 
     Raises:
-        ProjectorError: ``value`` is not an integer (bools are rejected) or is below ``minimum``.
+        ProjectorError: ``value`` is not an integer (bools and integral floats too) or is below ``minimum``.
     """
     if isinstance(value, bool) or not isinstance(value, int):
-        # Accept integral floats from YAML like 2048.0? No: say so, it is likely a typo.
         raise ProjectorError(
             f"projector {name} must be an integer >= {minimum}, got {value!r} "
             f"({type(value).__name__}); {hint}"

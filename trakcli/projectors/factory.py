@@ -36,8 +36,6 @@ KINDS = KindNames(lambda cls: cls.built_from_model is None)
 #: The kinds with a ``cuda`` implementation (a live view of the registry).
 DENSE_KINDS = KindNames(lambda cls: "cuda" in cls.implementations)
 
-DEFAULT_BLOCK_SIZE = 2**18
-DEFAULT_MAX_CHUNK_SIZE = 2**18
 AUTO_CACHE_LIMIT = 4 * 2**30
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -54,15 +52,6 @@ def auto_cache_bytes(matrix_bytes: int) -> int:
     """The ``cache_bytes: auto`` rule: the whole matrix if it fits min(4 GiB, RAM/4), else 0."""
     budget = min(AUTO_CACHE_LIMIT, _total_ram() // 4)
     return budget if matrix_bytes <= budget else 0
-
-
-def _choice(name: str, value: Any, choices: tuple[str, ...]) -> str:
-    if not isinstance(value, str) or value not in choices:
-        raise ProjectorError(
-            f"unknown projector {name} {value!r}{did_you_mean(value, choices)}; "
-            f"choose one of {', '.join(choices)}"
-        )
-    return value
 
 
 def _dtype(value: Any) -> torch.dtype:
@@ -127,7 +116,11 @@ def make_projector(
     cls = projector_kind(kind)
     if cls.built_from_model is not None:
         raise ProjectorError(cls.built_from_model)
-    implementation = _choice("implementation", implementation, IMPLEMENTATIONS)
+    if not isinstance(implementation, str) or implementation not in IMPLEMENTATIONS:
+        raise ProjectorError(
+            f"unknown projector implementation {implementation!r}{did_you_mean(implementation, IMPLEMENTATIONS)}; "
+            f"choose one of {', '.join(IMPLEMENTATIONS)}"
+        )
     known = list(OPTIONS)
     unknown = [k for k in options if k not in known]
     if unknown:
@@ -140,12 +133,9 @@ def make_projector(
     grad_dim = check_int("grad_dim", grad_dim, 1, "it is the number of selected parameters")
     seed = check_int("seed", seed, 0, "use a non-negative integer such as 0")
     dtype = _dtype(options.get("dtype", "float32"))
-    block_size = check_int(
-        "block_size", options.get("block_size", DEFAULT_BLOCK_SIZE), 1, "e.g. block_size: 262144"
-    )
-    max_chunk_size = check_int(
-        "max_chunk_size", options.get("max_chunk_size", DEFAULT_MAX_CHUNK_SIZE), 1,
-        "e.g. max_chunk_size: 262144",
+    # columns per step of basic, entries per chunk of chunked: 2**18 unless given
+    block_size, max_chunk_size = (
+        check_int(k, options.get(k, 2**18), 1, f"e.g. {k}: 262144") for k in ("block_size", "max_chunk_size")
     )
     cache_bytes = options.get("cache_bytes", "auto")
     if cache_bytes != "auto":
