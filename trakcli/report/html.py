@@ -15,6 +15,9 @@ What is embedded, deduplicated (a train document that answers many queries is st
 
 ``tc`` / ``dc`` are one proponent's or opponent's contributions over the target's and the document's
 tokens (``null``: not a target of the loss), rounded to 4 significant digits.
+
+The page's template, style and script are the package's files ``page.html``, ``page.css`` and ``page.js``;
+the script draws the list of targets (100 a page) and the selected one, with the colours of :mod:`trakcli.plots`.
 """
 
 from __future__ import annotations
@@ -23,13 +26,14 @@ import base64
 import html
 import json
 import math
+from functools import cache
+from importlib import resources
 from typing import Any, Iterable, Mapping
 
 import numpy as np
 
 from trakcli.errors import ArgumentError, DataError
 from trakcli.plots.common import as_numpy
-from trakcli.report.page import SCRIPT, STYLE
 
 #: The sides of an answer and their keys in the embedded data.
 SIDES = (("proponents", "p"), ("opponents", "o"))
@@ -87,8 +91,13 @@ def render_report(
     data = {"title": title, "about": about, "k": k, "image": image, "queries": queries,
             "docs": {str(d): v for d, v in docs.items()}}
     scale_line = f'<p class="about scale">{html.escape(scale)}</p>' if scale else ""
-    return PAGE.format(title=html.escape(title), about=html.escape(about), scale=scale_line, style=STYLE,
-                       script=SCRIPT, data=embed_json(data))
+    return _asset("page.html").format(title=html.escape(title), about=html.escape(about), scale=scale_line,
+                                      style=_asset("page.css"), script=_asset("page.js"), data=embed_json(data))
+
+
+@cache
+def _asset(name: str) -> str:
+    return resources.files("trakcli.report").joinpath(name).read_text(encoding="utf-8")
 
 
 def embed_json(data: Any) -> str:
@@ -217,32 +226,3 @@ def _embed_images(images: tuple[Any, Any], queries: list[dict[str, Any]], docs: 
     for d, img in zip(d_idx, shown_d):
         docs[int(d)]["img"] = encode(img)
     return {"shape": [int(s) for s in train.shape[1:]]}
-
-
-PAGE = """<!DOCTYPE html>
-<html lang="en">
-<head>
-<meta charset="utf-8">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<meta name="generator" content="trakcli trak report">
-<title>{title}</title>
-<style>{style}</style>
-</head>
-<body>
-<header class="top"><h1>{title}</h1><p class="about">{about}</p>{scale}</header>
-<div id="app">
-<aside id="side" aria-label="targets">
-<input id="search" type="search" placeholder="Filter: index, text, label:7" autocomplete="off" aria-label="filter the targets">
-<div id="count" aria-live="polite"></div>
-<ol id="list"></ol>
-<div id="pager"><button id="page-prev" type="button" title="previous page">&lsaquo;</button><span id="page-info"></span><button id="page-next" type="button" title="next page">&rsaquo;</button></div>
-<p class="keys"><kbd>j</kbd>/<kbd>k</kbd> or <kbd>&darr;</kbd>/<kbd>&uarr;</kbd> next / previous, <kbd>/</kbd> search</p>
-</aside>
-<main id="detail"></main>
-</div>
-<noscript><p>This report draws its pages with JavaScript; allow scripts for this file.</p></noscript>
-<script type="application/json" id="report-data">{data}</script>
-<script>{script}</script>
-</body>
-</html>
-"""
