@@ -40,9 +40,9 @@ import torch
 
 from trakcli.errors import ProjectorError
 from trakcli.projectors.base import (
-    Grads, Projector, as_float_dtype, check_int, check_model_id, derive_seed, dtype_name,
+    Grads, Projector, as_float_dtype, check_int, check_model_id, derive_seed, dtype_name, grad_items,
 )
-from trakcli.projectors.kronecker_layers import SPLITS, KroneckerLayer, LayerParam, choose_grid, split_widths
+from trakcli.projectors.kronecker_layers import KroneckerLayer, LayerParam, choose_grid, split_widths
 from trakcli.projectors.matrices import GENERATOR, DenseMatrix
 
 __all__ = [
@@ -64,21 +64,13 @@ def kronecker_factor(
     rows: int, cols: int, *, seed: int, model_id: int, layer: int, side: int,
     distribution: str = "rademacher", dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
 ) -> torch.Tensor:
-    """One factor matrix, a pure function of ``(seed, model_id, layer, side)`` and its shape.
-
-    Usable on its own, e.g. by a two-sided (per-matrix) projected optimizer
-    computing ``P_out G P_inᵀ`` for a weight ``G`` ``[d_out, d_in]``.
+    """One factor matrix ``[rows = k, cols = d]``, a pure function of ``(seed, model_id, layer, side)`` and its shape.
 
     Args:
-        rows: ``k`` (features of this side).
-        cols: ``d`` (the layer's size on this side).
-        seed: base seed, an int >= 0.
-        model_id: checkpoint index (or any draw index).
-        layer: the layer's index.
+        seed, model_id, layer: base seed (an int >= 0), checkpoint (or draw) index, the layer's index.
         side: :data:`OUT` (0) for ``P_out``, :data:`IN` (1) for ``P_in``.
         distribution: ``rademacher`` (±1/√rows) or ``normal`` (N(0, 1/rows)).
-        dtype: float32 or float64.
-        device: where to generate it.
+        dtype, device: float32 or float64; where to generate it.
 
     Returns:
         ``[rows, cols]`` in ``dtype`` on ``device`` with E[PᵀP] = I: the transpose of
@@ -150,8 +142,6 @@ class KroneckerProjector(Projector):
             raise ProjectorError(
                 f"kronecker distribution must be one of {', '.join(DISTRIBUTIONS)}, got {distribution!r}"
             )
-        if split not in SPLITS:
-            raise ProjectorError(f"kronecker split must be one of {', '.join(SPLITS)}, got {split!r}")
         self.distribution = distribution
         self.layers = layers
         self.param_names = names
@@ -300,40 +290,27 @@ class KroneckerProjector(Projector):
     # ------------------------------------------------------------------ explicit gradients
 
     def _split(self, grads: Grads) -> tuple[int, dict[str, torch.Tensor]]:
+        """``(n, {name: [n, numel]})`` of a flat ``[n, grad_dim]`` tensor (``param_names`` order) or a dict."""
+        params = [p for layer in self.layers for p in layer.params]
+        if isinstance(grads, Mapping):
+            missing = [n for n in self.param_names if n not in grads]
+            extra = [n for n in grads if n not in set(self.param_names)]
+            if missing or extra:
+                raise ProjectorError(
+                    f"the gradient dict must hold exactly the kronecker layers' parameters: missing {missing}, "
+                    f"not covered {extra}"
+                )
+            grads = {name: grads[name] for name in self.param_names}
+        n, items = grad_items(grads, self.grad_dim)
         if isinstance(grads, torch.Tensor):
-            if grads.dim() != 2 or grads.shape[1] != self.grad_dim:
+            return n, dict(zip(self.param_names, grads.split([p.numel for p in params], dim=1)))
+        for p, (_, t) in zip(params, items):
+            if t.shape[1] != p.numel:
                 raise ProjectorError(
-                    f"gradients must have shape [n, grad_dim] = [n, {self.grad_dim}] (parameters in "
-                    f"param_names order), got {tuple(grads.shape)}"
+                    f"gradient of parameter {p.name!r} has shape {tuple(grads[p.name].shape)}, "
+                    f"expected [{n}, *{p.shape}]"
                 )
-            as_float_dtype(grads, "the gradient tensor")
-            sizes = [p.numel for layer in self.layers for p in layer.params]
-            return grads.shape[0], dict(zip(self.param_names, grads.split(sizes, dim=1)))
-        if not isinstance(grads, Mapping):
-            raise ProjectorError(
-                f"gradients must be a torch.Tensor [n, grad_dim] or a dict of per-parameter tensors, "
-                f"got {type(grads).__name__}"
-            )
-        missing = [n for n in self.param_names if n not in grads]
-        extra = [n for n in grads if n not in set(self.param_names)]
-        if missing or extra:
-            raise ProjectorError(
-                f"the gradient dict must hold exactly the kronecker layers' parameters: missing {missing}, "
-                f"not covered {extra}"
-            )
-        n = None
-        shapes = {p.name: p.shape for layer in self.layers for p in layer.params}
-        for name in self.param_names:
-            t = grads[name]
-            if not isinstance(t, torch.Tensor) or t.dim() < 1:
-                raise ProjectorError(f"gradient of parameter {name!r} must be a tensor [n, *param_shape]")
-            as_float_dtype(t, f"the gradient of parameter {name!r}")
-            n = t.shape[0] if n is None else n
-            if t.shape[0] != n or t[0].numel() != math.prod(shapes[name]):
-                raise ProjectorError(
-                    f"gradient of parameter {name!r} has shape {tuple(t.shape)}, expected [{n}, *{tuple(shapes[name])}]"
-                )
-        return int(n), dict(grads)
+        return n, dict(items)
 
     def _project(self, grads: Grads, model_id: int) -> torch.Tensor:
         n, items = self._split(grads)
