@@ -2,9 +2,7 @@
 
 TrackStar-style attribution (Chang et al. 2025) and LESS-style selection (Xia et al.
 2024) read checkpoints along training and the Adam second moments of each
-(``second_moment.kind: adam``). `trak optimize` writes them for the models it trains;
-this callback writes the same files for a model trained by ``transformers.Trainer`` or
-TRL's ``SFTTrainer``, into ``out_dir``, in the layout of `trak optimize`::
+(``second_moment.kind: adam``). The callback writes them into ``out_dir`` in the layout of `trak optimize`::
 
     out_dir/
       manifest.json                      # trakcli.store.manifest, "source": "trainer"
@@ -14,10 +12,7 @@ TRL's ``SFTTrainer``, into ``out_dir``, in the layout of `trak optimize`::
       optimizer_state/model_000_epoch1.pt    # {"optimizer", "projection", "param_names", "state_dict"}
       ...
 
-``checkpoints: out_dir/manifest.json`` in a trakcli config then featurizes the saves
-in training order (the final one last), and ``second_moment.kind: adam`` finds each
-one's optimizer state through the manifest.
-
+``checkpoints: out_dir/manifest.json`` in a trakcli config then featurizes the saves in training order.
 This module imports transformers.
 """
 
@@ -46,10 +41,6 @@ from trakcli.store.manifest import (
 
 #: The values of ``save``: after every ``every``-th epoch, or every ``every`` optimizer steps.
 SAVE_WHEN = ("epoch", "steps")
-
-def checkpoint_name(*, epoch: int | None = None, step: int | None = None, adapter: bool = False) -> str:
-    """The file (or adapter folder) name of a save: the manifest's model 0 (:func:`checkpoint_file_name`)."""
-    return checkpoint_file_name(0, epoch=epoch, step=step, adapter=adapter)
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
@@ -192,7 +183,8 @@ class TrakCallback(TrainerCallback):
         """Save every ``every`` steps (``save="steps"``), and at the last step with ``final``."""
         if not state.is_world_process_zero:
             return
-        if self.final and self._at_end(state, control):
+        last = state.max_steps and state.global_step >= state.max_steps or control.should_training_stop
+        if self.final and last:  # the last step of the training, or another callback stops it
             self._save(state, kwargs)
         elif self.save == "steps" and state.global_step % self.every == 0:
             self._save(state, kwargs, step=state.global_step)
@@ -223,11 +215,6 @@ class TrakCallback(TrainerCallback):
 
     # -- saving -----------------------------------------------------------------------------------------------------
 
-    @staticmethod
-    def _at_end(state: TrainerState, control: TrainerControl) -> bool:
-        """Whether this step is the last of the training (its last step, or another callback stops it)."""
-        return bool(state.max_steps and state.global_step >= state.max_steps or control.should_training_stop)
-
     def _save(self, state: TrainerState, kwargs: dict[str, Any], *, epoch: int | None = None,
               step: int | None = None) -> None:
         """Write the model (and its optimizer state) at this step, then the manifest; once per step."""
@@ -239,16 +226,15 @@ class TrakCallback(TrainerCallback):
                                 "transformers.Trainer (or a subclass such as trl.SFTTrainer)")
         model = unwrap_model(model)
         adapter = is_peft_model(model)
-        last = bool(state.max_steps) and state.global_step >= state.max_steps
-        name = checkpoint_name(adapter=adapter) if last or (epoch is None and step is None) else checkpoint_name(
-            epoch=epoch, step=None if epoch is not None else step, adapter=adapter)
+        final = bool(state.max_steps) and state.global_step >= state.max_steps or epoch is None and step is None
+        name = checkpoint_file_name(0, adapter=adapter) if final else checkpoint_file_name(
+            0, epoch=epoch, step=step, adapter=adapter)
         path = self.out_dir / name
         entry: dict[str, Any] = {"step": int(state.global_step)}
         if epoch is not None:
             entry["epoch"] = int(epoch)
-        elif name == checkpoint_name(adapter=adapter):  # the final checkpoint: its epoch, when one just ended
-            if state.epoch is not None and round(float(state.epoch), 6).is_integer():
-                entry["epoch"] = int(round(float(state.epoch), 6))
+        elif final and state.epoch is not None and round(float(state.epoch), 6).is_integer():
+            entry["epoch"] = int(round(float(state.epoch), 6))  # the final checkpoint: its epoch, when one just ended
         self._write_model(model, path)
         entry.update(checkpoint=name, sha256=checkpoint_sha256(path))
         if self.save_optimizer_state:

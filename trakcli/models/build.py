@@ -121,21 +121,20 @@ def build_model(entrypoint: str = "mlp", **kwargs: Any) -> nn.Module:
             model = build_hf_model(entrypoint, **kwargs)
         except TypeError as e:
             raise ModelError(f"model.entrypoint {entrypoint!r} rejected model.kwargs {kwargs}: {e}") from None
-        model.trak_entrypoint = entrypoint
-        return model
-    fn = load_function(entrypoint)
-    try:
-        with user_code(f"model.entrypoint {entrypoint}"):
-            model = fn(**kwargs)
-    except UserCodeError as e:
-        cause = e.__cause__
-        if isinstance(cause, TypeError) and cause.__traceback__ is not None and _raised_by_the_call(cause):
-            raise ModelError(f"model.entrypoint {entrypoint!r} rejected model.kwargs {kwargs}: {cause}") from None
-        raise
-    if not isinstance(model, nn.Module):
-        raise ModelError(
-            f"model.entrypoint {entrypoint!r} returned a {type(model).__name__}, not a torch.nn.Module"
-        )
+    else:
+        fn = load_function(entrypoint)
+        try:
+            with user_code(f"model.entrypoint {entrypoint}"):
+                model = fn(**kwargs)
+        except UserCodeError as e:
+            cause = e.__cause__
+            if isinstance(cause, TypeError) and cause.__traceback__ is not None and _raised_by_the_call(cause):
+                raise ModelError(f"model.entrypoint {entrypoint!r} rejected model.kwargs {kwargs}: {cause}") from None
+            raise
+        if not isinstance(model, nn.Module):
+            raise ModelError(
+                f"model.entrypoint {entrypoint!r} returned a {type(model).__name__}, not a torch.nn.Module"
+            )
     model.trak_entrypoint = entrypoint
     return model
 

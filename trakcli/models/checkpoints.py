@@ -27,14 +27,6 @@ WEIGHT_PATTERNS = ("model.safetensors", "model-*.safetensors", "pytorch_model.bi
                    "adapter_model.safetensors", "adapter_model.bin")
 
 
-def _weight_files(path: Path) -> list[Path]:
-    for pattern in WEIGHT_PATTERNS:
-        files = sorted(path.glob(pattern))
-        if files:
-            return files
-    return []
-
-
 def checkpoint_files(path: Path) -> list[Path]:
     """The weight files of a checkpoint: the file itself, or a Hugging Face directory's weights.
 
@@ -43,37 +35,33 @@ def checkpoint_files(path: Path) -> list[Path]:
     """
     if not path.is_dir():
         return [path]
-    files = _weight_files(path)
-    if not files:
-        raise CheckpointError(
-            f"checkpoint directory {path} has no weights ({', '.join(WEIGHT_PATTERNS)}); "
-            "save it with model.save_pretrained(dir) or give a .pt / .safetensors state dict"
-        )
-    return files
+    for pattern in WEIGHT_PATTERNS:
+        files = sorted(path.glob(pattern))
+        if files:
+            return files
+    raise CheckpointError(
+        f"checkpoint directory {path} has no weights ({', '.join(WEIGHT_PATTERNS)}); "
+        "save it with model.save_pretrained(dir) or give a .pt / .safetensors state dict"
+    )
 
 
 def file_sha256(path: str | Path) -> str:
-    """Hex sha256 of a file's bytes, read in 1 MiB blocks.
-
-    For a Hugging Face model directory: of its weight files' names and bytes,
-    in sorted order (config and tokenizer files are not included).
+    """Hex sha256 of a file's bytes; for a Hugging Face model directory, of its weight files' names and
+    bytes in sorted order (config and tokenizer files are not included).
 
     Raises:
         CheckpointError: the file cannot be read (permissions, an I/O error), naming it and the fix.
     """
     path = Path(path)
     if not path.is_dir():
-        h = hashlib.sha256()
         try:
             with open(path, "rb") as f:
-                for block in iter(lambda: f.read(1 << 20), b""):
-                    h.update(block)
+                return hashlib.file_digest(f, "sha256").hexdigest()
         except OSError as e:
             raise CheckpointError(
                 f"cannot read {path}: {e.strerror or e}; make it readable by this user (e.g. chmod u+r) "
                 "or point the config at a readable copy"
             ) from None
-        return h.hexdigest()
     h = hashlib.sha256()
     for f in checkpoint_files(path):
         h.update(f.name.encode() + b"\0" + file_sha256(f).encode())
@@ -242,21 +230,14 @@ def _load_state(model: nn.Module, path: str | Path) -> list[str]:
     own = model.state_dict()
     sd, stripped = strip_wrapper_prefixes(read_state_dict(path), own.keys())
     if is_hf_model(model):
-        mapped, missing, unexpected = fit_hf_state_dict(model, sd)
-        problem = describe_mismatch(own, mapped, missing=missing, unexpected=unexpected)
-        if problem:
-            raise CheckpointError(
-                f"checkpoint {path} does not fit the model {getattr(model, 'trak_hf_path', type(model).__name__)}: "
-                f"{problem}; check model.entrypoint and model.kwargs (num_labels, model_class)"
-            )
-        model.load_state_dict({k: v for k, v in mapped.items() if k in own}, strict=False)
-        return stripped
-    missing, unexpected = [k for k in own if k not in sd], [k for k in sd if k not in own]
+        sd, missing, unexpected = fit_hf_state_dict(model, sd)
+        which = f"the model {getattr(model, 'trak_hf_path', type(model).__name__)}"
+        fix = "check model.entrypoint and model.kwargs (num_labels, model_class)"
+    else:
+        missing, unexpected = [k for k in own if k not in sd], [k for k in sd if k not in own]
+        which, fix = "the model", "check model.entrypoint and model.kwargs against how the checkpoint was trained"
     problem = describe_mismatch(own, sd, missing=missing, unexpected=unexpected)
     if problem:
-        raise CheckpointError(
-            f"checkpoint {path} does not fit the model: {problem}; "
-            "check model.entrypoint and model.kwargs against how the checkpoint was trained"
-        )
-    model.load_state_dict(sd, strict=True)
+        raise CheckpointError(f"checkpoint {path} does not fit {which}: {problem}; {fix}")
+    model.load_state_dict({k: v for k, v in sd.items() if k in own}, strict=False)
     return stripped

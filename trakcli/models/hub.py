@@ -10,21 +10,12 @@ Two spellings, following the Hub's own URIs (``huggingface_hub.parse_hf_uri``):
   repository, or a file, folder or glob inside it.
 
 A local directory or an installed package of that name always comes first
-(:func:`trakcli.models.hf.resolve_hf_path`); a Hub name is only looked up when
-no such path exists.
-
-Resolution is what transformers does: ``huggingface_hub.snapshot_download``
-into the Hugging Face cache (``$HF_HUB_CACHE``, else ``$HF_HOME/hub``, else
-``~/.cache/huggingface/hub``), returning the local snapshot folder
-``<cache>/models--ORG--NAME/snapshots/<commit>/``, which is then read like any
-local folder. Online, the repository's file list is read first and only what is
-needed is downloaded (:func:`model_files`, :func:`dataset_files`). With
-``HF_HUB_OFFLINE=1`` (or ``TRANSFORMERS_OFFLINE=1``), or when the Hub cannot be
-reached, the snapshot already in the cache is used; if there is none, one
-error names the repository, the cache folder and the fixes. Both variables are
-read when a name is resolved, not when the process starts.
-
-Nothing here imports ``huggingface_hub`` before a Hub name is resolved.
+(:func:`trakcli.models.hf.resolve_hf_path`). A Hub name resolves as transformers does:
+``huggingface_hub.snapshot_download`` into the Hugging Face cache (:func:`hub_cache_dir`), of only
+the files needed (:func:`model_files`, :func:`dataset_files`); with ``HF_HUB_OFFLINE=1`` (or
+``TRANSFORMERS_OFFLINE=1``, read when a name is resolved), or when the Hub cannot be reached, the
+snapshot already in the cache is used, and without one an error names the repository, the cache
+folder and the fixes. ``huggingface_hub`` is imported only when a Hub name is resolved.
 """
 
 from __future__ import annotations
@@ -348,20 +339,12 @@ def _snapshot(
     what: str, error: type[TrakError], label: str, lead: str = "",
 ) -> tuple[Path, list[str]]:
     """The snapshot folder of ``name`` in the cache (downloading the files ``select`` picks, online) and the
-    repository paths to read (``select(files)[1]``).
+    repository paths to read (``select(files)[1]``), kept per ``what`` for the process.
 
-    Args:
-        name: the repository (and revision).
-        select: the repository's files -> ``(download, read)``; raises a :class:`TrakError` when
-            they do not hold what is needed.
-        what: what ``select`` picks for (part of the key under which a result is kept for the process).
-        error: the error class raised.
-        label, lead: every message is ``f"{label}: {lead}..."``.
-
-    Raises:
-        error: the repository or revision does not exist (or is private or gated) on the Hub, a
-            download fails, the Hub cannot be used (offline, unreachable) and the cache has no
-            snapshot of the revision, or ``select`` refuses the files.
+    ``select`` raises a :class:`TrakError` when the files do not hold what is needed; every message
+    is ``f"{label}: {lead}..."``, raised as ``error``: no such repository or revision on the Hub
+    (or private, gated), a failed download, no snapshot in the cache when the Hub cannot be used,
+    or ``select``'s refusal.
     """
     cache, offline = hub_cache_dir(), hub_offline()
     memo = (name, what, cache, offline)
@@ -373,40 +356,31 @@ def _snapshot(
     head = f"{label}: {lead}"
     kind = "dataset" if name.repo_type == "dataset" else "model"
     revision = name.revision or "main"
-    unreachable: Exception | None = None
-    if not offline:
-        files = _repo_files(name, cache)
-        if isinstance(files, RevisionNotFoundError):
-            raise error(f"{head}the Hugging Face Hub {kind} {name.repo_id} has no revision {revision!r}; "
-                        "give a branch, tag or commit it has after @")
-        if isinstance(files, RepositoryNotFoundError):
-            raise error(
-                f"{head}the Hugging Face Hub has no {kind} repository {name.repo_id} (or it is private or gated: "
-                "log in with `hf auth login` or set HF_TOKEN, and accept its terms on its page); check the name"
-            )
-        if isinstance(files, Exception):  # no network, a proxy, the Hub down: use the cache as transformers does
-            unreachable = files
-        else:
-            download, read = _selected(select, files, error, head, "")
-            logger.info("downloading %s (%d files) into %s", name.uri(), len(download), cache)
-            try:
-                folder = huggingface_hub.snapshot_download(
-                    name.repo_id, repo_type=name.repo_type, revision=name.revision, cache_dir=str(cache),
-                    allow_patterns=[_literal(f) for f in download],
-                )
-            except Exception as e:  # noqa: BLE001 - any failure of the download (disk, network, auth)
-                raise error(f"{head}downloading {name.uri()} from the Hugging Face Hub into {cache} failed: "
-                            f"{e.__class__.__name__}: {e}") from None
-            _RESOLVED[memo] = (Path(folder), read)
-            return _RESOLVED[memo]
-    try:
-        folder = Path(huggingface_hub.snapshot_download(
-            name.repo_id, repo_type=name.repo_type, revision=name.revision, cache_dir=str(cache),
-            local_files_only=True,
-        ))
+    files = None if offline else _repo_files(name, cache)
+    if isinstance(files, RevisionNotFoundError):
+        raise error(f"{head}the Hugging Face Hub {kind} {name.repo_id} has no revision {revision!r}; "
+                    "give a branch, tag or commit it has after @")
+    if isinstance(files, RepositoryNotFoundError):
+        raise error(
+            f"{head}the Hugging Face Hub has no {kind} repository {name.repo_id} (or it is private or gated: "
+            "log in with `hf auth login` or set HF_TOKEN, and accept its terms on its page); check the name"
+        )
+    where = dict(repo_id=name.repo_id, repo_type=name.repo_type, revision=name.revision, cache_dir=str(cache))
+    if isinstance(files, list):
+        download, read = _selected(select, files, error, head, "")
+        logger.info("downloading %s (%d files) into %s", name.uri(), len(download), cache)
+        try:
+            folder = huggingface_hub.snapshot_download(**where, allow_patterns=[_literal(f) for f in download])
+        except Exception as e:  # noqa: BLE001 - any failure of the download (disk, network, auth)
+            raise error(f"{head}downloading {name.uri()} from the Hugging Face Hub into {cache} failed: "
+                        f"{e.__class__.__name__}: {e}") from None
+        _RESOLVED[memo] = (Path(folder), read)
+        return _RESOLVED[memo]
+    try:  # offline, or the Hub unreachable (no network, a proxy, the Hub down): the cache, as transformers does
+        folder = Path(huggingface_hub.snapshot_download(**where, local_files_only=True))
     except Exception:  # noqa: BLE001 - LocalEntryNotFoundError, an incomplete snapshot: not usable from the cache
         why = ("HF_HUB_OFFLINE is set" if offline else
-               f"the Hub cannot be reached: {unreachable.__class__.__name__}: {_first_line(unreachable)}")
+               f"the Hub cannot be reached: {files.__class__.__name__}: {_first_line(files)}")
         also = ("unset HF_HUB_OFFLINE to download it here" if offline else
                 "with HF_HUB_OFFLINE=1 the Hub is not tried")
         raise error(
@@ -442,49 +416,27 @@ def _selected(
 
 
 def resolve_hub_model(name: HubName, *, need: str = "model", label: str, lead: str = "") -> Path:
-    """The local folder or file of a Hub model name: its snapshot folder, or the file or folder
-    :attr:`~HubName.path` names inside it, downloaded (online) or from the cache.
-
-    Args:
-        name: a name of :func:`parse_model_name`.
-        need: ``"model"``, ``"checkpoint"`` or ``"tokenizer"``: which files are downloaded
-            (:func:`model_files`).
-        label: what messages start with (``model.entrypoint 'hf:ORG/NAME'``).
-        lead: what messages say after ``label`` (where else the name was looked for).
-
-    Returns:
-        ``<cache>/models--ORG--NAME/snapshots/<commit>[/PATH]``.
+    """``<cache>/models--ORG--NAME/snapshots/<commit>[/PATH]``: the snapshot folder of a Hub model name
+    (:func:`parse_model_name`), or the file or folder :attr:`~HubName.path` names inside it, downloaded
+    (online; which files: :func:`model_files` for ``need``) or from the cache.
 
     Raises:
-        ModelError: as :func:`_snapshot` (naming the repository, the cache folder and the fixes),
-            or the repository (or the cached snapshot) lacks the files (:func:`model_files`).
+        ModelError: as :func:`_snapshot`, messages starting with ``label`` and ``lead``.
     """
-    def select(files: list[str]) -> tuple[list[str], list[str]]:
-        return model_files(files, name, need), [name.path]
-
-    folder, _ = _snapshot(name, select, what=need, error=ModelError, label=label, lead=lead)
+    folder, _ = _snapshot(name, lambda files: (model_files(files, name, need), [name.path]), what=need,
+                          error=ModelError, label=label, lead=lead)
     return folder / name.path if name.path else folder
 
 
 def resolve_hub_dataset(url: str, *, key: str = "data.train") -> list[Path]:
-    """The local files (or the one ``save_to_disk`` folder) of a Hub dataset URL, downloaded (online) or
-    from the cache.
-
-    Args:
-        url: ``hf://datasets/ORG/NAME[@REVISION][/PATH]``; which files are taken: :func:`dataset_files`.
-        key: the dotted config key, for messages.
-
-    Returns:
-        Paths under ``<cache>/datasets--ORG--NAME/snapshots/<commit>/``, in reading order.
+    """The local files (or the one ``save_to_disk`` folder) of a Hub dataset URL
+    ``hf://datasets/ORG/NAME[@REVISION][/PATH]`` (which: :func:`dataset_files`), downloaded (online) or from
+    the cache: paths under ``<cache>/datasets--ORG--NAME/snapshots/<commit>/``, in reading order.
 
     Raises:
-        DataError: a malformed URL (:func:`parse_dataset_url`), no usable files (:func:`dataset_files`),
-            or as :func:`_snapshot` (naming the repository, the cache folder and the fixes).
+        DataError: a malformed URL (:func:`parse_dataset_url`), or as :func:`_snapshot`.
     """
     name = parse_dataset_url(url, key=key)
-
-    def select(files: list[str]) -> tuple[list[str], list[str]]:
-        return dataset_files(files, name)
-
-    folder, read = _snapshot(name, select, what="data", error=DataError, label=f"{key}.path {url!r}")
+    folder, read = _snapshot(name, lambda files: dataset_files(files, name), what="data", error=DataError,
+                             label=f"{key}.path {url!r}")
     return [folder / r for r in read]

@@ -22,7 +22,6 @@ output gradient of ``B`` carries LoRA's ``alpha / r`` scaling (Hu et al. 2022,
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -75,22 +74,6 @@ def adapter_weights(path: Path) -> Path:
         f"adapter folder {path} has {ADAPTER_CONFIG} but no weights ({' or '.join(ADAPTER_WEIGHTS)}); "
         "save the adapter with model.save_pretrained(folder)"
     )
-
-
-def adapter_config(path: Path) -> dict[str, Any]:
-    """The adapter folder's ``adapter_config.json`` as a dict.
-
-    Raises:
-        CheckpointError: the file is not valid JSON of an object.
-    """
-    try:
-        data = json.loads((path / ADAPTER_CONFIG).read_text())
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"cannot read {path / ADAPTER_CONFIG}: {e}; save the adapter again with "
-                              "model.save_pretrained(folder)") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path / ADAPTER_CONFIG} holds {type(data).__name__}, not an adapter config object")
-    return data
 
 
 def with_adapters(model: nn.Module, checkpoints: Sequence[Path]) -> nn.Module:
