@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from trakcli.errors import TrakError
-from trakcli.library_warnings import library_warnings_to_log, warnings_log  # noqa: F401 - warnings_log: re-exported
+from trakcli.library_warnings import library_warnings_to_log
 from trakcli.progress import (
     PHASE_DELAY, Estimate, Field, PhaseLines, Reporter, Task, end_phases, format_duration, format_fields,
 )
@@ -217,22 +217,18 @@ class _LogTask(Task):
         elapsed = now - self.start
         pct = f" ({100 * self.done / self.total:.0f}%)" if self.total else ""
         estimate = self.estimate.left() if 0 < self.done < self.total else None
-        left = f", ~{_duration(estimate)} left" if estimate is not None else ""
+        left = f", ~{format_duration(estimate)} left" if estimate is not None else ""
         extra = format_fields(self.fields)
-        err_console.print(f"{self.description}: {self.done}/{self.total}{pct}, {_duration(elapsed)} elapsed{left}"
+        err_console.print(f"{self.description}: {self.done}/{self.total}{pct}, {format_duration(elapsed)} elapsed{left}"
                           + (f"  {extra}" if extra else ""), highlight=False, markup=False)
 
 
-_duration = format_duration
-
-
-def phase_delay() -> float:
-    """Seconds a phase runs before its line is printed: ``TRAK_PHASE_DELAY`` if set, else
-    :data:`~trakcli.progress.PHASE_DELAY`."""
+def _env_seconds(name: str, default: float) -> float:
+    """Seconds from the environment variable ``name``, else (unset or not a number) ``default``."""
     try:
-        return max(0.0, float(os.environ.get("TRAK_PHASE_DELAY", PHASE_DELAY)))
+        return float(os.environ.get(name, default))
     except ValueError:
-        return PHASE_DELAY
+        return default
 
 
 def _time_left_column() -> Any:
@@ -249,7 +245,7 @@ def _time_left_column() -> Any:
         def render(self, task: Any) -> Text:
             estimate = task.fields.get("estimate")
             left = estimate.left() if estimate is not None and not task.finished else None
-            return Text(f"~{_duration(left)} left" if left is not None else "", style="progress.remaining")
+            return Text(f"~{format_duration(left)} left" if left is not None else "", style="progress.remaining")
 
     return TimeLeft()
 
@@ -258,13 +254,13 @@ class RichReporter(Reporter):
     """Progress bars and messages on stderr (log lines when stderr is no terminal); silent with ``quiet``.
 
     A phase (:meth:`~trakcli.progress.Reporter.phase`) prints its message, dimmed, once it has run
-    :func:`phase_delay` seconds.
+    ``TRAK_PHASE_DELAY`` seconds (default :data:`~trakcli.progress.PHASE_DELAY`).
     """
 
     def __init__(self, quiet: bool = False):
         global _reporter
         self.quiet = quiet
-        self.phases = PhaseLines(self._phase_line, phase_delay())
+        self.phases = PhaseLines(self._phase_line, max(0.0, _env_seconds("TRAK_PHASE_DELAY", PHASE_DELAY)))
         _reporter = self  # the command's: library log records that start a phase go to it
 
     @staticmethod
@@ -283,11 +279,7 @@ class RichReporter(Reporter):
             return
         self.phases.end()
         if not err_console.is_terminal:
-            try:
-                every = float(os.environ.get("TRAK_PROGRESS_INTERVAL", LOG_EVERY))
-            except ValueError:
-                every = LOG_EVERY
-            task = _LogTask(description, total, max(every, 1.0))
+            task = _LogTask(description, total, max(_env_seconds("TRAK_PROGRESS_INTERVAL", LOG_EVERY), 1.0))
             yield task
             task.maybe_print(final=True)
             return

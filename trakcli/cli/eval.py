@@ -49,7 +49,7 @@ def _eval_root() -> None:
     """Measure attribution scores: against models retrained on random subsets (lds), or known source documents (recall)."""
 
 
-def _check_path(path: Path | None, flag: str, suffixes: tuple[str, ...], must_exist: bool) -> None:
+def check_path(path: Path | None, flag: str, suffixes: tuple[str, ...], must_exist: bool) -> None:
     """Exit 2 on a flag naming a missing input or an output of an unknown format."""
     if path is None:
         return
@@ -91,10 +91,16 @@ def _fmt(x: float | None, spec: str = ".4f") -> str:
     return "nan" if x is None else format(x, spec)
 
 
-def _table(data: dict[str, Any]) -> Table:
-    table = Table(title="Linear datamodeling score (LDS)", show_header=False)
+def _kv_table(title: str) -> Table:
+    """A table of labelled values (the label bold)."""
+    table = Table(title=title, show_header=False)
     table.add_column("", style="bold")
     table.add_column("")
+    return table
+
+
+def _table(data: dict[str, Any]) -> Table:
+    table = _kv_table("Linear datamodeling score (LDS)")
     level = f"{data['confidence_level']:.0%}"
     table.add_row("LDS (mean over targets)", _fmt(data["lds"]))
     table.add_row(
@@ -172,70 +178,58 @@ def lds(
             "give CONFIG (it names the store, its scores and the retraining recipe), or all of --scores, --masks "
             "and --outputs"
         )
-    _check_path(scores, "--scores", (".npy", ".csv"), must_exist=True)
-    _check_path(masks, "--masks", (".npy", ".csv"), must_exist=True)
-    _check_path(outputs, "--outputs", (".npy", ".csv"), must_exist=True)
-    _check_path(out, "--out", (".json",), must_exist=False)
-    external = {
-        flag: _load_array(path, flag)
-        for flag, path in (("--scores", scores), ("--masks", masks), ("--outputs", outputs))
-        if path is not None
-    }
-    names = {key: f"--{key} {path}" for key, path in (("scores", scores), ("masks", masks), ("outputs", outputs)) if path}
-
+    given = {key: path for key, path in (("scores", scores), ("masks", masks), ("outputs", outputs)) if path}
+    for key, path in given.items():
+        check_path(path, f"--{key}", (".npy", ".csv"), must_exist=True)
+    check_path(out, "--out", (".json",), must_exist=False)
+    arrays = {key: _load_array(path, f"--{key}") for key, path in given.items()}
+    names = {key: f"--{key} {path}" for key, path in given.items()}
     from trakcli.config import EvalConfig
 
-    n_bootstrap, seed = EvalConfig().bootstrap, EvalConfig().seed
+    settings, extra, bm25 = EvalConfig(), {}, None
     reporter = RichReporter(quiet)
     if config is not None:
         reporter.phase("reading the config, importing torch …")  # the first line, before the slow imports
         cfg = load(config, overrides, print_config)
+        settings = cfg.eval
         # imported after the config is valid: torch import is slow
         from trakcli.evaluation.scores import store_scores
         from trakcli.evaluation.retrain import retrain
 
-        n_bootstrap, seed = cfg.eval.bootstrap, cfg.eval.seed
         store_note: StoreError | None = None
-        s_arr = external.get("--scores")
-        if s_arr is None:
+        if scores is None:
+            names["scores"] = f"the scores of experiment {cfg.score.experiment!r} in {cfg.store.path}"
             try:
                 with reporter.phase(f"reading the scores of experiment {cfg.score.experiment!r} …"):
-                    s_arr = store_scores(cfg)
+                    arrays["scores"] = store_scores(cfg)
             except StoreError as e:
                 if masks is not None:
                     raise
                 store_note = e  # retrain first anyway (it needs no scores); the LDS needs them
                 if not quiet:
                     err_console.print(f"[yellow]{e}; retraining only[/]", highlight=False)
-            names["scores"] = f"the scores of experiment {cfg.score.experiment!r} in {cfg.store.path}"
         if masks is None:
             res = retrain(cfg, workers=workers, overwrite=overwrite, reporter=reporter)
-            m_arr, o_arr = res.masks, res.outputs
-            names["masks"] = f"eval/masks in {res.store}"
-            names["outputs"] = f"eval/outputs in {res.store}"
+            arrays.update(masks=res.masks, outputs=res.outputs)
+            names.update(masks=f"eval/masks in {res.store}", outputs=f"eval/outputs in {res.store}")
             if store_note is not None:
                 raise StoreError(
                     f"{store_note}\nthe {res.n_subsets} retrained models are kept in {res.store}/eval; rerun "
                     "`trak eval lds CONFIG` once the store holds scores"
                 )
-        else:
-            m_arr, o_arr = external["--masks"], external["--outputs"]
-    else:
-        s_arr, m_arr, o_arr = external["--scores"], external["--masks"], external["--outputs"]
+            extra["retrain_seed"] = cfg.eval.retrain_seed  # retrained by this config: whose seeds
+        bm25 = _bm25(cfg)
     from trakcli.evaluation.lds import check_lds_inputs
     from trakcli.evaluation.lds import lds as linear_datamodeling_score
 
-    s_arr, m_arr, o_arr = check_lds_inputs(s_arr, m_arr, o_arr, names=names)
-    with reporter.phase(f"computing the LDS ({n_bootstrap} bootstrap resamples) …"):
-        result = linear_datamodeling_score(s_arr, m_arr, o_arr, n_bootstrap=n_bootstrap, seed=seed)
-    sources = {"scores": names["scores"], "masks": names["masks"], "outputs": names["outputs"]}
-    data = {**result.to_dict(), "sources": sources}
-    if config is not None and masks is None:  # retrained by this config: whose seeds (eval.retrain_seed)
-        data["retrain_seed"] = cfg.eval.retrain_seed
-    bm25 = _bm25(cfg) if config is not None else None
+    keys = ("scores", "masks", "outputs")
+    s_arr, m_arr, o_arr = check_lds_inputs(*(arrays[k] for k in keys), names=names)
+    with reporter.phase(f"computing the LDS ({settings.bootstrap} bootstrap resamples) …"):
+        result = linear_datamodeling_score(s_arr, m_arr, o_arr, n_bootstrap=settings.bootstrap, seed=settings.seed)
+    data = {**result.to_dict(), "sources": {k: names[k] for k in keys}, **extra}
     if bm25 is not None and bm25.shape == s_arr.shape:
-        base = linear_datamodeling_score(bm25, m_arr, o_arr, n_bootstrap=n_bootstrap, seed=seed).to_dict()
-        data["baselines"] = {"bm25": {k: base[k] for k in ("lds", "ci_low", "ci_high")}}
+        base = linear_datamodeling_score(bm25, m_arr, o_arr, n_bootstrap=settings.bootstrap, seed=settings.seed)
+        data["baselines"] = {"bm25": {k: base.to_dict()[k] for k in ("lds", "ci_low", "ci_high")}}
     _report(data, _table(data), out, json_out, quiet)
 
 
@@ -243,12 +237,10 @@ def _bm25(cfg: Any) -> "np.ndarray | None":
     """BM25 scores ``[n_target, n_train]`` of the config's text data (``eval.bm25``), else None."""
     if not cfg.eval.bm25 or cfg.data.target is None:
         return None
-    from trakcli.data.load import load_dataset
-    from trakcli.tasks import resolve_task
     from trakcli.evaluation.bm25 import bm25_of
+    from trakcli.evaluation.scores import dataset
 
-    return bm25_of(load_dataset(cfg.data.train, key="data.train", task=resolve_task(cfg.task)),
-                   load_dataset(cfg.data.target, key="data.target", task=resolve_task(cfg.task)))
+    return bm25_of(dataset(cfg), dataset(cfg, "target"))
 
 
 def _report(data: dict, table, out: Path | None, json_out: bool, quiet: bool) -> None:
@@ -286,9 +278,7 @@ def _parse_ks(values: list[str] | None) -> list[int] | None:
 
 
 def _recall_table(data: dict[str, Any]) -> Table:
-    table = Table(title="Fact tracing: do the top proponents hold each query's source?", show_header=False)
-    table.add_column("", style="bold")
-    table.add_column("")
+    table = _kv_table("Fact tracing: do the top proponents hold each query's source?")
     level = f"{data['confidence_level']:.0%}"
 
     def cell(v: dict[str, Any]) -> str:
@@ -341,7 +331,7 @@ def recall(
     bootstrap interval over queries (eval.bootstrap resamples, eval.seed).
     """
     ks = _parse_ks(k)
-    _check_path(out, "--out", (".json",), must_exist=False)
+    check_path(out, "--out", (".json",), must_exist=False)
     reporter = RichReporter(quiet)
     reporter.phase("reading the config, importing torch …")  # the first line, before the slow imports
     cfg = load(config, overrides, print_config)
@@ -351,11 +341,13 @@ def recall(
 
     with reporter.phase("reading the scores and the facts' sources …"):
         inputs = recall_inputs(cfg)
+
+    def measure(ranked: Any) -> Any:
+        return fact_recall(ranked, inputs.sources, ks if ks is not None else cfg.eval.recall.k,
+                           n_train=inputs.n_train, n_bootstrap=cfg.eval.bootstrap, seed=cfg.eval.seed)
+
     with reporter.phase("computing the recall …"):
-        result = fact_recall(
-            inputs.ranked, inputs.sources, ks if ks is not None else cfg.eval.recall.k, n_train=inputs.n_train,
-            n_bootstrap=cfg.eval.bootstrap, seed=cfg.eval.seed,
-        )
+        result = measure(inputs.ranked)
     data = {
         **result.to_dict(),
         "max_sources": int(result.n_sources.max()) if result.n_query else 0,
@@ -365,9 +357,7 @@ def recall(
     if bm25 is not None:
         from trakcli.evaluation.ranking import rank_scores
 
-        base = fact_recall(rank_scores(bm25, inputs.ranked.shape[1]), inputs.sources,
-                           ks if ks is not None else cfg.eval.recall.k, n_train=inputs.n_train,
-                           n_bootstrap=cfg.eval.bootstrap, seed=cfg.eval.seed).to_dict()
+        base = measure(rank_scores(bm25, inputs.ranked.shape[1])).to_dict()
         data["baselines"] = {"bm25": {"mrr": base["mrr"], "recall": base["recall"]}}
     _report(data, _recall_table(data), out, json_out, quiet)
 
@@ -414,8 +404,8 @@ def qld(
     loss increase of the queries when their top proponents are left out, when random rows are, and
     the difference, each with a bootstrap interval over queries.
     """
-    _check_path(scores, "--scores", (".npy", ".csv"), must_exist=True)
-    _check_path(out, "--out", (".json",), must_exist=False)
+    check_path(scores, "--scores", (".npy", ".csv"), must_exist=True)
+    check_path(out, "--out", (".json",), must_exist=False)
     reporter = RichReporter(quiet)
     reporter.phase("reading the config, importing torch …")  # the first line, before the slow imports
     cfg = load(config, overrides, print_config)
@@ -426,20 +416,19 @@ def qld(
         if scores is not None:
             raise UsageError("--scores gives document scores; eval.qld.per_token ranks training tokens by the "
                              "per-token scores of the store: leave out --scores, or set eval.qld.per_token=false")
-        from trakcli.data.load import load_dataset
-        from trakcli.tasks import resolve_task
         from trakcli.jobs.per_token import query_token_scores
         from trakcli.evaluation.qld import choose_queries
+        from trakcli.evaluation.scores import dataset
 
-        target = load_dataset(cfg.data.target, key="data.target", task=resolve_task(cfg.task))
+        target = dataset(cfg, "target")
         queries = choose_queries(cfg, len(target))
         tokens = (queries, query_token_scores(cfg, queries, reporter))
         baselines = None
         if cfg.eval.bm25:  # the lexical row: the query's own tokens in the train documents, rarest first
             from trakcli.evaluation.bm25 import token_overlap_scores
 
-            baselines = {"token_overlap": token_overlap_scores(load_dataset(cfg.data.train, key="data.train", task=resolve_task(cfg.task)),
-                                                               target, queries, tokens[1].shape[2], cfg.eval.seed)}
+            baselines = {"token_overlap": token_overlap_scores(dataset(cfg), target, queries, tokens[1].shape[2],
+                                                               cfg.eval.seed)}
         result = query_loss_difference(cfg, None, workers=workers, reporter=reporter, token_scores=tokens,
                                        baselines=baselines)
     else:

@@ -98,19 +98,21 @@ def override_hint(option: str, args: list[str]) -> str | None:
     return " or ".join(f"{k}={value}" for k in matches)
 
 
-def _with_hint(error: Exception, args: list[str]) -> None:
-    """Add the override hint to click's ``NoSuchOption`` (caught by class name: typer ships its own click)."""
-    if not any(c.__name__ == "NoSuchOption" for c in type(error).__mro__):
-        return
-    hint = override_hint(getattr(error, "option_name", ""), args)
-    if hint:
-        error.message = f"{error.message}; config keys are set as overrides after the config: {hint}"
+class _Relabelled:
+    """Relabels the parameters when help is drawn (see module docstring)."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        params = super().get_params(ctx)  # type: ignore[misc]
+        for p in params:
+            relabel(p)
+        return params
 
 
-class TrakCommand(typer.core.TyperCommand):
+class TrakCommand(_Relabelled, typer.core.TyperCommand):
     """A typer command whose help reads ``CONFIG [OVERRIDES]...`` and ``--out PATH`` (see module docstring).
 
-    An unknown flag that names a config key gets the override to use instead (:func:`override_hint`).
+    An unknown flag that names a config key gets the override to use instead (:func:`override_hint`), added to
+    click's ``NoSuchOption`` (caught by class name: typer ships its own click).
     """
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
@@ -118,21 +120,12 @@ class TrakCommand(typer.core.TyperCommand):
         try:
             return super().parse_args(ctx, args)
         except Exception as e:
-            _with_hint(e, original)
+            hint = (override_hint(getattr(e, "option_name", ""), original)
+                    if any(c.__name__ == "NoSuchOption" for c in type(e).__mro__) else None)
+            if hint:
+                e.message = f"{e.message}; config keys are set as overrides after the config: {hint}"
             raise
 
-    def get_params(self, ctx: Any) -> list[Any]:
-        params = super().get_params(ctx)
-        for p in params:
-            relabel(p)
-        return params
 
-
-class TrakGroup(typer.core.TyperGroup):
+class TrakGroup(_Relabelled, typer.core.TyperGroup):
     """The command group counterpart of :class:`TrakCommand`."""
-
-    def get_params(self, ctx: Any) -> list[Any]:
-        params = super().get_params(ctx)
-        for p in params:
-            relabel(p)
-        return params

@@ -231,27 +231,39 @@ def score(
             from trakcli.answers import token_fields
 
             tokens = token_fields(res, target, train)
-        n = write_answers(res, out, cfg.score.show_top, _texts(target), _texts(train), tokens=tokens)
-        err_console.print(f"answers of {n} targets -> {out}") if not quiet else None
+        from trakcli.answers import answer_records
+        from trakcli.files import atomic_open
+
+        with atomic_open(out, "w", encoding="utf-8") as f:  # one JSON line per target
+            for line in answer_records(res, cfg.score.show_top, _texts(target), _texts(train), 1024, tokens):
+                f.write(json.dumps(line, ensure_ascii=False) + "\n")
+        err_console.print(f"answers of {res.n_target} targets -> {out}") if not quiet else None
     elif out is not None:
         Store.open_existing(res.store, mode="r").export(f"scores/{res.experiment}/scores", out)
     if plot is not None:
         if stored:
             raise train.unavailable(f"--plot {plot} (the scores are in the store)")
-        _plot(cfg, res, plot, train, target)
+        from trakcli import plots
+
+        n = min(cfg.score.show_targets, res.n_target)
+        plots.plot_top(plot, shown_scores(res, n), train, target, target_ids=range(n), top_k=cfg.score.show_top,
+                       train_texts=_texts(train), target_texts=_texts(target))
     if res.two_stage is not None:
         r = res.two_stage["recall"]
         style = "yellow" if min(r["proponents"], r["opponents"]) < 0.99 else "green"
         err_console.print(f"[{style}]{recall_line(res.two_stage)}[/]"
                           + (" (below 0.99: raise score.rescore_multiplier)" if style == "yellow" else ""))
-    meaning = _meaning(res) if json_out or not quiet else ""  # read from the store once
-    if json_out:
+    meaning, shown = "", []
+    if json_out or not quiet:  # what a score is, its units and size: read from the store once
+        from trakcli.report.source import scale_of
+
+        meaning = scale_of(Store.open_existing(res.store, mode="r"), res.experiment, res.per_token)
         shown = shown_top(res, cfg.score.show_targets, cfg.score.show_top)
+    if json_out:
         sys.stdout.write(json.dumps(_json(res, shown, out, plot, _texts(train), meaning), indent=2) + "\n")
     if quiet:
         return
     if cfg.score.show_targets:
-        shown = shown_top(res, cfg.score.show_targets, cfg.score.show_top)
         texts = _texts(target)
         texts = None if texts is None else [texts[i] for i in range(len(shown))]
         err_console.print(scores_table(res, shown, cfg.score.show_top, texts,
@@ -280,14 +292,6 @@ def _method(cfg: Any) -> str:
         return "Unrolled"
     kind = cfg.curvature.kind
     return {"kfac": "K-FAC", "ekfac": "EK-FAC"}.get(kind, "TRAK")
-
-
-def _meaning(res: Any) -> str:
-    """What a score of the result's experiment is, its units and size (:func:`trakcli.report.source.scale_of`)."""
-    from trakcli.report.source import scale_of
-    from trakcli.store import Store
-
-    return scale_of(Store.open_existing(res.store, mode="r"), res.experiment, res.per_token)
 
 
 def _target_overrides(cfg, target: str) -> list[str]:
@@ -345,31 +349,9 @@ def shown_scores(res, n: int) -> np.ndarray:
     return rows
 
 
-def write_answers(res, path: Path, k: int, target_texts, train_texts, block: int = 1024, tokens=None) -> int:
-    """Write one JSON line per target (:func:`trakcli.answers.answer_records`), atomically; returns targets."""
-    from trakcli.answers import answer_records
-    from trakcli.files import atomic_open
-
-    with atomic_open(path, "w", encoding="utf-8") as f:
-        for line in answer_records(res, k, target_texts, train_texts, block, tokens):
-            f.write(json.dumps(line, ensure_ascii=False) + "\n")
-    return res.n_target
-
-
 def _per_token(ds) -> bool:
     """Whether a dataset's labels are per-token (language-model data), not classes."""
     return bool(getattr(ds, "per_token_labels", False)) or getattr(ds, "labels", None) is not None and ds.labels.ndim == 2
-
-
-def _plot(cfg, res, path: Path, train, target) -> None:
-    """Draw the first score.show_targets targets with their proponents and opponents (trakcli.plots)."""
-    from trakcli import plots
-
-    n = min(cfg.score.show_targets, res.n_target)
-    plots.plot_top(
-        path, shown_scores(res, n), train, target, target_ids=range(n), top_k=cfg.score.show_top,
-        train_texts=_texts(train), target_texts=_texts(target),
-    )
 
 
 def _texts(ds):

@@ -11,6 +11,7 @@ import typer
 from rich.table import Table
 
 from trakcli.cli.common import ConfigArg, OverridesArg, PrintConfigOpt, QuietOpt, RichReporter, err_console, handle_errors, load
+from trakcli.cli.eval import check_path
 from trakcli.errors import UsageError
 from trakcli.files import write_text
 
@@ -26,15 +27,6 @@ def _numbers(text: str | None, flag: str, kind: type) -> list[Any] | None:
     if not values or any(v <= 0 for v in values):
         raise UsageError(f"{flag} {text!r}: give one or more values > 0, comma-separated")
     return values
-
-
-def _check_suffix(path: Path | None, flag: str, suffix: str) -> None:
-    if path is None:
-        return
-    if path.suffix.lower() != suffix:
-        raise UsageError(f"{flag} {path}: expected a {suffix} file name")
-    if not path.parent.exists():
-        raise UsageError(f"{flag} {path}: directory {path.parent} does not exist; create it or choose another path")
 
 
 def _fmt(x: float | None) -> str:
@@ -135,7 +127,7 @@ def sweep(
 
     if plot is not None:
         check_plot_path(plot, "--plot")
-    _check_suffix(out, "--out", ".json")
+    check_path(out, "--out", (".json",), must_exist=False)
     cfg = load(config, overrides, print_config)
     from trakcli.evaluation.sweep import sweep as run_sweep
     from trakcli.evaluation.sweep import sweep_dir

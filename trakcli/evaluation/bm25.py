@@ -17,10 +17,6 @@ import numpy as np
 
 from trakcli.errors import ConfigError
 
-#: How a missing bm25s is fixed.
-INSTALL_HINT = "pip install bm25s (or the [hf] extra) for the BM25 row of text evaluations"
-
-
 def bm25_scores(corpus: Sequence[str], queries: Sequence[str]) -> np.ndarray:
     """BM25 score of every (query, document) pair.
 
@@ -37,7 +33,8 @@ def bm25_scores(corpus: Sequence[str], queries: Sequence[str]) -> np.ndarray:
     try:
         import bm25s
     except ImportError:
-        raise ConfigError(f"the BM25 baseline needs the bm25s package: {INSTALL_HINT}") from None
+        raise ConfigError("the BM25 baseline needs the bm25s package: pip install bm25s (or the [hf] extra) for the "
+                          "BM25 row of text evaluations") from None
     retriever = bm25s.BM25()
     retriever.index(bm25s.tokenize(list(corpus), stopwords="en", show_progress=False), show_progress=False)
     tokens = bm25s.tokenize(list(queries), stopwords="en", show_progress=False, return_ids=False)
@@ -48,24 +45,16 @@ def bm25_scores(corpus: Sequence[str], queries: Sequence[str]) -> np.ndarray:
     return out
 
 
-def dataset_texts(data: Any) -> list[str] | None:
-    """Every row's text of a text dataset (the prompt and completion joined, the chat's turns), else None."""
-    texts = getattr(data, "texts", None)
-    if not callable(texts):
-        return None
-    return texts(range(len(data)), max_chars=None)
-
-
 def bm25_of(train: Any, target: Any) -> np.ndarray | None:
-    """:func:`bm25_scores` of two datasets when both are text, else None (tensor data has no words).
+    """:func:`bm25_scores` of two datasets when both are text (every row's text: the prompt and completion
+    joined, the chat's turns), else None (tensor data has no words).
 
     Raises:
         ConfigError: the data is text and ``bm25s`` is not installed.
     """
-    corpus, queries = dataset_texts(train), dataset_texts(target)
-    if corpus is None or queries is None:
+    if not (callable(getattr(train, "texts", None)) and callable(getattr(target, "texts", None))):
         return None
-    return bm25_scores(corpus, queries)
+    return bm25_scores(*(d.texts(range(len(d)), max_chars=None) for d in (train, target)))
 
 
 def token_overlap_scores(train: Any, target: Any, queries: Sequence[int], width: int, seed: int = 0,

@@ -5,6 +5,7 @@ The statistic is :func:`trakcli.evaluation.ranking.fact_recall`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -12,13 +13,11 @@ from typing import Any
 import numpy as np
 
 from trakcli.config import Config
-from trakcli.data.load import load_dataset
 from trakcli.errors import DataError, StoreError
-from trakcli.evaluation.scores import check_experiment_data, open_scored_store
+from trakcli.evaluation.scores import check_experiment_data, dataset, open_scored_store
 from trakcli.evaluation.ranking import rank_scores
 from trakcli.store.integrity import node
 from trakcli.store.store import Store
-from trakcli.tasks import resolve_task
 
 
 @dataclass
@@ -65,15 +64,6 @@ def store_ranking(cfg: Config, store: Store) -> tuple[np.ndarray, dict[str, Any]
     )
 
 
-def _parse_sources(value: Any) -> Any:
-    if isinstance(value, str):  # a .csv cell: its JSON text ("[3, 17]"), or one index ("3")
-        try:
-            return json.loads(value)
-        except json.JSONDecodeError:
-            return value
-    return value
-
-
 def target_sources(cfg: Config) -> tuple[list[Any], str]:
     """Each data.target row's value of the field ``eval.recall.sources``.
 
@@ -105,7 +95,9 @@ def target_sources(cfg: Config) -> tuple[list[Any], str]:
                 f"data.target: row {row} of {ds.path} has no field {field!r} (eval.recall.sources); every query "
                 "row lists the 0-based data.train rows holding its fact, e.g. \"sources\": [17]"
             )
-    values = [_parse_sources(v) for v in values]
+        if isinstance(value, str):  # a .csv cell: its JSON text ("[3, 17]"), or one index ("3")
+            with contextlib.suppress(json.JSONDecodeError):
+                values[row] = json.loads(value)
     return values, f"field {field!r} of {ds.path}"
 
 
@@ -122,7 +114,7 @@ def recall_inputs(cfg: Config) -> RecallInputs:
     store = open_scored_store(cfg, "top-k", "`trak score CONFIG score.top_k=100` first")
     sources, sources_from = target_sources(cfg)
     ranked, attrs, ranking = store_ranking(cfg, store)
-    train = load_dataset(cfg.data.train, key="data.train", task=resolve_task(cfg.task))
+    train = dataset(cfg)
     check_experiment_data(cfg, store, attrs, train)
     if len(sources) != ranked.shape[0]:
         raise DataError(

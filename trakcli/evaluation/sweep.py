@@ -118,8 +118,7 @@ def _config_for(cfg: Config, proj_dim: int, directory: Path) -> Config:
     if proj_dim == cfg.projector.proj_dim:
         return cfg
     projector = cfg.projector.model_copy(update={"proj_dim": proj_dim})
-    sub = directory / f"{cfg.projector.kind}_{proj_dim}.zarr"
-    store = cfg.store.model_copy(update={"path": sub if isinstance(sub, Path) else str(sub)})
+    store = cfg.store.model_copy(update={"path": directory / f"{cfg.projector.kind}_{proj_dim}.zarr"})
     return cfg.model_copy(update={"projector": projector, "store": store})
 
 
