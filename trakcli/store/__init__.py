@@ -36,54 +36,17 @@ The only part of trakcli that imports zarr. Layout (docs/guides/store.md)::
         done    [n_subsets]           uint8, set after row k of masks and outputs
     <store>.zarr.lock              JSON {host, pid, started}: the run using the store
 
-Rules: the root and every group are created with their attributes in the
-same (atomic) ``zarr.json`` write, so a store or group is whole or absent;
-``featurize --overwrite`` renames the old store aside before deleting it. A
-chunk's data is written before its ``done`` flag; a resumed run
-recomputes only chunks not done; a run whose identity differs from the
-store's refuses (naming the differing keys) unless ``overwrite``. Every chunk
-carries a CRC32C checksum and every done chunk keeps its file (arrays are
-written with ``write_empty_chunks``), so a corrupt, truncated or missing chunk
-is reported with its array, chunk index and the command that repairs it
-instead of being read as wrong numbers (zarr reads a missing chunk as zeros).
-What the records imply is checked too (``trak inspect``, ``trak export``): an
-experiment's ``checkpoints`` imply ``train/<m>`` holding those checkpoints'
-features and ``targets/<experiment>/<m>``; every group has its arrays and every
-directory its ``zarr.json``. A plain ``trak featurize`` re-creates a lost array's
-metadata over its chunk files and recomputes done chunks whose files are gone.
-Train features are repaired by ``trak featurize CONFIG --verify``; the derived
-arrays (kernels, target features, scores) are verified when read and rebuilt
-by a plain ``trak score CONFIG``. Arrays are
-written from numpy, never from torch tensors. Parallel writers (torchrun
-ranks) write disjoint chunks; ``done`` has one chunk per flag so flags of
-different writers never share a file, and attributes are written by rank 0.
-
-The ``eval/`` group (`trak eval`'s counterfactual retraining) does not depend
-on the projector or the checkpoints: ``trak eval`` may create the store before
-``trak featurize`` (a root without an identity, which featurize then adopts),
-and ``featurize --overwrite`` keeps it across the re-creation of the store.
-
-Modules:
-
-- :mod:`~trakcli.store.identity`: ``flatten``, ``jsonable``, ``differing_keys``,
-  ``diff_keys``, ``settings_mismatch``, ``check_same``: the one
-  key-by-key diff of settings and the one check of recorded settings (no zarr).
-- :mod:`~trakcli.store.layout`: :class:`StoreLayout`, the array shapes and storage
-  the caller tells the store (n_train, proj_dim, chunk_rows, dtype, compressor) (no zarr).
-- :mod:`~trakcli.store.bfloat16`: bfloat16 features as ``uint16`` bits, rounded on write
-  and read back as float32 (no zarr).
-- :mod:`~trakcli.store.lock`: :class:`StoreLock`, the ``<store>.lock`` file (no zarr).
-- :mod:`~trakcli.store.manifest`: the manifest of `trak optimize`'s checkpoints,
-  read by config resolution (no zarr, no torch).
-- :mod:`~trakcli.store.integrity`: missing chunk files, unreadable metadata, the
-  repair command of each array, :class:`StoreCorruptError` (zarr imported lazily).
-- :mod:`~trakcli.store.rows`: :class:`ChunkedRows`, :class:`EvalRows`, the checked read.
-- :mod:`~trakcli.store.store`: :class:`Store`, with the checked reads and ``trak export``;
-  :mod:`~trakcli.store.kernel`: the kernel array.
-- :mod:`~trakcli.store.evalgroup`: the ``eval/`` group; :mod:`~trakcli.store.summary`:
-  ``trak inspect``'s summary.
-
-The modules that use zarr import it when a store is opened or an array created.
+Rules (docs/guides/store.md): the root and every group are created with their attributes in one (atomic)
+``zarr.json`` write; ``featurize --overwrite`` renames the old store aside before deleting it. A chunk's data
+is written before its ``done`` flag, and a resumed run recomputes only chunks not done; a run whose identity
+differs from the store's refuses, naming the differing keys. Every chunk carries a CRC32C checksum and every
+done chunk keeps its file, so a corrupt or missing chunk (or ``zarr.json``) is reported with the command that
+repairs it (:mod:`~trakcli.store.integrity`) instead of being read as wrong numbers; what the records imply
+(``checkpoints`` -> ``train/<m>``, groups -> arrays) is checked by ``trak inspect`` and ``trak export``.
+Parallel writers (torchrun ranks) write disjoint chunks (``done`` has one chunk per flag); rank 0 writes
+the attributes. The ``eval/`` group does not depend on the projector or the checkpoints: ``trak eval`` may
+create the store before ``trak featurize`` (which adopts it), and ``featurize --overwrite`` keeps it.
+The modules that use zarr import it when a store is opened or an array created (docs/development.md maps them).
 """
 
 from __future__ import annotations

@@ -1,40 +1,23 @@
 """Growing a featurized store: train rows appended after the rows it was featurized with.
 
-A store records the fingerprint of its train data (``identity.train_data``: row
-count and a sha256 of the rows in order). A run whose train data holds *more*
-rows, whose first ``n_old`` rows have exactly that fingerprint, and whose other
-settings are the store's, is an *append*: :func:`grow_if_appended` grows the
-store in place instead of refusing it, so that `trak featurize` computes only the
-new rows. Anything else (a changed, removed or reordered old row, fewer rows,
-another model, projector, task or storage) is refused as before, naming what differs.
+A run whose train data holds *more* rows than the store's, the first ``n_old`` of them with the store's
+fingerprint (``identity.train_data``), and whose other settings are the store's, is an *append*:
+:func:`grow_if_appended` grows the store in place, so that `trak featurize` computes only the new rows.
+Anything else is refused as before, naming what differs.
 
-Growing, in this order (each step can be repeated, so a run killed in the middle
-is finished by the next run with the same data; the root attributes are written
-last and are what commits the append):
+Growing, in this order (each step can be repeated; the root attributes, written last, commit the append):
 
-1. per checkpoint ``train/<m>``: the old last chunk, if partly filled and done, has
-   its ``done`` flag cleared and then its kept rows recorded (attribute
-   ``appended_into``: ``{"chunk", "kept_rows"}``): featurize computes only the rows
-   after them (:func:`kept_rows`) and writes the chunk whole;
-2. its kernel (which sums over every row) is deleted, after the Gram ``ΦᵀΦ`` of
-   the old rows is recovered from it (a primal kernel ``L``: ``L Lᵀ − λI``) and kept
-   as ``gram_prefix`` (:func:`trakcli.store.kernel.save_gram_prefix`): featurize
-   makes the kernel again adding only the new rows' products (a dual kernel: from
-   every stored feature);
-3. its arrays (``features``, ``out_to_loss``, ``nonfinite``, an int8 or binary store's ``codes``,
-   ``scale`` and ``features_crc32c``, ``rows_done``, ``done``) are resized
-   along the rows (new chunks are not done);
-4. every scored experiment (``scores/<experiment>``) is marked stale (attribute
-   ``stale``: the ``n_train`` and train ``sha256`` it was scored over): reading or
-   exporting its scores refuses, naming ``trak score CONFIG --overwrite``
-   (:func:`stale_error`);
-5. the root attributes: the new ``identity`` and ``layout``, and one entry more in
-   ``appends`` (``n_train_before``, ``n_train``, ``date``).
+1. per checkpoint ``train/<m>``: the old last chunk, if partly filled and done, has its ``done`` flag
+   cleared, then its kept rows recorded (attribute ``appended_into``: ``{"chunk", "kept_rows"}``,
+   :func:`kept_rows`);
+2. its kernel is deleted, after the Gram ``ΦᵀΦ`` of the old rows is recovered from a primal kernel ``L``
+   (``L Lᵀ − λI``) as ``gram_prefix`` (:func:`trakcli.store.kernel.save_gram_prefix`);
+3. its row arrays (with an int8 or binary store's codes), ``rows_done`` and ``done`` are resized;
+4. every scored experiment is marked ``stale`` (the ``n_train`` and ``sha256`` it was scored over), and
+   reading its scores refuses, naming the rescore (:func:`stale_error`);
+5. the root attributes: the new ``identity`` and ``layout``, one entry more in ``appends``.
 
-K-FAC / EK-FAC stores are not grown: their features are whitened by a curvature
-fitted over all train rows, so a new row changes every stored feature.
-
-Imports zarr only through the store it is given.
+K-FAC / EK-FAC stores are not grown: their curvature, fitted over all train rows, whitens every feature.
 """
 
 from __future__ import annotations
@@ -70,19 +53,9 @@ class StoreStaleError(StoreError):
 
 
 def appended_rows(old: dict[str, Any] | None, new: dict[str, Any], old_layout: Any, layout: "StoreLayout") -> int | None:
-    """``n_old`` if ``new`` differs from the recorded ``old`` identity only by more train rows, else None.
-
-    Args:
-        old: the store's recorded identity (None: none recorded).
-        new: this run's identity (its ``train_data`` of ``n_new`` rows).
-        old_layout: the store's recorded layout attribute (a dict).
-        layout: this run's layout.
-
-    Returns:
-        The store's row count ``n_old < n_new`` when only ``train_data.n`` / ``train_data.sha256`` and the
-        layout's ``n_train`` differ; None otherwise (the ordinary identity check then decides). That the
-        first ``n_old`` rows are unchanged is not checked here (:func:`grow_if_appended` does).
-    """
+    """The store's row count ``n_old`` if this run's identity ``new`` and ``layout`` differ from the recorded
+    ``old`` and ``old_layout`` only by more train rows (``train_data.n`` / ``sha256``, ``n_train``), else None.
+    Whether the first ``n_old`` rows are unchanged is :func:`grow_if_appended`'s check."""
     if not isinstance(old, dict) or not isinstance(old_layout, dict):
         return None
     new = jsonable(new)
@@ -144,7 +117,7 @@ def grow_if_appended(
             fix=Fix("start_over", store=str(store.path)),
         )
     try:
-        for m in _model_ids(store):
+        for m in store.model_ids():
             _grow_train(store, m, n_old, n_new, layout.chunk_rows)
         _mark_stale(store, {"n_train": n_old, "sha256": old["train_data"].get("sha256")})
         appends = list(attrs.get(APPENDS_ATTR) or [])
@@ -162,18 +135,13 @@ def grow_if_appended(
     return True
 
 
-def _model_ids(store: "Store") -> list[int]:
-    train = node(store.root, "train")
-    return sorted(int(k) for k in keys(train) if k.isdigit()) if train is not None else []
-
-
 def _experiments(store: "Store") -> list[str]:
     scores = node(store.root, "scores")
     return keys(scores) if scores is not None else []
 
 
 def _grow_train(store: "Store", model_id: int, n_old: int, n_new: int, chunk_rows: int) -> None:
-    """Steps 1-3 of the module docstring for ``train/<model_id>`` (each may already have been done)."""
+    """Steps 1-3 of the module docstring for ``train/<model_id>`` (each may already be done)."""
     path = f"train/{model_id}"
     group = node(store.root, path)
     done = node(group, "done")
@@ -248,9 +216,3 @@ def stale_error(store: "Store", experiment: str) -> StoreStaleError | None:
         fix=Fix("rescore", store=str(store.path)), after=" (the target features are kept)",
     )
 
-
-def stale_message(store: "Store", experiment: str) -> str | None:
-    """Why the scores of ``experiment`` are stale and how to rescore them, as the CLI says it; None if they are not
-    stale (:func:`stale_error`)."""
-    error = stale_error(store, experiment)
-    return None if error is None else str(error)

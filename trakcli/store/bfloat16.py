@@ -1,28 +1,15 @@
 """bfloat16 feature storage: float32 values kept as the upper 16 bits of their float32 encoding.
 
-A store whose ``store.dtype`` is ``bfloat16`` keeps its feature arrays as Zarr
-``uint16`` arrays of bfloat16 bit patterns, and records the logical dtype in
-each such array's attributes (``{"logical_dtype": "bfloat16", "encoding": ...}``).
-The store converts on the way in (:meth:`ChunkedRows.write
-<trakcli.store.rows.ChunkedRows.write>`: float32 → bits) and on the way out
-(:func:`trakcli.store.rows.read_checked`: bits → float32), so every reader of
-the store (featurize's resume, the kernels, score, ``trak inspect``, ``trak
-export``) sees ``float32`` numpy arrays whose values are bfloat16 numbers.
+A store whose ``store.dtype`` is ``bfloat16`` keeps its feature arrays as Zarr ``uint16`` arrays of bfloat16
+bit patterns, their attributes naming the logical dtype (``{"logical_dtype": "bfloat16", "encoding": ...}``).
+:meth:`~trakcli.store.rows.ChunkedRows.write` converts float32 to bits and
+:func:`~trakcli.store.rows.read_checked` bits to float32, so every reader sees float32 arrays. Bits, not a
+bfloat16 Zarr data type: zarr 3.1 has none, and an extension type would make plain zarr, xarray and other
+Zarr libraries refuse the array; a ``uint16`` array opens everywhere.
 
-Why bits and not a bfloat16 Zarr data type: zarr-python 3.1 has no bfloat16
-data type. One can be registered as a Zarr v3 data type extension on top of
-the ``ml_dtypes`` package, but then every reader of the store needs that same
-extension: plain zarr, xarray, or a Zarr library in another language would
-refuse to open the array at all. A ``uint16`` array opens everywhere, and its
-attributes say how to decode it: ``(bits.astype(uint32) << 16).view(float32)``.
-
-The rounding is the one ``torch.Tensor.to(torch.bfloat16)`` does: round to
-nearest, ties to even, on the float32 bits; subnormals are kept (not flushed),
-finite values past the largest bfloat16 become ±inf, ±inf stay ±inf, and NaN
-stays NaN (its sign kept, the quiet bit set; torch's own NaN bit patterns
-differ between its scalar and vectorized paths, so only NaN-ness is promised).
-
-Imports neither zarr nor torch.
+The rounding is ``torch.Tensor.to(torch.bfloat16)``'s: to nearest, ties to even; subnormals kept, finite
+values past the largest bfloat16 become ±inf, NaN stays NaN (its sign kept, the quiet bit set; only
+NaN-ness is promised, as torch's own NaN bit patterns vary). Imports neither zarr nor torch.
 """
 
 from __future__ import annotations
@@ -66,18 +53,8 @@ def logical_dtype(arr: Any) -> str:
 
 
 def to_bits(x: np.ndarray) -> np.ndarray:
-    """bfloat16 bit patterns of ``x``, rounded to nearest even.
-
-    Args:
-        x: any shape, a real floating dtype (float16 and float64 are cast to
-            float32 first).
-
-    Returns:
-        ``uint16`` array of ``x``'s shape.
-
-    Raises:
-        StoreError: ``x`` is not a real floating-point array.
-    """
+    """``uint16`` bfloat16 bit patterns of ``x`` (any shape, a real floating dtype, else StoreError; cast to float32
+    first), rounded to nearest even."""
     x = np.asarray(x)
     if x.dtype.kind != "f":
         raise StoreError(f"bfloat16 storage takes floating-point features, got dtype {x.dtype}")
@@ -92,17 +69,7 @@ def to_bits(x: np.ndarray) -> np.ndarray:
 
 
 def from_bits(bits: np.ndarray) -> np.ndarray:
-    """The float32 values of bfloat16 bit patterns (exact: every bfloat16 is a float32).
-
-    Args:
-        bits: ``uint16`` array, any shape.
-
-    Returns:
-        ``float32`` array of the same shape.
-
-    Raises:
-        StoreError: ``bits`` is not ``uint16``.
-    """
+    """The float32 values (exact) of the ``uint16`` bfloat16 bit patterns ``bits`` (any shape; else StoreError)."""
     bits = np.asarray(bits)
     if bits.dtype != np.uint16:
         raise StoreError(f"bfloat16 bits must be uint16, got dtype {bits.dtype}")
@@ -110,12 +77,6 @@ def from_bits(bits: np.ndarray) -> np.ndarray:
 
 
 def round_to_bfloat16(x: np.ndarray) -> np.ndarray:
-    """``x`` rounded to the nearest bfloat16, as float32 (what a bfloat16 store reads back).
-
-    Args:
-        x: any shape, a real floating dtype.
-
-    Returns:
-        ``float32`` array of ``x``'s shape.
-    """
+    """``x`` (any shape, a real floating dtype) rounded to the nearest bfloat16, as float32 (what a bfloat16 store
+    reads back)."""
     return from_bits(to_bits(x))

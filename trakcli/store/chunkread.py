@@ -1,24 +1,12 @@
 """Runs of whole chunks of a local zarr array, read straight from their files.
 
-A scan over every row of a large store (the one-pass two-stage top-k,
-:mod:`trakcli.topk`) reads tens of thousands of chunks: 19,532 of 512 rows
-per array at 10^7 rows. Through zarr each chunk costs about 0.35 ms of processor
-time beyond its bytes (measured on its small per-row arrays), and buffered reads
-of an uncompressed chunk cost the page cache's copy (about 0.44 s of processor
-time per GB on this benchmark's disk, against 0.05 s read with ``O_DIRECT``).
-Both compete with the products the scan exists for.
-
-:class:`ChunkFiles` reads the chunk files of one array whose codecs are
-``bytes`` [``zstd``] ``crc32c`` (what the store writes on a local file system:
-:mod:`trakcli.store.store`), checks each chunk's CRC32C, the checksum zarr's
-``crc32c`` codec appends to every chunk (4 bytes, little-endian, of the encoded
-bytes before it), and decodes it into the caller's buffer. An uncompressed chunk
-is read with ``O_DIRECT`` where the file system allows it (Linux; elsewhere, or
-on a file system that refuses it, buffered). The chunk layout is zarr v3's: an
-edge chunk is stored at the full chunk shape.
-
-Any other array (an object store, another codec) has no :class:`ChunkFiles`
-(:func:`chunk_files` returns None) and is read through zarr.
+A scan over every row of a large store (the one-pass two-stage top-k, :mod:`trakcli.topk`) reads tens of
+thousands of chunks; through zarr each costs processor time beyond its bytes, and a buffered read the page
+cache's copy, both competing with the scan's products. :class:`ChunkFiles` reads the chunk files of one array
+whose codecs are ``bytes`` [``zstd``] ``crc32c``, checks each chunk's CRC32C (the 4 bytes, little-endian,
+that zarr's ``crc32c`` codec appends) and decodes it into the caller's buffer; an uncompressed chunk with
+``O_DIRECT`` where the file system allows it. An edge chunk is stored at the full chunk shape (zarr v3).
+Any other array (an object store, another codec) has no :class:`ChunkFiles` and is read through zarr.
 """
 
 from __future__ import annotations
@@ -45,34 +33,22 @@ def aligned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     return np.frombuffer(mmap.mmap(-1, max(n, 1)), dtype=np.uint8, count=n).view(dtype).reshape(shape)
 
 
-def _codec_of(arr: Any) -> str | None:
-    """``raw`` (codecs bytes, crc32c) or ``zstd`` (bytes, zstd, crc32c) for an array zarr keeps in a local folder,
-    else None."""
+def chunk_files(arr: Any) -> "ChunkFiles | None":
+    """A :class:`ChunkFiles` of the zarr array ``arr`` (chunked along axis 0 only), or None when it is not kept as
+    files this module reads: codecs bytes [zstd] crc32c in a local folder, little-endian entries."""
     from zarr.codecs import BytesCodec, Crc32cCodec, ZstdCodec
     from zarr.storage import LocalStore
 
-    if not isinstance(arr.store_path.store, LocalStore):
-        return None
     codecs = tuple(getattr(arr.metadata, "codecs", ()))
-    if not codecs or not isinstance(codecs[0], BytesCodec) or not isinstance(codecs[-1], Crc32cCodec):
+    if (not isinstance(arr.store_path.store, LocalStore) or np.dtype(arr.dtype).byteorder == ">"
+            or any(int(c) != int(n) for c, n in zip(arr.chunks[1:], arr.shape[1:]))
+            or not codecs or not isinstance(codecs[0], BytesCodec) or not isinstance(codecs[-1], Crc32cCodec)):
         return None
     if len(codecs) == 2:
-        return "raw"
+        return ChunkFiles(arr, "raw")
     if len(codecs) == 3 and isinstance(codecs[1], ZstdCodec):
-        return "zstd"
+        return ChunkFiles(arr, "zstd")
     return None
-
-
-def chunk_files(arr: Any) -> "ChunkFiles | None":
-    """A :class:`ChunkFiles` of the zarr array ``arr`` (chunked along axis 0 only), or None when it is not kept as
-    files this module reads (an object store, another codec, big-endian entries)."""
-    codec = _codec_of(arr)
-    if codec is None or any(int(c) != int(n) for c, n in zip(arr.chunks[1:], arr.shape[1:])):
-        return None
-    dtype = np.dtype(arr.dtype)
-    if dtype.byteorder == ">":
-        return None
-    return ChunkFiles(arr, codec)
 
 
 class ChunkFiles:
@@ -162,9 +138,12 @@ class ChunkFiles:
         ``chunk_bytes`` into ``into``, the rest into the buffer); returns its size in bytes."""
         iov = [self._buf] if into is None else [memoryview(into), memoryview(self._buf)[:ALIGN]]
         limit = self._size if into is None else self.chunk_bytes + ALIGN
-        flags = os.O_RDONLY | self._direct
         try:
-            fd = os.open(path, flags)
+            fd = os.open(path, os.O_RDONLY | self._direct)
+            try:
+                size = os.preadv(fd, iov, 0)
+            finally:
+                os.close(fd)
         except FileNotFoundError:
             raise self._corrupt(c, f"is missing (its file {self.arr.path}/{path.name} is gone)") from None
         except OSError:
@@ -172,21 +151,9 @@ class ChunkFiles:
                 raise
             self._direct = 0  # a file system without O_DIRECT (tmpfs): buffered from now on
             return self._load(path, c, into)
-        try:
-            try:
-                size = os.preadv(fd, iov, 0)
-            except OSError:
-                if not self._direct:
-                    raise
-                self._direct = 0
-                os.close(fd)
-                fd = os.open(path, os.O_RDONLY)
-                size = os.preadv(fd, iov, 0)
-            if size == limit:  # larger than any chunk this array writes
-                raise self._corrupt(c, "is larger than a chunk can be")
-            return size
-        finally:
-            os.close(fd)
+        if size == limit:  # larger than any chunk this array writes
+            raise self._corrupt(c, "is larger than a chunk can be")
+        return size
 
     def _corrupt(self, c: int, what: str) -> StoreCorruptError:
         lo = c * self.chunk_rows

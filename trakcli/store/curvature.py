@@ -33,7 +33,8 @@ import numpy as np
 
 from trakcli.errors import StoreError
 from trakcli.store.identity import jsonable
-from trakcli.store.integrity import StoreCorruptError, delete, node, writable
+from trakcli.store.integrity import StoreCorruptError, attrs_of, delete, node, writable
+from trakcli.store.kernel import train_group
 from trakcli.store.rows import codecs, read_checked
 
 if TYPE_CHECKING:
@@ -49,17 +50,9 @@ def _path(model_id: int) -> str:
 
 def curvature_stage(store: "Store", model_id: int, settings: dict[str, Any]) -> str | None:
     """The last finished stage of checkpoint ``model_id``'s curvature made with ``settings`` (None: nothing)."""
-    try:
-        group = node(store.root, _path(model_id))
-        if group is None:
-            return None
-        attrs = dict(group.attrs)
-    except StoreCorruptError:
-        return None
-    if attrs.get("settings") != jsonable(settings):
-        return None
+    attrs = attrs_of(store.root, _path(model_id)) or {}
     stage = attrs.get("stage")
-    return stage if stage in STAGES else None
+    return stage if stage in STAGES and attrs.get("settings") == jsonable(settings) else None
 
 
 def read_curvature(store: "Store", model_id: int, settings: dict[str, Any], stage: str
@@ -77,12 +70,10 @@ def read_curvature(store: "Store", model_id: int, settings: dict[str, Any], stag
     prefix = "cov/" if stage == "covariances" else ""
     out: dict[str, np.ndarray] = {}
     try:
-        names = sorted(_array_names(group))
-        for name in names:
-            if name.startswith("partial/") or prefix and not name.startswith(prefix) or \
-                    not prefix and name.startswith("cov/"):
-                continue
-            out[name[len(prefix):]] = read_checked(node(group, name), slice(None), 0)
+        for name, member in sorted(group.members(max_depth=None), key=lambda m: m[0]):
+            top = name.split("/")[0]
+            if hasattr(member, "shape") and top != "partial" and (top == "cov") == (stage == "covariances"):
+                out[name[len(prefix):]] = read_checked(member, slice(None), 0)
     except StoreCorruptError:
         delete(store.root, path, metadata_only=False)
         store.notes.append(f"model_id {model_id}: the stored curvature was corrupt or missing; it is fitted again")
@@ -90,23 +81,11 @@ def read_curvature(store: "Store", model_id: int, settings: dict[str, Any], stag
     return out
 
 
-def _array_names(group: Any, prefix: str = "") -> list[str]:
-    names = []
-    for name, member in group.members():
-        full = f"{prefix}{name}"
-        if hasattr(member, "members"):
-            names += _array_names(member, full + "/")
-        else:
-            names.append(full)
-    return names
-
-
 def write_curvature(store: "Store", model_id: int, settings: dict[str, Any], stage: str,
                     arrays: dict[str, np.ndarray]) -> None:
-    """Write one stage's arrays, then the attributes naming the stage (the done marker).
+    """Write one stage's arrays, then the attributes naming the stage (the done marker); rank 0.
 
     Args:
-        store: the open store (rank 0).
         model_id: the checkpoint (its ``train/<model_id>`` group must exist).
         settings: what the curvature is made with (compared on every read).
         stage: ``covariances`` (``arrays`` named ``<i>/a``, ``<i>/s``, stored under ``cov/``) or
@@ -116,23 +95,15 @@ def write_curvature(store: "Store", model_id: int, settings: dict[str, Any], sta
     Raises:
         StoreError: the write failed (rerun to resume), or the checkpoint's group is missing.
     """
-    if node(store.root, f"train/{model_id}") is None:
-        raise StoreError(f"store group train/{model_id} is missing; run `trak featurize CONFIG` first")
+    train_group(store, model_id)
     path = _path(model_id)
     try:
-        group = node(store.root, path)
-        group = _settings_group(store, path, group, settings)
+        group = _settings_group(store, path, node(store.root, path), settings)
         prefix = "cov/" if stage == "covariances" else ""
         for name, a in arrays.items():
-            a = np.asarray(a)
-            a = np.ascontiguousarray(a, dtype=a.dtype if a.dtype in (np.float32, np.float64) else np.float64)
-            full = f"{prefix}{name}"
-            if node(group, full) is not None:
-                delete(group, full, metadata_only=False)
-            _write_array(group, full, a)
+            _write_array(group, f"{prefix}{name}", _float(a))
         group.attrs.update({"stage": stage})
-        if node(group, "partial") is not None:  # the finished pass's saved sums
-            delete(group, "partial", metadata_only=False)
+        delete(group, "partial", metadata_only=False)  # the finished pass's saved sums
     except OSError as e:
         raise StoreError(f"writing the curvature of model_id {model_id} failed: {e}; rerun to resume") from None
 
@@ -170,15 +141,11 @@ def _float(a: Any) -> np.ndarray:
 
 def write_partial(store: "Store", model_id: int, settings: dict[str, Any], pass_name: str, rows: int,
                   sums: dict[str, np.ndarray], tokens: list[int], rng: np.ndarray | None, device: str) -> None:
-    """Save the running sums of a fitting pass after ``rows`` rows (``partial``, module docstring).
-
-    The arrays go to the slot the attributes do not name, then the attributes (one atomic write) name it;
-    the slot they named before stays whole until the next save.
+    """Save the running sums of a fitting pass after ``rows`` rows (rank 0): into the slot the attributes do not
+    name, then the attributes (one atomic write) name it; the slot they named before stays whole until then.
 
     Args:
-        store: the open store (rank 0).
-        model_id: the checkpoint (its ``train/<model_id>`` group must exist).
-        settings: what the curvature is made with (as :func:`write_curvature`).
+        model_id, settings: as :func:`write_curvature`.
         pass_name: ``covariances`` or ``eigenvalues``.
         rows: rows in the sums (the end of a batch).
         sums: float32 or float64 arrays by name (``<i>/a``, ``<i>/s`` or ``<i>/eig``).
@@ -189,8 +156,7 @@ def write_partial(store: "Store", model_id: int, settings: dict[str, Any], pass_
     Raises:
         StoreError: the write failed (rerun to resume from the previous save), or the checkpoint's group is missing.
     """
-    if node(store.root, f"train/{model_id}") is None:
-        raise StoreError(f"store group train/{model_id} is missing; run `trak featurize CONFIG` first")
+    train_group(store, model_id)
     path = _path(model_id)
     try:
         group = _settings_group(store, path, node(store.root, path), settings)
@@ -319,6 +285,5 @@ def write_exact_rows(store: "Store", experiment: str, lo: int, hi: int, n_models
 
 def drop_exact_rows(store: "Store", experiment: str, lo: int | None = None, hi: int | None = None) -> None:
     """Delete the saved progress of the exact scores of rows ``[lo, hi)``, or of every row range (no ``lo``)."""
-    path = f"scores/{experiment}/exact_rows" if lo is None else _exact_path(experiment, lo, hi)
-    if node(store.root, path) is not None:
-        delete(store.root, path, metadata_only=False)
+    delete(store.root, f"scores/{experiment}/exact_rows" if lo is None else _exact_path(experiment, lo, hi),
+           metadata_only=False)

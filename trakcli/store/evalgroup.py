@@ -15,7 +15,7 @@ from trakcli.errors import StoreError, StoreMismatchError
 from trakcli.store.identity import check_same, jsonable
 from trakcli.store.integrity import StoreCorruptError, delete, node, writable
 from trakcli.store.location import Location, entries, holds_objects, is_remote, replace, rmtree
-from trakcli.store.rows import EvalRows, codecs
+from trakcli.store.rows import EvalRows, codecs, flag_array
 
 if TYPE_CHECKING:
     from trakcli.store.store import Store
@@ -62,17 +62,12 @@ def remove_leftovers(path: Location) -> None:
 
 
 def delete_keeping_eval(path: Location) -> None:
-    """Delete the store at ``path`` for ``featurize --overwrite``, keeping its ``eval/`` group aside.
+    """Delete the store at ``path`` for ``featurize --overwrite``, its ``eval/`` group kept aside (:func:`eval_kept`)
+    until :func:`restore_eval` moves it into the re-created store.
 
-    The group waits at :func:`eval_kept` meanwhile; retraining does not depend on
-    the features, and :func:`restore_eval` moves the group back into the re-created
-    store. The store is first renamed out of the way (:func:`being_deleted`, atomic),
-    then deleted: a kill leaves either the whole old store or none at ``path``. An
-    object store has no rename: its root ``zarr.json`` is deleted first (a kill then
-    leaves a store without root metadata, which ``--overwrite`` deletes again), then the rest.
-
-    Raises:
-        StoreError: ``path`` is a file, or a directory but not a Zarr store, or cannot be deleted.
+    The store is renamed out of the way (:func:`being_deleted`, atomic), then deleted; on an object store (no
+    rename) its root ``zarr.json`` goes first. StoreError if ``path`` is a file, a directory but not a Zarr
+    store, or cannot be deleted.
     """
     if path.exists() and not path.is_dir():
         raise StoreError(
@@ -116,15 +111,12 @@ def open_eval_rows(
     """The ``eval/`` group of retrained models, created, checked or extended.
 
     Args:
-        store: the open store.
-        identity: everything the retrained models depend on (training recipe,
-            model, train and target data fingerprints, task, subset_fraction,
-            eval seed); compared with the stored one.
-        n_subsets: rows wanted; a group with fewer rows is extended (rows
-            already done are kept), one with more keeps them.
+        identity: everything the retrained models depend on (training recipe, model, train and target data
+            fingerprints, task, subset_fraction, eval seed); compared with the stored one.
+        n_subsets: rows wanted; a group with fewer rows is extended (rows done are kept), one with more keeps them.
         n_train, n_target: the row lengths of masks and outputs.
         compressor: codec of new arrays (each chunk also carries a CRC32C checksum).
-        overwrite: discard a group made with another identity (or any group) and start over.
+        overwrite: discard the group and start over.
         create: whether a missing group may be created (False: read only).
 
     Raises:
@@ -145,16 +137,13 @@ def open_eval_rows(
         else:
             if not create:
                 raise StoreError(f"store {store.path} holds no retrained models yet; run `trak eval lds CONFIG`")
-            from zarr.codecs import Crc32cCodec
-
             group = store.root.require_group("eval")
             array_codecs = codecs(compressor)
             group.create_array("masks", shape=(n_subsets, n_train), chunks=(1, n_train), dtype="bool",
                                fill_value=False, compressors=array_codecs, dimension_names=("subset", "train"))
             group.create_array("outputs", shape=(n_subsets, n_target), chunks=(1, n_target), dtype="float64",
                                fill_value=0.0, compressors=array_codecs, dimension_names=("subset", "target"))
-            group.create_array("done", shape=(n_subsets,), chunks=(1,), dtype="uint8", fill_value=0,
-                               compressors=[Crc32cCodec()], dimension_names=("subset",))
+            flag_array(group, "done", n_subsets, dim="subset")
             group.attrs.update({"identity": identity, "n_subsets": n_subsets, "trakcli_version": __version__})
         arrays = {}
         for name in ("masks", "outputs", "done"):

@@ -18,9 +18,6 @@ from trakcli.store.integrity import (
 )
 from trakcli.store.rows import read_checked
 
-SCHEMA_VERSION = 2
-"""The store layout this trakcli reads and writes; a store of any other version is refused (:func:`schema_refusal`)."""
-
 
 class FinishedArrays:
     """Checked reads and export of a store's finished arrays (the methods :class:`~trakcli.store.Store` has from
@@ -45,13 +42,21 @@ class FinishedArrays:
             raise StoreError(f"store {self.path} has no array {name!r}; it holds {', '.join(have) or 'nothing yet'}")
         return arr
 
-    def _check_finished(self, name: str, arr: Any) -> bool:
-        """Refuse an array with chunks not computed yet; returns whether its chunks must all have files.
+    def _finished(self, name: str) -> tuple[Any, bool]:
+        """The array ``name`` once it is fresh (no scores from before an append), finished and made from the
+        store's train features; and whether its chunks must all have files."""
+        arr = self.array(name)
+        parts = name.split("/")
+        stale = stale_error(self, parts[1]) if len(parts) > 2 and parts[0] == "scores" else None
+        if stale is not None:
+            raise stale
+        stored = self._check_finished(name, arr)
+        self._check_sources(name)
+        return arr, stored
 
-        Raises:
-            StoreError: some chunks are not done (names how many, the first ones,
-                and the command that finishes them).
-        """
+    def _check_finished(self, name: str, arr: Any) -> bool:
+        """Refuse an array with chunks not computed yet (naming how many, the first ones and the command that
+        finishes them: StoreError); returns whether its chunks must all have files."""
         parts = name.split("/")
         leaf = parts[-1]
         if leaf == "done":
@@ -78,50 +83,32 @@ class FinishedArrays:
         return True
 
     def _check_sources(self, name: str) -> None:
-        """Refuse an experiment's array whose train features are gone or were replaced.
-
-        The target features and scores of ``targets/<experiment>`` and ``scores/<experiment>``
-        record the sha256 of each checkpoint (model_id 0..M-1) they were made from; each
-        ``train/<m>`` must still hold that checkpoint's features.
-
-        Raises:
-            StoreCorruptError: a train group is missing, or holds another checkpoint's features
-                (names the command that recomputes them).
-        """
+        """Refuse (StoreCorruptError) an array of ``targets/<experiment>`` or ``scores/<experiment>`` when a
+        ``train/<m>`` of the checkpoints it records (their sha256) is missing or holds another checkpoint's features."""
         parts = name.split("/")
         if len(parts) < 2 or parts[0] not in ("targets", "scores"):
             return
-        group = node(self.root, "/".join(parts[:2]))
+        exp = "/".join(parts[:2])
+        group = node(self.root, exp)
         recorded = group.attrs.get("checkpoints") if group is not None else None
         for m, sha in enumerate(recorded if isinstance(recorded, list) else []):
             train = node(self.root, f"train/{m}")
             if train is None:
                 raise StoreCorruptError(
-                    f"{'/'.join(parts[:2])} in {self.path} was made with the train features of model_id {m}, but "
+                    f"{exp} in {self.path} was made with the train features of model_id {m}, but "
                     f"store group train/{m} is missing; {repair_command(f'train/{m}')}", f"train/{m}",
                 )
             if train.attrs.get("sha256") != sha:
                 raise StoreCorruptError(
-                    f"{'/'.join(parts[:2])} in {self.path} was made from checkpoint sha256 {str(sha)[:12]} for model_id "
+                    f"{exp} in {self.path} was made from checkpoint sha256 {str(sha)[:12]} for model_id "
                     f"{m}, but train/{m} holds the features of sha256 {str(train.attrs.get('sha256'))[:12]}; "
-                    f"{repair_command('/'.join(parts[:2]))}", "/".join(parts[:2]),
+                    f"{repair_command(exp)}", exp,
                 )
-
-    def _check_fresh(self, name: str) -> None:
-        """Refuse an experiment's scores made before the store's train rows grew (:mod:`trakcli.store.append`).
-
-        Raises:
-            StoreStaleError: ``scores/<experiment>/...`` is stale (names ``trak score CONFIG --overwrite``).
-        """
-        parts = name.split("/")
-        stale = stale_error(self, parts[1]) if len(parts) > 2 and parts[0] == "scores" else None
-        if stale is not None:
-            raise stale
 
     def read(self, name: str, lo: int = 0, hi: int | None = None) -> np.ndarray:
         """Rows ``[lo, hi)`` (axis 0) of the finished array ``name``, every chunk checked.
 
-        In the array's dtype; float32 for bfloat16 features (:mod:`trakcli.self.bfloat16`).
+        In the array's dtype; float32 for bfloat16 features (:mod:`trakcli.store.bfloat16`).
 
         Raises:
             StoreError: no such array, or an unfinished one (names the command that finishes it).
@@ -129,10 +116,7 @@ class FinishedArrays:
                 experiment's array was made from are gone (:meth:`_check_sources`); names the repair.
             StoreStaleError: an experiment's scores made before train rows were appended (names the rescore).
         """
-        arr = self.array(name)
-        self._check_fresh(name)
-        stored = self._check_finished(name, arr)
-        self._check_sources(name)
+        arr, stored = self._finished(name)
         return read_checked(arr, slice(lo, hi), 0, stored=stored)
 
     def read_scores(self, experiment: str) -> tuple[np.ndarray, dict[str, Any]]:
@@ -155,7 +139,7 @@ class FinishedArrays:
         """Stream the finished array ``name`` to ``out`` (.npy, or .csv for 1-D/2-D) block by block.
 
         The .npy file has the array's dtype, except that bfloat16 features
-        (``self.dtype: bfloat16``, :mod:`trakcli.self.bfloat16`) are written as
+        (``store.dtype: bfloat16``, :mod:`trakcli.store.bfloat16`) are written as
         float32: the same numbers exactly, at twice the bytes.
 
         The file is written to a temporary file beside ``out`` and renamed into
@@ -171,10 +155,7 @@ class FinishedArrays:
                 train features they were made from are gone (:meth:`_check_sources`); names the repair.
             StoreStaleError: an experiment's scores made before train rows were appended (names the rescore).
         """
-        arr = self.array(name)
-        self._check_fresh(name)
-        stored = self._check_finished(name, arr)
-        self._check_sources(name)
+        arr, stored = self._finished(name)
         shape = tuple(int(n) for n in arr.shape)
         dtype = np.dtype(logical_dtype(arr))  # bfloat16 bits: float32 (numpy has no bfloat16)
         kept = f"; {out} is unchanged" if out.exists() else f"; nothing was written to {out}"

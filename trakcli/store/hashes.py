@@ -1,20 +1,10 @@
 """Checkpoint sha256s remembered by (path, size, mtime_ns) in ``<store>.hashes.json``.
 
-Every `trak featurize` / `trak score` records each checkpoint's full sha256
-in the store (the provenance) and compares it with the store's and the
-manifest's. Reading a multi-GB checkpoint for that on every run costs
-seconds, so the sha256 of a file is kept beside the store with the file's
-resolved path, size and ``mtime_ns``, and read again only when one of them
-changes. A Hugging Face model directory is keyed by the (name, size,
-mtime_ns) of every file under it.
-
-As for git's index, a file modified within :data:`RACY_NS` of being hashed
-is not remembered (a second write in the same clock tick would keep its size
-and mtime). ``--verify`` trusts no signature and hashes every file again
-(:meth:`HashCache.forget`). The cache is only a cache: a missing, unreadable or foreign
-file means hashing again, and a failed write is ignored. Within one process
-the entries are also kept in memory, so a command that checks a manifest and
-then records the hashes reads each file once.
+Every command records and compares each checkpoint's full sha256; the sha256 of a file (of every file under
+a model directory) is kept beside the store with its resolved path, size and ``mtime_ns``, and read again
+only when one changes. As in git's index, a file modified within :data:`RACY_NS` of being hashed is not
+remembered; ``--verify`` hashes every file again (:meth:`HashCache.forget`). A missing, unreadable or
+foreign cache means hashing again, a failed write is ignored; within a process the entries stay in memory.
 """
 
 from __future__ import annotations
@@ -37,12 +27,8 @@ _OPEN: dict[str, "HashCache"] = {}
 
 
 def hashes_path(store_path: Any) -> Path:
-    """The cache file of a store: ``<store>.hashes.json`` beside it (like ``<store>.lock``).
-
-    The signatures are of this machine's files, so the cache of a store on an object
-    store (a URL) is kept on this machine: ``$XDG_CACHE_HOME/trakcli/hashes/<sha256 of the URL>.json``
-    (``~/.cache`` when the variable is unset).
-    """
+    """The cache file of a store: ``<store>.hashes.json`` beside it; for a store on an object store (a URL), on this
+    machine: ``$XDG_CACHE_HOME/trakcli/hashes/<sha256 of the URL>.json`` (``~/.cache`` when unset)."""
     text = str(store_path)
     if is_url(text):
         cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "trakcli" / "hashes"
@@ -52,15 +38,8 @@ def hashes_path(store_path: Any) -> Path:
 
 
 def file_signature(path: Path) -> list[Any]:
-    """What must not change for a remembered sha256 to hold.
-
-    Returns:
-        ``[size, mtime_ns]`` of a file; for a directory, ``[[relative name, size,
-        mtime_ns], ...]`` of every file under it, sorted by name.
-
-    Raises:
-        OSError: the path cannot be read.
-    """
+    """What must not change for a remembered sha256 to hold: ``[size, mtime_ns]`` of a file; for a directory,
+    ``[[relative name, size, mtime_ns], ...]`` of every file under it, sorted by name."""
     if not path.is_dir():
         st = path.stat()
         return [st.st_size, st.st_mtime_ns]
@@ -126,15 +105,8 @@ class HashCache:
         } if isinstance(files, dict) else {}
 
     def sha256(self, path: str | Path, compute: Callable[[Path], str]) -> str:
-        """The hex sha256 of ``path``: remembered if its signature is unchanged, else ``compute(path)``.
-
-        Args:
-            path: a checkpoint file or model directory.
-            compute: the full hash (:func:`trakcli.models.file_sha256`).
-
-        Raises:
-            OSError: the file cannot be read (from ``compute`` or the signature).
-        """
+        """The hex sha256 of ``path`` (a checkpoint file or model directory): remembered if its signature is
+        unchanged, else ``compute(path)`` (:func:`trakcli.models.file_sha256`); OSError if it cannot be read."""
         path = Path(path)
         key = str(path.resolve())
         signature = file_signature(path)

@@ -18,22 +18,8 @@ from trakcli.errors import Fix, StoreMismatchError
 
 
 def flatten(d: Any, prefix: str = "") -> dict[str, Any]:
-    """Nested dicts as one flat dict with dotted keys.
-
-    Args:
-        d: a value; dicts are walked recursively, and so are lists of dicts
-            (keyed by their index, e.g. the per-layer split of a kronecker
-            projector: ``projector.layers.3.k_in``), so that a difference is named
-            by its leaf; anything else (other lists included) is a leaf.
-        prefix: the dotted key of ``d`` itself ("" at the top).
-
-    Returns:
-        ``{"a.b.c": leaf, ...}``; a non-dict ``d`` gives ``{prefix: d}``.
-
-    Example:
-        ``flatten({"projector": {"proj_dim": 16}, "task": "classification"})``
-        is ``{"projector.proj_dim": 16, "task": "classification"}``.
-    """
+    """Nested dicts (and lists of dicts, keyed by index: ``projector.layers.3.k_in``) as one flat dict with dotted
+    keys below ``prefix``; anything else is a leaf: ``{"projector.proj_dim": 16}``, or ``{prefix: d}``."""
     if isinstance(d, dict):
         out: dict[str, Any] = {}
         for k, v in d.items():
@@ -62,14 +48,8 @@ def _leaves(old: dict[str, Any], new: dict[str, Any]) -> tuple[dict[str, Any], d
 
 
 def differing_keys(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """The dotted keys whose leaves differ between ``old`` and ``new`` (sorted).
-
-    Both are compared as :func:`jsonable` and :func:`flatten` make them; a key
-    present on one side only differs (even if the other side's value is None).
-
-    Example:
-        ``differing_keys({"lr": 0.1, "seed": 0}, {"lr": 0.2, "seed": 0})`` is ``["lr"]``.
-    """
+    """The dotted keys whose leaves differ between ``old`` and ``new`` (sorted), both :func:`jsonable` and
+    :func:`flatten`; a key present on one side only differs (even if the other side's value is None)."""
     return _leaves(old, new)[2]
 
 
@@ -87,22 +67,15 @@ CONFIG_KEYS = {
 }
 
 
-def _with_config_key(line: str) -> str:
-    """A line of :func:`diff_keys` with the config key that sets its identity key, if one is known."""
-    key = line.split(":", 1)[0]
-    for prefix, config_key in CONFIG_KEYS.items():
-        if key.startswith(prefix):
-            return f"{line} (set by {config_key})"
-    return line
-
-
 def settings_mismatch(
     what: str, old: dict[str, Any] | None, new: dict[str, Any], fix: str | Fix
 ) -> StoreMismatchError:
     """The error for stored data made with other settings: ``what`` differs, key by key (with the config key that
     sets it, where known: :data:`CONFIG_KEYS`), and ``fix`` (a sentence, or a :class:`~trakcli.errors.Fix`
     each front end words)."""
-    lines = [_with_config_key(line) for line in diff_keys(old or {}, new)] or ["(identity differs)"]
+    lines = [line + next((f" (set by {config_key})" for prefix, config_key in CONFIG_KEYS.items()
+                          if line.split(":", 1)[0].startswith(prefix)), "")
+             for line in diff_keys(old or {}, new)] or ["(identity differs)"]
     was = flatten(old or {})
     after = ""
     if any(was.get(k) == "rademacher" and v == "sjlt" for k, v in flatten(jsonable(new)).items() if k.endswith("kind")):
@@ -114,20 +87,9 @@ def settings_mismatch(
     return StoreMismatchError(head + fix + after)
 
 
-
 def check_same(what: str, old: Any, new: Any, fix: str | Fix) -> None:
-    """Refuse a run whose settings differ from the recorded ones.
-
-    Args:
-        what: what was made with the recorded settings (``"the contents of store out.zarr"``).
-        old: the recorded settings (as read back from JSON; None if none were recorded).
-        new: this run's settings (any JSON-able value; compared after :func:`jsonable`).
-        fix: the sentence telling the user what to do, or a :class:`~trakcli.errors.Fix` (its
-            :attr:`~trakcli.errors.TrakError.fix`, worded by each front end).
-
-    Raises:
-        StoreMismatchError: ``old != jsonable(new)``; names every differing key (:func:`settings_mismatch`).
-    """
+    """Refuse (:func:`settings_mismatch`) a run whose settings ``new`` (compared after :func:`jsonable`) differ from
+    the recorded ``old`` (None if none were recorded) that ``what`` was made with, naming ``fix``."""
     new = jsonable(new)
     if old != new:
         raise settings_mismatch(what, old, new, fix)

@@ -1,26 +1,13 @@
 """Integrity of a store beyond zarr's own decoding: missing chunk files, unreadable metadata, the repair command.
 
-Three things a read must check that zarr does not:
-
-- **Missing chunk files.** zarr returns the fill value (zeros) for a chunk
-  whose file is missing, so a ``done`` flag says a chunk was written, not that
-  it is still there. A read asks the store only about the chunks that came back
-  all fill value (:func:`fill_chunks`), which exist (one batch of ``exists``
-  calls through zarr's store API, :func:`missing_chunks`).
-  Arrays are written with ``write_empty_chunks`` on (:func:`writable`), so
-  every done chunk of an array made by this version has a file.
-- **Unreadable metadata.** A garbage ``zarr.json`` makes zarr raise a JSON or
-  value error from any lookup; :func:`node` turns that into a
+- **Missing chunk files.** zarr reads a chunk whose file is missing as its fill value, so a read asks the
+  store about the chunks that came back all fill value (:func:`fill_chunks`, :func:`missing_chunks`); arrays
+  are written with ``write_empty_chunks`` (:func:`writable`), so every done chunk has a file.
+- **Unreadable metadata.** :func:`node` turns zarr's error for a garbage ``zarr.json`` into a
   :class:`StoreMetadataError` naming the file and the command that repairs it.
-- **Orphaned reads.** When one chunk of a multi-chunk read fails, zarr's other
-  chunk tasks keep running on its event loop thread; :func:`settle` waits for
-  them so that the process exits without "Task was destroyed but it is pending"
-  or "Event loop is closed" noise.
+- **Orphaned reads.** :func:`settle` waits for the chunk tasks zarr leaves running after a failed read.
 
-Every array has one owner command (:func:`repair_command`): train features are
-recomputed by ``trak featurize CONFIG --verify``; kernels, target features and
-scores (derived data) are rebuilt by a plain ``trak score CONFIG``; the
-retrained models of ``eval/`` by ``trak eval lds CONFIG``.
+Every array has one owner command (:func:`repair_command`).
 """
 
 from __future__ import annotations
@@ -78,17 +65,10 @@ def repair_command(path: str) -> str:
 
 
 def repair_scope(path: str) -> str:
-    """How much of a node with unreadable metadata a repair deletes: ``"node"`` or ``"metadata"``.
-
-    ``"node"`` (everything under it, recomputed) when the node's attributes
-    hold records a run cannot re-derive: a checkpoint's sha256
-    (``train/<model_id>``), a kernel's settings, an experiment's target data and
-    checkpoints (``targets/<experiment>``, ``scores/<experiment>``), a top-k's ``k`` (and the per-token
-    scores' ``k`` and ``width``), the
-    ``eval`` identity. ``"metadata"`` (only ``zarr.json``, re-created with the
-    same shape and codecs; the chunks are kept and checked by their checksums)
-    for every other array and group.
-    """
+    """How much of a node with unreadable metadata a repair deletes: ``"node"`` (everything under it, recomputed)
+    when its attributes hold records a run cannot re-derive (a checkpoint's sha256, a kernel's settings, an
+    experiment's settings, a top-k's or the per-token scores' sizes, the ``eval`` identity); else ``"metadata"``
+    (only ``zarr.json``, re-created over the chunks, which are checked by their checksums)."""
     parts = [p for p in path.split("/") if p]
     if parts == ["eval"] or (len(parts) == 2 and parts[0] in ("train", "targets", "scores")):
         return "node"
@@ -117,46 +97,48 @@ def node(group: Any, path: str) -> Any | None:
             way to it) is unreadable; names the file and the repair command.
     """
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # "not recognized as a component": a directory without zarr.json
-            return group[path]
+        return _get(group, path)
     except KeyError:
         return None
     except METADATA_ERRORS as e:
-        bad = first_unreadable(group, path) or path
-        raise metadata_error(_full(group, bad), e) from None
+        parts = path.split("/")
+        for i in range(1, len(parts)):  # the first node on the way whose zarr.json cannot be read
+            try:
+                _get(group, "/".join(parts[:i]))
+            except KeyError:
+                break
+            except METADATA_ERRORS:
+                path = "/".join(parts[:i])
+                break
+        raise metadata_error(_full(group, path), e) from None
 
 
-def keys(group: Any, kind: str = "group") -> list[str]:
-    """Names of the child groups (``kind="group"``) or arrays (``"array"``) of ``group``.
+def attrs_of(group: Any, path: str) -> dict[str, Any] | None:
+    """The attributes of the node at ``path`` below ``group``; None if it is absent or its metadata unreadable."""
+    try:
+        found = node(group, path)
+    except StoreCorruptError:
+        return None
+    return None if found is None else dict(found.attrs)
 
-    Raises:
-        StoreMetadataError: a child's ``zarr.json`` is unreadable (zarr parses every child to list them).
-    """
+
+def keys(group: Any) -> list[str]:
+    """Names of the child groups of ``group``; StoreMetadataError if a child's ``zarr.json`` is unreadable."""
     try:
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            return list(group.group_keys() if kind == "group" else group.array_keys())
+            warnings.simplefilter("ignore")  # as _get
+            return list(group.group_keys())
     except METADATA_ERRORS as e:
         for name in child_names(group):
             node(group, name)  # raises on the unreadable child
         raise metadata_error(group.path or "", e) from None
 
 
-def first_unreadable(group: Any, path: str) -> str | None:
-    """The first prefix of ``path`` (relative to ``group``) whose ``zarr.json`` cannot be read, or None."""
-    parts = path.split("/")
-    for i in range(1, len(parts) + 1):
-        sub = "/".join(parts[:i])
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                group[sub]
-        except KeyError:
-            return None
-        except METADATA_ERRORS:
-            return sub
-    return None
+def _get(group: Any, path: str) -> Any:
+    """``group[path]``, without zarr's warning about a directory without ``zarr.json``."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return group[path]
 
 
 def metadata_error(path: str, e: BaseException) -> StoreMetadataError:
@@ -168,15 +150,8 @@ def metadata_error(path: str, e: BaseException) -> StoreMetadataError:
 
 
 def delete(group: Any, path: str, *, metadata_only: bool) -> None:
-    """Delete the node at ``path`` below ``group``: only its ``zarr.json`` (chunks kept), or everything under it.
-
-    Deleting only the metadata lets the caller re-create the array or group
-    with the same shape and codecs over its chunk files, which are then
-    checked by their checksums; deleting everything makes every chunk missing.
-
-    Raises:
-        StoreError: the store cannot be written.
-    """
+    """Delete the node at ``path`` below ``group`` (nothing if absent): only its ``zarr.json`` (the chunks kept, to
+    be re-created over) or everything under it; StoreError if the store cannot be written."""
     from zarr.core.sync import sync
 
     full = _full(group, path)
@@ -190,54 +165,37 @@ def delete(group: Any, path: str, *, metadata_only: bool) -> None:
 
 
 def writable(arr: Any) -> Any:
-    """The same zarr array, writing every chunk even when it equals the fill value.
-
-    zarr skips (or deletes) a chunk equal to the fill value by default; a done
-    chunk must keep a file, so that a missing file always means a lost chunk.
-    """
+    """The same zarr array, writing every chunk even when it equals the fill value (a missing file always means a
+    lost chunk)."""
     return arr.with_config({"write_empty_chunks": True})
 
 
-def chunk_coords(arr: Any, sel: Any) -> list[tuple[int, ...]]:
-    """The grid coordinates of the chunks a selection of slices touches.
-
-    Args:
-        arr: a zarr array.
-        sel: a slice or a tuple of slices (``None`` bounds allowed, steps of 1).
-    """
+def _bounds(arr: Any, sel: Any) -> list[tuple[int, int]]:
+    """``(start, stop)`` per axis of a selection of ``arr``: a slice or a tuple of slices (steps of 1)."""
     sel = sel if isinstance(sel, tuple) else (sel,)
     sel = sel + (slice(None),) * (len(arr.shape) - len(sel))
-    ranges = []
-    for s, n, c in zip(sel, arr.shape, arr.chunks):
-        start, stop, _ = s.indices(n)
-        if stop <= start:
-            return []
-        ranges.append(range(start // c, -(-stop // c)))
-    return list(itertools.product(*ranges))
+    return [s.indices(n)[:2] for s, n in zip(sel, arr.shape)]
+
+
+def chunk_coords(arr: Any, sel: Any) -> list[tuple[int, ...]]:
+    """The grid coordinates of the chunks that a selection (a slice or a tuple of slices) of zarr array ``arr``
+    touches."""
+    bounds = _bounds(arr, sel)
+    if any(stop <= start for start, stop in bounds):
+        return []
+    return list(itertools.product(*(range(a // c, -(-b // c)) for (a, b), c in zip(bounds, arr.chunks))))
 
 
 def fill_chunks(arr: Any, sel: Any, values: np.ndarray) -> list[tuple[int, ...]]:
-    """Grid coordinates of the chunks of a selection whose values, as read, are all the array's fill value.
-
-    Only such a chunk can be missing from the store (zarr reads a missing chunk as its fill value), so a read
-    asks the store about these alone (:func:`missing_chunks`) instead of one request per chunk: on an object
-    store a HEAD request each.
-
-    Args:
-        arr: a zarr array.
-        sel: the selection read (a slice or a tuple of slices, steps of 1).
-        values: ``arr[sel]`` as read (raw: before any decoding).
-    """
-    sel = sel if isinstance(sel, tuple) else (sel,)
-    sel = sel + (slice(None),) * (len(arr.shape) - len(sel))
-    starts = [s.indices(n)[0] for s, n in zip(sel, arr.shape)]
-    stops = [s.indices(n)[1] for s, n in zip(sel, arr.shape)]
+    """Grid coordinates of the chunks of a selection ``sel`` of ``arr`` whose ``values`` (as read, before any
+    decoding) are all the fill value: the only chunks that can be missing from the store."""
+    bounds = _bounds(arr, sel)
     fill = arr.fill_value
     is_nan = isinstance(fill, float) and np.isnan(fill)
     out = []
     for coords in chunk_coords(arr, sel):
         region = tuple(slice(max(i * c, a) - a, min((i + 1) * c, b) - a)
-                       for i, c, a, b in zip(coords, arr.chunks, starts, stops))
+                       for i, c, (a, b) in zip(coords, arr.chunks, bounds))
         part = values[region]
         first = part.flat[0] if part.size else fill
         if not (np.isnan(first) if is_nan else first == fill):  # the cheap test rules out nearly every chunk
@@ -272,12 +230,8 @@ def missing_chunks(arr: Any, sel: Any = slice(None), among: list[tuple[int, ...]
 
 
 def settle(timeout: float = 30.0) -> None:
-    """Wait for the chunk reads zarr left running after a failed read, so none is destroyed pending at exit.
-
-    zarr reads the chunks of a selection as concurrent tasks on its own event
-    loop thread; when one fails, the others are orphaned and would be torn
-    down at interpreter exit with asyncio warnings. Harmless when nothing runs.
-    """
+    """Wait for the chunk reads zarr left running on its event loop after a failed read, so that none is destroyed
+    pending (with asyncio warnings) at exit."""
     from zarr.core.sync import sync
 
     async def drain() -> None:

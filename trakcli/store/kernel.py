@@ -17,40 +17,38 @@ import numpy as np
 
 from trakcli.errors import StoreError
 from trakcli.store.identity import jsonable
-from trakcli.store.integrity import StoreCorruptError, delete, node, writable
+from trakcli.store.integrity import StoreCorruptError, attrs_of, delete, node, writable
 from trakcli.store.rows import codecs, read_checked
 
 if TYPE_CHECKING:
     from trakcli.store.store import Store
 
 
+def train_group(store: "Store", model_id: int) -> Any:
+    """The group ``train/<model_id>``; StoreError naming `trak featurize` if it is missing."""
+    group = node(store.root, f"train/{model_id}")
+    if group is None:
+        raise StoreError(f"store group train/{model_id} is missing; run `trak featurize CONFIG` first")
+    return group
+
+
 def read_kernel(
     store: "Store", model_id: int, settings: dict[str, Any], rebuild: bool = False
 ) -> tuple[np.ndarray, float] | None:
-    """The stored kernel (float64 factor or float32 solved features, as written) and λ if made with ``settings``.
+    """The stored kernel of checkpoint ``model_id`` (float64 factor or float32 solved features, as written) and λ
+    if made with the ridge ``settings``; None if there is none, or it was made with other settings.
 
-    None if there is none, or it was made with other settings.
-
-    Args:
-        store: the open store.
-        model_id: the checkpoint.
-        settings: the ridge settings the kernel must have been made with.
-        rebuild: a corrupt or missing kernel chunk, or unreadable kernel
-            metadata, deletes the kernel (noted in ``store.notes``) and returns
-            None, so that the caller computes it again (``trak score``).
-
-    Raises:
-        StoreCorruptError: the kernel is corrupt (without ``rebuild``); names ``trak score CONFIG``.
+    A corrupt or missing kernel chunk, or unreadable kernel metadata, raises StoreCorruptError (naming ``trak
+    score CONFIG``), or with ``rebuild`` deletes the kernel (noted in ``store.notes``) and returns None.
     """
     path = f"train/{model_id}/kernel"
     try:
         arr = node(store.root, path)
         if arr is None:
             return None
-        attrs = dict(arr.attrs)
-        if not kernel_attrs_done(attrs, settings):
+        if not kernel_attrs_done(arr.attrs, settings):
             return None
-        return read_checked(arr, slice(None), 0), float(attrs["lambda_reg"])
+        return read_checked(arr, slice(None), 0), float(arr.attrs["lambda_reg"])
     except StoreCorruptError as e:
         if not rebuild or e.array != path:
             raise
@@ -63,11 +61,8 @@ def read_kernel(
 KERNEL_CHUNK_BYTES = 64 << 20
 
 
-def kernel_attrs_done(attrs: dict[str, Any], settings: dict[str, Any]) -> bool:
-    """Whether kernel attributes mark a kernel finished with ``settings``.
-
-    The one test of a finished kernel: :func:`read_kernel` and :func:`kernel_done` both apply it.
-    """
+def kernel_attrs_done(attrs: Any, settings: dict[str, Any]) -> bool:
+    """Whether kernel attributes mark a kernel finished with ``settings`` (the one test of a finished kernel)."""
     return attrs.get("settings") == jsonable(settings) and "lambda_reg" in attrs
 
 
@@ -87,9 +82,7 @@ def write_kernel(
     Raises:
         StoreError: the write failed (rerun to resume), or the checkpoint's group is missing.
     """
-    group = node(store.root, f"train/{model_id}")
-    if group is None:
-        raise StoreError(f"store group train/{model_id} is missing; run `trak featurize CONFIG` first")
+    group = train_group(store, model_id)
     shape, dtype = tuple(factor.shape), str(factor.dtype)
     chunks = (max(1, min(shape[0], KERNEL_CHUNK_BYTES // max(1, shape[1] * factor.itemsize))), shape[1])
     try:
@@ -115,14 +108,7 @@ def kernel_done(store: "Store", model_id: int, settings: dict[str, Any]) -> bool
     The cheap check of `trak featurize` on a finished store; `trak score` reads
     and verifies the kernel itself (:func:`read_kernel`).
     """
-    try:
-        arr = node(store.root, f"train/{model_id}/kernel")
-        if arr is None:
-            return False
-        attrs = dict(arr.attrs)
-    except StoreCorruptError:
-        return False
-    return kernel_attrs_done(attrs, settings)
+    return kernel_attrs_done(attrs_of(store.root, f"train/{model_id}/kernel") or {}, settings)
 
 
 def kernel_nbytes(store: "Store", model_id: int) -> int:
@@ -139,26 +125,13 @@ GRAM_PREFIX = "gram_prefix"
 
 
 def save_gram_prefix(store: "Store", model_id: int, n_rows: int) -> bool:
-    """Keep the Gram ``ΦᵀΦ`` of the first ``n_rows`` train rows, before the kernel is dropped for an append.
+    """Keep the Gram ``ΦᵀΦ`` of the first ``n_rows`` train rows (the store's before an append), before the kernel
+    is dropped, so that the grown kernel adds only the new rows' products (:func:`read_gram_prefix`).
 
-    Recovered from the stored primal kernel ``L`` (the lower Cholesky factor of ``ΦᵀΦ + λI`` over
-    those rows, :func:`write_kernel`) as ``L Lᵀ − λI`` in float64 (``proj_dim³`` work instead of
-    ``n_rows · proj_dim²``; rounding ~1e-13 of the Gram's scale), and written as
-    ``train/<model_id>/gram_prefix`` ``[proj_dim, proj_dim]`` float64, its attribute ``n_rows`` last
-    (the done marker). The kernel of the grown rows then adds only the new rows' products
-    (:func:`read_gram_prefix`). An already kept prefix is left as it is.
-
-    Args:
-        store: the open store (rank 0).
-        model_id: the checkpoint.
-        n_rows: the rows the stored kernel was made over (the store's ``n_train`` before the append).
-
-    Returns:
-        Whether a prefix is kept: False when there is no finished primal kernel (a dual one, none, or
-        a corrupt one), and the grown kernel is then made from every row.
-
-    Raises:
-        OSError: the write failed (the caller names the store and the rerun).
+    Recovered from the stored primal kernel ``L`` (the lower Cholesky factor of ``ΦᵀΦ + λI``) as ``L Lᵀ − λI``
+    in float64 and written as ``train/<model_id>/gram_prefix`` ``[proj_dim, proj_dim]`` float64, its attribute
+    ``n_rows`` last (the done marker). An already kept prefix is left as it is. Returns whether a prefix is kept
+    (False without a finished primal kernel); raises OSError when the write fails.
     """
     if read_gram_prefix(store, model_id) is not None:
         return True
@@ -173,8 +146,7 @@ def save_gram_prefix(store: "Store", model_id: int, n_rows: int) -> bool:
     gram = factor @ factor.T
     gram[np.diag_indices_from(gram)] -= float(attrs["lambda_reg"])
     group = node(store.root, f"train/{model_id}")
-    if node(group, GRAM_PREFIX) is not None:
-        delete(store.root, f"train/{model_id}/{GRAM_PREFIX}", metadata_only=False)
+    delete(group, GRAM_PREFIX, metadata_only=False)
     out = group.create_array(GRAM_PREFIX, shape=gram.shape, chunks=gram.shape, dtype="float64", fill_value=0,
                              compressors=codecs("none"), dimension_names=("proj_row", "proj_col"))
     writable(out)[:] = gram
@@ -199,5 +171,4 @@ def read_gram_prefix(store: "Store", model_id: int) -> tuple[np.ndarray, int] | 
 
 def drop_gram_prefix(store: "Store", model_id: int) -> None:
     """Delete ``train/<model_id>/gram_prefix`` (once the grown kernel is written), if there is one."""
-    if node(store.root, f"train/{model_id}/{GRAM_PREFIX}") is not None:
-        delete(store.root, f"train/{model_id}/{GRAM_PREFIX}", metadata_only=False)
+    delete(store.root, f"train/{model_id}/{GRAM_PREFIX}", metadata_only=False)

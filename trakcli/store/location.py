@@ -1,28 +1,14 @@
 """Where a store lives: a local directory, or a URL of an object store (``s3://bucket/prefix``).
 
-``store.path`` is a local path or a URL that fsspec opens: ``s3://`` (the ``s3``
-extra: ``pip install 'trakcli-attribution[s3]'``, which installs every module of
-:data:`S3_MODULES`), ``gs://``, ``az://``, ``memory://``
-and the other schemes fsspec knows. A local path stays a :class:`pathlib.Path`;
-a URL becomes a :class:`upath.UPath` (universal_pathlib), which offers the
-same methods over the object store (``/``, ``exists``, ``iterdir``,
-``read_bytes``, ``unlink``, ``with_name``), so the store's code reads the same
-for both. What a path cannot do on an object store is here:
-:func:`zarr_store` (the Zarr store of the location), :func:`replace`,
-:func:`rmtree`, :func:`create_exclusive` (the lock), :func:`check_reachable`
-and :func:`disk_usage`.
+``store.path`` is a local path (a :class:`pathlib.Path`) or a URL that fsspec opens (a :class:`upath.UPath`, with
+the same methods over the object store): ``s3://`` (the ``s3`` extra installs :data:`S3_MODULES`), ``gs://``,
+``az://``, ``memory://``... What a path cannot do on an object store is here (:func:`zarr_store`, :func:`replace`,
+:func:`rmtree`, :func:`create_exclusive`, :func:`check_reachable`, :func:`disk_usage`). ``s3://`` takes its
+credentials and endpoint as the AWS tools do (``AWS_*`` variables, profiles, roles), ``store.storage_options``
+over them (docs/guides/store.md).
 
-Credentials and endpoint of ``s3://`` come the way the AWS tools take them:
-the environment variables ``AWS_ENDPOINT_URL`` (or ``AWS_ENDPOINT_URL_S3``),
-``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_SESSION_TOKEN`` and
-``AWS_REGION`` (or ``AWS_DEFAULT_REGION``), ``~/.aws/config`` profiles, and
-instance roles; ``store.storage_options`` in the config (the keyword
-arguments of the fsspec file system, e.g. ``{endpoint_url: ..., key: ...}``)
-adds to or overrides them.
-
-Imports neither zarr nor torch; fsspec and universal_pathlib only for a URL. A module a URL
-needs that is not installed is one :class:`~trakcli.errors.MissingModuleError` naming it and
-the command that installs it (:func:`require_modules`), never an ``ImportError``.
+Imports neither zarr nor torch; fsspec and universal_pathlib only for a URL. A module a URL needs that is not
+installed is one :class:`~trakcli.errors.MissingModuleError` naming it and how to install it, never an ``ImportError``.
 """
 
 from __future__ import annotations
@@ -70,16 +56,8 @@ _KNOWN_WITHOUT_FSSPEC = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl",
 
 
 def require_modules(modules: tuple[tuple[str, str], ...], needed_by: str, install: str) -> None:
-    """Import each of ``modules``; the first that cannot be imported is one error naming it and ``install``.
-
-    Args:
-        modules: (module, distribution) pairs, e.g. ``(("upath", "universal-pathlib"),)``.
-        needed_by: what needs them, the start of the message (``"store.path 's3://b/a.zarr'"``).
-        install: the command that installs them (:data:`S3_INSTALL`).
-
-    Raises:
-        MissingModuleError: a module is not installed, or one it imports is not (both named).
-    """
+    """Import each of the (module, distribution) pairs ``modules``; the first that cannot be imported (or a module
+    it imports) is one MissingModuleError naming it, what ``needed_by`` it, and ``install``."""
     for module, distribution in modules:
         try:
             importlib.import_module(module)
@@ -128,31 +106,16 @@ def broken_url(text: str) -> str | None:
 
 def is_remote(path: Any) -> bool:
     """Whether ``path`` is on an object store (a :class:`upath.UPath` of a non-local scheme)."""
-    if type(path).__module__.startswith("upath"):
-        return getattr(path, "protocol", "") not in ("", *_LOCAL)
-    return False
+    return type(path).__module__.startswith("upath") and getattr(path, "protocol", "") not in ("", *_LOCAL)
 
 
 def s3_options(storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The s3fs options of a store: the AWS environment variables, then ``storage_options`` over them.
+    """The ``s3fs.S3FileSystem`` keyword arguments of a store: the AWS environment variables (``AWS_REGION``
+    honoured too), then ``storage_options`` (the config's ``store.storage_options``) over them.
 
-    botocore reads the keys and ``AWS_ENDPOINT_URL`` itself; they are also set here
-    so that a message can name the endpoint, and ``AWS_REGION`` (which botocore
-    leaves to ``AWS_DEFAULT_REGION``) is honoured. Listings are not cached
-    (``use_listings_cache: False``): other processes and nodes write the same store.
-    ``max_concurrency: 1``: s3fs splits a download into concurrent ranges only past 50 MiB, and a
-    store's chunk objects are a few MB, yet with a larger value it sends a HEAD before every GET to
-    learn an object's size; zarr already fetches a block's chunks concurrently. One request per
-    chunk: ``trak score score.top_k`` over S3 takes 1.4x local disk at 200,000 rows against 1.7x
-    with the HEADs (``benchmarks/bench_object_store.py``). botocore's check of a response's CRC32
-    (``response_checksum_validation``) runs only where S3 requires it: every chunk carries the
-    store's own CRC32C, checked on every read.
-
-    Args:
-        storage_options: the config's ``store.storage_options`` (s3fs keyword arguments), or None.
-
-    Returns:
-        keyword arguments of ``s3fs.S3FileSystem``.
+    Listings are not cached: other processes write the same store. ``max_concurrency: 1``: with more, s3fs
+    sends a HEAD before every GET (``benchmarks/bench_object_store.py``). botocore checks a response's CRC32
+    only where S3 requires it: every chunk carries the store's own CRC32C.
     """
     opts: dict[str, Any] = {"use_listings_cache": False, "max_concurrency": 1}
     client: dict[str, Any] = {}
@@ -262,10 +225,7 @@ def endpoint(path: Location) -> str:
 
 
 def zarr_store(path: Location, read_only: bool = False) -> Any:
-    """What ``zarr.open_group(store=...)`` takes for ``path``: the path's text, or an fsspec store of the URL.
-
-    Imports zarr (a URL only).
-    """
+    """What ``zarr.open_group(store=...)`` takes for ``path``: the path's text, or an fsspec store of the URL."""
     if not is_remote(path):
         return str(path)
     from zarr.storage import FsspecStore
@@ -274,12 +234,8 @@ def zarr_store(path: Location, read_only: bool = False) -> Any:
 
 
 def replace(src: Location, dst: Location) -> None:
-    """Move ``src`` to ``dst`` (which must not exist): atomic ``os.replace`` locally; a copy then a delete
-    on an object store, which has no rename.
-
-    Raises:
-        OSError: the move failed.
-    """
+    """Move ``src`` to ``dst`` (which must not exist): atomic ``os.replace`` locally; a copy then a delete on an
+    object store, which has no rename. OSError if it fails."""
     if not is_remote(src):
         os.replace(src, dst)
         return
@@ -287,11 +243,8 @@ def replace(src: Location, dst: Location) -> None:
 
 
 def rmtree(path: Location, ignore_errors: bool = False) -> None:
-    """Delete ``path`` and everything under it (nothing if it is absent).
-
-    Raises:
-        OSError: it could not be deleted (unless ``ignore_errors``).
-    """
+    """Delete ``path`` and everything under it (nothing if it is absent); OSError if it fails (unless
+    ``ignore_errors``)."""
     try:
         if not is_remote(path):
             shutil.rmtree(path)
@@ -410,12 +363,8 @@ def check_reachable(path: Location) -> None:
 
 
 def holds_objects(path: Location) -> bool:
-    """Whether any object (file) is stored below the prefix ``path`` of an object store.
-
-    An object store has no folders: a service that shows empty "folders" after a
-    delete (SeaweedFS does) still holds nothing there. For a local path: whether it
-    exists (a file, or a folder with entries).
-    """
+    """Whether any object (file) is stored below the prefix ``path`` of an object store (an empty "folder" a
+    service shows after a delete holds nothing); for a local path, whether it is a file or a folder with entries."""
     if not is_remote(path):
         return path.exists() and (not path.is_dir() or any(path.iterdir()))
     fs, key = path.fs, path.path.rstrip("/")
@@ -433,14 +382,8 @@ def holds_objects(path: Location) -> bool:
 
 
 def entries(path: Location) -> list[str]:
-    """The names of what ``path`` holds: its files, and its folders that hold a file somewhere below.
-
-    Locally every entry of the directory; on an object store, a "folder" a service lists
-    after its objects were deleted (SeaweedFS does) is not one of them.
-
-    Raises:
-        OSError: ``path`` cannot be listed (absent, or not a directory).
-    """
+    """The names of what ``path`` holds: its files, and its folders that hold a file somewhere below (an empty
+    "folder" an object store lists is not one of them); OSError if ``path`` cannot be listed."""
     if not is_remote(path):
         return [p.name for p in path.iterdir()]
     listed = path.fs.ls(path.path, detail=True)

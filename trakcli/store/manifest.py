@@ -66,12 +66,8 @@ SOURCE_TRAINER = "trainer"
 
 def checkpoint_file_name(model_id: int, *, epoch: int | None = None, step: int | None = None,
                          adapter: bool = False) -> str:
-    """The file (or adapter folder) name of a model's checkpoint in a manifest's folder.
-
-    ``model_000_epoch{epoch}`` at the end of an epoch, ``model_000_step{step}`` after an optimizer
-    step, ``model_000`` the final one (``000``: the model_id); ``.pt`` appended unless ``adapter``
-    (a PEFT adapter folder).
-    """
+    """The file (or PEFT ``adapter`` folder, without ``.pt``) name of a model's checkpoint in a manifest's folder:
+    ``model_000_epoch{epoch}.pt``, ``model_000_step{step}.pt``, or the final ``model_000.pt`` (``000``: the model_id)."""
     stem = f"model_{model_id:03d}"
     stem += f"_epoch{epoch}" if epoch is not None else f"_step{step}" if step is not None else ""
     return stem if adapter else f"{stem}.pt"
@@ -90,11 +86,7 @@ def is_manifest_path(spec: Any) -> bool:
 
 
 def write_manifest(path: Path, manifest: dict[str, Any]) -> None:
-    """Write ``manifest`` to ``path`` atomically (:func:`trakcli.files.write_text`).
-
-    Raises:
-        ConfigError: the file cannot be written (names the path).
-    """
+    """Write ``manifest`` to ``path`` atomically; ConfigError naming the path if it cannot be written."""
     try:
         write_text(path, json.dumps(manifest, indent=1) + "\n")
     except OSError as e:
@@ -102,18 +94,8 @@ def write_manifest(path: Path, manifest: dict[str, Any]) -> None:
 
 
 def read_manifest(path: Path, *, key: str = "checkpoints") -> dict[str, Any]:
-    """Read and check the structure of a manifest written by `trak optimize`.
-
-    Args:
-        path: the ``manifest.json`` file.
-        key: the config key that named it (for messages).
-
-    Returns:
-        The manifest (see the module docstring), ``models`` sorted by model_id.
-
-    Raises:
-        ConfigError: the file is missing, not JSON, or not a trak optimize manifest.
-    """
+    """The manifest at ``path`` (named by the config key ``key``), its structure checked, ``models`` sorted by
+    model_id; ConfigError if the file is missing, not JSON, or not a trak optimize manifest."""
     if not path.is_file():
         raise ConfigError(
             f"{key}: manifest {str(path)!r} does not exist; run `trak optimize CONFIG` to train the models "
@@ -164,16 +146,9 @@ def _epochs_ok(epochs: Any) -> bool:
 
 
 def manifest_entries(manifest: dict[str, Any]) -> list[dict[str, Any]]:
-    """Every checkpoint a manifest lists, in the order featurize numbers them (their model_id in the store).
-
-    Args:
-        manifest: a manifest as :func:`read_manifest` returns it.
-
-    Returns:
-        Per checkpoint ``{"checkpoint", "sha256", "optimizer_state" (or None), "what"}``: each model's
-        ``epoch_checkpoints`` in epoch order, then its final checkpoint; ``what`` names it in
-        messages (``"model 3"``, ``"model 3, epoch 2"``; a save every N steps: ``"model 0, step 500"``).
-    """
+    """Every checkpoint a manifest (as :func:`read_manifest` returns it) lists, in the order featurize numbers them:
+    per checkpoint ``{"checkpoint", "sha256", "optimizer_state" (or None), "what"}``, each model's
+    ``epoch_checkpoints`` then its final one; ``what`` names it (``"model 3, epoch 2"``, ``"model 0, step 500"``)."""
     out = []
     for m in manifest["models"]:
         epochs = m.get("epoch_checkpoints")
@@ -190,25 +165,17 @@ def manifest_checkpoints(
     path: Path, *, n_models: int | None = None, n_models_key: str = "optimize.n_models",
     hashes: HashCache | None = None,
 ) -> list[Path]:
-    """The checkpoints a finished `trak optimize` run lists in its manifest, in the order of :func:`manifest_entries`.
-
-    Paths in the manifest are relative to its directory. Every file must still
-    have the sha256 the manifest recorded.
+    """The checkpoint paths a finished run lists in its manifest ``path`` (relative to its directory), in the order
+    of :func:`manifest_entries`, each file still with the sha256 the manifest recorded.
 
     Args:
-        path: the ``manifest.json``.
-        n_models: the number of models the config's recipe asks for, when its
+        n_models: the number of models the config's recipe asks for (spelled ``n_models_key``), when its
             ``out_dir`` is this manifest's directory (None: not checked).
-        n_models_key: how that number is spelled in the config (for messages).
-        hashes: a :class:`trakcli.store.hashes.HashCache` that remembers the sha256s (None: hash every file).
-
-    Returns:
-        The checkpoint paths (manifest directory / relative path), model_id order.
+        hashes: remembers the sha256s (None: hash every file).
 
     Raises:
-        ConfigError: everything wrong at once: an invalid manifest, an unfinished
-            run (fewer models than its ``n_models``, or than ``n_models``), missing
-            checkpoint files, or checkpoints that changed since the manifest was written.
+        ConfigError: everything wrong at once: an invalid manifest, an unfinished run, missing checkpoint
+            files, or checkpoints that changed since the manifest was written.
     """
     data = read_manifest(path)
     models = data["models"]

@@ -61,11 +61,6 @@ def feature_dtype(dtype: str) -> str:
     return FLOAT_COPY if is_quantized(dtype) else dtype
 
 
-def code_width(dtype: str, proj_dim: int) -> int:
-    """Columns of the ``codes`` array: ``proj_dim`` (int8) or ``ceil(proj_dim / 8)`` bytes of bits (binary)."""
-    return proj_dim if dtype == INT8 else -(-proj_dim // 8)
-
-
 CODE_ARRAYS = ("codes", "scale")
 """The train arrays a store of a quantized dtype has beside ``features``, ``out_to_loss`` and ``nonfinite``."""
 
@@ -75,34 +70,21 @@ def code_arrays(dtype: str, n_rows: int, proj_dim: int) -> dict[str, tuple[tuple
     the codes and their scales."""
     if not is_quantized(dtype):
         return {}
-    return {"codes": ((n_rows, code_width(dtype, proj_dim)), "int8" if dtype == INT8 else "uint8"),
-            "scale": ((n_rows,), "float32")}
+    if dtype == INT8:
+        return {"codes": ((n_rows, proj_dim), "int8"), "scale": ((n_rows,), "float32")}
+    return {"codes": ((n_rows, -(-proj_dim // 8)), "uint8"), "scale": ((n_rows,), "float32")}  # bytes of bits
 
 
-def _float_rows(x: np.ndarray) -> np.ndarray:
+def encode(dtype: str, x: np.ndarray) -> dict[str, np.ndarray]:
+    """``{"codes": [rows, proj_dim] int8 | [rows, ceil(proj_dim/8)] uint8, "scale": [rows] float32}`` of the
+    ``[rows, proj_dim]`` float features ``x`` for ``dtype`` ``int8`` or ``binary`` (else StoreError, as for an
+    ``x`` that is not a 2-D float array). Non-finite entries are coded as 0 (int8) or as their sign (binary),
+    with a scale taken over the finite entries."""
     x = np.asarray(x)
     if x.ndim != 2 or x.dtype.kind != "f":
         raise StoreError(f"features to compress must be a 2-D floating-point array [rows, proj_dim], got shape "
                          f"{list(x.shape)} and dtype {x.dtype}")
-    return np.ascontiguousarray(x, dtype=np.float32)
-
-
-def encode(dtype: str, x: np.ndarray) -> dict[str, np.ndarray]:
-    """The codes and per-row scales of the features ``x``.
-
-    Args:
-        dtype: ``int8`` or ``binary``.
-        x: ``[rows, proj_dim]`` float features (float16/float64 are cast to float32).
-            Non-finite entries are coded as 0 (int8) or as their sign (binary) with a
-            scale taken over the finite entries.
-
-    Returns:
-        ``{"codes": [rows, proj_dim] int8 | [rows, ceil(proj_dim/8)] uint8, "scale": [rows] float32}``.
-
-    Raises:
-        StoreError: ``dtype`` is not one of :data:`QUANTIZED`, or ``x`` is not a 2-D float array.
-    """
-    x = _float_rows(x)
+    x = np.ascontiguousarray(x, dtype=np.float32)
     finite = np.where(np.isfinite(x), x, np.float32(0))
     if dtype == INT8:
         scale = (np.abs(finite).max(axis=1) / INT8_MAX).astype(np.float32)  # [rows]
@@ -116,29 +98,14 @@ def encode(dtype: str, x: np.ndarray) -> dict[str, np.ndarray]:
 
 
 def decode(dtype: str, codes: np.ndarray, scale: np.ndarray, proj_dim: int) -> np.ndarray:
-    """The float32 features the codes stand for: ``codes · scale`` (int8) or ``(2·bit − 1) · scale`` (binary).
-
-    Args:
-        dtype: ``int8`` or ``binary``.
-        codes: ``[rows, proj_dim]`` int8 or ``[rows, ceil(proj_dim/8)]`` uint8.
-        scale: ``[rows]`` float32.
-        proj_dim: columns of the decoded features.
-
-    Returns:
-        ``[rows, proj_dim]`` float32.
-
-    Raises:
-        StoreError: ``dtype`` is not one of :data:`QUANTIZED`.
-    """
+    """The ``[rows, proj_dim]`` float32 features the codes (as :func:`encode` gives them) and ``[rows]`` scales stand
+    for: ``codes · scale`` (int8) or ``(2·bit − 1) · scale`` (binary); StoreError for another ``dtype``."""
     return signs(dtype, codes, proj_dim).astype(np.float32) * np.asarray(scale, np.float32)[:, None]
 
 
 def signs(dtype: str, codes: np.ndarray, proj_dim: int) -> np.ndarray:
-    """The integer part of the codes as ``[rows, proj_dim]`` int8: the codes themselves (int8) or ±1 (binary).
-
-    Raises:
-        StoreError: ``dtype`` is not one of :data:`QUANTIZED`.
-    """
+    """The integer part of the codes as ``[rows, proj_dim]`` int8: the codes themselves (int8) or ±1 (binary);
+    StoreError for another ``dtype``."""
     if dtype == INT8:
         return np.asarray(codes, np.int8)
     if dtype == BINARY:

@@ -1,14 +1,8 @@
 """Row-chunked arrays with ``done`` flags, and the checked read.
 
-A chunk's data is written before its ``done`` flag; a resumed run recomputes
-only chunks not done. Train rows also keep the progress of a chunk not yet done
-(``rows_done``, :meth:`ChunkedRows.write_partial`): its first rows, written before
-their count, so that a run killed inside a chunk resumes after them. Every chunk carries a CRC32C checksum (:func:`codecs`),
-and a done chunk must still have its file (zarr would read a missing one as
-zeros: :mod:`trakcli.store.integrity`), so a corrupt, truncated or lost chunk
-is reported by :func:`read_checked` with its array, its chunk index and the
-command that repairs it, instead of being read as wrong numbers. Arrays are
-written from numpy, never from torch tensors.
+A chunk's data is written before its ``done`` flag, and train rows keep the progress of a chunk not yet
+done (``rows_done``, :meth:`ChunkedRows.write_partial`). :func:`read_checked` reports a corrupt, truncated or
+lost chunk with its array, its chunk index and the command that repairs it. Arrays are written from numpy.
 """
 
 from __future__ import annotations
@@ -45,6 +39,13 @@ def codecs(compressor: str) -> list[Any]:
 
     base = {"zstd": [ZstdCodec(level=3)], "blosc": [BloscCodec(cname="zstd", clevel=3)], "none": []}[compressor]
     return [*base, Crc32cCodec()]
+
+
+def flag_array(group: Any, name: str, n: int, dtype: str = "uint8", dim: str = "chunk") -> Any:
+    """A new ``[n]`` array of per-chunk flags or counts in ``group``: one chunk per entry (writers of different
+    chunks never share a file), fill value 0, checksummed."""
+    return group.create_array(name, shape=(n,), chunks=(1,), dtype=dtype, fill_value=0, compressors=codecs("none"),
+                              dimension_names=(dim,))
 
 
 @dataclass
@@ -86,36 +87,17 @@ class ChunkedRows:
         return lo, min(lo + self.chunk_rows, self.n_rows)
 
     def flags(self, marked: bool = True) -> np.ndarray:
-        """``[n_chunks]`` uint8 done flags; a flag whose chunk is unreadable counts as not done.
-
-        Such flags are remembered in :attr:`bad_flags` (the chunk is then recomputed,
-        and :meth:`verify` resets the flag).
-
-        Args:
-            marked: trust the done array's :data:`ALL_DONE` mark (:meth:`mark_complete`): when it
-                counts every chunk, no flag is read (one object per chunk: 19,532 reads at 10^7 rows
-                in chunks of 512, each a GET on an object store). False reads every flag.
-        """
+        """``[n_chunks]`` uint8 done flags; an unreadable flag counts as not done (and goes to :attr:`bad_flags`).
+        ``marked``: trust the done array's :data:`ALL_DONE` mark (:meth:`mark_complete`) instead of reading them."""
         n = int(self.done.shape[0])
         if marked and n and self.done.attrs.get(ALL_DONE) == n:
             return np.ones(n, dtype=np.uint8)
         return _flags(self.done, self.bad_flags)
 
     def mark_complete(self, known: bool = False) -> bool:
-        """Record on the done array that every chunk is done (:data:`ALL_DONE`), once every flag reads set.
-
-        Called by one process when a pass has finished (``trak featurize`` on its main rank), so that
-        later passes skip reading the flags. An appended row changes the array's length, which the mark
-        no longer matches; :meth:`verify` and the repair of lost metadata drop it before they clear a flag.
-
-        Args:
-            known: the caller knows every chunk is done without reading the flags again: a single
-                process (under the store's lock) whose pass read every flag and wrote each chunk not
-                done. Under torchrun the other ranks' chunks are not known, so the flags are read.
-
-        Returns:
-            Whether the mark is set.
-        """
+        """Record on the done array that every chunk is done (:data:`ALL_DONE`), once every flag reads set;
+        returns whether the mark is set. ``known``: the caller (a single process whose pass read every flag and
+        wrote each chunk not done) knows it without reading the flags again."""
         n = int(self.done.shape[0])
         if self.done.attrs.get(ALL_DONE) == n:
             return True
@@ -132,12 +114,8 @@ class ChunkedRows:
         drop_all_done(self.done)
 
     def pending(self, rank: int = 0, world_size: int = 1, marked: bool = True) -> list[int]:
-        """Chunks not yet done; with ranks, those of chunk index ≡ rank (mod world_size).
-
-        Args:
-            marked: as :meth:`flags`; a pass that writes the chunks reads every flag (False), so that a
-                flag lost or cleared since the mark still has its chunk computed again.
-        """
+        """Chunks not yet done; with ranks, those of chunk index ≡ rank (mod world_size). ``marked``: as
+        :meth:`flags` (a pass that writes the chunks reads every flag, so that a flag cleared since is seen)."""
         return [int(i) for i in np.flatnonzero(self.flags(marked) == 0) if i % world_size == rank]
 
     def is_complete(self) -> bool:
@@ -148,53 +126,38 @@ class ChunkedRows:
 
         Args:
             chunk: the chunk index.
-            clear_partial: then reset the chunk's ``rows_done`` count to 0 (it had partial rows,
-                :meth:`write_partial`), so that a store equals one whose chunk was never interrupted.
-            **arrays: per array name, the chunk's entries (numpy, any real dtype): cast to
-                the array's dtype, or for a bfloat16 array rounded to bfloat16 bits
-                (:func:`trakcli.store.bfloat16.to_bits`). When the rows have ``codes``
-                (``store.dtype`` int8 or binary) and only ``features`` are given, the codes
-                and scales are derived from the features as stored (rounded to bfloat16:
-                a chunk rewritten from read-back rows gets the same codes,
-                :func:`trakcli.store.quantize.encode`) and written in the same chunk,
-                before the one done flag.
+            clear_partial: then reset the chunk's ``rows_done`` count to 0 (:meth:`write_partial`).
+            **arrays: per array name, the chunk's entries (numpy, any real dtype), cast to the array's dtype
+                (bfloat16 bits for a bfloat16 array). Rows with ``codes`` (int8 or binary stores) given only
+                ``features`` get codes and scales derived from the features as stored (:meth:`_encoded`).
 
         Raises:
-            StoreError: the write failed (disk full, permissions); chunks
-                already done stay done and the run can be resumed.
+            StoreError: the write failed (disk full, permissions); chunks already done stay done.
         """
         lo, hi = self.rows(chunk)
         encoded = self._encoded(arrays)  # before any write
         try:
             for name, arr in encoded.items():
-                sel = (slice(None),) * self.axis + (slice(lo, hi),)
-                self.data[name][sel] = arr
+                self.data[name][(slice(None),) * self.axis + (slice(lo, hi),)] = arr
             self.done[chunk] = 1
             if clear_partial and self.progress is not None:
                 self.progress[chunk] = 0  # after the flag: a done chunk never reads its count
         except OSError as e:
-            settle()
-            raise StoreError(
-                f"writing chunk {chunk} ({lo}:{hi}) of {self.path} failed: {e}; "
-                "chunks written before are kept: free disk space or fix permissions, then rerun the same "
-                "command to resume"
-            ) from None
+            raise _write_failed(f"chunk {chunk} ({lo}:{hi}) of {self.path}", e, "chunks") from None
 
     def _encoded(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """``arrays`` as written (:meth:`write`): derived codes added, each cast to its array."""
-        if "codes" in self.data and "features" in arrays and "codes" not in arrays:  # int8 / binary store
-            # the codes of the stored (bfloat16) features: the same whether a row is computed or read back
+        """``arrays`` as written (:meth:`write`): each cast to its array, and in an int8 / binary store the codes of
+        the features as stored (rounded to bfloat16: the same whether a row is computed or read back) added."""
+        if "codes" in self.data and "features" in arrays and "codes" not in arrays:
             stored = round_to_bfloat16(arrays["features"]) if is_bfloat16(self.data["features"]) else arrays["features"]
             arrays = {**arrays, **encode(self.code_dtype, stored)}
-        return {name: _encode(self.data[name], arr) for name, arr in arrays.items()}
+        return {name: to_bits(arr) if is_bfloat16(self.data[name]) else
+                np.ascontiguousarray(arr, dtype=self.data[name].dtype) for name, arr in arrays.items()}
 
     def partial(self, chunks: Sequence[int]) -> dict[int, int]:
         """``{chunk: rows}``: of the chunks ``chunks`` (not done), those whose first ``rows`` rows are written
         (:meth:`write_partial`); a chunk without any, or whose count is unreadable or out of range, is left out.
-
-        The rows themselves are not read here: the caller reads them back, checked
-        (:meth:`read`), and computes the whole chunk if they are damaged.
-        """
+        The rows are not read here (the caller reads them back, checked)."""
         if self.progress is None or not len(chunks):
             return {}
         n_chunks = int(self.progress.shape[0])
@@ -213,42 +176,28 @@ class ChunkedRows:
         return out
 
     def write_partial(self, chunk: int, n: int, **arrays: np.ndarray) -> None:
-        """Write the first ``n`` rows of a chunk not done, then record ``n`` in its ``rows_done`` count.
+        """Write the first ``n`` rows (``0 < n <=`` the chunk's rows) of a chunk not done, then record ``n`` in its
+        ``rows_done`` count; the chunk stays not done (a resumed run computes only the others, :meth:`partial`).
 
-        The chunk stays not done: a resumed run reads these rows back and computes only the
-        others (:meth:`partial`), then writes the chunk whole and its ``done`` flag (:meth:`write`).
-        The whole chunk is written, its rows from ``n`` on as zeros, so that zarr never has to
-        read back (and decode) an older, possibly damaged, file of the chunk. Rows only (axis 0).
-
-        Args:
-            chunk: the chunk index.
-            n: rows written, ``0 < n <= `` the chunk's rows.
-            **arrays: per array name, the chunk's entries (as :meth:`write`; at least the first ``n`` rows
-                filled, the rest are not read).
-
-        Raises:
-            StoreError: the write failed (the count is then not recorded: the rows are computed again).
+        The whole chunk is written, its rows from ``n`` on as zeros (``arrays`` as :meth:`write`, only their
+        first ``n`` rows read), so that zarr never reads back an older, possibly damaged, file of the chunk.
+        Rows only (axis 0). A failed write raises StoreError (the count is then not recorded).
         """
         if self.progress is None or self.axis != 0:
             return
         lo, hi = self.rows(chunk)
         head = {}
         for name, arr in arrays.items():
-            part = np.zeros_like(arr)
-            part[:n] = arr[:n]
-            head[name] = part
+            head[name] = np.zeros_like(arr)
+            head[name][:n] = arr[:n]
         encoded = self._encoded(head)
         try:
             for name, arr in encoded.items():
                 self.data[name][lo:hi] = arr
             self.progress[chunk] = n  # after the rows it counts
         except OSError as e:
-            settle()
-            raise StoreError(
-                f"writing the first {n} rows of chunk {chunk} ({lo}:{hi}) of {self.path} failed: {e}; "
-                "chunks written before are kept: free disk space or fix permissions, then rerun the same "
-                "command to resume"
-            ) from None
+            raise _write_failed(f"the first {n} rows of chunk {chunk} ({lo}:{hi}) of {self.path}", e,
+                                "chunks") from None
 
     @property
     def code_dtype(self) -> str | None:
@@ -258,7 +207,7 @@ class ChunkedRows:
         return INT8 if np.dtype(self.data["codes"].dtype) == np.int8 else BINARY
 
     def set_attrs(self, name: str, **attrs: Any) -> None:
-        """Record JSON-able ``attrs`` on array ``name`` (e.g. the recall of a two-stage top-k)."""
+        """Record JSON-able ``attrs`` on array ``name``."""
         self.data[name].attrs.update(attrs)
 
     def attrs(self, name: str) -> dict[str, Any]:
@@ -266,27 +215,16 @@ class ChunkedRows:
         return dict(self.data[name].attrs)
 
     def as_stored(self, name: str, arr: np.ndarray) -> np.ndarray:
-        """``arr`` as :meth:`read` returns it once :meth:`write` has stored it in array ``name``.
-
-        float16 arrays give float16, bfloat16 arrays float32 values rounded to bfloat16,
-        others ``arr`` cast to the array's dtype (no copy when it has it already).
-        """
+        """``arr`` as :meth:`read` returns it once :meth:`write` has stored it in array ``name`` (bfloat16: float32
+        values rounded to bfloat16; else cast to the array's dtype, no copy when it has it already)."""
         target = self.data[name]
         if is_bfloat16(target):
             return round_to_bfloat16(arr)
         return np.asarray(arr).astype(target.dtype, copy=False)
 
     def read(self, name: str, lo: int, hi: int) -> np.ndarray:
-        """Entries ``[lo, hi)`` along the chunk axis of array ``name`` (chunk files present, checksums verified).
-
-        Returns:
-            The entries in the array's dtype; float32 for a bfloat16 array
-            (:mod:`trakcli.store.bfloat16`).
-
-        Raises:
-            StoreCorruptError: a chunk is missing, fails its
-                checksum or cannot be decoded; names the chunk and the command that repairs it.
-        """
+        """Entries ``[lo, hi)`` along the chunk axis of array ``name``, in its dtype (float32 for bfloat16), every
+        chunk's file and checksum checked (StoreCorruptError naming the chunk and its repair: :func:`read_checked`)."""
         sel = (slice(None),) * self.axis + (slice(lo, hi),)
         return read_checked(self.data[name], sel, self.axis)
 
@@ -294,17 +232,14 @@ class ChunkedRows:
     DIRECT_SLOTS = 8
 
     def read_direct(self, name: str, lo: int, hi: int, *, raw: bool = False, slot: int | None = None) -> np.ndarray:
-        """Entries ``[lo, hi)`` (whole chunks) of array ``name``, checked: straight from the chunk files where the
-        store keeps them so (:mod:`trakcli.store.chunkread`: a local store, uncompressed or zstd; one reader per
-        thread), else as :meth:`read`.
+        """Entries ``[lo, hi)`` (whole chunks) of array ``name``, checked as :meth:`read`: straight from the chunk
+        files where the store keeps them so (:mod:`trakcli.store.chunkread`, one reader per thread), else as
+        :meth:`read`.
 
         Args:
             raw: a bfloat16 array gives its stored uint16 bits (through zarr: decoded, float32).
-            slot: read the chunk files into this array's reused buffer ``slot mod DIRECT_SLOTS`` (a fresh buffer
-                costs a page fault per 4 KiB each time); the result is valid until a later read reuses the slot.
-
-        Raises:
-            StoreCorruptError: a chunk is missing or fails its checksum (naming the chunk and the repair command).
+            slot: read into this array's reused buffer ``slot mod DIRECT_SLOTS`` (valid until a later read reuses
+                the slot) instead of a fresh one.
         """
         local = self.__dict__.setdefault("_direct", threading.local())
         files = local.__dict__.setdefault("files", {})
@@ -332,12 +267,8 @@ class ChunkedRows:
         return chunk_files(self.data[name]) is not None
 
     def take(self, name: str, indices: Sequence[int]) -> np.ndarray:
-        """Entries ``indices`` (any order, repeats allowed) along the chunk axis of array ``name``, each chunk
-        that holds one of them read once (checked as :meth:`read`).
-
-        Returns:
-            The entries in the order of ``indices`` along the chunk axis, in the array's dtype (float32 for bfloat16).
-        """
+        """Entries ``indices`` (any order, repeats allowed, returned in that order) along the chunk axis of array
+        ``name``, each chunk that holds one of them read once (checked as :meth:`read`)."""
         idx = np.asarray(list(indices), dtype=np.int64)
         chunks = np.unique(idx // self.chunk_rows)
         if not len(chunks):
@@ -356,18 +287,9 @@ class ChunkedRows:
     def damaged(
         self, read: bool = True, names: list[str] | None = None, flags: np.ndarray | None = None
     ) -> dict[str, list[int]]:
-        """Per array (and ``done``), the done chunks that are damaged.
-
-        Args:
-            read: read every done chunk (missing files and failed checksums); False
-                only asks the store which chunk files exist (cheap: nothing is read).
-            names: the arrays to check (default: all of :attr:`data`).
-            flags: the :meth:`flags` the caller has just read (read again if None).
-
-        Returns:
-            ``{array name: [chunk, ...]}`` of the arrays with damaged chunks; ``"done"``
-            lists the chunks whose flag is unreadable.
-        """
+        """``{array name: [chunk, ...]}``: the done chunks of ``names`` (default: every array) that are damaged, and
+        under ``"done"`` the unreadable flags. ``read``: read every done chunk (checksums), else only ask which
+        chunk files exist; ``flags``: the :meth:`flags` the caller has just read."""
         flags = self.flags(marked=False) if flags is None else flags
         out: dict[str, list[int]] = {"done": sorted(self.bad_flags)} if self.bad_flags else {}
         for name in names or list(self.data):
@@ -390,11 +312,8 @@ class ChunkedRows:
         return sorted({c for bad in self.damaged(True, names).values() for c in bad})
 
     def verify(self, names: list[str] | None = None) -> list[int]:
-        """Reset the done flag of every chunk that is missing, fails its checksum, or whose flag is unreadable.
-
-        Returns:
-            Those chunks (they are pending now; the caller recomputes them).
-        """
+        """Reset the done flag of every chunk that is missing, fails its checksum, or whose flag is unreadable;
+        returns those chunks (pending now)."""
         self.unmark()  # the flags are read and checked, not taken from the mark
         bad = self.check(names)
         for c in bad:
@@ -407,17 +326,17 @@ class ChunkedRows:
 ALL_DONE = "all_done"
 
 
+def _write_failed(what: str, e: OSError, kept: str) -> StoreError:
+    """The error of a failed write of ``what`` (once zarr's other chunk writes have settled)."""
+    settle()
+    return StoreError(f"writing {what} failed: {e}; {kept} written before are kept: free disk space or fix "
+                      "permissions, then rerun the same command to resume")
+
+
 def drop_all_done(done: Any) -> None:
     """Remove :data:`ALL_DONE` from the zarr array ``done``, if it has it (before any of its flags is cleared)."""
     if ALL_DONE in done.attrs:
         del done.attrs[ALL_DONE]
-
-
-def _encode(arr: Any, values: np.ndarray) -> np.ndarray:
-    """``values`` as stored in the zarr array ``arr``: bfloat16 bits for a bfloat16 array, else cast to its dtype."""
-    if is_bfloat16(arr):
-        return to_bits(values)
-    return np.ascontiguousarray(values, dtype=arr.dtype)
 
 
 def _count(arr: Any, c: int) -> int:
@@ -456,21 +375,17 @@ def _flags(done: Any, bad: set[int]) -> np.ndarray:
 
 
 def read_checked(arr: Any, sel: Any, axis: int = 0, *, stored: bool = True) -> np.ndarray:
-    """``arr[sel]`` as numpy, every chunk's checksum verified (and, if ``stored``, its file present).
-
-    A bfloat16 array (:mod:`trakcli.store.bfloat16`) is decoded: the result is float32.
+    """``arr[sel]`` (a zarr array; a slice or a tuple of slices) as numpy, every chunk's checksum verified; a
+    bfloat16 array is decoded to float32.
 
     Args:
-        arr: a zarr array.
-        sel: the selection (a slice, or a tuple of slices).
         axis: the axis along which chunks are counted (in the message and ``StoreCorruptError.chunks``).
-        stored: every chunk of the selection must have a file (a done chunk,
-            or a finished array); False for ``done`` flags, whose missing chunks
-            legitimately read as the fill value (a flag not set).
+        stored: every chunk of the selection must have a file (a done chunk, or a finished array); False for
+            flags, whose missing chunks legitimately read as the fill value (a flag not set).
 
     Raises:
-        StoreCorruptError: a chunk is missing, fails its checksum or cannot be decoded (names
-            the array, the chunk, and the command that repairs it: :func:`repair_command`).
+        StoreCorruptError: a chunk is missing, fails its checksum or cannot be decoded (names the array, the
+            chunk, and the command that repairs it: :func:`repair_command`).
     """
     def where(coords: tuple[int, ...]) -> str:
         grid = [-(-int(n) // int(c)) for n, c in zip(arr.shape, arr.chunks)]
@@ -513,10 +428,7 @@ def read_checked(arr: Any, sel: Any, axis: int = 0, *, stored: bool = True) -> n
 
 @dataclass
 class EvalRows:
-    """The ``eval/`` group: one row per retrained model, with a ``done`` flag per row.
-
-    Each row is its own chunk, so writing model k's row never touches another
-    model's data, and a row torn by a kill has no ``done`` flag.
+    """The ``eval/`` group: one row per retrained model, each its own chunk, with a ``done`` flag per row.
 
     Attributes:
         masks: zarr array ``[n_subsets, n_train]`` bool.
@@ -552,11 +464,7 @@ class EvalRows:
             self.outputs[k] = np.ascontiguousarray(outputs, dtype=np.float64)
             self.done[k] = 1
         except OSError as e:
-            settle()
-            raise StoreError(
-                f"writing row {k} of {self.masks.path} failed: {e}; rows written before are kept: free disk "
-                "space or fix permissions, then rerun the same command to resume"
-            ) from None
+            raise _write_failed(f"row {k} of {self.masks.path}", e, "rows") from None
 
     def verify(self) -> list[int]:
         """Reset the done flag of every done row that is missing or fails its checksum; returns those rows."""

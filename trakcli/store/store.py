@@ -1,16 +1,8 @@
-"""The :class:`Store`: opening, creating and checking a trakcli Zarr store, its arrays, and reading them.
+"""The :class:`Store`: opening, creating and checking a trakcli Zarr store and its arrays.
 
-An array is *finished* when every chunk of it is done: the ``done`` flags of
-its group (train and target features, scores, ``eval/``) are all set, or, for
-a kernel, its attributes (written last) are there. Reading or exporting an
-unfinished array refuses and names the missing chunks and the command that
-computes them; a finished array is read with every chunk's file and checksum
-checked (:func:`trakcli.store.rows.read_checked`).
-
-What is derived from a store is in functions over it: the kernel
-(:mod:`trakcli.store.kernel`), the ``eval/`` group (:mod:`trakcli.store.evalgroup`)
-and ``trak inspect``'s summary (:mod:`trakcli.store.summary`). Layout and rules:
-see the package docstring (:mod:`trakcli.store`).
+An array is *finished* when every ``done`` flag of its group is set (a kernel: when its attributes, written
+last, are there); its checked reads are :class:`~trakcli.store.finished.FinishedArrays`. Layout and rules: the
+package docstring (:mod:`trakcli.store`).
 """
 
 from __future__ import annotations
@@ -38,7 +30,10 @@ from trakcli.store.layout import LAYOUT_ATTR, StoreLayout
 from trakcli.store.location import (
     Location, check_reachable, entries, holds_objects, is_remote, store_location, zarr_store,
 )
-from trakcli.store.rows import ChunkedRows, codecs
+from trakcli.store.rows import ChunkedRows, codecs, flag_array
+
+#: An array of a group: (shape, zarr dtype, chunk shape, dimension names).
+Spec = tuple[tuple[int, ...], str, tuple[int, ...], tuple[str, ...]]
 
 SCHEMA_VERSION = 2
 """The store layout this trakcli reads and writes; a store of any other version is refused (:func:`schema_refusal`)."""
@@ -48,17 +43,6 @@ def schema_refusal(path: Path, version: Any) -> str:
     """The one message refusing a store of another schema version: re-featurize it."""
     return (f"store {path} has schema_version {version!r}, this trakcli ({__version__}) reads schema_version "
             f"{SCHEMA_VERSION}; re-featurize it: `trak featurize CONFIG --overwrite`")
-
-
-def _open_group(path: Location, mode: str) -> Any:
-    """``zarr.open_group`` of the Zarr v3 store at ``path`` (a local directory or an object store URL).
-
-    zarr is imported here, on the first open: importing this module (e.g. for
-    :meth:`Store.prepare_parent`) does not import it.
-    """
-    import zarr
-
-    return zarr.open_group(store=zarr_store(path, read_only=mode == "r"), mode=mode, zarr_format=3)
 
 
 def _bare_root(path: Location) -> bool:
@@ -79,6 +63,15 @@ def _missing(what: str, distributed: bool = False) -> str:
             "re-creates it and recomputes only chunks whose files are lost"
             + ("; rank 0 creates it before the other ranks read it: every rank must see the same store.path"
                if distributed else ""))
+
+
+def _headless(path: Location) -> StoreError:
+    """The error for a store directory holding store groups but no root ``zarr.json``."""
+    return StoreError(
+        f"{path} holds store groups ({', '.join(sorted(entries(path)))}) but no root metadata (zarr.json): a store "
+        "whose creation or deletion was interrupted; rerun `trak featurize CONFIG --overwrite` to start over"
+    )
+
 
 def _with_fix(head: str, fix: str | Fix) -> StoreMismatchError:
     """A :class:`StoreMismatchError` saying ``head`` then ``fix`` (a sentence, or a :class:`Fix`)."""
@@ -171,6 +164,7 @@ class Store(FinishedArrays):
         """
         path = store_location(path)
         identity = jsonable(identity)
+        attrs = {"identity": identity, "config": jsonable(config), LAYOUT_ATTR: layout.to_attrs()}
         if create:
             remove_leftovers(path)
             if _bare_root(path):  # a root created without its attributes (and nothing else): never a store
@@ -185,9 +179,7 @@ class Store(FinishedArrays):
             if old is None and create and "train" not in store.root:
                 # made by `trak eval` (retraining only): this run gives it its identity
                 try:
-                    store.root.attrs.update(
-                        {"identity": identity, "config": jsonable(config), LAYOUT_ATTR: layout.to_attrs()}
-                    )
+                    store.root.attrs.update(attrs)
                 except OSError as e:
                     raise StoreError(f"cannot write the attributes of {path}: {e}") from None
                 return store
@@ -201,25 +193,16 @@ class Store(FinishedArrays):
             return store
         if not create:
             raise StoreError(f"no trakcli store at {path}")
-        store = cls._create_root(
-            path, {"identity": identity, "config": jsonable(config), LAYOUT_ATTR: layout.to_attrs()}
-        )
+        store = cls._create_root(path, attrs)
         store._layout = layout
         return store
 
     @classmethod
     def _create_root(cls, path: Location, attrs: dict[str, Any]) -> "Store":
-        """Create a new store at ``path`` (absent or an empty directory) with ``attrs`` plus version and date.
-
-        Raises:
-            StoreError: ``path`` holds something else, or cannot be created.
-        """
+        """Create a new store at ``path`` (absent or an empty directory; else StoreError) with ``attrs``, version
+        and date."""
         if headless_store(path):
-            raise StoreError(
-                f"{path} holds store groups ({', '.join(sorted(entries(path)))}) but no root "
-                "metadata (zarr.json): a store whose creation or deletion was interrupted; rerun "
-                "`trak featurize CONFIG --overwrite` to start over"
-            )
+            raise _headless(path)
         if holds_objects(path):
             raise StoreError(f"{path} exists and is not a trakcli store; choose another store path or remove it")
         cls.prepare_parent(path)
@@ -265,13 +248,12 @@ class Store(FinishedArrays):
         path = store_location(path)
         if not (path / "zarr.json").exists():
             if headless_store(path):
-                raise StoreError(
-                    f"{path} holds store groups but no root metadata (zarr.json): a store whose creation or deletion "
-                    "was interrupted; rerun `trak featurize CONFIG --overwrite` to start over"
-                )
+                raise _headless(path)
             raise StoreError(f"no trakcli store at {path}; run `trak featurize CONFIG` first")
         try:
-            group = _open_group(path, mode)
+            import zarr  # on the first open: importing this module does not import zarr
+
+            group = zarr.open_group(store=zarr_store(path, read_only=mode == "r"), mode=mode, zarr_format=3)
         except Exception as e:  # noqa: BLE001 - a garbage zarr.json raises JSON, value or key errors
             raise StoreMetadataError(
                 f"cannot open the store at {path}: its metadata {path}/zarr.json is unreadable "
@@ -314,16 +296,9 @@ class Store(FinishedArrays):
     # -- arrays ---------------------------------------------------------------
 
     def _node(self, path: str, repair: bool = False) -> Any | None:
-        """The array or group at ``path`` (None if absent).
-
-        With ``repair``, an unreadable ``zarr.json`` on the way is deleted
-        (:func:`repair_scope`: only the file, keeping the chunks, or the whole
-        node when it holds records that cannot be re-derived), noted in
-        :attr:`notes`, and the node reads as absent so that the caller re-creates it.
-
-        Raises:
-            StoreMetadataError: an unreadable ``zarr.json`` (without ``repair``).
-        """
+        """The array or group at ``path`` (None if absent); an unreadable ``zarr.json`` on the way raises
+        StoreMetadataError, or with ``repair`` is deleted (with the node, :func:`repair_scope`) and noted, and the
+        node reads as absent so that the caller re-creates it."""
         for _ in range(path.count("/") + 2):
             try:
                 return node(self.root, path)
@@ -339,21 +314,14 @@ class Store(FinishedArrays):
         return node(self.root, path)
 
     def _arrays(
-        self,
-        group: Any,
-        shape_of: dict[str, tuple[tuple[int, ...], str]],
-        chunks_of: dict[str, tuple[int, ...]],
-        n_chunks: int,
-        create: bool,
-        repair: bool = False,
-        dims_of: dict[str, tuple[str, ...]] | None = None,
+        self, group: Any, arrays: dict[str, Spec], n_chunks: int, create: bool, repair: bool = False,
         compressors: dict[str, str] | None = None,
     ) -> tuple[dict[str, Any], Any]:
-        """The arrays ``shape_of`` of ``group`` and its ``done`` flags (created when absent and ``create``), each
-        compressed with the store's compressor unless ``compressors`` names another for it."""
+        """The ``arrays`` (name -> shape, dtype, chunks, dimension names) of ``group`` and its ``done`` flags (created
+        when absent and ``create``), each compressed with the store's compressor unless ``compressors`` names another."""
         data = {}
         recreated = []  # arrays created now beside an existing done array: their done chunks must be checked
-        for name, (shape, dtype) in shape_of.items():
+        for name, (shape, dtype, chunks, dims) in arrays.items():
             noted = len(self.notes)
             arr = self._node(f"{group.path}/{name}", repair and create)
             if arr is None and create and len(self.notes) == noted:
@@ -372,43 +340,29 @@ class Store(FinishedArrays):
                     )
             elif create:
                 arr = group.create_array(
-                    name, shape=shape, chunks=chunks_of[name], dtype=storage_dtype(dtype), fill_value=0,
+                    name, shape=shape, chunks=chunks, dtype=storage_dtype(dtype), fill_value=0,
                     compressors=codecs((compressors or {}).get(name, self.layout.compressor)),
-                    dimension_names=(dims_of or {}).get(name), attributes=array_attrs(dtype),
+                    dimension_names=dims, attributes=array_attrs(dtype),
                 )
             else:
                 raise StoreError(_missing(f"store array {group.path}/{name}", self.distributed))
             data[name] = writable(arr)
         done = self._node(f"{group.path}/done", repair and create)
         if done is None and create:
-            from zarr.codecs import Crc32cCodec
-
-            done = group.create_array("done", shape=(n_chunks,), chunks=(1,), dtype="uint8", fill_value=0,
-                                      compressors=[Crc32cCodec()], dimension_names=("chunk",))
+            done = flag_array(group, "done", n_chunks)
         elif done is None:
             raise StoreError(_missing(f"store array {group.path}/done", self.distributed))
         elif recreated:
-            self._recheck(group.path, {n: writable(data[n]) for n in recreated}, done, chunks_of, shape_of)
+            self._recheck(group.path, {n: data[n] for n in recreated}, done, arrays[recreated[0]])
         return data, done
 
-    def _recheck(
-        self, group: str, arrays: dict[str, Any], done: Any, chunks_of: dict[str, tuple[int, ...]],
-        shape_of: dict[str, tuple[tuple[int, ...], str]],
-    ) -> None:
-        """Clear the done flags of chunks whose files are missing from arrays whose metadata was lost and re-created.
-
-        A missing ``zarr.json`` (or a whole missing array) beside set done flags: the
-        array was re-created with the same shape and codecs over whatever chunk files
-        remain; every done chunk without its file in any of them is computed again. A
-        note names each such array.
-        """
-        from trakcli.store.rows import ChunkedRows
-
+    def _recheck(self, group: str, arrays: dict[str, Any], done: Any, first: Spec) -> None:
+        """Clear the done flags of chunks whose files are missing from ``arrays``, re-created (same shape and codecs,
+        ``first`` the spec of the first) over their chunk files after their metadata was lost; a note names each."""
         if not done.shape[0]:
             return
-        first = next(iter(arrays))
-        axis = 1 if group.startswith("scores/") and first == "scores" else 0
-        rows = ChunkedRows(arrays, done, chunks_of[first][axis], shape_of[first][0][axis], axis)
+        axis = 1 if group.startswith("scores/") and next(iter(arrays)) == "scores" else 0
+        rows = ChunkedRows(arrays, done, first[2][axis], first[0][axis], axis)
         flags = rows.flags(marked=False)
         if not flags.any():
             return
@@ -424,14 +378,8 @@ class Store(FinishedArrays):
             )
 
     def _group(self, name: str, create: bool = True, repair: bool = False, attrs: dict[str, Any] | None = None) -> Any:
-        """The group at ``name``; if absent and ``create``, created with ``attrs`` in the same (atomic) metadata write.
-
-        A directory left at ``name`` without the group's metadata, whose records cannot be
-        re-derived (:func:`repair_scope` ``"node"``), is deleted first and noted.
-
-        Raises:
-            StoreError: absent and not ``create``; the store cannot be written.
-        """
+        """The group at ``name``; if absent and ``create``, created with ``attrs`` in the same (atomic) metadata write
+        (a leftover directory whose records cannot be re-derived deleted first); else StoreError."""
         group = self._node(name, repair and create)
         if group is not None:
             return group
@@ -491,7 +439,9 @@ class Store(FinishedArrays):
                     f"model_id {model_id}: no features were computed from {group.attrs.get('checkpoint')} "
                     f"(sha256 {old[:12]}); it now takes {checkpoint} (sha256 {sha256[:12]})"
                 )
-                self._clear_partial(f"train/{model_id}")  # rows of the old checkpoint: before it is rebound
+                progress = self._node(f"train/{model_id}/rows_done")  # rows of the old checkpoint: before it is rebound
+                if progress is not None and progress.shape[0]:
+                    progress[:] = np.zeros(progress.shape[0], dtype=np.int32)
                 old = None
             if old is None and create:
                 group.attrs.update(record)
@@ -519,57 +469,31 @@ class Store(FinishedArrays):
             # (trakcli.store.chunkread), so that their reading costs the processor no decompression beside the
             # scan's products (a float copy of an earlier layout may be compressed: a repair keeps it so)
             plain = {"features": "none", "codes": "none"}
-        data, done = self._arrays(
-            group,
-            {
-                "features": ((n_train, proj_dim), feature_dtype(layout.dtype)),
-                "out_to_loss": ((n_train,), "float32"),
-                "nonfinite": ((n_train,), "uint8"),
-                **codes,  # int8 / binary stores: codes and scales, same chunks and done flag (trakcli.store.quantize)
-            },
-            {"features": (rows, proj_dim), "out_to_loss": (rows,), "nonfinite": (rows,),
-             **{name: (rows, *shape[1:]) for name, (shape, _) in codes.items()}},
-            -(-n_train // rows),
-            create,
-            repair,
-            {"features": ("train", "proj"), "out_to_loss": ("train",), "nonfinite": ("train",),
-             "codes": ("train", "code"), "scale": ("train",)},
-            compressors=plain,
-        )
+        arrays: dict[str, Spec] = {
+            "features": ((n_train, proj_dim), feature_dtype(layout.dtype), (rows, proj_dim), ("train", "proj")),
+            "out_to_loss": ((n_train,), "float32", (rows,), ("train",)),
+            "nonfinite": ((n_train,), "uint8", (rows,), ("train",)),
+        }
+        for name, (shape, dtype) in codes.items():  # int8 / binary stores: codes and scales (trakcli.store.quantize)
+            arrays[name] = (shape, dtype, (rows, *shape[1:]), ("train", "code")[:len(shape)])
+        data, done = self._arrays(group, arrays, -(-n_train // rows), create, repair, compressors=plain)
         progress = self._rows_done(group, done.shape[0], create, repair)
         return ChunkedRows(data, done, rows, n_train, progress=progress)
 
     def _rows_done(self, group: Any, n_chunks: int, create: bool, repair: bool) -> Any | None:
-        """The ``rows_done`` counts of a train group (:meth:`ChunkedRows.write_partial`), created when absent and
-        ``create`` (a store made before them gains them); None when absent and not ``create`` (no partial progress).
-
-        ``[n_chunks]`` int32, one count per chunk file like ``done`` (torchrun ranks write disjoint chunks); a
-        count of 0 is not stored (zarr skips a chunk equal to the fill value), so an uninterrupted run leaves
-        no file.
-        """
+        """The ``[n_chunks]`` int32 ``rows_done`` counts of a train group (:meth:`ChunkedRows.write_partial`), created
+        when absent and ``create``; None when absent and not ``create`` (no partial progress)."""
         arr = self._node(f"{group.path}/rows_done", repair and create)
         if arr is None and create:
-            from zarr.codecs import Crc32cCodec
-
-            arr = group.create_array("rows_done", shape=(n_chunks,), chunks=(1,), dtype="int32", fill_value=0,
-                                     compressors=[Crc32cCodec()], dimension_names=("chunk",))
+            arr = flag_array(group, "rows_done", n_chunks, "int32")
         if arr is not None and tuple(arr.shape) != (n_chunks,):  # an append resized done and not this yet
             if not create:
                 return None
             arr.resize((n_chunks,))
         return arr
 
-    def _clear_partial(self, path: str) -> None:
-        """Set every ``rows_done`` count of the train group ``path`` to 0 (its rows are not to be read back)."""
-        arr = self._node(f"{path}/rows_done")
-        if arr is not None and arr.shape[0]:
-            arr[:] = np.zeros(arr.shape[0], dtype=np.int32)
-
     def _nothing_done(self, group: str) -> bool:
-        """Whether no chunk of ``group`` is done (no ``done`` array, or every flag 0) and it has no kernel.
-
-        Rows of a chunk not done (``rows_done``) do not count: a checkpoint rebound to the group clears them first.
-        """
+        """Whether no chunk of ``group`` is done (no ``done`` array, or every flag 0) and it has no kernel."""
         done = self._node(f"{group}/done")
         if self._node(f"{group}/kernel") is not None:
             return False
@@ -598,10 +522,9 @@ class Store(FinishedArrays):
         proj_dim, rows = layout.proj_dim, layout.chunk_rows
         self._experiment_group("targets", experiment, attrs, create, repair)
         group = self._group(f"targets/{experiment}/{model_id}", create, repair)
-        data, done = self._arrays(
-            group, {"features": ((n_target, proj_dim), feature_dtype(layout.dtype))},
-            {"features": (min(rows, n_target), proj_dim)},  # fewer targets than a chunk: no padded partial chunk
-            -(-n_target // rows), create, repair, {"features": ("target", "proj")},
+        data, done = self._arrays(  # fewer targets than a chunk: no padded partial chunk
+            group, {"features": ((n_target, proj_dim), feature_dtype(layout.dtype), (min(rows, n_target), proj_dim),
+                                 ("target", "proj"))}, -(-n_target // rows), create, repair,
         )
         return ChunkedRows(data, done, rows, n_target)
 
@@ -617,8 +540,8 @@ class Store(FinishedArrays):
         group = self._experiment_group("scores", experiment, settings, create, repair)
         t_rows = min(n_target, max(1, (8 << 20) // (4 * cols)))  # ~8 MB chunks
         data, done = self._arrays(
-            group, {"scores": ((n_target, n_train), "float32")}, {"scores": (t_rows, cols)},
-            -(-n_train // cols), create, repair, {"scores": ("target", "train")},
+            group, {"scores": ((n_target, n_train), "float32", (t_rows, cols), ("target", "train"))},
+            -(-n_train // cols), create, repair,
         )
         return ChunkedRows(data, done, cols, n_train, axis=1)
 
@@ -631,7 +554,7 @@ class Store(FinishedArrays):
         self._experiment_group("scores", experiment, settings, create, repair)
 
     def sized_rows(
-        self, name: str, sizes: dict[str, int], arrays: dict[str, tuple[tuple[int, ...], str, tuple[int, ...], tuple[str, ...]]],
+        self, name: str, sizes: dict[str, int], arrays: dict[str, Spec],
         n_rows: int, chunk_rows: int, create: bool = True, repair: bool = False,
     ) -> ChunkedRows:
         """Arrays of the derived group ``name`` chunked along their first axis, with a done flag per chunk (each job
@@ -646,22 +569,14 @@ class Store(FinishedArrays):
         Raises:
             StoreMismatchError: the stored group has other ``sizes`` (names ``--overwrite``).
         """
-        group = self._sized_group(name, sizes, create, repair)
-        data, done = self._arrays(
-            group, {a: (shape, dtype) for a, (shape, dtype, _, _) in arrays.items()},
-            {a: chunks for a, (_, _, chunks, _) in arrays.items()}, -(-n_rows // chunk_rows), create, repair,
-            {a: dims for a, (_, _, _, dims) in arrays.items()},
-        )
-        return ChunkedRows(data, done, chunk_rows, n_rows)
-
-    def _sized_group(self, name: str, attrs: dict[str, int], create: bool, repair: bool) -> Any:
-        """A derived group (:meth:`sized_rows`), its sizes ``attrs`` recorded or checked."""
         group = self._node(name, repair and create)
         if group is not None:
-            check_same(f"{name} in {self.path}", {a: group.attrs.get(a) for a in attrs}, attrs,
+            check_same(f"{name} in {self.path}", {a: group.attrs.get(a) for a in sizes}, sizes,
                        Fix("recompute_scores", store=str(self.path)))
-            return group
-        return self._group(name, create, attrs=attrs)
+        else:
+            group = self._group(name, create, attrs=sizes)
+        data, done = self._arrays(group, arrays, -(-n_rows // chunk_rows), create, repair)
+        return ChunkedRows(data, done, chunk_rows, n_rows)
 
     def _experiment_group(self, kind: str, experiment: str, attrs: dict[str, Any], create: bool, repair: bool) -> Any:
         name = f"{kind}/{experiment}"

@@ -6,9 +6,6 @@ or, with ``verify``, that fails its checksum (every done chunk of every array
 is read) is reported under ``corrupt`` with the command that repairs it. An
 array or group whose ``zarr.json`` is unreadable is reported the same way
 instead of stopping the inspection.
-
-The :class:`~trakcli.store.store.Store` methods ``summary`` and
-``eval_summary`` call these functions.
 """
 
 from __future__ import annotations
@@ -17,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from trakcli.store.append import APPENDS_ATTR, STALE_ATTR, stale_message
+from trakcli.store.append import APPENDS_ATTR, STALE_ATTR, stale_error
 from trakcli.store.integrity import StoreCorruptError, child_names, missing_chunks, node, repair_command
 from trakcli.store.location import disk_usage
 from trakcli.store.rows import ChunkedRows, read_checked
@@ -26,23 +23,15 @@ if TYPE_CHECKING:
     from trakcli.store.store import Store
 
 
-def eval_summary(
-    store: "Store", verify: bool = False, corrupt: list[dict[str, Any]] | None = None
-) -> dict[str, Any] | None:
-    """The ``eval/`` group's identity and progress (None if absent), as plain data.
-
-    Args:
-        verify: read every done row (checksums); else only check that their chunk files exist.
-        corrupt: where damaged arrays are appended (see :func:`summary`).
-    """
-    corrupt = [] if corrupt is None else corrupt
+def eval_summary(store: "Store", verify: bool, corrupt: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The ``eval/`` group's identity and progress (None if absent); damage is appended to ``corrupt``."""
     try:
         group = node(store.root, "eval")
         if group is None:
             return None
         rows = _rows(store, "eval", ["masks", "outputs"], 0)
     except StoreCorruptError as e:
-        corrupt.append(_entry(e.array, e.chunks, str(e)))
+        corrupt.append(_entry(e))
         return {"identity": None, "n_subsets": 0, "done": 0, "bytes_on_disk": disk_usage(store.path / "eval")}
     ok = _intact(rows, "eval", verify, corrupt)
     return {
@@ -70,14 +59,13 @@ def summary(store: "Store", verify: bool = False) -> dict[str, Any]:
         ``verified`` (= ``verify``) and ``corrupt``: one entry per damaged array,
         ``{"array", "chunks", "message", "repair"}``.
     """
-    ident = store.identity
     corrupt: list[dict[str, Any]] = []
     out: dict[str, Any] = {
         "store": str(store.path),
         "schema_version": store.root.attrs.get("schema_version"),
         "trakcli_version": store.root.attrs.get("trakcli_version"),
         "created": store.root.attrs.get("created"),
-        "identity": ident,
+        "identity": store.identity,
         "appends": list(store.root.attrs.get(APPENDS_ATTR) or []),
         "bytes_on_disk": disk_usage(store.path),
         "train": [],
@@ -88,31 +76,27 @@ def summary(store: "Store", verify: bool = False) -> dict[str, Any]:
     }
     train = _guard(lambda: node(store.root, "train"), corrupt)
     for m in sorted(int(k) for k in child_names(train) if k.isdigit()) if train is not None else []:
-        entry = _train_entry(store, m, verify, corrupt)
+        entry = _guard(lambda: _train_entry(store, m, verify, corrupt), corrupt)
         if entry is not None:
             out["train"].append(entry)
-    _implied(store, out, corrupt)
+    _implied(store, corrupt)
     ev = eval_summary(store, verify, corrupt)
     if ev is not None:
         out["eval"] = ev
     for kind in ("targets", "scores"):
         top = _guard(lambda: node(store.root, kind), corrupt)
         for exp in child_names(top) if top is not None else []:
-            info = _experiment_entry(store, kind, exp, verify, corrupt)
+            info = _guard(lambda: _experiment_entry(store, kind, exp, verify, corrupt), corrupt)
             if info is not None:
                 out[kind][exp] = info
     return out
 
 
 def _train_entry(store: "Store", m: int, verify: bool, corrupt: list[dict[str, Any]]) -> dict[str, Any] | None:
-    try:
-        group = node(store.root, f"train/{m}")
-        if group is None:  # a directory that is not a zarr group
-            return None
-        rows = _rows(store, f"train/{m}", ["features", "out_to_loss", "nonfinite"], 0)
-    except StoreCorruptError as e:
-        corrupt.append(_entry(e.array, e.chunks, str(e)))
+    group = node(store.root, f"train/{m}")
+    if group is None:  # a directory that is not a zarr group
         return None
+    rows = _rows(store, f"train/{m}", ["features", "out_to_loss", "nonfinite"], 0)
     ok = _intact(rows, f"train/{m}", verify, corrupt)
     nonfinite = rows.data["nonfinite"]
     skipped = _guard(lambda: int(read_checked(nonfinite, slice(None), 0, stored=False).sum()), corrupt)
@@ -121,20 +105,19 @@ def _train_entry(store: "Store", m: int, verify: bool, corrupt: list[dict[str, A
         "checkpoint": group.attrs.get("checkpoint"),
         "sha256": group.attrs.get("sha256"),
         "rows_done": int(sum(rows.rows(int(c))[1] - rows.rows(int(c))[0] for c in np.flatnonzero(ok))),
-        "rows_partial": _partial_rows(store, group, rows, ok, verify),
+        "rows_partial": _partial_rows(group, rows, ok, verify),
         "rows_total": rows.n_rows,
         "chunks_done": int((ok != 0).sum()),
         "chunks_total": rows.n_chunks,
         "nonfinite_skipped": skipped,
-        "kernel": _kernel(store, m, verify, corrupt),
+        "kernel": _guard(lambda: _kernel(store, m, verify, corrupt), corrupt),
         "bytes_on_disk": disk_usage(store.path / "train" / str(m)),
     }
 
 
-def _partial_rows(store: "Store", group: Any, rows: ChunkedRows, ok: np.ndarray, verify: bool) -> int:
-    """Rows saved in train chunks not done (``rows_done``, :meth:`ChunkedRows.write_partial`) that a rerun of
-    `trak featurize` keeps: their chunk files present (with ``verify``, read back intact). Rows that are not are
-    not counted (the rerun computes them again), and are no damage: nothing marks them done."""
+def _partial_rows(group: Any, rows: ChunkedRows, ok: np.ndarray, verify: bool) -> int:
+    """Rows of train chunks not done (``rows_done``) that a rerun of `trak featurize` keeps: their chunk files
+    present (with ``verify``, read back intact); the others are no damage (nothing marks them done)."""
     try:
         rows.progress = node(group, "rows_done")
     except StoreCorruptError:
@@ -159,56 +142,48 @@ def _partial_rows(store: "Store", group: Any, rows: ChunkedRows, ok: np.ndarray,
 def _kernel(store: "Store", m: int, verify: bool, corrupt: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The kernel's attributes if it is complete and intact (checked like any array), else None."""
     path = f"train/{m}/kernel"
-    try:
-        arr = node(store.root, path)
-        if arr is None or "lambda_reg" not in arr.attrs:
-            return None
-        if verify:
-            read_checked(arr, slice(None), 0)
-        elif missing_chunks(arr):
-            corrupt.append(_entry(path, [0], f"store array {path} is missing its chunk file; {repair_command(path)}"))
-            return None
-        return dict(arr.attrs)
-    except StoreCorruptError as e:
-        corrupt.append(_entry(e.array, e.chunks, str(e)))
+    arr = node(store.root, path)
+    if arr is None or "lambda_reg" not in arr.attrs:
         return None
+    if verify:
+        read_checked(arr, slice(None), 0)
+    elif missing_chunks(arr):
+        corrupt.append(_entry(StoreCorruptError(
+            f"store array {path} is missing its chunk file; {repair_command(path)}", path, [0])))
+        return None
+    return dict(arr.attrs)
+
+
+#: The done-tracked arrays of an experiment's derived groups that ``trak inspect`` counts.
+DERIVED = {"top_k": ["proponents", "proponent_scores", "opponents", "opponent_scores"],
+           "per_token": ["target_tokens", "document_tokens"]}
 
 
 def _experiment_entry(
     store: "Store", kind: str, exp: str, verify: bool, corrupt: list[dict[str, Any]]
 ) -> dict[str, Any] | None:
-    try:
-        g = node(store.root, f"{kind}/{exp}")
-        if g is None:
-            return None
-        info: dict[str, Any] = {"attrs": dict(g.attrs), "bytes_on_disk": disk_usage(store.path / kind / exp)}
-        if kind == "scores" and isinstance(g.attrs.get(STALE_ATTR), dict):
-            info["stale"] = {**g.attrs[STALE_ATTR], "message": stale_message(store, exp)}
-        if kind == "scores":
-            if node(g, "top_k") is not None:
-                rows = _rows(store, f"scores/{exp}/top_k", ["proponents", "proponent_scores", "opponents",
-                                                             "opponent_scores"], 0)
-                ok = _intact(rows, f"scores/{exp}/top_k", verify, corrupt)
-                info["top_k"] = {"shape": list(rows.data["proponents"].shape), "chunks_done": int((ok != 0).sum()),
-                                 "chunks_total": int(ok.size)}
-            if node(g, "per_token") is not None:
-                rows = _rows(store, f"scores/{exp}/per_token", ["target_tokens", "document_tokens"], 0)
-                ok = _intact(rows, f"scores/{exp}/per_token", verify, corrupt)
-                info["per_token"] = {"shape": list(rows.data["target_tokens"].shape),
-                                     "chunks_done": int((ok != 0).sum()), "chunks_total": int(ok.size)}
-            if node(g, "scores") is None:
-                return info
-            rows = _rows(store, f"scores/{exp}", ["scores"], 1)
-            ok = _intact(rows, f"scores/{exp}", verify, corrupt)
-            info["shape"] = list(rows.data["scores"].shape)
-            info["chunks_done"], info["chunks_total"] = int((ok != 0).sum()), int(ok.size)
-        else:
-            for m in child_names(g):
-                _intact(_rows(store, f"targets/{exp}/{m}", ["features"], 0), f"targets/{exp}/{m}", verify, corrupt)
-        return info
-    except StoreCorruptError as e:
-        corrupt.append(_entry(e.array, e.chunks, str(e)))
+    g = node(store.root, f"{kind}/{exp}")
+    if g is None:
         return None
+    info: dict[str, Any] = {"attrs": dict(g.attrs), "bytes_on_disk": disk_usage(store.path / kind / exp)}
+    if kind == "targets":
+        for m in child_names(g):
+            _intact(_rows(store, f"targets/{exp}/{m}", ["features"], 0), f"targets/{exp}/{m}", verify, corrupt)
+        return info
+    if isinstance(g.attrs.get(STALE_ATTR), dict):
+        info["stale"] = {**g.attrs[STALE_ATTR], "message": str(stale_error(store, exp))}
+    for sub, names in DERIVED.items():
+        if node(g, sub) is not None:
+            rows = _rows(store, f"scores/{exp}/{sub}", names, 0)
+            ok = _intact(rows, f"scores/{exp}/{sub}", verify, corrupt)
+            info[sub] = {"shape": list(rows.data[names[0]].shape), "chunks_done": int((ok != 0).sum()),
+                         "chunks_total": int(ok.size)}
+    if node(g, "scores") is not None:
+        rows = _rows(store, f"scores/{exp}", ["scores"], 1)
+        ok = _intact(rows, f"scores/{exp}", verify, corrupt)
+        info["shape"] = list(rows.data["scores"].shape)
+        info["chunks_done"], info["chunks_total"] = int((ok != 0).sum()), int(ok.size)
+    return info
 
 
 def _rows(store: "Store", group: str, names: list[str], axis: int) -> ChunkedRows:
@@ -234,7 +209,7 @@ def _lost(store: "Store", path: str, kind: str) -> StoreCorruptError:
     return StoreCorruptError(f"store {kind} {path} {what}; {repair_command(path)}", path)
 
 
-def _implied(store: "Store", summary: dict[str, Any], corrupt: list[dict[str, Any]]) -> None:
+def _implied(store: "Store", corrupt: list[dict[str, Any]]) -> None:
     """Append to ``corrupt`` every group the store's records imply that is missing or incomplete.
 
     The records: an experiment's ``checkpoints`` (the sha256 of model_id 0..M-1 its target
@@ -249,7 +224,7 @@ def _implied(store: "Store", summary: dict[str, Any], corrupt: list[dict[str, An
     def add(e: StoreCorruptError) -> None:
         if e.array not in known:
             known.add(e.array)
-            corrupt.append(_entry(e.array, e.chunks, str(e)))
+            corrupt.append(_entry(e))
 
     train_dirs = [int(k) for k in _dirs(store, "train") if k.isdigit()]
     shas: dict[int, str | None] = {m: None for m in range(max(train_dirs) + 1)} if train_dirs else {}
@@ -321,19 +296,20 @@ def _intact(rows: ChunkedRows, group: str, verify: bool, corrupt: list[dict[str,
         path = f"{group}/{name}"
         what = "missing or corrupt chunks" if verify else "missing chunks"
         what = "unreadable done flags" if name == "done" else what
-        corrupt.append(_entry(path, bad, f"store array {path}: {what} {bad[:10]}; {repair_command(path)}"))
+        corrupt.append(_entry(StoreCorruptError(f"store array {path}: {what} {bad[:10]}; {repair_command(path)}",
+                                                path, bad)))
         flags[bad] = 0
     return flags
 
 
-def _entry(array: str, chunks: list[int], message: str) -> dict[str, Any]:
-    return {"array": array, "chunks": list(chunks), "message": message, "repair": repair_command(array)}
+def _entry(e: StoreCorruptError) -> dict[str, Any]:
+    return {"array": e.array, "chunks": list(e.chunks), "message": str(e), "repair": repair_command(e.array)}
 
 
 def _guard(fn: Any, corrupt: list[dict[str, Any]]) -> Any:
-    """``fn()``, or None with the damage appended to ``corrupt`` if it meets unreadable metadata."""
+    """``fn()``, or None with the damage appended to ``corrupt`` if it meets a damaged array or unreadable metadata."""
     try:
         return fn()
     except StoreCorruptError as e:
-        corrupt.append(_entry(e.array, e.chunks, str(e)))
+        corrupt.append(_entry(e))
         return None
