@@ -11,23 +11,15 @@ With a Kronecker-structured matrix ``P = P_out ⊗ P_in`` (``P_out``
 
     (P_out ⊗ P_in) vec(G) = vec(P_out G P_inᵀ) = vec( Σ_t (P_out g_t)(P_in a_t)ᵀ )    [k_out · k_in]
 
-(``vec`` row-major: entry ``(i, j)`` of the ``[k_out, k_in]`` grid is feature
-``i · k_in + j``). The right-hand side needs only the layer's inputs and output
-gradients (:mod:`trakcli.gradients`), never ``G``. A model's features are the
-layers' features concatenated, in layer order.
+(``vec`` row-major: grid entry ``(i, j)`` is feature ``i · k_in + j``). The right-hand side needs only the
+layer's inputs and output gradients (:mod:`trakcli.gradients`), never ``G``. A model's features are the
+layers' features concatenated, in layer order; the split of ``proj_dim`` among layers and factors is
+:mod:`trakcli.projectors.kronecker_layers`' (part of :meth:`KroneckerProjector.spec`).
 
-The split of ``proj_dim`` over layers and factors (equal widths, near-square
-grids, no padding) is documented in :mod:`trakcli.projectors.kronecker_layers`;
-the per-layer dims and grids are part of :meth:`KroneckerProjector.spec`, so a
-store refuses features made with another split.
-
-**Matrices.** ``P_out`` and ``P_in`` of layer ``l`` are the dense JL matrices
-of :class:`~trakcli.projectors.matrices.DenseMatrix` (Philox4x32-10, kind
-``rademacher`` ±1/√k or ``normal`` N(0, 1/k)) with the seed
-``derive_seed(KRONECKER_TAG, seed, l, side)``: a pure function of
-``(seed, model_id, l, side)``, the same on any batch size, chunking, rank or
-device. Since E[P_outᵀP_out] = I and E[P_inᵀP_in] = I independently,
-E[(P_out ⊗ P_in)ᵀ(P_out ⊗ P_in)] = I, i.e. E‖P vec G‖² = ‖G‖².
+``P_out`` and ``P_in`` of layer ``l`` are :class:`~trakcli.projectors.matrices.DenseMatrix` JL matrices
+(``rademacher`` ±1/√k or ``normal`` N(0, 1/k)) with the seed ``derive_seed(KRONECKER_TAG, seed, l, side)``:
+a pure function of ``(seed, model_id, l, side)``. Since E[P_outᵀP_out] = I and E[P_inᵀP_in] = I
+independently, E[(P_out ⊗ P_in)ᵀ(P_out ⊗ P_in)] = I, i.e. E‖P vec G‖² = ‖G‖².
 """
 
 from __future__ import annotations
@@ -155,13 +147,8 @@ class KroneckerProjector(Projector):
     # ------------------------------------------------------------------ identity
 
     def spec(self) -> dict[str, Any]:
-        """Everything that fixes the matrix, as a plain JSON-able dict (kind ``kronecker``).
-
-        Holds ``grad_dim``, ``proj_dim``, ``seed``, ``dtype``, ``distribution``,
-        ``generator`` and per layer ``name``, ``kind``, ``d_out``, ``d_in``,
-        ``k_out``, ``k_in``, ``width`` and ``params``: a changed split or layer
-        selection changes the spec.
-        """
+        """Everything that fixes the matrix, as a plain JSON-able dict (kind ``kronecker``): with per layer its
+        ``name``, ``kind``, ``d_out``, ``d_in``, ``k_out``, ``k_in``, ``width`` and ``params``."""
         return {
             "kind": "kronecker",
             "grad_dim": self.grad_dim,
@@ -177,11 +164,7 @@ class KroneckerProjector(Projector):
         }
 
     def layer_index(self, layer: int | str) -> int:
-        """Index of a layer given by index or module name.
-
-        Raises:
-            ProjectorError: no such layer.
-        """
+        """Index of a layer given by index or module name; :class:`ProjectorError` if there is none."""
         if isinstance(layer, str) and layer in self._index:
             return self._index[layer]
         if isinstance(layer, int) and not isinstance(layer, bool) and 0 <= layer < len(self.layers):
@@ -194,11 +177,8 @@ class KroneckerProjector(Projector):
     # ------------------------------------------------------------------ factors
 
     def transposed_factors(self, model_id: int, device: torch.device | str) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """All layers' ``(P_outᵀ [d_out, k_out], P_inᵀ [d_in, k_in])`` in the accumulation dtype.
-
-        The factors of the last ``(model_id, device)`` are kept (``Σ_l k·d``
-        numbers, small next to the activations).
-        """
+        """All layers' ``(P_outᵀ [d_out, k_out], P_inᵀ [d_in, k_in])`` in the accumulation dtype (the last
+        ``(model_id, device)``'s are kept)."""
         model_id = check_model_id(model_id)
         key = (model_id, str(torch.device(device)))
         if self._factors is not None and self._factors[0] == key:
@@ -206,22 +186,16 @@ class KroneckerProjector(Projector):
         self._factors = None
         out = []
         for i, (layer, (k_out, k_in)) in enumerate(zip(self.layers, self.grids)):
-            pair = []
-            for side, k, d in ((OUT, k_out, layer.d_out), (IN, k_in, layer.d_in)):
-                f = kronecker_factor(k, d, seed=self.seed, model_id=model_id, layer=i, side=side,
-                                     distribution=self.distribution, dtype=self.dtype, device=device)
-                pair.append(f.T.contiguous())
-            out.append((pair[0], pair[1]))
+            p_out, p_in = factor_pair(layer.d_out, layer.d_in, k_out, k_in, seed=self.seed, model_id=model_id,
+                                      layer=i, distribution=self.distribution, dtype=self.dtype, device=device)
+            out.append((p_out.T.contiguous(), p_in.T.contiguous()))
         self._factors = (key, out)
         return out
 
     def factors(
         self, layer: int | str, model_id: int = 0, device: torch.device | str = "cpu"
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(P_out [k_out, d_out], P_in [k_in, d_in])`` of one layer (same matrices as :meth:`project`).
-
-        A two-sided projection of a weight-shaped matrix is ``P_out G P_inᵀ``.
-        """
+        """``(P_out [k_out, d_out], P_in [k_in, d_in])`` of one layer (those of :meth:`project`)."""
         p_out_t, p_in_t = self.transposed_factors(model_id, device)[self.layer_index(layer)]
         return p_out_t.T, p_in_t.T
 
