@@ -34,16 +34,9 @@ TokenFields = Callable[[int, str, int, int], dict[str, Any] | None]
 
 def answer_records(res: Any, k: int, target_texts: Any = None, train_texts: Any = None, block: int = 1024,
                    tokens: TokenFields | None = None) -> Iterator[dict[str, Any]]:
-    """Yield one record per target (module docstring), ``block`` targets read at a time.
-
-    Args:
-        res: a :class:`~trakcli.jobs.score.ScoreResult`.
-        k: documents per side when the experiment has only the full matrix (``score.show_top``);
-            with ``score.top_k`` all K are given.
-        target_texts, train_texts: indexable renderings of the rows (text data), or None.
-        block: targets read from the store at once.
-        tokens: per-token fields of a top document (``score.per_token``), or None.
-    """
+    """Yield one record per target (module docstring) of a :class:`~trakcli.jobs.score.ScoreResult`, ``block``
+    targets read at a time: ``k`` documents a side from a full matrix (all K of a top-k), with the rows' texts
+    (indexable renderings, or None) and a top document's per-token fields (``tokens``, or None)."""
     from trakcli.plots import top_indices
 
     for lo in range(0, res.n_target, block):
@@ -84,16 +77,9 @@ def answer_entry(i: Any, score: Any, texts: Any) -> dict[str, Any]:
 
 
 def token_fields(res: Any, target: Any, train: Any, block: int = 64) -> TokenFields:
-    """The per-token fields of the answers (``score.per_token``): ``(target, side, rank, train row) -> {...}``.
-
-    Reads the stored per-token scores (:meth:`~trakcli.jobs.score.ScoreResult.tokens`) ``block`` targets
-    at a time and renders each sequence's tokens with its dataset's tokenizer (the ids without one).
-
-    Args:
-        res: the :class:`~trakcli.jobs.score.ScoreResult` (with ``per_token``).
-        target, train: the target and train datasets (token data).
-        block: targets read at once.
-    """
+    """The per-token fields of the answers (``score.per_token``): ``(target, side, rank, train row) -> {...}``,
+    the stored per-token scores of ``res`` read ``block`` targets at a time, each sequence's tokens rendered with
+    its dataset's (``target``, ``train``) tokenizer."""
     cache: dict[str, Any] = {"lo": -1, "hi": -1}
     texts: dict[tuple[int, int], list[str]] = {}
 
@@ -129,13 +115,9 @@ def _pairs(tokens: list[str], values: np.ndarray) -> list[list[Any]]:
 
 
 def token_texts(ds: Any, i: int) -> list[str]:
-    """The text of each token of row ``i`` of a token dataset, as the model sees them (padding left out).
-
-    Token ``i``'s text is what it adds to the decoded prefix (``decode(ids[:i + 1])`` less
-    ``decode(ids[:i])``), so the texts joined give the row's decoded text and a character that
-    byte-level BPE splits over several tokens shows whole at the token that completes it (the
-    others show ``""``); the token ids as text without a tokenizer.
-    """
+    """The text of each token of row ``i`` of a token dataset (padding left out): what it adds to the decoded
+    prefix, so a character split over several tokens shows whole at the token that completes it (the others
+    ``""``); the token ids without a tokenizer."""
     _, x, _ = next(iter(ds.batches_of([i], 1)))
     ids = x["input_ids"][0]
     mask = x.get("attention_mask")
@@ -153,17 +135,9 @@ def token_texts(ds: Any, i: int) -> list[str]:
 
 def score_meaning(identity: Mapping[str, Any], settings: Mapping[str, Any] | None = None, *,
                   per_token: bool = False) -> str:
-    """What one score of an experiment is, in words: the quantity, its units, and why its size varies.
-
-    Args:
-        identity: the store's run identity (:attr:`trakcli.store.Store.identity`: ``task``, ``curvature``).
-        settings: the experiment's score settings (the attributes of ``scores/<experiment>``:
-            ``normalize``, ``curvature_exact``), or None.
-        per_token: the experiment has per-token scores (``score.per_token``): say what a token's value is.
-
-    Returns:
-        A few sentences, plain text.
-    """
+    """What one score of an experiment is, in a few sentences: the quantity, its units, and why its size varies,
+    from the store's ``identity``, the experiment's ``settings`` (the attributes of ``scores/<experiment>``) and
+    whether it has per-token scores."""
     settings = settings or {}
     lm = identity.get("task") == "language_modeling"
     curvature = identity.get("curvature") or {}
@@ -214,16 +188,8 @@ def score_meaning(identity: Mapping[str, Any], settings: Mapping[str, Any] | Non
 
 
 def ridge_meaning(lambdas: Sequence[float], lambda_rel: float | None = 1.0, lambda_reg: float | None = None) -> str:
-    """What TRAK's ridge λ_m of each checkpoint is, in words (``curvature.kind: gram``).
-
-    Args:
-        lambdas: the ridge λ_m used per checkpoint.
-        lambda_rel, lambda_reg: ``score.lambda_rel`` and ``score.lambda_reg`` (``lambda_reg`` set: λ as given).
-
-    Returns:
-        One sentence, plain text, e.g. "lambda_reg per checkpoint: 3.95e+12 (lambda_rel 1 x the mean squared
-        norm of a train feature; ...)".
-    """
+    """What TRAK's ridge ``lambdas`` (λ_m per checkpoint) are, in one sentence, from ``score.lambda_rel`` and
+    ``score.lambda_reg``."""
     lam = ", ".join(f"{v:.3g}" for v in lambdas)
     if lambda_reg is not None:
         source = "score.lambda_reg, as given"

@@ -1,10 +1,5 @@
-"""Process groups for multi-process runs (``torchrun``), on torch.distributed.
-
-``torchrun --nproc-per-node N -m trakcli.cli.main featurize CONFIG`` starts N
-processes with ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` set; each calls
-:func:`init_from_env` and gets its share of the row chunks. Without those
-variables the run is a single process and nothing is initialized.
-"""
+"""Process groups of ``torchrun`` runs: each process calls :func:`init_from_env` and gets its share of the row
+chunks; without ``WORLD_SIZE`` the run is a single process and nothing is initialized."""
 
 from __future__ import annotations
 
@@ -16,17 +11,11 @@ import torch
 
 @dataclass
 class Dist:
-    """This process's place in the job.
+    """This process's place in the job."""
 
-    Attributes:
-        rank: 0 .. world_size - 1; rank 0 creates the store and writes attributes.
-        world_size: number of processes.
-        local_rank: index on this node (picks the GPU).
-    """
-
-    rank: int = 0
+    rank: int = 0  # rank 0 creates the store and writes attributes
     world_size: int = 1
-    local_rank: int = 0
+    local_rank: int = 0  # index on this node (picks the GPU)
 
     @property
     def is_main(self) -> bool:

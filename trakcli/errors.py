@@ -1,15 +1,9 @@
-"""Exceptions of trakcli.
+"""Exceptions of trakcli: every error a user can cause is a :class:`TrakError` whose message says what happened,
+the offending value, and how to fix it; the CLI prints it as one line and exits with its ``exit_code``.
 
-Every error a user can cause is a :class:`TrakError` whose message says what
-happened, the offending value, and how to fix it. The CLI prints the message
-as one red line on stderr and exits with :attr:`TrakError.exit_code`
-(``TRAK_DEBUG=1`` shows the traceback). Library code never calls ``sys.exit``.
-
-A fix that differs by front end (the CLI reruns a command with ``--overwrite``,
-the Python API passes ``overwrite=True``) is carried as data, a :class:`Fix`:
-``str(error)`` words it for the CLI, :meth:`TrakError.for_front` for the
-Python API (:class:`trakcli.Attributor`). A :class:`Note` (a line a job reports,
-not an error) carries its fix the same way.
+A fix that differs by front end (the CLI's ``--overwrite``, the Python API's ``overwrite=True``) is data, a
+:class:`Fix`: ``str(error)`` words it for the CLI, :meth:`TrakError.for_front` for the Python API; a
+:class:`Note` (a line a job reports) carries its fix the same way.
 """
 
 from __future__ import annotations
@@ -58,18 +52,9 @@ FIX_WORDS: dict[str, dict[str, str]] = {
 class Fix:
     """How to fix an error, said by no front end: each front end words it (:meth:`words`).
 
-    Attributes:
-        kind: what to do, one of :data:`FIX_WORDS`: ``"start_over"`` (discard the store and make it
-            again; ``"start_over_or_new_path"`` also names another store), ``"recompute_experiment"``
-            (an experiment's stored targets or settings made again, or another experiment),
-            ``"recompute_scores"`` (its scores), ``"rescore"`` (score the experiment again after train
-            rows were appended; ``"rescore_call"``: the bare command or argument).
-        store: the store it concerns, as the user named it (the API names it to delete).
-        experiment_key: the config key that names the experiment (``score.experiment``,
-            ``select.experiment``), for the CLI's wording.
-
-    Raises:
-        ValueError: an unknown ``kind`` (a programming error, not the user's).
+    ``kind`` is one of :data:`FIX_WORDS`; ``store`` the store it concerns as the user named it;
+    ``experiment_key`` the config key naming the experiment, for the CLI's wording. An unknown ``kind``
+    raises ``ValueError``.
     """
 
     kind: str
@@ -92,15 +77,11 @@ class Fix:
 
 
 class TrakError(Exception):
-    """Base class of every user-facing trakcli error.
+    """Base class of every user-facing trakcli error (the CLI exits with ``exit_code``).
 
     ``TrakError(message)``: the message says the fix. ``TrakError(head, fix=Fix(...), after=tail)``:
     the message is ``head``, the fix worded for the CLI, then ``tail``; :meth:`for_front` words it for
     another front end.
-
-    Attributes:
-        exit_code: process exit status the CLI uses for this error (1).
-        fix: the :class:`Fix` of the message, or None (the message says it in its own words, or there is none).
     """
 
     exit_code: int = 1
@@ -142,11 +123,8 @@ class TrakError(Exception):
 
 
 class Note(str):
-    """A line a job reports (``Store.notes``) whose fix is data, as a :class:`TrakError`'s.
-
-    ``Note(head, Fix(...), after)`` is the string ``head + fix.words("cli") + after``;
-    :meth:`worded` says it for another front end.
-    """
+    """A line a job reports (``Store.notes``), ``head + fix.words("cli") + after``; :meth:`worded` says it for
+    another front end."""
 
     fix: Fix
 
@@ -170,12 +148,8 @@ def worded(text: str | Note, front: str) -> str:
 
 
 class ConfigError(TrakError):
-    """The YAML config or a ``key=value`` override is invalid.
-
-    Attributes:
-        problems: one human-readable line per problem, each starting with the
-            dotted config key it concerns.
-    """
+    """The YAML config or a ``key=value`` override is invalid (``problems``: one line per problem, each starting
+    with the dotted config key it concerns)."""
 
     def __init__(self, problems: list[str] | str, source: str | None = None):
         self.problems = [problems] if isinstance(problems, str) else list(problems)
@@ -189,24 +163,15 @@ class ConfigError(TrakError):
 
 
 class UsageError(TrakError):
-    """A command-line flag has a bad value (exit code 2, like a click usage error).
-
-    Raised by the CLI (``trakcli.cli``) about its own flags. Library code
-    raises :class:`ArgumentError` instead.
-    """
+    """A command-line flag has a bad value (exit code 2, like a click usage error); library code raises
+    :class:`ArgumentError` instead."""
 
     exit_code = 2
 
 
 class ArgumentError(UsageError):
-    """A library function was given an argument it cannot use: a path it cannot write, a count below 1, no rows.
-
-    Library code (plots, retraining) raises it; the message names the argument
-    as the caller named it (e.g. ``check_plot_path(path, flag="--plot")``). A
-    command that passes a flag's value straight through reports it as that bad
-    flag: exit code 2, hence a :class:`UsageError` subclass (which also keeps
-    ``except UsageError`` handlers working).
-    """
+    """A library function was given an argument it cannot use (a path it cannot write, a count below 1, no rows),
+    named as the caller named it; a command passing a flag through reports it as that bad flag (exit code 2)."""
 
 
 class DataError(TrakError):
@@ -230,11 +195,7 @@ class StoreError(TrakError):
 
 
 class MissingModuleError(TrakError):
-    """An optional module a feature imports is not installed; the message names it and the install command.
-
-    Attributes:
-        module: the module that is missing (``"upath"``), as ``import`` names it.
-    """
+    """An optional ``module`` a feature imports is not installed; the message names it and the install command."""
 
     def __init__(self, message: str, module: str = ""):
         super().__init__(message)
@@ -258,12 +219,8 @@ class OptimizerError(TrakError):
 
 
 class UserCodeError(TrakError):
-    """The user's own code raised: a ``model.entrypoint`` function, the model's forward pass, a training function.
-
-    The message names the code, the exception and the user's file and line
-    (:func:`describe_exception`); ``TRAK_DEBUG=1`` shows the original traceback
-    (it is the ``__cause__``).
-    """
+    """The user's own code raised (a ``model.entrypoint`` function, the forward pass, a training function); the
+    message names the code, the exception and the user's file and line, the original is the ``__cause__``."""
 
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
@@ -278,9 +235,8 @@ def _under(path: Path, folder: Path) -> bool:
 
 @lru_cache(maxsize=4096)
 def in_library(filename: str) -> bool:
-    """Whether ``filename`` is a file of the Python standard library or of an installed package other than trakcli
-    (site-packages): a third party's code, not trakcli's nor the user's. ``<frozen ...>`` names count as the standard
-    library's."""
+    """Whether ``filename`` is a file of the Python standard library (``<frozen ...>`` too) or of an installed
+    package other than trakcli: a third party's code."""
     if filename.startswith("<"):
         return filename.startswith("<frozen")
     path = Path(filename).resolve()
@@ -328,10 +284,8 @@ def exception_text(exc: BaseException) -> str:
 
 
 def describe_exception(exc: BaseException) -> str:
-    """``"RuntimeError: boom (my_model.py, line 4)"``: :func:`exception_text` and :func:`user_frame`.
-
-    A ``SyntaxError`` names the file and line of the bad code.
-    """
+    """``"RuntimeError: boom (my_model.py, line 4)"``: :func:`exception_text` and :func:`user_frame` (a
+    ``SyntaxError``: the file and line of the bad code)."""
     text = exception_text(exc)
     where = user_frame(exc)
     if isinstance(exc, SyntaxError) and exc.filename and exc.lineno:  # the frames are the importer's

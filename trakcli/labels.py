@@ -1,9 +1,5 @@
-"""Labels as tasks read them: numbers of any shape ``[n, ...]`` (:func:`any_labels`), or the class indices
-of the built-in tasks (:func:`class_labels`). The data (:mod:`trakcli.data.load`) converts and checks a
-dataset's labels with its task's :meth:`~trakcli.tasks.Task.check_labels`, which calls one of these.
-
-Imports neither the data nor the tasks, which both use it.
-"""
+"""Labels as tasks read them (:meth:`~trakcli.tasks.Task.check_labels`): numbers of any shape ``[n, ...]``
+(:func:`any_labels`), or the class indices of the built-in tasks (:func:`class_labels`)."""
 
 from __future__ import annotations
 
@@ -19,12 +15,8 @@ IGNORE_INDEX = -100
 
 
 def as_tensor(value: Any, what: str, expected: str) -> torch.Tensor:
-    """A tensor, array or (nested) list of numbers as a tensor.
-
-    Raises:
-        DataError: the values are not numbers (strings, objects, ragged lists), naming ``what``
-            and an example value.
-    """
+    """A tensor, array or (nested) list of numbers as a tensor (:class:`DataError` naming ``what`` and an example
+    value: not numbers)."""
     if torch.is_tensor(value):
         return value
     try:
@@ -47,12 +39,9 @@ def as_tensor(value: Any, what: str, expected: str) -> torch.Tensor:
 
 def class_labels(value: Any, what: str, source: str, key: str, n: int,
                  token_shape: list[int] | None = None) -> torch.Tensor:
-    """Checked int64 class labels, the labels of the built-in tasks (raises DataError as :func:`load_dataset`).
-
-    ``[n]`` class indices >= 0 (``[n, 1]`` is taken as ``[n]``); or, when ``token_shape`` (the
-    shape ``[n, L]`` of the ``input_ids`` input) is given, also ``[n, L]`` per-token labels: -100
-    (not a target) or a token id >= 0. ``what`` names the labels in messages (``"labels 'y'"``),
-    ``source`` where they come from (``" of data.pt"``).
+    """Checked int64 class labels of the built-in tasks (else :class:`DataError`): ``[n]`` class indices >= 0
+    (``[n, 1]`` taken as ``[n]``), or with ``token_shape`` (``[n, L]`` of ``input_ids``) per-token labels, token
+    ids >= 0 or -100. ``what`` and ``source`` name the labels in messages (``"labels 'y'"``, ``" of data.pt"``).
     """
     y = as_tensor(value, f"{key}: {what}{source}", "integer class indices")
     per_token = token_shape is not None and y.ndim == 2 and (y.shape[1] != 1 or token_shape[1] == 1)
@@ -84,14 +73,8 @@ def class_labels(value: Any, what: str, source: str, key: str, n: int,
 
 def any_labels(value: Any, what: str, source: str, key: str, n: int,
                token_shape: list[int] | None = None) -> torch.Tensor:
-    """Labels of any shape ``[n, ...]``, numbers: what a task that does not check its labels gets.
-
-    Floats become float32 (regression targets), integers int64, bools stay bool. The task
-    checks their values (:meth:`trakcli.tasks.Task.check_labels`, :meth:`~trakcli.tasks.Task.check`).
-
-    Raises:
-        DataError: values that are not real numbers, or not one row per example (``n``).
-    """
+    """Labels of any shape ``[n, ...]`` of a task that does not check them: floats as float32, integers as int64,
+    bools as they are (:class:`DataError`: not real numbers, or not ``n`` rows)."""
     del token_shape  # any shape is taken
     y = as_tensor(value, f"{key}: {what}{source}", "numbers")
     if y.is_complex():

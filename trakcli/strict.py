@@ -15,12 +15,8 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationInfo, fie
 
 
 def _local_path(value: Any) -> Any:
-    """A local path as given; a URL string (``hf://...``, ``s3://...``) is refused naming it as the user wrote it
-    (``Path`` would collapse its ``//`` into ``/``).
-
-    Raises:
-        ValueError: ``value`` is a string of the form ``SCHEME://...``.
-    """
+    """A local path as given; a URL string (``SCHEME://...``) raises ``ValueError`` (``Path`` would collapse its
+    ``//``)."""
     if isinstance(value, str) and re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", value):
         raise ValueError(
             "this key takes a local file or folder path, not a URL (Hugging Face Hub datasets "
@@ -79,13 +75,8 @@ def _element_annotation(annotation: Any) -> Any:
 
 
 class NoBoolNumbers(BaseModel):
-    """Refuses a boolean where a field takes a number (also in a list of numbers).
-
-    YAML 1.1 (PyYAML) reads ``on``, ``off``, ``yes``, ``no``, ``true`` and
-    ``false`` as booleans, and pydantic would take ``True`` as the integer 1
-    (``proj_dim: on`` would be proj_dim 1): every integer or float field of a
-    section refuses a boolean instead, naming the key.
-    """
+    """Refuses a boolean where a field takes a number (also in a list of numbers): YAML reads ``on``, ``yes``,
+    ``true`` ... as booleans, and pydantic would take ``proj_dim: on`` as proj_dim 1."""
 
     @field_validator("*", mode="before")
     @classmethod

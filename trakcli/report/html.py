@@ -101,13 +101,8 @@ def _asset(name: str) -> str:
 
 
 def embed_json(data: Any) -> str:
-    """``data`` as JSON that is safe inside ``<script type="application/json">``.
-
-    ``<``, ``>`` and ``&`` are written as ``\\u003c``, ``\\u003e`` and ``\\u0026`` (they occur only inside
-    JSON strings, where the escapes mean the same characters), so no text can close the element
-    (``</script>``) or open a comment; U+2028 and U+2029 are escaped too. Non-finite numbers must
-    already be ``None`` (JSON has none).
-    """
+    """``data`` (finite numbers only) as JSON safe inside ``<script type="application/json">``: ``<``, ``>``, ``&``,
+    U+2028 and U+2029 escaped, so no text can close the element or open a comment."""
     text = json.dumps(data, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
     for raw, escaped in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028", "\\u2028"),
                          ("\u2029", "\\u2029")):

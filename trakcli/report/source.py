@@ -1,9 +1,5 @@
-"""What a report shows, read from the store: an experiment's stored answers with its rows' texts, pictures, labels.
-
-Nothing is computed here: the top-k arrays (``score.top_k``) or the full score matrix of a scored
-experiment are read as they are, through :class:`~trakcli.jobs.score.ScoreResult` and
-:func:`trakcli.answers.answer_records`, the source of ``trak score --out answers.jsonl`` too.
-"""
+"""What a report shows, read from the store (nothing is computed): an experiment's stored answers
+(:func:`trakcli.answers.answer_records`) with its rows' texts, pictures, labels."""
 
 from __future__ import annotations
 
@@ -28,15 +24,9 @@ TEXT_CHARS = 4000
 
 @dataclass
 class Rows:
-    """How the page shows the rows of one dataset.
-
-    Attributes:
-        texts: ``texts(indices) -> list[str]`` (text data), or None.
-        images: ``[n, H, W]`` or ``[n, C, H, W]`` pictures (image data), or None.
-        labels: ``[n]`` class labels to show beside the indices, or None.
-        tokens: the text dataset itself (the per-token answers decode its rows' tokens), or None.
-        n: the number of rows, or None (nothing but indices to show).
-    """
+    """How the page shows the rows of one dataset: ``texts(indices)``, pictures ``[n, H, W]`` / ``[n, C, H, W]``,
+    ``[n]`` class labels, the text dataset whose tokens per-token answers decode, the number of rows (None each:
+    not shown)."""
 
     texts: Callable[[list[int]], list[str]] | None = None
     images: Any = None
@@ -82,19 +72,12 @@ def _class_labels(ds: Any) -> np.ndarray | None:
 
 
 def stored_result(store: Store, experiment: str, fix: str = "`trak score CONFIG`") -> ScoreResult:
-    """The finished answers of ``experiment`` in ``store``, as the :class:`~trakcli.jobs.score.ScoreResult` of a run.
-
-    The top-k arrays when the experiment has them (with its per-token scores, if any), else the full
-    score matrix. Labels and λ are left empty: a report reads the datasets for what it shows.
-
-    Args:
-        store: the opened store.
-        experiment: ``score.experiment``.
-        fix: the command that computes or finishes the experiment, for the messages.
+    """The finished answers of ``experiment`` in ``store`` as a :class:`~trakcli.jobs.score.ScoreResult`: its top-k
+    (with per-token scores, if any), else its full matrix; labels and λ left empty.
 
     Raises:
-        StoreError: the experiment has neither a top-k nor a score matrix, or an unfinished one
-            (both name ``fix``).
+        StoreError: the experiment has neither a top-k nor a score matrix, or an unfinished one (naming ``fix``,
+            the command that computes it).
     """
     group = node(store.root, f"scores/{experiment}")
     top = None if group is None else node(group, "top_k")
@@ -130,11 +113,8 @@ def _check_finished(store: Store, group: str, experiment: str, fix: str) -> None
 
 
 def report_records(res: ScoreResult, k: int, train: Rows, target: Rows) -> list[dict[str, Any]]:
-    """The answer records of every target (:func:`trakcli.answers.answer_records`) with ``k`` documents a side,
-    their texts and labels, and the per-token fields when the experiment has them.
-
-    Texts are read once per distinct row, in one call per dataset.
-    """
+    """The answer records of every target with ``k`` documents a side, their texts and labels, and the per-token
+    fields when the experiment has them."""
     tokens: TokenFields | None = None
     if res.per_token and train.tokens is not None and target.tokens is not None:
         fields = token_fields(res, target.tokens, train.tokens)
@@ -172,14 +152,8 @@ def experiment_page(
     store: Store, experiment: str, k: int, *, train: Any = None, target: Any = None, title: str | None = None,
     about: str | None = None, fix: str = "`trak score CONFIG`",
 ) -> tuple[str, int]:
-    """The report page of a stored experiment and its number of targets.
-
-    Args:
-        store: the opened store; experiment: ``score.experiment``.
-        k: proponents and opponents shown per target (at most what the experiment keeps).
-        train, target: what to show of the rows (:func:`rows_of`): datasets, lists of texts, pictures, or None.
-        title: the page's heading (default: the experiment); about: the line under it (default: the store and shape).
-        fix: the command that computes or finishes the experiment, for the messages.
+    """The report page of a stored experiment (``k`` documents a side, the rows shown as :func:`rows_of` of
+    ``train`` and ``target``) and its number of targets.
 
     Raises:
         StoreError: as :func:`stored_result`; DataError: rows that do not match the experiment's shape.
@@ -205,8 +179,7 @@ def experiment_page(
 
 
 def scale_of(store: Store, experiment: str, per_token: bool = False) -> str:
-    """What a score of ``experiment`` is (:func:`~trakcli.answers.score_meaning`), from the store's identity and
-    the experiment's settings, and for TRAK's kernel the ridge of each checkpoint (:func:`~trakcli.answers.ridge_meaning`)."""
+    """What a score of ``experiment`` is (:func:`~trakcli.answers.score_meaning`), with TRAK's ridges."""
     group = node(store.root, f"scores/{experiment}")
     settings = dict(group.attrs) if group is not None else {}
     identity = store.identity
