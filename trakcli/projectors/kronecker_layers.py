@@ -172,14 +172,8 @@ SPLITS = ("equal", "size")
 
 
 def split_widths(capacities: Sequence[int], proj_dim: int, split: str = "equal") -> list[int]:
-    """Share ``proj_dim`` features among layers (rule 1 of the module docstring).
-
-    Args:
-        capacities: per layer, the most features it can have (``d_out · d_in``).
-        proj_dim: total width.
-        split: ``equal``: equal shares, capped at each capacity (water-filling), an
-            integer remainder one each to the first uncapped layers. ``size``: shares
-            in proportion to the capacities, rounded by largest remainder, at least 1.
+    """Share ``proj_dim`` features among layers of ``capacities`` (``d_out · d_in`` each) by the rule ``split``
+    (``equal`` or ``size``, rule 1 of the module docstring).
 
     Returns:
         Per-layer widths, each in ``[1, capacity]``, summing to ``proj_dim``.
@@ -223,11 +217,8 @@ def split_widths(capacities: Sequence[int], proj_dim: int, split: str = "equal")
 
 
 def _proportional(capacities: Sequence[int], proj_dim: int) -> list[int]:
-    """Widths ``∝ capacities`` summing to ``proj_dim``, each in ``[1, capacity]`` (needs ``n <= proj_dim <= Σ``).
-
-    ``proj_dim · c_i / Σ c`` is at most ``c_i``, so its floor and, where it has a
-    fraction, its ceiling fit; a layer lifted to 1 takes a feature from the widest.
-    """
+    """Widths ``∝ capacities`` summing to ``proj_dim``, each in ``[1, capacity]`` (needs ``n <= proj_dim <= Σ``):
+    ``proj_dim · c_i / Σ c <= c_i``, so its ceiling fits too; a layer lifted to 1 takes a feature from the widest."""
     total = sum(capacities)
     exact = [proj_dim * c / total for c in capacities]
     widths = [max(1, math.floor(x)) for x in exact]
@@ -242,11 +233,8 @@ def _proportional(capacities: Sequence[int], proj_dim: int) -> list[int]:
 
 
 def choose_grid(width: int, d_out: int, d_in: int) -> tuple[int, int]:
-    """The ``(k_out, k_in)`` grid of a layer of ``width`` features (rule 2 of the module docstring).
-
-    Args:
-        width: features of the layer, ``1 <= width <= d_out · d_in``.
-        d_out, d_in: the layer's gradient matrix shape.
+    """The ``(k_out, k_in)`` grid of a ``[d_out, d_in]`` layer of ``1 <= width <= d_out · d_in`` features (rule 2
+    of the module docstring).
 
     Returns:
         ``(k_out, k_in)`` with ``k_out <= d_out``, ``k_in <= d_in`` and
