@@ -36,14 +36,8 @@ def example_config_text(name: str) -> str:
 
 
 def write_example_config(name: str, path: str | Path | None = None, *, force: bool = False) -> Path:
-    """Copy the shipped config ``name`` with its comments to ``path`` (default ``./NAME.yaml``), atomically.
-
-    Comment lines naming the shipped file (``configs/NAME.yaml``: the header's commands) name the copy.
-
-    A directory ``path`` receives ``NAME.yaml``.
-
-    Returns:
-        The path written.
+    """Copy the shipped config ``name`` with its comments to ``path`` (default ``./NAME.yaml``; a directory gets
+    ``NAME.yaml``) atomically, its comments naming the copy instead of ``configs/NAME.yaml``; the path written.
 
     Raises:
         UsageError: unknown ``name``; ``path`` exists and ``force`` is not set; its folder does not exist.

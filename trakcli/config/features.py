@@ -19,15 +19,12 @@ from pydantic import (
 )
 
 from trakcli.errors import ProjectorError
-from trakcli.projectors.kinds import KRONECKER_OPTIONS as _KRONECKER_OPTIONS
 from trakcli.projectors.registry import DEFAULT_KIND, IMPLEMENTATIONS, OPTIONS, kind_names, projector_kind
 from trakcli.strict import NoBoolNumbers, StrictModel
+
 #: Error type of a validator that finds keys no field takes (ctx: ``keys``, ``choices``); reported
 #: like pydantic's ``extra_forbidden``, one line per key with a did-you-mean.
 UNKNOWN_KEYS = "unknown_keys"
-
-#: Options of ``projector:`` that kind ``kronecker`` takes besides proj_dim and seed (that kind's ``options``).
-KRONECKER_OPTIONS = _KRONECKER_OPTIONS
 
 
 def _kind_description() -> str:
@@ -50,7 +47,7 @@ class ProjectorConfig(NoBoolNumbers):
     covered layer's gradient with ``P_out ⊗ P_in`` from the layer's inputs and output
     gradients, :class:`trakcli.gradients.KroneckerFeaturizer`) checks ``implementation`` itself
     (kronecker has a single one, so ``implementation`` other than ``auto`` is refused), and
-    its only options are the kind's own (:data:`KRONECKER_OPTIONS`).
+    its only options are the kind's own (:data:`trakcli.projectors.kinds.KRONECKER_OPTIONS`).
     """
 
     model_config = ConfigDict(extra="allow")
@@ -87,13 +84,8 @@ class ProjectorConfig(NoBoolNumbers):
 
     @model_validator(mode="after")
     def _known_options(self) -> "ProjectorConfig":
-        """Unknown keys get the did-you-mean of every other config key (:func:`trakcli.config.load.load_config`).
-
-        A key is unknown if it is no field and no option of the kind: the options of
-        :data:`trakcli.projectors.OPTIONS`, or for a kind built from the model (whose other
-        options :meth:`_model_kind_options` refuses with its own message) a key closer to
-        a field than to any of its options.
-        """
+        """Unknown keys (no field and no option of the kind; for a kind built from the model, closer to a field
+        than to its options) get the did-you-mean of every other config key."""
         extra = list(self.model_extra or {})
         if not extra:
             return self
@@ -143,8 +135,8 @@ class ProjectorConfig(NoBoolNumbers):
         return self.model_dump()
 
     def kronecker_options(self) -> dict[str, Any]:
-        """``proj_dim``, ``seed`` and the given options of the kind (kind ``kronecker``: :data:`KRONECKER_OPTIONS`),
-        as keyword arguments of :class:`trakcli.gradients.KroneckerFeaturizer`."""
+        """``proj_dim``, ``seed`` and the given options of the kind, as keyword arguments of
+        :class:`trakcli.gradients.KroneckerFeaturizer`."""
         own = projector_kind(self.kind).options
         extra = {k: v for k, v in (self.model_extra or {}).items() if k in own}
         return {"proj_dim": self.proj_dim, "seed": self.seed, **extra}
@@ -356,11 +348,8 @@ class StoreConfig(StrictModel):
     @field_validator("path", mode="before")
     @classmethod
     def _names_a_directory(cls, v: Any) -> Any:
-        """The store is a directory (or prefix) of its own: its lock and caches go beside it, named after it.
-
-        A URL (``s3://...``) stays text and is opened, or refused with its reason, when a command uses the
-        store (:func:`trakcli.store.location.store_location`); anything else is a local :class:`Path`.
-        """
+        """The store is a directory (or prefix) of its own, its lock beside it: a URL stays text (opened when a
+        command uses the store), anything else is a local :class:`Path`."""
         from trakcli.store.location import broken_url, is_url
 
         if isinstance(v, str) and broken_url(v):
@@ -393,11 +382,8 @@ class StoreConfig(StrictModel):
 
     @property
     def location(self) -> Any:
-        """The store as a :class:`~pathlib.Path`, or a :class:`upath.UPath` for a URL.
-
-        Raises:
-            StoreError: a URL no installed file system opens (names the scheme or the package to install).
-        """
+        """The store as a :class:`~pathlib.Path`, or a :class:`upath.UPath` for a URL (:class:`StoreError`: no
+        installed file system opens it)."""
         from trakcli.store.location import store_location
 
         return store_location(self.path, self.storage_options)

@@ -63,8 +63,7 @@ class DatasetConfig(StrictModel):
     @field_validator("path", mode="before")
     @classmethod
     def _hub_url(cls, v: Any) -> Any:
-        """A Hub URL stays the string it is (``Path`` would turn ``hf://`` into ``hf:/``); other strings are paths.
-        A list of one path is that path; a list must not be empty."""
+        """A Hub URL stays a string, other strings are paths; a list of one path is that path."""
         def one(p: Any) -> Any:
             return Path(p) if isinstance(p, str) and not p.startswith("hf://") else p
 

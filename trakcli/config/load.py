@@ -105,15 +105,8 @@ def _format_errors(err: ValidationError, prefix: tuple[str, ...] = ()) -> list[s
 
 
 def validate_section(model: type[BaseModel], raw: Any, key: str) -> Any:
-    """One config section (``model`` is its pydantic class) validated on its own, e.g. for the Python API.
-
-    Args:
-        model: the section's class, e.g. :class:`~trakcli.config.ProjectorConfig`.
-        raw: the section as a mapping.
-        key: the section's key in a config (``"projector"``): messages name ``key.field``.
-
-    Returns:
-        The validated section.
+    """One config section (``model`` its pydantic class, ``raw`` a mapping) validated on its own, messages naming
+    ``key.field``.
 
     Raises:
         ConfigError: every problem at once, worded as for a YAML config (did-you-mean for unknown keys).

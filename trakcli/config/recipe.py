@@ -1,9 +1,5 @@
-"""The training recipe of `trak optimize` (and of the retraining of `trak eval`).
-
-The ``optimize:`` section (:class:`OptimizeConfig`): how many models, how
-they are trained, and the optimizer (with its optional random subspace,
-:class:`trakcli.optim.ProjectionSettings`, the optimizer's own schema).
-"""
+"""The ``optimize:`` section (:class:`OptimizeConfig`): the training recipe of `trak optimize` and of `trak eval`'s
+retraining: how many models, how they are trained, the optimizer."""
 
 from __future__ import annotations
 
@@ -170,19 +166,11 @@ RUN_ONLY_KEYS = (
 
 
 def recipe_identity(recipe: OptimizeConfig | dict[str, Any]) -> dict[str, Any]:
-    """The recipe without the run-only keys (:data:`RUN_ONLY_KEYS`), for comparing runs.
-
-    Two recipes with equal identities train the same models.
-
-    Args:
-        recipe: the ``optimize:`` section, validated or as plain data (e.g. read back from a
-            `trak optimize` manifest).
-
-    Returns:
-        A JSON-able dict (paths as strings).
+    """The recipe (validated, or plain data as a manifest holds it) as JSON-able data without the run-only keys
+    (:data:`RUN_ONLY_KEYS`): two recipes with equal identities train the same models.
 
     Raises:
-        pydantic.ValidationError: (a ``ValueError``) plain data that does not validate.
+        pydantic.ValidationError: plain data that does not validate.
     """
     if not isinstance(recipe, OptimizeConfig):
         recipe = OptimizeConfig.model_validate(recipe)

@@ -13,6 +13,7 @@ from pydantic import (
     model_validator,
 )
 
+from trakcli.projectors.kinds import KRONECKER_OPTIONS  # noqa: F401  (re-exported)
 from trakcli.projectors.registry import DEFAULT_KIND
 from trakcli.strict import LocalPath, StrictModel
 from trakcli.config.recipe import OptimizeConfig
@@ -32,7 +33,7 @@ def builtin_task_labels(task: Any) -> str | None:
 BUILTIN_DATASETS = ("digits",)
 
 from trakcli.config.features import (  # noqa: E402  (the sections of the features, re-exported here)
-    KRONECKER_OPTIONS, UNKNOWN_KEYS, CurvatureConfig, KindSection, ProjectorConfig, RefineConfig, SecondMomentConfig,
+    UNKNOWN_KEYS, CurvatureConfig, KindSection, ProjectorConfig, RefineConfig, SecondMomentConfig,
     StoreConfig,
 )
 from trakcli.config.inputs import DataConfig, DatasetConfig, ModelConfig  # noqa: E402  (re-exported here)
@@ -46,12 +47,7 @@ NOT_SECTIONS = {
 
 
 def group_name(v: str, example: str) -> str:
-    """``v`` if it names one group of the store: non-empty, no ``/`` or ``\\``, not ``.`` or ``..``, not
-    starting with ``__``, no surrounding spaces.
-
-    Raises:
-        ValueError: it does not (pydantic reports it with the key), naming ``example``.
-    """
+    """``v`` if it names one group of the store, else ``ValueError`` naming ``example``."""
     if not v or "/" in v or "\\" in v or v in (".", "..") or v.startswith("__") or v != v.strip():
         raise ValueError(
             "must name one group of the store: a non-empty name without '/' or '\\', not '.' or '..', not "
@@ -426,8 +422,6 @@ class Config(StrictModel):
 
     @model_validator(mode="after")
     def _rescore_needs_codes(self) -> "Config":
-        """``score.rescore_multiplier`` and ``score.rerank`` tune the two-stage top-k, which needs codes and a
-        top-k."""
         if self.score.rescore_multiplier is None and self.score.rerank != "auto":
             if self.store.dtype not in ("int8", "binary") or self.score.top_k is None:
                 raise ValueError(
@@ -453,9 +447,7 @@ class Config(StrictModel):
 
     @model_validator(mode="after")
     def _curvature_projector(self) -> "Config":
-        """kfac / ekfac take projector kind kronecker unless a kind is set: its per-layer factors carry the
-        curvature, with no whole per-example gradient. Another kind whitens whole per-example gradients (what
-        ``curvature.refine`` needs)."""
+        """kfac / ekfac take projector kind kronecker unless a kind is set; refinement needs another kind."""
         if self.curvature.kind == "gram":
             return self
         if "kind" not in self.projector.model_fields_set and not self.projector.built_from_model:
@@ -470,8 +462,7 @@ class Config(StrictModel):
 
     @model_validator(mode="after")
     def _labels_for_task(self) -> "Config":
-        """A built-in classification task needs class labels: text without ``labels``, prompt + completion,
-        chat and token data carry per-token labels, which only ``language_modeling`` (or a custom task) reads."""
+        """A built-in classification task needs class labels, not the per-token labels of language-model data."""
         if builtin_task_labels(self.task) != "classes":
             return self
         for name in ("train", "target", "validation"):
@@ -493,8 +484,7 @@ class Config(StrictModel):
     @model_validator(mode="before")
     @classmethod
     def _not_sections(cls, raw: Any) -> Any:
-        """Refuse ``training:`` and ``optimizer:`` naming the ``optimize:`` keys that replace them
-        (a did-you-mean would suggest ``optimize.optimizer`` for the whole section)."""
+        """Refuse ``training:`` and ``optimizer:`` naming the ``optimize:`` keys that replace them."""
         if isinstance(raw, dict):
             for key, fix in NOT_SECTIONS.items():
                 if key in raw:
@@ -515,7 +505,6 @@ class Config(StrictModel):
     @field_validator("task")
     @classmethod
     def _task_name(cls, v: str) -> str:
-        """A built-in task or a function spec (imported when featurizing, not when the config is read)."""
         if v in BUILTIN_TASKS or (":" in v and all(v.rsplit(":", 1))):
             return v
         close = difflib.get_close_matches(v, BUILTIN_TASKS, n=1)
