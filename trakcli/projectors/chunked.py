@@ -61,17 +61,6 @@ class ChunkedProjector(_MatrixProjector):
         if pending:
             yield start, pending
 
-    def chunks(self, grads: Grads):
-        """Yield ``(start, chunk)``: ``chunk`` is ``[n, L]`` with ``L <= max_chunk_size``,
-        the gradient entries ``[start, start + L)`` of the concatenated parameter vector."""
-        for start, parts in self.chunk_parts(grads):
-            yield start, self._join(parts)
-
-    def _join(self, parts: list[torch.Tensor]) -> torch.Tensor:
-        if len(parts) == 1:
-            return parts[0]
-        return torch.cat([p.to(self.dtype) for p in parts], dim=1)
-
     def _project(self, grads: Grads, model_id: int) -> torch.Tensor:
         acc = None
         for start, parts in self.chunk_parts(grads):
@@ -82,7 +71,7 @@ class ChunkedProjector(_MatrixProjector):
             if len(parts) > 1 and isinstance(self.matrix, DenseMatrix):
                 small = [p for p in parts if p.shape[1] < JOIN_BELOW]
                 if len(small) > 1:
-                    self.matrix.add_into(acc, self._join(parts), start, model_id)
+                    self.matrix.add_into(acc, torch.cat([p.to(self.dtype) for p in parts], dim=1), start, model_id)
                     continue
             for part in parts:
                 self.matrix.add_into(acc, part, start, model_id)
