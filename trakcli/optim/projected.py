@@ -346,22 +346,13 @@ class ProjectedOptimizer(torch.optim.Optimizer):
         Shadow parameters hold no storage between steps and are not counted.
         """
         assert self.inner is not None
-        total = 0
-        for st in self.inner.state.values():
-            for k, v in st.items():
-                if isinstance(v, torch.Tensor) and k != "step":
-                    total += v.numel()
-        return total
+        states = self.inner.state.values()
+        return sum(v.numel() for st in states for k, v in st.items() if isinstance(v, torch.Tensor) and k != "step")
 
     def describe(self) -> list[dict[str, Any]]:
         """One row per slot: which parameters, projected or not, and the shape the inner optimizer sees."""
-        rows = []
-        for gi, slots in enumerate(self._slots):
-            for slot in slots:
-                rows.append({
-                    "group": gi,
-                    "kind": type(slot).__name__,
-                    "param_shapes": [tuple(p.shape) for p in slot.params],
-                    "inner_shape": tuple(slot.shape) if isinstance(slot, _ProjectedSlot) else tuple(slot.params[0].shape),
-                })
-        return rows
+        return [
+            {"group": gi, "kind": type(slot).__name__, "param_shapes": [tuple(p.shape) for p in slot.params],
+             "inner_shape": tuple(slot.shape)}
+            for gi, slots in enumerate(self._slots) for slot in slots
+        ]

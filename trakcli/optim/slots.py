@@ -88,6 +88,7 @@ class Slot:
 
     def __init__(self, params: list[torch.Tensor]):
         self.params = params
+        self.shape = tuple(params[0].shape)  # what the inner optimizer steps
 
     @property
     def inner_param(self) -> torch.Tensor:

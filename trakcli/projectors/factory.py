@@ -121,14 +121,12 @@ def make_projector(
             f"unknown projector implementation {implementation!r}{did_you_mean(implementation, IMPLEMENTATIONS)}; "
             f"choose one of {', '.join(IMPLEMENTATIONS)}"
         )
-    known = list(OPTIONS)
-    unknown = [k for k in options if k not in known]
+    unknown = [k for k in options if k not in OPTIONS]
     if unknown:
-        k = unknown[0]
-        arguments = list(ARGUMENTS)
+        choices = [*ARGUMENTS, *OPTIONS]
         raise ProjectorError(
-            f"unknown projector option {k!r}{did_you_mean(k, arguments + known)}; "
-            f"known options: {', '.join(arguments + known)}"
+            f"unknown projector option {unknown[0]!r}{did_you_mean(unknown[0], choices)}; "
+            f"known options: {', '.join(choices)}"
         )
     grad_dim = check_int("grad_dim", grad_dim, 1, "it is the number of selected parameters")
     seed = check_int("seed", seed, 0, "use a non-negative integer such as 0")
