@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import torch
 
-from trakcli.errors import OptimizerError
 from trakcli.optim.slots import _clip_norm, _ProjectedSlot
 from trakcli.projectors.kronecker import IN, OUT, kronecker_factor
 
@@ -88,8 +87,6 @@ class KroneckerSlot(_ProjectedSlot):
     def project(self, grads, k):
         """``R = P_out G P_inᵀ`` ``[k_out, k_in]``."""
         (g,) = grads
-        if g.is_sparse:
-            raise OptimizerError("ProjectedOptimizer does not support sparse gradients; use dense embeddings")
         p_out, p_in = self.factors(k)
         return sandwich(p_out, self._matrix(g), _t(p_in)).contiguous()
 

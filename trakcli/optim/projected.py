@@ -221,7 +221,7 @@ class ProjectedOptimizer(torch.optim.Optimizer):
             scale = float(settings.get("scale", 1.0)) if settings is not None else 1.0
             for slot in self._slots[gi]:
                 if isinstance(slot, _ProjectedSlot):
-                    grads = [p.grad for p in slot.params] if plain else [self._full_grad(p, group) for p in slot.params]
+                    grads = [self._full_grad(p, group) for p in slot.params]
                     if all(g is None for g in grads):
                         continue
                     slot.set_grad(grads, k)
@@ -245,7 +245,7 @@ class ProjectedOptimizer(torch.optim.Optimizer):
         return loss
 
     def _full_grad(self, p: torch.Tensor, group: dict[str, Any]) -> torch.Tensor | None:
-        """The full-space gradient after the grad transform and L2 decay (a copy if either applies)."""
+        """The full-space gradient after the grad transform and L2 decay (a copy if either applies); dense only."""
         g = p.grad
         if g is None:
             return None

@@ -196,8 +196,6 @@ class MatrixSlot(_ProjectedSlot):
 
     def project(self, grads, k):
         (g,) = grads
-        if g.is_sparse:
-            raise OptimizerError("ProjectedOptimizer does not support sparse gradients; use dense embeddings")
         p = self.matrix(k)
         gt = self._short_major(g)
         if gt.dtype != p.dtype:
@@ -258,8 +256,6 @@ class GlobalSlot(_ProjectedSlot):
         super().__init__(list(params), (first.proj_dim,), first.dtype)
 
     def project(self, grads, k):
-        if any(g is not None and g.is_sparse for g in grads):
-            raise OptimizerError("ProjectedOptimizer does not support sparse gradients; use dense embeddings")
         if self.single is not None:
             flat = [
                 (g if g is not None else torch.zeros_like(p)).reshape(1, -1) for g, p in zip(grads, self.params)
