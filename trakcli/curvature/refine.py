@@ -31,7 +31,7 @@ from torch import nn
 from torch.func import jvp, vjp
 
 from trakcli.curvature.kfac import CurvatureFactors
-from trakcli.gradients.vmap import functional_logits
+from trakcli.gradients.vmap import functional_logits, split_parameters
 from trakcli.tasks import IGNORE_INDEX, Task, make_batch, token_labels
 
 Vector = dict[str, torch.Tensor]
@@ -63,11 +63,8 @@ class GaussNewton:
 
     def __init__(self, model: nn.Module, param_names: Sequence[str], task: Task, batches: Sequence[tuple[Any, Any]]):
         self.model, self.task, self.batches = model.eval(), task, list(batches)
-        chosen = set(param_names)
         self.names = list(param_names)
-        self.params = {n: p.detach() for n, p in model.named_parameters() if n in chosen}
-        self.const = {n: p.detach() for n, p in model.named_parameters() if n not in chosen}
-        self.const.update({n: b.detach() for n, b in model.named_buffers()})
+        self.params, self.const = split_parameters(model, self.names)
         self.n_examples = sum(int(next(iter(x.values())).shape[0]) if isinstance(x, dict) else int(x.shape[0])
                               for x, _ in self.batches)
 
@@ -119,10 +116,8 @@ def refine(curvature: CurvatureFactors, gnvp: Callable[[Vector], Vector], g: Vec
     Returns:
         ``x`` per parameter, float64 on ``g``'s device.
     """
-    damp = {}
-    for layer, f in zip(curvature.layers, curvature.factors):
-        for p in layer.params:
-            damp[p.name] = f.damping(curvature.damping)
+    damp = {p.name: f.damping(curvature.damping) for layer, f in zip(curvature.layers, curvature.factors)
+            for p in layer.params}
     g = {n: t.double() for n, t in g.items()}
 
     def precondition(r: Vector) -> Vector:

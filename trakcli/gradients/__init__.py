@@ -14,15 +14,8 @@ Public API::
     g, q = grads(inputs, labels)                   # g[name]: [n, *param.shape]; q: [n] float32
     grads.method, grads.reason                     # "hooks" / "vmap", and why vmap (auto), to report once
 
-Modules: :mod:`.kinds` (the layer kinds, each defined once: how a module is recognized and how
-its input and output gradient give its gradients or Kronecker factors), :mod:`.layers` (which
-modules are covered, :func:`find_uses`), :mod:`.hooks` (one forward + backward with hooks on
-them, :class:`HookPass`), :mod:`.featurizer` (Kronecker factors, :class:`KroneckerFeaturizer`)
-and :mod:`.per_example` (exact per-example gradients, :class:`LayerGradients`, no torch.func;
-:func:`per_example_gradients` chooses it or torch.func.vmap); :mod:`.second_moment` (the optimizer
-second-moment correction of TrackStar, :class:`SecondMoment`, per layer or per entry); :mod:`.vmap`
-(per-example gradients by torch.func.vmap, the fallback; the parameter selection of ``grad_wrt``).
-The projector itself is :class:`trakcli.projectors.kronecker.KroneckerProjector`.
+The modules are named in docs/development.md; the projector itself is
+:class:`trakcli.projectors.kronecker.KroneckerProjector`.
 """
 
 from trakcli.gradients.featurizer import KroneckerFeaturizer

@@ -6,36 +6,17 @@ gradient of the model output function is ``G = Σ_t g_t a_tᵀ`` (``g_t = ∂f/�
 
     (P_out ⊗ P_in) vec(G) = vec( Σ_t (P_out g_t)(P_in a_t)ᵀ )
 
-(Choe et al. 2024, "What is Your Data Worth to GPT?", Sec. 3). A
-:class:`KroneckerFeaturizer` gets every factor from ONE ordinary batched
-forward pass and ONE backward pass of ``Σ_examples f``
-(:class:`~trakcli.gradients.hooks.HookPass`):
+(Choe et al. 2024, "What is Your Data Worth to GPT?", Sec. 3). A :class:`KroneckerFeaturizer`
+projects each covered module's input when it runs (``P_in a_t``, ``[n, T, k_in]``:
+:meth:`trakcli.gradients.kinds.Kind.project_input`) and its output gradient when it arrives
+(``P_out g_t``), adding their products to the example's ``[k_out, k_in]`` grid, in one
+:class:`~trakcli.gradients.hooks.HookPass`. Only ``[n, T, k]`` tensors are kept; no ``[n, grad_dim]``
+tensor, nor any weight gradient, ever exists.
 
-* when a covered module runs, its input is projected right away
-  (``P_in a_t``, ``[n, T, k_in]``; for ``nn.Embedding`` ``a_t`` is one-hot, so
-  ``P_in a_t`` is a column of ``P_in``; for ``nn.Conv*d`` ``a_t`` is the patch
-  at output position ``t`` and ``P_in a_t`` for every ``t`` is one convolution
-  with ``P_in`` as its filters: :meth:`trakcli.gradients.kinds.Kind.project_input`);
-* when its output gradient ``g_t`` arrives during the backward, it is projected
-  right away (``P_out g_t``), adding ``Σ_t (P_out g_t)(P_in a_t)ᵀ`` to the
-  example's ``[k_out, k_in]`` grid.
-
-Only ``[n, T, k]`` tensors are kept; no ``[n, grad_dim]`` tensor (nor any
-weight gradient: parameters do not require grad during the pass) ever exists.
-
-Exactness: the features equal ``(P_out ⊗ P_in) vec(G_i)`` of each example's
-own gradient when examples do not interact in the forward pass, i.e. in eval
-mode (batch norm with running statistics, no dropout): the model is switched
-to eval mode. Padding positions (``attention_mask`` 0) contribute nothing
-because the model's mask gives them exactly zero output gradients (the 4-D
-additive mask of :mod:`trakcli.models.forward`); an ``nn.Embedding``'s
-``padding_idx`` row gets no gradient, as in torch. A module applied to a
-batch-broadcast input (BERT's and GPT-2's position embeddings see
-``position_ids`` ``[1, T]``) has its output expanded to the batch inside the
-hook, so each example receives its own gradient instead of the batch's sum;
-this is exact when that output is broadcast against per-example tensors (as in
-those models), and a pass in which
-only the first example's copy receives a gradient raises :class:`GradientError`.
+Exactness: the features equal ``(P_out ⊗ P_in) vec(G_i)`` of each example's own gradient when examples do
+not interact in the forward pass (eval mode: the model is switched to it). Padding positions
+(``attention_mask`` 0) get exactly zero output gradients from the model's mask (:mod:`trakcli.models.forward`),
+and an ``nn.Embedding``'s ``padding_idx`` row gets no gradient, as in torch.
 """
 
 from __future__ import annotations
@@ -74,26 +55,22 @@ class KroneckerFeaturizer:
         grad_wrt: parameter name patterns (:func:`trakcli.gradients.vmap.select_parameters`);
             ``None`` selects all; parameters outside supported layers are left out.
         task: the model output function (:func:`trakcli.tasks.resolve_task`).
-        memory_mb: if set, the rows of a batch go through in passes whose
-            covered layers' inputs, outputs, output gradients and projected
-            inputs fit this many MiB (measured once per kind of input on a
-            discarded probe pass of one row, or of one row's first 8 tokens for token
-            data, whose cost is then per token: how a batch is cut depends on the batch alone).
+        memory_mb: if set, the rows of a batch go through in passes whose covered layers' inputs,
+            outputs, output gradients and projected inputs fit this many MiB (:meth:`rows_per_pass`).
 
     Attributes:
         projector: the :class:`~trakcli.projectors.kronecker.KroneckerProjector`.
         layers, uses, left_out: from :func:`~trakcli.gradients.layers.find_uses`.
         info: one line naming the left-out parameters and the fraction covered.
         grad_dim: covered parameter entries; param_names: their order.
-        row_bytes: per kind of input, the largest bytes per row a pass has held
-            (inputs, outputs, output gradients and projected inputs of the covered layers).
-        probe_bytes: per kind of input (:meth:`_shape_key`), the bytes per row, or per token for
-            token data, of the probe pass (with ``memory_mb``), which fix the rows per pass
-            (:meth:`rows_per_pass`).
+        row_bytes: per kind of input, the largest bytes per row a pass has held.
+        probe_bytes: per kind of input (:meth:`_shape_key`), the bytes per row (per token for token data)
+            of the probe pass (with ``memory_mb``).
         second_moment: None, or a :class:`~trakcli.gradients.second_moment.SecondMoment` of kind
-            ``adafactor`` over :attr:`layers`: its per-layer diagonal scalings are folded into the
-            factors, so the features are ``(P_out ⊗ P_in) vec(D_out G D_in)`` (TrackStar's
-            optimizer second-moment correction, factored per layer).
+            ``adafactor`` over :attr:`layers`, folded into the factors: the features are
+            ``(P_out ⊗ P_in) vec(D_out G D_in)``.
+        curvature: None, or a :class:`~trakcli.curvature.Curvature` whose whitening is folded into the
+            factors (:meth:`~trakcli.curvature.Curvature.fold`), after ``second_moment``.
 
     Raises:
         ConfigError: unknown task, bad ``grad_wrt`` or ``memory_mb``, or a
@@ -132,8 +109,6 @@ class KroneckerFeaturizer:
         self.row_bytes: dict[Any, int] = {}
         self.probe_bytes: dict[Any, int] = {}
         self.second_moment: Any = None
-        #: None, or a :class:`~trakcli.curvature.Curvature` whose whitening is folded into the factors
-        #: (:meth:`~trakcli.curvature.Curvature.fold`), after ``second_moment``.
         self.curvature: Any = None
 
     # ------------------------------------------------------------------ public
@@ -144,12 +119,9 @@ class KroneckerFeaturizer:
         """Features and out-to-loss terms of a batch.
 
         Args:
-            inputs: ``[n, ...]`` model inputs on the model's device, or a dict of
-                ``[n, L]`` tensors (``input_ids``, ``attention_mask``) for a transformers model.
-            labels: ``[n]`` int64 class indices, ``[n, L]`` per-token labels (``-100``: not a target),
-                or None; the task reads them from its batch (:func:`trakcli.tasks.make_batch`).
+            inputs, labels, row_offset: as :meth:`PerExampleGradients.__call__
+                <trakcli.gradients.vmap.PerExampleGradients.__call__>`.
             model_id: checkpoint index (selects the projection matrices).
-            row_offset: dataset index of the batch's first row (for error messages).
 
         Returns:
             ``(phi [n, proj_dim], out_to_loss [n])``, float32 (phi float64 for a
@@ -175,16 +147,14 @@ class KroneckerFeaturizer:
             # bit for bit, from one process or from torchrun ranks that each start at another chunk)
             probe, probe_labels, tokens = self._probe(inputs, labels)
             self.probe_bytes[key] = self._pass(probe, probe_labels, model_id, row_offset)[2] / tokens
-        phis, qs, start = [], [], 0
-        while start < n:
-            step = self.rows_per_pass(inputs) or n
-            rows = slice(start, min(n, start + step))
-            part, part_labels = batch_rows(inputs, labels, rows)
+        phis, qs = [], []
+        step = self.rows_per_pass(inputs) or n
+        for start in range(0, n, step):
+            part, part_labels = batch_rows(inputs, labels, slice(start, start + step))
             phi, q, nbytes = self._pass(part, part_labels, model_id, row_offset + start)
             self.row_bytes[key] = max(self.row_bytes.get(key, 0), nbytes)
             phis.append(phi)
             qs.append(q)
-            start = rows.stop
         return (phis[0], qs[0]) if len(phis) == 1 else (torch.cat(phis), torch.cat(qs))
 
     #: Tokens of the probe pass of token data.
@@ -219,11 +189,13 @@ class KroneckerFeaturizer:
     def rows_per_pass(self, inputs) -> int | None:
         """Rows of a batch like ``inputs`` that one forward + backward takes under ``memory_mb``.
 
+        The bytes per row are measured once per kind of input on a discarded probe pass of one row (token
+        data: of its first :attr:`PROBE_TOKENS` tokens, the cost then per token), so how a batch is cut depends
+        on the batch alone.
+
         Returns:
-            ``None`` without a memory bound; 1 while the bytes per row (per token) of this
-            kind of input are not measured yet (the first call measures them in a discarded
-            probe pass); else ``memory_mb`` MiB over the bytes per row (bytes per token × the
-            batch's sequence length for token data), at least 1.
+            ``None`` without a memory bound; 1 while the bytes of this kind of input are not measured; else
+            ``memory_mb`` MiB over the bytes per row (per token × the sequence length for token data), at least 1.
         """
         if self.memory_mb is None:
             return None
@@ -249,7 +221,7 @@ class KroneckerFeaturizer:
         with HookPass(model, self.uses, n, device, grids) as hooks:
             logits = logits_of(model, inputs)
             self._raise(hooks)
-            margin, q = self._output(logits, inputs, labels, n, row_offset)
+            margin, q = checked_outputs(self.task, logits, make_batch(inputs, labels), row_offset)
             never = [use.name for use, c in zip(self.uses, hooks.calls) if not c]
             if never:
                 raise GradientError(
@@ -275,10 +247,6 @@ class KroneckerFeaturizer:
         """Raise :class:`GradientError` for the pass's problem, if any."""
         if hooks.problem is not None:
             raise GradientError(hooks.problem.text + self.HINTS.get(hooks.problem.code, ""))
-
-    def _output(self, logits: torch.Tensor, inputs, labels: torch.Tensor | None, n: int, row_offset: int):
-        """Per-example margins ``[n]`` (differentiable) and out-to-loss ``[n]`` of the task on the batch."""
-        return checked_outputs(self.task, logits, make_batch(inputs, labels), row_offset)
 
 
 class _Grids:

@@ -1,28 +1,19 @@
 """One forward + backward with hooks on the covered modules: each call's input ``a`` and output gradient ``g``.
 
-Both exact per-example gradients (:class:`trakcli.gradients.LayerGradients`) and
-Kronecker-projected ones (:class:`trakcli.gradients.KroneckerFeaturizer`) are sums over
-a module's calls and positions of terms in ``(a_t, g_t)`` (Goodfellow 2015; Choe et
-al. 2024, Sec. 3). A :class:`HookPass` gets them from ONE ordinary batched forward
-and ONE backward of ``Σ_i f_i``, and hands each call to a :class:`Consumer`:
+Exact per-example gradients (:class:`trakcli.gradients.LayerGradients`), Kronecker-projected ones
+(:class:`trakcli.gradients.KroneckerFeaturizer`) and the curvature passes are sums over a module's calls and
+positions of terms in ``(a_t, g_t)`` (Goodfellow 2015; Choe et al. 2024, Sec. 3). A :class:`HookPass` gets
+them from ONE ordinary batched forward and ONE backward of ``Σ_i f_i``: a forward hook hands each call's
+input to :meth:`Consumer.take_input`, which keeps what it needs, and a tensor hook on the call's output hands
+``g = ∂(Σ_i f_i)/∂y`` (row ``i`` is example ``i``'s own when examples do not interact, eval mode) with what
+was kept to :meth:`Consumer.take_grad`, which accumulates over calls.
 
-* a forward hook on each covered module takes its input ``x`` ``[b, ...]`` and gives
-  it to :meth:`Consumer.take_input`, which keeps what it needs (the input itself, or
-  its projection ``P_in a_t``);
-* a tensor hook on the module's output receives ``g = ∂(Σ_i f_i)/∂y`` during the
-  backward, row ``i`` being example ``i``'s own ``∂f_i/∂y_i`` when examples do not
-  interact (eval mode), and gives it with what was kept to :meth:`Consumer.take_grad`.
-
-A module called several times, or a weight shared by several modules (tied
-embeddings), gives one ``(use, kept, g)`` per call; the consumer accumulates. A
-module run on a batch-broadcast input (BERT's and GPT-2's position embeddings see
-``position_ids [1, T]``) has its output expanded to the batch inside the hook (and
-what was kept along with it), so each example receives its own gradient instead of
-the batch's sum; this is exact when that output is broadcast against per-example
-tensors, and a pass in which only the first example's copy receives a gradient is a
-:class:`Problem`. During the pass no parameter requires grad (unless asked for), so
-no weight gradient is computed; an anchor tensor gives every hooked output a
-gradient path even when nothing before it requires grad.
+A module run on a batch-broadcast input (BERT's and GPT-2's position embeddings see ``position_ids [1, T]``)
+has its output, and what was kept, expanded to the batch inside the hook, so each example receives its own
+gradient; this is exact when that output is broadcast against per-example tensors, and a pass in which only
+the first example's copy receives a gradient is a :class:`Problem`. During the pass no parameter requires
+grad (unless asked for), so no weight gradient is computed; an anchor tensor gives every hooked output a
+gradient path.
 """
 
 from __future__ import annotations
@@ -79,12 +70,8 @@ class Problem:
 
 
 class Consumer(Protocol):
-    """What a :class:`HookPass` hands each call to.
-
-    Attributes:
-        keeps_input: :meth:`take_input` keeps the input itself, so a change made to it in place
-            after the call (which the backward would read) is a :class:`Problem`.
-    """
+    """What a :class:`HookPass` hands each call to; ``keeps_input``: :meth:`take_input` keeps the input itself,
+    so a change made to it in place after the call (which the backward would read) is a :class:`Problem`."""
 
     keeps_input: bool
 

@@ -97,17 +97,9 @@ class Kind:
     def layer_input(self, module: nn.Module, x: torch.Tensor, output: torch.Tensor, width: int, cols: int,
                     weight: bool, bias: bool, dtype: torch.dtype) -> torch.Tensor:
         """``a_t`` itself at every position, ``[b, T, width]`` in ``dtype``: the input in columns ``[0, cols)`` when
-        ``weight``, 1 in column ``cols`` when ``bias`` (the folded-in bias), zeros elsewhere.
-
-        It equals :meth:`project_input` with the identity as ``P`` (the default computes it so); a kind whose
-        ``a_t`` is at hand overrides it with a copy, which costs ``T · width`` instead of ``T · width²``.
-
-        Args:
-            module, x, output: as :meth:`project_input`.
-            width: the layer's ``d_in`` (bias column included).
-            cols: the layer's weight columns (:attr:`~trakcli.projectors.kronecker_layers.KroneckerLayer.weight_cols`).
-            weight, bias: whether the call's weight and bias columns are filled.
-            dtype: the result's dtype.
+        ``weight``, 1 in column ``cols`` when ``bias`` (the folded-in bias), zeros elsewhere; ``width`` is the
+        layer's ``d_in``, ``cols`` its weight columns. :meth:`project_input` with the identity as ``P`` (the
+        default); a kind whose ``a_t`` is at hand overrides it with a copy.
         """
         eye = torch.eye(width, dtype=dtype, device=x.device)
         return self.project_input(module, x, output, eye[:cols] if weight else None, eye[cols] if bias else None,
@@ -128,8 +120,7 @@ class Kind:
 
 
 def _filled(a: torch.Tensor, width: int, cols: int, weight: bool, bias: bool, dtype: torch.dtype) -> torch.Tensor:
-    """``[b, T, width]`` in ``dtype``: ``a`` ``[b, T, cols]`` in columns ``[0, cols)`` (when ``weight``), 1 in column
-    ``cols`` (when ``bias``), zeros elsewhere (:meth:`Kind.layer_input`); always a new tensor."""
+    """:meth:`Kind.layer_input` of ``a`` ``[b, T, cols]``, the layer's inputs; always a new tensor."""
     if weight and not bias and width == cols:
         return a.to(dtype, copy=True)
     out = a.new_zeros(*a.shape[:2], width, dtype=dtype)
@@ -286,13 +277,9 @@ class Norm(Kind):
         """``x̂``: the module's input normalized as its forward does, before the affine weight and bias."""
         raise NotImplementedError
 
-    def affine_shape(self, module: nn.Module) -> tuple[int, ...]:
-        """The trailing dims the weight covers (``channel`` False)."""
-        return tuple(module.normalized_shape)
-
     def exact(self, module, x, g, weight):
         n = x.shape[0]
-        shape = (n, g.shape[1], -1) if self.channel else (n, -1, *self.affine_shape(module))
+        shape = (n, g.shape[1], -1) if self.channel else (n, -1, *module.weight.shape)  # the trailing dims of w
         dims = -1 if self.channel else 1
         w = (g * self.normalized(module, x)).reshape(shape).sum(dims) if weight else None
         return w, g.reshape(shape).sum(dims)
@@ -306,24 +293,19 @@ class LayerNorm(Norm):
 
 
 class RMSNorm(Norm):
-    name, label = "rms_norm", "nn.RMSNorm"
-    classes = (nn.RMSNorm,) if hasattr(nn, "RMSNorm") else ()
-    base = getattr(nn, "RMSNorm", nn.Module)
+    name, label, classes, base = "rms_norm", "nn.RMSNorm", (nn.RMSNorm,), nn.RMSNorm
 
     def normalized(self, module, x):
         return F.rms_norm(x, module.normalized_shape, None, module.eps)
 
 
 class HFRMSNorm(Norm):
-    """transformers' Llama-style RMSNorm (``LlamaRMSNorm``, ``Qwen2RMSNorm``, ``MistralRMSNorm``, ...):
-    ``weight * (x̂).to(x.dtype)`` with ``x̂ = x · rsqrt(mean(x²) + variance_epsilon)`` over the last dim,
-    computed in float32 (``transformers/models/llama/modeling_llama.py``).
-
-    Recognized by the class name ending in ``RMSNorm`` in a ``transformers`` module, with one
-    parameter ``weight`` ``[d]``, an attribute ``variance_epsilon`` and a forward taking the hidden
-    states alone. A variant with another formula under these names (Gemma's ``(1 + weight)`` keeps
-    ``eps``, not ``variance_epsilon``, so it is refused) is caught by the exactness guard of
-    :class:`trakcli.gradients.LayerGradients`.
+    """transformers' Llama-style RMSNorm (``LlamaRMSNorm``, ``Qwen2RMSNorm``, ...): ``weight * (x̂).to(x.dtype)``
+    with ``x̂ = x · rsqrt(mean(x²) + variance_epsilon)`` over the last dim in float32
+    (``transformers/models/llama/modeling_llama.py``). Recognized by the class name ending in ``RMSNorm`` in a
+    ``transformers`` module, one parameter ``weight`` ``[d]``, ``variance_epsilon`` and a forward taking the
+    hidden states alone (Gemma's ``(1 + weight)`` keeps ``eps``: refused); another formula under these names
+    is caught by the exactness guard of :class:`trakcli.gradients.LayerGradients`.
     """
 
     name, label = "hf_rms_norm", "transformers' Llama-style RMSNorm"
@@ -342,9 +324,6 @@ class HFRMSNorm(Norm):
         if len(inspect.signature(type(module).forward).parameters) != 2:
             return f"{cls} whose forward takes more than the hidden states (not Llama's RMSNorm forward)"
         return ""
-
-    def affine_shape(self, module):
-        return tuple(module.weight.shape)
 
     def normalized(self, module, x):
         xf = x.to(torch.float32)

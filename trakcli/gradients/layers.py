@@ -123,6 +123,12 @@ def find_uses(model: nn.Module, selected: list[str], kinds: tuple[Kind, ...] = K
     return layers, uses, left_out
 
 
+def describe_left_out(left_out: dict[str, str], limit: int = 6) -> str:
+    """``"a.weight (MultiheadAttention), b (parameter)"``: the first ``limit`` uncovered parameters and why."""
+    shown = ", ".join(f"{n} ({why})" for n, why in list(left_out.items())[:limit])
+    return shown + (f" and {len(left_out) - limit} more" if len(left_out) > limit else "")
+
+
 def coverage_info(layers: list[KroneckerLayer], left_out: dict[str, str], selected_numel: int) -> str:
     """One line: how many layers and parameter entries are covered, and which selected parameters are left out
     (grouped by reason; a group of more than three named by its count and its first two)."""

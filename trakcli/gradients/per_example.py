@@ -1,24 +1,14 @@
 """Exact per-example gradients from layer hooks: one ordinary batched forward + backward, no torch.func.
 
-For a module applied at positions ``t`` (tokens, pixels) of example ``i``, the
-gradient of the model output function ``f_i`` (the task's, :mod:`trakcli.tasks`)
-w.r.t. its parameters is a sum over positions of terms in the module's output
-gradient ``g_{i,t} = ∂f_i/∂y_{i,t}`` and its input ``a_{i,t}`` (Goodfellow 2015,
-"Efficient per-example gradient computations"; Rochette et al. 2019): ``G_i = Σ_t
-g_{i,t} a_{i,t}ᵀ`` for a linear map, ``Σ_t g_{i,t} ⊙ x̂_{i,t}`` for a normalization's
-weight; each kind's formula is in :mod:`trakcli.gradients.kinds` (:data:`HOOKED`).
-:class:`~trakcli.gradients.hooks.HookPass` gives every ``(a, g)`` of one backward of
-``Σ_i f_i``; calls of one module, and weights tied between modules (GPT-2's
-``lm_head`` and ``wte``), accumulate.
-
-This equals ``torch.func.vmap(grad(f))`` (:class:`trakcli.gradients.vmap.PerExampleGradients`)
-when every selected parameter is used only inside its module's call and
-examples do not interact (eval mode). :class:`LayerGradients` checks both on
-the first batch it sees (the exactness guard) and, chosen by
-:func:`per_example_gradients` with ``method="auto"``, falls back to vmap for
-good when the check fails, with a ``reason`` for the caller to report once.
-Its results equal vmap's to float32 rounding, so the method is not part of a
-store's identity.
+Each covered module's per-example parameter gradients are sums over positions of terms in its input and
+output gradient (Goodfellow 2015, "Efficient per-example gradient computations"; Rochette et al. 2019; each
+kind's formula in :mod:`trakcli.gradients.kinds`), taken from one :class:`~trakcli.gradients.hooks.HookPass`
+of ``Σ_i f_i``; calls of one module, and weights tied between modules, accumulate. This equals
+``torch.func.vmap(grad(f))`` (:class:`trakcli.gradients.vmap.PerExampleGradients`) when every selected
+parameter is used only inside its module's call and examples do not interact (eval mode):
+:class:`LayerGradients` checks both on its first batch and, under ``gradient_method: auto``, falls back to
+vmap for good when the check fails. The results equal vmap's to float32 rounding, so the method is not part
+of a store's identity.
 """
 
 from __future__ import annotations
@@ -32,18 +22,12 @@ from torch import nn
 from trakcli.errors import ConfigError, GradientError
 from trakcli.gradients.hooks import HookPass, batch_rows, first_rows, grad_flags, logits_of
 from trakcli.gradients.kinds import KINDS
-from trakcli.gradients.layers import HOOKED, Use, find_uses
-from trakcli.gradients.vmap import PerExampleGradients, check_finite, select_parameters, selected_shapes
-from trakcli.tasks import checked_outputs, is_builtin, make_batch, resolve_task
+from trakcli.gradients.layers import HOOKED, Use, describe_left_out, find_uses
+from trakcli.gradients.vmap import PerExampleGradients, check_finite, select_parameters
+from trakcli.tasks import checked_outputs, is_builtin, make_batch
 
 #: The values of ``gradient_method`` (config key and :func:`per_example_gradients`).
 METHODS = ("auto", "hooks", "vmap")
-
-
-def describe_left_out(left_out: dict[str, str], limit: int = 6) -> str:
-    """``"a.weight (MultiheadAttention), b (parameter)"``: the first ``limit`` uncovered parameters and why."""
-    shown = ", ".join(f"{n} ({why})" for n, why in list(left_out.items())[:limit])
-    return shown + (f" and {len(left_out) - limit} more" if len(left_out) > limit else "")
 
 
 class NotPerExample(Exception):
@@ -69,41 +53,30 @@ class _Exact:
                 self.grads[name] = self.grads[name] + t if name in self.grads else t
 
 
-class LayerGradients:
+class LayerGradients(PerExampleGradients):
     """``∇_θ f(z; θ)`` for each example of a batch, and ``Q(z)``, from layer hooks (no torch.func).
 
-    The same interface and results (to float32 rounding) as
-    :class:`trakcli.gradients.vmap.PerExampleGradients`; see the module docstring for
-    the formulas. On the first batch it sees, the exactness guard compares the
-    sum of the per-example gradients with the batch gradient of ``Σ_i f_i`` and
-    example 0's gradient with its gradient computed alone (plain autograd); a
-    mismatch (a selected weight used outside its module's call, e.g.
-    ``F.linear(x, self.fc.weight)``, or examples that interact), or a covered
-    module run on a tensor without the batch as its first dimension, either
-    switches this object to vmap for good (``fallback=True``; ``method`` becomes
-    ``"vmap"`` and ``reason`` says why) or raises.
-
-    Args:
-        model: the model; switched to eval mode.
-        grad_wrt: parameter name patterns (:func:`trakcli.gradients.vmap.select_parameters`).
-        task: the model output function (:func:`trakcli.tasks.resolve_task`).
-        fallback: on a failed guard, use vmap (True) or raise :class:`GradientError` (False).
+    The interface, arguments and results (to float32 rounding) of its base
+    :class:`~trakcli.gradients.vmap.PerExampleGradients`. On the first batch, the exactness guard
+    compares the sum of the per-example gradients with the batch gradient of ``Σ_i f_i``, and
+    example 0's gradient with its gradient alone; a mismatch (a selected weight used outside its
+    module's call, e.g. ``F.linear(x, self.fc.weight)``, or examples that interact), or a covered
+    module run without the batch as its first dimension, switches to vmap for good with
+    ``fallback`` (``method`` becomes ``"vmap"``, ``reason`` says why), else raises
+    :class:`GradientError` from :meth:`__call__`.
 
     Attributes:
-        param_names, param_shapes, grad_dim, task, model: as :class:`PerExampleGradients`.
         uses: the covered module calls (:func:`~trakcli.gradients.layers.find_uses` over every kind).
-        method: ``"hooks"``, or ``"vmap"`` after a fallback.
-        reason: why vmap is used (None while on hooks).
 
     Raises:
         ConfigError: a bad ``grad_wrt`` or task, or a selected parameter the hooks do not cover (named).
     """
 
+    method = "hooks"
+
     def __init__(self, model: nn.Module, grad_wrt: list[str] | None = None, task: Any = "classification", *,
                  fallback: bool = False):
-        self.task = resolve_task(task)
-        self.model = model.eval()
-        self.param_names, self.param_shapes, self.grad_dim = selected_shapes(model, grad_wrt)
+        super().__init__(model, grad_wrt, task)
         _, self.uses, left_out = find_uses(model, self.param_names, KINDS)
         if left_out:
             raise ConfigError(
@@ -111,25 +84,12 @@ class LayerGradients:
                 f"{describe_left_out(left_out)}; leave them out with grad_wrt, or use gradient_method auto or vmap"
             )
         self.fallback = fallback
-        self.method = "hooks"
-        self.reason: str | None = None
         self.checked = False
         self._vmap: PerExampleGradients | None = None
 
     def __call__(self, inputs, labels: torch.Tensor | None, row_offset: int = 0
                  ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        """Per-example gradients of the model output function and the out-to-loss terms of a batch.
-
-        Args:
-            inputs: ``[n, ...]`` model inputs on the model's device, or a dict of ``[n, L]``
-                tensors (``input_ids``, ``attention_mask``) for a transformers model.
-            labels: ``[n]`` int64 class indices, ``[n, L]`` per-token labels (``-100``: not a target),
-                or None; the task reads them from its batch (:func:`trakcli.tasks.make_batch`).
-            row_offset: dataset index of the batch's first row (for error messages).
-
-        Returns:
-            ``(grads, out_to_loss)``: ``grads[name]`` is ``[n, *param.shape]`` in the parameter's
-            dtype (in ``param_names`` order); ``out_to_loss`` is ``[n]`` float32.
+        """As :meth:`PerExampleGradients.__call__ <trakcli.gradients.vmap.PerExampleGradients.__call__>`.
 
         Raises:
             DataError: inputs the model cannot take, logits or labels the task refuses.
@@ -152,10 +112,6 @@ class LayerGradients:
         if not is_builtin(self.task):  # a built-in Q is finite where the features are
             check_finite(q, row_offset, what=f"out-to-loss terms Q of task {self.task.name}")
         return grads, q
-
-    def flatten(self, grads: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Concatenate per-parameter gradients into ``[n, grad_dim]`` (in ``param_names`` order)."""
-        return torch.cat([grads[n].reshape(grads[n].shape[0], -1) for n in self.param_names], dim=1)
 
     # ------------------------------------------------------------------ one pass
 
@@ -193,8 +149,7 @@ class LayerGradients:
         return grads, q.detach().to(torch.float32)
 
     def _outputs(self, inputs, labels: torch.Tensor | None, n: int, row_offset: int):
-        """``(f [n], Q [n])`` of the task on a batch, after its checks (a custom task's first on the first
-        example, as :class:`PerExampleGradients` does, then on the batch)."""
+        """``(f [n], Q [n])`` of the task on a batch, checked on the first example (as the base does), then all."""
         logits = logits_of(self.model, inputs)
         batch = make_batch(inputs, labels)
         if logits.ndim >= 1 and logits.shape[0] == n:
@@ -244,16 +199,15 @@ def per_example_gradients(model: nn.Module, grad_wrt: list[str] | None = None, t
     Args:
         model: the model; switched to eval mode.
         grad_wrt: parameter name patterns (:func:`trakcli.gradients.vmap.select_parameters`).
-        task: the model output function (:func:`trakcli.gradients.vmap.resolve_task`).
+        task: the model output function (:func:`trakcli.tasks.resolve_task`).
         method: ``auto``: :class:`LayerGradients` when every selected parameter is in a covered
             module (:data:`HOOKED`), falling back to vmap for good if its first-batch guard fails,
             else :class:`~trakcli.gradients.vmap.PerExampleGradients`; ``hooks``: :class:`LayerGradients`,
             raising instead of falling back; ``vmap``: :class:`~trakcli.gradients.vmap.PerExampleGradients`.
 
     Returns:
-        An object with ``__call__(inputs, labels, row_offset) -> (grads, out_to_loss)``,
-        ``param_names``, ``param_shapes``, ``grad_dim``, ``flatten``, ``method`` (``hooks`` / ``vmap``)
-        and ``reason`` (why vmap is used under ``auto``, to report once; None otherwise).
+        A :class:`~trakcli.gradients.vmap.PerExampleGradients` (:class:`LayerGradients` is one), whose ``reason``
+        says why vmap is used under ``auto``, to report once (None otherwise).
 
     Raises:
         ConfigError: an unknown ``method``; a bad ``grad_wrt`` or task; ``hooks`` with a selected

@@ -65,19 +65,8 @@ def optimizer_state_record(optimizer: str, projection: dict[str, Any] | None, pa
     Returns:
         ``{"optimizer", "projection", "param_names", "state_dict"}``.
     """
-    return {"optimizer": optimizer, "projection": projection, "param_names": list(param_names),
-            "state_dict": _on_cpu(state_dict)}
-
-
-def _on_cpu(obj: Any) -> Any:
-    """A nested state dict with every tensor detached and on the CPU."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().cpu()
-    if isinstance(obj, dict):
-        return {k: _on_cpu(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_on_cpu(v) for v in obj)
-    return obj
+    on_cpu = torch.utils._pytree.tree_map_only(torch.Tensor, lambda t: t.detach().cpu(), state_dict)
+    return {"optimizer": optimizer, "projection": projection, "param_names": list(param_names), "state_dict": on_cpu}
 
 
 def read_second_moments(path: Path, param_names: Sequence[str], shapes: dict[str, tuple[int, ...]]
@@ -157,11 +146,8 @@ def embedding_note(model: nn.Module, param_names: Sequence[str]) -> str | None:
     """A one-line hint when the correction would scale an ``nn.Embedding`` weight, else None.
 
     An embedding's rows of rare tokens get gradients in few steps, so their second moments
-    are near zero and their scalings ``1/sqrt(v)`` huge; with a tied output layer (GPT-2,
-    SmolLM2) they enter every example's gradient through the softmax. On the fact-tracing
-    benchmarks (``benchmarks/bench_recall.py``) correcting every parameter took retrieval to
-    chance on a tiny GPT-2 (MRR 0.007) and lowered SmolLM2's recall@10 to 0.52, where the
-    transformer blocks alone gave 0.53 (sjlt) and 0.94 (kronecker, ``split: equal``).
+    are near zero and their scalings ``1/sqrt(v)`` huge; with a tied output layer they enter
+    every example's gradient through the softmax (measured: ``benchmarks/bench_recall.py``).
 
     Args:
         model: the model.

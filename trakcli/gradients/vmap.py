@@ -9,17 +9,18 @@ are differentiated, the rest (and the buffers) are passed as constants. The
 model is put in eval mode, so dropout and batch-norm statistics are fixed.
 
 Gradients are returned per parameter, as a dict of named tensors, so that a
-projector can consume them chunk by chunk. The same gradients from layer hooks,
-one ordinary batched forward + backward without torch.func (whose first call
-imports torch._dynamo, 1-3 s), are :class:`trakcli.gradients.LayerGradients`;
-``gradient_method`` chooses (:func:`trakcli.gradients.per_example_gradients`).
+projector can consume them chunk by chunk. The same gradients from layer hooks
+are :class:`trakcli.gradients.LayerGradients`; ``gradient_method`` chooses
+(:func:`trakcli.gradients.per_example_gradients`).
 """
 
 from __future__ import annotations
 
 import fnmatch
+import itertools
+import math
 import re
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -83,14 +84,9 @@ _INDEX = re.compile(r"0|[1-9][0-9]*")
 
 def _ranges(values: list[int]) -> str:
     """``[0, 1, 2, 3, 5, 7, 8]`` -> ``"0..3,5,7,8"``: runs of three or more as ``a..b``."""
-    values, out, i = sorted(set(values)), [], 0
-    while i < len(values):
-        j = i
-        while j + 1 < len(values) and values[j + 1] == values[j] + 1:
-            j += 1
-        out.append(f"{values[i]}..{values[j]}" if j - i >= 2 else ",".join(str(v) for v in values[i : j + 1]))
-        i = j + 1
-    return ",".join(out)
+    ordered = sorted(set(values))
+    runs = [[v for _, v in run] for _, run in itertools.groupby(enumerate(ordered), lambda p: p[1] - p[0])]
+    return ",".join(f"{r[0]}..{r[-1]}" if len(r) >= 3 else ",".join(map(str, r)) for r in runs)
 
 
 def group_names(names: list[str]) -> list[str]:
@@ -117,9 +113,7 @@ def group_names(names: list[str]) -> list[str]:
                 continue
             values = next(slots)
             parts.append(str(values[0]) if len(values) == 1 else "{" + _ranges(values) + "}")
-        grid = 1
-        for values in per_slot:
-            grid *= len(values)
+        grid = math.prod(len(values) for values in per_slot)
         lines.append(".".join(parts) + (f" ({len(indices)})" if grid != len(indices) else ""))
     return lines
 
@@ -163,19 +157,22 @@ def unmatched_problems(unmatched: list[str], names: list[str]) -> list[str]:
 
 
 def selected_shapes(model: nn.Module, grad_wrt: list[str] | None) -> tuple[list[str], dict[str, tuple[int, ...]], int]:
-    """The differentiated parameters of ``model``: names (:func:`select_parameters`), shapes and ``grad_dim``.
-
-    Returns:
-        ``(param_names, param_shapes, grad_dim)``: names in ``named_parameters()`` order, each one's
-        shape, and the total number of entries.
-
-    Raises:
-        ConfigError: as :func:`select_parameters`.
-    """
+    """``(param_names, param_shapes, grad_dim)`` of ``model``: the names of :func:`select_parameters` (which
+    raises ConfigError), each one's shape and the total number of entries."""
     names = select_parameters(model, grad_wrt)
     params = dict(model.named_parameters())
     shapes = {n: tuple(params[n].shape) for n in names}
     return names, shapes, int(sum(params[n].numel() for n in names))
+
+
+def split_parameters(model: nn.Module, names: list[str]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """``(params, constants)`` for ``functional_call``: the detached parameters ``names``, and every other
+    parameter and buffer, detached."""
+    chosen = set(names)
+    params = {n: p.detach() for n, p in model.named_parameters() if n in chosen}
+    const = {n: p.detach() for n, p in model.named_parameters() if n not in chosen}
+    const.update({n: b.detach() for n, b in model.named_buffers()})
+    return params, const
 
 
 def functional_logits(model: nn.Module, params: dict[str, torch.Tensor], x) -> torch.Tensor:
@@ -185,10 +182,6 @@ def functional_logits(model: nn.Module, params: dict[str, torch.Tensor], x) -> t
 
         return logits_of(functional_call(model, params, args=(), kwargs=model_kwargs(model, x)))
     return functional_call(model, params, (x,))
-
-
-def _first(x):
-    return {k: v[:1] for k, v in x.items()} if isinstance(x, dict) else x[:1]
 
 
 class PerExampleGradients:
@@ -216,14 +209,6 @@ class PerExampleGradients:
         self.task = resolve_task(task)
         self.model = model.eval()
         self.param_names, self.param_shapes, self.grad_dim = selected_shapes(model, grad_wrt)
-        self._fn: Callable | None = None
-
-    def _constants(self) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-        chosen = set(self.param_names)
-        params = {n: p.detach() for n, p in self.model.named_parameters() if n in chosen}
-        const = {n: p.detach() for n, p in self.model.named_parameters() if n not in chosen}
-        const.update({n: b.detach() for n, b in self.model.named_buffers()})
-        return params, const
 
     def __call__(
         self, inputs, labels: torch.Tensor | None, row_offset: int = 0
@@ -247,7 +232,7 @@ class PerExampleGradients:
             GradientError: the forward pass runs on the batch but fails under ``torch.func.vmap``
                 (names the file and line, and :data:`VMAP_HINT`).
         """
-        params, const = self._constants()
+        params, const = split_parameters(self.model, self.param_names)
         model = self.model
         task = self.task
 
@@ -269,7 +254,7 @@ class PerExampleGradients:
 
     def _check_batch(self, inputs, labels, params, const, row_offset: int) -> None:
         """One plain forward pass of the first example, for clear messages on shapes and labels."""
-        first = _first(inputs)
+        first = {k: v[:1] for k, v in inputs.items()} if isinstance(inputs, dict) else inputs[:1]
         with torch.no_grad(), forward_errors(self.model, inputs):
             logits = functional_logits(self.model, {**params, **const}, first)
         check_by_first(self.task, logits, inputs, labels, row_offset)
@@ -280,12 +265,8 @@ class PerExampleGradients:
 
 
 def check_finite(rows: torch.Tensor, row_offset: int, what: str = "gradients") -> None:
-    """Raise if any example's row has NaN or inf entries.
-
-    Called on the projected features ``[n, proj_dim]`` rather than on the
-    ``[n, grad_dim]`` gradients: a non-finite gradient entry meets nonzero
-    matrix entries and makes its features non-finite, and the check then costs
-    O(proj_dim) instead of O(grad_dim) per example.
+    """Raise if any example's row has NaN or inf entries (called on the projected features rather than on the
+    gradients: a non-finite gradient entry makes its features non-finite, at O(proj_dim) per example).
 
     Args:
         rows: ``[n, ...]`` per-example values (features or gradients).
