@@ -37,16 +37,19 @@ from trakcli.tasks import Task, checked_outputs, make_batch
 
 class _Inputs:
     """What both consumers share: each layer's ``a_t`` ``[b, T, d_in]`` float32 (bias column included) kept from its
-    forward call (:meth:`~trakcli.gradients.kinds.Kind.layer_input`)."""
+    forward call (:meth:`~trakcli.gradients.kinds.Kind.layer_input`), and the calls of each layer's module (one
+    run more than once sums its gradient over the calls in ``_grids`` until ``finish``)."""
 
     keeps_input = False
 
-    def __init__(self, layers: Sequence[KroneckerLayer], device: torch.device):
+    def __init__(self, layers: Sequence[KroneckerLayer]):
         self.layers = layers
-        self.device = device
         self.same = SameInput()  # one copy of an input several layers read (read, never changed)
+        self.calls = [0] * len(layers)
+        self._grids: dict[int, torch.Tensor] = {}
 
     def take_input(self, use: Use, x: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
+        self.calls[use.layer] += 1
         layer = self.layers[use.layer]
         return self.same.take(x, input_how(layer, use), lambda: use.kind.layer_input(
             use.module, x, output, layer.d_in, layer.weight_cols, use.weight is not None, use.bias is not None,
@@ -67,15 +70,9 @@ class QueryLayerGrads(_Inputs):
 
     def __init__(self, layers: Sequence[KroneckerLayer], factors: CurvatureFactors, n: int, rank: int | None,
                  device: torch.device):
-        super().__init__(layers, device)
+        super().__init__(layers)
         self.factors, self.n, self.rank = factors, n, rank
-        self.calls = [0] * len(layers)
         self.done: dict[int, tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, int]] = {}
-        self._grids: dict[int, torch.Tensor] = {}
-
-    def take_input(self, use: Use, x: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
-        self.calls[use.layer] += 1
-        return super().take_input(use, x, output)
 
     def take_grad(self, use: Use, kept: torch.Tensor, g: torch.Tensor) -> None:
         j = use.layer
@@ -103,9 +100,7 @@ class QueryLayerGrads(_Inputs):
             if j not in self.done:
                 zero = torch.zeros(self.n, layer.d_out, layer.d_in)
                 self.done[j] = precondition_layer(layer, self.factors, j, zero, self.rank)
-        parts = [self.done[j] for j in range(len(self.layers))]
-        return QueryGradients(self.n, [p[0] for p in parts], [p[1] for p in parts], [p[2] for p in parts],
-                              [p[3] for p in parts])
+        return QueryGradients(self.n, *map(list, zip(*(self.done[j] for j in range(len(self.layers))))))
 
 
 def hooked_pass(model: torch.nn.Module, uses: Sequence[Use], task: Task, inputs: Any, labels: torch.Tensor | None,
@@ -150,11 +145,6 @@ class QueryGradients:
     left: list[torch.Tensor | None]
     right: list[torch.Tensor | None]
     ranks: list[int]
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes held."""
-        return sum(t.numel() * 4 for part in (self.full, self.left, self.right) for t in part if t is not None)
 
     def to(self, device: torch.device) -> QueryGradients:
         """The same on ``device``."""
@@ -239,15 +229,9 @@ class InfluencePass(_Inputs):
     """
 
     def __init__(self, layers: Sequence[KroneckerLayer], queries: QueryGradients, n: int, device: torch.device):
-        super().__init__(layers, device)
+        super().__init__(layers)
         self.queries = queries
         self.scores = torch.zeros(n, queries.n_query, dtype=torch.float64, device=device)
-        self.calls = [0] * len(layers)
-        self._grids: dict[int, torch.Tensor] = {}
-
-    def take_input(self, use: Use, x: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
-        self.calls[use.layer] += 1
-        return super().take_input(use, x, output)
 
     def take_grad(self, use: Use, kept: torch.Tensor, g: torch.Tensor) -> None:
         j, q = use.layer, self.queries
@@ -257,20 +241,15 @@ class InfluencePass(_Inputs):
             grid = gt.transpose(1, 2) @ kept
             self._grids[j] = grid if j not in self._grids else self._grids[j] + grid
             return
-        if q.full[j] is not None:
-            grid = gt.transpose(1, 2) @ kept  # [n, d_out, d_in]
-            self.scores += (grid.reshape(n, -1) @ q.full[j].T).double()
-            return
-        layer = self.layers[j]
-        r = q.ranks[j]
+        layer, r = self.layers[j], q.ranks[j]
         big_r = q.n_query * r
         token_cost = t * (layer.d_out + layer.d_in) * big_r
         grid_cost = t * layer.d_out * layer.d_in + layer.d_out * layer.d_in * big_r
-        if token_cost <= grid_cost:
+        if q.full[j] is None and token_cost <= grid_cost:
             prod = (gt @ q.left[j]) * (kept @ q.right[j])  # [n, T, n_query · r]
             self.scores += prod.sum(1).reshape(n, q.n_query, r).sum(-1).double()
         else:
-            self.scores += self._grid_scores(j, gt.transpose(1, 2) @ kept)
+            self.scores += self._grid_scores(j, gt.transpose(1, 2) @ kept)  # [n, d_out, d_in]
 
     def _grid_scores(self, j: int, grid: torch.Tensor) -> torch.Tensor:
         """``⟨H_q, G⟩`` ``[n, n_query]`` float64 of whole per-example layer gradients ``[n, d_out, d_in]``."""

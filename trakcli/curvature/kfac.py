@@ -31,14 +31,12 @@ Each layer is damped by ``δ = damping · mean(Λ)`` (kronfluence's default heur
     ⟨W g_t, W g_z⟩ = Σ_layers g_tᵀ (F + δ I)⁻¹ g_z,
 
 the influence of Koh & Liang (2017) with the block-diagonal (E)K-FAC inverse. Train and
-target features are JL projections of whitened gradients, so the store keeps
-``proj_dim`` floats per example and scores stay inner products (top-k at corpus scale
-works unchanged); the projection error is relative to the whitened norms, where
-the curvature has already evened out the directions.
+target features are JL projections of whitened gradients, so scores stay inner products.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
@@ -47,7 +45,7 @@ from torch import nn
 
 from trakcli.errors import ConfigError, DataError, GradientError
 from trakcli.gradients.hooks import HookPass, first_rows, logits_of
-from trakcli.gradients.layers import Use, find_uses
+from trakcli.gradients.layers import Use, describe_left_out, find_uses
 from trakcli.projectors.kronecker_layers import KroneckerLayer
 from trakcli.tasks import IGNORE_INDEX, Task, make_batch, token_labels
 
@@ -123,13 +121,7 @@ class CurvatureFactors:
             parameters' entries are the eigenbasis coordinates, laid out as
             :meth:`KroneckerLayer.from_matrix` lays out a matrix).
         """
-        first = next(iter(grads.values()))
-        n, out = first.shape[0], dict(grads)
-        for layer, (q_out, q_in, scale) in zip(self.layers, self._on(first.device, first.dtype)):
-            g = layer.to_matrix(grads, n)  # [n, d_out, d_in]
-            rotated = q_out.T @ g @ q_in * scale
-            out.update(layer.from_matrix(rotated))
-        return out
+        return self._rotated(grads, torch.mul)
 
     def dual(self, grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """``W⁻ᵀ x`` per layer: ``diag((Λ + δ)^1/2) vec(Q_Sᵀ X Q_A)``, laid out as :meth:`whiten` lays out its result.
@@ -141,11 +133,14 @@ class CurvatureFactors:
         Args:
             grads: per selected parameter ``[n, *shape]``.
         """
+        return self._rotated(grads, torch.div)
+
+    def _rotated(self, grads: dict[str, torch.Tensor], op: Callable) -> dict[str, torch.Tensor]:
+        """Per layer ``op(Q_Sᵀ G Q_A, (Λ + δ)^-1/2)`` laid out as the parameters (:meth:`whiten`, :meth:`dual`)."""
         first = next(iter(grads.values()))
         n, out = first.shape[0], dict(grads)
         for layer, (q_out, q_in, scale) in zip(self.layers, self._on(first.device, first.dtype)):
-            g = layer.to_matrix(grads, n)
-            out.update(layer.from_matrix(q_out.T @ g @ q_in / scale))
+            out.update(layer.from_matrix(op(q_out.T @ layer.to_matrix(grads, n) @ q_in, scale)))
         return out
 
     def inverse_hvp(self, grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -213,11 +208,9 @@ def curvature_layers(model: nn.Module, param_names: Sequence[str], kind: str) ->
     layers, uses, left_out = find_uses(model, list(param_names))
     fix = "leave them out with grad_wrt (e.g. grad_wrt: ['transformer.h.*'] for a GPT-2's blocks)"
     if left_out:
-        shown = ", ".join(f"{n} ({why})" for n, why in list(left_out.items())[:6])
-        more = f" and {len(left_out) - 6} more" if len(left_out) > 6 else ""
         raise ConfigError(
             f"curvature.kind {kind} fits Kronecker factors of linear, convolution and embedding layers; these selected "
-            f"parameters are outside them: {shown}{more}; {fix}, or use curvature.kind gram"
+            f"parameters are outside them: {describe_left_out(left_out)}; {fix}, or use curvature.kind gram"
         )
     counts: dict[int, list[str]] = {}
     for use in uses:
@@ -237,12 +230,9 @@ def curvature_layers(model: nn.Module, param_names: Sequence[str], kind: str) ->
 def default_curvature_params(model: nn.Module, kind: str) -> tuple[list[str], str]:
     """The parameters a curvature fits when ``grad_wrt`` is unset, and one line saying what it leaves out.
 
-    Every linear and convolution layer (``nn.Linear``, transformers' ``Conv1D``, ``nn.Conv1d``/``2d``;
-    the modules kronfluence tracks) whose weight no other module shares and whose factors are at most
-    :data:`MAX_FACTOR` wide: their weights and biases. Left out, counted by why: normalizations and
-    other parameters outside such layers, embeddings (select them with ``grad_wrt``), tied weights
-    (a shared weight has no Kronecker factorization) and layers too wide to factor (a language
-    model's output head over its vocabulary).
+    The weights and biases of every linear and convolution layer (the modules kronfluence tracks) whose weight
+    no other module shares and whose factors are at most :data:`MAX_FACTOR` wide; left out, counted by why:
+    parameters outside such layers, embeddings (select them with ``grad_wrt``), tied weights and wider layers.
 
     Args:
         model: the model.
@@ -258,9 +248,7 @@ def default_curvature_params(model: nn.Module, kind: str) -> tuple[list[str], st
 
     names = select_parameters(model, None)  # a PEFT model: its adapter's parameters
     layers, uses, left_out = find_uses(model, names)
-    counts: dict[int, int] = {}
-    for use in uses:
-        counts[use.layer] = counts.get(use.layer, 0) + 1
+    counts = Counter(use.layer for use in uses)
     why: dict[str, list[str]] = {}
     for n, reason in left_out.items():
         why.setdefault(reason, []).append(n)
@@ -358,30 +346,23 @@ def _token_mask(inputs: Any, positions: int) -> torch.Tensor | None:
 
 
 class _Covariances:
-    """Hook consumer of pass 1: adds ``Σ_t a aᵀ`` and ``Σ_t g gᵀ`` per layer in ``dtype`` (:func:`factor_dtype`), and
-    counts the tokens."""
+    """Hook consumer of pass 1: adds ``Σ_t a aᵀ`` and ``Σ_t g gᵀ`` per layer to ``a`` and ``s`` in ``dtype``
+    (:func:`factor_dtype`), starting from the sums of ``resume`` if given, and counts the tokens."""
 
     keeps_input = False
 
-    def __init__(self, layers: Sequence[KroneckerLayer], inputs: Any, device: torch.device,
-                 dtype: torch.dtype = torch.float32):
-        self.layers, self.inputs, self.dtype = layers, inputs, dtype
-        self.device = device
-        self.a = [torch.zeros(layer.d_in, layer.d_in, dtype=dtype, device=device) for layer in layers]
-        self.s = [torch.zeros(layer.d_out, layer.d_out, dtype=dtype, device=device) for layer in layers]
-        self.tokens = [0] * len(layers)
+    def __init__(self, layers: Sequence[KroneckerLayer], device: torch.device, dtype: torch.dtype,
+                 resume: PassState | None):
+        self.layers, self.device, self.dtype, self.inputs = layers, device, dtype, None
+        if resume is None:
+            self.a = [torch.zeros(layer.d_in, layer.d_in, dtype=dtype, device=device) for layer in layers]
+            self.s = [torch.zeros(layer.d_out, layer.d_out, dtype=dtype, device=device) for layer in layers]
+            self.tokens = [0] * len(layers)
+        else:
+            self.a = [resume.sums[f"{i}/a"].to(device=device, dtype=dtype).clone() for i in range(len(layers))]
+            self.s = [resume.sums[f"{i}/s"].to(device=device, dtype=dtype).clone() for i in range(len(layers))]
+            self.tokens = list(resume.tokens)
         self.same = SameInput()  # Σ_t a aᵀ of an input several layers read, taken once per batch
-
-    def batch(self, inputs: Any) -> None:
-        """Start a batch with model inputs ``inputs``."""
-        self.inputs = inputs
-        self.same.clear()
-
-    def load(self, state: PassState, device: torch.device) -> None:
-        """Start from the sums of ``state`` (:class:`PassState` of pass 1)."""
-        self.a = [state.sums[f"{i}/a"].to(device=device, dtype=self.dtype).clone() for i in range(len(self.layers))]
-        self.s = [state.sums[f"{i}/s"].to(device=device, dtype=self.dtype).clone() for i in range(len(self.layers))]
-        self.tokens = list(state.tokens)
 
     def state(self, rows: int, generator: torch.Generator) -> PassState:
         """The :class:`PassState` after ``rows`` rows (on the CPU: :data:`OnBatch`)."""
@@ -420,12 +401,9 @@ class _Covariances:
 
 
 class _Rotated:
-    """Hook consumer of the EK-FAC pass: per example ``Q_Sᵀ G Q_A`` ``[n, d_out, d_in]``, squared and added to ``sums``.
-
-    A layer's rotated gradients exist only while its output gradient is handled (one layer at a time,
-    never the whole model's); a layer whose module runs more than once in the pass keeps its grid
-    until :meth:`finish`, since its square is of the sum over the calls.
-    """
+    """Hook consumer of the EK-FAC pass: per example ``Q_Sᵀ G Q_A`` ``[n, d_out, d_in]``, squared and added to ``sums``
+    as its output gradient arrives (one layer at a time); a layer whose module runs more than once keeps its
+    grid until :meth:`finish` (the square is of the sum over the calls)."""
 
     keeps_input = False
 
@@ -593,11 +571,10 @@ def fit_covariances(model: nn.Module, layers: Sequence[KroneckerLayer], uses: Se
     for lo, inputs, labels in _skip(batches, resume):
         device = first_rows(inputs).device
         if acc is None:
-            acc = _Covariances(layers, inputs, device, dtype)
-            if resume is not None:
-                acc.load(resume, device)
+            acc = _Covariances(layers, device, dtype, resume)
             generator = _sampler(device, seed, resume)
-        acc.batch(inputs)
+        acc.inputs = inputs
+        acc.same.clear()
         n_examples += _hook_pass(model, uses, task, inputs, labels, acc, fisher, generator)
         if on_batch is not None:
             on_batch(lo, n_examples, lambda: acc.state(n_examples, generator))
