@@ -6,27 +6,13 @@ target's loss at the final weights with respect to the weight of example i's los
 it was in (w = 1 in the recorded run), by reverse mode through the optimizer's steps (Ilyas &
 Engstrom 2025, "MAGIC: Near-Optimal Data Attribution for Deep Learning"). Positive: upweighting
 the example lowers the target's loss (trakcli's sign convention).
-
-Modules:
-
-- :mod:`~trakcli.unroll.record`: :class:`ReplayRecord` reads a record and walks its steps.
-- :mod:`~trakcli.unroll.steps`: sgd / adam / adamw steps as differentiable functions.
-- :mod:`~trakcli.unroll.metagrad`: :func:`replay` (bit-for-bit) and :class:`Unroller` (metagradients).
+:class:`ReplayRecord` reads a record and walks its steps, :func:`update` is an optimizer step as a
+differentiable function, :func:`replay` reruns the training bit for bit and :class:`Unroller` gives metagradients.
 """
 
 from trakcli.unroll.metagrad import Unroller, check_model, replay
 from trakcli.unroll.record import ReplayRecord, Step, check_recipe_supported, no_record
 from trakcli.unroll.steps import Hyper, initial_state, update
 
-__all__ = [
-    "Hyper",
-    "ReplayRecord",
-    "Step",
-    "Unroller",
-    "check_model",
-    "check_recipe_supported",
-    "initial_state",
-    "no_record",
-    "replay",
-    "update",
-]
+__all__ = ["Hyper", "ReplayRecord", "Step", "Unroller", "check_model", "check_recipe_supported", "initial_state",
+           "no_record", "replay", "update"]

@@ -41,13 +41,9 @@ Tensors = dict[str, torch.Tensor]
 
 
 def differentiable_attention() -> Any:
-    """A context in which ``F.scaled_dot_product_attention`` runs its math kernel (plain differentiable ops).
-
-    The fused kernels torch picks by default (flash / memory-efficient attention; on a CPU
-    ``_scaled_dot_product_flash_attention_for_cpu``) have no derivative of their backward, which the
-    double-backward of a step through a transformer needs. The math kernel computes the same attention
-    (to float32 rounding) and can be differentiated any number of times.
-    """
+    """A context in which ``F.scaled_dot_product_attention`` runs its math kernel: the fused kernels torch picks
+    by default have no derivative of their backward, which the double-backward of a step through a transformer
+    needs; the math kernel computes the same attention (to float32 rounding)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     return sdpa_kernel([SDPBackend.MATH])
@@ -212,16 +208,28 @@ class Unroller:
             count = step  # every parameter steps on every step: the bias corrections' t
         return params, state, count, snap
 
-    def final_params(self) -> Tensors:
-        """The weights after the last step, recomputed by the functional steps from the last stored state."""
-        start, stop = self.record.segments()[-1]
+    def _run(self, start: int, stop: int | None = None, weights: torch.Tensor | None = None,
+             saved: list | None = None) -> tuple[Tensors, dict]:
+        """The parameters and optimizer state after step ``stop`` (default: the last), recomputed by the functional
+        steps (train mode) from the stored state after ``start``; example i's loss times ``weights[i]`` (None: 1);
+        before each step, ``(step, params, state, count, RNG states)`` appended to ``saved``."""
         params, state, count, snap = self._load(start)
         set_rng_states(snap["rng"], self.device)
         self.model.train()
         for step in self.record.steps(self.data, snap, stop):
-            params, state = self._advance(params, state, step, count)
+            if saved is not None:
+                saved.append((step, params, state, count, rng_states(self.device)))
+            rows = step.rows.to(self.device)
+            w = torch.ones(len(step.rows), device=self.device) if weights is None else weights[rows]
+            new_p, new_s = self._step_fn(step.inputs, step.labels, step.lr, count + 1)(params, state, w)
+            params = {k: v.detach() for k, v in new_p.items()}
+            state = {name: {k: v.detach() for k, v in part.items()} for name, part in new_s.items()}
             count += 1
-        return params
+        return params, state
+
+    def final_params(self) -> Tensors:
+        """The weights after the last step, recomputed by the functional steps from the last stored state."""
+        return self._run(*self.record.segments()[-1])[0]
 
     def reweighted_params(self, weights: torch.Tensor) -> Tensors:
         """The final weights of the recorded training rerun with example weights ``weights`` from its first state.
@@ -243,22 +251,9 @@ class Unroller:
         if tuple(weights.shape) != (self.data.n,):
             raise ArgumentError(f"weights of shape {list(weights.shape)}: give one weight per trained row, "
                                 f"[{self.data.n}]")
-        weights = weights.to(self.device, torch.float32)
-        params, state, count, snap = self._load(0)
-        set_rng_states(snap["rng"], self.device)
-        self.model.train()
-        for step in self.record.steps(self.data, snap):
-            params, state = self._advance(params, state, step, count, weights[step.rows.to(self.device)])
-            count += 1
+        params = self._run(0, weights=weights.to(self.device, torch.float32))[0]
         self.model.eval()
         return params
-
-    def _advance(self, params: Tensors, state: dict, step: Any, count: int,
-                 w: torch.Tensor | None = None) -> tuple[Tensors, dict]:
-        w = torch.ones(len(step.rows), device=self.device) if w is None else w
-        new_p, new_s = self._step_fn(step.inputs, step.labels, step.lr, count + 1)(params, state, w)
-        detach = lambda d: {k: v.detach() for k, v in d.items()}  # noqa: E731
-        return detach(new_p), {name: detach(part) for name, part in new_s.items()}
 
     def target_grads(self, params: Tensors, inputs: Any, labels: torch.Tensor) -> Tensors:
         """``∇_θ ℓ_z(θ)`` of each target z (eval mode): ``{name: [k, *shape]}`` float32.
@@ -308,14 +303,8 @@ class Unroller:
         segments = self.record.segments()
         with reporter.task(description, self.record.total_steps) as bar:
             for start, stop in reversed(segments):
-                params, state, count, snap = self._load(start)
-                set_rng_states(snap["rng"], self.device)
-                self.model.train()
-                saved = []
-                for step in self.record.steps(self.data, snap, stop):  # the segment's states, forward
-                    saved.append((step, params, state, count, rng_states(self.device)))
-                    params, state = self._advance(params, state, step, count)
-                    count += 1
+                saved: list = []
+                params, state = self._run(start, stop, saved=saved)  # the segment's states, forward
                 if adj is None:  # the final weights: the targets' adjoints
                     a_state = {name: {n: torch.zeros(k, *v.shape, device=self.device) for n, v in part.items()}
                                for name, part in state.items()}

@@ -38,17 +38,11 @@ class Step:
     """One optimizer step of a recorded training.
 
     Attributes:
-        t: the step, 1-based over the whole training.
-        epoch: 1-based epoch.
-        lo: rows of the epoch's order before this batch.
         rows: ``[b]`` int64 row indices (into the trained rows) of the batch, in batch order.
         inputs, labels: the batch on the training device.
         lr: its learning rate.
     """
 
-    t: int
-    epoch: int
-    lo: int
     rows: torch.Tensor
     inputs: Any
     labels: torch.Tensor
@@ -140,7 +134,7 @@ class ReplayRecord:
                 if t >= stop:
                     return
                 t += 1
-                yield Step(t, epoch + 1, lo, order[lo:lo + count], x, y, float(lrs[t - 1]))
+                yield Step(order[lo:lo + count], x, y, float(lrs[t - 1]))
                 lo += count
             epoch, lo = epoch + 1, 0
 

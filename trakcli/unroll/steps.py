@@ -77,25 +77,19 @@ def initial_state(hyper: Hyper, params: Tensors, recorded: dict[str, Any], names
     Returns:
         (state as in the module docstring, steps taken so far).
     """
-    state = recorded.get("state", {})
-    zeros = {k: torch.zeros_like(p) for k, p in params.items()}
-    if hyper.kind == "sgd":
-        if not hyper.momentum:
-            return {}, 0
-        buf = dict(zeros)
-        for i, k in enumerate(names):
-            b = state.get(i, {}).get("momentum_buffer")
-            if b is not None:
-                buf[k] = b.to(params[k].device, params[k].dtype)
-        return {"buf": buf}, 0
-    m, v, step = dict(zeros), dict(zeros), 0
+    if hyper.kind == "sgd" and not hyper.momentum:
+        return {}, 0
+    keys = {"buf": "momentum_buffer"} if hyper.kind == "sgd" else {"m": "exp_avg", "v": "exp_avg_sq"}
+    out = {name: {k: torch.zeros_like(p) for k, p in params.items()} for name in keys}
+    step = 0
     for i, k in enumerate(names):
-        st = state.get(i)
-        if st:
-            m[k] = st["exp_avg"].to(params[k].device, params[k].dtype)
-            v[k] = st["exp_avg_sq"].to(params[k].device, params[k].dtype)
+        st = recorded.get("state", {}).get(i) or {}
+        for name, key in keys.items():
+            if st.get(key) is not None:
+                out[name][k] = st[key].to(params[k].device, params[k].dtype)
+        if st and hyper.kind != "sgd":
             step = max(step, int(float(st["step"])))
-    return {"m": m, "v": v}, step
+    return out, step
 
 
 def _safe_sqrt(v: torch.Tensor) -> torch.Tensor:
