@@ -1,13 +1,8 @@
 """Shared machinery of the projectors: the base class, input handling, seeds, the block cache.
 
-A projector maps per-example gradients ``g`` (``[n, grad_dim]``) to features
-``φ = P g`` (``[n, proj_dim]``) with a random Johnson-Lindenstrauss matrix ``P``
-of shape ``[proj_dim, grad_dim]`` (docs/concepts.md). In code we hold the
-transpose ``Pᵀ`` (``[grad_dim, proj_dim]``) and compute ``g @ Pᵀ``.
-
-Every entry of ``Pᵀ`` is a function of its coordinates, ``model_id`` and the
-spec only (:mod:`trakcli.projectors.philox`), so any implementation, whatever
-its memory blocking, chunking or batch size, sees the same matrix.
+A projector maps gradients ``g`` ``[n, grad_dim]`` to features ``φ = P g`` ``[n, proj_dim]`` with a random
+Johnson-Lindenstrauss matrix ``P`` ``[proj_dim, grad_dim]`` (docs/concepts.md); code holds ``Pᵀ`` and computes
+``g @ Pᵀ``.
 """
 
 from __future__ import annotations

@@ -11,11 +11,9 @@ agree to a few float32 ulps (``log``/``cos``/``sin`` differ between libdevice
 and the CPU math library). Features computed on a GPU can therefore be scored
 against targets projected on a CPU with ``basic`` or ``chunked``.
 
-Triton is optional (``pip install 'trakcli-attribution[cuda]'``) and imported only when a
-kernel is first built. Under ``TRITON_INTERPRET=1`` the kernels run on CPU
-tensors (slowly); that is how they are tested without a GPU. Given CPU tensors
-without the interpreter, :class:`CudaProjector` computes the same product with
-the CPU reference.
+Triton is optional (``pip install 'trakcli-attribution[cuda]'``), imported when a kernel is first built.
+Under ``TRITON_INTERPRET=1`` the kernels run on CPU tensors (the tests); CPU tensors without the interpreter
+get the CPU reference's product.
 """
 
 from __future__ import annotations

@@ -95,13 +95,10 @@ class BasicSingleBlockProjector(_MatrixProjector):
 class BasicProjector(_MatrixProjector):
     """Block-wise projection with bounded memory; same matrix as :class:`BasicSingleBlockProjector`.
 
-    Walks the gradient columns in steps of ``block_size`` (parameter by
-    parameter for a dict, so the concatenated gradient is never built) and
-    accumulates ``g[:, block] @ Pᵀ[block]``. Matrix blocks (rows of ``Pᵀ``,
-    about 2²⁴ entries each) come from the matrix's cache (``cache_bytes``), so
-    a model whose matrix fits the budget generates its random numbers once, not
-    for every batch (MadryLab's BasicProjector regenerates them per batch,
-    which dominates its CPU time); then a batch costs one matmul.
+    Walks the gradient columns in steps of ``block_size`` (parameter by parameter for a dict, so the
+    concatenated gradient is never built) and accumulates ``g[:, block] @ Pᵀ[block]``. Matrix blocks (rows of
+    ``Pᵀ``, about 2²⁴ entries each) come from the matrix's cache (``cache_bytes``): a matrix that fits the
+    budget is generated once, not for every batch.
 
     Memory: the cache budget, plus ``n × block_size`` for an input slice
     converted to the accumulation dtype, plus one generated block.

@@ -1,22 +1,10 @@
-"""The random matrices (projector *kinds*), independent of how a product with them is computed.
+"""The random matrices of the kinds (:mod:`.kinds`), independent of how a product with them is computed.
 
-A matrix object can produce any range of rows of ``Pᵀ`` (``[grad_dim, proj_dim]``)
-for a given ``model_id``, and multiply a slice of the gradient by it.
-Implementations (``single_block``, ``basic``, ``chunked``, ``cuda``) only
-decide the traversal, so they agree on the matrix by construction.
-
-Every entry is drawn from Philox4x32-10 (:mod:`.philox`) with a counter made of
-its own coordinates and a key made of ``(kind, seed, model_id)``, so an entry
-never depends on which block, chunk, batch, device or process asks for it.
-
-Kinds:
-    * ``rademacher``: entries ±1/√proj_dim, independent fair signs
-      (Achlioptas 2003, "Database-friendly random projections").
-    * ``normal``: entries N(0, 1/proj_dim) (Johnson & Lindenstrauss 1984).
-    * ``sjlt``: sparse JL / CountSketch with ``s`` nonzeros ±1/√s per column
-      (Charikar, Chen, Farach-Colton 2002; Kane & Nelson 2014, block construction).
-
-All three satisfy E‖Pg‖² = ‖g‖².
+A matrix object produces any range of rows of ``Pᵀ`` (``[grad_dim, proj_dim]``) for a ``model_id`` and multiplies
+a slice of the gradient by it; implementations (``single_block``, ``basic``, ``chunked``, ``cuda``) only decide
+the traversal, so they agree on the matrix by construction. Every entry is drawn from Philox4x32-10
+(:mod:`.philox`) with a counter made of its own coordinates and a key made of ``(kind, seed, model_id)``, so it
+never depends on which block, chunk, batch, device or process asks for it. E‖Pg‖² = ‖g‖² for every kind.
 """
 
 from __future__ import annotations
@@ -148,7 +136,8 @@ class _Matrix:
 
 
 class DenseMatrix(_Matrix):
-    """A dense random matrix ``P`` ``[proj_dim, grad_dim]`` (kinds ``rademacher``, ``normal``).
+    """A dense random matrix ``P`` ``[proj_dim, grad_dim]``: kinds ``rademacher`` (Achlioptas 2003) and ``normal``
+    (Johnson & Lindenstrauss 1984).
 
     Entry ``Pᵀ[r, c]`` comes from the Philox call with counter
     ``(c // G, r mod 2**32, r >> 32, 0)``:
@@ -252,7 +241,8 @@ class DenseMatrix(_Matrix):
 
 
 class SJLTMatrix(_Matrix):
-    """Sparse JL transform / CountSketch: each gradient coordinate goes to ``s`` features.
+    """Sparse JL transform / CountSketch (Charikar, Chen, Farach-Colton 2002): each gradient coordinate goes to
+    ``s`` features.
 
     The features are cut into ``s`` contiguous buckets ``[⌊i·k/s⌋, ⌊(i+1)·k/s⌋)``
     (``k = proj_dim``); coordinate ``r`` adds ``±g_r/√s`` to one feature of each
