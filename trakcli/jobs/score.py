@@ -93,9 +93,7 @@ class ScoreResult:
             StoreError: the experiment has no top-k (``score.top_k`` unset).
             StoreCorruptError: a chunk is missing or corrupt (names ``trak score CONFIG``).
         """
-        store = Store.open_existing(self.store, mode="r")
-        hi = self.n_target if hi is None else min(hi, self.n_target)
-        return {name: store.read(f"scores/{self.experiment}/top_k/{name}", lo, hi) for name in TOP_K_ARRAYS}
+        return self._read("top_k", TOP_K_ARRAYS, lo, hi)
 
     def tokens(self, lo: int = 0, hi: int | None = None) -> dict[str, np.ndarray]:
         """Targets ``[lo, hi)`` of the per-token scores (``score.per_token``, :mod:`trakcli.jobs.per_token`).
@@ -111,10 +109,12 @@ class ScoreResult:
         if not self.per_token:
             raise StoreError(f"experiment {self.experiment!r} has no per-token scores; score it with "
                              "score.per_token: true")
+        return self._read("per_token", ("target_tokens", "document_tokens"), lo, hi)
+
+    def _read(self, group: str, names: Any, lo: int, hi: int | None) -> dict[str, np.ndarray]:
         store = Store.open_existing(self.store, mode="r")
         hi = self.n_target if hi is None else min(hi, self.n_target)
-        return {name: store.read(f"scores/{self.experiment}/per_token/{name}", lo, hi)
-                for name in ("target_tokens", "document_tokens")}
+        return {name: store.read(f"scores/{self.experiment}/{group}/{name}", lo, hi) for name in names}
 
     def head(self, n: int) -> np.ndarray:
         """The first ``n`` target rows of the full score matrix, ``[n, n_train]`` float32 (chunks checked).
@@ -173,11 +173,7 @@ def check_train_complete(s: JobSetup, store: Store) -> list[ChunkedRows]:
 
 
 def _verify_train(train_rows: list[ChunkedRows]) -> None:
-    """Read every chunk of the train features (``score --verify``); stop on damage, naming the repair.
-
-    Raises:
-        StoreCorruptError: a done chunk is missing or fails its checksum.
-    """
+    """Read every chunk of the train features (``score --verify``); StoreCorruptError naming the repair on damage."""
     for model_id, rows in enumerate(train_rows):
         bad = rows.check()
         if bad:
@@ -241,37 +237,19 @@ def score(
 
 def score_result(path: Path, plan: ScorePlan, train: Any, target: Any, lambdas: list[float],
                  computed: int) -> ScoreResult:
-    """The :class:`ScoreResult` of an experiment :func:`score_targets` just scored (`trak score` and the API).
-
-    Args:
-        train, target: the datasets scored (``train`` may be a :class:`~trakcli.data.stored.StoredRows`).
-    """
-    top_k = None if plan.top_k is None else min(plan.top_k, len(train))
+    """The :class:`ScoreResult` of an experiment just scored (``train`` may be a
+    :class:`~trakcli.data.stored.StoredRows`)."""
+    two_stage = None  # the two-stage record of the top-k (settings and measured recall)
+    if plan.top_k:
+        top = StoredTopK(Store.open_existing(path, mode="r"), plan.experiment, len(target), plan.top_k, create=False)
+        two_stage = top.recorded_recall()
     return ScoreResult(
         store=path, experiment=plan.experiment, n_target=len(target), n_train=len(train), lambdas=lambdas,
         train_labels=None if train.labels is None else train.labels.numpy(), target_labels=target.labels.numpy(),
         train_data=train, target_data=target, chunks_computed=computed,
-        top_k=top_k, full=plan.full, per_token=plan.per_token,
-        two_stage=_recorded_recall(path, plan.experiment, len(target), plan.top_k),
+        top_k=None if plan.top_k is None else min(plan.top_k, len(train)), full=plan.full, per_token=plan.per_token,
+        two_stage=two_stage,
     )
-
-
-def _recorded_recall(path: Path, experiment: str, n_target: int, top_k: int | None) -> dict[str, Any] | None:
-    """The two-stage record of the experiment's top-k (settings and measured recall), or None."""
-    if not top_k:
-        return None
-    store = Store.open_existing(path, mode="r")
-    return StoredTopK(store, experiment, n_target, top_k, create=False).recorded_recall()
-
-
-@dataclass
-class _Arrays:
-    """One experiment's arrays in the store: per model_id its target features, the score matrix (``score.full``)
-    and the top-k (``score.top_k``)."""
-
-    targets: list[ChunkedRows]
-    out: ChunkedRows | None
-    top: StoredTopK | None
 
 
 def score_targets(
@@ -282,17 +260,9 @@ def score_targets(
     flags: RunFlags = RunFlags(),
     reporter: Reporter = NULL_REPORTER,
 ) -> tuple[list[float], int]:
-    """:func:`score` on a prepared setup and loaded targets (also :class:`trakcli.Attributor`'s score).
-
-    Under the store's lock: checks the train features (complete, same identity and checkpoints as
-    ``s``), checks and repairs derived data, featurizes the targets into ``targets/<experiment>``,
-    then :func:`finalize_and_score` into ``scores/<experiment>``.
-
-    Args:
-        s: the setup (featurizer, checkpoints and their sha256s, identity, process group).
-        path: the store.
-        target: the target examples.
-        plan: what to compute (``score:`` of the config); flags: how to treat what is stored; reporter: as :func:`score`.
+    """:func:`score` on a prepared setup and loaded targets (also :class:`trakcli.Attributor`'s): under the store's
+    lock, check the train features (:func:`check_train_complete`) and repair derived data, featurize the targets
+    into ``targets/<experiment>``, then :func:`finalize_and_score` into ``scores/<experiment>``.
 
     Returns:
         (λ_m per model_id, target and score chunks computed by this process).
@@ -301,7 +271,7 @@ def score_targets(
         As :func:`score`; ConfigError: ``score.normalize: unit`` with exact curvature scores.
     """
     plan = plan.for_setup(s)
-    t_attrs = _target_attrs(s, target)
+    t_attrs = target_attrs(s, target)
     settings = plan.settings(t_attrs)
     if plan.exact and plan.unit:
         raise ConfigError("score.normalize: unit ranks by cosines of the stored features; with curvature.exact "
@@ -318,12 +288,12 @@ def score_targets(
             store, s, plan, len(target), reporter if s.dist.is_main else NULL_REPORTER)
         if two is not None:  # the experiment's top-k depends on them: recorded and checked with the settings
             settings["two_stage"] = two.settings()
-        arrays = _open_arrays(store, s, plan, flags, settings, t_attrs, len(target), two, stale is not None,
-                              train_rows, reporter)
-        kept, kernels, computed = _featurize_targets(s, store, plan, target, arrays.targets, flags, reporter)
+        targets, out, top = _open_arrays(store, s, plan, flags, settings, t_attrs, len(target), two,
+                                         stale is not None, train_rows, reporter)
+        kept, kernels, computed = _featurize_targets(s, store, plan, target, targets, flags, reporter)
         s.dist.barrier()
         lambdas, n = finalize_and_score(
-            store, train_rows, arrays.targets, arrays.out, plan, top=arrays.top, dist=s.dist, reporter=reporter,
+            store, train_rows, targets, out, plan, top=top, dist=s.dist, reporter=reporter,
             target_chunks=kept, kernels=kernels,
             exact=(lambda: exact_scorer(s, store, target, plan.grad_memory_mb, reporter, plan.experiment))
             if plan.exact else None,
@@ -337,7 +307,7 @@ def score_targets(
     return lambdas, computed
 
 
-def _target_attrs(s: JobSetup, target: TensorDataset) -> dict[str, Any]:
+def target_attrs(s: JobSetup, target: TensorDataset) -> dict[str, Any]:
     """What the target features depend on (recorded with them): the target data, the checkpoints and, where the
     setup has them, the optimizer states and the curvature solve's refinement.
 
@@ -356,10 +326,11 @@ def _target_attrs(s: JobSetup, target: TensorDataset) -> dict[str, Any]:
 
 def _open_arrays(store: Store, s: JobSetup, plan: ScorePlan, flags: RunFlags, settings: dict[str, Any],
                  t_attrs: dict[str, Any], n_target: int, two: TwoStage | None, stale: bool,
-                 train_rows: list[ChunkedRows], reporter: Reporter) -> _Arrays:
-    """The experiment's arrays: created, checked and repaired by rank 0 (one info line per repair), then opened by
-    the other ranks."""
-    exp, n_models = plan.experiment, len(s.checkpoints)
+                 train_rows: list[ChunkedRows], reporter: Reporter
+                 ) -> tuple[list[ChunkedRows], ChunkedRows | None, StoredTopK | None]:
+    """The experiment's target features, score matrix (``score.full``) and top-k (``score.top_k``): created,
+    checked and repaired on rank 0 (one info line per repair), then opened on the other ranks."""
+    exp = plan.experiment
     if s.dist.is_main:
         if flags.verify:
             _verify_train(train_rows)
@@ -367,12 +338,7 @@ def _open_arrays(store: Store, s: JobSetup, plan: ScorePlan, flags: RunFlags, se
             if not stale:  # a stale experiment's target features depend on the checkpoints only: kept
                 store.drop(f"targets/{exp}")
             store.drop(f"scores/{exp}")
-        targets = []
-        for model_id in range(n_models):  # derived data: checked on every run, damage recomputed
-            targets.append(store.targets(exp, model_id, t_attrs, n_target, repair=True))
-            bad = targets[-1].verify()
-            if bad:
-                reporter.info(f"model {model_id}: target feature chunks {bad} were missing or corrupt; recomputed")
+        targets = open_targets(store, s, exp, t_attrs, n_target, reporter)
         if plan.full:  # records or checks the experiment's settings with the matrix
             out = store.scores(exp, n_target, settings, repair=True)
             bad = out.verify()
@@ -389,19 +355,49 @@ def _open_arrays(store: Store, s: JobSetup, plan: ScorePlan, flags: RunFlags, se
     s.dist.barrier()
     if not s.dist.is_main:  # opened after rank 0 has created or repaired them
         store.distributed = True
-        targets = [store.targets(exp, m, t_attrs, n_target, create=False) for m in range(n_models)]
+        targets = open_targets(store, s, exp, t_attrs, n_target, reporter)
         out = store.scores(exp, n_target, settings, create=False) if plan.full else None
         top = StoredTopK(store, exp, n_target, plan.top_k, create=False, two_stage=two) if plan.top_k else None
-    return _Arrays(targets, out, top)
+    return targets, out, top
+
+
+def open_targets(store: Store, s: JobSetup, exp: str, t_attrs: dict[str, Any], n_target: int,
+                 reporter: Reporter) -> list[ChunkedRows]:
+    """Per model_id the target features ``targets/<exp>``: on rank 0 created, or checked and their damaged
+    chunks marked to recompute (one info line each); on the other ranks (after rank 0's) opened."""
+    if not s.dist.is_main:
+        return [store.targets(exp, m, t_attrs, n_target, create=False) for m in range(len(s.checkpoints))]
+    targets = []
+    for model_id in range(len(s.checkpoints)):  # derived data: checked on every run, damage recomputed
+        targets.append(store.targets(exp, model_id, t_attrs, n_target, repair=True))
+        bad = targets[-1].verify()
+        if bad:
+            reporter.info(f"model {model_id}: target feature chunks {bad} were missing or corrupt; recomputed")
+    return targets
+
+
+def featurize_targets(s: JobSetup, store: Store, target: TensorDataset, rows: ChunkedRows, model_id: int, *,
+                      refine: bool, skip_nonfinite: bool, reporter: Reporter, zero: str, **kw: Any) -> int:
+    """:func:`~trakcli.jobs.featurize.featurize_rows` of one checkpoint's pending target features, whitened by
+    the train side's curvature (with ``refine``, its solve refined); targets skipped as non-finite are reported
+    (``zero``: what that makes them). Returns the chunks computed."""
+    if s.curvature is not None and rows.pending(s.dist.rank, s.dist.world_size):
+        s.curvature.read(store, model_id)
+        if refine:
+            s.refine_targets()
+    n, skip = featurize_rows(s, target, rows, model_id, with_out_to_loss=False, skip_nonfinite=skip_nonfinite,
+                             reporter=reporter, label="targets", **kw)
+    if skip:
+        reporter.info(f"model {model_id}: targets {skip[:10]} have non-finite gradients; {zero}")
+    return n
 
 
 def _featurize_targets(s: JobSetup, store: Store, plan: ScorePlan, target: TensorDataset, target_rows: list[ChunkedRows],
                        flags: RunFlags, reporter: Reporter
                        ) -> tuple[list[dict[int, np.ndarray]], dict[int, tuple[torch.Tensor, float]], int]:
     """The pending target features of every checkpoint, written (and the stored kernels read) in the background
-    while the next checkpoint's are computed; none for exact curvature scores without a two-stage top-k (they
-    never read them). Returns (per model_id the chunks written, kept for the scores; the kernels read ahead;
-    chunks computed)."""
+    while the next checkpoint's are computed; none for exact scores without a two-stage top-k (they never read
+    them). Returns (per model_id the chunks written, kept for the scores; the kernels read ahead; chunks computed)."""
     kept: list[dict[int, np.ndarray]] = []
     kernels: dict[int, tuple[torch.Tensor, float]] = {}
     n_models = len(target_rows)
@@ -413,29 +409,18 @@ def _featurize_targets(s: JobSetup, store: Store, plan: ScorePlan, target: Tenso
     with ChunkWriter() as writer:
         for model_id, rows in enumerate(target_rows):
             kept.append({})
-            if s.curvature is not None and rows.pending(s.dist.rank, s.dist.world_size):
-                s.curvature.read(store, model_id)  # the targets are whitened by the train side's curvature
-                if not plan.exact:  # exact scores refine their own solves (trakcli.jobs.exact)
-                    s.refine_targets()
-            n, skip = featurize_rows(
-                s, target, rows, model_id, with_out_to_loss=False, skip_nonfinite=flags.skip_nonfinite,
-                reporter=reporter, label="targets", keep=kept[-1], writer=writer,
-            )
-            computed += n
-            if skip:
-                reporter.info(f"model {model_id}: targets {skip[:10]} have non-finite gradients; their scores are 0")
+            computed += featurize_targets(  # exact scores refine their own solves (trakcli.jobs.exact)
+                s, store, target, rows, model_id, refine=not plan.exact, skip_nonfinite=flags.skip_nonfinite,
+                reporter=reporter, zero="their scores are 0", keep=kept[-1], writer=writer)
             if prefetch:
                 writer.submit(_prefetch_kernel, store, model_id, plan.ridge(), kernels)
     return kept, kernels, computed
 
 
 def _two_stage_plan(store: Store, s: JobSetup, plan: ScorePlan, n_target: int, reporter: Reporter) -> TwoStage | None:
-    """The two-stage top-k of this run (:mod:`trakcli.topk`), or None: when the store has codes
-    (``store.dtype`` int8 or binary) and the top-k is streamed with TRAK's scores and primal kernels.
-
-    Otherwise, on a store with codes, one info line says why the top-k comes from the exact streamed
-    pass over the bfloat16 copy instead.
-    """
+    """The two-stage top-k of this run (:mod:`trakcli.topk`) when the store has codes (``store.dtype`` int8 or
+    binary) and the top-k is streamed with TRAK's scores and primal kernels; else None, with an info line why on a
+    store with codes."""
     codes, layout = store.layout.dtype, store.layout
     if not plan.top_k or not is_quantized(codes):
         return None
@@ -490,48 +475,33 @@ def finalize_and_score(
     kernels: dict[int, tuple[torch.Tensor, float]] | None = None,
     exact: Callable[[], Callable[[int, int], torch.Tensor]] | None = None,
 ) -> tuple[list[float], int]:
-    """Finalize each checkpoint's kernel and write the pending score blocks.
+    """Finalize each checkpoint's kernel and write the pending score blocks (and the top-k).
 
-    Kernels (:func:`trakcli.jobs.kernels.kernel_of`; normally made by `trak featurize`)
-    are computed by rank ``m mod world_size`` and stored, so a rerun reuses
-    them (in a single process a missing one is made where it is used): the float64
-    Cholesky factor of ``Φ_mᵀΦ_m + λ_m I`` (``[proj_dim, proj_dim]``, form
-    :data:`~trakcli.scoring.PRIMAL`), or when ``n_train < proj_dim`` the float32
-    solved features ``X_m = (Φ_mΦ_mᵀ + λ_m I)⁻¹Φ_m`` (``[n_train, proj_dim]``, form
-    :data:`~trakcli.scoring.DUAL`; :func:`~trakcli.scoring.kernel_form`). The form
-    is in the kernel's attributes and its shape. Scores are computed
-    one block of ``chunk_rows`` train columns at a time:
-    ``[(1/M) Σ_m W_m Φ_m[block]ᵀ] ⊙ [(1/M) Σ_m Q_m[block]]`` with
-    ``W_m = Φ_m(targets) A_m`` (float32 products of float64 solves); a dual
-    checkpoint's term ``Φ_m(targets) X_mᵀ`` is one float32 product for all columns
-    (summed over checkpoints in float64, memory ``[n_target, n_train]``) cut into the blocks.
-    A rank with no pending block computes no weights.
-
-    With ``top``, the K highest and lowest scores per target are found in one streamed
-    pass (:mod:`trakcli.topk`), from the score matrix when ``out`` is given (after
-    it is finished), else from the blocks as they are computed. With ``plan.normalize``
-    ``"unit"`` the scores are the mean over checkpoints of the cosines in the kernel's
-    space (:mod:`trakcli.scoring`, TrackStar), without Q. With ``plan.curvature`` there is no kernel:
-    each checkpoint's term is ``Φ_m(targets) Φ_m[block]ᵀ`` (features already whitened by the curvature,
-    :mod:`trakcli.curvature`) and λ_m is reported as 0.
+    Kernels (:func:`trakcli.jobs.kernels.kernel_of`, normally made by `trak featurize`) are made by rank
+    ``m mod world_size`` and stored (a single process makes a missing one where it is used): the float64
+    Cholesky factor of ``Φ_mᵀΦ_m + λ_m I`` ``[proj_dim, proj_dim]`` (:data:`~trakcli.scoring.PRIMAL`), or when
+    ``n_train < proj_dim`` the float32 ``X_m = (Φ_mΦ_mᵀ + λ_m I)⁻¹Φ_m`` ``[n_train, proj_dim]``
+    (:data:`~trakcli.scoring.DUAL`). Scores are computed one block of ``chunk_rows`` train columns at a time,
+    ``[(1/M) Σ_m W_m Φ_m[block]ᵀ] ⊙ [(1/M) Σ_m Q_m[block]]`` with ``W_m = Φ_m(targets) A_m``
+    (:class:`~trakcli.topk.features.FeatureScores`); with ``plan.normalize`` ``"unit"`` the mean of the cosines
+    (TrackStar, no Q); with ``plan.curvature`` no kernel (features already whitened, λ_m reported as 0). With
+    ``top`` the K highest and lowest scores per target are found in one streamed pass (:mod:`trakcli.topk`),
+    from the finished matrix when ``out`` is given. A rank with no pending block computes no weights.
 
     Args:
         store: the open store.
-        train_rows: per model_id, complete train features (``features``, ``out_to_loss``).
-        target_rows: per model_id, complete target features.
-        out: the scores array of the experiment (chunked by train columns), or None (top-k only).
-        plan: the ridge, normalization, threads (``linalg_threads``) and curvature of the scores.
+        train_rows, target_rows: per model_id, complete train and target features.
+        out: the experiment's scores array (chunked by train columns), or None (top-k only).
+        plan: the ridge, normalization, threads and curvature of the scores.
         top: the experiment's top-k (``score.top_k``), or None.
         dist: the process group (default: a single process).
         reporter: progress of the score blocks.
-        target_chunks: per model_id, target feature chunks this process has just written
-            (chunk index -> ``[rows, proj_dim]`` float32), used instead of reading them back.
-        kernels: stored kernels already read and verified (model_id -> (kernel, λ)), used
-            instead of reading them again (single process).
-        exact: makes the exact curvature scorer ``(lo, hi) -> [n_target, hi - lo]`` (:func:`trakcli.jobs.exact.exact_scorer`),
-            called once when a block is pending; the blocks and top-k come from it. With ``top`` and
-            ``plan.exact_two_stage``, the top-k is the exact re-scoring of candidates from the stored features
-            (:func:`trakcli.jobs.exact.two_stage_exact`), on rank 0.
+        target_chunks: per model_id, target feature chunks just written (chunk -> ``[rows, proj_dim]`` float32),
+            used instead of reading them back.
+        kernels: stored kernels already read and verified (model_id -> (kernel, λ)).
+        exact: makes the exact scorer ``(lo, hi) -> [n_target, hi - lo]``
+            (:func:`trakcli.jobs.exact.exact_scorer`), called once when a block is pending; with ``top`` and
+            ``plan.exact_two_stage`` the top-k is instead :func:`trakcli.jobs.exact.two_stage_exact`'s, on rank 0.
 
     Returns:
         (λ_m per model_id, score blocks computed by this process).
@@ -551,11 +521,8 @@ PREFETCH_BYTES = 1 << 30
 
 
 def _prefetch_kernel(store: Store, model_id: int, settings: dict, out: dict[int, tuple[torch.Tensor, float]]) -> None:
-    """Read and verify checkpoint ``model_id``'s stored kernel into ``out`` (a background task).
-
-    Anything short of a sound kernel made with ``settings`` leaves ``out`` without it, and
-    :func:`~trakcli.jobs.kernels.kernel_of` then reads, repairs or makes it in the main thread.
-    """
+    """Read and verify ``model_id``'s stored kernel into ``out`` (a background task); anything short of a sound
+    kernel is left to :func:`~trakcli.jobs.kernels.kernel_of` in the main thread."""
     try:
         stored = read_kernel(store, model_id, settings)
     except Exception:  # noqa: BLE001  # corrupt or unreadable: handled (and reported) by kernel_of
@@ -646,8 +613,8 @@ def _finalize_and_score(
 def _exact_two_stage(store: Store, train_rows: list[ChunkedRows], target_rows: list[ChunkedRows],
                      kept: list[dict[int, np.ndarray]], top: StoredTopK, dist: Dist, reporter: Reporter,
                      exact: Callable[[], Any], multiplier: int) -> int:
-    """The two-stage exact top-k (:func:`trakcli.jobs.exact.two_stage_exact`) on rank 0, written to the top-k arrays
-    with its recall; returns the target chunks written."""
+    """The two-stage exact top-k (:func:`trakcli.jobs.exact.two_stage_exact`) on rank 0, written with its
+    recall; returns the target chunks written."""
     written = 0
     if dist.is_main and not top.is_complete():
         approx = FeatureScores(train_rows, False)

@@ -1,12 +1,10 @@
 """`trak select` as a library function: choose the training rows that most help a target task.
 
-LESS (Xia et al., ICML 2024, "LESS: Selecting Influential Data for Targeted
-Instruction Tuning", Eq. 2 and Sec. 4.1) scores a candidate training row ``z``
-against a target task ``D_val`` (a handful of its examples, in groups, e.g. one
-per sub-task) by the cosine of projected gradient features, summed over the
-checkpoints of a short warmup run, averaged over each group's examples and
-maximised over the groups; it keeps the top 5% of the pool. Here, per pool row
-``z`` and checkpoint ``m`` of ``M``:
+LESS (Xia et al., ICML 2024, "LESS: Selecting Influential Data for Targeted Instruction Tuning", Eq. 2 and
+Sec. 4.1) scores a candidate training row ``z`` against a target task ``D_val`` (a handful of its examples, in
+groups, e.g. one per sub-task) by the cosine of projected gradient features, summed over the checkpoints of a
+short warmup run, averaged over each group's examples and maximised over the groups; it keeps the top 5% of
+the pool. Here, per pool row ``z`` and checkpoint ``m`` of ``M``:
 
     s_m(t, z) = cos(φ_m(t), φ_m(z))          (``normalize: unit``; else φ_m(t)ᵀφ_m(z))
     s(t, z)   = Σ_m s_m(t, z)
@@ -14,27 +12,17 @@ maximised over the groups; it keeps the top 5% of the pool. Here, per pool row
     mean:     score(z) = (1/n_target) Σ_t s(t, z)
     sum:      score(z) = Σ_t s(t, z)
 
-φ_m are the stored train features of `trak featurize` (any featurizer, projector,
-``second_moment`` correction or curvature the config sets up) and the target
-features computed the same way into ``targets/<select.experiment>``. Because the
-mean of cosines is the inner product with the mean of the unit target features,
-``(1/|g|) Σ_{t∈g} s_m(t, z) = ⟨c_{m,g}, φ_m(z)/‖φ_m(z)‖⟩`` with ``c_{m,g}`` the
-group's mean unit target feature: each pool row costs ``n_groups`` dot products per
-checkpoint, and the pool is streamed in row blocks, so memory is
-O(block · proj_dim + n_train) (one float64 score per pool row), never
-``[n_target, n_train]``.
+φ_m are the stored train features of `trak featurize` (any featurizer, correction or curvature the config sets
+up) and the target features computed the same way into ``targets/<select.experiment>``. The mean of cosines is
+the inner product with the group's mean unit target feature ``c_{m,g}``, ``(1/|g|) Σ_{t∈g} s_m(t, z) =
+⟨c_{m,g}, φ_m(z)/‖φ_m(z)‖⟩``: each pool row costs ``n_groups`` dot products per checkpoint, and the pool is
+streamed in row blocks, so memory is O(block · proj_dim + n_train), never ``[n_target, n_train]``.
 
-The ``k`` rows of highest score are kept (equal scores: the lower row index
-first) and written in the pool's own format (:func:`~trakcli.jobs.pool_files.write_rows`), in pool order;
-their scores, ranks (and groups) go to a sidecar ``<out stem>.scores.jsonl``.
-
-``group_by`` groups the *targets*: it makes a row's score that of the group it
-matches best, so a task with few examples is not drowned by one with many. It
-does not share the kept rows among the groups: a group whose targets match the
-pool more closely (tighter features, higher cosines) can take most or all of the
-``k`` rows. ``quota: equal`` (:func:`quota_rows`) does: the groups take turns, each
-keeping its highest-scoring row (by its own mean score) not yet kept, so every group
-gets ``k // n_groups`` or one more rows.
+The ``k`` rows of highest score are kept (equal scores: the lower row index first) and written in the pool's
+own format (:func:`~trakcli.jobs.pool_files.write_rows`), in pool order; their scores, ranks (and groups) go
+to a sidecar ``<out stem>.scores.jsonl``. ``group_by`` groups the *targets* (a row's score is its best group's,
+so a task with few examples is not drowned by one with many) but does not share the kept rows among them:
+``quota: equal`` (:func:`quota_rows`) does, the groups taking turns.
 """
 
 from __future__ import annotations
@@ -50,12 +38,11 @@ import torch
 from trakcli.config import Config
 from trakcli.data.load import load_dataset
 from trakcli.data.sources import data_files, field_values
-from trakcli.data.load import check_target_inputs
 from trakcli.errors import ConfigError, DataError, StoreMismatchError
-from trakcli.jobs.featurize import featurize, featurize_rows
+from trakcli.jobs.featurize import featurize
 from trakcli.jobs.pool_files import check_out, read_tensors, scores_path, write_rows, write_scores
 from trakcli.jobs.runtime import locked_store, torch_threads
-from trakcli.jobs.score import check_train_complete
+from trakcli.jobs.score import check_train_complete, featurize_targets, open_targets, target_attrs
 from trakcli.jobs.setup import JobSetup, prepare
 from trakcli.progress import NULL_REPORTER, Reporter
 from trakcli.store import Store
@@ -68,12 +55,8 @@ BLOCK_BYTES = 64 << 20
 
 
 def n_selected(n_train: int, fraction: float | None = None, count: int | None = None) -> int:
-    """How many pool rows to keep: ``count``, or ``round(fraction · n_train)`` (Python's round, at least 1).
-
-    Args:
-        n_train: rows in the pool.
-        fraction: ``select.fraction`` (None with ``count`` None: :data:`DEFAULT_FRACTION`).
-        count: ``select.count``.
+    """How many pool rows to keep: ``count`` (``select.count``), or ``round(fraction · n_train)`` (Python's round,
+    at least 1; ``fraction`` and ``count`` None: :data:`DEFAULT_FRACTION`).
 
     Raises:
         ConfigError: both given, ``fraction`` outside (0, 1], or ``count`` not in 1..n_train.
@@ -92,15 +75,8 @@ def n_selected(n_train: int, fraction: float | None = None, count: int | None = 
 
 
 def top_rows(scores: np.ndarray, k: int) -> np.ndarray:
-    """The ``k`` rows of highest score, best first; equal scores in row order.
-
-    Args:
-        scores: ``[n]`` float scores (finite).
-        k: rows to keep, ``1 <= k <= n``.
-
-    Returns:
-        ``[k]`` int64 row indices. O(n) selection, then O(k log k) ordering.
-    """
+    """The ``k`` (``1 <= k <= n``) rows of highest ``scores`` (``[n]`` finite), best first, equal scores in row
+    order: ``[k]`` int64 indices, by an O(n) selection then an O(k log k) ordering."""
     n = scores.shape[0]
     if k >= n:
         return np.lexsort((np.arange(n), -scores)).astype(np.int64)
@@ -112,15 +88,9 @@ def top_rows(scores: np.ndarray, k: int) -> np.ndarray:
 
 
 def target_groups(section: Any, target: Any, group_by: str | None) -> tuple[np.ndarray, list[str]]:
-    """Each target's group (``select.group_by``): ``([n_target] int64 group index, group names)``.
-
-    Groups are numbered in the order they first appear; names are the values as text.
-    ``group_by`` None: one group ``"all"``.
-
-    Args:
-        section: ``data.target`` (its path and kind).
-        target: the loaded target dataset (``len``; class ``labels`` when ``group_by`` is its labels key).
-        group_by: a field of text data, or a key of a tensor file holding ``[n_target]`` values.
+    """Each target's group (``select.group_by``, a field of text data or a key of a tensor file holding
+    ``[n_target]`` values; None: one group ``"all"``): ``([n_target] int64 group index, group names)``
+    (:func:`group_codes`).
 
     Raises:
         DataError: no such field or key (naming the ones there are), rows without it, or a count that
@@ -166,21 +136,9 @@ def group_codes(values: Sequence[Any]) -> tuple[np.ndarray, list[str]]:
 
 def group_centroids(features: np.ndarray, groups: np.ndarray, n_groups: int, *, unit: bool,
                     total: bool = False) -> torch.Tensor:
-    """The mean (``total``: the sum) of each group's target features, unit-normalized first with ``unit``.
-
-    ``⟨c_g, ẑ⟩`` is then the mean over the group of the cosines (or inner products) with ``z``;
-    a target of zero features counts with cosine 0.
-
-    Args:
-        features: ``[n_target, proj_dim]`` target features of one checkpoint.
-        groups: ``[n_target]`` int64 group index.
-        n_groups: groups.
-        unit: divide each target's features by their norm.
-        total: sums instead of means (aggregate ``sum``).
-
-    Returns:
-        ``[n_groups, proj_dim]`` float64.
-    """
+    """The mean (``total``: the sum) of each group's target features ``[n_target, proj_dim]`` (``unit``: each
+    divided by its norm first; a zero row counts as cosine 0), by ``groups`` ``[n_target]`` int64:
+    ``[n_groups, proj_dim]`` float64, whose inner product with ``ẑ`` is the group's mean cosine with ``z``."""
     f = torch.from_numpy(np.asarray(features, dtype=np.float64))
     if unit:
         f = _unit(f)
@@ -200,22 +158,17 @@ def pool_scores(
     train_rows: Sequence[Any], centroids: Sequence[torch.Tensor], *, unit: bool, reporter: Reporter = NULL_REPORTER,
     linalg_threads: int | None = None, per_group: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Every pool row's score against the target groups, streamed over the stored features in row blocks.
-
-    ``score(z) = max_g Σ_m ⟨c_{m,g}, φ̂_m(z)⟩`` with ``φ̂`` the unit features (``unit``) or the features;
-    with one group, ``Σ_m ⟨c_m, φ̂_m(z)⟩``. float64 throughout.
+    """Every pool row's score against the target groups, ``max_g Σ_m ⟨c_{m,g}, φ̂_m(z)⟩`` (``φ̂``: unit features
+    with ``unit``), float64, streamed over ``train_rows``'s stored features in row blocks.
 
     Args:
-        train_rows: per model_id, the complete train features (:class:`~trakcli.store.ChunkedRows`).
+        train_rows: per model_id, the complete train features.
         centroids: per model_id, ``[n_groups, proj_dim]`` float64 (:func:`group_centroids`).
-        unit: unit-normalize each pool row's features.
-        reporter: progress of the blocks.
-        linalg_threads: torch threads of the products (None: the default).
-        per_group: give every group's score, ``[n_train, n_groups]`` (for :func:`quota_rows`), not the best.
+        unit, reporter, linalg_threads: unit-normalize the pool rows; block progress; torch threads.
+        per_group: every group's score, ``[n_train, n_groups]`` (for :func:`quota_rows`), not the best.
 
     Returns:
-        ``(scores [n_train] float64, best group [n_train] int64)``; with ``per_group``, the scores are
-        ``[n_train, n_groups]`` float64.
+        ``(scores [n_train] float64, best group [n_train] int64)`` (``per_group``: scores ``[n_train, n_groups]``).
 
     Raises:
         StoreCorruptError: a feature chunk is missing or corrupt.
@@ -240,11 +193,8 @@ def pool_scores(
 
 
 def check_quota(k: int, n_groups: int) -> None:
-    """Refuse ``select.quota: equal`` with fewer kept rows than target groups (a group would keep none).
-
-    Raises:
-        ConfigError: ``k < n_groups``, naming the count that works.
-    """
+    """Refuse ``select.quota: equal`` with fewer kept rows than target groups: ConfigError naming the count
+    that works."""
     if k < n_groups:
         raise ConfigError(f"select.quota: equal shares {k} rows among {n_groups} target groups, so some group would "
                           f"keep none; keep at least {n_groups} rows (select.count={n_groups} or more), or unset "
@@ -252,22 +202,16 @@ def check_quota(k: int, n_groups: int) -> None:
 
 
 def quota_rows(group_scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """``k`` rows shared equally among the groups (``select.quota: equal``): the groups take turns in index
-    order, each keeping its highest-scoring row not yet kept (equal scores: the lower row index first).
-
-    Guarantees: every group keeps ``k // n_groups`` rows, the first ``k % n_groups`` groups one more; no row
-    is kept twice; and no row left out scores higher for a group than a row that group kept.
-
-    Args:
-        group_scores: ``[n, n_groups]`` float scores (finite) of every row against every group.
-        k: rows to keep, ``n_groups <= k <= n``.
+    """``k`` (``n_groups <= k <= n``) rows shared equally among the groups (``select.quota: equal``): the groups
+    take turns in index order, each keeping its highest-scoring row (``group_scores`` ``[n, n_groups]``) not yet
+    kept, equal scores by lower row index. Every group keeps ``k // n_groups`` rows, the first
+    ``k % n_groups`` one more; no row left out scores higher for a group than a row that group kept.
 
     Returns:
-        ``(rows [k] int64, group [k] int64)``: the kept rows in the order they were taken and the group
-        that took each. O(n_groups · n) selection of each group's candidates, then O(k) turns.
+        ``(rows [k] int64, group [k] int64)``: the kept rows in the order taken, and the group that took each.
 
     Raises:
-        ConfigError: ``k`` below the number of groups (a group would keep nothing) or above ``n``.
+        ConfigError: ``k`` below the number of groups or above ``n``.
     """
     n, n_groups = group_scores.shape
     check_quota(k, n_groups)
@@ -342,67 +286,36 @@ def select_rows(
     reporter: Reporter = NULL_REPORTER,
     linalg_threads: int | None = None,
 ) -> Selection | None:
-    """:func:`select` on a prepared setup, loaded targets and finished train features (and ``Attributor.select``).
-
-    Under the store's lock: checks the train features (complete, same identity and checkpoints as
-    ``s``), featurizes the targets into ``targets/<experiment>`` (resumable; checked and repaired like
-    `trak score`'s), then scores the pool (:func:`pool_scores`) and keeps the top ``k``
-    (:func:`top_rows`).
+    """:func:`select` on a prepared setup, loaded targets and finished train features (also ``Attributor.select``):
+    under the store's lock, featurize the targets into ``targets/<experiment>`` (resumable, checked and repaired
+    like `trak score`'s), score the pool (:func:`pool_scores`) and keep ``k`` rows (:func:`top_rows`; ``quota``
+    ``"equal"``: :func:`quota_rows`).
 
     Args:
-        s: the setup (featurizer, checkpoints and their sha256s, identity, process group).
-        path: the store.
-        target: the target examples (``[n_target]`` rows of the train data's kind).
+        s, path, target: the setup, the store, the target examples (of the train data's kind).
         k: rows to keep (:func:`n_selected`).
         groups, group_names: each target's group index ``[n_target]`` int64 and the groups' names
             (:func:`target_groups`); None: one group.
-        aggregate: ``max_mean``, ``mean`` or ``sum`` (module docstring).
-        normalize: ``"unit"`` (cosines) or None (inner products).
-        quota: ``"equal"``: the ``k`` rows shared equally among the groups (:func:`quota_rows`); None: the top
-            ``k`` by the best group's score (:func:`top_rows`).
-        experiment: the store group of the target features.
-        overwrite: recompute the target features.
-        skip_nonfinite: give targets with non-finite gradients zero features.
-        reporter: progress and messages.
-        linalg_threads: torch threads of the score products.
+        aggregate, normalize, quota, experiment: ``select:``'s keys (module docstring).
+        overwrite, skip_nonfinite: recompute the target features; give non-finite targets zero features.
+        reporter, linalg_threads: progress and messages; torch threads of the score products.
 
     Returns:
         The :class:`Selection` on rank 0; None on the other ranks (under torchrun).
 
     Raises:
-        StoreError: no train features or incomplete ones (run featurize); targets of another input kind
-            (:func:`~trakcli.data.load.check_target_inputs`: text targets may have any max_length).
+        StoreError: no or incomplete train features; targets of another input kind.
         StoreMismatchError: train features of other settings, or target features of other targets
             (names ``--overwrite`` and ``select.experiment``).
         ConfigError: a bad ``aggregate``, ``normalize`` or ``quota``, ``k`` outside 1..n_train, or with
             ``quota`` fewer than one row per group.
     """
-    if aggregate not in ("max_mean", "mean", "sum"):
-        raise ConfigError(f"select.aggregate is {aggregate!r}; use max_mean, mean or sum")
-    if quota not in (None, "equal"):
-        raise ConfigError(f"select.quota is {quota!r}; use equal (every target group its share) or null")
-    if normalize not in (None, "unit"):
-        raise ConfigError(f"select.normalize is {normalize!r}; use unit (cosines) or null (inner products)")
-    n_selected(s.layout.n_train, count=k)
-    if groups is None or aggregate != "max_mean":
-        groups, group_names = np.zeros(len(target), dtype=np.int64), ["all"]
-    groups = np.asarray(groups, dtype=np.int64)
-    if groups.shape != (len(target),) or groups.min() < 0:
-        raise ConfigError(f"groups: give one group index >= 0 per target ({len(target)}), got shape "
-                          f"{list(groups.shape)}")
-    group_names = group_names or [str(g) for g in range(int(groups.max()) + 1)]
+    groups, group_names = _checked_groups(s.layout.n_train, len(target), k, groups, group_names, aggregate,
+                                          normalize, quota)
     n_groups = len(group_names)
     shared = quota == "equal" and n_groups > 1
-    if shared:
-        check_quota(k, n_groups)  # before any feature is computed
-    t_fp = target.fingerprint()
-    check_target_inputs(t_fp, s.identity["train_data"])  # text: any max_length
-    t_attrs: dict[str, Any] = {"target_data": t_fp, "checkpoints": s.shas}  # as `trak score`'s target features
-    if s.state_shas is not None:
-        t_attrs["optimizer_states"] = s.state_shas
-    if s.refine is not None and s.refine.spec() is not None:
-        t_attrs["curvature_refine"] = s.refine.spec()
-    n_models, computed = len(s.checkpoints), 0
+    t_attrs = target_attrs(s, target)  # as `trak score`'s target features (text: any max_length)
+    computed = 0
     with locked_store(path, s.dist, reporter):
         store = Store.open_existing(path)
         train_rows = check_train_complete(s, store)
@@ -410,30 +323,18 @@ def select_rows(
             if s.dist.is_main:
                 if overwrite:
                     store.drop(f"targets/{experiment}")
-                target_rows = [store.targets(experiment, m, t_attrs, len(target), repair=True) for m in range(n_models)]
-                for model_id, rows in enumerate(target_rows):
-                    bad = rows.verify()
-                    if bad:
-                        reporter.info(f"model {model_id}: target feature chunks {bad} were missing or corrupt; "
-                                      "recomputed")
+                target_rows = open_targets(store, s, experiment, t_attrs, len(target), reporter)
             s.dist.barrier()
             if not s.dist.is_main:
                 store.distributed = True  # what it misses, rank 0 was to create
-                target_rows = [store.targets(experiment, m, t_attrs, len(target), create=False)
-                               for m in range(n_models)]
+                target_rows = open_targets(store, s, experiment, t_attrs, len(target), reporter)
         except StoreMismatchError as e:
             if e.fix is None:
                 raise
             raise e.with_fix(replace(e.fix, experiment_key="select.experiment")) from None
         for model_id, rows in enumerate(target_rows):
-            if s.curvature is not None and rows.pending(s.dist.rank, s.dist.world_size):
-                s.curvature.read(store, model_id)  # the targets are whitened by the train side's curvature
-                s.refine_targets()
-            n, skip = featurize_rows(s, target, rows, model_id, with_out_to_loss=False, skip_nonfinite=skip_nonfinite,
-                                     reporter=reporter, label="targets")
-            computed += n
-            if skip:
-                reporter.info(f"model {model_id}: targets {skip[:10]} have non-finite gradients; they count as 0")
+            computed += featurize_targets(s, store, target, rows, model_id, refine=True, skip_nonfinite=skip_nonfinite,
+                                          reporter=reporter, zero="they count as 0")
         s.dist.barrier()
         if not s.dist.is_main:
             return None
@@ -451,7 +352,27 @@ def select_rows(
     return Selection(best_scores, ranked, best, list(group_names), sizes, computed, quota)
 
 
-# --- the command ---------------------------------------------------------------------------------------------------
+def _checked_groups(n_train: int, n_target: int, k: int, groups: np.ndarray | None, names: list[str] | None,
+                    aggregate: str, normalize: str | None, quota: str | None) -> tuple[np.ndarray, list[str]]:
+    """:func:`select_rows`'s arguments checked before any feature is computed (its ConfigErrors): each target's
+    group ``[n_target]`` int64 (one group unless ``max_mean``) and the groups' names."""
+    if aggregate not in ("max_mean", "mean", "sum"):
+        raise ConfigError(f"select.aggregate is {aggregate!r}; use max_mean, mean or sum")
+    if quota not in (None, "equal"):
+        raise ConfigError(f"select.quota is {quota!r}; use equal (every target group its share) or null")
+    if normalize not in (None, "unit"):
+        raise ConfigError(f"select.normalize is {normalize!r}; use unit (cosines) or null (inner products)")
+    n_selected(n_train, count=k)
+    if groups is None or aggregate != "max_mean":
+        groups, names = np.zeros(n_target, dtype=np.int64), ["all"]
+    groups = np.asarray(groups, dtype=np.int64)
+    if groups.shape != (n_target,) or groups.min() < 0:
+        raise ConfigError(f"groups: give one group index >= 0 per target ({n_target}), got shape "
+                          f"{list(groups.shape)}")
+    names = names or [str(g) for g in range(int(groups.max()) + 1)]
+    if quota == "equal" and len(names) > 1:
+        check_quota(k, len(names))
+    return groups, names
 
 
 @dataclass

@@ -1,31 +1,24 @@
 """`trak score` with ``score.method: unroll``: metagradient scores of the runs `trak optimize` recorded.
 
-For every checkpoint of a `trak optimize` manifest whose models were trained with
-``optimize.replay: true``, and every target z, :class:`trakcli.unroll.Unroller` computes
-``∂ℓ_z(θ_T)/∂w_i`` for every train row i by reverse mode through the recorded steps (Ilyas &
-Engstrom 2025, "MAGIC"); the score is minus its mean over the checkpoints,
-``τ(z, i) = −(1/M) Σ_m ∂ℓ_z(θ_T^m)/∂w_i`` (positive: upweighting i lowers the target's loss;
-0 for a row outside a model's ``subset_fraction`` subset), in nats of the target's loss per unit
-of weight on the example's loss (one more copy of it in every epoch: weight 2).
+For every checkpoint of a `trak optimize` manifest trained with ``optimize.replay: true`` and every target z,
+:class:`trakcli.unroll.Unroller` computes ``∂ℓ_z(θ_T)/∂w_i`` for every train row i by reverse mode through
+the recorded steps (Ilyas & Engstrom 2025, "MAGIC"); the score is minus its mean over the checkpoints,
+``τ(z, i) = −(1/M) Σ_m ∂ℓ_z(θ_T^m)/∂w_i`` (positive: upweighting i lowers the target's loss; 0 for a row
+outside a model's ``subset_fraction`` subset), in nats of the target's loss per unit of weight on the
+example's loss (one more copy of it in every epoch: weight 2).
 
-The targets are scored ``data.batch_size`` at a time (one replay of every model per chunk of
-targets, the targets' adjoints stacked). Each finished chunk is written with its done flag to
-``scores/<experiment>/unroll_rows`` (``[n_chunks, batch_size, n_train]`` float32, a done flag per
-chunk of targets), so a killed run resumes at the
-first chunk not done. When every chunk is done, the ``[n_target, n_train]`` matrix
-(``scores/<experiment>/scores``, by column blocks as :func:`trakcli.jobs.score.score` writes it)
-and, with ``score.top_k``, the top-k arrays are written from them, and the chunks are dropped;
-`trak report`, ``answers.jsonl`` and `trak eval lds` read them as any scores.
-
-Under ``torchrun --nproc-per-node N``, rank r scores the chunks of targets ``c ≡ r (mod N)``
-(:meth:`ChunkedRows.pending <trakcli.store.rows.ChunkedRows.pending>`); rank 0 holds the store's
-lock, creates (or repairs) the arrays before the other ranks open them, and writes the matrix and
-the top-k once every rank is done. A chunk's scores do not depend on which rank computed it, so
-the store equals one process's bit for bit (the same device kind and thread count).
+The targets are scored ``data.batch_size`` at a time (one replay of every model per chunk, the targets'
+adjoints stacked); each finished chunk is written with its done flag to ``scores/<experiment>/unroll_rows``
+(``[n_chunks, batch_size, n_train]`` float32), so a killed run resumes at the first chunk not done. Once
+every chunk is done, the matrix (``scores/<experiment>/scores``) and, with ``score.top_k``, the top-k are
+written from them and the chunks dropped. Under ``torchrun`` rank r scores the chunks ``c ≡ r (mod N)``;
+rank 0 holds the lock, creates the arrays first and writes the results: the store equals one process's
+bit for bit (the same device kind and thread count).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +32,7 @@ from trakcli.data.text import TextDataset
 from trakcli.distributed import Dist, init_from_env
 from trakcli.errors import ConfigError, GradientError, StoreMismatchError
 from trakcli.jobs.inputs import resolve_checkpoints
+from trakcli.jobs.plan import ScorePlan
 from trakcli.jobs.runtime import apply_threads, event, locked_store, resolve_device
 from trakcli.progress import NULL_REPORTER, Reporter
 from trakcli.store import Store
@@ -55,26 +49,21 @@ ROWS_GROUP = "unroll_rows"
 
 
 def unroll_score(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_REPORTER) -> Any:
-    """Score ``data.target`` against ``data.train`` by metagradients of the recorded trainings (module docstring).
-
-    Args:
-        cfg: a config with ``score.method: unroll``, ``checkpoints: <optimize.out_dir>/manifest.json`` of a
-            run trained with ``optimize.replay: true``, and ``data.target``.
-        overwrite: drop the experiment's scores first.
-        reporter: progress (one bar per replay) and messages.
+    """Score ``data.target`` against ``data.train`` by metagradients of the recorded trainings (module docstring):
+    ``cfg`` has ``score.method: unroll`` and ``checkpoints:`` the ``manifest.json`` of a run trained with
+    ``optimize.replay: true``; ``overwrite`` drops the experiment's scores first.
 
     Returns:
         A :class:`trakcli.jobs.score.ScoreResult` (``lambdas`` all 0: no ridge).
 
     Raises:
         ConfigError: no data.target; a recipe or model the steps cannot be differentiated through (named).
-        CheckpointError: checkpoints not from a `trak optimize` manifest, or without replay records (names
+        CheckpointError: checkpoints not from a manifest, or without replay records (names
             ``trak optimize CONFIG optimize.replay=true --overwrite``); a record that does not reproduce its checkpoint.
-        StoreMismatchError: the store holds other train data, or the experiment was scored with other
-            settings (names ``--overwrite``).
+        StoreMismatchError: the store holds other train data, or the experiment other settings (names ``--overwrite``).
         GradientError: non-finite metagradients (names the model and the targets).
     """
-    from trakcli.jobs.score import ScoreResult
+    from trakcli.jobs.score import score_result
 
     if cfg.data.target is None:
         raise ConfigError("data.target: required by trak score (the targets to attribute); add data.target")
@@ -96,9 +85,9 @@ def unroll_score(cfg: Config, *, overwrite: bool = False, reporter: Reporter = N
     target = load_dataset(cfg.data.target, key="data.target", task=task)
     n_train, n_target = len(train), len(target)
     chunk = cfg.data.batch_size
-    exp = cfg.score.experiment
-    full = cfg.score.full if cfg.score.full is not None else cfg.score.top_k is None
-    top_k = None if cfg.score.top_k is None else min(cfg.score.top_k, n_train)
+    plan = replace(ScorePlan.of(cfg.score), per_token=False)
+    exp, full = plan.experiment, plan.full
+    top_k = None if plan.top_k is None else min(plan.top_k, n_train)
     entries = manifest["models"][:len(checkpoints)]
     settings = {
         "method": "unroll", "target_data": target.fingerprint(), "trained_checkpoints": [e["sha256"] for e in entries],
@@ -142,11 +131,7 @@ def unroll_score(cfg: Config, *, overwrite: bool = False, reporter: Reporter = N
                 computed += _write_results(store, rows, exp, settings, n_target, chunk, full, top_k, reporter)
             store.drop(f"scores/{exp}/{ROWS_GROUP}")
         dist.barrier()
-    return ScoreResult(
-        store=path, experiment=exp, n_target=n_target, n_train=n_train, lambdas=[0.0] * len(checkpoints),
-        train_labels=None if train.labels is None else train.labels.numpy(), target_labels=target.labels.numpy(),
-        train_data=train, target_data=target, chunks_computed=computed, top_k=top_k, full=full,
-    )
+    return score_result(path, plan, train, target, [0.0] * len(checkpoints), computed)
 
 
 def replayed_checkpoints(cfg: Config) -> list[str]:
@@ -174,20 +159,11 @@ _REPLAYS: dict[tuple[str, int, str, str], tuple[Unroller, torch.Tensor | None]] 
 
 
 def reweighted_model(cfg: Config, model_id: int, mask: np.ndarray, train: Any, device: torch.device) -> torch.nn.Module:
-    """Checkpoint ``model_id``'s recorded training rerun with the rows outside ``mask`` weighted 0.
-
-    The same initialization, order, batches and learning rates as the recorded run
-    (:meth:`Unroller.reweighted_params <trakcli.unroll.Unroller.reweighted_params>`): the counterfactual
-    whose derivative at weight 1 ``score.method: unroll`` computes. The record is checked against its
-    checkpoint once per process.
-
-    Args:
-        model_id: the checkpoint (a `trak optimize` manifest entry with a replay record).
-        mask: ``[n_train]`` bool over data.train, True for the rows kept.
-        train: data.train as loaded. device: where to rerun.
-
-    Returns:
-        The model (eval mode, on ``device``) with the rerun's final weights.
+    """Checkpoint ``model_id``'s recorded training rerun with the rows outside ``mask`` (``[n_train]`` bool over
+    data.train) weighted 0: the same initialization, order, batches and learning rates
+    (:meth:`Unroller.reweighted_params <trakcli.unroll.Unroller.reweighted_params>`), the counterfactual whose
+    derivative at weight 1 ``score.method: unroll`` computes; in eval mode on ``device``. The record is checked
+    against its checkpoint once per process.
 
     Raises:
         CheckpointError: as :func:`replayed_checkpoints`, or a record that does not reproduce its checkpoint.
@@ -211,14 +187,10 @@ def reweighted_model(cfg: Config, model_id: int, mask: np.ndarray, train: Any, d
 
 
 def _chunk_rows(store: Store, exp: str, chunk: int, n_train: int, n_chunks: int, create: bool) -> ChunkedRows:
-    """The finished chunks of targets, ``scores/<exp>/unroll_rows``: ``scores`` ``[n_chunks, chunk, n_train]``
-    float32 (a chunk's last rows 0 past n_target), a done flag per chunk of targets (created or repaired when
-    ``create``: rank 0).
-
-    Raises:
-        StoreMismatchError: the stored chunks hold another number of targets each (names ``--overwrite``).
-    """
-    t_rows = min(chunk, max(1, (4 << 20) // (4 * n_train)))  # zarr chunks of ~4 MB, within one chunk of targets
+    """The finished chunks of targets, ``scores/<exp>/unroll_rows``: ``[n_chunks, chunk, n_train]`` float32 (zeros
+    past n_target), a done flag per chunk (created or repaired when ``create``; StoreMismatchError naming
+    ``--overwrite`` for chunks of another size)."""
+    t_rows = min(chunk, max(1, (4 << 20) // (4 * n_train)))  # store chunks of ~4 MB, within one chunk of targets
     arrays = {"scores": ((n_chunks, chunk, n_train), "float32", (1, t_rows, n_train), ("chunk", "target", "train"))}
     return store.sized_rows(f"scores/{exp}/{ROWS_GROUP}", {"targets": chunk}, arrays, n_chunks, 1, create, create)
 
@@ -233,11 +205,8 @@ def _from_main(dist: Dist, value: bool) -> bool:
 
 
 def _open_store(cfg: Config, path: Any, train: Any) -> Store:
-    """The config's store: an existing one whose train data is ``train``, or a new one for the unrolled scores.
-
-    Raises:
-        StoreMismatchError: an existing store of other train data.
-    """
+    """The config's store: an existing one whose train data is ``train`` (else StoreMismatchError), or a new one
+    for the unrolled scores."""
     fp = train.fingerprint()
     if (Path(str(path)) / "zarr.json").exists():
         store = Store.open_existing(path)
@@ -255,11 +224,8 @@ def _open_store(cfg: Config, path: Any, train: Any) -> Store:
 
 def _unroller(cfg: Config, manifest_path: Path, entry: dict[str, Any], checkpoint: Path, train: Any,
               device: torch.device, reporter: Reporter) -> tuple[Unroller, torch.Tensor | None]:
-    """One model's :class:`Unroller` (its record checked against its checkpoint) and its subset (or None).
-
-    Raises:
-        CheckpointError: no replay record, or one whose replay does not reproduce the checkpoint.
-    """
+    """One model's :class:`Unroller` and its subset (or None); CheckpointError without a replay record, or with
+    one whose replay does not reproduce the checkpoint."""
     from trakcli.models.build import build_model
     from trakcli.models.checkpoints import read_state_dict
 
@@ -292,11 +258,8 @@ def _unroller(cfg: Config, manifest_path: Path, entry: dict[str, Any], checkpoin
 
 def _chunk_scores(unrollers: list[tuple[Unroller, torch.Tensor | None]], target: Any, lo: int, hi: int,
                   n_train: int, device: torch.device, reporter: Reporter) -> np.ndarray:
-    """Scores of targets ``[lo, hi)``: ``−(1/M) Σ_m`` metagradients, ``[hi - lo, n_train]`` float32.
-
-    Raises:
-        GradientError: a non-finite metagradient (names the model and the targets).
-    """
+    """Scores of targets ``[lo, hi)``: ``−(1/M) Σ_m`` metagradients, ``[hi - lo, n_train]`` float32
+    (GradientError naming the model and targets when one is not finite)."""
     x = inputs_to(slice_inputs(target.inputs, lo, hi), device)
     y = target.labels[lo:hi].to(device)
     total = torch.zeros(hi - lo, n_train, dtype=torch.float64)
