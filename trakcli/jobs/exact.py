@@ -1,36 +1,19 @@
-"""Exact curvature scores, recomputed while scoring: per layer from hooks (:class:`ExactInfluence`), or from whole
-per-example gradients (:func:`exact_scores`, what ``curvature.refine`` needs).
-
-:class:`ExactInfluence` (projector kind kronecker, the default with a curvature) takes each target's
-preconditioned per-layer gradient once per checkpoint (:class:`trakcli.curvature.influence.QueryLayerGrads`,
-full rank or ``curvature.query_rank``), then scores every block of train rows it is asked for in one hooked
-forward + backward of those rows (:class:`trakcli.curvature.influence.InfluencePass`): all targets meet each
-train example in the same pass, no whole-model per-example gradient is formed, and the blocks stream into
-the top-k or the score matrix like TRAK's (resumable per segment or chunk, split over torchrun ranks). Within
-a block, the scores' running sums are saved every ``store.save_every_s`` seconds of work
-(``scores/<experiment>/exact_rows``, :func:`trakcli.store.curvature.write_exact_rows`), so a killed run
-redoes at most that much work: its rerun starts the block after the rows saved, with the same sums.
-
-The legacy path below (:func:`exact_scores`):
-
-With ``curvature.exact`` (the default of the kinds ``kfac`` and ``ekfac``), `trak score` does not score
-through the stored ``proj_dim`` features: per checkpoint it whitens each target's gradient (or, with
-``curvature.refine``, the dual of its refined inverse-Hessian-vector product) with damping
-``curvature.damping``, then runs one pass of per-example gradients over ``data.train``, whitening
-each and taking its inner products with the targets'. The result is the influence
-g(t)ᵀ (F + δ)⁻¹ g(z) of the fitted curvature without any projection error, computed the way
-kronfluence computes its pairwise scores (train gradients recomputed for the queries), and
-ensembled over checkpoints like TRAK's scores:
+"""Exact curvature scores (``curvature.exact``), recomputed while scoring instead of read through the stored
+``proj_dim`` features (docs/guides/curvature.md measures what the projection costs):
 
     τ(t, z) = [(1/M) Σ_m ⟨W_m g_m(t), W_m g_m(z)⟩] · [(1/M) Σ_m Q_m(z)]
 
-Measured on a fine-tuned GPT-2 (``benchmarks/bench_lds_finetune.py``), the projection to 4,096
-dimensions cost a third of the exact scores' LDS; the stored features stay what top-k over a large
-corpus needs (``curvature.exact: false``).
+the influence g(t)ᵀ (F + δ)⁻¹ g(z) of the fitted curvature with damping ``curvature.damping``, computed as
+kronfluence computes its pairwise scores (train gradients recomputed for the queries).
 
-Memory: the targets' whitened gradients ``[n_target, grad_dim]`` float32 are held in chunks of at most
-``data.grad_memory_mb`` (one pass over the train rows per chunk), and the scores ``[n_target, n_train]``
-float64.
+* :class:`ExactInfluence` (projector kind kronecker, the default with a curvature): each target's
+  preconditioned per-layer gradient once per checkpoint, then one hooked forward + backward per block of train
+  rows scores every target (:mod:`trakcli.curvature.influence`). The blocks stream into the top-k or the
+  matrix like TRAK's; within a block the running sums are saved every ``store.save_every_s`` seconds of work
+  (:func:`trakcli.store.curvature.write_exact_rows`) and a rerun resumes after them with the same sums.
+* :func:`exact_scores` (whole per-example gradients; what ``curvature.refine`` needs): the targets' whitened
+  gradients ``[n_target, grad_dim]`` float32 in chunks of at most ``data.grad_memory_mb``, one pass over the
+  train rows per chunk, the scores ``[n_target, n_train]`` float64.
 """
 
 from __future__ import annotations
@@ -58,22 +41,18 @@ class ExactInfluence:
     output; :mod:`trakcli.curvature.influence` for ``H`` and ``G``), float32 out of float64 sums.
 
     Args:
-        s: the :class:`~trakcli.jobs.setup.JobSetup` (its ``curvature``, model, train data, batches).
-        store: the open store (each checkpoint's fitted curvature is read from it).
-        target: the targets.
+        s, store, target: the :class:`~trakcli.jobs.setup.JobSetup`, the open store (the fitted curvatures),
+            the targets.
         damping: ``curvature.damping``.
-        memory_mb: MiB the targets' preconditioned gradients may take, all checkpoints together
-            (``data.grad_memory_mb``): full rank when they fit and ``rank`` is None, else the largest rank
-            that fits.
+        memory_mb: MiB of the targets' preconditioned gradients over all checkpoints (``data.grad_memory_mb``):
+            full rank when they fit and ``rank`` is None, else the largest rank that fits.
         rank: ``curvature.query_rank`` (None: as ``memory_mb`` allows).
-        reporter: one info line with the rank kept, and progress over the targets and over the train rows
-            of each block (rows × checkpoints).
+        reporter: the rank kept, progress over the targets and over each block's rows × checkpoints.
         experiment: the experiment whose blocks' progress is saved in the store (None: nothing saved).
 
     Attributes:
         rank: the rank kept (None: full).
-        whole_segments: a top-k asks for each of its segments in one call (:meth:`StoredTopK.compute`), so
-            that a call's saved progress is what a rerun resumes.
+        whole_segments: a top-k asks for each segment in one call, whose saved progress a rerun resumes.
 
     Raises:
         StoreError: a checkpoint's curvature is not in the store (run `trak featurize`).
@@ -118,10 +97,8 @@ class ExactInfluence:
     def __call__(self, lo: int, hi: int) -> torch.Tensor:
         """Scores of every target against train rows ``[lo, hi)``: ``[n_target, hi - lo]`` float32 (CPU).
 
-        With an experiment, the block's running sums are saved every ``save_every_s`` seconds of work and once
-        it is done, and a call for a block with saved sums starts after them (the same sums, the same batches:
-        the scores of an uninterrupted call bit for bit). The saved sums of this process's previous block are
-        dropped first: its caller has stored what it returned.
+        With an experiment, the block's running sums are saved (and resumed, bit for bit); those of this
+        process's previous block are dropped first: its caller has stored what it returned.
         """
         from trakcli.store.curvature import drop_exact_rows
 
@@ -288,9 +265,9 @@ def two_stage_exact(exact: ExactInfluence, approx: Callable[[int, int], torch.Te
 
 def exact_scorer(s: Any, store: Any, target: Any, memory_mb: int = 1024,
                  reporter: Reporter = NULL_REPORTER, experiment: str | None = None) -> Callable[[int, int], torch.Tensor]:
-    """The exact scores of `trak score` as ``(lo, hi) -> [n_target, hi - lo]`` float32: per layer from hooks
-    (:class:`ExactInfluence`, its blocks' progress saved under ``experiment``) with a Kronecker featurizer and no
-    refinement, else from whole per-example gradients (:func:`exact_scores`, the whole matrix computed once)."""
+    """The exact scores of `trak score`, ``(lo, hi) -> [n_target, hi - lo]`` float32: :class:`ExactInfluence`
+    (blocks' progress saved under ``experiment``) with a Kronecker featurizer and no refinement, else
+    :func:`exact_scores` (the whole matrix computed once)."""
     from trakcli.gradients import KroneckerFeaturizer
 
     refine = s.refine is not None and s.refine.iterations
@@ -301,10 +278,8 @@ def exact_scorer(s: Any, store: Any, target: Any, memory_mb: int = 1024,
 
 
 def _concat(parts: list[QueryGradients]) -> QueryGradients:
-    """Queries of consecutive batches as one :class:`QueryGradients` (query-major columns kept in order).
-
-    Layer by layer, each part's tensors of a layer released once copied: the queries are held about once, not
-    twice, at the end of the targets' pass (``parts`` is emptied)."""
+    """Queries of consecutive batches as one :class:`QueryGradients`; each part's tensors are released once copied
+    (``parts`` is emptied), so the queries are held about once, not twice."""
     if len(parts) == 1:
         return parts.pop()
     first = parts[0]
@@ -321,18 +296,9 @@ def _concat(parts: list[QueryGradients]) -> QueryGradients:
 
 def exact_scores(s: Any, store: Any, target: Any, damping: float, memory_mb: int = 1024,
                  reporter: Reporter = NULL_REPORTER) -> np.ndarray:
-    """The exact curvature scores of every target against every train row (module docstring).
-
-    Args:
-        s: the :class:`~trakcli.jobs.setup.JobSetup` (its featurizer is a ``GradientFeaturizer`` with a curvature).
-        store: the open store (each checkpoint's fitted curvature is read from it).
-        target: the targets.
-        damping: ``curvature.damping``.
-        memory_mb: most MiB of the targets' whitened gradients held at once (``data.grad_memory_mb``).
-        reporter: progress over the train rows of each checkpoint and target chunk.
-
-    Returns:
-        ``[n_target, n_train]`` float32 scores.
+    """The exact curvature scores ``[n_target, n_train]`` float32 of every target against every train row (module
+    docstring), from whole per-example gradients (``s.featurizer`` a ``GradientFeaturizer`` with a curvature);
+    ``memory_mb``: most MiB of the targets' whitened gradients held at once.
 
     Raises:
         StoreError: a checkpoint's curvature is not in the store (run `trak featurize`).

@@ -48,45 +48,25 @@ def featurize_rows(
 ) -> tuple[int, list[int]]:
     """Compute and write this rank's pending chunks of one checkpoint (train rows or targets).
 
-    Each batch goes through ``s.featurizer`` (``(phi, q)`` of the batch, :meth:`JobSetup.features`); a
-    chunk's ``features`` (and ``out_to_loss``, ``nonfinite``) are written as
-    float32 numpy before its done flag.
-
-    Train rows also save a chunk's progress before it is done (when ``rows`` keeps it: ``rows.progress``):
-    once ``save_every_s`` seconds of work have passed since the chunk started or was last saved, the rows
-    of the batches finished so far are written, then their count (:meth:`ChunkedRows.write_partial`);
-    a Ctrl-C (KeyboardInterrupt) saves them at once before it goes on. A resumed chunk reads those rows
-    back and starts at the next one, which is where a batch of an uninterrupted run starts too (the
-    batches are cut greedily from the chunk's first row, :meth:`JobSetup.batches`, and a save follows a
-    whole batch), so the resumed run computes exactly the batches the uninterrupted one would have: the
-    store is the same, bit for bit. A KeyboardInterrupt leaves with a note (``add_note``) of the train
-    rows stored.
+    Each batch goes through ``s.featurizer`` (:meth:`JobSetup.features`); a chunk's ``features`` (and
+    ``out_to_loss``, ``nonfinite``) are written as float32 before its done flag. Train rows written in line
+    also save a chunk's rows so far (:meth:`ChunkedRows.write_partial`) every ``save_every_s`` seconds of work
+    and on Ctrl-C; a rerun resumes after them, at a batch boundary of an uninterrupted run (batches are cut
+    greedily from the chunk's first row), so the store is the same bit for bit. A KeyboardInterrupt leaves
+    with a note of the train rows stored.
 
     Args:
-        s: the shared setup (featurizer, batch size, process group).
-        data: the rows to featurize (``data.train`` or ``data.target``).
-        rows: the store's rows of this checkpoint.
-        model_id: the checkpoint, loaded into ``s.model`` if any chunk is pending.
+        s, data, rows, model_id: the setup, the rows to featurize, the store's rows of checkpoint ``model_id``.
         with_out_to_loss: also write ``out_to_loss`` and ``nonfinite`` (train rows).
-        skip_nonfinite: give examples with non-finite features zero features and
-            ``Q = 0`` instead of raising.
+        skip_nonfinite: give non-finite examples zero features and ``Q = 0`` instead of raising.
         reporter, label: progress (``"<label> model <model_id>"``) and test events.
-        computed: a batch of ``data`` already featurized (:func:`first_batch`); used in place of
-            computing the batch of the same checkpoint, first row and length, if that batch comes up.
-        keep: if given, each written chunk's ``[rows, proj_dim]`` features, as a read of the store
-            returns them (:meth:`ChunkedRows.as_stored`), are also put here by chunk index (`trak
-            score` uses the target features without reading them back).
-        writer: write the chunks in this background writer (the caller waits for it) instead of
-            before computing the next chunk: `trak score`'s target features, derived data that a
-            killed run recomputes. Train features are written in line, so a kill loses at most
-            the work since the last save of the chunk it interrupts.
-        kept: ``{chunk: rows}``: pending train chunks whose first ``rows`` rows are stored already (the old
-            partly filled chunk a store grown by an append keeps, :func:`trakcli.store.append.kept_rows`);
-            only the chunk's other rows are computed, and the chunk is written whole. If the kept rows
-            do not read back intact, the whole chunk is computed. Rows saved by an interrupted run
-            (``rows_done``) are kept the same way.
-        save_every_s: seconds of work between two saves of a chunk's rows so far (``store.save_every_s``;
-            0: after every batch).
+        computed: a batch already featurized (:func:`first_batch`), used where the same batch comes up.
+        keep: gets each written chunk's features as the store returns them (:meth:`ChunkedRows.as_stored`).
+        writer: writes the chunks in the background (`trak score`'s targets) instead of in line.
+        kept: ``{chunk: rows}`` whose first rows are stored already (an append's old partial chunk,
+            :func:`trakcli.store.append.kept_rows`; rows an interrupted run saved count the same way); if they do
+            not read back intact, the whole chunk is computed.
+        save_every_s: seconds of work between two saves of a chunk's rows (``store.save_every_s``; 0: every batch).
 
     Returns:
         (chunks computed, indices of examples skipped as non-finite).
@@ -178,8 +158,7 @@ def featurize_rows(
 
 
 def _read_kept(rows: ChunkedRows, lo: int, n: int, feats: np.ndarray, q: np.ndarray, bad: np.ndarray) -> int:
-    """Read the ``n`` kept rows from ``lo`` of a chunk into the chunk's buffers; returns ``n``, or 0 (nothing
-    read: the whole chunk is computed) if there are none or they do not read back intact."""
+    """Read the ``n`` kept rows from ``lo`` into the chunk's buffers: ``n``, or 0 when they do not read back intact."""
     if n <= 0:
         return 0
     try:
@@ -192,52 +171,28 @@ def _read_kept(rows: ChunkedRows, lo: int, n: int, feats: np.ndarray, q: np.ndar
 
 def write_chunk(rows: ChunkedRows, chunk: int, arrays: dict[str, np.ndarray], what: str,
                 clear_partial: bool = False) -> None:
-    """Write one chunk's arrays, then its done flag (:meth:`ChunkedRows.write`; with ``clear_partial``, then
-    its ``rows_done`` count reset), then the test event ``done <what>``."""
+    """:meth:`ChunkedRows.write` of one chunk (with ``clear_partial``, its ``rows_done`` reset), then ``done <what>``."""
     rows.write(chunk, clear_partial, **arrays)
     event(f"done {what}")
 
 
 @dataclass
 class FirstBatch:
-    """The features of one batch, computed before the row loop (:func:`first_batch`), for it to reuse.
+    """The features ``phi`` ``[n, proj_dim]`` and ``q`` ``[n]`` (float32, on the device) of the row loop's batch
+    ``key``: ``(model_id, row_offset, n)``, computed before the loop (:func:`first_batch`) for it to reuse."""
 
-    Attributes:
-        model_id, row_offset: the checkpoint and the dataset index of the batch's first row.
-        phi: ``[n, proj_dim]`` float32 features, on the device.
-        q: ``[n]`` float32 out-to-loss terms, on the device.
-    """
-
-    model_id: int
-    row_offset: int
+    key: tuple[int, int, int]
     phi: torch.Tensor
     q: torch.Tensor
 
-    @property
-    def key(self) -> tuple[int, int, int]:
-        """``(model_id, row_offset, n)``: which batch of the row loop these features are."""
-        return self.model_id, self.row_offset, len(self.q)
-
 
 def first_batch(s: JobSetup, reporter: Reporter, chunk_rows: int) -> FirstBatch | None:
-    """Load checkpoint 0 and compute the features of the first training batch, before anything is written.
-
-    A model that does not take the inputs (a shape or dtype mistake), a checkpoint
-    that does not fit, or a bad task then fails before the store exists, so
-    fixing it needs no ``--overwrite``. Key prefixes of wrapped models stripped
-    from the checkpoint (``module.``, ``_orig_mod.``) are reported here, once.
-
-    The batch is the row loop's first one (rows ``[0, min(n_train, chunk_rows,
-    batch_rows))`` of checkpoint 0, chunk 0), so :func:`featurize_rows` reuses its
-    features instead of computing them twice.
-
-    Args:
-        s: the shared setup.
-        reporter: where the stripped key prefixes are reported.
-        chunk_rows: rows per chunk of the store (a batch never crosses a chunk).
+    """Load checkpoint 0 and compute the row loop's first batch (chunk 0 of ``chunk_rows`` rows) before the store
+    exists, so that a model, checkpoint or task mistake fails without needing ``--overwrite``; stripped key
+    prefixes of wrapped models (``module.``, ``_orig_mod.``) are reported once.
 
     Returns:
-        The batch's features, or None without training rows or with a curvature (its trial features are not kept).
+        The batch's features, or None without train rows or with a curvature (tried, not kept).
 
     Raises:
         CheckpointError, ModelError, GradientError, ...: whatever the first batch raises.
@@ -258,7 +213,7 @@ def first_batch(s: JobSetup, reporter: Reporter, chunk_rows: int) -> FirstBatch 
     reporter.phase("the first batch: reading it and its per-example gradients …")
     off, x, y = next(s.batches(s.train, 0, min(len(s.train), chunk_rows)))
     phi, q = s.features(x, y, 0, off)
-    return FirstBatch(0, off, phi, q)
+    return FirstBatch((0, off, len(y)), phi, q)
 
 
 @dataclass
@@ -301,43 +256,29 @@ def featurize(
 ) -> FeaturizeResult:
     """Project the per-example gradients of every training example for every checkpoint, then make the kernels.
 
-    Writes ``train/<model_id>/{features, out_to_loss, nonfinite, done}`` chunk
-    by chunk; a rerun recomputes only chunks not done (a finished store is a
-    no-op), whatever the batch size. Within a chunk, the rows computed so far are saved
-    every ``store.save_every_s`` seconds of work and on Ctrl-C (``rows_done``), and a rerun
-    starts after them (:func:`featurize_rows`). A new store's first batch is computed
-    once, by :func:`first_batch`, and reused by the row loop.
+    Writes ``train/<model_id>/{features, out_to_loss, nonfinite, done}`` chunk by chunk; a rerun recomputes only
+    chunks not done (a finished store is a no-op), whatever the batch size. Within a chunk, the rows computed so
+    far are saved every ``store.save_every_s`` seconds of work and on Ctrl-C, and a rerun starts after them
+    (:func:`featurize_rows`). Then each checkpoint's missing kernel (the factor of ``Φ_mᵀΦ_m + λ_m I`` or its
+    dual, with ``score.lambda_reg`` / ``score.lambda_rel``) is made (:func:`trakcli.jobs.kernels.finalize_kernels`;
+    rank ``m mod world_size``), so that `trak score` computes only the target side.
 
-    Then each checkpoint's kernel (the factor of ``Φ_mᵀΦ_m + λ_m I`` or its
-    dual, with ``score.lambda_reg`` / ``score.lambda_rel``) is made if it is
-    missing (:func:`trakcli.jobs.kernels.finalize_kernels`; rank ``m mod
-    world_size``), so that `trak score` computes only the target side; a score
-    run with another ridge makes its own.
-
-    Train data that extends the store's rows (the same first ``n_old`` rows, new rows after them:
-    a file grown at its end) grows the store instead of being refused
-    (:mod:`trakcli.store.append`): only the new rows are featurized (the old partly filled last
-    chunk keeps its old rows), the kernels are made again from the stored features, and
-    the experiments scored before are marked stale until rescored.
-
-    The store is opened and checked by :meth:`Store.create_or_check` and :meth:`Store.train`
-    (identity, layout, checkpoints, done flags), so a finished store is found to need nothing.
+    Train data that extends the store's rows (the same first ``n_old`` rows, new rows after them) grows the
+    store instead of being refused (:mod:`trakcli.store.append`): only the new rows are featurized, the kernels
+    are made again, and the experiments scored before are marked stale until rescored.
 
     Args:
         cfg: the validated config.
         overwrite: delete the store and start over.
-        skip_nonfinite: record examples whose gradients are not finite in
-            ``nonfinite`` and store zero features for them (no influence on
-            the kernel, zero scores) instead of stopping.
-        verify: hash every checkpoint again (not trusting the hash cache); read every done chunk
-            and recompute those that are missing or fail their
-            checksum; re-create unreadable array metadata (the chunks are then checked); read and
-            verify the stored kernels too (a corrupt one is made again).
+        skip_nonfinite: record examples whose gradients are not finite in ``nonfinite`` and store zero
+            features for them (no influence on the kernel, zero scores) instead of stopping.
+        verify: hash every checkpoint again (not trusting the hash cache); read every done chunk and recompute
+            those missing or failing their checksum; re-create unreadable array metadata; read and verify the
+            stored kernels too (a corrupt one is made again).
         reporter: progress bars and messages.
-        setup: the :func:`~trakcli.jobs.setup.prepare` of ``cfg`` (with ``rehash=verify``) when the caller
-            made it already (`trak select`): the train set is then neither loaded nor hashed again.
-        kernels: make TRAK's kernels after the features (False: `trak select`, which does not use them;
-            a later `trak score` makes the missing ones).
+        setup: the :func:`~trakcli.jobs.setup.prepare` of ``cfg`` (with ``rehash=verify``) when the caller made
+            it already (`trak select`): the train set is then neither loaded nor hashed again.
+        kernels: make TRAK's kernels after the features (False: `trak select`, which does not use them).
 
     Raises:
         ConfigError: a file the config names cannot be used.

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trakcli.config.schema import Config
-from trakcli.errors import ConfigError
+from trakcli.errors import ConfigError, DataError, ModelError
 from trakcli.files import file_problem
 
 if TYPE_CHECKING:
@@ -18,36 +18,29 @@ if TYPE_CHECKING:
 
 
 def resolve_checkpoints(cfg: Config, hashes: "HashCache | None" = None) -> list[Path]:
-    """The checkpoint files of ``cfg`` in model_id order (sorted paths; a list keeps its order).
+    """The checkpoint files of ``cfg`` in model_id order (a glob's matches sorted; a list in its order).
 
-    An entry ``hf:DIR`` (or ``hf:package/dir``, or a Hub name ``hf:ORG/NAME[@REVISION][/FOLDER]``:
-    its snapshot in the Hugging Face cache) is a Hugging Face model or PEFT adapter directory,
-    found as for ``model.entrypoint``. A single path ending in ``.json`` is the
-    ``manifest.json`` of a `trak optimize` run: its checkpoints in model_id order,
-    paths relative to the manifest (see :func:`trakcli.store.manifest.manifest_checkpoints`),
-    whose sha256s are checked through ``hashes`` (a :class:`trakcli.store.hashes.HashCache`) if given.
+    ``hf:DIR`` (or ``hf:package/dir``, or a Hub name ``hf:ORG/NAME[@REVISION][/FOLDER]``: its snapshot in the
+    cache) is a Hugging Face model or PEFT adapter directory, found as for ``model.entrypoint``. A single
+    ``.json`` path is a `trak optimize` ``manifest.json``: its checkpoints (relative to it), their sha256s
+    checked through ``hashes`` if given (:func:`trakcli.store.manifest.manifest_checkpoints`).
 
     Raises:
-        ConfigError: if the glob matches nothing or a listed file is missing; for a
-            manifest: missing or invalid, of an unfinished run (fewer models than its
-            n_models, or than the config's n_models when its out_dir is the manifest's
-            directory), a checkpoint missing, or one whose sha256 changed since the
-            manifest was written.
+        ConfigError: a glob matching nothing, a listed file missing; a manifest missing, invalid, of an
+            unfinished run (fewer models than its n_models, or than the config's when its out_dir is the
+            manifest's folder), or with a checkpoint missing or changed since.
     """
     spec = cfg.checkpoints
     from trakcli.store.manifest import is_manifest_path, manifest_checkpoints
 
     if is_manifest_path(spec):
-        path = Path(spec)  # type: ignore[arg-type]
-        n_models, key = None, "optimize.n_models"
-        oc = cfg.recipe
-        if oc is not None and oc.out_dir is not None and oc.out_dir.resolve() == path.parent.resolve():
-            n_models = oc.n_models
-        return manifest_checkpoints(path, n_models=n_models, n_models_key=key, hashes=hashes)
+        path, oc = Path(spec), cfg.recipe  # type: ignore[arg-type]
+        ours = oc is not None and oc.out_dir is not None and oc.out_dir.resolve() == path.parent.resolve()
+        return manifest_checkpoints(path, n_models=oc.n_models if ours else None, n_models_key="optimize.n_models",
+                                    hashes=hashes)
     if isinstance(spec, str) and spec.startswith("hf:") or isinstance(spec, list) and any(
         p.startswith("hf:") for p in spec
     ):
-        from trakcli.errors import ModelError
         from trakcli.models.hf import resolve_hf_path
 
         out, problems = [], []
@@ -85,25 +78,14 @@ OPTIMIZER_STATE_DIR = "optimizer_state"
 
 
 def resolve_optimizer_states(cfg: Config, checkpoints: list[Path]) -> list[Path]:
-    """The optimizer state file of each checkpoint (``second_moment:``), in model_id order.
-
-    ``second_moment.optimizer_state`` given: its glob (sorted) or list, one file per
-    checkpoint. Unset: for ``checkpoints:`` naming a `trak optimize` manifest, the
-    ``optimizer_state`` each model's entry records (relative to the manifest); otherwise
-    ``<checkpoint's folder>/optimizer_state/<checkpoint's file name>``, where `trak
-    optimize` writes it with ``optimize.save_optimizer_state: true``.
-
-    Args:
-        cfg: the config (reads ``checkpoints`` and ``second_moment``).
-        checkpoints: the resolved checkpoints (:func:`resolve_checkpoints`).
-
-    Returns:
-        One existing file per checkpoint.
+    """The optimizer state file of each checkpoint (``second_moment:``), in model_id order:
+    ``second_moment.optimizer_state``'s glob (sorted) or list; unset, for a `trak optimize` manifest the
+    ``optimizer_state`` each entry records, otherwise ``<checkpoint's folder>/optimizer_state/<checkpoint's
+    name>`` (where `trak optimize` writes it with ``optimize.save_optimizer_state: true``).
 
     Raises:
-        ConfigError: one line: a checkpoint without a state file (the first, named with its
-            expected path and how many more lack one), or a glob / list whose count is not the
-            number of checkpoints.
+        ConfigError: one line: a checkpoint without a state file (the first, with its expected path and how many
+            more lack one), or a glob / list whose count is not the number of checkpoints.
     """
     from trakcli.gradients.second_moment import SAVE_HINT
     from trakcli.store.manifest import is_manifest_path, manifest_entries, read_manifest
@@ -145,11 +127,8 @@ def _not_a_file(key: str, path: str | Path, wanted: str) -> str:
 
 
 def missing_train_files(cfg: Config) -> list[str]:
-    """The local files of ``data.train`` that are not there (Hub datasets and built-in splits are never missing).
-
-    Returns:
-        The missing paths as written in the config, in order; empty when every file is there.
-    """
+    """The local files of ``data.train`` that are not there, as written in the config (Hub datasets and built-in
+    splits are never missing)."""
     paths = cfg.data.train.paths if cfg.data.train is not None else []
     return [str(p) for p in paths if not (isinstance(p, str) and "://" in p) and file_problem(p) is not None]
 
@@ -164,10 +143,8 @@ def check_files(
         cfg: the validated config.
         need_checkpoints: resolve ``checkpoints`` (featurize, score).
         need_target: ``data.target`` must be given (score).
-        need_validation: check ``data.validation``'s file too, if given (optimize; the
-            other commands ignore it).
-        need_train: check ``data.train``'s files (False: `trak score` of a store whose train data file
-            is gone reads what it needs from the store, :func:`missing_train_files`).
+        need_validation: check ``data.validation``'s file too (optimize).
+        need_train: check ``data.train``'s files (False: a score of a store whose train file is gone).
 
     Raises:
         ConfigError: one line per missing file or glob matching nothing.
@@ -180,9 +157,7 @@ def check_files(
             resolve_checkpoints(cfg, HashCache.for_store(cfg.store.path))
         except ConfigError as e:
             problems += e.problems
-    for name in ("train", "target", "validation") if need_validation else ("train", "target"):
-        if name == "train" and not need_train:
-            continue
+    for name in [n for n, need in (("train", need_train), ("target", True), ("validation", need_validation)) if need]:
         ds = getattr(cfg.data, name)
         if ds is None:
             if name == "target" and need_target:
@@ -190,7 +165,6 @@ def check_files(
             continue
         for path in ds.paths:
             if isinstance(path, str) and path.startswith("hf://"):  # a Hub dataset: downloaded or in the cache
-                from trakcli.errors import DataError
                 from trakcli.models.hub import resolve_hub_dataset
 
                 try:
@@ -201,7 +175,6 @@ def check_files(
                 problems.append(_not_a_file(f"data.{name}.path", path, "a .pt, .npz or text data file"))
     ep = cfg.model.entrypoint
     if ep.startswith("hf:"):
-        from trakcli.errors import ModelError
         from trakcli.models.hf import resolve_hf_path
 
         try:

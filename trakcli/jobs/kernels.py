@@ -1,13 +1,9 @@
 """The per-checkpoint kernels ``train/<model_id>/kernel``: made at the end of `trak featurize`, used by `trak score`.
 
-A kernel depends only on the train features ``Φ_m`` and the ridge settings
-(``score.lambda_reg``, ``score.lambda_rel``), so `trak featurize` finishes each
-checkpoint's kernel once its features are complete (as MadryLab's TRAK does in
-``finalize_features``), and `trak score` only computes the target side; a score
-run with other ridge settings, or a store whose kernels are missing or corrupt,
-makes them there instead (:func:`kernel_of`). Math: :mod:`trakcli.scoring`
-(primal: the float64 Cholesky factor of ``Φᵀ Φ + λ I``; when ``n_train < proj_dim``,
-dual: the float32 solved features ``(Φ Φᵀ + λ I)⁻¹ Φ``).
+A kernel depends only on the train features ``Φ_m`` and the ridge (``score.lambda_reg``, ``score.lambda_rel``),
+so `trak featurize` makes each once its features are complete (as MadryLab's TRAK's ``finalize_features``);
+a score run with another ridge, or a store whose kernels are missing or corrupt, makes them there
+(:func:`kernel_of`). Math: :mod:`trakcli.scoring`.
 """
 
 from __future__ import annotations
@@ -43,25 +39,14 @@ def report_notes(store: Store, reporter: Reporter) -> None:
 def kernel_of(
     store: Store, rows: ChunkedRows, model_id: int, *, lambda_reg: float | None, lambda_rel: float,
 ) -> tuple[torch.Tensor, float]:
-    """Checkpoint ``model_id``'s kernel: the stored one (verified), else computed from ``Φ_m`` and stored.
-
-    After train rows were appended, a primal kernel's Gram starts from the one kept of the old rows
-    (:func:`trakcli.store.kernel.save_gram_prefix`) and adds only the new rows' products.
-
-    A corrupt or missing stored kernel is deleted and made again (noted in ``store.notes``).
-
-    Args:
-        store: the open store (rank 0, or the rank that owns ``model_id``).
-        rows: the checkpoint's complete train features.
-        model_id: the checkpoint.
-        lambda_reg, lambda_rel: the ridge (:func:`trakcli.scoring.resolve_lambda`).
+    """Checkpoint ``model_id``'s kernel: the stored one (verified; a corrupt or missing one is deleted and made
+    again, noted in ``store.notes``), else computed from ``rows`` (``Φ_m``, complete) and stored. After an
+    append, a primal kernel's Gram starts from the old rows' (:func:`trakcli.store.kernel.save_gram_prefix`).
 
     Returns:
-        ``(kernel, λ)``. The kernel is, by :func:`trakcli.scoring.kernel_form`, the
-        ``[proj_dim, proj_dim]`` float64 lower Cholesky factor of ``Φ_mᵀΦ_m + λI``
-        (:data:`~trakcli.scoring.PRIMAL`), or when ``n_train < proj_dim`` the
-        ``[n_train, proj_dim]`` float32 ``(Φ_mΦ_mᵀ + λI)⁻¹Φ_m``
-        (:data:`~trakcli.scoring.DUAL`, :func:`~trakcli.scoring.dual_solved_features`).
+        ``(kernel, λ)``, the kernel by :func:`trakcli.scoring.kernel_form`: the ``[proj_dim, proj_dim]`` float64
+        lower Cholesky factor of ``Φ_mᵀΦ_m + λI`` (:data:`~trakcli.scoring.PRIMAL`), or when ``n_train <
+        proj_dim`` the ``[n_train, proj_dim]`` float32 ``(Φ_mΦ_mᵀ + λI)⁻¹Φ_m`` (:data:`~trakcli.scoring.DUAL`).
 
     Raises:
         TrakError: the kernel is not positive definite (:func:`trakcli.scoring.kernel_factor`).
@@ -89,9 +74,8 @@ def kernel_of(
 
 
 def _gram(store: Store, rows: ChunkedRows, model_id: int) -> torch.Tensor:
-    """``Φ_mᵀΦ_m`` ``[proj_dim, proj_dim]`` float64 over every train row: the Gram of the rows featurized before an
-    append (:func:`trakcli.store.kernel.read_gram_prefix`) plus the products of the rows after them, or, without
-    one, the products of every chunk."""
+    """``Φ_mᵀΦ_m`` ``[proj_dim, proj_dim]`` float64: the Gram kept of the rows before an append
+    (:func:`trakcli.store.kernel.read_gram_prefix`) plus the new rows' products, else every chunk's."""
     prefix = read_gram_prefix(store, model_id)
     if prefix is None or not 0 < prefix[1] < rows.n_rows:
         return gram_matrix(torch.from_numpy(c.astype(np.float32, copy=False)) for _, _, c in rows.iter_chunks("features"))
@@ -116,24 +100,20 @@ def finalize_kernels(
     verify: bool = True,
     linalg_threads: int | None = None,
 ) -> int:
-    """Make every missing kernel: checkpoint ``m`` on rank ``m mod world_size``; then a barrier.
+    """Make every missing kernel (:func:`kernel_of`): checkpoint ``m`` on rank ``m mod world_size``; then a barrier.
 
     Args:
-        store: the open store.
-        train_rows: per model_id, complete train features.
-        lambda_reg, lambda_rel: the ridge settings (``score:`` of the config).
+        store, train_rows: the open store; per model_id, complete train features.
+        lambda_reg, lambda_rel: the ridge (``score:`` of the config).
         dist: the process group (default: one process).
         reporter: a progress bar over the kernels made, and repair notes.
-        verify: read and verify kernels already stored (`trak score`), or trust a finished
-            kernel's attributes (`trak featurize`, :func:`trakcli.store.kernel.kernel_done`).
-        linalg_threads: torch threads for the Gram matrices and factors (the ``linalg_threads``
-            setting; None: :data:`trakcli.jobs.runtime.DEFAULT_THREADS`).
+        verify: read and verify kernels already stored (`trak score`), or trust a finished kernel's
+            attributes (`trak featurize`, :func:`trakcli.store.kernel.kernel_done`).
+        linalg_threads: torch threads of the Gram matrices and factors (None:
+            :data:`trakcli.jobs.runtime.DEFAULT_THREADS`).
 
     Returns:
         Kernels computed by this process.
-
-    Raises:
-        As :func:`kernel_of`.
     """
     dist = dist or Dist()
     settings = ridge_settings(lambda_reg, lambda_rel)

@@ -159,38 +159,31 @@ def _epochs_written(oc: OptimizeConfig, entry: dict[str, Any]) -> bool:
 def optimize(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_REPORTER) -> list[Path]:
     """Train ``optimize.n_models`` independently seeded models and write their checkpoints and manifest.
 
-    Model ``i`` is built, seeded with ``optimize.seed + i`` and trained by
-    :func:`trakcli.train.train_one` (the built-in recipe, or the user's
-    ``optimize.entrypoint``), the same function that retrains the models of
-    `trak eval`, on a random ``subset_fraction`` of ``data.train`` if below 1
-    (drawn with ``optimize.seed + i``); it is written atomically to
-    ``optimize.out_dir/model_{i:03d}.pt``. Existing files are kept (a rerun
-    resumes) unless ``overwrite``; a model killed mid-training resumes from its
-    training state in ``out_dir/.resume/`` (saved every
-    ``optimize.checkpoint_every`` steps and at epoch ends), bit-identically.
-    With ``optimize.projection`` the optimizer runs in a random subspace
-    (:class:`trakcli.optim.ProjectedOptimizer`). With ``data.validation`` the
-    built-in recipe evaluates the model on it after every epoch. With
-    ``optimize.epoch_checkpoints`` it also writes model ``i`` at the end of every
-    epoch but the last (:func:`checkpoint_name`; and its optimizer state with
-    ``save_optimizer_state``), listed under the model's ``epoch_checkpoints`` in the
-    manifest; a kept model whose epoch checkpoints are missing or changed is trained again.
+    Model ``i`` is built, seeded with ``optimize.seed + i`` and trained by :func:`trakcli.train.train_one` (the
+    built-in recipe, or the user's ``optimize.entrypoint``; the same function that retrains the models of `trak
+    eval`) on a random ``subset_fraction`` of ``data.train`` if below 1 (drawn with ``optimize.seed + i``), and
+    written atomically to ``optimize.out_dir/model_{i:03d}.pt``. Existing files are kept (a rerun resumes) unless
+    ``overwrite``; a model killed mid-training resumes bit-identically from its training state in
+    ``out_dir/.resume/`` (saved every ``optimize.checkpoint_every`` steps and at epoch ends). With
+    ``optimize.projection`` the optimizer runs in a random subspace (:class:`trakcli.optim.ProjectedOptimizer`);
+    with ``data.validation`` the built-in recipe evaluates the model after every epoch; with
+    ``optimize.epoch_checkpoints`` it also writes the model (and with ``save_optimizer_state`` its optimizer
+    state) at the end of every epoch but the last (:func:`checkpoint_name`), a kept model whose epoch checkpoints
+    are missing or changed being trained again.
 
-    After every finished model, ``out_dir/manifest.json`` is written atomically
-    (:mod:`trakcli.store.manifest`): the recipe, the model, and per
-    model its checkpoint (relative path), sha256, seed, subset indices and metrics
-    (final loss, train / target / validation accuracy, optimizer state floats,
-    per-epoch history); ``complete`` once all ``n_models`` are listed. A kept file
-    reuses its entry of the previous manifest when its sha256 still matches, else
-    its accuracies are measured and it is recorded with ``origin: found``. With
-    ``optimize.metrics`` the same per-model metrics also go to that JSON file.
+    After every finished model, ``out_dir/manifest.json`` is written atomically (:mod:`trakcli.store.manifest`):
+    the recipe, the model, and per model its checkpoint (relative path), sha256, seed, subset indices and metrics
+    (final loss, train / target / validation accuracy, optimizer state floats, per-epoch history); ``complete``
+    once all ``n_models`` are listed. A kept file reuses its previous entry while its sha256 matches, else its
+    accuracies are measured and it is recorded with ``origin: found``. With ``optimize.metrics`` the per-model
+    metrics also go to that JSON file.
 
     Returns:
         The checkpoint paths, in model_id order.
 
     Raises:
-        ConfigError: no recipe, an output path that cannot be written, or an
-            out_dir whose manifest records models trained another way (without ``overwrite``).
+        ConfigError: no recipe, an output path that cannot be written, or an out_dir whose manifest records
+            models trained another way (without ``overwrite``).
         DataError: data.train, data.target or data.validation cannot be loaded.
         OptimizerError: projection settings the model cannot use.
     """

@@ -66,14 +66,13 @@ from trakcli.tasks import (
 )
 
 def check_per_token(s: JobSetup, *, normalize: str | None) -> None:
-    """Refuse settings per-token scores cannot be computed with, naming the fix (``score.top_k`` is checked by
-    the config).
+    """Refuse settings per-token scores cannot be computed with, naming the fix (``score.top_k`` is the config's).
 
     Raises:
-        ConfigError: a task other than ``language_modeling``; ``score.normalize: unit``;
-            ``curvature.refine``; ``second_moment`` with the kronecker projector.
+        ConfigError: a task other than ``language_modeling``; ``score.normalize: unit``; ``curvature.refine``;
+            a curvature or ``second_moment`` with the kronecker projector.
     """
-    task = getattr(s.featurizer, "task", None) or getattr(getattr(s.featurizer, "grads", None), "task", None)
+    task = _task(s.featurizer)
     base = task.task if isinstance(task, LossOutput) else task  # curvature.output loss: its token losses split
     if not isinstance(base, LanguageModeling):
         raise ConfigError(f"score.per_token: true needs task: language_modeling (a sum over tokens); this config's "
@@ -93,6 +92,11 @@ def check_per_token(s: JobSetup, *, normalize: str | None) -> None:
                           "sjlt (the kronecker projection folds the correction into its factors)")
 
 
+def _task(featurizer: Any) -> Any:
+    """The task of a featurizer (a Kronecker featurizer's own, or its per-example gradients')."""
+    return getattr(featurizer, "task", None) or getattr(getattr(featurizer, "grads", None), "task", None)
+
+
 def token_outputs(task: Any, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Each target token's term of the task's output function ``[n, L]``: its next-token margin
     (:func:`token_margins`), or for :class:`~trakcli.tasks.LossOutput` minus its next-token cross-entropy; the
@@ -103,17 +107,10 @@ def token_outputs(task: Any, logits: torch.Tensor, labels: torch.Tensor) -> torc
 
 
 def token_margins(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Each target token's next-token margin, at the token's own position.
-
-    Args:
-        logits: ``[n, L, V]`` float logits of a causal LM.
-        labels: ``[n, L]`` int64 unshifted per-token labels (``-100``: not a target).
-
-    Returns:
-        ``[n, L]``: position ``t ≥ 1`` holds ``logit_{t−1}(x_t) − logsumexp_{j≠x_t} logit_{t−1}(j)`` where
-        ``labels[t]`` is a target, 0 elsewhere; the sum over ``t`` is
-        :func:`~trakcli.tasks.language_modeling_margin`'s ``f``.
-    """
+    """Each target token's next-token margin at its own position, ``[n, L]``, of a causal LM's ``[n, L, V]``
+    ``logits`` and ``[n, L]`` int64 unshifted ``labels`` (``-100``: not a target): position ``t ≥ 1`` holds
+    ``logit_{t−1}(x_t) − logsumexp_{j≠x_t} logit_{t−1}(j)`` where ``labels[t]`` is a target, else 0; the sum over
+    ``t`` is :func:`~trakcli.tasks.language_modeling_margin`'s ``f``."""
     nxt = labels[:, 1:]
     valid = nxt != IGNORE_INDEX
     margins, _ = classification_margin(logits[:, :-1, :], torch.where(valid, nxt, 0))
@@ -121,11 +118,8 @@ def token_margins(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 
 def split_by_token(inputs: dict[str, torch.Tensor], labels: torch.Tensor) -> tuple[dict, torch.Tensor, list, list]:
-    """One copy of each row per target token, whose labels keep that token only.
-
-    Returns:
-        ``(inputs, labels, rows, positions)``: the copies (``[N, L]`` each), the row and position of each copy.
-    """
+    """One copy of each row per target token, whose labels keep that token only: ``(inputs, labels, rows,
+    positions)``, the copies (``[N, L]`` each) and the row and position of each."""
     rows, positions = [], []
     for i in range(labels.shape[0]):
         for t in torch.nonzero(labels[i, 1:] != IGNORE_INDEX).flatten().tolist():
@@ -142,11 +136,9 @@ class PerTokenScores:
     """Computes the per-token arrays of one experiment's top-k (module docstring).
 
     Args:
-        s: the setup `trak score` ran with.
-        store: the open store (kernels, curvature).
+        s, store: the setup `trak score` ran with; the open store (kernels, curvature).
         train_rows: per model_id, the complete train features (``features``, ``out_to_loss``).
-        target: the targets.
-        k: the top-k's K.
+        target, k: the targets; the top-k's K.
         width: the arrays' last axis (the longest sequence of the train and target data).
         lambda_key: the ridge settings of the stored kernels (:func:`trakcli.jobs.kernels.ridge_settings`).
         exact_damping: with ``curvature.exact``, its damping; else None.
@@ -166,15 +158,13 @@ class PerTokenScores:
         self.names = list(s.featurizer.param_names)
         self.rows_per_batch = max(1, s.batch_rows)
 
-    # ---------------------------------------------------------------- one chunk of targets
-
     def compute(self, lo: int, hi: int, top: dict[str, np.ndarray], reporter: Reporter = NULL_REPORTER) -> dict:
         """The per-token arrays of targets ``[lo, hi)`` given their top-k rows ``top`` (``[hi - lo, K]`` arrays).
 
         Returns:
             ``{"target_tokens", "document_tokens"}``: ``[hi - lo, 2, K, width]`` float32.
         """
-        s, n_models = self.s, len(self.s.checkpoints)
+        n_models = len(self.s.checkpoints)
         docs = np.stack([top["proponents"], top["opponents"]], axis=1)  # [r, 2, K]
         k = docs.shape[2]
         t_acc = np.zeros((hi - lo, 2, k, self.width))
@@ -186,9 +176,7 @@ class PerTokenScores:
         q_bar = np.zeros(len(unique))
         for model_id in range(n_models):
             event(f"start per-token {model_id} {lo}")
-            s.load(model_id)
-            if s.curvature is not None and self.exact_damping is None:  # the stored features' whitening
-                s.curvature.read(self.store, model_id)
+            self._load(model_id)
             # stored features of every document of the chunk at once; exact gradients ([2K, grad_dim]) per target
             b_all = self._documents(model_id, unique) if self.exact_damping is None else None
             q_bar += self._out_to_loss(model_id, unique)
@@ -226,7 +214,11 @@ class PerTokenScores:
         d_out[~d_mask] = np.nan
         return {"target_tokens": t_out.astype(np.float32), "document_tokens": d_out.astype(np.float32)}
 
-    # ---------------------------------------------------------------- the two sides' vectors
+    def _load(self, model_id: int) -> None:
+        """Load checkpoint ``model_id`` (and the curvature that whitened its stored features)."""
+        self.s.load(model_id)
+        if self.s.curvature is not None and self.exact_damping is None:
+            self.s.curvature.read(self.store, model_id)
 
     def _out_to_loss(self, model_id: int, docs: list[int]) -> np.ndarray:
         return self.train_rows[model_id].take("out_to_loss", docs).astype(np.float64)
@@ -234,14 +226,15 @@ class PerTokenScores:
     def _documents(self, model_id: int, docs: list[int]) -> np.ndarray:
         """``b_m(z)`` of the documents ``[n_docs, p]`` float64: stored features, or (exact) whitened gradients."""
         if self.exact_damping is not None:
-            view = self._view(model_id)
-            parts = []
-            for x, y in rows_of(self.s.train, docs, self.rows_per_batch, self.s.batch_tokens):
-                g, _ = self.s.featurizer.transformed(inputs_to(x, self.s.device), y.to(self.s.device), model_id, 0,
-                                                     curvature=view)
-                parts.append(self.s.featurizer.grads.flatten(g).double().cpu())
-            return torch.cat(parts).numpy()
+            batches = rows_of(self.s.train, docs, self.rows_per_batch, self.s.batch_tokens)
+            return torch.cat([self._exact(model_id, x, y, 0) for x, y in batches]).numpy()
         return self.train_rows[model_id].take("features", docs).astype(np.float64)
+
+    def _exact(self, model_id: int, x: Any, y: torch.Tensor, row: int) -> torch.Tensor:
+        """The whitened gradients of rows ``(x, y)`` with the exact scores' damping: ``[r, grad_dim]`` float64."""
+        g, _ = self.s.featurizer.transformed(inputs_to(x, self.s.device), y.to(self.s.device), model_id, row,
+                                             curvature=self._view(model_id))
+        return self.s.featurizer.grads.flatten(g).double().cpu()
 
     def _view(self, model_id: int) -> Any:
         """Checkpoint ``model_id``'s curvature with the exact scores' damping (read once)."""
@@ -262,9 +255,7 @@ class PerTokenScores:
             xb = {k_: v[b:b + self.rows_per_batch] for k_, v in x.items()}
             yb = y[b:b + self.rows_per_batch]
             if self.exact_damping is not None:
-                g, _ = self.s.featurizer.transformed(inputs_to(xb, self.s.device), yb.to(self.s.device), model_id, row,
-                                                     curvature=self._view(model_id))
-                parts.append(self.s.featurizer.grads.flatten(g).double().cpu())
+                parts.append(self._exact(model_id, xb, yb, row))
             else:
                 phi, _ = self.s.features(xb, yb, model_id, row)
                 parts.append(phi.double().cpu())
@@ -273,21 +264,16 @@ class PerTokenScores:
         return self._weights(model_id, phi)
 
     def train_tokens(self, queries: list[int], reporter: Reporter = NULL_REPORTER) -> np.ndarray:
-        """The train-side per-token scores of every train document for each query (per-token QLD).
-
-        Returns:
-            ``[n_queries, n_train, width]`` float32: ``τ_s(x, z)`` at document ``z``'s position ``s``,
-            NaN where ``s`` is not a target of the loss.
-        """
-        s, n_models, n = self.s, len(self.s.checkpoints), len(self.s.train)
+        """The train-side per-token scores of every train document for each query (per-token QLD):
+        ``[n_queries, n_train, width]`` float32, ``τ_s(x, z)`` at document ``z``'s position ``s`` (NaN where ``s`` is
+        not a target of the loss)."""
+        n_models, n = len(self.s.checkpoints), len(self.s.train)
         docs = list(range(n))
         acc = np.zeros((len(queries), n, self.width))
         mask = np.zeros((n, self.width), dtype=bool)
         q_bar = np.zeros(n)
         for model_id in range(n_models):
-            s.load(model_id)
-            if s.curvature is not None and self.exact_damping is None:
-                s.curvature.read(self.store, model_id)
+            self._load(model_id)
             q_bar += self._out_to_loss(model_id, docs)
             with reporter.task(f"per-token train scores model {model_id}", len(queries)) as task:
                 for i, t in enumerate(queries):
@@ -312,8 +298,8 @@ class PerTokenScores:
         return (phi - (phi @ kernel.T) @ big_phi) / lam
 
     def _kernel(self, model_id: int) -> tuple[torch.Tensor, float, torch.Tensor | None]:
-        """Checkpoint ``model_id``'s stored kernel, read once: ``(factor or X float64, λ, None)`` in the primal form,
-        ``(X, λ, Φ)`` with the train features ``Φ`` ``[n_train, p]`` float64 in the dual form."""
+        """Checkpoint ``model_id``'s stored kernel, read once: ``(factor, λ, None)`` (primal) or ``(X, λ, Φ)`` with
+        the train features ``Φ`` ``[n_train, p]`` (dual), float64."""
         if model_id not in self._kernels:
             stored = read_kernel(self.store, model_id, self.lambda_key)
             if stored is None:
@@ -355,12 +341,9 @@ class PerTokenScores:
     def _token_jvp(self, data: Any, docs: list[int], v: dict[str, torch.Tensor]) -> tuple[np.ndarray, np.ndarray]:
         """``⟨∇_θ f_s(z), v⟩`` of every token ``s`` of each row ``z`` of ``data`` ``[n_rows, L]`` float64 (one
         forward-mode pass), and the targets' mask."""
-        model = self.s.model
-        feat = self.s.featurizer
-        task = getattr(feat, "task", None) or getattr(getattr(feat, "grads", None), "task", None)
+        model, task = self.s.model, _task(self.s.featurizer)
         primal = {n: p.detach() for n, p in model.named_parameters() if n in v}
         outs, masks = [], []
-        width = 0
         for x, y in rows_of(data, docs, self.rows_per_batch, self.s.batch_tokens):
             x = inputs_to(x, self.s.device)
             labels = token_labels({**x, "labels": y.to(self.s.device)})
@@ -374,15 +357,9 @@ class PerTokenScores:
                 _, tangent = jvp(margins, (primal,), (v,))
             outs.append(tangent.detach().double().cpu().numpy())
             masks.append(torch.nn.functional.pad(labels[:, 1:] != IGNORE_INDEX, (1, 0)).cpu().numpy())
-            width = max(width, outs[-1].shape[1])
-        out = np.zeros((len(docs), width))
-        mask = np.zeros((len(docs), width), dtype=bool)
-        at = 0
-        for o, m in zip(outs, masks):
-            out[at:at + len(o), :o.shape[1]] = o
-            mask[at:at + len(o), :o.shape[1]] = m
-            at += len(o)
-        return out, mask
+        width = max(o.shape[1] for o in outs)  # batches padded to their own longest row: zeros past it
+        return (np.concatenate([np.pad(o, ((0, 0), (0, width - o.shape[1]))) for o in outs]),
+                np.concatenate([np.pad(m, ((0, 0), (0, width - m.shape[1]))) for m in masks]))
 
 
 #: The messages of torch's operations without a forward-mode derivative: a built-in operator (its name in
@@ -395,17 +372,13 @@ _NO_FORWARD_AD = (re.compile(r"forward AD with (\S+) that does not support it"),
 def forward_mode(model: nn.Module) -> Iterator[None]:
     """Run a forward-mode pass (:func:`torch.func.jvp`) of ``model`` inside this context.
 
-    Scaled dot-product attention (``torch.nn.functional.scaled_dot_product_attention``, the attention of
-    transformers' default ``attn_implementation="sdpa"``) runs on its math kernel: the fused kernels (flash
-    attention on CPU and CUDA, memory-efficient attention) have no forward-mode derivative, while the math
-    kernel is composed of operations that have one and computes the eager attention's formula,
-    ``softmax(q kᵀ / √d + mask) v`` (the same numbers up to float32 rounding). Nothing of the model is changed.
-
-    An operation without a forward-mode derivative raises :class:`~trakcli.errors.GradientError` naming the
-    operation, the model's module that ran it and the fix, chained to torch's exception.
+    Scaled dot-product attention (transformers' default ``attn_implementation="sdpa"``) runs on its math kernel:
+    the fused kernels have no forward-mode derivative, while the math kernel computes the eager attention's
+    formula, ``softmax(q kᵀ / √d + mask) v``, from operations that have one. Nothing of the model is changed.
 
     Raises:
-        GradientError: an operation of the model's forward pass has no forward-mode derivative.
+        GradientError: an operation of the forward pass has no forward-mode derivative (naming it, the model's
+            module that ran it and the fix; chained to torch's exception).
     """
     try:
         with sdpa_kernel(SDPBackend.MATH):
@@ -439,9 +412,8 @@ def _no_forward_ad(model: nn.Module, exc: BaseException, match: re.Match) -> Gra
 
 
 def _where(model: nn.Module, tb: TracebackType | None) -> tuple[tuple[str, nn.Module] | None, str | None]:
-    """The innermost module of ``model`` whose ``forward`` was running at the traceback's end, as
-    ``(name, module)`` (the model itself named ``"model"``), and the innermost custom ``autograd.Function``'s
-    class name; None where there is none."""
+    """The innermost module of ``model`` whose ``forward`` ran at the traceback's end, as ``(name, module)``
+    (the model itself named ``"model"``), and the innermost custom ``autograd.Function``'s name; None where none."""
     names = {id(m): n or "model" for n, m in model.named_modules()}
     module, function = None, None
     while tb is not None:
@@ -473,10 +445,8 @@ def per_token_width(s: JobSetup, target: Any) -> int:
 
 def query_token_scores(cfg: Any, queries: list[int], reporter: Reporter = NULL_REPORTER) -> np.ndarray:
     """Per-token scores of every train document's tokens for the target rows ``queries`` (`trak eval qld` with
-    ``eval.qld.per_token``), from the config's featurized store (kernels of `trak score`).
-
-    Returns:
-        ``[n_queries, n_train, width]`` float32 (:meth:`PerTokenScores.train_tokens`).
+    ``eval.qld.per_token``) from the config's featurized store: ``[n_queries, n_train, width]`` float32
+    (:meth:`PerTokenScores.train_tokens`).
 
     Raises:
         StoreError: no or incomplete train features, or no kernel (run `trak featurize` / `trak score`).
@@ -500,11 +470,9 @@ def query_token_scores(cfg: Any, queries: list[int], reporter: Reporter = NULL_R
 
 def per_token_arrays(store: Store, experiment: str, n_target: int, k: int, width: int, create: bool = True,
                      repair: bool = False) -> ChunkedRows:
-    """The per-token scores of an experiment's top-k (``scores/<experiment>/per_token``), chunked by target rows.
-
-    Arrays: ``target_tokens`` and ``document_tokens`` ``[n_target, 2, k, width]`` float32 (side 0 proponents, 1
-    opponents; position in the sequence; NaN where a token is not a target), with a done flag per chunk of target
-    rows (about 4 MB).
+    """The per-token scores of an experiment's top-k, ``scores/<experiment>/per_token``: ``target_tokens`` and
+    ``document_tokens`` ``[n_target, 2, k, width]`` float32 (module docstring), a done flag per chunk of about
+    4 MB of target rows.
 
     Raises:
         StoreMismatchError: the stored arrays have another ``k`` or ``width`` (names ``--overwrite``).

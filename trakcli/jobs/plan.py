@@ -1,9 +1,6 @@
-"""The score plan: what one `trak score` run computes, settled once and passed to the scoring core.
-
-`trak score` (:func:`trakcli.jobs.score.score`), :func:`trakcli.score` and :class:`trakcli.Attributor` build a
-:class:`ScorePlan` from ``score:`` (:class:`~trakcli.config.schema.ScoreConfig`) and pass it, with the run's
-:class:`RunFlags`, to :func:`trakcli.jobs.score.score_targets`; nothing below re-spells the config as keywords.
-"""
+"""The score plan: what one `trak score` run computes, settled once from ``score:`` and passed, with the run's
+:class:`RunFlags`, to :func:`trakcli.jobs.score.score_targets` (by `trak score`, :func:`trakcli.score` and
+:class:`trakcli.Attributor`); nothing below re-spells the config as keywords."""
 
 from __future__ import annotations
 

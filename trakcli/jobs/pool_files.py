@@ -48,10 +48,10 @@ def check_out(section: Any, out: Path | None) -> Path:
     Raises:
         ConfigError: what is wrong with it and the fix.
     """
+    kind = pool_kind(section)
     if out is None:
         raise ConfigError("select.out is unset: name the file the selected rows go to, e.g. select.out=selected"
-                          + OUT_SUFFIXES[pool_kind(section)][0])
-    kind = pool_kind(section)
+                          + OUT_SUFFIXES[kind][0])
     where = f"select.out {out}"
     if out.suffix.lower() not in OUT_SUFFIXES[kind]:
         what = {"jsonl": "a .jsonl file", "csv": "a .csv file", "table": "a table (.parquet, .arrow or a datasets "
@@ -75,13 +75,10 @@ def check_out(section: Any, out: Path | None) -> Path:
 
 
 def write_rows(section: Any, rows: np.ndarray, out: Path) -> None:
-    """Write pool rows ``rows`` (``[k]`` int64, ascending) to ``out`` in the pool's format, atomically.
-
-    * ``.jsonl``: the rows' lines, byte for byte; ``.csv``: the header and the rows' records, byte for byte;
-    * tables (``.parquet``, ``.arrow``, datasets folders, Hub shards): every column of the rows, as
-      ``.parquet`` or ``.arrow`` (an Arrow IPC stream, what ``datasets`` writes);
-    * tensor files: the keys ``data.train`` names (``inputs``, ``labels``), indexed by the rows, under the same
-      keys and dtypes (``.pt`` / ``.npz``); the built-in digits: ``{"inputs": [k, 64], "labels": [k]}``.
+    """Write pool rows ``rows`` (``[k]`` int64, ascending) to ``out`` in the pool's format, atomically: a
+    ``.jsonl``'s lines or a ``.csv``'s header and records byte for byte; a table's columns as ``.parquet`` or
+    ``.arrow`` (an Arrow IPC stream, what ``datasets`` writes); a tensor file's keys (``inputs``, ``labels``)
+    indexed, same keys and dtypes (the built-in digits: ``{"inputs": [k, 64], "labels": [k]}``).
 
     Raises:
         DataError: the pool file cannot be read; pyarrow missing for a table.

@@ -45,21 +45,9 @@ CPU_GRAD_MEMORY_MB = 1024
 
 
 def grad_memory_for(value: int | None, device: torch.device | str) -> int:
-    """``data.grad_memory_mb`` in MiB: ``value`` when set; unset, 1024 on a CPU and a quarter of a CUDA GPU's memory.
-
-    The GPU's *total* memory (``torch.cuda.get_device_properties``), not its free memory: the passes a batch is
-    cut into must not depend on what else holds memory, so that a resumed run or another torchrun rank on the
-    same kind of GPU computes the same features bit for bit. A quarter leaves room for the model, the
-    autograd graph of the forward + backward and the caching allocator. On an 80 GB H100 a language
-    model's batches then run in one pass where the CPU budget cut them into one document per pass.
-
-    Args:
-        value: ``data.grad_memory_mb`` (a positive int) or None.
-        device: where the gradients are computed.
-
-    Returns:
-        A positive int of MiB.
-    """
+    """``data.grad_memory_mb`` in MiB: ``value`` when set; unset, 1024 on a CPU and a quarter of a CUDA GPU's
+    *total* memory (not its free memory, so that a resumed run or another rank cuts batches into the same passes
+    and computes the same features bit for bit)."""
     if value is not None:
         return value
     device = torch.device(device)
@@ -83,12 +71,9 @@ def apply_threads(num_threads: int | None) -> None:
 
 @contextmanager
 def torch_threads(num_threads: int | None) -> Iterator[int]:
-    """Run the block with ``num_threads`` torch threads (None: :data:`DEFAULT_THREADS`), then restore the count.
-
-    The ``linalg_threads`` setting: the dense linear algebra of kernels and scores (Gram
-    matrices, Cholesky factors and solves, score products) are few large BLAS/LAPACK
-    calls, which scale with threads even while another process keeps a core busy,
-    unlike the many small operations of per-example gradients (``num_threads``).
+    """Run the block with ``num_threads`` torch threads (None: :data:`DEFAULT_THREADS`), then restore the count:
+    the ``linalg_threads`` setting of the few large BLAS/LAPACK calls of kernels and scores, which scale with
+    threads unlike the many small operations of per-example gradients (``num_threads``).
 
     Yields:
         The thread count in effect inside the block.
@@ -106,12 +91,9 @@ def torch_threads(num_threads: int | None) -> Iterator[int]:
 
 @contextmanager
 def locked_store(path: str | Path, dist: Dist, reporter: Reporter) -> Iterator[None]:
-    """Hold ``<store>.lock`` for the duration of a run (rank 0 only; other ranks follow rank 0).
-
-    Creates the store's parent directory first, then writes the checkpoint
-    sha256s this process computed to ``<store>.hashes.json``
-    (:class:`trakcli.store.hashes.HashCache`). A note from the lock (e.g. a
-    stale lock taken over) goes to ``reporter.info``.
+    """Hold ``<store>.lock`` for the duration of a run (rank 0 only; other ranks follow rank 0), after creating
+    the store's parent and saving this process's checkpoint sha256s (:class:`trakcli.store.hashes.HashCache`);
+    a note from the lock (a stale lock taken over) goes to ``reporter.info``.
 
     Raises:
         StoreError: the store is in use by a live run, or its parent cannot be created.
@@ -133,17 +115,9 @@ def locked_store(path: str | Path, dist: Dist, reporter: Reporter) -> Iterator[N
 class ChunkWriter:
     """Store writes in one background thread, in submission order, while the caller computes on.
 
-    The writes go through zarr, whose work runs in its own I/O thread; the caller's
-    computation (one torch thread for per-example gradients) goes on meanwhile, on
-    the other core. At most ``max_pending`` writes wait; :meth:`submit` blocks beyond
-    that (memory stays bounded). Use it as a context manager: leaving the block waits
-    for every write and raises the first write's error (a
-    :class:`~trakcli.errors.StoreError`); on an error inside the block the writes
-    already submitted still finish before it propagates, so the store is left as
-    the writes made it, never half-written by a thread outliving the lock.
-
-    Args:
-        max_pending: writes submitted and not yet finished, at most.
+    At most ``max_pending`` writes wait (:meth:`submit` blocks beyond that). As a context manager, leaving the
+    block waits for every write and raises the first write's error; on an error inside the block the writes
+    already submitted still finish first, so no thread outlives the lock half-way through a write.
     """
 
     def __init__(self, max_pending: int = 4) -> None:
@@ -161,26 +135,15 @@ class ChunkWriter:
             self._pending.pop(0).result()
         self._pending.append(self._pool.submit(fn, *args))
 
-    def wait(self) -> None:
-        """Wait for every queued write; raise the first error among them (all are waited for)."""
-        pending, self._pending = self._pending, []
-        error = None
-        for f in pending:
-            e = f.exception()
-            error = error or e
-        if error is not None:
-            raise error
-
     def __enter__(self) -> "ChunkWriter":
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        """Wait for every queued write; raise the first write's error unless an error is already in flight."""
         try:
-            if exc_type is None:
-                self.wait()
-            else:
-                for f in self._pending:  # finish what was queued; the error in flight wins
-                    f.exception()
-                self._pending = []
+            errors = [e for e in (f.exception() for f in self._pending) if e is not None]
+            self._pending = []
+            if errors and exc_type is None:
+                raise errors[0]
         finally:
             self._pool.shutdown(wait=True)

@@ -1,16 +1,10 @@
 """What featurize and score share: the model, its gradients, the projector, the data, and the run identity.
 
-The featurizer is :class:`GradientFeaturizer` (per-example gradients of
-``gradient_method``, :func:`trakcli.gradients.per_example_gradients`: layer hooks or
-torch.func.vmap; then a projector of :func:`trakcli.projectors.make_projector`) or, for
-``projector.kind: kronecker``, :class:`trakcli.gradients.KroneckerFeaturizer`
-(per-layer ``P_out ⊗ P_in`` features from one ordinary forward + backward per
-batch: no ``torch.func``, no ``[n, grad_dim]`` tensor); :func:`build_featurizer`
-picks it.
-
-:func:`run_identity` is the one place the identity of a store is built (what
-its train features were made with); the store records it on creation and
-compares it on every later run (:meth:`trakcli.store.Store.create_or_check`).
+The featurizer (:func:`build_featurizer`) is :class:`GradientFeaturizer` (per-example gradients of
+``gradient_method``, then a projector) or, for ``projector.kind: kronecker``,
+:class:`trakcli.gradients.KroneckerFeaturizer` (per-layer ``P_out ⊗ P_in`` features from one ordinary
+forward + backward per batch). :func:`run_identity` is the one place a store's identity is built; the store
+records it on creation and compares it on every later run (:meth:`trakcli.store.Store.create_or_check`).
 """
 
 from __future__ import annotations
@@ -48,18 +42,8 @@ Featurizer = Union["GradientFeaturizer", KroneckerFeaturizer]
 
 
 def batch_rows_for(batch_size: int, grad_memory_mb: int, grad_dim: int) -> int:
-    """``batch_size`` (``data.batch_size``), lowered so that ``rows x grad_dim`` float32 gradients fit
-    ``grad_memory_mb`` MiB.
-
-    Args:
-        batch_size: rows per batch asked for.
-        grad_memory_mb: MiB the gradients of one batch may take (a config's ``data.grad_memory_mb``
-            resolved for its device by :func:`~trakcli.jobs.runtime.grad_memory_for`).
-        grad_dim: entries of one example's gradient.
-
-    Returns:
-        At least 1 (a single example's gradient is never split).
-    """
+    """``batch_size`` lowered so that ``rows x grad_dim`` float32 gradients fit ``grad_memory_mb`` MiB
+    (:func:`~trakcli.jobs.runtime.grad_memory_for`); at least 1 (one example's gradient is never split)."""
     fit = (grad_memory_mb * 2**20) // (4 * max(1, grad_dim))
     return max(1, min(batch_size, fit))
 
@@ -77,31 +61,20 @@ def run_identity(
     """Everything the train features of a store depend on: recorded at creation, compared on every run.
 
     Args:
-        model: what builds the model, JSON-able: ``model:`` of the config (entrypoint and kwargs),
-            or for :class:`trakcli.Attributor` the module's class.
-        task: a built-in task name, a custom function spec or a callable
-            (:func:`trakcli.tasks.task_identity`: the formula, or the function's file and sha256).
-        grad_wrt: ``grad_wrt`` of the config, as written (None: every parameter).
-        featurizer: what computes the features (:class:`GradientFeaturizer` or
-            :class:`~trakcli.gradients.KroneckerFeaturizer`): its selected (for kronecker:
-            covered) ``param_names``, ``grad_dim`` and ``projector`` (whose ``spec()`` fixes
-            the matrix, ``proj_dim`` included; kronecker's also the per-layer split).
-        train: the training set (its fingerprint: shape, dtype, sha256 of the rows).
-        layout: the store layout (its ``chunk_rows``, ``dtype`` and ``compressor`` are recorded
-            as ``storage``; ``n_train`` and ``proj_dim`` are already in ``train_data`` and ``projector``).
-        second_moment: the optimizer second-moment correction, if any (its ``spec()``: kind and eps;
-            the state files' sha256s are recorded per checkpoint, beside the checkpoint's).
-        curvature: the K-FAC / EK-FAC curvature whitening the gradients, if any (its ``spec()``).
+        model: what builds the model, JSON-able: ``model:`` of the config, or for :class:`trakcli.Attributor`
+            the module's class.
+        task: a built-in task name, a custom function spec or a callable (:func:`trakcli.tasks.task_identity`).
+        grad_wrt: ``grad_wrt`` as written (None: every parameter).
+        featurizer: its ``param_names``, ``grad_dim`` and ``projector`` (whose ``spec()`` fixes the matrix).
+        train: the training set (its fingerprint).
+        layout: the store layout (``chunk_rows``, ``dtype`` and ``compressor`` are recorded as ``storage``).
+        second_moment, curvature: the gradient corrections, if any (their ``spec()``).
 
     Returns:
-        A JSON-able dict with the keys ``model``, ``task``, ``output_function``,
-        ``grad_wrt``, ``grad_dim``, ``param_names``, ``projector``, ``train_data``, ``storage``,
-        ``second_moment`` with a correction and ``curvature`` with kind kfac or ekfac.
+        A JSON-able dict: ``model``, the task's keys, ``grad_wrt``, ``grad_dim``, ``param_names``,
+        ``projector``, ``train_data``, ``storage`` and, when set, ``second_moment`` and ``curvature``.
     """
-    extra: dict[str, Any] = {"second_moment": second_moment.spec()} if second_moment is not None else {}
-    if curvature is not None:
-        extra["curvature"] = curvature.spec()
-    return {
+    out = {
         "model": model,
         **task_identity(task),
         "grad_wrt": grad_wrt,
@@ -110,32 +83,27 @@ def run_identity(
         "projector": featurizer.projector.spec(),
         "train_data": train.fingerprint(),
         "storage": {"chunk_rows": layout.chunk_rows, "dtype": layout.dtype, "compressor": layout.compressor},
-        **extra,
     }
+    if second_moment is not None:
+        out["second_moment"] = second_moment.spec()
+    if curvature is not None:
+        out["curvature"] = curvature.spec()
+    return out
 
 
 class GradientFeaturizer:
-    """Features of a batch: per-example gradients of the model output function, projected.
-
-    The step of the featurize row loop that a different kind of features (e.g.
-    Kronecker-factored projections from layer hooks,
-    :class:`trakcli.gradients.KroneckerFeaturizer`) replaces: anything with this
-    ``__call__`` and the attributes below can stand in.
+    """Features of a batch: per-example gradients of the model output function, projected (anything with this
+    ``__call__`` and these attributes can stand in, e.g. :class:`trakcli.gradients.KroneckerFeaturizer`).
 
     Args:
         grads: per-example gradients of the model (holds the model): layer hooks or vmap.
         projector: the JL projector, ``[grad_dim] -> [proj_dim]`` per ``model_id``.
-        reporter: gets ``grads.reason`` (why vmap is used under ``gradient_method: auto``) once,
-            when it is known: at once, or after the batch whose exactness check failed.
+        reporter: gets ``grads.reason`` (why ``gradient_method: auto`` uses vmap) once, when it is known.
 
     Attributes:
-        projector: the projector (``spec()`` and ``proj_dim``).
-        grad_dim, param_names: the selected parameters' entries and names, in order.
-        proj_dim: feature width.
-        second_moment: None, or a :class:`~trakcli.gradients.SecondMoment` whose elementwise scaling
-            multiplies each per-example gradient before it is projected (TrackStar's correction).
-        curvature: None, or a :class:`~trakcli.curvature.Curvature` whose whitening is applied to each
-            per-example gradient (after ``second_moment``) before it is projected.
+        grad_dim, param_names, proj_dim: the selected parameters' entries and names, the feature width.
+        second_moment: None, or a :class:`~trakcli.gradients.SecondMoment` scaling each gradient (TrackStar).
+        curvature: None, or a :class:`~trakcli.curvature.Curvature` whitening each gradient (after the scaling).
     """
 
     def __init__(self, grads: PerExampleGradients | LayerGradients, projector: Any, reporter: Reporter = NULL_REPORTER):
@@ -156,32 +124,20 @@ class GradientFeaturizer:
     def __call__(
         self, inputs: Any, labels: torch.Tensor, model_id: int, row_offset: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Features and out-to-loss terms of one batch.
-
-        Args:
-            inputs: ``[n, ...]`` float32 (or a dict of ``[n, L]`` tensors), on the model's device.
-            labels: ``[n]`` int64, on the model's device.
-            model_id: the checkpoint (selects the projection matrix).
-            row_offset: dataset index of the first row (for error messages).
-
-        Returns:
-            ``(phi, q)``: ``[n, proj_dim]`` float32 features and ``[n]`` float32
-            ``Q = 1 - p_y``, on the model's device.
+        """``(phi, q)`` of one batch: ``[n, proj_dim]`` float32 features and ``[n]`` float32 ``Q = 1 - p_y``, on the
+        model's device, for ``inputs`` (``[n, ...]`` or a dict of ``[n, L]``) and ``[n]`` int64 ``labels`` on the
+        device; ``row_offset`` (the first row's index) names a failing example.
 
         Raises:
-            GradientError: the batch cannot be differentiated (see :class:`PerExampleGradients`).
+            GradientError: the batch cannot be differentiated.
         """
         g, q = self.transformed(inputs, labels, model_id, row_offset)
         return self.projector.project(g, model_id=model_id), q
 
     def transformed(self, inputs: Any, labels: torch.Tensor, model_id: int, row_offset: int,
                     curvature: Curvature | None = None) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-        """The per-example gradients of a batch as they are projected: scaled by ``second_moment`` and whitened by
-        ``curvature`` (default: :attr:`curvature`), before the projection.
-
-        Returns:
-            ``(g, q)``: ``g[name]`` ``[n, *shape]`` in the parameters' dtype, ``q`` ``[n]`` float32.
-        """
+        """``(g, q)`` of a batch as it is projected: ``g[name]`` ``[n, *shape]`` gradients scaled by
+        ``second_moment`` and whitened by ``curvature`` (default: :attr:`curvature`), ``q`` ``[n]`` float32."""
         g, q = self.grads(inputs, labels, row_offset=row_offset)  # g[name]: [n, *shape], [n]
         self._report()
         if self.second_moment is not None:
@@ -258,8 +214,7 @@ class JobSetup:
         return str(self.states[model_id]), self.state_shas[model_id]
 
     def batches(self, data: Any, start: int, stop: int):
-        """``data.batches`` of rows ``[start, stop)``: at most ``batch_rows`` rows and, for token data, at most
-        ``batch_tokens`` tokens (rows × the batch's longest sequence) per batch."""
+        """``data.batches`` of rows ``[start, stop)``: at most ``batch_rows`` rows (token data: ``batch_tokens``)."""
         return data.batches(start, stop, self.batch_rows, max_tokens=self.batch_tokens)
 
     @property
@@ -273,19 +228,16 @@ class JobSetup:
         return self.layout.proj_dim
 
     def fit_curvature(self, model_id: int, store: Any = None, reporter: Reporter = NULL_REPORTER) -> None:
-        """Fit (or read from ``store``) checkpoint ``model_id``'s curvature over the train data, if there is a curvature.
-
-        The checkpoint is loaded first. Each pass shows its rows done out of the fit's rows through ``reporter``
-        and saves its running sums to ``store`` every :attr:`save_every_s` seconds of work, so a killed fit
-        resumes after the rows of the last save (:meth:`~trakcli.curvature.Curvature.fit`). Under torchrun rank 0
-        fits and writes it; the other ranks wait and read it (``store`` is required then).
-        """
+        """Fit (or read from ``store``) checkpoint ``model_id``'s curvature, if there is one, after loading it: each
+        pass reports its rows and saves its running sums to ``store`` every :attr:`save_every_s` seconds of work, so
+        a killed fit resumes (:meth:`~trakcli.curvature.Curvature.fit`). Under torchrun rank 0 fits and writes it
+        and the other ranks read it (``store`` required)."""
         if self.curvature is None:
             return
         if self.dist.is_main or store is None:
             self.load(model_id)
             n = len(self.train)
-            pick = self._fit_pick()
+            pick = self._sample(self.curvature.fit_rows)  # the same rows for every pass and rerun
             rows = n if pick is None else len(pick)
             stages: list[str] = []
 
@@ -317,22 +269,18 @@ class JobSetup:
             if not self.dist.is_main:
                 self.curvature.read(store, model_id)
 
-    def _fit_pick(self) -> list[int] | None:
-        """The train rows the curvature is fit on: a seeded sample of ``curvature.fit_rows`` rows, the same for
-        every pass and rerun (None: every row)."""
-        n, fit_rows = len(self.train), self.curvature.fit_rows
-        if fit_rows is None or fit_rows >= n:
+    def _sample(self, k: int | None) -> list[int] | None:
+        """A sample of ``k`` train rows seeded with ``curvature.seed``, sorted (None: ``k`` None or every row)."""
+        n = len(self.train)
+        if k is None or k >= n:
             return None
         gen = torch.Generator().manual_seed(self.curvature.seed)
-        return sorted(torch.randperm(n, generator=gen)[:fit_rows].tolist())
+        return sorted(torch.randperm(n, generator=gen)[:k].tolist())
 
     def check_curvature(self, rows: int) -> None:
-        """A trial of the curvature and its features on the first ``rows`` train rows (one batch), kept nowhere.
-
-        Checkpoint 0 (loaded) is fit on that batch alone (every pass, the standard basis in place of the
-        eigendecompositions) and the batch is featurized with the trial fit, so a model, task or layer the
-        curvature cannot use fails as the whole fit would, before a store exists; the real fit then runs with
-        the store (:meth:`fit_curvature`), where its passes keep their partial sums.
+        """A trial of the curvature on the first ``rows`` train rows (one batch, checkpoint 0, the standard basis in
+        place of eigendecompositions), featurized with it and kept nowhere: what the curvature cannot use fails
+        before a store exists.
 
         Raises:
             GradientError, DataError, ConfigError, ...: whatever the fit or the features of the batch raise.
@@ -348,15 +296,13 @@ class JobSetup:
             self.curvature.forget(0)
 
     def refine_targets(self, curvature: Curvature | None = None) -> None:
-        """Turn on the conjugate-gradient refinement (``curvature.refine``) of ``curvature`` (default: the
-        featurizer's) for the features computed next (`trak score`'s targets), over a seeded random sample of
-        ``refine.samples`` train rows."""
+        """Turn on ``curvature.refine``'s conjugate-gradient refinement of ``curvature`` (default: the featurizer's)
+        for the features computed next (the targets), over a seeded sample of ``refine.samples`` train rows."""
         curvature = curvature or self.curvature
         if curvature is None or self.refine is None or not self.refine.iterations:
             return
-        n = len(self.train)
-        pick = torch.randperm(n, generator=torch.Generator().manual_seed(self.curvature.seed))[:self.refine.samples]
-        pick = sorted(pick.tolist())
+        pick = self._sample(self.refine.samples)
+        pick = list(range(len(self.train))) if pick is None else pick
 
         def batches():
             return [(inputs_to(x, self.device), y.to(self.device))
@@ -372,11 +318,8 @@ class JobSetup:
     def features(
         self, inputs: Any, labels: torch.Tensor, model_id: int, row_offset: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``featurizer(inputs, labels, model_id, row_offset)`` with the batch moved to the device first.
-
-        Returns:
-            ``(phi [n, proj_dim] float32, q [n])`` on the device.
-        """
+        """``featurizer(inputs, labels, model_id, row_offset)`` of a batch moved to the device: ``(phi [n, proj_dim]
+        float32, q [n])``."""
         return self.featurizer(inputs_to(inputs, self.device), labels.to(self.device), model_id, row_offset)
 
 
@@ -384,27 +327,16 @@ def build_featurizer(
     model: torch.nn.Module, projector: ProjectorConfig, *, grad_wrt: list[str] | None, task: Any, memory_mb: int,
     gradient_method: str = "auto", reporter: Reporter = NULL_REPORTER,
 ) -> Featurizer:
-    """The featurizer of ``projector.kind`` (a config's ``projector:`` section).
+    """The featurizer of a config's ``projector:`` section.
 
-    ``kronecker``: a :class:`~trakcli.gradients.KroneckerFeaturizer` over the layers
-    ``grad_wrt`` selects, bounding the activations and output gradients it holds
-    at once by ``memory_mb`` (it cuts a batch into passes itself). Every other kind:
-    :class:`GradientFeaturizer` over the per-example gradients of ``gradient_method``
-    (:func:`~trakcli.gradients.per_example_gradients`) with the projector of
-    :func:`~trakcli.projectors.make_projector`; ``reporter`` gets why ``auto`` uses vmap, once.
-
-    Args:
-        model: the model whose gradients are featurized.
-        projector: the ``projector:`` section.
-        grad_wrt, task, gradient_method: as the config's keys (``gradient_method`` is ignored by kind kronecker).
-        memory_mb: ``data.grad_memory_mb`` resolved for the device that computes the features
-            (:func:`~trakcli.jobs.runtime.grad_memory_for`).
-        reporter: gets the reason of a fallback to vmap.
+    ``kronecker``: a :class:`~trakcli.gradients.KroneckerFeaturizer` over the layers ``grad_wrt`` selects, its
+    activations and output gradients bounded by ``memory_mb`` (``data.grad_memory_mb`` for the device); every
+    other kind: :class:`GradientFeaturizer` over the per-example gradients of ``gradient_method`` (ignored by
+    kronecker) with :func:`~trakcli.projectors.make_projector`'s projector; ``reporter`` gets why ``auto`` uses vmap.
 
     Raises:
-        ConfigError: a bad ``grad_wrt``, or (kronecker) one that selects only
-            parameters outside the supported layers (named), or (``gradient_method: hooks``)
-            one that selects parameters outside the hooked layers.
+        ConfigError: a bad ``grad_wrt``, or one selecting only parameters outside the supported (kronecker) or
+            hooked (``gradient_method: hooks``) layers (named).
         ProjectorError: bad projector options.
     """
     check_method(gradient_method)
@@ -420,23 +352,14 @@ def prepare(
     cfg: Config, *, need_target: bool = False, rehash: bool = False, reporter: Reporter = NULL_REPORTER,
     train_from_store: bool = False,
 ) -> JobSetup:
-    """Check the input files, build model, featurizer (gradients and projector), load the train data.
+    """Check the input files, build the model and featurizer, load the train data, hash the checkpoints.
 
-    Each checkpoint's sha256 comes from the store's hash cache
-    (:class:`~trakcli.store.hashes.HashCache`) while its size and mtime are
-    unchanged; with ``rehash`` (``--verify``) every checkpoint is read and hashed again.
-
-    With ``second_moment.kind`` set, each checkpoint's optimizer state file is found
-    (:func:`~trakcli.jobs.inputs.resolve_optimizer_states`), hashed like the checkpoints,
-    and the featurizer scales the gradients by it (:class:`~trakcli.gradients.SecondMoment`).
-
-    PEFT adapter folders as checkpoints wrap the model with their adapter
-    (:func:`~trakcli.models.peft.with_adapters`); ``grad_wrt`` then defaults to the adapter's parameters.
-
-    With ``projector.kind: kronecker`` the featurizer's coverage (layers, the
-    fraction of parameter entries covered, the parameters left out) goes to
-    ``reporter.info`` once, on rank 0; so does, with ``gradient_method: auto``,
-    why the per-example gradients use vmap (now, or after the first batch).
+    Checkpoint sha256s come from the store's hash cache (:class:`~trakcli.store.hashes.HashCache`) while size and
+    mtime are unchanged (``rehash``, ``--verify``: hashed again); with ``second_moment.kind`` the optimizer state
+    files are found (:func:`~trakcli.jobs.inputs.resolve_optimizer_states`) and hashed too. PEFT adapter folders
+    as checkpoints wrap the model (``grad_wrt`` then defaults to the adapter's parameters). The featurizer's notes
+    (kronecker's coverage, why vmap) go to ``reporter.info`` once, on rank 0. With ``train_from_store``, data.train
+    files that are gone are read from the store's record (:class:`~trakcli.data.stored.StoredRows`).
 
     Raises:
         ConfigError: a missing file, ``cuda`` without a GPU, or a bad ``grad_wrt``.
@@ -451,10 +374,10 @@ def prepare(
     checkpoints = resolve_checkpoints(cfg, hashes)
     dist = init_from_env()
     device = resolve_device(cfg.device, dist)
-    (reporter if dist.is_main else NULL_REPORTER).phase("loading data.train …")
-    train = _stored_train(cfg, missing, reporter if dist.is_main else NULL_REPORTER) if missing else \
-        load_dataset(cfg.data.train, key="data.train", task=resolve_task(cfg.task))
     main_reporter = reporter if dist.is_main else NULL_REPORTER
+    main_reporter.phase("loading data.train …")
+    train = _stored_train(cfg, missing, main_reporter) if missing else \
+        load_dataset(cfg.data.train, key="data.train", task=resolve_task(cfg.task))
     main_reporter.phase(f"loading the model {cfg.model.entrypoint} …")
     model = with_adapters(build_model(cfg.model.entrypoint, **cfg.model.kwargs), checkpoints)
     memory_mb = grad_memory_for(cfg.data.grad_memory_mb, device)
@@ -468,18 +391,16 @@ def prepare(
         state_shas = [hashes.sha256(p, file_sha256) for p in states]
         second = attach_second_moment(featurizer, model, cfg.second_moment.kind, states, cfg.second_moment.eps)
         note = embedding_note(model, featurizer.param_names)
-        if note and dist.is_main:
-            reporter.info(note)
+        if note:
+            main_reporter.info(note)
     curvature = attach_curvature(featurizer, model, c, task)
-    if curvature is not None:
-        if not isinstance(featurizer, KroneckerFeaturizer) and dist.is_main:
-            reporter.info(f"curvature {c.kind} with projector.kind {cfg.projector.kind}: whole per-example gradients "
-                          "are whitened before the projection (projector.kind kronecker folds the curvature into "
-                          "its per-layer factors instead, much faster on a large model)")
+    if curvature is not None and not isinstance(featurizer, KroneckerFeaturizer):
+        main_reporter.info(f"curvature {c.kind} with projector.kind {cfg.projector.kind}: whole per-example gradients "
+                           "are whitened before the projection (projector.kind kronecker folds the curvature into "
+                           "its per-layer factors instead, much faster on a large model)")
     if isinstance(featurizer, KroneckerFeaturizer):
         batch_rows = cfg.data.batch_size  # no [n, grad_dim] gradient: memory_mb bounds the passes instead
-        if dist.is_main:
-            reporter.info(featurizer.info)
+        main_reporter.info(featurizer.info)
     else:
         batch_rows = batch_rows_for(cfg.data.batch_size, memory_mb, featurizer.grad_dim)
     st = cfg.store
@@ -497,11 +418,9 @@ def prepare(
 
 def curvature_selection(model: torch.nn.Module, curvature: Any, grad_wrt: list[str] | None, task: Any,
                         reporter: Reporter = NULL_REPORTER) -> tuple[list[str] | None, Any]:
-    """The ``grad_wrt`` and task the featurizer of a ``curvature:`` section takes (unchanged for ``gram``).
-
-    ``output: loss`` wraps the task in :class:`~trakcli.tasks.LossOutput`. With ``grad_wrt`` unset, the
-    parameters of every layer the curvature can factor (:func:`~trakcli.curvature.kfac.default_curvature_params`,
-    its line to ``reporter``); set, a selected parameter it cannot factor is refused before anything is computed.
+    """The ``grad_wrt`` and task of a ``curvature:`` section's featurizer (``gram``: unchanged): ``output: loss``
+    wraps the task in :class:`~trakcli.tasks.LossOutput`; ``grad_wrt`` unset selects every layer the curvature
+    can factor (:func:`~trakcli.curvature.kfac.default_curvature_params`, its line to ``reporter``).
 
     Raises:
         ConfigError: no layer to factor, or a selected parameter outside them (named).
@@ -534,8 +453,7 @@ def _stored_train(cfg: Config, missing: list[str], reporter: Reporter) -> Stored
     """The train rows as the store recorded them (count and fingerprint) when ``data.train``'s files are gone.
 
     Raises:
-        ConfigError: the store has no recorded train rows (no store, or one without features): the missing
-            files are reported as :func:`~trakcli.jobs.inputs.check_files` reports them.
+        ConfigError: no recorded train rows: the missing files, as :func:`~trakcli.jobs.inputs.check_files` says.
     """
     try:
         fingerprint = Store.open_existing(cfg.store.location, mode="r").identity.get("train_data")
@@ -550,33 +468,21 @@ def _stored_train(cfg: Config, missing: list[str], reporter: Reporter) -> Stored
 
 def attach_second_moment(featurizer: Featurizer, model: torch.nn.Module, kind: str, states: list[Path],
                          eps: float | None = None) -> SecondMoment:
-    """Give ``featurizer`` the optimizer second-moment correction of ``kind`` read from ``states`` (by model_id).
-
-    A :class:`~trakcli.gradients.KroneckerFeaturizer` folds the per-layer Adafactor scaling into its
-    factors; a :class:`GradientFeaturizer` scales each per-example gradient before projecting it.
-
-    Args:
-        featurizer: from :func:`build_featurizer`.
-        model: its model.
-        kind: ``adafactor`` or ``adam`` (``adam``: not with a Kronecker featurizer).
-        states: the optimizer state file of each checkpoint, by model_id (read when a checkpoint's
-            features are first computed).
-        eps: ``second_moment.eps`` (None: the saved optimizer's eps squared).
-
-    Returns:
-        The :class:`~trakcli.gradients.SecondMoment`, also set as ``featurizer.second_moment``.
+    """Set ``featurizer.second_moment`` to the correction of ``kind`` (``adafactor`` or ``adam``) read from
+    ``states`` (each checkpoint's optimizer state file, by model_id) with ``eps`` (``second_moment.eps``; None:
+    the saved optimizer's eps squared), and return it. A :class:`~trakcli.gradients.KroneckerFeaturizer` folds
+    the per-layer Adafactor scaling into its factors; a :class:`GradientFeaturizer` scales each gradient.
 
     Raises:
         ConfigError: ``adam`` with a Kronecker featurizer, or a bad ``kind`` or ``eps``.
     """
-    if isinstance(featurizer, KroneckerFeaturizer):
-        if kind != "adafactor":
-            raise ConfigError(
-                f"second_moment.kind: {kind} scales each entry of the whole per-example gradient, which projector.kind "
-                "kronecker never forms; use second_moment.kind: adafactor (factored per layer) or another projector kind"
-            )
-        second = SecondMoment(model, featurizer.param_names, kind, states, eps, layers=featurizer.layers)
-    else:
-        second = SecondMoment(model, featurizer.param_names, kind, states, eps)
+    kronecker = isinstance(featurizer, KroneckerFeaturizer)
+    if kronecker and kind != "adafactor":
+        raise ConfigError(
+            f"second_moment.kind: {kind} scales each entry of the whole per-example gradient, which projector.kind "
+            "kronecker never forms; use second_moment.kind: adafactor (factored per layer) or another projector kind"
+        )
+    second = SecondMoment(model, featurizer.param_names, kind, states, eps,
+                          layers=featurizer.layers if kronecker else None)
     featurizer.second_moment = second
     return second
