@@ -24,6 +24,7 @@ What a score means, in which units and why its size varies, depends on the metho
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -81,15 +82,10 @@ def token_fields(res: Any, target: Any, train: Any, block: int = 64) -> TokenFie
     the stored per-token scores of ``res`` read ``block`` targets at a time, each sequence's tokens rendered with
     its dataset's (``target``, ``train``) tokenizer."""
     cache: dict[str, Any] = {"lo": -1, "hi": -1}
-    texts: dict[tuple[int, int], list[str]] = {}
 
-    def tokens_of(ds: Any, which: int, i: int) -> list[str]:
-        key = (which, i)
-        if key not in texts:
-            if len(texts) > 4096:
-                texts.clear()
-            texts[key] = token_texts(ds, i)
-        return texts[key]
+    @lru_cache(maxsize=4096)
+    def tokens_of(which: int, i: int) -> list[str]:
+        return token_texts((target, train)[which], i)
 
     def fields(t: int, side: str, rank: int, doc: int) -> dict[str, Any]:
         if not cache["lo"] <= t < cache["hi"]:
@@ -97,8 +93,8 @@ def token_fields(res: Any, target: Any, train: Any, block: int = 64) -> TokenFie
             cache.update(res.tokens(cache["lo"], cache["hi"]))
         r, s = t - cache["lo"], SIDES.index(side)
         return {
-            "target_tokens": _pairs(tokens_of(target, 0, t), cache["target_tokens"][r, s, rank]),
-            "document_tokens": _pairs(tokens_of(train, 1, doc), cache["document_tokens"][r, s, rank]),
+            "target_tokens": _pairs(tokens_of(0, t), cache["target_tokens"][r, s, rank]),
+            "document_tokens": _pairs(tokens_of(1, doc), cache["document_tokens"][r, s, rank]),
         }
 
     return fields

@@ -1,20 +1,10 @@
-"""The Python API: :class:`Attributor`, TRAK over your own ``nn.Module`` and batches (e.g. a torch DataLoader).
+"""The Python API: :class:`Attributor`, TRAK over your own ``nn.Module`` and batches, on the jobs of
+``trak featurize`` / ``trak score`` (the same store, resume, identity checks and scores; docs/guides/python-api.md).
 
-traker's flow is ``load_checkpoint → featurize → finalize_features →
-start_scoring_checkpoint → score → finalize_scores``; here it is two calls,
-``Attributor.featurize(train_batches, checkpoint=..., model_id=...)`` per
-checkpoint and ``Attributor.score(target_batches, checkpoints=[...])``, on the
-same jobs as ``trak featurize`` / ``trak score`` (:func:`trakcli.jobs.featurize.featurize_rows`,
-:func:`trakcli.jobs.score.score_targets`): the same store layout, resume (done
-chunks are never recomputed), identity checks and scores (docs/guides/python-api.md).
-
-Train rows are read as the jobs need them, never all at once when they can be read again:
-a rows object (a :class:`~trakcli.data.text.TextDataset` or :class:`~trakcli.data.tensors.TensorDataset`) is
-read directly, and a re-iterable of batches (a ``DataLoader``, a list) is streamed one store chunk at a time
-(:class:`~trakcli.data.loader.LoaderRows`, fingerprinted once per Attributor); a one-shot iterable (a
-generator) or a shuffling DataLoader is read into CPU memory. Target batches are read into memory. Row ``i``
-of the store is the ``i``-th example the batches yield, so iterate train loaders in a fixed order
-(``shuffle=False``): a reshuffled loader is another dataset and is refused.
+Train rows are read as the jobs need them: a rows object (a text or tensor dataset) directly, a re-iterable of
+batches (a ``DataLoader``, a list) streamed one store chunk at a time (:class:`~trakcli.data.loader.LoaderRows`),
+a one-shot iterable or a shuffling DataLoader read into CPU memory; target batches are read into memory. Row
+``i`` of the store is the ``i``-th example the batches yield: a reshuffled loader is another dataset, refused.
 """
 
 from __future__ import annotations

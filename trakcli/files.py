@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import secrets
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import IO, Any, Iterator
 
@@ -38,10 +38,8 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
             os.close(fd)
         os.replace(tmp, path)
     except BaseException:
-        try:
+        with suppress(OSError):
             tmp.unlink()
-        except OSError:
-            pass
         raise
     _sync_dir(path.parent)
 
@@ -115,9 +113,8 @@ def _sync_dir(directory: Path) -> None:
     except OSError:
         return
     try:
-        os.fsync(fd)
-    except OSError:
-        pass
+        with suppress(OSError):
+            os.fsync(fd)
     finally:
         os.close(fd)
 

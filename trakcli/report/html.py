@@ -162,18 +162,11 @@ def _query(record: Mapping[str, Any], docs: dict[int, dict[str, Any]]) -> tuple[
                 doc["text"] = str(entry["text"])
             if entry.get("label") is not None and "label" not in doc:
                 doc["label"] = _label(entry["label"])
-            if entry.get("target_tokens") is not None:
-                texts, e["tc"] = _tokens(entry["target_tokens"], f"target {t}, {side}, train {d}: target_tokens")
-                if "tok" not in q:
-                    q["tok"] = texts
-                elif q["tok"] != texts:  # not expected: one target's tokens are the same for every document
-                    e["tt"] = texts
-            if entry.get("document_tokens") is not None:
-                texts, e["dc"] = _tokens(entry["document_tokens"], f"target {t}, {side}, train {d}: document_tokens")
-                if "tok" not in doc:
-                    doc["tok"] = texts
-                elif doc["tok"] != texts:
-                    e["dt"] = texts
+            for field, owner, values, own in (("target_tokens", q, "tc", "tt"), ("document_tokens", doc, "dc", "dt")):
+                if entry.get(field) is not None:
+                    texts, e[values] = _tokens(entry[field], f"target {t}, {side}, train {d}: {field}")
+                    if owner.setdefault("tok", texts) != texts:  # not expected: a sequence's tokens are the same
+                        e[own] = texts
             entries.append(e)
         q[key] = entries
         most = max(most, len(entries))

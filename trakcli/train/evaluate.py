@@ -22,24 +22,11 @@ def validate(
     model: nn.Module, validation: Any, task: Task | str, batch_size: int, max_tokens: int | None,
     name: str = "validation",
 ) -> tuple[float, float | None]:
-    """Mean task loss (and, for classifiers, accuracy) of the validation data, without gradients, in eval mode.
+    """``(mean task loss in nats, accuracy or None)`` of ``validation``, in eval mode without gradients.
 
-    The loss is the task's (:meth:`~trakcli.tasks.Task.loss`), summed over the batches and divided by its
-    terms (rows, or target tokens for language models), so it does not depend on the batching. The model's
-    train/eval mode is restored afterwards; no random numbers are drawn.
-
-    Args:
-        model: the model.
-        validation: tensors ``(inputs, labels)`` on the model's device (named ``name`` in messages), or a
-            dataset (``len`` and ``batches(start, stop, batch_size, max_tokens)`` yielding
-            ``(row_offset, inputs, labels)``: :class:`~trakcli.data.tensors.TensorDataset`,
-            :class:`~trakcli.data.text.TextDataset`, read lazily).
-        task: the task.
-        batch_size, max_tokens: the batches (rows; padded tokens).
-
-    Returns:
-        ``(loss, accuracy)``: mean loss in nats; share of rows whose argmax logit is the label,
-        ``None`` for tasks without accuracy.
+    ``validation``: tensors ``(inputs, labels)`` on the model's device (``name`` in messages), or a dataset
+    (``len``, ``batches(start, stop, batch_size, max_tokens)``). The loss is summed over the batches and divided
+    by its terms, so it does not depend on the batching; the model's mode is restored.
 
     Raises:
         DataError: the forward pass fails on a batch, or a row cannot be read.
@@ -73,22 +60,10 @@ def check_forward(
 ) -> None:
     """One forward pass of the first example (eval mode, no gradients) before training starts.
 
-    Any exception of it (a shape the model rejects, a bug in the user's
-    ``forward``) becomes one :class:`~trakcli.errors.DataError` line naming the
-    file and line (:func:`trakcli.models.forward.forward_errors`), and the labels
-    must fit the loss: classes of the model (``[1, C]`` logits), or token ids of its
-    vocabulary and -100 (``[1, L, V]`` logits of a causal LM). Tensors held in memory
-    have every label checked; lazily read data its first row. Draws no random numbers
-    (eval mode), so the training that follows is unchanged.
-
-    Args:
-        model: the model.
-        inputs: ``[n, ...]`` (or a dict of ``[n, L]`` tensors), or the training rows (:class:`TrainRows`).
-        labels: ``[n]`` int64 class labels or ``[n, L]`` per-token labels (with tensor ``inputs``).
-        task: the task whose loss trains the model.
-
-    Raises:
-        DataError: the forward pass raised, the logits do not fit the task, or a label is out of range.
+    Any exception of it becomes one :class:`~trakcli.errors.DataError` line naming the file and line, and the
+    labels must fit the loss (classes of ``[1, C]`` logits, or token ids and -100 of a causal LM's): every
+    label of tensors in memory, the first row of lazily read data. ``inputs``: tensors with ``labels``, or the
+    training rows.
     """
     rows = inputs if isinstance(inputs, TrainRows) else TensorRows(inputs, labels)
     task = resolve_task(task)

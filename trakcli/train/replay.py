@@ -3,24 +3,16 @@
 A :class:`ReplayRecorder`, given to :meth:`trakcli.train.Trainer.fit`, writes into one folder
 (``out_dir/replay/model_000/`` for `trak optimize`'s model 0):
 
-* ``order_001.pt``, ``order_002.pt``, ...: each epoch's row order, ``[n]`` int64 (the rows of a step
-  are ``order[lo:lo + rows]``, its batches those of :meth:`TrainRows.batches
-  <trakcli.train.rows.TrainRows.batches>` over that order);
-* ``step_000000.pt``, ``step_000050.pt``, ...: the state *before* step ``s + 1`` for every ``s``
-  divisible by ``every`` (the model's ``state_dict``, the optimizer's ``state_dict``, the global
-  RNG states, the position ``epoch`` / ``lo``), float tensors as trained;
-* ``record.json`` (written last, when the training ends): the recipe of the steps, the learning
-  rate of every step, ``every``, ``total_steps``, the states written and the trainable
-  parameters' names, dtypes and shapes.
+* ``order_001.pt``, ...: each epoch's row order, ``[n]`` int64 (a step's batches are those of
+  :meth:`TrainRows.batches <trakcli.train.rows.TrainRows.batches>` over it);
+* ``step_000000.pt``, ``step_000050.pt``, ...: the state *before* step ``s + 1`` for every ``s`` divisible by
+  ``every`` (model and optimizer ``state_dict``, global RNG states, position ``epoch`` / ``lo``);
+* ``record.json`` (written last): the recipe, every step's learning rate, ``every``, ``total_steps``, the
+  states written and the trainable parameters' names, dtypes and shapes.
 
-Disk: ``(ceil(total_steps / every) + 1) × (parameters + optimizer state)`` floats, plus
-``epochs × n`` int64. With ``every = 0`` the recorder uses ``ceil(sqrt(total_steps))``: states on
-disk plus one segment's states in memory, ``T/every + every``, are then smallest (the classic
-checkpointing trade-off of reverse-mode through a long loop; Griewank & Walther 2000, and MAGIC,
-Ilyas & Engstrom 2025, which stores states at regular intervals and replays each segment).
-
-Every file is written atomically; a training resumed from its training-state file keeps
-the files written before the kill (they are the same run's) and writes the rest.
+``every = 0`` takes ``ceil(sqrt(total_steps))``, which makes states on disk plus one segment's states in
+memory smallest (Griewank & Walther 2000; MAGIC, Ilyas & Engstrom 2025). Every file is written atomically; a
+resumed training keeps the files written before the kill and writes the rest.
 """
 
 from __future__ import annotations
