@@ -18,14 +18,8 @@ import numpy as np
 from trakcli.errors import ConfigError
 
 def bm25_scores(corpus: Sequence[str], queries: Sequence[str]) -> np.ndarray:
-    """BM25 score of every (query, document) pair.
-
-    Args:
-        corpus: the training documents' texts, ``n_train`` of them.
-        queries: the targets' texts, ``n_target`` of them.
-
-    Returns:
-        ``[n_target, n_train]`` float32, higher = more word overlap (0 without a shared word).
+    """BM25 score of every (query, document) pair of the targets' and the training documents' texts:
+    ``[n_target, n_train]`` float32, higher = more word overlap (0 without a shared word).
 
     Raises:
         ConfigError: ``bm25s`` is not installed.
@@ -67,12 +61,8 @@ def token_overlap_scores(train: Any, target: Any, queries: Sequence[int], width:
     (``df``: the documents holding ``x`` as a target), plus a seeded jitter below 1e-6 that breaks ties
     at random.
 
-    Args:
-        train, target: token datasets (``batches``: per-token labels ``[b, L]``, the token where it is a target).
-        queries: target rows.
-        width: the last axis (the longest sequence, ``max_length``).
-        seed: the jitter's seed.
-        batch_rows: rows read at once.
+    ``train`` and ``target`` are token datasets (``batches``: per-token labels ``[b, L]``, the token where it is
+    a target), read ``batch_rows`` rows at once; ``width``: the longest sequence (``max_length``).
 
     Returns:
         ``[len(queries), n_train, width]`` float32, NaN where a token is not a target.

@@ -29,23 +29,11 @@ QUANTILES = (0.0, 0.05, 0.25, 0.5, 0.75, 0.95, 1.0)
 
 
 def check_lds_inputs(
-    scores: Any,
-    masks: Any,
-    outputs: Any,
-    *,
-    names: dict[str, str] | None = None,
+    scores: Any, masks: Any, outputs: Any, *, names: dict[str, str] | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Validate and convert the three arrays of :func:`lds`.
-
-    Args:
-        scores: ``[n_target, n_train]`` real numbers.
-        masks: ``[n_subsets, n_train]`` bool (or 0/1 numbers).
-        outputs: ``[n_subsets, n_target]`` real numbers.
-        names: how messages call each array (e.g. the file it came from); keys
-            ``scores``, ``masks``, ``outputs``.
-
-    Returns:
-        ``(scores float64, masks bool, outputs float64)``.
+    """Validate the three arrays of :func:`lds` (``scores [n_target, n_train]`` real, ``masks [n_subsets,
+    n_train]`` bool or 0/1, ``outputs [n_subsets, n_target]`` real) and convert them to ``(float64, bool,
+    float64)``. ``names``: how messages call each array (e.g. the file it came from), by those keys.
 
     Raises:
         DataError: a wrong number of dimensions, a non-numeric dtype, masks
@@ -103,17 +91,11 @@ def check_lds_inputs(
 
 
 def spearman_columns(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Spearman rank correlation of each column of ``a`` with the same column of ``b``.
+    """Spearman rank correlation of each column of ``a`` with the same column of ``b`` (both ``[n, m]`` real):
+    ``[m]`` float64 in [-1, 1]; NaN where a column of ``a`` or ``b`` is constant.
 
-    Ranks along axis 0 with ties averaged (``scipy.stats.rankdata``), then the
-    Pearson correlation of the ranks per column: equal to
-    ``scipy.stats.spearmanr(a[:, j], b[:, j]).statistic`` for every column.
-
-    Args:
-        a, b: ``[n, m]`` real arrays.
-
-    Returns:
-        ``[m]`` float64 in [-1, 1]; NaN where a column of ``a`` or ``b`` is constant.
+    Ranks along axis 0 with ties averaged (``scipy.stats.rankdata``), then the Pearson correlation of the ranks
+    per column: equal to ``scipy.stats.spearmanr(a[:, j], b[:, j]).statistic`` for every column.
     """
     from scipy.stats import rankdata
 
@@ -160,41 +142,36 @@ class LDSResult:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able data (NaN -> None)."""
-
-        def num(x: float) -> float | None:
-            return float(x) if np.isfinite(x) else None
-
         counts, edges = self.histogram
         return {
-            "lds": num(self.lds),
-            "ci_low": num(self.ci_low),
-            "ci_high": num(self.ci_high),
+            "lds": finite_or_none(self.lds),
+            "ci_low": finite_or_none(self.ci_low),
+            "ci_high": finite_or_none(self.ci_high),
             "confidence_level": self.confidence_level,
             "n_bootstrap": self.n_bootstrap,
             "bootstrap_seed": self.seed,
             "n_subsets": self.n_subsets,
             "n_target": self.n_target,
             "n_targets_nan": self.n_targets_nan,
-            "quantiles": {f"{q:g}": num(v) for q, v in self.quantiles.items()},
+            "quantiles": {f"{q:g}": finite_or_none(v) for q, v in self.quantiles.items()},
             "histogram": {"counts": [int(c) for c in counts], "edges": [float(e) for e in edges]},
-            "per_target": [num(r) for r in self.rhos],
+            "per_target": [finite_or_none(r) for r in self.rhos],
         }
+
+
+def finite_or_none(x: float) -> float | None:
+    """``x`` as a float, None when it is NaN or infinite (JSON has neither)."""
+    return float(x) if np.isfinite(x) else None
 
 
 def mean_interval(
     values: np.ndarray, n_bootstrap: int, seed: int, confidence_level: float = 0.95
 ) -> tuple[float, float, float]:
-    """The mean of ``values`` and its percentile bootstrap interval (scipy.stats.bootstrap).
+    """The mean of ``values`` (``[n]`` float64, per target or query) and its percentile bootstrap interval
+    (``scipy.stats.bootstrap``, ``n_bootstrap`` resamples drawn with ``seed``): ``(mean, low, high)``.
 
-    Args:
-        values: ``[n]`` float64 per-target (LDS) or per-query (recall) values.
-        n_bootstrap: resamples; 0 gives no interval.
-        seed: seed of the resampling (the same seed resamples the same rows).
-        confidence_level: of the interval.
-
-    Returns:
-        ``(mean, low, high)``: NaN mean for no values; NaN bounds without resamples or with fewer
-        than 2 values; both bounds the mean when every value is the same.
+    NaN mean for no values; NaN bounds without resamples or with fewer than 2 values; both bounds the mean
+    when every value is the same.
     """
     mean = float(values.mean()) if values.size else float("nan")
     if n_bootstrap <= 0 or values.size < 2:

@@ -183,38 +183,36 @@ def _train_and_measure(state: WorkerState, k: int) -> np.ndarray:
 
 @dataclass
 class QLDResult:
-    """A QLD run: per query and seed the losses, and the summary."""
+    """A QLD run: ``losses``, per kind of model (``all``, ``top``, ``random``, ``top:<baseline>``), the queries'
+    losses ``[seeds, queries]``; ``unit``: what is left out, ``rows`` or ``tokens`` (``eval.qld.per_token``)."""
 
     queries: list[int]
     fraction: float
     n_dropped: int
-    loss_all: np.ndarray  # [seeds, queries]
-    loss_top: np.ndarray  # [seeds, queries]
-    loss_random: np.ndarray  # [seeds, queries]
+    losses: dict[str, np.ndarray]
     n_bootstrap: int
     seed: int
-    loss_baselines: dict[str, np.ndarray] | None = None  # name -> [seeds, queries]
-    unit: str = "rows"  # what is left out: "rows" or "tokens" (eval.qld.per_token)
+    unit: str = "rows"
 
     def to_dict(self) -> dict[str, Any]:
         """Means over queries (of the seeds' means) with 95% bootstrap intervals, and the per-query values."""
-        top = (self.loss_top - self.loss_all).mean(0)
-        rand = (self.loss_random - self.loss_all).mean(0)
+        rise = {kind: (v - self.losses["all"]).mean(0) for kind, v in self.losses.items()}  # per query
+        top, rand = rise["top"], rise["random"]
 
         def summary(v: np.ndarray) -> dict[str, float]:
             mean, lo, hi = mean_interval(v, self.n_bootstrap, self.seed)
             return {"mean": mean, "low": lo, "high": hi}
 
-        base = {name: summary((v - self.loss_all).mean(0)) for name, v in (self.loss_baselines or {}).items()}
         return {
             "metric": "qld",
-            "baselines": base,
+            "baselines": {kind[4:]: summary(v) for kind, v in rise.items() if kind.startswith("top:")},
             "fraction": self.fraction, "n_dropped": self.n_dropped, "unit": self.unit,
             "n_queries": len(self.queries),
-            "n_seeds": int(self.loss_all.shape[0]),
+            "n_seeds": int(self.losses["all"].shape[0]),
             "qld_top": summary(top), "qld_random": summary(rand), "qld_top_minus_random": summary(top - rand),
             "queries": self.queries,
-            "per_query": {"top": top.tolist(), "random": rand.tolist(), "loss_all": self.loss_all.mean(0).tolist()},
+            "per_query": {"top": top.tolist(), "random": rand.tolist(),
+                          "loss_all": self.losses["all"].mean(0).tolist()},
         }
 
 
@@ -249,13 +247,11 @@ def qld(cfg: Config, scores: np.ndarray | None, *, workers: int = 1, reporter: R
 
         run_models(cfg, list(range(n)), workers, _train_and_measure, done, "qld model", "trak-qld-worker", plan=p)
     q = cfg.eval.qld
-    shape = (q.seeds, len(p.queries))
-    out = {kind: np.zeros(shape) for kind in ("all", "top", "random", *(f"top:{b}" for b in baselines or {}))}
+    losses = {kind: np.zeros((q.seeds, len(p.queries))) for kind in dict.fromkeys(kind for kind, _, _ in p.kinds)}
     for k, (kind, s, qi) in enumerate(p.kinds):
         if kind == "all":
-            out["all"][s] = results[k]
+            losses["all"][s] = results[k]
         else:
-            out[kind][s, qi] = results[k][qi]
-    return QLDResult(p.queries, q.fraction, p.n_dropped, out["all"], out["top"],
-                     out["random"], cfg.eval.bootstrap, cfg.eval.seed,
-                     {b: out[f"top:{b}"] for b in baselines or {}}, "tokens" if token_scores is not None else "rows")
+            losses[kind][s, qi] = results[k][qi]
+    return QLDResult(p.queries, q.fraction, p.n_dropped, losses, cfg.eval.bootstrap, cfg.eval.seed,
+                     "tokens" if token_scores is not None else "rows")

@@ -27,7 +27,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from trakcli.errors import DataError
-from trakcli.evaluation.lds import mean_interval
+from trakcli.evaluation.lds import finite_or_none, mean_interval
 
 #: recall@k reported when the ks are not given: those of these at most K (and K itself).
 DEFAULT_KS = (1, 5, 10, 20, 50, 100)
@@ -39,15 +39,9 @@ def default_ks(k_max: int) -> list[int]:
 
 
 def check_sources(sources: Sequence[Sequence[int]], n_train: int | None = None, *, what: str = "sources") -> list[np.ndarray]:
-    """Validate each query's source rows.
-
-    Args:
-        sources: per query, the 0-based train row indices holding its fact (at least one).
-        n_train: rows of the training set; indices must be below it (None: not checked).
-        what: how messages name the sources (e.g. the data file and field).
-
-    Returns:
-        Per query a ``[n_sources]`` int64 array of distinct indices.
+    """Validate each query's source rows (0-based train row indices holding its fact, at least one; below
+    ``n_train`` unless it is None): per query a ``[n_sources]`` int64 array of distinct indices. ``what``: how
+    messages name the sources (e.g. the data file and field).
 
     Raises:
         DataError: a query with no sources, a non-integer or negative index, or an index >= ``n_train``
@@ -82,16 +76,9 @@ def check_sources(sources: Sequence[Sequence[int]], n_train: int | None = None, 
 
 
 def first_source_rank(ranked: np.ndarray, sources: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """Per query, the 1-based rank of its first source among ``ranked``, and the rank of every source.
-
-    Args:
-        ranked: ``[n_query, K]`` int train row indices, best first.
-        sources: per query, ``[n_sources]`` int64 (from :func:`check_sources`).
-
-    Returns:
-        ``(first [n_query] int64, hits [n_query, K] bool)``: ``first`` is 0 where no source is in the
-        ranking; ``hits[q, j]`` is whether ``ranked[q, j]`` is a source of query q.
-    """
+    """Per query of ``ranked`` (``[n_query, K]`` train rows, best first), the 1-based rank of its first source
+    (:func:`check_sources`), 0 where none is ranked, and whether each ranked row is a source:
+    ``(first [n_query] int64, hits [n_query, K] bool)``."""
     hits = np.zeros(ranked.shape, dtype=bool)
     for q, src in enumerate(sources):
         hits[q] = np.isin(ranked[q], src)
@@ -109,10 +96,8 @@ class Interval:
     ci_high: float
 
     def to_dict(self) -> dict[str, float | None]:
-        def num(x: float) -> float | None:
-            return float(x) if np.isfinite(x) else None
-
-        return {"value": num(self.value), "ci_low": num(self.ci_low), "ci_high": num(self.ci_high)}
+        return {"value": finite_or_none(self.value), "ci_low": finite_or_none(self.ci_low),
+                "ci_high": finite_or_none(self.ci_high)}
 
 
 @dataclass
@@ -170,26 +155,15 @@ def fact_recall(
     seed: int = 0,
     confidence_level: float = 0.95,
 ) -> RecallResult:
-    """MRR and recall@k of ranked train rows against each query's known source rows.
+    """MRR and recall@k (:class:`RecallResult`) of ranked train rows against each query's known source rows.
 
-    Definitions in the module docstring (recall@k: at least one source in the
-    top k, as in TrackStar's and Bergson's fact tracing). Each statistic's
-    interval is a percentile bootstrap of its mean over queries; every
-    statistic uses the same seed, hence the same resamples of the queries.
-
-    Args:
-        ranked: ``[n_query, K]`` integer train row indices per query, best first (e.g. the
-            ``proponents`` of ``trak score`` with ``score.top_k: K``). Entries past a query's real
-            ranking may be -1 (never a source).
-        sources: ``n_query`` lists of 0-based train row indices holding each query's fact.
-        ks: the k of recall@k, each in 1..K (None: :func:`default_ks`).
-        n_train: rows of the training set, to check the source indices (None: not checked).
-        n_bootstrap: bootstrap resamples (0: no intervals).
-        seed: seed of the resampling.
-        confidence_level: of the intervals.
-
-    Returns:
-        :class:`RecallResult`.
+    Definitions in the module docstring (recall@k: at least one source in the top k, as in TrackStar's and
+    Bergson's fact tracing). ``ranked``: ``[n_query, K]`` integer train row indices per query, best first (e.g.
+    the ``proponents`` of ``trak score`` with ``score.top_k: K``), -1 past a query's real ranking (never a
+    source); ``sources``: per query the 0-based train rows holding its fact (checked below ``n_train`` unless it
+    is None); ``ks``: each in 1..K (None: :func:`default_ks`). Each statistic's interval is a percentile
+    bootstrap of its mean over queries (``n_bootstrap`` resamples, 0: none), all with the same ``seed``, hence
+    the same resamples of the queries.
 
     Raises:
         DataError: ``ranked`` not a 2-D integer array, a number of rows other than ``len(sources)``,
@@ -233,15 +207,8 @@ def fact_recall(
 
 
 def rank_scores(scores: np.ndarray, k: int) -> np.ndarray:
-    """The ``k`` highest-scoring train rows per target, best first (equal scores by index).
-
-    Args:
-        scores: ``[n_target, n_train]`` real.
-        k: rows per target (at most n_train).
-
-    Returns:
-        ``[n_target, k]`` int64 train row indices.
-    """
+    """The ``k`` (at most n_train) highest-scoring train rows per target of ``scores`` ``[n_target, n_train]``,
+    best first (equal scores by index): ``[n_target, k]`` int64."""
     s = np.asarray(scores, dtype=np.float64)
     k = min(k, s.shape[1])
     order = np.argsort(-s, axis=1, kind="stable")  # ties: lower index first

@@ -53,26 +53,12 @@ MODEL_SEED_BASE = 10**6
 MODEL_SEED_STRIDE = 100_003
 
 
-# ----------------------------------------------------------------------------
-# subsets and seeds
-
-
 def subset_mask(n_train: int, subset_fraction: float, seed: int, k: int) -> np.ndarray:
-    """The training rows of retrained model k: a pure function of ``(seed, k)``.
+    """The training rows of retrained model k (``seed``: ``eval.seed``): ``[n_train]`` bool with exactly
+    ``round(subset_fraction * n_train)`` (Python's round) True entries, at least 1 and at most n_train.
 
-    Drawn without replacement by ``numpy.random.default_rng([seed, k])``, so
-    mask k does not depend on how many masks are drawn, in which order, or by
-    which process.
-
-    Args:
-        n_train: training set size.
-        subset_fraction: share of the rows in the subset (``eval.subset_fraction``).
-        seed: ``eval.seed``.
-        k: index of the retrained model.
-
-    Returns:
-        ``[n_train]`` bool with exactly ``round(subset_fraction * n_train)`` (Python's round) True entries, at
-        least 1 and at most n_train.
+    Drawn without replacement by ``numpy.random.default_rng([seed, k])``, so mask k does not depend on how
+    many masks are drawn, in which order, or by which process.
     """
     rng = np.random.default_rng([seed, k])
     mask = np.zeros(n_train, dtype=bool)
@@ -99,10 +85,6 @@ def retrain_seed(cfg: Config, k: int) -> int:
     return model_seed(cfg.eval.seed, k)
 
 
-# ----------------------------------------------------------------------------
-# model outputs
-
-
 def model_outputs(
     model: torch.nn.Module,
     data: TensorDataset,
@@ -113,30 +95,15 @@ def model_outputs(
     memory_mb: int = 1024,
     max_tokens: int | None = None,
 ) -> np.ndarray:
-    """The model output function of every example: the margin that TRAK attributes.
+    """The model output function of every example of ``data``: ``[n]`` float64 margins, on the CPU.
 
-    The task's ``f`` (:mod:`trakcli.tasks`), the function the per-example gradients
-    differentiate: classification / text_classification, ``logit_y − logsumexp_{j≠y} logit_j``;
-    language_modeling, the sum of the next-token margins over the target tokens
-    (Park et al. 2023, App. E). Computed without gradients, in batches, with the
-    logits cast to float64.
-
-    Args:
-        model: the trained model (set to eval mode).
-        data: the examples (inputs ``[n, ...]`` or a dict of ``[n, L]`` text tensors; class labels ``[n]``
-            or per-token labels ``[n, L]``).
-        task: ``cfg.task`` (a built-in name or a custom output function's spec).
-        batch_size: most examples per forward pass.
-        device: the model's device.
-        memory_mb: most MiB of float64 logits per batch (a language model's
-            ``[n, L, vocab]`` logits are large): batches are cut to fit. For per-token
-            logits the bound is on padded tokens (``memory_mb`` MiB / (vocab x 8 bytes)), so
-            long rows later in the data are bounded as well as the first.
-        max_tokens: most padded tokens per batch of token data (``data.batch_tokens``; the
-            tighter of it and the memory bound applies); ``None``: the memory bound only.
-
-    Returns:
-        ``[n]`` float64 margins, on the CPU.
+    The task's ``f`` (:mod:`trakcli.tasks`), the function the per-example gradients differentiate, which TRAK
+    attributes: classification / text_classification, ``logit_y − logsumexp_{j≠y} logit_j``; language_modeling,
+    the sum of the next-token margins over the target tokens (Park et al. 2023, App. E). Computed without
+    gradients (``model`` set to eval mode), in batches of at most ``batch_size`` examples, with the logits cast to
+    float64. A batch holds at most ``memory_mb`` MiB of float64 logits; for per-token logits ``[n, L, vocab]`` the
+    bound is on padded tokens (``memory_mb`` MiB / (vocab x 8 bytes)), so long rows later in the data are bounded
+    as well as the first, and ``max_tokens`` (``data.batch_tokens``) bounds them too.
     """
     model.eval()
     task = resolve_task(task)  # a custom "file.py:fn" is imported once
@@ -159,10 +126,6 @@ def model_outputs(
     return out
 
 
-# ----------------------------------------------------------------------------
-# what the retrained models depend on
-
-
 def _entrypoint_file_sha256(entrypoint: str | None) -> str | None:
     """sha256 of the ``.py`` file of a ``"file.py:function"`` entrypoint (None for modules and built-ins)."""
     if not entrypoint or ":" not in entrypoint or entrypoint.startswith("hf:"):
@@ -172,28 +135,18 @@ def _entrypoint_file_sha256(entrypoint: str | None) -> str | None:
 
 
 def eval_identity(cfg: Config, train_fingerprint: dict[str, Any], target_fingerprint: dict[str, Any]) -> dict[str, Any]:
-    """Everything the retrained models' rows depend on: what the store's ``eval/`` group is checked against.
+    """Everything the retrained models' rows depend on (a JSON-able dict): what the store's ``eval/`` group is
+    checked against, ``.py`` entrypoint files and ``init_checkpoint`` by their sha256.
 
-    Not included, as they do not change the models: ``n_subsets`` (more rows
-    extend the group), the projector, the checkpoints, ``optimize.n_models`` /
-    ``out_dir`` / ``seed`` / ``metrics`` / ``checkpoint_every``, ``device`` and
+    Not included, as they do not change the models: ``n_subsets`` (more rows extend the group), the projector,
+    the checkpoints, ``optimize.n_models`` / ``out_dir`` / ``seed`` / ``metrics`` / ``checkpoint_every`` (but
+    with ``eval.retrain_seed: same``, ``optimize.seed`` and ``n_models`` choose the seeds), ``device`` and
     ``num_threads``.
-
-    Returns:
-        A JSON-able dict: task, output function, model (entrypoint, kwargs and
-        the sha256 of a ``.py`` entrypoint file), training recipe (the built-in
-        recipe's hyperparameters, or ``optimize.entrypoint``, its kwargs and
-        file sha256; the sha256 of ``init_checkpoint``), train and target data
-        fingerprints, subset_fraction, eval seed and the model seed rule (with ``eval.retrain_seed: same``,
-        ``optimize.seed`` and ``optimize.n_models``, which then choose the seeds).
     """
     oc = check_recipe(cfg, purpose="trak eval")
     if oc.entrypoint is not None:
-        recipe: dict[str, Any] = {
-            "entrypoint": oc.entrypoint,
-            "kwargs": oc.kwargs,
-            "entrypoint_sha256": _entrypoint_file_sha256(oc.entrypoint),
-        }
+        recipe: dict[str, Any] = {"entrypoint": oc.entrypoint, "kwargs": oc.kwargs,
+                                  "entrypoint_sha256": _entrypoint_file_sha256(oc.entrypoint)}
     else:
         dump = oc.model_dump(mode="json")
         recipe = {k: dump[k] for k in ("epochs", "batch_size", "optimizer", "lr", "momentum", "weight_decay", "projection")}
@@ -240,10 +193,6 @@ def check_eval_config(cfg: Config) -> None:
     load_training_function(cfg)
 
 
-# ----------------------------------------------------------------------------
-# retraining
-
-
 def train_on_rows(cfg: Config, train: TensorDataset, rows: np.ndarray, seed: int, device: torch.device | str,
                   description: str, masked_tokens: dict[int, list[int]] | None = None) -> torch.nn.Module:
     """A model trained by :func:`trakcli.train.train_one` with ``seed`` on the rows ``rows`` (``[m]`` int) of
@@ -259,34 +208,6 @@ def train_on_rows(cfg: Config, train: TensorDataset, rows: np.ndarray, seed: int
     x = index_inputs(inputs_to(train.inputs, device), idx)
     y = train.labels.to(device)[idx]
     return train_one(cfg, x, y, seed=seed, device=device, description=description).model
-
-
-def retrain_one(
-    cfg: Config, k: int, train: TensorDataset, target: TensorDataset, device: torch.device | str = "cpu"
-) -> np.ndarray:
-    """Train model k on its subset with the config's recipe and return the targets' outputs.
-
-    Model k: rows :func:`subset_mask` ``(n_train, eval.subset_fraction, eval.seed, k)``
-    of ``train``, trained by :func:`trakcli.train.train_one` with seed
-    :func:`retrain_seed` ``(cfg, k)`` (``eval.retrain_seed``); with ``eval.retrain_seed: replay``, checkpoint
-    ``k mod optimize.n_models``'s recorded training rerun with the other rows weighted 0
-    (:func:`trakcli.jobs.unroll.reweighted_model`).
-
-    Returns:
-        ``[n_target]`` float64 model outputs of ``target`` (:func:`model_outputs`).
-    """
-    mask = subset_mask(len(train), cfg.eval.subset_fraction, cfg.eval.seed, k)
-    if cfg.eval.retrain_seed == "replay":  # no new training: the recorded run, the rows outside the subset weighted 0
-        from trakcli.jobs.unroll import reweighted_model
-
-        n_models = check_recipe(cfg, purpose="trak eval").n_models
-        model = reweighted_model(cfg, k % n_models, mask, train, torch.device(device))
-    else:
-        model = train_on_rows(cfg, train, np.flatnonzero(mask), retrain_seed(cfg, k), device, f"retrain {k}")
-    return model_outputs(
-        model, target, cfg.task, batch_size=cfg.data.batch_size, device=device, memory_mb=grad_memory_for(cfg.data.grad_memory_mb, device),
-        max_tokens=cfg.data.batch_tokens,
-    )
 
 
 @dataclass
@@ -321,7 +242,10 @@ def retrain(
 ) -> RetrainResult:
     """Retrain ``eval.n_subsets`` models on random subsets; store masks and target outputs row by row.
 
-    Model k is described in :func:`retrain_one`. Rows already done in the
+    Model k: rows :func:`subset_mask` ``(n_train, eval.subset_fraction, eval.seed, k)`` of data.train, trained
+    by :func:`trakcli.train.train_one` with seed :func:`retrain_seed` ``(cfg, k)`` (``eval.retrain_seed``); with
+    ``eval.retrain_seed: replay``, checkpoint ``k mod optimize.n_models``'s recorded training rerun with the other
+    rows weighted 0 (:func:`trakcli.jobs.unroll.reweighted_model`). Rows already done in the
     store's ``eval/`` group are kept (a killed run resumes; a larger
     ``eval.n_subsets`` extends the group); a row failing its checksum is
     retrained. The store is created if it does not exist yet (retraining does
@@ -463,6 +387,16 @@ def run_models(cfg: Config, items: list[int], workers: int, task: Callable[[Work
 
 
 def _retrain_task(state: WorkerState, k: int) -> np.ndarray:
-    """Train model k: :func:`retrain_one` (with the event the kill-and-resume tests count)."""
-    event(f"start eval {k} pid {os.getpid()}")
-    return retrain_one(state.cfg, k, state.train, state.target, state.device)
+    """Model k of :func:`retrain`, and the targets' outputs ``[n_target]`` float64 under it (:func:`model_outputs`)."""
+    event(f"start eval {k} pid {os.getpid()}")  # counted by the kill-and-resume tests
+    cfg, train, device = state.cfg, state.train, state.device
+    mask = subset_mask(len(train), cfg.eval.subset_fraction, cfg.eval.seed, k)
+    if cfg.eval.retrain_seed == "replay":  # no new training: the recorded run, the rows outside the subset weighted 0
+        from trakcli.jobs.unroll import reweighted_model
+
+        n_models = check_recipe(cfg, purpose="trak eval").n_models
+        model = reweighted_model(cfg, k % n_models, mask, train, torch.device(device))
+    else:
+        model = train_on_rows(cfg, train, np.flatnonzero(mask), retrain_seed(cfg, k), device, f"retrain {k}")
+    return model_outputs(model, state.target, cfg.task, batch_size=cfg.data.batch_size, device=device,
+                         memory_mb=grad_memory_for(cfg.data.grad_memory_mb, device), max_tokens=cfg.data.batch_tokens)

@@ -23,12 +23,8 @@ def dataset(cfg: Config, which: str = "train") -> Any:
 
 
 def open_scored_store(cfg: Config, what: str, then: str) -> Store:
-    """The config's store, opened to read; a StoreError naming the commands to run when there is none.
-
-    Args:
-        what: what the evaluation reads (``"scores"``, ``"top-k"``), for the message.
-        then: the scoring command to run after `trak featurize CONFIG`, for the message.
-    """
+    """The config's store, opened to read; a StoreError naming the commands to run when there is none (``what``
+    the evaluation reads, ``"scores"`` or ``"top-k"``, and ``then``, the command after `trak featurize CONFIG`)."""
     path = cfg.store.location
     if not (path / "zarr.json").exists():
         raise StoreError(
@@ -57,11 +53,8 @@ def store_scores(cfg: Config) -> np.ndarray:
 
 
 def check_experiment_data(cfg: Config, store: Store, attrs: dict[str, Any], train: Any) -> None:
-    """Refuse scores made from other train or target data than the config's.
-
-    Args:
-        cfg: the config; store: its store; attrs: the attributes of ``scores/<score.experiment>``;
-        train: the loaded data.train (its fingerprint is compared with the store's).
+    """Refuse scores made from other train or target data than the config's (``attrs``: those of
+    ``scores/<score.experiment>``; ``train``: the loaded data.train).
 
     Raises:
         StoreMismatchError: data.train or data.target differs from what the experiment was scored on

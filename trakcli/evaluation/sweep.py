@@ -23,7 +23,7 @@ benchmark-sized data (digits: 1437 × 1024 floats per checkpoint).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +72,7 @@ class SweepResult:
     n_subsets: int
     n_train: int
     n_target: int
-    stores: dict[int, str] = field(default_factory=dict)
+    stores: dict[int, str]
 
     def to_json(self) -> dict[str, Any]:
         """Plain JSON data of the whole result."""
@@ -173,22 +173,13 @@ def lds_grid(
     Featurizes ``cfg.checkpoints`` into ``cfg.store`` (done chunks are kept),
     runs ``trak score`` for the target features, then for each ridge factors
     each checkpoint's kernel once and scores the first ``k`` checkpoints for
-    every ``k`` in ``ks`` (the formula is in this module's docstring).
-
-    Args:
-        cfg: the config of one featurization; its checkpoints are the ensemble (at least ``max(ks)``).
-        masks: ``[n_subsets, n_train]`` bool, the retrained models' subsets.
-        outputs: ``[n_subsets, n_target]`` the targets' outputs under each retrained model.
-        ks: ensemble sizes (the first k checkpoints).
-        ridges: ``(lambda_rel, None)`` for a ridge relative to trace(Φᵀ Φ)/n_train, ``(None, lambda_reg)``
-            for an absolute one.
-        own_store: ``cfg.store`` is the user's own store: a store made with other settings is an error.
-            Otherwise the store is a cache, featurized again when its settings differ.
-        reporter: progress and messages.
+    every ``k`` in ``ks`` (the formula is in this module's docstring). ``masks`` and ``outputs`` are
+    :func:`~trakcli.evaluation.lds.lds`'s; a ridge is ``(lambda_rel, None)``, relative to trace(Φᵀ Φ)/n_train,
+    or ``(None, lambda_reg)``. ``own_store``: ``cfg.store`` is the user's own store, and one made with other
+    settings is an error; otherwise the store is a cache, featurized again when its settings differ.
 
     Returns:
-        One row per (ridge, k): ``proj_dim``, ``n_checkpoints``, ``lambda_rel``, ``lambda_reg``, ``lds``,
-        ``ci_low``, ``ci_high``, ``n_targets_nan``.
+        One row per (ridge, k), as :attr:`SweepResult.rows`.
 
     Raises:
         StoreMismatchError: ``own_store`` and the store was made with other settings; and what featurize

@@ -1,13 +1,8 @@
 """Run indexed tasks in spawned worker processes; the calling process gets every result and writes it.
 
-Used by the retraining of `trak eval` (:mod:`trakcli.evaluation.retrain`) with
-``--workers N``. Each worker runs ``setup(setup_arg)`` once (load data, set
-threads), then ``task(state, k)`` for the indices it takes from a shared
-queue, and sends ``(k, result)`` back; the caller's ``on_result(k, result)``
-runs in the calling process, so it stays the only writer of the store.
-
-What the pool guarantees, and why it is not :mod:`concurrent.futures` or
-``multiprocessing.Pool`` (both checked on Python 3.11):
+Used by `trak eval`'s retraining (:func:`trakcli.evaluation.retrain.run_models`) with ``--workers N``; the
+caller stays the only writer of the store. What the pool guarantees, and why it is not
+:mod:`concurrent.futures` or ``multiprocessing.Pool`` (both checked on Python 3.11):
 
 - a worker exits as soon as its parent process is gone (``kill -9`` of the
   parent leaves no orphan training on): a watchdog thread waits on the
@@ -108,25 +103,13 @@ def run_in_workers(
     describe: Callable[[int], str],
     name: str = "trak-worker",
 ) -> None:
-    """Run ``task(state, k)`` for every ``k`` of ``items`` in ``workers`` spawned processes.
+    """Run ``task(state, k)`` for every ``k`` of ``items`` (each once) in ``workers`` spawned processes.
 
-    Results arrive in the order they finish; ``on_result(k, result)`` is
-    called for each, in this process. The workers are terminated when this
-    function leaves: after the last result, on an error, or on Ctrl-C. The
-    workers route the warnings of other libraries as this process does now
-    (:func:`trakcli.library_warnings.routing`).
-
-    Args:
-        items: task indices (each run once).
-        workers: processes to start (at least 1).
-        setup: a module-level (picklable) function run once per worker on
-            ``setup_arg``; it returns the ``state`` passed to every task.
-        setup_arg: its argument (picklable: it is sent to the spawned process).
-        task: a module-level function ``(state, k) -> result``; the result is
-            pickled back to this process.
-        on_result: called with ``(k, result)`` for each finished task.
-        describe: names task ``k`` in error messages (``"retraining model 3"``).
-        name: process name prefix (``<name>-<i>``).
+    Each worker runs ``state = setup(setup_arg)`` once (module-level functions and a picklable argument), then
+    the tasks it takes from a shared queue; each result is pickled back and ``on_result(k, result)`` called in
+    this process, in the order they finish. The workers (named ``<name>-<i>``) are terminated when this function
+    leaves: after the last result, on an error, or on Ctrl-C. They route the warnings of other libraries as this
+    process does now (:func:`trakcli.library_warnings.routing`). ``describe(k)`` names task ``k`` in messages.
 
     Raises:
         TrakError: ``setup`` or a task raised (``"<describe(k)> failed in a
