@@ -12,7 +12,7 @@ import sys
 import threading
 import time
 import weakref
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from typing import IO, Any, Callable, Iterator, Union
 
 Field = Union[float, int, str]
@@ -131,7 +131,9 @@ class PhaseLines:
                 self.timer.daemon = True
                 _LIVE.add(self)
                 self.timer.start()
-        return _PhaseEnd(self, serial)
+        ends = ExitStack()
+        ends.callback(self.end, serial)
+        return ends
 
     def end(self, serial: int | None = None) -> None:
         """End the current phase (or phase ``serial``, if it is still the current one)."""
@@ -150,14 +152,6 @@ class PhaseLines:
                 return  # ended meanwhile
             self.timer = None
             self.write(message)
-
-
-class _PhaseEnd(AbstractContextManager):
-    def __init__(self, lines: PhaseLines, serial: int):
-        self.lines, self.serial = lines, serial
-
-    def __exit__(self, *exc: Any) -> None:
-        self.lines.end(self.serial)
 
 
 def end_phases() -> None:

@@ -82,12 +82,14 @@ def _unknown_key(parent: tuple[Any, ...], name: str, choices: list[str] | None) 
     return f"{prefix}{name}: unknown key; {hint}"
 
 
+_NOT_KEYS = ("function-after", "str", "int", "float")
+
+
 def _format_errors(err: ValidationError, prefix: tuple[str, ...] = ()) -> list[str]:
     problems = []
     for e in err.errors():
-        loc = prefix + tuple(p for p in e["loc"] if not (isinstance(p, str) and p in ("function-after",)))
-        # pydantic adds union branch names ("str", "list[str]") to the location: drop them
-        loc = tuple(p for p in loc if not (isinstance(p, str) and ("[" in p or p in ("str", "int", "float"))))
+        # pydantic adds validator and union branch names ("str", "list[str]") to the location: drop them
+        loc = prefix + tuple(p for p in e["loc"] if not (isinstance(p, str) and ("[" in p or p in _NOT_KEYS)))
         key = ".".join(str(p) for p in loc) or "(top level)"
         if e["type"] == "extra_forbidden":
             owner = _model_at(loc[:-1])

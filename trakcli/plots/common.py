@@ -23,18 +23,12 @@ TARGET_COLOR = "#1f4e9a"
 
 
 def check_plot_path(path: str | Path, flag: str = "plot path") -> Path:
-    """Check that a figure can be written to ``path``, before any work is done.
-
-    Args:
-        path: the file to write; its suffix picks the format (``.png``, ``.pdf``, ``.svg``).
-        flag: how the path is named in messages (the CLI passes ``"--plot"``).
-
-    Returns:
-        ``path`` as a :class:`~pathlib.Path`.
+    """``path`` as a :class:`~pathlib.Path` once a figure can be written to it (its suffix: the format), before
+    any work is done; ``flag`` names it in messages (the CLI's ``"--plot"``).
 
     Raises:
-        ArgumentError: unknown suffix, missing parent directory, a directory at
-            ``path``, or a path the file system refuses (e.g. a name too long).
+        ArgumentError: unknown suffix, missing parent directory, a directory at ``path``, or a path the file
+            system refuses.
     """
     path = Path(path)
     if path.suffix.lower() not in PLOT_SUFFIXES:

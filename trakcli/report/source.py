@@ -36,8 +36,7 @@ class Rows:
 
 
 def rows_of(data: Any) -> Rows:
-    """The :class:`Rows` of a dataset (:class:`~trakcli.data.TensorDataset`, :class:`~trakcli.data.TextDataset`),
-    of a list of texts, or of an array of pictures ``[n, H, W]`` / ``[n, C, H, W]``; None: nothing but indices."""
+    """The :class:`Rows` of a dataset, a list of texts, or pictures ``[n, H, W]`` / ``[n, C, H, W]`` (None: none)."""
     if data is None:
         return Rows()
     if callable(getattr(data, "texts", None)):  # text data: read per row when shown

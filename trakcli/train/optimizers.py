@@ -1,4 +1,5 @@
-"""The optimizer of the built-in recipe by name (:func:`make_optimizer`) and its learning-rate schedule (:func:`lr_at`)."""
+"""The optimizer of the built-in recipe by name (:func:`make_optimizer`) and its learning-rate schedule
+(:func:`lr_at`)."""
 
 from __future__ import annotations
 

@@ -188,8 +188,7 @@ class Trainer:
         """What a replay record says of the steps: the recipe, every step's learning rate, the row count and the
         trainable parameters (name, dtype, shape, in the optimizer's order)."""
         r = self.recipe
-        lrs = [lr_at(t, lr=r.lr, total_steps=self.total_steps, schedule=r.schedule, warmup_steps=self.warmup_steps)
-               if self.scheduled else r.lr for t in range(1, total_steps + 1)]
+        lrs = [self._lr(t) for t in range(1, total_steps + 1)]
         names = optimizer_param_names(self.model, self.optimizer)
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
         return {
@@ -199,6 +198,12 @@ class Trainer:
             "params": [{"name": k, "dtype": str(p.dtype).replace("torch.", ""), "shape": list(p.shape)}
                        for k, p in zip(names, params)],
         }
+
+    def _lr(self, step: int) -> float:
+        r = self.recipe
+        if not self.scheduled:
+            return r.lr
+        return lr_at(step, lr=r.lr, total_steps=self.total_steps, schedule=r.schedule, warmup_steps=self.warmup_steps)
 
     def _steps(self, reporter: Reporter, description: str, resume_path: str | Path | None,
                epoch_end: Callable[[int, nn.Module, torch.optim.Optimizer], None] | None,
@@ -224,10 +229,8 @@ class Trainer:
                         replay.before_step(s.step, epoch, s.lo, model, opt, device)
                     s.step += 1
                     saves += 1
-                    step_lr = r.lr
+                    step_lr = self._lr(s.step)
                     if self.scheduled:
-                        step_lr = lr_at(s.step, lr=r.lr, total_steps=self.total_steps, schedule=r.schedule,
-                                        warmup_steps=self.warmup_steps)
                         for group in opt.param_groups:
                             group["lr"] = step_lr
                     opt.zero_grad(set_to_none=True)
