@@ -6,24 +6,7 @@ how it builds a projector. :func:`~trakcli.projectors.make_projector` and the
 config schema (``projector.kind``) ask this registry and name no kind
 themselves. The built-in kinds live in :mod:`trakcli.projectors.kinds`.
 
-Adding a kind::
-
-    from trakcli.projectors.registry import ProjectorKind, register_projector_kind
-
-    class Truncate(ProjectorKind):
-        name = "truncate"
-        summary = "the first proj_dim gradient coordinates"
-        options = {"scale": "factor of every feature (default 1.0)"}
-        implementations = ("basic",)
-
-        def __init__(self, *, scale=1.0, **common):   # grad_dim, proj_dim, seed, dtype (checked)
-            super().__init__(**common)
-            self.scale = float(scale)
-
-        def build(self, implementation, *, cache_bytes, block_size, max_chunk_size):
-            return MyProjector(self.grad_dim, self.proj_dim, self.scale)   # a Projector subclass
-
-    register_projector_kind(Truncate)    # make_projector(kind="truncate", ...), projector.kind: truncate
+Adding a kind, with an example: docs/guides/projectors.md, "Adding a projector kind".
 
 This module imports no torch: the config validates ``projector.kind`` with it.
 """
