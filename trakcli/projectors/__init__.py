@@ -12,24 +12,11 @@ The matrix is a pure function of ``proj.spec()`` and ``model_id`` (every entry
 is drawn from Philox4x32-10 with its coordinates as the counter); the
 implementation only decides how the product is computed. No I/O here.
 
-Kinds (``kind``), all with E‖Pg‖² = ‖g‖²:
-    ``rademacher`` ±1/√proj_dim; ``normal`` N(0, 1/proj_dim); ``sjlt`` sparse JL /
-    CountSketch with ``s`` nonzeros ±1/√s per gradient coordinate (cost
-    independent of proj_dim, the fastest on a CPU); ``noop`` the identity.
+The kinds (``kind``: the matrix) and implementations (``implementation``: how the product is computed,
+same matrix for one spec) are listed with :func:`make_projector`.
 
-Implementations (``implementation``), same matrix for one spec:
-    ``single_block`` whole matrix at once (small models); ``basic`` block-wise,
-    with generated blocks cached up to ``cache_bytes`` (default: the whole
-    matrix if it fits min(4 GiB, RAM/4)); ``chunked`` per-parameter chunks of
-    at most ``max_chunk_size`` entries, never building ``[n, grad_dim]``;
-    ``cuda`` a Triton kernel generating the matrix on the fly (dense kinds,
-    ``pip install 'trakcli-attribution[cuda]'``); ``auto`` cuda when it can run, else basic.
-
-Kinds are registered classes (:mod:`.registry`): a kind is one
-:class:`~trakcli.projectors.registry.ProjectorKind` subclass carrying its name, its
-options, its implementations, its memory check and how it builds the projector, and
-one ``register_projector_kind(cls)`` call; ``make_projector`` and the config's
-``projector.kind`` then take it. The built-in kinds are in :mod:`.kinds`.
+A kind is a :class:`~trakcli.projectors.registry.ProjectorKind` subclass registered by name
+(:mod:`.registry`; the built-in ones are in :mod:`.kinds`).
 
 Modules: :mod:`.philox` (the generator), :mod:`.matrices` (kinds' matrices),
 :mod:`.registry` and :mod:`.kinds` (the kinds), :mod:`.dense` and :mod:`.chunked`
