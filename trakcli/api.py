@@ -23,7 +23,7 @@ from trakcli.data.loader import LoaderRows, concat_batches, in_fixed_order, is_r
 from trakcli.data.tensors import TensorDataset
 from trakcli.distributed import Dist
 from trakcli.curvature import Curvature
-from trakcli.errors import CheckpointError, ConfigError, StoreError, TrakError, worded
+from trakcli.errors import ArgumentError, CheckpointError, ConfigError, StoreError, TrakError, worded
 from trakcli.gradients import KroneckerFeaturizer
 from trakcli.tasks import resolve_task, task_identity
 from trakcli.jobs.featurize import featurize_rows
@@ -462,7 +462,6 @@ class Attributor:
                 with ``overwrite=True``).
             DataError: rows that do not match the experiment's train or target rows.
         """
-        from trakcli.errors import ArgumentError
         from trakcli.report import experiment_page, write_page
 
         experiment = experiment if experiment is not None else getattr(self, "_reported", None)

@@ -229,10 +229,6 @@ _LIBRARY_DIRS = tuple(
 )
 
 
-def _under(path: Path, folder: Path) -> bool:
-    return path == folder or folder in path.parents
-
-
 @lru_cache(maxsize=4096)
 def in_library(filename: str) -> bool:
     """Whether ``filename`` is a file of the Python standard library (``<frozen ...>`` too) or of an installed
@@ -240,17 +236,13 @@ def in_library(filename: str) -> bool:
     if filename.startswith("<"):
         return filename.startswith("<frozen")
     path = Path(filename).resolve()
-    return not _under(path, _PACKAGE_DIR) and any(_under(path, folder) for folder in _LIBRARY_DIRS)
+    return not path.is_relative_to(_PACKAGE_DIR) and any(path.is_relative_to(folder) for folder in _LIBRARY_DIRS)
 
 
 def _shown_path(path: Path) -> str:
     """``path`` relative to the working directory when inside it, a library file from its package folder, else as is."""
-    try:
-        return str(path.relative_to(Path.cwd().resolve()))
-    except ValueError:
-        pass
-    for folder in _LIBRARY_DIRS:
-        if _under(path, folder):
+    for folder in (Path.cwd().resolve(), *_LIBRARY_DIRS):
+        if path.is_relative_to(folder):
             return str(path.relative_to(folder))
     return str(path)
 
@@ -260,8 +252,8 @@ def user_frame(exc: BaseException) -> tuple[str, int] | None:
     libraries (else outside trakcli; None if every frame is trakcli's)."""
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<")]
     ours = [(f, Path(f.filename).resolve()) for f in frames]
-    outside = [(f, p) for f, p in ours if not _under(p, _PACKAGE_DIR)]
-    user = [(f, p) for f, p in outside if not any(_under(p, d) for d in _LIBRARY_DIRS)]
+    outside = [(f, p) for f, p in ours if not p.is_relative_to(_PACKAGE_DIR)]
+    user = [(f, p) for f, p in outside if not any(p.is_relative_to(d) for d in _LIBRARY_DIRS)]
     chosen = (user or outside or [None])[-1]
     if chosen is None:
         return None

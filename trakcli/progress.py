@@ -218,15 +218,11 @@ class _LineTask(Task):
 
 
 class StderrReporter(Reporter):
-    """Plain progress without a UI dependency: a task's line, and messages.
+    """Plain progress without a UI dependency, :class:`trakcli.Attributor`'s default.
 
-    What :class:`trakcli.Attributor` reports with by default (the CLI draws rich progress bars
-    instead). On a terminal each task has one line, rewritten in place; on anything else (a log
-    file, a notebook, a batch job's output) each task prints whole lines, rate-limited: one when
-    it starts, one at each further tenth of the work or after ``every`` seconds without one, and
-    one when it ends, e.g. ``featurize model 0: 3200/16000 (20%), ~4m10s left``. The time left is
-    :class:`Estimate`'s (none before a step was done after the first). A phase
-    (:meth:`~Reporter.phase`) prints its message once it has run ``phase_delay`` seconds.
+    On a terminal each task has one line, rewritten in place; elsewhere (a log file, a notebook) each task
+    prints whole lines: when it starts, at each further tenth of the work or after ``every`` seconds without
+    one, and when it ends, e.g. ``featurize model 0: 3200/16000 (20%), ~4m10s left``.
 
     Args:
         stream: where to write (default: ``sys.stderr``).

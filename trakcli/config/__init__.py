@@ -1,16 +1,7 @@
-"""The YAML config of every trakcli command, validated by pydantic.
-
-A config is a YAML mapping (see ``configs/*.yaml``) plus optional
-``key=value`` overrides given after the config path on the command line::
-
-    trak featurize run.yaml projector.proj_dim=512 data.batch_size=64
-
-Override values are parsed as YAML (``512`` is an int, ``[a, b]`` a list).
-Every problem (unknown keys, with a did-you-mean; wrong types; missing
-files) is collected and raised at once as one :class:`~trakcli.errors.ConfigError`
-whose lines each start with the dotted key concerned.
-
-Relative paths in the config are relative to the current working directory.
+"""The YAML config of every trakcli command, validated by pydantic: a YAML mapping plus ``key=value`` overrides
+(parsed as YAML: ``trak featurize run.yaml projector.proj_dim=512``). Every problem is raised at once as one
+:class:`~trakcli.errors.ConfigError`, each line starting with the dotted key. Relative paths are relative to the
+working directory.
 """
 
 from __future__ import annotations

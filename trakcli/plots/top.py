@@ -230,13 +230,12 @@ def _image_figure(scores, train, target, shape, picks, k, label, title, cmap):
         (sub_p, "proponents: highest scores", PRO_COLOR, PRO_FILL),
         (sub_o, "opponents: lowest scores", OPP_COLOR, OPP_FILL),
     )
-    axes = {}
+    grids = []
     for sub, head, color, fill in panels:
         sub.set_facecolor(fill)
         sub.suptitle(head, fontsize=10, color=color, fontweight="bold")
-        ncols = 1 if sub is sub_t else k
-        axes[head] = np.asarray(sub.subplots(n_rows, ncols, squeeze=False))
-    ax_t, ax_p, ax_o = (axes[h] for _, h, _, _ in panels)
+        grids.append(np.asarray(sub.subplots(n_rows, 1 if sub is sub_t else k, squeeze=False)))
+    ax_t, ax_p, ax_o = grids
 
     def caption(i: int, t: int) -> str:
         return escape_math(f"#{i} label {label(tr_y[i])}\n{scores[t, i]:+.3g}")

@@ -85,9 +85,7 @@ def render_report(
         q, used = _query(record, docs)
         queries.append(q)
         k = max(k, used)
-    image = None
-    if images is not None:
-        image = _embed_images(images, queries, docs)
+    image = _embed_images(images, queries, docs) if images is not None else None
     data = {"title": title, "about": about, "k": k, "image": image, "queries": queries,
             "docs": {str(d): v for d, v in docs.items()}}
     scale_line = f'<p class="about scale">{html.escape(scale)}</p>' if scale else ""

@@ -165,9 +165,8 @@ def experiment_page(
                             "rows it was scored with")
     shown = min(k, res.top_k) if res.top_k else min(k, res.n_train)
     records = report_records(res, shown, train_rows, target_rows)
-    images = None
-    if train_rows.images is not None and target_rows.images is not None:
-        images = (train_rows.images, target_rows.images)
+    both = train_rows.images is not None and target_rows.images is not None
+    images = (train_rows.images, target_rows.images) if both else None
     stored = f"top {res.top_k} kept" if res.top_k else "full score matrix"
     about = about if about is not None else (
         f"store {store.path} · {res.n_target} targets, {res.n_train} train rows · top {shown} proponents and "
