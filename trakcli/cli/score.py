@@ -38,11 +38,6 @@ def check_out(out: Path | None, flag: str = "--out", suffixes: tuple[str, ...] =
         raise UsageError(f"{flag} {out}: directory {out.parent} does not exist; create it or choose another path")
 
 
-def _short(text: str, width: int = 60) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
 #: What the table shows for a side without any train example: proponents are positive scores, opponents negative
 #: ones, so the lowest scores of a small training set (or of a target every example helps) may be no opponents.
 NO_PROPONENTS = "none: no train example has a positive score"
@@ -101,6 +96,8 @@ def scores_table(
     """
     import numpy as np
 
+    from trakcli.data.sources import shorten
+
     shown = top_of_rows(scores, top_k) if isinstance(scores, np.ndarray) else scores
     table = Table(title=f"{method} scores, experiment {res.experiment!r}: top {top_k} proponents and opponents")
     table.add_column("target", justify="right")
@@ -114,10 +111,10 @@ def scores_table(
     for t, (pro, pro_s, opp, opp_s) in enumerate(shown):
         fmt = lambda idx, vals: "\n".join(  # noqa: E731
             (f"{i} ({res.train_labels[i]}) {v:+.4g}" if labels else f"{i} {v:+.4g}")
-            + (f" {_short(train_texts[i], 48)}" if train_texts is not None else "") for i, v in zip(idx, vals)
+            + (f" {shorten(train_texts[i], 48)}" if train_texts is not None else "") for i, v in zip(idx, vals)
         )
         cells = [str(t)] + ([str(res.target_labels[t])] if labels else [])
-        cells += [_short(target_texts[t])] if target_texts is not None else []
+        cells += [shorten(target_texts[t], 60)] if target_texts is not None else []
         table.add_row(*cells, fmt(pro, pro_s) or NO_PROPONENTS, fmt(opp, opp_s) or NO_OPPONENTS)
     return table
 
