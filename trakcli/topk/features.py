@@ -50,13 +50,10 @@ class FeatureScores:
     def add(self, model_id: int, kernel: torch.Tensor | None, lam: float, phi_t: torch.Tensor) -> None:
         """Add checkpoint ``model_id``: its kernel (primal factor, dual X, or None: no kernel), ridge and target features."""
         rows = self.train_rows[model_id]
-        if kernel is None:  # the features' own inner products (curvature kfac / ekfac)
-            t_sq = phi_t.double().square().sum(1) if self.unit else torch.empty(0)
-            self.weights.append(phi_t)
-            self.primal.append((rows, None, t_sq))
-            return
-        if kernel.shape[0] == kernel.shape[1]:  # PRIMAL ([proj_dim, proj_dim]; the dual's X has n_train < proj_dim rows): Cholesky of ΦᵀΦ + λI
-            w = target_weights(kernel, phi_t, dtype=torch.float32)
+        # None: the features' own inner products (curvature kfac / ekfac); PRIMAL ([proj_dim, proj_dim]; the dual's
+        # X has n_train < proj_dim rows): Cholesky of ΦᵀΦ + λI
+        if kernel is None or kernel.shape[0] == kernel.shape[1]:
+            w = phi_t if kernel is None else target_weights(kernel, phi_t, dtype=torch.float32)
             self.weights.append(w)
             t_sq = (w.double() * phi_t.double()).sum(1) if self.unit else torch.empty(0)
             self.primal.append((rows, kernel, t_sq))

@@ -247,17 +247,12 @@ class _KthBest:
 class RunningTopK:
     """The running top-k of one side over blocks of scores, whose merges are batched.
 
-    A block's scores beyond the kept k-th best (:func:`_beyond`) are set aside; they are merged with the kept
-    ones (one ``topk`` over ``[n_target, k + passed]``) only once ``n_target · k`` have been set aside, or at
-    :meth:`result`. Between merges the threshold is the one of the last merge: lower than the current k-th
-    best, so more scores pass, never fewer; the result is that of :func:`~trakcli.scoring.merge_top_k` over
-    every block. Until k finite scores per target are kept (the first blocks), and for a block where more than
-    a quarter pass, blocks go to :func:`merge_top_k_filtered` / :func:`~trakcli.scoring.merge_top_k` at once.
-
-    With a ``floor``, only scores beyond it count (strictly): the result is the k best of those, fewer for a
-    target where fewer pass (padded with -inf / +inf and row -1). A floor that is the k-th best of rows already
-    seen elsewhere (:meth:`StoredTopK.compute_scan`: the segments before) leaves the top-k over both
-    unchanged, and spares filtering most of the scores of the first blocks.
+    A block's scores beyond the kept k-th best (:func:`_beyond`) are set aside and merged with the kept ones only
+    once ``batch · n_target · k`` are, or at :meth:`result`; between merges the threshold is the last merge's, so
+    more scores pass, never fewer: the result is that of :func:`~trakcli.scoring.merge_top_k` over every block.
+    Until k finite scores per target are kept, and for a block where more than a quarter pass, blocks are merged
+    at once. With a ``floor``, only scores beyond it count (strictly): the result is the k best of those (padded
+    with -inf / +inf and row -1 where fewer pass).
 
     Args:
         k: how many to keep per target.
