@@ -25,9 +25,8 @@ def load_digits_split() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch
     from sklearn.model_selection import train_test_split
 
     x, y = load_digits(return_X_y=True)
-    x_tr, x_ta, y_tr, y_ta = train_test_split(
-        x, y, test_size=DIGITS_TEST_FRACTION, random_state=DIGITS_SEED, stratify=y
-    )
-    as_x = lambda a: torch.from_numpy(np.asarray(a, dtype=np.float32) / 16.0)  # noqa: E731
-    as_y = lambda a: torch.from_numpy(np.asarray(a, dtype=np.int64))  # noqa: E731
-    return as_x(x_tr), as_y(y_tr), as_x(x_ta), as_y(y_ta)
+    x_tr, x_ta, y_tr, y_ta = map(torch.from_numpy, train_test_split(
+        x.astype(np.float32) / 16.0, y.astype(np.int64), test_size=DIGITS_TEST_FRACTION, random_state=DIGITS_SEED,
+        stratify=y,
+    ))
+    return x_tr, y_tr, x_ta, y_ta

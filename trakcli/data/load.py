@@ -63,16 +63,11 @@ def checked_dataset(
 
     Args:
         inputs: ``[n, ...]`` numbers, or a dict of them (the model's keyword inputs; the same ``n`` each).
-        labels: ``[n, ...]``, checked by the task (:meth:`trakcli.tasks.Task.check_labels`): for the
-            built-in tasks ``[n]`` integer class indices >= 0, or beside an ``input_ids`` input ``[n, L]``
-            per-token labels (token ids, -100 for positions that are not targets); for a task of one's
-            own any ``[n, ...]`` numbers (float targets as float32, integers as int64).
-        key: what the data is, for messages (``"data.train"``, ``"train batches"``).
-        name: the dataset's name (its fingerprint's ``name``).
-        inputs_what, labels_what: how messages name the inputs and labels (``"inputs 'x'"``).
-        source: where they come from, for messages (``" of data.pt"``).
-        task: the :class:`~trakcli.tasks.Task` reading the labels (None: class indices, as the built-in
-            tasks read them).
+        labels: ``[n, ...]``, checked by ``task`` (:meth:`trakcli.tasks.Task.check_labels`; None: as the
+            built-in tasks, ``[n]`` integer class indices >= 0, or beside an ``input_ids`` input ``[n, L]``
+            per-token labels, -100 where not a target); a task of one's own takes any ``[n, ...]`` numbers.
+        key, name, inputs_what, labels_what, source: what messages call the data (``"data.train"``), the
+            dataset's name, its inputs (``"inputs 'x'"``), its labels, and where they come from (``" of data.pt"``).
 
     Returns:
         The dataset: float inputs as float32 (integer and bool ones keep their dtype in a dict),
@@ -80,8 +75,7 @@ def checked_dataset(
 
     Raises:
         DataError: values that are not numbers, empty inputs, inputs and labels (or several inputs)
-            of different numbers of rows, labels the task refuses (for the built-in tasks: not
-            integers >= 0, naming the first bad one).
+            of different numbers of rows, labels the task refuses.
     """
     t = _ClassLabels() if task is None else task
     if isinstance(inputs, dict):
@@ -219,16 +213,12 @@ def sequence_width(data: Any) -> int:
 
 
 def check_target_inputs(target: dict[str, Any], train: dict[str, Any]) -> None:
-    """Refuse targets whose inputs are not of the train data's kind, from the two fingerprints
-    (:meth:`TextDataset.fingerprint`, :meth:`~trakcli.data.tensors.TensorDataset.fingerprint`).
+    """Refuse targets whose inputs are not of the train data's kind, from the two fingerprints (the train's:
+    the store's ``train_data``).
 
     Token data (inputs a dict holding ``input_ids``) must have the same input keys and dtypes; the
-    sequence lengths may differ (``data.target.max_length`` need not be ``data.train.max_length``, and
-    either may be None), since every gradient, and so every feature, is one example's. Other data
-    must have the same per-example shape and dtype.
-
-    Args:
-        target: the target data's fingerprint; train: the train data's (the store's ``train_data``).
+    sequence lengths may differ, since every gradient, and so every feature, is one example's.
+    Other data must have the same per-example shape and dtype.
 
     Raises:
         StoreError: inputs of another kind, naming both and the fix.

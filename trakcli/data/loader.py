@@ -1,9 +1,5 @@
-"""Rows read from a re-iterable of batches (a ``torch.utils.data.DataLoader``, a list of batches) as they are needed.
-
-:class:`LoaderRows` gives the Python API (:class:`trakcli.Attributor`) the interface of the datasets `trak featurize`
-reads (``__len__``, ``batches``, ``batches_of``, ``fingerprint``) without holding every batch in memory: a pass reads
-one store chunk of rows at a time, and the fingerprint is the one :class:`~trakcli.data.tensors.TensorDataset` gives
-the same rows (the same store identity whether the rows came concatenated or streamed).
+"""Batches given to the Python API (:class:`trakcli.Attributor`): checked, concatenated, or read as
+:class:`LoaderRows` from a re-iterable (a ``DataLoader``, a list of batches) one store chunk at a time.
 """
 
 from __future__ import annotations
@@ -20,13 +16,8 @@ from trakcli.errors import DataError
 
 
 def split_batch(batch: Any, index: int) -> tuple[Inputs, torch.Tensor]:
-    """``(inputs, labels)`` of one batch: a pair, or a dict with ``labels`` (and ``inputs`` or model keyword inputs).
-
-    Args:
-        batch: ``(inputs, labels)`` (a tuple or list, as a ``TensorDataset`` DataLoader yields), or a
-            dict: ``{"inputs": x, "labels": y}``, or ``{"labels": y, **kwargs}`` whose other keys are
-            the model's keyword inputs (``input_ids``, ``attention_mask``).
-        index: the batch's index, for messages.
+    """``(inputs, labels)`` of the ``index``-th batch: a pair ``(inputs, labels)`` (a tuple or list), or a dict
+    ``{"inputs": x, "labels": y}``, or ``{"labels": y, **kwargs}`` whose other keys are the model's keyword inputs.
 
     Raises:
         DataError: any other form.
@@ -108,7 +99,8 @@ def in_fixed_order(batches: Any) -> bool:
 
 
 class LoaderRows:
-    """The rows of a re-iterable of batches, read as a job asks for them.
+    """The rows of a re-iterable of batches, read as a job asks for them (the interface of the datasets
+    `trak featurize` reads).
 
     Args:
         batches: a re-iterable of batches (:func:`split_batch`): every iteration yields the same rows in the same
@@ -116,10 +108,10 @@ class LoaderRows:
         name: what the batches are, for messages (``"train batches"``).
         task: the task reading the labels (None: ``classification``).
 
-    Memory: one store chunk of rows at a time (:meth:`batches`), never the whole. Time: the fingerprint reads the
-    batches once per input key and once for the labels (it is the :class:`~trakcli.data.tensors.TensorDataset`
-    hash of the same rows: each tensor's rows in turn); a pass that asks for rows before the last one read
-    starts the iteration again.
+    Memory: one store chunk of rows at a time (:meth:`batches`), never the whole. The fingerprint is the
+    :class:`~trakcli.data.tensors.TensorDataset` one of the same rows (the same store identity whether the rows
+    came concatenated or streamed); it reads the batches once per input key and once for the labels. A pass
+    that asks for rows before the last one read starts the iteration again.
 
     Attributes:
         first_rows: rows of the first batch (the default featurizer batch size).
@@ -131,7 +123,6 @@ class LoaderRows:
     """
 
     labels = None
-    image_shape = None
 
     def __init__(self, batches: Iterable[Any], name: str, task: Any = None):
         if not in_fixed_order(batches):
@@ -152,10 +143,6 @@ class LoaderRows:
 
     def __len__(self) -> int:
         return self._n
-
-    @property
-    def input_shape(self) -> Any:
-        return self._first.input_shape
 
     def fingerprint(self, n: int | None = None) -> dict[str, Any]:
         """The :meth:`TensorDataset.fingerprint <trakcli.data.tensors.TensorDataset.fingerprint>` of the first ``n``

@@ -170,11 +170,8 @@ class _ConcatRows:
 
 
 def _arrow_table(path: Path, key: str, needed: list[str]) -> tuple[Any, list[str]]:
-    """The columns ``needed`` (those present) of a datasets folder, ``.parquet`` or ``.arrow`` file, and the
-    names of all its columns.
-
-    Arrow files are memory-mapped (datasets writes them uncompressed), so their rows are
-    paged in as they are read.
+    """The columns ``needed`` (those present) of a datasets folder, ``.parquet`` or ``.arrow`` file (memory-mapped:
+    rows are paged in as they are read), and the names of all its columns.
 
     Raises:
         DataError: pyarrow missing, a ``DatasetDict`` folder (names its splits), or an unreadable file.
@@ -230,15 +227,10 @@ def _concat_tables(files: Sequence[Path], key: str, needed: list[str], where: st
 
 
 def data_files(path: str | Path | Sequence[str | Path], *, key: str = "data.train") -> list[Path]:
-    """The local files (or folder) a data path names: ``[Path(path)]``, or for a Hugging Face Hub
-    dataset ``hf://datasets/ORG/NAME[@REVISION][/PATH]`` the files picked in its snapshot in the
-    Hugging Face cache (downloaded first unless ``HF_HUB_OFFLINE`` is set; which files:
-    :func:`trakcli.models.hub.dataset_files`); for a list of paths, the files of each in order.
-
-    Raises:
-        DataError: a Hub URL that is malformed, names no usable files, or can neither be downloaded
-            nor found in the cache (naming the repository, the cache folder and the fixes).
-    """
+    """The local files (or folder) a data path names: ``[Path(path)]``, or for a Hugging Face Hub dataset
+    ``hf://datasets/ORG/NAME[@REVISION][/PATH]`` the files picked in its snapshot in the Hugging Face cache
+    (:func:`trakcli.models.hub.resolve_hub_dataset`, which raises a DataError when they cannot be had); for a
+    list of paths, the files of each in order."""
     if isinstance(path, (list, tuple)):
         return [f for p in path for f in data_files(p, key=key)]
     if is_hub_url(path):
@@ -346,11 +338,8 @@ def message_text(content: Any) -> str:
 
 
 def field_values(path: str | Path, field: str, *, key: str = "data.target", block: int = 4096) -> list[Any]:
-    """The value of ``field`` in every row of a text data file, in row order (None where a row lacks it).
-
-    Reads ``.jsonl`` / ``.csv`` / ``.parquet`` / ``.arrow`` files, datasets folders and Hub
-    datasets as :class:`TextDataset` does, ``block`` rows at a time; for extra per-row fields the model
-    never sees (e.g. the source documents of a fact-tracing query).
+    """The value of ``field`` in every row of a text data file, in row order (None where a row lacks it), read
+    ``block`` rows at a time: extra per-row fields the model never sees (the source documents of a query).
 
     Raises:
         DataError: the file cannot be read (names ``key`` and the file).

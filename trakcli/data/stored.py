@@ -19,11 +19,7 @@ class StoredRows:
     Args:
         fingerprint: the store's ``identity["train_data"]``: ``{"n", "input_shape", "input_dtype", "sha256"}``.
         missing: the missing data file(s), as written in the config (named by every error); empty where the
-            rows were never given (:meth:`trakcli.Attributor.score`).
-
-    Attributes:
-        labels: None (the labels are not stored).
-        missing: as given.
+            rows were never given (:meth:`trakcli.Attributor.score`). ``labels`` is None (not stored).
     """
 
     labels = None

@@ -88,9 +88,6 @@ class TensorDataset:
             ``input_ids``) ``[n, L]`` int64 per-token labels (-100: not a target); for a task of
             one's own any ``[n, ...]`` tensor (float targets float32, integers int64).
         name: human-readable origin, used in messages.
-        input_shape: the per-example shape the fingerprint reports; ``None``:
-            ``inputs.shape[1:]`` (text: ``[max_length]`` per key, since the
-            tensors are padded to the longest text of each file).
         image_shape: for image data stored flat, the shape of one image,
             ``(H, W)`` or ``(C, H, W)`` with ``C`` in 1 or 3 (digits: ``(8, 8)``);
             used only to draw pictures (:mod:`trakcli.plots`), never in the
@@ -101,7 +98,6 @@ class TensorDataset:
     inputs: Inputs
     labels: torch.Tensor
     name: str
-    input_shape: Any = None
     image_shape: tuple[int, ...] | None = None
 
     def __len__(self) -> int:
@@ -146,19 +142,11 @@ class TensorDataset:
             lo = hi
 
     def fingerprint(self, n: int | None = None) -> dict[str, Any]:
-        """Shape, dtype and a sha256 of the rows in order (inputs then labels).
-
-        Two datasets with equal fingerprints hold the same rows in the same order.
-        For a dict of inputs, shape and dtype are dicts by key and the hash
-        covers the tensors in sorted key order.
-
-        Args:
-            n: fingerprint only the first ``n`` rows (``0 < n <= len(self)``; None: every row):
-                the fingerprint this dataset's first ``n`` rows would have on their own, which is
-                how an appended store proves its old rows unchanged (:mod:`trakcli.store.append`).
-
-        Returns:
-            ``{"n", "input_shape", "input_dtype", "sha256"}``.
+        """``{"n", "input_shape", "input_dtype", "sha256"}``: shape, dtype and a sha256 of the rows in order
+        (inputs then labels); for a dict of inputs, shape and dtype by key and the tensors hashed in sorted
+        key order. Two datasets with equal fingerprints hold the same rows in the same order. With ``n``
+        (``0 < n <= len(self)``), what the first ``n`` rows would give on their own (how an appended store
+        proves its old rows unchanged, :mod:`trakcli.store.append`).
 
         Raises:
             DataError: ``n`` is not a row count of this dataset.
@@ -178,7 +166,7 @@ class TensorDataset:
         h.update(np.ascontiguousarray(self.labels[:n].numpy()).tobytes())
         return {
             "n": n,
-            "input_shape": self.input_shape if self.input_shape is not None else shape,
+            "input_shape": shape,
             "input_dtype": dtype,
             "sha256": h.hexdigest(),
         }

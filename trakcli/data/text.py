@@ -58,9 +58,6 @@ NO_LENGTH_LIMIT = 10**9
 _KIND_NAMES = {"text": "text", "prompt": "prompt + completion", "messages": "messages", "input_ids": "input_ids"}
 
 
-# --- the dataset ------------------------------------------------------------------------------------
-
-
 #: One tokenized row: (input_ids, token_type_ids or None, label: class index or per-token labels).
 _Row = tuple[list[int], "list[int] | None", "int | list[int]"]
 
@@ -89,8 +86,6 @@ class TextDataset:
 
     Attributes:
         source: the path as given (a Hub URL unchanged), as messages name it.
-        path: the local file or folder read (for a Hub dataset, in the Hugging Face cache; the
-            first of several shards).
         name: human-readable origin (``"file.jsonl[text]"``).
         kind: ``"text"``, ``"prompt"``, ``"messages"`` or ``"input_ids"``.
         per_token_labels: whether :meth:`batches` yields per-token labels ``[b, L_b]``
@@ -98,15 +93,12 @@ class TextDataset:
         input_keys: the keys of the inputs dict, sorted.
         pad_token_id: the id padding is filled with.
         tokenizer: the tokenizer, or ``None``.
-        image_shape: always ``None`` (not images).
 
     Raises:
         DataError: unreadable file, no rows, missing fields (naming the rows and the fields
             there are), bad labels, a tokenizer that is missing or has no chat template, or a Hub
             dataset that cannot be had (:func:`~trakcli.data.sources.data_files`).
     """
-
-    image_shape = None
 
     def __init__(
         self,
@@ -164,26 +156,24 @@ class TextDataset:
                 "render conversations; set tokenizer to a folder whose tokenizer_config.json has a chat_template "
                 "(e.g. the instruct model's), or give the data as prompt + completion"
             )
-        pad = getattr(tokenizer, "pad_token_id", None) if tokenizer is not None else None
+        pad = getattr(tokenizer, "pad_token_id", None)
         self.pad_token_id = int(pad) if pad is not None else 0
-        self.eos_token_id = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None
-        pairs = self.kind == "text" and text_pair is not None and tokenizer is not None and (
+        self.eos_token_id = getattr(tokenizer, "eos_token_id", None)
+        pairs = self.kind == "text" and text_pair is not None and (
             "token_type_ids" in getattr(tokenizer, "model_input_names", ()))
         self.input_keys: tuple[str, ...] = ("attention_mask", "input_ids") + (("token_type_ids",) if pairs else ())
         detail = {"text": f"{text}{',' + text_pair if text_pair else ''}", "prompt": f"{prompt},{completion}",
                   "messages": messages, "input_ids": input_ids}[self.kind]
         self.name = f"{self.source}[{detail}]"
 
-        files = data_files(path, key=key)
-        self.path = files[0]
-        self._rows = open_rows(files, key, self.fields, where=self.source)
+        self._rows = open_rows(data_files(path, key=key), key, self.fields, where=self.source)
         if not len(self._rows):
             raise DataError(f"{key}: {self.source} has no rows; it needs at least one text")
         self._labels: torch.Tensor | None = None
         self._fingerprint: dict[str, Any] | None = None
         self._padded: tuple[dict[str, torch.Tensor], torch.Tensor] | None = None
         self._longest: int | None = None
-        limit = getattr(tokenizer, "model_max_length", None) if tokenizer is not None else None
+        limit = getattr(tokenizer, "model_max_length", None)
         #: Most tokens a row may have with ``max_length`` None: the tokenizer's ``model_max_length``, if real.
         self.length_limit: int | None = int(limit) if isinstance(limit, int) and 0 < limit < NO_LENGTH_LIMIT else None
         self._encode(range(min(CHECKED_ROWS, len(self))))
@@ -370,25 +360,21 @@ class TextDataset:
     def _collate(self, rows: list[_Row]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """Rows padded on the right to their longest: ``({input_ids, attention_mask[, token_type_ids]}: [b, L_b]
         int64, labels [b] or [b, L_b] int64)``; padding has attention 0 and label -100."""
-        b, width = len(rows), max(1, max(len(r[0]) for r in rows))
-        ids = torch.full((b, width), self.pad_token_id, dtype=torch.int64)
-        am = torch.zeros((b, width), dtype=torch.int64)
-        tt = torch.zeros((b, width), dtype=torch.int64) if "token_type_ids" in self.input_keys else None
-        labels = torch.full((b, width), IGNORE_INDEX, dtype=torch.int64) if self.per_token_labels else None
-        for i, (row_ids, row_tt, row_y) in enumerate(rows):
-            n = len(row_ids)
-            ids[i, :n] = torch.as_tensor(row_ids, dtype=torch.int64)
-            am[i, :n] = 1
-            if tt is not None and row_tt is not None:
-                tt[i, :n] = torch.as_tensor(row_tt, dtype=torch.int64)
-            if labels is not None:
-                labels[i, :n] = torch.as_tensor(row_y, dtype=torch.int64)
-        inputs = {"input_ids": ids, "attention_mask": am}
-        if tt is not None:
-            inputs["token_type_ids"] = tt
-        if labels is None:
-            labels = torch.tensor([r[2] for r in rows], dtype=torch.int64)
-        return inputs, labels
+        width = max(1, max(len(r[0]) for r in rows))
+
+        def pad(seqs: list[list[int]], value: int) -> torch.Tensor:
+            out = torch.full((len(seqs), width), value, dtype=torch.int64)
+            for i, seq in enumerate(seqs):
+                out[i, : len(seq)] = torch.as_tensor(seq, dtype=torch.int64)
+            return out
+
+        inputs = {"input_ids": pad([r[0] for r in rows], self.pad_token_id),
+                  "attention_mask": pad([[1] * len(r[0]) for r in rows], 0)}
+        if "token_type_ids" in self.input_keys:
+            inputs["token_type_ids"] = pad([r[1] or [] for r in rows], 0)
+        if self.per_token_labels:
+            return inputs, pad([r[2] for r in rows], IGNORE_INDEX)
+        return inputs, torch.tensor([r[2] for r in rows], dtype=torch.int64)
 
     # --- the TensorDataset interface ------------------------------------------------------------------
 
@@ -459,21 +445,12 @@ class TextDataset:
         return idx
 
     def token_lengths(self, indices: Sequence[int]) -> list[int]:
-        """Tokens of each of the rows ``indices`` (after cutting to ``max_length``), read :data:`WINDOW_ROWS` at a time.
-
-        Raises:
-            DataError: a row that cannot be read or tokenized (naming it).
-        """
+        """Tokens of each of the rows ``indices`` (after cutting to ``max_length``); raises as :meth:`batches_of`."""
         return [len(r[0]) for r in self._encoded(self._checked(indices, ValueError))]
 
     def longest(self) -> int:
-        """Tokens of the longest row (after cutting to ``max_length``): one pass over every row, then kept.
-
-        The width of per-token arrays when ``max_length`` is None (:func:`~trakcli.data.load.sequence_width`).
-
-        Raises:
-            DataError: a row that cannot be read or tokenized (naming it).
-        """
+        """Tokens of the longest row (after cutting to ``max_length``; one pass over every row, then kept): the
+        width of per-token arrays when ``max_length`` is None. Raises as :meth:`batches`."""
         if self._longest is None:
             self._longest = max(len(r[0]) for r in self._encoded(range(len(self))))
         return self._longest
@@ -515,18 +492,12 @@ class TextDataset:
         """``n``, ``input_shape`` (``[max_length]`` per input key, ``[None]`` without a cut), ``input_dtype`` and
         a sha256 of the data.
 
-        The sha256 covers the named fields' values of every row in order (streamed, not
-        tokenized; the same rows give the same hash from a ``.jsonl``, ``.csv`` or
-        Parquet file), the field names, ``max_length``, the tokenization version, the
-        pad / end-of-sequence ids and the bytes of the tokenizer's files (vocabulary,
-        ``tokenizer.json``, ``tokenizer_config.json``, special tokens, chat template). A
-        change to any value of the data or to the tokenization changes it. Computed
-        once per dataset object (one pass over the file, which also checks every row).
-
-        Args:
-            n: fingerprint only the first ``n`` rows (``0 < n <= len(self)``; None: every row): what
-                a file holding just those rows gives, which is how an appended store proves its old
-                rows unchanged (:mod:`trakcli.store.append`). One more pass over those rows.
+        The sha256 covers the named fields' values of every row in order (streamed, not tokenized; the
+        same rows give the same hash from any file format), the field names, ``max_length``, the
+        tokenization version, the pad / end-of-sequence ids and the bytes of the tokenizer's files
+        (:func:`~trakcli.models.hf.tokenizer_files`). Computed once per dataset object (one pass over the
+        file, which also checks every row). With ``n`` (``0 < n <= len(self)``), of the first ``n`` rows
+        only: what a file holding just those rows gives (how an appended store proves its old rows unchanged).
 
         Raises:
             DataError: a row that cannot be read or lacks a field; ``n`` is not a row count of the data.
@@ -569,18 +540,15 @@ class TextDataset:
         }
 
     def texts(self, indices: Sequence[int], *, max_chars: int | None = 200) -> list[str]:
-        """Short human-readable renderings of rows, for tables.
+        """Short human-readable renderings of the rows ``indices``, for tables.
 
         The text (``"text / pair"`` for pairs); ``"prompt → completion"``; for messages the
         last user turn before the last assistant turn ``"user → assistant"``; for
         ``input_ids`` the decoded tokens (the ids without a tokenizer). Whitespace is
         collapsed and each rendering cut to ``max_chars`` characters (``None``: whole).
 
-        Args:
-            indices: row indices, ``0 <= i < len(self)``.
-
         Raises:
-            DataError: a row that cannot be read or lacks a field.
+            DataError: an index out of range, a row that cannot be read or lacks a field.
         """
         out = []
         for v in self._values(self._checked(indices, DataError)):

@@ -1,9 +1,5 @@
-"""Integrations with other training libraries: checkpoints that trakcli reads, written while they train.
-
-* :class:`TrakCallback` (:mod:`trakcli.integrations.trainer`): a ``transformers.TrainerCallback`` for
-  ``transformers.Trainer`` and TRL's ``SFTTrainer`` that writes checkpoints along training, their
-  AdamW state and a manifest, in the layout of `trak optimize` (``checkpoints: OUT/manifest.json``).
-
+"""Integrations with other training libraries: :class:`TrakCallback` (:mod:`trakcli.integrations.trainer`) writes
+checkpoints, their AdamW state and a manifest while ``transformers.Trainer`` or TRL's ``SFTTrainer`` trains.
 Importing this package imports transformers (and torch).
 """
 

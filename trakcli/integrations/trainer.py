@@ -250,25 +250,17 @@ class TrakCallback(TrainerCallback):
         self._write_manifest(state, complete=False)
 
     def _write_model(self, model: nn.Module, path: Path) -> None:
-        """The state dict on the CPU at ``path`` (atomically), or a PeftModel's adapter folder.
-
-        Raises:
-            ArgumentError: the file cannot be written (names it and the fix).
-        """
+        """The state dict on the CPU at ``path`` (atomically), or a PeftModel's adapter folder."""
         try:
             if is_peft_model(model):
                 save_adapter(model, path)
             else:
                 atomic_torch_save({k: v.detach().cpu() for k, v in model.state_dict().items()}, path)
         except OSError as e:
-            raise self._write_error("checkpoint", path, e) from None
+            raise _write_error(f"cannot write the checkpoint {str(path)!r}: {e}") from None
 
     def _write_optimizer_state(self, model: nn.Module, optimizer: torch.optim.Optimizer, checkpoint: Path) -> None:
-        """``out_dir/optimizer_state/<checkpoint's name>`` in the format `trak optimize` writes, atomically.
-
-        Raises:
-            ArgumentError: the file cannot be written (names it and the fix).
-        """
+        """``out_dir/optimizer_state/<checkpoint's name>`` in the format `trak optimize` writes, atomically."""
         path = checkpoint.parent / OPTIMIZER_STATE_DIR / checkpoint.name
         state_dict = optimizer.state_dict()
         if not self._warned and not any("exp_avg_sq" in s for s in state_dict["state"].values()):
@@ -285,20 +277,12 @@ class TrakCallback(TrainerCallback):
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic_torch_save(state, path)
         except OSError as e:
-            raise self._write_error("optimizer state", path, e) from None
-
-    def _write_error(self, what: str, path: Path, e: OSError) -> ArgumentError:
-        return ArgumentError(f"TrakCallback out_dir: cannot write the {what} {str(path)!r}: {e}; free disk space "
-                             "or give TrakCallback another out_dir")
+            raise _write_error(f"cannot write the optimizer state {str(path)!r}: {e}") from None
 
     # -- the manifest ---------------------------------------------------------------------------------------------
 
     def _write_manifest(self, state: TrainerState, *, complete: bool, history: list | None = None) -> None:
-        """``out_dir/manifest.json`` of the saves so far (atomically): the last one is the final checkpoint.
-
-        Raises:
-            ArgumentError: it cannot be written (names it and the fix).
-        """
+        """``out_dir/manifest.json`` of the saves so far (atomically): the last one is the final checkpoint."""
         models = []
         if self.saves:
             *earlier, last = self.saves
@@ -313,8 +297,7 @@ class TrakCallback(TrainerCallback):
         try:
             write_manifest(self.out_dir / MANIFEST_NAME, manifest)
         except ConfigError as e:
-            raise ArgumentError(f"TrakCallback out_dir: {e.problems[0].split(': ', 1)[-1]}; free disk space or "
-                                "give TrakCallback another out_dir") from None
+            raise _write_error(e.problems[0].split(": ", 1)[-1]) from None
 
     def _resumed_saves(self, global_step: int) -> list[dict[str, Any]]:
         """The saves an earlier run of this training recorded in ``out_dir``'s manifest up to ``global_step``
@@ -349,6 +332,10 @@ class TrakCallback(TrainerCallback):
             "model": _describe_model(model), "task": self.task,
             "train_data": _describe_data(getattr(loader, "dataset", None)), "validation_data": None,
         }
+
+
+def _write_error(problem: str) -> ArgumentError:
+    return ArgumentError(f"TrakCallback out_dir: {problem}; free disk space or give TrakCallback another out_dir")
 
 
 def _describe_model(model: nn.Module | None) -> dict[str, Any] | None:

@@ -53,14 +53,9 @@ def load_function(
 ) -> Callable[..., Any]:
     """The function named by ``entrypoint``: a name of ``builtins``, "file.py:function" or "pkg.mod:function".
 
-    A ``.py`` file is imported under a module name derived from its resolved path
-    (so one file is imported once per process); a module is imported normally.
-    Used for ``model.entrypoint`` and ``optimize.entrypoint``.
-
-    Args:
-        entrypoint: the spec.
-        key: the config key, for messages (``model.entrypoint``, ``optimize.entrypoint``).
-        builtins: built-in names (default: the built-in models).
+    ``builtins`` defaults to the built-in models; ``key`` is the config key messages name
+    (``model.entrypoint``, ``optimize.entrypoint``). A ``.py`` file is imported under a module name
+    derived from its resolved path (so one file is imported once per process).
 
     Raises:
         ModelError: unknown name, unimportable file/module, or no such function.
@@ -106,10 +101,8 @@ def load_function(
 
 
 def build_model(entrypoint: str = "mlp", **kwargs: Any) -> nn.Module:
-    """Build the model named by ``entrypoint`` with ``kwargs``.
-
-    The model remembers ``entrypoint`` (attribute ``trak_entrypoint``) so that
-    messages about its forward pass can name it (:func:`model_name`).
+    """Build the model named by ``entrypoint`` with ``kwargs``; it remembers ``entrypoint`` (``trak_entrypoint``)
+    for messages about its forward pass (:func:`model_name`).
 
     Raises:
         ModelError: unknown name, unimportable file/module, missing function,

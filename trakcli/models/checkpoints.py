@@ -69,10 +69,9 @@ def file_sha256(path: str | Path) -> str:
 
 
 def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
-    """Read a ``.pt``/``.pth`` (``torch.load(weights_only=True)``) or ``.safetensors`` state dict.
-
-    A directory is a Hugging Face model directory: its ``model.safetensors`` or
-    ``pytorch_model.bin`` (or their shards), merged. A ``.pt`` holding ``{"state_dict": ...}`` or ``{"model": ...}`` is unwrapped.
+    """Read a ``.pt``/``.pth``/``.bin`` (``torch.load(weights_only=True)``) or ``.safetensors`` state dict, or a
+    Hugging Face model directory's weight files merged (:func:`checkpoint_files`). A ``.pt`` holding
+    ``{"state_dict": ...}``, ``{"model": ...}`` or ``{"model_state_dict": ...}`` is unwrapped.
 
     Raises:
         CheckpointError: unreadable file, unknown suffix, or not a dict of tensors.
@@ -117,17 +116,11 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
 def strip_wrapper_prefixes(
     sd: dict[str, torch.Tensor], own_keys: set[str] | list[str]
 ) -> tuple[dict[str, torch.Tensor], list[str]]:
-    """Remove the key prefixes that model wrappers add (``module.``: DDP, ``_orig_mod.``: ``torch.compile``).
+    """``sd`` without the key prefixes model wrappers add (``module.``: DDP, ``_orig_mod.``: ``torch.compile``),
+    and the prefixes removed in order.
 
-    A prefix is stripped only when every key of ``sd`` starts with it and no key
-    of the model does; repeated (``_orig_mod.module.``) until none is left.
-
-    Args:
-        sd: the checkpoint's state dict.
-        own_keys: the model's state dict keys.
-
-    Returns:
-        (the state dict with its keys stripped, the prefixes removed in order; empty if none).
+    A prefix is stripped only when every key of ``sd`` starts with it and none of the model's
+    ``own_keys`` does; repeated (``_orig_mod.module.``) until none is left.
     """
     own = list(own_keys)
     removed: list[str] = []
@@ -146,13 +139,8 @@ def strip_wrapper_prefixes(
 def describe_mismatch(
     own: dict[str, torch.Tensor], sd: dict[str, torch.Tensor], *, missing: list[str], unexpected: list[str]
 ) -> str | None:
-    """The first shape-mismatched, missing and unexpected keys of a state dict, or None if it fits.
-
-    Args:
-        own: the model's state dict.
-        sd: the checkpoint's state dict (keys already mapped to the model's).
-        missing, unexpected: the keys the caller counts as missing / unexpected.
-    """
+    """The first shape-mismatched keys of ``sd`` (keys mapped to the model's) against the model's ``own`` state
+    dict, and the first of the ``missing`` and ``unexpected`` keys the caller counts; None if it fits."""
     shapes = [
         f"{k}: checkpoint {list(sd[k].shape)} vs model {list(own[k].shape)}"
         for k in own
@@ -188,33 +176,36 @@ def nonfinite_parameters(model: nn.Module, limit: int = 3) -> list[str]:
 def load_checkpoint(model: nn.Module, path: str | Path, *, model_id: int | None = None) -> list[str]:
     """Load a state dict into ``model`` in place, checking keys and shapes first, and finite weights after.
 
-    A PEFT adapter folder (:func:`trakcli.models.peft.is_adapter_dir`) sets the adapter weights of a
-    ``peft.PeftModel`` only (:func:`trakcli.models.peft.load_adapter`).
-
-    The key prefixes of wrapped models (``module.`` from DDP, ``_orig_mod.``
-    from ``torch.compile``) are stripped first (:func:`strip_wrapper_prefixes`).
-
-    A transformers model takes the keys of its bare base model too, and keeps the
-    seeded initialization of a head the checkpoint lacks (see
-    :func:`trakcli.models.hf.fit_hf_state_dict`).
-
-    Args:
-        model: the model, changed in place.
-        path: the checkpoint (see :func:`read_state_dict`).
-        model_id: its index among the run's checkpoints, named in messages.
+    A PEFT adapter folder sets the adapter weights of a ``peft.PeftModel`` only
+    (:func:`trakcli.models.peft.load_adapter`). Otherwise the checkpoint (:func:`read_state_dict`) loses
+    the key prefixes of wrapped models first (:func:`strip_wrapper_prefixes`); a transformers model takes
+    the keys of its bare base model too, and keeps the seeded initialization of a head the checkpoint
+    lacks (:func:`trakcli.models.hf.fit_hf_state_dict`).
 
     Returns:
         The wrapper prefixes stripped from the keys (empty for a plain state dict), for the caller to report.
 
     Raises:
-        CheckpointError: naming the file (and ``model_id``) and the first missing, unexpected
-            and shape-mismatched keys, or the parameters holding NaN / inf values.
+        CheckpointError: naming the file (and ``model_id``, its index among the run's checkpoints) and
+            the first missing, unexpected and shape-mismatched keys, or the parameters holding NaN / inf.
     """
+    stripped: list[str] = []
     if is_adapter_dir(path):
         load_adapter(model, Path(path))
-        stripped: list[str] = []
     else:
-        stripped = _load_state(model, path)
+        own = model.state_dict()
+        sd, stripped = strip_wrapper_prefixes(read_state_dict(path), own.keys())
+        if is_hf_model(model):
+            sd, missing, unexpected = fit_hf_state_dict(model, sd)
+            which = f"the model {getattr(model, 'trak_hf_path', type(model).__name__)}"
+            fix = "check model.entrypoint and model.kwargs (num_labels, model_class)"
+        else:
+            missing, unexpected = [k for k in own if k not in sd], [k for k in sd if k not in own]
+            which, fix = "the model", "check model.entrypoint and model.kwargs against how the checkpoint was trained"
+        problem = describe_mismatch(own, sd, missing=missing, unexpected=unexpected)
+        if problem:
+            raise CheckpointError(f"checkpoint {path} does not fit {which}: {problem}; {fix}")
+        model.load_state_dict({k: v for k, v in sd.items() if k in own}, strict=False)
     bad = nonfinite_parameters(model)
     if bad:
         which = f"checkpoint {path}" + (f" (model_id {model_id})" if model_id is not None else "")
@@ -222,22 +213,4 @@ def load_checkpoint(model: nn.Module, path: str | Path, *, model_id: int | None 
             f"{which} has non-finite weights: {', '.join(bad)}; it comes from a diverged training: retrain it "
             "(with a lower learning rate) or remove it from checkpoints"
         )
-    return stripped
-
-
-def _load_state(model: nn.Module, path: str | Path) -> list[str]:
-    """:func:`load_checkpoint` without the finiteness check; returns the stripped prefixes."""
-    own = model.state_dict()
-    sd, stripped = strip_wrapper_prefixes(read_state_dict(path), own.keys())
-    if is_hf_model(model):
-        sd, missing, unexpected = fit_hf_state_dict(model, sd)
-        which = f"the model {getattr(model, 'trak_hf_path', type(model).__name__)}"
-        fix = "check model.entrypoint and model.kwargs (num_labels, model_class)"
-    else:
-        missing, unexpected = [k for k in own if k not in sd], [k for k in sd if k not in own]
-        which, fix = "the model", "check model.entrypoint and model.kwargs against how the checkpoint was trained"
-    problem = describe_mismatch(own, sd, missing=missing, unexpected=unexpected)
-    if problem:
-        raise CheckpointError(f"checkpoint {path} does not fit {which}: {problem}; {fix}")
-    model.load_state_dict({k: v for k, v in sd.items() if k in own}, strict=False)
     return stripped

@@ -43,12 +43,8 @@ def additive_mask(attention_mask: torch.Tensor, causal: bool, dtype: torch.dtype
 
 
 def model_kwargs(model: nn.Module, inputs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Keyword arguments of a transformers forward pass, with the 4-D mask of :func:`additive_mask`.
-
-    Args:
-        model: the transformers model.
-        inputs: ``input_ids [n, L]`` int64 and optionally ``attention_mask [n, L]``.
-    """
+    """Keyword arguments of a transformers forward pass on ``inputs`` (``input_ids [n, L]`` int64, optionally
+    ``attention_mask [n, L]``), the mask made 4-D by :func:`additive_mask`."""
     kw = dict(inputs)
     am = kw.get("attention_mask")
     if am is not None and am.ndim == 2:
@@ -83,16 +79,9 @@ def example_shape(inputs: torch.Tensor | dict[str, torch.Tensor]) -> object:
 
 
 def forward_errors(model: nn.Module, inputs: torch.Tensor | dict[str, torch.Tensor]) -> AbstractContextManager[None]:
-    """Report an exception of the model's forward pass on ``inputs`` as one :class:`~trakcli.errors.DataError` line.
-
-    ``with forward_errors(model, x): logits = forward(model, x)``: a shape the
-    model rejects, or any exception of the user's ``forward``, becomes
-    ``"the model cannot take inputs of shape [5] per example: the forward pass of
-    model.entrypoint my_model.py:make_model raised RuntimeError: ... (file, line N);
-    check data.*.inputs against model.entrypoint / model.kwargs"`` (see
-    :func:`trakcli.errors.user_code`). Used around every forward pass trakcli runs
-    (per-example gradients, Kronecker factors, training, evaluation).
-    """
+    """Report an exception of the model's forward pass on ``inputs`` (a shape the model rejects, any exception
+    of the user's ``forward``) as one :class:`~trakcli.errors.DataError` line naming the per-example shape,
+    the model and the exception's file and line (:func:`trakcli.errors.user_code`)."""
     return user_code(
         lambda: f"the model cannot take inputs of shape {example_shape(inputs)} per example: "
         f"the forward pass of {model_name(model)}",

@@ -187,7 +187,8 @@ def _conversion_lock(folder: Path) -> Iterator[None]:
 
 
 def gguf_to_hf(path: str | Path, *, label: str | None = None) -> Path:
-    """The Hugging Face folder converted from a GGUF file (llama.cpp's format), converting it on first use.
+    """``gguf_cache_root() / "<file stem>-<first 16 hex of its sha256>"``: the Hugging Face folder converted
+    from the GGUF file (llama.cpp's format) ``path``, converting it on first use.
 
     The model is loaded with ``AutoModelForCausalLM.from_pretrained(dir, gguf_file=...)``
     (weights dequantized to float32; the ``trakcli-attribution[lm]`` extra) and saved as
@@ -197,17 +198,10 @@ def gguf_to_hf(path: str | Path, *, label: str | None = None) -> Path:
     sibling directory and renamed into place under a lock file: a killed or concurrent
     conversion never leaves a half folder that a later run takes as done.
 
-    Args:
-        path: the ``.gguf`` file.
-        label: what the error messages start with (default: the file).
-
-    Returns:
-        ``gguf_cache_root() / "<file stem>-<first 16 hex of its sha256>"``.
-
     Raises:
-        ModelError: the file cannot be read or is no GGUF (naming the file and the
-            exception), ``gguf`` / ``accelerate`` / ``transformers`` missing (naming the
-            pip command), or transformers fails to load or save it (its exception text).
+        ModelError: (messages start with ``label``, default the file) the file cannot be read or is
+            no GGUF, ``gguf`` / ``accelerate`` / ``transformers`` missing (naming the pip command), or
+            transformers fails to load or save it (its exception text).
     """
     path = Path(os.path.abspath(Path(path).expanduser()))  # not resolve(): a Hub cache's link keeps its file name
     label = label or f"GGUF file {str(path)!r}"
@@ -326,23 +320,19 @@ def build_hf_model(
     attn_implementation: str = "eager",
     **config_overrides: Any,
 ) -> nn.Module:
-    """Load a transformers model from a local directory or a Hub name, ready for ``torch.func``.
+    """Load a transformers model from ``spec`` (:func:`resolve_hf_path`), ready for ``torch.func``.
 
     Args:
-        spec: the directory, ``.gguf`` file or Hub name ``ORG/NAME[@REVISION]`` (see :func:`resolve_hf_path`).
-        num_labels: classes of the sequence classification head.
         seed: seed of the head (and any other weights) the checkpoint lacks.
-        model_class: ``sequence_classification`` (``AutoModelForSequenceClassification``,
-            logits ``[n, num_labels]``) or ``causal_lm`` (``AutoModelForCausalLM``,
-            logits ``[n, L, vocab]``).
+        model_class: ``sequence_classification`` (``AutoModelForSequenceClassification``, logits
+            ``[n, num_labels]``) or ``causal_lm`` (``AutoModelForCausalLM``, logits ``[n, L, vocab]``).
         attn_implementation: ``eager`` (default) works under vmap with the 4-D masks of
-            :func:`model_kwargs`; SDPA and flash attention do not.
+            :func:`trakcli.models.forward.model_kwargs`; SDPA and flash attention do not.
         **config_overrides: passed to ``from_pretrained`` (e.g. ``hidden_dropout_prob``).
 
     Returns:
-        The model in float32 on the CPU, in eval mode, with attributes
-        ``trak_hf_path`` (str), ``trak_causal`` (bool) and
-        ``trak_missing`` (names of the parameters initialized from the seed).
+        The model in float32 on the CPU, in eval mode, with attributes ``trak_hf_path`` (str),
+        ``trak_causal`` (bool) and ``trak_missing`` (names of the parameters initialized from the seed).
 
     Raises:
         ModelError: transformers missing, bad directory, Hub name or class (a Hub name neither
@@ -429,7 +419,7 @@ def fit_hf_state_dict(
     return mapped, missing, unexpected
 
 
-#: Files of a tokenizer directory that fix its tokenization (hashed by :meth:`trakcli.data.text.TextDataset.fingerprint`).
+#: Files of a tokenizer directory that fix its tokenization (hashed by the text data's fingerprint).
 _TOKENIZER_PREFIXES = ("tokenizer", "vocab", "merges", "special_tokens_map", "added_tokens", "chat_template",
                        "spiece", "sentencepiece", "spm")
 _TOKENIZER_SUFFIXES = (".model", ".tiktoken", ".jinja")

@@ -21,6 +21,7 @@ folder and the fixes. ``huggingface_hub`` is imported only when a Hub name is re
 from __future__ import annotations
 
 import fnmatch
+import functools
 import logging
 import os
 import re
@@ -51,11 +52,8 @@ _SHOWN = 12  # files listed in a message
 
 
 def hub_cache_dir() -> Path:
-    """The Hugging Face cache folder, as huggingface_hub finds it, read from the environment now.
-
-    ``$HF_HUB_CACHE`` (or the older ``$HUGGINGFACE_HUB_CACHE``), else ``$HF_HOME/hub``,
-    else ``${XDG_CACHE_HOME:-~/.cache}/huggingface/hub``.
-    """
+    """The Hugging Face cache folder as huggingface_hub finds it, read from the environment now: ``$HF_HUB_CACHE``
+    (or ``$HUGGINGFACE_HUB_CACHE``), else ``$HF_HOME/hub``, else ``${XDG_CACHE_HOME:-~/.cache}/huggingface/hub``."""
     env = os.environ
     cache = env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE")
     if not cache:
@@ -78,14 +76,9 @@ def is_hub_url(path: object) -> bool:
 
 @dataclass(frozen=True)
 class HubName:
-    """A parsed Hub name.
-
-    Attributes:
-        repo_type: ``"model"`` or ``"dataset"``.
-        repo_id: ``"ORG/NAME"``.
-        revision: the branch, tag or commit after ``@``, or ``None`` (``main``).
-        path: the file, folder or glob inside the repository (``""``: the whole repository).
-    """
+    """A parsed Hub name: ``repo_type`` (``"model"`` or ``"dataset"``), ``repo_id`` (``"ORG/NAME"``), ``revision``
+    (the branch, tag or commit after ``@``; None: ``main``) and ``path`` (the file, folder or glob inside the
+    repository; ``""``: all of it)."""
 
     repo_type: str
     repo_id: str
@@ -184,14 +177,7 @@ def model_files(files: list[str], name: HubName, need: str) -> list[str]:
     the folder has tokenizer files, its weights: the ``*.safetensors`` files, else the
     ``pytorch_model*.bin`` / ``adapter_model.bin`` files, else, without ``config.json``, its
     only ``.gguf`` file. Other formats (TensorFlow, Flax, ONNX) and subfolders are left out.
-
-    Args:
-        files: the repository's files (paths relative to its root, ``/``-separated).
-        name: the parsed name.
-        need: ``"model"``, ``"checkpoint"`` or ``"tokenizer"`` (as :func:`trakcli.models.hf.resolve_hf_path`).
-
-    Returns:
-        Repository paths, sorted.
+    ``files`` and the paths returned (sorted) are relative to the repository's root, ``/``-separated.
 
     Raises:
         ModelError: no such file or folder, a model folder without weights, or several ``.gguf``
@@ -249,14 +235,8 @@ def dataset_files(files: list[str], name: HubName) -> tuple[list[str], list[str]
        word of the path: ``train.jsonl``, ``data/train-00000-of-00002.parquet``).
 
     Several files are read as one table, in sorted order, so they must be ``.parquet`` or
-    ``.arrow`` shards.
-
-    Args:
-        files: the repository's files (paths relative to its root, ``/``-separated).
-        name: the parsed URL.
-
-    Returns:
-        ``(download, read)``: repository paths to download, and the files (or the one folder) to read.
+    ``.arrow`` shards. Returns ``(download, read)``: repository paths (relative to its root,
+    ``/``-separated, as ``files``) to download, and the files (or the one folder) to read.
 
     Raises:
         DataError: nothing matches, no data files, several without a ``train`` split, or several
@@ -301,8 +281,6 @@ def dataset_files(files: list[str], name: HubName) -> tuple[list[str], list[str]
 # --- the cache and the Hub --------------------------------------------------------------------------
 
 _RESOLVED: dict[tuple, tuple[Path, list[str]]] = {}
-#: The Hub's answer per repository, revision and cache for the rest of the process: its files, or why it failed.
-_LISTED: dict[tuple, list[str] | Exception] = {}
 
 
 def hub_timeout() -> float:
@@ -313,20 +291,18 @@ def hub_timeout() -> float:
         return 10.0
 
 
-def _repo_files(name: HubName, cache: Path) -> list[str] | Exception:
-    """The files of ``name``'s repository at its revision, asked once per process (one request, no retries:
+@functools.cache
+def _repo_files(repo_type: str, repo_id: str, revision: str | None, cache: Path) -> list[str] | Exception:
+    """The files of a repository at its revision, asked once per process and cache (one request, no retries:
     an unreachable Hub is known after one failed connection or :func:`hub_timeout` seconds), or the exception."""
-    key = (name.repo_type, name.repo_id, name.revision, cache)
-    if key not in _LISTED:
-        import huggingface_hub
+    import huggingface_hub
 
-        try:
-            info = huggingface_hub.HfApi().repo_info(name.repo_id, revision=name.revision,
-                                                     repo_type=name.repo_type, timeout=hub_timeout())
-            _LISTED[key] = [s.rfilename for s in (info.siblings or [])]
-        except Exception as e:  # noqa: BLE001 - kept, and told apart by the caller
-            _LISTED[key] = e
-    return _LISTED[key]
+    try:
+        info = huggingface_hub.HfApi().repo_info(repo_id, revision=revision, repo_type=repo_type,
+                                                 timeout=hub_timeout())
+        return [s.rfilename for s in (info.siblings or [])]
+    except Exception as e:  # noqa: BLE001 - kept, and told apart by the caller
+        return e
 
 
 def _local_files(folder: Path) -> list[str]:
@@ -356,7 +332,7 @@ def _snapshot(
     head = f"{label}: {lead}"
     kind = "dataset" if name.repo_type == "dataset" else "model"
     revision = name.revision or "main"
-    files = None if offline else _repo_files(name, cache)
+    files = None if offline else _repo_files(name.repo_type, name.repo_id, name.revision, cache)
     if isinstance(files, RevisionNotFoundError):
         raise error(f"{head}the Hugging Face Hub {kind} {name.repo_id} has no revision {revision!r}; "
                     "give a branch, tag or commit it has after @")

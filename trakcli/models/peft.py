@@ -1,23 +1,16 @@
 """PEFT adapters (LoRA and the other kinds of the ``peft`` package) as checkpoints.
 
-A base model (``model.entrypoint``: ``hf:DIR``, ``hf:ORG/NAME`` or a function)
-plus adapter checkpoints: each entry of ``checkpoints:`` a folder that peft's
-``save_pretrained`` writes (``adapter_config.json`` and
-``adapter_model.safetensors`` or ``adapter_model.bin``). Such a folder is
-recognized by its ``adapter_config.json``. The base model is wrapped once, with
-``peft.get_peft_model`` and the first folder's adapter config, and each
-checkpoint then sets the adapter weights only
-(``peft.set_peft_model_state_dict``); the base weights stay those of the entrypoint.
+Each entry of ``checkpoints:`` may be a folder peft's ``save_pretrained`` writes (recognized by its
+``adapter_config.json``). The base model (``model.entrypoint``) is wrapped once, with
+``peft.get_peft_model`` and the first folder's adapter config, and each checkpoint then sets the
+adapter weights only (``peft.set_peft_model_state_dict``).
 
-The parameters differentiated by default (``grad_wrt`` unset) are the adapter's
-trainable ones (LoRA's ``lora_A`` / ``lora_B`` weights, and ``modules_to_save``):
-names such as ``base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight``,
-the names ``model.named_parameters()`` of the wrapped model gives, which are also
-the names an optimizer state of the adapter records (``second_moment``). LoRA's
-``A`` and ``B`` are ``nn.Linear`` layers of their own, so ``projector.kind:
-kronecker`` factors each as the layer it is: ``B``'s input is ``A x``, and the
-output gradient of ``B`` carries LoRA's ``alpha / r`` scaling (Hu et al. 2022,
-"LoRA", Eq. 3: ``h = W₀x + (alpha/r)·B A x``).
+The parameters differentiated by default (``grad_wrt`` unset) are the adapter's trainable ones, named
+as the wrapped model's ``named_parameters()`` (and an optimizer state of the adapter) names them:
+``base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight``. LoRA's ``A`` and ``B`` are
+``nn.Linear`` layers of their own, so ``projector.kind: kronecker`` factors each as the layer it is:
+``B``'s input is ``A x``, and the output gradient of ``B`` carries LoRA's ``alpha / r`` scaling
+(Hu et al. 2022, "LoRA", Eq. 3: ``h = W₀x + (alpha/r)·B A x``).
 """
 
 from __future__ import annotations
@@ -77,17 +70,12 @@ def adapter_weights(path: Path) -> Path:
 
 
 def with_adapters(model: nn.Module, checkpoints: Sequence[Path]) -> nn.Module:
-    """``model`` wrapped for the adapter folders among ``checkpoints``, or ``model`` itself if there are none.
-
-    Args:
-        model: the base model (``model.entrypoint``), on the CPU.
-        checkpoints: the run's checkpoints in model_id order.
+    """``model`` (the base model, on the CPU) wrapped for the adapter folders among the run's ``checkpoints``.
 
     Returns:
-        A ``peft.PeftModel`` around ``model`` built from the first folder's adapter config (adapter
-        weights initialized by peft, set by each checkpoint's load), in eval mode, with the
-        base model's ``trak_*`` attributes and ``trak_trainable`` (the names of the adapter's
-        trainable parameters, what ``grad_wrt`` defaults to); ``model`` unchanged when no
+        A ``peft.PeftModel`` around ``model`` built from the first folder's adapter config, in eval
+        mode, with the base model's ``trak_*`` attributes and ``trak_trainable`` (the names of the
+        adapter's trainable parameters, what ``grad_wrt`` defaults to); ``model`` unchanged when no
         checkpoint is an adapter folder.
 
     Raises:
@@ -179,13 +167,10 @@ def add_lora(model: nn.Module, r: int, alpha: float, dropout: float, target_modu
     The adapters are initialized by peft from the global RNG (seeded by the caller): ``A`` as
     Kaiming-uniform, ``B`` zero, so the wrapped model first computes what ``model`` computes.
 
-    Args:
-        model: the model to adapt (changed: its weights get ``requires_grad=False``).
-        r, alpha, dropout, target_modules: LoRA's rank, scaling numerator, dropout and layers
-            (see :class:`trakcli.config.recipe.LoraSettings`).
-
-    Returns:
-        The ``peft.PeftModel``, with ``trak_trainable`` naming the adapter's parameters.
+    ``model`` is changed (its weights get ``requires_grad=False``); ``r``, ``alpha``, ``dropout`` and
+    ``target_modules`` are LoRA's rank, scaling numerator, dropout and layers
+    (:class:`trakcli.config.recipe.LoraSettings`). Returns the ``peft.PeftModel``, with
+    ``trak_trainable`` naming the adapter's parameters.
 
     Raises:
         ModelError: peft missing, or peft refuses the target modules (its message and the fix).
