@@ -31,13 +31,13 @@ LocalPath = Annotated[Path, BeforeValidator(_local_path)]
 
 def admits_bool(annotation: Any) -> bool:
     """Whether a field typed ``annotation`` takes a boolean value (``bool``, ``Any``, a union or Literal with one)."""
-    if annotation is bool or annotation is Any or annotation is object:
+    if annotation in (bool, Any, object):
         return True
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)
     if origin is typing.Literal:
         return any(isinstance(a, bool) for a in args)
-    if origin is typing.Union or origin is types.UnionType:
+    if origin in (typing.Union, types.UnionType):
         return any(admits_bool(a) for a in args)
     if origin is typing.Annotated:
         return admits_bool(args[0])
@@ -50,14 +50,10 @@ def _number_kind(annotation: Any) -> str | None:
     args = typing.get_args(annotation)
     if origin is typing.Annotated:
         return _number_kind(args[0])
-    if origin is typing.Union or origin is types.UnionType:
+    if origin in (typing.Union, types.UnionType):
         kinds = [k for k in map(_number_kind, args) if k]
         return kinds[0] if kinds and not admits_bool(annotation) else None
-    if annotation is int:
-        return "an integer"
-    if annotation is float:
-        return "a number"
-    return None
+    return "an integer" if annotation is int else "a number" if annotation is float else None
 
 
 def _element_annotation(annotation: Any) -> Any:
@@ -66,11 +62,8 @@ def _element_annotation(annotation: Any) -> Any:
     args = typing.get_args(annotation)
     if origin in (list, tuple, set) and args:
         return args[0]
-    if origin is typing.Union or origin is types.UnionType:
-        for a in args:
-            element = _element_annotation(a)
-            if element is not None:
-                return element
+    if origin in (typing.Union, types.UnionType):
+        return next((e for e in map(_element_annotation, args) if e is not None), None)
     return None
 
 

@@ -85,7 +85,8 @@ class ProjectorConfig(NoBoolNumbers):
     @model_validator(mode="after")
     def _known_options(self) -> "ProjectorConfig":
         """Unknown keys (no field and no option of the kind; for a kind built from the model, closer to a field
-        than to its options) get the did-you-mean of every other config key."""
+        than to its options) get the did-you-mean of every other config key; a kind built from the model refuses
+        its other keys naming its options."""
         extra = list(self.model_extra or {})
         if not extra:
             return self
@@ -109,21 +110,12 @@ class ProjectorConfig(NoBoolNumbers):
             raise PydanticCustomError(
                 UNKNOWN_KEYS, "unknown keys {keys}", {"keys": unknown, "choices": choices}
             )
-        return self
-
-    @model_validator(mode="after")
-    def _model_kind_options(self) -> "ProjectorConfig":
-        if not self.built_from_model:
-            return self
-        own = projector_kind(self.kind).options
-        unknown = [k for k in (self.model_extra or {}) if k not in own]
-        if unknown:
-            shown = []
-            for k in unknown:
-                close = difflib.get_close_matches(k, list(own), n=1)
-                shown.append(f"{k} (did you mean {close[0]}?)" if close else k)
+        others = [k for k in extra if k not in own] if self.built_from_model else []
+        if others:
+            close = {k: difflib.get_close_matches(k, list(own), n=1) for k in others}
+            shown = [f"{k} (did you mean {c[0]}?)" if c else k for k, c in close.items()]
             known = "; ".join(f"{k}: {v}" for k, v in own.items())
-            if len(unknown) == 1:
+            if len(others) == 1:
                 head = f"option {shown[0]} does not apply to kind {self.kind}; remove it"
             else:
                 head = f"options {', '.join(shown)} do not apply to kind {self.kind}; remove them"

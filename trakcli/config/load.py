@@ -60,16 +60,13 @@ def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
     """The pydantic model class that owns the field at ``loc`` (for did-you-mean)."""
     model: Any = Config
     for part in loc:
-        if not (isinstance(model, type) and issubclass(model, BaseModel)):
-            return None
-        field = model.model_fields.get(str(part))
+        field = model.model_fields.get(str(part)) if model is not None else None
         if field is None:
             return None
         ann = field.annotation
-        args = getattr(ann, "__args__", None)
-        candidates = [a for a in (args or (ann,)) if isinstance(a, type) and issubclass(a, BaseModel)]
-        model = candidates[0] if candidates else None
-    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
+        members = getattr(ann, "__args__", None) or (ann,)
+        model = next((a for a in members if isinstance(a, type) and issubclass(a, BaseModel)), None)
+    return model
 
 
 def _unknown_key(parent: tuple[Any, ...], name: str, choices: list[str] | None) -> str:
