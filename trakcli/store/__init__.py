@@ -36,17 +36,14 @@ The only part of trakcli that imports zarr. Layout (docs/guides/store.md)::
         done    [n_subsets]           uint8, set after row k of masks and outputs
     <store>.zarr.lock              JSON {host, pid, started}: the run using the store
 
-Rules (docs/guides/store.md): the root and every group are created with their attributes in one (atomic)
-``zarr.json`` write; ``featurize --overwrite`` renames the old store aside before deleting it. A chunk's data
-is written before its ``done`` flag, and a resumed run recomputes only chunks not done; a run whose identity
-differs from the store's refuses, naming the differing keys. Every chunk carries a CRC32C checksum and every
-done chunk keeps its file, so a corrupt or missing chunk (or ``zarr.json``) is reported with the command that
-repairs it (:mod:`~trakcli.store.integrity`) instead of being read as wrong numbers; what the records imply
-(``checkpoints`` -> ``train/<m>``, groups -> arrays) is checked by ``trak inspect`` and ``trak export``.
-Parallel writers (torchrun ranks) write disjoint chunks (``done`` has one chunk per flag); rank 0 writes
-the attributes. The ``eval/`` group does not depend on the projector or the checkpoints: ``trak eval`` may
-create the store before ``trak featurize`` (which adopts it), and ``featurize --overwrite`` keeps it.
-The modules that use zarr import it when a store is opened or an array created (docs/development.md maps them).
+Rules (docs/guides/store.md): a group is created with its attributes in one (atomic) ``zarr.json`` write;
+a chunk's data is written before its ``done`` flag (a resumed run recomputes only chunks not done); a run
+whose identity differs from the store's refuses, naming the differing keys; every chunk carries a CRC32C
+checksum and every done chunk keeps its file, so damage is reported with the command that repairs it
+(:mod:`~trakcli.store.integrity`); torchrun ranks write disjoint chunks, rank 0 the attributes. The
+``eval/`` group does not depend on the projector or the checkpoints: ``trak eval`` may create the store
+before featurize (which adopts it), and ``featurize --overwrite`` keeps it. Modules that use zarr import
+it when a store is opened or an array created.
 """
 
 from __future__ import annotations

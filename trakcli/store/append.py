@@ -27,11 +27,11 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from trakcli.errors import Fix, Note, StoreError, StoreMismatchError
 from trakcli.store.identity import differing_keys, jsonable
-from trakcli.store.integrity import StoreCorruptError, delete, keys, node, writable
+from trakcli.store.integrity import delete, keys, node, writable
 from trakcli.store.kernel import save_gram_prefix
 from trakcli.store.layout import LAYOUT_ATTR
 from trakcli.store.quantize import CODE_ARRAYS
-from trakcli.store.rows import drop_all_done, read_checked
+from trakcli.store.rows import drop_all_done, read_entry
 
 if TYPE_CHECKING:
     from trakcli.store.layout import StoreLayout
@@ -52,7 +52,8 @@ class StoreStaleError(StoreError):
     """Scores read or rescored after the store's train rows grew, without ``--overwrite``."""
 
 
-def appended_rows(old: dict[str, Any] | None, new: dict[str, Any], old_layout: Any, layout: "StoreLayout") -> int | None:
+def appended_rows(old: dict[str, Any] | None, new: dict[str, Any], old_layout: Any, layout: "StoreLayout",
+                  ) -> int | None:
     """The store's row count ``n_old`` if this run's identity ``new`` and ``layout`` differ from the recorded
     ``old`` and ``old_layout`` only by more train rows (``train_data.n`` / ``sha256``, ``n_train``), else None.
     Whether the first ``n_old`` rows are unchanged is :func:`grow_if_appended`'s check."""
@@ -74,23 +75,13 @@ def appended_rows(old: dict[str, Any] | None, new: dict[str, Any], old_layout: A
 def grow_if_appended(
     store: "Store", identity: dict[str, Any], layout: "StoreLayout", prefix: Callable[[int], dict[str, Any]],
 ) -> bool:
-    """Grow ``store`` to this run's train rows if they extend the store's, else leave it as it is.
-
-    Args:
-        store: the open store (rank 0, under the store's lock).
-        identity: this run's identity (:func:`trakcli.jobs.setup.run_identity`).
-        layout: this run's layout (``n_train`` the new row count).
-        prefix: the fingerprint of the first ``n`` train rows of this run's data
-            (:meth:`trakcli.data.tensors.TensorDataset.fingerprint` with ``n``).
-
-    Returns:
-        True if the store was grown (its identity and layout are now this run's); False if this
-        run is not an append (same rows, or other settings: the caller's identity check decides).
+    """Grow ``store`` (rank 0, under its lock) to this run's train rows if they extend the store's; returns whether
+    it grew (its identity and layout are now this run's ``identity`` and ``layout``). ``prefix(n)``: the
+    fingerprint of the first ``n`` train rows of this run's data.
 
     Raises:
-        StoreMismatchError: the rows extend the store's count but the first ``n_old`` differ from
-            the featurized ones (a changed, removed or reordered row), or the store's features are
-            whitened by a K-FAC / EK-FAC curvature (names ``--overwrite``).
+        StoreMismatchError: the rows extend the store's count but the first ``n_old`` differ from the featurized
+            ones, or the store's features are whitened by a K-FAC / EK-FAC curvature (names ``--overwrite``).
         StoreError: the store cannot be written (nothing computed is lost; rerun to resume).
     """
     attrs = store.root.attrs
@@ -148,14 +139,13 @@ def _grow_train(store: "Store", model_id: int, n_old: int, n_new: int, chunk_row
     if done is None:  # nothing computed yet: `Store.train` creates the arrays at the new size
         return
     drop_all_done(done)  # before a flag is cleared or the flags grow
-    kept = group.attrs.get(KEPT_ATTR)
-    if isinstance(kept, dict) and isinstance(kept.get("chunk"), int) and kept["chunk"] < done.shape[0] and _flag(
-            done, kept["chunk"]):
-        del group.attrs[KEPT_ATTR]  # an earlier append's chunk, finished since
+    for chunk in kept_rows(store, model_id):
+        if chunk < done.shape[0] and read_entry(done, chunk):
+            del group.attrs[KEPT_ATTR]  # an earlier append's chunk, finished since
     partial = n_old % chunk_rows
     if partial and done.shape[0] == -(-n_old // chunk_rows):  # not resized yet: the old last chunk is partly filled
         chunk = n_old // chunk_rows
-        if _flag(done, chunk):
+        if read_entry(done, chunk):
             done[chunk] = 0  # first: a kill after it recomputes the whole chunk, never trusts unwritten rows
             group.attrs.update({KEPT_ATTR: {"chunk": chunk, "kept_rows": partial}})
     if node(group, "kernel") is not None:
@@ -171,14 +161,6 @@ def _grow_train(store: "Store", model_id: int, n_old: int, n_new: int, chunk_row
         progress.resize((n_chunks,))
     if done.shape[0] != n_chunks:
         done.resize((n_chunks,))
-
-
-def _flag(done: Any, chunk: int) -> bool:
-    """Whether ``done[chunk]`` is set; an unreadable flag is not (its chunk is then computed whole)."""
-    try:
-        return bool(read_checked(done, slice(chunk, chunk + 1), 0, stored=False)[0])
-    except StoreCorruptError:
-        return False
 
 
 def _mark_stale(store: "Store", scored_over: dict[str, Any]) -> None:
@@ -197,7 +179,7 @@ def kept_rows(store: "Store", model_id: int) -> dict[int, int]:
     """
     group = node(store.root, f"train/{model_id}")
     kept = group.attrs.get(KEPT_ATTR) if group is not None else None
-    if not isinstance(kept, dict) or not isinstance(kept.get("chunk"), int) or not isinstance(kept.get("kept_rows"), int):
+    if not (isinstance(kept, dict) and isinstance(kept.get("chunk"), int) and isinstance(kept.get("kept_rows"), int)):
         return {}
     return {kept["chunk"]: kept["kept_rows"]}
 

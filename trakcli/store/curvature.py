@@ -11,15 +11,11 @@ Layout (every array in the factors' own dtype, float32 or float64, one chunk eac
           <slot>/<i>/eig               pass "eigenvalues": the running sums Σ (Q_Sᵀ G Q_A)²
           <slot>/rng  [k] uint8        the label sampler's state
 
-A stage's arrays are written before the attribute that names it, so a killed fit
-resumes after the last finished stage (pass 1 is not repeated once its covariances
-are stored). Within a pass, the running sums are saved every ``store.save_every_s`` seconds of
-work (:func:`write_partial`) into the slot (0 or 1) the attributes do not name, then the
-attributes are pointed at it: a kill during a save leaves the previous save whole, and a
-rerun resumes the pass after its rows (:class:`~trakcli.curvature.kfac.PassState`). A
-finished stage deletes ``partial``. Attributes made with other settings mean nothing is
-reused. Curvature is derived data: a corrupt array is deleted (noted in ``store.notes``)
-and fitted again. A store written before ``partial`` existed reads as before.
+A stage's arrays are written before the attribute that names it, so a killed fit resumes after the last
+finished stage. Within a pass, the running sums are saved every ``store.save_every_s`` seconds of work into
+the slot the attributes do not name (:func:`write_partial`), so a kill during a save leaves the previous one
+whole; a finished stage deletes ``partial``. Attributes made with other settings mean nothing is reused; a
+corrupt array is deleted (noted in ``store.notes``) and fitted again.
 
 Exact scores (:class:`trakcli.jobs.exact.ExactInfluence`) keep the progress of the train rows
 they are scoring the same way, under ``scores/<experiment>/exact_rows`` (:func:`write_exact_rows`).
@@ -33,9 +29,9 @@ import numpy as np
 
 from trakcli.errors import StoreError
 from trakcli.store.identity import jsonable
-from trakcli.store.integrity import StoreCorruptError, attrs_of, delete, node, writable
-from trakcli.store.kernel import train_group
-from trakcli.store.rows import codecs, read_checked
+from trakcli.store.integrity import StoreCorruptError, attrs_of, delete, node
+from trakcli.store.kernel import train_group, write_array
+from trakcli.store.rows import read_checked
 
 if TYPE_CHECKING:
     from trakcli.store.store import Store
@@ -101,7 +97,7 @@ def write_curvature(store: "Store", model_id: int, settings: dict[str, Any], sta
         group = _settings_group(store, path, node(store.root, path), settings)
         prefix = "cov/" if stage == "covariances" else ""
         for name, a in arrays.items():
-            _write_array(group, f"{prefix}{name}", _float(a))
+            write_array(group, f"{prefix}{name}", _float(a))
         group.attrs.update({"stage": stage})
         delete(group, "partial", metadata_only=False)  # the finished pass's saved sums
     except OSError as e:
@@ -118,20 +114,6 @@ def _settings_group(store: "Store", path: str, group: Any, settings: dict[str, A
     if dict(group.attrs).get("settings") != jsonable(settings):
         group.attrs.update({"settings": jsonable(settings)})
     return group
-
-
-def _write_array(group: Any, name: str, a: np.ndarray, reuse: bool = False) -> None:
-    """Write ``a`` as the array ``name`` of ``group`` (one chunk, checksummed); ``reuse``: into the array there
-    when it has the same shape and dtype, else a new one."""
-    arr = node(group, name)
-    if arr is not None and not (reuse and hasattr(arr, "shape") and tuple(arr.shape) == a.shape
-                                and np.dtype(arr.dtype) == a.dtype):
-        delete(group, name, metadata_only=False)
-        arr = None
-    if arr is None:
-        arr = group.create_array(name, shape=a.shape, chunks=a.shape or None, dtype=a.dtype.name, fill_value=0,
-                                 compressors=codecs("none"))
-    writable(arr)[...] = a
 
 
 def _float(a: Any) -> np.ndarray:
@@ -166,9 +148,9 @@ def write_partial(store: "Store", model_id: int, settings: dict[str, Any], pass_
             part = group.require_group("partial")
         slot = 1 - int(attrs.get("slot", 1)) if attrs.get("pass") == pass_name else 0
         for name, a in sums.items():
-            _write_array(part, f"{slot}/{name}", _float(a), reuse=True)
+            write_array(part, f"{slot}/{name}", _float(a), reuse=True)
         if rng is not None:
-            _write_array(part, f"{slot}/rng", np.ascontiguousarray(np.asarray(rng, dtype=np.uint8)), reuse=True)
+            write_array(part, f"{slot}/rng", np.ascontiguousarray(np.asarray(rng, dtype=np.uint8)), reuse=True)
         part.attrs.update({"pass": pass_name, "slot": slot, "rows": int(rows), "tokens": [int(t) for t in tokens],
                            "rng": rng is not None, "device": device, "names": sorted(sums)})
     except OSError as e:
@@ -251,16 +233,10 @@ def read_exact_rows(store: "Store", experiment: str, lo: int, hi: int, n_models:
 
 def write_exact_rows(store: "Store", experiment: str, lo: int, hi: int, n_models: int, n_target: int,
                      model_id: int, start: int, rows: int, piece: np.ndarray) -> None:
-    """Save the exact scores' running sums of train rows ``[lo + start, lo + rows)`` after checkpoint ``model_id``.
-
-    Each save writes only the columns scored since the one before (``piece`` ``[n_target + 1, rows - start]``
-    float64, as :func:`read_exact_rows` returns them), then the attributes naming the position (one atomic
-    write); pieces no longer needed (two checkpoints back, or the same columns of the same checkpoint) are
-    deleted after. Written by the one process scoring the rows.
-
-    Raises:
-        StoreError: the write failed.
-    """
+    """Save the exact scores' running sums of train rows ``[lo + start, lo + rows)`` after checkpoint ``model_id``
+    (by the one process scoring the rows; StoreError if the write fails): only the columns scored since the save
+    before (``piece`` ``[n_target + 1, rows - start]`` float64, as :func:`read_exact_rows` returns them), then the
+    attributes naming the position (one atomic write); pieces no longer needed are deleted after."""
     path = _exact_path(experiment, lo, hi)
     try:
         group = node(store.root, path)
@@ -273,7 +249,7 @@ def write_exact_rows(store: "Store", experiment: str, lo: int, hi: int, n_models
         pieces = [[m, a, b] for m, a, b in attrs.get("pieces", [])  # what a read at the new position needs
                   if m == model_id and a < start or m == model_id - 1 and b > rows]
         name = f"{model_id}/{start}-{rows}"
-        _write_array(group, name, np.ascontiguousarray(piece, dtype=np.float64))
+        write_array(group, name, np.ascontiguousarray(piece, dtype=np.float64))
         group.attrs.update({"n_models": n_models, "n_target": n_target, "model": model_id, "rows": rows,
                             "pieces": pieces + [[model_id, start, rows]]})
         for m, a, b in attrs.get("pieces", []):

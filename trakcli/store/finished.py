@@ -167,11 +167,8 @@ class FinishedArrays:
         try:
             if out.suffix.lower() == ".npy":
                 with atomic_open(out, "wb") as f:
-                    header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape}
-                    try:
-                        np.lib.format.write_array_header_1_0(f, header)
-                    except ValueError:  # a header over 64 KiB
-                        np.lib.format.write_array_header_2_0(f, header)
+                    np.lib.format.write_array_header_1_0(  # a plain dtype and shape: far below 1.0's 64 KiB
+                        f, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape})
                     for block in blocks():
                         f.write(np.ascontiguousarray(block, dtype=dtype).tobytes())
             else:

@@ -24,6 +24,25 @@ if TYPE_CHECKING:
     from trakcli.store.store import Store
 
 
+def write_array(group: Any, name: str, a: np.ndarray, chunks: tuple[int, ...] | None = None,
+                dims: tuple[str, ...] | None = None, reuse: bool = False) -> Any:
+    """Write ``a`` as the array ``name`` of ``group`` (uncompressed: float64 factors barely compress; one chunk
+    unless ``chunks``; checksummed) and return it. ``reuse``: into the array there when it has the same shape and
+    dtype (its attributes, a done marker, cleared first), else into a new one."""
+    arr = node(group, name)
+    if arr is not None and not (reuse and hasattr(arr, "shape") and tuple(arr.shape) == a.shape
+                                and np.dtype(arr.dtype) == a.dtype):
+        delete(group, name, metadata_only=False)
+        arr = None
+    if arr is None:
+        arr = group.create_array(name, shape=a.shape, chunks=chunks or a.shape or None, dtype=a.dtype.name,
+                                 fill_value=0, compressors=codecs("none"), dimension_names=dims)
+    elif arr.attrs:
+        arr.attrs.clear()
+    writable(arr)[...] = a
+    return arr
+
+
 def train_group(store: "Store", model_id: int) -> Any:
     """The group ``train/<model_id>``; StoreError naming `trak featurize` if it is missing."""
     group = node(store.root, f"train/{model_id}")
@@ -44,9 +63,7 @@ def read_kernel(
     path = f"train/{model_id}/kernel"
     try:
         arr = node(store.root, path)
-        if arr is None:
-            return None
-        if not kernel_attrs_done(arr.attrs, settings):
+        if arr is None or not kernel_attrs_done(arr.attrs, settings):
             return None
         return read_checked(arr, slice(None), 0), float(arr.attrs["lambda_reg"])
     except StoreCorruptError as e:
@@ -83,20 +100,10 @@ def write_kernel(
         StoreError: the write failed (rerun to resume), or the checkpoint's group is missing.
     """
     group = train_group(store, model_id)
-    shape, dtype = tuple(factor.shape), str(factor.dtype)
-    chunks = (max(1, min(shape[0], KERNEL_CHUNK_BYTES // max(1, shape[1] * factor.itemsize))), shape[1])
+    rows = max(1, min(factor.shape[0], KERNEL_CHUNK_BYTES // max(1, factor.shape[1] * factor.itemsize)))
     try:
-        arr = node(group, "kernel")
-        if arr is not None and (tuple(arr.shape) != shape or str(arr.dtype) != dtype):  # a damaged one
-            delete(store.root, f"train/{model_id}/kernel", metadata_only=False)
-            arr = None
-        if arr is not None:
-            arr.attrs.clear()
-        else:
-            arr = group.create_array("kernel", shape=shape, chunks=chunks, dtype=dtype, fill_value=0,
-                                     compressors=codecs("none"),  # float64 factors barely compress; zstd doubled the write
-                                     dimension_names=("kernel_row", "kernel_col"))
-        writable(arr)[:] = np.ascontiguousarray(factor)
+        arr = write_array(group, "kernel", np.ascontiguousarray(factor), (rows, factor.shape[1]),
+                          ("kernel_row", "kernel_col"), reuse=True)
         arr.attrs.update({"form": form, "lambda_reg": lambda_reg, "settings": jsonable(settings)})
     except OSError as e:
         raise StoreError(f"writing the kernel of model_id {model_id} failed: {e}; rerun to resume") from None
@@ -145,11 +152,8 @@ def save_gram_prefix(store: "Store", model_id: int, n_rows: int) -> bool:
         return False
     gram = factor @ factor.T
     gram[np.diag_indices_from(gram)] -= float(attrs["lambda_reg"])
-    group = node(store.root, f"train/{model_id}")
-    delete(group, GRAM_PREFIX, metadata_only=False)
-    out = group.create_array(GRAM_PREFIX, shape=gram.shape, chunks=gram.shape, dtype="float64", fill_value=0,
-                             compressors=codecs("none"), dimension_names=("proj_row", "proj_col"))
-    writable(out)[:] = gram
+    out = write_array(node(store.root, f"train/{model_id}"), GRAM_PREFIX, gram.astype(np.float64, copy=False),
+                      dims=("proj_row", "proj_col"))
     out.attrs.update({"n_rows": int(n_rows)})
     return True
 

@@ -1,13 +1,8 @@
 """The shapes and storage of a store's feature and score arrays, told to the store by its caller.
 
-The store does not read shapes out of the run identity (a dict whose keys
-belong to the caller): featurize tells it ``n_train``, ``proj_dim`` and the
-storage settings as a :class:`StoreLayout`, which :meth:`Store.create_or_check
-<trakcli.store.store.Store.create_or_check>` records in the root attribute
-``layout`` and every later read uses (as MadryLab trak's saver is given
-``train_set_size`` and ``proj_dim``).
-
-Imports neither zarr nor torch.
+The store reads no shapes out of the run identity (the caller's dict): featurize gives a :class:`StoreLayout`,
+which :meth:`Store.create_or_check <trakcli.store.store.Store.create_or_check>` records in the root attribute
+``layout`` for every later read (as MadryLab trak's saver is given ``train_set_size`` and ``proj_dim``).
 """
 
 from __future__ import annotations
@@ -67,15 +62,7 @@ class StoreLayout:
 
     @classmethod
     def from_attrs(cls, attrs: dict[str, Any], where: str) -> "StoreLayout":
-        """The layout recorded by :meth:`to_attrs`.
-
-        Args:
-            attrs: the recorded dict.
-            where: the store path (for the message).
-
-        Raises:
-            StoreError: the record is damaged (missing keys or invalid values).
-        """
+        """The layout recorded by :meth:`to_attrs` in the store at ``where``; StoreError if the record is damaged."""
         try:
             return cls(**{k: attrs[k] for k in ("n_train", "proj_dim", "chunk_rows", "dtype", "compressor")})
         except (KeyError, TypeError, StoreError) as e:

@@ -141,19 +141,14 @@ def s3_options(storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
 
 
 def store_location(path: str | Location, storage_options: dict[str, Any] | None = None) -> Location:
-    """The store at ``path``: a :class:`~pathlib.Path`, or a :class:`upath.UPath` for a URL.
-
-    Args:
-        path: a local path (``out/attrib.zarr``, ``file:///data/a.zarr``), a URL
-            (``s3://bucket/prefix/attrib.zarr``) or an already opened location (returned as is).
-        storage_options: keyword arguments of the URL's fsspec file system (``store.storage_options``).
+    """The store at ``path`` (a local path, ``file://`` or another URL, or an opened location, returned as is): a
+    :class:`~pathlib.Path`, or a :class:`upath.UPath` of a URL opened with ``storage_options`` (of its fsspec file
+    system).
 
     Raises:
-        MissingModuleError: a module the URL needs is not installed (for ``s3://`` any of
-            :data:`S3_MODULES`: the message names it and :data:`S3_INSTALL`).
-        StoreError: the URL's scheme is unknown, it names no store below the bucket, or its
-            object store does not answer or has no such bucket (:func:`check_reachable`);
-            never taken as a local path.
+        MissingModuleError: a module the URL needs is not installed (named with :data:`S3_INSTALL` for ``s3://``).
+        StoreError: the URL's scheme is unknown, it names no store below the bucket, or its object store does not
+            answer or has no such bucket (:func:`check_reachable`); never taken as a local path.
     """
     if is_remote(path) or (isinstance(path, Path) and not storage_options):
         return path
@@ -258,10 +253,8 @@ def rmtree(path: Location, ignore_errors: bool = False) -> None:
 
 
 def create_exclusive(path: Location, data: bytes) -> bool:
-    """Write ``data`` to a new file ``path``; False if ``path`` already exists (nothing is written then).
-
-    Locally ``O_CREAT | O_EXCL``; on S3 a PUT with ``If-None-Match: *`` (a conditional
-    write: AWS S3, MinIO, SeaweedFS and R2 answer 412 when the key exists).
+    """Write ``data`` to a new file ``path`` (``O_CREAT | O_EXCL``; on S3 a PUT with ``If-None-Match: *``); False if
+    ``path`` already exists (nothing is written then).
 
     Raises:
         StoreError: the object store does not do conditional writes (a second

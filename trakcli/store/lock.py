@@ -1,11 +1,5 @@
-"""The store's lock file ``<store>.lock``: one run uses a store at a time.
-
-Locally the lock is created with ``O_CREAT | O_EXCL``; on an object store
-with a conditional write (``If-None-Match: *``,
-:func:`trakcli.store.location.create_exclusive`), which a service without
-conditional writes cannot do (refused with a message then).
-
-Imports neither zarr nor torch.
+"""The store's lock file ``<store>.lock``: one run uses a store at a time (created exclusively:
+:func:`trakcli.store.location.create_exclusive`). Imports neither zarr nor torch.
 """
 
 from __future__ import annotations
@@ -51,7 +45,7 @@ class StoreLock:
             me["torchrun_job"] = job
         note = None
         store = self.path.with_name(self.path.name[: -len(".lock")])
-        if not is_remote(self.path) and (self.path.is_dir() or (self.path.exists() and not self.path.is_file())):
+        if not is_remote(self.path) and self.path.exists() and not self.path.is_file():
             raise StoreError(
                 f"the lock path {self.path} of store {store} is a directory, not a lock file; "
                 "remove it (or choose another store.path)"
@@ -79,9 +73,7 @@ class StoreLock:
                     note = (f"took over the lock of an earlier attempt of this torchrun job (rdzv id {job}) on host "
                             f"{other.get('host')}, pid {other.get('pid')}")
                 try:
-                    self.path.unlink()
-                except FileNotFoundError:
-                    pass
+                    self.path.unlink(missing_ok=True)
                 except OSError as e:
                     raise StoreError(
                         f"cannot take over the stale lock {self.path}: {e}; remove it by hand"
@@ -117,21 +109,13 @@ class StoreLock:
 
     def release(self) -> None:
         if self.held:
-            try:
-                self.path.unlink()
-            except FileNotFoundError:
-                pass
+            self.path.unlink(missing_ok=True)
             self.held = False
 
 
-
 def _torchrun_job() -> str | None:
-    """The rendezvous id of the torchrun job this process belongs to (``--rdzv-id``), or None.
-
-    torchrun's agent sets ``TORCHELASTIC_RUN_ID``; its default ``none`` (no ``--rdzv-id``)
-    names no job. When a node fails, torchrun restarts the ranks of every node in a new
-    rendezvous round; rank 0 may then run on another host, and the lock its earlier
-    attempt left is this job's own.
-    """
+    """The rendezvous id (``--rdzv-id``, ``TORCHELASTIC_RUN_ID``; its default ``none`` names no job) of the torchrun
+    job of this process, or None: after a node fails, rank 0 may run on another host, and the lock its earlier
+    attempt left is this job's own."""
     job = os.environ.get("TORCHELASTIC_RUN_ID")
     return job if job and job != "none" else None

@@ -67,7 +67,7 @@ SOURCE_TRAINER = "trainer"
 def checkpoint_file_name(model_id: int, *, epoch: int | None = None, step: int | None = None,
                          adapter: bool = False) -> str:
     """The file (or PEFT ``adapter`` folder, without ``.pt``) name of a model's checkpoint in a manifest's folder:
-    ``model_000_epoch{epoch}.pt``, ``model_000_step{step}.pt``, or the final ``model_000.pt`` (``000``: the model_id)."""
+    ``model_000_epoch{epoch}.pt``, ``model_000_step{step}.pt``, or the final ``model_000.pt`` (``000``: model_id)."""
     stem = f"model_{model_id:03d}"
     stem += f"_epoch{epoch}" if epoch is not None else f"_step{step}" if step is not None else ""
     return stem if adapter else f"{stem}.pt"

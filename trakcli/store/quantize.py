@@ -1,15 +1,11 @@
 """Compressed train features: int8 codes with a per-row scale, and 1-bit (sign) codes, beside a bfloat16 copy.
 
-A store whose ``store.dtype`` is ``int8`` or ``binary`` keeps three arrays per
-checkpoint under ``train/<model_id>/``, written in the same chunk and marked by
-the same ``done`` flag (:meth:`trakcli.store.rows.ChunkedRows.write` derives the
-codes from the features it is given):
+A store whose ``store.dtype`` is ``int8`` or ``binary`` keeps three arrays per checkpoint under
+``train/<model_id>/``, written in the same chunk under the same ``done`` flag
+(:meth:`trakcli.store.rows.ChunkedRows.write` derives the codes from the features):
 
-* ``features`` ``[n_train, proj_dim]``: the float copy, stored as bfloat16
-  (:mod:`trakcli.store.bfloat16`) and read back as float32. Everything that
-  needs float features (the kernel, the full score matrix, the exact re-ranking
-  of the two-stage top-k, ``trak export``) reads this copy, so those results are
-  the ones of a ``bfloat16`` store.
+* ``features`` ``[n_train, proj_dim]``: the float copy, stored as bfloat16 and read back as float32; whatever
+  needs float features (kernel, full scores, the exact re-ranking, ``trak export``) reads it.
 * ``codes``: ``int8`` ``[n_train, proj_dim]`` (``int8``) or ``uint8``
   ``[n_train, ceil(proj_dim / 8)]`` sign bits packed big-endian along the row
   (``binary``, numpy's :func:`numpy.packbits`: bit 1 where the feature is > 0).
@@ -23,15 +19,9 @@ codes from the features it is given):
   ``features_crc32c`` array of per-row checksums: the float copy is read through zarr, the checksums are
   not read.)
 
-The codes feed the candidate stage of the two-stage top-k
-(:mod:`trakcli.topk`). Target features of such a store are kept as
-bfloat16 (no codes: the targets are the queries).
-
-Error bounds (tested): an int8 row decodes within ``scale / 2 = max|φ| / 254`` of
-each entry (round to nearest); a binary row keeps every entry's sign (0 decodes
-as ``−scale``).
-
-Imports neither zarr nor torch.
+The codes feed the candidate stage of the two-stage top-k (:mod:`trakcli.topk`); target features of such a
+store are bfloat16 (no codes). Error bounds (tested): an int8 row decodes within ``scale / 2 = max|φ| / 254``
+of each entry; a binary row keeps every entry's sign (0 decodes as ``−scale``). Imports neither zarr nor torch.
 """
 
 from __future__ import annotations

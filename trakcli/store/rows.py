@@ -166,7 +166,7 @@ class ChunkedRows:
         if len(candidates) > READ_RUN_CHUNKS:
             counts = _flags(self.progress, set())  # one count per chunk, like the flags; unreadable reads 0
         else:
-            counts = {c: _count(self.progress, c) for c in candidates}
+            counts = {c: read_entry(self.progress, c) for c in candidates}
         out = {}
         for c in candidates:
             lo, hi = self.rows(c)
@@ -339,8 +339,8 @@ def drop_all_done(done: Any) -> None:
         del done.attrs[ALL_DONE]
 
 
-def _count(arr: Any, c: int) -> int:
-    """Entry ``c`` of the 1-D zarr array ``arr`` (0 if it is unreadable)."""
+def read_entry(arr: Any, c: int) -> int:
+    """Entry ``c`` of the 1-D zarr array ``arr`` of flags or counts (0 if it is unreadable)."""
     try:
         return int(read_checked(arr, slice(c, c + 1), 0, stored=False)[0])
     except StoreCorruptError:
@@ -444,21 +444,13 @@ class EvalRows:
     def n_subsets(self) -> int:
         return int(self.done.shape[0])
 
-    def flags(self) -> np.ndarray:
-        """``[n_subsets]`` uint8 done flags; an unreadable flag counts as not done (the model is retrained)."""
-        return _flags(self.done, set())
-
     def pending(self, n: int | None = None) -> list[int]:
-        """Rows ``k < n`` not yet done, in order."""
-        flags = self.flags()[: self.n_subsets if n is None else n]
-        return [int(k) for k in np.flatnonzero(flags == 0)]
+        """Rows ``k < n`` not yet done, in order (an unreadable flag counts as not done: the model is retrained)."""
+        return [int(k) for k in np.flatnonzero(_flags(self.done, set())[:n] == 0)]
 
     def write(self, k: int, mask: np.ndarray, outputs: np.ndarray) -> None:
-        """Write row ``k`` of masks and outputs, then its done flag.
-
-        Raises:
-            StoreError: the write failed; rows written before stay done.
-        """
+        """Write row ``k`` of masks and outputs, then its done flag; StoreError if the write fails (rows written
+        before stay done)."""
         try:
             self.masks[k] = np.ascontiguousarray(mask, dtype=bool)
             self.outputs[k] = np.ascontiguousarray(outputs, dtype=np.float64)
@@ -468,15 +460,7 @@ class EvalRows:
 
     def verify(self) -> list[int]:
         """Reset the done flag of every done row that is missing or fails its checksum; returns those rows."""
-        bad = []
-        for k in np.flatnonzero(self.flags()):
-            try:
-                read_checked(self.masks, slice(int(k), int(k) + 1), 0)
-                read_checked(self.outputs, slice(int(k), int(k) + 1), 0)
-            except StoreCorruptError:
-                self.done[int(k)] = 0
-                bad.append(int(k))
-        return bad
+        return ChunkedRows({"masks": self.masks, "outputs": self.outputs}, self.done, 1, self.n_subsets).verify()
 
     def read(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         """The first ``n`` rows: ``(masks [n, n_train] bool, outputs [n, n_target] float64)``.
@@ -491,8 +475,5 @@ class EvalRows:
                 f"{self.masks.path}: rows {missing[:10]} of {n} are not retrained yet; run `trak eval lds CONFIG` "
                 "to finish them"
             )
-        return (
-            read_checked(self.masks, slice(0, n), 0).astype(bool, copy=False),
-            read_checked(self.outputs, slice(0, n), 0).astype(np.float64, copy=False),
-        )
-
+        return (read_checked(self.masks, slice(0, n), 0).astype(bool, copy=False),
+                read_checked(self.outputs, slice(0, n), 0).astype(np.float64, copy=False))

@@ -36,13 +36,7 @@ from trakcli.store.rows import ChunkedRows, codecs, flag_array
 Spec = tuple[tuple[int, ...], str, tuple[int, ...], tuple[str, ...]]
 
 SCHEMA_VERSION = 2
-"""The store layout this trakcli reads and writes; a store of any other version is refused (:func:`schema_refusal`)."""
-
-
-def schema_refusal(path: Path, version: Any) -> str:
-    """The one message refusing a store of another schema version: re-featurize it."""
-    return (f"store {path} has schema_version {version!r}, this trakcli ({__version__}) reads schema_version "
-            f"{SCHEMA_VERSION}; re-featurize it: `trak featurize CONFIG --overwrite`")
+"""The store layout this trakcli reads and writes; a store of any other version is refused."""
 
 
 def _bare_root(path: Location) -> bool:
@@ -91,10 +85,10 @@ class Store(FinishedArrays):
             created: a missing array or group is then reported with rank 0's part in it.
     """
 
-    def __init__(self, path: Location, group: Any, layout: StoreLayout | None = None):
+    def __init__(self, path: Location, group: Any):
         self.path = path
         self.root = group
-        self._layout = layout  # told by create_or_check; the recorded attribute wins
+        self._layout: StoreLayout | None = None  # told by create_or_check; the recorded attribute wins
         self.notes: list[str] = []
         self.distributed = False  # read by a rank > 0 of a distributed featurize (named in messages)
 
@@ -142,15 +136,10 @@ class Store(FinishedArrays):
         """Open the store for featurizing, creating it or checking it was made the same way.
 
         Args:
-            path: store directory.
-            identity: everything the train features depend on (model, task,
-                grad_wrt, projector spec, grad_dim, train data fingerprint,
-                chunking and storage); recorded as given and compared as a whole,
-                never read for shapes.
+            identity: everything the train features depend on (model, task, grad_wrt, projector spec,
+                grad_dim, train data fingerprint, chunking and storage); recorded and compared as a whole.
             config: the resolved config, recorded in the attributes.
-            layout: the shapes and storage of the arrays (n_train, proj_dim,
-                chunk_rows, dtype, compressor), recorded in the root attribute
-                ``layout`` and checked.
+            layout: the shapes and storage of the arrays, recorded in the root attribute ``layout`` and checked.
             overwrite: delete an existing store first.
             create: whether this process may create it (False on ranks > 0).
             prefix: the fingerprint of the first ``n`` rows of this run's train data: given, a store
@@ -223,14 +212,8 @@ class Store(FinishedArrays):
 
     @classmethod
     def open_or_create(cls, path: str | Path) -> "Store":
-        """Open a store, or create an empty one without an identity (for `trak eval` before featurize).
-
-        ``trak featurize`` later adopts an empty store: it writes its identity
-        and config (see :meth:`create_or_check`).
-
-        Raises:
-            StoreError: the path cannot be created, or exists and is not a trakcli store.
-        """
+        """Open a store, or create an empty one without an identity (for `trak eval` before featurize, which adopts
+        it: :meth:`create_or_check`); StoreError if the path cannot be created, or is not a trakcli store."""
         path = store_location(path)
         if (path / "zarr.json").exists():
             store = cls.open_existing(path)
@@ -268,7 +251,8 @@ class Store(FinishedArrays):
                 f"store {path} is incomplete: its creation was interrupted before its attributes were written; {fix}"
             )
         if version != SCHEMA_VERSION:
-            raise StoreError(schema_refusal(path, version))
+            raise StoreError(f"store {path} has schema_version {version!r}, this trakcli ({__version__}) reads "
+                             f"schema_version {SCHEMA_VERSION}; re-featurize it: `trak featurize CONFIG --overwrite`")
         return cls(path, group)
 
     @property
@@ -278,14 +262,8 @@ class Store(FinishedArrays):
 
     @property
     def layout(self) -> StoreLayout:
-        """The shapes and storage of the feature and score arrays.
-
-        The root attribute ``layout`` if recorded, else the one :meth:`create_or_check` was given.
-
-        Raises:
-            StoreError: neither is available (a store made by `trak eval` without train
-                features yet), or the record is damaged.
-        """
+        """The shapes and storage of the feature and score arrays: the root attribute ``layout`` if recorded, else the
+        one :meth:`create_or_check` was given; StoreError if neither is (no train features yet) or it is damaged."""
         recorded = self.root.attrs.get(LAYOUT_ATTR)
         if recorded is not None:
             return StoreLayout.from_attrs(recorded, str(self.path))
@@ -318,7 +296,7 @@ class Store(FinishedArrays):
         compressors: dict[str, str] | None = None,
     ) -> tuple[dict[str, Any], Any]:
         """The ``arrays`` (name -> shape, dtype, chunks, dimension names) of ``group`` and its ``done`` flags (created
-        when absent and ``create``), each compressed with the store's compressor unless ``compressors`` names another."""
+        when absent and ``create``), compressed with the store's compressor unless ``compressors`` names another."""
         data = {}
         recreated = []  # arrays created now beside an existing done array: their done chunks must be checked
         for name, (shape, dtype, chunks, dims) in arrays.items():
@@ -410,14 +388,12 @@ class Store(FinishedArrays):
         """Train features of one checkpoint (created if absent and ``create``).
 
         Args:
-            model_id: index of the checkpoint.
             checkpoint, sha256: recorded on creation and checked against the store.
-            optimizer_state: ``(path, sha256)`` of the checkpoint's optimizer state file when the
-                features carry the second-moment correction: recorded (``optimizer_state``,
-                ``optimizer_state_sha256``) and checked like the checkpoint's.
+            optimizer_state: ``(path, sha256)`` of the checkpoint's optimizer state file when the features carry
+                the second-moment correction: recorded and checked like the checkpoint's.
             create: whether this process may create arrays and attributes (rank 0).
-            repair: re-create unreadable metadata (``featurize --verify``, with ``create``);
-                the caller then verifies the chunks.
+            repair: re-create unreadable metadata (``featurize --verify``, with ``create``); the caller then
+                verifies the chunks.
 
         Raises:
             StoreMismatchError: the store holds this model_id from a file (checkpoint or optimizer
@@ -508,16 +484,9 @@ class Store(FinishedArrays):
         self, experiment: str, model_id: int, attrs: dict[str, Any], n_target: int, create: bool = True,
         repair: bool = False,
     ) -> ChunkedRows:
-        """Target features of one experiment and checkpoint (created if absent).
-
-        Args:
-            attrs: what the target features depend on (target data fingerprint,
-                checkpoint sha256s); checked against the store.
-            repair: re-create unreadable metadata (``trak score``, with ``create``).
-
-        Raises:
-            StoreMismatchError: the experiment was featurized with other targets or checkpoints.
-        """
+        """Target features ``[n_target, proj_dim]`` of one experiment and checkpoint (created if absent and
+        ``create``; ``repair``: unreadable metadata re-created). ``attrs``: what they depend on (target data
+        fingerprint, checkpoint sha256s), recorded or checked: StoreMismatchError if the experiment differs."""
         layout = self.layout
         proj_dim, rows = layout.proj_dim, layout.chunk_rows
         self._experiment_group("targets", experiment, attrs, create, repair)
@@ -557,18 +526,10 @@ class Store(FinishedArrays):
         self, name: str, sizes: dict[str, int], arrays: dict[str, Spec],
         n_rows: int, chunk_rows: int, create: bool = True, repair: bool = False,
     ) -> ChunkedRows:
-        """Arrays of the derived group ``name`` chunked along their first axis, with a done flag per chunk (each job
-        declares its own: the top-k's in :mod:`trakcli.topk.stored`, the per-token scores' in
-        :mod:`trakcli.jobs.per_token`).
-
-        Args:
-            sizes: what the arrays' shapes depend on (e.g. ``{"k": 100}``): recorded on creation, checked on open.
-            arrays: name -> (shape, zarr dtype, chunk shape, dimension names); the first axis holds ``n_rows``
-                entries in chunks of ``chunk_rows``.
-
-        Raises:
-            StoreMismatchError: the stored group has other ``sizes`` (names ``--overwrite``).
-        """
+        """The ``arrays`` (name -> shape, zarr dtype, chunk shape, dimension names) of the derived group ``name``
+        (each job declares its own), ``n_rows`` entries along their first axis in chunks of ``chunk_rows``, with a
+        done flag per chunk. ``sizes``: what their shapes depend on (``{"k": 100}``), recorded on creation and
+        checked on open (StoreMismatchError naming ``--overwrite``)."""
         group = self._node(name, repair and create)
         if group is not None:
             check_same(f"{name} in {self.path}", {a: group.attrs.get(a) for a in sizes}, sizes,

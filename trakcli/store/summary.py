@@ -43,12 +43,8 @@ def eval_summary(store: "Store", verify: bool, corrupt: list[dict[str, Any]]) ->
 
 
 def summary(store: "Store", verify: bool = False) -> dict[str, Any]:
-    """Provenance, progress, sizes and damage, as plain data (``trak inspect``).
-
-    Args:
-        store: the open store.
-        verify: read every done chunk of every array (checksums); else only
-            check that the chunk files of done chunks exist.
+    """Provenance, progress, sizes and damage, as plain data (``trak inspect``). ``verify``: read every done chunk
+    of every array (checksums); else only check that the chunk files of done chunks exist.
 
     Returns:
         A dict with the root attributes (``identity``, versions, ``created``, ``appends``: each growth
