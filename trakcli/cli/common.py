@@ -73,14 +73,14 @@ def _print_error(message: str) -> None:
         err_console.print(escape(rest), highlight=False, soft_wrap=True)
 
 
-#: The loggers whose INFO records (a model downloaded from the Hub, a GGUF file converted) start a phase line.
-PHASE_LOGGERS = ("trakcli.models",)
+#: The logger whose INFO records (a model downloaded from the Hub, a GGUF file converted) start a phase line.
+PHASE_LOGGER = "trakcli.models"
 
 _reporter: RichReporter | None = None  # the running command's reporter (the last one it made)
 
 
 class _PhaseHandler(logging.Handler):
-    """A log record of :data:`PHASE_LOGGERS` at INFO or above becomes a phase of the command's reporter."""
+    """A log record of :data:`PHASE_LOGGER` at INFO or above becomes a phase of the command's reporter."""
 
     def emit(self, record: logging.LogRecord) -> None:
         if _reporter is not None:
@@ -89,24 +89,21 @@ class _PhaseHandler(logging.Handler):
 
 @contextmanager
 def _phases_of_library_logs() -> Iterator[None]:
-    """During a command: the INFO records of :data:`PHASE_LOGGERS` are phases (:class:`RichReporter`), and no
+    """During a command: the INFO records of :data:`PHASE_LOGGER` are phases (:class:`RichReporter`), and no
     phase line is printed after the command ends."""
     global _reporter
-    handler = _PhaseHandler(logging.INFO)
-    loggers = [logging.getLogger(name) for name in PHASE_LOGGERS]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.addHandler(handler)
-        if lg.getEffectiveLevel() > logging.INFO:
-            lg.setLevel(logging.INFO)
+    handler, logger = _PhaseHandler(logging.INFO), logging.getLogger(PHASE_LOGGER)
+    level = logger.level
+    logger.addHandler(handler)
+    if logger.getEffectiveLevel() > logging.INFO:
+        logger.setLevel(logging.INFO)
     try:
         yield
     finally:
         end_phases()  # a phase line still pending would come after the command's last line
         _reporter = None
-        for lg, level in zip(loggers, levels):
-            lg.removeHandler(handler)
-            lg.setLevel(level)
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -114,9 +111,8 @@ def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     Running out of memory (``MemoryError``, torch's ``OutOfMemoryError``) is reported
     the same way, exit code 1, with the config keys that size the arrays. Warnings of
-    other libraries go to the debug log (:func:`library_warnings_to_log`). A model download or
-    GGUF conversion logged by ``trakcli.models`` is a phase line, and no phase line comes after
-    the command ends (:func:`_phases_of_library_logs`).
+    other libraries go to the debug log (:func:`library_warnings_to_log`); :func:`_phases_of_library_logs`
+    runs around the command.
     """
 
     @functools.wraps(fn)

@@ -122,7 +122,7 @@ def scores_table(
 def _json(res, shown: list[Shown], out: Path | None, plot: Path | None,
           train_texts: Sequence[str] | None = None, meaning: str | None = None) -> dict[str, Any]:
     """What ``--json`` prints: the run's shape, store, λ per checkpoint, the shown targets' top train indices and
-    what a score means (``meaning``, :func:`_meaning`)."""
+    what a score means (``meaning``, :func:`trakcli.report.source.scale_of`)."""
     from trakcli.answers import answer_entry
 
     top = [{"target": t,

@@ -20,12 +20,14 @@ TargetsOverwriteOpt = Annotated[
 ]
 
 
+#: The statistics of a score distribution that --json and the table show.
+STATS = ("min", "q25", "median", "q75", "max", "mean")
+
+
 def _stats(values: Any) -> dict[str, float]:
     import numpy as np
 
-    q = np.quantile(values, [0.0, 0.25, 0.5, 0.75, 1.0])
-    return {"min": float(q[0]), "q25": float(q[1]), "median": float(q[2]), "q75": float(q[3]), "max": float(q[4]),
-            "mean": float(np.mean(values))}
+    return dict(zip(STATS, map(float, [*np.quantile(values, [0.0, 0.25, 0.5, 0.75, 1.0]), np.mean(values)])))
 
 
 def summary(res) -> dict[str, Any]:
@@ -59,11 +61,10 @@ def _table(data: dict[str, Any]) -> Table:
                   f"{'cosines' if data['normalize'] == 'unit' else 'inner products'} summed over "
                   f"{data['n_models']} checkpoints")
     table.add_column("rows")
-    for name in ("min", "q25", "median", "q75", "max", "mean"):
+    for name in STATS:
         table.add_column(name, justify="right")
-    for label, key in (("pool", "pool"), ("selected", "selected")):
-        table.add_row(label, *(f"{data['scores'][key][n]:+.4g}" for n in ("min", "q25", "median", "q75", "max",
-                                                                           "mean")))
+    for key in ("pool", "selected"):
+        table.add_row(key, *(f"{data['scores'][key][n]:+.4g}" for n in STATS))
     return table
 
 

@@ -38,41 +38,37 @@ def _tables(res) -> list[Table]:
     rows = res.rows
     k_max = max(r["n_checkpoints"] for r in rows)
     dims = sorted({r["proj_dim"] for r in rows})
-    ridges = list(dict.fromkeys((r["lambda_rel"], None if r["lambda_rel"] is not None else r["lambda_reg"]) for r in rows))
     ks = sorted({r["n_checkpoints"] for r in rows})
-    best, default = res.best, res.default
+    at: dict[tuple, dict[str, Any]] = {}  # (proj_dim, n_checkpoints, (lambda_rel, lambda_reg or None)) -> its row
+    best_lds: dict[tuple[int, int], float] = {}  # (proj_dim, n_checkpoints) -> the best ridge's LDS
+    for r in rows:
+        at.setdefault((r["proj_dim"], r["n_checkpoints"], _ridge(r)), r)
+        key = (r["proj_dim"], r["n_checkpoints"])
+        best_lds[key] = max(best_lds.get(key, r["lds"]), r["lds"])
 
-    def mark(r: dict[str, Any]) -> str:
+    def mark(d: int, ridge: tuple) -> str:
+        r = at.get((d, k_max, ridge))
+        if r is None:
+            return ""
         text = f"{r['lds']:.3f}"
-        if r is best:
-            return f"[bold green]{text}*[/]"
-        if r is default:
-            return f"[bold]{text}d[/]"
-        return text
+        return f"[bold green]{text}*[/]" if r is res.best else f"[bold]{text}d[/]" if r is res.default else text
 
+    ridges = list(dict.fromkeys(_ridge(r) for r in rows))
     t1 = Table(title=f"LDS with {k_max} checkpoints: proj_dim x ridge  (* best, d default)")
-    t1.add_column("proj_dim", justify="right")
-    for rel, absolute in ridges:
-        t1.add_column(f"rel {_fmt(rel)}" if rel is not None else f"abs {_fmt(absolute)}", justify="right")
-    for d in dims:
-        cells = []
-        for rel, absolute in ridges:
-            r = next((r for r in rows if r["proj_dim"] == d and r["n_checkpoints"] == k_max
-                      and r["lambda_rel"] == rel and (rel is not None or r["lambda_reg"] == absolute)), None)
-            cells.append(mark(r) if r else "")
-        t1.add_row(str(d), *cells)
-
     t2 = Table(title="LDS by number of checkpoints (each at its best ridge)")
-    t2.add_column("proj_dim", justify="right")
-    for k in ks:
-        t2.add_column(f"{k} ckpt", justify="right")
+    for t, names in ((t1, [f"rel {_fmt(rel)}" if rel is not None else f"abs {_fmt(a)}" for rel, a in ridges]),
+                     (t2, [f"{k} ckpt" for k in ks])):
+        for name in ["proj_dim", *names]:
+            t.add_column(name, justify="right")
     for d in dims:
-        cells = []
-        for k in ks:
-            cands = [r for r in rows if r["proj_dim"] == d and r["n_checkpoints"] == k]
-            cells.append(f"{max(r['lds'] for r in cands):.3f}" if cands else "")
-        t2.add_row(str(d), *cells)
+        t1.add_row(str(d), *(mark(d, ridge) for ridge in ridges))
+        t2.add_row(str(d), *(f"{best_lds[d, k]:.3f}" if (d, k) in best_lds else "" for k in ks))
     return [t1, t2]
+
+
+def _ridge(r: dict[str, Any]) -> tuple[float | None, float | None]:
+    """A row's ridge: ``(lambda_rel, None)`` or ``(None, lambda_reg)``."""
+    return r["lambda_rel"], None if r["lambda_rel"] is not None else r["lambda_reg"]
 
 
 def _describe(r: dict[str, Any]) -> str:
