@@ -215,11 +215,8 @@ def solve_kernel(
 ) -> tuple[torch.Tensor, float]:
     """One checkpoint's kernel solve: the ridge λ_m and the Cholesky factor of ``gram + λ_m I``.
 
-    The one place the chain gram → λ → factor is written: `trak score`
-    (kernels stored per checkpoint), `trak eval sweep` (one factor per ridge)
-    and :func:`trak_scores` all call it, with the primal Gram ``Φ_mᵀ Φ_m``
-    (the factor is applied by :func:`target_weights`) or the dual ``Φ_m Φ_mᵀ``
-    (applied by :func:`dual_scores`); ``A_m`` is never formed.
+    The one solve of `trak score`, `trak eval sweep` and :func:`trak_scores`, of the primal Gram
+    ``Φ_mᵀ Φ_m`` (applied by :func:`target_weights`) or the dual ``Φ_m Φ_mᵀ`` (by :func:`dual_scores`).
 
     Args:
         gram: ``[proj_dim, proj_dim]`` Gram matrix ``Φ_mᵀ Φ_m`` (:func:`gram_matrix`) or

@@ -132,16 +132,12 @@ def train_one(
         model = add_lora(model, **oc.lora.model_dump())
     rows = inputs if isinstance(inputs, TrainRows) else TensorRows(inputs, labels)
     if fn is not None:
-        if isinstance(inputs, DatasetRows):
-            inputs, labels = inputs.padded()
-        elif isinstance(inputs, TensorRows):
-            inputs, labels = inputs.inputs, inputs.labels
+        inputs, labels = rows.padded() if isinstance(rows, DatasetRows) else (rows.inputs, rows.labels)
         with user_code(f"optimize.entrypoint {oc.entrypoint}"), reporter.phase(
             f"{name}: training with optimize.entrypoint {oc.entrypoint} …"
         ):
             out = fn(model, inputs, labels, seed=seed, **oc.kwargs)
-        if out is None:
-            out = model
+        out = model if out is None else out
         if not isinstance(out, nn.Module):
             raise ModelError(
                 f"optimize.entrypoint {oc.entrypoint!r} returned a {type(out).__name__}; it must train "
