@@ -142,23 +142,14 @@ def _concat_files(files: list[tuple[Any, dict[str, Any]]], needed: list[str], ke
 
 
 def load_dataset(cfg: DatasetConfig, *, key: str = "data.train", task: Any = None) -> TensorDataset | TextDataset:
-    """Load one dataset described by the config.
-
-    Args:
-        cfg: the dataset section (``builtin``+``split``, ``path``+``inputs``+``labels``, or
-            ``path`` + one of ``text`` / ``prompt`` + ``completion`` / ``messages`` / ``input_ids``);
-            ``path`` may be a list of files, read as one dataset (the first file's rows, then the next's).
-        key: the dotted config key, used in error messages.
-        task: the :class:`~trakcli.tasks.Task` reading the labels of a tensor file
-            (``resolve_task(cfg.task)``; None: class indices, as the built-in tasks read them), which
-            checks them (:meth:`~trakcli.tasks.Task.check_labels`).
+    """Load the dataset the config section ``cfg`` describes (``builtin`` + ``split``, ``path`` + ``inputs`` +
+    ``labels``, or ``path`` + one of ``text`` / ``prompt`` + ``completion`` / ``messages`` / ``input_ids``;
+    ``path`` may be a list of files, read as one dataset). ``key`` is the dotted config key messages name.
 
     Returns:
-        A :class:`TensorDataset` (built-in data and tensor files: float32 inputs or a dict of
-        tensors; for the built-in tasks int64 labels ``[n]``, or ``[n, L]`` per-token labels beside
-        ``input_ids``; for a task of one's own any ``[n, ...]`` labels), or
-        for text and language-model data a :class:`~trakcli.data.text.TextDataset`, which
-        reads and tokenizes rows as its batches need them.
+        A :class:`TensorDataset` for built-in data and tensor files (:func:`checked_dataset`: the labels
+        as ``task`` reads them, None: class indices), or for text and language-model data a
+        :class:`~trakcli.data.text.TextDataset`, which reads and tokenizes rows as its batches need them.
 
     Raises:
         DataError: unreadable file, missing key or field, empty data, mismatched lengths

@@ -106,19 +106,14 @@ class TensorDataset:
     def batches(
         self, start: int, stop: int, batch_size: int, max_tokens: int | None = None
     ) -> Iterator[tuple[int, Inputs, torch.Tensor]]:
-        """Yield ``(row_offset, inputs[b], labels[b])`` for rows ``[start, stop)`` in consecutive batches.
+        """Yield ``(row_offset, inputs[b], labels[b])`` for rows ``[start, stop)`` in consecutive batches of at most
+        ``batch_size`` rows.
 
-        Args:
-            start, stop: the rows, ``0 <= start <= stop <= len(self)``.
-            batch_size: most rows per batch.
-            max_tokens: most padded tokens per batch (``data.batch_tokens``). Applied only to token
-                data, a dict of inputs with a 2-D ``attention_mask [n, L]``: each batch is cut so that
-                rows x its longest sequence (up to the last attended position) stays within
-                ``max_tokens`` (a single longer row is a batch of its own), and every ``[n, L]``
-                tensor of the batch (and ``[n, L]`` per-token labels) is cut to that length: only
-                columns that are padding in every row of the batch are dropped, which changes
-                nothing a model computes from right-padded rows. Ignored for other data, and
-                ``None`` (the default) keeps the saved width.
+        ``max_tokens`` (``data.batch_tokens``) applies to token data only (a dict of inputs with a 2-D
+        ``attention_mask [n, L]``): batches are cut by :func:`cut_batches` on each row's length up to its
+        last attended position, and every ``[n, L]`` tensor of a batch (per-token labels too) is cut to the
+        batch's longest: only columns that are padding in every row are dropped, which changes nothing a
+        model computes from right-padded rows. ``None`` keeps the saved width.
 
         Yields:
             ``(row_offset, inputs, labels)``: the dataset index of the batch's first row, the rows'

@@ -72,9 +72,8 @@ class TextDataset:
     template or a bad label fails at once; later rows are checked when they are read.
 
     Args:
-        path: a ``.jsonl`` / ``.csv`` / ``.parquet`` / ``.arrow`` file or a datasets ``save_to_disk`` folder,
-            or a Hub dataset ``hf://datasets/ORG/NAME[@REVISION][/PATH]`` (:func:`~trakcli.data.sources.data_files`); or a list of
-            them, whose rows are read one file after the other.
+        path: a data file or folder, or a Hub dataset URL (:func:`~trakcli.data.sources.data_files`); or a
+            list of them, whose rows are read one file after the other.
         text, text_pair, labels, prompt, completion, messages, input_ids: field names
             (as :class:`trakcli.config.DatasetConfig`).
         tokenizer: a tokenizer directory (:func:`load_tokenizer`) or a loaded tokenizer; optional
@@ -90,9 +89,7 @@ class TextDataset:
         kind: ``"text"``, ``"prompt"``, ``"messages"`` or ``"input_ids"``.
         per_token_labels: whether :meth:`batches` yields per-token labels ``[b, L_b]``
             (language modeling) rather than class indices ``[b]`` (text classification).
-        input_keys: the keys of the inputs dict, sorted.
-        pad_token_id: the id padding is filled with.
-        tokenizer: the tokenizer, or ``None``.
+        input_keys: the keys of the inputs dict, sorted; ``pad_token_id``: the id padding is filled with.
 
     Raises:
         DataError: unreadable file, no rows, missing fields (naming the rows and the fields
@@ -139,9 +136,9 @@ class TextDataset:
         self.text, self.text_pair, self.label_field = text, text_pair, labels
         self.prompt, self.completion, self.messages, self.input_ids_field = prompt, completion, messages, input_ids
         self.per_token_labels = not (self.kind == "text" and labels is not None)
-        fields = {"text": [text, text_pair], "prompt": [prompt, completion], "messages": [messages],
-                  "input_ids": [input_ids]}[self.kind] + [labels]
-        self.fields: list[str] = [f for f in fields if f is not None]  # must be present in every row
+        named = {"text": [text, text_pair], "prompt": [prompt, completion], "messages": [messages],
+                 "input_ids": [input_ids]}[self.kind]
+        self.fields: list[str] = [f for f in named + [labels] if f is not None]  # must be present in every row
 
         if isinstance(tokenizer, (str, Path)):
             tokenizer = load_tokenizer(str(tokenizer), key=f"{key}.tokenizer")
@@ -162,9 +159,7 @@ class TextDataset:
         pairs = self.kind == "text" and text_pair is not None and (
             "token_type_ids" in getattr(tokenizer, "model_input_names", ()))
         self.input_keys: tuple[str, ...] = ("attention_mask", "input_ids") + (("token_type_ids",) if pairs else ())
-        detail = {"text": f"{text}{',' + text_pair if text_pair else ''}", "prompt": f"{prompt},{completion}",
-                  "messages": messages, "input_ids": input_ids}[self.kind]
-        self.name = f"{self.source}[{detail}]"
+        self.name = f"{self.source}[{','.join(f for f in named if f is not None)}]"
 
         self._rows = open_rows(data_files(path, key=key), key, self.fields, where=self.source)
         if not len(self._rows):
@@ -270,9 +265,7 @@ class TextDataset:
             enc = tok(texts, pairs, truncation=ml is not None, max_length=ml)
             ids = [list(x) for x in enc["input_ids"]]
             tts = enc["token_type_ids"] if "token_type_ids" in self.input_keys else [None] * len(ids)
-            if self.label_field:
-                return [(i, t, v[2]) for i, t, v in zip(ids, tts, values)]
-            return [(i, t, list(i)) for i, t in zip(ids, tts)]
+            return [(i, t, v[2] if self.label_field else list(i)) for i, t, v in zip(ids, tts, values)]
         if self.kind == "prompt":
             p_ids = tok([v[0] for v in values], add_special_tokens=True)["input_ids"]
             c_ids = tok([v[1] for v in values], add_special_tokens=False)["input_ids"]
@@ -381,19 +374,12 @@ class TextDataset:
     def batches(
         self, start: int, stop: int, batch_size: int, max_tokens: int | None = None
     ) -> Iterator[tuple[int, dict[str, torch.Tensor], torch.Tensor]]:
-        """Rows ``[start, stop)`` read, tokenized and cut into consecutive batches.
+        """Rows ``[start, stop)`` (``0 <= start <= stop <= len(self)``) read, tokenized and cut into consecutive
+        batches, :data:`WINDOW_ROWS` rows at a time as the batches are consumed.
 
-        Rows are read and tokenized :data:`WINDOW_ROWS` at a time as the batches are
-        consumed (never the whole range at once). Each batch holds at most ``batch_size``
-        rows and, with ``max_tokens``, at most ``max_tokens`` padded tokens (rows x its
-        longest row; a single longer row is a batch of its own); the cut is greedy, so the
-        batches depend on ``start`` and the bounds only, and every row's tensors are the
-        same however ``[start, stop)`` is split.
-
-        Args:
-            start, stop: the rows, ``0 <= start <= stop <= len(self)``.
-            batch_size: most rows per batch (>= 1).
-            max_tokens: most padded tokens per batch (``data.batch_tokens``); ``None``: rows only.
+        Each batch holds at most ``batch_size`` rows and, with ``max_tokens`` (``data.batch_tokens``), at
+        most ``max_tokens`` padded tokens (:func:`~trakcli.data.tensors.cut_batches`, greedy: every row's
+        tensors are the same however ``[start, stop)`` is split).
 
         Yields:
             ``(row_offset, inputs, labels)``: the index of the batch's first row;

@@ -23,17 +23,9 @@ from trakcli.models.hf import build_hf_model
 
 
 def make_mlp(in_dim: int = 64, hidden_dim: int = 128, num_classes: int = 10, depth: int = 2) -> nn.Module:
-    """A ReLU multilayer perceptron, the built-in ``mlp`` (defaults fit the digits data).
-
-    Args:
-        in_dim: input features (inputs ``[n, in_dim]`` or ``[n, ...]`` flattened to it).
-        hidden_dim: width of each hidden layer.
-        num_classes: number of logits.
-        depth: number of hidden layers (>= 1).
-
-    Returns:
-        ``nn.Sequential`` mapping ``[n, in_dim]`` float32 to logits ``[n, num_classes]``.
-    """
+    """A ReLU multilayer perceptron, the built-in ``mlp`` (defaults fit the digits data): ``depth`` (>= 1) hidden
+    layers of width ``hidden_dim``, an ``nn.Sequential`` mapping ``[n, in_dim]`` float32 (or ``[n, ...]``
+    flattened to it) to logits ``[n, num_classes]``."""
     if depth < 1:
         raise ModelError(f"mlp: depth must be >= 1, got {depth}; set model.kwargs.depth")
     layers: list[nn.Module] = [nn.Flatten()]

@@ -178,12 +178,9 @@ def _conversion_lock(folder: Path) -> Iterator[None]:
     except ImportError:  # Windows: no lock; the atomic rename alone keeps half folders out
         yield
         return
-    with open(folder.parent / f".{folder.name}.lock", "a+b") as f:
+    with open(folder.parent / f".{folder.name}.lock", "a+b") as f:  # closing the file releases the lock
         fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+        yield
 
 
 def gguf_to_hf(path: str | Path, *, label: str | None = None) -> Path:

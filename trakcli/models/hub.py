@@ -356,7 +356,7 @@ def _snapshot(
         folder = Path(huggingface_hub.snapshot_download(**where, local_files_only=True))
     except Exception:  # noqa: BLE001 - LocalEntryNotFoundError, an incomplete snapshot: not usable from the cache
         why = ("HF_HUB_OFFLINE is set" if offline else
-               f"the Hub cannot be reached: {files.__class__.__name__}: {_first_line(files)}")
+               f"the Hub cannot be reached: {files.__class__.__name__}: {(str(files).strip().splitlines() or [''])[0]}")
         also = ("unset HF_HUB_OFFLINE to download it here" if offline else
                 "with HF_HUB_OFFLINE=1 the Hub is not tried")
         raise error(
@@ -369,10 +369,6 @@ def _snapshot(
     _, read = _selected(select, _local_files(folder), error, f"{head}in the cached snapshot {folder}: ", fix)
     _RESOLVED[memo] = (folder, read)
     return _RESOLVED[memo]
-
-
-def _first_line(e: BaseException | None) -> str:
-    return str(e).strip().splitlines()[0] if e is not None and str(e).strip() else ""
 
 
 def _literal(path: str) -> str:
