@@ -108,6 +108,24 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def accumulation_dtype(value: Any) -> torch.dtype:
+    """The accumulation dtype named by ``value`` (``"float32"``, ``"float64"`` or the torch dtype).
+
+    Raises:
+        ProjectorError: any other value.
+    """
+    from trakcli.projectors.registry import did_you_mean
+
+    name = dtype_name(value) if isinstance(value, torch.dtype) else value
+    choices = ("float32", "float64")
+    if name not in choices:
+        raise ProjectorError(
+            f"projector dtype must be one of {', '.join(choices)}, got {name!r}{did_you_mean(str(name), choices)}; "
+            f"half-precision gradients are accepted as input but always accumulated in float32"
+        )
+    return getattr(torch, name)
+
+
 def as_float_dtype(t: torch.Tensor, what: str) -> None:
     """Raise :class:`ProjectorError` unless ``t`` has a supported floating dtype."""
     if t.dtype not in _FLOAT_DTYPES:

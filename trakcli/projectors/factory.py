@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from trakcli.errors import ProjectorError
-from trakcli.projectors.base import Projector, check_int, dtype_name
+from trakcli.projectors.base import Projector, accumulation_dtype, check_int, dtype_name
 from trakcli.projectors.registry import (
     ARGUMENTS,
     COMMON_OPTIONS,
@@ -38,7 +38,6 @@ DENSE_KINDS = KindNames(lambda cls: "cuda" in cls.implementations)
 
 AUTO_CACHE_LIMIT = 4 * 2**30
 
-_DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
 def _total_ram() -> int:
@@ -52,18 +51,6 @@ def auto_cache_bytes(matrix_bytes: int) -> int:
     """The ``cache_bytes: auto`` rule: the whole matrix if it fits min(4 GiB, RAM/4), else 0."""
     budget = min(AUTO_CACHE_LIMIT, _total_ram() // 4)
     return budget if matrix_bytes <= budget else 0
-
-
-def _dtype(value: Any) -> torch.dtype:
-    if isinstance(value, torch.dtype):
-        value = str(value).removeprefix("torch.")
-    if value not in _DTYPES:
-        raise ProjectorError(
-            f"projector dtype must be one of {', '.join(_DTYPES)}, got {value!r}"
-            f"{did_you_mean(str(value), tuple(_DTYPES))}; half-precision gradients are "
-            f"accepted as input but always accumulated in float32"
-        )
-    return _DTYPES[value]
 
 
 def make_projector(
@@ -130,7 +117,7 @@ def make_projector(
         )
     grad_dim = check_int("grad_dim", grad_dim, 1, "it is the number of selected parameters")
     seed = check_int("seed", seed, 0, "use a non-negative integer such as 0")
-    dtype = _dtype(options.get("dtype", "float32"))
+    dtype = accumulation_dtype(options.get("dtype", "float32"))
     # columns per step of basic, entries per chunk of chunked: 2**18 unless given
     block_size, max_chunk_size = (
         check_int(k, options.get(k, 2**18), 1, f"e.g. {k}: 262144") for k in ("block_size", "max_chunk_size")

@@ -32,7 +32,8 @@ import torch
 
 from trakcli.errors import ProjectorError
 from trakcli.projectors.base import (
-    Grads, Projector, as_float_dtype, check_int, check_model_id, derive_seed, dtype_name, grad_items,
+    Grads, Projector, accumulation_dtype, as_float_dtype, check_int, check_model_id, derive_seed, dtype_name,
+    grad_items,
 )
 from trakcli.projectors.kronecker_layers import KroneckerLayer, LayerParam, choose_grid, split_widths
 from trakcli.projectors.matrices import GENERATOR, DenseMatrix
@@ -48,8 +49,6 @@ DISTRIBUTIONS = ("rademacher", "normal")
 KRONECKER_TAG = 0x4B524F4E
 #: ``side`` of :func:`kronecker_factor`.
 OUT, IN = 0, 1
-
-_DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
 def kronecker_factor(
@@ -126,10 +125,7 @@ class KroneckerProjector(Projector):
             raise ProjectorError(f"kronecker layers share parameters {dup}; each parameter belongs to one layer")
         proj_dim = check_int("proj_dim", proj_dim, 1, "e.g. proj_dim: 2048")
         self.seed = check_int("seed", seed, 0, "use a non-negative integer such as 0")
-        if isinstance(dtype, torch.dtype):
-            dtype = dtype_name(dtype)
-        if dtype not in _DTYPES:
-            raise ProjectorError(f"projector dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
+        dtype = accumulation_dtype(dtype)
         if distribution not in DISTRIBUTIONS:
             raise ProjectorError(
                 f"kronecker distribution must be one of {', '.join(DISTRIBUTIONS)}, got {distribution!r}"
@@ -142,7 +138,7 @@ class KroneckerProjector(Projector):
         self.offsets = [sum(self.widths[:i]) for i in range(len(layers))]
         self._index = {layer.name: i for i, layer in enumerate(layers)}
         self._factors: tuple[tuple[int, str], list[tuple[torch.Tensor, torch.Tensor]]] | None = None
-        super().__init__(sum(layer.grad_dim for layer in layers), proj_dim, _DTYPES[dtype])
+        super().__init__(sum(layer.grad_dim for layer in layers), proj_dim, dtype)
 
     # ------------------------------------------------------------------ identity
 
