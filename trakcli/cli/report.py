@@ -49,9 +49,7 @@ def report(
     if experiment is not None:
         overrides.append(f"score.experiment={experiment}")
     cfg = load(config, overrides, print_config)
-    from trakcli.data.load import load_dataset
-    from trakcli.tasks import resolve_task
-    from trakcli.evaluation.scores import check_experiment_data
+    from trakcli.evaluation.scores import check_experiment_data, dataset
     from trakcli.report import experiment_page, write_page
     from trakcli.store import Store
     from trakcli.store.integrity import node
@@ -66,8 +64,7 @@ def report(
     if cfg.data.target is None:
         raise ConfigError("data.target: unset, so there are no targets to show; give data.target (or --targets FILE) "
                           "as `trak score CONFIG` ran with")
-    train = load_dataset(cfg.data.train, key="data.train", task=resolve_task(cfg.task))
-    target = load_dataset(cfg.data.target, key="data.target", task=resolve_task(cfg.task))
+    train, target = dataset(cfg), dataset(cfg, "target")
     group = node(store.root, f"scores/{exp}")
     if group is not None:  # the texts and pictures shown must be the rows that were scored
         check_experiment_data(cfg, store, dict(group.attrs), train)

@@ -38,10 +38,9 @@ def default_ks(k_max: int) -> list[int]:
     return sorted({k for k in DEFAULT_KS if k <= k_max} | {k_max})
 
 
-def check_sources(sources: Sequence[Sequence[int]], n_train: int | None = None, *, what: str = "sources") -> list[np.ndarray]:
+def check_sources(sources: Sequence[Sequence[int]], n_train: int | None = None) -> list[np.ndarray]:
     """Validate each query's source rows (0-based train row indices holding its fact, at least one; below
-    ``n_train`` unless it is None): per query a ``[n_sources]`` int64 array of distinct indices. ``what``: how
-    messages name the sources (e.g. the data file and field).
+    ``n_train`` unless it is None): per query a ``[n_sources]`` int64 array of distinct indices.
 
     Raises:
         DataError: a query with no sources, a non-integer or negative index, or an index >= ``n_train``
@@ -55,36 +54,24 @@ def check_sources(sources: Sequence[Sequence[int]], n_train: int | None = None, 
             arr = np.asarray([], dtype=object)
         if arr.size == 0:
             raise DataError(
-                f"{what}: query row {q} has no source rows ({src!r}); every query needs at least one train row "
+                f"sources: query row {q} has no source rows ({src!r}); every query needs at least one train row "
                 "index holding its fact: fix the row or drop it from the targets"
             )
         if arr.ndim != 1 or not (np.issubdtype(arr.dtype, np.integer)
                                  or (np.issubdtype(arr.dtype, np.floating) and np.all(arr == np.round(arr)))):
             raise DataError(
-                f"{what}: query row {q} has sources {src!r}; expected a list of 0-based train row indices (integers)"
+                f"sources: query row {q} has sources {src!r}; expected a list of 0-based train row indices (integers)"
             )
         arr = arr.astype(np.int64)
         bad = arr[(arr < 0) | (arr >= n_train)] if n_train is not None else arr[arr < 0]
         if bad.size:
             limit = f"0..{n_train - 1} (data.train has {n_train} rows)" if n_train is not None else ">= 0"
             raise DataError(
-                f"{what}: query row {q} names train row {int(bad[0])}, out of range; source rows are 0-based "
+                f"sources: query row {q} names train row {int(bad[0])}, out of range; source rows are 0-based "
                 f"indices of data.train, {limit}"
             )
         out.append(np.unique(arr))
     return out
-
-
-def first_source_rank(ranked: np.ndarray, sources: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """Per query of ``ranked`` (``[n_query, K]`` train rows, best first), the 1-based rank of its first source
-    (:func:`check_sources`), 0 where none is ranked, and whether each ranked row is a source:
-    ``(first [n_query] int64, hits [n_query, K] bool)``."""
-    hits = np.zeros(ranked.shape, dtype=bool)
-    for q, src in enumerate(sources):
-        hits[q] = np.isin(ranked[q], src)
-    any_hit = hits.any(axis=1)
-    first = np.where(any_hit, hits.argmax(axis=1) + 1, 0).astype(np.int64)
-    return first, hits
 
 
 @dataclass
@@ -192,7 +179,10 @@ def fact_recall(
             f"choose k in 1..{k_max}, or rank more rows (trak score CONFIG score.top_k={max(bad)})"
         )
     src = check_sources(sources, n_train)
-    first, hits = first_source_rank(r, src)
+    hits = np.zeros(r.shape, dtype=bool)  # whether each ranked row is a source of its query
+    for q, s in enumerate(src):
+        hits[q] = np.isin(r[q], s)
+    first = np.where(hits.any(axis=1), hits.argmax(axis=1) + 1, 0).astype(np.int64)  # 1-based; 0: none ranked
     n_sources = np.array([s.size for s in src], dtype=np.int64)
     rr = np.where(first > 0, 1.0 / np.maximum(first, 1), 0.0)
     found = np.cumsum(hits, axis=1)  # [n_query, K] sources within the top j+1

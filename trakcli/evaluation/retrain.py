@@ -1,22 +1,14 @@
 """Counterfactual retraining for the linear datamodeling score: subsets, seeds, model outputs, the store rows.
 
-``eval.n_subsets`` models are retrained, model k on a random subset S_k of the
-training set (``mask[k]``, exactly ``round(subset_fraction * n_train)`` rows),
-with the config's training recipe; its row holds the mask and the targets'
-model outputs under it (the margin the scores attribute,
-:func:`trakcli.gradients.vmap.output_function`). The LDS of those rows against a
-score matrix is :func:`trakcli.evaluation.lds.lds` (Park et al. 2023, "TRAK",
-Sec. 2.2; Ilyas et al. 2022, "Datamodels").
+``eval.n_subsets`` models are retrained with the config's recipe, model k on a random subset S_k of the
+training set (:func:`subset_mask`); its row in the store's ``eval/`` group holds the mask and the targets'
+outputs under it (the margin the scores attribute, :func:`model_outputs`). The LDS of those rows against a
+score matrix is :func:`trakcli.evaluation.lds.lds` (Park et al. 2023, "TRAK", Sec. 2.2; Ilyas et al. 2022,
+"Datamodels").
 
-Retraining (:func:`retrain`, :func:`load_or_retrain`) writes one row per model
-to the store's ``eval/`` group (:func:`trakcli.store.evalgroup.open_eval_rows`): a row
-is written, then its done flag, so a killed run resumes at the models not done.
-With ``workers > 1`` the models are trained by worker processes (spawned,
-:mod:`trakcli.evaluation.workers`), and the calling process is the only store
-writer. Every row is a pure function of the config and k: the subset is drawn
-with ``(eval.seed, k)`` and model k is seeded with :func:`model_seed`, so any
-number of workers, any kill and resume gives the same rows bit for bit (on
-one machine, with the same thread count).
+Every row is a pure function of the config and k (the subset drawn with ``(eval.seed, k)``, model k seeded
+with :func:`retrain_seed`), so any number of workers (:func:`run_models`; the calling process is the only
+store writer), any kill and resume gives the same rows bit for bit (on one machine, with the same thread count).
 """
 
 from __future__ import annotations
