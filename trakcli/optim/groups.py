@@ -17,14 +17,10 @@ from trakcli.projectors import Projector
 def build_slots(
     params: list[torch.Tensor], settings: dict[str, Any] | None, group_index: int, projector: Projector | None = None
 ) -> list[Slot]:
-    """The slots of one parameter group.
-
-    ``mode: global``: one :class:`~trakcli.optim.slots.GlobalSlot` for the
-    group. ``mode: per_matrix``: per parameter, an
-    :class:`~trakcli.optim.slots.IdentitySlot` for a 1-D one (or with kind
-    ``noop``, or when projecting would not shrink it), else a
-    :class:`~trakcli.optim.slots.MatrixSlot` (one-sided kinds) or a
-    :class:`~trakcli.optim.kronecker_slot.KroneckerSlot` (kind ``kronecker``).
+    """The slots of one parameter group: ``mode: global`` one :class:`~trakcli.optim.slots.GlobalSlot`;
+    ``mode: per_matrix`` per parameter a :class:`~trakcli.optim.slots.MatrixSlot` (one-sided kinds) or a
+    :class:`~trakcli.optim.kronecker_slot.KroneckerSlot` (kind ``kronecker``), or an ``IdentitySlot`` where
+    projecting would not shrink it (1-D, kind ``noop``, ``rank`` at least its smaller side; kronecker: both).
 
     Args:
         params: the group's parameters, in order.

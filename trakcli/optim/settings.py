@@ -25,12 +25,6 @@ DEFAULT_RANK = 8
 class ProjectionSettings(StrictModel):
     """``optimize.projection``: run the optimizer in a random subspace (:mod:`trakcli.optim`).
 
-    The gradient is projected with a projector of :mod:`trakcli.projectors`,
-    the optimizer's state lives in the projected space, and the update is
-    mapped back with the adjoint (GaLore, Zhao et al. 2024, with random JL
-    matrices as in Flora, Hao et al. 2024; ``global``: intrinsic dimension,
-    Li et al. 2018).
-
     Constructing one validates it (``pydantic.ValidationError``, a ``ValueError``, listing
     every problem; a boolean is not taken as a number); :func:`resolve_projection`, which
     :class:`~trakcli.optim.ProjectedOptimizer` and :func:`~trakcli.optim.subspace.attach`
