@@ -39,7 +39,6 @@ DENSE_KINDS = KindNames(lambda cls: "cuda" in cls.implementations)
 AUTO_CACHE_LIMIT = 4 * 2**30
 
 
-
 def _total_ram() -> int:
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
