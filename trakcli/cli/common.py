@@ -152,21 +152,37 @@ def load(config: Path, overrides: list[str] | None, print_config: bool) -> Confi
     return cfg
 
 
-class _RichTask(Task):
-    def __init__(self, progress: Progress, task_id: Any, estimate: Estimate):
-        self.progress, self.task_id, self.estimate = progress, task_id, estimate
-        self.fields: dict[str, Field] = {}
+class _CliTask(Task):
+    """A task's steps, time left (:class:`~trakcli.progress.Estimate`) and live fields, drawn by :meth:`show`."""
+
+    def __init__(self, total: int, clock: Any = None):
+        self.total, self.done, self.fields = total, 0, {}
+        self.estimate = Estimate(total, clock)
 
     def advance(self, n: int = 1) -> None:
+        self.done += n
         self.estimate.advance(n)
-        self.progress.advance(self.task_id, n)
+        self.show(n)
 
     def warmed_up(self) -> None:
         self.estimate.warmed_up()
 
     def update(self, **fields: Field) -> None:
         self.fields.update(fields)
-        self.progress.update(self.task_id, status=format_fields(self.fields))
+        self.show(0)
+
+    def show(self, advanced: int) -> None:
+        raise NotImplementedError
+
+
+class _RichTask(_CliTask):
+    def __init__(self, progress: Progress, description: str, total: int):
+        super().__init__(total)
+        self.progress = progress
+        self.task_id = progress.add_task(description, total=total, status="", estimate=self.estimate)
+
+    def show(self, advanced: int) -> None:
+        self.progress.update(self.task_id, advance=advanced, status=format_fields(self.fields))
 
 
 #: Seconds a task runs before its first progress line when stderr is not a terminal (a log file, a batch
@@ -174,7 +190,7 @@ class _RichTask(Task):
 LOG_FIRST, LOG_EVERY = 10.0, 60.0
 
 
-class _LogTask(Task):
+class _LogTask(_CliTask):
     """Progress as plain log lines (``description: done/total (pct), elapsed, ~left  fields``) for a non-terminal.
 
     A task done within ``LOG_FIRST`` seconds prints nothing; a longer one prints a line then, every
@@ -186,25 +202,12 @@ class _LogTask(Task):
         import time
 
         self.clock = time.monotonic
-        self.description, self.total, self.every = description, total, every
-        self.done, self.fields = 0, {}
+        super().__init__(total, self.clock)
+        self.description, self.every = description, every
         self.start = self.clock()
-        self.estimate = Estimate(total, self.clock)
         self.next, self.printed = self.start + LOG_FIRST, None  # printed: the (done, fields) last shown
 
-    def advance(self, n: int = 1) -> None:
-        self.done += n
-        self.estimate.advance(n)
-        self.maybe_print()
-
-    def warmed_up(self) -> None:
-        self.estimate.warmed_up()
-
-    def update(self, **fields: Field) -> None:
-        self.fields.update(fields)
-        self.maybe_print()
-
-    def maybe_print(self, final: bool = False) -> None:
+    def show(self, advanced: int = 0, final: bool = False) -> None:
         now = self.clock()
         state = (self.done, format_fields(self.fields))
         if not (now >= self.next or (final and self.printed and state != self.printed)):
@@ -277,7 +280,7 @@ class RichReporter(Reporter):
         if not err_console.is_terminal:
             task = _LogTask(description, total, max(_env_seconds("TRAK_PROGRESS_INTERVAL", LOG_EVERY), 1.0))
             yield task
-            task.maybe_print(final=True)
+            task.show(final=True)
             return
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
         from rich.table import Column
@@ -299,10 +302,8 @@ class RichReporter(Reporter):
             transient=True,
             expand=True,
         )
-        estimate = Estimate(total)
         with progress:
-            yield _RichTask(progress, progress.add_task(description, total=total, status="", estimate=estimate),
-                            estimate)
+            yield _RichTask(progress, description, total)
 
     def info(self, message: str) -> None:
         if not self.quiet:

@@ -273,7 +273,7 @@ def score(
               f"curvature {c.kind}: scores of the stored features, feature_damping {c.feature_damping:g}")
     what = ([f"top {res.top_k} [{res.n_target}, {res.top_k}]"] if res.top_k else []) + (
         [f"scores [{res.n_target}, {res.n_train}]"] if res.full else [])
-    if "lambda_reg per checkpoint" in meaning or getattr(cfg.score, "method", "kernel") != "kernel":
+    if "lambda_reg per checkpoint" in meaning or cfg.score.method != "kernel":
         kernel = ""  # the meaning says the ridge (and an unrolled score has none)
     err_console.print(meaning, highlight=False, markup=False)  # before the result line, which comes last
     err_console.print(
@@ -285,7 +285,7 @@ def score(
 
 def _method(cfg: Any) -> str:
     """What made the scores, for the table's title."""
-    if getattr(cfg.score, "method", "kernel") == "unroll":
+    if cfg.score.method == "unroll":
         return "Unrolled"
     kind = cfg.curvature.kind
     return {"kfac": "K-FAC", "ekfac": "EK-FAC"}.get(kind, "TRAK")
