@@ -94,8 +94,7 @@ class ProjectorKind:
 
     def resolve_implementation(self, implementation: str) -> str:
         """The implementation to build: ``auto`` resolved (``cuda`` where it runs, else ``basic``, else the
-        kind's first; the choice is logged), any other one checked against :attr:`implementations`
-        (``cuda``: ``make_projector`` says why it cannot run, its kind lacking it among the reasons).
+        kind's first; logged), any other one checked against :attr:`implementations` (``cuda``: by ``make_projector``).
 
         Raises:
             ProjectorError: the kind lacks ``implementation``.
