@@ -87,12 +87,6 @@ def collect_batches(batches: Iterable[Any], name: str, task: Any = None) -> tupl
     return concat_batches(parts, name, task), int(parts[0][1].shape[0])
 
 
-def is_rows(data: Any) -> bool:
-    """Whether ``data`` is a rows object the jobs read directly (``__len__``, ``batches``, ``fingerprint``: the
-    text and tensor datasets, stored rows, :class:`~trakcli.data.loader.LoaderRows`)."""
-    return all(hasattr(data, a) for a in ("__len__", "batches", "fingerprint"))
-
-
 def checkpoint_name_and_sha(checkpoint: Any) -> tuple[str, str]:
     """What the store records of a checkpoint: its path (or ``"<state dict>"``) and sha256 (of a state dict: over
     its sorted keys with each tensor's dtype, shape and bytes)."""
@@ -224,7 +218,7 @@ class Attributor:
 
     def _train_rows(self, batches: Any) -> tuple[Any, int]:
         """The train rows of ``batches`` (module docstring) and the default batch size."""
-        if is_rows(batches):
+        if all(hasattr(batches, a) for a in ("__len__", "batches", "fingerprint")):  # a rows object
             return batches, DEFAULT_BATCH_SIZE
         if not is_reiterable(batches) or not in_fixed_order(batches):  # read once: one order, checked as a dataset
             return collect_batches(batches, "train batches", self.task)

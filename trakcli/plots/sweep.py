@@ -74,8 +74,8 @@ def plot_sweep(
         line = [best_at[(d, m)] for m in ms if (d, m) in best_at]
         _curve(ax_m, [p["n_checkpoints"] for p in line], line, f"proj_dim {d}", _shade(i, len(dims)))
     ax_d.set_xscale("log", base=2)
-    _int_ticks(ax_d, dims)
-    _int_ticks(ax_m, ms)
+    _ticks(ax_d, dims)
+    _ticks(ax_m, ms)
     ax_d.set(xlabel="proj_dim", ylabel="LDS", title="LDS vs proj_dim (best λ per point)")
     ax_m.set(xlabel="checkpoints (models ensembled)", ylabel="LDS", title="LDS vs checkpoints (best λ per point)")
 
@@ -173,18 +173,14 @@ def _shade(i: int, n: int) -> Any:
 
 
 def _lambda_ticks(ax: Any, values: list[float], most: int = 6) -> None:
-    """Ticks at the swept λ values (at most ``most``), ``%.3g``, slanted; no minor tick labels (they overlap)."""
+    """Ticks at the swept λ values (at most ``most``), ``%.3g``, slanted."""
     vals = sorted(set(v for v in values if v is not None))
-    if not vals:
-        return
-    shown = vals[:: max(1, math.ceil(len(vals) / most))]
-    ax.minorticks_off()
-    ax.set_xticks(shown)
-    ax.set_xticklabels([f"{v:.3g}" for v in shown], rotation=30, ha="right")
+    _ticks(ax, vals[:: max(1, math.ceil(len(vals) / most))], "{:.3g}", rotation=30, ha="right")
 
 
-def _int_ticks(ax: Any, values: list[int]) -> None:
+def _ticks(ax: Any, values: list, fmt: str = "{}", **kwargs: Any) -> None:
+    """Ticks at ``values`` only: matplotlib's minor tick labels of a short log axis overlap."""
     if values:
         ax.minorticks_off()
         ax.set_xticks(values)
-        ax.set_xticklabels([str(v) for v in values])
+        ax.set_xticklabels([fmt.format(v) for v in values], **kwargs)

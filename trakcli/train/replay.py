@@ -41,11 +41,6 @@ def record_dir(out_dir: Path, model_id: int) -> Path:
     return Path(out_dir) / REPLAY_DIR / f"model_{model_id:03d}"
 
 
-def default_every(total_steps: int) -> int:
-    """``ceil(sqrt(total_steps))`` (at least 1): the interval between recorded states when ``replay_every`` is 0."""
-    return max(1, math.ceil(math.sqrt(max(1, total_steps))))
-
-
 def state_name(step: int) -> str:
     """File of the state before step ``step + 1`` (after ``step`` steps): ``step_000050.pt``."""
     return f"step_{step:06d}.pt"
@@ -73,7 +68,7 @@ def set_rng_states(states: dict[str, Any], device: torch.device | None = None) -
 
 class ReplayRecorder:
     """Writes a training's replay record (module docstring) into ``folder`` as :meth:`Trainer.fit` runs, a state
-    every ``every`` steps (0: :func:`default_every`); its methods raise :class:`TrainingError` on a failed write."""
+    every ``every`` steps (0: ``ceil(sqrt(total_steps))``); its methods raise :class:`TrainingError` on a failed write."""
 
     def __init__(self, folder: Path, every: int = 0):
         self.folder = Path(folder)
@@ -82,7 +77,7 @@ class ReplayRecorder:
     def start(self, total_steps: int) -> None:
         """Fix the interval from the training's ``total_steps`` (before the first step)."""
         if not self.every:
-            self.every = default_every(total_steps)
+            self.every = max(1, math.ceil(math.sqrt(max(1, total_steps))))
 
     def _save(self, obj: Any, name: str) -> None:
         save_training_file(obj, self.folder / name, "cannot write the replay record file",
