@@ -66,11 +66,7 @@ class Fix:
             raise ValueError(f"Fix kind {self.kind!r} is not one of {sorted(FIX_WORDS)}")
 
     def words(self, front: str = "cli") -> str:
-        """The fix as ``front`` (one of :data:`FRONTS`) says it, e.g. ``"rerun with --overwrite to start over"``.
-
-        Raises:
-            ValueError: an unknown ``front``.
-        """
+        """The fix as ``front`` (one of :data:`FRONTS`, else ``ValueError``) says it."""
         if front not in FRONTS:
             raise ValueError(f"front {front!r} is not one of {list(FRONTS)}")
         return FIX_WORDS[self.kind][front].format(store=self.store, experiment_key=self.experiment_key)
@@ -105,11 +101,8 @@ class TrakError(Exception):
         return self if self.fix is None else self._copy(self.fix, front)
 
     def with_fix(self, fix: Fix) -> "TrakError":
-        """This error (of the same class, the same message around the fix) with ``fix`` instead of its own.
-
-        Raises:
-            ValueError: the error has no fix to replace.
-        """
+        """This error (of the same class, the same message around the fix) with ``fix`` instead of its own
+        (``ValueError``: it has none)."""
         if self.fix is None:
             raise ValueError(f"{type(self).__name__} has no fix to replace: {self}")
         return self._copy(fix, "cli")

@@ -84,12 +84,8 @@ def atomic_torch_save(obj: Any, path: str | Path) -> None:
 
 
 def save_training_file(obj: Any, path: str | Path, head: str, fix: str) -> None:
-    """:func:`atomic_torch_save` of a file `trak optimize` writes (a checkpoint, an optimizer or training state, a
-    replay record), its folder made first.
-
-    Raises:
-        TrainingError: the file cannot be written: ``"{head} {path}: {the cause}; {fix}"``.
-    """
+    """:func:`atomic_torch_save` of a file `trak optimize` writes, its folder made first (else
+    :class:`TrainingError` ``"{head} {path}: {the cause}; {fix}"``)."""
     from trakcli.errors import TrainingError
 
     path = Path(path)

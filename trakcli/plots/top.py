@@ -279,16 +279,17 @@ def _table_figure(scores, train_y, target_y, picks, k, label, title, train_texts
     tables = []
     cols = ["proponent", "label", "score"] + (["text"] if with_text else [])
     widths = [0.08, 0.06, 0.08, 0.28] if with_text else [0.16, 0.12, 0.22]
+    fills = [PRO_FILL] * len(cols) + [OPP_FILL] * len(cols)
     for ax, (t, pro, opp) in zip(axes, picks):
         ax.set_axis_off()
         head = f"target #{t}" + (f", label {label(target_y[t])}" if label(target_y[t]) else "")
         if target_texts is not None:
             head += ": " + shorten(target_texts[t], 110)
         ax.set_title(escape_math(head), fontsize=9, loc="left", color=TARGET_COLOR, fontweight="bold")
-        cells, colors = [], []
+        cells = []
         for c in range(k):
-            row, fill = [], []
-            for idx, fc in ((pro, PRO_FILL), (opp, OPP_FILL)):
+            row = []
+            for idx in (pro, opp):
                 if c < len(idx):
                     i = int(idx[c])
                     part = [f"#{i}", label(train_y[i]), f"{scores[t, i]:+.4g}"]
@@ -297,14 +298,12 @@ def _table_figure(scores, train_y, target_y, picks, k, label, title, train_texts
                 else:
                     part = [""] * len(cols)
                 row += part
-                fill += [fc] * len(cols)
             cells.append(row)
-            colors.append(fill)
         table = ax.table(
             cellText=cells,
             colLabels=cols + [c.replace("proponent", "opponent") for c in cols],
-            cellColours=colors,
-            colColours=[PRO_FILL] * len(cols) + [OPP_FILL] * len(cols),
+            cellColours=[fills] * k,
+            colColours=fills,
             colWidths=widths * 2,
             cellLoc="left",
             bbox=[0.0, 0.0, 1.0, 1.0],

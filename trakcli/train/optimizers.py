@@ -22,13 +22,8 @@ def make_optimizer(
     weight_decay: float = 0.0,
     projection: dict[str, Any] | None = None,
 ) -> torch.optim.Optimizer:
-    """``torch.optim`` optimizer by name: ``sgd`` (with momentum), ``adam`` or ``adamw``.
-
-    With ``projection`` (the ``optimize.projection`` mapping), the named
-    optimizer becomes the inner optimizer of a
-    :class:`~trakcli.optim.ProjectedOptimizer`, and ``weight_decay`` is applied
-    decoupled in the full parameter space (``W ← W(1 - lr·wd)``).
-    """
+    """``torch.optim`` optimizer by name: ``sgd`` (with momentum), ``adam`` or ``adamw``; with ``projection`` the
+    inner optimizer of a :class:`~trakcli.optim.ProjectedOptimizer`, weight decay decoupled in the full space."""
     if name not in _INNER:
         raise ValueError(f"unknown optimizer {name!r}")
     kwargs: dict[str, Any] = {"lr": lr}
