@@ -35,18 +35,8 @@ ScoresOpt = Annotated[
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout.")]
 OutOpt = Annotated[Optional[Path], typer.Option("--out", "-o", help="Also write the result as JSON to this file.")]
 
-eval_app = typer.Typer(
-    name="eval",
-    help="Measure attribution scores: counterfactual retraining (LDS), fact tracing (recall).",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
-
-
-@eval_app.callback()
-def _eval_root() -> None:
-    """Measure attribution scores: against models retrained on random subsets (lds), or known source documents (recall)."""
+#: The ``trak eval`` group (its help is given where main.py adds it).
+eval_app = typer.Typer(name="eval", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 
 
 def check_path(path: Path | None, flag: str, suffixes: tuple[str, ...], must_exist: bool) -> None:
@@ -62,11 +52,7 @@ def check_path(path: Path | None, flag: str, suffixes: tuple[str, ...], must_exi
 
 
 def _load_array(path: Path, flag: str) -> np.ndarray:
-    """A .npy (or .csv) array file.
-
-    Raises:
-        DataError: the file cannot be read as an array.
-    """
+    """A .npy (or .csv) array file; a DataError when it cannot be read as an array."""
     import numpy as np
 
     try:
@@ -244,11 +230,8 @@ def _bm25(cfg: Any) -> "np.ndarray | None":
 
 
 def _report(data: dict, table, out: Path | None, json_out: bool, quiet: bool) -> None:
-    """An evaluation's result: JSON to ``out`` (atomically) and, with ``json_out``, to stdout; the table on stderr.
-
-    Raises:
-        UsageError: ``out`` cannot be written.
-    """
+    """An evaluation's result: JSON to ``out`` (atomically; a UsageError when it cannot be written) and, with
+    ``json_out``, to stdout; the table on stderr."""
     text = json.dumps(data, indent=2) + "\n"
     if out is not None:
         try:

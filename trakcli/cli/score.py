@@ -79,19 +79,13 @@ def scores_table(
     res, scores: np.ndarray | list[Shown], top_k: int, target_texts: Sequence[str] | None = None,
     labels: bool = True, train_texts: Sequence[str] | None = None, method: str = "TRAK",
 ) -> Table:
-    """The table of each shown target's top proponents and opponents.
+    """The table of each shown target's ``top_k`` proponents and opponents, from the
+    :class:`~trakcli.jobs.score.ScoreResult` ``res`` (experiment, labels) and per shown target its top
+    (:func:`shown_top`) or ``[n_shown, n_train]`` float32 ``scores`` (ranked by :func:`top_of_rows`).
 
-    Args:
-        res: the :class:`~trakcli.jobs.score.ScoreResult` (experiment, labels).
-        scores: per shown target its top (:func:`shown_top`), or ``[n_shown, n_train]`` float32 scores
-            (ranked by :func:`top_of_rows`).
-        top_k: train examples per side.
-        target_texts: the shown targets' texts (text data): a text column.
-        labels: show labels (False for language-model data, whose per-token labels are not classes).
-        train_texts: the train examples' texts (text data): an excerpt after each proponent and opponent.
-        method: what made the scores, for the title (``TRAK``, ``EK-FAC``, ``unrolled``, ...).
-
-    Proponents are the highest positive scores and opponents the lowest negative ones
+    Text data adds the targets' texts as a column and an excerpt of each train example; ``labels=False`` for
+    language-model data, whose per-token labels are not classes; ``method`` (``TRAK``, ``EK-FAC``, ...) is in the
+    title. Proponents are the highest positive scores and opponents the lowest negative ones
     (:func:`trakcli.plots.top_indices`): a side without any reads :data:`NO_PROPONENTS` / :data:`NO_OPPONENTS`.
     """
     import numpy as np

@@ -35,16 +35,12 @@ def open_scored_store(cfg: Config, what: str, then: str) -> Store:
 
 
 def store_scores(cfg: Config) -> np.ndarray:
-    """The scores of experiment ``score.experiment`` in the config's store, checked complete.
-
-    Returns:
-        ``[n_target, n_train]`` float32.
+    """The scores ``[n_target, n_train]`` float32 of experiment ``score.experiment`` in the config's store.
 
     Raises:
-        StoreError: no store, no scores of the experiment, or unfinished ones
-            (each names the `trak featurize` / `trak score` command to run).
-        StoreMismatchError: the scores were computed on other train or target
-            data than the config's.
+        StoreError: no store, no scores of the experiment, or unfinished ones (each names the `trak featurize` /
+            `trak score` command to run).
+        StoreMismatchError: the scores were computed on other train or target data than the config's.
     """
     store = open_scored_store(cfg, "scores", "`trak score CONFIG` first (or give --scores FILE)")
     scores, attrs = store.read_scores(cfg.score.experiment)
