@@ -27,7 +27,6 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Callable
 
 from trakcli.errors import DataError, ModelError, TrakError
 
@@ -280,9 +279,6 @@ def dataset_files(files: list[str], name: HubName) -> tuple[list[str], list[str]
 
 # --- the cache and the Hub --------------------------------------------------------------------------
 
-_RESOLVED: dict[tuple, tuple[Path, list[str]]] = {}
-
-
 def hub_timeout() -> float:
     """Seconds to wait for the Hub's answer about a repository: ``$HF_HUB_ETAG_TIMEOUT`` (as transformers), else 10."""
     try:
@@ -310,48 +306,49 @@ def _local_files(folder: Path) -> list[str]:
     return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
 
 
-def _snapshot(
-    name: HubName, select: Callable[[list[str]], tuple[list[str], list[str]]], *,
-    what: str, error: type[TrakError], label: str, lead: str = "",
-) -> tuple[Path, list[str]]:
-    """The snapshot folder of ``name`` in the cache (downloading the files ``select`` picks, online) and the
-    repository paths to read (``select(files)[1]``), kept per ``what`` for the process.
+def _select(name: HubName, what: str, files: list[str]) -> tuple[list[str], list[str]]:
+    """The repository's files to download and to read: :func:`dataset_files`, or for a model (``what``: the
+    ``need``) :func:`model_files` and the path in it."""
+    if name.repo_type == "dataset":
+        return dataset_files(files, name)
+    return model_files(files, name, what), [name.path]
 
-    ``select`` raises a :class:`TrakError` when the files do not hold what is needed; every message
-    is ``f"{label}: {lead}..."``, raised as ``error``: no such repository or revision on the Hub
-    (or private, gated), a failed download, no snapshot in the cache when the Hub cannot be used,
-    or ``select``'s refusal.
+
+@functools.cache
+def _snapshot(name: HubName, what: str, cache: Path, offline: bool) -> tuple[Path, list[str]]:
+    """The snapshot folder of ``name`` in ``cache`` (downloading the files :func:`_select` picks, unless
+    ``offline``) and the repository paths to read, kept for the process.
+
+    Raises:
+        DataError (a dataset) or ModelError: no such repository or revision on the Hub (or private, gated),
+            a failed download, no snapshot in the cache when the Hub cannot be used, or files that do not
+            hold what is needed; the callers lead the message with what the name was given as.
     """
-    cache, offline = hub_cache_dir(), hub_offline()
-    memo = (name, what, cache, offline)
-    if memo in _RESOLVED:
-        return _RESOLVED[memo]
     import huggingface_hub
     from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
 
-    head = f"{label}: {lead}"
     kind = "dataset" if name.repo_type == "dataset" else "model"
+    error = DataError if kind == "dataset" else ModelError
     revision = name.revision or "main"
     files = None if offline else _repo_files(name.repo_type, name.repo_id, name.revision, cache)
     if isinstance(files, RevisionNotFoundError):
-        raise error(f"{head}the Hugging Face Hub {kind} {name.repo_id} has no revision {revision!r}; "
+        raise error(f"the Hugging Face Hub {kind} {name.repo_id} has no revision {revision!r}; "
                     "give a branch, tag or commit it has after @")
     if isinstance(files, RepositoryNotFoundError):
         raise error(
-            f"{head}the Hugging Face Hub has no {kind} repository {name.repo_id} (or it is private or gated: "
+            f"the Hugging Face Hub has no {kind} repository {name.repo_id} (or it is private or gated: "
             "log in with `hf auth login` or set HF_TOKEN, and accept its terms on its page); check the name"
         )
     where = dict(repo_id=name.repo_id, repo_type=name.repo_type, revision=name.revision, cache_dir=str(cache))
     if isinstance(files, list):
-        download, read = _selected(select, files, error, head, "")
+        download, read = _select(name, what, files)
         logger.info("downloading %s (%d files) into %s", name.uri(), len(download), cache)
         try:
             folder = huggingface_hub.snapshot_download(**where, allow_patterns=[_literal(f) for f in download])
         except Exception as e:  # noqa: BLE001 - any failure of the download (disk, network, auth)
-            raise error(f"{head}downloading {name.uri()} from the Hugging Face Hub into {cache} failed: "
+            raise error(f"downloading {name.uri()} from the Hugging Face Hub into {cache} failed: "
                         f"{e.__class__.__name__}: {e}") from None
-        _RESOLVED[memo] = (Path(folder), read)
-        return _RESOLVED[memo]
+        return Path(folder), read
     try:  # offline, or the Hub unreachable (no network, a proxy, the Hub down): the cache, as transformers does
         folder = Path(huggingface_hub.snapshot_download(**where, local_files_only=True))
     except Exception:  # noqa: BLE001 - LocalEntryNotFoundError, an incomplete snapshot: not usable from the cache
@@ -360,31 +357,21 @@ def _snapshot(
         also = ("unset HF_HUB_OFFLINE to download it here" if offline else
                 "with HF_HUB_OFFLINE=1 the Hub is not tried")
         raise error(
-            f"{head}the Hugging Face Hub {kind} {name.repo_id} (revision {revision}) is not in the Hugging Face "
+            f"the Hugging Face Hub {kind} {name.repo_id} (revision {revision}) is not in the Hugging Face "
             f"cache {cache} ({why}); download it on a machine with internet with `{name.download_command()}` "
             f"and copy its cache folder here (or point HF_HUB_CACHE / HF_HOME at one that holds it; {also}), "
             f"or give a local {'file' if kind == 'dataset' else 'directory'}"
         ) from None
-    fix = f"; download them with `{name.download_command()}` on a machine with internet"
-    _, read = _selected(select, _local_files(folder), error, f"{head}in the cached snapshot {folder}: ", fix)
-    _RESOLVED[memo] = (folder, read)
-    return _RESOLVED[memo]
+    try:
+        return folder, _select(name, what, _local_files(folder))[1]
+    except TrakError as e:
+        fix = f"; download them with `{name.download_command()}` on a machine with internet"
+        raise error(f"in the cached snapshot {folder}: {e}{fix if getattr(e, 'hub_missing', False) else ''}") from None
 
 
 def _literal(path: str) -> str:
     """``path`` as an fnmatch pattern matching only itself (``[`` ``*`` ``?`` escaped)."""
     return re.sub(r"([\[\]*?])", r"[\1]", path)
-
-
-def _selected(
-    select: Callable[[list[str]], tuple[list[str], list[str]]], files: list[str], error: type[TrakError],
-    head: str, fix: str,
-) -> tuple[list[str], list[str]]:
-    """``select(files)``, its refusal re-raised as ``error`` after ``head`` (and, when files are missing, ``fix``)."""
-    try:
-        return select(files)
-    except TrakError as e:
-        raise error(f"{head}{e}{fix if getattr(e, 'hub_missing', False) else ''}") from None
 
 
 def resolve_hub_model(name: HubName, *, need: str = "model", label: str, lead: str = "") -> Path:
@@ -395,8 +382,10 @@ def resolve_hub_model(name: HubName, *, need: str = "model", label: str, lead: s
     Raises:
         ModelError: as :func:`_snapshot`, messages starting with ``label`` and ``lead``.
     """
-    folder, _ = _snapshot(name, lambda files: (model_files(files, name, need), [name.path]), what=need,
-                          error=ModelError, label=label, lead=lead)
+    try:
+        folder, _ = _snapshot(name, need, hub_cache_dir(), hub_offline())
+    except TrakError as e:
+        raise ModelError(f"{label}: {lead}{e}") from None
     return folder / name.path if name.path else folder
 
 
@@ -409,6 +398,8 @@ def resolve_hub_dataset(url: str, *, key: str = "data.train") -> list[Path]:
         DataError: a malformed URL (:func:`parse_dataset_url`), or as :func:`_snapshot`.
     """
     name = parse_dataset_url(url, key=key)
-    folder, read = _snapshot(name, lambda files: dataset_files(files, name), what="data", error=DataError,
-                             label=f"{key}.path {url!r}")
+    try:
+        folder, read = _snapshot(name, "data", hub_cache_dir(), hub_offline())
+    except TrakError as e:
+        raise DataError(f"{key}.path {url!r}: {e}") from None
     return [folder / r for r in read]

@@ -102,16 +102,14 @@ def with_adapters(model: nn.Module, checkpoints: Sequence[Path]) -> nn.Module:
         raise CheckpointError(f"cannot read the adapter config of {first}: {type(e).__name__}: {e}") from None
     config.inference_mode = False  # the adapter's parameters are differentiated
     try:
-        with torch.random.fork_rng(devices=[]), warnings.catch_warnings():  # peft initializes with the global RNG
-            warnings.simplefilter("ignore", FutureWarning)  # transformers' deprecations, raised inside peft
-            wrapped = peft.get_peft_model(model, config)
+        with torch.random.fork_rng(devices=[]):  # peft initializes with the global RNG
+            return _wrap(peft, model, config).eval()
     except Exception as e:  # noqa: BLE001 - peft's refusal (target modules not in the model) is the message
         raise ConfigError(
             f"checkpoints: the adapter {first} does not fit model.entrypoint "
             f"({getattr(model, 'trak_entrypoint', type(model).__name__)}): {type(e).__name__}: {e}; "
             f"the adapter was trained on {config.base_model_name_or_path!r}"
         ) from None
-    return _keep_attributes(model, wrapped).eval()
 
 
 def load_adapter(model: nn.Module, path: Path) -> None:
@@ -152,8 +150,12 @@ def load_adapter(model: nn.Module, path: Path) -> None:
         )
 
 
-def _keep_attributes(model: nn.Module, wrapped: nn.Module) -> nn.Module:
-    """``wrapped`` with ``model``'s ``trak_*`` attributes and ``trak_trainable`` (its trainable parameters)."""
+def _wrap(peft: Any, model: nn.Module, config: Any) -> nn.Module:
+    """``peft.get_peft_model(model, config)`` with ``model``'s ``trak_*`` attributes and ``trak_trainable`` (its
+    trainable parameters)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # transformers' deprecations, raised inside peft
+        wrapped = peft.get_peft_model(model, config)
     for key, value in vars(model).items():
         if key.startswith("trak_"):
             setattr(wrapped, key, value)
@@ -178,16 +180,13 @@ def add_lora(model: nn.Module, r: int, alpha: float, dropout: float, target_modu
     peft = import_peft()
     config = peft.LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=target_modules)
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)  # transformers' deprecations, raised inside peft
-            wrapped = peft.get_peft_model(model, config)
+        return _wrap(peft, model, config)
     except Exception as e:  # noqa: BLE001 - peft's refusal is the message
         raise ModelError(
             f"optimize.lora.target_modules {target_modules!r}: peft cannot add LoRA adapters to "
             f"{getattr(model, 'trak_entrypoint', type(model).__name__)}: {type(e).__name__}: {e}; name linear "
             "layers of the model (their names or name suffixes) or use \"all-linear\""
         ) from None
-    return _keep_attributes(model, wrapped)
 
 
 def save_adapter(model: nn.Module, path: Path) -> None:
