@@ -13,7 +13,6 @@ from trakcli.config.recipe import (
     recipe_identity,
 )
 from trakcli.config.schema import (
-    BUILTIN_DATASETS,
     KRONECKER_OPTIONS,
     Config,
     CurvatureConfig,
@@ -29,7 +28,6 @@ from trakcli.config.schema import (
 )
 
 __all__ = [
-    "BUILTIN_DATASETS",
     "KRONECKER_OPTIONS",
     "RUN_ONLY_KEYS",
     "Config",

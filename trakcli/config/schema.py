@@ -16,6 +16,10 @@ from pydantic import (
 from trakcli.projectors.kinds import KRONECKER_OPTIONS  # noqa: F401  (re-exported)
 from trakcli.projectors.registry import DEFAULT_KIND
 from trakcli.strict import LocalPath, StrictModel
+from trakcli.config.features import (  # noqa: F401  (the feature sections, re-exported here)
+    UNKNOWN_KEYS, CurvatureConfig, ProjectorConfig, SecondMomentConfig, StoreConfig,
+)
+from trakcli.config.inputs import DataConfig, DatasetConfig, ModelConfig  # noqa: F401  (re-exported here)
 from trakcli.config.recipe import OptimizeConfig
 
 #: The built-in tasks by name (``trakcli.tasks.BUILTIN``; config does not import torch) and the labels
@@ -29,14 +33,6 @@ def builtin_task_labels(task: Any) -> str | None:
     """The labels a built-in task reads (:data:`BUILTIN_TASK_LABELS`); None for a task of one's own."""
     return BUILTIN_TASK_LABELS.get(task) if isinstance(task, str) else None
 
-
-BUILTIN_DATASETS = ("digits",)
-
-from trakcli.config.features import (  # noqa: E402  (the sections of the features, re-exported here)
-    UNKNOWN_KEYS, CurvatureConfig, KindSection, ProjectorConfig, RefineConfig, SecondMomentConfig,
-    StoreConfig,
-)
-from trakcli.config.inputs import DataConfig, DatasetConfig, ModelConfig  # noqa: E402  (re-exported here)
 
 #: Top-level keys that are not sections, and what the user writes instead.
 NOT_SECTIONS = {
