@@ -96,8 +96,8 @@ class Slot:
 
 
 class IdentitySlot(Slot):
-    """A real parameter stepped by the inner optimizer directly (1-D in ``per_matrix`` mode, no smaller when
-    projected, or kind ``noop``)."""
+    """A real parameter stepped by the inner optimizer directly (1-D in ``per_matrix`` mode, one that projecting
+    would not shrink, or kind ``noop``)."""
 
 
 class _ProjectedSlot(Slot):
