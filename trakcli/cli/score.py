@@ -215,16 +215,12 @@ def score(
 
     stored = isinstance(train, StoredRows)
     if out is not None and out.suffix.lower() in ANSWER_SUFFIXES:
-        tokens = None
         if res.per_token and stored:
             raise train.unavailable(f"--out {out} with score.per_token (the train tokens; the scores are in the store)")
-        if res.per_token:
-            from trakcli.answers import token_fields
-
-            tokens = token_fields(res, target, train)
-        from trakcli.answers import answer_records
+        from trakcli.answers import answer_records, token_fields
         from trakcli.files import atomic_open
 
+        tokens = token_fields(res, target, train) if res.per_token else None
         with atomic_open(out, "w", encoding="utf-8") as f:  # one JSON line per target
             for line in answer_records(res, cfg.score.show_top, _texts(target), _texts(train), 1024, tokens):
                 f.write(json.dumps(line, ensure_ascii=False) + "\n")
@@ -281,8 +277,7 @@ def _method(cfg: Any) -> str:
     """What made the scores, for the table's title."""
     if cfg.score.method == "unroll":
         return "Unrolled"
-    kind = cfg.curvature.kind
-    return {"kfac": "K-FAC", "ekfac": "EK-FAC"}.get(kind, "TRAK")
+    return {"kfac": "K-FAC", "ekfac": "EK-FAC"}.get(cfg.curvature.kind, "TRAK")
 
 
 def _target_overrides(cfg, target: str) -> list[str]:

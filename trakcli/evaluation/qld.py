@@ -131,17 +131,11 @@ def _plan(cfg: Config, queries: list[int], units: np.ndarray, ranked: dict[str, 
 
 def plan_tokens(cfg: Config, queries: list[int], token_scores: np.ndarray,
                 baselines: dict[str, np.ndarray] | None = None) -> QLDPlan:
-    """The models of a per-token QLD run (module docstring) from the queries' per-token scores.
-
-    Args:
-        cfg: the config (``eval.qld``, ``eval.seed``).
-        queries: the target rows (:func:`choose_queries`).
-        token_scores: ``[n_queries, n_train, width]``, NaN where a token is not a target
-            (:func:`trakcli.jobs.per_token.query_token_scores`).
-        baselines: other per-token scores of the same shape (name -> scores, e.g.
-            :func:`trakcli.evaluation.bm25.token_overlap_scores`) whose top tokens are masked too (kind
-            ``"top:<name>"``).
-    """
+    """The models of a per-token QLD run (module docstring) from the ``queries``' (:func:`choose_queries`)
+    per-token scores ``[n_queries, n_train, width]``, NaN where a token is not a target
+    (:func:`trakcli.jobs.per_token.query_token_scores`). ``baselines``: other per-token scores of that shape
+    (name -> scores, e.g. :func:`trakcli.evaluation.bm25.token_overlap_scores`) whose top tokens are masked too
+    (kind ``"top:<name>"``)."""
     valid = ~np.isnan(token_scores[0])  # [n_train, width]: the train targets
     cells = np.flatnonzero(valid.ravel())
     width = valid.shape[1]
@@ -219,18 +213,12 @@ class QLDResult:
 def qld(cfg: Config, scores: np.ndarray | None, *, workers: int = 1, reporter: Reporter = NULL_REPORTER,
         baselines: dict[str, np.ndarray] | None = None, token_scores: tuple[list[int], np.ndarray] | None = None
         ) -> QLDResult:
-    """Train the models of :func:`plan` and measure each query's loss under them.
+    """Train the models of :func:`plan` (``workers`` processes) and measure each query's loss under them.
 
-    Args:
-        cfg: the config (its training recipe, ``eval.qld`` and ``eval.seed``).
-        scores: ``[n_target, n_train]`` scores of the targets (the queries are among them).
-        workers: processes that train (spawned; each model is trained once).
-        reporter: a progress bar over the models.
-        baselines: other scores of the same shape (name -> scores) whose top rows are left out too
-            (:func:`plan`); their loss increases are in ``QLDResult.loss_baselines``.
-        token_scores: ``(queries, [n_queries, n_train, width] per-token scores)``: tokens are left out
-            instead of rows (:func:`plan_tokens`; ``scores`` is then unused and ``baselines`` are per-token
-            scores of the same shape).
+    ``scores``: ``[n_target, n_train]`` (the queries are among the targets); ``baselines``: other scores of the
+    same shape whose top rows are left out too. With ``token_scores``, ``(queries, [n_queries, n_train, width]
+    per-token scores)``, tokens are left out instead of rows (:func:`plan_tokens`; ``scores`` is then unused and
+    ``baselines`` are per-token scores of the same shape).
 
     Raises:
         ConfigError: a recipe that cannot retrain, or more queries than targets.

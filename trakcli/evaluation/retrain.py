@@ -168,12 +168,8 @@ def eval_identity(cfg: Config, train_fingerprint: dict[str, Any], target_fingerp
 
 
 def check_eval_config(cfg: Config) -> None:
-    """Everything retraining needs, checked before any model trains.
-
-    Raises:
-        ConfigError: no training recipe, no ``data.target``, missing files or
-            ``init_checkpoint``, a ``optimize.entrypoint`` that cannot be loaded.
-    """
+    """Everything retraining needs, checked before any model trains: a ConfigError on no training recipe, no
+    ``data.target``, missing files or ``init_checkpoint``, an ``optimize.entrypoint`` that cannot be loaded."""
     oc = check_recipe(cfg, purpose="trak eval")
     if cfg.data.target is None:
         raise ConfigError(
@@ -321,15 +317,9 @@ def retrain(
 def load_or_retrain(
     cfg: Config, *, workers: int = 1, overwrite: bool = False, reporter: Reporter = NULL_REPORTER
 ) -> tuple[np.ndarray, np.ndarray]:
-    """The config's retrained models from the store, training those not there yet (:func:`retrain`).
-
-    Returns:
-        ``(masks [n_subsets, n_train] bool, outputs [n_subsets, n_target] float64)``,
-        ``n_subsets = eval.n_subsets``; the arguments of :func:`trakcli.evaluation.lds.lds`.
-
-    Raises:
-        What :func:`retrain` raises.
-    """
+    """The config's retrained models from the store, training those not there yet (:func:`retrain`, and what
+    it raises): ``(masks [n_subsets, n_train] bool, outputs [n_subsets, n_target] float64)``, the arguments of
+    :func:`trakcli.evaluation.lds.lds`."""
     res = retrain(cfg, workers=workers, overwrite=overwrite, reporter=reporter)
     return res.masks, res.outputs
 

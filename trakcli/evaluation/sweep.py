@@ -97,11 +97,8 @@ def sweep_dir(cfg: Config) -> Path:
 
 
 def checkpoint_grid(n_models: int, given: list[int] | None) -> list[int]:
-    """Ensemble sizes to sweep: ``given`` (each at most ``n_models``), or 1, 2, 5, 10, ... and ``n_models``.
-
-    Raises:
-        ConfigError: a given size exceeds the number of checkpoints.
-    """
+    """Ensemble sizes to sweep: ``given`` (each at most ``n_models``, else a ConfigError), or 1, 2, 5, 10, ...
+    and ``n_models``."""
     if given:
         too_big = [k for k in given if k > n_models]
         if too_big:
@@ -123,11 +120,8 @@ def _config_for(cfg: Config, proj_dim: int, directory: Path) -> Config:
 
 
 def _check_proj_dims(cfg: Config, dims: list[int], directory: Path) -> None:
-    """Fail before any retraining when a grid proj_dim cannot be built (kronecker: wider than the layers allow).
-
-    Raises:
-        ConfigError: naming the proj_dim and the projector's limit.
-    """
+    """Fail before any retraining when a grid proj_dim cannot be built (kronecker: wider than the layers allow):
+    a ConfigError naming the proj_dim and the projector's limit."""
     if cfg.projector.kind != "kronecker":  # the other kinds take any proj_dim >= 1 (checked by the config)
         return
     model = build_model(cfg.model.entrypoint, **cfg.model.kwargs)

@@ -71,12 +71,9 @@ def _describe(e: BaseException) -> str:
 
 def _worker_main(setup: Callable[[Any], Any], setup_arg: Any, task: Callable[[Any, int], Any], tasks: Any,
                  results: Any, library_warnings: bool = False) -> None:
-    """A worker: ``state = setup(setup_arg)``, then ``task(state, k)`` for each ``k`` of ``tasks`` until ``None``.
-
-    Puts ``("ok", k, result)`` or ``("error", k, message)`` on ``results``
-    (``k = -1``: the setup failed); stops at its first error. With ``library_warnings``, the warnings
-    of other libraries go to the debug log (:func:`~trakcli.library_warnings.library_warnings_to_log`).
-    """
+    """A worker: ``state = setup(setup_arg)``, then ``task(state, k)`` for each ``k`` of ``tasks`` until ``None``,
+    putting ``("ok", k, result)`` or, at its first error, ``("error", k, message)`` on ``results`` (``k = -1``:
+    the setup failed). ``library_warnings``: other libraries' warnings go to the debug log."""
     import signal
     import threading
 
