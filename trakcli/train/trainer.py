@@ -136,11 +136,10 @@ class Trainer:
         epoch_end: Callable[[int, nn.Module, torch.optim.Optimizer], None] | None = None,
         replay: ReplayRecorder | None = None,
     ) -> nn.Module:
-        """Run the training's steps: all of them, or those left after the training-state file's position.
+        """Run the training's steps (those left after the training-state file's position); the model, in eval mode.
 
-        The progress task counts optimizer steps over all epochs and shows the ``epoch``, the epoch's running
-        mean ``loss``, for classifiers the training ``acc`` (of the minibatches' own forward passes), with a
-        schedule the ``lr``, and with ``validation`` the last epoch's ``val_loss`` (/ ``val_acc``).
+        The progress task counts optimizer steps over all epochs and shows the ``epoch``, the running ``loss``,
+        ``acc`` (classifiers), ``lr`` (a schedule) and the last epoch's ``val_loss`` / ``val_acc``.
 
         Args:
             reporter, description: where the progress goes, and its task's name.
@@ -150,9 +149,6 @@ class Trainer:
                 before its state is saved (a kill between the two repeats the call on resume).
             replay: records what an exact replay needs (:mod:`trakcli.train.replay`), training with
                 ``torch.use_deterministic_algorithms`` (restored after).
-
-        Returns:
-            The same model, trained, in eval mode.
 
         Raises:
             CheckpointError: the resume file cannot be read or was made with another recipe.
