@@ -171,7 +171,7 @@ def _read_kept(rows: ChunkedRows, lo: int, n: int, feats: np.ndarray, q: np.ndar
 
 def write_chunk(rows: ChunkedRows, chunk: int, arrays: dict[str, np.ndarray], what: str,
                 clear_partial: bool = False) -> None:
-    """:meth:`ChunkedRows.write` of one chunk (with ``clear_partial``, its ``rows_done`` reset), then ``done <what>``."""
+    """:meth:`ChunkedRows.write` of a chunk (with ``clear_partial``, its ``rows_done`` reset), then ``done <what>``."""
     rows.write(chunk, clear_partial, **arrays)
     event(f"done {what}")
 

@@ -24,11 +24,6 @@ def ridge_settings(lambda_reg: float | None, lambda_rel: float) -> dict[str, flo
     return {"lambda_reg": lambda_reg, "lambda_rel": lambda_rel}
 
 
-def all_features(rows: ChunkedRows) -> torch.Tensor:
-    """All of one checkpoint's train features ``[n_train, proj_dim]`` float32 (chunks checked)."""
-    return torch.from_numpy(rows.read("features", 0, rows.n_rows).astype(np.float32, copy=False))
-
-
 def report_notes(store: Store, reporter: Reporter) -> None:
     """Send the store's notes (repairs made while reading) to ``reporter.info`` and clear them."""
     for note in store.notes:
@@ -60,7 +55,7 @@ def kernel_of(
     proj_dim = store.layout.proj_dim
     form = kernel_form(rows.n_rows, proj_dim)
     if form == DUAL:
-        phi = all_features(rows)
+        phi = torch.from_numpy(rows.read("features", 0, rows.n_rows).astype(np.float32, copy=False))
         factor, lam = solve_kernel(dual_gram(phi), rows.n_rows, lambda_reg, lambda_rel, proj_dim)
         kernel = dual_solved_features(phi, factor)
         del phi, factor

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import json
 import shutil
+from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from trakcli import __version__
 from trakcli.config import Config, OptimizeConfig, recipe_identity
 from trakcli.jobs.inputs import OPTIMIZER_STATE_DIR, check_files  # OPTIMIZER_STATE_DIR: out_dir's optimizer states
 from trakcli.data.load import load_dataset
@@ -187,8 +189,6 @@ def optimize(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_
         DataError: data.train, data.target or data.validation cannot be loaded.
         OptimizerError: projection settings the model cannot use.
     """
-    from trakcli import __version__
-
     run = _Run.start(cfg, overwrite=overwrite, reporter=reporter)
     for i in range(run.oc.n_models):
         plan = run.plan(i)  # its rows; an existing checkpoint kept, or the model trained
@@ -211,15 +211,9 @@ def optimize(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_
 
 @dataclass
 class _Plan:
-    """What `trak optimize` does with model ``i``: the rows it trains on, and whether its checkpoint is kept.
-
-    Attributes:
-        i: the model_id.
-        path: its checkpoint.
-        rows: the rows it trains on (all of data.train, or its subset).
-        entry: its manifest entry: model_id, checkpoint, seed, subset indices; the whole entry of a kept model.
-        kept: whether the checkpoint at ``path`` is kept (not trained).
-    """
+    """What `trak optimize` does with model ``i``: its checkpoint ``path``, the ``rows`` it trains on (all of
+    data.train or its subset), its manifest ``entry`` (the whole entry of a kept model) and whether the checkpoint
+    is ``kept`` (not trained)."""
 
     i: int
     path: Path
@@ -250,8 +244,6 @@ class _Run:
     @classmethod
     def start(cls, cfg: Config, *, overwrite: bool, reporter: Reporter) -> _Run:
         """Check the config, load the data, create out_dir and read the earlier run's manifest (see :func:`optimize`)."""
-        from trakcli import __version__
-
         oc = check_recipe(cfg)
         if oc.out_dir is None:
             raise ConfigError("optimize.out_dir: required by trak optimize, the directory for its checkpoints and "
@@ -275,33 +267,27 @@ class _Run:
         except OSError as e:
             raise ConfigError(f"optimize.out_dir: cannot create {str(oc.out_dir)!r}: {e}") from None
         check_init_checkpoint(oc)
-        recipe = {"optimize": oc.model_dump(mode="json")}
         identity = manifest_identity(cfg, train)
         manifest_path = oc.out_dir / MANIFEST_NAME
-        previous = {} if overwrite else _previous_models(
-            manifest_path, identity, out_dir=oc.out_dir, reporter=reporter
-        )
+        previous = {} if overwrite else _previous_models(manifest_path, identity, out_dir=oc.out_dir, reporter=reporter)
+        # entries of the earlier run stay until their model is checked or retrained (a killed or failed run keeps them)
+        n_kept = next((m for m in range(oc.n_models) if m not in previous), oc.n_models)
         manifest: dict[str, Any] = {
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
             "trakcli_version": __version__,
             "n_models": oc.n_models,
             "complete": False,
-            "recipe": recipe,
+            "recipe": {"optimize": oc.model_dump(mode="json")},
             "model": identity["model"],
             "task": cfg.task,
             "train_data": identity["train_data"],
             "validation_data": valset.fingerprint() if valset is not None else None,
             **({"batch_tokens": identity["batch_tokens"]} if "batch_tokens" in identity else {}),
-            "models": [],
+            "models": [previous[m] for m in range(n_kept)],
         }
         if overwrite:
             write_manifest(manifest_path, manifest)  # the old manifest no longer describes the files
-        # entries of the earlier run stay until their model is checked or retrained (a killed or failed run keeps them)
-        for m in range(oc.n_models):
-            if m not in previous:
-                break
-            manifest["models"].append(previous[m])
         return cls(cfg=cfg, oc=oc, overwrite=overwrite, reporter=reporter, train_data=train,
                    train_xy=_on_device(train, device), held=_on_device(heldout, device), val=_on_device(valset, device),
                    device=device, previous=previous, manifest=manifest, manifest_path=manifest_path)
@@ -417,10 +403,8 @@ class _Run:
             description=f"train model {i}", resume_path=resume, validation=self.val, name=f"model {i}",
             epoch_end=save_epoch if oc.epoch_checkpoints else None, replay=replay,
         )
-        try:
+        with suppress(OSError):
             resume.parent.rmdir()  # only when empty: no other model's state is pending
-        except OSError:
-            pass
         model, metrics = trained.model, dict(trained.metrics)
         _write_checkpoint(model, path, i)
         keep = trained.optimizer_state  # None: a training function keeps its optimizer to itself
@@ -445,10 +429,7 @@ class _Run:
     def record(self, plan: _Plan, entry: dict[str, Any]) -> None:
         """Put model ``i``'s entry in the manifest (replacing the earlier run's) and write it atomically."""
         i, manifest = plan.i, self.manifest
-        if i < len(manifest["models"]):
-            manifest["models"][i] = entry  # replaces the earlier run's entry
-        else:
-            manifest["models"].append(entry)
+        manifest["models"][i:i + 1] = [entry]  # replaces the earlier run's entry, or is the next one
         manifest["complete"] = len(manifest["models"]) == self.oc.n_models
         write_manifest(self.manifest_path, manifest)
         event(f"manifest {i}")

@@ -1,40 +1,34 @@
 """Per-token attribution (``score.per_token``): which tokens of a target, and of each top document, carry its score.
 
-A language model's output function is a sum over its target tokens, ``f = Σ_t f_t`` (``f_t`` the
-next-token margin of token ``t``, :func:`trakcli.tasks.language_modeling_margin`), and every map
-between a gradient and a score is linear in it. So the score of a target ``x`` and a train document
-``z`` of :mod:`trakcli.scoring` (TRAK, Park et al. 2023, Eq. 17),
+A language model's output function is a sum over its target tokens, ``f = Σ_t f_t`` (``f_t`` the next-token
+margin of token ``t``, :func:`trakcli.tasks.language_modeling_margin`), and every map between a gradient and a
+score is linear in it. So the score of a target ``x`` and a train document ``z`` of :mod:`trakcli.scoring`
+(TRAK, Park et al. 2023, Eq. 17),
 
     τ(x, z) = [(1/M) Σ_m a_m(x) · b_m(z)] · Q̄(z),
 
 splits exactly over the tokens of either side:
 
-* **target side**, ``τ_t(x, z) = [(1/M) Σ_m a_m(x_t) · b_m(z)] · Q̄(z)`` with ``a_m(x_t)`` the same map
-  applied to the gradient of ``f_t(x)`` alone: the share of the document's score that the target's
-  token ``t`` carries. The gradient of each ``f_t`` is the featurizer's, on a copy of the target whose
-  labels keep token ``t`` only; or, when the target has many more tokens than top documents
-  (:attr:`PerTokenScores.jvp_cost`), one Jacobian-vector product of the target's per-token margins
-  along ``Tᵀ A b_m(z)`` per document gives every ``t`` at once (the same numbers);
-* **train side**, ``τ_s(x, z) = [(1/M) Σ_m ⟨∇_θ f_s(z), v_m(x)⟩] · Q̄(z)``, with ``v_m(x) = Tᵀ a_m(x)``
-  the adjoint of the train features' linear map ``T`` (projection ``Pᵀ`` by the projector's
-  ``unproject``, whitening by its vector-Jacobian product, the diagonal second-moment scaling) applied
-  to the target's weights: the share of the document's token ``s``. One forward-mode Jacobian-vector
-  product of the document's per-token margins along ``v_m(x)`` gives every ``s`` at once
-  (:func:`torch.func.jvp`), for the top-k documents of each target only. Every forward-mode pass runs in
-  :func:`forward_mode`: scaled dot-product attention (transformers' default ``sdpa``) on its math kernel, an
-  operation without a forward-mode derivative one :class:`~trakcli.errors.GradientError` naming it and its module.
+* **target side**, ``τ_t(x, z) = [(1/M) Σ_m a_m(x_t) · b_m(z)] · Q̄(z)`` with ``a_m(x_t)`` the same map applied
+  to the gradient of ``f_t(x)`` alone: the featurizer's gradient of a copy of the target whose labels keep token
+  ``t`` only; or, when the target has many more tokens than top documents (:attr:`PerTokenScores.jvp_cost`), one
+  Jacobian-vector product of its per-token margins along ``Tᵀ A b_m(z)`` per document (the same numbers);
+* **train side**, ``τ_s(x, z) = [(1/M) Σ_m ⟨∇_θ f_s(z), v_m(x)⟩] · Q̄(z)``, with ``v_m(x) = Tᵀ a_m(x)`` the
+  adjoint of the train features' linear map ``T`` (projection ``Pᵀ`` by the projector's ``unproject``,
+  whitening by its vector-Jacobian product, the diagonal second-moment scaling) applied to the target's
+  weights: one forward-mode Jacobian-vector product of the document's per-token margins along ``v_m(x)``
+  gives every ``s`` at once (:func:`torch.func.jvp` in :func:`forward_mode`), for the top-k documents only.
 
 ``a`` and ``b`` per curvature: TRAK's kernel ``a_m(x) = (Φ_mᵀΦ_m + λ_m I)⁻¹ φ_m(x)`` (primal: the stored
-Cholesky factor; dual: Woodbury from the stored ``X_m``, ``a = (φ − Φ_mᵀ X_m φ) / λ_m``) and
-``b_m(z) = φ_m(z)`` the stored features; ``curvature.kind`` kfac / ekfac from stored features: ``a = φ(x)``,
-``b = φ(z)`` (already whitened); with ``curvature.exact``: ``a`` the target's whitened gradient and ``b``
-the document's, recomputed (:mod:`trakcli.jobs.exact`). Both sides sum to the document's score:
-``Σ_t τ_t = Σ_s τ_s = τ``.
+Cholesky factor; dual: Woodbury from the stored ``X_m``, ``a = (φ − Φ_mᵀ X_m φ) / λ_m``) and ``b_m(z) = φ_m(z)``
+the stored features; ``curvature.kind`` kfac / ekfac from stored features: ``a = φ(x)``, ``b = φ(z)`` (already
+whitened); with ``curvature.exact``: ``a`` the target's whitened gradient and ``b`` the document's, recomputed
+(:mod:`trakcli.jobs.exact`). Both sides sum to the document's score: ``Σ_t τ_t = Σ_s τ_s = τ``.
 
-Stored under ``scores/<experiment>/per_token`` beside the top-k (:meth:`trakcli.store.Store.per_token`):
-``target_tokens`` and ``document_tokens`` ``[n_target, 2, K, width]`` float32 (side 0 the proponents,
-1 the opponents, in top-k order; position ``t`` of the sequence, NaN where a token is not a target of
-the loss or past the sequence's end), computed and resumed by chunks of targets.
+Stored under ``scores/<experiment>/per_token`` (:func:`per_token_arrays`): ``target_tokens`` and
+``document_tokens`` ``[n_target, 2, K, width]`` float32 (side 0 the proponents, 1 the opponents, in top-k
+order; position ``t`` of the sequence, NaN where a token is not a target of the loss or past the sequence's
+end), computed and resumed by chunks of targets.
 """
 
 from __future__ import annotations
@@ -51,10 +45,11 @@ from torch.func import functional_call, jvp
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from trakcli.data.tensors import inputs_to
-from trakcli.data.load import sequence_width
+from trakcli.data.load import load_dataset, sequence_width
 from trakcli.errors import ConfigError, GradientError, StoreError, exception_text
 from trakcli.jobs.runtime import event
-from trakcli.jobs.setup import JobSetup, rows_of
+from trakcli.jobs.kernels import ridge_settings
+from trakcli.jobs.setup import JobSetup, prepare, rows_of
 from trakcli.models.build import model_name
 from trakcli.models.forward import logits_of, model_kwargs
 from trakcli.progress import NULL_REPORTER, Reporter
@@ -452,10 +447,7 @@ def query_token_scores(cfg: Any, queries: list[int], reporter: Reporter = NULL_R
         StoreError: no or incomplete train features, or no kernel (run `trak featurize` / `trak score`).
         ConfigError: settings per-token scores cannot split (:func:`check_per_token`).
     """
-    from trakcli.data.load import load_dataset
-    from trakcli.jobs.kernels import ridge_settings
-    from trakcli.jobs.score import check_train_complete
-    from trakcli.jobs.setup import prepare
+    from trakcli.jobs.score import check_train_complete  # score imports this module
 
     s = prepare(cfg, need_target=True, reporter=reporter)
     check_per_token(s, normalize=cfg.score.normalize)

@@ -23,10 +23,8 @@ from trakcli.store.location import store_location
 
 
 def resolve_device(name: str, dist: Dist | None = None) -> torch.device:
-    """The torch device of the ``device`` setting.
-
-    ``auto`` is cuda if available, else cpu. Under torchrun each process takes
-    the GPU of its ``LOCAL_RANK`` (``dist.local_rank``).
+    """The torch device of the ``device`` setting: ``auto`` is cuda if available, else cpu; under torchrun each
+    process takes the GPU of its ``LOCAL_RANK`` (``dist.local_rank``).
 
     Raises:
         ConfigError: ``cuda`` was asked for and no CUDA GPU is available.

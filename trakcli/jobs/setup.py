@@ -162,30 +162,23 @@ def rows_of(data: Any, indices: list[int], batch_rows: int, max_tokens: int | No
 
 @dataclass
 class JobSetup:
-    """Everything featurize and score share: model, featurizer, data, store identity, process group.
+    """Everything featurize and score share (:func:`prepare`).
 
     Attributes:
         checkpoints, shas: the checkpoint files by model_id and their sha256.
-        train: the training set.
-        model: the model (checkpoints are loaded into it in turn).
-        featurizer: computes ``(phi, q)`` of a batch (:class:`GradientFeaturizer` or
-            :class:`~trakcli.gradients.KroneckerFeaturizer`).
-        batch_rows: rows per batch (:func:`batch_rows_for`; kronecker: ``data.batch_size``).
-        device: the model's device.
-        layout: the shapes and storage of the store's arrays (``proj_dim`` from the projector).
-        identity: the store identity (:func:`run_identity`).
-        dist: this process's rank and world size.
-        batch_tokens: ``data.batch_tokens``: most tokens per batch of token data (None: rows only).
-        states, state_shas: with ``second_moment.kind``, the optimizer state file of each
-            checkpoint and their sha256s, by model_id (recorded beside the checkpoints'); else None.
-        curvature: with ``curvature.kind`` kfac or ekfac, the featurizer's
-            :class:`~trakcli.curvature.Curvature`; else None.
-        refine: ``curvature.refine`` of the config (:meth:`refine_targets`), with a curvature; else None.
-        exact_damping: with ``curvature.exact``, the damping of the exact scores (``curvature.damping``); else None.
-        query_rank: ``curvature.query_rank`` (the exact scores' rank of each target's layer gradients; None: as
-            memory allows).
+        train, model: the training set; the model (checkpoints are loaded into it in turn).
+        featurizer: computes ``(phi, q)`` of a batch (:data:`Featurizer`).
+        batch_rows, batch_tokens: rows per batch (:func:`batch_rows_for`; kronecker: ``data.batch_size``); most
+            tokens per batch of token data (``data.batch_tokens``; None: rows only).
+        device, dist: the model's device; this process's rank and world size.
+        layout, identity: the shapes and storage of the store's arrays; its identity (:func:`run_identity`).
+        states, state_shas: with ``second_moment.kind``, each checkpoint's optimizer state file and its sha256.
+        curvature, refine: with ``curvature.kind`` kfac or ekfac, the featurizer's
+            :class:`~trakcli.curvature.Curvature` and ``curvature.refine`` (:meth:`refine_targets`); else None.
+        exact_damping, query_rank: with ``curvature.exact``, ``curvature.damping`` (else None);
+            ``curvature.query_rank`` (the exact scores' rank of the targets' layer gradients; None: as memory allows).
         save_every_s: ``store.save_every_s``: seconds of work between two saves of a curvature pass's running sums
-            (:meth:`fit_curvature`) and of the exact scores' rows (:class:`~trakcli.jobs.exact.ExactInfluence`).
+            and of the exact scores' rows.
     """
 
     checkpoints: list[Path]
