@@ -2,11 +2,9 @@
 
 The only part of trakcli that imports zarr. Layout (docs/guides/store.md)::
 
-    <store>.zarr/                  attrs: schema_version, trakcli_version, config (resolved),
-                                   identity (everything the train features depend on),
-                                   layout (n_train, proj_dim, chunk_rows, dtype, compressor:
-                                   the StoreLayout featurize gave), appends (each growth of
-                                   the train rows: n_train_before, n_train, date)
+    <store>.zarr/                  attrs: schema_version, trakcli_version, config (resolved), identity (what
+                                   the train features depend on), layout (StoreLayout), appends (each
+                                   growth of the train rows: n_train_before, n_train, date)
       train/<model_id>/            attrs: checkpoint, sha256 (and appended_into: the old partly
                                    filled chunk an append grew, trakcli.store.append)
         features    [n_train, proj_dim] float32 (or float16, or bfloat16 kept as uint16 bits with
@@ -14,10 +12,8 @@ The only part of trakcli that imports zarr. Layout (docs/guides/store.md)::
         out_to_loss [n_train]           float32
         nonfinite   [n_train]           uint8, 1 = skipped (--skip-nonfinite), features zero
         done        [n_row_chunks]      uint8, set after the chunk's data is written
-        kernel      [proj_dim, proj_dim] float64 lower Cholesky factor of ΦᵀΦ + λI (attr form
-                                        cholesky_lower), or when n_train < proj_dim [n_train, proj_dim]
-                                        float32 (ΦΦᵀ + λI)⁻¹Φ (dual_solved_features: trakcli.scoring);
-                                        its attrs (form, lambda_reg, settings) are written last
+        kernel      [proj_dim, proj_dim] float64 lower Cholesky factor of ΦᵀΦ + λI, or [n_train, proj_dim]
+                                        float32 (ΦΦᵀ + λI)⁻¹Φ (trakcli.store.kernel); attrs written last
       targets/<experiment>/        attrs: target data fingerprint, checkpoints (sha256 per model_id)
         <model_id>/features [n_target, proj_dim], done [n_target_chunks]
       scores/<experiment>/         attrs: lambda settings, normalize, checkpoints, target data (and

@@ -136,15 +136,9 @@ class FinishedArrays:
         return self.read(f"{name}/scores"), dict(group.attrs)
 
     def export(self, name: str, out: Path, row_block: int = 4096) -> tuple[int, ...]:
-        """Stream the finished array ``name`` to ``out`` (.npy, or .csv for 1-D/2-D) block by block.
-
-        The .npy file has the array's dtype, except that bfloat16 features
-        (``store.dtype: bfloat16``, :mod:`trakcli.store.bfloat16`) are written as
-        float32: the same numbers exactly, at twice the bytes.
-
-        The file is written to a temporary file beside ``out`` and renamed into
-        place (:mod:`trakcli.files`): a failure (a corrupt chunk, a full disk)
-        leaves an existing ``out`` exactly as it was.
+        """Stream the finished array ``name`` to ``out`` (.npy, or .csv for 1-D/2-D) block by block, through a
+        temporary file renamed into place (a failure leaves an existing ``out`` as it was). The .npy file has the
+        array's dtype; bfloat16 features are written as float32 (the same numbers, at twice the bytes).
 
         Returns:
             The exported shape.

@@ -24,20 +24,16 @@ class StoreLayout:
     """How the train features, target features and scores of a store are shaped and stored.
 
     Attributes:
-        n_train: rows of the train features ``[n_train, proj_dim]`` and columns
-            of the scores ``[n_target, n_train]``.
+        n_train: rows of the train features ``[n_train, proj_dim]`` and columns of the scores ``[n_target, n_train]``.
         proj_dim: columns of the train and target features.
         chunk_rows: rows per chunk of the features (and train columns per chunk of the scores).
-        dtype: storage dtype of the train and target features, one of :data:`STORAGE_DTYPES`
-            (``bfloat16`` is stored as ``uint16`` bits and read back as float32:
-            :mod:`trakcli.store.bfloat16`; ``int8`` and ``binary`` keep a bfloat16 copy
-            and codes beside it: :mod:`trakcli.store.quantize`).
-        compressor: codec of the feature and score chunks, one of :data:`COMPRESSORS`
-            (each chunk also carries a CRC32C checksum).
+        dtype: storage dtype of the train and target features, one of :data:`STORAGE_DTYPES` (``bfloat16`` as
+            ``uint16`` bits read back as float32; ``int8`` and ``binary``: codes beside a bfloat16 copy).
+        compressor: codec of the feature and score chunks, one of :data:`COMPRESSORS` (plus a CRC32C checksum).
 
     Raises:
-        StoreError: a count is not a positive int, or an unknown dtype or compressor
-            (names the value and the choices).
+        StoreError: a count is not a positive int, or an unknown dtype or compressor (names the value and the
+            choices).
     """
 
     n_train: int

@@ -55,32 +55,29 @@ class StoreLock:
                 created = create_exclusive(self.path, json.dumps(me).encode())
             except OSError as e:
                 raise StoreError(f"cannot create the lock file {self.path}: {e}; choose a writable store path") from None
-            if not created:
+            if created:
+                self.held = True
+                return note
+            other = self._read()
+            if other is None:  # being written right now, or empty: retry shortly
+                time.sleep(0.05)
                 other = self._read()
-                if other is None:  # being written right now, or empty: retry shortly
-                    time.sleep(0.05)
-                    other = self._read()
-                if other is not None and not self._is_stale(other):
-                    raise StoreError(
-                        f"store {store} is in use by another run (host {other.get('host')}, "
-                        f"pid {other.get('pid')}); wait for it to finish, or if that run is gone delete {self.path}"
-                    )
-                note = (
-                    f"took over a stale lock of a run that is gone (host {other.get('host') if other else '?'}, "
-                    f"pid {other.get('pid') if other else '?'})"
+            if other is not None and not self._is_stale(other):
+                raise StoreError(
+                    f"store {store} is in use by another run (host {other.get('host')}, "
+                    f"pid {other.get('pid')}); wait for it to finish, or if that run is gone delete {self.path}"
                 )
-                if other is not None and other.get("host") != socket.gethostname():
-                    note = (f"took over the lock of an earlier attempt of this torchrun job (rdzv id {job}) on host "
-                            f"{other.get('host')}, pid {other.get('pid')}")
-                try:
-                    self.path.unlink(missing_ok=True)
-                except OSError as e:
-                    raise StoreError(
-                        f"cannot take over the stale lock {self.path}: {e}; remove it by hand"
-                    ) from None
-                continue
-            self.held = True
-            return note
+            note = (
+                f"took over a stale lock of a run that is gone (host {other.get('host') if other else '?'}, "
+                f"pid {other.get('pid') if other else '?'})"
+            )
+            if other is not None and other.get("host") != socket.gethostname():
+                note = (f"took over the lock of an earlier attempt of this torchrun job (rdzv id {job}) on host "
+                        f"{other.get('host')}, pid {other.get('pid')}")
+            try:
+                self.path.unlink(missing_ok=True)
+            except OSError as e:
+                raise StoreError(f"cannot take over the stale lock {self.path}: {e}; remove it by hand") from None
         raise StoreError(f"could not take the lock {self.path}; another run keeps taking it")
 
     def _read(self) -> dict[str, Any] | None:
