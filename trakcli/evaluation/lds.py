@@ -1,17 +1,10 @@
-"""The linear datamodeling score (LDS): pure numpy / scipy statistics, no I/O.
+"""The linear datamodeling score (LDS; Park et al. 2023, "TRAK", Sec. 2.2 and Eq. 5; Ilyas et al. 2022,
+"Datamodels"): pure numpy / scipy statistics (scipy imported where used), no I/O.
 
-LDS (Park et al. 2023, "TRAK", Sec. 2.2 and Eq. 5; Ilyas et al. 2022,
-"Datamodels"): ``n_subsets`` models are retrained, model k on a subset S_k of
-the training set (``masks[k]``). For each target t the scores predict the
-model output under S_k as the sum of the scores of the rows in S_k,
-``pred[k, t] = masks[k] @ scores[t]``; the LDS of target t is the Spearman
-rank correlation over k between ``pred[:, t]`` and the retrained models'
-actual outputs ``outputs[k, t]`` (the margin the scores attribute, see
-:func:`trakcli.gradients.vmap.output_function`), and the LDS is its mean over
-targets. The retraining itself is :mod:`trakcli.evaluation.retrain`.
-
-scipy is imported inside the functions that use it, so importing this module
-costs only numpy.
+Model k is retrained on the subset ``masks[k]`` of the training set (:mod:`trakcli.evaluation.retrain`); the
+scores predict its output for target t as ``pred[k, t] = masks[k] @ scores[t]``; the LDS of target t is the
+Spearman rank correlation over k of ``pred[:, t]`` with the actual outputs ``outputs[k, t]`` (the margin the
+scores attribute), and the LDS is its mean over targets.
 """
 
 from __future__ import annotations

@@ -1,22 +1,17 @@
 """Fact-tracing retrieval statistics of ranked attributions: MRR and recall@k, pure numpy / scipy, no I/O.
 
-Fact tracing (Akyürek et al. 2022, "Towards Tracing Factual Knowledge in
-Language Models Back to the Training Data", FTRACE; Chang et al. 2025,
-"Scalable Influence and Fact Tracing for Large Language Model Pretraining",
-TrackStar; EleutherAI Bergson's recall evaluation): each query states a fact
-whose *source* training documents are known, and the attribution ranks the
-training set for the query (its proponents, best first). Per query:
+Fact tracing (Akyürek et al. 2022, "Towards Tracing Factual Knowledge in Language Models Back to the Training
+Data", FTRACE; Chang et al. 2025, "Scalable Influence and Fact Tracing for Large Language Model Pretraining",
+TrackStar; EleutherAI Bergson's recall evaluation): each query states a fact whose *source* training documents
+are known, and the attribution ranks the training set for the query (its proponents, best first). Per query:
 
-- reciprocal rank: ``1 / r`` where ``r`` is the 1-based rank of the first
-  (best-ranked) source among the ranked rows, 0 when no source is among them;
-  MRR is its mean over queries;
-- recall@k: 1 when at least one source is among the top ``k`` ranked rows,
-  else 0 (the "any source in the top k" form); recall@k is its mean over queries;
-- source_recall@k: the fraction of the query's sources among the top ``k``
-  (equal to recall@k when every query has one source).
+- reciprocal rank: ``1 / r``, ``r`` the 1-based rank of the first source among the ranked rows, 0 when no
+  source is among them; MRR is its mean over queries;
+- recall@k: 1 when at least one source is among the top ``k`` ranked rows, else 0 (the "any source in the
+  top k" form); recall@k is its mean over queries;
+- source_recall@k: the fraction of the query's sources among the top ``k`` (recall@k when every query has one).
 
-Every mean comes with a percentile bootstrap interval over queries
-(``scipy.stats.bootstrap``, one seed for all of them).
+Every mean comes with a percentile bootstrap interval over queries (``scipy.stats.bootstrap``, one seed for all).
 """
 
 from __future__ import annotations

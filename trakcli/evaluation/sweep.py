@@ -1,24 +1,19 @@
 """`trak eval sweep`: the LDS as a function of proj_dim, number of checkpoints and the ridge.
 
-One set of retrained models (the ``eval/`` group of the config's store, made
-by :func:`trakcli.evaluation.retrain.load_or_retrain`) serves every point of the grid, and
-each proj_dim is featurized once (into ``<store>.sweep/<kind>_<d>.zarr``, or the
-config's own store for the config's proj_dim): the number of checkpoints and
-the ridge only change the cheap last step, so they are swept in memory.
+One set of retrained models (the ``eval/`` group of the config's store) serves every point of the grid, and each
+proj_dim is featurized once (into ``<store>.sweep/<kind>_<d>.zarr``, or the config's own store for its
+proj_dim): the number of checkpoints and the ridge only change the cheap last step, swept in memory.
 
-For a proj_dim ``d`` and ridge ``λ``, each checkpoint's kernel is factored
-once (:func:`trakcli.scoring.solve_kernel`, as `trak score` does), and the
-scores of the first ``k`` checkpoints are :func:`trakcli.scoring.score_block`
-of their float32 target weights and features,
-``[(1/k) Σ_{m<k} φ_m(t)ᵀ A_m(λ) Φ_mᵀ] ⊙ [(1/k) Σ_{m<k} Q_m]`` (Park et al. 2023,
-Eq. 17; docs/concepts.md): the numbers `trak score` writes for that setting.
-When ``n_train < d`` the sweep solves in the dual (:func:`trakcli.scoring.dual_scores`,
-float64 terms summed over the first ``k`` checkpoints; `trak score` then multiplies the
-stored solved features in float32, which agrees to ~1e-7 of the largest score).
-The dense linear algebra runs with ``linalg_threads`` threads, as in `trak score`.
-Memory: every checkpoint's train features of one proj_dim and one
-``[n_target, n_train]`` score matrix at a time; the sweep is meant for
-benchmark-sized data (digits: 1437 × 1024 floats per checkpoint).
+For a proj_dim ``d`` and ridge ``λ``, each checkpoint's kernel is factored once
+(:func:`trakcli.scoring.solve_kernel`, as `trak score` does), and the scores of the first ``k`` checkpoints are
+:func:`trakcli.scoring.score_block` of their float32 target weights and features,
+``[(1/k) Σ_{m<k} φ_m(t)ᵀ A_m(λ) Φ_mᵀ] ⊙ [(1/k) Σ_{m<k} Q_m]`` (Park et al. 2023, Eq. 17; docs/concepts.md):
+the numbers `trak score` writes for that setting. When ``n_train < d`` the sweep solves in the dual
+(:func:`trakcli.scoring.dual_scores`, float64 terms summed over the first ``k`` checkpoints; `trak score`
+multiplies the stored solved features in float32, which agrees to ~1e-7 of the largest score). The dense
+linear algebra runs with ``linalg_threads`` threads. Memory: every checkpoint's train features of one proj_dim
+and one ``[n_target, n_train]`` score matrix at a time: benchmark-sized data (digits: 1437 × 1024 floats per
+checkpoint).
 """
 
 from __future__ import annotations
