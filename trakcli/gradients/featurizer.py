@@ -38,20 +38,13 @@ from trakcli.tasks import checked_outputs, make_batch, resolve_task
 class KroneckerFeaturizer:
     """Kronecker-projected per-example gradients ``φ`` and out-to-loss terms ``Q`` of batches.
 
-    Same output functions as :class:`trakcli.gradients.vmap.PerExampleGradients`
-    (classification margin, language-modeling margin, ``Q = out_to_loss``),
-    computed from one batched forward and one backward (see the module
-    docstring for how, and when it is exact).
+    The output functions of :class:`trakcli.gradients.vmap.PerExampleGradients`, from one batched
+    forward and one backward (the module docstring says how, and when it is exact).
 
     Args:
         model: the model; switched to eval mode.
-        proj_dim: total feature width (split over the layers as in
-            :mod:`trakcli.projectors.kronecker_layers`).
-        seed: projection seed, an int >= 0.
-        dtype: accumulation dtype, float32 (default) or float64.
-        distribution: factor entries, ``rademacher`` (default) or ``normal``.
-        split: how ``proj_dim`` is shared among the layers, ``equal`` (default) or ``size``
-            (:func:`trakcli.projectors.kronecker_layers.split_widths`).
+        proj_dim, seed, dtype, distribution, split: the
+            :class:`~trakcli.projectors.kronecker.KroneckerProjector`'s (``dtype``: of the accumulation).
         grad_wrt: parameter name patterns (:func:`trakcli.gradients.vmap.select_parameters`);
             ``None`` selects all; parameters outside supported layers are left out.
         task: the model output function (:func:`trakcli.tasks.resolve_task`).

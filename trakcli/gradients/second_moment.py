@@ -1,35 +1,24 @@
 """The optimizer second-moment correction of per-example gradients (TrackStar), read from a saved optimizer state.
 
-TrackStar (Chang et al., ICLR 2025, "Scalable Influence and Fact Tracing for Large
-Language Model Pretraining", Sec. 3) divides each per-example gradient elementwise by
-the square root of the second-moment estimate ``v`` that Adam kept for the checkpoint,
-before projecting it, so that the features live in the geometry the optimizer used.
-``v`` is Adam's ``exp_avg_sq`` divided by its bias correction ``1 - β₂^step``
-(Kingma & Ba 2015, Alg. 1), as the optimizer itself divides.
+TrackStar (Chang et al., ICLR 2025, "Scalable Influence and Fact Tracing for Large Language Model
+Pretraining", Sec. 3) divides each per-example gradient elementwise by the square root of the
+second-moment estimate ``v`` that Adam kept for the checkpoint, before projecting it. ``v`` is Adam's
+``exp_avg_sq`` divided by its bias correction ``1 - β₂^step`` (Kingma & Ba 2015, Alg. 1). Two kinds
+(``second_moment.kind``):
 
-Two kinds (``second_moment.kind``):
+* ``adam``: ``g ↦ g / sqrt(v + eps)`` entry by entry (every projector kind but ``kronecker``);
+* ``adafactor``: per layer, ``v`` of the layer's gradient matrix ``[d_out, d_in]`` (weight columns, then
+  the bias column: :mod:`trakcli.projectors.kronecker_layers`) is replaced by its rank-1 factorization
+  ``v̂ = r cᵀ / S`` (``r`` row sums, ``c`` column sums, ``S`` the total; Shazeer & Stern 2018, "Adafactor",
+  Sec. 3), so ``G ↦ D_out G D_in`` with ``D_out = diag((r̄ + eps)^-1/2)``,
+  ``D_in = (v̄ + eps)^1/2 · diag((c̄ + eps)^-1/2)`` (row, column and overall means; with ``eps = 0``
+  exactly ``1/sqrt(v̂)``). A Kronecker projection ``P_out ⊗ P_in`` then becomes
+  ``(P_out D_out) ⊗ (P_in D_in)`` (:meth:`SecondMoment.factors`): nothing per example. A selected
+  parameter outside every layer is scaled elementwise (a vector) or factored as
+  ``param.reshape(shape[0], -1)`` (a matrix).
 
-* ``adam``: ``g ↦ g / sqrt(v + eps)`` entry by entry (only where the whole per-example
-  gradient is formed: every projector kind but ``kronecker``);
-* ``adafactor``: per layer, ``v`` of the layer's gradient matrix ``[d_out, d_in]``
-  (weight columns, then the bias as one more column: the layers of
-  :mod:`trakcli.projectors.kronecker_layers`) is replaced by its rank-1 factorization
-  ``v̂ = r cᵀ / S`` (``r`` row sums, ``c`` column sums, ``S`` the total; Shazeer & Stern
-  2018, "Adafactor", Sec. 3), so ``1/sqrt(v̂_ij) = sqrt(S) / (sqrt(r_i) sqrt(c_j))`` and
-  ``G ↦ D_out G D_in`` with diagonal
-
-      D_out = diag((r̄ + eps)^-1/2),   D_in = (v̄ + eps)^1/2 · diag((c̄ + eps)^-1/2)
-
-  (``r̄ = r/d_in``, ``c̄ = c/d_out``, ``v̄ = S/(d_out d_in)`` the row, column and overall
-  means; with ``eps = 0`` exactly the factorization above). A Kronecker projection
-  ``P_out ⊗ P_in`` then becomes ``(P_out D_out) ⊗ (P_in D_in)``: the scaling is folded
-  into the factors (:meth:`SecondMoment.factors`) and costs nothing per example. A
-  selected parameter outside every layer is scaled elementwise (a vector: a norm's
-  weight) or factored as ``param.reshape(shape[0], -1)`` (a matrix).
-
-The state file is what `trak optimize` writes with ``optimize.save_optimizer_state: true``:
-``{"optimizer", "projection", "param_names", "state_dict"}`` with the torch optimizer's
-``state_dict`` (``state[i]["exp_avg_sq"]`` of parameter ``param_names[i]``).
+The state file is what `trak optimize` writes with ``optimize.save_optimizer_state: true``
+(:func:`optimizer_state_record`).
 """
 
 from __future__ import annotations
