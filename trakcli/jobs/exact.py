@@ -18,6 +18,7 @@ kronfluence computes its pairwise scores (train gradients recomputed for the que
 
 from __future__ import annotations
 
+from time import monotonic
 from typing import Any, Callable
 
 import numpy as np
@@ -27,11 +28,13 @@ from trakcli.curvature.influence import (
     InfluencePass, QueryGradients, QueryLayerGrads, fitting_rank, hooked_pass, query_bytes,
 )
 from trakcli.data.tensors import inputs_to
-from trakcli.jobs.setup import rows_of
+from trakcli.jobs.setup import batch_rows_for, rows_of
+from trakcli.gradients import KroneckerFeaturizer
 from trakcli.gradients.hooks import first_rows
 from trakcli.jobs.runtime import event
 from trakcli.progress import NULL_REPORTER, Reporter
 from trakcli.scoring import merge_top_k, order_top_k
+from trakcli.store.curvature import drop_exact_rows, read_exact_rows, write_exact_rows
 
 
 class ExactInfluence:
@@ -100,8 +103,6 @@ class ExactInfluence:
         With an experiment, the block's running sums are saved (and resumed, bit for bit); those of this
         process's previous block are dropped first: its caller has stored what it returned.
         """
-        from trakcli.store.curvature import drop_exact_rows
-
         event(f"start exact {lo}")
         if self.experiment is not None and self._last is not None and self._last != (lo, hi):
             drop_exact_rows(self.store, self.experiment, *self._last)
@@ -126,12 +127,10 @@ class ExactInfluence:
         with reporter.task("exact influence of the candidates", len(rows) * len(self.queries)) as task:
             return self._score(batches, len(rows), task)
 
-    def _score(self, batches: Callable[[], Any], n: int, task: Any = None,
-               block: tuple[int, int] | None = None) -> torch.Tensor:
+    def _score(self, batches: Callable[[], Any], n: int, task: Any, block: tuple[int, int] | None = None
+               ) -> torch.Tensor:
         """``τ`` of the rows the batches of ``batches()`` give (``(inputs, labels, first row)``, in order); with
         ``block`` ``(lo, hi)``, resumed from and saved to the store's progress of those rows (:meth:`__call__`)."""
-        from time import monotonic
-
         s = self.s
         n_models = len(self.queries)
         total = torch.zeros(self.n_target, n, dtype=torch.float64)
@@ -141,14 +140,11 @@ class ExactInfluence:
         if saved is not None:
             start_model, start_row, sums = saved
             total, q_sum = sums[:-1].clone(), sums[-1].clone()
-            if task is not None:
-                task.advance(start_model * n + start_row)
+            task.advance(start_model * n + start_row)
         mark, last = start_row, monotonic()
 
         def save(model_id: int, at: int) -> None:
             nonlocal mark, last
-            from trakcli.store.curvature import write_exact_rows
-
             piece = torch.cat([total[:, mark:at], q_sum[None, mark:at]]).numpy()
             write_exact_rows(self.store, self.experiment, *block, n_models, self.n_target, model_id, mark, at, piece)
             event(f"partial exact {block[0]} {model_id} {at}")
@@ -172,8 +168,7 @@ class ExactInfluence:
                 q_sum[at:at + rows] += q.double().cpu()
                 at += rows
                 event(f"batch exact {model_id} {first} {first + rows}")
-                if task is not None:
-                    task.advance(rows)
+                task.advance(rows)
                 if block is not None and (at == n or monotonic() - last >= s.save_every_s):
                     save(model_id, at)
         return (total / n_models * (q_sum / n_models)[None, :]).float()
@@ -181,8 +176,6 @@ class ExactInfluence:
     def _resume(self, block: tuple[int, int], n: int) -> tuple[int, int, torch.Tensor] | None:
         """``(model_id, rows, sums [n_target + 1, n] float64)`` saved for ``block``, or None (nothing saved, or
         saved at a row that is not the end of a batch of this run: then dropped)."""
-        from trakcli.store.curvature import drop_exact_rows, read_exact_rows
-
         got = read_exact_rows(self.store, self.experiment, *block, len(self.queries), self.n_target)
         if got is None:
             return None
@@ -268,8 +261,6 @@ def exact_scorer(s: Any, store: Any, target: Any, memory_mb: int = 1024,
     """The exact scores of `trak score`, ``(lo, hi) -> [n_target, hi - lo]`` float32: :class:`ExactInfluence`
     (blocks' progress saved under ``experiment``) with a Kronecker featurizer and no refinement, else
     :func:`exact_scores` (the whole matrix computed once)."""
-    from trakcli.gradients import KroneckerFeaturizer
-
     refine = s.refine is not None and s.refine.iterations
     if isinstance(s.featurizer, KroneckerFeaturizer) and not refine:
         return ExactInfluence(s, store, target, s.exact_damping, memory_mb, s.query_rank, reporter, experiment)
@@ -304,10 +295,8 @@ def exact_scores(s: Any, store: Any, target: Any, damping: float, memory_mb: int
         StoreError: a checkpoint's curvature is not in the store (run `trak featurize`).
         GradientError, DataError: as featurize.
     """
-    feat = s.featurizer
-    n_t, n = len(target), len(s.train)
-    n_models = len(s.checkpoints)
-    chunk = max(1, min(n_t, memory_mb * 2**20 // (4 * max(1, feat.grad_dim))))
+    feat, n_t, n, n_models = s.featurizer, len(target), len(s.train), len(s.checkpoints)
+    chunk = batch_rows_for(n_t, memory_mb, feat.grad_dim)  # targets whose whitened gradients fit memory_mb
     total = np.zeros((n_t, n), dtype=np.float64)
     q_sum = np.zeros(n, dtype=np.float64)
     for model_id in range(n_models):
