@@ -16,9 +16,8 @@ import numpy as np
 import torch
 
 from trakcli.config import Config
-from trakcli.data.load import load_dataset
+from trakcli.data.load import check_target_inputs, load_dataset
 from trakcli.data.tensors import TensorDataset
-from trakcli.data.load import check_target_inputs
 from trakcli.distributed import Dist
 from trakcli.errors import ConfigError, StoreError
 from trakcli.jobs.exact import exact_scorer, two_stage_exact

@@ -34,6 +34,8 @@ from trakcli.errors import ConfigError, GradientError, StoreMismatchError
 from trakcli.jobs.inputs import resolve_checkpoints
 from trakcli.jobs.plan import ScorePlan
 from trakcli.jobs.runtime import apply_threads, event, locked_store, resolve_device
+from trakcli.models.build import build_model
+from trakcli.models.checkpoints import read_state_dict
 from trakcli.progress import NULL_REPORTER, Reporter
 from trakcli.store import Store
 from trakcli.store.layout import StoreLayout
@@ -226,9 +228,6 @@ def _unroller(cfg: Config, manifest_path: Path, entry: dict[str, Any], checkpoin
               device: torch.device, reporter: Reporter) -> tuple[Unroller, torch.Tensor | None]:
     """One model's :class:`Unroller` and its subset (or None); CheckpointError without a replay record, or with
     one whose replay does not reproduce the checkpoint."""
-    from trakcli.models.build import build_model
-    from trakcli.models.checkpoints import read_state_dict
-
     i = entry["model_id"]
     what = f"model {i} ({checkpoint})"
     if not entry.get("replay"):
