@@ -36,23 +36,21 @@ def _where(cfg: DatasetConfig) -> str:
 
 def _read_file(path: Path) -> dict[str, Any]:
     suffix = path.suffix.lower()
+    if suffix not in (".npz", ".pt", ".pth"):
+        raise DataError(f"data file {path} has suffix {suffix!r}; use a .pt dict of tensors or an .npz file")
     try:
         if suffix == ".npz":
             with np.load(path, allow_pickle=False) as f:
                 return {k: f[k] for k in f.files}
-        if suffix in (".pt", ".pth"):
-            obj = torch.load(path, map_location="cpu", weights_only=True)
-            if not isinstance(obj, dict):
-                raise DataError(
-                    f"{path} holds a {type(obj).__name__}, not a dict of tensors; "
-                    "save it as torch.save({'x_train': x, 'y_train': y, ...}, path)"
-                )
-            return obj
-    except DataError:
-        raise
+        obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # unreadable or corrupt file
         raise DataError(f"cannot read data file {path}: {exception_text(e)}") from None
-    raise DataError(f"data file {path} has suffix {suffix!r}; use a .pt dict of tensors or an .npz file")
+    if not isinstance(obj, dict):
+        raise DataError(
+            f"{path} holds a {type(obj).__name__}, not a dict of tensors; "
+            "save it as torch.save({'x_train': x, 'y_train': y, ...}, path)"
+        )
+    return obj
 
 
 def checked_dataset(

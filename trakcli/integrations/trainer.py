@@ -1,19 +1,6 @@
-"""``TrakCallback``: checkpoints, their AdamW state and a manifest, written while ``transformers.Trainer`` trains.
-
-TrackStar-style attribution (Chang et al. 2025) and LESS-style selection (Xia et al.
-2024) read checkpoints along training and the Adam second moments of each
-(``second_moment.kind: adam``). The callback writes them into ``out_dir`` in the layout of `trak optimize`::
-
-    out_dir/
-      manifest.json                      # trakcli.store.manifest, "source": "trainer"
-      model_000_epoch1.pt                # a save along training (state dict; a PEFT model: an adapter folder)
-      model_000_epoch2.pt                #   ... save="steps": model_000_step500.pt, ...
-      model_000.pt                       # the model at the end of training (the final checkpoint)
-      optimizer_state/model_000_epoch1.pt    # {"optimizer", "projection", "param_names", "state_dict"}
-      ...
-
-``checkpoints: out_dir/manifest.json`` in a trakcli config then featurizes the saves in training order.
-This module imports transformers.
+"""``TrakCallback``: checkpoints, their AdamW state and a manifest, written while ``transformers.Trainer`` trains,
+in the layout of `trak optimize` (what TrackStar-style attribution, Chang et al. 2025, and LESS-style selection,
+Xia et al. 2024, read with ``second_moment.kind: adam``). This module imports transformers.
 """
 
 from __future__ import annotations

@@ -83,17 +83,15 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
             merged.update(read_state_dict(f))
         return merged
     suffix = path.suffix.lower()
+    if suffix not in (".safetensors", ".pt", ".pth", ".bin"):
+        raise CheckpointError(f"checkpoint {path} has suffix {suffix!r}; use .pt, .pth or .safetensors")
     try:
         if suffix == ".safetensors":
             from safetensors.torch import load_file
 
             sd: Any = load_file(str(path), device="cpu")
-        elif suffix in (".pt", ".pth", ".bin"):
-            sd = torch.load(path, map_location="cpu", weights_only=True)
         else:
-            raise CheckpointError(f"checkpoint {path} has suffix {suffix!r}; use .pt, .pth or .safetensors")
-    except CheckpointError:
-        raise
+            sd = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         if "unsupported global" not in str(e).lower():  # not pickled objects: a damaged or foreign file
             raise CheckpointError(f"cannot read checkpoint {path}: {exception_text(e)}") from None

@@ -393,11 +393,7 @@ def fit_hf_state_dict(
     """
     own = model.state_dict()
     prefix = model.base_model_prefix + "."
-    mapped: dict[str, torch.Tensor] = {}
-    for k, v in sd.items():
-        if k not in own and (prefix + k) in own:
-            k = prefix + k
-        mapped[k] = v
+    mapped = {prefix + k if k not in own and prefix + k in own else k: v for k, v in sd.items()}
     by_storage: dict[int, list[str]] = {}
     for k, v in own.items():
         by_storage.setdefault(v.data_ptr(), []).append(k)
