@@ -135,6 +135,38 @@ class _Matrix:
             b += 1
 
 
+    def add_into(self, acc: torch.Tensor, g: torch.Tensor, start: int, model_id: int) -> None:
+        """``acc += g @ Pᵀ[start:start + L]``, in the accumulator's form.
+
+        Args:
+            acc: accumulator from :meth:`accumulator`.
+            g: ``[n, L]`` gradient columns ``[start, start + L)``, any float dtype.
+            start: first gradient coordinate of ``g``.
+            model_id: checkpoint index.
+        """
+        g = g.to(self.dtype)
+        for b, lo, hi, off in self.pieces(start, start + g.shape[1]):
+            self._add(acc, g[:, off : off + hi - lo], self._rows(self.block(model_id, b, acc.device), lo, hi))
+
+    def unproject_range(self, z: torch.Tensor, start: int, stop: int, model_id: int) -> torch.Tensor:
+        """``z @ Pᵀ[start:stop]ᵀ``: ``[n, stop - start]``; ``z`` ``[n, proj_dim]`` in the accumulation dtype."""
+        out = torch.empty(z.shape[0], stop - start, dtype=self.dtype, device=z.device)
+        for b, lo, hi, off in self.pieces(start, stop):
+            out[:, off : off + hi - lo] = self._gather(z, self._rows(self.block(model_id, b, z.device), lo, hi))
+        return out
+
+    def project_full(self, full: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        """``g @ Pᵀ`` with ``full`` from :meth:`full`: ``[n, grad_dim] -> [n, proj_dim]``."""
+        g = g.to(self.dtype)
+        acc = self.accumulator(g.shape[0], g.device)
+        self._add(acc, g, full)
+        return self.finish(acc)
+
+    def unproject_full(self, full: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """``z @ P`` with ``full`` from :meth:`full`: ``[n, proj_dim] -> [n, grad_dim]``."""
+        return self._gather(z.to(self.dtype), full)
+
+
 class DenseMatrix(_Matrix):
     """A dense random matrix ``P`` ``[proj_dim, grad_dim]``: kinds ``rademacher`` (Achlioptas 2003) and ``normal``
     (Johnson & Lindenstrauss 1984).
@@ -207,37 +239,22 @@ class DenseMatrix(_Matrix):
         """A zero ``[n, proj_dim]`` accumulator for :meth:`add_into`."""
         return torch.zeros(n, self.proj_dim, dtype=self.dtype, device=device)
 
-    def add_into(self, acc: torch.Tensor, g: torch.Tensor, start: int, model_id: int) -> None:
-        """``acc += g @ Pᵀ[start:start + L]``.
-
-        Args:
-            acc: ``[n, proj_dim]`` accumulator from :meth:`accumulator`.
-            g: ``[n, L]`` gradient columns ``[start, start + L)``, any float dtype.
-            start: first gradient coordinate of ``g``.
-            model_id: checkpoint index.
-        """
-        g = g.to(self.dtype)
-        for b, lo, hi, off in self.pieces(start, start + g.shape[1]):
-            acc.addmm_(g[:, off : off + hi - lo], self.block(model_id, b, acc.device)[lo:hi])
-
     def finish(self, acc: torch.Tensor) -> torch.Tensor:
         """The features held by an accumulator (the accumulator itself for a dense matrix)."""
         return acc
 
     def project_full(self, full: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-        """``g @ Pᵀ`` with ``full`` from :meth:`full`: ``[n, grad_dim] -> [n, proj_dim]``."""
+        """``g @ Pᵀ`` with ``full`` from :meth:`full`: ``[n, grad_dim] -> [n, proj_dim]``, one matmul."""
         return g.to(self.dtype) @ full
 
-    def unproject_full(self, full: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        """``z @ P`` with ``full`` from :meth:`full`: ``[n, proj_dim] -> [n, grad_dim]``."""
-        return z.to(self.dtype) @ full.T
+    def _rows(self, blk: torch.Tensor, lo: int, hi: int) -> torch.Tensor:  # rows [lo, hi) of a block of Pᵀ
+        return blk[lo:hi]
 
-    def unproject_range(self, z: torch.Tensor, start: int, stop: int, model_id: int) -> torch.Tensor:
-        """``z @ Pᵀ[start:stop]ᵀ``: ``[n, stop - start]``; ``z`` ``[n, proj_dim]`` in the accumulation dtype."""
-        out = torch.empty(z.shape[0], stop - start, dtype=self.dtype, device=z.device)
-        for b, lo, hi, off in self.pieces(start, stop):
-            out[:, off : off + hi - lo] = z @ self.block(model_id, b, z.device)[lo:hi].T
-        return out
+    def _add(self, acc: torch.Tensor, g: torch.Tensor, rows: torch.Tensor) -> None:
+        acc.addmm_(g, rows)
+
+    def _gather(self, z: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        return z @ rows.T
 
 
 class SJLTMatrix(_Matrix):
@@ -296,15 +313,6 @@ class SJLTMatrix(_Matrix):
         """A zero ``[n, 2·proj_dim]`` accumulator for :meth:`add_into`."""
         return torch.zeros(n, 2 * self.proj_dim, dtype=self.dtype, device=device)
 
-    def add_into(self, acc: torch.Tensor, g: torch.Tensor, start: int, model_id: int) -> None:
-        """``acc[:, idx] += g`` for the signed indices of gradient columns ``[start, start + L)``."""
-        g = g.to(self.dtype)
-        for b, lo, hi, off in self.pieces(start, start + g.shape[1]):
-            idx = self.block(model_id, b, acc.device)
-            src = g[:, off : off + hi - lo]
-            for i in range(self.s):
-                acc.index_add_(1, idx[i, lo:hi], src)
-
     def finish(self, acc: torch.Tensor) -> torch.Tensor:
         """``[n, 2k]`` accumulator -> ``[n, k]`` features: (positive − negative half) / √s."""
         k = self.proj_dim
@@ -313,32 +321,19 @@ class SJLTMatrix(_Matrix):
             out.mul_(1.0 / math.sqrt(self.s))
         return out
 
-    def project_full(self, full: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
-        """``g @ Pᵀ`` with ``full`` from :meth:`full`: ``[n, grad_dim] -> [n, proj_dim]``."""
-        g = g.to(self.dtype)
-        acc = self.accumulator(g.shape[0], g.device)
-        for i in range(self.s):
-            acc.index_add_(1, full[i], g)
-        return self.finish(acc)
+    def _rows(self, blk: torch.Tensor, lo: int, hi: int) -> torch.Tensor:  # signed indices of rows [lo, hi)
+        return blk[:, lo:hi]
 
-    def _gather(self, z2: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-        """``z @ P`` over the columns of the signed indices ``idx`` ``[s, L]``, with ``z2 = [z, -z]`` ``[n, 2k]``."""
+    def _add(self, acc: torch.Tensor, g: torch.Tensor, idx: torch.Tensor) -> None:
+        for i in range(self.s):
+            acc.index_add_(1, idx[i], g)
+
+    def _gather(self, z: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        """``z @ P`` over the columns of the signed indices ``idx`` ``[s, L]``, through ``[z, -z]`` ``[n, 2k]``."""
+        z2 = torch.cat([z, -z], dim=1)
         out = z2.index_select(1, idx[0])
         for i in range(1, self.s):
             out += z2.index_select(1, idx[i])
         if self.s > 1:
             out.mul_(1.0 / math.sqrt(self.s))
-        return out
-
-    def unproject_full(self, full: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        """``z @ P`` with ``full`` from :meth:`full`: ``[n, proj_dim] -> [n, grad_dim]``."""
-        z = z.to(self.dtype)
-        return self._gather(torch.cat([z, -z], dim=1), full)
-
-    def unproject_range(self, z: torch.Tensor, start: int, stop: int, model_id: int) -> torch.Tensor:
-        """``z @ Pᵀ[start:stop]ᵀ``: ``[n, stop - start]``; ``z`` ``[n, proj_dim]`` in the accumulation dtype."""
-        z2 = torch.cat([z, -z], dim=1)
-        out = torch.empty(z.shape[0], stop - start, dtype=self.dtype, device=z.device)
-        for b, lo, hi, off in self.pieces(start, stop):
-            out[:, off : off + hi - lo] = self._gather(z2, self.block(model_id, b, z.device)[:, lo:hi])
         return out
