@@ -146,9 +146,9 @@ def load_config(
         try:
             text = path.read_bytes().decode("utf-8")
         except UnicodeDecodeError as e:
-            line = path.read_bytes()[: e.start].count(b"\n") + 1
+            line = e.object[: e.start].count(b"\n") + 1
             raise ConfigError(
-                f"{path} is not UTF-8 text: byte {path.read_bytes()[e.start]:#04x} on line {line} cannot be decoded; "
+                f"{path} is not UTF-8 text: byte {e.object[e.start]:#04x} on line {line} cannot be decoded; "
                 "save the config as UTF-8",
                 source=label,
             ) from None
@@ -163,9 +163,8 @@ def load_config(
     if not isinstance(raw, dict):
         raise ConfigError(f"the config must be a YAML mapping, got {type(raw).__name__}", source=label)
     extra, problems = parse_overrides(list(overrides))
-    merged = _merge(raw, extra)
     try:
-        cfg = Config.model_validate(merged)
+        cfg = Config.model_validate(_merge(raw, extra))
     except ValidationError as e:
         raise ConfigError(problems + _format_errors(e), source=label) from None
     if problems:
