@@ -27,10 +27,7 @@ Transform = Callable[[torch.Tensor], "torch.Tensor | None"]
 
 def batch_view(x: torch.Tensor, param_ndim: int | None) -> torch.Tensor:
     """``x`` as ``[B, *item_shape]``, the items a transform acts on (module doc); a view when ``x`` is contiguous."""
-    if param_ndim is None:
-        return x.reshape(1, *x.shape)
-    k = param_ndim if param_ndim >= 0 else x.dim() + param_ndim
-    k = max(0, k)
+    k = x.dim() if param_ndim is None else max(0, param_ndim if param_ndim >= 0 else x.dim() + param_ndim)
     if k >= x.dim():
         return x.reshape(1, *x.shape)
     return x.reshape(-1, *x.shape[x.dim() - k :])
