@@ -172,7 +172,7 @@ def lds(
     names = {key: f"--{key} {path}" for key, path in given.items()}
     from trakcli.config import EvalConfig
 
-    settings, extra, bm25 = EvalConfig(), {}, None
+    settings, extra = EvalConfig(), {}
     reporter = RichReporter(quiet)
     if config is not None:
         reporter.phase("reading the config, importing torch …")  # the first line, before the slow imports
@@ -204,7 +204,6 @@ def lds(
                     "`trak eval lds CONFIG` once the store holds scores"
                 )
             extra["retrain_seed"] = cfg.eval.retrain_seed  # retrained by this config: whose seeds
-        bm25 = _bm25(cfg)
     from trakcli.evaluation.lds import check_lds_inputs
     from trakcli.evaluation.lds import lds as linear_datamodeling_score
 
@@ -213,6 +212,7 @@ def lds(
     with reporter.phase(f"computing the LDS ({settings.bootstrap} bootstrap resamples) …"):
         result = linear_datamodeling_score(s_arr, m_arr, o_arr, n_bootstrap=settings.bootstrap, seed=settings.seed)
     data = {**result.to_dict(), "sources": {k: names[k] for k in keys}, **extra}
+    bm25 = _bm25(cfg) if config is not None else None
     if bm25 is not None and bm25.shape == s_arr.shape:
         base = linear_datamodeling_score(bm25, m_arr, o_arr, n_bootstrap=settings.bootstrap, seed=settings.seed)
         data["baselines"] = {"bm25": {k: base.to_dict()[k] for k in ("lds", "ci_low", "ci_high")}}

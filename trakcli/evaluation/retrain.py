@@ -87,7 +87,8 @@ def model_outputs(
     memory_mb: int = 1024,
     max_tokens: int | None = None,
 ) -> np.ndarray:
-    """The model output function of every example of ``data``: ``[n]`` float64 margins, on the CPU.
+    """The model output function of every example of ``data`` (inputs ``[n, ...]`` or a dict of ``[n, L]`` text
+    tensors; class labels ``[n]`` or per-token labels ``[n, L]``): ``[n]`` float64 margins, on the CPU.
 
     The task's ``f`` (:mod:`trakcli.tasks`), the function the per-example gradients differentiate, which TRAK
     attributes: classification / text_classification, ``logit_y − logsumexp_{j≠y} logit_j``; language_modeling,
