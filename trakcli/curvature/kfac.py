@@ -401,9 +401,9 @@ class _Covariances:
 
 
 class _Rotated:
-    """Hook consumer of the EK-FAC pass: per example ``Q_Sᵀ G Q_A`` ``[n, d_out, d_in]``, squared and added to ``sums``
-    as its output gradient arrives (one layer at a time); a layer whose module runs more than once keeps its
-    grid until :meth:`finish` (the square is of the sum over the calls)."""
+    """Hook consumer of the EK-FAC pass: per example ``Q_Sᵀ G Q_A`` ``[n, d_out, d_in]``, squared and added to
+    ``sums`` as its output gradient arrives (one layer at a time); a layer whose module runs more than once keeps
+    its grid until :meth:`finish` (the square is of the sum over the calls)."""
 
     keeps_input = False
 

@@ -1,4 +1,5 @@
-"""The plan of a top-k: its segments, blocks and, over a store with codes, the two-stage settings (:class:`TwoStage`)."""
+"""The plan of a top-k: its segments, blocks and, over a store with codes, the two-stage settings
+(:class:`TwoStage`)."""
 
 from __future__ import annotations
 

@@ -128,7 +128,8 @@ def _beyond(block: torch.Tensor, thr: torch.Tensor, largest: bool,
 
     Args:
         block: ``[n_target, cols]`` scores, or ``[cols, n_target]`` with ``rows_first`` (as
-            :meth:`~trakcli.topk.features.FeatureScores.scan_product` gives them); the pairs come by target in the first layout.
+            :meth:`~trakcli.topk.features.FeatureScores.scan_product` gives them); the pairs come by target
+            in the first layout.
 
     The columns are cut into ``cols / FILTER_GROUP`` strided groups (group g: columns g, g + cols / FILTER_GROUP,
     ...); the best score of each group is compared first, then the columns of the groups that pass: little more
@@ -289,8 +290,9 @@ class RunningTopK:
         self._fresh.append((t, self.indices[t, c]))
 
     def add(self, block: torch.Tensor, offset: int) -> None:
-        """Take the scores ``[cols, n_target]`` (train rows first, as :meth:`~trakcli.topk.features.FeatureScores.scan_product` gives them) of
-        train rows ``offset .. offset + cols``."""
+        """Take the scores ``[cols, n_target]`` (train rows first, as
+        :meth:`~trakcli.topk.features.FeatureScores.scan_product` gives them) of train rows
+        ``offset .. offset + cols``."""
         if self.thr is None:
             self.values, self.indices = merge_top_k_filtered(self.values, self.indices, block.T.contiguous(),
                                                              offset, self.k, self.largest)

@@ -219,8 +219,10 @@ class Unroller:
         for step in self.record.steps(self.data, snap, stop):
             if saved is not None:
                 saved.append((step, params, state, count, rng_states(self.device)))
-            rows = step.rows.to(self.device)
-            w = torch.ones(len(step.rows), device=self.device) if weights is None else weights[rows]
+            if weights is None:
+                w = torch.ones(len(step.rows), device=self.device)
+            else:
+                w = weights[step.rows.to(self.device)]
             new_p, new_s = self._step_fn(step.inputs, step.labels, step.lr, count + 1)(params, state, w)
             params = {k: v.detach() for k, v in new_p.items()}
             state = {name: {k: v.detach() for k, v in part.items()} for name, part in new_s.items()}
