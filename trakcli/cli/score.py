@@ -245,7 +245,8 @@ def score(
         from trakcli.report.source import scale_of
 
         meaning = scale_of(Store.open_existing(res.store, mode="r"), res.experiment, res.per_token)
-        shown = shown_top(res, cfg.score.show_targets, cfg.score.show_top)
+        if json_out or cfg.score.show_targets:
+            shown = shown_top(res, cfg.score.show_targets, cfg.score.show_top)
     if json_out:
         sys.stdout.write(json.dumps(_json(res, shown, out, plot, _texts(train), meaning), indent=2) + "\n")
     if quiet:
