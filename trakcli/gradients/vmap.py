@@ -82,11 +82,13 @@ LISTED_PARAMETERS = 12
 _INDEX = re.compile(r"0|[1-9][0-9]*")
 
 
-def _ranges(values: list[int]) -> str:
-    """``[0, 1, 2, 3, 5, 7, 8]`` -> ``"0..3,5,7,8"``: runs of three or more as ``a..b``."""
-    ordered = sorted(set(values))
-    runs = [[v for _, v in run] for _, run in itertools.groupby(enumerate(ordered), lambda p: p[1] - p[0])]
-    return ",".join(f"{r[0]}..{r[-1]}" if len(r) >= 3 else ",".join(map(str, r)) for r in runs)
+def _slot(values: list[int]) -> str:
+    """An index part of a group of names: ``[4]`` -> ``"4"``; ``[0, 1, 2, 3, 5, 7, 8]`` -> ``"{0..3,5,7,8}"`` (runs of
+    three or more as ``a..b``)."""
+    if len(values) == 1:
+        return str(values[0])
+    runs = [[v for _, v in run] for _, run in itertools.groupby(enumerate(values), lambda p: p[1] - p[0])]
+    return "{" + ",".join(f"{r[0]}..{r[-1]}" if len(r) >= 3 else ",".join(map(str, r)) for r in runs) + "}"
 
 
 def group_names(names: list[str]) -> list[str]:
@@ -106,13 +108,7 @@ def group_names(names: list[str]) -> list[str]:
     for key, indices in groups.items():
         per_slot = [sorted({ix[k] for ix in indices}) for k in range(len(indices[0]))]
         slots = iter(per_slot)
-        parts = []
-        for p in key:
-            if p is not None:
-                parts.append(p)
-                continue
-            values = next(slots)
-            parts.append(str(values[0]) if len(values) == 1 else "{" + _ranges(values) + "}")
+        parts = [p if p is not None else _slot(next(slots)) for p in key]
         grid = math.prod(len(values) for values in per_slot)
         lines.append(".".join(parts) + (f" ({len(indices)})" if grid != len(indices) else ""))
     return lines
