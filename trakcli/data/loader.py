@@ -201,14 +201,11 @@ class LoaderRows:
         it, at, rest = self._cursor
         parts = []
         while at < stop:
-            if rest is not None:
-                (x, y), rest = rest, None
-            else:
-                try:
-                    x, y = next(it)
-                except StopIteration:
-                    raise DataError(f"{self.name}: the batches ended at row {at}, before row {stop}; give the same "
-                                    "rows on every pass") from None
+            x, y = rest or next(it, (None, None))
+            rest = None
+            if y is None:
+                raise DataError(f"{self.name}: the batches ended at row {at}, before row {stop}; give the same "
+                                "rows on every pass")
             rows = int(y.shape[0])
             cut = min(rows, stop - at)
             parts.append((slice_inputs(x, 0, cut), y[:cut]))

@@ -29,13 +29,13 @@ from torch import nn
 
 from trakcli.errors import DataError, ModelError
 from trakcli.models.hub import parse_model_name, resolve_hub_model
+from trakcli.models.peft import ADAPTER_CONFIG
 
 logger = logging.getLogger("trakcli.models")
 
 HF_PREFIX = "hf:"
 MODEL_CLASSES = ("sequence_classification", "causal_lm")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-ADAPTER_CONFIG = "adapter_config.json"
 GGUF_SUFFIX = ".gguf"
 GGUF_MAGIC = b"GGUF"
 GGUF_INFO = "trakcli-gguf.json"  # written into each converted folder: where it came from

@@ -28,8 +28,6 @@ from torch import nn
 from trakcli.errors import CheckpointError, ConfigError, ModelError
 
 ADAPTER_CONFIG = "adapter_config.json"
-#: weight files of an adapter folder, in the order they are looked for
-ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
 PEFT_INSTALL = "pip install peft (keep torch==2.13.0 on the same pip line)"
 
 
@@ -52,21 +50,6 @@ def import_peft() -> Any:
         raise ModelError(f"checkpoints: PEFT adapter folders need the peft package; install it with {PEFT_INSTALL}"
                          ) from None
     return peft
-
-
-def adapter_weights(path: Path) -> Path:
-    """The weight file of the adapter folder ``path``.
-
-    Raises:
-        CheckpointError: the folder holds none of :data:`ADAPTER_WEIGHTS`.
-    """
-    for name in ADAPTER_WEIGHTS:
-        if (path / name).is_file():
-            return path / name
-    raise CheckpointError(
-        f"adapter folder {path} has {ADAPTER_CONFIG} but no weights ({' or '.join(ADAPTER_WEIGHTS)}); "
-        "save the adapter with model.save_pretrained(folder)"
-    )
 
 
 def with_adapters(model: nn.Module, checkpoints: Sequence[Path]) -> nn.Module:
@@ -129,7 +112,7 @@ def load_adapter(model: nn.Module, path: Path) -> None:
             "pass a peft.PeftModel to the Python API"
         )
     peft = import_peft()
-    sd = read_state_dict(adapter_weights(path))
+    sd = read_state_dict(path)  # the folder's adapter_model.safetensors or .bin (checkpoint_files)
     own = dict(model.named_parameters())
     try:
         result = peft.set_peft_model_state_dict(model, sd)
