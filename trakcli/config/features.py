@@ -344,8 +344,7 @@ class StoreConfig(StrictModel):
         command uses the store), anything else is a local :class:`Path`."""
         from trakcli.store.location import broken_url, is_url
 
-        if isinstance(v, str) and broken_url(v):
-            scheme = broken_url(v)
+        if isinstance(v, str) and (scheme := broken_url(v)):
             rest = v.split(":", 1)[1].lstrip("/")
             raise ValueError(f"{v!r} reads as a {scheme}:// URL missing a slash; write {scheme}://{rest} (a local "
                              f"folder named '{v.split(':', 1)[0]}:' is never made of it)")
