@@ -38,7 +38,9 @@ def _proj_dtype(dtype: torch.dtype) -> str:
     return "float64" if dtype == torch.float64 else "float32"
 
 
-def build_projector(settings: dict[str, Any], grad_dim: int, proj_dim: int | None, seed: int, dtype: torch.dtype) -> Projector:
+def build_projector(
+    settings: dict[str, Any], grad_dim: int, proj_dim: int | None, seed: int, dtype: torch.dtype
+) -> Projector:
     """A projector of the settings' kind for one slot, caching about two of its matrices.
 
     Raises:
@@ -276,7 +278,8 @@ class GlobalSlot(_ProjectedSlot):
         if self.single is not None:
             full = self.single.unproject(u, model_id=k)[0]
             return [part.view_as(p) for part, p in zip(full.split([p.numel() for p in self.params]), self.params)]
-        return [proj.unproject(u, model_id=k)[0].view_as(p) for proj, p in zip(self.blocks, self.params)]  # type: ignore[arg-type]
+        blocks = self.blocks or []
+        return [proj.unproject(u, model_id=k)[0].view_as(p) for proj, p in zip(blocks, self.params)]
 
     def transfer(self, m, k_old, k_new):
         full = [f.to(self.proj_dtype) for f in self.unproject(m.to(self.proj_dtype), k_old)]
