@@ -114,8 +114,8 @@ def hooked_pass(model: torch.nn.Module, uses: Sequence[Use], task: Task, inputs:
         DataError: data the model or task refuses.
         GradientError: a module whose calls cannot give per-example terms.
     """
-    n = first_rows(inputs).shape[0]
-    device = first_rows(inputs).device
+    first = first_rows(inputs)
+    n, device = first.shape[0], first.device
     model.eval()
     with HookPass(model, uses, n, device, consumer) as hooks:
         logits = logits_of(model, inputs)

@@ -459,8 +459,8 @@ Batch = tuple[Any, "torch.Tensor | None"]
 def _hook_pass(model: nn.Module, uses: Sequence[Use], task: Task, inputs: Any, labels: torch.Tensor | None,
                consumer: Any, fisher: str, generator: torch.Generator | None) -> int:
     """One forward + backward of the Fisher loss over a batch through the hooks; returns its rows."""
-    n = first_rows(inputs).shape[0]
-    device = first_rows(inputs).device
+    first = first_rows(inputs)
+    n, device = first.shape[0], first.device
     with HookPass(model, uses, n, device, consumer) as hooks:
         logits = logits_of(model, inputs)
         batch = make_batch(inputs, labels)
