@@ -5,8 +5,9 @@ Each entry of ``checkpoints:`` may be a folder peft's ``save_pretrained`` writes
 ``peft.get_peft_model`` and the first folder's adapter config, and each checkpoint then sets the
 adapter weights only (``peft.set_peft_model_state_dict``).
 
-The parameters differentiated by default (``grad_wrt`` unset) are the adapter's trainable ones, named
-as the wrapped model's ``named_parameters()`` (and an optimizer state of the adapter) names them:
+The parameters differentiated by default (``grad_wrt`` unset) are the adapter's trainable ones (LoRA's
+``lora_A`` / ``lora_B`` weights, and ``modules_to_save``), named as the wrapped model's ``named_parameters()``
+and an optimizer state of the adapter name them:
 ``base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight``. LoRA's ``A`` and ``B`` are
 ``nn.Linear`` layers of their own, so ``projector.kind: kronecker`` factors each as the layer it is:
 ``B``'s input is ``A x``, and the output gradient of ``B`` carries LoRA's ``alpha / r`` scaling
