@@ -54,7 +54,8 @@ class StoreLock:
             try:
                 created = create_exclusive(self.path, json.dumps(me).encode())
             except OSError as e:
-                raise StoreError(f"cannot create the lock file {self.path}: {e}; choose a writable store path") from None
+                raise StoreError(
+                    f"cannot create the lock file {self.path}: {e}; choose a writable store path") from None
             if created:
                 self.held = True
                 return note

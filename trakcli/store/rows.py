@@ -322,7 +322,7 @@ class ChunkedRows:
         return bad
 
 
-#: Attribute of a ``done`` array: the number of chunks when every one of them was done (:meth:`ChunkedRows.mark_complete`).
+#: Attribute of a ``done`` array: its number of chunks, once every one was done (:meth:`ChunkedRows.mark_complete`).
 ALL_DONE = "all_done"
 
 

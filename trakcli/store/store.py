@@ -423,8 +423,8 @@ class Store(FinishedArrays):
                 group.attrs.update(record)
             # featurize starts over with --overwrite; a reader (trak score) cannot: the features must be remade
             fix = (Fix("start_over", store=str(self.path)) if create else
-                   "restore the checkpoint (and optimizer state) the store was featurized with, or featurize again with "
-                   "`trak featurize CONFIG --overwrite`")
+                   "restore the checkpoint (and optimizer state) the store was featurized with, or featurize again "
+                   "with `trak featurize CONFIG --overwrite`")
             if old is not None and old != sha256:
                 raise _with_fix(
                     f"model_id {model_id}: the store's features come from {group.attrs.get('checkpoint')} "
@@ -439,11 +439,10 @@ class Store(FinishedArrays):
                     f"{optimizer_state[0]} has sha256 {optimizer_state[1][:12]}; ", fix
                 )
         codes = code_arrays(layout.dtype, n_train, proj_dim)
+        # the float copy and the codes uncompressed, read straight from their files by a scan (trakcli.store.chunkread);
+        # a float copy of an earlier layout may be compressed: a repair keeps it so
         plain = {}
         if codes and not ("features" in group and _compressed(group["features"])):
-            # the float copy and the codes: uncompressed, read straight from their files by a scan
-            # (trakcli.store.chunkread), so that their reading costs the processor no decompression beside the
-            # scan's products (a float copy of an earlier layout may be compressed: a repair keeps it so)
             plain = {"features": "none", "codes": "none"}
         arrays: dict[str, Spec] = {
             "features": ((n_train, proj_dim), feature_dtype(layout.dtype), (rows, proj_dim), ("train", "proj")),
@@ -514,7 +513,8 @@ class Store(FinishedArrays):
         )
         return ChunkedRows(data, done, cols, n_train, axis=1)
 
-    def score_settings(self, experiment: str, settings: dict[str, Any], create: bool = True, repair: bool = False) -> None:
+    def score_settings(self, experiment: str, settings: dict[str, Any], create: bool = True,
+                       repair: bool = False) -> None:
         """Record (or check) the settings of an experiment's scores without creating the score matrix.
 
         Raises:
