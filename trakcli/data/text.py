@@ -280,14 +280,6 @@ class TextDataset:
             return self._encode_chats(values, idx)
         return [(ids[:ml], None, (labels if labels is not None else ids)[:ml]) for ids, labels in values]
 
-    def _render(self, messages: list[dict[str, Any]], generation: bool, row: int) -> str:
-        try:
-            out = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation)
-        except Exception as e:  # noqa: BLE001  (jinja errors: roles that must alternate, ...)
-            raise DataError(f"{self.key}: row {row} of {self.source}: the chat template cannot render the "
-                            f"conversation: {e.__class__.__name__}: {e}") from None
-        return out if isinstance(out, str) else str(out)
-
     def _plan_chat(
         self, msgs: list[dict[str, Any]], row: int, texts: list[str]
     ) -> tuple[int, list[tuple[int, int, int]]]:
@@ -301,8 +293,13 @@ class TextDataset:
 
         def text_id(k: int, generation: bool) -> int:
             if (k, generation) not in memo:
+                try:
+                    out = self.tokenizer.apply_chat_template(msgs[:k], tokenize=False, add_generation_prompt=generation)
+                except Exception as e:  # noqa: BLE001  (jinja errors: roles that must alternate, ...)
+                    raise DataError(f"{self.key}: row {row} of {self.source}: the chat template cannot render the "
+                                    f"conversation: {e.__class__.__name__}: {e}") from None
                 memo[(k, generation)] = len(texts)
-                texts.append(self._render(msgs[:k], generation, row))
+                texts.append(out if isinstance(out, str) else str(out))
             return memo[(k, generation)]
 
         spans = []

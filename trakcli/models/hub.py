@@ -279,6 +279,7 @@ def dataset_files(files: list[str], name: HubName) -> tuple[list[str], list[str]
 
 # --- the cache and the Hub --------------------------------------------------------------------------
 
+
 def hub_timeout() -> float:
     """Seconds to wait for the Hub's answer about a repository: ``$HF_HUB_ETAG_TIMEOUT`` (as transformers), else 10."""
     try:
