@@ -19,7 +19,28 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     # uv installs the same set in seconds where pip takes a minute or more; pip stays the fallback
     uv_ok=0
     if "$VENV/bin/python" -m pip install -qq --disable-pip-version-check "uv==0.13.9" 2>/dev/null; then
-        mapfile -t sources < <("$VENV/bin/python" scripts/_pip_to_uv.py)
+        # uv reads neither pip's configuration files nor PIP_* variables: `pip config list` gives both, and the
+        # most specific source of a key wins, as in pip (environment, site, user, global)
+        mapfile -t sources < <("$VENV/bin/python" - <<'PY'
+import ast, subprocess, sys
+rank = {":env:": 0, "site": 1, "user": 2, "global": 3}
+chosen = {}
+listed = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
+for line in listed.splitlines():
+    key, _, value = line.partition("=")
+    where, _, option = key.rpartition(".")
+    if option in ("index-url", "extra-index-url", "find-links", "constraint", "no-index", "cert") \
+            and where in rank and rank[where] < chosen.get(option, (9, ""))[0]:
+        chosen[option] = (rank[where], ast.literal_eval(value))
+for option, (_, value) in sorted(chosen.items()):
+    if option == "no-index":
+        if value.lower() in ("1", "true", "yes", "on"):
+            print("--no-index")
+    else:  # cert: one path; the others: whitespace-separated lists, as pip reads them
+        for item in value.split():
+            print(f"--{option}={item}")
+PY
+)
         # unsafe-best-match: every index is searched for every package, as pip does
         "$VENV/bin/uv" pip install -q --python "$VENV/bin/python" --index-strategy unsafe-best-match \
             "${sources[@]}" -e ".${EXTRAS:+[$EXTRAS]}" "torch==2.13.0" && uv_ok=1 \
