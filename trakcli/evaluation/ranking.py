@@ -123,10 +123,6 @@ class RecallResult:
         }
 
 
-def _interval(values: np.ndarray, n_bootstrap: int, seed: int, confidence_level: float) -> Interval:
-    return Interval(*mean_interval(values, n_bootstrap, seed, confidence_level))
-
-
 def fact_recall(
     ranked: Any,
     sources: Sequence[Sequence[int]],
@@ -182,10 +178,10 @@ def fact_recall(
     rr = np.where(first > 0, 1.0 / np.maximum(first, 1), 0.0)
     found = np.cumsum(hits, axis=1)  # [n_query, K] sources within the top j+1
     args = (n_bootstrap, seed, confidence_level)
-    recall = {k: _interval((found[:, k - 1] > 0).astype(np.float64), *args) for k in ks}
-    source_recall = {k: _interval(found[:, k - 1] / n_sources, *args) for k in ks}
+    recall = {k: Interval(*mean_interval((found[:, k - 1] > 0).astype(np.float64), *args)) for k in ks}
+    source_recall = {k: Interval(*mean_interval(found[:, k - 1] / n_sources, *args)) for k in ks}
     return RecallResult(
-        mrr=_interval(rr, *args), recall=recall, source_recall=source_recall, first_rank=first,
+        mrr=Interval(*mean_interval(rr, *args)), recall=recall, source_recall=source_recall, first_rank=first,
         n_sources=n_sources, n_query=int(n_query), k_max=int(k_max), n_bootstrap=n_bootstrap,
         confidence_level=confidence_level, seed=seed,
     )
