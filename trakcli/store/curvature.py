@@ -44,13 +44,6 @@ def _path(model_id: int) -> str:
     return f"train/{model_id}/curvature"
 
 
-def curvature_stage(store: "Store", model_id: int, settings: dict[str, Any]) -> str | None:
-    """The last finished stage of checkpoint ``model_id``'s curvature made with ``settings`` (None: nothing)."""
-    attrs = attrs_of(store.root, _path(model_id)) or {}
-    stage = attrs.get("stage")
-    return stage if stage in STAGES and attrs.get("settings") == jsonable(settings) else None
-
-
 def read_curvature(store: "Store", model_id: int, settings: dict[str, Any], stage: str
                    ) -> dict[str, np.ndarray] | None:
     """The arrays of a finished ``stage`` (``cov/<i>/a`` ... or ``<i>/q_out`` ...), checksums verified.
@@ -58,8 +51,9 @@ def read_curvature(store: "Store", model_id: int, settings: dict[str, Any], stag
     None when the stage is not finished with ``settings``, or when an array is corrupt or missing
     (then the curvature is deleted and ``store.notes`` says so, so that it is fitted again).
     """
-    have = curvature_stage(store, model_id, settings)
-    if have is None or STAGES.index(have) < STAGES.index(stage):
+    attrs = attrs_of(store.root, _path(model_id)) or {}  # the last finished stage, and its settings
+    have = attrs.get("stage")
+    if have not in STAGES or attrs.get("settings") != jsonable(settings) or STAGES.index(have) < STAGES.index(stage):
         return None
     path = _path(model_id)
     group = node(store.root, path)
