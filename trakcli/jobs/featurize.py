@@ -26,10 +26,6 @@ from trakcli.store import ChunkedRows, Store, StoreCorruptError
 from trakcli.store.append import kept_rows
 
 
-#: ``store.save_every_s`` when a job does not say: seconds of work between two saves of a chunk's rows so far.
-SAVE_EVERY_S = 30.0
-
-
 def featurize_rows(
     s: JobSetup,
     data: TensorDataset,
@@ -44,7 +40,7 @@ def featurize_rows(
     keep: dict[int, np.ndarray] | None = None,
     writer: ChunkWriter | None = None,
     kept: dict[int, int] | None = None,
-    save_every_s: float = SAVE_EVERY_S,
+    save_every_s: float = 30.0,
 ) -> tuple[int, list[int]]:
     """Compute and write this rank's pending chunks of one checkpoint (train rows or targets).
 

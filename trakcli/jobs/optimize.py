@@ -330,13 +330,7 @@ class _Run:
             k = max(1, round(oc.subset_fraction * len(train)))
             subset = torch.randperm(len(train), generator=gen)[:k].sort().values
             entry["subset_indices"] = subset.tolist()
-        if isinstance(train, TextDataset):
-            source: TrainRows = DatasetRows(train, subset, device)
-        elif subset is not None:
-            x, y = self.train_xy
-            source = TensorRows(index_inputs(x, subset.to(device)), y[subset.to(device)])
-        else:
-            source = TensorRows(*self.train_xy)
+        source = model_rows(train, subset, device, self.train_xy)
         kept = path.exists() and not self.overwrite
         if kept:
             sha = checkpoint_sha256(path)
@@ -466,6 +460,17 @@ def _check_entrypoint(oc: OptimizeConfig) -> None:
             "differentiates sgd, adam and adamw steps, not the projected optimizer's; remove optimize.projection "
             "or optimize.replay"
         )
+
+
+def model_rows(train: Any, subset: torch.Tensor | None, device: torch.device, on_device: Any = None) -> TrainRows:
+    """The rows a model trains on, all of data.train or its sorted ``subset``: text read batch by batch, tensors on
+    ``device`` (``on_device``: data.train's ``(inputs, labels)`` already there, :func:`_on_device`)."""
+    if isinstance(train, TextDataset):
+        return DatasetRows(train, subset, device)
+    x, y = on_device if on_device is not None else _on_device(train, device)
+    if subset is None:
+        return TensorRows(x, y)
+    return TensorRows(index_inputs(x, subset.to(device)), y[subset.to(device)])
 
 
 def _on_device(data: Any, device: torch.device) -> Any:

@@ -27,11 +27,11 @@ import torch
 
 from trakcli.config import Config
 from trakcli.data.load import load_dataset
-from trakcli.data.tensors import index_inputs, inputs_to, slice_inputs
-from trakcli.data.text import TextDataset
+from trakcli.data.tensors import inputs_to, slice_inputs
 from trakcli.distributed import Dist, init_from_env
 from trakcli.errors import ConfigError, GradientError, StoreMismatchError
 from trakcli.jobs.inputs import resolve_checkpoints
+from trakcli.jobs.optimize import model_rows
 from trakcli.jobs.plan import ScorePlan
 from trakcli.jobs.runtime import apply_threads, event, locked_store, resolve_device
 from trakcli.models.build import build_model
@@ -42,7 +42,6 @@ from trakcli.store.layout import StoreLayout
 from trakcli.store.manifest import is_manifest_path, read_manifest
 from trakcli.store.rows import ChunkedRows
 from trakcli.tasks import resolve_task
-from trakcli.train import DatasetRows, TensorRows
 from trakcli.topk import StoredTopK
 from trakcli.unroll import ReplayRecord, Unroller, no_record
 
@@ -235,12 +234,7 @@ def _unroller(cfg: Config, manifest_path: Path, entry: dict[str, Any], checkpoin
     record = ReplayRecord(manifest_path.parent / entry["replay"], what)
     subset = entry.get("subset_indices")
     subset_t = None if subset is None else torch.tensor(subset, dtype=torch.int64)
-    if isinstance(train, TextDataset):
-        rows: Any = DatasetRows(train, subset_t, device)
-    else:
-        x, y = inputs_to(train.inputs, device), train.labels.to(device)
-        rows = TensorRows(x, y) if subset_t is None else TensorRows(index_inputs(x, subset_t.to(device)),
-                                                                       y[subset_t.to(device)])
+    rows = model_rows(train, subset_t, device)  # as `trak optimize` trained it
     torch.manual_seed(entry.get("seed", 0))
     model = build_model(cfg.model.entrypoint, **cfg.model.kwargs).to(device)
     unroller = Unroller(model, rows, record, resolve_task(cfg.task))
