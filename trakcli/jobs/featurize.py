@@ -1,8 +1,7 @@
 """`trak featurize` as a library function: train features of every checkpoint, chunk by chunk, into the store.
 
-Under ``torchrun`` each process computes the row chunks of its rank (chunk
-index ≡ rank mod world_size); rank 0 creates the store, holds its lock and
-writes its attributes.
+Under ``torchrun`` each process computes the row chunks of its rank (chunk index ≡ rank mod world_size); rank 0
+creates the store, holds its lock and writes its attributes.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """What every job needs from the machine it runs on: device, threads, the store lock, the test event hook.
 
-None of this depends on the config: each function takes the one setting it
-uses, so `trak eval`'s worker processes and the jobs share it.
+Each function takes the one setting it uses (no config), so `trak eval`'s worker processes and the jobs share it.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """`trak score` as a library function: target features, per-checkpoint kernels, the ensembled score matrix.
 
-Formula: Park et al. 2023 ("TRAK: Attributing Model Behavior at Scale",
-Eq. 17), as written in :mod:`trakcli.scoring`. Under ``torchrun`` each process
-computes the chunks of its rank; rank 0 holds the store's lock and writes
-attributes.
+Formula: Park et al. 2023 ("TRAK: Attributing Model Behavior at Scale", Eq. 17), as written in
+:mod:`trakcli.scoring`. Under ``torchrun`` each process computes the chunks of its rank; rank 0 holds the
+store's lock and writes attributes.
 """
 
 from __future__ import annotations
