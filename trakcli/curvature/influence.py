@@ -68,8 +68,7 @@ class QueryLayerGrads(_Inputs):
         rank: the low rank, or None (full).
     """
 
-    def __init__(self, layers: Sequence[KroneckerLayer], factors: CurvatureFactors, n: int, rank: int | None,
-                 device: torch.device):
+    def __init__(self, layers: Sequence[KroneckerLayer], factors: CurvatureFactors, n: int, rank: int | None):
         super().__init__(layers)
         self.factors, self.n, self.rank = factors, n, rank
         self.done: dict[int, tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None, int]] = {}

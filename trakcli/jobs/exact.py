@@ -89,7 +89,7 @@ class ExactInfluence:
                 for off, x, y in s.batches(target, 0, self.n_target):
                     x, y = inputs_to(x, s.device), y.to(s.device)
                     n = first_rows(x).shape[0]
-                    grads = QueryLayerGrads(self.layers, factors, n, self.rank, s.device)
+                    grads = QueryLayerGrads(self.layers, factors, n, self.rank)
                     hooked_pass(s.model, self.uses, self.task, x, y, grads, off)
                     parts.append(grads.finish())
                     task.advance(len(y))

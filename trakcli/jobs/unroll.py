@@ -209,7 +209,7 @@ def _open_store(cfg: Config, path: Any, train: Any) -> Store:
     """The config's store: an existing one whose train data is ``train`` (else StoreMismatchError), or a new one
     for the unrolled scores."""
     fp = train.fingerprint()
-    if (Path(str(path)) / "zarr.json").exists():
+    if Store.exists(path):
         store = Store.open_existing(path)
         if store.identity and store.identity.get("train_data") != fp:
             raise StoreMismatchError(

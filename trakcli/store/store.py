@@ -210,6 +210,11 @@ class Store(FinishedArrays):
         restore_eval(path)
         return cls(path, group)
 
+    @staticmethod
+    def exists(path: str | Path) -> bool:
+        """Whether ``path`` (a directory, or an object-store URL) holds a store's root metadata."""
+        return (store_location(path) / "zarr.json").exists()
+
     @classmethod
     def open_or_create(cls, path: str | Path) -> "Store":
         """Open a store, or create an empty one without an identity (for `trak eval` before featurize, which adopts
