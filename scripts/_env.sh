@@ -41,8 +41,9 @@ for option, (_, value) in sorted(chosen.items()):
             print(f"--{option}={item}")
 PY
 )
-        # unsafe-best-match: every index is searched for every package, as pip does
-        "$VENV/bin/uv" pip install -q --python "$VENV/bin/python" --index-strategy unsafe-best-match \
+        # unsafe-best-match: every index is searched for every package, as pip does; --compile-bytecode: as pip
+        # does, since with PYTHONDONTWRITEBYTECODE set no process would ever cache torch's compiled modules
+        "$VENV/bin/uv" pip install -q --compile-bytecode --python "$VENV/bin/python" --index-strategy unsafe-best-match \
             "${sources[@]}" -e ".${EXTRAS:+[$EXTRAS]}" "torch==2.13.0" && uv_ok=1 \
             || echo "uv could not install trakcli: pip installs it" >&2
     fi
