@@ -163,6 +163,8 @@ def variant_config(variant: str, work: Path, a: argparse.Namespace) -> dict[str,
     else:
         cfg["projector"] = {"proj_dim": PROJ_DIM, "seed": 0}
         cfg["curvature"] = {"kind": "ekfac"} if variant == "ekfac-exact" else {"kind": "ekfac", "exact": False}
+        if a.fit_rows:
+            cfg["curvature"]["fit_rows"] = a.fit_rows
     cfg["store"] = {"path": str(work / variant / "store.zarr")}
     cfg["score"] = {"top_k": TOP_K, "show_top": 3, "show_targets": 4}
     cfg["num_threads"] = a.threads
@@ -306,6 +308,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                    help="torch threads of every process, the config's num_threads (default: the CPU count)")
     p.add_argument("--seed", type=int, default=0, help="shuffle of the BBC articles (default 0)")
+    p.add_argument("--fit-rows", type=int, default=None,
+                   help="curvature.fit_rows of the ekfac variants: the curvature fitted on a seeded sample of the "
+                        "train documents (default: all of them)")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS,
                    help=f"which to run, in this order (default all: {' '.join(VARIANTS)})")
     p.add_argument("--work", type=Path, default=DEFAULT_WORK,
@@ -337,6 +342,7 @@ def main(argv: list[str] | None = None) -> None:
         "docs": docs,
         "args": {"n_docs": a.n_docs, "n_queries": a.n_queries, "max_length": a.max_length,
                  "batch_size": a.batch_size, "threads": a.threads, "seed": a.seed, "variants": a.variants,
+                 "fit_rows": a.fit_rows,
                  "work": str(work), "proj_dim": PROJ_DIM, "top_k": TOP_K},
         "protocol": PROTOCOL,
         "load_average": {"before": list(load_before), "after": list(os.getloadavg())},
