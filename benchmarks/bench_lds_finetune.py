@@ -579,6 +579,22 @@ def finetuned_checkpoint(work: Path, tok: dict[str, Any], threads: int) -> dict[
     return info
 
 
+def _in_pool(what: str, missing: list[tuple[Any, ...]], work: Path, a: argparse.Namespace, initializer: Any,
+             task: Any, t0: float) -> None:
+    """``task(str(path), *rest)`` for every missing job ``(path, *rest)``, in ``--workers`` spawned processes of one
+    thread each (``initializer(str(work), 1)``), with a progress line every 5 jobs (seconds since ``t0``)."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    with ProcessPoolExecutor(a.workers, mp_context=mp.get_context("spawn"), initializer=initializer,
+                             initargs=(str(work), 1)) as pool:
+        futures = [pool.submit(task, str(p), *rest) for p, *rest in missing]
+        for i, f in enumerate(as_completed(futures), 1):
+            sec = f.result()
+            if i % 5 == 0 or i == len(missing):
+                log(f"{what}: {i}/{len(missing)} done (last {sec:.1f}s, {time.perf_counter() - t0:.0f}s)")
+
+
 def ground_truth(work: Path, a: argparse.Namespace) -> dict[str, Any]:
     """Train the missing retrains and repeats with a process pool; every one's masks and measurements.
 
@@ -586,9 +602,6 @@ def ground_truth(work: Path, a: argparse.Namespace) -> dict[str, Any]:
         ``{"masks" [K, n_train] bool, "loss" [K, n_target], "margin" [K, n_target], "seconds" [K],
         "repeat_loss" / "repeat_margin" [R, n_target] (retrains 0..R-1's subsets, other seeds)}``.
     """
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
     import numpy as np
 
     jobs = []  # (path, mask, seed)
@@ -602,14 +615,7 @@ def ground_truth(work: Path, a: argparse.Namespace) -> dict[str, Any]:
     t0 = time.perf_counter()
     if missing:
         log(f"ground truth: {len(missing)} of {len(jobs)} fine-tunes to train, {a.workers} workers x 1 thread")
-        ctx = mp.get_context("spawn")
-        with ProcessPoolExecutor(a.workers, mp_context=ctx, initializer=_init_worker,
-                                 initargs=(str(work), 1)) as pool:
-            futures = [pool.submit(_retrain_one, str(p), m, s) for p, m, s in missing]
-            for i, f in enumerate(as_completed(futures), 1):
-                sec = f.result()
-                if i % 5 == 0 or i == len(missing):
-                    log(f"ground truth: {i}/{len(missing)} done (last {sec:.1f}s, {time.perf_counter() - t0:.0f}s)")
+        _in_pool("ground truth", missing, work, a, _init_worker, _retrain_one, t0)
     out: dict[str, Any] = {"wall_s_this_run": time.perf_counter() - t0, "trained_this_run": len(missing)}
     for prefix, sel in (("", [j for j in jobs if j[0].parent.name == "retrains"]),
                         ("repeat_", [j for j in jobs if j[0].parent.name == "repeats"])):
@@ -670,9 +676,6 @@ def replay_truth(work: Path, a: argparse.Namespace) -> dict[str, Any]:
     Returns:
         ``{"masks" [N, n_train], "loss" / "margin" [N, n_target], "seconds" [N]}``.
     """
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
     import numpy as np
 
     jobs = [(work / "replays" / f"r{k:04d}.npz", subset_mask(a.seed, k, a.n_train)) for k in range(a.replay_truth)]
@@ -681,14 +684,7 @@ def replay_truth(work: Path, a: argparse.Namespace) -> dict[str, Any]:
     t0 = time.perf_counter()
     if missing:
         log(f"replay truth: {len(missing)} of {len(jobs)} reweighted reruns, {a.workers} workers x 1 thread")
-        ctx = mp.get_context("spawn")
-        with ProcessPoolExecutor(a.workers, mp_context=ctx, initializer=_init_replay_worker,
-                                 initargs=(str(work), 1)) as pool:
-            futures = [pool.submit(_replay_one, str(p), m) for p, m in missing]
-            for i, f in enumerate(as_completed(futures), 1):
-                sec = f.result()
-                if i % 5 == 0 or i == len(missing):
-                    log(f"replay truth: {i}/{len(missing)} done (last {sec:.1f}s, {time.perf_counter() - t0:.0f}s)")
+        _in_pool("replay truth", missing, work, a, _init_replay_worker, _replay_one, t0)
     files = [np.load(p) for p, _ in jobs]
     for f, (p, m) in zip(files, jobs):
         if not np.array_equal(f["mask"], m):
