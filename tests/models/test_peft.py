@@ -193,6 +193,27 @@ def test_a_plain_model_given_an_adapter_folder_names_the_fix(tmp_path):
             torch.testing.assert_close(own[n], p)
 
 
+def test_an_adapter_folder_loads_its_adapter_weights_beside_full_model_weights_and_names_missing_ones(tmp_path):
+    from trakcli.errors import CheckpointError
+    from trakcli.models.checkpoints import load_checkpoint
+
+    ad = _adapter(tmp_path / "ad0", seed=1)
+    torch.save(tiny_llama().state_dict(), ad / "pytorch_model.bin")  # full-model weights beside the adapter's
+    wrapped = with_adapters(tiny_llama(), [ad])
+    load_checkpoint(wrapped, ad)
+    ref = peft.PeftModel.from_pretrained(tiny_llama(), str(ad))
+    own = dict(wrapped.named_parameters())
+    lora = [n for n, _ in ref.named_parameters() if "lora_" in n]
+    assert lora
+    for n, p in ref.named_parameters():
+        if "lora_" in n:
+            torch.testing.assert_close(own[n], p)
+    for f in ad.glob("adapter_model.*"):
+        f.unlink()
+    with pytest.raises(CheckpointError, match="has adapter_config.json but no weights .*save_pretrained"):
+        load_checkpoint(wrapped, ad)
+
+
 def test_lora_with_init_checkpoint_is_refused_naming_the_fix(tmp_path):
     _project(tmp_path, "out/manifest.json", {
         "optimize": {"n_models": 1, "out_dir": "out", "init_checkpoint": "whole.pt", "lora": {"r": 2}},

@@ -17,14 +17,14 @@ from torch import nn
 
 from trakcli.errors import CheckpointError, exception_text
 from trakcli.models.hf import fit_hf_state_dict, is_hf_model
-from trakcli.models.peft import is_adapter_dir, load_adapter
+from trakcli.models.peft import ADAPTER_WEIGHTS, is_adapter_dir, load_adapter
 
 #: key prefixes of wrapped models: ``DistributedDataParallel`` / ``DataParallel`` and ``torch.compile``
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")
 
 #: weight files of a Hugging Face directory, in the order they are looked for (the last two: a PEFT adapter folder)
 WEIGHT_PATTERNS = ("model.safetensors", "model-*.safetensors", "pytorch_model.bin", "pytorch_model-*.bin",
-                   "adapter_model.safetensors", "adapter_model.bin")
+                   *ADAPTER_WEIGHTS)
 
 
 def checkpoint_files(path: Path) -> list[Path]:

@@ -29,6 +29,8 @@ from torch import nn
 from trakcli.errors import CheckpointError, ConfigError, ModelError
 
 ADAPTER_CONFIG = "adapter_config.json"
+#: the weight files of an adapter folder, in the order they are looked for
+ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
 PEFT_INSTALL = "pip install peft (keep torch==2.13.0 on the same pip line)"
 
 
@@ -87,13 +89,14 @@ def with_adapters(model: nn.Module, checkpoints: Sequence[Path]) -> nn.Module:
     config.inference_mode = False  # the adapter's parameters are differentiated
     try:
         with torch.random.fork_rng(devices=[]):  # peft initializes with the global RNG
-            return _wrap(peft, model, config).eval()
+            wrapped = _wrap(peft, model, config)
     except Exception as e:  # noqa: BLE001 - peft's refusal (target modules not in the model) is the message
         raise ConfigError(
             f"checkpoints: the adapter {first} does not fit model.entrypoint "
             f"({getattr(model, 'trak_entrypoint', type(model).__name__)}): {type(e).__name__}: {e}; "
             f"the adapter was trained on {config.base_model_name_or_path!r}"
         ) from None
+    return wrapped.eval()
 
 
 def load_adapter(model: nn.Module, path: Path) -> None:
@@ -113,7 +116,13 @@ def load_adapter(model: nn.Module, path: Path) -> None:
             "pass a peft.PeftModel to the Python API"
         )
     peft = import_peft()
-    sd = read_state_dict(path)  # the folder's adapter_model.safetensors or .bin (checkpoint_files)
+    weights = next((path / name for name in ADAPTER_WEIGHTS if (path / name).is_file()), None)
+    if weights is None:  # a folder may hold full-model weights beside the adapter's: those are not read
+        raise CheckpointError(
+            f"adapter folder {path} has {ADAPTER_CONFIG} but no weights ({' or '.join(ADAPTER_WEIGHTS)}); "
+            "save the adapter with model.save_pretrained(folder)"
+        )
+    sd = read_state_dict(weights)
     own = dict(model.named_parameters())
     try:
         result = peft.set_peft_model_state_dict(model, sd)
