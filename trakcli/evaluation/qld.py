@@ -96,11 +96,13 @@ def choose_queries(cfg: Config, n_target: int) -> list[int]:
     return sorted(rng.choice(n_target, size=q.queries, replace=False).tolist())
 
 
-def _plan(cfg: Config, queries: list[int], units: np.ndarray, ranked: dict[str, np.ndarray], stream: int,
+def _plan(cfg: Config, queries: list[int], units: np.ndarray, ranked: dict[str, np.ndarray],
+          of_query: Callable[[np.ndarray, int, int], np.ndarray], stream: int,
           as_masked: Callable[[np.ndarray], dict[int, list[int]]] | None) -> QLDPlan:
     """Per seed, the full-data model and, per query, the models without its top ``m`` units (rows or token
-    cells) of each score in ``ranked`` (``[n_queries, len(units)]``: ``"top"``, then ``"top:<baseline>"``) and
-    without ``m`` random ones (``eval.seed``, ``stream``). ``as_masked``: units are tokens, masked from the loss."""
+    cells) of each score in ``ranked`` (``"top"``, then ``"top:<baseline>"``; ``of_query(scores, qi, t)``: query
+    ``qi`` (target ``t``)'s ``[len(units)]`` scores) and without ``m`` random ones (``eval.seed``, ``stream``).
+    ``as_masked``: units are tokens, masked from the loss."""
     q = cfg.eval.qld
     m = max(1, round(q.fraction * len(units)))
     empty = np.zeros(0, dtype=np.int64)
@@ -113,16 +115,18 @@ def _plan(cfg: Config, queries: list[int], units: np.ndarray, ranked: dict[str, 
         if as_masked:
             p.masked.append({} if left_out is None else as_masked(left_out))
 
+    tops = [{kind: units[np.argsort(-of_query(v, qi, t), kind="stable")[:m]] for kind, v in ranked.items()}
+            for qi, t in enumerate(queries)]  # the same for every seed
     for s in range(q.seeds):
         seed = model_seed(cfg.eval.seed + QLD_SEED_OFFSET, s)
         add(("all", s, -1), seed, None)
         for qi, t in enumerate(queries):
-            top = {kind: units[np.argsort(-v[qi], kind="stable")[:m]] for kind, v in ranked.items()}
-            add(("top", s, qi), seed, top.pop("top"))
+            add(("top", s, qi), seed, tops[qi]["top"])
             add(("random", s, qi), seed, np.random.default_rng([cfg.eval.seed, stream, s, t]).choice(
                 units, size=m, replace=False))
-            for kind, left_out in top.items():
-                add((kind, s, qi), seed, left_out)
+            for kind, left_out in tops[qi].items():
+                if kind != "top":
+                    add((kind, s, qi), seed, left_out)
     return p
 
 
@@ -144,8 +148,7 @@ def plan_tokens(cfg: Config, queries: list[int], token_scores: np.ndarray,
         return out
 
     ranked = {"top": token_scores, **{f"top:{name}": b for name, b in (baselines or {}).items()}}
-    ranked = {kind: v.reshape(len(v), -1)[:, cells] for kind, v in ranked.items()}
-    return _plan(cfg, queries, cells, ranked, 3, as_rows)
+    return _plan(cfg, queries, cells, ranked, lambda v, qi, t: v[qi].ravel()[cells], 3, as_rows)
 
 
 def plan(cfg: Config, scores: np.ndarray, baselines: dict[str, np.ndarray] | None = None) -> QLDPlan:
@@ -159,7 +162,7 @@ def plan(cfg: Config, scores: np.ndarray, baselines: dict[str, np.ndarray] | Non
     """
     queries = choose_queries(cfg, scores.shape[0])
     ranked = {"top": scores, **{f"top:{name}": b for name, b in (baselines or {}).items()}}
-    return _plan(cfg, queries, np.arange(scores.shape[1]), {kind: v[queries] for kind, v in ranked.items()}, 2, None)
+    return _plan(cfg, queries, np.arange(scores.shape[1]), ranked, lambda v, qi, t: v[t], 2, None)
 
 
 def _train_and_measure(state: WorkerState, k: int) -> np.ndarray:
