@@ -26,7 +26,7 @@ def open_scored_store(cfg: Config, what: str, then: str) -> Store:
     """The config's store, opened to read; a StoreError naming the commands to run when there is none (``what``
     the evaluation reads, ``"scores"`` or ``"top-k"``, and ``then``, the command after `trak featurize CONFIG`)."""
     path = cfg.store.location
-    if not (path / "zarr.json").exists():
+    if not Store.exists(path):
         raise StoreError(
             f"no store at {path}, so no {what} of experiment {cfg.score.experiment!r} to evaluate; run "
             f"`trak featurize CONFIG` and {then}"

@@ -160,7 +160,7 @@ class Store(FinishedArrays):
                 (path / "zarr.json").unlink()
         if overwrite and create and path.exists():
             delete_keeping_eval(path)
-        if (path / "zarr.json").exists():
+        if cls.exists(path):
             store = cls.open_existing(path)
             if create:
                 restore_eval(path)
@@ -220,7 +220,7 @@ class Store(FinishedArrays):
         """Open a store, or create an empty one without an identity (for `trak eval` before featurize, which adopts
         it: :meth:`create_or_check`); StoreError if the path cannot be created, or is not a trakcli store."""
         path = store_location(path)
-        if (path / "zarr.json").exists():
+        if cls.exists(path):
             store = cls.open_existing(path)
             restore_eval(path)
             return store
@@ -234,7 +234,7 @@ class Store(FinishedArrays):
             StoreError: missing path, not a Zarr group, or an unknown schema version.
         """
         path = store_location(path)
-        if not (path / "zarr.json").exists():
+        if not cls.exists(path):
             if headless_store(path):
                 raise _headless(path)
             raise StoreError(f"no trakcli store at {path}; run `trak featurize CONFIG` first")
