@@ -320,5 +320,8 @@ def test_bad_batches_and_gradients_are_named():
     grads = random_grads(feat.layers, 2, dtype=torch.float32)
     with pytest.raises(ProjectorError, match=r"not covered \['extra'\]"):
         feat.projector.project({**grads, "extra": torch.zeros(2, 3)})
+    first = next(iter(grads))
+    with pytest.raises(ProjectorError, match=rf"gradient of parameter '{first}' has shape \(2, 1\), expected \[2, "):
+        feat.projector.project({**grads, first: torch.zeros(2, 1)})
     phi, q = feat(x[:0], labels(0))
     assert phi.shape == (0, 16) and q.shape == (0,)

@@ -271,15 +271,16 @@ class KroneckerProjector(Projector):
                     f"not covered {extra}"
                 )
             grads = {name: grads[name] for name in self.param_names}
+            for p in params:  # each parameter's size first: the message names the parameter
+                t = grads[p.name]
+                if isinstance(t, torch.Tensor) and t.ndim >= 1 and t.shape[1:].numel() != p.numel:
+                    raise ProjectorError(
+                        f"gradient of parameter {p.name!r} has shape {tuple(t.shape)}, "
+                        f"expected [{t.shape[0]}, *{p.shape}]"
+                    )
         n, items = grad_items(grads, self.grad_dim)
         if isinstance(grads, torch.Tensor):
             return n, dict(zip(self.param_names, grads.split([p.numel for p in params], dim=1)))
-        for p, (_, t) in zip(params, items):
-            if t.shape[1] != p.numel:
-                raise ProjectorError(
-                    f"gradient of parameter {p.name!r} has shape {tuple(grads[p.name].shape)}, "
-                    f"expected [{n}, *{p.shape}]"
-                )
         return n, dict(items)
 
     def _project(self, grads: Grads, model_id: int) -> torch.Tensor:
