@@ -215,7 +215,8 @@ def lds(
     bm25 = _bm25(cfg) if config is not None else None
     if bm25 is not None and bm25.shape == s_arr.shape:
         base = linear_datamodeling_score(bm25, m_arr, o_arr, n_bootstrap=settings.bootstrap, seed=settings.seed)
-        data["baselines"] = {"bm25": {k: base.to_dict()[k] for k in ("lds", "ci_low", "ci_high")}}
+        shown = base.to_dict()
+        data["baselines"] = {"bm25": {k: shown[k] for k in ("lds", "ci_low", "ci_high")}}
     _report(data, _table(data), out, json_out, quiet)
 
 

@@ -254,8 +254,8 @@ def option_owner(option: str) -> str | None:
 
 
 _options: dict[str, str] = {}
-#: Options ``make_projector`` accepts beyond kind, implementation, grad_dim, proj_dim, seed (a live view):
-#: :data:`COMMON_OPTIONS` and every registered kind's own ones.
+#: Options ``make_projector`` accepts beyond kind, implementation, grad_dim, proj_dim, seed: :data:`COMMON_OPTIONS`
+#: and every registered kind's own ones (rebuilt on every register / unregister).
 OPTIONS: Mapping[str, str] = MappingProxyType(_options)
 
 

@@ -240,7 +240,7 @@ class StoredTopK:
             out[f"{side}_scores"], out[f"{side}s"] = order_top_k(exact, idx, self.k, largest)
         return out
 
-    def _scan_candidates(self, targets: slice) -> dict[str, np.ndarray] | None:
+    def _scan_candidates(self, targets: slice) -> dict[str, np.ndarray]:
         """The stored candidates ``[n_segments, targets, K']`` of a two-stage top-k (:meth:`compute_scan`)."""
         return {name: read_checked(arr, (slice(None), targets), 0)
                 for name, arr in self.candidate_parts(create=False).data.items()}

@@ -85,7 +85,7 @@ def initial_state(hyper: Hyper, params: Tensors, recorded: dict[str, Any], names
     for i, k in enumerate(names):
         st = recorded.get("state", {}).get(i) or {}
         for name, key in keys.items():
-            if st.get(key) is not None:
+            if st and (hyper.kind != "sgd" or st.get(key) is not None):  # adam's moments must be recorded
                 out[name][k] = st[key].to(params[k].device, params[k].dtype)
         if st and hyper.kind != "sgd":
             step = max(step, int(float(st["step"])))
