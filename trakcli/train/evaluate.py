@@ -31,9 +31,11 @@ def validate(
     Raises:
         DataError: the forward pass fails on a batch, or a row cannot be read.
     """
-    if isinstance(validation, tuple):
-        validation = TensorDataset(validation[0], validation[1], name)
     task = resolve_task(task)
+    if isinstance(validation, tuple):
+        if task.has_accuracy and type(task).loss is Task.loss:  # a classifier's tensors: batches of rows alone
+            max_tokens = None
+        validation = TensorDataset(validation[0], validation[1], name)
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
