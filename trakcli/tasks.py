@@ -86,11 +86,9 @@ def token_labels(batch: Batch) -> torch.Tensor:
     """
     ids = batch.get("input_ids")
     if ids is None:
-        raise DataError(
-            "task language_modeling needs token data (input_ids): give data.*.text, prompt + completion, "
-            "messages or input_ids (docs/guides/language-models.md), or use task classification for tensor inputs; "
-            f"the batch has {sorted(batch)}"
-        )
+        raise DataError("task language_modeling needs token data (input_ids): give data.*.text, prompt + completion, "
+                        "messages or input_ids (docs/guides/language-models.md), or use task classification for "
+                        f"tensor inputs; the batch has {sorted(batch)}")
     labels = batch.get("labels")
     if labels is not None and tuple(labels.shape) == tuple(ids.shape):
         return labels
@@ -136,9 +134,8 @@ def language_modeling_loss(logits: torch.Tensor, labels: torch.Tensor, reduction
         A float scalar in nats, differentiable.
     """
     pred, nxt = logits[:, :-1, :], labels[:, 1:]  # [n, L-1, V], [n, L-1]
-    total = torch.nn.functional.cross_entropy(
-        pred.reshape(-1, pred.shape[-1]), nxt.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum"
-    )
+    total = torch.nn.functional.cross_entropy(pred.reshape(-1, pred.shape[-1]), nxt.reshape(-1),
+                                              ignore_index=IGNORE_INDEX, reduction="sum")
     if reduction == "sum":
         return total
     return total / (nxt != IGNORE_INDEX).sum().clamp(min=1)
@@ -212,7 +209,8 @@ class Task:
         """
         n = _n(batch)
         if logits.ndim < 1 or logits.shape[0] != n:
-            raise DataError(f"the model must return logits [n, ...]; for a batch of {n} it returned {list(logits.shape)}")
+            raise DataError(f"the model must return logits [n, ...]; for a batch of {n} it returned "
+                            f"{list(logits.shape)}")
 
     def loss(self, logits: torch.Tensor, batch: Batch, reduction: str = "mean") -> torch.Tensor:
         """The training loss of a batch, the one the built-in recipe of `trak optimize` minimizes.
@@ -316,9 +314,8 @@ class Classification(Task):
         n = _n(batch)
         labels = batch.get("labels")
         if logits.ndim != 2 or logits.shape[0] != n:
-            raise DataError(
-                f"the model must return logits [n, num_classes]; for a batch of {n} it returned shape {list(logits.shape)}"
-            )
+            raise DataError(f"the model must return logits [n, num_classes]; for a batch of {n} it returned shape "
+                            f"{list(logits.shape)}")
         if labels is None or labels.ndim != 1:
             got = "none" if labels is None else f"shape {list(labels.shape)}"
             raise DataError(f"task {self.name} needs class labels [n] (data.*.labels); the batch has {got}")
@@ -329,20 +326,16 @@ class Classification(Task):
         bad = (labels < 0) | (labels >= n_classes)
         if bad.any():
             rows = (torch.nonzero(bad).flatten()[:5] + row_offset).tolist()
-            raise DataError(
-                f"labels out of range: the model has {n_classes} classes but examples {rows} have labels "
-                f"{labels[bad][:5].tolist()}; labels must be in [0, {n_classes - 1}]"
-            )
+            raise DataError(f"labels out of range: the model has {n_classes} classes but examples {rows} have labels "
+                            f"{labels[bad][:5].tolist()}; labels must be in [0, {n_classes - 1}]")
 
 
 class LanguageModeling(Task):
     """The summed next-token margin over the target tokens of a causal LM (:func:`language_modeling_margin`)."""
 
     name = "language_modeling"
-    formula = (
-        "sum over target tokens t (labels != -100) of logit_{t-1}(x_t) - logsumexp_{j!=x_t} logit_{t-1}(j); "
-        "out_to_loss mean over them of 1 - p_{t-1}(x_t)"
-    )
+    formula = ("sum over target tokens t (labels != -100) of logit_{t-1}(x_t) - logsumexp_{j!=x_t} logit_{t-1}(j); "
+               "out_to_loss mean over them of 1 - p_{t-1}(x_t)")
     token_level = True
     label_values = "integer class indices"
 
@@ -368,28 +361,22 @@ class LanguageModeling(Task):
     def check(self, logits, batch, row_offset=0):
         labels = token_labels(batch)
         if logits.ndim != 3 or logits.shape[:2] != labels.shape:
-            raise DataError(
-                f"task language_modeling needs a causal LM returning logits [n, L, vocab]; for input_ids "
-                f"{list(labels.shape)} the model returned shape {list(logits.shape)} (set model.kwargs.model_class: "
-                "causal_lm)"
-            )
+            raise DataError(f"task language_modeling needs a causal LM returning logits [n, L, vocab]; for input_ids "
+                            f"{list(labels.shape)} the model returned shape {list(logits.shape)} (set "
+                            "model.kwargs.model_class: causal_lm)")
         vocab = logits.shape[-1]
         bad = ((labels < 0) & (labels != IGNORE_INDEX)) | (labels >= vocab)
         if bad.any():
             rows = sorted(set((torch.nonzero(bad)[:, 0] + row_offset).tolist()))[:5]
-            raise DataError(
-                f"token labels out of range in examples {rows} (e.g. {labels[bad][:5].tolist()}): labels must be a "
-                f"token id in [0, {vocab - 1}] or -100 (not a target)"
-            )
+            raise DataError(f"token labels out of range in examples {rows} (e.g. {labels[bad][:5].tolist()}): labels "
+                            f"must be a token id in [0, {vocab - 1}] or -100 (not a target)")
 
 
 #: The built-in tasks by name (the names and the labels they read: :data:`trakcli.config.schema.BUILTIN_TASK_LABELS`).
 BUILTIN = {
     "classification": Classification(),
-    "text_classification": Classification(
-        "text_classification",
-        "margin of the sequence logits: logit_y - logsumexp_{j!=y} logit_j; out_to_loss 1 - p_y",
-    ),
+    "text_classification": Classification("text_classification", "margin of the sequence logits: logit_y - "
+                                          "logsumexp_{j!=y} logit_j; out_to_loss 1 - p_y"),
     "language_modeling": LanguageModeling(),
 }
 
@@ -562,21 +549,17 @@ def check_outputs(task: Task, out: Any, logits: torch.Tensor, batch: Batch, row_
         shapes = ([list(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__ for t in out]
                   if isinstance(out, (tuple, list)) else type(out).__name__)
         given = ", ".join(f"{k} {list(v.shape)}" for k, v in batch.items())
-        raise DataError(
-            f"task {task.name} must return (f, Q), two tensors of shape [n] (one value per example); for logits "
-            f"{list(logits.shape)} and a batch of {given} it returned {shapes}; reduce over every dimension but "
-            'the first (docs/guides/own-models.md, "Custom model outputs")'
-        )
+        raise DataError(f"task {task.name} must return (f, Q), two tensors of shape [n] (one value per example); for "
+                        f"logits {list(logits.shape)} and a batch of {given} it returned {shapes}; reduce over every "
+                        'dimension but the first (docs/guides/own-models.md, "Custom model outputs")')
     if is_builtin(task):  # a built-in f is finite where the logits are: the features' own check names the rows
         return
     for what, t in zip(("f", "Q"), out):
         bad = ~torch.isfinite(t.detach())
         if bad.any():
             rows = (torch.nonzero(bad).flatten()[:5] + row_offset).tolist()
-            raise DataError(
-                f"task {task.name} returned non-finite {what} for examples {rows}; "
-                "compute it stably (e.g. torch.logsumexp, torch.sigmoid) and check those inputs"
-            )
+            raise DataError(f"task {task.name} returned non-finite {what} for examples {rows}; "
+                            "compute it stably (e.g. torch.logsumexp, torch.sigmoid) and check those inputs")
 
 
 def checked_outputs(task: Task, logits: torch.Tensor, batch: Batch, row_offset: int = 0
@@ -611,10 +594,9 @@ def resolve_task(task: str | Callable[..., Any] | Task) -> Task:
         if task in BUILTIN:
             return BUILTIN[task]
         if ":" not in task:
-            raise ConfigError(
-                f"task: {task!r} is not supported; use one of {', '.join(TASKS)}, or your own output function "
-                'as "path/to/file.py:fn" or "package.module:fn" (docs/guides/own-models.md, "Custom model outputs")'
-            )
+            raise ConfigError(f"task: {task!r} is not supported; use one of {', '.join(TASKS)}, or your own output "
+                              'function as "path/to/file.py:fn" or "package.module:fn" (docs/guides/own-models.md, '
+                              '"Custom model outputs")')
         from trakcli.models.build import load_function
 
         fn = load_function(task, key="task", builtins={})
@@ -636,7 +618,8 @@ def task_identity(task: str | Callable[..., Any] | Task) -> dict[str, Any]:
     return resolve_task(task).identity()
 
 
-def make_batch(inputs: torch.Tensor | Mapping[str, torch.Tensor], labels: torch.Tensor | None) -> dict[str, torch.Tensor]:
+def make_batch(inputs: torch.Tensor | Mapping[str, torch.Tensor], labels: torch.Tensor | None
+               ) -> dict[str, torch.Tensor]:
     """The batch a task sees: the input tensors by name (a tensor is ``"inputs"``) and ``"labels"``.
 
     Args:
@@ -647,7 +630,6 @@ def make_batch(inputs: torch.Tensor | Mapping[str, torch.Tensor], labels: torch.
     if labels is not None:
         batch["labels"] = labels
     return batch
-
 
 
 def check_by_first(task: Task, logits: torch.Tensor, inputs: torch.Tensor | Mapping[str, torch.Tensor],

@@ -18,12 +18,5 @@ from trakcli.optim.projected import ProjectedOptimizer
 from trakcli.optim.settings import ProjectionSettings, resolve_projection
 from trakcli.optim.slots import LINEAR_STATE_KEYS, derive_slot_seed
 
-__all__ = [
-    "LINEAR_STATE_KEYS",
-    "ProjectedOptimizer",
-    "ProjectionSettings",
-    "derive_slot_seed",
-    "resolve_projection",
-    "subspace",
-    "transforms",
-]
+__all__ = ["LINEAR_STATE_KEYS", "ProjectedOptimizer", "ProjectionSettings", "derive_slot_seed", "resolve_projection",
+           "subspace", "transforms"]

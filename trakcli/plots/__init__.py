@@ -6,4 +6,5 @@ from trakcli.plots.common import PLOT_SUFFIXES, check_plot_path
 from trakcli.plots.sweep import plot_sweep
 from trakcli.plots.top import DecodedTexts, RowTexts, image_shape_of, plot_top, top_indices
 
-__all__ = ["PLOT_SUFFIXES", "DecodedTexts", "RowTexts", "check_plot_path", "image_shape_of", "plot_sweep", "plot_top", "top_indices"]
+__all__ = ["PLOT_SUFFIXES", "DecodedTexts", "RowTexts", "check_plot_path", "image_shape_of", "plot_sweep", "plot_top",
+           "top_indices"]

@@ -9,25 +9,6 @@ from trakcli.train.recipe import Trained, check_init_checkpoint, check_recipe, l
 from trakcli.train.rows import DatasetRows, TensorRows, TrainRows, count_steps
 from trakcli.train.trainer import Recipe, Trainer, TrainState
 
-__all__ = [
-    "DatasetRows",
-    "Recipe",
-    "ReplayRecorder",
-    "TensorRows",
-    "TrainRows",
-    "TrainState",
-    "Trained",
-    "Trainer",
-    "check_forward",
-    "check_init_checkpoint",
-    "check_recipe",
-    "count_steps",
-    "load_training_function",
-    "lr_at",
-    "make_optimizer",
-    "optimizer_param_names",
-    "optimizer_state_numel",
-    "record_dir",
-    "train_one",
-    "validate",
-]
+__all__ = ["DatasetRows", "Recipe", "ReplayRecorder", "TensorRows", "TrainRows", "TrainState", "Trained", "Trainer",
+           "check_forward", "check_init_checkpoint", "check_recipe", "count_steps", "load_training_function", "lr_at",
+           "make_optimizer", "optimizer_param_names", "optimizer_state_numel", "record_dir", "train_one", "validate"]
