@@ -6,7 +6,7 @@ from __future__ import annotations
 import typer
 
 from trakcli import __version__
-from trakcli.cli import featurize, init, inspect, optimize, report, score, select, sweep
+from trakcli.cli import featurize, init, inspect, optimize, report, score, select
 from trakcli.cli.eval import eval_app
 from trakcli.cli.help import TrakCommand, TrakGroup
 
@@ -36,7 +36,6 @@ def _root(
 for command in (init.init, optimize.optimize, featurize.featurize, score.score, select.select, report.report,
                 inspect.inspect, inspect.export):
     app.command(command.__name__, cls=TrakCommand)(command)
-eval_app.command("sweep", cls=TrakCommand)(sweep.sweep)
 app.add_typer(eval_app, name="eval", cls=TrakGroup, help="Measure the scores: counterfactual retraining (LDS), fact tracing (recall).")
 
 
