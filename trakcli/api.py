@@ -31,9 +31,8 @@ from trakcli.jobs.runtime import grad_memory_for, locked_store, resolve_device
 from trakcli.data.stored import StoredRows
 from trakcli.jobs.plan import RunFlags, ScorePlan
 from trakcli.jobs.score import ScoreResult, score_result, score_targets
-from trakcli.jobs.setup import (
-    JobSetup, attach_curvature, batch_rows_for, build_featurizer, curvature_selection, run_identity,
-)
+from trakcli.jobs.setup import JobSetup, attach_curvature, batch_rows_for, build_featurizer, curvature_selection
+from trakcli.jobs.setup import run_identity
 from trakcli.models.checkpoints import file_sha256, load_checkpoint, nonfinite_parameters
 from trakcli.progress import Reporter, default_reporter
 from trakcli.store import Store, StoreLayout
@@ -119,13 +118,12 @@ class ApiSetup(JobSetup):
             try:
                 self.model.load_state_dict(dict(src), strict=True)
             except RuntimeError as e:
-                raise CheckpointError(
-                    f"the state dict given for model_id {model_id} does not fit the model: "
-                    f"{' '.join(str(e).split())[:400]}"
-                ) from None
+                raise CheckpointError(f"the state dict given for model_id {model_id} does not fit the model: "
+                                      f"{' '.join(str(e).split())[:400]}") from None
             bad = nonfinite_parameters(self.model)
             if bad:
-                raise CheckpointError(f"the state dict given for model_id {model_id} has non-finite weights: {', '.join(bad)}")
+                raise CheckpointError(f"the state dict given for model_id {model_id} has non-finite weights: "
+                                      f"{', '.join(bad)}")
         self.model.to(self.device)
 
 
@@ -167,18 +165,10 @@ class Attributor:
     """
 
     def __init__(
-        self,
-        model: torch.nn.Module,
-        *,
-        store: str | Path | dict[str, Any],
-        task: str | Callable[..., Any] = "classification",
-        projector: dict[str, Any] | ProjectorConfig | None = None,
-        grad_wrt: str | list[str] | None = None,
-        gradient_method: str = "auto",
-        device: str = "auto",
-        batch_size: int | None = None,
-        grad_memory_mb: int | None = None,
-        reporter: Reporter | None = None,
+        self, model: torch.nn.Module, *, store: str | Path | dict[str, Any],
+        task: str | Callable[..., Any] = "classification", projector: dict[str, Any] | ProjectorConfig | None = None,
+        grad_wrt: str | list[str] | None = None, gradient_method: str = "auto", device: str = "auto",
+        batch_size: int | None = None, grad_memory_mb: int | None = None, reporter: Reporter | None = None,
         curvature: str | dict[str, Any] | CurvatureConfig | None = None,
     ):
         self.store: StoreConfig = validate_section(StoreConfig, {"path": store} if isinstance(store, (str, Path)) else store, "store")
@@ -208,10 +198,8 @@ class Attributor:
             if "kind" not in (projector or {}):
                 self.projector = self.projector.model_copy(update={"kind": "kronecker"})
         grad_wrt, task = curvature_selection(model, c, self.grad_wrt, self.task, reporter)
-        self.featurizer = build_featurizer(
-            model, self.projector, grad_wrt=grad_wrt, task=task, memory_mb=grad_memory_mb,
-            gradient_method=gradient_method, reporter=reporter,
-        )
+        self.featurizer = build_featurizer(model, self.projector, grad_wrt=grad_wrt, task=task,
+                                           memory_mb=grad_memory_mb, gradient_method=gradient_method, reporter=reporter)
         if isinstance(self.featurizer, KroneckerFeaturizer):
             reporter.info(self.featurizer.info)
         self.curvature: Curvature | None = attach_curvature(self.featurizer, model, c, task)
@@ -245,11 +233,9 @@ class Attributor:
             rows = batch_rows_for(batch_size, self.grad_memory_mb, f.grad_dim)
         model_desc = {"module": f"{type(self.model).__module__}.{type(self.model).__qualname__}", "api": True}
         identity = run_identity(model_desc, self.task, self.grad_wrt, f, train, layout, curvature=self.curvature)
-        return ApiSetup(
-            [names[m] for m in ordered], [shas[m] for m in ordered], train, self.model, f, rows, self.device,
-            layout, identity, self.dist, curvature=self.curvature, sources=dict(sources),
-            save_every_s=self.store.save_every_s,
-        )
+        return ApiSetup([names[m] for m in ordered], [shas[m] for m in ordered], train, self.model, f, rows,
+                        self.device, layout, identity, self.dist, curvature=self.curvature, sources=dict(sources),
+                        save_every_s=self.store.save_every_s)
 
     def _config(self) -> dict[str, Any]:
         """What the store records as its ``config`` attribute."""
@@ -295,21 +281,14 @@ class Attributor:
             store.notes.clear()
             if s.curvature is not None and rows.pending(0, 1, marked=False):  # fitted over the train batches before the features
                 s.fit_curvature(model_id, store, self.reporter)
-            n, _ = featurize_rows(
-                s, train, rows, model_id, with_out_to_loss=True, skip_nonfinite=False, reporter=self.reporter,
-                label="featurize", kept=kept_rows(store, model_id), save_every_s=self.store.save_every_s,
-            )
+            n, _ = featurize_rows(s, train, rows, model_id, with_out_to_loss=True, skip_nonfinite=False,
+                                  reporter=self.reporter, label="featurize", kept=kept_rows(store, model_id),
+                                  save_every_s=self.store.save_every_s)
         return n
 
     def score(
-        self,
-        batches: Iterable[Any],
-        *,
-        checkpoints: list[Any],
-        experiment: str = "default",
-        lambda_reg: float | None = None,
-        lambda_rel: float = _DEFAULT_LAMBDA_REL,
-        normalize: str | None = None,
+        self, batches: Iterable[Any], *, checkpoints: list[Any], experiment: str = "default",
+        lambda_reg: float | None = None, lambda_rel: float = _DEFAULT_LAMBDA_REL, normalize: str | None = None,
         overwrite: bool = False,
     ) -> ScoreResult:
         """Scores of the target batches against the featurized train set (traker's ``start_scoring_checkpoint``
@@ -340,17 +319,9 @@ class Attributor:
         return self._score(batches, checkpoints, experiment, lambda_reg, lambda_rel, normalize, None, overwrite)
 
     def top_k(
-        self,
-        batches: Iterable[Any],
-        k: int,
-        *,
-        checkpoints: list[Any],
-        experiment: str = "default",
-        lambda_reg: float | None = None,
-        lambda_rel: float = _DEFAULT_LAMBDA_REL,
-        normalize: str | None = None,
-        full: bool = False,
-        overwrite: bool = False,
+        self, batches: Iterable[Any], k: int, *, checkpoints: list[Any], experiment: str = "default",
+        lambda_reg: float | None = None, lambda_rel: float = _DEFAULT_LAMBDA_REL, normalize: str | None = None,
+        full: bool = False, overwrite: bool = False,
     ) -> TopK:
         """Per target, the ``k`` highest- and lowest-scoring train rows, as ``trak score`` with ``score.top_k``.
 
@@ -379,18 +350,9 @@ class Attributor:
         return TopK(**{name: store.read(f"scores/{experiment}/top_k/{name}") for name in TOP_K_ARRAYS})
 
     def select(
-        self,
-        batches: Iterable[Any],
-        *,
-        checkpoints: list[Any],
-        fraction: float | None = None,
-        count: int | None = None,
-        groups: Any = None,
-        aggregate: str = "max_mean",
-        normalize: str | None = "unit",
-        experiment: str = "select",
-        overwrite: bool = False,
-        quota: str | None = None,
+        self, batches: Iterable[Any], *, checkpoints: list[Any], fraction: float | None = None,
+        count: int | None = None, groups: Any = None, aggregate: str = "max_mean", normalize: str | None = "unit",
+        experiment: str = "select", overwrite: bool = False, quota: str | None = None,
     ) -> Any:
         """The train rows that most help the target batches' task (LESS: Xia et al. 2024), as ``trak select`` scores
         them: cosines of the stored features summed over checkpoints, aggregated over the targets
