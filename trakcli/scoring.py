@@ -204,15 +204,12 @@ def kernel_factor(gram: torch.Tensor, lam: float, proj_dim: int | None = None) -
 
 
 def _not_positive_definite(lam: float, proj_dim: int) -> TrakError:
-    return TrakError(
-        f"the kernel Φᵀ Φ + λ I with λ = {lam:g} is not positive definite (proj_dim {proj_dim}); "
-        "set score.lambda_reg > 0 or leave it unset to use the default relative ridge (score.lambda_rel)"
-    )
+    return TrakError(f"the kernel Φᵀ Φ + λ I with λ = {lam:g} is not positive definite (proj_dim {proj_dim}); "
+                     "set score.lambda_reg > 0 or leave it unset to use the default relative ridge (score.lambda_rel)")
 
 
-def solve_kernel(
-    gram: torch.Tensor, n_train: int, lambda_reg: float | None, lambda_rel: float, proj_dim: int | None = None
-) -> tuple[torch.Tensor, float]:
+def solve_kernel(gram: torch.Tensor, n_train: int, lambda_reg: float | None, lambda_rel: float,
+                 proj_dim: int | None = None) -> tuple[torch.Tensor, float]:
     """One checkpoint's kernel solve: the ridge λ_m and the Cholesky factor of ``gram + λ_m I``.
 
     The one solve of `trak score`, `trak eval sweep` and :func:`trak_scores`, of the primal Gram
@@ -242,12 +239,8 @@ def solve_kernel(
     return kernel_factor(gram, lam, proj_dim), lam
 
 
-def target_weights(
-    factor: torch.Tensor,
-    target_features: torch.Tensor,
-    dtype: torch.dtype = torch.float64,
-    target_block: int = 4096,
-) -> torch.Tensor:
+def target_weights(factor: torch.Tensor, target_features: torch.Tensor, dtype: torch.dtype = torch.float64,
+                   target_block: int = 4096) -> torch.Tensor:
     """``φ(t)ᵀ A`` for each target: a Cholesky solve in float64, ``target_block`` targets at a time.
 
     Args:
@@ -272,14 +265,9 @@ def target_weights(
     return out
 
 
-def dual_scores(
-    factor: torch.Tensor,
-    target_features: torch.Tensor,
-    train_features: torch.Tensor,
-    out: torch.Tensor | None = None,
-    target_block: int = 1024,
-    col_chunk: int | None = None,
-) -> torch.Tensor:
+def dual_scores(factor: torch.Tensor, target_features: torch.Tensor, train_features: torch.Tensor,
+                out: torch.Tensor | None = None, target_block: int = 1024, col_chunk: int | None = None
+                ) -> torch.Tensor:
     """One checkpoint's term of the scores, solved in the dual: ``Φ_t Φᵀ (ΦΦᵀ + λI)⁻¹``, float64.
 
     Equal to ``Φ_t (ΦᵀΦ + λI)⁻¹ Φᵀ`` (push-through identity). The products
@@ -314,9 +302,8 @@ def dual_scores(
     return out
 
 
-def dual_solved_features(
-    train_features: torch.Tensor, factor: torch.Tensor, col_chunk: int | None = None
-) -> torch.Tensor:
+def dual_solved_features(train_features: torch.Tensor, factor: torch.Tensor, col_chunk: int | None = None
+                         ) -> torch.Tensor:
     """The dual kernel `trak featurize` stores: ``X = (ΦΦᵀ + λI)⁻¹ Φ = Φ (ΦᵀΦ + λI)⁻¹ = Φ A``.
 
     A checkpoint's score term is then ``Φ_t Xᵀ`` (``φ(t)ᵀ A φ(z_i) = φ(t) · X_i``):
@@ -356,11 +343,8 @@ def ensemble_block(total: torch.Tensor, out_to_loss: list[torch.Tensor]) -> torc
     return (total / m * q.to(total.dtype).unsqueeze(0)).to(torch.float32)
 
 
-def score_block(
-    weights: list[torch.Tensor],
-    train_features: list[torch.Tensor],
-    out_to_loss: list[torch.Tensor],
-) -> torch.Tensor:
+def score_block(weights: list[torch.Tensor], train_features: list[torch.Tensor], out_to_loss: list[torch.Tensor]
+                ) -> torch.Tensor:
     """Ensembled TRAK scores of all targets against a block of train rows.
 
     The products are computed in the dtype of ``weights`` (float64, or the
@@ -385,14 +369,9 @@ def score_block(
     return ensemble_block(acc, out_to_loss)
 
 
-def trak_scores(
-    train_features: list[torch.Tensor],
-    out_to_loss: list[torch.Tensor],
-    target_features: list[torch.Tensor],
-    lambda_reg: float | None = None,
-    lambda_rel: float = 1.0,
-    form: str | None = None,
-) -> torch.Tensor:
+def trak_scores(train_features: list[torch.Tensor], out_to_loss: list[torch.Tensor],
+                target_features: list[torch.Tensor], lambda_reg: float | None = None, lambda_rel: float = 1.0,
+                form: str | None = None) -> torch.Tensor:
     """TRAK scores of in-memory features (the formula above, one call), in float64.
 
     Args:
@@ -447,9 +426,8 @@ def kernel_sq_norms(factor: torch.Tensor, features: torch.Tensor) -> torch.Tenso
     return solved.square().sum(0)
 
 
-def dual_target_sq_norms(
-    target_features: torch.Tensor, term: torch.Tensor, train_features: torch.Tensor, lam: float
-) -> torch.Tensor:
+def dual_target_sq_norms(target_features: torch.Tensor, term: torch.Tensor, train_features: torch.Tensor, lam: float
+                         ) -> torch.Tensor:
     """``φ(t)ᵀ A φ(t)`` per target from the dual kernel, in float64.
 
     With ``X = (ΦΦᵀ + λI)⁻¹Φ`` (so ``Xᵀ = Φᵀ(ΦΦᵀ + λI)⁻¹``, push-through), the Woodbury
@@ -469,10 +447,8 @@ def dual_target_sq_norms(
         TrakError: ``lam`` is 0 (A does not exist when n_train < proj_dim).
     """
     if lam <= 0:
-        raise TrakError(
-            "score.normalize unit needs a positive ridge when n_train < proj_dim (the kernel A is not defined "
-            "without one); unset score.lambda_reg or give it a positive value"
-        )
+        raise TrakError("score.normalize unit needs a positive ridge when n_train < proj_dim (the kernel A is not "
+                        "defined without one); unset score.lambda_reg or give it a positive value")
     phi = target_features.to(torch.float64)
     cross = phi @ train_features.to(torch.float64).T  # [n_target, n_train]
     return ((phi.square().sum(1) - (cross * term.to(torch.float64)).sum(1)) / lam).clamp_min(0)
@@ -495,10 +471,8 @@ def cosine_term(term: torch.Tensor, target_sq: torch.Tensor, train_sq: torch.Ten
 # -- top-k ------------------------------------------------------------------------------------------------------
 
 
-def merge_top_k(
-    values: torch.Tensor | None, indices: torch.Tensor | None, block: torch.Tensor, offset: int, k: int,
-    largest: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def merge_top_k(values: torch.Tensor | None, indices: torch.Tensor | None, block: torch.Tensor, offset: int, k: int,
+                largest: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Running top-k: the ``k`` best of the kept ``(values, indices)`` and a new block of columns.
 
     Args:
