@@ -319,7 +319,7 @@ def recall(
     reporter.phase("reading the config, importing torch …")  # the first line, before the slow imports
     cfg = load(config, overrides, print_config)
     # imported after the config is valid: torch import is slow
-    from trakcli.evaluation.recall import recall_inputs
+    from trakcli.evaluation.scores import recall_inputs
     from trakcli.evaluation.ranking import fact_recall
 
     with reporter.phase("reading the scores and the facts' sources …"):
