@@ -26,19 +26,9 @@ from trakcli.store.append import kept_rows
 
 
 def featurize_rows(
-    s: JobSetup,
-    data: TensorDataset,
-    rows: ChunkedRows,
-    model_id: int,
-    *,
-    with_out_to_loss: bool,
-    skip_nonfinite: bool,
-    reporter: Reporter,
-    label: str,
-    computed: FirstBatch | None = None,
-    keep: dict[int, np.ndarray] | None = None,
-    writer: ChunkWriter | None = None,
-    kept: dict[int, int] | None = None,
+    s: JobSetup, data: TensorDataset, rows: ChunkedRows, model_id: int, *, with_out_to_loss: bool,
+    skip_nonfinite: bool, reporter: Reporter, label: str, computed: FirstBatch | None = None,
+    keep: dict[int, np.ndarray] | None = None, writer: ChunkWriter | None = None, kept: dict[int, int] | None = None,
     save_every_s: float = 30.0,
 ) -> tuple[int, list[int]]:
     """Compute and write this rank's pending chunks of one checkpoint (train rows or targets).
@@ -195,10 +185,8 @@ def first_batch(s: JobSetup, reporter: Reporter, chunk_rows: int) -> FirstBatch 
     reporter.phase(f"loading checkpoint 0 ({s.checkpoints[0]}) …")
     stripped = load_checkpoint(s.model, s.checkpoints[0], model_id=0)
     if stripped:
-        reporter.info(
-            f"checkpoint {s.checkpoints[0]}: stripped the key prefix {''.join(stripped)!r} "
-            "(a DistributedDataParallel / torch.compile model); other checkpoints are loaded the same way"
-        )
+        reporter.info(f"checkpoint {s.checkpoints[0]}: stripped the key prefix {''.join(stripped)!r} "
+                      "(a DistributedDataParallel / torch.compile model); other checkpoints are loaded the same way")
     s.model.to(s.device)
     if not len(s.train):
         return None
@@ -240,14 +228,8 @@ class FeaturizeResult:
 
 
 def featurize(
-    cfg: Config,
-    *,
-    overwrite: bool = False,
-    skip_nonfinite: bool = False,
-    verify: bool = False,
-    reporter: Reporter = NULL_REPORTER,
-    setup: JobSetup | None = None,
-    kernels: bool = True,
+    cfg: Config, *, overwrite: bool = False, skip_nonfinite: bool = False, verify: bool = False,
+    reporter: Reporter = NULL_REPORTER, setup: JobSetup | None = None, kernels: bool = True,
 ) -> FeaturizeResult:
     """Project the per-example gradients of every training example for every checkpoint, then make the kernels.
 
@@ -291,11 +273,9 @@ def featurize(
     first = None
     if s.dist.is_main and s.checkpoints and (overwrite or not path.exists()):
         if s.proj_dim > s.grad_dim and cfg.projector.kind != "noop":
-            reporter.info(
-                f"projector.proj_dim {s.proj_dim} exceeds grad_dim {s.grad_dim}: the features are a random "
-                f"embedding of the gradients into more dimensions, which adds nothing; set projector.kind: noop "
-                f"(the gradients themselves) or projector.proj_dim <= {s.grad_dim}"
-            )
+            reporter.info(f"projector.proj_dim {s.proj_dim} exceeds grad_dim {s.grad_dim}: the features are a random "
+                          f"embedding of the gradients into more dimensions, which adds nothing; set projector.kind: "
+                          f"noop (the gradients themselves) or projector.proj_dim <= {s.grad_dim}")
         first = first_batch(s, reporter, s.layout.chunk_rows)  # fails before the store exists
     computed = total = repaired = 0
     skipped: dict[int, list[int]] = {}
@@ -325,11 +305,9 @@ def featurize(
             total += rows.n_chunks
             if s.curvature is not None and rows.pending(0, 1, marked=False):  # the features of this checkpoint need its curvature
                 s.fit_curvature(model_id, store, reporter)
-            n, skip = featurize_rows(
-                s, s.train, rows, model_id, with_out_to_loss=True, skip_nonfinite=skip_nonfinite,
-                reporter=reporter, label="featurize", computed=first if model_id == 0 else None,
-                kept=kept_rows(store, model_id), save_every_s=cfg.store.save_every_s,
-            )
+            n, skip = featurize_rows(s, s.train, rows, model_id, with_out_to_loss=True, skip_nonfinite=skip_nonfinite,
+                                     reporter=reporter, label="featurize", computed=first if model_id == 0 else None,
+                                     kept=kept_rows(store, model_id), save_every_s=cfg.store.save_every_s)
             computed += n
             if skip:
                 skipped[model_id] = skip
@@ -337,13 +315,10 @@ def featurize(
         s.dist.barrier()
         made = 0
         if kernels and s.checkpoints and s.curvature is None:  # the train side of `trak score` (TRAK's finalize_features)
-            made = finalize_kernels(
-                store, train_rows, lambda_reg=cfg.score.lambda_reg, lambda_rel=cfg.score.lambda_rel, dist=s.dist,
-                reporter=reporter, verify=verify, linalg_threads=cfg.linalg_threads,
-            )
+            made = finalize_kernels(store, train_rows, lambda_reg=cfg.score.lambda_reg, lambda_rel=cfg.score.lambda_rel,
+                                    dist=s.dist, reporter=reporter, verify=verify, linalg_threads=cfg.linalg_threads)
         if s.dist.is_main:  # every rank has passed the barrier above: later passes need not read each flag
             for rows in train_rows:  # one process wrote every chunk it found not done: no second read
                 rows.mark_complete(known=s.dist.world_size == 1)
-    return FeaturizeResult(
-        path, len(s.checkpoints), computed, total, s.grad_dim, s.proj_dim, len(s.train), skipped, repaired, made,
-    )
+    return FeaturizeResult(path, len(s.checkpoints), computed, total, s.grad_dim, s.proj_dim, len(s.train), skipped,
+                           repaired, made)

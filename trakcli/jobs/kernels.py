@@ -31,9 +31,8 @@ def report_notes(store: Store, reporter: Reporter) -> None:
     store.notes.clear()
 
 
-def kernel_of(
-    store: Store, rows: ChunkedRows, model_id: int, *, lambda_reg: float | None, lambda_rel: float,
-) -> tuple[torch.Tensor, float]:
+def kernel_of(store: Store, rows: ChunkedRows, model_id: int, *, lambda_reg: float | None,
+              lambda_rel: float) -> tuple[torch.Tensor, float]:
     """Checkpoint ``model_id``'s kernel: the stored one (verified; a corrupt or missing one is deleted and made
     again, noted in ``store.notes``), else computed from ``rows`` (``Φ_m``, complete) and stored. After an
     append, a primal kernel's Gram starts from the old rows' (:func:`trakcli.store.kernel.save_gram_prefix`).
@@ -85,14 +84,8 @@ def _gram(store: Store, rows: ChunkedRows, model_id: int) -> torch.Tensor:
 
 
 def finalize_kernels(
-    store: Store,
-    train_rows: list[ChunkedRows],
-    *,
-    lambda_reg: float | None,
-    lambda_rel: float,
-    dist: Dist | None = None,
-    reporter: Reporter = NULL_REPORTER,
-    verify: bool = True,
+    store: Store, train_rows: list[ChunkedRows], *, lambda_reg: float | None, lambda_rel: float,
+    dist: Dist | None = None, reporter: Reporter = NULL_REPORTER, verify: bool = True,
     linalg_threads: int | None = None,
 ) -> int:
     """Make every missing kernel (:func:`kernel_of`): checkpoint ``m`` on rank ``m mod world_size``; then a barrier.

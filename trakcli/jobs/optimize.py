@@ -34,9 +34,8 @@ from trakcli.models.peft import is_peft_model, save_adapter, with_adapters
 from trakcli.progress import NULL_REPORTER, Reporter
 from trakcli.store import differing_keys
 from trakcli.tasks import resolve_task
-from trakcli.store.manifest import (
-    FORMAT, FORMAT_VERSION, MANIFEST_NAME, checkpoint_file_name, checkpoint_sha256, read_manifest, write_manifest,
-)
+from trakcli.store.manifest import (FORMAT, FORMAT_VERSION, MANIFEST_NAME, checkpoint_file_name, checkpoint_sha256,
+                                    read_manifest, write_manifest)
 from trakcli.train import (
     DatasetRows, ReplayRecorder, TensorRows, TrainRows, check_init_checkpoint, check_recipe,
     load_training_function, optimizer_param_names, record_dir, train_one, validate,
@@ -79,10 +78,9 @@ def _previous_models(path: Path, identity: dict[str, Any], *, out_dir: Path, rep
     diff = differing_keys(old_identity, identity)
     if diff:
         shown = ", ".join(d.replace("recipe.", "") for d in diff)
-        raise ConfigError(
-            f"optimize.out_dir: {str(out_dir)!r} holds models that trak optimize trained differently "
-            f"(its manifest differs in: {shown}); rerun with --overwrite to retrain them, or choose another out_dir"
-        )
+        raise ConfigError(f"optimize.out_dir: {str(out_dir)!r} holds models that trak optimize trained differently "
+                          f"(its manifest differs in: {shown}); rerun with --overwrite to retrain them, or choose "
+                          "another out_dir")
     return {m["model_id"]: m for m in old["models"]}
 
 
@@ -353,10 +351,9 @@ class _Run:
                     model.to(device).eval()
                     entry.update(sha256=sha, origin="found", metrics=self.final_metrics(model))
                 why = "changed since the manifest was written" if prev is not None else "not in a manifest"
-                reporter.info(
-                    f"{path} exists ({why}): kept and recorded as it is, without a training history"
-                    + (" or epoch checkpoints" if oc.epoch_checkpoints else "") + " (use --overwrite to retrain)"
-                )
+                epochs = " or epoch checkpoints" if oc.epoch_checkpoints else ""
+                reporter.info(f"{path} exists ({why}): kept and recorded as it is, without a training history{epochs} "
+                              "(use --overwrite to retrain)")
         if kept and oc.replay and not (record_dir(oc.out_dir, i) / RECORD_NAME).is_file():
             kept = False
             reporter.info(f"model {i}: it has no replay record (optimize.replay); it is trained again")
@@ -392,11 +389,9 @@ class _Run:
             if oc.save_optimizer_state:
                 _write_optimizer_state(oc, at, opt.state_dict(), optimizer_param_names(model, opt), i)
 
-        trained = train_one(
-            self.cfg, plan.rows, seed=oc.seed + i, device=self.device, reporter=reporter,
-            description=f"train model {i}", resume_path=resume, validation=self.val, name=f"model {i}",
-            epoch_end=save_epoch if oc.epoch_checkpoints else None, replay=replay,
-        )
+        trained = train_one(self.cfg, plan.rows, seed=oc.seed + i, device=self.device, reporter=reporter,
+                            description=f"train model {i}", resume_path=resume, validation=self.val, name=f"model {i}",
+                            epoch_end=save_epoch if oc.epoch_checkpoints else None, replay=replay)
         with suppress(OSError):
             resume.parent.rmdir()  # only when empty: no other model's state is pending
         model, metrics = trained.model, dict(trained.metrics)
@@ -443,23 +438,19 @@ def _check_entrypoint(oc: OptimizeConfig) -> None:
         ConfigError: naming both keys and the fix.
     """
     if oc.epoch_checkpoints and oc.entrypoint is not None:
-        raise ConfigError(
-            f"optimize.epoch_checkpoints: the built-in recipe writes them, but optimize.entrypoint "
-            f"{oc.entrypoint!r} trains the models; remove epoch_checkpoints, or the entrypoint to use the recipe"
-        )
+        raise ConfigError(f"optimize.epoch_checkpoints: the built-in recipe writes them, but optimize.entrypoint "
+                          f"{oc.entrypoint!r} trains the models; remove epoch_checkpoints, or the entrypoint to use "
+                          "the recipe")
     if not oc.replay:
         return
     if oc.entrypoint is not None:
-        raise ConfigError(
-            f"optimize.replay: the built-in recipe records the steps, but optimize.entrypoint {oc.entrypoint!r} "
-            "trains the models; remove the entrypoint to train with the recipe, or optimize.replay"
-        )
+        raise ConfigError(f"optimize.replay: the built-in recipe records the steps, but optimize.entrypoint "
+                          f"{oc.entrypoint!r} trains the models; remove the entrypoint to train with the recipe, or "
+                          "optimize.replay")
     if oc.projection is not None:
-        raise ConfigError(
-            f"optimize.replay with optimize.projection (kind {oc.projection.kind!r}): the unrolled scoring "
-            "differentiates sgd, adam and adamw steps, not the projected optimizer's; remove optimize.projection "
-            "or optimize.replay"
-        )
+        raise ConfigError(f"optimize.replay with optimize.projection (kind {oc.projection.kind!r}): the unrolled "
+                          "scoring differentiates sgd, adam and adamw steps, not the projected optimizer's; remove "
+                          "optimize.projection or optimize.replay")
 
 
 def model_rows(train: Any, subset: torch.Tensor | None, device: torch.device, on_device: Any = None) -> TrainRows:
@@ -496,9 +487,8 @@ def _load_found(cfg: Config, path: Path, i: int) -> torch.nn.Module:
     try:
         load_checkpoint(model, path, model_id=i)
     except CheckpointError as e:
-        raise CheckpointError(
-            f"{e}. trak optimize: delete {path} to train model {i} again, or rerun with --overwrite to retrain all"
-        ) from None
+        raise CheckpointError(f"{e}. trak optimize: delete {path} to train model {i} again, or rerun with --overwrite "
+                              "to retrain all") from None
     return model
 
 

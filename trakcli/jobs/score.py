@@ -145,27 +145,22 @@ def check_train_complete(s: JobSetup, store: Store) -> list[ChunkedRows]:
     """
     if not store.identity:  # made by `trak eval` (retrained models only)
         raise StoreError(f"the store {store.path} holds no train features yet; run `trak featurize CONFIG` first")
-    check_same(
-        f"the train features in {store.path}", store.identity, s.identity,
-        "score with the config that featurized the store, or rerun `trak featurize CONFIG --overwrite`",
-    )
+    check_same(f"the train features in {store.path}", store.identity, s.identity,
+               "score with the config that featurized the store, or rerun `trak featurize CONFIG --overwrite`")
     have = store.model_ids()
     missing = [m for m in range(len(s.checkpoints)) if m not in have]
     if missing:
-        raise StoreError(
-            f"the store has no train features for model_ids {missing} (the config lists {len(s.checkpoints)} "
-            f"checkpoints, the store has model_ids {have}); run `trak featurize CONFIG` first"
-        )
+        raise StoreError(f"the store has no train features for model_ids {missing} (the config lists "
+                         f"{len(s.checkpoints)} checkpoints, the store has model_ids {have}); "
+                         "run `trak featurize CONFIG` first")
     rows_all = []
     for model_id, ckpt in enumerate(s.checkpoints):
         rows = store.train(model_id, str(ckpt), s.shas[model_id], create=False,
                            optimizer_state=s.state_record(model_id))
         if not rows.is_complete():
             done = int((rows.flags() != 0).sum())
-            raise StoreError(
-                f"train features of model_id {model_id} ({ckpt}) are incomplete ({done}/{rows.n_chunks} chunks); "
-                "run `trak featurize CONFIG` to finish them"
-            )
+            raise StoreError(f"train features of model_id {model_id} ({ckpt}) are incomplete ({done}/{rows.n_chunks} "
+                             "chunks); run `trak featurize CONFIG` to finish them")
         rows_all.append(rows)
     return rows_all
 
@@ -175,21 +170,13 @@ def _verify_train(train_rows: list[ChunkedRows]) -> None:
     for model_id, rows in enumerate(train_rows):
         bad = rows.check()
         if bad:
-            raise StoreCorruptError(
-                f"train features of model_id {model_id} ({rows.path}): chunks {bad} are missing or corrupt; "
-                "run `trak featurize CONFIG --verify` to recompute them, then score again",
-                rows.path, bad,
-            )
+            raise StoreCorruptError(f"train features of model_id {model_id} ({rows.path}): chunks {bad} are missing or "
+                                    "corrupt; run `trak featurize CONFIG --verify` to recompute them, then score again",
+                                    rows.path, bad)
 
 
-def score(
-    cfg: Config,
-    *,
-    overwrite: bool = False,
-    skip_nonfinite: bool = False,
-    verify: bool = False,
-    reporter: Reporter = NULL_REPORTER,
-) -> ScoreResult:
+def score(cfg: Config, *, overwrite: bool = False, skip_nonfinite: bool = False, verify: bool = False,
+          reporter: Reporter = NULL_REPORTER) -> ScoreResult:
     """Featurize the targets, finalize each checkpoint's kernel and write the ensembled scores.
 
     Formula: :mod:`trakcli.scoring` (Park et al. 2023, Eq. 17). Train features
@@ -244,20 +231,12 @@ def score_result(path: Path, plan: ScorePlan, train: Any, target: Any, lambdas: 
     return ScoreResult(
         store=path, experiment=plan.experiment, n_target=len(target), n_train=len(train), lambdas=lambdas,
         train_labels=None if train.labels is None else train.labels.numpy(), target_labels=target.labels.numpy(),
-        train_data=train, target_data=target, chunks_computed=computed,
-        top_k=None if plan.top_k is None else min(plan.top_k, len(train)), full=plan.full, per_token=plan.per_token,
-        two_stage=two_stage,
-    )
+        train_data=train, target_data=target, chunks_computed=computed, two_stage=two_stage,
+        top_k=None if plan.top_k is None else min(plan.top_k, len(train)), full=plan.full, per_token=plan.per_token)
 
 
-def score_targets(
-    s: JobSetup,
-    path: Path,
-    target: TensorDataset,
-    plan: ScorePlan,
-    flags: RunFlags = RunFlags(),
-    reporter: Reporter = NULL_REPORTER,
-) -> tuple[list[float], int]:
+def score_targets(s: JobSetup, path: Path, target: TensorDataset, plan: ScorePlan, flags: RunFlags = RunFlags(),
+                  reporter: Reporter = NULL_REPORTER) -> tuple[list[float], int]:
     """:func:`score` on a prepared setup and loaded targets (also :class:`trakcli.Attributor`'s): under the store's
     lock, check the train features (:func:`check_train_complete`) and repair derived data, featurize the targets
     into ``targets/<experiment>``, then :func:`finalize_and_score` into ``scores/<experiment>``.
@@ -290,12 +269,10 @@ def score_targets(
                                          stale is not None, train_rows, reporter)
         kept, kernels, computed = _featurize_targets(s, store, plan, target, targets, flags, reporter)
         s.dist.barrier()
-        lambdas, n = finalize_and_score(
-            store, train_rows, targets, out, plan, top=top, dist=s.dist, reporter=reporter,
-            target_chunks=kept, kernels=kernels,
-            exact=(lambda: exact_scorer(s, store, target, plan.grad_memory_mb, reporter, plan.experiment))
-            if plan.exact else None,
-        )
+        exact = (lambda: exact_scorer(s, store, target, plan.grad_memory_mb, reporter, plan.experiment)) \
+            if plan.exact else None
+        lambdas, n = finalize_and_score(store, train_rows, targets, out, plan, top=top, dist=s.dist, reporter=reporter,
+                                        target_chunks=kept, kernels=kernels, exact=exact)
         computed += n
         if plan.exact and s.dist.is_main:  # every rank is done: the exact blocks' saved progress is not needed
             drop_exact_rows(store, plan.experiment)
@@ -460,15 +437,8 @@ def _per_token_scores(s: JobSetup, store: Store, train_rows: list[ChunkedRows], 
 
 
 def finalize_and_score(
-    store: Store,
-    train_rows: list[ChunkedRows],
-    target_rows: list[ChunkedRows],
-    out: ChunkedRows | None,
-    plan: ScorePlan,
-    *,
-    top: StoredTopK | None = None,
-    dist: Dist | None = None,
-    reporter: Reporter = NULL_REPORTER,
+    store: Store, train_rows: list[ChunkedRows], target_rows: list[ChunkedRows], out: ChunkedRows | None,
+    plan: ScorePlan, *, top: StoredTopK | None = None, dist: Dist | None = None, reporter: Reporter = NULL_REPORTER,
     target_chunks: list[dict[int, np.ndarray]] | None = None,
     kernels: dict[int, tuple[torch.Tensor, float]] | None = None,
     exact: Callable[[], Callable[[int, int], torch.Tensor]] | None = None,

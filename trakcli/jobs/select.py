@@ -270,21 +270,10 @@ class Selection:
 
 
 def select_rows(
-    s: JobSetup,
-    path: Path,
-    target: Any,
-    *,
-    k: int,
-    groups: np.ndarray | None = None,
-    group_names: list[str] | None = None,
-    aggregate: str = "max_mean",
-    normalize: str | None = "unit",
-    quota: str | None = None,
-    experiment: str = "select",
-    overwrite: bool = False,
-    skip_nonfinite: bool = False,
-    reporter: Reporter = NULL_REPORTER,
-    linalg_threads: int | None = None,
+    s: JobSetup, path: Path, target: Any, *, k: int, groups: np.ndarray | None = None,
+    group_names: list[str] | None = None, aggregate: str = "max_mean", normalize: str | None = "unit",
+    quota: str | None = None, experiment: str = "select", overwrite: bool = False, skip_nonfinite: bool = False,
+    reporter: Reporter = NULL_REPORTER, linalg_threads: int | None = None,
 ) -> Selection | None:
     """:func:`select` on a prepared setup, loaded targets and finished train features (also ``Attributor.select``):
     under the store's lock, featurize the targets into ``targets/<experiment>`` (resumable, checked and repaired
@@ -403,14 +392,8 @@ class SelectResult:
     notes: list[str] = field(default_factory=list)
 
 
-def select(
-    cfg: Config,
-    *,
-    overwrite: bool = False,
-    skip_nonfinite: bool = False,
-    verify: bool = False,
-    reporter: Reporter = NULL_REPORTER,
-) -> SelectResult | None:
+def select(cfg: Config, *, overwrite: bool = False, skip_nonfinite: bool = False, verify: bool = False,
+           reporter: Reporter = NULL_REPORTER) -> SelectResult | None:
     """Score every data.train row against the data.target task and write the best ``select.fraction`` / ``count``.
 
     Train features come from the store: missing or unfinished ones are computed first by
@@ -451,11 +434,9 @@ def select(
         reporter.info(f"train features of {len(s.checkpoints)} checkpoints x {len(s.train)} rows: reused from {path}")
     if s.curvature is not None and s.exact_damping is not None:
         reporter.info("curvature.exact: select ranks by the stored features (as curvature.exact: false)")
-    sel = select_rows(
-        s, path, target, k=k, groups=groups, group_names=names, aggregate=sc.aggregate, normalize=sc.normalize,
-        quota=sc.quota, experiment=sc.experiment, overwrite=overwrite, skip_nonfinite=skip_nonfinite, reporter=reporter,
-        linalg_threads=cfg.linalg_threads,
-    )
+    sel = select_rows(s, path, target, k=k, groups=groups, group_names=names, aggregate=sc.aggregate,
+                      normalize=sc.normalize, quota=sc.quota, experiment=sc.experiment, overwrite=overwrite,
+                      skip_nonfinite=skip_nonfinite, reporter=reporter, linalg_threads=cfg.linalg_threads)
     if sel is None:
         return None
     try:

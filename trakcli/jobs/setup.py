@@ -48,16 +48,9 @@ def batch_rows_for(batch_size: int, grad_memory_mb: int, grad_dim: int) -> int:
     return max(1, min(batch_size, fit))
 
 
-def run_identity(
-    model: dict[str, Any],
-    task: Any,
-    grad_wrt: list[str] | None,
-    featurizer: Any,
-    train: TensorDataset,
-    layout: StoreLayout,
-    second_moment: SecondMoment | None = None,
-    curvature: Curvature | None = None,
-) -> dict[str, Any]:
+def run_identity(model: dict[str, Any], task: Any, grad_wrt: list[str] | None, featurizer: Any, train: TensorDataset,
+                 layout: StoreLayout, second_moment: SecondMoment | None = None,
+                 curvature: Curvature | None = None) -> dict[str, Any]:
     """Everything the train features of a store depend on: recorded at creation, compared on every run.
 
     Args:
@@ -121,9 +114,8 @@ class GradientFeaturizer:
             self.reported = self.grads.reason
             self.reporter.info(self.grads.reason)
 
-    def __call__(
-        self, inputs: Any, labels: torch.Tensor, model_id: int, row_offset: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, inputs: Any, labels: torch.Tensor, model_id: int, row_offset: int
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(phi, q)`` of one batch: ``[n, proj_dim]`` float32 features and ``[n]`` float32 ``Q = 1 - p_y``, on the
         model's device, for ``inputs`` (``[n, ...]`` or a dict of ``[n, L]``) and ``[n]`` int64 ``labels`` on the
         device; ``row_offset`` (the first row's index) names a failing example.
@@ -308,9 +300,8 @@ class JobSetup:
         load_checkpoint(self.model, self.checkpoints[model_id], model_id=model_id)
         self.model.to(self.device)
 
-    def features(
-        self, inputs: Any, labels: torch.Tensor, model_id: int, row_offset: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def features(self, inputs: Any, labels: torch.Tensor, model_id: int, row_offset: int
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """``featurizer(inputs, labels, model_id, row_offset)`` of a batch moved to the device: ``(phi [n, proj_dim]
         float32, q [n])``."""
         return self.featurizer(inputs_to(inputs, self.device), labels.to(self.device), model_id, row_offset)
@@ -334,9 +325,8 @@ def build_featurizer(
     """
     check_method(gradient_method)
     if projector.kind == "kronecker":
-        return KroneckerFeaturizer(
-            model, **projector.kronecker_options(), grad_wrt=grad_wrt, task=task, memory_mb=memory_mb,
-        )
+        return KroneckerFeaturizer(model, **projector.kronecker_options(), grad_wrt=grad_wrt, task=task,
+                                   memory_mb=memory_mb)
     grads = per_example_gradients(model, grad_wrt, task, gradient_method)
     return GradientFeaturizer(grads, make_projector(**projector.options(), grad_dim=grads.grad_dim), reporter)
 
@@ -471,10 +461,9 @@ def attach_second_moment(featurizer: Featurizer, model: torch.nn.Module, kind: s
     """
     kronecker = isinstance(featurizer, KroneckerFeaturizer)
     if kronecker and kind != "adafactor":
-        raise ConfigError(
-            f"second_moment.kind: {kind} scales each entry of the whole per-example gradient, which projector.kind "
-            "kronecker never forms; use second_moment.kind: adafactor (factored per layer) or another projector kind"
-        )
+        raise ConfigError(f"second_moment.kind: {kind} scales each entry of the whole per-example gradient, which "
+                          "projector.kind kronecker never forms; use second_moment.kind: adafactor (factored per "
+                          "layer) or another projector kind")
     second = SecondMoment(model, featurizer.param_names, kind, states, eps,
                           layers=featurizer.layers if kronecker else None)
     featurizer.second_moment = second
