@@ -45,13 +45,11 @@ class Recipe:
     @classmethod
     def from_config(cls, oc: OptimizeConfig, *, max_tokens: int | None = None) -> Recipe:
         """The recipe of a validated ``optimize:`` section, with the data's token budget ``data.batch_tokens``."""
-        return cls(
-            epochs=oc.epochs, batch_size=oc.batch_size, lr=oc.lr, optimizer=oc.optimizer, momentum=oc.momentum,
-            weight_decay=oc.weight_decay, schedule=oc.schedule, warmup_steps=oc.warmup_steps,
-            warmup_fraction=oc.warmup_fraction,
-            projection=oc.projection.model_dump() if oc.projection is not None else None,
-            max_tokens=max_tokens, checkpoint_every=oc.checkpoint_every,
-        )
+        return cls(epochs=oc.epochs, batch_size=oc.batch_size, lr=oc.lr, optimizer=oc.optimizer, momentum=oc.momentum,
+                   weight_decay=oc.weight_decay, schedule=oc.schedule, warmup_steps=oc.warmup_steps,
+                   warmup_fraction=oc.warmup_fraction,
+                   projection=oc.projection.model_dump() if oc.projection is not None else None,
+                   max_tokens=max_tokens, checkpoint_every=oc.checkpoint_every)
 
 
 @dataclass
@@ -82,26 +80,15 @@ class Trainer:
         OptimizerError: projection settings the model cannot use.
     """
 
-    def __init__(
-        self,
-        model: nn.Module,
-        data: TrainRows,
-        recipe: Recipe,
-        *,
-        task: Task | str = "classification",
-        seed: int = 0,
-        validation: Any = None,
-        name: str = "the model",
-    ):
+    def __init__(self, model: nn.Module, data: TrainRows, recipe: Recipe, *, task: Task | str = "classification",
+                 seed: int = 0, validation: Any = None, name: str = "the model"):
         r = recipe
         self.model, self.data, self.recipe, self.seed = model, data, recipe, seed
         self.task = resolve_task(task)
         self.validation, self.name = validation, name
         self.generator = torch.Generator().manual_seed(seed)
-        self.optimizer = make_optimizer(
-            r.optimizer, [p for p in model.parameters() if p.requires_grad], lr=r.lr, momentum=r.momentum,
-            weight_decay=r.weight_decay, projection=r.projection,
-        )
+        self.optimizer = make_optimizer(r.optimizer, [p for p in model.parameters() if p.requires_grad], lr=r.lr,
+                                        momentum=r.momentum, weight_decay=r.weight_decay, projection=r.projection)
         self.scheduled = r.schedule != "constant" or bool(r.warmup_steps) or bool(r.warmup_fraction)
         self.total_steps = 0
         self.warmup_steps = r.warmup_steps
@@ -115,11 +102,9 @@ class Trainer:
     def identity(self) -> dict[str, Any]:
         """What a training-state file records of the recipe; a file with another identity is not resumed."""
         r = self.recipe
-        out: dict[str, Any] = {
-            "epochs": r.epochs, "batch_size": r.batch_size, "lr": r.lr, "weight_decay": r.weight_decay,
-            "momentum": r.momentum, "optimizer": r.optimizer, "seed": self.seed, "projection": r.projection,
-            "n": self.data.n,
-        }
+        out: dict[str, Any] = {"epochs": r.epochs, "batch_size": r.batch_size, "lr": r.lr,
+                               "weight_decay": r.weight_decay, "momentum": r.momentum, "optimizer": r.optimizer,
+                               "seed": self.seed, "projection": r.projection, "n": self.data.n}
         # the schedule and the token budget are recorded when they shape the training
         if self.scheduled:
             out.update(schedule=r.schedule, warmup_steps=self.warmup_steps)
@@ -127,15 +112,10 @@ class Trainer:
             out["max_tokens"] = r.max_tokens
         return out
 
-    def fit(
-        self,
-        *,
-        reporter: Reporter = NULL_REPORTER,
-        description: str = "train",
-        resume_path: str | Path | None = None,
-        epoch_end: Callable[[int, nn.Module, torch.optim.Optimizer], None] | None = None,
-        replay: ReplayRecorder | None = None,
-    ) -> nn.Module:
+    def fit(self, *, reporter: Reporter = NULL_REPORTER, description: str = "train",
+            resume_path: str | Path | None = None,
+            epoch_end: Callable[[int, nn.Module, torch.optim.Optimizer], None] | None = None,
+            replay: ReplayRecorder | None = None) -> nn.Module:
         """Run the training's steps (those left after the training-state file's position); the model, in eval mode.
 
         The progress task counts optimizer steps over all epochs and shows the ``epoch``, the running ``loss``,
@@ -275,11 +255,8 @@ class Trainer:
         """``final_loss`` (the last epoch's mean), ``optimizer_state_numel`` and ``history``: per epoch ``epoch``
         (1-based), ``loss``, for classifiers ``accuracy`` (in train mode), and ``val_loss`` / ``val_accuracy``."""
         s = self.state
-        return {
-            "final_loss": s.total / max(s.units, 1),
-            "optimizer_state_numel": optimizer_state_numel(self.optimizer),
-            "history": s.history,
-        }
+        return {"final_loss": s.total / max(s.units, 1), "optimizer_state_numel": optimizer_state_numel(self.optimizer),
+                "history": s.history}
 
     def optimizer_state(self) -> dict[str, Any]:
         """The optimizer's ``state_dict`` (``"state_dict"``) and the parameter names in its order (``"param_names"``)."""
@@ -289,14 +266,9 @@ class Trainer:
     def save_state(self, path: Path, *, epoch: int, lo: int) -> None:
         """Write the training state atomically at position ``(epoch, lo)`` (loads with ``weights_only=True``)."""
         s = self.state
-        state = {
-            "recipe": self.identity(),
-            "model": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
-            "optimizer": self.optimizer.state_dict(),
-            "generator": self.generator.get_state(),
-            "torch_rng": torch.get_rng_state(),
-            **vars(s), "order": s.order.cpu(), "epoch": epoch, "lo": lo,
-        }
+        state = {"recipe": self.identity(), "model": {k: v.detach().cpu() for k, v in self.model.state_dict().items()},
+                 "optimizer": self.optimizer.state_dict(), "generator": self.generator.get_state(),
+                 "torch_rng": torch.get_rng_state(), **vars(s), "order": s.order.cpu(), "epoch": epoch, "lo": lo}
         save_training_file(state, path, "cannot write the training state",
                            "free disk space and rerun the same command, which resumes from the last state written")
 
@@ -310,34 +282,28 @@ class Trainer:
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as e:  # noqa: BLE001 - any unreadable file is the same problem for the user
-            raise CheckpointError(
-                f"cannot read the training state {str(path)!r} ({e.__class__.__name__}: {e}); delete it or "
-                "rerun with --overwrite to start the model over"
-            ) from None
+            raise CheckpointError(f"cannot read the training state {str(path)!r} ({e.__class__.__name__}: {e}); delete "
+                                  "it or rerun with --overwrite to start the model over") from None
         if state.get("recipe") != recipe:
             saved = state.get("recipe") or {}
             diff = sorted(k for k in set(saved) | set(recipe) if saved.get(k) != recipe.get(k))
-            raise CheckpointError(
-                f"the training state {str(path)!r} was made with another recipe (differs in: {', '.join(diff)}); "
-                "rerun with the same settings to resume, or with --overwrite to start over"
-            )
+            raise CheckpointError(f"the training state {str(path)!r} was made with another recipe (differs in: "
+                                  f"{', '.join(diff)}); rerun with the same settings to resume, or with --overwrite to "
+                                  "start over")
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.generator.set_state(state["generator"])
         torch.set_rng_state(state["torch_rng"])
         at_epoch_start = state["lo"] == 0
         per_epoch = -(-recipe["n"] // recipe["batch_size"])
+        # the defaults: states written before trakcli recorded accuracy, loss terms, steps (they counted rows and
+        # fixed-size batches) or the divergence check's first loss (then the next step's)
         self.state = TrainState(
-            epoch=state["epoch"],
-            lo=state["lo"],
-            total=state["total"],
-            correct=state.get("correct", 0),  # states written before trakcli recorded accuracy
-            # states without these counted rows and fixed-size batches
+            epoch=state["epoch"], lo=state["lo"], total=state["total"], correct=state.get("correct", 0),
             units=state.get("units", state["lo"]),
             step=state.get("step", state["epoch"] * per_epoch + -(-state["lo"] // recipe["batch_size"])),
-            order=None if at_epoch_start else state["order"],
-            history=list(state.get("history", [])),
-            first_loss=state.get("first_loss"),  # states written before the divergence check: the next step's
+            order=None if at_epoch_start else state["order"], history=list(state.get("history", [])),
+            first_loss=state.get("first_loss"),
         )
 
 
