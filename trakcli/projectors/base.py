@@ -45,10 +45,8 @@ def check_int(name: str, value: Any, minimum: int, hint: str) -> int:
         ProjectorError: ``value`` is not an integer (bools and integral floats too) or is below ``minimum``.
     """
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ProjectorError(
-            f"projector {name} must be an integer >= {minimum}, got {value!r} "
-            f"({type(value).__name__}); {hint}"
-        )
+        raise ProjectorError(f"projector {name} must be an integer >= {minimum}, got {value!r} "
+                             f"({type(value).__name__}); {hint}")
     if value < minimum:
         raise ProjectorError(f"projector {name} must be >= {minimum}, got {value}; {hint}")
     return int(value)
@@ -69,9 +67,8 @@ class BlockCache:
     """
 
     def __init__(self, max_bytes: int):
-        self.max_bytes = int(max_bytes)
+        self.max_bytes, self._bytes = int(max_bytes), 0
         self._items: OrderedDict[Any, torch.Tensor] = OrderedDict()
-        self._bytes = 0
 
     def get(self, key: Any) -> torch.Tensor | None:
         item = self._items.get(key)
@@ -92,10 +89,6 @@ class BlockCache:
         if self._bytes + size <= self.max_bytes:
             self._items[key] = item
             self._bytes += size
-
-    def clear(self) -> None:
-        self._items.clear()
-        self._bytes = 0
 
     @property
     def nbytes(self) -> int:
@@ -119,20 +112,17 @@ def accumulation_dtype(value: Any) -> torch.dtype:
     name = dtype_name(value) if isinstance(value, torch.dtype) else value
     choices = ("float32", "float64")
     if name not in choices:
-        raise ProjectorError(
-            f"projector dtype must be one of {', '.join(choices)}, got {name!r}{did_you_mean(str(name), choices)}; "
-            f"half-precision gradients are accepted as input but always accumulated in float32"
-        )
+        raise ProjectorError(f"projector dtype must be one of {', '.join(choices)}, got {name!r}"
+                             f"{did_you_mean(str(name), choices)}; half-precision gradients are accepted as input "
+                             "but always accumulated in float32")
     return getattr(torch, name)
 
 
 def as_float_dtype(t: torch.Tensor, what: str) -> None:
     """Raise :class:`ProjectorError` unless ``t`` has a supported floating dtype."""
     if t.dtype not in _FLOAT_DTYPES:
-        raise ProjectorError(
-            f"{what} has dtype {t.dtype}; projectors accept float16, bfloat16, float32 or "
-            f"float64 tensors: convert it with .float()"
-        )
+        raise ProjectorError(f"{what} has dtype {t.dtype}; projectors accept float16, bfloat16, float32 or "
+                             "float64 tensors: convert it with .float()")
 
 
 def grad_items(grads: Grads, grad_dim: int) -> tuple[int, list[tuple[str, torch.Tensor]]]:
@@ -153,54 +143,37 @@ def grad_items(grads: Grads, grad_dim: int) -> tuple[int, list[tuple[str, torch.
     """
     if isinstance(grads, torch.Tensor):
         if grads.dim() != 2:
-            raise ProjectorError(
-                f"gradients must have shape [n, grad_dim] = [n, {grad_dim}], got shape "
-                f"{tuple(grads.shape)}; flatten per-example gradients with .reshape(n, -1)"
-            )
+            raise ProjectorError(f"gradients must have shape [n, grad_dim] = [n, {grad_dim}], got shape "
+                                 f"{tuple(grads.shape)}; flatten per-example gradients with .reshape(n, -1)")
         as_float_dtype(grads, "the gradient tensor")
         if grads.shape[1] != grad_dim:
-            raise ProjectorError(
-                f"gradients have {grads.shape[1]} columns but the projector was made for "
-                f"grad_dim={grad_dim}; make the projector with the model's grad_dim"
-            )
+            raise ProjectorError(f"gradients have {grads.shape[1]} columns but the projector was made for "
+                                 f"grad_dim={grad_dim}; make the projector with the model's grad_dim")
         return grads.shape[0], [("", grads)]
     if not isinstance(grads, Mapping):
-        raise ProjectorError(
-            f"gradients must be a torch.Tensor [n, grad_dim] or a dict of per-parameter "
-            f"tensors, got {type(grads).__name__}"
-        )
+        raise ProjectorError(f"gradients must be a torch.Tensor [n, grad_dim] or a dict of per-parameter "
+                             f"tensors, got {type(grads).__name__}")
     if not grads:
         raise ProjectorError("the gradient dict is empty; select at least one parameter")
-    n = None
-    items = []
-    total = 0
+    n, items = None, []
     for name, t in grads.items():
         if not isinstance(t, torch.Tensor):
-            raise ProjectorError(
-                f"gradient of parameter {name!r} is a {type(t).__name__}, not a torch.Tensor"
-            )
+            raise ProjectorError(f"gradient of parameter {name!r} is a {type(t).__name__}, not a torch.Tensor")
         if t.dim() < 1:
-            raise ProjectorError(
-                f"gradient of parameter {name!r} is a scalar; per-example gradients have "
-                f"shape [n, *param_shape]"
-            )
+            raise ProjectorError(f"gradient of parameter {name!r} is a scalar; per-example gradients have "
+                                 "shape [n, *param_shape]")
         as_float_dtype(t, f"the gradient of parameter {name!r}")
         if n is None:
             n = t.shape[0]
         elif t.shape[0] != n:
-            raise ProjectorError(
-                f"gradient of parameter {name!r} has batch size {t.shape[0]}, the first one "
-                f"has {n}; every per-parameter gradient needs the same leading dimension n"
-            )
-        flat = t.reshape(n, -1)
-        total += flat.shape[1]
-        items.append((str(name), flat))
+            raise ProjectorError(f"gradient of parameter {name!r} has batch size {t.shape[0]}, the first one "
+                                 f"has {n}; every per-parameter gradient needs the same leading dimension n")
+        items.append((str(name), t.reshape(n, -1)))
+    total = sum(flat.shape[1] for _, flat in items)
     if total != grad_dim:
-        raise ProjectorError(
-            f"the per-parameter gradients hold {total} entries per example but the projector "
-            f"was made for grad_dim={grad_dim}; make the projector with the model's grad_dim "
-            f"(sum of the selected parameters' numel)"
-        )
+        raise ProjectorError(f"the per-parameter gradients hold {total} entries per example but the projector "
+                             f"was made for grad_dim={grad_dim}; make the projector with the model's grad_dim "
+                             "(sum of the selected parameters' numel)")
     return int(n), items
 
 
@@ -235,9 +208,7 @@ class Projector:
     implementation: str = "base"
 
     def __init__(self, grad_dim: int, proj_dim: int, dtype: torch.dtype = torch.float32):
-        self.grad_dim = int(grad_dim)
-        self.proj_dim = int(proj_dim)
-        self.dtype = dtype
+        self.grad_dim, self.proj_dim, self.dtype = int(grad_dim), int(proj_dim), dtype
 
     def spec(self) -> dict[str, Any]:
         """Everything that fixes the matrix, as a plain JSON-able dict.
@@ -264,8 +235,7 @@ class Projector:
             ProjectorError: the gradients do not fit ``grad_dim`` or have an
                 unsupported type/dtype, or ``model_id`` is not an int >= 0.
         """
-        model_id = check_model_id(model_id)
-        return self._project(grads, model_id)
+        return self._project(grads, check_model_id(model_id))
 
     def unproject(self, z: torch.Tensor, model_id: int = 0) -> torch.Tensor:
         """Apply the adjoint: ``z P`` (i.e. ``Pᵀ`` applied to each row of ``z``).
@@ -295,10 +265,8 @@ class Projector:
         """
         if not isinstance(z, torch.Tensor) or z.dim() != 2 or z.shape[1] != self.proj_dim:
             shape = tuple(z.shape) if isinstance(z, torch.Tensor) else type(z).__name__
-            raise ProjectorError(
-                f"unproject expects a tensor of shape [n, proj_dim] = [n, {self.proj_dim}], "
-                f"got {shape}"
-            )
+            raise ProjectorError(f"unproject expects a tensor of shape [n, proj_dim] = [n, {self.proj_dim}], "
+                                 f"got {shape}")
         as_float_dtype(z, "the tensor passed to unproject")
 
     def _project(self, grads: Grads, model_id: int) -> torch.Tensor:

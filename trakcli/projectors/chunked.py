@@ -45,8 +45,7 @@ class ChunkedProjector(_MatrixProjector):
         hold the entries ``[start, start + ΣL_i)`` of the parameter vector, ``ΣL_i <= max_chunk_size``."""
         n, items = grad_items(grads, self.grad_dim)
         pending: list[torch.Tensor] = []
-        width = 0
-        start = 0
+        width = start = 0
         for _, t in items:
             pos = 0
             while pos < t.shape[1]:

@@ -37,24 +37,18 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
 
 
-def _build_kernels():
-    """Load the kernel module afresh, so the current ``TRITON_INTERPRET`` setting applies."""
-    if importlib.util.find_spec("triton") is None:
-        raise ProjectorError(
-            "the cuda projector needs triton, which is not installed: pip install 'trakcli-attribution[cuda]' "
-            "(or use implementation: basic, same matrix)"
-        )
-    spec = importlib.util.find_spec("trakcli.projectors._triton_kernels")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def kernels():
-    """The kernel module (``project_kernel``, ``unproject_kernel``), loaded once per interpreter setting."""
+    """The kernel module (``project_kernel``, ``unproject_kernel``), loaded afresh once per interpreter setting
+    (so the current ``TRITON_INTERPRET`` applies)."""
     mode = interpreting()
     if mode not in _KERNELS:
-        _KERNELS[mode] = _build_kernels()
+        if importlib.util.find_spec("triton") is None:
+            raise ProjectorError("the cuda projector needs triton, which is not installed: pip install "
+                                 "'trakcli-attribution[cuda]' (or use implementation: basic, same matrix)")
+        spec = importlib.util.find_spec("trakcli.projectors._triton_kernels")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        _KERNELS[mode] = module
     return _KERNELS[mode]
 
 
@@ -74,10 +68,8 @@ class CudaProjector(_MatrixProjector):
 
     def __init__(self, matrix: DenseMatrix, block_m: int = 32, block_n: int = 64, block_k: int = 32):
         if not isinstance(matrix, DenseMatrix) or matrix.dtype != torch.float32:
-            raise ProjectorError(
-                "the cuda projector implements the dense kinds rademacher and normal with float32 "
-                "accumulation; use implementation: basic for other kinds or dtypes"
-            )
+            raise ProjectorError("the cuda projector implements the dense kinds rademacher and normal with float32 "
+                                 "accumulation; use implementation: basic for other kinds or dtypes")
         super().__init__(matrix)
         self.blocks = (block_m, block_n, block_k)
         self._kind_code = 0 if matrix.kind == "rademacher" else 1

@@ -22,17 +22,11 @@ class NoopProjector(Projector):
         super().__init__(grad_dim, grad_dim, dtype)
 
     def spec(self) -> dict[str, Any]:
-        return {
-            "kind": "noop",
-            "grad_dim": self.grad_dim,
-            "proj_dim": self.proj_dim,
-            "seed": 0,
-            "dtype": dtype_name(self.dtype),
-        }
+        return {"kind": "noop", "grad_dim": self.grad_dim, "proj_dim": self.proj_dim, "seed": 0,
+                "dtype": dtype_name(self.dtype)}
 
     def _project(self, grads: Grads, model_id: int) -> torch.Tensor:
-        g = flatten_grads(grads, self.grad_dim)
-        return g.to(self.dtype, copy=True)
+        return flatten_grads(grads, self.grad_dim).to(self.dtype, copy=True)
 
     def _unproject(self, z: torch.Tensor, model_id: int) -> torch.Tensor:
         return z.to(self.dtype, copy=True)
@@ -80,9 +74,8 @@ class BasicSingleBlockProjector(_MatrixProjector):
         if self._full is not None and self._full[:2] == (model_id, str(device)):
             return self._full[2]
         self._full = None  # free the old one before making the new one
-        full = self.matrix.full(model_id, device)
-        self._full = (model_id, str(device), full)
-        return full
+        self._full = (model_id, str(device), self.matrix.full(model_id, device))
+        return self._full[2]
 
     def _project(self, grads: Grads, model_id: int) -> torch.Tensor:
         g = flatten_grads(grads, self.grad_dim)

@@ -103,37 +103,29 @@ def make_projector(
     if cls.built_from_model is not None:
         raise ProjectorError(cls.built_from_model)
     if not isinstance(implementation, str) or implementation not in IMPLEMENTATIONS:
-        raise ProjectorError(
-            f"unknown projector implementation {implementation!r}{did_you_mean(implementation, IMPLEMENTATIONS)}; "
-            f"choose one of {', '.join(IMPLEMENTATIONS)}"
-        )
+        raise ProjectorError(f"unknown projector implementation {implementation!r}"
+                             f"{did_you_mean(implementation, IMPLEMENTATIONS)}; "
+                             f"choose one of {', '.join(IMPLEMENTATIONS)}")
     unknown = [k for k in options if k not in OPTIONS]
     if unknown:
         choices = [*ARGUMENTS, *OPTIONS]
-        raise ProjectorError(
-            f"unknown projector option {unknown[0]!r}{did_you_mean(unknown[0], choices)}; "
-            f"known options: {', '.join(choices)}"
-        )
+        raise ProjectorError(f"unknown projector option {unknown[0]!r}{did_you_mean(unknown[0], choices)}; "
+                             f"known options: {', '.join(choices)}")
     grad_dim = check_int("grad_dim", grad_dim, 1, "it is the number of selected parameters")
     seed = check_int("seed", seed, 0, "use a non-negative integer such as 0")
     dtype = accumulation_dtype(options.get("dtype", "float32"))
     # columns per step of basic, entries per chunk of chunked: 2**18 unless given
-    block_size, max_chunk_size = (
-        check_int(k, options.get(k, 2**18), 1, f"e.g. {k}: 262144") for k in ("block_size", "max_chunk_size")
-    )
+    block_size, max_chunk_size = (check_int(k, options.get(k, 2**18), 1, f"e.g. {k}: 262144")
+                                  for k in ("block_size", "max_chunk_size"))
     cache_bytes = options.get("cache_bytes", "auto")
     if cache_bytes != "auto":
-        cache_bytes = check_int(
-            "cache_bytes", cache_bytes, 0,
-            "use 'auto', 0 to disable the cache, or a byte count such as 4294967296 (4 GiB)",
-        )
+        cache_bytes = check_int("cache_bytes", cache_bytes, 0,
+                                "use 'auto', 0 to disable the cache, or a byte count such as 4294967296 (4 GiB)")
     for k in options:
         if k not in COMMON_OPTIONS and k not in cls.options:
             owner = option_owner(k)
-            raise ProjectorError(
-                f"projector option {k}={options[k]!r} only applies to kind {owner!r}, not {kind!r}; "
-                f"remove it or set kind: {owner}"
-            )
+            raise ProjectorError(f"projector option {k}={options[k]!r} only applies to kind {owner!r}, not {kind!r}; "
+                                 f"remove it or set kind: {owner}")
 
     if cls.needs_proj_dim:
         if proj_dim is None:
@@ -147,10 +139,8 @@ def make_projector(
     if implementation == "cuda":
         reason = _cuda_unavailable(kind, dtype)
         if reason:
-            raise ProjectorError(
-                f"projector implementation 'cuda' cannot run here: {reason}. Use implementation: "
-                f"basic or chunked (same matrix, so features stay comparable) or auto"
-            )
+            raise ProjectorError(f"projector implementation 'cuda' cannot run here: {reason}. Use implementation: "
+                                 "basic or chunked (same matrix, so features stay comparable) or auto")
 
     if cache_bytes == "auto":
         matrix_bytes = spec.matrix_bytes()
@@ -159,11 +149,8 @@ def make_projector(
             if cache_bytes:
                 logger.info("projector caches its matrix (%.2f GiB)", matrix_bytes / 2**30)
             else:
-                logger.info(
-                    "projector matrix (%.2f GiB) exceeds the cache budget min(4 GiB, RAM/4): blocks "
-                    "are regenerated for every batch (set cache_bytes to cache part of it)",
-                    matrix_bytes / 2**30,
-                )
+                logger.info("projector matrix (%.2f GiB) exceeds the cache budget min(4 GiB, RAM/4): blocks are "
+                            "regenerated for every batch (set cache_bytes to cache part of it)", matrix_bytes / 2**30)
     return spec.build(implementation, cache_bytes=cache_bytes, block_size=block_size, max_chunk_size=max_chunk_size)
 
 
@@ -184,10 +171,9 @@ def refuse_over_memory(proj_dim: int, need: int, what: str) -> None:
     """
     ram = _total_ram()
     if need > ram:
-        raise ProjectorError(
-            f"projector proj_dim={proj_dim} needs at least {format_bytes(need)} of memory to project one example "
-            f"({what}), more than this machine's {format_bytes(ram)}; use a smaller proj_dim, e.g. 2048"
-        )
+        raise ProjectorError(f"projector proj_dim={proj_dim} needs at least {format_bytes(need)} of memory to project "
+                             f"one example ({what}), more than this machine's {format_bytes(ram)}; use a smaller "
+                             "proj_dim, e.g. 2048")
 
 
 def _cuda_unavailable(kind: str, dtype: torch.dtype = torch.float32) -> str | None:
@@ -212,9 +198,7 @@ def pick_auto(spec: ProjectorKind) -> str:
         logger.info("projector implementation 'auto' picked 'cuda' for kind %r", kind)
         return "cuda"
     fallback = "basic" if "basic" in spec.implementations else spec.implementations[0]
-    logger.info(
-        "projector implementation 'auto' picked %r for kind %r (block-wise, cached); "
-        "skipped 'cuda': %s; 'single_block' and 'chunked' are never picked automatically "
-        "(same matrix, choose them for tiny models or for memory)", fallback, kind, reason,
-    )
+    logger.info("projector implementation 'auto' picked %r for kind %r (block-wise, cached); skipped 'cuda': %s; "
+                "'single_block' and 'chunked' are never picked automatically (same matrix, choose them for tiny "
+                "models or for memory)", fallback, kind, reason)
     return fallback

@@ -35,10 +35,8 @@ class Noop(ProjectorKind):
     def __init__(self, *, grad_dim: int, proj_dim: int | None, seed: int, dtype: Any, **options: Any):
         if proj_dim is not None and proj_dim != grad_dim:
             # a config always carries a proj_dim (default 2048): say it is unused, do not fail
-            logger.warning(
-                "projector kind 'noop' keeps every gradient coordinate: features have "
-                "grad_dim=%d columns, proj_dim=%r is ignored", grad_dim, proj_dim,
-            )
+            logger.warning("projector kind 'noop' keeps every gradient coordinate: features have "
+                           "grad_dim=%d columns, proj_dim=%r is ignored", grad_dim, proj_dim)
         super().__init__(grad_dim=grad_dim, proj_dim=None, seed=seed, dtype=dtype, **options)
 
     def resolve_implementation(self, implementation: str) -> str:
@@ -104,10 +102,8 @@ class SJLT(ProjectorKind):
         super().__init__(grad_dim=grad_dim, proj_dim=proj_dim, seed=seed, dtype=dtype, **options)
         self.s = check_int("s", options.get("s", 1), 1, "e.g. s: 1 (CountSketch) or s: 4")
         if self.s > self.proj_dim:
-            raise ProjectorError(
-                f"projector option s={self.s} is larger than proj_dim={self.proj_dim}; sjlt puts s nonzeros "
-                f"in distinct features, so use s <= proj_dim"
-            )
+            raise ProjectorError(f"projector option s={self.s} is larger than proj_dim={self.proj_dim}; sjlt puts s "
+                                 "nonzeros in distinct features, so use s <= proj_dim")
 
     def matrix_bytes(self) -> int:
         return self.s * self.grad_dim * 8  # int64 indices
@@ -146,7 +142,5 @@ class Kronecker(ProjectorKind):
     def implementation_error(cls, implementation: str) -> str | None:
         if implementation == "auto":
             return None
-        return (
-            "kind kronecker has one implementation (factors from layer hooks in one forward + backward, "
-            "no [n, grad_dim] gradient); remove projector.implementation or set it to auto"
-        )
+        return ("kind kronecker has one implementation (factors from layer hooks in one forward + backward, "
+                "no [n, grad_dim] gradient); remove projector.implementation or set it to auto")

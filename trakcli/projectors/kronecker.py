@@ -127,12 +127,9 @@ class KroneckerProjector(Projector):
         self.seed = check_int("seed", seed, 0, "use a non-negative integer such as 0")
         dtype = accumulation_dtype(dtype)
         if distribution not in DISTRIBUTIONS:
-            raise ProjectorError(
-                f"kronecker distribution must be one of {', '.join(DISTRIBUTIONS)}, got {distribution!r}"
-            )
-        self.distribution = distribution
-        self.layers = layers
-        self.param_names = names
+            raise ProjectorError(f"kronecker distribution must be one of {', '.join(DISTRIBUTIONS)}, "
+                                 f"got {distribution!r}")
+        self.distribution, self.layers, self.param_names = distribution, layers, names
         self.widths = split_widths([layer.d_out * layer.d_in for layer in layers], proj_dim, split)
         self.grids = [choose_grid(w, layer.d_out, layer.d_in) for w, layer in zip(self.widths, layers)]
         self.offsets = [sum(self.widths[:i]) for i in range(len(layers))]
@@ -146,17 +143,10 @@ class KroneckerProjector(Projector):
         """Everything that fixes the matrix, as a plain JSON-able dict (kind ``kronecker``): with per layer its
         ``name``, ``kind``, ``d_out``, ``d_in``, ``k_out``, ``k_in``, ``width`` and ``params``."""
         return {
-            "kind": "kronecker",
-            "grad_dim": self.grad_dim,
-            "proj_dim": self.proj_dim,
-            "seed": self.seed,
-            "dtype": dtype_name(self.dtype),
-            "distribution": self.distribution,
-            "generator": GENERATOR,
-            "layers": [
-                {**layer.describe(), "k_out": k_out, "k_in": k_in, "width": w}
-                for layer, (k_out, k_in), w in zip(self.layers, self.grids, self.widths)
-            ],
+            "kind": "kronecker", "grad_dim": self.grad_dim, "proj_dim": self.proj_dim, "seed": self.seed,
+            "dtype": dtype_name(self.dtype), "distribution": self.distribution, "generator": GENERATOR,
+            "layers": [{**layer.describe(), "k_out": k_out, "k_in": k_in, "width": w}
+                       for layer, (k_out, k_in), w in zip(self.layers, self.grids, self.widths)],
         }
 
     def layer_index(self, layer: int | str) -> int:
@@ -165,10 +155,8 @@ class KroneckerProjector(Projector):
             return self._index[layer]
         if isinstance(layer, int) and not isinstance(layer, bool) and 0 <= layer < len(self.layers):
             return layer
-        raise ProjectorError(
-            f"no kronecker layer {layer!r}; the layers are 0..{len(self.layers) - 1}: "
-            f"{', '.join(la.name for la in self.layers[:8])}{' ...' if len(self.layers) > 8 else ''}"
-        )
+        raise ProjectorError(f"no kronecker layer {layer!r}; the layers are 0..{len(self.layers) - 1}: "
+                             f"{', '.join(la.name for la in self.layers[:8])}{' ...' if len(self.layers) > 8 else ''}")
 
     # ------------------------------------------------------------------ factors
 
@@ -246,10 +234,8 @@ class KroneckerProjector(Projector):
         a = a.unsqueeze(1) if a.dim() == 2 else a
         shapes_ok = g.dim() == 3 and a.dim() == 3 and g.shape[:2] == a.shape[:2]
         if not shapes_ok or g.shape[2] != lay.d_out or a.shape[2] != lay.d_in:
-            raise ProjectorError(
-                f"project_factors of layer {lay.name!r} expects g [n, T, {lay.d_out}] and a [n, T, {lay.d_in}], "
-                f"got {tuple(g.shape)} and {tuple(a.shape)}"
-            )
+            raise ProjectorError(f"project_factors of layer {lay.name!r} expects g [n, T, {lay.d_out}] and "
+                                 f"a [n, T, {lay.d_in}], got {tuple(g.shape)} and {tuple(a.shape)}")
         as_float_dtype(g, "g")
         as_float_dtype(a, "a")
         p_out_t, p_in_t = self.transposed_factors(model_id, g.device)[i]
@@ -266,18 +252,14 @@ class KroneckerProjector(Projector):
             missing = [n for n in self.param_names if n not in grads]
             extra = [n for n in grads if n not in set(self.param_names)]
             if missing or extra:
-                raise ProjectorError(
-                    f"the gradient dict must hold exactly the kronecker layers' parameters: missing {missing}, "
-                    f"not covered {extra}"
-                )
+                raise ProjectorError(f"the gradient dict must hold exactly the kronecker layers' parameters: "
+                                     f"missing {missing}, not covered {extra}")
             grads = {name: grads[name] for name in self.param_names}
             for p in params:  # each parameter's size first: the message names the parameter
                 t = grads[p.name]
                 if isinstance(t, torch.Tensor) and t.ndim >= 1 and t.shape[1:].numel() != p.numel:
-                    raise ProjectorError(
-                        f"gradient of parameter {p.name!r} has shape {tuple(t.shape)}, "
-                        f"expected [{t.shape[0]}, *{p.shape}]"
-                    )
+                    raise ProjectorError(f"gradient of parameter {p.name!r} has shape {tuple(t.shape)}, "
+                                         f"expected [{t.shape[0]}, *{p.shape}]")
         n, items = grad_items(grads, self.grad_dim)
         if isinstance(grads, torch.Tensor):
             return n, dict(zip(self.param_names, grads.split([p.numel for p in params], dim=1)))

@@ -97,23 +97,17 @@ class KroneckerLayer:
         roles = [p.role for p in self.params]
         ok = roles in (["weight"], ["weight_t"], ["bias"], ["weight", "bias"], ["weight_t", "bias"])
         if not ok:
-            raise ProjectorError(
-                f"kronecker layer {self.name!r}: parameters must be one weight (role weight or weight_t) "
-                f"and/or one bias, in that order; got roles {roles}"
-            )
+            raise ProjectorError(f"kronecker layer {self.name!r}: parameters must be one weight (role weight or "
+                                 f"weight_t) and/or one bias, in that order; got roles {roles}")
         if isinstance(self.d_out, bool) or not isinstance(self.d_out, int) or self.d_out < 1:
             raise ProjectorError(f"kronecker layer {self.name!r}: d_out must be an int >= 1, got {self.d_out!r}")
         for p in self.params:
             if p.role == "bias" and tuple(p.shape) != (self.d_out,):
-                raise ProjectorError(
-                    f"kronecker layer {self.name!r}: bias {p.name!r} has shape {tuple(p.shape)}, "
-                    f"expected ({self.d_out},)"
-                )
+                raise ProjectorError(f"kronecker layer {self.name!r}: bias {p.name!r} has shape {tuple(p.shape)}, "
+                                     f"expected ({self.d_out},)")
             if p.role != "bias" and (p.numel == 0 or p.numel % self.d_out):
-                raise ProjectorError(
-                    f"kronecker layer {self.name!r}: weight {p.name!r} of shape {tuple(p.shape)} "
-                    f"is not a matrix with d_out={self.d_out} rows"
-                )
+                raise ProjectorError(f"kronecker layer {self.name!r}: weight {p.name!r} of shape {tuple(p.shape)} "
+                                     f"is not a matrix with d_out={self.d_out} rows")
 
     @property
     def weight_cols(self) -> int:
@@ -161,10 +155,8 @@ class KroneckerLayer:
 
     def describe(self) -> dict[str, Any]:
         """Plain dict of the layer (name, kind, d_out, d_in, parameter names)."""
-        return {
-            "name": self.name, "kind": self.kind, "d_out": self.d_out, "d_in": self.d_in,
-            "params": [p.name for p in self.params],
-        }
+        return {"name": self.name, "kind": self.kind, "d_out": self.d_out, "d_in": self.d_in,
+                "params": [p.name for p in self.params]}
 
 
 #: The rules of :func:`split_widths`.
@@ -186,21 +178,16 @@ def split_widths(capacities: Sequence[int], proj_dim: int, split: str = "equal")
         raise ProjectorError(f"kronecker split must be one of {', '.join(SPLITS)}, got {split!r}")
     n_layers, total = len(capacities), sum(capacities)
     if proj_dim < n_layers:
-        raise ProjectorError(
-            f"projector proj_dim={proj_dim} is smaller than the {n_layers} layers of the kronecker projection "
-            f"(each needs at least one feature); use proj_dim >= {n_layers} or select fewer layers with grad_wrt"
-        )
+        raise ProjectorError(f"projector proj_dim={proj_dim} is smaller than the {n_layers} layers of the kronecker "
+                             f"projection (each needs at least one feature); use proj_dim >= {n_layers} or select "
+                             "fewer layers with grad_wrt")
     if proj_dim > total:
-        raise ProjectorError(
-            f"projector proj_dim={proj_dim} exceeds {total}, the widest kronecker projection of these layers "
-            f"(the sum of d_out*d_in, their number of gradient entries); use proj_dim <= {total} "
-            f"(or kind noop to keep every gradient entry)"
-        )
+        raise ProjectorError(f"projector proj_dim={proj_dim} exceeds {total}, the widest kronecker projection of these "
+                             f"layers (the sum of d_out*d_in, their number of gradient entries); use proj_dim <= "
+                             f"{total} (or kind noop to keep every gradient entry)")
     if split == "size":
         return _proportional(capacities, proj_dim)
-    widths = [0] * n_layers
-    open_layers = list(range(n_layers))
-    budget = proj_dim
+    widths, open_layers, budget = [0] * n_layers, list(range(n_layers)), proj_dim
     while open_layers:
         share, extra = divmod(budget, len(open_layers))
         target = {i: share + (r < extra) for r, i in enumerate(open_layers)}

@@ -83,23 +83,14 @@ class _Matrix:
     kind = ""
 
     def __init__(self, grad_dim, proj_dim, seed, dtype, cache_bytes, row_entries):
-        self.grad_dim = grad_dim
-        self.proj_dim = proj_dim
-        self.seed = seed
-        self.dtype = dtype
+        self.grad_dim, self.proj_dim, self.seed, self.dtype = grad_dim, proj_dim, seed, dtype
         self.scale = 1.0 / math.sqrt(proj_dim)  # E‖Pg‖² = ‖g‖² for ±1 or N(0, 1) entries
         self.cache = BlockCache(cache_bytes)
         self.block_rows = max(GEN_ROWS, BLOCK_ENTRIES // row_entries // GEN_ROWS * GEN_ROWS)
 
     def spec(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "grad_dim": self.grad_dim,
-            "proj_dim": self.proj_dim,
-            "seed": self.seed,
-            "dtype": dtype_name(self.dtype),
-            "generator": GENERATOR,
-        }
+        return {"kind": self.kind, "grad_dim": self.grad_dim, "proj_dim": self.proj_dim, "seed": self.seed,
+                "dtype": dtype_name(self.dtype), "generator": GENERATOR}
 
     def key(self, model_id: int) -> tuple[int, int]:
         """Philox key of this matrix for ``model_id``."""
@@ -133,7 +124,6 @@ class _Matrix:
             hi = min(stop, base + size) - base
             yield b, lo, hi, base + lo - start
             b += 1
-
 
     def add_into(self, acc: torch.Tensor, g: torch.Tensor, start: int, model_id: int) -> None:
         """``acc += g @ Pᵀ[start:start + L]``, in the accumulator's form.

@@ -35,10 +35,8 @@ COMMON_OPTIONS: dict[str, str] = {
     "dtype": "accumulation dtype: float32 (default) or float64",
     "block_size": "basic: gradient columns processed per step (default 262144)",
     "max_chunk_size": "chunked: most gradient entries per chunk (default 262144)",
-    "cache_bytes": (
-        "basic/chunked: byte budget for caching generated matrix blocks; 'auto' (default) caches "
-        "the whole matrix of a model when it fits min(4 GiB, RAM/4), else nothing; 0 disables"
-    ),
+    "cache_bytes": ("basic/chunked: byte budget for caching generated matrix blocks; 'auto' (default) caches "
+                    "the whole matrix of a model when it fits min(4 GiB, RAM/4), else nothing; 0 disables"),
 }
 
 #: The arguments of ``make_projector`` that are no option.
@@ -104,10 +102,8 @@ class ProjectorKind:
         if implementation == "auto":
             return pick_auto(self)
         if implementation not in self.implementations and implementation != "cuda":  # cuda: make_projector says why
-            raise ProjectorError(
-                f"projector kind {self.name!r} has no {implementation} implementation; use implementation: "
-                f"{', '.join(self.implementations)} or auto"
-            )
+            raise ProjectorError(f"projector kind {self.name!r} has no {implementation} implementation; use "
+                                 f"implementation: {', '.join(self.implementations)} or auto")
         return implementation
 
     def matrix_bytes(self) -> int:
@@ -183,25 +179,18 @@ def register_projector_kind(cls: type[ProjectorKind]) -> type[ProjectorKind]:
         raise ProjectorError(f"register_projector_kind takes a ProjectorKind subclass, got {cls!r}")
     name = cls.name
     if not isinstance(name, str) or not name.isidentifier():
-        raise ProjectorError(
-            f"projector kind class {cls.__name__} needs a name, a word such as 'mykind', got {name!r}"
-        )
+        raise ProjectorError(f"projector kind class {cls.__name__} needs a name, a word such as 'mykind', got {name!r}")
     if name in _REGISTRY and _REGISTRY[name] is not cls:
-        raise ProjectorError(
-            f"projector kind {name!r} is already registered ({_REGISTRY[name].__name__}); "
-            f"choose another name or unregister_projector_kind({name!r}) first"
-        )
+        raise ProjectorError(f"projector kind {name!r} is already registered ({_REGISTRY[name].__name__}); "
+                             f"choose another name or unregister_projector_kind({name!r}) first")
     bad = [i for i in cls.implementations if i not in IMPLEMENTATIONS or i == "auto"]
     if bad:
-        raise ProjectorError(
-            f"projector kind {name!r} lists implementation {bad[0]!r}; "
-            f"choose among {', '.join(IMPLEMENTATIONS[1:])}"
-        )
+        raise ProjectorError(f"projector kind {name!r} lists implementation {bad[0]!r}; "
+                             f"choose among {', '.join(IMPLEMENTATIONS[1:])}")
     clash = [k for k in cls.options if (k in COMMON_OPTIONS and cls.built_from_model is None) or k in ARGUMENTS]
     if clash:
-        raise ProjectorError(
-            f"projector kind {name!r} declares option {clash[0]!r}, which every kind has; remove it from its options"
-        )
+        raise ProjectorError(f"projector kind {name!r} declares option {clash[0]!r}, which every kind has; "
+                             "remove it from its options")
     _REGISTRY[name] = cls
     _registry_changed()
     return cls
@@ -238,10 +227,8 @@ def projector_kind(name: Any) -> type[ProjectorKind]:
             kind and every registered one.
     """
     if not isinstance(name, str) or name not in _REGISTRY:
-        raise ProjectorError(
-            f"unknown projector kind {name!r}{did_you_mean(name, kind_names())}; "
-            f"choose one of {', '.join(kind_names())}"
-        )
+        raise ProjectorError(f"unknown projector kind {name!r}{did_you_mean(name, kind_names())}; "
+                             f"choose one of {', '.join(kind_names())}")
     return _REGISTRY[name]
 
 
