@@ -21,10 +21,8 @@ from trakcli.gradients.second_moment import optimizer_state_record
 from trakcli.files import atomic_torch_save
 from trakcli.train import optimizer_param_names
 from trakcli.models.peft import is_peft_model, save_adapter
-from trakcli.store.manifest import (
-    FORMAT, FORMAT_VERSION, MANIFEST_NAME, SOURCE_TRAINER, checkpoint_file_name, checkpoint_sha256, read_manifest,
-    write_manifest,
-)
+from trakcli.store.manifest import (FORMAT, FORMAT_VERSION, MANIFEST_NAME, SOURCE_TRAINER, checkpoint_file_name,
+                                    checkpoint_sha256, read_manifest, write_manifest)
 
 #: The values of ``save``: after every ``every``-th epoch, or every ``every`` optimizer steps.
 SAVE_WHEN = ("epoch", "steps")
@@ -67,12 +65,10 @@ def _plain(obj: Any) -> Any:
 
 
 #: The training arguments the manifest's ``recipe.trainer`` records (those that exist on the arguments object).
-RECIPE_ARGS = (
-    "learning_rate", "num_train_epochs", "max_steps", "per_device_train_batch_size", "gradient_accumulation_steps",
-    "optim", "lr_scheduler_type", "warmup_steps", "warmup_ratio", "weight_decay", "adam_beta1", "adam_beta2",
-    "adam_epsilon", "max_grad_norm", "seed", "data_seed", "bf16", "fp16", "max_length", "packing",
-    "completion_only_loss", "assistant_only_loss",
-)
+RECIPE_ARGS = ("learning_rate", "num_train_epochs", "max_steps", "per_device_train_batch_size",
+               "gradient_accumulation_steps", "optim", "lr_scheduler_type", "warmup_steps", "warmup_ratio",
+               "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon", "max_grad_norm", "seed", "data_seed", "bf16",
+               "fp16", "max_length", "packing", "completion_only_loss", "assistant_only_loss")
 
 
 class TrakCallback(TrainerCallback):
@@ -148,11 +144,10 @@ class TrakCallback(TrainerCallback):
         """Refuse sharded training; on the main process start (or, resumed, continue) the manifest."""
         for key in ("deepspeed", "fsdp"):
             if getattr(args, key, None):
-                raise ArgumentError(
-                    f"TrakCallback: training with {key} shards the weights and the optimizer state over the "
-                    f"processes, and the callback saves whole ones; train without {key} (one process or DDP), or "
-                    "save the model with the Trainer and its optimizer state with trakcli's format yourself"
-                )
+                raise ArgumentError(f"TrakCallback: training with {key} shards the weights and the optimizer state "
+                                    f"over the processes, and the callback saves whole ones; train without {key} (one "
+                                    "process or DDP), or save the model with the Trainer and its optimizer state with "
+                                    "trakcli's format yourself")
         if not state.is_world_process_zero:
             return
         try:
@@ -191,11 +186,9 @@ class TrakCallback(TrainerCallback):
         if self.final and (not self.saves or self.saves[-1]["step"] != state.global_step):
             self._save(state, kwargs)
         if not self.saves:
-            warnings.warn(
-                f"TrakCallback: training ended without a save (save={self.save!r}, every={self.every}, "
-                f"final=False), so {self.out_dir / MANIFEST_NAME} lists no checkpoint; lower `every` or set final=True",
-                stacklevel=2,
-            )
+            warnings.warn(f"TrakCallback: training ended without a save (save={self.save!r}, every={self.every}, "
+                          f"final=False), so {self.out_dir / MANIFEST_NAME} lists no checkpoint; lower `every` or set "
+                          "final=True", stacklevel=2)
             return
         history = [_plain(h) for h in state.log_history if "loss" in h or "train_loss" in h]
         self._write_manifest(state, complete=True, history=history)
@@ -227,10 +220,9 @@ class TrakCallback(TrainerCallback):
         if self.save_optimizer_state:
             optimizer = unwrap_optimizer(kwargs.get("optimizer"))
             if optimizer is None:
-                raise ArgumentError(
-                    "TrakCallback: save_optimizer_state=True but the Trainer passed no torch optimizer to the "
-                    f"callback (got {type(kwargs.get('optimizer')).__name__}); set save_optimizer_state=False"
-                )
+                raise ArgumentError("TrakCallback: save_optimizer_state=True but the Trainer passed no torch optimizer "
+                                    f"to the callback (got {type(kwargs.get('optimizer')).__name__}); set "
+                                    "save_optimizer_state=False")
             self._write_optimizer_state(model, optimizer, path)
             entry["optimizer_state"] = f"{OPTIMIZER_STATE_DIR}/{name}"
         self.saves = [s for s in self.saves if s["checkpoint"] != name] + [entry]
@@ -252,12 +244,9 @@ class TrakCallback(TrainerCallback):
         state_dict = optimizer.state_dict()
         if not self._warned and not any("exp_avg_sq" in s for s in state_dict["state"].values()):
             self._warned = True
-            warnings.warn(
-                f"TrakCallback: the optimizer {type(optimizer).__name__} keeps no exp_avg_sq (Adam's second "
-                "moments); its state is written, but second_moment: adam / adafactor reads AdamW's: train with "
-                "optim=\"adamw_torch\" (or another AdamW) to use them",
-                stacklevel=3,
-            )
+            warnings.warn(f"TrakCallback: the optimizer {type(optimizer).__name__} keeps no exp_avg_sq (Adam's second "
+                          "moments); its state is written, but second_moment: adam / adafactor reads AdamW's: train "
+                          "with optim=\"adamw_torch\" (or another AdamW) to use them", stacklevel=3)
         state = optimizer_state_record(type(optimizer).__name__.lower(), None,
                                        optimizer_param_names(model, optimizer), state_dict)
         try:
@@ -331,12 +320,9 @@ def _describe_model(model: nn.Module | None) -> dict[str, Any] | None:
         return None
     base = model.get_base_model() if is_peft_model(model) else model
     config = getattr(base, "config", None)
-    out: dict[str, Any] = {
-        "class": type(base).__name__,
-        "name_or_path": getattr(config, "_name_or_path", None) or None,
-        "n_params": sum(p.numel() for p in model.parameters()),
-        "n_trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
-    }
+    out: dict[str, Any] = {"class": type(base).__name__, "name_or_path": getattr(config, "_name_or_path", None) or None,
+                           "n_params": sum(p.numel() for p in model.parameters()),
+                           "n_trainable": sum(p.numel() for p in model.parameters() if p.requires_grad)}
     if is_peft_model(model):
         adapter = model.peft_config.get(model.active_adapter)
         out["adapter"] = _plain(adapter.to_dict() if hasattr(adapter, "to_dict") else adapter)
