@@ -273,9 +273,7 @@ def _recall_table(data: dict[str, Any]) -> Table:
     if data["max_sources"] > 1:
         for k, v in data["source_recall"].items():
             table.add_row(f"sources found @{k}", cell(v))
-    table.add_row(
-        "queries", f"{data['n_query']} ({data['n_not_found']} with no source in the top {data['k_max']})"
-    )
+    table.add_row("queries", f"{data['n_query']} ({data['n_not_found']} with no source in the top {data['k_max']})")
     table.add_row("interval", f"percentile bootstrap over queries, {data['n_bootstrap']} resamples")
     if "bm25" in data.get("baselines", {}):
         b = data["baselines"]["bm25"]

@@ -9,13 +9,7 @@ from typing import Any, Literal
 
 from pydantic_core import PydanticCustomError
 from pydantic import (
-    ConfigDict,
-    Field,
-    PositiveInt,
-    ValidationInfo,
-    field_serializer,
-    field_validator,
-    model_validator,
+    ConfigDict, Field, PositiveInt, ValidationInfo, field_serializer, field_validator, model_validator,
 )
 
 from trakcli.errors import ProjectorError
@@ -107,9 +101,7 @@ class ProjectorConfig(NoBoolNumbers):
                         f"{owners[0]}"
                     )
         if unknown:
-            raise PydanticCustomError(
-                UNKNOWN_KEYS, "unknown keys {keys}", {"keys": unknown, "choices": choices}
-            )
+            raise PydanticCustomError(UNKNOWN_KEYS, "unknown keys {keys}", {"keys": unknown, "choices": choices})
         others = [k for k in extra if k not in own] if self.built_from_model else []
         if others:
             close = {k: difflib.get_close_matches(k, list(own), n=1) for k in others}

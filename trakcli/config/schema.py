@@ -6,12 +6,7 @@ import difflib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import (
-    Field,
-    PositiveInt,
-    field_validator,
-    model_validator,
-)
+from pydantic import Field, PositiveInt, field_validator, model_validator
 
 from trakcli.projectors.kinds import KRONECKER_OPTIONS  # noqa: F401  (re-exported)
 from trakcli.projectors.registry import DEFAULT_KIND

@@ -220,9 +220,7 @@ def lds(
     ok = np.isfinite(rhos)
     finite = rhos[ok]
     mean, lo, hi = mean_interval(finite, n_bootstrap, seed, confidence_level)
-    quantiles = {
-        q: (float(np.quantile(finite, q)) if finite.size else float("nan")) for q in QUANTILES
-    }
+    quantiles = {q: (float(np.quantile(finite, q)) if finite.size else float("nan")) for q in QUANTILES}
     hist = np.histogram(finite, bins=10, range=(-1.0, 1.0))
     return LDSResult(
         lds=mean, ci_low=lo, ci_high=hi, rhos=rhos, n_targets_nan=int((~ok).sum()),
