@@ -12,14 +12,8 @@ from trakcli.errors import ArgumentError
 from trakcli.plots.common import check_plot_path, new_figure, save_figure
 
 
-def plot_sweep(
-    path: str | Path,
-    rows: Sequence[Mapping[str, Any]],
-    *,
-    default: Mapping[str, Any] | None = None,
-    title: str | None = None,
-    dpi: int = 100,
-) -> Path:
+def plot_sweep(path: str | Path, rows: Sequence[Mapping[str, Any]], *, default: Mapping[str, Any] | None = None,
+               title: str | None = None, dpi: int = 100) -> Path:
     """Draw the curves of an LDS sweep over proj_dim, checkpoints and lambda, and write the figure.
 
     Three panels, each point with its 95% bootstrap interval as an error bar: LDS against ``proj_dim``
@@ -88,11 +82,8 @@ def plot_sweep(
     if at_max and min(p[lam_key] for p in at_max) > 0:
         ax_l.set_xscale("log")
     _lambda_ticks(ax_l, [p[lam_key] for p in at_max])
-    ax_l.set(
-        xlabel="lambda_rel (ridge / mean squared feature norm)" if use_rel else "lambda_reg (absolute ridge)",
-        ylabel="LDS",
-        title=f"LDS vs λ at {max_m} checkpoint{'s' if max_m > 1 else ''}",
-    )
+    ax_l.set(xlabel="lambda_rel (ridge / mean squared feature norm)" if use_rel else "lambda_reg (absolute ridge)",
+             ylabel="LDS", title=f"LDS vs λ at {max_m} checkpoint{'s' if max_m > 1 else ''}")
 
     # the best and default settings, where they belong on each panel's x axis
     for ax, xkey in ((ax_d, "proj_dim"), (ax_m, "n_checkpoints"), (ax_l, lam_key)):
@@ -122,19 +113,15 @@ def _sweep_points(rows: Sequence[Mapping[str, Any]]) -> list[dict]:
     for n, r in enumerate(rows):
         missing = [k for k in ("proj_dim", "n_checkpoints", "lds") if k not in r]
         if missing:
-            raise ArgumentError(
-                f"plot_sweep: rows[{n}] has no {', '.join(missing)}; each row needs proj_dim, n_checkpoints, "
-                "lambda_rel or lambda_reg, lds, ci_low, ci_high"
-            )
+            raise ArgumentError(f"plot_sweep: rows[{n}] has no {', '.join(missing)}; each row needs proj_dim, "
+                                "n_checkpoints, lambda_rel or lambda_reg, lds, ci_low, ci_high")
         lds = float(r["lds"])
         if not math.isfinite(lds):
             raise ArgumentError(f"plot_sweep: rows[{n}] has lds={r['lds']!r}; it must be a finite number")
         opt = lambda key: None if r.get(key) is None else float(r[key])  # noqa: E731
-        pts.append({
-            "proj_dim": int(r["proj_dim"]), "n_checkpoints": int(r["n_checkpoints"]),
-            "lambda_rel": opt("lambda_rel"), "lambda_reg": opt("lambda_reg"),
-            "lds": lds, "ci_low": opt("ci_low"), "ci_high": opt("ci_high"),
-        })
+        pts.append({"proj_dim": int(r["proj_dim"]), "n_checkpoints": int(r["n_checkpoints"]),
+                    "lambda_rel": opt("lambda_rel"), "lambda_reg": opt("lambda_reg"),
+                    "lds": lds, "ci_low": opt("ci_low"), "ci_high": opt("ci_high")})
     return pts
 
 

@@ -9,10 +9,8 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from trakcli.errors import ArgumentError, DataError
-from trakcli.plots.common import (
-    OPP_COLOR, OPP_FILL, PRO_COLOR, PRO_FILL, TARGET_COLOR, as_numpy, check_plot_path, escape_math, new_figure,
-    save_figure, shorten,
-)
+from trakcli.plots.common import (OPP_COLOR, OPP_FILL, PRO_COLOR, PRO_FILL, TARGET_COLOR, as_numpy, check_plot_path,
+                                  escape_math, new_figure, save_figure, shorten)
 
 
 def top_indices(row: Any, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -63,15 +61,12 @@ def image_shape_of(dataset: Any) -> tuple[int, ...] | None:
         declared = tuple(int(d) for d in declared)
         ok = len(declared) == 2 or (len(declared) == 3 and declared[0] in (1, 3))
         if not ok or min(declared) < 1:
-            raise DataError(
-                f"{getattr(dataset, 'name', 'dataset')}: image_shape {list(declared)} is not (H, W) or (C, H, W) "
-                "with C = 1 or 3"
-            )
+            raise DataError(f"{getattr(dataset, 'name', 'dataset')}: image_shape {list(declared)} is not (H, W) or "
+                            "(C, H, W) with C = 1 or 3")
         if math.prod(declared) != math.prod(shape):
-            raise DataError(
-                f"{getattr(dataset, 'name', 'dataset')}: image_shape {list(declared)} holds "
-                f"{math.prod(declared)} values but each input has shape {list(shape)} ({math.prod(shape)} values)"
-            )
+            raise DataError(f"{getattr(dataset, 'name', 'dataset')}: image_shape {list(declared)} holds "
+                            f"{math.prod(declared)} values but each input has shape {list(shape)} "
+                            f"({math.prod(shape)} values)")
         return declared
     if len(shape) == 2 or (len(shape) == 3 and shape[0] in (1, 3)):
         return shape
@@ -113,19 +108,9 @@ class RowTexts(Sequence[str]):
 
 
 def plot_top(
-    path: str | Path,
-    scores: Any,
-    train: Any,
-    target: Any,
-    *,
-    target_ids: Iterable[int] | None = None,
-    top_k: int = 5,
-    train_texts: Sequence[str] | None = None,
-    target_texts: Sequence[str] | None = None,
-    class_names: Sequence[str] | None = None,
-    title: str | None = None,
-    cmap: str = "gray",
-    dpi: int = 100,
+    path: str | Path, scores: Any, train: Any, target: Any, *, target_ids: Iterable[int] | None = None,
+    top_k: int = 5, train_texts: Sequence[str] | None = None, target_texts: Sequence[str] | None = None,
+    class_names: Sequence[str] | None = None, title: str | None = None, cmap: str = "gray", dpi: int = 100,
 ) -> Path:
     """Draw targets beside their top proponents and opponents (:func:`top_indices`), and write the figure.
 
@@ -157,10 +142,8 @@ def plot_top(
     path = check_plot_path(path)
     scores = as_numpy(scores)
     if scores.ndim != 2 or scores.shape[1] != len(train.labels):
-        raise DataError(
-            f"scores have shape {list(scores.shape)} but there are {len(train.labels)} train examples; "
-            "pass the [n_target, n_train] scores of this train set"
-        )
+        raise DataError(f"scores have shape {list(scores.shape)} but there are {len(train.labels)} train examples; "
+                        "pass the [n_target, n_train] scores of this train set")
     if top_k < 1:
         raise ArgumentError(f"top_k={top_k}; show at least 1 proponent and opponent per target")
     ids = list(range(min(3, scores.shape[0]))) if target_ids is None else [int(t) for t in target_ids]
@@ -168,10 +151,8 @@ def plot_top(
         raise ArgumentError("no targets to draw: target_ids is empty (or scores has no rows)")
     bad = [t for t in ids if not 0 <= t < min(scores.shape[0], len(target.labels))]
     if bad:
-        raise ArgumentError(
-            f"target ids {bad[:5]} are out of range: scores has {scores.shape[0]} rows and the target set "
-            f"{len(target.labels)} examples"
-        )
+        raise ArgumentError(f"target ids {bad[:5]} are out of range: scores has {scores.shape[0]} rows and the target "
+                            f"set {len(target.labels)} examples")
     for name, texts, ds in (("train_texts", train_texts, train), ("target_texts", target_texts, target)):
         if texts is not None and len(texts) != len(ds.labels):
             raise DataError(f"{name} has {len(texts)} entries but the dataset has {len(ds.labels)} examples")
@@ -192,10 +173,8 @@ def plot_top(
     k = max(max(len(p), len(o)) for _, p, o in picks)
     if k == 0:
         raise DataError(f"targets {ids} have no finite nonzero scores; nothing to draw")
-    title = title or (
-        f"TRAK attribution: top {k} proponents (highest scores) and opponents (lowest scores) "
-        f"of {len(ids)} target{'s' if len(ids) > 1 else ''}"
-    )
+    title = title or (f"TRAK attribution: top {k} proponents (highest scores) and opponents (lowest scores) "
+                      f"of {len(ids)} target{'s' if len(ids) > 1 else ''}")
     tr_shape, ta_shape = image_shape_of(train), image_shape_of(target)
     if tr_shape is not None and tr_shape == ta_shape:
         fig = _image_figure(scores, train, target, tr_shape, picks, k, label, title, cmap)
@@ -225,13 +204,10 @@ def _image_figure(scores, train, target, shape, picks, k, label, title, cmap):
     fig.get_layout_engine().set(w_pad=0.04, h_pad=0.04, wspace=0.03, hspace=0.05)
     fig.suptitle(title, fontsize=10)
     sub_t, sub_p, sub_o = fig.subfigures(1, 3, width_ratios=[1.15, k, k], wspace=0.02)
-    panels = (
-        (sub_t, "target", TARGET_COLOR, "white"),
-        (sub_p, "proponents: highest scores", PRO_COLOR, PRO_FILL),
-        (sub_o, "opponents: lowest scores", OPP_COLOR, OPP_FILL),
-    )
     grids = []
-    for sub, head, color, fill in panels:
+    for sub, head, color, fill in ((sub_t, "target", TARGET_COLOR, "white"),
+                                   (sub_p, "proponents: highest scores", PRO_COLOR, PRO_FILL),
+                                   (sub_o, "opponents: lowest scores", OPP_COLOR, OPP_FILL)):
         sub.set_facecolor(fill)
         sub.suptitle(head, fontsize=10, color=color, fontweight="bold")
         grids.append(np.asarray(sub.subplots(n_rows, 1 if sub is sub_t else k, squeeze=False)))
@@ -299,15 +275,9 @@ def _table_figure(scores, train_y, target_y, picks, k, label, title, train_texts
                     part = [""] * len(cols)
                 row += part
             cells.append(row)
-        table = ax.table(
-            cellText=cells,
-            colLabels=cols + [c.replace("proponent", "opponent") for c in cols],
-            cellColours=[fills] * k,
-            colColours=fills,
-            colWidths=widths * 2,
-            cellLoc="left",
-            bbox=[0.0, 0.0, 1.0, 1.0],
-        )
+        table = ax.table(cellText=cells, colLabels=cols + [c.replace("proponent", "opponent") for c in cols],
+                         cellColours=[fills] * k, colColours=fills, colWidths=widths * 2, cellLoc="left",
+                         bbox=[0.0, 0.0, 1.0, 1.0])
         table.auto_set_font_size(False)
         table.set_fontsize(8)
         for (r, c), cell in table.get_celld().items():
