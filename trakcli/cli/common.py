@@ -109,10 +109,9 @@ def _phases_of_library_logs() -> Iterator[None]:
 def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Turn a TrakError into a red message on stderr and its exit code (TRAK_DEBUG=1: traceback).
 
-    Running out of memory (``MemoryError``, torch's ``OutOfMemoryError``) is reported
-    the same way, exit code 1, with the config keys that size the arrays. Warnings of
-    other libraries go to the debug log (:func:`library_warnings_to_log`); :func:`_phases_of_library_logs`
-    runs around the command.
+    Running out of memory (``MemoryError``, torch's ``OutOfMemoryError``) is reported the same way, exit code 1,
+    with the config keys that size the arrays. Warnings of other libraries go to the debug log
+    (:func:`library_warnings_to_log`); :func:`_phases_of_library_logs` runs around the command.
     """
 
     @functools.wraps(fn)

@@ -1,10 +1,9 @@
 """Help labels in the form click and most CLIs print: ``trak score [OPTIONS] CONFIG [OVERRIDES]...``, ``--out PATH``.
 
-typer >= 0.26 labels every parameter with its Python type (``<bool>`` on flags,
-``<list[str]>``, ``{config}`` in the usage line). :class:`TrakCommand` and
-:class:`TrakGroup` relabel their parameters when help is drawn: arguments by
-their upper-case name (optional ones in brackets, ``...`` when repeated), options
-by an upper-case type (``PATH``, ``INTEGER``, ``[a|b]`` for a choice), flags by nothing.
+typer >= 0.26 labels every parameter with its Python type (``<bool>`` on flags, ``<list[str]>``, ``{config}`` in the
+usage line). :class:`TrakCommand` and :class:`TrakGroup` relabel their parameters when help is drawn: arguments by
+their upper-case name (optional ones in brackets, ``...`` when repeated), options by an upper-case type (``PATH``,
+``INTEGER``, ``[a|b]`` for a choice), flags by nothing.
 
 An unknown flag that names a config key (``--proj-dim 512``) gets the override
 to write instead (``projector.proj_dim=512``) added to click's usage error (exit 2).
@@ -76,10 +75,9 @@ def config_keys() -> tuple[str, ...]:
 def override_hint(option: str, args: list[str]) -> str | None:
     """The ``key=value`` override(s) an unknown ``--flag`` probably meant, or None.
 
-    ``--proj-dim 512`` -> ``"projector.proj_dim=512"``: the flag, with dashes as
-    underscores, is matched against the last part of every config key; the
-    shallowest keys win (``projector.proj_dim`` before ``optimize.projection.proj_dim``).
-    The value is the flag's ``=VALUE`` or the argument after it, else ``VALUE``.
+    ``--proj-dim 512`` -> ``"projector.proj_dim=512"``: the flag, with dashes as underscores, is matched against the
+    last part of every config key; the shallowest keys win (``projector.proj_dim`` before
+    ``optimize.projection.proj_dim``). The value is the flag's ``=VALUE`` or the argument after it, else ``VALUE``.
     """
     name, _, value = option.lstrip("-").partition("=")
     name = name.replace("-", "_")

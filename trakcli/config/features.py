@@ -139,15 +139,13 @@ class KindSection(StrictModel):
 class SecondMomentConfig(KindSection):
     """``second_moment:``: the optimizer second-moment correction of the per-example gradients (TrackStar).
 
-    Each per-example gradient is divided elementwise by the square root of the
-    bias-corrected second-moment estimate ``v`` (``exp_avg_sq``) that Adam/AdamW kept for
-    that checkpoint, before it is projected, so the features live in the geometry the
-    optimizer used (Chang et al., ICLR 2025, "Scalable Influence and Fact Tracing for Large
-    Language Model Pretraining", Sec. 3). ``adafactor`` uses the rank-1 factorization of
-    ``v`` per layer (Shazeer & Stern 2018), a diagonal scaling on each side of the layer's
-    gradient matrix, which the Kronecker projection applies to its factors; ``adam`` the
-    exact ``1/sqrt(v + eps)`` (needs whole per-example gradients: not kind kronecker).
-    README "Optimizer second-moment correction" gives the formulas.
+    Each per-example gradient is divided elementwise by the square root of the bias-corrected second-moment estimate
+    ``v`` (``exp_avg_sq``) that Adam/AdamW kept for that checkpoint, before it is projected, so the features live in
+    the geometry the optimizer used (Chang et al., ICLR 2025, "Scalable Influence and Fact Tracing for Large
+    Language Model Pretraining", Sec. 3). ``adafactor`` uses the rank-1 factorization of ``v`` per layer (Shazeer &
+    Stern 2018), a diagonal scaling on each side of the layer's gradient matrix, which the Kronecker projection
+    applies to its factors; ``adam`` the exact ``1/sqrt(v + eps)`` (needs whole per-example gradients: not kind
+    kronecker). README "Optimizer second-moment correction" gives the formulas.
     """
 
     kind: Literal["adafactor", "adam"] | None = Field(
@@ -201,12 +199,11 @@ class RefineConfig(StrictModel):
 class CurvatureConfig(KindSection):
     """``curvature:``: the preconditioner of the scores (docs/guides/curvature.md).
 
-    ``gram`` is TRAK's kernel (Φᵀ Φ + λ I)⁻¹ of the projected train features (``score.lambda_*``).
-    ``kfac`` and ``ekfac`` fit, per checkpoint, per-layer Kronecker factors of the Fisher
-    (Martens & Grosse 2015) and, for ``ekfac``, its eigenvalues corrected in their eigenbasis
-    (George et al. 2018; Grosse et al. 2023); every gradient, train and target, is whitened by
-    the damped inverse before it is projected, so scores are inner products of ``proj_dim``
-    floats and approximate g_tᵀ (F + δ I)⁻¹ g_z. Fit over the training data, stored per
+    ``gram`` is TRAK's kernel (Φᵀ Φ + λ I)⁻¹ of the projected train features (``score.lambda_*``). ``kfac`` and
+    ``ekfac`` fit, per checkpoint, per-layer Kronecker factors of the Fisher (Martens & Grosse 2015) and, for
+    ``ekfac``, its eigenvalues corrected in their eigenbasis (George et al. 2018; Grosse et al. 2023); every
+    gradient, train and target, is whitened by the damped inverse before it is projected, so scores are inner
+    products of ``proj_dim`` floats and approximate g_tᵀ (F + δ I)⁻¹ g_z. Fit over the training data, stored per
     checkpoint in the store (resumable).
     """
 

@@ -248,9 +248,8 @@ class QLDConfig(StrictModel):
 class RecallConfig(StrictModel):
     """``eval.recall``: fact tracing (`trak eval recall`): do the top proponents hold each query's source?
 
-    Every row of data.target names, in the field ``sources``, the 0-based rows of
-    data.train that hold its fact; the ranking is the experiment's top-k
-    proponents (``score.top_k``), or its full score matrix ranked.
+    Every row of data.target names, in the field ``sources``, the 0-based rows of data.train that hold its fact; the
+    ranking is the experiment's top-k proponents (``score.top_k``), or its full score matrix ranked.
     """
 
     sources: str = Field(
@@ -274,9 +273,8 @@ class EvalConfig(StrictModel):
     and fact tracing (`trak eval recall`).
 
     LDS (Park et al. 2023, "TRAK", Sec. 2.2; Ilyas et al. 2022, "Datamodels"):
-    ``n_subsets`` models are trained with the config's training recipe on random
-    ``subset_fraction`` subsets of data.train; per target, the Spearman
-    correlation between ``mask @ scores[t]`` and the retrained models' outputs.
+    ``n_subsets`` models are trained with the config's training recipe on random ``subset_fraction`` subsets of
+    data.train; per target, the Spearman correlation between ``mask @ scores[t]`` and the retrained models' outputs.
     """
 
     n_subsets: PositiveInt = Field(100, description="Models retrained on random subsets.")

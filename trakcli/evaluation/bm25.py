@@ -1,12 +1,11 @@
 """BM25 word-overlap scores of text data: the baseline every attribution of text is shown beside.
 
-BM25 (Robertson & Zaragoza 2009, "The Probabilistic Relevance Framework: BM25 and Beyond")
-ranks the training documents by the query's words they share, weighted by rarity; it needs no
-model. On text benchmarks it is a strong baseline (EleutherAI's Bergson leaderboard: BM25 LDS
-0.220 against TRAK's 0.138 on fine-tuned GPT-2), so `trak eval` reports it beside the
-gradient method's LDS, QLD and recall on text data: a result that BM25 matches measures
-word overlap, not what the model learned. Computed with the ``bm25s`` package (Lù 2024), with
-its default tokenizer and English stopwords.
+BM25 (Robertson & Zaragoza 2009, "The Probabilistic Relevance Framework: BM25 and Beyond") ranks the training
+documents by the query's words they share, weighted by rarity; it needs no model. On text benchmarks it is a strong
+baseline (EleutherAI's Bergson leaderboard: BM25 LDS 0.220 against TRAK's 0.138 on fine-tuned GPT-2), so `trak eval`
+reports it beside the gradient method's LDS, QLD and recall on text data: a result that BM25 matches measures word
+overlap, not what the model learned. Computed with the ``bm25s`` package (Lù 2024), with its default tokenizer and
+English stopwords.
 """
 
 from __future__ import annotations
@@ -58,8 +57,7 @@ def token_overlap_scores(train: Any, target: Any, queries: Sequence[int], width:
 
     A train token ``x`` at position ``t`` (a target of the loss there) of document ``z`` scores
     ``idf(x) = log((n_train + 1) / (df(x) + 0.5))`` when ``x`` is among the query's target tokens, else 0
-    (``df``: the documents holding ``x`` as a target), plus a seeded jitter below 1e-6 that breaks ties
-    at random.
+    (``df``: the documents holding ``x`` as a target), plus a seeded jitter below 1e-6 that breaks ties at random.
 
     ``train`` and ``target`` are token datasets (``batches``: per-token labels ``[b, L]``, the token where it is
     a target), read ``batch_rows`` rows at once; ``width``: the longest sequence (``max_length``).

@@ -29,10 +29,9 @@ def check_lds_inputs(
     float64)``. ``names``: how messages call each array (e.g. the file it came from), by those keys.
 
     Raises:
-        DataError: a wrong number of dimensions, a non-numeric dtype, masks
-            other than 0/1, non-finite values, fewer than 2 subsets, or shapes
-            that do not fit together (names the array, its shape, the expected
-            shape and where the expected sizes come from).
+        DataError: a wrong number of dimensions, a non-numeric dtype, masks other than 0/1, non-finite values, fewer
+            than 2 subsets, or shapes that do not fit together (names the array, its shape, the expected shape and
+            where the expected sizes come from).
     """
     names = {"scores": "scores", "masks": "masks", "outputs": "outputs", **(names or {})}
     expect = {
@@ -193,12 +192,10 @@ def lds(
 ) -> LDSResult:
     """Linear datamodeling score of ``scores`` against retrained models (Park et al. 2023, Eq. 5).
 
-    ``pred = masks @ scores.T`` (``[n_subsets, n_target]``, float64) predicts
-    each target's output under each subset; the per-target LDS is the
-    Spearman correlation of ``pred[:, t]`` with ``outputs[:, t]``
-    (:func:`spearman_columns`), and the LDS is its mean over the targets
-    whose correlation is defined. The interval is a percentile bootstrap of
-    that mean over targets (``scipy.stats.bootstrap``).
+    ``pred = masks @ scores.T`` (``[n_subsets, n_target]``, float64) predicts each target's output under each
+    subset; the per-target LDS is the Spearman correlation of ``pred[:, t]`` with ``outputs[:, t]``
+    (:func:`spearman_columns`), and the LDS is its mean over the targets whose correlation is defined. The interval
+    is a percentile bootstrap of that mean over targets (``scipy.stats.bootstrap``).
 
     Args:
         scores: ``[n_target, n_train]`` attribution scores (any real dtype).

@@ -8,16 +8,15 @@ summed training loss on its row) under each gives
     QLD_top(q)    = L_q(without top m)    − L_q(all rows)
     QLD_random(q) = L_q(without random m) − L_q(all rows)
 
-and their mean over the queries with bootstrap intervals; an attribution that finds what the query depends on
-has ``QLD_top`` well above ``QLD_random`` (the filter validation of EleutherAI's Bergson; Koh & Liang 2017,
-Sec. 5.1, remove-and-retrain). Unlike the LDS, it asks only about each query's most influential rows, which is
-what a user acts on, and a method that ranks by word overlap gets no credit for rows that do not change the
-query's loss.
+and their mean over the queries with bootstrap intervals; an attribution that finds what the query depends on has
+``QLD_top`` well above ``QLD_random`` (the filter validation of EleutherAI's Bergson; Koh & Liang 2017, Sec. 5.1,
+remove-and-retrain). Unlike the LDS, it asks only about each query's most influential rows, which is what a user
+acts on, and a method that ranks by word overlap gets no credit for rows that do not change the query's loss.
 
 With ``eval.qld.per_token`` the unit left out is a training *token* instead of a row: the query's
 ``m = round(ρ · n_tokens)`` train tokens (targets of the loss) of highest per-token score
-(:mod:`trakcli.jobs.per_token`) are masked out of the loss (labels ``-100``), against as many random target
-tokens (Bergson's per-token QLD).
+(:mod:`trakcli.jobs.per_token`) are masked out of the loss (labels ``-100``), against as many random target tokens
+(Bergson's per-token QLD).
 
 Every model is a pure function of the config and its rows and seed: ``eval.seed`` fixes the queries, the
 random rows and the seeds (``eval.qld.seeds`` of them, each model of a query trained once per seed).

@@ -1,10 +1,9 @@
 """Counterfactual retraining for the linear datamodeling score: subsets, seeds, model outputs, the store rows.
 
-``eval.n_subsets`` models are retrained with the config's recipe, model k on a random subset S_k of the
-training set (:func:`subset_mask`); its row in the store's ``eval/`` group holds the mask and the targets'
-outputs under it (the margin the scores attribute, :func:`model_outputs`). The LDS of those rows against a
-score matrix is :func:`trakcli.evaluation.lds.lds` (Park et al. 2023, "TRAK", Sec. 2.2; Ilyas et al. 2022,
-"Datamodels").
+``eval.n_subsets`` models are retrained with the config's recipe, model k on a random subset S_k of the training set
+(:func:`subset_mask`); its row in the store's ``eval/`` group holds the mask and the targets' outputs under it (the
+margin the scores attribute, :func:`model_outputs`). The LDS of those rows against a score matrix is
+:func:`trakcli.evaluation.lds.lds` (Park et al. 2023, "TRAK", Sec. 2.2; Ilyas et al. 2022, "Datamodels").
 
 Every row is a pure function of the config and k (the subset drawn with ``(eval.seed, k)``, model k seeded
 with :func:`retrain_seed`), so any number of workers (:func:`run_models`; the calling process is the only
@@ -234,19 +233,17 @@ def retrain(
     Model k: rows :func:`subset_mask` ``(n_train, eval.subset_fraction, eval.seed, k)`` of data.train, trained
     by :func:`trakcli.train.train_one` with seed :func:`retrain_seed` ``(cfg, k)`` (``eval.retrain_seed``); with
     ``eval.retrain_seed: replay``, checkpoint ``k mod optimize.n_models``'s recorded training rerun with the other
-    rows weighted 0 (:func:`trakcli.jobs.unroll.reweighted_model`). Rows already done in the
-    store's ``eval/`` group are kept (a killed run resumes; a larger
-    ``eval.n_subsets`` extends the group); a row failing its checksum is
-    retrained. The store is created if it does not exist yet (retraining does
-    not need features), and locked while this runs.
+    rows weighted 0 (:func:`trakcli.jobs.unroll.reweighted_model`). Rows already done in the store's ``eval/`` group
+    are kept (a killed run resumes; a larger ``eval.n_subsets`` extends the group); a row failing its checksum is
+    retrained. The store is created if it does not exist yet (retraining does not need features), and locked while
+    this runs.
 
     Args:
         cfg: the config: ``optimize`` (or ``training`` + ``optimizer``) is the
             recipe, ``eval`` the subsets, ``data.target`` the targets.
-        workers: processes that train models (``1``: this process, with
-            ``cfg.num_threads``). With more, each worker is a spawned process
-            using ``cfg.num_threads`` torch threads (unset: the cores divided
-            by ``workers``), and this process writes every finished row.
+        workers: processes that train models (``1``: this process, with ``cfg.num_threads``). With more, each worker
+            is a spawned process using ``cfg.num_threads`` torch threads (unset: the cores divided by ``workers``),
+            and this process writes every finished row.
         overwrite: discard the stored retrained models and start over.
         reporter: progress (one step per model; the time left is measured after each worker's first
             model, which carries its start-up) and messages.

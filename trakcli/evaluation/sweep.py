@@ -49,11 +49,9 @@ class SweepResult:
     """The grid of a sweep and its LDS values.
 
     Attributes:
-        rows: one dict per grid point: ``proj_dim``, ``n_checkpoints``,
-            ``lambda_rel`` (None for an absolute ridge), ``lambda_reg`` (the
-            absolute ridge given, or the mean λ_m the relative one gave),
-            ``lds``, ``ci_low``, ``ci_high`` (95% bootstrap interval over
-            targets), ``n_targets_nan``.
+        rows: one dict per grid point: ``proj_dim``, ``n_checkpoints``, ``lambda_rel`` (None for an absolute ridge),
+            ``lambda_reg`` (the absolute ridge given, or the mean λ_m the relative one gave), ``lds``, ``ci_low``,
+            ``ci_high`` (95% bootstrap interval over targets), ``n_targets_nan``.
         best: the row of the highest LDS.
         default: the row of the config's own settings (its proj_dim, all
             checkpoints, its score.lambda_reg / lambda_rel).
@@ -159,9 +157,8 @@ def lds_grid(
 ) -> list[dict[str, Any]]:
     """The LDS of one featurization (``cfg``'s projector) for every ensemble size and ridge.
 
-    Featurizes ``cfg.checkpoints`` into ``cfg.store`` (done chunks are kept),
-    runs ``trak score`` for the target features, then for each ridge factors
-    each checkpoint's kernel once and scores the first ``k`` checkpoints for
+    Featurizes ``cfg.checkpoints`` into ``cfg.store`` (done chunks are kept), runs ``trak score`` for the target
+    features, then for each ridge factors each checkpoint's kernel once and scores the first ``k`` checkpoints for
     every ``k`` in ``ks`` (the formula is in this module's docstring). ``masks`` and ``outputs`` are
     :func:`~trakcli.evaluation.lds.lds`'s; a ridge is ``(lambda_rel, None)``, relative to trace(Φᵀ Φ)/n_train,
     or ``(None, lambda_reg)``. ``own_store``: ``cfg.store`` is the user's own store, and one made with other
@@ -236,9 +233,8 @@ def sweep(
     Args:
         cfg: the config (its ``eval`` section fixes the retraining; ``eval.sweep`` the grid).
         workers: processes for the retraining, if it is not in the store yet.
-        proj_dims, n_checkpoints, lambda_rel, lambda_reg: override ``eval.sweep``'s grid.
-            The config's own proj_dim and ridge are always added, so the default
-            settings are a point of the grid.
+        proj_dims, n_checkpoints, lambda_rel, lambda_reg: override ``eval.sweep``'s grid. The config's own proj_dim
+            and ridge are always added, so the default settings are a point of the grid.
         reporter: progress and messages.
 
     Returns:

@@ -4,16 +4,13 @@ Used by `trak eval`'s retraining (:func:`trakcli.evaluation.retrain.run_models`)
 caller stays the only writer of the store. What the pool guarantees, and why it is not
 :mod:`concurrent.futures` or ``multiprocessing.Pool`` (both checked on Python 3.11):
 
-- a worker exits as soon as its parent process is gone (``kill -9`` of the
-  parent leaves no orphan training on): a watchdog thread waits on the
-  parent's sentinel;
-- workers ignore SIGINT; on Ctrl-C, on a task's error or when a worker dies,
-  the others are terminated at once. ``ProcessPoolExecutor`` cannot stop a
-  running task before Python 3.14 (``terminate_workers``): its shutdown, and
+- a worker exits as soon as its parent process is gone (``kill -9`` of the parent leaves no orphan training on): a
+  watchdog thread waits on the parent's sentinel;
+- workers ignore SIGINT; on Ctrl-C, on a task's error or when a worker dies, the others are terminated at once.
+  ``ProcessPoolExecutor`` cannot stop a running task before Python 3.14 (``terminate_workers``): its shutdown, and
   the interpreter's exit, wait for the tasks in flight (minutes of training);
-- a worker that dies (killed, out of memory) is reported with its exit code.
-  ``multiprocessing.Pool`` replaces a dead worker and never returns its task:
-  the caller waits forever;
+- a worker that dies (killed, out of memory) is reported with its exit code. ``multiprocessing.Pool`` replaces a
+  dead worker and never returns its task: the caller waits forever;
 - a task's exception reaches the caller as its message (a :class:`TrakError`)
   or its type, message and the worker's traceback (anything else).
 
