@@ -1,11 +1,10 @@
 """Curvature beyond TRAK's kernel: K-FAC and EK-FAC, fit per checkpoint and stored like the kernel.
 
-``curvature.kind: gram`` is TRAK's kernel over the projected features (:mod:`trakcli.scoring`).
-``kfac`` and ``ekfac`` (:mod:`.kfac`) fit per-layer Kronecker factors of the Fisher over
-the training data of each checkpoint, store them (``train/<model_id>/curvature``,
-:mod:`trakcli.store.curvature`), and whiten every per-example gradient by the damped
-inverse before it is projected; :class:`Curvature` holds the settings, the layers and the
-fitted factors of the checkpoints, and is what a featurizer consults.
+``curvature.kind: gram`` is TRAK's kernel over the projected features (:mod:`trakcli.scoring`). ``kfac`` and ``ekfac``
+(:mod:`.kfac`) fit per-layer Kronecker factors of the Fisher over the training data of each checkpoint, store them
+(``train/<model_id>/curvature``, :mod:`trakcli.store.curvature`), and whiten every per-example gradient by the damped
+inverse before it is projected; :class:`Curvature` holds the settings, the layers and the fitted factors of the
+checkpoints, and is what a featurizer consults.
 """
 
 from __future__ import annotations
@@ -155,12 +154,12 @@ class Curvature:
             on_event: Callable[[str, str, int, int], None] | None = None, trial: bool = False) -> CurvatureFactors:
         """Fit checkpoint ``model_id`` (loaded into the model) over ``batches()``, resuming from and writing to ``store``.
 
-        With a store: a finished curvature of the same :meth:`settings` is read, not fitted; stored
-        covariances (pass 1) are reused; each stage is written when done
-        (:func:`trakcli.store.curvature.write_curvature`); a pass's running sums are saved every
-        ``save_every_s`` seconds of work (:func:`trakcli.store.curvature.write_partial`) and a pass resumes
-        after them, ending with the factors of an uninterrupted fit bit for bit; a save that does not fit
-        the batches (another ``data.batch_size``) is dropped and the pass starts over.
+        With a store: a finished curvature of the same :meth:`settings` is read, not fitted; stored covariances
+        (pass 1) are reused; each stage is written when done (:func:`trakcli.store.curvature.write_curvature`); a
+        pass's running sums are saved every ``save_every_s`` seconds of work
+        (:func:`trakcli.store.curvature.write_partial`) and a pass resumes after them, ending with the factors of an
+        uninterrupted fit bit for bit; a save that does not fit the batches (another ``data.batch_size``) is dropped
+        and the pass starts over.
 
         Args:
             model_id: the checkpoint.

@@ -1,25 +1,22 @@
 """K-FAC and EK-FAC curvature of a checkpoint, fit from layer hooks, and the whitening of gradients by it.
 
-For a layer ``y_t = W a_t (+ b)`` (bias folded in, ``a_t ← [a_t, 1]``) applied at
-positions ``t``, an example's gradient is ``G = Σ_t g_t a_tᵀ`` ``[d_out, d_in]``. The
-Fisher of the per-example loss restricted to the layer, ``F = E_z[vec G vec Gᵀ]``
-(row-major ``vec``), is approximated by a Kronecker product (Martens & Grosse 2015,
+For a layer ``y_t = W a_t (+ b)`` (bias folded in, ``a_t ← [a_t, 1]``) applied at positions ``t``, an example's
+gradient is ``G = Σ_t g_t a_tᵀ`` ``[d_out, d_in]``. The Fisher of the per-example loss restricted to the layer,
+``F = E_z[vec G vec Gᵀ]`` (row-major ``vec``), is approximated by a Kronecker product (Martens & Grosse 2015,
 "Optimizing Neural Networks with Kronecker-factored Approximate Curvature"):
 
     F ≈ S ⊗ A,   A = Σ_tokens a aᵀ / N_tokens   [d_in, d_in],
                  S = Σ_tokens g gᵀ / N_examples  [d_out, d_out]
 
-(tokens: every real position, padding excluded by ``attention_mask``; an example
-without positions, a classifier's, has one). ``g`` is the gradient of the summed loss
-at labels sampled from the model's own distribution (``fisher: true``, the Fisher, as
-kronfluence fits it) or at the data's labels (``fisher: empirical``). With the
+(tokens: every real position, padding excluded by ``attention_mask``; an example without positions, a classifier's,
+has one). ``g`` is the gradient of the summed loss at labels sampled from the model's own distribution
+(``fisher: true``, the Fisher, as kronfluence fits it) or at the data's labels (``fisher: empirical``). With the
 eigendecompositions ``A = Q_A diag(λ_A) Q_Aᵀ``, ``S = Q_S diag(λ_S) Q_Sᵀ``:
 
 * K-FAC: ``F ≈ (Q_S ⊗ Q_A) diag(Λ) (Q_S ⊗ Q_A)ᵀ`` with ``Λ_ij = λ_S,i λ_A,j``;
-* EK-FAC (George et al. 2018, "Fast Approximate Natural Gradient Descent in a
-  Kronecker-factored Eigenbasis"; Grosse et al. 2023, "Studying Large Language Model
-  Generalization with Influence Functions", Sec. 2.2.3): the same eigenbasis, with the
-  eigenvalues corrected to the second moments of the examples' gradients in it,
+* EK-FAC (George et al. 2018, "Fast Approximate Natural Gradient Descent in a Kronecker-factored Eigenbasis"; Grosse
+  et al. 2023, "Studying Large Language Model Generalization with Influence Functions", Sec. 2.2.3): the same
+  eigenbasis, with the eigenvalues corrected to the second moments of the examples' gradients in it,
   ``Λ_ij = E_z[(Q_Sᵀ G Q_A)_ij²]`` (one more pass over the data).
 
 Each layer is damped by ``δ = damping · mean(Λ)`` (kronfluence's default heuristic with
@@ -116,10 +113,9 @@ class CurvatureFactors:
             grads: per selected parameter ``[n, *shape]`` (every one in a layer of :attr:`layers`).
 
         Returns:
-            New tensors of the same names, shapes, dtype and device, holding the whitened
-            gradient in the layer's eigenbasis (rotations keep inner products, so the
-            parameters' entries are the eigenbasis coordinates, laid out as
-            :meth:`KroneckerLayer.from_matrix` lays out a matrix).
+            New tensors of the same names, shapes, dtype and device, holding the whitened gradient in the layer's
+            eigenbasis (rotations keep inner products, so the parameters' entries are the eigenbasis coordinates, laid
+            out as :meth:`KroneckerLayer.from_matrix` lays out a matrix).
         """
         return self._rotated(grads, torch.mul)
 
@@ -282,10 +278,9 @@ def fisher_loss(task: Task, logits: torch.Tensor, batch: dict[str, torch.Tensor]
                 generator: torch.Generator | None) -> torch.Tensor:
     """The summed loss whose gradients the factors are fit on.
 
-    ``true``: labels drawn from the model's own predictive distribution (the Fisher; Martens &
-    Grosse 2015, Sec. 5): a class per row of ``[n, C]`` logits, a next token at every target
-    position of a language model. ``empirical``: the data's labels. Either way the task's
-    :meth:`~trakcli.tasks.Task.loss` with ``reduction="sum"``.
+    ``true``: labels drawn from the model's own predictive distribution (the Fisher; Martens & Grosse 2015, Sec. 5): a
+    class per row of ``[n, C]`` logits, a next token at every target position of a language model. ``empirical``: the
+    data's labels. Either way the task's :meth:`~trakcli.tasks.Task.loss` with ``reduction="sum"``.
 
     Raises:
         ConfigError: ``true`` with a task that is neither token-level nor reads ``[n]`` class labels.

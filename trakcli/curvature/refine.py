@@ -1,21 +1,18 @@
 """Refinement of the targets' inverse-Hessian-vector products by conjugate gradients, preconditioned by (E)K-FAC.
 
-(E)K-FAC is a block-diagonal, Kronecker-factored approximation of the curvature. For the
-targets a user cares about, the product ``x = (G + D)⁻¹ g_t`` with the Gauss-Newton
-matrix itself,
+(E)K-FAC is a block-diagonal, Kronecker-factored approximation of the curvature. For the targets a user cares about,
+the product ``x = (G + D)⁻¹ g_t`` with the Gauss-Newton matrix itself,
 
     G = (1/N) Σ_z J_zᵀ H_z J_z        (J_z: Jacobian of the logits in the selected parameters,
                                        H_z: Hessian of the summed loss in the logits, diag(p) − p pᵀ
                                        at every target position of a cross-entropy)
 
-and the (E)K-FAC damping ``D = blockdiag(δ_l I)``, is solved by preconditioned conjugate
-gradients (Hestenes & Stiefel 1952; Martens 2010, "Deep learning via Hessian-free
-optimization"), with the (E)K-FAC inverse as the preconditioner and its solution as the
-start, over a fixed sample of ``N`` training rows. Products ``G v`` come from one
-forward-mode and one reverse-mode pass through the model (``torch.func.jvp`` and ``vjp``);
-no matrix is formed. With the Gauss-Newton matrix of a cross-entropy, ``G`` is the Fisher
-that (E)K-FAC approximates (Martens 2014, "New insights and perspectives on the natural
-gradient method"), so the iterations refine the same quantity.
+and the (E)K-FAC damping ``D = blockdiag(δ_l I)``, is solved by preconditioned conjugate gradients (Hestenes & Stiefel
+1952; Martens 2010, "Deep learning via Hessian-free optimization"), with the (E)K-FAC inverse as the preconditioner
+and its solution as the start, over a fixed sample of ``N`` training rows. Products ``G v`` come from one forward-mode
+and one reverse-mode pass through the model (``torch.func.jvp`` and ``vjp``); no matrix is formed. With the
+Gauss-Newton matrix of a cross-entropy, ``G`` is the Fisher that (E)K-FAC approximates (Martens 2014, "New insights
+and perspectives on the natural gradient method"), so the iterations refine the same quantity.
 
 The refined ``x`` is compared with the train features through the whitening ``W`` that
 made them: the target's feature is ``P W⁻ᵀ x`` (:meth:`~trakcli.curvature.kfac.CurvatureFactors.dual`),

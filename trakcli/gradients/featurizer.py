@@ -1,17 +1,15 @@
 """Kronecker-projected per-example gradients from one batched forward and backward (LoGra, Choe et al. 2024).
 
-For a layer ``y_t = W a_t (+ b)`` applied at positions ``t``, the per-example
-gradient of the model output function is ``G = Σ_t g_t a_tᵀ`` (``g_t = ∂f/∂y_t``,
-``a_t ← [a_t, 1]`` with a bias), so its Kronecker projection is
+For a layer ``y_t = W a_t (+ b)`` applied at positions ``t``, the per-example gradient of the model output function is
+``G = Σ_t g_t a_tᵀ`` (``g_t = ∂f/∂y_t``, ``a_t ← [a_t, 1]`` with a bias), so its Kronecker projection is
 
     (P_out ⊗ P_in) vec(G) = vec( Σ_t (P_out g_t)(P_in a_t)ᵀ )
 
-(Choe et al. 2024, "What is Your Data Worth to GPT?", Sec. 3). A :class:`KroneckerFeaturizer`
-projects each covered module's input when it runs (``P_in a_t``, ``[n, T, k_in]``:
-:meth:`trakcli.gradients.kinds.Kind.project_input`) and its output gradient when it arrives
-(``P_out g_t``), adding their products to the example's ``[k_out, k_in]`` grid, in one
-:class:`~trakcli.gradients.hooks.HookPass`. Only ``[n, T, k]`` tensors are kept; no ``[n, grad_dim]``
-tensor, nor any weight gradient, ever exists.
+(Choe et al. 2024, "What is Your Data Worth to GPT?", Sec. 3). A :class:`KroneckerFeaturizer` projects each covered
+module's input when it runs (``P_in a_t``, ``[n, T, k_in]``: :meth:`trakcli.gradients.kinds.Kind.project_input`) and
+its output gradient when it arrives (``P_out g_t``), adding their products to the example's ``[k_out, k_in]`` grid, in
+one :class:`~trakcli.gradients.hooks.HookPass`. Only ``[n, T, k]`` tensors are kept; no ``[n, grad_dim]`` tensor, nor
+any weight gradient, ever exists.
 
 Exactness: the features equal ``(P_out ⊗ P_in) vec(G_i)`` of each example's own gradient when examples do
 not interact in the forward pass (eval mode: the model is switched to it). Padding positions
@@ -74,16 +72,13 @@ class KroneckerFeaturizer:
     def __init__(
         self, model: nn.Module, *, proj_dim: int, seed: int = 0, dtype: torch.dtype | str = torch.float32,
         distribution: str = "rademacher", split: str = "equal", grad_wrt: list[str] | None = None,
-        task: Any = "classification",
-        memory_mb: float | None = None,
+        task: Any = "classification", memory_mb: float | None = None,
     ):
         task = resolve_task(task)
         number = isinstance(memory_mb, (int, float)) and not isinstance(memory_mb, bool)
         if memory_mb is not None and not (number and memory_mb > 0):
             raise ConfigError(f"data.grad_memory_mb must be a positive number of MiB, got {memory_mb!r}")
-        self.task = task
-        self.memory_mb = memory_mb
-        self.model = model.eval()
+        self.task, self.memory_mb, self.model = task, memory_mb, model.eval()
         selected = select_parameters(model, grad_wrt)
         self.layers, self.uses, self.left_out = find_uses(model, selected)
         params = dict(model.named_parameters())
@@ -91,20 +86,15 @@ class KroneckerFeaturizer:
         self.info = coverage_info(self.layers, self.left_out, selected_numel)
         if not self.layers:
             shown = "; ".join(f"{n} ({why})" for n, why in self.left_out.items())
-            raise ConfigError(
-                f"grad_wrt: the kronecker projection covers {SUPPORTED}, and every selected parameter is "
-                f"outside them: {shown}; select such layers with grad_wrt, or use projector kind rademacher, "
-                f"normal or sjlt"
-            )
+            raise ConfigError(f"grad_wrt: the kronecker projection covers {SUPPORTED}, and every selected parameter "
+                              f"is outside them: {shown}; select such layers with grad_wrt, or use projector kind "
+                              "rademacher, normal or sjlt")
         self.projector = KroneckerProjector(self.layers, proj_dim, seed, dtype, distribution, split)
-        self.grad_dim = self.projector.grad_dim
-        self.param_names = self.projector.param_names
+        self.grad_dim, self.param_names = self.projector.grad_dim, self.projector.param_names
         self.row_bytes: dict[Any, int] = {}
         self.probe_bytes: dict[Any, int] = {}
         self.second_moment: Any = None
         self.curvature: Any = None
-
-    # ------------------------------------------------------------------ public
 
     def __call__(
         self, inputs, labels: torch.Tensor | None, model_id: int = 0, row_offset: int = 0
@@ -117,9 +107,8 @@ class KroneckerFeaturizer:
             model_id: checkpoint index (selects the projection matrices).
 
         Returns:
-            ``(phi [n, proj_dim], out_to_loss [n])``, float32 (phi float64 for a
-            float64 projector), on the inputs' device; ``phi`` equals
-            ``projector.project`` of the examples' own gradients.
+            ``(phi [n, proj_dim], out_to_loss [n])``, float32 (phi float64 for a float64 projector), on the inputs'
+            device; ``phi`` equals ``projector.project`` of the examples' own gradients.
 
         Raises:
             DataError: inputs the model cannot take, logits of the wrong shape,
@@ -198,8 +187,6 @@ class KroneckerFeaturizer:
         per_row = per * (self._tokens(inputs) or 1)
         return max(1, int(self.memory_mb * 2**20 // max(1.0, per_row)))
 
-    # ------------------------------------------------------------------ one pass
-
     def _pass(self, inputs, labels: torch.Tensor, model_id: int, row_offset: int):
         """Features, out-to-loss and bytes per row of one forward + backward over all rows given."""
         model = self.model.eval()
@@ -217,12 +204,11 @@ class KroneckerFeaturizer:
             margin, q = checked_outputs(self.task, logits, make_batch(inputs, labels), row_offset)
             never = [use.name for use, c in zip(self.uses, hooks.calls) if not c]
             if never:
-                raise GradientError(
-                    f"the forward pass never called {', '.join(never)} although their parameters are selected "
-                    "(the model uses their weights without calling the module, as nn.MultiheadAttention and the "
-                    "fused fast path of nn.TransformerEncoderLayer do, or not at all): leave them out "
-                    "with grad_wrt, or use projector kind rademacher, normal or sjlt"
-                )
+                raise GradientError(f"the forward pass never called {', '.join(never)} although their parameters are "
+                                    "selected (the model uses their weights without calling the module, as "
+                                    "nn.MultiheadAttention and the fused fast path of nn.TransformerEncoderLayer do, "
+                                    "or not at all): leave them out with grad_wrt, or use projector kind rademacher, "
+                                    "normal or sjlt")
             if margin.requires_grad:
                 hooks.backward(margin)
             self._raise(hooks)

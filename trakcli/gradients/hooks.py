@@ -8,12 +8,11 @@ input to :meth:`Consumer.take_input`, which keeps what it needs, and a tensor ho
 ``g = ∂(Σ_i f_i)/∂y`` (row ``i`` is example ``i``'s own when examples do not interact, eval mode) with what
 was kept to :meth:`Consumer.take_grad`, which accumulates over calls.
 
-A module run on a batch-broadcast input (BERT's and GPT-2's position embeddings see ``position_ids [1, T]``)
-has its output, and what was kept, expanded to the batch inside the hook, so each example receives its own
-gradient; this is exact when that output is broadcast against per-example tensors, and a pass in which only
-the first example's copy receives a gradient is a :class:`Problem`. During the pass no parameter requires
-grad (unless asked for), so no weight gradient is computed; an anchor tensor gives every hooked output a
-gradient path.
+A module run on a batch-broadcast input (BERT's and GPT-2's position embeddings see ``position_ids [1, T]``) has its
+output, and what was kept, expanded to the batch inside the hook, so each example receives its own gradient; this is
+exact when that output is broadcast against per-example tensors, and a pass in which only the first example's copy
+receives a gradient is a :class:`Problem`. During the pass no parameter requires grad (unless asked for), so no weight
+gradient is computed; an anchor tensor gives every hooked output a gradient path.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """The layer kinds the hooks cover, each defined once: how a module is recognized, and how its input and output
 gradient give its per-example parameter gradients (exact) or their Kronecker factors.
 
-For a module applied at positions ``t`` (tokens, pixels) of example ``i``, with input
-``a_{i,t}`` and output gradient ``g_{i,t} = ∂f_i/∂y_{i,t}`` (Goodfellow 2015, "Efficient
-per-example gradient computations"; Rochette et al. 2019; the Kronecker factors of
-LoGra, Choe et al. 2024):
+For a module applied at positions ``t`` (tokens, pixels) of example ``i``, with input ``a_{i,t}`` and output gradient
+``g_{i,t} = ∂f_i/∂y_{i,t}`` (Goodfellow 2015, "Efficient per-example gradient computations"; Rochette et al. 2019; the
+Kronecker factors of LoGra, Choe et al. 2024):
 
 * :class:`Linear` (``nn.Linear``, any leading dims): ``G_i = Σ_t g_{i,t} a_{i,t}ᵀ`` ``[out, in]``,
   bias ``Σ_t g_{i,t}``; :class:`HFConv1D` (transformers' ``Conv1D``, weight ``[in, out]``): ``Gᵢᵀ``;
@@ -12,11 +11,10 @@ LoGra, Choe et al. 2024):
   unfolded input patch at output position ``t`` (``F.unfold`` after the module's padding);
 * :class:`Embedding` (``nn.Embedding``): ``a_{i,t}`` is one-hot, so row ``id_{i,t}`` of ``G_i``
   gets ``g_{i,t}`` (the ``padding_idx`` row gets nothing, as in torch);
-* the normalizations (exact gradients only; not a matrix, so no Kronecker layer):
-  ``nn.LayerNorm``, ``nn.RMSNorm``, transformers' Llama-style ``*RMSNorm``,
-  ``nn.GroupNorm`` and ``nn.BatchNorm{1,2,3}d`` with running statistics: weight
-  ``Σ_t g_{i,t} ⊙ x̂_{i,t}``, bias ``Σ_t g_{i,t}``, with ``x̂`` the normalized input
-  recomputed from the module's input as its forward computes it.
+* the normalizations (exact gradients only; not a matrix, so no Kronecker layer): ``nn.LayerNorm``, ``nn.RMSNorm``,
+  transformers' Llama-style ``*RMSNorm``, ``nn.GroupNorm`` and ``nn.BatchNorm{1,2,3}d`` with running statistics:
+  weight ``Σ_t g_{i,t} ⊙ x̂_{i,t}``, bias ``Σ_t g_{i,t}``, with ``x̂`` the normalized input recomputed from the
+  module's input as its forward computes it.
 
 A module is covered only with the ``forward`` of its class (a subclass that overrides
 it is refused, named), so these formulas are the module's own.

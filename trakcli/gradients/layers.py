@@ -1,9 +1,8 @@
 """Which modules the hooks cover, and how their calls feed the selected parameters and Kronecker layers.
 
-The covered modules are those of a kind in :mod:`trakcli.gradients.kinds` (with the
-``forward`` of its class). A Kronecker-factored projection covers the matrix kinds
-(:data:`SUPPORTED`); exact per-example gradients also the normalizations (:data:`HOOKED`).
-Every other selected parameter (a bare ``nn.Parameter``, a refused module) is left
+The covered modules are those of a kind in :mod:`trakcli.gradients.kinds` (with the ``forward`` of its class). A
+Kronecker-factored projection covers the matrix kinds (:data:`SUPPORTED`); exact per-example gradients also the
+normalizations (:data:`HOOKED`). Every other selected parameter (a bare ``nn.Parameter``, a refused module) is left
 out and named, with why, in one info line or message.
 """
 
@@ -51,9 +50,8 @@ def find_uses(model: nn.Module, selected: list[str], kinds: tuple[Kind, ...] = K
               ) -> tuple[list[KroneckerLayer], list[Use], dict[str, str]]:
     """The Kronecker layers, the module calls feeding the selected parameters, and why the others are left out.
 
-    Layers come in ``model.named_modules()`` order. A weight shared by several
-    modules (tied embeddings) is one layer fed by each of them, in its owner's
-    orientation. ``nn.MultiheadAttention`` uses its ``out_proj`` weight without
+    Layers come in ``model.named_modules()`` order. A weight shared by several modules (tied embeddings) is one layer
+    fed by each of them, in its owner's orientation. ``nn.MultiheadAttention`` uses its ``out_proj`` weight without
     calling the module, so that projection is left out.
 
     Args:

@@ -1,14 +1,13 @@
 """Exact per-example gradients from layer hooks: one ordinary batched forward + backward, no torch.func.
 
-Each covered module's per-example parameter gradients are sums over positions of terms in its input and
-output gradient (Goodfellow 2015, "Efficient per-example gradient computations"; Rochette et al. 2019; each
-kind's formula in :mod:`trakcli.gradients.kinds`), taken from one :class:`~trakcli.gradients.hooks.HookPass`
-of ``Σ_i f_i``; calls of one module, and weights tied between modules, accumulate. This equals
-``torch.func.vmap(grad(f))`` (:class:`trakcli.gradients.vmap.PerExampleGradients`) when every selected
-parameter is used only inside its module's call and examples do not interact (eval mode):
-:class:`LayerGradients` checks both on its first batch and, under ``gradient_method: auto``, falls back to
-vmap for good when the check fails. The results equal vmap's to float32 rounding, so the method is not part
-of a store's identity.
+Each covered module's per-example parameter gradients are sums over positions of terms in its input and output
+gradient (Goodfellow 2015, "Efficient per-example gradient computations"; Rochette et al. 2019; each kind's formula in
+:mod:`trakcli.gradients.kinds`), taken from one :class:`~trakcli.gradients.hooks.HookPass` of ``Σ_i f_i``; calls of
+one module, and weights tied between modules, accumulate. This equals ``torch.func.vmap(grad(f))``
+(:class:`trakcli.gradients.vmap.PerExampleGradients`) when every selected parameter is used only inside its module's
+call and examples do not interact (eval mode): :class:`LayerGradients` checks both on its first batch and, under
+``gradient_method: auto``, falls back to vmap for good when the check fails. The results equal vmap's to float32
+rounding, so the method is not part of a store's identity.
 """
 
 from __future__ import annotations
@@ -57,13 +56,12 @@ class LayerGradients(PerExampleGradients):
     """``∇_θ f(z; θ)`` for each example of a batch, and ``Q(z)``, from layer hooks (no torch.func).
 
     The interface, arguments and results (to float32 rounding) of its base
-    :class:`~trakcli.gradients.vmap.PerExampleGradients`. On the first batch, the exactness guard
-    compares the sum of the per-example gradients with the batch gradient of ``Σ_i f_i``, and
-    example 0's gradient with its gradient alone; a mismatch (a selected weight used outside its
-    module's call, e.g. ``F.linear(x, self.fc.weight)``, or examples that interact), or a covered
-    module run without the batch as its first dimension, switches to vmap for good with
-    ``fallback`` (``method`` becomes ``"vmap"``, ``reason`` says why), else raises
-    :class:`GradientError` from :meth:`__call__`.
+    :class:`~trakcli.gradients.vmap.PerExampleGradients`. On the first batch, the exactness guard compares the sum of
+    the per-example gradients with the batch gradient of ``Σ_i f_i``, and example 0's gradient with its gradient
+    alone; a mismatch (a selected weight used outside its module's call, e.g. ``F.linear(x, self.fc.weight)``, or
+    examples that interact), or a covered module run without the batch as its first dimension, switches to vmap for
+    good with ``fallback`` (``method`` becomes ``"vmap"``, ``reason`` says why), else raises :class:`GradientError`
+    from :meth:`__call__`.
 
     Attributes:
         uses: the covered module calls (:func:`~trakcli.gradients.layers.find_uses` over every kind).

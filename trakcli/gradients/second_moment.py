@@ -1,21 +1,19 @@
 """The optimizer second-moment correction of per-example gradients (TrackStar), read from a saved optimizer state.
 
-TrackStar (Chang et al., ICLR 2025, "Scalable Influence and Fact Tracing for Large Language Model
-Pretraining", Sec. 3) divides each per-example gradient elementwise by the square root of the
-second-moment estimate ``v`` that Adam kept for the checkpoint, before projecting it. ``v`` is Adam's
-``exp_avg_sq`` divided by its bias correction ``1 - β₂^step`` (Kingma & Ba 2015, Alg. 1). Two kinds
-(``second_moment.kind``):
+TrackStar (Chang et al., ICLR 2025, "Scalable Influence and Fact Tracing for Large Language Model Pretraining",
+Sec. 3) divides each per-example gradient elementwise by the square root of the second-moment estimate ``v`` that Adam
+kept for the checkpoint, before projecting it. ``v`` is Adam's ``exp_avg_sq`` divided by its bias correction
+``1 - β₂^step`` (Kingma & Ba 2015, Alg. 1). Two kinds (``second_moment.kind``):
 
 * ``adam``: ``g ↦ g / sqrt(v + eps)`` entry by entry (every projector kind but ``kronecker``);
 * ``adafactor``: per layer, ``v`` of the layer's gradient matrix ``[d_out, d_in]`` (weight columns, then
   the bias column: :mod:`trakcli.projectors.kronecker_layers`) is replaced by its rank-1 factorization
-  ``v̂ = r cᵀ / S`` (``r`` row sums, ``c`` column sums, ``S`` the total; Shazeer & Stern 2018, "Adafactor",
-  Sec. 3), so ``G ↦ D_out G D_in`` with ``D_out = diag((r̄ + eps)^-1/2)``,
-  ``D_in = (v̄ + eps)^1/2 · diag((c̄ + eps)^-1/2)`` (row, column and overall means; with ``eps = 0``
-  exactly ``1/sqrt(v̂)``). A Kronecker projection ``P_out ⊗ P_in`` then becomes
-  ``(P_out D_out) ⊗ (P_in D_in)`` (:meth:`SecondMoment.factors`): nothing per example. A selected
-  parameter outside every layer is scaled elementwise (a vector) or factored as
-  ``param.reshape(shape[0], -1)`` (a matrix).
+  ``v̂ = r cᵀ / S`` (``r`` row sums, ``c`` column sums, ``S`` the total; Shazeer & Stern 2018, "Adafactor", Sec. 3),
+  so ``G ↦ D_out G D_in`` with ``D_out = diag((r̄ + eps)^-1/2)``, ``D_in = (v̄ + eps)^1/2 · diag((c̄ + eps)^-1/2)``
+  (row, column and overall means; with ``eps = 0`` exactly ``1/sqrt(v̂)``). A Kronecker projection ``P_out ⊗ P_in``
+  then becomes ``(P_out D_out) ⊗ (P_in D_in)`` (:meth:`SecondMoment.factors`): nothing per example. A selected
+  parameter outside every layer is scaled elementwise (a vector) or factored as ``param.reshape(shape[0], -1)`` (a
+  matrix).
 
 The state file is what `trak optimize` writes with ``optimize.save_optimizer_state: true``
 (:func:`optimizer_state_record`).
@@ -119,10 +117,9 @@ def read_second_moments(path: Path, param_names: Sequence[str], shapes: dict[str
 def factored(v: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """``(D_out [d_out], D_in [d_in])``: the Adafactor scaling of a gradient matrix with second moments ``v``.
 
-    ``D_out = (r̄ + eps)^-1/2`` and ``D_in = (v̄ + eps)^1/2 (c̄ + eps)^-1/2`` from the row means
-    ``r̄``, column means ``c̄`` and mean ``v̄`` of ``v`` (Shazeer & Stern 2018, Sec. 3): with
-    ``eps = 0``, ``D_out,i D_in,j = 1/sqrt(r_i c_j / S)``, one over the square root of the
-    rank-1 factorization of ``v``.
+    ``D_out = (r̄ + eps)^-1/2`` and ``D_in = (v̄ + eps)^1/2 (c̄ + eps)^-1/2`` from the row means ``r̄``, column means
+    ``c̄`` and mean ``v̄`` of ``v`` (Shazeer & Stern 2018, Sec. 3): with ``eps = 0``,
+    ``D_out,i D_in,j = 1/sqrt(r_i c_j / S)``, one over the square root of the rank-1 factorization of ``v``.
 
     Args:
         v: ``[d_out, d_in]`` float64 second moments (>= 0).

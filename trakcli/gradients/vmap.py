@@ -1,16 +1,13 @@
 """Per-example gradients of the model output function, with torch.func.
 
-The model output function ``f`` and out-to-loss term ``Q`` are the task's
-(:mod:`trakcli.tasks`: the classification margin, the language-modeling margin
-over target tokens, or a user's function of the logits and the whole batch).
-Gradients are ``vmap(grad(f))`` over the batch with
-``torch.func.functional_call``; only the parameters selected by ``grad_wrt``
-are differentiated, the rest (and the buffers) are passed as constants. The
-model is put in eval mode, so dropout and batch-norm statistics are fixed.
+The model output function ``f`` and out-to-loss term ``Q`` are the task's (:mod:`trakcli.tasks`: the classification
+margin, the language-modeling margin over target tokens, or a user's function of the logits and the whole batch).
+Gradients are ``vmap(grad(f))`` over the batch with ``torch.func.functional_call``; only the parameters selected by
+``grad_wrt`` are differentiated, the rest (and the buffers) are passed as constants. The model is put in eval mode, so
+dropout and batch-norm statistics are fixed.
 
-Gradients are returned per parameter, as a dict of named tensors, so that a
-projector can consume them chunk by chunk. The same gradients from layer hooks
-are :class:`trakcli.gradients.LayerGradients`; ``gradient_method`` chooses
+Gradients are returned per parameter, as a dict of named tensors, so that a projector can consume them chunk by chunk.
+The same gradients from layer hooks are :class:`trakcli.gradients.LayerGradients`; ``gradient_method`` chooses
 (:func:`trakcli.gradients.per_example_gradients`).
 """
 

@@ -8,9 +8,8 @@ Public API::
     feats = proj.project(grads, model_id=0)     # [n, grad_dim] or dict -> [n, proj_dim] float32
     back = proj.unproject(feats, model_id=0)    # [n, proj_dim] -> [n, grad_dim], the adjoint
 
-The matrix is a pure function of ``proj.spec()`` and ``model_id`` (every entry
-is drawn from Philox4x32-10 with its coordinates as the counter); the
-implementation only decides how the product is computed. No I/O here.
+The matrix is a pure function of ``proj.spec()`` and ``model_id`` (every entry is drawn from Philox4x32-10 with its
+coordinates as the counter); the implementation only decides how the product is computed. No I/O here.
 
 The kinds (``kind``: the matrix) and implementations (``implementation``: how the product is computed,
 same matrix for one spec) are listed with :func:`make_projector`.
@@ -18,10 +17,9 @@ same matrix for one spec) are listed with :func:`make_projector`.
 A kind is a :class:`~trakcli.projectors.registry.ProjectorKind` subclass registered by name
 (:mod:`.registry`; the built-in ones are in :mod:`.kinds`).
 
-Modules: :mod:`.philox` (the generator), :mod:`.matrices` (kinds' matrices),
-:mod:`.registry` and :mod:`.kinds` (the kinds), :mod:`.dense` and :mod:`.chunked`
-(CPU/GPU implementations), :mod:`.cuda` (Triton), :mod:`.factory` (``make_projector``),
-:mod:`.base` (input handling).
+Modules: :mod:`.philox` (the generator), :mod:`.matrices` (kinds' matrices), :mod:`.registry` and :mod:`.kinds` (the
+kinds), :mod:`.dense` and :mod:`.chunked` (CPU/GPU implementations), :mod:`.cuda` (Triton), :mod:`.factory`
+(``make_projector``), :mod:`.base` (input handling).
 """
 
 from __future__ import annotations

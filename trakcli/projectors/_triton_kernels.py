@@ -1,13 +1,11 @@
 """Triton kernels of :mod:`trakcli.projectors.cuda` (imported lazily: triton is optional).
 
-Loaded by :func:`trakcli.projectors.cuda.kernels` once per ``TRITON_INTERPRET``
-setting, since triton decides at decoration time whether a kernel is compiled
-or interpreted. Each function mirrors :mod:`trakcli.projectors.philox` and
-:class:`trakcli.projectors.matrices.DenseMatrix` operation by operation.
+Loaded by :func:`trakcli.projectors.cuda.kernels` once per ``TRITON_INTERPRET`` setting, since triton decides at
+decoration time whether a kernel is compiled or interpreted. Each function mirrors :mod:`trakcli.projectors.philox`
+and :class:`trakcli.projectors.matrices.DenseMatrix` operation by operation.
 
-Only builtins of ``triton.language`` are used (``tl.full``, not the jit-defined
-``tl.zeros``), so the kernels also run in the interpreter when triton itself
-was imported before ``TRITON_INTERPRET`` was set, as in a test session.
+Only builtins of ``triton.language`` are used (``tl.full``, not the jit-defined ``tl.zeros``), so the kernels also run
+in the interpreter when triton itself was imported before ``TRITON_INTERPRET`` was set, as in a test session.
 """
 
 import triton

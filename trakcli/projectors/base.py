@@ -55,12 +55,10 @@ def check_int(name: str, value: Any, minimum: int, hint: str) -> int:
 class BlockCache:
     """A cache of generated matrix blocks, bounded in bytes.
 
-    Keys are ``(model_id, block, device)``. A full cache makes room by evicting
-    blocks of *other* matrices (``(model_id, device)`` pairs, least recently
-    used first) but never blocks of the matrix being stored: when one matrix is
-    larger than the budget, its first blocks stay cached and the rest are
-    regenerated, so a cyclic scan over the matrix (one per batch) still hits
-    ``budget / matrix size`` of the time instead of never, as LRU would.
+    Keys are ``(model_id, block, device)``. A full cache makes room by evicting blocks of *other* matrices
+    (``(model_id, device)`` pairs, least recently used first) but never blocks of the matrix being stored: when one
+    matrix is larger than the budget, its first blocks stay cached and the rest are regenerated, so a cyclic scan over
+    the matrix (one per batch) still hits ``budget / matrix size`` of the time instead of never, as LRU would.
 
     Args:
         max_bytes: total size the cached tensors may take; 0 disables caching.
@@ -129,9 +127,8 @@ def grad_items(grads: Grads, grad_dim: int) -> tuple[int, list[tuple[str, torch.
     """Validate a gradient batch and return it as named ``[n, numel]`` 2-D views.
 
     Args:
-        grads: a tensor ``[n, grad_dim]``, or a mapping of parameter name to a
-            per-example gradient ``[n, *param_shape]``; flattened and
-            concatenated in mapping order they form ``[n, grad_dim]``.
+        grads: a tensor ``[n, grad_dim]``, or a mapping of parameter name to a per-example gradient
+            ``[n, *param_shape]``; flattened and concatenated in mapping order they form ``[n, grad_dim]``.
         grad_dim: the projector's ``grad_dim``.
 
     Returns:
@@ -200,9 +197,8 @@ class Projector:
     Attributes:
         grad_dim: number of gradient coordinates (columns of ``P``).
         proj_dim: number of features (rows of ``P``).
-        implementation: how the product is computed (``"single_block"``,
-            ``"basic"``, ``"chunked"``, ``"cuda"``, ``"noop"``); not part of
-            :meth:`spec` because it never changes the matrix.
+        implementation: how the product is computed (``"single_block"``, ``"basic"``, ``"chunked"``, ``"cuda"``,
+            ``"noop"``); not part of :meth:`spec` because it never changes the matrix.
     """
 
     implementation: str = "base"
@@ -221,11 +217,9 @@ class Projector:
         """Project per-example gradients: ``φ = P g`` row by row, i.e. ``g @ Pᵀ`` (TRAK, Park et al. 2023).
 
         Args:
-            grads: ``[n, grad_dim]`` tensor, or a dict of per-parameter gradients
-                ``[n, *param_shape]`` (flattened and concatenated in dict order);
-                float16, bfloat16, float32 or float64, any device.
-            model_id: index of the checkpoint; each ``model_id`` has its own
-                independent matrix.
+            grads: ``[n, grad_dim]`` tensor, or a dict of per-parameter gradients ``[n, *param_shape]`` (flattened and
+                concatenated in dict order); float16, bfloat16, float32 or float64, any device.
+            model_id: index of the checkpoint; each ``model_id`` has its own independent matrix.
 
         Returns:
             ``[n, proj_dim]`` features, float32 (float64 if the projector's
@@ -247,8 +241,7 @@ class Projector:
             model_id: index of the checkpoint (same matrix as :meth:`project`).
 
         Returns:
-            ``[n, grad_dim]`` tensor, float32 (float64 for a float64 projector),
-            on ``z``'s device.
+            ``[n, grad_dim]`` tensor, float32 (float64 for a float64 projector), on ``z``'s device.
 
         Raises:
             ProjectorError: ``z`` is not ``[n, proj_dim]`` or has an unsupported dtype.

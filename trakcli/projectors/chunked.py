@@ -15,19 +15,15 @@ JOIN_BELOW = 4096
 class ChunkedProjector(_MatrixProjector):
     """Splits the parameter vector into chunks of at most ``max_chunk_size`` entries.
 
-    The per-parameter gradients (a dict, in its order; a plain ``[n, grad_dim]``
-    tensor is one parameter) are packed into consecutive chunks: small
-    parameters are concatenated together, a parameter larger than
-    ``max_chunk_size`` is split across chunks. Each chunk ``[n, ≤max_chunk_size]``
-    is projected with the rows of ``Pᵀ`` of its global coordinates and the
-    results are summed, so this computes the same matrix as ``basic`` and
-    ``single_block`` for any kind (dense or sjlt), and the full ``[n, grad_dim]``
-    gradient never exists.
+    The per-parameter gradients (a dict, in its order; a plain ``[n, grad_dim]`` tensor is one parameter) are packed
+    into consecutive chunks: small parameters are concatenated together, a parameter larger than ``max_chunk_size`` is
+    split across chunks. Each chunk ``[n, ≤max_chunk_size]`` is projected with the rows of ``Pᵀ`` of its global
+    coordinates and the results are summed, so this computes the same matrix as ``basic`` and ``single_block`` for any
+    kind (dense or sjlt), and the full ``[n, grad_dim]`` gradient never exists.
 
-    Peak memory beyond the input: one chunk (``n × max_chunk_size``), one
-    generated matrix block (about 2²⁴ entries, 64 MB of float32), the
-    accumulator, and the matrix cache (``cache_bytes``; ``auto`` caches nothing
-    when the matrix exceeds min(4 GiB, RAM/4)) — independent of ``grad_dim``.
+    Peak memory beyond the input: one chunk (``n × max_chunk_size``), one generated matrix block (about 2²⁴ entries,
+    64 MB of float32), the accumulator, and the matrix cache (``cache_bytes``; ``auto`` caches nothing when the matrix
+    exceeds min(4 GiB, RAM/4)) — independent of ``grad_dim``.
 
     Args:
         matrix: a matrix kind from :mod:`trakcli.projectors.matrices`.

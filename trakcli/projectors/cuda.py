@@ -1,15 +1,12 @@
 """``CudaProjector``: a fused Triton kernel that generates the matrix tile by tile, never stored.
 
-Each program computes a ``[BLOCK_M, BLOCK_N]`` tile of the features: it walks
-the gradient coordinates in steps of ``BLOCK_K``, regenerates the
-``[BLOCK_K, BLOCK_N]`` tile of ``Pᵀ`` from Philox4x32-10 with exactly the
-counters, key, bit layout and Box-Muller transform of
-:class:`trakcli.projectors.matrices.DenseMatrix` (the CPU reference), and
-accumulates ``tl.dot`` products in float32 (``input_precision="ieee"``, no
-TF32). Rademacher entries are bit-identical to the reference; normal entries
-agree to a few float32 ulps (``log``/``cos``/``sin`` differ between libdevice
-and the CPU math library). Features computed on a GPU can therefore be scored
-against targets projected on a CPU with ``basic`` or ``chunked``.
+Each program computes a ``[BLOCK_M, BLOCK_N]`` tile of the features: it walks the gradient coordinates in steps of
+``BLOCK_K``, regenerates the ``[BLOCK_K, BLOCK_N]`` tile of ``Pᵀ`` from Philox4x32-10 with exactly the counters, key,
+bit layout and Box-Muller transform of :class:`trakcli.projectors.matrices.DenseMatrix` (the CPU reference), and
+accumulates ``tl.dot`` products in float32 (``input_precision="ieee"``, no TF32). Rademacher entries are bit-identical
+to the reference; normal entries agree to a few float32 ulps (``log``/``cos``/``sin`` differ between libdevice and the
+CPU math library). Features computed on a GPU can therefore be scored against targets projected on a CPU with
+``basic`` or ``chunked``.
 
 Triton is optional (``pip install 'trakcli-attribution[cuda]'``), imported when a kernel is first built.
 Under ``TRITON_INTERPRET=1`` the kernels run on CPU tensors (the tests); CPU tensors without the interpreter
@@ -55,9 +52,8 @@ def kernels():
 class CudaProjector(_MatrixProjector):
     """Dense projection by a fused Triton kernel; same matrix as ``basic`` (its CPU reference).
 
-    Memory: the input, the output, and nothing of size ``grad_dim × proj_dim``;
-    cost per batch is the matmul plus regenerating each matrix tile once per
-    ``BLOCK_M`` rows of the batch. Any batch size, any ``proj_dim``.
+    Memory: the input, the output, and nothing of size ``grad_dim × proj_dim``; cost per batch is the matmul plus
+    regenerating each matrix tile once per ``BLOCK_M`` rows of the batch. Any batch size, any ``proj_dim``.
 
     Args:
         matrix: a :class:`~trakcli.projectors.matrices.DenseMatrix` (float32).

@@ -12,8 +12,7 @@ from trakcli.projectors.base import Grads, Projector, dtype_name, flatten_grads,
 class NoopProjector(Projector):
     """The identity: features are the flattened gradients (``proj_dim == grad_dim``).
 
-    Useful for tiny models and for checking the rest of the pipeline without
-    projection error.
+    Useful for tiny models and for checking the rest of the pipeline without projection error.
     """
 
     implementation = "noop"

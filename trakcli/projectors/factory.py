@@ -1,8 +1,7 @@
 """``make_projector``: validate the ``projector:`` config mapping and build a projector of a registered kind.
 
-The kinds are :class:`~trakcli.projectors.registry.ProjectorKind` classes looked up by
-name in :mod:`trakcli.projectors.registry`; this module checks the arguments every
-kind shares and names no kind.
+The kinds are :class:`~trakcli.projectors.registry.ProjectorKind` classes looked up by name in
+:mod:`trakcli.projectors.registry`; this module checks the arguments every kind shares and names no kind.
 """
 
 from __future__ import annotations
@@ -64,26 +63,21 @@ def make_projector(
     """Build a projector from the ``projector:`` config mapping.
 
     Args:
-        kind: a registered kind (:mod:`trakcli.projectors.registry`); built in: ``noop``
-            (identity), ``rademacher`` (±1/√proj_dim), ``normal`` (N(0, 1/proj_dim)) or
-            ``sjlt`` (sparse JL / CountSketch, ``s`` entries ±1/√s per column). All satisfy
-            E‖Pg‖² = ‖g‖² (Johnson & Lindenstrauss 1984; Achlioptas 2003;
-            Kane & Nelson 2014). The default, as for ``projector.kind`` in a config, is
-            ``sjlt``: the digits LDS of dense rademacher at a fraction of its cost (docs/guides/projectors.md).
-        implementation: how products are computed, never what they are:
-            ``single_block`` (whole matrix at once), ``basic`` (block-wise,
-            bounded memory, cached), ``chunked`` (per-parameter chunks of at
-            most ``max_chunk_size`` entries), ``cuda`` (fused Triton kernel,
-            dense kinds, needs a CUDA GPU and ``pip install 'trakcli-attribution[cuda]'``) or
-            ``auto`` (the best available; logs its choice and why the others
-            were skipped on the ``trakcli.projectors`` logger). Each kind lists
-            the ones it supports (``ProjectorKind.implementations``).
+        kind: a registered kind (:mod:`trakcli.projectors.registry`); built in: ``noop`` (identity), ``rademacher``
+            (±1/√proj_dim), ``normal`` (N(0, 1/proj_dim)) or ``sjlt`` (sparse JL / CountSketch, ``s`` entries ±1/√s
+            per column). All satisfy E‖Pg‖² = ‖g‖² (Johnson & Lindenstrauss 1984; Achlioptas 2003; Kane &
+            Nelson 2014). The default, as for ``projector.kind`` in a config, is ``sjlt``: the digits LDS of dense
+            rademacher at a fraction of its cost (docs/guides/projectors.md).
+        implementation: how products are computed, never what they are: ``single_block`` (whole matrix at once),
+            ``basic`` (block-wise, bounded memory, cached), ``chunked`` (per-parameter chunks of at most
+            ``max_chunk_size`` entries), ``cuda`` (fused Triton kernel, dense kinds, needs a CUDA GPU and
+            ``pip install 'trakcli-attribution[cuda]'``) or ``auto`` (the best available; logs its choice and why the
+            others were skipped on the ``trakcli.projectors`` logger). Each kind lists the ones it supports
+            (``ProjectorKind.implementations``).
         grad_dim: gradient coordinates, an int > 0 (from the model).
-        proj_dim: features, an int > 0. Ignored by ``noop`` (whose features
-            are the ``grad_dim`` gradient entries; a warning is logged when
-            it differs).
-        seed: base seed, an int >= 0. Each ``model_id`` derives its own
-            independent matrix from it.
+        proj_dim: features, an int > 0. Ignored by ``noop`` (whose features are the ``grad_dim`` gradient entries; a
+            warning is logged when it differs).
+        seed: base seed, an int >= 0. Each ``model_id`` derives its own independent matrix from it.
         **options: see :data:`OPTIONS`: ``dtype``, ``block_size``, ``max_chunk_size``,
             ``cache_bytes`` and the kinds' own options (``s`` of ``sjlt``).
 
@@ -92,12 +86,10 @@ def make_projector(
         matrix, its ``implementation`` attribute names the implementation used.
 
     Raises:
-        ProjectorError: unknown kind, implementation or option (with a
-            suggestion), an option of another kind, a kind built from a model
-            (``kronecker``), non-integer or non-positive dims, bad option values, an
-            implementation the kind lacks, ``cuda`` asked for where it cannot run, or a
-            ``proj_dim`` whose smallest working set exceeds this machine's memory
-            (:meth:`~trakcli.projectors.registry.ProjectorKind.check_memory`).
+        ProjectorError: unknown kind, implementation or option (with a suggestion), an option of another kind, a kind
+            built from a model (``kronecker``), non-integer or non-positive dims, bad option values, an implementation
+            the kind lacks, ``cuda`` asked for where it cannot run, or a ``proj_dim`` whose smallest working set
+            exceeds this machine's memory (:meth:`~trakcli.projectors.registry.ProjectorKind.check_memory`).
     """
     cls = projector_kind(kind)
     if cls.built_from_model is not None:

@@ -1,8 +1,7 @@
 """Kronecker-factored projection of layer gradients (LoGra, Choe et al. 2024, "What is Your Data Worth to GPT?").
 
-For a layer ``y_t = W a_t (+ b)`` applied at positions ``t`` (tokens, pixels),
-the per-example gradient of the model output function ``f`` is, with the bias
-folded in as a last column (``a_t ← [a_t, 1]``),
+For a layer ``y_t = W a_t (+ b)`` applied at positions ``t`` (tokens, pixels), the per-example gradient of the model
+output function ``f`` is, with the bias folded in as a last column (``a_t ← [a_t, 1]``),
 
     G = Σ_t g_t a_tᵀ    [d_out, d_in],     g_t = ∂f/∂y_t.
 
@@ -80,17 +79,13 @@ def kronecker_factor(
 class KroneckerProjector(Projector):
     """Projects per-layer gradients with ``P = blockdiag_l(c_l · S_l (P_out,l ⊗ P_in,l))`` (LoGra, Choe et al. 2024).
 
-    ``S_l`` keeps the first ``width_l`` rows of the ``k_out·k_in`` grid and
-    ``c_l = √(k_out·k_in / width_l)`` (1 when nothing is dropped); see the module
-    docstring for the split rule and the matrices.
+    ``S_l`` keeps the first ``width_l`` rows of the ``k_out·k_in`` grid and ``c_l = √(k_out·k_in / width_l)`` (1 when
+    nothing is dropped); see the module docstring for the split rule and the matrices.
 
-    Gradient layout: ``grad_dim`` is the covered parameters' entries;
-    ``param_names`` gives their order for a flat ``[n, grad_dim]`` tensor (layer
-    by layer, weight before bias, each flattened in its own shape).
-    :meth:`project` also takes a dict ``{param name: [n, *shape]}`` (any order,
-    exactly the covered names); :meth:`unproject` returns the flat layout (the
-    base-class contract, used by the projected optimizer) and
-    :meth:`unproject_params` the dict.
+    Gradient layout: ``grad_dim`` is the covered parameters' entries; ``param_names`` gives their order for a flat
+    ``[n, grad_dim]`` tensor (layer by layer, weight before bias, each flattened in its own shape). :meth:`project`
+    also takes a dict ``{param name: [n, *shape]}`` (any order, exactly the covered names); :meth:`unproject` returns
+    the flat layout (the base-class contract, used by the projected optimizer) and :meth:`unproject_params` the dict.
 
     Args:
         layers: the layers, e.g. from :class:`trakcli.gradients.KroneckerFeaturizer`.
@@ -299,9 +294,8 @@ def factor_pair(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(P_out [k_out, d_out], P_in [k_in, d_in])`` for a two-sided projection ``P_out G P_inᵀ``.
 
-    The same matrices as a :class:`KroneckerProjector` whose layer ``layer``
-    has these dims and grid; for a projected optimizer (per-matrix mode) that
-    draws ``model_id = k`` after ``k`` refreshes.
+    The same matrices as a :class:`KroneckerProjector` whose layer ``layer`` has these dims and grid; for a projected
+    optimizer (per-matrix mode) that draws ``model_id = k`` after ``k`` refreshes.
 
     Raises:
         ProjectorError: a ``k`` outside ``[1, d]``.

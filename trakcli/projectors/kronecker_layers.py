@@ -1,36 +1,29 @@
 """Layers of a Kronecker-factored projection and how ``proj_dim`` is split among them.
 
-A layer's per-example gradient is one matrix ``G`` ``[d_out, d_in]`` (weight
-columns, then a folded-in bias column); :class:`KroneckerLayer` says which
-parameters make it up and how. :func:`split_widths` and :func:`choose_grid`
-decide each layer's features for :class:`~trakcli.projectors.kronecker.KroneckerProjector`
-(LoGra, Choe et al. 2024, "What is Your Data Worth to GPT?").
+A layer's per-example gradient is one matrix ``G`` ``[d_out, d_in]`` (weight columns, then a folded-in bias column);
+:class:`KroneckerLayer` says which parameters make it up and how. :func:`split_widths` and :func:`choose_grid` decide
+each layer's features for :class:`~trakcli.projectors.kronecker.KroneckerProjector` (LoGra, Choe et al. 2024, "What is
+Your Data Worth to GPT?").
 
 **Split rule** (how ``proj_dim``, the total feature width, is shared):
 
-1. *Widths.* ``split: equal`` (the default): every layer gets an equal share
-   of ``proj_dim`` (water-filling): a layer whose capacity ``d_out · d_in`` is
-   below its share gets its capacity, and what it leaves is shared equally
-   among the others; an integer remainder goes one feature each to the first
-   layers (in layer order). ``split: size``: shares in proportion to the
-   capacities, as a projection of the whole gradient (sjlt) spreads its
-   entries, each at least 1 (largest remainders round up; a layer lifted to 1
-   is paid for by the widest). Either way ``Σ width = proj_dim`` exactly.
-2. *Grid.* A layer of width ``w`` uses the near-square grid
-   ``k_in = min(d_in, ⌈√w⌉)``, ``k_out = ⌈w / k_in⌉``; when that ``k_out``
-   exceeds ``d_out``, ``k_out = d_out`` and ``k_in = ⌈w / d_out⌉`` instead
-   (both fit because ``w ≤ d_out · d_in``). Near-square because the relative
-   variance of ‖P vec G‖² for a rank-one ``G`` is about ``2/k_out + 2/k_in``.
-   Its features are the first ``w`` entries of the row-major grid, scaled by
-   ``√(k_out·k_in / w)`` so that E‖φ‖² = ‖G‖² still holds (every row of
-   ``P_out ⊗ P_in`` has the same expected squared norm). Fewer than
-   ``max(k_out, k_in)`` grid entries are dropped; when ``w = k_out·k_in``
-   (e.g. ``w = 64`` → 8 × 8) it is the plain Kronecker product.
-3. ``proj_dim`` larger than ``Σ d_out·d_in`` (more features than gradient
-   entries), or smaller than the number of layers (a layer without a feature),
-   raises :class:`~trakcli.errors.ProjectorError` naming the limit: padding
-   with constant zero features would only add singular directions to the
-   kernel and store bytes, so it is refused rather than done silently.
+1. *Widths.* ``split: equal`` (the default): every layer gets an equal share of ``proj_dim`` (water-filling): a layer
+   whose capacity ``d_out · d_in`` is below its share gets its capacity, and what it leaves is shared equally among
+   the others; an integer remainder goes one feature each to the first layers (in layer order). ``split: size``:
+   shares in proportion to the capacities, as a projection of the whole gradient (sjlt) spreads its entries, each at
+   least 1 (largest remainders round up; a layer lifted to 1 is paid for by the widest). Either way
+   ``Σ width = proj_dim`` exactly.
+2. *Grid.* A layer of width ``w`` uses the near-square grid ``k_in = min(d_in, ⌈√w⌉)``, ``k_out = ⌈w / k_in⌉``; when
+   that ``k_out`` exceeds ``d_out``, ``k_out = d_out`` and ``k_in = ⌈w / d_out⌉`` instead (both fit because
+   ``w ≤ d_out · d_in``). Near-square because the relative variance of ‖P vec G‖² for a rank-one ``G`` is about
+   ``2/k_out + 2/k_in``. Its features are the first ``w`` entries of the row-major grid, scaled by
+   ``√(k_out·k_in / w)`` so that E‖φ‖² = ‖G‖² still holds (every row of ``P_out ⊗ P_in`` has the same expected squared
+   norm). Fewer than ``max(k_out, k_in)`` grid entries are dropped; when ``w = k_out·k_in`` (e.g. ``w = 64`` → 8 × 8)
+   it is the plain Kronecker product.
+3. ``proj_dim`` larger than ``Σ d_out·d_in`` (more features than gradient entries), or smaller than the number of
+   layers (a layer without a feature), raises :class:`~trakcli.errors.ProjectorError` naming the limit: padding with
+   constant zero features would only add singular directions to the kernel and store bytes, so it is refused rather
+   than done silently.
 
 The per-layer dims and grids are part of :meth:`KroneckerProjector.spec`, so a
 store refuses features made with another split.
@@ -54,11 +47,10 @@ class LayerParam:
     Attributes:
         name: the parameter's name in ``model.named_parameters()``.
         shape: its shape.
-        role: ``"weight"``: the matrix's first columns are ``param.reshape(d_out, -1)``
-            (``nn.Linear`` ``[out, in]``, ``nn.Conv*d`` ``[out, in, *kernel]``);
-            ``"weight_t"``: they are ``param.reshape(-1, d_out).T`` (``nn.Embedding``
-            ``[V, dim]``, transformers ``Conv1D`` ``[in, out]``); ``"bias"``: the last
-            column is the ``[d_out]`` parameter (the folded-in 1 of ``a_t``).
+        role: ``"weight"``: the matrix's first columns are ``param.reshape(d_out, -1)`` (``nn.Linear`` ``[out, in]``,
+            ``nn.Conv*d`` ``[out, in, *kernel]``); ``"weight_t"``: they are ``param.reshape(-1, d_out).T``
+            (``nn.Embedding`` ``[V, dim]``, transformers ``Conv1D`` ``[in, out]``); ``"bias"``: the last column is the
+            ``[d_out]`` parameter (the folded-in 1 of ``a_t``).
     """
 
     name: str

@@ -161,15 +161,12 @@ class DenseMatrix(_Matrix):
     """A dense random matrix ``P`` ``[proj_dim, grad_dim]``: kinds ``rademacher`` (Achlioptas 2003) and ``normal``
     (Johnson & Lindenstrauss 1984).
 
-    Entry ``Pᵀ[r, c]`` comes from the Philox call with counter
-    ``(c // G, r mod 2**32, r >> 32, 0)``:
+    Entry ``Pᵀ[r, c]`` comes from the Philox call with counter ``(c // G, r mod 2**32, r >> 32, 0)``:
 
     * rademacher (``G = 128``): bit ``c mod 32`` of word ``(c mod 128) // 32``
       gives the sign (1 → +, 0 → −), times 1/√proj_dim;
-    * normal (``G = 4``): the four words become two uniform pairs
-      ``u = ((w >> 8) + 0.5)·2⁻²⁴`` and Box-Muller gives
-      ``(r₁cos θ₁, r₁sin θ₁, r₂cos θ₂, r₂sin θ₂)`` for columns ``4j … 4j+3``,
-      times 1/√proj_dim.
+    * normal (``G = 4``): the four words become two uniform pairs ``u = ((w >> 8) + 0.5)·2⁻²⁴`` and Box-Muller gives
+      ``(r₁cos θ₁, r₁sin θ₁, r₂cos θ₂, r₂sin θ₂)`` for columns ``4j … 4j+3``, times 1/√proj_dim.
 
     Entries are float32; ``dtype`` only sets the accumulation precision.
 
@@ -251,18 +248,15 @@ class SJLTMatrix(_Matrix):
     """Sparse JL transform / CountSketch (Charikar, Chen, Farach-Colton 2002): each gradient coordinate goes to
     ``s`` features.
 
-    The features are cut into ``s`` contiguous buckets ``[⌊i·k/s⌋, ⌊(i+1)·k/s⌋)``
-    (``k = proj_dim``); coordinate ``r`` adds ``±g_r/√s`` to one feature of each
-    bucket (the block construction of Kane & Nelson 2014, so the ``s`` features
-    are distinct). For hash ``i`` the Philox call with counter
-    ``(i, r mod 2**32, r >> 32, 0)`` gives words ``w0, w1``: the feature is
-    ``⌊i·k/s⌋ + ((w0 >> 1)·width_i >> 31)`` and the sign is + if ``w1`` is odd.
-    E‖Pg‖² = ‖g‖²; nothing of size ``grad_dim × proj_dim`` is ever stored, a
-    product costs ``O(n · grad_dim · s)`` whatever ``proj_dim``.
+    The features are cut into ``s`` contiguous buckets ``[⌊i·k/s⌋, ⌊(i+1)·k/s⌋)`` (``k = proj_dim``); coordinate ``r``
+    adds ``±g_r/√s`` to one feature of each bucket (the block construction of Kane & Nelson 2014, so the ``s``
+    features are distinct). For hash ``i`` the Philox call with counter ``(i, r mod 2**32, r >> 32, 0)`` gives words
+    ``w0, w1``: the feature is ``⌊i·k/s⌋ + ((w0 >> 1)·width_i >> 31)`` and the sign is + if ``w1`` is odd.
+    E‖Pg‖² = ‖g‖²; nothing of size ``grad_dim × proj_dim`` is ever stored, a product costs ``O(n · grad_dim · s)``
+    whatever ``proj_dim``.
 
-    Internally the signs are folded into the index: coordinate ``r`` goes to
-    column ``feature + k·[sign < 0]`` of a ``[n, 2k]`` accumulator, so a product
-    is ``s`` ``index_add_`` calls with no multiplication, and the result is the
+    Internally the signs are folded into the index: coordinate ``r`` goes to column ``feature + k·[sign < 0]`` of a
+    ``[n, 2k]`` accumulator, so a product is ``s`` ``index_add_`` calls with no multiplication, and the result is the
     difference of the two halves times 1/√s.
 
     Args:

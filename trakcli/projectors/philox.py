@@ -1,15 +1,12 @@
 """Philox4x32-10, the counter-based generator every projector matrix is drawn from.
 
-Philox (Salmon, Moraes, Dror, Shaw 2011, "Parallel random numbers: as easy as
-1, 2, 3", SC'11) maps a 128-bit counter and a 64-bit key to 128 random bits.
-Because each entry of the matrix is a function of its own (row, column)
-counter, any device, block, chunk or kernel tile regenerates exactly the same
-entries: this module is the pure-torch reference that the Triton kernel of
-:mod:`trakcli.projectors.cuda` mirrors operation by operation.
+Philox (Salmon, Moraes, Dror, Shaw 2011, "Parallel random numbers: as easy as 1, 2, 3", SC'11) maps a 128-bit counter
+and a 64-bit key to 128 random bits. Because each entry of the matrix is a function of its own (row, column) counter,
+any device, block, chunk or kernel tile regenerates exactly the same entries: this module is the pure-torch reference
+that the Triton kernel of :mod:`trakcli.projectors.cuda` mirrors operation by operation.
 
-Values are held as uint32 numbers inside int64 tensors; products of two
-uint32 values wrap modulo 2**64 in int64 arithmetic and their high and low
-halves are recovered with shifts and masks.
+Values are held as uint32 numbers inside int64 tensors; products of two uint32 values wrap modulo 2**64 in int64
+arithmetic and their high and low halves are recovered with shifts and masks.
 """
 
 from __future__ import annotations
@@ -40,9 +37,8 @@ def philox4x32(
         k0, k1: key words, Python ints in ``[0, 2**32)``.
 
     Returns:
-        Four int64 tensors of the broadcast shape with values in ``[0, 2**32)``.
-        Known answer (Random123 test vector): counter 0 and key 0 give
-        ``0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8``.
+        Four int64 tensors of the broadcast shape with values in ``[0, 2**32)``. Known answer (Random123 test vector):
+        counter 0 and key 0 give ``0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8``.
     """
     for _ in range(ROUNDS):
         p0 = c0 * ROUND_A  # < 2**64; wraps in int64, low 64 bits exact

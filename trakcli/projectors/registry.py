@@ -1,10 +1,9 @@
 """The projector kinds: one :class:`ProjectorKind` subclass per ``projector.kind``, registered by name.
 
-A kind carries its name, the options it takes beyond the common ones
-(:data:`COMMON_OPTIONS`), the implementations it supports, its memory check and
-how it builds a projector. :func:`~trakcli.projectors.make_projector` and the
-config schema (``projector.kind``) ask this registry and name no kind
-themselves. The built-in kinds live in :mod:`trakcli.projectors.kinds`.
+A kind carries its name, the options it takes beyond the common ones (:data:`COMMON_OPTIONS`), the implementations it
+supports, its memory check and how it builds a projector. :func:`~trakcli.projectors.make_projector` and the config
+schema (``projector.kind``) ask this registry and name no kind themselves. The built-in kinds live in
+:mod:`trakcli.projectors.kinds`.
 
 Adding a kind, with an example: docs/guides/projectors.md, "Adding a projector kind".
 
@@ -171,9 +170,8 @@ def register_projector_kind(cls: type[ProjectorKind]) -> type[ProjectorKind]:
         ``cls``.
 
     Raises:
-        ProjectorError: ``cls`` is no ProjectorKind subclass, has no name, a name another kind has,
-            an implementation outside :data:`IMPLEMENTATIONS`, or an option that is a common option
-            or argument.
+        ProjectorError: ``cls`` is no ProjectorKind subclass, has no name, a name another kind has, an implementation
+            outside :data:`IMPLEMENTATIONS`, or an option that is a common option or argument.
     """
     if not (isinstance(cls, type) and issubclass(cls, ProjectorKind)):
         raise ProjectorError(f"register_projector_kind takes a ProjectorKind subclass, got {cls!r}")
