@@ -8,18 +8,16 @@ One record per target, the same for ``trak score --out answers.jsonl``, ``trak r
                      "document_tokens": [["The", null], ["▁capital", 0.4], ...]}, ...],
      "opponents": [...]}
 
-``target_tokens`` lists every token of the target and ``document_tokens`` every token of the train
-document, as ``[token text, contribution]``; the contribution is the share of the document's score
-that the token's next-token term carries (:mod:`trakcli.jobs.per_token`), ``null`` for a token that
-is not a target of the loss (a prompt, a user turn). Over the target tokens the contributions sum to
-the document's score.
+``target_tokens`` lists every token of the target and ``document_tokens`` every token of the train document, as
+``[token text, contribution]``; the contribution is the share of the document's score that the token's next-token term
+carries (:mod:`trakcli.jobs.per_token`), ``null`` for a token that is not a target of the loss (a prompt, a user turn).
+Over the target tokens the contributions sum to the document's score.
 
 Proponents are documents of positive score and opponents of negative score: the stored top-k's
 lowest K of a small training set may include positive scores, which are not listed as opponents.
 
-What a score means, in which units and why its size varies, depends on the method:
-:func:`score_meaning` says it for an experiment (``trak score`` and ``trak report`` print it), and
-:func:`ridge_meaning` says what TRAK's ridge λ is.
+What a score means, in which units and why its size varies, depends on the method: :func:`score_meaning` says it for an
+experiment (``trak score`` and ``trak report`` print it), and :func:`ridge_meaning` says what TRAK's ridge λ is.
 """
 
 from __future__ import annotations

@@ -147,8 +147,7 @@ class Attributor:
         device: ``cpu``, ``cuda`` or ``auto``.
         batch_size: rows per featurizer batch (None: the rows of the first batch given), lowered to fit
             ``grad_memory_mb`` like ``data.batch_size``.
-        grad_memory_mb: as ``data.grad_memory_mb`` (None: 1024 on a CPU, a quarter of the GPU's memory on
-            a CUDA GPU).
+        grad_memory_mb: as ``data.grad_memory_mb`` (None: 1024 on a CPU, a quarter of the GPU's memory on a CUDA GPU).
         reporter: progress and messages; None: plain progress on stderr
             (:class:`trakcli.progress.StderrReporter`: one line rewritten in place on a terminal, else a line
             at the start and end of each step, at each tenth of its work and at least every 30 s). Pass
@@ -264,9 +263,8 @@ class Attributor:
 
         Raises:
             DataError, GradientError, CheckpointError: bad batches, inputs, labels or checkpoint.
-            StoreMismatchError: the store was made with other settings or train data, or holds
-                ``model_id`` from another checkpoint (the message says to use another store path,
-                or to delete the store).
+            StoreMismatchError: the store was made with other settings or train data, or holds ``model_id`` from another
+                checkpoint (the message says to use another store path, or to delete the store).
             StoreError: the store is in use or cannot be written.
         """
         train, first = self._train_rows(batches)
@@ -325,9 +323,8 @@ class Attributor:
     ) -> TopK:
         """Per target, the ``k`` highest- and lowest-scoring train rows, as ``trak score`` with ``score.top_k``.
 
-        One streamed pass over the stored train features (:mod:`trakcli.topk`): memory does not
-        grow with n_train, and the dense ``[n_target, n_train]`` matrix is neither formed nor stored
-        unless ``full``.
+        One streamed pass over the stored train features (:mod:`trakcli.topk`): memory does not grow with n_train, and
+        the dense ``[n_target, n_train]`` matrix is neither formed nor stored unless ``full``.
 
         Args:
             batches: the target batches.

@@ -52,9 +52,8 @@ FIX_WORDS: dict[str, dict[str, str]] = {
 class Fix:
     """How to fix an error, said by no front end: each front end words it (:meth:`words`).
 
-    ``kind`` is one of :data:`FIX_WORDS`; ``store`` the store it concerns as the user named it;
-    ``experiment_key`` the config key naming the experiment, for the CLI's wording. An unknown ``kind``
-    raises ``ValueError``.
+    ``kind`` is one of :data:`FIX_WORDS`; ``store`` the store it concerns as the user named it; ``experiment_key`` the
+    config key naming the experiment, for the CLI's wording. An unknown ``kind`` raises ``ValueError``.
     """
 
     kind: str
@@ -75,9 +74,8 @@ class Fix:
 class TrakError(Exception):
     """Base class of every user-facing trakcli error (the CLI exits with ``exit_code``).
 
-    ``TrakError(message)``: the message says the fix. ``TrakError(head, fix=Fix(...), after=tail)``:
-    the message is ``head``, the fix worded for the CLI, then ``tail``; :meth:`for_front` words it for
-    another front end.
+    ``TrakError(message)``: the message says the fix. ``TrakError(head, fix=Fix(...), after=tail)``: the message is
+    ``head``, the fix worded for the CLI, then ``tail``; :meth:`for_front` words it for another front end.
     """
 
     exit_code: int = 1

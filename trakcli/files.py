@@ -24,8 +24,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     (``torch.save`` to a path) must write to :func:`atomic_open`'s file object instead.
 
     Raises:
-        OSError: the temporary file cannot be written, synced or renamed
-            (``path`` is then unchanged).
+        OSError: the temporary file cannot be written, synced or renamed (``path`` is then unchanged).
     """
     path = Path(path)
     tmp = path.with_name(f".{path.stem}-{secrets.token_hex(4)}.tmp{path.suffix}")

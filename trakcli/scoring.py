@@ -5,37 +5,32 @@ Per checkpoint m of M (Park et al. 2023, TRAK, Eq. 17 / Algorithm 1):
     A_m = (Φ_mᵀ Φ_m + λ_m I)⁻¹                       [proj_dim, proj_dim]
     τ(t, i) = [(1/M) Σ_m φ_m(t)ᵀ A_m φ_m(z_i)] · [(1/M) Σ_m Q_m(z_i)]
 
-``Φ_m`` is the ``[n_train, proj_dim]`` matrix of projected train gradients and
-``Q_m(z_i) = 1 − p_y`` the out-to-loss term. ``A_m`` is never formed: the
-Gram matrix is accumulated in float64 and factored by Cholesky, and ``A_m φ``
-is a triangular solve. The ridge ``λ_m`` defaults to
+``Φ_m`` is the ``[n_train, proj_dim]`` matrix of projected train gradients and ``Q_m(z_i) = 1 − p_y`` the out-to-loss
+term. ``A_m`` is never formed: the Gram matrix is accumulated in float64 and factored by Cholesky, and ``A_m φ`` is a
+triangular solve. The ridge ``λ_m`` defaults to
 
     λ_m = lambda_rel · trace(Φ_mᵀ Φ_m) / n_train = lambda_rel · mean_i ‖φ_m(z_i)‖²,
 
-the mean squared norm of a train feature. Since E‖P g‖² = ‖g‖², this λ does
-not depend on proj_dim; it keeps the kernel well-posed when
-``proj_dim >= n_train``, where the unregularized Gram matrix is singular
-(MadryLab's default λ = 0; ``benchmarks/bench_lds_digits.py`` measures the ridge).
+the mean squared norm of a train feature. Since E‖P g‖² = ‖g‖², this λ does not depend on proj_dim; it keeps the kernel
+well-posed when ``proj_dim >= n_train``, where the unregularized Gram matrix is singular (MadryLab's default λ = 0;
+``benchmarks/bench_lds_digits.py`` measures the ridge).
 
 When ``n_train < proj_dim`` the same scores come from the dual (the
 push-through identity ``(ΦᵀΦ + λI)⁻¹Φᵀ = Φᵀ(ΦΦᵀ + λI)⁻¹``)::
 
     Σ_t,m = Φ_m(targets) Φ_mᵀ (Φ_m Φ_mᵀ + λ_m I)⁻¹                [n_target, n_train]
 
-an ``[n_train, n_train]`` system instead of ``[proj_dim, proj_dim]``: the Gram
-matrix costs n_train²·proj_dim instead of n_train·proj_dim², the Cholesky
-n_train³/3 instead of proj_dim³/3. ``trace(ΦᵀΦ) = trace(ΦΦᵀ)``, so the default
-ridge is the same. :func:`kernel_form` chooses; :func:`trak_scores`, `trak
-score` and `trak eval sweep` all follow it.
+an ``[n_train, n_train]`` system instead of ``[proj_dim, proj_dim]``: the Gram matrix costs n_train²·proj_dim instead of
+n_train·proj_dim², the Cholesky n_train³/3 instead of proj_dim³/3. ``trace(ΦᵀΦ) = trace(ΦΦᵀ)``, so the default ridge is
+the same. :func:`kernel_form` chooses; :func:`trak_scores`, `trak score` and `trak eval sweep` all follow it.
 
 The kernel `trak featurize` stores in the dual is the solved train features
 (:func:`dual_solved_features`)::
 
     X_m = (Φ_m Φ_mᵀ + λ_m I)⁻¹ Φ_m = Φ_m A_m                     [n_train, proj_dim]
 
-(MadryLab's TRAK stores the same product, its ``features @ (ΦᵀΦ)⁻¹``, in
-``finalize_features``), so that scoring new targets is one float32 product
-``Φ_m(targets) X_mᵀ`` per checkpoint, like the primal ``(Φ_m(targets) A_m) Φ_mᵀ``.
+(MadryLab's TRAK stores the same product, its ``features @ (ΦᵀΦ)⁻¹``, in ``finalize_features``), so that scoring new
+targets is one float32 product ``Φ_m(targets) X_mᵀ`` per checkpoint, like the primal ``(Φ_m(targets) A_m) Φ_mᵀ``.
 """
 
 from __future__ import annotations
@@ -69,9 +64,8 @@ def symmetric_blocks(n: int, block: int = 256) -> list[tuple[int, int]]:
 def add_lower_product(gram: torch.Tensor, a: torch.Tensor, block: int = 256) -> torch.Tensor:
     """``gram += a aᵀ`` on the block lower triangle only (rows ``lo:hi`` against columns ``:hi``).
 
-    ``a aᵀ`` is symmetric, so about half of its products are skipped: with
-    blocks of ``block`` rows the work is ``(1 + 1/n_blocks)/2`` of a full
-    product. Entries above the block diagonal are left as they were; call
+    ``a aᵀ`` is symmetric, so about half of its products are skipped: with blocks of ``block`` rows the work is
+    ``(1 + 1/n_blocks)/2`` of a full product. Entries above the block diagonal are left as they were; call
     :func:`mirror_lower` when the product is complete.
 
     Args:
@@ -107,9 +101,8 @@ def mirror_lower(gram: torch.Tensor, block: int = 256) -> torch.Tensor:
 def gram_matrix(feature_chunks: Iterable[torch.Tensor]) -> torch.Tensor:
     """Σ Φ_cᵀ Φ_c over row chunks, accumulated in float64.
 
-    Each chunk is cast to float64 and only the block lower triangle of
-    ``Φ_cᵀ Φ_c`` is computed (:func:`add_lower_product`), mirrored at the end:
-    the exact float64 product at about half the work.
+    Each chunk is cast to float64 and only the block lower triangle of ``Φ_cᵀ Φ_c`` is computed
+    (:func:`add_lower_product`), mirrored at the end: the exact float64 product at about half the work.
 
     Args:
         feature_chunks: tensors ``[rows, proj_dim]`` (any float dtype).
@@ -139,11 +132,9 @@ def float64_columns(n_rows: int, budget_bytes: int = 64 << 20) -> int:
 def dual_gram(features: torch.Tensor, col_chunk: int | None = None) -> torch.Tensor:
     """The dual Gram matrix ``Φ Φᵀ``, accumulated in float64 over column blocks.
 
-    Each block of ``col_chunk`` feature columns (default
-    :func:`float64_columns`: 64 MiB) is cast to float64 and multiplied, so
-    the float64 copy in memory is ``[n_train, col_chunk]``, never
-    ``[n_train, proj_dim]``; only the block lower triangle is multiplied
-    (:func:`add_lower_product`) and then mirrored.
+    Each block of ``col_chunk`` feature columns (default :func:`float64_columns`: 64 MiB) is cast to float64 and
+    multiplied, so the float64 copy in memory is ``[n_train, col_chunk]``, never ``[n_train, proj_dim]``; only the block
+    lower triangle is multiplied (:func:`add_lower_product`) and then mirrored.
 
     Args:
         features: ``Φ``, ``[n_train, proj_dim]`` (any float dtype, e.g. the stored float32).
@@ -221,14 +212,12 @@ def solve_kernel(gram: torch.Tensor, n_train: int, lambda_reg: float | None, lam
         n_train: rows of ``Φ_m``.
         lambda_reg: absolute ridge, or None to use ``lambda_rel``.
         lambda_rel: multiple of the mean squared train-feature norm ``trace(gram) / n_train``.
-        proj_dim: columns of ``Φ_m`` (needed for a dual ``gram``: it has n_train rows, fewer
-            than proj_dim). The dual refuses λ = 0 like the primal, whose
-            ``ΦᵀΦ`` then has rank n_train < proj_dim and no inverse.
+        proj_dim: columns of ``Φ_m`` (needed for a dual ``gram``: it has n_train rows, fewer than proj_dim). The dual
+            refuses λ = 0 like the primal, whose ``ΦᵀΦ`` then has rank n_train < proj_dim and no inverse.
 
     Returns:
-        ``(factor, lam)``: the float64 lower Cholesky factor of ``gram + λ_m I``
-        (:func:`kernel_factor`), of ``gram``'s shape, and λ_m as a Python float
-        (:func:`resolve_lambda`).
+        ``(factor, lam)``: the float64 lower Cholesky factor of ``gram + λ_m I`` (:func:`kernel_factor`), of ``gram``'s
+        shape, and λ_m as a Python float (:func:`resolve_lambda`).
 
     Raises:
         TrakError: ``gram + λ I`` is not positive definite (e.g. λ = 0 with ``proj_dim >= n_train``).
@@ -246,16 +235,13 @@ def target_weights(factor: torch.Tensor, target_features: torch.Tensor, dtype: t
     Args:
         factor: ``[proj_dim, proj_dim]`` float64 lower Cholesky factor from :func:`solve_kernel`.
         target_features: ``[n_target, proj_dim]``.
-        dtype: dtype of the returned weights. `trak score` and the sweep take
-            float32 (the products of :func:`score_block` then run in float32);
-            :func:`trak_scores` keeps float64.
-        target_block: targets per solve; the float64 temporaries are
-            ``[proj_dim, target_block]``, so the memory is the result's plus
-            ``2 · 8 · proj_dim · target_block`` bytes.
+        dtype: dtype of the returned weights. `trak score` and the sweep take float32 (the products of
+            :func:`score_block` then run in float32); :func:`trak_scores` keeps float64.
+        target_block: targets per solve; the float64 temporaries are ``[proj_dim, target_block]``, so the memory is the
+            result's plus ``2 · 8 · proj_dim · target_block`` bytes.
 
     Returns:
-        ``[n_target, proj_dim]`` rows ``(A φ(t))ᵀ`` (A is symmetric), solved in
-        float64 and cast to ``dtype``.
+        ``[n_target, proj_dim]`` rows ``(A φ(t))ᵀ`` (A is symmetric), solved in float64 and cast to ``dtype``.
     """
     n_target = target_features.shape[0]
     out = torch.empty(n_target, factor.shape[0], dtype=dtype, device=factor.device)
@@ -270,9 +256,8 @@ def dual_scores(factor: torch.Tensor, target_features: torch.Tensor, train_featu
                 ) -> torch.Tensor:
     """One checkpoint's term of the scores, solved in the dual: ``Φ_t Φᵀ (ΦΦᵀ + λI)⁻¹``, float64.
 
-    Equal to ``Φ_t (ΦᵀΦ + λI)⁻¹ Φᵀ`` (push-through identity). The products
-    ``Φ_t Φᵀ`` are accumulated in float64 over blocks of ``col_chunk`` columns
-    and ``target_block`` targets, so the float64 temporaries are
+    Equal to ``Φ_t (ΦᵀΦ + λI)⁻¹ Φᵀ`` (push-through identity). The products ``Φ_t Φᵀ`` are accumulated in float64 over
+    blocks of ``col_chunk`` columns and ``target_block`` targets, so the float64 temporaries are
     ``[target_block, n_train]`` and ``[n_train, col_chunk]`` (default :func:`float64_columns`: 64 MiB).
 
     Args:
@@ -280,8 +265,7 @@ def dual_scores(factor: torch.Tensor, target_features: torch.Tensor, train_featu
             (:func:`solve_kernel` of :func:`dual_gram`).
         target_features: ``Φ_t``, ``[n_target, proj_dim]``.
         train_features: ``Φ``, ``[n_train, proj_dim]``.
-        out: ``[n_target, n_train]`` float64 to add the term to (the sum over
-            checkpoints), or None for a new one.
+        out: ``[n_target, n_train]`` float64 to add the term to (the sum over checkpoints), or None for a new one.
         target_block, col_chunk: block sizes (they do not change the result's meaning, only its rounding).
 
     Returns:
@@ -306,9 +290,8 @@ def dual_solved_features(train_features: torch.Tensor, factor: torch.Tensor, col
                          ) -> torch.Tensor:
     """The dual kernel `trak featurize` stores: ``X = (ΦΦᵀ + λI)⁻¹ Φ = Φ (ΦᵀΦ + λI)⁻¹ = Φ A``.
 
-    A checkpoint's score term is then ``Φ_t Xᵀ`` (``φ(t)ᵀ A φ(z_i) = φ(t) · X_i``):
-    the same as :func:`dual_scores`, with the solve done once for the train
-    side instead of for every set of targets. Solved in float64 over blocks of
+    A checkpoint's score term is then ``Φ_t Xᵀ`` (``φ(t)ᵀ A φ(z_i) = φ(t) · X_i``): the same as :func:`dual_scores`,
+    with the solve done once for the train side instead of for every set of targets. Solved in float64 over blocks of
     ``col_chunk`` columns, rounded to float32.
 
     Args:
@@ -347,9 +330,8 @@ def score_block(weights: list[torch.Tensor], train_features: list[torch.Tensor],
                 ) -> torch.Tensor:
     """Ensembled TRAK scores of all targets against a block of train rows.
 
-    The products are computed in the dtype of ``weights`` (float64, or the
-    float32 weights of the streamed scoring of `trak score`); ``Q`` is
-    averaged in float64.
+    The products are computed in the dtype of ``weights`` (float64, or the float32 weights of the streamed scoring of
+    `trak score`); ``Q`` is averaged in float64.
 
     Args:
         weights: per checkpoint, ``[n_target, proj_dim]`` from :func:`target_weights`.

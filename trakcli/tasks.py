@@ -11,18 +11,16 @@ The batch is every tensor the data yields, with the examples as the first dimens
   (class indices ``[n]`` for the built-in tasks; float targets, several columns, a choice's
   index for a task of one's own, which checks them: :meth:`Task.check_labels`);
 * several input tensors (``data.*.inputs: [a, b]``): ``{"a": ..., "b": ..., "labels": [n, ...]}``;
-* text: ``{"input_ids": [n, L], "attention_mask": [n, L], ("token_type_ids"), "labels": ...}``
-  with ``labels`` the class indices ``[n]`` (text classification) or the per-token
-  labels ``[n, L]`` of language modeling, ``-100`` where a token is not a target
-  (the prompt, the user turns of a chat, padding), otherwise the token itself
-  (unshifted, as in transformers: the prediction at ``t - 1`` is scored against ``labels[t]``).
+* text: ``{"input_ids": [n, L], "attention_mask": [n, L], ("token_type_ids"), "labels": ...}`` with ``labels`` the class
+  indices ``[n]`` (text classification) or the per-token labels ``[n, L]`` of language modeling, ``-100`` where a token
+  is not a target (the prompt, the user turns of a chat, padding), otherwise the token itself (unshifted, as in
+  transformers: the prediction at ``t - 1`` is scored against ``labels[t]``).
 
-Every featurizer calls the task the same way: torch.func.vmap calls it on one
-example at a time (every tensor with a leading dimension of 1, returning ``[1]``),
-the layer hooks and Kronecker factors on whole batches, `trak eval` on the retrained
-models' outputs. So a row's ``f`` and ``Q`` must depend on that row only, and the
-function must be vmap-safe (no ``.item()``, no Python branching on tensor values,
-no data-dependent indexing such as ``logits[range(n), y]``: use ``gather`` or masks).
+Every featurizer calls the task the same way: torch.func.vmap calls it on one example at a time (every tensor with a
+leading dimension of 1, returning ``[1]``), the layer hooks and Kronecker factors on whole batches, `trak eval` on the
+retrained models' outputs. So a row's ``f`` and ``Q`` must depend on that row only, and the function must be vmap-safe
+(no ``.item()``, no Python branching on tensor values, no data-dependent indexing such as ``logits[range(n), y]``: use
+``gather`` or masks).
 
 Built-in tasks (Park et al. 2023, TRAK, Sec. 3 and App. E):
 
@@ -127,8 +125,7 @@ def language_modeling_loss(logits: torch.Tensor, labels: torch.Tensor, reduction
     Args:
         logits: ``[n, L, V]`` float logits (position t predicts token t+1).
         labels: ``[n, L]`` int64 unshifted per-token labels, ``-100`` where a token is not a target.
-        reduction: ``"mean"``: over the target tokens of the batch (0 when there are none);
-            ``"sum"``: their sum.
+        reduction: ``"mean"``: over the target tokens of the batch (0 when there are none); ``"sum"``: their sum.
 
     Returns:
         A float scalar in nats, differentiable.
@@ -144,15 +141,13 @@ def language_modeling_loss(logits: torch.Tensor, labels: torch.Tensor, reduction
 class Task:
     """A model output function: ``task(logits, batch) -> (f [n], Q [n])``.
 
-    Subclass it for a new loss; the built-in tasks are subclasses too. A subclass overrides
-    :meth:`__call__` (``f`` and ``Q``, row-wise and vmap-safe) and, as it needs:
-    :meth:`loss` (what `trak optimize` and `trak eval` retraining minimize; default the
-    cross-entropy of ``[n, C]`` logits at class labels), :meth:`check_labels` (the dataset's
-    labels when they are loaded; default any ``[n, ...]`` numbers), :meth:`check` (the logits and
-    labels of each batch, for clear errors), :attr:`has_accuracy` and :meth:`correct` (the
-    accuracy training reports). Whatever it overrides, its ``(f, Q)`` are checked to be two
-    tensors ``[n]`` of finite values (:func:`check_outputs`), and its store identity holds the
-    sha256 of its source (:meth:`identity`).
+    Subclass it for a new loss; the built-in tasks are subclasses too. A subclass overrides :meth:`__call__` (``f`` and
+    ``Q``, row-wise and vmap-safe) and, as it needs: :meth:`loss` (what `trak optimize` and `trak eval` retraining
+    minimize; default the cross-entropy of ``[n, C]`` logits at class labels), :meth:`check_labels` (the dataset's
+    labels when they are loaded; default any ``[n, ...]`` numbers), :meth:`check` (the logits and labels of each batch,
+    for clear errors), :attr:`has_accuracy` and :meth:`correct` (the accuracy training reports). Whatever it overrides,
+    its ``(f, Q)`` are checked to be two tensors ``[n]`` of finite values (:func:`check_outputs`), and its store
+    identity holds the sha256 of its source (:meth:`identity`).
 
     Attributes:
         name: the task's name (a built-in name, the ``"file.py:fn"`` / ``"file.py:Class"`` spec, or a
@@ -180,10 +175,9 @@ class Task:
                      token_shape: list[int] | None = None) -> torch.Tensor:
         """The labels of a dataset as the task reads them, checked once when the data is loaded.
 
-        The default takes any numbers of shape ``[n, ...]`` (:func:`trakcli.labels.any_labels`:
-        floats as float32, integers as int64); the built-in tasks take class indices
-        (:func:`trakcli.labels.class_labels`). Override it to refuse labels early, with the
-        ``key``, ``what`` and ``source`` given for messages.
+        The default takes any numbers of shape ``[n, ...]`` (:func:`trakcli.labels.any_labels`: floats as float32,
+        integers as int64); the built-in tasks take class indices (:func:`trakcli.labels.class_labels`). Override it to
+        refuse labels early, with the ``key``, ``what`` and ``source`` given for messages.
 
         Args:
             labels: a tensor, array or nested list of numbers.
@@ -202,10 +196,9 @@ class Task:
     def check(self, logits: torch.Tensor, batch: Batch, row_offset: int = 0) -> None:
         """Raise :class:`DataError` when ``logits`` or ``batch`` do not fit the task (before any gradient).
 
-        Called on every batch before the task, with the whole batch's logits (or the first
-        example's, expanded to the batch). The default refuses logits without the examples as their
-        first dimension. Whatever it checks, the task's ``(f, Q)`` are then checked to be two
-        tensors ``[n]`` of finite values (:func:`check_outputs`).
+        Called on every batch before the task, with the whole batch's logits (or the first example's, expanded to the
+        batch). The default refuses logits without the examples as their first dimension. Whatever it checks, the task's
+        ``(f, Q)`` are then checked to be two tensors ``[n]`` of finite values (:func:`check_outputs`).
         """
         n = _n(batch)
         if logits.ndim < 1 or logits.shape[0] != n:
@@ -449,11 +442,10 @@ def token_losses(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 def example_losses(task: Task, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
     """Each example's training loss ``[n]``, summed over its terms (vmap-safe for the built-in tasks).
 
-    A task that defines ``example_loss(logits, batch) -> [n]`` gives its own. Otherwise: for a
-    token-level task the next-token cross-entropy summed over each row's target tokens (labels
-    != -100), for any other the cross-entropy of ``[n, C]`` logits at the class labels ``[n]``
-    (a :class:`CustomTask` is trained with one of those two, :meth:`CustomTask.trained_as`); a
-    subclass of :class:`Task` with its own :meth:`Task.loss` is called row by row
+    A task that defines ``example_loss(logits, batch) -> [n]`` gives its own. Otherwise: for a token-level task the
+    next-token cross-entropy summed over each row's target tokens (labels != -100), for any other the cross-entropy of
+    ``[n, C]`` logits at the class labels ``[n]`` (a :class:`CustomTask` is trained with one of those two,
+    :meth:`CustomTask.trained_as`); a subclass of :class:`Task` with its own :meth:`Task.loss` is called row by row
     (``reduction="sum"``).
 
     Returns:
@@ -477,11 +469,10 @@ def example_losses(task: Task, logits: torch.Tensor, batch: Batch) -> torch.Tens
 class LossOutput(Task):
     """The output function of influence functions: ``f = −loss(z)`` per example, ``Q = 1``.
 
-    Influence functions (Koh & Liang 2017; kronfluence; Grosse et al. 2023) differentiate the
-    training loss on both sides, g(t)ᵀ (F + δ)⁻¹ g(z) with g = ∇ loss; TRAK's margin and its
-    out-to-loss weighting belong to TRAK's kernel. With ``f = −loss`` the sign stays trakcli's
-    (a positive score: upweighting z lowers the target's loss), since the two minus signs cancel
-    in the product. The loss is :func:`example_losses` of the wrapped task. What `trak featurize`
+    Influence functions (Koh & Liang 2017; kronfluence; Grosse et al. 2023) differentiate the training loss on both
+    sides, g(t)ᵀ (F + δ)⁻¹ g(z) with g = ∇ loss; TRAK's margin and its out-to-loss weighting belong to TRAK's kernel.
+    With ``f = −loss`` the sign stays trakcli's (a positive score: upweighting z lowers the target's loss), since the
+    two minus signs cancel in the product. The loss is :func:`example_losses` of the wrapped task. What `trak featurize`
     and `trak score` use for ``curvature.kind`` kfac / ekfac with ``curvature.output: loss``.
 
     Args:

@@ -88,11 +88,9 @@ class TensorDataset:
             ``input_ids``) ``[n, L]`` int64 per-token labels (-100: not a target); for a task of
             one's own any ``[n, ...]`` tensor (float targets float32, integers int64).
         name: human-readable origin, used in messages.
-        image_shape: for image data stored flat, the shape of one image,
-            ``(H, W)`` or ``(C, H, W)`` with ``C`` in 1 or 3 (digits: ``(8, 8)``);
-            used only to draw pictures (:mod:`trakcli.plots`), never in the
-            fingerprint. ``None``: not declared (inputs of shape ``[n, H, W]``
-            or ``[n, C, H, W]`` are still drawn as images).
+        image_shape: for image data stored flat, the shape of one image, ``(H, W)`` or ``(C, H, W)`` with ``C`` in 1 or
+            3 (digits: ``(8, 8)``); used only to draw pictures (:mod:`trakcli.plots`), never in the fingerprint.
+            ``None``: not declared (inputs of shape ``[n, H, W]`` or ``[n, C, H, W]`` are still drawn as images).
     """
 
     inputs: Inputs

@@ -6,18 +6,15 @@ The rows of ``.jsonl``, ``.csv``, ``.parquet`` and ``.arrow`` files, datasets fo
 * ``text`` + ``labels``: text classification; the text (with ``text_pair``, the
   tokenizer's pair) is the input, the label a class index (labels ``[b]``).
 * ``text``: language modeling; every real token is a target.
-* ``prompt`` + ``completion``: the prompt's tokens (with the tokenizer's special
-  tokens), then the completion's (without), then the end-of-sequence token; the
-  completion and the end-of-sequence token are the targets.
+* ``prompt`` + ``completion``: the prompt's tokens (with the tokenizer's special tokens), then the completion's
+  (without), then the end-of-sequence token; the completion and the end-of-sequence token are the targets.
 * ``messages``: a list of ``{role, content}`` rendered by the tokenizer's chat
   template; the tokens of the assistant turns are the targets.
-* ``input_ids`` (+ ``labels``): pre-tokenized ids, with per-token labels or every
-  token a target.
+* ``input_ids`` (+ ``labels``): pre-tokenized ids, with per-token labels or every token a target.
 
-Per-token labels follow the convention of transformers, TRL and Bergson: they are
-*unshifted*, ``labels[t] = input_ids[t]`` where token ``t`` is a target and ``-100``
-elsewhere (padding included); the model's prediction at ``t - 1`` is scored against
-``labels[t]``.
+Per-token labels follow the convention of transformers, TRL and Bergson: they are *unshifted*,
+``labels[t] = input_ids[t]`` where token ``t`` is a target and ``-100`` elsewhere (padding included); the model's
+prediction at ``t - 1`` is scored against ``labels[t]``.
 
 The train and target data may have different ``max_length``: every gradient is one example's
 (:func:`~trakcli.data.load.check_target_inputs`). Memory does not grow with ``n x max_length``: rows
@@ -66,10 +63,9 @@ class TextDataset:
     """Text or language-model data, read and tokenized as batches need it (the interface of
     :class:`~trakcli.data.tensors.TensorDataset` that featurize and score use).
 
-    Exactly one of ``text``, ``prompt`` + ``completion``, ``messages`` or ``input_ids``
-    names the data (see the module docstring). The first :data:`CHECKED_ROWS` rows are
-    read and tokenized when the dataset is built, so a wrong field name, a missing chat
-    template or a bad label fails at once; later rows are checked when they are read.
+    Exactly one of ``text``, ``prompt`` + ``completion``, ``messages`` or ``input_ids`` names the data (see the module
+    docstring). The first :data:`CHECKED_ROWS` rows are read and tokenized when the dataset is built, so a wrong field
+    name, a missing chat template or a bad label fails at once; later rows are checked when they are read.
 
     Args:
         path: a data file or folder, or a Hub dataset URL (:func:`~trakcli.data.sources.data_files`); or a
@@ -316,11 +312,10 @@ class TextDataset:
     def _encode_chats(self, chats: list[list[dict[str, Any]]], idx: Sequence[int]) -> list[_Row]:
         """Conversations rendered by the chat template; targets: the tokens of each assistant turn.
 
-        Most chat templates mark no assistant spans (``{% generation %}``), so the span of
-        assistant turn ``i`` is found by rendering: the tokens of ``messages[:i]`` with the
-        generation prompt are a prefix of those of ``messages[:i + 1]``, which are a prefix of
-        the whole conversation's; the tokens in between are the turn (its end-of-turn tokens
-        included).
+        Most chat templates mark no assistant spans (``{% generation %}``), so the span of assistant turn ``i`` is found
+        by rendering: the tokens of ``messages[:i]`` with the generation prompt are a prefix of those of
+        ``messages[:i + 1]``, which are a prefix of the whole conversation's; the tokens in between are the turn (its
+        end-of-turn tokens included).
         """
         texts: list[str] = []
         plans = [self._plan_chat(msgs, row, texts) for row, msgs in zip(idx, chats)]
@@ -380,10 +375,9 @@ class TextDataset:
 
         Yields:
             ``(row_offset, inputs, labels)``: the index of the batch's first row;
-            ``{"input_ids", "attention_mask"(, "token_type_ids" for pairs)}`` each ``[b, L_b]``
-            int64 on the CPU, right-padded to the batch's longest row ``L_b``; labels ``[b]``
-            int64 class indices (text classification) or ``[b, L_b]`` int64 per-token labels,
-            unshifted, -100 where a token is not a target and at padding.
+            ``{"input_ids", "attention_mask"(, "token_type_ids" for pairs)}`` each ``[b, L_b]`` int64 on the CPU,
+            right-padded to the batch's longest row ``L_b``; labels ``[b]`` int64 class indices (text classification) or
+            ``[b, L_b]`` int64 per-token labels, unshifted, -100 where a token is not a target and at padding.
 
         Raises:
             DataError: a row that cannot be read or tokenized (naming it).
@@ -525,10 +519,9 @@ class TextDataset:
     def texts(self, indices: Sequence[int], *, max_chars: int | None = 200) -> list[str]:
         """Short human-readable renderings of the rows ``indices``, for tables.
 
-        The text (``"text / pair"`` for pairs); ``"prompt → completion"``; for messages the
-        last user turn before the last assistant turn ``"user → assistant"``; for
-        ``input_ids`` the decoded tokens (the ids without a tokenizer). Whitespace is
-        collapsed and each rendering cut to ``max_chars`` characters (``None``: whole).
+        The text (``"text / pair"`` for pairs); ``"prompt → completion"``; for messages the last user turn before the
+        last assistant turn ``"user → assistant"``; for ``input_ids`` the decoded tokens (the ids without a tokenizer).
+        Whitespace is collapsed and each rendering cut to ``max_chars`` characters (``None``: whole).
 
         Raises:
             DataError: an index out of range, a row that cannot be read or lacks a field.

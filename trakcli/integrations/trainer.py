@@ -87,19 +87,17 @@ class TrakCallback(TrainerCallback):
       model's ``named_parameters()`` of optimizer index ``i`` (a PeftModel's names, e.g.
       ``base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight``): what
       ``second_moment.kind: adam`` reads (:func:`trakcli.gradients.second_moment.read_second_moments`);
-    * ``manifest.json`` (:mod:`trakcli.store.manifest`, with ``"source": "trainer"``), rewritten after
-      every save: one model (model_id 0) whose ``epoch_checkpoints`` list the saves in training order
-      and whose final checkpoint is the last save; ``complete: true`` once training ends
-      (``on_train_end``), so a config with ``checkpoints: out_dir/manifest.json`` refuses the saves of an
-      unfinished training. It records the Trainer's arguments (``recipe.trainer``), the model, the
-      task and what is known of the training data.
+    * ``manifest.json`` (:mod:`trakcli.store.manifest`, with ``"source": "trainer"``), rewritten after every save: one
+      model (model_id 0) whose ``epoch_checkpoints`` list the saves in training order and whose final checkpoint is the
+      last save; ``complete: true`` once training ends (``on_train_end``), so a config with
+      ``checkpoints: out_dir/manifest.json`` refuses the saves of an unfinished training. It records the Trainer's
+      arguments (``recipe.trainer``), the model, the task and what is known of the training data.
 
-    Every file is written atomically (a temporary file renamed into place), the manifest after
-    the files it lists. A save at the last optimizer step (``state.max_steps``) is the final
-    checkpoint ``model_000.pt`` (``model_000/`` for an adapter); training stopped early by
-    another callback ends with the last save as the final checkpoint. A training resumed with
-    ``trainer.train(resume_from_checkpoint=...)`` keeps the saves of the manifest up to the step it
-    resumes from. One training per ``out_dir``: a new training from step 0 starts a new manifest.
+    Every file is written atomically (a temporary file renamed into place), the manifest after the files it lists. A
+    save at the last optimizer step (``state.max_steps``) is the final checkpoint ``model_000.pt`` (``model_000/`` for
+    an adapter); training stopped early by another callback ends with the last save as the final checkpoint. A training
+    resumed with ``trainer.train(resume_from_checkpoint=...)`` keeps the saves of the manifest up to the step it resumes
+    from. One training per ``out_dir``: a new training from step 0 starts a new manifest.
 
     Args:
         out_dir: the folder to write to (created).

@@ -1,9 +1,8 @@
 """Build models: the built-in ``mlp``, a user's function, or a Hugging Face directory.
 
-``model.entrypoint`` is a built-in name (``mlp``), ``"path/to/file.py:function"``
-or ``"package.module:function"``; the function is called with
-``model.kwargs`` and returns a ``torch.nn.Module``. ``"hf:DIR"`` loads a
-Hugging Face transformers model from a local directory (:mod:`trakcli.models.hf`).
+``model.entrypoint`` is a built-in name (``mlp``), ``"path/to/file.py:function"`` or ``"package.module:function"``; the
+function is called with ``model.kwargs`` and returns a ``torch.nn.Module``. ``"hf:DIR"`` loads a Hugging Face
+transformers model from a local directory (:mod:`trakcli.models.hf`).
 """
 
 from __future__ import annotations

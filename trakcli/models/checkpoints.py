@@ -1,8 +1,7 @@
 """Checkpoint files: reading state dicts, their sha256, and loading them into a model with checked keys and shapes.
 
-A checkpoint is a ``.pt`` / ``.pth`` / ``.bin`` file (read with
-``torch.load(weights_only=True)``), a ``.safetensors`` file, or a Hugging Face
-model directory (its weight files, merged).
+A checkpoint is a ``.pt`` / ``.pth`` / ``.bin`` file (read with ``torch.load(weights_only=True)``), a ``.safetensors``
+file, or a Hugging Face model directory (its weight files, merged).
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """The forward pass of a model on a batch: a tensor, or a dict of text tensors for a transformers model.
 
-Under ``torch.func.vmap`` the attention-mask builders of transformers 5 fail on
-a 2-D ``attention_mask`` (they branch on ``padding_mask.all()``, data-dependent
-control flow). So :func:`model_kwargs` passes a 4-D additive float mask
-``[n, 1, L, L]`` (0 where attended, the dtype's minimum elsewhere;
-lower-triangular as well for causal LMs), which the eager attention of
-:func:`trakcli.models.hf.build_hf_model` adds to its scores as given.
+Under ``torch.func.vmap`` the attention-mask builders of transformers 5 fail on a 2-D ``attention_mask`` (they branch on
+``padding_mask.all()``, data-dependent control flow). So :func:`model_kwargs` passes a 4-D additive float mask
+``[n, 1, L, L]`` (0 where attended, the dtype's minimum elsewhere; lower-triangular as well for causal LMs), which the
+eager attention of :func:`trakcli.models.hf.build_hf_model` adds to its scores as given.
 """
 
 from __future__ import annotations

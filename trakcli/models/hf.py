@@ -74,10 +74,9 @@ def resolve_hf_path(spec: str, *, need: str = "model") -> Path:
     ``tokenizer_config.json`` (for a Hub name it also says what is downloaded: a tokenizer, no weights).
 
     Raises:
-        ModelError: no such directory or file and no such Hub name (naming the places looked in; for a
-            Hub name the repository, the cache folder and the fixes), a file that is no ``.gguf``, a
-            directory without what ``need`` asks for and not exactly one ``.gguf``, or a GGUF that
-            cannot be converted (see :func:`gguf_to_hf`).
+        ModelError: no such directory or file and no such Hub name (naming the places looked in; for a Hub name the
+            repository, the cache folder and the fixes), a file that is no ``.gguf``, a directory without what ``need``
+            asks for and not exactly one ``.gguf``, or a GGUF that cannot be converted (see :func:`gguf_to_hf`).
     """
     spec = spec.removeprefix(HF_PREFIX)
     label = {"model": f"model.entrypoint 'hf:{spec}'", "checkpoint": f"checkpoint 'hf:{spec}'"}.get(
@@ -187,13 +186,12 @@ def gguf_to_hf(path: str | Path, *, label: str | None = None) -> Path:
     """``gguf_cache_root() / "<file stem>-<first 16 hex of its sha256>"``: the Hugging Face folder converted
     from the GGUF file (llama.cpp's format) ``path``, converting it on first use.
 
-    The model is loaded with ``AutoModelForCausalLM.from_pretrained(dir, gguf_file=...)``
-    (weights dequantized to float32; the ``trakcli-attribution[lm]`` extra) and saved as
-    ``model.safetensors`` and ``config.json``, the tokenizer (and its chat template) beside it,
-    and ``trakcli-gguf.json`` (source file, sha256, versions) last. The folder is named by the
-    file's content, so a copied or reinstalled file finds it. It is written into a temporary
-    sibling directory and renamed into place under a lock file: a killed or concurrent
-    conversion never leaves a half folder that a later run takes as done.
+    The model is loaded with ``AutoModelForCausalLM.from_pretrained(dir, gguf_file=...)`` (weights dequantized to
+    float32; the ``trakcli-attribution[lm]`` extra) and saved as ``model.safetensors`` and ``config.json``, the
+    tokenizer (and its chat template) beside it, and ``trakcli-gguf.json`` (source file, sha256, versions) last. The
+    folder is named by the file's content, so a copied or reinstalled file finds it. It is written into a temporary
+    sibling directory and renamed into place under a lock file: a killed or concurrent conversion never leaves a half
+    folder that a later run takes as done.
 
     Raises:
         ModelError: (messages start with ``label``, default the file) the file cannot be read or is
@@ -387,9 +385,8 @@ def fit_hf_state_dict(
     that initialization, so a checkpoint without a head always gives the same model.
 
     Returns:
-        ``(mapped, missing, unexpected)``: the state dict to load (``strict=False``), the model's
-        keys the checkpoint lacks (other than the seeded ones) and the checkpoint's keys the
-        model lacks (position ids aside).
+        ``(mapped, missing, unexpected)``: the state dict to load (``strict=False``), the model's keys the checkpoint
+        lacks (other than the seeded ones) and the checkpoint's keys the model lacks (position ids aside).
     """
     own = model.state_dict()
     prefix = model.base_model_prefix + "."

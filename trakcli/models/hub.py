@@ -2,20 +2,18 @@
 
 Two spellings, following the Hub's own URIs (``huggingface_hub.parse_hf_uri``):
 
-* ``hf:ORG/NAME[@REVISION][/PATH]`` for ``model.entrypoint``, entries of
-  ``checkpoints:`` and ``data.*.tokenizer`` (there also without ``hf:``):
-  a model repository, at a branch, tag or commit (default ``main``), or a file
-  or folder inside it (``hf:ORG/NAME/model-Q4_K_M.gguf``, ``hf:ORG/NAME/checkpoint-500``).
+* ``hf:ORG/NAME[@REVISION][/PATH]`` for ``model.entrypoint``, entries of ``checkpoints:`` and ``data.*.tokenizer``
+  (there also without ``hf:``): a model repository, at a branch, tag or commit (default ``main``), or a file or folder
+  inside it (``hf:ORG/NAME/model-Q4_K_M.gguf``, ``hf:ORG/NAME/checkpoint-500``).
 * ``hf://datasets/ORG/NAME[@REVISION][/PATH]`` for data paths: a dataset
   repository, or a file, folder or glob inside it.
 
-A local directory or an installed package of that name always comes first
-(:func:`trakcli.models.hf.resolve_hf_path`). A Hub name resolves as transformers does:
-``huggingface_hub.snapshot_download`` into the Hugging Face cache (:func:`hub_cache_dir`), of only
-the files needed (:func:`model_files`, :func:`dataset_files`); with ``HF_HUB_OFFLINE=1`` (or
-``TRANSFORMERS_OFFLINE=1``, read when a name is resolved), or when the Hub cannot be reached, the
-snapshot already in the cache is used, and without one an error names the repository, the cache
-folder and the fixes. ``huggingface_hub`` is imported only when a Hub name is resolved.
+A local directory or an installed package of that name always comes first (:func:`trakcli.models.hf.resolve_hf_path`). A
+Hub name resolves as transformers does: ``huggingface_hub.snapshot_download`` into the Hugging Face cache
+(:func:`hub_cache_dir`), of only the files needed (:func:`model_files`, :func:`dataset_files`); with
+``HF_HUB_OFFLINE=1`` (or ``TRANSFORMERS_OFFLINE=1``, read when a name is resolved), or when the Hub cannot be reached,
+the snapshot already in the cache is used, and without one an error names the repository, the cache folder and the
+fixes. ``huggingface_hub`` is imported only when a Hub name is resolved.
 """
 
 from __future__ import annotations
@@ -100,10 +98,9 @@ class HubName:
 def parse_model_name(spec: str) -> HubName | None:
     """The Hub model name ``spec`` spells (``"hf:"`` prefix optional), or ``None`` if it spells none.
 
-    ``ORG/NAME``, ``ORG/NAME@REVISION`` and either followed by ``/PATH`` (a file or folder
-    inside the repository) are Hub names; absolute or relative paths (``/x``, ``./x``,
-    ``~/x``), single names and anything else the Hub's repository-id rules refuse are not.
-    ``None`` as well when huggingface_hub is not installed.
+    ``ORG/NAME``, ``ORG/NAME@REVISION`` and either followed by ``/PATH`` (a file or folder inside the repository) are
+    Hub names; absolute or relative paths (``/x``, ``./x``, ``~/x``), single names and anything else the Hub's
+    repository-id rules refuse are not. ``None`` as well when huggingface_hub is not installed.
     """
     spec = spec.removeprefix("hf:")
     if not re.match(r"[A-Za-z0-9]", spec) or "\\" in spec or "//" in spec or Path(spec).is_absolute():
@@ -170,13 +167,12 @@ def _weights(names: list[str]) -> list[str]:
 def model_files(files: list[str], name: HubName, need: str) -> list[str]:
     """The files of a model repository to download for ``name`` (its :attr:`~HubName.path`) and ``need``.
 
-    A path naming a file: that file. Otherwise the folder (the root, or the path's folder):
-    its config and tokenizer files (``*.json``, ``*.txt``, ``*.model``, ``*.tiktoken``,
-    ``*.jinja``, ``additional_chat_templates/``) and, unless ``need`` is ``"tokenizer"`` and
-    the folder has tokenizer files, its weights: the ``*.safetensors`` files, else the
-    ``pytorch_model*.bin`` / ``adapter_model.bin`` files, else, without ``config.json``, its
-    only ``.gguf`` file. Other formats (TensorFlow, Flax, ONNX) and subfolders are left out.
-    ``files`` and the paths returned (sorted) are relative to the repository's root, ``/``-separated.
+    A path naming a file: that file. Otherwise the folder (the root, or the path's folder): its config and tokenizer
+    files (``*.json``, ``*.txt``, ``*.model``, ``*.tiktoken``, ``*.jinja``, ``additional_chat_templates/``) and, unless
+    ``need`` is ``"tokenizer"`` and the folder has tokenizer files, its weights: the ``*.safetensors`` files, else the
+    ``pytorch_model*.bin`` / ``adapter_model.bin`` files, else, without ``config.json``, its only ``.gguf`` file. Other
+    formats (TensorFlow, Flax, ONNX) and subfolders are left out. ``files`` and the paths returned (sorted) are relative
+    to the repository's root, ``/``-separated.
 
     Raises:
         ModelError: no such file or folder, a model folder without weights, or several ``.gguf``

@@ -5,13 +5,12 @@ Each entry of ``checkpoints:`` may be a folder peft's ``save_pretrained`` writes
 ``peft.get_peft_model`` and the first folder's adapter config, and each checkpoint then sets the
 adapter weights only (``peft.set_peft_model_state_dict``).
 
-The parameters differentiated by default (``grad_wrt`` unset) are the adapter's trainable ones (LoRA's
-``lora_A`` / ``lora_B`` weights, and ``modules_to_save``), named as the wrapped model's ``named_parameters()``
-and an optimizer state of the adapter name them:
-``base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight``. LoRA's ``A`` and ``B`` are
-``nn.Linear`` layers of their own, so ``projector.kind: kronecker`` factors each as the layer it is:
-``B``'s input is ``A x``, and the output gradient of ``B`` carries LoRA's ``alpha / r`` scaling
-(Hu et al. 2022, "LoRA", Eq. 3: ``h = W₀x + (alpha/r)·B A x``).
+The parameters differentiated by default (``grad_wrt`` unset) are the adapter's trainable ones (LoRA's ``lora_A`` /
+``lora_B`` weights, and ``modules_to_save``), named as the wrapped model's ``named_parameters()`` and an optimizer state
+of the adapter name them: ``base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight``. LoRA's ``A`` and
+``B`` are ``nn.Linear`` layers of their own, so ``projector.kind: kronecker`` factors each as the layer it is: ``B``'s
+input is ``A x``, and the output gradient of ``B`` carries LoRA's ``alpha / r`` scaling (Hu et al. 2022, "LoRA", Eq. 3:
+``h = W₀x + (alpha/r)·B A x``).
 """
 
 from __future__ import annotations
@@ -59,10 +58,9 @@ def with_adapters(model: nn.Module, checkpoints: Sequence[Path]) -> nn.Module:
     """``model`` (the base model, on the CPU) wrapped for the adapter folders among the run's ``checkpoints``.
 
     Returns:
-        A ``peft.PeftModel`` around ``model`` built from the first folder's adapter config, in eval
-        mode, with the base model's ``trak_*`` attributes and ``trak_trainable`` (the names of the
-        adapter's trainable parameters, what ``grad_wrt`` defaults to); ``model`` unchanged when no
-        checkpoint is an adapter folder.
+        A ``peft.PeftModel`` around ``model`` built from the first folder's adapter config, in eval mode, with the base
+        model's ``trak_*`` attributes and ``trak_trainable`` (the names of the adapter's trainable parameters, what
+        ``grad_wrt`` defaults to); ``model`` unchanged when no checkpoint is an adapter folder.
 
     Raises:
         ConfigError: adapter folders mixed with other checkpoints, or adapters of another kind
@@ -103,9 +101,8 @@ def load_adapter(model: nn.Module, path: Path) -> None:
     """Set the adapter weights of a ``PeftModel`` from the adapter folder ``path``, checking keys and shapes.
 
     Raises:
-        CheckpointError: the model is no PEFT model, the folder has no weights, or its weights
-            miss adapter parameters of the model, have keys the model lacks, or other shapes
-            (another ``r``, other target modules).
+        CheckpointError: the model is no PEFT model, the folder has no weights, or its weights miss adapter parameters
+            of the model, have keys the model lacks, or other shapes (another ``r``, other target modules).
     """
     from trakcli.models.checkpoints import read_state_dict
 
@@ -162,10 +159,9 @@ def add_lora(model: nn.Module, r: int, alpha: float, dropout: float, target_modu
     The adapters are initialized by peft from the global RNG (seeded by the caller): ``A`` as
     Kaiming-uniform, ``B`` zero, so the wrapped model first computes what ``model`` computes.
 
-    ``model`` is changed (its weights get ``requires_grad=False``); ``r``, ``alpha``, ``dropout`` and
-    ``target_modules`` are LoRA's rank, scaling numerator, dropout and layers
-    (:class:`trakcli.config.recipe.LoraSettings`). Returns the ``peft.PeftModel``, with
-    ``trak_trainable`` naming the adapter's parameters.
+    ``model`` is changed (its weights get ``requires_grad=False``); ``r``, ``alpha``, ``dropout`` and ``target_modules``
+    are LoRA's rank, scaling numerator, dropout and layers (:class:`trakcli.config.recipe.LoraSettings`). Returns the
+    ``peft.PeftModel``, with ``trak_trainable`` naming the adapter's parameters.
 
     Raises:
         ModelError: peft missing, or peft refuses the target modules (its message and the fix).

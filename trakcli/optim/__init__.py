@@ -1,11 +1,9 @@
 """Projected optimizers and subspace parametrizations, built on :mod:`trakcli.projectors`.
 
-* :class:`ProjectedOptimizer`: any ``torch.optim`` optimizer stepping in a
-  random subspace (``per_matrix``: GaLore/Flora-style per-matrix projections,
-  or with kind ``kronecker`` two-sided ones, ``P_out G P_inᵀ``; ``global``: one
-  projection of the whole parameter vector).
-* :mod:`trakcli.optim.subspace`: intrinsic-dimension training by
-  reparametrization, ``W = W0 + unproject(z)``.
+* :class:`ProjectedOptimizer`: any ``torch.optim`` optimizer stepping in a random subspace (``per_matrix``:
+  GaLore/Flora-style per-matrix projections, or with kind ``kronecker`` two-sided ones, ``P_out G P_inᵀ``; ``global``:
+  one projection of the whole parameter vector).
+* :mod:`trakcli.optim.subspace`: intrinsic-dimension training by reparametrization, ``W = W0 + unproject(z)``.
 * :mod:`trakcli.optim.transforms`: pre/post-step transforms with ``param_ndim``.
 * :class:`ProjectionSettings`: the projection settings, also the schema of the
   config's ``optimize.projection`` (the optimizer never reads the YAML config).

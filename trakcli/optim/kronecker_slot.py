@@ -119,10 +119,9 @@ class KroneckerSlot(_ProjectedSlot):
     def transfer(self, m, k_old, k_new):
         """``m' = c · (P_out,new P_out,oldᵀ) m (P_in,old P_in,newᵀ)``, ``c = (k_out/d_out)(k_in/d_in)``, clipped.
 
-        The full-space ``P_out,oldᵀ m P_in,old`` seen in the new subspace with the
-        least-squares factor of each side (``P Pᵀ ≈ (d/k) I``), computed through the
-        ``[k, k]`` products of the factors, then scaled down if needed so that
-        ``‖m'‖ <= ‖m‖``. An unprojected side contributes ``I`` and factor 1.
+        The full-space ``P_out,oldᵀ m P_in,old`` seen in the new subspace with the least-squares factor of each side
+        (``P Pᵀ ≈ (d/k) I``), computed through the ``[k, k]`` products of the factors, then scaled down if needed so
+        that ``‖m'‖ <= ‖m‖``. An unprojected side contributes ``I`` and factor 1.
         """
         (o_out, o_in), (n_out, n_in) = self.factors(k_old), self.factors(k_new)
         left = None if n_out is None else n_out @ o_out.T  # type: ignore[union-attr]

@@ -1,19 +1,15 @@
 """``ProjectedOptimizer``: any torch optimizer, run in a random subspace of the gradient.
 
-At every step the gradient of each slot (see :mod:`trakcli.optim.slots`) is
-projected, ``R = project(G)``; the inner optimizer steps a shadow parameter
-of the projected shape with ``R`` as its gradient, so its state (momenta,
-second moments) has the projected size; the inner update ``ΔZ`` comes back
-through the adjoint, ``W ← W + scale · unproject(ΔZ)``. This is GaLore's
-step (Zhao et al. 2024, Alg. 2) with random JL projections of
-:mod:`trakcli.projectors` in place of SVD factors (Flora, Hao et al. 2024),
-or in ``global`` mode intrinsic-dimension training (Li et al. 2018). Kind
-``kronecker`` (per_matrix) projects each matrix from both sides,
-``R = P_out G P_inᵀ`` (:mod:`trakcli.optim.kronecker_slot`).
+At every step the gradient of each slot (see :mod:`trakcli.optim.slots`) is projected, ``R = project(G)``; the inner
+optimizer steps a shadow parameter of the projected shape with ``R`` as its gradient, so its state (momenta, second
+moments) has the projected size; the inner update ``ΔZ`` comes back through the adjoint,
+``W ← W + scale · unproject(ΔZ)``. This is GaLore's step (Zhao et al. 2024, Alg. 2) with random JL projections of
+:mod:`trakcli.projectors` in place of SVD factors (Flora, Hao et al. 2024), or in ``global`` mode intrinsic-dimension
+training (Li et al. 2018). Kind ``kronecker`` (per_matrix) projects each matrix from both sides, ``R = P_out G P_inᵀ``
+(:mod:`trakcli.optim.kronecker_slot`).
 
-Weight decay is applied in the full space, decoupled (``W ← W (1 - lr·wd)``,
-Loshchilov & Hutter 2019) or as L2 added to the full gradient before the
-projection (``weight_decay_mode="l2"``); the inner optimizer always gets
+Weight decay is applied in the full space, decoupled (``W ← W (1 - lr·wd)``, Loshchilov & Hutter 2019) or as L2 added to
+the full gradient before the projection (``weight_decay_mode="l2"``); the inner optimizer always gets
 ``weight_decay=0``.
 """
 
@@ -53,22 +49,18 @@ class ProjectedOptimizer(torch.optim.Optimizer):
         loss.backward(); opt.step(); opt.zero_grad()
 
     Args:
-        params: parameters or param-group dicts (torch.optim convention). A
-            group may set its own ``projection`` (a mapping whose keys override
-            the default projection's, a :class:`ProjectionSettings`, a projector
-            object, or ``None`` for no projection), ``weight_decay``, ``weight_decay_mode``,
-            ``param_ndim`` and any hyperparameter of the inner optimizer.
+        params: parameters or param-group dicts (torch.optim convention). A group may set its own ``projection`` (a
+            mapping whose keys override the default projection's, a :class:`ProjectionSettings`, a projector object, or
+            ``None`` for no projection), ``weight_decay``, ``weight_decay_mode``, ``param_ndim`` and any hyperparameter
+            of the inner optimizer.
         inner: the inner optimizer class (or a callable ``inner(param_groups,
             **inner_kwargs)`` returning a ``torch.optim.Optimizer``).
-        projection: a :class:`~trakcli.optim.settings.ProjectionSettings` or a
-            mapping of its keys (the YAML's ``optimize.projection``: ``mode``
-            per_matrix or global, ``kind`` (``kronecker``: per_matrix, two-sided),
-            ``rank`` / ``proj_dim``, ``seed``, ``update_gap``,
-            ``on_refresh`` keep/reset/transfer, ``scale``), or a projector
-            object (mode global, fixed, ``grad_dim`` = the group's numel).
-            ``None``: per_matrix, rank 8, rademacher.
-        weight_decay: decay in the full space; ``None``: the inner optimizer's
-            default (AdamW: 0.01, SGD/Adam: 0).
+        projection: a :class:`~trakcli.optim.settings.ProjectionSettings` or a mapping of its keys (the YAML's
+            ``optimize.projection``: ``mode`` per_matrix or global, ``kind`` (``kronecker``: per_matrix, two-sided),
+            ``rank`` / ``proj_dim``, ``seed``, ``update_gap``, ``on_refresh`` keep/reset/transfer, ``scale``), or a
+            projector object (mode global, fixed, ``grad_dim`` = the group's numel). ``None``: per_matrix, rank 8,
+            rademacher.
+        weight_decay: decay in the full space; ``None``: the inner optimizer's default (AdamW: 0.01, SGD/Adam: 0).
         weight_decay_mode: ``decoupled`` (``W ← W(1 - lr·wd)``, AdamW's) or
             ``l2`` (``G ← G + wd·W`` before projecting, SGD's/Adam's).
         param_ndim: how ``grad_transform`` / ``param_transform`` broadcast
@@ -188,9 +180,8 @@ class ProjectedOptimizer(torch.optim.Optimizer):
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """One optimization step (``closure`` re-evaluates the loss, torch.optim convention).
 
-        Per group: refresh the projection if ``update_gap`` says so, decay the
-        parameters (decoupled mode, one ``_foreach_mul_``), project each slot's
-        gradient onto its shadow; then one step of the inner optimizer over
+        Per group: refresh the projection if ``update_gap`` says so, decay the parameters (decoupled mode, one
+        ``_foreach_mul_``), project each slot's gradient onto its shadow; then one step of the inner optimizer over
         every group, and each shadow's update mapped back into its parameters.
         """
         loss = None
@@ -266,11 +257,9 @@ class ProjectedOptimizer(torch.optim.Optimizer):
     def refresh(self, group_index: int | None = None) -> None:
         """Draw the next projection now (of one group, or all), handling the inner state per ``on_refresh``.
 
-        ``keep``: the inner state stays as it is (GaLore's choice). ``reset``:
-        the inner state of the projected slots is dropped (it restarts, step
-        counts included). ``transfer``: first moments (``exp_avg``,
-        ``momentum_buffer``, ...) are mapped into the new subspace by
-        :meth:`~trakcli.optim.slots._ProjectedSlot.transfer`, which never grows
+        ``keep``: the inner state stays as it is (GaLore's choice). ``reset``: the inner state of the projected slots is
+        dropped (it restarts, step counts included). ``transfer``: first moments (``exp_avg``, ``momentum_buffer``, ...)
+        are mapped into the new subspace by :meth:`~trakcli.optim.slots._ProjectedSlot.transfer`, which never grows
         their norm; second moments and counters are kept.
         """
         groups = range(len(self.param_groups)) if group_index is None else [group_index]
@@ -302,9 +291,8 @@ class ProjectedOptimizer(torch.optim.Optimizer):
     def state_dict(self) -> dict[str, Any]:
         """torch.optim's ``{"state", "param_groups"}`` plus ``"inner"`` (the inner optimizer's state dict).
 
-        Only tensors, numbers, strings, lists and dicts: it loads with
-        ``torch.load(weights_only=True)``. Projections are stored as their
-        settings, seeds and the index ``proj_index`` of the current draw.
+        Only tensors, numbers, strings, lists and dicts: it loads with ``torch.load(weights_only=True)``. Projections
+        are stored as their settings, seeds and the index ``proj_index`` of the current draw.
         """
         assert self.inner is not None
         sd = super().state_dict()

@@ -1,11 +1,9 @@
 """The projection settings of the optimizer, the one schema of the config's ``optimize.projection`` too.
 
-:class:`ProjectionSettings` holds what fixes the optimizer's matrices and how
-they are refreshed; :func:`resolve_projection` validates a mapping (or a
-settings object) into the plain dict the optimizer stores in its param groups
-and state dicts. The YAML config validates ``optimize.projection`` with the
-same model (:class:`trakcli.config.OptimizeConfig`); this module knows nothing
-of the config.
+:class:`ProjectionSettings` holds what fixes the optimizer's matrices and how they are refreshed;
+:func:`resolve_projection` validates a mapping (or a settings object) into the plain dict the optimizer stores in its
+param groups and state dicts. The YAML config validates ``optimize.projection`` with the same model
+(:class:`trakcli.config.OptimizeConfig`); this module knows nothing of the config.
 """
 
 from __future__ import annotations
@@ -25,10 +23,9 @@ DEFAULT_RANK = 8
 class ProjectionSettings(StrictModel):
     """``optimize.projection``: run the optimizer in a random subspace (:mod:`trakcli.optim`).
 
-    Constructing one validates it (``pydantic.ValidationError``, a ``ValueError``, listing
-    every problem; a boolean is not taken as a number); :func:`resolve_projection`, which
-    :class:`~trakcli.optim.ProjectedOptimizer` and :func:`~trakcli.optim.subspace.attach`
-    call on a mapping, raises :class:`~trakcli.errors.OptimizerError` instead.
+    Constructing one validates it (``pydantic.ValidationError``, a ``ValueError``, listing every problem; a boolean is
+    not taken as a number); :func:`resolve_projection`, which :class:`~trakcli.optim.ProjectedOptimizer` and
+    :func:`~trakcli.optim.subspace.attach` call on a mapping, raises :class:`~trakcli.errors.OptimizerError` instead.
     """
 
     mode: Literal["per_matrix", "global"] = Field(

@@ -105,9 +105,8 @@ class IdentitySlot(Slot):
 class _ProjectedSlot(Slot):
     """A slot whose inner parameter is a shadow tensor of the projected shape.
 
-    The shadow holds no storage between steps: at a step it is set to zeros,
-    the inner optimizer steps it, and what it then holds is exactly the inner
-    update, mapped back with the adjoint and added to the real parameters.
+    The shadow holds no storage between steps: at a step it is set to zeros, the inner optimizer steps it, and what it
+    then holds is exactly the inner update, mapped back with the adjoint and added to the real parameters.
     """
 
     projected = True
@@ -151,10 +150,9 @@ class _ProjectedSlot(Slot):
     def transfer(self, m: torch.Tensor, k_old: int, k_new: int) -> torch.Tensor:
         """Map a first moment ``m`` (shape ``self.shape``) from projection ``k_old`` to ``k_new``.
 
-        ``m' = c · P_new P_oldᵀ m`` (the full-space vector ``P_oldᵀ m`` seen in the
-        new subspace), with ``c = proj_dim / grad_dim`` the least-squares factor
-        (``P Pᵀ ≈ (grad_dim / proj_dim) I``), then scaled down if needed so that
-        ``‖m'‖ <= ‖m‖``: a refresh never grows a moment.
+        ``m' = c · P_new P_oldᵀ m`` (the full-space vector ``P_oldᵀ m`` seen in the new subspace), with
+        ``c = proj_dim / grad_dim`` the least-squares factor (``P Pᵀ ≈ (grad_dim / proj_dim) I``), then scaled down if
+        needed so that ``‖m'‖ <= ‖m‖``: a refresh never grows a moment.
         """
         raise NotImplementedError
 
@@ -244,10 +242,8 @@ class GlobalSlot(_ProjectedSlot):
 
     Args:
         params: the parameters, flattened and concatenated in order (``grad_dim`` entries).
-        blocks: one projector per parameter (``grad_dim = numel``, common
-            ``proj_dim``): ``P = [P_1 | P_2 | ...]``; or
-        single: one projector of ``grad_dim = Σ numel`` (a user's projector
-            object, or ``noop``).
+        blocks: one projector per parameter (``grad_dim = numel``, common ``proj_dim``): ``P = [P_1 | P_2 | ...]``; or
+        single: one projector of ``grad_dim = Σ numel`` (a user's projector object, or ``noop``).
     """
 
     def __init__(self, params, *, blocks: list[Projector] | None = None, single: Projector | None = None):

@@ -166,8 +166,7 @@ def attach(
         The :class:`Subspace`; optimize ``sub.parameters()`` (only ``z``).
 
     Raises:
-        OptimizerError: no parameter selected, a model already reparametrized,
-            or invalid projection settings.
+        OptimizerError: no parameter selected, a model already reparametrized, or invalid projection settings.
     """
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     if any(".parametrizations." in n for n, _ in named):

@@ -1,15 +1,12 @@
 """Pre- and post-step transforms of :class:`~trakcli.optim.ProjectedOptimizer`, broadcast with ``param_ndim``.
 
-``param_ndim`` has rai_toolbox's meaning (``ParamTransformingOptimizer``):
-a tensor is viewed as a batch of sub-tensors and the transform acts on each
-sub-tensor of the batch, i.e. on ``x.reshape(-1, *x.shape[ndim - k:])``:
+``param_ndim`` has rai_toolbox's meaning (``ParamTransformingOptimizer``): a tensor is viewed as a batch of sub-tensors
+and the transform acts on each sub-tensor of the batch, i.e. on ``x.reshape(-1, *x.shape[ndim - k:])``:
 
-* ``k > 0``: the trailing ``k`` dims form one item (``param_ndim=1`` on a
-  ``[d0, d1, d2]`` tensor: ``d0·d1`` items of shape ``[d2]``); a ``k``
-  larger than the tensor's ndim makes the whole tensor one item.
-* ``k <= 0``: an offset from the tensor's ndim: ``-1`` broadcasts over the
-  first dim (each row of a weight matrix is one item; the default), ``0``
-  makes every scalar an item.
+* ``k > 0``: the trailing ``k`` dims form one item (``param_ndim=1`` on a ``[d0, d1, d2]`` tensor: ``d0·d1`` items of
+  shape ``[d2]``); a ``k`` larger than the tensor's ndim makes the whole tensor one item.
+* ``k <= 0``: an offset from the tensor's ndim: ``-1`` broadcasts over the first dim (each row of a weight matrix is one
+  item; the default), ``0`` makes every scalar an item.
 * ``None``: no broadcasting, the whole tensor is one item (batch of 1).
 
 A transform takes the ``[B, ...]`` batch view and either modifies it in place

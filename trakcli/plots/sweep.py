@@ -16,11 +16,10 @@ def plot_sweep(path: str | Path, rows: Sequence[Mapping[str, Any]], *, default: 
                title: str | None = None, dpi: int = 100) -> Path:
     """Draw the curves of an LDS sweep over proj_dim, checkpoints and lambda, and write the figure.
 
-    Three panels, each point with its 95% bootstrap interval as an error bar: LDS against ``proj_dim``
-    (one line per number of checkpoints) and against the number of checkpoints (one line per proj_dim),
-    each point at its best lambda; and LDS against ``lambda_rel`` (else ``lambda_reg``) at the largest
-    number of checkpoints. The best row is marked with a gold star, the ``default`` settings with a
-    black diamond.
+    Three panels, each point with its 95% bootstrap interval as an error bar: LDS against ``proj_dim`` (one line per
+    number of checkpoints) and against the number of checkpoints (one line per proj_dim), each point at its best lambda;
+    and LDS against ``lambda_rel`` (else ``lambda_reg``) at the largest number of checkpoints. The best row is marked
+    with a gold star, the ``default`` settings with a black diamond.
 
     Args:
         path: file to write, ``.png`` / ``.pdf`` / ``.svg``.

@@ -114,10 +114,9 @@ def plot_top(
 ) -> Path:
     """Draw targets beside their top proponents and opponents (:func:`top_indices`), and write the figure.
 
-    Image data (:func:`image_shape_of`): one row per target, the target image, then its ``top_k`` proponents
-    on a green panel and opponents on a red one, each titled with train index, label and score (one channel
-    drawn with ``cmap``, one intensity range). Other data: one table per target (index, label, score and,
-    given texts, the text cut to fit).
+    Image data (:func:`image_shape_of`): one row per target, the target image, then its ``top_k`` proponents on a green
+    panel and opponents on a red one, each titled with train index, label and score (one channel drawn with ``cmap``,
+    one intensity range). Other data: one table per target (index, label, score and, given texts, the text cut to fit).
 
     Args:
         path: file to write, ``.png`` / ``.pdf`` / ``.svg``.

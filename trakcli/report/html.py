@@ -49,15 +49,14 @@ def render_report(
 ) -> str:
     """The HTML page of an experiment's answers, one record per target (:mod:`trakcli.answers`).
 
-    For each target the page shows its text (or picture), its proponents and opponents with their
-    scores, and each document's text (or picture). With per-token answers (``target_tokens`` and
-    ``document_tokens`` of an entry, ``score.per_token``) a document's tokens are shaded by their
-    contribution to its score, green for positive and red for negative, the intensity scaled to the
-    document's largest absolute contribution; hovering a token shows its value, and tokens that are
-    not targets of the loss (a prompt) are grey. The target's tokens are shaded by the sum of the
-    shown proponents' contributions, or by one document's after a click on it. A search box filters
-    the targets by index (``17``), text or label (``label:7``); ``j``/``k`` or the arrow keys move
-    through them, ``/`` focuses the search.
+    For each target the page shows its text (or picture), its proponents and opponents with their scores, and each
+    document's text (or picture). With per-token answers (``target_tokens`` and ``document_tokens`` of an entry,
+    ``score.per_token``) a document's tokens are shaded by their contribution to its score, green for positive and red
+    for negative, the intensity scaled to the document's largest absolute contribution; hovering a token shows its
+    value, and tokens that are not targets of the loss (a prompt) are grey. The target's tokens are shaded by the sum of
+    the shown proponents' contributions, or by one document's after a click on it. A search box filters the targets by
+    index (``17``), text or label (``label:7``); ``j``/``k`` or the arrow keys move through them, ``/`` focuses the
+    search.
 
     Args:
         records: answer records ``{"target", "text"?, "label"?, "proponents": [{"train", "score",

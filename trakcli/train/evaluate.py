@@ -62,10 +62,9 @@ def check_forward(
 ) -> None:
     """One forward pass of the first example (eval mode, no gradients) before training starts.
 
-    Any exception of it becomes one :class:`~trakcli.errors.DataError` line naming the file and line, and the
-    labels must fit the loss (classes of ``[1, C]`` logits, or token ids and -100 of a causal LM's): every
-    label of tensors in memory, the first row of lazily read data. ``inputs``: tensors with ``labels``, or the
-    training rows.
+    Any exception of it becomes one :class:`~trakcli.errors.DataError` line naming the file and line, and the labels
+    must fit the loss (classes of ``[1, C]`` logits, or token ids and -100 of a causal LM's): every label of tensors in
+    memory, the first row of lazily read data. ``inputs``: tensors with ``labels``, or the training rows.
     """
     rows = inputs if isinstance(inputs, TrainRows) else TensorRows(inputs, labels)
     task = resolve_task(task)

@@ -40,11 +40,10 @@ def lr_at(step: int, *, lr: float, total_steps: int, schedule: str = "constant",
     """The learning rate of training step ``step``: linear warmup, then constant, linear or cosine decay.
 
     Step ``s`` (1-based) of the warmup uses ``lr * s / warmup_steps``; after it, with
-    ``t = (s - warmup_steps - 1) / (total_steps - warmup_steps)`` (the share of the decay
-    done before this step), ``linear`` uses ``lr * (1 - t)`` and ``cosine``
-    ``lr * (1 + cos(pi t)) / 2`` (Loshchilov & Hutter 2017, without restarts), ``constant``
-    ``lr``. The first step after the warmup uses ``lr``, the last one ``lr / (total_steps - warmup_steps)``
-    (linear).
+    ``t = (s - warmup_steps - 1) / (total_steps - warmup_steps)`` (the share of the decay done before this step),
+    ``linear`` uses ``lr * (1 - t)`` and ``cosine`` ``lr * (1 + cos(pi t)) / 2`` (Loshchilov & Hutter 2017, without
+    restarts), ``constant`` ``lr``. The first step after the warmup uses ``lr``, the last one
+    ``lr / (total_steps - warmup_steps)`` (linear).
 
     Raises:
         ValueError: an unknown schedule.

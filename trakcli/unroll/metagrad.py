@@ -1,23 +1,20 @@
 """Exact replay of a recorded training, and its metagradients by reverse mode through the steps.
 
-Notation. Step t (1..T) of the recorded training minimizes the batch loss
-``L_t(θ, w) = Σ_{i∈B_t} w_i ℓ_i(θ) / c_t`` (``ℓ_i`` the example's training loss summed over its terms,
-:func:`trakcli.tasks.example_losses`; ``c_t`` the batch's :meth:`~trakcli.tasks.Task.loss_count`, so
-``w = 1`` is the recorded loss), then updates the state ``S_t = (θ_t, optimizer state)``
-by :func:`trakcli.unroll.steps.update`. For a target z the metagradient is
-``∂ℓ_z(θ_T) / ∂w_i``: how the target's loss at the final weights moves per unit of extra
-weight on example i's loss in every step it is in (Ilyas & Engstrom 2025, "MAGIC: Near-Optimal
-Data Attribution for Deep Learning"). Reverse mode: ``a_T = (∇_θ ℓ_z(θ_T), 0)``;
-for t = T..1, ``(a_{t-1}, ∂/∂w_{B_t}) = vjp(S_{t-1} ↦ S_t)(a_t)`` (a Hessian-vector product inside
-each step, from ``torch.func.vjp`` of a step that calls ``torch.func.grad``).
+Notation. Step t (1..T) of the recorded training minimizes the batch loss ``L_t(θ, w) = Σ_{i∈B_t} w_i ℓ_i(θ) / c_t``
+(``ℓ_i`` the example's training loss summed over its terms, :func:`trakcli.tasks.example_losses`; ``c_t`` the batch's
+:meth:`~trakcli.tasks.Task.loss_count`, so ``w = 1`` is the recorded loss), then updates the state
+``S_t = (θ_t, optimizer state)`` by :func:`trakcli.unroll.steps.update`. For a target z the metagradient is
+``∂ℓ_z(θ_T) / ∂w_i``: how the target's loss at the final weights moves per unit of extra weight on example i's loss in
+every step it is in (Ilyas & Engstrom 2025, "MAGIC: Near-Optimal Data Attribution for Deep Learning"). Reverse mode:
+``a_T = (∇_θ ℓ_z(θ_T), 0)``; for t = T..1, ``(a_{t-1}, ∂/∂w_{B_t}) = vjp(S_{t-1} ↦ S_t)(a_t)`` (a Hessian-vector product
+inside each step, from ``torch.func.vjp`` of a step that calls ``torch.func.grad``).
 
-Memory and time. The states stored every ``every`` steps (:mod:`trakcli.train.replay`) are read
-back one segment at a time, latest first: the segment's states are recomputed forward from its
-stored state (held in memory: ``every × (parameters + optimizer state)`` floats), then its steps
-are reversed. ``k`` targets share one replay: the adjoints are stacked ``[k, ...]`` and each step's
-vector-Jacobian product is ``vmap``-ed over them. One replay costs one forward-recomputed training
-(forward + backward per step) plus, per step, one more forward + backward and k double-backward
-passes (batched): about ``2 + c·k`` trainings with c ≈ 1-3 on a CPU, measured in docs/guides/unroll.md.
+Memory and time. The states stored every ``every`` steps (:mod:`trakcli.train.replay`) are read back one segment at a
+time, latest first: the segment's states are recomputed forward from its stored state (held in memory:
+``every × (parameters + optimizer state)`` floats), then its steps are reversed. ``k`` targets share one replay: the
+adjoints are stacked ``[k, ...]`` and each step's vector-Jacobian product is ``vmap``-ed over them. One replay costs one
+forward-recomputed training (forward + backward per step) plus, per step, one more forward + backward and k
+double-backward passes (batched): about ``2 + c·k`` trainings with c ≈ 1-3 on a CPU, measured in docs/guides/unroll.md.
 """
 
 from __future__ import annotations
@@ -73,10 +70,9 @@ def check_model(model: nn.Module, what: str) -> None:
 def replay(model: nn.Module, data: TrainRows, record: ReplayRecord, task: Task, *, start: int = 0) -> nn.Module:
     """Rerun the recorded training from its stored state after ``start`` steps to the end, as it ran.
 
-    The model is loaded with the stored state and trained by the same ``torch.optim`` optimizer
-    (loaded with its stored state), the same batches and learning rates and the same global RNG
-    state, with deterministic algorithms: on the machine that trained it the result equals the
-    recorded training's final weights bit for bit.
+    The model is loaded with the stored state and trained by the same ``torch.optim`` optimizer (loaded with its stored
+    state), the same batches and learning rates and the same global RNG state, with deterministic algorithms: on the
+    machine that trained it the result equals the recorded training's final weights bit for bit.
 
     Args:
         model: the model built like the trained one (``model.entrypoint``), on the training device.

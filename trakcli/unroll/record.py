@@ -1,9 +1,8 @@
 """Reading a replay record (:mod:`trakcli.train.replay`) and walking its steps.
 
-:class:`ReplayRecord` is one training's record: its recipe, the learning rate of every
-step, each epoch's row order and the states stored every ``every`` steps. :meth:`ReplayRecord.steps`
-yields the steps from a stored state to the end, each with its batch, exactly as
-:meth:`trakcli.train.Trainer.fit` ran them (the batches of
+:class:`ReplayRecord` is one training's record: its recipe, the learning rate of every step, each epoch's row order and
+the states stored every ``every`` steps. :meth:`ReplayRecord.steps` yields the steps from a stored state to the end,
+each with its batch, exactly as :meth:`trakcli.train.Trainer.fit` ran them (the batches of
 :meth:`TrainRows.batches <trakcli.train.rows.TrainRows.batches>` over the recorded order).
 """
 

@@ -1,9 +1,8 @@
 """One optimizer step as a pure function of (parameters, optimizer state, gradient), differentiable.
 
-The update rules are ``torch.optim``'s (the ones :func:`trakcli.train.make_optimizer` builds), written
-out so that reverse mode runs through them (Ilyas & Engstrom 2025, "MAGIC: Near-Optimal Data
-Attribution for Deep Learning": metagradients by reverse-mode differentiation through the optimizer's
-steps):
+The update rules are ``torch.optim``'s (the ones :func:`trakcli.train.make_optimizer` builds), written out so that
+reverse mode runs through them (Ilyas & Engstrom 2025, "MAGIC: Near-Optimal Data Attribution for Deep Learning":
+metagradients by reverse-mode differentiation through the optimizer's steps):
 
 * ``sgd`` (momentum μ, weight decay λ, no dampening, no Nesterov): ``d = g + λθ``;
   ``b ← μ b + d`` (``b = d`` on the first step); ``θ ← θ − lr·b`` (``θ ← θ − lr·d`` when μ = 0).
