@@ -177,16 +177,13 @@ def load_dataset(cfg: DatasetConfig, *, key: str = "data.train", task: Any = Non
         contents = _read_file(_tensor_file(cfg.path, key))
     missing = [k for k in dict.fromkeys(keys + [cfg.labels]) if k not in contents]
     if missing:
-        raise DataError(
-            f"{key}: {_where(cfg)} has no key {', '.join(repr(m) for m in missing)}; its keys are {sorted(contents)}"
-        )
+        raise DataError(f"{key}: {_where(cfg)} has no key {', '.join(repr(m) for m in missing)}; its keys are "
+                        f"{sorted(contents)}")
     # several input tensors (inputs: [a, b]) are a dict passed to the model as keyword arguments
     inputs = contents[cfg.inputs] if isinstance(cfg.inputs, str) else {k: contents[k] for k in keys}
-    return checked_dataset(
-        inputs, contents[cfg.labels], key=key, name=f"{_where(cfg)}[{','.join(keys)}]",
-        inputs_what=f"inputs {cfg.inputs!r}", labels_what=f"labels {cfg.labels!r}", source=f" of {_where(cfg)}",
-        task=task,
-    )
+    return checked_dataset(inputs, contents[cfg.labels], key=key, name=f"{_where(cfg)}[{','.join(keys)}]",
+                           inputs_what=f"inputs {cfg.inputs!r}", labels_what=f"labels {cfg.labels!r}",
+                           source=f" of {_where(cfg)}", task=task)
 
 
 def sequence_width(data: Any) -> int:

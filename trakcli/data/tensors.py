@@ -157,9 +157,4 @@ class TensorDataset:
             shape = list(self.inputs.shape[1:])
             dtype = str(self.inputs.dtype).removeprefix("torch.")
         h.update(np.ascontiguousarray(self.labels[:n].numpy()).tobytes())
-        return {
-            "n": n,
-            "input_shape": shape,
-            "input_dtype": dtype,
-            "sha256": h.hexdigest(),
-        }
+        return {"n": n, "input_shape": shape, "input_dtype": dtype, "sha256": h.hexdigest()}

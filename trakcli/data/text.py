@@ -30,9 +30,7 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from trakcli.data.sources import (
-    chat_messages, data_files, int_label, int_list, message_text, open_rows, shorten,
-)
+from trakcli.data.sources import chat_messages, data_files, int_label, int_list, message_text, open_rows, shorten
 from trakcli.data.tensors import cut_batches, fingerprint_rows
 from trakcli.errors import DataError
 from trakcli.labels import IGNORE_INDEX
@@ -94,19 +92,10 @@ class TextDataset:
     """
 
     def __init__(
-        self,
-        path: str | Path | Sequence[str | Path],
-        *,
-        text: str | None = None,
-        text_pair: str | None = None,
-        labels: str | None = None,
-        prompt: str | None = None,
-        completion: str | None = None,
-        messages: str | None = None,
-        input_ids: str | None = None,
-        tokenizer: Any = None,
-        max_length: int | None = 128,
-        key: str = "data.train",
+        self, path: str | Path | Sequence[str | Path], *, text: str | None = None, text_pair: str | None = None,
+        labels: str | None = None, prompt: str | None = None, completion: str | None = None,
+        messages: str | None = None, input_ids: str | None = None, tokenizer: Any = None,
+        max_length: int | None = 128, key: str = "data.train",
     ):
         if isinstance(path, (list, tuple)):  # several files, read one after the other
             self.source = ", ".join(p if is_hub_url(p) else str(Path(p)) for p in path)
@@ -332,12 +321,10 @@ class TextDataset:
                 )
                 for shorter, longer, what in checks:
                     if list(longer[: len(shorter)]) != list(shorter):
-                        raise DataError(
-                            f"{self.key}: row {row} of {self.source}: the chat template renders {what} as tokens "
-                            "that do not start the longer conversation, so the assistant tokens cannot be found; "
-                            "use a tokenizer whose chat template renders earlier turns the same whatever follows "
-                            "(or give the data as prompt + completion)"
-                        )
+                        raise DataError(f"{self.key}: row {row} of {self.source}: the chat template renders {what} "
+                                        "as tokens that do not start the longer conversation, so the assistant tokens "
+                                        "cannot be found; use a tokenizer whose chat template renders earlier turns "
+                                        "the same whatever follows (or give the data as prompt + completion)")
                 labels[len(pre): len(upto)] = ids[len(pre): len(upto)]
             out.append((ids[: self.max_length], None, labels[: self.max_length]))
         return out
@@ -489,14 +476,12 @@ class TextDataset:
     def _hash_rows(self, n: int) -> dict[str, Any]:
         """The fingerprint of the first ``n`` rows (:meth:`fingerprint`)."""
         h = hashlib.sha256()
-        settings = {
-            "version": TOKENIZATION_VERSION, "kind": self.kind, "max_length": self.max_length,
-            "fields": {"text": self.text, "text_pair": self.text_pair, "labels": self.label_field,
-                       "prompt": self.prompt, "completion": self.completion, "messages": self.messages,
-                       "input_ids": self.input_ids_field},
-            "pad_token_id": self.pad_token_id, "eos_token_id": self.eos_token_id,
-            "input_keys": list(self.input_keys),
-        }
+        settings = {"version": TOKENIZATION_VERSION, "kind": self.kind, "max_length": self.max_length,
+                    "fields": {"text": self.text, "text_pair": self.text_pair, "labels": self.label_field,
+                               "prompt": self.prompt, "completion": self.completion, "messages": self.messages,
+                               "input_ids": self.input_ids_field},
+                    "pad_token_id": self.pad_token_id, "eos_token_id": self.eos_token_id,
+                    "input_keys": list(self.input_keys)}
         h.update(json.dumps(settings, sort_keys=True).encode())
         if self.tokenizer is not None:
             folder = Path(str(self.tokenizer.name_or_path))
@@ -509,12 +494,8 @@ class TextDataset:
             for v in self._values(part):
                 h.update(json.dumps(v, ensure_ascii=False, sort_keys=True).encode())
                 h.update(b"\n")
-        return {
-            "n": n,
-            "input_shape": {k: [self.max_length] for k in self.input_keys},
-            "input_dtype": {k: "int64" for k in self.input_keys},
-            "sha256": h.hexdigest(),
-        }
+        return {"n": n, "input_shape": {k: [self.max_length] for k in self.input_keys},
+                "input_dtype": {k: "int64" for k in self.input_keys}, "sha256": h.hexdigest()}
 
     def texts(self, indices: Sequence[int], *, max_chars: int | None = 200) -> list[str]:
         """Short human-readable renderings of the rows ``indices``, for tables.
