@@ -99,11 +99,8 @@ class CurvatureFactors:
         if key not in self._cache:
             # contiguous: factors fitted here (eigh gives column-major eigenvectors) and factors read from the
             # store then take the same matmul path, so every process computes the same features bit for bit
-            self._cache[key] = [
-                (f.q_out.to(device=device, dtype=dtype).contiguous(), f.q_in.to(device=device, dtype=dtype).contiguous(),
-                 (f.eig + f.damping(self.damping)).rsqrt().to(device=device, dtype=dtype).contiguous())
-                for f in self.factors
-            ]
+            whitening = [(f.q_out, f.q_in, (f.eig + f.damping(self.damping)).rsqrt()) for f in self.factors]
+            self._cache[key] = [tuple(t.to(device=device, dtype=dtype).contiguous() for t in w) for w in whitening]
         return self._cache[key]
 
     def whiten(self, grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -204,10 +201,9 @@ def curvature_layers(model: nn.Module, param_names: Sequence[str], kind: str) ->
     layers, uses, left_out = find_uses(model, list(param_names))
     fix = "leave them out with grad_wrt (e.g. grad_wrt: ['transformer.h.*'] for a GPT-2's blocks)"
     if left_out:
-        raise ConfigError(
-            f"curvature.kind {kind} fits Kronecker factors of linear, convolution and embedding layers; these selected "
-            f"parameters are outside them: {describe_left_out(left_out)}; {fix}, or use curvature.kind gram"
-        )
+        raise ConfigError(f"curvature.kind {kind} fits Kronecker factors of linear, convolution and embedding layers; "
+                          f"these selected parameters are outside them: {describe_left_out(left_out)}; {fix}, or use "
+                          "curvature.kind gram")
     counts: dict[int, list[str]] = {}
     for use in uses:
         counts.setdefault(use.layer, []).append(use.name)

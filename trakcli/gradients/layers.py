@@ -131,10 +131,8 @@ def coverage_info(layers: list[KroneckerLayer], left_out: dict[str, str], select
     """One line: how many layers and parameter entries are covered, and which selected parameters are left out
     (grouped by reason; a group of more than three named by its count and its first two)."""
     covered = sum(layer.grad_dim for layer in layers)
-    line = (
-        f"kronecker projection: {len(layers)} layers cover {covered:,} of the {selected_numel:,} selected "
-        f"parameter entries ({100.0 * covered / max(1, selected_numel):.2f}%)"
-    )
+    line = (f"kronecker projection: {len(layers)} layers cover {covered:,} of the {selected_numel:,} selected "
+            f"parameter entries ({100.0 * covered / max(1, selected_numel):.2f}%)")
     if not left_out:
         return line
     groups: dict[str, list[str]] = {}

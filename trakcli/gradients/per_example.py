@@ -77,12 +77,10 @@ class LayerGradients(PerExampleGradients):
         super().__init__(model, grad_wrt, task)
         _, self.uses, left_out = find_uses(model, self.param_names, KINDS)
         if left_out:
-            raise ConfigError(
-                f"gradient_method: hooks covers {HOOKED}; these selected parameters are outside them: "
-                f"{describe_left_out(left_out)}; leave them out with grad_wrt, or use gradient_method auto or vmap"
-            )
-        self.fallback = fallback
-        self.checked = False
+            raise ConfigError(f"gradient_method: hooks covers {HOOKED}; these selected parameters are outside them: "
+                              f"{describe_left_out(left_out)}; leave them out with grad_wrt, or use gradient_method "
+                              "auto or vmap")
+        self.fallback, self.checked = fallback, False
         self._vmap: PerExampleGradients | None = None
 
     def __call__(self, inputs, labels: torch.Tensor | None, row_offset: int = 0

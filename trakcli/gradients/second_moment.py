@@ -99,11 +99,9 @@ def read_second_moments(path: Path, param_names: Sequence[str], shapes: dict[str
             why = ("has no entry for it" if i is None else
                    "has no exp_avg_sq for it" if v is None else
                    f"has exp_avg_sq of shape {list(v.shape)}, the parameter has {list(shapes[name])}")
-            raise ConfigError(
-                f"{where} (optimizer {optimizer!r}) {why}: parameter {name!r}; the correction reads Adam/AdamW's "
-                "exp_avg_sq of every selected parameter: train with optimizer adamw (or adam) without projection, "
-                "or leave the parameter out with grad_wrt"
-            )
+            raise ConfigError(f"{where} (optimizer {optimizer!r}) {why}: parameter {name!r}; the correction reads "
+                              "Adam/AdamW's exp_avg_sq of every selected parameter: train with optimizer adamw (or "
+                              "adam) without projection, or leave the parameter out with grad_wrt")
         group = group_of.get(i, {})
         beta2 = float(group.get("betas", (0.9, 0.999))[1])
         step = float(entry.get("step", 0.0))
@@ -206,11 +204,9 @@ class SecondMoment:
 
     def _checked(self, t: torch.Tensor, name: str, model_id: int) -> torch.Tensor:
         if not bool(torch.isfinite(t).all()):
-            raise ConfigError(
-                f"second_moment: {name!r} has a row or column of second moments 0 in the optimizer state "
-                f"{str(self.states[model_id])!r} of model_id {model_id}, so its scaling is infinite with eps 0; "
-                "set second_moment.eps > 0 (e.g. 1e-16)"
-            )
+            raise ConfigError(f"second_moment: {name!r} has a row or column of second moments 0 in the optimizer "
+                              f"state {str(self.states[model_id])!r} of model_id {model_id}, so its scaling is "
+                              "infinite with eps 0; set second_moment.eps > 0 (e.g. 1e-16)")
         return t
 
     def layer_scales(self, model_id: int) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -56,11 +56,9 @@ def select_parameters(model: nn.Module, grad_wrt: list[str] | None) -> list[str]
                             [n for n, p in model.named_parameters() if p.requires_grad])
             selected = [n for n in names if n in trainable]
             if not selected:
-                raise ConfigError(
-                    "grad_wrt: the PEFT model has no trainable parameter to differentiate (loaded for inference); "
-                    "load it with peft.PeftModel.from_pretrained(base, folder, is_trainable=True), or name the "
-                    "parameters with grad_wrt (e.g. ['*lora_*'])"
-                )
+                raise ConfigError("grad_wrt: the PEFT model has no trainable parameter to differentiate (loaded for "
+                                  "inference); load it with peft.PeftModel.from_pretrained(base, folder, "
+                                  "is_trainable=True), or name the parameters with grad_wrt (e.g. ['*lora_*'])")
     else:
         unmatched = [pat for pat in grad_wrt if not any(fnmatch.fnmatchcase(n, pat) for n in names)]
         if unmatched:
@@ -272,7 +270,5 @@ def check_finite(rows: torch.Tensor, row_offset: int, what: str = "gradients") -
     bad = ~torch.isfinite(rows.reshape(rows.shape[0], -1)).all(dim=1)
     if bad.any():
         rows = (torch.nonzero(bad).flatten() + row_offset).tolist()
-        raise GradientError(
-            f"non-finite {what} for examples {rows[:10]}{' ...' if len(rows) > 10 else ''}; "
-            "check those inputs and the checkpoint for NaN/inf values"
-        )
+        raise GradientError(f"non-finite {what} for examples {rows[:10]}{' ...' if len(rows) > 10 else ''}; "
+                            "check those inputs and the checkpoint for NaN/inf values")

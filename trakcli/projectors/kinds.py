@@ -132,11 +132,10 @@ class Kronecker(ProjectorKind):
     summary = "per-layer P_out ⊗ P_in from one forward + backward"
     options = KRONECKER_OPTIONS
     implementations = ()
-    built_from_model = (
-        "projector kind 'kronecker' is built from the model, not from a gradient dimension: use "
-        "trakcli.gradients.KroneckerFeaturizer(model, proj_dim=..., seed=...) (projector.kind: kronecker in a "
-        "config), or trakcli.projectors.kronecker.KroneckerProjector(layers, proj_dim) for given layer shapes"
-    )
+    built_from_model = ("projector kind 'kronecker' is built from the model, not from a gradient dimension: use "
+                        "trakcli.gradients.KroneckerFeaturizer(model, proj_dim=..., seed=...) (projector.kind: "
+                        "kronecker in a config), or trakcli.projectors.kronecker.KroneckerProjector(layers, proj_dim) "
+                        "for given layer shapes")
 
     @classmethod
     def implementation_error(cls, implementation: str) -> str | None:

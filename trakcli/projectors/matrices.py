@@ -19,13 +19,13 @@ import torch
 from trakcli.projectors.base import BlockCache, dtype_name
 from trakcli.projectors.philox import M32, box_muller, matrix_key, philox4x32, uniform_from_bits
 
-#: Cached blocks hold a multiple of GEN_ROWS rows of ``Pᵀ`` and about BLOCK_ENTRIES entries
-#: (64 MB of float32): big enough for efficient matmuls, small enough to bound memory.
-#: Only a caching granularity: the matrix does not depend on it.
+#: Cached blocks hold a multiple of GEN_ROWS rows of ``Pᵀ`` and about BLOCK_ENTRIES entries (64 MB of float32): big
+#: enough for efficient matmuls, small enough to bound memory. Only a caching granularity: the matrix does not depend
+#: on it.
 GEN_ROWS = 1024
 BLOCK_ENTRIES = 2**24
-#: Philox counters generated per step, so temporaries stay in cache and below torch's
-#: intra-op parallel grain (many small ops are cheaper single-threaded than synchronized).
+#: Philox counters generated per step, so temporaries stay in cache and below torch's intra-op parallel grain (many
+#: small ops are cheaper single-threaded than synchronized).
 COUNTERS_PER_STEP = 2**15
 
 GENERATOR = "philox4x32-10"
