@@ -40,11 +40,9 @@ def build_slots(
         grad_dim = sum(p.numel() for p in params)
         if projector is not None:
             if projector.grad_dim != grad_dim:
-                raise OptimizerError(
-                    f"the projector has grad_dim={projector.grad_dim} but parameter group {group_index} has "
-                    f"{grad_dim} entries; make it with grad_dim={grad_dim} or pass a mapping "
-                    "{'mode': 'global', 'proj_dim': ...}"
-                )
+                raise OptimizerError(f"the projector has grad_dim={projector.grad_dim} but parameter group "
+                                     f"{group_index} has {grad_dim} entries; make it with grad_dim={grad_dim} or pass "
+                                     "a mapping {'mode': 'global', 'proj_dim': ...}")
             return [GlobalSlot(params, single=projector)]
         single, blocks = global_projectors(settings, [p.numel() for p in params], group_index, dtype)
         return [GlobalSlot(params, single=single, blocks=blocks)]

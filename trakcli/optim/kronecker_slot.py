@@ -68,13 +68,10 @@ class KroneckerSlot(_ProjectedSlot):
         draws are kept (a refresh's transfer reads both)."""
         if k in self._draws:
             return self._draws[k]
-        pair = tuple(
-            None if kk == d else kronecker_factor(
-                kk, d, seed=self.seed, model_id=k, layer=0, side=side, distribution=DISTRIBUTION,
-                dtype=self.proj_dtype, device=self.shadow.device,
-            )
-            for side, kk, d in ((OUT, self.k_out, self.d_out), (IN, self.k_in, self.d_in))
-        )
+        pair = tuple(None if kk == d else kronecker_factor(kk, d, seed=self.seed, model_id=k, layer=0, side=side,
+                                                           distribution=DISTRIBUTION, dtype=self.proj_dtype,
+                                                           device=self.shadow.device)
+                     for side, kk, d in ((OUT, self.k_out, self.d_out), (IN, self.k_in, self.d_in)))
         for old in sorted(self._draws)[:-1]:
             del self._draws[old]
         self._draws[k] = pair  # type: ignore[assignment]

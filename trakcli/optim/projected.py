@@ -93,10 +93,8 @@ class ProjectedOptimizer(torch.optim.Optimizer):
             probe = inner([torch.zeros(1, requires_grad=True)], **inner_kwargs)
         except (TypeError, ValueError) as e:
             name = getattr(inner, "__name__", repr(inner))
-            raise OptimizerError(
-                f"the inner optimizer {name} rejects the arguments {sorted(inner_kwargs)}: {e}; "
-                "pass only its own hyperparameters (lr, momentum, betas, ...)"
-            ) from None
+            raise OptimizerError(f"the inner optimizer {name} rejects the arguments {sorted(inner_kwargs)}: {e}; "
+                                 "pass only its own hyperparameters (lr, momentum, betas, ...)") from None
         if not isinstance(probe, torch.optim.Optimizer):
             raise OptimizerError(f"inner must build a torch.optim.Optimizer, got {type(probe).__name__}")
         self._inner_keys = set(probe.defaults)
@@ -109,9 +107,8 @@ class ProjectedOptimizer(torch.optim.Optimizer):
         if weight_decay is None:
             weight_decay = float(probe.defaults.get("weight_decay", 0.0))
         defaults = dict(probe.defaults)
-        defaults.update(
-            projection=settings, weight_decay=weight_decay, weight_decay_mode=weight_decay_mode, param_ndim=param_ndim
-        )
+        defaults.update(projection=settings, weight_decay=weight_decay, weight_decay_mode=weight_decay_mode,
+                        param_ndim=param_ndim)
         self.grad_transform = grad_transform
         self.param_transform = param_transform
         self._slots: list[list[Slot]] = []
@@ -142,9 +139,7 @@ class ProjectedOptimizer(torch.optim.Optimizer):
             own = proj.model_dump() if isinstance(proj, ProjectionSettings) else proj  # a settings object sets all keys
             group["projection"] = resolve_projection({**base, **own}, where=f"param_groups[{gi}].projection")
         if group["weight_decay_mode"] not in ("decoupled", "l2"):
-            raise OptimizerError(
-                f"weight_decay_mode must be 'decoupled' or 'l2', got {group['weight_decay_mode']!r}"
-            )
+            raise OptimizerError(f"weight_decay_mode must be 'decoupled' or 'l2', got {group['weight_decay_mode']!r}")
         if float(group["weight_decay"]) < 0:
             raise OptimizerError(f"weight_decay must be >= 0, got {group['weight_decay']!r}")
         slots = build_slots(list(group["params"]), group["projection"], gi, obj)
@@ -317,11 +312,9 @@ class ProjectedOptimizer(torch.optim.Optimizer):
             b = {k: v for k, v in (saved.get("projection") or {}).items() if k not in ("on_refresh", "scale")}
             if a != b:
                 diff = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
-                raise OptimizerError(
-                    f"param group {gi}: the state was saved with other projection settings "
-                    f"({', '.join(f'{k}: saved {b.get(k)!r}, now {a.get(k)!r}' for k in diff)}); "
-                    "resume with the settings of the saved run"
-                )
+                raise OptimizerError(f"param group {gi}: the state was saved with other projection settings "
+                                     f"({', '.join(f'{k}: saved {b.get(k)!r}, now {a.get(k)!r}' for k in diff)}); "
+                                     "resume with the settings of the saved run")
         outer = {k: v for k, v in state_dict.items() if k != "inner"}
         super().load_state_dict(outer)
         self.inner.load_state_dict(state_dict["inner"])
@@ -339,8 +332,5 @@ class ProjectedOptimizer(torch.optim.Optimizer):
 
     def describe(self) -> list[dict[str, Any]]:
         """One row per slot: which parameters, projected or not, and the shape the inner optimizer sees."""
-        return [
-            {"group": gi, "kind": type(slot).__name__, "param_shapes": [tuple(p.shape) for p in slot.params],
-             "inner_shape": tuple(slot.shape)}
-            for gi, slots in enumerate(self._slots) for slot in slots
-        ]
+        return [{"group": gi, "kind": type(slot).__name__, "param_shapes": [tuple(p.shape) for p in slot.params],
+                 "inner_shape": tuple(slot.shape)} for gi, slots in enumerate(self._slots) for slot in slots]

@@ -41,20 +41,17 @@ class ProjectionSettings(StrictModel):
         "[min(rank, d_out), min(rank, d_in)], rademacher factors).",
     )
     implementation: Literal["auto", "single_block", "basic", "chunked"] = Field(
-        "auto", description="Projector implementation (never changes the matrix; kronecker ignores it)."
-    )
+        "auto", description="Projector implementation (never changes the matrix; kronecker ignores it).")
     rank: PositiveInt | None = Field(
         None,
         description="per_matrix only: projected size of each matrix's smaller side, with kind kronecker of "
         f"each side (default {DEFAULT_RANK}).",
     )
-    proj_dim: PositiveInt | None = Field(
-        None, description="global only: dimension of the subspace (required in global mode)."
-    )
+    proj_dim: PositiveInt | None = Field(None, description="global only: dimension of the subspace (required in "
+                                         "global mode).")
     seed: int = Field(0, ge=0, description="Base seed; every matrix and refresh derives its own.")
-    update_gap: int = Field(
-        0, ge=0, description="Draw a new projection every this many steps (0: one fixed projection)."
-    )
+    update_gap: int = Field(0, ge=0, description="Draw a new projection every this many steps (0: one fixed "
+                            "projection).")
     on_refresh: Literal["keep", "reset", "transfer"] = Field(
         "transfer",
         description="What happens to the inner optimizer's state at a new projection: keep it as is, "

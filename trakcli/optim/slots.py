@@ -57,9 +57,7 @@ def build_projector(
         need = 8 * grad_dim * int(proj_dim or 1) if kind != "sjlt" else 16 * grad_dim
         options["cache_bytes"] = min(need, CACHE_LIMIT)
     try:
-        return make_projector(
-            kind, implementation, grad_dim=grad_dim, proj_dim=proj_dim, seed=seed, **options
-        )
+        return make_projector(kind, implementation, grad_dim=grad_dim, proj_dim=proj_dim, seed=seed, **options)
     except TrakError as e:
         raise OptimizerError(f"cannot build the optimizer's projector: {e}") from None
 
@@ -255,9 +253,7 @@ class GlobalSlot(_ProjectedSlot):
 
     def project(self, grads, k):
         if self.single is not None:
-            flat = [
-                (g if g is not None else torch.zeros_like(p)).reshape(1, -1) for g, p in zip(grads, self.params)
-            ]
+            flat = [(g if g is not None else torch.zeros_like(p)).reshape(1, -1) for g, p in zip(grads, self.params)]
             return self.single.project(torch.cat(flat, dim=1), model_id=k)[0]
         out = None
         for g, proj in zip(grads, self.blocks):  # type: ignore[arg-type]

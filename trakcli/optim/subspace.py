@@ -83,23 +83,17 @@ class Subspace(nn.Module):
         self._single: Projector | None = None
         if isinstance(projection, Projector):
             if projection.grad_dim != self.grad_dim:
-                raise OptimizerError(
-                    f"the projector has grad_dim={projection.grad_dim} but the selected parameters have "
-                    f"{self.grad_dim} entries; make it with grad_dim={self.grad_dim}"
-                )
+                raise OptimizerError(f"the projector has grad_dim={projection.grad_dim} but the selected parameters "
+                                     f"have {self.grad_dim} entries; make it with grad_dim={self.grad_dim}")
             self._single = projection
         else:
             settings = resolve_projection(projection, where="subspace projection")
             if settings is None:
-                raise OptimizerError(
-                    "subspace training needs a projection, got None; pass a projector or a mapping such as "
-                    "{'mode': 'global', 'kind': 'sjlt', 'proj_dim': 1000}"
-                )
+                raise OptimizerError("subspace training needs a projection, got None; pass a projector or a mapping "
+                                     "such as {'mode': 'global', 'kind': 'sjlt', 'proj_dim': 1000}")
             if settings["mode"] != "global":
-                raise OptimizerError(
-                    "subspace training needs mode 'global' (one z for the whole model), got "
-                    f"{settings['mode']!r}; set mode: global and proj_dim"
-                )
+                raise OptimizerError("subspace training needs mode 'global' (one z for the whole model), got "
+                                     f"{settings['mode']!r}; set mode: global and proj_dim")
             self._single, self._blocks = global_projectors(settings, self.numels, 0, dtype)
         proj_dim = (self._single or self._blocks[0]).proj_dim  # type: ignore[index]
         self.z = nn.Parameter(torch.zeros(proj_dim, dtype=dtype, device=params[names[0]].device))
@@ -173,9 +167,7 @@ def attach(
         raise OptimizerError("the model is already parametrized; call merge() on its Subspace first")
     names = [n for n, _ in named if params is None or any(fnmatch.fnmatchcase(n, pat) for pat in params)]
     if not names:
-        raise OptimizerError(
-            f"no parameter matches {params!r}; parameter names are {[n for n, _ in named][:8]}..."
-        )
+        raise OptimizerError(f"no parameter matches {params!r}; parameter names are {[n for n, _ in named][:8]}...")
     sub = Subspace(model, projection, names)
     for _, p in named:
         p.requires_grad_(False)
