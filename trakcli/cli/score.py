@@ -75,10 +75,8 @@ def shown_top(res, n: int, k: int) -> list[Shown]:
     return out
 
 
-def scores_table(
-    res, scores: np.ndarray | list[Shown], top_k: int, target_texts: Sequence[str] | None = None,
-    labels: bool = True, train_texts: Sequence[str] | None = None, method: str = "TRAK",
-) -> Table:
+def scores_table(res, scores: np.ndarray | list[Shown], top_k: int, target_texts: Sequence[str] | None = None,
+                 labels: bool = True, train_texts: Sequence[str] | None = None, method: str = "TRAK") -> Table:
     """The table of each shown target's ``top_k`` proponents and opponents, from the
     :class:`~trakcli.jobs.score.ScoreResult` ``res`` (experiment, labels) and per shown target its top
     (:func:`shown_top`) or ``[n_shown, n_train]`` float32 ``scores`` (ranked by :func:`top_of_rows`).

@@ -116,10 +116,7 @@ def validate_section(model: type[BaseModel], raw: Any, key: str) -> Any:
         raise ConfigError(_format_errors(e, (key,))) from None
 
 
-def load_config(
-    source: str | Path | dict[str, Any],
-    overrides: list[str] | tuple[str, ...] = (),
-) -> Config:
+def load_config(source: str | Path | dict[str, Any], overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Read, override and validate a config.
 
     Args:

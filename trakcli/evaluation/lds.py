@@ -21,9 +21,8 @@ from trakcli.errors import DataError
 QUANTILES = (0.0, 0.05, 0.25, 0.5, 0.75, 0.95, 1.0)
 
 
-def check_lds_inputs(
-    scores: Any, masks: Any, outputs: Any, *, names: dict[str, str] | None = None
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def check_lds_inputs(scores: Any, masks: Any, outputs: Any, *,
+                     names: dict[str, str] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Validate the three arrays of :func:`lds` (``scores [n_target, n_train]`` real, ``masks [n_subsets,
     n_train]`` bool or 0/1, ``outputs [n_subsets, n_target]`` real) and convert them to ``(float64, bool,
     float64)``. ``names``: how messages call each array (e.g. the file it came from), by those keys.
@@ -156,9 +155,8 @@ def finite_or_none(x: float) -> float | None:
     return float(x) if np.isfinite(x) else None
 
 
-def mean_interval(
-    values: np.ndarray, n_bootstrap: int, seed: int, confidence_level: float = 0.95
-) -> tuple[float, float, float]:
+def mean_interval(values: np.ndarray, n_bootstrap: int, seed: int,
+                  confidence_level: float = 0.95) -> tuple[float, float, float]:
     """The mean of ``values`` (``[n]`` float64, per target or query) and its percentile bootstrap interval
     (``scipy.stats.bootstrap``, ``n_bootstrap`` resamples drawn with ``seed``): ``(mean, low, high)``.
 
@@ -181,15 +179,8 @@ def mean_interval(
     return mean, float(ci.low), float(ci.high)
 
 
-def lds(
-    scores: Any,
-    masks: Any,
-    outputs: Any,
-    *,
-    n_bootstrap: int = 1000,
-    seed: int = 0,
-    confidence_level: float = 0.95,
-) -> LDSResult:
+def lds(scores: Any, masks: Any, outputs: Any, *, n_bootstrap: int = 1000, seed: int = 0,
+        confidence_level: float = 0.95) -> LDSResult:
     """Linear datamodeling score of ``scores`` against retrained models (Park et al. 2023, Eq. 5).
 
     ``pred = masks @ scores.T`` (``[n_subsets, n_target]``, float64) predicts each target's output under each

@@ -123,16 +123,9 @@ class RecallResult:
         }
 
 
-def fact_recall(
-    ranked: Any,
-    sources: Sequence[Sequence[int]],
-    ks: Sequence[int] | None = None,
-    *,
-    n_train: int | None = None,
-    n_bootstrap: int = 1000,
-    seed: int = 0,
-    confidence_level: float = 0.95,
-) -> RecallResult:
+def fact_recall(ranked: Any, sources: Sequence[Sequence[int]], ks: Sequence[int] | None = None, *,
+                n_train: int | None = None, n_bootstrap: int = 1000, seed: int = 0,
+                confidence_level: float = 0.95) -> RecallResult:
     """MRR and recall@k (:class:`RecallResult`) of ranked train rows against each query's known source rows.
 
     Definitions in the module docstring (recall@k: at least one source in the top k, as in TrackStar's and

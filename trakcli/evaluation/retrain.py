@@ -76,16 +76,9 @@ def retrain_seed(cfg: Config, k: int) -> int:
     return model_seed(cfg.eval.seed, k)
 
 
-def model_outputs(
-    model: torch.nn.Module,
-    data: TensorDataset,
-    task: str,
-    *,
-    batch_size: int = 128,
-    device: torch.device | str = "cpu",
-    memory_mb: int = 1024,
-    max_tokens: int | None = None,
-) -> np.ndarray:
+def model_outputs(model: torch.nn.Module, data: TensorDataset, task: str, *, batch_size: int = 128,
+                  device: torch.device | str = "cpu", memory_mb: int = 1024,
+                  max_tokens: int | None = None) -> np.ndarray:
     """The model output function of every example of ``data`` (inputs ``[n, ...]`` or a dict of ``[n, L]`` text
     tensors; class labels ``[n]`` or per-token labels ``[n, L]``): ``[n]`` float64 margins, on the CPU.
 
@@ -221,13 +214,8 @@ class RetrainResult:
         return int(self.masks.shape[0])
 
 
-def retrain(
-    cfg: Config,
-    *,
-    workers: int = 1,
-    overwrite: bool = False,
-    reporter: Reporter = NULL_REPORTER,
-) -> RetrainResult:
+def retrain(cfg: Config, *, workers: int = 1, overwrite: bool = False,
+            reporter: Reporter = NULL_REPORTER) -> RetrainResult:
     """Retrain ``eval.n_subsets`` models on random subsets; store masks and target outputs row by row.
 
     Model k: rows :func:`subset_mask` ``(n_train, eval.subset_fraction, eval.seed, k)`` of data.train, trained
@@ -312,9 +300,8 @@ def retrain(
     return RetrainResult(path, masks, outputs, len(pending), n_workers)
 
 
-def load_or_retrain(
-    cfg: Config, *, workers: int = 1, overwrite: bool = False, reporter: Reporter = NULL_REPORTER
-) -> tuple[np.ndarray, np.ndarray]:
+def load_or_retrain(cfg: Config, *, workers: int = 1, overwrite: bool = False,
+                    reporter: Reporter = NULL_REPORTER) -> tuple[np.ndarray, np.ndarray]:
     """The config's retrained models from the store, training those not there yet (:func:`retrain`, and what
     it raises): ``(masks [n_subsets, n_train] bool, outputs [n_subsets, n_target] float64)``, the arguments of
     :func:`trakcli.evaluation.lds.lds`."""

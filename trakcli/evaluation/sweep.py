@@ -145,16 +145,8 @@ def read_features(cfg: Config, n_models: int) -> tuple[list[np.ndarray], list[np
 Ridge = tuple[float | None, float | None]  # (lambda_rel, None) or (None, lambda_reg)
 
 
-def lds_grid(
-    cfg: Config,
-    masks: np.ndarray,
-    outputs: np.ndarray,
-    ks: list[int],
-    ridges: list[Ridge],
-    *,
-    own_store: bool = False,
-    reporter: Reporter = NULL_REPORTER,
-) -> list[dict[str, Any]]:
+def lds_grid(cfg: Config, masks: np.ndarray, outputs: np.ndarray, ks: list[int], ridges: list[Ridge], *,
+             own_store: bool = False, reporter: Reporter = NULL_REPORTER) -> list[dict[str, Any]]:
     """The LDS of one featurization (``cfg``'s projector) for every ensemble size and ridge.
 
     Featurizes ``cfg.checkpoints`` into ``cfg.store`` (done chunks are kept), runs ``trak score`` for the target
@@ -218,16 +210,9 @@ def lds_grid(
     return rows
 
 
-def sweep(
-    cfg: Config,
-    *,
-    workers: int = 1,
-    proj_dims: list[int] | None = None,
-    n_checkpoints: list[int] | None = None,
-    lambda_rel: list[float] | None = None,
-    lambda_reg: list[float] | None = None,
-    reporter: Reporter = NULL_REPORTER,
-) -> SweepResult:
+def sweep(cfg: Config, *, workers: int = 1, proj_dims: list[int] | None = None,
+          n_checkpoints: list[int] | None = None, lambda_rel: list[float] | None = None,
+          lambda_reg: list[float] | None = None, reporter: Reporter = NULL_REPORTER) -> SweepResult:
     """Measure the LDS over a grid of proj_dim × checkpoints × ridge.
 
     Args:

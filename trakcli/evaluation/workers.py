@@ -86,17 +86,9 @@ def _worker_main(setup: Callable[[Any], Any], setup_arg: Any, task: Callable[[An
             results.put(("error", k, _describe(e)))
 
 
-def run_in_workers(
-    items: list[int],
-    *,
-    workers: int,
-    setup: Callable[[Any], Any],
-    setup_arg: Any,
-    task: Callable[[Any, int], Any],
-    on_result: Callable[[int, Any], None],
-    describe: Callable[[int], str],
-    name: str = "trak-worker",
-) -> None:
+def run_in_workers(items: list[int], *, workers: int, setup: Callable[[Any], Any], setup_arg: Any,
+                   task: Callable[[Any, int], Any], on_result: Callable[[int, Any], None],
+                   describe: Callable[[int], str], name: str = "trak-worker") -> None:
     """Run ``task(state, k)`` for every ``k`` of ``items`` (each once) in ``workers`` spawned processes.
 
     Each worker runs ``state = setup(setup_arg)`` once (module-level functions and a picklable argument), then
