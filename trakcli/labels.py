@@ -46,9 +46,7 @@ def class_labels(value: Any, what: str, source: str, key: str, n: int,
     y = as_tensor(value, f"{key}: {what}{source}", "integer class indices")
     per_token = token_shape is not None and y.ndim == 2 and (y.shape[1] != 1 or token_shape[1] == 1)
     if per_token and list(y.shape) != token_shape:
-        raise DataError(
-            f"{key}: per-token {what} must have the shape of input_ids {token_shape}, got {list(y.shape)}"
-        )
+        raise DataError(f"{key}: per-token {what} must have the shape of input_ids {token_shape}, got {list(y.shape)}")
     if not per_token and y.ndim == 2 and y.shape[1] == 1:
         y = y[:, 0]
     if not per_token and (y.ndim != 1 or y.shape[0] != n):
@@ -63,10 +61,8 @@ def class_labels(value: Any, what: str, source: str, key: str, n: int,
     if bad_mask.any():
         bad = torch.nonzero(bad_mask)[:5].tolist() if per_token else torch.nonzero(bad_mask).flatten()[:5].tolist()
         if per_token:
-            raise DataError(
-                f"{key}: per-token {what} must be token ids >= 0 or {IGNORE_INDEX} (not a target); "
-                f"positions [row, token] {bad} hold other negative values"
-            )
+            raise DataError(f"{key}: per-token {what} must be token ids >= 0 or {IGNORE_INDEX} (not a target); "
+                            f"positions [row, token] {bad} hold other negative values")
         raise DataError(f"{key}: labels must be >= 0; rows {bad} have negative labels")
     return y.to(torch.int64).contiguous()
 

@@ -18,10 +18,9 @@ def _local_path(value: Any) -> Any:
     """A local path as given; a URL string (``SCHEME://...``) raises ``ValueError`` (``Path`` would collapse its
     ``//``)."""
     if isinstance(value, str) and re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", value):
-        raise ValueError(
-            "this key takes a local file or folder path, not a URL (Hugging Face Hub datasets "
-            "hf://datasets/ORG/NAME go in data paths such as data.train.path; object storage in store.path)"
-        )
+        raise ValueError("this key takes a local file or folder path, not a URL (Hugging Face Hub datasets "
+                         "hf://datasets/ORG/NAME go in data paths such as data.train.path; object storage in "
+                         "store.path)")
     return value
 
 

@@ -46,10 +46,8 @@ def _read_file(path: Path) -> dict[str, Any]:
     except Exception as e:  # unreadable or corrupt file
         raise DataError(f"cannot read data file {path}: {exception_text(e)}") from None
     if not isinstance(obj, dict):
-        raise DataError(
-            f"{path} holds a {type(obj).__name__}, not a dict of tensors; "
-            "save it as torch.save({'x_train': x, 'y_train': y, ...}, path)"
-        )
+        raise DataError(f"{path} holds a {type(obj).__name__}, not a dict of tensors; save it as "
+                        f"torch.save({{'x_train': x, 'y_train': y, ...}}, path)")
     return obj
 
 
@@ -213,13 +211,9 @@ def check_target_inputs(target: dict[str, Any], train: dict[str, Any]) -> None:
     t_type, s_type = target.get("input_dtype"), train.get("input_dtype")
     tokens = all(isinstance(v, dict) and "input_ids" in v for v in (t_shape, s_shape))
     if tokens and (sorted(t_shape) != sorted(s_shape) or t_type != s_type):
-        raise StoreError(
-            f"data.target inputs are {sorted(t_shape)} of dtypes {t_type} but the train inputs are {sorted(s_shape)} "
-            f"of dtypes {s_type}; give targets of the train data's kind (the same fields, e.g. text_pair on both "
-            "or on neither)"
-        )
+        raise StoreError(f"data.target inputs are {sorted(t_shape)} of dtypes {t_type} but the train inputs are "
+                         f"{sorted(s_shape)} of dtypes {s_type}; give targets of the train data's kind (the same "
+                         "fields, e.g. text_pair on both or on neither)")
     if not tokens and (t_shape != s_shape or t_type != s_type):
-        raise StoreError(
-            f"data.target inputs have shape {t_shape} ({t_type}) per example but the train inputs have {s_shape} "
-            f"({s_type}); targets must be examples of the train data's kind"
-        )
+        raise StoreError(f"data.target inputs have shape {t_shape} ({t_type}) per example but the train inputs have "
+                         f"{s_shape} ({s_type}); targets must be examples of the train data's kind")

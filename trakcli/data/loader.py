@@ -29,10 +29,9 @@ def split_batch(batch: Any, index: int) -> tuple[Inputs, torch.Tensor]:
         return x, batch["labels"]
     if isinstance(batch, (tuple, list)) and len(batch) == 2:
         return batch[0], batch[1]
-    raise DataError(
-        f"batch {index} is a {type(batch).__name__}{f' of {len(batch)}' if isinstance(batch, (tuple, list)) else ''}; "
-        "give (inputs, labels) pairs or dicts with 'labels'"
-    )
+    raise DataError(f"batch {index} is a "
+                    f"{type(batch).__name__}{f' of {len(batch)}' if isinstance(batch, (tuple, list)) else ''}; give "
+                    "(inputs, labels) pairs or dicts with 'labels'")
 
 
 def tensor_batches(batches: Iterable[Any], name: str) -> Iterator[tuple[Inputs, torch.Tensor]]:

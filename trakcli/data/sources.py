@@ -277,9 +277,8 @@ def int_label(value: Any, row: int, field: str, key: str) -> int:
             return int(f)
     except (TypeError, ValueError, OverflowError):
         pass
-    raise DataError(
-        f"{key}: row {row} has {field}={value!r}; labels must be integer class indices >= 0 (map names to 0, 1, ...)"
-    )
+    raise DataError(f"{key}: row {row} has {field}={value!r}; labels must be integer class indices >= 0 (map names to "
+                    "0, 1, ...)")
 
 
 def _cell(value: Any) -> Any:

@@ -133,11 +133,9 @@ class TextDataset:
         self.tokenizer = tokenizer
         if self.kind == "messages" and not getattr(tokenizer, "chat_template", None):
             where = getattr(tokenizer, "name_or_path", "") or "the tokenizer"
-            raise DataError(
-                f"{key}.tokenizer: the tokenizer in {where} has no chat template, which messages data need to "
-                "render conversations; set tokenizer to a folder whose tokenizer_config.json has a chat_template "
-                "(e.g. the instruct model's), or give the data as prompt + completion"
-            )
+            raise DataError(f"{key}.tokenizer: the tokenizer in {where} has no chat template, which messages data need "
+                            "to render conversations; set tokenizer to a folder whose tokenizer_config.json has a "
+                            "chat_template (e.g. the instruct model's), or give the data as prompt + completion")
         pad = getattr(tokenizer, "pad_token_id", None)
         self.pad_token_id = int(pad) if pad is not None else 0
         self.eos_token_id = getattr(tokenizer, "eos_token_id", None)
@@ -182,10 +180,8 @@ class TextDataset:
         for field in self.fields:
             bad = [idx[i] for i, r in enumerate(rows) if r.get(field) is None]
             if bad:
-                raise DataError(
-                    f"{self.key}: rows {bad[:5]} of {self.source} have no field {field!r}; the first row's fields are "
-                    f"{self._rows.fields()}"
-                )
+                raise DataError(f"{self.key}: rows {bad[:5]} of {self.source} have no field {field!r}; the first row's "
+                                f"fields are {self._rows.fields()}")
         key, out = self.key, []
         for row, r in zip(idx, rows):
             if self.kind == "text":
@@ -203,15 +199,13 @@ class TextDataset:
                 if self.label_field:
                     labels = int_list(r[self.label_field], row, self.label_field, key, "per-token labels")
                     if len(labels) != len(ids):
-                        raise DataError(
-                            f"{key}: row {row} has {len(ids)} {self.input_ids_field!r} but {len(labels)} "
-                            f"{self.label_field!r}; per-token labels need one per token (-100: not a target)"
-                        )
+                        raise DataError(f"{key}: row {row} has {len(ids)} {self.input_ids_field!r} but {len(labels)} "
+                                        f"{self.label_field!r}; per-token labels need one per token (-100: not a "
+                                        "target)")
                     if any(v < 0 and v != IGNORE_INDEX for v in labels):
-                        raise DataError(
-                            f"{key}: row {row} has {self.label_field!r} values below 0 other than {IGNORE_INDEX}; "
-                            f"per-token labels are token ids or {IGNORE_INDEX} (not a target)"
-                        )
+                        raise DataError(f"{key}: row {row} has {self.label_field!r} values below 0 other than "
+                                        f"{IGNORE_INDEX}; per-token labels are token ids or {IGNORE_INDEX} (not a "
+                                        "target)")
                 out.append([ids, labels])
         return out
 
@@ -222,11 +216,9 @@ class TextDataset:
         if self.max_length is None and self.length_limit is not None:
             for row, (ids, _, _) in zip(idx, encoded):
                 if len(ids) > self.length_limit:
-                    raise DataError(
-                        f"{self.key}: row {row} of {self.source} has {len(ids)} tokens, more than "
-                        f"the {self.length_limit} its model takes (the tokenizer's model_max_length); set "
-                        f"{self.key}.max_length (e.g. {self.length_limit}) to cut longer rows"
-                    )
+                    raise DataError(f"{self.key}: row {row} of {self.source} has {len(ids)} tokens, more than the "
+                                    f"{self.length_limit} its model takes (the tokenizer's model_max_length); set "
+                                    f"{self.key}.max_length (e.g. {self.length_limit}) to cut longer rows")
         return encoded
 
     def _windows(self, idx: Sequence[int]) -> Iterator[Sequence[int]]:

@@ -38,10 +38,8 @@ def checkpoint_files(path: Path) -> list[Path]:
         files = sorted(path.glob(pattern))
         if files:
             return files
-    raise CheckpointError(
-        f"checkpoint directory {path} has no weights ({', '.join(WEIGHT_PATTERNS)}); "
-        "save it with model.save_pretrained(dir) or give a .pt / .safetensors state dict"
-    )
+    raise CheckpointError(f"checkpoint directory {path} has no weights ({', '.join(WEIGHT_PATTERNS)}); save it with "
+                          "model.save_pretrained(dir) or give a .pt / .safetensors state dict")
 
 
 def file_sha256(path: str | Path) -> str:
@@ -57,10 +55,8 @@ def file_sha256(path: str | Path) -> str:
             with open(path, "rb") as f:
                 return hashlib.file_digest(f, "sha256").hexdigest()
         except OSError as e:
-            raise CheckpointError(
-                f"cannot read {path}: {e.strerror or e}; make it readable by this user (e.g. chmod u+r) "
-                "or point the config at a readable copy"
-            ) from None
+            raise CheckpointError(f"cannot read {path}: {e.strerror or e}; make it readable by this user (e.g. chmod "
+                                  "u+r) or point the config at a readable copy") from None
     h = hashlib.sha256()
     for f in checkpoint_files(path):
         h.update(f.name.encode() + b"\0" + file_sha256(f).encode())
@@ -94,10 +90,9 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     except pickle.UnpicklingError as e:
         if "unsupported global" not in str(e).lower():  # not pickled objects: a damaged or foreign file
             raise CheckpointError(f"cannot read checkpoint {path}: {exception_text(e)}") from None
-        raise CheckpointError(
-            f"checkpoint {path} holds pickled Python objects (e.g. a whole model saved with torch.save(model)), "
-            "not a state dict; save the weights with torch.save(model.state_dict(), PATH) and use that file"
-        ) from None
+        raise CheckpointError(f"checkpoint {path} holds pickled Python objects (e.g. a whole model saved with "
+                              "torch.save(model)), not a state dict; save the weights with "
+                              "torch.save(model.state_dict(), PATH) and use that file") from None
     except Exception as e:
         raise CheckpointError(f"cannot read checkpoint {path}: {exception_text(e)}") from None
     if isinstance(sd, dict):
@@ -206,8 +201,6 @@ def load_checkpoint(model: nn.Module, path: str | Path, *, model_id: int | None 
     bad = nonfinite_parameters(model)
     if bad:
         which = f"checkpoint {path}" + (f" (model_id {model_id})" if model_id is not None else "")
-        raise CheckpointError(
-            f"{which} has non-finite weights: {', '.join(bad)}; it comes from a diverged training: retrain it "
-            "(with a lower learning rate) or remove it from checkpoints"
-        )
+        raise CheckpointError(f"{which} has non-finite weights: {', '.join(bad)}; it comes from a diverged training: "
+                              "retrain it (with a lower learning rate) or remove it from checkpoints")
     return stripped

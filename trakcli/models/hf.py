@@ -53,10 +53,8 @@ def import_transformers() -> Any:
     try:
         import transformers
     except ImportError:
-        raise ModelError(
-            "model.entrypoint 'hf:...' needs the transformers package; install it with "
-            "pip install 'trakcli-attribution[hf]' (keep torch==2.13.0 on the same pip line)"
-        ) from None
+        raise ModelError("model.entrypoint 'hf:...' needs the transformers package; install it with pip install "
+                         "'trakcli-attribution[hf]' (keep torch==2.13.0 on the same pip line)") from None
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
     return transformers
@@ -84,10 +82,8 @@ def resolve_hf_path(spec: str, *, need: str = "model") -> Path:
     path = _locate(spec, label, need)
     if path.is_file():
         if path.suffix.lower() != GGUF_SUFFIX:
-            raise ModelError(
-                f"{label}: {path} is a file but not a {GGUF_SUFFIX} file; give a Hugging Face model directory "
-                f"(config.json and weights) or a {GGUF_SUFFIX} file"
-            )
+            raise ModelError(f"{label}: {path} is a file but not a {GGUF_SUFFIX} file; give a Hugging Face model "
+                             f"directory (config.json and weights) or a {GGUF_SUFFIX} file")
         return gguf_to_hf(path, label=label)
     if (path / "config.json").is_file():
         return path
@@ -207,26 +203,21 @@ def gguf_to_hf(path: str | Path, *, label: str | None = None) -> Path:
     except OSError as e:
         raise ModelError(f"{label}: cannot read {path}: {e.__class__.__name__}: {e}") from None
     if magic != GGUF_MAGIC:
-        raise ModelError(
-            f"{label}: {path} is not a GGUF file (it starts with {magic!r}, a GGUF with {GGUF_MAGIC!r}); "
-            "give a .gguf file written by llama.cpp or the gguf package"
-        )
+        raise ModelError(f"{label}: {path} is not a GGUF file (it starts with {magic!r}, a GGUF with {GGUF_MAGIC!r}); "
+                         "give a .gguf file written by llama.cpp or the gguf package")
     dest = gguf_cache_root() / f"{path.stem}-{digest[:16]}"
     if _is_converted(dest):
         return dest
     missing = [m for m in ("gguf", "accelerate") if importlib.util.find_spec(m) is None]
     if missing:
-        raise ModelError(
-            f"{label}: converting the GGUF file {path} needs the {' and '.join(missing)} "
-            f"package{'s' if len(missing) > 1 else ''}; install with {LM_INSTALL}"
-        )
+        raise ModelError(f"{label}: converting the GGUF file {path} needs the {' and '.join(missing)} "
+                         f"package{'s' if len(missing) > 1 else ''}; install with {LM_INSTALL}")
     tf = import_transformers()
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise ModelError(
-            f"{label}: cannot create the cache directory {dest.parent}: {e}; set XDG_CACHE_HOME to a writable directory"
-        ) from None
+        raise ModelError(f"{label}: cannot create the cache directory {dest.parent}: {e}; set XDG_CACHE_HOME to a "
+                         "writable directory") from None
     with _conversion_lock(dest):
         if _is_converted(dest):  # another process finished it while this one waited
             return dest
@@ -249,10 +240,8 @@ def gguf_to_hf(path: str | Path, *, label: str | None = None) -> Path:
                 if not _is_converted(dest):  # without a lock, another process may have renamed its copy first
                     raise
         except Exception as e:  # noqa: BLE001 - any failure of transformers or the disk is a failed conversion
-            raise ModelError(
-                f"{label}: cannot convert the GGUF file {path} into a Hugging Face folder: "
-                f"{e.__class__.__name__}: {e}"
-            ) from None
+            raise ModelError(f"{label}: cannot convert the GGUF file {path} into a Hugging Face folder: "
+                             f"{e.__class__.__name__}: {e}") from None
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -348,10 +337,8 @@ def build_hf_model(
                 output_loading_info=True, dtype=torch.float32, **kwargs,
             )
     except Exception as e:  # noqa: BLE001 - any failure of from_pretrained is a bad model directory or kwargs
-        raise ModelError(
-            f"model.entrypoint 'hf:{spec}': transformers cannot load {path} as {auto.__name__}: "
-            f"{e.__class__.__name__}: {e}"
-        ) from None
+        raise ModelError(f"model.entrypoint 'hf:{spec}': transformers cannot load {path} as {auto.__name__}: "
+                         f"{e.__class__.__name__}: {e}") from None
     missing = sorted(info.get("missing_keys") or [])
     _init_missing(model, missing, seed)
     model.trak_hf_path = str(path)

@@ -198,10 +198,8 @@ def model_files(files: list[str], name: HubName, need: str) -> list[str]:
         if len(ggufs) == 1:
             weights = ggufs
         elif ggufs:
-            raise ModelError(
-                f"{name.uri()} has no config.json and {len(ggufs)} .gguf files ({_listing(ggufs)}); name one, "
-                f"e.g. hf:{name.uri(prefix + ggufs[0])}"
-            )
+            raise ModelError(f"{name.uri()} has no config.json and {len(ggufs)} .gguf files ({_listing(ggufs)}); name "
+                             f"one, e.g. hf:{name.uri(prefix + ggufs[0])}")
     if not weights and need != "tokenizer":
         raise _missing(ModelError(
             f"{name.uri()} holds no PyTorch weights (*.safetensors, pytorch_model*.bin or one .gguf); "
@@ -332,10 +330,8 @@ def _snapshot(name: HubName, what: str, cache: Path, offline: bool) -> tuple[Pat
         raise error(f"the Hugging Face Hub {kind} {name.repo_id} has no revision {revision!r}; "
                     "give a branch, tag or commit it has after @")
     if isinstance(files, RepositoryNotFoundError):
-        raise error(
-            f"the Hugging Face Hub has no {kind} repository {name.repo_id} (or it is private or gated: "
-            "log in with `hf auth login` or set HF_TOKEN, and accept its terms on its page); check the name"
-        )
+        raise error(f"the Hugging Face Hub has no {kind} repository {name.repo_id} (or it is private or gated: log in "
+                    "with `hf auth login` or set HF_TOKEN, and accept its terms on its page); check the name")
     where = dict(repo_id=name.repo_id, repo_type=name.repo_type, revision=name.revision, cache_dir=str(cache))
     if isinstance(files, list):
         download, read = _select(name, what, files)

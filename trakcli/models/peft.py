@@ -89,11 +89,9 @@ def with_adapters(model: nn.Module, checkpoints: Sequence[Path]) -> nn.Module:
         with torch.random.fork_rng(devices=[]):  # peft initializes with the global RNG
             wrapped = _wrap(peft, model, config)
     except Exception as e:  # noqa: BLE001 - peft's refusal (target modules not in the model) is the message
-        raise ConfigError(
-            f"checkpoints: the adapter {first} does not fit model.entrypoint "
-            f"({getattr(model, 'trak_entrypoint', type(model).__name__)}): {type(e).__name__}: {e}; "
-            f"the adapter was trained on {config.base_model_name_or_path!r}"
-        ) from None
+        raise ConfigError(f"checkpoints: the adapter {first} does not fit model.entrypoint "
+                          f"({getattr(model, 'trak_entrypoint', type(model).__name__)}): {type(e).__name__}: {e}; the "
+                          f"adapter was trained on {config.base_model_name_or_path!r}") from None
     return wrapped.eval()
 
 
@@ -115,10 +113,8 @@ def load_adapter(model: nn.Module, path: Path) -> None:
     peft = import_peft()
     weights = next((path / name for name in ADAPTER_WEIGHTS if (path / name).is_file()), None)
     if weights is None:  # a folder may hold full-model weights beside the adapter's: those are not read
-        raise CheckpointError(
-            f"adapter folder {path} has {ADAPTER_CONFIG} but no weights ({' or '.join(ADAPTER_WEIGHTS)}); "
-            "save the adapter with model.save_pretrained(folder)"
-        )
+        raise CheckpointError(f"adapter folder {path} has {ADAPTER_CONFIG} but no weights "
+                              f"({' or '.join(ADAPTER_WEIGHTS)}); save the adapter with model.save_pretrained(folder)")
     sd = read_state_dict(weights)
     own = dict(model.named_parameters())
     try:
@@ -134,10 +130,8 @@ def load_adapter(model: nn.Module, path: Path) -> None:
     if unexpected or missing:
         parts = ([f"keys the model's adapter lacks {unexpected[:5]}"] if unexpected else []) + (
             [f"adapter parameters it lacks {missing[:5]}"] if missing else [])
-        raise CheckpointError(
-            f"adapter {path} does not fit the model's adapter: {', '.join(parts)}; every adapter checkpoint must "
-            "have the same adapter config (r, target_modules) as the first"
-        )
+        raise CheckpointError(f"adapter {path} does not fit the model's adapter: {', '.join(parts)}; every adapter "
+                              "checkpoint must have the same adapter config (r, target_modules) as the first")
 
 
 def _wrap(peft: Any, model: nn.Module, config: Any) -> nn.Module:
@@ -171,11 +165,9 @@ def add_lora(model: nn.Module, r: int, alpha: float, dropout: float, target_modu
     try:
         return _wrap(peft, model, config)
     except Exception as e:  # noqa: BLE001 - peft's refusal is the message
-        raise ModelError(
-            f"optimize.lora.target_modules {target_modules!r}: peft cannot add LoRA adapters to "
-            f"{getattr(model, 'trak_entrypoint', type(model).__name__)}: {type(e).__name__}: {e}; name linear "
-            "layers of the model (their names or name suffixes) or use \"all-linear\""
-        ) from None
+        raise ModelError(f"optimize.lora.target_modules {target_modules!r}: peft cannot add LoRA adapters to "
+                         f"{getattr(model, 'trak_entrypoint', type(model).__name__)}: {type(e).__name__}: {e}; name "
+                         "linear layers of the model (their names or name suffixes) or use \"all-linear\"") from None
 
 
 def save_adapter(model: nn.Module, path: Path) -> None:

@@ -303,9 +303,8 @@ class ProjectedOptimizer(torch.optim.Optimizer):
         """
         assert self.inner is not None
         if "inner" not in state_dict:
-            raise OptimizerError(
-                "this state dict has no 'inner' entry: it was not saved by ProjectedOptimizer.state_dict()"
-            )
+            raise OptimizerError("this state dict has no 'inner' entry: it was not saved by "
+                                 "ProjectedOptimizer.state_dict()")
         saved_groups = state_dict.get("param_groups", [])
         for gi, (mine, saved) in enumerate(zip(self.param_groups, saved_groups)):
             a = {k: v for k, v in (mine["projection"] or {}).items() if k not in ("on_refresh", "scale")}

@@ -64,11 +64,9 @@ class ProjectionSettings(StrictModel):
         # rank is read in per_matrix mode only and proj_dim in global mode only, so one
         # mapping can hold both and `mode=...` alone switches between them
         if self.mode == "global" and self.kind == "kronecker":
-            raise ValueError(
-                "kind kronecker projects each weight matrix from both sides (P_out G P_inᵀ) and has no global "
-                "form; use mode: per_matrix with it (rank: the size of each side), or a global kind: rademacher, "
-                "normal or sjlt"
-            )
+            raise ValueError("kind kronecker projects each weight matrix from both sides (P_out G P_inᵀ) and has no "
+                             "global form; use mode: per_matrix with it (rank: the size of each side), or a global "
+                             "kind: rademacher, normal or sjlt")
         if self.mode == "global" and self.kind != "noop" and self.proj_dim is None:
             raise ValueError("mode global needs proj_dim, e.g. proj_dim: 1000")
         if self.rank is None:
@@ -106,10 +104,8 @@ def resolve_projection(value: Any, where: str = "projection") -> dict[str, Any] 
     if isinstance(value, ProjectionSettings):
         return value.model_dump()
     if not isinstance(value, Mapping):
-        raise OptimizerError(
-            f"{where} must be a mapping such as {{'mode': 'per_matrix', 'rank': 8}} or a projector "
-            f"object, got {type(value).__name__}"
-        )
+        raise OptimizerError(f"{where} must be a mapping such as {{'mode': 'per_matrix', 'rank': 8}} or a projector "
+                             f"object, got {type(value).__name__}")
     raw = dict(value)
     try:
         return ProjectionSettings.model_validate(raw).model_dump()

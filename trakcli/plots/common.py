@@ -38,9 +38,8 @@ def check_plot_path(path: str | Path, flag: str = "plot path") -> Path:
         )
     try:
         if not path.parent.is_dir():
-            raise ArgumentError(
-                f"{flag} {path}: directory {path.parent} does not exist; create it or choose another path"
-            )
+            raise ArgumentError(f"{flag} {path}: directory {path.parent} does not exist; create it or choose another "
+                                "path")
         if path.is_dir():
             raise ArgumentError(f"{flag} {path} is a directory; give a file name such as {path / 'top.png'}")
     except OSError as e:  # e.g. a name too long for the file system

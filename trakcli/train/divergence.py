@@ -21,19 +21,16 @@ def check_loss(loss: float, first_loss: float, *, name: str, step: int, epoch: i
     """Stop a diverged training (:class:`TrainingError`): a non-finite loss, or one above ``DIVERGED_FACTOR`` x
     the first step's (floored at :data:`DIVERGED_FLOOR`); ``name``, ``step``, ``epoch``, ``lr`` for the message."""
     if not math.isfinite(first_loss):
-        raise TrainingError(
-            f"{name}: the loss of its first step is {first_loss}; check the training data for NaN/inf inputs "
-            "and the init_checkpoint for NaN/inf weights"
-        )
+        raise TrainingError(f"{name}: the loss of its first step is {first_loss}; check the training data for NaN/inf "
+                            "inputs and the init_checkpoint for NaN/inf weights")
     if math.isfinite(loss) and loss <= DIVERGED_FACTOR * max(first_loss, DIVERGED_FLOOR):
         return
     if math.isfinite(loss):
         what = f"the loss {loss:.4g} is over {DIVERGED_FACTOR:g}x the first step's ({first_loss:.4g})"
     else:
         what = f"the loss is {loss} (the first step's was {first_loss:.4g})"
-    raise TrainingError(
-        f"{name} diverged at step {step} (epoch {epoch}): {what}; lower the learning rate (lr {lr:g}) and rerun"
-    )
+    raise TrainingError(f"{name} diverged at step {step} (epoch {epoch}): {what}; lower the learning rate (lr {lr:g}) "
+                        "and rerun")
 
 
 def check_weights(model: nn.Module, *, name: str, how: str, fix: str) -> None:

@@ -38,10 +38,8 @@ def check_recipe(cfg: Config, *, purpose: str = "trak optimize") -> OptimizeConf
 def check_init_checkpoint(oc: OptimizeConfig) -> None:
     """Refuse (:class:`ConfigError`) a recipe whose ``init_checkpoint`` names no file, before any model trains."""
     if oc.init_checkpoint is not None and not oc.init_checkpoint.is_file():
-        raise ConfigError(
-            f"optimize.init_checkpoint: file {str(oc.init_checkpoint)!r} does not exist; give a state dict of "
-            "the model (.pt / .safetensors) or remove the key to train from scratch"
-        )
+        raise ConfigError(f"optimize.init_checkpoint: file {str(oc.init_checkpoint)!r} does not exist; give a state "
+                          "dict of the model (.pt / .safetensors) or remove the key to train from scratch")
 
 
 def load_training_function(cfg: Config) -> Callable[..., Any] | None:

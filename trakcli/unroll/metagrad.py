@@ -55,11 +55,9 @@ def check_model(model: nn.Module, what: str) -> None:
     """
     for name, mod in model.named_modules():
         if getattr(mod, "track_running_stats", False) and getattr(mod, "running_mean", None) is not None:
-            raise ConfigError(
-                f"{what}: module {name!r} ({type(mod).__name__}) updates running statistics while training, which "
-                "score.method: unroll does not differentiate; use a model without batch norm (LayerNorm / "
-                "GroupNorm), or track_running_stats=False"
-            )
+            raise ConfigError(f"{what}: module {name!r} ({type(mod).__name__}) updates running statistics while "
+                              "training, which score.method: unroll does not differentiate; use a model without batch "
+                              "norm (LayerNorm / GroupNorm), or track_running_stats=False")
     for name, p in model.named_parameters():
         if p.dtype != torch.float32:
             raise ConfigError(f"{what}: parameter {name!r} is {str(p.dtype).replace('torch.', '')}: score.method: "

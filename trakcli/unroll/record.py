@@ -154,7 +154,6 @@ def check_recipe_supported(record: ReplayRecord) -> None:
                           "optimizer's steps; train without optimize.projection")
     bad = [p for p in record.meta["params"] if p["dtype"] != "float32"]
     if bad:
-        raise ConfigError(
-            f"{record.what} was trained in {bad[0]['dtype']} (parameter {bad[0]['name']!r}): score.method: unroll "
-            "replays and differentiates float32 training only; train the model in float32"
-        )
+        raise ConfigError(f"{record.what} was trained in {bad[0]['dtype']} (parameter {bad[0]['name']!r}): "
+                          "score.method: unroll replays and differentiates float32 training only; train the model in "
+                          "float32")
