@@ -159,10 +159,8 @@ def lds(
     if (masks is None) != (outputs is None):
         raise UsageError("--masks and --outputs go together: give both files of the external retraining, or neither")
     if config is None and (scores is None or masks is None):
-        raise UsageError(
-            "give CONFIG (it names the store, its scores and the retraining recipe), or all of --scores, --masks "
-            "and --outputs"
-        )
+        raise UsageError("give CONFIG (it names the store, its scores and the retraining recipe), or all of --scores, "
+                         "--masks and --outputs")
     given = {key: path for key, path in (("scores", scores), ("masks", masks), ("outputs", outputs)) if path}
     for key, path in given.items():
         check_path(path, f"--{key}", (".npy", ".csv"), must_exist=True)
@@ -198,10 +196,8 @@ def lds(
             arrays.update(masks=res.masks, outputs=res.outputs)
             names.update(masks=f"eval/masks in {res.store}", outputs=f"eval/outputs in {res.store}")
             if store_note is not None:
-                raise StoreError(
-                    f"{store_note}\nthe {res.n_subsets} retrained models are kept in {res.store}/eval; rerun "
-                    "`trak eval lds CONFIG` once the store holds scores"
-                )
+                raise StoreError(f"{store_note}\nthe {res.n_subsets} retrained models are kept in {res.store}/eval; "
+                                 "rerun `trak eval lds CONFIG` once the store holds scores")
             extra["retrain_seed"] = cfg.eval.retrain_seed  # retrained by this config: whose seeds
     from trakcli.evaluation.lds import check_lds_inputs
     from trakcli.evaluation.lds import lds as linear_datamodeling_score

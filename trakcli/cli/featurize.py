@@ -29,18 +29,13 @@ def featurize(
         return
     for model_id, rows in res.skipped.items():
         more = f" and {len(rows) - 10} more" if len(rows) > 10 else ""
-        err_console.print(
-            f"[yellow]model {model_id}: skipped {len(rows)} examples with non-finite gradients: {rows[:10]}{more}[/]"
-        )
+        err_console.print(f"[yellow]model {model_id}: skipped {len(rows)} examples with non-finite gradients: "
+                          f"{rows[:10]}{more}[/]")
     kernels = f"; made {res.kernels_computed} kernels" if res.kernels_computed else ""
     if res.chunks_computed == 0:
-        err_console.print(
-            f"[green]nothing to do:[/] {res.store} already holds features of all {res.n_models} checkpoints "
-            f"({res.n_train} train rows, proj_dim {res.proj_dim}){kernels}"
-        )
+        err_console.print(f"[green]nothing to do:[/] {res.store} already holds features of all {res.n_models} "
+                          f"checkpoints ({res.n_train} train rows, proj_dim {res.proj_dim}){kernels}")
     else:
-        err_console.print(
-            f"[green]featurized[/] {res.n_models} checkpoints x {res.n_train} train rows "
-            f"(grad_dim {res.grad_dim} -> proj_dim {res.proj_dim}); computed {res.chunks_computed}/"
-            f"{res.chunks_total} chunks{kernels} -> {res.store}"
-        )
+        err_console.print(f"[green]featurized[/] {res.n_models} checkpoints x {res.n_train} train rows (grad_dim "
+                          f"{res.grad_dim} -> proj_dim {res.proj_dim}); computed "
+                          f"{res.chunks_computed}/{res.chunks_total} chunks{kernels} -> {res.store}")

@@ -148,11 +148,9 @@ def _render(info: dict) -> None:
     ev = info.get("eval")
     if ev:
         ident = ev.get("identity") or {}
-        err_console.print(
-            f"eval: {ev['done']}/{ev['n_subsets']} retrained models (subset_fraction "
-            f"{ident.get('subset_fraction')}, seed {ident.get('seed')}), {_size(ev['bytes_on_disk'])}; "
-            "`trak eval lds CONFIG` reports their LDS"
-        )
+        err_console.print(f"eval: {ev['done']}/{ev['n_subsets']} retrained models (subset_fraction "
+                          f"{ident.get('subset_fraction')}, seed {ident.get('seed')}), {_size(ev['bytes_on_disk'])}; "
+                          "`trak eval lds CONFIG` reports their LDS")
 
 
 #: The top-k arrays of an experiment (``score.top_k``), by name.

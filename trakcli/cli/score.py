@@ -302,10 +302,9 @@ def _target_overrides(cfg, target: str) -> list[str]:
         raise UsageError(f"--targets {target}: no such file or directory")
     base = cfg.data.target or cfg.data.train
     if base.builtin is not None:
-        raise UsageError(
-            f"--targets {target}: data.{'target' if cfg.data.target else 'train'} is the built-in dataset "
-            f"{base.builtin!r}, so the file's keys are unknown; give data.target in the config (path and keys)"
-        )
+        raise UsageError(f"--targets {target}: data.{'target' if cfg.data.target else 'train'} is the built-in "
+                         f"dataset {base.builtin!r}, so the file's keys are unknown; give data.target in the config "
+                         "(path and keys)")
     given = base.model_dump(exclude_unset=True, exclude={"path", "builtin", "split"}, mode="json")
     out = [f"data.target.path={target if hub else path.resolve()}"]
     if cfg.data.target is None:

@@ -96,10 +96,8 @@ class ProjectorConfig(NoBoolNumbers):
             for k in unknown:
                 owners = [n for n in kind_names() if projector_kind(n).built_from_model and k in projector_kind(n).options]
                 if owners:
-                    raise ValueError(
-                        f"option {k} applies to kind {' or '.join(owners)} only; remove it or set projector.kind: "
-                        f"{owners[0]}"
-                    )
+                    raise ValueError(f"option {k} applies to kind {' or '.join(owners)} only; remove it or set "
+                                     f"projector.kind: {owners[0]}")
         if unknown:
             raise PydanticCustomError(UNKNOWN_KEYS, "unknown keys {keys}", {"keys": unknown, "choices": choices})
         others = [k for k in extra if k not in own] if self.built_from_model else []
@@ -349,10 +347,8 @@ class StoreConfig(StrictModel):
             return v
         path = Path(v)
         if not path.name or path.name == "..":
-            raise ValueError(
-                "must name the store's own directory (its lock file goes beside it), not '.', '..' or a root; "
-                "e.g. store.path=out/attrib.zarr"
-            )
+            raise ValueError("must name the store's own directory (its lock file goes beside it), not '.', '..' or a "
+                             "root; e.g. store.path=out/attrib.zarr")
         return path
 
     @field_serializer("storage_options")

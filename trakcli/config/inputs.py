@@ -149,17 +149,13 @@ class DatasetConfig(StrictModel):
             raise ValueError("`text_pair` is the second text of a pair: give `text` (the first) too")
         if (self.prompt is None) != (self.completion is None):
             given, other = ("prompt", "completion") if self.prompt is not None else ("completion", "prompt")
-            raise ValueError(
-                f"`{given}` needs `{other}` too: prompt + completion data name both fields (the completion's "
-                "tokens are the targets); for plain text use `text`"
-            )
+            raise ValueError(f"`{given}` needs `{other}` too: prompt + completion data name both fields (the "
+                             "completion's tokens are the targets); for plain text use `text`")
         kinds = [name for name, on in (("text", self.text), ("prompt + completion", self.prompt),
                                        ("messages", self.messages), ("input_ids", self.input_ids)) if on is not None]
         if len(kinds) > 1:
-            raise ValueError(
-                f"give one of `text`, `prompt` + `completion`, `messages` or `input_ids` per dataset, not "
-                f"{' and '.join(f'`{k}`' for k in kinds)}"
-            )
+            raise ValueError("give one of `text`, `prompt` + `completion`, `messages` or `input_ids` per dataset, not "
+                             f"{' and '.join(f'`{k}`' for k in kinds)}")
         if self.builtin is not None:
             if self.path is not None:
                 raise ValueError("give either `builtin` or `path`, not both")
@@ -170,16 +166,12 @@ class DatasetConfig(StrictModel):
         elif kinds:
             kind = kinds[0]
             if self.inputs is not None:
-                raise ValueError(
-                    f"give either `{kind}` (fields of a .jsonl / .csv / .parquet file) or `inputs` (keys of a "
-                    "tensor file), not both"
-                )
+                raise ValueError(f"give either `{kind}` (fields of a .jsonl / .csv / .parquet file) or `inputs` (keys "
+                                 "of a tensor file), not both")
             if self.labels is not None and kind in ("prompt + completion", "messages"):
                 target = "the completion" if kind == "prompt + completion" else "the assistant turns"
-                raise ValueError(
-                    f"`labels` is not read with `{kind}` data: its targets are the tokens of {target}; "
-                    "for per-token labels give pre-tokenized `input_ids` + `labels`"
-                )
+                raise ValueError(f"`labels` is not read with `{kind}` data: its targets are the tokens of {target}; "
+                                 "for per-token labels give pre-tokenized `input_ids` + `labels`")
             if self.path is None:
                 raise ValueError(f"a text dataset needs `path` (a .jsonl or .csv file) holding the `{kind}` field")
             for path in self.paths:
@@ -190,17 +182,13 @@ class DatasetConfig(StrictModel):
                                      + ("; a tensor file takes inputs: [input_ids, attention_mask] (+ labels)"
                                         if kind == "input_ids" else ""))
             if self.tokenizer is None and kind != "input_ids":
-                raise ValueError(
-                    "a text dataset needs `tokenizer` (a local Hugging Face directory), or use "
-                    "model.entrypoint 'hf:DIR', whose tokenizer is then taken"
-                )
+                raise ValueError("a text dataset needs `tokenizer` (a local Hugging Face directory), or use "
+                                 "model.entrypoint 'hf:DIR', whose tokenizer is then taken")
         else:
             missing = [k for k in ("path", "inputs", "labels") if getattr(self, k) is None]
             if missing:
-                raise ValueError(
-                    f"a file dataset needs {', '.join(missing)} (or use `builtin: digits`, or `text`, "
-                    "`prompt` + `completion`, `messages` or `input_ids` for a text file)"
-                )
+                raise ValueError(f"a file dataset needs {', '.join(missing)} (or use `builtin: digits`, or `text`, "
+                                 "`prompt` + `completion`, `messages` or `input_ids` for a text file)")
         return self
 
 

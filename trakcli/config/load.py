@@ -137,9 +137,8 @@ def load_config(source: str | Path | dict[str, Any], overrides: list[str] | tupl
         label = str(source)
         problem = file_problem(path)
         if problem is not None:
-            raise ConfigError(
-                f"config file {str(path)!r} {problem}; pass the path of a YAML file such as configs/digits.yaml"
-            )
+            raise ConfigError(f"config file {str(path)!r} {problem}; pass the path of a YAML file such as "
+                              "configs/digits.yaml")
         try:
             text = path.read_bytes().decode("utf-8")
         except UnicodeDecodeError as e:

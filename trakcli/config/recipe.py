@@ -39,10 +39,8 @@ class _OptimizerSettings(StrictModel):
     @model_validator(mode="after")
     def _one_warmup(self) -> "_OptimizerSettings":
         if self.warmup_steps and self.warmup_fraction:
-            raise ValueError(
-                f"warmup_steps ({self.warmup_steps}) and warmup_fraction ({self.warmup_fraction}) both set; "
-                "give one of them"
-            )
+            raise ValueError(f"warmup_steps ({self.warmup_steps}) and warmup_fraction ({self.warmup_fraction}) both "
+                             "set; give one of them")
         return self
 
 
@@ -150,11 +148,10 @@ class OptimizeConfig(_TrainingSettings, _OptimizerSettings):
     @model_validator(mode="after")
     def _lora_base(self) -> "OptimizeConfig":
         if self.lora is not None and self.init_checkpoint is not None:
-            raise ValueError(
-                f"lora with init_checkpoint {str(self.init_checkpoint)!r}: an adapter is saved without the base "
-                "weights, and featurize builds the base from model.entrypoint alone; save the fine-tuned base as a "
-                "Hugging Face folder (model.save_pretrained(DIR)) and set model.entrypoint: hf:DIR instead"
-            )
+            raise ValueError(f"lora with init_checkpoint {str(self.init_checkpoint)!r}: an adapter is saved without "
+                             "the base weights, and featurize builds the base from model.entrypoint alone; save the "
+                             "fine-tuned base as a Hugging Face folder (model.save_pretrained(DIR)) and set "
+                             "model.entrypoint: hf:DIR instead")
         return self
 
 

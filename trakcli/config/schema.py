@@ -40,10 +40,8 @@ NOT_SECTIONS = {
 def group_name(v: str, example: str) -> str:
     """``v`` if it names one group of the store, else ``ValueError`` naming ``example``."""
     if not v or "/" in v or "\\" in v or v in (".", "..") or v.startswith("__") or v != v.strip():
-        raise ValueError(
-            "must name one group of the store: a non-empty name without '/' or '\\', not '.' or '..', not "
-            f"starting with '__' and without surrounding spaces, e.g. {example}"
-        )
+        raise ValueError("must name one group of the store: a non-empty name without '/' or '\\', not '.' or '..', "
+                         f"not starting with '__' and without surrounding spaces, e.g. {example}")
     return v
 
 class ScoreConfig(StrictModel):
@@ -403,10 +401,9 @@ class Config(StrictModel):
         """``adam`` scales entries of the whole per-example gradient, which a kind built from the model
         (kronecker) never forms."""
         if self.second_moment.kind == "adam" and self.projector.built_from_model:
-            raise ValueError(
-                "second_moment.kind: adam scales each entry of the whole per-example gradient, which projector.kind "
-                f"{self.projector.kind} never forms; use second_moment.kind: adafactor (factored per layer) or another projector kind"
-            )
+            raise ValueError("second_moment.kind: adam scales each entry of the whole per-example gradient, which "
+                             f"projector.kind {self.projector.kind} never forms; use second_moment.kind: adafactor "
+                             "(factored per layer) or another projector kind")
         return self
 
     @model_validator(mode="after")
@@ -421,17 +418,14 @@ class Config(StrictModel):
             return self
         exact_curvature = self.curvature.kind != "gram" and self.curvature.exact
         if self.store.dtype not in ("int8", "binary") and not exact_curvature:
-            raise ValueError(
-                f"score.rescore_multiplier ({self.score.rescore_multiplier}) sets the candidates of the two-stage "
-                f"top-k, which finds them from int8 or binary codes, but store.dtype is {self.store.dtype}; set "
-                "store.dtype: int8 (or binary) and featurize again, or unset score.rescore_multiplier"
-            )
+            raise ValueError(f"score.rescore_multiplier ({self.score.rescore_multiplier}) sets the candidates of the "
+                             "two-stage top-k, which finds them from int8 or binary codes, but store.dtype is "
+                             f"{self.store.dtype}; set store.dtype: int8 (or binary) and featurize again, or unset "
+                             "score.rescore_multiplier")
         if self.score.top_k is None:
-            raise ValueError(
-                f"score.rescore_multiplier ({self.score.rescore_multiplier}) sets the candidates of the two-stage "
-                "top-k, but score.top_k is unset; set score.top_k (e.g. score.top_k=100) or unset "
-                "score.rescore_multiplier"
-            )
+            raise ValueError(f"score.rescore_multiplier ({self.score.rescore_multiplier}) sets the candidates of the "
+                             "two-stage top-k, but score.top_k is unset; set score.top_k (e.g. score.top_k=100) or "
+                             "unset score.rescore_multiplier")
         return self
 
     @model_validator(mode="after")
@@ -442,11 +436,9 @@ class Config(StrictModel):
         if "kind" not in self.projector.model_fields_set and not self.projector.built_from_model:
             self.projector = self.projector.model_copy(update={"kind": "kronecker"})
         if self.curvature.refine.iterations and self.projector.built_from_model:
-            raise ValueError(
-                f"curvature.refine.iterations refines each target's solve over whole per-example gradients, which "
-                f"projector.kind {self.projector.kind} never forms; set projector.kind: {DEFAULT_KIND} with the "
-                "refinement, or curvature.refine.iterations: 0"
-            )
+            raise ValueError("curvature.refine.iterations refines each target's solve over whole per-example "
+                             f"gradients, which projector.kind {self.projector.kind} never forms; set projector.kind: "
+                             f"{DEFAULT_KIND} with the refinement, or curvature.refine.iterations: 0")
         return self
 
     @model_validator(mode="after")
@@ -458,16 +450,12 @@ class Config(StrictModel):
             ds = getattr(self.data, name)
             source = ds.text_source if ds is not None else None
             if source == "text" and ds.labels is None:
-                raise ValueError(
-                    f"data.{name}.labels: task {self.task} needs the label field of the text file "
-                    "(only task language_modeling reads texts without labels)"
-                )
+                raise ValueError(f"data.{name}.labels: task {self.task} needs the label field of the text file (only "
+                                 "task language_modeling reads texts without labels)")
             if source in ("prompt", "messages") or (source == "input_ids" and ds.labels is None):
                 what = {"prompt": "prompt + completion", "messages": "chat (messages)"}.get(source, "token")
-                raise ValueError(
-                    f"data.{name}: {what} data is language-model data with per-token targets; set task: "
-                    "language_modeling (or your own task reading batch['labels'])"
-                )
+                raise ValueError(f"data.{name}: {what} data is language-model data with per-token targets; set task: "
+                                 "language_modeling (or your own task reading batch['labels'])")
         return self
 
     @model_validator(mode="before")

@@ -48,10 +48,8 @@ def check_lds_inputs(scores: Any, masks: Any, outputs: Any, *,
     if m.dtype != bool:
         bad = ~np.isin(m, (0, 1))
         if bad.any():
-            raise DataError(
-                f"{names['masks']} holds values other than 0 and 1 (e.g. {m[bad].flat[0]!r}); expected {expect['masks']}: "
-                "True where the retrained model's subset holds the training row"
-            )
+            raise DataError(f"{names['masks']} holds values other than 0 and 1 (e.g. {m[bad].flat[0]!r}); expected "
+                            f"{expect['masks']}: True where the retrained model's subset holds the training row")
         m = m.astype(bool)
     s = arrays["scores"].astype(np.float64, copy=False)
     o = arrays["outputs"].astype(np.float64, copy=False)
@@ -59,25 +57,19 @@ def check_lds_inputs(scores: Any, masks: Any, outputs: Any, *,
         bad = ~np.isfinite(a)
         if bad.any():
             rows = np.unique(np.nonzero(bad)[0])[:5].tolist()
-            raise DataError(
-                f"{names[key]} holds {int(bad.sum())} NaN/inf values (rows {rows}); the LDS needs finite "
-                f"{expect[key]} values: drop or fix those rows"
-            )
+            raise DataError(f"{names[key]} holds {int(bad.sum())} NaN/inf values (rows {rows}); the LDS needs finite "
+                            f"{expect[key]} values: drop or fix those rows")
     n_subsets, n_train = m.shape
     if n_subsets < 2:
         raise DataError(f"{names['masks']} has {n_subsets} row; the LDS needs at least 2 retrained models (rows)")
     if o.shape[0] != n_subsets:
-        raise DataError(
-            f"{names['outputs']} has shape {list(o.shape)}, expected [{n_subsets}, n_target]: one row per retrained "
-            f"model, as {names['masks']} (shape {list(m.shape)}) has {n_subsets}"
-        )
+        raise DataError(f"{names['outputs']} has shape {list(o.shape)}, expected [{n_subsets}, n_target]: one row per "
+                        f"retrained model, as {names['masks']} (shape {list(m.shape)}) has {n_subsets}")
     n_target = o.shape[1]
     if s.shape != (n_target, n_train):
-        raise DataError(
-            f"{names['scores']} has shape {list(s.shape)}, expected [{n_target}, {n_train}] = [n_target, n_train] "
-            f"(n_target from {names['outputs']} {list(o.shape)}, n_train from {names['masks']} {list(m.shape)}); "
-            "give scores of the same targets and training set as the retraining"
-        )
+        raise DataError(f"{names['scores']} has shape {list(s.shape)}, expected [{n_target}, {n_train}] = [n_target, "
+                        f"n_train] (n_target from {names['outputs']} {list(o.shape)}, n_train from {names['masks']} "
+                        f"{list(m.shape)}); give scores of the same targets and training set as the retraining")
     return s, m, o
 
 

@@ -48,23 +48,18 @@ def check_sources(sources: Sequence[Sequence[int]], n_train: int | None = None) 
         except (TypeError, ValueError):
             arr = np.asarray([], dtype=object)
         if arr.size == 0:
-            raise DataError(
-                f"sources: query row {q} has no source rows ({src!r}); every query needs at least one train row "
-                "index holding its fact: fix the row or drop it from the targets"
-            )
+            raise DataError(f"sources: query row {q} has no source rows ({src!r}); every query needs at least one "
+                            "train row index holding its fact: fix the row or drop it from the targets")
         if arr.ndim != 1 or not (np.issubdtype(arr.dtype, np.integer)
                                  or (np.issubdtype(arr.dtype, np.floating) and np.all(arr == np.round(arr)))):
-            raise DataError(
-                f"sources: query row {q} has sources {src!r}; expected a list of 0-based train row indices (integers)"
-            )
+            raise DataError(f"sources: query row {q} has sources {src!r}; expected a list of 0-based train row "
+                            "indices (integers)")
         arr = arr.astype(np.int64)
         bad = arr[(arr < 0) | (arr >= n_train)] if n_train is not None else arr[arr < 0]
         if bad.size:
             limit = f"0..{n_train - 1} (data.train has {n_train} rows)" if n_train is not None else ">= 0"
-            raise DataError(
-                f"sources: query row {q} names train row {int(bad[0])}, out of range; source rows are 0-based "
-                f"indices of data.train, {limit}"
-            )
+            raise DataError(f"sources: query row {q} names train row {int(bad[0])}, out of range; source rows are "
+                            f"0-based indices of data.train, {limit}")
         out.append(np.unique(arr))
     return out
 
@@ -142,26 +137,21 @@ def fact_recall(ranked: Any, sources: Sequence[Sequence[int]], ks: Sequence[int]
     """
     r = np.asarray(ranked)
     if r.ndim != 2 or not (np.issubdtype(r.dtype, np.integer) or r.size == 0):
-        raise DataError(
-            f"the ranking has shape {list(r.shape)} and dtype {r.dtype}; expected [n_query, K] integer train row "
-            "indices, best first"
-        )
+        raise DataError(f"the ranking has shape {list(r.shape)} and dtype {r.dtype}; expected [n_query, K] integer "
+                        "train row indices, best first")
     r = r.astype(np.int64, copy=False)
     n_query, k_max = r.shape
     if len(sources) != n_query:
-        raise DataError(
-            f"the ranking has {n_query} query rows but the sources list {len(sources)} queries; give one list of "
-            "source rows per ranked query, in the same order"
-        )
+        raise DataError(f"the ranking has {n_query} query rows but the sources list {len(sources)} queries; give one "
+                        "list of source rows per ranked query, in the same order")
     if k_max < 1:
         raise DataError("the ranking has K = 0 rows per query; rank at least one train row per query")
     ks = default_ks(k_max) if ks is None else sorted({int(k) for k in ks})
     bad = [k for k in ks if not 1 <= k <= k_max]
     if bad:
-        raise DataError(
-            f"recall@k for k={bad[0]} needs the top {bad[0]} rows per query, but the ranking holds K={k_max}; "
-            f"choose k in 1..{k_max}, or rank more rows (trak score CONFIG score.top_k={max(bad)})"
-        )
+        raise DataError(f"recall@k for k={bad[0]} needs the top {bad[0]} rows per query, but the ranking holds "
+                        f"K={k_max}; choose k in 1..{k_max}, or rank more rows (trak score CONFIG "
+                        f"score.top_k={max(bad)})")
     src = check_sources(sources, n_train)
     hits = np.zeros(r.shape, dtype=bool)  # whether each ranked row is a source of its query
     for q, s in enumerate(src):

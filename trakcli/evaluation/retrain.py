@@ -165,10 +165,8 @@ def check_eval_config(cfg: Config) -> None:
     ``data.target``, missing files or ``init_checkpoint``, an ``optimize.entrypoint`` that cannot be loaded."""
     oc = check_recipe(cfg, purpose="trak eval")
     if cfg.data.target is None:
-        raise ConfigError(
-            "data.target: trak eval needs the targets whose outputs the retrained models give; give a builtin split "
-            "or a file (the targets of `trak score`)"
-        )
+        raise ConfigError("data.target: trak eval needs the targets whose outputs the retrained models give; give a "
+                          "builtin split or a file (the targets of `trak score`)")
     check_files(cfg, need_checkpoints=False, need_target=True)
     check_init_checkpoint(oc)
     load_training_function(cfg)
@@ -289,11 +287,9 @@ def retrain(cfg: Config, *, workers: int = 1, overwrite: bool = False,
                     run_models(cfg, pending, n_workers, _retrain_task, write, "retraining model", "trak-eval-worker",
                                data=(train, target))
                 except WorkerLost as e:
-                    raise StoreError(
-                        f"a retraining worker process exited (exit code {e.exitcode}) with models "
-                        f"{e.unfinished[:10]} unfinished; the finished ones are in the store: rerun the same "
-                        "command to resume (with fewer --workers if it ran out of memory)"
-                    ) from None
+                    raise StoreError(f"a retraining worker process exited (exit code {e.exitcode}) with models "
+                                     f"{e.unfinished[:10]} unfinished; the finished ones are in the store: rerun the "
+                                     "same command to resume (with fewer --workers if it ran out of memory)") from None
             seconds = time.perf_counter() - t0
             reporter.info(f"retrained {len(pending)} models in {seconds:.1f}s ({seconds / len(pending):.2f}s per model)")
         masks, outputs = rows.read(n)

@@ -33,10 +33,8 @@ def open_scored_store(cfg: Config, what: str, then: str) -> Store:
     the evaluation reads, ``"scores"`` or ``"top-k"``, and ``then``, the command after `trak featurize CONFIG`)."""
     path = cfg.store.location
     if not Store.exists(path):
-        raise StoreError(
-            f"no store at {path}, so no {what} of experiment {cfg.score.experiment!r} to evaluate; run "
-            f"`trak featurize CONFIG` and {then}"
-        )
+        raise StoreError(f"no store at {path}, so no {what} of experiment {cfg.score.experiment!r} to evaluate; run "
+                         f"`trak featurize CONFIG` and {then}")
     return Store.open_existing(path, mode="r")
 
 
@@ -113,10 +111,8 @@ def store_ranking(cfg: Config, store: Store) -> tuple[np.ndarray, dict[str, Any]
         scores, attrs = store.read_scores(exp)
         ranked = rank_scores(scores, scores.shape[1])
         return ranked, attrs, f"scores/{exp}/scores ranked (all {scores.shape[1]} train rows)"
-    raise StoreError(
-        f"store {store.path} holds no top-k and no scores of experiment {exp!r} (score.experiment); run "
-        "`trak score CONFIG score.top_k=100` first"
-    )
+    raise StoreError(f"store {store.path} holds no top-k and no scores of experiment {exp!r} (score.experiment); run "
+                     "`trak score CONFIG score.top_k=100` first")
 
 
 def target_sources(cfg: Config) -> tuple[list[Any], str]:
@@ -134,22 +130,17 @@ def target_sources(cfg: Config) -> tuple[list[Any], str]:
     field = cfg.eval.recall.sources
     ds = cfg.data.target
     if ds is None:
-        raise DataError(
-            "eval recall needs data.target: the queries, each row naming its source train rows in the field "
-            f"{field!r} (eval.recall.sources)"
-        )
+        raise DataError("eval recall needs data.target: the queries, each row naming its source train rows in the "
+                        f"field {field!r} (eval.recall.sources)")
     if ds.text_source is None or ds.path is None:
-        raise DataError(
-            "eval recall reads each query's source rows from a field of the data.target rows; data.target is not a "
-            ".jsonl / .csv / .parquet file: give the queries as one (e.g. prompt + completion + sources)"
-        )
+        raise DataError("eval recall reads each query's source rows from a field of the data.target rows; data.target "
+                        "is not a .jsonl / .csv / .parquet file: give the queries as one (e.g. prompt + completion + "
+                        "sources)")
     values = field_values(ds.path, field, key="data.target")
     for row, value in enumerate(values):
         if value is None:
-            raise DataError(
-                f"data.target: row {row} of {ds.path} has no field {field!r} (eval.recall.sources); every query "
-                "row lists the 0-based data.train rows holding its fact, e.g. \"sources\": [17]"
-            )
+            raise DataError(f"data.target: row {row} of {ds.path} has no field {field!r} (eval.recall.sources); every "
+                            "query row lists the 0-based data.train rows holding its fact, e.g. \"sources\": [17]")
         if isinstance(value, str):  # a .csv cell: its JSON text ("[3, 17]"), or one index ("3")
             with contextlib.suppress(json.JSONDecodeError):
                 values[row] = json.loads(value)
@@ -172,8 +163,6 @@ def recall_inputs(cfg: Config) -> RecallInputs:
     train = dataset(cfg)
     check_experiment_data(cfg, store, attrs, train)
     if len(sources) != ranked.shape[0]:
-        raise DataError(
-            f"{sources_from} gives {len(sources)} rows but experiment {exp!r} ranks {ranked.shape[0]} targets; "
-            "rerun `trak score CONFIG --overwrite` with this data.target"
-        )
+        raise DataError(f"{sources_from} gives {len(sources)} rows but experiment {exp!r} ranks {ranked.shape[0]} "
+                        "targets; rerun `trak score CONFIG --overwrite` with this data.target")
     return RecallInputs(ranked, sources, len(train), ranking, sources_from)

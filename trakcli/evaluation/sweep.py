@@ -95,10 +95,8 @@ def checkpoint_grid(n_models: int, given: list[int] | None) -> list[int]:
     if given:
         too_big = [k for k in given if k > n_models]
         if too_big:
-            raise ConfigError(
-                f"eval.sweep.n_checkpoints: {too_big} exceed the {n_models} checkpoints the config lists; "
-                f"use sizes up to {n_models}"
-            )
+            raise ConfigError(f"eval.sweep.n_checkpoints: {too_big} exceed the {n_models} checkpoints the config "
+                              f"lists; use sizes up to {n_models}")
         return sorted(set(given))
     return sorted({k for k in DEFAULT_CHECKPOINT_GRID if k < n_models} | {n_models})
 
@@ -230,11 +228,10 @@ def sweep(cfg: Config, *, workers: int = 1, proj_dims: list[int] | None = None,
             featurize, score and the retraining raise (StoreError, ...).
     """
     if cfg.curvature.kind != "gram":
-        raise ConfigError(
-            f"trak eval sweep varies TRAK's kernel (its ridge) over proj_dim and checkpoints; curvature.kind "
-            f"{cfg.curvature.kind} has no kernel: sweep curvature.damping by running `trak featurize`, `trak score` "
-            "and `trak eval lds` per value (each with its own store.path), or set curvature.kind: gram"
-        )
+        raise ConfigError("trak eval sweep varies TRAK's kernel (its ridge) over proj_dim and checkpoints; "
+                          f"curvature.kind {cfg.curvature.kind} has no kernel: sweep curvature.damping by running "
+                          "`trak featurize`, `trak score` and `trak eval lds` per value (each with its own "
+                          "store.path), or set curvature.kind: gram")
     grid = cfg.eval.sweep
     dims = sorted(set(proj_dims or grid.proj_dims) | {cfg.projector.proj_dim})
     checkpoints = resolve_checkpoints(cfg)
