@@ -71,10 +71,9 @@ def concat_batches(parts: list[tuple[Inputs, torch.Tensor]], name: str, task: An
         try:
             t = torch.cat([p.detach().cpu() for p in pieces])
         except RuntimeError as e:
-            raise DataError(
-                f"{name}: the {what} of the batches do not stack ({str(e).splitlines()[0]}); give every batch the "
-                "same per-example shape (text: pad to one max_length, padding='max_length')"
-            ) from None
+            raise DataError(f"{name}: the {what} of the batches do not stack ({str(e).splitlines()[0]}); give every "
+                            "batch the same per-example shape (text: pad to one max_length, "
+                            "padding='max_length')") from None
         return t.to(torch.float32) if t.is_floating_point() else t.contiguous()
 
     xs = [x for x, _ in parts]

@@ -79,9 +79,8 @@ def load_function(
         try:
             module = importlib.import_module(target)
         except ImportError as e:
-            raise ModelError(
-                f"{key}: cannot import module {target!r} ({e}); is it installed or on PYTHONPATH?"
-            ) from None
+            raise ModelError(f"{key}: cannot import module {target!r} ({e}); is it installed or on "
+                             "PYTHONPATH?") from None
     fn = getattr(module, func_name, None)
     if not callable(fn):
         names = [n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n))]
@@ -116,9 +115,8 @@ def build_model(entrypoint: str = "mlp", **kwargs: Any) -> nn.Module:
                 raise ModelError(f"model.entrypoint {entrypoint!r} rejected model.kwargs {kwargs}: {cause}") from None
             raise
         if not isinstance(model, nn.Module):
-            raise ModelError(
-                f"model.entrypoint {entrypoint!r} returned a {type(model).__name__}, not a torch.nn.Module"
-            )
+            raise ModelError(f"model.entrypoint {entrypoint!r} returned a {type(model).__name__}, not a "
+                             "torch.nn.Module")
     model.trak_entrypoint = entrypoint
     return model
 

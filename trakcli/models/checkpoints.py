@@ -117,10 +117,8 @@ def strip_wrapper_prefixes(
     own = list(own_keys)
     removed: list[str] = []
     while sd:
-        prefix = next(
-            (p for p in WRAPPER_PREFIXES if all(k.startswith(p) for k in sd) and not any(k.startswith(p) for k in own)),
-            None,
-        )
+        prefix = next((p for p in WRAPPER_PREFIXES
+                       if all(k.startswith(p) for k in sd) and not any(k.startswith(p) for k in own)), None)
         if prefix is None:
             break
         sd = {k[len(prefix):]: v for k, v in sd.items()}
@@ -133,11 +131,8 @@ def describe_mismatch(
 ) -> str | None:
     """The first shape-mismatched keys of ``sd`` (keys mapped to the model's) against the model's ``own`` state
     dict, and the first of the ``missing`` and ``unexpected`` keys the caller counts; None if it fits."""
-    shapes = [
-        f"{k}: checkpoint {list(sd[k].shape)} vs model {list(own[k].shape)}"
-        for k in own
-        if k in sd and sd[k].shape != own[k].shape
-    ]
+    shapes = [f"{k}: checkpoint {list(sd[k].shape)} vs model {list(own[k].shape)}"
+              for k in own if k in sd and sd[k].shape != own[k].shape]
     parts = []
     if shapes:
         parts.append("shape mismatch " + "; ".join(shapes[:3]) + (" ..." if len(shapes) > 3 else ""))

@@ -80,9 +80,6 @@ def forward_errors(model: nn.Module, inputs: torch.Tensor | dict[str, torch.Tens
     """Report an exception of the model's forward pass on ``inputs`` (a shape the model rejects, any exception
     of the user's ``forward``) as one :class:`~trakcli.errors.DataError` line naming the per-example shape,
     the model and the exception's file and line (:func:`trakcli.errors.user_code`)."""
-    return user_code(
-        lambda: f"the model cannot take inputs of shape {example_shape(inputs)} per example: "
-        f"the forward pass of {model_name(model)}",
-        hint="check data.*.inputs against model.entrypoint / model.kwargs",
-        error=DataError,
-    )
+    return user_code(lambda: f"the model cannot take inputs of shape {example_shape(inputs)} per example: "
+                     f"the forward pass of {model_name(model)}",
+                     hint="check data.*.inputs against model.entrypoint / model.kwargs", error=DataError)

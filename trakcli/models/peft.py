@@ -72,10 +72,9 @@ def with_adapters(model: nn.Module, checkpoints: Sequence[Path]) -> nn.Module:
         return model
     if not all(adapters):
         full = next(c for c, a in zip(checkpoints, adapters) if not a)
-        raise ConfigError(
-            f"checkpoints: {sum(adapters)} of {len(adapters)} are PEFT adapter folders, but {str(full)!r} is not; "
-            "give adapter folders only (the base model is model.entrypoint) or whole checkpoints only"
-        )
+        raise ConfigError(f"checkpoints: {sum(adapters)} of {len(adapters)} are PEFT adapter folders, but "
+                          f"{str(full)!r} is not; give adapter folders only (the base model is model.entrypoint) or "
+                          "whole checkpoints only")
     if is_peft_model(model):
         return model
     peft = import_peft()
@@ -105,11 +104,9 @@ def load_adapter(model: nn.Module, path: Path) -> None:
     from trakcli.models.checkpoints import read_state_dict
 
     if not is_peft_model(model):
-        raise CheckpointError(
-            f"checkpoint {path} is a PEFT adapter folder but the model is not a PEFT model; build the base model "
-            "with model.entrypoint and give the adapter folders as checkpoints (they are wrapped with peft), or "
-            "pass a peft.PeftModel to the Python API"
-        )
+        raise CheckpointError(f"checkpoint {path} is a PEFT adapter folder but the model is not a PEFT model; build "
+                              "the base model with model.entrypoint and give the adapter folders as checkpoints (they "
+                              "are wrapped with peft), or pass a peft.PeftModel to the Python API")
     peft = import_peft()
     weights = next((path / name for name in ADAPTER_WEIGHTS if (path / name).is_file()), None)
     if weights is None:  # a folder may hold full-model weights beside the adapter's: those are not read
@@ -120,10 +117,9 @@ def load_adapter(model: nn.Module, path: Path) -> None:
     try:
         result = peft.set_peft_model_state_dict(model, sd)
     except RuntimeError as e:  # shape mismatches from load_state_dict
-        raise CheckpointError(
-            f"adapter {path} does not fit the model's adapter: {' '.join(str(e).split())[:400]}; "
-            "every adapter checkpoint must have the same adapter config (r, target_modules)"
-        ) from None
+        raise CheckpointError(f"adapter {path} does not fit the model's adapter: {' '.join(str(e).split())[:400]}; "
+                              "every adapter checkpoint must have the same adapter config (r, "
+                              "target_modules)") from None
     unexpected = list(getattr(result, "unexpected_keys", []) or [])
     trainable = set(getattr(model, "trak_trainable", [n for n, p in own.items() if p.requires_grad]))
     missing = [k for k in (getattr(result, "missing_keys", []) or []) if k in trainable]
