@@ -45,10 +45,8 @@ OverwriteOpt = Annotated[bool, typer.Option("--overwrite", help="Discard what th
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress bars or messages on stderr.")]
 SkipNonfiniteOpt = Annotated[
     bool,
-    typer.Option(
-        "--skip-nonfinite",
-        help="Record examples with NaN/inf gradients and give them zero features instead of stopping.",
-    ),
+    typer.Option("--skip-nonfinite",
+                 help="Record examples with NaN/inf gradients and give them zero features instead of stopping."),
 ]
 VerifyOpt = Annotated[
     bool, typer.Option("--verify", help="Check every stored chunk's checksum and recompute corrupt ones.")

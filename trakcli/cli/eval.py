@@ -124,11 +124,8 @@ def _table(data: dict[str, Any]) -> Table:
 def lds(
     config: Annotated[
         Optional[Path],
-        typer.Argument(
-            help="YAML config (`trak init NAME` writes an example); may be omitted when --scores, --masks and "
-            "--outputs are all given.",
-            show_default=False,
-        ),
+        typer.Argument(help="YAML config (`trak init NAME` writes an example); may be omitted when --scores, --masks "
+                            "and --outputs are all given.", show_default=False),
     ] = None,
     overrides: OverridesArg = None,
     workers: WorkersOpt = 1,

@@ -31,11 +31,9 @@ def _size(n: int) -> str:
 
 def _layer_table(layers: list[dict]) -> Table:
     """The per-layer split of a kronecker projector's spec: gradient matrix d_out x d_in, grid k_out x k_in, width."""
-    table = Table(
-        title=f"kronecker projection: {len(layers)} layers",
-        caption="features: the layer's share of proj_dim; they are the first `features` entries of the "
-        "k_out x k_in grid (row-major), the near-square grid that holds them",
-    )
+    table = Table(title=f"kronecker projection: {len(layers)} layers",
+                  caption="features: the layer's share of proj_dim; they are the first `features` entries of the "
+                          "k_out x k_in grid (row-major), the near-square grid that holds them")
     for col in ("layer", "kind", "d_out x d_in", "k_out x k_in", "features", "parameters"):
         # names are folded, never cut: they are what grad_wrt patterns match
         table.add_column(col, justify="right" if col == "features" else "left", overflow="fold")
@@ -43,10 +41,8 @@ def _layer_table(layers: list[dict]) -> Table:
         name = str(la.get("name"))
         # "weight, bias" for the layer's own parameters; a tied one (GPT-2's lm_head) keeps its full name
         params = [p.removeprefix(f"{name}.") if p.startswith(f"{name}.") else p for p in la.get("params", [])]
-        table.add_row(
-            name, str(la.get("kind")), f"{la.get('d_out')} x {la.get('d_in')}",
-            f"{la.get('k_out')} x {la.get('k_in')}", str(la.get("width")), ", ".join(params),
-        )
+        table.add_row(name, str(la.get("kind")), f"{la.get('d_out')} x {la.get('d_in')}",
+                      f"{la.get('k_out')} x {la.get('k_in')}", str(la.get("width")), ", ".join(params))
     return table
 
 
@@ -56,11 +52,9 @@ def inspect(
     json_out: Annotated[bool, typer.Option("--json", help="Print the summary as JSON on stdout.")] = False,
     verify: Annotated[
         bool,
-        typer.Option(
-            "--verify",
-            help="Read every chunk of every array and report the corrupt ones (without it, only missing chunk "
-            "files are found). Exit code 1 when any chunk is damaged.",
-        ),
+        typer.Option("--verify",
+                     help="Read every chunk of every array and report the corrupt ones (without it, only missing "
+                          "chunk files are found). Exit code 1 when any chunk is damaged."),
     ] = False,
 ) -> None:
     """Show what a store holds: provenance, per-checkpoint progress, sizes, projector (kronecker: its layers)."""
@@ -126,11 +120,9 @@ def _render(info: dict) -> None:
         table.add_column(col)
     for t in info["train"]:
         kernel, skipped = t["kernel"], t["nonfinite_skipped"]
-        table.add_row(
-            str(t["model_id"]), str(t["checkpoint"]), str(t["sha256"])[:12],
-            _rows_done(t), "?" if skipped is None else str(skipped),
-            f"{kernel['lambda_reg']:.3g}" if kernel else "-", _size(t["bytes_on_disk"]),
-        )
+        table.add_row(str(t["model_id"]), str(t["checkpoint"]), str(t["sha256"])[:12],
+                      _rows_done(t), "?" if skipped is None else str(skipped),
+                      f"{kernel['lambda_reg']:.3g}" if kernel else "-", _size(t["bytes_on_disk"]))
     err_console.print(table)
     for exp, s in info["scores"].items():
         parts = []

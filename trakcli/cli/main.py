@@ -10,14 +10,9 @@ from trakcli.cli import featurize, init, inspect, optimize, report, score, selec
 from trakcli.cli.eval import eval_app
 from trakcli.cli.help import TrakCommand, TrakGroup
 
-app = typer.Typer(
-    name="trak",
-    help="Gradient-based data attribution (TRAK): which training examples drove a prediction.",
-    no_args_is_help=True,
-    add_completion=True,
-    pretty_exceptions_enable=False,
-    cls=TrakGroup,
-)
+app = typer.Typer(name="trak",
+                  help="Gradient-based data attribution (TRAK): which training examples drove a prediction.",
+                  no_args_is_help=True, add_completion=True, pretty_exceptions_enable=False, cls=TrakGroup)
 
 
 def _version(value: bool) -> None:

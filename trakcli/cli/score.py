@@ -150,28 +150,22 @@ def score(
     overrides: OverridesArg = None,
     targets: Annotated[
         Optional[str],  # not a Path, which would make hf://datasets/... hf:/datasets/...
-        typer.Option(
-            "--targets", "-t",
-            help="Score these targets instead of data.target: a file of the same format (data.target's settings, "
-            "or data.train's, with this path), or a Hub dataset hf://datasets/ORG/NAME/FILE. The experiment is "
-            "named after the file unless score.experiment is given.",
-        ),
+        typer.Option("--targets", "-t",
+                     help="Score these targets instead of data.target: a file of the same format (data.target's "
+                          "settings, or data.train's, with this path), or a Hub dataset hf://datasets/ORG/NAME/FILE. "
+                          "The experiment is named after the file unless score.experiment is given."),
     ] = None,
     out: Annotated[
         Optional[Path],
-        typer.Option(
-            "--out", "-o",
-            help="Also write the answer: .jsonl (per target, its top proponents and opponents with scores and, for "
-            "text data, texts), or the full score matrix to .npy / .csv.",
-        ),
+        typer.Option("--out", "-o",
+                     help="Also write the answer: .jsonl (per target, its top proponents and opponents with scores "
+                          "and, for text data, texts), or the full score matrix to .npy / .csv."),
     ] = None,
     plot: Annotated[
         Optional[Path],
-        typer.Option(
-            "--plot",
-            help="Also draw the first score.show_targets targets beside their score.show_top proponents and "
-            "opponents (images; a table for other data) to this .png, .pdf or .svg file.",
-        ),
+        typer.Option("--plot",
+                     help="Also draw the first score.show_targets targets beside their score.show_top proponents and "
+                          "opponents (images; a table for other data) to this .png, .pdf or .svg file."),
     ] = None,
     json_out: Annotated[
         bool, typer.Option("--json", help="Print the result (store, shape, the shown targets' top train indices) "

@@ -143,11 +143,8 @@ def load_config(source: str | Path | dict[str, Any], overrides: list[str] | tupl
             text = path.read_bytes().decode("utf-8")
         except UnicodeDecodeError as e:
             line = e.object[: e.start].count(b"\n") + 1
-            raise ConfigError(
-                f"{path} is not UTF-8 text: byte {e.object[e.start]:#04x} on line {line} cannot be decoded; "
-                "save the config as UTF-8",
-                source=label,
-            ) from None
+            raise ConfigError(f"{path} is not UTF-8 text: byte {e.object[e.start]:#04x} on line {line} cannot be "
+                              "decoded; save the config as UTF-8", source=label) from None
         except OSError as e:
             raise ConfigError(f"cannot read config file {path}: {e.strerror or e}; check its permissions") from None
         try:

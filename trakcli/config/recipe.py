@@ -156,10 +156,8 @@ class OptimizeConfig(_TrainingSettings, _OptimizerSettings):
 
 
 #: Recipe keys that never change what a model trains to: a rerun may change them and keep its models.
-RUN_ONLY_KEYS = (
-    "n_models", "out_dir", "metrics", "checkpoint_every", "save_optimizer_state", "epoch_checkpoints",
-    "replay", "replay_every",
-)
+RUN_ONLY_KEYS = ("n_models", "out_dir", "metrics", "checkpoint_every", "save_optimizer_state", "epoch_checkpoints",
+                 "replay", "replay_every")
 
 
 def recipe_identity(recipe: OptimizeConfig | dict[str, Any]) -> dict[str, Any]:

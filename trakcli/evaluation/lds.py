@@ -202,8 +202,6 @@ def lds(scores: Any, masks: Any, outputs: Any, *, n_bootstrap: int = 1000, seed:
     mean, lo, hi = mean_interval(finite, n_bootstrap, seed, confidence_level)
     quantiles = {q: (float(np.quantile(finite, q)) if finite.size else float("nan")) for q in QUANTILES}
     hist = np.histogram(finite, bins=10, range=(-1.0, 1.0))
-    return LDSResult(
-        lds=mean, ci_low=lo, ci_high=hi, rhos=rhos, n_targets_nan=int((~ok).sum()),
-        n_subsets=int(m.shape[0]), n_target=int(o.shape[1]), quantiles=quantiles, histogram=hist,
-        n_bootstrap=n_bootstrap, confidence_level=confidence_level, seed=seed,
-    )
+    return LDSResult(lds=mean, ci_low=lo, ci_high=hi, rhos=rhos, n_targets_nan=int((~ok).sum()),
+                     n_subsets=int(m.shape[0]), n_target=int(o.shape[1]), quantiles=quantiles, histogram=hist,
+                     n_bootstrap=n_bootstrap, confidence_level=confidence_level, seed=seed)
