@@ -27,11 +27,9 @@ def check_recipe(cfg: Config, *, purpose: str = "trak optimize") -> OptimizeConf
     oc = cfg.recipe
     if oc is None:
         example = "{n_models: 10, out_dir: ckpts, ...}" if purpose == "trak optimize" else "{epochs: 20, lr: 0.05, ...}"
-        raise ConfigError(
-            f"optimize: section missing; {purpose} needs the training recipe: add optimize: {example} for the "
-            "built-in recipe, or optimize: {entrypoint: train.py:train} to train with your own function "
-            "(called as train(model, inputs, labels, seed=...))"
-        )
+        raise ConfigError(f"optimize: section missing; {purpose} needs the training recipe: add optimize: {example} "
+                          "for the built-in recipe, or optimize: {entrypoint: train.py:train} to train with your own "
+                          "function (called as train(model, inputs, labels, seed=...))")
     return oc
 
 
@@ -137,10 +135,8 @@ def train_one(
             out = fn(model, inputs, labels, seed=seed, **oc.kwargs)
         out = model if out is None else out
         if not isinstance(out, nn.Module):
-            raise ModelError(
-                f"optimize.entrypoint {oc.entrypoint!r} returned a {type(out).__name__}; it must train "
-                "the model in place and return None, or return the trained torch.nn.Module"
-            )
+            raise ModelError(f"optimize.entrypoint {oc.entrypoint!r} returned a {type(out).__name__}; it must train "
+                             "the model in place and return None, or return the trained torch.nn.Module")
         model = out.to(device).eval()
         check_weights(model, name=name, how=f"optimize.entrypoint {oc.entrypoint}",
                       fix="check its learning rate and inputs")

@@ -94,12 +94,9 @@ class ReplayRecorder:
         """Record the state after ``step`` steps when ``step`` is a multiple of ``every`` (not yet written)."""
         if step % self.every or (self.folder / state_name(step)).exists():
             return
-        self._save({
-            "step": step, "epoch": epoch, "lo": lo,
-            "model": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
-            "optimizer": optimizer.state_dict(),
-            "rng": rng_states(device),
-        }, state_name(step))
+        self._save({"step": step, "epoch": epoch, "lo": lo,
+                    "model": {k: v.detach().cpu().clone() for k, v in model.state_dict().items()},
+                    "optimizer": optimizer.state_dict(), "rng": rng_states(device)}, state_name(step))
 
     def finish(self, info: dict[str, Any]) -> None:
         """Write :data:`RECORD_NAME` (last): ``info`` (the recipe, lrs, parameters) with the states on disk."""

@@ -167,13 +167,11 @@ class Trainer:
         lrs = [self._lr(t) for t in range(1, total_steps + 1)]
         names = optimizer_param_names(self.model, self.optimizer)
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
-        return {
-            "recipe": {**self.identity(), "schedule": r.schedule, "warmup_steps": self.warmup_steps,
-                       "max_tokens": r.max_tokens},
-            "total_steps": total_steps, "n": self.data.n, "lrs": lrs,
-            "params": [{"name": k, "dtype": str(p.dtype).replace("torch.", ""), "shape": list(p.shape)}
-                       for k, p in zip(names, params)],
-        }
+        return {"recipe": {**self.identity(), "schedule": r.schedule, "warmup_steps": self.warmup_steps,
+                           "max_tokens": r.max_tokens},
+                "total_steps": total_steps, "n": self.data.n, "lrs": lrs,
+                "params": [{"name": k, "dtype": str(p.dtype).replace("torch.", ""), "shape": list(p.shape)}
+                           for k, p in zip(names, params)]}
 
     def _lr(self, step: int) -> float:
         r = self.recipe
