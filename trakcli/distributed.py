@@ -35,8 +35,5 @@ def init_from_env() -> Dist:
     if not torch.distributed.is_initialized():
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         torch.distributed.init_process_group(backend=backend)
-    return Dist(
-        rank=torch.distributed.get_rank(),
-        world_size=torch.distributed.get_world_size(),
-        local_rank=int(os.environ.get("LOCAL_RANK", "0")),
-    )
+    return Dist(rank=torch.distributed.get_rank(), world_size=torch.distributed.get_world_size(),
+                local_rank=int(os.environ.get("LOCAL_RANK", "0")))

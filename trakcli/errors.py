@@ -21,30 +21,18 @@ FRONTS = ("cli", "api")
 
 #: Per kind of :class:`Fix`, its wording per front end (``{store}``, ``{experiment_key}``: the fix's fields).
 FIX_WORDS: dict[str, dict[str, str]] = {
-    "start_over": {
-        "cli": "rerun with --overwrite to start over",
-        "api": "give Attributor another store path, or delete {store} to start over",
-    },
-    "start_over_or_new_path": {
-        "cli": "rerun with --overwrite to start over, or choose another store path",
-        "api": "give Attributor another store path, or delete {store} to start over",
-    },
-    "recompute_experiment": {
-        "cli": "rerun with --overwrite to recompute them, or set {experiment_key} to a new name",
-        "api": "pass overwrite=True to recompute them, or another experiment=",
-    },
-    "recompute_scores": {
-        "cli": "rerun with --overwrite to recompute the scores, or set {experiment_key} to a new name",
-        "api": "pass overwrite=True to recompute the scores, or another experiment=",
-    },
-    "rescore": {
-        "cli": "rescore with `trak score CONFIG --overwrite`",
-        "api": "rescore with overwrite=True",
-    },
-    "rescore_call": {
-        "cli": "`trak score CONFIG --overwrite`",
-        "api": "overwrite=True",
-    },
+    "start_over": {"cli": "rerun with --overwrite to start over",
+                   "api": "give Attributor another store path, or delete {store} to start over"},
+    "start_over_or_new_path": {"cli": "rerun with --overwrite to start over, or choose another store path",
+                               "api": "give Attributor another store path, or delete {store} to start over"},
+    "recompute_experiment": {"cli": "rerun with --overwrite to recompute them, or set {experiment_key} to a new name",
+                             "api": "pass overwrite=True to recompute them, or another experiment="},
+    "recompute_scores": {"cli": "rerun with --overwrite to recompute the scores, or set {experiment_key} to a new name",
+                         "api": "pass overwrite=True to recompute the scores, or another experiment="},
+    "rescore": {"cli": "rescore with `trak score CONFIG --overwrite`",
+                "api": "rescore with overwrite=True"},
+    "rescore_call": {"cli": "`trak score CONFIG --overwrite`",
+                     "api": "overwrite=True"},
 }
 
 
