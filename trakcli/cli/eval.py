@@ -88,10 +88,8 @@ def _table(data: dict[str, Any]) -> Table:
     table = _kv_table("Linear datamodeling score (LDS)")
     level = f"{data['confidence_level']:.0%}"
     table.add_row("LDS (mean over targets)", _fmt(data["lds"]))
-    table.add_row(
-        f"{level} interval", f"[{_fmt(data['ci_low'])}, {_fmt(data['ci_high'])}]  "
-        f"(percentile bootstrap over targets, {data['n_bootstrap']} resamples)",
-    )
+    table.add_row(f"{level} interval", f"[{_fmt(data['ci_low'])}, {_fmt(data['ci_high'])}]  "
+                  f"(percentile bootstrap over targets, {data['n_bootstrap']} resamples)")
     table.add_row("retrained models", str(data["n_subsets"]))
     if "retrain_seed" in data:
         table.add_row("their seeds", {
@@ -524,9 +522,8 @@ def sweep(
     from trakcli.evaluation.sweep import sweep as run_sweep
     from trakcli.evaluation.sweep import sweep_dir
 
-    res = run_sweep(
-        cfg, workers=workers, proj_dims=dims, n_checkpoints=ks, lambda_rel=rels, lambda_reg=abss, reporter=reporter,
-    )
+    res = run_sweep(cfg, workers=workers, proj_dims=dims, n_checkpoints=ks, lambda_rel=rels, lambda_reg=abss,
+                    reporter=reporter)
     directory = sweep_dir(cfg)
     directory.mkdir(parents=True, exist_ok=True)
     out = out or directory / "sweep.json"

@@ -255,9 +255,8 @@ def retrain(cfg: Config, *, workers: int = 1, overwrite: bool = False,
     path = cfg.store.location
     with locked_store(path, Dist(), reporter):
         store = Store.open_or_create(path)
-        rows = open_eval_rows(
-            store, identity, n, len(train), len(target), compressor=cfg.store.compressor, overwrite=overwrite
-        )
+        rows = open_eval_rows(store, identity, n, len(train), len(target), compressor=cfg.store.compressor,
+                              overwrite=overwrite)
         repaired = rows.verify()
         if repaired:
             reporter.info(f"retrained models {repaired} failed their checksum and are retrained")
@@ -266,11 +265,9 @@ def retrain(cfg: Config, *, workers: int = 1, overwrite: bool = False,
         if pending:
             t0 = time.perf_counter()
             have = n - len(pending)
-            reporter.info(
-                f"retraining {len(pending)} of {n} models on random {cfg.eval.subset_fraction:g} subsets of "
-                f"{len(train)} rows" + (f" ({have} in the store)" if have else "")
-                + (f", {n_workers} worker processes" if n_workers > 1 else "")
-            )
+            reporter.info(f"retraining {len(pending)} of {n} models on random {cfg.eval.subset_fraction:g} subsets of "
+                          f"{len(train)} rows" + (f" ({have} in the store)" if have else "")
+                          + (f", {n_workers} worker processes" if n_workers > 1 else ""))
             with reporter.task("retrain", len(pending)) as task:
                 written = 0
 

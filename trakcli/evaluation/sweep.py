@@ -257,14 +257,9 @@ def sweep(cfg: Config, *, workers: int = 1, proj_dims: list[int] | None = None,
         rows += lds_grid(sub, masks, outputs, ks, ridges, own_store=sub is cfg, reporter=reporter)
         stores[d] = str(sub.store.path)
     best = max(rows, key=lambda r: r["lds"])
-    default_ridge = (
-        {"lambda_rel": None, "lambda_reg": cfg.score.lambda_reg} if cfg.score.lambda_reg is not None
-        else {"lambda_rel": cfg.score.lambda_rel}
-    )
+    default_ridge = ({"lambda_rel": None, "lambda_reg": cfg.score.lambda_reg} if cfg.score.lambda_reg is not None
+                     else {"lambda_rel": cfg.score.lambda_rel})
     # the config's own settings use all its checkpoints (or the largest ensemble of a given grid)
-    default = next(
-        r for r in rows
-        if r["proj_dim"] == cfg.projector.proj_dim and r["n_checkpoints"] == n_models
-        and all(r[k] == v for k, v in default_ridge.items())
-    )
+    default = next(r for r in rows if r["proj_dim"] == cfg.projector.proj_dim and r["n_checkpoints"] == n_models
+                   and all(r[k] == v for k, v in default_ridge.items()))
     return SweepResult(rows, best, default, int(masks.shape[0]), int(masks.shape[1]), int(outputs.shape[1]), stores)
