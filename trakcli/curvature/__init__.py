@@ -9,6 +9,7 @@ checkpoints, and is what a featurizer consults.
 
 from __future__ import annotations
 
+import copy
 from typing import Any, Callable, Iterable, Sequence
 
 import torch
@@ -67,11 +68,10 @@ class Curvature:
             raise ConfigError(f"curvature damping must be a number > 0, got {damping!r}")
         self.kind, self.damping, self.fisher, self.seed = kind, float(damping), fisher, int(seed)
         self.task: Task = resolve_task(task)
-        self.model = model
+        self.model, self.output, self.fit_rows = model, output, fit_rows
         self.layers, self.uses = curvature_layers(model, param_names, kind)
         self._factors: dict[int, CurvatureFactors] = {}
         self.refine_iterations, self.refine_tol = 0, 1e-4
-        self.output, self.fit_rows = output, fit_rows
         self._refine_batches: Callable[[], Sequence[Any]] | None = None
         self._gauss_newton: tuple[int, GaussNewton] | None = None
         self._folded: tuple[Any, list[tuple[torch.Tensor, torch.Tensor]]] | None = None
@@ -104,8 +104,6 @@ class Curvature:
     def with_damping(self, damping: float) -> Curvature:
         """The same fitted curvature whitening with another damping (exact scores: ``curvature.damping``); the
         fits already read are shared, the refinement is off."""
-        import copy
-
         other = copy.copy(self)
         other.damping = float(damping)
         other._factors = {m: CurvatureFactors(f.layers, f.factors, other.damping) for m, f in self._factors.items()}
@@ -117,8 +115,6 @@ class Curvature:
         so another damping reuses the fit) and each layer's name and shape."""
         spec = {k: v for k, v in self.spec().items() if k not in ("feature_damping", "output")}
         return {**spec, "layers": [[layer.name, layer.d_out, layer.d_in] for layer in self.layers]}
-
-    # ------------------------------------------------------------------ per checkpoint
 
     def factors(self, model_id: int) -> CurvatureFactors:
         """The fitted curvature of checkpoint ``model_id``.

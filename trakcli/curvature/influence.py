@@ -194,10 +194,8 @@ def precondition_layer(layer: KroneckerLayer, factors: CurvatureFactors, j: int,
         save memory), else ``(None, U Σ [d_out, n · r], V [d_in, n · r], r)`` with query-major columns; float32.
     """
     f = factors.factors[j]
-    n = grads.shape[0]
-    dtype = f.q_out.dtype  # the factors' (float32 for a float32 model: half the time of float64)
-    q_out, q_in = f.q_out, f.q_in
-    x = grads.to(dtype=dtype, device="cpu")
+    n, q_out, q_in = grads.shape[0], f.q_out, f.q_in
+    x = grads.to(dtype=q_out.dtype, device="cpu")  # the factors' dtype (a float32 model's: half the time of float64)
     if not rotated:
         x = q_out.T @ x @ q_in
     x = x / (f.eig + f.damping(factors.damping))  # [n, d_out, d_in], in the eigenbasis

@@ -422,10 +422,8 @@ class _Rotated:
         grid = gq.transpose(1, 2) @ kept  # [n, d_out, d_in]
         if self.calls[use.layer] == 1:
             self.sums[use.layer] += grid.square().sum(0).cpu()
-        elif use.layer in self.grids:
-            self.grids[use.layer] += grid
         else:
-            self.grids[use.layer] = grid
+            self.grids[use.layer] = self.grids[use.layer] + grid if use.layer in self.grids else grid
 
     def finish(self) -> None:
         """Add the squares of the layers called more than once."""
@@ -572,11 +570,8 @@ def fit_covariances(model: nn.Module, layers: Sequence[KroneckerLayer], uses: Se
     if n_examples == 0:
         raise DataError("curvature: no training rows to fit the factors on")
     if acc is None:  # every row was in the saved sums
-        a = [resume.sums[f"{i}/a"].to(dtype) / max(1, t) for i, t in enumerate(resume.tokens)]
-        return a, [resume.sums[f"{i}/s"].to(dtype) / n_examples for i in range(len(layers))]
-    a = [x.cpu() / max(1, t) for x, t in zip(acc.a, acc.tokens)]
-    s = [x.cpu() / n_examples for x in acc.s]
-    return a, s
+        acc = _Covariances(layers, torch.device("cpu"), dtype, resume)
+    return [x.cpu() / max(1, t) for x, t in zip(acc.a, acc.tokens)], [x.cpu() / n_examples for x in acc.s]
 
 
 def eigenbases(layers: Sequence[KroneckerLayer], a: Sequence[torch.Tensor], s: Sequence[torch.Tensor],
@@ -633,10 +628,8 @@ def correct_eigenvalues(model: nn.Module, layers: Sequence[KroneckerLayer], uses
         As :func:`fit_covariances`.
     """
     model.eval()
-    if resume is not None:
-        sums = [resume.sums[f"{i}/eig"].clone() for i in range(len(factors))]
-    else:
-        sums = [torch.zeros_like(f.eig) for f in factors]
+    sums = [resume.sums[f"{i}/eig"].clone() if resume is not None else torch.zeros_like(f.eig)
+            for i, f in enumerate(factors)]
     generator, n_examples = None, resume.rows if resume is not None else 0
     for lo, inputs, labels in _skip(batches, resume):
         device = first_rows(inputs).device

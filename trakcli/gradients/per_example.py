@@ -109,8 +109,6 @@ class LayerGradients(PerExampleGradients):
             check_finite(q, row_offset, what=f"out-to-loss terms Q of task {self.task.name}")
         return grads, q
 
-    # ------------------------------------------------------------------ one pass
-
     def _pass(self, inputs, labels, row_offset: int, guard: bool):
         first = first_rows(inputs)
         n, device = first.shape[0], first.device

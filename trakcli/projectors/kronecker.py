@@ -132,8 +132,6 @@ class KroneckerProjector(Projector):
         self._factors: tuple[tuple[int, str], list[tuple[torch.Tensor, torch.Tensor]]] | None = None
         super().__init__(sum(layer.grad_dim for layer in layers), proj_dim, dtype)
 
-    # ------------------------------------------------------------------ identity
-
     def spec(self) -> dict[str, Any]:
         """Everything that fixes the matrix, as a plain JSON-able dict (kind ``kronecker``): with per layer its
         ``name``, ``kind``, ``d_out``, ``d_in``, ``k_out``, ``k_in``, ``width`` and ``params``."""
@@ -152,8 +150,6 @@ class KroneckerProjector(Projector):
             return layer
         raise ProjectorError(f"no kronecker layer {layer!r}; the layers are 0..{len(self.layers) - 1}: "
                              f"{', '.join(la.name for la in self.layers[:8])}{' ...' if len(self.layers) > 8 else ''}")
-
-    # ------------------------------------------------------------------ factors
 
     def transposed_factors(self, model_id: int, device: torch.device | str) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """All layers' ``(P_outᵀ [d_out, k_out], P_inᵀ [d_in, k_in])`` in the accumulation dtype (the last
@@ -177,8 +173,6 @@ class KroneckerProjector(Projector):
         """``(P_out [k_out, d_out], P_in [k_in, d_in])`` of one layer (those of :meth:`project`)."""
         p_out_t, p_in_t = self.transposed_factors(model_id, device)[self.layer_index(layer)]
         return p_out_t.T, p_in_t.T
-
-    # ------------------------------------------------------------------ grids <-> features
 
     def scale(self, layer: int) -> float:
         """``√(k_out·k_in / width)`` of a layer: 1 unless grid entries are dropped."""
@@ -237,8 +231,6 @@ class KroneckerProjector(Projector):
         grid = torch.bmm((g.to(self.dtype) @ p_out_t).transpose(1, 2), a.to(self.dtype) @ p_in_t)
         part = grid.reshape(grid.shape[0], -1)[:, : self.widths[i]]
         return part * self.scale(i)
-
-    # ------------------------------------------------------------------ explicit gradients
 
     def _split(self, grads: Grads) -> tuple[int, dict[str, torch.Tensor]]:
         """``(n, {name: [n, numel]})`` of a flat ``[n, grad_dim]`` tensor (``param_names`` order) or a dict."""
