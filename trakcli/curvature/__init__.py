@@ -150,12 +150,11 @@ class Curvature:
             on_event: Callable[[str, str, int, int], None] | None = None, trial: bool = False) -> CurvatureFactors:
         """Fit checkpoint ``model_id`` (loaded into the model) over ``batches()``, resuming from and writing to ``store``.
 
-        With a store: a finished curvature of the same :meth:`settings` is read, not fitted; stored covariances
-        (pass 1) are reused; each stage is written when done (:func:`trakcli.store.curvature.write_curvature`); a
-        pass's running sums are saved every ``save_every_s`` seconds of work
-        (:func:`trakcli.store.curvature.write_partial`) and a pass resumes after them, ending with the factors of an
-        uninterrupted fit bit for bit; a save that does not fit the batches (another ``data.batch_size``) is dropped
-        and the pass starts over.
+        With a store: a finished curvature of the same :meth:`settings` is read, not fitted; stored covariances (pass 1)
+        are reused; each stage is written when done (:func:`trakcli.store.curvature.write_curvature`); a pass's running
+        sums are saved every ``save_every_s`` seconds of work (:func:`trakcli.store.curvature.write_partial`) and a pass
+        resumes after them, ending with the factors of an uninterrupted fit bit for bit; a save that does not fit the
+        batches (another ``data.batch_size``) is dropped and the pass starts over.
 
         Args:
             model_id: the checkpoint.
@@ -261,12 +260,11 @@ class Curvature:
              ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Kronecker projection factors with checkpoint ``model_id``'s whitening folded in (stored features).
 
-        The whitening ``diag((Λ + δ)^-1/2)`` in the eigenbasis ``Q_S ⊗ Q_A`` does not separate for
-        EK-FAC (nor, with its damping, for K-FAC); its closest separable form ``u_i v_j`` is fitted in
-        the log domain (least squares of ``log (Λ_ij + δ)^-1/2 ≈ α_i + β_j``: row and column means).
-        Then ``(P_out ⊗ P_in) vec(W G)`` is the Kronecker projection with ``P_out ← P_out diag(u) Q_Sᵀ``
-        and ``P_in ← P_in diag(v) Q_Aᵀ`` (as Bergson folds K-FAC into its projection), at the cost of
-        TRAK's Kronecker features. Damping: ``feature_damping`` (:meth:`with_damping`).
+        The whitening ``diag((Λ + δ)^-1/2)`` in the eigenbasis ``Q_S ⊗ Q_A`` does not separate for EK-FAC (nor, with its
+        damping, for K-FAC); its closest separable form ``u_i v_j`` is fitted in the log domain (least squares of
+        ``log (Λ_ij + δ)^-1/2 ≈ α_i + β_j``: row and column means). Then ``(P_out ⊗ P_in) vec(W G)`` is the Kronecker
+        projection with ``P_out ← P_out diag(u) Q_Sᵀ`` and ``P_in ← P_in diag(v) Q_Aᵀ`` (as Bergson folds K-FAC into its
+        projection), at the cost of TRAK's Kronecker features. Damping: ``feature_damping`` (:meth:`with_damping`).
 
         Args:
             factors: per layer ``(P_outᵀ [d_out, k_out], P_inᵀ [d_in, k_in])`` (the projector's), in order of

@@ -13,11 +13,10 @@ Nothing here forms a whole-model per-example gradient:
   backward, preconditions it (:func:`precondition_layer`), and keeps it at full rank or, with a
   ``rank``, as ``U Vᵀ`` from its truncated SVD (kronfluence's ``query_gradient_low_rank``;
   per layer the smaller of the two forms, exact when ``rank >= min(d_out, d_in)``).
-* :class:`InfluencePass` is the hook consumer of a train batch: each layer's ``(a_t, g_t)`` meet
-  every query at once, ``⟨H_q, G_z⟩`` from ``G_z = Σ_t g_t a_tᵀ`` (one batched product, then a
-  GEMM against all queries) or, for low-rank queries, ``Σ_t (Uᵀ g_t)·(Vᵀ a_t)`` when that costs
-  fewer operations (``T (d_out + d_in) R`` against ``T d_out d_in + d_out d_in R`` per example,
-  ``R = n_query · rank``). One pass over the train rows scores every query.
+* :class:`InfluencePass` is the hook consumer of a train batch: each layer's ``(a_t, g_t)`` meet every query at once,
+  ``⟨H_q, G_z⟩`` from ``G_z = Σ_t g_t a_tᵀ`` (one batched product, then a GEMM against all queries) or, for low-rank
+  queries, ``Σ_t (Uᵀ g_t)·(Vᵀ a_t)`` when that costs fewer operations (``T (d_out + d_in) R`` against
+  ``T d_out d_in + d_out d_in R`` per example, ``R = n_query · rank``). One pass over the train rows scores every query.
 """
 
 from __future__ import annotations

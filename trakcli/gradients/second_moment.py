@@ -7,13 +7,12 @@ kept for the checkpoint, before projecting it. ``v`` is Adam's ``exp_avg_sq`` di
 
 * ``adam``: ``g ↦ g / sqrt(v + eps)`` entry by entry (every projector kind but ``kronecker``);
 * ``adafactor``: per layer, ``v`` of the layer's gradient matrix ``[d_out, d_in]`` (weight columns, then
-  the bias column: :mod:`trakcli.projectors.kronecker_layers`) is replaced by its rank-1 factorization
-  ``v̂ = r cᵀ / S`` (``r`` row sums, ``c`` column sums, ``S`` the total; Shazeer & Stern 2018, "Adafactor", Sec. 3),
-  so ``G ↦ D_out G D_in`` with ``D_out = diag((r̄ + eps)^-1/2)``, ``D_in = (v̄ + eps)^1/2 · diag((c̄ + eps)^-1/2)``
-  (row, column and overall means; with ``eps = 0`` exactly ``1/sqrt(v̂)``). A Kronecker projection ``P_out ⊗ P_in``
-  then becomes ``(P_out D_out) ⊗ (P_in D_in)`` (:meth:`SecondMoment.factors`): nothing per example. A selected
-  parameter outside every layer is scaled elementwise (a vector) or factored as ``param.reshape(shape[0], -1)`` (a
-  matrix).
+  the bias column: :mod:`trakcli.projectors.kronecker_layers`) is replaced by its rank-1 factorization ``v̂ = r cᵀ / S``
+  (``r`` row sums, ``c`` column sums, ``S`` the total; Shazeer & Stern 2018, "Adafactor", Sec. 3), so
+  ``G ↦ D_out G D_in`` with ``D_out = diag((r̄ + eps)^-1/2)``, ``D_in = (v̄ + eps)^1/2 · diag((c̄ + eps)^-1/2)`` (row,
+  column and overall means; with ``eps = 0`` exactly ``1/sqrt(v̂)``). A Kronecker projection ``P_out ⊗ P_in`` then
+  becomes ``(P_out D_out) ⊗ (P_in D_in)`` (:meth:`SecondMoment.factors`): nothing per example. A selected parameter
+  outside every layer is scaled elementwise (a vector) or factored as ``param.reshape(shape[0], -1)`` (a matrix).
 
 The state file is what `trak optimize` writes with ``optimize.save_optimizer_state: true``
 (:func:`optimizer_state_record`).

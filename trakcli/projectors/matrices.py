@@ -249,11 +249,10 @@ class SJLTMatrix(_Matrix):
     ``s`` features.
 
     The features are cut into ``s`` contiguous buckets ``[⌊i·k/s⌋, ⌊(i+1)·k/s⌋)`` (``k = proj_dim``); coordinate ``r``
-    adds ``±g_r/√s`` to one feature of each bucket (the block construction of Kane & Nelson 2014, so the ``s``
-    features are distinct). For hash ``i`` the Philox call with counter ``(i, r mod 2**32, r >> 32, 0)`` gives words
-    ``w0, w1``: the feature is ``⌊i·k/s⌋ + ((w0 >> 1)·width_i >> 31)`` and the sign is + if ``w1`` is odd.
-    E‖Pg‖² = ‖g‖²; nothing of size ``grad_dim × proj_dim`` is ever stored, a product costs ``O(n · grad_dim · s)``
-    whatever ``proj_dim``.
+    adds ``±g_r/√s`` to one feature of each bucket (the block construction of Kane & Nelson 2014, so the ``s`` features
+    are distinct). For hash ``i`` the Philox call with counter ``(i, r mod 2**32, r >> 32, 0)`` gives words ``w0, w1``:
+    the feature is ``⌊i·k/s⌋ + ((w0 >> 1)·width_i >> 31)`` and the sign is + if ``w1`` is odd. E‖Pg‖² = ‖g‖²; nothing of
+    size ``grad_dim × proj_dim`` is ever stored, a product costs ``O(n · grad_dim · s)`` whatever ``proj_dim``.
 
     Internally the signs are folded into the index: coordinate ``r`` goes to column ``feature + k·[sign < 0]`` of a
     ``[n, 2k]`` accumulator, so a product is ``s`` ``index_add_`` calls with no multiplication, and the result is the
