@@ -25,6 +25,5 @@ def load_digits_split() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch
     x, y = load_digits(return_X_y=True)
     x_tr, x_ta, y_tr, y_ta = map(torch.from_numpy, train_test_split(
         x.astype(np.float32) / 16.0, y.astype(np.int64), test_size=DIGITS_TEST_FRACTION, random_state=DIGITS_SEED,
-        stratify=y,
-    ))
+        stratify=y))
     return x_tr, y_tr, x_ta, y_ta

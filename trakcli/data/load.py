@@ -93,10 +93,8 @@ def checked_dataset(
     if x.ndim == 0 or x.shape[0] == 0:
         raise DataError(f"{key}: {name} is empty (shape {list(x.shape)}); it needs at least one row")
     if y.ndim >= 1 and y.shape[0] != x.shape[0]:
-        raise DataError(
-            f"{key}: {x.shape[0]} inputs but {y.shape[0]} labels; {inputs_what.removeprefix('inputs ')} and "
-            f"{labels_what.removeprefix('labels ')} must have the same number of rows"
-        )
+        raise DataError(f"{key}: {x.shape[0]} inputs but {y.shape[0]} labels; {inputs_what.removeprefix('inputs ')} "
+                        f"and {labels_what.removeprefix('labels ')} must have the same number of rows")
     y = t.check_labels(y, what=labels_what, source=source, key=key, n=x.shape[0])
     return TensorDataset(x.to(torch.float32).contiguous(), y, name)
 
@@ -159,11 +157,9 @@ def load_dataset(cfg: DatasetConfig, *, key: str = "data.train", task: Any = Non
     if any(getattr(cfg, f) is not None for f in ("text", "prompt", "completion", "messages", "input_ids")):
         if cfg.path is None or (cfg.tokenizer is None and cfg.input_ids is None):  # the config model refuses
             raise DataError(f"{key}: a text dataset needs `path` and `tokenizer`")
-        return TextDataset(
-            cfg.path, text=cfg.text, text_pair=cfg.text_pair, labels=cfg.labels, prompt=cfg.prompt,
-            completion=cfg.completion, messages=cfg.messages, input_ids=cfg.input_ids, tokenizer=cfg.tokenizer,
-            max_length=cfg.max_length, key=key,
-        )
+        return TextDataset(cfg.path, text=cfg.text, text_pair=cfg.text_pair, labels=cfg.labels, prompt=cfg.prompt,
+                           completion=cfg.completion, messages=cfg.messages, input_ids=cfg.input_ids,
+                           tokenizer=cfg.tokenizer, max_length=cfg.max_length, key=key)
     if cfg.path is None or cfg.inputs is None or cfg.labels is None:  # the config model fills all three or refuses
         raise DataError(f"{key}: a file dataset needs `path`, `inputs` and `labels`")
     keys = [cfg.inputs] if isinstance(cfg.inputs, str) else list(cfg.inputs)

@@ -47,10 +47,8 @@ class StoredRows:
             return DataError(f"{what} needs the train rows, which scoring reads only as the store recorded them "
                              "(count and fingerprint); use the train batches you featurized")
         files = ", ".join(self.missing)
-        return DataError(
-            f"{what} needs the train rows, but data.train's file {files} is missing (the store's features were "
-            f"read without it); restore the file, or score without what needs the rows"
-        )
+        return DataError(f"{what} needs the train rows, but data.train's file {files} is missing (the store's features "
+                         "were read without it); restore the file, or score without what needs the rows")
 
     def batches(self, *args: Any, **kwargs: Any):
         """Refused: names the missing file (:meth:`unavailable`)."""

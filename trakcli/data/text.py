@@ -307,10 +307,8 @@ class TextDataset:
             labels = [IGNORE_INDEX] * len(ids)
             for pre_id, upto_id, turn in spans:
                 pre, upto = tokens[pre_id], tokens[upto_id]
-                checks = (
-                    (pre, upto, f"the turns before assistant turn {turn} (with the generation prompt)"),
-                    (upto, ids, f"the turns up to assistant turn {turn}"),
-                )
+                checks = ((pre, upto, f"the turns before assistant turn {turn} (with the generation prompt)"),
+                          (upto, ids, f"the turns up to assistant turn {turn}"))
                 for shorter, longer, what in checks:
                     if list(longer[: len(shorter)]) != list(shorter):
                         raise DataError(f"{self.key}: row {row} of {self.source}: the chat template renders {what} "

@@ -185,11 +185,9 @@ class Unroller:
             mine = float((example_losses(self.task, logits, batch)).sum() / count)
             theirs = float(self.task.loss(logits, batch))
         if abs(mine - theirs) > 1e-4 * max(1.0, abs(theirs)):
-            raise ConfigError(
-                f"task {self.task.name!r}: its training loss ({theirs:.6g} on the first batch) is not the mean of "
-                f"its example losses ({mine:.6g}), which score.method: unroll weights; give the task an "
-                "example_loss(logits, batch) -> [n] whose mean is its loss"
-            )
+            raise ConfigError(f"task {self.task.name!r}: its training loss ({theirs:.6g} on the first batch) is not "
+                              f"the mean of its example losses ({mine:.6g}), which score.method: unroll weights; give "
+                              "the task an example_loss(logits, batch) -> [n] whose mean is its loss")
 
     # -- forward and reverse -----------------------------------------------------------------------------------
 

@@ -25,11 +25,10 @@ SUPPORTED_OPTIMIZERS = ("sgd", "adam", "adamw")
 
 def no_record(what: str, why: str) -> CheckpointError:
     """The refusal of a checkpoint without a usable replay record, naming the command that makes one."""
-    return CheckpointError(
-        f"{what}: {why}; score.method: unroll replays the training of checkpoints that `trak optimize` trained "
-        "with optimize.replay: true: set checkpoints: <optimize.out_dir>/manifest.json and run "
-        "`trak optimize CONFIG optimize.replay=true --overwrite`"
-    )
+    return CheckpointError(f"{what}: {why}; score.method: unroll replays the training of checkpoints that "
+                           "`trak optimize` trained with optimize.replay: true: set checkpoints: "
+                           "<optimize.out_dir>/manifest.json and run "
+                           "`trak optimize CONFIG optimize.replay=true --overwrite`")
 
 
 @dataclass(frozen=True)
