@@ -167,7 +167,6 @@ class SecondMomentConfig(KindSection):
         "squared (AdamW adds eps to sqrt(v)), so 1e-16 for AdamW's default.",
     )
 
-
     @field_validator("optimizer_state", mode="before")
     @classmethod
     def _paths(cls, v: Any) -> Any:
@@ -264,7 +263,6 @@ class CurvatureConfig(KindSection):
         description="kfac / ekfac: conjugate-gradient refinement of each target's inverse-Hessian-vector product "
         "with the Gauss-Newton matrix, preconditioned by the fitted curvature (`trak score`; iterations 0: off).",
     )
-
 
     def spec(self) -> dict[str, Any] | None:
         """What the stored features depend on (part of the store identity); None for ``gram``, which changes only the

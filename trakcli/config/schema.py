@@ -196,7 +196,6 @@ class SelectConfig(StrictModel):
         return self
 
 
-
 class SweepConfig(StrictModel):
     """``eval.sweep``: the grid of `trak eval sweep` (one featurization per proj_dim)."""
 

@@ -128,14 +128,9 @@ class LDSResult:
         counts, edges = self.histogram
         return {
             "lds": finite_or_none(self.lds),
-            "ci_low": finite_or_none(self.ci_low),
-            "ci_high": finite_or_none(self.ci_high),
-            "confidence_level": self.confidence_level,
-            "n_bootstrap": self.n_bootstrap,
-            "bootstrap_seed": self.seed,
-            "n_subsets": self.n_subsets,
-            "n_target": self.n_target,
-            "n_targets_nan": self.n_targets_nan,
+            "ci_low": finite_or_none(self.ci_low), "ci_high": finite_or_none(self.ci_high),
+            "confidence_level": self.confidence_level, "n_bootstrap": self.n_bootstrap, "bootstrap_seed": self.seed,
+            "n_subsets": self.n_subsets, "n_target": self.n_target, "n_targets_nan": self.n_targets_nan,
             "quantiles": {f"{q:g}": finite_or_none(v) for q, v in self.quantiles.items()},
             "histogram": {"counts": [int(c) for c in counts], "edges": [float(e) for e in edges]},
             "per_target": [finite_or_none(r) for r in self.rhos],

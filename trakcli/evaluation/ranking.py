@@ -108,12 +108,8 @@ class RecallResult:
             "mrr": self.mrr.to_dict(),
             "recall": {str(k): v.to_dict() for k, v in self.recall.items()},
             "source_recall": {str(k): v.to_dict() for k, v in self.source_recall.items()},
-            "n_query": self.n_query,
-            "k_max": self.k_max,
-            "n_not_found": int((self.first_rank == 0).sum()),
-            "confidence_level": self.confidence_level,
-            "n_bootstrap": self.n_bootstrap,
-            "bootstrap_seed": self.seed,
+            "n_query": self.n_query, "k_max": self.k_max, "n_not_found": int((self.first_rank == 0).sum()),
+            "confidence_level": self.confidence_level, "n_bootstrap": self.n_bootstrap, "bootstrap_seed": self.seed,
             "first_rank": [int(r) for r in self.first_rank],
         }
 

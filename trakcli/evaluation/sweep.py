@@ -70,11 +70,8 @@ class SweepResult:
     def to_json(self) -> dict[str, Any]:
         """Plain JSON data of the whole result."""
         return {
-            "n_subsets": self.n_subsets,
-            "n_train": self.n_train,
-            "n_target": self.n_target,
-            "best": self.best,
-            "default": self.default,
+            "n_subsets": self.n_subsets, "n_train": self.n_train, "n_target": self.n_target,
+            "best": self.best, "default": self.default,
             "gap_default_to_best": self.best["lds"] - self.default["lds"],
             "stores": {str(k): v for k, v in self.stores.items()},
             "rows": self.rows,
