@@ -90,10 +90,8 @@ def token_fields(res: Any, target: Any, train: Any, block: int = 64) -> TokenFie
             cache["lo"], cache["hi"] = t, min(t + block, res.n_target)
             cache.update(res.tokens(cache["lo"], cache["hi"]))
         r, s = t - cache["lo"], SIDES.index(side)
-        return {
-            "target_tokens": _pairs(tokens_of(0, t), cache["target_tokens"][r, s, rank]),
-            "document_tokens": _pairs(tokens_of(1, doc), cache["document_tokens"][r, s, rank]),
-        }
+        return {"target_tokens": _pairs(tokens_of(0, t), cache["target_tokens"][r, s, rank]),
+                "document_tokens": _pairs(tokens_of(1, doc), cache["document_tokens"][r, s, rank])}
 
     return fields
 

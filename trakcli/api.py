@@ -238,11 +238,9 @@ class Attributor:
 
     def _config(self) -> dict[str, Any]:
         """What the store records as its ``config`` attribute."""
-        return {
-            "api": "trakcli.Attributor", **task_identity(self.task), "grad_wrt": self.grad_wrt,
-            "projector": self.projector.model_dump(mode="json"), "store": self.store.model_dump(mode="json"),
-            "curvature": self.curvature_config.model_dump(mode="json"), "device": str(self.device),
-        }
+        return {"api": "trakcli.Attributor", **task_identity(self.task), "grad_wrt": self.grad_wrt,
+                "projector": self.projector.model_dump(mode="json"), "store": self.store.model_dump(mode="json"),
+                "curvature": self.curvature_config.model_dump(mode="json"), "device": str(self.device)}
 
     def featurize(self, batches: Iterable[Any], *, checkpoint: Any, model_id: int) -> int:
         """Train features of one checkpoint into ``train/<model_id>`` (traker's ``load_checkpoint`` + ``featurize``).

@@ -58,10 +58,9 @@ def load_function(
         close = difflib.get_close_matches(entrypoint, list(builtins), n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
         what = f"a built-in model ({', '.join(builtins)})" if builtins else "a function spec"
-        raise ModelError(
-            f"{key} {entrypoint!r} is not {what}; "
-            f'{hint}use {"a built-in name, " if builtins else ""}"path/to/file.py:function" or "package.module:function"'
-        )
+        raise ModelError(f"{key} {entrypoint!r} is not {what}; "
+                         f'{hint}use {"a built-in name, " if builtins else ""}"path/to/file.py:function" or '
+                         '"package.module:function"')
     target, func_name = entrypoint.rsplit(":", 1)
     if target.endswith(".py"):
         path = Path(target)

@@ -29,34 +29,26 @@ class ProjectionSettings(StrictModel):
     """
 
     mode: Literal["per_matrix", "global"] = Field(
-        "per_matrix",
-        description="per_matrix: each parameter of >= 2 dims gets its own rank-`rank` projection of its "
+        "per_matrix", description="per_matrix: each parameter of >= 2 dims gets its own rank-`rank` projection of its "
         "smaller side (kind kronecker: of both sides; 1-D parameters are not projected); global: the whole "
-        "parameter vector through one projection of `proj_dim`.",
-    )
+        "parameter vector through one projection of `proj_dim`.")
     kind: Literal["noop", "rademacher", "normal", "sjlt", "kronecker"] = Field(
-        "rademacher",
-        description="Projector kind (noop: no projection, the plain inner optimizer; kronecker, per_matrix only: "
-        "each [d_out, d_in] weight's gradient G projected from both sides, P_out G P_inᵀ of "
-        "[min(rank, d_out), min(rank, d_in)], rademacher factors).",
-    )
+        "rademacher", description="Projector kind (noop: no projection, the plain inner optimizer; kronecker, "
+        "per_matrix only: each [d_out, d_in] weight's gradient G projected from both sides, P_out G P_inᵀ of "
+        "[min(rank, d_out), min(rank, d_in)], rademacher factors).")
     implementation: Literal["auto", "single_block", "basic", "chunked"] = Field(
         "auto", description="Projector implementation (never changes the matrix; kronecker ignores it).")
     rank: PositiveInt | None = Field(
-        None,
-        description="per_matrix only: projected size of each matrix's smaller side, with kind kronecker of "
-        f"each side (default {DEFAULT_RANK}).",
-    )
+        None, description="per_matrix only: projected size of each matrix's smaller side, with kind kronecker of "
+        f"each side (default {DEFAULT_RANK}).")
     proj_dim: PositiveInt | None = Field(None, description="global only: dimension of the subspace (required in "
                                          "global mode).")
     seed: int = Field(0, ge=0, description="Base seed; every matrix and refresh derives its own.")
     update_gap: int = Field(0, ge=0, description="Draw a new projection every this many steps (0: one fixed "
                             "projection).")
     on_refresh: Literal["keep", "reset", "transfer"] = Field(
-        "transfer",
-        description="What happens to the inner optimizer's state at a new projection: keep it as is, "
-        "reset it, or transfer first moments into the new subspace (never growing their norm).",
-    )
+        "transfer", description="What happens to the inner optimizer's state at a new projection: keep it as is, "
+        "reset it, or transfer first moments into the new subspace (never growing their norm).")
     scale: float = Field(1.0, gt=0, description="Multiplies every unprojected update (GaLore's alpha).")
 
     @model_validator(mode="after")

@@ -32,10 +32,8 @@ def check_plot_path(path: str | Path, flag: str = "plot path") -> Path:
     """
     path = Path(path)
     if path.suffix.lower() not in PLOT_SUFFIXES:
-        raise ArgumentError(
-            f"{flag} {path}: unknown format {path.suffix or '(no suffix)'!r}; use a "
-            + " / ".join(PLOT_SUFFIXES) + " path"
-        )
+        raise ArgumentError(f"{flag} {path}: unknown format {path.suffix or '(no suffix)'!r}; use a "
+                            + " / ".join(PLOT_SUFFIXES) + " path")
     try:
         if not path.parent.is_dir():
             raise ArgumentError(f"{flag} {path}: directory {path.parent} does not exist; create it or choose another "
