@@ -291,13 +291,9 @@ class RichReporter(Reporter):
             MofNCompleteColumn(table_column=fixed()),
             TimeElapsedColumn(table_column=fixed()),
             _time_left_column(),
-            TextColumn(
-                "{task.fields[status]}", markup=False,
-                table_column=Column(ratio=1, no_wrap=True, overflow="ellipsis"),
-            ),
-            console=err_console,
-            transient=True,
-            expand=True,
+            TextColumn("{task.fields[status]}", markup=False,
+                       table_column=Column(ratio=1, no_wrap=True, overflow="ellipsis")),
+            console=err_console, transient=True, expand=True,
         )
         with progress:
             yield _RichTask(progress, description, total)

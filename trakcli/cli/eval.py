@@ -97,9 +97,8 @@ def _table(data: dict[str, Any]) -> Table:
             "replay": "the recorded runs rerun, the other rows weighted 0 (eval.retrain_seed: replay)",
         }.get(data["retrain_seed"], "unlike the checkpoints' (eval.retrain_seed: other)"))
     nan = data["n_targets_nan"]
-    table.add_row(
-        "targets", f"{data['n_target']}" + (f" ({nan} with constant predictions or outputs: left out)" if nan else "")
-    )
+    table.add_row("targets", f"{data['n_target']}"
+                  + (f" ({nan} with constant predictions or outputs: left out)" if nan else ""))
     q = data["quantiles"]
     table.add_row(
         "per-target LDS",
