@@ -147,24 +147,20 @@ class SecondMomentConfig(KindSection):
     """
 
     kind: Literal["adafactor", "adam"] | None = Field(
-        None,
-        description="null: no correction (TRAK). adafactor: G -> D_out G D_in per layer with D_out = (row means "
-        "of v + eps)^-1/2, D_in = (mean of v + eps)^1/2 (column means of v + eps)^-1/2 (the bias is one more "
-        "column; vectors outside layers: elementwise); every projector kind. adam: G / sqrt(v + eps) elementwise; "
-        "every kind but kronecker.",
+        None, description="null: no correction (TRAK). adafactor: G -> D_out G D_in per layer with D_out = (row means "
+        "of v + eps)^-1/2, D_in = (mean of v + eps)^1/2 (column means of v + eps)^-1/2 (the bias is one more column; "
+        "vectors outside layers: elementwise); every projector kind. adam: G / sqrt(v + eps) elementwise; every kind "
+        "but kronecker.",
     )
     optimizer_state: str | list[str] | None = Field(
-        None,
-        description="The optimizer state file of each checkpoint, in model_id order: a glob (sorted) or a list. "
-        "Unset: for checkpoints from a manifest.json, the file its entry records; otherwise "
-        "<checkpoint's folder>/optimizer_state/<checkpoint's file name>, where `trak optimize` with "
-        "optimize.save_optimizer_state: true writes it.",
+        None, description="The optimizer state file of each checkpoint, in model_id order: a glob (sorted) or a list. "
+        "Unset: for checkpoints from a manifest.json, the file its entry records; otherwise <checkpoint's "
+        "folder>/optimizer_state/<checkpoint's file name>, where `trak optimize` with optimize.save_optimizer_state: "
+        "true writes it.",
     )
     eps: float | None = Field(
-        None,
-        ge=0,
-        description="Added to the second moments (inside the square root). Unset: the saved optimizer's eps "
-        "squared (AdamW adds eps to sqrt(v)), so 1e-16 for AdamW's default.",
+        None, ge=0, description="Added to the second moments (inside the square root). Unset: the saved optimizer's "
+        "eps squared (AdamW adds eps to sqrt(v)), so 1e-16 for AdamW's default.",
     )
 
     @field_validator("optimizer_state", mode="before")
@@ -219,38 +215,30 @@ class CurvatureConfig(KindSection):
         "out-to-loss term.",
     )
     query_rank: int | None = Field(
-        None,
-        ge=1,
-        description="kfac / ekfac exact scores: rank each target's preconditioned per-layer gradient is kept at "
-        "(truncated SVD; kronfluence's query_gradient_low_rank). None: full rank where every target fits "
+        None, ge=1, description="kfac / ekfac exact scores: rank each target's preconditioned per-layer gradient is "
+        "kept at (truncated SVD; kronfluence's query_gradient_low_rank). None: full rank where every target fits "
         "data.grad_memory_mb, else the largest rank that fits (said in an info line).",
     )
     fit_rows: int | None = Field(
-        None,
-        ge=1,
-        description="kfac / ekfac: fit the curvature on a seeded random sample of this many train rows "
+        None, ge=1, description="kfac / ekfac: fit the curvature on a seeded random sample of this many train rows "
         "(curvature.seed) instead of all of them; None: every train row.",
     )
     damping: float = Field(
-        1e-5,
-        gt=0,
-        description="kfac / ekfac: each layer's damping of the influence, δ = damping x the mean of its eigenvalues, "
-        "in exact scores and the refinement (1e-5 to 1e-4 scored best; kronfluence's default is an absolute 1e-8).",
+        1e-5, gt=0, description="kfac / ekfac: each layer's damping of the influence, δ = damping x the mean of its "
+        "eigenvalues, in exact scores and the refinement (1e-5 to 1e-4 scored best; kronfluence's default is an "
+        "absolute 1e-8).",
     )
     exact: bool = Field(
-        True,
-        description="kfac / ekfac: `trak score` takes exact influences g(t)ᵀ (F + δ)⁻¹ g(z): each target's "
+        True, description="kfac / ekfac: `trak score` takes exact influences g(t)ᵀ (F + δ)⁻¹ g(z): each target's "
         "preconditioned layer gradients once (query_rank), then one hooked forward + backward over the train rows "
-        "meets every target per layer and streams into the top-k or the score matrix (resumable by chunk, split "
-        "over torchrun ranks); with score.rescore_multiplier only the candidates of the stored features are "
-        "re-scored so. false: inner products of the stored proj_dim features (corpus scale), whitened with "
-        "feature_damping.",
+        "meets every target per layer and streams into the top-k or the score matrix (resumable by chunk, split over "
+        "torchrun ranks); with score.rescore_multiplier only the candidates of the stored features are re-scored so. "
+        "false: inner products of the stored proj_dim features (corpus scale), whitened with feature_damping.",
     )
     feature_damping: float = Field(
-        0.1,
-        gt=0,
-        description="kfac / ekfac: the damping (x the mean eigenvalue, per layer) of the whitening of the stored "
-        "projected features; the projection's error grows as it shrinks (0.1 to 0.3 scored best at proj_dim 4096).",
+        0.1, gt=0, description="kfac / ekfac: the damping (x the mean eigenvalue, per layer) of the whitening of the "
+        "stored projected features; the projection's error grows as it shrinks (0.1 to 0.3 scored best at proj_dim "
+        "4096).",
     )
     fisher: Literal["true", "empirical"] = Field(
         "true",
@@ -303,11 +291,9 @@ class StoreConfig(StrictModel):
         512, description="Rows per chunk of features/scores; the unit of resume (done flags)."
     )
     save_every_s: float = Field(
-        30.0,
-        ge=0,
-        description="Seconds of work between two saves of the train rows computed so far in a chunk not yet done "
-        "(their count goes to train/<model_id>/rows_done), so that a killed `trak featurize` loses at most about "
-        "this much work and the rerun starts after the saved rows; Ctrl-C saves them at once. 0: after every "
+        30.0, ge=0, description="Seconds of work between two saves of the train rows computed so far in a chunk not "
+        "yet done (their count goes to train/<model_id>/rows_done), so that a killed `trak featurize` loses at most "
+        "about this much work and the rerun starts after the saved rows; Ctrl-C saves them at once. 0: after every "
         "batch. Each save rewrites the chunk's file: keep it well above the time one save takes.",
     )
     dtype: Literal["float32", "float16", "bfloat16", "int8", "binary"] = Field(

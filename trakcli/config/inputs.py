@@ -46,13 +46,12 @@ class DatasetConfig(StrictModel):
         None, description="Which split of the built-in dataset (train: 1437 rows, target: 360 rows)."
     )
     path: Path | str | list[Path | str] | None = Field(
-        None,
-        description="A .pt file holding a dict of tensors, an .npz file, or (with `text`, `prompt`, `messages` or "
-        "`input_ids`) a .jsonl / .csv / .parquet / .arrow file or a Hugging Face datasets save_to_disk folder. "
-        "Or a Hugging Face Hub dataset, hf://datasets/ORG/NAME[@REVISION][/PATH] (PATH: a file, folder or glob; "
-        "without it the repo's only data file or its train split's), downloaded into the Hugging Face cache, "
-        "or read from it with HF_HUB_OFFLINE=1. Or a list of such files, read as one dataset in order (the rows "
-        "of the first, then of the second, ...): a corpus grown by a new file is appended to its store.",
+        None, description="A .pt file holding a dict of tensors, an .npz file, or (with `text`, `prompt`, `messages` "
+        "or `input_ids`) a .jsonl / .csv / .parquet / .arrow file or a Hugging Face datasets save_to_disk folder. Or "
+        "a Hugging Face Hub dataset, hf://datasets/ORG/NAME[@REVISION][/PATH] (PATH: a file, folder or glob; without "
+        "it the repo's only data file or its train split's), downloaded into the Hugging Face cache, or read from it "
+        "with HF_HUB_OFFLINE=1. Or a list of such files, read as one dataset in order (the rows of the first, then of "
+        "the second, ...): a corpus grown by a new file is appended to its store.",
     )
 
     @field_validator("path", mode="before")
@@ -81,33 +80,28 @@ class DatasetConfig(StrictModel):
         "is passed as the 4-D additive mask text models get.",
     )
     labels: str | None = Field(
-        None,
-        description="Tensor file: key of the integer class labels, shape [n], or (with inputs [input_ids, "
-        "attention_mask, ...]) of per-token labels [n, L] shaped like input_ids (-100: not a target). "
-        "With `text`: the field of the integer class label (text classification; leave it out for "
-        "language modeling). With `input_ids`: the field of per-token labels, as long as input_ids "
-        "(-100: not a target; leave it out to make every token a target).",
+        None, description="Tensor file: key of the integer class labels, shape [n], or (with inputs [input_ids, "
+        "attention_mask, ...]) of per-token labels [n, L] shaped like input_ids (-100: not a target). With `text`: "
+        "the field of the integer class label (text classification; leave it out for language modeling). With "
+        "`input_ids`: the field of per-token labels, as long as input_ids (-100: not a target; leave it out to make "
+        "every token a target).",
     )
     text: str | None = Field(
-        None,
-        description="Text data: the field holding the text (.jsonl / .csv / .parquet / .arrow / datasets folder); "
-        "with `labels` text classification, without language modeling (every token a target).",
+        None, description="Text data: the field holding the text (.jsonl / .csv / .parquet / .arrow / datasets "
+        "folder); with `labels` text classification, without language modeling (every token a target).",
     )
     text_pair: str | None = Field(
-        None,
-        description="Text data: the field holding each example's second text (sentence pairs, e.g. NLI); "
-        "the two are tokenized as one pair (with token_type_ids where the tokenizer makes them). Needs `text`.",
+        None, description="Text data: the field holding each example's second text (sentence pairs, e.g. NLI); the "
+        "two are tokenized as one pair (with token_type_ids where the tokenizer makes them). Needs `text`.",
     )
     prompt: str | None = Field(
-        None,
-        description="Language-model data: the field holding the prompt (tokenized with the tokenizer's special "
+        None, description="Language-model data: the field holding the prompt (tokenized with the tokenizer's special "
         "tokens; not a target). Needs `completion`.",
     )
     completion: str | None = Field(
-        None,
-        description="Language-model data: the field holding the completion, appended to the prompt's tokens "
-        "(without special tokens, plus the tokenizer's end-of-sequence token); its tokens are the targets. "
-        "Needs `prompt`.",
+        None, description="Language-model data: the field holding the completion, appended to the prompt's tokens "
+        "(without special tokens, plus the tokenizer's end-of-sequence token); its tokens are the targets. Needs "
+        "`prompt`.",
     )
     messages: str | None = Field(
         None,
@@ -115,22 +109,19 @@ class DatasetConfig(StrictModel):
         "tokenizer's chat template; the tokens of the assistant turns are the targets.",
     )
     input_ids: str | None = Field(
-        None,
-        description="Pre-tokenized language-model data: the field holding each row's list of token ids "
-        "(see `labels` for per-token labels). `tokenizer` is optional (its pad token and decoding; "
-        "without one rows are padded with id 0).",
+        None, description="Pre-tokenized language-model data: the field holding each row's list of token ids (see "
+        "`labels` for per-token labels). `tokenizer` is optional (its pad token and decoding; without one rows are "
+        "padded with id 0).",
     )
     max_length: PositiveInt | None = Field(
-        128,
-        description="Text and language-model data: most tokens per row (longer rows are cut on the right, "
+        128, description="Text and language-model data: most tokens per row (longer rows are cut on the right, "
         "pre-tokenized `input_ids` too); null: no cut (a row longer than the tokenizer's model_max_length is an "
-        "error). data.target may have its own (queries are often shorter than training documents): features are "
-        "per example, so target and train lengths need not match.",
+        "error). data.target may have its own (queries are often shorter than training documents): features are per "
+        "example, so target and train lengths need not match.",
     )
     tokenizer: str | None = Field(
-        None,
-        description="Text and language-model data: a local Hugging Face tokenizer directory (or package/dir), or "
-        "a Hub name ORG/NAME[@REVISION] (only its tokenizer files are downloaded); default: that of "
+        None, description="Text and language-model data: a local Hugging Face tokenizer directory (or package/dir), "
+        "or a Hub name ORG/NAME[@REVISION] (only its tokenizer files are downloaded); default: that of "
         "model.entrypoint 'hf:DIR' / 'hf:ORG/NAME'. `messages` need one with a chat template.",
     )
 
@@ -198,22 +189,19 @@ class DataConfig(StrictModel):
     train: DatasetConfig = Field(description="The training set whose examples get scores.")
     target: DatasetConfig | None = Field(None, description="The examples whose predictions are explained.")
     validation: DatasetConfig | None = Field(
-        None,
-        description="Held-out examples `trak optimize` evaluates after every epoch (loss and accuracy in the "
+        None, description="Held-out examples `trak optimize` evaluates after every epoch (loss and accuracy in the "
         "progress bar, the manifest and the metrics JSON); featurize and score ignore it.",
     )
     batch_size: PositiveInt = Field(128, description="Examples per gradient batch.")
     batch_tokens: PositiveInt | None = Field(
-        None,
-        description="Most tokens per batch of text and language-model data, counted as rows x the batch's "
-        "longest sequence (each batch is padded to its own longest row); a single row longer than this is a "
-        "batch of its own. None: rows only (data.batch_size). Changes the features only by float32 rounding.",
+        None, description="Most tokens per batch of text and language-model data, counted as rows x the batch's "
+        "longest sequence (each batch is padded to its own longest row); a single row longer than this is a batch of "
+        "its own. None: rows only (data.batch_size). Changes the features only by float32 rounding.",
     )
     grad_memory_mb: PositiveInt | None = Field(
-        None,
-        description="Most MiB of per-example gradients (batch rows x grad_dim float32) held at once: a batch "
-        "is cut into smaller ones to fit (the features change only by float32 rounding). Bounds the memory of big models. "
-        "projector.kind kronecker forms no per-example gradient: it bounds the layer inputs, outputs and "
-        "output gradients of one forward + backward instead. Unset: 1024 on a CPU, a quarter of the GPU's "
-        "memory on a CUDA GPU.",
+        None, description="Most MiB of per-example gradients (batch rows x grad_dim float32) held at once: a batch is "
+        "cut into smaller ones to fit (the features change only by float32 rounding). Bounds the memory of big "
+        "models. projector.kind kronecker forms no per-example gradient: it bounds the layer inputs, outputs and "
+        "output gradients of one forward + backward instead. Unset: 1024 on a CPU, a quarter of the GPU's memory on a "
+        "CUDA GPU.",
     )

@@ -31,9 +31,8 @@ class _OptimizerSettings(StrictModel):
         0, ge=0, description="Steps of linear warmup: step s (1-based) uses lr * s / warmup_steps (0: no warmup)."
     )
     warmup_fraction: float = Field(
-        0.0, ge=0, lt=1,
-        description="The warmup as a fraction of all training steps (rounded up to whole steps), in place of "
-        "warmup_steps: e.g. 0.05 for retrained models whose subsets have fewer steps.",
+        0.0, ge=0, lt=1, description="The warmup as a fraction of all training steps (rounded up to whole steps), in "
+        "place of warmup_steps: e.g. 0.05 for retrained models whose subsets have fewer steps.",
     )
 
     @model_validator(mode="after")
@@ -68,10 +67,9 @@ class _TrainingSettings(StrictModel):
     batch_size: PositiveInt = Field(64, description="Minibatch size.")
     seed: int = Field(0, description="Model i is initialized and shuffled with seed + i.")
     out_dir: LocalPath | None = Field(
-        None,
-        description="Directory for the checkpoints model_000.pt, model_001.pt, ... and manifest.json of `trak "
-        "optimize` (required there); `trak eval` keeps its retrained models' outputs in the store and writes "
-        "nothing here.",
+        None, description="Directory for the checkpoints model_000.pt, model_001.pt, ... and manifest.json of `trak "
+        "optimize` (required there); `trak eval` keeps its retrained models' outputs in the store and writes nothing "
+        "here.",
     )
     metrics: LocalPath | None = Field(
         None, description="Write per-model metrics (seed, loss, accuracy, optimizer state size) to this JSON file."
@@ -80,17 +78,12 @@ class _TrainingSettings(StrictModel):
         None, description="Start every model from this state dict (finetuning) instead of a fresh initialization."
     )
     subset_fraction: float = Field(
-        1.0,
-        gt=0,
-        le=1,
-        description="Train model i on a random subset of this fraction of data.train (drawn with seed + i; the "
-        "indices go to the metrics JSON), e.g. 0.5 for the counterfactual models of LDS.",
+        1.0, gt=0, le=1, description="Train model i on a random subset of this fraction of data.train (drawn with "
+        "seed + i; the indices go to the metrics JSON), e.g. 0.5 for the counterfactual models of LDS.",
     )
     checkpoint_every: int = Field(
-        0,
-        ge=0,
-        description="Save the training state (model, optimizer, data order) every this many steps, and at every "
-        "epoch end, to out_dir/.resume/; a killed run resumes from it (0: epoch ends only).",
+        0, ge=0, description="Save the training state (model, optimizer, data order) every this many steps, and at "
+        "every epoch end, to out_dir/.resume/; a killed run resumes from it (0: epoch ends only).",
     )
     entrypoint: str | None = Field(
         None,
@@ -105,38 +98,32 @@ class _TrainingSettings(StrictModel):
     )
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of `entrypoint`.")
     lora: LoraSettings | None = Field(
-        None,
-        description="Train LoRA adapters (peft) on the frozen model.entrypoint instead of every weight: each "
-        "checkpoint is then an adapter folder (out_dir/model_000/, peft's save_pretrained), which featurize "
-        "and score read with model.entrypoint as the base model; features default to the adapter's "
-        "parameters. Not with init_checkpoint (the adapter is saved without the base weights).",
+        None, description="Train LoRA adapters (peft) on the frozen model.entrypoint instead of every weight: each "
+        "checkpoint is then an adapter folder (out_dir/model_000/, peft's save_pretrained), which featurize and score "
+        "read with model.entrypoint as the base model; features default to the adapter's parameters. Not with "
+        "init_checkpoint (the adapter is saved without the base weights).",
     )
     save_optimizer_state: bool = Field(
-        False,
-        description="Also write each model's final optimizer state (torch.optim state_dict and the parameter "
+        False, description="Also write each model's final optimizer state (torch.optim state_dict and the parameter "
         "names in its order) to out_dir/optimizer_state/model_000.pt, ... (built-in recipe only).",
     )
     epoch_checkpoints: bool = Field(
-        False,
-        description="Also write each model's checkpoint at the end of every epoch but the last "
+        False, description="Also write each model's checkpoint at the end of every epoch but the last "
         "(out_dir/model_000_epoch1.pt, ...; with save_optimizer_state its optimizer state too), listed in the "
-        "manifest, so featurize and score ensemble over checkpoints along training: model 0's epochs 1, 2, ..., "
-        "its final checkpoint, then model 1's (TracIn, Pruthi et al. 2020). Built-in recipe only.",
+        "manifest, so featurize and score ensemble over checkpoints along training: model 0's epochs 1, 2, ..., its "
+        "final checkpoint, then model 1's (TracIn, Pruthi et al. 2020). Built-in recipe only.",
     )
     replay: bool = Field(
-        False,
-        description="Record what an exact replay of each model's training needs, for `score.method: unroll` "
-        "(metagradients through the training): the data order of every epoch and the model and optimizer "
-        "state every replay_every steps, in out_dir/replay/model_000/, ... (listed in the manifest), with "
-        "deterministic kernels. Disk: about (total_steps / replay_every + 1) x (parameters + optimizer state) "
-        "floats per model. Built-in recipe, float32, sgd / adam / adamw without projection.",
+        False, description="Record what an exact replay of each model's training needs, for `score.method: unroll` "
+        "(metagradients through the training): the data order of every epoch and the model and optimizer state every "
+        "replay_every steps, in out_dir/replay/model_000/, ... (listed in the manifest), with deterministic kernels. "
+        "Disk: about (total_steps / replay_every + 1) x (parameters + optimizer state) floats per model. Built-in "
+        "recipe, float32, sgd / adam / adamw without projection.",
     )
     replay_every: int = Field(
-        0,
-        ge=0,
-        description="With replay: steps between two recorded states (the segment length of the unrolled "
-        "scoring, whose memory holds one segment's states). 0: ceil(sqrt(total_steps)), which minimizes "
-        "states on disk plus states in memory.",
+        0, ge=0, description="With replay: steps between two recorded states (the segment length of the unrolled "
+        "scoring, whose memory holds one segment's states). 0: ceil(sqrt(total_steps)), which minimizes states on "
+        "disk plus states in memory.",
     )
 
 

@@ -56,48 +56,40 @@ class ScoreConfig(StrictModel):
         "of a trak optimize run with optimize.replay: true, and no trak featurize; docs/guides/unroll.md).",
     )
     lambda_reg: float | None = Field(
-        None,
-        ge=0,
-        description="Absolute ridge added to each checkpoint's Φᵀ Φ. Unset: lambda_rel · trace(Φᵀ Φ)/n_train.",
+        None, ge=0, description="Absolute ridge added to each checkpoint's Φᵀ Φ. Unset: lambda_rel · trace(Φᵀ "
+        "Φ)/n_train.",
     )
     lambda_rel: float = Field(
-        1.0,
-        gt=0,
-        description="Ridge as a multiple of the mean squared train-feature norm trace(Φᵀ Φ)/n_train "
+        1.0, gt=0, description="Ridge as a multiple of the mean squared train-feature norm trace(Φᵀ Φ)/n_train "
         "(independent of proj_dim), used when lambda_reg is unset.",
     )
     top_k: PositiveInt | None = Field(
-        None,
-        description="Per target, keep the K highest-scoring train rows (proponents) and the K lowest (opponents), "
-        "from one streamed pass over the train features: [n_target, K] arrays in the store, memory independent "
-        "of n_train. Unset: the full [n_target, n_train] score matrix.",
+        None, description="Per target, keep the K highest-scoring train rows (proponents) and the K lowest "
+        "(opponents), from one streamed pass over the train features: [n_target, K] arrays in the store, memory "
+        "independent of n_train. Unset: the full [n_target, n_train] score matrix.",
     )
     full: bool | None = Field(
-        None,
-        description="Also write the full [n_target, n_train] score matrix (trak eval lds needs it). "
-        "Unset: only when top_k is unset.",
+        None, description="Also write the full [n_target, n_train] score matrix (trak eval lds needs it). Unset: only "
+        "when top_k is unset.",
     )
     normalize: Literal["unit"] | None = Field(
-        None,
-        description="unit: cosine scores in the kernel's space, cos(A^½φ(t), A^½φ(z)) averaged over checkpoints, "
-        "without Q (TrackStar; for retrieving source documents). Unset: TRAK's scores (for predicting "
+        None, description="unit: cosine scores in the kernel's space, cos(A^½φ(t), A^½φ(z)) averaged over "
+        "checkpoints, without Q (TrackStar; for retrieving source documents). Unset: TRAK's scores (for predicting "
         "counterfactual retraining).",
     )
     per_token: bool = Field(
-        False,
-        description="Language models: split each top document's score over the target's tokens and over the "
-        "document's tokens (which completion tokens it explains, which of its tokens carry it); needs top_k. "
-        "Stored beside the top-k; trak score --out answers.jsonl and trak report show them.",
+        False, description="Language models: split each top document's score over the target's tokens and over the "
+        "document's tokens (which completion tokens it explains, which of its tokens carry it); needs top_k. Stored "
+        "beside the top-k; trak score --out answers.jsonl and trak report show them.",
     )
     rescore_multiplier: PositiveInt | None = Field(
-        None,
-        description="Two-stage top-k (store.dtype int8 or binary; or curvature kfac / ekfac with exact scores, "
-        "whose candidates come from the stored features and are re-scored by exact influence), "
-        "K' = rescore_multiplier · top_k: per target, "
-        "the K' train rows with the highest (and lowest) scores from the compressed codes are re-scored exactly "
-        "from the bfloat16 copy (FAISS's k_factor, sentence-transformers' rescore_multiplier). Larger: higher "
-        "recall, slower. Unset: the default of the store's dtype: int8 2 (recall@100 1.0 measured at 10^6 "
-        "rows), binary 16 (recall@100 only 0.35 / 0.10 there: prefer int8). Every run reports its measured recall.",
+        None, description="Two-stage top-k (store.dtype int8 or binary; or curvature kfac / ekfac with exact scores, "
+        "whose candidates come from the stored features and are re-scored by exact influence), K' = "
+        "rescore_multiplier · top_k: per target, the K' train rows with the highest (and lowest) scores from the "
+        "compressed codes are re-scored exactly from the bfloat16 copy (FAISS's k_factor, sentence-transformers' "
+        "rescore_multiplier). Larger: higher recall, slower. Unset: the default of the store's dtype: int8 2 "
+        "(recall@100 1.0 measured at 10^6 rows), binary 16 (recall@100 only 0.35 / 0.10 there: prefer int8). Every "
+        "run reports its measured recall.",
     )
     rerank: Literal["auto", "scan"] = Field(
         "auto",
@@ -107,9 +99,8 @@ class ScoreConfig(StrictModel):
         "plain streamed pass over the float copy, which is faster there (one info line says so).",
     )
     recall_queries: PositiveInt = Field(
-        16,
-        description="Two-stage top-k: targets (evenly spaced) whose exact top-k is also computed from the bfloat16 "
-        "copy, to measure and report the recall of the two-stage top-k against it (recorded in the store).",
+        16, description="Two-stage top-k: targets (evenly spaced) whose exact top-k is also computed from the "
+        "bfloat16 copy, to measure and report the recall of the two-stage top-k against it (recorded in the store).",
     )
     show_top: PositiveInt = Field(5, description="Proponents and opponents the summary table shows per target.")
     show_targets: int = Field(3, ge=0, description="How many targets the summary table shows.")
@@ -235,9 +226,8 @@ class QLDConfig(StrictModel):
     )
     seeds: PositiveInt = Field(1, description="Training seeds per model (the three models of a query share each).")
     per_token: bool = Field(
-        False,
-        description="Leave out training tokens instead of rows: the round(fraction * n_tokens) train tokens with "
-        "the highest per-token scores for the query are masked out of the loss while retraining, against as many "
+        False, description="Leave out training tokens instead of rows: the round(fraction * n_tokens) train tokens "
+        "with the highest per-token scores for the query are masked out of the loss while retraining, against as many "
         "random tokens (language models; needs the featurized and scored store).",
     )
 
@@ -255,8 +245,7 @@ class RecallConfig(StrictModel):
         "data.train (a JSON list of integers; in a .csv cell its JSON text, e.g. \"[3, 17]\").",
     )
     k: list[PositiveInt] | None = Field(
-        None,
-        description="The k of recall@k, each at most score.top_k. Unset: 1, 5, 10, 20, 50, 100 up to K, and K.",
+        None, description="The k of recall@k, each at most score.top_k. Unset: 1, 5, 10, 20, 50, 100 up to K, and K.",
     )
 
     @field_validator("k", mode="before")
@@ -346,16 +335,14 @@ class Config(StrictModel):
         description="Optimizer second-moment correction of the gradients (TrackStar): kind null, adafactor or adam.",
     )
     curvature: CurvatureConfig = Field(
-        default_factory=CurvatureConfig,
-        description="The preconditioner: kind gram (TRAK's kernel, the default), kfac or ekfac (Kronecker-factored "
-        "Fisher per layer, fit per checkpoint).",
+        default_factory=CurvatureConfig, description="The preconditioner: kind gram (TRAK's kernel, the default), "
+        "kfac or ekfac (Kronecker-factored Fisher per layer, fit per checkpoint).",
     )
     store: StoreConfig
     score: ScoreConfig = Field(default_factory=ScoreConfig)
     select: SelectConfig = Field(
-        default_factory=SelectConfig,
-        description="`trak select`: the share of data.train to keep for the data.target task, how scores are "
-        "aggregated, where the selected rows go.",
+        default_factory=SelectConfig, description="`trak select`: the share of data.train to keep for the data.target "
+        "task, how scores are aggregated, where the selected rows go.",
     )
     optimize: OptimizeConfig | None = Field(
         None, description="The training recipe of `trak optimize` (and of the retrained models of `trak eval`)."
