@@ -16,17 +16,8 @@ import torch
 from torch import nn
 
 from trakcli.curvature.kfac import (
-    FISHERS,
-    KINDS,
-    CurvatureFactors,
-    LayerFactors,
-    PassState,
-    ResumeMismatch,
-    correct_eigenvalues,
-    curvature_layers,
-    eigenbases,
-    fit_covariances,
-    fisher_loss,
+    FISHERS, KINDS, CurvatureFactors, LayerFactors, PassState, ResumeMismatch, correct_eigenvalues, curvature_layers,
+    eigenbases, fit_covariances, fisher_loss,
 )
 from trakcli.curvature.refine import GaussNewton, refine
 from trakcli.errors import ConfigError, StoreError

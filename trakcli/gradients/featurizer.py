@@ -69,11 +69,9 @@ class KroneckerFeaturizer:
         ProjectorError: bad ``proj_dim``, ``seed``, ``dtype``, ``distribution`` or ``split``.
     """
 
-    def __init__(
-        self, model: nn.Module, *, proj_dim: int, seed: int = 0, dtype: torch.dtype | str = torch.float32,
-        distribution: str = "rademacher", split: str = "equal", grad_wrt: list[str] | None = None,
-        task: Any = "classification", memory_mb: float | None = None,
-    ):
+    def __init__(self, model: nn.Module, *, proj_dim: int, seed: int = 0, dtype: torch.dtype | str = torch.float32,
+                 distribution: str = "rademacher", split: str = "equal", grad_wrt: list[str] | None = None,
+                 task: Any = "classification", memory_mb: float | None = None):
         task = resolve_task(task)
         number = isinstance(memory_mb, (int, float)) and not isinstance(memory_mb, bool)
         if memory_mb is not None and not (number and memory_mb > 0):
@@ -96,9 +94,8 @@ class KroneckerFeaturizer:
         self.second_moment: Any = None
         self.curvature: Any = None
 
-    def __call__(
-        self, inputs, labels: torch.Tensor | None, model_id: int = 0, row_offset: int = 0
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, inputs, labels: torch.Tensor | None, model_id: int = 0, row_offset: int = 0
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """Features and out-to-loss terms of a batch.
 
         Args:

@@ -123,15 +123,13 @@ class LayerGradients(PerExampleGradients):
             f, q = self._outputs(inputs, labels, n, row_offset)
             if hooks.problem is None and f.requires_grad:
                 batch = hooks.backward(f)
-        if hooks.problem is not None:
-            problem = hooks.problem
+        if (problem := hooks.problem) is not None:
             raise NotPerExample(problem.text + ("; the hooks need the batch first" if problem.code == "batch" else ""))
         grads = {k: exact.grads[k].to(params[k].dtype) if k in exact.grads
                  else torch.zeros(n, *s, dtype=params[k].dtype, device=device) for k, s in self.param_shapes.items()}
         if guard:
-            sums = {k: g.sum(0) for k, g in grads.items()}
             if f.requires_grad:
-                self._compare(sums, dict(zip(self.param_names, batch)), grads,
+                self._compare({k: g.sum(0) for k, g in grads.items()}, dict(zip(self.param_names, batch)), grads,
                               "the per-example gradients of {name} do not add up to its batch gradient "
                               "(relative difference {rel:.2g}): the model uses it outside its module's call, "
                               "e.g. F.linear(x, self.fc.weight)")

@@ -238,12 +238,9 @@ class SecondMoment:
             ``(P_out D_out ⊗ P_in D_in) vec(G) = (P_out ⊗ P_in) vec(D_out G D_in)``.
         """
         p = factors[0][0]
-
-        def make():
-            return [(po * d_out.to(po)[:, None], pi * d_in.to(pi)[:, None])
-                    for (po, pi), (d_out, d_in) in zip(factors, self.layer_scales(model_id))]
-
-        return self._cached(f"factors:{p.dtype}", model_id, p.device, make)
+        return self._cached(f"factors:{p.dtype}", model_id, p.device, lambda: [
+            (po * d_out.to(po)[:, None], pi * d_in.to(pi)[:, None])
+            for (po, pi), (d_out, d_in) in zip(factors, self.layer_scales(model_id))])
 
     def param_scales(self, model_id: int, device: torch.device | str = "cpu",
                      dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:

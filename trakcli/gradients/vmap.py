@@ -197,13 +197,11 @@ class PerExampleGradients:
     reason: str | None = None
 
     def __init__(self, model: nn.Module, grad_wrt: list[str] | None = None, task: Any = "classification"):
-        self.task = resolve_task(task)
-        self.model = model.eval()
+        self.task, self.model = resolve_task(task), model.eval()
         self.param_names, self.param_shapes, self.grad_dim = selected_shapes(model, grad_wrt)
 
-    def __call__(
-        self, inputs, labels: torch.Tensor | None, row_offset: int = 0
-    ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    def __call__(self, inputs, labels: torch.Tensor | None, row_offset: int = 0
+                 ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """Per-example gradients of the model output function and the out-to-loss terms of a batch.
 
         Args:
@@ -224,8 +222,7 @@ class PerExampleGradients:
                 (names the file and line, and :data:`VMAP_HINT`).
         """
         params, const = split_parameters(self.model, self.param_names)
-        model = self.model
-        task = self.task
+        model, task = self.model, self.task
 
         def f(p: dict[str, torch.Tensor], x, y):
             one = {k: v.unsqueeze(0) for k, v in x.items()} if isinstance(x, dict) else x.unsqueeze(0)

@@ -30,12 +30,7 @@ from trakcli.projectors.dense import BasicProjector, BasicSingleBlockProjector, 
 from trakcli.projectors.factory import KINDS, make_projector
 from trakcli.projectors.matrices import GEN_ROWS, DenseMatrix, SJLTMatrix
 from trakcli.projectors.registry import (
-    IMPLEMENTATIONS,
-    OPTIONS,
-    ProjectorKind,
-    projector_kind,
-    register_projector_kind,
-    unregister_projector_kind,
+    IMPLEMENTATIONS, OPTIONS, ProjectorKind, projector_kind, register_projector_kind, unregister_projector_kind,
 )
 
 __all__ = [

@@ -16,16 +16,8 @@ import torch
 from trakcli.errors import ProjectorError
 from trakcli.projectors.base import Projector, accumulation_dtype, check_int, dtype_name
 from trakcli.projectors.registry import (
-    ARGUMENTS,
-    COMMON_OPTIONS,
-    DEFAULT_KIND,
-    IMPLEMENTATIONS,
-    OPTIONS,
-    KindNames,
-    ProjectorKind,
-    did_you_mean,
-    option_owner,
-    projector_kind,
+    ARGUMENTS, COMMON_OPTIONS, DEFAULT_KIND, IMPLEMENTATIONS, OPTIONS, KindNames, ProjectorKind, did_you_mean,
+    option_owner, projector_kind,
 )
 
 logger = logging.getLogger("trakcli.projectors")
@@ -45,21 +37,8 @@ def _total_ram() -> int:
         return 4 * AUTO_CACHE_LIMIT
 
 
-def auto_cache_bytes(matrix_bytes: int) -> int:
-    """The ``cache_bytes: auto`` rule: the whole matrix if it fits min(4 GiB, RAM/4), else 0."""
-    budget = min(AUTO_CACHE_LIMIT, _total_ram() // 4)
-    return budget if matrix_bytes <= budget else 0
-
-
-def make_projector(
-    kind: str = DEFAULT_KIND,
-    implementation: str = "auto",
-    *,
-    grad_dim: int,
-    proj_dim: int | None = None,
-    seed: int = 0,
-    **options: Any,
-) -> Projector:
+def make_projector(kind: str = DEFAULT_KIND, implementation: str = "auto", *, grad_dim: int,
+                   proj_dim: int | None = None, seed: int = 0, **options: Any) -> Projector:
     """Build a projector from the ``projector:`` config mapping.
 
     Args:
@@ -134,9 +113,9 @@ def make_projector(
             raise ProjectorError(f"projector implementation 'cuda' cannot run here: {reason}. Use implementation: "
                                  "basic or chunked (same matrix, so features stay comparable) or auto")
 
-    if cache_bytes == "auto":
-        matrix_bytes = spec.matrix_bytes()
-        cache_bytes = auto_cache_bytes(matrix_bytes)
+    if cache_bytes == "auto":  # the whole matrix if it fits min(4 GiB, RAM/4), else nothing
+        matrix_bytes, budget = spec.matrix_bytes(), min(AUTO_CACHE_LIMIT, _total_ram() // 4)
+        cache_bytes = budget if matrix_bytes <= budget else 0
         if implementation in ("basic", "chunked"):
             if cache_bytes:
                 logger.info("projector caches its matrix (%.2f GiB)", matrix_bytes / 2**30)

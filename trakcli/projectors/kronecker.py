@@ -50,10 +50,9 @@ KRONECKER_TAG = 0x4B524F4E
 OUT, IN = 0, 1
 
 
-def kronecker_factor(
-    rows: int, cols: int, *, seed: int, model_id: int, layer: int, side: int,
-    distribution: str = "rademacher", dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
-) -> torch.Tensor:
+def kronecker_factor(rows: int, cols: int, *, seed: int, model_id: int, layer: int, side: int,
+                     distribution: str = "rademacher", dtype: torch.dtype = torch.float32,
+                     device: torch.device | str = "cpu") -> torch.Tensor:
     """One factor matrix ``[rows = k, cols = d]``, a pure function of ``(seed, model_id, layer, side)`` and its shape.
 
     Args:
@@ -107,10 +106,8 @@ class KroneckerProjector(Projector):
 
     implementation = "kronecker"
 
-    def __init__(
-        self, layers: Sequence[KroneckerLayer], proj_dim: int, seed: int = 0,
-        dtype: torch.dtype | str = torch.float32, distribution: str = "rademacher", split: str = "equal",
-    ):
+    def __init__(self, layers: Sequence[KroneckerLayer], proj_dim: int, seed: int = 0,
+                 dtype: torch.dtype | str = torch.float32, distribution: str = "rademacher", split: str = "equal"):
         layers = list(layers)
         if not layers or not all(isinstance(layer, KroneckerLayer) for layer in layers):
             raise ProjectorError("a kronecker projector needs a non-empty list of KroneckerLayer")
@@ -167,9 +164,8 @@ class KroneckerProjector(Projector):
         self._factors = (key, out)
         return out
 
-    def factors(
-        self, layer: int | str, model_id: int = 0, device: torch.device | str = "cpu"
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def factors(self, layer: int | str, model_id: int = 0, device: torch.device | str = "cpu"
+                ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(P_out [k_out, d_out], P_in [k_in, d_in])`` of one layer (those of :meth:`project`)."""
         p_out_t, p_in_t = self.transposed_factors(model_id, device)[self.layer_index(layer)]
         return p_out_t.T, p_in_t.T
@@ -280,10 +276,9 @@ class KroneckerProjector(Projector):
         return torch.cat([params[n].reshape(z.shape[0], -1) for n in self.param_names], dim=1)
 
 
-def factor_pair(
-    d_out: int, d_in: int, k_out: int, k_in: int, *, seed: int, model_id: int, layer: int,
-    distribution: str = "rademacher", dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
-) -> tuple[torch.Tensor, torch.Tensor]:
+def factor_pair(d_out: int, d_in: int, k_out: int, k_in: int, *, seed: int, model_id: int, layer: int,
+                distribution: str = "rademacher", dtype: torch.dtype = torch.float32,
+                device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """``(P_out [k_out, d_out], P_in [k_in, d_in])`` for a two-sided projection ``P_out G P_inᵀ``.
 
     The same matrices as a :class:`KroneckerProjector` whose layer ``layer`` has these dims and grid; for a projected

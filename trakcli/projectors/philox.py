@@ -27,9 +27,8 @@ TWO_M24 = 2.0**-24
 TWO_PI = 6.283185307179586
 
 
-def philox4x32(
-    c0: torch.Tensor, c1: torch.Tensor, c2: torch.Tensor, c3: torch.Tensor, k0: int, k1: int
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def philox4x32(c0: torch.Tensor, c1: torch.Tensor, c2: torch.Tensor, c3: torch.Tensor, k0: int, k1: int
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Philox4x32 with 10 rounds on int64 tensors holding uint32 values.
 
     Args:
