@@ -32,49 +32,29 @@ The only part of trakcli that imports zarr. Layout (docs/guides/store.md)::
         done    [n_subsets]           uint8, set after row k of masks and outputs
     <store>.zarr.lock              JSON {host, pid, started}: the run using the store
 
-Rules (docs/guides/store.md): a group is created with its attributes in one (atomic) ``zarr.json`` write;
-a chunk's data is written before its ``done`` flag (a resumed run recomputes only chunks not done); a run
-whose identity differs from the store's refuses, naming the differing keys; every chunk carries a CRC32C
-checksum and every done chunk keeps its file, so damage is reported with the command that repairs it
-(:mod:`~trakcli.store.integrity`); torchrun ranks write disjoint chunks, rank 0 the attributes. The
-``eval/`` group does not depend on the projector or the checkpoints: ``trak eval`` may create the store
-before featurize (which adopts it), and ``featurize --overwrite`` keeps it. Modules that use zarr import
-it when a store is opened or an array created.
+Rules (docs/guides/store.md): a group is created with its attributes in one (atomic) ``zarr.json`` write; a chunk's data
+is written before its ``done`` flag (a resumed run recomputes only chunks not done); a run whose identity differs from
+the store's refuses, naming the differing keys; every chunk carries a CRC32C checksum and every done chunk keeps its
+file, so damage is reported with the command that repairs it (:mod:`~trakcli.store.integrity`); torchrun ranks write
+disjoint chunks, rank 0 the attributes. The ``eval/`` group does not depend on the projector or the checkpoints:
+``trak eval`` may create the store before featurize (which adopts it), and ``featurize --overwrite`` keeps it. Modules
+that use zarr import it when a store is opened or an array created.
 """
 
 from __future__ import annotations
 
 from trakcli.store.append import StoreStaleError
-from trakcli.store.identity import (
-    check_same,
-    diff_keys,
-    differing_keys,
-    flatten,
-    jsonable,
+from trakcli.store.integrity import StoreCorruptError, StoreMetadataError
+from trakcli.store.layout import (
+    COMPRESSORS, STORAGE_DTYPES, StoreLayout, check_same, diff_keys, differing_keys, flatten, jsonable,
     settings_mismatch,
 )
-from trakcli.store.integrity import StoreCorruptError, StoreMetadataError
-from trakcli.store.layout import COMPRESSORS, STORAGE_DTYPES, StoreLayout
-from trakcli.store.lock import StoreLock
+from trakcli.store.location import StoreLock
 from trakcli.store.rows import ChunkedRows, EvalRows
 from trakcli.store.store import SCHEMA_VERSION, Store
 
 __all__ = [
-    "COMPRESSORS",
-    "SCHEMA_VERSION",
-    "STORAGE_DTYPES",
-    "ChunkedRows",
-    "EvalRows",
-    "Store",
-    "StoreCorruptError",
-    "StoreMetadataError",
-    "StoreStaleError",
-    "StoreLayout",
-    "StoreLock",
-    "check_same",
-    "diff_keys",
-    "differing_keys",
-    "flatten",
-    "jsonable",
-    "settings_mismatch",
+    "COMPRESSORS", "SCHEMA_VERSION", "STORAGE_DTYPES", "ChunkedRows", "EvalRows", "Store", "StoreCorruptError",
+    "StoreMetadataError", "StoreStaleError", "StoreLayout", "StoreLock", "check_same", "diff_keys", "differing_keys",
+    "flatten", "jsonable", "settings_mismatch",
 ]

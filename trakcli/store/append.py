@@ -26,10 +26,9 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from trakcli.errors import Fix, Note, StoreError, StoreMismatchError
-from trakcli.store.identity import differing_keys, jsonable
 from trakcli.store.integrity import delete, keys, node, writable
 from trakcli.store.kernel import save_gram_prefix
-from trakcli.store.layout import LAYOUT_ATTR
+from trakcli.store.layout import LAYOUT_ATTR, differing_keys, jsonable
 from trakcli.store.quantize import CODE_ARRAYS
 from trakcli.store.rows import drop_all_done, read_entry
 
@@ -92,12 +91,11 @@ def grow_if_appended(
     n_new = layout.n_train
     where = f"store {store.path}"
     if "curvature" in old:
-        raise StoreMismatchError(
-            f"data.train has {n_new} rows, {where} holds {n_old}: rows were appended, but the store's features are "
-            f"whitened by a {old['curvature'].get('kind')} curvature fitted over all its train rows, which new rows "
-            "change, and with it every stored feature; rerun with --overwrite to refit the curvature and featurize "
-            "every row (curvature.kind: gram stores grow by featurizing the new rows only)"
-        )
+        raise StoreMismatchError(f"data.train has {n_new} rows, {where} holds {n_old}: rows were appended, but the "
+                                 f"store's features are whitened by a {old['curvature'].get('kind')} curvature fitted "
+                                 "over all its train rows, which new rows change, and with it every stored feature; "
+                                 "rerun with --overwrite to refit the curvature and featurize every row "
+                                 "(curvature.kind: gram stores grow by featurizing the new rows only)")
     have = jsonable(prefix(n_old))
     if have != old["train_data"]:
         raise StoreMismatchError(
@@ -172,11 +170,9 @@ def _mark_stale(store: "Store", scored_over: dict[str, Any]) -> None:
 
 
 def kept_rows(store: "Store", model_id: int) -> dict[int, int]:
-    """``{chunk: rows}``: the leading rows of a pending chunk of ``train/<model_id>`` kept by an append.
-
-    Featurize computes only the chunk's other rows, if the kept ones read back intact
-    (:func:`trakcli.jobs.featurize.featurize_rows`); ``{}`` if there is none.
-    """
+    """``{chunk: rows}``: the leading rows of a pending chunk of ``train/<model_id>`` kept by an append (``{}`` if
+    none); featurize computes only the chunk's other rows if these read back intact
+    (:func:`trakcli.jobs.featurize.featurize_rows`)."""
     group = node(store.root, f"train/{model_id}")
     kept = group.attrs.get(KEPT_ATTR) if group is not None else None
     if not (isinstance(kept, dict) and isinstance(kept.get("chunk"), int) and isinstance(kept.get("kept_rows"), int)):

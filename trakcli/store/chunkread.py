@@ -92,8 +92,7 @@ class ChunkFiles:
                 decoded (names the array, the chunk and the command that repairs it).
         """
         if out.shape[0] != hi - lo or not out.flags.c_contiguous or out.dtype != self.dtype:
-            raise ValueError(f"out must be C-contiguous {self.dtype} with {hi - lo} rows, got {out.dtype} "
-                             f"{out.shape}")
+            raise ValueError(f"out must be C-contiguous {self.dtype} with {hi - lo} rows, got {out.dtype} {out.shape}")
         flat = out.reshape(-1).view(np.uint8)
         per_row = self.row_items * self.dtype.itemsize
         for c in range(lo // self.chunk_rows, -(-hi // self.chunk_rows)):

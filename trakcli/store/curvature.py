@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from trakcli.errors import StoreError
-from trakcli.store.identity import jsonable
 from trakcli.store.integrity import StoreCorruptError, attrs_of, delete, node
 from trakcli.store.kernel import train_group, write_array
+from trakcli.store.layout import jsonable
 from trakcli.store.rows import read_checked
 
 if TYPE_CHECKING:
@@ -85,10 +85,8 @@ def write_curvature(store: "Store", model_id: int, settings: dict[str, Any], sta
     Raises:
         StoreError: the write failed (rerun to resume), or the checkpoint's group is missing.
     """
-    train_group(store, model_id)
-    path = _path(model_id)
     try:
-        group = _settings_group(store, path, node(store.root, path), settings)
+        group = _settings_group(store, model_id, settings)
         prefix = "cov/" if stage == "covariances" else ""
         for name, a in arrays.items():
             write_array(group, f"{prefix}{name}", _float(a))
@@ -98,8 +96,12 @@ def write_curvature(store: "Store", model_id: int, settings: dict[str, Any], sta
         raise StoreError(f"writing the curvature of model_id {model_id} failed: {e}; rerun to resume") from None
 
 
-def _settings_group(store: "Store", path: str, group: Any, settings: dict[str, Any]) -> Any:
-    """The curvature group at ``path``, made with ``settings`` (one made with others is deleted first)."""
+def _settings_group(store: "Store", model_id: int, settings: dict[str, Any]) -> Any:
+    """The curvature group of checkpoint ``model_id``, made with ``settings`` (one made with others is deleted first);
+    StoreError if the checkpoint's train group is missing."""
+    train_group(store, model_id)
+    path = _path(model_id)
+    group = node(store.root, path)
     if group is not None and dict(group.attrs).get("settings") != jsonable(settings):
         delete(store.root, path, metadata_only=False)  # made with other settings: start over
         group = None
@@ -132,10 +134,8 @@ def write_partial(store: "Store", model_id: int, settings: dict[str, Any], pass_
     Raises:
         StoreError: the write failed (rerun to resume from the previous save), or the checkpoint's group is missing.
     """
-    train_group(store, model_id)
-    path = _path(model_id)
     try:
-        group = _settings_group(store, path, node(store.root, path), settings)
+        group = _settings_group(store, model_id, settings)
         part = node(group, "partial")
         attrs = dict(part.attrs) if part is not None else {}
         if part is None:

@@ -1,9 +1,8 @@
 """The store's ``eval/`` group: the retrained models of `trak eval` (masks and outputs per model).
 
-It does not depend on the projector or the checkpoints: ``trak eval`` may
-create the store before ``trak featurize`` (a root without an identity, which
-featurize then adopts), and ``featurize --overwrite`` keeps the group across
-the re-creation of the store (:func:`eval_kept`, :func:`restore_eval`).
+It does not depend on the projector or the checkpoints: ``trak eval`` may create the store before ``trak featurize`` (a
+root without an identity, which featurize then adopts), and ``featurize --overwrite`` keeps the group across the
+re-creation of the store (:func:`eval_kept`, :func:`restore_eval`).
 """
 
 from __future__ import annotations
@@ -12,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from trakcli import __version__
 from trakcli.errors import StoreError, StoreMismatchError
-from trakcli.store.identity import check_same, jsonable
 from trakcli.store.integrity import StoreCorruptError, delete, node, writable
+from trakcli.store.layout import check_same, jsonable
 from trakcli.store.location import Location, entries, holds_objects, is_remote, replace, rmtree
 from trakcli.store.rows import EvalRows, codecs, flag_array
 
@@ -70,14 +69,11 @@ def delete_keeping_eval(path: Location) -> None:
     store, or cannot be deleted.
     """
     if path.exists() and not path.is_dir():
-        raise StoreError(
-            f"refusing to --overwrite {path}: it is a file, not a Zarr store; choose another store.path or "
-            "move the file away"
-        )
+        raise StoreError(f"refusing to --overwrite {path}: it is a file, not a Zarr store; choose another store.path "
+                         "or move the file away")
     if path.is_dir() and not ((path / "zarr.json").exists() or not holds_objects(path) or headless_store(path)):
-        raise StoreError(
-            f"refusing to --overwrite {path}: it is a directory but not a Zarr store; choose another store path"
-        )
+        raise StoreError(f"refusing to --overwrite {path}: it is a directory but not a Zarr store; choose another "
+                         "store path")
     try:
         if (path / "eval" / "zarr.json").exists():
             kept = eval_kept(path)
@@ -130,10 +126,8 @@ def open_eval_rows(
             delete(store.root, "eval", metadata_only=False)  # also when its metadata is unreadable
         group = node(store.root, "eval")
         if group is not None:
-            check_same(
-                f"the retrained models in {store.path}/eval", group.attrs.get("identity"), identity,
-                "rerun `trak eval lds CONFIG --overwrite` to retrain them, or restore those settings",
-            )
+            check_same(f"the retrained models in {store.path}/eval", group.attrs.get("identity"), identity,
+                       "rerun `trak eval lds CONFIG --overwrite` to retrain them, or restore those settings")
         else:
             if not create:
                 raise StoreError(f"store {store.path} holds no retrained models yet; run `trak eval lds CONFIG`")
@@ -149,16 +143,13 @@ def open_eval_rows(
         for name in ("masks", "outputs", "done"):
             arrays[name] = node(group, name)
             if arrays[name] is None:
-                raise StoreCorruptError(
-                    f"store array eval/{name} is missing; rerun `trak eval lds CONFIG --overwrite` to retrain",
-                    f"eval/{name}",
-                )
+                raise StoreCorruptError(f"store array eval/{name} is missing; rerun `trak eval lds CONFIG --overwrite` "
+                                        "to retrain", f"eval/{name}")
         for name, width in (("masks", n_train), ("outputs", n_target)):
             if arrays[name].shape[1:] != (width,):
-                raise StoreMismatchError(
-                    f"store array {arrays[name].path} has shape {list(arrays[name].shape)}, this run needs rows "
-                    f"of {width}; rerun `trak eval lds CONFIG --overwrite` to retrain"
-                )
+                raise StoreMismatchError(f"store array {arrays[name].path} has shape {list(arrays[name].shape)}, this "
+                                         f"run needs rows of {width}; rerun `trak eval lds CONFIG --overwrite` to "
+                                         "retrain")
         if create and arrays["done"].shape[0] < n_subsets:  # extend: done first grows last
             for name in ("masks", "outputs", "done"):
                 arr = arrays[name]

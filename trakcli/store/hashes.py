@@ -127,9 +127,8 @@ class HashCache:
             return
         files = {k: v for k, v in sorted(self.entries.items()) if os.path.exists(k)}
         try:
-            write_text(self.path, json.dumps(
-                {"format": FORMAT, "format_version": FORMAT_VERSION, "files": files}, indent=1
-            ) + "\n")
+            write_text(self.path, json.dumps({"format": FORMAT, "format_version": FORMAT_VERSION, "files": files},
+                                             indent=1) + "\n")
         except OSError:
             return
         self._dirty = False

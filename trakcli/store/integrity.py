@@ -144,9 +144,8 @@ def _get(group: Any, path: str) -> Any:
 def metadata_error(path: str, e: BaseException) -> StoreMetadataError:
     """The error of an unreadable ``<path>/zarr.json``, naming the repair command."""
     where = f"{path}/zarr.json" if path else "zarr.json (the store's root)"
-    return StoreMetadataError(
-        f"store metadata {where} is unreadable ({e.__class__.__name__}: {e}); {repair_command(path)}", path
-    )
+    return StoreMetadataError(f"store metadata {where} is unreadable ({e.__class__.__name__}: {e}); "
+                              f"{repair_command(path)}", path)
 
 
 def delete(group: Any, path: str, *, metadata_only: bool) -> None:

@@ -1,12 +1,10 @@
 """The per-checkpoint kernel ``train/<model_id>/kernel``: what `trak score` needs of the train side.
 
-Its attribute ``form`` says which (:mod:`trakcli.scoring`): ``cholesky_lower``,
-the ``[proj_dim, proj_dim]`` float64 lower Cholesky factor of ``ΦᵀΦ + λI``; or
-``dual_solved_features``, the ``[n_train, proj_dim]`` float32 ``(ΦΦᵀ + λI)⁻¹Φ``
-(when ``n_train < proj_dim``). It is derived data: written by ``trak
-featurize`` or ``trak score`` (its attributes ``lambda_reg`` and ``settings``
-last, as the done marker), verified on every read, and rebuilt by ``trak
-score`` when corrupt, missing or unreadable.
+Its attribute ``form`` says which (:mod:`trakcli.scoring`): ``cholesky_lower``, the ``[proj_dim, proj_dim]`` float64
+lower Cholesky factor of ``ΦᵀΦ + λI``; or ``dual_solved_features``, the ``[n_train, proj_dim]`` float32
+``(ΦΦᵀ + λI)⁻¹Φ`` (when ``n_train < proj_dim``). It is derived data: written by ``trak featurize`` or ``trak score``
+(its attributes ``lambda_reg`` and ``settings`` last, as the done marker), verified on every read, and rebuilt by
+``trak score`` when corrupt, missing or unreadable.
 """
 
 from __future__ import annotations
@@ -16,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from trakcli.errors import StoreError
-from trakcli.store.identity import jsonable
 from trakcli.store.integrity import StoreCorruptError, attrs_of, delete, node, writable
+from trakcli.store.layout import jsonable
 from trakcli.store.rows import codecs, read_checked
 
 if TYPE_CHECKING:
@@ -57,8 +55,8 @@ def read_kernel(
     """The stored kernel of checkpoint ``model_id`` (float64 factor or float32 solved features, as written) and λ
     if made with the ridge ``settings``; None if there is none, or it was made with other settings.
 
-    A corrupt or missing kernel chunk, or unreadable kernel metadata, raises StoreCorruptError (naming ``trak
-    score CONFIG``), or with ``rebuild`` deletes the kernel (noted in ``store.notes``) and returns None.
+    A corrupt or missing kernel chunk, or unreadable kernel metadata, raises StoreCorruptError (naming
+    ``trak score CONFIG``), or with ``rebuild`` deletes the kernel (noted in ``store.notes``) and returns None.
     """
     path = f"train/{model_id}/kernel"
     try:
@@ -90,10 +88,9 @@ def write_kernel(
     """Write the kernel, then its attributes (the done marker).
 
     Args:
-        factor: 2-D, float64 or float32: ``[proj_dim, proj_dim]`` float64 (form ``cholesky_lower``,
-            the factor of ``ΦᵀΦ + λI``) or ``[n_train, proj_dim]`` float32 (form
-            ``dual_solved_features``, ``(ΦΦᵀ + λI)⁻¹Φ``: :mod:`trakcli.scoring`). Chunked by whole
-            rows of about :data:`KERNEL_CHUNK_BYTES`.
+        factor: 2-D, float64 or float32: ``[proj_dim, proj_dim]`` float64 (form ``cholesky_lower``, the factor of
+            ``ΦᵀΦ + λI``) or ``[n_train, proj_dim]`` float32 (form ``dual_solved_features``, ``(ΦΦᵀ + λI)⁻¹Φ``:
+            :mod:`trakcli.scoring`). Chunked by whole rows of about :data:`KERNEL_CHUNK_BYTES`.
         form: recorded in the attributes (``form``).
 
     Raises:
@@ -110,11 +107,8 @@ def write_kernel(
 
 
 def kernel_done(store: "Store", model_id: int, settings: dict[str, Any]) -> bool:
-    """Whether ``train/<model_id>/kernel`` was finished with ``settings`` (its attributes only; no chunk is read).
-
-    The cheap check of `trak featurize` on a finished store; `trak score` reads
-    and verifies the kernel itself (:func:`read_kernel`).
-    """
+    """Whether ``train/<model_id>/kernel`` was finished with ``settings`` (its attributes only; no chunk is read):
+    the cheap check of `trak featurize` on a finished store (`trak score` verifies it: :func:`read_kernel`)."""
     return kernel_attrs_done(attrs_of(store.root, f"train/{model_id}/kernel") or {}, settings)
 
 

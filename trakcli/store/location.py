@@ -1,11 +1,11 @@
 """Where a store lives: a local directory, or a URL of an object store (``s3://bucket/prefix``).
 
-``store.path`` is a local path (a :class:`pathlib.Path`) or a URL that fsspec opens (a :class:`upath.UPath`, with
-the same methods over the object store): ``s3://`` (the ``s3`` extra installs :data:`S3_MODULES`), ``gs://``,
-``az://``, ``memory://``... What a path cannot do on an object store is here (:func:`zarr_store`, :func:`replace`,
-:func:`rmtree`, :func:`create_exclusive`, :func:`check_reachable`, :func:`disk_usage`). ``s3://`` takes its
-credentials and endpoint as the AWS tools do (``AWS_*`` variables, profiles, roles), ``store.storage_options``
-over them (docs/guides/store.md).
+``store.path`` is a local path (a :class:`pathlib.Path`) or a URL that fsspec opens (a :class:`upath.UPath`, with the
+same methods over the object store): ``s3://`` (the ``s3`` extra installs :data:`S3_MODULES`), ``gs://``, ``az://``,
+``memory://``... What a path cannot do on an object store is here (:func:`zarr_store`, :func:`replace`, :func:`rmtree`,
+:func:`create_exclusive`, :func:`check_reachable`, :func:`disk_usage`), and the store's lock file ``<store>.lock``
+(:class:`StoreLock`: one run uses a store at a time). ``s3://`` takes its credentials and endpoint as the AWS tools do
+(``AWS_*`` variables, profiles, roles), ``store.storage_options`` over them (docs/guides/store.md).
 
 Imports neither zarr nor torch; fsspec and universal_pathlib only for a URL. A module a URL needs that is not
 installed is one :class:`~trakcli.errors.MissingModuleError` naming it and how to install it, never an ``ImportError``.
@@ -15,9 +15,13 @@ from __future__ import annotations
 
 import errno
 import importlib
+import json
 import os
 import re
 import shutil
+import socket
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
 
@@ -89,10 +93,8 @@ _BROKEN_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/?(?!/)")
 
 
 def broken_url(text: str) -> str | None:
-    """The scheme of ``text`` if it reads as a URL of a known file system missing a slash (``s3:/b/k``), else None.
-
-    Single letters (``C:``, a Windows drive) never count.
-    """
+    """The scheme of ``text`` if it reads as a URL of a known file system missing a slash (``s3:/b/k``), else None;
+    single letters (``C:``, a Windows drive) never count."""
     m = _BROKEN_URL.match(text)
     if m is None or is_url(text):
         return None
@@ -117,27 +119,20 @@ def s3_options(storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
     sends a HEAD before every GET (``benchmarks/bench_object_store.py``). botocore checks a response's CRC32
     only where S3 requires it: every chunk carries the store's own CRC32C.
     """
-    opts: dict[str, Any] = {"use_listings_cache": False, "max_concurrency": 1}
-    client: dict[str, Any] = {}
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    if endpoint:
-        client["endpoint_url"] = endpoint
-    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-    if region:
-        client["region_name"] = region
     given = dict(storage_options or {})
-    if "endpoint_url" in given:  # s3fs takes it at the top level too; keep one place
-        client["endpoint_url"] = given.pop("endpoint_url")
-    if "region_name" in given:
-        client["region_name"] = given.pop("region_name")
+    client: dict[str, Any] = {}
+    for key, names in (("endpoint_url", ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")),
+                       ("region_name", ("AWS_REGION", "AWS_DEFAULT_REGION"))):
+        env = os.environ.get(names[0]) or os.environ.get(names[1])
+        if key in given or env:  # s3fs takes the given ones at the top level too; keep one place
+            client[key] = given.pop(key) if key in given else env
     client.update(given.pop("client_kwargs", None) or {})
+    opts: dict[str, Any] = {"use_listings_cache": False, "max_concurrency": 1}
     if client:
         opts["client_kwargs"] = client
-    config = {"response_checksum_validation": "when_required"}
-    config.update(given.pop("config_kwargs", None) or {})
-    opts["config_kwargs"] = config
-    opts.update(given)
-    return opts
+    opts["config_kwargs"] = {"response_checksum_validation": "when_required",
+                             **(given.pop("config_kwargs", None) or {})}
+    return {**opts, **given}
 
 
 def store_location(path: str | Location, storage_options: dict[str, Any] | None = None) -> Location:
@@ -167,18 +162,15 @@ def store_location(path: str | Location, storage_options: dict[str, Any] | None 
     from fsspec.registry import known_implementations
 
     if found not in known_implementations and found not in fsspec.available_protocols():
-        raise StoreError(
-            f"store.path {text!r} has the scheme {found!r}, which no file system opens; give a local directory, "
-            f"s3://BUCKET/PREFIX/NAME.zarr ({S3_INSTALL}), or another fsspec URL (gs://, az://, memory://)"
-        )
+        raise StoreError(f"store.path {text!r} has the scheme {found!r}, which no file system opens; give a local "
+                         f"directory, s3://BUCKET/PREFIX/NAME.zarr ({S3_INSTALL}), or another fsspec URL (gs://, "
+                         "az://, memory://)")
     try:
         fsspec.get_filesystem_class(found)
     except ImportError as e:
         package = _PACKAGE.get(found) or _missing_module(e) or "its fsspec file system"
-        raise MissingModuleError(
-            f"store.path {text!r} needs {package}, which is not installed: pip install {package}",
-            module=_missing_module(e) or package,
-        ) from None
+        raise MissingModuleError(f"store.path {text!r} needs {package}, which is not installed: pip install {package}",
+                                 module=_missing_module(e) or package) from None
     given = text
     rest = text.split("://", 1)[1]
     text = f"{found}://{rest.rstrip('/')}"  # the scheme in lower case, as fsspec registers it; no trailing "/"
@@ -186,15 +178,11 @@ def store_location(path: str | Location, storage_options: dict[str, Any] | None 
     if found not in ("memory",) and (rest.startswith("/") or not parts[0]):
         raise StoreError(f"store.path {given!r} names no bucket; give {found}://BUCKET/PREFIX/NAME.zarr")
     if found not in ("memory",) and len(parts) < 2:
-        raise StoreError(
-            f"store.path {given!r} names a bucket, not a store in it; give the store's own prefix, e.g. "
-            f"{found}://{parts[0]}/attrib.zarr (its lock and caches go beside it)"
-        )
+        raise StoreError(f"store.path {given!r} names a bucket, not a store in it; give the store's own prefix, e.g. "
+                         f"{found}://{parts[0]}/attrib.zarr (its lock and caches go beside it)")
     if any(p in ("", ".", "..") for p in parts):
-        raise StoreError(
-            f"store.path {given!r} has an empty, '.' or '..' part; object stores take keys as written: give the "
-            f"store's own prefix without them, e.g. {found}://{parts[0]}/attrib.zarr"
-        )
+        raise StoreError(f"store.path {given!r} has an empty, '.' or '..' part; object stores take keys as written: "
+                         f"give the store's own prefix without them, e.g. {found}://{parts[0]}/attrib.zarr")
     options = s3_options(storage_options) if found in ("s3", "s3a") else dict(storage_options or {})
     from upath import UPath
 
@@ -203,6 +191,8 @@ def store_location(path: str | Location, storage_options: dict[str, Any] | None 
     return location
 
 
+#: How to give S3 credentials, in the messages of :func:`check_reachable`.
+_CREDENTIALS = "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or store.storage_options: {key: ..., secret: ...})"
 #: (endpoint, bucket, options, key id) this process found reachable (:func:`check_reachable` asks once).
 _REACHED: set[tuple[str, str, str, str | None]] = set()
 
@@ -278,11 +268,9 @@ def create_exclusive(path: Location, data: bytes) -> bool:
             fs.rm(key)
         except OSError:
             pass
-        raise StoreError(
-            f"the object store at {endpoint(path)} ignores conditional writes (a PUT with If-None-Match: * of an "
-            f"existing key {path} succeeded), so it cannot lock the store against a second run; use a service "
-            "that has them (AWS S3, MinIO, SeaweedFS, Cloudflare R2) or a local store.path"
-        )
+        raise StoreError(f"the object store at {endpoint(path)} ignores conditional writes (a PUT with If-None-Match: "
+                         f"* of an existing key {path} succeeded), so it cannot lock the store against a second run; "
+                         "use a service that has them (AWS S3, MinIO, SeaweedFS, Cloudflare R2) or a local store.path")
     return True
 
 
@@ -294,10 +282,8 @@ def _put_if_absent(fs: Any, key: str, data: bytes, path: Location) -> bool:
     except FileExistsError:
         return False
     except (NotImplementedError, TypeError, ValueError) as e:
-        raise StoreError(
-            f"the file system of {path} cannot create a file only if it is absent ({e}), so it cannot lock the "
-            "store; use s3:// or a local store.path"
-        ) from None
+        raise StoreError(f"the file system of {path} cannot create a file only if it is absent ({e}), so it "
+                         "cannot lock the store; use s3:// or a local store.path") from None
     except OSError as e:
         if e.errno in (errno.EEXIST,) or "pre-condition" in str(e).lower() or "precondition" in str(e).lower():
             return False
@@ -328,30 +314,22 @@ def check_reachable(path: Location) -> None:
         else:
             ok = path.fs.exists(bucket)
     except PermissionError as e:
-        raise StoreError(
-            f"the object store at {where} refused access to bucket {bucket!r} of store.path {path} ({e}); set "
-            "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or store.storage_options: {key: ..., secret: ...})"
-        ) from None
+        raise StoreError(f"the object store at {where} refused access to bucket {bucket!r} of store.path {path} ({e}); "
+                         f"set {_CREDENTIALS}") from None
     except Exception as e:  # noqa: BLE001 - botocore/aiohttp raise their own connection errors
         if e.__class__.__name__ == "ParamValidationError":
-            raise StoreError(
-                f"store.path {path}: {bucket!r} is not a valid bucket name ({' '.join(str(e).split())[:200]}); "
-                "bucket names are lower-case letters, digits, '.' and '-'"
-            ) from None
+            raise StoreError(f"store.path {path}: {bucket!r} is not a valid bucket name "
+                             f"({' '.join(str(e).split())[:200]}); bucket names are lower-case letters, "
+                             "digits, '.' and '-'") from None
         if "Credentials" in e.__class__.__name__:
-            raise StoreError(
-                f"the credentials for store.path {path} at {where} are incomplete ({e}); set both "
-                "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or store.storage_options: {key: ..., secret: ...})"
-            ) from None
-        raise StoreError(
-            f"cannot reach the object store of store.path {path} at {where} ({e.__class__.__name__}: {e}); set "
-            "AWS_ENDPOINT_URL (or store.storage_options: {endpoint_url: ...}) to a running S3 service"
-        ) from None
+            raise StoreError(f"the credentials for store.path {path} at {where} are incomplete ({e}); set both "
+                             f"{_CREDENTIALS}") from None
+        raise StoreError(f"cannot reach the object store of store.path {path} at {where} ({e.__class__.__name__}: "
+                         f"{e}); set AWS_ENDPOINT_URL (or store.storage_options: {{endpoint_url: ...}}) to a running "
+                         "S3 service") from None
     if not ok:
-        raise StoreError(
-            f"bucket {bucket!r} of store.path {path} does not exist at {where}; create it (e.g. "
-            f"`aws s3 mb s3://{bucket}`) or choose another store.path"
-        )
+        raise StoreError(f"bucket {bucket!r} of store.path {path} does not exist at {where}; create it (e.g. "
+                         f"`aws s3 mb s3://{bucket}`) or choose another store.path")
     _REACHED.add(asked)
 
 
@@ -399,3 +377,101 @@ def disk_usage(path: Location) -> int:
             except OSError:
                 pass
     return total
+
+
+@dataclass
+class StoreLock:
+    """An exclusive lock file ``<store>.lock`` naming the host and pid of the run.
+
+    A lock left by a killed run on this host (its pid no longer alive), or by an earlier attempt of the same torchrun
+    job (``--rdzv-id``, restarted after a node failed), is stale and taken over. A lock held by a live process, or by
+    another host, refuses the second run.
+    """
+
+    path: Location
+    held: bool = False
+
+    @staticmethod
+    def for_store(store_path: Location) -> "StoreLock":
+        return StoreLock(store_path.with_name(store_path.name + ".lock"))
+
+    def acquire(self) -> str | None:
+        """Take the lock; returns a message if a stale lock was taken over.
+
+        Raises:
+            StoreError: another live run holds the lock (names its host and pid); the lock path
+                is a directory or cannot be created or removed.
+        """
+        me = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
+        job = _torchrun_job()
+        if job is not None:
+            me["torchrun_job"] = job
+        note = None
+        store = self.path.with_name(self.path.name[: -len(".lock")])
+        if not is_remote(self.path) and self.path.exists() and not self.path.is_file():
+            raise StoreError(f"the lock path {self.path} of store {store} is a directory, not a lock file; "
+                             "remove it (or choose another store.path)")
+        for _ in range(3):
+            try:
+                created = create_exclusive(self.path, json.dumps(me).encode())
+            except OSError as e:
+                raise StoreError(
+                    f"cannot create the lock file {self.path}: {e}; choose a writable store path") from None
+            if created:
+                self.held = True
+                return note
+            other = self._read()
+            if other is None:  # being written right now, or empty: retry shortly
+                time.sleep(0.05)
+                other = self._read()
+            if other is not None and not self._is_stale(other):
+                raise StoreError(f"store {store} is in use by another run (host {other.get('host')}, pid "
+                                 f"{other.get('pid')}); wait for it to finish, or if that run is gone delete "
+                                 f"{self.path}")
+            note = (f"took over a stale lock of a run that is gone (host {other.get('host') if other else '?'}, "
+                    f"pid {other.get('pid') if other else '?'})")
+            if other is not None and other.get("host") != socket.gethostname():
+                note = (f"took over the lock of an earlier attempt of this torchrun job (rdzv id {job}) on host "
+                        f"{other.get('host')}, pid {other.get('pid')}")
+            try:
+                self.path.unlink(missing_ok=True)
+            except OSError as e:
+                raise StoreError(f"cannot take over the stale lock {self.path}: {e}; remove it by hand") from None
+        raise StoreError(f"could not take the lock {self.path}; another run keeps taking it")
+
+    def _read(self) -> dict[str, Any] | None:
+        try:
+            return json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return None
+
+    @staticmethod
+    def _is_stale(other: dict[str, Any]) -> bool:
+        job = _torchrun_job()
+        if job is not None and other.get("torchrun_job") == job:
+            return True  # an earlier attempt of this elastic job (torchrun restarts every rank together)
+        if other.get("host") != socket.gethostname():
+            return False  # cannot tell whether a process on another host lives
+        pid = other.get("pid")
+        if not isinstance(pid, int):
+            return True
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return False
+
+    def release(self) -> None:
+        if self.held:
+            self.path.unlink(missing_ok=True)
+            self.held = False
+
+
+def _torchrun_job() -> str | None:
+    """The rendezvous id (``--rdzv-id``, ``TORCHELASTIC_RUN_ID``; its default ``none`` names no job) of the torchrun
+    job of this process, or None: after a node fails, rank 0 may run on another host, and the lock its earlier
+    attempt left is this job's own."""
+    job = os.environ.get("TORCHELASTIC_RUN_ID")
+    return job if job and job != "none" else None

@@ -1,10 +1,9 @@
 """The manifest of `trak optimize`: which checkpoints a run wrote, how, and how well they train.
 
-`trak optimize` writes ``<out_dir>/manifest.json`` atomically after every
-finished model, so a killed run leaves a correct manifest of the models it
-finished. ``checkpoints: <out_dir>/manifest.json`` in a config makes
-featurize and score read the checkpoints from it (:func:`manifest_checkpoints`),
-refusing a manifest of an unfinished run or a checkpoint whose bytes changed.
+`trak optimize` writes ``<out_dir>/manifest.json`` atomically after every finished model, so a killed run leaves a
+correct manifest of the models it finished. ``checkpoints: <out_dir>/manifest.json`` in a config makes featurize and
+score read the checkpoints from it (:func:`manifest_checkpoints`), refusing a manifest of an unfinished run or a
+checkpoint whose bytes changed.
 
 Layout (JSON)::
 
@@ -35,16 +34,13 @@ The checkpoints of a manifest (:func:`manifest_checkpoints`, :func:`manifest_ent
 are model 0's epoch checkpoints in epoch order, then its final checkpoint, then model 1's, ...:
 without epoch checkpoints, the final checkpoints in model_id order.
 
-The callback for transformers' ``Trainer`` (:class:`trakcli.integrations.TrakCallback`)
-writes the same format with ``"source": "trainer"`` (absent: `trak optimize`), one
-model, ``recipe: {"trainer": {...}, "callback": {...}}``, and entries that carry the
-optimizer step: ``{"step": 500, "epoch": 1, "checkpoint": ..., ...}`` for a save at an
-epoch's end, ``{"step": 500, "checkpoint": ..., ...}`` (no ``epoch``) for a save every
-N steps; an entry of ``epoch_checkpoints`` has an integer ``epoch`` or ``step``, listed
-in training order.
+The callback for transformers' ``Trainer`` (:class:`trakcli.integrations.TrakCallback`) writes the same format with
+``"source": "trainer"`` (absent: `trak optimize`), one model, ``recipe: {"trainer": {...}, "callback": {...}}``, and
+entries that carry the optimizer step: ``{"step": 500, "epoch": 1, "checkpoint": ..., ...}`` for a save at an epoch's
+end, ``{"step": 500, "checkpoint": ..., ...}`` (no ``epoch``) for a save every N steps; an entry of
+``epoch_checkpoints`` has an integer ``epoch`` or ``step``, listed in training order.
 
-This module imports neither torch nor zarr at import time (the CLI reads
-configs before importing torch).
+This module imports neither torch nor zarr at import time (the CLI reads configs before importing torch).
 """
 
 from __future__ import annotations
@@ -97,42 +93,29 @@ def read_manifest(path: Path, *, key: str = "checkpoints") -> dict[str, Any]:
     """The manifest at ``path`` (named by the config key ``key``), its structure checked, ``models`` sorted by
     model_id; ConfigError if the file is missing, not JSON, or not a trak optimize manifest."""
     if not path.is_file():
-        raise ConfigError(
-            f"{key}: manifest {str(path)!r} does not exist; run `trak optimize CONFIG` to train the models "
-            "(it writes the manifest into its out_dir), or point checkpoints at your .pt / .safetensors files"
-        )
+        raise ConfigError(f"{key}: manifest {str(path)!r} does not exist; run `trak optimize CONFIG` to train the "
+                          "models (it writes the manifest into its out_dir), or point checkpoints at your .pt / "
+                          ".safetensors files")
     try:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ConfigError(
-            f"{key}: cannot read the manifest {str(path)!r} ({e.__class__.__name__}: {e}); rerun "
-            "`trak optimize CONFIG` to rewrite it"
-        ) from None
+        raise ConfigError(f"{key}: cannot read the manifest {str(path)!r} ({e.__class__.__name__}: {e}); rerun "
+                          "`trak optimize CONFIG` to rewrite it") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise ConfigError(
-            f"{key}: {str(path)!r} is not a manifest of `trak optimize` (no \"format\": {FORMAT!r}); give the "
-            "manifest.json in optimize.out_dir, or a glob / list of checkpoint files"
-        )
+        raise ConfigError(f"{key}: {str(path)!r} is not a manifest of `trak optimize` (no \"format\": {FORMAT!r}); "
+                          "give the manifest.json in optimize.out_dir, or a glob / list of checkpoint files")
     if data.get("format_version") != FORMAT_VERSION:
-        raise ConfigError(
-            f"{key}: the manifest {str(path)!r} has format_version {data.get('format_version')!r}, this trakcli "
-            f"reads {FORMAT_VERSION}; rerun `trak optimize CONFIG` to rewrite it"
-        )
+        raise ConfigError(f"{key}: the manifest {str(path)!r} has format_version {data.get('format_version')!r}, this "
+                          f"trakcli reads {FORMAT_VERSION}; rerun `trak optimize CONFIG` to rewrite it")
     models = data.get("models")
     ok = isinstance(models, list) and all(
         isinstance(m, dict) and isinstance(m.get("model_id"), int) and isinstance(m.get("checkpoint"), str)
-        and isinstance(m.get("sha256"), str) and _epochs_ok(m.get("epoch_checkpoints"))
-        for m in models
-    )
-    if ok:
-        ids = sorted(m["model_id"] for m in models)
-        ok = ids == list(range(len(ids)))
+        and isinstance(m.get("sha256"), str) and _epochs_ok(m.get("epoch_checkpoints")) for m in models
+    ) and sorted(m["model_id"] for m in models) == list(range(len(models)))
     if not ok or not isinstance(data.get("n_models"), int):
-        raise ConfigError(
-            f"{key}: the manifest {str(path)!r} is damaged (n_models, or models with model_id 0, 1, ... each "
-            "with checkpoint and sha256 and, if listed, epoch_checkpoints of epoch, checkpoint and sha256, "
-            "expected); rerun `trak optimize CONFIG` to rewrite it"
-        )
+        raise ConfigError(f"{key}: the manifest {str(path)!r} is damaged (n_models, or models with model_id 0, 1, ... "
+                          "each with checkpoint and sha256 and, if listed, epoch_checkpoints of epoch, checkpoint and "
+                          "sha256, expected); rerun `trak optimize CONFIG` to rewrite it")
     data["models"] = sorted(models, key=lambda m: m["model_id"])
     return data
 
@@ -141,8 +124,7 @@ def _epochs_ok(epochs: Any) -> bool:
     """Whether a model's ``epoch_checkpoints`` is absent or a list of ``{epoch or step, checkpoint, sha256}``."""
     return epochs is None or isinstance(epochs, list) and all(
         isinstance(e, dict) and isinstance(e.get("epoch", e.get("step")), int) and isinstance(e.get("checkpoint"), str)
-        and isinstance(e.get("sha256"), str) for e in epochs
-    )
+        and isinstance(e.get("sha256"), str) for e in epochs)
 
 
 def manifest_entries(manifest: dict[str, Any]) -> list[dict[str, Any]]:
@@ -183,43 +165,31 @@ def manifest_checkpoints(
     trainer = data.get("source") == SOURCE_TRAINER
     redo = "train the model again with TrakCallback" if trainer else "rerun `trak optimize CONFIG` to train it again"
     if trainer and not data.get("complete"):
-        problems.append(
-            f"checkpoints: the manifest {str(path)!r} is of a Trainer training that did not end (TrakCallback marks "
-            "it complete in on_train_end; was it stopped?); let the training finish (or resume it with "
-            "trainer.train(resume_from_checkpoint=...)), or list the checkpoint files in checkpoints: to use them"
-        )
+        problems.append(f"checkpoints: the manifest {str(path)!r} is of a Trainer training that did not end "
+                        "(TrakCallback marks it complete in on_train_end; was it stopped?); let the training finish "
+                        "(or resume it with trainer.train(resume_from_checkpoint=...)), or list the checkpoint files "
+                        "in checkpoints: to use them")
     elif not data.get("complete") or len(models) < data["n_models"]:
-        problems.append(
-            f"checkpoints: the manifest {str(path)!r} lists {len(models)} of the {data['n_models']} models of its "
-            "run: `trak optimize` did not finish (was it stopped?); rerun `trak optimize CONFIG` to train the "
-            "rest (it resumes where it stopped), then featurize"
-        )
+        problems.append(f"checkpoints: the manifest {str(path)!r} lists {len(models)} of the {data['n_models']} "
+                        "models of its run: `trak optimize` did not finish (was it stopped?); rerun `trak optimize "
+                        "CONFIG` to train the rest (it resumes where it stopped), then featurize")
     elif n_models is not None and n_models != len(models):
-        more = n_models > len(models)
-        problems.append(
-            f"checkpoints: the manifest {str(path)!r} lists {len(models)} models but {n_models_key} is {n_models}; "
-            + (
-                "run `trak optimize CONFIG` to train the missing ones"
-                if more
-                else f"set {n_models_key}={len(models)}, or rerun `trak optimize CONFIG` to rewrite the manifest"
-            )
-        )
+        fix = ("run `trak optimize CONFIG` to train the missing ones" if n_models > len(models) else
+               f"set {n_models_key}={len(models)}, or rerun `trak optimize CONFIG` to rewrite the manifest")
+        problems.append(f"checkpoints: the manifest {str(path)!r} lists {len(models)} models but {n_models_key} is "
+                        f"{n_models}; {fix}")
     out = []
     for m in manifest_entries(data):
         ckpt = path.parent / m["checkpoint"]
         out.append(ckpt)
         if not ckpt.exists():  # a file, or an adapter folder (optimize.lora)
-            problems.append(
-                f"checkpoints: checkpoint {str(ckpt)!r} ({m['what']}) of the manifest {str(path)!r} "
-                f"does not exist; {redo}"
-            )
+            problems.append(f"checkpoints: checkpoint {str(ckpt)!r} ({m['what']}) of the manifest {str(path)!r} "
+                            f"does not exist; {redo}")
         elif (sha := hashes.sha256(ckpt, checkpoint_sha256) if hashes else checkpoint_sha256(ckpt)) != m["sha256"]:
-            problems.append(
-                f"checkpoints: checkpoint {str(ckpt)!r} ({m['what']}) changed since "
-                f"{'TrakCallback' if trainer else 'trak optimize'} wrote the manifest (sha256 {m['sha256'][:12]} then, "
-                f"{sha[:12]} now); delete it and {redo}, or list the checkpoint files in checkpoints: "
-                "to use them as they are"
-            )
+            problems.append(f"checkpoints: checkpoint {str(ckpt)!r} ({m['what']}) changed since "
+                            f"{'TrakCallback' if trainer else 'trak optimize'} wrote the manifest (sha256 "
+                            f"{m['sha256'][:12]} then, {sha[:12]} now); delete it and {redo}, or list the checkpoint "
+                            "files in checkpoints: to use them as they are")
     if problems:
         raise ConfigError(problems)
     return out

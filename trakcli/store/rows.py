@@ -17,12 +17,7 @@ from trakcli.errors import StoreError
 from trakcli.store.bfloat16 import from_bits, is_bfloat16, round_to_bfloat16, to_bits
 from trakcli.store.chunkread import aligned_empty, chunk_files
 from trakcli.store.integrity import (
-    StoreCorruptError,
-    chunk_coords,
-    fill_chunks,
-    missing_chunks,
-    repair_command,
-    settle,
+    StoreCorruptError, chunk_coords, fill_chunks, missing_chunks, repair_command, settle,
 )
 from trakcli.store.quantize import BINARY, INT8, encode
 
@@ -232,9 +227,8 @@ class ChunkedRows:
     DIRECT_SLOTS = 8
 
     def read_direct(self, name: str, lo: int, hi: int, *, raw: bool = False, slot: int | None = None) -> np.ndarray:
-        """Entries ``[lo, hi)`` (whole chunks) of array ``name``, checked as :meth:`read`: straight from the chunk
-        files where the store keeps them so (:mod:`trakcli.store.chunkread`, one reader per thread), else as
-        :meth:`read`.
+        """Entries ``[lo, hi)`` (whole chunks) of array ``name``, checked as :meth:`read`: straight from the chunk files
+        where the store keeps them so (:mod:`trakcli.store.chunkread`, one reader per thread), else as :meth:`read`.
 
         Args:
             raw: a bfloat16 array gives its stored uint16 bits (through zarr: decoded, float32).
@@ -407,22 +401,18 @@ def read_checked(arr: Any, sel: Any, axis: int = 0, *, stored: bool = True) -> n
                 settle()
                 first = coords
                 break
-        raise StoreCorruptError(
-            f"store array {arr.path}{where(first) if first is not None else ''} is corrupt or truncated "
-            f"({e}); {repair_command(arr.path)}",
-            arr.path, [] if first is None else [int(first[axis])],
-        ) from None
+        raise StoreCorruptError(f"store array {arr.path}{where(first) if first is not None else ''} is corrupt or "
+                                f"truncated ({e}); {repair_command(arr.path)}",
+                                arr.path, [] if first is None else [int(first[axis])]) from None
     if stored:  # a missing chunk reads as the fill value: only chunks read so are asked about
         candidates = fill_chunks(arr, sel, out)
         gone = missing_chunks(arr, among=candidates) if candidates else []
         if gone:
             bad = sorted({int(c[axis]) for c in gone})
             key = arr.metadata.encode_chunk_key(gone[0])
-            raise StoreCorruptError(
-                f"store array {arr.path}{where(gone[0])} is missing (its file {arr.path}/{key} is gone"
-                f"{f'; {len(gone)} chunks in all' if len(gone) > 1 else ''}); {repair_command(arr.path)}",
-                arr.path, bad,
-            )
+            raise StoreCorruptError(f"store array {arr.path}{where(gone[0])} is missing (its file {arr.path}/{key} is "
+                                    f"gone{f'; {len(gone)} chunks in all' if len(gone) > 1 else ''}); "
+                                    f"{repair_command(arr.path)}", arr.path, bad)
     return from_bits(out) if is_bfloat16(arr) else out
 
 
@@ -471,9 +461,7 @@ class EvalRows:
         """
         missing = self.pending(n) + list(range(self.n_subsets, n))
         if missing:
-            raise StoreError(
-                f"{self.masks.path}: rows {missing[:10]} of {n} are not retrained yet; run `trak eval lds CONFIG` "
-                "to finish them"
-            )
+            raise StoreError(f"{self.masks.path}: rows {missing[:10]} of {n} are not retrained yet; run `trak eval "
+                             "lds CONFIG` to finish them")
         return (read_checked(self.masks, slice(0, n), 0).astype(bool, copy=False),
                 read_checked(self.outputs, slice(0, n), 0).astype(np.float64, copy=False))

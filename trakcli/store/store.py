@@ -1,8 +1,8 @@
 """The :class:`Store`: opening, creating and checking a trakcli Zarr store and its arrays.
 
-An array is *finished* when every ``done`` flag of its group is set (a kernel: when its attributes, written
-last, are there); its checked reads are :class:`~trakcli.store.finished.FinishedArrays`. Layout and rules: the
-package docstring (:mod:`trakcli.store`).
+An array is *finished* when every ``done`` flag of its group is set (a kernel: when its attributes, written last, are
+there); every read of a finished array checks that it is finished, made from the store's current train rows, and not
+damaged, and names the command that makes or repairs it. Layout and rules: the package docstring (:mod:`trakcli.store`).
 """
 
 from __future__ import annotations
@@ -16,21 +16,21 @@ from typing import Any, Callable
 import numpy as np
 
 from trakcli import __version__
-from trakcli.errors import Fix, StoreError, StoreMismatchError
-from trakcli.store.append import grow_if_appended
-from trakcli.store.bfloat16 import array_attrs, is_bfloat16, storage_dtype
+from trakcli.errors import Fix, StoreError
+from trakcli.files import atomic_open
+from trakcli.store.append import grow_if_appended, stale_error
+from trakcli.store.bfloat16 import array_attrs, is_bfloat16, logical_dtype, storage_dtype
 from trakcli.store.quantize import code_arrays, feature_dtype
-from trakcli.store.finished import FinishedArrays
 from trakcli.store.evalgroup import delete_keeping_eval, headless_store, remove_leftovers, restore_eval
-from trakcli.store.identity import check_same, jsonable
 from trakcli.store.integrity import (
-    StoreMetadataError, delete, keys, node, repair_scope, writable,
+    StoreCorruptError, StoreMetadataError, delete, finishing_command, keys, node, repair_command, repair_scope,
+    writable,
 )
-from trakcli.store.layout import LAYOUT_ATTR, StoreLayout
+from trakcli.store.layout import LAYOUT_ATTR, StoreLayout, check_same, jsonable, mismatch
 from trakcli.store.location import (
     Location, check_reachable, entries, holds_objects, is_remote, store_location, zarr_store,
 )
-from trakcli.store.rows import ChunkedRows, codecs, flag_array
+from trakcli.store.rows import ChunkedRows, codecs, flag_array, read_checked
 
 #: An array of a group: (shape, zarr dtype, chunk shape, dimension names).
 Spec = tuple[tuple[int, ...], str, tuple[int, ...], tuple[str, ...]]
@@ -61,18 +61,12 @@ def _missing(what: str, distributed: bool = False) -> str:
 
 def _headless(path: Location) -> StoreError:
     """The error for a store directory holding store groups but no root ``zarr.json``."""
-    return StoreError(
-        f"{path} holds store groups ({', '.join(sorted(entries(path)))}) but no root metadata (zarr.json): a store "
-        "whose creation or deletion was interrupted; rerun `trak featurize CONFIG --overwrite` to start over"
-    )
+    return StoreError(f"{path} holds store groups ({', '.join(sorted(entries(path)))}) but no root metadata "
+                      "(zarr.json): a store whose creation or deletion was interrupted; rerun `trak featurize CONFIG "
+                      "--overwrite` to start over")
 
 
-def _with_fix(head: str, fix: str | Fix) -> StoreMismatchError:
-    """A :class:`StoreMismatchError` saying ``head`` then ``fix`` (a sentence, or a :class:`Fix`)."""
-    return StoreMismatchError(head, fix=fix) if isinstance(fix, Fix) else StoreMismatchError(head + fix)
-
-
-class Store(FinishedArrays):
+class Store:
     """A trakcli Zarr store on disk.
 
     Open with :meth:`create_or_check` (featurize) or :meth:`open_existing` (score, inspect).
@@ -110,17 +104,15 @@ class Store(FinishedArrays):
         while not probe.exists() and probe != probe.parent:
             probe = probe.parent
         if not probe.is_dir():
-            raise StoreError(
-                f"cannot create the store at {path}: {probe} is a file, not a directory; choose another store.path"
-            )
+            raise StoreError(f"cannot create the store at {path}: {probe} is a file, not a directory; choose another "
+                             "store.path")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise StoreError(f"cannot create the store at {path}: {e}; choose another store.path") from None
         if not os.access(path.parent, os.W_OK):
-            raise StoreError(
-                f"cannot create the store at {path}: {path.parent} is not writable; choose another store.path"
-            )
+            raise StoreError(f"cannot create the store at {path}: {path.parent} is not writable; choose another "
+                             "store.path")
 
     @classmethod
     def create_or_check(
@@ -243,18 +235,15 @@ class Store(FinishedArrays):
 
             group = zarr.open_group(store=zarr_store(path, read_only=mode == "r"), mode=mode, zarr_format=3)
         except Exception as e:  # noqa: BLE001 - a garbage zarr.json raises JSON, value or key errors
-            raise StoreMetadataError(
-                f"cannot open the store at {path}: its metadata {path}/zarr.json is unreadable "
-                f"({e.__class__.__name__}: {e}); the store's identity is lost: rerun `trak featurize CONFIG "
-                "--overwrite` to start over"
-            ) from None
+            raise StoreMetadataError(f"cannot open the store at {path}: its metadata {path}/zarr.json is "
+                                     f"unreadable ({e.__class__.__name__}: {e}); the store's identity is "
+                                     "lost: rerun `trak featurize CONFIG --overwrite` to start over") from None
         version = group.attrs.get("schema_version")
         if version is None and not dict(group.attrs):
             fix = ("rerun `trak featurize CONFIG`, which creates it" if _bare_root(path)
                    else "rerun `trak featurize CONFIG --overwrite` to start over")
-            raise StoreError(
-                f"store {path} is incomplete: its creation was interrupted before its attributes were written; {fix}"
-            )
+            raise StoreError(f"store {path} is incomplete: its creation was interrupted before its attributes were "
+                             f"written; {fix}")
         if version != SCHEMA_VERSION:
             raise StoreError(f"store {path} has schema_version {version!r}, this trakcli ({__version__}) reads "
                              f"schema_version {SCHEMA_VERSION}; re-featurize it: `trak featurize CONFIG --overwrite`")
@@ -290,10 +279,8 @@ class Store(FinishedArrays):
                     raise
                 whole = repair_scope(e.array) == "node"
                 delete(self.root, e.array, metadata_only=not whole)
-                self.notes.append(
-                    f"{e.array}: its metadata (zarr.json) was unreadable; "
-                    + ("it is recomputed" if whole else "re-created, its chunks are verified by their checksums")
-                )
+                self.notes.append(f"{e.array}: its metadata (zarr.json) was unreadable; " + (
+                    "it is recomputed" if whole else "re-created, its chunks are verified by their checksums"))
         return node(self.root, path)
 
     def _arrays(
@@ -310,23 +297,15 @@ class Store(FinishedArrays):
             if arr is None and create and len(self.notes) == noted:
                 recreated.append(name)
             if arr is not None:
-                if tuple(arr.shape) != shape:
-                    raise StoreMismatchError(
-                        f"store array {arr.path} has shape {list(arr.shape)}, this run needs {list(shape)}; ",
-                        fix=Fix("start_over", store=str(self.path)),
-                    )
                 held = "bfloat16" if is_bfloat16(arr) else str(arr.dtype)
-                if str(arr.dtype) != storage_dtype(dtype) or held != dtype:
-                    raise StoreMismatchError(
-                        f"store array {arr.path} holds {held}, this run stores {dtype}; ",
-                        fix=Fix("start_over", store=str(self.path)),
-                    )
+                if tuple(arr.shape) != shape or str(arr.dtype) != storage_dtype(dtype) or held != dtype:
+                    differs = (f"has shape {list(arr.shape)}, this run needs {list(shape)}" if tuple(arr.shape) != shape
+                               else f"holds {held}, this run stores {dtype}")
+                    raise mismatch(f"store array {arr.path} {differs}; ", Fix("start_over", store=str(self.path)))
             elif create:
-                arr = group.create_array(
-                    name, shape=shape, chunks=chunks, dtype=storage_dtype(dtype), fill_value=0,
-                    compressors=codecs((compressors or {}).get(name, self.layout.compressor)),
-                    dimension_names=dims, attributes=array_attrs(dtype),
-                )
+                arr = group.create_array(name, shape=shape, chunks=chunks, dtype=storage_dtype(dtype), fill_value=0,
+                                         compressors=codecs((compressors or {}).get(name, self.layout.compressor)),
+                                         dimension_names=dims, attributes=array_attrs(dtype))
             else:
                 raise StoreError(_missing(f"store array {group.path}/{name}", self.distributed))
             data[name] = writable(arr)
@@ -355,10 +334,8 @@ class Store(FinishedArrays):
         for c in bad:
             done[c] = 0
         for name in arrays:
-            self.notes.append(
-                f"{group}/{name}: its metadata (zarr.json) was missing; re-created over its chunk files"
-                + (f", done chunks {bad[:10]} without their files are recomputed" if bad else "")
-            )
+            self.notes.append(f"{group}/{name}: its metadata (zarr.json) was missing; re-created over its chunk files"
+                              + (f", done chunks {bad[:10]} without their files are recomputed" if bad else ""))
 
     def _group(self, name: str, create: bool = True, repair: bool = False, attrs: dict[str, Any] | None = None) -> Any:
         """The group at ``name``; if absent and ``create``, created with ``attrs`` in the same (atomic) metadata write
@@ -416,10 +393,9 @@ class Store(FinishedArrays):
             if old is not None and old != sha256 and create and self._nothing_done(f"train/{model_id}"):
                 # nothing computed from the recorded checkpoint (a run that failed on it, e.g. a truncated
                 # file): the model_id is bound to this run's checkpoint instead
-                self.notes.append(
-                    f"model_id {model_id}: no features were computed from {group.attrs.get('checkpoint')} "
-                    f"(sha256 {old[:12]}); it now takes {checkpoint} (sha256 {sha256[:12]})"
-                )
+                self.notes.append(f"model_id {model_id}: no features were computed from "
+                                  f"{group.attrs.get('checkpoint')} (sha256 {old[:12]}); it now takes {checkpoint} "
+                                  f"(sha256 {sha256[:12]})")
                 progress = self._node(f"train/{model_id}/rows_done")  # rows of the old checkpoint: before it is rebound
                 if progress is not None and progress.shape[0]:
                     progress[:] = np.zeros(progress.shape[0], dtype=np.int32)
@@ -431,18 +407,14 @@ class Store(FinishedArrays):
                    "restore the checkpoint (and optimizer state) the store was featurized with, or featurize again "
                    "with `trak featurize CONFIG --overwrite`")
             if old is not None and old != sha256:
-                raise _with_fix(
-                    f"model_id {model_id}: the store's features come from {group.attrs.get('checkpoint')} "
-                    f"(sha256 {old[:12]}), this run's checkpoint {checkpoint} has sha256 {sha256[:12]}; ", fix
-                )
-            elif old is not None and optimizer_state is not None and (
-                    group.attrs.get("optimizer_state_sha256") != optimizer_state[1]):
-                was = group.attrs.get("optimizer_state_sha256")
-                raise _with_fix(
-                    f"model_id {model_id}: the store's features were corrected with the optimizer state "
-                    f"{group.attrs.get('optimizer_state')} (sha256 {str(was)[:12]}), this run's "
-                    f"{optimizer_state[0]} has sha256 {optimizer_state[1][:12]}; ", fix
-                )
+                raise mismatch(f"model_id {model_id}: the store's features come from {group.attrs.get('checkpoint')} "
+                               f"(sha256 {old[:12]}), this run's checkpoint {checkpoint} has sha256 "
+                               f"{sha256[:12]}; ", fix)
+            was = group.attrs.get("optimizer_state_sha256")
+            if old is not None and optimizer_state is not None and was != optimizer_state[1]:
+                raise mismatch(f"model_id {model_id}: the store's features were corrected with the optimizer state "
+                               f"{group.attrs.get('optimizer_state')} (sha256 {str(was)[:12]}), this run's "
+                               f"{optimizer_state[0]} has sha256 {optimizer_state[1][:12]}; ", fix)
         codes = code_arrays(layout.dtype, n_train, proj_dim)
         # the float copy and the codes uncompressed, read straight from their files by a scan (trakcli.store.chunkread);
         # a float copy of an earlier layout may be compressed: a repair keeps it so
@@ -495,10 +467,8 @@ class Store(FinishedArrays):
         proj_dim, rows = layout.proj_dim, layout.chunk_rows
         self._experiment_group("targets", experiment, attrs, create, repair)
         group = self._group(f"targets/{experiment}/{model_id}", create, repair)
-        data, done = self._arrays(  # fewer targets than a chunk: no padded partial chunk
-            group, {"features": ((n_target, proj_dim), feature_dtype(layout.dtype), (min(rows, n_target), proj_dim),
-                                 ("target", "proj"))}, -(-n_target // rows), create, repair,
-        )
+        spec = ((n_target, proj_dim), feature_dtype(layout.dtype), (min(rows, n_target), proj_dim), ("target", "proj"))
+        data, done = self._arrays(group, {"features": spec}, -(-n_target // rows), create, repair)  # no padded chunk
         return ChunkedRows(data, done, rows, n_target)
 
     def scores(
@@ -512,10 +482,8 @@ class Store(FinishedArrays):
         n_train, cols = self.layout.n_train, self.layout.chunk_rows
         group = self._experiment_group("scores", experiment, settings, create, repair)
         t_rows = min(n_target, max(1, (8 << 20) // (4 * cols)))  # ~8 MB chunks
-        data, done = self._arrays(
-            group, {"scores": ((n_target, n_train), "float32", (t_rows, cols), ("target", "train"))},
-            -(-n_train // cols), create, repair,
-        )
+        spec = ((n_target, n_train), "float32", (t_rows, cols), ("target", "train"))
+        data, done = self._arrays(group, {"scores": spec}, -(-n_train // cols), create, repair)
         return ChunkedRows(data, done, cols, n_train, axis=1)
 
     def score_settings(self, experiment: str, settings: dict[str, Any], create: bool = True,
@@ -555,16 +523,157 @@ class Store(FinishedArrays):
             self.notes.append(f"{name}: its settings were never recorded (an interrupted run); it is recomputed")
             group = None
         if group is not None:
-            check_same(
-                f"{kind} of experiment {experiment!r} in {self.path}", {k: group.attrs.get(k) for k in attrs}, attrs,
-                Fix("recompute_experiment", store=str(self.path)),
-            )
+            check_same(f"{kind} of experiment {experiment!r} in {self.path}", {k: group.attrs.get(k) for k in attrs},
+                       attrs, Fix("recompute_experiment", store=str(self.path)))
             return group
         return self._group(name, create, attrs=attrs)
 
     def drop(self, name: str) -> None:
         """Delete a group or array and everything under it (``--overwrite`` of derived data), even if unreadable."""
         delete(self.root, name, metadata_only=False)
+
+    # -- finished arrays: checked reads and export ------------------------------
+
+    def array(self, name: str) -> Any:
+        """The zarr array at ``name`` (e.g. ``train/0/features``, ``scores/default/scores``).
+
+        Raises:
+            StoreError: no such array (lists what the store holds).
+            StoreMetadataError: its ``zarr.json`` is unreadable (names the repair).
+        """
+        arr = node(self.root, name)
+        if arr is None or not hasattr(arr, "shape"):
+            have = [f"train/{m}/features" for m in self.model_ids()]
+            scores = node(self.root, "scores")
+            if scores is not None:
+                for e in keys(scores):
+                    have += [f"scores/{e}/{a}" for a in ("scores", "top_k") if node(scores, f"{e}/{a}") is not None]
+            if node(self.root, "eval") is not None:
+                have += ["eval/masks", "eval/outputs"]
+            raise StoreError(f"store {self.path} has no array {name!r}; it holds {', '.join(have) or 'nothing yet'}")
+        return arr
+
+    def _finished(self, name: str) -> tuple[Any, bool]:
+        """The array ``name`` once it is fresh (no scores from before an append), finished and made from the
+        store's train features; and whether its chunks must all have files."""
+        arr = self.array(name)
+        parts = name.split("/")
+        stale = stale_error(self, parts[1]) if len(parts) > 2 and parts[0] == "scores" else None
+        if stale is not None:
+            raise stale
+        stored = self._check_finished(name, arr)
+        self._check_sources(name)
+        return arr, stored
+
+    def _check_finished(self, name: str, arr: Any) -> bool:
+        """Refuse an array with chunks not computed yet (naming how many, the first ones and the command that
+        finishes them: StoreError); returns whether its chunks must all have files."""
+        parts = name.split("/")
+        leaf = parts[-1]
+        if leaf == "done":
+            return False  # flags: a missing chunk is a flag not set
+        if leaf == "kernel":
+            if "lambda_reg" not in arr.attrs:
+                raise StoreError(f"store array {name} in {self.path} is unfinished (its kernel was never completed); "
+                                 f"run {finishing_command(name)} to compute it")
+            return True
+        done = node(self.root, "/".join(parts[:-1] + ["done"]))
+        if done is None:
+            return True
+        flags = read_checked(done, slice(None), 0, stored=False)
+        pending = np.flatnonzero(flags == 0)
+        if pending.size:
+            unit = "column blocks" if parts[0] == "scores" else ("rows" if parts[0] == "eval" else "row chunks")
+            first = ", ".join(str(int(c)) for c in pending[:10]) + (", ..." if pending.size > 10 else "")
+            raise StoreError(f"store array {name} in {self.path} is unfinished: {pending.size} of {flags.size} {unit} "
+                             f"are not computed yet ({first}); run {finishing_command(name)} to finish them")
+        return True
+
+    def _check_sources(self, name: str) -> None:
+        """Refuse (StoreCorruptError) an array of ``targets/<experiment>`` or ``scores/<experiment>`` when a
+        ``train/<m>`` of the checkpoints it records (their sha256) is missing or holds another checkpoint's features."""
+        parts = name.split("/")
+        if len(parts) < 2 or parts[0] not in ("targets", "scores"):
+            return
+        exp = "/".join(parts[:2])
+        group = node(self.root, exp)
+        recorded = group.attrs.get("checkpoints") if group is not None else None
+        for m, sha in enumerate(recorded if isinstance(recorded, list) else []):
+            train = node(self.root, f"train/{m}")
+            if train is None:
+                raise StoreCorruptError(f"{exp} in {self.path} was made with the train features of model_id {m}, but "
+                                        f"store group train/{m} is missing; {repair_command(f'train/{m}')}",
+                                        f"train/{m}")
+            if train.attrs.get("sha256") != sha:
+                raise StoreCorruptError(f"{exp} in {self.path} was made from checkpoint sha256 {str(sha)[:12]} for "
+                                        f"model_id {m}, but train/{m} holds the features of sha256 "
+                                        f"{str(train.attrs.get('sha256'))[:12]}; {repair_command(exp)}", exp)
+
+    def read(self, name: str, lo: int = 0, hi: int | None = None) -> np.ndarray:
+        """Rows ``[lo, hi)`` (axis 0) of the finished array ``name``, every chunk checked.
+
+        In the array's dtype; float32 for bfloat16 features (:mod:`trakcli.store.bfloat16`).
+
+        Raises:
+            StoreError: no such array, or an unfinished one (names the command that finishes it).
+            StoreCorruptError: a chunk is missing or fails its checksum, or the train features an
+                experiment's array was made from are gone (:meth:`_check_sources`); names the repair.
+            StoreStaleError: an experiment's scores made before train rows were appended (names the rescore).
+        """
+        arr, stored = self._finished(name)
+        return read_checked(arr, slice(lo, hi), 0, stored=stored)
+
+    def read_scores(self, experiment: str) -> tuple[np.ndarray, dict[str, Any]]:
+        """The finished score matrix of an experiment and the attributes it was made with."""
+        name = f"scores/{experiment}"
+        group = node(self.root, name)
+        if group is not None and node(group, "scores") is None and node(group, "top_k") is not None:
+            raise StoreError(f"experiment {experiment!r} in {self.path} holds only its top-k (score.top_k), not the "
+                             "full score matrix this needs; run `trak score CONFIG score.full=true`")
+        if group is None or node(group, "scores") is None:
+            raise StoreError(f"store {self.path} holds no scores of experiment {experiment!r} (score.experiment); "
+                             "run `trak featurize CONFIG` and `trak score CONFIG` first")
+        return self.read(f"{name}/scores"), dict(group.attrs)
+
+    def export(self, name: str, out: Path, row_block: int = 4096) -> tuple[int, ...]:
+        """Stream the finished array ``name`` to ``out`` (.npy, or .csv for 1-D/2-D) block by block, through a
+        temporary file renamed into place (a failure leaves an existing ``out`` as it was). The .npy file has the
+        array's dtype; bfloat16 features are written as float32 (the same numbers, at twice the bytes).
+
+        Returns:
+            The exported shape.
+
+        Raises:
+            StoreError: unknown or unfinished array (names the command that finishes it), unwritable output.
+            StoreCorruptError: a chunk is missing or fails its checksum, or (scores, target features) the
+                train features they were made from are gone (:meth:`_check_sources`); names the repair.
+            StoreStaleError: an experiment's scores made before train rows were appended (names the rescore).
+        """
+        arr, stored = self._finished(name)
+        shape = tuple(int(n) for n in arr.shape)
+        dtype = np.dtype(logical_dtype(arr))  # bfloat16 bits: float32 (numpy has no bfloat16)
+        kept = f"; {out} is unchanged" if out.exists() else f"; nothing was written to {out}"
+
+        def blocks():
+            for lo in range(0, shape[0], row_block):
+                yield read_checked(arr, slice(lo, lo + row_block), 0, stored=stored)
+
+        try:
+            if out.suffix.lower() == ".npy":
+                with atomic_open(out, "wb") as f:
+                    np.lib.format.write_array_header_1_0(  # a plain dtype and shape: far below 1.0's 64 KiB
+                        f, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape})
+                    for block in blocks():
+                        f.write(np.ascontiguousarray(block, dtype=dtype).tobytes())
+            else:
+                with atomic_open(out, "w") as f:
+                    for block in blocks():
+                        np.savetxt(f, block.reshape(block.shape[0], -1), delimiter=",", fmt="%.7g")
+        except StoreCorruptError as e:
+            raise StoreCorruptError(f"{e}{kept}", e.array, e.chunks) from None
+        except OSError as e:
+            raise StoreError(f"cannot write {out}: {e}{kept}") from None
+        return shape
 
 
 def _compressed(arr: Any) -> bool:

@@ -1,11 +1,9 @@
 """Inspection of a store: provenance, progress, sizes and damage (``trak inspect [--verify]``).
 
-Progress counts only chunks that are done *and* intact: a done chunk whose
-file is missing (always checked: the store lists its files, nothing is read)
-or, with ``verify``, that fails its checksum (every done chunk of every array
-is read) is reported under ``corrupt`` with the command that repairs it. An
-array or group whose ``zarr.json`` is unreadable is reported the same way
-instead of stopping the inspection.
+Progress counts only chunks that are done *and* intact: a done chunk whose file is missing (always checked: the store
+lists its files, nothing is read) or, with ``verify``, that fails its checksum (every done chunk of every array is read)
+is reported under ``corrupt`` with the command that repairs it. An array or group whose ``zarr.json`` is unreadable is
+reported the same way instead of stopping the inspection.
 """
 
 from __future__ import annotations
@@ -29,17 +27,13 @@ def eval_summary(store: "Store", verify: bool, corrupt: list[dict[str, Any]]) ->
         group = node(store.root, "eval")
         if group is None:
             return None
-        rows = _rows(store, "eval", ["masks", "outputs"], 0)
+        ok = _intact(_rows(store, "eval", ["masks", "outputs"], 0), "eval", verify, corrupt)
+        identity = group.attrs.get("identity")
     except StoreCorruptError as e:
         corrupt.append(_entry(e))
-        return {"identity": None, "n_subsets": 0, "done": 0, "bytes_on_disk": disk_usage(store.path / "eval")}
-    ok = _intact(rows, "eval", verify, corrupt)
-    return {
-        "identity": group.attrs.get("identity"),
-        "n_subsets": int(ok.size),
-        "done": int((ok != 0).sum()),
-        "bytes_on_disk": disk_usage(store.path / "eval"),
-    }
+        ok, identity = np.zeros(0), None
+    return {"identity": identity, "n_subsets": int(ok.size), "done": int((ok != 0).sum()),
+            "bytes_on_disk": disk_usage(store.path / "eval")}
 
 
 def summary(store: "Store", verify: bool = False) -> dict[str, Any]:
@@ -56,19 +50,12 @@ def summary(store: "Store", verify: bool = False) -> dict[str, Any]:
         ``{"array", "chunks", "message", "repair"}``.
     """
     corrupt: list[dict[str, Any]] = []
+    attrs = store.root.attrs
     out: dict[str, Any] = {
-        "store": str(store.path),
-        "schema_version": store.root.attrs.get("schema_version"),
-        "trakcli_version": store.root.attrs.get("trakcli_version"),
-        "created": store.root.attrs.get("created"),
-        "identity": store.identity,
-        "appends": list(store.root.attrs.get(APPENDS_ATTR) or []),
-        "bytes_on_disk": disk_usage(store.path),
-        "train": [],
-        "targets": {},
-        "scores": {},
-        "verified": verify,
-        "corrupt": corrupt,
+        "store": str(store.path), "schema_version": attrs.get("schema_version"),
+        "trakcli_version": attrs.get("trakcli_version"), "created": attrs.get("created"), "identity": store.identity,
+        "appends": list(attrs.get(APPENDS_ATTR) or []), "bytes_on_disk": disk_usage(store.path),
+        "train": [], "targets": {}, "scores": {}, "verified": verify, "corrupt": corrupt,
     }
     train = _guard(lambda: node(store.root, "train"), corrupt)
     for m in sorted(int(k) for k in child_names(train) if k.isdigit()) if train is not None else []:
@@ -97,15 +84,10 @@ def _train_entry(store: "Store", m: int, verify: bool, corrupt: list[dict[str, A
     nonfinite = rows.data["nonfinite"]
     skipped = _guard(lambda: int(read_checked(nonfinite, slice(None), 0, stored=False).sum()), corrupt)
     return {
-        "model_id": m,
-        "checkpoint": group.attrs.get("checkpoint"),
-        "sha256": group.attrs.get("sha256"),
+        "model_id": m, "checkpoint": group.attrs.get("checkpoint"), "sha256": group.attrs.get("sha256"),
         "rows_done": int(sum(rows.rows(int(c))[1] - rows.rows(int(c))[0] for c in np.flatnonzero(ok))),
-        "rows_partial": _partial_rows(group, rows, ok, verify),
-        "rows_total": rows.n_rows,
-        "chunks_done": int((ok != 0).sum()),
-        "chunks_total": rows.n_chunks,
-        "nonfinite_skipped": skipped,
+        "rows_partial": _partial_rows(group, rows, ok, verify), "rows_total": rows.n_rows,
+        "chunks_done": int((ok != 0).sum()), "chunks_total": rows.n_chunks, "nonfinite_skipped": skipped,
         "kernel": _guard(lambda: _kernel(store, m, verify, corrupt), corrupt),
         "bytes_on_disk": disk_usage(store.path / "train" / str(m)),
     }
@@ -168,26 +150,23 @@ def _experiment_entry(
         return info
     if isinstance(g.attrs.get(STALE_ATTR), dict):
         info["stale"] = {**g.attrs[STALE_ATTR], "message": str(stale_error(store, exp))}
+    def progress(group: str, names: list[str], axis: int) -> dict[str, Any]:
+        rows = _rows(store, group, names, axis)
+        ok = _intact(rows, group, verify, corrupt)
+        return {"shape": list(rows.data[names[0]].shape), "chunks_done": int((ok != 0).sum()),
+                "chunks_total": int(ok.size)}
+
     for sub, names in DERIVED.items():
         if node(g, sub) is not None:
-            rows = _rows(store, f"scores/{exp}/{sub}", names, 0)
-            ok = _intact(rows, f"scores/{exp}/{sub}", verify, corrupt)
-            info[sub] = {"shape": list(rows.data[names[0]].shape), "chunks_done": int((ok != 0).sum()),
-                         "chunks_total": int(ok.size)}
+            info[sub] = progress(f"scores/{exp}/{sub}", names, 0)
     if node(g, "scores") is not None:
-        rows = _rows(store, f"scores/{exp}", ["scores"], 1)
-        ok = _intact(rows, f"scores/{exp}", verify, corrupt)
-        info["shape"] = list(rows.data["scores"].shape)
-        info["chunks_done"], info["chunks_total"] = int((ok != 0).sum()), int(ok.size)
+        info.update(progress(f"scores/{exp}", ["scores"], 1))
     return info
 
 
 def _rows(store: "Store", group: str, names: list[str], axis: int) -> ChunkedRows:
-    """The done-tracked arrays of ``group`` as :class:`ChunkedRows` (shapes read from the arrays themselves).
-
-    Raises:
-        StoreCorruptError: one of the arrays or ``done`` is missing (its ``zarr.json`` or the whole array).
-    """
+    """The done-tracked arrays of ``group`` as :class:`ChunkedRows` (shapes read from the arrays themselves);
+    StoreCorruptError if one of them or ``done`` is missing (its ``zarr.json`` or the whole array)."""
     data = {}
     for name in [*names, "done"]:
         arr = node(store.root, f"{group}/{name}")
@@ -208,12 +187,11 @@ def _lost(store: "Store", path: str, kind: str) -> StoreCorruptError:
 def _implied(store: "Store", corrupt: list[dict[str, Any]]) -> None:
     """Append to ``corrupt`` every group the store's records imply that is missing or incomplete.
 
-    The records: an experiment's ``checkpoints`` (the sha256 of model_id 0..M-1 its target
-    features and scores were made from) implies ``train/<m>`` holding those checkpoints'
-    features and ``targets/<experiment>/<m>``; the train groups imply every smaller model_id
-    (model_ids count from 0); a directory under ``train``, ``targets/<experiment>`` or
-    ``scores`` is a group that must have its metadata; a train group must record its
-    checkpoint's sha256. Arrays missing inside a present group are found where the group is read.
+    The records: an experiment's ``checkpoints`` (the sha256 of model_id 0..M-1 its target features and scores were made
+    from) implies ``train/<m>`` holding those checkpoints' features and ``targets/<experiment>/<m>``; the train groups
+    imply every smaller model_id (model_ids count from 0); a directory under ``train``, ``targets/<experiment>`` or
+    ``scores`` is a group that must have its metadata; a train group must record its checkpoint's sha256. Arrays missing
+    inside a present group are found where the group is read.
     """
     known = {e["array"] for e in corrupt}
 
