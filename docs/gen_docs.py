@@ -715,6 +715,25 @@ def _sketch_probe(data: dict[str, Any]) -> tuple[str, str, str]:
             table(["sketch", "r", "K'", "recall@100"], rows, ["l", "r", "r", "r"]))
 
 
+def _curvature_sketch_probe(data: dict[str, Any]) -> tuple[str, str, str]:
+    def cell(r: dict[str, Any]) -> str:
+        return f"{r['lds']:.3f} [{r['ci_low']:.3f}, {r['ci_high']:.3f}]"
+
+    rows = [[str(r["damping"]), r["sketch"], f"{r['r']:,}", cell(r),
+             f"{r['variance_share']:.1%}" if "variance_share" in r else ""] for r in data["rows"]]
+    sketches = " and ".join(sorted({r["sketch"] for r in data["rows"]} - {"exact"}))
+    note = (f"LDS on the targets' loss of EK-FAC influences on the fine-tuned GPT-2 of `bench_lds_finetune` "
+            f"({data['n_train']:,} train documents, {data['n_target']} targets, {data['n_retrain']} retrains, 95% "
+            f"bootstrap intervals), scored exactly and from {sketches} "
+            f"sketches of the whitened layer gradients (damping relative to each layer's mean eigenvalue). The "
+            f"probe's exact scores correlate {data['check']['pearson_with_stored_exact']:.3f} with `trak score`'s. "
+            "The whitened gradients spread over most of their coordinates, so no sketch a few thousand wide keeps "
+            "the exact ranking: exact scores (or a two-stage top-k) are the way to EK-FAC's quality.")
+    return ("How much of EK-FAC a sketch keeps (a negative result)", note,
+            table(["damping", "sketch", "r", "LDS", "share of the whitened variance"], rows,
+                  ["r", "l", "r", "r", "r"]))
+
+
 def _gpu_measured(sec: dict[str, Any]) -> str:
     """`` (GPU, date, commit)`` of a section or variant kept from an earlier run (``measured``), else ``""``."""
     m = sec.get("measured")
@@ -916,6 +935,8 @@ RENDERERS: list[tuple[Any, str, Any]] = [
     (lambda d: d.get("benchmark") == "append", "benchmarks.bench_append", _append),
     (lambda d: d.get("benchmark") == "bench_object_store", "benchmarks.bench_object_store", _object_store),
     (lambda d: d.get("benchmark") == "probe_sketch", "benchmarks.probe_sketch", _sketch_probe),
+    (lambda d: d.get("benchmark") == "probe_curvature_sketch", "benchmarks.probe_curvature_sketch",
+     _curvature_sketch_probe),
     (lambda d: d.get("benchmark") == "bench_gpu", "benchmarks.bench_gpu", _gpu),
     (lambda d: d.get("benchmark") == "bench_ekfac_lm", "benchmarks.bench_ekfac_lm", _ekfac_lm),
     (lambda d: d.get("benchmark") == "examples", "benchmarks.bench_examples", _examples),
