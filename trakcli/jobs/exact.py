@@ -24,9 +24,8 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from trakcli.curvature.influence import (
-    InfluencePass, QueryGradients, QueryLayerGrads, fitting_rank, hooked_pass, query_bytes,
-)
+from trakcli.curvature.influence import (InfluencePass, QueryGradients, QueryLayerGrads, fitting_rank, hooked_pass,
+                                        query_bytes)
 from trakcli.data.tensors import inputs_to
 from trakcli.jobs.setup import batch_rows_for, rows_of
 from trakcli.gradients import KroneckerFeaturizer

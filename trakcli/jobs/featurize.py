@@ -33,12 +33,11 @@ def featurize_rows(
 ) -> tuple[int, list[int]]:
     """Compute and write this rank's pending chunks of one checkpoint (train rows or targets).
 
-    Each batch goes through ``s.featurizer`` (:meth:`JobSetup.features`); a chunk's ``features`` (and
-    ``out_to_loss``, ``nonfinite``) are written as float32 before its done flag. Train rows written in line
-    also save a chunk's rows so far (:meth:`ChunkedRows.write_partial`) every ``save_every_s`` seconds of work
-    and on Ctrl-C; a rerun resumes after them, at a batch boundary of an uninterrupted run (batches are cut
-    greedily from the chunk's first row), so the store is the same bit for bit. A KeyboardInterrupt leaves
-    with a note of the train rows stored.
+    Each batch goes through ``s.featurizer`` (:meth:`JobSetup.features`); a chunk's ``features`` (and ``out_to_loss``,
+    ``nonfinite``) are written as float32 before its done flag. Train rows written in line also save a chunk's rows so
+    far (:meth:`ChunkedRows.write_partial`) every ``save_every_s`` seconds of work and on Ctrl-C; a rerun resumes after
+    them, at a batch boundary of an uninterrupted run (batches are cut greedily from the chunk's first row), so the
+    store is the same bit for bit. A KeyboardInterrupt leaves with a note of the train rows stored.
 
     Args:
         s, data, rows, model_id: the setup, the rows to featurize, the store's rows of checkpoint ``model_id``.

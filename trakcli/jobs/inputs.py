@@ -38,13 +38,12 @@ def resolve_checkpoints(cfg: Config, hashes: "HashCache | None" = None) -> list[
         ours = oc is not None and oc.out_dir is not None and oc.out_dir.resolve() == path.parent.resolve()
         return manifest_checkpoints(path, n_models=oc.n_models if ours else None, n_models_key="optimize.n_models",
                                     hashes=hashes)
-    if isinstance(spec, str) and spec.startswith("hf:") or isinstance(spec, list) and any(
-        p.startswith("hf:") for p in spec
-    ):
+    listed = [spec] if isinstance(spec, str) else spec
+    if any(p.startswith("hf:") for p in listed):
         from trakcli.models.hf import resolve_hf_path
 
         out, problems = [], []
-        for p in [spec] if isinstance(spec, str) else spec:
+        for p in listed:
             try:
                 out.append(resolve_hf_path(p, need="checkpoint") if p.startswith("hf:") else Path(p))
             except ModelError as e:
@@ -59,10 +58,8 @@ def resolve_checkpoints(cfg: Config, hashes: "HashCache | None" = None) -> list[
         if not matches and Path(spec).exists():
             matches = [spec]
         if not matches:
-            raise ConfigError(
-                f"checkpoints: no file matches {spec!r}; train some with `trak optimize CONFIG` "
-                "or point the glob at your .pt / .safetensors files"
-            )
+            raise ConfigError(f"checkpoints: no file matches {spec!r}; train some with `trak optimize CONFIG` "
+                              "or point the glob at your .pt / .safetensors files")
         return [Path(m) for m in matches]
     missing = [p for p in spec if not Path(p).exists()]
     if missing:
@@ -94,10 +91,9 @@ def resolve_optimizer_states(cfg: Config, checkpoints: list[Path]) -> list[Path]
     if spec is not None:
         states = [Path(p) for p in (sorted(glob.glob(spec)) or [spec] if isinstance(spec, str) else spec)]
         if len(states) != len(checkpoints):
-            raise ConfigError(
-                f"second_moment.optimizer_state: {spec!r} names {len(states)} files for {len(checkpoints)} "
-                "checkpoints; give one optimizer state file per checkpoint, in model_id order"
-            )
+            raise ConfigError(f"second_moment.optimizer_state: {spec!r} names {len(states)} files for "
+                              f"{len(checkpoints)} checkpoints; give one optimizer state file per checkpoint, in "
+                              "model_id order")
     elif is_manifest_path(cfg.checkpoints):
         manifest = Path(cfg.checkpoints)  # type: ignore[arg-type]
         states = []
@@ -111,10 +107,8 @@ def resolve_optimizer_states(cfg: Config, checkpoints: list[Path]) -> list[Path]
     if missing:
         i, path = missing[0]
         more = f", and {len(missing) - 1} more checkpoints lack theirs" if len(missing) > 1 else ""
-        raise ConfigError(
-            f"second_moment.kind {cfg.second_moment.kind}: no optimizer state {str(path)!r} for checkpoint "
-            f"{str(checkpoints[i])!r} (model_id {i}){more}; {SAVE_HINT}"
-        )
+        raise ConfigError(f"second_moment.kind {cfg.second_moment.kind}: no optimizer state {str(path)!r} for "
+                          f"checkpoint {str(checkpoints[i])!r} (model_id {i}){more}; {SAVE_HINT}")
     return states
 
 
@@ -133,10 +127,8 @@ def missing_train_files(cfg: Config) -> list[str]:
     return [str(p) for p in paths if not (isinstance(p, str) and "://" in p) and file_problem(p) is not None]
 
 
-def check_files(
-    cfg: Config, *, need_checkpoints: bool = True, need_target: bool = False, need_validation: bool = False,
-    need_train: bool = True,
-) -> None:
+def check_files(cfg: Config, *, need_checkpoints: bool = True, need_target: bool = False,
+                need_validation: bool = False, need_train: bool = True) -> None:
     """Check that every file the config names exists; report all missing ones at once.
 
     Args:

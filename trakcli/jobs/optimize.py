@@ -1,10 +1,9 @@
 """`trak optimize` as a library function: N seeded models, their checkpoints and the manifest.
 
-Per model, three steps: plan (:meth:`_Run.plan`: its rows, and whether an existing checkpoint is
-kept or the model is trained), train (:meth:`_Run.train`: :func:`trakcli.train.train_one`, the same
-function that retrains the models of `trak eval`), and write the manifest (:meth:`_Run.record`:
-``out_dir/manifest.json`` rewritten atomically after every finished model; layout:
-:mod:`trakcli.store.manifest`).
+Per model, three steps: plan (:meth:`_Run.plan`: its rows, and whether an existing checkpoint is kept or the model is
+trained), train (:meth:`_Run.train`: :func:`trakcli.train.train_one`, the same function that retrains the models of
+`trak eval`), and write the manifest (:meth:`_Run.record`: ``out_dir/manifest.json`` rewritten atomically after every
+finished model; layout: :mod:`trakcli.store.manifest`).
 """
 
 from __future__ import annotations
@@ -36,10 +35,8 @@ from trakcli.store import differing_keys
 from trakcli.tasks import resolve_task
 from trakcli.store.manifest import (FORMAT, FORMAT_VERSION, MANIFEST_NAME, checkpoint_file_name, checkpoint_sha256,
                                     read_manifest, write_manifest)
-from trakcli.train import (
-    DatasetRows, ReplayRecorder, TensorRows, TrainRows, check_init_checkpoint, check_recipe,
-    load_training_function, optimizer_param_names, record_dir, train_one, validate,
-)
+from trakcli.train import (DatasetRows, ReplayRecorder, TensorRows, TrainRows, check_init_checkpoint, check_recipe,
+                           load_training_function, optimizer_param_names, record_dir, train_one, validate)
 from trakcli.train.replay import RECORD_NAME, REPLAY_DIR
 
 
@@ -47,23 +44,16 @@ def manifest_identity(cfg: Config, train: TensorDataset) -> dict[str, Any]:
     """What the models of a run were trained with (equal identities: a rerun keeps the earlier models):
     ``{"model", "task", "train_data", "recipe"}`` without the run-only recipe keys
     (:data:`trakcli.config.RUN_ONLY_KEYS`), and ``"batch_tokens"`` when it bounds text batches."""
-    out = {
-        "model": cfg.model.model_dump(mode="json"),
-        "task": cfg.task,
-        "train_data": train.fingerprint(),
-        "recipe": recipe_identity(cfg.recipe),
-    }
+    out = {"model": cfg.model.model_dump(mode="json"), "task": cfg.task, "train_data": train.fingerprint(),
+           "recipe": recipe_identity(cfg.recipe)}
     if isinstance(train, TextDataset) and cfg.data.batch_tokens is not None:
         out["batch_tokens"] = cfg.data.batch_tokens
     return out
 
 
 def _previous_models(path: Path, identity: dict[str, Any], *, out_dir: Path, reporter: Reporter) -> dict[int, dict]:
-    """The entries of the earlier run's manifest at ``path`` (may not exist), by model_id.
-
-    Raises:
-        ConfigError: its models were trained with another :func:`manifest_identity` (names the differing keys).
-    """
+    """The entries of the earlier run's manifest at ``path`` (may not exist), by model_id; ConfigError naming the
+    differing keys when its models were trained with another :func:`manifest_identity`."""
     if not path.exists():
         return {}
     try:
@@ -105,11 +95,8 @@ _WRITE_FIX = ("free disk space (or set optimize.out_dir elsewhere) and rerun the
 
 
 def _write_checkpoint(model: torch.nn.Module, path: Path, i: int) -> None:
-    """Write the model's state dict (on the CPU; a PEFT model: its adapter folder) to ``path`` atomically.
-
-    Raises:
-        TrainingError: the file cannot be written (names it and the fix).
-    """
+    """Write the model's state dict (on the CPU; a PEFT model: its adapter folder) to ``path`` atomically
+    (TrainingError naming the file and the fix when it cannot be written)."""
     if not is_peft_model(model):  # a retrained model gets the bytes (and sha256) of the first training
         state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
         save_training_file(state, path, f"model {i}: cannot write its checkpoint", _WRITE_FIX)
@@ -159,17 +146,16 @@ def _epochs_written(oc: OptimizeConfig, entry: dict[str, Any]) -> bool:
 def optimize(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_REPORTER) -> list[Path]:
     """Train ``optimize.n_models`` independently seeded models and write their checkpoints and manifest.
 
-    Model ``i`` is built, seeded with ``optimize.seed + i`` and trained by :func:`trakcli.train.train_one` (the
-    built-in recipe, or the user's ``optimize.entrypoint``; the same function that retrains the models of `trak
-    eval`) on a random ``subset_fraction`` of ``data.train`` if below 1 (drawn with ``optimize.seed + i``), and
-    written atomically to ``optimize.out_dir/model_{i:03d}.pt``. Existing files are kept (a rerun resumes) unless
-    ``overwrite``; a model killed mid-training resumes bit-identically from its training state in
-    ``out_dir/.resume/`` (saved every ``optimize.checkpoint_every`` steps and at epoch ends). With
-    ``optimize.projection`` the optimizer runs in a random subspace (:class:`trakcli.optim.ProjectedOptimizer`);
-    with ``data.validation`` the built-in recipe evaluates the model after every epoch; with
-    ``optimize.epoch_checkpoints`` it also writes the model (and with ``save_optimizer_state`` its optimizer
-    state) at the end of every epoch but the last (:func:`checkpoint_name`), a kept model whose epoch checkpoints
-    are missing or changed being trained again.
+    Model ``i`` is built, seeded with ``optimize.seed + i`` and trained by :func:`trakcli.train.train_one` (the built-in
+    recipe, or the user's ``optimize.entrypoint``; the same function that retrains the models of `trak eval`) on a
+    random ``subset_fraction`` of ``data.train`` if below 1 (drawn with ``optimize.seed + i``), and written atomically
+    to ``optimize.out_dir/model_{i:03d}.pt``. Existing files are kept (a rerun resumes) unless ``overwrite``; a model
+    killed mid-training resumes bit-identically from its training state in ``out_dir/.resume/`` (saved every
+    ``optimize.checkpoint_every`` steps and at epoch ends). With ``optimize.projection`` the optimizer runs in a random
+    subspace (:class:`trakcli.optim.ProjectedOptimizer`); with ``data.validation`` the built-in recipe evaluates the
+    model after every epoch; with ``optimize.epoch_checkpoints`` it also writes the model (and with
+    ``save_optimizer_state`` its optimizer state) at the end of every epoch but the last (:func:`checkpoint_name`), a
+    kept model whose epoch checkpoints are missing or changed being trained again.
 
     After every finished model, ``out_dir/manifest.json`` is written atomically (:mod:`trakcli.store.manifest`):
     the recipe, the model, and per model its checkpoint (relative path), sha256, seed, subset indices and metrics
@@ -194,14 +180,10 @@ def optimize(cfg: Config, *, overwrite: bool = False, reporter: Reporter = NULL_
         run.record(plan, entry)  # the manifest, after every finished model
     oc, manifest_path = run.oc, run.manifest_path
     if oc.metrics is not None:
-        _write_metrics(oc.metrics, {
-            "trakcli_version": __version__,
-            **run.manifest["recipe"],
-            "model": run.manifest["model"],
-            "n_params": sum(p.numel() for p in build_model(cfg.model.entrypoint, **cfg.model.kwargs).parameters()),
-            "manifest": str(manifest_path),
-            "models": run.rows,
-        })
+        n_params = sum(p.numel() for p in build_model(cfg.model.entrypoint, **cfg.model.kwargs).parameters())
+        _write_metrics(oc.metrics, {"trakcli_version": __version__, **run.manifest["recipe"],
+                                    "model": run.manifest["model"], "n_params": n_params,
+                                    "manifest": str(manifest_path), "models": run.rows})
         reporter.info(f"metrics -> {oc.metrics}")
     reporter.info(f"manifest -> {manifest_path}")
     return run.paths
@@ -271,15 +253,9 @@ class _Run:
         # entries of the earlier run stay until their model is checked or retrained (a killed or failed run keeps them)
         n_kept = next((m for m in range(oc.n_models) if m not in previous), oc.n_models)
         manifest: dict[str, Any] = {
-            "format": FORMAT,
-            "format_version": FORMAT_VERSION,
-            "trakcli_version": __version__,
-            "n_models": oc.n_models,
-            "complete": False,
-            "recipe": {"optimize": oc.model_dump(mode="json")},
-            "model": identity["model"],
-            "task": cfg.task,
-            "train_data": identity["train_data"],
+            "format": FORMAT, "format_version": FORMAT_VERSION, "trakcli_version": __version__,
+            "n_models": oc.n_models, "complete": False, "recipe": {"optimize": oc.model_dump(mode="json")},
+            "model": identity["model"], "task": cfg.task, "train_data": identity["train_data"],
             "validation_data": valset.fingerprint() if valset is not None else None,
             **({"batch_tokens": identity["batch_tokens"]} if "batch_tokens" in identity else {}),
             "models": [previous[m] for m in range(n_kept)],
@@ -425,18 +401,14 @@ class _Run:
         self.rows.append({
             "model_id": i, "seed": entry["seed"], "checkpoint": str(plan.path), "sha256": entry["sha256"],
             **({"subset_indices": entry["subset_indices"]} if "subset_indices" in entry else {}),
-            **entry.get("metrics", {}),
-            **({"kept": True} if plan.kept else {}),
+            **entry.get("metrics", {}), **({"kept": True} if plan.kept else {}),
         })
 
 
 def _check_entrypoint(oc: OptimizeConfig) -> None:
     """Refuse what only the built-in recipe does (``epoch_checkpoints``, ``replay``) with ``optimize.entrypoint``,
-    and ``optimize.replay`` with ``optimize.projection`` (its random subspaces are not replayed).
-
-    Raises:
-        ConfigError: naming both keys and the fix.
-    """
+    and ``optimize.replay`` with ``optimize.projection`` (its random subspaces are not replayed): ConfigError
+    naming both keys and the fix."""
     if oc.epoch_checkpoints and oc.entrypoint is not None:
         raise ConfigError(f"optimize.epoch_checkpoints: the built-in recipe writes them, but optimize.entrypoint "
                           f"{oc.entrypoint!r} trains the models; remove epoch_checkpoints, or the entrypoint to use "

@@ -56,9 +56,8 @@ from trakcli.progress import NULL_REPORTER, Reporter
 from trakcli.scoring import target_weights
 from trakcli.store import ChunkedRows, Store
 from trakcli.store.kernel import read_kernel
-from trakcli.tasks import (
-    IGNORE_INDEX, LanguageModeling, LossOutput, classification_margin, resolve_task, token_labels, token_losses,
-)
+from trakcli.tasks import (IGNORE_INDEX, LanguageModeling, LossOutput, classification_margin, resolve_task,
+                           token_labels, token_losses)
 
 def check_per_token(s: JobSetup, *, normalize: str | None) -> None:
     """Refuse settings per-token scores cannot be computed with, naming the fix (``score.top_k`` is the config's).
@@ -115,11 +114,8 @@ def token_margins(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 def split_by_token(inputs: dict[str, torch.Tensor], labels: torch.Tensor) -> tuple[dict, torch.Tensor, list, list]:
     """One copy of each row per target token, whose labels keep that token only: ``(inputs, labels, rows,
     positions)``, the copies (``[N, L]`` each) and the row and position of each."""
-    rows, positions = [], []
-    for i in range(labels.shape[0]):
-        for t in torch.nonzero(labels[i, 1:] != IGNORE_INDEX).flatten().tolist():
-            rows.append(i)
-            positions.append(t + 1)
+    at = torch.nonzero(labels[:, 1:] != IGNORE_INDEX)  # (row, position - 1) of every target token, row by row
+    rows, positions = at[:, 0].tolist(), (at[:, 1] + 1).tolist()
     idx = torch.tensor(rows, dtype=torch.long)
     out = torch.full((len(rows), labels.shape[1]), IGNORE_INDEX, dtype=labels.dtype)
     if rows:
@@ -245,16 +241,13 @@ class PerTokenScores:
 
     def weights_of(self, model_id: int, x: Any, y: torch.Tensor, row: int) -> torch.Tensor:
         """``a_m`` of rows ``(x, y)`` (targets, or copies of one): ``[r, p]`` float64 (``p`` grad_dim when exact)."""
-        parts = []
+        parts, exact = [], self.exact_damping is not None
         for b in range(0, y.shape[0], self.rows_per_batch):
             xb = {k_: v[b:b + self.rows_per_batch] for k_, v in x.items()}
             yb = y[b:b + self.rows_per_batch]
-            if self.exact_damping is not None:
-                parts.append(self._exact(model_id, xb, yb, row))
-            else:
-                phi, _ = self.s.features(xb, yb, model_id, row)
-                parts.append(phi.double().cpu())
-        width = self.s.grad_dim if self.exact_damping is not None else self.s.proj_dim
+            parts.append(self._exact(model_id, xb, yb, row) if exact else
+                         self.s.features(xb, yb, model_id, row)[0].double().cpu())
+        width = self.s.grad_dim if exact else self.s.proj_dim
         phi = torch.cat(parts) if parts else torch.zeros(0, width, dtype=torch.float64)  # a target without targets
         return self._weights(model_id, phi)
 
@@ -470,8 +463,7 @@ def per_token_arrays(store: Store, experiment: str, n_target: int, k: int, width
         StoreMismatchError: the stored arrays have another ``k`` or ``width`` (names ``--overwrite``).
     """
     t_rows = min(n_target, max(1, (4 << 20) // (16 * k * width)))
-    return store.sized_rows(
-        f"scores/{experiment}/per_token", {"k": k, "width": width},
-        {a: ((n_target, 2, k, width), "float32", (t_rows, 2, k, width), ("target", "side", "rank", "position"))
-         for a in ("target_tokens", "document_tokens")},
-        n_target, t_rows, create, repair)
+    arrays = {a: ((n_target, 2, k, width), "float32", (t_rows, 2, k, width), ("target", "side", "rank", "position"))
+              for a in ("target_tokens", "document_tokens")}
+    return store.sized_rows(f"scores/{experiment}/per_token", {"k": k, "width": width}, arrays, n_target, t_rows,
+                            create, repair)

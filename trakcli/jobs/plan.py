@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from trakcli.jobs.kernels import ridge_settings
+
 if TYPE_CHECKING:
     from trakcli.config.schema import ScoreConfig
     from trakcli.jobs.setup import JobSetup
@@ -65,12 +67,10 @@ class ScorePlan:
     @classmethod
     def of(cls, sc: ScoreConfig, *, linalg_threads: int | None = None, grad_memory_mb: int = 1024) -> ScorePlan:
         """The plan of a validated ``score:`` section (``full`` resolved from ``top_k`` when unset)."""
-        return cls(
-            experiment=sc.experiment, lambda_reg=sc.lambda_reg, lambda_rel=sc.lambda_rel, top_k=sc.top_k,
-            full=sc.top_k is None if sc.full is None else sc.full, normalize=sc.normalize, per_token=sc.per_token,
-            rescore_multiplier=sc.rescore_multiplier, recall_queries=sc.recall_queries, rerank=sc.rerank,
-            linalg_threads=linalg_threads, grad_memory_mb=grad_memory_mb,
-        )
+        return cls(experiment=sc.experiment, lambda_reg=sc.lambda_reg, lambda_rel=sc.lambda_rel, top_k=sc.top_k,
+                   full=sc.top_k is None if sc.full is None else sc.full, normalize=sc.normalize,
+                   per_token=sc.per_token, rescore_multiplier=sc.rescore_multiplier, recall_queries=sc.recall_queries,
+                   rerank=sc.rerank, linalg_threads=linalg_threads, grad_memory_mb=grad_memory_mb)
 
     def for_setup(self, s: JobSetup) -> ScorePlan:
         """This plan with what the setup decides: whether the features are whitened by a curvature, and the exact
@@ -95,8 +95,6 @@ class ScorePlan:
 
     def ridge(self) -> dict[str, float | None]:
         """The ridge settings a stored kernel is made with and checked against."""
-        from trakcli.jobs.kernels import ridge_settings
-
         return ridge_settings(self.lambda_reg, self.lambda_rel)
 
     def settings(self, target_attrs: dict[str, Any]) -> dict[str, Any]:

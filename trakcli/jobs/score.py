@@ -1,8 +1,7 @@
 """`trak score` as a library function: target features, per-checkpoint kernels, the ensembled score matrix.
 
-Formula: Park et al. 2023 ("TRAK: Attributing Model Behavior at Scale", Eq. 17), as written in
-:mod:`trakcli.scoring`. Under ``torchrun`` each process computes the chunks of its rank; rank 0 holds the
-store's lock and writes attributes.
+Formula: Park et al. 2023 ("TRAK: Attributing Model Behavior at Scale", Eq. 17), as written in :mod:`trakcli.scoring`.
+Under ``torchrun`` each process computes the chunks of its rank; rank 0 holds the store's lock and writes attributes.
 """
 
 from __future__ import annotations
@@ -179,10 +178,9 @@ def score(cfg: Config, *, overwrite: bool = False, skip_nonfinite: bool = False,
           reporter: Reporter = NULL_REPORTER) -> ScoreResult:
     """Featurize the targets, finalize each checkpoint's kernel and write the ensembled scores.
 
-    Formula: :mod:`trakcli.scoring` (Park et al. 2023, Eq. 17). Train features
-    are streamed from the store one column block (``chunk_rows`` train rows) at
-    a time, so memory is O(n_target·proj_dim + chunk_rows·proj_dim + proj_dim²
-    + n_target·chunk_rows), never n_train·n_target.
+    Formula: :mod:`trakcli.scoring` (Park et al. 2023, Eq. 17). Train features are streamed from the store one column
+    block (``chunk_rows`` train rows) at a time, so memory is O(n_target·proj_dim + chunk_rows·proj_dim + proj_dim² +
+    n_target·chunk_rows), never n_train·n_target.
 
     Args:
         cfg: config; ``data.target`` is required. ``score:`` gives the
@@ -190,11 +188,9 @@ def score(cfg: Config, *, overwrite: bool = False, skip_nonfinite: bool = False,
         overwrite, skip_nonfinite, verify: the run's :class:`~trakcli.jobs.plan.RunFlags`.
         reporter: progress bars and messages.
 
-    Derived data is verified on every run: target features and score chunks
-    that are missing or fail their checksum, and a corrupt kernel, are
-    recomputed (one info line each). With ``verify`` every chunk of the train
-    features is read too; a damaged one stops the run naming
-    ``trak featurize CONFIG --verify``.
+    Derived data is verified on every run: target features and score chunks that are missing or fail their checksum, and
+    a corrupt kernel, are recomputed (one info line each). With ``verify`` every chunk of the train features is read
+    too; a damaged one stops the run naming ``trak featurize CONFIG --verify``.
 
     Returns:
         :class:`ScoreResult`; the ``[n_target, n_train]`` float32 scores are in the store.
@@ -315,17 +311,12 @@ def _open_arrays(store: Store, s: JobSetup, plan: ScorePlan, flags: RunFlags, se
             store.drop(f"scores/{exp}")
         targets = open_targets(store, s, exp, t_attrs, n_target, reporter)
         if plan.full:  # records or checks the experiment's settings with the matrix
-            out = store.scores(exp, n_target, settings, repair=True)
-            bad = out.verify()
-            if bad:
-                reporter.info(f"score column blocks {bad} were missing or corrupt; recomputed")
+            out = _verified(store.scores(exp, n_target, settings, repair=True), reporter, "score column blocks")
         else:
             out = None
             store.score_settings(exp, settings, repair=True)
-        top = StoredTopK(store, exp, n_target, plan.top_k, create=True, two_stage=two) if plan.top_k else None
-        bad = top.verify() if top else []
-        if bad:
-            reporter.info(f"top-k target chunks {bad} were missing or corrupt; recomputed")
+        top = _verified(StoredTopK(store, exp, n_target, plan.top_k, create=True, two_stage=two), reporter,
+                        "top-k target chunks") if plan.top_k else None
         report_notes(store, reporter)
     s.dist.barrier()
     if not s.dist.is_main:  # opened after rank 0 has created or repaired them
@@ -342,13 +333,17 @@ def open_targets(store: Store, s: JobSetup, exp: str, t_attrs: dict[str, Any], n
     chunks marked to recompute (one info line each); on the other ranks (after rank 0's) opened."""
     if not s.dist.is_main:
         return [store.targets(exp, m, t_attrs, n_target, create=False) for m in range(len(s.checkpoints))]
-    targets = []
-    for model_id in range(len(s.checkpoints)):  # derived data: checked on every run, damage recomputed
-        targets.append(store.targets(exp, model_id, t_attrs, n_target, repair=True))
-        bad = targets[-1].verify()
-        if bad:
-            reporter.info(f"model {model_id}: target feature chunks {bad} were missing or corrupt; recomputed")
-    return targets
+    return [_verified(store.targets(exp, m, t_attrs, n_target, repair=True), reporter,
+                      f"model {m}: target feature chunks") for m in range(len(s.checkpoints))]
+
+
+def _verified(arrays: Any, reporter: Reporter, what: str) -> Any:
+    """``arrays`` after their :meth:`verify`, which marks missing or corrupt chunks to recompute (an info line
+    names them, ``what``)."""
+    bad = arrays.verify()
+    if bad:
+        reporter.info(f"{what} {bad} were missing or corrupt; recomputed")
+    return arrays
 
 
 def featurize_targets(s: JobSetup, store: Store, target: TensorDataset, rows: ChunkedRows, model_id: int, *,
@@ -375,9 +370,8 @@ def _featurize_targets(s: JobSetup, store: Store, plan: ScorePlan, target: Tenso
     them). Returns (per model_id the chunks written, kept for the scores; the kernels read ahead; chunks computed)."""
     kept: list[dict[int, np.ndarray]] = []
     kernels: dict[int, tuple[torch.Tensor, float]] = {}
-    n_models = len(target_rows)
     prefetch = (s.dist.world_size == 1 and not plan.curvature
-                and sum(kernel_nbytes(store, m) for m in range(n_models)) <= PREFETCH_BYTES)
+                and sum(kernel_nbytes(store, m) for m in range(len(target_rows))) <= PREFETCH_BYTES)
     computed = 0
     if plan.exact and not plan.exact_two_stage:  # exact influence takes the targets' own layer gradients instead
         return [{} for _ in target_rows], kernels, computed
@@ -421,10 +415,8 @@ def _per_token_scores(s: JobSetup, store: Store, train_rows: list[ChunkedRows], 
     exp, top_k = plan.experiment, plan.top_k
     k = min(top_k, len(s.train))
     width = per_token_width(s, target)
-    arrays = per_token_arrays(store, exp, len(target), k, width, create=True, repair=True)
-    bad = arrays.verify()
-    if bad:
-        reporter.info(f"per-token chunks {bad} were missing or corrupt; recomputed")
+    arrays = _verified(per_token_arrays(store, exp, len(target), k, width, create=True, repair=True), reporter,
+                       "per-token chunks")
     pending = arrays.pending()
     if not pending:
         return 0

@@ -88,13 +88,11 @@ def top_rows(scores: np.ndarray, k: int) -> np.ndarray:
 
 
 def target_groups(section: Any, target: Any, group_by: str | None) -> tuple[np.ndarray, list[str]]:
-    """Each target's group (``select.group_by``, a field of text data or a key of a tensor file holding
-    ``[n_target]`` values; None: one group ``"all"``): ``([n_target] int64 group index, group names)``
-    (:func:`group_codes`).
+    """Each target's group (``select.group_by``, a field of text data or a key of a tensor file holding ``[n_target]``
+    values; None: one group ``"all"``): ``([n_target] int64 group index, group names)`` (:func:`group_codes`).
 
     Raises:
-        DataError: no such field or key (naming the ones there are), rows without it, or a count that
-            is not n_target.
+        DataError: no such field or key (naming the ones there are), rows without it, or a count that is not n_target.
     """
     n = len(target)
     if group_by is None:

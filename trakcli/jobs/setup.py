@@ -68,12 +68,8 @@ def run_identity(model: dict[str, Any], task: Any, grad_wrt: list[str] | None, f
         ``projector``, ``train_data``, ``storage`` and, when set, ``second_moment`` and ``curvature``.
     """
     out = {
-        "model": model,
-        **task_identity(task),
-        "grad_wrt": grad_wrt,
-        "grad_dim": featurizer.grad_dim,
-        "param_names": featurizer.param_names,
-        "projector": featurizer.projector.spec(),
+        "model": model, **task_identity(task), "grad_wrt": grad_wrt, "grad_dim": featurizer.grad_dim,
+        "param_names": featurizer.param_names, "projector": featurizer.projector.spec(),
         "train_data": train.fingerprint(),
         "storage": {"chunk_rows": layout.chunk_rows, "dtype": layout.dtype, "compressor": layout.compressor},
     }
@@ -433,11 +429,8 @@ def attach_curvature(featurizer: Featurizer, model: torch.nn.Module, curvature: 
 
 
 def _stored_train(cfg: Config, missing: list[str], reporter: Reporter) -> StoredRows:
-    """The train rows as the store recorded them (count and fingerprint) when ``data.train``'s files are gone.
-
-    Raises:
-        ConfigError: no recorded train rows: the missing files, as :func:`~trakcli.jobs.inputs.check_files` says.
-    """
+    """The train rows as the store recorded them (count and fingerprint) when ``data.train``'s files are gone;
+    without recorded rows, ConfigError naming the missing files (:func:`~trakcli.jobs.inputs.check_files`)."""
     try:
         fingerprint = Store.open_existing(cfg.store.location, mode="r").identity.get("train_data")
     except StoreError:

@@ -7,13 +7,12 @@ the recorded steps (Ilyas & Engstrom 2025, "MAGIC"); the score is minus its mean
 outside a model's ``subset_fraction`` subset), in nats of the target's loss per unit of weight on the
 example's loss (one more copy of it in every epoch: weight 2).
 
-The targets are scored ``data.batch_size`` at a time (one replay of every model per chunk, the targets'
-adjoints stacked); each finished chunk is written with its done flag to ``scores/<experiment>/unroll_rows``
-(``[n_chunks, batch_size, n_train]`` float32), so a killed run resumes at the first chunk not done. Once
-every chunk is done, the matrix (``scores/<experiment>/scores``) and, with ``score.top_k``, the top-k are
-written from them and the chunks dropped. Under ``torchrun`` rank r scores the chunks ``c ≡ r (mod N)``;
-rank 0 holds the lock, creates the arrays first and writes the results: the store equals one process's
-bit for bit (the same device kind and thread count).
+The targets are scored ``data.batch_size`` at a time (one replay of every model per chunk, the targets' adjoints
+stacked); each finished chunk is written with its done flag to ``scores/<experiment>/unroll_rows``
+(``[n_chunks, batch_size, n_train]`` float32), so a killed run resumes at the first chunk not done. Once every chunk is
+done, the matrix (``scores/<experiment>/scores``) and, with ``score.top_k``, the top-k are written from them and the
+chunks dropped. Under ``torchrun`` rank r scores the chunks ``c ≡ r (mod N)``; rank 0 holds the lock, creates the arrays
+first and writes the results: the store equals one process's bit for bit (the same device kind and thread count).
 """
 
 from __future__ import annotations
@@ -90,10 +89,8 @@ def unroll_score(cfg: Config, *, overwrite: bool = False, reporter: Reporter = N
     exp, full = plan.experiment, plan.full
     top_k = None if plan.top_k is None else min(plan.top_k, n_train)
     entries = manifest["models"][:len(checkpoints)]
-    settings = {
-        "method": "unroll", "target_data": target.fingerprint(), "trained_checkpoints": [e["sha256"] for e in entries],
-        "targets_per_replay": chunk, "output": "loss",
-    }
+    settings = {"method": "unroll", "target_data": target.fingerprint(),
+                "trained_checkpoints": [e["sha256"] for e in entries], "targets_per_replay": chunk, "output": "loss"}
     path = cfg.store.location
     n_chunks = -(-n_target // chunk)
     computed = 0
@@ -212,10 +209,9 @@ def _open_store(cfg: Config, path: Any, train: Any) -> Store:
     if Store.exists(path):
         store = Store.open_existing(path)
         if store.identity and store.identity.get("train_data") != fp:
-            raise StoreMismatchError(
-                f"the store {path} holds features of other train data than data.train; score.method: unroll writes "
-                "its scores beside them only for the same data: set another store.path"
-            )
+            raise StoreMismatchError(f"the store {path} holds features of other train data than data.train; "
+                                     "score.method: unroll writes its scores beside them only for the same data: set "
+                                     "another store.path")
         return store
     identity = {"method": "unroll", "model": cfg.model.model_dump(mode="json"), "task": cfg.task, "train_data": fp}
     layout = StoreLayout(n_train=len(train), proj_dim=1, chunk_rows=cfg.store.chunk_rows, dtype="float32",
@@ -259,10 +255,9 @@ def _chunk_scores(unrollers: list[tuple[Unroller, torch.Tensor | None]], target:
     for m, (unroller, subset) in enumerate(unrollers):
         mg = unroller.metagradients(x, y, reporter, description=f"unroll targets {lo}-{hi} model {m}").cpu()
         if not torch.isfinite(mg).all():
-            raise GradientError(
-                f"model {m}: the metagradients of targets {lo}-{hi} are not finite; the recorded training is "
-                "unstable to differentiate through (lower optimize.lr, or use fewer epochs)"
-            )
+            raise GradientError(f"model {m}: the metagradients of targets {lo}-{hi} are not finite; the recorded "
+                                "training is unstable to differentiate through (lower optimize.lr, or use fewer "
+                                "epochs)")
         if subset is None:
             total += mg.double()
         else:

@@ -13,9 +13,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from trakcli.scoring import (
-    cosine_term, dual_target_sq_norms, ensemble_block, kernel_sq_norms, score_block, target_weights,
-)
+from trakcli.scoring import (cosine_term, dual_target_sq_norms, ensemble_block, kernel_sq_norms, score_block,
+                             target_weights)
 from trakcli.store import ChunkedRows
 from trakcli.store.quantize import signs
 

@@ -96,10 +96,9 @@ class TwoStage:
 
 
 def seed_sample(n_train: int, chunk_rows: int, block: int, candidates: int) -> tuple[list[int], int] | None:
-    """The sample of a one-pass top-k's starting floor (:meth:`StoredTopK._seed_floors`): the first rows of the
-    sampled blocks of ``block`` rows (every :data:`SEED_STRIDE_BLOCKS`-th) and m, or None when the sample cannot
-    give a floor (m < :data:`SEED_MIN`, or more than the sampled chunks: a store of fewer than about
-    3 · candidates chunks)."""
+    """The sample of a one-pass top-k's starting floor (:meth:`StoredTopK._seed_floors`): the first rows of the sampled
+    blocks of ``block`` rows (every :data:`SEED_STRIDE_BLOCKS`-th) and m, or None when the sample cannot give a floor (m
+    < :data:`SEED_MIN`, or more than the sampled chunks: a store of fewer than about 3 · candidates chunks)."""
     starts = list(range(0, n_train - block + 1, block * SEED_STRIDE_BLOCKS))
     sampled = len(starts) * (block // chunk_rows)
     m = int(np.ceil(3 * candidates * sampled / -(-n_train // chunk_rows)))

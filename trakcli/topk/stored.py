@@ -12,16 +12,14 @@ import torch
 from trakcli.distributed import Dist
 from trakcli.files import event
 from trakcli.progress import Reporter
-from trakcli.scoring import merge_top_k, order_top_k
+from trakcli.scoring import order_top_k
 from trakcli.store import ChunkedRows, Store
 from trakcli.store.rows import read_checked
 from trakcli.topk import plan  # its sizes are read at each use (tests set them small)
 from trakcli.topk.features import FeatureScores
 from trakcli.topk.plan import TOP_K_ARRAYS, BlockScores, TwoStage, block_rows, measured_segments, seed_sample, segments
-from trakcli.topk.stream import (
-    RunningTopK, _blocks, _KthBest, _merge_parts, _merge_sides, _one_thread, _padded,
-    _pipeline, _PairScores, _unmeasured,
-)
+from trakcli.topk.stream import (RunningTopK, _blocks, _KthBest, _merge_parts, _merge_sides, _one_thread, _padded,
+                                 _pipeline, _PairScores, _unmeasured)
 
 
 def top_k_arrays(store: Store, experiment: str, n_target: int, k: int, create: bool = True,
@@ -37,10 +35,8 @@ def top_k_arrays(store: Store, experiment: str, n_target: int, k: int, create: b
         StoreMismatchError: the stored top-k has another ``k`` (names ``--overwrite``).
     """
     t_rows = min(n_target, max(1, (4 << 20) // (12 * k)))  # ~4 MB chunks of indices and scores
-    return store.sized_rows(
-        f"scores/{experiment}/top_k", {"k": k},
-        {name: ((n_target, k), dtype, (t_rows, k), ("target", "rank")) for name, dtype in TOP_K_ARRAYS.items()},
-        n_target, t_rows, create, repair)
+    arrays = {name: ((n_target, k), dtype, (t_rows, k), ("target", "rank")) for name, dtype in TOP_K_ARRAYS.items()}
+    return store.sized_rows(f"scores/{experiment}/top_k", {"k": k}, arrays, n_target, t_rows, create, repair)
 
 
 def top_k_parts(store: Store, experiment: str, n_target: int, k: int, n_segments: int, create: bool = True,
@@ -55,11 +51,9 @@ def top_k_parts(store: Store, experiment: str, n_target: int, k: int, n_segments
         StoreMismatchError: the parts were made with another ``k`` or segmentation.
     """
     t_rows = min(n_target, max(1, (4 << 20) // (12 * k)))
-    return store.sized_rows(
-        f"scores/{experiment}/{name}", {"k": k},
-        {a: ((n_segments, n_target, k), dtype, (1, t_rows, k), ("segment", "target", "rank"))
-         for a, dtype in TOP_K_ARRAYS.items()},
-        n_segments, 1, create, repair)
+    arrays = {a: ((n_segments, n_target, k), dtype, (1, t_rows, k), ("segment", "target", "rank"))
+              for a, dtype in TOP_K_ARRAYS.items()}
+    return store.sized_rows(f"scores/{experiment}/{name}", {"k": k}, arrays, n_segments, 1, create, repair)
 
 
 class StoredTopK:
@@ -118,13 +112,12 @@ class StoredTopK:
                      reporter: Reporter, seed: bool = True) -> int:
         """The two-stage top-k in one pass over this rank's pending segments; returns them. Every rank calls it.
 
-        Per block, the codes and the float copy of its rows are read together (:func:`_pipeline`); a running
-        top-K' per target and side takes candidates from the approximate scores, and every pair it takes in is
-        scored exactly from the block's float copy (:meth:`FeatureScores.pairs`), as are the sampled targets
-        against every row of a measured segment. A segment writes its candidates with their approximate scores
-        (``top_k_candidates``), their exact ones in the same slots (``top_k_parts``), then the sampled targets'
-        exact top-k; :meth:`merge` keeps the K' best approximate scores per target and side, and among them the
-        K best exact ones.
+        Per block, the codes and the float copy of its rows are read together (:func:`_pipeline`); a running top-K' per
+        target and side takes candidates from the approximate scores, and every pair it takes in is scored exactly from
+        the block's float copy (:meth:`FeatureScores.pairs`), as are the sampled targets against every row of a measured
+        segment. A segment writes its candidates with their approximate scores (``top_k_candidates``), their exact ones
+        in the same slots (``top_k_parts``), then the sampled targets' exact top-k; :meth:`merge` keeps the K' best
+        approximate scores per target and side, and among them the K best exact ones.
 
         With ``seed``, each side starts from a floor that leaves about 3 K' rows above it (:meth:`_seed_floors`).
         Should it leave fewer than K' for a target (checked when every segment is done), the pass runs again
@@ -293,13 +286,12 @@ class StoredTopK:
             for seg in pending:
                 event(f"start top-k segment {seg}")
                 lo, hi = self.segments[seg]
-                top_v = top_i = low_v = low_i = None
+                got: list[Any] = [None, None, None, None]
                 step = hi - lo if getattr(scores, "whole_segments", False) else self.block  # exact: saves its own rows
                 spans = [(b, min(b + step, hi)) for b in range(lo, hi, step)]
                 for (b, _), block in zip(spans, _blocks(scores, spans)):
-                    top_v, top_i = merge_top_k(top_v, top_i, block, b, self.k, largest=True)
-                    low_v, low_i = merge_top_k(low_v, low_i, block, b, self.k, largest=False)
-                parts.write(seg, **_padded(top_v, top_i, low_v, low_i, self.k))
+                    got = _merge_sides(got, block, b, self.k)
+                parts.write(seg, **_padded(*got, self.k))
                 event(f"done top-k segment {seg}")
                 task.advance()
         return len(pending)

@@ -75,11 +75,8 @@ def _pipeline(read: Callable[[int, int, int], Any], compute: Callable[[Any], Any
 
 
 class _PairScores:
-    """Exact scores of (target, row) pairs, computed once each as their block passes (:meth:`StoredTopK.compute_scan`).
-
-    Args:
-        n_train: train rows (pairs are keyed ``target · n_train + row``).
-    """
+    """Exact scores of (target, row) pairs, computed once each as their block passes (:meth:`StoredTopK.compute_scan`),
+    keyed ``target · n_train + row``."""
 
     def __init__(self, n_train: int):
         self.n_train = n_train
@@ -123,13 +120,9 @@ FILTER_GROUP = 16
 
 def _beyond(block: torch.Tensor, thr: torch.Tensor, largest: bool,
             rows_first: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(targets, columns)`` of the scores of ``block`` beyond ``thr`` ``[n_target]`` (above, or below when not
-    ``largest``).
-
-    Args:
-        block: ``[n_target, cols]`` scores, or ``[cols, n_target]`` with ``rows_first`` (as
-            :meth:`~trakcli.topk.features.FeatureScores.scan_product` gives them); the pairs come by target
-            in the first layout.
+    """``(targets, columns)`` of the scores of ``block`` ``[n_target, cols]`` (``rows_first``: ``[cols, n_target]``,
+    as :meth:`~trakcli.topk.features.FeatureScores.scan_product` gives them) beyond ``thr`` ``[n_target]`` (above,
+    or below when not ``largest``); the pairs come by target in the first layout.
 
     The columns are cut into ``cols / FILTER_GROUP`` strided groups (group g: columns g, g + cols / FILTER_GROUP,
     ...); the best score of each group is compared first, then the columns of the groups that pass: little more
@@ -154,10 +147,8 @@ def _beyond(block: torch.Tensor, thr: torch.Tensor, largest: bool,
     return rt[pi], pm * stride + rg[pi]
 
 
-def merge_top_k_filtered(
-    values: torch.Tensor | None, indices: torch.Tensor | None, block: torch.Tensor, offset: int, k: int,
-    largest: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def merge_top_k_filtered(values: torch.Tensor | None, indices: torch.Tensor | None, block: torch.Tensor, offset: int,
+                         k: int, largest: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`~trakcli.scoring.merge_top_k` that looks only at the block's scores beyond the kept k-th best.
 
     Once ``k`` finite values are kept, a score of the block can only enter the top-k if it beats the
