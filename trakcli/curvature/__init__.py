@@ -166,10 +166,9 @@ class Curvature:
         from trakcli.store.curvature import read_curvature, write_curvature
 
         settings = self.settings()
-        if store is not None:
-            done = read_curvature(store, model_id, settings, "done")
-            if done is not None:
-                return self._keep(model_id, CurvatureFactors.from_arrays(self.layers, done, self.damping))
+        done = read_curvature(store, model_id, settings, "done") if store is not None else None
+        if done is not None:
+            return self._keep(model_id, CurvatureFactors.from_arrays(self.layers, done, self.damping))
         cov = read_curvature(store, model_id, settings, "covariances") if store is not None else None
         if cov is not None:
             a = [torch.as_tensor(cov[f"{i}/a"]) for i in range(len(self.layers))]

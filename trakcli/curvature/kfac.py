@@ -154,10 +154,7 @@ class CurvatureFactors:
 
     def arrays(self) -> dict[str, Any]:
         """Plain numpy arrays (the factors' dtype) by name (``<i>/q_out``, ``<i>/q_in``, ``<i>/eig``) for the store."""
-        out = {}
-        for i, f in enumerate(self.factors):
-            out.update({f"{i}/q_out": f.q_out.numpy(), f"{i}/q_in": f.q_in.numpy(), f"{i}/eig": f.eig.numpy()})
-        return out
+        return {f"{i}/{k}": getattr(f, k).numpy() for i, f in enumerate(self.factors) for k in ("q_out", "q_in", "eig")}
 
     @classmethod
     def from_arrays(cls, layers: Sequence[KroneckerLayer], arrays: dict[str, Any], damping: float) -> CurvatureFactors:

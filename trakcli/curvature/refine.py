@@ -28,6 +28,7 @@ from torch import nn
 from torch.func import jvp, vjp
 
 from trakcli.curvature.kfac import CurvatureFactors
+from trakcli.gradients.hooks import first_rows
 from trakcli.gradients.vmap import functional_logits, split_parameters
 from trakcli.tasks import IGNORE_INDEX, Task, make_batch, token_labels
 
@@ -62,8 +63,7 @@ class GaussNewton:
         self.model, self.task, self.batches = model.eval(), task, list(batches)
         self.names = list(param_names)
         self.params, self.const = split_parameters(model, self.names)
-        self.n_examples = sum(int(next(iter(x.values())).shape[0]) if isinstance(x, dict) else int(x.shape[0])
-                              for x, _ in self.batches)
+        self.n_examples = sum(int(first_rows(x).shape[0]) for x, _ in self.batches)
 
     def __call__(self, v: Vector) -> Vector:
         """``G v``: ``v`` per parameter ``[*shape]`` (the parameters' dtype), the product likewise."""

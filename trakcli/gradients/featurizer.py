@@ -121,9 +121,8 @@ class KroneckerFeaturizer:
                     torch.zeros(0, dtype=torch.float32, device=first.device))
         key = self._shape_key(inputs)
         if self.memory_mb is not None and key not in self.probe_bytes:
-            # a discarded probe pass fixes the bytes per row (per token for token data), so the passes a batch
-            # is cut into depend on the batch alone, never on what this process ran before (the same features,
-            # bit for bit, from one process or from torchrun ranks that each start at another chunk)
+            # a discarded probe pass fixes the bytes per row (per token for token data): how a batch is cut depends
+            # on the batch alone, never on what this process ran before (the same features, bit for bit, from any rank)
             probe, probe_labels, tokens = self._probe(inputs, labels)
             self.probe_bytes[key] = self._pass(probe, probe_labels, model_id, row_offset)[2] / tokens
         phis, qs = [], []

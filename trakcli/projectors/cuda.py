@@ -77,11 +77,9 @@ class CudaProjector(_MatrixProjector):
         bm, bn, bk = self.blocks
         k0, k1 = self.matrix.key(model_id)
         grid = (-(-n // bm), -(-out_dim // tile))
-        getattr(kernels(), kernel)[grid](
-            x, out, n, self.grad_dim, self.proj_dim, x.stride(0), x.stride(1),
-            out.stride(0), out.stride(1), k0, k1, self.matrix.scale, KIND=self._kind_code,
-            BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk,
-        )
+        getattr(kernels(), kernel)[grid](x, out, n, self.grad_dim, self.proj_dim, x.stride(0), x.stride(1),
+                                         out.stride(0), out.stride(1), k0, k1, self.matrix.scale,
+                                         KIND=self._kind_code, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk)
         return out
 
     def _project(self, grads: Grads, model_id: int) -> torch.Tensor:

@@ -113,8 +113,7 @@ class BasicProjector(_MatrixProjector):
         for _, t in items:
             width = t.shape[1]
             for a in range(0, width, self.block_size):
-                b = min(width, a + self.block_size)
-                self.matrix.add_into(acc, t[:, a:b], offset + a, model_id)
+                self.matrix.add_into(acc, t[:, a : a + self.block_size], offset + a, model_id)
             offset += width
         return self.matrix.finish(acc)
 

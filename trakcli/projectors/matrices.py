@@ -41,9 +41,7 @@ NORMAL_GROUP = 4
 LITTLE_ENDIAN = sys.byteorder == "little"
 
 # byte value -> its 8 bits as ±1 (bit i, least significant first, gives column i).
-_SIGN_LUT = torch.tensor(
-    [[1.0 if (b >> i) & 1 else -1.0 for i in range(8)] for b in range(256)], dtype=torch.float32
-)
+_SIGN_LUT = torch.tensor([[1.0 if (b >> i) & 1 else -1.0 for i in range(8)] for b in range(256)], dtype=torch.float32)
 
 
 def _rows_counter(start: int, stop: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
