@@ -314,8 +314,7 @@ def exact_scores(s: Any, store: Any, target: Any, damping: float, memory_mb: int
             w_t = torch.cat(parts)  # [chunk, grad_dim]
             with reporter.task(f"exact scores model {model_id}", n) as task:
                 for off, x, y in s.batches(s.train, 0, n):
-                    g, q = feat.transformed(inputs_to(x, s.device), y.to(s.device), model_id, off,
-                                            curvature=train_view)
+                    g, q = feat.transformed(inputs_to(x, s.device), y.to(s.device), model_id, off, curvature=train_view)
                     total[t_lo:t_hi, off:off + len(y)] += (w_t @ feat.grads.flatten(g).float().T).double().cpu().numpy()
                     if t_lo == 0:
                         q_sum[off:off + len(y)] += q.double().cpu().numpy()

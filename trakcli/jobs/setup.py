@@ -389,10 +389,8 @@ def prepare(
     with main_reporter.phase("hashing the checkpoint files (once per file) …"):
         shas = [hashes.sha256(c, file_sha256) for c in checkpoints]  # saved by jobs.runtime.locked_store
     return JobSetup(checkpoints, shas, train, model, featurizer, batch_rows, device, layout, identity, dist,
-                    cfg.data.batch_tokens, states, state_shas, curvature,
-                    cfg.curvature.refine if curvature is not None else None,
-                    cfg.curvature.damping if curvature is not None and cfg.curvature.exact else None,
-                    cfg.curvature.query_rank, cfg.store.save_every_s)
+                    cfg.data.batch_tokens, states, state_shas, curvature, c.refine if curvature is not None else None,
+                    c.damping if curvature is not None and c.exact else None, c.query_rank, cfg.store.save_every_s)
 
 
 def curvature_selection(model: torch.nn.Module, curvature: Any, grad_wrt: list[str] | None, task: Any,
@@ -421,9 +419,8 @@ def attach_curvature(featurizer: Featurizer, model: torch.nn.Module, curvature: 
     its ``curvature`` (None for ``gram``); ``task`` as :func:`curvature_selection` returned it."""
     if curvature.kind == "gram":
         return None
-    c = curvature
-    out = Curvature(model, featurizer.param_names, task, c.kind, c.feature_damping, c.fisher, c.seed,
-                    output=c.output, fit_rows=c.fit_rows)
+    out = Curvature(model, featurizer.param_names, task, curvature.kind, curvature.feature_damping, curvature.fisher,
+                    curvature.seed, output=curvature.output, fit_rows=curvature.fit_rows)
     featurizer.curvature = out
     return out
 
