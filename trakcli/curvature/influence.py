@@ -184,8 +184,7 @@ def precondition_layer(layer: KroneckerLayer, factors: CurvatureFactors, j: int,
         layer: the layer.
         factors: the checkpoint's fitted curvature, with the damping of the scores.
         j: the layer's index in ``factors``.
-        grads: ``[n, d_out, d_in]`` the queries' gradients of the layer, or with ``rotated`` already
-            ``Q_Sᵀ G Q_A``.
+        grads: ``[n, d_out, d_in]`` the queries' gradients of the layer, or with ``rotated`` already ``Q_Sᵀ G Q_A``.
         rank: the low rank, or None.
 
     Returns:

@@ -486,8 +486,7 @@ class PassState:
 
 
 class ResumeMismatch(Exception):
-    """A saved :class:`PassState` does not fit this pass's batches (another batching, device or data): the pass
-    starts over."""
+    """A saved :class:`PassState` does not fit this pass's batches (another batching, device or data): a fresh pass."""
 
 
 #: ``on_batch(lo, hi, state)``: called after the rows ``[lo, hi)`` of a pass are added; ``state()`` gives the

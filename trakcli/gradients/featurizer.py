@@ -57,9 +57,8 @@ class KroneckerFeaturizer:
         row_bytes: per kind of input, the largest bytes per row a pass has held.
         probe_bytes: per kind of input (:meth:`_shape_key`), the bytes per row (per token for token data)
             of the probe pass (with ``memory_mb``).
-        second_moment: None, or a :class:`~trakcli.gradients.second_moment.SecondMoment` of kind
-            ``adafactor`` over :attr:`layers`, folded into the factors: the features are
-            ``(P_out ⊗ P_in) vec(D_out G D_in)``.
+        second_moment: None, or a :class:`~trakcli.gradients.second_moment.SecondMoment` of kind ``adafactor`` over
+            :attr:`layers`, folded into the factors: the features are ``(P_out ⊗ P_in) vec(D_out G D_in)``.
         curvature: None, or a :class:`~trakcli.curvature.Curvature` whose whitening is folded into the
             factors (:meth:`~trakcli.curvature.Curvature.fold`), after ``second_moment``.
 

@@ -11,11 +11,9 @@ Public API::
 The matrix is a pure function of ``proj.spec()`` and ``model_id`` (every entry is drawn from Philox4x32-10 with its
 coordinates as the counter); the implementation only decides how the product is computed. No I/O here.
 
-The kinds (``kind``: the matrix) and implementations (``implementation``: how the product is computed,
-same matrix for one spec) are listed with :func:`make_projector`.
-
-A kind is a :class:`~trakcli.projectors.registry.ProjectorKind` subclass registered by name
-(:mod:`.registry`; the built-in ones are in :mod:`.kinds`).
+The kinds (``kind``: the matrix) and implementations (``implementation``: how the product is computed, same matrix for
+one spec) are listed with :func:`make_projector`; a kind is a :class:`~trakcli.projectors.registry.ProjectorKind`
+subclass registered by name (:mod:`.registry`; the built-in ones are in :mod:`.kinds`).
 
 Modules: :mod:`.philox` (the generator), :mod:`.matrices` (kinds' matrices), :mod:`.registry` and :mod:`.kinds` (the
 kinds), :mod:`.dense` and :mod:`.chunked` (CPU/GPU implementations), :mod:`.cuda` (Triton), :mod:`.factory`

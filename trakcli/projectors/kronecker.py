@@ -215,8 +215,7 @@ class KroneckerProjector(Projector):
         """
         i = self.layer_index(layer)
         lay = self.layers[i]
-        g = g.unsqueeze(1) if g.dim() == 2 else g
-        a = a.unsqueeze(1) if a.dim() == 2 else a
+        g, a = (t.unsqueeze(1) if t.dim() == 2 else t for t in (g, a))
         shapes_ok = g.dim() == 3 and a.dim() == 3 and g.shape[:2] == a.shape[:2]
         if not shapes_ok or g.shape[2] != lay.d_out or a.shape[2] != lay.d_in:
             raise ProjectorError(f"project_factors of layer {lay.name!r} expects g [n, T, {lay.d_out}] and "
@@ -225,8 +224,7 @@ class KroneckerProjector(Projector):
         as_float_dtype(a, "a")
         p_out_t, p_in_t = self.transposed_factors(model_id, g.device)[i]
         grid = torch.bmm((g.to(self.dtype) @ p_out_t).transpose(1, 2), a.to(self.dtype) @ p_in_t)
-        part = grid.reshape(grid.shape[0], -1)[:, : self.widths[i]]
-        return part * self.scale(i)
+        return grid.reshape(grid.shape[0], -1)[:, : self.widths[i]] * self.scale(i)
 
     def _split(self, grads: Grads) -> tuple[int, dict[str, torch.Tensor]]:
         """``(n, {name: [n, numel]})`` of a flat ``[n, grad_dim]`` tensor (``param_names`` order) or a dict."""

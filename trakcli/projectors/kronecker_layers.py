@@ -76,8 +76,7 @@ class KroneckerLayer:
             ``weight_t``) followed by at most one bias.
 
     Raises:
-        ProjectorError: an empty or badly ordered parameter list, an unknown
-            role, or shapes that do not fit ``d_out``.
+        ProjectorError: an empty or badly ordered parameter list, an unknown role, or shapes that do not fit ``d_out``.
     """
 
     name: str
@@ -163,8 +162,7 @@ def split_widths(capacities: Sequence[int], proj_dim: int, split: str = "equal")
         Per-layer widths, each in ``[1, capacity]``, summing to ``proj_dim``.
 
     Raises:
-        ProjectorError: ``proj_dim`` below the number of layers or above ``Σ capacities``;
-            an unknown ``split``.
+        ProjectorError: ``proj_dim`` below the number of layers or above ``Σ capacities``; an unknown ``split``.
     """
     if split not in SPLITS:
         raise ProjectorError(f"kronecker split must be one of {', '.join(SPLITS)}, got {split!r}")

@@ -115,13 +115,10 @@ class _Matrix:
         """Yield ``(b, lo, hi, offset)``: rows ``[lo, hi)`` of block ``b`` are rows
         ``[offset, offset + hi - lo)`` of the range ``[start, stop)``."""
         size = self.block_rows
-        b = start // size
-        while b * size < stop:
+        for b in range(start // size, -(-stop // size)):
             base = b * size
-            lo = max(start, base) - base
-            hi = min(stop, base + size) - base
+            lo, hi = max(start, base) - base, min(stop, base + size) - base
             yield b, lo, hi, base + lo - start
-            b += 1
 
     def add_into(self, acc: torch.Tensor, g: torch.Tensor, start: int, model_id: int) -> None:
         """``acc += g @ Pᵀ[start:start + L]``, in the accumulator's form.

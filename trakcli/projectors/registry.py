@@ -221,8 +221,7 @@ def projector_kind(name: Any) -> type[ProjectorKind]:
     """The registered kind called ``name``.
 
     Raises:
-        ProjectorError: ``name`` is no registered kind: the message names it, the closest
-            kind and every registered one.
+        ProjectorError: ``name`` is no registered kind: the message names it, the closest kind and every registered one.
     """
     if not isinstance(name, str) or name not in _REGISTRY:
         raise ProjectorError(f"unknown projector kind {name!r}{did_you_mean(name, kind_names())}; "
