@@ -71,9 +71,8 @@ def appended_rows(old: dict[str, Any] | None, new: dict[str, Any], old_layout: A
     return n_old if n_new > n_old else None
 
 
-def grow_if_appended(
-    store: "Store", identity: dict[str, Any], layout: "StoreLayout", prefix: Callable[[int], dict[str, Any]],
-) -> bool:
+def grow_if_appended(store: "Store", identity: dict[str, Any], layout: "StoreLayout",
+                     prefix: Callable[[int], dict[str, Any]]) -> bool:
     """Grow ``store`` (rank 0, under its lock) to this run's train rows if they extend the store's; returns whether
     it grew (its identity and layout are now this run's ``identity`` and ``layout``). ``prefix(n)``: the
     fingerprint of the first ``n`` train rows of this run's data.
@@ -188,9 +187,8 @@ def stale_error(store: "Store", experiment: str) -> StoreStaleError | None:
     if not isinstance(stale, dict):
         return None
     n_now = store.layout.n_train
-    return StoreStaleError(
-        f"the scores of experiment {experiment!r} in {store.path} are stale: they were computed over "
-        f"{stale.get('n_train')} train rows, and the store now holds {n_now} (rows were appended); ",
-        fix=Fix("rescore", store=str(store.path)), after=" (the target features are kept)",
-    )
+    return StoreStaleError(f"the scores of experiment {experiment!r} in {store.path} are stale: they were computed "
+                           f"over {stale.get('n_train')} train rows, and the store now holds {n_now} (rows were "
+                           "appended); ", fix=Fix("rescore", store=str(store.path)),
+                           after=" (the target features are kept)")
 

@@ -156,6 +156,5 @@ class ChunkFiles:
 
     def _corrupt(self, c: int, what: str) -> StoreCorruptError:
         lo = c * self.chunk_rows
-        return StoreCorruptError(
-            f"store array {self.arr.path} chunk {c} (entries {lo}:{lo + self.chunk_rows} along axis 0) {what}; "
-            f"{repair_command(self.arr.path)}", self.arr.path, [c])
+        return StoreCorruptError(f"store array {self.arr.path} chunk {c} (entries {lo}:{lo + self.chunk_rows} along "
+                                 f"axis 0) {what}; {repair_command(self.arr.path)}", self.arr.path, [c])

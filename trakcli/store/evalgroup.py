@@ -93,17 +93,8 @@ def delete_keeping_eval(path: Location) -> None:
         raise StoreError(f"cannot delete {path} for --overwrite: {e}") from None
 
 
-def open_eval_rows(
-    store: "Store",
-    identity: dict[str, Any],
-    n_subsets: int,
-    n_train: int,
-    n_target: int,
-    *,
-    compressor: str = "zstd",
-    overwrite: bool = False,
-    create: bool = True,
-) -> EvalRows:
+def open_eval_rows(store: "Store", identity: dict[str, Any], n_subsets: int, n_train: int, n_target: int, *,
+                   compressor: str = "zstd", overwrite: bool = False, create: bool = True) -> EvalRows:
     """The ``eval/`` group of retrained models, created, checked or extended.
 
     Args:
@@ -151,8 +142,7 @@ def open_eval_rows(
                                          f"run needs rows of {width}; rerun `trak eval lds CONFIG --overwrite` to "
                                          "retrain")
         if create and arrays["done"].shape[0] < n_subsets:  # extend: done first grows last
-            for name in ("masks", "outputs", "done"):
-                arr = arrays[name]
+            for arr in (arrays["masks"], arrays["outputs"], arrays["done"]):
                 if arr.shape[0] < n_subsets:
                     arr.resize((n_subsets, *arr.shape[1:]))
             group.attrs["n_subsets"] = n_subsets

@@ -49,9 +49,8 @@ def train_group(store: "Store", model_id: int) -> Any:
     return group
 
 
-def read_kernel(
-    store: "Store", model_id: int, settings: dict[str, Any], rebuild: bool = False
-) -> tuple[np.ndarray, float] | None:
+def read_kernel(store: "Store", model_id: int, settings: dict[str, Any],
+                rebuild: bool = False) -> tuple[np.ndarray, float] | None:
     """The stored kernel of checkpoint ``model_id`` (float64 factor or float32 solved features, as written) and λ
     if made with the ridge ``settings``; None if there is none, or it was made with other settings.
 
@@ -81,10 +80,8 @@ def kernel_attrs_done(attrs: Any, settings: dict[str, Any]) -> bool:
     return attrs.get("settings") == jsonable(settings) and "lambda_reg" in attrs
 
 
-def write_kernel(
-    store: "Store", model_id: int, factor: np.ndarray, settings: dict[str, Any], lambda_reg: float,
-    form: str = "cholesky_lower",
-) -> None:
+def write_kernel(store: "Store", model_id: int, factor: np.ndarray, settings: dict[str, Any], lambda_reg: float,
+                 form: str = "cholesky_lower") -> None:
     """Write the kernel, then its attributes (the done marker).
 
     Args:

@@ -153,11 +153,9 @@ def store_location(path: str | Location, storage_options: dict[str, Any] | None 
         return Path(text)
     if found in _LOCAL:
         return Path(re.sub(r"^[A-Za-z]+://", "", text))
-    given_as = f"store.path {text!r}"
-    if found in ("s3", "s3a"):
-        require_modules(S3_MODULES, given_as, S3_INSTALL)
-    else:
-        require_modules(URL_MODULES, given_as, "pip install fsspec universal-pathlib")
+    s3 = found in ("s3", "s3a")
+    require_modules(S3_MODULES if s3 else URL_MODULES, f"store.path {text!r}",
+                    S3_INSTALL if s3 else "pip install fsspec universal-pathlib")
     import fsspec
     from fsspec.registry import known_implementations
 
@@ -171,22 +169,21 @@ def store_location(path: str | Location, storage_options: dict[str, Any] | None 
         package = _PACKAGE.get(found) or _missing_module(e) or "its fsspec file system"
         raise MissingModuleError(f"store.path {text!r} needs {package}, which is not installed: pip install {package}",
                                  module=_missing_module(e) or package) from None
-    given = text
     rest = text.split("://", 1)[1]
-    text = f"{found}://{rest.rstrip('/')}"  # the scheme in lower case, as fsspec registers it; no trailing "/"
+    url = f"{found}://{rest.rstrip('/')}"  # the scheme in lower case, as fsspec registers it; no trailing "/"
     parts = rest.strip("/").split("/")
     if found not in ("memory",) and (rest.startswith("/") or not parts[0]):
-        raise StoreError(f"store.path {given!r} names no bucket; give {found}://BUCKET/PREFIX/NAME.zarr")
+        raise StoreError(f"store.path {text!r} names no bucket; give {found}://BUCKET/PREFIX/NAME.zarr")
     if found not in ("memory",) and len(parts) < 2:
-        raise StoreError(f"store.path {given!r} names a bucket, not a store in it; give the store's own prefix, e.g. "
+        raise StoreError(f"store.path {text!r} names a bucket, not a store in it; give the store's own prefix, e.g. "
                          f"{found}://{parts[0]}/attrib.zarr (its lock and caches go beside it)")
     if any(p in ("", ".", "..") for p in parts):
-        raise StoreError(f"store.path {given!r} has an empty, '.' or '..' part; object stores take keys as written: "
+        raise StoreError(f"store.path {text!r} has an empty, '.' or '..' part; object stores take keys as written: "
                          f"give the store's own prefix without them, e.g. {found}://{parts[0]}/attrib.zarr")
-    options = s3_options(storage_options) if found in ("s3", "s3a") else dict(storage_options or {})
+    options = s3_options(storage_options) if s3 else dict(storage_options or {})
     from upath import UPath
 
-    location = UPath(text, **options)
+    location = UPath(url, **options)
     check_reachable(location)
     return location
 

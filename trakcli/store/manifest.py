@@ -143,10 +143,8 @@ def manifest_entries(manifest: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def manifest_checkpoints(
-    path: Path, *, n_models: int | None = None, n_models_key: str = "optimize.n_models",
-    hashes: HashCache | None = None,
-) -> list[Path]:
+def manifest_checkpoints(path: Path, *, n_models: int | None = None, n_models_key: str = "optimize.n_models",
+                         hashes: HashCache | None = None) -> list[Path]:
     """The checkpoint paths a finished run lists in its manifest ``path`` (relative to its directory), in the order
     of :func:`manifest_entries`, each file still with the sha256 the manifest recorded.
 

@@ -162,13 +162,8 @@ class ChunkedRows:
             counts = _flags(self.progress, set())  # one count per chunk, like the flags; unreadable reads 0
         else:
             counts = {c: read_entry(self.progress, c) for c in candidates}
-        out = {}
-        for c in candidates:
-            lo, hi = self.rows(c)
-            n = int(counts[c])
-            if 0 < n <= hi - lo:
-                out[c] = n
-        return out
+        out = {c: int(counts[c]) for c in candidates}
+        return {c: n for c, n in out.items() if 0 < n <= self.rows(c)[1] - self.rows(c)[0]}
 
     def write_partial(self, chunk: int, n: int, **arrays: np.ndarray) -> None:
         """Write the first ``n`` rows (``0 < n <=`` the chunk's rows) of a chunk not done, then record ``n`` in its
@@ -278,9 +273,8 @@ class ChunkedRows:
             lo, hi = self.rows(c)
             yield lo, hi, self.read(name, lo, hi)
 
-    def damaged(
-        self, read: bool = True, names: list[str] | None = None, flags: np.ndarray | None = None
-    ) -> dict[str, list[int]]:
+    def damaged(self, read: bool = True, names: list[str] | None = None,
+                flags: np.ndarray | None = None) -> dict[str, list[int]]:
         """``{array name: [chunk, ...]}``: the done chunks of ``names`` (default: every array) that are damaged, and
         under ``"done"`` the unreadable flags. ``read``: read every done chunk (checksums), else only ask which
         chunk files exist; ``flags``: the :meth:`flags` the caller has just read."""

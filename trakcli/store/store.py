@@ -115,16 +115,9 @@ class Store:
                              "store.path")
 
     @classmethod
-    def create_or_check(
-        cls,
-        path: str | Path,
-        identity: dict[str, Any],
-        config: dict[str, Any],
-        layout: StoreLayout,
-        overwrite: bool = False,
-        create: bool = True,
-        prefix: Callable[[int], dict[str, Any]] | None = None,
-    ) -> "Store":
+    def create_or_check(cls, path: str | Path, identity: dict[str, Any], config: dict[str, Any], layout: StoreLayout,
+                        overwrite: bool = False, create: bool = True,
+                        prefix: Callable[[int], dict[str, Any]] | None = None) -> "Store":
         """Open the store for featurizing, creating it or checking it was made the same way.
 
         Args:
@@ -283,10 +276,8 @@ class Store:
                     "it is recomputed" if whole else "re-created, its chunks are verified by their checksums"))
         return node(self.root, path)
 
-    def _arrays(
-        self, group: Any, arrays: dict[str, Spec], n_chunks: int, create: bool, repair: bool = False,
-        compressors: dict[str, str] | None = None,
-    ) -> tuple[dict[str, Any], Any]:
+    def _arrays(self, group: Any, arrays: dict[str, Spec], n_chunks: int, create: bool, repair: bool = False,
+                compressors: dict[str, str] | None = None) -> tuple[dict[str, Any], Any]:
         """The ``arrays`` (name -> shape, dtype, chunks, dimension names) of ``group`` and its ``done`` flags (created
         when absent and ``create``), compressed with the store's compressor unless ``compressors`` names another."""
         data = {}
@@ -359,14 +350,10 @@ class Store:
     def model_ids(self) -> list[int]:
         """model_ids with a train group, sorted."""
         train = node(self.root, "train")
-        if train is None:
-            return []
-        return sorted(int(k) for k in keys(train) if k.isdigit())
+        return [] if train is None else sorted(int(k) for k in keys(train) if k.isdigit())
 
-    def train(
-        self, model_id: int, checkpoint: str | None = None, sha256: str | None = None, create: bool = True,
-        repair: bool = False, optimizer_state: tuple[str, str] | None = None,
-    ) -> ChunkedRows:
+    def train(self, model_id: int, checkpoint: str | None = None, sha256: str | None = None, create: bool = True,
+              repair: bool = False, optimizer_state: tuple[str, str] | None = None) -> ChunkedRows:
         """Train features of one checkpoint (created if absent and ``create``).
 
         Args:
@@ -456,10 +443,8 @@ class Store:
         except Exception:  # noqa: BLE001 - unreadable flags: not provably empty
             return False
 
-    def targets(
-        self, experiment: str, model_id: int, attrs: dict[str, Any], n_target: int, create: bool = True,
-        repair: bool = False,
-    ) -> ChunkedRows:
+    def targets(self, experiment: str, model_id: int, attrs: dict[str, Any], n_target: int, create: bool = True,
+                repair: bool = False) -> ChunkedRows:
         """Target features ``[n_target, proj_dim]`` of one experiment and checkpoint (created if absent and
         ``create``; ``repair``: unreadable metadata re-created). ``attrs``: what they depend on (target data
         fingerprint, checkpoint sha256s), recorded or checked: StoreMismatchError if the experiment differs."""
@@ -471,9 +456,8 @@ class Store:
         data, done = self._arrays(group, {"features": spec}, -(-n_target // rows), create, repair)  # no padded chunk
         return ChunkedRows(data, done, rows, n_target)
 
-    def scores(
-        self, experiment: str, n_target: int, settings: dict[str, Any], create: bool = True, repair: bool = False
-    ) -> ChunkedRows:
+    def scores(self, experiment: str, n_target: int, settings: dict[str, Any], create: bool = True,
+               repair: bool = False) -> ChunkedRows:
         """The ``[n_target, n_train]`` score matrix of an experiment, chunked by train columns.
 
         Raises:
@@ -495,10 +479,8 @@ class Store:
         """
         self._experiment_group("scores", experiment, settings, create, repair)
 
-    def sized_rows(
-        self, name: str, sizes: dict[str, int], arrays: dict[str, Spec],
-        n_rows: int, chunk_rows: int, create: bool = True, repair: bool = False,
-    ) -> ChunkedRows:
+    def sized_rows(self, name: str, sizes: dict[str, int], arrays: dict[str, Spec], n_rows: int, chunk_rows: int,
+                   create: bool = True, repair: bool = False) -> ChunkedRows:
         """The ``arrays`` (name -> shape, zarr dtype, chunk shape, dimension names) of the derived group ``name``
         (each job declares its own), ``n_rows`` entries along their first axis in chunks of ``chunk_rows``, with a
         done flag per chunk. ``sizes``: what their shapes depend on (``{"k": 100}``), recorded on creation and

@@ -137,9 +137,8 @@ DERIVED = {"top_k": ["proponents", "proponent_scores", "opponents", "opponent_sc
            "per_token": ["target_tokens", "document_tokens"]}
 
 
-def _experiment_entry(
-    store: "Store", kind: str, exp: str, verify: bool, corrupt: list[dict[str, Any]]
-) -> dict[str, Any] | None:
+def _experiment_entry(store: "Store", kind: str, exp: str, verify: bool,
+                      corrupt: list[dict[str, Any]]) -> dict[str, Any] | None:
     g = node(store.root, f"{kind}/{exp}")
     if g is None:
         return None
