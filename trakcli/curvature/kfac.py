@@ -325,14 +325,6 @@ def input_how(layer: KroneckerLayer, use: Use) -> tuple[Any, ...]:
     return use.kind.name, layer.d_in, layer.weight_cols, use.weight is not None, use.bias is not None
 
 
-def _token_mask(inputs: Any, positions: int) -> torch.Tensor | None:
-    """``[n, positions]`` bool of the real tokens (``attention_mask``), when the call's positions are the tokens."""
-    mask = inputs.get("attention_mask") if isinstance(inputs, dict) else None
-    if mask is None or mask.dim() != 2 or mask.shape[1] != positions:
-        return None
-    return mask != 0
-
-
 class _Covariances:
     """Hook consumer of pass 1: adds ``Σ_t a aᵀ`` and ``Σ_t g gᵀ`` per layer to ``a`` and ``s`` in ``dtype``
     (:func:`factor_dtype`), starting from the sums of ``resume`` if given, and counts the tokens."""
@@ -373,10 +365,11 @@ class _Covariances:
         rows = first_rows(self.inputs).shape[0]
         if a.shape[0] != rows:  # a batch-broadcast call (position embeddings): the same a_t in every example
             a = a.expand(rows, *a.shape[1:])
-        mask = _token_mask(self.inputs, a.shape[1])
-        if mask is not None:
-            a = a * mask.unsqueeze(-1).to(a)
-            tokens = int(mask.sum())
+        mask = self.inputs.get("attention_mask") if isinstance(self.inputs, dict) else None
+        if mask is not None and mask.dim() == 2 and mask.shape[1] == a.shape[1]:  # the call's positions are the tokens
+            real = mask != 0  # [n, T]
+            a = a * real.unsqueeze(-1).to(a)
+            tokens = int(real.sum())
         else:
             tokens = a.shape[0] * a.shape[1]
         flat = a.reshape(-1, a.shape[-1])
@@ -635,9 +628,8 @@ def correct_eigenvalues(model: nn.Module, layers: Sequence[KroneckerLayer], uses
         n_examples += _hook_pass(model, uses, task, inputs, labels, rot, fisher, generator)
         rot.finish()
         if on_batch is not None:
-            on_batch(lo, n_examples, lambda: PassState(
-                n_examples, {f"{i}/eig": x for i, x in enumerate(sums)}, [], generator.get_state(),
-                device.type))
+            on_batch(lo, n_examples, lambda: PassState(n_examples, {f"{i}/eig": x for i, x in enumerate(sums)}, [],
+                                                       generator.get_state(), device.type))
     if n_examples == 0:
         raise DataError("curvature: no training rows to fit the factors on")
     return [LayerFactors(f.name, f.q_out, f.q_in, acc / n_examples) for f, acc in zip(factors, sums)]

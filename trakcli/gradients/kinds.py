@@ -314,8 +314,7 @@ class HFRMSNorm(Norm):
     def refusal(self, module):
         cls = type(module).__name__
         params = dict(module.named_parameters(recurse=False))
-        weight = params.get("weight")
-        if set(params) != {"weight"} or weight.dim() != 1:
+        if set(params) != {"weight"} or params["weight"].dim() != 1:
             return f"{cls} with parameters {sorted(params)} (covered: one weight [d], Llama's RMSNorm)"
         if not isinstance(getattr(module, "variance_epsilon", None), (int, float)):
             return f"{cls} without variance_epsilon (not Llama's RMSNorm forward)"

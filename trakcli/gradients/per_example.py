@@ -98,9 +98,8 @@ class LayerGradients(PerExampleGradients):
             grads, q = self._pass(inputs, labels, row_offset, guard=not self.checked)
         except NotPerExample as e:
             if not self.fallback:
-                raise GradientError(
-                    f"gradient_method hooks: {e}; use gradient_method auto (falls back to torch.func.vmap) or vmap"
-                ) from None
+                raise GradientError(f"gradient_method hooks: {e}; use gradient_method auto (falls back to "
+                                    "torch.func.vmap) or vmap") from None
             self.method, self.reason = "vmap", f"per-example gradients: torch.func.vmap instead of layer hooks: {e}"
             self._vmap = PerExampleGradients(self.model, self.param_names, self.task)
             return self._vmap(inputs, labels, row_offset)

@@ -80,8 +80,7 @@ def read_second_moments(path: Path, param_names: Sequence[str], shapes: dict[str
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - any unreadable file is one message
         raise ConfigError(f"{where} cannot be read ({type(e).__name__}: {e}); {SAVE_HINT}") from None
-    sd = state.get("state_dict") if isinstance(state, dict) else None
-    names = state.get("param_names") if isinstance(state, dict) else None
+    sd, names = (state.get("state_dict"), state.get("param_names")) if isinstance(state, dict) else (None, None)
     if not isinstance(sd, dict) or not isinstance(names, list) or "state" not in sd or "param_groups" not in sd:
         raise ConfigError(f"{where} is not an optimizer state written by `trak optimize` "
                           f"(keys param_names and state_dict expected); {SAVE_HINT}")

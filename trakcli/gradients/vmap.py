@@ -30,11 +30,9 @@ from trakcli.models.peft import is_peft_model
 from trakcli.tasks import check_by_first, is_builtin, make_batch, resolve_task
 
 #: How to fix a forward pass that runs on a batch but not under ``torch.func.vmap`` (per-example gradients).
-VMAP_HINT = (
-    "per-example gradients run the forward pass of one example under torch.func.vmap, which refuses "
-    "Python control flow on tensor values (if x.sum() > 0), .item() and in-place changes of the inputs; "
-    "write those with torch.where / masks, or use projector.kind kronecker (no vmap)"
-)
+VMAP_HINT = ("per-example gradients run the forward pass of one example under torch.func.vmap, which refuses Python "
+             "control flow on tensor values (if x.sum() > 0), .item() and in-place changes of the inputs; write those "
+             "with torch.where / masks, or use projector.kind kronecker (no vmap)")
 
 def select_parameters(model: nn.Module, grad_wrt: list[str] | None) -> list[str]:
     """Names of the parameters to differentiate, in ``model.named_parameters()`` order.

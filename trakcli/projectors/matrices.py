@@ -70,11 +70,6 @@ def run_steps(fn, start: int, stop: int, step: int, device) -> None:
         torch.set_num_threads(threads)
 
 
-def _to_int32(x: torch.Tensor) -> torch.Tensor:
-    """uint32 values in an int64 tensor -> the same bits as int32 (no overflow in the cast)."""
-    return (x - ((x >> 31) << 32)).to(torch.int32)
-
-
 class _Matrix:
     """Common parts: dims, key, cache of generated blocks (of about BLOCK_ENTRIES, ``row_entries`` per row)."""
 
@@ -201,7 +196,8 @@ class DenseMatrix(_Matrix):
                 bits = (words >> torch.arange(32, device=device)) & 1  # [rows, n_groups, 4, 32]
                 vals = lut[0, 0] * (1 - 2 * bits.to(self.dtype)).view(b - a, n_groups * group)
             elif rademacher:
-                words = _to_int32(torch.stack(w, dim=-1))  # [rows, n_groups, 4]
+                words = torch.stack(w, dim=-1)  # [rows, n_groups, 4]: uint32 values in int64
+                words = (words - ((words >> 31) << 32)).to(torch.int32)  # the same bits as int32 (no overflow)
                 index = words.view(torch.uint8).flatten().to(torch.int64)
                 if direct:
                     torch.index_select(lut, 0, index, out=out[a - start : b - start].view(-1, 8))
