@@ -46,11 +46,9 @@ def _path(model_id: int) -> str:
 
 def read_curvature(store: "Store", model_id: int, settings: dict[str, Any], stage: str
                    ) -> dict[str, np.ndarray] | None:
-    """The arrays of a finished ``stage`` (``cov/<i>/a`` ... or ``<i>/q_out`` ...), checksums verified.
-
-    None when the stage is not finished with ``settings``, or when an array is corrupt or missing
-    (then the curvature is deleted and ``store.notes`` says so, so that it is fitted again).
-    """
+    """The arrays of a finished ``stage`` (``cov/<i>/a`` ... or ``<i>/q_out`` ...), checksums verified. None when the
+    stage is not finished with ``settings``, or when an array is corrupt or missing (then the curvature is deleted and
+    ``store.notes`` says so, so that it is fitted again)."""
     attrs = attrs_of(store.root, _path(model_id)) or {}  # the last finished stage, and its settings
     have = attrs.get("stage")
     if have not in STAGES or attrs.get("settings") != jsonable(settings) or STAGES.index(have) < STAGES.index(stage):

@@ -62,12 +62,9 @@ def remove_leftovers(path: Location) -> None:
 
 def delete_keeping_eval(path: Location) -> None:
     """Delete the store at ``path`` for ``featurize --overwrite``, its ``eval/`` group kept aside (:func:`eval_kept`)
-    until :func:`restore_eval` moves it into the re-created store.
-
-    The store is renamed out of the way (:func:`being_deleted`, atomic), then deleted; on an object store (no
-    rename) its root ``zarr.json`` goes first. StoreError if ``path`` is a file, a directory but not a Zarr
-    store, or cannot be deleted.
-    """
+    until :func:`restore_eval` moves it into the re-created store. The store is renamed out of the way
+    (:func:`being_deleted`, atomic), then deleted; on an object store (no rename) its root ``zarr.json`` goes first.
+    StoreError if ``path`` is a file, a directory but not a Zarr store, or cannot be deleted."""
     if path.exists() and not path.is_dir():
         raise StoreError(f"refusing to --overwrite {path}: it is a file, not a Zarr store; choose another store.path "
                          "or move the file away")

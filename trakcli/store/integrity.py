@@ -90,12 +90,8 @@ def finishing_command(path: str) -> str:
 
 
 def node(group: Any, path: str) -> Any | None:
-    """The array or group at ``path`` below ``group`` (None if absent).
-
-    Raises:
-        StoreMetadataError: the ``zarr.json`` of the node (or of a group on the
-            way to it) is unreadable; names the file and the repair command.
-    """
+    """The array or group at ``path`` below ``group`` (None if absent); StoreMetadataError if the ``zarr.json`` of the
+    node (or of a group on the way to it) is unreadable, naming the file and the repair command."""
     try:
         return _get(group, path)
     except KeyError:
@@ -206,11 +202,8 @@ def fill_chunks(arr: Any, sel: Any, values: np.ndarray) -> list[tuple[int, ...]]
 
 def missing_chunks(arr: Any, sel: Any = slice(None), among: list[tuple[int, ...]] | None = None,
                    ) -> list[tuple[int, ...]]:
-    """Grid coordinates of the chunks of a selection (or of the chunks ``among``) whose file is missing from the store.
-
-    Raises:
-        StoreError: the store cannot be listed.
-    """
+    """Grid coordinates of the chunks of a selection (or of the chunks ``among``) whose file is missing from the store;
+    StoreError if the store cannot be listed."""
     from zarr.core.sync import sync
 
     coords = chunk_coords(arr, sel) if among is None else among

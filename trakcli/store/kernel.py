@@ -51,12 +51,10 @@ def train_group(store: "Store", model_id: int) -> Any:
 
 def read_kernel(store: "Store", model_id: int, settings: dict[str, Any],
                 rebuild: bool = False) -> tuple[np.ndarray, float] | None:
-    """The stored kernel of checkpoint ``model_id`` (float64 factor or float32 solved features, as written) and λ
-    if made with the ridge ``settings``; None if there is none, or it was made with other settings.
-
-    A corrupt or missing kernel chunk, or unreadable kernel metadata, raises StoreCorruptError (naming
-    ``trak score CONFIG``), or with ``rebuild`` deletes the kernel (noted in ``store.notes``) and returns None.
-    """
+    """The stored kernel of checkpoint ``model_id`` (float64 factor or float32 solved features, as written) and λ if
+    made with the ridge ``settings``; None if there is none, or it was made with other settings. A corrupt or missing
+    kernel chunk, or unreadable kernel metadata, raises StoreCorruptError (naming ``trak score CONFIG``), or with
+    ``rebuild`` deletes the kernel (noted in ``store.notes``) and returns None."""
     path = f"train/{model_id}/kernel"
     try:
         arr = node(store.root, path)
@@ -123,14 +121,12 @@ GRAM_PREFIX = "gram_prefix"
 
 
 def save_gram_prefix(store: "Store", model_id: int, n_rows: int) -> bool:
-    """Keep the Gram ``ΦᵀΦ`` of the first ``n_rows`` train rows (the store's before an append), before the kernel
-    is dropped, so that the grown kernel adds only the new rows' products (:func:`read_gram_prefix`).
-
-    Recovered from the stored primal kernel ``L`` (the lower Cholesky factor of ``ΦᵀΦ + λI``) as ``L Lᵀ − λI``
-    in float64 and written as ``train/<model_id>/gram_prefix`` ``[proj_dim, proj_dim]`` float64, its attribute
-    ``n_rows`` last (the done marker). An already kept prefix is left as it is. Returns whether a prefix is kept
-    (False without a finished primal kernel); raises OSError when the write fails.
-    """
+    """Keep the Gram ``ΦᵀΦ`` of the first ``n_rows`` train rows (the store's before an append), before the kernel is
+    dropped, so that the grown kernel adds only the new rows' products (:func:`read_gram_prefix`). Recovered from the
+    stored primal kernel ``L`` (the lower Cholesky factor of ``ΦᵀΦ + λI``) as ``L Lᵀ − λI`` in float64 and written as
+    ``train/<model_id>/gram_prefix`` ``[proj_dim, proj_dim]`` float64, its attribute ``n_rows`` last (the done marker).
+    An already kept prefix is left as it is. Returns whether a prefix is kept (False without a finished primal kernel);
+    raises OSError when the write fails."""
     if read_gram_prefix(store, model_id) is not None:
         return True
     arr = node(store.root, f"train/{model_id}/kernel")

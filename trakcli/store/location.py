@@ -68,10 +68,8 @@ def require_modules(modules: tuple[tuple[str, str], ...], needed_by: str, instal
         except ImportError as e:
             missing = _missing_module(e) or module
             named = distribution if distribution == module else f"{distribution} (module {module})"
-            if missing == module:
-                what = f"needs {named}, which is not installed"
-            else:
-                what = f"needs {named}, which cannot be imported: the module {missing} it imports is not installed"
+            what = (f"needs {named}, which is not installed" if missing == module else
+                    f"needs {named}, which cannot be imported: the module {missing} it imports is not installed")
             raise MissingModuleError(f"{needed_by} {what}; install it with {install}", module=missing) from None
 
 
@@ -112,13 +110,11 @@ def is_remote(path: Any) -> bool:
 
 
 def s3_options(storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The ``s3fs.S3FileSystem`` keyword arguments of a store: the AWS environment variables (``AWS_REGION``
-    honoured too), then ``storage_options`` (the config's ``store.storage_options``) over them.
-
-    Listings are not cached: other processes write the same store. ``max_concurrency: 1``: with more, s3fs
-    sends a HEAD before every GET (``benchmarks/bench_object_store.py``). botocore checks a response's CRC32
-    only where S3 requires it: every chunk carries the store's own CRC32C.
-    """
+    """The ``s3fs.S3FileSystem`` keyword arguments of a store: the AWS environment variables (``AWS_REGION`` honoured
+    too), then ``storage_options`` (the config's ``store.storage_options``) over them. Listings are not cached: other
+    processes write the same store. ``max_concurrency: 1``: with more, s3fs sends a HEAD before every GET
+    (``benchmarks/bench_object_store.py``). botocore checks a response's CRC32 only where S3 requires it: every chunk
+    carries the store's own CRC32C."""
     given = dict(storage_options or {})
     client: dict[str, Any] = {}
     for key, names in (("endpoint_url", ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")),
@@ -288,12 +284,9 @@ def _put_if_absent(fs: Any, key: str, data: bytes, path: Location) -> bool:
 
 
 def check_reachable(path: Location) -> None:
-    """Check that the object store of ``path`` answers and its bucket exists (nothing for a local path).
-
-    Raises:
-        StoreError: the endpoint does not answer, the credentials are refused, or
-            the bucket does not exist (names the endpoint and the fix).
-    """
+    """Check that the object store of ``path`` answers and its bucket exists (nothing for a local path); StoreError if
+    the endpoint does not answer, the credentials are refused, or the bucket does not exist (names the endpoint and the
+    fix)."""
     if not is_remote(path):
         return
     bucket = path.path.split("/", 1)[0]
@@ -378,12 +371,9 @@ def disk_usage(path: Location) -> int:
 
 @dataclass
 class StoreLock:
-    """An exclusive lock file ``<store>.lock`` naming the host and pid of the run.
-
-    A lock left by a killed run on this host (its pid no longer alive), or by an earlier attempt of the same torchrun
-    job (``--rdzv-id``, restarted after a node failed), is stale and taken over. A lock held by a live process, or by
-    another host, refuses the second run.
-    """
+    """An exclusive lock file ``<store>.lock`` naming the host and pid of the run. A lock left by a killed run on this
+    host (its pid no longer alive), or by an earlier attempt of the same torchrun job (``--rdzv-id``, restarted after a
+    node failed), is stale and taken over. A lock held by a live process, or by another host, refuses the second run."""
 
     path: Location
     held: bool = False
@@ -393,12 +383,8 @@ class StoreLock:
         return StoreLock(store_path.with_name(store_path.name + ".lock"))
 
     def acquire(self) -> str | None:
-        """Take the lock; returns a message if a stale lock was taken over.
-
-        Raises:
-            StoreError: another live run holds the lock (names its host and pid); the lock path
-                is a directory or cannot be created or removed.
-        """
+        """Take the lock; returns a message if a stale lock was taken over. StoreError if another live run holds the
+        lock (names its host and pid), or the lock path is a directory or cannot be created or removed."""
         me = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
         job = _torchrun_job()
         if job is not None:

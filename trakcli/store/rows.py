@@ -167,12 +167,10 @@ class ChunkedRows:
 
     def write_partial(self, chunk: int, n: int, **arrays: np.ndarray) -> None:
         """Write the first ``n`` rows (``0 < n <=`` the chunk's rows) of a chunk not done, then record ``n`` in its
-        ``rows_done`` count; the chunk stays not done (a resumed run computes only the others, :meth:`partial`).
-
-        The whole chunk is written, its rows from ``n`` on as zeros (``arrays`` as :meth:`write`, only their
-        first ``n`` rows read), so that zarr never reads back an older, possibly damaged, file of the chunk.
-        Rows only (axis 0). A failed write raises StoreError (the count is then not recorded).
-        """
+        ``rows_done`` count; the chunk stays not done (a resumed run computes only the others, :meth:`partial`). The
+        whole chunk is written, its rows from ``n`` on as zeros (``arrays`` as :meth:`write`, only their first ``n``
+        rows read), so that zarr never reads back an older, possibly damaged, file of the chunk. Rows only (axis 0). A
+        failed write raises StoreError (the count is then not recorded)."""
         if self.progress is None or self.axis != 0:
             return
         lo, hi = self.rows(chunk)

@@ -90,13 +90,10 @@ class Store:
 
     @staticmethod
     def prepare_parent(path: Location) -> None:
-        """Create the directory that will hold the store (and its lock file); on an object store, check
-        that it answers and holds the bucket (:func:`trakcli.store.location.check_reachable`).
-
-        Raises:
-            StoreError: a path component is a file, or the directory is not writable; the object store
-                does not answer, refuses the credentials, or has no such bucket.
-        """
+        """Create the directory that will hold the store (and its lock file); on an object store, check that it answers
+        and holds the bucket (:func:`trakcli.store.location.check_reachable`). StoreError if a path component is a
+        file, or the directory is not writable; or the object store does not answer, refuses the credentials, or has
+        no such bucket."""
         if is_remote(path):
             check_reachable(path)
             return
@@ -184,12 +181,9 @@ class Store:
             import zarr
 
             # the root's metadata and its attributes in one (atomic) write: a store is whole or absent
-            group = zarr.create_group(store=zarr_store(path), zarr_format=3, overwrite=path.exists(), attributes={
-                "schema_version": SCHEMA_VERSION,
-                "trakcli_version": __version__,
-                **attrs,
-                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            })
+            attrs = {"schema_version": SCHEMA_VERSION, "trakcli_version": __version__, **attrs,
+                     "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            group = zarr.create_group(store=zarr_store(path), zarr_format=3, overwrite=path.exists(), attributes=attrs)
         except OSError as e:
             raise StoreError(f"cannot create the store at {path}: {e}; choose a writable store path") from None
         restore_eval(path)
@@ -213,11 +207,8 @@ class Store:
 
     @classmethod
     def open_existing(cls, path: str | Path, mode: str = "r+") -> "Store":
-        """Open a store that must exist.
-
-        Raises:
-            StoreError: missing path, not a Zarr group, or an unknown schema version.
-        """
+        """Open a store that must exist; StoreError for a missing path, not a Zarr group, or an unknown schema
+        version."""
         path = store_location(path)
         if not cls.exists(path):
             if headless_store(path):
@@ -452,17 +443,15 @@ class Store:
         proj_dim, rows = layout.proj_dim, layout.chunk_rows
         self._experiment_group("targets", experiment, attrs, create, repair)
         group = self._group(f"targets/{experiment}/{model_id}", create, repair)
+        # fewer targets than a chunk: one chunk of n_target rows, not a padded one
         spec = ((n_target, proj_dim), feature_dtype(layout.dtype), (min(rows, n_target), proj_dim), ("target", "proj"))
-        data, done = self._arrays(group, {"features": spec}, -(-n_target // rows), create, repair)  # no padded chunk
+        data, done = self._arrays(group, {"features": spec}, -(-n_target // rows), create, repair)
         return ChunkedRows(data, done, rows, n_target)
 
     def scores(self, experiment: str, n_target: int, settings: dict[str, Any], create: bool = True,
                repair: bool = False) -> ChunkedRows:
-        """The ``[n_target, n_train]`` score matrix of an experiment, chunked by train columns.
-
-        Raises:
-            StoreMismatchError: the experiment was scored with other settings.
-        """
+        """The ``[n_target, n_train]`` score matrix of an experiment, chunked by train columns; StoreMismatchError if
+        the experiment was scored with other settings."""
         n_train, cols = self.layout.n_train, self.layout.chunk_rows
         group = self._experiment_group("scores", experiment, settings, create, repair)
         t_rows = min(n_target, max(1, (8 << 20) // (4 * cols)))  # ~8 MB chunks
@@ -472,11 +461,8 @@ class Store:
 
     def score_settings(self, experiment: str, settings: dict[str, Any], create: bool = True,
                        repair: bool = False) -> None:
-        """Record (or check) the settings of an experiment's scores without creating the score matrix.
-
-        Raises:
-            StoreMismatchError: the experiment was scored with other settings.
-        """
+        """Record (or check) the settings of an experiment's scores without creating the score matrix;
+        StoreMismatchError if the experiment was scored with other settings."""
         self._experiment_group("scores", experiment, settings, create, repair)
 
     def sized_rows(self, name: str, sizes: dict[str, int], arrays: dict[str, Spec], n_rows: int, chunk_rows: int,

@@ -149,6 +149,7 @@ def _experiment_entry(store: "Store", kind: str, exp: str, verify: bool,
         return info
     if isinstance(g.attrs.get(STALE_ATTR), dict):
         info["stale"] = {**g.attrs[STALE_ATTR], "message": str(stale_error(store, exp))}
+
     def progress(group: str, names: list[str], axis: int) -> dict[str, Any]:
         rows = _rows(store, group, names, axis)
         ok = _intact(rows, group, verify, corrupt)
@@ -184,14 +185,12 @@ def _lost(store: "Store", path: str, kind: str) -> StoreCorruptError:
 
 
 def _implied(store: "Store", corrupt: list[dict[str, Any]]) -> None:
-    """Append to ``corrupt`` every group the store's records imply that is missing or incomplete.
-
-    The records: an experiment's ``checkpoints`` (the sha256 of model_id 0..M-1 its target features and scores were made
-    from) implies ``train/<m>`` holding those checkpoints' features and ``targets/<experiment>/<m>``; the train groups
-    imply every smaller model_id (model_ids count from 0); a directory under ``train``, ``targets/<experiment>`` or
-    ``scores`` is a group that must have its metadata; a train group must record its checkpoint's sha256. Arrays missing
-    inside a present group are found where the group is read.
-    """
+    """Append to ``corrupt`` every group the store's records imply that is missing or incomplete. The records: an
+    experiment's ``checkpoints`` (the sha256 of model_id 0..M-1 its target features and scores were made from) implies
+    ``train/<m>`` holding those checkpoints' features and ``targets/<experiment>/<m>``; the train groups imply every
+    smaller model_id (model_ids count from 0); a directory under ``train``, ``targets/<experiment>`` or ``scores`` is a
+    group that must have its metadata; a train group must record its checkpoint's sha256. Arrays missing inside a
+    present group are found where the group is read."""
     known = {e["array"] for e in corrupt}
 
     def add(e: StoreCorruptError) -> None:
