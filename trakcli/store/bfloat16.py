@@ -24,8 +24,8 @@ BFLOAT16 = "bfloat16"
 LOGICAL_DTYPE_ATTR = "logical_dtype"
 """The array attribute naming the dtype that a ``uint16`` array's bits encode."""
 
-ENCODING = ("upper 16 bits of the float32 encoding, rounded to nearest even; decode: (bits.astype(uint32) << "
-            "16).view(float32)")
+ENCODING = ("upper 16 bits of the float32 encoding, rounded to nearest even; "
+            "decode: (bits.astype(uint32) << 16).view(float32)")
 """The array attribute ``encoding`` of bfloat16 features: how to read them without trakcli."""
 
 BITS_DTYPE = "uint16"

@@ -44,8 +44,7 @@ def headless_store(path: Location) -> bool:
     except OSError:
         return False
     return bool(names) and "zarr.json" not in names and names <= STORE_GROUPS and any(
-        (path / n / "zarr.json").exists() or (path / n).is_dir() for n in names
-    )
+        (path / n / "zarr.json").exists() or (path / n).is_dir() for n in names)
 
 
 def being_deleted(path: Location) -> Location:

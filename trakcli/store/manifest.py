@@ -169,8 +169,8 @@ def manifest_checkpoints(path: Path, *, n_models: int | None = None, n_models_ke
                         "in checkpoints: to use them")
     elif not data.get("complete") or len(models) < data["n_models"]:
         problems.append(f"checkpoints: the manifest {str(path)!r} lists {len(models)} of the {data['n_models']} "
-                        "models of its run: `trak optimize` did not finish (was it stopped?); rerun `trak optimize "
-                        "CONFIG` to train the rest (it resumes where it stopped), then featurize")
+                        "models of its run: `trak optimize` did not finish (was it stopped?); "
+                        "rerun `trak optimize CONFIG` to train the rest (it resumes where it stopped), then featurize")
     elif n_models is not None and n_models != len(models):
         fix = ("run `trak optimize CONFIG` to train the missing ones" if n_models > len(models) else
                f"set {n_models_key}={len(models)}, or rerun `trak optimize CONFIG` to rewrite the manifest")

@@ -453,7 +453,7 @@ class EvalRows:
         """
         missing = self.pending(n) + list(range(self.n_subsets, n))
         if missing:
-            raise StoreError(f"{self.masks.path}: rows {missing[:10]} of {n} are not retrained yet; run `trak eval "
-                             "lds CONFIG` to finish them")
+            raise StoreError(f"{self.masks.path}: rows {missing[:10]} of {n} are not retrained yet; "
+                             "run `trak eval lds CONFIG` to finish them")
         return (read_checked(self.masks, slice(0, n), 0).astype(bool, copy=False),
                 read_checked(self.outputs, slice(0, n), 0).astype(np.float64, copy=False))

@@ -62,8 +62,8 @@ def _missing(what: str, distributed: bool = False) -> str:
 def _headless(path: Location) -> StoreError:
     """The error for a store directory holding store groups but no root ``zarr.json``."""
     return StoreError(f"{path} holds store groups ({', '.join(sorted(entries(path)))}) but no root metadata "
-                      "(zarr.json): a store whose creation or deletion was interrupted; rerun `trak featurize CONFIG "
-                      "--overwrite` to start over")
+                      "(zarr.json): a store whose creation or deletion was interrupted; "
+                      "rerun `trak featurize CONFIG --overwrite` to start over")
 
 
 class Store:
