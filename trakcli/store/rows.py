@@ -16,9 +16,7 @@ import numpy as np
 from trakcli.errors import StoreError
 from trakcli.store.bfloat16 import from_bits, is_bfloat16, round_to_bfloat16, to_bits
 from trakcli.store.chunkread import aligned_empty, chunk_files
-from trakcli.store.integrity import (
-    StoreCorruptError, chunk_coords, fill_chunks, missing_chunks, repair_command, settle,
-)
+from trakcli.store.integrity import StoreCorruptError, chunk_coords, fill_chunks, missing_chunks, repair_command, settle
 from trakcli.store.quantize import BINARY, INT8, encode
 
 __all__ = ["ChunkedRows", "EvalRows", "StoreCorruptError", "codecs", "read_checked"]
