@@ -86,8 +86,7 @@ class KroneckerLayer:
 
     def __post_init__(self) -> None:
         roles = [p.role for p in self.params]
-        ok = roles in (["weight"], ["weight_t"], ["bias"], ["weight", "bias"], ["weight_t", "bias"])
-        if not ok:
+        if roles not in (["weight"], ["weight_t"], ["bias"], ["weight", "bias"], ["weight_t", "bias"]):
             raise ProjectorError(f"kronecker layer {self.name!r}: parameters must be one weight (role weight or "
                                  f"weight_t) and/or one bias, in that order; got roles {roles}")
         if isinstance(self.d_out, bool) or not isinstance(self.d_out, int) or self.d_out < 1:
@@ -200,8 +199,7 @@ def _proportional(capacities: Sequence[int], proj_dim: int) -> list[int]:
     exact = [proj_dim * c / total for c in capacities]
     widths = [max(1, math.floor(x)) for x in exact]
     by_fraction = sorted(range(len(widths)), key=lambda i: (-(exact[i] - math.floor(exact[i])), i))
-    missing = proj_dim - sum(widths)
-    for i in by_fraction[:max(0, missing)]:
+    for i in by_fraction[:max(0, proj_dim - sum(widths))]:  # the largest remainders round up
         widths[i] += 1
     while sum(widths) > proj_dim:  # layers lifted to 1: the widest pays
         widest = max(range(len(widths)), key=lambda i: (widths[i], -i))
