@@ -181,10 +181,8 @@ class Curvature:
                                   self.model, self.layers, self.uses, self.task, batches(), self.fisher,
                                   self.seed + 2 * model_id, resume, on_batch))
             if store is not None:
-                arrays = {f"{i}/a": x.numpy() for i, x in enumerate(a)}
-                arrays.update({f"{i}/s": x.numpy() for i, x in enumerate(s)})
-                write_curvature(store, model_id, settings, "covariances", arrays)
-                del arrays
+                write_curvature(store, model_id, settings, "covariances", {
+                    **{f"{i}/a": x.numpy() for i, x in enumerate(a)}, **{f"{i}/s": x.numpy() for i, x in enumerate(s)}})
         factors = eigenbases(self.layers, a, s, decompose=not trial)
         del a, s, cov  # decomposed: the eigenvalue pass needs the bases alone (a language model's are gigabytes)
         if self.kind == "ekfac":
@@ -211,14 +209,12 @@ class Curvature:
 
         settings = self.settings()
         emit = on_event or (lambda *args: None)
-        resume = None
-        if store is not None:
-            saved = read_partial(store, model_id, settings, name)
-            if saved is not None:
-                rng = saved["rng"]
-                resume = PassState(saved["rows"], {k: torch.from_numpy(v) for k, v in saved["sums"].items()},
-                                   saved["tokens"], None if rng is None else torch.from_numpy(rng), saved["device"])
-                emit("resume", name, resume.rows, 0)
+        saved = read_partial(store, model_id, settings, name) if store is not None else None
+        resume = None if saved is None else PassState(
+            saved["rows"], {k: torch.from_numpy(v) for k, v in saved["sums"].items()}, saved["tokens"],
+            None if saved["rng"] is None else torch.from_numpy(saved["rng"]), saved["device"])
+        if resume is not None:
+            emit("resume", name, resume.rows, 0)
         last = [monotonic()]
 
         def on_batch(lo: int, hi: int, state: Callable[[], PassState]) -> None:
