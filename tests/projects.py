@@ -81,17 +81,16 @@ FIXTURES = ROOT / "tests" / "fixtures"  # the data files of the tests
 N_TRAIN, N_TARGET, CHUNK = 600, 90, 40  # 15 train chunks per checkpoint, 3 target chunks
 
 
-def kill_at_line(cwd: Path, args: list[str], log: Path, line: str, timeout: float = 120) -> None:
-    """Run `trak ARGS` in a fresh process with ``TRAK_EVENT_LOG=log`` and SIGKILL it once ``line`` is in the log."""
-    proc = subprocess.Popen(trak_cmd(*args), cwd=cwd, env={**os.environ, "TRAK_EVENT_LOG": str(log)},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + timeout
-    while proc.poll() is None and time.time() < deadline:
-        if log.exists() and line in log.read_text():
-            proc.send_signal(signal.SIGKILL)
-            break
-        time.sleep(0.001)
-    proc.wait()
+def kill_at_line(cwd: Path, args: list[str], log: Path, line: str, timeout: float = 120) -> bool:
+    """Run `trak ARGS` in a fresh process with ``TRAK_EVENT_LOG=log``; it SIGKILLs itself once ``line`` is in the
+    log (``TRAK_EVENT_KILL_ON``, :func:`trakcli.files.event`). True if it was killed."""
+    return _killed(cwd, args, {"TRAK_EVENT_LOG": str(log), "TRAK_EVENT_KILL_ON": line}, timeout)
+
+
+def _killed(cwd: Path, args: list[str], env: dict[str, str], timeout: float) -> bool:
+    proc = subprocess.run(trak_cmd(*args), cwd=cwd, env={**os.environ, **env}, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL, timeout=timeout)
+    return proc.returncode == -signal.SIGKILL
 
 
 def make_project(root: Path, n_models: int = 3) -> Path:
@@ -186,21 +185,9 @@ def assert_same_store(a: Path, b: Path) -> None:
 
 
 def kill_at(cwd: Path, args: list[str], log: Path, n_events: int) -> bool:
-    """Start the command, SIGKILL it once the event log holds n_events 'start' lines. True if killed."""
-    proc = subprocess.Popen(
-        trak_cmd(*args), cwd=cwd, env={**os.environ, "TRAK_EVENT_LOG": str(log)},
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    deadline = time.time() + 120
-    while proc.poll() is None and time.time() < deadline:
-        starts = log.read_text().count("start") if log.exists() else 0
-        if starts >= n_events:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
-            return True
-        time.sleep(0.002)
-    proc.wait()
-    return False
+    """Run the command; it SIGKILLs itself once the event log holds n_events 'start' lines (``TRAK_EVENT_KILL_AT``,
+    :func:`trakcli.files.event`). True if it was killed."""
+    return _killed(cwd, args, {"TRAK_EVENT_LOG": str(log), "TRAK_EVENT_KILL_AT": str(n_events)}, 120)
 
 
 def kill_tree(pid: int) -> None:

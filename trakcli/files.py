@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import IO, Any, Iterator
@@ -116,8 +117,19 @@ def _sync_dir(directory: Path) -> None:
 
 def event(message: str) -> None:
     """Append a line (``start <what> <model_id> <chunk>``, ``done ...``) to the file named by ``$TRAK_EVENT_LOG``,
-    if set: how the kill-and-resume tests count work."""
+    if set: how the kill-and-resume tests count work.
+
+    The tests' kill points: with ``$TRAK_EVENT_KILL_AT=n`` the process SIGKILLs itself once the log holds n
+    ``start`` lines, with ``$TRAK_EVENT_KILL_ON=text`` once the log holds ``text`` (an exact point, where a
+    watcher polling the log could miss it on a loaded machine).
+    """
     path = os.environ.get("TRAK_EVENT_LOG")
-    if path:
-        with open(path, "a") as f:
-            f.write(message + "\n")
+    if not path:
+        return
+    with open(path, "a") as f:
+        f.write(message + "\n")
+    at, on = os.environ.get("TRAK_EVENT_KILL_AT"), os.environ.get("TRAK_EVENT_KILL_ON")
+    if at or on:
+        text = Path(path).read_text()
+        if (at and text.count("start") >= int(at)) or (on and on in text):
+            os.kill(os.getpid(), signal.SIGKILL)
