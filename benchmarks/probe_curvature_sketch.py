@@ -38,7 +38,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 if not __package__:  # run as a file, not with -m: put the repository root on sys.path
-    sys.path.insert(0, str(REPO))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.benchjson import write_result  # noqa: E402
 
