@@ -94,6 +94,19 @@ def test_kill_9_resumes_to_the_same_store(user_project, monkeypatch):
     assert_same_store(Path("whole.zarr"), Path("out/attrib.zarr"))
 
 
+def test_a_finished_top_k_is_not_recomputed_by_a_rerun(user_project, monkeypatch):
+    project(top_k=4, full=False)
+    assert trak("optimize", "opt.yaml").exit_code == 0
+    res = trak("score", "opt.yaml")
+    assert res.exit_code == 0, res.stderr
+    shutil.copytree("out/attrib.zarr", "first.zarr")
+    monkeypatch.setenv("TRAK_EVENT_LOG", str(Path("events.log").resolve()))
+    res = trak("score", "opt.yaml")
+    assert res.exit_code == 0, res.stderr
+    assert "start unroll" not in (Path("events.log").read_text() if Path("events.log").exists() else "")
+    assert_same_store(Path("first.zarr"), Path("out/attrib.zarr"))
+
+
 def test_checkpoints_without_a_record_are_refused_with_the_command(user_project):
     cfg = project()
     cfg["checkpoints"] = "ckpts/model_*.pt"

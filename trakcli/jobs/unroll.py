@@ -101,7 +101,7 @@ def unroll_score(cfg: Config, *, overwrite: bool = False, reporter: Reporter = N
             if overwrite:
                 store.drop(f"scores/{exp}")
             store.score_settings(exp, settings, repair=True)
-            done_matrix = full and store.scores(exp, n_target, settings, repair=True).is_complete()
+            done_matrix = not full or store.scores(exp, n_target, settings, repair=True).is_complete()
             done_top = top_k is None or StoredTopK(store, exp, n_target, top_k, create=True).is_complete()
             todo = not (done_matrix and done_top)
             if todo:
