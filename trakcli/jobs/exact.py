@@ -18,6 +18,9 @@ kronfluence computes its pairwise scores (train gradients recomputed for the que
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 from time import monotonic
 from typing import Any, Callable
 
@@ -92,8 +95,10 @@ class ExactInfluence:
                     hooked_pass(s.model, self.uses, self.task, x, y, grads, off)
                     parts.append(grads.finish())
                     task.advance(len(y))
+                    release_freed_memory()
             self.queries.append(_concat(parts).to(s.device))
             curv.forget(model_id)  # the pass over the train rows needs the queries alone, not the factors
+            release_freed_memory()
         self._loaded = n_models - 1
 
     def __call__(self, lo: int, hi: int) -> torch.Tensor:
@@ -168,6 +173,7 @@ class ExactInfluence:
                 at += rows
                 event(f"batch exact {model_id} {first} {first + rows}")
                 task.advance(rows)
+                release_freed_memory()
                 if block is not None and (at == n or monotonic() - last >= s.save_every_s):
                     save(model_id, at)
         return (total / n_models * (q_sum / n_models)[None, :]).float()
@@ -253,6 +259,27 @@ def two_stage_exact(exact: ExactInfluence, approx: Callable[[int, int], torch.Te
     reporter.info(f"two-stage exact top-{k}: estimated recall of the exact top-k, proponents "
                   f"{recall['proponents']:.3f}, opponents {recall['opponents']:.3f} (sample of {m:,} rows)")
     return arrays, info
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    name = ctypes.util.find_library("c")
+    try:
+        return ctypes.CDLL(name).malloc_trim if name else None
+    except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to call
+        return None
+
+
+def release_freed_memory() -> None:
+    """Return the C heap's free memory to the system (glibc's ``malloc_trim(0)``; elsewhere nothing).
+
+    A batch of the exact scores frees gigabytes of temporaries (every layer's inputs and rotated gradients)
+    that glibc keeps in its heap, fragmented; kept, they grow the process's resident memory by about one
+    batch's working set every few batches (SmolLM2, 100 queries: 9.0 GiB peak where 2.8 GiB is live).
+    """
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 def exact_scorer(s: Any, store: Any, target: Any, memory_mb: int = 1024,
